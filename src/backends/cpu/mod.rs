@@ -1,0 +1,164 @@
+//! The CPU backend: the numerical reference for the others. Kernels are grouped by op
+//! family; each takes host tensors already shaped by inference and fills its outputs.
+//! f16/bf16 are stored as such and computed in f32; f64 is computed in f64.
+
+mod attention;
+mod elementwise;
+mod matmul;
+mod reduce;
+mod shape;
+
+use super::Backend;
+use crate::error::Result;
+use crate::graph::infer::ValueType;
+use crate::graph::{Node, Op};
+use crate::tensor::{DType, Tensor};
+
+pub use matmul::gemm_f32_gflops;
+
+#[derive(Default)]
+pub struct Cpu {
+    /// `training` makes Dropout apply its seeded mask; off for inference.
+    pub training: bool,
+}
+
+impl Backend for Cpu {
+    type Buffer = Tensor;
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+    fn alloc(&mut self, bytes: usize) -> Result<Tensor> {
+        let mut t = Tensor::zeros(DType::Bool, &[0]);
+        t.reset(DType::Bool, &[bytes]);
+        Ok(t)
+    }
+    fn upload(&mut self, src: &Tensor, dst: &mut Tensor) -> Result<()> {
+        dst.reset(src.dtype(), src.shape());
+        dst.bytes_mut().copy_from_slice(src.bytes());
+        Ok(())
+    }
+    fn download(&mut self, src: &Tensor, ty: &ValueType) -> Result<Tensor> {
+        debug_assert_eq!((src.dtype(), src.shape()), (ty.dtype, &ty.shape[..]));
+        Ok(src.clone_exact())
+    }
+    fn run(&mut self, node: &Node, ins: &[Option<(&Tensor, &ValueType)>], outs: &mut [(&mut Tensor, &ValueType)]) -> Result<()> {
+        let ins: Vec<Option<&Tensor>> = ins.iter().map(|i| i.map(|(t, _)| t)).collect();
+        let mut owned: Vec<Tensor> = outs
+            .iter_mut()
+            .map(|(b, ty)| {
+                let mut t = std::mem::replace(*b, Tensor::zeros(DType::Bool, &[0]));
+                t.reset(ty.dtype, &ty.shape);
+                t
+            })
+            .collect();
+        let r = run_node(node, &ins, &mut owned, self.training);
+        for ((b, _), t) in outs.iter_mut().zip(owned) {
+            **b = t;
+        }
+        r
+    }
+    fn sync(&mut self) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// Runs one node on host tensors. `outs` are already typed and shaped.
+pub fn run_node(node: &Node, ins: &[Option<&Tensor>], outs: &mut [Tensor], training: bool) -> Result<()> {
+    let x = |i: usize| ins[i].expect("required input checked by inference");
+    match &node.op {
+        Op::Unary(u) => elementwise::unary(*u, x(0), &mut outs[0]),
+        Op::Binary(b) => elementwise::binary(*b, x(0), x(1), &mut outs[0]),
+        Op::Clip => elementwise::clip(x(0), ins.get(1).copied().flatten(), ins.get(2).copied().flatten(), &mut outs[0]),
+        Op::Where => elementwise::where_(x(0), x(1), x(2), &mut outs[0]),
+        Op::Cast { .. } => {
+            crate::tensor::cast_into(x(0), &mut outs[0]);
+            Ok(())
+        }
+        Op::Identity => {
+            outs[0].bytes_mut().copy_from_slice(x(0).bytes());
+            Ok(())
+        }
+        Op::Dropout { ratio, seed } => elementwise::dropout(node, ins, outs, *ratio, *seed, training),
+        Op::Trilu { upper } => elementwise::trilu(x(0), ins.get(1).copied().flatten(), *upper, &mut outs[0]),
+        Op::MatMul => matmul::matmul(x(0), x(1), &mut outs[0]),
+        Op::Gemm { alpha, beta, trans_a, trans_b } => {
+            matmul::gemm(x(0), x(1), ins.get(2).copied().flatten(), *alpha, *beta, *trans_a, *trans_b, &mut outs[0])
+        }
+        Op::FusedMatMul { activation, trans_b } => matmul::fused_matmul(
+            x(0),
+            x(1),
+            ins.get(2).copied().flatten(),
+            ins.get(3).copied().flatten(),
+            *activation,
+            *trans_b,
+            &mut outs[0],
+        ),
+        Op::Softmax { axis } => reduce::softmax(x(0), *axis, false, &mut outs[0]),
+        Op::LogSoftmax { axis } => reduce::softmax(x(0), *axis, true, &mut outs[0]),
+        Op::LayerNormalization { axis, epsilon } => {
+            reduce::layer_norm(x(0), x(1), ins.get(2).copied().flatten(), *axis, *epsilon, outs)
+        }
+        Op::Reduce { kind, axes, noop_with_empty_axes, .. } => {
+            let axes = match axes {
+                Some(a) => a.clone(),
+                None => ins.get(1).copied().flatten().map(|t| t.to_i64_vec()).unwrap_or_default(),
+            };
+            let r = x(0).shape().len();
+            if axes.is_empty() && *noop_with_empty_axes {
+                outs[0].bytes_mut().copy_from_slice(x(0).bytes());
+                return Ok(());
+            }
+            let axes: Vec<usize> = if axes.is_empty() {
+                (0..r).collect()
+            } else {
+                axes.iter().filter_map(|&a| crate::graph::infer::norm_axis(a, r)).collect()
+            };
+            reduce::reduce(*kind, x(0), &axes, &mut outs[0])
+        }
+        Op::SoftmaxCrossEntropyLoss { reduction, ignore_index } => {
+            reduce::softmax_cross_entropy(node, x(0), x(1), ins.get(2).copied().flatten(), *reduction, *ignore_index, outs)
+        }
+        Op::Reshape { .. } | Op::Squeeze { .. } | Op::Unsqueeze { .. } | Op::Flatten { .. } => {
+            outs[0].bytes_mut().copy_from_slice(x(0).bytes());
+            Ok(())
+        }
+        Op::Transpose { perm } => shape::transpose(x(0), perm.as_deref(), &mut outs[0]),
+        Op::Concat { axis } => shape::concat(ins, *axis, &mut outs[0]),
+        Op::Split { axis, .. } => shape::split(x(0), *axis, outs),
+        Op::Slice => shape::slice(x(0), ins, &mut outs[0]),
+        Op::Expand => shape::expand(x(0), &mut outs[0]),
+        Op::Gather { axis } => shape::gather(node, x(0), x(1), *axis, &mut outs[0]),
+        Op::Shape { start, end } => shape::shape(x(0), *start, *end, &mut outs[0]),
+        Op::Constant { value } => {
+            outs[0].bytes_mut().copy_from_slice(value.bytes());
+            Ok(())
+        }
+        Op::Attention { is_causal, scale } => {
+            attention::attention(x(0), x(1), x(2), ins.get(3).copied().flatten(), *is_causal, *scale, &mut outs[0])
+        }
+        Op::VarlenAttention { is_causal, scale } => {
+            attention::varlen_attention(node, x(0), x(1), x(2), x(3), x(4), *is_causal, *scale, &mut outs[0])
+        }
+    }
+}
+
+/// Evaluates one node on the host given its inferred types (used by inference to fold
+/// shape arithmetic, and by tests).
+pub fn eval_node_with_types(
+    node: &Node,
+    ins: &[Option<&Tensor>],
+    _in_types: &[Option<&ValueType>],
+    out_types: &[ValueType],
+) -> Result<Vec<Tensor>> {
+    let mut outs: Vec<Tensor> = out_types.iter().map(|t| Tensor::zeros(t.dtype, &t.shape)).collect();
+    run_node(node, ins, &mut outs, false)?;
+    Ok(outs)
+}
+
+/// Infers and evaluates one node on host tensors: the simplest way to run an op.
+pub fn eval_node(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
+    let types: Vec<Option<ValueType>> = ins.iter().map(|t| t.map(|t| ValueType::new(t.dtype(), t.shape()))).collect();
+    let tref: Vec<Option<&ValueType>> = types.iter().map(|t| t.as_ref()).collect();
+    let outs = crate::graph::infer::infer_node(node, &tref, ins)?;
+    eval_node_with_types(node, ins, &tref, &outs)
+}

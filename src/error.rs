@@ -1,0 +1,70 @@
+//! The library's one error type. Every variant carries what a user needs to fix the
+//! problem: the file and line:col for model-file errors, the node, op and value names
+//! and the shapes involved for graph errors.
+
+use std::fmt;
+
+/// A position in a model file (1-based line and column).
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Loc {
+    pub file: String,
+    pub line: usize,
+    pub col: usize,
+}
+
+impl fmt::Display for Loc {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}:{}", self.file, self.line, self.col)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The model file is at fault at a known place.
+    #[error("{loc}: {msg}")]
+    Model { loc: Loc, msg: String },
+    /// The graph is invalid: names the node (and op) at fault.
+    #[error("{0}")]
+    Graph(String),
+    /// Several problems found together (e.g. every unsupported op of a model).
+    #[error("{}", .0.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n"))]
+    Many(Vec<Error>),
+    /// Bad arguments or inputs given at run time (files, dims, feeds).
+    #[error("{0}")]
+    Input(String),
+    /// A failure while running (a backend or kernel error, out of memory).
+    #[error("{0}")]
+    Runtime(String),
+    #[error("{path}: {msg}")]
+    Io { path: String, msg: String },
+}
+
+impl Error {
+    pub fn model(loc: &Loc, msg: impl Into<String>) -> Self {
+        Error::Model { loc: loc.clone(), msg: msg.into() }
+    }
+    pub fn io(path: impl AsRef<std::path::Path>, e: impl fmt::Display) -> Self {
+        Error::Io { path: path.as_ref().display().to_string(), msg: e.to_string() }
+    }
+    /// True for errors caused by the model or the arguments (CLI exit code 2) rather
+    /// than by running (exit code 1).
+    pub fn is_user_error(&self) -> bool {
+        match self {
+            Error::Model { .. } | Error::Graph(_) | Error::Input(_) | Error::Io { .. } => true,
+            Error::Many(v) => v.iter().all(|e| e.is_user_error()),
+            Error::Runtime(_) => false,
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// `bail!(Graph, "...")`-style shorthand used throughout the crate.
+#[macro_export]
+macro_rules! err {
+    ($kind:ident, $($arg:tt)*) => { $crate::error::Error::$kind(format!($($arg)*)) };
+}
+#[macro_export]
+macro_rules! bail {
+    ($kind:ident, $($arg:tt)*) => { return Err($crate::err!($kind, $($arg)*)) };
+}

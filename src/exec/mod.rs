@@ -1,0 +1,149 @@
+//! The executor: plans (schedule, lifetimes, buffer reuse) and sessions that run them on
+//! a backend. This is the only place where graphs and devices meet.
+
+pub mod plan;
+pub mod session;
+
+pub use plan::Plan;
+pub use session::{Session, SessionOptions};
+
+use crate::error::{Error, Result};
+use crate::graph::{Dim, Graph, InputInfo};
+use crate::rng::Rng;
+use crate::tensor::{DType, Tensor};
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+/// Writes a file whole or not at all: into a temporary beside it, then renamed.
+pub fn write_atomic(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.tmp{}", std::process::id()));
+    if let Err(e) = write(&tmp) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    std::fs::rename(&tmp, path).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        Error::io(path, e)
+    })
+}
+
+/// Resolves an input's declared shape with the given symbol bindings.
+pub fn concrete_shape(i: &InputInfo, dims: &BTreeMap<String, usize>) -> Result<Vec<usize>> {
+    i.shape
+        .iter()
+        .map(|d| match d {
+            Dim::Fixed(n) => Ok(*n),
+            Dim::Sym(s) => dims.get(s).copied().ok_or_else(|| {
+                crate::err!(Input, "symbolic dim '{s}' of input '{}' is not bound: feed the input, give --dim {s}=N, or add a default under dims:", i.name)
+            }),
+        })
+        .collect()
+}
+
+/// Seeded random data for one input: floats uniform in its `range` (default [-1, 1)),
+/// integers uniform in `range` (default [0, 2)), bools fair coins. Each input has its own
+/// stream, so the data of one input does not depend on the others.
+pub fn random_input(i: &InputInfo, shape: &[usize], seed: u64) -> Result<Tensor> {
+    let n = crate::tensor::checked_numel(shape)
+        .filter(|n| n.checked_mul(8).is_some())
+        .ok_or_else(|| crate::err!(Input, "input '{}' of shape {:?} is too large", i.name, shape))?;
+    let mut r = Rng::for_name(seed, &i.name);
+    let vals: Vec<f64> = match i.dtype {
+        d if d.is_float() => {
+            let (lo, hi) = i.range.unwrap_or((-1.0, 1.0));
+            (0..n).map(|_| r.uniform_in(lo, hi)).collect()
+        }
+        DType::Bool => (0..n).map(|_| (r.next_u64() & 1) as f64).collect(),
+        _ => {
+            let (lo, hi) = i.range.unwrap_or((0.0, 2.0));
+            let (lo, hi) = (lo.ceil() as i64, hi.ceil() as i64);
+            if hi <= lo {
+                crate::bail!(Input, "input '{}': range holds no integer", i.name);
+            }
+            (0..n).map(|_| r.int_in(lo, hi) as f64).collect()
+        }
+    };
+    Tensor::from_f64(i.dtype, shape, &vals)
+}
+
+/// Binds every symbolic dim: from fed inputs first, then `overrides` (--dim), then the
+/// model's defaults. A symbol bound to two sizes is an error naming both places.
+pub fn bind_dims(
+    g: &Graph,
+    feeds: &HashMap<String, Tensor>,
+    overrides: &BTreeMap<String, usize>,
+) -> Result<BTreeMap<String, usize>> {
+    let mut bound: BTreeMap<String, (usize, String)> = BTreeMap::new();
+    for (k, v) in overrides {
+        bound.insert(k.clone(), (*v, format!("--dim {k}={v}")));
+    }
+    for i in &g.inputs {
+        let Some(t) = feeds.get(&i.name) else { continue };
+        if t.shape().len() != i.shape.len() {
+            crate::bail!(
+                Input,
+                "input '{}' must have rank {} (shape [{}]), got shape {}",
+                i.name,
+                i.shape.len(),
+                i.shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", "),
+                crate::tensor::fmt_shape(t.shape())
+            );
+        }
+        for (k, (d, &n)) in i.shape.iter().zip(t.shape()).enumerate() {
+            match d {
+                Dim::Fixed(m) if *m != n => crate::bail!(
+                    Input,
+                    "input '{}' must have size {m} in dim {k}, got shape {}",
+                    i.name,
+                    crate::tensor::fmt_shape(t.shape())
+                ),
+                Dim::Sym(s) => {
+                    let here = format!("input '{}' dim {k}", i.name);
+                    match bound.get(s) {
+                        Some((m, place)) if *m != n => crate::bail!(
+                            Input,
+                            "symbolic dim '{s}' is bound to {m} by {place} and to {n} by {here}"
+                        ),
+                        Some(_) => {}
+                        None => {
+                            bound.insert(s.clone(), (n, here));
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    let mut out: BTreeMap<String, usize> = g.dims.clone();
+    for (k, (v, _)) in bound {
+        out.insert(k, v);
+    }
+    Ok(out)
+}
+
+/// The graph with every floating input, initializer, Constant and Cast target moved to
+/// `dtype` (`--dtype f16|bf16`): storage in that dtype, f32 accumulation in kernels.
+pub fn with_float_dtype(g: &Graph, dtype: DType) -> Graph {
+    use crate::graph::{InitSource, Op};
+    let mut g = g.clone();
+    for i in &mut g.inputs {
+        if i.dtype.is_float() {
+            i.dtype = dtype;
+        }
+    }
+    for init in &mut g.initializers {
+        if init.tensor.dtype().is_float() && init.tensor.dtype() != dtype {
+            init.tensor = init.tensor.cast(dtype);
+            init.source = InitSource::Data;
+        }
+    }
+    for n in &mut g.nodes {
+        match &mut n.op {
+            Op::Cast { to } if to.is_float() => *to = dtype,
+            Op::Constant { value } if value.dtype().is_float() => *value = value.cast(dtype),
+            _ => {}
+        }
+    }
+    g
+}

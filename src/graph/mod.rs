@@ -1,0 +1,166 @@
+//! The IR: values (graph inputs, initializers, node outputs), nodes carrying the closed
+//! `Op` enum, and the graph that holds them. Loading (yaml.rs), validation (validate.rs),
+//! shape and dtype inference (infer.rs) and DOT output (dot.rs) live beside it.
+
+pub mod dot;
+pub mod infer;
+pub mod op;
+pub mod validate;
+pub mod yaml;
+
+pub use op::{Activation, AttrValue, BinaryOp, Op, ReduceKind, UnaryOp};
+
+use crate::error::Loc;
+use crate::tensor::{DType, Tensor};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+/// A dimension of a declared graph input: a number or a symbol bound at run time.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Dim {
+    Fixed(usize),
+    Sym(String),
+}
+
+impl std::fmt::Display for Dim {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Dim::Fixed(n) => write!(f, "{n}"),
+            Dim::Sym(s) => f.write_str(s),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct InputInfo {
+    pub name: String,
+    pub dtype: DType,
+    pub shape: Vec<Dim>,
+    /// Half-open range random data is drawn from.
+    pub range: Option<(f64, f64)>,
+    pub loc: Option<Loc>,
+}
+
+/// How an initializer was given, so that `--emit-yaml` can write it back the same way.
+#[derive(Clone, Debug, PartialEq)]
+pub enum InitSource {
+    /// `init:` (zeros, ones, constant, or a seeded distribution) — regenerated bit-exactly.
+    Init(InitSpec),
+    /// `values:` or anything computed (constant folding, `--dtype` casts).
+    Data,
+    /// `file:`; `key` for safetensors.
+    File { path: PathBuf, key: Option<String> },
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum InitSpec {
+    Zeros,
+    Ones,
+    Constant(f64),
+    Dist { dist: Dist, seed: u64 },
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Dist {
+    Normal { mean: f64, std: f64 },
+    Uniform { low: f64, high: f64 },
+    XavierUniform,
+    XavierNormal,
+    KaimingUniform,
+    KaimingNormal,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Initializer {
+    pub name: String,
+    pub tensor: Tensor,
+    pub trainable: bool,
+    pub source: InitSource,
+    pub loc: Option<Loc>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Node {
+    pub name: String,
+    pub op: Op,
+    /// Input value names; "" marks an omitted optional input, as in ONNX.
+    pub inputs: Vec<String>,
+    pub outputs: Vec<String>,
+    pub loc: Option<Loc>,
+}
+
+impl Node {
+    /// "node 'fc1' (MatMul)" — how errors name a node.
+    pub fn describe(&self) -> String {
+        match &self.loc {
+            Some(l) => format!("node '{}' ({}) at {}", self.name, self.op.name(), l),
+            None => format!("node '{}' ({})", self.name, self.op.name()),
+        }
+    }
+    /// The i-th input if present (not omitted).
+    pub fn input(&self, i: usize) -> Option<&str> {
+        self.inputs.get(i).map(|s| s.as_str()).filter(|s| !s.is_empty())
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Optimizer {
+    Sgd { lr: f64, momentum: f64, weight_decay: f64 },
+    Adam { lr: f64, beta1: f64, beta2: f64, eps: f64, weight_decay: f64 },
+    AdamW { lr: f64, beta1: f64, beta2: f64, eps: f64, weight_decay: f64 },
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Training {
+    pub loss: String,
+    pub optimizer: Optimizer,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Graph {
+    pub name: String,
+    /// Default sizes of symbolic dims.
+    pub dims: BTreeMap<String, usize>,
+    pub inputs: Vec<InputInfo>,
+    pub outputs: Vec<String>,
+    pub initializers: Vec<Initializer>,
+    pub nodes: Vec<Node>,
+    pub training: Option<Training>,
+    /// The file the graph was loaded from, for messages.
+    pub file: Option<PathBuf>,
+}
+
+impl Graph {
+    pub fn input(&self, name: &str) -> Option<&InputInfo> {
+        self.inputs.iter().find(|i| i.name == name)
+    }
+    pub fn initializer(&self, name: &str) -> Option<&Initializer> {
+        self.initializers.iter().find(|i| i.name == name)
+    }
+    /// Number of elements in all initializers (the parameter count `inspect` prints).
+    pub fn param_count(&self) -> usize {
+        self.initializers.iter().map(|i| i.tensor.numel()).sum()
+    }
+    /// Every symbol used by the graph inputs, in order of first use.
+    pub fn symbols(&self) -> Vec<String> {
+        let mut out: Vec<String> = vec![];
+        for i in &self.inputs {
+            for d in &i.shape {
+                if let Dim::Sym(s) = d {
+                    if !out.contains(s) {
+                        out.push(s.clone());
+                    }
+                }
+            }
+        }
+        out
+    }
+    /// Counts of each op, sorted by name.
+    pub fn op_counts(&self) -> BTreeMap<&'static str, usize> {
+        let mut m = BTreeMap::new();
+        for n in &self.nodes {
+            *m.entry(n.op.name()).or_insert(0) += 1;
+        }
+        m
+    }
+}

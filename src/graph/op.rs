@@ -1,0 +1,691 @@
+//! The closed set of operators. Attributes are typed here, once, at load time; nothing
+//! downstream looks at attribute strings. Adding an op means adding a variant: the
+//! compiler then lists every `match` that must learn it (inference, kernels, gradients).
+
+use crate::error::{Error, Loc, Result};
+use crate::tensor::{DType, Tensor};
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum UnaryOp {
+    Neg,
+    Exp,
+    Log,
+    Sqrt,
+    Reciprocal,
+    Abs,
+    Erf,
+    Relu,
+    Sigmoid,
+    Tanh,
+    /// `tanh: true` is ONNX `approximate="tanh"`.
+    Gelu { tanh: bool },
+    LeakyRelu { alpha: f32 },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BinaryOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Pow,
+    Equal,
+    Less,
+    Greater,
+}
+
+impl BinaryOp {
+    pub fn is_comparison(self) -> bool {
+        matches!(self, BinaryOp::Equal | BinaryOp::Less | BinaryOp::Greater)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReduceKind {
+    Sum,
+    Mean,
+    Max,
+}
+
+/// The activation a `FusedMatMul` applies after its bias.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    None,
+    Relu,
+    Gelu,
+    GeluTanh,
+    Silu,
+    Sigmoid,
+    Tanh,
+}
+
+impl Activation {
+    pub const ALL: [Activation; 7] = [
+        Activation::None,
+        Activation::Relu,
+        Activation::Gelu,
+        Activation::GeluTanh,
+        Activation::Silu,
+        Activation::Sigmoid,
+        Activation::Tanh,
+    ];
+    pub fn name(self) -> &'static str {
+        match self {
+            Activation::None => "none",
+            Activation::Relu => "relu",
+            Activation::Gelu => "gelu",
+            Activation::GeluTanh => "gelu_tanh",
+            Activation::Silu => "silu",
+            Activation::Sigmoid => "sigmoid",
+            Activation::Tanh => "tanh",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LossReduction {
+    Mean,
+    Sum,
+    None,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    Unary(UnaryOp),
+    Binary(BinaryOp),
+    Clip,
+    Where,
+    Cast { to: DType },
+    Identity,
+    MatMul,
+    Gemm { alpha: f32, beta: f32, trans_a: bool, trans_b: bool },
+    Softmax { axis: i64 },
+    LogSoftmax { axis: i64 },
+    LayerNormalization { axis: i64, epsilon: f32 },
+    /// `axes: None` means the axes come from the second input (or all axes).
+    Reduce { kind: ReduceKind, axes: Option<Vec<i64>>, keepdims: bool, noop_with_empty_axes: bool },
+    Reshape { allowzero: bool },
+    Transpose { perm: Option<Vec<usize>> },
+    Concat { axis: i64 },
+    Split { axis: i64, split: Option<Vec<i64>>, num_outputs: Option<usize> },
+    Slice,
+    Squeeze { axes: Option<Vec<i64>> },
+    Unsqueeze { axes: Option<Vec<i64>> },
+    Flatten { axis: i64 },
+    Expand,
+    Gather { axis: i64 },
+    Shape { start: i64, end: Option<i64> },
+    Constant { value: Tensor },
+    Trilu { upper: bool },
+    SoftmaxCrossEntropyLoss { reduction: LossReduction, ignore_index: Option<i64> },
+    Dropout { ratio: f32, seed: Option<i64> },
+    FusedMatMul { activation: Activation, trans_b: bool },
+    Attention { is_causal: bool, scale: Option<f32> },
+    VarlenAttention { is_causal: bool, scale: Option<f32> },
+}
+
+/// Every op name graphrun accepts, in the order of SPEC §2.
+pub const OP_NAMES: &[&str] = &[
+    "Add", "Sub", "Mul", "Div", "Pow", "Neg", "Exp", "Log", "Sqrt", "Reciprocal", "Abs", "Erf",
+    "Relu", "Sigmoid", "Tanh", "Gelu", "LeakyRelu", "Clip", "Where", "Equal", "Less", "Greater",
+    "Cast", "Identity", "MatMul", "Gemm", "Softmax", "LogSoftmax", "LayerNormalization",
+    "ReduceSum", "ReduceMean", "ReduceMax", "Reshape", "Transpose", "Concat", "Split", "Slice",
+    "Squeeze", "Unsqueeze", "Flatten", "Expand", "Gather", "Shape", "Constant", "Trilu",
+    "SoftmaxCrossEntropyLoss", "Dropout", "FusedMatMul", "Attention", "VarlenAttention",
+];
+
+/// An attribute as written in the model, before it is typed by its op.
+#[derive(Clone, Debug, PartialEq)]
+pub enum AttrValue {
+    Int(i64),
+    Float(f64),
+    Str(String),
+    Ints(Vec<i64>),
+    Floats(Vec<f64>),
+    Strs(Vec<String>),
+    Tensor(Tensor),
+}
+
+impl AttrValue {
+    fn kind(&self) -> &'static str {
+        match self {
+            AttrValue::Int(_) => "an integer",
+            AttrValue::Float(_) => "a float",
+            AttrValue::Str(_) => "a string",
+            AttrValue::Ints(_) => "a list of integers",
+            AttrValue::Floats(_) => "a list of floats",
+            AttrValue::Strs(_) => "a list of strings",
+            AttrValue::Tensor(_) => "a tensor",
+        }
+    }
+}
+
+/// A named attribute and where it was written.
+#[derive(Clone, Debug)]
+pub struct Attr {
+    pub name: String,
+    pub value: AttrValue,
+    pub loc: Option<Loc>,
+}
+
+/// Reads typed attributes for one node; every unread attribute is an error at the end.
+struct Attrs<'a> {
+    op: &'a str,
+    node: &'a str,
+    node_loc: Option<&'a Loc>,
+    attrs: &'a [Attr],
+    used: Vec<bool>,
+}
+
+impl<'a> Attrs<'a> {
+    fn err(&self, a: Option<&Attr>, msg: String) -> Error {
+        let loc = a.and_then(|a| a.loc.as_ref()).or(self.node_loc);
+        let m = format!("node '{}' ({}): {}", self.node, self.op, msg);
+        match loc {
+            Some(l) => Error::model(l, m),
+            None => Error::Graph(m),
+        }
+    }
+    fn get(&mut self, name: &str) -> Option<&'a Attr> {
+        let i = self.attrs.iter().position(|a| a.name == name)?;
+        self.used[i] = true;
+        Some(&self.attrs[i])
+    }
+    fn wrong(&self, a: &Attr, want: &str) -> Error {
+        self.err(
+            Some(a),
+            format!("attribute '{}' must be {}, got {}", a.name, want, a.value.kind()),
+        )
+    }
+    fn int(&mut self, name: &str) -> Result<Option<i64>> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(a) => match &a.value {
+                AttrValue::Int(v) => Ok(Some(*v)),
+                _ => Err(self.wrong(a, "an integer")),
+            },
+        }
+    }
+    fn int_or(&mut self, name: &str, d: i64) -> Result<i64> {
+        Ok(self.int(name)?.unwrap_or(d))
+    }
+    fn flag(&mut self, name: &str, d: bool) -> Result<bool> {
+        match self.int(name)? {
+            None => Ok(d),
+            Some(0) => Ok(false),
+            Some(1) => Ok(true),
+            Some(v) => {
+                let a = self.attrs.iter().find(|a| a.name == name);
+                Err(self.err(a, format!("attribute '{name}' must be 0 or 1, got {v}")))
+            }
+        }
+    }
+    fn float(&mut self, name: &str) -> Result<Option<f64>> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(a) => match &a.value {
+                AttrValue::Float(v) => Ok(Some(*v)),
+                AttrValue::Int(v) => Ok(Some(*v as f64)),
+                _ => Err(self.wrong(a, "a number")),
+            },
+        }
+    }
+    fn string(&mut self, name: &str) -> Result<Option<(String, &'a Attr)>> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(a) => match &a.value {
+                AttrValue::Str(v) => Ok(Some((v.clone(), a))),
+                _ => Err(self.wrong(a, "a string")),
+            },
+        }
+    }
+    fn ints(&mut self, name: &str) -> Result<Option<Vec<i64>>> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(a) => match &a.value {
+                AttrValue::Ints(v) => Ok(Some(v.clone())),
+                AttrValue::Int(v) => Ok(Some(vec![*v])),
+                // An empty YAML list has no element type to tell.
+                AttrValue::Floats(v) if v.is_empty() => Ok(Some(vec![])),
+                _ => Err(self.wrong(a, "a list of integers")),
+            },
+        }
+    }
+    /// Accepted-and-ignored ONNX attributes: only at values where ignoring is exact.
+    fn ignore_if(&mut self, name: &str, ok: impl Fn(&AttrValue) -> bool, why: &str) -> Result<()> {
+        if let Some(a) = self.get(name) {
+            if !ok(&a.value) {
+                return Err(self.err(Some(a), format!("attribute '{name}' is not supported: {why}")));
+            }
+        }
+        Ok(())
+    }
+    fn finish(self) -> Result<()> {
+        for (a, used) in self.attrs.iter().zip(&self.used) {
+            if !used {
+                return Err(self.err(
+                    Some(a),
+                    format!("unknown attribute '{}' for op {}", a.name, self.op),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Op {
+    pub fn name(&self) -> &'static str {
+        use BinaryOp as B;
+        use UnaryOp as U;
+        match self {
+            Op::Unary(u) => match u {
+                U::Neg => "Neg",
+                U::Exp => "Exp",
+                U::Log => "Log",
+                U::Sqrt => "Sqrt",
+                U::Reciprocal => "Reciprocal",
+                U::Abs => "Abs",
+                U::Erf => "Erf",
+                U::Relu => "Relu",
+                U::Sigmoid => "Sigmoid",
+                U::Tanh => "Tanh",
+                U::Gelu { .. } => "Gelu",
+                U::LeakyRelu { .. } => "LeakyRelu",
+            },
+            Op::Binary(b) => match b {
+                B::Add => "Add",
+                B::Sub => "Sub",
+                B::Mul => "Mul",
+                B::Div => "Div",
+                B::Pow => "Pow",
+                B::Equal => "Equal",
+                B::Less => "Less",
+                B::Greater => "Greater",
+            },
+            Op::Clip => "Clip",
+            Op::Where => "Where",
+            Op::Cast { .. } => "Cast",
+            Op::Identity => "Identity",
+            Op::MatMul => "MatMul",
+            Op::Gemm { .. } => "Gemm",
+            Op::Softmax { .. } => "Softmax",
+            Op::LogSoftmax { .. } => "LogSoftmax",
+            Op::LayerNormalization { .. } => "LayerNormalization",
+            Op::Reduce { kind: ReduceKind::Sum, .. } => "ReduceSum",
+            Op::Reduce { kind: ReduceKind::Mean, .. } => "ReduceMean",
+            Op::Reduce { kind: ReduceKind::Max, .. } => "ReduceMax",
+            Op::Reshape { .. } => "Reshape",
+            Op::Transpose { .. } => "Transpose",
+            Op::Concat { .. } => "Concat",
+            Op::Split { .. } => "Split",
+            Op::Slice => "Slice",
+            Op::Squeeze { .. } => "Squeeze",
+            Op::Unsqueeze { .. } => "Unsqueeze",
+            Op::Flatten { .. } => "Flatten",
+            Op::Expand => "Expand",
+            Op::Gather { .. } => "Gather",
+            Op::Shape { .. } => "Shape",
+            Op::Constant { .. } => "Constant",
+            Op::Trilu { .. } => "Trilu",
+            Op::SoftmaxCrossEntropyLoss { .. } => "SoftmaxCrossEntropyLoss",
+            Op::Dropout { .. } => "Dropout",
+            Op::FusedMatMul { .. } => "FusedMatMul",
+            Op::Attention { .. } => "Attention",
+            Op::VarlenAttention { .. } => "VarlenAttention",
+        }
+    }
+
+    /// (min inputs, max inputs, min outputs, max outputs), counting omitted optional
+    /// inputs ("") as present.
+    pub fn arity(&self) -> (usize, usize, usize, usize) {
+        match self {
+            Op::Unary(_) | Op::Cast { .. } | Op::Identity | Op::Softmax { .. } => (1, 1, 1, 1),
+            Op::LogSoftmax { .. } | Op::Transpose { .. } | Op::Flatten { .. } => (1, 1, 1, 1),
+            Op::Shape { .. } => (1, 1, 1, 1),
+            Op::Binary(_) | Op::MatMul | Op::Reshape { .. } | Op::Expand => (2, 2, 1, 1),
+            Op::Gather { .. } => (2, 2, 1, 1),
+            Op::Clip => (1, 3, 1, 1),
+            Op::Where => (3, 3, 1, 1),
+            Op::Gemm { .. } => (2, 3, 1, 1),
+            Op::LayerNormalization { .. } => (2, 3, 1, 3),
+            Op::Reduce { .. } | Op::Squeeze { .. } | Op::Unsqueeze { .. } => (1, 2, 1, 1),
+            Op::Concat { .. } => (1, usize::MAX, 1, 1),
+            Op::Split { .. } => (1, 2, 1, usize::MAX),
+            Op::Slice => (3, 5, 1, 1),
+            Op::Constant { .. } => (0, 0, 1, 1),
+            Op::Trilu { .. } => (1, 2, 1, 1),
+            Op::SoftmaxCrossEntropyLoss { .. } => (2, 3, 1, 2),
+            Op::Dropout { .. } => (1, 3, 1, 2),
+            Op::FusedMatMul { .. } => (2, 4, 1, 1),
+            Op::Attention { .. } => (3, 4, 1, 1),
+            Op::VarlenAttention { .. } => (5, 5, 1, 1),
+        }
+    }
+
+    /// Builds an op from its ONNX name and written attributes. `node` and `node_loc`
+    /// only serve the messages.
+    pub fn parse(name: &str, attrs: &[Attr], node: &str, node_loc: Option<&Loc>) -> Result<Op> {
+        use BinaryOp as B;
+        use UnaryOp as U;
+        let mut a = Attrs { op: name, node, node_loc, attrs, used: vec![false; attrs.len()] };
+        let reduce = |a: &mut Attrs, kind| -> Result<Op> {
+            Ok(Op::Reduce {
+                kind,
+                axes: a.ints("axes")?,
+                keepdims: a.flag("keepdims", true)?,
+                noop_with_empty_axes: a.flag("noop_with_empty_axes", false)?,
+            })
+        };
+        let op = match name {
+            "Add" => Op::Binary(B::Add),
+            "Sub" => Op::Binary(B::Sub),
+            "Mul" => Op::Binary(B::Mul),
+            "Div" => Op::Binary(B::Div),
+            "Pow" => Op::Binary(B::Pow),
+            "Equal" => Op::Binary(B::Equal),
+            "Less" => Op::Binary(B::Less),
+            "Greater" => Op::Binary(B::Greater),
+            "Neg" => Op::Unary(U::Neg),
+            "Exp" => Op::Unary(U::Exp),
+            "Log" => Op::Unary(U::Log),
+            "Sqrt" => Op::Unary(U::Sqrt),
+            "Reciprocal" => Op::Unary(U::Reciprocal),
+            "Abs" => Op::Unary(U::Abs),
+            "Erf" => Op::Unary(U::Erf),
+            "Relu" => Op::Unary(U::Relu),
+            "Sigmoid" => Op::Unary(U::Sigmoid),
+            "Tanh" => Op::Unary(U::Tanh),
+            "Gelu" => {
+                let tanh = match a.string("approximate")? {
+                    None => false,
+                    Some((s, _)) if s == "none" => false,
+                    Some((s, _)) if s == "tanh" => true,
+                    Some((s, at)) => {
+                        return Err(a.err(
+                            Some(at),
+                            format!("attribute 'approximate' must be \"none\" or \"tanh\", got \"{s}\""),
+                        ))
+                    }
+                };
+                Op::Unary(U::Gelu { tanh })
+            }
+            "LeakyRelu" => Op::Unary(U::LeakyRelu { alpha: a.float("alpha")?.unwrap_or(0.01) as f32 }),
+            "Clip" => Op::Clip,
+            "Where" => Op::Where,
+            "Identity" => Op::Identity,
+            "Cast" => {
+                let Some(at) = a.get("to") else {
+                    return Err(a.err(None, "attribute 'to' is required".into()));
+                };
+                let to = match &at.value {
+                    AttrValue::Str(s) => DType::parse(s),
+                    AttrValue::Int(c) => DType::from_onnx(*c),
+                    _ => return Err(a.wrong(at, "a dtype name or ONNX dtype code")),
+                };
+                let Some(to) = to else {
+                    return Err(a.err(
+                        Some(at),
+                        format!("attribute 'to': unsupported dtype {:?}; use f32, f16, bf16, f64, i64, i32 or bool (or ONNX codes 1, 10, 16, 11, 7, 6, 9)", at.value),
+                    ));
+                };
+                a.ignore_if("saturate", |v| *v == AttrValue::Int(1), "only the default (1) is supported")?;
+                Op::Cast { to }
+            }
+            "MatMul" => Op::MatMul,
+            "Gemm" => Op::Gemm {
+                alpha: a.float("alpha")?.unwrap_or(1.0) as f32,
+                beta: a.float("beta")?.unwrap_or(1.0) as f32,
+                trans_a: a.flag("transA", false)?,
+                trans_b: a.flag("transB", false)?,
+            },
+            "Softmax" => Op::Softmax { axis: a.int_or("axis", -1)? },
+            "LogSoftmax" => Op::LogSoftmax { axis: a.int_or("axis", -1)? },
+            "LayerNormalization" => {
+                // stash_type only selects the accumulation type; graphrun always accumulates
+                // in f32 or wider, so any value gives the same result within tolerance.
+                a.ignore_if("stash_type", |_| true, "")?;
+                Op::LayerNormalization {
+                    axis: a.int_or("axis", -1)?,
+                    epsilon: a.float("epsilon")?.unwrap_or(1e-5) as f32,
+                }
+            }
+            "ReduceSum" => reduce(&mut a, ReduceKind::Sum)?,
+            "ReduceMean" => reduce(&mut a, ReduceKind::Mean)?,
+            "ReduceMax" => reduce(&mut a, ReduceKind::Max)?,
+            "Reshape" => Op::Reshape { allowzero: a.flag("allowzero", false)? },
+            "Transpose" => {
+                let perm = match a.ints("perm")? {
+                    None => None,
+                    Some(p) => {
+                        let n = p.len() as i64;
+                        let mut seen = vec![false; p.len()];
+                        for &v in &p {
+                            if v < 0 || v >= n || seen[v as usize] {
+                                let at = attrs.iter().find(|x| x.name == "perm");
+                                return Err(a.err(at, format!("attribute 'perm' {p:?} is not a permutation of 0..{n}")));
+                            }
+                            seen[v as usize] = true;
+                        }
+                        Some(p.into_iter().map(|v| v as usize).collect())
+                    }
+                };
+                Op::Transpose { perm }
+            }
+            "Concat" => {
+                let Some(axis) = a.int("axis")? else {
+                    return Err(a.err(None, "attribute 'axis' is required".into()));
+                };
+                Op::Concat { axis }
+            }
+            "Split" => {
+                let num_outputs = match a.int("num_outputs")? {
+                    Some(n) if n < 1 => {
+                        let at = attrs.iter().find(|x| x.name == "num_outputs");
+                        return Err(a.err(at, format!("attribute 'num_outputs' must be at least 1, got {n}")));
+                    }
+                    n => n.map(|n| n as usize),
+                };
+                Op::Split { axis: a.int_or("axis", 0)?, split: a.ints("split")?, num_outputs }
+            }
+            "Slice" => Op::Slice,
+            "Squeeze" => Op::Squeeze { axes: a.ints("axes")? },
+            "Unsqueeze" => Op::Unsqueeze { axes: a.ints("axes")? },
+            "Flatten" => Op::Flatten { axis: a.int_or("axis", 1)? },
+            "Expand" => Op::Expand,
+            "Gather" => Op::Gather { axis: a.int_or("axis", 0)? },
+            "Shape" => Op::Shape { start: a.int_or("start", 0)?, end: a.int("end")? },
+            "Constant" => {
+                let mut value = None;
+                for key in ["value", "value_float", "value_floats", "value_int", "value_ints"] {
+                    let Some(at) = a.get(key) else { continue };
+                    if value.is_some() {
+                        return Err(a.err(Some(at), "Constant takes exactly one of value, value_float, value_floats, value_int, value_ints".into()));
+                    }
+                    let t = match (key, &at.value) {
+                        ("value", AttrValue::Tensor(t)) => t.clone(),
+                        ("value_float", AttrValue::Float(v)) => Tensor::scalar(*v as f32),
+                        ("value_float", AttrValue::Int(v)) => Tensor::scalar(*v as f32),
+                        ("value_floats", AttrValue::Floats(v)) => {
+                            Tensor::from_vec(&[v.len()], v.iter().map(|&x| x as f32).collect())?
+                        }
+                        ("value_floats", AttrValue::Ints(v)) => {
+                            Tensor::from_vec(&[v.len()], v.iter().map(|&x| x as f32).collect())?
+                        }
+                        ("value_int", AttrValue::Int(v)) => Tensor::scalar(*v),
+                        ("value_ints", AttrValue::Ints(v)) => Tensor::from_vec(&[v.len()], v.clone())?,
+                        ("value_ints", AttrValue::Floats(v)) if v.is_empty() => {
+                            Tensor::from_vec::<i64>(&[0], vec![])?
+                        }
+                        _ => {
+                            let want = match key {
+                                "value" => "a tensor ({dtype, shape, values})",
+                                "value_float" => "a float",
+                                "value_floats" => "a list of floats",
+                                "value_int" => "an integer",
+                                _ => "a list of integers",
+                            };
+                            return Err(a.wrong(at, want));
+                        }
+                    };
+                    value = Some(t);
+                }
+                let Some(value) = value else {
+                    return Err(a.err(None, "Constant needs one of value, value_float, value_floats, value_int, value_ints".into()));
+                };
+                Op::Constant { value }
+            }
+            "Trilu" => Op::Trilu { upper: a.flag("upper", true)? },
+            "SoftmaxCrossEntropyLoss" => {
+                let reduction = match a.string("reduction")? {
+                    None => LossReduction::Mean,
+                    Some((s, at)) => match s.as_str() {
+                        "mean" => LossReduction::Mean,
+                        "sum" => LossReduction::Sum,
+                        "none" => LossReduction::None,
+                        _ => {
+                            return Err(a.err(
+                                Some(at),
+                                format!("attribute 'reduction' must be \"mean\", \"sum\" or \"none\", got \"{s}\""),
+                            ))
+                        }
+                    },
+                };
+                Op::SoftmaxCrossEntropyLoss { reduction, ignore_index: a.int("ignore_index")? }
+            }
+            "Dropout" => {
+                let ratio = a.float("ratio")?.unwrap_or(0.5);
+                if !(0.0..1.0).contains(&ratio) {
+                    let at = attrs.iter().find(|x| x.name == "ratio");
+                    return Err(a.err(at, format!("attribute 'ratio' must be in [0, 1), got {ratio}")));
+                }
+                Op::Dropout { ratio: ratio as f32, seed: a.int("seed")? }
+            }
+            "FusedMatMul" => {
+                let activation = match a.string("activation")? {
+                    None => Activation::None,
+                    Some((s, at)) => match Activation::ALL.iter().find(|x| x.name() == s) {
+                        Some(x) => *x,
+                        None => {
+                            return Err(a.err(
+                                Some(at),
+                                format!("attribute 'activation' must be one of none, relu, gelu, gelu_tanh, silu, sigmoid, tanh; got \"{s}\""),
+                            ))
+                        }
+                    },
+                };
+                Op::FusedMatMul { activation, trans_b: a.flag("trans_b", false)? }
+            }
+            "Attention" => {
+                let op = Op::Attention {
+                    is_causal: a.flag("is_causal", false)?,
+                    scale: a.float("scale")?.map(|s| s as f32),
+                };
+                // Opset-23 attributes that only matter for forms graphrun does not take
+                // (3-D inputs, softcap, extra outputs) are accepted at their defaults.
+                a.ignore_if("softcap", |v| matches!(v, AttrValue::Float(x) if *x == 0.0) || *v == AttrValue::Int(0), "only softcap 0 is supported")?;
+                a.ignore_if("qk_matmul_output_mode", |v| *v == AttrValue::Int(0), "only mode 0 is supported")?;
+                a.ignore_if("softmax_precision", |_| true, "")?;
+                a.ignore_if("q_num_heads", |_| true, "")?;
+                a.ignore_if("kv_num_heads", |_| true, "")?;
+                op
+            }
+            "VarlenAttention" => Op::VarlenAttention {
+                is_causal: a.flag("is_causal", false)?,
+                scale: a.float("scale")?.map(|s| s as f32),
+            },
+            _ => {
+                let msg = format!("unknown op '{name}'");
+                return Err(match node_loc {
+                    Some(l) => Error::model(l, format!("node '{node}': {msg}")),
+                    None => Error::Graph(format!("node '{node}': {msg}")),
+                });
+            }
+        };
+        a.finish()?;
+        Ok(op)
+    }
+
+    /// The attributes to write back; defaults are left out. Parsing these gives `self`.
+    pub fn attrs(&self) -> Vec<(&'static str, AttrValue)> {
+        use AttrValue as V;
+        let mut v: Vec<(&'static str, AttrValue)> = vec![];
+        let b = |x: bool| V::Int(x as i64);
+        match self {
+            Op::Unary(UnaryOp::Gelu { tanh: true }) => v.push(("approximate", V::Str("tanh".into()))),
+            Op::Unary(UnaryOp::LeakyRelu { alpha }) => v.push(("alpha", V::Float(*alpha as f64))),
+            Op::Cast { to } => v.push(("to", V::Str(to.name().into()))),
+            Op::Gemm { alpha, beta, trans_a, trans_b } => {
+                v.push(("alpha", V::Float(*alpha as f64)));
+                v.push(("beta", V::Float(*beta as f64)));
+                v.push(("transA", b(*trans_a)));
+                v.push(("transB", b(*trans_b)));
+            }
+            Op::Softmax { axis } | Op::LogSoftmax { axis } | Op::Concat { axis } => v.push(("axis", V::Int(*axis))),
+            Op::Flatten { axis } | Op::Gather { axis } => v.push(("axis", V::Int(*axis))),
+            Op::LayerNormalization { axis, epsilon } => {
+                v.push(("axis", V::Int(*axis)));
+                v.push(("epsilon", V::Float(*epsilon as f64)));
+            }
+            Op::Reduce { axes, keepdims, noop_with_empty_axes, .. } => {
+                if let Some(ax) = axes {
+                    v.push(("axes", V::Ints(ax.clone())));
+                }
+                v.push(("keepdims", b(*keepdims)));
+                if *noop_with_empty_axes {
+                    v.push(("noop_with_empty_axes", V::Int(1)));
+                }
+            }
+            Op::Reshape { allowzero: true } => v.push(("allowzero", V::Int(1))),
+            Op::Transpose { perm: Some(p) } => v.push(("perm", V::Ints(p.iter().map(|&x| x as i64).collect()))),
+            Op::Split { axis, split, num_outputs } => {
+                v.push(("axis", V::Int(*axis)));
+                if let Some(s) = split {
+                    v.push(("split", V::Ints(s.clone())));
+                }
+                if let Some(n) = num_outputs {
+                    v.push(("num_outputs", V::Int(*n as i64)));
+                }
+            }
+            Op::Squeeze { axes: Some(ax) } | Op::Unsqueeze { axes: Some(ax) } => v.push(("axes", V::Ints(ax.clone()))),
+            Op::Shape { start, end } => {
+                if *start != 0 {
+                    v.push(("start", V::Int(*start)));
+                }
+                if let Some(e) = end {
+                    v.push(("end", V::Int(*e)));
+                }
+            }
+            Op::Constant { value } => v.push(("value", V::Tensor(value.clone()))),
+            Op::Trilu { upper } => v.push(("upper", b(*upper))),
+            Op::SoftmaxCrossEntropyLoss { reduction, ignore_index } => {
+                let r = match reduction {
+                    LossReduction::Mean => "mean",
+                    LossReduction::Sum => "sum",
+                    LossReduction::None => "none",
+                };
+                v.push(("reduction", V::Str(r.into())));
+                if let Some(i) = ignore_index {
+                    v.push(("ignore_index", V::Int(*i)));
+                }
+            }
+            Op::Dropout { ratio, seed } => {
+                v.push(("ratio", V::Float(*ratio as f64)));
+                if let Some(s) = seed {
+                    v.push(("seed", V::Int(*s)));
+                }
+            }
+            Op::FusedMatMul { activation, trans_b } => {
+                v.push(("activation", V::Str(activation.name().into())));
+                v.push(("trans_b", b(*trans_b)));
+            }
+            Op::Attention { is_causal, scale } | Op::VarlenAttention { is_causal, scale } => {
+                v.push(("is_causal", b(*is_causal)));
+                if let Some(s) = scale {
+                    v.push(("scale", V::Float(*s as f64)));
+                }
+            }
+            _ => {}
+        }
+        v
+    }
+}

@@ -1,0 +1,64 @@
+//! graphrun: an ONNX-style graph executor. Load a YAML model, validate it, infer its
+//! shapes, run it on a backend.
+//!
+//! ```no_run
+//! use graphrun::{Model, Session, SessionOptions};
+//! let model = Model::load("models/mlp.yaml").unwrap();
+//! let feeds = model.random_inputs(0, &Default::default()).unwrap();
+//! let mut session = Session::new(model.graph, SessionOptions::default()).unwrap();
+//! for (name, t) in session.run(&feeds).unwrap() {
+//!     println!("{name}: {:?}", t);
+//! }
+//! ```
+
+pub mod backends;
+pub mod error;
+pub mod exec;
+pub mod graph;
+pub mod passes;
+pub mod rng;
+pub mod tensor;
+
+pub use backends::BackendKind;
+pub use error::{Error, Result};
+pub use exec::{Plan, Session, SessionOptions};
+pub use graph::{Graph, Node, Op};
+pub use tensor::{DType, Tensor};
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+/// A loaded, validated model.
+#[derive(Clone, Debug)]
+pub struct Model {
+    pub graph: Graph,
+}
+
+impl Model {
+    /// Loads and validates a model file (SPEC §1).
+    pub fn load(path: impl AsRef<Path>) -> Result<Model> {
+        Ok(Model { graph: graph::yaml::load(path.as_ref())? })
+    }
+    /// Loads a model from YAML text; relative initializer files resolve against `base`.
+    pub fn from_str(text: &str, base: impl AsRef<Path>) -> Result<Model> {
+        Ok(Model { graph: graph::yaml::load_str(text, "<string>", base.as_ref())? })
+    }
+    /// Writes the model back as YAML (self-contained; see `graph::yaml::save`).
+    pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
+        graph::yaml::save(&self.graph, path.as_ref())
+    }
+    /// Seeded random data for every graph input; symbolic dims from `dims`, else the
+    /// model's defaults.
+    pub fn random_inputs(&self, seed: u64, dims: &BTreeMap<String, usize>) -> Result<HashMap<String, Tensor>> {
+        let mut all = self.graph.dims.clone();
+        all.extend(dims.iter().map(|(k, v)| (k.clone(), *v)));
+        self.graph
+            .inputs
+            .iter()
+            .map(|i| {
+                let shape = exec::concrete_shape(i, &all)?;
+                Ok((i.name.clone(), exec::random_input(i, &shape, seed)?))
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,651 @@
+//! Host tensors: a dtype, a shape and row-major data, plus the element traits that let
+//! kernels be written once for every dtype, and `.npy` / `.safetensors` in and out.
+
+use crate::error::{Error, Result};
+use bytemuck::Pod;
+use half::{bf16, f16};
+use std::fmt;
+use std::path::Path;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DType {
+    F32,
+    F16,
+    BF16,
+    F64,
+    I64,
+    I32,
+    Bool,
+}
+
+impl DType {
+    pub const ALL: [DType; 7] =
+        [DType::F32, DType::F16, DType::BF16, DType::F64, DType::I64, DType::I32, DType::Bool];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
+            DType::F64 => "f64",
+            DType::I64 => "i64",
+            DType::I32 => "i32",
+            DType::Bool => "bool",
+        }
+    }
+    pub fn parse(s: &str) -> Option<DType> {
+        Some(match s {
+            "f32" | "float32" | "float" => DType::F32,
+            "f16" | "float16" | "half" => DType::F16,
+            "bf16" | "bfloat16" => DType::BF16,
+            "f64" | "float64" | "double" => DType::F64,
+            "i64" | "int64" => DType::I64,
+            "i32" | "int32" => DType::I32,
+            "bool" => DType::Bool,
+            _ => return None,
+        })
+    }
+    /// ONNX TensorProto.DataType codes.
+    pub fn from_onnx(code: i64) -> Option<DType> {
+        Some(match code {
+            1 => DType::F32,
+            10 => DType::F16,
+            16 => DType::BF16,
+            11 => DType::F64,
+            7 => DType::I64,
+            6 => DType::I32,
+            9 => DType::Bool,
+            _ => return None,
+        })
+    }
+    pub fn size(self) -> usize {
+        match self {
+            DType::F64 | DType::I64 => 8,
+            DType::F32 | DType::I32 => 4,
+            DType::F16 | DType::BF16 => 2,
+            DType::Bool => 1,
+        }
+    }
+    pub fn is_float(self) -> bool {
+        matches!(self, DType::F32 | DType::F16 | DType::BF16 | DType::F64)
+    }
+    pub fn is_int(self) -> bool {
+        matches!(self, DType::I64 | DType::I32)
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// An element type a tensor can hold. `bool` is stored as a `u8` that is 0 or 1.
+pub trait Elem: Pod + Send + Sync + PartialOrd + fmt::Debug + 'static {
+    const DTYPE: DType;
+    fn to_f64(self) -> f64;
+    fn from_f64(v: f64) -> Self;
+}
+
+/// The arithmetic type kernels compute in: f32 for f32/f16/bf16 (f32 accumulation), f64 for f64.
+pub trait Real:
+    num_traits::Float + num_traits::FromPrimitive + std::iter::Sum + Send + Sync + fmt::Debug + 'static
+{
+    fn erf(self) -> Self;
+    fn c(v: f64) -> Self {
+        <Self as num_traits::FromPrimitive>::from_f64(v).unwrap()
+    }
+}
+impl Real for f32 {
+    fn erf(self) -> f32 {
+        libm::erff(self)
+    }
+}
+impl Real for f64 {
+    fn erf(self) -> f64 {
+        libm::erf(self)
+    }
+}
+
+/// A floating element type, with the type it accumulates in.
+pub trait Float: Elem {
+    type Acc: Real;
+    fn to_acc(self) -> Self::Acc;
+    fn from_acc(v: Self::Acc) -> Self;
+}
+
+/// Integer element types (for shape arithmetic and indices).
+pub trait Int: Elem + Ord {
+    fn to_i64(self) -> i64;
+    fn from_i64(v: i64) -> Self;
+}
+
+macro_rules! float_elem {
+    ($t:ty, $d:ident, $acc:ty, $to:expr, $from:expr) => {
+        impl Elem for $t {
+            const DTYPE: DType = DType::$d;
+            fn to_f64(self) -> f64 {
+                let f: fn($t) -> $acc = $to;
+                f(self) as f64
+            }
+            fn from_f64(v: f64) -> Self {
+                let f: fn($acc) -> $t = $from;
+                f(v as $acc)
+            }
+        }
+        impl Float for $t {
+            type Acc = $acc;
+            #[inline(always)]
+            fn to_acc(self) -> $acc {
+                let f: fn($t) -> $acc = $to;
+                f(self)
+            }
+            #[inline(always)]
+            fn from_acc(v: $acc) -> Self {
+                let f: fn($acc) -> $t = $from;
+                f(v)
+            }
+        }
+    };
+}
+float_elem!(f32, F32, f32, |x| x, |x| x);
+float_elem!(f64, F64, f64, |x| x, |x| x);
+float_elem!(f16, F16, f32, |x| x.to_f32(), f16::from_f32);
+float_elem!(bf16, BF16, f32, |x| x.to_f32(), bf16::from_f32);
+
+macro_rules! int_elem {
+    ($t:ty, $d:ident) => {
+        impl Elem for $t {
+            const DTYPE: DType = DType::$d;
+            fn to_f64(self) -> f64 {
+                self as f64
+            }
+            fn from_f64(v: f64) -> Self {
+                v as $t
+            }
+        }
+        impl Int for $t {
+            fn to_i64(self) -> i64 {
+                self as i64
+            }
+            fn from_i64(v: i64) -> Self {
+                v as $t
+            }
+        }
+    };
+}
+int_elem!(i64, I64);
+int_elem!(i32, I32);
+
+impl Elem for u8 {
+    const DTYPE: DType = DType::Bool;
+    fn to_f64(self) -> f64 {
+        (self != 0) as u8 as f64
+    }
+    fn from_f64(v: f64) -> Self {
+        (v != 0.0) as u8
+    }
+}
+
+/// Runs `$body` with `$T` bound to the Rust type of a floating dtype; other dtypes take `$else`.
+#[macro_export]
+macro_rules! with_float {
+    ($dt:expr, $T:ident => $body:expr, _ => $else:expr) => {
+        match $dt {
+            $crate::tensor::DType::F32 => { type $T = f32; $body }
+            $crate::tensor::DType::F64 => { type $T = f64; $body }
+            $crate::tensor::DType::F16 => { type $T = half::f16; $body }
+            $crate::tensor::DType::BF16 => { type $T = half::bf16; $body }
+            _ => $else,
+        }
+    };
+}
+/// Like `with_float!` for every dtype.
+#[macro_export]
+macro_rules! with_any {
+    ($dt:expr, $T:ident => $body:expr) => {
+        match $dt {
+            $crate::tensor::DType::F32 => { type $T = f32; $body }
+            $crate::tensor::DType::F64 => { type $T = f64; $body }
+            $crate::tensor::DType::F16 => { type $T = half::f16; $body }
+            $crate::tensor::DType::BF16 => { type $T = half::bf16; $body }
+            $crate::tensor::DType::I64 => { type $T = i64; $body }
+            $crate::tensor::DType::I32 => { type $T = i32; $body }
+            $crate::tensor::DType::Bool => { type $T = u8; $body }
+        }
+    };
+}
+/// Like `with_float!` for the numeric (non-bool) dtypes.
+#[macro_export]
+macro_rules! with_num {
+    ($dt:expr, $T:ident => $body:expr, _ => $else:expr) => {
+        match $dt {
+            $crate::tensor::DType::F32 => { type $T = f32; $body }
+            $crate::tensor::DType::F64 => { type $T = f64; $body }
+            $crate::tensor::DType::F16 => { type $T = half::f16; $body }
+            $crate::tensor::DType::BF16 => { type $T = half::bf16; $body }
+            $crate::tensor::DType::I64 => { type $T = i64; $body }
+            $crate::tensor::DType::I32 => { type $T = i32; $body }
+            _ => $else,
+        }
+    };
+}
+
+pub fn numel(shape: &[usize]) -> usize {
+    shape.iter().product()
+}
+
+/// Number of elements, or `None` when the product overflows (hostile dims).
+pub fn checked_numel(shape: &[usize]) -> Option<usize> {
+    shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d))
+}
+
+pub fn fmt_shape(shape: &[usize]) -> String {
+    format!("[{}]", shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", "))
+}
+
+/// A host tensor. Storage is 8-byte aligned words so any dtype can be viewed in place;
+/// its capacity is kept when the tensor is re-shaped, which is how the CPU executor
+/// reuses buffers without allocating per node.
+#[derive(Clone)]
+pub struct Tensor {
+    dtype: DType,
+    shape: Vec<usize>,
+    words: Vec<u64>,
+}
+
+impl Tensor {
+    /// A zero-filled tensor.
+    pub fn zeros(dtype: DType, shape: &[usize]) -> Tensor {
+        let mut t = Tensor { dtype, shape: vec![], words: vec![] };
+        t.reset(dtype, shape);
+        t
+    }
+
+    /// Re-types and re-shapes in place, keeping (and growing) the allocation. Contents are
+    /// unspecified afterwards: kernels overwrite every element.
+    pub fn reset(&mut self, dtype: DType, shape: &[usize]) {
+        self.dtype = dtype;
+        self.shape.clear();
+        self.shape.extend_from_slice(shape);
+        let words = (numel(shape) * dtype.size()).div_ceil(8);
+        if self.words.len() < words {
+            self.words.resize(words, 0);
+        }
+    }
+
+    /// Bytes of storage this tensor holds (its capacity, not its current size).
+    pub fn capacity_bytes(&self) -> usize {
+        self.words.len() * 8
+    }
+
+    pub fn from_vec<T: Elem>(shape: &[usize], data: Vec<T>) -> Result<Tensor> {
+        if numel(shape) != data.len() {
+            crate::bail!(
+                Input,
+                "tensor of shape {} needs {} values, got {}",
+                fmt_shape(shape),
+                numel(shape),
+                data.len()
+            );
+        }
+        let mut t = Tensor::zeros(T::DTYPE, shape);
+        t.as_mut_slice::<T>().copy_from_slice(&data);
+        Ok(t)
+    }
+
+    pub fn scalar<T: Elem>(v: T) -> Tensor {
+        Tensor::from_vec(&[], vec![v]).expect("one value")
+    }
+
+    /// Builds a tensor of `dtype` from f64 values (rounding as the dtype requires).
+    pub fn from_f64(dtype: DType, shape: &[usize], data: &[f64]) -> Result<Tensor> {
+        if numel(shape) != data.len() {
+            crate::bail!(
+                Input,
+                "tensor of shape {} needs {} values, got {}",
+                fmt_shape(shape),
+                numel(shape),
+                data.len()
+            );
+        }
+        let mut t = Tensor::zeros(dtype, shape);
+        with_any!(dtype, T => {
+            for (o, &v) in t.as_mut_slice::<T>().iter_mut().zip(data) {
+                *o = T::from_f64(v);
+            }
+        });
+        Ok(t)
+    }
+
+    pub fn from_bytes(dtype: DType, shape: &[usize], bytes: &[u8]) -> Result<Tensor> {
+        let n = checked_numel(shape)
+            .and_then(|n| n.checked_mul(dtype.size()))
+            .ok_or_else(|| crate::err!(Input, "shape {} is too large", fmt_shape(shape)))?;
+        if n != bytes.len() {
+            crate::bail!(
+                Input,
+                "{} tensor of shape {} needs {} bytes, got {}",
+                dtype,
+                fmt_shape(shape),
+                n,
+                bytes.len()
+            );
+        }
+        let mut t = Tensor::zeros(dtype, shape);
+        t.bytes_mut().copy_from_slice(bytes);
+        if dtype == DType::Bool {
+            for b in t.bytes_mut() {
+                *b = (*b != 0) as u8;
+            }
+        }
+        Ok(t)
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    pub fn numel(&self) -> usize {
+        numel(&self.shape)
+    }
+    pub fn size_bytes(&self) -> usize {
+        self.numel() * self.dtype.size()
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        &bytemuck::cast_slice(&self.words)[..self.size_bytes()]
+    }
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        let n = self.size_bytes();
+        &mut bytemuck::cast_slice_mut(&mut self.words)[..n]
+    }
+
+    /// Views the data as `T`. Panics if `T` is not this tensor's dtype: that is a bug in
+    /// graphrun (the executor checks dtypes before any kernel runs), never a user error.
+    pub fn as_slice<T: Elem>(&self) -> &[T] {
+        assert_eq!(T::DTYPE, self.dtype, "tensor viewed as the wrong dtype");
+        let n = self.numel();
+        &bytemuck::cast_slice(&self.words)[..n]
+    }
+    pub fn as_mut_slice<T: Elem>(&mut self) -> &mut [T] {
+        assert_eq!(T::DTYPE, self.dtype, "tensor viewed as the wrong dtype");
+        let n = self.numel();
+        &mut bytemuck::cast_slice_mut(&mut self.words)[..n]
+    }
+
+    pub fn to_vec<T: Elem>(&self) -> Vec<T> {
+        self.as_slice::<T>().to_vec()
+    }
+
+    /// Every element as f64 (bool as 0/1).
+    pub fn to_f64_vec(&self) -> Vec<f64> {
+        with_any!(self.dtype, T => self.as_slice::<T>().iter().map(|v| v.to_f64()).collect())
+    }
+
+    /// Every element as f32 (bool as 0/1).
+    pub fn to_f32_vec(&self) -> Vec<f32> {
+        self.to_f64_vec().into_iter().map(|v| v as f32).collect()
+    }
+
+    /// Integer contents (for shape-like inputs); floats are truncated.
+    pub fn to_i64_vec(&self) -> Vec<i64> {
+        match self.dtype {
+            DType::I64 => self.to_vec::<i64>(),
+            DType::I32 => self.as_slice::<i32>().iter().map(|&v| v as i64).collect(),
+            _ => self.to_f64_vec().into_iter().map(|v| v as i64).collect(),
+        }
+    }
+
+    /// Converts to another dtype (round to nearest for floats, truncation for ints,
+    /// non-zero → true for bool), as ONNX `Cast` does.
+    pub fn cast(&self, to: DType) -> Tensor {
+        if to == self.dtype {
+            return self.clone();
+        }
+        let mut out = Tensor::zeros(to, &self.shape);
+        cast_into(self, &mut out);
+        out
+    }
+
+    /// A copy holding exactly its elements (no spare capacity from buffer reuse).
+    pub fn clone_exact(&self) -> Tensor {
+        let words = self.size_bytes().div_ceil(8);
+        Tensor { dtype: self.dtype, shape: self.shape.clone(), words: self.words[..words].to_vec() }
+    }
+
+    pub fn reshaped(mut self, shape: &[usize]) -> Result<Tensor> {
+        if numel(shape) != self.numel() {
+            crate::bail!(
+                Input,
+                "cannot reshape {} to {}",
+                fmt_shape(&self.shape),
+                fmt_shape(shape)
+            );
+        }
+        self.shape = shape.to_vec();
+        Ok(self)
+    }
+
+    // ---- files --------------------------------------------------------------------
+
+    pub fn read_npy(path: &Path) -> Result<Tensor> {
+        let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+        Tensor::from_npy_bytes(&bytes).map_err(|e| Error::io(path, e))
+    }
+
+    pub fn from_npy_bytes(bytes: &[u8]) -> std::result::Result<Tensor, String> {
+        let npy = npyz::NpyFile::new(bytes).map_err(|e| format!("not a valid .npy file: {e}"))?;
+        if npy.order() != npyz::Order::C {
+            return Err("Fortran-order .npy arrays are not supported; save with C order".into());
+        }
+        let shape: Vec<usize> = npy.shape().iter().map(|&d| d as usize).collect();
+        if checked_numel(&shape).is_none() {
+            return Err(format!("shape {} is too large", fmt_shape(&shape)));
+        }
+        let descr = match npy.dtype() {
+            npyz::DType::Plain(ts) => ts.to_string(),
+            other => return Err(format!("unsupported .npy dtype {other:?}")),
+        };
+        fn read<T: npyz::Deserialize + Elem>(
+            npy: npyz::NpyFile<&[u8]>,
+            shape: &[usize],
+        ) -> std::result::Result<Tensor, String> {
+            let v: Vec<T> = npy.into_vec().map_err(|e| format!("cannot read .npy data: {e}"))?;
+            Tensor::from_vec(shape, v).map_err(|e| e.to_string())
+        }
+        // Big-endian and other exotic layouts are rejected by name.
+        match descr.trim_start_matches(['<', '|', '=']) {
+            "f4" => read::<f32>(npy, &shape),
+            "f8" => read::<f64>(npy, &shape),
+            "f2" => read::<f16>(npy, &shape),
+            "i8" => read::<i64>(npy, &shape),
+            "i4" => read::<i32>(npy, &shape),
+            "b1" => {
+                let v: Vec<bool> = npy.into_vec().map_err(|e| format!("cannot read .npy data: {e}"))?;
+                Tensor::from_vec(&shape, v.into_iter().map(|b| b as u8).collect::<Vec<u8>>())
+                    .map_err(|e| e.to_string())
+            }
+            // numpy has no bfloat16: ml_dtypes saves it as raw 2-byte void ('V2').
+            "V2" => {
+                let n = numel(&shape) * 2;
+                let data = npy_data(bytes)?;
+                if data.len() < n {
+                    return Err("truncated .npy data".into());
+                }
+                Tensor::from_bytes(DType::BF16, &shape, &data[..n]).map_err(|e| e.to_string())
+            }
+            d => Err(format!(
+                "unsupported .npy dtype '{descr}' ({d}); graphrun reads f2, f4, f8, i4, i8, b1"
+            )),
+        }
+    }
+
+    /// The `.npy` encoding of this tensor. bf16, which numpy lacks, is written as 'V2'.
+    pub fn to_npy_bytes(&self) -> Vec<u8> {
+        let descr = match self.dtype {
+            DType::F32 => "<f4",
+            DType::F64 => "<f8",
+            DType::F16 => "<f2",
+            DType::BF16 => "|V2",
+            DType::I64 => "<i8",
+            DType::I32 => "<i4",
+            DType::Bool => "|b1",
+        };
+        let shape = match self.shape.len() {
+            0 => "()".to_string(),
+            1 => format!("({},)", self.shape[0]),
+            _ => format!(
+                "({})",
+                self.shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")
+            ),
+        };
+        let mut header =
+            format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
+        // Pad so that the data starts on a 64-byte boundary, ending with '\n'.
+        let total = 10 + header.len() + 1;
+        header.push_str(&" ".repeat((64 - total % 64) % 64));
+        header.push('\n');
+        let mut out = Vec::with_capacity(10 + header.len() + self.size_bytes());
+        out.extend_from_slice(b"\x93NUMPY\x01\x00");
+        out.extend_from_slice(&(header.len() as u16).to_le_bytes());
+        out.extend_from_slice(header.as_bytes());
+        out.extend_from_slice(self.bytes());
+        out
+    }
+
+    pub fn write_npy(&self, path: &Path) -> Result<()> {
+        std::fs::write(path, self.to_npy_bytes()).map_err(|e| Error::io(path, e))
+    }
+
+    /// Reads every tensor of a safetensors file, in file order.
+    pub fn read_safetensors(path: &Path) -> Result<Vec<(String, Tensor)>> {
+        let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+        let st = safetensors::SafeTensors::deserialize(&bytes)
+            .map_err(|e| Error::io(path, format!("not a valid .safetensors file: {e}")))?;
+        let mut out = vec![];
+        for (name, view) in st.iter() {
+            use safetensors::Dtype as S;
+            let dtype = match view.dtype() {
+                S::F32 => DType::F32,
+                S::F16 => DType::F16,
+                S::BF16 => DType::BF16,
+                S::F64 => DType::F64,
+                S::I64 => DType::I64,
+                S::I32 => DType::I32,
+                S::BOOL => DType::Bool,
+                d => {
+                    return Err(Error::io(
+                        path,
+                        format!("tensor '{name}' has dtype {d:?}, which graphrun does not support"),
+                    ))
+                }
+            };
+            let t = Tensor::from_bytes(dtype, view.shape(), view.data())
+                .map_err(|e| Error::io(path, format!("tensor '{name}': {e}")))?;
+            out.push((name.to_string(), t));
+        }
+        Ok(out)
+    }
+
+    pub fn write_safetensors(tensors: &[(String, &Tensor)], path: &Path) -> Result<()> {
+        use safetensors::Dtype as S;
+        let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
+            .iter()
+            .map(|(n, t)| {
+                let d = match t.dtype {
+                    DType::F32 => S::F32,
+                    DType::F16 => S::F16,
+                    DType::BF16 => S::BF16,
+                    DType::F64 => S::F64,
+                    DType::I64 => S::I64,
+                    DType::I32 => S::I32,
+                    DType::Bool => S::BOOL,
+                };
+                let v = safetensors::tensor::TensorView::new(d, t.shape.clone(), t.bytes())
+                    .map_err(|e| Error::io(path, e))?;
+                Ok((n.clone(), v))
+            })
+            .collect::<Result<_>>()?;
+        safetensors::serialize_to_file(views, None, path).map_err(|e| Error::io(path, e))
+    }
+
+    /// A short human summary: first values, mean, min, max.
+    pub fn summary(&self) -> String {
+        let v = self.to_f64_vec();
+        let first: Vec<String> = v.iter().take(6).map(|x| fmt_num(*x)).collect();
+        let more = if v.len() > 6 { ", ..." } else { "" };
+        if v.is_empty() {
+            return "[] (empty)".into();
+        }
+        let mean = v.iter().sum::<f64>() / v.len() as f64;
+        let min = v.iter().cloned().fold(f64::INFINITY, f64::min);
+        let max = v.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        format!(
+            "[{}{}] mean {} min {} max {}",
+            first.join(", "),
+            more,
+            fmt_num(mean),
+            fmt_num(min),
+            fmt_num(max)
+        )
+    }
+}
+
+fn fmt_num(x: f64) -> String {
+    if x == x.trunc() && x.abs() < 1e9 {
+        format!("{x:.0}")
+    } else if x.abs() >= 1e-3 && x.abs() < 1e5 {
+        format!("{x:.4}")
+    } else {
+        format!("{x:.3e}")
+    }
+}
+
+/// Offset of the data in an .npy file (after magic, version and header).
+fn npy_data(bytes: &[u8]) -> std::result::Result<&[u8], String> {
+    if bytes.len() < 10 {
+        return Err("truncated .npy header".into());
+    }
+    let (hlen, start) = match bytes[6] {
+        1 => (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10),
+        _ if bytes.len() >= 12 => {
+            (u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize, 12)
+        }
+        _ => return Err("truncated .npy header".into()),
+    };
+    bytes.get(start + hlen..).ok_or_else(|| "truncated .npy header".to_string())
+}
+
+/// Elementwise conversion between any two dtypes, into a tensor of the same shape.
+pub fn cast_into(src: &Tensor, dst: &mut Tensor) {
+    debug_assert_eq!(src.numel(), dst.numel());
+    with_any!(src.dtype(), S => {
+        let s = src.as_slice::<S>();
+        with_any!(dst.dtype(), D => {
+            cast_slice::<S, D>(s, dst.as_mut_slice::<D>())
+        })
+    })
+}
+
+fn cast_slice<S: Elem, D: Elem>(s: &[S], d: &mut [D]) {
+    // f64 holds every value of the other dtypes exactly, so one path serves all pairs;
+    // f64 → f32/f16/bf16 rounds to nearest.
+    for (o, &v) in d.iter_mut().zip(s) {
+        *o = D::from_f64(v.to_f64());
+    }
+}
+
+impl fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Tensor({} {} {})", self.dtype, fmt_shape(&self.shape), self.summary())
+    }
+}
+
+impl PartialEq for Tensor {
+    fn eq(&self, o: &Tensor) -> bool {
+        self.dtype == o.dtype && self.shape == o.shape && self.bytes() == o.bytes()
+    }
+}

@@ -1,0 +1,219 @@
+//! Shared test harness: one test body per op, run on every available backend and dtype,
+//! compared against an independent float64 reference written in the test.
+#![allow(dead_code)]
+
+use graphrun::graph::op::{Attr, AttrValue};
+use graphrun::graph::{Graph, InputInfo, Initializer, InitSource, Node, Op};
+use graphrun::rng::Rng;
+use graphrun::{BackendKind, DType, Session, SessionOptions, Tensor};
+
+/// Backends to test on: the CPU always; GPU backends when present (they skip with a
+/// printed reason otherwise, and never skip when `CI` asks for them).
+pub fn backends() -> Vec<BackendKind> {
+    vec![BackendKind::Cpu]
+}
+
+/// An argument of the op under test.
+#[derive(Clone)]
+pub enum Arg {
+    /// Fed as a graph input at run time.
+    In(Tensor),
+    /// An initializer, known when the plan is made (shape-deciding inputs).
+    Const(Tensor),
+    /// An omitted optional input.
+    None,
+}
+
+pub fn inp(t: Tensor) -> Arg {
+    Arg::In(t)
+}
+pub fn cst(t: Tensor) -> Arg {
+    Arg::Const(t)
+}
+
+/// Seeded random f64 tensor, uniform in [lo, hi).
+pub fn rand(shape: &[usize], seed: u64, lo: f64, hi: f64) -> Tensor {
+    let mut r = Rng::new(seed);
+    let n: usize = shape.iter().product();
+    let v: Vec<f64> = (0..n).map(|_| r.uniform_in(lo, hi)).collect();
+    Tensor::from_vec(shape, v).unwrap()
+}
+/// Seeded standard-normal f64 tensor.
+pub fn randn(shape: &[usize], seed: u64) -> Tensor {
+    let mut r = Rng::new(seed);
+    let n: usize = shape.iter().product();
+    Tensor::from_vec(shape, (0..n).map(|_| r.normal()).collect::<Vec<f64>>()).unwrap()
+}
+pub fn i64s(shape: &[usize], v: &[i64]) -> Tensor {
+    Tensor::from_vec(shape, v.to_vec()).unwrap()
+}
+pub fn bools(shape: &[usize], v: &[bool]) -> Tensor {
+    Tensor::from_vec(shape, v.iter().map(|&b| b as u8).collect::<Vec<u8>>()).unwrap()
+}
+pub fn f64s(shape: &[usize], v: &[f64]) -> Tensor {
+    Tensor::from_vec(shape, v.to_vec()).unwrap()
+}
+
+/// Builds an op from its ONNX name and attributes, as the YAML loader would.
+pub fn op(name: &str, attrs: &[(&str, AttrValue)]) -> Op {
+    let attrs: Vec<Attr> = attrs.iter().map(|(k, v)| Attr { name: k.to_string(), value: v.clone(), loc: None }).collect();
+    Op::parse(name, &attrs, "test", None).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A one-node graph: args become graph inputs `in{i}` or initializers `c{i}`.
+pub fn one_node_graph(op: Op, args: &[Arg], n_out: usize) -> Graph {
+    let mut inputs = vec![];
+    let mut initializers = vec![];
+    let mut names = vec![];
+    for (i, a) in args.iter().enumerate() {
+        match a {
+            Arg::In(t) => {
+                let name = format!("in{i}");
+                inputs.push(InputInfo {
+                    name: name.clone(),
+                    dtype: t.dtype(),
+                    shape: t.shape().iter().map(|&d| graphrun::graph::Dim::Fixed(d)).collect(),
+                    range: None,
+                    loc: None,
+                });
+                names.push(name);
+            }
+            Arg::Const(t) => {
+                let name = format!("c{i}");
+                initializers.push(Initializer { name: name.clone(), tensor: t.clone(), trainable: false, source: InitSource::Data, loc: None });
+                names.push(name);
+            }
+            Arg::None => names.push(String::new()),
+        }
+    }
+    let outputs: Vec<String> = (0..n_out).map(|k| format!("out{k}")).collect();
+    Graph {
+        name: "test".into(),
+        dims: Default::default(),
+        inputs,
+        outputs: outputs.clone(),
+        initializers,
+        nodes: vec![Node { name: "node".into(), op, inputs: names, outputs, loc: None }],
+        training: None,
+        file: None,
+    }
+}
+
+/// Runs one op on a backend; floating args are cast to `dtype` first.
+pub fn run_op(backend: BackendKind, op: Op, args: &[Arg], n_out: usize, dtype: DType) -> graphrun::Result<Vec<Tensor>> {
+    let cast = |t: &Tensor| if t.dtype().is_float() { t.cast(dtype) } else { t.clone() };
+    let args: Vec<Arg> = args
+        .iter()
+        .map(|a| match a {
+            Arg::In(t) => Arg::In(cast(t)),
+            Arg::Const(t) => Arg::Const(cast(t)),
+            Arg::None => Arg::None,
+        })
+        .collect();
+    let g = one_node_graph(op, &args, n_out);
+    let feeds = args
+        .iter()
+        .enumerate()
+        .filter_map(|(i, a)| match a {
+            Arg::In(t) => Some((format!("in{i}"), t.clone())),
+            _ => None,
+        })
+        .collect();
+    let mut s = Session::new(g, SessionOptions { backend, ..Default::default() })?;
+    Ok(s.run(&feeds)?.into_iter().map(|(_, t)| t).collect())
+}
+
+/// Tolerance of SPEC §8 for a dtype (f64 tighter: it is the reference path itself).
+pub fn tol(dtype: DType) -> f64 {
+    match dtype {
+        DType::F64 => 1e-10,
+        DType::F32 => 1e-5,
+        _ => 1e-2,
+    }
+}
+
+/// ‖out − ref‖ / ‖ref‖ (absolute when ref is 0); NaN never passes. Non-finite
+/// reference entries must be matched exactly (same inf, NaN where NaN).
+pub fn rel_err(out: &[f64], reference: &[f64]) -> f64 {
+    assert_eq!(out.len(), reference.len(), "length mismatch");
+    let (mut num, mut den) = (0.0, 0.0);
+    for (&o, &r) in out.iter().zip(reference) {
+        if !r.is_finite() {
+            if !(o == r || (o.is_nan() && r.is_nan())) {
+                return f64::INFINITY;
+            }
+            continue;
+        }
+        if o.is_nan() {
+            return f64::NAN;
+        }
+        num += (o - r) * (o - r);
+        den += r * r;
+    }
+    if den == 0.0 { num.sqrt() } else { (num / den).sqrt() }
+}
+
+/// The expected result of an op: shape and f64 values per output.
+pub type Expected = Vec<(Vec<usize>, Vec<f64>)>;
+
+/// Runs `op` on every backend and every dtype in `dtypes` (floating args cast to it) and
+/// compares each output with `reference`, which gets the args *after* rounding to the
+/// dtype (as f64) so that only the kernel's error is measured.
+pub fn check(op_: Op, args: &[Arg], dtypes: &[DType], reference: impl Fn(&[Option<Tensor>]) -> Expected) {
+    for backend in backends() {
+        for &dt in dtypes {
+            let rounded: Vec<Option<Tensor>> = args
+                .iter()
+                .map(|a| match a {
+                    Arg::In(t) | Arg::Const(t) => {
+                        Some(if t.dtype().is_float() { t.cast(dt).cast(DType::F64) } else { t.clone() })
+                    }
+                    Arg::None => None,
+                })
+                .collect();
+            let want = reference(&rounded);
+            let got = run_op(backend, op_.clone(), args, want.len(), dt)
+                .unwrap_or_else(|e| panic!("{} on {backend:?} {dt}: {e}", op_.name()));
+            for (k, ((shape, vals), t)) in want.iter().zip(&got).enumerate() {
+                assert_eq!(t.shape(), &shape[..], "{} on {backend:?} {dt}: output {k} shape", op_.name());
+                let out = t.to_f64_vec();
+                let e = rel_err(&out, vals);
+                assert!(
+                    e <= tol(dt),
+                    "{} on {backend:?} {dt}: output {k} rel err {e:.3e} > {:.0e}\n got {:?}\nwant {:?}",
+                    op_.name(),
+                    tol(dt),
+                    &out[..out.len().min(8)],
+                    &vals[..vals.len().min(8)]
+                );
+            }
+        }
+    }
+}
+
+/// Float dtypes every float op is tested in.
+pub const FLOATS: [DType; 4] = [DType::F64, DType::F32, DType::F16, DType::BF16];
+
+/// Row-major strides of a shape.
+pub fn strides(shape: &[usize]) -> Vec<usize> {
+    let mut s = vec![1; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        s[i] = s[i + 1] * shape[i + 1];
+    }
+    s
+}
+
+/// Index of output position `idx` (multi-index over `out_shape`) into a broadcast
+/// input of shape `in_shape` (numpy rules), as a flat offset.
+pub fn bcast_offset(idx: &[usize], in_shape: &[usize]) -> usize {
+    let off = idx.len() - in_shape.len();
+    let st = strides(in_shape);
+    in_shape.iter().enumerate().map(|(i, &d)| if d == 1 { 0 } else { idx[off + i] * st[i] }).sum()
+}
+
+/// Every multi-index of a shape in row-major order.
+pub fn indices(shape: &[usize]) -> Vec<Vec<usize>> {
+    let n: usize = shape.iter().product();
+    let st = strides(shape);
+    (0..n).map(|f| shape.iter().enumerate().map(|(i, &d)| (f / st[i]) % d.max(1)).collect()).collect()
+}
