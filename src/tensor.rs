@@ -262,6 +262,17 @@ impl Tensor {
         t
     }
 
+    /// An untyped buffer of `bytes` bytes; an allocation failure is an error, not an abort.
+    pub fn try_alloc(bytes: usize) -> Result<Tensor> {
+        let words = bytes.div_ceil(8);
+        let mut v: Vec<u64> = Vec::new();
+        v.try_reserve_exact(words).map_err(|_| {
+            crate::err!(Runtime, "out of memory: cannot allocate {bytes} bytes on the CPU")
+        })?;
+        v.resize(words, 0);
+        Ok(Tensor { dtype: DType::Bool, shape: vec![words * 8], words: v })
+    }
+
     /// Re-types and re-shapes in place, keeping (and growing) the allocation. Contents are
     /// unspecified afterwards: kernels overwrite every element.
     pub fn reset(&mut self, dtype: DType, shape: &[usize]) {

@@ -10,7 +10,7 @@ pub use session::{Session, SessionOptions};
 use crate::error::{Error, Result};
 use crate::graph::{Dim, Graph, InputInfo};
 use crate::rng::Rng;
-use crate::tensor::{DType, Tensor};
+use crate::tensor::{DType, Elem, Tensor};
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
@@ -45,26 +45,33 @@ pub fn concrete_shape(i: &InputInfo, dims: &BTreeMap<String, usize>) -> Result<V
 /// integers uniform in `range` (default [0, 2)), bools fair coins. Each input has its own
 /// stream, so the data of one input does not depend on the others.
 pub fn random_input(i: &InputInfo, shape: &[usize], seed: u64) -> Result<Tensor> {
-    let n = crate::tensor::checked_numel(shape)
-        .filter(|n| n.checked_mul(8).is_some())
-        .ok_or_else(|| crate::err!(Input, "input '{}' of shape {:?} is too large", i.name, shape))?;
+    let bytes = crate::tensor::checked_numel(shape)
+        .and_then(|n| n.checked_mul(i.dtype.size()))
+        .ok_or_else(|| crate::err!(Input, "input '{}' of shape {} is too large (its size overflows)", i.name, crate::tensor::fmt_shape(shape)))?;
     let mut r = Rng::for_name(seed, &i.name);
-    let vals: Vec<f64> = match i.dtype {
+    let mut t = Tensor::try_alloc(bytes)?;
+    t.reset(i.dtype, shape);
+    let mut draw: Box<dyn FnMut() -> f64> = match i.dtype {
         d if d.is_float() => {
             let (lo, hi) = i.range.unwrap_or((-1.0, 1.0));
-            (0..n).map(|_| r.uniform_in(lo, hi)).collect()
+            Box::new(move || r.uniform_in(lo, hi))
         }
-        DType::Bool => (0..n).map(|_| (r.next_u64() & 1) as f64).collect(),
+        DType::Bool => Box::new(move || (r.next_u64() & 1) as f64),
         _ => {
             let (lo, hi) = i.range.unwrap_or((0.0, 2.0));
             let (lo, hi) = (lo.ceil() as i64, hi.ceil() as i64);
             if hi <= lo {
                 crate::bail!(Input, "input '{}': range holds no integer", i.name);
             }
-            (0..n).map(|_| r.int_in(lo, hi) as f64).collect()
+            Box::new(move || r.int_in(lo, hi) as f64)
         }
     };
-    Tensor::from_f64(i.dtype, shape, &vals)
+    crate::with_any!(i.dtype, T => {
+        for v in t.as_mut_slice::<T>() {
+            *v = T::from_f64(draw());
+        }
+    });
+    Ok(t)
 }
 
 /// Binds every symbolic dim: from fed inputs first, then `overrides` (--dim), then the

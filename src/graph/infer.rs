@@ -55,6 +55,9 @@ pub fn infer_graph(g: &Graph, input_shapes: &HashMap<String, Vec<usize>>) -> Res
         let shape = input_shapes
             .get(&i.name)
             .ok_or_else(|| crate::err!(Input, "no shape for graph input '{}'", i.name))?;
+        if crate::tensor::checked_numel(shape).and_then(|n| n.checked_mul(8)).is_none() {
+            crate::bail!(Input, "graph input '{}' of shape {} is too large (its size overflows)", i.name, fmt_shape(shape));
+        }
         inf.types.insert(i.name.clone(), ValueType::new(i.dtype, shape));
     }
     for init in &g.initializers {
@@ -76,9 +79,19 @@ pub fn infer_graph(g: &Graph, input_shapes: &HashMap<String, Vec<usize>>) -> Res
         let small = outs.iter().all(|t| t.numel() <= CONST_LIMIT)
             && ins.iter().flatten().all(|t| t.numel() <= CONST_LIMIT);
         let mut values = None;
-        if small && (all_known || matches!(node.op, Op::Shape { .. })) && !is_random(&node.op) {
+        if let (Op::Shape { start, end }, Some(x)) = (&node.op, ins[0]) {
+            // Shape needs only the input's type, never its data.
+            let (s, e) = shape_range(*start, *end, x.shape.len());
+            let dims: Vec<i64> = x.shape[s..e].iter().map(|&d| d as i64).collect();
+            values = Some(vec![Tensor::from_vec(&[dims.len()], dims)?]);
+        } else if small && all_known && !is_random(&node.op) {
             let args: Vec<Option<&Tensor>> = consts.clone();
             values = crate::backends::cpu::eval_node_with_types(node, &args, &ins, &outs).ok();
+        }
+        for t in &outs {
+            if crate::tensor::checked_numel(&t.shape).and_then(|n| n.checked_mul(8)).is_none() {
+                return Err(fail(node, &ins, format!("output shape {} is too large (its size overflows)", fmt_shape(&t.shape))));
+            }
         }
         for (k, (name, t)) in node.outputs.iter().zip(outs).enumerate() {
             if name.is_empty() {

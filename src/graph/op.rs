@@ -689,3 +689,23 @@ impl Op {
         v
     }
 }
+
+/// The operator table of README.md, generated from the code (tests/readme.rs keeps the
+/// README in step with it): each op, its family, and the backends that run it.
+pub fn op_table_markdown() -> String {
+    let family = |n: &str| match n {
+        "MatMul" | "Gemm" | "FusedMatMul" => "linear algebra",
+        "Softmax" | "LogSoftmax" | "LayerNormalization" | "ReduceSum" | "ReduceMean" | "ReduceMax" => "normalization / reduction",
+        "Reshape" | "Transpose" | "Concat" | "Split" | "Slice" | "Squeeze" | "Unsqueeze" | "Flatten" | "Expand" | "Gather"
+        | "Shape" | "Constant" | "Trilu" => "shape",
+        "SoftmaxCrossEntropyLoss" => "loss",
+        "Attention" | "VarlenAttention" => "attention (fused)",
+        "Dropout" => "regularization",
+        _ => "elementwise",
+    };
+    let mut s = String::from("| op | family | cpu | cuda | wgpu |\n|---|---|---|---|---|\n");
+    for n in OP_NAMES {
+        s.push_str(&format!("| `{n}` | {} | ✓ | — | — |\n", family(n)));
+    }
+    s
+}

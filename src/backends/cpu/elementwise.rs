@@ -3,27 +3,507 @@
 
 use crate::error::Result;
 use crate::graph::{BinaryOp, Node, UnaryOp};
-use crate::tensor::Tensor;
+use crate::rng::Rng;
+use crate::tensor::{DType, Elem, Float, Real, Tensor};
+use crate::{with_any, with_float, with_num};
+use num_traits::Float as _;
+use rayon::prelude::*;
+
+/// Outputs smaller than this run on the calling thread: rayon's hand-off costs more.
+const PAR_MIN: usize = 1 << 15;
+/// Elements per parallel task.
+const CHUNK: usize = 1 << 14;
+
+/// Arithmetic shared by every numeric dtype, so that Add, Clip, ReduceSum... are written
+/// once: floats compute in their accumulation type, integers in i64 and wrap on
+/// overflow as numpy does (never a debug-build panic).
+pub(super) trait Num: Elem {
+    type A: Copy + Send + Sync + PartialOrd + std::fmt::Debug;
+    const INT: bool;
+    fn load(self) -> Self::A;
+    fn store(a: Self::A) -> Self;
+    fn zero() -> Self::A;
+    /// The identity of `max` (-inf, or the smallest integer).
+    fn lowest() -> Self::A;
+    fn count(n: usize) -> Self::A;
+    fn add(a: Self::A, b: Self::A) -> Self::A;
+    fn sub(a: Self::A, b: Self::A) -> Self::A;
+    fn mul(a: Self::A, b: Self::A) -> Self::A;
+    /// Integer division truncates toward zero; callers rule out a zero divisor first.
+    fn div(a: Self::A, b: Self::A) -> Self::A;
+    fn neg(a: Self::A) -> Self::A;
+    /// `a ** e`; for an integer base with an integral exponent, exact integer power
+    /// (callers rule out negative exponents first).
+    fn pow(a: Self::A, e: f64) -> Self::A;
+    /// NaN-propagating maximum, as numpy's `maximum`.
+    #[inline(always)]
+    fn max(a: Self::A, b: Self::A) -> Self::A {
+        #[allow(clippy::eq_op)]
+        if b > a || b != b { b } else { a }
+    }
+}
+
+impl<T: Float> Num for T {
+    type A = T::Acc;
+    const INT: bool = false;
+    #[inline(always)]
+    fn load(self) -> T::Acc {
+        self.to_acc()
+    }
+    #[inline(always)]
+    fn store(a: T::Acc) -> T {
+        T::from_acc(a)
+    }
+    fn zero() -> T::Acc {
+        T::Acc::c(0.0)
+    }
+    fn lowest() -> T::Acc {
+        T::Acc::neg_infinity()
+    }
+    fn count(n: usize) -> T::Acc {
+        T::Acc::c(n as f64)
+    }
+    #[inline(always)]
+    fn add(a: T::Acc, b: T::Acc) -> T::Acc {
+        a + b
+    }
+    #[inline(always)]
+    fn sub(a: T::Acc, b: T::Acc) -> T::Acc {
+        a - b
+    }
+    #[inline(always)]
+    fn mul(a: T::Acc, b: T::Acc) -> T::Acc {
+        a * b
+    }
+    #[inline(always)]
+    fn div(a: T::Acc, b: T::Acc) -> T::Acc {
+        a / b
+    }
+    #[inline(always)]
+    fn neg(a: T::Acc) -> T::Acc {
+        -a
+    }
+    fn pow(a: T::Acc, e: f64) -> T::Acc {
+        a.powf(T::Acc::c(e))
+    }
+}
+
+macro_rules! int_num {
+    ($t:ty) => {
+        impl Num for $t {
+            type A = i64;
+            const INT: bool = true;
+            #[inline(always)]
+            fn load(self) -> i64 {
+                self as i64
+            }
+            #[inline(always)]
+            fn store(a: i64) -> $t {
+                a as $t
+            }
+            fn zero() -> i64 {
+                0
+            }
+            fn lowest() -> i64 {
+                <$t>::MIN as i64
+            }
+            fn count(n: usize) -> i64 {
+                n as i64
+            }
+            #[inline(always)]
+            fn add(a: i64, b: i64) -> i64 {
+                a.wrapping_add(b)
+            }
+            #[inline(always)]
+            fn sub(a: i64, b: i64) -> i64 {
+                a.wrapping_sub(b)
+            }
+            #[inline(always)]
+            fn mul(a: i64, b: i64) -> i64 {
+                a.wrapping_mul(b)
+            }
+            #[inline(always)]
+            fn div(a: i64, b: i64) -> i64 {
+                a.wrapping_div(b)
+            }
+            #[inline(always)]
+            fn neg(a: i64) -> i64 {
+                a.wrapping_neg()
+            }
+            fn pow(a: i64, e: f64) -> i64 {
+                if e.fract() == 0.0 && e >= 0.0 {
+                    a.wrapping_pow(e.min(u32::MAX as f64) as u32)
+                } else {
+                    (a as f64).powf(e) as i64
+                }
+            }
+        }
+    };
+}
+int_num!(i64);
+int_num!(i32);
+
+// ---- parallel and broadcast walks ------------------------------------------------------
+
+/// Runs `body(start, chunk)` over consecutive chunks of `out`, in parallel when large.
+fn par_for<O: Send>(out: &mut [O], body: impl Fn(usize, &mut [O]) + Sync) {
+    if out.len() < PAR_MIN {
+        body(0, out);
+    } else {
+        out.par_chunks_mut(CHUNK).enumerate().for_each(|(i, c)| body(i * CHUNK, c));
+    }
+}
+
+/// How N broadcast operands are read while walking an output in row-major order: each
+/// operand's element stride per output dim (0 where it is broadcast). Size-1 dims are
+/// dropped and adjacent dims merged wherever every operand is contiguous across them,
+/// so same-shape operands become one flat run and a scalar one stride-0 run.
+pub(super) struct Bcast<const N: usize> {
+    dims: Vec<usize>,
+    strides: Vec<[usize; N]>,
+}
+
+impl<const N: usize> Bcast<N> {
+    pub(super) fn new(out: &[usize], ins: [&[usize]; N]) -> Self {
+        let r = out.len();
+        let mut st = vec![[0usize; N]; r];
+        for (k, s) in ins.iter().enumerate() {
+            let off = r - s.len();
+            let mut acc = 1;
+            for d in (0..s.len()).rev() {
+                st[off + d][k] = if s[d] == 1 { 0 } else { acc };
+                acc *= s[d];
+            }
+        }
+        let (mut dims, mut strides): (Vec<usize>, Vec<[usize; N]>) = (vec![], vec![]);
+        for d in 0..r {
+            if out[d] == 1 {
+                continue;
+            }
+            if let (Some(pd), Some(ps)) = (dims.last_mut(), strides.last_mut()) {
+                if (0..N).all(|k| ps[k] == st[d][k] * out[d]) {
+                    *pd *= out[d];
+                    *ps = st[d];
+                    continue;
+                }
+            }
+            dims.push(out[d]);
+            strides.push(st[d]);
+        }
+        if dims.is_empty() {
+            dims.push(1);
+            strides.push([0; N]);
+        }
+        Bcast { dims, strides }
+    }
+
+    /// Operand strides along the innermost run.
+    pub(super) fn inner(&self) -> [usize; N] {
+        *self.strides.last().unwrap()
+    }
+
+    /// Calls `f(pos, len, offs)` for each innermost run covering output positions
+    /// `start..start + len`: `pos` counts from `start`, `offs` are the operands' offsets
+    /// of the run's first element, and the run continues with strides `self.inner()`.
+    pub(super) fn walk(&self, start: usize, len: usize, mut f: impl FnMut(usize, usize, [usize; N])) {
+        let r = self.dims.len();
+        let mut idx = vec![0; r];
+        let mut offs = [0usize; N];
+        let mut rem = start;
+        for d in (0..r).rev() {
+            idx[d] = rem % self.dims[d];
+            rem /= self.dims[d];
+            for k in 0..N {
+                offs[k] += idx[d] * self.strides[d][k];
+            }
+        }
+        let (inner, ist) = (self.dims[r - 1], self.inner());
+        let mut pos = 0;
+        while pos < len {
+            let run = (inner - idx[r - 1]).min(len - pos);
+            f(pos, run, offs);
+            pos += run;
+            idx[r - 1] += run;
+            for k in 0..N {
+                offs[k] += run * ist[k];
+            }
+            if idx[r - 1] < inner {
+                continue;
+            }
+            // Carry into the outer dims.
+            idx[r - 1] = 0;
+            for k in 0..N {
+                offs[k] -= inner * ist[k];
+            }
+            for d in (0..r - 1).rev() {
+                idx[d] += 1;
+                for k in 0..N {
+                    offs[k] += self.strides[d][k];
+                }
+                if idx[d] < self.dims[d] {
+                    break;
+                }
+                idx[d] = 0;
+                for k in 0..N {
+                    offs[k] -= self.dims[d] * self.strides[d][k];
+                }
+            }
+        }
+    }
+}
+
+/// `out[i] = f(x[i])`.
+fn map1<I: Elem, O: Elem>(x: &Tensor, out: &mut Tensor, f: impl Fn(I) -> O + Sync) {
+    let x = x.as_slice::<I>();
+    par_for(out.as_mut_slice::<O>(), |start, o| {
+        for (o, &v) in o.iter_mut().zip(&x[start..]) {
+            *o = f(v);
+        }
+    });
+}
+
+/// `out = f(a, b)` with numpy broadcasting.
+fn map2<A: Elem, B: Elem, O: Elem>(a: &Tensor, b: &Tensor, out: &mut Tensor, f: impl Fn(A, B) -> O + Sync) {
+    let bc = Bcast::new(out.shape(), [a.shape(), b.shape()]);
+    let [sa, sb] = bc.inner();
+    let (a, b) = (a.as_slice::<A>(), b.as_slice::<B>());
+    par_for(out.as_mut_slice::<O>(), |start, o| {
+        bc.walk(start, o.len(), |pos, n, [oa, ob]| {
+            let o = &mut o[pos..pos + n];
+            // The common stride patterns get their own loops so they vectorise.
+            match (sa, sb) {
+                (1, 1) => o.iter_mut().zip(&a[oa..oa + n]).zip(&b[ob..ob + n]).for_each(|((o, &x), &y)| *o = f(x, y)),
+                (1, 0) => o.iter_mut().zip(&a[oa..oa + n]).for_each(|(o, &x)| *o = f(x, b[ob])),
+                (0, 1) => o.iter_mut().zip(&b[ob..ob + n]).for_each(|(o, &y)| *o = f(a[oa], y)),
+                _ => o.iter_mut().enumerate().for_each(|(i, o)| *o = f(a[oa + i * sa], b[ob + i * sb])),
+            }
+        })
+    });
+}
+
+// ---- kernels ------------------------------------------------------------------------
 
 pub fn unary(op: UnaryOp, x: &Tensor, out: &mut Tensor) -> Result<()> {
-    todo_kernel("unary")
+    use UnaryOp as U;
+    if matches!(op, U::Neg | U::Abs | U::Relu) {
+        // Defined on every numeric dtype.
+        return with_num!(x.dtype(), T => {
+            let f = |v: T| -> T {
+                let v = v.load();
+                T::store(match op {
+                    U::Neg => T::neg(v),
+                    U::Abs => if v < T::zero() { T::neg(v) } else { v },
+                    _ => if v < T::zero() { T::zero() } else { v },
+                })
+            };
+            map1(x, out, f);
+            Ok(())
+        }, _ => unsupported("unary", x.dtype()));
+    }
+    with_float!(x.dtype(), T => {
+        unary_float::<T>(op, x, out);
+        Ok(())
+    }, _ => unsupported("unary", x.dtype()))
 }
+
+fn unary_float<T: Float>(op: UnaryOp, x: &Tensor, out: &mut Tensor) {
+    use UnaryOp as U;
+    let c = T::Acc::c;
+    let (half, one) = (c(0.5), c(1.0));
+    // One monomorphised loop per op: a shared loop over a `match` would not vectorise.
+    macro_rules! go {
+        (|$v:ident| $e:expr) => {
+            map1(x, out, |x: T| {
+                let $v = x.to_acc();
+                T::from_acc($e)
+            })
+        };
+    }
+    match op {
+        U::Exp => go!(|v| v.exp()),
+        U::Log => go!(|v| v.ln()),
+        U::Sqrt => go!(|v| v.sqrt()),
+        U::Reciprocal => go!(|v| one / v),
+        U::Erf => go!(|v| v.erf()),
+        U::Sigmoid => go!(|v| one / (one + (-v).exp())),
+        U::Tanh => go!(|v| v.tanh()),
+        U::Gelu { tanh: false } => {
+            let r = c(std::f64::consts::FRAC_1_SQRT_2);
+            go!(|v| half * v * (one + (v * r).erf()))
+        }
+        U::Gelu { tanh: true } => {
+            let (k, a) = (c((2.0 / std::f64::consts::PI).sqrt()), c(0.044715));
+            go!(|v| half * v * (one + (k * (v + a * v * v * v)).tanh()))
+        }
+        U::LeakyRelu { alpha } => {
+            let a = c(alpha as f64);
+            go!(|v| if v >= c(0.0) { v } else { a * v })
+        }
+        U::Neg | U::Abs | U::Relu => unreachable!("handled for every numeric dtype"),
+    }
+}
+
+fn unsupported(what: &str, dt: DType) -> Result<()> {
+    crate::bail!(Runtime, "CPU {what} kernel does not take dtype {dt}")
+}
+
 pub fn binary(op: BinaryOp, a: &Tensor, b: &Tensor, out: &mut Tensor) -> Result<()> {
-    todo_kernel("binary")
+    use BinaryOp as B;
+    match op {
+        B::Equal => with_any!(a.dtype(), T => map2(a, b, out, |x: T, y: T| (x == y) as u8)),
+        B::Less => with_any!(a.dtype(), T => map2(a, b, out, |x: T, y: T| (x < y) as u8)),
+        B::Greater => with_any!(a.dtype(), T => map2(a, b, out, |x: T, y: T| (x > y) as u8)),
+        B::Pow => {
+            return with_num!(a.dtype(), T => with_num!(b.dtype(), E => pow::<T, E>(a, b, out),
+                _ => unsupported("Pow", b.dtype())), _ => unsupported("Pow", a.dtype()))
+        }
+        _ => return with_num!(a.dtype(), T => arith::<T>(op, a, b, out), _ => unsupported("binary", a.dtype())),
+    }
+    Ok(())
 }
+
+fn arith<T: Num>(op: BinaryOp, a: &Tensor, b: &Tensor, out: &mut Tensor) -> Result<()> {
+    use BinaryOp as B;
+    match op {
+        B::Add => map2(a, b, out, |x: T, y: T| T::store(T::add(x.load(), y.load()))),
+        B::Sub => map2(a, b, out, |x: T, y: T| T::store(T::sub(x.load(), y.load()))),
+        B::Mul => map2(a, b, out, |x: T, y: T| T::store(T::mul(x.load(), y.load()))),
+        B::Div => {
+            // Checked up front so the parallel loop cannot fail: every divisor element is
+            // used unless the output is empty.
+            if T::INT && out.numel() > 0 && b.as_slice::<T>().iter().any(|v| v.load() == T::zero()) {
+                crate::bail!(Runtime, "integer division by zero (divisor of shape {})", crate::tensor::fmt_shape(b.shape()));
+            }
+            map2(a, b, out, |x: T, y: T| T::store(T::div(x.load(), y.load())))
+        }
+        _ => unreachable!("not an arithmetic op: {op:?}"),
+    }
+    Ok(())
+}
+
+/// Pow: the exponent may have another numeric dtype; the result has the base's.
+fn pow<T: Num, E: Num>(a: &Tensor, b: &Tensor, out: &mut Tensor) -> Result<()> {
+    if T::INT && E::INT && out.numel() > 0 && b.as_slice::<E>().iter().any(|e| e.to_f64() < 0.0) {
+        crate::bail!(Runtime, "integers to negative integer powers are not allowed");
+    }
+    map2(a, b, out, |x: T, e: E| T::store(T::pow(x.load(), e.to_f64())));
+    Ok(())
+}
+
 pub fn clip(x: &Tensor, min: Option<&Tensor>, max: Option<&Tensor>, out: &mut Tensor) -> Result<()> {
-    todo_kernel("clip")
+    with_num!(x.dtype(), T => {
+        let bound = |t: Option<&Tensor>| t.map(|t| t.as_slice::<T>()[0].load());
+        let (lo, hi) = (bound(min), bound(max));
+        // Min first, then max: with min > max every value becomes max, as ONNX says.
+        map1(x, out, |v: T| {
+            let mut v = v.load();
+            if let Some(lo) = lo {
+                if v < lo {
+                    v = lo;
+                }
+            }
+            if let Some(hi) = hi {
+                if v > hi {
+                    v = hi;
+                }
+            }
+            T::store(v)
+        });
+        Ok(())
+    }, _ => unsupported("Clip", x.dtype()))
 }
+
 pub fn where_(c: &Tensor, a: &Tensor, b: &Tensor, out: &mut Tensor) -> Result<()> {
-    todo_kernel("where")
+    let bc = Bcast::new(out.shape(), [c.shape(), a.shape(), b.shape()]);
+    let [sc, sa, sb] = bc.inner();
+    let cond = c.as_slice::<u8>();
+    with_any!(a.dtype(), T => {
+        let (a, b) = (a.as_slice::<T>(), b.as_slice::<T>());
+        par_for(out.as_mut_slice::<T>(), |start, o| {
+            bc.walk(start, o.len(), |pos, n, [oc, oa, ob]| {
+                for (i, o) in o[pos..pos + n].iter_mut().enumerate() {
+                    *o = if cond[oc + i * sc] != 0 { a[oa + i * sa] } else { b[ob + i * sb] };
+                }
+            })
+        })
+    });
+    Ok(())
 }
+
 /// Identity at inference; in training a mask seeded by `seed` (or the node name).
 pub fn dropout(node: &Node, ins: &[Option<&Tensor>], outs: &mut [Tensor], ratio: f32, seed: Option<i64>, training: bool) -> Result<()> {
-    todo_kernel("dropout")
+    let x = ins[0].expect("data is required");
+    let input = |i: usize| ins.get(i).copied().flatten();
+    let ratio = match input(1) {
+        Some(r) => r.to_f64_vec()[0],
+        None => ratio as f64,
+    };
+    let training = training || input(2).is_some_and(|t| t.to_f64_vec()[0] != 0.0);
+    if !(0.0..1.0).contains(&ratio) {
+        crate::bail!(Runtime, "{}: ratio must be in [0, 1), got {ratio}", node.describe());
+    }
+    let (y, mask) = outs.split_at_mut(1);
+    let y = &mut y[0];
+    if !training || ratio == 0.0 {
+        y.bytes_mut().copy_from_slice(x.bytes());
+        if let Some(m) = mask.first_mut() {
+            m.bytes_mut().fill(1);
+        }
+        return Ok(());
+    }
+    // Counter-based: element i's draw depends only on (seed, i), so the mask is the same
+    // however the work is split, and other backends can reproduce it.
+    let base = match seed {
+        Some(s) => s as u64,
+        None => Rng::for_name(0, &node.name).next_u64(),
+    };
+    let keep = |i: usize| Rng::new(base.wrapping_add(i as u64)).uniform() >= ratio;
+    with_float!(x.dtype(), T => dropout_mask::<T>(x, y, keep, ratio), _ => return unsupported("Dropout", x.dtype()));
+    if let Some(m) = mask.first_mut() {
+        par_for(m.as_mut_slice::<u8>(), |start, o| {
+            for (i, o) in o.iter_mut().enumerate() {
+                *o = keep(start + i) as u8;
+            }
+        });
+    }
+    Ok(())
 }
+
+fn dropout_mask<T: Float>(x: &Tensor, y: &mut Tensor, keep: impl Fn(usize) -> bool + Sync, ratio: f64) {
+    let scale = T::Acc::c(1.0 / (1.0 - ratio));
+    let xs = x.as_slice::<T>();
+    par_for(y.as_mut_slice::<T>(), |start, o| {
+        for (i, o) in o.iter_mut().enumerate() {
+            let v = if keep(start + i) { xs[start + i].to_acc() * scale } else { T::Acc::c(0.0) };
+            *o = T::from_acc(v);
+        }
+    });
+}
+
+/// Keeps the upper (j - i >= k) or lower (j - i <= k) triangle of every trailing matrix.
 pub fn trilu(x: &Tensor, k: Option<&Tensor>, upper: bool, out: &mut Tensor) -> Result<()> {
-    todo_kernel("trilu")
+    let k = k.map(|t| t.to_i64_vec()[0]).unwrap_or(0);
+    let r = x.shape().len();
+    let (rows, cols) = (x.shape()[r - 2], x.shape()[r - 1]);
+    if out.numel() == 0 {
+        return Ok(());
+    }
+    with_any!(x.dtype(), T => {
+        let xs = x.as_slice::<T>();
+        out.as_mut_slice::<T>().par_chunks_mut(cols).zip(xs.par_chunks(cols)).enumerate().with_min_len(64).for_each(
+            |(row, (o, x))| {
+                let i = (row % rows) as i64;
+                for (j, (o, &v)) in o.iter_mut().zip(x).enumerate() {
+                    let d = j as i64 - i;
+                    *o = if (upper && d >= k) || (!upper && d <= k) { v } else { bytemuck::Zeroable::zeroed() };
+                }
+            },
+        )
+    });
+    Ok(())
 }
+
+#[allow(dead_code)] // kept for stub kernels still being written
 pub(crate) fn todo_kernel(what: &str) -> Result<()> {
     crate::bail!(Runtime, "CPU kernel '{what}' is not written yet")
 }

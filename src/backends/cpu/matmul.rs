@@ -1,22 +1,310 @@
 //! Matrix products on the `gemm` crate (multi-threaded): MatMul (batched, broadcasting),
 //! Gemm, and FusedMatMul with its epilogue. f16/bf16 are widened to f32.
+//!
+//! Every op is lowered to one `Batch`: a list of 2-D products whose operands are strided
+//! views into the input buffers. Transposes are swapped strides and broadcast batch
+//! operands are repeated offsets, so no input is ever copied (except f16/bf16 widening).
 
-use super::elementwise::todo_kernel;
 use crate::error::Result;
+use crate::graph::infer::broadcast;
 use crate::graph::Activation;
-use crate::tensor::Tensor;
+use crate::tensor::{numel, Float, Real, Tensor};
+use num_traits::Zero;
+use rayon::prelude::*;
+use std::any::TypeId;
+use std::borrow::Cow;
+
+/// Element strides of one 2-D operand: a transposed operand just swaps them.
+#[derive(Clone, Copy, Debug)]
+struct Strides {
+    rs: isize,
+    cs: isize,
+}
+
+impl Strides {
+    /// A row-major `[rows, cols]` matrix, read transposed when `t`.
+    fn of(cols: usize, t: bool) -> Strides {
+        if t {
+            Strides { rs: 1, cs: cols as isize }
+        } else {
+            Strides { rs: cols as isize, cs: 1 }
+        }
+    }
+}
+
+/// `out[i] = A(a_off[i]) · B(b_off[i])` for each i; `out` is contiguous `[batch, m, n]`.
+struct Batch {
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Strides,
+    b: Strides,
+    a_off: Vec<usize>,
+    b_off: Vec<usize>,
+}
+
+impl Batch {
+    /// numpy `matmul` of `a` by `b` (or by `b` with its last two dims swapped).
+    fn matmul(a: &[usize], b: &[usize], trans_b: bool) -> Result<Batch> {
+        // 1-D operands are promoted to [1, K] and [K, 1]; the output is laid out the same
+        // whether or not those dims are squeezed from its shape.
+        let a: Vec<usize> = if a.len() == 1 { vec![1, a[0]] } else { a.to_vec() };
+        let b: Vec<usize> = if b.len() == 1 { vec![b[0], 1] } else { b.to_vec() };
+        let (ra, rb) = (a.len(), b.len());
+        if ra < 2 || rb < 2 {
+            crate::bail!(Runtime, "matmul of a scalar");
+        }
+        let (m, k) = (a[ra - 2], a[ra - 1]);
+        let (n, b_str) = if trans_b { (b[rb - 2], Strides::of(k, true)) } else { (b[rb - 1], Strides::of(b[rb - 1], false)) };
+        let (ab, bb) = (&a[..ra - 2], &b[..rb - 2]);
+        let out = broadcast(ab, bb).ok_or_else(|| crate::err!(Runtime, "matmul batch dims {ab:?} and {bb:?} do not broadcast"))?;
+        let mut p = Batch {
+            m,
+            n,
+            k,
+            a: Strides::of(k, false),
+            b: b_str,
+            a_off: batch_offsets(&out, ab, m * k),
+            b_off: batch_offsets(&out, bb, k * n),
+        };
+        // A shared B under a contiguous batch of A is one tall product: [batch·M, K]·B
+        // (the common [B, S, K] @ [K, N] case), which gemm parallelises far better.
+        let batch = p.a_off.len();
+        if batch > 1 && p.b_off.iter().all(|&o| o == 0) && p.a_off.iter().enumerate().all(|(i, &o)| o == i * m * k) {
+            p.m *= batch;
+            p.a_off.truncate(1);
+            p.b_off.truncate(1);
+        }
+        Ok(p)
+    }
+}
+
+/// Offset (in elements) of each matrix of an operand with batch dims `inp`, broadcast to
+/// the output batch dims `out` (numpy rules: size-1 and missing dims repeat).
+fn batch_offsets(out: &[usize], inp: &[usize], mat: usize) -> Vec<usize> {
+    let st = bcast_strides(inp, out, mat);
+    (0..numel(out)).map(|i| offset_of(i, out, &st)).collect()
+}
+
+/// Element strides of `shape` broadcast to `out` (0 along repeated dims); `unit` is the
+/// stride of its last dim.
+fn bcast_strides(shape: &[usize], out: &[usize], unit: usize) -> Vec<usize> {
+    let pad = out.len() - shape.len();
+    let mut st = vec![0; out.len()];
+    let mut s = unit;
+    for i in (0..shape.len()).rev() {
+        if shape[i] != 1 {
+            st[pad + i] = s;
+        }
+        s *= shape[i];
+    }
+    st
+}
+
+/// Offset of the `i`-th element (row-major over `dims`) given per-dim strides.
+fn offset_of(mut i: usize, dims: &[usize], st: &[usize]) -> usize {
+    let mut off = 0;
+    for d in (0..dims.len()).rev() {
+        off += (i % dims[d]) * st[d];
+        i /= dims[d];
+    }
+    off
+}
+
+/// A tensor broadcast to an output shape, read one output row (last dim) at a time.
+struct RowView<'a, F: Clone> {
+    data: Cow<'a, [F]>,
+    rows: Vec<usize>,
+    st: Vec<usize>,
+}
+
+impl<'a, F: Real> RowView<'a, F> {
+    fn new<T: Float<Acc = F>>(t: &'a Tensor, out: &[usize]) -> RowView<'a, F> {
+        let st = bcast_strides(t.shape(), out, 1);
+        RowView { data: widen(t.as_slice::<T>()), rows: out[..out.len() - 1].to_vec(), st }
+    }
+    /// Element `j` of output row `r`.
+    #[inline]
+    fn get(&self, r: usize, j: usize) -> F {
+        let last = self.st.len() - 1;
+        self.data[offset_of(r, &self.rows, &self.st[..last]) + j * self.st[last]]
+    }
+}
+
+/// The epilogue applied to each output row (global row index, values) before rounding.
+type Epilogue<'a, F> = &'a (dyn Fn(usize, &mut [F]) + Sync);
+
+/// `x` in its accumulation type: borrowed when it already is (f32, f64), widened otherwise.
+fn widen<T: Float>(x: &[T]) -> Cow<'_, [T::Acc]> {
+    if TypeId::of::<T>() == TypeId::of::<T::Acc>() {
+        // SAFETY: T and T::Acc are the same type.
+        Cow::Borrowed(unsafe { std::slice::from_raw_parts(x.as_ptr().cast(), x.len()) })
+    } else {
+        Cow::Owned(x.par_iter().with_min_len(1 << 14).map(|v| v.to_acc()).collect())
+    }
+}
+
+/// Computes `scale · product`, then `epi` on each row, in the accumulation type; narrow
+/// outputs (f16, bf16) are rounded once, at the end.
+fn run<T: Float>(p: &Batch, a: &[T], b: &[T], scale: f64, out: &mut [T], epi: Option<Epilogue<T::Acc>>) {
+    if out.is_empty() {
+        return;
+    }
+    let (a, b) = (widen(a), widen(b));
+    let n = p.n;
+    let min_rows = (1 << 14) / n + 1;
+    if TypeId::of::<T>() == TypeId::of::<T::Acc>() {
+        // SAFETY: T and T::Acc are the same type.
+        let o: &mut [T::Acc] = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().cast(), out.len()) };
+        products(p, &a, &b, scale, o);
+        if let Some(f) = epi {
+            o.par_chunks_mut(n).enumerate().with_min_len(min_rows).for_each(|(r, row)| f(r, row));
+        }
+    } else {
+        let mut acc = vec![<T::Acc as Zero>::zero(); out.len()];
+        products(p, &a, &b, scale, &mut acc);
+        acc.par_chunks_mut(n).zip(out.par_chunks_mut(n)).enumerate().with_min_len(min_rows).for_each(|(r, (x, o))| {
+            if let Some(f) = epi {
+                f(r, x);
+            }
+            for (o, &x) in o.iter_mut().zip(x.iter()) {
+                *o = T::from_acc(x);
+            }
+        });
+    }
+}
+
+/// Below this many multiply-adds gemm stays on one thread, so a batch of such products
+/// is spread over threads one product each instead.
+const GEMM_THREADING: usize = 48 * 48 * 256;
+
+fn products<F: Real>(p: &Batch, a: &[F], b: &[F], scale: f64, out: &mut [F]) {
+    let (m, n, k) = (p.m, p.n, p.k);
+    let one = |dst: &mut [F], ao: usize, bo: usize, par: gemm::Parallelism| {
+        debug_assert_eq!(dst.len(), m * n);
+        // SAFETY: inference checked the shapes, so every element the strides reach lies
+        // inside `a`, `b` and `dst`; read_dst = false, so dst is only written.
+        unsafe {
+            gemm::gemm(
+                m, n, k,
+                dst.as_mut_ptr(), 1, n as isize, false,
+                a.as_ptr().add(ao), p.a.cs, p.a.rs,
+                b.as_ptr().add(bo), p.b.cs, p.b.rs,
+                F::zero(), F::c(scale),
+                false, false, false, par,
+            )
+        }
+    };
+    let batch = p.a_off.iter().zip(&p.b_off);
+    if p.a_off.len() > 1 && m * n * k < GEMM_THREADING {
+        out.par_chunks_mut(m * n).zip(batch.collect::<Vec<_>>()).for_each(|(d, (&ao, &bo))| one(d, ao, bo, gemm::Parallelism::None));
+    } else {
+        for (d, (&ao, &bo)) in out.chunks_mut(m * n).zip(batch) {
+            one(d, ao, bo, gemm::Parallelism::Rayon(0));
+        }
+    }
+}
+
+fn not_float(t: &Tensor) -> Result<()> {
+    crate::bail!(Runtime, "matrix products take floating tensors, got {}", t.dtype())
+}
 
 pub fn matmul(a: &Tensor, b: &Tensor, out: &mut Tensor) -> Result<()> {
-    todo_kernel("matmul")
+    let p = Batch::matmul(a.shape(), b.shape(), false)?;
+    crate::with_float!(a.dtype(), T => {
+        run::<T>(&p, a.as_slice(), b.as_slice(), 1.0, out.as_mut_slice(), None);
+        Ok(())
+    }, _ => not_float(a))
 }
+
+/// ONNX Gemm: `alpha · op(A) · op(B) + beta · C`, C broadcast to `[M, N]`.
 #[allow(clippy::too_many_arguments)]
 pub fn gemm(a: &Tensor, b: &Tensor, c: Option<&Tensor>, alpha: f32, beta: f32, trans_a: bool, trans_b: bool, out: &mut Tensor) -> Result<()> {
-    todo_kernel("gemm")
+    let (m, n) = (out.shape()[0], out.shape()[1]);
+    let k = if trans_a { a.shape()[0] } else { a.shape()[1] };
+    let p = Batch {
+        m,
+        n,
+        k,
+        a: Strides::of(a.shape()[1], trans_a),
+        b: Strides::of(b.shape()[1], trans_b),
+        a_off: vec![0],
+        b_off: vec![0],
+    };
+    let shape = out.shape().to_vec();
+    crate::with_float!(a.dtype(), T => {
+        let beta = <T as Float>::Acc::c(beta as f64);
+        let c = c.map(|c| RowView::new::<T>(c, &shape));
+        let epi = |r: usize, row: &mut [<T as Float>::Acc]| {
+            let c = c.as_ref().unwrap();
+            for (j, x) in row.iter_mut().enumerate() {
+                *x = *x + beta * c.get(r, j);
+            }
+        };
+        let epi: Option<Epilogue<_>> = if c.is_some() { Some(&epi) } else { None };
+        run::<T>(&p, a.as_slice(), b.as_slice(), alpha as f64, out.as_mut_slice(), epi);
+        Ok(())
+    }, _ => not_float(a))
 }
+
+fn activate<F: Real>(act: Activation, x: F) -> F {
+    let one = F::one();
+    let half = F::c(0.5);
+    match act {
+        Activation::None => x,
+        // `x < 0` rather than max(x, 0) so that NaN propagates.
+        Activation::Relu => if x < F::zero() { F::zero() } else { x },
+        Activation::Gelu => half * x * (one + (x * F::c(std::f64::consts::FRAC_1_SQRT_2)).erf()),
+        Activation::GeluTanh => {
+            let u = F::c((2.0 / std::f64::consts::PI).sqrt()) * (x + F::c(0.044715) * x * x * x);
+            half * x * (one + u.tanh())
+        }
+        Activation::Silu => x / (one + (-x).exp()),
+        Activation::Sigmoid => one / (one + (-x).exp()),
+        Activation::Tanh => x.tanh(),
+    }
+}
+
+/// `act(A @ op(B) + bias) + residual`, the epilogue applied in one pass over the product.
 pub fn fused_matmul(a: &Tensor, b: &Tensor, bias: Option<&Tensor>, residual: Option<&Tensor>, act: Activation, trans_b: bool, out: &mut Tensor) -> Result<()> {
-    todo_kernel("fused_matmul")
+    let p = Batch::matmul(a.shape(), b.shape(), trans_b)?;
+    let shape = out.shape().to_vec();
+    crate::with_float!(a.dtype(), T => {
+        let bias = bias.map(|t| widen(t.as_slice::<T>()));
+        let res = residual.map(|t| RowView::new::<T>(t, &shape));
+        let epi = |r: usize, row: &mut [<T as Float>::Acc]| {
+            for (j, x) in row.iter_mut().enumerate() {
+                let mut v = *x;
+                if let Some(bias) = &bias {
+                    v = v + bias[j];
+                }
+                v = activate(act, v);
+                if let Some(res) = &res {
+                    v = v + res.get(r, j);
+                }
+                *x = v;
+            }
+        };
+        let plain = bias.is_none() && res.is_none() && act == Activation::None;
+        run::<T>(&p, a.as_slice(), b.as_slice(), 1.0, out.as_mut_slice(), if plain { None } else { Some(&epi) });
+        Ok(())
+    }, _ => not_float(a))
 }
+
 /// Measures this machine's f32 GEMM rate (GFLOP/s) on an n×n×n product: median of `iters`.
 pub fn gemm_f32_gflops(n: usize, iters: usize) -> f64 {
-    0.0
+    let p = Batch { m: n, n, k: n, a: Strides::of(n, false), b: Strides::of(n, false), a_off: vec![0], b_off: vec![0] };
+    let a: Vec<f32> = (0..n * n).map(|i| (i % 17) as f32 * 0.125 - 1.0).collect();
+    let b: Vec<f32> = (0..n * n).map(|i| (i % 13) as f32 * 0.25 - 1.5).collect();
+    let mut out = vec![0f32; n * n];
+    products(&p, &a, &b, 1.0, &mut out); // warm-up: thread pool, packing buffers
+    let mut secs: Vec<f64> = (0..iters.max(1))
+        .map(|_| {
+            let t = std::time::Instant::now();
+            products(&p, &a, &b, 1.0, &mut out);
+            t.elapsed().as_secs_f64()
+        })
+        .collect();
+    secs.sort_by(|x, y| x.total_cmp(y));
+    2.0 * (n as f64).powi(3) / secs[secs.len() / 2].max(1e-12) / 1e9
 }

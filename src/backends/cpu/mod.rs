@@ -28,9 +28,7 @@ impl Backend for Cpu {
         "cpu"
     }
     fn alloc(&mut self, bytes: usize) -> Result<Tensor> {
-        let mut t = Tensor::zeros(DType::Bool, &[0]);
-        t.reset(DType::Bool, &[bytes]);
-        Ok(t)
+        Tensor::try_alloc(bytes)
     }
     fn upload(&mut self, src: &Tensor, dst: &mut Tensor) -> Result<()> {
         dst.reset(src.dtype(), src.shape());

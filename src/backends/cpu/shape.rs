@@ -1,32 +1,221 @@
 //! Data-movement family: Transpose, Concat, Split, Slice, Expand, Gather, Shape. These
 //! move bytes, so each is written once over element size rather than per dtype.
+//!
+//! Transpose, Slice and Expand are one strided copy: each output element reads the input
+//! at `base + Σ index·stride`, with permuted strides (Transpose), scaled strides and a
+//! start offset (Slice, negative steps included) or zero strides (Expand).
 
-use super::elementwise::todo_kernel;
 use crate::error::Result;
+use crate::graph::infer::{norm_axis, shape_range, slice_range};
 use crate::graph::Node;
 use crate::tensor::Tensor;
+use bytemuck::Pod;
+use rayon::prelude::*;
+
+/// Outputs at least this large are filled by several threads.
+const PAR_BYTES: usize = 1 << 16;
+
+/// Fills `dst` row by row (`row` elements each) with `f(row index, row)`, in parallel when
+/// large. Rows of length 0 mean there is nothing to write.
+fn for_rows<W: Send>(dst: &mut [W], row: usize, f: impl Fn(usize, &mut [W]) + Sync) {
+    if row == 0 || dst.is_empty() {
+        return;
+    }
+    let bytes = std::mem::size_of_val(dst);
+    if bytes >= PAR_BYTES {
+        // Keep each task at a few KiB or more so that tiny rows do not drown in overhead.
+        let min = (1 << 12) / (row * std::mem::size_of::<W>()) + 1;
+        dst.par_chunks_mut(row).enumerate().with_min_len(min).for_each(|(i, r)| f(i, r));
+    } else {
+        dst.chunks_mut(row).enumerate().for_each(|(i, r)| f(i, r));
+    }
+}
+
+/// Row-major element strides of a shape.
+fn strides(shape: &[usize]) -> Vec<isize> {
+    let mut s = vec![1isize; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        s[i] = s[i + 1] * shape[i + 1] as isize;
+    }
+    s
+}
+
+/// `out[idx] = x[base + Σ idx[d]·st[d]]` over the output's shape (strides in elements).
+fn strided_copy(x: &Tensor, base: isize, st: &[isize], out: &mut Tensor) {
+    if out.numel() == 0 {
+        return;
+    }
+    // Drop size-1 dims and merge dims that are contiguous in the input, so that rows are
+    // as long as possible (a plain slice becomes a few memcpys).
+    let (mut dims, mut sts) = (vec![], vec![]);
+    for (&d, &s) in out.shape().iter().zip(st) {
+        if d == 1 {
+            continue;
+        }
+        match (dims.last_mut(), sts.last_mut()) {
+            (Some(pd), Some(ps)) if *ps == s * d as isize => {
+                *pd *= d;
+                *ps = s;
+            }
+            _ => {
+                dims.push(d);
+                sts.push(s);
+            }
+        }
+    }
+    if dims.is_empty() {
+        dims.push(1);
+        sts.push(0);
+    }
+    // Copy whole elements as one machine word (storage is 8-byte aligned).
+    let (src, dst) = (x.bytes(), out.bytes_mut());
+    match x.dtype().size() {
+        1 => copy_words::<u8>(src, base, &dims, &sts, dst),
+        2 => copy_words::<u16>(bytemuck::cast_slice(src), base, &dims, &sts, bytemuck::cast_slice_mut(dst)),
+        4 => copy_words::<u32>(bytemuck::cast_slice(src), base, &dims, &sts, bytemuck::cast_slice_mut(dst)),
+        _ => copy_words::<u64>(bytemuck::cast_slice(src), base, &dims, &sts, bytemuck::cast_slice_mut(dst)),
+    }
+}
+
+fn copy_words<W: Pod + Send + Sync>(src: &[W], base: isize, dims: &[usize], st: &[isize], dst: &mut [W]) {
+    let r = dims.len() - 1;
+    let (n, s) = (dims[r], st[r]);
+    for_rows(dst, n, |i, row| {
+        let mut off = base;
+        let mut rem = i;
+        for d in (0..r).rev() {
+            off += (rem % dims[d]) as isize * st[d];
+            rem /= dims[d];
+        }
+        if s == 1 {
+            row.copy_from_slice(&src[off as usize..off as usize + n]);
+        } else {
+            for (j, o) in row.iter_mut().enumerate() {
+                *o = src[(off + j as isize * s) as usize];
+            }
+        }
+    });
+}
 
 pub fn transpose(x: &Tensor, perm: Option<&[usize]>, out: &mut Tensor) -> Result<()> {
-    todo_kernel("transpose")
+    let st = strides(x.shape());
+    let r = st.len();
+    let st: Vec<isize> = match perm {
+        Some(p) => p.iter().map(|&d| st[d]).collect(),
+        None => (0..r).rev().map(|d| st[d]).collect(),
+    };
+    strided_copy(x, 0, &st, out);
+    Ok(())
 }
+
+/// `x` viewed as `[outer, x.shape[axis] · inner]` rows, `inner` in bytes.
+fn axis_split(shape: &[usize], axis: usize, elem: usize) -> (usize, usize) {
+    (shape[..axis].iter().product(), shape[axis + 1..].iter().product::<usize>() * elem)
+}
+
+fn bad_axis(axis: i64, r: usize) -> crate::error::Error {
+    crate::err!(Runtime, "axis {axis} is out of range for rank {r}")
+}
+
 pub fn concat(ins: &[Option<&Tensor>], axis: i64, out: &mut Tensor) -> Result<()> {
-    todo_kernel("concat")
+    let r = out.shape().len();
+    let a = norm_axis(axis, r).ok_or_else(|| bad_axis(axis, r))?;
+    let (_, inner) = axis_split(out.shape(), a, out.dtype().size());
+    let xs: Vec<&Tensor> = ins.iter().flatten().copied().collect();
+    // Each output row is the inputs' rows one after another.
+    let row_len = out.shape()[a] * inner;
+    for_rows(out.bytes_mut(), row_len, |o, row| {
+        let mut at = 0;
+        for x in &xs {
+            let n = x.shape()[a] * inner;
+            row[at..at + n].copy_from_slice(&x.bytes()[o * n..(o + 1) * n]);
+            at += n;
+        }
+    });
+    Ok(())
 }
+
 /// Output shapes already hold the split sizes.
 pub fn split(x: &Tensor, axis: i64, outs: &mut [Tensor]) -> Result<()> {
-    todo_kernel("split")
+    let r = x.shape().len();
+    let a = norm_axis(axis, r).ok_or_else(|| bad_axis(axis, r))?;
+    let (_, inner) = axis_split(x.shape(), a, x.dtype().size());
+    let x_row = x.shape()[a] * inner;
+    let src = x.bytes();
+    let mut at = 0;
+    for out in outs.iter_mut() {
+        let n = out.shape()[a] * inner;
+        for_rows(out.bytes_mut(), n, |o, row| row.copy_from_slice(&src[o * x_row + at..][..n]));
+        at += n;
+    }
+    Ok(())
 }
+
 /// `ins` = data, starts, ends, [axes], [steps].
 pub fn slice(x: &Tensor, ins: &[Option<&Tensor>], out: &mut Tensor) -> Result<()> {
-    todo_kernel("slice")
+    let arg = |i: usize| ins.get(i).copied().flatten().map(|t| t.to_i64_vec());
+    let (starts, ends) = (arg(1).unwrap_or_default(), arg(2).unwrap_or_default());
+    let r = x.shape().len();
+    let axes = arg(3).unwrap_or_else(|| (0..starts.len() as i64).collect());
+    let steps = arg(4).unwrap_or_else(|| vec![1; starts.len()]);
+    let mut st = strides(x.shape());
+    let mut base = 0isize;
+    for (k, &axis) in axes.iter().enumerate() {
+        let a = norm_axis(axis, r).ok_or_else(|| bad_axis(axis, r))?;
+        let (s, _) = slice_range(starts[k], ends[k], steps[k], x.shape()[a]).map_err(|m| crate::err!(Runtime, "{m}"))?;
+        // An empty range may start at -1 or past the end: nothing is read then.
+        if out.shape()[a] > 0 {
+            base += s as isize * st[a];
+        }
+        // Saturating: a huge step only ever reads one element, whose stride is unused.
+        st[a] = st[a].saturating_mul(steps[k] as isize);
+    }
+    strided_copy(x, base, &st, out);
+    Ok(())
 }
+
+/// Bidirectional broadcast of `x` to the output's shape.
 pub fn expand(x: &Tensor, out: &mut Tensor) -> Result<()> {
-    todo_kernel("expand")
+    let xs = strides(x.shape());
+    let pad = out.shape().len() - x.shape().len();
+    // Dims `x` lacks, or has as 1, repeat: stride 0.
+    let st: Vec<isize> = (0..out.shape().len())
+        .map(|d| if d < pad || x.shape()[d - pad] == 1 { 0 } else { xs[d - pad] })
+        .collect();
+    strided_copy(x, 0, &st, out);
+    Ok(())
 }
+
 /// Negative indices count from the end; out-of-range indices are an error naming the node.
 pub fn gather(node: &Node, x: &Tensor, idx: &Tensor, axis: i64, out: &mut Tensor) -> Result<()> {
-    todo_kernel("gather")
+    let r = x.shape().len();
+    let a = norm_axis(axis, r).ok_or_else(|| bad_axis(axis, r))?;
+    let d = x.shape()[a];
+    let ids = idx
+        .to_i64_vec()
+        .into_iter()
+        .map(|i| {
+            let j = if i < 0 { i + d as i64 } else { i };
+            if j < 0 || j >= d as i64 {
+                crate::bail!(Runtime, "{}: index {i} is out of range for axis {a} of size {d}", node.describe());
+            }
+            Ok(j as usize)
+        })
+        .collect::<Result<Vec<usize>>>()?;
+    // Output rows are [outer, indices, inner]: row (o, q) is input row (o, ids[q]).
+    let (_, inner) = axis_split(x.shape(), a, x.dtype().size());
+    let src = x.bytes();
+    for_rows(out.bytes_mut(), inner, |i, row| {
+        let (o, q) = (i / ids.len(), i % ids.len());
+        row.copy_from_slice(&src[(o * d + ids[q]) * inner..][..inner]);
+    });
+    Ok(())
 }
+
 pub fn shape(x: &Tensor, start: i64, end: Option<i64>, out: &mut Tensor) -> Result<()> {
-    todo_kernel("shape")
+    let (s, e) = shape_range(start, end, x.shape().len());
+    for (o, &d) in out.as_mut_slice::<i64>().iter_mut().zip(&x.shape()[s..e]) {
+        *o = d as i64;
+    }
+    Ok(())
 }
