@@ -239,6 +239,9 @@ fn run(a: RunArgs) -> Result<(), Fail> {
             }
         }
     }
+    // The backend is set up first, so that a missing device is the one line printed.
+    let opts = SessionOptions { backend: backend_of(&a.common), dims: dims.clone(), training: false };
+    let mut session = Session::new(model.graph.clone(), opts)?;
     let mut feeds: HashMap<String, Tensor> = HashMap::new();
     for spec in &a.inputs {
         let (name, file) = parse_kv(spec, "--input")?;
@@ -281,8 +284,6 @@ fn run(a: RunArgs) -> Result<(), Fail> {
     if !filled.is_empty() && !a.quiet {
         eprintln!("filling {} with seeded random data (seed {})", filled.join(", "), a.seed);
     }
-    let opts = SessionOptions { backend: backend_of(&a.common), dims, training: false };
-    let mut session = Session::new(model.graph.clone(), opts)?;
     let outs = session.run(&feeds)?;
     for (name, t) in &outs {
         if a.quiet {
