@@ -405,8 +405,8 @@ fn inspect(a: InspectArgs) -> Result<(), Fail> {
 fn doctor() -> Result<(), Fail> {
     let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     println!("cpu: {threads} threads (rayon pool {}), {}", rayon::current_num_threads(), cpu_features());
-    let gf = graphrun::backends::cpu::gemm_f32_gflops(512, 5);
-    println!("  f32 GEMM 512³: {gf:.1} GFLOP/s");
+    let gf = graphrun::backends::cpu::gemm_f32_gflops(1024, 10);
+    println!("  f32 GEMM 1024³ (median of 10): {gf:.1} GFLOP/s");
     println!("cuda: not built into this version of graphrun");
     println!("wgpu: not built into this version of graphrun");
     println!("--backend default: cpu");
@@ -463,13 +463,31 @@ fn bench(a: BenchArgs) -> Result<(), Fail> {
     println!("  median {med:.3} ms  min {min:.3} ms  max {max:.3} ms");
     println!("  {:.3} TFLOP/s ({}FLOP per iteration)", tflops, fmt_count(plan.flops as f64));
     println!("  peak memory {peak_mib:.1} MiB (planned activations + weights)");
+    // The per-node profile: one more set of runs, each node synchronized and timed.
+    session.set_profiling(true);
+    let prof_iters = a.iters.min(5);
+    for _ in 0..prof_iters {
+        session.run(&feeds)?;
+    }
+    let mut prof = session.take_profile();
+    let total: f64 = prof.iter().map(|p| p.2).sum::<f64>().max(1e-12);
+    prof.sort_by(|x, y| y.2.total_cmp(&x.2));
+    println!("  {:<28} {:<24} {:>10} {:>7}", "node", "op", "ms/iter", "share");
+    for (name, op, secs) in &prof {
+        println!("  {:<28} {:<24} {:>10.4} {:>6.1}%", name, op, secs * 1e3 / prof_iters as f64, 100.0 * secs / total);
+    }
     if let Some(p) = &a.json {
         let dtype = a.common.dtype.clone().unwrap_or_else(|| "f32".into());
+        let nodes: Vec<String> = prof
+            .iter()
+            .map(|(n, op, secs)| format!("{{\"node\": {:?}, \"op\": \"{op}\", \"ms\": {}}}", n, secs * 1e3 / prof_iters as f64))
+            .collect();
         let json = format!(
-            "{{\"results\": [{{\"workload\": \"{}\", \"dtype\": \"{}\", \"mode\": \"graphrun\", \"pass\": \"fwd\", \"backend\": \"{}\", \"ms\": {med}, \"ms_min\": {min}, \"ms_max\": {max}, \"tflops\": {tflops}, \"peak_mib\": {peak_mib}, \"status\": \"ok\"}}]}}\n",
-            model.graph.name.replace('"', "'"),
+            "{{\"results\": [{{\"workload\": {:?}, \"dtype\": \"{}\", \"mode\": \"graphrun\", \"pass\": \"fwd\", \"backend\": \"{}\", \"ms\": {med}, \"ms_min\": {min}, \"ms_max\": {max}, \"tflops\": {tflops}, \"peak_mib\": {peak_mib}, \"status\": \"ok\", \"profile\": [{}]}}]}}\n",
+            model.graph.name,
             dtype,
-            session.backend_name()
+            session.backend_name(),
+            nodes.join(", ")
         );
         write_atomic(p, |p| std::fs::write(p, &json).map_err(|e| Error::io(p, e)))?;
     }

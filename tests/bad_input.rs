@@ -207,3 +207,20 @@ fn out_of_memory_is_an_error_not_an_abort() {
     let e = m.random_inputs(0, &dims).unwrap_err().to_string();
     has(&e, &["out of memory"]);
 }
+
+#[test]
+fn hostile_yaml_is_bounded() {
+    // Deep nesting: an error, not a stack overflow.
+    let deep = format!("graphrun: 1\noutputs: {}{}\n", "[".repeat(100_000), "]".repeat(100_000));
+    has(&load_err(&deep), &["<string>:"]);
+    // An alias bomb: an error, not exponential memory.
+    let mut y = String::from("graphrun: 1\na0: &a0 [x, x, x, x, x, x, x, x, x, x]\n");
+    for i in 1..12 {
+        let prev = format!("*a{}", i - 1);
+        y.push_str(&format!("a{i}: &a{i} [{}]\n", vec![prev; 10].join(", ")));
+    }
+    has(&load_err(&y), &["too many nodes"]);
+    // Binary garbage.
+    let e = Model::from_str("\u{0}\u{1}\u{2}graphrun: [}{", ".").unwrap_err().to_string();
+    assert!(!e.is_empty());
+}

@@ -122,6 +122,7 @@ fn varlen_op(causal: bool, scale: Option<f64>) -> graphrun::graph::Op {
 }
 
 /// Q [b,hq,sq,d], K [b,hkv,skv,d], V [b,hkv,skv,dv], seeded normal data.
+#[allow(clippy::too_many_arguments)]
 fn qkv(b: usize, hq: usize, hkv: usize, sq: usize, skv: usize, d: usize, dv: usize, seed: u64) -> Vec<Arg> {
     vec![
         inp(randn(&[b, hq, sq, d], seed)),
@@ -185,9 +186,10 @@ fn attention_bool_mask_2d_with_fully_masked_row() {
 
 #[test]
 fn attention_bool_key_padding_mask() {
-    // [B, 1, 1, Skv]: per-batch key padding.
+    // [B, 1, 1, Skv]: batch 0 right-padded (keys 0..33), batch 1 left-padded (keys
+    // 70..90), so its first key block is wholly masked while later keys are visible.
     let (b, skv) = (2, 90);
-    let m: Vec<bool> = (0..b * skv).map(|x| x % skv < if x < skv { 90 } else { 33 }).collect();
+    let m: Vec<bool> = (0..b * skv).map(|x| if x < skv { x < 33 } else { x % skv >= 70 }).collect();
     let mut args = qkv(b, 4, 4, 17, skv, 8, 8, 70);
     args.push(inp(bools(&[b, 1, 1, skv], &m)));
     check_attention(args, false, None);

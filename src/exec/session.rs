@@ -35,6 +35,9 @@ pub struct Session {
 /// What `Session` needs from an executor, whatever its backend.
 trait Run {
     fn run(&mut self, g: &Graph, plan: &Plan, feeds: &HashMap<String, Tensor>) -> Result<Vec<Tensor>>;
+    /// With profiling on, each step is synchronized and timed into `profile`.
+    fn set_profiling(&mut self, on: bool);
+    fn take_profile(&mut self) -> Vec<(usize, f64)>;
     fn backend_name(&self) -> &'static str;
 }
 
@@ -88,6 +91,24 @@ impl Session {
         Plan::new(&self.graph, &self.input_shapes(feeds)?)
     }
 
+    /// Times every node from now on (each one synchronized: slower, for `bench`).
+    pub fn set_profiling(&mut self, on: bool) {
+        self.exec.set_profiling(on);
+    }
+
+    /// Seconds per node summed over the runs since the last call: (node name, op, s).
+    pub fn take_profile(&mut self) -> Vec<(String, &'static str, f64)> {
+        let mut acc: Vec<(String, &'static str, f64)> = vec![];
+        for (ni, secs) in self.exec.take_profile() {
+            let n = &self.graph.nodes[ni];
+            match acc.iter_mut().find(|(name, _, _)| *name == n.name) {
+                Some(e) => e.2 += secs,
+                None => acc.push((n.name.clone(), n.op.name(), secs)),
+            }
+        }
+        acc
+    }
+
     /// Runs the graph; returns the outputs in the order of `graph.outputs`.
     pub fn run(&mut self, feeds: &HashMap<String, Tensor>) -> Result<Vec<(String, Tensor)>> {
         let shapes = self.input_shapes(feeds)?;
@@ -105,6 +126,7 @@ struct Executor<B: Backend> {
     consts: Vec<B::Buffer>,
     /// Which plan (by id) the consts were uploaded for.
     consts_for: u64,
+    profile: Option<Vec<(usize, f64)>>,
 }
 
 impl<B: Backend> Executor<B> {
@@ -115,13 +137,19 @@ impl<B: Backend> Executor<B> {
             backend.upload(&init.tensor, &mut b)?;
             weights.push(b);
         }
-        Ok(Executor { backend, weights, slots: vec![], consts: vec![], consts_for: 0 })
+        Ok(Executor { backend, weights, slots: vec![], consts: vec![], consts_for: 0, profile: None })
     }
 }
 
 impl<B: Backend> Run for Executor<B> {
     fn backend_name(&self) -> &'static str {
         self.backend.name()
+    }
+    fn set_profiling(&mut self, on: bool) {
+        self.profile = if on { Some(self.profile.take().unwrap_or_default()) } else { None };
+    }
+    fn take_profile(&mut self) -> Vec<(usize, f64)> {
+        self.profile.as_mut().map(std::mem::take).unwrap_or_default()
     }
     fn run(&mut self, g: &Graph, plan: &Plan, feeds: &HashMap<String, Tensor>) -> Result<Vec<Tensor>> {
         // Grow the slot pool to the plan (kept across runs: no allocation in steady state).
@@ -151,6 +179,7 @@ impl<B: Backend> Run for Executor<B> {
         }
         for step in &plan.steps {
             let node = &g.nodes[step.node];
+            let t0 = self.profile.is_some().then(std::time::Instant::now);
             let mut outs: Vec<B::Buffer> = step.outs.iter().map(|&s| self.slots[s].take().expect("slot in use twice")).collect();
             let result = {
                 let ins: Vec<Option<(&B::Buffer, &ValueType)>> = node
@@ -173,6 +202,11 @@ impl<B: Backend> Run for Executor<B> {
             };
             for (&s, b) in step.outs.iter().zip(outs) {
                 self.slots[s] = Some(b);
+            }
+            if let (Some(t0), true) = (t0, result.is_ok()) {
+                self.backend.sync()?;
+                let secs = t0.elapsed().as_secs_f64();
+                self.profile.as_mut().expect("profiling on").push((step.node, secs));
             }
             result.map_err(|e| match e {
                 Error::Runtime(m) if !m.contains(&node.name) => Error::Runtime(format!("{}: {m}", node.describe())),

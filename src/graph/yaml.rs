@@ -38,6 +38,11 @@ pub fn parse_tree(text: &str, file: &str) -> Result<Y> {
     let mut anchor_of: Vec<usize> = vec![];
     let mut root: Option<Y> = None;
     let mut docs = 0;
+    // Hostile-input bounds: nesting depth (dropping a deep tree recurses) and the nodes
+    // that aliases may copy (an alias "bomb" grows exponentially).
+    const MAX_DEPTH: usize = 128;
+    const MAX_ALIAS_NODES: usize = 1 << 20;
+    let mut alias_nodes = 0usize;
     for ev in Parser::new_from_str(text) {
         let (ev, span) = ev.map_err(|e| {
             Error::model(&loc(e.marker()), format!("malformed YAML: {}", e.info()))
@@ -60,12 +65,21 @@ pub fn parse_tree(text: &str, file: &str) -> Result<Y> {
                 y
             }
             Event::Alias(id) => match anchors.get(&id) {
-                Some(y) => y.clone(),
+                Some(y) => {
+                    alias_nodes += y.count();
+                    if alias_nodes > MAX_ALIAS_NODES {
+                        return Err(Error::model(&here, "YAML aliases expand to too many nodes"));
+                    }
+                    y.clone()
+                }
                 None => return Err(Error::model(&here, "YAML alias to an unknown anchor")),
             },
             Event::SequenceStart(anchor, _) | Event::MappingStart(anchor, _) => {
                 let v = if matches!(ev, Event::SequenceStart(..)) { YV::Seq(vec![]) } else { YV::Map(vec![]) };
                 anchor_of.push(anchor);
+                if stack.len() >= MAX_DEPTH {
+                    return Err(Error::model(&here, format!("YAML is nested more than {MAX_DEPTH} levels deep")));
+                }
                 stack.push((Y { v, loc: here.clone() }, None, here));
                 continue;
             }
@@ -148,6 +162,14 @@ fn resolve_plain(s: &str) -> YV {
 }
 
 impl Y {
+    /// Number of nodes in this subtree.
+    fn count(&self) -> usize {
+        1 + match &self.v {
+            YV::Seq(s) => s.iter().map(Y::count).sum(),
+            YV::Map(m) => m.iter().map(|(_, v)| v.count()).sum(),
+            _ => 0,
+        }
+    }
     fn kind(&self) -> &'static str {
         match self.v {
             YV::Null => "null",

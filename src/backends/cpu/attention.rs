@@ -139,7 +139,7 @@ fn varlen_t<T: Float>(q: &Tensor, k: &Tensor, v: &Tensor, cq: &[usize], ck: &[us
                     k: Rows { data: ks, off: (k0 * hkv + g) * d, stride: hkv * d, width: d },
                     v: Rows { data: vs, off: (k0 * hkv + g) * dv, stride: hkv * dv, width: dv },
                     nk: lk,
-                    causal_shift: causal.then_some(0),
+                    causal_shift: causal.then_some(lk as isize - lq as isize),
                     mask: Mask::None,
                     scale,
                 };

@@ -181,7 +181,7 @@ impl<const N: usize> Bcast<N> {
                 continue;
             }
             if let (Some(pd), Some(ps)) = (dims.last_mut(), strides.last_mut()) {
-                if (0..N).all(|k| ps[k] == st[d][k] * out[d]) {
+                if (0..N).all(|k| ps[k] == st[d][k] * out[d] || ps[k] == 0) {
                     *pd *= out[d];
                     *ps = st[d];
                     continue;

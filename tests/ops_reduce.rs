@@ -1,0 +1,357 @@
+//! Row-wise ops against naive float64 references: Softmax/LogSoftmax,
+//! LayerNormalization, ReduceSum/Mean/Max, SoftmaxCrossEntropyLoss.
+
+mod common;
+use common::*;
+use graphrun::graph::op::AttrValue;
+use graphrun::graph::Op;
+use graphrun::rng::Rng;
+use graphrun::{DType, Tensor};
+
+fn vals(t: &Option<Tensor>) -> Vec<f64> {
+    t.as_ref().expect("argument present").to_f64_vec()
+}
+fn shp(t: &Option<Tensor>) -> Vec<usize> {
+    t.as_ref().expect("argument present").shape().to_vec()
+}
+fn norm(axis: i64, r: usize) -> usize {
+    if axis < 0 { (axis + r as i64) as usize } else { axis as usize }
+}
+fn flat(idx: &[usize], shape: &[usize]) -> usize {
+    idx.iter().zip(strides(shape)).map(|(i, s)| i * s).sum()
+}
+fn ints(shape: &[usize], seed: u64, lo: i64, hi: i64) -> Tensor {
+    let mut r = Rng::new(seed);
+    let n: usize = shape.iter().product();
+    i64s(shape, &(0..n).map(|_| r.int_in(lo, hi)).collect::<Vec<_>>())
+}
+
+/// Like `check`, but integer outputs must match exactly.
+fn check_exact(op_: Op, args: &[Arg], reference: impl Fn(&[Option<Tensor>]) -> Expected) {
+    let plain: Vec<Option<Tensor>> = args.iter().map(|a| match a {
+        Arg::In(t) | Arg::Const(t) => Some(t.clone()),
+        Arg::None => None,
+    }).collect();
+    let want = reference(&plain);
+    for backend in backends() {
+        let got = run_op(backend, op_.clone(), args, want.len(), DType::F32).unwrap_or_else(|e| panic!("{}: {e}", op_.name()));
+        for ((shape, v), t) in want.iter().zip(&got) {
+            assert_eq!(t.shape(), &shape[..], "{} shape", op_.name());
+            assert_eq!(&t.to_f64_vec(), v, "{} on {backend:?}", op_.name());
+        }
+    }
+}
+
+// ---- Softmax ----------------------------------------------------------------------------
+
+fn softmax_ref(a: &Option<Tensor>, axis: i64, log: bool) -> Expected {
+    let (s, v) = (shp(a), vals(a));
+    let ax = norm(axis, s.len());
+    let out = indices(&s)
+        .iter()
+        .map(|idx| {
+            let along = |k: usize| {
+                let mut j = idx.clone();
+                j[ax] = k;
+                v[flat(&j, &s)]
+            };
+            let m = (0..s[ax]).map(along).fold(f64::NEG_INFINITY, f64::max);
+            let z: f64 = (0..s[ax]).map(|k| (along(k) - m).exp()).sum();
+            let x = v[flat(idx, &s)];
+            if log { x - m - z.ln() } else { (x - m).exp() / z }
+        })
+        .collect();
+    vec![(s, out)]
+}
+
+#[test]
+fn softmax_and_log_softmax_any_axis() {
+    // Large offsets: a kernel without max-subtraction overflows exp.
+    let x = rand(&[2, 3, 4, 5], 1, -5.0, 5.0);
+    let big = rand(&[3, 7], 2, 100.0, 110.0);
+    for (name, log) in [("Softmax", false), ("LogSoftmax", true)] {
+        for axis in [-1, 0, 1, 2, 3, -3] {
+            check(op(name, &[("axis", AttrValue::Int(axis))]), &[inp(x.clone())], &FLOATS, |a| softmax_ref(&a[0], axis, log));
+        }
+        check(op(name, &[]), &[inp(x.clone())], &FLOATS, |a| softmax_ref(&a[0], -1, log));
+        check(op(name, &[]), &[inp(big.clone())], &[DType::F64, DType::F32], |a| softmax_ref(&a[0], -1, log));
+        // Many rows (parallel batches) and a long strided axis.
+        let wide = randn(&[64, 130, 9], 3);
+        check(op(name, &[("axis", AttrValue::Int(1))]), &[inp(wide.clone())], &FLOATS, |a| softmax_ref(&a[0], 1, log));
+        check(op(name, &[]), &[inp(wide)], &[DType::F32], |a| softmax_ref(&a[0], -1, log));
+    }
+}
+
+// ---- LayerNormalization -------------------------------------------------------------------
+
+/// Y, Mean and InvStdDev over dims [axis..], with Scale and B broadcast to those dims.
+fn layer_norm_ref(a: &[Option<Tensor>], axis: i64, eps: f64) -> Expected {
+    let (s, x) = (shp(&a[0]), vals(&a[0]));
+    let ax = norm(axis, s.len());
+    let nshape = &s[ax..];
+    let n: usize = nshape.iter().product();
+    let rows = x.len() / n;
+    let (g, gs) = (vals(&a[1]), shp(&a[1]));
+    let b = a.get(2).and_then(|b| b.as_ref()).map(|b| (b.to_f64_vec(), b.shape().to_vec()));
+    let nidx = indices(nshape);
+    let (mut y, mut means, mut invs) = (vec![], vec![], vec![]);
+    for r in 0..rows {
+        let row = &x[r * n..(r + 1) * n];
+        let mean = row.iter().sum::<f64>() / n as f64;
+        let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n as f64;
+        let inv = 1.0 / (var + eps).sqrt();
+        for (j, idx) in nidx.iter().enumerate() {
+            let mut v = (row[j] - mean) * inv * g[bcast_offset(idx, &gs)];
+            if let Some((bv, bs)) = &b {
+                v += bv[bcast_offset(idx, bs)];
+            }
+            y.push(v);
+        }
+        means.push(mean);
+        invs.push(inv);
+    }
+    let mut stat = s.clone();
+    for d in &mut stat[ax..] {
+        *d = 1;
+    }
+    vec![(s, y), (stat.clone(), means), (stat, invs)]
+}
+
+#[test]
+fn layer_norm_last_axis() {
+    let x = randn(&[4, 6, 8], 10);
+    let (g, b) = (rand(&[8], 11, 0.5, 1.5), randn(&[8], 12));
+    check(op("LayerNormalization", &[]), &[inp(x.clone()), inp(g.clone()), inp(b.clone())], &FLOATS, |a| {
+        layer_norm_ref(a, -1, 1e-5f32 as f64)[..1].to_vec()
+    });
+    check(op("LayerNormalization", &[]), &[inp(x.clone()), inp(g.clone())], &FLOATS, |a| layer_norm_ref(a, -1, 1e-5f32 as f64)[..1].to_vec());
+    // Many rows: the parallel path.
+    let x = randn(&[300, 64], 13);
+    let (g, b) = (rand(&[64], 14, 0.5, 1.5), randn(&[64], 15));
+    check(op("LayerNormalization", &[]), &[inp(x), inp(g), inp(b)], &FLOATS, |a| layer_norm_ref(a, -1, 1e-5f32 as f64)[..1].to_vec());
+}
+
+#[test]
+fn layer_norm_inner_axis_with_stats() {
+    // Small variance, so that epsilon matters.
+    let x = rand(&[2, 3, 4, 5], 20, -0.1, 0.1);
+    let eps = 1e-3;
+    let attrs = [("axis", AttrValue::Int(1)), ("epsilon", AttrValue::Float(eps))];
+    // Scale over the whole normalised shape, B broadcast from its trailing dims.
+    let (g, b) = (rand(&[3, 4, 5], 21, 0.5, 1.5), randn(&[4, 5], 22));
+    check(op("LayerNormalization", &attrs), &[inp(x.clone()), inp(g.clone()), inp(b.clone())], &FLOATS, |a| {
+        layer_norm_ref(a, 1, eps as f32 as f64)
+    });
+    // Negative axis, Scale of shape [1, 5], no B, Mean only.
+    let attrs = [("axis", AttrValue::Int(-2)), ("epsilon", AttrValue::Float(eps))];
+    let g = rand(&[1, 5], 23, 0.5, 1.5);
+    check(op("LayerNormalization", &attrs), &[inp(x.clone()), inp(g.clone())], &FLOATS, |a| {
+        layer_norm_ref(a, -2, eps as f32 as f64)[..2].to_vec()
+    });
+    // The statistics are f32 for f16 input and f64 for f64 input.
+    let o = op("LayerNormalization", &attrs);
+    let got = run_op(backends()[0], o.clone(), &[inp(x.clone()), inp(g.clone())], 3, DType::F16).unwrap();
+    assert_eq!((got[0].dtype(), got[1].dtype(), got[2].dtype()), (DType::F16, DType::F32, DType::F32));
+    assert_eq!(got[1].shape(), &[2, 3, 1, 1]);
+    let got = run_op(backends()[0], o, &[inp(x), inp(g)], 3, DType::F64).unwrap();
+    assert_eq!(got[2].dtype(), DType::F64);
+}
+
+// ---- Reduce -------------------------------------------------------------------------------
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Sum,
+    Mean,
+    Max,
+}
+
+fn reduce_ref(a: &Option<Tensor>, axes: &[i64], keepdims: bool, kind: Kind) -> Expected {
+    let (s, v) = (shp(a), vals(a));
+    let r = s.len();
+    let axes: Vec<usize> = if axes.is_empty() { (0..r).collect() } else { axes.iter().map(|&x| norm(x, r)).collect() };
+    let kept: Vec<usize> = (0..r).map(|d| if axes.contains(&d) { 1 } else { s[d] }).collect();
+    let mut acc = vec![(0.0f64, 0usize, f64::NEG_INFINITY); kept.iter().product()];
+    for (idx, &x) in indices(&s).iter().zip(&v) {
+        let o: Vec<usize> = idx.iter().enumerate().map(|(d, &i)| if axes.contains(&d) { 0 } else { i }).collect();
+        let e = &mut acc[flat(&o, &kept)];
+        e.0 += x;
+        e.1 += 1;
+        e.2 = e.2.max(x);
+    }
+    let out = acc
+        .iter()
+        .map(|&(sum, n, max)| match kind {
+            Kind::Sum => sum,
+            Kind::Mean => sum / n as f64,
+            Kind::Max => max,
+        })
+        .collect();
+    let shape = if keepdims { kept } else { (0..r).filter(|d| !axes.contains(d)).map(|d| s[d]).collect() };
+    vec![(shape, out)]
+}
+
+const KINDS: [(&str, Kind); 3] = [("ReduceSum", Kind::Sum), ("ReduceMean", Kind::Mean), ("ReduceMax", Kind::Max)];
+
+#[test]
+fn reduce_axes_attr_and_keepdims() {
+    let x = randn(&[3, 4, 5], 30);
+    let axes_sets: [&[i64]; 7] = [&[1], &[-1], &[0], &[0, 2], &[2, 0], &[-3, -2], &[0, 1, 2]];
+    for (name, kind) in KINDS {
+        for axes in axes_sets {
+            for keep in [true, false] {
+                let o = op(name, &[("axes", AttrValue::Ints(axes.to_vec())), ("keepdims", AttrValue::Int(keep as i64))]);
+                check(o, &[inp(x.clone())], &FLOATS, |a| reduce_ref(&a[0], axes, keep, kind));
+            }
+        }
+        // No axes: every axis; keepdims defaults to 1.
+        check(op(name, &[]), &[inp(x.clone())], &FLOATS, |a| reduce_ref(&a[0], &[], true, kind));
+        check(op(name, &[("keepdims", AttrValue::Int(0))]), &[inp(x.clone())], &FLOATS, |a| reduce_ref(&a[0], &[], false, kind));
+    }
+}
+
+#[test]
+fn reduce_axes_input() {
+    let x = randn(&[2, 3, 4, 5], 31);
+    for (name, kind) in KINDS {
+        for axes in [vec![-1, 1], vec![0], vec![2], vec![3, 0, 1]] {
+            for keep in [true, false] {
+                let o = op(name, &[("keepdims", AttrValue::Int(keep as i64))]);
+                check(o, &[inp(x.clone()), cst(i64s(&[axes.len()], &axes))], &FLOATS, |a| reduce_ref(&a[0], &axes, keep, kind));
+            }
+        }
+    }
+    // noop_with_empty_axes with an empty axes input: identity.
+    let o = op("ReduceSum", &[("noop_with_empty_axes", AttrValue::Int(1))]);
+    check(o, &[inp(x.clone()), cst(i64s(&[0], &[]))], &FLOATS, |a| vec![(shp(&a[0]), vals(&a[0]))]);
+}
+
+#[test]
+fn reduce_large_parallel() {
+    let x = randn(&[50, 64, 30], 32);
+    for (name, kind) in KINDS {
+        for axes in [vec![1], vec![0], vec![2], vec![0, 2]] {
+            let o = op(name, &[("axes", AttrValue::Ints(axes.clone())), ("keepdims", AttrValue::Int(0))]);
+            check(o, &[inp(x.clone())], &FLOATS, |a| reduce_ref(&a[0], &axes, false, kind));
+        }
+    }
+}
+
+#[test]
+fn reduce_sum_max_on_ints() {
+    for dt in [DType::I64, DType::I32] {
+        let x = ints(&[3, 4, 5], 33, -1000, 1000).cast(dt);
+        for (name, kind) in [("ReduceSum", Kind::Sum), ("ReduceMax", Kind::Max)] {
+            for axes in [vec![1], vec![-1, 0], vec![]] {
+                for keep in [true, false] {
+                    let mut attrs = vec![("keepdims", AttrValue::Int(keep as i64))];
+                    if !axes.is_empty() {
+                        attrs.push(("axes", AttrValue::Ints(axes.clone())));
+                    }
+                    check_exact(op(name, &attrs), &[inp(x.clone())], |a| reduce_ref(&a[0], &axes, keep, kind));
+                }
+            }
+        }
+        // All-negative values: Max must not start from 0.
+        let neg = ints(&[4, 6], 34, -100, -1).cast(dt);
+        check_exact(op("ReduceMax", &[("axes", AttrValue::Ints(vec![1]))]), &[inp(neg)], |a| reduce_ref(&a[0], &[1], true, Kind::Max));
+    }
+}
+
+// ---- SoftmaxCrossEntropyLoss ----------------------------------------------------------------
+
+/// ONNX SoftmaxCrossEntropyLoss: loss and log_prob for scores [N, C, d...].
+fn sce_ref(a: &[Option<Tensor>], reduction: &str, ignore: Option<i64>) -> Expected {
+    let (s, x) = (shp(&a[0]), vals(&a[0]));
+    let labels = a[1].as_ref().unwrap().to_i64_vec();
+    let w = a.get(2).and_then(|w| w.as_ref()).map(|w| w.to_f64_vec());
+    let (n, c) = (s[0], s[1]);
+    let d: usize = s[2..].iter().product();
+    let at = |i: usize, k: usize, p: usize| x[(i * c + k) * d + p];
+    let mut logp = vec![0.0; x.len()];
+    let (mut losses, mut wsum) = (vec![], 0.0);
+    for i in 0..n {
+        for p in 0..d {
+            let m = (0..c).map(|k| at(i, k, p)).fold(f64::NEG_INFINITY, f64::max);
+            let lse = m + (0..c).map(|k| (at(i, k, p) - m).exp()).sum::<f64>().ln();
+            for k in 0..c {
+                logp[(i * c + k) * d + p] = at(i, k, p) - lse;
+            }
+            let l = labels[i * d + p];
+            if Some(l) == ignore {
+                losses.push(0.0);
+                continue;
+            }
+            let wl = w.as_ref().map(|w| w[l as usize]).unwrap_or(1.0);
+            wsum += wl;
+            losses.push(-wl * (at(i, l as usize, p) - lse));
+        }
+    }
+    let mut lshape = vec![n];
+    lshape.extend_from_slice(&s[2..]);
+    let loss = match reduction {
+        "none" => (lshape, losses),
+        "sum" => (vec![], vec![losses.iter().sum()]),
+        _ => (vec![], vec![losses.iter().sum::<f64>() / wsum]),
+    };
+    vec![loss, (s, logp)]
+}
+
+fn sce_op(reduction: &str, ignore: Option<i64>) -> Op {
+    let mut attrs = vec![("reduction", AttrValue::Str(reduction.into()))];
+    if let Some(i) = ignore {
+        attrs.push(("ignore_index", AttrValue::Int(i)));
+    }
+    op("SoftmaxCrossEntropyLoss", &attrs)
+}
+
+#[test]
+fn softmax_cross_entropy_2d() {
+    let scores = randn(&[8, 5], 40);
+    let labels = i64s(&[8], &[0, 4, 2, 1, 1, 3, 4, 2]);
+    let w = rand(&[5], 41, 0.2, 2.0);
+    for red in ["mean", "sum", "none"] {
+        // Plain, with weights, with ignore_index (a valid class and an out-of-range one),
+        // and both; log_prob as a second output.
+        check(sce_op(red, None), &[inp(scores.clone()), inp(labels.clone())], &FLOATS, |a| sce_ref(a, red, None));
+        check(sce_op(red, None), &[inp(scores.clone()), inp(labels.clone()), inp(w.clone())], &FLOATS, |a| sce_ref(a, red, None));
+        check(sce_op(red, Some(1)), &[inp(scores.clone()), inp(labels.clone()), inp(w.clone())], &FLOATS, |a| sce_ref(a, red, Some(1)));
+        check(sce_op(red, Some(1)), &[inp(scores.clone()), inp(labels.clone())], &FLOATS, |a| sce_ref(a, red, Some(1)));
+        let with_pad = i64s(&[8], &[0, -100, 2, 1, -100, 3, 4, 2]);
+        check(sce_op(red, Some(-100)), &[inp(scores.clone()), inp(with_pad.clone()), inp(w.clone())], &FLOATS, |a| {
+            sce_ref(a, red, Some(-100))
+        });
+        // Loss alone (one output).
+        check(sce_op(red, Some(-100)), &[inp(scores.clone()), inp(with_pad.cast(DType::I32))], &FLOATS, |a| {
+            sce_ref(a, red, Some(-100))[..1].to_vec()
+        });
+    }
+}
+
+#[test]
+fn softmax_cross_entropy_nd() {
+    let scores = randn(&[3, 4, 2, 3], 50);
+    let mut labels = ints(&[3, 2, 3], 51, 0, 4).to_i64_vec();
+    labels[4] = 7; // ignored below
+    let labels = i64s(&[3, 2, 3], &labels);
+    let w = rand(&[4], 52, 0.2, 2.0);
+    for red in ["mean", "sum", "none"] {
+        check(sce_op(red, Some(7)), &[inp(scores.clone()), inp(labels.clone()), inp(w.clone())], &FLOATS, |a| sce_ref(a, red, Some(7)));
+        check(sce_op(red, Some(7)), &[inp(scores.clone()), inp(labels.cast(DType::I32))], &FLOATS, |a| sce_ref(a, red, Some(7)));
+    }
+    // Many samples: the parallel path.
+    let scores = randn(&[200, 10, 7], 53);
+    let labels = ints(&[200, 7], 54, 0, 10);
+    check(sce_op("mean", None), &[inp(scores), inp(labels)], &FLOATS, |a| sce_ref(a, "mean", None));
+}
+
+#[test]
+fn softmax_cross_entropy_bad_label_is_an_error() {
+    let scores = randn(&[4, 5], 60);
+    for (bad, ignore) in [(5, None), (-1, None), (9, Some(-100)), (-100, Some(0))] {
+        let labels = i64s(&[4], &[0, bad, 2, 3]);
+        let r = run_op(backends()[0], sce_op("mean", ignore), &[inp(scores.clone()), inp(labels)], 1, DType::F32);
+        let e = r.expect_err("an out-of-range label must fail").to_string();
+        assert!(e.contains("node 'node' (SoftmaxCrossEntropyLoss)") && e.contains(&bad.to_string()), "{e}");
+    }
+}
