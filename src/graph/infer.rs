@@ -739,14 +739,17 @@ pub fn flops(node: &Node, ins: &[Option<&ValueType>], outs: &[ValueType]) -> u64
             let k = if a.len() == 2 { if *trans_a { a[0] } else { a[1] } } else { 0 } as u64;
             2 * out_n * k
         }
-        Op::Attention { .. } => {
-            let (q, k) = (ins[0].unwrap(), ins[1].unwrap());
+        // QKᵀ and PV; causal counts half, as ../shared/bench counts it.
+        Op::Attention { is_causal, .. } => {
+            let (q, k, v) = (ins[0].unwrap(), ins[1].unwrap(), ins[2].unwrap());
             let (b, h, sq, d) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
-            4 * (b * h * sq * k.shape[2] * d) as u64
+            let f = 2 * (b * h * sq * k.shape[2] * (d + v.shape[3])) as u64;
+            if *is_causal { f / 2 } else { f }
         }
+        // Sequence boundaries are data, so this is the bound of one sequence holding all rows.
         Op::VarlenAttention { .. } => {
-            let (q, k) = (ins[0].unwrap(), ins[1].unwrap());
-            4 * (q.shape[0] * q.shape[1] * q.shape[2]) as u64 * k.shape[0] as u64
+            let (q, k, v) = (ins[0].unwrap(), ins[1].unwrap(), ins[2].unwrap());
+            2 * (q.shape[0] * q.shape[1] * (q.shape[2] + v.shape[2])) as u64 * k.shape[0] as u64
         }
         Op::Softmax { .. } | Op::LogSoftmax { .. } | Op::LayerNormalization { .. } => 5 * out_n,
         Op::Unary(_) | Op::Binary(_) | Op::Clip | Op::Where => out_n,
