@@ -319,7 +319,7 @@ fn shape_start_end() {
             let dims: Vec<f64> = [2.0, 3.0, 4.0, 5.0][s..e.max(s)].to_vec();
             vec![(vec![dims.len()], dims)]
         };
-        check_all(op("Shape", &attrs), |dt| vec![inp(as_dtype(&x, dt))], &want);
+        check_all(op("Shape", &attrs), |dt| vec![inp(as_dtype(&x, dt))], want);
         // The kernel itself (a session folds Shape at plan time).
         let node = one_node_graph(op("Shape", &attrs), &[inp(x.clone())], 1).nodes.remove(0);
         let got = graphrun::backends::cpu::eval_node(&node, &[Some(&x)]).unwrap();

@@ -471,11 +471,12 @@ pub fn infer_node(node: &Node, ins: &[Option<&ValueType>], consts: &[Option<&Ten
             let mut shape = x.shape.clone();
             for (k, &a) in axes.iter().enumerate() {
                 let (s, e) = slice_range(starts[k], ends[k], steps[k], x.shape[a]).map_err(|m| f(m))?;
-                let st = steps[k];
+                // i128: hostile steps like i64::MIN must not overflow.
+                let (s, e, st) = (s as i128, e as i128, steps[k] as i128);
                 shape[a] = if st > 0 {
                     if e > s { ((e - s + st - 1) / st) as usize } else { 0 }
                 } else if s > e {
-                    ((s - e + (-st) - 1) / (-st)) as usize
+                    ((s - e - st - 1) / (-st)) as usize
                 } else {
                     0
                 };

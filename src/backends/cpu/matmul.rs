@@ -123,11 +123,10 @@ impl<'a, F: Real> RowView<'a, F> {
         let st = bcast_strides(t.shape(), out, 1);
         RowView { data: widen(t.as_slice::<T>()), rows: out[..out.len() - 1].to_vec(), st }
     }
-    /// Element `j` of output row `r`.
-    #[inline]
-    fn get(&self, r: usize, j: usize) -> F {
+    /// Output row `r` of the broadcast view: its first element and the stride along it.
+    fn row(&self, r: usize) -> (&[F], usize) {
         let last = self.st.len() - 1;
-        self.data[offset_of(r, &self.rows, &self.st[..last]) + j * self.st[last]]
+        (&self.data[offset_of(r, &self.rows, &self.st[..last])..], self.st[last])
     }
 }
 
@@ -236,9 +235,9 @@ pub fn gemm(a: &Tensor, b: &Tensor, c: Option<&Tensor>, alpha: f32, beta: f32, t
         let beta = <T as Float>::Acc::c(beta as f64);
         let c = c.map(|c| RowView::new::<T>(c, &shape));
         let epi = |r: usize, row: &mut [<T as Float>::Acc]| {
-            let c = c.as_ref().unwrap();
+            let (c, cs) = c.as_ref().unwrap().row(r);
             for (j, x) in row.iter_mut().enumerate() {
-                *x = *x + beta * c.get(r, j);
+                *x += beta * c[j * cs];
             }
         };
         let epi: Option<Epilogue<_>> = if c.is_some() { Some(&epi) } else { None };
@@ -273,14 +272,15 @@ pub fn fused_matmul(a: &Tensor, b: &Tensor, bias: Option<&Tensor>, residual: Opt
         let bias = bias.map(|t| widen(t.as_slice::<T>()));
         let res = residual.map(|t| RowView::new::<T>(t, &shape));
         let epi = |r: usize, row: &mut [<T as Float>::Acc]| {
+            let res = res.as_ref().map(|v| v.row(r));
             for (j, x) in row.iter_mut().enumerate() {
                 let mut v = *x;
                 if let Some(bias) = &bias {
-                    v = v + bias[j];
+                    v += bias[j];
                 }
                 v = activate(act, v);
-                if let Some(res) = &res {
-                    v = v + res.get(r, j);
+                if let Some((res, rs)) = res {
+                    v += res[j * rs];
                 }
                 *x = v;
             }

@@ -62,48 +62,50 @@ impl Backend for Cpu {
 
 /// Runs one node on host tensors. `outs` are already typed and shaped.
 pub fn run_node(node: &Node, ins: &[Option<&Tensor>], outs: &mut [Tensor], training: bool) -> Result<()> {
-    let x = |i: usize| ins[i].expect("required input checked by inference");
+    let x = |i: usize| {
+        ins.get(i).copied().flatten().ok_or_else(|| crate::err!(Runtime, "{}: required input {i} is missing", node.describe()))
+    };
     match &node.op {
-        Op::Unary(u) => elementwise::unary(*u, x(0), &mut outs[0]),
-        Op::Binary(b) => elementwise::binary(*b, x(0), x(1), &mut outs[0]),
-        Op::Clip => elementwise::clip(x(0), ins.get(1).copied().flatten(), ins.get(2).copied().flatten(), &mut outs[0]),
-        Op::Where => elementwise::where_(x(0), x(1), x(2), &mut outs[0]),
+        Op::Unary(u) => elementwise::unary(*u, x(0)?, &mut outs[0]),
+        Op::Binary(b) => elementwise::binary(*b, x(0)?, x(1)?, &mut outs[0]),
+        Op::Clip => elementwise::clip(x(0)?, ins.get(1).copied().flatten(), ins.get(2).copied().flatten(), &mut outs[0]),
+        Op::Where => elementwise::where_(x(0)?, x(1)?, x(2)?, &mut outs[0]),
         Op::Cast { .. } => {
-            crate::tensor::cast_into(x(0), &mut outs[0]);
+            crate::tensor::cast_into(x(0)?, &mut outs[0]);
             Ok(())
         }
         Op::Identity => {
-            outs[0].bytes_mut().copy_from_slice(x(0).bytes());
+            outs[0].bytes_mut().copy_from_slice(x(0)?.bytes());
             Ok(())
         }
         Op::Dropout { ratio, seed } => elementwise::dropout(node, ins, outs, *ratio, *seed, training),
-        Op::Trilu { upper } => elementwise::trilu(x(0), ins.get(1).copied().flatten(), *upper, &mut outs[0]),
-        Op::MatMul => matmul::matmul(x(0), x(1), &mut outs[0]),
+        Op::Trilu { upper } => elementwise::trilu(x(0)?, ins.get(1).copied().flatten(), *upper, &mut outs[0]),
+        Op::MatMul => matmul::matmul(x(0)?, x(1)?, &mut outs[0]),
         Op::Gemm { alpha, beta, trans_a, trans_b } => {
-            matmul::gemm(x(0), x(1), ins.get(2).copied().flatten(), *alpha, *beta, *trans_a, *trans_b, &mut outs[0])
+            matmul::gemm(x(0)?, x(1)?, ins.get(2).copied().flatten(), *alpha, *beta, *trans_a, *trans_b, &mut outs[0])
         }
         Op::FusedMatMul { activation, trans_b } => matmul::fused_matmul(
-            x(0),
-            x(1),
+            x(0)?,
+            x(1)?,
             ins.get(2).copied().flatten(),
             ins.get(3).copied().flatten(),
             *activation,
             *trans_b,
             &mut outs[0],
         ),
-        Op::Softmax { axis } => reduce::softmax(x(0), *axis, false, &mut outs[0]),
-        Op::LogSoftmax { axis } => reduce::softmax(x(0), *axis, true, &mut outs[0]),
+        Op::Softmax { axis } => reduce::softmax(x(0)?, *axis, false, &mut outs[0]),
+        Op::LogSoftmax { axis } => reduce::softmax(x(0)?, *axis, true, &mut outs[0]),
         Op::LayerNormalization { axis, epsilon } => {
-            reduce::layer_norm(x(0), x(1), ins.get(2).copied().flatten(), *axis, *epsilon, outs)
+            reduce::layer_norm(x(0)?, x(1)?, ins.get(2).copied().flatten(), *axis, *epsilon, outs)
         }
         Op::Reduce { kind, axes, noop_with_empty_axes, .. } => {
             let axes = match axes {
                 Some(a) => a.clone(),
                 None => ins.get(1).copied().flatten().map(|t| t.to_i64_vec()).unwrap_or_default(),
             };
-            let r = x(0).shape().len();
+            let r = x(0)?.shape().len();
             if axes.is_empty() && *noop_with_empty_axes {
-                outs[0].bytes_mut().copy_from_slice(x(0).bytes());
+                outs[0].bytes_mut().copy_from_slice(x(0)?.bytes());
                 return Ok(());
             }
             let axes: Vec<usize> = if axes.is_empty() {
@@ -111,31 +113,31 @@ pub fn run_node(node: &Node, ins: &[Option<&Tensor>], outs: &mut [Tensor], train
             } else {
                 axes.iter().filter_map(|&a| crate::graph::infer::norm_axis(a, r)).collect()
             };
-            reduce::reduce(*kind, x(0), &axes, &mut outs[0])
+            reduce::reduce(*kind, x(0)?, &axes, &mut outs[0])
         }
         Op::SoftmaxCrossEntropyLoss { reduction, ignore_index } => {
-            reduce::softmax_cross_entropy(node, x(0), x(1), ins.get(2).copied().flatten(), *reduction, *ignore_index, outs)
+            reduce::softmax_cross_entropy(node, x(0)?, x(1)?, ins.get(2).copied().flatten(), *reduction, *ignore_index, outs)
         }
         Op::Reshape { .. } | Op::Squeeze { .. } | Op::Unsqueeze { .. } | Op::Flatten { .. } => {
-            outs[0].bytes_mut().copy_from_slice(x(0).bytes());
+            outs[0].bytes_mut().copy_from_slice(x(0)?.bytes());
             Ok(())
         }
-        Op::Transpose { perm } => shape::transpose(x(0), perm.as_deref(), &mut outs[0]),
+        Op::Transpose { perm } => shape::transpose(x(0)?, perm.as_deref(), &mut outs[0]),
         Op::Concat { axis } => shape::concat(ins, *axis, &mut outs[0]),
-        Op::Split { axis, .. } => shape::split(x(0), *axis, outs),
-        Op::Slice => shape::slice(x(0), ins, &mut outs[0]),
-        Op::Expand => shape::expand(x(0), &mut outs[0]),
-        Op::Gather { axis } => shape::gather(node, x(0), x(1), *axis, &mut outs[0]),
-        Op::Shape { start, end } => shape::shape(x(0), *start, *end, &mut outs[0]),
+        Op::Split { axis, .. } => shape::split(x(0)?, *axis, outs),
+        Op::Slice => shape::slice(x(0)?, ins, &mut outs[0]),
+        Op::Expand => shape::expand(x(0)?, &mut outs[0]),
+        Op::Gather { axis } => shape::gather(node, x(0)?, x(1)?, *axis, &mut outs[0]),
+        Op::Shape { start, end } => shape::shape(x(0)?, *start, *end, &mut outs[0]),
         Op::Constant { value } => {
             outs[0].bytes_mut().copy_from_slice(value.bytes());
             Ok(())
         }
         Op::Attention { is_causal, scale } => {
-            attention::attention(x(0), x(1), x(2), ins.get(3).copied().flatten(), *is_causal, *scale, &mut outs[0])
+            attention::attention(x(0)?, x(1)?, x(2)?, ins.get(3).copied().flatten(), *is_causal, *scale, &mut outs[0])
         }
         Op::VarlenAttention { is_causal, scale } => {
-            attention::varlen_attention(node, x(0), x(1), x(2), x(3), x(4), *is_causal, *scale, &mut outs[0])
+            attention::varlen_attention(node, x(0)?, x(1)?, x(2)?, x(3)?, x(4)?, *is_causal, *scale, &mut outs[0])
         }
     }
 }

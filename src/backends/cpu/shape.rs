@@ -91,7 +91,7 @@ fn copy_words<W: Pod + Send + Sync>(src: &[W], base: isize, dims: &[usize], st: 
             row.copy_from_slice(&src[off as usize..off as usize + n]);
         } else {
             for (j, o) in row.iter_mut().enumerate() {
-                *o = src[(off + j as isize * s.abs()) as usize];
+                *o = src[(off + j as isize * s) as usize];
             }
         }
     });
@@ -195,7 +195,7 @@ pub fn gather(node: &Node, x: &Tensor, idx: &Tensor, axis: i64, out: &mut Tensor
         .to_i64_vec()
         .into_iter()
         .map(|i| {
-            let j = if i < 0 { i + d as i64 - 1 } else { i };
+            let j = if i < 0 { i + d as i64 } else { i };
             if j < 0 || j >= d as i64 {
                 crate::bail!(Runtime, "{}: index {i} is out of range for axis {a} of size {d}", node.describe());
             }
