@@ -5,6 +5,7 @@ use clap::{Args, Parser, Subcommand};
 use graphrun::error::Error;
 use graphrun::exec::{self, write_atomic};
 use graphrun::graph::infer::ValueType;
+use graphrun::passes;
 use graphrun::{BackendKind, DType, Model, Session, SessionOptions, Tensor};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -46,6 +47,9 @@ struct Common {
     /// Run the graph as written, without the fusion passes.
     #[arg(long)]
     no_fuse: bool,
+    /// Switch one pass off by name (repeatable; see `graphrun inspect`).
+    #[arg(long = "disable-pass", value_name = "PASS")]
+    disable_pass: Vec<String>,
 }
 
 #[derive(Args)]
@@ -84,6 +88,9 @@ struct InspectArgs {
     model: PathBuf,
     #[arg(long)]
     no_fuse: bool,
+    /// Switch one pass off by name (repeatable).
+    #[arg(long = "disable-pass", value_name = "PASS")]
+    disable_pass: Vec<String>,
     #[arg(long)]
     backward: bool,
     /// Bind a symbolic dim: SYM=N.
@@ -216,18 +223,28 @@ fn load(path: &Path, dtype: Option<&str>) -> Result<Model, Fail> {
     Ok(m)
 }
 
-fn check_unimplemented(backward: bool, verify: bool) -> Result<(), Fail> {
+/// The graph the passes make (or the graph as written with --no-fuse).
+fn optimized(g: &graphrun::Graph, no_fuse: bool, disabled: &[String]) -> Result<(graphrun::Graph, Option<passes::Report>), Fail> {
+    if no_fuse {
+        return Ok((g.clone(), None));
+    }
+    let opts = passes::PassOptions { disabled: disabled.to_vec(), training: false };
+    let (g2, report) = passes::optimize(g, &opts)?;
+    Ok((g2, Some(report)))
+}
+
+fn check_unimplemented(backward: bool) -> Result<(), Fail> {
     if backward {
         return Err(usage("--backward needs the backward-graph generator, which is not in this build of graphrun yet"));
-    }
-    if verify {
-        return Err(usage("--verify-fusion needs the fusion passes, which are not in this build of graphrun yet"));
     }
     Ok(())
 }
 
 fn run(a: RunArgs) -> Result<(), Fail> {
-    check_unimplemented(a.backward || !a.grads.is_empty(), a.verify_fusion)?;
+    check_unimplemented(a.backward || !a.grads.is_empty())?;
+    if a.verify_fusion && a.common.no_fuse {
+        return Err(usage("--verify-fusion compares fused with unfused: drop --no-fuse"));
+    }
     let model = load(&a.model, a.common.dtype.as_deref())?;
     let g = &model.graph;
     let dims = parse_dims(&a.common.dims)?;
@@ -241,7 +258,8 @@ fn run(a: RunArgs) -> Result<(), Fail> {
     }
     // The backend is set up first, so that a missing device is the one line printed.
     let opts = SessionOptions { backend: backend_of(&a.common), dims: dims.clone(), training: false };
-    let mut session = Session::new(model.graph.clone(), opts)?;
+    let (fused, _) = optimized(g, a.common.no_fuse, &a.common.disable_pass)?;
+    let mut session = Session::new(fused, opts.clone())?;
     let mut feeds: HashMap<String, Tensor> = HashMap::new();
     for spec in &a.inputs {
         let (name, file) = parse_kv(spec, "--input")?;
@@ -285,6 +303,9 @@ fn run(a: RunArgs) -> Result<(), Fail> {
         eprintln!("filling {} with seeded random data (seed {})", filled.join(", "), a.seed);
     }
     let outs = session.run(&feeds)?;
+    if a.verify_fusion {
+        verify_fusion(g, opts, &feeds, &outs)?;
+    }
     for (name, t) in &outs {
         if a.quiet {
             println!("{name}: {} {}", t.dtype(), graphrun::tensor::fmt_shape(t.shape()));
@@ -296,6 +317,33 @@ fn run(a: RunArgs) -> Result<(), Fail> {
         write_outputs(dir, &outs)?;
     }
     Ok(())
+}
+
+/// Runs the unfused graph on the same inputs and compares every output (SPEC §5).
+fn verify_fusion(g: &graphrun::Graph, opts: SessionOptions, feeds: &HashMap<String, Tensor>, fused: &[(String, Tensor)]) -> Result<(), Fail> {
+    let plain = Session::new(g.clone(), opts)?.run(feeds)?;
+    let mut worst = vec![];
+    for ((name, a), (_, b)) in fused.iter().zip(&plain) {
+        let (x, y) = (a.to_f64_vec(), b.to_f64_vec());
+        let num: f64 = x.iter().zip(&y).map(|(p, q)| (p - q) * (p - q)).sum::<f64>().sqrt();
+        let den: f64 = y.iter().map(|q| q * q).sum::<f64>().sqrt();
+        let rel = if den > 0.0 { num / den } else { num };
+        let tol = match a.dtype() {
+            DType::F64 => 1e-10,
+            DType::F32 => 1e-5,
+            _ => 1e-2,
+        };
+        let ok = rel <= tol; // NaN fails
+        println!("verify-fusion {name}: max relative difference {rel:.3e} (tolerance {tol:.0e}) {}", if ok { "ok" } else { "FAILED" });
+        if !ok {
+            worst.push(name.clone());
+        }
+    }
+    if worst.is_empty() {
+        Ok(())
+    } else {
+        Err(Fail { code: 1, err: anyhow::anyhow!("--verify-fusion: fused and unfused graphs differ beyond tolerance in {}", worst.join(", ")) })
+    }
 }
 
 /// Writes DIR/<name>.npy for each output, each whole or not at all; on a failure the
@@ -344,7 +392,7 @@ fn fmt_count(n: f64) -> String {
 }
 
 fn inspect(a: InspectArgs) -> Result<(), Fail> {
-    check_unimplemented(a.backward, false)?;
+    check_unimplemented(a.backward)?;
     let model = load(&a.model, None)?;
     let g = &model.graph;
     let dims = parse_dims(&a.dims)?;
@@ -359,15 +407,31 @@ fn inspect(a: InspectArgs) -> Result<(), Fail> {
     println!("parameters: {} ({} trainable) in {} initializers, {}", g.param_count(), trainable, g.initializers.len(), fmt_bytes(pbytes));
     let counts = |g: &graphrun::Graph| g.op_counts().iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", ");
     println!("before passes: {} nodes: {}", g.nodes.len(), counts(g));
-    if a.no_fuse {
-        println!("passes: off (--no-fuse)");
-    } else {
-        println!("passes: none applied (the pass pipeline is not in this build yet)");
+    let (fused, report) = optimized(g, a.no_fuse, &a.disable_pass)?;
+    match &report {
+        None => println!("passes: off (--no-fuse)"),
+        Some(r) => {
+            println!("passes:");
+            for line in r.to_string().lines() {
+                println!("  {line}");
+            }
+        }
     }
-    println!("after passes: {} nodes: {}", g.nodes.len(), counts(g));
+    println!("after passes: {} nodes: {}", fused.nodes.len(), counts(&fused));
     if a.explain_fusion {
-        println!("explain-fusion: no fusion rules exist in this build yet; every MatMul and Softmax runs as written");
+        match &report {
+            Some(r) if r.explain.is_empty() => println!("explain-fusion: every MatMul and Softmax was fused"),
+            Some(r) => {
+                println!("explain-fusion:");
+                for e in &r.explain {
+                    println!("  {e}");
+                }
+            }
+            None => println!("explain-fusion: passes are off (--no-fuse)"),
+        }
     }
+    let g = &fused;
+    let model = Model { graph: fused.clone() };
     // Plan with bound dims: --dim, then the model's defaults.
     let mut bound = g.dims.clone();
     bound.extend(dims.clone());
@@ -435,7 +499,7 @@ fn cpu_features() -> String {
 }
 
 fn bench(a: BenchArgs) -> Result<(), Fail> {
-    check_unimplemented(a.backward, false)?;
+    check_unimplemented(a.backward)?;
     if a.iters == 0 {
         return Err(usage("--iters must be at least 1"));
     }
@@ -443,7 +507,8 @@ fn bench(a: BenchArgs) -> Result<(), Fail> {
     let dims = parse_dims(&a.common.dims)?;
     let feeds = model.random_inputs(a.seed, &dims)?;
     let opts = SessionOptions { backend: backend_of(&a.common), dims, training: false };
-    let mut session = Session::new(model.graph.clone(), opts)?;
+    let (fused, _) = optimized(&model.graph, a.common.no_fuse, &a.common.disable_pass)?;
+    let mut session = Session::new(fused, opts)?;
     let plan = session.plan_for(&feeds)?;
     for _ in 0..a.warmup {
         session.run(&feeds)?;

@@ -211,6 +211,19 @@ fn reduce_axes_attr_and_keepdims() {
 }
 
 #[test]
+fn reduce_alternating_axes() {
+    // Several separate reduced runs: the kernel's offset walk must wrap correctly.
+    let x = randn(&[2, 3, 4, 5, 3], 35);
+    let axes_sets: [&[i64]; 5] = [&[0, 2], &[1, 3], &[0, 2, 4], &[0, 1, 3], &[1, 2, 4]];
+    for (name, kind) in KINDS {
+        for axes in axes_sets {
+            let o = op(name, &[("axes", AttrValue::Ints(axes.to_vec())), ("keepdims", AttrValue::Int(0))]);
+            check(o, &[inp(x.clone())], &FLOATS, |a| reduce_ref(&a[0], axes, false, kind));
+        }
+    }
+}
+
+#[test]
 fn reduce_axes_input() {
     let x = randn(&[2, 3, 4, 5], 31);
     for (name, kind) in KINDS {
@@ -230,7 +243,8 @@ fn reduce_axes_input() {
 fn reduce_large_parallel() {
     let x = randn(&[50, 64, 30], 32);
     for (name, kind) in KINDS {
-        for axes in [vec![1], vec![0], vec![2], vec![0, 2]] {
+        // Everything reduced takes the chunked-partials path.
+        for axes in [vec![1], vec![0], vec![2], vec![0, 2], vec![0, 1, 2]] {
             let o = op(name, &[("axes", AttrValue::Ints(axes.clone())), ("keepdims", AttrValue::Int(0))]);
             check(o, &[inp(x.clone())], &FLOATS, |a| reduce_ref(&a[0], &axes, false, kind));
         }

@@ -11,7 +11,7 @@ fn where_defined(g: &Graph) -> Result<HashMap<&str, String>> {
     let mut defs: HashMap<&str, String> = HashMap::new();
     let mut errs = vec![];
     let loc = |l: &Option<crate::error::Loc>| l.as_ref().map(|l| format!(" at {l}")).unwrap_or_default();
-    let mut add = |name: &'_ str, what: String, defs: &mut HashMap<&str, String>| -> Option<String> {
+    let add = |name: &'_ str, what: String, defs: &mut HashMap<&str, String>| -> Option<String> {
         if name.is_empty() {
             return None;
         }

@@ -1,3 +1,212 @@
-//! Graph → Graph rewrites (SPEC §3). The pass manager, the cleanup passes, MatMul-epilogue
-//! and attention fusion land here (issue: fusion passes); autodiff/ will hold the
-//! gradient rules. The foundation runs graphs as written.
+//! Graph → Graph rewrites (SPEC §3) and the pass manager that runs them.
+//!
+//! A rule is a plain function registered under an anchor op: it looks at one node and its
+//! neighbours through the matcher in `pattern.rs` and returns `Option<Patch>`. The driver
+//! applies patches atomically, re-infers shapes and runs the rules to a fixed point,
+//! logging each applied rule by name. The pipeline order is SPEC §3's.
+
+mod attention;
+mod const_fold;
+mod cse;
+mod dce;
+mod epilogue;
+mod noop;
+pub mod pattern;
+
+use crate::error::{Error, Result};
+use crate::graph::{validate, Graph, Op};
+use pattern::{Ctx, Facts, Patch, Why};
+use std::collections::{BTreeMap, HashMap};
+
+/// The default pipeline, in order; these are the names `PassOptions::disabled` takes.
+pub const PASSES: [&str; 6] = [
+    "constant_folding",
+    "dead_node_elimination",
+    "noop_removal",
+    "attention_fusion",
+    "matmul_epilogue_fusion",
+    "cse",
+];
+
+#[derive(Clone, Debug, Default)]
+pub struct PassOptions {
+    /// Passes switched off, by name (see `PASSES`).
+    pub disabled: Vec<String>,
+    /// The graph will be trained: Dropout is kept (it is a no-op only at inference).
+    pub training: bool,
+}
+
+/// What one pass did.
+#[derive(Clone, Debug, Default)]
+pub struct PassReport {
+    pub name: &'static str,
+    pub enabled: bool,
+    /// Rewrites applied (rule firings, nodes and initializers removed).
+    pub rewrites: usize,
+    /// How many times each rule fired.
+    pub rules: BTreeMap<&'static str, usize>,
+}
+
+/// What the pipeline did, for `graphrun inspect`.
+#[derive(Clone, Debug, Default)]
+pub struct Report {
+    pub passes: Vec<PassReport>,
+    /// Each applied rule in order: "pass: rule at 'node'".
+    pub log: Vec<String>,
+    /// For each MatMul/Gemm and Softmax left unfused: which condition of which rule failed.
+    pub explain: Vec<String>,
+}
+
+impl Report {
+    /// Times `rule` fired over all passes.
+    pub fn fired(&self, rule: &str) -> usize {
+        self.passes.iter().filter_map(|p| p.rules.get(rule)).sum()
+    }
+    pub fn total(&self) -> usize {
+        self.passes.iter().map(|p| p.rewrites).sum()
+    }
+}
+
+impl std::fmt::Display for Report {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for p in &self.passes {
+            if !p.enabled {
+                writeln!(f, "{:<24} disabled", p.name)?;
+                continue;
+            }
+            let rules: Vec<String> = p.rules.iter().map(|(r, n)| format!("{r} ×{n}")).collect();
+            let detail = if rules.is_empty() { String::new() } else { format!(" ({})", rules.join(", ")) };
+            writeln!(f, "{:<24} {} rewrite{}{detail}", p.name, p.rewrites, if p.rewrites == 1 { "" } else { "s" })?;
+        }
+        Ok(())
+    }
+}
+
+/// Runs the default pipeline (SPEC §3) on a copy of `g`. The result is validated.
+pub fn optimize(g: &Graph, opts: &PassOptions) -> Result<(Graph, Report)> {
+    for d in &opts.disabled {
+        if !PASSES.contains(&d.as_str()) {
+            crate::bail!(Input, "unknown pass '{d}'; the passes are {}", PASSES.join(", "));
+        }
+    }
+    let mut g = g.clone();
+    let mut report = Report::default();
+    // Node name → why the last fusion rule that looked at it did not fire.
+    let mut why: HashMap<String, String> = HashMap::new();
+    for name in PASSES {
+        let mut st = PassState { report: PassReport { name, enabled: true, ..Default::default() }, log: vec![], why: HashMap::new() };
+        if opts.disabled.iter().any(|d| d == name) {
+            st.report.enabled = false;
+            report.passes.push(st.report);
+            continue;
+        }
+        g = match name {
+            "constant_folding" => drive(g, const_fold::RULES, &mut st)?,
+            "dead_node_elimination" => dce::run(g, &mut st)?,
+            "noop_removal" => drive(g, &noop::rules(opts.training), &mut st)?,
+            "attention_fusion" => drive(g, attention::RULES, &mut st)?,
+            "matmul_epilogue_fusion" => drive(g, epilogue::RULES, &mut st)?,
+            _ => drive(g, cse::RULES, &mut st)?,
+        };
+        validate::validate(&g).map_err(|e| Error::Graph(format!("pass {name} left an invalid graph: {e}")))?;
+        why.extend(st.why);
+        report.log.append(&mut st.log);
+        report.passes.push(st.report);
+    }
+    report.explain = explain(&g, &why, opts);
+    Ok((g, report))
+}
+
+/// One line per MatMul/Gemm/Softmax the fusion passes left in the graph.
+fn explain(g: &Graph, why: &HashMap<String, String>, opts: &PassOptions) -> Vec<String> {
+    let off = |p: &str| opts.disabled.iter().any(|d| d == p);
+    g.nodes
+        .iter()
+        .filter_map(|n| {
+            let pass = match n.op {
+                Op::MatMul | Op::Gemm { .. } => "matmul_epilogue_fusion",
+                Op::Softmax { .. } => "attention_fusion",
+                _ => return None,
+            };
+            let reason = match why.get(&n.name) {
+                _ if off(pass) => format!("{pass} is disabled"),
+                Some(r) => r.clone(),
+                None => "no rule looked at it".into(),
+            };
+            Some(format!("{} '{}': {reason}", n.op.name(), n.name))
+        })
+        .collect()
+}
+
+/// A pass's running record.
+pub(crate) struct PassState {
+    pub report: PassReport,
+    pub log: Vec<String>,
+    pub why: HashMap<String, String>,
+}
+
+impl PassState {
+    pub fn fired(&mut self, rule: &'static str, node: &str) {
+        self.report.rewrites += 1;
+        *self.report.rules.entry(rule).or_insert(0) += 1;
+        self.log.push(format!("{}: {rule} at '{node}'", self.report.name));
+    }
+}
+
+/// A rewrite rule: its name, the ops it anchors on, and the matcher.
+pub(crate) struct Rule {
+    pub name: &'static str,
+    pub anchor: fn(&Op) -> bool,
+    pub run: fn(&Ctx, usize, &mut Why) -> Option<Patch>,
+}
+
+pub(crate) fn any_op(_: &Op) -> bool {
+    true
+}
+
+/// The greedy fixed-point driver: scans nodes in execution order, applies the first patch
+/// a rule returns, and starts again; shapes are re-inferred once a scan finds nothing on
+/// stale facts. Ends when a scan on fresh facts finds nothing; the reasons recorded in
+/// that last scan are the ones `explain` reports.
+pub(crate) fn drive(mut g: Graph, rules: &[Rule], st: &mut PassState) -> Result<Graph> {
+    let mut facts = Facts::new(&g);
+    let mut fresh = true;
+    for _ in 0..100_000 {
+        let mut why: HashMap<String, String> = HashMap::new();
+        let found = {
+            let cx = Ctx::new(&g, &facts)?;
+            let mut found = None;
+            'scan: for &i in &cx.order {
+                let node = cx.node(i);
+                for r in rules.iter().filter(|r| (r.anchor)(&node.op)) {
+                    let mut w = Why::default();
+                    if let Some(p) = (r.run)(&cx, i, &mut w) {
+                        found = Some((r.name, node.name.clone(), p));
+                        break 'scan;
+                    }
+                    if let Some(reason) = w.0 {
+                        let e = why.entry(node.name.clone()).or_default();
+                        e.push_str(&format!("{}{}: {reason}", if e.is_empty() { "" } else { "; " }, r.name));
+                    }
+                }
+            }
+            found
+        };
+        match found {
+            Some((rule, node, patch)) => {
+                g = pattern::apply(g, patch);
+                st.fired(rule, &node);
+                fresh = false;
+            }
+            None if fresh => {
+                st.why = why;
+                return Ok(g);
+            }
+            None => {
+                facts = Facts::new(&g);
+                fresh = true;
+            }
+        }
+    }
+    crate::bail!(Graph, "pass {} did not reach a fixed point", st.report.name)
+}

@@ -181,7 +181,7 @@ impl<const N: usize> Bcast<N> {
                 continue;
             }
             if let (Some(pd), Some(ps)) = (dims.last_mut(), strides.last_mut()) {
-                if (0..N).all(|k| ps[k] == st[d][k] * out[d] || ps[k] == 0) {
+                if (0..N).all(|k| ps[k] == st[d][k] * out[d]) {
                     *pd *= out[d];
                     *ps = st[d];
                     continue;
@@ -288,15 +288,7 @@ pub fn unary(op: UnaryOp, x: &Tensor, out: &mut Tensor) -> Result<()> {
     if matches!(op, U::Neg | U::Abs | U::Relu) {
         // Defined on every numeric dtype.
         return with_num!(x.dtype(), T => {
-            let f = |v: T| -> T {
-                let v = v.load();
-                T::store(match op {
-                    U::Neg => T::neg(v),
-                    U::Abs => if v < T::zero() { T::neg(v) } else { v },
-                    _ => if v < T::zero() { T::zero() } else { v },
-                })
-            };
-            map1(x, out, f);
+            sign_op::<T>(op, x, out);
             Ok(())
         }, _ => unsupported("unary", x.dtype()));
     }
@@ -304,6 +296,22 @@ pub fn unary(op: UnaryOp, x: &Tensor, out: &mut Tensor) -> Result<()> {
         unary_float::<T>(op, x, out);
         Ok(())
     }, _ => unsupported("unary", x.dtype()))
+}
+
+/// Neg, Abs and Relu, for floats and integers alike. NaN stays NaN.
+fn sign_op<T: Num>(op: UnaryOp, x: &Tensor, out: &mut Tensor) {
+    let z = T::zero();
+    match op {
+        UnaryOp::Neg => map1(x, out, |v: T| T::store(T::neg(v.load()))),
+        UnaryOp::Abs => map1(x, out, |v: T| {
+            let v = v.load();
+            T::store(if v < z { T::neg(v) } else { v })
+        }),
+        _ => map1(x, out, |v: T| {
+            let v = v.load();
+            T::store(if v < z { z } else { v })
+        }),
+    }
 }
 
 fn unary_float<T: Float>(op: UnaryOp, x: &Tensor, out: &mut Tensor) {
@@ -339,7 +347,7 @@ fn unary_float<T: Float>(op: UnaryOp, x: &Tensor, out: &mut Tensor) {
             let a = c(alpha as f64);
             go!(|v| if v >= c(0.0) { v } else { a * v })
         }
-        U::Neg | U::Abs | U::Relu => unreachable!("handled for every numeric dtype"),
+        U::Neg | U::Abs | U::Relu => unreachable!("handled by sign_op"),
     }
 }
 
@@ -421,8 +429,13 @@ pub fn where_(c: &Tensor, a: &Tensor, b: &Tensor, out: &mut Tensor) -> Result<()
         let (a, b) = (a.as_slice::<T>(), b.as_slice::<T>());
         par_for(out.as_mut_slice::<T>(), |start, o| {
             bc.walk(start, o.len(), |pos, n, [oc, oa, ob]| {
-                for (i, o) in o[pos..pos + n].iter_mut().enumerate() {
-                    *o = if cond[oc + i * sc] != 0 { a[oa + i * sa] } else { b[ob + i * sb] };
+                let o = &mut o[pos..pos + n];
+                // Literal strides for the common patterns let the compiler specialise.
+                match (sc, sa, sb) {
+                    (1, 1, 1) => select(o, &cond[oc..], 1, &a[oa..], 1, &b[ob..], 1),
+                    (1, 1, 0) => select(o, &cond[oc..], 1, &a[oa..], 1, &b[ob..], 0),
+                    (1, 0, 1) => select(o, &cond[oc..], 1, &a[oa..], 0, &b[ob..], 1),
+                    _ => select(o, &cond[oc..], sc, &a[oa..], sa, &b[ob..], sb),
                 }
             })
         })
@@ -430,15 +443,21 @@ pub fn where_(c: &Tensor, a: &Tensor, b: &Tensor, out: &mut Tensor) -> Result<()
     Ok(())
 }
 
+#[inline(always)]
+fn select<T: Copy>(o: &mut [T], c: &[u8], sc: usize, a: &[T], sa: usize, b: &[T], sb: usize) {
+    for (i, o) in o.iter_mut().enumerate() {
+        *o = if c[i * sc] != 0 { a[i * sa] } else { b[i * sb] };
+    }
+}
+
 /// Identity at inference; in training a mask seeded by `seed` (or the node name).
 pub fn dropout(node: &Node, ins: &[Option<&Tensor>], outs: &mut [Tensor], ratio: f32, seed: Option<i64>, training: bool) -> Result<()> {
-    let x = ins[0].expect("data is required");
     let input = |i: usize| ins.get(i).copied().flatten();
-    let ratio = match input(1) {
-        Some(r) => r.to_f64_vec()[0],
-        None => ratio as f64,
-    };
-    let training = training || input(2).is_some_and(|t| t.to_f64_vec()[0] != 0.0);
+    let Some(x) = input(0) else { crate::bail!(Runtime, "{}: input 0 (data) is missing", node.describe()) };
+    // Scalars read leniently: an empty tensor is a missing value, not a panic.
+    let first = |i: usize| input(i).and_then(|t| t.to_f64_vec().first().copied());
+    let ratio = first(1).unwrap_or(ratio as f64);
+    let training = training || first(2).is_some_and(|v| v != 0.0);
     if !(0.0..1.0).contains(&ratio) {
         crate::bail!(Runtime, "{}: ratio must be in [0, 1), got {ratio}", node.describe());
     }

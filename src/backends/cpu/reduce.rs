@@ -22,20 +22,26 @@ fn not_float(what: &str, x: &Tensor) -> Result<()> {
     crate::bail!(Runtime, "CPU {what} kernel does not take dtype {}", x.dtype())
 }
 
+/// Inference has checked the axis; an error rather than a panic if a caller has not.
+fn checked_axis(axis: i64, x: &Tensor) -> Result<usize> {
+    norm_axis(axis, x.shape().len()).ok_or_else(|| crate::err!(Runtime, "axis {axis} is out of range for rank {}", x.shape().len()))
+}
+
 /// Splits a shape around `axis` into (outer, n, inner).
 fn around(shape: &[usize], axis: usize) -> (usize, usize, usize) {
     (numel(&shape[..axis]), shape[axis], numel(&shape[axis + 1..]))
 }
 
 pub fn softmax(x: &Tensor, axis: i64, log: bool, out: &mut Tensor) -> Result<()> {
-    let axis = norm_axis(axis, x.shape().len()).expect("axis checked by inference");
+    let axis = checked_axis(axis, x)?;
     let (_, n, inner) = around(x.shape(), axis);
     with_float!(x.dtype(), T => softmax_t::<T>(x.as_slice(), n, inner, log, out.as_mut_slice()), _ => return not_float("Softmax", x));
     Ok(())
 }
 
 /// Softmax over the middle axis of `[outer, n, inner]` blocks. Each block keeps `inner`
-/// running maxima and sums, so a non-last axis is still read row by row.
+/// running maxima and sums, so a non-last axis is still read row by row; exp(x - max)
+/// is kept in scratch so each element costs one exp.
 fn softmax_t<T: Float>(x: &[T], n: usize, inner: usize, log: bool, out: &mut [T]) {
     let block = n * inner;
     if block == 0 {
@@ -45,17 +51,19 @@ fn softmax_t<T: Float>(x: &[T], n: usize, inner: usize, log: bool, out: &mut [T]
         Vec::new,
         |scratch: &mut Vec<T::Acc>, (o, x)| {
             scratch.clear();
-            scratch.resize(2 * inner, T::Acc::neg_infinity());
-            let (m, s) = scratch.split_at_mut(inner);
+            scratch.resize(2 * inner + block, T::Acc::neg_infinity());
+            let (m, rest) = scratch.split_at_mut(inner);
+            let (s, e) = rest.split_at_mut(inner);
             for row in x.chunks(inner) {
                 for (m, v) in m.iter_mut().zip(row) {
                     *m = m.max(v.to_acc());
                 }
             }
             s.fill(T::Acc::c(0.0));
-            for row in x.chunks(inner) {
-                for ((s, v), m) in s.iter_mut().zip(row).zip(&*m) {
-                    *s = *s + (v.to_acc() - *m).exp();
+            for (er, row) in e.chunks_mut(inner).zip(x.chunks(inner)) {
+                for (((e, s), v), m) in er.iter_mut().zip(s.iter_mut()).zip(row).zip(&*m) {
+                    *e = (v.to_acc() - *m).exp();
+                    *s = *s + *e;
                 }
             }
             if log {
@@ -72,9 +80,9 @@ fn softmax_t<T: Float>(x: &[T], n: usize, inner: usize, log: bool, out: &mut [T]
                 for s in s.iter_mut() {
                     *s = s.recip();
                 }
-                for (o, x) in o.chunks_mut(inner).zip(x.chunks(inner)) {
-                    for (((o, v), m), r) in o.iter_mut().zip(x).zip(&*m).zip(&*s) {
-                        *o = T::from_acc((v.to_acc() - *m).exp() * *r);
+                for (o, e) in o.chunks_mut(inner).zip(e.chunks(inner)) {
+                    for ((o, e), r) in o.iter_mut().zip(e).zip(&*s) {
+                        *o = T::from_acc(*e * *r);
                     }
                 }
             }
@@ -84,7 +92,7 @@ fn softmax_t<T: Float>(x: &[T], n: usize, inner: usize, log: bool, out: &mut [T]
 
 /// `outs` holds Y and optionally Mean and InvStdDev.
 pub fn layer_norm(x: &Tensor, scale: &Tensor, bias: Option<&Tensor>, axis: i64, eps: f32, outs: &mut [Tensor]) -> Result<()> {
-    let axis = norm_axis(axis, x.shape().len()).expect("axis checked by inference");
+    let axis = checked_axis(axis, x)?;
     with_float!(x.dtype(), T => layer_norm_t::<T>(x, scale, bias, axis, eps, outs), _ => not_float("LayerNormalization", x))
 }
 
@@ -140,17 +148,22 @@ fn layer_norm_t<T: Float>(x: &Tensor, scale: &Tensor, bias: Option<&Tensor>, axi
 
 /// `axes` are normalised and non-empty; `out` is shaped with or without kept dims.
 pub fn reduce(kind: ReduceKind, x: &Tensor, axes: &[usize], out: &mut Tensor) -> Result<()> {
-    with_num!(x.dtype(), T => reduce_t::<T>(kind, x, axes, out), _ => {
-        crate::bail!(Runtime, "CPU reduce kernel does not take dtype {}", x.dtype())
-    });
+    with_num!(x.dtype(), T => match kind {
+        ReduceKind::Max => reduce_t::<T, true>(kind, x, axes, out),
+        _ => reduce_t::<T, false>(kind, x, axes, out),
+    }, _ => crate::bail!(Runtime, "CPU reduce kernel does not take dtype {}", x.dtype()));
     Ok(())
 }
 
-/// Dims are merged into alternating kept/reduced runs. Each output element reduces over
-/// a precomputed list of offsets; when the last dim is kept, `inner` consecutive outputs
-/// are reduced together so every read is a contiguous row.
-fn reduce_t<T: Num>(kind: ReduceKind, x: &Tensor, axes: &[usize], out: &mut Tensor) {
-    // (size, reduced) runs, size-1 dims dropped.
+/// Dims are merged into alternating kept/reduced runs (size-1 dims dropped). Outputs are
+/// reduced in groups of `inner` (the last run when kept, else 1) so that every read is a
+/// contiguous row or segment, walking the other reduced runs with an odometer. `MAX`
+/// picks max over sum at compile time, keeping the inner loops branch-free.
+fn reduce_t<T: Num, const MAX: bool>(kind: ReduceKind, x: &Tensor, axes: &[usize], out: &mut Tensor) {
+    let (xs, o) = (x.as_slice::<T>(), out.as_mut_slice::<T>());
+    if o.is_empty() {
+        return;
+    }
     let mut runs: Vec<(usize, bool)> = vec![];
     for (d, &size) in x.shape().iter().enumerate() {
         let red = axes.contains(&d);
@@ -160,61 +173,75 @@ fn reduce_t<T: Num>(kind: ReduceKind, x: &Tensor, axes: &[usize], out: &mut Tens
             _ => runs.push((size, red)),
         }
     }
+    let step = |a: T::A, v: T::A| if MAX { T::max(a, v) } else { T::add(a, v) };
+    let init = if MAX { T::lowest() } else { T::zero() };
+    let n: usize = runs.iter().filter(|r| r.1).map(|r| r.0).product();
+    // An empty reduction: a float mean is 0/0 = NaN, an integer one 0 (no division by 0).
+    let count = T::count(if T::INT { n.max(1) } else { n });
+    let finish = |a: T::A| T::store(if kind == ReduceKind::Mean { T::div(a, count) } else { a });
+
+    if runs.iter().all(|r| r.1) {
+        // Everything reduced: fixed chunks combined in order, so parallel yet deterministic.
+        let parts: Vec<T::A> = xs.par_chunks(GRAIN * 4).map(|c| c.iter().fold(init, |a, v| step(a, v.load()))).collect();
+        o[0] = finish(parts.into_iter().fold(init, step));
+        return;
+    }
     let mut stride = vec![0; runs.len()];
     let mut acc = 1;
     for i in (0..runs.len()).rev() {
         stride[i] = acc;
         acc *= runs[i].0;
     }
-    let inner = match runs.last() {
-        Some(&(s, false)) => s,
-        _ => 1,
+    let (last, rest) = runs.split_last().expect("a kept run exists");
+    let (inner, seg) = if last.1 { (1, last.0) } else { (last.0, 1) };
+    let pick = |red: bool| -> Vec<(usize, usize)> {
+        rest.iter().zip(&stride).filter(|(r, _)| r.1 == red).map(|(r, &st)| (r.0, st)).collect()
     };
-    let outer_kept: Vec<(usize, usize)> = runs
-        .iter()
-        .zip(&stride)
-        .take(runs.len() - (inner > 1) as usize)
-        .filter(|((_, r), _)| !r)
-        .map(|(&(s, _), &st)| (s, st))
-        .collect();
-    // Offsets of every reduced position (row-major over the reduced runs).
-    let mut roffs = vec![0usize];
-    for ((s, red), &st) in runs.iter().zip(&stride) {
-        if *red {
-            roffs = roffs.iter().flat_map(|&o| (0..*s).map(move |i| o + i * st)).collect();
-        }
-    }
-    // An empty reduction: a float mean is 0/0 = NaN, an integer one 0 (no division by 0).
-    let count = T::count(if T::INT { roffs.len().max(1) } else { roffs.len() });
-    let xs = x.as_slice::<T>();
-    let init = if kind == ReduceKind::Max { T::lowest() } else { T::zero() };
-    let o = out.as_mut_slice::<T>();
-    if o.is_empty() {
-        return;
-    }
-    o.par_chunks_mut(inner).enumerate().with_min_len(min_rows(inner * roffs.len())).for_each_init(
-        Vec::new,
-        |accs: &mut Vec<T::A>, (g, o)| {
-            // Base offset of this output group over the kept outer runs.
-            let (mut rem, mut base) = (g, 0);
-            for &(s, st) in outer_kept.iter().rev() {
-                base += (rem % s) * st;
+    let (kept, odo) = (pick(false), pick(true));
+    o.par_chunks_mut(inner).enumerate().with_min_len(min_rows(inner * n)).for_each_init(
+        || (Vec::new(), Vec::new()),
+        |(accs, idx): &mut (Vec<T::A>, Vec<usize>), (g, o)| {
+            let (mut rem, mut off) = (g, 0);
+            for &(s, st) in kept.iter().rev() {
+                off += (rem % s) * st;
                 rem /= s;
             }
             accs.clear();
             accs.resize(inner, init);
-            for &r in &roffs {
-                let row = &xs[base + r..base + r + inner];
-                match kind {
-                    ReduceKind::Max => accs.iter_mut().zip(row).for_each(|(a, v)| *a = T::max(*a, v.load())),
-                    _ => accs.iter_mut().zip(row).for_each(|(a, v)| *a = T::add(*a, v.load())),
+            idx.clear();
+            idx.resize(odo.len(), 0);
+            while n > 0 {
+                if inner > 1 {
+                    for (a, v) in accs.iter_mut().zip(&xs[off..off + inner]) {
+                        *a = step(*a, v.load());
+                    }
+                } else {
+                    accs[0] = xs[off..off + seg].iter().fold(accs[0], |a, v| step(a, v.load()));
+                }
+                if !advance(idx, &odo, &mut off) {
+                    break;
                 }
             }
             for (o, &a) in o.iter_mut().zip(accs.iter()) {
-                *o = T::store(if kind == ReduceKind::Mean { T::div(a, count) } else { a });
+                *o = finish(a);
             }
         },
     );
+}
+
+/// Steps a row-major multi-index over `dims` (size, stride), moving `off` with it; false
+/// when it wraps back to the start.
+fn advance(idx: &mut [usize], dims: &[(usize, usize)], off: &mut usize) -> bool {
+    for d in (0..dims.len()).rev() {
+        idx[d] += 1;
+        *off += dims[d].1;
+        if idx[d] < dims[d].0 {
+            return true;
+        }
+        *off -= dims[d].0 * dims[d].1;
+        idx[d] = 0;
+    }
+    false
 }
 
 /// `outs` holds the loss and optionally log_prob.

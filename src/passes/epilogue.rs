@@ -1,0 +1,285 @@
+//! MatMul-epilogue fusion: `MatMul|Gemm → Add(bias) → activation → Add(residual)` becomes
+//! one `FusedMatMul` computing `act(A @ B + bias) + residual`. Each stage is optional
+//! (at least one must be there) and is taken only when the value it swallows is read by
+//! nothing else; otherwise the fusion stops before it. Activations are single ops or the
+//! expansions exporters write for GELU (tanh and erf forms) and SiLU.
+
+use super::pattern::{Ctx, Patch, Why};
+use super::Rule;
+use crate::graph::{Activation, BinaryOp, Node, Op, UnaryOp};
+
+pub(crate) const RULES: &[Rule] =
+    &[Rule { name: "matmul_epilogue", anchor: |op| matches!(op, Op::MatMul | Op::Gemm { .. }), run: fuse }];
+
+const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
+const GELU_CUBIC: f64 = 0.044715;
+
+fn is_bin(b: BinaryOp) -> impl Fn(&Op) -> bool {
+    move |op| *op == Op::Binary(b)
+}
+fn is_un(u: UnaryOp) -> impl Fn(&Op) -> bool {
+    move |op| *op == Op::Unary(u)
+}
+
+/// The fused node being built; `out` is the value it will produce.
+struct Fused<'g> {
+    a: &'g str,
+    b: &'g str,
+    trans_b: bool,
+    bias: Option<&'g str>,
+    act: Activation,
+    residual: Option<&'g str>,
+    out: &'g str,
+    nodes: Vec<usize>,
+}
+
+impl Fused<'_> {
+    fn node(&self, anchor: &Node) -> Node {
+        let mut inputs = vec![self.a.to_string(), self.b.to_string()];
+        if self.bias.is_some() || self.residual.is_some() {
+            inputs.push(self.bias.unwrap_or("").to_string());
+        }
+        inputs.extend(self.residual.map(str::to_string));
+        Node {
+            name: anchor.name.clone(),
+            op: Op::FusedMatMul { activation: self.act, trans_b: self.trans_b },
+            inputs,
+            outputs: vec![self.out.to_string()],
+            loc: anchor.loc.clone(),
+        }
+    }
+}
+
+fn fuse(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch> {
+    let mm = cx.node(i);
+    let mut f = Fused { a: &mm.inputs[0], b: &mm.inputs[1], trans_b: false, bias: None, act: Activation::None, residual: None, out: &mm.outputs[0], nodes: vec![i] };
+    if let Op::Gemm { alpha, beta, trans_a, trans_b } = mm.op {
+        if trans_a {
+            return why.no("Gemm with transA=1 is not fused");
+        }
+        if alpha != 1.0 || (mm.input(2).is_some() && beta != 1.0) {
+            return why.no(format!("Gemm alpha={alpha} beta={beta}: only 1 and 1 fuse"));
+        }
+        f.trans_b = trans_b;
+        if let Some(c) = mm.input(2) {
+            f.bias = Some(c);
+            if !is_bias(cx, &f, mm) {
+                return why.no("Gemm's C is not a rank-1 bias on the last axis");
+            }
+        }
+    }
+    // A Transpose of a 2-D weight feeding B is folded into trans_b (the Transpose goes
+    // once nothing else reads it).
+    let mut transposed = false;
+    if let Some((_, t)) = cx.prod(f.b, |op| matches!(op, Op::Transpose { .. })) {
+        let swaps = match &t.op {
+            Op::Transpose { perm: Some(p) } => p == &[1, 0],
+            _ => cx.facts.rank(&t.inputs[0]) == Some(2),
+        };
+        if swaps {
+            f.b = &t.inputs[0];
+            f.trans_b = !f.trans_b;
+            transposed = true;
+        }
+    }
+    let before = f.nodes.len();
+    let mut stop = String::new();
+    // 1. bias
+    if f.bias.is_none() {
+        match cx.sole_consumer(f.out).map(|c| cx.node(c)) {
+            Some(add) if add.op == Op::Binary(BinaryOp::Add) => {
+                if let Some(bias) = cx.other(add, f.out) {
+                    let mut g = Fused { bias: Some(bias), out: &add.outputs[0], nodes: f.nodes.clone(), ..f };
+                    g.nodes.push(cx.producer(&add.outputs[0])?);
+                    if is_bias(cx, &g, mm) {
+                        f = g;
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    // 2. activation
+    match activation(cx, f.out) {
+        Ok((act, nodes, out)) => {
+            f.act = act;
+            f.nodes.extend(nodes);
+            f.out = out;
+        }
+        Err(e) => stop = e,
+    }
+    // 3. residual
+    if let Some(add) = cx.sole_consumer(f.out).map(|c| cx.node(c)).filter(|n| n.op == Op::Binary(BinaryOp::Add)) {
+        if let Some(r) = cx.other(add, f.out) {
+            let mut g = Fused { residual: Some(r), out: &add.outputs[0], nodes: f.nodes.clone(), ..f };
+            g.nodes.push(cx.producer(&add.outputs[0])?);
+            match check(cx, &g, mm) {
+                Ok(()) => f = g,
+                Err(e) => stop = format!("Add '{}' is not a residual: {e}", add.name),
+            }
+        }
+    }
+    if f.nodes.len() == before && !transposed && f.bias.is_none() {
+        let s = if stop.is_empty() { String::new() } else { format!(" ({stop})") };
+        return why.no(format!("'{}' is not followed by a bias Add, an activation or a residual Add{s}", f.out));
+    }
+    if let Err(e) = cx.swallow_ok(&f.nodes, f.out) {
+        return why.no(e);
+    }
+    if let Err(e) = check(cx, &f, mm) {
+        if cx.facts.complete() {
+            return why.no(e);
+        }
+    }
+    Some(Patch { remove: f.nodes.clone(), add: vec![f.node(mm)], ..Default::default() })
+}
+
+/// The fused node infers to the type of the value it replaces, in every inference run.
+fn check(cx: &Ctx, f: &Fused, mm: &Node) -> Result<(), String> {
+    cx.facts.check(&[f.node(mm)], f.out)
+}
+
+/// A rank-1 bias on the last axis. With shapes, inference proves it; without, the bias
+/// must be a rank-1 constant as long as a constant 2-D weight's output dim.
+fn is_bias(cx: &Ctx, f: &Fused, mm: &Node) -> bool {
+    if cx.facts.complete() {
+        return check(cx, f, mm).is_ok();
+    }
+    let (Some(bias), Some(w)) = (f.bias.and_then(|b| cx.konst(b)), cx.konst(f.b)) else { return false };
+    let n = match (w.shape(), f.trans_b) {
+        ([_, n], false) | ([n, _], true) => *n,
+        _ => return false,
+    };
+    bias.shape() == [n] && cx.facts.rank(f.a).is_some_and(|r| r >= 2)
+}
+
+/// An activation reading `x` (and nothing else reading `x`): its kind, its nodes, its output.
+fn activation<'g>(cx: &Ctx<'g>, x: &'g str) -> Result<(Activation, Vec<usize>, &'g str), String> {
+    if cx.needed(x) {
+        return Err(format!("'{x}' is a graph output"));
+    }
+    if let Some(c) = cx.sole_consumer(x) {
+        let n = cx.node(c);
+        let act = match n.op {
+            Op::Unary(UnaryOp::Relu) => Some(Activation::Relu),
+            Op::Unary(UnaryOp::Sigmoid) => Some(Activation::Sigmoid),
+            Op::Unary(UnaryOp::Tanh) => Some(Activation::Tanh),
+            Op::Unary(UnaryOp::Gelu { tanh: false }) => Some(Activation::Gelu),
+            Op::Unary(UnaryOp::Gelu { tanh: true }) => Some(Activation::GeluTanh),
+            _ => None,
+        };
+        if let Some(act) = act {
+            return Ok((act, vec![c], &n.outputs[0]));
+        }
+    }
+    // Expanded forms: try each Mul near `x` as the expansion's last node.
+    let mut last_err = String::new();
+    for y in muls_near(cx, x) {
+        let m = silu(cx, x, y)
+            .map(|n| (Activation::Silu, n))
+            .or_else(|| gelu(cx, x, y));
+        let Some((act, nodes)) = m else { continue };
+        let mut all = nodes.clone();
+        all.extend(cx.producer(x));
+        match cx.swallow_ok(&all, y) {
+            Ok(()) => return Ok((act, nodes, y)),
+            Err(e) => last_err = format!("{} expansion: {e}", act.name()),
+        }
+    }
+    if cx.consumers(x).len() > 1 {
+        last_err = format!("'{x}' is read by {} nodes and they are no activation expansion", cx.consumers(x).len());
+    }
+    Err(last_err)
+}
+
+/// Outputs of Mul nodes within a few elementwise steps downstream of `x`.
+fn muls_near<'g>(cx: &Ctx<'g>, x: &'g str) -> Vec<&'g str> {
+    let (mut seen, mut frontier, mut out) = (vec![], vec![x], vec![]);
+    for _ in 0..8 {
+        let mut next = vec![];
+        for v in frontier {
+            for &c in cx.consumers(v) {
+                let n = cx.node(c);
+                if seen.contains(&c) || !matches!(n.op, Op::Unary(_) | Op::Binary(_)) {
+                    continue;
+                }
+                seen.push(c);
+                if n.op == Op::Binary(BinaryOp::Mul) {
+                    out.push(n.outputs[0].as_str());
+                }
+                next.push(n.outputs[0].as_str());
+            }
+        }
+        frontier = next;
+    }
+    out
+}
+
+/// `x * Sigmoid(x)`, either order.
+fn silu(cx: &Ctx, x: &str, y: &str) -> Option<Vec<usize>> {
+    let (f, mut nodes) = cx.factors(y);
+    let s = match f[..] {
+        [p, q] if p == x => q,
+        [p, q] if q == x => p,
+        _ => return None,
+    };
+    let (si, sn) = cx.prod(s, is_un(UnaryOp::Sigmoid))?;
+    (sn.inputs[0] == x).then(|| nodes.push(si))?;
+    Some(nodes)
+}
+
+/// `x * 0.5 * (1 + g)` in any grouping and order, with `g` = `erf(x / sqrt(2))` (or
+/// `x * 0.7071…`) for exact GELU or `tanh(sqrt(2/pi) * (x + 0.044715 * x³))` (x³ as Pow
+/// or x·x·x) for its tanh form.
+fn gelu(cx: &Ctx, x: &str, y: &str) -> Option<(Activation, Vec<usize>)> {
+    let (f, mut nodes) = cx.factors(y);
+    if f.len() != 3 {
+        return None;
+    }
+    let xi = f.iter().position(|v| *v == x)?;
+    let hi = (0..3).find(|&k| k != xi && cx.near(f[k], 0.5))?;
+    let t1 = f[3 - xi - hi];
+    let (ai, add) = cx.prod(t1, is_bin(BinaryOp::Add))?;
+    nodes.push(ai);
+    let g = add.inputs.iter().find(|v| !cx.near(v, 1.0))?;
+    if !add.inputs.iter().any(|v| cx.near(v, 1.0)) {
+        return None;
+    }
+    if let Some((ei, erf)) = cx.prod(g, is_un(UnaryOp::Erf)) {
+        nodes.push(ei);
+        let d = &erf.inputs[0];
+        if let Some((di, div)) = cx.prod(d, is_bin(BinaryOp::Div)) {
+            (div.inputs[0] == x && cx.near(&div.inputs[1], std::f64::consts::SQRT_2)).then(|| nodes.push(di))?;
+        } else {
+            let (df, dn) = cx.factors(d);
+            let [p, q] = df[..] else { return None };
+            let ok = (p == x && cx.near(q, std::f64::consts::FRAC_1_SQRT_2)) || (q == x && cx.near(p, std::f64::consts::FRAC_1_SQRT_2));
+            ok.then(|| nodes.extend(dn))?;
+        }
+        return Some((Activation::Gelu, nodes));
+    }
+    let (ti, tanh) = cx.prod(g, is_un(UnaryOp::Tanh))?;
+    nodes.push(ti);
+    // sqrt(2/pi) * inner
+    let (sf, sn) = cx.factors(&tanh.inputs[0]);
+    let [p, q] = sf[..] else { return None };
+    let inner = if cx.near(p, SQRT_2_OVER_PI) { q } else if cx.near(q, SQRT_2_OVER_PI) { p } else { return None };
+    nodes.extend(sn);
+    // inner = x + 0.044715 * x³
+    let (ii, add) = cx.prod(inner, is_bin(BinaryOp::Add))?;
+    nodes.push(ii);
+    let cubic = cx.other(add, x)?;
+    let (cf, cn) = cx.factors(cubic);
+    nodes.extend(cn);
+    let ci = cf.iter().position(|v| cx.near(v, GELU_CUBIC))?;
+    let rest: Vec<&str> = cf.iter().enumerate().filter(|(k, _)| *k != ci).map(|(_, v)| *v).collect();
+    match rest[..] {
+        [a, b, c] if [a, b, c].iter().all(|v| *v == x) => {}
+        [p] => {
+            let (pi, pow) = cx.prod(p, is_bin(BinaryOp::Pow))?;
+            (pow.inputs[0] == x && cx.near(&pow.inputs[1], 3.0)).then(|| nodes.push(pi))?;
+        }
+        _ => return None,
+    }
+    Some((Activation::GeluTanh, nodes))
+}

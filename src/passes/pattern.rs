@@ -1,0 +1,380 @@
+//! The small pattern matcher every rule is written with: who produces a value, who
+//! consumes it, which values are constants, and what shape inference knows.
+//!
+//! Shapes come from `infer_graph` run twice: once with the model's `dims:` defaults (a
+//! probe size for unbound symbols) and once with every symbol scaled by a different
+//! factor. A dim that agrees in both runs is static; a rule that compares shapes asks
+//! that they agree in every run, so a decision made at the default sizes holds at others.
+
+use crate::graph::infer::{self, Inferred, ValueType};
+use crate::graph::{validate, Dim, Graph, Initializer, Node, Op};
+use crate::tensor::{DType, Tensor};
+use std::collections::{HashMap, HashSet};
+
+/// Size given to a symbol with no default in the first inference run.
+const PROBE: usize = 32;
+
+/// What shape inference knows about a graph's values.
+pub struct Facts {
+    runs: Vec<Inferred>,
+    /// The graph has symbolic dims: shapes are only trusted when both runs agree.
+    symbolic: bool,
+    /// Ranks found structurally, for when inference cannot run at all.
+    ranks: HashMap<String, usize>,
+}
+
+impl Facts {
+    pub fn new(g: &Graph) -> Facts {
+        let syms = g.symbols();
+        let shapes = |run: usize| -> HashMap<String, Vec<usize>> {
+            let size = |s: &str| {
+                let i = syms.iter().position(|x| x == s).unwrap_or(0);
+                let base = g.dims.get(s).copied().unwrap_or(PROBE);
+                if run == 0 { base } else { base * (i + 2) }
+            };
+            let dims = |i: &crate::graph::InputInfo| {
+                i.shape.iter().map(|d| match d { Dim::Fixed(n) => *n, Dim::Sym(s) => size(s) }).collect()
+            };
+            g.inputs.iter().map(|i| (i.name.clone(), dims(i))).collect()
+        };
+        let mut runs = vec![];
+        if let Ok(a) = infer::infer_graph(g, &shapes(0)) {
+            runs.push(a);
+            if !syms.is_empty() {
+                runs.extend(infer::infer_graph(g, &shapes(1)).ok());
+            }
+        }
+        let ranks = if runs.is_empty() { structural_ranks(g) } else { HashMap::new() };
+        Facts { runs, symbolic: !syms.is_empty(), ranks }
+    }
+
+    /// Shapes are known and can be compared across symbol values.
+    pub fn complete(&self) -> bool {
+        !self.runs.is_empty() && (!self.symbolic || self.runs.len() == 2)
+    }
+    fn ty(&self, v: &str) -> Option<&ValueType> {
+        self.runs.first()?.types.get(v)
+    }
+    pub fn rank(&self, v: &str) -> Option<usize> {
+        match self.ty(v) {
+            Some(t) => Some(t.shape.len()),
+            None => self.ranks.get(v).copied(),
+        }
+    }
+    pub fn dtype(&self, v: &str) -> Option<DType> {
+        self.ty(v).map(|t| t.dtype)
+    }
+    /// The shape, when it is the same for every binding of the symbols.
+    pub fn static_shape(&self, v: &str) -> Option<Vec<usize>> {
+        if !self.complete() {
+            return None;
+        }
+        let first = &self.runs[0].types.get(v)?.shape;
+        self.runs.iter().all(|r| r.types.get(v).map(|t| &t.shape) == Some(first)).then(|| first.clone())
+    }
+    /// `a` and `b` have the same shape for every binding of the symbols.
+    pub fn same_shape(&self, a: &str, b: &str) -> bool {
+        self.complete()
+            && self.runs.iter().all(|r| matches!((r.types.get(a), r.types.get(b)), (Some(x), Some(y)) if x.shape == y.shape))
+    }
+    /// Infers `nodes` (in order) over the known types and checks that value `out` keeps
+    /// its type in every run: the proof that a replacement fits where the old subgraph was.
+    pub fn check(&self, nodes: &[Node], out: &str) -> Result<(), String> {
+        if !self.complete() {
+            return Err("shapes are unknown (inference did not run)".into());
+        }
+        for run in &self.runs {
+            let mut local: HashMap<&str, ValueType> = HashMap::new();
+            for n in nodes {
+                let ins: Vec<Option<&ValueType>> = n
+                    .inputs
+                    .iter()
+                    .map(|v| if v.is_empty() { None } else { local.get(v.as_str()).or(run.types.get(v)) })
+                    .collect();
+                if ins.iter().zip(&n.inputs).any(|(t, v)| t.is_none() && !v.is_empty()) {
+                    return Err("shapes are unknown for a new value".into());
+                }
+                let consts: Vec<Option<&Tensor>> = n.inputs.iter().map(|v| run.consts.get(v)).collect();
+                let outs = infer::infer_node(n, &ins, &consts).map_err(|e| e.to_string())?;
+                for (name, t) in n.outputs.iter().zip(outs) {
+                    local.insert(name, t);
+                }
+            }
+            match (local.get(out), run.types.get(out)) {
+                (Some(new), Some(old)) if new == old => {}
+                (Some(new), Some(old)) => return Err(format!("the fused result would be {new}, not {old}")),
+                _ => return Err(format!("no type for '{out}'")),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Ranks by structure alone (declared inputs, initializers, simple propagation).
+fn structural_ranks(g: &Graph) -> HashMap<String, usize> {
+    let mut r: HashMap<String, usize> = HashMap::new();
+    for i in &g.inputs {
+        r.insert(i.name.clone(), i.shape.len());
+    }
+    for i in &g.initializers {
+        r.insert(i.name.clone(), i.tensor.shape().len());
+    }
+    let consts: HashMap<&str, &Tensor> = g.initializers.iter().map(|i| (i.name.as_str(), &i.tensor)).collect();
+    for ni in validate::topo_order(g).unwrap_or_default() {
+        let n = &g.nodes[ni];
+        let ri = |k: usize| n.inputs.get(k).and_then(|v| r.get(v)).copied();
+        let rank = match &n.op {
+            Op::Unary(_) | Op::Cast { .. } | Op::Identity | Op::Softmax { .. } | Op::LogSoftmax { .. } => ri(0),
+            Op::LayerNormalization { .. } | Op::Dropout { .. } | Op::Trilu { .. } | Op::Clip => ri(0),
+            Op::Binary(_) => ri(0).zip(ri(1)).map(|(a, b)| a.max(b)),
+            Op::Where => ri(0).zip(ri(1)).zip(ri(2)).map(|((a, b), c)| a.max(b).max(c)),
+            Op::MatMul | Op::FusedMatMul { .. } => ri(0).zip(ri(1)).filter(|(a, b)| *a >= 2 && *b >= 2).map(|(a, b)| a.max(b)),
+            Op::Gemm { .. } => Some(2),
+            Op::Transpose { perm: Some(p) } => Some(p.len()),
+            Op::Transpose { perm: None } => ri(0),
+            Op::Reshape { .. } => n.inputs.get(1).and_then(|v| consts.get(v.as_str())).map(|t| t.numel()),
+            Op::Attention { .. } => Some(4),
+            _ => None,
+        };
+        if let (Some(rank), Some(o)) = (rank, n.outputs.first()) {
+            r.insert(o.clone(), rank);
+        }
+    }
+    r
+}
+
+/// Why a rule did not fire: the last failed condition, for `inspect --explain-fusion`.
+#[derive(Default)]
+pub struct Why(pub Option<String>);
+
+impl Why {
+    /// Records the failed condition and returns `None`, for `let ... else { return why.no(..) }`.
+    pub fn no<T>(&mut self, msg: impl Into<String>) -> Option<T> {
+        self.0 = Some(msg.into());
+        None
+    }
+}
+
+/// A rewrite found by a rule, applied atomically by the driver: nodes removed, nodes
+/// added (in place of the last removed one), initializers added, and uses of values
+/// rewired to other values. Whatever the removal leaves unused is pruned.
+#[derive(Default, Debug)]
+pub struct Patch {
+    pub remove: Vec<usize>,
+    pub add: Vec<Node>,
+    pub inits: Vec<Initializer>,
+    pub rewire: Vec<(String, String)>,
+}
+
+/// One graph, indexed for matching.
+pub struct Ctx<'g> {
+    pub g: &'g Graph,
+    pub facts: &'g Facts,
+    /// Node indices in a valid execution order.
+    pub order: Vec<usize>,
+    /// Position of each node in `order`.
+    pub pos: Vec<usize>,
+    producer: HashMap<&'g str, usize>,
+    consumers: HashMap<&'g str, Vec<usize>>,
+    needed: HashSet<&'g str>,
+    consts: HashMap<&'g str, &'g Tensor>,
+    trainable: HashSet<&'g str>,
+}
+
+impl<'g> Ctx<'g> {
+    pub fn new(g: &'g Graph, facts: &'g Facts) -> crate::Result<Ctx<'g>> {
+        let order = validate::topo_order(g)?;
+        let mut pos = vec![0; g.nodes.len()];
+        for (p, &i) in order.iter().enumerate() {
+            pos[i] = p;
+        }
+        let mut producer = HashMap::new();
+        let mut consumers: HashMap<&str, Vec<usize>> = HashMap::new();
+        let mut consts: HashMap<&str, &Tensor> = HashMap::new();
+        for (i, n) in g.nodes.iter().enumerate() {
+            for o in n.outputs.iter().filter(|o| !o.is_empty()) {
+                producer.insert(o.as_str(), i);
+            }
+            for v in n.inputs.iter().filter(|v| !v.is_empty()) {
+                let c = consumers.entry(v.as_str()).or_default();
+                if !c.contains(&i) {
+                    c.push(i);
+                }
+            }
+            if let Op::Constant { value } = &n.op {
+                consts.insert(n.outputs[0].as_str(), value);
+            }
+        }
+        for i in &g.initializers {
+            consts.insert(i.name.as_str(), &i.tensor);
+        }
+        let mut needed: HashSet<&str> = g.outputs.iter().map(|s| s.as_str()).collect();
+        if let Some(t) = &g.training {
+            needed.insert(t.loss.as_str());
+        }
+        let trainable = g.initializers.iter().filter(|i| i.trainable).map(|i| i.name.as_str()).collect();
+        Ok(Ctx { g, facts, order, pos, producer, consumers, needed, consts, trainable })
+    }
+
+    pub fn node(&self, i: usize) -> &'g Node {
+        &self.g.nodes[i]
+    }
+    /// The node producing `v` if its op satisfies `is`.
+    pub fn prod(&self, v: &str, is: impl Fn(&Op) -> bool) -> Option<(usize, &'g Node)> {
+        let &i = self.producer.get(v)?;
+        is(&self.g.nodes[i].op).then(|| (i, &self.g.nodes[i]))
+    }
+    pub fn producer(&self, v: &str) -> Option<usize> {
+        self.producer.get(v).copied()
+    }
+    /// The distinct nodes reading `v`.
+    pub fn consumers(&self, v: &str) -> &[usize] {
+        self.consumers.get(v).map(|c| c.as_slice()).unwrap_or(&[])
+    }
+    /// A graph output or the training loss.
+    pub fn needed(&self, v: &str) -> bool {
+        self.needed.contains(v)
+    }
+    /// The one node reading `v`, when nothing else (no other node, no graph output) needs it.
+    pub fn sole_consumer(&self, v: &str) -> Option<usize> {
+        match self.consumers(v) {
+            [c] if !self.needed(v) => Some(*c),
+            _ => None,
+        }
+    }
+    pub fn konst(&self, v: &str) -> Option<&'g Tensor> {
+        self.consts.get(v).copied()
+    }
+    pub fn trainable(&self, v: &str) -> bool {
+        self.trainable.contains(v)
+    }
+    /// The value of a one-element constant of rank 0 or 1.
+    pub fn scalar(&self, v: &str) -> Option<f64> {
+        let t = self.konst(v)?;
+        (t.numel() == 1 && t.shape().len() <= 1).then(|| t.to_f64_vec()[0])
+    }
+    /// A scalar constant within 1e-4 (relative) of `want`.
+    pub fn near(&self, v: &str, want: f64) -> bool {
+        self.scalar(v).is_some_and(|x| (x - want).abs() <= 1e-4 * want.abs())
+    }
+    /// For a two-input node reading `v`: the other input.
+    pub fn other<'n>(&self, n: &'n Node, v: &str) -> Option<&'n str> {
+        match n.inputs.as_slice() {
+            [a, b] if a == v && b != v => Some(b),
+            [a, b] if b == v && a != v => Some(a),
+            _ => None,
+        }
+    }
+    /// The leaves of a product tree rooted at `v`: descends through Mul nodes whose result
+    /// feeds only their parent. Returns the leaves and the Mul nodes walked.
+    pub fn factors(&self, v: &'g str) -> (Vec<&'g str>, Vec<usize>) {
+        let (mut leaves, mut nodes) = (vec![], vec![]);
+        self.factors_into(v, true, &mut leaves, &mut nodes);
+        (leaves, nodes)
+    }
+    fn factors_into(&self, v: &'g str, top: bool, leaves: &mut Vec<&'g str>, nodes: &mut Vec<usize>) {
+        let mul = self.prod(v, |op| matches!(op, Op::Binary(crate::graph::BinaryOp::Mul)));
+        match mul {
+            Some((i, n)) if top || self.sole_consumer(v).is_some() => {
+                nodes.push(i);
+                for x in &n.inputs {
+                    self.factors_into(x, false, leaves, nodes);
+                }
+            }
+            _ => leaves.push(v),
+        }
+    }
+    /// Every value the nodes `set` produce, except `out`, is read only inside `set` and is
+    /// no graph output: the condition for replacing `set` by one node producing `out`.
+    pub fn swallow_ok(&self, set: &[usize], out: &str) -> Result<(), String> {
+        for &i in set {
+            for o in self.node(i).outputs.iter().filter(|o| !o.is_empty() && o.as_str() != out) {
+                if self.needed(o) {
+                    return Err(format!("'{o}' is a graph output"));
+                }
+                if let Some(&c) = self.consumers(o).iter().find(|c| !set.contains(c)) {
+                    return Err(format!("'{o}' is also used by node '{}'", self.node(c).name));
+                }
+            }
+        }
+        Ok(())
+    }
+    /// A value name not yet used in the graph, from `base`.
+    pub fn fresh_value(&self, base: &str) -> String {
+        let taken = |s: &str| {
+            self.producer.contains_key(s) || self.consts.contains_key(s) || self.g.input(s).is_some()
+        };
+        fresh(base, taken)
+    }
+    pub fn fresh_node(&self, base: &str) -> String {
+        fresh(base, |s| self.g.nodes.iter().any(|n| n.name == s))
+    }
+}
+
+fn fresh(base: &str, taken: impl Fn(&str) -> bool) -> String {
+    if !taken(base) {
+        return base.to_string();
+    }
+    (2..).map(|k| format!("{base}_{k}")).find(|s| !taken(s)).expect("some name is free")
+}
+
+/// Applies a patch and prunes what it left unused (nodes and initializers that only fed
+/// removed nodes), so a rule never has to name every orphan.
+pub fn apply(mut g: Graph, p: Patch) -> Graph {
+    let removed: HashSet<usize> = p.remove.iter().copied().collect();
+    let at = p.remove.iter().copied().max().unwrap_or(g.nodes.len());
+    let mut orphans: Vec<String> = p.remove.iter().flat_map(|&i| g.nodes[i].inputs.clone()).collect();
+    let old = std::mem::take(&mut g.nodes);
+    let mut add = Some(p.add);
+    for (i, n) in old.into_iter().enumerate() {
+        if i == at {
+            g.nodes.extend(add.take().unwrap_or_default());
+        }
+        if !removed.contains(&i) {
+            g.nodes.push(n);
+        }
+    }
+    g.nodes.extend(add.take().unwrap_or_default());
+    let map: HashMap<String, String> = p.rewire.into_iter().collect();
+    let resolve = |v: &str| {
+        let mut v = v.to_string();
+        while let Some(w) = map.get(&v) {
+            v = w.clone();
+        }
+        v
+    };
+    for n in &mut g.nodes {
+        for v in &mut n.inputs {
+            if map.contains_key(v.as_str()) {
+                orphans.push(v.clone());
+                *v = resolve(v);
+            }
+        }
+    }
+    g.initializers.extend(p.inits);
+    prune(&mut g, orphans);
+    g
+}
+
+/// Removes, transitively, the producers of `candidates` once nothing reads them.
+fn prune(g: &mut Graph, mut candidates: Vec<String>) {
+    let mut needed: HashSet<String> = g.outputs.iter().cloned().collect();
+    needed.extend(g.training.as_ref().map(|t| t.loss.clone()));
+    while let Some(v) = candidates.pop() {
+        if v.is_empty() || needed.contains(&v) || g.nodes.iter().any(|n| n.inputs.contains(&v)) {
+            continue;
+        }
+        if let Some(i) = g.nodes.iter().position(|n| n.outputs.contains(&v)) {
+            let unused = g.nodes[i]
+                .outputs
+                .iter()
+                .all(|o| o.is_empty() || (!needed.contains(o) && !g.nodes.iter().any(|n| n.inputs.contains(o))));
+            if unused {
+                let n = g.nodes.remove(i);
+                candidates.extend(n.inputs);
+            }
+        } else {
+            g.initializers.retain(|init| init.name != v);
+        }
+    }
+}

@@ -1,0 +1,878 @@
+//! The graph-rewrite passes: each rule on the smallest subgraph that shows it, the cases
+//! where it must not fire, and the example models. Every optimized graph is validated
+//! and run against the original on the CPU backend (relative error ≤ 1e-5).
+
+use graphrun::graph::validate::validate;
+use graphrun::graph::{Graph, Op};
+use graphrun::passes::{optimize, PassOptions, Report, PASSES};
+use graphrun::{Model, Session, SessionOptions};
+use std::collections::BTreeMap;
+
+// ---------------------------------------------------------------- harness
+
+fn graph(body: &str) -> Graph {
+    let text = format!("graphrun: 1\nname: t\n{body}");
+    Model::from_str(&text, ".").unwrap_or_else(|e| panic!("{e}\n{text}")).graph
+}
+
+fn run_passes(g: &Graph, opts: &PassOptions) -> (Graph, Report) {
+    let (o, r) = optimize(g, opts).unwrap_or_else(|e| panic!("optimize: {e}"));
+    validate(&o).unwrap_or_else(|e| panic!("invalid result: {e}"));
+    (o, r)
+}
+
+/// Runs `a` and `b` on the same seeded random inputs; every output must agree.
+fn assert_same(a: &Graph, b: &Graph, dims: &[(&str, usize)]) {
+    let dims: BTreeMap<String, usize> = dims.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+    let feeds = Model { graph: a.clone() }.random_inputs(7, &dims).unwrap();
+    let run = |g: &Graph| {
+        let opts = SessionOptions { dims: dims.clone(), ..Default::default() };
+        Session::new(g.clone(), opts).unwrap().run(&feeds).unwrap_or_else(|e| panic!("run: {e}"))
+    };
+    let (ra, rb) = (run(a), run(b));
+    assert_eq!(ra.len(), rb.len());
+    for ((na, ta), (nb, tb)) in ra.iter().zip(&rb) {
+        assert_eq!(na, nb);
+        assert_eq!((ta.dtype(), ta.shape()), (tb.dtype(), tb.shape()), "output {na}");
+        let (x, y) = (ta.to_f64_vec(), tb.to_f64_vec());
+        assert!(x.iter().chain(&y).all(|v| v.is_finite()), "output {na} is not finite");
+        let diff: f64 = x.iter().zip(&y).map(|(p, q)| (p - q) * (p - q)).sum::<f64>().sqrt();
+        let norm: f64 = x.iter().map(|p| p * p).sum::<f64>().sqrt();
+        let rel = if norm > 0.0 { diff / norm } else { diff };
+        assert!(rel <= 1e-5, "output {na}: relative error {rel:e}");
+    }
+}
+
+/// Optimizes with the default pipeline and checks the result against the original.
+fn fuse(body: &str) -> (Graph, Report) {
+    let g = graph(body);
+    let (o, r) = run_passes(&g, &PassOptions::default());
+    assert_same(&g, &o, &[]);
+    (o, r)
+}
+
+/// Runs only the named pass.
+fn only(pass: &str) -> PassOptions {
+    PassOptions { disabled: PASSES.iter().filter(|p| **p != pass).map(|p| p.to_string()).collect(), training: false }
+}
+
+fn count(g: &Graph, op: &str) -> usize {
+    g.nodes.iter().filter(|n| n.op.name() == op).count()
+}
+
+/// (activation, trans_b, inputs) of every FusedMatMul.
+fn fused(g: &Graph) -> Vec<(&'static str, bool, Vec<String>)> {
+    g.nodes
+        .iter()
+        .filter_map(|n| match n.op {
+            Op::FusedMatMul { activation, trans_b } => Some((activation.name(), trans_b, n.inputs.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// (is_causal, scale, number of inputs) of every Attention.
+fn attention(g: &Graph) -> Vec<(bool, f32, usize)> {
+    g.nodes
+        .iter()
+        .filter_map(|n| match n.op {
+            Op::Attention { is_causal, scale } => Some((is_causal, scale.unwrap(), n.inputs.len())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn strs(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
+// ---------------------------------------------------------------- MatMul epilogue
+
+/// x[4, 8] @ w[8, 16] + b[16], a residual input and the constants of the expansions.
+const MLP: &str = "
+inputs:
+  - {name: x, dtype: f32, shape: [4, 8]}
+  - {name: res, dtype: f32, shape: [4, 16]}
+initializers:
+  - {name: w, dtype: f32, shape: [8, 16], init: {dist: xavier_uniform, seed: 1}}
+  - {name: wt, dtype: f32, shape: [16, 8], init: {dist: xavier_uniform, seed: 4}}
+  - {name: b, dtype: f32, shape: [16], init: {dist: uniform, low: -0.5, high: 0.5, seed: 2}}
+  - {name: half, dtype: f32, shape: [], values: [0.5], trainable: false}
+  - {name: one, dtype: f32, shape: [], values: [1.0], trainable: false}
+  - {name: three, dtype: f32, shape: [], values: [3.0], trainable: false}
+  - {name: gelu_c, dtype: f32, shape: [], values: [0.044715], trainable: false}
+  - {name: s2pi, dtype: f32, shape: [], values: [0.7978845608028654], trainable: false}
+  - {name: sqrt2, dtype: f32, shape: [], values: [1.4142135623730951], trainable: false}
+  - {name: isqrt2, dtype: f32, shape: [], values: [0.7071067811865476], trainable: false}
+";
+
+fn mlp(outputs: &str, nodes: &str) -> String {
+    format!("{MLP}outputs: [{outputs}]\nnodes:\n{nodes}")
+}
+
+const FC: &str = "  - {op: MatMul, inputs: [x, w], outputs: [h], name: fc}\n  - {op: Add, inputs: [h, b], outputs: [hb]}\n";
+
+#[test]
+fn bias_without_activation_fuses() {
+    let (g, r) = fuse(&mlp("hb", FC));
+    assert_eq!(fused(&g), vec![("none", false, strs(&["x", "w", "b"]))]);
+    assert_eq!(g.nodes.len(), 1);
+    assert_eq!(g.nodes[0].name, "fc", "the fused node keeps the MatMul's name");
+    assert_eq!(r.fired("matmul_epilogue"), 1);
+}
+
+#[test]
+fn bias_first_operand_order_fuses() {
+    let (g, _) = fuse(&mlp("y", "  - {op: MatMul, inputs: [x, w], outputs: [h]}\n  - {op: Add, inputs: [b, h], outputs: [y]}\n"));
+    assert_eq!(fused(&g), vec![("none", false, strs(&["x", "w", "b"]))]);
+}
+
+#[test]
+fn single_op_activations_fuse() {
+    for (op, attrs, act) in [
+        ("Relu", "", "relu"),
+        ("Sigmoid", "", "sigmoid"),
+        ("Tanh", "", "tanh"),
+        ("Gelu", "", "gelu"),
+        ("Gelu", ", attrs: {approximate: tanh}", "gelu_tanh"),
+    ] {
+        let (g, _) = fuse(&mlp("y", &format!("{FC}  - {{op: {op}, inputs: [hb], outputs: [y]{attrs}}}\n")));
+        assert_eq!(fused(&g), vec![(act, false, strs(&["x", "w", "b"]))], "{op}{attrs}");
+        assert_eq!(g.nodes.len(), 1);
+    }
+}
+
+#[test]
+fn activation_without_bias_fuses() {
+    let (g, _) = fuse(&mlp("y", "  - {op: MatMul, inputs: [x, w], outputs: [h]}\n  - {op: Relu, inputs: [h], outputs: [y]}\n"));
+    assert_eq!(fused(&g), vec![("relu", false, strs(&["x", "w"]))]);
+}
+
+#[test]
+fn gelu_tanh_expansion_as_exporters_write_it() {
+    let nodes = format!(
+        "{FC}  - {{op: Pow, inputs: [hb, three], outputs: [hb3]}}
+  - {{op: Mul, inputs: [hb3, gelu_c], outputs: [hb3c]}}
+  - {{op: Add, inputs: [hb, hb3c], outputs: [inner]}}
+  - {{op: Mul, inputs: [inner, s2pi], outputs: [inner_s]}}
+  - {{op: Tanh, inputs: [inner_s], outputs: [t]}}
+  - {{op: Add, inputs: [t, one], outputs: [t1]}}
+  - {{op: Mul, inputs: [hb, half], outputs: [hb_half]}}
+  - {{op: Mul, inputs: [hb_half, t1], outputs: [y]}}
+"
+    );
+    let (g, _) = fuse(&mlp("y", &nodes));
+    assert_eq!(fused(&g), vec![("gelu_tanh", false, strs(&["x", "w", "b"]))]);
+    assert_eq!(g.nodes.len(), 1);
+    assert!(g.initializers.iter().all(|i| ["w", "wt", "b"].contains(&i.name.as_str())), "constants pruned");
+}
+
+#[test]
+fn gelu_tanh_expansion_other_orders() {
+    // x·x·x instead of Pow, operands swapped everywhere, the 0.5 applied to the product.
+    let nodes = format!(
+        "{FC}  - {{op: Mul, inputs: [hb, hb], outputs: [hb2]}}
+  - {{op: Mul, inputs: [hb, hb2], outputs: [hb3]}}
+  - {{op: Mul, inputs: [gelu_c, hb3], outputs: [hb3c]}}
+  - {{op: Add, inputs: [hb3c, hb], outputs: [inner]}}
+  - {{op: Mul, inputs: [s2pi, inner], outputs: [inner_s]}}
+  - {{op: Tanh, inputs: [inner_s], outputs: [t]}}
+  - {{op: Add, inputs: [one, t], outputs: [t1]}}
+  - {{op: Mul, inputs: [t1, hb], outputs: [p]}}
+  - {{op: Mul, inputs: [half, p], outputs: [y]}}
+"
+    );
+    let (g, _) = fuse(&mlp("y", &nodes));
+    assert_eq!(fused(&g), vec![("gelu_tanh", false, strs(&["x", "w", "b"]))]);
+    assert_eq!(g.nodes.len(), 1);
+}
+
+#[test]
+fn gelu_erf_expansion_with_div() {
+    let nodes = format!(
+        "{FC}  - {{op: Div, inputs: [hb, sqrt2], outputs: [d]}}
+  - {{op: Erf, inputs: [d], outputs: [e]}}
+  - {{op: Add, inputs: [e, one], outputs: [e1]}}
+  - {{op: Mul, inputs: [hb, half], outputs: [hh]}}
+  - {{op: Mul, inputs: [hh, e1], outputs: [y]}}
+"
+    );
+    let (g, _) = fuse(&mlp("y", &nodes));
+    assert_eq!(fused(&g), vec![("gelu", false, strs(&["x", "w", "b"]))]);
+    assert_eq!(g.nodes.len(), 1);
+}
+
+#[test]
+fn gelu_erf_expansion_with_mul() {
+    let nodes = format!(
+        "{FC}  - {{op: Mul, inputs: [isqrt2, hb], outputs: [d]}}
+  - {{op: Erf, inputs: [d], outputs: [e]}}
+  - {{op: Add, inputs: [one, e], outputs: [e1]}}
+  - {{op: Mul, inputs: [hb, e1], outputs: [p]}}
+  - {{op: Mul, inputs: [p, half], outputs: [y]}}
+"
+    );
+    let (g, _) = fuse(&mlp("y", &nodes));
+    assert_eq!(fused(&g), vec![("gelu", false, strs(&["x", "w", "b"]))]);
+}
+
+#[test]
+fn silu_expansion_either_order() {
+    for mul in ["[hb, s]", "[s, hb]"] {
+        let nodes = format!("{FC}  - {{op: Sigmoid, inputs: [hb], outputs: [s]}}\n  - {{op: Mul, inputs: {mul}, outputs: [y]}}\n");
+        let (g, _) = fuse(&mlp("y", &nodes));
+        assert_eq!(fused(&g), vec![("silu", false, strs(&["x", "w", "b"]))], "{mul}");
+        assert_eq!(g.nodes.len(), 1);
+    }
+}
+
+#[test]
+fn residual_add_either_order() {
+    for add in ["[a, res]", "[res, a]"] {
+        let nodes = format!("{FC}  - {{op: Relu, inputs: [hb], outputs: [a]}}\n  - {{op: Add, inputs: {add}, outputs: [y]}}\n");
+        let (g, _) = fuse(&mlp("y", &nodes));
+        assert_eq!(fused(&g), vec![("relu", false, strs(&["x", "w", "b", "res"]))], "{add}");
+        assert_eq!(g.nodes.len(), 1);
+    }
+}
+
+#[test]
+fn residual_without_bias_or_activation() {
+    let (g, _) = fuse(&mlp("y", "  - {op: MatMul, inputs: [x, w], outputs: [h]}\n  - {op: Add, inputs: [res, h], outputs: [y]}\n"));
+    assert_eq!(fused(&g), vec![("none", false, strs(&["x", "w", "", "res"]))]);
+}
+
+#[test]
+fn gemm_with_trans_b_and_bias() {
+    let (g, _) = fuse(&mlp("y", "  - {op: Gemm, inputs: [x, wt, b], outputs: [g0], attrs: {transB: 1}, name: gemm}\n  - {op: Relu, inputs: [g0], outputs: [y]}\n"));
+    assert_eq!(fused(&g), vec![("relu", true, strs(&["x", "wt", "b"]))]);
+    assert_eq!(g.nodes[0].name, "gemm");
+}
+
+#[test]
+fn gemm_with_alpha_does_not_fuse() {
+    let (g, r) = fuse(&mlp("y", "  - {op: Gemm, inputs: [x, wt, b], outputs: [y], attrs: {transB: 1, alpha: 2.0}, name: gemm}\n"));
+    assert_eq!(count(&g, "Gemm"), 1);
+    assert!(r.explain.iter().any(|e| e.contains("gemm") && e.contains("alpha")), "{:?}", r.explain);
+}
+
+#[test]
+fn transposed_weight_becomes_trans_b() {
+    let nodes = "  - {op: Transpose, inputs: [wt], outputs: [wtt], attrs: {perm: [1, 0]}}
+  - {op: MatMul, inputs: [x, wtt], outputs: [h]}
+  - {op: Add, inputs: [h, b], outputs: [y]}
+";
+    let (g, _) = fuse(&mlp("y", nodes));
+    assert_eq!(fused(&g), vec![("none", true, strs(&["x", "wt", "b"]))]);
+    assert_eq!(count(&g, "Transpose"), 0);
+}
+
+#[test]
+fn batched_a_fuses() {
+    let body = "
+inputs: [{name: x, dtype: f32, shape: [batch, 3, 8]}]
+dims: {batch: 2}
+initializers:
+  - {name: w, dtype: f32, shape: [8, 16], init: {dist: xavier_uniform, seed: 1}}
+  - {name: b, dtype: f32, shape: [16], init: {dist: uniform, low: -0.5, high: 0.5, seed: 2}}
+outputs: [y]
+nodes:
+  - {op: MatMul, inputs: [x, w], outputs: [h]}
+  - {op: Add, inputs: [h, b], outputs: [hb]}
+  - {op: Relu, inputs: [hb], outputs: [a]}
+  - {op: Transpose, inputs: [w], outputs: [wt], attrs: {perm: [1, 0]}}
+  - {op: MatMul, inputs: [a, wt], outputs: [y]}
+";
+    let g = graph(body);
+    let (o, _) = run_passes(&g, &PassOptions::default());
+    assert_eq!(fused(&o), vec![("relu", false, strs(&["x", "w", "b"])), ("none", true, strs(&["a", "w"]))]);
+    assert_same(&g, &o, &[("batch", 5)]);
+}
+
+#[test]
+fn unbound_symbols_are_probed_not_baked_in() {
+    // No default for `n`: shapes are inferred at probe sizes and the decision holds for any n.
+    let body = "
+inputs: [{name: x, dtype: f32, shape: [n, 8]}, {name: res, dtype: f32, shape: [n, 16]}]
+initializers:
+  - {name: w, dtype: f32, shape: [8, 16], init: {dist: xavier_uniform, seed: 1}}
+  - {name: b, dtype: f32, shape: [16], init: {dist: uniform, low: -0.5, high: 0.5, seed: 2}}
+outputs: [y]
+nodes:
+  - {op: MatMul, inputs: [x, w], outputs: [h]}
+  - {op: Add, inputs: [h, b], outputs: [hb]}
+  - {op: Sigmoid, inputs: [hb], outputs: [a]}
+  - {op: Add, inputs: [res, a], outputs: [y]}
+";
+    let g = graph(body);
+    let (o, _) = run_passes(&g, &PassOptions::default());
+    assert_eq!(fused(&o), vec![("sigmoid", false, strs(&["x", "w", "b", "res"]))]);
+    assert_same(&g, &o, &[("n", 3)]);
+}
+
+// ------------------------------------------------- MatMul epilogue: must not fire
+
+#[test]
+fn intermediate_used_twice_stops_the_fusion() {
+    // hb feeds the Relu and another node: fuse up to hb only.
+    let nodes = format!("{FC}  - {{op: Relu, inputs: [hb], outputs: [y]}}\n  - {{op: Sigmoid, inputs: [hb], outputs: [z]}}\n");
+    let (g, _) = fuse(&mlp("y, z", &nodes));
+    assert_eq!(fused(&g), vec![("none", false, strs(&["x", "w", "b"]))]);
+    assert_eq!((count(&g, "Relu"), count(&g, "Sigmoid")), (1, 1));
+    // h feeds the bias Add and another node: nothing fuses.
+    let nodes = format!("{FC}  - {{op: Relu, inputs: [hb], outputs: [y]}}\n  - {{op: Sigmoid, inputs: [h], outputs: [z]}}\n");
+    let (g, r) = fuse(&mlp("y, z", &nodes));
+    assert!(fused(&g).is_empty());
+    assert!(r.explain.iter().any(|e| e.starts_with("MatMul 'fc'")), "{:?}", r.explain);
+}
+
+#[test]
+fn intermediate_graph_output_stops_the_fusion() {
+    let nodes = format!("{FC}  - {{op: Relu, inputs: [hb], outputs: [y]}}\n");
+    let (g, _) = fuse(&mlp("y, hb", &nodes));
+    assert_eq!(fused(&g), vec![("none", false, strs(&["x", "w", "b"]))]);
+    assert_eq!(count(&g, "Relu"), 1);
+    let (g, r) = fuse(&mlp("y, h", &nodes));
+    assert!(fused(&g).is_empty());
+    assert!(r.explain.iter().any(|e| e.contains("graph output")), "{:?}", r.explain);
+}
+
+#[test]
+fn bias_of_the_wrong_shape_is_not_fused() {
+    // [4, 1] + [16] broadcasts up to [4, 16]: not a bias and not a residual.
+    let body = "
+inputs: [{name: x, dtype: f32, shape: [4, 8]}]
+initializers:
+  - {name: w, dtype: f32, shape: [8, 1], init: {dist: xavier_uniform, seed: 1}}
+  - {name: b, dtype: f32, shape: [16], init: {dist: uniform, low: -0.5, high: 0.5, seed: 2}}
+outputs: [y]
+nodes:
+  - {op: MatMul, inputs: [x, w], outputs: [h], name: fc}
+  - {op: Add, inputs: [h, b], outputs: [hb]}
+  - {op: Relu, inputs: [hb], outputs: [y]}
+";
+    let (g, r) = fuse(body);
+    assert!(fused(&g).is_empty());
+    assert_eq!(count(&g, "MatMul"), 1);
+    assert!(r.explain.iter().any(|e| e.starts_with("MatMul 'fc'")), "{:?}", r.explain);
+}
+
+#[test]
+fn column_bias_is_a_residual_not_a_bias() {
+    // [4, 16] + [4, 1] is no bias; it may only be added after the activation, so the Relu stays.
+    let body = format!("{MLP}  - {{name: col, dtype: f32, shape: [4, 1], values: [1, -2, 3, -4]}}\noutputs: [y]\nnodes:\n  - {{op: MatMul, inputs: [x, w], outputs: [h]}}\n  - {{op: Add, inputs: [h, col], outputs: [hb]}}\n  - {{op: Relu, inputs: [hb], outputs: [y]}}\n");
+    let (g, _) = fuse(&body);
+    assert_eq!(fused(&g), vec![("none", false, strs(&["x", "w", "", "col"]))]);
+    assert_eq!(count(&g, "Relu"), 1);
+}
+
+#[test]
+fn wrong_gelu_constant_is_not_gelu() {
+    let nodes = format!(
+        "{FC}  - {{op: Pow, inputs: [hb, three], outputs: [hb3]}}
+  - {{op: Mul, inputs: [hb3, half], outputs: [hb3c]}}
+  - {{op: Add, inputs: [hb, hb3c], outputs: [inner]}}
+  - {{op: Mul, inputs: [inner, s2pi], outputs: [inner_s]}}
+  - {{op: Tanh, inputs: [inner_s], outputs: [t]}}
+  - {{op: Add, inputs: [t, one], outputs: [t1]}}
+  - {{op: Mul, inputs: [hb, half], outputs: [hb_half]}}
+  - {{op: Mul, inputs: [hb_half, t1], outputs: [y]}}
+"
+    );
+    let (g, _) = fuse(&mlp("y", &nodes));
+    assert_eq!(fused(&g), vec![("none", false, strs(&["x", "w", "b"]))]);
+    assert_eq!(count(&g, "Tanh"), 1);
+}
+
+#[test]
+fn bare_matmul_is_left_and_explained() {
+    let (g, r) = fuse(&mlp("h", "  - {op: MatMul, inputs: [x, w], outputs: [h], name: fc}\n"));
+    assert_eq!(count(&g, "MatMul"), 1);
+    assert_eq!(r.explain.len(), 1);
+    assert!(r.explain[0].starts_with("MatMul 'fc': matmul_epilogue: "), "{:?}", r.explain);
+}
+
+// ---------------------------------------------------------------- attention
+
+/// q, k, v [2, 2, 8, 4], an additive mask input and scalar constants.
+const ATT: &str = "
+inputs:
+  - {name: q, dtype: f32, shape: [2, 2, 8, 4]}
+  - {name: k, dtype: f32, shape: [2, 2, 8, 4]}
+  - {name: v, dtype: f32, shape: [2, 2, 8, 4]}
+  - {name: m, dtype: f32, shape: [2, 1, 8, 8]}
+initializers:
+  - {name: half, dtype: f32, shape: [], values: [0.5], trainable: false}
+  - {name: two, dtype: f32, shape: [], values: [2.0], trainable: false}
+  - {name: one, dtype: f32, shape: [], values: [1.0], trainable: false}
+  - {name: thr, dtype: f32, shape: [], values: [-0.9], trainable: false}
+  - {name: neg, dtype: f32, shape: [], values: [-1.0e9], trainable: false}
+";
+
+fn att(outputs: &str, nodes: &str) -> String {
+    format!("{ATT}outputs: [{outputs}]\nnodes:\n{nodes}")
+}
+
+const QK: &str = "  - {op: Transpose, inputs: [k], outputs: [kt], attrs: {perm: [0, 1, 3, 2]}}\n  - {op: MatMul, inputs: [q, kt], outputs: [s], name: qk}\n";
+const PV: &str = "  - {op: Softmax, inputs: [z], outputs: [p], attrs: {axis: -1}, name: sm}\n  - {op: MatMul, inputs: [p, v], outputs: [o], name: pv}\n";
+
+#[test]
+fn attention_with_div_scale() {
+    let (g, r) = fuse(&att("o", &format!("{QK}  - {{op: Div, inputs: [s, two], outputs: [z]}}\n{PV}")));
+    assert_eq!(attention(&g), vec![(false, 0.5, 3)]);
+    assert_eq!(g.nodes.len(), 1);
+    assert_eq!(g.nodes[0].name, "pv");
+    assert_eq!(r.fired("attention"), 1);
+}
+
+#[test]
+fn attention_with_mul_scale_and_no_scale() {
+    let (g, _) = fuse(&att("o", &format!("{QK}  - {{op: Mul, inputs: [half, s], outputs: [z]}}\n{PV}")));
+    assert_eq!(attention(&g), vec![(false, 0.5, 3)]);
+    let (g, _) = fuse(&att("o", &format!("{QK}  - {{op: Identity, inputs: [s], outputs: [z]}}\n{PV}")));
+    assert_eq!(attention(&g), vec![(false, 1.0, 3)]);
+}
+
+#[test]
+fn attention_with_scale_on_q_and_k() {
+    let nodes = "  - {op: Mul, inputs: [q, half], outputs: [qs]}
+  - {op: Mul, inputs: [k, half], outputs: [ks]}
+  - {op: Transpose, inputs: [ks], outputs: [kt], attrs: {perm: [0, 1, 3, 2]}}
+  - {op: MatMul, inputs: [qs, kt], outputs: [z]}
+";
+    let (g, _) = fuse(&att("o", &format!("{nodes}{PV}")));
+    assert_eq!(attention(&g), vec![(false, 0.25, 3)]);
+    assert_eq!(g.nodes.len(), 1);
+}
+
+#[test]
+fn attention_with_additive_mask() {
+    let nodes = format!("{QK}  - {{op: Div, inputs: [s, two], outputs: [sd]}}\n  - {{op: Add, inputs: [m, sd], outputs: [z]}}\n{PV}");
+    let (g, _) = fuse(&att("o", &nodes));
+    assert_eq!(attention(&g), vec![(false, 0.5, 4)]);
+    assert_eq!(g.nodes[0].inputs[3], "m");
+}
+
+#[test]
+fn attention_with_bool_mask() {
+    let nodes = format!(
+        "  - {{op: Greater, inputs: [m, thr], outputs: [keep]}}\n{QK}  - {{op: Div, inputs: [s, two], outputs: [sd]}}\n  - {{op: Where, inputs: [keep, sd, neg], outputs: [z]}}\n{PV}"
+    );
+    let (g, _) = fuse(&att("o", &nodes));
+    assert_eq!(attention(&g), vec![(false, 0.5, 4)]);
+    assert_eq!(g.nodes.iter().find(|n| n.op.name() == "Attention").unwrap().inputs[3], "keep");
+}
+
+/// An [8, 8] mask's values, element (i, j) from `f`.
+fn mask_values(f: impl Fn(usize, usize) -> f64) -> String {
+    let v: Vec<String> = (0..8).flat_map(|i| (0..8).map(move |j| (i, j))).map(|(i, j)| f(i, j).to_string()).collect();
+    v.join(", ")
+}
+
+#[test]
+fn attention_with_constant_causal_additive_mask() {
+    let body = format!(
+        "{ATT}  - {{name: cm, dtype: f32, shape: [8, 8], values: [{}], trainable: false}}\noutputs: [o]\nnodes:\n{QK}  - {{op: Div, inputs: [s, two], outputs: [sd]}}\n  - {{op: Add, inputs: [sd, cm], outputs: [z]}}\n{PV}",
+        mask_values(|i, j| if j <= i { 0.0 } else { -1e9 })
+    );
+    let (g, _) = fuse(&body);
+    assert_eq!(attention(&g), vec![(true, 0.5, 3)]);
+    assert!(g.initializer("cm").is_none(), "the mask is dropped");
+}
+
+#[test]
+fn attention_with_constant_mask_that_is_not_causal_keeps_it() {
+    let body = format!(
+        "{ATT}  - {{name: cm, dtype: f32, shape: [8, 8], values: [{}], trainable: false}}\noutputs: [o]\nnodes:\n{QK}  - {{op: Add, inputs: [s, cm], outputs: [z]}}\n{PV}",
+        mask_values(|i, j| if j >= i { 0.0 } else { -1e9 })
+    );
+    let (g, _) = fuse(&body);
+    assert_eq!(attention(&g), vec![(false, 1.0, 4)]);
+}
+
+#[test]
+fn attention_with_trilu_causal_mask_on_static_shapes() {
+    // Static shapes: constant folding turns the Shape/Expand/Trilu/Cast chain into a
+    // constant lower-triangular mask, which attention fusion reads as causal.
+    let nodes = format!(
+        "{QK}  - {{op: Div, inputs: [s, two], outputs: [sd]}}
+  - {{op: Shape, inputs: [sd], outputs: [ss], attrs: {{start: 2}}}}
+  - {{op: Expand, inputs: [one, ss], outputs: [ones]}}
+  - {{op: Trilu, inputs: [ones], outputs: [tril], attrs: {{upper: 0}}}}
+  - {{op: Cast, inputs: [tril], outputs: [keepc], attrs: {{to: bool}}}}
+  - {{op: Where, inputs: [keepc, sd, neg], outputs: [z]}}
+{PV}"
+    );
+    let (g, r) = fuse(&att("o", &nodes));
+    assert_eq!(attention(&g), vec![(true, 0.5, 3)]);
+    assert_eq!(g.nodes.len(), 1);
+    assert!(r.fired("fold_shape") == 1 && r.fired("fold_constant") == 3, "{r}");
+    assert!(g.initializers.is_empty(), "{:?}", g.initializers.iter().map(|i| &i.name).collect::<Vec<_>>());
+    // With constant folding off, the chain itself is recognised.
+    let g0 = graph(&att("o", &nodes));
+    let (g, _) = run_passes(&g0, &PassOptions { disabled: vec!["constant_folding".into()], training: false });
+    assert_eq!(attention(&g), vec![(true, 0.5, 3)]);
+    assert_eq!(g.nodes.len(), 1);
+}
+
+#[test]
+fn attention_with_head_split_transpose_0231() {
+    let body = "
+inputs:
+  - {name: xq, dtype: f32, shape: [batch, seq, 16]}
+  - {name: xk, dtype: f32, shape: [batch, seq, 16]}
+  - {name: xv, dtype: f32, shape: [batch, seq, 16]}
+dims: {batch: 2, seq: 8}
+initializers:
+  - {name: heads, dtype: i64, shape: [4], values: [0, 0, 2, 8]}
+  - {name: merged, dtype: i64, shape: [3], values: [0, 0, 16]}
+  - {name: sqrt_d, dtype: f32, shape: [], values: [2.8284271247461903], trainable: false}
+outputs: [y]
+nodes:
+  - {op: Reshape, inputs: [xq, heads], outputs: [q1]}
+  - {op: Transpose, inputs: [q1], outputs: [q], attrs: {perm: [0, 2, 1, 3]}}
+  - {op: Reshape, inputs: [xk, heads], outputs: [k1]}
+  - {op: Transpose, inputs: [k1], outputs: [kt], attrs: {perm: [0, 2, 3, 1]}}
+  - {op: Reshape, inputs: [xv, heads], outputs: [v1]}
+  - {op: Transpose, inputs: [v1], outputs: [v], attrs: {perm: [0, 2, 1, 3]}}
+  - {op: MatMul, inputs: [q, kt], outputs: [s]}
+  - {op: Div, inputs: [s, sqrt_d], outputs: [z]}
+  - {op: Softmax, inputs: [z], outputs: [p], attrs: {axis: -1}}
+  - {op: MatMul, inputs: [p, v], outputs: [ctx], name: pv}
+  - {op: Transpose, inputs: [ctx], outputs: [ctx_t], attrs: {perm: [0, 2, 1, 3]}}
+  - {op: Reshape, inputs: [ctx_t, merged], outputs: [y]}
+";
+    let g = graph(body);
+    let (o, _) = run_passes(&g, &PassOptions::default());
+    let a = attention(&o);
+    assert_eq!(a.len(), 1);
+    assert!(!a[0].0 && (a[0].1 - 0.353_553_38).abs() < 1e-6);
+    let t: Vec<_> = o.nodes.iter().filter_map(|n| match &n.op { Op::Transpose { perm } if n.inputs[0] == "k1" => perm.clone(), _ => None }).collect();
+    assert_eq!(t, vec![vec![0, 2, 1, 3]], "K enters Attention as [B, H, S, D]");
+    assert_eq!(count(&o, "MatMul") + count(&o, "Softmax"), 0);
+    assert_same(&g, &o, &[("batch", 3), ("seq", 5)]);
+}
+
+// ------------------------------------------------------- attention: must not fire
+
+#[test]
+fn softmax_on_a_non_last_axis_is_not_attention() {
+    let nodes = format!("{QK}  - {{op: Div, inputs: [s, two], outputs: [z]}}\n  - {{op: Softmax, inputs: [z], outputs: [p], attrs: {{axis: 2}}, name: sm}}\n  - {{op: MatMul, inputs: [p, v], outputs: [o], name: pv}}\n");
+    let (g, r) = fuse(&att("o", &nodes));
+    assert!(attention(&g).is_empty());
+    assert!(r.explain.iter().any(|e| e.starts_with("Softmax 'sm': attention: Softmax axis 2")), "{:?}", r.explain);
+}
+
+#[test]
+fn scores_needed_elsewhere_block_attention() {
+    let nodes = format!("{QK}  - {{op: Div, inputs: [s, two], outputs: [z]}}\n{PV}");
+    let (g, r) = fuse(&att("o, z", &nodes));
+    assert!(attention(&g).is_empty());
+    assert!(r.explain.iter().any(|e| e.starts_with("Softmax 'sm'") && e.contains("graph output")), "{:?}", r.explain);
+    let (g, _) = fuse(&att("o, p", &nodes));
+    assert!(attention(&g).is_empty());
+}
+
+// ---------------------------------------------------------------- cleanup passes
+
+#[test]
+fn constant_folding_of_initializer_arithmetic() {
+    let body = "
+inputs: [{name: x, dtype: f32, shape: [2, 3]}]
+initializers:
+  - {name: a, dtype: f32, shape: [3], values: [1, 2, 3], trainable: false}
+  - {name: c, dtype: f32, shape: [], values: [0.5], trainable: false}
+outputs: [y]
+nodes:
+  - {op: Mul, inputs: [a, c], outputs: [ac]}
+  - {op: Neg, inputs: [ac], outputs: [nac]}
+  - {op: Add, inputs: [x, nac], outputs: [y]}
+";
+    let g = graph(body);
+    let (o, r) = run_passes(&g, &only("constant_folding"));
+    assert_eq!(o.op_counts().into_iter().collect::<Vec<_>>(), vec![("Add", 1)]);
+    let nac = o.initializer("nac").unwrap();
+    assert!(!nac.trainable && nac.source == graphrun::graph::InitSource::Data);
+    assert_eq!(nac.tensor.to_f64_vec(), vec![-0.5, -1.0, -1.5]);
+    assert!(o.initializer("a").is_none() && o.initializer("c").is_none(), "inputs of folded nodes pruned");
+    assert_eq!(r.fired("fold_constant"), 2);
+    assert_same(&g, &o, &[]);
+}
+
+const SHAPE_ARITH: &str = "
+initializers:
+  - {name: i0, dtype: i64, shape: [1], values: [0]}
+  - {name: minus1, dtype: i64, shape: [1], values: [-1]}
+outputs: [y]
+nodes:
+  - {op: Shape, inputs: [x], outputs: [sx]}
+  - {op: Gather, inputs: [sx, i0], outputs: [b]}
+  - {op: Concat, inputs: [b, minus1], outputs: [shape], attrs: {axis: 0}}
+  - {op: Reshape, inputs: [x, shape], outputs: [y]}
+";
+
+#[test]
+fn constant_folding_of_static_shape_arithmetic() {
+    let g = graph(&format!("inputs: [{{name: x, dtype: f32, shape: [2, 3, 4]}}]\n{SHAPE_ARITH}"));
+    let (o, r) = run_passes(&g, &PassOptions::default());
+    assert_eq!(o.op_counts().into_iter().collect::<Vec<_>>(), vec![("Reshape", 1)]);
+    assert_eq!(o.initializer("shape").unwrap().tensor.to_i64_vec(), vec![2, -1]);
+    assert_eq!((r.fired("fold_shape"), r.fired("fold_constant")), (1, 2));
+    assert_same(&g, &o, &[]);
+}
+
+#[test]
+fn constant_folding_leaves_symbolic_shapes() {
+    let g = graph(&format!("inputs: [{{name: x, dtype: f32, shape: [n, 3, 4]}}]\ndims: {{n: 2}}\n{SHAPE_ARITH}"));
+    let (o, r) = run_passes(&g, &PassOptions::default());
+    assert_eq!(count(&o, "Shape"), 1);
+    assert_eq!(r.fired("fold_shape"), 0);
+    assert_same(&g, &o, &[("n", 5)]);
+}
+
+#[test]
+fn constant_folding_leaves_trainable_weights() {
+    let body = "
+inputs: [{name: x, dtype: f32, shape: [2, 3]}]
+initializers:
+  - {name: w, dtype: f32, shape: [3, 3], init: {dist: normal, seed: 1}}
+outputs: [y]
+nodes:
+  - {op: Transpose, inputs: [w], outputs: [wt], attrs: {perm: [1, 0]}}
+  - {op: Relu, inputs: [wt], outputs: [wr]}
+  - {op: MatMul, inputs: [x, wr], outputs: [y]}
+";
+    let g = graph(body);
+    let (o, r) = run_passes(&g, &only("constant_folding"));
+    assert_eq!(o.nodes.len(), 3);
+    assert_eq!(r.total(), 0);
+}
+
+#[test]
+fn dead_nodes_and_unused_initializers_go() {
+    let body = "
+inputs: [{name: x, dtype: f32, shape: [2, 3]}]
+initializers:
+  - {name: c, dtype: f32, shape: [3], values: [1, 2, 3], trainable: false}
+  - {name: unused, dtype: f32, shape: [3], values: [1, 2, 3], trainable: false}
+outputs: [y]
+nodes:
+  - {op: Relu, inputs: [x], outputs: [y], name: keep}
+  - {op: Add, inputs: [x, c], outputs: [dead1], name: dead_a}
+  - {op: Exp, inputs: [dead1], outputs: [dead2], name: dead_b}
+";
+    let g = graph(body);
+    let (o, r) = run_passes(&g, &only("dead_node_elimination"));
+    assert_eq!(o.nodes.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(), vec!["keep"]);
+    assert!(o.initializers.is_empty());
+    assert_eq!((r.fired("dead_node"), r.fired("unused_initializer")), (2, 2));
+    assert_same(&g, &o, &[]);
+}
+
+const NOOP_HEAD: &str = "
+inputs: [{name: x, dtype: f32, shape: [2, 3, 4]}]
+initializers:
+  - {name: same, dtype: i64, shape: [3], values: [0, 3, -1]}
+";
+
+fn noop(outputs: &str, nodes: &str) -> (Graph, Report) {
+    let g = graph(&format!("{NOOP_HEAD}outputs: [{outputs}]\nnodes:\n{nodes}"));
+    let (o, r) = run_passes(&g, &only("noop_removal"));
+    assert_same(&g, &o, &[]);
+    (o, r)
+}
+
+#[test]
+fn noop_identity_dropout_cast_reshape() {
+    let nodes = "  - {op: Identity, inputs: [x], outputs: [a]}
+  - {op: Dropout, inputs: [a], outputs: [b], attrs: {ratio: 0.3}}
+  - {op: Cast, inputs: [b], outputs: [c], attrs: {to: f32}}
+  - {op: Reshape, inputs: [c, same], outputs: [d]}
+  - {op: Relu, inputs: [d], outputs: [y]}
+";
+    let (g, r) = noop("y", nodes);
+    assert_eq!(g.op_counts().into_iter().collect::<Vec<_>>(), vec![("Relu", 1)]);
+    assert_eq!(g.nodes[0].inputs, vec!["x"]);
+    for rule in ["identity", "dropout", "cast_same_dtype", "reshape_same_shape"] {
+        assert_eq!(r.fired(rule), 1, "{rule}");
+    }
+}
+
+#[test]
+fn noop_cast_to_another_dtype_and_real_reshape_stay() {
+    let nodes = "  - {op: Cast, inputs: [x], outputs: [c], attrs: {to: f64}}
+  - {op: Cast, inputs: [c], outputs: [c2], attrs: {to: f32}}
+  - {op: Reshape, inputs: [c2, flat], outputs: [y]}
+";
+    let g = graph(&format!("{NOOP_HEAD}  - {{name: flat, dtype: i64, shape: [2], values: [0, -1]}}\noutputs: [y]\nnodes:\n{nodes}"));
+    let (o, r) = run_passes(&g, &only("noop_removal"));
+    assert_eq!(o.nodes.len(), 3);
+    assert_eq!(r.total(), 0);
+}
+
+#[test]
+fn noop_dropout_kept_while_training() {
+    let nodes = "  - {op: Dropout, inputs: [x], outputs: [y], attrs: {ratio: 0.3}}\n  - {op: Dropout, inputs: [x], outputs: [z], attrs: {ratio: 0.0}}\n";
+    let g = graph(&format!("{NOOP_HEAD}outputs: [y2, z2]\nnodes:\n{nodes}  - {{op: Relu, inputs: [y], outputs: [y2]}}\n  - {{op: Relu, inputs: [z], outputs: [z2]}}\n"));
+    let opts = PassOptions { training: true, ..only("noop_removal") };
+    let (o, _) = run_passes(&g, &opts);
+    assert_eq!(count(&o, "Dropout"), 1, "only the ratio-0 Dropout goes");
+}
+
+#[test]
+fn noop_transposes() {
+    let nodes = "  - {op: Transpose, inputs: [x], outputs: [t0], attrs: {perm: [0, 1, 2]}}
+  - {op: Transpose, inputs: [t0], outputs: [t1], attrs: {perm: [1, 2, 0]}}
+  - {op: Transpose, inputs: [t1], outputs: [t2], attrs: {perm: [0, 2, 1]}}
+  - {op: Transpose, inputs: [t2], outputs: [t3], attrs: {perm: [2, 1, 0]}}
+  - {op: Relu, inputs: [t3], outputs: [y]}
+";
+    // [1,2,0] then [0,2,1] is [1,0,2]; then [2,1,0] gives [2,0,1]: one Transpose left.
+    let (g, r) = noop("y", nodes);
+    let perms: Vec<_> = g.nodes.iter().filter_map(|n| match &n.op { Op::Transpose { perm } => perm.clone(), _ => None }).collect();
+    assert_eq!(perms, vec![vec![2, 0, 1]]);
+    assert_eq!(r.fired("transpose_identity"), 1);
+    assert_eq!(r.fired("transpose_pair"), 2);
+    // A pair that composes to the identity disappears.
+    let nodes = "  - {op: Transpose, inputs: [x], outputs: [t1], attrs: {perm: [1, 2, 0]}}
+  - {op: Transpose, inputs: [t1], outputs: [t2], attrs: {perm: [2, 0, 1]}}
+  - {op: Relu, inputs: [t2], outputs: [y]}
+";
+    let (g, _) = noop("y", nodes);
+    assert_eq!(g.op_counts().into_iter().collect::<Vec<_>>(), vec![("Relu", 1)]);
+}
+
+#[test]
+fn noop_never_removes_a_graph_output() {
+    let (g, r) = noop("a", "  - {op: Identity, inputs: [x], outputs: [a]}\n");
+    assert_eq!(count(&g, "Identity"), 1);
+    assert_eq!(r.total(), 0);
+}
+
+#[test]
+fn cse_merges_identical_nodes() {
+    let body = "
+inputs: [{name: x, dtype: f32, shape: [2, 3]}]
+outputs: [y]
+nodes:
+  - {op: Exp, inputs: [x], outputs: [e1], name: first}
+  - {op: Exp, inputs: [x], outputs: [e2], name: second}
+  - {op: Relu, inputs: [e1], outputs: [r1]}
+  - {op: Relu, inputs: [e2], outputs: [r2]}
+  - {op: Softmax, inputs: [x], outputs: [s1], attrs: {axis: 0}}
+  - {op: Softmax, inputs: [x], outputs: [s2], attrs: {axis: 1}}
+  - {op: Add, inputs: [r1, r2], outputs: [a]}
+  - {op: Add, inputs: [s1, s2], outputs: [b]}
+  - {op: Add, inputs: [a, b], outputs: [y]}
+";
+    let g = graph(body);
+    let (o, r) = run_passes(&g, &only("cse"));
+    assert_eq!((count(&o, "Exp"), count(&o, "Relu"), count(&o, "Softmax")), (1, 1, 2), "different attrs are different nodes");
+    assert_eq!(o.nodes.iter().find(|n| n.op.name() == "Exp").unwrap().name, "first");
+    assert_eq!(r.fired("cse"), 2);
+    assert_same(&g, &o, &[]);
+}
+
+#[test]
+fn cse_keeps_the_node_that_produces_a_graph_output() {
+    let body = "
+inputs: [{name: x, dtype: f32, shape: [2, 3]}]
+outputs: [e2, y]
+nodes:
+  - {op: Exp, inputs: [x], outputs: [e1]}
+  - {op: Exp, inputs: [x], outputs: [e2]}
+  - {op: Relu, inputs: [e1], outputs: [y]}
+";
+    let g = graph(body);
+    let (o, _) = run_passes(&g, &only("cse"));
+    assert_eq!(count(&o, "Exp"), 1);
+    assert_eq!(o.nodes.iter().find(|n| n.op.name() == "Relu").unwrap().inputs, vec!["e2"]);
+    assert_same(&g, &o, &[]);
+}
+
+// ---------------------------------------------------------------- manager
+
+#[test]
+fn passes_can_be_disabled_and_unknown_names_are_errors() {
+    let g = graph(&mlp("y", &format!("{FC}  - {{op: Relu, inputs: [hb], outputs: [y]}}\n")));
+    let (o, r) = run_passes(&g, &PassOptions { disabled: vec!["matmul_epilogue_fusion".into()], training: false });
+    assert!(fused(&o).is_empty());
+    assert!(!r.passes.iter().find(|p| p.name == "matmul_epilogue_fusion").unwrap().enabled);
+    assert!(r.explain.iter().any(|e| e.contains("disabled")), "{:?}", r.explain);
+    let e = optimize(&g, &PassOptions { disabled: vec!["fusion".into()], training: false }).unwrap_err();
+    assert!(e.to_string().contains("unknown pass 'fusion'"), "{e}");
+}
+
+#[test]
+fn report_lists_every_pass_in_order_and_logs_rules() {
+    let g = graph(&mlp("y", &format!("{FC}  - {{op: Relu, inputs: [hb], outputs: [y]}}\n")));
+    let (_, r) = run_passes(&g, &PassOptions::default());
+    assert_eq!(r.passes.iter().map(|p| p.name).collect::<Vec<_>>(), PASSES.to_vec());
+    assert!(r.log.iter().any(|l| l == "matmul_epilogue_fusion: matmul_epilogue at 'fc'"), "{:?}", r.log);
+    let text = r.to_string();
+    assert!(text.contains("matmul_epilogue ×1"), "{text}");
+}
+
+#[test]
+fn optimize_is_pure_and_idempotent() {
+    for name in ["mlp", "mlp_large", "gpt_block", "attention"] {
+        let g = Model::load(format!("{}/models/{name}.yaml", env!("CARGO_MANIFEST_DIR"))).unwrap().graph;
+        let before = g.clone();
+        let (a, _) = run_passes(&g, &PassOptions::default());
+        let (b, _) = run_passes(&g, &PassOptions::default());
+        assert_eq!(g, before, "{name}: the input is untouched");
+        assert_eq!(a, b, "{name}: same input, same output");
+        let (_, again) = run_passes(&a, &PassOptions::default());
+        assert_eq!(again.total(), 0, "{name}: a second run finds nothing: {:?}", again.log);
+    }
+}
+
+// ---------------------------------------------------------------- models
+
+fn model(name: &str, dims: &[(&str, usize)]) -> (Graph, Report) {
+    let g = Model::load(format!("{}/models/{name}.yaml", env!("CARGO_MANIFEST_DIR"))).unwrap().graph;
+    let (o, r) = run_passes(&g, &PassOptions::default());
+    assert_same(&g, &o, dims);
+    (o, r)
+}
+
+#[test]
+fn model_mlp() {
+    let (g, r) = model("mlp", &[("batch", 4)]);
+    let acts: Vec<_> = fused(&g).into_iter().map(|f| f.0).collect();
+    assert_eq!(acts, vec!["relu", "relu", "none"]);
+    assert_eq!(g.op_counts().into_iter().collect::<Vec<_>>(), vec![("FusedMatMul", 3), ("SoftmaxCrossEntropyLoss", 1)]);
+    assert_eq!(g.nodes.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(), vec!["fc1", "fc2", "fc3", "loss"]);
+    assert!(r.explain.is_empty(), "{:?}", r.explain);
+}
+
+#[test]
+fn model_mlp_large() {
+    let (g, _) = model("mlp_large", &[("batch", 8)]);
+    let f = fused(&g);
+    assert_eq!(f.len(), 2);
+    assert_eq!((f[0].0, f[0].2.len()), ("gelu_tanh", 3));
+    assert_eq!(f[1], ("none", false, strs(&["g", "w2", "b2", "x"])));
+    assert_eq!(g.op_counts().into_iter().collect::<Vec<_>>(), vec![("FusedMatMul", 2), ("Mul", 1), ("ReduceMean", 1), ("Sub", 1)]);
+}
+
+#[test]
+fn model_gpt_block() {
+    let (g, r) = model("gpt_block", &[("batch", 2), ("seq", 32)]);
+    assert_eq!(attention(&g), vec![(true, 0.125, 3)]);
+    let acts: Vec<_> = fused(&g).into_iter().map(|f| (f.0, f.2.len())).collect();
+    assert_eq!(acts, vec![("none", 3), ("none", 4), ("gelu_tanh", 3), ("none", 4)]);
+    for op in ["MatMul", "Softmax", "Where", "Trilu", "Tanh", "Pow"] {
+        assert_eq!(count(&g, op), 0, "{op} left");
+    }
+    assert!(r.explain.is_empty(), "{:?}", r.explain);
+}
+
+#[test]
+fn model_attention() {
+    let (g, _) = model("attention", &[("batch", 2), ("seq", 32), ("heads", 2)]);
+    assert_eq!(attention(&g), vec![(true, 0.125, 3)]);
+    assert_eq!(g.nodes.len(), 1);
+    assert!(g.initializers.is_empty());
+}
+
