@@ -118,9 +118,9 @@ fn shape_pairs() -> Vec<(Vec<usize>, Vec<usize>)> {
 fn unary_float_ops() {
     let sym = rand(&[3, 4, 5], 1, -3.0, 3.0);
     let pos = rand(&[3, 4, 5], 2, 0.2, 4.0);
-    // ONNX float attributes are f32: alpha is f32(0.2), not the f64 0.2.
     let sig = |v: f64| 1.0 / (1.0 + (-v).exp());
-    let cases: Vec<(&str, Vec<(&str, AttrValue)>, &Tensor, Box<dyn Fn(f64) -> f64>)> = vec![
+    type Case<'a> = (&'a str, Vec<(&'a str, AttrValue)>, &'a Tensor, Box<dyn Fn(f64) -> f64>);
+    let cases: Vec<Case> = vec![
         ("Neg", vec![], &sym, Box::new(|v| -v)),
         ("Exp", vec![], &sym, Box::new(|v| v.exp())),
         ("Log", vec![], &pos, Box::new(|v| v.ln())),
@@ -131,6 +131,7 @@ fn unary_float_ops() {
         ("Relu", vec![], &sym, Box::new(|v| if v > 0.0 { v } else { 0.0 })),
         ("Sigmoid", vec![], &sym, Box::new(sig)),
         ("Tanh", vec![], &sym, Box::new(|v| v.tanh())),
+        // ONNX float attributes are f32: alpha is f32(0.2), not the f64 0.2.
         ("LeakyRelu", vec![("alpha", AttrValue::Float(0.2))], &sym, Box::new(|v| if v >= 0.0 { v } else { 0.2f32 as f64 * v })),
         ("LeakyRelu", vec![], &sym, Box::new(|v| if v >= 0.0 { v } else { 0.01f32 as f64 * v })),
     ];
@@ -256,7 +257,8 @@ fn int_div_by_zero_is_an_error() {
 
 #[test]
 fn comparisons() {
-    let cmps: [(&str, fn(f64, f64) -> bool); 3] = [("Equal", |p, q| p == q), ("Less", |p, q| p < q), ("Greater", |p, q| p > q)];
+    type Cmp = fn(f64, f64) -> bool;
+    let cmps: [(&str, Cmp); 3] = [("Equal", |p, q| p == q), ("Less", |p, q| p < q), ("Greater", |p, q| p > q)];
     for (i, (sa, sb)) in shape_pairs().into_iter().enumerate() {
         let s = 70 + 2 * i as u64;
         let (a, b) = (coarse(&sa, s), coarse(&sb, s + 1));

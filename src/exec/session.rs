@@ -209,7 +209,7 @@ impl<B: Backend> Run for Executor<B> {
                 self.profile.as_mut().expect("profiling on").push((step.node, secs));
             }
             result.map_err(|e| match e {
-                Error::Runtime(m) if !m.contains(&node.name) => Error::Runtime(format!("{}: {m}", node.describe())),
+                Error::Runtime(m) if !m.contains(&format!("node '{}'", node.name)) => Error::Runtime(format!("{}: {m}", node.describe())),
                 e => e,
             })?;
         }

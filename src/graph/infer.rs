@@ -345,7 +345,8 @@ pub fn infer_node(node: &Node, ins: &[Option<&ValueType>], consts: &[Option<&Ten
             Ok(out)
         }
         Op::Reduce { kind, axes, keepdims, noop_with_empty_axes } => {
-            if x.dtype == DType::Bool || (*kind == ReduceKind::Mean && !x.dtype.is_float()) && !x.dtype.is_int() {
+            // ONNX defines all three on floats and ints (an int mean truncates).
+            if x.dtype == DType::Bool {
                 return Err(f(format!("{} is not defined for {}", node.op.name(), x.dtype)));
             }
             let r = x.shape.len();
@@ -596,10 +597,13 @@ pub fn infer_node(node: &Node, ins: &[Option<&ValueType>], consts: &[Option<&Ten
             need_float(&x, "data")?;
             if let Some(r) = t(1) {
                 need_float(r, "ratio")?;
+                if r.numel() != 1 {
+                    return Err(f(format!("ratio must be a scalar, got shape {}", fmt_shape(&r.shape))));
+                }
             }
             if let Some(m) = t(2) {
-                if m.dtype != DType::Bool {
-                    return Err(f("training_mode must be bool".into()));
+                if m.dtype != DType::Bool || m.numel() != 1 {
+                    return Err(f("training_mode must be a bool scalar".into()));
                 }
             }
             let mut out = vec![x.clone()];

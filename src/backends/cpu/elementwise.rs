@@ -8,6 +8,7 @@ use crate::tensor::{DType, Elem, Float, Real, Tensor};
 use crate::{with_any, with_float, with_num};
 use num_traits::Float as _;
 use rayon::prelude::*;
+use std::iter::repeat_n;
 
 /// Outputs smaller than this run on the calling thread: rayon's hand-off costs more.
 const PAR_MIN: usize = 1 << 15;
@@ -206,6 +207,12 @@ impl<const N: usize> Bcast<N> {
     /// `start..start + len`: `pos` counts from `start`, `offs` are the operands' offsets
     /// of the run's first element, and the run continues with strides `self.inner()`.
     pub(super) fn walk(&self, start: usize, len: usize, mut f: impl FnMut(usize, usize, [usize; N])) {
+        // offs += k * st, with k signed through wrapping (offsets never go negative).
+        fn shift<const N: usize>(offs: &mut [usize; N], st: &[usize; N], k: isize) {
+            for (o, s) in offs.iter_mut().zip(st) {
+                *o = o.wrapping_add_signed(k * *s as isize);
+            }
+        }
         let r = self.dims.len();
         let mut idx = vec![0; r];
         let mut offs = [0usize; N];
@@ -213,9 +220,7 @@ impl<const N: usize> Bcast<N> {
         for d in (0..r).rev() {
             idx[d] = rem % self.dims[d];
             rem /= self.dims[d];
-            for k in 0..N {
-                offs[k] += idx[d] * self.strides[d][k];
-            }
+            shift(&mut offs, &self.strides[d], idx[d] as isize);
         }
         let (inner, ist) = (self.dims[r - 1], self.inner());
         let mut pos = 0;
@@ -224,29 +229,21 @@ impl<const N: usize> Bcast<N> {
             f(pos, run, offs);
             pos += run;
             idx[r - 1] += run;
-            for k in 0..N {
-                offs[k] += run * ist[k];
-            }
+            shift(&mut offs, &ist, run as isize);
             if idx[r - 1] < inner {
                 continue;
             }
             // Carry into the outer dims.
             idx[r - 1] = 0;
-            for k in 0..N {
-                offs[k] -= inner * ist[k];
-            }
+            shift(&mut offs, &ist, -(inner as isize));
             for d in (0..r - 1).rev() {
                 idx[d] += 1;
-                for k in 0..N {
-                    offs[k] += self.strides[d][k];
-                }
+                shift(&mut offs, &self.strides[d], 1);
                 if idx[d] < self.dims[d] {
                     break;
                 }
                 idx[d] = 0;
-                for k in 0..N {
-                    offs[k] -= self.dims[d] * self.strides[d][k];
-                }
+                shift(&mut offs, &self.strides[d], -(self.dims[d] as isize));
             }
         }
     }
@@ -430,12 +427,14 @@ pub fn where_(c: &Tensor, a: &Tensor, b: &Tensor, out: &mut Tensor) -> Result<()
         par_for(out.as_mut_slice::<T>(), |start, o| {
             bc.walk(start, o.len(), |pos, n, [oc, oa, ob]| {
                 let o = &mut o[pos..pos + n];
-                // Literal strides for the common patterns let the compiler specialise.
+                // Unit-stride and broadcast-scalar runs get plain zipped loops.
+                let (c, x, y) = (&cond[oc..], &a[oa..], &b[ob..]);
                 match (sc, sa, sb) {
-                    (1, 1, 1) => select(o, &cond[oc..], 1, &a[oa..], 1, &b[ob..], 1),
-                    (1, 1, 0) => select(o, &cond[oc..], 1, &a[oa..], 1, &b[ob..], 0),
-                    (1, 0, 1) => select(o, &cond[oc..], 1, &a[oa..], 0, &b[ob..], 1),
-                    _ => select(o, &cond[oc..], sc, &a[oa..], sa, &b[ob..], sb),
+                    (1, 1, 1) => select(o, c[..n].iter(), x[..n].iter(), y[..n].iter()),
+                    (1, 1, 0) => select(o, c[..n].iter(), x[..n].iter(), repeat_n(&y[0], n)),
+                    (1, 0, 1) => select(o, c[..n].iter(), repeat_n(&x[0], n), y[..n].iter()),
+                    (0, 1, 1) => select(o, repeat_n(&c[0], n), x[..n].iter(), y[..n].iter()),
+                    _ => select(o, (0..n).map(|i| &c[i * sc]), (0..n).map(|i| &x[i * sa]), (0..n).map(|i| &y[i * sb])),
                 }
             })
         })
@@ -443,10 +442,16 @@ pub fn where_(c: &Tensor, a: &Tensor, b: &Tensor, out: &mut Tensor) -> Result<()
     Ok(())
 }
 
+/// Branch-free: a random mask would make a branch mispredict half the time.
 #[inline(always)]
-fn select<T: Copy>(o: &mut [T], c: &[u8], sc: usize, a: &[T], sa: usize, b: &[T], sb: usize) {
-    for (i, o) in o.iter_mut().enumerate() {
-        *o = if c[i * sc] != 0 { a[i * sa] } else { b[i * sb] };
+fn select<'a, T: Copy + 'a>(
+    o: &mut [T],
+    c: impl Iterator<Item = &'a u8>,
+    a: impl Iterator<Item = &'a T>,
+    b: impl Iterator<Item = &'a T>,
+) {
+    for (((o, &c), &x), &y) in o.iter_mut().zip(c).zip(a).zip(b) {
+        *o = std::hint::select_unpredictable(c != 0, x, y);
     }
 }
 

@@ -50,6 +50,9 @@ fn softmax_t<T: Float>(x: &[T], n: usize, inner: usize, log: bool, out: &mut [T]
     out.par_chunks_mut(block).zip(x.par_chunks(block)).with_min_len(min_rows(block)).for_each_init(
         Vec::new,
         |scratch: &mut Vec<T::Acc>, (o, x)| {
+            if inner == 1 {
+                return softmax_row(x, log, scratch, o);
+            }
             scratch.clear();
             scratch.resize(2 * inner + block, T::Acc::neg_infinity());
             let (m, rest) = scratch.split_at_mut(inner);
@@ -90,6 +93,21 @@ fn softmax_t<T: Float>(x: &[T], n: usize, inner: usize, log: bool, out: &mut [T]
     );
 }
 
+/// Softmax of one contiguous row (the last-axis case), in plain loops that vectorise.
+fn softmax_row<T: Float>(x: &[T], log: bool, e: &mut Vec<T::Acc>, o: &mut [T]) {
+    let m = x.iter().fold(T::Acc::neg_infinity(), |m, v| m.max(v.to_acc()));
+    e.clear();
+    e.extend(x.iter().map(|v| (v.to_acc() - m).exp()));
+    let s: T::Acc = e.iter().copied().sum();
+    if log {
+        let lse = m + s.ln();
+        o.iter_mut().zip(x).for_each(|(o, v)| *o = T::from_acc(v.to_acc() - lse));
+    } else {
+        let r = s.recip();
+        o.iter_mut().zip(e.iter()).for_each(|(o, e)| *o = T::from_acc(*e * r));
+    }
+}
+
 /// `outs` holds Y and optionally Mean and InvStdDev.
 pub fn layer_norm(x: &Tensor, scale: &Tensor, bias: Option<&Tensor>, axis: i64, eps: f32, outs: &mut [Tensor]) -> Result<()> {
     let axis = checked_axis(axis, x)?;
@@ -99,9 +117,6 @@ pub fn layer_norm(x: &Tensor, scale: &Tensor, bias: Option<&Tensor>, axis: i64, 
 fn layer_norm_t<T: Float>(x: &Tensor, scale: &Tensor, bias: Option<&Tensor>, axis: usize, eps: f32, outs: &mut [Tensor]) -> Result<()> {
     let norm = &x.shape()[axis..];
     let n = numel(norm);
-    if x.numel() == 0 {
-        return Ok(());
-    }
     // Scale and B are broadcast to the normalised shape once, not per row.
     let expand = |t: &Tensor| -> Vec<T::Acc> {
         let (src, mut v) = (t.as_slice::<T>(), Vec::with_capacity(n));
@@ -114,8 +129,12 @@ fn layer_norm_t<T: Float>(x: &Tensor, scale: &Tensor, bias: Option<&Tensor>, axi
     let b = bias.map(expand);
     let (n_acc, eps) = (T::Acc::c(n as f64), T::Acc::c(eps as f64));
     let (y, stats) = outs.split_at_mut(1);
-    let stats_rows: Vec<(T::Acc, T::Acc)> = y[0]
-        .as_mut_slice::<T>()
+    let nan = T::Acc::nan();
+    // An empty normalised shape has no statistics (NaN) and Y is empty.
+    let stats_rows: Vec<(T::Acc, T::Acc)> = if n == 0 {
+        vec![(nan, nan); numel(&x.shape()[..axis])]
+    } else {
+        y[0].as_mut_slice::<T>()
         .par_chunks_mut(n)
         .zip(x.as_slice::<T>().par_chunks(n))
         .with_min_len(min_rows(n))
@@ -133,7 +152,8 @@ fn layer_norm_t<T: Float>(x: &Tensor, scale: &Tensor, bias: Option<&Tensor>, axi
             }
             (mean, inv)
         })
-        .collect();
+        .collect()
+    };
     // Mean and InvStdDev have the dtype inference gave them (f32, or f64 for f64 input).
     for (k, s) in stats.iter_mut().enumerate() {
         with_float!(s.dtype(), S => {
@@ -210,7 +230,9 @@ fn reduce_t<T: Num, const MAX: bool>(kind: ReduceKind, x: &Tensor, axes: &[usize
             accs.resize(inner, init);
             idx.clear();
             idx.resize(odo.len(), 0);
-            while n > 0 {
+            // Empty reduced dims (n = 0) leave the initial value.
+            let mut more = n > 0;
+            while more {
                 if inner > 1 {
                     for (a, v) in accs.iter_mut().zip(&xs[off..off + inner]) {
                         *a = step(*a, v.load());
@@ -218,9 +240,7 @@ fn reduce_t<T: Num, const MAX: bool>(kind: ReduceKind, x: &Tensor, axes: &[usize
                 } else {
                     accs[0] = xs[off..off + seg].iter().fold(accs[0], |a, v| step(a, v.load()));
                 }
-                if !advance(idx, &odo, &mut off) {
-                    break;
-                }
+                more = advance(idx, &odo, &mut off);
             }
             for (o, &a) in o.iter_mut().zip(accs.iter()) {
                 *o = finish(a);
@@ -305,7 +325,7 @@ fn sce_t<T: Float>(scores: &Tensor, labels: &[i64], weights: Option<&Tensor>, re
         }
     };
     let (out, lp) = outs.split_at_mut(1);
-    if d > 0 {
+    if d > 0 && c > 0 {
         let rows = loss.par_chunks_mut(d).enumerate().with_min_len(min_rows(c * d));
         match lp.first_mut() {
             Some(lp) => rows
