@@ -41,10 +41,16 @@ pub enum Error {
 
 impl Error {
     pub fn model(loc: &Loc, msg: impl Into<String>) -> Self {
-        Error::Model { loc: loc.clone(), msg: msg.into() }
+        Error::Model {
+            loc: loc.clone(),
+            msg: msg.into(),
+        }
     }
     pub fn io(path: impl AsRef<std::path::Path>, e: impl fmt::Display) -> Self {
-        Error::Io { path: path.as_ref().display().to_string(), msg: e.to_string() }
+        Error::Io {
+            path: path.as_ref().display().to_string(),
+            msg: e.to_string(),
+        }
     }
     /// True for errors caused by the model or the arguments (CLI exit code 2) rather
     /// than by running (exit code 1).

@@ -37,11 +37,15 @@ pub struct Model {
 impl Model {
     /// Loads and validates a model file (SPEC §1).
     pub fn load(path: impl AsRef<Path>) -> Result<Model> {
-        Ok(Model { graph: graph::yaml::load(path.as_ref())? })
+        Ok(Model {
+            graph: graph::yaml::load(path.as_ref())?,
+        })
     }
     /// Loads a model from YAML text; relative initializer files resolve against `base`.
     pub fn from_str(text: &str, base: impl AsRef<Path>) -> Result<Model> {
-        Ok(Model { graph: graph::yaml::load_str(text, "<string>", base.as_ref())? })
+        Ok(Model {
+            graph: graph::yaml::load_str(text, "<string>", base.as_ref())?,
+        })
     }
     /// Writes the model back as YAML (self-contained; see `graph::yaml::save`).
     pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
@@ -49,7 +53,11 @@ impl Model {
     }
     /// Seeded random data for every graph input; symbolic dims from `dims`, else the
     /// model's defaults.
-    pub fn random_inputs(&self, seed: u64, dims: &BTreeMap<String, usize>) -> Result<HashMap<String, Tensor>> {
+    pub fn random_inputs(
+        &self,
+        seed: u64,
+        dims: &BTreeMap<String, usize>,
+    ) -> Result<HashMap<String, Tensor>> {
         let mut all = self.graph.dims.clone();
         all.extend(dims.iter().map(|(k, v)| (k.clone(), *v)));
         self.graph

@@ -12,8 +12,12 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "graphrun", version, about = "Run, inspect and train ONNX-style YAML models on CPU, CUDA or WebGPU",
-    after_help = "`graphrun MODEL.yaml [options]` is short for `graphrun run MODEL.yaml [options]`.")]
+#[command(
+    name = "graphrun",
+    version,
+    about = "Run, inspect and train ONNX-style YAML models on CPU, CUDA or WebGPU",
+    after_help = "`graphrun MODEL.yaml [options]` is short for `graphrun run MODEL.yaml [options]`."
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -150,15 +154,27 @@ struct Fail {
 
 impl From<Error> for Fail {
     fn from(e: Error) -> Fail {
-        Fail { code: if e.is_user_error() { 2 } else { 1 }, err: e.into() }
+        Fail {
+            code: if e.is_user_error() { 2 } else { 1 },
+            err: e.into(),
+        }
     }
 }
 
 fn usage(msg: impl std::fmt::Display) -> Fail {
-    Fail { code: 2, err: anyhow::anyhow!("{msg}") }
+    Fail {
+        code: 2,
+        err: anyhow::anyhow!("{msg}"),
+    }
 }
 
 fn main() -> ExitCode {
+    // Die quietly on a closed pipe (`graphrun ... | head`) as Unix tools do, instead of a
+    // panic from println!.
+    #[cfg(unix)]
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let mut argv: Vec<String> = std::env::args().collect();
     // `graphrun MODEL ...` means `graphrun run MODEL ...`.
     let subcommands = ["run", "inspect", "doctor", "bench", "train", "help"];
@@ -200,7 +216,11 @@ fn parse_dims(dims: &[String]) -> Result<BTreeMap<String, usize>, Fail> {
     let mut out = BTreeMap::new();
     for d in dims {
         let (k, v) = parse_kv(d, "--dim")?;
-        let n: usize = v.parse().map_err(|_| usage(format!("--dim {k}={v}: the size must be a non-negative integer")))?;
+        let n: usize = v.parse().map_err(|_| {
+            usage(format!(
+                "--dim {k}={v}: the size must be a non-negative integer"
+            ))
+        })?;
         if let Some(prev) = out.insert(k.clone(), n) {
             if prev != n {
                 return Err(usage(format!("--dim {k} is given twice ({prev} and {n})")));
@@ -224,11 +244,18 @@ fn load(path: &Path, dtype: Option<&str>) -> Result<Model, Fail> {
 }
 
 /// The graph the passes make (or the graph as written with --no-fuse).
-fn optimized(g: &graphrun::Graph, no_fuse: bool, disabled: &[String]) -> Result<(graphrun::Graph, Option<passes::Report>), Fail> {
+fn optimized(
+    g: &graphrun::Graph,
+    no_fuse: bool,
+    disabled: &[String],
+) -> Result<(graphrun::Graph, Option<passes::Report>), Fail> {
     if no_fuse {
         return Ok((g.clone(), None));
     }
-    let opts = passes::PassOptions { disabled: disabled.to_vec(), training: false };
+    let opts = passes::PassOptions {
+        disabled: disabled.to_vec(),
+        training: false,
+    };
     let (g2, report) = passes::optimize(g, &opts)?;
     Ok((g2, Some(report)))
 }
@@ -243,7 +270,9 @@ fn check_unimplemented(backward: bool) -> Result<(), Fail> {
 fn run(a: RunArgs) -> Result<(), Fail> {
     check_unimplemented(a.backward || !a.grads.is_empty())?;
     if a.verify_fusion && a.common.no_fuse {
-        return Err(usage("--verify-fusion compares fused with unfused: drop --no-fuse"));
+        return Err(usage(
+            "--verify-fusion compares fused with unfused: drop --no-fuse",
+        ));
     }
     let model = load(&a.model, a.common.dtype.as_deref())?;
     let g = &model.graph;
@@ -252,12 +281,18 @@ fn run(a: RunArgs) -> Result<(), Fail> {
     if a.out_dir.is_some() {
         for o in &g.outputs {
             if o.contains(['/', '\\']) || o == "." || o == ".." || o.is_empty() {
-                return Err(usage(format!("output '{o}' cannot be written as a file name under --out-dir")));
+                return Err(usage(format!(
+                    "output '{o}' cannot be written as a file name under --out-dir"
+                )));
             }
         }
     }
     // The backend is set up first, so that a missing device is the one line printed.
-    let opts = SessionOptions { backend: backend_of(&a.common), dims: dims.clone(), training: false };
+    let opts = SessionOptions {
+        backend: backend_of(&a.common),
+        dims: dims.clone(),
+        training: false,
+    };
     let (fused, _) = optimized(g, a.common.no_fuse, &a.common.disable_pass)?;
     let mut session = Session::new(fused, opts.clone())?;
     let mut feeds: HashMap<String, Tensor> = HashMap::new();
@@ -265,28 +300,48 @@ fn run(a: RunArgs) -> Result<(), Fail> {
         let (name, file) = parse_kv(spec, "--input")?;
         let Some(info) = g.input(&name) else {
             let names: Vec<&str> = g.inputs.iter().map(|i| i.name.as_str()).collect();
-            return Err(usage(format!("--input {name}: the model has no input '{name}' (its inputs: {})", names.join(", "))));
+            return Err(usage(format!(
+                "--input {name}: the model has no input '{name}' (its inputs: {})",
+                names.join(", ")
+            )));
         };
         if feeds.contains_key(&name) {
             return Err(usage(format!("--input {name} is given twice")));
         }
         let mut t = Tensor::read_npy(Path::new(&file))?;
         // With --dtype, float files are cast like the model's floats.
-        if t.dtype().is_float() && info.dtype.is_float() && t.dtype() != info.dtype && a.common.dtype.is_some() {
+        if t.dtype().is_float()
+            && info.dtype.is_float()
+            && t.dtype() != info.dtype
+            && a.common.dtype.is_some()
+        {
             t = t.cast(info.dtype);
         }
         if t.dtype() != info.dtype {
-            return Err(usage(format!("--input {name}={file}: the file holds {} data, the input is {}", t.dtype(), info.dtype)));
+            return Err(usage(format!(
+                "--input {name}={file}: the file holds {} data, the input is {}",
+                t.dtype(),
+                info.dtype
+            )));
         }
         feeds.insert(name, t);
     }
     let fill_all = a.inputs.is_empty();
     if !fill_all && !a.random_inputs {
-        let missing: Vec<&str> = g.inputs.iter().map(|i| i.name.as_str()).filter(|n| !feeds.contains_key(*n)).collect();
+        let missing: Vec<&str> = g
+            .inputs
+            .iter()
+            .map(|i| i.name.as_str())
+            .filter(|n| !feeds.contains_key(*n))
+            .collect();
         if !missing.is_empty() {
             return Err(usage(format!(
                 "no --input for {}; give every input, or add --random-inputs to fill the rest",
-                missing.iter().map(|m| format!("'{m}'")).collect::<Vec<_>>().join(", ")
+                missing
+                    .iter()
+                    .map(|m| format!("'{m}'"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             )));
         }
     }
@@ -296,11 +351,20 @@ fn run(a: RunArgs) -> Result<(), Fail> {
         if !feeds.contains_key(&i.name) {
             let shape = exec::concrete_shape(i, &bound)?;
             feeds.insert(i.name.clone(), exec::random_input(i, &shape, a.seed)?);
-            filled.push(format!("{} {}{}", i.name, i.dtype, graphrun::tensor::fmt_shape(&shape)));
+            filled.push(format!(
+                "{} {}{}",
+                i.name,
+                i.dtype,
+                graphrun::tensor::fmt_shape(&shape)
+            ));
         }
     }
     if !filled.is_empty() && !a.quiet {
-        eprintln!("filling {} with seeded random data (seed {})", filled.join(", "), a.seed);
+        eprintln!(
+            "filling {} with seeded random data (seed {})",
+            filled.join(", "),
+            a.seed
+        );
     }
     let outs = session.run(&feeds)?;
     if a.verify_fusion {
@@ -308,9 +372,18 @@ fn run(a: RunArgs) -> Result<(), Fail> {
     }
     for (name, t) in &outs {
         if a.quiet {
-            println!("{name}: {} {}", t.dtype(), graphrun::tensor::fmt_shape(t.shape()));
+            println!(
+                "{name}: {} {}",
+                t.dtype(),
+                graphrun::tensor::fmt_shape(t.shape())
+            );
         } else {
-            println!("{name}: {} {} {}", t.dtype(), graphrun::tensor::fmt_shape(t.shape()), t.summary());
+            println!(
+                "{name}: {} {} {}",
+                t.dtype(),
+                graphrun::tensor::fmt_shape(t.shape()),
+                t.summary()
+            );
         }
     }
     if let Some(dir) = &a.out_dir {
@@ -320,12 +393,22 @@ fn run(a: RunArgs) -> Result<(), Fail> {
 }
 
 /// Runs the unfused graph on the same inputs and compares every output (SPEC §5).
-fn verify_fusion(g: &graphrun::Graph, opts: SessionOptions, feeds: &HashMap<String, Tensor>, fused: &[(String, Tensor)]) -> Result<(), Fail> {
+fn verify_fusion(
+    g: &graphrun::Graph,
+    opts: SessionOptions,
+    feeds: &HashMap<String, Tensor>,
+    fused: &[(String, Tensor)],
+) -> Result<(), Fail> {
     let plain = Session::new(g.clone(), opts)?.run(feeds)?;
     let mut worst = vec![];
     for ((name, a), (_, b)) in fused.iter().zip(&plain) {
         let (x, y) = (a.to_f64_vec(), b.to_f64_vec());
-        let num: f64 = x.iter().zip(&y).map(|(p, q)| (p - q) * (p - q)).sum::<f64>().sqrt();
+        let num: f64 = x
+            .iter()
+            .zip(&y)
+            .map(|(p, q)| (p - q) * (p - q))
+            .sum::<f64>()
+            .sqrt();
         let den: f64 = y.iter().map(|q| q * q).sum::<f64>().sqrt();
         let rel = if den > 0.0 { num / den } else { num };
         let tol = match a.dtype() {
@@ -334,7 +417,10 @@ fn verify_fusion(g: &graphrun::Graph, opts: SessionOptions, feeds: &HashMap<Stri
             _ => 1e-2,
         };
         let ok = rel <= tol; // NaN fails
-        println!("verify-fusion {name}: max relative difference {rel:.3e} (tolerance {tol:.0e}) {}", if ok { "ok" } else { "FAILED" });
+        println!(
+            "verify-fusion {name}: max relative difference {rel:.3e} (tolerance {tol:.0e}) {}",
+            if ok { "ok" } else { "FAILED" }
+        );
         if !ok {
             worst.push(name.clone());
         }
@@ -342,7 +428,13 @@ fn verify_fusion(g: &graphrun::Graph, opts: SessionOptions, feeds: &HashMap<Stri
     if worst.is_empty() {
         Ok(())
     } else {
-        Err(Fail { code: 1, err: anyhow::anyhow!("--verify-fusion: fused and unfused graphs differ beyond tolerance in {}", worst.join(", ")) })
+        Err(Fail {
+            code: 1,
+            err: anyhow::anyhow!(
+                "--verify-fusion: fused and unfused graphs differ beyond tolerance in {}",
+                worst.join(", ")
+            ),
+        })
     }
 }
 
@@ -357,7 +449,10 @@ fn write_outputs(dir: &Path, outs: &[(String, Tensor)]) -> Result<(), Fail> {
             for w in &written {
                 let _ = std::fs::remove_file(w);
             }
-            return Err(Fail { code: 1, err: e.into() });
+            return Err(Fail {
+                code: 1,
+                err: e.into(),
+            });
         }
         written.push(path);
     }
@@ -403,9 +498,26 @@ fn inspect(a: InspectArgs) -> Result<(), Fail> {
     }
     println!("  output {}", g.outputs.join(", "));
     let pbytes: usize = g.initializers.iter().map(|i| i.tensor.size_bytes()).sum();
-    let trainable: usize = g.initializers.iter().filter(|i| i.trainable).map(|i| i.tensor.numel()).sum();
-    println!("parameters: {} ({} trainable) in {} initializers, {}", g.param_count(), trainable, g.initializers.len(), fmt_bytes(pbytes));
-    let counts = |g: &graphrun::Graph| g.op_counts().iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", ");
+    let trainable: usize = g
+        .initializers
+        .iter()
+        .filter(|i| i.trainable)
+        .map(|i| i.tensor.numel())
+        .sum();
+    println!(
+        "parameters: {} ({} trainable) in {} initializers, {}",
+        g.param_count(),
+        trainable,
+        g.initializers.len(),
+        fmt_bytes(pbytes)
+    );
+    let counts = |g: &graphrun::Graph| {
+        g.op_counts()
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
     println!("before passes: {} nodes: {}", g.nodes.len(), counts(g));
     let (fused, report) = optimized(g, a.no_fuse, &a.disable_pass)?;
     match &report {
@@ -417,10 +529,16 @@ fn inspect(a: InspectArgs) -> Result<(), Fail> {
             }
         }
     }
-    println!("after passes: {} nodes: {}", fused.nodes.len(), counts(&fused));
+    println!(
+        "after passes: {} nodes: {}",
+        fused.nodes.len(),
+        counts(&fused)
+    );
     if a.explain_fusion {
         match &report {
-            Some(r) if r.explain.is_empty() => println!("explain-fusion: every MatMul and Softmax was fused"),
+            Some(r) if r.explain.is_empty() => {
+                println!("explain-fusion: every MatMul and Softmax was fused")
+            }
             Some(r) => {
                 println!("explain-fusion:");
                 for e in &r.explain {
@@ -431,11 +549,17 @@ fn inspect(a: InspectArgs) -> Result<(), Fail> {
         }
     }
     let g = &fused;
-    let model = Model { graph: fused.clone() };
+    let model = Model {
+        graph: fused.clone(),
+    };
     // Plan with bound dims: --dim, then the model's defaults.
     let mut bound = g.dims.clone();
     bound.extend(dims.clone());
-    let unbound: Vec<String> = g.symbols().into_iter().filter(|s| !bound.contains_key(s)).collect();
+    let unbound: Vec<String> = g
+        .symbols()
+        .into_iter()
+        .filter(|s| !bound.contains_key(s))
+        .collect();
     if !unbound.is_empty() {
         return Err(usage(format!(
             "symbolic dim{} {} not bound: give --dim {}=N (or a default under dims:) to plan the model",
@@ -444,12 +568,29 @@ fn inspect(a: InspectArgs) -> Result<(), Fail> {
             unbound[0]
         )));
     }
-    let shapes: HashMap<String, Vec<usize>> =
-        g.inputs.iter().map(|i| Ok((i.name.clone(), exec::concrete_shape(i, &bound)?))).collect::<Result<_, Error>>()?;
+    let shapes: HashMap<String, Vec<usize>> = g
+        .inputs
+        .iter()
+        .map(|i| Ok((i.name.clone(), exec::concrete_shape(i, &bound)?)))
+        .collect::<Result<_, Error>>()?;
     let plan = graphrun::Plan::new(g, &shapes)?;
     let bind: Vec<String> = bound.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    println!("plan ({}): {} steps, {}FLOP per run", if bind.is_empty() { "static shapes".into() } else { bind.join(", ") }, plan.steps.len(), fmt_count(plan.flops as f64));
-    println!("  peak activation memory {} (without buffer reuse: {}), weights {}", fmt_bytes(plan.peak_bytes()), fmt_bytes(plan.naive_bytes), fmt_bytes(plan.weight_bytes));
+    println!(
+        "plan ({}): {} steps, {}FLOP per run",
+        if bind.is_empty() {
+            "static shapes".into()
+        } else {
+            bind.join(", ")
+        },
+        plan.steps.len(),
+        fmt_count(plan.flops as f64)
+    );
+    println!(
+        "  peak activation memory {} (without buffer reuse: {}), weights {}",
+        fmt_bytes(plan.peak_bytes()),
+        fmt_bytes(plan.naive_bytes),
+        fmt_bytes(plan.weight_bytes)
+    );
     for o in &g.outputs {
         let t: &ValueType = &plan.types[o];
         println!("  {o}: {t}");
@@ -467,8 +608,14 @@ fn inspect(a: InspectArgs) -> Result<(), Fail> {
 }
 
 fn doctor() -> Result<(), Fail> {
-    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-    println!("cpu: {threads} threads (rayon pool {}), {}", rayon::current_num_threads(), cpu_features());
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    println!(
+        "cpu: {threads} threads (rayon pool {}), {}",
+        rayon::current_num_threads(),
+        cpu_features()
+    );
     let gf = graphrun::backends::cpu::gemm_f32_gflops(1024, 10);
     println!("  f32 GEMM 1024³ (median of 10): {gf:.1} GFLOP/s");
     println!("cuda: not built into this version of graphrun");
@@ -506,7 +653,11 @@ fn bench(a: BenchArgs) -> Result<(), Fail> {
     let model = load(&a.model, a.common.dtype.as_deref())?;
     let dims = parse_dims(&a.common.dims)?;
     let feeds = model.random_inputs(a.seed, &dims)?;
-    let opts = SessionOptions { backend: backend_of(&a.common), dims, training: false };
+    let opts = SessionOptions {
+        backend: backend_of(&a.common),
+        dims,
+        training: false,
+    };
     let (fused, _) = optimized(&model.graph, a.common.no_fuse, &a.common.disable_pass)?;
     let mut session = Session::new(fused, opts)?;
     let plan = session.plan_for(&feeds)?;
@@ -524,9 +675,19 @@ fn bench(a: BenchArgs) -> Result<(), Fail> {
     let (min, max) = (times[0], times[times.len() - 1]);
     let tflops = plan.flops as f64 / (med * 1e-3) / 1e12;
     let peak_mib = (plan.peak_bytes() + plan.weight_bytes) as f64 / (1024.0 * 1024.0);
-    println!("{}: {} on {}, {} iterations", model.graph.name, a.model.display(), session.backend_name(), a.iters);
+    println!(
+        "{}: {} on {}, {} iterations",
+        model.graph.name,
+        a.model.display(),
+        session.backend_name(),
+        a.iters
+    );
     println!("  median {med:.3} ms  min {min:.3} ms  max {max:.3} ms");
-    println!("  {:.3} TFLOP/s ({}FLOP per iteration)", tflops, fmt_count(plan.flops as f64));
+    println!(
+        "  {:.3} TFLOP/s ({}FLOP per iteration)",
+        tflops,
+        fmt_count(plan.flops as f64)
+    );
     println!("  peak memory {peak_mib:.1} MiB (planned activations + weights)");
     // The per-node profile: one more set of runs, each node synchronized and timed.
     session.set_profiling(true);
@@ -537,15 +698,30 @@ fn bench(a: BenchArgs) -> Result<(), Fail> {
     let mut prof = session.take_profile();
     let total: f64 = prof.iter().map(|p| p.2).sum::<f64>().max(1e-12);
     prof.sort_by(|x, y| y.2.total_cmp(&x.2));
-    println!("  {:<28} {:<24} {:>10} {:>7}", "node", "op", "ms/iter", "share");
+    println!(
+        "  {:<28} {:<24} {:>10} {:>7}",
+        "node", "op", "ms/iter", "share"
+    );
     for (name, op, secs) in &prof {
-        println!("  {:<28} {:<24} {:>10.4} {:>6.1}%", name, op, secs * 1e3 / prof_iters as f64, 100.0 * secs / total);
+        println!(
+            "  {:<28} {:<24} {:>10.4} {:>6.1}%",
+            name,
+            op,
+            secs * 1e3 / prof_iters as f64,
+            100.0 * secs / total
+        );
     }
     if let Some(p) = &a.json {
         let dtype = a.common.dtype.clone().unwrap_or_else(|| "f32".into());
         let nodes: Vec<String> = prof
             .iter()
-            .map(|(n, op, secs)| format!("{{\"node\": {:?}, \"op\": \"{op}\", \"ms\": {}}}", n, secs * 1e3 / prof_iters as f64))
+            .map(|(n, op, secs)| {
+                format!(
+                    "{{\"node\": {:?}, \"op\": \"{op}\", \"ms\": {}}}",
+                    n,
+                    secs * 1e3 / prof_iters as f64
+                )
+            })
             .collect();
         let json = format!(
             "{{\"results\": [{{\"workload\": {:?}, \"dtype\": \"{}\", \"mode\": \"graphrun\", \"pass\": \"fwd\", \"backend\": \"{}\", \"ms\": {med}, \"ms_min\": {min}, \"ms_max\": {max}, \"tflops\": {tflops}, \"peak_mib\": {peak_mib}, \"status\": \"ok\", \"profile\": [{}]}}]}}\n",
@@ -560,6 +736,14 @@ fn bench(a: BenchArgs) -> Result<(), Fail> {
 }
 
 fn train(a: TrainArgs) -> Result<(), Fail> {
-    let _ = (&a.model, &a.common, &a.data, a.batch_size, a.epochs, a.steps, &a.save);
+    let _ = (
+        &a.model,
+        &a.common,
+        &a.data,
+        a.batch_size,
+        a.epochs,
+        a.steps,
+        &a.save,
+    );
     Err(usage("`graphrun train` needs the backward-graph generator, which is not in this build of graphrun yet"))
 }

@@ -19,8 +19,15 @@ pub enum DType {
 }
 
 impl DType {
-    pub const ALL: [DType; 7] =
-        [DType::F32, DType::F16, DType::BF16, DType::F64, DType::I64, DType::I32, DType::Bool];
+    pub const ALL: [DType; 7] = [
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::F64,
+        DType::I64,
+        DType::I32,
+        DType::Bool,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -192,10 +199,22 @@ impl Elem for u8 {
 macro_rules! with_float {
     ($dt:expr, $T:ident => $body:expr, _ => $else:expr) => {
         match $dt {
-            $crate::tensor::DType::F32 => { type $T = f32; $body }
-            $crate::tensor::DType::F64 => { type $T = f64; $body }
-            $crate::tensor::DType::F16 => { type $T = half::f16; $body }
-            $crate::tensor::DType::BF16 => { type $T = half::bf16; $body }
+            $crate::tensor::DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            $crate::tensor::DType::F64 => {
+                type $T = f64;
+                $body
+            }
+            $crate::tensor::DType::F16 => {
+                type $T = half::f16;
+                $body
+            }
+            $crate::tensor::DType::BF16 => {
+                type $T = half::bf16;
+                $body
+            }
             _ => $else,
         }
     };
@@ -205,13 +224,34 @@ macro_rules! with_float {
 macro_rules! with_any {
     ($dt:expr, $T:ident => $body:expr) => {
         match $dt {
-            $crate::tensor::DType::F32 => { type $T = f32; $body }
-            $crate::tensor::DType::F64 => { type $T = f64; $body }
-            $crate::tensor::DType::F16 => { type $T = half::f16; $body }
-            $crate::tensor::DType::BF16 => { type $T = half::bf16; $body }
-            $crate::tensor::DType::I64 => { type $T = i64; $body }
-            $crate::tensor::DType::I32 => { type $T = i32; $body }
-            $crate::tensor::DType::Bool => { type $T = u8; $body }
+            $crate::tensor::DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            $crate::tensor::DType::F64 => {
+                type $T = f64;
+                $body
+            }
+            $crate::tensor::DType::F16 => {
+                type $T = half::f16;
+                $body
+            }
+            $crate::tensor::DType::BF16 => {
+                type $T = half::bf16;
+                $body
+            }
+            $crate::tensor::DType::I64 => {
+                type $T = i64;
+                $body
+            }
+            $crate::tensor::DType::I32 => {
+                type $T = i32;
+                $body
+            }
+            $crate::tensor::DType::Bool => {
+                type $T = u8;
+                $body
+            }
         }
     };
 }
@@ -220,12 +260,30 @@ macro_rules! with_any {
 macro_rules! with_num {
     ($dt:expr, $T:ident => $body:expr, _ => $else:expr) => {
         match $dt {
-            $crate::tensor::DType::F32 => { type $T = f32; $body }
-            $crate::tensor::DType::F64 => { type $T = f64; $body }
-            $crate::tensor::DType::F16 => { type $T = half::f16; $body }
-            $crate::tensor::DType::BF16 => { type $T = half::bf16; $body }
-            $crate::tensor::DType::I64 => { type $T = i64; $body }
-            $crate::tensor::DType::I32 => { type $T = i32; $body }
+            $crate::tensor::DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            $crate::tensor::DType::F64 => {
+                type $T = f64;
+                $body
+            }
+            $crate::tensor::DType::F16 => {
+                type $T = half::f16;
+                $body
+            }
+            $crate::tensor::DType::BF16 => {
+                type $T = half::bf16;
+                $body
+            }
+            $crate::tensor::DType::I64 => {
+                type $T = i64;
+                $body
+            }
+            $crate::tensor::DType::I32 => {
+                type $T = i32;
+                $body
+            }
             _ => $else,
         }
     };
@@ -241,7 +299,14 @@ pub fn checked_numel(shape: &[usize]) -> Option<usize> {
 }
 
 pub fn fmt_shape(shape: &[usize]) -> String {
-    format!("[{}]", shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", "))
+    format!(
+        "[{}]",
+        shape
+            .iter()
+            .map(|d| d.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
 }
 
 /// A host tensor. Storage is 8-byte aligned words so any dtype can be viewed in place;
@@ -257,7 +322,11 @@ pub struct Tensor {
 impl Tensor {
     /// A zero-filled tensor.
     pub fn zeros(dtype: DType, shape: &[usize]) -> Tensor {
-        let mut t = Tensor { dtype, shape: vec![], words: vec![] };
+        let mut t = Tensor {
+            dtype,
+            shape: vec![],
+            words: vec![],
+        };
         t.reset(dtype, shape);
         t
     }
@@ -267,10 +336,17 @@ impl Tensor {
         let words = bytes.div_ceil(8);
         let mut v: Vec<u64> = Vec::new();
         v.try_reserve_exact(words).map_err(|_| {
-            crate::err!(Runtime, "out of memory: cannot allocate {bytes} bytes on the CPU")
+            crate::err!(
+                Runtime,
+                "out of memory: cannot allocate {bytes} bytes on the CPU"
+            )
         })?;
         v.resize(words, 0);
-        Ok(Tensor { dtype: DType::Bool, shape: vec![words * 8], words: v })
+        Ok(Tensor {
+            dtype: DType::Bool,
+            shape: vec![words * 8],
+            words: v,
+        })
     }
 
     /// Re-types and re-shapes in place, keeping (and growing) the allocation. Contents are
@@ -424,7 +500,11 @@ impl Tensor {
     /// A copy holding exactly its elements (no spare capacity from buffer reuse).
     pub fn clone_exact(&self) -> Tensor {
         let words = self.size_bytes().div_ceil(8);
-        Tensor { dtype: self.dtype, shape: self.shape.clone(), words: self.words[..words].to_vec() }
+        Tensor {
+            dtype: self.dtype,
+            shape: self.shape.clone(),
+            words: self.words[..words].to_vec(),
+        }
     }
 
     pub fn reshaped(mut self, shape: &[usize]) -> Result<Tensor> {
@@ -464,7 +544,9 @@ impl Tensor {
             npy: npyz::NpyFile<&[u8]>,
             shape: &[usize],
         ) -> std::result::Result<Tensor, String> {
-            let v: Vec<T> = npy.into_vec().map_err(|e| format!("cannot read .npy data: {e}"))?;
+            let v: Vec<T> = npy
+                .into_vec()
+                .map_err(|e| format!("cannot read .npy data: {e}"))?;
             Tensor::from_vec(shape, v).map_err(|e| e.to_string())
         }
         // Big-endian and other exotic layouts are rejected by name.
@@ -475,7 +557,9 @@ impl Tensor {
             "i8" => read::<i64>(npy, &shape),
             "i4" => read::<i32>(npy, &shape),
             "b1" => {
-                let v: Vec<bool> = npy.into_vec().map_err(|e| format!("cannot read .npy data: {e}"))?;
+                let v: Vec<bool> = npy
+                    .into_vec()
+                    .map_err(|e| format!("cannot read .npy data: {e}"))?;
                 Tensor::from_vec(&shape, v.into_iter().map(|b| b as u8).collect::<Vec<u8>>())
                     .map_err(|e| e.to_string())
             }
@@ -510,7 +594,11 @@ impl Tensor {
             1 => format!("({},)", self.shape[0]),
             _ => format!(
                 "({})",
-                self.shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")
+                self.shape
+                    .iter()
+                    .map(|d| d.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
         };
         let mut header =
@@ -622,12 +710,15 @@ fn npy_data(bytes: &[u8]) -> std::result::Result<&[u8], String> {
     }
     let (hlen, start) = match bytes[6] {
         1 => (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10),
-        _ if bytes.len() >= 12 => {
-            (u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize, 12)
-        }
+        _ if bytes.len() >= 12 => (
+            u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize,
+            12,
+        ),
         _ => return Err("truncated .npy header".into()),
     };
-    bytes.get(start + hlen..).ok_or_else(|| "truncated .npy header".to_string())
+    bytes
+        .get(start + hlen..)
+        .ok_or_else(|| "truncated .npy header".to_string())
 }
 
 /// Elementwise conversion between any two dtypes, into a tensor of the same shape.
@@ -651,7 +742,13 @@ fn cast_slice<S: Elem, D: Elem>(s: &[S], d: &mut [D]) {
 
 impl fmt::Debug for Tensor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Tensor({} {} {})", self.dtype, fmt_shape(&self.shape), self.summary())
+        write!(
+            f,
+            "Tensor({} {} {})",
+            self.dtype,
+            fmt_shape(&self.shape),
+            self.summary()
+        )
     }
 }
 

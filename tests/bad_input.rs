@@ -24,7 +24,13 @@ fn malformed_yaml_names_line_and_col() {
     let e = load_err("graphrun: 1\ninputs: [\n  {name: x, dtype: f32\nnodes: []\n");
     has(&e, &["<string>:", "malformed YAML"]);
     // The position is a real line:col, not 0:0.
-    let pos = e.split(':').nth(1).unwrap().trim().parse::<usize>().unwrap();
+    let pos = e
+        .split(':')
+        .nth(1)
+        .unwrap()
+        .trim()
+        .parse::<usize>()
+        .unwrap();
     assert!(pos >= 2, "{e}");
 }
 
@@ -36,13 +42,21 @@ fn tabs_and_bad_indentation_are_errors() {
 
 #[test]
 fn format_version_is_checked() {
-    has(&load_err("graphrun: 2\noutputs: [x]\n"), &["<string>:1:11", "unsupported format version 2"]);
-    has(&load_err("name: t\noutputs: [x]\n"), &["missing the field 'graphrun'"]);
+    has(
+        &load_err("graphrun: 2\noutputs: [x]\n"),
+        &["<string>:1:11", "unsupported format version 2"],
+    );
+    has(
+        &load_err("name: t\noutputs: [x]\n"),
+        &["missing the field 'graphrun'"],
+    );
 }
 
 #[test]
 fn unknown_fields_are_named_with_their_place() {
-    let e = load_err(&format!("{HEAD}inputs:\n  - {{name: x, dtype: f32, shape: [2], colour: red}}\noutputs: [x]\n"));
+    let e = load_err(&format!(
+        "{HEAD}inputs:\n  - {{name: x, dtype: f32, shape: [2], colour: red}}\noutputs: [x]\n"
+    ));
     has(&e, &["<string>:4:", "unknown field 'colour'", "an input"]);
     let e = load_err(&format!("{HEAD}outputs: [x]\nextra: 1\n"));
     has(&e, &["<string>:4:", "unknown field 'extra'"]);
@@ -61,7 +75,15 @@ fn every_unknown_op_is_reported_at_once() {
     let e = load_err(&format!(
         "{HEAD}inputs: [{{name: x, dtype: f32, shape: [2]}}]\noutputs: [z]\nnodes:\n  - {{op: Frobnicate, inputs: [x], outputs: [y]}}\n  - {{op: Relu, inputs: [y], outputs: [y2]}}\n  - {{op: Conv, inputs: [y2], outputs: [z]}}\n"
     ));
-    has(&e, &["unknown op 'Frobnicate'", "unknown op 'Conv'", "<string>:6:", "<string>:8:"]);
+    has(
+        &e,
+        &[
+            "unknown op 'Frobnicate'",
+            "unknown op 'Conv'",
+            "<string>:6:",
+            "<string>:8:",
+        ],
+    );
 }
 
 #[test]
@@ -71,13 +93,25 @@ fn undefined_and_duplicate_values() {
     let e = load_err(&format!(
         "{HEAD}inputs: [{{name: x, dtype: f32, shape: [2]}}]\noutputs: [y]\nnodes:\n  - {{op: Relu, inputs: [x], outputs: [y]}}\n  - {{op: Neg, inputs: [x], outputs: [y], name: second}}\n"
     ));
-    has(&e, &["value 'y' is defined twice", "node 'Relu_0' (Relu)", "node 'second' (Neg)"]);
-    let e = load_err(&format!("{HEAD}inputs: [{{name: x, dtype: f32, shape: [2]}}]\noutputs: [nope]\nnodes: []\n"));
+    has(
+        &e,
+        &[
+            "value 'y' is defined twice",
+            "node 'Relu_0' (Relu)",
+            "node 'second' (Neg)",
+        ],
+    );
+    let e = load_err(&format!(
+        "{HEAD}inputs: [{{name: x, dtype: f32, shape: [2]}}]\noutputs: [nope]\nnodes: []\n"
+    ));
     has(&e, &["graph output 'nope'"]);
     let e = load_err(&format!(
         "{HEAD}inputs: [{{name: w, dtype: f32, shape: [2]}}]\noutputs: [w]\ninitializers:\n  - {{name: w, dtype: f32, shape: [2], init: zeros}}\n"
     ));
-    has(&e, &["value 'w' is defined twice", "graph input", "initializer"]);
+    has(
+        &e,
+        &["value 'w' is defined twice", "graph input", "initializer"],
+    );
 }
 
 #[test]
@@ -93,14 +127,42 @@ fn wrong_attribute_types() {
     let base = |attrs: &str, op: &str| {
         format!("{HEAD}inputs: [{{name: x, dtype: f32, shape: [2, 3]}}]\noutputs: [y]\nnodes:\n  - {{op: {op}, inputs: [x], outputs: [y], name: n1, attrs: {attrs}}}\n")
     };
-    has(&load_err(&base("{axis: last}", "Softmax")), &["<string>:6:", "node 'n1' (Softmax)", "attribute 'axis' must be an integer, got a string"]);
-    has(&load_err(&base("{perm: 1.5}", "Transpose")), &["attribute 'perm' must be a list of integers"]);
-    has(&load_err(&base("{perm: [0, 0]}", "Transpose")), &["not a permutation"]);
-    has(&load_err(&base("{approximate: fast}", "Gelu")), &["attribute 'approximate'", "\"fast\""]);
-    has(&load_err(&base("{to: f128}", "Cast")), &["attribute 'to'", "unsupported dtype"]);
-    has(&load_err(&base("{bogus: 1}", "Relu")), &["unknown attribute 'bogus' for op Relu"]);
-    has(&load_err(&base("{}", "Cast")), &["attribute 'to' is required"]);
-    has(&load_err(&base("{is_causal: 2}", "Softmax")), &["unknown attribute 'is_causal'"]);
+    has(
+        &load_err(&base("{axis: last}", "Softmax")),
+        &[
+            "<string>:6:",
+            "node 'n1' (Softmax)",
+            "attribute 'axis' must be an integer, got a string",
+        ],
+    );
+    has(
+        &load_err(&base("{perm: 1.5}", "Transpose")),
+        &["attribute 'perm' must be a list of integers"],
+    );
+    has(
+        &load_err(&base("{perm: [0, 0]}", "Transpose")),
+        &["not a permutation"],
+    );
+    has(
+        &load_err(&base("{approximate: fast}", "Gelu")),
+        &["attribute 'approximate'", "\"fast\""],
+    );
+    has(
+        &load_err(&base("{to: f128}", "Cast")),
+        &["attribute 'to'", "unsupported dtype"],
+    );
+    has(
+        &load_err(&base("{bogus: 1}", "Relu")),
+        &["unknown attribute 'bogus' for op Relu"],
+    );
+    has(
+        &load_err(&base("{}", "Cast")),
+        &["attribute 'to' is required"],
+    );
+    has(
+        &load_err(&base("{is_causal: 2}", "Softmax")),
+        &["unknown attribute 'is_causal'"],
+    );
 }
 
 #[test]
@@ -108,11 +170,22 @@ fn incompatible_shapes_name_node_and_shapes() {
     let e = load_err(&format!(
         "{HEAD}inputs: [{{name: x, dtype: f32, shape: [4, 3]}}]\noutputs: [y]\ninitializers:\n  - {{name: w, dtype: f32, shape: [5, 2], init: ones}}\nnodes:\n  - {{op: MatMul, inputs: [x, w], outputs: [y], name: fc}}\n"
     ));
-    has(&e, &["node 'fc' (MatMul)", "cannot multiply [4, 3] by [5, 2]", "x: f32[4, 3]", "w: f32[5, 2]"]);
+    has(
+        &e,
+        &[
+            "node 'fc' (MatMul)",
+            "cannot multiply [4, 3] by [5, 2]",
+            "x: f32[4, 3]",
+            "w: f32[5, 2]",
+        ],
+    );
     let e = load_err(&format!(
         "{HEAD}inputs: [{{name: x, dtype: f32, shape: [4, 3]}}, {{name: z, dtype: f32, shape: [5]}}]\noutputs: [y]\nnodes:\n  - {{op: Add, inputs: [x, z], outputs: [y], name: plus}}\n"
     ));
-    has(&e, &["node 'plus' (Add)", "[4, 3] and [5] do not broadcast"]);
+    has(
+        &e,
+        &["node 'plus' (Add)", "[4, 3] and [5] do not broadcast"],
+    );
     let e = load_err(&format!(
         "{HEAD}inputs: [{{name: x, dtype: f32, shape: [4, 3]}}, {{name: i, dtype: i64, shape: [4, 3]}}]\noutputs: [y]\nnodes:\n  - {{op: Add, inputs: [x, i], outputs: [y], name: mixed}}\n"
     ));
@@ -129,7 +202,9 @@ fn huge_dims_overflow_is_an_error() {
         "{HEAD}outputs: [w]\ninitializers:\n  - {{name: w, dtype: f32, shape: [99999999999, 99999999999], init: zeros}}\n"
     ));
     has(&e, &["<string>:5:", "too large"]);
-    let e = load_err(&format!("{HEAD}dims: {{b: 99999999999999999999999}}\noutputs: [x]\n"));
+    let e = load_err(&format!(
+        "{HEAD}dims: {{b: 99999999999999999999999}}\noutputs: [x]\n"
+    ));
     has(&e, &["dims.b"]);
 }
 
@@ -139,15 +214,26 @@ fn initializer_files_missing_or_mismatched() {
     std::fs::create_dir_all(&dir).unwrap();
     let t = Tensor::from_vec(&[2, 3], vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0]).unwrap();
     t.write_npy(&dir.join("w.npy")).unwrap();
-    let model = |extra: &str| format!("{HEAD}outputs: [w]\ninitializers:\n  - {{name: w, {extra}}}\n");
-    let err = |extra: &str| Model::from_str(&model(extra), &dir).unwrap_err().to_string();
+    let model =
+        |extra: &str| format!("{HEAD}outputs: [w]\ninitializers:\n  - {{name: w, {extra}}}\n");
+    let err = |extra: &str| {
+        Model::from_str(&model(extra), &dir)
+            .unwrap_err()
+            .to_string()
+    };
     has(&err("file: missing.npy"), &["missing.npy", "<string>:5:"]);
     has(&err("file: w.npy, dtype: f64"), &["holds f32", "dtype f64"]);
-    has(&err("file: w.npy, shape: [3, 2]"), &["holds shape [2, 3]", "shape [3, 2]"]);
+    has(
+        &err("file: w.npy, shape: [3, 2]"),
+        &["holds shape [2, 3]", "shape [3, 2]"],
+    );
     std::fs::write(dir.join("junk.npy"), b"not an npy").unwrap();
     has(&err("file: junk.npy"), &["junk.npy", "not a valid .npy"]);
     std::fs::write(dir.join("junk.safetensors"), b"garbage").unwrap();
-    has(&err("file: junk.safetensors"), &["junk.safetensors", "not a valid .safetensors"]);
+    has(
+        &err("file: junk.safetensors"),
+        &["junk.safetensors", "not a valid .safetensors"],
+    );
     has(&err("file: w.txt"), &[".npy or .safetensors"]);
     // And the good case loads.
     let m = Model::from_str(&model("file: w.npy"), &dir).unwrap();
@@ -157,20 +243,49 @@ fn initializer_files_missing_or_mismatched() {
 
 #[test]
 fn initializer_spec_errors() {
-    let m = |spec: &str| load_err(&format!("{HEAD}outputs: [w]\ninitializers:\n  - {{name: w, {spec}}}\n"));
-    has(&m("dtype: f32, shape: [2], values: [1, 2, 3]"), &["shape [2] (2 values) but 3 values"]);
-    has(&m("dtype: f32, shape: [2], init: zeros, values: [1, 2]"), &["exactly one of init, values, file"]);
-    has(&m("dtype: f32, shape: [2], init: {dist: gaussian, seed: 1}"), &["unknown dist 'gaussian'"]);
-    has(&m("dtype: f32, shape: [2], init: {dist: normal}"), &["missing the field 'seed'"]);
-    has(&m("dtype: i64, shape: [2], init: {dist: normal, seed: 1}"), &["random init needs a floating dtype"]);
-    has(&m("dtype: f33, shape: [2], init: zeros"), &["unknown dtype 'f33'"]);
-    has(&m("dtype: f32, shape: [-1], init: zeros"), &["non-negative"]);
-    has(&m("dtype: f32, shape: [2], init: {dist: normal, seed: 1, low: 0}"), &["'low' does not apply to dist 'normal'"]);
+    let m = |spec: &str| {
+        load_err(&format!(
+            "{HEAD}outputs: [w]\ninitializers:\n  - {{name: w, {spec}}}\n"
+        ))
+    };
+    has(
+        &m("dtype: f32, shape: [2], values: [1, 2, 3]"),
+        &["shape [2] (2 values) but 3 values"],
+    );
+    has(
+        &m("dtype: f32, shape: [2], init: zeros, values: [1, 2]"),
+        &["exactly one of init, values, file"],
+    );
+    has(
+        &m("dtype: f32, shape: [2], init: {dist: gaussian, seed: 1}"),
+        &["unknown dist 'gaussian'"],
+    );
+    has(
+        &m("dtype: f32, shape: [2], init: {dist: normal}"),
+        &["missing the field 'seed'"],
+    );
+    has(
+        &m("dtype: i64, shape: [2], init: {dist: normal, seed: 1}"),
+        &["random init needs a floating dtype"],
+    );
+    has(
+        &m("dtype: f33, shape: [2], init: zeros"),
+        &["unknown dtype 'f33'"],
+    );
+    has(
+        &m("dtype: f32, shape: [-1], init: zeros"),
+        &["non-negative"],
+    );
+    has(
+        &m("dtype: f32, shape: [2], init: {dist: normal, seed: 1, low: 0}"),
+        &["'low' does not apply to dist 'normal'"],
+    );
 }
 
 fn run_feeds(yaml: &str, feeds: Vec<(&str, Tensor)>) -> String {
     let m = Model::from_str(yaml, ".").unwrap();
-    let feeds: HashMap<String, Tensor> = feeds.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+    let feeds: HashMap<String, Tensor> =
+        feeds.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
     let mut s = Session::new(m.graph, SessionOptions::default()).unwrap();
     s.run(&feeds).unwrap_err().to_string()
 }
@@ -179,13 +294,28 @@ fn run_feeds(yaml: &str, feeds: Vec<(&str, Tensor)>) -> String {
 fn missing_extra_and_mistyped_inputs() {
     let y = format!("{HEAD}inputs:\n  - {{name: x, dtype: f32, shape: [b, 3]}}\n  - {{name: z, dtype: f32, shape: [b, 3]}}\noutputs: [y]\nnodes:\n  - {{op: Add, inputs: [x, z], outputs: [y]}}\n");
     let t = |r: usize| Tensor::from_vec(&[r, 3], vec![1.0f32; r * 3]).unwrap();
-    has(&run_feeds(&y, vec![("x", t(2))]), &["missing graph input 'z'"]);
-    has(&run_feeds(&y, vec![("x", t(2)), ("z", t(2)), ("q", t(2))]), &["'q' is not an input of the graph"]);
-    has(&run_feeds(&y, vec![("x", t(2)), ("z", t(3))]), &["symbolic dim 'b' is bound to", "input 'x'", "input 'z'"]);
+    has(
+        &run_feeds(&y, vec![("x", t(2))]),
+        &["missing graph input 'z'"],
+    );
+    has(
+        &run_feeds(&y, vec![("x", t(2)), ("z", t(2)), ("q", t(2))]),
+        &["'q' is not an input of the graph"],
+    );
+    has(
+        &run_feeds(&y, vec![("x", t(2)), ("z", t(3))]),
+        &["symbolic dim 'b' is bound to", "input 'x'", "input 'z'"],
+    );
     let ti = Tensor::from_vec(&[2, 3], vec![1i64; 6]).unwrap();
-    has(&run_feeds(&y, vec![("x", t(2)), ("z", ti)]), &["input 'z' must be f32, got i64"]);
+    has(
+        &run_feeds(&y, vec![("x", t(2)), ("z", ti)]),
+        &["input 'z' must be f32, got i64"],
+    );
     let t1 = Tensor::from_vec(&[6], vec![1.0f32; 6]).unwrap();
-    has(&run_feeds(&y, vec![("x", t(2)), ("z", t1)]), &["input 'z' must have rank 2"]);
+    has(
+        &run_feeds(&y, vec![("x", t(2)), ("z", t1)]),
+        &["input 'z' must have rank 2"],
+    );
 }
 
 #[test]
@@ -211,7 +341,11 @@ fn out_of_memory_is_an_error_not_an_abort() {
 #[test]
 fn hostile_yaml_is_bounded() {
     // Deep nesting: an error, not a stack overflow.
-    let deep = format!("graphrun: 1\noutputs: {}{}\n", "[".repeat(100_000), "]".repeat(100_000));
+    let deep = format!(
+        "graphrun: 1\noutputs: {}{}\n",
+        "[".repeat(100_000),
+        "]".repeat(100_000)
+    );
     has(&load_err(&deep), &["<string>:"]);
     // An alias bomb: an error, not exponential memory.
     let mut y = String::from("graphrun: 1\na0: &a0 [x, x, x, x, x, x, x, x, x, x]\n");
@@ -221,6 +355,8 @@ fn hostile_yaml_is_bounded() {
     }
     has(&load_err(&y), &["too many nodes"]);
     // Binary garbage.
-    let e = Model::from_str("\u{0}\u{1}\u{2}graphrun: [}{", ".").unwrap_err().to_string();
+    let e = Model::from_str("\u{0}\u{1}\u{2}graphrun: [}{", ".")
+        .unwrap_err()
+        .to_string();
     assert!(!e.is_empty());
 }

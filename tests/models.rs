@@ -5,12 +5,21 @@ use graphrun::{exec, DType, Model, Session, SessionOptions, Tensor};
 use std::collections::{BTreeMap, HashMap};
 
 fn small_dims() -> BTreeMap<String, usize> {
-    [("batch", 2), ("seq", 32), ("heads", 2)].into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+    [("batch", 2), ("seq", 32), ("heads", 2)]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
 }
 
 fn run(m: &Model, feeds: &HashMap<String, Tensor>) -> Vec<(String, Tensor)> {
-    let opts = SessionOptions { dims: small_dims(), ..Default::default() };
-    Session::new(m.graph.clone(), opts).unwrap().run(feeds).unwrap()
+    let opts = SessionOptions {
+        dims: small_dims(),
+        ..Default::default()
+    };
+    Session::new(m.graph.clone(), opts)
+        .unwrap()
+        .run(feeds)
+        .unwrap()
 }
 
 #[test]
@@ -22,7 +31,10 @@ fn every_model_runs_at_small_size() {
         assert_eq!(outs.len(), m.graph.outputs.len());
         for (o, t) in &outs {
             let v = t.to_f64_vec();
-            assert!(!v.is_empty() && v.iter().all(|x| x.is_finite()), "{name}.{o} not finite");
+            assert!(
+                !v.is_empty() && v.iter().all(|x| x.is_finite()),
+                "{name}.{o} not finite"
+            );
             assert!(v.iter().any(|&x| x != 0.0), "{name}.{o} all zeros");
         }
     }
@@ -35,14 +47,33 @@ fn models_f32_match_f64() {
         let m = Model::load(format!("models/{name}.yaml")).unwrap();
         let feeds = m.random_inputs(3, &small_dims()).unwrap();
         let out32 = run(&m, &feeds);
-        let m64 = Model { graph: exec::with_float_dtype(&m.graph, DType::F64) };
-        let feeds64 = feeds.iter().map(|(k, v)| (k.clone(), if v.dtype().is_float() { v.cast(DType::F64) } else { v.clone() })).collect();
+        let m64 = Model {
+            graph: exec::with_float_dtype(&m.graph, DType::F64),
+        };
+        let feeds64 = feeds
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.clone(),
+                    if v.dtype().is_float() {
+                        v.cast(DType::F64)
+                    } else {
+                        v.clone()
+                    },
+                )
+            })
+            .collect();
         let out64 = run(&m64, &feeds64);
         for ((o, a), (_, b)) in out32.iter().zip(&out64) {
             assert_eq!(a.dtype(), DType::F32);
             assert_eq!(b.dtype(), DType::F64);
             let (a, b) = (a.to_f64_vec(), b.to_f64_vec());
-            let num: f64 = a.iter().zip(&b).map(|(x, y)| (x - y) * (x - y)).sum::<f64>().sqrt();
+            let num: f64 = a
+                .iter()
+                .zip(&b)
+                .map(|(x, y)| (x - y) * (x - y))
+                .sum::<f64>()
+                .sqrt();
             let den: f64 = b.iter().map(|y| y * y).sum::<f64>().sqrt();
             assert!(num / den < 1e-5, "{name}.{o}: rel err {}", num / den);
         }
@@ -55,7 +86,16 @@ fn mlp_matches_independent_reference() {
     let m = Model::load("models/mlp.yaml").unwrap();
     let dims: BTreeMap<String, usize> = [("batch".to_string(), 5)].into_iter().collect();
     let feeds = m.random_inputs(7, &dims).unwrap();
-    let outs = Session::new(m.graph.clone(), SessionOptions { dims: dims.clone(), ..Default::default() }).unwrap().run(&feeds).unwrap();
+    let outs = Session::new(
+        m.graph.clone(),
+        SessionOptions {
+            dims: dims.clone(),
+            ..Default::default()
+        },
+    )
+    .unwrap()
+    .run(&feeds)
+    .unwrap();
     let w = |n: &str| m.graph.initializer(n).unwrap().tensor.to_f64_vec();
     let x = feeds["x"].to_f64_vec();
     let labels = feeds["labels"].to_i64_vec();
@@ -84,10 +124,17 @@ fn mlp_matches_independent_reference() {
     }
     loss /= 5.0;
     let got = outs[0].1.to_f64_vec();
-    let err: f64 = got.iter().zip(&logits).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+    let err: f64 = got
+        .iter()
+        .zip(&logits)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f64::max);
     assert!(err < 1e-4, "logits max err {err}");
     assert!((outs[1].1.to_f64_vec()[0] - loss).abs() < 1e-5 * loss.abs().max(1.0));
-    assert!(labels.iter().all(|&l| (0..10).contains(&l)), "labels honour range [0, 10)");
+    assert!(
+        labels.iter().all(|&l| (0..10).contains(&l)),
+        "labels honour range [0, 10)"
+    );
 }
 
 #[test]
@@ -100,25 +147,55 @@ fn emit_yaml_round_trips() {
         m.save(&p).unwrap();
         let m2 = Model::load(&p).unwrap();
         let (a, b) = (&m.graph, &m2.graph);
-        assert_eq!(a.inputs.iter().map(|i| (&i.name, i.dtype, &i.shape, i.range)).collect::<Vec<_>>(), b.inputs.iter().map(|i| (&i.name, i.dtype, &i.shape, i.range)).collect::<Vec<_>>());
+        assert_eq!(
+            a.inputs
+                .iter()
+                .map(|i| (&i.name, i.dtype, &i.shape, i.range))
+                .collect::<Vec<_>>(),
+            b.inputs
+                .iter()
+                .map(|i| (&i.name, i.dtype, &i.shape, i.range))
+                .collect::<Vec<_>>()
+        );
         assert_eq!(a.outputs, b.outputs);
         assert_eq!(a.dims, b.dims);
         assert_eq!(a.training, b.training);
-        let strip = |g: &graphrun::Graph| g.nodes.iter().map(|n| (n.name.clone(), n.op.clone(), n.inputs.clone(), n.outputs.clone())).collect::<Vec<_>>();
+        let strip = |g: &graphrun::Graph| {
+            g.nodes
+                .iter()
+                .map(|n| {
+                    (
+                        n.name.clone(),
+                        n.op.clone(),
+                        n.inputs.clone(),
+                        n.outputs.clone(),
+                    )
+                })
+                .collect::<Vec<_>>()
+        };
         assert_eq!(strip(a), strip(b), "{name}: nodes differ");
         for (x, y) in a.initializers.iter().zip(&b.initializers) {
-            assert_eq!((&x.name, &x.tensor, x.trainable), (&y.name, &y.tensor, y.trainable), "{name}: initializer differs");
+            assert_eq!(
+                (&x.name, &x.tensor, x.trainable),
+                (&y.name, &y.tensor, y.trainable),
+                "{name}: initializer differs"
+            );
         }
         // Writing the copy again gives the same text: load → write is a fixed point.
         let p2 = dir.join(format!("{name}_copy2.yaml"));
         m2.save(&p2).unwrap();
         let t1 = std::fs::read_to_string(&p).unwrap();
-        let t2 = std::fs::read_to_string(&p2).unwrap().replace(&format!("{name}_copy2.safetensors"), &format!("{name}_copy.safetensors"));
+        let t2 = std::fs::read_to_string(&p2).unwrap().replace(
+            &format!("{name}_copy2.safetensors"),
+            &format!("{name}_copy.safetensors"),
+        );
         assert_eq!(t1, t2);
     }
     // Data initializers (as after --dtype or folding) go to a side file and come back exact.
     let m = Model::load("models/mlp.yaml").unwrap();
-    let m16 = Model { graph: exec::with_float_dtype(&m.graph, DType::BF16) };
+    let m16 = Model {
+        graph: exec::with_float_dtype(&m.graph, DType::BF16),
+    };
     let p = dir.join("mlp_bf16.yaml");
     m16.save(&p).unwrap();
     assert!(dir.join("mlp_bf16.safetensors").exists());
@@ -165,7 +242,10 @@ fn every_init_kind_has_its_statistics() {
         (mean, std, v)
     };
     let (mean, std, _) = stats("a");
-    assert!((mean - 2.0).abs() < 0.02 && (std - 0.5).abs() < 0.02, "{mean} {std}");
+    assert!(
+        (mean - 2.0).abs() < 0.02 && (std - 0.5).abs() < 0.02,
+        "{mean} {std}"
+    );
     let (mean, _, v) = stats("b");
     assert!((mean + 2.0).abs() < 0.02 && v.iter().all(|&x| (-3.0..-1.0).contains(&x)));
     let (_, std, _) = stats("c");
@@ -187,28 +267,60 @@ fn symbolic_dims_bind_from_feeds_flags_and_defaults() {
     // Default from dims: batch 64.
     let feeds = m.random_inputs(0, &BTreeMap::new()).unwrap();
     assert_eq!(feeds["x"].shape(), &[64, 784]);
-    let outs = Session::new(m.graph.clone(), SessionOptions::default()).unwrap().run(&feeds).unwrap();
+    let outs = Session::new(m.graph.clone(), SessionOptions::default())
+        .unwrap()
+        .run(&feeds)
+        .unwrap();
     assert_eq!(outs[0].1.shape(), &[64, 10]);
     // Bound by the fed input, overriding the default.
     let x = Tensor::from_vec(&[3, 784], vec![0.5f32; 3 * 784]).unwrap();
     let labels = Tensor::from_vec(&[3], vec![1i64, 2, 3]).unwrap();
-    let feeds: HashMap<String, Tensor> = [("x".to_string(), x), ("labels".to_string(), labels)].into_iter().collect();
-    let outs = Session::new(m.graph.clone(), SessionOptions::default()).unwrap().run(&feeds).unwrap();
+    let feeds: HashMap<String, Tensor> = [("x".to_string(), x), ("labels".to_string(), labels)]
+        .into_iter()
+        .collect();
+    let outs = Session::new(m.graph.clone(), SessionOptions::default())
+        .unwrap()
+        .run(&feeds)
+        .unwrap();
     assert_eq!(outs[0].1.shape(), &[3, 10]);
     // A --dim that disagrees with a fed input names both.
-    let opts = SessionOptions { dims: [("batch".to_string(), 4)].into_iter().collect(), ..Default::default() };
-    let e = Session::new(m.graph.clone(), opts).unwrap().run(&feeds).unwrap_err().to_string();
-    assert!(e.contains("--dim batch=4") && e.contains("input 'x'"), "{e}");
+    let opts = SessionOptions {
+        dims: [("batch".to_string(), 4)].into_iter().collect(),
+        ..Default::default()
+    };
+    let e = Session::new(m.graph.clone(), opts)
+        .unwrap()
+        .run(&feeds)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("--dim batch=4") && e.contains("input 'x'"),
+        "{e}"
+    );
 }
 
 #[test]
 fn plan_reuses_buffers() {
     let m = Model::load("models/gpt_block.yaml").unwrap();
-    let dims: BTreeMap<String, usize> = [("batch".to_string(), 2), ("seq".to_string(), 64)].into_iter().collect();
+    let dims: BTreeMap<String, usize> = [("batch".to_string(), 2), ("seq".to_string(), 64)]
+        .into_iter()
+        .collect();
     let feeds = m.random_inputs(0, &dims).unwrap();
-    let s = Session::new(m.graph.clone(), SessionOptions { dims, ..Default::default() }).unwrap();
+    let s = Session::new(
+        m.graph.clone(),
+        SessionOptions {
+            dims,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let plan = s.plan_for(&feeds).unwrap();
-    assert!(plan.peak_bytes() * 3 < plan.naive_bytes, "peak {} naive {}", plan.peak_bytes(), plan.naive_bytes);
+    assert!(
+        plan.peak_bytes() * 3 < plan.naive_bytes,
+        "peak {} naive {}",
+        plan.peak_bytes(),
+        plan.naive_bytes
+    );
     // The causal-mask arithmetic on Shape is folded at plan time, not scheduled.
     assert!(plan.steps.len() < m.graph.nodes.len());
 }

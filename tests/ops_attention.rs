@@ -31,7 +31,11 @@ fn dot(a: &[f64], b: &[f64]) -> f64 {
 
 /// Naive ONNX Attention on 4-D inputs (upper-left causal, GQA).
 fn ref_attention(a: &[Option<Tensor>], causal: bool, scale: Option<f64>) -> Expected {
-    let (q, k, v) = (a[0].as_ref().unwrap(), a[1].as_ref().unwrap(), a[2].as_ref().unwrap());
+    let (q, k, v) = (
+        a[0].as_ref().unwrap(),
+        a[1].as_ref().unwrap(),
+        a[2].as_ref().unwrap(),
+    );
     let mask = a.get(3).cloned().flatten();
     let (qs, ks, vs) = (q.shape(), k.shape(), v.shape());
     let (b, hq, sq, d) = (qs[0], qs[1], qs[2], qs[3]);
@@ -65,7 +69,11 @@ fn ref_attention(a: &[Option<Tensor>], causal: bool, scale: Option<f64>) -> Expe
                         s
                     })
                     .collect();
-                out.extend(softmax_mix(&scores, |j| vd[(kv + j) * dv..][..dv].to_vec(), dv));
+                out.extend(softmax_mix(
+                    &scores,
+                    |j| vd[(kv + j) * dv..][..dv].to_vec(),
+                    dv,
+                ));
             }
         }
     }
@@ -74,7 +82,11 @@ fn ref_attention(a: &[Option<Tensor>], causal: bool, scale: Option<f64>) -> Expe
 
 /// Naive VarlenAttention (bottom-right causal, GQA).
 fn ref_varlen(a: &[Option<Tensor>], causal: bool, scale: Option<f64>) -> Expected {
-    let (q, k, v) = (a[0].as_ref().unwrap(), a[1].as_ref().unwrap(), a[2].as_ref().unwrap());
+    let (q, k, v) = (
+        a[0].as_ref().unwrap(),
+        a[1].as_ref().unwrap(),
+        a[2].as_ref().unwrap(),
+    );
     let cq = a[3].as_ref().unwrap().to_i64_vec();
     let ck = a[4].as_ref().unwrap().to_i64_vec();
     let (tq, hq, d) = (q.shape()[0], q.shape()[1], q.shape()[2]);
@@ -83,7 +95,12 @@ fn ref_varlen(a: &[Option<Tensor>], causal: bool, scale: Option<f64>) -> Expecte
     let scale = scale.unwrap_or(1.0 / (d as f64).sqrt());
     let mut out = vec![0.0; tq * hq * dv];
     for b in 0..cq.len() - 1 {
-        let (q0, q1, k0, k1) = (cq[b] as usize, cq[b + 1] as usize, ck[b] as usize, ck[b + 1] as usize);
+        let (q0, q1, k0, k1) = (
+            cq[b] as usize,
+            cq[b + 1] as usize,
+            ck[b] as usize,
+            ck[b + 1] as usize,
+        );
         let (lq, lk) = ((q1 - q0) as i64, (k1 - k0) as i64);
         for h in 0..hq {
             let g = h / (hq / hkv);
@@ -98,7 +115,11 @@ fn ref_varlen(a: &[Option<Tensor>], causal: bool, scale: Option<f64>) -> Expecte
                         }
                     })
                     .collect();
-                let row = softmax_mix(&scores, |j| vd[((k0 + j) * hkv + g) * dv..][..dv].to_vec(), dv);
+                let row = softmax_mix(
+                    &scores,
+                    |j| vd[((k0 + j) * hkv + g) * dv..][..dv].to_vec(),
+                    dv,
+                );
                 out[((q0 + i) * hq + h) * dv..][..dv].copy_from_slice(&row);
             }
         }
@@ -123,7 +144,16 @@ fn varlen_op(causal: bool, scale: Option<f64>) -> graphrun::graph::Op {
 
 /// Q [b,hq,sq,d], K [b,hkv,skv,d], V [b,hkv,skv,dv], seeded normal data.
 #[allow(clippy::too_many_arguments)]
-fn qkv(b: usize, hq: usize, hkv: usize, sq: usize, skv: usize, d: usize, dv: usize, seed: u64) -> Vec<Arg> {
+fn qkv(
+    b: usize,
+    hq: usize,
+    hkv: usize,
+    sq: usize,
+    skv: usize,
+    d: usize,
+    dv: usize,
+    seed: u64,
+) -> Vec<Arg> {
     vec![
         inp(randn(&[b, hq, sq, d], seed)),
         inp(randn(&[b, hkv, skv, d], seed + 1)),
@@ -132,13 +162,17 @@ fn qkv(b: usize, hq: usize, hkv: usize, sq: usize, skv: usize, d: usize, dv: usi
 }
 
 fn check_attention(args: Vec<Arg>, causal: bool, scale: Option<f64>) {
-    check(attn_op(causal, scale), &args, &FLOATS, |a| ref_attention(a, causal, scale));
+    check(attn_op(causal, scale), &args, &FLOATS, |a| {
+        ref_attention(a, causal, scale)
+    });
 }
 
 /// A seeded bool mask, true with probability `p_keep`.
 fn rand_bools(shape: &[usize], seed: u64, p_keep: f64) -> Vec<bool> {
     let mut r = Rng::new(seed);
-    (0..shape.iter().product()).map(|_| r.uniform() < p_keep).collect()
+    (0..shape.iter().product())
+        .map(|_| r.uniform() < p_keep)
+        .collect()
 }
 
 #[test]
@@ -189,7 +223,9 @@ fn attention_bool_key_padding_mask() {
     // [B, 1, 1, Skv]: batch 0 right-padded (keys 0..33), batch 1 left-padded (keys
     // 70..90), so its first key block is wholly masked while later keys are visible.
     let (b, skv) = (2, 90);
-    let m: Vec<bool> = (0..b * skv).map(|x| if x < skv { x < 33 } else { x % skv >= 70 }).collect();
+    let m: Vec<bool> = (0..b * skv)
+        .map(|x| if x < skv { x < 33 } else { x % skv >= 70 })
+        .collect();
     let mut args = qkv(b, 4, 4, 17, skv, 8, 8, 70);
     args.push(inp(bools(&[b, 1, 1, skv], &m)));
     check_attention(args, false, None);
@@ -200,7 +236,13 @@ fn attention_additive_mask_with_neg_inf() {
     let (b, h, sq, skv) = (2, 2, 9, 130);
     let mut r = Rng::new(80);
     let mut m: Vec<f64> = (0..b * h * sq * skv)
-        .map(|_| if r.uniform() < 0.2 { f64::NEG_INFINITY } else { r.uniform_in(-2.0, 1.0) })
+        .map(|_| {
+            if r.uniform() < 0.2 {
+                f64::NEG_INFINITY
+            } else {
+                r.uniform_in(-2.0, 1.0)
+            }
+        })
         .collect();
     m[(h * sq + 4) * skv..(h * sq + 5) * skv].fill(f64::NEG_INFINITY); // a fully masked row
     let mut args = qkv(b, h, h, sq, skv, 8, 8, 81);
@@ -227,7 +269,15 @@ fn attention_dv_differs_and_custom_scale() {
 }
 
 /// Packed Q/K/V for sequences with the given lengths, cu_seqlens as i32.
-fn varlen_args(lq: &[usize], lk: &[usize], hq: usize, hkv: usize, d: usize, dv: usize, seed: u64) -> Vec<Arg> {
+fn varlen_args(
+    lq: &[usize],
+    lk: &[usize],
+    hq: usize,
+    hkv: usize,
+    d: usize,
+    dv: usize,
+    seed: u64,
+) -> Vec<Arg> {
     let cu = |l: &[usize]| {
         let mut c = vec![0i32];
         for &x in l {
@@ -247,14 +297,20 @@ fn varlen_args(lq: &[usize], lk: &[usize], hq: usize, hkv: usize, d: usize, dv: 
 }
 
 fn check_varlen(args: Vec<Arg>, causal: bool, scale: Option<f64>) {
-    check(varlen_op(causal, scale), &args, &FLOATS, |a| ref_varlen(a, causal, scale));
+    check(varlen_op(causal, scale), &args, &FLOATS, |a| {
+        ref_varlen(a, causal, scale)
+    });
 }
 
 #[test]
 fn varlen_three_sequences_with_an_empty_one() {
     // Tq != Tk; sequence 1 is empty; sequence 2 spans several key blocks.
     for causal in [false, true] {
-        check_varlen(varlen_args(&[5, 0, 70], &[7, 0, 150], 2, 2, 16, 16, 110), causal, None);
+        check_varlen(
+            varlen_args(&[5, 0, 70], &[7, 0, 150], 2, 2, 16, 16, 110),
+            causal,
+            None,
+        );
     }
 }
 
@@ -263,7 +319,11 @@ fn varlen_gqa_more_queries_than_keys() {
     // Lq > Lk, bottom-right causal: the first Lq - Lk queries see nothing (output 0);
     // a sequence with queries but no keys gives 0 too.
     for causal in [false, true] {
-        check_varlen(varlen_args(&[9, 4, 40], &[4, 0, 40], 8, 2, 8, 12, 120), causal, Some(0.375));
+        check_varlen(
+            varlen_args(&[9, 4, 40], &[4, 0, 40], 8, 2, 8, 12, 120),
+            causal,
+            Some(0.375),
+        );
     }
 }
 
@@ -280,19 +340,28 @@ fn varlen_rejects_bad_cu_seqlens() {
     let i32s = |v: &[i32]| inp(Tensor::from_vec(&[v.len()], v.to_vec()).unwrap());
     let base = varlen_args(&[3, 4, 2], &[4, 4, 1], 2, 2, 8, 8, 140); // Tq = 9, Tk = 9
     let bad: [(usize, &[i32]); 4] = [
-        (3, &[0, 5, 3, 9]), // decreasing
-        (3, &[0, 3, 7, 8]), // last entry is not Tq
+        (3, &[0, 5, 3, 9]),  // decreasing
+        (3, &[0, 3, 7, 8]),  // last entry is not Tq
         (4, &[0, 4, 8, 12]), // runs past Tk
-        (4, &[1, 4, 8, 9]), // does not start at 0
+        (4, &[1, 4, 8, 9]),  // does not start at 0
     ];
     for (slot, cu) in bad {
         let mut args = base.clone();
         args[slot] = i32s(cu);
-        let r = run_op(BackendKind::Cpu, varlen_op(false, None), &args, 1, DType::F32);
+        let r = run_op(
+            BackendKind::Cpu,
+            varlen_op(false, None),
+            &args,
+            1,
+            DType::F32,
+        );
         let e = match r {
             Ok(_) => panic!("cu_seqlens {cu:?} was accepted"),
             Err(e) => e.to_string(),
         };
-        assert!(e.contains("node 'node'") && e.contains("cu_seqlens"), "unclear error: {e}");
+        assert!(
+            e.contains("node 'node'") && e.contains("cu_seqlens"),
+            "unclear error: {e}"
+        );
     }
 }

@@ -42,9 +42,21 @@ fn bshape(shapes: &[Vec<usize>]) -> Vec<usize> {
     let r = shapes.iter().map(|s| s.len()).max().unwrap();
     (0..r)
         .map(|i| {
-            let ds: Vec<usize> = shapes.iter().map(|s| if i + s.len() >= r { s[i + s.len() - r] } else { 1 }).collect();
+            let ds: Vec<usize> = shapes
+                .iter()
+                .map(|s| {
+                    if i + s.len() >= r {
+                        s[i + s.len() - r]
+                    } else {
+                        1
+                    }
+                })
+                .collect();
             let d = ds.iter().copied().max().unwrap();
-            assert!(ds.iter().all(|&x| x == 1 || x == d), "test shapes do not broadcast");
+            assert!(
+                ds.iter().all(|&x| x == 1 || x == d),
+                "test shapes do not broadcast"
+            );
             d
         })
         .collect()
@@ -55,7 +67,10 @@ fn bin_ref(a: &Option<Tensor>, b: &Option<Tensor>, f: impl Fn(f64, f64) -> f64) 
     let (sa, sb) = (shp(a), shp(b));
     let (va, vb) = (vals(a), vals(b));
     let out = bshape(&[sa.clone(), sb.clone()]);
-    let v = indices(&out).iter().map(|i| f(va[bcast_offset(i, &sa)], vb[bcast_offset(i, &sb)])).collect();
+    let v = indices(&out)
+        .iter()
+        .map(|i| f(va[bcast_offset(i, &sa)], vb[bcast_offset(i, &sb)]))
+        .collect();
     vec![(out, v)]
 }
 
@@ -65,13 +80,22 @@ fn un_ref(a: &Option<Tensor>, f: impl Fn(f64) -> f64) -> Expected {
 
 /// Like `check` but every output must equal the reference exactly (integer and bool
 /// results, where a relative tolerance would hide an off-by-one).
-fn check_exact(op_: Op, args: &[Arg], dtypes: &[DType], reference: impl Fn(&[Option<Tensor>]) -> Expected) {
+fn check_exact(
+    op_: Op,
+    args: &[Arg],
+    dtypes: &[DType],
+    reference: impl Fn(&[Option<Tensor>]) -> Expected,
+) {
     for backend in backends() {
         for &dt in dtypes {
             let rounded: Vec<Option<Tensor>> = args
                 .iter()
                 .map(|a| match a {
-                    Arg::In(t) | Arg::Const(t) => Some(if t.dtype().is_float() { t.cast(dt).cast(DType::F64) } else { t.clone() }),
+                    Arg::In(t) | Arg::Const(t) => Some(if t.dtype().is_float() {
+                        t.cast(dt).cast(DType::F64)
+                    } else {
+                        t.clone()
+                    }),
                     Arg::None => None,
                 })
                 .collect();
@@ -79,8 +103,18 @@ fn check_exact(op_: Op, args: &[Arg], dtypes: &[DType], reference: impl Fn(&[Opt
             let got = run_op(backend, op_.clone(), args, want.len(), dt)
                 .unwrap_or_else(|e| panic!("{} on {backend:?} {dt}: {e}", op_.name()));
             for (k, ((shape, v), t)) in want.iter().zip(&got).enumerate() {
-                assert_eq!(t.shape(), &shape[..], "{} {dt}: output {k} shape", op_.name());
-                assert_eq!(&t.to_f64_vec(), v, "{} on {backend:?} {dt}: output {k}", op_.name());
+                assert_eq!(
+                    t.shape(),
+                    &shape[..],
+                    "{} {dt}: output {k} shape",
+                    op_.name()
+                );
+                assert_eq!(
+                    &t.to_f64_vec(),
+                    v,
+                    "{} on {backend:?} {dt}: output {k}",
+                    op_.name()
+                );
             }
         }
     }
@@ -119,7 +153,12 @@ fn unary_float_ops() {
     let sym = rand(&[3, 4, 5], 1, -3.0, 3.0);
     let pos = rand(&[3, 4, 5], 2, 0.2, 4.0);
     let sig = |v: f64| 1.0 / (1.0 + (-v).exp());
-    type Case<'a> = (&'a str, Vec<(&'a str, AttrValue)>, &'a Tensor, Box<dyn Fn(f64) -> f64>);
+    type Case<'a> = (
+        &'a str,
+        Vec<(&'a str, AttrValue)>,
+        &'a Tensor,
+        Box<dyn Fn(f64) -> f64>,
+    );
     let cases: Vec<Case> = vec![
         ("Neg", vec![], &sym, Box::new(|v| -v)),
         ("Exp", vec![], &sym, Box::new(|v| v.exp())),
@@ -128,15 +167,32 @@ fn unary_float_ops() {
         ("Reciprocal", vec![], &pos, Box::new(|v| 1.0 / v)),
         ("Abs", vec![], &sym, Box::new(|v| v.abs())),
         ("Erf", vec![], &sym, Box::new(erf_ref)),
-        ("Relu", vec![], &sym, Box::new(|v| if v > 0.0 { v } else { 0.0 })),
+        (
+            "Relu",
+            vec![],
+            &sym,
+            Box::new(|v| if v > 0.0 { v } else { 0.0 }),
+        ),
         ("Sigmoid", vec![], &sym, Box::new(sig)),
         ("Tanh", vec![], &sym, Box::new(|v| v.tanh())),
         // ONNX float attributes are f32: alpha is f32(0.2), not the f64 0.2.
-        ("LeakyRelu", vec![("alpha", AttrValue::Float(0.2))], &sym, Box::new(|v| if v >= 0.0 { v } else { 0.2f32 as f64 * v })),
-        ("LeakyRelu", vec![], &sym, Box::new(|v| if v >= 0.0 { v } else { 0.01f32 as f64 * v })),
+        (
+            "LeakyRelu",
+            vec![("alpha", AttrValue::Float(0.2))],
+            &sym,
+            Box::new(|v| if v >= 0.0 { v } else { 0.2f32 as f64 * v }),
+        ),
+        (
+            "LeakyRelu",
+            vec![],
+            &sym,
+            Box::new(|v| if v >= 0.0 { v } else { 0.01f32 as f64 * v }),
+        ),
     ];
     for (name, attrs, x, f) in cases {
-        check(op(name, &attrs), &[inp(x.clone())], &FLOATS, |a| un_ref(&a[0], &f));
+        check(op(name, &attrs), &[inp(x.clone())], &FLOATS, |a| {
+            un_ref(&a[0], &f)
+        });
     }
 }
 
@@ -144,12 +200,30 @@ fn unary_float_ops() {
 fn gelu_exact_and_tanh() {
     let x = rand(&[4, 7], 3, -3.0, 3.0);
     let exact = |v: f64| 0.5 * v * (1.0 + erf_ref(v / 2f64.sqrt()));
-    let approx = |v: f64| 0.5 * v * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (v + 0.044715 * v.powi(3))).tanh());
-    check(op("Gelu", &[]), &[inp(x.clone())], &FLOATS, |a| un_ref(&a[0], exact));
-    check(op("Gelu", &[("approximate", AttrValue::Str("none".into()))]), &[inp(x.clone())], &FLOATS, |a| un_ref(&a[0], exact));
-    check(op("Gelu", &[("approximate", AttrValue::Str("tanh".into()))]), &[inp(x.clone())], &FLOATS, |a| un_ref(&a[0], approx));
+    let approx = |v: f64| {
+        0.5 * v * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (v + 0.044715 * v.powi(3))).tanh())
+    };
+    check(op("Gelu", &[]), &[inp(x.clone())], &FLOATS, |a| {
+        un_ref(&a[0], exact)
+    });
+    check(
+        op("Gelu", &[("approximate", AttrValue::Str("none".into()))]),
+        &[inp(x.clone())],
+        &FLOATS,
+        |a| un_ref(&a[0], exact),
+    );
+    check(
+        op("Gelu", &[("approximate", AttrValue::Str("tanh".into()))]),
+        &[inp(x.clone())],
+        &FLOATS,
+        |a| un_ref(&a[0], approx),
+    );
     // The two forms differ by more than f64 tolerance, so each check pins its own mode.
-    let d: f64 = x.to_f64_vec().iter().map(|&v| (exact(v) - approx(v)).abs()).fold(0.0, f64::max);
+    let d: f64 = x
+        .to_f64_vec()
+        .iter()
+        .map(|&v| (exact(v) - approx(v)).abs())
+        .fold(0.0, f64::max);
     assert!(d > 1e-5, "test data does not separate the two Gelu forms");
 }
 
@@ -157,9 +231,15 @@ fn gelu_exact_and_tanh() {
 fn unary_int_ops() {
     for dt in INTS {
         let x = ints(&[4, 6], 4, -50, 50, false).cast(dt);
-        check_exact(op("Neg", &[]), &[inp(x.clone())], &[DType::F32], |a| un_ref(&a[0], |v| -v));
-        check_exact(op("Abs", &[]), &[inp(x.clone())], &[DType::F32], |a| un_ref(&a[0], f64::abs));
-        check_exact(op("Relu", &[]), &[inp(x.clone())], &[DType::F32], |a| un_ref(&a[0], |v| v.max(0.0)));
+        check_exact(op("Neg", &[]), &[inp(x.clone())], &[DType::F32], |a| {
+            un_ref(&a[0], |v| -v)
+        });
+        check_exact(op("Abs", &[]), &[inp(x.clone())], &[DType::F32], |a| {
+            un_ref(&a[0], f64::abs)
+        });
+        check_exact(op("Relu", &[]), &[inp(x.clone())], &[DType::F32], |a| {
+            un_ref(&a[0], |v| v.max(0.0))
+        });
     }
 }
 
@@ -173,11 +253,36 @@ fn binary_float_broadcast() {
         let b = randn(&sb, s + 1);
         let pos_a = rand(&sa, s, 0.3, 2.0);
         let den = rand(&sb, s + 1, 0.5, 2.0);
-        check(op("Add", &[]), &[inp(a.clone()), inp(b.clone())], &FLOATS, |x| bin_ref(&x[0], &x[1], |p, q| p + q));
-        check(op("Sub", &[]), &[inp(a.clone()), inp(b.clone())], &FLOATS, |x| bin_ref(&x[0], &x[1], |p, q| p - q));
-        check(op("Mul", &[]), &[inp(a.clone()), inp(b.clone())], &FLOATS, |x| bin_ref(&x[0], &x[1], |p, q| p * q));
-        check(op("Div", &[]), &[inp(a.clone()), inp(den.clone())], &FLOATS, |x| bin_ref(&x[0], &x[1], |p, q| p / q));
-        check(op("Pow", &[]), &[inp(pos_a.clone()), inp(b.clone())], &FLOATS, |x| bin_ref(&x[0], &x[1], f64::powf));
+        check(
+            op("Add", &[]),
+            &[inp(a.clone()), inp(b.clone())],
+            &FLOATS,
+            |x| bin_ref(&x[0], &x[1], |p, q| p + q),
+        );
+        check(
+            op("Sub", &[]),
+            &[inp(a.clone()), inp(b.clone())],
+            &FLOATS,
+            |x| bin_ref(&x[0], &x[1], |p, q| p - q),
+        );
+        check(
+            op("Mul", &[]),
+            &[inp(a.clone()), inp(b.clone())],
+            &FLOATS,
+            |x| bin_ref(&x[0], &x[1], |p, q| p * q),
+        );
+        check(
+            op("Div", &[]),
+            &[inp(a.clone()), inp(den.clone())],
+            &FLOATS,
+            |x| bin_ref(&x[0], &x[1], |p, q| p / q),
+        );
+        check(
+            op("Pow", &[]),
+            &[inp(pos_a.clone()), inp(b.clone())],
+            &FLOATS,
+            |x| bin_ref(&x[0], &x[1], f64::powf),
+        );
     }
 }
 
@@ -187,14 +292,29 @@ fn binary_large_broadcast_parallel() {
     let a = randn(&[64, 33, 40], 30);
     let b = randn(&[33, 1], 31);
     let c = randn(&[40], 32);
-    check(op("Add", &[]), &[inp(a.clone()), inp(b.clone())], &FLOATS, |x| bin_ref(&x[0], &x[1], |p, q| p + q));
-    check(op("Mul", &[]), &[inp(c.clone()), inp(a.clone())], &FLOATS, |x| bin_ref(&x[0], &x[1], |p, q| p * q));
+    check(
+        op("Add", &[]),
+        &[inp(a.clone()), inp(b.clone())],
+        &FLOATS,
+        |x| bin_ref(&x[0], &x[1], |p, q| p + q),
+    );
+    check(
+        op("Mul", &[]),
+        &[inp(c.clone()), inp(a.clone())],
+        &FLOATS,
+        |x| bin_ref(&x[0], &x[1], |p, q| p * q),
+    );
     let den = rand(&[1, 33, 1], 34, 0.5, 2.0);
-    check(op("Div", &[]), &[inp(a.clone()), inp(den)], &FLOATS, |x| bin_ref(&x[0], &x[1], |p, q| p / q));
-    let d = randn(&[64, 1, 40], 33);
-    check_exact(op("Greater", &[]), &[inp(a.clone()), inp(d)], &[DType::F32, DType::BF16], |x| {
-        bin_ref(&x[0], &x[1], |p, q| (p > q) as u8 as f64)
+    check(op("Div", &[]), &[inp(a.clone()), inp(den)], &FLOATS, |x| {
+        bin_ref(&x[0], &x[1], |p, q| p / q)
     });
+    let d = randn(&[64, 1, 40], 33);
+    check_exact(
+        op("Greater", &[]),
+        &[inp(a.clone()), inp(d)],
+        &[DType::F32, DType::BF16],
+        |x| bin_ref(&x[0], &x[1], |p, q| (p > q) as u8 as f64),
+    );
 }
 
 #[test]
@@ -202,21 +322,54 @@ fn pow_exponent_of_another_dtype() {
     // Float base, integer exponent: output keeps the base dtype.
     // |base| in [0.5, 2) with mixed signs: odd integer powers keep the sign.
     let mag = rand(&[3, 4], 40, 0.5, 2.0).to_f64_vec();
-    let base = f64s(&[3, 4], &mag.iter().enumerate().map(|(i, &v)| if i % 3 == 0 { -v } else { v }).collect::<Vec<_>>());
+    let base = f64s(
+        &[3, 4],
+        &mag.iter()
+            .enumerate()
+            .map(|(i, &v)| if i % 3 == 0 { -v } else { v })
+            .collect::<Vec<_>>(),
+    );
     let e = ints(&[4], 41, -3, 4, false);
-    check(op("Pow", &[]), &[inp(base.clone()), inp(e.clone())], &FLOATS, |x| bin_ref(&x[0], &x[1], f64::powf));
-    check(op("Pow", &[]), &[inp(base.clone()), inp(e.cast(DType::I32))], &[DType::F32], |x| bin_ref(&x[0], &x[1], f64::powf));
+    check(
+        op("Pow", &[]),
+        &[inp(base.clone()), inp(e.clone())],
+        &FLOATS,
+        |x| bin_ref(&x[0], &x[1], f64::powf),
+    );
+    check(
+        op("Pow", &[]),
+        &[inp(base.clone()), inp(e.cast(DType::I32))],
+        &[DType::F32],
+        |x| bin_ref(&x[0], &x[1], f64::powf),
+    );
     // Integer base, float exponent: computed in float, truncated to the base dtype.
     let ib = i64s(&[5], &[4, 9, 10, 2, 7]);
     let fe = f64s(&[1], &[0.5]);
-    check_exact(op("Pow", &[]), &[inp(ib.clone()), inp(fe)], &FLOATS, |x| bin_ref(&x[0], &x[1], |p, q| p.powf(q).trunc()));
+    check_exact(op("Pow", &[]), &[inp(ib.clone()), inp(fe)], &FLOATS, |x| {
+        bin_ref(&x[0], &x[1], |p, q| p.powf(q).trunc())
+    });
     // Integer base and exponent: exact integer power.
     let ie = ints(&[2, 5], 42, 0, 5, false);
     for dt in INTS {
-        check_exact(op("Pow", &[]), &[inp(ib.cast(dt)), inp(ie.clone())], &[DType::F32], |x| bin_ref(&x[0], &x[1], f64::powf));
+        check_exact(
+            op("Pow", &[]),
+            &[inp(ib.cast(dt)), inp(ie.clone())],
+            &[DType::F32],
+            |x| bin_ref(&x[0], &x[1], f64::powf),
+        );
     }
-    let got = run_op(backends()[0], op("Pow", &[]), &[inp(ib.cast(DType::I32)), inp(f64s(&[], &[2.0]))], 1, DType::F16).unwrap();
-    assert_eq!((got[0].dtype(), got[0].to_f64_vec()), (DType::I32, vec![16.0, 81.0, 100.0, 4.0, 49.0]));
+    let got = run_op(
+        backends()[0],
+        op("Pow", &[]),
+        &[inp(ib.cast(DType::I32)), inp(f64s(&[], &[2.0]))],
+        1,
+        DType::F16,
+    )
+    .unwrap();
+    assert_eq!(
+        (got[0].dtype(), got[0].to_f64_vec()),
+        (DType::I32, vec![16.0, 81.0, 100.0, 4.0, 49.0])
+    );
 }
 
 #[test]
@@ -227,7 +380,12 @@ fn binary_int_broadcast() {
             let a = ints(&sa, s, -100, 100, false).cast(dt);
             let b = ints(&sb, s + 1, -9, 10, true).cast(dt);
             let go = |name: &str, f: fn(f64, f64) -> f64| {
-                check_exact(op(name, &[]), &[inp(a.clone()), inp(b.clone())], &[DType::F32], |x| bin_ref(&x[0], &x[1], f))
+                check_exact(
+                    op(name, &[]),
+                    &[inp(a.clone()), inp(b.clone())],
+                    &[DType::F32],
+                    |x| bin_ref(&x[0], &x[1], f),
+                )
             };
             go("Add", |p, q| p + q);
             go("Sub", |p, q| p - q);
@@ -236,9 +394,15 @@ fn binary_int_broadcast() {
             go("Div", |p, q| (p / q).trunc());
         }
     }
-    check_exact(op("Div", &[]), &[inp(i64s(&[4], &[-7, 7, -7, 7])), inp(i64s(&[4], &[2, -2, -2, 2]))], &[DType::F32], |_| {
-        vec![(vec![4], vec![-3.0, -3.0, 3.0, 3.0])]
-    });
+    check_exact(
+        op("Div", &[]),
+        &[
+            inp(i64s(&[4], &[-7, 7, -7, 7])),
+            inp(i64s(&[4], &[2, -2, -2, 2])),
+        ],
+        &[DType::F32],
+        |_| vec![(vec![4], vec![-3.0, -3.0, 3.0, 3.0])],
+    );
 }
 
 #[test]
@@ -246,19 +410,41 @@ fn int_div_by_zero_is_an_error() {
     for dt in INTS {
         let a = i64s(&[2, 3], &[1, 2, 3, 4, 5, 6]).cast(dt);
         let b = i64s(&[3], &[1, 0, 2]).cast(dt);
-        let r = run_op(backends()[0], op("Div", &[]), &[inp(a), inp(b)], 1, DType::F32);
-        let e = r.expect_err("integer division by zero must fail").to_string();
-        assert!(e.contains("node 'node'") && e.contains("Div") && e.contains("zero"), "{e}");
+        let r = run_op(
+            backends()[0],
+            op("Div", &[]),
+            &[inp(a), inp(b)],
+            1,
+            DType::F32,
+        );
+        let e = r
+            .expect_err("integer division by zero must fail")
+            .to_string();
+        assert!(
+            e.contains("node 'node'") && e.contains("Div") && e.contains("zero"),
+            "{e}"
+        );
     }
     // Float division by zero is IEEE: inf, not an error.
-    let got = run_op(backends()[0], op("Div", &[]), &[inp(f64s(&[2], &[1.0, -1.0])), inp(f64s(&[], &[0.0]))], 1, DType::F32).unwrap();
+    let got = run_op(
+        backends()[0],
+        op("Div", &[]),
+        &[inp(f64s(&[2], &[1.0, -1.0])), inp(f64s(&[], &[0.0]))],
+        1,
+        DType::F32,
+    )
+    .unwrap();
     assert_eq!(got[0].to_f64_vec(), vec![f64::INFINITY, f64::NEG_INFINITY]);
 }
 
 #[test]
 fn comparisons() {
     type Cmp = fn(f64, f64) -> bool;
-    let cmps: [(&str, Cmp); 3] = [("Equal", |p, q| p == q), ("Less", |p, q| p < q), ("Greater", |p, q| p > q)];
+    let cmps: [(&str, Cmp); 3] = [
+        ("Equal", |p, q| p == q),
+        ("Less", |p, q| p < q),
+        ("Greater", |p, q| p > q),
+    ];
     for (i, (sa, sb)) in shape_pairs().into_iter().enumerate() {
         let s = 70 + 2 * i as u64;
         let (a, b) = (coarse(&sa, s), coarse(&sb, s + 1));
@@ -266,20 +452,34 @@ fn comparisons() {
             let r = |x: &[Option<Tensor>]| bin_ref(&x[0], &x[1], |p, q| f(p, q) as u8 as f64);
             check_exact(op(name, &[]), &[inp(a.clone()), inp(b.clone())], &FLOATS, r);
             for dt in INTS {
-                check_exact(op(name, &[]), &[inp(a.cast(dt)), inp(b.cast(dt))], &[DType::F32], r);
+                check_exact(
+                    op(name, &[]),
+                    &[inp(a.cast(dt)), inp(b.cast(dt))],
+                    &[DType::F32],
+                    r,
+                );
             }
         }
     }
     // Fractional floats: Less must see the exact values, not a rounding of them.
     let (a, b) = (randn(&[3, 1, 5], 80), randn(&[4, 1], 81));
-    check_exact(op("Less", &[]), &[inp(a), inp(b)], &FLOATS, |x| bin_ref(&x[0], &x[1], |p, q| (p < q) as u8 as f64));
+    check_exact(op("Less", &[]), &[inp(a), inp(b)], &FLOATS, |x| {
+        bin_ref(&x[0], &x[1], |p, q| (p < q) as u8 as f64)
+    });
     // Equal on bool, broadcast.
     let ba = bools(&[2, 3], &[true, false, true, false, false, true]);
     let bb = bools(&[3], &[true, false, false]);
     check_exact(op("Equal", &[]), &[inp(ba), inp(bb)], &[DType::F32], |_| {
         vec![(vec![2, 3], vec![1.0, 1.0, 0.0, 0.0, 1.0, 0.0])]
     });
-    let got = run_op(backends()[0], op("Less", &[]), &[inp(f64s(&[2], &[1.0, 2.0])), inp(f64s(&[1], &[1.5]))], 1, DType::BF16).unwrap();
+    let got = run_op(
+        backends()[0],
+        op("Less", &[]),
+        &[inp(f64s(&[2], &[1.0, 2.0])), inp(f64s(&[1], &[1.5]))],
+        1,
+        DType::BF16,
+    )
+    .unwrap();
     assert_eq!(got[0].dtype(), DType::Bool);
 }
 
@@ -291,30 +491,80 @@ fn clip_min_max_optional() {
     let lo = f64s(&[], &[-0.5]);
     let hi = f64s(&[], &[0.7]);
     let clip = |v: f64, lo: Option<f64>, hi: Option<f64>| {
-        let v = if let Some(l) = lo { if v < l { l } else { v } } else { v };
-        if let Some(h) = hi { if v > h { h } else { v } } else { v }
+        let v = if let Some(l) = lo {
+            if v < l {
+                l
+            } else {
+                v
+            }
+        } else {
+            v
+        };
+        if let Some(h) = hi {
+            if v > h {
+                h
+            } else {
+                v
+            }
+        } else {
+            v
+        }
     };
-    check(op("Clip", &[]), &[inp(x.clone()), inp(lo.clone()), inp(hi.clone())], &FLOATS, |a| {
-        let (l, h) = (vals(&a[1])[0], vals(&a[2])[0]);
-        un_ref(&a[0], |v| clip(v, Some(l), Some(h)))
+    check(
+        op("Clip", &[]),
+        &[inp(x.clone()), inp(lo.clone()), inp(hi.clone())],
+        &FLOATS,
+        |a| {
+            let (l, h) = (vals(&a[1])[0], vals(&a[2])[0]);
+            un_ref(&a[0], |v| clip(v, Some(l), Some(h)))
+        },
+    );
+    check(
+        op("Clip", &[]),
+        &[inp(x.clone()), inp(lo.clone())],
+        &FLOATS,
+        |a| {
+            let l = vals(&a[1])[0];
+            un_ref(&a[0], |v| clip(v, Some(l), None))
+        },
+    );
+    check(
+        op("Clip", &[]),
+        &[inp(x.clone()), Arg::None, inp(hi.clone())],
+        &FLOATS,
+        |a| {
+            let h = vals(&a[2])[0];
+            un_ref(&a[0], |v| clip(v, None, Some(h)))
+        },
+    );
+    check(op("Clip", &[]), &[inp(x.clone())], &FLOATS, |a| {
+        un_ref(&a[0], |v| v)
     });
-    check(op("Clip", &[]), &[inp(x.clone()), inp(lo.clone())], &FLOATS, |a| {
-        let l = vals(&a[1])[0];
-        un_ref(&a[0], |v| clip(v, Some(l), None))
-    });
-    check(op("Clip", &[]), &[inp(x.clone()), Arg::None, inp(hi.clone())], &FLOATS, |a| {
-        let h = vals(&a[2])[0];
-        un_ref(&a[0], |v| clip(v, None, Some(h)))
-    });
-    check(op("Clip", &[]), &[inp(x.clone())], &FLOATS, |a| un_ref(&a[0], |v| v));
     // min > max: everything becomes max (ONNX).
-    check(op("Clip", &[]), &[inp(x.clone()), inp(hi.clone()), inp(lo.clone())], &[DType::F64, DType::F32], |a| un_ref(&a[0], |_| -0.5));
+    check(
+        op("Clip", &[]),
+        &[inp(x.clone()), inp(hi.clone()), inp(lo.clone())],
+        &[DType::F64, DType::F32],
+        |a| un_ref(&a[0], |_| -0.5),
+    );
     for dt in INTS {
         let xi = ints(&[3, 7], 91, -20, 20, false).cast(dt);
-        check_exact(op("Clip", &[]), &[inp(xi.clone()), inp(i64s(&[], &[-5]).cast(dt)), inp(i64s(&[1], &[8]).cast(dt))], &[DType::F32], |a| {
-            un_ref(&a[0], |v| v.clamp(-5.0, 8.0))
-        });
-        check_exact(op("Clip", &[]), &[inp(xi.clone()), Arg::None, inp(i64s(&[], &[3]).cast(dt))], &[DType::F32], |a| un_ref(&a[0], |v| v.min(3.0)));
+        check_exact(
+            op("Clip", &[]),
+            &[
+                inp(xi.clone()),
+                inp(i64s(&[], &[-5]).cast(dt)),
+                inp(i64s(&[1], &[8]).cast(dt)),
+            ],
+            &[DType::F32],
+            |a| un_ref(&a[0], |v| v.clamp(-5.0, 8.0)),
+        );
+        check_exact(
+            op("Clip", &[]),
+            &[inp(xi.clone()), Arg::None, inp(i64s(&[], &[3]).cast(dt))],
+            &[DType::F32],
+            |a| un_ref(&a[0], |v| v.min(3.0)),
+        );
     }
 }
 
@@ -324,7 +574,13 @@ fn where_ref(a: &[Option<Tensor>]) -> Expected {
     let out = bshape(&s);
     let r = indices(&out)
         .iter()
-        .map(|i| if v[0][bcast_offset(i, &s[0])] != 0.0 { v[1][bcast_offset(i, &s[1])] } else { v[2][bcast_offset(i, &s[2])] })
+        .map(|i| {
+            if v[0][bcast_offset(i, &s[0])] != 0.0 {
+                v[1][bcast_offset(i, &s[1])]
+            } else {
+                v[2][bcast_offset(i, &s[2])]
+            }
+        })
         .collect();
     vec![(out, r)]
 }
@@ -332,7 +588,10 @@ fn where_ref(a: &[Option<Tensor>]) -> Expected {
 fn rand_bools(shape: &[usize], seed: u64) -> Tensor {
     let mut r = Rng::new(seed);
     let n: usize = shape.iter().product();
-    bools(shape, &(0..n).map(|_| r.uniform() < 0.5).collect::<Vec<_>>())
+    bools(
+        shape,
+        &(0..n).map(|_| r.uniform() < 0.5).collect::<Vec<_>>(),
+    )
 }
 
 #[test]
@@ -348,12 +607,39 @@ fn where_broadcast() {
         let s = 100 + 3 * i as u64;
         let c = rand_bools(&sc, s);
         let (a, b) = (randn(&sa, s + 1), randn(&sb, s + 2));
-        check(op("Where", &[]), &[inp(c.clone()), inp(a.clone()), inp(b.clone())], &FLOATS, where_ref);
-        let (ai, bi) = (ints(&sa, s + 1, -9, 9, false), ints(&sb, s + 2, -9, 9, false));
-        check_exact(op("Where", &[]), &[inp(c.clone()), inp(ai.clone()), inp(bi.clone())], &[DType::F32], where_ref);
-        check_exact(op("Where", &[]), &[inp(c.clone()), inp(ai.cast(DType::I32)), inp(bi.cast(DType::I32))], &[DType::F32], where_ref);
+        check(
+            op("Where", &[]),
+            &[inp(c.clone()), inp(a.clone()), inp(b.clone())],
+            &FLOATS,
+            where_ref,
+        );
+        let (ai, bi) = (
+            ints(&sa, s + 1, -9, 9, false),
+            ints(&sb, s + 2, -9, 9, false),
+        );
+        check_exact(
+            op("Where", &[]),
+            &[inp(c.clone()), inp(ai.clone()), inp(bi.clone())],
+            &[DType::F32],
+            where_ref,
+        );
+        check_exact(
+            op("Where", &[]),
+            &[
+                inp(c.clone()),
+                inp(ai.cast(DType::I32)),
+                inp(bi.cast(DType::I32)),
+            ],
+            &[DType::F32],
+            where_ref,
+        );
         let (ab, bb) = (rand_bools(&sa, s + 3), rand_bools(&sb, s + 4));
-        check_exact(op("Where", &[]), &[inp(c), inp(ab), inp(bb)], &[DType::F32], where_ref);
+        check_exact(
+            op("Where", &[]),
+            &[inp(c), inp(ab), inp(bb)],
+            &[DType::F32],
+            where_ref,
+        );
     }
 }
 
@@ -366,10 +652,27 @@ fn dropout_identity_at_inference() {
         let n = vals(&a[0]).len();
         vec![(shp(&a[0]), vals(&a[0])), (shp(&a[0]), vec![1.0; n])]
     };
-    check(op("Dropout", &[("ratio", AttrValue::Float(0.3))]), &[inp(x.clone())], &FLOATS, ident);
-    check(op("Dropout", &[("seed", AttrValue::Int(3))]), &[inp(x.clone()), cst(f64s(&[], &[0.9]))], &FLOATS, ident);
-    check(op("Dropout", &[]), &[inp(x.clone()), Arg::None, cst(bools(&[], &[false]))], &FLOATS, ident);
-    check(op("Dropout", &[]), &[inp(x.clone())], &FLOATS, |a| vec![(shp(&a[0]), vals(&a[0]))]);
+    check(
+        op("Dropout", &[("ratio", AttrValue::Float(0.3))]),
+        &[inp(x.clone())],
+        &FLOATS,
+        ident,
+    );
+    check(
+        op("Dropout", &[("seed", AttrValue::Int(3))]),
+        &[inp(x.clone()), cst(f64s(&[], &[0.9]))],
+        &FLOATS,
+        ident,
+    );
+    check(
+        op("Dropout", &[]),
+        &[inp(x.clone()), Arg::None, cst(bools(&[], &[false]))],
+        &FLOATS,
+        ident,
+    );
+    check(op("Dropout", &[]), &[inp(x.clone())], &FLOATS, |a| {
+        vec![(shp(&a[0]), vals(&a[0]))]
+    });
 }
 
 #[test]
@@ -392,18 +695,40 @@ fn dropout_training_mask() {
                 if m[i] != 0.0 {
                     kept += 1;
                     let want = xs[i] / (1.0 - ratio);
-                    assert!((y[i] - want).abs() <= 1e-2 * want, "{dt}: kept value {} != {want}", y[i]);
+                    assert!(
+                        (y[i] - want).abs() <= 1e-2 * want,
+                        "{dt}: kept value {} != {want}",
+                        y[i]
+                    );
                 } else {
                     assert_eq!(y[i], 0.0, "dropped value must be 0");
                 }
             }
             let frac = kept as f64 / y.len() as f64;
-            assert!((frac - (1.0 - ratio)).abs() < 0.02, "{dt}: kept {frac}, want {}", 1.0 - ratio);
+            assert!(
+                (frac - (1.0 - ratio)).abs() < 0.02,
+                "{dt}: kept {frac}, want {}",
+                1.0 - ratio
+            );
         }
     }
     // Another seed gives another mask.
-    let a = run_op(backends()[0], op("Dropout", &[("seed", AttrValue::Int(1))]), &[inp(x.clone()), Arg::None, train.clone()], 2, DType::F32).unwrap();
-    let b = run_op(backends()[0], op("Dropout", &[("seed", AttrValue::Int(2))]), &[inp(x.clone()), Arg::None, train.clone()], 2, DType::F32).unwrap();
+    let a = run_op(
+        backends()[0],
+        op("Dropout", &[("seed", AttrValue::Int(1))]),
+        &[inp(x.clone()), Arg::None, train.clone()],
+        2,
+        DType::F32,
+    )
+    .unwrap();
+    let b = run_op(
+        backends()[0],
+        op("Dropout", &[("seed", AttrValue::Int(2))]),
+        &[inp(x.clone()), Arg::None, train.clone()],
+        2,
+        DType::F32,
+    )
+    .unwrap();
     assert_ne!(a[1], b[1]);
 }
 
@@ -412,14 +737,22 @@ fn dropout_training_mask() {
 fn trilu_ref(a: &[Option<Tensor>], upper: bool) -> Expected {
     let s = shp(&a[0]);
     let v = vals(&a[0]);
-    let k = a.get(1).and_then(|k| k.as_ref()).map(|k| k.to_i64_vec()[0]).unwrap_or(0);
+    let k = a
+        .get(1)
+        .and_then(|k| k.as_ref())
+        .map(|k| k.to_i64_vec()[0])
+        .unwrap_or(0);
     let r = indices(&s)
         .iter()
         .zip(&v)
         .map(|(idx, &x)| {
             let (i, j) = (idx[idx.len() - 2] as i64, idx[idx.len() - 1] as i64);
             let keep = if upper { j - i >= k } else { j - i <= k };
-            if keep { x } else { 0.0 }
+            if keep {
+                x
+            } else {
+                0.0
+            }
         })
         .collect();
     vec![(s, r)]
@@ -431,15 +764,29 @@ fn trilu_upper_lower_k() {
         let x = rand(&shape, 130, 0.5, 2.0);
         for upper in [true, false] {
             let o = op("Trilu", &[("upper", AttrValue::Int(upper as i64))]);
-            check(o.clone(), &[inp(x.clone())], &FLOATS, |a| trilu_ref(a, upper));
+            check(o.clone(), &[inp(x.clone())], &FLOATS, |a| {
+                trilu_ref(a, upper)
+            });
             for k in [1, -1, 2, -2, 7, -7] {
-                check(o.clone(), &[inp(x.clone()), cst(i64s(&[], &[k]))], &FLOATS, |a| trilu_ref(a, upper));
+                check(
+                    o.clone(),
+                    &[inp(x.clone()), cst(i64s(&[], &[k]))],
+                    &FLOATS,
+                    |a| trilu_ref(a, upper),
+                );
             }
             let xi = ints(&shape, 131, 1, 9, false);
-            check_exact(o.clone(), &[inp(xi.clone()), cst(i64s(&[], &[-1]).cast(DType::I32))], &[DType::F32], |a| trilu_ref(a, upper));
+            check_exact(
+                o.clone(),
+                &[inp(xi.clone()), cst(i64s(&[], &[-1]).cast(DType::I32))],
+                &[DType::F32],
+                |a| trilu_ref(a, upper),
+            );
         }
     }
     // Default is upper.
     let x = rand(&[4, 4], 132, 0.5, 2.0);
-    check(op("Trilu", &[]), &[inp(x)], &[DType::F64], |a| trilu_ref(a, true));
+    check(op("Trilu", &[]), &[inp(x)], &[DType::F64], |a| {
+        trilu_ref(a, true)
+    });
 }

@@ -8,20 +8,38 @@ use graphrun::Tensor;
 /// numpy `matmul` in plain loops: 1-D operands promoted and squeezed, batch dims broadcast.
 fn ref_matmul(a: &Tensor, b: &Tensor) -> (Vec<usize>, Vec<f64>) {
     let (av, bv) = (a.to_f64_vec(), b.to_f64_vec());
-    let sa: Vec<usize> = if a.shape().len() == 1 { vec![1, a.shape()[0]] } else { a.shape().to_vec() };
-    let sb: Vec<usize> = if b.shape().len() == 1 { vec![b.shape()[0], 1] } else { b.shape().to_vec() };
+    let sa: Vec<usize> = if a.shape().len() == 1 {
+        vec![1, a.shape()[0]]
+    } else {
+        a.shape().to_vec()
+    };
+    let sb: Vec<usize> = if b.shape().len() == 1 {
+        vec![b.shape()[0], 1]
+    } else {
+        b.shape().to_vec()
+    };
     let (m, k, n) = (sa[sa.len() - 2], sa[sa.len() - 1], sb[sb.len() - 1]);
     assert_eq!(k, sb[sb.len() - 2]);
     let (ba, bb) = (&sa[..sa.len() - 2], &sb[..sb.len() - 2]);
     let r = ba.len().max(bb.len());
-    let dim = |s: &[usize], i: usize| if i + s.len() >= r { s[i + s.len() - r] } else { 1 };
+    let dim = |s: &[usize], i: usize| {
+        if i + s.len() >= r {
+            s[i + s.len() - r]
+        } else {
+            1
+        }
+    };
     let batch: Vec<usize> = (0..r).map(|i| dim(ba, i).max(dim(bb, i))).collect();
     let mut out = vec![];
     for bi in indices(&batch) {
         let (ao, bo) = (bcast_offset(&bi, ba) * m * k, bcast_offset(&bi, bb) * k * n);
         for i in 0..m {
             for j in 0..n {
-                out.push((0..k).map(|p| av[ao + i * k + p] * bv[bo + p * n + j]).sum());
+                out.push(
+                    (0..k)
+                        .map(|p| av[ao + i * k + p] * bv[bo + p * n + j])
+                        .sum(),
+                );
             }
         }
     }
@@ -60,8 +78,13 @@ fn arg(a: &[Option<Tensor>], i: usize) -> &Tensor {
 }
 
 fn check_matmul(sa: &[usize], sb: &[usize], seed: u64) {
-    let args = [inp(rand(sa, seed, -1.0, 1.0)), inp(rand(sb, seed + 1, -1.0, 1.0))];
-    check(op("MatMul", &[]), &args, &FLOATS, |a| vec![ref_matmul(arg(a, 0), arg(a, 1))]);
+    let args = [
+        inp(rand(sa, seed, -1.0, 1.0)),
+        inp(rand(sb, seed + 1, -1.0, 1.0)),
+    ];
+    check(op("MatMul", &[]), &args, &FLOATS, |a| {
+        vec![ref_matmul(arg(a, 0), arg(a, 1))]
+    });
 }
 
 #[test]
@@ -97,7 +120,13 @@ fn matmul_large_and_empty() {
 }
 
 /// ONNX Gemm in plain loops.
-fn ref_gemm(a: &[Option<Tensor>], alpha: f64, beta: f64, ta: bool, tb: bool) -> (Vec<usize>, Vec<f64>) {
+fn ref_gemm(
+    a: &[Option<Tensor>],
+    alpha: f64,
+    beta: f64,
+    ta: bool,
+    tb: bool,
+) -> (Vec<usize>, Vec<f64>) {
     let (av, bv) = (arg(a, 0).to_f64_vec(), arg(a, 1).to_f64_vec());
     let (sa, sb) = (arg(a, 0).shape(), arg(a, 1).shape());
     let (m, k) = if ta { (sa[1], sa[0]) } else { (sa[0], sa[1]) };
@@ -111,7 +140,12 @@ fn ref_gemm(a: &[Option<Tensor>], alpha: f64, beta: f64, ta: bool, tb: bool) -> 
                 let y = if tb { bv[j * k + p] } else { bv[p * n + j] };
                 s += x * y;
             }
-            let c = a.get(2).cloned().flatten().map(|c| c.to_f64_vec()[bcast_offset(&[i, j], c.shape())]).unwrap_or(0.0);
+            let c = a
+                .get(2)
+                .cloned()
+                .flatten()
+                .map(|c| c.to_f64_vec()[bcast_offset(&[i, j], c.shape())])
+                .unwrap_or(0.0);
             out.push(alpha * s + beta * c);
         }
     }
@@ -126,10 +160,19 @@ fn gemm_transposes_alpha_beta_and_c() {
         for tb in [false, true] {
             let sa = if ta { [k, m] } else { [m, k] };
             let sb = if tb { [n, k] } else { [k, n] };
-            for c in [None, Some(vec![n]), Some(vec![m, 1]), Some(vec![]), Some(vec![m, n])] {
+            for c in [
+                None,
+                Some(vec![n]),
+                Some(vec![m, 1]),
+                Some(vec![]),
+                Some(vec![m, n]),
+            ] {
                 let (alpha, beta) = (0.75, -1.5);
                 seed += 3;
-                let mut args = vec![inp(rand(&sa, seed, -1.0, 1.0)), inp(rand(&sb, seed + 1, -1.0, 1.0))];
+                let mut args = vec![
+                    inp(rand(&sa, seed, -1.0, 1.0)),
+                    inp(rand(&sb, seed + 1, -1.0, 1.0)),
+                ];
                 if let Some(c) = &c {
                     args.push(inp(rand(c, seed + 2, -1.0, 1.0)));
                 }
@@ -139,13 +182,21 @@ fn gemm_transposes_alpha_beta_and_c() {
                     ("transA", AttrValue::Int(ta as i64)),
                     ("transB", AttrValue::Int(tb as i64)),
                 ];
-                check(op("Gemm", &attrs), &args, &FLOATS, |a| vec![ref_gemm(a, alpha, beta, ta, tb)]);
+                check(op("Gemm", &attrs), &args, &FLOATS, |a| {
+                    vec![ref_gemm(a, alpha, beta, ta, tb)]
+                });
             }
         }
     }
     // Defaults (alpha = beta = 1) on a size big enough for gemm's threads.
-    let args = [inp(rand(&[96, 130], 1, -1.0, 1.0)), inp(rand(&[130, 70], 2, -1.0, 1.0)), inp(rand(&[70], 3, -1.0, 1.0))];
-    check(op("Gemm", &[]), &args, &FLOATS, |a| vec![ref_gemm(a, 1.0, 1.0, false, false)]);
+    let args = [
+        inp(rand(&[96, 130], 1, -1.0, 1.0)),
+        inp(rand(&[130, 70], 2, -1.0, 1.0)),
+        inp(rand(&[70], 3, -1.0, 1.0)),
+    ];
+    check(op("Gemm", &[]), &args, &FLOATS, |a| {
+        vec![ref_gemm(a, 1.0, 1.0, false, false)]
+    });
 }
 
 fn act_ref(name: &str, x: f64) -> f64 {
@@ -153,7 +204,10 @@ fn act_ref(name: &str, x: f64) -> f64 {
         "none" => x,
         "relu" => x.max(0.0),
         "gelu" => 0.5 * x * (1.0 + libm::erf(x / 2f64.sqrt())),
-        "gelu_tanh" => 0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x.powi(3))).tanh()),
+        "gelu_tanh" => {
+            0.5 * x
+                * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x.powi(3))).tanh())
+        }
         "silu" => x / (1.0 + (-x).exp()),
         "sigmoid" => 1.0 / (1.0 + (-x).exp()),
         "tanh" => x.tanh(),
@@ -163,11 +217,19 @@ fn act_ref(name: &str, x: f64) -> f64 {
 
 /// act(A @ op(B) + bias) + residual, from the naive matmul.
 fn ref_fused(a: &[Option<Tensor>], act: &str, trans_b: bool) -> (Vec<usize>, Vec<f64>) {
-    let b = if trans_b { swap_last(arg(a, 1)) } else { arg(a, 1).clone() };
+    let b = if trans_b {
+        swap_last(arg(a, 1))
+    } else {
+        arg(a, 1).clone()
+    };
     let (shape, mut out) = ref_matmul(arg(a, 0), &b);
     let n = *shape.last().unwrap();
     let bias = a.get(2).cloned().flatten().map(|t| t.to_f64_vec());
-    let res = a.get(3).cloned().flatten().map(|t| (t.shape().to_vec(), t.to_f64_vec()));
+    let res = a
+        .get(3)
+        .cloned()
+        .flatten()
+        .map(|t| (t.shape().to_vec(), t.to_f64_vec()));
     for (f, idx) in indices(&shape).iter().enumerate() {
         let mut v = out[f] + bias.as_ref().map(|b| b[f % n]).unwrap_or(0.0);
         v = act_ref(act, v);
@@ -183,18 +245,38 @@ fn ref_fused(a: &[Option<Tensor>], act: &str, trans_b: bool) -> (Vec<usize>, Vec
 fn fused_matmul_activations_bias_residual() {
     let (m, k, n) = (6, 9, 5);
     let mut seed = 100;
-    for act in ["none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh"] {
+    for act in [
+        "none",
+        "relu",
+        "gelu",
+        "gelu_tanh",
+        "silu",
+        "sigmoid",
+        "tanh",
+    ] {
         for trans_b in [false, true] {
             for (bias, res) in [(false, false), (true, false), (false, true), (true, true)] {
                 seed += 4;
                 let sb = if trans_b { [n, k] } else { [k, n] };
-                let mut args = vec![inp(rand(&[2, m, k], seed, -1.5, 1.5)), inp(rand(&sb, seed + 1, -1.0, 1.0))];
-                args.push(if bias { inp(rand(&[n], seed + 2, -1.0, 1.0)) } else { Arg::None });
+                let mut args = vec![
+                    inp(rand(&[2, m, k], seed, -1.5, 1.5)),
+                    inp(rand(&sb, seed + 1, -1.0, 1.0)),
+                ];
+                args.push(if bias {
+                    inp(rand(&[n], seed + 2, -1.0, 1.0))
+                } else {
+                    Arg::None
+                });
                 if res {
                     args.push(inp(rand(&[2, m, n], seed + 3, -1.0, 1.0)));
                 }
-                let attrs = [("activation", AttrValue::Str(act.into())), ("trans_b", AttrValue::Int(trans_b as i64))];
-                check(op("FusedMatMul", &attrs), &args, &FLOATS, |a| vec![ref_fused(a, act, trans_b)]);
+                let attrs = [
+                    ("activation", AttrValue::Str(act.into())),
+                    ("trans_b", AttrValue::Int(trans_b as i64)),
+                ];
+                check(op("FusedMatMul", &attrs), &args, &FLOATS, |a| {
+                    vec![ref_fused(a, act, trans_b)]
+                });
             }
         }
     }
@@ -202,7 +284,15 @@ fn fused_matmul_activations_bias_residual() {
 
 #[test]
 fn fused_matmul_batched_and_broadcast_residual() {
-    let gelu = || op("FusedMatMul", &[("activation", AttrValue::Str("gelu".into())), ("trans_b", AttrValue::Int(1))]);
+    let gelu = || {
+        op(
+            "FusedMatMul",
+            &[
+                ("activation", AttrValue::Str("gelu".into())),
+                ("trans_b", AttrValue::Int(1)),
+            ],
+        )
+    };
     // Batched B, transposed; residual broadcast from [M, 1] and from [N].
     for (i, res) in [vec![4, 1], vec![6], vec![3, 1, 6]].into_iter().enumerate() {
         let s = 200 + 10 * i as u64;
@@ -215,7 +305,10 @@ fn fused_matmul_batched_and_broadcast_residual() {
         check(gelu(), &args, &FLOATS, |a| vec![ref_fused(a, "gelu", true)]);
     }
     // Large enough for gemm's threads and a parallel epilogue.
-    let silu = op("FusedMatMul", &[("activation", AttrValue::Str("silu".into()))]);
+    let silu = op(
+        "FusedMatMul",
+        &[("activation", AttrValue::Str("silu".into()))],
+    );
     let args = [
         inp(rand(&[2, 64, 120], 300, -1.0, 1.0)),
         inp(rand(&[120, 90], 301, -1.0, 1.0)),

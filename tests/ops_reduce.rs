@@ -15,7 +15,11 @@ fn shp(t: &Option<Tensor>) -> Vec<usize> {
     t.as_ref().expect("argument present").shape().to_vec()
 }
 fn norm(axis: i64, r: usize) -> usize {
-    if axis < 0 { (axis + r as i64) as usize } else { axis as usize }
+    if axis < 0 {
+        (axis + r as i64) as usize
+    } else {
+        axis as usize
+    }
 }
 fn flat(idx: &[usize], shape: &[usize]) -> usize {
     idx.iter().zip(strides(shape)).map(|(i, s)| i * s).sum()
@@ -28,13 +32,17 @@ fn ints(shape: &[usize], seed: u64, lo: i64, hi: i64) -> Tensor {
 
 /// Like `check`, but integer outputs must match exactly.
 fn check_exact(op_: Op, args: &[Arg], reference: impl Fn(&[Option<Tensor>]) -> Expected) {
-    let plain: Vec<Option<Tensor>> = args.iter().map(|a| match a {
-        Arg::In(t) | Arg::Const(t) => Some(t.clone()),
-        Arg::None => None,
-    }).collect();
+    let plain: Vec<Option<Tensor>> = args
+        .iter()
+        .map(|a| match a {
+            Arg::In(t) | Arg::Const(t) => Some(t.clone()),
+            Arg::None => None,
+        })
+        .collect();
     let want = reference(&plain);
     for backend in backends() {
-        let got = run_op(backend, op_.clone(), args, want.len(), DType::F32).unwrap_or_else(|e| panic!("{}: {e}", op_.name()));
+        let got = run_op(backend, op_.clone(), args, want.len(), DType::F32)
+            .unwrap_or_else(|e| panic!("{}: {e}", op_.name()));
         for ((shape, v), t) in want.iter().zip(&got) {
             assert_eq!(t.shape(), &shape[..], "{} shape", op_.name());
             assert_eq!(&t.to_f64_vec(), v, "{} on {backend:?}", op_.name());
@@ -58,7 +66,11 @@ fn softmax_ref(a: &Option<Tensor>, axis: i64, log: bool) -> Expected {
             let m = (0..s[ax]).map(along).fold(f64::NEG_INFINITY, f64::max);
             let z: f64 = (0..s[ax]).map(|k| (along(k) - m).exp()).sum();
             let x = v[flat(idx, &s)];
-            if log { x - m - z.ln() } else { (x - m).exp() / z }
+            if log {
+                x - m - z.ln()
+            } else {
+                (x - m).exp() / z
+            }
         })
         .collect();
     vec![(s, out)]
@@ -71,14 +83,33 @@ fn softmax_and_log_softmax_any_axis() {
     let big = rand(&[3, 7], 2, 100.0, 110.0);
     for (name, log) in [("Softmax", false), ("LogSoftmax", true)] {
         for axis in [-1, 0, 1, 2, 3, -3] {
-            check(op(name, &[("axis", AttrValue::Int(axis))]), &[inp(x.clone())], &FLOATS, |a| softmax_ref(&a[0], axis, log));
+            check(
+                op(name, &[("axis", AttrValue::Int(axis))]),
+                &[inp(x.clone())],
+                &FLOATS,
+                |a| softmax_ref(&a[0], axis, log),
+            );
         }
-        check(op(name, &[]), &[inp(x.clone())], &FLOATS, |a| softmax_ref(&a[0], -1, log));
-        check(op(name, &[]), &[inp(big.clone())], &[DType::F64, DType::F32], |a| softmax_ref(&a[0], -1, log));
+        check(op(name, &[]), &[inp(x.clone())], &FLOATS, |a| {
+            softmax_ref(&a[0], -1, log)
+        });
+        check(
+            op(name, &[]),
+            &[inp(big.clone())],
+            &[DType::F64, DType::F32],
+            |a| softmax_ref(&a[0], -1, log),
+        );
         // Many rows (parallel batches) and a long strided axis.
         let wide = randn(&[64, 130, 9], 3);
-        check(op(name, &[("axis", AttrValue::Int(1))]), &[inp(wide.clone())], &FLOATS, |a| softmax_ref(&a[0], 1, log));
-        check(op(name, &[]), &[inp(wide)], &[DType::F32], |a| softmax_ref(&a[0], -1, log));
+        check(
+            op(name, &[("axis", AttrValue::Int(1))]),
+            &[inp(wide.clone())],
+            &FLOATS,
+            |a| softmax_ref(&a[0], 1, log),
+        );
+        check(op(name, &[]), &[inp(wide)], &[DType::F32], |a| {
+            softmax_ref(&a[0], -1, log)
+        });
     }
 }
 
@@ -92,7 +123,10 @@ fn layer_norm_ref(a: &[Option<Tensor>], axis: i64, eps: f64) -> Expected {
     let n: usize = nshape.iter().product();
     let rows = x.len() / n;
     let (g, gs) = (vals(&a[1]), shp(&a[1]));
-    let b = a.get(2).and_then(|b| b.as_ref()).map(|b| (b.to_f64_vec(), b.shape().to_vec()));
+    let b = a
+        .get(2)
+        .and_then(|b| b.as_ref())
+        .map(|b| (b.to_f64_vec(), b.shape().to_vec()));
     let nidx = indices(nshape);
     let (mut y, mut means, mut invs) = (vec![], vec![], vec![]);
     for r in 0..rows {
@@ -121,14 +155,27 @@ fn layer_norm_ref(a: &[Option<Tensor>], axis: i64, eps: f64) -> Expected {
 fn layer_norm_last_axis() {
     let x = randn(&[4, 6, 8], 10);
     let (g, b) = (rand(&[8], 11, 0.5, 1.5), randn(&[8], 12));
-    check(op("LayerNormalization", &[]), &[inp(x.clone()), inp(g.clone()), inp(b.clone())], &FLOATS, |a| {
-        layer_norm_ref(a, -1, 1e-5f32 as f64)[..1].to_vec()
-    });
-    check(op("LayerNormalization", &[]), &[inp(x.clone()), inp(g.clone())], &FLOATS, |a| layer_norm_ref(a, -1, 1e-5f32 as f64)[..1].to_vec());
+    check(
+        op("LayerNormalization", &[]),
+        &[inp(x.clone()), inp(g.clone()), inp(b.clone())],
+        &FLOATS,
+        |a| layer_norm_ref(a, -1, 1e-5f32 as f64)[..1].to_vec(),
+    );
+    check(
+        op("LayerNormalization", &[]),
+        &[inp(x.clone()), inp(g.clone())],
+        &FLOATS,
+        |a| layer_norm_ref(a, -1, 1e-5f32 as f64)[..1].to_vec(),
+    );
     // Many rows: the parallel path.
     let x = randn(&[300, 64], 13);
     let (g, b) = (rand(&[64], 14, 0.5, 1.5), randn(&[64], 15));
-    check(op("LayerNormalization", &[]), &[inp(x), inp(g), inp(b)], &FLOATS, |a| layer_norm_ref(a, -1, 1e-5f32 as f64)[..1].to_vec());
+    check(
+        op("LayerNormalization", &[]),
+        &[inp(x), inp(g), inp(b)],
+        &FLOATS,
+        |a| layer_norm_ref(a, -1, 1e-5f32 as f64)[..1].to_vec(),
+    );
 }
 
 #[test]
@@ -136,22 +183,44 @@ fn layer_norm_inner_axis_with_stats() {
     // Small variance, so that epsilon matters.
     let x = rand(&[2, 3, 4, 5], 20, -0.1, 0.1);
     let eps = 1e-3;
-    let attrs = [("axis", AttrValue::Int(1)), ("epsilon", AttrValue::Float(eps))];
+    let attrs = [
+        ("axis", AttrValue::Int(1)),
+        ("epsilon", AttrValue::Float(eps)),
+    ];
     // Scale over the whole normalised shape, B broadcast from its trailing dims.
     let (g, b) = (rand(&[3, 4, 5], 21, 0.5, 1.5), randn(&[4, 5], 22));
-    check(op("LayerNormalization", &attrs), &[inp(x.clone()), inp(g.clone()), inp(b.clone())], &FLOATS, |a| {
-        layer_norm_ref(a, 1, eps as f32 as f64)
-    });
+    check(
+        op("LayerNormalization", &attrs),
+        &[inp(x.clone()), inp(g.clone()), inp(b.clone())],
+        &FLOATS,
+        |a| layer_norm_ref(a, 1, eps as f32 as f64),
+    );
     // Negative axis, Scale of shape [1, 5], no B, Mean only.
-    let attrs = [("axis", AttrValue::Int(-2)), ("epsilon", AttrValue::Float(eps))];
+    let attrs = [
+        ("axis", AttrValue::Int(-2)),
+        ("epsilon", AttrValue::Float(eps)),
+    ];
     let g = rand(&[1, 5], 23, 0.5, 1.5);
-    check(op("LayerNormalization", &attrs), &[inp(x.clone()), inp(g.clone())], &FLOATS, |a| {
-        layer_norm_ref(a, -2, eps as f32 as f64)[..2].to_vec()
-    });
+    check(
+        op("LayerNormalization", &attrs),
+        &[inp(x.clone()), inp(g.clone())],
+        &FLOATS,
+        |a| layer_norm_ref(a, -2, eps as f32 as f64)[..2].to_vec(),
+    );
     // The statistics are f32 for f16 input and f64 for f64 input.
     let o = op("LayerNormalization", &attrs);
-    let got = run_op(backends()[0], o.clone(), &[inp(x.clone()), inp(g.clone())], 3, DType::F16).unwrap();
-    assert_eq!((got[0].dtype(), got[1].dtype(), got[2].dtype()), (DType::F16, DType::F32, DType::F32));
+    let got = run_op(
+        backends()[0],
+        o.clone(),
+        &[inp(x.clone()), inp(g.clone())],
+        3,
+        DType::F16,
+    )
+    .unwrap();
+    assert_eq!(
+        (got[0].dtype(), got[1].dtype(), got[2].dtype()),
+        (DType::F16, DType::F32, DType::F32)
+    );
     assert_eq!(got[1].shape(), &[2, 3, 1, 1]);
     let got = run_op(backends()[0], o, &[inp(x), inp(g)], 3, DType::F64).unwrap();
     assert_eq!(got[2].dtype(), DType::F64);
@@ -169,11 +238,21 @@ enum Kind {
 fn reduce_ref(a: &Option<Tensor>, axes: &[i64], keepdims: bool, kind: Kind) -> Expected {
     let (s, v) = (shp(a), vals(a));
     let r = s.len();
-    let axes: Vec<usize> = if axes.is_empty() { (0..r).collect() } else { axes.iter().map(|&x| norm(x, r)).collect() };
-    let kept: Vec<usize> = (0..r).map(|d| if axes.contains(&d) { 1 } else { s[d] }).collect();
+    let axes: Vec<usize> = if axes.is_empty() {
+        (0..r).collect()
+    } else {
+        axes.iter().map(|&x| norm(x, r)).collect()
+    };
+    let kept: Vec<usize> = (0..r)
+        .map(|d| if axes.contains(&d) { 1 } else { s[d] })
+        .collect();
     let mut acc = vec![(0.0f64, 0usize, f64::NEG_INFINITY); kept.iter().product()];
     for (idx, &x) in indices(&s).iter().zip(&v) {
-        let o: Vec<usize> = idx.iter().enumerate().map(|(d, &i)| if axes.contains(&d) { 0 } else { i }).collect();
+        let o: Vec<usize> = idx
+            .iter()
+            .enumerate()
+            .map(|(d, &i)| if axes.contains(&d) { 0 } else { i })
+            .collect();
         let e = &mut acc[flat(&o, &kept)];
         e.0 += x;
         e.1 += 1;
@@ -187,11 +266,19 @@ fn reduce_ref(a: &Option<Tensor>, axes: &[i64], keepdims: bool, kind: Kind) -> E
             Kind::Max => max,
         })
         .collect();
-    let shape = if keepdims { kept } else { (0..r).filter(|d| !axes.contains(d)).map(|d| s[d]).collect() };
+    let shape = if keepdims {
+        kept
+    } else {
+        (0..r).filter(|d| !axes.contains(d)).map(|d| s[d]).collect()
+    };
     vec![(shape, out)]
 }
 
-const KINDS: [(&str, Kind); 3] = [("ReduceSum", Kind::Sum), ("ReduceMean", Kind::Mean), ("ReduceMax", Kind::Max)];
+const KINDS: [(&str, Kind); 3] = [
+    ("ReduceSum", Kind::Sum),
+    ("ReduceMean", Kind::Mean),
+    ("ReduceMax", Kind::Max),
+];
 
 #[test]
 fn reduce_axes_attr_and_keepdims() {
@@ -200,13 +287,28 @@ fn reduce_axes_attr_and_keepdims() {
     for (name, kind) in KINDS {
         for axes in axes_sets {
             for keep in [true, false] {
-                let o = op(name, &[("axes", AttrValue::Ints(axes.to_vec())), ("keepdims", AttrValue::Int(keep as i64))]);
-                check(o, &[inp(x.clone())], &FLOATS, |a| reduce_ref(&a[0], axes, keep, kind));
+                let o = op(
+                    name,
+                    &[
+                        ("axes", AttrValue::Ints(axes.to_vec())),
+                        ("keepdims", AttrValue::Int(keep as i64)),
+                    ],
+                );
+                check(o, &[inp(x.clone())], &FLOATS, |a| {
+                    reduce_ref(&a[0], axes, keep, kind)
+                });
             }
         }
         // No axes: every axis; keepdims defaults to 1.
-        check(op(name, &[]), &[inp(x.clone())], &FLOATS, |a| reduce_ref(&a[0], &[], true, kind));
-        check(op(name, &[("keepdims", AttrValue::Int(0))]), &[inp(x.clone())], &FLOATS, |a| reduce_ref(&a[0], &[], false, kind));
+        check(op(name, &[]), &[inp(x.clone())], &FLOATS, |a| {
+            reduce_ref(&a[0], &[], true, kind)
+        });
+        check(
+            op(name, &[("keepdims", AttrValue::Int(0))]),
+            &[inp(x.clone())],
+            &FLOATS,
+            |a| reduce_ref(&a[0], &[], false, kind),
+        );
     }
 }
 
@@ -217,8 +319,16 @@ fn reduce_alternating_axes() {
     let axes_sets: [&[i64]; 5] = [&[0, 2], &[1, 3], &[0, 2, 4], &[0, 1, 3], &[1, 2, 4]];
     for (name, kind) in KINDS {
         for axes in axes_sets {
-            let o = op(name, &[("axes", AttrValue::Ints(axes.to_vec())), ("keepdims", AttrValue::Int(0))]);
-            check(o, &[inp(x.clone())], &FLOATS, |a| reduce_ref(&a[0], axes, false, kind));
+            let o = op(
+                name,
+                &[
+                    ("axes", AttrValue::Ints(axes.to_vec())),
+                    ("keepdims", AttrValue::Int(0)),
+                ],
+            );
+            check(o, &[inp(x.clone())], &FLOATS, |a| {
+                reduce_ref(&a[0], axes, false, kind)
+            });
         }
     }
 }
@@ -230,13 +340,20 @@ fn reduce_axes_input() {
         for axes in [vec![-1, 1], vec![0], vec![2], vec![3, 0, 1]] {
             for keep in [true, false] {
                 let o = op(name, &[("keepdims", AttrValue::Int(keep as i64))]);
-                check(o, &[inp(x.clone()), cst(i64s(&[axes.len()], &axes))], &FLOATS, |a| reduce_ref(&a[0], &axes, keep, kind));
+                check(
+                    o,
+                    &[inp(x.clone()), cst(i64s(&[axes.len()], &axes))],
+                    &FLOATS,
+                    |a| reduce_ref(&a[0], &axes, keep, kind),
+                );
             }
         }
     }
     // noop_with_empty_axes with an empty axes input: identity.
     let o = op("ReduceSum", &[("noop_with_empty_axes", AttrValue::Int(1))]);
-    check(o, &[inp(x.clone()), cst(i64s(&[0], &[]))], &FLOATS, |a| vec![(shp(&a[0]), vals(&a[0]))]);
+    check(o, &[inp(x.clone()), cst(i64s(&[0], &[]))], &FLOATS, |a| {
+        vec![(shp(&a[0]), vals(&a[0]))]
+    });
 }
 
 #[test]
@@ -245,8 +362,16 @@ fn reduce_large_parallel() {
     for (name, kind) in KINDS {
         // Everything reduced takes the chunked-partials path.
         for axes in [vec![1], vec![0], vec![2], vec![0, 2], vec![0, 1, 2]] {
-            let o = op(name, &[("axes", AttrValue::Ints(axes.clone())), ("keepdims", AttrValue::Int(0))]);
-            check(o, &[inp(x.clone())], &FLOATS, |a| reduce_ref(&a[0], &axes, false, kind));
+            let o = op(
+                name,
+                &[
+                    ("axes", AttrValue::Ints(axes.clone())),
+                    ("keepdims", AttrValue::Int(0)),
+                ],
+            );
+            check(o, &[inp(x.clone())], &FLOATS, |a| {
+                reduce_ref(&a[0], &axes, false, kind)
+            });
         }
     }
 }
@@ -262,13 +387,19 @@ fn reduce_sum_max_on_ints() {
                     if !axes.is_empty() {
                         attrs.push(("axes", AttrValue::Ints(axes.clone())));
                     }
-                    check_exact(op(name, &attrs), &[inp(x.clone())], |a| reduce_ref(&a[0], &axes, keep, kind));
+                    check_exact(op(name, &attrs), &[inp(x.clone())], |a| {
+                        reduce_ref(&a[0], &axes, keep, kind)
+                    });
                 }
             }
         }
         // All-negative values: Max must not start from 0.
         let neg = ints(&[4, 6], 34, -100, -1).cast(dt);
-        check_exact(op("ReduceMax", &[("axes", AttrValue::Ints(vec![1]))]), &[inp(neg)], |a| reduce_ref(&a[0], &[1], true, Kind::Max));
+        check_exact(
+            op("ReduceMax", &[("axes", AttrValue::Ints(vec![1]))]),
+            &[inp(neg)],
+            |a| reduce_ref(&a[0], &[1], true, Kind::Max),
+        );
     }
 }
 
@@ -286,7 +417,9 @@ fn sce_ref(a: &[Option<Tensor>], reduction: &str, ignore: Option<i64>) -> Expect
     let (mut losses, mut wsum) = (vec![], 0.0);
     for i in 0..n {
         for p in 0..d {
-            let m = (0..c).map(|k| at(i, k, p)).fold(f64::NEG_INFINITY, f64::max);
+            let m = (0..c)
+                .map(|k| at(i, k, p))
+                .fold(f64::NEG_INFINITY, f64::max);
             let lse = m + (0..c).map(|k| (at(i, k, p) - m).exp()).sum::<f64>().ln();
             for k in 0..c {
                 logp[(i * c + k) * d + p] = at(i, k, p) - lse;
@@ -327,18 +460,44 @@ fn softmax_cross_entropy_2d() {
     for red in ["mean", "sum", "none"] {
         // Plain, with weights, with ignore_index (a valid class and an out-of-range one),
         // and both; log_prob as a second output.
-        check(sce_op(red, None), &[inp(scores.clone()), inp(labels.clone())], &FLOATS, |a| sce_ref(a, red, None));
-        check(sce_op(red, None), &[inp(scores.clone()), inp(labels.clone()), inp(w.clone())], &FLOATS, |a| sce_ref(a, red, None));
-        check(sce_op(red, Some(1)), &[inp(scores.clone()), inp(labels.clone()), inp(w.clone())], &FLOATS, |a| sce_ref(a, red, Some(1)));
-        check(sce_op(red, Some(1)), &[inp(scores.clone()), inp(labels.clone())], &FLOATS, |a| sce_ref(a, red, Some(1)));
+        check(
+            sce_op(red, None),
+            &[inp(scores.clone()), inp(labels.clone())],
+            &FLOATS,
+            |a| sce_ref(a, red, None),
+        );
+        check(
+            sce_op(red, None),
+            &[inp(scores.clone()), inp(labels.clone()), inp(w.clone())],
+            &FLOATS,
+            |a| sce_ref(a, red, None),
+        );
+        check(
+            sce_op(red, Some(1)),
+            &[inp(scores.clone()), inp(labels.clone()), inp(w.clone())],
+            &FLOATS,
+            |a| sce_ref(a, red, Some(1)),
+        );
+        check(
+            sce_op(red, Some(1)),
+            &[inp(scores.clone()), inp(labels.clone())],
+            &FLOATS,
+            |a| sce_ref(a, red, Some(1)),
+        );
         let with_pad = i64s(&[8], &[0, -100, 2, 1, -100, 3, 4, 2]);
-        check(sce_op(red, Some(-100)), &[inp(scores.clone()), inp(with_pad.clone()), inp(w.clone())], &FLOATS, |a| {
-            sce_ref(a, red, Some(-100))
-        });
+        check(
+            sce_op(red, Some(-100)),
+            &[inp(scores.clone()), inp(with_pad.clone()), inp(w.clone())],
+            &FLOATS,
+            |a| sce_ref(a, red, Some(-100)),
+        );
         // Loss alone (one output).
-        check(sce_op(red, Some(-100)), &[inp(scores.clone()), inp(with_pad.cast(DType::I32))], &FLOATS, |a| {
-            sce_ref(a, red, Some(-100))[..1].to_vec()
-        });
+        check(
+            sce_op(red, Some(-100)),
+            &[inp(scores.clone()), inp(with_pad.cast(DType::I32))],
+            &FLOATS,
+            |a| sce_ref(a, red, Some(-100))[..1].to_vec(),
+        );
     }
 }
 
@@ -350,13 +509,28 @@ fn softmax_cross_entropy_nd() {
     let labels = i64s(&[3, 2, 3], &labels);
     let w = rand(&[4], 52, 0.2, 2.0);
     for red in ["mean", "sum", "none"] {
-        check(sce_op(red, Some(7)), &[inp(scores.clone()), inp(labels.clone()), inp(w.clone())], &FLOATS, |a| sce_ref(a, red, Some(7)));
-        check(sce_op(red, Some(7)), &[inp(scores.clone()), inp(labels.cast(DType::I32))], &FLOATS, |a| sce_ref(a, red, Some(7)));
+        check(
+            sce_op(red, Some(7)),
+            &[inp(scores.clone()), inp(labels.clone()), inp(w.clone())],
+            &FLOATS,
+            |a| sce_ref(a, red, Some(7)),
+        );
+        check(
+            sce_op(red, Some(7)),
+            &[inp(scores.clone()), inp(labels.cast(DType::I32))],
+            &FLOATS,
+            |a| sce_ref(a, red, Some(7)),
+        );
     }
     // Many samples: the parallel path.
     let scores = randn(&[200, 10, 7], 53);
     let labels = ints(&[200, 7], 54, 0, 10);
-    check(sce_op("mean", None), &[inp(scores), inp(labels)], &FLOATS, |a| sce_ref(a, "mean", None));
+    check(
+        sce_op("mean", None),
+        &[inp(scores), inp(labels)],
+        &FLOATS,
+        |a| sce_ref(a, "mean", None),
+    );
 }
 
 #[test]
@@ -364,8 +538,17 @@ fn softmax_cross_entropy_bad_label_is_an_error() {
     let scores = randn(&[4, 5], 60);
     for (bad, ignore) in [(5, None), (-1, None), (9, Some(-100)), (-100, Some(0))] {
         let labels = i64s(&[4], &[0, bad, 2, 3]);
-        let r = run_op(backends()[0], sce_op("mean", ignore), &[inp(scores.clone()), inp(labels)], 1, DType::F32);
+        let r = run_op(
+            backends()[0],
+            sce_op("mean", ignore),
+            &[inp(scores.clone()), inp(labels)],
+            1,
+            DType::F32,
+        );
         let e = r.expect_err("an out-of-range label must fail").to_string();
-        assert!(e.contains("node 'node' (SoftmaxCrossEntropyLoss)") && e.contains(&bad.to_string()), "{e}");
+        assert!(
+            e.contains("node 'node' (SoftmaxCrossEntropyLoss)") && e.contains(&bad.to_string()),
+            "{e}"
+        );
     }
 }

@@ -23,7 +23,11 @@ fn as_dtype(t: &Tensor, dt: DType) -> Tensor {
 }
 
 /// Runs `check` with the args `make(dt)` builds: over every float dtype, then i64, i32, bool.
-fn check_all(op_: Op, make: impl Fn(DType) -> Vec<Arg>, reference: impl Fn(&[Option<Tensor>]) -> Expected) {
+fn check_all(
+    op_: Op,
+    make: impl Fn(DType) -> Vec<Arg>,
+    reference: impl Fn(&[Option<Tensor>]) -> Expected,
+) {
     check(op_.clone(), &make(DType::F64), &FLOATS, &reference);
     for dt in [DType::I64, DType::I32, DType::Bool] {
         check(op_.clone(), &make(dt), &[dt], &reference);
@@ -45,38 +49,59 @@ fn ints(v: &[i64]) -> Arg {
 #[test]
 fn transpose_rank4() {
     let x = rand(&[2, 3, 4, 5], 1, -1.0, 1.0);
-    for perm in [Some(vec![0, 2, 1, 3]), Some(vec![3, 1, 0, 2]), Some(vec![0, 1, 3, 2]), Some(vec![1, 0, 2, 3]), None] {
+    for perm in [
+        Some(vec![0, 2, 1, 3]),
+        Some(vec![3, 1, 0, 2]),
+        Some(vec![0, 1, 3, 2]),
+        Some(vec![1, 0, 2, 3]),
+        None,
+    ] {
         let attrs: Vec<(&str, AttrValue)> = match &perm {
-            Some(p) => vec![("perm", AttrValue::Ints(p.iter().map(|&d| d as i64).collect()))],
+            Some(p) => vec![(
+                "perm",
+                AttrValue::Ints(p.iter().map(|&d| d as i64).collect()),
+            )],
             None => vec![],
         };
         let perm = perm.unwrap_or(vec![3, 2, 1, 0]);
-        check_all(op("Transpose", &attrs), |dt| vec![inp(as_dtype(&x, dt))], |a| {
-            let x = arg(a, 0);
-            let v = x.to_f64_vec();
-            let shape: Vec<usize> = perm.iter().map(|&p| x.shape()[p]).collect();
-            let out = indices(&shape)
-                .iter()
-                .map(|oi| {
-                    let mut ii = vec![0; 4];
-                    for d in 0..4 {
-                        ii[perm[d]] = oi[d];
-                    }
-                    v[flat(&ii, x.shape())]
-                })
-                .collect();
-            vec![(shape, out)]
-        });
+        check_all(
+            op("Transpose", &attrs),
+            |dt| vec![inp(as_dtype(&x, dt))],
+            |a| {
+                let x = arg(a, 0);
+                let v = x.to_f64_vec();
+                let shape: Vec<usize> = perm.iter().map(|&p| x.shape()[p]).collect();
+                let out = indices(&shape)
+                    .iter()
+                    .map(|oi| {
+                        let mut ii = vec![0; 4];
+                        for d in 0..4 {
+                            ii[perm[d]] = oi[d];
+                        }
+                        v[flat(&ii, x.shape())]
+                    })
+                    .collect();
+                vec![(shape, out)]
+            },
+        );
     }
     // Big enough for the parallel path.
     let x = rand(&[8, 64, 3, 40], 2, -1.0, 1.0);
-    check(op("Transpose", &[("perm", AttrValue::Ints(vec![2, 0, 3, 1]))]), &[inp(x)], &FLOATS, |a| {
-        let x = arg(a, 0);
-        let v = x.to_f64_vec();
-        let shape = vec![3, 8, 40, 64];
-        let out = indices(&shape).iter().map(|o| v[flat(&[o[1], o[3], o[0], o[2]], x.shape())]).collect();
-        vec![(shape, out)]
-    });
+    check(
+        op("Transpose", &[("perm", AttrValue::Ints(vec![2, 0, 3, 1]))]),
+        &[inp(x)],
+        &FLOATS,
+        |a| {
+            let x = arg(a, 0);
+            let v = x.to_f64_vec();
+            let shape = vec![3, 8, 40, 64];
+            let out = indices(&shape)
+                .iter()
+                .map(|o| v[flat(&[o[1], o[3], o[0], o[2]], x.shape())])
+                .collect();
+            vec![(shape, out)]
+        },
+    );
 }
 
 /// Concatenation of all args along `axis` (non-negative).
@@ -100,15 +125,49 @@ fn ref_concat(a: &[Option<Tensor>], axis: usize) -> Expected {
 
 #[test]
 fn concat_axes() {
-    let (a, b, c) = (rand(&[2, 3, 4], 3, -1.0, 1.0), rand(&[2, 1, 4], 4, -1.0, 1.0), rand(&[2, 5, 4], 5, -1.0, 1.0));
-    check_all(op("Concat", &[("axis", AttrValue::Int(-2))]), |dt| vec![inp(as_dtype(&a, dt)), inp(as_dtype(&b, dt)), inp(as_dtype(&c, dt))], |x| ref_concat(x, 1));
-    let (d, e) = (rand(&[2, 3, 2], 6, -1.0, 1.0), rand(&[2, 3, 5], 7, -1.0, 1.0));
-    check_all(op("Concat", &[("axis", AttrValue::Int(-1))]), |dt| vec![inp(as_dtype(&d, dt)), inp(as_dtype(&e, dt))], |x| ref_concat(x, 2));
+    let (a, b, c) = (
+        rand(&[2, 3, 4], 3, -1.0, 1.0),
+        rand(&[2, 1, 4], 4, -1.0, 1.0),
+        rand(&[2, 5, 4], 5, -1.0, 1.0),
+    );
+    check_all(
+        op("Concat", &[("axis", AttrValue::Int(-2))]),
+        |dt| {
+            vec![
+                inp(as_dtype(&a, dt)),
+                inp(as_dtype(&b, dt)),
+                inp(as_dtype(&c, dt)),
+            ]
+        },
+        |x| ref_concat(x, 1),
+    );
+    let (d, e) = (
+        rand(&[2, 3, 2], 6, -1.0, 1.0),
+        rand(&[2, 3, 5], 7, -1.0, 1.0),
+    );
+    check_all(
+        op("Concat", &[("axis", AttrValue::Int(-1))]),
+        |dt| vec![inp(as_dtype(&d, dt)), inp(as_dtype(&e, dt))],
+        |x| ref_concat(x, 2),
+    );
     let f = rand(&[1, 3, 4], 8, -1.0, 1.0);
-    check_all(op("Concat", &[("axis", AttrValue::Int(0))]), |dt| vec![inp(as_dtype(&a, dt)), inp(as_dtype(&f, dt))], |x| ref_concat(x, 0));
+    check_all(
+        op("Concat", &[("axis", AttrValue::Int(0))]),
+        |dt| vec![inp(as_dtype(&a, dt)), inp(as_dtype(&f, dt))],
+        |x| ref_concat(x, 0),
+    );
     // Large, with an empty input.
-    let (g, h, z) = (rand(&[64, 100, 3], 9, -1.0, 1.0), rand(&[64, 60, 3], 10, -1.0, 1.0), rand(&[64, 0, 3], 11, -1.0, 1.0));
-    check(op("Concat", &[("axis", AttrValue::Int(1))]), &[inp(g), inp(z), inp(h)], &FLOATS, |x| ref_concat(x, 1));
+    let (g, h, z) = (
+        rand(&[64, 100, 3], 9, -1.0, 1.0),
+        rand(&[64, 60, 3], 10, -1.0, 1.0),
+        rand(&[64, 0, 3], 11, -1.0, 1.0),
+    );
+    check(
+        op("Concat", &[("axis", AttrValue::Int(1))]),
+        &[inp(g), inp(z), inp(h)],
+        &FLOATS,
+        |x| ref_concat(x, 1),
+    );
 }
 
 /// Pieces of `x` along `axis` with the given sizes.
@@ -138,20 +197,48 @@ fn ref_split(x: &Tensor, axis: usize, sizes: &[usize]) -> Expected {
 fn split_sizes_and_num_outputs() {
     let x = rand(&[3, 7, 4], 12, -1.0, 1.0);
     // Uneven sizes as an input, on a negative axis.
-    check_all(op("Split", &[("axis", AttrValue::Int(-2))]), |dt| vec![inp(as_dtype(&x, dt)), ints(&[2, 4, 1])], |a| ref_split(arg(a, 0), 1, &[2, 4, 1]));
+    check_all(
+        op("Split", &[("axis", AttrValue::Int(-2))]),
+        |dt| vec![inp(as_dtype(&x, dt)), ints(&[2, 4, 1])],
+        |a| ref_split(arg(a, 0), 1, &[2, 4, 1]),
+    );
     // Sizes as an attribute, with an empty piece.
-    let attrs = [("axis", AttrValue::Int(-1)), ("split", AttrValue::Ints(vec![3, 0, 1]))];
-    check_all(op("Split", &attrs), |dt| vec![inp(as_dtype(&x, dt))], |a| ref_split(arg(a, 0), 2, &[3, 0, 1]));
+    let attrs = [
+        ("axis", AttrValue::Int(-1)),
+        ("split", AttrValue::Ints(vec![3, 0, 1])),
+    ];
+    check_all(
+        op("Split", &attrs),
+        |dt| vec![inp(as_dtype(&x, dt))],
+        |a| ref_split(arg(a, 0), 2, &[3, 0, 1]),
+    );
     // num_outputs: chunks of ceil(7/3) = 3, the last one smaller.
-    let attrs = [("axis", AttrValue::Int(1)), ("num_outputs", AttrValue::Int(3))];
-    check_all(op("Split", &attrs), |dt| vec![inp(as_dtype(&x, dt))], |a| ref_split(arg(a, 0), 1, &[3, 3, 1]));
+    let attrs = [
+        ("axis", AttrValue::Int(1)),
+        ("num_outputs", AttrValue::Int(3)),
+    ];
+    check_all(
+        op("Split", &attrs),
+        |dt| vec![inp(as_dtype(&x, dt))],
+        |a| ref_split(arg(a, 0), 1, &[3, 3, 1]),
+    );
     // Even split by output count, axis 0.
     let y = rand(&[4, 5], 13, -1.0, 1.0);
-    check_all(op("Split", &[]), |dt| vec![inp(as_dtype(&y, dt))], |a| ref_split(arg(a, 0), 0, &[2, 2]));
+    check_all(
+        op("Split", &[]),
+        |dt| vec![inp(as_dtype(&y, dt))],
+        |a| ref_split(arg(a, 0), 0, &[2, 2]),
+    );
 }
 
 /// ONNX Slice, written out from the operator's definition.
-fn ref_slice(x: &Tensor, starts: &[i64], ends: &[i64], axes: Option<&[i64]>, steps: Option<&[i64]>) -> Expected {
+fn ref_slice(
+    x: &Tensor,
+    starts: &[i64],
+    ends: &[i64],
+    axes: Option<&[i64]>,
+    steps: Option<&[i64]>,
+) -> Expected {
     let r = x.shape().len();
     let mut picks: Vec<Vec<usize>> = x.shape().iter().map(|&d| (0..d).collect()).collect();
     for k in 0..starts.len() {
@@ -199,15 +286,20 @@ fn ref_slice(x: &Tensor, starts: &[i64], ends: &[i64], axes: Option<&[i64]>, ste
 #[test]
 fn slice_steps_clamping_axes() {
     let x = rand(&[4, 6, 5], 14, -1.0, 1.0);
-    type Case = (&'static [i64], &'static [i64], Option<&'static [i64]>, Option<&'static [i64]>);
+    type Case = (
+        &'static [i64],
+        &'static [i64],
+        Option<&'static [i64]>,
+        Option<&'static [i64]>,
+    );
     let cases: [Case; 8] = [
         (&[3, -1], &[0, 0], None, Some(&[-1, -2])),
         (&[1, 0], &[3, 6], None, None),
-        (&[-1], &[-7], Some(&[1]), Some(&[-1])),           // whole axis reversed
+        (&[-1], &[-7], Some(&[1]), Some(&[-1])), // whole axis reversed
         (&[4, -100], &[0, 100], Some(&[-1, 0]), Some(&[-2, 1])), // negative step, clamping
-        (&[i64::MAX], &[i64::MIN], Some(&[2]), Some(&[-3])),    // extreme bounds
+        (&[i64::MAX], &[i64::MIN], Some(&[2]), Some(&[-3])), // extreme bounds
         (&[1, 5], &[100, 0], Some(&[0, 1]), Some(&[2, -2])),
-        (&[2], &[2], Some(&[1]), None),                         // empty
+        (&[2], &[2], Some(&[1]), None), // empty
         (&[0, 1, 0], &[4, 5, 5], Some(&[2, 1, 0]), Some(&[3, 2, 1])),
     ];
     for (starts, ends, axes, steps) in cases {
@@ -218,24 +310,56 @@ fn slice_steps_clamping_axes() {
             (None, Some(s)) => rest.extend([Arg::None, ints(s)]),
             (None, None) => {}
         }
-        check_all(op("Slice", &[]), |dt| [vec![inp(as_dtype(&x, dt))], rest.clone()].concat(), |a| {
-            vec![ref_slice(arg(a, 0), starts, ends, axes, steps).remove(0)]
-        });
+        check_all(
+            op("Slice", &[]),
+            |dt| [vec![inp(as_dtype(&x, dt))], rest.clone()].concat(),
+            |a| vec![ref_slice(arg(a, 0), starts, ends, axes, steps).remove(0)],
+        );
     }
     // Large, parallel path: every other row, reversed columns.
     let y = rand(&[300, 80], 15, -1.0, 1.0);
-    let rest = [ints(&[0, -1]), ints(&[300, -81]), ints(&[0, 1]), ints(&[2, -1])];
-    check(op("Slice", &[]), &[vec![inp(y)], rest.to_vec()].concat(), &FLOATS, |a| {
-        ref_slice(arg(a, 0), &[0, -1], &[300, -81], Some(&[0, 1]), Some(&[2, -1]))
-    });
+    let rest = [
+        ints(&[0, -1]),
+        ints(&[300, -81]),
+        ints(&[0, 1]),
+        ints(&[2, -1]),
+    ];
+    check(
+        op("Slice", &[]),
+        &[vec![inp(y)], rest.to_vec()].concat(),
+        &FLOATS,
+        |a| {
+            ref_slice(
+                arg(a, 0),
+                &[0, -1],
+                &[300, -81],
+                Some(&[0, 1]),
+                Some(&[2, -1]),
+            )
+        },
+    );
 }
 
 fn ref_expand(x: &Tensor, shape: &[usize]) -> Expected {
     let r = shape.len().max(x.shape().len());
-    let dim = |s: &[usize], i: usize| if i + s.len() >= r { s[i + s.len() - r] } else { 1 };
-    let out_shape: Vec<usize> = (0..r).map(|i| dim(x.shape(), i).max(dim(shape, i))).collect();
+    let dim = |s: &[usize], i: usize| {
+        if i + s.len() >= r {
+            s[i + s.len() - r]
+        } else {
+            1
+        }
+    };
+    let out_shape: Vec<usize> = (0..r)
+        .map(|i| dim(x.shape(), i).max(dim(shape, i)))
+        .collect();
     let v = x.to_f64_vec();
-    vec![(out_shape.clone(), indices(&out_shape).iter().map(|i| v[bcast_offset(i, x.shape())]).collect())]
+    vec![(
+        out_shape.clone(),
+        indices(&out_shape)
+            .iter()
+            .map(|i| v[bcast_offset(i, x.shape())])
+            .collect(),
+    )]
 }
 
 #[test]
@@ -243,15 +367,28 @@ fn expand_both_directions() {
     let x = rand(&[3, 1, 4], 16, -1.0, 1.0);
     for shape in [vec![2, 3, 5, 4], vec![5, 1], vec![1, 1, 1], vec![3, 2, 1]] {
         let s: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
-        check_all(op("Expand", &[]), |dt| vec![inp(as_dtype(&x, dt)), ints(&s)], |a| ref_expand(arg(a, 0), &shape));
+        check_all(
+            op("Expand", &[]),
+            |dt| vec![inp(as_dtype(&x, dt)), ints(&s)],
+            |a| ref_expand(arg(a, 0), &shape),
+        );
     }
     let y = rand(&[1, 100], 17, -1.0, 1.0);
-    check(op("Expand", &[]), &[inp(y), ints(&[8, 300, 1])], &FLOATS, |a| ref_expand(arg(a, 0), &[8, 300, 1]));
+    check(
+        op("Expand", &[]),
+        &[inp(y), ints(&[8, 300, 1])],
+        &FLOATS,
+        |a| ref_expand(arg(a, 0), &[8, 300, 1]),
+    );
 }
 
 fn ref_gather(x: &Tensor, idx: &Tensor, axis: usize) -> Expected {
     let d = x.shape()[axis] as i64;
-    let ids: Vec<usize> = idx.to_i64_vec().iter().map(|&i| if i < 0 { i + d } else { i } as usize).collect();
+    let ids: Vec<usize> = idx
+        .to_i64_vec()
+        .iter()
+        .map(|&i| if i < 0 { i + d } else { i } as usize)
+        .collect();
     let mut shape = x.shape()[..axis].to_vec();
     shape.extend(idx.shape());
     shape.extend(&x.shape()[axis + 1..]);
@@ -275,19 +412,40 @@ fn gather_embeddings_axes_and_index_dtypes() {
     let table = rand(&[10, 6], 18, -1.0, 1.0);
     let ids = i64s(&[2, 4], &[3, 3, 0, -1, 9, -10, 5, 3]);
     for idx in [ids.clone(), ids.cast(DType::I32)] {
-        check_all(op("Gather", &[]), |dt| vec![inp(as_dtype(&table, dt)), inp(idx.clone())], |a| ref_gather(arg(a, 0), arg(a, 1), 0));
+        check_all(
+            op("Gather", &[]),
+            |dt| vec![inp(as_dtype(&table, dt)), inp(idx.clone())],
+            |a| ref_gather(arg(a, 0), arg(a, 1), 0),
+        );
     }
     let x = rand(&[3, 5, 4], 19, -1.0, 1.0);
     let idx = i64s(&[3], &[4, -5, 2]);
-    check_all(op("Gather", &[("axis", AttrValue::Int(1))]), |dt| vec![inp(as_dtype(&x, dt)), inp(idx.clone())], |a| ref_gather(arg(a, 0), arg(a, 1), 1));
+    check_all(
+        op("Gather", &[("axis", AttrValue::Int(1))]),
+        |dt| vec![inp(as_dtype(&x, dt)), inp(idx.clone())],
+        |a| ref_gather(arg(a, 0), arg(a, 1), 1),
+    );
     let idx2 = i64s(&[2, 2], &[0, 3, -1, 1]);
-    check_all(op("Gather", &[("axis", AttrValue::Int(-1))]), |dt| vec![inp(as_dtype(&x, dt)), inp(idx2.clone())], |a| ref_gather(arg(a, 0), arg(a, 1), 2));
+    check_all(
+        op("Gather", &[("axis", AttrValue::Int(-1))]),
+        |dt| vec![inp(as_dtype(&x, dt)), inp(idx2.clone())],
+        |a| ref_gather(arg(a, 0), arg(a, 1), 2),
+    );
     // Scalar index drops the axis.
-    check_all(op("Gather", &[]), |dt| vec![inp(as_dtype(&x, dt)), inp(i64s(&[], &[-2]))], |a| ref_gather(arg(a, 0), arg(a, 1), 0));
+    check_all(
+        op("Gather", &[]),
+        |dt| vec![inp(as_dtype(&x, dt)), inp(i64s(&[], &[-2]))],
+        |a| ref_gather(arg(a, 0), arg(a, 1), 0),
+    );
     // A large embedding lookup.
     let big = rand(&[500, 64], 20, -1.0, 1.0);
     let ids: Vec<i64> = (0..700).map(|i| (i * 37 % 1000) - 500).collect();
-    check(op("Gather", &[]), &[inp(big), inp(i64s(&[7, 100], &ids))], &FLOATS, |a| ref_gather(arg(a, 0), arg(a, 1), 0));
+    check(
+        op("Gather", &[]),
+        &[inp(big), inp(i64s(&[7, 100], &ids))],
+        &FLOATS,
+        |a| ref_gather(arg(a, 0), arg(a, 1), 0),
+    );
 }
 
 #[test]
@@ -295,16 +453,29 @@ fn gather_out_of_range_is_an_error_naming_the_node() {
     let table = rand(&[5, 3], 21, -1.0, 1.0);
     for bad in [5, -6, 1000] {
         let args = [inp(table.clone()), inp(i64s(&[3], &[0, bad, 1]))];
-        let e = run_op(BackendKind::Cpu, op("Gather", &[]), &args, 1, DType::F32).expect_err("out-of-range index must fail");
+        let e = run_op(BackendKind::Cpu, op("Gather", &[]), &args, 1, DType::F32)
+            .expect_err("out-of-range index must fail");
         let msg = e.to_string();
-        assert!(msg.contains("node 'node' (Gather)") && msg.contains(&format!("index {bad}")) && msg.contains("size 5"), "{msg}");
+        assert!(
+            msg.contains("node 'node' (Gather)")
+                && msg.contains(&format!("index {bad}"))
+                && msg.contains("size 5"),
+            "{msg}"
+        );
     }
 }
 
 #[test]
 fn shape_start_end() {
     let x = rand(&[2, 3, 4, 5], 22, -1.0, 1.0);
-    let cases: [(Option<i64>, Option<i64>); 6] = [(None, None), (Some(1), None), (Some(-3), Some(-1)), (None, Some(2)), (Some(-10), Some(10)), (Some(3), Some(1))];
+    let cases: [(Option<i64>, Option<i64>); 6] = [
+        (None, None),
+        (Some(1), None),
+        (Some(-3), Some(-1)),
+        (None, Some(2)),
+        (Some(-10), Some(10)),
+        (Some(3), Some(1)),
+    ];
     for (start, end) in cases {
         let mut attrs = vec![];
         if let Some(s) = start {
@@ -321,7 +492,9 @@ fn shape_start_end() {
         };
         check_all(op("Shape", &attrs), |dt| vec![inp(as_dtype(&x, dt))], want);
         // The kernel itself (a session folds Shape at plan time).
-        let node = one_node_graph(op("Shape", &attrs), &[inp(x.clone())], 1).nodes.remove(0);
+        let node = one_node_graph(op("Shape", &attrs), &[inp(x.clone())], 1)
+            .nodes
+            .remove(0);
         let got = graphrun::backends::cpu::eval_node(&node, &[Some(&x)]).unwrap();
         assert_eq!(got[0].to_f64_vec(), want(&[])[0].1);
     }

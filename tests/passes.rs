@@ -12,7 +12,9 @@ use std::collections::BTreeMap;
 
 fn graph(body: &str) -> Graph {
     let text = format!("graphrun: 1\nname: t\n{body}");
-    Model::from_str(&text, ".").unwrap_or_else(|e| panic!("{e}\n{text}")).graph
+    Model::from_str(&text, ".")
+        .unwrap_or_else(|e| panic!("{e}\n{text}"))
+        .graph
 }
 
 fn run_passes(g: &Graph, opts: &PassOptions) -> (Graph, Report) {
@@ -26,17 +28,35 @@ fn assert_same(a: &Graph, b: &Graph, dims: &[(&str, usize)]) {
     let dims: BTreeMap<String, usize> = dims.iter().map(|(k, v)| (k.to_string(), *v)).collect();
     let feeds = Model { graph: a.clone() }.random_inputs(7, &dims).unwrap();
     let run = |g: &Graph| {
-        let opts = SessionOptions { dims: dims.clone(), ..Default::default() };
-        Session::new(g.clone(), opts).unwrap().run(&feeds).unwrap_or_else(|e| panic!("run: {e}"))
+        let opts = SessionOptions {
+            dims: dims.clone(),
+            ..Default::default()
+        };
+        Session::new(g.clone(), opts)
+            .unwrap()
+            .run(&feeds)
+            .unwrap_or_else(|e| panic!("run: {e}"))
     };
     let (ra, rb) = (run(a), run(b));
     assert_eq!(ra.len(), rb.len());
     for ((na, ta), (nb, tb)) in ra.iter().zip(&rb) {
         assert_eq!(na, nb);
-        assert_eq!((ta.dtype(), ta.shape()), (tb.dtype(), tb.shape()), "output {na}");
+        assert_eq!(
+            (ta.dtype(), ta.shape()),
+            (tb.dtype(), tb.shape()),
+            "output {na}"
+        );
         let (x, y) = (ta.to_f64_vec(), tb.to_f64_vec());
-        assert!(x.iter().chain(&y).all(|v| v.is_finite()), "output {na} is not finite");
-        let diff: f64 = x.iter().zip(&y).map(|(p, q)| (p - q) * (p - q)).sum::<f64>().sqrt();
+        assert!(
+            x.iter().chain(&y).all(|v| v.is_finite()),
+            "output {na} is not finite"
+        );
+        let diff: f64 = x
+            .iter()
+            .zip(&y)
+            .map(|(p, q)| (p - q) * (p - q))
+            .sum::<f64>()
+            .sqrt();
         let norm: f64 = x.iter().map(|p| p * p).sum::<f64>().sqrt();
         let rel = if norm > 0.0 { diff / norm } else { diff };
         assert!(rel <= 1e-5, "output {na}: relative error {rel:e}");
@@ -53,7 +73,14 @@ fn fuse(body: &str) -> (Graph, Report) {
 
 /// Runs only the named pass.
 fn only(pass: &str) -> PassOptions {
-    PassOptions { disabled: PASSES.iter().filter(|p| **p != pass).map(|p| p.to_string()).collect(), training: false }
+    PassOptions {
+        disabled: PASSES
+            .iter()
+            .filter(|p| **p != pass)
+            .map(|p| p.to_string())
+            .collect(),
+        training: false,
+    }
 }
 
 fn count(g: &Graph, op: &str) -> usize {
@@ -65,7 +92,10 @@ fn fused(g: &Graph) -> Vec<(&'static str, bool, Vec<String>)> {
     g.nodes
         .iter()
         .filter_map(|n| match n.op {
-            Op::FusedMatMul { activation, trans_b } => Some((activation.name(), trans_b, n.inputs.clone())),
+            Op::FusedMatMul {
+                activation,
+                trans_b,
+            } => Some((activation.name(), trans_b, n.inputs.clone())),
             _ => None,
         })
         .collect()
@@ -117,7 +147,10 @@ fn bias_without_activation_fuses() {
     let (g, r) = fuse(&mlp("hb", FC));
     assert_eq!(fused(&g), vec![("none", false, strs(&["x", "w", "b"]))]);
     assert_eq!(g.nodes.len(), 1);
-    assert_eq!(g.nodes[0].name, "fc", "the fused node keeps the MatMul's name");
+    assert_eq!(
+        g.nodes[0].name, "fc",
+        "the fused node keeps the MatMul's name"
+    );
     assert_eq!(r.fired("matmul_epilogue"), 1);
 }
 
@@ -136,8 +169,15 @@ fn single_op_activations_fuse() {
         ("Gelu", "", "gelu"),
         ("Gelu", ", attrs: {approximate: tanh}", "gelu_tanh"),
     ] {
-        let (g, _) = fuse(&mlp("y", &format!("{FC}  - {{op: {op}, inputs: [hb], outputs: [y]{attrs}}}\n")));
-        assert_eq!(fused(&g), vec![(act, false, strs(&["x", "w", "b"]))], "{op}{attrs}");
+        let (g, _) = fuse(&mlp(
+            "y",
+            &format!("{FC}  - {{op: {op}, inputs: [hb], outputs: [y]{attrs}}}\n"),
+        ));
+        assert_eq!(
+            fused(&g),
+            vec![(act, false, strs(&["x", "w", "b"]))],
+            "{op}{attrs}"
+        );
         assert_eq!(g.nodes.len(), 1);
     }
 }
@@ -162,9 +202,17 @@ fn gelu_tanh_expansion_as_exporters_write_it() {
 "
     );
     let (g, _) = fuse(&mlp("y", &nodes));
-    assert_eq!(fused(&g), vec![("gelu_tanh", false, strs(&["x", "w", "b"]))]);
+    assert_eq!(
+        fused(&g),
+        vec![("gelu_tanh", false, strs(&["x", "w", "b"]))]
+    );
     assert_eq!(g.nodes.len(), 1);
-    assert!(g.initializers.iter().all(|i| ["w", "wt", "b"].contains(&i.name.as_str())), "constants pruned");
+    assert!(
+        g.initializers
+            .iter()
+            .all(|i| ["w", "wt", "b"].contains(&i.name.as_str())),
+        "constants pruned"
+    );
 }
 
 #[test]
@@ -183,7 +231,10 @@ fn gelu_tanh_expansion_other_orders() {
 "
     );
     let (g, _) = fuse(&mlp("y", &nodes));
-    assert_eq!(fused(&g), vec![("gelu_tanh", false, strs(&["x", "w", "b"]))]);
+    assert_eq!(
+        fused(&g),
+        vec![("gelu_tanh", false, strs(&["x", "w", "b"]))]
+    );
     assert_eq!(g.nodes.len(), 1);
 }
 
@@ -221,7 +272,11 @@ fn silu_expansion_either_order() {
     for mul in ["[hb, s]", "[s, hb]"] {
         let nodes = format!("{FC}  - {{op: Sigmoid, inputs: [hb], outputs: [s]}}\n  - {{op: Mul, inputs: {mul}, outputs: [y]}}\n");
         let (g, _) = fuse(&mlp("y", &nodes));
-        assert_eq!(fused(&g), vec![("silu", false, strs(&["x", "w", "b"]))], "{mul}");
+        assert_eq!(
+            fused(&g),
+            vec![("silu", false, strs(&["x", "w", "b"]))],
+            "{mul}"
+        );
         assert_eq!(g.nodes.len(), 1);
     }
 }
@@ -231,7 +286,11 @@ fn residual_add_either_order() {
     for add in ["[a, res]", "[res, a]"] {
         let nodes = format!("{FC}  - {{op: Relu, inputs: [hb], outputs: [a]}}\n  - {{op: Add, inputs: {add}, outputs: [y]}}\n");
         let (g, _) = fuse(&mlp("y", &nodes));
-        assert_eq!(fused(&g), vec![("relu", false, strs(&["x", "w", "b", "res"]))], "{add}");
+        assert_eq!(
+            fused(&g),
+            vec![("relu", false, strs(&["x", "w", "b", "res"]))],
+            "{add}"
+        );
         assert_eq!(g.nodes.len(), 1);
     }
 }
@@ -239,7 +298,10 @@ fn residual_add_either_order() {
 #[test]
 fn residual_without_bias_or_activation() {
     let (g, _) = fuse(&mlp("y", "  - {op: MatMul, inputs: [x, w], outputs: [h]}\n  - {op: Add, inputs: [res, h], outputs: [y]}\n"));
-    assert_eq!(fused(&g), vec![("none", false, strs(&["x", "w", "", "res"]))]);
+    assert_eq!(
+        fused(&g),
+        vec![("none", false, strs(&["x", "w", "", "res"]))]
+    );
 }
 
 #[test]
@@ -253,7 +315,13 @@ fn gemm_with_trans_b_and_bias() {
 fn gemm_with_alpha_does_not_fuse() {
     let (g, r) = fuse(&mlp("y", "  - {op: Gemm, inputs: [x, wt, b], outputs: [y], attrs: {transB: 1, alpha: 2.0}, name: gemm}\n"));
     assert_eq!(count(&g, "Gemm"), 1);
-    assert!(r.explain.iter().any(|e| e.contains("gemm") && e.contains("alpha")), "{:?}", r.explain);
+    assert!(
+        r.explain
+            .iter()
+            .any(|e| e.contains("gemm") && e.contains("alpha")),
+        "{:?}",
+        r.explain
+    );
 }
 
 #[test]
@@ -285,7 +353,13 @@ nodes:
 ";
     let g = graph(body);
     let (o, _) = run_passes(&g, &PassOptions::default());
-    assert_eq!(fused(&o), vec![("relu", false, strs(&["x", "w", "b"])), ("none", true, strs(&["a", "w"]))]);
+    assert_eq!(
+        fused(&o),
+        vec![
+            ("relu", false, strs(&["x", "w", "b"])),
+            ("none", true, strs(&["a", "w"]))
+        ]
+    );
     assert_same(&g, &o, &[("batch", 5)]);
 }
 
@@ -306,7 +380,10 @@ nodes:
 ";
     let g = graph(body);
     let (o, _) = run_passes(&g, &PassOptions::default());
-    assert_eq!(fused(&o), vec![("sigmoid", false, strs(&["x", "w", "b", "res"]))]);
+    assert_eq!(
+        fused(&o),
+        vec![("sigmoid", false, strs(&["x", "w", "b", "res"]))]
+    );
     assert_same(&g, &o, &[("n", 3)]);
 }
 
@@ -323,7 +400,11 @@ fn intermediate_used_twice_stops_the_fusion() {
     let nodes = format!("{FC}  - {{op: Relu, inputs: [hb], outputs: [y]}}\n  - {{op: Sigmoid, inputs: [h], outputs: [z]}}\n");
     let (g, r) = fuse(&mlp("y, z", &nodes));
     assert!(fused(&g).is_empty());
-    assert!(r.explain.iter().any(|e| e.starts_with("MatMul 'fc'")), "{:?}", r.explain);
+    assert!(
+        r.explain.iter().any(|e| e.starts_with("MatMul 'fc'")),
+        "{:?}",
+        r.explain
+    );
 }
 
 #[test]
@@ -334,7 +415,11 @@ fn intermediate_graph_output_stops_the_fusion() {
     assert_eq!(count(&g, "Relu"), 1);
     let (g, r) = fuse(&mlp("y, h", &nodes));
     assert!(fused(&g).is_empty());
-    assert!(r.explain.iter().any(|e| e.contains("graph output")), "{:?}", r.explain);
+    assert!(
+        r.explain.iter().any(|e| e.contains("graph output")),
+        "{:?}",
+        r.explain
+    );
 }
 
 #[test]
@@ -354,7 +439,11 @@ nodes:
     let (g, r) = fuse(body);
     assert!(fused(&g).is_empty());
     assert_eq!(count(&g, "MatMul"), 1);
-    assert!(r.explain.iter().any(|e| e.starts_with("MatMul 'fc'")), "{:?}", r.explain);
+    assert!(
+        r.explain.iter().any(|e| e.starts_with("MatMul 'fc'")),
+        "{:?}",
+        r.explain
+    );
 }
 
 #[test]
@@ -362,7 +451,10 @@ fn column_bias_is_a_residual_not_a_bias() {
     // [4, 16] + [4, 1] is no bias; it may only be added after the activation, so the Relu stays.
     let body = format!("{MLP}  - {{name: col, dtype: f32, shape: [4, 1], values: [1, -2, 3, -4]}}\noutputs: [y]\nnodes:\n  - {{op: MatMul, inputs: [x, w], outputs: [h]}}\n  - {{op: Add, inputs: [h, col], outputs: [hb]}}\n  - {{op: Relu, inputs: [hb], outputs: [y]}}\n");
     let (g, _) = fuse(&body);
-    assert_eq!(fused(&g), vec![("none", false, strs(&["x", "w", "", "col"]))]);
+    assert_eq!(
+        fused(&g),
+        vec![("none", false, strs(&["x", "w", "", "col"]))]
+    );
     assert_eq!(count(&g, "Relu"), 1);
 }
 
@@ -386,10 +478,17 @@ fn wrong_gelu_constant_is_not_gelu() {
 
 #[test]
 fn bare_matmul_is_left_and_explained() {
-    let (g, r) = fuse(&mlp("h", "  - {op: MatMul, inputs: [x, w], outputs: [h], name: fc}\n"));
+    let (g, r) = fuse(&mlp(
+        "h",
+        "  - {op: MatMul, inputs: [x, w], outputs: [h], name: fc}\n",
+    ));
     assert_eq!(count(&g, "MatMul"), 1);
     assert_eq!(r.explain.len(), 1);
-    assert!(r.explain[0].starts_with("MatMul 'fc': matmul_epilogue: "), "{:?}", r.explain);
+    assert!(
+        r.explain[0].starts_with("MatMul 'fc': matmul_epilogue: "),
+        "{:?}",
+        r.explain
+    );
 }
 
 // ---------------------------------------------------------------- attention
@@ -418,7 +517,10 @@ const PV: &str = "  - {op: Softmax, inputs: [z], outputs: [p], attrs: {axis: -1}
 
 #[test]
 fn attention_with_div_scale() {
-    let (g, r) = fuse(&att("o", &format!("{QK}  - {{op: Div, inputs: [s, two], outputs: [z]}}\n{PV}")));
+    let (g, r) = fuse(&att(
+        "o",
+        &format!("{QK}  - {{op: Div, inputs: [s, two], outputs: [z]}}\n{PV}"),
+    ));
     assert_eq!(attention(&g), vec![(false, 0.5, 3)]);
     assert_eq!(g.nodes.len(), 1);
     assert_eq!(g.nodes[0].name, "pv");
@@ -427,9 +529,15 @@ fn attention_with_div_scale() {
 
 #[test]
 fn attention_with_mul_scale_and_no_scale() {
-    let (g, _) = fuse(&att("o", &format!("{QK}  - {{op: Mul, inputs: [half, s], outputs: [z]}}\n{PV}")));
+    let (g, _) = fuse(&att(
+        "o",
+        &format!("{QK}  - {{op: Mul, inputs: [half, s], outputs: [z]}}\n{PV}"),
+    ));
     assert_eq!(attention(&g), vec![(false, 0.5, 3)]);
-    let (g, _) = fuse(&att("o", &format!("{QK}  - {{op: Identity, inputs: [s], outputs: [z]}}\n{PV}")));
+    let (g, _) = fuse(&att(
+        "o",
+        &format!("{QK}  - {{op: Identity, inputs: [s], outputs: [z]}}\n{PV}"),
+    ));
     assert_eq!(attention(&g), vec![(false, 1.0, 3)]);
 }
 
@@ -460,12 +568,22 @@ fn attention_with_bool_mask() {
     );
     let (g, _) = fuse(&att("o", &nodes));
     assert_eq!(attention(&g), vec![(false, 0.5, 4)]);
-    assert_eq!(g.nodes.iter().find(|n| n.op.name() == "Attention").unwrap().inputs[3], "keep");
+    assert_eq!(
+        g.nodes
+            .iter()
+            .find(|n| n.op.name() == "Attention")
+            .unwrap()
+            .inputs[3],
+        "keep"
+    );
 }
 
 /// An [8, 8] mask's values, element (i, j) from `f`.
 fn mask_values(f: impl Fn(usize, usize) -> f64) -> String {
-    let v: Vec<String> = (0..8).flat_map(|i| (0..8).map(move |j| (i, j))).map(|(i, j)| f(i, j).to_string()).collect();
+    let v: Vec<String> = (0..8)
+        .flat_map(|i| (0..8).map(move |j| (i, j)))
+        .map(|(i, j)| f(i, j).to_string())
+        .collect();
     v.join(", ")
 }
 
@@ -506,11 +624,24 @@ fn attention_with_trilu_causal_mask_on_static_shapes() {
     let (g, r) = fuse(&att("o", &nodes));
     assert_eq!(attention(&g), vec![(true, 0.5, 3)]);
     assert_eq!(g.nodes.len(), 1);
-    assert!(r.fired("fold_shape") == 1 && r.fired("fold_constant") == 3, "{r}");
-    assert!(g.initializers.is_empty(), "{:?}", g.initializers.iter().map(|i| &i.name).collect::<Vec<_>>());
+    assert!(
+        r.fired("fold_shape") == 1 && r.fired("fold_constant") == 3,
+        "{r}"
+    );
+    assert!(
+        g.initializers.is_empty(),
+        "{:?}",
+        g.initializers.iter().map(|i| &i.name).collect::<Vec<_>>()
+    );
     // With constant folding off, the chain itself is recognised.
     let g0 = graph(&att("o", &nodes));
-    let (g, _) = run_passes(&g0, &PassOptions { disabled: vec!["constant_folding".into()], training: false });
+    let (g, _) = run_passes(
+        &g0,
+        &PassOptions {
+            disabled: vec!["constant_folding".into()],
+            training: false,
+        },
+    );
     assert_eq!(attention(&g), vec![(true, 0.5, 3)]);
     assert_eq!(g.nodes.len(), 1);
 }
@@ -547,8 +678,19 @@ nodes:
     let a = attention(&o);
     assert_eq!(a.len(), 1);
     assert!(!a[0].0 && (a[0].1 - 0.353_553_38).abs() < 1e-6);
-    let t: Vec<_> = o.nodes.iter().filter_map(|n| match &n.op { Op::Transpose { perm } if n.inputs[0] == "k1" => perm.clone(), _ => None }).collect();
-    assert_eq!(t, vec![vec![0, 2, 1, 3]], "K enters Attention as [B, H, S, D]");
+    let t: Vec<_> = o
+        .nodes
+        .iter()
+        .filter_map(|n| match &n.op {
+            Op::Transpose { perm } if n.inputs[0] == "k1" => perm.clone(),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        t,
+        vec![vec![0, 2, 1, 3]],
+        "K enters Attention as [B, H, S, D]"
+    );
     assert_eq!(count(&o, "MatMul") + count(&o, "Softmax"), 0);
     assert_same(&g, &o, &[("batch", 3), ("seq", 5)]);
 }
@@ -560,7 +702,13 @@ fn softmax_on_a_non_last_axis_is_not_attention() {
     let nodes = format!("{QK}  - {{op: Div, inputs: [s, two], outputs: [z]}}\n  - {{op: Softmax, inputs: [z], outputs: [p], attrs: {{axis: 2}}, name: sm}}\n  - {{op: MatMul, inputs: [p, v], outputs: [o], name: pv}}\n");
     let (g, r) = fuse(&att("o", &nodes));
     assert!(attention(&g).is_empty());
-    assert!(r.explain.iter().any(|e| e.starts_with("Softmax 'sm': attention: Softmax axis 2")), "{:?}", r.explain);
+    assert!(
+        r.explain
+            .iter()
+            .any(|e| e.starts_with("Softmax 'sm': attention: Softmax axis 2")),
+        "{:?}",
+        r.explain
+    );
 }
 
 #[test]
@@ -568,7 +716,13 @@ fn scores_needed_elsewhere_block_attention() {
     let nodes = format!("{QK}  - {{op: Div, inputs: [s, two], outputs: [z]}}\n{PV}");
     let (g, r) = fuse(&att("o, z", &nodes));
     assert!(attention(&g).is_empty());
-    assert!(r.explain.iter().any(|e| e.starts_with("Softmax 'sm'") && e.contains("graph output")), "{:?}", r.explain);
+    assert!(
+        r.explain
+            .iter()
+            .any(|e| e.starts_with("Softmax 'sm'") && e.contains("graph output")),
+        "{:?}",
+        r.explain
+    );
     let (g, _) = fuse(&att("o, p", &nodes));
     assert!(attention(&g).is_empty());
 }
@@ -590,11 +744,17 @@ nodes:
 ";
     let g = graph(body);
     let (o, r) = run_passes(&g, &only("constant_folding"));
-    assert_eq!(o.op_counts().into_iter().collect::<Vec<_>>(), vec![("Add", 1)]);
+    assert_eq!(
+        o.op_counts().into_iter().collect::<Vec<_>>(),
+        vec![("Add", 1)]
+    );
     let nac = o.initializer("nac").unwrap();
     assert!(!nac.trainable && nac.source == graphrun::graph::InitSource::Data);
     assert_eq!(nac.tensor.to_f64_vec(), vec![-0.5, -1.0, -1.5]);
-    assert!(o.initializer("a").is_none() && o.initializer("c").is_none(), "inputs of folded nodes pruned");
+    assert!(
+        o.initializer("a").is_none() && o.initializer("c").is_none(),
+        "inputs of folded nodes pruned"
+    );
     assert_eq!(r.fired("fold_constant"), 2);
     assert_same(&g, &o, &[]);
 }
@@ -613,17 +773,27 @@ nodes:
 
 #[test]
 fn constant_folding_of_static_shape_arithmetic() {
-    let g = graph(&format!("inputs: [{{name: x, dtype: f32, shape: [2, 3, 4]}}]\n{SHAPE_ARITH}"));
+    let g = graph(&format!(
+        "inputs: [{{name: x, dtype: f32, shape: [2, 3, 4]}}]\n{SHAPE_ARITH}"
+    ));
     let (o, r) = run_passes(&g, &PassOptions::default());
-    assert_eq!(o.op_counts().into_iter().collect::<Vec<_>>(), vec![("Reshape", 1)]);
-    assert_eq!(o.initializer("shape").unwrap().tensor.to_i64_vec(), vec![2, -1]);
+    assert_eq!(
+        o.op_counts().into_iter().collect::<Vec<_>>(),
+        vec![("Reshape", 1)]
+    );
+    assert_eq!(
+        o.initializer("shape").unwrap().tensor.to_i64_vec(),
+        vec![2, -1]
+    );
     assert_eq!((r.fired("fold_shape"), r.fired("fold_constant")), (1, 2));
     assert_same(&g, &o, &[]);
 }
 
 #[test]
 fn constant_folding_leaves_symbolic_shapes() {
-    let g = graph(&format!("inputs: [{{name: x, dtype: f32, shape: [n, 3, 4]}}]\ndims: {{n: 2}}\n{SHAPE_ARITH}"));
+    let g = graph(&format!(
+        "inputs: [{{name: x, dtype: f32, shape: [n, 3, 4]}}]\ndims: {{n: 2}}\n{SHAPE_ARITH}"
+    ));
     let (o, r) = run_passes(&g, &PassOptions::default());
     assert_eq!(count(&o, "Shape"), 1);
     assert_eq!(r.fired("fold_shape"), 0);
@@ -663,9 +833,15 @@ nodes:
 ";
     let g = graph(body);
     let (o, r) = run_passes(&g, &only("dead_node_elimination"));
-    assert_eq!(o.nodes.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(), vec!["keep"]);
+    assert_eq!(
+        o.nodes.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(),
+        vec!["keep"]
+    );
     assert!(o.initializers.is_empty());
-    assert_eq!((r.fired("dead_node"), r.fired("unused_initializer")), (2, 2));
+    assert_eq!(
+        (r.fired("dead_node"), r.fired("unused_initializer")),
+        (2, 2)
+    );
     assert_same(&g, &o, &[]);
 }
 
@@ -691,9 +867,17 @@ fn noop_identity_dropout_cast_reshape() {
   - {op: Relu, inputs: [d], outputs: [y]}
 ";
     let (g, r) = noop("y", nodes);
-    assert_eq!(g.op_counts().into_iter().collect::<Vec<_>>(), vec![("Relu", 1)]);
+    assert_eq!(
+        g.op_counts().into_iter().collect::<Vec<_>>(),
+        vec![("Relu", 1)]
+    );
     assert_eq!(g.nodes[0].inputs, vec!["x"]);
-    for rule in ["identity", "dropout", "cast_same_dtype", "reshape_same_shape"] {
+    for rule in [
+        "identity",
+        "dropout",
+        "cast_same_dtype",
+        "reshape_same_shape",
+    ] {
         assert_eq!(r.fired(rule), 1, "{rule}");
     }
 }
@@ -714,7 +898,10 @@ fn noop_cast_to_another_dtype_and_real_reshape_stay() {
 fn noop_dropout_kept_while_training() {
     let nodes = "  - {op: Dropout, inputs: [x], outputs: [y], attrs: {ratio: 0.3}}\n  - {op: Dropout, inputs: [x], outputs: [z], attrs: {ratio: 0.0}}\n";
     let g = graph(&format!("{NOOP_HEAD}outputs: [y2, z2]\nnodes:\n{nodes}  - {{op: Relu, inputs: [y], outputs: [y2]}}\n  - {{op: Relu, inputs: [z], outputs: [z2]}}\n"));
-    let opts = PassOptions { training: true, ..only("noop_removal") };
+    let opts = PassOptions {
+        training: true,
+        ..only("noop_removal")
+    };
     let (o, _) = run_passes(&g, &opts);
     assert_eq!(count(&o, "Dropout"), 1, "only the ratio-0 Dropout goes");
 }
@@ -729,7 +916,14 @@ fn noop_transposes() {
 ";
     // [1,2,0] then [0,2,1] is [1,0,2]; then [2,1,0] gives [2,0,1]: one Transpose left.
     let (g, r) = noop("y", nodes);
-    let perms: Vec<_> = g.nodes.iter().filter_map(|n| match &n.op { Op::Transpose { perm } => perm.clone(), _ => None }).collect();
+    let perms: Vec<_> = g
+        .nodes
+        .iter()
+        .filter_map(|n| match &n.op {
+            Op::Transpose { perm } => perm.clone(),
+            _ => None,
+        })
+        .collect();
     assert_eq!(perms, vec![vec![2, 0, 1]]);
     assert_eq!(r.fired("transpose_identity"), 1);
     assert_eq!(r.fired("transpose_pair"), 2);
@@ -739,7 +933,10 @@ fn noop_transposes() {
   - {op: Relu, inputs: [t2], outputs: [y]}
 ";
     let (g, _) = noop("y", nodes);
-    assert_eq!(g.op_counts().into_iter().collect::<Vec<_>>(), vec![("Relu", 1)]);
+    assert_eq!(
+        g.op_counts().into_iter().collect::<Vec<_>>(),
+        vec![("Relu", 1)]
+    );
 }
 
 #[test]
@@ -767,8 +964,15 @@ nodes:
 ";
     let g = graph(body);
     let (o, r) = run_passes(&g, &only("cse"));
-    assert_eq!((count(&o, "Exp"), count(&o, "Relu"), count(&o, "Softmax")), (1, 1, 2), "different attrs are different nodes");
-    assert_eq!(o.nodes.iter().find(|n| n.op.name() == "Exp").unwrap().name, "first");
+    assert_eq!(
+        (count(&o, "Exp"), count(&o, "Relu"), count(&o, "Softmax")),
+        (1, 1, 2),
+        "different attrs are different nodes"
+    );
+    assert_eq!(
+        o.nodes.iter().find(|n| n.op.name() == "Exp").unwrap().name,
+        "first"
+    );
     assert_eq!(r.fired("cse"), 2);
     assert_same(&g, &o, &[]);
 }
@@ -786,7 +990,14 @@ nodes:
     let g = graph(body);
     let (o, _) = run_passes(&g, &only("cse"));
     assert_eq!(count(&o, "Exp"), 1);
-    assert_eq!(o.nodes.iter().find(|n| n.op.name() == "Relu").unwrap().inputs, vec!["e2"]);
+    assert_eq!(
+        o.nodes
+            .iter()
+            .find(|n| n.op.name() == "Relu")
+            .unwrap()
+            .inputs,
+        vec!["e2"]
+    );
     assert_same(&g, &o, &[]);
 }
 
@@ -794,21 +1005,59 @@ nodes:
 
 #[test]
 fn passes_can_be_disabled_and_unknown_names_are_errors() {
-    let g = graph(&mlp("y", &format!("{FC}  - {{op: Relu, inputs: [hb], outputs: [y]}}\n")));
-    let (o, r) = run_passes(&g, &PassOptions { disabled: vec!["matmul_epilogue_fusion".into()], training: false });
+    let g = graph(&mlp(
+        "y",
+        &format!("{FC}  - {{op: Relu, inputs: [hb], outputs: [y]}}\n"),
+    ));
+    let (o, r) = run_passes(
+        &g,
+        &PassOptions {
+            disabled: vec!["matmul_epilogue_fusion".into()],
+            training: false,
+        },
+    );
     assert!(fused(&o).is_empty());
-    assert!(!r.passes.iter().find(|p| p.name == "matmul_epilogue_fusion").unwrap().enabled);
-    assert!(r.explain.iter().any(|e| e.contains("disabled")), "{:?}", r.explain);
-    let e = optimize(&g, &PassOptions { disabled: vec!["fusion".into()], training: false }).unwrap_err();
+    assert!(
+        !r.passes
+            .iter()
+            .find(|p| p.name == "matmul_epilogue_fusion")
+            .unwrap()
+            .enabled
+    );
+    assert!(
+        r.explain.iter().any(|e| e.contains("disabled")),
+        "{:?}",
+        r.explain
+    );
+    let e = optimize(
+        &g,
+        &PassOptions {
+            disabled: vec!["fusion".into()],
+            training: false,
+        },
+    )
+    .unwrap_err();
     assert!(e.to_string().contains("unknown pass 'fusion'"), "{e}");
 }
 
 #[test]
 fn report_lists_every_pass_in_order_and_logs_rules() {
-    let g = graph(&mlp("y", &format!("{FC}  - {{op: Relu, inputs: [hb], outputs: [y]}}\n")));
+    let g = graph(&mlp(
+        "y",
+        &format!("{FC}  - {{op: Relu, inputs: [hb], outputs: [y]}}\n"),
+    ));
     let (_, r) = run_passes(&g, &PassOptions::default());
-    assert_eq!(r.passes.iter().map(|p| p.name).collect::<Vec<_>>(), PASSES.to_vec());
-    assert!(r.log.iter().any(|l| l == "matmul_epilogue_fusion: matmul_epilogue at 'fc'"), "{:?}", r.log);
+    assert_eq!(
+        r.passes.iter().map(|p| p.name).collect::<Vec<_>>(),
+        PASSES.to_vec()
+    );
+    assert!(
+        r.log
+            .iter()
+            .any(|l| l == "matmul_epilogue_fusion: matmul_epilogue at 'fc'"),
+        "{:?}",
+        r.log
+    );
     let text = r.to_string();
     assert!(text.contains("matmul_epilogue ×1"), "{text}");
 }
@@ -816,21 +1065,30 @@ fn report_lists_every_pass_in_order_and_logs_rules() {
 #[test]
 fn optimize_is_pure_and_idempotent() {
     for name in ["mlp", "mlp_large", "gpt_block", "attention"] {
-        let g = Model::load(format!("{}/models/{name}.yaml", env!("CARGO_MANIFEST_DIR"))).unwrap().graph;
+        let g = Model::load(format!("{}/models/{name}.yaml", env!("CARGO_MANIFEST_DIR")))
+            .unwrap()
+            .graph;
         let before = g.clone();
         let (a, _) = run_passes(&g, &PassOptions::default());
         let (b, _) = run_passes(&g, &PassOptions::default());
         assert_eq!(g, before, "{name}: the input is untouched");
         assert_eq!(a, b, "{name}: same input, same output");
         let (_, again) = run_passes(&a, &PassOptions::default());
-        assert_eq!(again.total(), 0, "{name}: a second run finds nothing: {:?}", again.log);
+        assert_eq!(
+            again.total(),
+            0,
+            "{name}: a second run finds nothing: {:?}",
+            again.log
+        );
     }
 }
 
 // ---------------------------------------------------------------- models
 
 fn model(name: &str, dims: &[(&str, usize)]) -> (Graph, Report) {
-    let g = Model::load(format!("{}/models/{name}.yaml", env!("CARGO_MANIFEST_DIR"))).unwrap().graph;
+    let g = Model::load(format!("{}/models/{name}.yaml", env!("CARGO_MANIFEST_DIR")))
+        .unwrap()
+        .graph;
     let (o, r) = run_passes(&g, &PassOptions::default());
     assert_same(&g, &o, dims);
     (o, r)
@@ -841,8 +1099,14 @@ fn model_mlp() {
     let (g, r) = model("mlp", &[("batch", 4)]);
     let acts: Vec<_> = fused(&g).into_iter().map(|f| f.0).collect();
     assert_eq!(acts, vec!["relu", "relu", "none"]);
-    assert_eq!(g.op_counts().into_iter().collect::<Vec<_>>(), vec![("FusedMatMul", 3), ("SoftmaxCrossEntropyLoss", 1)]);
-    assert_eq!(g.nodes.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(), vec!["fc1", "fc2", "fc3", "loss"]);
+    assert_eq!(
+        g.op_counts().into_iter().collect::<Vec<_>>(),
+        vec![("FusedMatMul", 3), ("SoftmaxCrossEntropyLoss", 1)]
+    );
+    assert_eq!(
+        g.nodes.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(),
+        vec!["fc1", "fc2", "fc3", "loss"]
+    );
     assert!(r.explain.is_empty(), "{:?}", r.explain);
 }
 
@@ -853,7 +1117,15 @@ fn model_mlp_large() {
     assert_eq!(f.len(), 2);
     assert_eq!((f[0].0, f[0].2.len()), ("gelu_tanh", 3));
     assert_eq!(f[1], ("none", false, strs(&["g", "w2", "b2", "x"])));
-    assert_eq!(g.op_counts().into_iter().collect::<Vec<_>>(), vec![("FusedMatMul", 2), ("Mul", 1), ("ReduceMean", 1), ("Sub", 1)]);
+    assert_eq!(
+        g.op_counts().into_iter().collect::<Vec<_>>(),
+        vec![
+            ("FusedMatMul", 2),
+            ("Mul", 1),
+            ("ReduceMean", 1),
+            ("Sub", 1)
+        ]
+    );
 }
 
 #[test]
@@ -861,7 +1133,10 @@ fn model_gpt_block() {
     let (g, r) = model("gpt_block", &[("batch", 2), ("seq", 32)]);
     assert_eq!(attention(&g), vec![(true, 0.125, 3)]);
     let acts: Vec<_> = fused(&g).into_iter().map(|f| (f.0, f.2.len())).collect();
-    assert_eq!(acts, vec![("none", 3), ("none", 4), ("gelu_tanh", 3), ("none", 4)]);
+    assert_eq!(
+        acts,
+        vec![("none", 3), ("none", 4), ("gelu_tanh", 3), ("none", 4)]
+    );
     for op in ["MatMul", "Softmax", "Where", "Trilu", "Tanh", "Pow"] {
         assert_eq!(count(&g, op), 0, "{op} left");
     }
@@ -875,4 +1150,3 @@ fn model_attention() {
     assert_eq!(g.nodes.len(), 1);
     assert!(g.initializers.is_empty());
 }
-

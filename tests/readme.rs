@@ -9,10 +9,18 @@ fn readme_op_table_matches_the_code() {
     let j = readme.find(end).unwrap();
     let table = graphrun::graph::op::op_table_markdown();
     if std::env::var_os("UPDATE_README").is_some() {
-        std::fs::write("README.md", format!("{}{}{}", &readme[..i], table, &readme[j..])).unwrap();
+        std::fs::write(
+            "README.md",
+            format!("{}{}{}", &readme[..i], table, &readme[j..]),
+        )
+        .unwrap();
         return;
     }
-    assert_eq!(&readme[i..j], table, "README.md's op table is stale: run UPDATE_README=1 cargo test --test readme");
+    assert_eq!(
+        &readme[i..j],
+        table,
+        "README.md's op table is stale: run UPDATE_README=1 cargo test --test readme"
+    );
     // Every op in the table is accepted by the parser (no name drift).
     for n in graphrun::graph::op::OP_NAMES {
         let r = graphrun::Op::parse(n, &[], "t", None);

@@ -16,7 +16,10 @@ use std::path::Path;
 
 /// Writes a file whole or not at all: into a temporary beside it, then renamed.
 pub fn write_atomic(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let tmp = path.with_file_name(format!(".{name}.tmp{}", std::process::id()));
     if let Err(e) = write(&tmp) {
         let _ = std::fs::remove_file(&tmp);
@@ -47,7 +50,14 @@ pub fn concrete_shape(i: &InputInfo, dims: &BTreeMap<String, usize>) -> Result<V
 pub fn random_input(i: &InputInfo, shape: &[usize], seed: u64) -> Result<Tensor> {
     let bytes = crate::tensor::checked_numel(shape)
         .and_then(|n| n.checked_mul(i.dtype.size()))
-        .ok_or_else(|| crate::err!(Input, "input '{}' of shape {} is too large (its size overflows)", i.name, crate::tensor::fmt_shape(shape)))?;
+        .ok_or_else(|| {
+            crate::err!(
+                Input,
+                "input '{}' of shape {} is too large (its size overflows)",
+                i.name,
+                crate::tensor::fmt_shape(shape)
+            )
+        })?;
     let mut r = Rng::for_name(seed, &i.name);
     let mut t = Tensor::try_alloc(bytes)?;
     t.reset(i.dtype, shape);
@@ -86,14 +96,20 @@ pub fn bind_dims(
         bound.insert(k.clone(), (*v, format!("--dim {k}={v}")));
     }
     for i in &g.inputs {
-        let Some(t) = feeds.get(&i.name) else { continue };
+        let Some(t) = feeds.get(&i.name) else {
+            continue;
+        };
         if t.shape().len() != i.shape.len() {
             crate::bail!(
                 Input,
                 "input '{}' must have rank {} (shape [{}]), got shape {}",
                 i.name,
                 i.shape.len(),
-                i.shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", "),
+                i.shape
+                    .iter()
+                    .map(|d| d.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
                 crate::tensor::fmt_shape(t.shape())
             );
         }

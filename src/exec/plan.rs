@@ -56,21 +56,38 @@ impl Plan {
         let folded = |ni: usize| {
             let n = &g.nodes[ni];
             !matches!(n.op, Op::Dropout { .. })
-                && n.outputs.iter().all(|o| o.is_empty() || inf.consts.contains_key(o))
+                && n.outputs
+                    .iter()
+                    .all(|o| o.is_empty() || inf.consts.contains_key(o))
         };
         // Only what the outputs need is scheduled.
-        let producer: HashMap<&str, usize> =
-            g.nodes.iter().enumerate().flat_map(|(i, n)| n.outputs.iter().map(move |o| (o.as_str(), i))).collect();
+        let producer: HashMap<&str, usize> = g
+            .nodes
+            .iter()
+            .enumerate()
+            .flat_map(|(i, n)| n.outputs.iter().map(move |o| (o.as_str(), i)))
+            .collect();
         let mut needed: HashSet<usize> = HashSet::new();
         let mut stack: Vec<&str> = g.outputs.iter().map(|s| s.as_str()).collect();
         while let Some(v) = stack.pop() {
             if let Some(&p) = producer.get(v) {
                 if needed.insert(p) && !folded(p) {
-                    stack.extend(g.nodes[p].inputs.iter().map(|s| s.as_str()).filter(|s| !s.is_empty()));
+                    stack.extend(
+                        g.nodes[p]
+                            .inputs
+                            .iter()
+                            .map(|s| s.as_str())
+                            .filter(|s| !s.is_empty()),
+                    );
                 }
             }
         }
-        let order: Vec<usize> = inf.order.iter().copied().filter(|&i| needed.contains(&i) && !folded(i)).collect();
+        let order: Vec<usize> = inf
+            .order
+            .iter()
+            .copied()
+            .filter(|&i| needed.contains(&i) && !folded(i))
+            .collect();
 
         let mut places: HashMap<String, Place> = HashMap::new();
         for (k, init) in g.initializers.iter().enumerate() {
@@ -122,16 +139,33 @@ impl Plan {
         let mut flops = 0u64;
         for (s, &ni) in order.iter().enumerate() {
             let node = &g.nodes[ni];
-            let ins: Vec<Option<Place>> =
-                node.inputs.iter().map(|i| if i.is_empty() { None } else { places.get(i).copied() }).collect();
-            let mut outs = vec![];
-            let out_types: Vec<ValueType> = node.outputs.iter().enumerate().map(|(k, o)| {
-                inf.types.get(o).cloned().unwrap_or_else(|| {
-                    // An unnamed optional output still needs room; infer it again.
-                    let tys: Vec<Option<&ValueType>> = node.inputs.iter().map(|i| inf.types.get(i)).collect();
-                    infer::infer_node(node, &tys, &[]).map(|v| v[k].clone()).unwrap_or(ValueType::new(crate::tensor::DType::F32, &[]))
+            let ins: Vec<Option<Place>> = node
+                .inputs
+                .iter()
+                .map(|i| {
+                    if i.is_empty() {
+                        None
+                    } else {
+                        places.get(i).copied()
+                    }
                 })
-            }).collect();
+                .collect();
+            let mut outs = vec![];
+            let out_types: Vec<ValueType> = node
+                .outputs
+                .iter()
+                .enumerate()
+                .map(|(k, o)| {
+                    inf.types.get(o).cloned().unwrap_or_else(|| {
+                        // An unnamed optional output still needs room; infer it again.
+                        let tys: Vec<Option<&ValueType>> =
+                            node.inputs.iter().map(|i| inf.types.get(i)).collect();
+                        infer::infer_node(node, &tys, &[])
+                            .map(|v| v[k].clone())
+                            .unwrap_or(ValueType::new(crate::tensor::DType::F32, &[]))
+                    })
+                })
+                .collect();
             for (o, t) in node.outputs.iter().zip(&out_types) {
                 naive += t.bytes();
                 let slot = slots.take(t.bytes());
@@ -141,13 +175,17 @@ impl Plan {
                 }
             }
             {
-                let in_tys: Vec<Option<&ValueType>> = node.inputs.iter().map(|i| inf.types.get(i)).collect();
+                let in_tys: Vec<Option<&ValueType>> =
+                    node.inputs.iter().map(|i| inf.types.get(i)).collect();
                 flops += infer::flops(node, &in_tys, &out_types);
             }
             // Free inputs read for the last time, and outputs nobody reads.
             let mut seen = HashSet::new();
             for i in &node.inputs {
-                if last_use.get(i.as_str()) == Some(&s) && !outputs.contains(i.as_str()) && seen.insert(i) {
+                if last_use.get(i.as_str()) == Some(&s)
+                    && !outputs.contains(i.as_str())
+                    && seen.insert(i)
+                {
                     if let Some(Place::Slot(sl)) = places.get(i) {
                         slots.free(*sl);
                     }
@@ -158,12 +196,27 @@ impl Plan {
                     slots.free(sl);
                 }
             }
-            steps.push(Step { node: ni, ins, outs, out_types });
+            steps.push(Step {
+                node: ni,
+                ins,
+                outs,
+                out_types,
+            });
         }
         let weight_bytes = g.initializers.iter().map(|i| i.tensor.size_bytes()).sum();
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         let id = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Ok(Plan { id, steps, types: inf.types, places, consts, slot_bytes: slots.bytes, weight_bytes, naive_bytes: naive, flops })
+        Ok(Plan {
+            id,
+            steps,
+            types: inf.types,
+            places,
+            consts,
+            slot_bytes: slots.bytes,
+            weight_bytes,
+            naive_bytes: naive,
+            flops,
+        })
     }
 }
 
@@ -177,8 +230,18 @@ struct SlotAlloc {
 impl SlotAlloc {
     fn take(&mut self, need: usize) -> usize {
         // Smallest free slot that fits; else the largest free one (grown); else a new one.
-        let fit = self.free.iter().enumerate().filter(|(_, &s)| self.bytes[s] >= need).min_by_key(|(_, &s)| self.bytes[s]);
-        let pick = fit.or_else(|| self.free.iter().enumerate().max_by_key(|(_, &s)| self.bytes[s]));
+        let fit = self
+            .free
+            .iter()
+            .enumerate()
+            .filter(|(_, &s)| self.bytes[s] >= need)
+            .min_by_key(|(_, &s)| self.bytes[s]);
+        let pick = fit.or_else(|| {
+            self.free
+                .iter()
+                .enumerate()
+                .max_by_key(|(_, &s)| self.bytes[s])
+        });
         match pick.map(|(i, _)| i) {
             Some(i) => {
                 let s = self.free.swap_remove(i);

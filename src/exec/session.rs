@@ -20,7 +20,11 @@ pub struct SessionOptions {
 
 impl Default for SessionOptions {
     fn default() -> Self {
-        SessionOptions { backend: BackendKind::Cpu, dims: BTreeMap::new(), training: false }
+        SessionOptions {
+            backend: BackendKind::Cpu,
+            dims: BTreeMap::new(),
+            training: false,
+        }
     }
 }
 
@@ -34,7 +38,12 @@ pub struct Session {
 
 /// What `Session` needs from an executor, whatever its backend.
 trait Run {
-    fn run(&mut self, g: &Graph, plan: &Plan, feeds: &HashMap<String, Tensor>) -> Result<Vec<Tensor>>;
+    fn run(
+        &mut self,
+        g: &Graph,
+        plan: &Plan,
+        feeds: &HashMap<String, Tensor>,
+    ) -> Result<Vec<Tensor>>;
     /// With profiling on, each step is synchronized and timed into `profile`.
     fn set_profiling(&mut self, on: bool);
     fn take_profile(&mut self) -> Vec<(usize, f64)>;
@@ -51,7 +60,12 @@ impl Session {
                 other.name()
             ),
         };
-        Ok(Session { graph, opts, exec, plans: PlanCache::default() })
+        Ok(Session {
+            graph,
+            opts,
+            exec,
+            plans: PlanCache::default(),
+        })
     }
 
     pub fn graph(&self) -> &Graph {
@@ -62,11 +76,18 @@ impl Session {
     }
 
     /// Checks feeds against the graph inputs and resolves every input's shape.
-    pub fn input_shapes(&self, feeds: &HashMap<String, Tensor>) -> Result<HashMap<String, Vec<usize>>> {
+    pub fn input_shapes(
+        &self,
+        feeds: &HashMap<String, Tensor>,
+    ) -> Result<HashMap<String, Vec<usize>>> {
         for name in feeds.keys() {
             if self.graph.input(name).is_none() {
                 let known: Vec<&str> = self.graph.inputs.iter().map(|i| i.name.as_str()).collect();
-                crate::bail!(Input, "'{name}' is not an input of the graph (its inputs: {})", known.join(", "));
+                crate::bail!(
+                    Input,
+                    "'{name}' is not an input of the graph (its inputs: {})",
+                    known.join(", ")
+                );
             }
         }
         let mut missing = vec![];
@@ -74,16 +95,35 @@ impl Session {
             match feeds.get(&i.name) {
                 None => missing.push(i.name.clone()),
                 Some(t) if t.dtype() != i.dtype => {
-                    crate::bail!(Input, "input '{}' must be {}, got {}", i.name, i.dtype, t.dtype())
+                    crate::bail!(
+                        Input,
+                        "input '{}' must be {}, got {}",
+                        i.name,
+                        i.dtype,
+                        t.dtype()
+                    )
                 }
                 Some(_) => {}
             }
         }
         if !missing.is_empty() {
-            crate::bail!(Input, "missing graph input{} {}", if missing.len() > 1 { "s" } else { "" }, missing.iter().map(|m| format!("'{m}'")).collect::<Vec<_>>().join(", "));
+            crate::bail!(
+                Input,
+                "missing graph input{} {}",
+                if missing.len() > 1 { "s" } else { "" },
+                missing
+                    .iter()
+                    .map(|m| format!("'{m}'"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
         }
         let dims = super::bind_dims(&self.graph, feeds, &self.opts.dims)?;
-        self.graph.inputs.iter().map(|i| Ok((i.name.clone(), super::concrete_shape(i, &dims)?))).collect()
+        self.graph
+            .inputs
+            .iter()
+            .map(|i| Ok((i.name.clone(), super::concrete_shape(i, &dims)?)))
+            .collect()
     }
 
     /// Makes the plan for these feeds' shapes (what `inspect` reports).
@@ -137,7 +177,14 @@ impl<B: Backend> Executor<B> {
             backend.upload(&init.tensor, &mut b)?;
             weights.push(b);
         }
-        Ok(Executor { backend, weights, slots: vec![], consts: vec![], consts_for: 0, profile: None })
+        Ok(Executor {
+            backend,
+            weights,
+            slots: vec![],
+            consts: vec![],
+            consts_for: 0,
+            profile: None,
+        })
     }
 }
 
@@ -146,12 +193,24 @@ impl<B: Backend> Run for Executor<B> {
         self.backend.name()
     }
     fn set_profiling(&mut self, on: bool) {
-        self.profile = if on { Some(self.profile.take().unwrap_or_default()) } else { None };
+        self.profile = if on {
+            Some(self.profile.take().unwrap_or_default())
+        } else {
+            None
+        };
     }
     fn take_profile(&mut self) -> Vec<(usize, f64)> {
-        self.profile.as_mut().map(std::mem::take).unwrap_or_default()
+        self.profile
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
     }
-    fn run(&mut self, g: &Graph, plan: &Plan, feeds: &HashMap<String, Tensor>) -> Result<Vec<Tensor>> {
+    fn run(
+        &mut self,
+        g: &Graph,
+        plan: &Plan,
+        feeds: &HashMap<String, Tensor>,
+    ) -> Result<Vec<Tensor>> {
         // Grow the slot pool to the plan (kept across runs: no allocation in steady state).
         if self.slots.len() < plan.slot_bytes.len() {
             self.slots.resize_with(plan.slot_bytes.len(), || None);
@@ -180,7 +239,11 @@ impl<B: Backend> Run for Executor<B> {
         for step in &plan.steps {
             let node = &g.nodes[step.node];
             let t0 = self.profile.is_some().then(std::time::Instant::now);
-            let mut outs: Vec<B::Buffer> = step.outs.iter().map(|&s| self.slots[s].take().expect("slot in use twice")).collect();
+            let mut outs: Vec<B::Buffer> = step
+                .outs
+                .iter()
+                .map(|&s| self.slots[s].take().expect("slot in use twice"))
+                .collect();
             let result = {
                 let ins: Vec<Option<(&B::Buffer, &ValueType)>> = node
                     .inputs
@@ -197,7 +260,8 @@ impl<B: Backend> Run for Executor<B> {
                         })
                     })
                     .collect();
-                let mut out_refs: Vec<(&mut B::Buffer, &ValueType)> = outs.iter_mut().zip(&step.out_types).collect();
+                let mut out_refs: Vec<(&mut B::Buffer, &ValueType)> =
+                    outs.iter_mut().zip(&step.out_types).collect();
                 self.backend.run(node, &ins, &mut out_refs)
             };
             for (&s, b) in step.outs.iter().zip(outs) {
@@ -206,10 +270,15 @@ impl<B: Backend> Run for Executor<B> {
             if let (Some(t0), true) = (t0, result.is_ok()) {
                 self.backend.sync()?;
                 let secs = t0.elapsed().as_secs_f64();
-                self.profile.as_mut().expect("profiling on").push((step.node, secs));
+                self.profile
+                    .as_mut()
+                    .expect("profiling on")
+                    .push((step.node, secs));
             }
             result.map_err(|e| match e {
-                Error::Runtime(m) if !m.contains(&format!("node '{}'", node.name)) => Error::Runtime(format!("{}: {m}", node.describe())),
+                Error::Runtime(m) if !m.contains(&format!("node '{}'", node.name)) => {
+                    Error::Runtime(format!("{}: {m}", node.describe()))
+                }
                 e => e,
             })?;
         }
@@ -220,7 +289,9 @@ impl<B: Backend> Run for Executor<B> {
             let t = match plan.places.get(o) {
                 Some(Place::Weight(w)) => self.backend.download(&self.weights[*w], ty)?,
                 Some(Place::Const(c)) => plan.consts[*c].1.clone(),
-                Some(Place::Slot(s)) => self.backend.download(self.slots[*s].as_ref().expect("output slot"), ty)?,
+                Some(Place::Slot(s)) => self
+                    .backend
+                    .download(self.slots[*s].as_ref().expect("output slot"), ty)?,
                 None => crate::bail!(Runtime, "graph output '{o}' has no buffer in the plan"),
             };
             out.push(t);

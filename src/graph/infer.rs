@@ -19,7 +19,10 @@ pub struct ValueType {
 
 impl ValueType {
     pub fn new(dtype: DType, shape: &[usize]) -> Self {
-        ValueType { dtype, shape: shape.to_vec() }
+        ValueType {
+            dtype,
+            shape: shape.to_vec(),
+        }
     }
     pub fn numel(&self) -> usize {
         crate::tensor::numel(&self.shape)
@@ -50,32 +53,63 @@ pub struct Inferred {
 
 /// Infers every value's type given each graph input's concrete shape.
 pub fn infer_graph(g: &Graph, input_shapes: &HashMap<String, Vec<usize>>) -> Result<Inferred> {
-    let mut inf = Inferred { order: validate::topo_order(g)?, ..Default::default() };
+    let mut inf = Inferred {
+        order: validate::topo_order(g)?,
+        ..Default::default()
+    };
     for i in &g.inputs {
         let shape = input_shapes
             .get(&i.name)
             .ok_or_else(|| crate::err!(Input, "no shape for graph input '{}'", i.name))?;
-        if crate::tensor::checked_numel(shape).and_then(|n| n.checked_mul(8)).is_none() {
-            crate::bail!(Input, "graph input '{}' of shape {} is too large (its size overflows)", i.name, fmt_shape(shape));
+        if crate::tensor::checked_numel(shape)
+            .and_then(|n| n.checked_mul(8))
+            .is_none()
+        {
+            crate::bail!(
+                Input,
+                "graph input '{}' of shape {} is too large (its size overflows)",
+                i.name,
+                fmt_shape(shape)
+            );
         }
-        inf.types.insert(i.name.clone(), ValueType::new(i.dtype, shape));
+        inf.types
+            .insert(i.name.clone(), ValueType::new(i.dtype, shape));
     }
     for init in &g.initializers {
-        inf.types.insert(init.name.clone(), ValueType::new(init.tensor.dtype(), init.tensor.shape()));
+        inf.types.insert(
+            init.name.clone(),
+            ValueType::new(init.tensor.dtype(), init.tensor.shape()),
+        );
         if init.tensor.numel() <= CONST_LIMIT {
             inf.consts.insert(init.name.clone(), init.tensor.clone());
         }
     }
     for &ni in &inf.order.clone() {
         let node = &g.nodes[ni];
-        let ins: Vec<Option<&ValueType>> =
-            node.inputs.iter().map(|n| if n.is_empty() { None } else { inf.types.get(n) }).collect();
-        let consts: Vec<Option<&Tensor>> =
-            node.inputs.iter().map(|n| if n.is_empty() { None } else { inf.consts.get(n) }).collect();
+        let ins: Vec<Option<&ValueType>> = node
+            .inputs
+            .iter()
+            .map(|n| if n.is_empty() { None } else { inf.types.get(n) })
+            .collect();
+        let consts: Vec<Option<&Tensor>> = node
+            .inputs
+            .iter()
+            .map(|n| {
+                if n.is_empty() {
+                    None
+                } else {
+                    inf.consts.get(n)
+                }
+            })
+            .collect();
         let outs = infer_node(node, &ins, &consts)?;
         // Host-evaluate small nodes whose inputs are all known: this is what resolves
         // Shape → Gather → Concat → Reshape chains.
-        let all_known = node.inputs.iter().zip(&consts).all(|(n, c)| n.is_empty() || c.is_some());
+        let all_known = node
+            .inputs
+            .iter()
+            .zip(&consts)
+            .all(|(n, c)| n.is_empty() || c.is_some());
         let small = outs.iter().all(|t| t.numel() <= CONST_LIMIT)
             && ins.iter().flatten().all(|t| t.numel() <= CONST_LIMIT);
         let mut values = None;
@@ -89,8 +123,18 @@ pub fn infer_graph(g: &Graph, input_shapes: &HashMap<String, Vec<usize>>) -> Res
             values = crate::backends::cpu::eval_node_with_types(node, &args, &ins, &outs).ok();
         }
         for t in &outs {
-            if crate::tensor::checked_numel(&t.shape).and_then(|n| n.checked_mul(8)).is_none() {
-                return Err(fail(node, &ins, format!("output shape {} is too large (its size overflows)", fmt_shape(&t.shape))));
+            if crate::tensor::checked_numel(&t.shape)
+                .and_then(|n| n.checked_mul(8))
+                .is_none()
+            {
+                return Err(fail(
+                    node,
+                    &ins,
+                    format!(
+                        "output shape {} is too large (its size overflows)",
+                        fmt_shape(&t.shape)
+                    ),
+                ));
             }
         }
         for (k, (name, t)) in node.outputs.iter().zip(outs).enumerate() {
@@ -98,14 +142,20 @@ pub fn infer_graph(g: &Graph, input_shapes: &HashMap<String, Vec<usize>>) -> Res
                 continue;
             }
             if let Some(v) = values.as_mut().and_then(|v: &mut Vec<Tensor>| v.get_mut(k)) {
-                inf.consts.insert(name.clone(), std::mem::replace(v, Tensor::zeros(DType::F32, &[0])));
+                inf.consts.insert(
+                    name.clone(),
+                    std::mem::replace(v, Tensor::zeros(DType::F32, &[0])),
+                );
             }
             inf.types.insert(name.clone(), t);
         }
     }
     for o in &g.outputs {
         if !inf.types.contains_key(o) {
-            crate::bail!(Graph, "graph output '{o}' is not produced by any node, input or initializer");
+            crate::bail!(
+                Graph,
+                "graph output '{o}' is not produced by any node, input or initializer"
+            );
         }
     }
     Ok(inf)
@@ -120,8 +170,16 @@ pub fn broadcast(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
     let n = a.len().max(b.len());
     let mut out = vec![0; n];
     for i in 0..n {
-        let da = if i + a.len() >= n { a[i + a.len() - n] } else { 1 };
-        let db = if i + b.len() >= n { b[i + b.len() - n] } else { 1 };
+        let da = if i + a.len() >= n {
+            a[i + a.len() - n]
+        } else {
+            1
+        };
+        let db = if i + b.len() >= n {
+            b[i + b.len() - n]
+        } else {
+            1
+        };
         out[i] = match (da, db) {
             (x, y) if x == y => x,
             (1, y) => y,
@@ -143,8 +201,16 @@ pub fn matmul_shape(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
     if a.is_empty() || b.is_empty() {
         return None;
     }
-    let a2: Vec<usize> = if a.len() == 1 { vec![1, a[0]] } else { a.to_vec() };
-    let b2: Vec<usize> = if b.len() == 1 { vec![b[0], 1] } else { b.to_vec() };
+    let a2: Vec<usize> = if a.len() == 1 {
+        vec![1, a[0]]
+    } else {
+        a.to_vec()
+    };
+    let b2: Vec<usize> = if b.len() == 1 {
+        vec![b[0], 1]
+    } else {
+        b.to_vec()
+    };
     let (m, k) = (a2[a2.len() - 2], a2[a2.len() - 1]);
     let (k2, n) = (b2[b2.len() - 2], b2[b2.len() - 1]);
     if k != k2 {
@@ -172,19 +238,35 @@ fn fail(node: &Node, ins: &[Option<&ValueType>], msg: impl std::fmt::Display) ->
             None => format!("{n}: ?"),
         })
         .collect();
-    Error::Graph(format!("{}: {msg} (inputs {})", node.describe(), types.join(", ")))
+    Error::Graph(format!(
+        "{}: {msg} (inputs {})",
+        node.describe(),
+        types.join(", ")
+    ))
 }
 
 /// Infers the output types of one node. `ins[i]` is `None` for an omitted optional input;
 /// `consts[i]` holds the input's value when known on the host.
-pub fn infer_node(node: &Node, ins: &[Option<&ValueType>], consts: &[Option<&Tensor>]) -> Result<Vec<ValueType>> {
+pub fn infer_node(
+    node: &Node,
+    ins: &[Option<&ValueType>],
+    consts: &[Option<&Tensor>],
+) -> Result<Vec<ValueType>> {
     let f = |msg: String| fail(node, ins, msg);
     let (min_in, max_in, min_out, max_out) = node.op.arity();
     if ins.len() < min_in || ins.len() > max_in {
-        return Err(f(format!("takes {} inputs, got {}", arity_text(min_in, max_in), ins.len())));
+        return Err(f(format!(
+            "takes {} inputs, got {}",
+            arity_text(min_in, max_in),
+            ins.len()
+        )));
     }
     if node.outputs.len() < min_out || node.outputs.len() > max_out {
-        return Err(f(format!("has {} outputs, expected {}", node.outputs.len(), arity_text(min_out, max_out))));
+        return Err(f(format!(
+            "has {} outputs, expected {}",
+            node.outputs.len(),
+            arity_text(min_out, max_out)
+        )));
     }
     // Required inputs are the first `min_in` (Split/Concat/Slice included).
     for (i, t) in ins.iter().enumerate().take(min_in) {
@@ -195,13 +277,31 @@ pub fn infer_node(node: &Node, ins: &[Option<&ValueType>], consts: &[Option<&Ten
     let t = |i: usize| ins.get(i).copied().flatten();
     let x = t(0).cloned().unwrap_or(ValueType::new(DType::F32, &[]));
     let need_float = |v: &ValueType, what: &str| -> Result<()> {
-        if v.dtype.is_float() { Ok(()) } else { Err(f(format!("{what} must be a floating dtype, got {}", v.dtype))) }
+        if v.dtype.is_float() {
+            Ok(())
+        } else {
+            Err(f(format!(
+                "{what} must be a floating dtype, got {}",
+                v.dtype
+            )))
+        }
     };
     let need_int = |v: &ValueType, what: &str| -> Result<()> {
-        if v.dtype.is_int() { Ok(()) } else { Err(f(format!("{what} must be i64 or i32, got {}", v.dtype))) }
+        if v.dtype.is_int() {
+            Ok(())
+        } else {
+            Err(f(format!("{what} must be i64 or i32, got {}", v.dtype)))
+        }
     };
     let same_dtype = |a: &ValueType, b: &ValueType| -> Result<()> {
-        if a.dtype == b.dtype { Ok(()) } else { Err(f(format!("input dtypes differ: {} and {}", a.dtype, b.dtype))) }
+        if a.dtype == b.dtype {
+            Ok(())
+        } else {
+            Err(f(format!(
+                "input dtypes differ: {} and {}",
+                a.dtype, b.dtype
+            )))
+        }
     };
     // A shape-deciding input that must be known on the host.
     let known = |i: usize, what: &str| -> Result<Option<Vec<i64>>> {
@@ -219,7 +319,9 @@ pub fn infer_node(node: &Node, ins: &[Option<&ValueType>], consts: &[Option<&Ten
     let axes_norm = |axes: &[i64], r: usize| -> Result<Vec<usize>> {
         let mut out = vec![];
         for &a in axes {
-            let Some(n) = norm_axis(a, r) else { return Err(f(format!("axis {a} is out of range for rank {r}"))) };
+            let Some(n) = norm_axis(a, r) else {
+                return Err(f(format!("axis {a} is out of range for rank {r}")));
+            };
             if out.contains(&n) {
                 return Err(f(format!("axis {a} is repeated")));
             }
@@ -230,16 +332,23 @@ pub fn infer_node(node: &Node, ins: &[Option<&ValueType>], consts: &[Option<&Ten
 
     match &node.op {
         Op::Unary(u) => {
-            let ok = x.dtype.is_float() || (matches!(u, UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Relu) && x.dtype.is_int());
+            let ok = x.dtype.is_float()
+                || (matches!(u, UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Relu) && x.dtype.is_int());
             if !ok {
-                return Err(f(format!("{} is not defined for dtype {}", node.op.name(), x.dtype)));
+                return Err(f(format!(
+                    "{} is not defined for dtype {}",
+                    node.op.name(),
+                    x.dtype
+                )));
             }
             one(x)
         }
         Op::Binary(b) => {
             let y = t(1).unwrap();
             if *b == BinaryOp::Pow {
-                if !x.dtype.is_float() && !x.dtype.is_int() || !y.dtype.is_float() && !y.dtype.is_int() {
+                if !x.dtype.is_float() && !x.dtype.is_int()
+                    || !y.dtype.is_float() && !y.dtype.is_int()
+                {
                     return Err(f("Pow takes numeric inputs".into()));
                 }
             } else {
@@ -249,9 +358,20 @@ pub fn infer_node(node: &Node, ins: &[Option<&ValueType>], consts: &[Option<&Ten
                 }
             }
             let Some(shape) = broadcast(&x.shape, &y.shape) else {
-                return Err(f(format!("shapes {} and {} do not broadcast", fmt_shape(&x.shape), fmt_shape(&y.shape))));
+                return Err(f(format!(
+                    "shapes {} and {} do not broadcast",
+                    fmt_shape(&x.shape),
+                    fmt_shape(&y.shape)
+                )));
             };
-            one(ValueType { dtype: if b.is_comparison() { DType::Bool } else { x.dtype }, shape })
+            one(ValueType {
+                dtype: if b.is_comparison() {
+                    DType::Bool
+                } else {
+                    x.dtype
+                },
+                shape,
+            })
         }
         Op::Clip => {
             if x.dtype == DType::Bool {
@@ -261,7 +381,11 @@ pub fn infer_node(node: &Node, ins: &[Option<&ValueType>], consts: &[Option<&Ten
                 if let Some(b) = t(i) {
                     same_dtype(&x, b)?;
                     if b.numel() != 1 {
-                        return Err(f(format!("Clip's {} must be a scalar, got shape {}", if i == 1 { "min" } else { "max" }, fmt_shape(&b.shape))));
+                        return Err(f(format!(
+                            "Clip's {} must be a scalar, got shape {}",
+                            if i == 1 { "min" } else { "max" },
+                            fmt_shape(&b.shape)
+                        )));
                     }
                 }
             }
@@ -274,51 +398,87 @@ pub fn infer_node(node: &Node, ins: &[Option<&ValueType>], consts: &[Option<&Ten
             }
             same_dtype(a, b)?;
             let s = broadcast(&c.shape, &a.shape).and_then(|s| broadcast(&s, &b.shape));
-            let Some(shape) = s else { return Err(f("shapes do not broadcast".into())) };
-            one(ValueType { dtype: a.dtype, shape })
+            let Some(shape) = s else {
+                return Err(f("shapes do not broadcast".into()));
+            };
+            one(ValueType {
+                dtype: a.dtype,
+                shape,
+            })
         }
-        Op::Cast { to } => one(ValueType { dtype: *to, shape: x.shape }),
+        Op::Cast { to } => one(ValueType {
+            dtype: *to,
+            shape: x.shape,
+        }),
         Op::Identity => one(x),
         Op::MatMul => {
             let b = t(1).unwrap();
             need_float(&x, "A")?;
             same_dtype(&x, b)?;
             let Some(shape) = matmul_shape(&x.shape, &b.shape) else {
-                return Err(f(format!("cannot multiply {} by {}", fmt_shape(&x.shape), fmt_shape(&b.shape))));
+                return Err(f(format!(
+                    "cannot multiply {} by {}",
+                    fmt_shape(&x.shape),
+                    fmt_shape(&b.shape)
+                )));
             };
-            one(ValueType { dtype: x.dtype, shape })
+            one(ValueType {
+                dtype: x.dtype,
+                shape,
+            })
         }
-        Op::Gemm { trans_a, trans_b, .. } => {
+        Op::Gemm {
+            trans_a, trans_b, ..
+        } => {
             let b = t(1).unwrap();
             need_float(&x, "A")?;
             same_dtype(&x, b)?;
             if x.shape.len() != 2 || b.shape.len() != 2 {
                 return Err(f("Gemm takes 2-D A and B".into()));
             }
-            let (m, k) = if *trans_a { (x.shape[1], x.shape[0]) } else { (x.shape[0], x.shape[1]) };
-            let (k2, n) = if *trans_b { (b.shape[1], b.shape[0]) } else { (b.shape[0], b.shape[1]) };
+            let (m, k) = if *trans_a {
+                (x.shape[1], x.shape[0])
+            } else {
+                (x.shape[0], x.shape[1])
+            };
+            let (k2, n) = if *trans_b {
+                (b.shape[1], b.shape[0])
+            } else {
+                (b.shape[0], b.shape[1])
+            };
             if k != k2 {
                 return Err(f(format!("inner dimensions differ: {k} and {k2}")));
             }
             if let Some(c) = t(2) {
                 same_dtype(&x, c)?;
                 if broadcast(&c.shape, &[m, n]).as_deref() != Some(&[m, n][..]) {
-                    return Err(f(format!("C of shape {} does not broadcast to [{m}, {n}]", fmt_shape(&c.shape))));
+                    return Err(f(format!(
+                        "C of shape {} does not broadcast to [{m}, {n}]",
+                        fmt_shape(&c.shape)
+                    )));
                 }
             }
-            one(ValueType { dtype: x.dtype, shape: vec![m, n] })
+            one(ValueType {
+                dtype: x.dtype,
+                shape: vec![m, n],
+            })
         }
         Op::Softmax { axis } | Op::LogSoftmax { axis } => {
             need_float(&x, "input")?;
             if norm_axis(*axis, x.shape.len()).is_none() {
-                return Err(f(format!("axis {axis} is out of range for rank {}", x.shape.len())));
+                return Err(f(format!(
+                    "axis {axis} is out of range for rank {}",
+                    x.shape.len()
+                )));
             }
             one(x)
         }
         Op::LayerNormalization { axis, .. } => {
             need_float(&x, "X")?;
             let r = x.shape.len();
-            let Some(a) = norm_axis(*axis, r) else { return Err(f(format!("axis {axis} is out of range for rank {r}"))) };
+            let Some(a) = norm_axis(*axis, r) else {
+                return Err(f(format!("axis {axis} is out of range for rank {r}")));
+            };
             let norm = &x.shape[a..];
             for i in 1..3 {
                 if let Some(s) = t(i) {
@@ -337,28 +497,50 @@ pub fn infer_node(node: &Node, ins: &[Option<&ValueType>], consts: &[Option<&Ten
             for d in &mut stat[a..] {
                 *d = 1;
             }
-            let sd = if x.dtype == DType::F64 { DType::F64 } else { DType::F32 };
+            let sd = if x.dtype == DType::F64 {
+                DType::F64
+            } else {
+                DType::F32
+            };
             let mut out = vec![x.clone()];
             for _ in 1..node.outputs.len() {
-                out.push(ValueType { dtype: sd, shape: stat.clone() });
+                out.push(ValueType {
+                    dtype: sd,
+                    shape: stat.clone(),
+                });
             }
             Ok(out)
         }
-        Op::Reduce { kind, axes, keepdims, noop_with_empty_axes } => {
+        Op::Reduce {
+            kind,
+            axes,
+            keepdims,
+            noop_with_empty_axes,
+        } => {
             // ONNX defines all three on floats and ints (an int mean truncates).
             if x.dtype == DType::Bool {
-                return Err(f(format!("{} is not defined for {}", node.op.name(), x.dtype)));
+                return Err(f(format!(
+                    "{} is not defined for {}",
+                    node.op.name(),
+                    x.dtype
+                )));
             }
             let r = x.shape.len();
             let axes = match (axes.clone(), known(1, "axes")?) {
-                (Some(_), Some(_)) => return Err(f("axes given both as attribute and as input".into())),
+                (Some(_), Some(_)) => {
+                    return Err(f("axes given both as attribute and as input".into()))
+                }
                 (Some(a), None) | (None, Some(a)) => a.clone(),
                 (None, None) => vec![],
             };
             if axes.is_empty() && *noop_with_empty_axes {
                 return one(x);
             }
-            let axes = if axes.is_empty() { (0..r).collect() } else { axes_norm(&axes, r)? };
+            let axes = if axes.is_empty() {
+                (0..r).collect()
+            } else {
+                axes_norm(&axes, r)?
+            };
             let mut shape = vec![];
             for (i, &d) in x.shape.iter().enumerate() {
                 if axes.contains(&i) {
@@ -372,7 +554,10 @@ pub fn infer_node(node: &Node, ins: &[Option<&ValueType>], consts: &[Option<&Ten
                     shape.push(d);
                 }
             }
-            one(ValueType { dtype: x.dtype, shape })
+            one(ValueType {
+                dtype: x.dtype,
+                shape,
+            })
         }
         Op::Reshape { allowzero } => {
             let spec = known(1, "shape")?.unwrap();
@@ -395,69 +580,131 @@ pub fn infer_node(node: &Node, ins: &[Option<&ValueType>], consts: &[Option<&Ten
             }
             let total = x.numel();
             if let Some(i) = infer_at {
-                let rest: usize = shape.iter().enumerate().filter(|(j, _)| *j != i).map(|(_, d)| *d).product();
+                let rest: usize = shape
+                    .iter()
+                    .enumerate()
+                    .filter(|(j, _)| *j != i)
+                    .map(|(_, d)| *d)
+                    .product();
                 if rest == 0 || total % rest != 0 {
-                    return Err(f(format!("cannot reshape {} ({} elements) to {spec:?}", fmt_shape(&x.shape), total)));
+                    return Err(f(format!(
+                        "cannot reshape {} ({} elements) to {spec:?}",
+                        fmt_shape(&x.shape),
+                        total
+                    )));
                 }
                 shape[i] = total / rest;
             }
             if crate::tensor::checked_numel(&shape) != Some(total) {
-                return Err(f(format!("cannot reshape {} ({} elements) to {spec:?}", fmt_shape(&x.shape), total)));
+                return Err(f(format!(
+                    "cannot reshape {} ({} elements) to {spec:?}",
+                    fmt_shape(&x.shape),
+                    total
+                )));
             }
-            one(ValueType { dtype: x.dtype, shape })
+            one(ValueType {
+                dtype: x.dtype,
+                shape,
+            })
         }
         Op::Transpose { perm } => {
             let r = x.shape.len();
             let perm: Vec<usize> = perm.clone().unwrap_or_else(|| (0..r).rev().collect());
             if perm.len() != r {
-                return Err(f(format!("perm {perm:?} has {} entries for rank {r}", perm.len())));
+                return Err(f(format!(
+                    "perm {perm:?} has {} entries for rank {r}",
+                    perm.len()
+                )));
             }
-            one(ValueType { dtype: x.dtype, shape: perm.iter().map(|&p| x.shape[p]).collect() })
+            one(ValueType {
+                dtype: x.dtype,
+                shape: perm.iter().map(|&p| x.shape[p]).collect(),
+            })
         }
         Op::Concat { axis } => {
             let r = x.shape.len();
-            let Some(a) = norm_axis(*axis, r) else { return Err(f(format!("axis {axis} is out of range for rank {r}"))) };
+            let Some(a) = norm_axis(*axis, r) else {
+                return Err(f(format!("axis {axis} is out of range for rank {r}")));
+            };
             let mut shape = x.shape.clone();
             shape[a] = 0;
             for (i, v) in ins.iter().enumerate() {
-                let Some(v) = v else { return Err(f(format!("input {i} is omitted"))) };
+                let Some(v) = v else {
+                    return Err(f(format!("input {i} is omitted")));
+                };
                 same_dtype(&x, v)?;
                 let ok = v.shape.len() == r && (0..r).all(|d| d == a || v.shape[d] == x.shape[d]);
                 if !ok {
-                    return Err(f(format!("input {i} of shape {} does not match {} outside axis {a}", fmt_shape(&v.shape), fmt_shape(&x.shape))));
+                    return Err(f(format!(
+                        "input {i} of shape {} does not match {} outside axis {a}",
+                        fmt_shape(&v.shape),
+                        fmt_shape(&x.shape)
+                    )));
                 }
                 shape[a] += v.shape[a];
             }
-            one(ValueType { dtype: x.dtype, shape })
+            one(ValueType {
+                dtype: x.dtype,
+                shape,
+            })
         }
-        Op::Split { axis, split, num_outputs } => {
+        Op::Split {
+            axis,
+            split,
+            num_outputs,
+        } => {
             let r = x.shape.len();
-            let Some(a) = norm_axis(*axis, r) else { return Err(f(format!("axis {axis} is out of range for rank {r}"))) };
+            let Some(a) = norm_axis(*axis, r) else {
+                return Err(f(format!("axis {axis} is out of range for rank {r}")));
+            };
             let d = x.shape[a];
             let n_out = node.outputs.len();
             let sizes: Vec<usize> = match (split.clone(), known(1, "split")?) {
-                (Some(_), Some(_)) => return Err(f("split given both as attribute and as input".into())),
+                (Some(_), Some(_)) => {
+                    return Err(f("split given both as attribute and as input".into()))
+                }
                 (Some(s), None) | (None, Some(s)) => {
-                    if s.iter().any(|&v| v < 0) || s.iter().sum::<i64>() != d as i64 || s.len() != n_out {
-                        return Err(f(format!("split {s:?} must have {n_out} non-negative sizes summing to {d}")));
+                    if s.iter().any(|&v| v < 0)
+                        || s.iter().sum::<i64>() != d as i64
+                        || s.len() != n_out
+                    {
+                        return Err(f(format!(
+                            "split {s:?} must have {n_out} non-negative sizes summing to {d}"
+                        )));
                     }
                     s.iter().map(|&v| v as usize).collect()
                 }
                 (None, None) => {
                     let n = num_outputs.unwrap_or(n_out);
                     if n != n_out {
-                        return Err(f(format!("num_outputs is {n} but the node has {n_out} outputs")));
+                        return Err(f(format!(
+                            "num_outputs is {n} but the node has {n_out} outputs"
+                        )));
                     }
                     // ONNX: equal chunks of ceil(d/n), the last one smaller.
                     let chunk = d.div_ceil(n);
-                    let sizes: Vec<usize> = (0..n).map(|i| chunk.min(d.saturating_sub(i * chunk))).collect();
+                    let sizes: Vec<usize> = (0..n)
+                        .map(|i| chunk.min(d.saturating_sub(i * chunk)))
+                        .collect();
                     if num_outputs.is_none() && d % n != 0 {
-                        return Err(f(format!("axis {a} of size {d} does not split evenly into {n} outputs")));
+                        return Err(f(format!(
+                            "axis {a} of size {d} does not split evenly into {n} outputs"
+                        )));
                     }
                     sizes
                 }
             };
-            Ok(sizes.iter().map(|&s| { let mut sh = x.shape.clone(); sh[a] = s; ValueType { dtype: x.dtype, shape: sh } }).collect())
+            Ok(sizes
+                .iter()
+                .map(|&s| {
+                    let mut sh = x.shape.clone();
+                    sh[a] = s;
+                    ValueType {
+                        dtype: x.dtype,
+                        shape: sh,
+                    }
+                })
+                .collect())
         }
         Op::Slice => {
             let r = x.shape.len();
@@ -465,24 +712,37 @@ pub fn infer_node(node: &Node, ins: &[Option<&ValueType>], consts: &[Option<&Ten
             let ends = known(2, "ends")?.unwrap();
             let axes = known(3, "axes")?.unwrap_or_else(|| (0..starts.len() as i64).collect());
             let steps = known(4, "steps")?.unwrap_or_else(|| vec![1; starts.len()]);
-            if ends.len() != starts.len() || axes.len() != starts.len() || steps.len() != starts.len() {
-                return Err(f("starts, ends, axes and steps must have the same length".into()));
+            if ends.len() != starts.len()
+                || axes.len() != starts.len()
+                || steps.len() != starts.len()
+            {
+                return Err(f(
+                    "starts, ends, axes and steps must have the same length".into()
+                ));
             }
             let axes = axes_norm(&axes, r)?;
             let mut shape = x.shape.clone();
             for (k, &a) in axes.iter().enumerate() {
-                let (s, e) = slice_range(starts[k], ends[k], steps[k], x.shape[a]).map_err(|m| f(m))?;
+                let (s, e) =
+                    slice_range(starts[k], ends[k], steps[k], x.shape[a]).map_err(|m| f(m))?;
                 // i128: hostile steps like i64::MIN must not overflow.
                 let (s, e, st) = (s as i128, e as i128, steps[k] as i128);
                 shape[a] = if st > 0 {
-                    if e > s { ((e - s + st - 1) / st) as usize } else { 0 }
+                    if e > s {
+                        ((e - s + st - 1) / st) as usize
+                    } else {
+                        0
+                    }
                 } else if s > e {
                     ((s - e - st - 1) / (-st)) as usize
                 } else {
                     0
                 };
             }
-            one(ValueType { dtype: x.dtype, shape })
+            one(ValueType {
+                dtype: x.dtype,
+                shape,
+            })
         }
         Op::Squeeze { axes } => {
             let r = x.shape.len();
@@ -497,13 +757,24 @@ pub fn infer_node(node: &Node, ins: &[Option<&ValueType>], consts: &[Option<&Ten
                     let a = axes_norm(&a, r)?;
                     for &i in &a {
                         if x.shape[i] != 1 {
-                            return Err(f(format!("cannot squeeze axis {i} of size {}", x.shape[i])));
+                            return Err(f(format!(
+                                "cannot squeeze axis {i} of size {}",
+                                x.shape[i]
+                            )));
                         }
                     }
-                    x.shape.iter().enumerate().filter(|(i, _)| !a.contains(i)).map(|(_, &d)| d).collect()
+                    x.shape
+                        .iter()
+                        .enumerate()
+                        .filter(|(i, _)| !a.contains(i))
+                        .map(|(_, &d)| d)
+                        .collect()
                 }
             };
-            one(ValueType { dtype: x.dtype, shape })
+            one(ValueType {
+                dtype: x.dtype,
+                shape,
+            })
         }
         Op::Unsqueeze { axes } => {
             let axes = match (axes.clone(), known(1, "axes")?) {
@@ -514,8 +785,19 @@ pub fn infer_node(node: &Node, ins: &[Option<&ValueType>], consts: &[Option<&Ten
             let r = x.shape.len() + axes.len();
             let a = axes_norm(&axes, r)?;
             let mut src = x.shape.iter();
-            let shape = (0..r).map(|i| if a.contains(&i) { 1 } else { *src.next().unwrap() }).collect();
-            one(ValueType { dtype: x.dtype, shape })
+            let shape = (0..r)
+                .map(|i| {
+                    if a.contains(&i) {
+                        1
+                    } else {
+                        *src.next().unwrap()
+                    }
+                })
+                .collect();
+            one(ValueType {
+                dtype: x.dtype,
+                shape,
+            })
         }
         Op::Flatten { axis } => {
             let r = x.shape.len() as i64;
@@ -525,7 +807,10 @@ pub fn infer_node(node: &Node, ins: &[Option<&ValueType>], consts: &[Option<&Ten
             }
             let a = a as usize;
             let shape = vec![x.shape[..a].iter().product(), x.shape[a..].iter().product()];
-            one(ValueType { dtype: x.dtype, shape })
+            one(ValueType {
+                dtype: x.dtype,
+                shape,
+            })
         }
         Op::Expand => {
             let s = known(1, "shape")?.unwrap();
@@ -534,23 +819,38 @@ pub fn infer_node(node: &Node, ins: &[Option<&ValueType>], consts: &[Option<&Ten
             }
             let s: Vec<usize> = s.iter().map(|&d| d as usize).collect();
             let Some(shape) = broadcast(&x.shape, &s) else {
-                return Err(f(format!("cannot expand {} to {}", fmt_shape(&x.shape), fmt_shape(&s))));
+                return Err(f(format!(
+                    "cannot expand {} to {}",
+                    fmt_shape(&x.shape),
+                    fmt_shape(&s)
+                )));
             };
-            one(ValueType { dtype: x.dtype, shape })
+            one(ValueType {
+                dtype: x.dtype,
+                shape,
+            })
         }
         Op::Gather { axis } => {
             let idx = t(1).unwrap();
             need_int(idx, "indices")?;
             let r = x.shape.len();
-            let Some(a) = norm_axis(*axis, r) else { return Err(f(format!("axis {axis} is out of range for rank {r}"))) };
+            let Some(a) = norm_axis(*axis, r) else {
+                return Err(f(format!("axis {axis} is out of range for rank {r}")));
+            };
             let mut shape = x.shape[..a].to_vec();
             shape.extend_from_slice(&idx.shape);
             shape.extend_from_slice(&x.shape[a + 1..]);
-            one(ValueType { dtype: x.dtype, shape })
+            one(ValueType {
+                dtype: x.dtype,
+                shape,
+            })
         }
         Op::Shape { start, end } => {
             let (s, e) = shape_range(*start, *end, x.shape.len());
-            one(ValueType { dtype: DType::I64, shape: vec![e - s] })
+            one(ValueType {
+                dtype: DType::I64,
+                shape: vec![e - s],
+            })
         }
         Op::Constant { value } => one(ValueType::new(value.dtype(), value.shape())),
         Op::Trilu { .. } => {
@@ -570,21 +870,36 @@ pub fn infer_node(node: &Node, ins: &[Option<&ValueType>], consts: &[Option<&Ten
             need_float(&x, "scores")?;
             need_int(labels, "labels")?;
             if x.shape.len() < 2 {
-                return Err(f(format!("scores must be [N, C, ...], got {}", fmt_shape(&x.shape))));
+                return Err(f(format!(
+                    "scores must be [N, C, ...], got {}",
+                    fmt_shape(&x.shape)
+                )));
             }
             let mut want: Vec<usize> = vec![x.shape[0]];
             want.extend_from_slice(&x.shape[2..]);
             if labels.shape != want {
-                return Err(f(format!("labels must have shape {} for scores {}, got {}", fmt_shape(&want), fmt_shape(&x.shape), fmt_shape(&labels.shape))));
+                return Err(f(format!(
+                    "labels must have shape {} for scores {}, got {}",
+                    fmt_shape(&want),
+                    fmt_shape(&x.shape),
+                    fmt_shape(&labels.shape)
+                )));
             }
             if let Some(w) = t(2) {
                 same_dtype(&x, w)?;
                 if w.shape != [x.shape[1]] {
-                    return Err(f(format!("weights must have shape [{}], got {}", x.shape[1], fmt_shape(&w.shape))));
+                    return Err(f(format!(
+                        "weights must have shape [{}], got {}",
+                        x.shape[1],
+                        fmt_shape(&w.shape)
+                    )));
                 }
             }
             let loss = match reduction {
-                LossReduction::None => ValueType { dtype: x.dtype, shape: want },
+                LossReduction::None => ValueType {
+                    dtype: x.dtype,
+                    shape: want,
+                },
                 _ => ValueType::new(x.dtype, &[]),
             };
             let mut out = vec![loss];
@@ -598,7 +913,10 @@ pub fn infer_node(node: &Node, ins: &[Option<&ValueType>], consts: &[Option<&Ten
             if let Some(r) = t(1) {
                 need_float(r, "ratio")?;
                 if r.numel() != 1 {
-                    return Err(f(format!("ratio must be a scalar, got shape {}", fmt_shape(&r.shape))));
+                    return Err(f(format!(
+                        "ratio must be a scalar, got shape {}",
+                        fmt_shape(&r.shape)
+                    )));
                 }
             }
             if let Some(m) = t(2) {
@@ -608,7 +926,10 @@ pub fn infer_node(node: &Node, ins: &[Option<&ValueType>], consts: &[Option<&Ten
             }
             let mut out = vec![x.clone()];
             if node.outputs.len() > 1 {
-                out.push(ValueType { dtype: DType::Bool, shape: x.shape.clone() });
+                out.push(ValueType {
+                    dtype: DType::Bool,
+                    shape: x.shape.clone(),
+                });
             }
             Ok(out)
         }
@@ -617,7 +938,9 @@ pub fn infer_node(node: &Node, ins: &[Option<&ValueType>], consts: &[Option<&Ten
             need_float(&x, "A")?;
             same_dtype(&x, b)?;
             if b.shape.len() < 2 || x.shape.len() < 2 {
-                return Err(f("FusedMatMul takes A [..., M, K] and B [K, N] (or batched)".into()));
+                return Err(f(
+                    "FusedMatMul takes A [..., M, K] and B [K, N] (or batched)".into(),
+                ));
             }
             let mut bs = b.shape.clone();
             if *trans_b {
@@ -625,22 +948,37 @@ pub fn infer_node(node: &Node, ins: &[Option<&ValueType>], consts: &[Option<&Ten
                 bs.swap(n - 1, n - 2);
             }
             let Some(shape) = matmul_shape(&x.shape, &bs) else {
-                return Err(f(format!("cannot multiply {} by {}{}", fmt_shape(&x.shape), fmt_shape(&b.shape), if *trans_b { "ᵀ" } else { "" })));
+                return Err(f(format!(
+                    "cannot multiply {} by {}{}",
+                    fmt_shape(&x.shape),
+                    fmt_shape(&b.shape),
+                    if *trans_b { "ᵀ" } else { "" }
+                )));
             };
             let n = *shape.last().unwrap();
             if let Some(bias) = t(2) {
                 same_dtype(&x, bias)?;
                 if bias.shape != [n] {
-                    return Err(f(format!("bias must have shape [{n}], got {}", fmt_shape(&bias.shape))));
+                    return Err(f(format!(
+                        "bias must have shape [{n}], got {}",
+                        fmt_shape(&bias.shape)
+                    )));
                 }
             }
             if let Some(res) = t(3) {
                 same_dtype(&x, res)?;
                 if broadcast(&res.shape, &shape).as_deref() != Some(&shape[..]) {
-                    return Err(f(format!("residual of shape {} does not broadcast to {}", fmt_shape(&res.shape), fmt_shape(&shape))));
+                    return Err(f(format!(
+                        "residual of shape {} does not broadcast to {}",
+                        fmt_shape(&res.shape),
+                        fmt_shape(&shape)
+                    )));
                 }
             }
-            one(ValueType { dtype: x.dtype, shape })
+            one(ValueType {
+                dtype: x.dtype,
+                shape,
+            })
         }
         Op::Attention { .. } => {
             let (k, v) = (t(1).unwrap(), t(2).unwrap());
@@ -648,26 +986,47 @@ pub fn infer_node(node: &Node, ins: &[Option<&ValueType>], consts: &[Option<&Ten
             same_dtype(&x, k)?;
             same_dtype(&x, v)?;
             if x.shape.len() != 4 || k.shape.len() != 4 || v.shape.len() != 4 {
-                return Err(f("Attention takes 4-D Q [B, Hq, Sq, D], K and V [B, Hkv, Skv, D]".into()));
+                return Err(f(
+                    "Attention takes 4-D Q [B, Hq, Sq, D], K and V [B, Hkv, Skv, D]".into(),
+                ));
             }
             let (b, hq, sq, d) = (x.shape[0], x.shape[1], x.shape[2], x.shape[3]);
             let (hkv, skv) = (k.shape[1], k.shape[2]);
-            if k.shape[0] != b || v.shape[0] != b || k.shape[3] != d || v.shape[1] != hkv || v.shape[2] != skv {
-                return Err(f("Q, K and V shapes disagree (batch, heads, sequence or head size)".into()));
+            if k.shape[0] != b
+                || v.shape[0] != b
+                || k.shape[3] != d
+                || v.shape[1] != hkv
+                || v.shape[2] != skv
+            {
+                return Err(f(
+                    "Q, K and V shapes disagree (batch, heads, sequence or head size)".into(),
+                ));
             }
             if hkv == 0 || hq % hkv != 0 {
-                return Err(f(format!("query heads {hq} must be a multiple of key/value heads {hkv}")));
+                return Err(f(format!(
+                    "query heads {hq} must be a multiple of key/value heads {hkv}"
+                )));
             }
             if let Some(m) = t(3) {
                 if m.dtype != DType::Bool && m.dtype != x.dtype {
-                    return Err(f(format!("attn_mask must be bool or {}, got {}", x.dtype, m.dtype)));
+                    return Err(f(format!(
+                        "attn_mask must be bool or {}, got {}",
+                        x.dtype, m.dtype
+                    )));
                 }
                 let full = [b, hq, sq, skv];
                 if broadcast(&m.shape, &full).as_deref() != Some(&full[..]) {
-                    return Err(f(format!("attn_mask of shape {} does not broadcast to {}", fmt_shape(&m.shape), fmt_shape(&full))));
+                    return Err(f(format!(
+                        "attn_mask of shape {} does not broadcast to {}",
+                        fmt_shape(&m.shape),
+                        fmt_shape(&full)
+                    )));
                 }
             }
-            one(ValueType { dtype: x.dtype, shape: vec![b, hq, sq, v.shape[3]] })
+            one(ValueType {
+                dtype: x.dtype,
+                shape: vec![b, hq, sq, v.shape[3]],
+            })
         }
         Op::VarlenAttention { .. } => {
             let (k, v, cq, ck) = (t(1).unwrap(), t(2).unwrap(), t(3).unwrap(), t(4).unwrap());
@@ -675,21 +1034,28 @@ pub fn infer_node(node: &Node, ins: &[Option<&ValueType>], consts: &[Option<&Ten
             same_dtype(&x, k)?;
             same_dtype(&x, v)?;
             if x.shape.len() != 3 || k.shape.len() != 3 || v.shape.len() != 3 {
-                return Err(f("VarlenAttention takes Q [Tq, Hq, D], K and V [Tk, Hkv, D]".into()));
+                return Err(f(
+                    "VarlenAttention takes Q [Tq, Hq, D], K and V [Tk, Hkv, D]".into(),
+                ));
             }
             let (hq, d, hkv) = (x.shape[1], x.shape[2], k.shape[1]);
             if k.shape[2] != d || v.shape[0] != k.shape[0] || v.shape[1] != hkv {
                 return Err(f("Q, K and V shapes disagree".into()));
             }
             if hkv == 0 || hq % hkv != 0 {
-                return Err(f(format!("query heads {hq} must be a multiple of key/value heads {hkv}")));
+                return Err(f(format!(
+                    "query heads {hq} must be a multiple of key/value heads {hkv}"
+                )));
             }
             need_int(cq, "cu_seqlens_q")?;
             need_int(ck, "cu_seqlens_k")?;
             if cq.shape.len() != 1 || cq.shape != ck.shape || cq.shape[0] == 0 {
                 return Err(f("cu_seqlens_q and cu_seqlens_k must both be [B+1]".into()));
             }
-            one(ValueType { dtype: x.dtype, shape: vec![x.shape[0], hq, v.shape[2]] })
+            one(ValueType {
+                dtype: x.dtype,
+                shape: vec![x.shape[0], hq, v.shape[2]],
+            })
         }
     }
 }
@@ -716,7 +1082,12 @@ pub fn shape_range(start: i64, end: Option<i64>, r: usize) -> (usize, usize) {
 /// ONNX Slice's effective start and end for one axis of size `d` (clamped, negative
 /// indices resolved). For negative steps the range runs from `start` down to `end`
 /// exclusive, where `end` may be -1 meaning "through index 0".
-pub fn slice_range(start: i64, end: i64, step: i64, d: usize) -> std::result::Result<(i64, i64), String> {
+pub fn slice_range(
+    start: i64,
+    end: i64,
+    step: i64,
+    d: usize,
+) -> std::result::Result<(i64, i64), String> {
     if step == 0 {
         return Err("Slice step must not be 0".into());
     }
@@ -736,12 +1107,24 @@ pub fn flops(node: &Node, ins: &[Option<&ValueType>], outs: &[ValueType]) -> u64
     match &node.op {
         Op::MatMul | Op::FusedMatMul { .. } => {
             let a = ins[0].map(|t| t.shape.clone()).unwrap_or_default();
-            let k = if a.is_empty() { 0 } else { a[a.len() - 1] as u64 };
+            let k = if a.is_empty() {
+                0
+            } else {
+                a[a.len() - 1] as u64
+            };
             2 * out_n * k
         }
         Op::Gemm { trans_a, .. } => {
             let a = ins[0].map(|t| t.shape.clone()).unwrap_or_default();
-            let k = if a.len() == 2 { if *trans_a { a[0] } else { a[1] } } else { 0 } as u64;
+            let k = if a.len() == 2 {
+                if *trans_a {
+                    a[0]
+                } else {
+                    a[1]
+                }
+            } else {
+                0
+            } as u64;
             2 * out_n * k
         }
         // QKᵀ and PV; causal counts half, as ../shared/bench counts it.
@@ -749,7 +1132,11 @@ pub fn flops(node: &Node, ins: &[Option<&ValueType>], outs: &[ValueType]) -> u64
             let (q, k, v) = (ins[0].unwrap(), ins[1].unwrap(), ins[2].unwrap());
             let (b, h, sq, d) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
             let f = 2 * (b * h * sq * k.shape[2] * (d + v.shape[3])) as u64;
-            if *is_causal { f / 2 } else { f }
+            if *is_causal {
+                f / 2
+            } else {
+                f
+            }
         }
         // Sequence boundaries are data, so this is the bound of one sequence holding all rows.
         Op::VarlenAttention { .. } => {

@@ -99,15 +99,34 @@ impl Node {
     }
     /// The i-th input if present (not omitted).
     pub fn input(&self, i: usize) -> Option<&str> {
-        self.inputs.get(i).map(|s| s.as_str()).filter(|s| !s.is_empty())
+        self.inputs
+            .get(i)
+            .map(|s| s.as_str())
+            .filter(|s| !s.is_empty())
     }
 }
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum Optimizer {
-    Sgd { lr: f64, momentum: f64, weight_decay: f64 },
-    Adam { lr: f64, beta1: f64, beta2: f64, eps: f64, weight_decay: f64 },
-    AdamW { lr: f64, beta1: f64, beta2: f64, eps: f64, weight_decay: f64 },
+    Sgd {
+        lr: f64,
+        momentum: f64,
+        weight_decay: f64,
+    },
+    Adam {
+        lr: f64,
+        beta1: f64,
+        beta2: f64,
+        eps: f64,
+        weight_decay: f64,
+    },
+    AdamW {
+        lr: f64,
+        beta1: f64,
+        beta2: f64,
+        eps: f64,
+        weight_decay: f64,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq)]

@@ -18,8 +18,12 @@ pub enum UnaryOp {
     Sigmoid,
     Tanh,
     /// `tanh: true` is ONNX `approximate="tanh"`.
-    Gelu { tanh: bool },
-    LeakyRelu { alpha: f32 },
+    Gelu {
+        tanh: bool,
+    },
+    LeakyRelu {
+        alpha: f32,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -95,43 +99,146 @@ pub enum Op {
     Binary(BinaryOp),
     Clip,
     Where,
-    Cast { to: DType },
+    Cast {
+        to: DType,
+    },
     Identity,
     MatMul,
-    Gemm { alpha: f32, beta: f32, trans_a: bool, trans_b: bool },
-    Softmax { axis: i64 },
-    LogSoftmax { axis: i64 },
-    LayerNormalization { axis: i64, epsilon: f32 },
+    Gemm {
+        alpha: f32,
+        beta: f32,
+        trans_a: bool,
+        trans_b: bool,
+    },
+    Softmax {
+        axis: i64,
+    },
+    LogSoftmax {
+        axis: i64,
+    },
+    LayerNormalization {
+        axis: i64,
+        epsilon: f32,
+    },
     /// `axes: None` means the axes come from the second input (or all axes).
-    Reduce { kind: ReduceKind, axes: Option<Vec<i64>>, keepdims: bool, noop_with_empty_axes: bool },
-    Reshape { allowzero: bool },
-    Transpose { perm: Option<Vec<usize>> },
-    Concat { axis: i64 },
-    Split { axis: i64, split: Option<Vec<i64>>, num_outputs: Option<usize> },
+    Reduce {
+        kind: ReduceKind,
+        axes: Option<Vec<i64>>,
+        keepdims: bool,
+        noop_with_empty_axes: bool,
+    },
+    Reshape {
+        allowzero: bool,
+    },
+    Transpose {
+        perm: Option<Vec<usize>>,
+    },
+    Concat {
+        axis: i64,
+    },
+    Split {
+        axis: i64,
+        split: Option<Vec<i64>>,
+        num_outputs: Option<usize>,
+    },
     Slice,
-    Squeeze { axes: Option<Vec<i64>> },
-    Unsqueeze { axes: Option<Vec<i64>> },
-    Flatten { axis: i64 },
+    Squeeze {
+        axes: Option<Vec<i64>>,
+    },
+    Unsqueeze {
+        axes: Option<Vec<i64>>,
+    },
+    Flatten {
+        axis: i64,
+    },
     Expand,
-    Gather { axis: i64 },
-    Shape { start: i64, end: Option<i64> },
-    Constant { value: Tensor },
-    Trilu { upper: bool },
-    SoftmaxCrossEntropyLoss { reduction: LossReduction, ignore_index: Option<i64> },
-    Dropout { ratio: f32, seed: Option<i64> },
-    FusedMatMul { activation: Activation, trans_b: bool },
-    Attention { is_causal: bool, scale: Option<f32> },
-    VarlenAttention { is_causal: bool, scale: Option<f32> },
+    Gather {
+        axis: i64,
+    },
+    Shape {
+        start: i64,
+        end: Option<i64>,
+    },
+    Constant {
+        value: Tensor,
+    },
+    Trilu {
+        upper: bool,
+    },
+    SoftmaxCrossEntropyLoss {
+        reduction: LossReduction,
+        ignore_index: Option<i64>,
+    },
+    Dropout {
+        ratio: f32,
+        seed: Option<i64>,
+    },
+    FusedMatMul {
+        activation: Activation,
+        trans_b: bool,
+    },
+    Attention {
+        is_causal: bool,
+        scale: Option<f32>,
+    },
+    VarlenAttention {
+        is_causal: bool,
+        scale: Option<f32>,
+    },
 }
 
 /// Every op name graphrun accepts, in the order of SPEC §2.
 pub const OP_NAMES: &[&str] = &[
-    "Add", "Sub", "Mul", "Div", "Pow", "Neg", "Exp", "Log", "Sqrt", "Reciprocal", "Abs", "Erf",
-    "Relu", "Sigmoid", "Tanh", "Gelu", "LeakyRelu", "Clip", "Where", "Equal", "Less", "Greater",
-    "Cast", "Identity", "MatMul", "Gemm", "Softmax", "LogSoftmax", "LayerNormalization",
-    "ReduceSum", "ReduceMean", "ReduceMax", "Reshape", "Transpose", "Concat", "Split", "Slice",
-    "Squeeze", "Unsqueeze", "Flatten", "Expand", "Gather", "Shape", "Constant", "Trilu",
-    "SoftmaxCrossEntropyLoss", "Dropout", "FusedMatMul", "Attention", "VarlenAttention",
+    "Add",
+    "Sub",
+    "Mul",
+    "Div",
+    "Pow",
+    "Neg",
+    "Exp",
+    "Log",
+    "Sqrt",
+    "Reciprocal",
+    "Abs",
+    "Erf",
+    "Relu",
+    "Sigmoid",
+    "Tanh",
+    "Gelu",
+    "LeakyRelu",
+    "Clip",
+    "Where",
+    "Equal",
+    "Less",
+    "Greater",
+    "Cast",
+    "Identity",
+    "MatMul",
+    "Gemm",
+    "Softmax",
+    "LogSoftmax",
+    "LayerNormalization",
+    "ReduceSum",
+    "ReduceMean",
+    "ReduceMax",
+    "Reshape",
+    "Transpose",
+    "Concat",
+    "Split",
+    "Slice",
+    "Squeeze",
+    "Unsqueeze",
+    "Flatten",
+    "Expand",
+    "Gather",
+    "Shape",
+    "Constant",
+    "Trilu",
+    "SoftmaxCrossEntropyLoss",
+    "Dropout",
+    "FusedMatMul",
+    "Attention",
+    "VarlenAttention",
 ];
 
 /// An attribute as written in the model, before it is typed by its op.
@@ -194,7 +301,12 @@ impl<'a> Attrs<'a> {
     fn wrong(&self, a: &Attr, want: &str) -> Error {
         self.err(
             Some(a),
-            format!("attribute '{}' must be {}, got {}", a.name, want, a.value.kind()),
+            format!(
+                "attribute '{}' must be {}, got {}",
+                a.name,
+                want,
+                a.value.kind()
+            ),
         )
     }
     fn int(&mut self, name: &str) -> Result<Option<i64>> {
@@ -255,7 +367,10 @@ impl<'a> Attrs<'a> {
     fn ignore_if(&mut self, name: &str, ok: impl Fn(&AttrValue) -> bool, why: &str) -> Result<()> {
         if let Some(a) = self.get(name) {
             if !ok(&a.value) {
-                return Err(self.err(Some(a), format!("attribute '{name}' is not supported: {why}")));
+                return Err(self.err(
+                    Some(a),
+                    format!("attribute '{name}' is not supported: {why}"),
+                ));
             }
         }
         Ok(())
@@ -311,9 +426,18 @@ impl Op {
             Op::Softmax { .. } => "Softmax",
             Op::LogSoftmax { .. } => "LogSoftmax",
             Op::LayerNormalization { .. } => "LayerNormalization",
-            Op::Reduce { kind: ReduceKind::Sum, .. } => "ReduceSum",
-            Op::Reduce { kind: ReduceKind::Mean, .. } => "ReduceMean",
-            Op::Reduce { kind: ReduceKind::Max, .. } => "ReduceMax",
+            Op::Reduce {
+                kind: ReduceKind::Sum,
+                ..
+            } => "ReduceSum",
+            Op::Reduce {
+                kind: ReduceKind::Mean,
+                ..
+            } => "ReduceMean",
+            Op::Reduce {
+                kind: ReduceKind::Max,
+                ..
+            } => "ReduceMax",
             Op::Reshape { .. } => "Reshape",
             Op::Transpose { .. } => "Transpose",
             Op::Concat { .. } => "Concat",
@@ -367,7 +491,13 @@ impl Op {
     pub fn parse(name: &str, attrs: &[Attr], node: &str, node_loc: Option<&Loc>) -> Result<Op> {
         use BinaryOp as B;
         use UnaryOp as U;
-        let mut a = Attrs { op: name, node, node_loc, attrs, used: vec![false; attrs.len()] };
+        let mut a = Attrs {
+            op: name,
+            node,
+            node_loc,
+            attrs,
+            used: vec![false; attrs.len()],
+        };
         let reduce = |a: &mut Attrs, kind| -> Result<Op> {
             Ok(Op::Reduce {
                 kind,
@@ -403,13 +533,17 @@ impl Op {
                     Some((s, at)) => {
                         return Err(a.err(
                             Some(at),
-                            format!("attribute 'approximate' must be \"none\" or \"tanh\", got \"{s}\""),
+                            format!(
+                                "attribute 'approximate' must be \"none\" or \"tanh\", got \"{s}\""
+                            ),
                         ))
                     }
                 };
                 Op::Unary(U::Gelu { tanh })
             }
-            "LeakyRelu" => Op::Unary(U::LeakyRelu { alpha: a.float("alpha")?.unwrap_or(0.01) as f32 }),
+            "LeakyRelu" => Op::Unary(U::LeakyRelu {
+                alpha: a.float("alpha")?.unwrap_or(0.01) as f32,
+            }),
             "Clip" => Op::Clip,
             "Where" => Op::Where,
             "Identity" => Op::Identity,
@@ -428,7 +562,11 @@ impl Op {
                         format!("attribute 'to': unsupported dtype {:?}; use f32, f16, bf16, f64, i64, i32 or bool (or ONNX codes 1, 10, 16, 11, 7, 6, 9)", at.value),
                     ));
                 };
-                a.ignore_if("saturate", |v| *v == AttrValue::Int(1), "only the default (1) is supported")?;
+                a.ignore_if(
+                    "saturate",
+                    |v| *v == AttrValue::Int(1),
+                    "only the default (1) is supported",
+                )?;
                 Op::Cast { to }
             }
             "MatMul" => Op::MatMul,
@@ -438,8 +576,12 @@ impl Op {
                 trans_a: a.flag("transA", false)?,
                 trans_b: a.flag("transB", false)?,
             },
-            "Softmax" => Op::Softmax { axis: a.int_or("axis", -1)? },
-            "LogSoftmax" => Op::LogSoftmax { axis: a.int_or("axis", -1)? },
+            "Softmax" => Op::Softmax {
+                axis: a.int_or("axis", -1)?,
+            },
+            "LogSoftmax" => Op::LogSoftmax {
+                axis: a.int_or("axis", -1)?,
+            },
             "LayerNormalization" => {
                 // stash_type only selects the accumulation type; graphrun always accumulates
                 // in f32 or wider, so any value gives the same result within tolerance.
@@ -452,7 +594,9 @@ impl Op {
             "ReduceSum" => reduce(&mut a, ReduceKind::Sum)?,
             "ReduceMean" => reduce(&mut a, ReduceKind::Mean)?,
             "ReduceMax" => reduce(&mut a, ReduceKind::Max)?,
-            "Reshape" => Op::Reshape { allowzero: a.flag("allowzero", false)? },
+            "Reshape" => Op::Reshape {
+                allowzero: a.flag("allowzero", false)?,
+            },
             "Transpose" => {
                 let perm = match a.ints("perm")? {
                     None => None,
@@ -462,7 +606,12 @@ impl Op {
                         for &v in &p {
                             if v < 0 || v >= n || seen[v as usize] {
                                 let at = attrs.iter().find(|x| x.name == "perm");
-                                return Err(a.err(at, format!("attribute 'perm' {p:?} is not a permutation of 0..{n}")));
+                                return Err(a.err(
+                                    at,
+                                    format!(
+                                        "attribute 'perm' {p:?} is not a permutation of 0..{n}"
+                                    ),
+                                ));
                             }
                             seen[v as usize] = true;
                         }
@@ -481,22 +630,46 @@ impl Op {
                 let num_outputs = match a.int("num_outputs")? {
                     Some(n) if n < 1 => {
                         let at = attrs.iter().find(|x| x.name == "num_outputs");
-                        return Err(a.err(at, format!("attribute 'num_outputs' must be at least 1, got {n}")));
+                        return Err(a.err(
+                            at,
+                            format!("attribute 'num_outputs' must be at least 1, got {n}"),
+                        ));
                     }
                     n => n.map(|n| n as usize),
                 };
-                Op::Split { axis: a.int_or("axis", 0)?, split: a.ints("split")?, num_outputs }
+                Op::Split {
+                    axis: a.int_or("axis", 0)?,
+                    split: a.ints("split")?,
+                    num_outputs,
+                }
             }
             "Slice" => Op::Slice,
-            "Squeeze" => Op::Squeeze { axes: a.ints("axes")? },
-            "Unsqueeze" => Op::Unsqueeze { axes: a.ints("axes")? },
-            "Flatten" => Op::Flatten { axis: a.int_or("axis", 1)? },
+            "Squeeze" => Op::Squeeze {
+                axes: a.ints("axes")?,
+            },
+            "Unsqueeze" => Op::Unsqueeze {
+                axes: a.ints("axes")?,
+            },
+            "Flatten" => Op::Flatten {
+                axis: a.int_or("axis", 1)?,
+            },
             "Expand" => Op::Expand,
-            "Gather" => Op::Gather { axis: a.int_or("axis", 0)? },
-            "Shape" => Op::Shape { start: a.int_or("start", 0)?, end: a.int("end")? },
+            "Gather" => Op::Gather {
+                axis: a.int_or("axis", 0)?,
+            },
+            "Shape" => Op::Shape {
+                start: a.int_or("start", 0)?,
+                end: a.int("end")?,
+            },
             "Constant" => {
                 let mut value = None;
-                for key in ["value", "value_float", "value_floats", "value_int", "value_ints"] {
+                for key in [
+                    "value",
+                    "value_float",
+                    "value_floats",
+                    "value_int",
+                    "value_ints",
+                ] {
                     let Some(at) = a.get(key) else { continue };
                     if value.is_some() {
                         return Err(a.err(Some(at), "Constant takes exactly one of value, value_float, value_floats, value_int, value_ints".into()));
@@ -512,7 +685,9 @@ impl Op {
                             Tensor::from_vec(&[v.len()], v.iter().map(|&x| x as f32).collect())?
                         }
                         ("value_int", AttrValue::Int(v)) => Tensor::scalar(*v),
-                        ("value_ints", AttrValue::Ints(v)) => Tensor::from_vec(&[v.len()], v.clone())?,
+                        ("value_ints", AttrValue::Ints(v)) => {
+                            Tensor::from_vec(&[v.len()], v.clone())?
+                        }
                         ("value_ints", AttrValue::Floats(v)) if v.is_empty() => {
                             Tensor::from_vec::<i64>(&[0], vec![])?
                         }
@@ -534,7 +709,9 @@ impl Op {
                 };
                 Op::Constant { value }
             }
-            "Trilu" => Op::Trilu { upper: a.flag("upper", true)? },
+            "Trilu" => Op::Trilu {
+                upper: a.flag("upper", true)?,
+            },
             "SoftmaxCrossEntropyLoss" => {
                 let reduction = match a.string("reduction")? {
                     None => LossReduction::Mean,
@@ -550,15 +727,24 @@ impl Op {
                         }
                     },
                 };
-                Op::SoftmaxCrossEntropyLoss { reduction, ignore_index: a.int("ignore_index")? }
+                Op::SoftmaxCrossEntropyLoss {
+                    reduction,
+                    ignore_index: a.int("ignore_index")?,
+                }
             }
             "Dropout" => {
                 let ratio = a.float("ratio")?.unwrap_or(0.5);
                 if !(0.0..1.0).contains(&ratio) {
                     let at = attrs.iter().find(|x| x.name == "ratio");
-                    return Err(a.err(at, format!("attribute 'ratio' must be in [0, 1), got {ratio}")));
+                    return Err(a.err(
+                        at,
+                        format!("attribute 'ratio' must be in [0, 1), got {ratio}"),
+                    ));
                 }
-                Op::Dropout { ratio: ratio as f32, seed: a.int("seed")? }
+                Op::Dropout {
+                    ratio: ratio as f32,
+                    seed: a.int("seed")?,
+                }
             }
             "FusedMatMul" => {
                 let activation = match a.string("activation")? {
@@ -573,7 +759,10 @@ impl Op {
                         }
                     },
                 };
-                Op::FusedMatMul { activation, trans_b: a.flag("trans_b", false)? }
+                Op::FusedMatMul {
+                    activation,
+                    trans_b: a.flag("trans_b", false)?,
+                }
             }
             "Attention" => {
                 let op = Op::Attention {
@@ -582,8 +771,16 @@ impl Op {
                 };
                 // Opset-23 attributes that only matter for forms graphrun does not take
                 // (3-D inputs, softcap, extra outputs) are accepted at their defaults.
-                a.ignore_if("softcap", |v| matches!(v, AttrValue::Float(x) if *x == 0.0) || *v == AttrValue::Int(0), "only softcap 0 is supported")?;
-                a.ignore_if("qk_matmul_output_mode", |v| *v == AttrValue::Int(0), "only mode 0 is supported")?;
+                a.ignore_if(
+                    "softcap",
+                    |v| matches!(v, AttrValue::Float(x) if *x == 0.0) || *v == AttrValue::Int(0),
+                    "only softcap 0 is supported",
+                )?;
+                a.ignore_if(
+                    "qk_matmul_output_mode",
+                    |v| *v == AttrValue::Int(0),
+                    "only mode 0 is supported",
+                )?;
                 a.ignore_if("softmax_precision", |_| true, "")?;
                 a.ignore_if("q_num_heads", |_| true, "")?;
                 a.ignore_if("kv_num_heads", |_| true, "")?;
@@ -611,22 +808,36 @@ impl Op {
         let mut v: Vec<(&'static str, AttrValue)> = vec![];
         let b = |x: bool| V::Int(x as i64);
         match self {
-            Op::Unary(UnaryOp::Gelu { tanh: true }) => v.push(("approximate", V::Str("tanh".into()))),
+            Op::Unary(UnaryOp::Gelu { tanh: true }) => {
+                v.push(("approximate", V::Str("tanh".into())))
+            }
             Op::Unary(UnaryOp::LeakyRelu { alpha }) => v.push(("alpha", V::Float(*alpha as f64))),
             Op::Cast { to } => v.push(("to", V::Str(to.name().into()))),
-            Op::Gemm { alpha, beta, trans_a, trans_b } => {
+            Op::Gemm {
+                alpha,
+                beta,
+                trans_a,
+                trans_b,
+            } => {
                 v.push(("alpha", V::Float(*alpha as f64)));
                 v.push(("beta", V::Float(*beta as f64)));
                 v.push(("transA", b(*trans_a)));
                 v.push(("transB", b(*trans_b)));
             }
-            Op::Softmax { axis } | Op::LogSoftmax { axis } | Op::Concat { axis } => v.push(("axis", V::Int(*axis))),
+            Op::Softmax { axis } | Op::LogSoftmax { axis } | Op::Concat { axis } => {
+                v.push(("axis", V::Int(*axis)))
+            }
             Op::Flatten { axis } | Op::Gather { axis } => v.push(("axis", V::Int(*axis))),
             Op::LayerNormalization { axis, epsilon } => {
                 v.push(("axis", V::Int(*axis)));
                 v.push(("epsilon", V::Float(*epsilon as f64)));
             }
-            Op::Reduce { axes, keepdims, noop_with_empty_axes, .. } => {
+            Op::Reduce {
+                axes,
+                keepdims,
+                noop_with_empty_axes,
+                ..
+            } => {
                 if let Some(ax) = axes {
                     v.push(("axes", V::Ints(ax.clone())));
                 }
@@ -636,8 +847,14 @@ impl Op {
                 }
             }
             Op::Reshape { allowzero: true } => v.push(("allowzero", V::Int(1))),
-            Op::Transpose { perm: Some(p) } => v.push(("perm", V::Ints(p.iter().map(|&x| x as i64).collect()))),
-            Op::Split { axis, split, num_outputs } => {
+            Op::Transpose { perm: Some(p) } => {
+                v.push(("perm", V::Ints(p.iter().map(|&x| x as i64).collect())))
+            }
+            Op::Split {
+                axis,
+                split,
+                num_outputs,
+            } => {
                 v.push(("axis", V::Int(*axis)));
                 if let Some(s) = split {
                     v.push(("split", V::Ints(s.clone())));
@@ -646,7 +863,9 @@ impl Op {
                     v.push(("num_outputs", V::Int(*n as i64)));
                 }
             }
-            Op::Squeeze { axes: Some(ax) } | Op::Unsqueeze { axes: Some(ax) } => v.push(("axes", V::Ints(ax.clone()))),
+            Op::Squeeze { axes: Some(ax) } | Op::Unsqueeze { axes: Some(ax) } => {
+                v.push(("axes", V::Ints(ax.clone())))
+            }
             Op::Shape { start, end } => {
                 if *start != 0 {
                     v.push(("start", V::Int(*start)));
@@ -657,7 +876,10 @@ impl Op {
             }
             Op::Constant { value } => v.push(("value", V::Tensor(value.clone()))),
             Op::Trilu { upper } => v.push(("upper", b(*upper))),
-            Op::SoftmaxCrossEntropyLoss { reduction, ignore_index } => {
+            Op::SoftmaxCrossEntropyLoss {
+                reduction,
+                ignore_index,
+            } => {
                 let r = match reduction {
                     LossReduction::Mean => "mean",
                     LossReduction::Sum => "sum",
@@ -674,7 +896,10 @@ impl Op {
                     v.push(("seed", V::Int(*s)));
                 }
             }
-            Op::FusedMatMul { activation, trans_b } => {
+            Op::FusedMatMul {
+                activation,
+                trans_b,
+            } => {
                 v.push(("activation", V::Str(activation.name().into())));
                 v.push(("trans_b", b(*trans_b)));
             }
@@ -695,9 +920,10 @@ impl Op {
 pub fn op_table_markdown() -> String {
     let family = |n: &str| match n {
         "MatMul" | "Gemm" | "FusedMatMul" => "linear algebra",
-        "Softmax" | "LogSoftmax" | "LayerNormalization" | "ReduceSum" | "ReduceMean" | "ReduceMax" => "normalization / reduction",
-        "Reshape" | "Transpose" | "Concat" | "Split" | "Slice" | "Squeeze" | "Unsqueeze" | "Flatten" | "Expand" | "Gather"
-        | "Shape" | "Constant" | "Trilu" => "shape",
+        "Softmax" | "LogSoftmax" | "LayerNormalization" | "ReduceSum" | "ReduceMean"
+        | "ReduceMax" => "normalization / reduction",
+        "Reshape" | "Transpose" | "Concat" | "Split" | "Slice" | "Squeeze" | "Unsqueeze"
+        | "Flatten" | "Expand" | "Gather" | "Shape" | "Constant" | "Trilu" => "shape",
         "SoftmaxCrossEntropyLoss" => "loss",
         "Attention" | "VarlenAttention" => "attention (fused)",
         "Dropout" => "regularization",

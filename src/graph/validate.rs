@@ -10,13 +10,16 @@ use std::collections::{HashMap, HashSet};
 fn where_defined(g: &Graph) -> Result<HashMap<&str, String>> {
     let mut defs: HashMap<&str, String> = HashMap::new();
     let mut errs = vec![];
-    let loc = |l: &Option<crate::error::Loc>| l.as_ref().map(|l| format!(" at {l}")).unwrap_or_default();
+    let loc =
+        |l: &Option<crate::error::Loc>| l.as_ref().map(|l| format!(" at {l}")).unwrap_or_default();
     let add = |name: &'_ str, what: String, defs: &mut HashMap<&str, String>| -> Option<String> {
         if name.is_empty() {
             return None;
         }
         match defs.get(name) {
-            Some(prev) => Some(format!("value '{name}' is defined twice: as {prev} and as {what}")),
+            Some(prev) => Some(format!(
+                "value '{name}' is defined twice: as {prev} and as {what}"
+            )),
             None => None,
         }
     };
@@ -66,16 +69,43 @@ pub fn validate(g: &Graph) -> Result<()> {
     let mut names = HashSet::new();
     for n in &g.nodes {
         if !names.insert(n.name.as_str()) {
-            crate::bail!(Graph, "two nodes are named '{}'; node names must be unique ({})", n.name, n.describe());
+            crate::bail!(
+                Graph,
+                "two nodes are named '{}'; node names must be unique ({})",
+                n.name,
+                n.describe()
+            );
         }
         let (lo, hi, olo, ohi) = n.op.arity();
         if n.inputs.len() < lo || n.inputs.len() > hi {
-            let want = if lo == hi { lo.to_string() } else if hi == usize::MAX { format!("at least {lo}") } else { format!("{lo} to {hi}") };
-            crate::bail!(Graph, "{} takes {want} inputs, got {}", n.describe(), n.inputs.len());
+            let want = if lo == hi {
+                lo.to_string()
+            } else if hi == usize::MAX {
+                format!("at least {lo}")
+            } else {
+                format!("{lo} to {hi}")
+            };
+            crate::bail!(
+                Graph,
+                "{} takes {want} inputs, got {}",
+                n.describe(),
+                n.inputs.len()
+            );
         }
         if n.outputs.len() < olo || n.outputs.len() > ohi {
-            let want = if olo == ohi { olo.to_string() } else if ohi == usize::MAX { format!("at least {olo}") } else { format!("{olo} to {ohi}") };
-            crate::bail!(Graph, "{} has {want} outputs, got {}", n.describe(), n.outputs.len());
+            let want = if olo == ohi {
+                olo.to_string()
+            } else if ohi == usize::MAX {
+                format!("at least {olo}")
+            } else {
+                format!("{olo} to {ohi}")
+            };
+            crate::bail!(
+                Graph,
+                "{} has {want} outputs, got {}",
+                n.describe(),
+                n.outputs.len()
+            );
         }
         for (i, inp) in n.inputs.iter().enumerate() {
             if inp.is_empty() {
@@ -83,7 +113,11 @@ pub fn validate(g: &Graph) -> Result<()> {
                     crate::bail!(Graph, "{}: input {i} is required but omitted", n.describe());
                 }
             } else if !defs.contains_key(inp.as_str()) {
-                crate::bail!(Graph, "{}: input '{inp}' is not defined by any graph input, initializer or node", n.describe());
+                crate::bail!(
+                    Graph,
+                    "{}: input '{inp}' is not defined by any graph input, initializer or node",
+                    n.describe()
+                );
             }
         }
         if n.outputs.first().is_some_and(|o| o.is_empty()) {
@@ -95,12 +129,19 @@ pub fn validate(g: &Graph) -> Result<()> {
     }
     for o in &g.outputs {
         if !defs.contains_key(o.as_str()) {
-            crate::bail!(Graph, "graph output '{o}' is not defined by any graph input, initializer or node");
+            crate::bail!(
+                Graph,
+                "graph output '{o}' is not defined by any graph input, initializer or node"
+            );
         }
     }
     if let Some(t) = &g.training {
         if !defs.contains_key(t.loss.as_str()) {
-            crate::bail!(Graph, "training loss '{}' is not a value of the graph", t.loss);
+            crate::bail!(
+                Graph,
+                "training loss '{}' is not a value of the graph",
+                t.loss
+            );
         }
     }
     topo_order(g)?;
@@ -149,8 +190,10 @@ pub fn topo_order(g: &Graph) -> Result<Vec<usize>> {
         }
     }
     // Kahn's algorithm with a min-heap on the file index keeps the order stable.
-    let mut ready: std::collections::BinaryHeap<std::cmp::Reverse<usize>> =
-        (0..n).filter(|&i| indeg[i] == 0).map(std::cmp::Reverse).collect();
+    let mut ready: std::collections::BinaryHeap<std::cmp::Reverse<usize>> = (0..n)
+        .filter(|&i| indeg[i] == 0)
+        .map(std::cmp::Reverse)
+        .collect();
     let mut order = Vec::with_capacity(n);
     while let Some(std::cmp::Reverse(i)) = ready.pop() {
         order.push(i);
@@ -174,7 +217,11 @@ pub fn topo_order(g: &Graph) -> Result<Vec<usize>> {
                 .find(|p| stuck.contains(p))
                 .unwrap();
             if let Some(pos) = path.iter().position(|&p| p == next) {
-                let mut cyc: Vec<String> = path[pos..].iter().rev().map(|&i| format!("'{}'", g.nodes[i].name)).collect();
+                let mut cyc: Vec<String> = path[pos..]
+                    .iter()
+                    .rev()
+                    .map(|&i| format!("'{}'", g.nodes[i].name))
+                    .collect();
                 cyc.push(cyc[0].clone());
                 crate::bail!(Graph, "the graph has a cycle: {}", cyc.join(" -> "));
             }

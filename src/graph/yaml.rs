@@ -32,7 +32,11 @@ pub struct Y {
 
 /// Parses YAML text into a marked tree. `file` is only used in locations.
 pub fn parse_tree(text: &str, file: &str) -> Result<Y> {
-    let loc = |m: &saphyr_parser::Marker| Loc { file: file.to_string(), line: m.line(), col: m.col() + 1 };
+    let loc = |m: &saphyr_parser::Marker| Loc {
+        file: file.to_string(),
+        line: m.line(),
+        col: m.col() + 1,
+    };
     let mut stack: Vec<(Y, Option<String>, Loc)> = vec![]; // container, pending map key, key loc
     let mut anchors: HashMap<usize, Y> = HashMap::new();
     let mut anchor_of: Vec<usize> = vec![];
@@ -44,9 +48,8 @@ pub fn parse_tree(text: &str, file: &str) -> Result<Y> {
     const MAX_ALIAS_NODES: usize = 1 << 20;
     let mut alias_nodes = 0usize;
     for ev in Parser::new_from_str(text) {
-        let (ev, span) = ev.map_err(|e| {
-            Error::model(&loc(e.marker()), format!("malformed YAML: {}", e.info()))
-        })?;
+        let (ev, span) = ev
+            .map_err(|e| Error::model(&loc(e.marker()), format!("malformed YAML: {}", e.info())))?;
         let here = loc(&span.start);
         let value = match ev {
             Event::DocumentStart(_) => {
@@ -57,8 +60,15 @@ pub fn parse_tree(text: &str, file: &str) -> Result<Y> {
                 continue;
             }
             Event::Scalar(s, style, anchor, _tag) => {
-                let v = if style == ScalarStyle::Plain { resolve_plain(&s) } else { YV::Str(s.to_string()) };
-                let y = Y { v, loc: here.clone() };
+                let v = if style == ScalarStyle::Plain {
+                    resolve_plain(&s)
+                } else {
+                    YV::Str(s.to_string())
+                };
+                let y = Y {
+                    v,
+                    loc: here.clone(),
+                };
                 if anchor > 0 {
                     anchors.insert(anchor, y.clone());
                 }
@@ -75,18 +85,35 @@ pub fn parse_tree(text: &str, file: &str) -> Result<Y> {
                 None => return Err(Error::model(&here, "YAML alias to an unknown anchor")),
             },
             Event::SequenceStart(anchor, _) | Event::MappingStart(anchor, _) => {
-                let v = if matches!(ev, Event::SequenceStart(..)) { YV::Seq(vec![]) } else { YV::Map(vec![]) };
+                let v = if matches!(ev, Event::SequenceStart(..)) {
+                    YV::Seq(vec![])
+                } else {
+                    YV::Map(vec![])
+                };
                 anchor_of.push(anchor);
                 if stack.len() >= MAX_DEPTH {
-                    return Err(Error::model(&here, format!("YAML is nested more than {MAX_DEPTH} levels deep")));
+                    return Err(Error::model(
+                        &here,
+                        format!("YAML is nested more than {MAX_DEPTH} levels deep"),
+                    ));
                 }
-                stack.push((Y { v, loc: here.clone() }, None, here));
+                stack.push((
+                    Y {
+                        v,
+                        loc: here.clone(),
+                    },
+                    None,
+                    here,
+                ));
                 continue;
             }
             Event::SequenceEnd | Event::MappingEnd => {
                 let (y, pending, _) = stack.pop().expect("balanced events");
                 if let Some(k) = pending {
-                    return Err(Error::model(&y.loc, format!("mapping key '{k}' has no value")));
+                    return Err(Error::model(
+                        &y.loc,
+                        format!("mapping key '{k}' has no value"),
+                    ));
                 }
                 let anchor = anchor_of.pop().unwrap_or(0);
                 if anchor > 0 {
@@ -108,7 +135,12 @@ pub fn parse_tree(text: &str, file: &str) -> Result<Y> {
                             YV::Int(i) => i.to_string(),
                             YV::Bool(b) => b.to_string(),
                             YV::Float(f) => f.to_string(),
-                            _ => return Err(Error::model(&value.loc, "mapping keys must be scalars")),
+                            _ => {
+                                return Err(Error::model(
+                                    &value.loc,
+                                    "mapping keys must be scalars",
+                                ))
+                            }
                         };
                         if entries.iter().any(|(k, _)| *k == key) {
                             return Err(Error::model(&value.loc, format!("duplicate key '{key}'")));
@@ -122,7 +154,16 @@ pub fn parse_tree(text: &str, file: &str) -> Result<Y> {
             },
         }
     }
-    root.ok_or_else(|| Error::model(&Loc { file: file.into(), line: 1, col: 1 }, "the model file is empty"))
+    root.ok_or_else(|| {
+        Error::model(
+            &Loc {
+                file: file.into(),
+                line: 1,
+                col: 1,
+            },
+            "the model file is empty",
+        )
+    })
 }
 
 /// YAML 1.2 core-schema resolution of a plain scalar.
@@ -152,7 +193,8 @@ fn resolve_plain(s: &str) -> YV {
         }
     }
     let looks_float = s.bytes().any(|b| b.is_ascii_digit())
-        && s.bytes().all(|b| b.is_ascii_digit() || b"+-.eE".contains(&b));
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || b"+-.eE".contains(&b));
     if looks_float {
         if let Ok(f) = s.parse::<f64>() {
             return YV::Float(f);
@@ -219,11 +261,18 @@ impl Y {
                     if !allowed.contains(&k.as_str()) {
                         return Err(Error::model(
                             &v.loc,
-                            format!("unknown field '{k}' in {what}; expected one of: {}", allowed.join(", ")),
+                            format!(
+                                "unknown field '{k}' in {what}; expected one of: {}",
+                                allowed.join(", ")
+                            ),
                         ));
                     }
                 }
-                Ok(Fields { m, loc: &self.loc, what: what.to_string() })
+                Ok(Fields {
+                    m,
+                    loc: &self.loc,
+                    what: what.to_string(),
+                })
             }
             _ => Err(self.want(what, "a mapping")),
         }
@@ -239,10 +288,19 @@ struct Fields<'a> {
 
 impl<'a> Fields<'a> {
     fn get(&self, k: &str) -> Option<&'a Y> {
-        self.m.iter().find(|(n, _)| n == k).map(|(_, v)| v).filter(|v| !matches!(v.v, YV::Null))
+        self.m
+            .iter()
+            .find(|(n, _)| n == k)
+            .map(|(_, v)| v)
+            .filter(|v| !matches!(v.v, YV::Null))
     }
     fn req(&self, k: &str) -> Result<&'a Y> {
-        self.get(k).ok_or_else(|| Error::model(self.loc, format!("{} is missing the field '{k}'", self.what)))
+        self.get(k).ok_or_else(|| {
+            Error::model(
+                self.loc,
+                format!("{} is missing the field '{k}'", self.what),
+            )
+        })
     }
 }
 
@@ -251,7 +309,8 @@ impl<'a> Fields<'a> {
 /// Loads and validates a model file.
 pub fn load(path: &Path) -> Result<Graph> {
     let text = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-    let text = String::from_utf8(text).map_err(|_| Error::io(path, "the model file is not UTF-8 text"))?;
+    let text =
+        String::from_utf8(text).map_err(|_| Error::io(path, "the model file is not UTF-8 text"))?;
     let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
     let mut g = parse_model(&text, &path.display().to_string(), &base)?;
     g.file = Some(path.to_path_buf());
@@ -270,7 +329,16 @@ fn parse_model(text: &str, file: &str, base: &Path) -> Result<Graph> {
     let root = parse_tree(text, file)?;
     let top = root.map(
         "the model",
-        &["graphrun", "name", "dims", "inputs", "outputs", "initializers", "nodes", "training"],
+        &[
+            "graphrun",
+            "name",
+            "dims",
+            "inputs",
+            "outputs",
+            "initializers",
+            "nodes",
+            "training",
+        ],
     )?;
     let version = top.req("graphrun")?;
     if !matches!(version.v, YV::Int(1)) {
@@ -281,11 +349,16 @@ fn parse_model(text: &str, file: &str, base: &Path) -> Result<Graph> {
     }
     let name = match top.get("name") {
         Some(n) => n.str("name")?.to_string(),
-        None => Path::new(file).file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default(),
+        None => Path::new(file)
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default(),
     };
     let mut dims = BTreeMap::new();
     if let Some(d) = top.get("dims") {
-        let YV::Map(m) = &d.v else { return Err(d.want("dims", "a mapping of symbol: size")) };
+        let YV::Map(m) = &d.v else {
+            return Err(d.want("dims", "a mapping of symbol: size"));
+        };
         for (k, v) in m {
             dims.insert(k.clone(), dim_size(v, &format!("dims.{k}"))?);
         }
@@ -314,14 +387,26 @@ fn parse_model(text: &str, file: &str, base: &Path) -> Result<Graph> {
     }
     // Op errors are gathered so that every unsupported op is reported at once.
     let mut errs = vec![];
-    let nodes: Vec<Node> = nodes.into_iter().filter_map(|n| n.map_err(|e| errs.push(e)).ok()).collect();
+    let nodes: Vec<Node> = nodes
+        .into_iter()
+        .filter_map(|n| n.map_err(|e| errs.push(e)).ok())
+        .collect();
     if errs.len() == 1 {
         return Err(errs.pop().unwrap());
     } else if !errs.is_empty() {
         return Err(Error::Many(errs));
     }
     let training = top.get("training").map(parse_training).transpose()?;
-    let mut g = Graph { name, dims, inputs, outputs, initializers, nodes, training, file: None };
+    let mut g = Graph {
+        name,
+        dims,
+        inputs,
+        outputs,
+        initializers,
+        nodes,
+        training,
+        file: None,
+    };
     name_nodes(&mut g);
     Ok(g)
 }
@@ -347,7 +432,9 @@ fn dim_size(y: &Y, what: &str) -> Result<usize> {
 fn parse_dtype(y: &Y) -> Result<DType> {
     let s = y.str("dtype")?;
     DType::parse(s).ok_or_else(|| {
-        y.err(format!("unknown dtype '{s}'; expected one of f32, f16, bf16, f64, i64, i32, bool"))
+        y.err(format!(
+            "unknown dtype '{s}'; expected one of f32, f16, bf16, f64, i64, i32, bool"
+        ))
     })
 }
 
@@ -356,7 +443,9 @@ fn parse_shape(y: &Y) -> Result<Vec<Dim>> {
         .iter()
         .map(|d| match &d.v {
             YV::Str(s) if is_ident(s) => Ok(Dim::Sym(s.clone())),
-            YV::Str(s) => Err(d.err(format!("dimension '{s}' is not a valid symbol (letters, digits, _)"))),
+            YV::Str(s) => Err(d.err(format!(
+                "dimension '{s}' is not a valid symbol (letters, digits, _)"
+            ))),
             _ => Ok(Dim::Fixed(dim_size(d, "a dimension")?)),
         })
         .collect()
@@ -374,11 +463,19 @@ fn fixed_shape(y: &Y) -> Result<Vec<usize>> {
         .iter()
         .map(|d| match d {
             Dim::Fixed(n) => Ok(*n),
-            Dim::Sym(s) => Err(y.err(format!("initializer shapes must be numbers, got symbol '{s}'"))),
+            Dim::Sym(s) => Err(y.err(format!(
+                "initializer shapes must be numbers, got symbol '{s}'"
+            ))),
         })
         .collect::<Result<_>>()?;
-    if checked_numel(&shape).and_then(|n| n.checked_mul(8)).is_none() {
-        return Err(y.err(format!("shape {} is too large (its size overflows)", fmt_shape(&shape))));
+    if checked_numel(&shape)
+        .and_then(|n| n.checked_mul(8))
+        .is_none()
+    {
+        return Err(y.err(format!(
+            "shape {} is too large (its size overflows)",
+            fmt_shape(&shape)
+        )));
     }
     Ok(shape)
 }
@@ -394,7 +491,9 @@ fn parse_input(y: &Y) -> Result<InputInfo> {
             }
             let (lo, hi) = (v[0].num("range low")?, v[1].num("range high")?);
             if !(lo < hi) {
-                return Err(r.err(format!("range [{lo}, {hi}] is empty: low must be below high")));
+                return Err(r.err(format!(
+                    "range [{lo}, {hi}] is empty: low must be below high"
+                )));
             }
             Some((lo, hi))
         }
@@ -409,9 +508,24 @@ fn parse_input(y: &Y) -> Result<InputInfo> {
 }
 
 fn parse_initializer(y: &Y, base: &Path) -> Result<Initializer> {
-    let f = y.map("an initializer", &["name", "dtype", "shape", "init", "values", "file", "key", "trainable"])?;
+    let f = y.map(
+        "an initializer",
+        &[
+            "name",
+            "dtype",
+            "shape",
+            "init",
+            "values",
+            "file",
+            "key",
+            "trainable",
+        ],
+    )?;
     let name = f.req("name")?.str("name")?.to_string();
-    let given = ["init", "values", "file"].iter().filter(|k| f.get(k).is_some()).count();
+    let given = ["init", "values", "file"]
+        .iter()
+        .filter(|k| f.get(k).is_some())
+        .count();
     if given != 1 {
         return Err(y.err(format!(
             "initializer '{name}' must have exactly one of init, values, file (has {given})"
@@ -424,9 +538,17 @@ fn parse_initializer(y: &Y, base: &Path) -> Result<Initializer> {
     }
     let (tensor, source) = if let Some(file) = f.get("file") {
         let rel = PathBuf::from(file.str("file")?);
-        let path = if rel.is_absolute() { rel.clone() } else { base.join(&rel) };
-        let key = f.get("key").map(|k| k.str("key").map(str::to_string)).transpose()?;
-        let t = read_tensor_file(&path, key.as_deref(), &name).map_err(|e| file.err(e.to_string()))?;
+        let path = if rel.is_absolute() {
+            rel.clone()
+        } else {
+            base.join(&rel)
+        };
+        let key = f
+            .get("key")
+            .map(|k| k.str("key").map(str::to_string))
+            .transpose()?;
+        let t =
+            read_tensor_file(&path, key.as_deref(), &name).map_err(|e| file.err(e.to_string()))?;
         if let Some(d) = dtype {
             if d != t.dtype() {
                 return Err(file.err(format!(
@@ -448,8 +570,12 @@ fn parse_initializer(y: &Y, base: &Path) -> Result<Initializer> {
         }
         (t, InitSource::File { path, key })
     } else {
-        let Some(dtype) = dtype else { return Err(y.err(format!("initializer '{name}' is missing the field 'dtype'"))) };
-        let Some(shape) = shape else { return Err(y.err(format!("initializer '{name}' is missing the field 'shape'"))) };
+        let Some(dtype) = dtype else {
+            return Err(y.err(format!("initializer '{name}' is missing the field 'dtype'")));
+        };
+        let Some(shape) = shape else {
+            return Err(y.err(format!("initializer '{name}' is missing the field 'shape'")));
+        };
         if let Some(v) = f.get("values") {
             let vals = parse_values(v, dtype)?;
             if vals.len() != crate::tensor::numel(&shape) {
@@ -465,7 +591,9 @@ fn parse_initializer(y: &Y, base: &Path) -> Result<Initializer> {
             let iy = f.req("init")?;
             let spec = parse_init_spec(iy)?;
             if matches!(spec, InitSpec::Dist { .. }) && !dtype.is_float() {
-                return Err(iy.err(format!("initializer '{name}': random init needs a floating dtype, not {dtype}")));
+                return Err(iy.err(format!(
+                    "initializer '{name}': random init needs a floating dtype, not {dtype}"
+                )));
             }
             (generate(&spec, dtype, &shape), InitSource::Init(spec))
         }
@@ -475,14 +603,23 @@ fn parse_initializer(y: &Y, base: &Path) -> Result<Initializer> {
         Some(t) => match t.v {
             YV::Bool(b) => {
                 if b && !tensor.dtype().is_float() {
-                    return Err(t.err(format!("initializer '{name}' of dtype {} cannot be trainable", tensor.dtype())));
+                    return Err(t.err(format!(
+                        "initializer '{name}' of dtype {} cannot be trainable",
+                        tensor.dtype()
+                    )));
                 }
                 b
             }
             _ => return Err(t.want("trainable", "true or false")),
         },
     };
-    Ok(Initializer { name, tensor, trainable, source, loc: Some(y.loc.clone()) })
+    Ok(Initializer {
+        name,
+        tensor,
+        trainable,
+        source,
+        loc: Some(y.loc.clone()),
+    })
 }
 
 fn read_tensor_file(path: &Path, key: Option<&str>, name: &str) -> Result<Tensor> {
@@ -502,7 +639,10 @@ fn read_tensor_file(path: &Path, key: Option<&str>, name: &str) -> Result<Tensor
                 None => Err(Error::io(path, format!("has no tensor named '{key}'"))),
             }
         }
-        _ => Err(Error::io(path, "initializer files must be .npy or .safetensors")),
+        _ => Err(Error::io(
+            path,
+            "initializer files must be .npy or .safetensors",
+        )),
     }
 }
 
@@ -531,7 +671,10 @@ fn parse_init_spec(y: &Y) -> Result<InitSpec> {
             _ => Err(y.err(format!("unknown init '{s}'; expected zeros, ones, {{constant: V}} or {{dist: ..., seed: N}}"))),
         };
     }
-    let f = y.map("init", &["constant", "dist", "seed", "mean", "std", "low", "high"])?;
+    let f = y.map(
+        "init",
+        &["constant", "dist", "seed", "mean", "std", "low", "high"],
+    )?;
     if let Some(c) = f.get("constant") {
         if f.m.len() > 1 {
             return Err(y.err("init {constant: V} takes no other fields"));
@@ -551,10 +694,18 @@ fn parse_init_spec(y: &Y) -> Result<InitSpec> {
     };
     for (k, v) in f.m {
         if !["dist", "seed"].contains(&k.as_str()) && !allowed.contains(&k.as_str()) {
-            return Err(v.err(format!("field '{k}' does not apply to dist '{}'", d.str("dist")?)));
+            return Err(v.err(format!(
+                "field '{k}' does not apply to dist '{}'",
+                d.str("dist")?
+            )));
         }
     }
-    let num = |k: &str, default: f64| -> Result<f64> { f.get(k).map(|v| v.num(k)).transpose().map(|v| v.unwrap_or(default)) };
+    let num = |k: &str, default: f64| -> Result<f64> {
+        f.get(k)
+            .map(|v| v.num(k))
+            .transpose()
+            .map(|v| v.unwrap_or(default))
+    };
     let dist = match d.str("dist")? {
         "normal" => {
             let std = num("std", 1.0)?;
@@ -580,7 +731,10 @@ fn parse_init_spec(y: &Y) -> Result<InitSpec> {
             )))
         }
     };
-    Ok(InitSpec::Dist { dist, seed: seed as u64 })
+    Ok(InitSpec::Dist {
+        dist,
+        seed: seed as u64,
+    })
 }
 
 /// Fan-in and fan-out of a weight in MatMul layout `[..., in, out]`.
@@ -660,17 +814,33 @@ fn parse_node(y: &Y, index: usize) -> Result<Result<Node>> {
     };
     let mut attrs = vec![];
     if let Some(a) = f.get("attrs") {
-        let YV::Map(m) = &a.v else { return Err(a.want("attrs", "a mapping")) };
+        let YV::Map(m) = &a.v else {
+            return Err(a.want("attrs", "a mapping"));
+        };
         for (k, v) in m {
-            attrs.push(Attr { name: k.clone(), value: parse_attr(v, k)?, loc: Some(v.loc.clone()) });
+            attrs.push(Attr {
+                name: k.clone(),
+                value: parse_attr(v, k)?,
+                loc: Some(v.loc.clone()),
+            });
         }
     }
-    let shown = if name.is_empty() { format!("#{index}") } else { name.clone() };
+    let shown = if name.is_empty() {
+        format!("#{index}")
+    } else {
+        name.clone()
+    };
     let op = match Op::parse(op_name, &attrs, &shown, Some(&y.loc)) {
         Ok(op) => op,
         Err(e) => return Ok(Err(e)),
     };
-    Ok(Ok(Node { name, op, inputs, outputs, loc: Some(y.loc.clone()) }))
+    Ok(Ok(Node {
+        name,
+        op,
+        inputs,
+        outputs,
+        loc: Some(y.loc.clone()),
+    }))
 }
 
 fn parse_attr(y: &Y, name: &str) -> Result<AttrValue> {
@@ -682,16 +852,27 @@ fn parse_attr(y: &Y, name: &str) -> Result<AttrValue> {
         YV::Seq(items) => {
             if items.iter().all(|i| matches!(i.v, YV::Int(_))) && !items.is_empty() {
                 AttrValue::Ints(items.iter().map(|i| i.int("")).collect::<Result<_>>()?)
-            } else if items.iter().all(|i| matches!(i.v, YV::Int(_) | YV::Float(_))) {
+            } else if items
+                .iter()
+                .all(|i| matches!(i.v, YV::Int(_) | YV::Float(_)))
+            {
                 AttrValue::Floats(items.iter().map(|i| i.num("")).collect::<Result<_>>()?)
             } else if items.iter().all(|i| matches!(i.v, YV::Str(_))) {
-                AttrValue::Strs(items.iter().map(|i| i.str("").map(str::to_string)).collect::<Result<_>>()?)
+                AttrValue::Strs(
+                    items
+                        .iter()
+                        .map(|i| i.str("").map(str::to_string))
+                        .collect::<Result<_>>()?,
+                )
             } else {
                 return Err(y.err(format!("attribute '{name}' mixes value types in one list")));
             }
         }
         YV::Map(_) => {
-            let f = y.map(&format!("tensor attribute '{name}'"), &["dtype", "shape", "values"])?;
+            let f = y.map(
+                &format!("tensor attribute '{name}'"),
+                &["dtype", "shape", "values"],
+            )?;
             let dtype = parse_dtype(f.req("dtype")?)?;
             let shape = fixed_shape(f.req("shape")?)?;
             let vy = f.req("values")?;
@@ -713,7 +894,9 @@ fn parse_training(y: &Y) -> Result<Training> {
     let f = y.map("training", &["loss", "optimizer"])?;
     let loss = f.req("loss")?.str("loss")?.to_string();
     let oy = f.req("optimizer")?;
-    let YV::Map(m) = &oy.v else { return Err(oy.want("optimizer", "a mapping like {adam: {lr: 0.001}}")) };
+    let YV::Map(m) = &oy.v else {
+        return Err(oy.want("optimizer", "a mapping like {adam: {lr: 0.001}}"));
+    };
     if m.len() != 1 {
         return Err(oy.err("optimizer must name exactly one of sgd, adam, adamw"));
     }
@@ -721,14 +904,34 @@ fn parse_training(y: &Y) -> Result<Training> {
     let allowed: &[&'static str] = match kind.as_str() {
         "sgd" => &["lr", "momentum", "weight_decay"],
         "adam" | "adamw" => &["lr", "beta1", "beta2", "eps", "weight_decay"],
-        _ => return Err(cfg.err(format!("unknown optimizer '{kind}'; expected sgd, adam or adamw"))),
+        _ => {
+            return Err(cfg.err(format!(
+                "unknown optimizer '{kind}'; expected sgd, adam or adamw"
+            )))
+        }
     };
-    let empty = Y { v: YV::Map(vec![]), loc: cfg.loc.clone() };
-    let cfg = if matches!(cfg.v, YV::Null) { &empty } else { cfg };
+    let empty = Y {
+        v: YV::Map(vec![]),
+        loc: cfg.loc.clone(),
+    };
+    let cfg = if matches!(cfg.v, YV::Null) {
+        &empty
+    } else {
+        cfg
+    };
     let c = cfg.map(&format!("optimizer {kind}"), allowed)?;
-    let num = |k: &str, d: f64| -> Result<f64> { c.get(k).map(|v| v.num(k)).transpose().map(|v| v.unwrap_or(d)) };
+    let num = |k: &str, d: f64| -> Result<f64> {
+        c.get(k)
+            .map(|v| v.num(k))
+            .transpose()
+            .map(|v| v.unwrap_or(d))
+    };
     let optimizer = match kind.as_str() {
-        "sgd" => Optimizer::Sgd { lr: num("lr", 0.01)?, momentum: num("momentum", 0.0)?, weight_decay: num("weight_decay", 0.0)? },
+        "sgd" => Optimizer::Sgd {
+            lr: num("lr", 0.01)?,
+            momentum: num("momentum", 0.0)?,
+            weight_decay: num("weight_decay", 0.0)?,
+        },
         "adam" => Optimizer::Adam {
             lr: num("lr", 0.001)?,
             beta1: num("beta1", 0.9)?,
@@ -749,7 +952,8 @@ fn parse_training(y: &Y) -> Result<Training> {
 
 /// Gives every unnamed node a stable name: `<op>_<index>`, unique in the graph.
 pub fn name_nodes(g: &mut Graph) {
-    let mut taken: std::collections::HashSet<String> = g.nodes.iter().map(|n| n.name.clone()).collect();
+    let mut taken: std::collections::HashSet<String> =
+        g.nodes.iter().map(|n| n.name.clone()).collect();
     for i in 0..g.nodes.len() {
         if g.nodes[i].name.is_empty() {
             let base = format!("{}_{}", g.nodes[i].op.name(), i);
@@ -771,15 +975,25 @@ pub fn name_nodes(g: &mut Graph) {
 /// written as the same spec (regenerated bit-exactly), small ones inline, the rest into
 /// `<stem>.safetensors` beside `path`. Files are written whole or not at all.
 pub fn save(g: &Graph, path: &Path) -> Result<()> {
-    let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into());
+    let stem = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "model".into());
     let side_name = format!("{stem}.safetensors");
     let (text, side) = emit(g, &side_name);
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     if !side.is_empty() {
         let refs: Vec<(String, &Tensor)> = side.iter().map(|(n, t)| (n.clone(), *t)).collect();
-        crate::exec::write_atomic(&dir.join(&side_name), |p| Tensor::write_safetensors(&refs, p))?;
+        crate::exec::write_atomic(&dir.join(&side_name), |p| {
+            Tensor::write_safetensors(&refs, p)
+        })?;
     }
-    crate::exec::write_atomic(path, |p| std::fs::write(p, &text).map_err(|e| Error::io(p, e)))
+    crate::exec::write_atomic(path, |p| {
+        std::fs::write(p, &text).map_err(|e| Error::io(p, e))
+    })
 }
 
 /// The YAML text of `g`, and the tensors that go into the side file `side_name`.
@@ -789,24 +1003,55 @@ pub fn emit<'g>(g: &'g Graph, side_name: &str) -> (String, Vec<(String, &'g Tens
     o.push_str("graphrun: 1\n");
     o.push_str(&format!("name: {}\n", ystr(&g.name)));
     if !g.dims.is_empty() {
-        let d: Vec<String> = g.dims.iter().map(|(k, v)| format!("{}: {v}", ystr(k))).collect();
+        let d: Vec<String> = g
+            .dims
+            .iter()
+            .map(|(k, v)| format!("{}: {v}", ystr(k)))
+            .collect();
         o.push_str(&format!("dims: {{{}}}\n", d.join(", ")));
     }
     o.push_str("inputs:\n");
     for i in &g.inputs {
-        let shape: Vec<String> = i.shape.iter().map(|d| match d {
-            Dim::Fixed(n) => n.to_string(),
-            Dim::Sym(s) => ystr(s),
-        }).collect();
-        let range = i.range.map(|(l, h)| format!(", range: [{}, {}]", yf(l), yf(h))).unwrap_or_default();
-        o.push_str(&format!("  - {{name: {}, dtype: {}, shape: [{}]{range}}}\n", ystr(&i.name), i.dtype, shape.join(", ")));
+        let shape: Vec<String> = i
+            .shape
+            .iter()
+            .map(|d| match d {
+                Dim::Fixed(n) => n.to_string(),
+                Dim::Sym(s) => ystr(s),
+            })
+            .collect();
+        let range = i
+            .range
+            .map(|(l, h)| format!(", range: [{}, {}]", yf(l), yf(h)))
+            .unwrap_or_default();
+        o.push_str(&format!(
+            "  - {{name: {}, dtype: {}, shape: [{}]{range}}}\n",
+            ystr(&i.name),
+            i.dtype,
+            shape.join(", ")
+        ));
     }
-    o.push_str(&format!("outputs: [{}]\n", g.outputs.iter().map(|s| ystr(s)).collect::<Vec<_>>().join(", ")));
+    o.push_str(&format!(
+        "outputs: [{}]\n",
+        g.outputs
+            .iter()
+            .map(|s| ystr(s))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
     o.push_str("initializers:\n");
     for init in &g.initializers {
         let t = &init.tensor;
         let mut line = format!("  - {{name: {}", ystr(&init.name));
-        let head = format!(", dtype: {}, shape: [{}]", t.dtype(), t.shape().iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", "));
+        let head = format!(
+            ", dtype: {}, shape: [{}]",
+            t.dtype(),
+            t.shape()
+                .iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
         match &init.source {
             InitSource::Init(spec) => {
                 line.push_str(&head);
@@ -817,7 +1062,11 @@ pub fn emit<'g>(g: &'g Graph, side_name: &str) -> (String, Vec<(String, &'g Tens
                 line.push_str(&format!(", values: {}", emit_values(t)));
             }
             _ => {
-                line.push_str(&format!(", file: {}, key: {}", ystr(side_name), ystr(&init.name)));
+                line.push_str(&format!(
+                    ", file: {}, key: {}",
+                    ystr(side_name),
+                    ystr(&init.name)
+                ));
                 side.push((init.name.clone(), t));
             }
         }
@@ -829,12 +1078,25 @@ pub fn emit<'g>(g: &'g Graph, side_name: &str) -> (String, Vec<(String, &'g Tens
     }
     o.push_str("nodes:\n");
     for n in &g.nodes {
-        let ins: Vec<String> = n.inputs.iter().map(|s| if s.is_empty() { "null".into() } else { ystr(s) }).collect();
+        let ins: Vec<String> = n
+            .inputs
+            .iter()
+            .map(|s| if s.is_empty() { "null".into() } else { ystr(s) })
+            .collect();
         let outs: Vec<String> = n.outputs.iter().map(|s| ystr(s)).collect();
-        let mut line = format!("  - {{op: {}, name: {}, inputs: [{}], outputs: [{}]", n.op.name(), ystr(&n.name), ins.join(", "), outs.join(", "));
+        let mut line = format!(
+            "  - {{op: {}, name: {}, inputs: [{}], outputs: [{}]",
+            n.op.name(),
+            ystr(&n.name),
+            ins.join(", "),
+            outs.join(", ")
+        );
         let attrs = n.op.attrs();
         if !attrs.is_empty() {
-            let a: Vec<String> = attrs.iter().map(|(k, v)| format!("{k}: {}", emit_attr(v))).collect();
+            let a: Vec<String> = attrs
+                .iter()
+                .map(|(k, v)| format!("{k}: {}", emit_attr(v)))
+                .collect();
             line.push_str(&format!(", attrs: {{{}}}", a.join(", ")));
         }
         line.push_str("}\n");
@@ -842,11 +1104,49 @@ pub fn emit<'g>(g: &'g Graph, side_name: &str) -> (String, Vec<(String, &'g Tens
     }
     if let Some(t) = &g.training {
         let opt = match &t.optimizer {
-            Optimizer::Sgd { lr, momentum, weight_decay } => format!("{{sgd: {{lr: {}, momentum: {}, weight_decay: {}}}}}", yf(*lr), yf(*momentum), yf(*weight_decay)),
-            Optimizer::Adam { lr, beta1, beta2, eps, weight_decay } => format!("{{adam: {{lr: {}, beta1: {}, beta2: {}, eps: {}, weight_decay: {}}}}}", yf(*lr), yf(*beta1), yf(*beta2), yf(*eps), yf(*weight_decay)),
-            Optimizer::AdamW { lr, beta1, beta2, eps, weight_decay } => format!("{{adamw: {{lr: {}, beta1: {}, beta2: {}, eps: {}, weight_decay: {}}}}}", yf(*lr), yf(*beta1), yf(*beta2), yf(*eps), yf(*weight_decay)),
+            Optimizer::Sgd {
+                lr,
+                momentum,
+                weight_decay,
+            } => format!(
+                "{{sgd: {{lr: {}, momentum: {}, weight_decay: {}}}}}",
+                yf(*lr),
+                yf(*momentum),
+                yf(*weight_decay)
+            ),
+            Optimizer::Adam {
+                lr,
+                beta1,
+                beta2,
+                eps,
+                weight_decay,
+            } => format!(
+                "{{adam: {{lr: {}, beta1: {}, beta2: {}, eps: {}, weight_decay: {}}}}}",
+                yf(*lr),
+                yf(*beta1),
+                yf(*beta2),
+                yf(*eps),
+                yf(*weight_decay)
+            ),
+            Optimizer::AdamW {
+                lr,
+                beta1,
+                beta2,
+                eps,
+                weight_decay,
+            } => format!(
+                "{{adamw: {{lr: {}, beta1: {}, beta2: {}, eps: {}, weight_decay: {}}}}}",
+                yf(*lr),
+                yf(*beta1),
+                yf(*beta2),
+                yf(*eps),
+                yf(*weight_decay)
+            ),
         };
-        o.push_str(&format!("training:\n  loss: {}\n  optimizer: {opt}\n", ystr(&t.loss)));
+        o.push_str(&format!(
+            "training:\n  loss: {}\n  optimizer: {opt}\n",
+            ystr(&t.loss)
+        ));
     }
     (o, side)
 }
@@ -858,8 +1158,12 @@ fn emit_spec(s: &InitSpec) -> String {
         InitSpec::Constant(c) => format!("{{constant: {}}}", yf(*c)),
         InitSpec::Dist { dist, seed } => {
             let d = match dist {
-                Dist::Normal { mean, std } => format!("normal, mean: {}, std: {}", yf(*mean), yf(*std)),
-                Dist::Uniform { low, high } => format!("uniform, low: {}, high: {}", yf(*low), yf(*high)),
+                Dist::Normal { mean, std } => {
+                    format!("normal, mean: {}, std: {}", yf(*mean), yf(*std))
+                }
+                Dist::Uniform { low, high } => {
+                    format!("uniform, low: {}, high: {}", yf(*low), yf(*high))
+                }
                 Dist::XavierUniform => "xavier_uniform".into(),
                 Dist::XavierNormal => "xavier_normal".into(),
                 Dist::KaimingUniform => "kaiming_uniform".into(),
@@ -889,13 +1193,29 @@ fn emit_attr(v: &AttrValue) -> String {
         AttrValue::Int(i) => i.to_string(),
         AttrValue::Float(f) => yf(*f),
         AttrValue::Str(s) => ystr(s),
-        AttrValue::Ints(v) => format!("[{}]", v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", ")),
-        AttrValue::Floats(v) => format!("[{}]", v.iter().map(|x| yf(*x)).collect::<Vec<_>>().join(", ")),
-        AttrValue::Strs(v) => format!("[{}]", v.iter().map(|x| ystr(x)).collect::<Vec<_>>().join(", ")),
+        AttrValue::Ints(v) => format!(
+            "[{}]",
+            v.iter()
+                .map(|x| x.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        AttrValue::Floats(v) => format!(
+            "[{}]",
+            v.iter().map(|x| yf(*x)).collect::<Vec<_>>().join(", ")
+        ),
+        AttrValue::Strs(v) => format!(
+            "[{}]",
+            v.iter().map(|x| ystr(x)).collect::<Vec<_>>().join(", ")
+        ),
         AttrValue::Tensor(t) => format!(
             "{{dtype: {}, shape: [{}], values: {}}}",
             t.dtype(),
-            t.shape().iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", "),
+            t.shape()
+                .iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
             emit_values(t)
         ),
     }
@@ -906,10 +1226,18 @@ fn yf(x: f64) -> String {
     if x.is_nan() {
         ".nan".into()
     } else if x.is_infinite() {
-        if x > 0.0 { ".inf".into() } else { "-.inf".into() }
+        if x > 0.0 {
+            ".inf".into()
+        } else {
+            "-.inf".into()
+        }
     } else {
         let s = format!("{x:?}");
-        if s.contains(['.', 'e', 'E']) { s } else { format!("{s}.0") }
+        if s.contains(['.', 'e', 'E']) {
+            s
+        } else {
+            format!("{s}.0")
+        }
     }
 }
 

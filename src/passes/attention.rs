@@ -11,7 +11,11 @@ use super::Rule;
 use crate::graph::{BinaryOp, Node, Op};
 use crate::tensor::{DType, Tensor};
 
-pub(crate) const RULES: &[Rule] = &[Rule { name: "attention", anchor: |op| matches!(op, Op::Softmax { .. }), run: fuse }];
+pub(crate) const RULES: &[Rule] = &[Rule {
+    name: "attention",
+    anchor: |op| matches!(op, Op::Softmax { .. }),
+    run: fuse,
+}];
 
 /// Masked-out scores at or below this are "minus infinity" for softmax in f32.
 const BIG_NEGATIVE: f64 = -1e4;
@@ -29,18 +33,25 @@ struct Scores<'g> {
 
 fn fuse(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch> {
     let sm = cx.node(i);
-    let Op::Softmax { axis } = sm.op else { return None };
+    let Op::Softmax { axis } = sm.op else {
+        return None;
+    };
     let z = sm.inputs[0].as_str();
     if !(axis == -1 || cx.facts.rank(z).is_some_and(|r| axis == r as i64 - 1)) {
         return why.no(format!("Softmax axis {axis} is not the last axis"));
     }
     let p = &sm.outputs[0];
     let Some(pv_i) = cx.sole_consumer(p) else {
-        return why.no(format!("'{p}' is read by {} nodes or is a graph output", cx.consumers(p).len()));
+        return why.no(format!(
+            "'{p}' is read by {} nodes or is a graph output",
+            cx.consumers(p).len()
+        ));
     };
     let pv = cx.node(pv_i);
     if pv.op != Op::MatMul || pv.inputs[0] != *p {
-        return why.no(format!("'{p}' does not feed the left side of a MatMul (P·V)"));
+        return why.no(format!(
+            "'{p}' does not feed the left side of a MatMul (P·V)"
+        ));
     }
     let mut core = vec![i, pv_i];
     let mut mask: Option<&str> = None;
@@ -48,7 +59,10 @@ fn fuse(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch> {
     let scores: Scores;
     if let Some((wi, w)) = cx.prod(z, |op| matches!(op, Op::Where)) {
         if !cx.scalar(&w.inputs[2]).is_some_and(|x| x <= BIG_NEGATIVE) {
-            return why.no(format!("Where '{}' does not put a big negative scalar where the mask is false", w.name));
+            return why.no(format!(
+                "Where '{}' does not put a big negative scalar where the mask is false",
+                w.name
+            ));
         }
         scores = match qk(cx, &w.inputs[1]) {
             Ok(s) => s,
@@ -80,12 +94,23 @@ fn fuse(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch> {
     }
     core.extend(&scores.nodes);
     if !(scores.scale.is_finite() && scores.scale != 0.0) {
-        return why.no(format!("scale {} is not a finite non-zero number", scores.scale));
+        return why.no(format!(
+            "scale {} is not a finite non-zero number",
+            scores.scale
+        ));
     }
     let out = pv.outputs[0].as_str();
     // The causal mask's own nodes go too when they read the scores (Shape of them).
-    let with_chain: Vec<usize> = core.iter().chain(causal.iter().flatten()).copied().collect();
-    let remove = if cx.swallow_ok(&with_chain, out).is_ok() { with_chain } else { core };
+    let with_chain: Vec<usize> = core
+        .iter()
+        .chain(causal.iter().flatten())
+        .copied()
+        .collect();
+    let remove = if cx.swallow_ok(&with_chain, out).is_ok() {
+        with_chain
+    } else {
+        core
+    };
     if let Err(e) = cx.swallow_ok(&remove, out) {
         return why.no(e);
     }
@@ -95,13 +120,30 @@ fn fuse(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch> {
     if scores.k_bshd {
         let name = cx.fresh_node(&format!("{}_k_transpose", pv.name));
         let value = cx.fresh_value(&format!("{k}_bhsd"));
-        add.push(Node { name, op: Op::Transpose { perm: Some(vec![0, 2, 1, 3]) }, inputs: vec![k], outputs: vec![value.clone()], loc: pv.loc.clone() });
+        add.push(Node {
+            name,
+            op: Op::Transpose {
+                perm: Some(vec![0, 2, 1, 3]),
+            },
+            inputs: vec![k],
+            outputs: vec![value.clone()],
+            loc: pv.loc.clone(),
+        });
         k = value;
     }
     let mut inputs = vec![scores.q.to_string(), k, pv.inputs[1].clone()];
     inputs.extend(mask.map(str::to_string));
-    let op = Op::Attention { is_causal: causal.is_some(), scale: Some(scores.scale as f32) };
-    add.push(Node { name: pv.name.clone(), op, inputs, outputs: vec![out.to_string()], loc: pv.loc.clone() });
+    let op = Op::Attention {
+        is_causal: causal.is_some(),
+        scale: Some(scores.scale as f32),
+    };
+    add.push(Node {
+        name: pv.name.clone(),
+        op,
+        inputs,
+        outputs: vec![out.to_string()],
+        loc: pv.loc.clone(),
+    });
     if cx.facts.complete() {
         if let Err(e) = cx.facts.check(&add, out) {
             return why.no(e);
@@ -112,12 +154,18 @@ fn fuse(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch> {
             return why.no("shapes are unknown: Q, K and V must be known 4-D and the mask causal");
         }
     }
-    Some(Patch { remove, add, ..Default::default() })
+    Some(Patch {
+        remove,
+        add,
+        ..Default::default()
+    })
 }
 
 /// `v = x * c`, `c * x` or `x / c` with `c` a scalar constant: (node, x, multiplier).
 fn scaled<'g>(cx: &Ctx<'g>, v: &str) -> Option<(usize, &'g str, f64)> {
-    let (i, n) = cx.prod(v, |op| matches!(op, Op::Binary(BinaryOp::Mul | BinaryOp::Div)))?;
+    let (i, n) = cx.prod(v, |op| {
+        matches!(op, Op::Binary(BinaryOp::Mul | BinaryOp::Div))
+    })?;
     let (a, b) = (n.inputs[0].as_str(), n.inputs[1].as_str());
     match n.op {
         Op::Binary(BinaryOp::Div) => cx.scalar(b).map(|c| (i, a, 1.0 / c)),
@@ -153,15 +201,29 @@ fn qk<'g>(cx: &Ctx<'g>, s: &'g str) -> Result<Scores<'g>, String> {
     let q = unscale(cx, &mm.inputs[0], &mut scale);
     let kt = unscale(cx, &mm.inputs[1], &mut scale);
     let Some((_, t)) = cx.prod(kt, |op| matches!(op, Op::Transpose { .. })) else {
-        return Err(format!("the right side of MatMul '{}' is not a Transpose of K", mm.name));
+        return Err(format!(
+            "the right side of MatMul '{}' is not a Transpose of K",
+            mm.name
+        ));
     };
     let k = unscale(cx, &t.inputs[0], &mut scale);
     let k_bshd = match &t.op {
         Op::Transpose { perm: Some(p) } if p == &[0, 1, 3, 2] => false,
         Op::Transpose { perm: Some(p) } if p == &[0, 2, 3, 1] => true,
-        _ => return Err(format!("Transpose '{}' has no perm [0, 1, 3, 2] or [0, 2, 3, 1]", t.name)),
+        _ => {
+            return Err(format!(
+                "Transpose '{}' has no perm [0, 1, 3, 2] or [0, 2, 3, 1]",
+                t.name
+            ))
+        }
     };
-    Ok(Scores { q, k, k_bshd, scale, nodes })
+    Ok(Scores {
+        q,
+        k,
+        k_bshd,
+        scale,
+        nodes,
+    })
 }
 
 /// The last two dims of the scores, when static.
@@ -175,10 +237,13 @@ fn score_dims(cx: &Ctx, s: &Scores) -> Option<(usize, usize)> {
 /// A constant `[1, .., Sq, Skv]` mask of the scores' size whose element (i, j) is
 /// classified by `keep(value, j <= i)`.
 fn const_mask(cx: &Ctx, t: &Tensor, s: &Scores, ok: impl Fn(f64, bool) -> bool) -> bool {
-    let Some((sq, skv)) = score_dims(cx, s) else { return false };
+    let Some((sq, skv)) = score_dims(cx, s) else {
+        return false;
+    };
     let shape = t.shape();
     let r = shape.len();
-    if r < 2 || shape[r - 2] != sq || shape[r - 1] != skv || shape[..r - 2].iter().any(|&d| d != 1) {
+    if r < 2 || shape[r - 2] != sq || shape[r - 1] != skv || shape[..r - 2].iter().any(|&d| d != 1)
+    {
         return false;
     }
     let v = t.to_f64_vec();
@@ -207,9 +272,20 @@ fn causal_keep(cx: &Ctx, c: &str, s: &Scores) -> Option<Vec<usize>> {
         return None;
     }
     chain.push(ei);
-    let (si, shape) = cx.prod(&expand.inputs[1], |op| matches!(op, Op::Shape { start: 2 | -2, end: None }))?;
+    let (si, shape) = cx.prod(&expand.inputs[1], |op| {
+        matches!(
+            op,
+            Op::Shape {
+                start: 2 | -2,
+                end: None
+            }
+        )
+    })?;
     // Shape of the scores (at any point of their scaling chain): [Sq, Skv].
-    let of_scores = s.nodes.iter().any(|&n| cx.node(n).outputs[0] == shape.inputs[0]);
+    let of_scores = s
+        .nodes
+        .iter()
+        .any(|&n| cx.node(n).outputs[0] == shape.inputs[0]);
     of_scores.then(|| {
         chain.push(si);
         chain
@@ -218,5 +294,12 @@ fn causal_keep(cx: &Ctx, c: &str, s: &Scores) -> Option<Vec<usize>> {
 
 /// A constant additive mask: 0 on and below the diagonal, a big negative above.
 fn causal_additive(cx: &Ctx, m: &str, s: &Scores) -> bool {
-    cx.konst(m).is_some_and(|t| const_mask(cx, t, s, |x, keep| if keep { x == 0.0 } else { x <= BIG_NEGATIVE }))
+    cx.konst(m).is_some_and(|t| {
+        const_mask(
+            cx,
+            t,
+            s,
+            |x, keep| if keep { x == 0.0 } else { x <= BIG_NEGATIVE },
+        )
+    })
 }

@@ -14,28 +14,53 @@ use crate::tensor::Tensor;
 const MAX_ELEMENTS: usize = 1 << 20;
 
 pub(crate) const RULES: &[Rule] = &[
-    Rule { name: "fold_shape", anchor: |op| matches!(op, Op::Shape { .. }), run: fold_shape },
-    Rule { name: "fold_constant", anchor: any_op, run: fold_node },
+    Rule {
+        name: "fold_shape",
+        anchor: |op| matches!(op, Op::Shape { .. }),
+        run: fold_shape,
+    },
+    Rule {
+        name: "fold_constant",
+        anchor: any_op,
+        run: fold_node,
+    },
 ];
 
 fn init(name: &str, tensor: Tensor) -> Initializer {
-    Initializer { name: name.to_string(), tensor, trainable: false, source: InitSource::Data, loc: None }
+    Initializer {
+        name: name.to_string(),
+        tensor,
+        trainable: false,
+        source: InitSource::Data,
+        loc: None,
+    }
 }
 
 fn fold_shape(cx: &Ctx, i: usize, _: &mut Why) -> Option<Patch> {
     let n = cx.node(i);
-    let Op::Shape { start, end } = n.op else { return None };
+    let Op::Shape { start, end } = n.op else {
+        return None;
+    };
     let shape = cx.facts.static_shape(&n.inputs[0])?;
     let (s, e) = infer::shape_range(start, end, shape.len());
     let dims: Vec<i64> = shape[s..e].iter().map(|&d| d as i64).collect();
     let t = Tensor::from_vec(&[dims.len()], dims).ok()?;
-    Some(Patch { remove: vec![i], inits: vec![init(&n.outputs[0], t)], ..Default::default() })
+    Some(Patch {
+        remove: vec![i],
+        inits: vec![init(&n.outputs[0], t)],
+        ..Default::default()
+    })
 }
 
 fn fold_node(cx: &Ctx, i: usize, _: &mut Why) -> Option<Patch> {
     let n = cx.node(i);
     // Constants are already constant; Dropout is random in training; Shape is above.
-    if n.inputs.is_empty() || matches!(n.op, Op::Dropout { .. } | Op::Shape { .. } | Op::Constant { .. }) {
+    if n.inputs.is_empty()
+        || matches!(
+            n.op,
+            Op::Dropout { .. } | Op::Shape { .. } | Op::Constant { .. }
+        )
+    {
         return None;
     }
     // Folding a trainable weight into a frozen constant would stop it from training.
@@ -45,15 +70,34 @@ fn fold_node(cx: &Ctx, i: usize, _: &mut Why) -> Option<Patch> {
     let args: Vec<Option<&Tensor>> = n
         .inputs
         .iter()
-        .map(|v| if v.is_empty() { Some(None) } else { cx.konst(v).map(Some) })
+        .map(|v| {
+            if v.is_empty() {
+                Some(None)
+            } else {
+                cx.konst(v).map(Some)
+            }
+        })
         .collect::<Option<_>>()?;
-    let types: Vec<Option<ValueType>> = args.iter().map(|t| t.map(|t| ValueType::new(t.dtype(), t.shape()))).collect();
+    let types: Vec<Option<ValueType>> = args
+        .iter()
+        .map(|t| t.map(|t| ValueType::new(t.dtype(), t.shape())))
+        .collect();
     let trefs: Vec<Option<&ValueType>> = types.iter().map(|t| t.as_ref()).collect();
     let outs = infer::infer_node(n, &trefs, &args).ok()?;
     if outs.iter().any(|t| t.numel() > MAX_ELEMENTS) {
         return None;
     }
     let values = cpu::eval_node_with_types(n, &args, &trefs, &outs).ok()?;
-    let inits = n.outputs.iter().zip(values).filter(|(o, _)| !o.is_empty()).map(|(o, t)| init(o, t)).collect();
-    Some(Patch { remove: vec![i], inits, ..Default::default() })
+    let inits = n
+        .outputs
+        .iter()
+        .zip(values)
+        .filter(|(o, _)| !o.is_empty())
+        .map(|(o, t)| init(o, t))
+        .collect();
+    Some(Patch {
+        remove: vec![i],
+        inits,
+        ..Default::default()
+    })
 }

@@ -6,13 +6,20 @@ use super::pattern::{Ctx, Patch, Why};
 use super::{any_op, Rule};
 use crate::graph::{Node, Op};
 
-pub(crate) const RULES: &[Rule] = &[Rule { name: "cse", anchor: any_op, run: cse }];
+pub(crate) const RULES: &[Rule] = &[Rule {
+    name: "cse",
+    anchor: any_op,
+    run: cse,
+}];
 
 fn same(a: &Node, b: &Node) -> bool {
     a.op == b.op
         && a.inputs == b.inputs
         && a.outputs.len() == b.outputs.len()
-        && a.outputs.iter().zip(&b.outputs).all(|(x, y)| x.is_empty() == y.is_empty())
+        && a.outputs
+            .iter()
+            .zip(&b.outputs)
+            .all(|(x, y)| x.is_empty() == y.is_empty())
 }
 
 fn merge(cx: &Ctx, gone: usize, kept: usize) -> Option<Patch> {
@@ -20,8 +27,18 @@ fn merge(cx: &Ctx, gone: usize, kept: usize) -> Option<Patch> {
     if g.outputs.iter().any(|o| cx.needed(o)) {
         return None;
     }
-    let rewire = g.outputs.iter().zip(&k.outputs).filter(|(o, _)| !o.is_empty()).map(|(o, k)| (o.clone(), k.clone())).collect();
-    Some(Patch { remove: vec![gone], rewire, ..Default::default() })
+    let rewire = g
+        .outputs
+        .iter()
+        .zip(&k.outputs)
+        .filter(|(o, _)| !o.is_empty())
+        .map(|(o, k)| (o.clone(), k.clone()))
+        .collect();
+    Some(Patch {
+        remove: vec![gone],
+        rewire,
+        ..Default::default()
+    })
 }
 
 fn cse(cx: &Ctx, i: usize, _: &mut Why) -> Option<Patch> {

@@ -8,8 +8,11 @@ use super::pattern::{Ctx, Patch, Why};
 use super::Rule;
 use crate::graph::{Activation, BinaryOp, Node, Op, UnaryOp};
 
-pub(crate) const RULES: &[Rule] =
-    &[Rule { name: "matmul_epilogue", anchor: |op| matches!(op, Op::MatMul | Op::Gemm { .. }), run: fuse }];
+pub(crate) const RULES: &[Rule] = &[Rule {
+    name: "matmul_epilogue",
+    anchor: |op| matches!(op, Op::MatMul | Op::Gemm { .. }),
+    run: fuse,
+}];
 
 const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
 const GELU_CUBIC: f64 = 0.044715;
@@ -42,7 +45,10 @@ impl Fused<'_> {
         inputs.extend(self.residual.map(str::to_string));
         Node {
             name: anchor.name.clone(),
-            op: Op::FusedMatMul { activation: self.act, trans_b: self.trans_b },
+            op: Op::FusedMatMul {
+                activation: self.act,
+                trans_b: self.trans_b,
+            },
             inputs,
             outputs: vec![self.out.to_string()],
             loc: anchor.loc.clone(),
@@ -52,8 +58,23 @@ impl Fused<'_> {
 
 fn fuse(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch> {
     let mm = cx.node(i);
-    let mut f = Fused { a: &mm.inputs[0], b: &mm.inputs[1], trans_b: false, bias: None, act: Activation::None, residual: None, out: &mm.outputs[0], nodes: vec![i] };
-    if let Op::Gemm { alpha, beta, trans_a, trans_b } = mm.op {
+    let mut f = Fused {
+        a: &mm.inputs[0],
+        b: &mm.inputs[1],
+        trans_b: false,
+        bias: None,
+        act: Activation::None,
+        residual: None,
+        out: &mm.outputs[0],
+        nodes: vec![i],
+    };
+    if let Op::Gemm {
+        alpha,
+        beta,
+        trans_a,
+        trans_b,
+    } = mm.op
+    {
         if trans_a {
             return why.no("Gemm with transA=1 is not fused");
         }
@@ -89,7 +110,12 @@ fn fuse(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch> {
         match cx.sole_consumer(f.out).map(|c| cx.node(c)) {
             Some(add) if add.op == Op::Binary(BinaryOp::Add) => {
                 if let Some(bias) = cx.other(add, f.out) {
-                    let mut g = Fused { bias: Some(bias), out: &add.outputs[0], nodes: f.nodes.clone(), ..f };
+                    let mut g = Fused {
+                        bias: Some(bias),
+                        out: &add.outputs[0],
+                        nodes: f.nodes.clone(),
+                        ..f
+                    };
                     g.nodes.push(cx.producer(&add.outputs[0])?);
                     if is_bias(cx, &g, mm) {
                         f = g;
@@ -109,9 +135,18 @@ fn fuse(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch> {
         Err(e) => stop = e,
     }
     // 3. residual
-    if let Some(add) = cx.sole_consumer(f.out).map(|c| cx.node(c)).filter(|n| n.op == Op::Binary(BinaryOp::Add)) {
+    if let Some(add) = cx
+        .sole_consumer(f.out)
+        .map(|c| cx.node(c))
+        .filter(|n| n.op == Op::Binary(BinaryOp::Add))
+    {
         if let Some(r) = cx.other(add, f.out) {
-            let mut g = Fused { residual: Some(r), out: &add.outputs[0], nodes: f.nodes.clone(), ..f };
+            let mut g = Fused {
+                residual: Some(r),
+                out: &add.outputs[0],
+                nodes: f.nodes.clone(),
+                ..f
+            };
             g.nodes.push(cx.producer(&add.outputs[0])?);
             match check(cx, &g, mm) {
                 Ok(()) => f = g,
@@ -120,8 +155,15 @@ fn fuse(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch> {
         }
     }
     if f.nodes.len() == before && !transposed && f.bias.is_none() {
-        let s = if stop.is_empty() { String::new() } else { format!(" ({stop})") };
-        return why.no(format!("'{}' is not followed by a bias Add, an activation or a residual Add{s}", f.out));
+        let s = if stop.is_empty() {
+            String::new()
+        } else {
+            format!(" ({stop})")
+        };
+        return why.no(format!(
+            "'{}' is not followed by a bias Add, an activation or a residual Add{s}",
+            f.out
+        ));
     }
     if let Err(e) = cx.swallow_ok(&f.nodes, f.out) {
         return why.no(e);
@@ -131,7 +173,11 @@ fn fuse(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch> {
             return why.no(e);
         }
     }
-    Some(Patch { remove: f.nodes.clone(), add: vec![f.node(mm)], ..Default::default() })
+    Some(Patch {
+        remove: f.nodes.clone(),
+        add: vec![f.node(mm)],
+        ..Default::default()
+    })
 }
 
 /// The fused node infers to the type of the value it replaces, in every inference run.
@@ -145,7 +191,9 @@ fn is_bias(cx: &Ctx, f: &Fused, mm: &Node) -> bool {
     if cx.facts.complete() {
         return check(cx, f, mm).is_ok();
     }
-    let (Some(bias), Some(w)) = (f.bias.and_then(|b| cx.konst(b)), cx.konst(f.b)) else { return false };
+    let (Some(bias), Some(w)) = (f.bias.and_then(|b| cx.konst(b)), cx.konst(f.b)) else {
+        return false;
+    };
     let n = match (w.shape(), f.trans_b) {
         ([_, n], false) | ([n, _], true) => *n,
         _ => return false,
@@ -187,7 +235,10 @@ fn activation<'g>(cx: &Ctx<'g>, x: &'g str) -> Result<(Activation, Vec<usize>, &
         }
     }
     if cx.consumers(x).len() > 1 {
-        last_err = format!("'{x}' is read by {} nodes and they are no activation expansion", cx.consumers(x).len());
+        last_err = format!(
+            "'{x}' is read by {} nodes and they are no activation expansion",
+            cx.consumers(x).len()
+        );
     }
     Err(last_err)
 }
@@ -249,11 +300,13 @@ fn gelu(cx: &Ctx, x: &str, y: &str) -> Option<(Activation, Vec<usize>)> {
         nodes.push(ei);
         let d = &erf.inputs[0];
         if let Some((di, div)) = cx.prod(d, is_bin(BinaryOp::Div)) {
-            (div.inputs[0] == x && cx.near(&div.inputs[1], std::f64::consts::SQRT_2)).then(|| nodes.push(di))?;
+            (div.inputs[0] == x && cx.near(&div.inputs[1], std::f64::consts::SQRT_2))
+                .then(|| nodes.push(di))?;
         } else {
             let (df, dn) = cx.factors(d);
             let [p, q] = df[..] else { return None };
-            let ok = (p == x && cx.near(q, std::f64::consts::FRAC_1_SQRT_2)) || (q == x && cx.near(p, std::f64::consts::FRAC_1_SQRT_2));
+            let ok = (p == x && cx.near(q, std::f64::consts::FRAC_1_SQRT_2))
+                || (q == x && cx.near(p, std::f64::consts::FRAC_1_SQRT_2));
             ok.then(|| nodes.extend(dn))?;
         }
         return Some((Activation::Gelu, nodes));
@@ -263,7 +316,13 @@ fn gelu(cx: &Ctx, x: &str, y: &str) -> Option<(Activation, Vec<usize>)> {
     // sqrt(2/pi) * inner
     let (sf, sn) = cx.factors(&tanh.inputs[0]);
     let [p, q] = sf[..] else { return None };
-    let inner = if cx.near(p, SQRT_2_OVER_PI) { q } else if cx.near(q, SQRT_2_OVER_PI) { p } else { return None };
+    let inner = if cx.near(p, SQRT_2_OVER_PI) {
+        q
+    } else if cx.near(q, SQRT_2_OVER_PI) {
+        p
+    } else {
+        return None;
+    };
     nodes.extend(sn);
     // inner = x + 0.044715 * x³
     let (ii, add) = cx.prod(inner, is_bin(BinaryOp::Add))?;
@@ -272,7 +331,12 @@ fn gelu(cx: &Ctx, x: &str, y: &str) -> Option<(Activation, Vec<usize>)> {
     let (cf, cn) = cx.factors(cubic);
     nodes.extend(cn);
     let ci = cf.iter().position(|v| cx.near(v, GELU_CUBIC))?;
-    let rest: Vec<&str> = cf.iter().enumerate().filter(|(k, _)| *k != ci).map(|(_, v)| *v).collect();
+    let rest: Vec<&str> = cf
+        .iter()
+        .enumerate()
+        .filter(|(k, _)| *k != ci)
+        .map(|(_, v)| *v)
+        .collect();
     match rest[..] {
         [a, b, c] if [a, b, c].iter().all(|v| *v == x) => {}
         [p] => {

@@ -75,8 +75,18 @@ impl std::fmt::Display for Report {
                 continue;
             }
             let rules: Vec<String> = p.rules.iter().map(|(r, n)| format!("{r} ×{n}")).collect();
-            let detail = if rules.is_empty() { String::new() } else { format!(" ({})", rules.join(", ")) };
-            writeln!(f, "{:<24} {} rewrite{}{detail}", p.name, p.rewrites, if p.rewrites == 1 { "" } else { "s" })?;
+            let detail = if rules.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", rules.join(", "))
+            };
+            writeln!(
+                f,
+                "{:<24} {} rewrite{}{detail}",
+                p.name,
+                p.rewrites,
+                if p.rewrites == 1 { "" } else { "s" }
+            )?;
         }
         Ok(())
     }
@@ -86,7 +96,11 @@ impl std::fmt::Display for Report {
 pub fn optimize(g: &Graph, opts: &PassOptions) -> Result<(Graph, Report)> {
     for d in &opts.disabled {
         if !PASSES.contains(&d.as_str()) {
-            crate::bail!(Input, "unknown pass '{d}'; the passes are {}", PASSES.join(", "));
+            crate::bail!(
+                Input,
+                "unknown pass '{d}'; the passes are {}",
+                PASSES.join(", ")
+            );
         }
     }
     let mut g = g.clone();
@@ -94,7 +108,15 @@ pub fn optimize(g: &Graph, opts: &PassOptions) -> Result<(Graph, Report)> {
     // Node name → why the last fusion rule that looked at it did not fire.
     let mut why: HashMap<String, String> = HashMap::new();
     for name in PASSES {
-        let mut st = PassState { report: PassReport { name, enabled: true, ..Default::default() }, log: vec![], why: HashMap::new() };
+        let mut st = PassState {
+            report: PassReport {
+                name,
+                enabled: true,
+                ..Default::default()
+            },
+            log: vec![],
+            why: HashMap::new(),
+        };
         if opts.disabled.iter().any(|d| d == name) {
             st.report.enabled = false;
             report.passes.push(st.report);
@@ -108,7 +130,8 @@ pub fn optimize(g: &Graph, opts: &PassOptions) -> Result<(Graph, Report)> {
             "matmul_epilogue_fusion" => drive(g, epilogue::RULES, &mut st)?,
             _ => drive(g, cse::RULES, &mut st)?,
         };
-        validate::validate(&g).map_err(|e| Error::Graph(format!("pass {name} left an invalid graph: {e}")))?;
+        validate::validate(&g)
+            .map_err(|e| Error::Graph(format!("pass {name} left an invalid graph: {e}")))?;
         why.extend(st.why);
         report.log.append(&mut st.log);
         report.passes.push(st.report);
@@ -149,7 +172,8 @@ impl PassState {
     pub fn fired(&mut self, rule: &'static str, node: &str) {
         self.report.rewrites += 1;
         *self.report.rules.entry(rule).or_insert(0) += 1;
-        self.log.push(format!("{}: {rule} at '{node}'", self.report.name));
+        self.log
+            .push(format!("{}: {rule} at '{node}'", self.report.name));
     }
 }
 
@@ -186,7 +210,11 @@ pub(crate) fn drive(mut g: Graph, rules: &[Rule], st: &mut PassState) -> Result<
                     }
                     if let Some(reason) = w.0 {
                         let e = why.entry(node.name.clone()).or_default();
-                        e.push_str(&format!("{}{}: {reason}", if e.is_empty() { "" } else { "; " }, r.name));
+                        e.push_str(&format!(
+                            "{}{}: {reason}",
+                            if e.is_empty() { "" } else { "; " },
+                            r.name
+                        ));
                     }
                 }
             }

@@ -9,16 +9,44 @@ use crate::graph::Op;
 
 pub(crate) fn rules(training: bool) -> Vec<Rule> {
     vec![
-        Rule { name: "identity", anchor: |op| matches!(op, Op::Identity), run: identity },
-        if training {
-            Rule { name: "dropout", anchor: |op| matches!(op, Op::Dropout { .. }), run: dropout_training }
-        } else {
-            Rule { name: "dropout", anchor: |op| matches!(op, Op::Dropout { .. }), run: dropout_inference }
+        Rule {
+            name: "identity",
+            anchor: |op| matches!(op, Op::Identity),
+            run: identity,
         },
-        Rule { name: "cast_same_dtype", anchor: |op| matches!(op, Op::Cast { .. }), run: cast_same },
-        Rule { name: "reshape_same_shape", anchor: |op| matches!(op, Op::Reshape { .. }), run: reshape_same },
-        Rule { name: "transpose_identity", anchor: |op| matches!(op, Op::Transpose { .. }), run: transpose_identity },
-        Rule { name: "transpose_pair", anchor: |op| matches!(op, Op::Transpose { .. }), run: transpose_pair },
+        if training {
+            Rule {
+                name: "dropout",
+                anchor: |op| matches!(op, Op::Dropout { .. }),
+                run: dropout_training,
+            }
+        } else {
+            Rule {
+                name: "dropout",
+                anchor: |op| matches!(op, Op::Dropout { .. }),
+                run: dropout_inference,
+            }
+        },
+        Rule {
+            name: "cast_same_dtype",
+            anchor: |op| matches!(op, Op::Cast { .. }),
+            run: cast_same,
+        },
+        Rule {
+            name: "reshape_same_shape",
+            anchor: |op| matches!(op, Op::Reshape { .. }),
+            run: reshape_same,
+        },
+        Rule {
+            name: "transpose_identity",
+            anchor: |op| matches!(op, Op::Transpose { .. }),
+            run: transpose_identity,
+        },
+        Rule {
+            name: "transpose_pair",
+            anchor: |op| matches!(op, Op::Transpose { .. }),
+            run: transpose_pair,
+        },
     ]
 }
 
@@ -29,7 +57,11 @@ fn bypass(cx: &Ctx, i: usize) -> Option<Patch> {
     if cx.needed(out) {
         return None;
     }
-    Some(Patch { remove: vec![i], rewire: vec![(out.clone(), inp.to_string())], ..Default::default() })
+    Some(Patch {
+        remove: vec![i],
+        rewire: vec![(out.clone(), inp.to_string())],
+        ..Default::default()
+    })
 }
 
 fn identity(cx: &Ctx, i: usize, _: &mut Why) -> Option<Patch> {
@@ -40,7 +72,10 @@ fn identity(cx: &Ctx, i: usize, _: &mut Why) -> Option<Patch> {
 /// its mask output must be unused.
 fn dropout_inference(cx: &Ctx, i: usize, _: &mut Why) -> Option<Patch> {
     let n = cx.node(i);
-    let mask_unused = n.outputs.get(1).is_none_or(|m| m.is_empty() || (cx.consumers(m).is_empty() && !cx.needed(m)));
+    let mask_unused = n
+        .outputs
+        .get(1)
+        .is_none_or(|m| m.is_empty() || (cx.consumers(m).is_empty() && !cx.needed(m)));
     let train_off = n.input(2).is_none_or(|t| cx.scalar(t) == Some(0.0));
     (mask_unused && train_off).then(|| bypass(cx, i)).flatten()
 }
@@ -48,7 +83,9 @@ fn dropout_inference(cx: &Ctx, i: usize, _: &mut Why) -> Option<Patch> {
 /// While training only a Dropout of ratio 0 is a no-op.
 fn dropout_training(cx: &Ctx, i: usize, _: &mut Why) -> Option<Patch> {
     let n = cx.node(i);
-    let Op::Dropout { ratio, .. } = n.op else { return None };
+    let Op::Dropout { ratio, .. } = n.op else {
+        return None;
+    };
     let ratio = match n.input(1) {
         Some(r) => cx.scalar(r)?,
         None => ratio as f64,
@@ -56,7 +93,10 @@ fn dropout_training(cx: &Ctx, i: usize, _: &mut Why) -> Option<Patch> {
     if ratio != 0.0 {
         return None;
     }
-    let mask_unused = n.outputs.get(1).is_none_or(|m| m.is_empty() || (cx.consumers(m).is_empty() && !cx.needed(m)));
+    let mask_unused = n
+        .outputs
+        .get(1)
+        .is_none_or(|m| m.is_empty() || (cx.consumers(m).is_empty() && !cx.needed(m)));
     mask_unused.then(|| bypass(cx, i)).flatten()
 }
 
@@ -64,13 +104,20 @@ fn cast_same(cx: &Ctx, i: usize, _: &mut Why) -> Option<Patch> {
     let n = cx.node(i);
     let Op::Cast { to } = n.op else { return None };
     let x = &n.inputs[0];
-    let from = cx.facts.dtype(x).or_else(|| cx.konst(x).map(|t| t.dtype())).or_else(|| cx.g.input(x).map(|i| i.dtype))?;
+    let from = cx
+        .facts
+        .dtype(x)
+        .or_else(|| cx.konst(x).map(|t| t.dtype()))
+        .or_else(|| cx.g.input(x).map(|i| i.dtype))?;
     (from == to).then(|| bypass(cx, i)).flatten()
 }
 
 fn reshape_same(cx: &Ctx, i: usize, _: &mut Why) -> Option<Patch> {
     let n = cx.node(i);
-    cx.facts.same_shape(&n.inputs[0], &n.outputs[0]).then(|| bypass(cx, i)).flatten()
+    cx.facts
+        .same_shape(&n.inputs[0], &n.outputs[0])
+        .then(|| bypass(cx, i))
+        .flatten()
 }
 
 /// The explicit permutation of a Transpose (the default reverses the axes).
@@ -104,10 +151,18 @@ fn transpose_pair(cx: &Ctx, i: usize, _: &mut Why) -> Option<Patch> {
     }
     let q: Vec<usize> = p2.iter().map(|&j| p1[j]).collect();
     if is_identity(&q) && !cx.needed(&n.outputs[0]) {
-        return Some(Patch { remove: vec![i], rewire: vec![(n.outputs[0].clone(), x.clone())], ..Default::default() });
+        return Some(Patch {
+            remove: vec![i],
+            rewire: vec![(n.outputs[0].clone(), x.clone())],
+            ..Default::default()
+        });
     }
     let mut merged = n.clone();
     merged.op = Op::Transpose { perm: Some(q) };
     merged.inputs = vec![x.clone()];
-    Some(Patch { remove: vec![i], add: vec![merged], ..Default::default() })
+    Some(Patch {
+        remove: vec![i],
+        add: vec![merged],
+        ..Default::default()
+    })
 }

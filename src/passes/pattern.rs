@@ -30,10 +30,20 @@ impl Facts {
             let size = |s: &str| {
                 let i = syms.iter().position(|x| x == s).unwrap_or(0);
                 let base = g.dims.get(s).copied().unwrap_or(PROBE);
-                if run == 0 { base } else { base * (i + 2) }
+                if run == 0 {
+                    base
+                } else {
+                    base * (i + 2)
+                }
             };
             let dims = |i: &crate::graph::InputInfo| {
-                i.shape.iter().map(|d| match d { Dim::Fixed(n) => *n, Dim::Sym(s) => size(s) }).collect()
+                i.shape
+                    .iter()
+                    .map(|d| match d {
+                        Dim::Fixed(n) => *n,
+                        Dim::Sym(s) => size(s),
+                    })
+                    .collect()
             };
             g.inputs.iter().map(|i| (i.name.clone(), dims(i))).collect()
         };
@@ -44,8 +54,16 @@ impl Facts {
                 runs.extend(infer::infer_graph(g, &shapes(1)).ok());
             }
         }
-        let ranks = if runs.is_empty() { structural_ranks(g) } else { HashMap::new() };
-        Facts { runs, symbolic: !syms.is_empty(), ranks }
+        let ranks = if runs.is_empty() {
+            structural_ranks(g)
+        } else {
+            HashMap::new()
+        };
+        Facts {
+            runs,
+            symbolic: !syms.is_empty(),
+            ranks,
+        }
     }
 
     /// Shapes are known and can be compared across symbol values.
@@ -70,7 +88,10 @@ impl Facts {
             return None;
         }
         let first = &self.runs[0].types.get(v)?.shape;
-        self.runs.iter().all(|r| r.types.get(v).map(|t| &t.shape) == Some(first)).then(|| first.clone())
+        self.runs
+            .iter()
+            .all(|r| r.types.get(v).map(|t| &t.shape) == Some(first))
+            .then(|| first.clone())
     }
     /// `a` and `b` have the same shape for every binding of the symbols.
     pub fn same_shape(&self, a: &str, b: &str) -> bool {
@@ -89,12 +110,23 @@ impl Facts {
                 let ins: Vec<Option<&ValueType>> = n
                     .inputs
                     .iter()
-                    .map(|v| if v.is_empty() { None } else { local.get(v.as_str()).or(run.types.get(v)) })
+                    .map(|v| {
+                        if v.is_empty() {
+                            None
+                        } else {
+                            local.get(v.as_str()).or(run.types.get(v))
+                        }
+                    })
                     .collect();
-                if ins.iter().zip(&n.inputs).any(|(t, v)| t.is_none() && !v.is_empty()) {
+                if ins
+                    .iter()
+                    .zip(&n.inputs)
+                    .any(|(t, v)| t.is_none() && !v.is_empty())
+                {
                     return Err("shapes are unknown for a new value".into());
                 }
-                let consts: Vec<Option<&Tensor>> = n.inputs.iter().map(|v| run.consts.get(v)).collect();
+                let consts: Vec<Option<&Tensor>> =
+                    n.inputs.iter().map(|v| run.consts.get(v)).collect();
                 let outs = infer::infer_node(n, &ins, &consts).map_err(|e| e.to_string())?;
                 for (name, t) in n.outputs.iter().zip(outs) {
                     local.insert(name, t);
@@ -102,7 +134,9 @@ impl Facts {
             }
             match (local.get(out), run.types.get(out)) {
                 (Some(new), Some(old)) if new == old => {}
-                (Some(new), Some(old)) => return Err(format!("the fused result would be {new}, not {old}")),
+                (Some(new), Some(old)) => {
+                    return Err(format!("the fused result would be {new}, not {old}"))
+                }
                 _ => return Err(format!("no type for '{out}'")),
             }
         }
@@ -119,20 +153,40 @@ fn structural_ranks(g: &Graph) -> HashMap<String, usize> {
     for i in &g.initializers {
         r.insert(i.name.clone(), i.tensor.shape().len());
     }
-    let consts: HashMap<&str, &Tensor> = g.initializers.iter().map(|i| (i.name.as_str(), &i.tensor)).collect();
+    let consts: HashMap<&str, &Tensor> = g
+        .initializers
+        .iter()
+        .map(|i| (i.name.as_str(), &i.tensor))
+        .collect();
     for ni in validate::topo_order(g).unwrap_or_default() {
         let n = &g.nodes[ni];
         let ri = |k: usize| n.inputs.get(k).and_then(|v| r.get(v)).copied();
         let rank = match &n.op {
-            Op::Unary(_) | Op::Cast { .. } | Op::Identity | Op::Softmax { .. } | Op::LogSoftmax { .. } => ri(0),
-            Op::LayerNormalization { .. } | Op::Dropout { .. } | Op::Trilu { .. } | Op::Clip => ri(0),
+            Op::Unary(_)
+            | Op::Cast { .. }
+            | Op::Identity
+            | Op::Softmax { .. }
+            | Op::LogSoftmax { .. } => ri(0),
+            Op::LayerNormalization { .. } | Op::Dropout { .. } | Op::Trilu { .. } | Op::Clip => {
+                ri(0)
+            }
             Op::Binary(_) => ri(0).zip(ri(1)).map(|(a, b)| a.max(b)),
-            Op::Where => ri(0).zip(ri(1)).zip(ri(2)).map(|((a, b), c)| a.max(b).max(c)),
-            Op::MatMul | Op::FusedMatMul { .. } => ri(0).zip(ri(1)).filter(|(a, b)| *a >= 2 && *b >= 2).map(|(a, b)| a.max(b)),
+            Op::Where => ri(0)
+                .zip(ri(1))
+                .zip(ri(2))
+                .map(|((a, b), c)| a.max(b).max(c)),
+            Op::MatMul | Op::FusedMatMul { .. } => ri(0)
+                .zip(ri(1))
+                .filter(|(a, b)| *a >= 2 && *b >= 2)
+                .map(|(a, b)| a.max(b)),
             Op::Gemm { .. } => Some(2),
             Op::Transpose { perm: Some(p) } => Some(p.len()),
             Op::Transpose { perm: None } => ri(0),
-            Op::Reshape { .. } => n.inputs.get(1).and_then(|v| consts.get(v.as_str())).map(|t| t.numel()),
+            Op::Reshape { .. } => n
+                .inputs
+                .get(1)
+                .and_then(|v| consts.get(v.as_str()))
+                .map(|t| t.numel()),
             Op::Attention { .. } => Some(4),
             _ => None,
         };
@@ -212,8 +266,23 @@ impl<'g> Ctx<'g> {
         if let Some(t) = &g.training {
             needed.insert(t.loss.as_str());
         }
-        let trainable = g.initializers.iter().filter(|i| i.trainable).map(|i| i.name.as_str()).collect();
-        Ok(Ctx { g, facts, order, pos, producer, consumers, needed, consts, trainable })
+        let trainable = g
+            .initializers
+            .iter()
+            .filter(|i| i.trainable)
+            .map(|i| i.name.as_str())
+            .collect();
+        Ok(Ctx {
+            g,
+            facts,
+            order,
+            pos,
+            producer,
+            consumers,
+            needed,
+            consts,
+            trainable,
+        })
     }
 
     pub fn node(&self, i: usize) -> &'g Node {
@@ -255,7 +324,8 @@ impl<'g> Ctx<'g> {
     }
     /// A scalar constant within 1e-4 (relative) of `want`.
     pub fn near(&self, v: &str, want: f64) -> bool {
-        self.scalar(v).is_some_and(|x| (x - want).abs() <= 1e-4 * want.abs())
+        self.scalar(v)
+            .is_some_and(|x| (x - want).abs() <= 1e-4 * want.abs())
     }
     /// For a two-input node reading `v`: the other input.
     pub fn other<'n>(&self, n: &'n Node, v: &str) -> Option<&'n str> {
@@ -272,8 +342,16 @@ impl<'g> Ctx<'g> {
         self.factors_into(v, true, &mut leaves, &mut nodes);
         (leaves, nodes)
     }
-    fn factors_into(&self, v: &'g str, top: bool, leaves: &mut Vec<&'g str>, nodes: &mut Vec<usize>) {
-        let mul = self.prod(v, |op| matches!(op, Op::Binary(crate::graph::BinaryOp::Mul)));
+    fn factors_into(
+        &self,
+        v: &'g str,
+        top: bool,
+        leaves: &mut Vec<&'g str>,
+        nodes: &mut Vec<usize>,
+    ) {
+        let mul = self.prod(v, |op| {
+            matches!(op, Op::Binary(crate::graph::BinaryOp::Mul))
+        });
         match mul {
             Some((i, n)) if top || self.sole_consumer(v).is_some() => {
                 nodes.push(i);
@@ -288,12 +366,20 @@ impl<'g> Ctx<'g> {
     /// no graph output: the condition for replacing `set` by one node producing `out`.
     pub fn swallow_ok(&self, set: &[usize], out: &str) -> Result<(), String> {
         for &i in set {
-            for o in self.node(i).outputs.iter().filter(|o| !o.is_empty() && o.as_str() != out) {
+            for o in self
+                .node(i)
+                .outputs
+                .iter()
+                .filter(|o| !o.is_empty() && o.as_str() != out)
+            {
                 if self.needed(o) {
                     return Err(format!("'{o}' is a graph output"));
                 }
                 if let Some(&c) = self.consumers(o).iter().find(|c| !set.contains(c)) {
-                    return Err(format!("'{o}' is also used by node '{}'", self.node(c).name));
+                    return Err(format!(
+                        "'{o}' is also used by node '{}'",
+                        self.node(c).name
+                    ));
                 }
             }
         }
@@ -302,7 +388,9 @@ impl<'g> Ctx<'g> {
     /// A value name not yet used in the graph, from `base`.
     pub fn fresh_value(&self, base: &str) -> String {
         let taken = |s: &str| {
-            self.producer.contains_key(s) || self.consts.contains_key(s) || self.g.input(s).is_some()
+            self.producer.contains_key(s)
+                || self.consts.contains_key(s)
+                || self.g.input(s).is_some()
         };
         fresh(base, taken)
     }
@@ -315,7 +403,10 @@ fn fresh(base: &str, taken: impl Fn(&str) -> bool) -> String {
     if !taken(base) {
         return base.to_string();
     }
-    (2..).map(|k| format!("{base}_{k}")).find(|s| !taken(s)).expect("some name is free")
+    (2..)
+        .map(|k| format!("{base}_{k}"))
+        .find(|s| !taken(s))
+        .expect("some name is free")
 }
 
 /// Applies a patch and prunes what it left unused (nodes and initializers that only fed
@@ -323,7 +414,11 @@ fn fresh(base: &str, taken: impl Fn(&str) -> bool) -> String {
 pub fn apply(mut g: Graph, p: Patch) -> Graph {
     let removed: HashSet<usize> = p.remove.iter().copied().collect();
     let at = p.remove.iter().copied().max().unwrap_or(g.nodes.len());
-    let mut orphans: Vec<String> = p.remove.iter().flat_map(|&i| g.nodes[i].inputs.clone()).collect();
+    let mut orphans: Vec<String> = p
+        .remove
+        .iter()
+        .flat_map(|&i| g.nodes[i].inputs.clone())
+        .collect();
     let old = std::mem::take(&mut g.nodes);
     let mut add = Some(p.add);
     for (i, n) in old.into_iter().enumerate() {
@@ -365,10 +460,10 @@ fn prune(g: &mut Graph, mut candidates: Vec<String>) {
             continue;
         }
         if let Some(i) = g.nodes.iter().position(|n| n.outputs.contains(&v)) {
-            let unused = g.nodes[i]
-                .outputs
-                .iter()
-                .all(|o| o.is_empty() || (!needed.contains(o) && !g.nodes.iter().any(|n| n.inputs.contains(o))));
+            let unused = g.nodes[i].outputs.iter().all(|o| {
+                o.is_empty()
+                    || (!needed.contains(o) && !g.nodes.iter().any(|n| n.inputs.contains(o)))
+            });
             if unused {
                 let n = g.nodes.remove(i);
                 candidates.extend(n.inputs);

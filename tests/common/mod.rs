@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use graphrun::graph::op::{Attr, AttrValue};
-use graphrun::graph::{Graph, InputInfo, Initializer, InitSource, Node, Op};
+use graphrun::graph::{Graph, InitSource, Initializer, InputInfo, Node, Op};
 use graphrun::rng::Rng;
 use graphrun::{BackendKind, DType, Session, SessionOptions, Tensor};
 
@@ -56,7 +56,14 @@ pub fn f64s(shape: &[usize], v: &[f64]) -> Tensor {
 
 /// Builds an op from its ONNX name and attributes, as the YAML loader would.
 pub fn op(name: &str, attrs: &[(&str, AttrValue)]) -> Op {
-    let attrs: Vec<Attr> = attrs.iter().map(|(k, v)| Attr { name: k.to_string(), value: v.clone(), loc: None }).collect();
+    let attrs: Vec<Attr> = attrs
+        .iter()
+        .map(|(k, v)| Attr {
+            name: k.to_string(),
+            value: v.clone(),
+            loc: None,
+        })
+        .collect();
     Op::parse(name, &attrs, "test", None).unwrap_or_else(|e| panic!("{e}"))
 }
 
@@ -72,7 +79,11 @@ pub fn one_node_graph(op: Op, args: &[Arg], n_out: usize) -> Graph {
                 inputs.push(InputInfo {
                     name: name.clone(),
                     dtype: t.dtype(),
-                    shape: t.shape().iter().map(|&d| graphrun::graph::Dim::Fixed(d)).collect(),
+                    shape: t
+                        .shape()
+                        .iter()
+                        .map(|&d| graphrun::graph::Dim::Fixed(d))
+                        .collect(),
                     range: None,
                     loc: None,
                 });
@@ -80,7 +91,13 @@ pub fn one_node_graph(op: Op, args: &[Arg], n_out: usize) -> Graph {
             }
             Arg::Const(t) => {
                 let name = format!("c{i}");
-                initializers.push(Initializer { name: name.clone(), tensor: t.clone(), trainable: false, source: InitSource::Data, loc: None });
+                initializers.push(Initializer {
+                    name: name.clone(),
+                    tensor: t.clone(),
+                    trainable: false,
+                    source: InitSource::Data,
+                    loc: None,
+                });
                 names.push(name);
             }
             Arg::None => names.push(String::new()),
@@ -93,15 +110,33 @@ pub fn one_node_graph(op: Op, args: &[Arg], n_out: usize) -> Graph {
         inputs,
         outputs: outputs.clone(),
         initializers,
-        nodes: vec![Node { name: "node".into(), op, inputs: names, outputs, loc: None }],
+        nodes: vec![Node {
+            name: "node".into(),
+            op,
+            inputs: names,
+            outputs,
+            loc: None,
+        }],
         training: None,
         file: None,
     }
 }
 
 /// Runs one op on a backend; floating args are cast to `dtype` first.
-pub fn run_op(backend: BackendKind, op: Op, args: &[Arg], n_out: usize, dtype: DType) -> graphrun::Result<Vec<Tensor>> {
-    let cast = |t: &Tensor| if t.dtype().is_float() { t.cast(dtype) } else { t.clone() };
+pub fn run_op(
+    backend: BackendKind,
+    op: Op,
+    args: &[Arg],
+    n_out: usize,
+    dtype: DType,
+) -> graphrun::Result<Vec<Tensor>> {
+    let cast = |t: &Tensor| {
+        if t.dtype().is_float() {
+            t.cast(dtype)
+        } else {
+            t.clone()
+        }
+    };
     let args: Vec<Arg> = args
         .iter()
         .map(|a| match a {
@@ -119,7 +154,13 @@ pub fn run_op(backend: BackendKind, op: Op, args: &[Arg], n_out: usize, dtype: D
             _ => None,
         })
         .collect();
-    let mut s = Session::new(g, SessionOptions { backend, ..Default::default() })?;
+    let mut s = Session::new(
+        g,
+        SessionOptions {
+            backend,
+            ..Default::default()
+        },
+    )?;
     Ok(s.run(&feeds)?.into_iter().map(|(_, t)| t).collect())
 }
 
@@ -150,7 +191,11 @@ pub fn rel_err(out: &[f64], reference: &[f64]) -> f64 {
         num += (o - r) * (o - r);
         den += r * r;
     }
-    if den == 0.0 { num.sqrt() } else { (num / den).sqrt() }
+    if den == 0.0 {
+        num.sqrt()
+    } else {
+        (num / den).sqrt()
+    }
 }
 
 /// The expected result of an op: shape and f64 values per output.
@@ -159,15 +204,22 @@ pub type Expected = Vec<(Vec<usize>, Vec<f64>)>;
 /// Runs `op` on every backend and every dtype in `dtypes` (floating args cast to it) and
 /// compares each output with `reference`, which gets the args *after* rounding to the
 /// dtype (as f64) so that only the kernel's error is measured.
-pub fn check(op_: Op, args: &[Arg], dtypes: &[DType], reference: impl Fn(&[Option<Tensor>]) -> Expected) {
+pub fn check(
+    op_: Op,
+    args: &[Arg],
+    dtypes: &[DType],
+    reference: impl Fn(&[Option<Tensor>]) -> Expected,
+) {
     for backend in backends() {
         for &dt in dtypes {
             let rounded: Vec<Option<Tensor>> = args
                 .iter()
                 .map(|a| match a {
-                    Arg::In(t) | Arg::Const(t) => {
-                        Some(if t.dtype().is_float() { t.cast(dt).cast(DType::F64) } else { t.clone() })
-                    }
+                    Arg::In(t) | Arg::Const(t) => Some(if t.dtype().is_float() {
+                        t.cast(dt).cast(DType::F64)
+                    } else {
+                        t.clone()
+                    }),
                     Arg::None => None,
                 })
                 .collect();
@@ -175,7 +227,12 @@ pub fn check(op_: Op, args: &[Arg], dtypes: &[DType], reference: impl Fn(&[Optio
             let got = run_op(backend, op_.clone(), args, want.len(), dt)
                 .unwrap_or_else(|e| panic!("{} on {backend:?} {dt}: {e}", op_.name()));
             for (k, ((shape, vals), t)) in want.iter().zip(&got).enumerate() {
-                assert_eq!(t.shape(), &shape[..], "{} on {backend:?} {dt}: output {k} shape", op_.name());
+                assert_eq!(
+                    t.shape(),
+                    &shape[..],
+                    "{} on {backend:?} {dt}: output {k} shape",
+                    op_.name()
+                );
                 let out = t.to_f64_vec();
                 let e = rel_err(&out, vals);
                 // Integer and bool outputs must be exact.
@@ -210,12 +267,24 @@ pub fn strides(shape: &[usize]) -> Vec<usize> {
 pub fn bcast_offset(idx: &[usize], in_shape: &[usize]) -> usize {
     let off = idx.len() - in_shape.len();
     let st = strides(in_shape);
-    in_shape.iter().enumerate().map(|(i, &d)| if d == 1 { 0 } else { idx[off + i] * st[i] }).sum()
+    in_shape
+        .iter()
+        .enumerate()
+        .map(|(i, &d)| if d == 1 { 0 } else { idx[off + i] * st[i] })
+        .sum()
 }
 
 /// Every multi-index of a shape in row-major order.
 pub fn indices(shape: &[usize]) -> Vec<Vec<usize>> {
     let n: usize = shape.iter().product();
     let st = strides(shape);
-    (0..n).map(|f| shape.iter().enumerate().map(|(i, &d)| (f / st[i]) % d.max(1)).collect()).collect()
+    (0..n)
+        .map(|f| {
+            shape
+                .iter()
+                .enumerate()
+                .map(|(i, &d)| (f / st[i]) % d.max(1))
+                .collect()
+        })
+        .collect()
 }

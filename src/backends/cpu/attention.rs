@@ -20,7 +20,15 @@ const KB: usize = 64;
 /// V `[B, Hkv, Skv, Dv]` → `[B, Hq, Sq, Dv]`. Query head h reads kv head `h / (Hq/Hkv)`.
 /// `mask` broadcasts to `[B, Hq, Sq, Skv]`: bool (false masks out) or additive.
 /// Causal is upper-left aligned: query i sees key j iff `j <= i`.
-pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>, is_causal: bool, scale: Option<f32>, out: &mut Tensor) -> Result<()> {
+pub fn attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: Option<&Tensor>,
+    is_causal: bool,
+    scale: Option<f32>,
+    out: &mut Tensor,
+) -> Result<()> {
     crate::with_float!(q.dtype(), T => attention_t::<T>(q, k, v, mask, is_causal, scale, out),
         _ => Err(crate::err!(Runtime, "Attention needs float inputs, got {}", q.dtype())))
 }
@@ -34,11 +42,27 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>, is_c
 /// every key). With Lq == Lk this is the usual upper-left mask; with Lq > Lk the first
 /// `Lq - Lk` queries see nothing and give 0.
 #[allow(clippy::too_many_arguments)]
-pub fn varlen_attention(node: &Node, q: &Tensor, k: &Tensor, v: &Tensor, cu_q: &Tensor, cu_k: &Tensor, is_causal: bool, scale: Option<f32>, out: &mut Tensor) -> Result<()> {
+pub fn varlen_attention(
+    node: &Node,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    cu_q: &Tensor,
+    cu_k: &Tensor,
+    is_causal: bool,
+    scale: Option<f32>,
+    out: &mut Tensor,
+) -> Result<()> {
     let cq = cu_seqlens(node, cu_q, "cu_seqlens_q", q.shape()[0])?;
     let ck = cu_seqlens(node, cu_k, "cu_seqlens_k", k.shape()[0])?;
     if cq.len() != ck.len() {
-        crate::bail!(Runtime, "{}: cu_seqlens_q has {} entries but cu_seqlens_k has {}", node.describe(), cq.len(), ck.len());
+        crate::bail!(
+            Runtime,
+            "{}: cu_seqlens_q has {} entries but cu_seqlens_k has {}",
+            node.describe(),
+            cq.len(),
+            ck.len()
+        );
     }
     crate::with_float!(q.dtype(), T => varlen_t::<T>(q, k, v, &cq, &ck, is_causal, scale, out),
         _ => Err(crate::err!(Runtime, "{}: needs float inputs, got {}", node.describe(), q.dtype())))
@@ -48,7 +72,9 @@ pub fn varlen_attention(node: &Node, q: &Tensor, k: &Tensor, v: &Tensor, cu_q: &
 /// names lies inside the packed tensor.
 fn cu_seqlens(node: &Node, cu: &Tensor, what: &str, total: usize) -> Result<Vec<usize>> {
     let c = cu.to_i64_vec();
-    let ok = c.first() == Some(&0) && c.windows(2).all(|w| w[0] <= w[1]) && c.last() == Some(&(total as i64));
+    let ok = c.first() == Some(&0)
+        && c.windows(2).all(|w| w[0] <= w[1])
+        && c.last() == Some(&(total as i64));
     if !ok {
         crate::bail!(Runtime, "{}: {what} must start at 0, never decrease and end at {total} (the packed length); got {c:?}", node.describe());
     }
@@ -59,8 +85,18 @@ fn default_scale(d: usize, scale: Option<f32>) -> f64 {
     scale.map_or(1.0 / (d as f64).sqrt(), |s| s as f64)
 }
 
-fn attention_t<T: Float>(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>, causal: bool, scale: Option<f32>, out: &mut Tensor) -> Result<()> {
-    let &[_, hq, sq, d] = q.shape() else { crate::bail!(Runtime, "Attention: Q must be 4-D") };
+fn attention_t<T: Float>(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: Option<&Tensor>,
+    causal: bool,
+    scale: Option<f32>,
+    out: &mut Tensor,
+) -> Result<()> {
+    let &[_, hq, sq, d] = q.shape() else {
+        crate::bail!(Runtime, "Attention: Q must be 4-D")
+    };
     let (hkv, skv, dv) = (k.shape()[1], k.shape()[2], v.shape()[3]);
     let scale = T::Acc::c(default_scale(d, scale));
     let mask = match mask {
@@ -70,7 +106,11 @@ fn attention_t<T: Float>(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tenso
             match m.dtype() {
                 DType::Bool => Mask::Bool(m.as_slice::<u8>(), st),
                 dt if dt == T::DTYPE => Mask::Add(m.as_slice::<T>(), st),
-                dt => crate::bail!(Runtime, "Attention: attn_mask must be bool or {}, got {dt}", T::DTYPE),
+                dt => crate::bail!(
+                    Runtime,
+                    "Attention: attn_mask must be bool or {}, got {dt}",
+                    T::DTYPE
+                ),
             }
         }
     };
@@ -83,7 +123,11 @@ fn attention_t<T: Float>(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tenso
     // Tasks: one per (batch·head, block of QB query rows), each owning its output rows.
     out.par_chunks_mut(sq * dv)
         .enumerate()
-        .flat_map(|(bh, o)| o.par_chunks_mut(QB * dv).enumerate().map(move |(blk, o)| (bh, blk, o)))
+        .flat_map(|(bh, o)| {
+            o.par_chunks_mut(QB * dv)
+                .enumerate()
+                .map(move |(blk, o)| (bh, blk, o))
+        })
         .for_each_init(
             || Scratch::new(d, dv),
             |sc, (bh, blk, o)| {
@@ -91,9 +135,24 @@ fn attention_t<T: Float>(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tenso
                 let kvh = b * hkv + h / group;
                 let rows = blk * QB..(blk * QB + QB).min(sq);
                 let job = Job {
-                    q: Rows { data: qs, off: bh * sq * d, stride: d, width: d },
-                    k: Rows { data: ks, off: kvh * skv * d, stride: d, width: d },
-                    v: Rows { data: vs, off: kvh * skv * dv, stride: dv, width: dv },
+                    q: Rows {
+                        data: qs,
+                        off: bh * sq * d,
+                        stride: d,
+                        width: d,
+                    },
+                    k: Rows {
+                        data: ks,
+                        off: kvh * skv * d,
+                        stride: d,
+                        width: d,
+                    },
+                    v: Rows {
+                        data: vs,
+                        off: kvh * skv * dv,
+                        stride: dv,
+                        width: dv,
+                    },
                     nk: skv,
                     causal_shift: causal.then_some(0),
                     mask: mask.for_head(b, h),
@@ -106,7 +165,16 @@ fn attention_t<T: Float>(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tenso
 }
 
 #[allow(clippy::too_many_arguments)]
-fn varlen_t<T: Float>(q: &Tensor, k: &Tensor, v: &Tensor, cq: &[usize], ck: &[usize], causal: bool, scale: Option<f32>, out: &mut Tensor) -> Result<()> {
+fn varlen_t<T: Float>(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    cq: &[usize],
+    ck: &[usize],
+    causal: bool,
+    scale: Option<f32>,
+    out: &mut Tensor,
+) -> Result<()> {
     let (hq, d, hkv, dv) = (q.shape()[1], q.shape()[2], k.shape()[1], v.shape()[2]);
     let scale = T::Acc::c(default_scale(d, scale));
     let (qs, ks, vs) = (q.as_slice::<T>(), k.as_slice::<T>(), v.as_slice::<T>());
@@ -135,9 +203,24 @@ fn varlen_t<T: Float>(q: &Tensor, k: &Tensor, v: &Tensor, cq: &[usize], ck: &[us
             for h in 0..hq {
                 let g = h / group;
                 let job = Job {
-                    q: Rows { data: qs, off: (q0 * hq + h) * d, stride: hq * d, width: d },
-                    k: Rows { data: ks, off: (k0 * hkv + g) * d, stride: hkv * d, width: d },
-                    v: Rows { data: vs, off: (k0 * hkv + g) * dv, stride: hkv * dv, width: dv },
+                    q: Rows {
+                        data: qs,
+                        off: (q0 * hq + h) * d,
+                        stride: hq * d,
+                        width: d,
+                    },
+                    k: Rows {
+                        data: ks,
+                        off: (k0 * hkv + g) * d,
+                        stride: hkv * d,
+                        width: d,
+                    },
+                    v: Rows {
+                        data: vs,
+                        off: (k0 * hkv + g) * dv,
+                        stride: hkv * dv,
+                        width: dv,
+                    },
                     nk: lk,
                     causal_shift: causal.then_some(lk as isize - lq as isize),
                     mask: Mask::None,
@@ -200,7 +283,13 @@ impl<'a, T: Float> Mask<'a, T> {
     fn apply(&self, i: usize, j: usize, x: T::Acc) -> T::Acc {
         match *self {
             Mask::None => x,
-            Mask::Bool(m, s) => if m[i * s.0[2] + j * s.0[3]] != 0 { x } else { T::Acc::neg_infinity() },
+            Mask::Bool(m, s) => {
+                if m[i * s.0[2] + j * s.0[3]] != 0 {
+                    x
+                } else {
+                    T::Acc::neg_infinity()
+                }
+            }
             Mask::Add(m, s) => x + m[i * s.0[2] + j * s.0[3]].to_acc(),
         }
     }
@@ -231,13 +320,27 @@ struct Scratch<A> {
 impl<A: Real> Scratch<A> {
     fn new(d: usize, dv: usize) -> Self {
         let z = A::zero();
-        Scratch { q: vec![z; QB * d], k: vec![z; KB * d], v: vec![z; KB * dv], s: vec![z; KB], m: vec![z; QB], l: vec![z; QB], acc: vec![z; QB * dv] }
+        Scratch {
+            q: vec![z; QB * d],
+            k: vec![z; KB * d],
+            v: vec![z; KB * dv],
+            s: vec![z; KB],
+            m: vec![z; QB],
+            l: vec![z; QB],
+            acc: vec![z; QB * dv],
+        }
     }
 }
 
 /// Attends query rows `rows` (at most QB) of `job`, writing row `rows.start + r` to
 /// `out[r*out_stride..][..Dv]`. A row that sees no key (all masked) gets 0.
-fn attend<T: Float>(job: &Job<T>, rows: Range<usize>, out: &mut [T], out_stride: usize, sc: &mut Scratch<T::Acc>) {
+fn attend<T: Float>(
+    job: &Job<T>,
+    rows: Range<usize>,
+    out: &mut [T],
+    out_stride: usize,
+    sc: &mut Scratch<T::Acc>,
+) {
     let (d, dv, nq) = (job.q.width, job.v.width, rows.len());
     let neg_inf = T::Acc::neg_infinity();
     sc.m[..nq].fill(neg_inf);
@@ -324,7 +427,12 @@ fn widen<T: Float>(dst: &mut [T::Acc], src: &[T]) {
 fn dot<A: Real>(a: &[A], b: &[A]) -> A {
     let mut p = [A::zero(); 8];
     let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: A = ca.remainder().iter().zip(cb.remainder()).map(|(&x, &y)| x * y).sum();
+    let tail: A = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(&x, &y)| x * y)
+        .sum();
     for (x, y) in ca.zip(cb) {
         for l in 0..8 {
             p[l] = p[l] + x[l] * y[l];

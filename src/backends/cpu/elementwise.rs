@@ -40,7 +40,11 @@ pub(super) trait Num: Elem {
     #[inline(always)]
     fn max(a: Self::A, b: Self::A) -> Self::A {
         #[allow(clippy::eq_op)]
-        if b > a || b != b { b } else { a }
+        if b > a || b != b {
+            b
+        } else {
+            a
+        }
     }
 }
 
@@ -151,7 +155,9 @@ fn par_for<O: Send>(out: &mut [O], body: impl Fn(usize, &mut [O]) + Sync) {
     if out.len() < PAR_MIN {
         body(0, out);
     } else {
-        out.par_chunks_mut(CHUNK).enumerate().for_each(|(i, c)| body(i * CHUNK, c));
+        out.par_chunks_mut(CHUNK)
+            .enumerate()
+            .for_each(|(i, c)| body(i * CHUNK, c));
     }
 }
 
@@ -206,7 +212,12 @@ impl<const N: usize> Bcast<N> {
     /// Calls `f(pos, len, offs)` for each innermost run covering output positions
     /// `start..start + len`: `pos` counts from `start`, `offs` are the operands' offsets
     /// of the run's first element, and the run continues with strides `self.inner()`.
-    pub(super) fn walk(&self, start: usize, len: usize, mut f: impl FnMut(usize, usize, [usize; N])) {
+    pub(super) fn walk(
+        &self,
+        start: usize,
+        len: usize,
+        mut f: impl FnMut(usize, usize, [usize; N]),
+    ) {
         // offs += k * st, with k signed through wrapping (offsets never go negative).
         fn shift<const N: usize>(offs: &mut [usize; N], st: &[usize; N], k: isize) {
             for (o, s) in offs.iter_mut().zip(st) {
@@ -260,7 +271,12 @@ fn map1<I: Elem, O: Elem>(x: &Tensor, out: &mut Tensor, f: impl Fn(I) -> O + Syn
 }
 
 /// `out = f(a, b)` with numpy broadcasting.
-fn map2<A: Elem, B: Elem, O: Elem>(a: &Tensor, b: &Tensor, out: &mut Tensor, f: impl Fn(A, B) -> O + Sync) {
+fn map2<A: Elem, B: Elem, O: Elem>(
+    a: &Tensor,
+    b: &Tensor,
+    out: &mut Tensor,
+    f: impl Fn(A, B) -> O + Sync,
+) {
     let bc = Bcast::new(out.shape(), [a.shape(), b.shape()]);
     let [sa, sb] = bc.inner();
     let (a, b) = (a.as_slice::<A>(), b.as_slice::<B>());
@@ -269,10 +285,23 @@ fn map2<A: Elem, B: Elem, O: Elem>(a: &Tensor, b: &Tensor, out: &mut Tensor, f: 
             let o = &mut o[pos..pos + n];
             // The common stride patterns get their own loops so they vectorise.
             match (sa, sb) {
-                (1, 1) => o.iter_mut().zip(&a[oa..oa + n]).zip(&b[ob..ob + n]).for_each(|((o, &x), &y)| *o = f(x, y)),
-                (1, 0) => o.iter_mut().zip(&a[oa..oa + n]).for_each(|(o, &x)| *o = f(x, b[ob])),
-                (0, 1) => o.iter_mut().zip(&b[ob..ob + n]).for_each(|(o, &y)| *o = f(a[oa], y)),
-                _ => o.iter_mut().enumerate().for_each(|(i, o)| *o = f(a[oa + i * sa], b[ob + i * sb])),
+                (1, 1) => o
+                    .iter_mut()
+                    .zip(&a[oa..oa + n])
+                    .zip(&b[ob..ob + n])
+                    .for_each(|((o, &x), &y)| *o = f(x, y)),
+                (1, 0) => o
+                    .iter_mut()
+                    .zip(&a[oa..oa + n])
+                    .for_each(|(o, &x)| *o = f(x, b[ob])),
+                (0, 1) => o
+                    .iter_mut()
+                    .zip(&b[ob..ob + n])
+                    .for_each(|(o, &y)| *o = f(a[oa], y)),
+                _ => o
+                    .iter_mut()
+                    .enumerate()
+                    .for_each(|(i, o)| *o = f(a[oa + i * sa], b[ob + i * sb])),
             }
         })
     });
@@ -362,7 +391,9 @@ pub fn binary(op: BinaryOp, a: &Tensor, b: &Tensor, out: &mut Tensor) -> Result<
             return with_num!(a.dtype(), T => with_num!(b.dtype(), E => pow::<T, E>(a, b, out),
                 _ => unsupported("Pow", b.dtype())), _ => unsupported("Pow", a.dtype()))
         }
-        _ => return with_num!(a.dtype(), T => arith::<T>(op, a, b, out), _ => unsupported("binary", a.dtype())),
+        _ => {
+            return with_num!(a.dtype(), T => arith::<T>(op, a, b, out), _ => unsupported("binary", a.dtype()))
+        }
     }
     Ok(())
 }
@@ -376,8 +407,13 @@ fn arith<T: Num>(op: BinaryOp, a: &Tensor, b: &Tensor, out: &mut Tensor) -> Resu
         B::Div => {
             // Checked up front so the parallel loop cannot fail: every divisor element is
             // used unless the output is empty.
-            if T::INT && out.numel() > 0 && b.as_slice::<T>().iter().any(|v| v.load() == T::zero()) {
-                crate::bail!(Runtime, "integer division by zero (divisor of shape {})", crate::tensor::fmt_shape(b.shape()));
+            if T::INT && out.numel() > 0 && b.as_slice::<T>().iter().any(|v| v.load() == T::zero())
+            {
+                crate::bail!(
+                    Runtime,
+                    "integer division by zero (divisor of shape {})",
+                    crate::tensor::fmt_shape(b.shape())
+                );
             }
             map2(a, b, out, |x: T, y: T| T::store(T::div(x.load(), y.load())))
         }
@@ -389,13 +425,23 @@ fn arith<T: Num>(op: BinaryOp, a: &Tensor, b: &Tensor, out: &mut Tensor) -> Resu
 /// Pow: the exponent may have another numeric dtype; the result has the base's.
 fn pow<T: Num, E: Num>(a: &Tensor, b: &Tensor, out: &mut Tensor) -> Result<()> {
     if T::INT && E::INT && out.numel() > 0 && b.as_slice::<E>().iter().any(|e| e.to_f64() < 0.0) {
-        crate::bail!(Runtime, "integers to negative integer powers are not allowed");
+        crate::bail!(
+            Runtime,
+            "integers to negative integer powers are not allowed"
+        );
     }
-    map2(a, b, out, |x: T, e: E| T::store(T::pow(x.load(), e.to_f64())));
+    map2(a, b, out, |x: T, e: E| {
+        T::store(T::pow(x.load(), e.to_f64()))
+    });
     Ok(())
 }
 
-pub fn clip(x: &Tensor, min: Option<&Tensor>, max: Option<&Tensor>, out: &mut Tensor) -> Result<()> {
+pub fn clip(
+    x: &Tensor,
+    min: Option<&Tensor>,
+    max: Option<&Tensor>,
+    out: &mut Tensor,
+) -> Result<()> {
     with_num!(x.dtype(), T => {
         let bound = |t: Option<&Tensor>| t.map(|t| t.as_slice::<T>()[0].load());
         let (lo, hi) = (bound(min), bound(max));
@@ -456,15 +502,28 @@ fn select<'a, T: Copy + 'a>(
 }
 
 /// Identity at inference; in training a mask seeded by `seed` (or the node name).
-pub fn dropout(node: &Node, ins: &[Option<&Tensor>], outs: &mut [Tensor], ratio: f32, seed: Option<i64>, training: bool) -> Result<()> {
+pub fn dropout(
+    node: &Node,
+    ins: &[Option<&Tensor>],
+    outs: &mut [Tensor],
+    ratio: f32,
+    seed: Option<i64>,
+    training: bool,
+) -> Result<()> {
     let input = |i: usize| ins.get(i).copied().flatten();
-    let Some(x) = input(0) else { crate::bail!(Runtime, "{}: input 0 (data) is missing", node.describe()) };
+    let Some(x) = input(0) else {
+        crate::bail!(Runtime, "{}: input 0 (data) is missing", node.describe())
+    };
     // Scalars read leniently: an empty tensor is a missing value, not a panic.
     let first = |i: usize| input(i).and_then(|t| t.to_f64_vec().first().copied());
     let ratio = first(1).unwrap_or(ratio as f64);
     let training = training || first(2).is_some_and(|v| v != 0.0);
     if !(0.0..1.0).contains(&ratio) {
-        crate::bail!(Runtime, "{}: ratio must be in [0, 1), got {ratio}", node.describe());
+        crate::bail!(
+            Runtime,
+            "{}: ratio must be in [0, 1), got {ratio}",
+            node.describe()
+        );
     }
     let (y, mask) = outs.split_at_mut(1);
     let y = &mut y[0];
@@ -493,12 +552,21 @@ pub fn dropout(node: &Node, ins: &[Option<&Tensor>], outs: &mut [Tensor], ratio:
     Ok(())
 }
 
-fn dropout_mask<T: Float>(x: &Tensor, y: &mut Tensor, keep: impl Fn(usize) -> bool + Sync, ratio: f64) {
+fn dropout_mask<T: Float>(
+    x: &Tensor,
+    y: &mut Tensor,
+    keep: impl Fn(usize) -> bool + Sync,
+    ratio: f64,
+) {
     let scale = T::Acc::c(1.0 / (1.0 - ratio));
     let xs = x.as_slice::<T>();
     par_for(y.as_mut_slice::<T>(), |start, o| {
         for (i, o) in o.iter_mut().enumerate() {
-            let v = if keep(start + i) { xs[start + i].to_acc() * scale } else { T::Acc::c(0.0) };
+            let v = if keep(start + i) {
+                xs[start + i].to_acc() * scale
+            } else {
+                T::Acc::c(0.0)
+            };
             *o = T::from_acc(v);
         }
     });

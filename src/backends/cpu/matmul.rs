@@ -25,9 +25,15 @@ impl Strides {
     /// A row-major `[rows, cols]` matrix, read transposed when `t`.
     fn of(cols: usize, t: bool) -> Strides {
         if t {
-            Strides { rs: 1, cs: cols as isize }
+            Strides {
+                rs: 1,
+                cs: cols as isize,
+            }
         } else {
-            Strides { rs: cols as isize, cs: 1 }
+            Strides {
+                rs: cols as isize,
+                cs: 1,
+            }
         }
     }
 }
@@ -48,16 +54,33 @@ impl Batch {
     fn matmul(a: &[usize], b: &[usize], trans_b: bool) -> Result<Batch> {
         // 1-D operands are promoted to [1, K] and [K, 1]; the output is laid out the same
         // whether or not those dims are squeezed from its shape.
-        let a: Vec<usize> = if a.len() == 1 { vec![1, a[0]] } else { a.to_vec() };
-        let b: Vec<usize> = if b.len() == 1 { vec![b[0], 1] } else { b.to_vec() };
+        let a: Vec<usize> = if a.len() == 1 {
+            vec![1, a[0]]
+        } else {
+            a.to_vec()
+        };
+        let b: Vec<usize> = if b.len() == 1 {
+            vec![b[0], 1]
+        } else {
+            b.to_vec()
+        };
         let (ra, rb) = (a.len(), b.len());
         if ra < 2 || rb < 2 {
             crate::bail!(Runtime, "matmul of a scalar");
         }
         let (m, k) = (a[ra - 2], a[ra - 1]);
-        let (n, b_str) = if trans_b { (b[rb - 2], Strides::of(k, true)) } else { (b[rb - 1], Strides::of(b[rb - 1], false)) };
+        let (n, b_str) = if trans_b {
+            (b[rb - 2], Strides::of(k, true))
+        } else {
+            (b[rb - 1], Strides::of(b[rb - 1], false))
+        };
         let (ab, bb) = (&a[..ra - 2], &b[..rb - 2]);
-        let out = broadcast(ab, bb).ok_or_else(|| crate::err!(Runtime, "matmul batch dims {ab:?} and {bb:?} do not broadcast"))?;
+        let out = broadcast(ab, bb).ok_or_else(|| {
+            crate::err!(
+                Runtime,
+                "matmul batch dims {ab:?} and {bb:?} do not broadcast"
+            )
+        })?;
         let mut p = Batch {
             m,
             n,
@@ -70,7 +93,10 @@ impl Batch {
         // A shared B under a contiguous batch of A is one tall product: [batch·M, K]·B
         // (the common [B, S, K] @ [K, N] case), which gemm parallelises far better.
         let batch = p.a_off.len();
-        if batch > 1 && p.b_off.iter().all(|&o| o == 0) && p.a_off.iter().enumerate().all(|(i, &o)| o == i * m * k) {
+        if batch > 1
+            && p.b_off.iter().all(|&o| o == 0)
+            && p.a_off.iter().enumerate().all(|(i, &o)| o == i * m * k)
+        {
             p.m *= batch;
             p.a_off.truncate(1);
             p.b_off.truncate(1);
@@ -121,12 +147,19 @@ struct RowView<'a, F: Clone> {
 impl<'a, F: Real> RowView<'a, F> {
     fn new<T: Float<Acc = F>>(t: &'a Tensor, out: &[usize]) -> RowView<'a, F> {
         let st = bcast_strides(t.shape(), out, 1);
-        RowView { data: widen(t.as_slice::<T>()), rows: out[..out.len() - 1].to_vec(), st }
+        RowView {
+            data: widen(t.as_slice::<T>()),
+            rows: out[..out.len() - 1].to_vec(),
+            st,
+        }
     }
     /// Output row `r` of the broadcast view: its first element and the stride along it.
     fn row(&self, r: usize) -> (&[F], usize) {
         let last = self.st.len() - 1;
-        (&self.data[offset_of(r, &self.rows, &self.st[..last])..], self.st[last])
+        (
+            &self.data[offset_of(r, &self.rows, &self.st[..last])..],
+            self.st[last],
+        )
     }
 }
 
@@ -139,13 +172,25 @@ fn widen<T: Float>(x: &[T]) -> Cow<'_, [T::Acc]> {
         // SAFETY: T and T::Acc are the same type.
         Cow::Borrowed(unsafe { std::slice::from_raw_parts(x.as_ptr().cast(), x.len()) })
     } else {
-        Cow::Owned(x.par_iter().with_min_len(1 << 14).map(|v| v.to_acc()).collect())
+        Cow::Owned(
+            x.par_iter()
+                .with_min_len(1 << 14)
+                .map(|v| v.to_acc())
+                .collect(),
+        )
     }
 }
 
 /// Computes `scale · product`, then `epi` on each row, in the accumulation type; narrow
 /// outputs (f16, bf16) are rounded once, at the end.
-fn run<T: Float>(p: &Batch, a: &[T], b: &[T], scale: f64, out: &mut [T], epi: Option<Epilogue<T::Acc>>) {
+fn run<T: Float>(
+    p: &Batch,
+    a: &[T],
+    b: &[T],
+    scale: f64,
+    out: &mut [T],
+    epi: Option<Epilogue<T::Acc>>,
+) {
     if out.is_empty() {
         return;
     }
@@ -154,22 +199,30 @@ fn run<T: Float>(p: &Batch, a: &[T], b: &[T], scale: f64, out: &mut [T], epi: Op
     let min_rows = (1 << 14) / n + 1;
     if TypeId::of::<T>() == TypeId::of::<T::Acc>() {
         // SAFETY: T and T::Acc are the same type.
-        let o: &mut [T::Acc] = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().cast(), out.len()) };
+        let o: &mut [T::Acc] =
+            unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().cast(), out.len()) };
         products(p, &a, &b, scale, o);
         if let Some(f) = epi {
-            o.par_chunks_mut(n).enumerate().with_min_len(min_rows).for_each(|(r, row)| f(r, row));
+            o.par_chunks_mut(n)
+                .enumerate()
+                .with_min_len(min_rows)
+                .for_each(|(r, row)| f(r, row));
         }
     } else {
         let mut acc = vec![<T::Acc as Zero>::zero(); out.len()];
         products(p, &a, &b, scale, &mut acc);
-        acc.par_chunks_mut(n).zip(out.par_chunks_mut(n)).enumerate().with_min_len(min_rows).for_each(|(r, (x, o))| {
-            if let Some(f) = epi {
-                f(r, x);
-            }
-            for (o, &x) in o.iter_mut().zip(x.iter()) {
-                *o = T::from_acc(x);
-            }
-        });
+        acc.par_chunks_mut(n)
+            .zip(out.par_chunks_mut(n))
+            .enumerate()
+            .with_min_len(min_rows)
+            .for_each(|(r, (x, o))| {
+                if let Some(f) = epi {
+                    f(r, x);
+                }
+                for (o, &x) in o.iter_mut().zip(x.iter()) {
+                    *o = T::from_acc(x);
+                }
+            });
     }
 }
 
@@ -185,18 +238,33 @@ fn products<F: Real>(p: &Batch, a: &[F], b: &[F], scale: f64, out: &mut [F]) {
         // inside `a`, `b` and `dst`; read_dst = false, so dst is only written.
         unsafe {
             gemm::gemm(
-                m, n, k,
-                dst.as_mut_ptr(), 1, n as isize, false,
-                a.as_ptr().add(ao), p.a.cs, p.a.rs,
-                b.as_ptr().add(bo), p.b.cs, p.b.rs,
-                F::zero(), F::c(scale),
-                false, false, false, par,
+                m,
+                n,
+                k,
+                dst.as_mut_ptr(),
+                1,
+                n as isize,
+                false,
+                a.as_ptr().add(ao),
+                p.a.cs,
+                p.a.rs,
+                b.as_ptr().add(bo),
+                p.b.cs,
+                p.b.rs,
+                F::zero(),
+                F::c(scale),
+                false,
+                false,
+                false,
+                par,
             )
         }
     };
     let batch = p.a_off.iter().zip(&p.b_off);
     if p.a_off.len() > 1 && m * n * k < GEMM_THREADING {
-        out.par_chunks_mut(m * n).zip(batch.collect::<Vec<_>>()).for_each(|(d, (&ao, &bo))| one(d, ao, bo, gemm::Parallelism::None));
+        out.par_chunks_mut(m * n)
+            .zip(batch.collect::<Vec<_>>())
+            .for_each(|(d, (&ao, &bo))| one(d, ao, bo, gemm::Parallelism::None));
     } else {
         for (d, (&ao, &bo)) in out.chunks_mut(m * n).zip(batch) {
             one(d, ao, bo, gemm::Parallelism::Rayon(0));
@@ -205,7 +273,11 @@ fn products<F: Real>(p: &Batch, a: &[F], b: &[F], scale: f64, out: &mut [F]) {
 }
 
 fn not_float(t: &Tensor) -> Result<()> {
-    crate::bail!(Runtime, "matrix products take floating tensors, got {}", t.dtype())
+    crate::bail!(
+        Runtime,
+        "matrix products take floating tensors, got {}",
+        t.dtype()
+    )
 }
 
 pub fn matmul(a: &Tensor, b: &Tensor, out: &mut Tensor) -> Result<()> {
@@ -218,7 +290,16 @@ pub fn matmul(a: &Tensor, b: &Tensor, out: &mut Tensor) -> Result<()> {
 
 /// ONNX Gemm: `alpha · op(A) · op(B) + beta · C`, C broadcast to `[M, N]`.
 #[allow(clippy::too_many_arguments)]
-pub fn gemm(a: &Tensor, b: &Tensor, c: Option<&Tensor>, alpha: f32, beta: f32, trans_a: bool, trans_b: bool, out: &mut Tensor) -> Result<()> {
+pub fn gemm(
+    a: &Tensor,
+    b: &Tensor,
+    c: Option<&Tensor>,
+    alpha: f32,
+    beta: f32,
+    trans_a: bool,
+    trans_b: bool,
+    out: &mut Tensor,
+) -> Result<()> {
     let (m, n) = (out.shape()[0], out.shape()[1]);
     let k = if trans_a { a.shape()[0] } else { a.shape()[1] };
     let p = Batch {
@@ -252,7 +333,13 @@ fn activate<F: Real>(act: Activation, x: F) -> F {
     match act {
         Activation::None => x,
         // `x < 0` rather than max(x, 0) so that NaN propagates.
-        Activation::Relu => if x < F::zero() { F::zero() } else { x },
+        Activation::Relu => {
+            if x < F::zero() {
+                F::zero()
+            } else {
+                x
+            }
+        }
         Activation::Gelu => half * x * (one + (x * F::c(std::f64::consts::FRAC_1_SQRT_2)).erf()),
         Activation::GeluTanh => {
             let u = F::c((2.0 / std::f64::consts::PI).sqrt()) * (x + F::c(0.044715) * x * x * x);
@@ -265,7 +352,15 @@ fn activate<F: Real>(act: Activation, x: F) -> F {
 }
 
 /// `act(A @ op(B) + bias) + residual`, the epilogue applied in one pass over the product.
-pub fn fused_matmul(a: &Tensor, b: &Tensor, bias: Option<&Tensor>, residual: Option<&Tensor>, act: Activation, trans_b: bool, out: &mut Tensor) -> Result<()> {
+pub fn fused_matmul(
+    a: &Tensor,
+    b: &Tensor,
+    bias: Option<&Tensor>,
+    residual: Option<&Tensor>,
+    act: Activation,
+    trans_b: bool,
+    out: &mut Tensor,
+) -> Result<()> {
     let p = Batch::matmul(a.shape(), b.shape(), trans_b)?;
     let shape = out.shape().to_vec();
     crate::with_float!(a.dtype(), T => {
@@ -293,7 +388,15 @@ pub fn fused_matmul(a: &Tensor, b: &Tensor, bias: Option<&Tensor>, residual: Opt
 
 /// Measures this machine's f32 GEMM rate (GFLOP/s) on an n×n×n product: median of `iters`.
 pub fn gemm_f32_gflops(n: usize, iters: usize) -> f64 {
-    let p = Batch { m: n, n, k: n, a: Strides::of(n, false), b: Strides::of(n, false), a_off: vec![0], b_off: vec![0] };
+    let p = Batch {
+        m: n,
+        n,
+        k: n,
+        a: Strides::of(n, false),
+        b: Strides::of(n, false),
+        a_off: vec![0],
+        b_off: vec![0],
+    };
     let a: Vec<f32> = (0..n * n).map(|i| (i % 17) as f32 * 0.125 - 1.0).collect();
     let b: Vec<f32> = (0..n * n).map(|i| (i % 13) as f32 * 0.25 - 1.5).collect();
     let mut out = vec![0f32; n * n];

@@ -39,7 +39,12 @@ impl Backend for Cpu {
         debug_assert_eq!((src.dtype(), src.shape()), (ty.dtype, &ty.shape[..]));
         Ok(src.clone_exact())
     }
-    fn run(&mut self, node: &Node, ins: &[Option<(&Tensor, &ValueType)>], outs: &mut [(&mut Tensor, &ValueType)]) -> Result<()> {
+    fn run(
+        &mut self,
+        node: &Node,
+        ins: &[Option<(&Tensor, &ValueType)>],
+        outs: &mut [(&mut Tensor, &ValueType)],
+    ) -> Result<()> {
         let ins: Vec<Option<&Tensor>> = ins.iter().map(|i| i.map(|(t, _)| t)).collect();
         let mut owned: Vec<Tensor> = outs
             .iter_mut()
@@ -61,14 +66,30 @@ impl Backend for Cpu {
 }
 
 /// Runs one node on host tensors. `outs` are already typed and shaped.
-pub fn run_node(node: &Node, ins: &[Option<&Tensor>], outs: &mut [Tensor], training: bool) -> Result<()> {
+pub fn run_node(
+    node: &Node,
+    ins: &[Option<&Tensor>],
+    outs: &mut [Tensor],
+    training: bool,
+) -> Result<()> {
     let x = |i: usize| {
-        ins.get(i).copied().flatten().ok_or_else(|| crate::err!(Runtime, "{}: required input {i} is missing", node.describe()))
+        ins.get(i).copied().flatten().ok_or_else(|| {
+            crate::err!(
+                Runtime,
+                "{}: required input {i} is missing",
+                node.describe()
+            )
+        })
     };
     match &node.op {
         Op::Unary(u) => elementwise::unary(*u, x(0)?, &mut outs[0]),
         Op::Binary(b) => elementwise::binary(*b, x(0)?, x(1)?, &mut outs[0]),
-        Op::Clip => elementwise::clip(x(0)?, ins.get(1).copied().flatten(), ins.get(2).copied().flatten(), &mut outs[0]),
+        Op::Clip => elementwise::clip(
+            x(0)?,
+            ins.get(1).copied().flatten(),
+            ins.get(2).copied().flatten(),
+            &mut outs[0],
+        ),
         Op::Where => elementwise::where_(x(0)?, x(1)?, x(2)?, &mut outs[0]),
         Op::Cast { .. } => {
             crate::tensor::cast_into(x(0)?, &mut outs[0]);
@@ -78,13 +99,32 @@ pub fn run_node(node: &Node, ins: &[Option<&Tensor>], outs: &mut [Tensor], train
             outs[0].bytes_mut().copy_from_slice(x(0)?.bytes());
             Ok(())
         }
-        Op::Dropout { ratio, seed } => elementwise::dropout(node, ins, outs, *ratio, *seed, training),
-        Op::Trilu { upper } => elementwise::trilu(x(0)?, ins.get(1).copied().flatten(), *upper, &mut outs[0]),
-        Op::MatMul => matmul::matmul(x(0)?, x(1)?, &mut outs[0]),
-        Op::Gemm { alpha, beta, trans_a, trans_b } => {
-            matmul::gemm(x(0)?, x(1)?, ins.get(2).copied().flatten(), *alpha, *beta, *trans_a, *trans_b, &mut outs[0])
+        Op::Dropout { ratio, seed } => {
+            elementwise::dropout(node, ins, outs, *ratio, *seed, training)
         }
-        Op::FusedMatMul { activation, trans_b } => matmul::fused_matmul(
+        Op::Trilu { upper } => {
+            elementwise::trilu(x(0)?, ins.get(1).copied().flatten(), *upper, &mut outs[0])
+        }
+        Op::MatMul => matmul::matmul(x(0)?, x(1)?, &mut outs[0]),
+        Op::Gemm {
+            alpha,
+            beta,
+            trans_a,
+            trans_b,
+        } => matmul::gemm(
+            x(0)?,
+            x(1)?,
+            ins.get(2).copied().flatten(),
+            *alpha,
+            *beta,
+            *trans_a,
+            *trans_b,
+            &mut outs[0],
+        ),
+        Op::FusedMatMul {
+            activation,
+            trans_b,
+        } => matmul::fused_matmul(
             x(0)?,
             x(1)?,
             ins.get(2).copied().flatten(),
@@ -95,13 +135,28 @@ pub fn run_node(node: &Node, ins: &[Option<&Tensor>], outs: &mut [Tensor], train
         ),
         Op::Softmax { axis } => reduce::softmax(x(0)?, *axis, false, &mut outs[0]),
         Op::LogSoftmax { axis } => reduce::softmax(x(0)?, *axis, true, &mut outs[0]),
-        Op::LayerNormalization { axis, epsilon } => {
-            reduce::layer_norm(x(0)?, x(1)?, ins.get(2).copied().flatten(), *axis, *epsilon, outs)
-        }
-        Op::Reduce { kind, axes, noop_with_empty_axes, .. } => {
+        Op::LayerNormalization { axis, epsilon } => reduce::layer_norm(
+            x(0)?,
+            x(1)?,
+            ins.get(2).copied().flatten(),
+            *axis,
+            *epsilon,
+            outs,
+        ),
+        Op::Reduce {
+            kind,
+            axes,
+            noop_with_empty_axes,
+            ..
+        } => {
             let axes = match axes {
                 Some(a) => a.clone(),
-                None => ins.get(1).copied().flatten().map(|t| t.to_i64_vec()).unwrap_or_default(),
+                None => ins
+                    .get(1)
+                    .copied()
+                    .flatten()
+                    .map(|t| t.to_i64_vec())
+                    .unwrap_or_default(),
             };
             let r = x(0)?.shape().len();
             if axes.is_empty() && *noop_with_empty_axes {
@@ -111,13 +166,24 @@ pub fn run_node(node: &Node, ins: &[Option<&Tensor>], outs: &mut [Tensor], train
             let axes: Vec<usize> = if axes.is_empty() {
                 (0..r).collect()
             } else {
-                axes.iter().filter_map(|&a| crate::graph::infer::norm_axis(a, r)).collect()
+                axes.iter()
+                    .filter_map(|&a| crate::graph::infer::norm_axis(a, r))
+                    .collect()
             };
             reduce::reduce(*kind, x(0)?, &axes, &mut outs[0])
         }
-        Op::SoftmaxCrossEntropyLoss { reduction, ignore_index } => {
-            reduce::softmax_cross_entropy(node, x(0)?, x(1)?, ins.get(2).copied().flatten(), *reduction, *ignore_index, outs)
-        }
+        Op::SoftmaxCrossEntropyLoss {
+            reduction,
+            ignore_index,
+        } => reduce::softmax_cross_entropy(
+            node,
+            x(0)?,
+            x(1)?,
+            ins.get(2).copied().flatten(),
+            *reduction,
+            *ignore_index,
+            outs,
+        ),
         Op::Reshape { .. } | Op::Squeeze { .. } | Op::Unsqueeze { .. } | Op::Flatten { .. } => {
             outs[0].bytes_mut().copy_from_slice(x(0)?.bytes());
             Ok(())
@@ -133,12 +199,26 @@ pub fn run_node(node: &Node, ins: &[Option<&Tensor>], outs: &mut [Tensor], train
             outs[0].bytes_mut().copy_from_slice(value.bytes());
             Ok(())
         }
-        Op::Attention { is_causal, scale } => {
-            attention::attention(x(0)?, x(1)?, x(2)?, ins.get(3).copied().flatten(), *is_causal, *scale, &mut outs[0])
-        }
-        Op::VarlenAttention { is_causal, scale } => {
-            attention::varlen_attention(node, x(0)?, x(1)?, x(2)?, x(3)?, x(4)?, *is_causal, *scale, &mut outs[0])
-        }
+        Op::Attention { is_causal, scale } => attention::attention(
+            x(0)?,
+            x(1)?,
+            x(2)?,
+            ins.get(3).copied().flatten(),
+            *is_causal,
+            *scale,
+            &mut outs[0],
+        ),
+        Op::VarlenAttention { is_causal, scale } => attention::varlen_attention(
+            node,
+            x(0)?,
+            x(1)?,
+            x(2)?,
+            x(3)?,
+            x(4)?,
+            *is_causal,
+            *scale,
+            &mut outs[0],
+        ),
     }
 }
 
@@ -150,14 +230,20 @@ pub fn eval_node_with_types(
     _in_types: &[Option<&ValueType>],
     out_types: &[ValueType],
 ) -> Result<Vec<Tensor>> {
-    let mut outs: Vec<Tensor> = out_types.iter().map(|t| Tensor::zeros(t.dtype, &t.shape)).collect();
+    let mut outs: Vec<Tensor> = out_types
+        .iter()
+        .map(|t| Tensor::zeros(t.dtype, &t.shape))
+        .collect();
     run_node(node, ins, &mut outs, false)?;
     Ok(outs)
 }
 
 /// Infers and evaluates one node on host tensors: the simplest way to run an op.
 pub fn eval_node(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
-    let types: Vec<Option<ValueType>> = ins.iter().map(|t| t.map(|t| ValueType::new(t.dtype(), t.shape()))).collect();
+    let types: Vec<Option<ValueType>> = ins
+        .iter()
+        .map(|t| t.map(|t| ValueType::new(t.dtype(), t.shape())))
+        .collect();
     let tref: Vec<Option<&ValueType>> = types.iter().map(|t| t.as_ref()).collect();
     let outs = crate::graph::infer::infer_node(node, &tref, ins)?;
     eval_node_with_types(node, ins, &tref, &outs)

@@ -19,17 +19,31 @@ fn min_rows(row_len: usize) -> usize {
 }
 
 fn not_float(what: &str, x: &Tensor) -> Result<()> {
-    crate::bail!(Runtime, "CPU {what} kernel does not take dtype {}", x.dtype())
+    crate::bail!(
+        Runtime,
+        "CPU {what} kernel does not take dtype {}",
+        x.dtype()
+    )
 }
 
 /// Inference has checked the axis; an error rather than a panic if a caller has not.
 fn checked_axis(axis: i64, x: &Tensor) -> Result<usize> {
-    norm_axis(axis, x.shape().len()).ok_or_else(|| crate::err!(Runtime, "axis {axis} is out of range for rank {}", x.shape().len()))
+    norm_axis(axis, x.shape().len()).ok_or_else(|| {
+        crate::err!(
+            Runtime,
+            "axis {axis} is out of range for rank {}",
+            x.shape().len()
+        )
+    })
 }
 
 /// Splits a shape around `axis` into (outer, n, inner).
 fn around(shape: &[usize], axis: usize) -> (usize, usize, usize) {
-    (numel(&shape[..axis]), shape[axis], numel(&shape[axis + 1..]))
+    (
+        numel(&shape[..axis]),
+        shape[axis],
+        numel(&shape[axis + 1..]),
+    )
 }
 
 pub fn softmax(x: &Tensor, axis: i64, log: bool, out: &mut Tensor) -> Result<()> {
@@ -47,9 +61,10 @@ fn softmax_t<T: Float>(x: &[T], n: usize, inner: usize, log: bool, out: &mut [T]
     if block == 0 {
         return;
     }
-    out.par_chunks_mut(block).zip(x.par_chunks(block)).with_min_len(min_rows(block)).for_each_init(
-        Vec::new,
-        |scratch: &mut Vec<T::Acc>, (o, x)| {
+    out.par_chunks_mut(block)
+        .zip(x.par_chunks(block))
+        .with_min_len(min_rows(block))
+        .for_each_init(Vec::new, |scratch: &mut Vec<T::Acc>, (o, x)| {
             if inner == 1 {
                 return softmax_row(x, log, scratch, o);
             }
@@ -89,32 +104,51 @@ fn softmax_t<T: Float>(x: &[T], n: usize, inner: usize, log: bool, out: &mut [T]
                     }
                 }
             }
-        },
-    );
+        });
 }
 
 /// Softmax of one contiguous row (the last-axis case), in plain loops that vectorise.
 fn softmax_row<T: Float>(x: &[T], log: bool, e: &mut Vec<T::Acc>, o: &mut [T]) {
-    let m = x.iter().fold(T::Acc::neg_infinity(), |m, v| m.max(v.to_acc()));
+    let m = x
+        .iter()
+        .fold(T::Acc::neg_infinity(), |m, v| m.max(v.to_acc()));
     e.clear();
     e.extend(x.iter().map(|v| (v.to_acc() - m).exp()));
     let s: T::Acc = e.iter().copied().sum();
     if log {
         let lse = m + s.ln();
-        o.iter_mut().zip(x).for_each(|(o, v)| *o = T::from_acc(v.to_acc() - lse));
+        o.iter_mut()
+            .zip(x)
+            .for_each(|(o, v)| *o = T::from_acc(v.to_acc() - lse));
     } else {
         let r = s.recip();
-        o.iter_mut().zip(e.iter()).for_each(|(o, e)| *o = T::from_acc(*e * r));
+        o.iter_mut()
+            .zip(e.iter())
+            .for_each(|(o, e)| *o = T::from_acc(*e * r));
     }
 }
 
 /// `outs` holds Y and optionally Mean and InvStdDev.
-pub fn layer_norm(x: &Tensor, scale: &Tensor, bias: Option<&Tensor>, axis: i64, eps: f32, outs: &mut [Tensor]) -> Result<()> {
+pub fn layer_norm(
+    x: &Tensor,
+    scale: &Tensor,
+    bias: Option<&Tensor>,
+    axis: i64,
+    eps: f32,
+    outs: &mut [Tensor],
+) -> Result<()> {
     let axis = checked_axis(axis, x)?;
     with_float!(x.dtype(), T => layer_norm_t::<T>(x, scale, bias, axis, eps, outs), _ => not_float("LayerNormalization", x))
 }
 
-fn layer_norm_t<T: Float>(x: &Tensor, scale: &Tensor, bias: Option<&Tensor>, axis: usize, eps: f32, outs: &mut [Tensor]) -> Result<()> {
+fn layer_norm_t<T: Float>(
+    x: &Tensor,
+    scale: &Tensor,
+    bias: Option<&Tensor>,
+    axis: usize,
+    eps: f32,
+    outs: &mut [Tensor],
+) -> Result<()> {
     let norm = &x.shape()[axis..];
     let n = numel(norm);
     // Scale and B are broadcast to the normalised shape once, not per row.
@@ -122,7 +156,9 @@ fn layer_norm_t<T: Float>(x: &Tensor, scale: &Tensor, bias: Option<&Tensor>, axi
         let (src, mut v) = (t.as_slice::<T>(), Vec::with_capacity(n));
         let bc = Bcast::new(norm, [t.shape()]);
         let [st] = bc.inner();
-        bc.walk(0, n, |_, len, [off]| v.extend((0..len).map(|i| src[off + i * st].to_acc())));
+        bc.walk(0, n, |_, len, [off]| {
+            v.extend((0..len).map(|i| src[off + i * st].to_acc()))
+        });
         v
     };
     let g = expand(scale);
@@ -135,24 +171,28 @@ fn layer_norm_t<T: Float>(x: &Tensor, scale: &Tensor, bias: Option<&Tensor>, axi
         vec![(nan, nan); numel(&x.shape()[..axis])]
     } else {
         y[0].as_mut_slice::<T>()
-        .par_chunks_mut(n)
-        .zip(x.as_slice::<T>().par_chunks(n))
-        .with_min_len(min_rows(n))
-        .map(|(y, x)| {
-            // Two passes: the variance of centred values does not cancel catastrophically.
-            let mean = x.iter().map(|v| v.to_acc()).sum::<T::Acc>() / n_acc;
-            let var = x.iter().map(|v| (v.to_acc() - mean).powi(2)).sum::<T::Acc>() / n_acc;
-            let inv = (var + eps).sqrt().recip();
-            for (j, (y, v)) in y.iter_mut().zip(x).enumerate() {
-                let z = (v.to_acc() - mean) * inv * g[j];
-                *y = T::from_acc(match &b {
-                    Some(b) => z + b[j],
-                    None => z,
-                });
-            }
-            (mean, inv)
-        })
-        .collect()
+            .par_chunks_mut(n)
+            .zip(x.as_slice::<T>().par_chunks(n))
+            .with_min_len(min_rows(n))
+            .map(|(y, x)| {
+                // Two passes: the variance of centred values does not cancel catastrophically.
+                let mean = x.iter().map(|v| v.to_acc()).sum::<T::Acc>() / n_acc;
+                let var = x
+                    .iter()
+                    .map(|v| (v.to_acc() - mean).powi(2))
+                    .sum::<T::Acc>()
+                    / n_acc;
+                let inv = (var + eps).sqrt().recip();
+                for (j, (y, v)) in y.iter_mut().zip(x).enumerate() {
+                    let z = (v.to_acc() - mean) * inv * g[j];
+                    *y = T::from_acc(match &b {
+                        Some(b) => z + b[j],
+                        None => z,
+                    });
+                }
+                (mean, inv)
+            })
+            .collect()
     };
     // Mean and InvStdDev have the dtype inference gave them (f32, or f64 for f64 input).
     for (k, s) in stats.iter_mut().enumerate() {
@@ -179,7 +219,12 @@ pub fn reduce(kind: ReduceKind, x: &Tensor, axes: &[usize], out: &mut Tensor) ->
 /// reduced in groups of `inner` (the last run when kept, else 1) so that every read is a
 /// contiguous row or segment, walking the other reduced runs with an odometer. `MAX`
 /// picks max over sum at compile time, keeping the inner loops branch-free.
-fn reduce_t<T: Num, const MAX: bool>(kind: ReduceKind, x: &Tensor, axes: &[usize], out: &mut Tensor) {
+fn reduce_t<T: Num, const MAX: bool>(
+    kind: ReduceKind,
+    x: &Tensor,
+    axes: &[usize],
+    out: &mut Tensor,
+) {
     let (xs, o) = (x.as_slice::<T>(), out.as_mut_slice::<T>());
     if o.is_empty() {
         return;
@@ -198,11 +243,20 @@ fn reduce_t<T: Num, const MAX: bool>(kind: ReduceKind, x: &Tensor, axes: &[usize
     let n: usize = runs.iter().filter(|r| r.1).map(|r| r.0).product();
     // An empty reduction: a float mean is 0/0 = NaN, an integer one 0 (no division by 0).
     let count = T::count(if T::INT { n.max(1) } else { n });
-    let finish = |a: T::A| T::store(if kind == ReduceKind::Mean { T::div(a, count) } else { a });
+    let finish = |a: T::A| {
+        T::store(if kind == ReduceKind::Mean {
+            T::div(a, count)
+        } else {
+            a
+        })
+    };
 
     if runs.iter().all(|r| r.1) {
         // Everything reduced: fixed chunks combined in order, so parallel yet deterministic.
-        let parts: Vec<T::A> = xs.par_chunks(GRAIN * 4).map(|c| c.iter().fold(init, |a, v| step(a, v.load()))).collect();
+        let parts: Vec<T::A> = xs
+            .par_chunks(GRAIN * 4)
+            .map(|c| c.iter().fold(init, |a, v| step(a, v.load())))
+            .collect();
         o[0] = finish(parts.into_iter().fold(init, step));
         return;
     }
@@ -215,38 +269,47 @@ fn reduce_t<T: Num, const MAX: bool>(kind: ReduceKind, x: &Tensor, axes: &[usize
     let (last, rest) = runs.split_last().expect("a kept run exists");
     let (inner, seg) = if last.1 { (1, last.0) } else { (last.0, 1) };
     let pick = |red: bool| -> Vec<(usize, usize)> {
-        rest.iter().zip(&stride).filter(|(r, _)| r.1 == red).map(|(r, &st)| (r.0, st)).collect()
+        rest.iter()
+            .zip(&stride)
+            .filter(|(r, _)| r.1 == red)
+            .map(|(r, &st)| (r.0, st))
+            .collect()
     };
     let (kept, odo) = (pick(false), pick(true));
-    o.par_chunks_mut(inner).enumerate().with_min_len(min_rows(inner * n)).for_each_init(
-        || (Vec::new(), Vec::new()),
-        |(accs, idx): &mut (Vec<T::A>, Vec<usize>), (g, o)| {
-            let (mut rem, mut off) = (g, 0);
-            for &(s, st) in kept.iter().rev() {
-                off += (rem % s) * st;
-                rem /= s;
-            }
-            accs.clear();
-            accs.resize(inner, init);
-            idx.clear();
-            idx.resize(odo.len(), 0);
-            // Empty reduced dims (n = 0) leave the initial value.
-            let mut more = n > 0;
-            while more {
-                if inner > 1 {
-                    for (a, v) in accs.iter_mut().zip(&xs[off..off + inner]) {
-                        *a = step(*a, v.load());
-                    }
-                } else {
-                    accs[0] = xs[off..off + seg].iter().fold(accs[0], |a, v| step(a, v.load()));
+    o.par_chunks_mut(inner)
+        .enumerate()
+        .with_min_len(min_rows(inner * n))
+        .for_each_init(
+            || (Vec::new(), Vec::new()),
+            |(accs, idx): &mut (Vec<T::A>, Vec<usize>), (g, o)| {
+                let (mut rem, mut off) = (g, 0);
+                for &(s, st) in kept.iter().rev() {
+                    off += (rem % s) * st;
+                    rem /= s;
                 }
-                more = advance(idx, &odo, &mut off);
-            }
-            for (o, &a) in o.iter_mut().zip(accs.iter()) {
-                *o = finish(a);
-            }
-        },
-    );
+                accs.clear();
+                accs.resize(inner, init);
+                idx.clear();
+                idx.resize(odo.len(), 0);
+                // Empty reduced dims (n = 0) leave the initial value.
+                let mut more = n > 0;
+                while more {
+                    if inner > 1 {
+                        for (a, v) in accs.iter_mut().zip(&xs[off..off + inner]) {
+                            *a = step(*a, v.load());
+                        }
+                    } else {
+                        accs[0] = xs[off..off + seg]
+                            .iter()
+                            .fold(accs[0], |a, v| step(a, v.load()));
+                    }
+                    more = advance(idx, &odo, &mut off);
+                }
+                for (o, &a) in o.iter_mut().zip(accs.iter()) {
+                    *o = finish(a);
+                }
+            },
+        );
 }
 
 /// Steps a row-major multi-index over `dims` (size, stride), moving `off` with it; false
@@ -265,18 +328,42 @@ fn advance(idx: &mut [usize], dims: &[(usize, usize)], off: &mut usize) -> bool 
 }
 
 /// `outs` holds the loss and optionally log_prob.
-pub fn softmax_cross_entropy(node: &Node, scores: &Tensor, labels: &Tensor, weights: Option<&Tensor>, reduction: LossReduction, ignore_index: Option<i64>, outs: &mut [Tensor]) -> Result<()> {
+pub fn softmax_cross_entropy(
+    node: &Node,
+    scores: &Tensor,
+    labels: &Tensor,
+    weights: Option<&Tensor>,
+    reduction: LossReduction,
+    ignore_index: Option<i64>,
+    outs: &mut [Tensor],
+) -> Result<()> {
     let c = scores.shape()[1];
     let labels = labels.to_i64_vec();
-    if let Some(&bad) = labels.iter().find(|&&l| (l < 0 || l >= c as i64) && Some(l) != ignore_index) {
-        crate::bail!(Runtime, "{}: label {bad} is out of range for {c} classes{}", node.describe(),
-            ignore_index.map(|i| format!(" (ignore_index is {i})")).unwrap_or_default());
+    if let Some(&bad) = labels
+        .iter()
+        .find(|&&l| (l < 0 || l >= c as i64) && Some(l) != ignore_index)
+    {
+        crate::bail!(
+            Runtime,
+            "{}: label {bad} is out of range for {c} classes{}",
+            node.describe(),
+            ignore_index
+                .map(|i| format!(" (ignore_index is {i})"))
+                .unwrap_or_default()
+        );
     }
     with_float!(scores.dtype(), T => sce_t::<T>(scores, &labels, weights, reduction, ignore_index, outs), _ => return not_float("SoftmaxCrossEntropyLoss", scores));
     Ok(())
 }
 
-fn sce_t<T: Float>(scores: &Tensor, labels: &[i64], weights: Option<&Tensor>, reduction: LossReduction, ignore_index: Option<i64>, outs: &mut [Tensor]) {
+fn sce_t<T: Float>(
+    scores: &Tensor,
+    labels: &[i64],
+    weights: Option<&Tensor>,
+    reduction: LossReduction,
+    ignore_index: Option<i64>,
+    outs: &mut [Tensor],
+) {
     let (n, c) = (scores.shape()[0], scores.shape()[1]);
     let d = numel(&scores.shape()[2..]);
     let x = scores.as_slice::<T>();
@@ -314,7 +401,11 @@ fn sce_t<T: Float>(scores: &Tensor, labels: &[i64], weights: Option<&Tensor>, re
         }
         for p in 0..d {
             let (l, w) = (labels[i * d + p], wts[i * d + p]);
-            loss[p] = if w == zero { zero } else { -w * (xb[l as usize * d + p].to_acc() - lse[p]) };
+            loss[p] = if w == zero {
+                zero
+            } else {
+                -w * (xb[l as usize * d + p].to_acc() - lse[p])
+            };
         }
         if let Some(lp) = lp {
             for (o, x) in lp.chunks_mut(d).zip(xb.chunks(d)) {
@@ -326,7 +417,10 @@ fn sce_t<T: Float>(scores: &Tensor, labels: &[i64], weights: Option<&Tensor>, re
     };
     let (out, lp) = outs.split_at_mut(1);
     if d > 0 && c > 0 {
-        let rows = loss.par_chunks_mut(d).enumerate().with_min_len(min_rows(c * d));
+        let rows = loss
+            .par_chunks_mut(d)
+            .enumerate()
+            .with_min_len(min_rows(c * d));
         match lp.first_mut() {
             Some(lp) => rows
                 .zip(lp.as_mut_slice::<T>().par_chunks_mut(c * d))
@@ -336,9 +430,16 @@ fn sce_t<T: Float>(scores: &Tensor, labels: &[i64], weights: Option<&Tensor>, re
     }
     let o = out[0].as_mut_slice::<T>();
     match reduction {
-        LossReduction::None => o.iter_mut().zip(&loss).for_each(|(o, &l)| *o = T::from_acc(l)),
+        LossReduction::None => o
+            .iter_mut()
+            .zip(&loss)
+            .for_each(|(o, &l)| *o = T::from_acc(l)),
         LossReduction::Sum => o[0] = T::from_acc(loss.iter().copied().sum()),
         // Σ w·loss / Σ w over non-ignored elements (0/0 = NaN when all are ignored, as ONNX).
-        LossReduction::Mean => o[0] = T::from_acc(loss.iter().copied().sum::<T::Acc>() / wts.iter().copied().sum::<T::Acc>()),
+        LossReduction::Mean => {
+            o[0] = T::from_acc(
+                loss.iter().copied().sum::<T::Acc>() / wts.iter().copied().sum::<T::Acc>(),
+            )
+        }
     }
 }

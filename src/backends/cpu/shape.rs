@@ -25,7 +25,10 @@ fn for_rows<W: Send>(dst: &mut [W], row: usize, f: impl Fn(usize, &mut [W]) + Sy
     if bytes >= PAR_BYTES {
         // Keep each task at a few KiB or more so that tiny rows do not drown in overhead.
         let min = (1 << 12) / (row * std::mem::size_of::<W>()) + 1;
-        dst.par_chunks_mut(row).enumerate().with_min_len(min).for_each(|(i, r)| f(i, r));
+        dst.par_chunks_mut(row)
+            .enumerate()
+            .with_min_len(min)
+            .for_each(|(i, r)| f(i, r));
     } else {
         dst.chunks_mut(row).enumerate().for_each(|(i, r)| f(i, r));
     }
@@ -71,13 +74,37 @@ fn strided_copy(x: &Tensor, base: isize, st: &[isize], out: &mut Tensor) {
     let (src, dst) = (x.bytes(), out.bytes_mut());
     match x.dtype().size() {
         1 => copy_words::<u8>(src, base, &dims, &sts, dst),
-        2 => copy_words::<u16>(bytemuck::cast_slice(src), base, &dims, &sts, bytemuck::cast_slice_mut(dst)),
-        4 => copy_words::<u32>(bytemuck::cast_slice(src), base, &dims, &sts, bytemuck::cast_slice_mut(dst)),
-        _ => copy_words::<u64>(bytemuck::cast_slice(src), base, &dims, &sts, bytemuck::cast_slice_mut(dst)),
+        2 => copy_words::<u16>(
+            bytemuck::cast_slice(src),
+            base,
+            &dims,
+            &sts,
+            bytemuck::cast_slice_mut(dst),
+        ),
+        4 => copy_words::<u32>(
+            bytemuck::cast_slice(src),
+            base,
+            &dims,
+            &sts,
+            bytemuck::cast_slice_mut(dst),
+        ),
+        _ => copy_words::<u64>(
+            bytemuck::cast_slice(src),
+            base,
+            &dims,
+            &sts,
+            bytemuck::cast_slice_mut(dst),
+        ),
     }
 }
 
-fn copy_words<W: Pod + Send + Sync>(src: &[W], base: isize, dims: &[usize], st: &[isize], dst: &mut [W]) {
+fn copy_words<W: Pod + Send + Sync>(
+    src: &[W],
+    base: isize,
+    dims: &[usize],
+    st: &[isize],
+    dst: &mut [W],
+) {
     let r = dims.len() - 1;
     let (n, s) = (dims[r], st[r]);
     for_rows(dst, n, |i, row| {
@@ -110,7 +137,10 @@ pub fn transpose(x: &Tensor, perm: Option<&[usize]>, out: &mut Tensor) -> Result
 
 /// `x` viewed as `[outer, x.shape[axis] · inner]` rows, `inner` in bytes.
 fn axis_split(shape: &[usize], axis: usize, elem: usize) -> (usize, usize) {
-    (shape[..axis].iter().product(), shape[axis + 1..].iter().product::<usize>() * elem)
+    (
+        shape[..axis].iter().product(),
+        shape[axis + 1..].iter().product::<usize>() * elem,
+    )
 }
 
 fn bad_axis(axis: i64, r: usize) -> crate::error::Error {
@@ -145,7 +175,9 @@ pub fn split(x: &Tensor, axis: i64, outs: &mut [Tensor]) -> Result<()> {
     let mut at = 0;
     for out in outs.iter_mut() {
         let n = out.shape()[a] * inner;
-        for_rows(out.bytes_mut(), n, |o, row| row.copy_from_slice(&src[o * x_row + at..][..n]));
+        for_rows(out.bytes_mut(), n, |o, row| {
+            row.copy_from_slice(&src[o * x_row + at..][..n])
+        });
         at += n;
     }
     Ok(())
@@ -162,7 +194,8 @@ pub fn slice(x: &Tensor, ins: &[Option<&Tensor>], out: &mut Tensor) -> Result<()
     let mut base = 0isize;
     for (k, &axis) in axes.iter().enumerate() {
         let a = norm_axis(axis, r).ok_or_else(|| bad_axis(axis, r))?;
-        let (s, _) = slice_range(starts[k], ends[k], steps[k], x.shape()[a]).map_err(|m| crate::err!(Runtime, "{m}"))?;
+        let (s, _) = slice_range(starts[k], ends[k], steps[k], x.shape()[a])
+            .map_err(|m| crate::err!(Runtime, "{m}"))?;
         // An empty range may start at -1 or past the end: nothing is read then.
         if out.shape()[a] > 0 {
             base += s as isize * st[a];
@@ -180,7 +213,13 @@ pub fn expand(x: &Tensor, out: &mut Tensor) -> Result<()> {
     let pad = out.shape().len() - x.shape().len();
     // Dims `x` lacks, or has as 1, repeat: stride 0.
     let st: Vec<isize> = (0..out.shape().len())
-        .map(|d| if d < pad || x.shape()[d - pad] == 1 { 0 } else { xs[d - pad] })
+        .map(|d| {
+            if d < pad || x.shape()[d - pad] == 1 {
+                0
+            } else {
+                xs[d - pad]
+            }
+        })
         .collect();
     strided_copy(x, 0, &st, out);
     Ok(())
@@ -197,7 +236,11 @@ pub fn gather(node: &Node, x: &Tensor, idx: &Tensor, axis: i64, out: &mut Tensor
         .map(|i| {
             let j = if i < 0 { i + d as i64 } else { i };
             if j < 0 || j >= d as i64 {
-                crate::bail!(Runtime, "{}: index {i} is out of range for axis {a} of size {d}", node.describe());
+                crate::bail!(
+                    Runtime,
+                    "{}: index {i} is out of range for axis {a} of size {d}",
+                    node.describe()
+                );
             }
             Ok(j as usize)
         })
