@@ -113,7 +113,7 @@ pub fn infer_graph(g: &Graph, input_shapes: &HashMap<String, Vec<usize>>) -> Res
         let small = outs.iter().all(|t| t.numel() <= CONST_LIMIT)
             && ins.iter().flatten().all(|t| t.numel() <= CONST_LIMIT);
         let mut values = None;
-        if let (Op::Shape { start, end }, Some(x)) = (&node.op, ins[0]) {
+        if let (Op::Shape { start, end }, Some(x)) = (&node.op, ins.first().copied().flatten()) {
             // Shape needs only the input's type, never its data.
             let (s, e) = shape_range(*start, *end, x.shape.len());
             let dims: Vec<i64> = x.shape[s..e].iter().map(|&d| d as i64).collect();
