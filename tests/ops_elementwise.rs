@@ -4,7 +4,6 @@
 mod common;
 use common::*;
 use graphrun::graph::op::AttrValue;
-use graphrun::graph::Op;
 use graphrun::rng::Rng;
 use graphrun::{DType, Tensor};
 
@@ -76,48 +75,6 @@ fn bin_ref(a: &Option<Tensor>, b: &Option<Tensor>, f: impl Fn(f64, f64) -> f64) 
 
 fn un_ref(a: &Option<Tensor>, f: impl Fn(f64) -> f64) -> Expected {
     vec![(shp(a), vals(a).into_iter().map(f).collect())]
-}
-
-/// Like `check` but every output must equal the reference exactly (integer and bool
-/// results, where a relative tolerance would hide an off-by-one).
-fn check_exact(
-    op_: Op,
-    args: &[Arg],
-    dtypes: &[DType],
-    reference: impl Fn(&[Option<Tensor>]) -> Expected,
-) {
-    for backend in backends() {
-        for &dt in dtypes {
-            let rounded: Vec<Option<Tensor>> = args
-                .iter()
-                .map(|a| match a {
-                    Arg::In(t) | Arg::Const(t) => Some(if t.dtype().is_float() {
-                        t.cast(dt).cast(DType::F64)
-                    } else {
-                        t.clone()
-                    }),
-                    Arg::None => None,
-                })
-                .collect();
-            let want = reference(&rounded);
-            let got = run_op(backend, op_.clone(), args, want.len(), dt)
-                .unwrap_or_else(|e| panic!("{} on {backend:?} {dt}: {e}", op_.name()));
-            for (k, ((shape, v), t)) in want.iter().zip(&got).enumerate() {
-                assert_eq!(
-                    t.shape(),
-                    &shape[..],
-                    "{} {dt}: output {k} shape",
-                    op_.name()
-                );
-                assert_eq!(
-                    &t.to_f64_vec(),
-                    v,
-                    "{} on {backend:?} {dt}: output {k}",
-                    op_.name()
-                );
-            }
-        }
-    }
 }
 
 fn erf_ref(x: f64) -> f64 {

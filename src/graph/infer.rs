@@ -120,7 +120,7 @@ pub fn infer_graph(g: &Graph, input_shapes: &HashMap<String, Vec<usize>>) -> Res
             values = Some(vec![Tensor::from_vec(&[dims.len()], dims)?]);
         } else if small && all_known && !is_random(&node.op) {
             let args: Vec<Option<&Tensor>> = consts.clone();
-            values = crate::backends::cpu::eval_node_with_types(node, &args, &ins, &outs).ok();
+            values = crate::backends::cpu::eval_node_with_types(node, &args, &outs).ok();
         }
         for t in &outs {
             if crate::tensor::checked_numel(&t.shape)
@@ -723,8 +723,7 @@ pub fn infer_node(
             let axes = axes_norm(&axes, r)?;
             let mut shape = x.shape.clone();
             for (k, &a) in axes.iter().enumerate() {
-                let (s, e) =
-                    slice_range(starts[k], ends[k], steps[k], x.shape[a]).map_err(|m| f(m))?;
+                let (s, e) = slice_range(starts[k], ends[k], steps[k], x.shape[a]).map_err(&f)?;
                 // i128: hostile steps like i64::MIN must not overflow.
                 let (s, e, st) = (s as i128, e as i128, steps[k] as i128);
                 shape[a] = if st > 0 {

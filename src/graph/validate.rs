@@ -6,57 +6,40 @@ use super::*;
 use crate::error::{Error, Result};
 use std::collections::{HashMap, HashSet};
 
-/// Where a value is defined, for messages.
+/// Where each value is defined, for messages; a value defined twice is an error naming
+/// both places.
 fn where_defined(g: &Graph) -> Result<HashMap<&str, String>> {
-    let mut defs: HashMap<&str, String> = HashMap::new();
-    let mut errs = vec![];
-    let loc =
+    let at =
         |l: &Option<crate::error::Loc>| l.as_ref().map(|l| format!(" at {l}")).unwrap_or_default();
-    let add = |name: &'_ str, what: String, defs: &mut HashMap<&str, String>| -> Option<String> {
-        if name.is_empty() {
-            return None;
-        }
-        match defs.get(name) {
-            Some(prev) => Some(format!(
+    let defs = g
+        .inputs
+        .iter()
+        .map(|i| (i.name.as_str(), format!("graph input{}", at(&i.loc))))
+        .chain(
+            g.initializers
+                .iter()
+                .map(|i| (i.name.as_str(), format!("initializer{}", at(&i.loc)))),
+        )
+        .chain(g.nodes.iter().flat_map(|n| {
+            n.outputs
+                .iter()
+                .filter(|o| !o.is_empty())
+                .map(move |o| (o.as_str(), format!("output of {}", n.describe())))
+        }));
+    let mut seen: HashMap<&str, String> = HashMap::new();
+    let mut errs = vec![];
+    for (name, what) in defs {
+        match seen.get(name) {
+            Some(prev) => errs.push(Error::Graph(format!(
                 "value '{name}' is defined twice: as {prev} and as {what}"
-            )),
-            None => None,
-        }
-    };
-    for i in &g.inputs {
-        let what = format!("graph input{}", loc(&i.loc));
-        match add(&i.name, what.clone(), &mut defs) {
-            Some(e) => errs.push(Error::Graph(e)),
+            ))),
             None => {
-                defs.insert(&i.name, what);
-            }
-        }
-    }
-    for i in &g.initializers {
-        let what = format!("initializer{}", loc(&i.loc));
-        match add(&i.name, what.clone(), &mut defs) {
-            Some(e) => errs.push(Error::Graph(e)),
-            None => {
-                defs.insert(&i.name, what);
-            }
-        }
-    }
-    for n in &g.nodes {
-        for o in &n.outputs {
-            if o.is_empty() {
-                continue;
-            }
-            let what = format!("output of {}", n.describe());
-            match add(o, what.clone(), &mut defs) {
-                Some(e) => errs.push(Error::Graph(e)),
-                None => {
-                    defs.insert(o, what);
-                }
+                seen.insert(name, what);
             }
         }
     }
     match errs.len() {
-        0 => Ok(defs),
+        0 => Ok(seen),
         1 => Err(errs.pop().unwrap()),
         _ => Err(Error::Many(errs)),
     }

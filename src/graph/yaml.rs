@@ -490,7 +490,8 @@ fn parse_input(y: &Y) -> Result<InputInfo> {
                 return Err(r.err(format!("range must be [low, high], got {} values", v.len())));
             }
             let (lo, hi) = (v[0].num("range low")?, v[1].num("range high")?);
-            if !(lo < hi) {
+            // Written so that NaN bounds fail too.
+            if lo.partial_cmp(&hi) != Some(std::cmp::Ordering::Less) {
                 return Err(r.err(format!(
                     "range [{lo}, {hi}] is empty: low must be below high"
                 )));
@@ -1043,15 +1044,7 @@ pub fn emit<'g>(g: &'g Graph, side_name: &str) -> (String, Vec<(String, &'g Tens
     for init in &g.initializers {
         let t = &init.tensor;
         let mut line = format!("  - {{name: {}", ystr(&init.name));
-        let head = format!(
-            ", dtype: {}, shape: [{}]",
-            t.dtype(),
-            t.shape()
-                .iter()
-                .map(|d| d.to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
+        let head = format!(", dtype: {}, shape: {}", t.dtype(), fmt_shape(t.shape()));
         match &init.source {
             InitSource::Init(spec) => {
                 line.push_str(&head);
@@ -1209,13 +1202,9 @@ fn emit_attr(v: &AttrValue) -> String {
             v.iter().map(|x| ystr(x)).collect::<Vec<_>>().join(", ")
         ),
         AttrValue::Tensor(t) => format!(
-            "{{dtype: {}, shape: [{}], values: {}}}",
+            "{{dtype: {}, shape: {}, values: {}}}",
             t.dtype(),
-            t.shape()
-                .iter()
-                .map(|d| d.to_string())
-                .collect::<Vec<_>>()
-                .join(", "),
+            fmt_shape(t.shape()),
             emit_values(t)
         ),
     }

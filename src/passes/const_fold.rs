@@ -87,7 +87,7 @@ fn fold_node(cx: &Ctx, i: usize, _: &mut Why) -> Option<Patch> {
     if outs.iter().any(|t| t.numel() > MAX_ELEMENTS) {
         return None;
     }
-    let values = cpu::eval_node_with_types(n, &args, &trefs, &outs).ok()?;
+    let values = cpu::eval_node_with_types(n, &args, &outs).ok()?;
     let inits = n
         .outputs
         .iter()

@@ -210,6 +210,27 @@ pub fn check(
     dtypes: &[DType],
     reference: impl Fn(&[Option<Tensor>]) -> Expected,
 ) {
+    check_tol(op_, args, dtypes, false, reference)
+}
+
+/// Like `check`, but every output, floating ones included, must equal the reference
+/// exactly (results no rounding can excuse: comparisons, selections, integer maths).
+pub fn check_exact(
+    op_: Op,
+    args: &[Arg],
+    dtypes: &[DType],
+    reference: impl Fn(&[Option<Tensor>]) -> Expected,
+) {
+    check_tol(op_, args, dtypes, true, reference)
+}
+
+fn check_tol(
+    op_: Op,
+    args: &[Arg],
+    dtypes: &[DType],
+    exact: bool,
+    reference: impl Fn(&[Option<Tensor>]) -> Expected,
+) {
     for backend in backends() {
         for &dt in dtypes {
             let rounded: Vec<Option<Tensor>> = args
@@ -236,7 +257,11 @@ pub fn check(
                 let out = t.to_f64_vec();
                 let e = rel_err(&out, vals);
                 // Integer and bool outputs must be exact.
-                let tl = if t.dtype().is_float() { tol(dt) } else { 0.0 };
+                let tl = if t.dtype().is_float() && !exact {
+                    tol(dt)
+                } else {
+                    0.0
+                };
                 assert!(
                     e <= tl,
                     "{} on {backend:?} {dt}: output {k} rel err {e:.3e} > {:.0e}\n got {:?}\nwant {:?}",

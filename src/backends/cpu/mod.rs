@@ -227,7 +227,6 @@ pub fn run_node(
 pub fn eval_node_with_types(
     node: &Node,
     ins: &[Option<&Tensor>],
-    _in_types: &[Option<&ValueType>],
     out_types: &[ValueType],
 ) -> Result<Vec<Tensor>> {
     let mut outs: Vec<Tensor> = out_types
@@ -246,5 +245,5 @@ pub fn eval_node(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
         .collect();
     let tref: Vec<Option<&ValueType>> = types.iter().map(|t| t.as_ref()).collect();
     let outs = crate::graph::infer::infer_node(node, &tref, ins)?;
-    eval_node_with_types(node, ins, &tref, &outs)
+    eval_node_with_types(node, ins, &outs)
 }
