@@ -340,10 +340,43 @@ fn sign_op<T: Num>(op: UnaryOp, x: &Tensor, out: &mut Tensor) {
     }
 }
 
+/// Scalar activation formulas, shared by the unary kernels and the FusedMatMul epilogue
+/// so that fused and unfused graphs compute the same thing.
+pub(super) mod act {
+    use crate::tensor::Real;
+
+    /// `x < 0` rather than `max(x, 0)` so that NaN propagates.
+    #[inline(always)]
+    pub fn relu<F: Real>(v: F) -> F {
+        if v < F::zero() {
+            F::zero()
+        } else {
+            v
+        }
+    }
+    #[inline(always)]
+    pub fn sigmoid<F: Real>(v: F) -> F {
+        F::one() / (F::one() + (-v).exp())
+    }
+    #[inline(always)]
+    pub fn silu<F: Real>(v: F) -> F {
+        v / (F::one() + (-v).exp())
+    }
+    #[inline(always)]
+    pub fn gelu<F: Real>(v: F) -> F {
+        F::c(0.5) * v * (F::one() + (v * F::c(std::f64::consts::FRAC_1_SQRT_2)).erf())
+    }
+    #[inline(always)]
+    pub fn gelu_tanh<F: Real>(v: F) -> F {
+        let k = F::c((2.0 / std::f64::consts::PI).sqrt());
+        F::c(0.5) * v * (F::one() + (k * (v + F::c(0.044715) * v * v * v)).tanh())
+    }
+}
+
 fn unary_float<T: Float>(op: UnaryOp, x: &Tensor, out: &mut Tensor) {
     use UnaryOp as U;
     let c = T::Acc::c;
-    let (half, one) = (c(0.5), c(1.0));
+    let one = c(1.0);
     // One monomorphised loop per op: a shared loop over a `match` would not vectorise.
     macro_rules! go {
         (|$v:ident| $e:expr) => {
@@ -359,16 +392,10 @@ fn unary_float<T: Float>(op: UnaryOp, x: &Tensor, out: &mut Tensor) {
         U::Sqrt => go!(|v| v.sqrt()),
         U::Reciprocal => go!(|v| one / v),
         U::Erf => go!(|v| v.erf()),
-        U::Sigmoid => go!(|v| one / (one + (-v).exp())),
+        U::Sigmoid => go!(|v| act::sigmoid(v)),
         U::Tanh => go!(|v| v.tanh()),
-        U::Gelu { tanh: false } => {
-            let r = c(std::f64::consts::FRAC_1_SQRT_2);
-            go!(|v| half * v * (one + (v * r).erf()))
-        }
-        U::Gelu { tanh: true } => {
-            let (k, a) = (c((2.0 / std::f64::consts::PI).sqrt()), c(0.044715));
-            go!(|v| half * v * (one + (k * (v + a * v * v * v)).tanh()))
-        }
+        U::Gelu { tanh: false } => go!(|v| act::gelu(v)),
+        U::Gelu { tanh: true } => go!(|v| act::gelu_tanh(v)),
         U::LeakyRelu { alpha } => {
             let a = c(alpha as f64);
             go!(|v| if v >= c(0.0) { v } else { a * v })
