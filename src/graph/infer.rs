@@ -497,11 +497,7 @@ pub fn infer_node(
             for d in &mut stat[a..] {
                 *d = 1;
             }
-            let sd = if x.dtype == DType::F64 {
-                DType::F64
-            } else {
-                DType::F32
-            };
+            let sd = stat_dtype(x.dtype);
             let mut out = vec![x.clone()];
             for _ in 1..node.outputs.len() {
                 out.push(ValueType {
@@ -974,10 +970,11 @@ pub fn infer_node(
                     )));
                 }
             }
-            one(ValueType {
+            let y = ValueType {
                 dtype: x.dtype,
                 shape,
-            })
+            };
+            Ok(vec![y; node.outputs.len()])
         }
         Op::Attention { .. } => {
             let (k, v) = (t(1).unwrap(), t(2).unwrap());
@@ -1022,10 +1019,14 @@ pub fn infer_node(
                     )));
                 }
             }
-            one(ValueType {
+            let mut out = vec![ValueType {
                 dtype: x.dtype,
                 shape: vec![b, hq, sq, v.shape[3]],
-            })
+            }];
+            if node.outputs.len() > 1 {
+                out.push(ValueType::new(stat_dtype(x.dtype), &[b, hq, sq]));
+            }
+            Ok(out)
         }
         Op::VarlenAttention { .. } => {
             let (k, v, cq, ck) = (t(1).unwrap(), t(2).unwrap(), t(3).unwrap(), t(4).unwrap());
@@ -1051,12 +1052,236 @@ pub fn infer_node(
             if cq.shape.len() != 1 || cq.shape != ck.shape || cq.shape[0] == 0 {
                 return Err(f("cu_seqlens_q and cu_seqlens_k must both be [B+1]".into()));
             }
-            one(ValueType {
+            let mut out = vec![ValueType {
                 dtype: x.dtype,
                 shape: vec![x.shape[0], hq, v.shape[2]],
-            })
+            }];
+            if node.outputs.len() > 1 {
+                out.push(ValueType::new(stat_dtype(x.dtype), &[x.shape[0], hq]));
+            }
+            Ok(out)
+        }
+        Op::UnaryGrad(u) => {
+            // dY and X: the types the forward op took and gave.
+            let xt = t(1).unwrap();
+            let fwd = infer_forward(node, Op::Unary(*u), &[Some(xt)], &[None])?;
+            need_grad(node, ins, &x, &fwd[0])?;
+            one(xt.clone())
+        }
+        Op::SoftmaxGrad { axis, log } => {
+            let y = t(1).unwrap();
+            let op = if *log {
+                Op::LogSoftmax { axis: *axis }
+            } else {
+                Op::Softmax { axis: *axis }
+            };
+            let fwd = infer_forward(node, op, &[Some(y)], &[None])?;
+            need_grad(node, ins, &x, &fwd[0])?;
+            one(y.clone())
+        }
+        Op::LayerNormalizationGrad { axis } => {
+            let (xt, scale, mean, inv) =
+                (t(1).unwrap(), t(2).unwrap(), t(3).unwrap(), t(4).unwrap());
+            let op = Op::LayerNormalization {
+                axis: *axis,
+                epsilon: 1e-5,
+            };
+            let fwd = infer_forward(node, op, &[Some(xt), Some(scale)], &[None, None])?;
+            need_grad(node, ins, &x, &fwd[0])?;
+            let a = norm_axis(*axis, xt.shape.len()).unwrap();
+            let mut stat = xt.shape.clone();
+            for d in &mut stat[a..] {
+                *d = 1;
+            }
+            for (v, what) in [(mean, "Mean"), (inv, "InvStdDev")] {
+                if v.shape != stat || v.dtype != stat_dtype(xt.dtype) {
+                    return Err(f(format!(
+                        "{what} must be {}{}, got {v}",
+                        stat_dtype(xt.dtype),
+                        fmt_shape(&stat)
+                    )));
+                }
+            }
+            let p = ValueType::new(xt.dtype, &xt.shape[a..]);
+            Ok(vec![xt.clone(), p.clone(), p][..node.outputs.len()].to_vec())
+        }
+        Op::SoftmaxCrossEntropyLossGrad {
+            reduction,
+            ignore_index,
+        } => {
+            let op = Op::SoftmaxCrossEntropyLoss {
+                reduction: *reduction,
+                ignore_index: *ignore_index,
+            };
+            let fwd = infer_forward(node, op, &ins[1..], &consts[1..])?;
+            need_grad(node, ins, &x, &fwd[0])?;
+            one(t(1).unwrap().clone())
+        }
+        Op::GatherGrad { axis } => {
+            let shape = grad_shape(node, ins, consts, 2)?;
+            let data = ValueType::new(x.dtype, &shape);
+            let fwd = infer_forward(
+                node,
+                Op::Gather { axis: *axis },
+                &[Some(&data), t(1)],
+                &[None, None],
+            )?;
+            need_grad(node, ins, &x, &fwd[0])?;
+            one(data)
+        }
+        Op::SliceGrad => {
+            let shape = grad_shape(node, ins, consts, 1)?;
+            let data = ValueType::new(x.dtype, &shape);
+            let mut fins = vec![Some(&data)];
+            fins.extend_from_slice(&ins[2..]);
+            let mut fconsts = vec![None];
+            fconsts.extend_from_slice(&consts[2..]);
+            let fwd = infer_forward(node, Op::Slice, &fins, &fconsts)?;
+            need_grad(node, ins, &x, &fwd[0])?;
+            one(data)
+        }
+        Op::FusedMatMulGrad {
+            activation,
+            trans_b,
+        } => {
+            let (a, b) = (t(1).unwrap(), t(2).unwrap());
+            let op = Op::FusedMatMul {
+                activation: *activation,
+                trans_b: *trans_b,
+            };
+            let fwd = infer_forward(node, op, &[Some(a), Some(b)], &[None, None])?;
+            need_grad(node, ins, &x, &fwd[0])?;
+            match t(3) {
+                Some(pre) if *pre != fwd[0] => {
+                    return Err(f(format!("Pre must be {}, got {pre}", fwd[0])))
+                }
+                None if *activation != Activation::None => {
+                    return Err(f(format!(
+                        "activation {} needs the forward's pre-activation (input 3)",
+                        activation.name()
+                    )))
+                }
+                _ => {}
+            }
+            let n = *fwd[0].shape.last().unwrap();
+            Ok(
+                vec![a.clone(), b.clone(), ValueType::new(a.dtype, &[n])][..node.outputs.len()]
+                    .to_vec(),
+            )
+        }
+        Op::AttentionGrad { is_causal, scale } => {
+            let (q, k, v) = (t(1).unwrap(), t(2).unwrap(), t(3).unwrap());
+            let op = Op::Attention {
+                is_causal: *is_causal,
+                scale: *scale,
+            };
+            let fwd = infer_forward(node, op, &ins[1..5], &[None; 4])?;
+            need_grad(node, ins, &x, &fwd[0])?;
+            let (y, lse) = (t(5).unwrap(), t(6).unwrap());
+            let want = [q.shape[0], q.shape[1], q.shape[2]];
+            if *y != fwd[0] || lse.shape != want || lse.dtype != stat_dtype(q.dtype) {
+                return Err(f(format!(
+                    "Y and LSE must be {} and {}{}, got {y} and {lse}",
+                    fwd[0],
+                    stat_dtype(q.dtype),
+                    fmt_shape(&want)
+                )));
+            }
+            let full = ValueType::new(q.dtype, &[q.shape[0], q.shape[1], q.shape[2], k.shape[2]]);
+            Ok(vec![q.clone(), k.clone(), v.clone(), full][..node.outputs.len()].to_vec())
+        }
+        Op::VarlenAttentionGrad { is_causal, scale } => {
+            let (q, k, v) = (t(1).unwrap(), t(2).unwrap(), t(3).unwrap());
+            let op = Op::VarlenAttention {
+                is_causal: *is_causal,
+                scale: *scale,
+            };
+            let fwd = infer_forward(node, op, &ins[1..6], &[None; 5])?;
+            need_grad(node, ins, &x, &fwd[0])?;
+            let (y, lse) = (t(6).unwrap(), t(7).unwrap());
+            let want = [q.shape[0], q.shape[1]];
+            if *y != fwd[0] || lse.shape != want || lse.dtype != stat_dtype(q.dtype) {
+                return Err(f(format!(
+                    "Y and LSE must be {} and {}{}, got {y} and {lse}",
+                    fwd[0],
+                    stat_dtype(q.dtype),
+                    fmt_shape(&want)
+                )));
+            }
+            Ok(vec![q.clone(), k.clone(), v.clone()])
         }
     }
+}
+
+/// The dtype of per-row statistics (LayerNorm's Mean/InvStdDev, attention's LSE).
+pub fn stat_dtype(d: DType) -> DType {
+    if d == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    }
+}
+
+/// Infers the forward op a gradient op differentiates, on the forward's input types, so
+/// a gradient op is checked by exactly the rules of its forward op.
+fn infer_forward(
+    node: &Node,
+    op: Op,
+    ins: &[Option<&ValueType>],
+    consts: &[Option<&Tensor>],
+) -> Result<Vec<ValueType>> {
+    let fwd = Node {
+        name: node.name.clone(),
+        op,
+        inputs: (0..ins.len()).map(|i| format!("in{i}")).collect(),
+        outputs: vec!["y".into()],
+        loc: node.loc.clone(),
+    };
+    infer_node(&fwd, ins, consts).map_err(|e| match e {
+        Error::Graph(m) => Error::Graph(m.replace(
+            &format!("({})", fwd.op.name()),
+            &format!("({})", node.op.name()),
+        )),
+        e => e,
+    })
+}
+
+/// A gradient op's dY must have the type of the forward output.
+fn need_grad(node: &Node, ins: &[Option<&ValueType>], dy: &ValueType, y: &ValueType) -> Result<()> {
+    if dy == y {
+        Ok(())
+    } else {
+        Err(fail(
+            node,
+            ins,
+            format!("dY must have the forward output's type {y}, got {dy}"),
+        ))
+    }
+}
+
+/// A gradient op's target shape input (the forward input's `Shape`), known on the host.
+fn grad_shape(
+    node: &Node,
+    ins: &[Option<&ValueType>],
+    consts: &[Option<&Tensor>],
+    i: usize,
+) -> Result<Vec<usize>> {
+    let (Some(t), Some(c)) = (ins[i], consts.get(i).copied().flatten()) else {
+        return Err(fail(
+            node,
+            ins,
+            format!("input {i} (the forward input's shape) must be known when the plan is made"),
+        ));
+    };
+    let v = c.to_i64_vec();
+    if t.dtype != DType::I64 || t.shape.len() != 1 || v.iter().any(|&d| d < 0) {
+        return Err(fail(
+            node,
+            ins,
+            format!("input {i} must be a shape: a 1-D i64 tensor of sizes"),
+        ));
+    }
+    Ok(v.into_iter().map(|d| d as usize).collect())
 }
 
 fn arity_text(lo: usize, hi: usize) -> String {

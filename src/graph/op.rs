@@ -185,7 +185,78 @@ pub enum Op {
         is_causal: bool,
         scale: Option<f32>,
     },
+
+    // Gradient ops: what the backward builder (src/passes/autodiff) emits where a gradient
+    // is not a short chain of the ops above. They are ordinary ops: they parse, print,
+    // infer and run like any other (`GRAD_OP_NAMES`).
+    /// `<Unary>Grad(dY, X) -> dX = dY * f'(X)`, e.g. `ReluGrad`, `GeluGrad`.
+    UnaryGrad(UnaryOp),
+    /// `SoftmaxGrad(dY, Y)` / `LogSoftmaxGrad(dY, Y)` along `axis`.
+    SoftmaxGrad {
+        axis: i64,
+        log: bool,
+    },
+    /// `(dY, X, Scale, Mean, InvStdDev) -> (dX, dScale, dB)`; dScale and dB have the
+    /// normalized shape `X.shape[axis..]`. Unneeded outputs may be omitted ("").
+    LayerNormalizationGrad {
+        axis: i64,
+    },
+    /// `(dLoss, Scores, Labels, [Weights]) -> dScores`.
+    SoftmaxCrossEntropyLossGrad {
+        reduction: LossReduction,
+        ignore_index: Option<i64>,
+    },
+    /// `(dY, Indices, DataShape) -> dData`: scatter-add of dY rows into zeros.
+    GatherGrad {
+        axis: i64,
+    },
+    /// `(dY, XShape, starts, ends, [axes], [steps]) -> dX`: dY placed into zeros.
+    SliceGrad,
+    /// `(dY, A, B, [Pre]) -> (dA, dB, [dBias])` for `Y = act(A·B + bias) + residual`, where
+    /// `Pre = A·B + bias` is the forward's second output (needed unless activation none).
+    FusedMatMulGrad {
+        activation: Activation,
+        trans_b: bool,
+    },
+    /// `(dY, Q, K, V, [attn_mask], Y, LSE) -> (dQ, dK, dV, [dMask])`: flash-style, from
+    /// the forward's per-row logsumexp (its second output). dMask has the full
+    /// `[B, Hq, Sq, Skv]` shape and is only computed when asked for.
+    AttentionGrad {
+        is_causal: bool,
+        scale: Option<f32>,
+    },
+    /// `(dY, Q, K, V, cu_seqlens_q, cu_seqlens_k, Y, LSE) -> (dQ, dK, dV)`.
+    VarlenAttentionGrad {
+        is_causal: bool,
+        scale: Option<f32>,
+    },
 }
+
+/// The gradient ops the backward builder emits (not part of SPEC §2, but accepted in a
+/// model file so that a backward graph written with `--emit-yaml` loads again).
+pub const GRAD_OP_NAMES: &[&str] = &[
+    "NegGrad",
+    "ExpGrad",
+    "LogGrad",
+    "SqrtGrad",
+    "ReciprocalGrad",
+    "AbsGrad",
+    "ErfGrad",
+    "ReluGrad",
+    "SigmoidGrad",
+    "TanhGrad",
+    "GeluGrad",
+    "LeakyReluGrad",
+    "SoftmaxGrad",
+    "LogSoftmaxGrad",
+    "LayerNormalizationGrad",
+    "SoftmaxCrossEntropyLossGrad",
+    "GatherGrad",
+    "SliceGrad",
+    "FusedMatMulGrad",
+    "AttentionGrad",
+    "VarlenAttentionGrad",
+];
 
 /// Every op name graphrun accepts, in the order of SPEC §2.
 pub const OP_NAMES: &[&str] = &[
@@ -456,7 +527,111 @@ impl Op {
             Op::FusedMatMul { .. } => "FusedMatMul",
             Op::Attention { .. } => "Attention",
             Op::VarlenAttention { .. } => "VarlenAttention",
+            Op::UnaryGrad(u) => match u {
+                U::Neg => "NegGrad",
+                U::Exp => "ExpGrad",
+                U::Log => "LogGrad",
+                U::Sqrt => "SqrtGrad",
+                U::Reciprocal => "ReciprocalGrad",
+                U::Abs => "AbsGrad",
+                U::Erf => "ErfGrad",
+                U::Relu => "ReluGrad",
+                U::Sigmoid => "SigmoidGrad",
+                U::Tanh => "TanhGrad",
+                U::Gelu { .. } => "GeluGrad",
+                U::LeakyRelu { .. } => "LeakyReluGrad",
+            },
+            Op::SoftmaxGrad { log: false, .. } => "SoftmaxGrad",
+            Op::SoftmaxGrad { log: true, .. } => "LogSoftmaxGrad",
+            Op::LayerNormalizationGrad { .. } => "LayerNormalizationGrad",
+            Op::SoftmaxCrossEntropyLossGrad { .. } => "SoftmaxCrossEntropyLossGrad",
+            Op::GatherGrad { .. } => "GatherGrad",
+            Op::SliceGrad => "SliceGrad",
+            Op::FusedMatMulGrad { .. } => "FusedMatMulGrad",
+            Op::AttentionGrad { .. } => "AttentionGrad",
+            Op::VarlenAttentionGrad { .. } => "VarlenAttentionGrad",
         }
+    }
+
+    /// The gradient op of a forward op that has one (what `<Name>Grad` parses to).
+    pub fn grad_op(&self) -> Option<Op> {
+        Some(match self.clone() {
+            Op::Unary(u) => Op::UnaryGrad(u),
+            Op::Softmax { axis } => Op::SoftmaxGrad { axis, log: false },
+            Op::LogSoftmax { axis } => Op::SoftmaxGrad { axis, log: true },
+            Op::LayerNormalization { axis, .. } => Op::LayerNormalizationGrad { axis },
+            Op::SoftmaxCrossEntropyLoss {
+                reduction,
+                ignore_index,
+            } => Op::SoftmaxCrossEntropyLossGrad {
+                reduction,
+                ignore_index,
+            },
+            Op::Gather { axis } => Op::GatherGrad { axis },
+            Op::Slice => Op::SliceGrad,
+            Op::FusedMatMul {
+                activation,
+                trans_b,
+            } => Op::FusedMatMulGrad {
+                activation,
+                trans_b,
+            },
+            Op::Attention { is_causal, scale } => Op::AttentionGrad { is_causal, scale },
+            Op::VarlenAttention { is_causal, scale } => {
+                Op::VarlenAttentionGrad { is_causal, scale }
+            }
+            _ => return None,
+        })
+    }
+
+    /// The forward op whose attributes a gradient op carries (the inverse of `grad_op`).
+    fn grad_base(&self) -> Option<Op> {
+        Some(match self.clone() {
+            Op::UnaryGrad(u) => Op::Unary(u),
+            Op::SoftmaxGrad { axis, log: false } => Op::Softmax { axis },
+            Op::SoftmaxGrad { axis, log: true } => Op::LogSoftmax { axis },
+            Op::LayerNormalizationGrad { axis } => Op::LayerNormalization {
+                axis,
+                epsilon: 1e-5,
+            },
+            Op::SoftmaxCrossEntropyLossGrad {
+                reduction,
+                ignore_index,
+            } => Op::SoftmaxCrossEntropyLoss {
+                reduction,
+                ignore_index,
+            },
+            Op::GatherGrad { axis } => Op::Gather { axis },
+            Op::SliceGrad => Op::Slice,
+            Op::FusedMatMulGrad {
+                activation,
+                trans_b,
+            } => Op::FusedMatMul {
+                activation,
+                trans_b,
+            },
+            Op::AttentionGrad { is_causal, scale } => Op::Attention { is_causal, scale },
+            Op::VarlenAttentionGrad { is_causal, scale } => {
+                Op::VarlenAttention { is_causal, scale }
+            }
+            _ => return None,
+        })
+    }
+
+    /// Whether this op is one of the gradient ops (`GRAD_OP_NAMES`).
+    pub fn is_grad(&self) -> bool {
+        matches!(
+            self,
+            Op::UnaryGrad(_)
+                | Op::SoftmaxGrad { .. }
+                | Op::LayerNormalizationGrad { .. }
+                | Op::SoftmaxCrossEntropyLossGrad { .. }
+                | Op::GatherGrad { .. }
+                | Op::SliceGrad
+                | Op::FusedMatMulGrad { .. }
+                | Op::AttentionGrad { .. }
+                | Op::VarlenAttentionGrad { .. }
+        )
     }
 
     /// (min inputs, max inputs, min outputs, max outputs), counting omitted optional
@@ -480,15 +655,34 @@ impl Op {
             Op::Trilu { .. } => (1, 2, 1, 1),
             Op::SoftmaxCrossEntropyLoss { .. } => (2, 3, 1, 2),
             Op::Dropout { .. } => (1, 3, 1, 2),
-            Op::FusedMatMul { .. } => (2, 4, 1, 1),
-            Op::Attention { .. } => (3, 4, 1, 1),
-            Op::VarlenAttention { .. } => (5, 5, 1, 1),
+            // The second outputs (Pre, LSE) are what the gradient ops read.
+            Op::FusedMatMul { .. } => (2, 4, 1, 2),
+            Op::Attention { .. } => (3, 4, 1, 2),
+            Op::VarlenAttention { .. } => (5, 5, 1, 2),
+            Op::UnaryGrad(_) | Op::SoftmaxGrad { .. } => (2, 2, 1, 1),
+            Op::LayerNormalizationGrad { .. } => (5, 5, 1, 3),
+            Op::SoftmaxCrossEntropyLossGrad { .. } => (3, 4, 1, 1),
+            Op::GatherGrad { .. } => (3, 3, 1, 1),
+            Op::SliceGrad => (4, 6, 1, 1),
+            Op::FusedMatMulGrad { .. } => (3, 4, 2, 3),
+            Op::AttentionGrad { .. } => (7, 7, 3, 4),
+            Op::VarlenAttentionGrad { .. } => (8, 8, 3, 3),
         }
     }
 
     /// Builds an op from its ONNX name and written attributes. `node` and `node_loc`
     /// only serve the messages.
     pub fn parse(name: &str, attrs: &[Attr], node: &str, node_loc: Option<&Loc>) -> Result<Op> {
+        // A gradient op takes the attributes of the forward op it differentiates.
+        if let Some(base) = name
+            .strip_suffix("Grad")
+            .filter(|_| GRAD_OP_NAMES.contains(&name))
+        {
+            let fwd = Op::parse(base, attrs, node, node_loc)?;
+            return Ok(fwd
+                .grad_op()
+                .expect("every GRAD_OP_NAMES entry has a base op"));
+        }
         use BinaryOp as B;
         use UnaryOp as U;
         let mut a = Attrs {
@@ -806,6 +1000,13 @@ impl Op {
     pub fn attrs(&self) -> Vec<(&'static str, AttrValue)> {
         use AttrValue as V;
         let mut v: Vec<(&'static str, AttrValue)> = vec![];
+        if let Some(base) = self.grad_base() {
+            v = base.attrs();
+            if let Op::LayerNormalizationGrad { .. } = self {
+                v.retain(|(k, _)| *k == "axis");
+            }
+            return v;
+        }
         let b = |x: bool| V::Int(x as i64);
         match self {
             Op::Unary(UnaryOp::Gelu { tanh: true }) => {

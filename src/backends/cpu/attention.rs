@@ -440,3 +440,44 @@ fn dot<A: Real>(a: &[A], b: &[A]) -> A {
     }
     p.iter().copied().sum::<A>() + tail
 }
+
+/// Attention backward (flash-style, from the forward's LSE): outs = [dQ, dK, dV, (dMask)].
+#[allow(clippy::too_many_arguments)]
+pub fn attention_grad(
+    dy: &Tensor,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: Option<&Tensor>,
+    y: &Tensor,
+    lse: &Tensor,
+    is_causal: bool,
+    scale: Option<f32>,
+    want: &[bool],
+    outs: &mut [Tensor],
+) -> Result<()> {
+    let _ = (dy, q, k, v, mask, y, lse, is_causal, scale, want, outs);
+    Err(crate::err!(Runtime, "AttentionGrad: not implemented yet"))
+}
+
+/// VarlenAttention backward: `[dY, Q, K, V]`, cu_seqlens, the forward's Y and LSE;
+/// outs = [dQ, dK, dV].
+#[allow(clippy::too_many_arguments)]
+pub fn varlen_attention_grad(
+    node: &Node,
+    t: [&Tensor; 4],
+    cu_q: &Tensor,
+    cu_k: &Tensor,
+    y: &Tensor,
+    lse: &Tensor,
+    is_causal: bool,
+    scale: Option<f32>,
+    want: &[bool],
+    outs: &mut [Tensor],
+) -> Result<()> {
+    let _ = (node, t, cu_q, cu_k, y, lse, is_causal, scale, want, outs);
+    Err(crate::err!(
+        Runtime,
+        "VarlenAttentionGrad: not implemented yet"
+    ))
+}

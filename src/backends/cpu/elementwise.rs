@@ -626,3 +626,9 @@ pub fn trilu(x: &Tensor, k: Option<&Tensor>, upper: bool, out: &mut Tensor) -> R
 pub(crate) fn todo_kernel(what: &str) -> Result<()> {
     crate::bail!(Runtime, "CPU kernel '{what}' is not written yet")
 }
+
+/// `dX = dY * f'(X)` for a unary op.
+pub fn unary_grad(op: UnaryOp, dy: &Tensor, x: &Tensor, out: &mut Tensor) -> Result<()> {
+    let _ = (op, dy, x, out);
+    Err(crate::err!(Runtime, "UnaryGrad: not implemented yet"))
+}

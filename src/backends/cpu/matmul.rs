@@ -407,3 +407,19 @@ pub fn gemm_f32_gflops(n: usize, iters: usize) -> f64 {
     secs.sort_by(|x, y| x.total_cmp(y));
     2.0 * (n as f64).powi(3) / secs[secs.len() / 2].max(1e-12) / 1e9
 }
+
+/// FusedMatMul backward: outs = [dA, dB, (dBias)]; `want[i]` false means not read.
+#[allow(clippy::too_many_arguments)]
+pub fn fused_matmul_grad(
+    dy: &Tensor,
+    a: &Tensor,
+    b: &Tensor,
+    pre: Option<&Tensor>,
+    act: Activation,
+    trans_b: bool,
+    want: &[bool],
+    outs: &mut [Tensor],
+) -> Result<()> {
+    let _ = (dy, a, b, pre, act, trans_b, want, outs);
+    Err(crate::err!(Runtime, "FusedMatMulGrad: not implemented yet"))
+}

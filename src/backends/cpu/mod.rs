@@ -81,6 +81,8 @@ pub fn run_node(
             )
         })
     };
+    // Which outputs the graph reads (an optional output named "" is not computed).
+    let want: Vec<bool> = node.outputs.iter().map(|o| !o.is_empty()).collect();
     match &node.op {
         Op::Unary(u) => elementwise::unary(*u, x(0)?, &mut outs[0]),
         Op::Binary(b) => elementwise::binary(*b, x(0)?, x(1)?, &mut outs[0]),
@@ -131,7 +133,7 @@ pub fn run_node(
             ins.get(3).copied().flatten(),
             *activation,
             *trans_b,
-            &mut outs[0],
+            &mut outs[0], // TODO(grad kernels): write Pre (outs[1]) when asked
         ),
         Op::Softmax { axis } => reduce::softmax(x(0)?, *axis, false, &mut outs[0]),
         Op::LogSoftmax { axis } => reduce::softmax(x(0)?, *axis, true, &mut outs[0]),
@@ -206,7 +208,7 @@ pub fn run_node(
             ins.get(3).copied().flatten(),
             *is_causal,
             *scale,
-            &mut outs[0],
+            &mut outs[0], // TODO(grad kernels): write LSE (outs[1]) when asked
         ),
         Op::VarlenAttention { is_causal, scale } => attention::varlen_attention(
             node,
@@ -217,7 +219,69 @@ pub fn run_node(
             x(4)?,
             *is_causal,
             *scale,
+            &mut outs[0], // TODO(grad kernels): write LSE (outs[1]) when asked
+        ),
+        // Gradient ops. Outputs named "" in the node are still allocated by the plan
+        // (`outs` always has one tensor per output); `want(i)` says which are read.
+        Op::UnaryGrad(u) => elementwise::unary_grad(*u, x(0)?, x(1)?, &mut outs[0]),
+        Op::SoftmaxGrad { axis, log } => {
+            reduce::softmax_grad(x(0)?, x(1)?, *axis, *log, &mut outs[0])
+        }
+        Op::LayerNormalizationGrad { axis } => {
+            reduce::layer_norm_grad(x(0)?, x(1)?, x(2)?, x(3)?, x(4)?, *axis, &want, outs)
+        }
+        Op::SoftmaxCrossEntropyLossGrad {
+            reduction,
+            ignore_index,
+        } => reduce::softmax_cross_entropy_grad(
+            node,
+            x(0)?,
+            x(1)?,
+            x(2)?,
+            ins.get(3).copied().flatten(),
+            *reduction,
+            *ignore_index,
             &mut outs[0],
+        ),
+        Op::GatherGrad { axis } => shape::gather_grad(node, x(0)?, x(1)?, *axis, &mut outs[0]),
+        Op::SliceGrad => shape::slice_grad(x(0)?, ins, &mut outs[0]),
+        Op::FusedMatMulGrad {
+            activation,
+            trans_b,
+        } => matmul::fused_matmul_grad(
+            x(0)?,
+            x(1)?,
+            x(2)?,
+            ins.get(3).copied().flatten(),
+            *activation,
+            *trans_b,
+            &want,
+            outs,
+        ),
+        Op::AttentionGrad { is_causal, scale } => attention::attention_grad(
+            x(0)?,
+            x(1)?,
+            x(2)?,
+            x(3)?,
+            ins.get(4).copied().flatten(),
+            x(5)?,
+            x(6)?,
+            *is_causal,
+            *scale,
+            &want,
+            outs,
+        ),
+        Op::VarlenAttentionGrad { is_causal, scale } => attention::varlen_attention_grad(
+            node,
+            [x(0)?, x(1)?, x(2)?, x(3)?],
+            x(4)?,
+            x(5)?,
+            x(6)?,
+            x(7)?,
+            *is_causal,
+            *scale,
+            &want,
+            outs,
         ),
     }
 }

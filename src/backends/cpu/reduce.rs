@@ -443,3 +443,57 @@ fn sce_t<T: Float>(
         }
     }
 }
+
+/// `dX` of Softmax (`log: false`) or LogSoftmax (`log: true`) from dY and the forward Y.
+pub fn softmax_grad(dy: &Tensor, y: &Tensor, axis: i64, log: bool, out: &mut Tensor) -> Result<()> {
+    let _ = (dy, y, axis, log, out);
+    Err(crate::err!(Runtime, "SoftmaxGrad: not implemented yet"))
+}
+
+/// LayerNormalization backward: outs = [dX, dScale, dB] (dScale, dB of the normalized
+/// shape X.shape[axis..]); `want[i]` false means output i is not read.
+#[allow(clippy::too_many_arguments)]
+pub fn layer_norm_grad(
+    dy: &Tensor,
+    x: &Tensor,
+    scale: &Tensor,
+    mean: &Tensor,
+    inv_std: &Tensor,
+    axis: i64,
+    want: &[bool],
+    outs: &mut [Tensor],
+) -> Result<()> {
+    let _ = (dy, x, scale, mean, inv_std, axis, want, outs);
+    Err(crate::err!(
+        Runtime,
+        "LayerNormalizationGrad: not implemented yet"
+    ))
+}
+
+/// dScores of SoftmaxCrossEntropyLoss given dLoss (scalar, or [N, d1..] for reduction none).
+#[allow(clippy::too_many_arguments)]
+pub fn softmax_cross_entropy_grad(
+    node: &Node,
+    dloss: &Tensor,
+    scores: &Tensor,
+    labels: &Tensor,
+    weights: Option<&Tensor>,
+    reduction: LossReduction,
+    ignore_index: Option<i64>,
+    out: &mut Tensor,
+) -> Result<()> {
+    let _ = (
+        node,
+        dloss,
+        scores,
+        labels,
+        weights,
+        reduction,
+        ignore_index,
+        out,
+    );
+    Err(crate::err!(
+        Runtime,
+        "SoftmaxCrossEntropyLossGrad: not implemented yet"
+    ))
+}

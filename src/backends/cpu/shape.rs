@@ -262,3 +262,22 @@ pub fn shape(x: &Tensor, start: i64, end: Option<i64>, out: &mut Tensor) -> Resu
     }
     Ok(())
 }
+
+/// Gather backward: zeros of `out`'s shape, then dY's slices added at their indices.
+pub fn gather_grad(
+    node: &Node,
+    dy: &Tensor,
+    indices: &Tensor,
+    axis: i64,
+    out: &mut Tensor,
+) -> Result<()> {
+    let _ = (node, dy, indices, axis, out);
+    Err(crate::err!(Runtime, "GatherGrad: not implemented yet"))
+}
+
+/// Slice backward: zeros of `out`'s shape with dY written where Slice read.
+/// `ins` are the node's inputs: dY, XShape, starts, ends, [axes], [steps].
+pub fn slice_grad(dy: &Tensor, ins: &[Option<&Tensor>], out: &mut Tensor) -> Result<()> {
+    let _ = (dy, ins, out);
+    Err(crate::err!(Runtime, "SliceGrad: not implemented yet"))
+}
