@@ -134,16 +134,38 @@ struct TrainArgs {
     model: PathBuf,
     #[command(flatten)]
     common: Common,
+    /// Training data for an input, samples along the first axis: NAME=FILE.npy.
+    /// Without any, the model trains on one batch of seeded random inputs.
     #[arg(long = "data", value_name = "NAME=FILE.npy")]
     data: Vec<String>,
+    /// Held-out data, evaluated after each epoch (loss, and accuracy when the loss is a
+    /// SoftmaxCrossEntropyLoss): NAME=FILE.npy.
+    #[arg(long = "val-data", value_name = "NAME=FILE.npy")]
+    val_data: Vec<String>,
+    /// Samples per step (default: the model's batch dim); a last partial batch is dropped.
     #[arg(long)]
     batch_size: Option<usize>,
-    #[arg(long)]
+    /// Passes over the data (default 1).
+    #[arg(long, conflicts_with = "steps")]
     epochs: Option<usize>,
+    /// Optimizer steps in all (instead of --epochs).
     #[arg(long)]
     steps: Option<usize>,
+    /// Override the learning rate of the model's optimizer.
+    #[arg(long)]
+    lr: Option<f64>,
+    /// Seed for shuffling (and for random inputs).
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Save the trained initializers.
     #[arg(long, value_name = "FILE.safetensors")]
     save: Option<PathBuf>,
+    /// Draw the loss curve as SVG.
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<PathBuf>,
+    /// No progress bar.
+    #[arg(long, short)]
+    quiet: bool,
 }
 
 /// A CLI failure: its message and the exit code it maps to.
@@ -248,27 +270,79 @@ fn optimized(
     g: &graphrun::Graph,
     no_fuse: bool,
     disabled: &[String],
+    training: bool,
 ) -> Result<(graphrun::Graph, Option<passes::Report>), Fail> {
     if no_fuse {
         return Ok((g.clone(), None));
     }
-    let opts = passes::PassOptions {
-        disabled: disabled.to_vec(),
-        training: false,
-    };
-    let (g2, report) = passes::optimize(g, &opts)?;
+    let (g2, report) = passes::optimize(g, &pass_options(no_fuse, disabled, training))?;
     Ok((g2, Some(report)))
 }
 
-fn check_unimplemented(backward: bool) -> Result<(), Fail> {
-    if backward {
-        return Err(usage("--backward needs the backward-graph generator, which is not in this build of graphrun yet"));
+/// The pass options for generated backward graphs: cleanup always, fusion unless
+/// --no-fuse (so that --no-fuse gives a graph of plain ops throughout).
+fn pass_options(no_fuse: bool, disabled: &[String], training: bool) -> passes::PassOptions {
+    let mut disabled = disabled.to_vec();
+    if no_fuse {
+        disabled.extend([
+            "attention_fusion".to_string(),
+            "matmul_epilogue_fusion".into(),
+        ]);
     }
-    Ok(())
+    passes::PassOptions { disabled, training }
+}
+
+fn session_options(c: &Common, dims: BTreeMap<String, usize>, training: bool) -> SessionOptions {
+    SessionOptions {
+        backend: backend_of(c),
+        dims,
+        training,
+        passes: pass_options(c.no_fuse, &c.disable_pass, training),
+    }
+}
+
+/// Reads `--grad NAME=FILE.npy` seeds.
+fn read_seeds(specs: &[String], g: &graphrun::Graph) -> Result<HashMap<String, Tensor>, Fail> {
+    let mut seeds = HashMap::new();
+    for spec in specs {
+        let (name, file) = parse_kv(spec, "--grad")?;
+        if !g.outputs.contains(&name) {
+            return Err(usage(format!(
+                "--grad {name}: '{name}' is not an output of the model (its outputs: {})",
+                g.outputs.join(", ")
+            )));
+        }
+        if seeds
+            .insert(name.clone(), Tensor::read_npy(Path::new(&file))?)
+            .is_some()
+        {
+            return Err(usage(format!("--grad {name} is given twice")));
+        }
+    }
+    Ok(seeds)
+}
+
+/// Relative L2 difference ‖a − b‖/‖b‖ (NaN when either holds NaN).
+fn rel_diff(a: &Tensor, b: &Tensor) -> f64 {
+    let (x, y) = (a.to_f64_vec(), b.to_f64_vec());
+    let num: f64 = x
+        .iter()
+        .zip(&y)
+        .map(|(p, q)| (p - q) * (p - q))
+        .sum::<f64>()
+        .sqrt();
+    let den: f64 = y.iter().map(|q| q * q).sum::<f64>().sqrt();
+    if den > 0.0 {
+        num / den
+    } else {
+        num
+    }
 }
 
 fn run(a: RunArgs) -> Result<(), Fail> {
-    check_unimplemented(a.backward || !a.grads.is_empty())?;
+    if !a.grads.is_empty() && !a.backward {
+        return Err(usage("--grad seeds the backward pass: add --backward"));
+    }
     if a.verify_fusion && a.common.no_fuse {
         return Err(usage(
             "--verify-fusion compares fused with unfused: drop --no-fuse",
@@ -287,13 +361,10 @@ fn run(a: RunArgs) -> Result<(), Fail> {
             }
         }
     }
+    let seeds = read_seeds(&a.grads, g)?;
     // The backend is set up first, so that a missing device is the one line printed.
-    let opts = SessionOptions {
-        backend: backend_of(&a.common),
-        dims: dims.clone(),
-        training: false,
-    };
-    let (fused, _) = optimized(g, a.common.no_fuse, &a.common.disable_pass)?;
+    let opts = session_options(&a.common, dims.clone(), false);
+    let (fused, _) = optimized(g, a.common.no_fuse, &a.common.disable_pass, false)?;
     let mut session = Session::new(fused, opts.clone())?;
     let mut feeds: HashMap<String, Tensor> = HashMap::new();
     for spec in &a.inputs {
@@ -366,9 +437,14 @@ fn run(a: RunArgs) -> Result<(), Fail> {
             a.seed
         );
     }
-    let outs = session.run(&feeds)?;
+    let (outs, grads) = if a.backward {
+        let r = session.backward(&feeds, &seeds)?;
+        (r.outputs, r.grads)
+    } else {
+        (session.run(&feeds)?, vec![])
+    };
     if a.verify_fusion {
-        verify_fusion(g, opts, &feeds, &outs)?;
+        verify_fusion(g, opts, &feeds, &seeds, a.backward, &outs, &grads)?;
     }
     for (name, t) in &outs {
         if a.quiet {
@@ -386,31 +462,71 @@ fn run(a: RunArgs) -> Result<(), Fail> {
             );
         }
     }
+    for (name, t) in &grads {
+        if a.quiet {
+            println!(
+                "grad {name}: {} {}",
+                t.dtype(),
+                graphrun::tensor::fmt_shape(t.shape())
+            );
+        } else {
+            println!(
+                "grad {name}: {} {} {}",
+                t.dtype(),
+                graphrun::tensor::fmt_shape(t.shape()),
+                t.summary()
+            );
+        }
+    }
     if let Some(dir) = &a.out_dir {
-        write_outputs(dir, &outs)?;
+        for (name, _) in &grads {
+            if name.contains(['/', '\\']) || name == "." || name == ".." {
+                return Err(usage(format!(
+                    "gradient of '{name}' cannot be written as a file name under --out-dir"
+                )));
+            }
+        }
+        let mut files: Vec<(PathBuf, &Tensor)> = outs
+            .iter()
+            .map(|(n, t)| (dir.join(format!("{n}.npy")), t))
+            .collect();
+        files.extend(
+            grads
+                .iter()
+                .map(|(n, t)| (dir.join("grads").join(format!("{n}.npy")), t)),
+        );
+        write_files(&files)?;
     }
     Ok(())
 }
 
-/// Runs the unfused graph on the same inputs and compares every output (SPEC §5).
+/// Runs the unfused graph on the same inputs and compares every output, and with
+/// --backward every gradient (SPEC §5).
 fn verify_fusion(
     g: &graphrun::Graph,
-    opts: SessionOptions,
+    mut opts: SessionOptions,
     feeds: &HashMap<String, Tensor>,
+    seeds: &HashMap<String, Tensor>,
+    backward: bool,
     fused: &[(String, Tensor)],
+    fused_grads: &[(String, Tensor)],
 ) -> Result<(), Fail> {
-    let plain = Session::new(g.clone(), opts)?.run(feeds)?;
+    opts.passes = pass_options(true, &[], false);
+    let mut plain = Session::new(g.clone(), opts)?;
+    let (outs, grads) = if backward {
+        let r = plain.backward(feeds, seeds)?;
+        (r.outputs, r.grads)
+    } else {
+        (plain.run(feeds)?, vec![])
+    };
     let mut worst = vec![];
-    for ((name, a), (_, b)) in fused.iter().zip(&plain) {
-        let (x, y) = (a.to_f64_vec(), b.to_f64_vec());
-        let num: f64 = x
-            .iter()
-            .zip(&y)
-            .map(|(p, q)| (p - q) * (p - q))
-            .sum::<f64>()
-            .sqrt();
-        let den: f64 = y.iter().map(|q| q * q).sum::<f64>().sqrt();
-        let rel = if den > 0.0 { num / den } else { num };
+    let pairs = fused
+        .iter()
+        .zip(&outs)
+        .map(|(a, b)| ("", a, b))
+        .chain(fused_grads.iter().zip(&grads).map(|(a, b)| ("grad ", a, b)));
+    for (what, (name, a), (_, b)) in pairs {
+        let rel = rel_diff(a, b);
         let tol = match a.dtype() {
             DType::F64 => 1e-10,
             DType::F32 => 1e-5,
@@ -418,11 +534,11 @@ fn verify_fusion(
         };
         let ok = rel <= tol; // NaN fails
         println!(
-            "verify-fusion {name}: max relative difference {rel:.3e} (tolerance {tol:.0e}) {}",
+            "verify-fusion {what}{name}: max relative difference {rel:.3e} (tolerance {tol:.0e}) {}",
             if ok { "ok" } else { "FAILED" }
         );
         if !ok {
-            worst.push(name.clone());
+            worst.push(format!("{what}{name}"));
         }
     }
     if worst.is_empty() {
@@ -438,14 +554,15 @@ fn verify_fusion(
     }
 }
 
-/// Writes DIR/<name>.npy for each output, each whole or not at all; on a failure the
-/// files already written by this call are removed again.
-fn write_outputs(dir: &Path, outs: &[(String, Tensor)]) -> Result<(), Fail> {
-    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+/// Writes each .npy file whole or not at all; on a failure the files already written by
+/// this call are removed again.
+fn write_files(files: &[(PathBuf, &Tensor)]) -> Result<(), Fail> {
     let mut written = vec![];
-    for (name, t) in outs {
-        let path = dir.join(format!("{name}.npy"));
-        if let Err(e) = write_atomic(&path, |p| t.write_npy(p)) {
+    for (path, t) in files {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        }
+        if let Err(e) = write_atomic(path, |p| t.write_npy(p)) {
             for w in &written {
                 let _ = std::fs::remove_file(w);
             }
@@ -454,7 +571,7 @@ fn write_outputs(dir: &Path, outs: &[(String, Tensor)]) -> Result<(), Fail> {
                 err: e.into(),
             });
         }
-        written.push(path);
+        written.push(path.clone());
     }
     Ok(())
 }
@@ -487,7 +604,6 @@ fn fmt_count(n: f64) -> String {
 }
 
 fn inspect(a: InspectArgs) -> Result<(), Fail> {
-    check_unimplemented(a.backward)?;
     let model = load(&a.model, None)?;
     let g = &model.graph;
     let dims = parse_dims(&a.dims)?;
@@ -519,7 +635,7 @@ fn inspect(a: InspectArgs) -> Result<(), Fail> {
             .join(", ")
     };
     println!("before passes: {} nodes: {}", g.nodes.len(), counts(g));
-    let (fused, report) = optimized(g, a.no_fuse, &a.disable_pass)?;
+    let (fused, report) = optimized(g, a.no_fuse, &a.disable_pass, false)?;
     match &report {
         None => println!("passes: off (--no-fuse)"),
         Some(r) => {
@@ -595,6 +711,60 @@ fn inspect(a: InspectArgs) -> Result<(), Fail> {
         let t: &ValueType = &plan.types[o];
         println!("  {o}: {t}");
     }
+    let mut model = model;
+    if a.backward {
+        let floats: Vec<String> = g
+            .outputs
+            .iter()
+            .filter(|o| plan.types[*o].dtype.is_float())
+            .cloned()
+            .collect();
+        let opts = graphrun::passes::autodiff::BackwardOptions {
+            training: false,
+            inputs: true,
+        };
+        let bwd = graphrun::passes::autodiff::backward(g, &floats, &shapes, &opts)?;
+        let (bg, _) =
+            passes::optimize(&bwd.graph, &pass_options(a.no_fuse, &a.disable_pass, false))?;
+        println!("backward graph: {} nodes: {}", bg.nodes.len(), counts(&bg));
+        let seeds: Vec<String> = bwd
+            .seeds
+            .iter()
+            .map(|(o, s)| format!("{o} by {s}"))
+            .collect();
+        println!("  seeded: {}", seeds.join(", "));
+        let grads: Vec<String> = bwd.grads.iter().map(|(w, _)| w.clone()).collect();
+        println!("  gradients of: {}", grads.join(", "));
+        let mut all = shapes.clone();
+        for (_, s) in &bwd.seeds {
+            let info = bg.input(s).expect("seed input");
+            all.insert(s.clone(), exec::concrete_shape(info, &BTreeMap::new())?);
+        }
+        let bplan = graphrun::Plan::new(&bg, &all)?;
+        // The baseline: every forward value held until the backward is done.
+        let keep: std::collections::HashSet<String> = g
+            .nodes
+            .iter()
+            .flat_map(|n| n.outputs.iter().cloned())
+            .chain(g.inputs.iter().map(|i| i.name.clone()))
+            .filter(|v| bplan.types.contains_key(v))
+            .collect();
+        let kplan = graphrun::Plan::keeping(&bg, &all, &keep)?;
+        println!(
+            "  plan: {} steps, {}FLOP per forward+backward",
+            bplan.steps.len(),
+            fmt_count(bplan.flops as f64)
+        );
+        println!(
+            "  peak activation memory forward+backward {} (keeping every forward value: {}; without buffer reuse: {}), weights {}",
+            fmt_bytes(bplan.peak_bytes()),
+            fmt_bytes(kplan.peak_bytes()),
+            fmt_bytes(bplan.naive_bytes),
+            fmt_bytes(bplan.weight_bytes)
+        );
+        model = Model { graph: bg };
+    }
+    let g = &model.graph;
     if let Some(p) = &a.dot {
         let text = graphrun::graph::dot::to_dot(g);
         write_atomic(p, |p| std::fs::write(p, &text).map_err(|e| Error::io(p, e)))?;
@@ -618,7 +788,10 @@ fn doctor() -> Result<(), Fail> {
     );
     let gf = graphrun::backends::cpu::gemm_f32_gflops(1024, 10);
     println!("  f32 GEMM 1024³ (median of 10): {gf:.1} GFLOP/s");
-    println!("cuda: not built into this version of graphrun");
+    println!("cuda:");
+    for line in graphrun::backends::cuda::doctor_lines() {
+        println!("  {line}");
+    }
     println!("wgpu: not built into this version of graphrun");
     println!("--backend default: cpu");
     Ok(())
@@ -646,28 +819,49 @@ fn cpu_features() -> String {
 }
 
 fn bench(a: BenchArgs) -> Result<(), Fail> {
-    check_unimplemented(a.backward)?;
     if a.iters == 0 {
         return Err(usage("--iters must be at least 1"));
     }
     let model = load(&a.model, a.common.dtype.as_deref())?;
     let dims = parse_dims(&a.common.dims)?;
     let feeds = model.random_inputs(a.seed, &dims)?;
-    let opts = SessionOptions {
-        backend: backend_of(&a.common),
-        dims,
-        training: false,
+    // --backward: a training step (forward, loss, backward, optimizer) when the model
+    // has a training section, as ../shared/bench's `train` pass; else forward+backward.
+    let train = a.backward && model.graph.training.is_some();
+    let pass = match (a.backward, train) {
+        (false, _) => "fwd",
+        (true, true) => "train",
+        (true, false) => "fwd+bwd",
     };
-    let (fused, _) = optimized(&model.graph, a.common.no_fuse, &a.common.disable_pass)?;
+    let opts = session_options(&a.common, dims, train);
+    let (fused, _) = optimized(
+        &model.graph,
+        a.common.no_fuse,
+        &a.common.disable_pass,
+        train,
+    )?;
     let mut session = Session::new(fused, opts)?;
-    let plan = session.plan_for(&feeds)?;
+    let none = HashMap::new();
+    let once = |s: &mut Session| -> Result<(), Fail> {
+        match (a.backward, train) {
+            (false, _) => drop(s.run(&feeds)?),
+            (true, true) => drop(s.train_step(&feeds)?),
+            (true, false) => drop(s.backward(&feeds, &none)?),
+        }
+        Ok(())
+    };
+    let plan = if a.backward {
+        session.backward_graph(&feeds)?.1.clone()
+    } else {
+        session.plan_for(&feeds)?
+    };
     for _ in 0..a.warmup {
-        session.run(&feeds)?;
+        once(&mut session)?;
     }
     let mut times = vec![];
     for _ in 0..a.iters {
         let t0 = std::time::Instant::now();
-        session.run(&feeds)?;
+        once(&mut session)?;
         times.push(t0.elapsed().as_secs_f64() * 1e3);
     }
     times.sort_by(|x, y| x.total_cmp(y));
@@ -676,7 +870,7 @@ fn bench(a: BenchArgs) -> Result<(), Fail> {
     let tflops = plan.flops as f64 / (med * 1e-3) / 1e12;
     let peak_mib = (plan.peak_bytes() + plan.weight_bytes) as f64 / (1024.0 * 1024.0);
     println!(
-        "{}: {} on {}, {} iterations",
+        "{}: {} on {}, {pass}, {} iterations",
         model.graph.name,
         a.model.display(),
         session.backend_name(),
@@ -693,7 +887,7 @@ fn bench(a: BenchArgs) -> Result<(), Fail> {
     session.set_profiling(true);
     let prof_iters = a.iters.min(5);
     for _ in 0..prof_iters {
-        session.run(&feeds)?;
+        once(&mut session)?;
     }
     let mut prof = session.take_profile();
     let total: f64 = prof.iter().map(|p| p.2).sum::<f64>().max(1e-12);
@@ -724,7 +918,7 @@ fn bench(a: BenchArgs) -> Result<(), Fail> {
             })
             .collect();
         let json = format!(
-            "{{\"results\": [{{\"workload\": {:?}, \"dtype\": \"{}\", \"mode\": \"graphrun\", \"pass\": \"fwd\", \"backend\": \"{}\", \"ms\": {med}, \"ms_min\": {min}, \"ms_max\": {max}, \"tflops\": {tflops}, \"peak_mib\": {peak_mib}, \"status\": \"ok\", \"profile\": [{}]}}]}}\n",
+            "{{\"results\": [{{\"workload\": {:?}, \"dtype\": \"{}\", \"mode\": \"graphrun\", \"pass\": \"{pass}\", \"backend\": \"{}\", \"ms\": {med}, \"ms_min\": {min}, \"ms_max\": {max}, \"tflops\": {tflops}, \"peak_mib\": {peak_mib}, \"status\": \"ok\", \"profile\": [{}]}}]}}\n",
             model.graph.name,
             dtype,
             session.backend_name(),
@@ -735,15 +929,372 @@ fn bench(a: BenchArgs) -> Result<(), Fail> {
     Ok(())
 }
 
+/// Reads NAME=FILE.npy data sets: every graph input, equal sample counts (axis 0).
+fn read_data(
+    specs: &[String],
+    g: &graphrun::Graph,
+    flag: &str,
+    dtype: Option<&str>,
+) -> Result<(Vec<(String, Tensor)>, usize), Fail> {
+    let mut sets: Vec<(String, Tensor)> = vec![];
+    for spec in specs {
+        let (name, file) = parse_kv(spec, flag)?;
+        let Some(info) = g.input(&name) else {
+            let names: Vec<&str> = g.inputs.iter().map(|i| i.name.as_str()).collect();
+            return Err(usage(format!(
+                "{flag} {name}: the model has no input '{name}' (its inputs: {})",
+                names.join(", ")
+            )));
+        };
+        if sets.iter().any(|(n, _)| *n == name) {
+            return Err(usage(format!("{flag} {name} is given twice")));
+        }
+        let mut t = Tensor::read_npy(Path::new(&file))?;
+        if t.dtype().is_float()
+            && info.dtype.is_float()
+            && t.dtype() != info.dtype
+            && dtype.is_some()
+        {
+            t = t.cast(info.dtype);
+        }
+        if t.dtype() != info.dtype {
+            return Err(usage(format!(
+                "{flag} {name}={file}: the file holds {} data, the input is {}",
+                t.dtype(),
+                info.dtype
+            )));
+        }
+        if t.shape().len() != info.shape.len() || t.shape().is_empty() {
+            return Err(usage(format!(
+                "{flag} {name}={file}: shape {} does not match the input's rank {} (samples go along the first axis)",
+                graphrun::tensor::fmt_shape(t.shape()),
+                info.shape.len()
+            )));
+        }
+        sets.push((name, t));
+    }
+    let missing: Vec<&str> = g
+        .inputs
+        .iter()
+        .map(|i| i.name.as_str())
+        .filter(|n| !sets.iter().any(|(m, _)| m == n))
+        .collect();
+    if !sets.is_empty() && !missing.is_empty() {
+        return Err(usage(format!(
+            "no {flag} for input{} {}",
+            if missing.len() > 1 { "s" } else { "" },
+            missing
+                .iter()
+                .map(|m| format!("'{m}'"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    }
+    let n = sets.first().map(|(_, t)| t.shape()[0]).unwrap_or(0);
+    if let Some((name, t)) = sets.iter().find(|(_, t)| t.shape()[0] != n) {
+        return Err(usage(format!(
+            "{flag} {name} holds {} samples, {} holds {n}: every data file needs the same count",
+            t.shape()[0],
+            sets[0].0
+        )));
+    }
+    Ok((sets, n))
+}
+
+/// Rows `idx` (along axis 0) of `t`.
+fn take_rows(t: &Tensor, idx: &[usize]) -> Result<Tensor, Fail> {
+    let row = t.size_bytes() / t.shape()[0].max(1);
+    let mut shape = t.shape().to_vec();
+    shape[0] = idx.len();
+    let mut bytes = Vec::with_capacity(row * idx.len());
+    for &i in idx {
+        bytes.extend_from_slice(&t.bytes()[i * row..(i + 1) * row]);
+    }
+    Ok(Tensor::from_bytes(t.dtype(), &shape, &bytes)?)
+}
+
+/// Mean loss, and accuracy when the loss is a SoftmaxCrossEntropyLoss, over a data set.
+fn evaluate(
+    session: &mut Session,
+    sets: &[(String, Tensor)],
+    n: usize,
+    batch: usize,
+) -> Result<(f64, Option<f64>), Fail> {
+    let g = session.graph().clone();
+    let t = g.training.as_ref().expect("checked");
+    let sce = g.nodes.iter().find(|nd| {
+        nd.outputs.first() == Some(&t.loss)
+            && matches!(nd.op, graphrun::Op::SoftmaxCrossEntropyLoss { .. })
+    });
+    let mut fetch = vec![t.loss.clone()];
+    if let Some(nd) = sce {
+        fetch.push(nd.inputs[0].clone());
+        fetch.push(nd.inputs[1].clone());
+    }
+    let ignore = sce.and_then(|nd| match nd.op {
+        graphrun::Op::SoftmaxCrossEntropyLoss { ignore_index, .. } => ignore_index,
+        _ => None,
+    });
+    let (mut loss_sum, mut batches, mut right, mut counted) = (0.0, 0usize, 0usize, 0usize);
+    let idx: Vec<usize> = (0..n).collect();
+    for chunk in idx.chunks(batch) {
+        let feeds: HashMap<String, Tensor> = sets
+            .iter()
+            .map(|(name, t)| Ok((name.clone(), take_rows(t, chunk)?)))
+            .collect::<Result<_, Fail>>()?;
+        let vals = session.run_fetch(&feeds, &fetch)?;
+        let l = vals[0].to_f64_vec();
+        loss_sum += l.iter().sum::<f64>() / l.len().max(1) as f64;
+        batches += 1;
+        if vals.len() == 3 {
+            // scores [N, C, d...], labels [N, d...]: argmax over the class axis.
+            let (sc, lab) = (vals[1].to_f64_vec(), vals[2].to_i64_vec());
+            let c = vals[1].shape()[1];
+            let inner: usize = vals[1].shape()[2..].iter().product();
+            for (k, &y) in lab.iter().enumerate() {
+                if Some(y) == ignore {
+                    continue;
+                }
+                let (b, i) = (k / inner.max(1), k % inner.max(1));
+                let at = |j: usize| sc[(b * c + j) * inner + i];
+                let best = (0..c).max_by(|&p, &q| at(p).total_cmp(&at(q))).unwrap_or(0);
+                right += (best as i64 == y) as usize;
+                counted += 1;
+            }
+        }
+    }
+    let acc = (counted > 0).then(|| right as f64 / counted as f64);
+    Ok((loss_sum / batches.max(1) as f64, acc))
+}
+
 fn train(a: TrainArgs) -> Result<(), Fail> {
-    let _ = (
-        &a.model,
-        &a.common,
-        &a.data,
-        a.batch_size,
-        a.epochs,
-        a.steps,
-        &a.save,
+    let mut model = load(&a.model, a.common.dtype.as_deref())?;
+    let Some(tr) = model.graph.training.as_mut() else {
+        return Err(usage(format!(
+            "{}: the model has no training: section (loss and optimizer) to train with",
+            a.model.display()
+        )));
+    };
+    if let Some(lr) = a.lr {
+        use graphrun::graph::Optimizer as O;
+        match &mut tr.optimizer {
+            O::Sgd { lr: l, .. } | O::Adam { lr: l, .. } | O::AdamW { lr: l, .. } => *l = lr,
+        }
+    }
+    let g = model.graph.clone();
+    let dims = parse_dims(&a.common.dims)?;
+    let (mut sets, mut n) = read_data(&a.data, &g, "--data", a.common.dtype.as_deref())?;
+    let (val, nval) = read_data(&a.val_data, &g, "--val-data", a.common.dtype.as_deref())?;
+    // The batch size: --batch-size, else the model's first input dim.
+    let first = g.inputs.first().and_then(|i| i.shape.first());
+    let model_batch = match first {
+        Some(graphrun::graph::Dim::Fixed(b)) => Some(*b),
+        Some(graphrun::graph::Dim::Sym(s)) => dims.get(s).or(g.dims.get(s)).copied(),
+        None => None,
+    };
+    if sets.is_empty() {
+        let feeds = model.random_inputs(a.seed, &dims)?;
+        n = feeds
+            .values()
+            .next()
+            .map(|t| t.shape().first().copied().unwrap_or(1))
+            .unwrap_or(1);
+        sets = g
+            .inputs
+            .iter()
+            .map(|i| (i.name.clone(), feeds[&i.name].clone()))
+            .collect();
+        if !a.quiet {
+            eprintln!(
+                "no --data: training on one batch of seeded random inputs (seed {})",
+                a.seed
+            );
+        }
+    }
+    let batch = a.batch_size.or(model_batch).unwrap_or(32).min(n.max(1));
+    if batch == 0 || n == 0 {
+        return Err(usage("the training data holds no samples"));
+    }
+    let per_epoch = n / batch;
+    let total = match (a.steps, a.epochs) {
+        (Some(s), _) => s,
+        (None, e) => e.unwrap_or(1) * per_epoch,
+    };
+    if total == 0 {
+        return Err(usage("nothing to train: --steps or --epochs is 0"));
+    }
+    let opts = session_options(&a.common, dims, true);
+    let (fused, _) = optimized(&g, a.common.no_fuse, &a.common.disable_pass, true)?;
+    let mut session = Session::new(fused, opts)?;
+    println!(
+        "training {} on {}: {n} samples, batch {batch}, {total} steps ({:.2} epochs), {}",
+        g.name,
+        session.backend_name(),
+        total as f64 / per_epoch as f64,
+        describe_optimizer(&g)
     );
-    Err(usage("`graphrun train` needs the backward-graph generator, which is not in this build of graphrun yet"))
+    let bar = if a.quiet {
+        indicatif::ProgressBar::hidden()
+    } else {
+        let b = indicatif::ProgressBar::new(total as u64);
+        b.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{bar:32} {pos}/{len} steps  loss {msg}  [{elapsed_precise} < {eta_precise}]",
+            )
+            .expect("valid template"),
+        );
+        b
+    };
+    let t0 = std::time::Instant::now();
+    let mut losses: Vec<f64> = vec![];
+    let mut epoch_means: Vec<(usize, f64)> = vec![];
+    let mut rng = graphrun::rng::Rng::new(a.seed);
+    let mut step = 0;
+    let mut epoch = 0;
+    while step < total {
+        epoch += 1;
+        // A seeded shuffle per epoch (Fisher–Yates).
+        let mut order: Vec<usize> = (0..n).collect();
+        for i in (1..n).rev() {
+            let j = rng.int_in(0, i as i64 + 1) as usize;
+            order.swap(i, j);
+        }
+        let start = losses.len();
+        for chunk in order.chunks_exact(batch) {
+            if step == total {
+                break;
+            }
+            let feeds: HashMap<String, Tensor> = sets
+                .iter()
+                .map(|(name, t)| Ok((name.clone(), take_rows(t, chunk)?)))
+                .collect::<Result<_, Fail>>()?;
+            let l = session.train_step(&feeds)?;
+            if !l.is_finite() {
+                bar.abandon();
+                return Err(Fail {
+                    code: 1,
+                    err: anyhow::anyhow!(
+                        "the loss became {l} at step {}: lower the learning rate (--lr)",
+                        step + 1
+                    ),
+                });
+            }
+            losses.push(l);
+            step += 1;
+            bar.set_message(format!("{l:.4}"));
+            bar.inc(1);
+        }
+        let mean = losses[start..].iter().sum::<f64>() / (losses.len() - start).max(1) as f64;
+        epoch_means.push((losses.len(), mean));
+        let mut line = format!(
+            "epoch {epoch}: loss {mean:.4} ({} steps, {:.1} s)",
+            losses.len() - start,
+            t0.elapsed().as_secs_f64()
+        );
+        if nval > 0 {
+            let (vl, acc) = evaluate(&mut session, &val, nval, batch)?;
+            line.push_str(&format!(", held-out loss {vl:.4}"));
+            if let Some(acc) = acc {
+                line.push_str(&format!(", accuracy {:.2}%", acc * 100.0));
+            }
+        }
+        bar.suspend(|| println!("{line}"));
+    }
+    bar.finish_and_clear();
+    println!(
+        "trained {total} steps in {:.2} s; loss {:.4} -> {:.4}",
+        t0.elapsed().as_secs_f64(),
+        losses[0],
+        losses[losses.len() - 1]
+    );
+    if let Some(p) = &a.plot {
+        let svg = loss_svg(&g.name, &losses, &epoch_means);
+        write_atomic(p, |p| std::fs::write(p, &svg).map_err(|e| Error::io(p, e)))?;
+        println!("wrote {}", p.display());
+    }
+    if let Some(p) = &a.save {
+        let trained = session.trained_graph()?;
+        let tensors: Vec<(String, &Tensor)> = trained
+            .initializers
+            .iter()
+            .map(|i| (i.name.clone(), &i.tensor))
+            .collect();
+        write_atomic(p, |tmp| Tensor::write_safetensors(&tensors, tmp))?;
+        println!("wrote {} ({} initializers)", p.display(), tensors.len());
+    }
+    Ok(())
+}
+
+fn describe_optimizer(g: &graphrun::Graph) -> String {
+    use graphrun::graph::Optimizer as O;
+    match g.training.as_ref().map(|t| &t.optimizer) {
+        Some(O::Sgd {
+            lr,
+            momentum,
+            weight_decay,
+        }) => {
+            format!("SGD lr {lr} momentum {momentum} weight decay {weight_decay}")
+        }
+        Some(O::Adam {
+            lr,
+            beta1,
+            beta2,
+            weight_decay,
+            ..
+        }) => {
+            format!("Adam lr {lr} betas ({beta1}, {beta2}) weight decay {weight_decay}")
+        }
+        Some(O::AdamW {
+            lr,
+            beta1,
+            beta2,
+            weight_decay,
+            ..
+        }) => {
+            format!("AdamW lr {lr} betas ({beta1}, {beta2}) weight decay {weight_decay}")
+        }
+        None => "no optimizer".into(),
+    }
+}
+
+/// The loss curve as a small self-contained SVG: the loss of every step, and the mean
+/// of each epoch as dots.
+fn loss_svg(name: &str, losses: &[f64], epochs: &[(usize, f64)]) -> String {
+    let (w, h, m) = (720.0, 360.0, 48.0);
+    let lo = losses.iter().cloned().fold(f64::INFINITY, f64::min);
+    let hi = losses.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let span = if hi > lo { hi - lo } else { 1.0 };
+    let n = losses.len().max(2) - 1;
+    let x = |i: f64| m + (w - 2.0 * m) * i / n as f64;
+    let y = |v: f64| h - m - (h - 2.0 * m) * (v - lo) / span;
+    let pts: Vec<String> = losses
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| format!("{:.1},{:.1}", x(i as f64), y(v)))
+        .collect();
+    let mut svg = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n\
+         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
+         <text x=\"{m}\" y=\"24\" font-size=\"14\">{} — training loss</text>\n\
+         <line x1=\"{m}\" y1=\"{b}\" x2=\"{r}\" y2=\"{b}\" stroke=\"black\"/>\n\
+         <line x1=\"{m}\" y1=\"{m}\" x2=\"{m}\" y2=\"{b}\" stroke=\"black\"/>\n\
+         <text x=\"{r}\" y=\"{t}\" text-anchor=\"end\">step {}</text>\n\
+         <text x=\"4\" y=\"{m}\">{hi:.4}</text>\n<text x=\"4\" y=\"{b}\">{lo:.4}</text>\n\
+         <polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"1\" points=\"{}\"/>\n",
+        name.replace('&', "&amp;").replace('<', "&lt;"),
+        losses.len(),
+        pts.join(" "),
+        b = h - m,
+        r = w - m,
+        t = h - m + 20.0,
+    );
+    for &(end, mean) in epochs {
+        svg.push_str(&format!(
+            "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"#d62728\"/>\n",
+            x(end.saturating_sub(1) as f64),
+            y(mean)
+        ));
+    }
+    svg.push_str("</svg>\n");
+    svg
 }

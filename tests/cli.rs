@@ -231,3 +231,190 @@ fn dtype_flag_runs_in_half_precision() {
         );
     }
 }
+
+#[test]
+fn backward_writes_every_gradient_under_grads() {
+    let d = tmpdir("bwd");
+    let dir = d.to_str().unwrap();
+    let o = graphrun(&[
+        "models/mlp.yaml",
+        "--dim",
+        "batch=4",
+        "--backward",
+        "--out-dir",
+        dir,
+    ]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(out.contains("grad w1: f32 [784, 512]"), "{out}");
+    assert_eq!(files_in(&d), ["grads", "logits.npy", "loss.npy"]);
+    // Every floating graph input and every trainable initializer, nothing else.
+    assert_eq!(
+        files_in(&d.join("grads")),
+        ["b1.npy", "b2.npy", "b3.npy", "w1.npy", "w2.npy", "w3.npy", "x.npy"]
+    );
+    // The bias of the last layer collects the all-ones seed of `logits` per row (4) and
+    // the softmax cross-entropy gradient, whose rows sum to zero.
+    let b3 = graphrun::Tensor::read_npy(&d.join("grads/b3.npy")).unwrap();
+    let s: f64 = b3.to_f64_vec().iter().sum();
+    assert!((s - 40.0).abs() < 1e-3, "sum of b3's gradient {s}");
+
+    // A seed from a file: zeros for logits leaves only the loss's gradient.
+    let z = graphrun::Tensor::from_vec(&[4, 10], vec![0f32; 40]).unwrap();
+    z.write_npy(&d.join("z.npy")).unwrap();
+    let seed = format!("logits={}", d.join("z.npy").display());
+    let d2 = d.join("seeded");
+    let o = graphrun(&[
+        "models/mlp.yaml",
+        "--dim",
+        "batch=4",
+        "--backward",
+        "--grad",
+        &seed,
+        "--out-dir",
+        d2.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o).1);
+    let b3 = graphrun::Tensor::read_npy(&d2.join("grads/b3.npy")).unwrap();
+    let s: f64 = b3.to_f64_vec().iter().sum();
+    assert!(
+        s.abs() < 1e-5,
+        "the loss alone gives a zero-sum bias gradient, got {s}"
+    );
+
+    // A seed of the wrong shape, and --grad without --backward, are usage errors.
+    let bad = graphrun(&[
+        "models/mlp.yaml",
+        "--dim",
+        "batch=5",
+        "--backward",
+        "--grad",
+        &seed,
+    ]);
+    assert_eq!(bad.status.code(), Some(2), "{}", text(&bad).1);
+    assert!(text(&bad).1.contains("logits"), "{}", text(&bad).1);
+    let bad = graphrun(&["models/mlp.yaml", "--grad", &seed]);
+    assert_eq!(bad.status.code(), Some(2));
+}
+
+#[test]
+fn verify_fusion_checks_gradients_too() {
+    let o = graphrun(&[
+        "models/gpt_block.yaml",
+        "--dim",
+        "batch=1",
+        "--dim",
+        "seq=16",
+        "--backward",
+        "--verify-fusion",
+        "-q",
+    ]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{out}{err}");
+    assert!(out.contains("verify-fusion grad "), "{out}");
+    assert!(!out.contains("FAILED"), "{out}");
+}
+
+#[test]
+fn inspect_backward_prints_the_backward_graph_and_its_memory() {
+    let d = tmpdir("inspect_bwd");
+    let y = d.join("bwd.yaml");
+    let o = graphrun(&[
+        "inspect",
+        "models/mlp.yaml",
+        "--backward",
+        "--emit-yaml",
+        y.to_str().unwrap(),
+    ]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        out.contains("backward graph:") && out.contains("FusedMatMulGrad 3"),
+        "{out}"
+    );
+    assert!(out.contains("keeping every forward value"), "{out}");
+    // The written backward graph loads and runs like any model.
+    let o = graphrun(&[y.to_str().unwrap(), "-q"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(out.contains("w1.grad: f32 [784, 512]"), "{out}");
+}
+
+#[test]
+fn train_learns_saves_and_plots() {
+    let d = tmpdir("train");
+    let save = d.join("w.safetensors");
+    let plot = d.join("loss.svg");
+    let o = graphrun(&[
+        "train",
+        "models/mlp.yaml",
+        "--dim",
+        "batch=16",
+        "--steps",
+        "25",
+        "--quiet",
+        "--save",
+        save.to_str().unwrap(),
+        "--plot",
+        plot.to_str().unwrap(),
+    ]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    // "trained 25 steps in ... s; loss A -> B"
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("trained 25 steps"))
+        .expect(&out);
+    let nums: Vec<f64> = line
+        .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .filter_map(|s| s.parse().ok())
+        .collect();
+    let (first, last) = (nums[nums.len() - 2], nums[nums.len() - 1]);
+    assert!(last < 0.5 * first, "loss {first} -> {last}");
+    assert!(std::fs::read_to_string(&plot).unwrap().starts_with("<svg"));
+    // The checkpoint loads back as initializers (`file:`).
+    let t = graphrun::Tensor::read_safetensors(&save).unwrap();
+    let names: Vec<&str> = t.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names.len(), 6, "{names:?}");
+    let yaml = std::fs::read_to_string("models/mlp.yaml")
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let name = ["w1", "b1", "w2", "b2", "w3", "b3"]
+                .into_iter()
+                .find(|w| l.contains(&format!("{{name: {w},")));
+            match name {
+                Some(w) => format!("  - {{name: {w}, file: w.safetensors, key: {w}}}"),
+                None => l.to_string(),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    std::fs::write(d.join("trained.yaml"), yaml).unwrap();
+    // Same seeded batch as the training run: the trained weights give the trained loss.
+    let o = graphrun(&[
+        d.join("trained.yaml").to_str().unwrap(),
+        "--dim",
+        "batch=16",
+    ]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let loss: f64 = out
+        .lines()
+        .find(|l| l.starts_with("loss:"))
+        .and_then(|l| l.split('[').nth(2))
+        .and_then(|v| {
+            v.trim_end_matches(|c| c != ']')
+                .trim_end_matches(']')
+                .parse()
+                .ok()
+        })
+        .expect(&out);
+    assert!(
+        loss < 0.5 * first,
+        "trained model's loss {loss}, first {first}"
+    );
+    // Without a training section, train is a usage error.
+    let o = graphrun(&["train", "tests/data/unbound.yaml"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o).1);
+}

@@ -3,10 +3,11 @@
 //! YAML or passes.
 
 pub mod cpu;
+pub mod cuda;
 
 use crate::error::Result;
 use crate::graph::infer::ValueType;
-use crate::graph::Node;
+use crate::graph::{Node, Optimizer};
 use crate::tensor::Tensor;
 
 /// Which backend to run on (SPEC §7).
@@ -52,4 +53,29 @@ pub trait Backend {
         outs: &mut [(&mut Self::Buffer, &ValueType)],
     ) -> Result<()>;
     fn sync(&mut self) -> Result<()>;
+    /// One optimizer step on `param` in place (SPEC §4), `t` counting steps from 1.
+    /// `state` holds `optimizer_state_len(opt)` buffers of `param`'s shape in
+    /// `stat_dtype(param dtype)`, zero before the first step.
+    fn update(
+        &mut self,
+        opt: &Optimizer,
+        t: u64,
+        param: &mut Self::Buffer,
+        grad: &Self::Buffer,
+        state: &mut [Self::Buffer],
+        ty: &ValueType,
+    ) -> Result<()>;
+    /// The mode of the next runs: 0 is inference (Dropout is the identity); t ≥ 1 is
+    /// training step t (Dropout applies a mask drawn from its seed and t, so each step
+    /// draws a new one, the same on every backend).
+    fn set_step(&mut self, step: u64);
+}
+
+/// How many state buffers an optimizer keeps per parameter.
+pub fn optimizer_state_len(opt: &Optimizer) -> usize {
+    match opt {
+        Optimizer::Sgd { momentum, .. } if *momentum == 0.0 => 0,
+        Optimizer::Sgd { .. } => 1,
+        Optimizer::Adam { .. } | Optimizer::AdamW { .. } => 2,
+    }
 }

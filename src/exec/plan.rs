@@ -51,6 +51,18 @@ impl Plan {
     }
 
     pub fn new(g: &Graph, input_shapes: &HashMap<String, Vec<usize>>) -> Result<Plan> {
+        Plan::keeping(g, input_shapes, &HashSet::new())
+    }
+
+    /// A plan where the values in `keep` are computed and live to the end, like graph
+    /// outputs (so they can be fetched after a run): with every
+    /// forward value kept, a backward graph's plan shows what an autograd that frees
+    /// nothing would hold (the baseline `inspect --backward` prints).
+    pub fn keeping(
+        g: &Graph,
+        input_shapes: &HashMap<String, Vec<usize>>,
+        keep: &HashSet<String>,
+    ) -> Result<Plan> {
         let inf: Inferred = infer::infer_graph(g, input_shapes)?;
         // Nodes whose outputs are all known on the host are folded, not run.
         let folded = |ni: usize| {
@@ -68,7 +80,7 @@ impl Plan {
             .flat_map(|(i, n)| n.outputs.iter().map(move |o| (o.as_str(), i)))
             .collect();
         let mut needed: HashSet<usize> = HashSet::new();
-        let mut stack: Vec<&str> = g.outputs.iter().map(|s| s.as_str()).collect();
+        let mut stack: Vec<&str> = g.outputs.iter().chain(keep).map(|s| s.as_str()).collect();
         while let Some(v) = stack.pop() {
             if let Some(&p) = producer.get(v) {
                 if needed.insert(p) && !folded(p) {
@@ -122,7 +134,7 @@ impl Plan {
                 last_use.insert(i.as_str(), s);
             }
         }
-        let outputs: HashSet<&str> = g.outputs.iter().map(|s| s.as_str()).collect();
+        let outputs: HashSet<&str> = g.outputs.iter().chain(keep).map(|s| s.as_str()).collect();
 
         let mut slots = SlotAlloc::default();
         let mut naive = 0usize;

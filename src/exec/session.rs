@@ -5,7 +5,9 @@ use super::plan::{Place, Plan};
 use crate::backends::{cpu::Cpu, Backend, BackendKind};
 use crate::error::{Error, Result};
 use crate::graph::infer::ValueType;
-use crate::graph::Graph;
+use crate::graph::{Graph, Optimizer};
+use crate::passes::autodiff::{self, Backward, BackwardOptions};
+use crate::passes::PassOptions;
 use crate::tensor::Tensor;
 use std::collections::{BTreeMap, HashMap};
 
@@ -14,8 +16,12 @@ pub struct SessionOptions {
     pub backend: BackendKind,
     /// Symbol bindings (`--dim`), over the model's `dims:` defaults.
     pub dims: BTreeMap<String, usize>,
-    /// Training mode: Dropout applies its seeded mask.
+    /// `backward` differentiates in training mode (Dropout applies its mask); `run` is
+    /// always inference and `train_step` always training.
     pub training: bool,
+    /// The passes run on generated backward graphs (the forward graph is taken as given:
+    /// fuse it before making the session, so that fused nodes get fused gradients).
+    pub passes: PassOptions,
 }
 
 impl Default for SessionOptions {
@@ -24,8 +30,27 @@ impl Default for SessionOptions {
             backend: BackendKind::Cpu,
             dims: BTreeMap::new(),
             training: false,
+            passes: PassOptions::default(),
         }
     }
+}
+
+/// What `Session::backward` returns.
+#[derive(Clone, Debug)]
+pub struct Gradients {
+    /// The forward outputs, in the order of `graph.outputs`.
+    pub outputs: Vec<(String, Tensor)>,
+    /// (floating graph input or trainable initializer, its gradient), inputs first.
+    pub grads: Vec<(String, Tensor)>,
+}
+
+/// A backward graph for one set of input shapes, and its plan.
+struct BackwardPlan {
+    shapes: HashMap<String, Vec<usize>>,
+    bwd: Backward,
+    plan: Plan,
+    /// The default seed of each seed input (all ones), made once.
+    ones: HashMap<String, Tensor>,
 }
 
 /// A graph bound to a backend, ready to run.
@@ -34,26 +59,50 @@ pub struct Session {
     opts: SessionOptions,
     exec: Box<dyn Run>,
     plans: PlanCache,
+    /// Plans that keep extra values to fetch (`run_fetch`), per fetch list and shapes.
+    fetch_plans: Vec<(Vec<String>, HashMap<String, Vec<usize>>, Plan)>,
+    /// Backward graphs of every floating output (`backward`), per input shapes.
+    grad_plans: Vec<BackwardPlan>,
+    /// Backward graphs of the training loss (`train_step`), per input shapes.
+    train_plans: Vec<BackwardPlan>,
+    /// Optimizer steps taken.
+    steps: u64,
 }
 
 /// What `Session` needs from an executor, whatever its backend.
 trait Run {
+    /// Runs a plan and downloads the values named in `fetch`.
     fn run(
         &mut self,
         g: &Graph,
         plan: &Plan,
-        feeds: &HashMap<String, Tensor>,
+        feeds: &HashMap<&str, &Tensor>,
+        fetch: &[String],
     ) -> Result<Vec<Tensor>>;
+    /// After `run`: one optimizer step on each (initializer, gradient value) in place,
+    /// `t` counting steps from 1.
+    fn update(
+        &mut self,
+        plan: &Plan,
+        pairs: &[(String, String)],
+        opt: &Optimizer,
+        t: u64,
+    ) -> Result<()>;
+    /// The current value of an initializer (trained parameters).
+    fn weight(&mut self, name: &str) -> Result<Option<Tensor>>;
     /// With profiling on, each step is synchronized and timed into `profile`.
     fn set_profiling(&mut self, on: bool);
-    fn take_profile(&mut self) -> Vec<(usize, f64)>;
+    fn take_profile(&mut self) -> Vec<(String, &'static str, f64)>;
     fn backend_name(&self) -> &'static str;
+    /// The training step number (seeds Dropout masks: a new mask every step).
+    fn set_step(&mut self, step: u64);
 }
 
 impl Session {
     pub fn new(graph: Graph, opts: SessionOptions) -> Result<Session> {
         let exec: Box<dyn Run> = match opts.backend {
-            BackendKind::Cpu => Box::new(Executor::new(Cpu { training: opts.training }, &graph)?),
+            BackendKind::Cpu => Box::new(Executor::new(Cpu::default(), &graph)?),
+            BackendKind::Cuda => Box::new(Executor::new(crate::backends::cuda::Cuda::new()?, &graph)?),
             other => crate::bail!(
                 Runtime,
                 "backend '{}' is not available in this build of graphrun; use --backend cpu (run `graphrun doctor` to see what this machine offers)",
@@ -65,6 +114,10 @@ impl Session {
             opts,
             exec,
             plans: PlanCache::default(),
+            fetch_plans: vec![],
+            grad_plans: vec![],
+            train_plans: vec![],
+            steps: 0,
         })
     }
 
@@ -139,11 +192,14 @@ impl Session {
     /// Seconds per node summed over the runs since the last call: (node name, op, s).
     pub fn take_profile(&mut self) -> Vec<(String, &'static str, f64)> {
         let mut acc: Vec<(String, &'static str, f64)> = vec![];
-        for (ni, secs) in self.exec.take_profile() {
-            let n = &self.graph.nodes[ni];
-            match acc.iter_mut().find(|(name, _, _)| *name == n.name) {
-                Some(e) => e.2 += secs,
-                None => acc.push((n.name.clone(), n.op.name(), secs)),
+        let mut at: HashMap<String, usize> = HashMap::new();
+        for (name, op, secs) in self.exec.take_profile() {
+            match at.get(&name) {
+                Some(&i) => acc[i].2 += secs,
+                None => {
+                    at.insert(name.clone(), acc.len());
+                    acc.push((name, op, secs));
+                }
             }
         }
         acc
@@ -153,38 +209,312 @@ impl Session {
     pub fn run(&mut self, feeds: &HashMap<String, Tensor>) -> Result<Vec<(String, Tensor)>> {
         let shapes = self.input_shapes(feeds)?;
         let plan = self.plans.get_or_insert(&self.graph, shapes)?;
-        let outs = self.exec.run(&self.graph, plan, feeds)?;
+        self.exec.set_step(0);
+        let outs = self
+            .exec
+            .run(&self.graph, plan, &by_ref(feeds), &self.graph.outputs)?;
         Ok(self.graph.outputs.iter().cloned().zip(outs).collect())
     }
+
+    /// Runs the graph and returns the values named in `fetch` (any value of the graph,
+    /// not only its outputs).
+    pub fn run_fetch(
+        &mut self,
+        feeds: &HashMap<String, Tensor>,
+        fetch: &[String],
+    ) -> Result<Vec<Tensor>> {
+        let shapes = self.input_shapes(feeds)?;
+        let i = match self
+            .fetch_plans
+            .iter()
+            .position(|(f, s, _)| f == fetch && *s == shapes)
+        {
+            Some(i) => i,
+            None => {
+                for f in fetch {
+                    if !self.graph.nodes.iter().any(|n| n.outputs.contains(f))
+                        && self.graph.input(f).is_none()
+                        && self.graph.initializer(f).is_none()
+                    {
+                        crate::bail!(Input, "'{f}' is not a value of the graph");
+                    }
+                }
+                let keep = fetch.iter().cloned().collect();
+                let plan = Plan::keeping(&self.graph, &shapes, &keep)?;
+                self.fetch_plans.push((fetch.to_vec(), shapes, plan));
+                self.fetch_plans.len() - 1
+            }
+        };
+        let plan = &self.fetch_plans[i].2;
+        self.exec.set_step(0);
+        self.exec.run(&self.graph, plan, &by_ref(feeds), fetch)
+    }
+
+    /// The backward graph of every floating output for these feeds' shapes (what
+    /// `inspect --backward` shows), and its plan.
+    pub fn backward_graph(
+        &mut self,
+        feeds: &HashMap<String, Tensor>,
+    ) -> Result<(&Backward, &Plan)> {
+        let i = self.backward_plan(feeds, false)?;
+        let e = &self.grad_plans[i];
+        Ok((&e.bwd, &e.plan))
+    }
+
+    fn backward_plan(&mut self, feeds: &HashMap<String, Tensor>, train: bool) -> Result<usize> {
+        let shapes = self.input_shapes(feeds)?;
+        let cache = if train {
+            &self.train_plans
+        } else {
+            &self.grad_plans
+        };
+        if let Some(i) = cache.iter().position(|e| e.shapes == shapes) {
+            return Ok(i);
+        }
+        let outputs: Vec<String> = if train {
+            let Some(t) = &self.graph.training else {
+                crate::bail!(
+                    Input,
+                    "the model has no training: section (loss and optimizer)"
+                );
+            };
+            vec![t.loss.clone()]
+        } else {
+            let inf = crate::graph::infer::infer_graph(&self.graph, &shapes)?;
+            self.graph
+                .outputs
+                .iter()
+                .filter(|o| inf.types[*o].dtype.is_float())
+                .cloned()
+                .collect()
+        };
+        let opts = BackwardOptions {
+            training: self.opts.training || train,
+            inputs: !train,
+        };
+        let bwd = autodiff::backward(&self.graph, &outputs, &shapes, &opts)?;
+        let passes = PassOptions {
+            training: opts.training,
+            ..self.opts.passes.clone()
+        };
+        let (graph, _) = crate::passes::optimize(&bwd.graph, &passes)?;
+        let bwd = Backward { graph, ..bwd };
+        let mut all = shapes.clone();
+        for (o, seed) in &bwd.seeds {
+            let ty = bwd.graph.input(seed).expect("seed input");
+            let _ = o;
+            all.insert(seed.clone(), super::concrete_shape(ty, &BTreeMap::new())?);
+        }
+        let plan = Plan::new(&bwd.graph, &all)?;
+        let cache = if train {
+            &mut self.train_plans
+        } else {
+            &mut self.grad_plans
+        };
+        let ones = bwd
+            .seeds
+            .iter()
+            .map(|(_, s)| Ok((s.clone(), ones(&plan.types[s])?)))
+            .collect::<Result<_>>()?;
+        cache.push(BackwardPlan {
+            shapes,
+            bwd,
+            plan,
+            ones,
+        });
+        Ok(cache.len() - 1)
+    }
+
+    /// Runs forward and backward: the gradient of every floating output (seeded from
+    /// `seeds` by output name, else all ones) with respect to every floating graph input
+    /// and trainable initializer.
+    pub fn backward(
+        &mut self,
+        feeds: &HashMap<String, Tensor>,
+        seeds: &HashMap<String, Tensor>,
+    ) -> Result<Gradients> {
+        let i = self.backward_plan(feeds, false)?;
+        let e = &self.grad_plans[i];
+        for name in seeds.keys() {
+            if !e.bwd.seeds.iter().any(|(o, _)| o == name) {
+                crate::bail!(
+                    Input,
+                    "--grad {name}: '{name}' is not a floating output of the graph"
+                );
+            }
+        }
+        let mut all = by_ref(feeds);
+        for (o, seed) in &e.bwd.seeds {
+            let ty = &e.plan.types[seed];
+            let t = match seeds.get(o) {
+                Some(t) if t.dtype() != ty.dtype || t.shape() != &ty.shape[..] => crate::bail!(
+                    Input,
+                    "the gradient given for output '{o}' must be {ty}, got {}{}",
+                    t.dtype(),
+                    crate::tensor::fmt_shape(t.shape())
+                ),
+                Some(t) => t,
+                None => &e.ones[seed],
+            };
+            all.insert(seed, t);
+        }
+        let n_out = self.graph.outputs.len();
+        let fetch: Vec<String> = self
+            .graph
+            .outputs
+            .iter()
+            .cloned()
+            .chain(e.bwd.grads.iter().map(|(_, g)| g.clone()))
+            .collect();
+        // In training mode, the mask the next training step would draw.
+        self.exec.set_step(if self.opts.training {
+            self.steps + 1
+        } else {
+            0
+        });
+        let mut vals = self.exec.run(&e.bwd.graph, &e.plan, &all, &fetch)?;
+        let grads = vals.split_off(n_out);
+        Ok(Gradients {
+            outputs: self.graph.outputs.iter().cloned().zip(vals).collect(),
+            grads: e
+                .bwd
+                .grads
+                .iter()
+                .map(|(w, _)| w.clone())
+                .zip(grads)
+                .collect(),
+        })
+    }
+
+    /// One training step (SPEC §4): forward, backward of the model's `training.loss`, and
+    /// the optimizer update of every trainable initializer in place on the backend.
+    /// Returns the loss before the update.
+    pub fn train_step(&mut self, feeds: &HashMap<String, Tensor>) -> Result<f64> {
+        let i = self.backward_plan(feeds, true)?;
+        let e = &self.train_plans[i];
+        let opt = self
+            .graph
+            .training
+            .as_ref()
+            .map(|t| t.optimizer.clone())
+            .expect("checked by backward_plan");
+        let mut all = by_ref(feeds);
+        for (_, seed) in &e.bwd.seeds {
+            all.insert(seed, &e.ones[seed]);
+        }
+        self.steps += 1;
+        self.exec.set_step(self.steps);
+        let loss_name = e.bwd.seeds[0].0.clone();
+        let loss = self.exec.run(&e.bwd.graph, &e.plan, &all, &[loss_name])?;
+        self.exec.update(&e.plan, &e.bwd.grads, &opt, self.steps)?;
+        let l = loss[0].to_f64_vec();
+        Ok(l.iter().sum::<f64>() / l.len().max(1) as f64)
+    }
+
+    /// Copies the backend's current initializer values (after training) into the graph
+    /// and returns it.
+    pub fn trained_graph(&mut self) -> Result<&Graph> {
+        for init in &mut self.graph.initializers {
+            if let Some(t) = self.exec.weight(&init.name)? {
+                if t != init.tensor {
+                    init.tensor = t;
+                    init.source = crate::graph::InitSource::Data;
+                }
+            }
+        }
+        Ok(&self.graph)
+    }
+
+    /// Optimizer steps taken so far.
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+}
+
+/// A tensor of ones (the default seed gradient).
+fn ones(ty: &ValueType) -> Result<Tensor> {
+    Tensor::from_f64(ty.dtype, &ty.shape, &vec![1.0; ty.numel()])
+}
+
+/// Feeds by reference, so that seeds can join them without copying the inputs.
+fn by_ref(feeds: &HashMap<String, Tensor>) -> HashMap<&str, &Tensor> {
+    feeds.iter().map(|(k, v)| (k.as_str(), v)).collect()
 }
 
 /// Runs plans on one backend, holding its uploaded initializers and slot buffers.
 struct Executor<B: Backend> {
     backend: B,
+    /// Initializers by name: plans of the forward graph and of its backward graphs share
+    /// them, and training updates them in place.
     weights: Vec<B::Buffer>,
+    weight_types: Vec<ValueType>,
+    weight_names: HashMap<String, usize>,
+    /// Which weight each initializer of the graph last run is (by its index there).
+    wmap: Vec<usize>,
     slots: Vec<Option<B::Buffer>>,
     consts: Vec<B::Buffer>,
     /// Which plan (by id) the consts were uploaded for.
     consts_for: u64,
-    profile: Option<Vec<(usize, f64)>>,
+    /// Optimizer state per trained initializer (momentum; Adam's m and v).
+    opt_state: HashMap<String, Vec<B::Buffer>>,
+    profile: Option<Vec<(String, &'static str, f64)>>,
 }
 
 impl<B: Backend> Executor<B> {
-    fn new(mut backend: B, g: &Graph) -> Result<Self> {
-        let mut weights = vec![];
-        for init in &g.initializers {
-            let mut b = backend.alloc(init.tensor.size_bytes())?;
-            backend.upload(&init.tensor, &mut b)?;
-            weights.push(b);
-        }
-        Ok(Executor {
+    fn new(backend: B, g: &Graph) -> Result<Self> {
+        let mut e = Executor {
             backend,
-            weights,
+            weights: vec![],
+            weight_types: vec![],
+            weight_names: HashMap::new(),
+            wmap: vec![],
             slots: vec![],
             consts: vec![],
             consts_for: 0,
+            opt_state: HashMap::new(),
             profile: None,
-        })
+        };
+        e.map_weights(g)?;
+        Ok(e)
+    }
+
+    /// Points `wmap` at this graph's initializers, uploading those not seen before
+    /// (initializers that passes made for a backward graph).
+    fn map_weights(&mut self, g: &Graph) -> Result<()> {
+        self.wmap.clear();
+        for init in &g.initializers {
+            let k = match self.weight_names.get(&init.name) {
+                Some(&k) => k,
+                None => {
+                    let mut b = self.backend.alloc(init.tensor.size_bytes())?;
+                    self.backend.upload(&init.tensor, &mut b)?;
+                    self.weights.push(b);
+                    self.weight_types
+                        .push(ValueType::new(init.tensor.dtype(), init.tensor.shape()));
+                    self.weight_names
+                        .insert(init.name.clone(), self.weights.len() - 1);
+                    self.weights.len() - 1
+                }
+            };
+            self.wmap.push(k);
+        }
+        Ok(())
+    }
+}
+
+/// The buffer at a place (a free function, so that the backend can be borrowed mutably
+/// beside it).
+fn place<'a, Buf>(
+    weights: &'a [Buf],
+    wmap: &[usize],
+    consts: &'a [Buf],
+    slots: &'a [Option<Buf>],
+    p: Place,
+) -> &'a Buf {
+    match p {
+        Place::Weight(w) => &weights[wmap[w]],
+        Place::Const(c) => &consts[c],
+        Place::Slot(s) => slots[s].as_ref().expect("slot live"),
     }
 }
 
@@ -199,18 +529,23 @@ impl<B: Backend> Run for Executor<B> {
             None
         };
     }
-    fn take_profile(&mut self) -> Vec<(usize, f64)> {
+    fn take_profile(&mut self) -> Vec<(String, &'static str, f64)> {
         self.profile
             .as_mut()
             .map(std::mem::take)
             .unwrap_or_default()
     }
+    fn set_step(&mut self, step: u64) {
+        self.backend.set_step(step);
+    }
     fn run(
         &mut self,
         g: &Graph,
         plan: &Plan,
-        feeds: &HashMap<String, Tensor>,
+        feeds: &HashMap<&str, &Tensor>,
+        fetch: &[String],
     ) -> Result<Vec<Tensor>> {
+        self.map_weights(g)?;
         // Grow the slot pool to the plan (kept across runs: no allocation in steady state).
         if self.slots.len() < plan.slot_bytes.len() {
             self.slots.resize_with(plan.slot_bytes.len(), || None);
@@ -233,7 +568,10 @@ impl<B: Backend> Run for Executor<B> {
         for i in &g.inputs {
             if let Some(Place::Slot(s)) = plan.places.get(&i.name) {
                 let buf = self.slots[*s].as_mut().expect("allocated above");
-                self.backend.upload(&feeds[&i.name], buf)?;
+                let Some(t) = feeds.get(i.name.as_str()) else {
+                    crate::bail!(Input, "graph input '{}' is not fed", i.name);
+                };
+                self.backend.upload(t, buf)?;
             }
         }
         for step in &plan.steps {
@@ -251,12 +589,10 @@ impl<B: Backend> Run for Executor<B> {
                     .zip(&step.ins)
                     .map(|(name, p)| {
                         p.map(|p| {
-                            let buf = match p {
-                                Place::Weight(w) => &self.weights[w],
-                                Place::Const(c) => &self.consts[c],
-                                Place::Slot(s) => self.slots[s].as_ref().expect("input slot live"),
-                            };
-                            (buf, &plan.types[name])
+                            (
+                                place(&self.weights, &self.wmap, &self.consts, &self.slots, p),
+                                &plan.types[name],
+                            )
                         })
                     })
                     .collect();
@@ -270,10 +606,11 @@ impl<B: Backend> Run for Executor<B> {
             if let (Some(t0), true) = (t0, result.is_ok()) {
                 self.backend.sync()?;
                 let secs = t0.elapsed().as_secs_f64();
-                self.profile
-                    .as_mut()
-                    .expect("profiling on")
-                    .push((step.node, secs));
+                self.profile.as_mut().expect("profiling on").push((
+                    node.name.clone(),
+                    node.op.name(),
+                    secs,
+                ));
             }
             result.map_err(|e| match e {
                 Error::Runtime(m) if !m.contains(&format!("node '{}'", node.name)) => {
@@ -284,19 +621,66 @@ impl<B: Backend> Run for Executor<B> {
         }
         self.backend.sync()?;
         let mut out = vec![];
-        for o in &g.outputs {
+        for o in fetch {
             let ty = &plan.types[o];
             let t = match plan.places.get(o) {
-                Some(Place::Weight(w)) => self.backend.download(&self.weights[*w], ty)?,
                 Some(Place::Const(c)) => plan.consts[*c].1.clone(),
-                Some(Place::Slot(s)) => self
-                    .backend
-                    .download(self.slots[*s].as_ref().expect("output slot"), ty)?,
-                None => crate::bail!(Runtime, "graph output '{o}' has no buffer in the plan"),
+                Some(&p) => self.backend.download(
+                    place(&self.weights, &self.wmap, &self.consts, &self.slots, p),
+                    ty,
+                )?,
+                None => crate::bail!(Runtime, "value '{o}' has no buffer in the plan"),
             };
             out.push(t);
         }
         Ok(out)
+    }
+    fn update(
+        &mut self,
+        plan: &Plan,
+        pairs: &[(String, String)],
+        opt: &Optimizer,
+        t: u64,
+    ) -> Result<()> {
+        for (w, gname) in pairs {
+            let Some(&k) = self.weight_names.get(w) else {
+                crate::bail!(Runtime, "trained initializer '{w}' is not on the backend");
+            };
+            let ty = plan.types[w].clone();
+            if !self.opt_state.contains_key(w) {
+                let mut st = vec![];
+                for _ in 0..crate::backends::optimizer_state_len(opt) {
+                    let z = Tensor::zeros(crate::graph::infer::stat_dtype(ty.dtype), &ty.shape);
+                    let mut b = self.backend.alloc(z.size_bytes())?;
+                    self.backend.upload(&z, &mut b)?;
+                    st.push(b);
+                }
+                self.opt_state.insert(w.clone(), st);
+            }
+            let grad = match plan.places.get(gname) {
+                Some(Place::Slot(s)) => self.slots[*s].as_ref().expect("gradient slot"),
+                Some(Place::Const(c)) => &self.consts[*c],
+                _ => crate::bail!(Runtime, "gradient '{gname}' has no buffer in the plan"),
+            };
+            let state = self.opt_state.get_mut(w).expect("made above");
+            let param = &mut self.weights[k];
+            self.backend
+                .update(opt, t, param, grad, state, &ty)
+                .map_err(|e| match e {
+                    Error::Runtime(m) => Error::Runtime(format!("optimizer step of '{w}': {m}")),
+                    e => e,
+                })?;
+        }
+        self.backend.sync()
+    }
+    fn weight(&mut self, name: &str) -> Result<Option<Tensor>> {
+        let Some(&k) = self.weight_names.get(name) else {
+            return Ok(None);
+        };
+        Ok(Some(
+            self.backend
+                .download(&self.weights[k], &self.weight_types[k])?,
+        ))
     }
 }
 

@@ -1064,6 +1064,7 @@ pub fn infer_node(
         Op::UnaryGrad(u) => {
             // dY and X: the types the forward op took and gave.
             let xt = t(1).unwrap();
+            need_float(xt, "X")?;
             let fwd = infer_forward(node, Op::Unary(*u), &[Some(xt)], &[None])?;
             need_grad(node, ins, &x, &fwd[0])?;
             one(xt.clone())
@@ -1175,9 +1176,9 @@ pub fn infer_node(
                 is_causal: *is_causal,
                 scale: *scale,
             };
-            let fwd = infer_forward(node, op, &ins[1..5], &[None; 4])?;
+            let fwd = infer_forward(node, op, &[t(1), t(2), t(3), t(6)], &[None; 4])?;
             need_grad(node, ins, &x, &fwd[0])?;
-            let (y, lse) = (t(5).unwrap(), t(6).unwrap());
+            let (y, lse) = (t(4).unwrap(), t(5).unwrap());
             let want = [q.shape[0], q.shape[1], q.shape[2]];
             if *y != fwd[0] || lse.shape != want || lse.dtype != stat_dtype(q.dtype) {
                 return Err(f(format!(
@@ -1371,6 +1372,40 @@ pub fn flops(node: &Node, ins: &[Option<&ValueType>], outs: &[ValueType]) -> u64
         Op::Unary(_) | Op::Binary(_) | Op::Clip | Op::Where => out_n,
         Op::Reduce { .. } => ins[0].map(|t| t.numel() as u64).unwrap_or(0),
         Op::SoftmaxCrossEntropyLoss { .. } => 5 * ins[0].map(|t| t.numel() as u64).unwrap_or(0),
+        // One forward-sized product per gradient asked for (dA and/or dB).
+        Op::FusedMatMulGrad { .. } => {
+            let (Some(dy), Some(a)) = (ins[0], ins[1]) else {
+                return 0;
+            };
+            let k = a.shape.last().copied().unwrap_or(0) as u64;
+            let wanted = node
+                .outputs
+                .iter()
+                .take(2)
+                .filter(|o| !o.is_empty())
+                .count() as u64;
+            2 * dy.numel() as u64 * k * wanted
+        }
+        // Recomputing QKᵀ, then dV, dP, dQ and dK: 2.5× the forward (FlashAttention-2).
+        Op::AttentionGrad { is_causal, scale } | Op::VarlenAttentionGrad { is_causal, scale } => {
+            let fwd = Node {
+                op: match node.op {
+                    Op::AttentionGrad { .. } => Op::Attention {
+                        is_causal: *is_causal,
+                        scale: *scale,
+                    },
+                    _ => Op::VarlenAttention {
+                        is_causal: *is_causal,
+                        scale: *scale,
+                    },
+                },
+                ..node.clone()
+            };
+            flops(&fwd, &ins[1..], outs) * 5 / 2
+        }
+        Op::UnaryGrad(_) => 2 * out_n,
+        Op::SoftmaxGrad { .. } | Op::LayerNormalizationGrad { .. } => 5 * out_n,
+        Op::SoftmaxCrossEntropyLossGrad { .. } => 5 * out_n,
         _ => 0,
     }
 }

@@ -218,7 +218,7 @@ pub enum Op {
         activation: Activation,
         trans_b: bool,
     },
-    /// `(dY, Q, K, V, [attn_mask], Y, LSE) -> (dQ, dK, dV, [dMask])`: flash-style, from
+    /// `(dY, Q, K, V, Y, LSE, [attn_mask]) -> (dQ, dK, dV, [dMask])`: flash-style, from
     /// the forward's per-row logsumexp (its second output). dMask has the full
     /// `[B, Hq, Sq, Skv]` shape and is only computed when asked for.
     AttentionGrad {
@@ -665,7 +665,7 @@ impl Op {
             Op::GatherGrad { .. } => (3, 3, 1, 1),
             Op::SliceGrad => (4, 6, 1, 1),
             Op::FusedMatMulGrad { .. } => (3, 4, 2, 3),
-            Op::AttentionGrad { .. } => (7, 7, 3, 4),
+            Op::AttentionGrad { .. } => (6, 7, 3, 4),
             Op::VarlenAttentionGrad { .. } => (8, 8, 3, 3),
         }
     }

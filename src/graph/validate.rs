@@ -103,7 +103,8 @@ pub fn validate(g: &Graph) -> Result<()> {
                 );
             }
         }
-        if n.outputs.first().is_some_and(|o| o.is_empty()) {
+        // Gradient ops may leave any output unnamed (that gradient is not needed).
+        if !n.op.is_grad() && n.outputs.first().is_some_and(|o| o.is_empty()) {
             crate::bail!(Graph, "{}: its first output must be named", n.describe());
         }
     }

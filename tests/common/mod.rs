@@ -10,7 +10,27 @@ use graphrun::{BackendKind, DType, Session, SessionOptions, Tensor};
 /// Backends to test on: the CPU always; GPU backends when present (they skip with a
 /// printed reason otherwise, and never skip when `CI` asks for them).
 pub fn backends() -> Vec<BackendKind> {
-    vec![BackendKind::Cpu]
+    let mut v = vec![BackendKind::Cpu];
+    if cuda_present() {
+        v.push(BackendKind::Cuda);
+    }
+    v
+}
+
+/// Whether the CUDA backend runs here; the first call prints why not. With
+/// `GRAPHRUN_REQUIRE_CUDA` set (the device script sets it) a missing GPU is a failure.
+pub fn cuda_present() -> bool {
+    static PRESENT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *PRESENT.get_or_init(|| match graphrun::backends::cuda::available() {
+        Ok(()) => true,
+        Err(e) if std::env::var_os("GRAPHRUN_REQUIRE_CUDA").is_some() => {
+            panic!("GRAPHRUN_REQUIRE_CUDA is set but {e}")
+        }
+        Err(e) => {
+            eprintln!("skipping CUDA: {e}");
+            false
+        }
+    })
 }
 
 /// An argument of the op under test.
@@ -312,4 +332,131 @@ pub fn indices(shape: &[usize]) -> Vec<Vec<usize>> {
                 .collect()
         })
         .collect()
+}
+
+// ---- gradient checks --------------------------------------------------------------------
+
+/// A node for `eval_node`: inputs `in{i}` ("" where absent), outputs as named ("" marks an
+/// output the graph does not read).
+pub fn node_of(op: Op, ins: &[Option<Tensor>], outs: &[&str]) -> Node {
+    Node {
+        name: "node".into(),
+        op,
+        inputs: ins
+            .iter()
+            .enumerate()
+            .map(|(i, t)| t.as_ref().map(|_| format!("in{i}")).unwrap_or_default())
+            .collect(),
+        outputs: outs.iter().map(|s| s.to_string()).collect(),
+        loc: None,
+    }
+}
+
+/// Infers and evaluates one node on the CPU.
+pub fn eval(node: &Node, ins: &[Option<Tensor>]) -> graphrun::Result<Vec<Tensor>> {
+    let refs: Vec<Option<&Tensor>> = ins.iter().map(|t| t.as_ref()).collect();
+    graphrun::backends::cpu::eval_node(node, &refs)
+}
+
+/// Central finite differences in f64 (step 1e-6) of `Σ dy ∘ node(ins)[out]` with respect to
+/// every element of input `wrt`.
+pub fn fd_grad(
+    node: &Node,
+    ins: &[Option<Tensor>],
+    wrt: usize,
+    out: usize,
+    dy: &Tensor,
+) -> Vec<f64> {
+    const H: f64 = 1e-6;
+    let dy = dy.to_f64_vec();
+    let x = ins[wrt].as_ref().expect("input to differentiate").clone();
+    let xv = x.to_f64_vec();
+    let loss = |i: usize, h: f64| {
+        let mut v = xv.clone();
+        v[i] += h;
+        let mut ins = ins.to_vec();
+        ins[wrt] = Some(Tensor::from_vec(x.shape(), v).unwrap());
+        let y = eval(node, &ins).unwrap_or_else(|e| panic!("{e}"))[out].to_f64_vec();
+        y.iter().zip(&dy).map(|(y, d)| y * d).sum::<f64>()
+    };
+    (0..xv.len())
+        .map(|i| (loss(i, H) - loss(i, -H)) / (2.0 * H))
+        .collect()
+}
+
+/// Sums `v` (of shape `from`) down to the broadcastable shape `to`: the gradient of an input
+/// that was broadcast.
+pub fn sum_to(v: &[f64], from: &[usize], to: &[usize]) -> Vec<f64> {
+    let mut out = vec![0.0; to.iter().product()];
+    for (idx, x) in indices(from).iter().zip(v) {
+        out[bcast_offset(idx, to)] += x;
+    }
+    out
+}
+
+/// Evaluates `node` in f64, checks that f32, f16 and bf16 give the same outputs within
+/// SPEC §8 tolerance (each run on the same inputs rounded to its dtype, and compared with
+/// f64 on those rounded inputs), and returns the f64 outputs. Inputs listed in `stats`
+/// take the statistics dtype (f32, or f64 for f64) rather than the data dtype.
+pub fn eval_all_dtypes(node: &Node, ins: &[Option<Tensor>], stats: &[usize]) -> Vec<Tensor> {
+    let cast = |dt: DType| -> Vec<Option<Tensor>> {
+        ins.iter()
+            .enumerate()
+            .map(|(i, t)| {
+                t.as_ref().map(|t| {
+                    if !t.dtype().is_float() {
+                        t.clone()
+                    } else if stats.contains(&i) && dt != DType::F64 {
+                        t.cast(DType::F32)
+                    } else {
+                        t.cast(dt)
+                    }
+                })
+            })
+            .collect()
+    };
+    let run = |ins: &[Option<Tensor>]| {
+        eval(node, ins).unwrap_or_else(|e| panic!("{}: {e}", node.op.name()))
+    };
+    for dt in [DType::F32, DType::F16, DType::BF16] {
+        let low = cast(dt);
+        let back: Vec<Option<Tensor>> = low
+            .iter()
+            .map(|t| {
+                t.as_ref().map(|t| {
+                    if t.dtype().is_float() {
+                        t.cast(DType::F64)
+                    } else {
+                        t.clone()
+                    }
+                })
+            })
+            .collect();
+        let (got, want) = (run(&low), run(&back));
+        for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+            if node.outputs[k].is_empty() {
+                continue;
+            }
+            assert_eq!(g.dtype(), dt, "{} output {k}", node.op.name());
+            let e = rel_err(&g.to_f64_vec(), &w.to_f64_vec());
+            assert!(
+                e <= tol(dt),
+                "{} in {dt}: output {k} rel err {e:.3e} > {:.0e}",
+                node.op.name(),
+                tol(dt)
+            );
+        }
+    }
+    run(&cast(DType::F64))
+}
+
+/// Asserts an analytic gradient matches finite differences: relative error ≤ `tol`.
+pub fn assert_grad(what: &str, got: &[f64], fd: &[f64], tol: f64) {
+    let e = rel_err(got, fd);
+    assert!(
+        e <= tol,
+        "{what}: rel err {e:.3e} > {tol:.0e} against finite differences\n got {:?}\nwant {:?}",
+        &got[..got.len().min(8)],
+        &fd[..fd.len().min(8)]
+    );
 }

@@ -1,23 +1,30 @@
 //! Attention in blocked online-softmax form (flash-style): never materialises the
 //! Sq×Skv matrix; fully masked rows give 0.
 //!
-//! Both ops share one inner routine, [`attend`], which runs a block of at most `QB` query
-//! rows of one head against the keys of one kv head, `KB` keys at a time, keeping a
-//! running max, sum and output accumulator per query row.
+//! Both forward ops share one inner routine, [`attend`], which runs a block of at most
+//! `QB` query rows of one head against the keys of one kv head, `KB` keys at a time,
+//! keeping a running max, sum and output accumulator per query row. It also gives each
+//! row's logsumexp (LSE), the forward's optional second output.
+//!
+//! Both backward ops share [`grad_kv_head`] (flash-attention-2 style): from the forward's
+//! Y and LSE it recomputes the probabilities block by block, so the only Sq×Skv tensor
+//! it ever writes is dMask, and only when asked for.
 
 use crate::error::Result;
 use crate::graph::Node;
-use crate::tensor::{DType, Float, Real, Tensor};
+use crate::tensor::{DType, Elem, Float, Real, Tensor};
 use num_traits::{Float as _, One, Zero};
 use rayon::prelude::*;
 use std::ops::Range;
 
-/// Query rows per task (the unit of parallelism) and keys per block.
+/// Query rows per block (the forward's unit of parallelism) and keys per block.
 const QB: usize = 32;
 const KB: usize = 64;
 
 /// ONNX opset-23 Attention on 4-D inputs: Q `[B, Hq, Sq, D]`, K `[B, Hkv, Skv, D]`,
-/// V `[B, Hkv, Skv, Dv]` → `[B, Hq, Sq, Dv]`. Query head h reads kv head `h / (Hq/Hkv)`.
+/// V `[B, Hkv, Skv, Dv]` → Y `[B, Hq, Sq, Dv]` and, when `outs` has a second tensor, LSE
+/// `[B, Hq, Sq]` (f32, f64 for f64 inputs; −inf for a row that sees no key).
+/// Query head h reads kv head `h / (Hq/Hkv)`.
 /// `mask` broadcasts to `[B, Hq, Sq, Skv]`: bool (false masks out) or additive.
 /// Causal is upper-left aligned: query i sees key j iff `j <= i`.
 pub fn attention(
@@ -27,15 +34,16 @@ pub fn attention(
     mask: Option<&Tensor>,
     is_causal: bool,
     scale: Option<f32>,
-    out: &mut Tensor,
+    outs: &mut [Tensor],
 ) -> Result<()> {
-    crate::with_float!(q.dtype(), T => attention_t::<T>(q, k, v, mask, is_causal, scale, out),
+    crate::with_float!(q.dtype(), T => attention_t::<T>(q, k, v, mask, is_causal, scale, outs),
         _ => Err(crate::err!(Runtime, "Attention needs float inputs, got {}", q.dtype())))
 }
 
-/// Packed sequences: Q `[Tq, Hq, D]`, K `[Tk, Hkv, D]`, V `[Tk, Hkv, Dv]` → `[Tq, Hq, Dv]`;
-/// sequence b is query rows `cu_q[b]..cu_q[b+1]` against key rows `cu_k[b]..cu_k[b+1]`
-/// (cu_seqlens i32 or i64, validated here). Query rows of a sequence with no keys give 0.
+/// Packed sequences: Q `[Tq, Hq, D]`, K `[Tk, Hkv, D]`, V `[Tk, Hkv, Dv]` → Y `[Tq, Hq, Dv]`
+/// and optionally LSE `[Tq, Hq]`; sequence b is query rows `cu_q[b]..cu_q[b+1]` against
+/// key rows `cu_k[b]..cu_k[b+1]` (cu_seqlens i32 or i64, validated here). Query rows of a
+/// sequence with no keys give 0 (LSE −inf).
 ///
 /// Causal is **bottom-right** aligned, as in flash-attn's varlen API: in a sequence of
 /// Lq queries and Lk keys, query i sees key j iff `j <= i + Lk - Lq` (the last query sees
@@ -51,8 +59,21 @@ pub fn varlen_attention(
     cu_k: &Tensor,
     is_causal: bool,
     scale: Option<f32>,
-    out: &mut Tensor,
+    outs: &mut [Tensor],
 ) -> Result<()> {
+    let (cq, ck) = sequences(node, cu_q, cu_k, q, k)?;
+    crate::with_float!(q.dtype(), T => varlen_t::<T>(q, k, v, &cq, &ck, is_causal, scale, outs),
+        _ => Err(crate::err!(Runtime, "{}: needs float inputs, got {}", node.describe(), q.dtype())))
+}
+
+/// The validated cu_seqlens of Q and K, as many entries each.
+fn sequences(
+    node: &Node,
+    cu_q: &Tensor,
+    cu_k: &Tensor,
+    q: &Tensor,
+    k: &Tensor,
+) -> Result<(Vec<usize>, Vec<usize>)> {
     let cq = cu_seqlens(node, cu_q, "cu_seqlens_q", q.shape()[0])?;
     let ck = cu_seqlens(node, cu_k, "cu_seqlens_k", k.shape()[0])?;
     if cq.len() != ck.len() {
@@ -64,8 +85,7 @@ pub fn varlen_attention(
             ck.len()
         );
     }
-    crate::with_float!(q.dtype(), T => varlen_t::<T>(q, k, v, &cq, &ck, is_causal, scale, out),
-        _ => Err(crate::err!(Runtime, "{}: needs float inputs, got {}", node.describe(), q.dtype())))
+    Ok((cq, ck))
 }
 
 /// Checks that `cu` starts at 0, never decreases and ends at `total`, so every range it
@@ -85,6 +105,56 @@ fn default_scale(d: usize, scale: Option<f32>) -> f64 {
     scale.map_or(1.0 / (d as f64).sqrt(), |s| s as f64)
 }
 
+/// The attn_mask input as the kernels read it.
+fn read_mask<T: Float>(mask: Option<&Tensor>) -> Result<Mask<'_, T>> {
+    let Some(m) = mask else {
+        return Ok(Mask::None);
+    };
+    let st = mask_strides(m.shape());
+    Ok(match m.dtype() {
+        DType::Bool => Mask::Bool(m.as_slice::<u8>(), st),
+        dt if dt == T::DTYPE => Mask::Add(m.as_slice::<T>(), st),
+        dt => crate::bail!(
+            Runtime,
+            "Attention: attn_mask must be bool or {}, got {dt}",
+            T::DTYPE
+        ),
+    })
+}
+
+/// The forward's outputs as slices: Y, and LSE (into `spare` when the node has no second
+/// output, so that one loop serves both cases; it is one value per row, cheap to drop).
+fn fwd_outputs<'a, T: Float>(
+    outs: &'a mut [Tensor],
+    rows: usize,
+    spare: &'a mut Vec<T::Acc>,
+) -> Result<(&'a mut [T], &'a mut [T::Acc])>
+where
+    T::Acc: Elem,
+{
+    let [y, rest @ ..] = outs else {
+        crate::bail!(Runtime, "attention: no output to write")
+    };
+    let lse = match rest.first_mut() {
+        Some(t) => t.as_mut_slice::<T::Acc>(),
+        None => {
+            *spare = vec![T::Acc::zero(); rows];
+            spare
+        }
+    };
+    Ok((y.as_mut_slice::<T>(), lse))
+}
+
+/// Cuts `s` into consecutive pieces of the given lengths, one per task.
+fn split<T>(mut s: &mut [T], lens: impl Iterator<Item = usize>) -> Vec<&mut [T]> {
+    lens.map(|n| {
+        let (a, rest) = std::mem::take(&mut s).split_at_mut(n);
+        s = rest;
+        a
+    })
+    .collect()
+}
+
 fn attention_t<T: Float>(
     q: &Tensor,
     k: &Tensor,
@@ -92,75 +162,62 @@ fn attention_t<T: Float>(
     mask: Option<&Tensor>,
     causal: bool,
     scale: Option<f32>,
-    out: &mut Tensor,
-) -> Result<()> {
-    let &[_, hq, sq, d] = q.shape() else {
+    outs: &mut [Tensor],
+) -> Result<()>
+where
+    T::Acc: Elem,
+{
+    let &[b, hq, sq, d] = q.shape() else {
         crate::bail!(Runtime, "Attention: Q must be 4-D")
     };
     let (hkv, skv, dv) = (k.shape()[1], k.shape()[2], v.shape()[3]);
     let scale = T::Acc::c(default_scale(d, scale));
-    let mask = match mask {
-        None => Mask::None,
-        Some(m) => {
-            let st = mask_strides(m.shape());
-            match m.dtype() {
-                DType::Bool => Mask::Bool(m.as_slice::<u8>(), st),
-                dt if dt == T::DTYPE => Mask::Add(m.as_slice::<T>(), st),
-                dt => crate::bail!(
-                    Runtime,
-                    "Attention: attn_mask must be bool or {}, got {dt}",
-                    T::DTYPE
-                ),
-            }
-        }
-    };
+    let mask = read_mask::<T>(mask)?;
     let (qs, ks, vs) = (q.as_slice::<T>(), k.as_slice::<T>(), v.as_slice::<T>());
-    let out = out.as_mut_slice::<T>();
-    if out.is_empty() {
-        return Ok(());
-    }
+    let mut spare = vec![];
+    let (out, lse) = fwd_outputs::<T>(outs, b * hq * sq, &mut spare)?;
     let group = hq / hkv;
     // Tasks: one per (batch·head, block of QB query rows), each owning its output rows.
-    out.par_chunks_mut(sq * dv)
-        .enumerate()
-        .flat_map(|(bh, o)| {
-            o.par_chunks_mut(QB * dv)
-                .enumerate()
-                .map(move |(blk, o)| (bh, blk, o))
-        })
-        .for_each_init(
-            || Scratch::new(d, dv),
-            |sc, (bh, blk, o)| {
-                let (b, h) = (bh / hq, bh % hq);
-                let kvh = b * hkv + h / group;
-                let rows = blk * QB..(blk * QB + QB).min(sq);
-                let job = Job {
-                    q: Rows {
-                        data: qs,
-                        off: bh * sq * d,
-                        stride: d,
-                        width: d,
-                    },
-                    k: Rows {
-                        data: ks,
-                        off: kvh * skv * d,
-                        stride: d,
-                        width: d,
-                    },
-                    v: Rows {
-                        data: vs,
-                        off: kvh * skv * dv,
-                        stride: dv,
-                        width: dv,
-                    },
-                    nk: skv,
-                    causal_shift: causal.then_some(0),
-                    mask: mask.for_head(b, h),
-                    scale,
-                };
-                attend(&job, rows, o, dv, sc);
-            },
-        );
+    let blocks: Vec<(usize, Range<usize>)> = (0..b * hq)
+        .flat_map(|bh| (0..sq).step_by(QB).map(move |i| (bh, i..(i + QB).min(sq))))
+        .collect();
+    let lens = |w: usize| blocks.iter().map(move |(_, r)| r.len() * w);
+    let tasks: Vec<_> = (blocks.iter())
+        .zip(split(out, lens(dv)))
+        .zip(split(lse, lens(1)))
+        .collect();
+    tasks.into_par_iter().for_each_init(
+        || Scratch::new(d, dv),
+        |sc, ((&(bh, ref rows), o), l)| {
+            let (b, h) = (bh / hq, bh % hq);
+            let kvh = b * hkv + h / group;
+            let job = Job {
+                q: Rows {
+                    data: qs,
+                    off: bh * sq * d,
+                    stride: d,
+                    width: d,
+                },
+                k: Rows {
+                    data: ks,
+                    off: kvh * skv * d,
+                    stride: d,
+                    width: d,
+                },
+                v: Rows {
+                    data: vs,
+                    off: kvh * skv * dv,
+                    stride: dv,
+                    width: dv,
+                },
+                nk: skv,
+                causal_shift: causal.then_some(0),
+                mask: mask.for_head(b, h),
+                scale,
+            };
+            attend(&job, rows.clone(), o, l, 1, sc);
+        },
+    );
     Ok(())
 }
 
@@ -173,30 +230,38 @@ fn varlen_t<T: Float>(
     ck: &[usize],
     causal: bool,
     scale: Option<f32>,
-    out: &mut Tensor,
-) -> Result<()> {
-    let (hq, d, hkv, dv) = (q.shape()[1], q.shape()[2], k.shape()[1], v.shape()[2]);
+    outs: &mut [Tensor],
+) -> Result<()>
+where
+    T::Acc: Elem,
+{
+    let &[tq, hq, d] = q.shape() else {
+        crate::bail!(Runtime, "VarlenAttention: Q must be 3-D")
+    };
+    let (hkv, dv) = (k.shape()[1], v.shape()[2]);
     let scale = T::Acc::c(default_scale(d, scale));
     let (qs, ks, vs) = (q.as_slice::<T>(), k.as_slice::<T>(), v.as_slice::<T>());
-    let mut out = out.as_mut_slice::<T>();
-    if out.is_empty() {
-        return Ok(());
-    }
+    let mut spare = vec![];
+    let (out, lse) = fwd_outputs::<T>(outs, tq * hq, &mut spare)?;
     let group = hq / hkv;
     // Tasks: (sequence, block of QB query tokens) with every head; a token's output row
-    // [Hq, Dv] is contiguous, so the validated cu_seqlens split the output in order.
-    let mut tasks = vec![];
-    for b in 0..cq.len() - 1 {
-        for t0 in (cq[b]..cq[b + 1]).step_by(QB) {
-            let t1 = (t0 + QB).min(cq[b + 1]);
-            let (o, rest) = std::mem::take(&mut out).split_at_mut((t1 - t0) * hq * dv);
-            out = rest;
-            tasks.push((b, t0..t1, o));
-        }
-    }
+    // [Hq, Dv] (and LSE row [Hq]) is contiguous, so the validated cu_seqlens split the
+    // outputs in order.
+    let blocks: Vec<(usize, Range<usize>)> = (0..cq.len() - 1)
+        .flat_map(|b| {
+            (cq[b]..cq[b + 1])
+                .step_by(QB)
+                .map(move |t| (b, t..(t + QB).min(cq[b + 1])))
+        })
+        .collect();
+    let lens = |w: usize| blocks.iter().map(move |(_, r)| r.len() * hq * w);
+    let tasks: Vec<_> = (blocks.iter())
+        .zip(split(out, lens(dv)))
+        .zip(split(lse, lens(1)))
+        .collect();
     tasks.into_par_iter().for_each_init(
         || Scratch::new(d, dv),
-        |sc, (b, toks, o)| {
+        |sc, ((&(b, ref toks), o), l)| {
             let (q0, k0) = (cq[b], ck[b]);
             let (lq, lk) = (cq[b + 1] - q0, ck[b + 1] - k0);
             let rows = toks.start - q0..toks.end - q0;
@@ -226,7 +291,7 @@ fn varlen_t<T: Float>(
                     mask: Mask::None,
                     scale,
                 };
-                attend(&job, rows.clone(), &mut o[h * dv..], hq * dv, sc);
+                attend(&job, rows.clone(), &mut o[h * dv..], &mut l[h..], hq, sc);
             }
         },
     );
@@ -295,6 +360,16 @@ impl<'a, T: Float> Mask<'a, T> {
     }
 }
 
+/// With causal masking (`shift` given), query i sees key j iff `j <= i + shift`: the keys
+/// it sees are `0..key_limit(..)`.
+#[inline]
+fn key_limit(shift: Option<isize>, nk: usize, i: usize) -> usize {
+    match shift {
+        Some(sh) => (i as isize + 1 + sh).clamp(0, nk as isize) as usize,
+        None => nk,
+    }
+}
+
 /// One head's attention problem: queries against `nk` keys.
 struct Job<'a, T: Float> {
     q: Rows<'a, T>,
@@ -333,12 +408,14 @@ impl<A: Real> Scratch<A> {
 }
 
 /// Attends query rows `rows` (at most QB) of `job`, writing row `rows.start + r` to
-/// `out[r*out_stride..][..Dv]`. A row that sees no key (all masked) gets 0.
+/// `out[r*stride*Dv..][..Dv]` and its logsumexp to `lse[r*stride]`. A row that sees no
+/// key (all masked) gets 0 and LSE −inf.
 fn attend<T: Float>(
     job: &Job<T>,
     rows: Range<usize>,
     out: &mut [T],
-    out_stride: usize,
+    lse: &mut [T::Acc],
+    stride: usize,
     sc: &mut Scratch<T::Acc>,
 ) {
     let (d, dv, nq) = (job.q.width, job.v.width, rows.len());
@@ -351,12 +428,9 @@ fn attend<T: Float>(
             *x = y.to_acc() * job.scale;
         }
     }
-    // Keys visible to query i are 0..limit(i); limit grows with i, so the block's last
-    // row bounds the keys any row needs: blocks above the causal diagonal are skipped.
-    let limit = |i: usize| match job.causal_shift {
-        Some(sh) => (i as isize + 1 + sh).clamp(0, job.nk as isize) as usize,
-        None => job.nk,
-    };
+    // The visible keys 0..limit(i) grow with i, so the block's last row bounds the keys
+    // any row needs: blocks above the causal diagonal are skipped.
+    let limit = |i: usize| key_limit(job.causal_shift, job.nk, i);
     let kend = if nq == 0 { 0 } else { limit(rows.end - 1) };
     for j0 in (0..kend).step_by(KB) {
         let j1 = (j0 + KB).min(kend);
@@ -402,15 +476,17 @@ fn attend<T: Float>(
         }
     }
     for r in 0..nq {
-        let o = &mut out[r * out_stride..][..dv];
+        let o = &mut out[r * stride * dv..][..dv];
         let l = sc.l[r];
         if l > T::Acc::zero() {
             let inv = l.recip();
             for (o, &a) in o.iter_mut().zip(&sc.acc[r * dv..][..dv]) {
                 *o = T::from_acc(a * inv);
             }
+            lse[r * stride] = sc.m[r] + l.ln();
         } else {
             o.fill(T::from_acc(T::Acc::zero()));
+            lse[r * stride] = neg_inf;
         }
     }
 }
@@ -441,7 +517,28 @@ fn dot<A: Real>(a: &[A], b: &[A]) -> A {
     p.iter().copied().sum::<A>() + tail
 }
 
-/// Attention backward (flash-style, from the forward's LSE): outs = [dQ, dK, dV, (dMask)].
+/// `y += a·x`.
+#[inline]
+fn axpy<A: Real>(y: &mut [A], a: A, x: &[A]) {
+    for (y, &x) in y.iter_mut().zip(x) {
+        *y = *y + a * x;
+    }
+}
+
+/// Row r of `s` viewed as rows of `w` elements.
+#[inline]
+fn row<T>(s: &[T], r: usize, w: usize) -> &[T] {
+    &s[r * w..][..w]
+}
+#[inline]
+fn row_mut<T>(s: &mut [T], r: usize, w: usize) -> &mut [T] {
+    &mut s[r * w..][..w]
+}
+
+/// Attention backward (flash-style, from the forward's Y and LSE): outs = [dQ, dK, dV,
+/// (dMask)]; `want[i]` false means output i is not read and is left unwritten. dMask, the
+/// gradient of the additive mask in full `[B, Hq, Sq, Skv]` shape, is the only output
+/// of that size and is computed only when asked for; a bool mask has none.
 #[allow(clippy::too_many_arguments)]
 pub fn attention_grad(
     dy: &Tensor,
@@ -456,12 +553,13 @@ pub fn attention_grad(
     want: &[bool],
     outs: &mut [Tensor],
 ) -> Result<()> {
-    let _ = (dy, q, k, v, mask, y, lse, is_causal, scale, want, outs);
-    Err(crate::err!(Runtime, "AttentionGrad: not implemented yet"))
+    let inp = [dy, q, k, v, y];
+    crate::with_float!(q.dtype(), T => attention_grad_t::<T>(inp, mask, lse, is_causal, scale, want, outs),
+        _ => Err(crate::err!(Runtime, "AttentionGrad needs float inputs, got {}", q.dtype())))
 }
 
 /// VarlenAttention backward: `[dY, Q, K, V]`, cu_seqlens, the forward's Y and LSE;
-/// outs = [dQ, dK, dV].
+/// outs = [dQ, dK, dV]. Gradients of a sequence without queries or keys are 0.
 #[allow(clippy::too_many_arguments)]
 pub fn varlen_attention_grad(
     node: &Node,
@@ -475,9 +573,401 @@ pub fn varlen_attention_grad(
     want: &[bool],
     outs: &mut [Tensor],
 ) -> Result<()> {
-    let _ = (node, t, cu_q, cu_k, y, lse, is_causal, scale, want, outs);
-    Err(crate::err!(
-        Runtime,
-        "VarlenAttentionGrad: not implemented yet"
-    ))
+    let [dy, q, k, v] = t;
+    let (cq, ck) = sequences(node, cu_q, cu_k, q, k)?;
+    let inp = [dy, q, k, v, y];
+    crate::with_float!(q.dtype(), T => varlen_grad_t::<T>(inp, lse, &cq, &ck, is_causal, scale, want, outs),
+        _ => Err(crate::err!(Runtime, "{}: needs float inputs, got {}", node.describe(), q.dtype())))
+}
+
+/// The backward's inputs as rows: Q `[Nq, D]`, dY and Y `[Nq, Dv]`, LSE `[Nq]`, K
+/// `[Nk, D]`, V `[Nk, Dv]`, where a row is one head's vector at one position (Nq =
+/// B·Hq·Sq for Attention, Tq·Hq for VarlenAttention).
+#[derive(Clone, Copy)]
+struct GradIn<'a, T: Float> {
+    q: &'a [T],
+    dy: &'a [T],
+    y: &'a [T],
+    lse: &'a [T::Acc],
+    k: &'a [T],
+    v: &'a [T],
+    d: usize,
+    dv: usize,
+    scale: T::Acc,
+}
+impl<'a, T: Float> GradIn<'a, T>
+where
+    T::Acc: Elem,
+{
+    /// From `[dY, Q, K, V, Y]` and LSE.
+    fn new(t: [&'a Tensor; 5], lse: &'a Tensor, scale: Option<f32>) -> Self {
+        let [dy, q, k, v, y] = t;
+        let last = |t: &Tensor| t.shape().last().copied().unwrap_or(0);
+        let (d, dv) = (last(q), last(v));
+        GradIn {
+            q: q.as_slice(),
+            dy: dy.as_slice(),
+            y: y.as_slice(),
+            lse: lse.as_slice(),
+            k: k.as_slice(),
+            v: v.as_slice(),
+            d,
+            dv,
+            scale: T::Acc::c(default_scale(d, scale)),
+        }
+    }
+}
+impl<T: Float> GradIn<'_, T> {
+    /// The rows one task reads: query rows `q`, key rows `k`.
+    fn rows(&self, q: &Range<usize>, k: &Range<usize>) -> Self {
+        let (d, dv) = (self.d, self.dv);
+        GradIn {
+            q: &self.q[q.start * d..q.end * d],
+            dy: &self.dy[q.start * dv..q.end * dv],
+            y: &self.y[q.start * dv..q.end * dv],
+            lse: &self.lse[q.clone()],
+            k: &self.k[k.start * d..k.end * d],
+            v: &self.v[k.start * dv..k.end * dv],
+            ..*self
+        }
+    }
+}
+
+/// The gradients one task writes, as rows of the same views as [`GradIn`] (dMask `[Nq,
+/// Skv]`); `None` where not wanted.
+struct GradOut<'a, T> {
+    dq: Option<&'a mut [T]>,
+    dk: Option<&'a mut [T]>,
+    dv: Option<&'a mut [T]>,
+    dmask: Option<&'a mut [T]>,
+}
+
+/// Where one kv head's problem lies in a task's rows: query row i of the group's hh-th
+/// head is row `q0 + hh*q_head + i*q_row` (of Q, dY, Y, LSE, dQ and dMask alike); key j
+/// is row `k0 + j*k_row` (of K, V, dK and dV).
+#[derive(Clone, Copy)]
+struct Layout {
+    q0: usize,
+    q_head: usize,
+    q_row: usize,
+    k0: usize,
+    k_row: usize,
+}
+impl Layout {
+    #[inline]
+    fn q(&self, hh: usize, i: usize) -> usize {
+        self.q0 + hh * self.q_head + i * self.q_row
+    }
+    #[inline]
+    fn k(&self, j: usize) -> usize {
+        self.k0 + j * self.k_row
+    }
+}
+
+/// One kv head's backward problem: `group` query heads of `nq` rows each, against `nk`
+/// keys.
+struct GradJob<'a, T: Float> {
+    lay: Layout,
+    group: usize,
+    nq: usize,
+    nk: usize,
+    causal_shift: Option<isize>,
+    /// Offset to the group's first query head; head hh adds `for_head(0, hh)`.
+    mask: Mask<'a, T>,
+}
+
+/// A unit of parallel work: query rows `q` and key rows `k` of the row views, which no
+/// other task touches, and the kv-head problems that lie in them.
+struct Task<'a, T: Float> {
+    q: Range<usize>,
+    k: Range<usize>,
+    jobs: Vec<GradJob<'a, T>>,
+}
+
+fn attention_grad_t<T: Float>(
+    t: [&Tensor; 5],
+    mask: Option<&Tensor>,
+    lse: &Tensor,
+    causal: bool,
+    scale: Option<f32>,
+    want: &[bool],
+    outs: &mut [Tensor],
+) -> Result<()>
+where
+    T::Acc: Elem,
+{
+    let &[b, hq, sq, _] = t[1].shape() else {
+        crate::bail!(Runtime, "AttentionGrad: Q must be 4-D")
+    };
+    let (hkv, skv) = (t[2].shape()[1], t[2].shape()[2]);
+    let mask = read_mask::<T>(mask)?;
+    if matches!(mask, Mask::Bool(..)) && want.get(3) == Some(&true) {
+        crate::bail!(
+            Runtime,
+            "AttentionGrad: dMask (output 3) was asked for, but a bool attn_mask has no gradient"
+        );
+    }
+    let group = hq / hkv;
+    // One task per (batch, kv head): it owns that head's dK/dV rows and the dQ (and
+    // dMask) rows of its query heads, which are contiguous in [B, Hq, ...] layout.
+    let tasks = (0..b * hkv)
+        .map(|bg| Task {
+            q: bg * group * sq..(bg + 1) * group * sq,
+            k: bg * skv..(bg + 1) * skv,
+            jobs: vec![GradJob {
+                lay: Layout {
+                    q0: 0,
+                    q_head: sq,
+                    q_row: 1,
+                    k0: 0,
+                    k_row: 1,
+                },
+                group,
+                nq: sq,
+                nk: skv,
+                causal_shift: causal.then_some(0),
+                mask: mask.for_head(bg / hkv, bg % hkv * group),
+            }],
+        })
+        .collect();
+    run_grad(GradIn::new(t, lse, scale), tasks, skv, want, outs);
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn varlen_grad_t<T: Float>(
+    t: [&Tensor; 5],
+    lse: &Tensor,
+    cq: &[usize],
+    ck: &[usize],
+    causal: bool,
+    scale: Option<f32>,
+    want: &[bool],
+    outs: &mut [Tensor],
+) -> Result<()>
+where
+    T::Acc: Elem,
+{
+    let (hq, hkv) = (t[1].shape()[1], t[2].shape()[1]);
+    let group = hq / hkv;
+    // One task per sequence, with every head: a token's rows of all heads are contiguous
+    // in [T, H, ...] layout, so a sequence's rows are too.
+    let tasks = (0..cq.len() - 1)
+        .map(|b| {
+            let (lq, lk) = (cq[b + 1] - cq[b], ck[b + 1] - ck[b]);
+            let job = |g: usize| GradJob {
+                lay: Layout {
+                    q0: g * group,
+                    q_head: 1,
+                    q_row: hq,
+                    k0: g,
+                    k_row: hkv,
+                },
+                group,
+                nq: lq,
+                nk: lk,
+                causal_shift: causal.then_some(lk as isize - lq as isize),
+                mask: Mask::<T>::None,
+            };
+            Task {
+                q: cq[b] * hq..cq[b + 1] * hq,
+                k: ck[b] * hkv..ck[b + 1] * hkv,
+                jobs: (0..hkv).map(job).collect(),
+            }
+        })
+        .collect();
+    run_grad(GradIn::new(t, lse, scale), tasks, 0, want, outs);
+    Ok(())
+}
+
+/// Runs the backward `tasks` in parallel; they cover the row views in order, each owning
+/// its rows of every output, so no two tasks write the same element. `skv` is dMask's
+/// row width.
+fn run_grad<T: Float>(
+    inp: GradIn<T>,
+    tasks: Vec<Task<T>>,
+    skv: usize,
+    want: &[bool],
+    outs: &mut [Tensor],
+) {
+    let q_rows: Vec<usize> = tasks.iter().map(|t| t.q.len()).collect();
+    let k_rows: Vec<usize> = tasks.iter().map(|t| t.k.len()).collect();
+    let mut grads = (outs.iter_mut().zip(want)).map(|(t, &w)| w.then(|| t.as_mut_slice::<T>()));
+    // The next output, cut into the tasks' pieces (rows of `width` elements).
+    let mut next = |rows: &[usize], width: usize| {
+        let lens = rows.iter().map(|n| n * width);
+        match grads.next().flatten() {
+            Some(s) => split(s, lens).into_iter().map(Some).collect(),
+            None => lens.map(|_| None).collect::<Vec<_>>(),
+        }
+    };
+    let (dq, dk) = (next(&q_rows, inp.d), next(&k_rows, inp.d));
+    let (dv, dmask) = (next(&k_rows, inp.dv), next(&q_rows, skv));
+    let work: Vec<_> = (tasks.iter())
+        .zip(dq.into_iter().zip(dk))
+        .zip(dv.into_iter().zip(dmask))
+        .map(|((t, (dq, dk)), (dv, dmask))| (t, GradOut { dq, dk, dv, dmask }))
+        .collect();
+    work.into_par_iter().for_each_init(
+        || GradScratch::new(inp.d, inp.dv),
+        |sc, (task, mut out)| {
+            let inp = inp.rows(&task.q, &task.k);
+            if let Some(m) = out.dmask.as_deref_mut() {
+                m.fill(T::from_acc(T::Acc::zero())); // masked and skipped entries stay 0
+            }
+            for job in &task.jobs {
+                grad_kv_head(&inp, job, &mut out, sc);
+            }
+        },
+    );
+}
+
+/// Per-task buffers of the backward, reused across its jobs and blocks.
+struct GradScratch<A> {
+    q: Vec<A>,     // [QB, D] scaled queries
+    dy: Vec<A>,    // [QB, Dv]
+    delta: Vec<A>, // [QB] dY_i·Y_i
+    lse: Vec<A>,   // [QB]
+    dq: Vec<A>,    // [QB, D] dQ accumulator (before the scale)
+    k: Vec<A>,     // [nk, D] the kv head's keys
+    v: Vec<A>,     // [nk, Dv]
+    dk: Vec<A>,    // [nk, D] dK accumulator
+    dv: Vec<A>,    // [nk, Dv] dV accumulator
+}
+impl<A: Real> GradScratch<A> {
+    fn new(d: usize, dv: usize) -> Self {
+        let z = A::zero();
+        GradScratch {
+            q: vec![z; QB * d],
+            dy: vec![z; QB * dv],
+            delta: vec![z; QB],
+            lse: vec![z; QB],
+            dq: vec![z; QB * d],
+            k: vec![],
+            v: vec![],
+            dk: vec![],
+            dv: vec![],
+        }
+    }
+}
+
+/// Backward of one kv head's problem: widens its keys and values once, runs every query
+/// block of every query head of the group (writing their dQ and dMask rows), and writes
+/// dK and dV, which sum over all of them.
+fn grad_kv_head<T: Float>(
+    inp: &GradIn<T>,
+    job: &GradJob<T>,
+    out: &mut GradOut<T>,
+    sc: &mut GradScratch<T::Acc>,
+) {
+    let (d, dv, nk, lay) = (inp.d, inp.dv, job.nk, job.lay);
+    let zero = T::Acc::zero();
+    for (buf, w) in [
+        (&mut sc.k, d),
+        (&mut sc.v, dv),
+        (&mut sc.dk, d),
+        (&mut sc.dv, dv),
+    ] {
+        buf.clear();
+        buf.resize(nk * w, zero);
+    }
+    for j in 0..nk {
+        widen(row_mut(&mut sc.k, j, d), row(inp.k, lay.k(j), d));
+        widen(row_mut(&mut sc.v, j, dv), row(inp.v, lay.k(j), dv));
+    }
+    for hh in 0..job.group {
+        for i in (0..job.nq).step_by(QB) {
+            grad_block(inp, job, hh, i..(i + QB).min(job.nq), out, sc);
+        }
+    }
+    let narrow = |dst: &mut [T], src: &[T::Acc]| {
+        for (o, &a) in dst.iter_mut().zip(src) {
+            *o = T::from_acc(a);
+        }
+    };
+    for j in 0..nk {
+        if let Some(o) = out.dk.as_deref_mut() {
+            narrow(row_mut(o, lay.k(j), d), row(&sc.dk, j, d));
+        }
+        if let Some(o) = out.dv.as_deref_mut() {
+            narrow(row_mut(o, lay.k(j), dv), row(&sc.dv, j, dv));
+        }
+    }
+}
+
+/// Query rows `rows` (at most QB) of head `hh` of `job`: recomputes P = exp(S − LSE) one
+/// key block at a time, exactly as the forward computed S, and accumulates
+/// dV += Pᵀ·dY, dS = P∘(dY·Vᵀ − D) with D_i = dY_i·Y_i, dQ += scale·dS·K and
+/// dK += scale·dSᵀ·Q; dMask = dS.
+fn grad_block<T: Float>(
+    inp: &GradIn<T>,
+    job: &GradJob<T>,
+    hh: usize,
+    rows: Range<usize>,
+    out: &mut GradOut<T>,
+    sc: &mut GradScratch<T::Acc>,
+) {
+    let (d, dv, lay) = (inp.d, inp.dv, job.lay);
+    let zero = T::Acc::zero();
+    let mask = job.mask.for_head(0, hh);
+    let GradScratch {
+        q,
+        dy,
+        delta,
+        lse,
+        dq,
+        k,
+        v,
+        dk,
+        dv: dvs,
+    } = sc;
+    for (r, i) in rows.clone().enumerate() {
+        let at = lay.q(hh, i);
+        for (x, &y) in row_mut(q, r, d).iter_mut().zip(row(inp.q, at, d)) {
+            *x = y.to_acc() * inp.scale;
+        }
+        widen(row_mut(dy, r, dv), row(inp.dy, at, dv));
+        let y = row(inp.y, at, dv).iter().map(|y| y.to_acc());
+        delta[r] = row(dy, r, dv).iter().zip(y).map(|(&a, b)| a * b).sum();
+        lse[r] = inp.lse[at];
+    }
+    dq[..rows.len() * d].fill(zero);
+    let (want_dk, want_dv) = (out.dk.is_some(), out.dv.is_some());
+    let limit = |i: usize| key_limit(job.causal_shift, job.nk, i);
+    let kend = rows.clone().last().map_or(0, limit);
+    for j0 in (0..kend).step_by(KB) {
+        let j1 = (j0 + KB).min(kend);
+        for (r, i) in rows.clone().enumerate() {
+            if lse[r] == T::Acc::neg_infinity() {
+                continue; // the row sees no key: P = 0 (and S − LSE would be NaN)
+            }
+            let (qr, dyr, dqr) = (row(q, r, d), row(dy, r, dv), row_mut(dq, r, d));
+            for j in j0..limit(i).min(j1) {
+                let kj = row(k, j, d);
+                let p = (mask.apply(i, j, dot(qr, kj)) - lse[r]).exp();
+                if p == zero {
+                    continue; // masked out (or underflowed): nothing flows through it
+                }
+                if want_dv {
+                    axpy(row_mut(dvs, j, dv), p, dyr);
+                }
+                let ds = p * (dot(dyr, row(v, j, dv)) - delta[r]);
+                axpy(dqr, ds, kj);
+                if want_dk {
+                    axpy(row_mut(dk, j, d), ds, qr); // qr is scale·Q_i
+                }
+                if let Some(m) = out.dmask.as_deref_mut() {
+                    m[lay.q(hh, i) * job.nk + j] = T::from_acc(ds);
+                }
+            }
+        }
+    }
+    if let Some(o) = out.dq.as_deref_mut() {
+        for (r, i) in rows.enumerate() {
+            let dst = row_mut(o, lay.q(hh, i), d);
+            for (o, &a) in dst.iter_mut().zip(row(dq, r, d)) {
+                *o = T::from_acc(a * inp.scale);
+            }
+        }
+    }
 }

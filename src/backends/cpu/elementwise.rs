@@ -369,7 +369,65 @@ pub(super) mod act {
     #[inline(always)]
     pub fn gelu_tanh<F: Real>(v: F) -> F {
         let k = F::c((2.0 / std::f64::consts::PI).sqrt());
-        F::c(0.5) * v * (F::one() + (k * (v + F::c(0.044715) * v * v * v)).tanh())
+        F::c(0.5) * v * (F::one() + (k * (v + F::c(GELU_C) * v * v * v)).tanh())
+    }
+    const GELU_C: f64 = 0.044715;
+
+    // Backward: `dy · f'(x)` for each activation above (and tanh), shared by UnaryGrad and
+    // FusedMatMulGrad.
+
+    /// A select rather than `dy · 0`, so that an infinite dy masked out gives 0, not NaN.
+    #[inline(always)]
+    pub fn relu_grad<F: Real>(dy: F, v: F) -> F {
+        if v > F::zero() {
+            dy
+        } else {
+            F::zero()
+        }
+    }
+    /// Subnormal values flushed to 0. The tails of the sigmoid and gelu derivatives are
+    /// full of them, and as GEMM operands (FusedMatMulGrad) they made it ~10× slower.
+    #[inline(always)]
+    fn flush<F: Real>(v: F) -> F {
+        if v.abs() < F::min_positive_value() {
+            F::zero()
+        } else {
+            v
+        }
+    }
+    #[inline(always)]
+    pub fn sigmoid_grad<F: Real>(dy: F, v: F) -> F {
+        let s = sigmoid(v);
+        flush(dy * s * (F::one() - s))
+    }
+    /// silu' = s + x·s·(1 - s) with s = sigmoid(x).
+    #[inline(always)]
+    pub fn silu_grad<F: Real>(dy: F, v: F) -> F {
+        let s = sigmoid(v);
+        flush(dy * s * (F::one() + v * (F::one() - s)))
+    }
+    #[inline(always)]
+    pub fn tanh_grad<F: Real>(dy: F, v: F) -> F {
+        let t = v.tanh();
+        dy * (F::one() - t * t)
+    }
+    /// gelu' = Φ(x) + x·φ(x).
+    #[inline(always)]
+    pub fn gelu_grad<F: Real>(dy: F, v: F) -> F {
+        let cdf = F::c(0.5) * (F::one() + (v * F::c(std::f64::consts::FRAC_1_SQRT_2)).erf());
+        let pdf = F::c(0.5 * std::f64::consts::FRAC_2_SQRT_PI * std::f64::consts::FRAC_1_SQRT_2)
+            * (F::c(-0.5) * v * v).exp();
+        flush(dy * (cdf + v * pdf))
+    }
+    /// With u = k(x + c·x³) and t = tanh(u): 0.5(1 + t) + 0.5·x·(1 - t²)·k(1 + 3c·x²).
+    #[inline(always)]
+    pub fn gelu_tanh_grad<F: Real>(dy: F, v: F) -> F {
+        let k = F::c((2.0 / std::f64::consts::PI).sqrt());
+        let x2 = v * v;
+        let t = (k * (v + F::c(GELU_C) * x2 * v)).tanh();
+        let du = k * (F::one() + F::c(3.0 * GELU_C) * x2);
+        let half = F::c(0.5);
+        dy * (half * (F::one() + t) + half * v * (F::one() - t * t) * du)
     }
 }
 
@@ -535,7 +593,7 @@ pub fn dropout(
     outs: &mut [Tensor],
     ratio: f32,
     seed: Option<i64>,
-    training: bool,
+    step: u64,
 ) -> Result<()> {
     let input = |i: usize| ins.get(i).copied().flatten();
     let Some(x) = input(0) else {
@@ -544,7 +602,7 @@ pub fn dropout(
     // Scalars read leniently: an empty tensor is a missing value, not a panic.
     let first = |i: usize| input(i).and_then(|t| t.to_f64_vec().first().copied());
     let ratio = first(1).unwrap_or(ratio as f64);
-    let training = training || first(2).is_some_and(|v| v != 0.0);
+    let training = step > 0 || first(2).is_some_and(|v| v != 0.0);
     if !(0.0..1.0).contains(&ratio) {
         crate::bail!(
             Runtime,
@@ -566,6 +624,12 @@ pub fn dropout(
     let base = match seed {
         Some(s) => s as u64,
         None => Rng::for_name(0, &node.name).next_u64(),
+    };
+    // Step 0 (a plain run) keeps the mask of the seed alone; training steps mix in the
+    // step number, so every step draws a fresh, reproducible mask.
+    let base = match step {
+        0 => base,
+        t => Rng::new(base ^ t.wrapping_mul(0x9E37_79B9_7F4A_7C15)).next_u64(),
     };
     let keep = |i: usize| Rng::new(base.wrapping_add(i as u64)).uniform() >= ratio;
     with_float!(x.dtype(), T => dropout_mask::<T>(x, y, keep, ratio), _ => return unsupported("Dropout", x.dtype()));
@@ -627,8 +691,50 @@ pub(crate) fn todo_kernel(what: &str) -> Result<()> {
     crate::bail!(Runtime, "CPU kernel '{what}' is not written yet")
 }
 
-/// `dX = dY * f'(X)` for a unary op.
+/// `dX = dY * f'(X)` for a unary op, computed in the accumulation type.
 pub fn unary_grad(op: UnaryOp, dy: &Tensor, x: &Tensor, out: &mut Tensor) -> Result<()> {
-    let _ = (op, dy, x, out);
-    Err(crate::err!(Runtime, "UnaryGrad: not implemented yet"))
+    with_float!(x.dtype(), T => {
+        unary_grad_float::<T>(op, dy, x, out);
+        Ok(())
+    }, _ => unsupported("unary gradient", x.dtype()))
+}
+
+fn unary_grad_float<T: Float>(op: UnaryOp, dy: &Tensor, x: &Tensor, out: &mut Tensor) {
+    use UnaryOp as U;
+    let c = T::Acc::c;
+    let zero = c(0.0);
+    // One monomorphised loop per op, as in `unary_float`.
+    macro_rules! go {
+        (|$g:ident, $v:ident| $e:expr) => {
+            map2(dy, x, out, |g: T, x: T| {
+                let ($g, $v) = (g.to_acc(), x.to_acc());
+                T::from_acc($e)
+            })
+        };
+    }
+    match op {
+        U::Neg => go!(|g, _v| -g),
+        U::Exp => go!(|g, v| g * v.exp()),
+        U::Log => go!(|g, v| g / v),
+        U::Sqrt => go!(|g, v| g * c(0.5) / v.sqrt()),
+        U::Reciprocal => go!(|g, v| -g / (v * v)),
+        // sign(x), with 0 at the kink.
+        U::Abs => go!(|g, v| if v > zero {
+            g
+        } else if v < zero {
+            -g
+        } else {
+            zero
+        }),
+        U::Erf => go!(|g, v| g * c(std::f64::consts::FRAC_2_SQRT_PI) * (-v * v).exp()),
+        U::Relu => go!(|g, v| act::relu_grad(g, v)),
+        U::Sigmoid => go!(|g, v| act::sigmoid_grad(g, v)),
+        U::Tanh => go!(|g, v| act::tanh_grad(g, v)),
+        U::Gelu { tanh: false } => go!(|g, v| act::gelu_grad(g, v)),
+        U::Gelu { tanh: true } => go!(|g, v| act::gelu_tanh_grad(g, v)),
+        U::LeakyRelu { alpha } => {
+            let a = c(alpha as f64);
+            go!(|g, v| if v > zero { g } else { a * g })
+        }
+    }
 }

@@ -90,18 +90,27 @@ impl Batch {
             a_off: batch_offsets(&out, ab, m * k),
             b_off: batch_offsets(&out, bb, k * n),
         };
-        // A shared B under a contiguous batch of A is one tall product: [batch·M, K]·B
-        // (the common [B, S, K] @ [K, N] case), which gemm parallelises far better.
-        let batch = p.a_off.len();
-        if batch > 1
-            && p.b_off.iter().all(|&o| o == 0)
-            && p.a_off.iter().enumerate().all(|(i, &o)| o == i * m * k)
-        {
-            p.m *= batch;
-            p.a_off.truncate(1);
-            p.b_off.truncate(1);
-        }
+        p.merge_tall();
         Ok(p)
+    }
+
+    /// A shared B under a contiguous batch of A is one tall product: [batch·M, K]·B
+    /// (the common [B, S, K] @ [K, N] case), which gemm parallelises far better.
+    fn merge_tall(&mut self) {
+        let batch = self.a_off.len();
+        let rows = self.m * self.a.rs as usize;
+        if batch > 1
+            && self.b_off.iter().all(|&o| o == self.b_off[0])
+            && self
+                .a_off
+                .iter()
+                .enumerate()
+                .all(|(i, &o)| o == self.a_off[0] + i * rows)
+        {
+            self.m *= batch;
+            self.a_off.truncate(1);
+            self.b_off.truncate(1);
+        }
     }
 }
 
@@ -181,6 +190,30 @@ fn widen<T: Float>(x: &[T]) -> Cow<'_, [T::Acc]> {
     }
 }
 
+/// `x` viewed in its accumulation type when it already is one (f32, f64).
+fn acc_mut<T: Float>(x: &mut [T]) -> Option<&mut [T::Acc]> {
+    (TypeId::of::<T>() == TypeId::of::<T::Acc>()).then(|| {
+        // SAFETY: T and T::Acc are the same type.
+        unsafe { std::slice::from_raw_parts_mut(x.as_mut_ptr().cast(), x.len()) }
+    })
+}
+
+/// Runs `f` on `out` in the accumulation type: in place for f32/f64, else in scratch
+/// rounded into `out` afterwards.
+fn fill_acc<T: Float>(out: &mut [T], f: impl FnOnce(&mut [T::Acc])) {
+    match acc_mut(out) {
+        Some(o) => f(o),
+        None => {
+            let mut acc = vec![<T::Acc as Zero>::zero(); out.len()];
+            f(&mut acc);
+            out.par_iter_mut()
+                .zip(acc.par_iter())
+                .with_min_len(1 << 14)
+                .for_each(|(o, &a)| *o = T::from_acc(a));
+        }
+    }
+}
+
 /// Computes `scale · product`, then `epi` on each row, in the accumulation type; narrow
 /// outputs (f16, bf16) are rounded once, at the end.
 fn run<T: Float>(
@@ -197,10 +230,7 @@ fn run<T: Float>(
     let (a, b) = (widen(a), widen(b));
     let n = p.n;
     let min_rows = (1 << 14) / n + 1;
-    if TypeId::of::<T>() == TypeId::of::<T::Acc>() {
-        // SAFETY: T and T::Acc are the same type.
-        let o: &mut [T::Acc] =
-            unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().cast(), out.len()) };
+    if let Some(o) = acc_mut(out) {
         products(p, &a, &b, scale, o);
         if let Some(f) = epi {
             o.par_chunks_mut(n)
@@ -348,7 +378,28 @@ fn activate_row<F: Real>(act: Activation, row: &mut [F]) {
     }
 }
 
+/// `g = g · act'(pre)` elementwise, the backward of `activate_row` (same loop structure).
+fn activate_grad<F: Real>(act: Activation, g: &mut [F], pre: &[F]) {
+    use super::elementwise::act as a;
+    fn each<F: Copy>(g: &mut [F], pre: &[F], f: impl Fn(F, F) -> F) {
+        for (g, &v) in g.iter_mut().zip(pre) {
+            *g = f(*g, v);
+        }
+    }
+    match act {
+        Activation::None => {}
+        Activation::Relu => each(g, pre, a::relu_grad),
+        Activation::Gelu => each(g, pre, a::gelu_grad),
+        Activation::GeluTanh => each(g, pre, a::gelu_tanh_grad),
+        Activation::Silu => each(g, pre, a::silu_grad),
+        Activation::Sigmoid => each(g, pre, a::sigmoid_grad),
+        Activation::Tanh => each(g, pre, a::tanh_grad),
+    }
+}
+
 /// `act(A @ op(B) + bias) + residual`, the epilogue applied in one pass over the product.
+/// `outs` = [Y, (Pre)]: when the node asks for Pre = A @ op(B) + bias (what its backward
+/// needs), the product goes to Pre and Y is computed from it in a second pass.
 pub fn fused_matmul(
     a: &Tensor,
     b: &Tensor,
@@ -356,19 +407,24 @@ pub fn fused_matmul(
     residual: Option<&Tensor>,
     act: Activation,
     trans_b: bool,
-    out: &mut Tensor,
+    outs: &mut [Tensor],
 ) -> Result<()> {
     let p = Batch::matmul(a.shape(), b.shape(), trans_b)?;
-    let shape = out.shape().to_vec();
+    let (y, pre) = outs.split_at_mut(1);
+    let y = &mut y[0];
+    let shape = y.shape().to_vec();
     crate::with_float!(a.dtype(), T => {
+        type F = <T as Float>::Acc;
         let bias = bias.map(|t| widen(t.as_slice::<T>()));
         let res = residual.map(|t| RowView::new::<T>(t, &shape));
-        let epi = |r: usize, row: &mut [<T as Float>::Acc]| {
+        let add_bias = |row: &mut [F]| {
             if let Some(bias) = &bias {
                 for (x, &b) in row.iter_mut().zip(bias.iter()) {
                     *x += b;
                 }
             }
+        };
+        let finish = |r: usize, row: &mut [F]| {
             activate_row(act, row);
             if let Some((res, rs)) = res.as_ref().map(|v| v.row(r)) {
                 for (j, x) in row.iter_mut().enumerate() {
@@ -376,8 +432,38 @@ pub fn fused_matmul(
                 }
             }
         };
-        let plain = bias.is_none() && res.is_none() && act == Activation::None;
-        run::<T>(&p, a.as_slice(), b.as_slice(), 1.0, out.as_mut_slice(), if plain { None } else { Some(&epi) });
+        let (a, b) = (a.as_slice::<T>(), b.as_slice::<T>());
+        match pre.first_mut() {
+            None => {
+                let epi = |r: usize, row: &mut [F]| {
+                    add_bias(row);
+                    finish(r, row);
+                };
+                let plain = bias.is_none() && res.is_none() && act == Activation::None;
+                run::<T>(&p, a, b, 1.0, y.as_mut_slice(), if plain { None } else { Some(&epi) });
+            }
+            Some(pre) => {
+                let epi = |_: usize, row: &mut [F]| add_bias(row);
+                let pre = pre.as_mut_slice::<T>();
+                run::<T>(&p, a, b, 1.0, pre, bias.is_some().then_some(&epi as Epilogue<F>));
+                let n = p.n;
+                if n > 0 {
+                    y.as_mut_slice::<T>()
+                        .par_chunks_mut(n)
+                        .zip(pre.par_chunks(n))
+                        .enumerate()
+                        .with_min_len((1 << 14) / n + 1)
+                        .for_each_init(Vec::new, |row: &mut Vec<F>, (r, (y, pre))| {
+                            row.clear();
+                            row.extend(pre.iter().map(|v| v.to_acc()));
+                            finish(r, row);
+                            for (y, &v) in y.iter_mut().zip(row.iter()) {
+                                *y = T::from_acc(v);
+                            }
+                        });
+                }
+            }
+        }
         Ok(())
     }, _ => not_float(a))
 }
@@ -409,6 +495,8 @@ pub fn gemm_f32_gflops(n: usize, iters: usize) -> f64 {
 }
 
 /// FusedMatMul backward: outs = [dA, dB, (dBias)]; `want[i]` false means not read.
+/// With G = dY · act'(Pre): dA = G · op(B)ᵀ, dB = Aᵀ · G (Gᵀ · A when trans_b), each
+/// summed over the batch entries that share the operand; dBias = Σ_rows G.
 #[allow(clippy::too_many_arguments)]
 pub fn fused_matmul_grad(
     dy: &Tensor,
@@ -420,6 +508,132 @@ pub fn fused_matmul_grad(
     want: &[bool],
     outs: &mut [Tensor],
 ) -> Result<()> {
-    let _ = (dy, a, b, pre, act, trans_b, want, outs);
-    Err(crate::err!(Runtime, "FusedMatMulGrad: not implemented yet"))
+    if act != Activation::None && pre.is_none() {
+        crate::bail!(
+            Runtime,
+            "FusedMatMulGrad with activation {} needs the forward's Pre (input 3)",
+            act.name()
+        );
+    }
+    let want = |i: usize| i < outs.len() && want.get(i).copied().unwrap_or(true);
+    let want = [want(0), want(1), want(2)];
+    let (sa, sb) = (a.shape(), b.shape());
+    let (ra, rb) = (sa.len(), sb.len());
+    if ra < 2 || rb < 2 {
+        crate::bail!(
+            Runtime,
+            "FusedMatMulGrad takes A [..., M, K] and B [K, N] (or batched)"
+        );
+    }
+    let (m, k) = (sa[ra - 2], sa[ra - 1]);
+    let n = if trans_b { sb[rb - 2] } else { sb[rb - 1] };
+    let (ab, bb) = (&sa[..ra - 2], &sb[..rb - 2]);
+    let ob = broadcast(ab, bb).ok_or_else(|| {
+        crate::err!(
+            Runtime,
+            "matmul batch dims {ab:?} and {bb:?} do not broadcast"
+        )
+    })?;
+    let nb = numel(&ob);
+    // Offsets of each output batch entry's matrix in G (contiguous), A and B.
+    let g_off: Vec<usize> = (0..nb).map(|i| i * m * n).collect();
+    let a_off = batch_offsets(&ob, ab, m * k);
+    let b_off = batch_offsets(&ob, bb, k * n);
+    crate::with_float!(a.dtype(), T => {
+        let g = grad_pre::<T>(act, dy.as_slice(), pre.map(|t| t.as_slice()));
+        let (av, bv) = (widen(a.as_slice::<T>()), widen(b.as_slice::<T>()));
+        let (da, rest) = outs.split_at_mut(1);
+        if want[0] {
+            // [M, N] · op(B)ᵀ: B is stored [K, N] (read transposed) or [N, K] with trans_b.
+            let p = Batch {
+                m,
+                n: k,
+                k: n,
+                a: Strides::of(n, false),
+                b: if trans_b { Strides::of(k, false) } else { Strides::of(n, true) },
+                a_off: g_off.clone(),
+                b_off: b_off.clone(),
+            };
+            fill_acc(da[0].as_mut_slice::<T>(), |o| products_into(p, &g, &bv, &a_off, o));
+        }
+        if want[1] {
+            // Aᵀ · G, of shape [K, N]; with trans_b Gᵀ · A, of shape [N, K].
+            let (lhs, rhs, (lm, ln)) = if trans_b {
+                (Strides::of(n, true), Strides::of(k, false), (n, k))
+            } else {
+                (Strides::of(k, true), Strides::of(n, false), (k, n))
+            };
+            let (l_off, r_off, l, r) = if trans_b {
+                (g_off.clone(), a_off.clone(), &g, &av)
+            } else {
+                (a_off.clone(), g_off.clone(), &av, &g)
+            };
+            let p = Batch { m: lm, n: ln, k: m, a: lhs, b: rhs, a_off: l_off, b_off: r_off };
+            fill_acc(rest[0].as_mut_slice::<T>(), |o| products_into(p, l, r, &b_off, o));
+        }
+        if want[2] && n > 0 {
+            let sums = super::reduce::sum_rows(g.par_chunks(n), n, n, |acc: &mut [<T as Float>::Acc], row| {
+                acc.iter_mut().zip(row).for_each(|(a, &v)| *a += v)
+            });
+            for (o, v) in rest[1].as_mut_slice::<T>().iter_mut().zip(sums) {
+                *o = T::from_acc(v);
+            }
+        }
+        Ok(())
+    }, _ => not_float(a))
+}
+
+/// G = dY · act'(Pre) in the accumulation type (dY itself, borrowed where it can be, when
+/// there is no activation).
+fn grad_pre<'a, T: Float>(act: Activation, dy: &'a [T], pre: Option<&[T]>) -> Cow<'a, [T::Acc]> {
+    let g = widen(dy);
+    let Some(pre) = pre.filter(|_| act != Activation::None) else {
+        return g;
+    };
+    let mut g = g.into_owned();
+    const CHUNK: usize = 1 << 14;
+    g.par_chunks_mut(CHUNK)
+        .zip(widen(pre).par_chunks(CHUNK))
+        .for_each(|(g, p)| activate_grad(act, g, p));
+    Cow::Owned(g)
+}
+
+/// Adds product i of `p` into the matrix at `dst_off[i]` of `dst` (which it overwrites).
+/// A gradient of a broadcast operand sums several products into one matrix: done as one
+/// product over a longer K where the operands continue along K (Aᵀ·G over all rows of a
+/// batched A when B is 2-D), else through scratch.
+fn products_into<F: Real>(mut p: Batch, lhs: &[F], rhs: &[F], dst_off: &[usize], dst: &mut [F]) {
+    let (mn, batch) = (p.m * p.n, p.a_off.len());
+    if mn == 0 {
+        return;
+    }
+    if p.k == 0 || batch == 0 {
+        dst.fill(F::zero());
+        return;
+    }
+    if dst_off.iter().enumerate().all(|(i, &o)| o == i * mn) && dst.len() == batch * mn {
+        // One product per destination matrix.
+        p.merge_tall();
+        return products(&p, lhs, rhs, 1.0, dst);
+    }
+    let step = |off: &[usize], st: isize| {
+        off.iter()
+            .enumerate()
+            .all(|(i, &o)| o == off[0] + i * p.k * st as usize)
+    };
+    if dst.len() == mn && step(&p.a_off, p.a.cs) && step(&p.b_off, p.b.rs) {
+        p.k *= batch;
+        p.a_off.truncate(1);
+        p.b_off.truncate(1);
+        return products(&p, lhs, rhs, 1.0, dst);
+    }
+    let mut tmp = vec![F::zero(); batch * mn];
+    products(&p, lhs, rhs, 1.0, &mut tmp);
+    dst.fill(F::zero());
+    for (t, &o) in tmp.chunks(mn).zip(dst_off) {
+        dst[o..o + mn]
+            .iter_mut()
+            .zip(t)
+            .for_each(|(d, &v)| *d = *d + v);
+    }
 }

@@ -5,6 +5,7 @@
 mod attention;
 mod elementwise;
 mod matmul;
+mod optim;
 mod reduce;
 mod shape;
 
@@ -18,8 +19,8 @@ pub use matmul::gemm_f32_gflops;
 
 #[derive(Default)]
 pub struct Cpu {
-    /// `training` makes Dropout apply its seeded mask; off for inference.
-    pub training: bool,
+    /// The training step (see `Backend::set_step`); 0 is inference.
+    pub step: u64,
 }
 
 impl Backend for Cpu {
@@ -54,7 +55,7 @@ impl Backend for Cpu {
                 t
             })
             .collect();
-        let r = run_node(node, &ins, &mut owned, self.training);
+        let r = run_node(node, &ins, &mut owned, self.step);
         for ((b, _), t) in outs.iter_mut().zip(owned) {
             **b = t;
         }
@@ -63,6 +64,20 @@ impl Backend for Cpu {
     fn sync(&mut self) -> Result<()> {
         Ok(())
     }
+    fn update(
+        &mut self,
+        opt: &crate::graph::Optimizer,
+        t: u64,
+        param: &mut Tensor,
+        grad: &Tensor,
+        state: &mut [Tensor],
+        _ty: &ValueType,
+    ) -> Result<()> {
+        optim::update(opt, t, param, grad, state)
+    }
+    fn set_step(&mut self, step: u64) {
+        self.step = step;
+    }
 }
 
 /// Runs one node on host tensors. `outs` are already typed and shaped.
@@ -70,7 +85,7 @@ pub fn run_node(
     node: &Node,
     ins: &[Option<&Tensor>],
     outs: &mut [Tensor],
-    training: bool,
+    step: u64,
 ) -> Result<()> {
     let x = |i: usize| {
         ins.get(i).copied().flatten().ok_or_else(|| {
@@ -101,9 +116,7 @@ pub fn run_node(
             outs[0].bytes_mut().copy_from_slice(x(0)?.bytes());
             Ok(())
         }
-        Op::Dropout { ratio, seed } => {
-            elementwise::dropout(node, ins, outs, *ratio, *seed, training)
-        }
+        Op::Dropout { ratio, seed } => elementwise::dropout(node, ins, outs, *ratio, *seed, step),
         Op::Trilu { upper } => {
             elementwise::trilu(x(0)?, ins.get(1).copied().flatten(), *upper, &mut outs[0])
         }
@@ -133,7 +146,7 @@ pub fn run_node(
             ins.get(3).copied().flatten(),
             *activation,
             *trans_b,
-            &mut outs[0], // TODO(grad kernels): write Pre (outs[1]) when asked
+            outs,
         ),
         Op::Softmax { axis } => reduce::softmax(x(0)?, *axis, false, &mut outs[0]),
         Op::LogSoftmax { axis } => reduce::softmax(x(0)?, *axis, true, &mut outs[0]),
@@ -208,7 +221,7 @@ pub fn run_node(
             ins.get(3).copied().flatten(),
             *is_causal,
             *scale,
-            &mut outs[0], // TODO(grad kernels): write LSE (outs[1]) when asked
+            outs,
         ),
         Op::VarlenAttention { is_causal, scale } => attention::varlen_attention(
             node,
@@ -219,7 +232,7 @@ pub fn run_node(
             x(4)?,
             *is_causal,
             *scale,
-            &mut outs[0], // TODO(grad kernels): write LSE (outs[1]) when asked
+            outs,
         ),
         // Gradient ops. Outputs named "" in the node are still allocated by the plan
         // (`outs` always has one tensor per output); `want(i)` says which are read.
@@ -263,9 +276,9 @@ pub fn run_node(
             x(1)?,
             x(2)?,
             x(3)?,
-            ins.get(4).copied().flatten(),
+            ins.get(6).copied().flatten(),
+            x(4)?,
             x(5)?,
-            x(6)?,
             *is_causal,
             *scale,
             &want,
@@ -297,7 +310,7 @@ pub fn eval_node_with_types(
         .iter()
         .map(|t| Tensor::zeros(t.dtype, &t.shape))
         .collect();
-    run_node(node, ins, &mut outs, false)?;
+    run_node(node, ins, &mut outs, 0)?;
     Ok(outs)
 }
 

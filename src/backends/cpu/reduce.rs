@@ -141,6 +141,18 @@ pub fn layer_norm(
     with_float!(x.dtype(), T => layer_norm_t::<T>(x, scale, bias, axis, eps, outs), _ => not_float("LayerNormalization", x))
 }
 
+/// `t` broadcast to the normalised shape, once rather than per row (LayerNorm's Scale, B).
+fn expand<T: Float>(t: &Tensor, norm: &[usize]) -> Vec<T::Acc> {
+    let n = numel(norm);
+    let (src, mut v) = (t.as_slice::<T>(), Vec::with_capacity(n));
+    let bc = Bcast::new(norm, [t.shape()]);
+    let [st] = bc.inner();
+    bc.walk(0, n, |_, len, [off]| {
+        v.extend((0..len).map(|i| src[off + i * st].to_acc()))
+    });
+    v
+}
+
 fn layer_norm_t<T: Float>(
     x: &Tensor,
     scale: &Tensor,
@@ -151,18 +163,8 @@ fn layer_norm_t<T: Float>(
 ) -> Result<()> {
     let norm = &x.shape()[axis..];
     let n = numel(norm);
-    // Scale and B are broadcast to the normalised shape once, not per row.
-    let expand = |t: &Tensor| -> Vec<T::Acc> {
-        let (src, mut v) = (t.as_slice::<T>(), Vec::with_capacity(n));
-        let bc = Bcast::new(norm, [t.shape()]);
-        let [st] = bc.inner();
-        bc.walk(0, n, |_, len, [off]| {
-            v.extend((0..len).map(|i| src[off + i * st].to_acc()))
-        });
-        v
-    };
-    let g = expand(scale);
-    let b = bias.map(expand);
+    let g = expand::<T>(scale, norm);
+    let b = bias.map(|b| expand::<T>(b, norm));
     let (n_acc, eps) = (T::Acc::c(n as f64), T::Acc::c(eps as f64));
     let (y, stats) = outs.split_at_mut(1);
     let nan = T::Acc::nan();
@@ -337,6 +339,18 @@ pub fn softmax_cross_entropy(
     ignore_index: Option<i64>,
     outs: &mut [Tensor],
 ) -> Result<()> {
+    let labels = checked_labels(node, scores, labels, ignore_index)?;
+    with_float!(scores.dtype(), T => sce_t::<T>(scores, &labels, weights, reduction, ignore_index, outs), _ => return not_float("SoftmaxCrossEntropyLoss", scores));
+    Ok(())
+}
+
+/// The labels as i64, each a class of `scores` (axis 1) or `ignore_index`.
+fn checked_labels(
+    node: &Node,
+    scores: &Tensor,
+    labels: &Tensor,
+    ignore_index: Option<i64>,
+) -> Result<Vec<i64>> {
     let c = scores.shape()[1];
     let labels = labels.to_i64_vec();
     if let Some(&bad) = labels
@@ -352,8 +366,45 @@ pub fn softmax_cross_entropy(
                 .unwrap_or_default()
         );
     }
-    with_float!(scores.dtype(), T => sce_t::<T>(scores, &labels, weights, reduction, ignore_index, outs), _ => return not_float("SoftmaxCrossEntropyLoss", scores));
-    Ok(())
+    Ok(labels)
+}
+
+/// The weight of each element: 0 where ignored, else w[label] (1 without weights).
+fn element_weights<T: Float>(
+    labels: &[i64],
+    weights: Option<&Tensor>,
+    ignore_index: Option<i64>,
+) -> Vec<T::Acc> {
+    labels
+        .iter()
+        .map(|&l| match (Some(l) == ignore_index, weights) {
+            (true, _) => T::Acc::c(0.0),
+            (false, Some(w)) => w.as_slice::<T>()[l as usize].to_acc(),
+            (false, None) => T::Acc::c(1.0),
+        })
+        .collect()
+}
+
+/// The log-sum-exp over classes of each of the `d` columns of one sample's `[C, d]` block
+/// of scores, into `lse` (`sums` is scratch of the same length).
+fn block_lse<T: Float>(xb: &[T], lse: &mut [T::Acc], sums: &mut [T::Acc]) {
+    let d = lse.len();
+    lse.fill(T::Acc::neg_infinity());
+    sums.fill(T::Acc::c(0.0));
+    for row in xb.chunks(d) {
+        for (m, v) in lse.iter_mut().zip(row) {
+            *m = m.max(v.to_acc());
+        }
+    }
+    for row in xb.chunks(d) {
+        for ((s, v), m) in sums.iter_mut().zip(row).zip(lse.iter()) {
+            *s = *s + (v.to_acc() - *m).exp();
+        }
+    }
+    // lse = max + ln Σ exp(x - max)
+    for (m, s) in lse.iter_mut().zip(sums.iter()) {
+        *m = *m + s.ln();
+    }
 }
 
 fn sce_t<T: Float>(
@@ -368,15 +419,7 @@ fn sce_t<T: Float>(
     let d = numel(&scores.shape()[2..]);
     let x = scores.as_slice::<T>();
     let zero = T::Acc::c(0.0);
-    // The weight of each element: 0 where ignored, else w[label] (1 without weights).
-    let wts: Vec<T::Acc> = labels
-        .iter()
-        .map(|&l| match (Some(l) == ignore_index, weights) {
-            (true, _) => zero,
-            (false, Some(w)) => w.as_slice::<T>()[l as usize].to_acc(),
-            (false, None) => T::Acc::c(1.0),
-        })
-        .collect();
+    let wts = element_weights::<T>(labels, weights, ignore_index);
     let mut loss = vec![zero; n * d];
     // One task per sample: its [C, d] block of log-probabilities, column by column.
     let body = |i: usize, loss: &mut [T::Acc], lp: Option<&mut [T]>, scratch: &mut Vec<T::Acc>| {
@@ -384,21 +427,7 @@ fn sce_t<T: Float>(
         scratch.clear();
         scratch.resize(2 * d, zero);
         let (lse, sums) = scratch.split_at_mut(d);
-        lse.fill(T::Acc::neg_infinity());
-        for row in xb.chunks(d) {
-            for (m, v) in lse.iter_mut().zip(row) {
-                *m = m.max(v.to_acc());
-            }
-        }
-        for row in xb.chunks(d) {
-            for ((s, v), m) in sums.iter_mut().zip(row).zip(lse.iter()) {
-                *s = *s + (v.to_acc() - *m).exp();
-            }
-        }
-        // lse = max + ln Σ exp(x - max)
-        for (m, s) in lse.iter_mut().zip(sums.iter()) {
-            *m = *m + s.ln();
-        }
+        block_lse(xb, lse, sums);
         for p in 0..d {
             let (l, w) = (labels[i * d + p], wts[i * d + p]);
             loss[p] = if w == zero {
@@ -444,10 +473,44 @@ fn sce_t<T: Float>(
     }
 }
 
-/// `dX` of Softmax (`log: false`) or LogSoftmax (`log: true`) from dY and the forward Y.
+/// `dX` of Softmax (`log: false`) or LogSoftmax (`log: true`) from dY and the forward Y:
+/// `y·(dy - Σ dy·y)`, or `dy - exp(y)·Σ dy`, the sums along `axis`.
 pub fn softmax_grad(dy: &Tensor, y: &Tensor, axis: i64, log: bool, out: &mut Tensor) -> Result<()> {
-    let _ = (dy, y, axis, log, out);
-    Err(crate::err!(Runtime, "SoftmaxGrad: not implemented yet"))
+    let axis = checked_axis(axis, y)?;
+    let (_, n, inner) = around(y.shape(), axis);
+    with_float!(y.dtype(), T => softmax_grad_t::<T>(dy.as_slice(), y.as_slice(), n, inner, log, out.as_mut_slice()), _ => return not_float("SoftmaxGrad", y));
+    Ok(())
+}
+
+/// Over `[outer, n, inner]` blocks, like `softmax_t`: `inner` sums per block, read row by row.
+fn softmax_grad_t<T: Float>(dy: &[T], y: &[T], n: usize, inner: usize, log: bool, out: &mut [T]) {
+    let block = n * inner;
+    if block == 0 {
+        return;
+    }
+    out.par_chunks_mut(block)
+        .zip(dy.par_chunks(block).zip(y.par_chunks(block)))
+        .with_min_len(min_rows(block))
+        .for_each_init(Vec::new, |s: &mut Vec<T::Acc>, (o, (dy, y))| {
+            s.clear();
+            s.resize(inner, T::Acc::c(0.0));
+            for (dr, yr) in dy.chunks(inner).zip(y.chunks(inner)) {
+                for ((s, d), y) in s.iter_mut().zip(dr).zip(yr) {
+                    let d = d.to_acc();
+                    *s = *s + if log { d } else { d * y.to_acc() };
+                }
+            }
+            for ((or, dr), yr) in o
+                .chunks_mut(inner)
+                .zip(dy.chunks(inner))
+                .zip(y.chunks(inner))
+            {
+                for (((o, d), y), &s) in or.iter_mut().zip(dr).zip(yr).zip(s.iter()) {
+                    let (d, y) = (d.to_acc(), y.to_acc());
+                    *o = T::from_acc(if log { d - y.exp() * s } else { y * (d - s) });
+                }
+            }
+        });
 }
 
 /// LayerNormalization backward: outs = [dX, dScale, dB] (dScale, dB of the normalized
@@ -463,14 +526,121 @@ pub fn layer_norm_grad(
     want: &[bool],
     outs: &mut [Tensor],
 ) -> Result<()> {
-    let _ = (dy, x, scale, mean, inv_std, axis, want, outs);
-    Err(crate::err!(
-        Runtime,
-        "LayerNormalizationGrad: not implemented yet"
-    ))
+    let axis = checked_axis(axis, x)?;
+    let want = |i: usize| i < outs.len() && want.get(i).copied().unwrap_or(true);
+    let want = [want(0), want(1), want(2)];
+    with_float!(x.dtype(), T => layer_norm_grad_t::<T>(dy, x, scale, mean, inv_std, axis, want, outs), _ => not_float("LayerNormalizationGrad", x))
 }
 
-/// dScores of SoftmaxCrossEntropyLoss given dLoss (scalar, or [N, d1..] for reduction none).
+/// Per row, with xhat = (x - mean)·inv and g = dy·scale:
+/// dx = inv·(g - mean(g) - xhat·mean(g·xhat)); dScale = Σ_rows dy·xhat, dB = Σ_rows dy.
+#[allow(clippy::too_many_arguments)]
+fn layer_norm_grad_t<T: Float>(
+    dy: &Tensor,
+    x: &Tensor,
+    scale: &Tensor,
+    mean: &Tensor,
+    inv_std: &Tensor,
+    axis: usize,
+    want: [bool; 3],
+    outs: &mut [Tensor],
+) -> Result<()> {
+    let norm = &x.shape()[axis..];
+    let n = numel(norm);
+    let g = expand::<T>(scale, norm);
+    // The statistics are few (one per row): read once into the accumulation type.
+    let stat = |t: &Tensor| -> Vec<T::Acc> { t.to_f64_vec().into_iter().map(T::Acc::c).collect() };
+    let (mean, inv) = (stat(mean), stat(inv_std));
+    let n_acc = T::Acc::c(n as f64);
+    let zero = T::Acc::c(0.0);
+    let (dx, params) = outs.split_at_mut(1);
+    if n == 0 || x.numel() == 0 {
+        // No rows, or empty rows: dScale and dB are sums of nothing.
+        for p in params.iter_mut() {
+            p.as_mut_slice::<T>().fill(T::from_acc(zero));
+        }
+        return Ok(());
+    }
+    // Columns summed for dScale (first n) and dB (last n); none when neither is read.
+    let width = if want[1] || want[2] { 2 * n } else { 0 };
+    let rows = dx[0]
+        .as_mut_slice::<T>()
+        .par_chunks_mut(n)
+        .zip(
+            dy.as_slice::<T>()
+                .par_chunks(n)
+                .zip(x.as_slice::<T>().par_chunks(n)),
+        )
+        .enumerate();
+    let sums = sum_rows(rows, n, width, |acc: &mut [T::Acc], (r, (dx, (dy, x)))| {
+        let (m, inv) = (mean[r], inv[r]);
+        let xhat = |j: usize| (x[j].to_acc() - m) * inv;
+        if width > 0 {
+            let (ds, db) = acc.split_at_mut(n);
+            for j in 0..n {
+                let d = dy[j].to_acc();
+                ds[j] = ds[j] + d * xhat(j);
+                db[j] = db[j] + d;
+            }
+        }
+        if want[0] {
+            let (mut sg, mut sgx) = (zero, zero);
+            for j in 0..n {
+                let gj = dy[j].to_acc() * g[j];
+                sg = sg + gj;
+                sgx = sgx + gj * xhat(j);
+            }
+            let (mg, mgx) = (sg / n_acc, sgx / n_acc);
+            for (j, o) in dx.iter_mut().enumerate() {
+                *o = T::from_acc(inv * (dy[j].to_acc() * g[j] - mg - xhat(j) * mgx));
+            }
+        }
+    });
+    for (k, p) in params.iter_mut().enumerate() {
+        if want[k + 1] {
+            for (o, &v) in p.as_mut_slice::<T>().iter_mut().zip(&sums[k * n..]) {
+                *o = T::from_acc(v);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Σ over rows (of `row_len` elements each) of what `add` contributes per row into `width`
+/// accumulators. Rows are summed in fixed groups, in parallel, and the groups combined in
+/// order: the result does not depend on how many threads ran. At most `SUM_GROUPS`
+/// groups, so the partial sums stay small next to the rows.
+pub(super) fn sum_rows<F: Real, I>(
+    rows: I,
+    row_len: usize,
+    width: usize,
+    add: impl Fn(&mut [F], I::Item) + Sync + Send,
+) -> Vec<F>
+where
+    I: IndexedParallelIterator,
+{
+    const SUM_GROUPS: usize = 64;
+    let group = min_rows(row_len).max(rows.len().div_ceil(SUM_GROUPS));
+    rows.fold_chunks(
+        group,
+        || vec![F::zero(); width],
+        |mut acc, row| {
+            add(&mut acc, row);
+            acc
+        },
+    )
+    .collect::<Vec<_>>()
+    .into_iter()
+    .reduce(|mut a, b| {
+        a.iter_mut().zip(b).for_each(|(a, b)| *a = *a + b);
+        a
+    })
+    .unwrap_or_else(|| vec![F::zero(); width])
+}
+
+/// dScores of SoftmaxCrossEntropyLoss given dLoss (scalar, or [N, d1..] for reduction none):
+/// `(softmax(scores) - onehot(label)) · w[label] · dloss / denom`, denom being the forward's
+/// (Σ of the weights of non-ignored elements for mean, else 1).
 #[allow(clippy::too_many_arguments)]
 pub fn softmax_cross_entropy_grad(
     node: &Node,
@@ -482,18 +652,70 @@ pub fn softmax_cross_entropy_grad(
     ignore_index: Option<i64>,
     out: &mut Tensor,
 ) -> Result<()> {
-    let _ = (
-        node,
-        dloss,
-        scores,
-        labels,
-        weights,
-        reduction,
-        ignore_index,
-        out,
-    );
-    Err(crate::err!(
-        Runtime,
-        "SoftmaxCrossEntropyLossGrad: not implemented yet"
-    ))
+    let labels = checked_labels(node, scores, labels, ignore_index)?;
+    with_float!(scores.dtype(), T => sce_grad_t::<T>(dloss, scores, &labels, weights, reduction, ignore_index, out), _ => return not_float("SoftmaxCrossEntropyLossGrad", scores));
+    Ok(())
+}
+
+fn sce_grad_t<T: Float>(
+    dloss: &Tensor,
+    scores: &Tensor,
+    labels: &[i64],
+    weights: Option<&Tensor>,
+    reduction: LossReduction,
+    ignore_index: Option<i64>,
+    out: &mut Tensor,
+) {
+    let c = scores.shape()[1];
+    let d = numel(&scores.shape()[2..]);
+    let zero = T::Acc::c(0.0);
+    let wts = element_weights::<T>(labels, weights, ignore_index);
+    let dl = dloss.as_slice::<T>();
+    // The factor of each element's loss in the reduced one: w · dloss / denom.
+    let denom = match reduction {
+        LossReduction::Mean => wts.iter().copied().sum::<T::Acc>(),
+        _ => T::Acc::c(1.0),
+    };
+    let coef: Vec<T::Acc> = wts
+        .iter()
+        .enumerate()
+        .map(|(e, &w)| {
+            // Ignored (zero-weight) elements give 0 even when every element is ignored.
+            if w == zero {
+                return zero;
+            }
+            let g = match reduction {
+                LossReduction::None => dl[e],
+                _ => dl[0],
+            };
+            w * g.to_acc() / denom
+        })
+        .collect();
+    let (x, block) = (scores.as_slice::<T>(), c * d);
+    if block == 0 {
+        return;
+    }
+    out.as_mut_slice::<T>()
+        .par_chunks_mut(block)
+        .zip(x.par_chunks(block))
+        .enumerate()
+        .with_min_len(min_rows(block))
+        .for_each_init(Vec::new, |scratch: &mut Vec<T::Acc>, (i, (o, xb))| {
+            scratch.clear();
+            scratch.resize(2 * d, zero);
+            let (lse, sums) = scratch.split_at_mut(d);
+            block_lse(xb, lse, sums);
+            let (labels, coef) = (&labels[i * d..(i + 1) * d], &coef[i * d..(i + 1) * d]);
+            for (k, (or, xr)) in o.chunks_mut(d).zip(xb.chunks(d)).enumerate() {
+                for p in 0..d {
+                    let p_k = (xr[p].to_acc() - lse[p]).exp();
+                    let hot = if labels[p] == k as i64 {
+                        T::Acc::c(1.0)
+                    } else {
+                        zero
+                    };
+                    or[p] = T::from_acc((p_k - hot) * coef[p]);
+                }
+            }
+        });
 }

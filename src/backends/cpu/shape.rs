@@ -8,8 +8,9 @@
 use crate::error::Result;
 use crate::graph::infer::{norm_axis, shape_range, slice_range};
 use crate::graph::Node;
-use crate::tensor::Tensor;
+use crate::tensor::{numel, Float, Tensor};
 use bytemuck::Pod;
+use num_traits::Zero;
 use rayon::prelude::*;
 
 /// Outputs at least this large are filled by several threads.
@@ -185,26 +186,43 @@ pub fn split(x: &Tensor, axis: i64, outs: &mut [Tensor]) -> Result<()> {
 
 /// `ins` = data, starts, ends, [axes], [steps].
 pub fn slice(x: &Tensor, ins: &[Option<&Tensor>], out: &mut Tensor) -> Result<()> {
-    let arg = |i: usize| ins.get(i).copied().flatten().map(|t| t.to_i64_vec());
-    let (starts, ends) = (arg(1).unwrap_or_default(), arg(2).unwrap_or_default());
-    let r = x.shape().len();
-    let axes = arg(3).unwrap_or_else(|| (0..starts.len() as i64).collect());
-    let steps = arg(4).unwrap_or_else(|| vec![1; starts.len()]);
     let mut st = strides(x.shape());
     let mut base = 0isize;
-    for (k, &axis) in axes.iter().enumerate() {
-        let a = norm_axis(axis, r).ok_or_else(|| bad_axis(axis, r))?;
-        let (s, _) = slice_range(starts[k], ends[k], steps[k], x.shape()[a])
-            .map_err(|m| crate::err!(Runtime, "{m}"))?;
+    for (a, (s, step)) in slice_steps(x.shape(), &ins[1..])?.into_iter().enumerate() {
         // An empty range may start at -1 or past the end: nothing is read then.
         if out.shape()[a] > 0 {
             base += s as isize * st[a];
         }
         // Saturating: a huge step only ever reads one element, whose stride is unused.
-        st[a] = st[a].saturating_mul(steps[k] as isize);
+        st[a] = st[a].saturating_mul(step as isize);
     }
     strided_copy(x, base, &st, out);
     Ok(())
+}
+
+/// The (start, step) that Slice reads along each dim of an input of shape `shape` (0, 1
+/// where not sliced); `args` = starts, ends, [axes], [steps].
+fn slice_steps(shape: &[usize], args: &[Option<&Tensor>]) -> Result<Vec<(i64, i64)>> {
+    let arg = |i: usize| args.get(i).copied().flatten().map(|t| t.to_i64_vec());
+    let (starts, ends) = (arg(0).unwrap_or_default(), arg(1).unwrap_or_default());
+    let r = shape.len();
+    let axes = arg(2).unwrap_or_else(|| (0..starts.len() as i64).collect());
+    let steps = arg(3).unwrap_or_else(|| vec![1; starts.len()]);
+    let mut out = vec![(0, 1); r];
+    for (k, &axis) in axes.iter().enumerate() {
+        let a = norm_axis(axis, r).ok_or_else(|| bad_axis(axis, r))?;
+        let (Some(&start), Some(&end), Some(&step)) = (starts.get(k), ends.get(k), steps.get(k))
+        else {
+            crate::bail!(
+                Runtime,
+                "Slice: starts, ends, axes and steps disagree in length"
+            );
+        };
+        let (s, _) =
+            slice_range(start, end, step, shape[a]).map_err(|m| crate::err!(Runtime, "{m}"))?;
+        out[a] = (s, step);
+    }
+    Ok(out)
 }
 
 /// Bidirectional broadcast of `x` to the output's shape.
@@ -227,9 +245,29 @@ pub fn expand(x: &Tensor, out: &mut Tensor) -> Result<()> {
 
 /// Negative indices count from the end; out-of-range indices are an error naming the node.
 pub fn gather(node: &Node, x: &Tensor, idx: &Tensor, axis: i64, out: &mut Tensor) -> Result<()> {
-    let r = x.shape().len();
-    let a = norm_axis(axis, r).ok_or_else(|| bad_axis(axis, r))?;
+    let (a, ids) = gather_indices(node, x.shape(), idx, axis)?;
     let d = x.shape()[a];
+    // Output rows are [outer, indices, inner]: row (o, q) is input row (o, ids[q]).
+    let (_, inner) = axis_split(x.shape(), a, x.dtype().size());
+    let src = x.bytes();
+    for_rows(out.bytes_mut(), inner, |i, row| {
+        let (o, q) = (i / ids.len(), i % ids.len());
+        row.copy_from_slice(&src[(o * d + ids[q]) * inner..][..inner]);
+    });
+    Ok(())
+}
+
+/// The gather axis of data of shape `shape`, and the indices along it: negative ones count
+/// from the end; out-of-range ones are an error naming the node.
+fn gather_indices(
+    node: &Node,
+    shape: &[usize],
+    idx: &Tensor,
+    axis: i64,
+) -> Result<(usize, Vec<usize>)> {
+    let r = shape.len();
+    let a = norm_axis(axis, r).ok_or_else(|| bad_axis(axis, r))?;
+    let d = shape[a];
     let ids = idx
         .to_i64_vec()
         .into_iter()
@@ -245,14 +283,7 @@ pub fn gather(node: &Node, x: &Tensor, idx: &Tensor, axis: i64, out: &mut Tensor
             Ok(j as usize)
         })
         .collect::<Result<Vec<usize>>>()?;
-    // Output rows are [outer, indices, inner]: row (o, q) is input row (o, ids[q]).
-    let (_, inner) = axis_split(x.shape(), a, x.dtype().size());
-    let src = x.bytes();
-    for_rows(out.bytes_mut(), inner, |i, row| {
-        let (o, q) = (i / ids.len(), i % ids.len());
-        row.copy_from_slice(&src[(o * d + ids[q]) * inner..][..inner]);
-    });
-    Ok(())
+    Ok((a, ids))
 }
 
 pub fn shape(x: &Tensor, start: i64, end: Option<i64>, out: &mut Tensor) -> Result<()> {
@@ -264,6 +295,8 @@ pub fn shape(x: &Tensor, start: i64, end: Option<i64>, out: &mut Tensor) -> Resu
 }
 
 /// Gather backward: zeros of `out`'s shape, then dY's slices added at their indices.
+/// Each output row sums the dY rows that read it (an index list per row, in order), so
+/// rows are independent: parallel, and deterministic with repeated indices.
 pub fn gather_grad(
     node: &Node,
     dy: &Tensor,
@@ -271,13 +304,76 @@ pub fn gather_grad(
     axis: i64,
     out: &mut Tensor,
 ) -> Result<()> {
-    let _ = (node, dy, indices, axis, out);
-    Err(crate::err!(Runtime, "GatherGrad: not implemented yet"))
+    let (a, ids) = gather_indices(node, out.shape(), indices, axis)?;
+    let (d, inner, nq) = (out.shape()[a], numel(&out.shape()[a + 1..]), ids.len());
+    if inner == 0 || out.numel() == 0 {
+        return Ok(());
+    }
+    // The positions q reading each row j, grouped by j (a stable sort: in order of q).
+    let mut readers: Vec<usize> = (0..nq).collect();
+    readers.sort_by_key(|&q| ids[q]);
+    let readers_of = |j: usize| {
+        let lo = readers.partition_point(|&q| ids[q] < j);
+        let hi = readers.partition_point(|&q| ids[q] <= j);
+        &readers[lo..hi]
+    };
+    crate::with_float!(out.dtype(), T => {
+        let src = dy.as_slice::<T>();
+        let min = (1 << 12) / inner + 1;
+        out.as_mut_slice::<T>().par_chunks_mut(inner).enumerate().with_min_len(min).for_each_init(
+            Vec::new,
+            |acc: &mut Vec<<T as Float>::Acc>, (i, row)| {
+                let (o, j) = (i / d, i % d);
+                acc.clear();
+                acc.resize(inner, Zero::zero());
+                for &q in readers_of(j) {
+                    let s = &src[(o * nq + q) * inner..][..inner];
+                    acc.iter_mut().zip(s).for_each(|(a, v)| *a += v.to_acc());
+                }
+                row.iter_mut().zip(acc.iter()).for_each(|(o, &a)| *o = T::from_acc(a));
+            },
+        );
+        Ok(())
+    }, _ => crate::bail!(Runtime, "GatherGrad takes floating tensors, got {}", out.dtype()))
 }
 
 /// Slice backward: zeros of `out`'s shape with dY written where Slice read.
 /// `ins` are the node's inputs: dY, XShape, starts, ends, [axes], [steps].
+///
+/// Walks `out` by rows (last dim), so threads write disjoint rows: a row is zero unless
+/// its index along every other dim is one Slice read, and then gets one dY row written at
+/// start + k·step.
 pub fn slice_grad(dy: &Tensor, ins: &[Option<&Tensor>], out: &mut Tensor) -> Result<()> {
-    let _ = (dy, ins, out);
-    Err(crate::err!(Runtime, "SliceGrad: not implemented yet"))
+    let sel = slice_steps(out.shape(), ins.get(2..).unwrap_or_default())?;
+    let (xs, ys) = (out.shape().to_vec(), dy.shape().to_vec());
+    let r = xs.len();
+    if r == 0 || dy.numel() == 0 {
+        out.bytes_mut().fill(0);
+        return Ok(());
+    }
+    let yst = strides(&ys);
+    // Position k of dY along dim `d` that X index `i` is, if any.
+    let pos = |d: usize, i: usize| {
+        let (s, step) = sel[d];
+        let off = i as i64 - s;
+        let k = off / step;
+        (off % step == 0 && (0..ys[d] as i64).contains(&k)).then_some(k as usize)
+    };
+    let (n, (s_last, step_last)) = (xs[r - 1], sel[r - 1]);
+    crate::with_any!(out.dtype(), T => {
+        let src = dy.as_slice::<T>();
+        for_rows(out.as_mut_slice::<T>(), n, |i, row| {
+            row.fill(bytemuck::Zeroable::zeroed());
+            let (mut rem, mut off) = (i, 0);
+            for d in (0..r - 1).rev() {
+                let Some(k) = pos(d, rem % xs[d]) else { return };
+                off += k * yst[d] as usize;
+                rem /= xs[d];
+            }
+            for (k, &v) in src[off..off + ys[r - 1]].iter().enumerate() {
+                row[(s_last + k as i64 * step_last) as usize] = v;
+            }
+        });
+    });
+    Ok(())
 }

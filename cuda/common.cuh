@@ -1,0 +1,177 @@
+// Shared by every kernel family: dtypes, their accumulation types, math overloads and the
+// strided-index helper. NVRTC compiles these sources without the toolkit's headers (they
+// are not found without an include path), so f16/bf16 are our own 16-bit structs with
+// conversions written in PTX / bit operations, rounding to nearest even like the `half`
+// crate the CPU backend uses.
+
+typedef long long i64;
+typedef unsigned long long u64;
+
+struct f16 { unsigned short x; };
+struct bf16 { unsigned short x; };
+
+// Num<T>: how a stored element is computed with. Floats compute in f32 (f64 for f64),
+// integers in i64 with wrapping arithmetic, as on the CPU.
+template <class T> struct Num;
+template <> struct Num<float> {
+    typedef float A;
+    static __device__ __forceinline__ float load(float v) { return v; }
+    static __device__ __forceinline__ float store(float a) { return a; }
+};
+template <> struct Num<double> {
+    typedef double A;
+    static __device__ __forceinline__ double load(double v) { return v; }
+    static __device__ __forceinline__ double store(double a) { return a; }
+};
+template <> struct Num<f16> {
+    typedef float A;
+    static __device__ __forceinline__ float load(f16 v) {
+        float f;
+        asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v.x));
+        return f;
+    }
+    static __device__ __forceinline__ f16 store(float a) {
+        f16 r;
+        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r.x) : "f"(a));
+        return r;
+    }
+};
+template <> struct Num<bf16> {
+    typedef float A;
+    static __device__ __forceinline__ float load(bf16 v) {
+        return __uint_as_float(((unsigned)v.x) << 16);
+    }
+    static __device__ __forceinline__ bf16 store(float a) {
+        unsigned u = __float_as_uint(a);
+        bf16 r;
+        if ((u & 0x7fffffffu) > 0x7f800000u) {
+            r.x = (unsigned short)((u >> 16) | 0x0040u);  // quiet NaN, sign kept
+        } else {
+            u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
+            r.x = (unsigned short)(u >> 16);
+        }
+        return r;
+    }
+};
+template <> struct Num<i64> {
+    typedef i64 A;
+    static __device__ __forceinline__ i64 load(i64 v) { return v; }
+    static __device__ __forceinline__ i64 store(i64 a) { return a; }
+};
+template <> struct Num<int> {
+    typedef i64 A;
+    static __device__ __forceinline__ i64 load(int v) { return v; }
+    static __device__ __forceinline__ int store(i64 a) { return (int)a; }
+};
+template <> struct Num<unsigned char> {
+    typedef i64 A;
+    static __device__ __forceinline__ i64 load(unsigned char v) { return v != 0; }
+    static __device__ __forceinline__ unsigned char store(i64 a) { return a != 0; }
+};
+
+template <class T> __device__ __forceinline__ typename Num<T>::A ld(T v) { return Num<T>::load(v); }
+template <class T> __device__ __forceinline__ T st(typename Num<T>::A a) { return Num<T>::store(a); }
+
+// Cast through f64, as the CPU's `cast_into`: f64 holds every value of the other dtypes
+// exactly; integers saturate and NaN becomes 0 (Rust's `as`); bool is `v != 0`.
+template <class T> __device__ __forceinline__ double to_f64(T v) { return (double)Num<T>::load(v); }
+template <class D> __device__ __forceinline__ D cast_from_f64(double v);
+template <> __device__ __forceinline__ float cast_from_f64<float>(double v) { return (float)v; }
+template <> __device__ __forceinline__ double cast_from_f64<double>(double v) { return v; }
+template <> __device__ __forceinline__ f16 cast_from_f64<f16>(double v) { return Num<f16>::store((float)v); }
+template <> __device__ __forceinline__ bf16 cast_from_f64<bf16>(double v) { return Num<bf16>::store((float)v); }
+template <> __device__ __forceinline__ i64 cast_from_f64<i64>(double v) {
+    if (v != v) return 0;
+    if (v >= 9223372036854775807.0) return 0x7fffffffffffffffll;
+    if (v <= -9223372036854775808.0) return (i64)0x8000000000000000ll;
+    return (i64)v;
+}
+template <> __device__ __forceinline__ int cast_from_f64<int>(double v) {
+    if (v != v) return 0;
+    if (v >= 2147483647.0) return 2147483647;
+    if (v <= -2147483648.0) return -2147483647 - 1;
+    return (int)v;
+}
+template <> __device__ __forceinline__ unsigned char cast_from_f64<unsigned char>(double v) { return v != 0.0; }
+
+// Math in the accumulation type.
+__device__ __forceinline__ float m_exp(float x) { return expf(x); }
+__device__ __forceinline__ double m_exp(double x) { return exp(x); }
+__device__ __forceinline__ float m_log(float x) { return logf(x); }
+__device__ __forceinline__ double m_log(double x) { return log(x); }
+__device__ __forceinline__ float m_sqrt(float x) { return sqrtf(x); }
+__device__ __forceinline__ double m_sqrt(double x) { return sqrt(x); }
+__device__ __forceinline__ float m_erf(float x) { return erff(x); }
+__device__ __forceinline__ double m_erf(double x) { return erf(x); }
+__device__ __forceinline__ float m_tanh(float x) { return tanhf(x); }
+__device__ __forceinline__ double m_tanh(double x) { return tanh(x); }
+__device__ __forceinline__ float m_pow(float x, float e) { return powf(x, e); }
+__device__ __forceinline__ double m_pow(double x, double e) { return pow(x, e); }
+__device__ __forceinline__ float neg_inf(float) { return __int_as_float(0xff800000); }
+__device__ __forceinline__ double neg_inf(double) { return __longlong_as_double(0xfff0000000000000ll); }
+// NaN-propagating maximum, as numpy's `maximum` and the CPU backend.
+template <class A> __device__ __forceinline__ A nan_max(A a, A b) { return (b > a || b != b) ? b : a; }
+
+// A row-major walk over `shape` with up to 3 operands, each with its own element strides
+// (0 along broadcast dims, negative for reversed slices) and base offset.
+#define MAXR 8
+struct Strided {
+    int rank;
+    int _pad;
+    i64 shape[MAXR];
+    i64 st[3][MAXR];
+    i64 base[3];
+};
+
+// Offset of operand k for the row-major linear index i over `s.shape`.
+__device__ __forceinline__ i64 offset_of(const Strided& s, int k, i64 i) {
+    i64 off = s.base[k];
+    for (int d = s.rank - 1; d >= 0; --d) {
+        i64 n = s.shape[d];
+        off += (i % n) * s.st[k][d];
+        i /= n;
+    }
+    return off;
+}
+
+#define GRID_STRIDE(i, n) for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < (n); i += (i64)gridDim.x * blockDim.x)
+
+// Instantiation lists: `M(type, suffix)`; the suffix is what the host appends to a kernel
+// name (src/backends/cuda/device.rs `suffix`).
+#define FOR_FLOATS(M) M(float, f32) M(double, f64) M(f16, f16) M(bf16, bf16)
+#define FOR_INTS(M) M(i64, i64) M(int, i32)
+#define FOR_NUMS(M) FOR_FLOATS(M) FOR_INTS(M)
+#define FOR_ALL(M) FOR_NUMS(M) M(unsigned char, bool)
+// Dtype-agnostic copies move words of the element's size.
+#define FOR_WORDS(M) M(unsigned char, w1) M(unsigned short, w2) M(unsigned int, w4) M(u64, w8)
+
+struct SumOp { template <class A> __device__ __forceinline__ A operator()(A a, A b) const { return a + b; } };
+struct MaxOp { template <class A> __device__ __forceinline__ A operator()(A a, A b) const { return nan_max(a, b); } };
+
+// Block-wide reduction of one value per thread (blockDim.x a multiple of 32, at most
+// 1024); every thread gets the result.
+template <class A, class Op> __device__ A block_reduce(A v, A ident, Op op) {
+    __shared__ A part[32];
+    for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+    int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+    __syncthreads();
+    if (l == 0) part[w] = v;
+    __syncthreads();
+    int nw = blockDim.x >> 5;
+    v = ((int)threadIdx.x < nw) ? part[threadIdx.x] : ident;
+    if (w == 0)
+        for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+    if (threadIdx.x == 0) part[0] = v;
+    __syncthreads();
+    A r = part[0];
+    __syncthreads();
+    return r;
+}
+template <class A> __device__ __forceinline__ A block_sum(A v) { return block_reduce(v, (A)0, SumOp()); }
+template <class A> __device__ __forceinline__ A block_max(A v) { return block_reduce(v, neg_inf(v), MaxOp()); }
+
+// Warp-wide sum; every lane gets the result.
+template <class A> __device__ __forceinline__ A warp_sum(A v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}

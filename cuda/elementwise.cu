@@ -1,0 +1,243 @@
+// Elementwise family: unary and binary maps with numpy broadcasting (through `Strided`),
+// Pow, Clip, Where, Cast, Dropout, Trilu, the unary gradients and the FusedMatMul
+// activation epilogue. The activation formulas are the CPU backend's
+// (src/backends/cpu/elementwise.rs `act`), so fused and unfused graphs agree.
+
+// Op codes shared with the host (src/backends/cuda/elementwise.rs `ActCode`).
+#define OP_NONE 0
+#define OP_RELU 1
+#define OP_GELU 2
+#define OP_GELU_TANH 3
+#define OP_SILU 4
+#define OP_SIGMOID 5
+#define OP_TANH 6
+#define OP_NEG 7
+#define OP_EXP 8
+#define OP_LOG 9
+#define OP_SQRT 10
+#define OP_RECIP 11
+#define OP_ABS 12
+#define OP_ERF 13
+#define OP_LEAKY 14
+
+#define K_SQRT_2_OVER_PI 0.7978845608028654
+#define K_FRAC_1_SQRT_2 0.7071067811865476
+#define K_FRAC_2_SQRT_PI 1.1283791670955126
+#define K_GELU_C 0.044715
+
+template <class A> __device__ __forceinline__ A sigmoid_(A v) { return (A)1 / ((A)1 + m_exp(-v)); }
+
+template <class A> __device__ __forceinline__ A act_fwd(int op, A v, A alpha) {
+    switch (op) {
+    case OP_RELU: return v < (A)0 ? (A)0 : v;
+    case OP_GELU: return (A)0.5 * v * ((A)1 + m_erf(v * (A)K_FRAC_1_SQRT_2));
+    case OP_GELU_TANH:
+        return (A)0.5 * v * ((A)1 + m_tanh((A)K_SQRT_2_OVER_PI * (v + (A)K_GELU_C * v * v * v)));
+    case OP_SILU: return v / ((A)1 + m_exp(-v));
+    case OP_SIGMOID: return sigmoid_(v);
+    case OP_TANH: return m_tanh(v);
+    case OP_NEG: return -v;
+    case OP_EXP: return m_exp(v);
+    case OP_LOG: return m_log(v);
+    case OP_SQRT: return m_sqrt(v);
+    case OP_RECIP: return (A)1 / v;
+    case OP_ABS: return v < (A)0 ? -v : v;
+    case OP_ERF: return m_erf(v);
+    case OP_LEAKY: return v >= (A)0 ? v : alpha * v;
+    default: return v;
+    }
+}
+
+// dy · f'(x).
+template <class A> __device__ __forceinline__ A act_bwd(int op, A g, A v, A alpha) {
+    switch (op) {
+    case OP_RELU: return v > (A)0 ? g : (A)0;
+    case OP_GELU: {
+        A cdf = (A)0.5 * ((A)1 + m_erf(v * (A)K_FRAC_1_SQRT_2));
+        A pdf = (A)(0.5 * K_FRAC_2_SQRT_PI * K_FRAC_1_SQRT_2) * m_exp((A)-0.5 * v * v);
+        return g * (cdf + v * pdf);
+    }
+    case OP_GELU_TANH: {
+        A k = (A)K_SQRT_2_OVER_PI, x2 = v * v;
+        A t = m_tanh(k * (v + (A)K_GELU_C * x2 * v));
+        A du = k * ((A)1 + (A)(3.0 * K_GELU_C) * x2);
+        A h = (A)0.5;
+        return g * (h * ((A)1 + t) + h * v * ((A)1 - t * t) * du);
+    }
+    case OP_SILU: { A s = sigmoid_(v); return g * s * ((A)1 + v * ((A)1 - s)); }
+    case OP_SIGMOID: { A s = sigmoid_(v); return g * s * ((A)1 - s); }
+    case OP_TANH: { A t = m_tanh(v); return g * ((A)1 - t * t); }
+    case OP_NEG: return -g;
+    case OP_EXP: return g * m_exp(v);
+    case OP_LOG: return g / v;
+    case OP_SQRT: return g * (A)0.5 / m_sqrt(v);
+    case OP_RECIP: return -g / (v * v);
+    case OP_ABS: return v > (A)0 ? g : (v < (A)0 ? -g : (A)0);
+    case OP_ERF: return g * (A)K_FRAC_2_SQRT_PI * m_exp(-v * v);
+    case OP_LEAKY: return v > (A)0 ? g : alpha * g;
+    default: return g;
+    }
+}
+
+template <class T> __device__ void unary_k(const T* x, T* y, i64 n, int op, float alpha) {
+    typedef typename Num<T>::A A;
+    GRID_STRIDE(i, n) y[i] = st<T>(act_fwd<A>(op, ld(x[i]), (A)alpha));
+}
+
+// Neg, Abs, Relu on integers (wrapping negation, as the CPU).
+template <class T> __device__ void signop_k(const T* x, T* y, i64 n, int op) {
+    GRID_STRIDE(i, n) {
+        i64 v = ld(x[i]);
+        i64 neg = (i64)(0ull - (u64)v);
+        y[i] = st<T>(op == OP_NEG ? neg : op == OP_ABS ? (v < 0 ? neg : v) : (v < 0 ? 0 : v));
+    }
+}
+
+// dX = dY · f'(X) with dY and X broadcast to the output (operands 0 and 1 of `s`).
+template <class T> __device__ void unary_grad_k(const T* dy, const T* x, T* dx, Strided s, i64 n, int op, float alpha) {
+    typedef typename Num<T>::A A;
+    GRID_STRIDE(i, n) dx[i] = st<T>(act_bwd<A>(op, ld(dy[offset_of(s, 0, i)]), ld(x[offset_of(s, 1, i)]), (A)alpha));
+}
+
+// Y = act(Pre) + residual (residual broadcast as operand 0 of `s`; null for none).
+template <class T> __device__ void act_epilogue_k(const T* pre, const T* res, T* y, Strided s, i64 n, int op) {
+    typedef typename Num<T>::A A;
+    GRID_STRIDE(i, n) {
+        A v = act_fwd<A>(op, ld(pre[i]), (A)0);
+        if (res) v += ld(res[offset_of(s, 0, i)]);
+        y[i] = st<T>(v);
+    }
+}
+
+#define BIN_ADD 0
+#define BIN_SUB 1
+#define BIN_MUL 2
+#define BIN_DIV 3
+
+template <class A> __device__ __forceinline__ A arith(int op, A a, A b) {
+    switch (op) {
+    case BIN_ADD: return a + b;
+    case BIN_SUB: return a - b;
+    case BIN_MUL: return a * b;
+    default: return a / b;
+    }
+}
+// Integers wrap on overflow, as numpy (signed overflow is undefined in C: go unsigned).
+template <> __device__ __forceinline__ i64 arith<i64>(int op, i64 a, i64 b) {
+    switch (op) {
+    case BIN_ADD: return (i64)((u64)a + (u64)b);
+    case BIN_SUB: return (i64)((u64)a - (u64)b);
+    case BIN_MUL: return (i64)((u64)a * (u64)b);
+    default: return (a == (i64)0x8000000000000000ll && b == -1) ? a : a / b;
+    }
+}
+
+template <class T> __device__ void binary_k(const T* a, const T* b, T* out, Strided s, i64 n, int op) {
+    typedef typename Num<T>::A A;
+    GRID_STRIDE(i, n) out[i] = st<T>(arith<A>(op, ld(a[offset_of(s, 0, i)]), ld(b[offset_of(s, 1, i)])));
+}
+
+#define CMP_EQ 0
+#define CMP_LT 1
+#define CMP_GT 2
+template <class T> __device__ void compare_k(const T* a, const T* b, unsigned char* out, Strided s, i64 n, int op) {
+    GRID_STRIDE(i, n) {
+        auto x = ld(a[offset_of(s, 0, i)]);
+        auto y = ld(b[offset_of(s, 1, i)]);
+        out[i] = op == CMP_EQ ? x == y : op == CMP_LT ? x < y : x > y;
+    }
+}
+
+// Pow with the exponent already in the base's accumulation type (the host casts it).
+template <class A> __device__ __forceinline__ A pow_(A a, A e) { return m_pow(a, e); }
+// Integer base, non-negative integer exponent (checked by the host): exact, wrapping.
+template <> __device__ __forceinline__ i64 pow_<i64>(i64 a, i64 e) {
+    u64 r = 1, b = (u64)a;
+    while (e > 0) {
+        if (e & 1) r *= b;
+        b *= b;
+        e >>= 1;
+    }
+    return (i64)r;
+}
+template <class T> __device__ void pow_k(const T* a, const typename Num<T>::A* e, T* out, Strided s, i64 n) {
+    GRID_STRIDE(i, n) out[i] = st<T>(pow_(ld(a[offset_of(s, 0, i)]), e[offset_of(s, 1, i)]));
+}
+
+// Min first, then max: with min > max every value becomes max, as ONNX says.
+template <class T> __device__ void clip_k(const T* x, const T* lo, const T* hi, T* y, i64 n) {
+    GRID_STRIDE(i, n) {
+        auto v = ld(x[i]);
+        if (lo && v < ld(lo[0])) v = ld(lo[0]);
+        if (hi && v > ld(hi[0])) v = ld(hi[0]);
+        y[i] = st<T>(v);
+    }
+}
+
+template <class W> __device__ void where_k(const unsigned char* c, const W* a, const W* b, W* out, Strided s, i64 n) {
+    GRID_STRIDE(i, n) out[i] = c[offset_of(s, 0, i)] ? a[offset_of(s, 1, i)] : b[offset_of(s, 2, i)];
+}
+
+// Keeps the upper (j - i >= k) or lower (j - i <= k) triangle of every trailing matrix.
+template <class W> __device__ void trilu_k(const W* x, W* y, i64 n, i64 rows, i64 cols, i64 k, int upper) {
+    GRID_STRIDE(i, n) {
+        i64 j = i % cols, r = (i / cols) % rows, d = j - r;
+        y[i] = ((upper && d >= k) || (!upper && d <= k)) ? x[i] : (W)0;
+    }
+}
+
+// SplitMix64, bit for bit the CPU's (src/rng.rs): element i keeps iff
+// uniform(Rng::new(base + i)) >= ratio, so CPU and CUDA masks are identical.
+__device__ __forceinline__ double splitmix_uniform(u64 seed) {
+    u64 z = (seed ^ 0x9E3779B97F4A7C15ull) + 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (double)(z >> 11) * (1.0 / 9007199254740992.0);
+}
+template <class T> __device__ void dropout_k(const T* x, T* y, unsigned char* mask, i64 n, u64 base, double ratio, double scale) {
+    typedef typename Num<T>::A A;
+    GRID_STRIDE(i, n) {
+        bool keep = splitmix_uniform(base + (u64)i) >= ratio;
+        y[i] = st<T>(keep ? ld(x[i]) * (A)scale : (A)0);
+        if (mask) mask[i] = keep;
+    }
+}
+
+template <class S, class D> __device__ void cast_k(const S* x, D* y, i64 n) {
+    GRID_STRIDE(i, n) y[i] = cast_from_f64<D>(to_f64(x[i]));
+}
+
+#define INST_FLOAT(T, S)                                                                          \
+    extern "C" __global__ void unary_##S(const T* x, T* y, i64 n, int op, float alpha) { unary_k<T>(x, y, n, op, alpha); } \
+    extern "C" __global__ void unary_grad_##S(const T* dy, const T* x, T* dx, Strided s, i64 n, int op, float alpha) { unary_grad_k<T>(dy, x, dx, s, n, op, alpha); } \
+    extern "C" __global__ void act_epilogue_##S(const T* p, const T* r, T* y, Strided s, i64 n, int op) { act_epilogue_k<T>(p, r, y, s, n, op); } \
+    extern "C" __global__ void dropout_##S(const T* x, T* y, unsigned char* m, i64 n, u64 base, double ratio, double scale) { dropout_k<T>(x, y, m, n, base, ratio, scale); }
+FOR_FLOATS(INST_FLOAT)
+
+#define INST_INT(T, S) \
+    extern "C" __global__ void signop_##S(const T* x, T* y, i64 n, int op) { signop_k<T>(x, y, n, op); }
+FOR_INTS(INST_INT)
+
+#define INST_NUM(T, S)                                                                            \
+    extern "C" __global__ void binary_##S(const T* a, const T* b, T* o, Strided s, i64 n, int op) { binary_k<T>(a, b, o, s, n, op); } \
+    extern "C" __global__ void pow_##S(const T* a, const Num<T>::A* e, T* o, Strided s, i64 n) { pow_k<T>(a, e, o, s, n); } \
+    extern "C" __global__ void clip_##S(const T* x, const T* lo, const T* hi, T* y, i64 n) { clip_k<T>(x, lo, hi, y, n); }
+FOR_NUMS(INST_NUM)
+
+#define INST_ALL(T, S) \
+    extern "C" __global__ void compare_##S(const T* a, const T* b, unsigned char* o, Strided s, i64 n, int op) { compare_k<T>(a, b, o, s, n, op); }
+FOR_ALL(INST_ALL)
+
+#define INST_WORD(W, S)                                                                           \
+    extern "C" __global__ void where_##S(const unsigned char* c, const W* a, const W* b, W* o, Strided s, i64 n) { where_k<W>(c, a, b, o, s, n); } \
+    extern "C" __global__ void trilu_##S(const W* x, W* y, i64 n, i64 rows, i64 cols, i64 k, int upper) { trilu_k<W>(x, y, n, rows, cols, k, upper); }
+FOR_WORDS(INST_WORD)
+
+#define INST_CAST_TO(D, DS, S, SS) \
+    extern "C" __global__ void cast_##SS##_##DS(const S* x, D* y, i64 n) { cast_k<S, D>(x, y, n); }
+#define INST_CAST_FROM(S, SS)                                                                     \
+    INST_CAST_TO(float, f32, S, SS) INST_CAST_TO(double, f64, S, SS) INST_CAST_TO(f16, f16, S, SS) \
+    INST_CAST_TO(bf16, bf16, S, SS) INST_CAST_TO(i64, i64, S, SS) INST_CAST_TO(int, i32, S, SS)   \
+    INST_CAST_TO(unsigned char, bool, S, SS)
+FOR_ALL(INST_CAST_FROM)

@@ -1,0 +1,35 @@
+// Optimizer steps on a parameter in place, PyTorch's rules exactly as the CPU backend's
+// (src/backends/cpu/optim.rs): state in f32 (f64 for f64 parameters), constants rounded
+// to the state type before use.
+
+template <class T> __device__ void sgd_k(T* p, const T* g, typename Num<T>::A* buf, i64 n, double lr, double mu, double wd) {
+    typedef typename Num<T>::A A;
+    GRID_STRIDE(i, n) {
+        A pv = ld(p[i]);
+        A d = ld(g[i]) + (A)wd * pv;
+        if (buf) {
+            buf[i] = (A)mu * buf[i] + d;
+            d = buf[i];
+        }
+        p[i] = st<T>(pv - (A)lr * d);
+    }
+}
+
+// p -= lr/bc1 · m / (sqrt(v)/sqrt(bc2) + eps); AdamW decays p first, Adam adds wd·p to g.
+template <class T> __device__ void adam_k(T* p, const T* g, typename Num<T>::A* m, typename Num<T>::A* v, i64 n, double step_size, double sq_bc2, double b1, double b2, double eps, double wd, double decay, int decoupled) {
+    typedef typename Num<T>::A A;
+    GRID_STRIDE(i, n) {
+        A pv = ld(p[i]), gv = ld(g[i]);
+        if (decoupled) pv = pv * (A)decay;
+        else gv = gv + (A)wd * pv;
+        m[i] = (A)b1 * m[i] + ((A)1 - (A)b1) * gv;
+        v[i] = (A)b2 * v[i] + ((A)1 - (A)b2) * gv * gv;
+        pv = pv - (A)step_size * m[i] / (m_sqrt(v[i]) / (A)sq_bc2 + (A)eps);
+        p[i] = st<T>(pv);
+    }
+}
+
+#define INST_OPT(T, S)                                                                            \
+    extern "C" __global__ void sgd_##S(T* p, const T* g, Num<T>::A* b, i64 n, double lr, double mu, double wd) { sgd_k<T>(p, g, b, n, lr, mu, wd); } \
+    extern "C" __global__ void adam_##S(T* p, const T* g, Num<T>::A* m, Num<T>::A* v, i64 n, double ss, double sq, double b1, double b2, double eps, double wd, double decay, int dec) { adam_k<T>(p, g, m, v, n, ss, sq, b1, b2, eps, wd, decay, dec); }
+FOR_FLOATS(INST_OPT)

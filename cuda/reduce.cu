@@ -1,0 +1,204 @@
+// Row-wise family: ReduceSum/Mean/Max, Softmax/LogSoftmax and their gradient,
+// LayerNormalization forward and backward, SoftmaxCrossEntropyLoss and its gradient.
+// One block per row, accumulation in f32 (f64 for f64), as the CPU backend.
+
+template <class T> struct Lowest { static __device__ typename Num<T>::A get() { return neg_inf((typename Num<T>::A)0); } };
+template <> struct Lowest<i64> { static __device__ i64 get() { return (i64)0x8000000000000000ll; } };
+template <> struct Lowest<int> { static __device__ i64 get() { return -2147483647ll - 1; } };
+
+// One block per output: `kept` walks the outputs (shape and x strides of the kept dims),
+// `red` the reduced elements of one output.
+template <class T> __device__ void reduce_k(const T* x, T* y, Strided kept, Strided red, i64 n_red, int kind) {
+    typedef typename Num<T>::A A;
+    i64 o = blockIdx.x;
+    i64 base = offset_of(kept, 0, o);
+    bool is_max = kind == 2;
+    A ident = is_max ? Lowest<T>::get() : (A)0;
+    A acc = ident;
+    for (i64 r = threadIdx.x; r < n_red; r += blockDim.x) {
+        A v = ld(x[base + offset_of(red, 0, r)]);
+        acc = is_max ? nan_max(acc, v) : acc + v;
+    }
+    acc = is_max ? block_reduce(acc, ident, MaxOp()) : block_reduce(acc, (A)0, SumOp());
+    if (threadIdx.x == 0) {
+        // An empty float mean is 0/0 = NaN; an integer one divides by 1.
+        if (kind == 1) {
+            bool is_int = (A)0.5 == (A)0;
+            acc = acc / (A)((is_int && n_red == 0) ? 1 : n_red);
+        }
+        y[o] = st<T>(acc);
+    }
+}
+
+// One block per (outer, inner) row of n elements `inner` apart.
+template <class T> __device__ void softmax_k(const T* x, T* y, i64 n, i64 inner, int log) {
+    typedef typename Num<T>::A A;
+    i64 row = blockIdx.x, o = row / inner, c = row % inner;
+    const T* xr = x + o * n * inner + c;
+    T* yr = y + o * n * inner + c;
+    A m = neg_inf((A)0);
+    for (i64 j = threadIdx.x; j < n; j += blockDim.x) m = nan_max(m, ld(xr[j * inner]));
+    m = block_max(m);
+    A s = 0;
+    for (i64 j = threadIdx.x; j < n; j += blockDim.x) s += m_exp(ld(xr[j * inner]) - m);
+    s = block_sum(s);
+    if (log) {
+        A lse = m + m_log(s);
+        for (i64 j = threadIdx.x; j < n; j += blockDim.x) yr[j * inner] = st<T>(ld(xr[j * inner]) - lse);
+    } else {
+        A r = (A)1 / s;
+        for (i64 j = threadIdx.x; j < n; j += blockDim.x) yr[j * inner] = st<T>(m_exp(ld(xr[j * inner]) - m) * r);
+    }
+}
+
+// y·(dy - Σ dy·y), or dy - exp(y)·Σ dy for LogSoftmax.
+template <class T> __device__ void softmax_grad_k(const T* dy, const T* y, T* dx, i64 n, i64 inner, int log) {
+    typedef typename Num<T>::A A;
+    i64 row = blockIdx.x, off = (row / inner) * n * inner + row % inner;
+    A s = 0;
+    for (i64 j = threadIdx.x; j < n; j += blockDim.x) {
+        A d = ld(dy[off + j * inner]);
+        s += log ? d : d * ld(y[off + j * inner]);
+    }
+    s = block_sum(s);
+    for (i64 j = threadIdx.x; j < n; j += blockDim.x) {
+        A d = ld(dy[off + j * inner]), v = ld(y[off + j * inner]);
+        dx[off + j * inner] = st<T>(log ? d - m_exp(v) * s : v * (d - s));
+    }
+}
+
+// One block per row of n; scale and bias already expanded to n by the host. Two passes:
+// the variance of centred values does not cancel catastrophically.
+template <class T> __device__ void layer_norm_k(const T* x, const T* g, const T* b, T* y, typename Num<T>::A* mean_out, typename Num<T>::A* inv_out, i64 n, float eps) {
+    typedef typename Num<T>::A A;
+    const T* xr = x + blockIdx.x * n;
+    T* yr = y + blockIdx.x * n;
+    A s = 0;
+    for (i64 j = threadIdx.x; j < n; j += blockDim.x) s += ld(xr[j]);
+    A mean = block_sum(s) / (A)n;
+    A v = 0;
+    for (i64 j = threadIdx.x; j < n; j += blockDim.x) { A d = ld(xr[j]) - mean; v += d * d; }
+    A var = block_sum(v) / (A)n;
+    A inv = (A)1 / m_sqrt(var + (A)eps);
+    for (i64 j = threadIdx.x; j < n; j += blockDim.x) {
+        A z = (ld(xr[j]) - mean) * inv * ld(g[j]);
+        yr[j] = st<T>(b ? z + ld(b[j]) : z);
+    }
+    if (threadIdx.x == 0) {
+        if (mean_out) mean_out[blockIdx.x] = mean;
+        if (inv_out) inv_out[blockIdx.x] = inv;
+    }
+}
+
+// dx = inv·(g - mean(g) - xhat·mean(g·xhat)) per row, with g = dy·scale.
+template <class T> __device__ void layer_norm_dx_k(const T* dy, const T* x, const T* scale, const typename Num<T>::A* mean, const typename Num<T>::A* inv, T* dx, i64 n) {
+    typedef typename Num<T>::A A;
+    i64 off = blockIdx.x * n;
+    A m = mean[blockIdx.x], iv = inv[blockIdx.x];
+    A sg = 0, sgx = 0;
+    for (i64 j = threadIdx.x; j < n; j += blockDim.x) {
+        A gj = ld(dy[off + j]) * ld(scale[j]);
+        sg += gj;
+        sgx += gj * (ld(x[off + j]) - m) * iv;
+    }
+    A mg = block_sum(sg) / (A)n, mgx = block_sum(sgx) / (A)n;
+    for (i64 j = threadIdx.x; j < n; j += blockDim.x) {
+        A xhat = (ld(x[off + j]) - m) * iv;
+        dx[off + j] = st<T>(iv * (ld(dy[off + j]) * ld(scale[j]) - mg - xhat * mgx));
+    }
+}
+
+// dScale = Σ_rows dy·xhat, dB = Σ_rows dy: one thread per column, rows in order.
+template <class T> __device__ void layer_norm_dparams_k(const T* dy, const T* x, const typename Num<T>::A* mean, const typename Num<T>::A* inv, T* ds, T* db, i64 rows, i64 n) {
+    typedef typename Num<T>::A A;
+    GRID_STRIDE(j, n) {
+        A s = 0, b = 0;
+        for (i64 r = 0; r < rows; ++r) {
+            A d = ld(dy[r * n + j]);
+            s += d * (ld(x[r * n + j]) - mean[r]) * inv[r];
+            b += d;
+        }
+        if (ds) ds[j] = st<T>(s);
+        if (db) db[j] = st<T>(b);
+    }
+}
+
+// Log-sum-exp over the C classes of element (i, p) of scores `[N, C, d]`.
+template <class T> __device__ typename Num<T>::A class_lse(const T* xb, i64 c, i64 d) {
+    typedef typename Num<T>::A A;
+    A m = neg_inf((A)0), s = 0;
+    for (i64 k = 0; k < c; ++k) m = nan_max(m, ld(xb[k * d]));
+    for (i64 k = 0; k < c; ++k) s += m_exp(ld(xb[k * d]) - m);
+    return m + m_log(s);
+}
+
+// Per element e = (i, p): its weight (0 where ignored, w[label] or 1) and loss; log_prob
+// when asked for. Labels are validated i64 (host).
+template <class T> __device__ void sce_rows_k(const T* x, const i64* labels, const T* weights, typename Num<T>::A* loss, typename Num<T>::A* wt, T* logp, i64 c, i64 d, i64 ne, i64 ignore, int has_ignore) {
+    typedef typename Num<T>::A A;
+    GRID_STRIDE(e, ne) {
+        i64 i = e / d, p = e % d;
+        const T* xb = x + i * c * d + p;
+        A lse = class_lse(xb, c, d);
+        i64 l = labels[e];
+        A w = (has_ignore && l == ignore) ? (A)0 : (weights ? ld(weights[l]) : (A)1);
+        wt[e] = w;
+        loss[e] = w == (A)0 ? (A)0 : -w * (ld(xb[l * d]) - lse);
+        if (logp)
+            for (i64 k = 0; k < c; ++k) logp[i * c * d + k * d + p] = st<T>(ld(xb[k * d]) - lse);
+    }
+}
+
+// reduction 0 none (grid-wide), 1 sum, 2 mean (Σ w·loss / Σ w; one block).
+template <class T> __device__ void sce_reduce_k(const typename Num<T>::A* loss, const typename Num<T>::A* wt, T* out, i64 ne, int reduction) {
+    typedef typename Num<T>::A A;
+    if (reduction == 0) {
+        GRID_STRIDE(e, ne) out[e] = st<T>(loss[e]);
+        return;
+    }
+    A s = 0, w = 0;
+    for (i64 e = threadIdx.x; e < ne; e += blockDim.x) { s += loss[e]; w += wt[e]; }
+    s = block_sum(s);
+    w = block_sum(w);
+    if (threadIdx.x == 0) out[0] = st<T>(reduction == 2 ? s / w : s);
+}
+
+// (softmax - onehot) · w · dloss / denom; denom = Σ w for mean, else 1.
+template <class T> __device__ void sce_grad_k(const T* x, const i64* labels, const typename Num<T>::A* wt, const T* dloss, T* dx, i64 c, i64 d, i64 ne, int reduction) {
+    typedef typename Num<T>::A A;
+    __shared__ A denom_s;
+    if (reduction == 2) {
+        A w = 0;
+        for (i64 e = threadIdx.x; e < ne; e += blockDim.x) w += wt[e];
+        w = block_sum(w);
+        if (threadIdx.x == 0) denom_s = w;
+        __syncthreads();
+    }
+    A denom = reduction == 2 ? denom_s : (A)1;
+    GRID_STRIDE(e, ne) {
+        i64 i = e / d, p = e % d;
+        const T* xb = x + i * c * d + p;
+        A w = wt[e];
+        A coef = w == (A)0 ? (A)0 : w * ld(dloss[reduction == 0 ? e : 0]) / denom;
+        A lse = class_lse(xb, c, d);
+        for (i64 k = 0; k < c; ++k) {
+            A hot = labels[e] == k ? (A)1 : (A)0;
+            dx[i * c * d + k * d + p] = st<T>((m_exp(ld(xb[k * d]) - lse) - hot) * coef);
+        }
+    }
+}
+
+#define INST_REDUCE_NUM(T, S) \
+    extern "C" __global__ void reduce_##S(const T* x, T* y, Strided kept, Strided red, i64 n_red, int kind) { reduce_k<T>(x, y, kept, red, n_red, kind); }
+FOR_NUMS(INST_REDUCE_NUM)
+
+#define INST_REDUCE_FLOAT(T, S)                                                                   \
+    extern "C" __global__ void softmax_##S(const T* x, T* y, i64 n, i64 inner, int log) { softmax_k<T>(x, y, n, inner, log); } \
+    extern "C" __global__ void softmax_grad_##S(const T* dy, const T* y, T* dx, i64 n, i64 inner, int log) { softmax_grad_k<T>(dy, y, dx, n, inner, log); } \
+    extern "C" __global__ void layer_norm_##S(const T* x, const T* g, const T* b, T* y, Num<T>::A* m, Num<T>::A* iv, i64 n, float eps) { layer_norm_k<T>(x, g, b, y, m, iv, n, eps); } \
+    extern "C" __global__ void layer_norm_dx_##S(const T* dy, const T* x, const T* g, const Num<T>::A* m, const Num<T>::A* iv, T* dx, i64 n) { layer_norm_dx_k<T>(dy, x, g, m, iv, dx, n); } \
+    extern "C" __global__ void layer_norm_dparams_##S(const T* dy, const T* x, const Num<T>::A* m, const Num<T>::A* iv, T* ds, T* db, i64 rows, i64 n) { layer_norm_dparams_k<T>(dy, x, m, iv, ds, db, rows, n); } \
+    extern "C" __global__ void sce_rows_##S(const T* x, const i64* l, const T* w, Num<T>::A* loss, Num<T>::A* wt, T* lp, i64 c, i64 d, i64 ne, i64 ig, int hi) { sce_rows_k<T>(x, l, w, loss, wt, lp, c, d, ne, ig, hi); } \
+    extern "C" __global__ void sce_reduce_##S(const Num<T>::A* loss, const Num<T>::A* wt, T* o, i64 ne, int r) { sce_reduce_k<T>(loss, wt, o, ne, r); } \
+    extern "C" __global__ void sce_grad_##S(const T* x, const i64* l, const Num<T>::A* wt, const T* dl, T* dx, i64 c, i64 d, i64 ne, int r) { sce_grad_k<T>(x, l, wt, dl, dx, c, d, ne, r); }
+FOR_FLOATS(INST_REDUCE_FLOAT)

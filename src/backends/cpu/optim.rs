@@ -1,0 +1,124 @@
+//! Optimizer steps (SGD with momentum, Adam, AdamW) on host parameters, in place, with
+//! PyTorch's update rules. State is kept in f32 (f64 for f64 parameters), so half
+//! precision parameters still accumulate their moments accurately.
+
+use crate::error::Result;
+use crate::graph::Optimizer;
+use crate::tensor::{Float, Real, Tensor};
+
+use num_traits::Float as _;
+use rayon::prelude::*;
+
+pub fn update(
+    opt: &Optimizer,
+    t: u64,
+    param: &mut Tensor,
+    grad: &Tensor,
+    state: &mut [Tensor],
+) -> Result<()> {
+    if grad.dtype() != param.dtype() || grad.shape() != param.shape() {
+        crate::bail!(
+            Runtime,
+            "gradient {}{} does not match the parameter {}{}",
+            grad.dtype(),
+            crate::tensor::fmt_shape(grad.shape()),
+            param.dtype(),
+            crate::tensor::fmt_shape(param.shape())
+        );
+    }
+    crate::with_float!(param.dtype(), T => { step::<T>(opt, t, param, grad, state); Ok(()) },
+        _ => Err(crate::err!(Runtime, "cannot train a {} parameter", param.dtype())))
+}
+
+/// Elements per parallel task.
+const CHUNK: usize = 1 << 14;
+
+fn step<T: Float>(opt: &Optimizer, t: u64, param: &mut Tensor, grad: &Tensor, state: &mut [Tensor])
+where
+    T::Acc: crate::tensor::Elem,
+{
+    let c = |v: f64| T::Acc::c(v);
+    let g = grad.as_slice::<T>();
+    let p = param.as_mut_slice::<T>();
+    match *opt {
+        Optimizer::Sgd {
+            lr,
+            momentum,
+            weight_decay,
+        } => {
+            let (lr, mu, wd) = (c(lr), c(momentum), c(weight_decay));
+            let mut buf = state.first_mut().map(|b| b.as_mut_slice::<T::Acc>());
+            let one = |p: &mut T, g: T, b: Option<&mut T::Acc>| {
+                let pv = p.to_acc();
+                let mut d = g.to_acc() + wd * pv;
+                if let Some(b) = b {
+                    *b = mu * *b + d;
+                    d = *b;
+                }
+                *p = T::from_acc(pv - lr * d);
+            };
+            match buf.as_mut() {
+                Some(b) => p
+                    .par_chunks_mut(CHUNK)
+                    .zip(g.par_chunks(CHUNK))
+                    .zip(b.par_chunks_mut(CHUNK))
+                    .for_each(|((p, g), b)| {
+                        for ((p, g), b) in p.iter_mut().zip(g).zip(b) {
+                            one(p, *g, Some(b));
+                        }
+                    }),
+                None => p
+                    .par_chunks_mut(CHUNK)
+                    .zip(g.par_chunks(CHUNK))
+                    .for_each(|(p, g)| {
+                        for (p, g) in p.iter_mut().zip(g) {
+                            one(p, *g, None);
+                        }
+                    }),
+            }
+        }
+        Optimizer::Adam {
+            lr,
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+        }
+        | Optimizer::AdamW {
+            lr,
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+        } => {
+            let decoupled = matches!(opt, Optimizer::AdamW { .. });
+            let ti = t.min(i32::MAX as u64) as i32;
+            let (bc1, bc2) = (1.0 - beta1.powi(ti), 1.0 - beta2.powi(ti));
+            // PyTorch: p -= lr/bc1 · m / (sqrt(v)/sqrt(bc2) + eps).
+            let (step_size, sq_bc2) = (c(lr / bc1), c(bc2.sqrt()));
+            let (b1, b2, eps, wd) = (c(beta1), c(beta2), c(eps), c(weight_decay));
+            let decay = c(1.0 - lr * weight_decay);
+            let (m, v) = state.split_at_mut(1);
+            let (m, v) = (m[0].as_mut_slice::<T::Acc>(), v[0].as_mut_slice::<T::Acc>());
+            let one = c(1.0);
+            p.par_chunks_mut(CHUNK)
+                .zip(g.par_chunks(CHUNK))
+                .zip(m.par_chunks_mut(CHUNK).zip(v.par_chunks_mut(CHUNK)))
+                .for_each(|((p, g), (m, v))| {
+                    for (((p, g), m), v) in p.iter_mut().zip(g).zip(m).zip(v) {
+                        let mut pv = p.to_acc();
+                        let mut gv = g.to_acc();
+                        if decoupled {
+                            pv = pv * decay;
+                        } else {
+                            gv = gv + wd * pv;
+                        }
+                        *m = b1 * *m + (one - b1) * gv;
+                        *v = b2 * *v + (one - b2) * gv * gv;
+                        pv = pv - step_size * *m / ((*v).sqrt() / sq_bc2 + eps);
+                        *p = T::from_acc(pv);
+                    }
+                });
+        }
+    }
+}

@@ -1,0 +1,369 @@
+//! Attention and VarlenAttention on CUDA (cuda/attention.cu), forward with the optional
+//! LSE output and backward from it. Shapes, masks and cu_seqlens are checked here; the
+//! kernels take one `AttnGeom` that describes either layout.
+
+use super::device::{suffix, Arg};
+use super::{unsupported, Cuda, V};
+use crate::error::Result;
+use crate::graph::Node;
+use crate::tensor::DType;
+use cudarc::driver::{CudaSlice, DeviceRepr};
+
+/// Head sizes up to this run (32 lanes × ATT_VEC elements in cuda/attention.cu).
+const MAX_HEAD: usize = 256;
+
+/// cuda/attention.cu `AttnGeom`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AttnGeom {
+    hq: i64,
+    hkv: i64,
+    sq: i64,
+    skv: i64,
+    d: i64,
+    dv: i64,
+    ms: [i64; 4],
+    rows: i64,
+    nseq: i64,
+    scale: f64,
+    varlen: i32,
+    causal: i32,
+    mask_kind: i32,
+}
+// Safety: plain old data laid out as the C struct.
+unsafe impl DeviceRepr for AttnGeom {}
+
+/// Threads per block: 8 warps, one row each.
+const BLOCK: u32 = 256;
+
+fn grid(rows: usize) -> u32 {
+    (rows * 32).div_ceil(BLOCK as usize) as u32
+}
+
+fn check_heads(node: &Node, q: &V, d: usize, dv: usize) -> Result<()> {
+    if !q.dtype().is_float() {
+        return Err(unsupported(node, q.dtype()));
+    }
+    if d > MAX_HEAD || dv > MAX_HEAD {
+        crate::bail!(
+            Runtime,
+            "{}: the cuda backend takes head sizes up to {MAX_HEAD}, got D = {d}, Dv = {dv}",
+            node.describe()
+        );
+    }
+    Ok(())
+}
+
+fn default_scale(d: usize, scale: Option<f32>) -> f64 {
+    scale.map_or(1.0 / (d as f64).sqrt(), |s| s as f64)
+}
+
+/// The geometry of Attention `Q [B, Hq, Sq, D]`, `K, V [B, Hkv, Skv, D|Dv]` and the mask
+/// (kind and broadcast strides over `[B, Hq, Sq, Skv]`).
+fn attention_geom(
+    node: &Node,
+    q: &V,
+    k: &V,
+    v: &V,
+    mask: Option<&V>,
+    causal: bool,
+    scale: Option<f32>,
+) -> Result<AttnGeom> {
+    let (qs, ks, vs) = (q.shape(), k.shape(), v.shape());
+    let (d, dv) = (qs[3], vs[3]);
+    check_heads(node, q, d, dv)?;
+    let (mut ms, mut kind) = ([0i64; 4], 0);
+    if let Some(m) = mask {
+        kind = match m.dtype() {
+            DType::Bool => 1,
+            dt if dt == q.dtype() => 2,
+            dt => crate::bail!(
+                Runtime,
+                "{}: attn_mask must be bool or {}, got {dt}",
+                node.describe(),
+                q.dtype()
+            ),
+        };
+        let mut s = 1i64;
+        for (i, &n) in m.shape().iter().enumerate().rev() {
+            ms[4 - m.shape().len() + i] = if n == 1 { 0 } else { s };
+            s *= n as i64;
+        }
+    }
+    Ok(AttnGeom {
+        hq: qs[1] as i64,
+        hkv: ks[1] as i64,
+        sq: qs[2] as i64,
+        skv: ks[2] as i64,
+        d: d as i64,
+        dv: dv as i64,
+        ms,
+        rows: (qs[0] * qs[1] * qs[2]) as i64,
+        nseq: 0,
+        varlen: 0,
+        causal: causal as i32,
+        mask_kind: kind,
+        scale: default_scale(d, scale),
+    })
+}
+
+/// Validated cu_seqlens (start 0, never decreasing, ending at the packed length) on the
+/// device, and their sequence count.
+fn cu_seqlens(
+    c: &Cuda,
+    node: &Node,
+    cu: [&V; 2],
+    totals: [usize; 2],
+) -> Result<([CudaSlice<i64>; 2], usize)> {
+    let (q, k) = (c.read(cu[0])?.to_i64_vec(), c.read(cu[1])?.to_i64_vec());
+    if q.len() != k.len() || q.is_empty() {
+        crate::bail!(
+            Runtime,
+            "{}: cu_seqlens_q and cu_seqlens_k must have the same number (B+1 >= 1) of entries, got {} and {}",
+            node.describe(),
+            q.len(),
+            k.len()
+        );
+    }
+    for (cu, what, total) in [
+        (&q, "cu_seqlens_q", totals[0]),
+        (&k, "cu_seqlens_k", totals[1]),
+    ] {
+        if cu[0] != 0 || cu.windows(2).any(|w| w[1] < w[0]) || cu[cu.len() - 1] != total as i64 {
+            crate::bail!(
+                Runtime,
+                "{}: {what} must start at 0, never decrease and end at {total}, got {cu:?}",
+                node.describe()
+            );
+        }
+    }
+    Ok(([c.upload_vec(&q)?, c.upload_vec(&k)?], q.len() - 1))
+}
+
+/// The geometry of VarlenAttention `Q [Tq, Hq, D]`, `K, V [Tk, Hkv, D|Dv]`.
+fn varlen_geom(
+    node: &Node,
+    q: &V,
+    k: &V,
+    v: &V,
+    nseq: usize,
+    causal: bool,
+    scale: Option<f32>,
+) -> Result<AttnGeom> {
+    let (qs, ks, vs) = (q.shape(), k.shape(), v.shape());
+    let (d, dv) = (qs[2], vs[2]);
+    check_heads(node, q, d, dv)?;
+    Ok(AttnGeom {
+        hq: qs[1] as i64,
+        hkv: ks[1] as i64,
+        d: d as i64,
+        dv: dv as i64,
+        rows: (qs[0] * qs[1]) as i64,
+        nseq: nseq as i64,
+        varlen: 1,
+        causal: causal as i32,
+        scale: default_scale(d, scale),
+        ..Default::default()
+    })
+}
+
+fn wanted<'a>(outs: &'a [V<'a>], want: &[bool], i: usize) -> Option<&'a V<'a>> {
+    outs.get(i)
+        .filter(|_| want.get(i).copied().unwrap_or(false))
+}
+
+fn forward(
+    c: &Cuda,
+    g: AttnGeom,
+    qkv: [&V; 3],
+    mask: u64,
+    cu: [u64; 2],
+    outs: &[V],
+    want: &[bool],
+) -> Result<()> {
+    let [q, k, v] = qkv;
+    let lse = wanted(outs, want, 1).map_or(0, |l| l.p);
+    let args = [
+        Arg::Attn(g),
+        Arg::Ptr(q.p),
+        Arg::Ptr(k.p),
+        Arg::Ptr(v.p),
+        Arg::Ptr(mask),
+        Arg::Ptr(cu[0]),
+        Arg::Ptr(cu[1]),
+        Arg::Ptr(outs[0].p),
+        Arg::Ptr(lse),
+    ];
+    c.launch(
+        &format!("attn_fwd_{}", suffix(q.dtype())),
+        grid(g.rows as usize),
+        BLOCK,
+        &args,
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+pub fn attention(
+    c: &Cuda,
+    node: &Node,
+    qkv: [&V; 3],
+    mask: Option<V>,
+    causal: bool,
+    scale: Option<f32>,
+    outs: &[V],
+    want: &[bool],
+) -> Result<()> {
+    let [q, k, v] = qkv;
+    let g = attention_geom(node, q, k, v, mask.as_ref(), causal, scale)?;
+    forward(c, g, qkv, mask.map_or(0, |m| m.p), [0, 0], outs, want)
+}
+
+#[allow(clippy::too_many_arguments)]
+pub fn varlen(
+    c: &Cuda,
+    node: &Node,
+    qkv: [&V; 3],
+    cu: [&V; 2],
+    causal: bool,
+    scale: Option<f32>,
+    outs: &[V],
+    want: &[bool],
+) -> Result<()> {
+    let [q, k, v] = qkv;
+    let (cus, nseq) = cu_seqlens(c, node, cu, [q.shape()[0], k.shape()[0]])?;
+    let g = varlen_geom(node, q, k, v, nseq, causal, scale)?;
+    forward(c, g, qkv, 0, [c.addr(&cus[0]), c.addr(&cus[1])], outs, want)
+}
+
+/// The backward passes: delta = rowsum(dY∘Y), then dQ (and dMask) per query row, then dK
+/// and dV per key row; `key_rows` is how many key rows there are.
+#[allow(clippy::too_many_arguments)]
+fn backward(
+    c: &Cuda,
+    g: AttnGeom,
+    key_rows: usize,
+    ins: [&V; 4],
+    yl: [&V; 2],
+    mask: u64,
+    cu: [u64; 2],
+    outs: &[V],
+    want: &[bool],
+) -> Result<()> {
+    let [dy, q, k, v] = ins;
+    let [y, lse] = yl;
+    let sfx = suffix(q.dtype());
+    let acc = if q.dtype() == DType::F64 { 8 } else { 4 };
+    if lse.dtype().size() != acc {
+        crate::bail!(
+            Runtime,
+            "attention backward: LSE must be the statistics dtype, got {}",
+            lse.dtype()
+        );
+    }
+    let delta = c.zeros::<u8>(g.rows as usize * acc)?;
+    let dp = c.addr(&delta);
+    let rows = grid(g.rows as usize);
+    c.launch(
+        &format!("attn_delta_{sfx}"),
+        rows,
+        BLOCK,
+        &[Arg::Attn(g), Arg::Ptr(dy.p), Arg::Ptr(y.p), Arg::Ptr(dp)],
+    )?;
+    let dmask = wanted(outs, want, 3);
+    if let Some(m) = dmask {
+        c.memset0(m)?; // masked and skipped entries stay 0
+    }
+    let common = |g: AttnGeom| {
+        [
+            Arg::Attn(g),
+            Arg::Ptr(dy.p),
+            Arg::Ptr(q.p),
+            Arg::Ptr(k.p),
+            Arg::Ptr(v.p),
+            Arg::Ptr(mask),
+            Arg::Ptr(cu[0]),
+            Arg::Ptr(cu[1]),
+            Arg::Ptr(lse.p),
+            Arg::Ptr(dp),
+        ]
+    };
+    let (dq, dk, dv) = (
+        wanted(outs, want, 0),
+        wanted(outs, want, 1),
+        wanted(outs, want, 2),
+    );
+    if dq.is_some() || dmask.is_some() {
+        let mut args: Vec<Arg> = common(g).into();
+        args.push(Arg::Ptr(dq.map_or(0, |v| v.p)));
+        args.push(Arg::Ptr(dmask.map_or(0, |v| v.p)));
+        c.launch(&format!("attn_dq_{sfx}"), rows, BLOCK, &args)?;
+    }
+    if dk.is_some() || dv.is_some() {
+        let gk = AttnGeom {
+            rows: key_rows as i64,
+            ..g
+        };
+        let mut args: Vec<Arg> = common(gk).into();
+        args.push(Arg::Ptr(dk.map_or(0, |v| v.p)));
+        args.push(Arg::Ptr(dv.map_or(0, |v| v.p)));
+        c.launch(&format!("attn_dkv_{sfx}"), grid(key_rows), BLOCK, &args)?;
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+pub fn attention_grad(
+    c: &Cuda,
+    node: &Node,
+    ins: [&V; 4],
+    mask: Option<V>,
+    yl: [&V; 2],
+    causal: bool,
+    scale: Option<f32>,
+    outs: &[V],
+    want: &[bool],
+) -> Result<()> {
+    let [_, q, k, v] = ins;
+    let g = attention_geom(node, q, k, v, mask.as_ref(), causal, scale)?;
+    let key_rows = k.shape()[0] * k.shape()[1] * k.shape()[2];
+    backward(
+        c,
+        g,
+        key_rows,
+        ins,
+        yl,
+        mask.map_or(0, |m| m.p),
+        [0, 0],
+        outs,
+        want,
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+pub fn varlen_grad(
+    c: &Cuda,
+    node: &Node,
+    ins: [&V; 4],
+    cu: [&V; 2],
+    yl: [&V; 2],
+    causal: bool,
+    scale: Option<f32>,
+    outs: &[V],
+    want: &[bool],
+) -> Result<()> {
+    let [_, q, k, v] = ins;
+    let (cus, nseq) = cu_seqlens(c, node, cu, [q.shape()[0], k.shape()[0]])?;
+    let g = varlen_geom(node, q, k, v, nseq, causal, scale)?;
+    let key_rows = k.shape()[0] * k.shape()[1];
+    backward(
+        c,
+        g,
+        key_rows,
+        ins,
+        yl,
+        0,
+        [c.addr(&cus[0]), c.addr(&cus[1])],
+        outs,
+        want,
+    )
+}

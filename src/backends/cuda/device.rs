@@ -1,0 +1,324 @@
+//! The process-wide CUDA device: library probing (before cudarc touches a library, since
+//! it panics where one is missing), the context, and the kernels of `cuda/*.cu` compiled
+//! by NVRTC once per process for this device's compute capability. Also the launch helper
+//! the kernel families share.
+
+use crate::error::Result;
+use crate::tensor::DType;
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr,
+    LaunchConfig, PushKernelArg,
+};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// The kernel sources, compiled as one program (common.cuh first: the others use it).
+const SOURCES: [&str; 6] = [
+    include_str!("../../../cuda/common.cuh"),
+    include_str!("../../../cuda/elementwise.cu"),
+    include_str!("../../../cuda/reduce.cu"),
+    include_str!("../../../cuda/shape.cu"),
+    include_str!("../../../cuda/attention.cu"),
+    include_str!("../../../cuda/optimizer.cu"),
+];
+
+/// Shared by every CUDA backend instance of the process.
+pub struct Device {
+    pub ctx: Arc<CudaContext>,
+    pub name: String,
+    pub cc: (i32, i32),
+    module: Arc<CudaModule>,
+    functions: Mutex<HashMap<String, CudaFunction>>,
+}
+
+/// Why CUDA cannot be used here, in one line; `None` when the libraries load.
+fn missing_library() -> Option<&'static str> {
+    // Safety: these only try to dlopen the library.
+    unsafe {
+        if !cudarc::driver::sys::is_culib_present() {
+            return Some("the CUDA driver library (libcuda) is not installed on this machine");
+        }
+        if !cudarc::nvrtc::sys::is_culib_present() {
+            return Some("the NVRTC library (libnvrtc) of CUDA 13 is not found");
+        }
+        if !cudarc::cublaslt::sys::is_culib_present() {
+            return Some("the cuBLASLt library (libcublasLt) of CUDA 13 is not found");
+        }
+    }
+    None
+}
+
+/// The device, set up on first use; an error (never a panic) where there is none.
+pub fn device() -> Result<Arc<Device>> {
+    static DEVICE: OnceLock<std::result::Result<Arc<Device>, String>> = OnceLock::new();
+    DEVICE
+        .get_or_init(|| open().map(Arc::new))
+        .clone()
+        .map_err(|m| crate::err!(Runtime, "CUDA backend unavailable: {m}"))
+}
+
+/// Whether `--backend cuda` can run here (what tests and `doctor` ask).
+pub fn available() -> std::result::Result<(), String> {
+    device().map(|_| ()).map_err(|e| e.to_string())
+}
+
+fn open() -> std::result::Result<Device, String> {
+    if let Some(m) = missing_library() {
+        return Err(m.into());
+    }
+    cudarc::driver::result::init().map_err(|e| format!("CUDA driver init failed: {e:?}"))?;
+    let n = CudaContext::device_count().map_err(|e| format!("no CUDA device: {e:?}"))?;
+    if n < 1 {
+        return Err("no CUDA device is present".into());
+    }
+    let ctx = CudaContext::new(0).map_err(|e| format!("cannot open CUDA device 0: {e:?}"))?;
+    // Each backend instance uses one stream and its buffers never leave it, so cudarc's
+    // per-buffer cross-stream events are pure overhead.
+    // Safety: no buffer is shared between streams.
+    unsafe { ctx.disable_event_tracking() };
+    let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
+    let cc = ctx
+        .compute_capability()
+        .map_err(|e| format!("cannot read the compute capability: {e:?}"))?;
+    let ptx = compile(cc)?;
+    let module = ctx
+        .load_module(ptx)
+        .map_err(|e| format!("cannot load the compiled kernels: {e:?}"))?;
+    Ok(Device {
+        ctx,
+        name,
+        cc,
+        module,
+        functions: Mutex::new(HashMap::new()),
+    })
+}
+
+/// NVRTC compilation of every kernel for `compute_XY` of this device.
+fn compile(cc: (i32, i32)) -> std::result::Result<cudarc::nvrtc::Ptx, String> {
+    let src = SOURCES.join("\n");
+    let opts = cudarc::nvrtc::CompileOptions {
+        options: vec![
+            format!("--gpu-architecture=compute_{}{}", cc.0, cc.1),
+            "--std=c++17".into(),
+        ],
+        name: Some("graphrun.cu".into()),
+        ..Default::default()
+    };
+    cudarc::nvrtc::compile_ptx_with_opts(src, opts).map_err(|e| match e {
+        cudarc::nvrtc::CompileError::CompileError { log, .. } => {
+            format!("NVRTC failed on cuda/*.cu:\n{}", log.to_string_lossy())
+        }
+        e => format!("NVRTC failed: {e}"),
+    })
+}
+
+impl Device {
+    /// A kernel by name (looked up once, then cached).
+    pub fn function(&self, name: &str) -> Result<CudaFunction> {
+        let mut f = self
+            .functions
+            .lock()
+            .map_err(|_| crate::err!(Runtime, "CUDA kernel table poisoned"))?;
+        if let Some(k) = f.get(name) {
+            return Ok(k.clone());
+        }
+        let k = self
+            .module
+            .load_function(name)
+            .map_err(|e| crate::err!(Runtime, "CUDA kernel '{name}' not found: {e:?}"))?;
+        f.insert(name.to_string(), k.clone());
+        Ok(k)
+    }
+}
+
+/// What `graphrun doctor` prints about CUDA, one line per fact.
+pub fn doctor_lines() -> Vec<String> {
+    if let Some(m) = missing_library() {
+        return vec![format!("not available: {m}")];
+    }
+    let mut v = vec![];
+    // Safety: the libraries are present (checked above); these read version numbers.
+    unsafe {
+        let mut d = 0;
+        cudarc::driver::sys::cuDriverGetVersion(&mut d);
+        v.push(format!("driver: CUDA {}.{}", d / 1000, (d % 1000) / 10));
+        let (mut a, mut b) = (0, 0);
+        cudarc::nvrtc::sys::nvrtcVersion(&mut a, &mut b);
+        v.push(format!("NVRTC: {a}.{b}"));
+        let l = cudarc::cublaslt::sys::cublasLtGetVersion();
+        v.push(format!(
+            "cuBLASLt: {}.{}.{}",
+            l / 10000,
+            (l / 100) % 100,
+            l % 100
+        ));
+    }
+    match device() {
+        Ok(d) => v.push(format!(
+            "device 0: {} (compute capability {}.{}), kernels compiled for compute_{}{}",
+            d.name, d.cc.0, d.cc.1, d.cc.0, d.cc.1
+        )),
+        Err(e) => v.push(e.to_string()),
+    }
+    v
+}
+
+/// Kernel-name suffix of a dtype (the `M(type, suffix)` lists of cuda/common.cuh).
+pub fn suffix(dt: DType) -> &'static str {
+    match dt {
+        DType::F32 => "f32",
+        DType::F64 => "f64",
+        DType::F16 => "f16",
+        DType::BF16 => "bf16",
+        DType::I64 => "i64",
+        DType::I32 => "i32",
+        DType::Bool => "bool",
+    }
+}
+
+/// Suffix of the word type that moves elements of this dtype unchanged.
+pub fn word(dt: DType) -> &'static str {
+    match dt.size() {
+        1 => "w1",
+        2 => "w2",
+        4 => "w4",
+        _ => "w8",
+    }
+}
+
+/// Rank limit of `Strided` (MAXR in cuda/common.cuh).
+pub const MAXR: usize = 8;
+
+/// cuda/common.cuh `Strided`: a row-major walk over `shape` with up to three operands.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Strided {
+    rank: i32,
+    _pad: i32,
+    shape: [i64; MAXR],
+    st: [[i64; MAXR]; 3],
+    base: [i64; 3],
+}
+// Safety: plain old data laid out as the C struct.
+unsafe impl DeviceRepr for Strided {}
+
+impl Strided {
+    /// A walk over `shape` with operand strides `st[k]` (one per dim) and offsets `base`.
+    pub fn new(shape: &[usize], st: &[&[i64]], base: &[i64]) -> Result<Strided> {
+        if shape.len() > MAXR {
+            crate::bail!(
+                Runtime,
+                "the CUDA backend takes tensors of rank at most {MAXR}, got rank {}",
+                shape.len()
+            );
+        }
+        let mut s = Strided {
+            rank: shape.len() as i32,
+            ..Default::default()
+        };
+        for (d, &n) in shape.iter().enumerate() {
+            s.shape[d] = n as i64;
+            for (k, stk) in st.iter().enumerate() {
+                s.st[k][d] = stk[d];
+            }
+        }
+        for (k, &b) in base.iter().enumerate() {
+            s.base[k] = b;
+        }
+        Ok(s)
+    }
+
+    /// Operands broadcast to `out` (numpy rules): stride 0 along repeated dims.
+    pub fn broadcast(out: &[usize], ins: &[&[usize]]) -> Result<Strided> {
+        let st: Vec<Vec<i64>> = ins.iter().map(|s| bcast_strides(s, out)).collect();
+        let refs: Vec<&[i64]> = st.iter().map(|v| &v[..]).collect();
+        Strided::new(out, &refs, &[])
+    }
+}
+
+/// Row-major element strides of `shape`.
+pub fn strides(shape: &[usize]) -> Vec<i64> {
+    let mut s = vec![1i64; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        s[i] = s[i + 1] * shape[i + 1] as i64;
+    }
+    s
+}
+
+/// Strides of `shape` broadcast to `out` (right-aligned; 0 along size-1 or missing dims).
+pub fn bcast_strides(shape: &[usize], out: &[usize]) -> Vec<i64> {
+    let st = strides(shape);
+    let pad = out.len() - shape.len();
+    (0..out.len())
+        .map(|d| {
+            if d < pad || shape[d - pad] == 1 {
+                0
+            } else {
+                st[d - pad]
+            }
+        })
+        .collect()
+}
+
+/// A kernel argument: what a launch passes by value.
+pub enum Arg {
+    Ptr(u64),
+    I64(i64),
+    I32(i32),
+    U64(u64),
+    F32(f32),
+    F64(f64),
+    Strided(Strided),
+    Attn(super::attention::AttnGeom),
+}
+
+/// A raw device pointer of a buffer (0 for none: kernels test optional operands for null).
+pub fn ptr(b: &CudaSlice<u8>, s: &CudaStream) -> u64 {
+    let (p, _sync) = b.device_ptr(s);
+    p
+}
+pub fn opt_ptr(b: Option<&CudaSlice<u8>>, s: &CudaStream) -> Arg {
+    Arg::Ptr(b.map_or(0, |b| ptr(b, s)))
+}
+
+/// Launches `name` on `stream` with `grid` blocks of `block` threads.
+pub fn launch(
+    dev: &Device,
+    stream: &CudaStream,
+    name: &str,
+    grid: u32,
+    block: u32,
+    args: &[Arg],
+) -> Result<()> {
+    if grid == 0 {
+        return Ok(());
+    }
+    let f = dev.function(name)?;
+    let mut b = stream.launch_builder(&f);
+    for a in args {
+        match a {
+            Arg::Ptr(v) | Arg::U64(v) => b.arg(v),
+            Arg::I64(v) => b.arg(v),
+            Arg::I32(v) => b.arg(v),
+            Arg::F32(v) => b.arg(v),
+            Arg::F64(v) => b.arg(v),
+            Arg::Strided(v) => b.arg(v),
+            Arg::Attn(v) => b.arg(v),
+        };
+    }
+    let cfg = LaunchConfig {
+        grid_dim: (grid, 1, 1),
+        block_dim: (block, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // Safety: each kernel's argument list is built by its family module to match the
+    // signature in cuda/*.cu.
+    unsafe { b.launch(cfg) }
+        .map(|_| ())
+        .map_err(|e| crate::err!(Runtime, "CUDA launch of '{name}' failed: {e:?}"))
+}
+
+/// Blocks of 256 threads covering `n` elements with grid-stride loops.
+pub fn grid_for(n: usize) -> u32 {
+    n.div_ceil(256).clamp(0, 1 << 16) as u32
+}

@@ -1,0 +1,343 @@
+//! Elementwise family on CUDA (cuda/elementwise.cu): unary and binary maps with
+//! broadcasting, Pow, Clip, Where, Cast, Dropout, Trilu, the unary gradients and the
+//! activation epilogue that FusedMatMul uses.
+
+use super::device::{suffix, word, Arg, Strided};
+use super::{unsupported, Cuda, V};
+use crate::error::Result;
+use crate::graph::infer::ValueType;
+use crate::graph::{Activation, BinaryOp, Node, UnaryOp};
+use crate::rng::Rng;
+use crate::tensor::DType;
+use cudarc::driver::CudaSlice;
+
+/// The op code of cuda/elementwise.cu (`OP_*`) and LeakyRelu's alpha.
+fn unary_code(u: UnaryOp) -> (i32, f32) {
+    use UnaryOp as U;
+    match u {
+        U::Relu => (1, 0.0),
+        U::Gelu { tanh: false } => (2, 0.0),
+        U::Gelu { tanh: true } => (3, 0.0),
+        U::Sigmoid => (5, 0.0),
+        U::Tanh => (6, 0.0),
+        U::Neg => (7, 0.0),
+        U::Exp => (8, 0.0),
+        U::Log => (9, 0.0),
+        U::Sqrt => (10, 0.0),
+        U::Reciprocal => (11, 0.0),
+        U::Abs => (12, 0.0),
+        U::Erf => (13, 0.0),
+        U::LeakyRelu { alpha } => (14, alpha),
+    }
+}
+
+/// The op code of a FusedMatMul activation (same table as `unary_code`).
+pub fn act_code(a: Activation) -> i32 {
+    match a {
+        Activation::None => 0,
+        Activation::Relu => 1,
+        Activation::Gelu => 2,
+        Activation::GeluTanh => 3,
+        Activation::Silu => 4,
+        Activation::Sigmoid => 5,
+        Activation::Tanh => 6,
+    }
+}
+
+pub fn unary(c: &Cuda, node: &Node, u: UnaryOp, x: &V, y: &V) -> Result<()> {
+    let n = y.numel();
+    let (op, alpha) = unary_code(u);
+    let dt = x.dtype();
+    if dt.is_float() {
+        let args = [
+            Arg::Ptr(x.p),
+            Arg::Ptr(y.p),
+            Arg::I64(n as i64),
+            Arg::I32(op),
+            Arg::F32(alpha),
+        ];
+        return c.launch_n(&format!("unary_{}", suffix(dt)), n, &args);
+    }
+    match (u, dt) {
+        (UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Relu, DType::I64 | DType::I32) => {
+            let args = [
+                Arg::Ptr(x.p),
+                Arg::Ptr(y.p),
+                Arg::I64(n as i64),
+                Arg::I32(op),
+            ];
+            c.launch_n(&format!("signop_{}", suffix(dt)), n, &args)
+        }
+        _ => Err(unsupported(node, dt)),
+    }
+}
+
+pub fn unary_grad(c: &Cuda, node: &Node, u: UnaryOp, dy: &V, x: &V, out: &V) -> Result<()> {
+    let dt = x.dtype();
+    if !dt.is_float() {
+        return Err(unsupported(node, dt));
+    }
+    let (op, alpha) = unary_code(u);
+    grad_kernel(c, dt, dy, x, out, op, alpha)
+}
+
+/// `out = dy · f'(x)` for op code `op` (UnaryGrad, and FusedMatMulGrad's G).
+pub fn grad_kernel(c: &Cuda, dt: DType, dy: &V, x: &V, out: &V, op: i32, alpha: f32) -> Result<()> {
+    let n = out.numel();
+    let s = Strided::broadcast(out.shape(), &[dy.shape(), x.shape()])?;
+    let args = [
+        Arg::Ptr(dy.p),
+        Arg::Ptr(x.p),
+        Arg::Ptr(out.p),
+        Arg::Strided(s),
+        Arg::I64(n as i64),
+        Arg::I32(op),
+        Arg::F32(alpha),
+    ];
+    c.launch_n(&format!("unary_grad_{}", suffix(dt)), n, &args)
+}
+
+/// `y = act(pre) + residual` (residual broadcast to y; `pre` may be y itself).
+pub fn act_epilogue(c: &Cuda, act: Activation, pre: u64, res: Option<&V>, y: &V) -> Result<()> {
+    let n = y.numel();
+    let s = match res {
+        Some(r) => Strided::broadcast(y.shape(), &[r.shape()])?,
+        None => Strided::default(),
+    };
+    let args = [
+        Arg::Ptr(pre),
+        Arg::Ptr(res.map_or(0, |r| r.p)),
+        Arg::Ptr(y.p),
+        Arg::Strided(s),
+        Arg::I64(n as i64),
+        Arg::I32(act_code(act)),
+    ];
+    c.launch_n(&format!("act_epilogue_{}", suffix(y.dtype())), n, &args)
+}
+
+pub fn binary(c: &Cuda, node: &Node, op: BinaryOp, a: &V, b: &V, y: &V) -> Result<()> {
+    use BinaryOp as B;
+    let n = y.numel();
+    let dt = a.dtype();
+    let s = Strided::broadcast(y.shape(), &[a.shape(), b.shape()])?;
+    let (name, code) = match op {
+        B::Equal => ("compare", 0),
+        B::Less => ("compare", 1),
+        B::Greater => ("compare", 2),
+        B::Pow => return pow(c, node, a, b, y, s),
+        B::Add => ("binary", 0),
+        B::Sub => ("binary", 1),
+        B::Mul => ("binary", 2),
+        B::Div => ("binary", 3),
+    };
+    if name == "binary" && dt == DType::Bool {
+        return Err(unsupported(node, dt));
+    }
+    // Integer division by zero is an error on the CPU: checked here the same way.
+    if op == B::Div && dt.is_int() && n > 0 && c.read(b)?.to_i64_vec().contains(&0) {
+        crate::bail!(
+            Runtime,
+            "{}: integer division by zero (divisor of shape {})",
+            node.describe(),
+            crate::tensor::fmt_shape(b.shape())
+        );
+    }
+    let args = [
+        Arg::Ptr(a.p),
+        Arg::Ptr(b.p),
+        Arg::Ptr(y.p),
+        Arg::Strided(s),
+        Arg::I64(n as i64),
+        Arg::I32(code),
+    ];
+    c.launch_n(&format!("{name}_{}", suffix(dt)), n, &args)
+}
+
+/// Pow: the exponent is cast to the base's accumulation type first (f32; f64 for f64;
+/// i64 for integer bases, which take non-negative integer exponents only).
+fn pow(c: &Cuda, node: &Node, a: &V, b: &V, y: &V, s: Strided) -> Result<()> {
+    let dt = a.dtype();
+    let acc = match dt {
+        DType::F64 => DType::F64,
+        DType::F32 | DType::F16 | DType::BF16 => DType::F32,
+        DType::I64 | DType::I32 if b.dtype().is_int() => DType::I64,
+        DType::I64 | DType::I32 => return int_pow_float(c, node, a, b, y),
+        _ => return Err(unsupported(node, dt)),
+    };
+    let ety = ValueType::new(acc, b.shape());
+    let e = c.zeros::<u8>(ety.bytes())?;
+    let ev = view(c, &e, &ety);
+    cast(c, b, &ev)?;
+    if acc == DType::I64 && b.numel() > 0 && c.read(&ev)?.to_i64_vec().iter().any(|&v| v < 0) {
+        crate::bail!(
+            Runtime,
+            "{}: integers to negative integer powers are not allowed",
+            node.describe()
+        );
+    }
+    let n = y.numel();
+    let args = [
+        Arg::Ptr(a.p),
+        Arg::Ptr(ev.p),
+        Arg::Ptr(y.p),
+        Arg::Strided(s),
+        Arg::I64(n as i64),
+    ];
+    c.launch_n(&format!("pow_{}", suffix(dt)), n, &args)
+}
+
+/// An integer base to a float power, as the CPU: `(a as f64).powf(e) as int`, through
+/// f64 copies of both.
+fn int_pow_float(c: &Cuda, node: &Node, a: &V, b: &V, y: &V) -> Result<()> {
+    let f64_of = |v: &V| ValueType::new(DType::F64, v.shape());
+    let (ta, tb, ty) = (f64_of(a), f64_of(b), f64_of(y));
+    let (ab, bb, yb) = (
+        c.zeros::<u8>(ta.bytes())?,
+        c.zeros::<u8>(tb.bytes())?,
+        c.zeros::<u8>(ty.bytes())?,
+    );
+    let (va, vb, vy) = (view(c, &ab, &ta), view(c, &bb, &tb), view(c, &yb, &ty));
+    cast(c, a, &va)?;
+    cast(c, b, &vb)?;
+    binary(c, node, BinaryOp::Pow, &va, &vb, &vy)?;
+    cast(c, &vy, y)
+}
+
+/// A scratch buffer seen as a value of type `ty`.
+fn view<'a>(c: &Cuda, buf: &'a CudaSlice<u8>, ty: &'a ValueType) -> V<'a> {
+    V {
+        p: c.addr(buf),
+        ty,
+        buf: Some(buf),
+    }
+}
+
+pub fn clip(c: &Cuda, node: &Node, x: &V, lo: Option<V>, hi: Option<V>, y: &V) -> Result<()> {
+    let dt = x.dtype();
+    if dt == DType::Bool {
+        return Err(unsupported(node, dt));
+    }
+    let n = y.numel();
+    let args = [
+        Arg::Ptr(x.p),
+        Arg::Ptr(lo.map_or(0, |v| v.p)),
+        Arg::Ptr(hi.map_or(0, |v| v.p)),
+        Arg::Ptr(y.p),
+        Arg::I64(n as i64),
+    ];
+    c.launch_n(&format!("clip_{}", suffix(dt)), n, &args)
+}
+
+pub fn where_(c: &Cuda, cond: &V, a: &V, b: &V, y: &V) -> Result<()> {
+    let n = y.numel();
+    let s = Strided::broadcast(y.shape(), &[cond.shape(), a.shape(), b.shape()])?;
+    let args = [
+        Arg::Ptr(cond.p),
+        Arg::Ptr(a.p),
+        Arg::Ptr(b.p),
+        Arg::Ptr(y.p),
+        Arg::Strided(s),
+        Arg::I64(n as i64),
+    ];
+    c.launch_n(&format!("where_{}", word(a.dtype())), n, &args)
+}
+
+pub fn cast(c: &Cuda, x: &V, y: &V) -> Result<()> {
+    if x.dtype() == y.dtype() {
+        return c.copy(y, x);
+    }
+    let n = y.numel();
+    let name = format!("cast_{}_{}", suffix(x.dtype()), suffix(y.dtype()));
+    c.launch_n(
+        &name,
+        n,
+        &[Arg::Ptr(x.p), Arg::Ptr(y.p), Arg::I64(n as i64)],
+    )
+}
+
+pub fn trilu(c: &Cuda, x: &V, k: Option<V>, upper: bool, y: &V) -> Result<()> {
+    let n = y.numel();
+    let r = x.shape().len();
+    let (rows, cols) = (x.shape()[r - 2], x.shape()[r - 1]);
+    // k (i64 or i32) is one number: read back rather than typed on the device.
+    let k = match k {
+        Some(k) => c.read(&k)?.to_i64_vec().first().copied().unwrap_or(0),
+        None => 0,
+    };
+    let args = [
+        Arg::Ptr(x.p),
+        Arg::Ptr(y.p),
+        Arg::I64(n as i64),
+        Arg::I64(rows as i64),
+        Arg::I64(cols.max(1) as i64),
+        Arg::I64(k),
+        Arg::I32(upper as i32),
+    ];
+    c.launch_n(&format!("trilu_{}", word(x.dtype())), n, &args)
+}
+
+/// Identity at inference; in training the CPU's counter-based mask, bit for bit.
+#[allow(clippy::too_many_arguments)]
+pub fn dropout(
+    c: &Cuda,
+    node: &Node,
+    x: &V,
+    ratio_in: Option<V>,
+    mode_in: Option<V>,
+    outs: &[V],
+    ratio: f32,
+    seed: Option<i64>,
+) -> Result<()> {
+    let first = |v: Option<V>| -> Result<Option<f64>> {
+        Ok(match v {
+            Some(v) => c.read(&v)?.to_f64_vec().first().copied(),
+            None => None,
+        })
+    };
+    let ratio = first(ratio_in)?.unwrap_or(ratio as f64);
+    let training = c.step > 0 || first(mode_in)?.is_some_and(|v| v != 0.0);
+    if !(0.0..1.0).contains(&ratio) {
+        crate::bail!(
+            Runtime,
+            "{}: ratio must be in [0, 1), got {ratio}",
+            node.describe()
+        );
+    }
+    let (y, mask) = (&outs[0], outs.get(1));
+    if !training || ratio == 0.0 {
+        c.copy(y, x)?;
+        if let Some(m) = mask {
+            let ones = c.upload_vec(&vec![1u8; m.numel()])?;
+            let src = V {
+                p: c.addr(&ones),
+                ty: m.ty,
+                buf: None,
+            };
+            c.copy(m, &src)?;
+        }
+        return Ok(());
+    }
+    if !x.dtype().is_float() {
+        return Err(unsupported(node, x.dtype()));
+    }
+    // The same base seed as src/backends/cpu/elementwise.rs `dropout`.
+    let base = match seed {
+        Some(s) => s as u64,
+        None => Rng::for_name(0, &node.name).next_u64(),
+    };
+    let base = match c.step {
+        0 => base,
+        t => Rng::new(base ^ t.wrapping_mul(0x9E37_79B9_7F4A_7C15)).next_u64(),
+    };
+    let n = y.numel();
+    let args = [
+        Arg::Ptr(x.p),
+        Arg::Ptr(y.p),
+        Arg::Ptr(mask.map_or(0, |m| m.p)),
+        Arg::I64(n as i64),
+        Arg::U64(base),
+        Arg::F64(ratio),
+        Arg::F64(1.0 / (1.0 - ratio)),
+    ];
+    c.launch_n(&format!("dropout_{}", suffix(x.dtype())), n, &args)
+}

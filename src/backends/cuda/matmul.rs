@@ -1,0 +1,673 @@
+//! Matrix products on cuBLASLt: MatMul (batched, broadcast), Gemm, FusedMatMul and its
+//! backward. cudarc's safe cuBLASLt wrapper always computes f32 as TF32 and lacks most
+//! epilogues, so this uses its `result`/`sys` layers: f32 is true FP32
+//! (CUBLAS_COMPUTE_32F), f16/bf16 accumulate in f32, f64 in f64. Descriptors, layouts and
+//! the heuristic's algorithm are made once per shape and cached.
+//!
+//! Tensors are row-major; cuBLASLt is column-major. A row-major `D[m, n] = A·B` is the
+//! column-major `Dᵀ[n, m] = Bᵀ·Aᵀ`, so every call swaps the operands.
+
+use super::device::{strides, Arg, Strided};
+use super::elementwise::{act_code, act_epilogue, grad_kernel};
+use super::{unsupported, Cuda, V};
+use crate::error::Result;
+use crate::graph::infer::ValueType;
+use crate::graph::{Activation, Node};
+use crate::tensor::{numel, DType};
+use cudarc::cublaslt::{result as lt, sys};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::c_void;
+
+/// cuBLASLt workspace: what its heuristics may use for split-K and the like.
+const WORKSPACE: usize = 32 << 20;
+
+/// One row-major product shape: `D[m, n] = op(A)[m, k] · op(B)[k, n]` for `batch`
+/// matrices `sa`, `sb`, `sd` elements apart (`sa`/`sb` 0 for a shared operand). A is
+/// stored `[m, k]`, or `[k, m]` when `ta`; B `[k, n]`, or `[n, k]` when `tb`.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+struct Shape {
+    dt: DType,
+    m: usize,
+    n: usize,
+    k: usize,
+    ta: bool,
+    tb: bool,
+    batch: usize,
+    sa: i64,
+    sb: i64,
+    sd: i64,
+    epi: u32,
+}
+
+/// The cuBLASLt objects of one `Shape`, made once.
+struct Plan {
+    desc: sys::cublasLtMatmulDesc_t,
+    layouts: [sys::cublasLtMatrixLayout_t; 3], // A (our B), B (our A), C = D
+    algo: sys::cublasLtMatmulAlgo_t,
+}
+
+pub struct Blas {
+    handle: sys::cublasLtHandle_t,
+    workspace: CudaSlice<u8>,
+    plans: RefCell<HashMap<Shape, Plan>>,
+}
+
+fn blas_err(what: &str, e: lt::CublasError) -> crate::error::Error {
+    crate::err!(Runtime, "cuBLASLt {what} failed: {e:?}")
+}
+
+impl Blas {
+    pub fn new(stream: &std::sync::Arc<CudaStream>) -> Result<Blas> {
+        let handle = lt::create_handle().map_err(|e| blas_err("init", e))?;
+        // Safety: scratch for cuBLASLt, which writes before it reads.
+        let workspace = unsafe { stream.alloc::<u8>(WORKSPACE) }
+            .map_err(|e| crate::err!(Runtime, "CUDA allocation failed: {e:?}"))?;
+        Ok(Blas {
+            handle,
+            workspace,
+            plans: RefCell::new(HashMap::new()),
+        })
+    }
+}
+
+impl Drop for Blas {
+    fn drop(&mut self) {
+        // Safety: the objects were made by this Blas and are no longer used.
+        unsafe {
+            for p in self.plans.borrow().values() {
+                let _ = lt::destroy_matmul_desc(p.desc);
+                for l in p.layouts {
+                    let _ = lt::destroy_matrix_layout(l);
+                }
+            }
+            let _ = lt::destroy_handle(self.handle);
+        }
+    }
+}
+
+fn data_type(
+    dt: DType,
+) -> Option<(
+    sys::cudaDataType,
+    sys::cublasComputeType_t,
+    sys::cudaDataType,
+)> {
+    use sys::cublasComputeType_t::*;
+    use sys::cudaDataType::*;
+    Some(match dt {
+        DType::F32 => (CUDA_R_32F, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+        DType::F16 => (CUDA_R_16F, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+        DType::BF16 => (CUDA_R_16BF, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+        DType::F64 => (CUDA_R_64F, CUBLAS_COMPUTE_64F, CUDA_R_64F),
+        _ => return None,
+    })
+}
+
+unsafe fn set_desc<T>(
+    d: sys::cublasLtMatmulDesc_t,
+    a: sys::cublasLtMatmulDescAttributes_t,
+    v: &T,
+) -> std::result::Result<(), lt::CublasError> {
+    lt::set_matmul_desc_attribute(
+        d,
+        a,
+        v as *const T as *const c_void,
+        std::mem::size_of::<T>(),
+    )
+}
+unsafe fn set_layout<T>(
+    l: sys::cublasLtMatrixLayout_t,
+    a: sys::cublasLtMatrixLayoutAttribute_t,
+    v: &T,
+) -> std::result::Result<(), lt::CublasError> {
+    lt::set_matrix_layout_attribute(
+        l,
+        a,
+        v as *const T as *const c_void,
+        std::mem::size_of::<T>(),
+    )
+}
+
+impl Blas {
+    fn plan(&self, s: &Shape) -> std::result::Result<(), lt::CublasError> {
+        if self.plans.borrow().contains_key(s) {
+            return Ok(());
+        }
+        use cudarc::cublas::sys::cublasOperation_t::{CUBLAS_OP_N, CUBLAS_OP_T};
+        use sys::cublasLtMatmulDescAttributes_t as D;
+        use sys::cublasLtMatrixLayoutAttribute_t as L;
+        let (ty, compute, scale) = data_type(s.dt).expect("checked by the caller");
+        let (m, n, k) = (s.m as u64, s.n as u64, s.k as u64);
+        // Column-major operands: cuBLAS's A is our B (n × k), its B is our A (k × m).
+        let (la, opa) = if s.tb {
+            (lt::create_matrix_layout(ty, k, n, k as i64)?, CUBLAS_OP_T)
+        } else {
+            (lt::create_matrix_layout(ty, n, k, n as i64)?, CUBLAS_OP_N)
+        };
+        let (lb, opb) = if s.ta {
+            (lt::create_matrix_layout(ty, m, k, m as i64)?, CUBLAS_OP_T)
+        } else {
+            (lt::create_matrix_layout(ty, k, m, k as i64)?, CUBLAS_OP_N)
+        };
+        let ld = lt::create_matrix_layout(ty, n, m, n as i64)?;
+        let desc = lt::create_matmul_desc(compute, scale)?;
+        // Safety: attributes of objects just made, with values of the documented types.
+        unsafe {
+            set_desc(desc, D::CUBLASLT_MATMUL_DESC_TRANSA, &opa)?;
+            set_desc(desc, D::CUBLASLT_MATMUL_DESC_TRANSB, &opb)?;
+            set_desc(desc, D::CUBLASLT_MATMUL_DESC_EPILOGUE, &s.epi)?;
+            if s.batch > 1 {
+                let count = s.batch as i32;
+                for (l, st) in [(la, s.sb), (lb, s.sa), (ld, s.sd)] {
+                    set_layout(l, L::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count)?;
+                    set_layout(l, L::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &st)?;
+                }
+            }
+            let pref = lt::create_matmul_pref()?;
+            let ws = WORKSPACE as u64;
+            lt::set_matmul_pref_attribute(
+                pref,
+                sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                &ws as *const u64 as *const c_void,
+                8,
+            )?;
+            // The epilogue's bias pointer is set per call; a heuristic query needs one
+            // set, so a placeholder goes in until then.
+            let h = lt::get_matmul_algo_heuristic(self.handle, desc, la, lb, ld, ld, pref);
+            let _ = lt::destroy_matmul_pref(pref);
+            let algo = h?.algo;
+            self.plans.borrow_mut().insert(
+                *s,
+                Plan {
+                    desc,
+                    layouts: [la, lb, ld],
+                    algo,
+                },
+            );
+        }
+        Ok(())
+    }
+}
+
+/// cuBLASLt epilogue codes.
+const EPI_DEFAULT: u32 = 1;
+const EPI_RELU: u32 = 2;
+const EPI_BIAS: u32 = 4;
+const EPI_RELU_BIAS: u32 = 6;
+const EPI_GELU: u32 = 32;
+const EPI_GELU_BIAS: u32 = 36;
+
+/// One (batched) product: `D = alpha·op(A)·op(B) + beta·C (+ bias, act)`; C is D when
+/// `c` is None and beta != 0.
+#[allow(clippy::too_many_arguments)]
+fn product(
+    c: &Cuda,
+    s: Shape,
+    a: u64,
+    b: u64,
+    d: u64,
+    cm: Option<u64>,
+    alpha: f64,
+    beta: f64,
+    bias: u64,
+) -> Result<()> {
+    if s.m == 0 || s.n == 0 || s.batch == 0 {
+        return Ok(());
+    }
+    if s.k == 0 {
+        // An empty sum: D = beta·C, here only ever 0 (no caller passes C with k = 0).
+        let ty = ValueType::new(s.dt, &[s.batch * s.m * s.n]);
+        return c.memset0(&V {
+            p: d,
+            ty: &ty,
+            buf: None,
+        });
+    }
+    let blas = &c.blas;
+    blas.plan(&s).map_err(|e| blas_err("matmul setup", e))?;
+    let plans = blas.plans.borrow();
+    let p = &plans[&s];
+    let stream = &c.stream;
+    let (ws, _g) = blas.workspace.device_ptr(stream);
+    // Safety: the pointers address live device buffers of the sizes the shape implies
+    // (the plan sized them); alpha/beta live across the call.
+    unsafe {
+        if bias != 0 {
+            set_desc(
+                p.desc,
+                sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                &bias,
+            )
+            .map_err(|e| blas_err("bias", e))?;
+        }
+        let (a32, b32) = (alpha as f32, beta as f32);
+        let (pa, pb): (*const c_void, *const c_void) = if s.dt == DType::F64 {
+            (&alpha as *const f64 as _, &beta as *const f64 as _)
+        } else {
+            (&a32 as *const f32 as _, &b32 as *const f32 as _)
+        };
+        let cptr = cm.unwrap_or(d);
+        lt::matmul(
+            blas.handle,
+            p.desc,
+            pa,
+            pb,
+            b as *const c_void,
+            p.layouts[0],
+            a as *const c_void,
+            p.layouts[1],
+            cptr as *const c_void,
+            p.layouts[2],
+            d as *mut c_void,
+            p.layouts[2],
+            &p.algo,
+            ws as *mut c_void,
+            WORKSPACE,
+            stream.cu_stream() as _,
+        )
+        .map_err(|e| blas_err("matmul", e))
+    }
+}
+
+/// The matrices of a batched operand: dims `[batch.., r, c]` (a 1-D vector is one row or
+/// one column, `as_row`).
+fn split_batch(shape: &[usize], as_row: bool) -> (Vec<usize>, usize, usize) {
+    match shape.len() {
+        0 => (vec![], 1, 1),
+        1 if as_row => (vec![], 1, shape[0]),
+        1 => (vec![], shape[0], 1),
+        r => (shape[..r - 2].to_vec(), shape[r - 2], shape[r - 1]),
+    }
+}
+
+/// numpy broadcast of two batch shapes.
+fn broadcast(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
+    let r = a.len().max(b.len());
+    (0..r)
+        .map(|i| {
+            let x = if i + a.len() >= r {
+                a[i + a.len() - r]
+            } else {
+                1
+            };
+            let y = if i + b.len() >= r {
+                b[i + b.len() - r]
+            } else {
+                1
+            };
+            match (x, y) {
+                _ if x == y => Some(x),
+                (1, y) => Some(y),
+                (x, 1) => Some(x),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+/// Offset (in elements) of each output batch entry's matrix in an operand with batch dims
+/// `inp` broadcast to `out`, matrices of `mat` elements.
+fn batch_offsets(out: &[usize], inp: &[usize], mat: usize) -> Vec<i64> {
+    let st = super::device::bcast_strides(inp, out);
+    let ost = strides(out);
+    (0..numel(out))
+        .map(|i| {
+            (0..out.len())
+                .map(|d| ((i as i64 / ost[d]) % out[d] as i64) * st[d])
+                .sum::<i64>()
+                * mat as i64
+        })
+        .collect()
+}
+
+/// A batched product with numpy-broadcast batch dims: `ab`/`bb` are the operands' batch
+/// dims, `ob` the output's. Shared or fully batched operands go to cuBLASLt in one call;
+/// other broadcasts loop over the output's matrices.
+#[allow(clippy::too_many_arguments)]
+fn batched(
+    c: &Cuda,
+    base: Shape,
+    ab: &[usize],
+    bb: &[usize],
+    ob: &[usize],
+    a: u64,
+    b: u64,
+    d: u64,
+    cm: Option<u64>,
+    beta: f64,
+    bias: u64,
+) -> Result<()> {
+    let (na, nb_, nb) = (numel(ab), numel(bb), numel(ob));
+    let (m, n, k) = (base.m, base.n, base.k);
+    let esz = base.dt.size() as u64;
+    let one = |s: Shape| product(c, s, a, b, d, cm, 1.0, beta, bias);
+    if nb_ == 1 && na == nb && !base.ta {
+        // A shared B under a contiguous batch of A is one tall product.
+        return one(Shape { m: m * nb, ..base });
+    }
+    if (na == nb || na == 1) && (nb_ == nb || nb_ == 1) {
+        let s = |x: usize, mat: usize| if x == 1 { 0 } else { mat as i64 };
+        return one(Shape {
+            batch: nb,
+            sa: s(na, m * k),
+            sb: s(nb_, k * n),
+            sd: (m * n) as i64,
+            ..base
+        });
+    }
+    let (ao, bo) = (batch_offsets(ob, ab, m * k), batch_offsets(ob, bb, k * n));
+    for i in 0..nb {
+        let off_d = (i * m * n) as u64 * esz;
+        let cm_i = cm.map(|p| p + off_d);
+        product(
+            c,
+            base,
+            a + ao[i] as u64 * esz,
+            b + bo[i] as u64 * esz,
+            d + off_d,
+            cm_i,
+            1.0,
+            beta,
+            bias,
+        )?;
+    }
+    Ok(())
+}
+
+fn need_float(node: &Node, dt: DType) -> Result<()> {
+    if data_type(dt).is_some() {
+        Ok(())
+    } else {
+        Err(unsupported(node, dt))
+    }
+}
+
+fn shape0(dt: DType, m: usize, n: usize, k: usize, ta: bool, tb: bool, epi: u32) -> Shape {
+    Shape {
+        dt,
+        m,
+        n,
+        k,
+        ta,
+        tb,
+        batch: 1,
+        sa: 0,
+        sb: 0,
+        sd: 0,
+        epi,
+    }
+}
+
+/// A's and B's batch dims and (m, k, n) of `A @ op(B)`.
+fn dims(a: &V, b: &V, trans_b: bool) -> (Vec<usize>, Vec<usize>, usize, usize, usize) {
+    let (ab, m, k) = split_batch(a.shape(), true);
+    let (bb, r, cc) = split_batch(b.shape(), false);
+    let n = if trans_b { r } else { cc };
+    (ab, bb, m, k, n)
+}
+
+fn bcast_err(node: &Node, ab: &[usize], bb: &[usize]) -> crate::error::Error {
+    crate::err!(
+        Runtime,
+        "{}: matmul batch dims {ab:?} and {bb:?} do not broadcast",
+        node.describe()
+    )
+}
+
+pub fn matmul(c: &Cuda, node: &Node, a: &V, b: &V, y: &V) -> Result<()> {
+    let dt = a.dtype();
+    need_float(node, dt)?;
+    let (ab, bb, m, k, n) = dims(a, b, false);
+    let ob = broadcast(&ab, &bb).ok_or_else(|| bcast_err(node, &ab, &bb))?;
+    batched(
+        c,
+        shape0(dt, m, n, k, false, false, EPI_DEFAULT),
+        &ab,
+        &bb,
+        &ob,
+        a.p,
+        b.p,
+        y.p,
+        None,
+        0.0,
+        0,
+    )
+}
+
+/// ONNX Gemm: `alpha·op(A)·op(B) + beta·C`, C broadcast to `[M, N]` (copied into Y first,
+/// then accumulated onto by cuBLASLt).
+#[allow(clippy::too_many_arguments)]
+pub fn gemm(
+    c: &Cuda,
+    node: &Node,
+    a: &V,
+    b: &V,
+    cm: Option<V>,
+    alpha: f32,
+    beta: f32,
+    ta: bool,
+    tb: bool,
+    y: &V,
+) -> Result<()> {
+    let dt = a.dtype();
+    need_float(node, dt)?;
+    let (m, n) = (y.shape()[0], y.shape()[1]);
+    let k = if ta { a.shape()[0] } else { a.shape()[1] };
+    let beta = match cm {
+        Some(cv) if beta != 0.0 => {
+            let src = super::device::bcast_strides(cv.shape(), y.shape());
+            let st = Strided::new(y.shape(), &[&src, &strides(y.shape())], &[])?;
+            let args = [
+                Arg::Ptr(cv.p),
+                Arg::Ptr(y.p),
+                Arg::Strided(st),
+                Arg::I64((m * n) as i64),
+            ];
+            c.launch_n(&format!("copy_{}", super::device::word(dt)), m * n, &args)?;
+            beta as f64
+        }
+        _ => 0.0,
+    };
+    let s = shape0(dt, m, n, k, ta, tb, EPI_DEFAULT);
+    product(c, s, a.p, b.p, y.p, None, alpha as f64, beta, 0)
+}
+
+/// `act(A @ op(B) + bias) + residual`; with Pre asked for (training), Pre = A·op(B) + bias
+/// and Y = act(Pre) + residual. cuBLASLt applies the bias and ReLU (and the tanh GELU for
+/// f16/bf16, where its approximation is within tolerance); other activations and the
+/// residual of an activated product go through our epilogue kernel.
+#[allow(clippy::too_many_arguments)]
+pub fn fused(
+    c: &Cuda,
+    node: &Node,
+    a: &V,
+    b: &V,
+    bias: Option<V>,
+    res: Option<V>,
+    act: Activation,
+    trans_b: bool,
+    outs: &[V],
+    want: &[bool],
+) -> Result<()> {
+    let dt = a.dtype();
+    need_float(node, dt)?;
+    let (ab, bb, m, k, n) = dims(a, b, trans_b);
+    let ob = broadcast(&ab, &bb).ok_or_else(|| bcast_err(node, &ab, &bb))?;
+    let y = &outs[0];
+    let pre = outs
+        .get(1)
+        .filter(|_| want.get(1).copied().unwrap_or(false));
+    let bp = bias.map_or(0, |b| b.p);
+    let has_bias = bp != 0;
+    let pick = |plain: u32, with_bias: u32| if has_bias { with_bias } else { plain };
+    // What cuBLASLt applies itself, and what is left for our epilogue kernel.
+    let (epi, left) = match (pre, act) {
+        (Some(_), _) | (None, Activation::None) => (pick(EPI_DEFAULT, EPI_BIAS), act),
+        (None, Activation::Relu) => (pick(EPI_RELU, EPI_RELU_BIAS), Activation::None),
+        (None, Activation::GeluTanh) if matches!(dt, DType::F16 | DType::BF16) => {
+            (pick(EPI_GELU, EPI_GELU_BIAS), Activation::None)
+        }
+        (None, _) => (pick(EPI_DEFAULT, EPI_BIAS), act),
+    };
+    let dst = pre.unwrap_or(y);
+    // A residual of the output's own shape rides in cuBLASLt's C when nothing follows.
+    let res_in_c = pre.is_none()
+        && left == Activation::None
+        && epi != EPI_RELU
+        && epi != EPI_RELU_BIAS
+        && !matches!(epi, EPI_GELU | EPI_GELU_BIAS)
+        && res.is_some_and(|r| r.shape() == y.shape());
+    let (cm, beta) = match res {
+        Some(r) if res_in_c => (Some(r.p), 1.0),
+        _ => (None, 0.0),
+    };
+    let base = shape0(dt, m, n, k, false, trans_b, epi);
+    batched(c, base, &ab, &bb, &ob, a.p, b.p, dst.p, cm, beta, bp)?;
+    let res_left = if res_in_c { None } else { res };
+    if pre.is_some() || left != Activation::None || res_left.is_some() {
+        act_epilogue(c, left, dst.p, res_left.as_ref(), y)?;
+    }
+    Ok(())
+}
+
+/// `(dY, A, B, [Pre]) → (dA, dB, [dBias])` with G = dY·act'(Pre): dA = G·op(B)ᵀ,
+/// dB = Aᵀ·G (Gᵀ·A with trans_b), summed over the batch entries that share an operand;
+/// dBias = Σ_rows G.
+#[allow(clippy::too_many_arguments)]
+pub fn fused_grad(
+    c: &Cuda,
+    node: &Node,
+    dy: &V,
+    a: &V,
+    b: &V,
+    pre: Option<V>,
+    act: Activation,
+    trans_b: bool,
+    outs: &[V],
+    want: &[bool],
+) -> Result<()> {
+    let dt = a.dtype();
+    need_float(node, dt)?;
+    let (ab, bb, m, k, n) = dims(a, b, trans_b);
+    let ob = broadcast(&ab, &bb).ok_or_else(|| bcast_err(node, &ab, &bb))?;
+    let (na, nbb, nb) = (numel(&ab), numel(&bb), numel(&ob));
+    let w = |i: usize| {
+        outs.get(i)
+            .filter(|_| want.get(i).copied().unwrap_or(false))
+    };
+    let g_buf;
+    let g = match (act, pre) {
+        (Activation::None, _) => dy.p,
+        (_, None) => crate::bail!(
+            Runtime,
+            "{}: FusedMatMulGrad with activation {} needs the forward's Pre (input 3)",
+            node.describe(),
+            act.name()
+        ),
+        (_, Some(p)) => {
+            g_buf = c.zeros::<u8>(dy.ty.bytes())?;
+            let gv = V {
+                p: c.addr(&g_buf),
+                ty: dy.ty,
+                buf: None,
+            };
+            grad_kernel(c, dt, dy, &p, &gv, act_code(act), 0.0)?;
+            gv.p
+        }
+    };
+    let esz = dt.size() as u64;
+    if let Some(da) = w(0) {
+        // dA[M, K] = G[M, N] · op(B)ᵀ.
+        let s = shape0(dt, m, k, n, false, !trans_b, EPI_DEFAULT);
+        if na == nb {
+            batched(c, s, &ob, &bb, &ob, g, b.p, da.p, None, 0.0, 0)?;
+        } else {
+            let bo = batch_offsets(&ob, &bb, k * n);
+            let ao = batch_offsets(&ob, &ab, m * k);
+            accumulate(c, s, nb, |i| {
+                (
+                    g + (i * m * n) as u64 * esz,
+                    b.p + bo[i] as u64 * esz,
+                    da.p + ao[i] as u64 * esz,
+                )
+            })?;
+        }
+    }
+    if let Some(db) = w(1) {
+        // dB = Aᵀ·G ([K, N]) or, with trans_b, Gᵀ·A ([N, K]).
+        let (l, r, ls, lm, ln) = if trans_b {
+            (g, a.p, m * n, n, k)
+        } else {
+            (a.p, g, m * k, k, n)
+        };
+        let (lb, rb) = if trans_b {
+            (&ob[..], &ab[..])
+        } else {
+            (&ab[..], &ob[..])
+        };
+        let s = shape0(dt, lm, ln, m, true, false, EPI_DEFAULT);
+        if nbb == nb {
+            let st = |dims: &[usize], mat: usize| if numel(dims) == 1 { 0 } else { mat as i64 };
+            let rs = if trans_b { m * k } else { m * n };
+            product(
+                c,
+                Shape {
+                    batch: nb,
+                    sa: st(lb, ls),
+                    sb: st(rb, rs),
+                    sd: (k * n) as i64,
+                    ..s
+                },
+                l,
+                r,
+                db.p,
+                None,
+                1.0,
+                0.0,
+                0,
+            )?;
+        } else if nbb == 1 && na == nb {
+            // Σ_i A_iᵀ·G_i over a contiguous batch is one product over nb·M rows.
+            product(c, Shape { k: nb * m, ..s }, l, r, db.p, None, 1.0, 0.0, 0)?;
+        } else {
+            let lo = batch_offsets(&ob, lb, ls);
+            let ro = batch_offsets(&ob, rb, if trans_b { m * k } else { m * n });
+            let bo = batch_offsets(&ob, &bb, k * n);
+            accumulate(c, s, nb, |i| {
+                (
+                    l + lo[i] as u64 * esz,
+                    r + ro[i] as u64 * esz,
+                    db.p + bo[i] as u64 * esz,
+                )
+            })?;
+        }
+    }
+    if let Some(dbias) = w(2) {
+        let gv = V {
+            p: g,
+            ty: dy.ty,
+            buf: None,
+        };
+        super::reduce::sum_rows(c, &gv, nb * m, n, dbias)?;
+    }
+    Ok(())
+}
+
+/// Products `i = 0..count` at the addresses `at(i)` = (A, B, D), each added onto what an
+/// earlier one wrote at the same D (the gradient of a broadcast operand).
+fn accumulate(
+    c: &Cuda,
+    s: Shape,
+    count: usize,
+    at: impl Fn(usize) -> (u64, u64, u64),
+) -> Result<()> {
+    let mut seen = std::collections::HashSet::new();
+    for i in 0..count {
+        let (a, b, d) = at(i);
+        let beta = if seen.insert(d) { 0.0 } else { 1.0 };
+        product(c, s, a, b, d, None, 1.0, beta, 0)?;
+    }
+    Ok(())
+}

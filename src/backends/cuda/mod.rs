@@ -1,0 +1,475 @@
+//! The CUDA backend: buffers are device byte slices, kernels are the CUDA C sources of
+//! `cuda/` compiled by NVRTC (device.rs), matrix products go through cuBLASLt (matmul.rs).
+//! Everything runs on one stream per backend instance. The driver, NVRTC and cuBLASLt
+//! are loaded at run time, so this builds without a toolkit and fails with one line
+//! where there is no GPU.
+
+pub mod attention;
+pub mod device;
+mod elementwise;
+mod matmul;
+mod optim;
+mod reduce;
+mod shape;
+
+pub use device::{available, doctor_lines};
+
+use super::Backend;
+use crate::error::Result;
+use crate::graph::infer::ValueType;
+use crate::graph::{Node, Op, Optimizer};
+use crate::tensor::{DType, Tensor};
+use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr};
+use device::{Arg, Device};
+use std::sync::Arc;
+
+pub struct Cuda {
+    dev: Arc<Device>,
+    stream: Arc<CudaStream>,
+    blas: matmul::Blas,
+    /// The mode of the next runs (`Backend::set_step`): 0 is inference, t ≥ 1 training
+    /// step t, mixed into Dropout's seed.
+    step: u64,
+}
+
+/// One operand of a node as the kernels see it: its device address and type, and for
+/// inputs the buffer (read back to the host where an op's small parameters live there).
+#[derive(Clone, Copy)]
+pub struct V<'a> {
+    pub p: u64,
+    pub ty: &'a ValueType,
+    buf: Option<&'a CudaSlice<u8>>,
+}
+
+impl V<'_> {
+    pub fn dtype(&self) -> DType {
+        self.ty.dtype
+    }
+    pub fn shape(&self) -> &[usize] {
+        &self.ty.shape
+    }
+    pub fn numel(&self) -> usize {
+        self.ty.numel()
+    }
+}
+
+impl Cuda {
+    pub fn new() -> Result<Cuda> {
+        let dev = device::device()?;
+        let stream = dev
+            .ctx
+            .new_stream()
+            .map_err(|e| crate::err!(Runtime, "cannot create a CUDA stream: {e:?}"))?;
+        let blas = matmul::Blas::new(&stream)?;
+        Ok(Cuda {
+            dev,
+            stream,
+            blas,
+            step: 0,
+        })
+    }
+
+    fn launch(&self, name: &str, grid: u32, block: u32, args: &[Arg]) -> Result<()> {
+        device::launch(&self.dev, &self.stream, name, grid, block, args)
+    }
+
+    /// Launches an elementwise kernel over `n` elements (grid-stride).
+    fn launch_n(&self, name: &str, n: usize, args: &[Arg]) -> Result<()> {
+        self.launch(name, device::grid_for(n), 256, args)
+    }
+
+    /// A device copy of host data (small parameter arrays: ids, labels, cu_seqlens).
+    fn upload_vec<T: DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+        &self,
+        v: &[T],
+    ) -> Result<CudaSlice<T>> {
+        // A zero-length allocation is not a valid device buffer.
+        if v.is_empty() {
+            return self.zeros::<T>(1);
+        }
+        self.stream.clone_htod(v).map_err(oom)
+    }
+
+    /// Zeroed scratch of `n` elements.
+    fn zeros<T: DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+        &self,
+        n: usize,
+    ) -> Result<CudaSlice<T>> {
+        self.stream.alloc_zeros::<T>(n.max(1)).map_err(oom)
+    }
+
+    fn addr<T>(&self, b: &CudaSlice<T>) -> u64 {
+        use cudarc::driver::DevicePtr;
+        b.device_ptr(&self.stream).0
+    }
+
+    /// Reads an input back to the host: for the few ops whose small parameters decide
+    /// offsets (Slice starts, Reduce axes, Gather indices for their range check, ...).
+    fn read(&self, v: &V) -> Result<Tensor> {
+        let Some(b) = v.buf else {
+            crate::bail!(Runtime, "internal: output read as an input");
+        };
+        download(&self.stream, b, v.ty)
+    }
+
+    fn memset0(&self, v: &V) -> Result<()> {
+        let bytes = v.ty.bytes();
+        if bytes == 0 {
+            return Ok(());
+        }
+        // Safety: `v.p` addresses a live buffer of at least `bytes` bytes (the plan sized it).
+        unsafe { cudarc::driver::result::memset_d8_async(v.p, 0, bytes, self.stream.cu_stream()) }
+            .map_err(|e| crate::err!(Runtime, "CUDA memset failed: {e:?}"))
+    }
+
+    fn copy(&self, dst: &V, src: &V) -> Result<()> {
+        let bytes = dst.ty.bytes().min(src.ty.bytes());
+        if bytes == 0 {
+            return Ok(());
+        }
+        // Safety: both address live buffers of at least `bytes` bytes; outputs never alias
+        // inputs.
+        unsafe {
+            cudarc::driver::result::memcpy_dtod_async(dst.p, src.p, bytes, self.stream.cu_stream())
+        }
+        .map_err(|e| crate::err!(Runtime, "CUDA copy failed: {e:?}"))
+    }
+}
+
+fn oom(e: cudarc::driver::DriverError) -> crate::error::Error {
+    crate::err!(Runtime, "CUDA allocation failed: {e:?}")
+}
+
+fn download(stream: &Arc<CudaStream>, b: &CudaSlice<u8>, ty: &ValueType) -> Result<Tensor> {
+    let n = ty.bytes();
+    let mut host = vec![0u8; n];
+    if n > 0 {
+        stream
+            .memcpy_dtoh(&b.slice(..n), &mut host)
+            .map_err(|e| crate::err!(Runtime, "CUDA download failed: {e:?}"))?;
+        stream
+            .synchronize()
+            .map_err(|e| crate::err!(Runtime, "CUDA error: {e:?}"))?;
+    }
+    Tensor::from_bytes(ty.dtype, &ty.shape, &host)
+}
+
+/// The error for an op this backend does not run in a dtype (SPEC §7: no silent fallback).
+pub(crate) fn unsupported(node: &Node, dt: DType) -> crate::error::Error {
+    crate::err!(
+        Runtime,
+        "{}: dtype {dt} is not supported by the cuda backend",
+        node.describe()
+    )
+}
+
+impl Backend for Cuda {
+    type Buffer = CudaSlice<u8>;
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+    fn alloc(&mut self, bytes: usize) -> Result<CudaSlice<u8>> {
+        // Safety: every buffer is written (upload or a kernel) before it is read.
+        unsafe { self.stream.alloc::<u8>(bytes.max(1)) }.map_err(|e| {
+            crate::err!(
+                Runtime,
+                "CUDA out of memory allocating {bytes} bytes: {e:?}"
+            )
+        })
+    }
+    fn upload(&mut self, src: &Tensor, dst: &mut CudaSlice<u8>) -> Result<()> {
+        let n = src.size_bytes();
+        if n == 0 {
+            return Ok(());
+        }
+        self.stream
+            .memcpy_htod(src.bytes(), &mut dst.slice_mut(..n))
+            .map_err(|e| crate::err!(Runtime, "CUDA upload failed: {e:?}"))
+    }
+    fn download(&mut self, src: &CudaSlice<u8>, ty: &ValueType) -> Result<Tensor> {
+        download(&self.stream, src, ty)
+    }
+    fn run(
+        &mut self,
+        node: &Node,
+        ins: &[Option<(&CudaSlice<u8>, &ValueType)>],
+        outs: &mut [(&mut CudaSlice<u8>, &ValueType)],
+    ) -> Result<()> {
+        let s = &self.stream;
+        let ins: Vec<Option<V>> = ins
+            .iter()
+            .map(|i| {
+                i.map(|(b, ty)| V {
+                    p: device::ptr(b, s),
+                    ty,
+                    buf: Some(b),
+                })
+            })
+            .collect();
+        let outs: Vec<V> = outs
+            .iter()
+            .map(|(b, ty)| V {
+                p: device::ptr(b, s),
+                ty,
+                buf: None,
+            })
+            .collect();
+        // Which outputs the graph reads (an optional output named "" is not computed).
+        let want: Vec<bool> = node.outputs.iter().map(|o| !o.is_empty()).collect();
+        self.run_node(node, &ins, &outs, &want)
+    }
+    fn sync(&mut self) -> Result<()> {
+        self.stream
+            .synchronize()
+            .map_err(|e| crate::err!(Runtime, "CUDA error: {e:?}"))
+    }
+    fn update(
+        &mut self,
+        opt: &Optimizer,
+        t: u64,
+        param: &mut CudaSlice<u8>,
+        grad: &CudaSlice<u8>,
+        state: &mut [CudaSlice<u8>],
+        ty: &ValueType,
+    ) -> Result<()> {
+        let s = &self.stream;
+        let state: Vec<u64> = state.iter().map(|b| device::ptr(b, s)).collect();
+        optim::update(
+            self,
+            opt,
+            t,
+            device::ptr(param, s),
+            device::ptr(grad, s),
+            &state,
+            ty,
+        )
+    }
+    fn set_step(&mut self, step: u64) {
+        self.step = step;
+    }
+}
+
+impl Cuda {
+    fn run_node(
+        &mut self,
+        node: &Node,
+        ins: &[Option<V>],
+        outs: &[V],
+        want: &[bool],
+    ) -> Result<()> {
+        let x = |i: usize| {
+            ins.get(i).copied().flatten().ok_or_else(|| {
+                crate::err!(
+                    Runtime,
+                    "{}: required input {i} is missing",
+                    node.describe()
+                )
+            })
+        };
+        let opt = |i: usize| ins.get(i).copied().flatten();
+        let y = outs[0];
+        match &node.op {
+            Op::Unary(u) => elementwise::unary(self, node, *u, &x(0)?, &y),
+            Op::Binary(b) => elementwise::binary(self, node, *b, &x(0)?, &x(1)?, &y),
+            Op::Clip => elementwise::clip(self, node, &x(0)?, opt(1), opt(2), &y),
+            Op::Where => elementwise::where_(self, &x(0)?, &x(1)?, &x(2)?, &y),
+            Op::Cast { .. } => elementwise::cast(self, &x(0)?, &y),
+            Op::Identity
+            | Op::Reshape { .. }
+            | Op::Squeeze { .. }
+            | Op::Unsqueeze { .. }
+            | Op::Flatten { .. } => self.copy(&y, &x(0)?),
+            Op::Constant { value } => {
+                let b = self.upload_vec(value.bytes())?;
+                let src = V {
+                    p: self.addr(&b),
+                    ty: y.ty,
+                    buf: None,
+                };
+                self.copy(&y, &src)
+            }
+            Op::Dropout { ratio, seed } => {
+                elementwise::dropout(self, node, &x(0)?, opt(1), opt(2), outs, *ratio, *seed)
+            }
+            Op::Trilu { upper } => elementwise::trilu(self, &x(0)?, opt(1), *upper, &y),
+            Op::MatMul => matmul::matmul(self, node, &x(0)?, &x(1)?, &y),
+            Op::Gemm {
+                alpha,
+                beta,
+                trans_a,
+                trans_b,
+            } => matmul::gemm(
+                self,
+                node,
+                &x(0)?,
+                &x(1)?,
+                opt(2),
+                *alpha,
+                *beta,
+                *trans_a,
+                *trans_b,
+                &y,
+            ),
+            Op::FusedMatMul {
+                activation,
+                trans_b,
+            } => matmul::fused(
+                self,
+                node,
+                &x(0)?,
+                &x(1)?,
+                opt(2),
+                opt(3),
+                *activation,
+                *trans_b,
+                outs,
+                want,
+            ),
+            Op::FusedMatMulGrad {
+                activation,
+                trans_b,
+            } => matmul::fused_grad(
+                self,
+                node,
+                &x(0)?,
+                &x(1)?,
+                &x(2)?,
+                opt(3),
+                *activation,
+                *trans_b,
+                outs,
+                want,
+            ),
+            Op::Softmax { axis } => reduce::softmax(self, node, &x(0)?, *axis, false, &y),
+            Op::LogSoftmax { axis } => reduce::softmax(self, node, &x(0)?, *axis, true, &y),
+            Op::SoftmaxGrad { axis, log } => {
+                reduce::softmax_grad(self, node, &x(0)?, &x(1)?, *axis, *log, &y)
+            }
+            Op::LayerNormalization { axis, epsilon } => reduce::layer_norm(
+                self,
+                node,
+                &x(0)?,
+                &x(1)?,
+                opt(2),
+                *axis,
+                *epsilon,
+                outs,
+                want,
+            ),
+            Op::LayerNormalizationGrad { axis } => reduce::layer_norm_grad(
+                self,
+                node,
+                [&x(0)?, &x(1)?, &x(2)?, &x(3)?, &x(4)?],
+                *axis,
+                outs,
+                want,
+            ),
+            Op::Reduce {
+                kind,
+                axes,
+                noop_with_empty_axes,
+                ..
+            } => {
+                let axes = match (axes, opt(1)) {
+                    (Some(a), _) => a.clone(),
+                    (None, Some(t)) => self.read(&t)?.to_i64_vec(),
+                    (None, None) => vec![],
+                };
+                if axes.is_empty() && *noop_with_empty_axes {
+                    return self.copy(&y, &x(0)?);
+                }
+                reduce::reduce(self, node, *kind, &x(0)?, &axes, &y)
+            }
+            Op::SoftmaxCrossEntropyLoss {
+                reduction,
+                ignore_index,
+            } => reduce::sce(
+                self,
+                node,
+                &x(0)?,
+                &x(1)?,
+                opt(2),
+                *reduction,
+                *ignore_index,
+                outs,
+                want,
+            ),
+            Op::SoftmaxCrossEntropyLossGrad {
+                reduction,
+                ignore_index,
+            } => reduce::sce_grad(
+                self,
+                node,
+                &x(0)?,
+                &x(1)?,
+                &x(2)?,
+                opt(3),
+                *reduction,
+                *ignore_index,
+                &y,
+            ),
+            Op::Transpose { perm } => shape::transpose(self, &x(0)?, perm.as_deref(), &y),
+            Op::Concat { axis } => shape::concat(self, ins, *axis, &y),
+            Op::Split { axis, .. } => shape::split(self, &x(0)?, *axis, outs),
+            Op::Slice => shape::slice(self, &x(0)?, ins, &y),
+            Op::SliceGrad => shape::slice_grad(self, &x(0)?, ins, &y),
+            Op::Expand => shape::expand(self, &x(0)?, &y),
+            Op::Gather { axis } => shape::gather(self, node, &x(0)?, &x(1)?, *axis, &y),
+            Op::GatherGrad { axis } => shape::gather_grad(self, node, &x(0)?, &x(1)?, *axis, &y),
+            Op::Shape { start, end } => {
+                let (s, e) = crate::graph::infer::shape_range(*start, *end, x(0)?.shape().len());
+                let dims: Vec<i64> = x(0)?.shape()[s..e].iter().map(|&d| d as i64).collect();
+                let b = self.upload_vec(&dims)?;
+                let src = V {
+                    p: self.addr(&b),
+                    ty: y.ty,
+                    buf: None,
+                };
+                self.copy(&y, &src)
+            }
+            Op::UnaryGrad(u) => elementwise::unary_grad(self, node, *u, &x(0)?, &x(1)?, &y),
+            Op::Attention { is_causal, scale } => attention::attention(
+                self,
+                node,
+                [&x(0)?, &x(1)?, &x(2)?],
+                opt(3),
+                *is_causal,
+                *scale,
+                outs,
+                want,
+            ),
+            Op::VarlenAttention { is_causal, scale } => attention::varlen(
+                self,
+                node,
+                [&x(0)?, &x(1)?, &x(2)?],
+                [&x(3)?, &x(4)?],
+                *is_causal,
+                *scale,
+                outs,
+                want,
+            ),
+            Op::AttentionGrad { is_causal, scale } => attention::attention_grad(
+                self,
+                node,
+                [&x(0)?, &x(1)?, &x(2)?, &x(3)?],
+                opt(4),
+                [&x(5)?, &x(6)?],
+                *is_causal,
+                *scale,
+                outs,
+                want,
+            ),
+            Op::VarlenAttentionGrad { is_causal, scale } => attention::varlen_grad(
+                self,
+                node,
+                [&x(0)?, &x(1)?, &x(2)?, &x(3)?],
+                [&x(4)?, &x(5)?],
+                [&x(6)?, &x(7)?],
+                *is_causal,
+                *scale,
+                outs,
+                want,
+            ),
+        }
+    }
+}

@@ -1,0 +1,79 @@
+//! Optimizer steps on CUDA (cuda/optimizer.cu): SGD with momentum, Adam, AdamW, with the
+//! CPU backend's rules and constants (src/backends/cpu/optim.rs).
+
+use super::device::{suffix, Arg};
+use super::Cuda;
+use crate::error::Result;
+use crate::graph::infer::ValueType;
+use crate::graph::Optimizer;
+
+pub fn update(
+    c: &Cuda,
+    opt: &Optimizer,
+    t: u64,
+    param: u64,
+    grad: u64,
+    state: &[u64],
+    ty: &ValueType,
+) -> Result<()> {
+    if !ty.dtype.is_float() {
+        crate::bail!(Runtime, "cannot train a {} parameter", ty.dtype);
+    }
+    let n = ty.numel();
+    let sfx = suffix(ty.dtype);
+    match *opt {
+        Optimizer::Sgd {
+            lr,
+            momentum,
+            weight_decay,
+        } => {
+            let buf = state.first().copied().unwrap_or(0);
+            let args = [
+                Arg::Ptr(param),
+                Arg::Ptr(grad),
+                Arg::Ptr(buf),
+                Arg::I64(n as i64),
+                Arg::F64(lr),
+                Arg::F64(momentum),
+                Arg::F64(weight_decay),
+            ];
+            c.launch_n(&format!("sgd_{sfx}"), n, &args)
+        }
+        Optimizer::Adam {
+            lr,
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+        }
+        | Optimizer::AdamW {
+            lr,
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+        } => {
+            let [m, v] = state else {
+                crate::bail!(Runtime, "Adam keeps two state buffers, got {}", state.len());
+            };
+            let ti = t.min(i32::MAX as u64) as i32;
+            let (bc1, bc2) = (1.0 - beta1.powi(ti), 1.0 - beta2.powi(ti));
+            let args = [
+                Arg::Ptr(param),
+                Arg::Ptr(grad),
+                Arg::Ptr(*m),
+                Arg::Ptr(*v),
+                Arg::I64(n as i64),
+                Arg::F64(lr / bc1),
+                Arg::F64(bc2.sqrt()),
+                Arg::F64(beta1),
+                Arg::F64(beta2),
+                Arg::F64(eps),
+                Arg::F64(weight_decay),
+                Arg::F64(1.0 - lr * weight_decay),
+                Arg::I32(matches!(opt, Optimizer::AdamW { .. }) as i32),
+            ];
+            c.launch_n(&format!("adam_{sfx}"), n, &args)
+        }
+    }
+}

@@ -1,0 +1,459 @@
+//! Row-wise family on CUDA (cuda/reduce.cu): reductions, Softmax/LogSoftmax and their
+//! gradient, LayerNormalization forward/backward, SoftmaxCrossEntropyLoss and its gradient.
+
+use super::device::{bcast_strides, strides, suffix, Arg, Strided};
+use super::{unsupported, Cuda, V};
+use crate::error::Result;
+use crate::graph::infer::{norm_axis, ValueType};
+use crate::graph::op::LossReduction;
+use crate::graph::{Node, ReduceKind};
+use crate::tensor::{numel, DType};
+use cudarc::driver::CudaSlice;
+
+fn axis_of(node: &Node, axis: i64, r: usize) -> Result<usize> {
+    norm_axis(axis, r).ok_or_else(|| {
+        crate::err!(
+            Runtime,
+            "{}: axis {axis} is out of range for rank {r}",
+            node.describe()
+        )
+    })
+}
+
+fn need_float(node: &Node, x: &V) -> Result<()> {
+    if x.dtype().is_float() {
+        Ok(())
+    } else {
+        Err(unsupported(node, x.dtype()))
+    }
+}
+
+/// Threads per row: a warp for short rows, 256 otherwise.
+fn row_threads(n: usize) -> u32 {
+    if n <= 64 {
+        32
+    } else {
+        256
+    }
+}
+
+/// The statistics dtype of a floating dtype (f32, f64 for f64): what the kernels'
+/// accumulation type stores.
+fn acc_bytes(dt: DType) -> usize {
+    if dt == DType::F64 {
+        8
+    } else {
+        4
+    }
+}
+
+pub fn reduce(c: &Cuda, node: &Node, kind: ReduceKind, x: &V, axes: &[i64], y: &V) -> Result<()> {
+    if x.dtype() == DType::Bool {
+        return Err(unsupported(node, x.dtype()));
+    }
+    let r = x.shape().len();
+    let mut red_axes = vec![];
+    for &a in axes {
+        red_axes.push(axis_of(node, a, r)?);
+    }
+    if axes.is_empty() {
+        red_axes = (0..r).collect();
+    }
+    let st = strides(x.shape());
+    let (mut ks, mut kst, mut rs, mut rst) = (vec![], vec![], vec![], vec![]);
+    for (d, (&size, &stride)) in x.shape().iter().zip(&st).enumerate() {
+        let (dims, sts) = if red_axes.contains(&d) {
+            (&mut rs, &mut rst)
+        } else {
+            (&mut ks, &mut kst)
+        };
+        dims.push(size);
+        sts.push(stride);
+    }
+    let (n_out, n_red) = (numel(&ks), numel(&rs));
+    let kept = Strided::new(&ks, &[&kst], &[])?;
+    let red = Strided::new(&rs, &[&rst], &[])?;
+    let code = match kind {
+        ReduceKind::Sum => 0,
+        ReduceKind::Mean => 1,
+        ReduceKind::Max => 2,
+    };
+    let args = [
+        Arg::Ptr(x.p),
+        Arg::Ptr(y.p),
+        Arg::Strided(kept),
+        Arg::Strided(red),
+        Arg::I64(n_red as i64),
+        Arg::I32(code),
+    ];
+    c.launch(
+        &format!("reduce_{}", suffix(x.dtype())),
+        n_out as u32,
+        row_threads(n_red),
+        &args,
+    )
+}
+
+/// Σ over the rows of a `[rows, n]` matrix into `[n]` (the bias gradient).
+pub fn sum_rows(c: &Cuda, g: &V, rows: usize, n: usize, out: &V) -> Result<()> {
+    let kept = Strided::new(&[n], &[&[1]], &[])?;
+    let red = Strided::new(&[rows], &[&[n as i64]], &[])?;
+    let args = [
+        Arg::Ptr(g.p),
+        Arg::Ptr(out.p),
+        Arg::Strided(kept),
+        Arg::Strided(red),
+        Arg::I64(rows as i64),
+        Arg::I32(0),
+    ];
+    c.launch(
+        &format!("reduce_{}", suffix(g.dtype())),
+        n as u32,
+        row_threads(rows),
+        &args,
+    )
+}
+
+/// (rows, n, inner) around `axis`.
+fn around(shape: &[usize], a: usize) -> (usize, usize, usize) {
+    let (outer, n, inner) = (numel(&shape[..a]), shape[a], numel(&shape[a + 1..]));
+    (outer * inner, n, inner)
+}
+
+pub fn softmax(c: &Cuda, node: &Node, x: &V, axis: i64, log: bool, y: &V) -> Result<()> {
+    need_float(node, x)?;
+    let a = axis_of(node, axis, x.shape().len())?;
+    let (rows, n, inner) = around(x.shape(), a);
+    let args = [
+        Arg::Ptr(x.p),
+        Arg::Ptr(y.p),
+        Arg::I64(n as i64),
+        Arg::I64(inner as i64),
+        Arg::I32(log as i32),
+    ];
+    c.launch(
+        &format!("softmax_{}", suffix(x.dtype())),
+        rows as u32,
+        row_threads(n),
+        &args,
+    )
+}
+
+pub fn softmax_grad(
+    c: &Cuda,
+    node: &Node,
+    dy: &V,
+    y: &V,
+    axis: i64,
+    log: bool,
+    dx: &V,
+) -> Result<()> {
+    need_float(node, y)?;
+    let a = axis_of(node, axis, y.shape().len())?;
+    let (rows, n, inner) = around(y.shape(), a);
+    let args = [
+        Arg::Ptr(dy.p),
+        Arg::Ptr(y.p),
+        Arg::Ptr(dx.p),
+        Arg::I64(n as i64),
+        Arg::I64(inner as i64),
+        Arg::I32(log as i32),
+    ];
+    c.launch(
+        &format!("softmax_grad_{}", suffix(y.dtype())),
+        rows as u32,
+        row_threads(n),
+        &args,
+    )
+}
+
+/// `t` broadcast to the normalised shape `norm`: itself when it already has that many
+/// elements, else a device copy expanded to it.
+fn expanded(c: &Cuda, t: &V, norm: &[usize]) -> Result<Option<CudaSlice<u8>>> {
+    if t.numel() == numel(norm) {
+        return Ok(None);
+    }
+    let ty = ValueType::new(t.dtype(), norm);
+    let buf = c.zeros::<u8>(ty.bytes())?;
+    let dst = V {
+        p: c.addr(&buf),
+        ty: &ty,
+        buf: None,
+    };
+    let s = Strided::new(
+        norm,
+        &[&bcast_strides(t.shape(), norm), &strides(norm)],
+        &[],
+    )?;
+    let n = numel(norm);
+    let args = [
+        Arg::Ptr(t.p),
+        Arg::Ptr(dst.p),
+        Arg::Strided(s),
+        Arg::I64(n as i64),
+    ];
+    c.launch_n(
+        &format!("copy_{}", super::device::word(t.dtype())),
+        n,
+        &args,
+    )?;
+    Ok(Some(buf))
+}
+
+#[allow(clippy::too_many_arguments)]
+pub fn layer_norm(
+    c: &Cuda,
+    node: &Node,
+    x: &V,
+    scale: &V,
+    bias: Option<V>,
+    axis: i64,
+    eps: f32,
+    outs: &[V],
+    want: &[bool],
+) -> Result<()> {
+    need_float(node, x)?;
+    let a = axis_of(node, axis, x.shape().len())?;
+    let norm = &x.shape()[a..];
+    let (rows, n) = (numel(&x.shape()[..a]), numel(norm));
+    let g = expanded(c, scale, norm)?;
+    let b = match &bias {
+        Some(b) => expanded(c, b, norm)?,
+        None => None,
+    };
+    let gp = g.as_ref().map_or(scale.p, |g| c.addr(g));
+    let bp = match (&b, &bias) {
+        (Some(b), _) => c.addr(b),
+        (None, Some(v)) => v.p,
+        (None, None) => 0,
+    };
+    let stat = |i: usize| {
+        outs.get(i)
+            .filter(|_| want.get(i).copied().unwrap_or(false))
+            .map_or(0, |v| v.p)
+    };
+    if n == 0 {
+        crate::bail!(
+            Runtime,
+            "{}: the normalized shape is empty",
+            node.describe()
+        );
+    }
+    let args = [
+        Arg::Ptr(x.p),
+        Arg::Ptr(gp),
+        Arg::Ptr(bp),
+        Arg::Ptr(outs[0].p),
+        Arg::Ptr(stat(1)),
+        Arg::Ptr(stat(2)),
+        Arg::I64(n as i64),
+        Arg::F32(eps),
+    ];
+    c.launch(
+        &format!("layer_norm_{}", suffix(x.dtype())),
+        rows as u32,
+        row_threads(n),
+        &args,
+    )
+}
+
+/// `[dY, X, Scale, Mean, InvStdDev]` → `[dX, dScale, dB]` (each only when wanted).
+pub fn layer_norm_grad(
+    c: &Cuda,
+    node: &Node,
+    ins: [&V; 5],
+    axis: i64,
+    outs: &[V],
+    want: &[bool],
+) -> Result<()> {
+    let [dy, x, scale, mean, inv] = ins;
+    need_float(node, x)?;
+    if mean.dtype().size() != acc_bytes(x.dtype()) || inv.dtype() != mean.dtype() {
+        return Err(unsupported(node, mean.dtype()));
+    }
+    let a = axis_of(node, axis, x.shape().len())?;
+    let norm = &x.shape()[a..];
+    let (rows, n) = (numel(&x.shape()[..a]), numel(norm));
+    let w = |i: usize| {
+        outs.get(i)
+            .filter(|_| want.get(i).copied().unwrap_or(false))
+    };
+    let sfx = suffix(x.dtype());
+    if n == 0 || rows == 0 {
+        for o in outs.iter().skip(1) {
+            c.memset0(o)?;
+        }
+        return Ok(());
+    }
+    if let Some(dx) = w(0) {
+        let g = expanded(c, scale, norm)?;
+        let gp = g.as_ref().map_or(scale.p, |g| c.addr(g));
+        let args = [
+            Arg::Ptr(dy.p),
+            Arg::Ptr(x.p),
+            Arg::Ptr(gp),
+            Arg::Ptr(mean.p),
+            Arg::Ptr(inv.p),
+            Arg::Ptr(dx.p),
+            Arg::I64(n as i64),
+        ];
+        c.launch(
+            &format!("layer_norm_dx_{sfx}"),
+            rows as u32,
+            row_threads(n),
+            &args,
+        )?;
+    }
+    let (ds, db) = (w(1).map_or(0, |v| v.p), w(2).map_or(0, |v| v.p));
+    if ds != 0 || db != 0 {
+        let args = [
+            Arg::Ptr(dy.p),
+            Arg::Ptr(x.p),
+            Arg::Ptr(mean.p),
+            Arg::Ptr(inv.p),
+            Arg::Ptr(ds),
+            Arg::Ptr(db),
+            Arg::I64(rows as i64),
+            Arg::I64(n as i64),
+        ];
+        c.launch_n(&format!("layer_norm_dparams_{sfx}"), n, &args)?;
+    }
+    Ok(())
+}
+
+/// The labels as validated i64 on the device (each a class of axis 1, or ignore_index).
+fn labels(
+    c: &Cuda,
+    node: &Node,
+    scores: &V,
+    labels: &V,
+    ignore: Option<i64>,
+) -> Result<CudaSlice<i64>> {
+    let classes = scores.shape()[1] as i64;
+    let l = c.read(labels)?.to_i64_vec();
+    if let Some(&bad) = l
+        .iter()
+        .find(|&&v| (v < 0 || v >= classes) && Some(v) != ignore)
+    {
+        crate::bail!(
+            Runtime,
+            "{}: label {bad} is out of range for {classes} classes{}",
+            node.describe(),
+            ignore
+                .map(|i| format!(" (ignore_index is {i})"))
+                .unwrap_or_default()
+        );
+    }
+    c.upload_vec(&l)
+}
+
+/// Per-element weights and losses (accumulation type), and log_prob when `logp` is
+/// non-null. Returns (loss, weight) scratch and the element count.
+#[allow(clippy::too_many_arguments)]
+fn sce_rows(
+    c: &Cuda,
+    x: &V,
+    labels: &CudaSlice<i64>,
+    weights: Option<V>,
+    ignore: Option<i64>,
+    logp: u64,
+) -> Result<(CudaSlice<u8>, CudaSlice<u8>, usize)> {
+    let (n, cl) = (x.shape()[0], x.shape()[1]);
+    let d = numel(&x.shape()[2..]);
+    let ne = n * d;
+    let ab = acc_bytes(x.dtype());
+    let (loss, wt) = (c.zeros::<u8>(ne * ab)?, c.zeros::<u8>(ne * ab)?);
+    let args = [
+        Arg::Ptr(x.p),
+        Arg::Ptr(c.addr(labels)),
+        Arg::Ptr(weights.map_or(0, |w| w.p)),
+        Arg::Ptr(c.addr(&loss)),
+        Arg::Ptr(c.addr(&wt)),
+        Arg::Ptr(logp),
+        Arg::I64(cl as i64),
+        Arg::I64(d.max(1) as i64),
+        Arg::I64(ne as i64),
+        Arg::I64(ignore.unwrap_or(0)),
+        Arg::I32(ignore.is_some() as i32),
+    ];
+    c.launch_n(&format!("sce_rows_{}", suffix(x.dtype())), ne, &args)?;
+    Ok((loss, wt, ne))
+}
+
+fn reduction_code(r: LossReduction) -> i32 {
+    match r {
+        LossReduction::None => 0,
+        LossReduction::Sum => 1,
+        LossReduction::Mean => 2,
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+pub fn sce(
+    c: &Cuda,
+    node: &Node,
+    x: &V,
+    lab: &V,
+    weights: Option<V>,
+    reduction: LossReduction,
+    ignore: Option<i64>,
+    outs: &[V],
+    want: &[bool],
+) -> Result<()> {
+    need_float(node, x)?;
+    let l = labels(c, node, x, lab, ignore)?;
+    let logp = outs
+        .get(1)
+        .filter(|_| want.get(1).copied().unwrap_or(false))
+        .map_or(0, |v| v.p);
+    let (loss, wt, ne) = sce_rows(c, x, &l, weights, ignore, logp)?;
+    let code = reduction_code(reduction);
+    let args = [
+        Arg::Ptr(c.addr(&loss)),
+        Arg::Ptr(c.addr(&wt)),
+        Arg::Ptr(outs[0].p),
+        Arg::I64(ne as i64),
+        Arg::I32(code),
+    ];
+    let grid = if code == 0 {
+        super::device::grid_for(ne)
+    } else {
+        1
+    };
+    c.launch(
+        &format!("sce_reduce_{}", suffix(x.dtype())),
+        grid,
+        256,
+        &args,
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+pub fn sce_grad(
+    c: &Cuda,
+    node: &Node,
+    dloss: &V,
+    x: &V,
+    lab: &V,
+    weights: Option<V>,
+    reduction: LossReduction,
+    ignore: Option<i64>,
+    dx: &V,
+) -> Result<()> {
+    need_float(node, x)?;
+    let l = labels(c, node, x, lab, ignore)?;
+    let (_loss, wt, ne) = sce_rows(c, x, &l, weights, ignore, 0)?;
+    let (cl, d) = (x.shape()[1], numel(&x.shape()[2..]));
+    let args = [
+        Arg::Ptr(x.p),
+        Arg::Ptr(c.addr(&l)),
+        Arg::Ptr(c.addr(&wt)),
+        Arg::Ptr(dloss.p),
+        Arg::Ptr(dx.p),
+        Arg::I64(cl as i64),
+        Arg::I64(d.max(1) as i64),
+        Arg::I64(ne as i64),
+        Arg::I32(reduction_code(reduction)),
+    ];
+    c.launch_n(&format!("sce_grad_{}", suffix(x.dtype())), ne, &args)
+}

@@ -1,0 +1,234 @@
+//! Shape family on CUDA (cuda/shape.cu): Transpose, Slice, Concat, Split, Expand and
+//! SliceGrad are all one strided copy with different strides; Gather and GatherGrad.
+
+use super::device::{strides, suffix, word, Arg, Strided};
+use super::{unsupported, Cuda, V};
+use crate::error::Result;
+use crate::graph::infer::{norm_axis, slice_range};
+use crate::graph::Node;
+use crate::tensor::numel;
+
+/// Copies the elements of a walk over `shape`: element i goes from `src + offset(0, i)`
+/// to `dst + offset(1, i)`.
+#[allow(clippy::too_many_arguments)]
+fn strided_copy(
+    c: &Cuda,
+    src: &V,
+    dst: &V,
+    shape: &[usize],
+    src_st: &[i64],
+    src_base: i64,
+    dst_st: &[i64],
+    dst_base: i64,
+) -> Result<()> {
+    let n = numel(shape);
+    let s = Strided::new(shape, &[src_st, dst_st], &[src_base, dst_base])?;
+    let args = [
+        Arg::Ptr(src.p),
+        Arg::Ptr(dst.p),
+        Arg::Strided(s),
+        Arg::I64(n as i64),
+    ];
+    c.launch_n(&format!("copy_{}", word(src.dtype())), n, &args)
+}
+
+/// Reads `x` with strides `st` from `base` into contiguous `y`.
+fn gather_copy(c: &Cuda, x: &V, y: &V, st: &[i64], base: i64) -> Result<()> {
+    strided_copy(c, x, y, y.shape(), st, base, &strides(y.shape()), 0)
+}
+
+fn bad_axis(axis: i64, r: usize) -> crate::error::Error {
+    crate::err!(Runtime, "axis {axis} is out of range for rank {r}")
+}
+
+pub fn transpose(c: &Cuda, x: &V, perm: Option<&[usize]>, y: &V) -> Result<()> {
+    let st = strides(x.shape());
+    let r = st.len();
+    let st: Vec<i64> = match perm {
+        Some(p) => p.iter().map(|&d| st[d]).collect(),
+        None => (0..r).rev().map(|d| st[d]).collect(),
+    };
+    gather_copy(c, x, y, &st, 0)
+}
+
+pub fn expand(c: &Cuda, x: &V, y: &V) -> Result<()> {
+    gather_copy(
+        c,
+        x,
+        y,
+        &super::device::bcast_strides(x.shape(), y.shape()),
+        0,
+    )
+}
+
+/// Each input is written into its window of the output along `axis`.
+pub fn concat(c: &Cuda, ins: &[Option<V>], axis: i64, y: &V) -> Result<()> {
+    let r = y.shape().len();
+    let a = norm_axis(axis, r).ok_or_else(|| bad_axis(axis, r))?;
+    let yst = strides(y.shape());
+    let mut at = 0i64;
+    for x in ins.iter().flatten() {
+        strided_copy(
+            c,
+            x,
+            y,
+            x.shape(),
+            &strides(x.shape()),
+            0,
+            &yst,
+            at * yst[a],
+        )?;
+        at += x.shape()[a] as i64;
+    }
+    Ok(())
+}
+
+/// Each output reads its window of the input along `axis`.
+pub fn split(c: &Cuda, x: &V, axis: i64, outs: &[V]) -> Result<()> {
+    let r = x.shape().len();
+    let a = norm_axis(axis, r).ok_or_else(|| bad_axis(axis, r))?;
+    let xst = strides(x.shape());
+    let mut at = 0i64;
+    for y in outs {
+        gather_copy(c, x, y, &xst, at * xst[a])?;
+        at += y.shape()[a] as i64;
+    }
+    Ok(())
+}
+
+/// (start, step) per axis of a Slice over `shape`, from its starts/ends/axes/steps inputs
+/// (read back from the device: they decide offsets).
+fn slice_steps(c: &Cuda, shape: &[usize], args: &[Option<V>]) -> Result<Vec<(i64, i64)>> {
+    let arg = |i: usize| -> Result<Option<Vec<i64>>> {
+        match args.get(i).copied().flatten() {
+            Some(v) => Ok(Some(c.read(&v)?.to_i64_vec())),
+            None => Ok(None),
+        }
+    };
+    let (starts, ends) = (arg(0)?.unwrap_or_default(), arg(1)?.unwrap_or_default());
+    let r = shape.len();
+    let axes = arg(2)?.unwrap_or_else(|| (0..starts.len() as i64).collect());
+    let steps = arg(3)?.unwrap_or_else(|| vec![1; starts.len()]);
+    let mut out = vec![(0, 1); r];
+    for (k, &axis) in axes.iter().enumerate() {
+        let a = norm_axis(axis, r).ok_or_else(|| bad_axis(axis, r))?;
+        let (Some(&start), Some(&end), Some(&step)) = (starts.get(k), ends.get(k), steps.get(k))
+        else {
+            crate::bail!(
+                Runtime,
+                "Slice: starts, ends, axes and steps disagree in length"
+            );
+        };
+        let (s, _) =
+            slice_range(start, end, step, shape[a]).map_err(|m| crate::err!(Runtime, "{m}"))?;
+        out[a] = (s, step);
+    }
+    Ok(out)
+}
+
+/// The strides and base offset that read the slice `sel` of a tensor of `shape`.
+fn slice_view(shape: &[usize], sliced: &[usize], sel: &[(i64, i64)]) -> (Vec<i64>, i64) {
+    let mut st = strides(shape);
+    let mut base = 0;
+    for (a, &(s, step)) in sel.iter().enumerate() {
+        if sliced[a] > 0 {
+            base += s * st[a];
+        }
+        st[a] = st[a].saturating_mul(step);
+    }
+    (st, base)
+}
+
+pub fn slice(c: &Cuda, x: &V, ins: &[Option<V>], y: &V) -> Result<()> {
+    let sel = slice_steps(c, x.shape(), ins.get(1..).unwrap_or_default())?;
+    let (st, base) = slice_view(x.shape(), y.shape(), &sel);
+    gather_copy(c, x, y, &st, base)
+}
+
+/// dX: zeros with dY written into the sliced positions.
+pub fn slice_grad(c: &Cuda, dy: &V, ins: &[Option<V>], dx: &V) -> Result<()> {
+    c.memset0(dx)?;
+    let sel = slice_steps(c, dx.shape(), ins.get(2..).unwrap_or_default())?;
+    let (st, base) = slice_view(dx.shape(), dy.shape(), &sel);
+    strided_copy(c, dy, dx, dy.shape(), &strides(dy.shape()), 0, &st, base)
+}
+
+/// The indices, range-checked as the CPU does and made non-negative, and the axis.
+fn indices(
+    c: &Cuda,
+    node: &Node,
+    shape: &[usize],
+    idx: &V,
+    axis: i64,
+) -> Result<(usize, Vec<i64>)> {
+    let r = shape.len();
+    let a = norm_axis(axis, r).ok_or_else(|| bad_axis(axis, r))?;
+    let d = shape[a] as i64;
+    let ids = c
+        .read(idx)?
+        .to_i64_vec()
+        .into_iter()
+        .map(|i| {
+            let j = if i < 0 { i + d } else { i };
+            if j < 0 || j >= d {
+                crate::bail!(
+                    Runtime,
+                    "{}: index {i} is out of range for axis {a} of size {d}",
+                    node.describe()
+                );
+            }
+            Ok(j)
+        })
+        .collect::<Result<Vec<i64>>>()?;
+    Ok((a, ids))
+}
+
+pub fn gather(c: &Cuda, node: &Node, x: &V, idx: &V, axis: i64, y: &V) -> Result<()> {
+    let (a, ids) = indices(c, node, x.shape(), idx, axis)?;
+    let dev_ids = c.upload_vec(&ids)?;
+    let inner = numel(&x.shape()[a + 1..]);
+    let n = y.numel();
+    let args = [
+        Arg::Ptr(x.p),
+        Arg::Ptr(c.addr(&dev_ids)),
+        Arg::Ptr(y.p),
+        Arg::I64(ids.len() as i64),
+        Arg::I64(x.shape()[a] as i64),
+        Arg::I64(inner.max(1) as i64),
+        Arg::I64(n as i64),
+    ];
+    c.launch_n(&format!("gather_{}", word(x.dtype())), n, &args)
+}
+
+/// Scatter-add of dY rows into zeros, deterministic: the host sorts the readers of each
+/// row once, and each output element sums its readers in that order.
+pub fn gather_grad(c: &Cuda, node: &Node, dy: &V, idx: &V, axis: i64, out: &V) -> Result<()> {
+    if !out.dtype().is_float() {
+        return Err(unsupported(node, out.dtype()));
+    }
+    let (a, ids) = indices(c, node, out.shape(), idx, axis)?;
+    let d = out.shape()[a];
+    let mut order: Vec<i64> = (0..ids.len() as i64).collect();
+    order.sort_by_key(|&q| ids[q as usize]);
+    let mut starts = vec![0i64; d + 1];
+    for &i in &ids {
+        starts[i as usize + 1] += 1;
+    }
+    for j in 0..d {
+        starts[j + 1] += starts[j];
+    }
+    let (order, starts) = (c.upload_vec(&order)?, c.upload_vec(&starts)?);
+    let inner = numel(&out.shape()[a + 1..]);
+    let n = out.numel();
+    let args = [
+        Arg::Ptr(dy.p),
+        Arg::Ptr(c.addr(&order)),
+        Arg::Ptr(c.addr(&starts)),
+        Arg::Ptr(out.p),
+        Arg::I64(ids.len() as i64),
+        Arg::I64(d as i64),
+        Arg::I64(inner.max(1) as i64),
+        Arg::I64(n as i64),
+    ];
+    c.launch_n(&format!("gather_grad_{}", suffix(out.dtype())), n, &args)
+}

@@ -1,0 +1,811 @@
+//! Gradient rules: one function per op family, dispatched by `grad` on the closed `Op`
+//! enum (so a new op cannot be added without deciding its gradient). A rule gets the
+//! forward node and the gradients of its outputs (`None` where no gradient reached an
+//! output) and returns, per input, the value holding that input's gradient, built from
+//! new nodes. Rules only compute what is needed: `b.needs(input)` says whether anyone
+//! wants an input's gradient.
+
+use super::Builder;
+use crate::error::Result;
+use crate::graph::{BinaryOp as B, Node, Op, ReduceKind, UnaryOp};
+
+type Grads = Vec<Option<String>>;
+
+pub(super) fn grad(b: &mut Builder, ni: usize, n: &Node, dys: &[Option<String>]) -> Result<Grads> {
+    let none = || Ok(vec![None; n.inputs.len()]);
+    // Most ops have one output; its gradient.
+    let Some(dy) = dys[0].clone() else {
+        return multi(b, ni, n, dys);
+    };
+    let x = n.inputs.first().cloned().unwrap_or_default();
+    match &n.op {
+        Op::Unary(u) => {
+            let g = match u {
+                UnaryOp::Neg => b.un(Op::Unary(UnaryOp::Neg), &dy)?,
+                _ => b.op1(Op::UnaryGrad(*u), &[&dy, &x], &format!("{x}.d"))?,
+            };
+            Ok(vec![Some(g)])
+        }
+        Op::Binary(op) => binary(b, n, *op, &dy),
+        Op::Clip => clip(b, n, &dy),
+        Op::Where => {
+            let (c, l, r) = (&n.inputs[0], &n.inputs[1], &n.inputs[2]);
+            let z = b.scalar(b.dtype(&dy), 0.0)?;
+            let mut out = vec![None, None, None];
+            if b.needs(l) {
+                let w = b.op1(Op::Where, &[c, &dy, &z], &format!("{l}.d"))?;
+                out[1] = Some(b.sum_to(&w, &b.shape(l))?);
+            }
+            if b.needs(r) {
+                let w = b.op1(Op::Where, &[c, &z, &dy], &format!("{r}.d"))?;
+                out[2] = Some(b.sum_to(&w, &b.shape(r))?);
+            }
+            Ok(out)
+        }
+        Op::Cast { .. } => {
+            let from = b.dtype(&x);
+            if !from.is_float() {
+                return none();
+            }
+            Ok(vec![Some(b.un(Op::Cast { to: from }, &dy)?)])
+        }
+        Op::Identity => Ok(vec![Some(dy)]),
+        Op::Reshape { .. } | Op::Flatten { .. } | Op::Squeeze { .. } | Op::Unsqueeze { .. } => {
+            let mut out = vec![None; n.inputs.len()];
+            out[0] = Some(b.reshape(&dy, &b.shape(&x))?);
+            Ok(out)
+        }
+        Op::Transpose { perm } => {
+            let r = b.shape(&x).len();
+            let perm = perm.clone().unwrap_or_else(|| (0..r).rev().collect());
+            let mut inv = vec![0; r];
+            for (i, &p) in perm.iter().enumerate() {
+                inv[p] = i;
+            }
+            Ok(vec![Some(b.transpose(&dy, inv)?)])
+        }
+        Op::Expand => Ok(vec![Some(b.sum_to(&dy, &b.shape(&x))?), None]),
+        Op::Concat { axis } => {
+            let r = b.shape(&dy).len();
+            let a = crate::graph::infer::norm_axis(*axis, r).expect("inferred");
+            let sizes: Vec<i64> = n.inputs.iter().map(|i| b.shape(i)[a] as i64).collect();
+            let outs: Vec<String> = n.inputs.iter().map(|i| format!("{i}.d")).collect();
+            let outs: Vec<&str> = outs.iter().map(|s| s.as_str()).collect();
+            let op = Op::Split {
+                axis: *axis,
+                split: Some(sizes),
+                num_outputs: None,
+            };
+            let parts = b.node(op, &[&dy], &outs)?;
+            Ok(parts.into_iter().map(Some).collect())
+        }
+        Op::Slice => {
+            let xs = b.shape_const(&b.shape(&x))?;
+            let mut ins: Vec<&str> = vec![&dy, &xs];
+            ins.extend(n.inputs[1..].iter().map(|s| s.as_str()));
+            let g = b.op1(Op::SliceGrad, &ins, &format!("{x}.d"))?;
+            let mut out = vec![None; n.inputs.len()];
+            out[0] = Some(g);
+            Ok(out)
+        }
+        Op::Gather { axis } => {
+            let xs = b.shape_const(&b.shape(&x))?;
+            let g = b.op1(
+                Op::GatherGrad { axis: *axis },
+                &[&dy, &n.inputs[1], &xs],
+                &format!("{x}.d"),
+            )?;
+            Ok(vec![Some(g), None])
+        }
+        Op::Trilu { upper } => {
+            let mut ins: Vec<&str> = vec![&dy];
+            ins.extend(n.inputs.get(1).map(|s| s.as_str()));
+            let g = b.op1(Op::Trilu { upper: *upper }, &ins, &format!("{x}.d"))?;
+            let mut out = vec![None; n.inputs.len()];
+            out[0] = Some(g);
+            Ok(out)
+        }
+        Op::MatMul => matmul(b, n, &dy),
+        Op::Gemm {
+            alpha,
+            beta,
+            trans_a,
+            trans_b,
+        } => gemm(b, n, &dy, *alpha, *beta, *trans_a, *trans_b),
+        Op::Softmax { axis } | Op::LogSoftmax { axis } => {
+            let log = matches!(n.op, Op::LogSoftmax { .. });
+            let g = b.op1(
+                Op::SoftmaxGrad { axis: *axis, log },
+                &[&dy, &n.outputs[0]],
+                &format!("{x}.d"),
+            )?;
+            Ok(vec![Some(g)])
+        }
+        Op::Reduce {
+            kind,
+            axes,
+            keepdims: _,
+            noop_with_empty_axes,
+        } => reduce(b, n, &dy, *kind, axes.clone(), *noop_with_empty_axes),
+        Op::Dropout { ratio, .. } => {
+            let mut out = vec![None; n.inputs.len()];
+            let dt = b.dtype(&dy);
+            let ratio_in = n.inputs.get(1).filter(|s| !s.is_empty()).cloned();
+            let ratio = match &ratio_in {
+                None => Some(*ratio as f64),
+                Some(r) => b.konst(r).map(|t| t.to_f64_vec()[0]),
+            };
+            // Whether the forward applies the mask: always in a training backward graph
+            // (see below), else as its training_mode input says (None: at run time).
+            let tm = n.inputs.get(2).filter(|s| !s.is_empty()).cloned();
+            let applies = if b.training() {
+                Some(true)
+            } else {
+                match &tm {
+                    None => Some(false),
+                    Some(t) => b.konst(t).map(|t| t.to_f64_vec()[0] != 0.0),
+                }
+            };
+            if applies == Some(false) || ratio == Some(0.0) {
+                out[0] = Some(dy);
+                return Ok(out);
+            }
+            if b.training() {
+                // The gradient below assumes the mask was applied, but the backend may
+                // run in inference mode (`train_step` on a session made without
+                // `training`): the forward node is told to train by its training_mode.
+                b.force_training_mode(ni)?;
+            }
+            let mask = b.aux_output(ni, 1, "mask")?;
+            // dX = dY · mask / (1 − ratio) where the mask applies; where it does not, the
+            // mask is all true and the scale 1.
+            let s = match (ratio, &ratio_in) {
+                (Some(r), _) => b.scalar(dt, 1.0 / (1.0 - r))?,
+                (None, Some(r)) => {
+                    let r = if b.dtype(r) == dt {
+                        r.clone()
+                    } else {
+                        b.un(Op::Cast { to: dt }, r)?
+                    };
+                    let one = b.scalar(dt, 1.0)?;
+                    let keep = b.bin(B::Sub, &one, &r)?;
+                    b.bin(B::Div, &one, &keep)?
+                }
+                (None, None) => unreachable!("a ratio that is not an input is known"),
+            };
+            let s = match (applies, &tm) {
+                (None, Some(t)) => {
+                    let one = b.scalar(dt, 1.0)?;
+                    b.op1(Op::Where, &[t, &s, &one], &format!("{x}.scale"))?
+                }
+                _ => s,
+            };
+            let scaled = b.bin(B::Mul, &dy, &s)?;
+            let z = b.scalar(dt, 0.0)?;
+            out[0] = Some(b.op1(Op::Where, &[&mask, &scaled, &z], &format!("{x}.d"))?);
+            Ok(out)
+        }
+        Op::FusedMatMul {
+            activation,
+            trans_b,
+        } => {
+            let (a, w) = (&n.inputs[0], &n.inputs[1]);
+            let bias = n.inputs.get(2).filter(|s| !s.is_empty());
+            let res = n.inputs.get(3).filter(|s| !s.is_empty());
+            let mut ins: Vec<String> = vec![dy.clone(), a.clone(), w.clone()];
+            if *activation != crate::graph::Activation::None {
+                ins.push(b.aux_output(ni, 1, "pre")?);
+            }
+            let ins: Vec<&str> = ins.iter().map(|s| s.as_str()).collect();
+            let want = |v: Option<&String>| -> String {
+                match v {
+                    Some(v) if b.needs(v) => format!("{v}.d"),
+                    _ => String::new(),
+                }
+            };
+            let mut outs = vec![want(Some(a)), want(Some(w))];
+            if bias.is_some() {
+                outs.push(want(bias));
+            }
+            let outs: Vec<&str> = outs.iter().map(|s| s.as_str()).collect();
+            let op = Op::FusedMatMulGrad {
+                activation: *activation,
+                trans_b: *trans_b,
+            };
+            let mut out: Grads = b
+                .node(op, &ins, &outs)?
+                .into_iter()
+                .map(|v| Some(v).filter(|v| !v.is_empty()))
+                .collect();
+            out.resize(n.inputs.len(), None);
+            if let Some(r) = res.filter(|r| b.needs(r)) {
+                out[3] = Some(b.sum_to(&dy, &b.shape(r))?);
+            }
+            Ok(out)
+        }
+        Op::Attention { is_causal, scale } => {
+            let lse = b.aux_output(ni, 1, "lse")?;
+            let mask = n.inputs.get(3).cloned().unwrap_or_default();
+            let mask_grad = b.needs(&mask);
+            let mut ins = vec![
+                dy.as_str(),
+                &n.inputs[0],
+                &n.inputs[1],
+                &n.inputs[2],
+                &n.outputs[0],
+                &lse,
+            ];
+            if !mask.is_empty() {
+                ins.push(&mask);
+            }
+            let mut outs: Vec<String> = n.inputs[..3]
+                .iter()
+                .map(|v| {
+                    if b.needs(v) {
+                        format!("{v}.d")
+                    } else {
+                        String::new()
+                    }
+                })
+                .collect();
+            if mask_grad {
+                outs.push(format!("{mask}.d"));
+            }
+            let outs: Vec<&str> = outs.iter().map(|s| s.as_str()).collect();
+            let op = Op::AttentionGrad {
+                is_causal: *is_causal,
+                scale: *scale,
+            };
+            let mut out: Grads = b
+                .node(op, &ins, &outs)?
+                .into_iter()
+                .map(|v| Some(v).filter(|v| !v.is_empty()))
+                .collect();
+            out.resize(n.inputs.len(), None);
+            if let Some(dm) = out.get(3).cloned().flatten() {
+                out[3] = Some(b.sum_to(&dm, &b.shape(&mask))?);
+            }
+            Ok(out)
+        }
+        Op::VarlenAttention { is_causal, scale } => {
+            let lse = b.aux_output(ni, 1, "lse")?;
+            let mut ins: Vec<&str> = vec![&dy];
+            ins.extend(n.inputs.iter().map(|s| s.as_str()));
+            ins.push(&n.outputs[0]);
+            ins.push(&lse);
+            let outs: Vec<String> = n.inputs[..3]
+                .iter()
+                .map(|v| {
+                    if b.needs(v) {
+                        format!("{v}.d")
+                    } else {
+                        String::new()
+                    }
+                })
+                .collect();
+            let outs: Vec<&str> = outs.iter().map(|s| s.as_str()).collect();
+            let op = Op::VarlenAttentionGrad {
+                is_causal: *is_causal,
+                scale: *scale,
+            };
+            let mut out: Grads = b
+                .node(op, &ins, &outs)?
+                .into_iter()
+                .map(|v| Some(v).filter(|v| !v.is_empty()))
+                .collect();
+            out.resize(n.inputs.len(), None);
+            Ok(out)
+        }
+        // No gradient flows through integer results, shapes or constants.
+        Op::Shape { .. } | Op::Constant { .. } => none(),
+        // Multi-output ops are handled by `multi`; gradient ops are not differentiated again.
+        Op::Split { .. }
+        | Op::LayerNormalization { .. }
+        | Op::SoftmaxCrossEntropyLoss { .. }
+        | Op::UnaryGrad(_)
+        | Op::SoftmaxGrad { .. }
+        | Op::LayerNormalizationGrad { .. }
+        | Op::SoftmaxCrossEntropyLossGrad { .. }
+        | Op::GatherGrad { .. }
+        | Op::SliceGrad
+        | Op::FusedMatMulGrad { .. }
+        | Op::AttentionGrad { .. }
+        | Op::VarlenAttentionGrad { .. } => multi(b, ni, n, dys),
+    }
+}
+
+/// Ops with several outputs (their rule looks at every output's gradient), and ops
+/// that have no rule.
+fn multi(b: &mut Builder, ni: usize, n: &Node, dys: &[Option<String>]) -> Result<Grads> {
+    let mut out = vec![None; n.inputs.len()];
+    match &n.op {
+        Op::Split { axis, .. } => {
+            let x = &n.inputs[0];
+            let mut parts = vec![];
+            for (o, d) in n.outputs.iter().zip(dys) {
+                parts.push(match d {
+                    Some(d) => d.clone(),
+                    None => {
+                        let ty = b.ty(o).clone();
+                        b.zeros(&ty)?
+                    }
+                });
+            }
+            let parts: Vec<&str> = parts.iter().map(|s| s.as_str()).collect();
+            out[0] = Some(b.op1(Op::Concat { axis: *axis }, &parts, &format!("{x}.d"))?);
+        }
+        Op::LayerNormalization { axis, .. } => {
+            let (x, scale) = (&n.inputs[0], &n.inputs[1]);
+            let bias = n.inputs.get(2).filter(|s| !s.is_empty()).cloned();
+            let mean = b.aux_output(ni, 1, "mean")?;
+            let inv = b.aux_output(ni, 2, "inv_std")?;
+            if let Some(dy) = &dys[0] {
+                let name = |v: &str, b: &Builder| {
+                    if b.needs(v) {
+                        format!("{v}.d")
+                    } else {
+                        String::new()
+                    }
+                };
+                let mut outs = vec![name(x, b), name(scale, b)];
+                if let Some(bi) = &bias {
+                    outs.push(name(bi, b));
+                }
+                let outs: Vec<&str> = outs.iter().map(|s| s.as_str()).collect();
+                let r = b.node(
+                    Op::LayerNormalizationGrad { axis: *axis },
+                    &[dy, x, scale, &mean, &inv],
+                    &outs,
+                )?;
+                out[0] = Some(r[0].clone()).filter(|v| !v.is_empty());
+                if !r[1].is_empty() {
+                    out[1] = Some(b.sum_to(&r[1], &b.shape(scale))?);
+                }
+                if let (Some(bi), Some(d)) = (&bias, r.get(2).filter(|v| !v.is_empty())) {
+                    out[2] = Some(b.sum_to(d, &b.shape(bi))?);
+                }
+            }
+            let dmean = dys.get(1).cloned().flatten();
+            let dinv = dys.get(2).cloned().flatten();
+            if b.needs(x) && (dmean.is_some() || dinv.is_some()) {
+                let stats = layer_norm_stats_grad(b, *axis, x, &mean, &inv, dmean, dinv)?;
+                out[0] = Some(match out[0].take() {
+                    Some(d) => b.bin(B::Add, &d, &stats)?,
+                    None => stats,
+                });
+            }
+        }
+        Op::SoftmaxCrossEntropyLoss {
+            reduction,
+            ignore_index,
+        } => {
+            let scores = &n.inputs[0];
+            let weights = n.inputs.get(2).filter(|s| !s.is_empty()).cloned();
+            if b.needs(scores) {
+                let mut parts = vec![];
+                if let Some(dl) = &dys[0] {
+                    let mut ins: Vec<&str> = vec![dl, scores, &n.inputs[1]];
+                    ins.extend(weights.as_deref());
+                    let op = Op::SoftmaxCrossEntropyLossGrad {
+                        reduction: *reduction,
+                        ignore_index: *ignore_index,
+                    };
+                    parts.push(b.op1(op, &ins, &format!("{scores}.d"))?);
+                }
+                if let Some(dlp) = dys.get(1).cloned().flatten() {
+                    // log_prob = LogSoftmax(scores, axis 1).
+                    let op = Op::SoftmaxGrad { axis: 1, log: true };
+                    parts.push(b.op1(op, &[&dlp, &n.outputs[1]], &format!("{scores}.d"))?);
+                }
+                let mut it = parts.into_iter();
+                let mut s = it.next().expect("some output has a gradient");
+                for p in it {
+                    s = b.bin(B::Add, &s, &p)?;
+                }
+                out[0] = Some(s);
+            }
+            // log_prob does not depend on the weights: only the loss' gradient reaches them.
+            if let (Some(w), Some(dl)) = (weights.filter(|w| b.needs(w)), &dys[0]) {
+                out[2] = Some(sce_weights_grad(b, n, dl, *reduction, *ignore_index, &w)?);
+            }
+        }
+        Op::Dropout { .. } => {
+            // Only the mask output got a gradient: nothing flows to the data.
+        }
+        op => crate::bail!(
+            Graph,
+            "{} has no gradient rule (it is not differentiated again)",
+            op.name()
+        ),
+    }
+    Ok(out)
+}
+
+/// The part of LayerNormalization's dX that comes through its Mean and InvStdDev outputs
+/// (computed in their statistics dtype): with N the normalized size and xc = X − Mean,
+/// dX = dMean/N − dInvStdDev·InvStdDev³·xc/N (the variance's own mean term cancels).
+fn layer_norm_stats_grad(
+    b: &mut Builder,
+    axis: i64,
+    x: &str,
+    mean: &str,
+    inv: &str,
+    dmean: Option<String>,
+    dinv: Option<String>,
+) -> Result<String> {
+    let sx = b.shape(x);
+    let a = crate::graph::infer::norm_axis(axis, sx.len()).expect("inferred");
+    let count: usize = sx[a..].iter().product();
+    let (dt, sd) = (b.dtype(x), b.dtype(mean));
+    let k = b.scalar(sd, 1.0 / count.max(1) as f64)?;
+    let mut parts = vec![];
+    if let Some(dm) = dmean {
+        let t = b.bin(B::Mul, &dm, &k)?;
+        let xs = b.shape_const(&sx)?;
+        let h = b.hint();
+        parts.push(b.op1(Op::Expand, &[&t, &xs], &h)?);
+    }
+    if let Some(di) = dinv {
+        let xf = if dt == sd {
+            x.to_string()
+        } else {
+            b.un(Op::Cast { to: sd }, x)?
+        };
+        let xc = b.bin(B::Sub, &xf, mean)?;
+        let i2 = b.bin(B::Mul, inv, inv)?;
+        let i3 = b.bin(B::Mul, &i2, inv)?;
+        let c = b.bin(B::Mul, &di, &i3)?;
+        let c = b.bin(B::Mul, &c, &k)?;
+        let t = b.bin(B::Mul, &xc, &c)?;
+        parts.push(b.un(Op::Unary(UnaryOp::Neg), &t)?);
+    }
+    let mut it = parts.into_iter();
+    let mut s = it.next().expect("some statistic has a gradient");
+    for p in it {
+        s = b.bin(B::Add, &s, &p)?;
+    }
+    if dt != sd {
+        s = b.un(Op::Cast { to: dt }, &s)?;
+    }
+    Ok(s)
+}
+
+/// The gradient of SoftmaxCrossEntropyLoss' class weights: a scatter-add over the labels
+/// (GatherGrad into `[C]`) of v_i = dL_i·nll_i (none), dL·nll_i (sum) or
+/// dL·(nll_i − L)/W (mean, W = Σ_i w[l_i]), where nll_i is element i's unweighted loss and
+/// ignored elements contribute 0.
+fn sce_weights_grad(
+    b: &mut Builder,
+    n: &Node,
+    dl: &str,
+    reduction: crate::graph::op::LossReduction,
+    ignore_index: Option<i64>,
+    w: &str,
+) -> Result<String> {
+    use crate::graph::op::LossReduction as R;
+    let (scores, labels) = (&n.inputs[0], &n.inputs[1]);
+    let dt = b.dtype(scores);
+    let lt = b.dtype(labels);
+    let h = format!("{w}.d");
+    // An ignored label may be out of range: read class 0 there instead, weighted by 0.
+    let (safe, valid) = match ignore_index {
+        Some(ii) => {
+            let iiv = b.constant(crate::tensor::Tensor::from_f64(lt, &[], &[ii as f64])?)?;
+            let hit = b.bin(B::Equal, labels, &iiv)?;
+            let zl = b.constant(crate::tensor::Tensor::from_f64(lt, &[], &[0.0])?)?;
+            let safe = b.op1(Op::Where, &[&hit, &zl, labels], &h)?;
+            let (z, one) = (b.scalar(dt, 0.0)?, b.scalar(dt, 1.0)?);
+            let valid = b.op1(Op::Where, &[&hit, &z, &one], &h)?;
+            (safe, Some(valid))
+        }
+        None => (labels.clone(), None),
+    };
+    let op = Op::SoftmaxCrossEntropyLoss {
+        reduction: R::None,
+        ignore_index: None,
+    };
+    let nll = b.op1(op, &[scores, &safe], &h)?;
+    let mut v = match reduction {
+        R::Mean => b.bin(B::Sub, &nll, &n.outputs[0])?,
+        R::Sum | R::None => nll,
+    };
+    if let Some(m) = &valid {
+        v = b.bin(B::Mul, &v, m)?;
+    }
+    v = b.bin(B::Mul, &v, dl)?;
+    if reduction == R::Mean {
+        let mut wi = b.op1(Op::Gather { axis: 0 }, &[w, &safe], &h)?;
+        if let Some(m) = &valid {
+            wi = b.bin(B::Mul, &wi, m)?;
+        }
+        let all = Op::Reduce {
+            kind: ReduceKind::Sum,
+            axes: None,
+            keepdims: false,
+            noop_with_empty_axes: false,
+        };
+        let total = b.un(all, &wi)?;
+        v = b.bin(B::Div, &v, &total)?;
+    }
+    let ws = b.shape_const(&b.shape(w))?;
+    b.op1(Op::GatherGrad { axis: 0 }, &[&v, &safe, &ws], &h)
+}
+
+fn binary(b: &mut Builder, n: &Node, op: B, dy: &str) -> Result<Grads> {
+    let (x, y) = (&n.inputs[0], &n.inputs[1]);
+    let (wx, wy) = (b.needs(x), b.needs(y));
+    let mut out = vec![None, None];
+    let to = |b: &mut Builder, g: String, v: &str| -> Result<Option<String>> {
+        let s = b.shape(v);
+        Ok(Some(b.sum_to(&g, &s)?))
+    };
+    match op {
+        B::Add | B::Sub => {
+            if wx {
+                out[0] = to(b, dy.to_string(), x)?;
+            }
+            if wy {
+                let g = if op == B::Sub {
+                    b.un(Op::Unary(UnaryOp::Neg), dy)?
+                } else {
+                    dy.to_string()
+                };
+                out[1] = to(b, g, y)?;
+            }
+        }
+        B::Mul => {
+            if wx {
+                let g = b.bin(B::Mul, dy, y)?;
+                out[0] = to(b, g, x)?;
+            }
+            if wy {
+                let g = b.bin(B::Mul, dy, x)?;
+                out[1] = to(b, g, y)?;
+            }
+        }
+        B::Div => {
+            if wx {
+                let g = b.bin(B::Div, dy, y)?;
+                out[0] = to(b, g, x)?;
+            }
+            if wy {
+                // d(x/y)/dy = -(x/y)/y
+                let q = b.bin(B::Div, &n.outputs[0], y)?;
+                let g = b.bin(B::Mul, dy, &q)?;
+                let g = b.un(Op::Unary(UnaryOp::Neg), &g)?;
+                out[1] = to(b, g, y)?;
+            }
+        }
+        B::Pow => {
+            if wx {
+                // y * x^(y-1), in x's dtype even when the exponent is an integer.
+                let dt = b.dtype(x);
+                let yf = if b.dtype(y) == dt {
+                    y.to_string()
+                } else {
+                    b.un(Op::Cast { to: dt }, y)?
+                };
+                let one = b.scalar(dt, 1.0)?;
+                let ym1 = b.bin(B::Sub, &yf, &one)?;
+                let p = b.bin(B::Pow, x, &ym1)?;
+                let g = b.bin(B::Mul, &p, &yf)?;
+                let g = b.bin(B::Mul, dy, &g)?;
+                out[0] = to(b, g, x)?;
+            }
+            if wy {
+                // x^y * ln x
+                let l = b.un(Op::Unary(UnaryOp::Log), x)?;
+                let g = b.bin(B::Mul, &n.outputs[0], &l)?;
+                let g = b.bin(B::Mul, dy, &g)?;
+                let g = if b.dtype(&g) == b.dtype(y) {
+                    g
+                } else {
+                    b.un(Op::Cast { to: b.dtype(y) }, &g)?
+                };
+                out[1] = to(b, g, y)?;
+            }
+        }
+        B::Equal | B::Less | B::Greater => {}
+    }
+    Ok(out)
+}
+
+/// Clip passes the gradient where min <= x <= max (PyTorch's clamp); min and max get
+/// the gradient of the elements clipped to them.
+fn clip(b: &mut Builder, n: &Node, dy: &str) -> Result<Grads> {
+    let x = &n.inputs[0];
+    let lo = n.inputs.get(1).filter(|s| !s.is_empty()).cloned();
+    let hi = n.inputs.get(2).filter(|s| !s.is_empty()).cloned();
+    let z = b.scalar(b.dtype(dy), 0.0)?;
+    let mut out = vec![None; n.inputs.len()];
+    let mut pass = dy.to_string();
+    for (k, bound, cmp) in [(1, &lo, B::Less), (2, &hi, B::Greater)] {
+        let Some(v) = bound else { continue };
+        let out_of = b.bin(cmp, x, v)?;
+        if b.needs(v) {
+            let g = b.op1(Op::Where, &[&out_of, dy, &z], &format!("{v}.d"))?;
+            out[k] = Some(b.sum_to(&g, &b.shape(v))?);
+        }
+        if b.needs(x) {
+            pass = b.op1(Op::Where, &[&out_of, &z, &pass], &format!("{x}.d"))?;
+        }
+    }
+    if b.needs(x) {
+        out[0] = Some(pass);
+    }
+    Ok(out)
+}
+
+/// MatMul with numpy semantics: 1-D operands are lifted to matrices, batch dims
+/// broadcast; a 2-D weight's gradient is one GEMM over all batch rows.
+fn matmul(b: &mut Builder, n: &Node, dy: &str) -> Result<Grads> {
+    let (a, w) = (&n.inputs[0], &n.inputs[1]);
+    let (sa, sw) = (b.shape(a), b.shape(w));
+    let a2s = if sa.len() == 1 {
+        vec![1, sa[0]]
+    } else {
+        sa.clone()
+    };
+    let w2s = if sw.len() == 1 {
+        vec![sw[0], 1]
+    } else {
+        sw.clone()
+    };
+    let y2s = crate::graph::infer::matmul_shape(&a2s, &w2s).expect("inferred");
+    let a2 = b.reshape(a, &a2s)?;
+    let w2 = b.reshape(w, &w2s)?;
+    let dy2 = b.reshape(dy, &y2s)?;
+    let swap = |r: usize| -> Vec<usize> {
+        let mut p: Vec<usize> = (0..r).collect();
+        p.swap(r - 1, r - 2);
+        p
+    };
+    let mut out = vec![None, None];
+    if b.needs(a) {
+        let g = if w2s.len() == 2 {
+            let op = Op::FusedMatMul {
+                activation: crate::graph::Activation::None,
+                trans_b: true,
+            };
+            b.op1(op, &[&dy2, &w2], &format!("{a}.d"))?
+        } else {
+            let wt = b.transpose(&w2, swap(w2s.len()))?;
+            b.op1(Op::MatMul, &[&dy2, &wt], &format!("{a}.d"))?
+        };
+        let g = b.sum_to(&g, &a2s)?;
+        out[0] = Some(b.reshape(&g, &sa)?);
+    }
+    if b.needs(w) {
+        let g = if w2s.len() == 2 {
+            // Every batch row contributes to the one weight: flatten and use one GEMM.
+            let k = a2s[a2s.len() - 1];
+            let nn = w2s[1];
+            let rows: usize = a2s[..a2s.len() - 1].iter().product();
+            let af = b.reshape(&a2, &[rows, k])?;
+            let df = b.reshape(&dy2, &[rows, nn])?;
+            let op = Op::Gemm {
+                alpha: 1.0,
+                beta: 1.0,
+                trans_a: true,
+                trans_b: false,
+            };
+            b.op1(op, &[&af, &df], &format!("{w}.d"))?
+        } else {
+            let at = b.transpose(&a2, swap(a2s.len()))?;
+            let g = b.op1(Op::MatMul, &[&at, &dy2], &format!("{w}.d"))?;
+            b.sum_to(&g, &w2s)?
+        };
+        out[1] = Some(b.reshape(&g, &sw)?);
+    }
+    Ok(out)
+}
+
+/// Y = alpha·op(A)·op(B) + beta·C.
+fn gemm(
+    b: &mut Builder,
+    n: &Node,
+    dy: &str,
+    alpha: f32,
+    beta: f32,
+    trans_a: bool,
+    trans_b: bool,
+) -> Result<Grads> {
+    let (a, w) = (&n.inputs[0], &n.inputs[1]);
+    let g = |ta: bool, tb: bool| Op::Gemm {
+        alpha,
+        beta: 1.0,
+        trans_a: ta,
+        trans_b: tb,
+    };
+    let mut out = vec![None; n.inputs.len()];
+    if b.needs(a) {
+        out[0] = Some(if trans_a {
+            b.op1(g(trans_b, true), &[w, dy], &format!("{a}.d"))?
+        } else {
+            b.op1(g(false, !trans_b), &[dy, w], &format!("{a}.d"))?
+        });
+    }
+    if b.needs(w) {
+        out[1] = Some(if trans_b {
+            b.op1(g(true, trans_a), &[dy, a], &format!("{w}.d"))?
+        } else {
+            b.op1(g(!trans_a, false), &[a, dy], &format!("{w}.d"))?
+        });
+    }
+    if let Some(c) = n.inputs.get(2).filter(|c| b.needs(c)) {
+        let mut d = dy.to_string();
+        if beta != 1.0 {
+            let s = b.scalar(b.dtype(dy), beta as f64)?;
+            d = b.bin(B::Mul, &d, &s)?;
+        }
+        out[2] = Some(b.sum_to(&d, &b.shape(c))?);
+    }
+    Ok(out)
+}
+
+fn reduce(
+    b: &mut Builder,
+    n: &Node,
+    dy: &str,
+    kind: ReduceKind,
+    axes: Option<Vec<i64>>,
+    noop_with_empty_axes: bool,
+) -> Result<Grads> {
+    let x = &n.inputs[0];
+    let sx = b.shape(x);
+    let r = sx.len();
+    let axes = match axes {
+        Some(a) => a,
+        None => match n.inputs.get(1).filter(|s| !s.is_empty()) {
+            None => vec![],
+            Some(v) => b.konst(v).map(|t| t.to_i64_vec()).unwrap_or_default(),
+        },
+    };
+    let mut out = vec![None; n.inputs.len()];
+    if axes.is_empty() && noop_with_empty_axes {
+        out[0] = Some(dy.to_string());
+        return Ok(out);
+    }
+    let axes: Vec<usize> = if axes.is_empty() {
+        (0..r).collect()
+    } else {
+        axes.iter()
+            .filter_map(|&a| crate::graph::infer::norm_axis(a, r))
+            .collect()
+    };
+    let mut kd = sx.clone();
+    for &a in &axes {
+        kd[a] = 1;
+    }
+    let count: usize = axes.iter().map(|&a| sx[a]).product();
+    let dyk = b.reshape(dy, &kd)?;
+    let xs = b.shape_const(&sx)?;
+    let g = match kind {
+        ReduceKind::Sum => b.op1(Op::Expand, &[&dyk, &xs], &format!("{x}.d"))?,
+        ReduceKind::Mean => {
+            let s = b.scalar(b.dtype(dy), 1.0 / count.max(1) as f64)?;
+            let d = b.bin(B::Mul, &dyk, &s)?;
+            b.op1(Op::Expand, &[&d, &xs], &format!("{x}.d"))?
+        }
+        ReduceKind::Max => {
+            // Ties share the gradient equally (PyTorch's amax).
+            let yk = b.reshape(&n.outputs[0], &kd)?;
+            let hit = b.bin(B::Equal, x, &yk)?;
+            let dt = b.dtype(dy);
+            let m = b.un(Op::Cast { to: dt }, &hit)?;
+            let cnt = b.un(
+                Op::Reduce {
+                    kind: ReduceKind::Sum,
+                    axes: Some(axes.iter().map(|&a| a as i64).collect()),
+                    keepdims: true,
+                    noop_with_empty_axes: false,
+                },
+                &m,
+            )?;
+            let share = b.bin(B::Div, &dyk, &cnt)?;
+            b.op1(Op::Binary(B::Mul), &[&m, &share], &format!("{x}.d"))?
+        }
+    };
+    out[0] = Some(g);
+    Ok(out)
+}

@@ -1,0 +1,201 @@
+//! CUDA-specific checks against the CPU backend: ops in every float dtype at sizes that
+//! cross block and tile boundaries, GEMM epilogues, long-sequence attention and its
+//! backward. Each test skips with a printed reason where there is no GPU.
+
+mod common;
+use common::*;
+use graphrun::graph::op::AttrValue as A;
+use graphrun::{BackendKind, DType, Tensor};
+
+/// Runs `op` on the CPU and on CUDA in `dt` and compares every output (SPEC §8).
+fn same_as_cpu(name: &str, attrs: &[(&str, A)], args: &[Arg], n_out: usize, dts: &[DType]) {
+    if !cuda_present() {
+        return;
+    }
+    for &dt in dts {
+        let want = run_op(BackendKind::Cpu, op(name, attrs), args, n_out, dt)
+            .unwrap_or_else(|e| panic!("{name} on cpu {dt}: {e}"));
+        let got = run_op(BackendKind::Cuda, op(name, attrs), args, n_out, dt)
+            .unwrap_or_else(|e| panic!("{name} on cuda {dt}: {e}"));
+        for (k, (w, g)) in want.iter().zip(&got).enumerate() {
+            assert_eq!(w.shape(), g.shape(), "{name} {dt} output {k}");
+            let tl = if w.dtype().is_float() {
+                tol(dt).max(1e-9)
+            } else {
+                0.0
+            };
+            let e = rel_err(&g.to_f64_vec(), &w.to_f64_vec());
+            assert!(
+                e <= tl,
+                "{name} {dt} output {k}: rel err {e:.3e} > {tl:.0e}"
+            );
+        }
+    }
+}
+
+const LOW: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+
+#[test]
+fn big_elementwise_and_rows() {
+    let x = randn(&[257, 1031], 1);
+    for name in ["Gelu", "Sigmoid", "Tanh", "Exp", "Relu"] {
+        same_as_cpu(name, &[], &[inp(x.clone())], 1, &LOW);
+    }
+    same_as_cpu(
+        "Softmax",
+        &[("axis", A::Int(-1))],
+        &[inp(x.clone())],
+        1,
+        &LOW,
+    );
+    same_as_cpu(
+        "Softmax",
+        &[("axis", A::Int(0))],
+        &[inp(x.clone())],
+        1,
+        &LOW,
+    );
+    same_as_cpu(
+        "ReduceSum",
+        &[("axes", A::Ints(vec![0]))],
+        &[inp(x.clone())],
+        1,
+        &LOW,
+    );
+    same_as_cpu(
+        "ReduceMax",
+        &[("axes", A::Ints(vec![1]))],
+        &[inp(x.clone())],
+        1,
+        &LOW,
+    );
+    let g = randn(&[1031], 2);
+    let b = randn(&[1031], 3);
+    same_as_cpu(
+        "LayerNormalization",
+        &[],
+        &[inp(x.clone()), inp(g), inp(b)],
+        3,
+        &LOW,
+    );
+    same_as_cpu(
+        "Add",
+        &[],
+        &[inp(x.clone()), inp(randn(&[1, 1031], 4))],
+        1,
+        &LOW,
+    );
+}
+
+#[test]
+fn gemm_epilogues() {
+    let a = randn(&[3, 70, 130], 5);
+    let b = randn(&[130, 90], 6);
+    let bias = randn(&[90], 7);
+    let res = randn(&[3, 70, 90], 8);
+    for act in [
+        "none",
+        "relu",
+        "gelu",
+        "gelu_tanh",
+        "silu",
+        "sigmoid",
+        "tanh",
+    ] {
+        let at = [("activation", A::Str(act.into()))];
+        same_as_cpu(
+            "FusedMatMul",
+            &at,
+            &[inp(a.clone()), inp(b.clone()), inp(bias.clone())],
+            1,
+            &LOW,
+        );
+        same_as_cpu(
+            "FusedMatMul",
+            &at,
+            &[
+                inp(a.clone()),
+                inp(b.clone()),
+                inp(bias.clone()),
+                inp(res.clone()),
+            ],
+            2,
+            &LOW,
+        );
+    }
+    same_as_cpu(
+        "MatMul",
+        &[],
+        &[inp(randn(&[2, 1, 33, 17], 9)), inp(randn(&[3, 17, 41], 10))],
+        1,
+        &LOW,
+    );
+}
+
+#[test]
+fn attention_long_sequence() {
+    let q = randn(&[1, 4, 1024, 64], 11);
+    let k = randn(&[1, 2, 1024, 64], 12);
+    let v = randn(&[1, 2, 1024, 64], 13);
+    for causal in [0, 1] {
+        same_as_cpu(
+            "Attention",
+            &[("is_causal", A::Int(causal))],
+            &[inp(q.clone()), inp(k.clone()), inp(v.clone())],
+            2,
+            &LOW,
+        );
+    }
+    let dy = randn(&[1, 4, 1024, 64], 14);
+    // A bool mask that hides every third key, with causal masking on top.
+    let keep: Vec<bool> = (0..1024 * 1024).map(|i| i % 3 != 0).collect();
+    let mask = bools(&[1024, 1024], &keep);
+    let qkvm = [
+        inp(q.clone()),
+        inp(k.clone()),
+        inp(v.clone()),
+        cst(mask.clone()),
+    ];
+    let causal = [("is_causal", A::Int(1))];
+    same_as_cpu("Attention", &causal, &qkvm, 2, &LOW);
+    // The backward from the CPU's forward outputs, so only the gradient kernels differ.
+    let fwd = run_op(
+        BackendKind::Cpu,
+        op("Attention", &causal),
+        &qkvm,
+        2,
+        DType::F32,
+    )
+    .expect("cpu attention");
+    same_as_cpu(
+        "AttentionGrad",
+        &causal,
+        &[
+            inp(dy),
+            inp(q),
+            inp(k),
+            inp(v),
+            cst(mask),
+            inp(fwd[0].clone()),
+            cst(fwd[1].clone()),
+        ],
+        3,
+        &[DType::F32],
+    );
+}
+
+#[test]
+fn dropout_mask_matches_cpu() {
+    if !cuda_present() {
+        return;
+    }
+    let x = randn(&[4097], 15);
+    let node = op("Dropout", &[("ratio", A::Float(0.3)), ("seed", A::Int(7))]);
+    let training = Tensor::scalar(1u8);
+    let ratio = Tensor::scalar(0.3f32);
+    let args = [inp(x), cst(ratio), cst(training)];
+    let cpu = run_op(BackendKind::Cpu, node.clone(), &args, 2, DType::F32).expect("cpu");
+    let gpu = run_op(BackendKind::Cuda, node, &args, 2, DType::F32).expect("cuda");
+    assert_eq!(cpu[1], gpu[1], "masks differ");
+    assert_eq!(cpu[0], gpu[0], "outputs differ");
+}

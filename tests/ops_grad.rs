@@ -1,0 +1,668 @@
+//! Gradient ops against central finite differences (in f64) of their forward ops, each
+//! also run in f32/f16/bf16 and compared with f64 within SPEC §8 tolerance.
+
+mod common;
+use common::*;
+use graphrun::graph::op::AttrValue;
+use graphrun::graph::Activation;
+use graphrun::rng::Rng;
+use graphrun::{DType, Tensor};
+
+/// Relative error allowed between an analytic gradient and finite differences.
+const FD_TOL: f64 = 1e-6;
+
+/// Values with magnitudes in [lo, hi) and random signs: away from kinks at 0.
+fn signed(shape: &[usize], seed: u64, lo: f64, hi: f64) -> Tensor {
+    let mut r = Rng::new(seed);
+    let v: Vec<f64> = (0..shape.iter().product())
+        .map(|_| {
+            let m = r.uniform_in(lo, hi);
+            if r.uniform() < 0.5 {
+                -m
+            } else {
+                m
+            }
+        })
+        .collect();
+    f64s(shape, &v)
+}
+
+fn ints(shape: &[usize], seed: u64, lo: i64, hi: i64) -> Tensor {
+    let mut r = Rng::new(seed);
+    let n: usize = shape.iter().product();
+    i64s(shape, &(0..n).map(|_| r.int_in(lo, hi)).collect::<Vec<_>>())
+}
+
+fn i32s(shape: &[usize], v: &[i32]) -> Tensor {
+    Tensor::from_vec(shape, v.to_vec()).unwrap()
+}
+
+fn shape_of(t: &Tensor) -> Tensor {
+    let s: Vec<i64> = t.shape().iter().map(|&d| d as i64).collect();
+    i64s(&[s.len()], &s)
+}
+
+fn some(ts: &[&Tensor]) -> Vec<Option<Tensor>> {
+    ts.iter().map(|&t| Some(t.clone())).collect()
+}
+
+fn run1(node: &graphrun::Node, ins: &[Option<Tensor>]) -> Vec<Tensor> {
+    eval(node, ins).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// An op's attributes.
+type Attrs<'a> = &'a [(&'a str, AttrValue)];
+
+// ---- UnaryGrad -----------------------------------------------------------------------------
+
+#[test]
+fn unary_grads_match_finite_differences() {
+    let s = [3, 5];
+    let general = rand(&s, 1, -2.0, 2.0);
+    let kinked = signed(&s, 2, 0.1, 2.0);
+    let positive = rand(&s, 3, 0.5, 3.0);
+    let tanh = [("approximate", AttrValue::Str("tanh".into()))];
+    let alpha = [("alpha", AttrValue::Float(0.2))];
+    let cases: Vec<(&str, Attrs, &Tensor)> = vec![
+        ("Neg", &[], &general),
+        ("Exp", &[], &general),
+        ("Log", &[], &positive),
+        ("Sqrt", &[], &positive),
+        ("Reciprocal", &[], &kinked),
+        ("Abs", &[], &kinked),
+        ("Erf", &[], &general),
+        ("Relu", &[], &kinked),
+        ("Sigmoid", &[], &general),
+        ("Tanh", &[], &general),
+        ("Gelu", &[], &general),
+        ("Gelu", &tanh, &general),
+        ("LeakyRelu", &alpha, &kinked),
+    ];
+    let dy = randn(&s, 4);
+    for (name, attrs, x) in cases {
+        let fwd = node_of(op(name, attrs), &some(&[x]), &["y"]);
+        let ins = some(&[&dy, x]);
+        let grad = node_of(op(&format!("{name}Grad"), attrs), &ins, &["dx"]);
+        let got = eval_all_dtypes(&grad, &ins, &[]);
+        let fd = fd_grad(&fwd, &some(&[x]), 0, 0, &dy);
+        assert_grad(
+            &format!("{name}Grad {attrs:?}"),
+            &got[0].to_f64_vec(),
+            &fd,
+            FD_TOL,
+        );
+    }
+}
+
+// ---- SoftmaxGrad -----------------------------------------------------------------------------
+
+#[test]
+fn softmax_grads_on_every_axis() {
+    let x = rand(&[2, 4, 3], 5, -2.0, 2.0);
+    let dy = randn(x.shape(), 6);
+    for name in ["Softmax", "LogSoftmax"] {
+        for axis in [1, -1, 0] {
+            let attrs = [("axis", AttrValue::Int(axis))];
+            let fwd = node_of(op(name, &attrs), &some(&[&x]), &["y"]);
+            let y = run1(&fwd, &some(&[&x])).remove(0);
+            let ins = some(&[&dy, &y]);
+            let grad = node_of(op(&format!("{name}Grad"), &attrs), &ins, &["dx"]);
+            let got = eval_all_dtypes(&grad, &ins, &[]);
+            let fd = fd_grad(&fwd, &some(&[&x]), 0, 0, &dy);
+            assert_grad(
+                &format!("{name}Grad axis {axis}"),
+                &got[0].to_f64_vec(),
+                &fd,
+                FD_TOL,
+            );
+        }
+    }
+}
+
+// ---- LayerNormalization ------------------------------------------------------------------
+
+/// Forward LayerNorm with its statistics: (Y, Mean, InvStdDev).
+fn layer_norm(x: &Tensor, scale: &Tensor, bias: Option<&Tensor>, axis: i64) -> Vec<Tensor> {
+    let ins = vec![Some(x.clone()), Some(scale.clone()), bias.cloned()];
+    let attrs = [
+        ("axis", AttrValue::Int(axis)),
+        ("epsilon", AttrValue::Float(1e-5)),
+    ];
+    run1(
+        &node_of(
+            op("LayerNormalization", &attrs),
+            &ins,
+            &["y", "mean", "inv"],
+        ),
+        &ins,
+    )
+}
+
+#[test]
+fn layer_norm_forward_writes_mean_and_inv_std_dev() {
+    let x = rand(&[2, 3, 4], 7, -2.0, 2.0);
+    let scale = rand(&[4], 8, 0.5, 1.5);
+    for axis in [-1i64, 1] {
+        let outs = layer_norm(&x, &scale, None, axis);
+        let n = if axis == 1 { 12 } else { 4 };
+        let stat_shape: &[usize] = if axis == 1 { &[2, 1, 1] } else { &[2, 3, 1] };
+        let (mut mean, mut inv) = (vec![], vec![]);
+        for row in x.to_f64_vec().chunks(n) {
+            let m = row.iter().sum::<f64>() / n as f64;
+            let var = row.iter().map(|v| (v - m).powi(2)).sum::<f64>() / n as f64;
+            mean.push(m);
+            inv.push(1.0 / (var + 1e-5).sqrt());
+        }
+        for (t, want) in [(&outs[1], mean), (&outs[2], inv)] {
+            assert_eq!(t.shape(), stat_shape);
+            assert!(rel_err(&t.to_f64_vec(), &want) < 1e-12, "axis {axis}");
+        }
+        // In f32 the statistics are f32, and as accurate.
+        let outs = layer_norm(&x.cast(DType::F32), &scale.cast(DType::F32), None, axis);
+        assert_eq!(outs[1].dtype(), DType::F32);
+        let want = layer_norm(&x.cast(DType::F32).cast(DType::F64), &scale, None, axis);
+        for k in 1..3 {
+            assert!(rel_err(&outs[k].to_f64_vec(), &want[k].to_f64_vec()) < 1e-6);
+        }
+    }
+}
+
+#[test]
+fn layer_norm_grads_last_and_middle_axis() {
+    let x = rand(&[2, 3, 4], 9, -2.0, 2.0);
+    let dy = randn(x.shape(), 10);
+    // (axis, Scale, B): Scale and B smaller than the normalized shape, or absent.
+    let cases = [
+        (
+            -1i64,
+            rand(&[4], 11, 0.5, 1.5),
+            Some(rand(&[4], 12, -1.0, 1.0)),
+        ),
+        (-1, rand(&[1], 13, 0.5, 1.5), None),
+        (
+            1,
+            rand(&[4], 14, 0.5, 1.5),
+            Some(rand(&[1, 4], 15, -1.0, 1.0)),
+        ),
+        (1, rand(&[3, 1], 16, 0.5, 1.5), None),
+        (
+            1,
+            rand(&[3, 4], 17, 0.5, 1.5),
+            Some(rand(&[3, 4], 18, -1.0, 1.0)),
+        ),
+    ];
+    for (axis, scale, bias) in &cases {
+        let what = format!(
+            "axis {axis}, Scale {:?}, B {:?}",
+            scale.shape(),
+            bias.as_ref().map(|b| b.shape().to_vec())
+        );
+        let stats = layer_norm(&x, scale, bias.as_ref(), *axis);
+        let ins = some(&[&dy, &x, scale, &stats[1], &stats[2]]);
+        let grad = node_of(
+            op("LayerNormalizationGrad", &[("axis", AttrValue::Int(*axis))]),
+            &ins,
+            &["dx", "dscale", "db"],
+        );
+        let got = eval_all_dtypes(&grad, &ins, &[3, 4]);
+        let norm = &x.shape()[(*axis).rem_euclid(3) as usize..];
+        assert_eq!(got[1].shape(), norm, "{what}");
+        let fwd_ins = vec![Some(x.clone()), Some(scale.clone()), bias.clone()];
+        let fwd = node_of(
+            op("LayerNormalization", &[("axis", AttrValue::Int(*axis))]),
+            &fwd_ins,
+            &["y"],
+        );
+        let fd = |i: usize| fd_grad(&fwd, &fwd_ins, i, 0, &dy);
+        assert_grad(&format!("dX, {what}"), &got[0].to_f64_vec(), &fd(0), FD_TOL);
+        let ds = sum_to(&got[1].to_f64_vec(), norm, scale.shape());
+        assert_grad(&format!("dScale, {what}"), &ds, &fd(1), FD_TOL);
+        if let Some(b) = bias {
+            let db = sum_to(&got[2].to_f64_vec(), norm, b.shape());
+            assert_grad(&format!("dB, {what}"), &db, &fd(2), FD_TOL);
+        }
+    }
+}
+
+#[test]
+fn layer_norm_grad_computes_only_wanted_outputs() {
+    let x = rand(&[3, 5], 19, -2.0, 2.0);
+    let (dy, scale) = (randn(x.shape(), 20), rand(&[5], 21, 0.5, 1.5));
+    let stats = layer_norm(&x, &scale, None, -1);
+    let ins = some(&[&dy, &x, &scale, &stats[1], &stats[2]]);
+    let grad = |outs: &[&str]| {
+        let node = node_of(op("LayerNormalizationGrad", &[]), &ins, outs);
+        eval_all_dtypes(&node, &ins, &[3, 4])
+    };
+    let all = grad(&["dx", "ds", "db"]);
+    for outs in [
+        &["dx"][..],
+        &["dx", "", "db"],
+        &["", "ds", ""],
+        &["", "", "db"],
+    ] {
+        let got = grad(outs);
+        assert_eq!(got.len(), outs.len());
+        for (k, name) in outs.iter().enumerate() {
+            if !name.is_empty() {
+                assert_eq!(got[k], all[k], "{outs:?} output {k}");
+            }
+        }
+    }
+}
+
+// ---- SoftmaxCrossEntropyLoss -------------------------------------------------------------
+
+#[test]
+fn sce_grads_reductions_weights_ignore_index() {
+    let weights = rand(&[4], 22, 0.5, 2.0);
+    // (scores, labels): 2-D, and 3-D [N, C, d] with labels [N, d]; each has labels 1 and -1.
+    let data = [
+        (rand(&[5, 4], 23, -3.0, 3.0), i64s(&[5], &[1, 0, 3, -1, 1])),
+        (
+            rand(&[2, 4, 3], 24, -3.0, 3.0),
+            i64s(&[2, 3], &[2, 1, -1, 1, 0, 3]),
+        ),
+    ];
+    for (scores, labels) in &data {
+        for reduction in ["mean", "sum", "none"] {
+            for w in [None, Some(&weights)] {
+                for ignore in [None, Some(1), Some(-1)] {
+                    // Without ignore_index the label -1 would be out of range.
+                    let labels = match ignore {
+                        Some(-1) => labels.clone(),
+                        _ => i64s(
+                            labels.shape(),
+                            &labels
+                                .to_i64_vec()
+                                .iter()
+                                .map(|&l| l.max(0))
+                                .collect::<Vec<_>>(),
+                        ),
+                    };
+                    let mut attrs = vec![("reduction", AttrValue::Str(reduction.into()))];
+                    if let Some(i) = ignore {
+                        attrs.push(("ignore_index", AttrValue::Int(i)));
+                    }
+                    let what = format!(
+                        "{reduction}, weights {}, ignore_index {ignore:?}, scores {:?}",
+                        w.is_some(),
+                        scores.shape()
+                    );
+                    let dloss = if reduction == "none" {
+                        randn(labels.shape(), 25)
+                    } else {
+                        f64s(&[], &[0.7])
+                    };
+                    let fwd_ins = vec![Some(scores.clone()), Some(labels.clone()), w.cloned()];
+                    let fwd = node_of(op("SoftmaxCrossEntropyLoss", &attrs), &fwd_ins, &["loss"]);
+                    let ins = vec![
+                        Some(dloss.clone()),
+                        Some(scores.clone()),
+                        Some(labels.clone()),
+                        w.cloned(),
+                    ];
+                    let grad = node_of(
+                        op("SoftmaxCrossEntropyLossGrad", &attrs),
+                        &ins,
+                        &["dscores"],
+                    );
+                    let got = eval_all_dtypes(&grad, &ins, &[]);
+                    let fd = fd_grad(&fwd, &fwd_ins, 0, 0, &dloss);
+                    assert_grad(&what, &got[0].to_f64_vec(), &fd, FD_TOL);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn sce_grad_all_ignored_is_zero_and_bad_label_names_node() {
+    let scores = rand(&[2, 3], 26, -1.0, 1.0);
+    let attrs = [("ignore_index", AttrValue::Int(2))];
+    let ins = some(&[&f64s(&[], &[1.0]), &scores, &i64s(&[2], &[2, 2])]);
+    let got = run1(
+        &node_of(op("SoftmaxCrossEntropyLossGrad", &attrs), &ins, &["d"]),
+        &ins,
+    );
+    assert_eq!(got[0].to_f64_vec(), vec![0.0; 6]);
+    let ins = some(&[&f64s(&[], &[1.0]), &scores, &i64s(&[2], &[0, 3])]);
+    let err = eval(
+        &node_of(op("SoftmaxCrossEntropyLossGrad", &attrs), &ins, &["d"]),
+        &ins,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("node 'node' (SoftmaxCrossEntropyLossGrad)") && err.contains("label 3"),
+        "{err}"
+    );
+}
+
+// ---- GatherGrad --------------------------------------------------------------------------
+
+#[test]
+fn gather_grads_repeated_and_negative_indices() {
+    // (data, indices, axis): indices repeat and count from the end.
+    let cases = [
+        (
+            rand(&[4, 3], 27, -1.0, 1.0),
+            i64s(&[2, 3], &[0, -1, 2, 0, 0, 3]),
+            0i64,
+        ),
+        (
+            rand(&[2, 4, 3], 28, -1.0, 1.0),
+            i32s(&[5], &[1, -4, 1, 3, -1]),
+            1,
+        ),
+        (rand(&[2, 4, 3], 29, -1.0, 1.0), i64s(&[], &[-2]), -1),
+    ];
+    for (data, idx, axis) in &cases {
+        let attrs = [("axis", AttrValue::Int(*axis))];
+        let fwd_ins = some(&[data, idx]);
+        let fwd = node_of(op("Gather", &attrs), &fwd_ins, &["y"]);
+        let y = run1(&fwd, &fwd_ins).remove(0);
+        let dy = randn(y.shape(), 30);
+        let ins = some(&[&dy, idx, &shape_of(data)]);
+        let got = eval_all_dtypes(&node_of(op("GatherGrad", &attrs), &ins, &["dx"]), &ins, &[]);
+        assert_eq!(got[0].shape(), data.shape());
+        let fd = fd_grad(&fwd, &fwd_ins, 0, 0, &dy);
+        assert_grad(
+            &format!("GatherGrad axis {axis}"),
+            &got[0].to_f64_vec(),
+            &fd,
+            FD_TOL,
+        );
+    }
+}
+
+#[test]
+fn gather_grad_out_of_range_index_names_node() {
+    let ins = some(&[
+        &randn(&[2, 3], 31),
+        &i64s(&[2], &[0, 4]),
+        &i64s(&[2], &[4, 3]),
+    ]);
+    let err = eval(&node_of(op("GatherGrad", &[]), &ins, &["dx"]), &ins)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("node 'node' (GatherGrad)") && err.contains("index 4 is out of range"),
+        "{err}"
+    );
+}
+
+// ---- SliceGrad ---------------------------------------------------------------------------
+
+#[test]
+fn slice_grads_negative_steps_and_axes() {
+    let x = rand(&[4, 5, 6], 32, -1.0, 1.0);
+    // (starts, ends, axes, steps); absent axes/steps take their defaults.
+    let cases: Vec<[Option<Tensor>; 4]> = vec![
+        [
+            Some(i64s(&[2], &[3, -1])),
+            Some(i64s(&[2], &[0, -6])),
+            Some(i64s(&[2], &[0, -1])),
+            Some(i64s(&[2], &[-1, -2])),
+        ],
+        [Some(i32s(&[1], &[1])), Some(i32s(&[1], &[100])), None, None],
+        [
+            Some(i64s(&[2], &[-1, 0])),
+            Some(i64s(&[2], &[-100, 5])),
+            Some(i64s(&[2], &[1, 2])),
+            Some(i64s(&[2], &[-3, 2])),
+        ],
+        [
+            Some(i64s(&[1], &[2])),
+            Some(i64s(&[1], &[2])),
+            Some(i64s(&[1], &[-2])),
+            None,
+        ], // empty
+    ];
+    for args in &cases {
+        let mut fwd_ins = vec![Some(x.clone())];
+        fwd_ins.extend(args.iter().cloned());
+        let fwd = node_of(op("Slice", &[]), &fwd_ins, &["y"]);
+        let y = run1(&fwd, &fwd_ins).remove(0);
+        let dy = randn(y.shape(), 33);
+        let mut ins = vec![Some(dy.clone()), Some(shape_of(&x))];
+        ins.extend(args.iter().cloned());
+        let got = eval_all_dtypes(&node_of(op("SliceGrad", &[]), &ins, &["dx"]), &ins, &[]);
+        let fd = fd_grad(&fwd, &fwd_ins, 0, 0, &dy);
+        assert_grad(
+            &format!("SliceGrad {args:?}"),
+            &got[0].to_f64_vec(),
+            &fd,
+            FD_TOL,
+        );
+    }
+}
+
+// ---- FusedMatMul -------------------------------------------------------------------------
+
+fn fused_attrs(act: Activation, trans_b: bool) -> Vec<(&'static str, AttrValue)> {
+    vec![
+        ("activation", AttrValue::Str(act.name().into())),
+        ("trans_b", AttrValue::Int(trans_b as i64)),
+    ]
+}
+
+#[test]
+fn fused_matmul_pre_output_is_product_plus_bias() {
+    let (a, b) = (randn(&[2, 3, 4], 34), randn(&[4, 5], 35));
+    let (bias, res) = (randn(&[5], 36), randn(&[3, 5], 37));
+    for act in Activation::ALL {
+        for dt in FLOATS {
+            let c = |t: &Tensor| Some(t.cast(dt));
+            let ins = vec![c(&a), c(&b), c(&bias), c(&res)];
+            let both = run1(
+                &node_of(
+                    op("FusedMatMul", &fused_attrs(act, false)),
+                    &ins,
+                    &["y", "pre"],
+                ),
+                &ins,
+            );
+            let y = run1(
+                &node_of(op("FusedMatMul", &fused_attrs(act, false)), &ins, &["y"]),
+                &ins,
+            );
+            let pre_ins = vec![c(&a), c(&b), c(&bias)];
+            let pre = run1(
+                &node_of(
+                    op("FusedMatMul", &fused_attrs(Activation::None, false)),
+                    &pre_ins,
+                    &["y"],
+                ),
+                &pre_ins,
+            );
+            assert_eq!(both[1], pre[0], "{act:?} {dt}: Pre");
+            let e = rel_err(&both[0].to_f64_vec(), &y[0].to_f64_vec());
+            assert!(
+                e <= tol(dt),
+                "{act:?} {dt}: Y with Pre differs from Y alone by {e:.3e}"
+            );
+        }
+    }
+}
+
+/// Checks FusedMatMulGrad against finite differences of FusedMatMul for one shape case.
+fn check_fused_grad(
+    sa: &[usize],
+    sb: &[usize],
+    trans_b: bool,
+    bias: bool,
+    residual: Option<&[usize]>,
+    seed: u64,
+) {
+    let (a, b) = (randn(sa, seed), randn(sb, seed + 1));
+    let n = if trans_b {
+        sb[sb.len() - 2]
+    } else {
+        sb[sb.len() - 1]
+    };
+    let bias = bias.then(|| randn(&[n], seed + 2));
+    let res = residual.map(|s| randn(s, seed + 3));
+    for act in Activation::ALL {
+        let what = format!(
+            "A {sa:?}, B {sb:?}, trans_b {trans_b}, bias {}, {act:?}",
+            bias.is_some()
+        );
+        let attrs = fused_attrs(act, trans_b);
+        let fwd_ins = vec![Some(a.clone()), Some(b.clone()), bias.clone(), res.clone()];
+        let outs = run1(
+            &node_of(op("FusedMatMul", &attrs), &fwd_ins, &["y", "pre"]),
+            &fwd_ins,
+        );
+        let dy = randn(outs[0].shape(), seed + 4);
+        let ins = some(&[&dy, &a, &b, &outs[1]]);
+        let names: &[&str] = if bias.is_some() {
+            &["da", "db", "dbias"]
+        } else {
+            &["da", "db"]
+        };
+        let got = eval_all_dtypes(
+            &node_of(op("FusedMatMulGrad", &attrs), &ins, names),
+            &ins,
+            &[],
+        );
+        let fwd = node_of(op("FusedMatMul", &attrs), &fwd_ins, &["y"]);
+        for (k, what_k) in ["dA", "dB", "dBias"].iter().enumerate().take(names.len()) {
+            let fd = fd_grad(&fwd, &fwd_ins, k, 0, &dy);
+            assert_grad(
+                &format!("{what_k}, {what}"),
+                &got[k].to_f64_vec(),
+                &fd,
+                FD_TOL,
+            );
+        }
+        if act == Activation::None {
+            // Pre is optional without an activation.
+            let ins = some(&[&dy, &a, &b]);
+            let plain = run1(&node_of(op("FusedMatMulGrad", &attrs), &ins, names), &ins);
+            assert_eq!(plain, got, "{what}: without Pre");
+        }
+    }
+}
+
+#[test]
+fn fused_matmul_grads_2d_with_and_without_bias() {
+    check_fused_grad(&[3, 4], &[4, 5], false, true, None, 40);
+    check_fused_grad(&[3, 4], &[5, 4], true, false, Some(&[5]), 50);
+}
+
+#[test]
+fn fused_matmul_grads_batched_a_2d_b() {
+    check_fused_grad(&[2, 3, 4], &[4, 5], false, false, None, 60);
+    check_fused_grad(&[2, 3, 4], &[5, 4], true, true, Some(&[2, 3, 5]), 70);
+}
+
+#[test]
+fn fused_matmul_grads_batched_and_broadcast_b() {
+    check_fused_grad(&[2, 3, 4], &[2, 4, 5], false, true, Some(&[3, 5]), 80);
+    check_fused_grad(&[2, 3, 4], &[2, 5, 4], true, false, None, 90);
+    // A broadcast over B's batch, and both broadcast against each other.
+    check_fused_grad(&[3, 4], &[2, 5, 4], true, true, None, 100);
+    check_fused_grad(&[2, 1, 3, 4], &[3, 4, 5], false, true, None, 110);
+}
+
+#[test]
+fn fused_matmul_grad_computes_only_wanted_outputs() {
+    let (a, b, dy) = (
+        randn(&[2, 3, 4], 120),
+        randn(&[4, 5], 121),
+        randn(&[2, 3, 5], 122),
+    );
+    let attrs = fused_attrs(Activation::None, false);
+    let ins = some(&[&dy, &a, &b]);
+    let all = run1(
+        &node_of(op("FusedMatMulGrad", &attrs), &ins, &["da", "db", "dbias"]),
+        &ins,
+    );
+    for outs in [&["da", "", ""][..], &["", "db"], &["", "", "dbias"]] {
+        let got = eval_all_dtypes(
+            &node_of(op("FusedMatMulGrad", &attrs), &ins, outs),
+            &ins,
+            &[],
+        );
+        for (k, name) in outs.iter().enumerate() {
+            if !name.is_empty() {
+                assert_eq!(got[k], all[k], "{outs:?} output {k}");
+            }
+        }
+    }
+}
+
+// ---- Large shapes: the parallel paths (row groups summed in order) -------------------------
+
+/// Σ over the rows of a row-major [rows, n] matrix.
+fn col_sums(v: &[f64], n: usize) -> Vec<f64> {
+    let mut s = vec![0.0; n];
+    for row in v.chunks(n) {
+        s.iter_mut().zip(row).for_each(|(s, x)| *s += x);
+    }
+    s
+}
+
+#[test]
+fn large_shapes_match_naive_sums() {
+    // LayerNorm over 900 rows of 16: dB = Σ dY, dScale = Σ dY·xhat.
+    let x = rand(&[30, 30, 16], 130, -2.0, 2.0);
+    let (dy, scale) = (randn(x.shape(), 131), rand(&[16], 132, 0.5, 1.5));
+    let stats = layer_norm(&x, &scale, None, -1);
+    let ins = some(&[&dy, &x, &scale, &stats[1], &stats[2]]);
+    let got = eval_all_dtypes(
+        &node_of(op("LayerNormalizationGrad", &[]), &ins, &["dx", "ds", "db"]),
+        &ins,
+        &[3, 4],
+    );
+    let (dyv, xv, m, inv) = (
+        dy.to_f64_vec(),
+        x.to_f64_vec(),
+        stats[1].to_f64_vec(),
+        stats[2].to_f64_vec(),
+    );
+    let dyx: Vec<f64> = (0..xv.len())
+        .map(|i| dyv[i] * (xv[i] - m[i / 16]) * inv[i / 16])
+        .collect();
+    assert!(rel_err(&got[1].to_f64_vec(), &col_sums(&dyx, 16)) < 1e-12);
+    assert!(rel_err(&got[2].to_f64_vec(), &col_sums(&dyv, 16)) < 1e-12);
+
+    // FusedMatMul over 1200 rows: dBias = Σ dY, dB = Aᵀ·dY over every row, dA = dY·Bᵀ.
+    let (a, b) = (randn(&[4, 300, 8], 133), randn(&[8, 6], 134));
+    let dy = randn(&[4, 300, 6], 136);
+    let ins = some(&[&dy, &a, &b]);
+    let attrs = fused_attrs(Activation::None, false);
+    let got = eval_all_dtypes(
+        &node_of(op("FusedMatMulGrad", &attrs), &ins, &["da", "db", "dbias"]),
+        &ins,
+        &[],
+    );
+    let (av, bv, dyv) = (a.to_f64_vec(), b.to_f64_vec(), dy.to_f64_vec());
+    let db: Vec<f64> = (0..48)
+        .map(|e| {
+            (0..1200)
+                .map(|r| av[r * 8 + e / 6] * dyv[r * 6 + e % 6])
+                .sum()
+        })
+        .collect();
+    let da: Vec<f64> = (0..9600)
+        .map(|e| (0..6).map(|j| dyv[e / 8 * 6 + j] * bv[e % 8 * 6 + j]).sum())
+        .collect();
+    assert!(rel_err(&got[0].to_f64_vec(), &da) < 1e-12);
+    assert!(rel_err(&got[1].to_f64_vec(), &db) < 1e-12);
+    assert!(rel_err(&got[2].to_f64_vec(), &col_sums(&dyv, 6)) < 1e-12);
+
+    // GatherGrad of 3000 embedding lookups into 1000 rows: a naive scatter-add.
+    let idx = ints(&[3000], 137, 0, 1000);
+    let dy = randn(&[3000, 8], 138);
+    let ins = some(&[&dy, &idx, &i64s(&[2], &[1000, 8])]);
+    let got = eval_all_dtypes(&node_of(op("GatherGrad", &[]), &ins, &["dx"]), &ins, &[]);
+    let (mut want, dyv) = (vec![0.0; 8000], dy.to_f64_vec());
+    for (q, &i) in idx.to_i64_vec().iter().enumerate() {
+        for j in 0..8 {
+            want[i as usize * 8 + j] += dyv[q * 8 + j];
+        }
+    }
+    assert!(rel_err(&got[0].to_f64_vec(), &want) < 1e-12);
+}
