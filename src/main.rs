@@ -21,6 +21,27 @@ use std::process::ExitCode;
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
+    /// Refuse to allocate more than this much host memory for one tensor or one plan
+    /// (e.g. 8G, 512M; default: the machine's physical memory).
+    #[arg(long, global = true, value_name = "BYTES", value_parser = parse_size)]
+    max_memory: Option<usize>,
+}
+
+/// "8G", "512M", "64K" or plain bytes.
+fn parse_size(s: &str) -> Result<usize, String> {
+    let (num, mul) = match s.trim().chars().last().map(|c| c.to_ascii_uppercase()) {
+        Some('K') => (&s[..s.len() - 1], 1usize << 10),
+        Some('M') => (&s[..s.len() - 1], 1 << 20),
+        Some('G') => (&s[..s.len() - 1], 1 << 30),
+        Some('T') => (&s[..s.len() - 1], 1 << 40),
+        _ => (s, 1),
+    };
+    num.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|v| v.is_finite() && *v > 0.0)
+        .map(|v| (v * mul as f64).min(usize::MAX as f64) as usize)
+        .ok_or_else(|| format!("'{s}' is not a size (e.g. 8G, 512M, 1000000)"))
 }
 
 #[derive(Subcommand)]
@@ -211,6 +232,9 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
+    if let Some(b) = cli.max_memory {
+        graphrun::tensor::set_max_bytes(b);
+    }
     let r = match cli.cmd {
         Cmd::Run(a) => run(a),
         Cmd::Inspect(a) => inspect(a),
@@ -1145,6 +1169,7 @@ fn train(a: TrainArgs) -> Result<(), Fail> {
         );
         b
     };
+    let stop = interrupt_flag();
     let t0 = std::time::Instant::now();
     let mut losses: Vec<f64> = vec![];
     let mut epoch_means: Vec<(usize, f64)> = vec![];
@@ -1161,7 +1186,7 @@ fn train(a: TrainArgs) -> Result<(), Fail> {
         }
         let start = losses.len();
         for chunk in order.chunks_exact(batch) {
-            if step == total {
+            if step == total || stop.load(std::sync::atomic::Ordering::Relaxed) {
                 break;
             }
             let feeds: HashMap<String, Tensor> = sets
@@ -1199,10 +1224,24 @@ fn train(a: TrainArgs) -> Result<(), Fail> {
             }
         }
         bar.suspend(|| println!("{line}"));
+        if stop.load(std::sync::atomic::Ordering::Relaxed) {
+            break;
+        }
     }
     bar.finish_and_clear();
+    let interrupted = stop.load(std::sync::atomic::Ordering::Relaxed);
+    if interrupted {
+        eprintln!("interrupted after {step} steps");
+    }
+    if losses.is_empty() {
+        return Err(Fail {
+            code: 130,
+            err: anyhow::anyhow!("interrupted before the first step; nothing saved"),
+        });
+    }
     println!(
-        "trained {total} steps in {:.2} s; loss {:.4} -> {:.4}",
+        "trained {} steps in {:.2} s; loss {:.4} -> {:.4}",
+        losses.len(),
         t0.elapsed().as_secs_f64(),
         losses[0],
         losses[losses.len() - 1]
@@ -1222,7 +1261,34 @@ fn train(a: TrainArgs) -> Result<(), Fail> {
         write_atomic(p, |tmp| Tensor::write_safetensors(&tensors, tmp))?;
         println!("wrote {} ({} initializers)", p.display(), tensors.len());
     }
+    if interrupted {
+        return Err(Fail {
+            code: 130,
+            err: anyhow::anyhow!("training was interrupted (Ctrl-C); what was saved is complete"),
+        });
+    }
     Ok(())
+}
+
+/// A flag that the first Ctrl-C sets (training then stops after the current step and
+/// saves a complete checkpoint); a second Ctrl-C ends the process at once. Files are
+/// only ever written whole (`write_atomic`), so neither leaves a half-written one.
+fn interrupt_flag() -> &'static std::sync::atomic::AtomicBool {
+    static STOP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    #[cfg(unix)]
+    {
+        extern "C" fn on_sigint(_: libc::c_int) {
+            STOP.store(true, std::sync::atomic::Ordering::Relaxed);
+            // The next Ctrl-C gets the default behaviour.
+            unsafe {
+                libc::signal(libc::SIGINT, libc::SIG_DFL);
+            }
+        }
+        unsafe {
+            libc::signal(libc::SIGINT, on_sigint as *const () as libc::sighandler_t);
+        }
+    }
+    &STOP
 }
 
 fn describe_optimizer(g: &graphrun::Graph) -> String {

@@ -306,6 +306,7 @@ impl Session {
             all.insert(seed.clone(), super::concrete_shape(ty, &BTreeMap::new())?);
         }
         let plan = Plan::new(&bwd.graph, &all)?;
+        crate::tensor::check_plan_bytes(plan.peak_bytes(), plan.weight_bytes)?;
         let cache = if train {
             &mut self.train_plans
         } else {
@@ -696,6 +697,7 @@ impl PlanCache {
             return Ok(&self.plans[i].1);
         }
         let plan = Plan::new(g, &shapes)?;
+        crate::tensor::check_plan_bytes(plan.peak_bytes(), plan.weight_bytes)?;
         self.plans.push((shapes, plan));
         Ok(&self.plans.last().unwrap().1)
     }
