@@ -18,6 +18,7 @@ pub mod graph;
 pub mod passes;
 pub mod rng;
 pub mod tensor;
+pub mod testing;
 
 pub use backends::BackendKind;
 pub use error::{Error, Result};

@@ -690,8 +690,15 @@ impl Tensor {
     /// Reads every tensor of a safetensors file, in file order.
     pub fn read_safetensors(path: &Path) -> Result<Vec<(String, Tensor)>> {
         let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-        let st = safetensors::SafeTensors::deserialize(&bytes)
-            .map_err(|e| Error::io(path, format!("not a valid .safetensors file: {e}")))?;
+        Tensor::from_safetensors_bytes(&bytes).map_err(|e| Error::io(path, e))
+    }
+
+    /// The tensors of a .safetensors file's bytes, in file order.
+    pub fn from_safetensors_bytes(
+        bytes: &[u8],
+    ) -> std::result::Result<Vec<(String, Tensor)>, String> {
+        let st = safetensors::SafeTensors::deserialize(bytes)
+            .map_err(|e| format!("not a valid .safetensors file: {e}"))?;
         let mut out = vec![];
         for (name, view) in st.iter() {
             use safetensors::Dtype as S;
@@ -704,14 +711,13 @@ impl Tensor {
                 S::I32 => DType::I32,
                 S::BOOL => DType::Bool,
                 d => {
-                    return Err(Error::io(
-                        path,
-                        format!("tensor '{name}' has dtype {d:?}, which graphrun does not support"),
+                    return Err(format!(
+                        "tensor '{name}' has dtype {d:?}, which graphrun does not support"
                     ))
                 }
             };
             let t = Tensor::from_bytes(dtype, view.shape(), view.data())
-                .map_err(|e| Error::io(path, format!("tensor '{name}': {e}")))?;
+                .map_err(|e| format!("tensor '{name}': {e}"))?;
             out.push((name.to_string(), t));
         }
         Ok(out)

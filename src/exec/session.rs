@@ -35,6 +35,9 @@ impl Default for SessionOptions {
     }
 }
 
+/// The concrete shape of every graph input.
+type Shapes = HashMap<String, Vec<usize>>;
+
 /// What `Session::backward` returns.
 #[derive(Clone, Debug)]
 pub struct Gradients {
@@ -60,7 +63,7 @@ pub struct Session {
     exec: Box<dyn Run>,
     plans: PlanCache,
     /// Plans that keep extra values to fetch (`run_fetch`), per fetch list and shapes.
-    fetch_plans: Vec<(Vec<String>, HashMap<String, Vec<usize>>, Plan)>,
+    fetch_plans: Vec<(Vec<String>, Shapes, Plan)>,
     /// Backward graphs of every floating output (`backward`), per input shapes.
     grad_plans: Vec<BackwardPlan>,
     /// Backward graphs of the training loss (`train_step`), per input shapes.
