@@ -1150,3 +1150,28 @@ fn model_attention() {
     assert_eq!(g.nodes.len(), 1);
     assert!(g.initializers.is_empty());
 }
+
+#[test]
+fn cse_merges_commutative_ops_with_swapped_inputs_only() {
+    let body = "
+inputs: [{name: x, dtype: f32, shape: [2, 3]}, {name: z, dtype: f32, shape: [2, 3]}]
+outputs: [y]
+nodes:
+  - {op: Add, inputs: [x, z], outputs: [a1]}
+  - {op: Add, inputs: [z, x], outputs: [a2]}
+  - {op: Mul, inputs: [x, z], outputs: [m1]}
+  - {op: Mul, inputs: [z, x], outputs: [m2]}
+  - {op: Sub, inputs: [x, z], outputs: [s1]}
+  - {op: Sub, inputs: [z, x], outputs: [s2]}
+  - {op: Add, inputs: [a1, a2], outputs: [p]}
+  - {op: Add, inputs: [m1, m2], outputs: [q]}
+  - {op: Add, inputs: [s1, s2], outputs: [r]}
+  - {op: Add, inputs: [p, q], outputs: [t]}
+  - {op: Add, inputs: [t, r], outputs: [y]}
+";
+    let g = graph(body);
+    let (o, r) = run_passes(&g, &only("cse"));
+    assert_eq!(r.fired("cse"), 2, "Add and Mul merge; Sub does not commute");
+    assert_eq!(count(&o, "Sub"), 2);
+    assert_same(&g, &o, &[]);
+}
