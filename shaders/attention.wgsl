@@ -130,8 +130,8 @@ fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
     LSE[r] = select(ninf(), m + log(l), l > 0.0);
 }
 
-// dQ_r = scale · Σ_j dS_rj K_j with dS = P∘(dY·Vᵀ − delta), delta_r = dY_r·Y_r (from Y
-// in the Y binding, read only here); dMask = dS where P[16] says it is wanted.
+// dQ_r = scale · Σ_j dS_rj K_j with dS = P∘(dY·Vᵀ − delta), from the forward's LSE and
+// attn_delta's delta; dMask = dS where P[16] says it is wanted.
 @compute @workgroup_size(64)
 fn attn_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let r = linear(wid, nwg, lid, WG);
@@ -165,7 +165,7 @@ fn attn_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
     for (var t = 0u; t < d; t += 1u) { DQ[r * d + t] = T(dq[t] * scale); }
 }
 
-// delta_r = dY_r · Y_r into LSE's binding slot of a scratch (P as the forward).
+// delta_r = dY_r · Y_r, written through the LSE binding into a scratch buffer.
 @compute @workgroup_size(64)
 fn attn_delta(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let r = linear(wid, nwg, lid, WG);
@@ -176,8 +176,8 @@ fn attn_delta(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
     LSE[r] = s;
 }
 
-// dK_j = Σ_{heads of its group, rows i seeing j} dS_ij · scale·Q_i, dV_j = Σ P_ij dY_i.
-// LSE is read from the DELTA-side binding F (the forward's logsumexp), DELTA as above.
+// dK_j = Σ_{heads of its group, rows i seeing j} dS_ij · scale·Q_i, dV_j = Σ P_ij dY_i,
+// from the forward's LSE and delta as in attn_dq.
 @compute @workgroup_size(64)
 fn attn_dkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let kr = linear(wid, nwg, lid, WG);
