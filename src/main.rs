@@ -816,7 +816,10 @@ fn doctor() -> Result<(), Fail> {
     for line in graphrun::backends::cuda::doctor_lines() {
         println!("  {line}");
     }
-    println!("wgpu: not built into this version of graphrun");
+    println!("wgpu:");
+    for line in graphrun::backends::wgpu::doctor_lines() {
+        println!("  {line}");
+    }
     println!("--backend default: cpu");
     Ok(())
 }

@@ -105,12 +105,12 @@ impl Session {
     pub fn new(graph: Graph, opts: SessionOptions) -> Result<Session> {
         let exec: Box<dyn Run> = match opts.backend {
             BackendKind::Cpu => Box::new(Executor::new(Cpu::default(), &graph)?),
-            BackendKind::Cuda => Box::new(Executor::new(crate::backends::cuda::Cuda::new()?, &graph)?),
-            other => crate::bail!(
-                Runtime,
-                "backend '{}' is not available in this build of graphrun; use --backend cpu (run `graphrun doctor` to see what this machine offers)",
-                other.name()
-            ),
+            BackendKind::Cuda => {
+                Box::new(Executor::new(crate::backends::cuda::Cuda::new()?, &graph)?)
+            }
+            BackendKind::Wgpu => {
+                Box::new(Executor::new(crate::backends::wgpu::Wgpu::new()?, &graph)?)
+            }
         };
         Ok(Session {
             graph,
