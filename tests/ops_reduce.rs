@@ -83,6 +83,17 @@ fn softmax_and_log_softmax_any_axis() {
             &[DType::F64, DType::F32],
             |a| softmax_ref(&a[0], -1, log),
         );
+        // Offsets of 1e4 (ONNX's test_logsoftmax_large_number): x - (max + ln Σ) rounds at
+        // f32's spacing near 1e4 (1e-3); (x - max) - ln Σ does not.
+        let huge = rand(&[3, 7, 4], 4, 1e4, 1e4 + 10.0);
+        for axis in [-1, 1] {
+            check(
+                op(name, &[("axis", AttrValue::Int(axis))]),
+                &[inp(huge.clone())],
+                &[DType::F64, DType::F32],
+                |a| softmax_ref(&a[0], axis, log),
+            );
+        }
         // Many rows (parallel batches) and a long strided axis.
         let wide = randn(&[64, 130, 9], 3);
         check(
