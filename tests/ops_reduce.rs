@@ -398,6 +398,19 @@ fn reduce_sum_max_on_ints() {
     }
 }
 
+#[test]
+fn reduce_max_over_an_empty_axis_is_the_lowest_value() {
+    // ONNX (opset 18, test_reduce_max_empty_set): reducing nothing gives the dtype's
+    // lowest value, -inf for floats; the other axes keep their (empty or not) sizes.
+    let x = Tensor::zeros(DType::F32, &[2, 0, 4]);
+    let max = op("ReduceMax", &[("axes", AttrValue::Ints(vec![1]))]);
+    for backend in backends() {
+        let y = run_op(backend, max.clone(), &[inp(x.clone())], 1, DType::F32).unwrap();
+        assert_eq!(y[0].shape(), [2, 1, 4]);
+        assert!(y[0].to_f64_vec().iter().all(|v| *v == f64::NEG_INFINITY));
+    }
+}
+
 // ---- SoftmaxCrossEntropyLoss ----------------------------------------------------------------
 
 /// ONNX SoftmaxCrossEntropyLoss: loss and log_prob for scores [N, C, d...].
