@@ -15,8 +15,8 @@ use std::process::ExitCode;
 #[command(
     name = "graphrun",
     version,
-    about = "Run, inspect and train ONNX-style YAML models on CPU, CUDA or WebGPU",
-    after_help = "`graphrun MODEL.yaml [options]` is short for `graphrun run MODEL.yaml [options]`."
+    about = "Run, inspect and train ONNX-style YAML models (or .onnx files) on CPU, CUDA or WebGPU",
+    after_help = "`graphrun MODEL [options]` is short for `graphrun run MODEL [options]`; MODEL is a .yaml model or an .onnx file."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -35,6 +35,8 @@ enum Cmd {
     Bench(BenchArgs),
     /// Train a model's trainable initializers on data.
     Train(TrainArgs),
+    /// Write a model (e.g. an .onnx file) as a YAML model, initializers beside it.
+    Convert(ConvertArgs),
 }
 
 #[derive(Args, Clone)]
@@ -168,6 +170,14 @@ struct TrainArgs {
     quiet: bool,
 }
 
+#[derive(Args)]
+struct ConvertArgs {
+    model: PathBuf,
+    /// The YAML file to write; large initializers go into <stem>.safetensors beside it.
+    #[arg(long, short, value_name = "FILE.yaml")]
+    output: PathBuf,
+}
+
 /// A CLI failure: its message and the exit code it maps to.
 struct Fail {
     code: u8,
@@ -199,7 +209,9 @@ fn main() -> ExitCode {
     }
     let mut argv: Vec<String> = std::env::args().collect();
     // `graphrun MODEL ...` means `graphrun run MODEL ...`.
-    let subcommands = ["run", "inspect", "doctor", "bench", "train", "help"];
+    let subcommands = [
+        "run", "inspect", "doctor", "bench", "train", "convert", "help",
+    ];
     if argv.len() > 1 && !subcommands.contains(&argv[1].as_str()) && !argv[1].starts_with('-') {
         argv.insert(1, "run".into());
     }
@@ -217,6 +229,7 @@ fn main() -> ExitCode {
         Cmd::Doctor => doctor(),
         Cmd::Bench(a) => bench(a),
         Cmd::Train(a) => train(a),
+        Cmd::Convert(a) => convert(a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -774,6 +787,31 @@ fn inspect(a: InspectArgs) -> Result<(), Fail> {
         model.save(p)?;
         println!("wrote {}", p.display());
     }
+    Ok(())
+}
+
+/// `convert`: the model as loaded (no passes), written in the YAML format.
+fn convert(a: ConvertArgs) -> Result<(), Fail> {
+    let model = Model::load(&a.model)?;
+    if a.output
+        .extension()
+        .is_none_or(|e| e != "yaml" && e != "yml")
+    {
+        return Err(usage(format!(
+            "convert writes YAML: -o {} must end in .yaml",
+            a.output.display()
+        )));
+    }
+    model.save(&a.output)?;
+    let g = &model.graph;
+    println!(
+        "wrote {} ({} nodes, {} inputs, {} initializers, {} parameters)",
+        a.output.display(),
+        g.nodes.len(),
+        g.inputs.len(),
+        g.initializers.len(),
+        g.param_count()
+    );
     Ok(())
 }
 
