@@ -156,6 +156,10 @@ struct TrainArgs {
     /// Override the learning rate of the model's optimizer.
     #[arg(long)]
     lr: Option<f64>,
+    /// The scalar output to minimise, over the model's training: loss. A model without a
+    /// training: section (an .onnx file has none) then trains with Adam (lr 0.001 or --lr).
+    #[arg(long, value_name = "OUTPUT")]
+    loss: Option<String>,
     /// Seed for shuffling (and for random inputs).
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -1107,9 +1111,34 @@ fn evaluate(
 
 fn train(a: TrainArgs) -> Result<(), Fail> {
     let mut model = load(&a.model, a.common.dtype.as_deref())?;
+    if let Some(loss) = &a.loss {
+        let g = &mut model.graph;
+        if !g.outputs.contains(loss) {
+            return Err(usage(format!(
+                "--loss {loss}: the model's outputs are {}",
+                g.outputs.join(", ")
+            )));
+        }
+        let optimizer =
+            g.training
+                .take()
+                .map(|t| t.optimizer)
+                .unwrap_or(graphrun::graph::Optimizer::Adam {
+                    lr: 0.001,
+                    beta1: 0.9,
+                    beta2: 0.999,
+                    eps: 1e-8,
+                    weight_decay: 0.0,
+                });
+        g.training = Some(graphrun::graph::Training {
+            loss: loss.clone(),
+            optimizer,
+        });
+    }
     let Some(tr) = model.graph.training.as_mut() else {
         return Err(usage(format!(
-            "{}: the model has no training: section (loss and optimizer) to train with",
+            "{}: the model has no training: section (loss and optimizer) to train with; \
+             --loss OUTPUT trains a scalar output with Adam",
             a.model.display()
         )));
     };

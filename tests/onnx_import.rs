@@ -635,6 +635,15 @@ fn every_command_takes_onnx_and_convert_writes_yaml() {
             .unwrap()
             .replace("again.safetensors", "block.safetensors")
     );
+    // An .onnx file has no training: section; --loss names the scalar to minimise.
+    let ce = "tests/fixtures/onnx/embed_ce_dynamo/model.onnx";
+    let (ok, code, _, err) = graphrun(&["train", ce, "--steps", "2", "-q"]);
+    assert!(!ok && code == 2 && err.contains("--loss OUTPUT"), "{err}");
+    let (ok, _, out, err) = graphrun(&[
+        "train", ce, "--loss", "loss", "--steps", "20", "--lr", "0.05", "-q",
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.contains("loss"), "{out}");
     // A bad model is exit code 2 and one line.
     std::fs::write(d.join("bad.onnx"), b"\x08\x07garbage").unwrap();
     let (ok, code, _, err) = graphrun(&[d.join("bad.onnx").to_str().unwrap()]);
