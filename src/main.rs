@@ -15,8 +15,8 @@ use std::process::ExitCode;
 #[command(
     name = "graphrun",
     version,
-    about = "Run, inspect and train ONNX-style YAML models on CPU, CUDA or WebGPU",
-    after_help = "`graphrun MODEL.yaml [options]` is short for `graphrun run MODEL.yaml [options]`."
+    about = "Run, inspect and train ONNX-style YAML models (or .onnx files) on CPU, CUDA or WebGPU",
+    after_help = "`graphrun MODEL [options]` is short for `graphrun run MODEL [options]`; MODEL is a .yaml model or an .onnx file."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -56,6 +56,8 @@ enum Cmd {
     Bench(BenchArgs),
     /// Train a model's trainable initializers on data.
     Train(TrainArgs),
+    /// Write a model (e.g. an .onnx file) as a YAML model, initializers beside it.
+    Convert(ConvertArgs),
 }
 
 #[derive(Args, Clone)]
@@ -175,6 +177,10 @@ struct TrainArgs {
     /// Override the learning rate of the model's optimizer.
     #[arg(long)]
     lr: Option<f64>,
+    /// The scalar output to minimise, over the model's training: loss. A model without a
+    /// training: section (an .onnx file has none) then trains with Adam (lr 0.001 or --lr).
+    #[arg(long, value_name = "OUTPUT")]
+    loss: Option<String>,
     /// Seed for shuffling (and for random inputs).
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -187,6 +193,14 @@ struct TrainArgs {
     /// No progress bar.
     #[arg(long, short)]
     quiet: bool,
+}
+
+#[derive(Args)]
+struct ConvertArgs {
+    model: PathBuf,
+    /// The YAML file to write; large initializers go into <stem>.safetensors beside it.
+    #[arg(long, short, value_name = "FILE.yaml")]
+    output: PathBuf,
 }
 
 /// A CLI failure: its message and the exit code it maps to.
@@ -220,7 +234,9 @@ fn main() -> ExitCode {
     }
     let mut argv: Vec<String> = std::env::args().collect();
     // `graphrun MODEL ...` means `graphrun run MODEL ...`.
-    let subcommands = ["run", "inspect", "doctor", "bench", "train", "help"];
+    let subcommands = [
+        "run", "inspect", "doctor", "bench", "train", "convert", "help",
+    ];
     if argv.len() > 1 && !subcommands.contains(&argv[1].as_str()) && !argv[1].starts_with('-') {
         argv.insert(1, "run".into());
     }
@@ -241,6 +257,7 @@ fn main() -> ExitCode {
         Cmd::Doctor => doctor(),
         Cmd::Bench(a) => bench(a),
         Cmd::Train(a) => train(a),
+        Cmd::Convert(a) => convert(a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -801,6 +818,31 @@ fn inspect(a: InspectArgs) -> Result<(), Fail> {
     Ok(())
 }
 
+/// `convert`: the model as loaded (no passes), written in the YAML format.
+fn convert(a: ConvertArgs) -> Result<(), Fail> {
+    let model = Model::load(&a.model)?;
+    if a.output
+        .extension()
+        .is_none_or(|e| e != "yaml" && e != "yml")
+    {
+        return Err(usage(format!(
+            "convert writes YAML: -o {} must end in .yaml",
+            a.output.display()
+        )));
+    }
+    model.save(&a.output)?;
+    let g = &model.graph;
+    println!(
+        "wrote {} ({} nodes, {} inputs, {} initializers, {} parameters)",
+        a.output.display(),
+        g.nodes.len(),
+        g.inputs.len(),
+        g.initializers.len(),
+        g.param_count()
+    );
+    Ok(())
+}
+
 fn doctor() -> Result<(), Fail> {
     let threads = std::thread::available_parallelism()
         .map(|n| n.get())
@@ -1096,9 +1138,34 @@ fn evaluate(
 
 fn train(a: TrainArgs) -> Result<(), Fail> {
     let mut model = load(&a.model, a.common.dtype.as_deref())?;
+    if let Some(loss) = &a.loss {
+        let g = &mut model.graph;
+        if !g.outputs.contains(loss) {
+            return Err(usage(format!(
+                "--loss {loss}: the model's outputs are {}",
+                g.outputs.join(", ")
+            )));
+        }
+        let optimizer =
+            g.training
+                .take()
+                .map(|t| t.optimizer)
+                .unwrap_or(graphrun::graph::Optimizer::Adam {
+                    lr: 0.001,
+                    beta1: 0.9,
+                    beta2: 0.999,
+                    eps: 1e-8,
+                    weight_decay: 0.0,
+                });
+        g.training = Some(graphrun::graph::Training {
+            loss: loss.clone(),
+            optimizer,
+        });
+    }
     let Some(tr) = model.graph.training.as_mut() else {
         return Err(usage(format!(
-            "{}: the model has no training: section (loss and optimizer) to train with",
+            "{}: the model has no training: section (loss and optimizer) to train with; \
+             --loss OUTPUT trains a scalar output with Adam",
             a.model.display()
         )));
     };
