@@ -84,8 +84,9 @@ fn softmax(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
     let mx = wg_max(ms.x, lid);
     let sum = wg_sum(ms.y * select(exp(ms.x - mx), 1.0, ms.x == mx), lid);
     if (pu(2u) != 0u) {
-        let lse = mx + log(sum);
-        for (var j = lid; j < n; j += WG) { Y[off + j * inner] = T(f32(X0[off + j * inner]) - lse); }
+        // (x − max) − ln Σ, not x − (max + ln Σ): for large x the sum rounds away ln Σ.
+        let ls = log(sum);
+        for (var j = lid; j < n; j += WG) { Y[off + j * inner] = T((f32(X0[off + j * inner]) - mx) - ls); }
     } else {
         let r = 1.0 / sum;
         for (var j = lid; j < n; j += WG) { Y[off + j * inner] = T(exp(f32(X0[off + j * inner]) - mx) * r); }

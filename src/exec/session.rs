@@ -456,6 +456,8 @@ struct Executor<B: Backend> {
     /// Which weight each initializer of the graph last run is (by its index there).
     wmap: Vec<usize>,
     slots: Vec<Option<B::Buffer>>,
+    /// Bytes allocated for each slot.
+    slot_sizes: Vec<usize>,
     consts: Vec<B::Buffer>,
     /// Which plan (by id) the consts were uploaded for.
     consts_for: u64,
@@ -473,6 +475,7 @@ impl<B: Backend> Executor<B> {
             weight_names: HashMap::new(),
             wmap: vec![],
             slots: vec![],
+            slot_sizes: vec![],
             consts: vec![],
             consts_for: 0,
             opt_state: HashMap::new(),
@@ -551,12 +554,17 @@ impl<B: Backend> Run for Executor<B> {
     ) -> Result<Vec<Tensor>> {
         self.map_weights(g)?;
         // Grow the slot pool to the plan (kept across runs: no allocation in steady state).
+        // Plans of different shapes (or the forward and backward graphs) share the pool,
+        // so a slot smaller than this plan needs is replaced, never reused.
         if self.slots.len() < plan.slot_bytes.len() {
             self.slots.resize_with(plan.slot_bytes.len(), || None);
+            self.slot_sizes.resize(plan.slot_bytes.len(), 0);
         }
         for (s, &bytes) in plan.slot_bytes.iter().enumerate() {
-            if self.slots[s].is_none() {
+            if self.slots[s].is_none() || self.slot_sizes[s] < bytes {
+                self.slots[s] = None;
                 self.slots[s] = Some(self.backend.alloc(bytes)?);
+                self.slot_sizes[s] = bytes;
             }
         }
         let plan_id = plan.id;
