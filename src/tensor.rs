@@ -596,6 +596,9 @@ impl Tensor {
     }
 
     pub fn from_npy_bytes(bytes: &[u8]) -> std::result::Result<Tensor, String> {
+        if bytes.starts_with(b"\x93NUMPY") {
+            npy_header_plain(bytes)?;
+        }
         let npy = npyz::NpyFile::new(bytes).map_err(|e| format!("not a valid .npy file: {e}"))?;
         if npy.order() != npyz::Order::C {
             return Err("Fortran-order .npy arrays are not supported; save with C order".into());
@@ -781,7 +784,8 @@ fn fmt_num(x: f64) -> String {
 }
 
 /// Offset of the data in an .npy file (after magic, version and header).
-fn npy_data(bytes: &[u8]) -> std::result::Result<&[u8], String> {
+/// The header text and the data of a .npy file.
+fn npy_split(bytes: &[u8]) -> std::result::Result<(&[u8], &[u8]), String> {
     if bytes.len() < 10 {
         return Err("truncated .npy header".into());
     }
@@ -793,9 +797,28 @@ fn npy_data(bytes: &[u8]) -> std::result::Result<&[u8], String> {
         ),
         _ => return Err("truncated .npy header".into()),
     };
-    bytes
-        .get(start + hlen..)
-        .ok_or_else(|| "truncated .npy header".to_string())
+    match (bytes.get(start..start + hlen), bytes.get(start + hlen..)) {
+        (Some(h), Some(d)) => Ok((h, d)),
+        _ => Err("truncated .npy header".into()),
+    }
+}
+
+fn npy_data(bytes: &[u8]) -> std::result::Result<&[u8], String> {
+    npy_split(bytes).map(|(_, d)| d)
+}
+
+/// The header of a plain array is one dict with one shape tuple. Anything nested deeper
+/// (structured dtypes, or hostile input) is refused before npyz parses it: its header
+/// parser takes exponential time on deeply nested brackets (a fuzzing finding).
+fn npy_header_plain(bytes: &[u8]) -> std::result::Result<(), String> {
+    let (h, _) = npy_split(bytes)?;
+    let count = |c: u8| h.iter().filter(|&&b| b == c).count();
+    if count(b'{') > 1 || count(b'(') > 1 || count(b'[') > 0 {
+        return Err(
+            "unsupported .npy header: only plain arrays (one dtype, one shape) are read".into(),
+        );
+    }
+    Ok(())
 }
 
 /// Elementwise conversion between any two dtypes, into a tensor of the same shape.

@@ -369,3 +369,21 @@ fn hostile_yaml_is_bounded() {
         .to_string();
     assert!(!e.is_empty());
 }
+
+#[test]
+fn npy_with_deeply_nested_header_is_refused_quickly() {
+    // A fuzzing finding: npyz's header parser took >25 s on nested braces.
+    let mut header = b"{'descr': ".to_vec();
+    header.extend(std::iter::repeat_n(b'{', 80));
+    header.extend_from_slice(b"'f4', 'fortran_order': False, 'shape': (10, ), }");
+    let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+    bytes.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    bytes.extend_from_slice(&header);
+    let t0 = std::time::Instant::now();
+    let e = Tensor::from_npy_bytes(&bytes).unwrap_err();
+    has(&e, &["only plain arrays"]);
+    assert!(t0.elapsed().as_secs() < 5);
+    // The replayed artifact itself.
+    let e = Tensor::from_npy_bytes(include_bytes!("data/fuzz_npy_nested_header.npy")).unwrap_err();
+    has(&e, &["npy"]);
+}
