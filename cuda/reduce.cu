@@ -202,3 +202,20 @@ FOR_NUMS(INST_REDUCE_NUM)
     extern "C" __global__ void sce_reduce_##S(const Num<T>::A* loss, const Num<T>::A* wt, T* o, i64 ne, int r) { sce_reduce_k<T>(loss, wt, o, ne, r); } \
     extern "C" __global__ void sce_grad_##S(const T* x, const i64* l, const Num<T>::A* wt, const T* dl, T* dx, i64 c, i64 d, i64 ne, int r) { sce_grad_k<T>(x, l, wt, dl, dx, c, d, ne, r); }
 FOR_FLOATS(INST_REDUCE_FLOAT)
+
+// Labels to i64, checked: one that is neither a class in [0, classes) nor the ignore_index
+// stores `code << 48 | label` into the error flag (mapped host memory; the host reports it
+// after the step) and reads as class 0 (or ignored) so that nothing indexes out of bounds.
+template <class L> __device__ void labels_k(const L* in, i64* out, i64 n, i64 classes, i64 ignore, int has_ignore, u64* flag, u64 code) {
+    GRID_STRIDE(i, n) {
+        i64 v = (i64)in[i];
+        bool ok = (v >= 0 && v < classes) || (has_ignore && v == ignore);
+        if (!ok) {
+            *(volatile u64*)flag = (code << 48) | ((u64)v & 0xffffffffffffull);
+            v = has_ignore ? ignore : 0;
+        }
+        out[i] = v;
+    }
+}
+extern "C" __global__ void labels_i64(const i64* in, i64* out, i64 n, i64 c, i64 ig, int hi, u64* flag, u64 code) { labels_k<i64>(in, out, n, c, ig, hi, flag, code); }
+extern "C" __global__ void labels_i32(const int* in, i64* out, i64 n, i64 c, i64 ig, int hi, u64* flag, u64 code) { labels_k<int>(in, out, n, c, ig, hi, flag, code); }

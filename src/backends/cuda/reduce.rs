@@ -8,7 +8,6 @@ use crate::graph::infer::{norm_axis, ValueType};
 use crate::graph::op::LossReduction;
 use crate::graph::{Node, ReduceKind};
 use crate::tensor::{numel, DType};
-use cudarc::driver::CudaSlice;
 
 fn axis_of(node: &Node, axis: i64, r: usize) -> Result<usize> {
     norm_axis(axis, r).ok_or_else(|| {
@@ -169,14 +168,14 @@ pub fn softmax_grad(
 
 /// `t` broadcast to the normalised shape `norm`: itself when it already has that many
 /// elements, else a device copy expanded to it.
-fn expanded(c: &Cuda, t: &V, norm: &[usize]) -> Result<Option<CudaSlice<u8>>> {
+fn expanded(c: &Cuda, t: &V, norm: &[usize]) -> Result<Option<u64>> {
     if t.numel() == numel(norm) {
         return Ok(None);
     }
     let ty = ValueType::new(t.dtype(), norm);
-    let buf = c.zeros::<u8>(ty.bytes())?;
+    let buf = c.scratch(ty.bytes())?;
     let dst = V {
-        p: c.addr(&buf),
+        p: buf,
         ty: &ty,
         buf: None,
     };
@@ -221,9 +220,9 @@ pub fn layer_norm(
         Some(b) => expanded(c, b, norm)?,
         None => None,
     };
-    let gp = g.as_ref().map_or(scale.p, |g| c.addr(g));
+    let gp = g.unwrap_or(scale.p);
     let bp = match (&b, &bias) {
-        (Some(b), _) => c.addr(b),
+        (Some(b), _) => *b,
         (None, Some(v)) => v.p,
         (None, None) => 0,
     };
@@ -286,8 +285,7 @@ pub fn layer_norm_grad(
         return Ok(());
     }
     if let Some(dx) = w(0) {
-        let g = expanded(c, scale, norm)?;
-        let gp = g.as_ref().map_or(scale.p, |g| c.addr(g));
+        let gp = expanded(c, scale, norm)?.unwrap_or(scale.p);
         let args = [
             Arg::Ptr(dy.p),
             Arg::Ptr(x.p),
@@ -321,30 +319,34 @@ pub fn layer_norm_grad(
     Ok(())
 }
 
-/// The labels as validated i64 on the device (each a class of axis 1, or ignore_index).
-fn labels(
-    c: &Cuda,
-    node: &Node,
-    scores: &V,
-    labels: &V,
-    ignore: Option<i64>,
-) -> Result<CudaSlice<i64>> {
+/// The labels as i64 scratch on the device, checked there: a label that is neither a
+/// class of axis 1 nor ignore_index raises the error flag (reported after the step).
+fn labels(c: &Cuda, node: &Node, scores: &V, labels: &V, ignore: Option<i64>) -> Result<u64> {
     let classes = scores.shape()[1] as i64;
-    let l = c.read(labels)?.to_i64_vec();
-    if let Some(&bad) = l
-        .iter()
-        .find(|&&v| (v < 0 || v >= classes) && Some(v) != ignore)
-    {
-        crate::bail!(
-            Runtime,
-            "{}: label {bad} is out of range for {classes} classes{}",
-            node.describe(),
-            ignore
-                .map(|i| format!(" (ignore_index is {i})"))
-                .unwrap_or_default()
-        );
+    if !matches!(labels.dtype(), DType::I64 | DType::I32) {
+        return Err(unsupported(node, labels.dtype()));
     }
-    c.upload_vec(&l)
+    let n = labels.numel();
+    let out = c.scratch(n.max(1) * 8)?;
+    let (flag, code) = c.error_code(format!(
+        "{}: label {{v}} is out of range for {classes} classes{}",
+        node.describe(),
+        ignore
+            .map(|i| format!(" (ignore_index is {i})"))
+            .unwrap_or_default()
+    ));
+    let args = [
+        Arg::Ptr(labels.p),
+        Arg::Ptr(out),
+        Arg::I64(n as i64),
+        Arg::I64(classes),
+        Arg::I64(ignore.unwrap_or(0)),
+        Arg::I32(ignore.is_some() as i32),
+        Arg::Ptr(flag),
+        Arg::U64(code),
+    ];
+    c.launch_n(&format!("labels_{}", suffix(labels.dtype())), n, &args)?;
+    Ok(out)
 }
 
 /// Per-element weights and losses (accumulation type), and log_prob when `logp` is
@@ -353,22 +355,22 @@ fn labels(
 fn sce_rows(
     c: &Cuda,
     x: &V,
-    labels: &CudaSlice<i64>,
+    labels: u64,
     weights: Option<V>,
     ignore: Option<i64>,
     logp: u64,
-) -> Result<(CudaSlice<u8>, CudaSlice<u8>, usize)> {
+) -> Result<(u64, u64, usize)> {
     let (n, cl) = (x.shape()[0], x.shape()[1]);
     let d = numel(&x.shape()[2..]);
     let ne = n * d;
     let ab = acc_bytes(x.dtype());
-    let (loss, wt) = (c.zeros::<u8>(ne * ab)?, c.zeros::<u8>(ne * ab)?);
+    let (loss, wt) = (c.scratch(ne * ab)?, c.scratch(ne * ab)?);
     let args = [
         Arg::Ptr(x.p),
-        Arg::Ptr(c.addr(labels)),
+        Arg::Ptr(labels),
         Arg::Ptr(weights.map_or(0, |w| w.p)),
-        Arg::Ptr(c.addr(&loss)),
-        Arg::Ptr(c.addr(&wt)),
+        Arg::Ptr(loss),
+        Arg::Ptr(wt),
         Arg::Ptr(logp),
         Arg::I64(cl as i64),
         Arg::I64(d.max(1) as i64),
@@ -406,11 +408,11 @@ pub fn sce(
         .get(1)
         .filter(|_| want.get(1).copied().unwrap_or(false))
         .map_or(0, |v| v.p);
-    let (loss, wt, ne) = sce_rows(c, x, &l, weights, ignore, logp)?;
+    let (loss, wt, ne) = sce_rows(c, x, l, weights, ignore, logp)?;
     let code = reduction_code(reduction);
     let args = [
-        Arg::Ptr(c.addr(&loss)),
-        Arg::Ptr(c.addr(&wt)),
+        Arg::Ptr(loss),
+        Arg::Ptr(wt),
         Arg::Ptr(outs[0].p),
         Arg::I64(ne as i64),
         Arg::I32(code),
@@ -442,12 +444,12 @@ pub fn sce_grad(
 ) -> Result<()> {
     need_float(node, x)?;
     let l = labels(c, node, x, lab, ignore)?;
-    let (_loss, wt, ne) = sce_rows(c, x, &l, weights, ignore, 0)?;
+    let (_loss, wt, ne) = sce_rows(c, x, l, weights, ignore, 0)?;
     let (cl, d) = (x.shape()[1], numel(&x.shape()[2..]));
     let args = [
         Arg::Ptr(x.p),
-        Arg::Ptr(c.addr(&l)),
-        Arg::Ptr(c.addr(&wt)),
+        Arg::Ptr(l),
+        Arg::Ptr(wt),
         Arg::Ptr(dloss.p),
         Arg::Ptr(dx.p),
         Arg::I64(cl as i64),
