@@ -274,7 +274,8 @@ pub const MAXR: usize = 8;
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Strided {
     rank: i32,
-    _pad: i32,
+    /// 1 when the walk has fewer than 2^31 elements: kernels index in 32 bits.
+    small: i32,
     shape: [i64; MAXR],
     st: [[i64; MAXR]; 3],
     base: [i64; 3],
@@ -284,22 +285,42 @@ unsafe impl DeviceRepr for Strided {}
 
 impl Strided {
     /// A walk over `shape` with operand strides `st[k]` (one per dim) and offsets `base`.
+    /// Size-1 dims are dropped and adjacent dims that every operand walks contiguously are
+    /// merged (the same walk with fewer index divisions in the kernels; a same-shape
+    /// elementwise op becomes rank 1).
     pub fn new(shape: &[usize], st: &[&[i64]], base: &[i64]) -> Result<Strided> {
-        if shape.len() > MAXR {
+        let mut dims: Vec<(usize, Vec<i64>)> = vec![];
+        for (d, &n) in shape.iter().enumerate() {
+            if n == 1 {
+                continue;
+            }
+            let sd: Vec<i64> = st.iter().map(|s| s[d]).collect();
+            if let Some((pn, ps)) = dims.last_mut() {
+                if ps.iter().zip(&sd).all(|(&p, &q)| p == q * n as i64) {
+                    *pn *= n;
+                    ps.clone_from(&sd);
+                    continue;
+                }
+            }
+            dims.push((n, sd));
+        }
+        if dims.len() > MAXR {
             crate::bail!(
                 Runtime,
                 "the CUDA backend takes tensors of rank at most {MAXR}, got rank {}",
                 shape.len()
             );
         }
+        let total = dims.iter().try_fold(1usize, |a, (n, _)| a.checked_mul(*n));
         let mut s = Strided {
-            rank: shape.len() as i32,
+            rank: dims.len() as i32,
+            small: total.is_some_and(|t| t < 1 << 31) as i32,
             ..Default::default()
         };
-        for (d, &n) in shape.iter().enumerate() {
-            s.shape[d] = n as i64;
-            for (k, stk) in st.iter().enumerate() {
-                s.st[k][d] = stk[d];
+        for (d, (n, sd)) in dims.iter().enumerate() {
+            s.shape[d] = *n as i64;
+            for (k, &v) in sd.iter().enumerate() {
+                s.st[k][d] = v;
             }
         }
         for (k, &b) in base.iter().enumerate() {
