@@ -161,7 +161,7 @@ template <class T> __device__ __forceinline__ float fa_mask(const AttnGeom& g, c
 // rows are r0 and r0 + 8 (r0 includes its lane group), the tile's columns c0 + 0..64. `trans` = 0: rows are queries, columns keys
 // (forward, dQ); 1: rows are keys, columns queries (dK/dV). Keys past Skv, keys after the
 // query (causal) and mask-false entries become -inf; an additive mask is added.
-template <class T> __device__ __forceinline__ void fa_edge(const AttnGeom& g, float (*s)[4], const void* mask, i64 b, i64 h, i64 r0, i64 c0, int trans) {
+template <class T, bool MASK> __device__ __forceinline__ void fa_edge(const AttnGeom& g, float (*s)[4], const void* mask, i64 b, i64 h, i64 r0, i64 c0, int trans) {
     int tq = threadIdx.x & 3;
     // key − query for (row r0, column c0), and the number of valid keys from c0 (trans 0).
     i64 dd = trans ? r0 - c0 : c0 - r0;
@@ -178,7 +178,7 @@ template <class T> __device__ __forceinline__ void fa_edge(const AttnGeom& g, fl
             bool out = (g.causal && kq > 0) || (!trans && c >= klim);
             if (out) s[nb][e] = neg_inf(0.f);
         }
-    if (g.mask_kind == 0) return;
+    if (!MASK) return;
     i64 sq_stride = g.ms[2], sk_stride = g.ms[3];
     i64 base = b * g.ms[0] + h * g.ms[1];
 #pragma unroll
@@ -213,9 +213,13 @@ template <class T, int DP> __device__ __forceinline__ void store_acc(T* dst, con
 #define FA_BK 64   // keys per tile
 #define FB_B 64    // backward: rows per CTA and per tile (4 warps × 16)
 
-// Forward: grid (query blocks, B·Hq), FA_BQ/16 warps. Y [B,Hq,Sq,Dv], LSE [B,Hq,Sq] f32.
-template <class T, int DP> __device__ void fa_fwd(const AttnGeom& g, const T* Q, const T* K, const T* V, const void* mask, T* Y, float* lse, int vec) {
-    constexpr int NT = FA_BQ * 2;  // threads
+// Forward: grid (query blocks, B·Hq). Heads up to 64: 4 warps of 32 query rows (two m16
+// tiles: each K/V fragment read from shared memory feeds both, halving shared-memory
+// traffic per mma); up to 128: 8 warps of 16 rows (registers). Y [B,Hq,Sq,Dv], LSE
+// [B,Hq,Sq] f32.
+#define FA_MT(DP) ((DP) == 64 ? 2 : 1)
+template <class T, int DP, bool MASK> __device__ void fa_fwd(const AttnGeom& g, const T* Q, const T* K, const T* V, const void* mask, T* Y, float* lse, int vec) {
+    constexpr int MT = FA_MT(DP), NT = FA_BQ / (16 * MT) * 32;  // threads
     unsigned sQ = smem_u32(fa_smem);
     unsigned sK = sQ + FA_BQ * DP * 2, sV = sK + 2 * FA_BK * DP * 2;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
@@ -235,17 +239,28 @@ template <class T, int DP> __device__ void fa_fwd(const AttnGeom& g, const T* Q,
         load_tile<DP, NT>(sV, Vb, FA_BK, kv, (int)g.dv, vec);
     }
     cp_commit();
-    float o[DP / 8][4];
+    cp_wait_all();
+    __syncthreads();
+    // The warp's rows: r0 + mt·16 + (gq, gq + 8).
+    int r0 = warp * 16 * MT;
+    unsigned qa[MT][DP / 16][4];
 #pragma unroll
-    for (int i = 0; i < DP / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-    float m0 = neg_inf(0.f), m1 = neg_inf(0.f), l0 = 0.f, l1 = 0.f;
-    unsigned qa[DP / 16][4];
+    for (int mt = 0; mt < MT; ++mt) load_afrag<DP>(sQ, r0 + mt * 16, qa[mt]);
+    float o[MT][DP / 8][4];
+    float m[MT][2], l[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int i = 0; i < DP / 8; ++i) o[mt][i][0] = o[mt][i][1] = o[mt][i][2] = o[mt][i][3] = 0.f;
+        m[mt][0] = m[mt][1] = neg_inf(0.f);
+        l[mt][0] = l[mt][1] = 0.f;
+    }
     const float sl2 = (float)g.scale * FA_LOG2E;
-    i64 row0 = q0 + warp * 16 + gq, row1 = row0 + 8;  // this thread's two query rows
     for (int t = 0; t < ntiles; ++t) {
-        cp_wait_all();
-        __syncthreads();
-        if (t == 0) load_afrag<DP>(sQ, warp * 16, qa);
+        if (t > 0) {
+            cp_wait_all();
+            __syncthreads();
+        }
         if (t + 1 < ntiles) {
             i64 j0 = (i64)(t + 1) * FA_BK;
             int kv = (int)(g.skv - j0 < FA_BK ? g.skv - j0 : FA_BK);
@@ -255,68 +270,113 @@ template <class T, int DP> __device__ void fa_fwd(const AttnGeom& g, const T* Q,
         }
         cp_commit();
         unsigned off = (t & 1) * FA_BK * DP * 2;
-        float s[8][4];
+        float s[MT][8][4];
 #pragma unroll
-        for (int i = 0; i < 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
-        mma_abt<T, DP>(s, qa, sK + off, 0);
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int i = 0; i < 8; ++i) s[mt][i][0] = s[mt][i][1] = s[mt][i][2] = s[mt][i][3] = 0.f;
+        // S = Q·Kᵀ: each K fragment feeds every m tile.
+#pragma unroll
+        for (int nb2 = 0; nb2 < 4; ++nb2) {
+#pragma unroll
+            for (int kc = 0; kc < DP / 16; ++kc) {
+                unsigned bb[4];
+                ldsm4(sw_addr<DP>(sK + off, nb2 * 16 + (lane & 7) + (lane >> 4) * 8, kc * 2 + ((lane >> 3) & 1)), bb);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    Mma<T>::run(s[mt][2 * nb2], qa[mt][kc], bb[0], bb[1]);
+                    Mma<T>::run(s[mt][2 * nb2 + 1], qa[mt][kc], bb[2], bb[3]);
+                }
+            }
+        }
         i64 j0 = (i64)t * FA_BK;
-        bool edge = g.mask_kind != 0 || j0 + FA_BK > g.skv || (g.causal && j0 + FA_BK - 1 > q0 + warp * 16);
 #pragma unroll
-        for (int nb = 0; nb < 8; ++nb)
+        for (int mt = 0; mt < MT; ++mt) {
+            i64 row0 = q0 + r0 + mt * 16 + gq;
+            bool edge = MASK || j0 + FA_BK > g.skv || (g.causal && j0 + FA_BK - 1 > q0 + r0 + mt * 16);
 #pragma unroll
-            for (int e = 0; e < 4; ++e) s[nb][e] *= sl2;
-        if (edge) fa_edge<T>(g, s, mask, b, h, row0, j0, 0);
-        float mx0 = m0, mx1 = m1;
+            for (int nb = 0; nb < 8; ++nb)
 #pragma unroll
-        for (int nb = 0; nb < 8; ++nb) {
-            mx0 = fmaxf(mx0, fmaxf(s[nb][0], s[nb][1]));
-            mx1 = fmaxf(mx1, fmaxf(s[nb][2], s[nb][3]));
+                for (int e = 0; e < 4; ++e) s[mt][nb][e] *= sl2;
+            if (edge) fa_edge<T, MASK>(g, s[mt], mask, b, h, row0, j0, 0);
+            float mx0 = m[mt][0], mx1 = m[mt][1];
+#pragma unroll
+            for (int nb = 0; nb < 8; ++nb) {
+                mx0 = fmaxf(mx0, fmaxf(s[mt][nb][0], s[mt][nb][1]));
+                mx1 = fmaxf(mx1, fmaxf(s[mt][nb][2], s[mt][nb][3]));
+            }
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+            // A row that has seen only masked keys keeps m = -inf: measure from 0 instead.
+            float ref0 = mx0 == neg_inf(mx0) ? 0.f : mx0, ref1 = mx1 == neg_inf(mx1) ? 0.f : mx1;
+            float a0 = fa_ex2(m[mt][0] - ref0), a1 = fa_ex2(m[mt][1] - ref1);
+            m[mt][0] = mx0;
+            m[mt][1] = mx1;
+            float ps0 = 0.f, ps1 = 0.f;
+#pragma unroll
+            for (int nb = 0; nb < 8; ++nb) {
+                s[mt][nb][0] = fa_ex2(s[mt][nb][0] - ref0);
+                s[mt][nb][1] = fa_ex2(s[mt][nb][1] - ref0);
+                s[mt][nb][2] = fa_ex2(s[mt][nb][2] - ref1);
+                s[mt][nb][3] = fa_ex2(s[mt][nb][3] - ref1);
+                ps0 += s[mt][nb][0] + s[mt][nb][1];
+                ps1 += s[mt][nb][2] + s[mt][nb][3];
+            }
+            l[mt][0] = l[mt][0] * a0 + ps0;
+            l[mt][1] = l[mt][1] * a1 + ps1;
+#pragma unroll
+            for (int nd = 0; nd < DP / 8; ++nd) {
+                o[mt][nd][0] *= a0;
+                o[mt][nd][1] *= a0;
+                o[mt][nd][2] *= a1;
+                o[mt][nd][3] *= a1;
+            }
         }
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        // A row that has seen only masked keys keeps m = -inf: measure from 0 instead.
-        float ref0 = mx0 == neg_inf(mx0) ? 0.f : mx0, ref1 = mx1 == neg_inf(mx1) ? 0.f : mx1;
-        float a0 = fa_ex2(m0 - ref0), a1 = fa_ex2(m1 - ref1);
-        m0 = mx0;
-        m1 = mx1;
-        float ps0 = 0.f, ps1 = 0.f;
+        // O += P·V: each V fragment feeds every m tile.
 #pragma unroll
-        for (int nb = 0; nb < 8; ++nb) {
-            s[nb][0] = fa_ex2(s[nb][0] - ref0);
-            s[nb][1] = fa_ex2(s[nb][1] - ref0);
-            s[nb][2] = fa_ex2(s[nb][2] - ref1);
-            s[nb][3] = fa_ex2(s[nb][3] - ref1);
-            ps0 += s[nb][0] + s[nb][1];
-            ps1 += s[nb][2] + s[nb][3];
-        }
-        l0 = l0 * a0 + ps0;
-        l1 = l1 * a1 + ps1;
+        for (int kc = 0; kc < 4; ++kc) {
+            unsigned pa[MT][4];
 #pragma unroll
-        for (int nd = 0; nd < DP / 8; ++nd) {
-            o[nd][0] *= a0;
-            o[nd][1] *= a0;
-            o[nd][2] *= a1;
-            o[nd][3] *= a1;
+            for (int mt = 0; mt < MT; ++mt) {
+                pa[mt][0] = Mma<T>::pack(s[mt][2 * kc][0], s[mt][2 * kc][1]);
+                pa[mt][1] = Mma<T>::pack(s[mt][2 * kc][2], s[mt][2 * kc][3]);
+                pa[mt][2] = Mma<T>::pack(s[mt][2 * kc + 1][0], s[mt][2 * kc + 1][1]);
+                pa[mt][3] = Mma<T>::pack(s[mt][2 * kc + 1][2], s[mt][2 * kc + 1][3]);
+            }
+#pragma unroll
+            for (int nd2 = 0; nd2 < DP / 16; ++nd2) {
+                unsigned bb[4];
+                ldsm4t(sw_addr<DP>(sV + off, kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, nd2 * 2 + (lane >> 4)), bb);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    Mma<T>::run(o[mt][2 * nd2], pa[mt], bb[0], bb[1]);
+                    Mma<T>::run(o[mt][2 * nd2 + 1], pa[mt], bb[2], bb[3]);
+                }
+            }
         }
-        mma_pb<T, DP>(o, s, sV + off);
     }
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-    // A row that sees no key gives 0 and LSE -inf.
-    store_acc<T, DP>(Y + bh * g.sq * g.dv, o, q0 + warp * 16, g.sq, (int)g.dv, l0 > 0.f ? 1.f / l0 : 0.f, l1 > 0.f ? 1.f / l1 : 0.f);
-    if (lse && tq == 0) {
-        if (row0 < g.sq) lse[bh * g.sq + row0] = l0 > 0.f ? (m0 + log2f(l0)) * FA_LN2 : neg_inf(0.f);
-        if (row1 < g.sq) lse[bh * g.sq + row1] = l1 > 0.f ? (m1 + log2f(l1)) * FA_LN2 : neg_inf(0.f);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+        float l0 = l[mt][0], l1 = l[mt][1];
+        l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+        l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+        // A row that sees no key gives 0 and LSE -inf.
+        store_acc<T, DP>(Y + bh * g.sq * g.dv, o[mt], q0 + r0 + mt * 16, g.sq, (int)g.dv, l0 > 0.f ? 1.f / l0 : 0.f, l1 > 0.f ? 1.f / l1 : 0.f);
+        i64 row0 = q0 + r0 + mt * 16 + gq, row1 = row0 + 8;
+        if (lse && tq == 0) {
+            if (row0 < g.sq) lse[bh * g.sq + row0] = l0 > 0.f ? (m[mt][0] + log2f(l0)) * FA_LN2 : neg_inf(0.f);
+            if (row1 < g.sq) lse[bh * g.sq + row1] = l1 > 0.f ? (m[mt][1] + log2f(l1)) * FA_LN2 : neg_inf(0.f);
+        }
     }
 }
 
 // dQ (and dMask): grid (query blocks of FB_B, B·Hq), 4 warps. P is recomputed from LSE;
 // dS = P∘(dY·Vᵀ − delta), dQ = scale·dS·K.
-template <class T, int DP> __device__ void fa_dq(const AttnGeom& g, const T* dY, const T* Q, const T* K, const T* V, const void* mask, const float* lse, const float* delta, T* dQ, T* dmask, int vec) {
+template <class T, int DP, bool MASK> __device__ void fa_dq(const AttnGeom& g, const T* dY, const T* Q, const T* K, const T* V, const void* mask, const float* lse, const float* delta, T* dQ, T* dmask, int vec) {
     constexpr int NT = FB_B * 2;
     unsigned sQ = smem_u32(fa_smem);
     unsigned sdY = sQ + FB_B * DP * 2, sK = sdY + FB_B * DP * 2, sV = sK + 2 * FA_BK * DP * 2;
@@ -350,12 +410,14 @@ template <class T, int DP> __device__ void fa_dq(const AttnGeom& g, const T* dY,
     for (int i = 0; i < DP / 8; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
     unsigned qa[DP / 16][4], da[DP / 16][4];
     const float sl2 = (float)g.scale * FA_LOG2E;
+    cp_wait_all();
+    __syncthreads();
+    load_afrag<DP>(sQ, warp * 16, qa);
+    load_afrag<DP>(sdY, warp * 16, da);
     for (int t = 0; t < ntiles; ++t) {
-        cp_wait_all();
-        __syncthreads();
-        if (t == 0) {
-            load_afrag<DP>(sQ, warp * 16, qa);
-            load_afrag<DP>(sdY, warp * 16, da);
+        if (t > 0) {
+            cp_wait_all();
+            __syncthreads();
         }
         if (t + 1 < ntiles) {
             i64 j0 = (i64)(t + 1) * FA_BK;
@@ -375,12 +437,12 @@ template <class T, int DP> __device__ void fa_dq(const AttnGeom& g, const T* dY,
         mma_abt<T, DP>(s, qa, sK + off, 0);
         mma_abt<T, DP>(dp, da, sV + off, 0);
         i64 j0 = (i64)t * FA_BK;
-        bool edge = g.mask_kind != 0 || j0 + FA_BK > g.skv || (g.causal && j0 + FA_BK - 1 > q0 + warp * 16);
+        bool edge = MASK || j0 + FA_BK > g.skv || (g.causal && j0 + FA_BK - 1 > q0 + warp * 16);
 #pragma unroll
         for (int nb = 0; nb < 8; ++nb)
 #pragma unroll
             for (int e = 0; e < 4; ++e) s[nb][e] *= sl2;
-        if (edge) fa_edge<T>(g, s, mask, b, h, row0, j0, 0);
+        if (edge) fa_edge<T, MASK>(g, s, mask, b, h, row0, j0, 0);
 #pragma unroll
         for (int nb = 0; nb < 8; ++nb)
 #pragma unroll
@@ -405,7 +467,7 @@ template <class T, int DP> __device__ void fa_dq(const AttnGeom& g, const T* dY,
 
 // dK, dV: grid (key blocks of FB_B, B·Hkv), 4 warps; each CTA walks the query tiles of
 // every query head of its kv group. dV = Pᵀ·dY, dK = scale·dSᵀ·Q.
-template <class T, int DP> __device__ void fa_dkv(const AttnGeom& g, const T* dY, const T* Q, const T* K, const T* V, const void* mask, const float* lse, const float* delta, T* dK, T* dV, int vec) {
+template <class T, int DP, bool MASK> __device__ void fa_dkv(const AttnGeom& g, const T* dY, const T* Q, const T* K, const T* V, const void* mask, const float* lse, const float* delta, T* dK, T* dV, int vec) {
     constexpr int NT = FB_B * 2;
     unsigned sK = smem_u32(fa_smem);
     unsigned sV = sK + FB_B * DP * 2, sQ = sV + FB_B * DP * 2, sdY = sQ + 2 * FB_B * DP * 2;
@@ -446,12 +508,14 @@ template <class T, int DP> __device__ void fa_dkv(const AttnGeom& g, const T* dY
     unsigned ka[DP / 16][4], va[DP / 16][4];
     const float sl2 = (float)g.scale * FA_LOG2E;
     i64 key0 = k0 + warp * 16 + gq;  // this thread's first key row (the other is key0 + 8)
+    cp_wait_all();
+    __syncthreads();
+    load_afrag<DP>(sK, warp * 16, ka);
+    load_afrag<DP>(sV, warp * 16, va);
     for (int it = 0; it < total; ++it) {
-        cp_wait_all();
-        __syncthreads();
-        if (it == 0) {
-            load_afrag<DP>(sK, warp * 16, ka);
-            load_afrag<DP>(sV, warp * 16, va);
+        if (it > 0) {
+            cp_wait_all();
+            __syncthreads();
         }
         if (it + 1 < total) stage(it + 1, (it + 1) & 1);
         cp_commit();
@@ -466,14 +530,14 @@ template <class T, int DP> __device__ void fa_dkv(const AttnGeom& g, const T* dY
         }
         mma_abt<T, DP>(s, ka, sQ + off, 0);   // Sᵀ[key][query]
         mma_abt<T, DP>(dp, va, sdY + off, 0); // dPᵀ[key][query]
-        bool edge = g.mask_kind != 0 || (g.causal && i0 < k0 + FB_B);
+        bool edge = MASK || (g.causal && i0 < k0 + FB_B);
         const float* L = sL + buf * FB_B;
         const float* Dl = sD + buf * FB_B;
 #pragma unroll
         for (int nb = 0; nb < 8; ++nb)
 #pragma unroll
             for (int e = 0; e < 4; ++e) s[nb][e] *= sl2;
-        if (edge) fa_edge<T>(g, s, mask, b, h, key0, i0, 1);
+        if (edge) fa_edge<T, MASK>(g, s, mask, b, h, key0, i0, 1);
 #pragma unroll
         for (int nb = 0; nb < 8; ++nb)
 #pragma unroll
@@ -493,23 +557,19 @@ template <class T, int DP> __device__ void fa_dkv(const AttnGeom& g, const T* dY
 
 // Forward for head sizes up to 64 and 128; backward up to 64 (at 128 its accumulators
 // spill: larger heads take the SIMT kernels of attention.cu).
-#define INST_FA_FWD(T, S, DP) \
-    extern "C" __global__ void __launch_bounds__(FA_BQ * 2, 1) fa_fwd_##S##_##DP(AttnGeom g, const T* q, const T* k, const T* v, const void* m, T* y, float* lse, int vec) { fa_fwd<T, DP>(g, q, k, v, m, y, lse, vec); }
-#define INST_FA_BWD(T, S)                                                                          \
-    extern "C" __global__ void __launch_bounds__(FB_B * 2, FA_BWD_MIN_BLOCKS) fa_dq_##S##_64(AttnGeom g, const T* dy, const T* q, const T* k, const T* v, const void* m, const float* lse, const float* delta, T* dq, T* dm, int vec) { fa_dq<T, 64>(g, dy, q, k, v, m, lse, delta, dq, dm, vec); } \
-    extern "C" __global__ void __launch_bounds__(FB_B * 2, FA_BWD_MIN_BLOCKS) fa_dkv_##S##_64(AttnGeom g, const T* dy, const T* q, const T* k, const T* v, const void* m, const float* lse, const float* delta, T* dk, T* dv, int vec) { fa_dkv<T, 64>(g, dy, q, k, v, m, lse, delta, dk, dv, vec); }
-#ifndef FA_FWD_MIN_BLOCKS
-#define FA_FWD_MIN_BLOCKS 2
-#endif
-#ifndef FA_BWD_MIN_BLOCKS
-#define FA_BWD_MIN_BLOCKS 1
-#endif
-INST_FA_FWD(bf16, bf16, 64)
-INST_FA_FWD(bf16, bf16, 128)
-INST_FA_FWD(f16, f16, 64)
-INST_FA_FWD(f16, f16, 128)
-INST_FA_BWD(bf16, bf16)
-INST_FA_BWD(f16, f16)
+// Kernels without a mask (`_m` with one: its loads cost registers the common case does
+// not need); forward for head sizes up to 64 and 128, backward up to 64 (at 128 its
+// accumulators spill: larger heads take the row-per-warp kernels of attention.cu).
+#define INST_FA_FWD(T, S, DP, M, MS) \
+    extern "C" __global__ void __launch_bounds__(FA_BQ / (16 * FA_MT(DP)) * 32, 128 / DP) fa_fwd_##S##_##DP##MS(AttnGeom g, const T* q, const T* k, const T* v, const void* m, T* y, float* lse, int vec) { fa_fwd<T, DP, M>(g, q, k, v, m, y, lse, vec); }
+#define INST_FA_BWD(T, S, M, MS)                                                                   \
+    extern "C" __global__ void __launch_bounds__(FB_B * 2, M ? 1 : 3) fa_dq_##S##_64##MS(AttnGeom g, const T* dy, const T* q, const T* k, const T* v, const void* m, const float* lse, const float* delta, T* dq, T* dm, int vec) { fa_dq<T, 64, M>(g, dy, q, k, v, m, lse, delta, dq, dm, vec); } \
+    extern "C" __global__ void __launch_bounds__(FB_B * 2, M ? 1 : 3) fa_dkv_##S##_64##MS(AttnGeom g, const T* dy, const T* q, const T* k, const T* v, const void* m, const float* lse, const float* delta, T* dk, T* dv, int vec) { fa_dkv<T, 64, M>(g, dy, q, k, v, m, lse, delta, dk, dv, vec); }
+#define INST_FA(T, S)                                                                              \
+    INST_FA_FWD(T, S, 64, false, ) INST_FA_FWD(T, S, 64, true, _m) INST_FA_FWD(T, S, 128, false, ) \
+    INST_FA_FWD(T, S, 128, true, _m) INST_FA_BWD(T, S, false, ) INST_FA_BWD(T, S, true, _m)
+INST_FA(bf16, bf16)
+INST_FA(f16, f16)
 
 // ---------------------------------------------------------------------------------------
 // f32: 64×64 tiles on CUDA cores, 256 threads; thread (ty, tx) = (tid / 16, tid % 16) holds

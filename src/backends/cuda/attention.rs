@@ -422,6 +422,15 @@ const FA_T: usize = 64;
 /// f32 tiles are rows of 65 floats.
 const FS_TILE: usize = 64 * 65 * 4;
 
+/// The tensor-core kernels come without and with (`_m`) mask support.
+fn mask_sfx(g: &AttnGeom) -> &'static str {
+    if g.mask_kind != 0 {
+        "_m"
+    } else {
+        ""
+    }
+}
+
 fn batch(g: &AttnGeom) -> usize {
     (g.rows / (g.hq * g.sq).max(1)) as usize
 }
@@ -456,17 +465,12 @@ fn fast_forward(
     match f {
         Fast::Mma(dp) => {
             args.push(Arg::I32(vec_ok(&g, &[q.p, k.p, v.p])));
-            let name = format!("fa_fwd_{}_{dp}", suffix(q.dtype()));
+            let name = format!("fa_fwd_{}_{dp}{}", suffix(q.dtype()), mask_sfx(&g));
             let smem = (FA_BQ + 4 * FA_T) * dp * 2;
-            launch_grid(
-                &c.dev,
-                &c.stream,
-                &name,
-                (sq.div_ceil(FA_BQ) as u32, bh, 1),
-                256,
-                smem,
-                &args,
-            )
+            // Warps of 32 query rows for heads up to 64, of 16 for larger (flash.cu FA_MT).
+            let threads = if dp == 64 { 128 } else { 256 };
+            let grid = (sq.div_ceil(FA_BQ) as u32, bh, 1);
+            launch_grid(&c.dev, &c.stream, &name, grid, threads, smem, &args)
         }
         Fast::Simt => {
             let grid = (sq.div_ceil(FA_T) as u32, bh, 1);
@@ -519,7 +523,7 @@ fn fast_backward(
             launch_grid(
                 &c.dev,
                 &c.stream,
-                &format!("fa_dq_{sfx}_{dp}"),
+                &format!("fa_dq_{sfx}_{dp}{}", mask_sfx(&g)),
                 qgrid,
                 128,
                 sm_q,
@@ -528,7 +532,7 @@ fn fast_backward(
             launch_grid(
                 &c.dev,
                 &c.stream,
-                &format!("fa_dkv_{sfx}_{dp}"),
+                &format!("fa_dkv_{sfx}_{dp}{}", mask_sfx(&g)),
                 kgrid,
                 128,
                 sm_kv,
