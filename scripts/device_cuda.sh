@@ -23,7 +23,7 @@ what=${*:-tests bench torch}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader
 t0=$(date +%s.%N)
 $G doctor 2>&1 | grep -iE "cuda|nvrtc|device" | head -n 6
-echo "kernels compiled in $(echo "$(date +%s.%N) - $t0" | bc) s (cached for the rest)"
+echo "kernels ready in $(python3 -c "import time; print(round(time.time() - $t0, 1))") s (compiled once, cached for the rest)"
 status=0
 if [[ $what == *tests* ]]; then
     ls /tmp/x/tests/* | xargs -P 3 -I{} bash -c '
