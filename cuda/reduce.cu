@@ -150,8 +150,9 @@ template <class T> __device__ void softmax_k(const T* x, T* y, i64 n, i64 inner,
     for (i64 j = threadIdx.x; j < n; j += blockDim.x) s += m_exp(ld(xr[j * inner]) - m);
     s = block_sum(s);
     if (log) {
-        A lse = m + m_log(s);
-        for (i64 j = threadIdx.x; j < n; j += blockDim.x) yr[j * inner] = st<T>(ld(xr[j * inner]) - lse);
+        // (x - max) - log(sum): x - (max + log(sum)) rounds at the magnitude of x.
+        A l = m_log(s);
+        for (i64 j = threadIdx.x; j < n; j += blockDim.x) yr[j * inner] = st<T>((ld(xr[j * inner]) - m) - l);
     } else {
         A r = (A)1 / s;
         for (i64 j = threadIdx.x; j < n; j += blockDim.x) yr[j * inner] = st<T>(m_exp(ld(xr[j * inner]) - m) * r);

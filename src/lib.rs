@@ -15,9 +15,11 @@ pub mod backends;
 pub mod error;
 pub mod exec;
 pub mod graph;
+pub mod onnx;
 pub mod passes;
 pub mod rng;
 pub mod tensor;
+pub mod testing;
 
 pub use backends::BackendKind;
 pub use error::{Error, Result};
@@ -35,11 +37,16 @@ pub struct Model {
 }
 
 impl Model {
-    /// Loads and validates a model file (SPEC §1).
+    /// Loads and validates a model file: YAML (SPEC §1), or ONNX when the file name ends
+    /// in `.onnx`.
     pub fn load(path: impl AsRef<Path>) -> Result<Model> {
-        Ok(Model {
-            graph: graph::yaml::load(path.as_ref())?,
-        })
+        let path = path.as_ref();
+        let graph = if onnx::is_onnx_path(path) {
+            onnx::load(path)?
+        } else {
+            graph::yaml::load(path)?
+        };
+        Ok(Model { graph })
     }
     /// Loads a model from YAML text; relative initializer files resolve against `base`.
     pub fn from_str(text: &str, base: impl AsRef<Path>) -> Result<Model> {

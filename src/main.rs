@@ -15,12 +15,33 @@ use std::process::ExitCode;
 #[command(
     name = "graphrun",
     version,
-    about = "Run, inspect and train ONNX-style YAML models on CPU, CUDA or WebGPU",
-    after_help = "`graphrun MODEL.yaml [options]` is short for `graphrun run MODEL.yaml [options]`."
+    about = "Run, inspect and train ONNX-style YAML models (or .onnx files) on CPU, CUDA or WebGPU",
+    after_help = "`graphrun MODEL [options]` is short for `graphrun run MODEL [options]`; MODEL is a .yaml model or an .onnx file."
 )]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
+    /// Refuse to allocate more than this much host memory for one tensor or one plan
+    /// (e.g. 8G, 512M; default: the machine's physical memory).
+    #[arg(long, global = true, value_name = "BYTES", value_parser = parse_size)]
+    max_memory: Option<usize>,
+}
+
+/// "8G", "512M", "64K" or plain bytes.
+fn parse_size(s: &str) -> Result<usize, String> {
+    let (num, mul) = match s.trim().chars().last().map(|c| c.to_ascii_uppercase()) {
+        Some('K') => (&s[..s.len() - 1], 1usize << 10),
+        Some('M') => (&s[..s.len() - 1], 1 << 20),
+        Some('G') => (&s[..s.len() - 1], 1 << 30),
+        Some('T') => (&s[..s.len() - 1], 1 << 40),
+        _ => (s, 1),
+    };
+    num.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|v| v.is_finite() && *v > 0.0)
+        .map(|v| (v * mul as f64).min(usize::MAX as f64) as usize)
+        .ok_or_else(|| format!("'{s}' is not a size (e.g. 8G, 512M, 1000000)"))
 }
 
 #[derive(Subcommand)]
@@ -35,6 +56,8 @@ enum Cmd {
     Bench(BenchArgs),
     /// Train a model's trainable initializers on data.
     Train(TrainArgs),
+    /// Write a model (e.g. an .onnx file) as a YAML model, initializers beside it.
+    Convert(ConvertArgs),
 }
 
 #[derive(Args, Clone)]
@@ -156,6 +179,10 @@ struct TrainArgs {
     /// Override the learning rate of the model's optimizer.
     #[arg(long)]
     lr: Option<f64>,
+    /// The scalar output to minimise, over the model's training: loss. A model without a
+    /// training: section (an .onnx file has none) then trains with Adam (lr 0.001 or --lr).
+    #[arg(long, value_name = "OUTPUT")]
+    loss: Option<String>,
     /// Seed for shuffling (and for random inputs).
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -168,6 +195,14 @@ struct TrainArgs {
     /// No progress bar.
     #[arg(long, short)]
     quiet: bool,
+}
+
+#[derive(Args)]
+struct ConvertArgs {
+    model: PathBuf,
+    /// The YAML file to write; large initializers go into <stem>.safetensors beside it.
+    #[arg(long, short, value_name = "FILE.yaml")]
+    output: PathBuf,
 }
 
 /// A CLI failure: its message and the exit code it maps to.
@@ -201,7 +236,9 @@ fn main() -> ExitCode {
     }
     let mut argv: Vec<String> = std::env::args().collect();
     // `graphrun MODEL ...` means `graphrun run MODEL ...`.
-    let subcommands = ["run", "inspect", "doctor", "bench", "train", "help"];
+    let subcommands = [
+        "run", "inspect", "doctor", "bench", "train", "convert", "help",
+    ];
     if argv.len() > 1 && !subcommands.contains(&argv[1].as_str()) && !argv[1].starts_with('-') {
         argv.insert(1, "run".into());
     }
@@ -213,12 +250,16 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
+    if let Some(b) = cli.max_memory {
+        graphrun::tensor::set_max_bytes(b);
+    }
     let r = match cli.cmd {
         Cmd::Run(a) => run(a),
         Cmd::Inspect(a) => inspect(a),
         Cmd::Doctor => doctor(),
         Cmd::Bench(a) => bench(a),
         Cmd::Train(a) => train(a),
+        Cmd::Convert(a) => convert(a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -780,6 +821,31 @@ fn inspect(a: InspectArgs) -> Result<(), Fail> {
     Ok(())
 }
 
+/// `convert`: the model as loaded (no passes), written in the YAML format.
+fn convert(a: ConvertArgs) -> Result<(), Fail> {
+    let model = Model::load(&a.model)?;
+    if a.output
+        .extension()
+        .is_none_or(|e| e != "yaml" && e != "yml")
+    {
+        return Err(usage(format!(
+            "convert writes YAML: -o {} must end in .yaml",
+            a.output.display()
+        )));
+    }
+    model.save(&a.output)?;
+    let g = &model.graph;
+    println!(
+        "wrote {} ({} nodes, {} inputs, {} initializers, {} parameters)",
+        a.output.display(),
+        g.nodes.len(),
+        g.inputs.len(),
+        g.initializers.len(),
+        g.param_count()
+    );
+    Ok(())
+}
+
 fn doctor() -> Result<(), Fail> {
     let threads = std::thread::available_parallelism()
         .map(|n| n.get())
@@ -795,7 +861,10 @@ fn doctor() -> Result<(), Fail> {
     for line in graphrun::backends::cuda::doctor_lines() {
         println!("  {line}");
     }
-    println!("wgpu: not built into this version of graphrun");
+    println!("wgpu:");
+    for line in graphrun::backends::wgpu::doctor_lines() {
+        println!("  {line}");
+    }
     println!("--backend default: cpu");
     Ok(())
 }
@@ -1090,9 +1159,34 @@ fn evaluate(
 
 fn train(a: TrainArgs) -> Result<(), Fail> {
     let mut model = load(&a.model, a.common.dtype.as_deref())?;
+    if let Some(loss) = &a.loss {
+        let g = &mut model.graph;
+        if !g.outputs.contains(loss) {
+            return Err(usage(format!(
+                "--loss {loss}: the model's outputs are {}",
+                g.outputs.join(", ")
+            )));
+        }
+        let optimizer =
+            g.training
+                .take()
+                .map(|t| t.optimizer)
+                .unwrap_or(graphrun::graph::Optimizer::Adam {
+                    lr: 0.001,
+                    beta1: 0.9,
+                    beta2: 0.999,
+                    eps: 1e-8,
+                    weight_decay: 0.0,
+                });
+        g.training = Some(graphrun::graph::Training {
+            loss: loss.clone(),
+            optimizer,
+        });
+    }
     let Some(tr) = model.graph.training.as_mut() else {
         return Err(usage(format!(
-            "{}: the model has no training: section (loss and optimizer) to train with",
+            "{}: the model has no training: section (loss and optimizer) to train with; \
+             --loss OUTPUT trains a scalar output with Adam",
             a.model.display()
         )));
     };
@@ -1166,6 +1260,7 @@ fn train(a: TrainArgs) -> Result<(), Fail> {
         );
         b
     };
+    let stop = interrupt_flag();
     let t0 = std::time::Instant::now();
     let mut losses: Vec<f64> = vec![];
     let mut epoch_means: Vec<(usize, f64)> = vec![];
@@ -1182,7 +1277,7 @@ fn train(a: TrainArgs) -> Result<(), Fail> {
         }
         let start = losses.len();
         for chunk in order.chunks_exact(batch) {
-            if step == total {
+            if step == total || stop.load(std::sync::atomic::Ordering::Relaxed) {
                 break;
             }
             let feeds: HashMap<String, Tensor> = sets
@@ -1220,10 +1315,24 @@ fn train(a: TrainArgs) -> Result<(), Fail> {
             }
         }
         bar.suspend(|| println!("{line}"));
+        if stop.load(std::sync::atomic::Ordering::Relaxed) {
+            break;
+        }
     }
     bar.finish_and_clear();
+    let interrupted = stop.load(std::sync::atomic::Ordering::Relaxed);
+    if interrupted {
+        eprintln!("interrupted after {step} steps");
+    }
+    if losses.is_empty() {
+        return Err(Fail {
+            code: 130,
+            err: anyhow::anyhow!("interrupted before the first step; nothing saved"),
+        });
+    }
     println!(
-        "trained {total} steps in {:.2} s; loss {:.4} -> {:.4}",
+        "trained {} steps in {:.2} s; loss {:.4} -> {:.4}",
+        losses.len(),
         t0.elapsed().as_secs_f64(),
         losses[0],
         losses[losses.len() - 1]
@@ -1243,7 +1352,34 @@ fn train(a: TrainArgs) -> Result<(), Fail> {
         write_atomic(p, |tmp| Tensor::write_safetensors(&tensors, tmp))?;
         println!("wrote {} ({} initializers)", p.display(), tensors.len());
     }
+    if interrupted {
+        return Err(Fail {
+            code: 130,
+            err: anyhow::anyhow!("training was interrupted (Ctrl-C); what was saved is complete"),
+        });
+    }
     Ok(())
+}
+
+/// A flag that the first Ctrl-C sets (training then stops after the current step and
+/// saves a complete checkpoint); a second Ctrl-C ends the process at once. Files are
+/// only ever written whole (`write_atomic`), so neither leaves a half-written one.
+fn interrupt_flag() -> &'static std::sync::atomic::AtomicBool {
+    static STOP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    #[cfg(unix)]
+    {
+        extern "C" fn on_sigint(_: libc::c_int) {
+            STOP.store(true, std::sync::atomic::Ordering::Relaxed);
+            // The next Ctrl-C gets the default behaviour.
+            unsafe {
+                libc::signal(libc::SIGINT, libc::SIG_DFL);
+            }
+        }
+        unsafe {
+            libc::signal(libc::SIGINT, on_sigint as *const () as libc::sighandler_t);
+        }
+    }
+    &STOP
 }
 
 fn describe_optimizer(g: &graphrun::Graph) -> String {

@@ -289,6 +289,72 @@ macro_rules! with_num {
     };
 }
 
+/// The most bytes one host tensor may take (0: not yet decided). By default the machine's
+/// physical memory: with overcommit, a larger request would "succeed" and the process
+/// would be killed while filling it, instead of getting an error.
+static MAX_BYTES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Caps the bytes one host tensor may take (`--max-memory`, `GRAPHRUN_MAX_BYTES`).
+pub fn set_max_bytes(bytes: usize) {
+    MAX_BYTES.store(bytes.max(1), std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The current cap: `set_max_bytes`, else `GRAPHRUN_MAX_BYTES`, else physical memory.
+pub fn max_bytes() -> usize {
+    use std::sync::atomic::Ordering::Relaxed;
+    match MAX_BYTES.load(Relaxed) {
+        0 => {
+            let from_env = std::env::var("GRAPHRUN_MAX_BYTES")
+                .ok()
+                .and_then(|v| v.trim().parse::<usize>().ok());
+            let v = from_env
+                .or_else(physical_memory)
+                .unwrap_or(usize::MAX)
+                .max(1);
+            MAX_BYTES.store(v, Relaxed);
+            v
+        }
+        v => v,
+    }
+}
+
+fn physical_memory() -> Option<usize> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kb: usize = info
+        .lines()
+        .find(|l| l.starts_with("MemTotal:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    kb.checked_mul(1024)
+}
+
+/// An error when a whole plan (activations and weights) is over the cap.
+pub fn check_plan_bytes(activations: usize, weights: usize) -> Result<()> {
+    let cap = max_bytes();
+    if activations.saturating_add(weights) > cap {
+        crate::bail!(
+            Input,
+            "running this needs {} bytes ({activations} of activations, {weights} of weights), over the memory limit of {cap} bytes (set it with --max-memory or GRAPHRUN_MAX_BYTES)",
+            activations.saturating_add(weights)
+        );
+    }
+    Ok(())
+}
+
+/// An error when `bytes` is over the cap.
+pub fn check_bytes(bytes: usize) -> Result<()> {
+    let cap = max_bytes();
+    if bytes > cap {
+        crate::bail!(
+            Input,
+            "a tensor of {bytes} bytes is over the memory limit of {cap} bytes (set it with --max-memory or GRAPHRUN_MAX_BYTES)"
+        );
+    }
+    Ok(())
+}
+
 pub fn numel(shape: &[usize]) -> usize {
     shape.iter().product()
 }
@@ -331,8 +397,10 @@ impl Tensor {
         t
     }
 
-    /// An untyped buffer of `bytes` bytes; an allocation failure is an error, not an abort.
+    /// An untyped buffer of `bytes` bytes; an allocation failure, or a request over the
+    /// byte limit (`set_max_bytes`), is an error, not an abort.
     pub fn try_alloc(bytes: usize) -> Result<Tensor> {
+        check_bytes(bytes)?;
         let words = bytes.div_ceil(8);
         let mut v: Vec<u64> = Vec::new();
         v.try_reserve_exact(words).map_err(|_| {
@@ -622,8 +690,15 @@ impl Tensor {
     /// Reads every tensor of a safetensors file, in file order.
     pub fn read_safetensors(path: &Path) -> Result<Vec<(String, Tensor)>> {
         let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-        let st = safetensors::SafeTensors::deserialize(&bytes)
-            .map_err(|e| Error::io(path, format!("not a valid .safetensors file: {e}")))?;
+        Tensor::from_safetensors_bytes(&bytes).map_err(|e| Error::io(path, e))
+    }
+
+    /// The tensors of a .safetensors file's bytes, in file order.
+    pub fn from_safetensors_bytes(
+        bytes: &[u8],
+    ) -> std::result::Result<Vec<(String, Tensor)>, String> {
+        let st = safetensors::SafeTensors::deserialize(bytes)
+            .map_err(|e| format!("not a valid .safetensors file: {e}"))?;
         let mut out = vec![];
         for (name, view) in st.iter() {
             use safetensors::Dtype as S;
@@ -636,14 +711,13 @@ impl Tensor {
                 S::I32 => DType::I32,
                 S::BOOL => DType::Bool,
                 d => {
-                    return Err(Error::io(
-                        path,
-                        format!("tensor '{name}' has dtype {d:?}, which graphrun does not support"),
+                    return Err(format!(
+                        "tensor '{name}' has dtype {d:?}, which graphrun does not support"
                     ))
                 }
             };
             let t = Tensor::from_bytes(dtype, view.shape(), view.data())
-                .map_err(|e| Error::io(path, format!("tensor '{name}': {e}")))?;
+                .map_err(|e| format!("tensor '{name}': {e}"))?;
             out.push((name.to_string(), t));
         }
         Ok(out)
@@ -668,7 +742,10 @@ impl Tensor {
                 Ok((n.clone(), v))
             })
             .collect::<Result<_>>()?;
-        safetensors::serialize_to_file(views, None, path).map_err(|e| Error::io(path, e))
+        // serialize_to_file creates files readable by their owner only; a checkpoint is
+        // an ordinary output file, so write the bytes ourselves (umask applies).
+        let bytes = safetensors::serialize(views, None).map_err(|e| Error::io(path, e))?;
+        std::fs::write(path, bytes).map_err(|e| Error::io(path, e))
     }
 
     /// A short human summary: first values, mean, min, max.

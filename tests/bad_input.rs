@@ -330,12 +330,21 @@ fn wrong_arity_is_an_error() {
 fn out_of_memory_is_an_error_not_an_abort() {
     // 2^61 bytes: no machine has it; the allocation must fail as a value.
     let e = Tensor::try_alloc(1usize << 61).unwrap_err().to_string();
-    has(&e, &["out of memory"]);
+    has(&e, &["memory limit"]);
     let y = format!("{HEAD}inputs: [{{name: x, dtype: f32, shape: [b, 1024]}}]\noutputs: [y]\nnodes:\n  - {{op: Relu, inputs: [x], outputs: [y]}}\n");
     let m = Model::from_str(&y, ".").unwrap();
     let dims = [("b".to_string(), 1usize << 48)].into_iter().collect();
     let e = m.random_inputs(0, &dims).unwrap_err().to_string();
-    has(&e, &["out of memory"]);
+    has(&e, &["memory limit"]);
+    // A shape whose size does not overflow but that no machine here holds (160 GB):
+    // refused before allocating, with the initializer's place, not killed while filling.
+    let e = load_err(&format!(
+        "{HEAD}outputs: [w]\ninitializers:\n  - {{name: w, dtype: f32, shape: [200000, 200000], init: {{dist: normal, seed: 1}}}}\n"
+    ));
+    has(
+        &e,
+        &["<string>:5:", "'w'", "[200000, 200000]", "memory limit"],
+    );
 }
 
 #[test]

@@ -83,6 +83,17 @@ fn softmax_and_log_softmax_any_axis() {
             &[DType::F64, DType::F32],
             |a| softmax_ref(&a[0], -1, log),
         );
+        // Offsets of 1e4 (ONNX's test_logsoftmax_large_number): x - (max + ln Σ) rounds at
+        // f32's spacing near 1e4 (1e-3); (x - max) - ln Σ does not.
+        let huge = rand(&[3, 7, 4], 4, 1e4, 1e4 + 10.0);
+        for axis in [-1, 1] {
+            check(
+                op(name, &[("axis", AttrValue::Int(axis))]),
+                &[inp(huge.clone())],
+                &[DType::F64, DType::F32],
+                |a| softmax_ref(&a[0], axis, log),
+            );
+        }
         // Many rows (parallel batches) and a long strided axis.
         let wide = randn(&[64, 130, 9], 3);
         check(
@@ -384,6 +395,19 @@ fn reduce_sum_max_on_ints() {
             &[inp(neg)],
             |a| reduce_ref(&a[0], &[1], true, Kind::Max),
         );
+    }
+}
+
+#[test]
+fn reduce_max_over_an_empty_axis_is_the_lowest_value() {
+    // ONNX (opset 18, test_reduce_max_empty_set): reducing nothing gives the dtype's
+    // lowest value, -inf for floats; the other axes keep their (empty or not) sizes.
+    let x = Tensor::zeros(DType::F32, &[2, 0, 4]);
+    let max = op("ReduceMax", &[("axes", AttrValue::Ints(vec![1]))]);
+    for backend in backends() {
+        let y = run_op(backend, max.clone(), &[inp(x.clone())], 1, DType::F32).unwrap();
+        assert_eq!(y[0].shape(), [2, 1, 4]);
+        assert!(y[0].to_f64_vec().iter().all(|v| *v == f64::NEG_INFINITY));
     }
 }
 

@@ -695,6 +695,61 @@ nodes:
     assert_same(&g, &o, &[("batch", 3), ("seq", 5)]);
 }
 
+#[test]
+fn attention_with_masked_fill_causal_mask() {
+    // PyTorch's `att.masked_fill(mask == 0, -inf)` exports as Where(drop, -inf, scores):
+    // the mask is true where scores are dropped (above the diagonal).
+    let body = format!(
+        "{ATT}  - {{name: drop, dtype: bool, shape: [1, 1, 8, 8], values: [{}]}}\n  - {{name: ninf, dtype: f32, shape: [], values: [-.inf], trainable: false}}\noutputs: [o]\nnodes:\n{QK}  - {{op: Div, inputs: [s, two], outputs: [sd]}}\n  - {{op: Where, inputs: [drop, ninf, sd], outputs: [z]}}\n{PV}",
+        mask_values(|i, j| (j > i) as u8 as f64).replace('1', "true").replace('0', "false")
+    );
+    let g = graph(&body);
+    let (o, _) = run_passes(&g, &PassOptions::default());
+    assert_eq!(attention(&o), vec![(true, 0.5, 3)]);
+    assert_eq!(o.nodes.len(), 1);
+    assert_same(&g, &o, &[]);
+    // A drop-mask that is not causal cannot be given to Attention (its bool mask keeps
+    // where true), and says so.
+    let body = body.replace("values: [false", "values: [true");
+    let (o, r) = run_passes(&graph(&body), &PassOptions::default());
+    assert!(attention(&o).is_empty());
+    assert!(
+        r.explain
+            .iter()
+            .any(|e| e.contains("masks out where its mask is true")),
+        "{:?}",
+        r.explain
+    );
+}
+
+#[test]
+fn attention_with_kt_through_merged_heads() {
+    // The dynamo exporter writes scaled_dot_product_attention's Kᵀ over merged heads:
+    // Reshape [B·H, S, D] → Transpose [0, 2, 1] → Reshape [B, H, D, S], with the scale
+    // split as sqrt(scale) on Q and on Kᵀ.
+    let body = format!(
+        "{ATT}  - {{name: flat, dtype: i64, shape: [3], values: [-1, 8, 4]}}
+  - {{name: heads, dtype: i64, shape: [4], values: [2, 2, 4, 8]}}
+  - {{name: rs, dtype: f32, shape: [1], values: [0.7071067811865476], trainable: false}}
+outputs: [o]
+nodes:
+  - {{op: Reshape, inputs: [k, flat], outputs: [k3]}}
+  - {{op: Transpose, inputs: [k3], outputs: [k3t], attrs: {{perm: [0, 2, 1]}}}}
+  - {{op: Reshape, inputs: [k3t, heads], outputs: [kt]}}
+  - {{op: Mul, inputs: [q, rs], outputs: [qs]}}
+  - {{op: Mul, inputs: [kt, rs], outputs: [kts]}}
+  - {{op: MatMul, inputs: [qs, kts], outputs: [z]}}
+{PV}"
+    );
+    let g = graph(&body);
+    let (o, _) = run_passes(&g, &PassOptions::default());
+    let a = attention(&o);
+    assert_eq!(a.len(), 1);
+    assert!((a[0].1 - 0.5).abs() < 1e-6 && a[0].2 == 3, "{a:?}");
+    assert_eq!(o.nodes.len(), 1, "the Kᵀ chain goes: {:?}", o.nodes);
+    assert_same(&g, &o, &[]);
+}
+
 // ------------------------------------------------------- attention: must not fire
 
 #[test]
@@ -1149,4 +1204,29 @@ fn model_attention() {
     assert_eq!(attention(&g), vec![(true, 0.125, 3)]);
     assert_eq!(g.nodes.len(), 1);
     assert!(g.initializers.is_empty());
+}
+
+#[test]
+fn cse_merges_commutative_ops_with_swapped_inputs_only() {
+    let body = "
+inputs: [{name: x, dtype: f32, shape: [2, 3]}, {name: z, dtype: f32, shape: [2, 3]}]
+outputs: [y]
+nodes:
+  - {op: Add, inputs: [x, z], outputs: [a1]}
+  - {op: Add, inputs: [z, x], outputs: [a2]}
+  - {op: Mul, inputs: [x, z], outputs: [m1]}
+  - {op: Mul, inputs: [z, x], outputs: [m2]}
+  - {op: Sub, inputs: [x, z], outputs: [s1]}
+  - {op: Sub, inputs: [z, x], outputs: [s2]}
+  - {op: Add, inputs: [a1, a2], outputs: [p]}
+  - {op: Add, inputs: [m1, m2], outputs: [q]}
+  - {op: Add, inputs: [s1, s2], outputs: [r]}
+  - {op: Add, inputs: [p, q], outputs: [t]}
+  - {op: Add, inputs: [t, r], outputs: [y]}
+";
+    let g = graph(body);
+    let (o, r) = run_passes(&g, &only("cse"));
+    assert_eq!(r.fired("cse"), 2, "Add and Mul merge; Sub does not commute");
+    assert_eq!(count(&o, "Sub"), 2);
+    assert_same(&g, &o, &[]);
 }

@@ -4,6 +4,7 @@
 
 pub mod cpu;
 pub mod cuda;
+pub mod wgpu;
 
 use crate::error::Result;
 use crate::graph::infer::ValueType;

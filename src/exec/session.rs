@@ -38,6 +38,9 @@ impl Default for SessionOptions {
     }
 }
 
+/// The concrete shape of every graph input.
+type Shapes = HashMap<String, Vec<usize>>;
+
 /// What `Session::backward` returns.
 #[derive(Clone, Debug)]
 pub struct Gradients {
@@ -48,7 +51,7 @@ pub struct Gradients {
 }
 
 /// A plan that keeps extra values to fetch: (fetch list, input shapes, plan).
-type FetchPlan = (Vec<String>, HashMap<String, Vec<usize>>, Plan);
+type FetchPlan = (Vec<String>, Shapes, Plan);
 
 /// A backward graph for one set of input shapes, and its plan.
 struct BackwardPlan {
@@ -120,11 +123,9 @@ impl Session {
                 crate::backends::cuda::Cuda::with_options(opts.tf32)?,
                 &graph,
             )?),
-            other => crate::bail!(
-                Runtime,
-                "backend '{}' is not available in this build of graphrun; use --backend cpu (run `graphrun doctor` to see what this machine offers)",
-                other.name()
-            ),
+            BackendKind::Wgpu => {
+                Box::new(Executor::new(crate::backends::wgpu::Wgpu::new()?, &graph)?)
+            }
         };
         Ok(Session {
             graph,
@@ -155,13 +156,15 @@ impl Session {
     }
 
     /// A plan for `g`; with static feeds its inputs are kept to the end (never reused).
-    fn make_plan(&self, g: &Graph, shapes: &HashMap<String, Vec<usize>>) -> Result<Plan> {
-        if self.static_feeds {
+    fn make_plan(&self, g: &Graph, shapes: &Shapes) -> Result<Plan> {
+        let plan = if self.static_feeds {
             let keep = g.inputs.iter().map(|i| i.name.clone()).collect();
-            Plan::keeping(g, shapes, &keep)
+            Plan::keeping(g, shapes, &keep)?
         } else {
-            Plan::new(g, shapes)
-        }
+            Plan::new(g, shapes)?
+        };
+        crate::tensor::check_plan_bytes(plan.peak_bytes(), plan.weight_bytes)?;
+        Ok(plan)
     }
 
     pub fn graph(&self) -> &Graph {

@@ -508,10 +508,10 @@ pub fn infer_node(
             Ok(out)
         }
         Op::Reduce {
-            kind,
             axes,
             keepdims,
             noop_with_empty_axes,
+            ..
         } => {
             // ONNX defines all three on floats and ints (an int mean truncates).
             if x.dtype == DType::Bool {
@@ -540,9 +540,8 @@ pub fn infer_node(
             let mut shape = vec![];
             for (i, &d) in x.shape.iter().enumerate() {
                 if axes.contains(&i) {
-                    if *kind == ReduceKind::Max && d == 0 {
-                        return Err(f("ReduceMax over an empty axis has no value".into()));
-                    }
+                    // An empty axis is allowed: ONNX (opset 18) defines ReduceMax of
+                    // nothing as the lowest value (-inf), as the kernels' identity gives.
                     if *keepdims {
                         shape.push(1);
                     }

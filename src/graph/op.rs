@@ -751,9 +751,16 @@ impl Op {
                     _ => return Err(a.wrong(at, "a dtype name or ONNX dtype code")),
                 };
                 let Some(to) = to else {
+                    let given = match &at.value {
+                        AttrValue::Int(c) => format!(
+                            "{} (ONNX code {c})",
+                            crate::onnx::tensor::onnx_dtype_name(*c)
+                        ),
+                        v => format!("{v:?}"),
+                    };
                     return Err(a.err(
                         Some(at),
-                        format!("attribute 'to': unsupported dtype {:?}; use f32, f16, bf16, f64, i64, i32 or bool (or ONNX codes 1, 10, 16, 11, 7, 6, 9)", at.value),
+                        format!("attribute 'to': unsupported dtype {given}; use f32, f16, bf16, f64, i64, i32 or bool (or ONNX codes 1, 10, 16, 11, 7, 6, 9)"),
                     ));
                 };
                 a.ignore_if(
@@ -1012,7 +1019,7 @@ impl Op {
             Op::Unary(UnaryOp::Gelu { tanh: true }) => {
                 v.push(("approximate", V::Str("tanh".into())))
             }
-            Op::Unary(UnaryOp::LeakyRelu { alpha }) => v.push(("alpha", V::Float(*alpha as f64))),
+            Op::Unary(UnaryOp::LeakyRelu { alpha }) => v.push(("alpha", f32_attr(*alpha))),
             Op::Cast { to } => v.push(("to", V::Str(to.name().into()))),
             Op::Gemm {
                 alpha,
@@ -1020,8 +1027,8 @@ impl Op {
                 trans_a,
                 trans_b,
             } => {
-                v.push(("alpha", V::Float(*alpha as f64)));
-                v.push(("beta", V::Float(*beta as f64)));
+                v.push(("alpha", f32_attr(*alpha)));
+                v.push(("beta", f32_attr(*beta)));
                 v.push(("transA", b(*trans_a)));
                 v.push(("transB", b(*trans_b)));
             }
@@ -1031,7 +1038,7 @@ impl Op {
             Op::Flatten { axis } | Op::Gather { axis } => v.push(("axis", V::Int(*axis))),
             Op::LayerNormalization { axis, epsilon } => {
                 v.push(("axis", V::Int(*axis)));
-                v.push(("epsilon", V::Float(*epsilon as f64)));
+                v.push(("epsilon", f32_attr(*epsilon)));
             }
             Op::Reduce {
                 axes,
@@ -1092,7 +1099,7 @@ impl Op {
                 }
             }
             Op::Dropout { ratio, seed } => {
-                v.push(("ratio", V::Float(*ratio as f64)));
+                v.push(("ratio", f32_attr(*ratio)));
                 if let Some(s) = seed {
                     v.push(("seed", V::Int(*s)));
                 }
@@ -1107,13 +1114,19 @@ impl Op {
             Op::Attention { is_causal, scale } | Op::VarlenAttention { is_causal, scale } => {
                 v.push(("is_causal", b(*is_causal)));
                 if let Some(s) = scale {
-                    v.push(("scale", V::Float(*s as f64)));
+                    v.push(("scale", f32_attr(*s)));
                 }
             }
             _ => {}
         }
         v
     }
+}
+
+/// An f32 attribute as the shortest decimal that reads back as the same f32, so that a
+/// written model says `epsilon: 1e-5`, not `9.999999747378752e-6`.
+fn f32_attr(x: f32) -> AttrValue {
+    AttrValue::Float(x.to_string().parse().unwrap_or(x as f64))
 }
 
 /// The operator table of README.md, generated from the code (tests/readme.rs keeps the
@@ -1132,7 +1145,7 @@ pub fn op_table_markdown() -> String {
     };
     let mut s = String::from("| op | family | cpu | cuda | wgpu |\n|---|---|---|---|---|\n");
     for n in OP_NAMES {
-        s.push_str(&format!("| `{n}` | {} | ✓ | — | — |\n", family(n)));
+        s.push_str(&format!("| `{n}` | {} | ✓ | ✓ | ✓ |\n", family(n)));
     }
     s
 }

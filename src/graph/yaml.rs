@@ -596,7 +596,13 @@ fn parse_initializer(y: &Y, base: &Path) -> Result<Initializer> {
                     "initializer '{name}': random init needs a floating dtype, not {dtype}"
                 )));
             }
-            (generate(&spec, dtype, &shape), InitSource::Init(spec))
+            let t = generate(&spec, dtype, &shape).map_err(|e| {
+                iy.err(format!(
+                    "initializer '{name}' of shape {}: {e}",
+                    fmt_shape(&shape)
+                ))
+            })?;
+            (t, InitSource::Init(spec))
         }
     };
     let trainable = match f.get("trainable") {
@@ -751,41 +757,62 @@ fn fans(shape: &[usize]) -> (f64, f64) {
 }
 
 /// Materialises an `init:` spec. Values are drawn in f64 from graphrun's own generator and
-/// rounded to the dtype, so the same seed gives the same bits everywhere.
-pub fn generate(spec: &InitSpec, dtype: DType, shape: &[usize]) -> Tensor {
-    let n = crate::tensor::numel(shape);
-    let vals: Vec<f64> = match spec {
-        InitSpec::Zeros => vec![0.0; n],
-        InitSpec::Ones => vec![1.0; n],
-        InitSpec::Constant(c) => vec![*c; n],
-        InitSpec::Dist { dist, seed } => {
-            let mut r = Rng::new(*seed);
-            let (fi, fo) = fans(shape);
-            let (fi, fo) = (fi.max(1.0), fo.max(1.0));
-            match dist {
-                Dist::Normal { mean, std } => (0..n).map(|_| mean + std * r.normal()).collect(),
-                Dist::Uniform { low, high } => (0..n).map(|_| r.uniform_in(*low, *high)).collect(),
-                Dist::XavierUniform => {
-                    let b = (6.0 / (fi + fo)).sqrt();
-                    (0..n).map(|_| r.uniform_in(-b, b)).collect()
-                }
-                Dist::XavierNormal => {
-                    let s = (2.0 / (fi + fo)).sqrt();
-                    (0..n).map(|_| s * r.normal()).collect()
-                }
-                // Kaiming with the ReLU gain sqrt(2), as PyTorch's defaults for ReLU nets.
-                Dist::KaimingUniform => {
-                    let b = (6.0 / fi).sqrt();
-                    (0..n).map(|_| r.uniform_in(-b, b)).collect()
-                }
-                Dist::KaimingNormal => {
-                    let s = (2.0 / fi).sqrt();
-                    (0..n).map(|_| s * r.normal()).collect()
-                }
-            }
+/// rounded to the dtype, so the same seed gives the same bits everywhere. The tensor is
+/// allocated first (within the byte limit, see `tensor::set_max_bytes`), so an absurd
+/// shape is an error, not an abort.
+pub fn generate(spec: &InitSpec, dtype: DType, shape: &[usize]) -> Result<Tensor> {
+    let bytes = crate::tensor::checked_numel(shape)
+        .and_then(|n| n.checked_mul(dtype.size()))
+        .ok_or_else(|| {
+            crate::err!(
+                Input,
+                "shape {} is too large (its size overflows)",
+                fmt_shape(shape)
+            )
+        })?;
+    let mut t = Tensor::try_alloc(bytes)?;
+    t.reset(dtype, shape);
+    let mut r = Rng::new(match spec {
+        InitSpec::Dist { seed, .. } => *seed,
+        _ => 0,
+    });
+    let (fi, fo) = fans(shape);
+    let (fi, fo) = (fi.max(1.0), fo.max(1.0));
+    let mut draw: Box<dyn FnMut() -> f64> = match spec {
+        InitSpec::Zeros => Box::new(|| 0.0),
+        InitSpec::Ones => Box::new(|| 1.0),
+        InitSpec::Constant(c) => {
+            let c = *c;
+            Box::new(move || c)
         }
+        InitSpec::Dist { dist, .. } => match *dist {
+            Dist::Normal { mean, std } => Box::new(move || mean + std * r.normal()),
+            Dist::Uniform { low, high } => Box::new(move || r.uniform_in(low, high)),
+            Dist::XavierUniform => {
+                let b = (6.0 / (fi + fo)).sqrt();
+                Box::new(move || r.uniform_in(-b, b))
+            }
+            Dist::XavierNormal => {
+                let s = (2.0 / (fi + fo)).sqrt();
+                Box::new(move || s * r.normal())
+            }
+            // Kaiming with the ReLU gain sqrt(2), as PyTorch's defaults for ReLU nets.
+            Dist::KaimingUniform => {
+                let b = (6.0 / fi).sqrt();
+                Box::new(move || r.uniform_in(-b, b))
+            }
+            Dist::KaimingNormal => {
+                let s = (2.0 / fi).sqrt();
+                Box::new(move || s * r.normal())
+            }
+        },
     };
-    Tensor::from_f64(dtype, shape, &vals).expect("sized to the shape")
+    crate::with_any!(dtype, T => {
+        for v in t.as_mut_slice::<T>() {
+            *v = <T as crate::tensor::Elem>::from_f64(draw());
+        }
+    });
+    Ok(t)
 }
 
 fn parse_node(y: &Y, index: usize) -> Result<Result<Node>> {

@@ -1,10 +1,12 @@
 //! Attention fusion, anchored on the Softmax:
-//! `MatMul(Q, Transpose(K)) → Mul|Div(scale) → [Add(mask) | Where(mask, ·, -big)] →
-//! Softmax(-1) → MatMul(·, V)` becomes one `Attention` on `[B, H, S, D]` tensors.
+//! `MatMul(Q, Transpose(K)) → Mul|Div(scale) → [Add(mask) | Where(mask, ·, -big) |
+//! Where(causal drop-mask, -big, ·)] → Softmax(-1) → MatMul(·, V)` becomes one `Attention`
+//! on `[B, H, S, D]` tensors.
 //! Scales may also sit on Q and K; their product is the `scale` attribute. A causal mask
 //! (Trilu of ones through Shape/Expand/Cast, or a constant lower-triangular mask) becomes
 //! `is_causal` and its subgraph goes. When K was split into heads as `[B, S, H, D]` and
-//! transposed with perm [0, 2, 3, 1], a Transpose [0, 2, 1, 3] gives Attention its K.
+//! transposed with perm [0, 2, 3, 1], a Transpose [0, 2, 1, 3] gives Attention its K; a Kᵀ
+//! written as Reshape → Transpose [0, 2, 1] → Reshape over merged heads is recognised too.
 
 use super::pattern::{Ctx, Patch, Why};
 use super::Rule;
@@ -58,20 +60,34 @@ fn fuse(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch> {
     let mut causal: Option<Vec<usize>> = None;
     let scores: Scores;
     if let Some((wi, w)) = cx.prod(z, |op| matches!(op, Op::Where)) {
-        if !cx.scalar(&w.inputs[2]).is_some_and(|x| x <= BIG_NEGATIVE) {
+        // `Where(keep, scores, -big)`, or `Where(drop, -big, scores)` as PyTorch's
+        // masked_fill exports (the mask is true where scores are masked out).
+        let big = |v: &str| cx.scalar(v).is_some_and(|x| x <= BIG_NEGATIVE);
+        let (s, keep_when_true) = if big(&w.inputs[2]) {
+            (&w.inputs[1], true)
+        } else if big(&w.inputs[1]) {
+            (&w.inputs[2], false)
+        } else {
             return why.no(format!(
-                "Where '{}' does not put a big negative scalar where the mask is false",
+                "Where '{}' puts no big negative scalar where its mask is false (or, as masked_fill writes it, true)",
                 w.name
             ));
-        }
-        scores = match qk(cx, &w.inputs[1]) {
+        };
+        scores = match qk(cx, s) {
             Ok(s) => s,
             Err(e) => return why.no(e),
         };
         core.push(wi);
-        match causal_keep(cx, &w.inputs[0], &scores) {
+        match causal_keep(cx, &w.inputs[0], &scores, keep_when_true) {
             Some(chain) => causal = Some(chain),
-            None => mask = Some(&w.inputs[0]),
+            None if keep_when_true => mask = Some(&w.inputs[0]),
+            // Attention's bool mask keeps where true; a drop-mask would need a negation.
+            None => {
+                return why.no(format!(
+                    "Where '{}' masks out where its mask is true, and the mask is not causal",
+                    w.name
+                ))
+            }
         }
     } else if let Some((ai, add)) = cx.prod(z, |op| *op == Op::Binary(BinaryOp::Add)) {
         let (s, m) = match (qk(cx, &add.inputs[0]), qk(cx, &add.inputs[1])) {
@@ -200,23 +216,28 @@ fn qk<'g>(cx: &Ctx<'g>, s: &'g str) -> Result<Scores<'g>, String> {
     nodes.push(mi);
     let q = unscale(cx, &mm.inputs[0], &mut scale);
     let kt = unscale(cx, &mm.inputs[1], &mut scale);
-    let Some((_, t)) = cx.prod(kt, |op| matches!(op, Op::Transpose { .. })) else {
-        return Err(format!(
-            "the right side of MatMul '{}' is not a Transpose of K",
-            mm.name
-        ));
-    };
-    let k = unscale(cx, &t.inputs[0], &mut scale);
-    let k_bshd = match &t.op {
-        Op::Transpose { perm: Some(p) } if p == &[0, 1, 3, 2] => false,
-        Op::Transpose { perm: Some(p) } if p == &[0, 2, 3, 1] => true,
-        _ => {
+    let (k, k_bshd) = if let Some(k) = flat_transposed(cx, kt) {
+        (k, false)
+    } else {
+        let Some((_, t)) = cx.prod(kt, |op| matches!(op, Op::Transpose { .. })) else {
             return Err(format!(
-                "Transpose '{}' has no perm [0, 1, 3, 2] or [0, 2, 3, 1]",
-                t.name
-            ))
-        }
+                "the right side of MatMul '{}' is not a Transpose of K",
+                mm.name
+            ));
+        };
+        let k_bshd = match &t.op {
+            Op::Transpose { perm: Some(p) } if p == &[0, 1, 3, 2] => false,
+            Op::Transpose { perm: Some(p) } if p == &[0, 2, 3, 1] => true,
+            _ => {
+                return Err(format!(
+                    "Transpose '{}' has no perm [0, 1, 3, 2] or [0, 2, 3, 1]",
+                    t.name
+                ))
+            }
+        };
+        (t.inputs[0].as_str(), k_bshd)
     };
+    let k = unscale(cx, k, &mut scale);
     Ok(Scores {
         q,
         k,
@@ -224,6 +245,27 @@ fn qk<'g>(cx: &Ctx<'g>, s: &'g str) -> Result<Scores<'g>, String> {
         scale,
         nodes,
     })
+}
+
+/// `Kᵀ` as the dynamo exporter writes it for scaled_dot_product_attention: K `[B, H, S, D]`
+/// reshaped to `[B·H, S, D]`, transposed with perm [0, 2, 1] and reshaped back to
+/// `[B, H, D, S]`. Returns K. Needs static shapes: the reshapes must only merge and split
+/// the leading dims, which is what makes the chain a plain transpose of the last two.
+fn flat_transposed<'g>(cx: &Ctx<'g>, kt: &str) -> Option<&'g str> {
+    let (_, r2) = cx.prod(kt, |op| matches!(op, Op::Reshape { .. }))?;
+    let (_, t) = cx.prod(&r2.inputs[0], |op| {
+        *op == Op::Transpose {
+            perm: Some(vec![0, 2, 1]),
+        }
+    })?;
+    let (_, r1) = cx.prod(&t.inputs[0], |op| matches!(op, Op::Reshape { .. }))?;
+    let k = r1.inputs[0].as_str();
+    let [b, h, s, d] = cx.facts.static_shape(k)?[..] else {
+        return None;
+    };
+    let merged = cx.facts.static_shape(&r1.outputs[0])? == [b * h, s, d];
+    let split = cx.facts.static_shape(kt)? == [b, h, d, s];
+    (merged && split).then_some(k)
 }
 
 /// The last two dims of the scores, when static.
@@ -250,9 +292,10 @@ fn const_mask(cx: &Ctx, t: &Tensor, s: &Scores, ok: impl Fn(f64, bool) -> bool) 
     (0..sq).all(|i| (0..skv).all(|j| ok(v[i * skv + j], j <= i)))
 }
 
-/// A bool keep-mask that is lower-triangular: `Cast?(Trilu(upper=0, k=0)(ones))` with the
-/// ones expanded to `Shape(scores)[-2:]`, or a constant. Returns its nodes.
-fn causal_keep(cx: &Ctx, c: &str, s: &Scores) -> Option<Vec<usize>> {
+/// A causal bool mask: a keep-mask (`keep_when_true`) that is lower-triangular,
+/// `Cast?(Trilu(upper=0, k=0)(ones))` with the ones expanded to `Shape(scores)[-2:]` or a
+/// constant; or a constant drop-mask that is true above the diagonal. Returns its nodes.
+fn causal_keep(cx: &Ctx, c: &str, s: &Scores, keep_when_true: bool) -> Option<Vec<usize>> {
     let mut chain = vec![];
     let mut v = c;
     if let Some((ci, cast)) = cx.prod(v, |op| matches!(op, Op::Cast { to: DType::Bool })) {
@@ -260,7 +303,11 @@ fn causal_keep(cx: &Ctx, c: &str, s: &Scores) -> Option<Vec<usize>> {
         v = &cast.inputs[0];
     }
     if let Some(t) = cx.konst(v) {
-        return const_mask(cx, t, s, |x, keep| (x != 0.0) == keep).then_some(chain);
+        let ok = |x: f64, keep: bool| (x != 0.0) == (keep == keep_when_true);
+        return const_mask(cx, t, s, ok).then_some(chain);
+    }
+    if !keep_when_true {
+        return None;
     }
     let (ti, tril) = cx.prod(v, |op| *op == Op::Trilu { upper: false })?;
     if tril.input(1).is_some_and(|k| cx.scalar(k) != Some(0.0)) {

@@ -1,5 +1,5 @@
 //! Common-subexpression elimination: two nodes with the same op, the same attributes and
-//! the same inputs compute the same values, so one of them goes and its readers read the
+//! the same inputs (in either order for Add, Mul and Equal) compute the same values, so one of them goes and its readers read the
 //! other. The earlier one is kept unless only the later one produces a graph output.
 
 use super::pattern::{Ctx, Patch, Why};
@@ -12,9 +12,19 @@ pub(crate) const RULES: &[Rule] = &[Rule {
     run: cse,
 }];
 
+/// Ops whose two inputs can be swapped: Add(a, b) and Add(b, a) are one value.
+fn commutative(op: &Op) -> bool {
+    use crate::graph::BinaryOp as B;
+    matches!(op, Op::Binary(B::Add | B::Mul | B::Equal))
+}
+
 fn same(a: &Node, b: &Node) -> bool {
+    let swapped = || {
+        commutative(&a.op)
+            && matches!((a.inputs.as_slice(), b.inputs.as_slice()), ([x, y], [p, q]) if x == q && y == p)
+    };
     a.op == b.op
-        && a.inputs == b.inputs
+        && (a.inputs == b.inputs || swapped())
         && a.outputs.len() == b.outputs.len()
         && a.outputs
             .iter()

@@ -189,25 +189,47 @@ pub(crate) fn any_op(_: &Op) -> bool {
     true
 }
 
-/// The greedy fixed-point driver: scans nodes in execution order, applies the first patch
-/// a rule returns, and starts again; shapes are re-inferred once a scan finds nothing on
-/// stale facts. Ends when a scan on fresh facts finds nothing; the reasons recorded in
-/// that last scan are the ones `explain` reports.
+/// The greedy fixed-point driver: scans nodes in execution order and collects the patches
+/// rules return, taking in one scan only patches whose footprints (the nodes they touch
+/// and their neighbours) are disjoint and whose new names do not clash; applies them
+/// together and scans again. Shapes are re-inferred once a scan finds nothing on stale
+/// facts. Ends when a scan on fresh facts finds nothing; the reasons recorded in that
+/// last scan are the ones `explain` reports. Batching keeps long chains of rewrites
+/// near-linear instead of one full rescan per rewrite.
 pub(crate) fn drive(mut g: Graph, rules: &[Rule], st: &mut PassState) -> Result<Graph> {
     let mut facts = Facts::new(&g);
     let mut fresh = true;
     for _ in 0..100_000 {
         let mut why: HashMap<String, String> = HashMap::new();
-        let found = {
+        let batch = {
             let cx = Ctx::new(&g, &facts)?;
-            let mut found = None;
-            'scan: for &i in &cx.order {
+            let mut batch: Vec<(&'static str, String, Patch)> = vec![];
+            let mut taken: std::collections::HashSet<usize> = Default::default();
+            let mut names: std::collections::HashSet<String> = Default::default();
+            for &i in &cx.order {
                 let node = cx.node(i);
                 for r in rules.iter().filter(|r| (r.anchor)(&node.op)) {
                     let mut w = Why::default();
                     if let Some(p) = (r.run)(&cx, i, &mut w) {
-                        found = Some((r.name, node.name.clone(), p));
-                        break 'scan;
+                        let fp = cx.footprint(&p);
+                        let new_names: Vec<String> = p
+                            .add
+                            .iter()
+                            .flat_map(|n| n.outputs.iter().chain([&n.name]).cloned())
+                            .chain(p.inits.iter().map(|i| i.name.clone()))
+                            .filter(|s| !s.is_empty())
+                            .collect();
+                        let first = batch.is_empty();
+                        if first
+                            || (!p.remove.is_empty()
+                                && fp.is_disjoint(&taken)
+                                && new_names.iter().all(|n| !names.contains(n)))
+                        {
+                            taken.extend(fp);
+                            names.extend(new_names);
+                            batch.push((r.name, node.name.clone(), p));
+                        }
+                        break;
                     }
                     if let Some(reason) = w.0 {
                         let e = why.entry(node.name.clone()).or_default();
@@ -218,24 +240,29 @@ pub(crate) fn drive(mut g: Graph, rules: &[Rule], st: &mut PassState) -> Result<
                         ));
                     }
                 }
+                // A patch that adds without removing is applied alone.
+                if batch.first().is_some_and(|(_, _, p)| p.remove.is_empty()) {
+                    break;
+                }
             }
-            found
+            batch
         };
-        match found {
-            Some((rule, node, patch)) => {
-                g = pattern::apply(g, patch);
-                st.fired(rule, &node);
-                fresh = false;
-            }
-            None if fresh => {
+        if batch.is_empty() {
+            if fresh {
                 st.why = why;
                 return Ok(g);
             }
-            None => {
-                facts = Facts::new(&g);
-                fresh = true;
-            }
+            facts = Facts::new(&g);
+            fresh = true;
+            continue;
         }
+        let mut patches = vec![];
+        for (rule, node, patch) in batch {
+            st.fired(rule, &node);
+            patches.push(patch);
+        }
+        g = pattern::apply_all(g, patches);
+        fresh = false;
     }
     crate::bail!(Graph, "pass {} did not reach a fixed point", st.report.name)
 }

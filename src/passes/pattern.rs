@@ -233,6 +233,7 @@ pub struct Ctx<'g> {
     needed: HashSet<&'g str>,
     consts: HashMap<&'g str, &'g Tensor>,
     trainable: HashSet<&'g str>,
+    node_names: HashSet<&'g str>,
 }
 
 impl<'g> Ctx<'g> {
@@ -282,6 +283,7 @@ impl<'g> Ctx<'g> {
             needed,
             consts,
             trainable,
+            node_names: g.nodes.iter().map(|n| n.name.as_str()).collect(),
         })
     }
 
@@ -401,7 +403,22 @@ impl<'g> Ctx<'g> {
         fresh(base, taken)
     }
     pub fn fresh_node(&self, base: &str) -> String {
-        fresh(base, |s| self.g.nodes.iter().any(|n| n.name == s))
+        fresh(base, |s| self.node_names.contains(s))
+    }
+
+    /// The nodes a patch touches: those it removes, the producers of their inputs and the
+    /// readers of their outputs. Patches with disjoint footprints were matched on
+    /// neighbourhoods that the others leave unchanged, so they can be applied together.
+    pub fn footprint(&self, p: &Patch) -> HashSet<usize> {
+        let mut f: HashSet<usize> = p.remove.iter().copied().collect();
+        for &i in &p.remove {
+            let n = self.node(i);
+            f.extend(n.inputs.iter().filter_map(|v| self.producer(v)));
+            for o in &n.outputs {
+                f.extend(self.consumers(o).iter().copied());
+            }
+        }
+        f
     }
 }
 
@@ -415,28 +432,42 @@ fn fresh(base: &str, taken: impl Fn(&str) -> bool) -> String {
         .expect("some name is free")
 }
 
-/// Applies a patch and prunes what it left unused (nodes and initializers that only fed
-/// removed nodes), so a rule never has to name every orphan.
-pub fn apply(mut g: Graph, p: Patch) -> Graph {
-    let removed: HashSet<usize> = p.remove.iter().copied().collect();
-    let at = p.remove.iter().copied().max().unwrap_or(g.nodes.len());
-    let mut orphans: Vec<String> = p
-        .remove
-        .iter()
-        .flat_map(|&i| g.nodes[i].inputs.clone())
-        .collect();
+/// Applies one patch (see `apply_all`).
+pub fn apply(g: Graph, p: Patch) -> Graph {
+    apply_all(g, vec![p])
+}
+
+/// Applies patches found on the same graph whose footprints are disjoint (the driver
+/// checks that), then prunes what they left unused (nodes and initializers that only fed
+/// removed nodes), so a rule never has to name every orphan. Each patch's new nodes take
+/// the place of its last removed node. Linear in the graph size, whatever the number of
+/// patches: a 100 000-node chain of rewrites is one pass, not 100 000.
+pub fn apply_all(mut g: Graph, patches: Vec<Patch>) -> Graph {
+    let mut removed: HashSet<usize> = HashSet::new();
+    let mut add_at: HashMap<usize, Vec<Node>> = HashMap::new();
+    let mut add_end: Vec<Node> = vec![];
+    let mut orphans: Vec<String> = vec![];
+    let mut map: HashMap<String, String> = HashMap::new();
+    for p in patches {
+        removed.extend(p.remove.iter().copied());
+        orphans.extend(p.remove.iter().flat_map(|&i| g.nodes[i].inputs.clone()));
+        match p.remove.iter().copied().max() {
+            Some(at) => add_at.entry(at).or_default().extend(p.add),
+            None => add_end.extend(p.add),
+        }
+        map.extend(p.rewire);
+        g.initializers.extend(p.inits);
+    }
     let old = std::mem::take(&mut g.nodes);
-    let mut add = Some(p.add);
     for (i, n) in old.into_iter().enumerate() {
-        if i == at {
-            g.nodes.extend(add.take().unwrap_or_default());
+        if let Some(add) = add_at.remove(&i) {
+            g.nodes.extend(add);
         }
         if !removed.contains(&i) {
             g.nodes.push(n);
         }
     }
-    g.nodes.extend(add.take().unwrap_or_default());
-    let map: HashMap<String, String> = p.rewire.into_iter().collect();
+    g.nodes.extend(add_end);
     let resolve = |v: &str| {
         let mut v = v.to_string();
         while let Some(w) = map.get(&v) {
@@ -452,30 +483,62 @@ pub fn apply(mut g: Graph, p: Patch) -> Graph {
             }
         }
     }
-    g.initializers.extend(p.inits);
     prune(&mut g, orphans);
     g
 }
 
-/// Removes, transitively, the producers of `candidates` once nothing reads them.
+/// Removes, transitively, the producers of `candidates` once nothing reads them (with
+/// use counts, so that pruning stays linear).
 fn prune(g: &mut Graph, mut candidates: Vec<String>) {
     let mut needed: HashSet<String> = g.outputs.iter().cloned().collect();
     needed.extend(g.training.as_ref().map(|t| t.loss.clone()));
-    while let Some(v) = candidates.pop() {
-        if v.is_empty() || needed.contains(&v) || g.nodes.iter().any(|n| n.inputs.contains(&v)) {
-            continue;
+    let mut uses: HashMap<String, usize> = HashMap::new();
+    let mut producer: HashMap<String, usize> = HashMap::new();
+    for (i, n) in g.nodes.iter().enumerate() {
+        for v in &n.inputs {
+            *uses.entry(v.clone()).or_default() += 1;
         }
-        if let Some(i) = g.nodes.iter().position(|n| n.outputs.contains(&v)) {
-            let unused = g.nodes[i].outputs.iter().all(|o| {
-                o.is_empty()
-                    || (!needed.contains(o) && !g.nodes.iter().any(|n| n.inputs.contains(o)))
-            });
-            if unused {
-                let n = g.nodes.remove(i);
-                candidates.extend(n.inputs);
-            }
-        } else {
-            g.initializers.retain(|init| init.name != v);
+        for o in n.outputs.iter().filter(|o| !o.is_empty()) {
+            producer.insert(o.clone(), i);
         }
     }
+    let used = |v: &str, uses: &HashMap<String, usize>| {
+        needed.contains(v) || uses.get(v).is_some_and(|&c| c > 0)
+    };
+    let mut dead: HashSet<usize> = HashSet::new();
+    let mut dead_inits: HashSet<String> = HashSet::new();
+    while let Some(v) = candidates.pop() {
+        if v.is_empty() || used(&v, &uses) {
+            continue;
+        }
+        match producer.get(&v) {
+            Some(&i) if !dead.contains(&i) => {
+                let n = &g.nodes[i];
+                if n.outputs.iter().all(|o| o.is_empty() || !used(o, &uses)) {
+                    dead.insert(i);
+                    for x in &n.inputs {
+                        if let Some(c) = uses.get_mut(x) {
+                            *c -= 1;
+                        }
+                        candidates.push(x.clone());
+                    }
+                }
+            }
+            Some(_) => {}
+            None => {
+                dead_inits.insert(v);
+            }
+        }
+    }
+    if !dead.is_empty() {
+        let old = std::mem::take(&mut g.nodes);
+        g.nodes = old
+            .into_iter()
+            .enumerate()
+            .filter(|(i, _)| !dead.contains(i))
+            .map(|(_, n)| n)
+            .collect();
+    }
+    g.initializers
+        .retain(|init| !dead_inits.contains(&init.name));
 }

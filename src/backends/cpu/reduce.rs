@@ -85,13 +85,15 @@ fn softmax_t<T: Float>(x: &[T], n: usize, inner: usize, log: bool, out: &mut [T]
                 }
             }
             if log {
-                // log softmax = x - (max + ln Σ exp(x - max))
-                for (m, s) in m.iter_mut().zip(&*s) {
-                    *m = *m + s.ln();
+                // log softmax = (x - max) - ln Σ exp(x - max). Subtracting max first keeps
+                // x - max exact; max + ln Σ would round at the magnitude of x (1e4 in f32
+                // loses ~1e-3).
+                for s in s.iter_mut() {
+                    *s = s.ln();
                 }
                 for (o, x) in o.chunks_mut(inner).zip(x.chunks(inner)) {
-                    for ((o, v), m) in o.iter_mut().zip(x).zip(&*m) {
-                        *o = T::from_acc(v.to_acc() - *m);
+                    for (((o, v), m), l) in o.iter_mut().zip(x).zip(&*m).zip(&*s) {
+                        *o = T::from_acc((v.to_acc() - *m) - *l);
                     }
                 }
             } else {
@@ -116,10 +118,11 @@ fn softmax_row<T: Float>(x: &[T], log: bool, e: &mut Vec<T::Acc>, o: &mut [T]) {
     e.extend(x.iter().map(|v| (v.to_acc() - m).exp()));
     let s: T::Acc = e.iter().copied().sum();
     if log {
-        let lse = m + s.ln();
+        // (x - max) - ln Σ, not x - (max + ln Σ): see softmax_t.
+        let l = s.ln();
         o.iter_mut()
             .zip(x)
-            .for_each(|(o, v)| *o = T::from_acc(v.to_acc() - lse));
+            .for_each(|(o, v)| *o = T::from_acc((v.to_acc() - m) - l));
     } else {
         let r = s.recip();
         o.iter_mut()

@@ -168,10 +168,11 @@ pub fn backward(
         }
     }
 
-    // Name each gradient `<value>.grad`, and list it as an output.
-    let mut grads = vec![];
-    let mut named: HashSet<String> = HashSet::new();
+    // Name each gradient `<value>.grad`, and list it as an output. All sums are made
+    // first: a value that is the gradient of several parameters (or a forward value, or a
+    // seed) gets an Identity per name; one made here for a single parameter is renamed.
     b.cur = "grad".into();
+    let mut finals = vec![];
     for w in &wrt {
         let v = match acc.remove(w) {
             Some(parts) => b.sum(parts)?,
@@ -180,16 +181,23 @@ pub fn backward(
                 b.zeros(&ty)?
             }
         };
+        finals.push((w.clone(), v));
+    }
+    let mut uses: HashMap<String, usize> = HashMap::new();
+    for (_, v) in &finals {
+        *uses.entry(v.clone()).or_default() += 1;
+    }
+    let mut grads = vec![];
+    for (w, v) in finals {
         let want = b.fresh(&format!("{w}.grad"));
-        let v = if b.created.contains(&v) && !named.contains(&v) {
+        let v = if b.created.contains(&v) && uses[&v] == 1 {
             b.rename(&v, &want);
             want
         } else {
             b.op1(Op::Identity, &[&v], &want)?
         };
-        named.insert(v.clone());
         b.g.outputs.push(v.clone());
-        grads.push((w.clone(), v));
+        grads.push((w, v));
     }
     crate::graph::validate::validate(&b.g).map_err(|e| {
         Error::Graph(format!(

@@ -1,0 +1,162 @@
+// Elementwise family: unary maps, their gradients, binary arithmetic and comparisons
+// with numpy broadcasting (operands walked through the strided descriptor), Pow, Clip
+// and Dropout. One generic path: `T` is the storage type, `A` the compute type (f32 for
+// f32/f16, i32 for i32), both set by the host per pipeline.
+//
+// Scalars: P[0] = element count, P[1] = op code, P[2] = f32 parameter (LeakyRelu alpha).
+
+@group(0) @binding(1) var<storage, read> X0: array<T>;
+@group(0) @binding(2) var<storage, read> X1: array<T>;
+@group(0) @binding(3) var<storage, read_write> Y: array<T>;
+@group(0) @binding(4) var<storage, read_write> M: array<u32>;
+@group(0) @binding(5) var<storage, read> X2: array<T>;
+@group(0) @binding(6) var<storage, read> E: array<f32>;
+
+const WG: u32 = 256u;
+
+@compute @workgroup_size(256)
+fn unary(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let i = linear(wid, nwg, lid, WG);
+    if (i >= pu(0u)) { return; }
+    Y[i] = T(act_fwd(pu(1u), f32(X0[i]), pf(2u)));
+}
+
+// dX = dY · f'(X), dY and X broadcast to the output (operands 0 and 1).
+@compute @workgroup_size(256)
+fn unary_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let i = linear(wid, nwg, lid, WG);
+    if (i >= pu(0u)) { return; }
+    let g = f32(X0[offset_of(0u, i)]);
+    let v = f32(X1[offset_of(1u, i)]);
+    Y[i] = T(act_bwd(pu(1u), g, v, pf(2u)));
+}
+
+// Integer division by zero is defined in WGSL (it yields the dividend); the host checks.
+fn div_(a: A, b: A) -> A { return a / b; }
+
+fn arith(op: u32, a: A, b: A) -> A {
+    switch op {
+        case 0u: { return a + b; }
+        case 1u: { return a - b; }
+        case 2u: { return a * b; }
+        default: { return div_(a, b); }
+    }
+}
+
+@compute @workgroup_size(256)
+fn binary(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let i = linear(wid, nwg, lid, WG);
+    if (i >= pu(0u)) { return; }
+    Y[i] = T(arith(pu(1u), A(X0[offset_of(0u, i)]), A(X1[offset_of(1u, i)])));
+}
+
+// Comparisons write one bool byte per element: a thread owns a whole output word.
+@compute @workgroup_size(256)
+fn compare(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let w = linear(wid, nwg, lid, WG);
+    let n = pu(0u);
+    if (w * 4u >= n) { return; }
+    var word = 0u;
+    for (var j = 0u; j < 4u; j += 1u) {
+        let i = w * 4u + j;
+        if (i < n) {
+            let a = A(X0[offset_of(0u, i)]);
+            let b = A(X1[offset_of(1u, i)]);
+            var r = false;
+            switch pu(1u) {
+                case 0u: { r = a == b; }
+                case 1u: { r = a < b; }
+                default: { r = a > b; }
+            }
+            word |= select(0u, 1u, r) << (j * 8u);
+        }
+    }
+    M[w] = word;
+}
+
+// Pow as the CPU's powf: negative bases take integer exponents, x^0 = 1. The exponent
+// comes as f32 (the host casts it), operand 1.
+fn pow_(a: f32, e: f32) -> f32 {
+    if (e == 0.0) { return 1.0; }
+    if (a < 0.0) {
+        if (e != floor(e)) { return bitcast<f32>(0x7fc00000u); }
+        let r = pow(-a, e);
+        return select(r, -r, fract(e * 0.5) != 0.0);
+    }
+    if (a == 0.0) { return select(bitcast<f32>(0x7f800000u), 0.0, e > 0.0); }
+    return pow(a, e);
+}
+
+@compute @workgroup_size(256)
+fn power(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let i = linear(wid, nwg, lid, WG);
+    if (i >= pu(0u)) { return; }
+    Y[i] = T(pow_(f32(X0[offset_of(0u, i)]), E[offset_of(1u, i)]));
+}
+
+// Min first, then max: with min > max every value becomes max, as ONNX says.
+// P[1] bit 0: a min (X1[0]) is given; bit 1: a max (X2[0]).
+@compute @workgroup_size(256)
+fn clip(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let i = linear(wid, nwg, lid, WG);
+    if (i >= pu(0u)) { return; }
+    var v = A(X0[i]);
+    if ((pu(1u) & 1u) != 0u && v < A(X1[0])) { v = A(X1[0]); }
+    if ((pu(1u) & 2u) != 0u && v > A(X2[0])) { v = A(X2[0]); }
+    Y[i] = T(v);
+}
+
+// 64-bit arithmetic on (lo, hi) pairs for SplitMix64 (WGSL has no u64).
+fn mul32(a: u32, b: u32) -> vec2<u32> {
+    let a0 = a & 0xffffu; let a1 = a >> 16u;
+    let b0 = b & 0xffffu; let b1 = b >> 16u;
+    let p00 = a0 * b0; let p01 = a0 * b1; let p10 = a1 * b0; let p11 = a1 * b1;
+    let mid = (p00 >> 16u) + (p01 & 0xffffu) + (p10 & 0xffffu);
+    return vec2<u32>((p00 & 0xffffu) | (mid << 16u), p11 + (p01 >> 16u) + (p10 >> 16u) + (mid >> 16u));
+}
+fn mul64(a: vec2<u32>, b: vec2<u32>) -> vec2<u32> {
+    let p = mul32(a.x, b.x);
+    return vec2<u32>(p.x, p.y + a.y * b.x + a.x * b.y);
+}
+fn add64(a: vec2<u32>, b: vec2<u32>) -> vec2<u32> {
+    let lo = a.x + b.x;
+    return vec2<u32>(lo, a.y + b.y + select(0u, 1u, lo < a.x));
+}
+fn xorshr64(a: vec2<u32>, s: u32) -> vec2<u32> {
+    return vec2<u32>(a.x ^ ((a.x >> s) | (a.y << (32u - s))), a.y ^ (a.y >> s));
+}
+// SplitMix64 of `seed`, bit for bit src/rng.rs `Rng::new(seed).next_u64()`.
+fn splitmix(seed: vec2<u32>) -> vec2<u32> {
+    let g = vec2<u32>(0x7F4A7C15u, 0x9E3779B9u);
+    var z = add64(seed ^ g, g);
+    z = mul64(xorshr64(z, 30u), vec2<u32>(0x1CE4E5B9u, 0xBF58476Du));
+    z = mul64(xorshr64(z, 27u), vec2<u32>(0x133111EBu, 0x94D049BBu));
+    return xorshr64(z, 31u);
+}
+
+// The CPU's counter-based mask: element i keeps iff uniform(Rng::new(base + i)) >= ratio,
+// i.e. the draw's top 53 bits >= ceil(ratio · 2^53) (the host's exact threshold).
+// P[1..3] base, P[3..5] threshold, P[5] scale (f32), P[6] whether the mask is written.
+fn keep(i: u32) -> bool {
+    let z = splitmix(add64(vec2<u32>(pu(1u), pu(2u)), vec2<u32>(i, 0u)));
+    let k = vec2<u32>((z.x >> 11u) | (z.y << 21u), z.y >> 11u);
+    let t = vec2<u32>(pu(3u), pu(4u));
+    return k.y > t.y || (k.y == t.y && k.x >= t.x);
+}
+
+@compute @workgroup_size(256)
+fn dropout(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let w = linear(wid, nwg, lid, WG);
+    let n = pu(0u);
+    if (w * 4u >= n) { return; }
+    var word = 0u;
+    for (var j = 0u; j < 4u; j += 1u) {
+        let i = w * 4u + j;
+        if (i < n) {
+            let k = keep(i);
+            Y[i] = T(select(0.0, f32(X0[i]) * pf(5u), k));
+            word |= select(0u, 1u, k) << (j * 8u);
+        }
+    }
+    if (pu(6u) != 0u) { M[w] = word; }
+}

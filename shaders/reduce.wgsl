@@ -1,0 +1,274 @@
+// Row-wise family: ReduceSum/Mean/Max, Softmax/LogSoftmax and their gradient,
+// LayerNormalization forward and backward, SoftmaxCrossEntropyLoss and its gradient.
+// One workgroup of 256 threads per row, statistics in f32 through workgroup memory.
+
+@group(0) @binding(1) var<storage, read> X0: array<T>;
+@group(0) @binding(2) var<storage, read> X1: array<T>;
+@group(0) @binding(3) var<storage, read> X2: array<T>;
+@group(0) @binding(4) var<storage, read_write> Y: array<T>;
+@group(0) @binding(5) var<storage, read_write> S0: array<f32>;
+@group(0) @binding(6) var<storage, read_write> S1: array<f32>;
+@group(0) @binding(7) var<storage, read> F0: array<f32>;
+@group(0) @binding(8) var<storage, read> F1: array<f32>;
+@group(0) @binding(9) var<storage, read> L: array<i32>;
+@group(0) @binding(10) var<storage, read_write> Y2: array<T>;
+
+const WG: u32 = 256u;
+var<workgroup> red: array<f32, 256>;
+
+// NaN-propagating maximum, as numpy's `maximum` and the CPU backend.
+fn nan_max(a: f32, b: f32) -> f32 { return select(a, b, b > a || b != b); }
+fn ninf() -> f32 { return bitcast<f32>(0xff800000u); }
+// Online (max, Σ exp(v − max)) update; equal maxima (−∞ included) rescale by 1.
+fn online(ms: vec2<f32>, v: f32) -> vec2<f32> {
+    let m2 = nan_max(ms.x, v);
+    let a = select(exp(ms.x - m2), 1.0, ms.x == m2);
+    let b = select(exp(v - m2), 1.0, v == m2);
+    return vec2<f32>(m2, ms.y * a + b);
+}
+
+fn wg_sum(v: f32, lid: u32) -> f32 {
+    red[lid] = v;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+        if (lid < s) { red[lid] += red[lid + s]; }
+        workgroupBarrier();
+    }
+    let r = red[0];
+    workgroupBarrier();
+    return r;
+}
+fn wg_max(v: f32, lid: u32) -> f32 {
+    red[lid] = v;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+        if (lid < s) { red[lid] = nan_max(red[lid], red[lid + s]); }
+        workgroupBarrier();
+    }
+    let r = red[0];
+    workgroupBarrier();
+    return r;
+}
+
+fn row_id(wid: vec3<u32>, nwg: vec3<u32>) -> u32 { return wid.y * nwg.x + wid.x; }
+
+// One workgroup per output: the kept dims' descriptor at 16 gives its base in X, the
+// reduced dims' at 52 the offsets of its P[0] elements. P[1]: 0 sum, 1 mean, 2 max.
+@compute @workgroup_size(256)
+fn reduce(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let o = row_id(wid, nwg);
+    let n = pu(0u);
+    let kind = pu(1u);
+    let base = offset_at(16u, 0u, o);
+    var acc = select(0.0, ninf(), kind == 2u);
+    for (var r = lid; r < n; r += WG) {
+        let v = f32(X0[base + offset_at(52u, 0u, r)]);
+        acc = select(acc + v, nan_max(acc, v), kind == 2u);
+    }
+    if (kind == 2u) { acc = wg_max(acc, lid); } else { acc = wg_sum(acc, lid); }
+    // An empty mean is 0/0 = NaN, as on the CPU.
+    if (kind == 1u) { acc = acc / f32(n); }
+    if (lid == 0u) { Y[o] = T(acc); }
+}
+
+// One workgroup per (outer, inner) row of P[0] elements P[1] apart; P[2] = 1 for
+// LogSoftmax. Max and sum in one pass (online rescaling), then the outputs.
+@compute @workgroup_size(256)
+fn softmax(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let row = row_id(wid, nwg);
+    let n = pu(0u);
+    let inner = pu(1u);
+    let off = (row / inner) * n * inner + row % inner;
+    var ms = vec2<f32>(ninf(), 0.0);
+    for (var j = lid; j < n; j += WG) { ms = online(ms, f32(X0[off + j * inner])); }
+    let mx = wg_max(ms.x, lid);
+    let sum = wg_sum(ms.y * select(exp(ms.x - mx), 1.0, ms.x == mx), lid);
+    if (pu(2u) != 0u) {
+        // (x − max) − ln Σ, not x − (max + ln Σ): for large x the sum rounds away ln Σ.
+        let ls = log(sum);
+        for (var j = lid; j < n; j += WG) { Y[off + j * inner] = T((f32(X0[off + j * inner]) - mx) - ls); }
+    } else {
+        let r = 1.0 / sum;
+        for (var j = lid; j < n; j += WG) { Y[off + j * inner] = T(exp(f32(X0[off + j * inner]) - mx) * r); }
+    }
+}
+
+// y·(dy − Σ dy·y), or dy − exp(y)·Σ dy for LogSoftmax (X0 = dY, X1 = Y).
+@compute @workgroup_size(256)
+fn softmax_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let row = row_id(wid, nwg);
+    let n = pu(0u);
+    let inner = pu(1u);
+    let log_ = pu(2u) != 0u;
+    let off = (row / inner) * n * inner + row % inner;
+    var s = 0.0;
+    for (var j = lid; j < n; j += WG) {
+        let d = f32(X0[off + j * inner]);
+        s += select(d * f32(X1[off + j * inner]), d, log_);
+    }
+    s = wg_sum(s, lid);
+    for (var j = lid; j < n; j += WG) {
+        let d = f32(X0[off + j * inner]);
+        let v = f32(X1[off + j * inner]);
+        Y[off + j * inner] = T(select(v * (d - s), d - exp(v) * s, log_));
+    }
+}
+
+// Rows of P[0]; X1 = scale and X2 = bias (P[2] bit 0) expanded to the row by the host,
+// P[1] = epsilon. Mean and 1/σ go to S0 and S1 (f32). Centred variance: no cancellation.
+@compute @workgroup_size(256)
+fn layer_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let row = row_id(wid, nwg);
+    let n = pu(0u);
+    let off = row * n;
+    var s = 0.0;
+    for (var j = lid; j < n; j += WG) { s += f32(X0[off + j]); }
+    let mean = wg_sum(s, lid) / f32(n);
+    var v = 0.0;
+    for (var j = lid; j < n; j += WG) { let d = f32(X0[off + j]) - mean; v += d * d; }
+    let inv = 1.0 / sqrt(wg_sum(v, lid) / f32(n) + pf(1u));
+    let has_b = (pu(2u) & 1u) != 0u;
+    for (var j = lid; j < n; j += WG) {
+        let z = (f32(X0[off + j]) - mean) * inv * f32(X1[j]);
+        Y[off + j] = T(select(z, z + f32(X2[j]), has_b));
+    }
+    if (lid == 0u) {
+        S0[row] = mean;
+        S1[row] = inv;
+    }
+}
+
+// dx = inv·(g − mean(g) − x̂·mean(g·x̂)) per row, g = dy·scale (X0 = dY, X1 = X,
+// X2 = scale expanded, F0 = mean, F1 = 1/σ).
+@compute @workgroup_size(256)
+fn layer_norm_dx(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let row = row_id(wid, nwg);
+    let n = pu(0u);
+    let off = row * n;
+    let m = F0[row];
+    let iv = F1[row];
+    var sg = 0.0;
+    var sgx = 0.0;
+    for (var j = lid; j < n; j += WG) {
+        let g = f32(X0[off + j]) * f32(X2[j]);
+        sg += g;
+        sgx += g * (f32(X1[off + j]) - m) * iv;
+    }
+    let mg = wg_sum(sg, lid) / f32(n);
+    let mgx = wg_sum(sgx, lid) / f32(n);
+    for (var j = lid; j < n; j += WG) {
+        let xhat = (f32(X1[off + j]) - m) * iv;
+        Y[off + j] = T(iv * (f32(X0[off + j]) * f32(X2[j]) - mg - xhat * mgx));
+    }
+}
+
+// dScale = Σ_rows dy·x̂ into Y, dB = Σ_rows dy into Y2: one thread per column, rows in
+// order (P[0] = n, P[1] = rows).
+@compute @workgroup_size(256)
+fn layer_norm_dparams(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let j = linear(wid, nwg, lid, WG);
+    let n = pu(0u);
+    if (j >= n) { return; }
+    var s = 0.0;
+    var b = 0.0;
+    for (var r = 0u; r < pu(1u); r += 1u) {
+        let d = f32(X0[r * n + j]);
+        s += d * (f32(X1[r * n + j]) - F0[r]) * F1[r];
+        b += d;
+    }
+    Y[j] = T(s);
+    Y2[j] = T(b);
+}
+
+// Σ over P[1] rows of P[0] columns (the bias gradient).
+@compute @workgroup_size(256)
+fn sum_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let j = linear(wid, nwg, lid, WG);
+    let n = pu(0u);
+    if (j >= n) { return; }
+    var s = 0.0;
+    for (var r = 0u; r < pu(1u); r += 1u) { s += f32(X0[r * n + j]); }
+    Y[j] = T(s);
+}
+
+// SoftmaxCrossEntropyLoss over scores [N, C, d]: element e = (i, p), its class row C
+// values d apart. Labels are i32 words IW apart (2 for i64: the low word).
+// P: 0 C, 1 d, 2 elements, 3 ignore_index, 4 flags (1 ignore, 2 weights, 4 log_prob).
+fn label(e: u32) -> i32 { return L[e * IW]; }
+fn class_lse(base: u32, c: u32, d: u32) -> f32 {
+    var ms = vec2<f32>(ninf(), 0.0);
+    for (var k = 0u; k < c; k += 1u) { ms = online(ms, f32(X0[base + k * d])); }
+    return ms.x + log(ms.y);
+}
+fn weight_of(l: i32) -> f32 {
+    let flags = pu(4u);
+    if ((flags & 1u) != 0u && l == pi(3u)) { return 0.0; }
+    if ((flags & 2u) != 0u) { return f32(X1[u32(l)]); }
+    return 1.0;
+}
+
+// Per element: weight (S1) and weighted loss (S0); log_prob into Y when asked.
+@compute @workgroup_size(256)
+fn sce_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let e = linear(wid, nwg, lid, WG);
+    let c = pu(0u);
+    let d = pu(1u);
+    if (e >= pu(2u)) { return; }
+    let base = (e / d) * c * d + e % d;
+    let lse = class_lse(base, c, d);
+    let l = label(e);
+    let w = weight_of(l);
+    S1[e] = w;
+    S0[e] = select(-w * (f32(X0[base + u32(l) * d]) - lse), 0.0, w == 0.0);
+    if ((pu(4u) & 4u) != 0u) {
+        for (var k = 0u; k < c; k += 1u) { Y[base + k * d] = T(f32(X0[base + k * d]) - lse); }
+    }
+}
+
+// P[0] elements; P[1] reduction: 0 none, 1 sum, 2 mean (Σ w·loss / Σ w). F0 loss, F1 w.
+@compute @workgroup_size(256)
+fn sce_reduce(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let ne = pu(0u);
+    let r = pu(1u);
+    if (r == 0u) {
+        let e = linear(wid, nwg, lid, WG);
+        if (e < ne) { Y[e] = T(F0[e]); }
+        return;
+    }
+    var s = 0.0;
+    var w = 0.0;
+    for (var e = lid; e < ne; e += WG) { s += F0[e]; w += F1[e]; }
+    s = wg_sum(s, lid);
+    w = wg_sum(w, lid);
+    if (lid == 0u) { Y[0] = T(select(s, s / w, r == 2u)); }
+}
+
+// (softmax − onehot)·w·dloss/denom, X0 = scores, X2 = dloss, F1 = weights; P[3] = denom
+// (Σ w for mean, from a sce_reduce pass into S-scratch read as F0[0]), P[5] reduction.
+@compute @workgroup_size(256)
+fn sce_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let e = linear(wid, nwg, lid, WG);
+    let c = pu(0u);
+    let d = pu(1u);
+    if (e >= pu(2u)) { return; }
+    let r = pu(5u);
+    let base = (e / d) * c * d + e % d;
+    let w = F1[e];
+    let denom = select(1.0, F0[0], r == 2u);
+    let coef = select(w * f32(X2[select(0u, e, r == 0u)]) / denom, 0.0, w == 0.0);
+    let lse = class_lse(base, c, d);
+    let l = label(e);
+    for (var k = 0u; k < c; k += 1u) {
+        let hot = select(0.0, 1.0, i32(k) == l);
+        Y[base + k * d] = T((exp(f32(X0[base + k * d]) - lse) - hot) * coef);
+    }
+}
+
+// Σ F1 into S0[0] (the mean loss's denominator for sce_grad).
+@compute @workgroup_size(256)
+fn wsum(@builtin(local_invocation_index) lid: u32) {
+    var w = 0.0;
+    for (var e = lid; e < pu(0u); e += WG) { w += F1[e]; }
+    w = wg_sum(w, lid);
+    if (lid == 0u) { S0[0] = w; }
+}

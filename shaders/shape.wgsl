@@ -1,0 +1,233 @@
+// Shape and copy family: every op that moves elements without arithmetic (Transpose,
+// Expand, Slice, Split, Concat, Trilu, Where, Gather, SliceGrad), plus Cast and the
+// scatter-add of GatherGrad. Data is seen as raw u32 words whatever its dtype: the
+// element size ES (1, 2, 4 or 8 bytes) is a pipeline constant, and a thread owns one
+// output word, so 1- and 2-byte elements (bool, f16) never race on a shared word.
+//
+// P: 0 output words, 1 output elements, 2 mode, 3.. the mode's scalars; the strided
+// descriptor at 16 walks the output's shape.
+
+@group(0) @binding(1) var<storage, read> SX: array<u32>;
+@group(0) @binding(2) var<storage, read_write> SY: array<u32>;
+@group(0) @binding(3) var<storage, read> AUX: array<u32>;
+@group(0) @binding(4) var<storage, read> SX2: array<u32>;
+@group(0) @binding(5) var<storage, read_write> ACC: array<atomic<u32>>;
+
+const WG: u32 = 256u;
+
+fn elem_of(w0: u32, w1: u32, e: u32, es: u32) -> u32 {
+    if (es == 4u) { return w0; }
+    if (es == 2u) { return (w0 >> ((e & 1u) * 16u)) & 0xffffu; }
+    return byte_at(w0, e);
+}
+// Element `e` of SX / SX2 as (low, high) words.
+fn elem_x(e: u32) -> vec2<u32> {
+    if (ES == 8u) { return vec2<u32>(SX[2u * e], SX[2u * e + 1u]); }
+    return vec2<u32>(elem_of(SX[e * ES / 4u], 0u, e, ES), 0u);
+}
+fn elem_x2(e: u32) -> vec2<u32> {
+    if (ES == 8u) { return vec2<u32>(SX2[2u * e], SX2[2u * e + 1u]); }
+    return vec2<u32>(elem_of(SX2[e * ES / 4u], 0u, e, ES), 0u);
+}
+
+// Where element `e` of the output comes from: x = 0 zero, 1 SX, 2 SX2, 3 keep the output's
+// own value; y = the element offset.
+fn source(e: u32) -> vec2<i32> {
+    switch pu(2u) {
+        // Strided view: Transpose, Expand, Slice, Split.
+        case 0u: { return vec2<i32>(1, offset_of(0u, e)); }
+        // Concat: one input's region [P[5], P[6]) along an axis of P[4] (P[3] inner).
+        case 1u: {
+            let c = (e / pu(3u)) % pu(4u);
+            if (c >= pu(5u) && c < pu(6u)) { return vec2<i32>(1, offset_of(0u, e)); }
+            return vec2<i32>(3, 0);
+        }
+        // Trilu over [.., P[3] rows, P[4] cols], diagonal k = P[5], P[6] = upper.
+        case 2u: {
+            let j = i32(e % pu(4u));
+            let r = i32((e / pu(4u)) % pu(3u));
+            let d = j - r;
+            let keep = select(d <= pi(5u), d >= pi(5u), pu(6u) != 0u);
+            return vec2<i32>(select(0, 1, keep), i32(e));
+        }
+        // Where: the condition byte (AUX) picks SX or SX2 (operands 0, 1, 2 broadcast).
+        case 3u: {
+            let ci = u32(offset_of(0u, e));
+            if (byte_at(AUX[ci >> 2u], ci) != 0u) { return vec2<i32>(1, offset_of(1u, e)); }
+            return vec2<i32>(2, offset_of(2u, e));
+        }
+        // Gather: P[3] inner, P[4] indices, P[5] axis length, P[6] words per index (1 for
+        // i32, 2 for i64: the low word). Negative indices count from the end.
+        case 4u: {
+            let inner = pu(3u);
+            let nidx = pu(4u);
+            let dim = i32(pu(5u));
+            let j = (e / inner) % nidx;
+            var idx = bitcast<i32>(AUX[j * pu(6u)]);
+            if (idx < 0) { idx += dim; }
+            if (idx < 0 || idx >= dim) { return vec2<i32>(0, 0); }
+            let outer = e / (inner * nidx);
+            return vec2<i32>(1, (i32(outer) * dim + idx) * i32(inner) + i32(e % inner));
+        }
+        // SliceGrad: dY placed into zeros. Per dim d (descriptor shape = dX): start
+        // P[60+d], step P[68+d], length P[76+d]; operand 0's strides are dY's.
+        default: {
+            var r = e;
+            var off = 0;
+            let rank = i32(pu(16u));
+            for (var d = rank - 1; d >= 0; d -= 1) {
+                let n = pu(17u + u32(d));
+                let c = i32(r % n);
+                r = r / n;
+                let k = c - pi(60u + u32(d));
+                let step = pi(68u + u32(d));
+                if (k % step != 0) { return vec2<i32>(0, 0); }
+                let q = k / step;
+                if (q < 0 || q >= pi(76u + u32(d))) { return vec2<i32>(0, 0); }
+                off += q * pi(25u + u32(d));
+            }
+            return vec2<i32>(1, off);
+        }
+    }
+}
+
+fn value_of(s: vec2<i32>, part: u32) -> u32 {
+    var v = vec2<u32>(0u, 0u);
+    if (s.x == 1) { v = elem_x(u32(s.y)); } else if (s.x == 2) { v = elem_x2(u32(s.y)); }
+    return select(v.x, v.y, part == 1u);
+}
+
+@compute @workgroup_size(256)
+fn copy(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let w = linear(wid, nwg, lid, WG);
+    if (w >= pu(0u)) { return; }
+    if (ES >= 4u) {
+        let per = max(ES / 4u, 1u);
+        let s = source(w / per);
+        if (s.x != 3) { SY[w] = value_of(s, w % per); }
+        return;
+    }
+    // Reached for ES < 4 only (min keeps the constant shifts of other ES valid).
+    let per = 4u / min(ES, 2u);
+    let bits = min(ES, 2u) * 8u;
+    let mask = (1u << bits) - 1u;
+    var word = SY[w];
+    for (var j = 0u; j < per; j += 1u) {
+        let e = w * per + j;
+        if (e < pu(1u)) {
+            let s = source(e);
+            if (s.x != 3) {
+                let sh = j * bits;
+                word = (word & ~(mask << sh)) | ((value_of(s, 0u) & mask) << sh);
+            }
+        }
+    }
+    SY[w] = word;
+}
+
+// Cast between dtypes by code (0 f32, 1 f16, 2 i32, 3 i64, 4 bool): SRC and DST are
+// pipeline constants, ES the destination's element size. Through f32 for floats, exact
+// for integers; integers saturate and NaN becomes 0 (Rust's `as`), bool is `v != 0`.
+fn src_bits(e: u32) -> vec2<u32> {
+    switch SRC {
+        case 3u: { return vec2<u32>(SX[2u * e], SX[2u * e + 1u]); }
+        case 1u: { return vec2<u32>((SX[e >> 1u] >> ((e & 1u) * 16u)) & 0xffffu, 0u); }
+        case 4u: { return vec2<u32>(byte_at(SX[e >> 2u], e), 0u); }
+        default: { return vec2<u32>(SX[e], 0u); }
+    }
+}
+fn sat_i32(f: f32) -> u32 {
+    if (f != f) { return 0u; }
+    if (f >= 2147483647.0) { return 0x7fffffffu; }
+    if (f <= -2147483648.0) { return 0x80000000u; }
+    return bitcast<u32>(i32(f));
+}
+fn cast_elem(e: u32) -> vec2<u32> {
+    let b = src_bits(e);
+    let is_float = SRC <= 1u;
+    var f = 0.0;
+    var lo = 0u;
+    var hi = 0u;
+    if (SRC == 0u) { f = bitcast<f32>(b.x); }
+    if (SRC == 1u) { f = unpack2x16float(b.x).x; }
+    if (SRC == 2u) { lo = b.x; hi = select(0u, 0xffffffffu, bitcast<i32>(b.x) < 0); }
+    if (SRC == 3u) { lo = b.x; hi = b.y; }
+    if (SRC == 4u) { lo = select(0u, 1u, b.x != 0u); }
+    // Integers that fit i32 convert directly (hi·2^32 + lo would round lo away).
+    let fits = hi == select(0u, 0xffffffffu, bitcast<i32>(lo) < 0);
+    if (!is_float) { f = select(f32(bitcast<i32>(hi)) * 4294967296.0 + f32(lo), f32(bitcast<i32>(lo)), fits); }
+    switch DST {
+        case 0u: { return vec2<u32>(bitcast<u32>(f), 0u); }
+        case 1u: { return vec2<u32>(pack2x16float(vec2<f32>(f, 0.0)) & 0xffffu, 0u); }
+        case 2u: {
+            if (is_float) { return vec2<u32>(sat_i32(f), 0u); }
+            let sext = select(0u, 0xffffffffu, bitcast<i32>(lo) < 0);
+            if (hi == sext) { return vec2<u32>(lo, 0u); }
+            return vec2<u32>(select(0x7fffffffu, 0x80000000u, bitcast<i32>(hi) < 0), 0u);
+        }
+        case 3u: {
+            if (!is_float) { return vec2<u32>(lo, hi); }
+            if (f != f) { return vec2<u32>(0u, 0u); }
+            if (f >= 9.2233720e18) { return vec2<u32>(0xffffffffu, 0x7fffffffu); }
+            if (f <= -9.2233720e18) { return vec2<u32>(0u, 0x80000000u); }
+            let t = trunc(f);
+            // Within i32 exactly; beyond, f32 values are multiples of 2^8 and split exactly.
+            if (abs(t) < 2147483648.0) {
+                let i = i32(t);
+                return vec2<u32>(bitcast<u32>(i), select(0u, 0xffffffffu, i < 0));
+            }
+            let h = floor(t / 4294967296.0);
+            return vec2<u32>(u32(t - h * 4294967296.0), bitcast<u32>(i32(h)));
+        }
+        default: {
+            if (is_float) { return vec2<u32>(select(0u, 1u, f != 0.0), 0u); }
+            return vec2<u32>(select(0u, 1u, (lo | hi) != 0u), 0u);
+        }
+    }
+}
+
+@compute @workgroup_size(256)
+fn convert(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let w = linear(wid, nwg, lid, WG);
+    if (w >= pu(0u)) { return; }
+    if (ES >= 4u) {
+        let per = max(ES / 4u, 1u);
+        let v = cast_elem(w / per);
+        SY[w] = select(v.x, v.y, w % per == 1u);
+        return;
+    }
+    let per = 4u / min(ES, 2u);
+    let bits = min(ES, 2u) * 8u;
+    var word = 0u;
+    for (var j = 0u; j < per; j += 1u) {
+        let e = w * per + j;
+        if (e < pu(1u)) { word |= (cast_elem(e).x & ((1u << bits) - 1u)) << (j * bits); }
+    }
+    SY[w] = word;
+}
+
+// GatherGrad: dY rows added into an f32 accumulator (zeroed by the host) at their index,
+// with a compare-and-swap loop (WGSL has no float atomics). SRC is dY's dtype code;
+// P[1] dY elements, P[3] inner, P[4] indices, P[5] axis length, P[6] words per index.
+@compute @workgroup_size(256)
+fn gather_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let e = linear(wid, nwg, lid, WG);
+    if (e >= pu(1u)) { return; }
+    let inner = pu(3u);
+    let nidx = pu(4u);
+    let dim = i32(pu(5u));
+    let j = (e / inner) % nidx;
+    var idx = bitcast<i32>(AUX[j * pu(6u)]);
+    if (idx < 0) { idx += dim; }
+    if (idx < 0 || idx >= dim) { return; }
+    let outer = e / (inner * nidx);
+    let o = (outer * u32(dim) + u32(idx)) * inner + e % inner;
+    let b = src_bits(e);
+    let v = select(bitcast<f32>(b.x), unpack2x16float(b.x).x, SRC == 1u);
+    var old = atomicLoad(&ACC[o]);
+    loop {
+        let r = atomicCompareExchangeWeak(&ACC[o], old, bitcast<u32>(bitcast<f32>(old) + v));
+        if (r.exchanged) { break; }
+        old = r.old_value;
+    }
+}

@@ -1,0 +1,394 @@
+//! Attention and VarlenAttention on wgpu (shaders/attention.wgsl), forward with the
+//! optional LSE output and backward from it. Shapes and masks are checked here; the
+//! shaders take one geometry that describes either layout. cu_seqlens stay on the device
+//! (not validated against the packed lengths, unlike the CPU: that would need a
+//! readback; WebGPU's bounds-checked buffer access keeps bad ones from reading outside).
+
+use super::device::{groups_for, Family, Kernel};
+use super::{float_defs, unsupported, Params, Wgpu, V};
+use crate::error::Result;
+use crate::graph::Node;
+use crate::tensor::DType;
+
+/// Head sizes up to this run (the shaders keep head vectors in registers).
+const MAX_HEAD: usize = 256;
+
+/// The shaders' parameter block (see shaders/attention.wgsl).
+#[derive(Clone, Copy, Default)]
+struct Geom {
+    hq: usize,
+    hkv: usize,
+    sq: usize,
+    skv: usize,
+    d: usize,
+    dv: usize,
+    ms: [i64; 4],
+    rows: usize,
+    nseq: usize,
+    scale: f32,
+    varlen: bool,
+    causal: bool,
+    mask_kind: usize,
+    /// Index words of cu_seqlens (2 for i64).
+    iw: usize,
+}
+
+impl Geom {
+    fn params(&self) -> Params {
+        let mut p = Params::new()
+            .u(0, self.hq)
+            .u(1, self.hkv)
+            .u(2, self.sq)
+            .u(3, self.skv)
+            .u(4, self.d)
+            .u(5, self.dv)
+            .u(10, self.rows)
+            .u(11, self.nseq)
+            .f(12, self.scale)
+            .u(13, self.varlen as usize)
+            .u(14, self.causal as usize)
+            .u(15, self.mask_kind);
+        for (i, &s) in self.ms.iter().enumerate() {
+            p = p.i(6 + i, s);
+        }
+        p
+    }
+    fn kernel<'a>(&self, w: &Wgpu, node: &Node, entry: &'a str, dt: DType) -> Result<Kernel<'a>> {
+        let hd = self.d.max(self.dv).next_power_of_two().max(16);
+        let defs = format!(
+            "{}const IW: u32 = {}u;\nconst HD: u32 = {hd}u;\n",
+            float_defs(w, node, dt)?,
+            self.iw.max(1)
+        );
+        Ok(Wgpu::kernel(Family::Attention, entry, defs))
+    }
+}
+
+fn check_heads(node: &Node, d: usize, dv: usize) -> Result<()> {
+    if d > MAX_HEAD || dv > MAX_HEAD {
+        crate::bail!(
+            Runtime,
+            "{}: the wgpu backend takes head sizes up to {MAX_HEAD}, got D = {d}, Dv = {dv}",
+            node.describe()
+        );
+    }
+    Ok(())
+}
+
+fn default_scale(d: usize, scale: Option<f32>) -> f32 {
+    scale.unwrap_or(1.0 / (d as f32).sqrt())
+}
+
+/// Attention `Q [B, Hq, Sq, D]`, `K, V [B, Hkv, Skv, D|Dv]`, mask broadcast over
+/// `[B, Hq, Sq, Skv]`.
+fn attention_geom(
+    node: &Node,
+    [q, k, v]: [&V; 3],
+    mask: Option<&V>,
+    causal: bool,
+    scale: Option<f32>,
+) -> Result<Geom> {
+    let (qs, ks, vs) = (q.shape(), k.shape(), v.shape());
+    let (d, dv) = (qs[3], vs[3]);
+    check_heads(node, d, dv)?;
+    let (mut ms, mut kind) = ([0i64; 4], 0);
+    if let Some(m) = mask {
+        kind = match m.dtype() {
+            DType::Bool => 1,
+            dt if dt == q.dtype() => 2,
+            dt => crate::bail!(
+                Runtime,
+                "{}: attn_mask must be bool or {}, got {dt}",
+                node.describe(),
+                q.dtype()
+            ),
+        };
+        let mut s = 1i64;
+        for (i, &n) in m.shape().iter().enumerate().rev() {
+            ms[4 - m.shape().len() + i] = if n == 1 { 0 } else { s };
+            s *= n as i64;
+        }
+    }
+    Ok(Geom {
+        hq: qs[1],
+        hkv: ks[1],
+        sq: qs[2],
+        skv: ks[2],
+        d,
+        dv,
+        ms,
+        rows: qs[0] * qs[1] * qs[2],
+        causal,
+        mask_kind: kind,
+        scale: default_scale(d, scale),
+        ..Default::default()
+    })
+}
+
+/// VarlenAttention `Q [Tq, Hq, D]`, `K, V [Tk, Hkv, D|Dv]`, `cu_seqlens [B+1]`.
+fn varlen_geom(
+    node: &Node,
+    [q, k, v]: [&V; 3],
+    cu: [&V; 2],
+    causal: bool,
+    scale: Option<f32>,
+) -> Result<Geom> {
+    let (qs, ks, vs) = (q.shape(), k.shape(), v.shape());
+    let (d, dv) = (qs[2], vs[2]);
+    check_heads(node, d, dv)?;
+    let iw = match cu[0].dtype() {
+        DType::I64 => 2,
+        DType::I32 => 1,
+        dt => return Err(unsupported(node, dt)),
+    };
+    if cu[0].numel() != cu[1].numel() || cu[0].numel() == 0 || cu[1].dtype() != cu[0].dtype() {
+        crate::bail!(
+            Runtime,
+            "{}: cu_seqlens_q and cu_seqlens_k must have the same number (B+1 >= 1) of entries and dtype",
+            node.describe()
+        );
+    }
+    Ok(Geom {
+        hq: qs[1],
+        hkv: ks[1],
+        d,
+        dv,
+        rows: qs[0] * qs[1],
+        nseq: cu[0].numel() - 1,
+        varlen: true,
+        causal,
+        scale: default_scale(d, scale),
+        iw,
+        ..Default::default()
+    })
+}
+
+fn forward(
+    w: &mut Wgpu,
+    node: &Node,
+    g: Geom,
+    [q, k, v]: [&V; 3],
+    mask: Option<V>,
+    cu: [Option<&wgpu::Buffer>; 2],
+    outs: &[V],
+) -> Result<()> {
+    if g.nseq == 0 && g.varlen {
+        return Ok(());
+    }
+    let kern = g.kernel(w, node, "attn_fwd", q.dtype())?;
+    let (dr, lse_s) = (w.scratch(16), w.scratch(g.rows * 4));
+    let lse = outs.get(1).map_or(&lse_s, |l| l.buf);
+    let (mb, mt) = match (g.mask_kind, &mask) {
+        (1, Some(m)) => (m.buf, &dr),
+        (2, Some(m)) => (&dr, m.buf),
+        _ => (&dr, &dr),
+    };
+    w.run_kernel(
+        &kern,
+        &g.params(),
+        &[
+            (1, q.buf),
+            (2, k.buf),
+            (3, v.buf),
+            (4, mb),
+            (5, mt),
+            (6, cu[0].unwrap_or(&dr)),
+            (7, cu[1].unwrap_or(&dr)),
+            (8, outs[0].buf),
+            (9, lse),
+        ],
+        groups_for(g.rows, 64),
+    )
+}
+
+pub fn attention(
+    w: &mut Wgpu,
+    node: &Node,
+    qkv: [&V; 3],
+    mask: Option<V>,
+    causal: bool,
+    scale: Option<f32>,
+    outs: &[V],
+) -> Result<()> {
+    let g = attention_geom(node, qkv, mask.as_ref(), causal, scale)?;
+    forward(w, node, g, qkv, mask, [None, None], outs)
+}
+
+#[allow(clippy::too_many_arguments)]
+pub fn varlen(
+    w: &mut Wgpu,
+    node: &Node,
+    qkv: [&V; 3],
+    cu: [&V; 2],
+    causal: bool,
+    scale: Option<f32>,
+    outs: &[V],
+) -> Result<()> {
+    let g = varlen_geom(node, qkv, cu, causal, scale)?;
+    forward(
+        w,
+        node,
+        g,
+        qkv,
+        None,
+        [Some(cu[0].buf), Some(cu[1].buf)],
+        outs,
+    )
+}
+
+/// delta = rowsum(dY∘Y), then dQ (and dMask) per query row, then dK and dV per key row.
+#[allow(clippy::too_many_arguments)]
+fn backward(
+    w: &mut Wgpu,
+    node: &Node,
+    g: Geom,
+    key_rows: usize,
+    [dy, q, k, v]: [&V; 4],
+    [y, lse]: [&V; 2],
+    mask: Option<V>,
+    cu: [Option<&wgpu::Buffer>; 2],
+    outs: &[V],
+    want: &[bool],
+) -> Result<()> {
+    if lse.dtype() != DType::F32 {
+        crate::bail!(
+            Runtime,
+            "{}: LSE must be the statistics dtype f32, got {}",
+            node.describe(),
+            lse.dtype()
+        );
+    }
+    let dt = q.dtype();
+    let delta = w.scratch(g.rows * 4);
+    let kd = g.kernel(w, node, "attn_delta", dt)?;
+    w.run_kernel(
+        &kd,
+        &g.params(),
+        &[(10, dy.buf), (8, y.buf), (9, &delta)],
+        groups_for(g.rows, 64),
+    )?;
+    let dr = w.scratch(16);
+    let (mb, mt) = match (g.mask_kind, &mask) {
+        (1, Some(m)) => (m.buf, &dr),
+        (2, Some(m)) => (&dr, m.buf),
+        _ => (&dr, &dr),
+    };
+    let out = |i: usize| {
+        outs.get(i)
+            .filter(|_| want.get(i).copied().unwrap_or(false))
+    };
+    fn with<'b>(
+        mut v: Vec<(u32, &'b wgpu::Buffer)>,
+        extra: [(u32, &'b wgpu::Buffer); 2],
+    ) -> Vec<(u32, &'b wgpu::Buffer)> {
+        v.extend(extra);
+        v
+    }
+    let common = vec![
+        (1, q.buf),
+        (2, k.buf),
+        (3, v.buf),
+        (4, mb),
+        (5, mt),
+        (6, cu[0].unwrap_or(&dr)),
+        (7, cu[1].unwrap_or(&dr)),
+        (9, lse.buf),
+        (10, dy.buf),
+        (11, &delta),
+    ];
+    let dmask = out(3);
+    if let Some(m) = dmask {
+        w.rec.clear(m.buf, m.ty.bytes()); // masked and skipped entries stay 0
+    }
+    if out(0).is_some() || dmask.is_some() {
+        let (s_dq, s_dm) = (w.scratch(q.ty.bytes()), w.scratch(16));
+        let dq = out(0).map_or(&s_dq, |v| v.buf);
+        let dm = dmask.map_or(&s_dm, |v| v.buf);
+        let kq = g.kernel(w, node, "attn_dq", dt)?;
+        let p = g.params().u(16, dmask.is_some() as usize);
+        w.run_kernel(
+            &kq,
+            &p,
+            &with(common.clone(), [(12, dq), (15, dm)]),
+            groups_for(g.rows, 64),
+        )?;
+    }
+    if out(1).is_some() || out(2).is_some() {
+        let (s_dk, s_dv) = (w.scratch(k.ty.bytes()), w.scratch(v.ty.bytes()));
+        let dk = out(1).map_or(&s_dk, |v| v.buf);
+        let dv = out(2).map_or(&s_dv, |v| v.buf);
+        let gk = Geom {
+            rows: key_rows,
+            ..g
+        };
+        let kk = gk.kernel(w, node, "attn_dkv", dt)?;
+        w.run_kernel(
+            &kk,
+            &gk.params(),
+            &with(common.clone(), [(13, dk), (14, dv)]),
+            groups_for(key_rows, 64),
+        )?;
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+pub fn attention_grad(
+    w: &mut Wgpu,
+    node: &Node,
+    ins: [&V; 4],
+    mask: Option<V>,
+    yl: [&V; 2],
+    causal: bool,
+    scale: Option<f32>,
+    outs: &[V],
+    want: &[bool],
+) -> Result<()> {
+    let [_, q, k, v] = ins;
+    let g = attention_geom(node, [q, k, v], mask.as_ref(), causal, scale)?;
+    let key_rows = k.shape()[0] * k.shape()[1] * k.shape()[2];
+    backward(
+        w,
+        node,
+        g,
+        key_rows,
+        ins,
+        yl,
+        mask,
+        [None, None],
+        outs,
+        want,
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+pub fn varlen_grad(
+    w: &mut Wgpu,
+    node: &Node,
+    ins: [&V; 4],
+    cu: [&V; 2],
+    yl: [&V; 2],
+    causal: bool,
+    scale: Option<f32>,
+    outs: &[V],
+    want: &[bool],
+) -> Result<()> {
+    let [_, q, k, v] = ins;
+    let g = varlen_geom(node, [q, k, v], cu, causal, scale)?;
+    if g.nseq == 0 {
+        return Ok(());
+    }
+    let key_rows = k.shape()[0] * k.shape()[1];
+    backward(
+        w,
+        node,
+        g,
+        key_rows,
+        ins,
+        yl,
+        None,
+        [Some(cu[0].buf), Some(cu[1].buf)],
+        outs,
+        want,
+    )
+}

@@ -1,0 +1,238 @@
+//! Elementwise family on wgpu (shaders/elementwise.wgsl): unary maps and their
+//! gradients, binary arithmetic and comparisons with broadcasting, Pow, Clip, Dropout.
+
+use super::device::{groups_for, Family};
+use super::{float_defs, shape, Params, Strided, Wgpu, V};
+use crate::error::Result;
+use crate::graph::infer::ValueType;
+use crate::graph::{Activation, BinaryOp, Node, UnaryOp};
+use crate::rng::Rng;
+use crate::tensor::DType;
+
+/// The op code of shaders/common.wgsl (`OP_*`) and LeakyRelu's alpha.
+fn unary_code(u: UnaryOp) -> (u32, f32) {
+    use UnaryOp as U;
+    match u {
+        U::Relu => (1, 0.0),
+        U::Gelu { tanh: false } => (2, 0.0),
+        U::Gelu { tanh: true } => (3, 0.0),
+        U::Sigmoid => (5, 0.0),
+        U::Tanh => (6, 0.0),
+        U::Neg => (7, 0.0),
+        U::Exp => (8, 0.0),
+        U::Log => (9, 0.0),
+        U::Sqrt => (10, 0.0),
+        U::Reciprocal => (11, 0.0),
+        U::Abs => (12, 0.0),
+        U::Erf => (13, 0.0),
+        U::LeakyRelu { alpha } => (14, alpha),
+    }
+}
+
+/// The op code of a FusedMatMul activation (same table as `unary_code`).
+pub fn act_code(a: Activation) -> u32 {
+    match a {
+        Activation::None => 0,
+        Activation::Relu => 1,
+        Activation::Gelu => 2,
+        Activation::GeluTanh => 3,
+        Activation::Silu => 4,
+        Activation::Sigmoid => 5,
+        Activation::Tanh => 6,
+    }
+}
+
+/// The defs of an arithmetic kernel: floats compute in f32, i32 in i32.
+fn num_defs(w: &Wgpu, node: &Node, dt: DType) -> Result<String> {
+    match dt {
+        DType::I32 => Ok("alias T = i32;\nalias A = i32;\n".into()),
+        _ => float_defs(w, node, dt),
+    }
+}
+
+pub fn unary(w: &mut Wgpu, node: &Node, u: UnaryOp, x: &V, y: &V) -> Result<()> {
+    let (op, alpha) = unary_code(u);
+    let defs = float_defs(w, node, x.dtype())?;
+    let n = y.numel();
+    let p = Params::new().u(0, n).u(1, op as usize).f(2, alpha);
+    let k = Wgpu::kernel(Family::Elementwise, "unary", defs);
+    w.run_kernel(&k, &p, &[(1, x.buf), (3, y.buf)], groups_for(n, 256))
+}
+
+pub fn unary_grad(w: &mut Wgpu, node: &Node, u: UnaryOp, dy: &V, x: &V, out: &V) -> Result<()> {
+    let (op, alpha) = unary_code(u);
+    grad_kernel(w, node, dy, x, out, op, alpha)
+}
+
+/// `out = dy · f'(x)` for op code `op` (UnaryGrad, and FusedMatMulGrad's G).
+pub fn grad_kernel(
+    w: &mut Wgpu,
+    node: &Node,
+    dy: &V,
+    x: &V,
+    out: &V,
+    op: u32,
+    alpha: f32,
+) -> Result<()> {
+    let defs = float_defs(w, node, x.dtype())?;
+    let n = out.numel();
+    let s = Strided::broadcast(out.shape(), &[dy.shape(), x.shape()]);
+    let p = Params::new()
+        .u(0, n)
+        .u(1, op as usize)
+        .f(2, alpha)
+        .strided(16, &s)?;
+    let k = Wgpu::kernel(Family::Elementwise, "unary_grad", defs);
+    w.run_kernel(
+        &k,
+        &p,
+        &[(1, dy.buf), (2, x.buf), (3, out.buf)],
+        groups_for(n, 256),
+    )
+}
+
+pub fn binary(w: &mut Wgpu, node: &Node, op: BinaryOp, a: &V, b: &V, y: &V) -> Result<()> {
+    use BinaryOp as B;
+    let n = y.numel();
+    let s = Strided::broadcast(y.shape(), &[a.shape(), b.shape()]);
+    let defs = num_defs(w, node, a.dtype())?;
+    let (entry, code) = match op {
+        B::Add => ("binary", 0),
+        B::Sub => ("binary", 1),
+        B::Mul => ("binary", 2),
+        B::Div => ("binary", 3),
+        B::Equal => ("compare", 0),
+        B::Less => ("compare", 1),
+        B::Greater => ("compare", 2),
+        B::Pow => return pow(w, node, a, b, y, s),
+    };
+    if op == B::Div && a.dtype().is_int() && n > 0 && w.read(b)?.to_i64_vec().contains(&0) {
+        crate::bail!(
+            Runtime,
+            "{}: integer division by zero (divisor of shape {})",
+            node.describe(),
+            crate::tensor::fmt_shape(b.shape())
+        );
+    }
+    let p = Params::new().u(0, n).u(1, code).strided(16, &s)?;
+    let k = Wgpu::kernel(Family::Elementwise, entry, defs);
+    if entry == "compare" {
+        // One thread per output word of four bools.
+        w.run_kernel(
+            &k,
+            &p,
+            &[(1, a.buf), (2, b.buf), (4, y.buf)],
+            groups_for(n.div_ceil(4), 256),
+        )
+    } else {
+        w.run_kernel(
+            &k,
+            &p,
+            &[(1, a.buf), (2, b.buf), (3, y.buf)],
+            groups_for(n, 256),
+        )
+    }
+}
+
+/// Pow: the exponent is cast to f32 first (float bases only).
+fn pow(w: &mut Wgpu, node: &Node, a: &V, b: &V, y: &V, s: Strided) -> Result<()> {
+    let defs = float_defs(w, node, a.dtype())?;
+    let ety = ValueType::new(DType::F32, b.shape());
+    let e = w.scratch(ety.bytes());
+    shape::cast(w, node, b, &V { buf: &e, ty: &ety })?;
+    let n = y.numel();
+    let p = Params::new().u(0, n).strided(16, &s)?;
+    let k = Wgpu::kernel(Family::Elementwise, "power", defs);
+    w.run_kernel(
+        &k,
+        &p,
+        &[(1, a.buf), (6, &e), (3, y.buf)],
+        groups_for(n, 256),
+    )
+}
+
+pub fn clip(w: &mut Wgpu, node: &Node, x: &V, lo: Option<V>, hi: Option<V>, y: &V) -> Result<()> {
+    let defs = num_defs(w, node, x.dtype())?;
+    let n = y.numel();
+    let flags = lo.is_some() as usize | (hi.is_some() as usize) << 1;
+    let p = Params::new().u(0, n).u(1, flags);
+    let k = Wgpu::kernel(Family::Elementwise, "clip", defs);
+    let dummy = w.scratch(16);
+    let lo_b = lo.map_or(&dummy, |v| v.buf);
+    let hi_b = hi.map_or(&dummy, |v| v.buf);
+    w.run_kernel(
+        &k,
+        &p,
+        &[(1, x.buf), (2, lo_b), (5, hi_b), (3, y.buf)],
+        groups_for(n, 256),
+    )
+}
+
+/// Identity at inference; in training the CPU's counter-based mask, bit for bit.
+#[allow(clippy::too_many_arguments)]
+pub fn dropout(
+    w: &mut Wgpu,
+    node: &Node,
+    x: &V,
+    ratio_in: Option<V>,
+    mode_in: Option<V>,
+    outs: &[V],
+    ratio: f32,
+    seed: Option<i64>,
+) -> Result<()> {
+    let mut first = |v: Option<V>| -> Result<Option<f64>> {
+        Ok(match v {
+            Some(v) => w.read(&v)?.to_f64_vec().first().copied(),
+            None => None,
+        })
+    };
+    let ratio = first(ratio_in)?.unwrap_or(ratio as f64);
+    let mode = first(mode_in)?;
+    let training = w.step > 0 || mode.is_some_and(|v| v != 0.0);
+    if !(0.0..1.0).contains(&ratio) {
+        crate::bail!(
+            Runtime,
+            "{}: ratio must be in [0, 1), got {ratio}",
+            node.describe()
+        );
+    }
+    let (y, mask) = (&outs[0], outs.get(1));
+    if !training || ratio == 0.0 {
+        w.rec.copy(x.buf, y.buf, y.ty.bytes());
+        if let Some(m) = mask {
+            let ones = vec![1u8; m.numel()];
+            w.rec.write(m.buf, &ones)?;
+        }
+        return Ok(());
+    }
+    let defs = float_defs(w, node, x.dtype())?;
+    // The same base seed as src/backends/cpu/elementwise.rs `dropout`.
+    let base = match seed {
+        Some(s) => s as u64,
+        None => Rng::for_name(0, &node.name).next_u64(),
+    };
+    let base = match w.step {
+        0 => base,
+        t => Rng::new(base ^ t.wrapping_mul(0x9E37_79B9_7F4A_7C15)).next_u64(),
+    };
+    // uniform = k / 2^53 >= ratio  ⇔  k >= ceil(ratio · 2^53), exact in f64.
+    let thr = (ratio * (1u64 << 53) as f64).ceil() as u64;
+    let n = y.numel();
+    let p = Params::new()
+        .u(0, n)
+        .u(1, base as u32 as usize)
+        .u(2, (base >> 32) as usize)
+        .u(3, thr as u32 as usize)
+        .u(4, (thr >> 32) as usize)
+        .f(5, (1.0 / (1.0 - ratio)) as f32)
+        .u(6, mask.is_some() as usize);
+    let scratch = w.scratch(16);
+    let m = mask.map_or(&scratch, |m| m.buf);
+    let k = Wgpu::kernel(Family::Elementwise, "dropout", defs);
+    w.run_kernel(
+        &k,
+        &p,
+        &[(1, x.buf), (3, y.buf), (4, m)],
+        groups_for(n.div_ceil(4), 256),
+    )
+}

@@ -1,0 +1,87 @@
+//! Optimizer steps on wgpu (shaders/optimizer.wgsl): SGD (with momentum), Adam, AdamW in
+//! place, the CPU's rules (src/backends/cpu/optim.rs) with f32 state.
+
+use super::device::{groups_for, Family};
+use super::{float_defs, Params, Wgpu};
+use crate::error::Result;
+use crate::graph::infer::ValueType;
+use crate::graph::{Node, Op, Optimizer};
+
+pub fn update(
+    w: &mut Wgpu,
+    opt: &Optimizer,
+    t: u64,
+    param: &mut wgpu::Buffer,
+    grad: &wgpu::Buffer,
+    state: &mut [wgpu::Buffer],
+    ty: &ValueType,
+) -> Result<()> {
+    // Errors name the optimizer step as a node would be named.
+    let node = Node {
+        name: "optimizer".into(),
+        op: Op::Identity,
+        inputs: vec![],
+        outputs: vec![],
+        loc: None,
+    };
+    let defs = float_defs(w, &node, ty.dtype).map_err(|_| {
+        crate::err!(
+            Runtime,
+            "cannot train a {} parameter on the wgpu backend",
+            ty.dtype
+        )
+    })?;
+    let n = ty.numel();
+    let mut p = Params::new().u(0, n);
+    match *opt {
+        Optimizer::Sgd {
+            lr,
+            momentum,
+            weight_decay,
+        } => {
+            p = p
+                .u(1, (momentum != 0.0) as usize)
+                .f(2, lr as f32)
+                .f(3, momentum as f32)
+                .f(6, weight_decay as f32);
+        }
+        Optimizer::Adam {
+            lr,
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+        }
+        | Optimizer::AdamW {
+            lr,
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+        } => {
+            let decoupled = matches!(opt, Optimizer::AdamW { .. });
+            let ti = t.min(i32::MAX as u64) as i32;
+            let (bc1, bc2) = (1.0 - beta1.powi(ti), 1.0 - beta2.powi(ti));
+            p = p
+                .u(1, if decoupled { 3 } else { 2 })
+                .f(2, lr as f32)
+                .f(3, beta1 as f32)
+                .f(4, beta2 as f32)
+                .f(5, eps as f32)
+                .f(6, weight_decay as f32)
+                .f(7, (lr / bc1) as f32)
+                .f(8, bc2.sqrt() as f32)
+                .f(9, (1.0 - lr * weight_decay) as f32);
+        }
+    }
+    let (s0, s1) = (w.scratch(16), w.scratch(16));
+    let st0 = state.first().unwrap_or(&s0);
+    let st1 = state.get(1).unwrap_or(&s1);
+    let k = Wgpu::kernel(Family::Optimizer, "step", defs);
+    w.run_kernel(
+        &k,
+        &p,
+        &[(1, &*param), (2, grad), (3, st0), (4, st1)],
+        groups_for(n, 256),
+    )
+}

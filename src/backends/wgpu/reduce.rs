@@ -1,0 +1,375 @@
+//! Row-wise family on wgpu (shaders/reduce.wgsl): reductions, Softmax/LogSoftmax and
+//! their gradient, LayerNormalization forward/backward, SoftmaxCrossEntropyLoss and its
+//! gradient. One workgroup per row; statistics (Mean, InvStdDev) are f32.
+
+use super::device::{groups_for, Family, Kernel};
+use super::{bcast_strides, float_defs, strides, unsupported, Params, Strided, Wgpu, V};
+use crate::error::Result;
+use crate::graph::infer::{norm_axis, ValueType};
+use crate::graph::op::LossReduction;
+use crate::graph::{Node, ReduceKind};
+use crate::tensor::{numel, DType};
+
+fn axis_of(node: &Node, axis: i64, r: usize) -> Result<usize> {
+    norm_axis(axis, r).ok_or_else(|| {
+        crate::err!(
+            Runtime,
+            "{}: axis {axis} is out of range for rank {r}",
+            node.describe()
+        )
+    })
+}
+
+/// A reduce-family kernel for `dt`; `iw` is the words per label (SCE).
+fn kernel<'a>(w: &Wgpu, node: &Node, entry: &'a str, dt: DType, iw: usize) -> Result<Kernel<'a>> {
+    let defs = format!("{}const IW: u32 = {iw}u;\n", float_defs(w, node, dt)?);
+    Ok(Wgpu::kernel(Family::Reduce, entry, defs))
+}
+
+/// One workgroup per row.
+fn rows_groups(rows: usize) -> [u32; 3] {
+    groups_for(rows, 1)
+}
+
+pub fn reduce(
+    w: &mut Wgpu,
+    node: &Node,
+    kind: ReduceKind,
+    x: &V,
+    axes: &[i64],
+    y: &V,
+) -> Result<()> {
+    let r = x.shape().len();
+    let mut red = vec![false; r];
+    if axes.is_empty() {
+        red = vec![true; r];
+    }
+    for &a in axes {
+        red[axis_of(node, a, r)?] = true;
+    }
+    let xs = strides(x.shape());
+    let pick = |want: bool| -> (Vec<usize>, Vec<i64>) {
+        (0..r)
+            .filter(|&d| red[d] == want)
+            .map(|d| (x.shape()[d], xs[d]))
+            .unzip()
+    };
+    let (kshape, kst) = pick(false);
+    let (rshape, rst) = pick(true);
+    let n_red = numel(&rshape);
+    let code = match kind {
+        ReduceKind::Sum => 0,
+        ReduceKind::Mean => 1,
+        ReduceKind::Max => 2,
+    };
+    let p = Params::new()
+        .u(0, n_red)
+        .u(1, code)
+        .strided(16, &Strided::new(&kshape, &[&kst]))?
+        .strided(52, &Strided::new(&rshape, &[&rst]))?;
+    let k = kernel(w, node, "reduce", x.dtype(), 1)?;
+    w.run_kernel(&k, &p, &[(1, x.buf), (4, y.buf)], rows_groups(y.numel()))
+}
+
+/// Σ over `rows` rows of `n` columns of `g` into `out` (the bias gradient).
+pub fn sum_rows(w: &mut Wgpu, node: &Node, g: &V, rows: usize, n: usize, out: &V) -> Result<()> {
+    let p = Params::new().u(0, n).u(1, rows);
+    let k = kernel(w, node, "sum_rows", g.dtype(), 1)?;
+    w.run_kernel(&k, &p, &[(1, g.buf), (4, out.buf)], groups_for(n, 256))
+}
+
+/// (outer, n, inner) around axis `a`.
+fn around(shape: &[usize], a: usize) -> (usize, usize, usize) {
+    (numel(&shape[..a]), shape[a], numel(&shape[a + 1..]))
+}
+
+pub fn softmax(w: &mut Wgpu, node: &Node, x: &V, axis: i64, log: bool, y: &V) -> Result<()> {
+    let a = axis_of(node, axis, x.shape().len())?;
+    let (outer, n, inner) = around(x.shape(), a);
+    let p = Params::new().u(0, n).u(1, inner.max(1)).u(2, log as usize);
+    let k = kernel(w, node, "softmax", x.dtype(), 1)?;
+    w.run_kernel(
+        &k,
+        &p,
+        &[(1, x.buf), (4, y.buf)],
+        rows_groups(outer * inner),
+    )
+}
+
+pub fn softmax_grad(
+    w: &mut Wgpu,
+    node: &Node,
+    dy: &V,
+    y: &V,
+    axis: i64,
+    log: bool,
+    dx: &V,
+) -> Result<()> {
+    let a = axis_of(node, axis, y.shape().len())?;
+    let (outer, n, inner) = around(y.shape(), a);
+    let p = Params::new().u(0, n).u(1, inner.max(1)).u(2, log as usize);
+    let k = kernel(w, node, "softmax_grad", y.dtype(), 1)?;
+    w.run_kernel(
+        &k,
+        &p,
+        &[(1, dy.buf), (2, y.buf), (4, dx.buf)],
+        rows_groups(outer * inner),
+    )
+}
+
+/// `t` broadcast to the normalised shape `norm`: itself when it already has that many
+/// elements, else a device copy expanded to it.
+fn expanded(w: &mut Wgpu, t: &V, norm: &[usize]) -> Result<Option<wgpu::Buffer>> {
+    if t.numel() == numel(norm) {
+        return Ok(None);
+    }
+    let ty = ValueType::new(t.dtype(), norm);
+    let buf = w.scratch(ty.bytes());
+    let st = bcast_strides(t.shape(), norm);
+    super::shape::view(w, t, &V { buf: &buf, ty: &ty }, &st, 0)?;
+    Ok(Some(buf))
+}
+
+pub fn layer_norm(
+    w: &mut Wgpu,
+    node: &Node,
+    [x, scale]: [&V; 2],
+    bias: Option<V>,
+    axis: i64,
+    eps: f32,
+    outs: &[V],
+) -> Result<()> {
+    let a = axis_of(node, axis, x.shape().len())?;
+    let norm = &x.shape()[a..];
+    let (rows, n) = (numel(&x.shape()[..a]), numel(norm));
+    if n == 0 {
+        crate::bail!(
+            Runtime,
+            "{}: the normalized shape is empty",
+            node.describe()
+        );
+    }
+    let g = expanded(w, scale, norm)?;
+    let b = match &bias {
+        Some(b) => expanded(w, b, norm)?,
+        None => None,
+    };
+    let gb = g.as_ref().unwrap_or(scale.buf);
+    let dummy = w.scratch(16);
+    let bb = b.as_ref().or(bias.map(|v| v.buf)).unwrap_or(&dummy);
+    // Mean and InvStdDev always go somewhere: scratch when the graph does not read them.
+    let (s0, s1) = (w.scratch(rows * 4), w.scratch(rows * 4));
+    let mean = outs.get(1).map_or(&s0, |v| v.buf);
+    let inv = outs.get(2).map_or(&s1, |v| v.buf);
+    let p = Params::new()
+        .u(0, n)
+        .f(1, eps)
+        .u(2, bias.is_some() as usize);
+    let k = kernel(w, node, "layer_norm", x.dtype(), 1)?;
+    w.run_kernel(
+        &k,
+        &p,
+        &[
+            (1, x.buf),
+            (2, gb),
+            (3, bb),
+            (4, outs[0].buf),
+            (5, mean),
+            (6, inv),
+        ],
+        rows_groups(rows),
+    )
+}
+
+/// `[dY, X, Scale, Mean, InvStdDev]` → `[dX, dScale, dB]` (each only when wanted).
+pub fn layer_norm_grad(
+    w: &mut Wgpu,
+    node: &Node,
+    [dy, x, scale, mean, inv]: [&V; 5],
+    axis: i64,
+    outs: &[V],
+    want: &[bool],
+) -> Result<()> {
+    if mean.dtype() != DType::F32 || inv.dtype() != DType::F32 {
+        return Err(unsupported(node, mean.dtype()));
+    }
+    let a = axis_of(node, axis, x.shape().len())?;
+    let norm = &x.shape()[a..];
+    let (rows, n) = (numel(&x.shape()[..a]), numel(norm));
+    let out = |i: usize| {
+        outs.get(i)
+            .filter(|_| want.get(i).copied().unwrap_or(false))
+    };
+    if n == 0 || rows == 0 {
+        for o in outs.iter().skip(1) {
+            w.rec.clear(o.buf, o.ty.bytes());
+        }
+        return Ok(());
+    }
+    if let Some(dx) = out(0) {
+        let g = expanded(w, scale, norm)?;
+        let gb = g.as_ref().unwrap_or(scale.buf);
+        let p = Params::new().u(0, n);
+        let k = kernel(w, node, "layer_norm_dx", x.dtype(), 1)?;
+        w.run_kernel(
+            &k,
+            &p,
+            &[
+                (1, dy.buf),
+                (2, x.buf),
+                (3, gb),
+                (7, mean.buf),
+                (8, inv.buf),
+                (4, dx.buf),
+            ],
+            rows_groups(rows),
+        )?;
+    }
+    if out(1).is_some() || out(2).is_some() {
+        let bytes = n * x.dtype().size();
+        let (s0, s1) = (w.scratch(bytes), w.scratch(bytes));
+        let ds = out(1).map_or(&s0, |v| v.buf);
+        let db = out(2).map_or(&s1, |v| v.buf);
+        let p = Params::new().u(0, n).u(1, rows);
+        let k = kernel(w, node, "layer_norm_dparams", x.dtype(), 1)?;
+        w.run_kernel(
+            &k,
+            &p,
+            &[
+                (1, dy.buf),
+                (2, x.buf),
+                (7, mean.buf),
+                (8, inv.buf),
+                (4, ds),
+                (10, db),
+            ],
+            groups_for(n, 256),
+        )?;
+    }
+    Ok(())
+}
+
+fn label_words(node: &Node, l: &V) -> Result<usize> {
+    match l.dtype() {
+        DType::I64 => Ok(2),
+        DType::I32 => Ok(1),
+        dt => Err(unsupported(node, dt)),
+    }
+}
+
+fn reduction_code(r: LossReduction) -> usize {
+    match r {
+        LossReduction::None => 0,
+        LossReduction::Sum => 1,
+        LossReduction::Mean => 2,
+    }
+}
+
+/// Per-element weighted losses and weights (f32 scratch), and log_prob when asked.
+#[allow(clippy::too_many_arguments)]
+fn sce_rows(
+    w: &mut Wgpu,
+    node: &Node,
+    x: &V,
+    labels: &V,
+    weights: Option<V>,
+    ignore: Option<i64>,
+    logp: Option<&wgpu::Buffer>,
+) -> Result<(wgpu::Buffer, wgpu::Buffer, usize)> {
+    let (c, d) = (x.shape()[1], numel(&x.shape()[2..]));
+    let ne = x.shape()[0] * d;
+    let (loss, wt) = (w.scratch(ne * 4), w.scratch(ne * 4));
+    let flags = ignore.is_some() as usize
+        | (weights.is_some() as usize) << 1
+        | (logp.is_some() as usize) << 2;
+    let p = Params::new()
+        .u(0, c)
+        .u(1, d.max(1))
+        .u(2, ne)
+        .i(3, ignore.unwrap_or(0))
+        .u(4, flags);
+    let dummy = w.scratch(16);
+    let k = kernel(w, node, "sce_rows", x.dtype(), label_words(node, labels)?)?;
+    let dw = w.scratch(16);
+    w.run_kernel(
+        &k,
+        &p,
+        &[
+            (1, x.buf),
+            (2, weights.map_or(&dummy, |v| v.buf)),
+            (9, labels.buf),
+            (5, &loss),
+            (6, &wt),
+            (4, logp.unwrap_or(&dw)),
+        ],
+        groups_for(ne, 256),
+    )?;
+    Ok((loss, wt, ne))
+}
+
+#[allow(clippy::too_many_arguments)]
+pub fn sce(
+    w: &mut Wgpu,
+    node: &Node,
+    [x, labels]: [&V; 2],
+    weights: Option<V>,
+    reduction: LossReduction,
+    ignore: Option<i64>,
+    outs: &[V],
+    want: &[bool],
+) -> Result<()> {
+    let logp = outs
+        .get(1)
+        .filter(|_| want.get(1).copied().unwrap_or(false))
+        .map(|v| v.buf);
+    let (loss, wt, ne) = sce_rows(w, node, x, labels, weights, ignore, logp)?;
+    let code = reduction_code(reduction);
+    let p = Params::new().u(0, ne).u(1, code);
+    let k = kernel(w, node, "sce_reduce", x.dtype(), 1)?;
+    let groups = if code == 0 {
+        groups_for(ne, 256)
+    } else {
+        [1, 1, 1]
+    };
+    w.run_kernel(&k, &p, &[(7, &loss), (8, &wt), (4, outs[0].buf)], groups)
+}
+
+#[allow(clippy::too_many_arguments)]
+pub fn sce_grad(
+    w: &mut Wgpu,
+    node: &Node,
+    [dloss, x, labels]: [&V; 3],
+    weights: Option<V>,
+    reduction: LossReduction,
+    ignore: Option<i64>,
+    dx: &V,
+) -> Result<()> {
+    let (_loss, wt, ne) = sce_rows(w, node, x, labels, weights, ignore, None)?;
+    let denom = w.scratch(16);
+    let code = reduction_code(reduction);
+    if code == 2 {
+        let k = kernel(w, node, "wsum", x.dtype(), 1)?;
+        w.run_kernel(
+            &k,
+            &Params::new().u(0, ne),
+            &[(8, &wt), (5, &denom)],
+            [1, 1, 1],
+        )?;
+    }
+    let (c, d) = (x.shape()[1], numel(&x.shape()[2..]));
+    let p = Params::new().u(0, c).u(1, d.max(1)).u(2, ne).u(5, code);
+    let k = kernel(w, node, "sce_grad", x.dtype(), label_words(node, labels)?)?;
+    w.run_kernel(
+        &k,
+        &p,
+        &[
+            (1, x.buf),
+            (3, dloss.buf),
+            (9, labels.buf),
+            (7, &denom),
+            (8, &wt),
+            (4, dx.buf),
+        ],
+        groups_for(ne, 256),
+    )
+}

@@ -1,0 +1,293 @@
+//! Shape and copy family on wgpu (shaders/shape.wgsl): every op that moves elements,
+//! for any dtype (elements are raw words of 1, 2, 4 or 8 bytes), Cast, and GatherGrad.
+
+use super::device::{groups_for, Family, Kernel};
+use super::{bcast_strides, float_defs, strides, unsupported, Params, Strided, Wgpu, V};
+use crate::error::Result;
+use crate::graph::infer::{norm_axis, ValueType};
+use crate::graph::Node;
+use crate::tensor::{numel, DType};
+
+/// The dtype code of shaders/shape.wgsl `cast_elem` (f64 and bf16 have none).
+fn code(dt: DType) -> Option<u32> {
+    Some(match dt {
+        DType::F32 => 0,
+        DType::F16 => 1,
+        DType::I32 => 2,
+        DType::I64 => 3,
+        DType::Bool => 4,
+        _ => return None,
+    })
+}
+
+fn kernel(entry: &str, es: usize, src: u32, dst: u32) -> Kernel<'_> {
+    Wgpu::kernel(
+        Family::Shape,
+        entry,
+        format!("const ES: u32 = {es}u;\nconst SRC: u32 = {src}u;\nconst DST: u32 = {dst}u;\n"),
+    )
+}
+
+/// Output words of `n` elements of `es` bytes.
+fn words(n: usize, es: usize) -> usize {
+    (n * es).div_ceil(4)
+}
+
+/// One `copy` dispatch in `mode` over `y` (params past the mode given in `p`).
+fn copy_kernel(
+    w: &mut Wgpu,
+    mode: usize,
+    p: Params,
+    bufs: [&wgpu::Buffer; 4],
+    y: &V,
+) -> Result<()> {
+    let es = y.dtype().size();
+    let n = y.numel();
+    let nw = words(n, es);
+    let mut p = p.u(0, nw).u(1, n).u(2, mode);
+    // SliceGrad's per-dim table ends at word 84.
+    p.0.resize(p.0.len().max(88), 0);
+    let [x, y_, aux, x2] = bufs;
+    w.run_kernel(
+        &kernel("copy", es, 0, 0),
+        &p,
+        &[(1, x), (2, y_), (3, aux), (4, x2)],
+        groups_for(nw, 256),
+    )
+}
+
+/// `y` as a strided view of `x` (Transpose, Expand, Slice, Split).
+pub(super) fn view(w: &mut Wgpu, x: &V, y: &V, st: &[i64], base: i64) -> Result<()> {
+    let mut s = Strided::new(y.shape(), &[st]);
+    s.base[0] = base;
+    let p = Params::new().strided(16, &s)?;
+    let d = w.scratch(16);
+    copy_kernel(w, 0, p, [x.buf, y.buf, &d, &d], y)
+}
+
+fn bad_axis(axis: i64, r: usize) -> crate::error::Error {
+    crate::err!(Runtime, "axis {axis} is out of range for rank {r}")
+}
+
+pub fn transpose(w: &mut Wgpu, x: &V, perm: Option<&[usize]>, y: &V) -> Result<()> {
+    let r = x.shape().len();
+    let rev: Vec<usize> = (0..r).rev().collect();
+    let perm = perm.unwrap_or(&rev);
+    let xs = strides(x.shape());
+    let st: Vec<i64> = perm.iter().map(|&p| xs[p]).collect();
+    view(w, x, y, &st, 0)
+}
+
+pub fn expand(w: &mut Wgpu, x: &V, y: &V) -> Result<()> {
+    view(w, x, y, &bcast_strides(x.shape(), y.shape()), 0)
+}
+
+pub fn concat(w: &mut Wgpu, ins: &[Option<V>], axis: i64, y: &V) -> Result<()> {
+    let r = y.shape().len();
+    let a = norm_axis(axis, r).ok_or_else(|| bad_axis(axis, r))?;
+    let inner = numel(&y.shape()[a + 1..]);
+    let dim = y.shape()[a];
+    let mut at = 0usize;
+    for x in ins.iter().flatten() {
+        let len = x.shape()[a];
+        if len > 0 && x.numel() > 0 {
+            let mut s = Strided::new(y.shape(), &[&strides(x.shape())]);
+            s.base[0] = -(at as i64) * strides(x.shape())[a];
+            let p = Params::new()
+                .u(3, inner)
+                .u(4, dim)
+                .u(5, at)
+                .u(6, at + len)
+                .strided(16, &s)?;
+            let d = w.scratch(16);
+            copy_kernel(w, 1, p, [x.buf, y.buf, &d, &d], y)?;
+        }
+        at += len;
+    }
+    Ok(())
+}
+
+pub fn split(w: &mut Wgpu, x: &V, axis: i64, outs: &[V]) -> Result<()> {
+    let r = x.shape().len();
+    let a = norm_axis(axis, r).ok_or_else(|| bad_axis(axis, r))?;
+    let xs = strides(x.shape());
+    let mut at = 0i64;
+    for y in outs {
+        if y.numel() > 0 {
+            view(w, x, y, &xs, at * xs[a])?;
+        }
+        at += y.shape()[a] as i64;
+    }
+    Ok(())
+}
+
+/// (start, step) per axis of a Slice over `shape`, from its starts/ends/axes/steps inputs
+/// (read back: they decide offsets).
+fn slice_steps(w: &mut Wgpu, shape: &[usize], args: &[Option<V>]) -> Result<Vec<(i64, i64)>> {
+    let mut arg = |i: usize| -> Result<Option<Vec<i64>>> {
+        match args.get(i).copied().flatten() {
+            Some(v) => Ok(Some(w.read(&v)?.to_i64_vec())),
+            None => Ok(None),
+        }
+    };
+    let (starts, ends) = (arg(0)?.unwrap_or_default(), arg(1)?.unwrap_or_default());
+    let r = shape.len();
+    let axes = arg(2)?.unwrap_or_else(|| (0..starts.len() as i64).collect());
+    let steps = arg(3)?.unwrap_or_else(|| vec![1; starts.len()]);
+    let mut out = vec![(0, 1); r];
+    for (k, &axis) in axes.iter().enumerate() {
+        let a = norm_axis(axis, r).ok_or_else(|| bad_axis(axis, r))?;
+        let (Some(&start), Some(&end), Some(&step)) = (starts.get(k), ends.get(k), steps.get(k))
+        else {
+            crate::bail!(
+                Runtime,
+                "Slice: starts, ends, axes and steps disagree in length"
+            );
+        };
+        let (s, _) = crate::graph::infer::slice_range(start, end, step, shape[a])
+            .map_err(|m| crate::err!(Runtime, "{m}"))?;
+        out[a] = (s, step);
+    }
+    Ok(out)
+}
+
+pub fn slice(w: &mut Wgpu, x: &V, ins: &[Option<V>], y: &V) -> Result<()> {
+    let sel = slice_steps(w, x.shape(), ins.get(1..).unwrap_or_default())?;
+    let xs = strides(x.shape());
+    let st: Vec<i64> = xs.iter().zip(&sel).map(|(s, (_, k))| s * k).collect();
+    let base: i64 = (0..xs.len())
+        .filter(|&a| y.shape()[a] > 0)
+        .map(|a| xs[a] * sel[a].0)
+        .sum();
+    view(w, x, y, &st, base)
+}
+
+/// dY placed into zeros at the slice's positions (`ins[1]` is the input's shape).
+pub fn slice_grad(w: &mut Wgpu, dy: &V, ins: &[Option<V>], dx: &V) -> Result<()> {
+    // Inputs after dY and XShape are the forward's starts, ends, axes, steps.
+    let sel = slice_steps(w, dx.shape(), ins.get(2..).unwrap_or_default())?;
+    let r = dx.shape().len();
+    if r > 8 {
+        crate::bail!(Runtime, "the wgpu backend slices at most 8 dims, got {r}");
+    }
+    // No dims are dropped here: the descriptor is read per dim by the shader.
+    let mut p = Params::new();
+    p = p.u(16, r);
+    let ds = strides(dy.shape());
+    for d in 0..r {
+        p = p
+            .u(17 + d, dx.shape()[d])
+            .i(25 + d, ds[d])
+            .i(60 + d, sel[d].0)
+            .i(68 + d, sel[d].1)
+            .i(76 + d, dy.shape()[d] as i64);
+    }
+    let dm = w.scratch(16);
+    copy_kernel(w, 5, p, [dy.buf, dx.buf, &dm, &dm], dx)
+}
+
+pub fn trilu(w: &mut Wgpu, x: &V, k: Option<V>, upper: bool, y: &V) -> Result<()> {
+    let r = x.shape().len();
+    let (rows, cols) = (x.shape()[r - 2], x.shape()[r - 1]);
+    let k = match k {
+        Some(k) => w.read(&k)?.to_i64_vec().first().copied().unwrap_or(0),
+        None => 0,
+    };
+    let p = Params::new()
+        .u(3, rows.max(1))
+        .u(4, cols.max(1))
+        .i(5, k)
+        .u(6, upper as usize);
+    let d = w.scratch(16);
+    copy_kernel(w, 2, p, [x.buf, y.buf, &d, &d], y)
+}
+
+pub fn where_(w: &mut Wgpu, cond: &V, a: &V, b: &V, y: &V) -> Result<()> {
+    let s = Strided::broadcast(y.shape(), &[cond.shape(), a.shape(), b.shape()]);
+    let p = Params::new().strided(16, &s)?;
+    copy_kernel(w, 3, p, [a.buf, y.buf, cond.buf, b.buf], y)
+}
+
+/// Words per index element (i64 indices are read by their low word).
+fn index_words(node: &Node, idx: &V) -> Result<usize> {
+    match idx.dtype() {
+        DType::I64 => Ok(2),
+        DType::I32 => Ok(1),
+        dt => Err(unsupported(node, dt)),
+    }
+}
+
+pub fn gather(w: &mut Wgpu, node: &Node, x: &V, idx: &V, axis: i64, y: &V) -> Result<()> {
+    let r = x.shape().len();
+    let a = norm_axis(axis, r).ok_or_else(|| bad_axis(axis, r))?;
+    let p = Params::new()
+        .u(3, numel(&x.shape()[a + 1..]))
+        .u(4, idx.numel().max(1))
+        .u(5, x.shape()[a])
+        .u(6, index_words(node, idx)?);
+    let d = w.scratch(16);
+    copy_kernel(w, 4, p, [x.buf, y.buf, idx.buf, &d], y)
+}
+
+/// `(dY, Indices, DataShape) → dData`: dY rows added at their index, in an f32
+/// accumulator (the output itself for f32, else cast afterwards).
+pub fn gather_grad(w: &mut Wgpu, node: &Node, dy: &V, idx: &V, axis: i64, out: &V) -> Result<()> {
+    let dt = out.dtype();
+    float_defs(w, node, dt)?;
+    let r = out.shape().len();
+    let a = norm_axis(axis, r).ok_or_else(|| bad_axis(axis, r))?;
+    let acc_ty = ValueType::new(DType::F32, out.shape());
+    let scratch;
+    let acc = if dt == DType::F32 {
+        out.buf
+    } else {
+        scratch = w.scratch(acc_ty.bytes());
+        &scratch
+    };
+    w.rec.clear(acc, acc_ty.bytes());
+    let n = dy.numel();
+    let p = Params::new()
+        .u(1, n)
+        .u(3, numel(&out.shape()[a + 1..]))
+        .u(4, idx.numel().max(1))
+        .u(5, out.shape()[a])
+        .u(6, index_words(node, idx)?);
+    let src = code(dy.dtype()).ok_or_else(|| unsupported(node, dy.dtype()))?;
+    w.run_kernel(
+        &kernel("gather_grad", 4, src, 0),
+        &p,
+        &[(1, dy.buf), (3, idx.buf), (5, acc)],
+        groups_for(n, 256),
+    )?;
+    if dt != DType::F32 {
+        cast(
+            w,
+            node,
+            &V {
+                buf: acc,
+                ty: &acc_ty,
+            },
+            out,
+        )?;
+    }
+    Ok(())
+}
+
+pub fn cast(w: &mut Wgpu, node: &Node, x: &V, y: &V) -> Result<()> {
+    if x.dtype() == y.dtype() {
+        w.rec.copy(x.buf, y.buf, y.ty.bytes());
+        return Ok(());
+    }
+    let src = code(x.dtype()).ok_or_else(|| unsupported(node, x.dtype()))?;
+    let dst = code(y.dtype()).ok_or_else(|| unsupported(node, y.dtype()))?;
+    let es = y.dtype().size();
+    let n = y.numel();
+    let nw = words(n, es);
+    let p = Params::new().u(0, nw).u(1, n);
+    w.run_kernel(
+        &kernel("convert", es, src, dst),
+        &p,
+        &[(1, x.buf), (2, y.buf)],
+        groups_for(nw, 256),
+    )
+}

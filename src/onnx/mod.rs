@@ -1,0 +1,80 @@
+//! `.onnx` import: a ModelProto file becomes the same `Graph` a YAML model gives, so that
+//! every command and library call takes either (`Model::load` dispatches on the
+//! extension). `graphrun convert` writes the YAML form.
+//!
+//! What is read: the ai.onnx opset (7 to 23; older and newer opsets changed the semantics
+//! of ops graphrun runs, and are refused), initializers from raw_data, the typed fields or
+//! external data files, graph inputs with their dims (dim_param → a symbol), Constant
+//! nodes, and nodes of the ops in SPEC §2. Subgraphs, functions, sparse tensors and other
+//! domains are refused with an error that names them.
+
+mod import;
+mod nodes;
+pub mod proto;
+pub mod tensor;
+
+use crate::error::{Error, Result};
+use crate::graph::{validate, Graph};
+use crate::tensor::Tensor;
+use prost::Message;
+use std::path::Path;
+
+/// The ai.onnx opsets graphrun implements. Below 7, the elementwise ops broadcast only
+/// with an explicit attribute; the opsets up to 23 changed nothing graphrun runs in ways
+/// the importer does not rewrite.
+pub const MIN_OPSET: i64 = 7;
+pub const MAX_OPSET: i64 = 23;
+
+/// Whether `path` names an ONNX file (by its extension).
+pub fn is_onnx_path(path: &Path) -> bool {
+    path.extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("onnx"))
+}
+
+/// Loads and validates an .onnx model; external data files are read from its folder.
+pub fn load(path: &Path) -> Result<Graph> {
+    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
+    let stem = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut g = from_bytes(&bytes, &stem, &base).map_err(|e| in_file(path, e))?;
+    g.file = Some(path.to_path_buf());
+    Ok(g)
+}
+
+/// Decodes, imports and validates a serialized ModelProto. `stem` names the graph when
+/// the model gives it no name; `base` is the folder of external data files.
+pub fn from_bytes(bytes: &[u8], stem: &str, base: &Path) -> Result<Graph> {
+    let m = proto::ModelProto::decode(bytes).map_err(|e| {
+        Error::Graph(format!(
+            "not a valid ONNX model (protobuf decoding failed: {e})"
+        ))
+    })?;
+    let g = import::graph_of(&m, stem, base)?;
+    validate::validate(&g)?;
+    Ok(g)
+}
+
+/// Reads a file holding one serialized TensorProto (ONNX's test data `input_0.pb`); returns
+/// its name (possibly empty) and value.
+pub fn read_tensor(path: &Path) -> Result<(String, Tensor)> {
+    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let t = proto::TensorProto::decode(bytes.as_slice())
+        .map_err(|e| Error::io(path, format!("not a serialized ONNX TensorProto: {e}")))?;
+    let base = path.parent().unwrap_or(Path::new("."));
+    let value = tensor::from_proto(&t, base, &format!("tensor '{}'", t.name))
+        .map_err(|e| in_file(path, e))?;
+    Ok((t.name, value))
+}
+
+/// Prefixes graph errors with the file they came from (the YAML loader's errors carry
+/// file:line:col; an ONNX file has no lines to point at).
+fn in_file(path: &Path, e: Error) -> Error {
+    match e {
+        Error::Graph(m) => Error::Graph(format!("{}: {m}", path.display())),
+        Error::Many(v) => Error::Many(v.into_iter().map(|e| in_file(path, e)).collect()),
+        other => other,
+    }
+}

@@ -1,0 +1,362 @@
+//! ONNX nodes → graphrun nodes. Each ONNX node becomes one graphrun node (attributes typed
+//! by `Op::parse`, as the YAML loader does), except where the imported opset gives an op
+//! semantics that graphrun's opset-17 op does not have: those nodes are rewritten here
+//! into exact equivalents (`lower`). Problems are gathered, not returned at the first, so
+//! that every op graphrun lacks is named in one error (SPEC §5).
+
+use super::proto::{attr_type as T, AttributeProto, GraphProto, NodeProto};
+use super::tensor::from_proto;
+use super::MIN_OPSET;
+use crate::error::{Error, Result};
+use crate::graph::op::{Attr, AttrValue, OP_NAMES};
+use crate::graph::{Node, Op};
+use crate::tensor::Tensor;
+use std::collections::{BTreeMap, HashSet};
+use std::path::Path;
+
+/// The opset in which ONNX introduced an op, for ops newer than graphrun's oldest
+/// supported opset; a model that uses one under an older opset is not valid ONNX.
+fn since(op: &str) -> i64 {
+    match op {
+        "Expand" => 8,
+        "Erf" | "Where" => 9,
+        "SoftmaxCrossEntropyLoss" => 12,
+        "Trilu" => 14,
+        "LayerNormalization" => 17,
+        "Gelu" => 20,
+        "Attention" => 23,
+        _ => MIN_OPSET,
+    }
+}
+
+/// graphrun's ops that are not ONNX operators: a model file in the ai.onnx domain cannot
+/// name them.
+const NOT_ONNX: &[&str] = &["FusedMatMul", "VarlenAttention"];
+
+/// An attribute as `Op::parse` takes it.
+fn attr_value(a: &AttributeProto, base: &Path, what: &str) -> Result<AttrValue> {
+    let err = |msg: &str| Error::Graph(format!("{what}: attribute '{}' {msg}", a.name));
+    if !a.ref_attr_name.is_empty() {
+        return Err(err(
+            "refers to a function attribute; graphrun does not import functions",
+        ));
+    }
+    let text =
+        |b: &[u8]| String::from_utf8(b.to_vec()).map_err(|_| err("is a string that is not UTF-8"));
+    Ok(match a.r#type {
+        T::FLOAT => AttrValue::Float(a.f as f64),
+        T::INT => AttrValue::Int(a.i),
+        T::STRING => AttrValue::Str(text(&a.s)?),
+        T::TENSOR => {
+            let Some(t) = &a.t else {
+                return Err(err("is a tensor attribute without a tensor"));
+            };
+            AttrValue::Tensor(from_proto(
+                t,
+                base,
+                &format!("{what}: attribute '{}'", a.name),
+            )?)
+        }
+        T::FLOATS => AttrValue::Floats(a.floats.iter().map(|&f| f as f64).collect()),
+        T::INTS => AttrValue::Ints(a.ints.clone()),
+        T::STRINGS => AttrValue::Strs(a.strings.iter().map(|s| text(s)).collect::<Result<_>>()?),
+        T::GRAPH | T::GRAPHS => {
+            return Err(err("is a subgraph; graphrun does not run control flow"))
+        }
+        T::TENSORS | T::SPARSE_TENSOR | T::SPARSE_TENSORS | T::TYPE_PROTO | T::TYPE_PROTOS => {
+            return Err(err(
+                "has a type graphrun does not take (tensor list, sparse tensor or type)",
+            ))
+        }
+        t => return Err(err(&format!("has no valid type (AttributeType {t})"))),
+    })
+}
+
+/// Builds the node list, gathering every problem.
+pub(super) struct Importer<'a> {
+    opset: i64,
+    base: &'a Path,
+    nodes: Vec<Node>,
+    /// Every value name in the model, so that values the importer adds are fresh.
+    taken: HashSet<String>,
+    /// Ops graphrun lacks: "Conv" or "domain::Op" → the nodes that use them.
+    unsupported: BTreeMap<String, Vec<String>>,
+    errors: Vec<Error>,
+}
+
+impl<'a> Importer<'a> {
+    pub(super) fn new(g: &GraphProto, opset: i64, base: &'a Path) -> Self {
+        let mut taken: HashSet<String> = g.input.iter().map(|v| v.name.clone()).collect();
+        taken.extend(g.initializer.iter().map(|t| t.name.clone()));
+        taken.extend(g.node.iter().flat_map(|n| n.output.iter().cloned()));
+        Importer {
+            opset,
+            base,
+            nodes: vec![],
+            taken,
+            unsupported: BTreeMap::new(),
+            errors: vec![],
+        }
+    }
+
+    /// A value name not used anywhere in the model, derived from `base`.
+    fn fresh(&mut self, base: &str) -> String {
+        let mut name = base.to_string();
+        let mut k = 1;
+        while self.taken.contains(&name) {
+            name = format!("{base}_{k}");
+            k += 1;
+        }
+        self.taken.insert(name.clone());
+        name
+    }
+
+    /// Converts the `index`-th node of the graph.
+    pub(super) fn node(&mut self, index: usize, n: &NodeProto) {
+        let shown = if n.name.is_empty() {
+            format!("#{index}")
+        } else {
+            n.name.clone()
+        };
+        let op_type = n.op_type.as_str();
+        let default_domain = n.domain.is_empty() || n.domain == "ai.onnx";
+        if !default_domain || !OP_NAMES.contains(&op_type) || NOT_ONNX.contains(&op_type) {
+            let key = if default_domain {
+                op_type.to_string()
+            } else {
+                format!("{}::{op_type}", n.domain)
+            };
+            self.unsupported.entry(key).or_default().push(shown);
+            return;
+        }
+        if self.opset < since(op_type) {
+            self.errors.push(Error::Graph(format!(
+                "node '{shown}' ({op_type}): {op_type} exists from opset {} on; the model imports opset {}",
+                since(op_type),
+                self.opset
+            )));
+            return;
+        }
+        let what = format!("node '{shown}' ({op_type})");
+        let attrs: Result<Vec<Attr>> = n
+            .attribute
+            .iter()
+            .map(|a| {
+                Ok(Attr {
+                    name: a.name.clone(),
+                    value: attr_value(a, self.base, &what)?,
+                    loc: None,
+                })
+            })
+            .collect();
+        let result = attrs.and_then(|attrs| self.lower(n, &shown, attrs));
+        if let Err(e) = result {
+            self.errors.push(e);
+        }
+    }
+
+    /// Adds the graphrun node(s) for one ONNX node, rewriting the forms older opsets give.
+    fn lower(&mut self, n: &NodeProto, shown: &str, mut attrs: Vec<Attr>) -> Result<()> {
+        let mut inputs = n.input.clone();
+        match n.op_type.as_str() {
+            // Before opset 13 Softmax and LogSoftmax flatten their input to 2-D at `axis`
+            // (default 1) and normalise each row.
+            "Softmax" | "LogSoftmax" if self.opset < 13 => {
+                return self.lower_coerced_softmax(n, shown, attrs)
+            }
+            // Before opset 11 Clip's bounds are float attributes; after, optional inputs.
+            "Clip" if self.opset < 11 => {
+                for (k, key) in ["min", "max"].into_iter().enumerate() {
+                    let v = take(&mut attrs, key);
+                    let name = match v {
+                        None => String::new(),
+                        Some(AttrValue::Float(x)) => {
+                            self.constant(n, key, Tensor::scalar(x as f32))
+                        }
+                        Some(v) => {
+                            return Err(Error::Graph(format!(
+                            "node '{shown}' (Clip): attribute '{key}' must be a float, got {v:?}"
+                        )))
+                        }
+                    };
+                    inputs.resize(k + 2, String::new());
+                    inputs[k + 1] = name;
+                }
+            }
+            // Before opset 10 Slice takes starts, ends and axes as attributes.
+            "Slice" if self.opset < 10 => {
+                for key in ["starts", "ends", "axes"] {
+                    match take(&mut attrs, key) {
+                        Some(AttrValue::Ints(v)) => {
+                            let t = Tensor::from_vec(&[v.len()], v)?;
+                            let name = self.constant(n, key, t);
+                            inputs.push(name);
+                        }
+                        None if key == "axes" => {}
+                        other => {
+                            return Err(Error::Graph(format!(
+                                "node '{shown}' (Slice): attribute '{key}' must be a list of integers, got {other:?}"
+                            )))
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+        let op = Op::parse(&n.op_type, &attrs, shown, None)?;
+        self.nodes.push(Node {
+            name: n.name.clone(),
+            op,
+            inputs,
+            outputs: n.output.clone(),
+            loc: None,
+        });
+        Ok(())
+    }
+
+    /// A Constant node holding `t`, named after the node's first output; returns its value.
+    fn constant(&mut self, n: &NodeProto, what: &str, t: Tensor) -> String {
+        let out = n.output.first().map(String::as_str).unwrap_or("onnx");
+        let value = self.fresh(&format!("{out}/{what}"));
+        self.nodes.push(Node {
+            name: helper_name(n, what),
+            op: Op::Constant { value: t },
+            inputs: vec![],
+            outputs: vec![value.clone()],
+            loc: None,
+        });
+        value
+    }
+
+    /// Softmax-1/11 semantics: `Reshape(Softmax(Flatten(x, axis), axis=1), Shape(x))`.
+    /// Along the last axis (axis -1) that is plain Softmax, which is kept.
+    fn lower_coerced_softmax(
+        &mut self,
+        n: &NodeProto,
+        shown: &str,
+        attrs: Vec<Attr>,
+    ) -> Result<()> {
+        let axis = match attrs.iter().find(|a| a.name == "axis").map(|a| &a.value) {
+            None => 1,
+            Some(AttrValue::Int(a)) => *a,
+            Some(v) => {
+                return Err(Error::Graph(format!(
+                    "node '{shown}' ({}): attribute 'axis' must be an integer, got {v:?}",
+                    n.op_type
+                )))
+            }
+        };
+        if let Some(a) = attrs.iter().find(|a| a.name != "axis") {
+            return Err(Error::Graph(format!(
+                "node '{shown}' ({}): unknown attribute '{}'",
+                n.op_type, a.name
+            )));
+        }
+        let norm = |axis| match n.op_type.as_str() {
+            "Softmax" => Op::Softmax { axis },
+            _ => Op::LogSoftmax { axis },
+        };
+        let (Some(x), Some(y)) = (n.input.first(), n.output.first()) else {
+            return Err(Error::Graph(format!(
+                "node '{shown}' ({}) needs one input and one output",
+                n.op_type
+            )));
+        };
+        if axis == -1 {
+            self.nodes.push(Node {
+                name: n.name.clone(),
+                op: norm(-1),
+                inputs: vec![x.clone()],
+                outputs: n.output.clone(),
+                loc: None,
+            });
+            return Ok(());
+        }
+        let shape = self.fresh(&format!("{y}/shape"));
+        let flat = self.fresh(&format!("{y}/flat"));
+        let rows = self.fresh(&format!("{y}/rows"));
+        let mut push = |name: String, op, inputs: Vec<String>, out: String| {
+            self.nodes.push(Node {
+                name,
+                op,
+                inputs,
+                outputs: vec![out],
+                loc: None,
+            })
+        };
+        push(
+            helper_name(n, "shape"),
+            Op::Shape {
+                start: 0,
+                end: None,
+            },
+            vec![x.clone()],
+            shape.clone(),
+        );
+        push(
+            helper_name(n, "flatten"),
+            Op::Flatten { axis },
+            vec![x.clone()],
+            flat.clone(),
+        );
+        push(n.name.clone(), norm(1), vec![flat], rows.clone());
+        push(
+            helper_name(n, "reshape"),
+            Op::Reshape { allowzero: false },
+            vec![rows, shape],
+            y.clone(),
+        );
+        Ok(())
+    }
+
+    /// The nodes, or every problem found (the unsupported ops first, in one error).
+    pub(super) fn finish(mut self) -> Result<Vec<Node>> {
+        if !self.unsupported.is_empty() {
+            let total: usize = self.unsupported.values().map(Vec::len).sum();
+            let list: Vec<String> = self
+                .unsupported
+                .iter()
+                .map(|(op, nodes)| {
+                    let mut names: Vec<String> =
+                        nodes.iter().take(3).map(|n| format!("'{n}'")).collect();
+                    if nodes.len() > 3 {
+                        names.push(format!("and {} more", nodes.len() - 3));
+                    }
+                    let s = if nodes.len() == 1 { "" } else { "s" };
+                    format!("{op} ({} node{s}: {})", nodes.len(), names.join(", "))
+                })
+                .collect();
+            self.errors.insert(
+                0,
+                Error::Graph(format!(
+                    "graphrun does not support {} op{} of this model ({total} node{}): {}",
+                    self.unsupported.len(),
+                    if self.unsupported.len() == 1 { "" } else { "s" },
+                    if total == 1 { "" } else { "s" },
+                    list.join("; ")
+                )),
+            );
+        }
+        match self.errors.len() {
+            0 => Ok(self.nodes),
+            1 => Err(self.errors.remove(0)),
+            _ => Err(Error::Many(self.errors)),
+        }
+    }
+}
+
+/// Removes and returns attribute `key`.
+fn take(attrs: &mut Vec<Attr>, key: &str) -> Option<AttrValue> {
+    let i = attrs.iter().position(|a| a.name == key)?;
+    Some(attrs.remove(i).value)
+}
+
+/// The name of a node the importer adds for `n`: derived from n's name, or left empty
+/// (named `<op>_<index>` later) when n has none.
+fn helper_name(n: &NodeProto, what: &str) -> String {
+    if n.name.is_empty() {
+        String::new()
+    } else {
+        format!("{}/{what}", n.name)
+    }
+}

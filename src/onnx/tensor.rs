@@ -1,0 +1,192 @@
+//! TensorProto → `Tensor`: the element data from `raw_data`, from the typed fields, or
+//! from an external data file; every size checked against the dims before anything is
+//! allocated, so that a corrupt file is an error rather than a huge allocation or a panic.
+
+use super::proto::{TensorProto, DATA_LOCATION_EXTERNAL};
+use crate::error::{Error, Result};
+use crate::tensor::{checked_numel, fmt_shape, DType, Tensor};
+use half::{bf16, f16};
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Component, Path};
+
+/// The name ONNX gives a TensorProto.DataType code, for messages.
+pub fn onnx_dtype_name(code: i64) -> String {
+    let name = match code {
+        0 => "UNDEFINED",
+        1 => "FLOAT",
+        2 => "UINT8",
+        3 => "INT8",
+        4 => "UINT16",
+        5 => "INT16",
+        6 => "INT32",
+        7 => "INT64",
+        8 => "STRING",
+        9 => "BOOL",
+        10 => "FLOAT16",
+        11 => "DOUBLE",
+        12 => "UINT32",
+        13 => "UINT64",
+        14 => "COMPLEX64",
+        15 => "COMPLEX128",
+        16 => "BFLOAT16",
+        17 => "FLOAT8E4M3FN",
+        18 => "FLOAT8E4M3FNUZ",
+        19 => "FLOAT8E5M2",
+        20 => "FLOAT8E5M2FNUZ",
+        21 => "UINT4",
+        22 => "INT4",
+        23 => "FLOAT4E2M1",
+        _ => return format!("dtype code {code}"),
+    };
+    name.to_string()
+}
+
+/// The graphrun dtype of an ONNX element type, or an error naming `what`.
+pub fn dtype_of(code: i64, what: &str) -> Result<DType> {
+    DType::from_onnx(code).ok_or_else(|| {
+        Error::Graph(format!(
+            "{what} has element type {}, which graphrun does not support \
+             (FLOAT, FLOAT16, BFLOAT16, DOUBLE, INT64, INT32, BOOL)",
+            onnx_dtype_name(code)
+        ))
+    })
+}
+
+/// Converts a TensorProto; `base` is the folder external data paths are relative to,
+/// `what` names the tensor in errors ("initializer 'w'").
+pub fn from_proto(t: &TensorProto, base: &Path, what: &str) -> Result<Tensor> {
+    let err = |msg: String| Error::Graph(format!("{what}: {msg}"));
+    let dtype = dtype_of(t.data_type as i64, what)?;
+    let mut shape = Vec::with_capacity(t.dims.len());
+    for &d in &t.dims {
+        let d = usize::try_from(d).map_err(|_| err(format!("negative dim {d} in {:?}", t.dims)))?;
+        shape.push(d);
+    }
+    let n = checked_numel(&shape)
+        .filter(|n| n.checked_mul(dtype.size()).is_some())
+        .ok_or_else(|| err(format!("dims {:?} overflow the address space", t.dims)))?;
+    if t.data_location == DATA_LOCATION_EXTERNAL {
+        let bytes = read_external(t, base, n * dtype.size()).map_err(err)?;
+        return Tensor::from_bytes(dtype, &shape, &bytes).map_err(|e| err(e.to_string()));
+    }
+    if !t.raw_data.is_empty() || n == 0 {
+        return Tensor::from_bytes(dtype, &shape, &t.raw_data).map_err(|e| err(e.to_string()));
+    }
+    let count = |len: usize, field: &str| -> Result<()> {
+        if len == n {
+            Ok(())
+        } else if len == 0 {
+            Err(err(format!(
+                "no data: the shape {} has {n} elements but neither raw_data, {field} nor external data is set",
+                fmt_shape(&shape)
+            )))
+        } else {
+            Err(err(format!(
+                "{field} holds {len} values but the shape {} has {n} elements",
+                fmt_shape(&shape)
+            )))
+        }
+    };
+    match dtype {
+        DType::F32 => {
+            count(t.float_data.len(), "float_data")?;
+            Tensor::from_vec(&shape, t.float_data.clone())
+        }
+        DType::F64 => {
+            count(t.double_data.len(), "double_data")?;
+            Tensor::from_vec(&shape, t.double_data.clone())
+        }
+        DType::I64 => {
+            count(t.int64_data.len(), "int64_data")?;
+            Tensor::from_vec(&shape, t.int64_data.clone())
+        }
+        DType::I32 => {
+            count(t.int32_data.len(), "int32_data")?;
+            Tensor::from_vec(&shape, t.int32_data.clone())
+        }
+        DType::Bool => {
+            count(t.int32_data.len(), "int32_data")?;
+            let v: Vec<u8> = t.int32_data.iter().map(|&x| (x != 0) as u8).collect();
+            Tensor::from_vec(&shape, v)
+        }
+        // 16-bit floats travel as their bit patterns in int32_data.
+        DType::F16 => {
+            count(t.int32_data.len(), "int32_data")?;
+            let v: Vec<f16> = t
+                .int32_data
+                .iter()
+                .map(|&x| f16::from_bits(x as u16))
+                .collect();
+            Tensor::from_vec(&shape, v)
+        }
+        DType::BF16 => {
+            count(t.int32_data.len(), "int32_data")?;
+            let v: Vec<bf16> = t
+                .int32_data
+                .iter()
+                .map(|&x| bf16::from_bits(x as u16))
+                .collect();
+            Tensor::from_vec(&shape, v)
+        }
+    }
+    .map_err(|e| err(e.to_string()))
+}
+
+/// Reads `bytes` bytes of external data. The file must lie inside `base` (the model's
+/// folder), as the ONNX checker requires: an absolute path or `..` is refused.
+fn read_external(t: &TensorProto, base: &Path, bytes: usize) -> Result<Vec<u8>, String> {
+    let entry = |k: &str| {
+        t.external_data
+            .iter()
+            .find(|e| e.key == k)
+            .map(|e| e.value.as_str())
+    };
+    let number = |k: &str| -> Result<Option<u64>, String> {
+        entry(k)
+            .map(|v| {
+                v.parse::<u64>()
+                    .map_err(|_| format!("external data {k} '{v}' is not a non-negative integer"))
+            })
+            .transpose()
+    };
+    let Some(location) = entry("location") else {
+        return Err("external data without a 'location'".into());
+    };
+    let rel = Path::new(location);
+    if rel
+        .components()
+        .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
+    {
+        return Err(format!(
+            "external data location '{location}' must be a relative path inside the model's folder"
+        ));
+    }
+    let offset = number("offset")?.unwrap_or(0);
+    if let Some(len) = number("length")? {
+        if len != bytes as u64 {
+            return Err(format!(
+                "external data length {len} does not match the {bytes} bytes its dims need"
+            ));
+        }
+    }
+    let path = base.join(rel);
+    let mut f = std::fs::File::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let size = f
+        .metadata()
+        .map_err(|e| format!("{}: {e}", path.display()))?
+        .len();
+    if offset
+        .checked_add(bytes as u64)
+        .is_none_or(|end| end > size)
+    {
+        return Err(format!(
+            "{} holds {size} bytes; the tensor needs {bytes} from offset {offset}",
+            path.display()
+        ));
+    }
+    let mut buf = vec![0u8; bytes];
+    f.seek(SeekFrom::Start(offset))
+        .and_then(|_| f.read_exact(&mut buf))
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(buf)
+}

@@ -1,0 +1,223 @@
+//! WebGPU-specific checks against the CPU backend: sizes that cross workgroup and GEMM
+//! tile boundaries, the FusedMatMul epilogue and its backward, attention, the Dropout
+//! mask bit for bit, optimizer steps, and the errors for dtypes WGSL does not have.
+//! Shapes stay small: CI runs these on lavapipe (software Vulkan, ~1 GFLOP/s).
+
+mod common;
+use common::*;
+use graphrun::graph::op::AttrValue as A;
+use graphrun::{BackendKind, DType, Tensor};
+
+/// Runs `op` on the CPU and on wgpu in `dt` and compares every output (SPEC §8).
+fn same_as_cpu(name: &str, attrs: &[(&str, A)], args: &[Arg], n_out: usize, dts: &[DType]) {
+    if !wgpu_present() {
+        return;
+    }
+    for &dt in dts.iter().filter(|&&dt| computes(BackendKind::Wgpu, dt)) {
+        let want = run_op(BackendKind::Cpu, op(name, attrs), args, n_out, dt)
+            .unwrap_or_else(|e| panic!("{name} on cpu {dt}: {e}"));
+        let got = run_op(BackendKind::Wgpu, op(name, attrs), args, n_out, dt)
+            .unwrap_or_else(|e| panic!("{name} on wgpu {dt}: {e}"));
+        for (k, (w, g)) in want.iter().zip(&got).enumerate() {
+            assert_eq!(w.shape(), g.shape(), "{name} {dt} output {k}");
+            let tl = if w.dtype().is_float() { tol(dt) } else { 0.0 };
+            let e = rel_err(&g.to_f64_vec(), &w.to_f64_vec());
+            assert!(
+                e <= tl,
+                "{name} {dt} output {k}: rel err {e:.3e} > {tl:.0e}"
+            );
+        }
+    }
+}
+
+const LOW: [DType; 2] = [DType::F32, DType::F16];
+
+#[test]
+fn rows_and_elementwise_across_workgroups() {
+    let x = randn(&[67, 300], 1);
+    for name in ["Gelu", "Tanh", "Erf", "Sigmoid"] {
+        same_as_cpu(name, &[], &[inp(x.clone())], 1, &LOW);
+    }
+    for axis in [-1, 0] {
+        same_as_cpu(
+            "Softmax",
+            &[("axis", A::Int(axis))],
+            &[inp(x.clone())],
+            1,
+            &LOW,
+        );
+    }
+    same_as_cpu(
+        "ReduceMax",
+        &[("axes", A::Ints(vec![0]))],
+        &[inp(x.clone())],
+        1,
+        &LOW,
+    );
+    same_as_cpu(
+        "LayerNormalization",
+        &[("axis", A::Int(-1))],
+        &[inp(x.clone()), inp(randn(&[300], 2)), inp(randn(&[300], 3))],
+        3,
+        &LOW,
+    );
+}
+
+#[test]
+fn gemm_tiles_and_fused_epilogue() {
+    // 70 × 90 × 33 crosses the 64 × 64 output tile and the 16-deep K step.
+    let a = randn(&[2, 70, 33], 4);
+    let b = randn(&[33, 90], 5);
+    same_as_cpu("MatMul", &[], &[inp(a.clone()), inp(b.clone())], 1, &LOW);
+    for act in ["relu", "gelu", "gelu_tanh", "silu"] {
+        same_as_cpu(
+            "FusedMatMul",
+            &[("activation", A::Str(act.into()))],
+            &[
+                inp(a.clone()),
+                inp(b.clone()),
+                inp(randn(&[90], 6)),
+                inp(randn(&[2, 70, 90], 7)),
+            ],
+            2,
+            &[DType::F32],
+        );
+    }
+    let fwd = [("activation", A::Str("gelu".into()))];
+    let pre = run_op(
+        BackendKind::Cpu,
+        op("FusedMatMul", &fwd),
+        &[inp(a.clone()), inp(b.clone()), inp(randn(&[90], 6))],
+        2,
+        DType::F32,
+    )
+    .expect("cpu forward");
+    same_as_cpu(
+        "FusedMatMulGrad",
+        &fwd,
+        &[
+            inp(randn(&[2, 70, 90], 8)),
+            inp(a),
+            inp(b),
+            inp(pre[1].clone()),
+        ],
+        3,
+        &[DType::F32],
+    );
+}
+
+#[test]
+fn attention_forward_and_backward() {
+    // GQA (4 query heads on 2 KV heads), causal.
+    let (q, k, v) = (
+        randn(&[1, 4, 19, 8], 9),
+        randn(&[1, 2, 23, 8], 10),
+        randn(&[1, 2, 23, 8], 11),
+    );
+    let attrs = [("is_causal", A::Int(1))];
+    same_as_cpu(
+        "Attention",
+        &attrs,
+        &[inp(q.clone()), inp(k.clone()), inp(v.clone())],
+        2,
+        &LOW,
+    );
+    let fwd = run_op(
+        BackendKind::Cpu,
+        op("Attention", &attrs),
+        &[inp(q.clone()), inp(k.clone()), inp(v.clone())],
+        2,
+        DType::F32,
+    )
+    .expect("cpu forward");
+    same_as_cpu(
+        "AttentionGrad",
+        &attrs,
+        &[
+            inp(randn(&[1, 4, 19, 8], 12)),
+            inp(q),
+            inp(k),
+            inp(v),
+            inp(fwd[0].clone()),
+            inp(fwd[1].clone()),
+        ],
+        3,
+        &[DType::F32],
+    );
+}
+
+#[test]
+fn dropout_mask_matches_cpu() {
+    if !wgpu_present() {
+        return;
+    }
+    let x = randn(&[1027], 15);
+    let node = op("Dropout", &[("ratio", A::Float(0.3)), ("seed", A::Int(7))]);
+    let args = [inp(x), Arg::None, cst(Tensor::scalar(1u8))];
+    let cpu = run_op(BackendKind::Cpu, node.clone(), &args, 2, DType::F32).expect("cpu");
+    let gpu = run_op(BackendKind::Wgpu, node, &args, 2, DType::F32).expect("wgpu");
+    assert_eq!(cpu[1], gpu[1], "masks differ");
+    assert_eq!(cpu[0], gpu[0], "outputs differ");
+}
+
+#[test]
+fn dtypes_without_wgsl_type_are_errors() {
+    if !wgpu_present() {
+        return;
+    }
+    for dt in [DType::F64, DType::BF16] {
+        let e = run_op(
+            BackendKind::Wgpu,
+            op("Relu", &[]),
+            &[inp(randn(&[4], 1))],
+            1,
+            dt,
+        )
+        .expect_err("no silent fallback")
+        .to_string();
+        assert!(
+            e.contains("node 'node'")
+                && e.contains("Relu")
+                && e.contains(dt.name())
+                && e.contains("wgpu"),
+            "{e}"
+        );
+    }
+}
+
+#[test]
+fn shape_ops_move_any_dtype() {
+    // i64, bool and f16 elements are moved as raw words.
+    let x = i64s(&[3, 5], &(0..15).collect::<Vec<_>>());
+    same_as_cpu("Transpose", &[], &[inp(x.clone())], 1, &[DType::F32]);
+    let m = bools(&[3, 5], &[true, false, true, true, false].repeat(3));
+    same_as_cpu("Transpose", &[], &[inp(m.clone())], 1, &[DType::F32]);
+    same_as_cpu(
+        "Where",
+        &[],
+        &[inp(m), inp(randn(&[3, 5], 3)), inp(randn(&[5], 4))],
+        1,
+        &LOW,
+    );
+    same_as_cpu(
+        "Concat",
+        &[("axis", A::Int(1))],
+        &[inp(randn(&[3, 5], 5)), inp(randn(&[3, 2], 6))],
+        1,
+        &LOW,
+    );
+    same_as_cpu(
+        "Gather",
+        &[],
+        &[inp(randn(&[7, 3], 7)), inp(i64s(&[4], &[0, 6, -1, 2]))],
+        1,
+        &LOW,
+    );
+    same_as_cpu(
+        "Cast",
+        &[("to", A::Str("int64".into()))],
+        &[inp(randn(&[9], 8))],
+        1,
+        &LOW,
+    );
+}
