@@ -117,7 +117,8 @@ template <class A> __device__ __forceinline__ A nan_max(A a, A b) { return (b > 
 #define MAXR 8
 struct Strided {
     int rank;
-    int _pad;
+    int small;  // fewer than 2^31 elements: 32-bit index arithmetic
+
     i64 shape[MAXR];
     i64 st[3][MAXR];
     i64 base[3];
@@ -125,7 +126,19 @@ struct Strided {
 
 // Offset of operand k for the row-major linear index i over `s.shape`.
 __device__ __forceinline__ i64 offset_of(const Strided& s, int k, i64 i) {
+    // Rank 0 and 1 (after the host merged contiguous dims) need no division.
+    if (s.rank <= 1) return s.base[k] + (s.rank == 1 ? i * s.st[k][0] : 0);
     i64 off = s.base[k];
+    if (s.small) {
+        // 64-bit division is emulated; these walks fit 32 bits.
+        unsigned u = (unsigned)i;
+        for (int d = s.rank - 1; d >= 0; --d) {
+            unsigned n = (unsigned)s.shape[d];
+            off += (i64)(u % n) * s.st[k][d];
+            u /= n;
+        }
+        return off;
+    }
     for (int d = s.rank - 1; d >= 0; --d) {
         i64 n = s.shape[d];
         off += (i % n) * s.st[k][d];

@@ -164,6 +164,31 @@ template <class T> __device__ void pow_k(const T* a, const typename Num<T>::A* e
     GRID_STRIDE(i, n) out[i] = st<T>(pow_(ld(a[offset_of(s, 0, i)]), e[offset_of(s, 1, i)]));
 }
 
+// A float base to an exponent of any numeric dtype (`E`), cast as the CPU does: through f64
+// to the base's accumulation type.
+template <class T, class E> __device__ void pow_x_k(const T* a, const E* e, T* out, Strided s, i64 n) {
+    typedef typename Num<T>::A A;
+    GRID_STRIDE(i, n) out[i] = st<T>(m_pow(ld(a[offset_of(s, 0, i)]), (A)to_f64(e[offset_of(s, 1, i)])));
+}
+
+// An integer base to a float exponent, as the CPU: a non-negative integral exponent is an
+// exact wrapping integer power, any other `(a as f64).powf(e)` truncated (saturating).
+// CUDA's pow is not correctly rounded (pow(9, 0.5) can come out as 2.9999999999999996,
+// which truncates to 2), so a result within 4 ulps of an integer is that integer.
+template <class B, class E> __device__ void pow_if_k(const B* a, const E* e, B* out, Strided s, i64 n) {
+    GRID_STRIDE(i, n) {
+        i64 x = ld(a[offset_of(s, 0, i)]);
+        double p = to_f64(e[offset_of(s, 1, i)]);
+        if (p >= 0.0 && p == floor(p)) {
+            out[i] = st<B>(pow_<i64>(x, p > 4294967295.0 ? (i64)4294967295ll : (i64)p));
+        } else {
+            double r = pow((double)x, p), rr = rint(r);
+            if (fabs(r - rr) <= 4.0 * 2.220446049250313e-16 * fabs(rr)) r = rr;
+            out[i] = cast_from_f64<B>(r);
+        }
+    }
+}
+
 // Min first, then max: with min > max every value becomes max, as ONNX says.
 template <class T> __device__ void clip_k(const T* x, const T* lo, const T* hi, T* y, i64 n) {
     GRID_STRIDE(i, n) {
@@ -195,8 +220,19 @@ __device__ __forceinline__ double splitmix_uniform(u64 seed) {
     z ^= z >> 31;
     return (double)(z >> 11) * (1.0 / 9007199254740992.0);
 }
-template <class T> __device__ void dropout_k(const T* x, T* y, unsigned char* mask, i64 n, u64 base, double ratio, double scale) {
+// The mask's base seed of training step *stepp (0: `base0` itself), as the CPU:
+// Rng::new(base0 ^ t·φ).next_u64().
+__device__ __forceinline__ u64 step_seed(u64 base0, const u64* stepp) {
+    u64 t = *stepp;
+    if (t == 0) return base0;
+    u64 z = ((base0 ^ (t * 0x9E3779B97F4A7C15ull)) ^ 0x9E3779B97F4A7C15ull) + 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+template <class T> __device__ void dropout_k(const T* x, T* y, unsigned char* mask, i64 n, u64 base0, const u64* stepp, double ratio, double scale) {
     typedef typename Num<T>::A A;
+    u64 base = step_seed(base0, stepp);
     GRID_STRIDE(i, n) {
         bool keep = splitmix_uniform(base + (u64)i) >= ratio;
         y[i] = st<T>(keep ? ld(x[i]) * (A)scale : (A)0);
@@ -212,7 +248,7 @@ template <class S, class D> __device__ void cast_k(const S* x, D* y, i64 n) {
     extern "C" __global__ void unary_##S(const T* x, T* y, i64 n, int op, float alpha) { unary_k<T>(x, y, n, op, alpha); } \
     extern "C" __global__ void unary_grad_##S(const T* dy, const T* x, T* dx, Strided s, i64 n, int op, float alpha) { unary_grad_k<T>(dy, x, dx, s, n, op, alpha); } \
     extern "C" __global__ void act_epilogue_##S(const T* p, const T* r, T* y, Strided s, i64 n, int op) { act_epilogue_k<T>(p, r, y, s, n, op); } \
-    extern "C" __global__ void dropout_##S(const T* x, T* y, unsigned char* m, i64 n, u64 base, double ratio, double scale) { dropout_k<T>(x, y, m, n, base, ratio, scale); }
+    extern "C" __global__ void dropout_##S(const T* x, T* y, unsigned char* m, i64 n, u64 base, const u64* stepp, double ratio, double scale) { dropout_k<T>(x, y, m, n, base, stepp, ratio, scale); }
 FOR_FLOATS(INST_FLOAT)
 
 #define INST_INT(T, S) \
@@ -228,6 +264,17 @@ FOR_NUMS(INST_NUM)
 #define INST_ALL(T, S) \
     extern "C" __global__ void compare_##S(const T* a, const T* b, unsigned char* o, Strided s, i64 n, int op) { compare_k<T>(a, b, o, s, n, op); }
 FOR_ALL(INST_ALL)
+
+#define INST_POW_E(E, ES)                                                                         \
+    extern "C" __global__ void pow_x_f32_##ES(const float* a, const E* e, float* o, Strided s, i64 n) { pow_x_k<float, E>(a, e, o, s, n); } \
+    extern "C" __global__ void pow_x_f64_##ES(const double* a, const E* e, double* o, Strided s, i64 n) { pow_x_k<double, E>(a, e, o, s, n); } \
+    extern "C" __global__ void pow_x_f16_##ES(const f16* a, const E* e, f16* o, Strided s, i64 n) { pow_x_k<f16, E>(a, e, o, s, n); } \
+    extern "C" __global__ void pow_x_bf16_##ES(const bf16* a, const E* e, bf16* o, Strided s, i64 n) { pow_x_k<bf16, E>(a, e, o, s, n); }
+FOR_NUMS(INST_POW_E)
+#define INST_POW_IF(E, ES)                                                                        \
+    extern "C" __global__ void pow_if_i64_##ES(const i64* a, const E* e, i64* o, Strided s, i64 n) { pow_if_k<i64, E>(a, e, o, s, n); } \
+    extern "C" __global__ void pow_if_i32_##ES(const int* a, const E* e, int* o, Strided s, i64 n) { pow_if_k<int, E>(a, e, o, s, n); }
+FOR_FLOATS(INST_POW_IF)
 
 #define INST_WORD(W, S)                                                                           \
     extern "C" __global__ void where_##S(const unsigned char* c, const W* a, const W* b, W* o, Strided s, i64 n) { where_k<W>(c, a, b, o, s, n); } \

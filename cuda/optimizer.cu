@@ -16,8 +16,12 @@ template <class T> __device__ void sgd_k(T* p, const T* g, typename Num<T>::A* b
 }
 
 // p -= lr/bc1 · m / (sqrt(v)/sqrt(bc2) + eps); AdamW decays p first, Adam adds wd·p to g.
-template <class T> __device__ void adam_k(T* p, const T* g, typename Num<T>::A* m, typename Num<T>::A* v, i64 n, double step_size, double sq_bc2, double b1, double b2, double eps, double wd, double decay, int decoupled) {
+// The step t comes from the device word *tp (a recorded step stays valid as t grows), or
+// from `t_host` where there is none.
+template <class T> __device__ void adam_k(T* p, const T* g, typename Num<T>::A* m, typename Num<T>::A* v, i64 n, const u64* tp, u64 t_host, double lr, double b1, double b2, double eps, double wd, double decay, int decoupled) {
     typedef typename Num<T>::A A;
+    double t = (double)(tp ? *tp : t_host);
+    double step_size = lr / (1.0 - pow(b1, t)), sq_bc2 = sqrt(1.0 - pow(b2, t));
     GRID_STRIDE(i, n) {
         A pv = ld(p[i]), gv = ld(g[i]);
         if (decoupled) pv = pv * (A)decay;
@@ -31,5 +35,5 @@ template <class T> __device__ void adam_k(T* p, const T* g, typename Num<T>::A* 
 
 #define INST_OPT(T, S)                                                                            \
     extern "C" __global__ void sgd_##S(T* p, const T* g, Num<T>::A* b, i64 n, double lr, double mu, double wd) { sgd_k<T>(p, g, b, n, lr, mu, wd); } \
-    extern "C" __global__ void adam_##S(T* p, const T* g, Num<T>::A* m, Num<T>::A* v, i64 n, double ss, double sq, double b1, double b2, double eps, double wd, double decay, int dec) { adam_k<T>(p, g, m, v, n, ss, sq, b1, b2, eps, wd, decay, dec); }
+    extern "C" __global__ void adam_##S(T* p, const T* g, Num<T>::A* m, Num<T>::A* v, i64 n, const u64* tp, u64 th, double lr, double b1, double b2, double eps, double wd, double decay, int dec) { adam_k<T>(p, g, m, v, n, tp, th, lr, b1, b2, eps, wd, decay, dec); }
 FOR_FLOATS(INST_OPT)

@@ -30,6 +30,113 @@ template <class T> __device__ void reduce_k(const T* x, T* y, Strided kept, Stri
     }
 }
 
+// Large reductions to few outputs in two passes: block (o, p) reduces part p of output o's
+// elements into `part` (accumulation type), then one block per output combines the parts
+// (in a fixed order: deterministic).
+template <class T> __device__ void reduce_part_k(const T* x, typename Num<T>::A* part, Strided kept, Strided red, i64 n_red, i64 parts, int kind) {
+    typedef typename Num<T>::A A;
+    i64 o = blockIdx.x / parts, p = blockIdx.x % parts;
+    i64 chunk = (n_red + parts - 1) / parts, r0 = p * chunk, r1 = r0 + chunk < n_red ? r0 + chunk : n_red;
+    i64 base = offset_of(kept, 0, o);
+    bool is_max = kind == 2;
+    A ident = is_max ? Lowest<T>::get() : (A)0;
+    A acc = ident;
+    for (i64 r = r0 + threadIdx.x; r < r1; r += blockDim.x) {
+        A v = ld(x[base + offset_of(red, 0, r)]);
+        acc = is_max ? nan_max(acc, v) : acc + v;
+    }
+    acc = is_max ? block_reduce(acc, ident, MaxOp()) : block_reduce(acc, (A)0, SumOp());
+    if (threadIdx.x == 0) part[blockIdx.x] = acc;
+}
+template <class T> __device__ void reduce_fin_k(const typename Num<T>::A* part, T* y, i64 n_red, i64 parts, int kind) {
+    typedef typename Num<T>::A A;
+    i64 o = blockIdx.x;
+    bool is_max = kind == 2;
+    A ident = is_max ? Lowest<T>::get() : (A)0;
+    A acc = ident;
+    for (i64 p = threadIdx.x; p < parts; p += blockDim.x) {
+        A v = part[o * parts + p];
+        acc = is_max ? nan_max(acc, v) : acc + v;
+    }
+    acc = is_max ? block_reduce(acc, ident, MaxOp()) : block_reduce(acc, (A)0, SumOp());
+    if (threadIdx.x == 0) {
+        if (kind == 1) {
+            bool is_int = (A)0.5 == (A)0;
+            acc = acc / (A)((is_int && n_red == 0) ? 1 : n_red);
+        }
+        y[o] = st<T>(acc);
+    }
+}
+
+// LayerNormalization's dScale and dBias in two passes: block (column group, row chunk)
+// sums its rows for 32 columns (8 rows at a time, coalesced) into `part` [chunks][2][n];
+// then one thread per column adds the chunks up.
+template <class T> __device__ void ln_dparams_part_k(const T* dy, const T* x, const typename Num<T>::A* mean, const typename Num<T>::A* inv, typename Num<T>::A* part, i64 rows, i64 n, i64 chunk) {
+    typedef typename Num<T>::A A;
+    __shared__ A ss[8][33], sb[8][33];
+    int c = threadIdx.x & 31, rl = threadIdx.x >> 5;
+    i64 j = (i64)blockIdx.x * 32 + c;
+    i64 r0 = (i64)blockIdx.y * chunk, r1 = r0 + chunk < rows ? r0 + chunk : rows;
+    A s = 0, b = 0;
+    if (j < n)
+        for (i64 r = r0 + rl; r < r1; r += 8) {
+            A d = ld(dy[r * n + j]);
+            s += d * (ld(x[r * n + j]) - mean[r]) * inv[r];
+            b += d;
+        }
+    ss[rl][c] = s;
+    sb[rl][c] = b;
+    __syncthreads();
+    if (rl == 0 && j < n) {
+        for (int k = 1; k < 8; ++k) {
+            s += ss[k][c];
+            b += sb[k][c];
+        }
+        part[((i64)blockIdx.y * 2) * n + j] = s;
+        part[((i64)blockIdx.y * 2 + 1) * n + j] = b;
+    }
+}
+template <class T> __device__ void ln_dparams_fin_k(const typename Num<T>::A* part, T* ds, T* db, i64 n, i64 chunks) {
+    typedef typename Num<T>::A A;
+    GRID_STRIDE(j, n) {
+        A s = 0, b = 0;
+        for (i64 k = 0; k < chunks; ++k) {
+            s += part[(k * 2) * n + j];
+            b += part[(k * 2 + 1) * n + j];
+        }
+        if (ds) ds[j] = st<T>(s);
+        if (db) db[j] = st<T>(b);
+    }
+}
+
+// Σ over the rows of a [rows, n] matrix (a bias gradient) in two passes, coalesced:
+// block (column group of 32, row chunk) sums its chunk 8 rows at a time into `part`
+// [chunks][n], then one thread per column adds the chunks (fixed order).
+template <class T> __device__ void colsum_part_k(const T* g, typename Num<T>::A* part, i64 rows, i64 n, i64 chunk) {
+    typedef typename Num<T>::A A;
+    __shared__ A sh[8][33];
+    int c = threadIdx.x & 31, rl = threadIdx.x >> 5;
+    i64 j = (i64)blockIdx.x * 32 + c;
+    i64 r0 = (i64)blockIdx.y * chunk, r1 = r0 + chunk < rows ? r0 + chunk : rows;
+    A s = 0;
+    if (j < n)
+        for (i64 r = r0 + rl; r < r1; r += 8) s += ld(g[r * n + j]);
+    sh[rl][c] = s;
+    __syncthreads();
+    if (rl == 0 && j < n) {
+        for (int k = 1; k < 8; ++k) s += sh[k][c];
+        part[(i64)blockIdx.y * n + j] = s;
+    }
+}
+template <class T> __device__ void colsum_fin_k(const typename Num<T>::A* part, T* out, i64 n, i64 chunks) {
+    typedef typename Num<T>::A A;
+    GRID_STRIDE(j, n) {
+        A s = 0;
+        for (i64 k = 0; k < chunks; ++k) s += part[k * n + j];
+        out[j] = st<T>(s);
+    }
+}
+
 // One block per (outer, inner) row of n elements `inner` apart.
 template <class T> __device__ void softmax_k(const T* x, T* y, i64 n, i64 inner, int log) {
     typedef typename Num<T>::A A;
@@ -203,3 +310,33 @@ FOR_NUMS(INST_REDUCE_NUM)
     extern "C" __global__ void sce_reduce_##S(const Num<T>::A* loss, const Num<T>::A* wt, T* o, i64 ne, int r) { sce_reduce_k<T>(loss, wt, o, ne, r); } \
     extern "C" __global__ void sce_grad_##S(const T* x, const i64* l, const Num<T>::A* wt, const T* dl, T* dx, i64 c, i64 d, i64 ne, int r) { sce_grad_k<T>(x, l, wt, dl, dx, c, d, ne, r); }
 FOR_FLOATS(INST_REDUCE_FLOAT)
+
+#define INST_REDUCE2(T, S)                                                                        \
+    extern "C" __global__ void reduce_part_##S(const T* x, Num<T>::A* part, Strided kept, Strided red, i64 n_red, i64 parts, int kind) { reduce_part_k<T>(x, part, kept, red, n_red, parts, kind); } \
+    extern "C" __global__ void reduce_fin_##S(const Num<T>::A* part, T* y, i64 n_red, i64 parts, int kind) { reduce_fin_k<T>(part, y, n_red, parts, kind); }
+FOR_NUMS(INST_REDUCE2)
+#define INST_LN2(T, S)                                                                            \
+    extern "C" __global__ void ln_dparams_part_##S(const T* dy, const T* x, const Num<T>::A* m, const Num<T>::A* iv, Num<T>::A* part, i64 rows, i64 n, i64 chunk) { ln_dparams_part_k<T>(dy, x, m, iv, part, rows, n, chunk); } \
+    extern "C" __global__ void ln_dparams_fin_##S(const Num<T>::A* part, T* ds, T* db, i64 n, i64 chunks) { ln_dparams_fin_k<T>(part, ds, db, n, chunks); }
+FOR_FLOATS(INST_LN2)
+#define INST_COLSUM(T, S)                                                                         \
+    extern "C" __global__ void colsum_part_##S(const T* g, Num<T>::A* part, i64 rows, i64 n, i64 chunk) { colsum_part_k<T>(g, part, rows, n, chunk); } \
+    extern "C" __global__ void colsum_fin_##S(const Num<T>::A* part, T* o, i64 n, i64 chunks) { colsum_fin_k<T>(part, o, n, chunks); }
+FOR_FLOATS(INST_COLSUM)
+
+// Labels to i64, checked: one that is neither a class in [0, classes) nor the ignore_index
+// stores `code << 48 | label` into the error flag (mapped host memory; the host reports it
+// after the step) and reads as class 0 (or ignored) so that nothing indexes out of bounds.
+template <class L> __device__ void labels_k(const L* in, i64* out, i64 n, i64 classes, i64 ignore, int has_ignore, u64* flag, u64 code) {
+    GRID_STRIDE(i, n) {
+        i64 v = (i64)in[i];
+        bool ok = (v >= 0 && v < classes) || (has_ignore && v == ignore);
+        if (!ok) {
+            *(volatile u64*)flag = (code << 48) | ((u64)v & 0xffffffffffffull);
+            v = has_ignore ? ignore : 0;
+        }
+        out[i] = v;
+    }
+}
+extern "C" __global__ void labels_i64(const i64* in, i64* out, i64 n, i64 c, i64 ig, int hi, u64* flag, u64 code) { labels_k<i64>(in, out, n, c, ig, hi, flag, code); }
+extern "C" __global__ void labels_i32(const int* in, i64* out, i64 n, i64 c, i64 ig, int hi, u64* flag, u64 code) { labels_k<int>(in, out, n, c, ig, hi, flag, code); }

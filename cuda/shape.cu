@@ -29,6 +29,11 @@ template <class T> __device__ void gather_grad_k(const T* dy, const i64* order, 
     }
 }
 
+// 16-byte words: a strided copy whose innermost dim is contiguous on both sides moves
+// 16 bytes per index computation (the host divides the walk into such words).
+struct __align__(16) w16 { unsigned x, y, z, w; };
+extern "C" __global__ void copy_w16(const w16* x, w16* y, Strided s, i64 n) { copy_k<w16>(x, y, s, n); }
+
 #define INST_SHAPE_WORD(W, S)                                                                     \
     extern "C" __global__ void copy_##S(const W* x, W* y, Strided s, i64 n) { copy_k<W>(x, y, s, n); } \
     extern "C" __global__ void gather_##S(const W* x, const i64* ids, W* o, i64 nq, i64 d, i64 inner, i64 n) { gather_k<W>(x, ids, o, nq, d, inner, n); }

@@ -70,6 +70,22 @@ pub trait Backend {
     /// training step t (Dropout applies a mask drawn from its seed and t, so each step
     /// draws a new one, the same on every backend).
     fn set_step(&mut self, step: u64);
+    /// Brackets one step: the launches of a plan's nodes (and of a training step's
+    /// optimizer updates) that the executor repeats unchanged for as long as `key` (plan,
+    /// buffers, step kind) is the same. A backend may record the launches and replay them
+    /// itself (CUDA graphs): then this returns true and the executor issues nothing until
+    /// `end_step`. The default never replays.
+    fn begin_step(&mut self, key: u64) -> Result<bool> {
+        let _ = key;
+        Ok(false)
+    }
+    /// Ends the step of `begin_step` after its launches (`ok`: every launch succeeded).
+    /// True when the launches were only recorded and the recording failed: the executor
+    /// then issues them again, outside any step.
+    fn end_step(&mut self, ok: bool) -> Result<bool> {
+        let _ = ok;
+        Ok(false)
+    }
 }
 
 /// How many state buffers an optimizer keeps per parameter.

@@ -324,10 +324,16 @@ impl<'g> Ctx<'g> {
         let t = self.konst(v)?;
         (t.numel() == 1 && t.shape().len() <= 1).then(|| t.to_f64_vec()[0])
     }
-    /// A scalar constant within 1e-4 (relative) of `want`.
+    /// A scalar constant within 1e-4 (relative) of `want`, or as near as its dtype holds
+    /// it (a graph cast to bf16 or f16 stores 0.044715 as 0.04468 or 0.04471).
     pub fn near(&self, v: &str, want: f64) -> bool {
+        let rel = match self.konst(v).map(|t| t.dtype()) {
+            Some(crate::tensor::DType::BF16) => 4e-3,
+            Some(crate::tensor::DType::F16) => 1e-3,
+            _ => 1e-4,
+        };
         self.scalar(v)
-            .is_some_and(|x| (x - want).abs() <= 1e-4 * want.abs())
+            .is_some_and(|x| (x - want).abs() <= rel * want.abs())
     }
     /// For a two-input node reading `v`: the other input.
     pub fn other<'n>(&self, n: &'n Node, v: &str) -> Option<&'n str> {

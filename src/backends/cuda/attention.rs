@@ -1,8 +1,11 @@
-//! Attention and VarlenAttention on CUDA (cuda/attention.cu), forward with the optional
-//! LSE output and backward from it. Shapes, masks and cu_seqlens are checked here; the
-//! kernels take one `AttnGeom` that describes either layout.
+//! Attention and VarlenAttention on CUDA, forward with the optional LSE output and
+//! backward from it. Attention with head sizes up to 64 (f32, f16, bf16) or 128 (f16/bf16
+//! forward) runs the tiled flash kernels of cuda/flash.cu (tensor cores for f16/bf16);
+//! the rest (VarlenAttention, larger heads, f64) the row-per-warp kernels of
+//! cuda/attention.cu. Shapes, masks and cu_seqlens are checked here; the kernels take one
+//! `AttnGeom` that describes either layout.
 
-use super::device::{suffix, Arg};
+use super::device::{launch_grid, suffix, Arg};
 use super::{unsupported, Cuda, V};
 use crate::error::Result;
 use crate::graph::Node;
@@ -183,6 +186,9 @@ fn forward(
 ) -> Result<()> {
     let [q, k, v] = qkv;
     let lse = wanted(outs, want, 1).map_or(0, |l| l.p);
+    if let Some(f) = fast(&g, q.dtype(), false) {
+        return fast_forward(c, f, g, qkv, mask, outs[0].p, lse);
+    }
     let args = [
         Arg::Attn(g),
         Arg::Ptr(q.p),
@@ -260,8 +266,7 @@ fn backward(
             lse.dtype()
         );
     }
-    let delta = c.zeros::<u8>(g.rows as usize * acc)?;
-    let dp = c.addr(&delta);
+    let dp = c.scratch(g.rows as usize * acc)?;
     let rows = grid(g.rows as usize);
     c.launch(
         &format!("attn_delta_{sfx}"),
@@ -272,6 +277,19 @@ fn backward(
     let dmask = wanted(outs, want, 3);
     if let Some(m) = dmask {
         c.memset0(m)?; // masked and skipped entries stay 0
+    }
+    if let Some(f) = fast(&g, q.dtype(), true) {
+        let [dq, dk, dv] = [0, 1, 2].map(|i| outs[i].p);
+        return fast_backward(
+            c,
+            f,
+            g,
+            ins,
+            mask,
+            lse.p,
+            dp,
+            [dq, dk, dv, dmask.map_or(0, |m| m.p)],
+        );
     }
     let common = |g: AttnGeom| {
         [
@@ -366,4 +384,172 @@ pub fn varlen_grad(
         outs,
         want,
     )
+}
+
+/// The tiled kernels of cuda/flash.cu that take a problem.
+#[derive(Clone, Copy, Debug)]
+enum Fast {
+    /// Tensor cores (f16/bf16), head sizes padded to this.
+    Mma(usize),
+    /// CUDA cores in true FP32, head sizes padded to 64.
+    Simt,
+}
+
+/// `GRAPHRUN_CUDA_ATTENTION=rows` keeps every problem on the row-per-warp kernels (to
+/// compare the two on a device).
+fn rows_only() -> bool {
+    static ROWS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ROWS.get_or_init(|| std::env::var("GRAPHRUN_CUDA_ATTENTION").is_ok_and(|v| v == "rows"))
+}
+
+fn fast(g: &AttnGeom, dt: DType, backward: bool) -> Option<Fast> {
+    if g.varlen != 0 || rows_only() || g.hkv == 0 || g.hq % g.hkv != 0 {
+        return None;
+    }
+    let w = g.d.max(g.dv);
+    match dt {
+        DType::BF16 | DType::F16 if w <= 64 => Some(Fast::Mma(64)),
+        DType::BF16 | DType::F16 if w <= 128 && !backward => Some(Fast::Mma(128)),
+        DType::F32 if w <= 64 => Some(Fast::Simt),
+        _ => None,
+    }
+}
+
+/// Rows of the tiles of cuda/flash.cu: forward query rows per CTA on tensor cores; every
+/// other tile.
+const FA_BQ: usize = 128;
+const FA_T: usize = 64;
+/// f32 tiles are rows of 65 floats.
+const FS_TILE: usize = 64 * 65 * 4;
+
+/// The tensor-core kernels come without and with (`_m`) mask support.
+fn mask_sfx(g: &AttnGeom) -> &'static str {
+    if g.mask_kind != 0 {
+        "_m"
+    } else {
+        ""
+    }
+}
+
+fn batch(g: &AttnGeom) -> usize {
+    (g.rows / (g.hq * g.sq).max(1)) as usize
+}
+
+/// Whether 16-byte copies may load the rows: head sizes a multiple of 8 elements and
+/// 16-byte aligned buffers.
+fn vec_ok(g: &AttnGeom, ptrs: &[u64]) -> i32 {
+    (g.d % 8 == 0 && g.dv % 8 == 0 && ptrs.iter().all(|p| p % 16 == 0)) as i32
+}
+
+fn fast_forward(
+    c: &Cuda,
+    f: Fast,
+    g: AttnGeom,
+    qkv: [&V; 3],
+    mask: u64,
+    y: u64,
+    lse: u64,
+) -> Result<()> {
+    let [q, k, v] = qkv;
+    let bh = (batch(&g) * g.hq as usize) as u32;
+    let sq = g.sq as usize;
+    let mut args = vec![
+        Arg::Attn(g),
+        Arg::Ptr(q.p),
+        Arg::Ptr(k.p),
+        Arg::Ptr(v.p),
+        Arg::Ptr(mask),
+        Arg::Ptr(y),
+        Arg::Ptr(lse),
+    ];
+    match f {
+        Fast::Mma(dp) => {
+            args.push(Arg::I32(vec_ok(&g, &[q.p, k.p, v.p])));
+            let name = format!("fa_fwd_{}_{dp}{}", suffix(q.dtype()), mask_sfx(&g));
+            let smem = (FA_BQ + 4 * FA_T) * dp * 2;
+            // Warps of 32 query rows for heads up to 64, of 16 for larger (flash.cu FA_MT).
+            let threads = if dp == 64 { 128 } else { 256 };
+            let grid = (sq.div_ceil(FA_BQ) as u32, bh, 1);
+            launch_grid(&c.dev, &c.stream, &name, grid, threads, smem, &args)
+        }
+        Fast::Simt => {
+            let grid = (sq.div_ceil(FA_T) as u32, bh, 1);
+            launch_grid(&c.dev, &c.stream, "fs_fwd", grid, 256, 4 * FS_TILE, &args)
+        }
+    }
+}
+
+/// dQ (and dMask) per query tile, then dK and dV per key tile; `delta` is ready.
+#[allow(clippy::too_many_arguments)]
+fn fast_backward(
+    c: &Cuda,
+    f: Fast,
+    g: AttnGeom,
+    ins: [&V; 4],
+    mask: u64,
+    lse: u64,
+    delta: u64,
+    outs: [u64; 4],
+) -> Result<()> {
+    let [dy, q, k, v] = ins;
+    let [dq, dk, dv, dmask] = outs;
+    let b = batch(&g);
+    let (sq, skv) = (g.sq as usize, g.skv as usize);
+    let common = |g: AttnGeom| {
+        vec![
+            Arg::Attn(g),
+            Arg::Ptr(dy.p),
+            Arg::Ptr(q.p),
+            Arg::Ptr(k.p),
+            Arg::Ptr(v.p),
+            Arg::Ptr(mask),
+            Arg::Ptr(lse),
+            Arg::Ptr(delta),
+        ]
+    };
+    let qgrid = (sq.div_ceil(FA_T) as u32, (b * g.hq as usize) as u32, 1);
+    let kgrid = (skv.div_ceil(FA_T) as u32, (b * g.hkv as usize) as u32, 1);
+    let mut aq = common(g);
+    aq.extend([Arg::Ptr(dq), Arg::Ptr(dmask)]);
+    let mut akv = common(g);
+    akv.extend([Arg::Ptr(dk), Arg::Ptr(dv)]);
+    match f {
+        Fast::Mma(dp) => {
+            let vec = vec_ok(&g, &[dy.p, q.p, k.p, v.p]);
+            aq.push(Arg::I32(vec));
+            akv.push(Arg::I32(vec));
+            let sfx = suffix(q.dtype());
+            let (sm_q, sm_kv) = (6 * FA_T * dp * 2, 6 * FA_T * dp * 2 + 4 * FA_T * 4);
+            launch_grid(
+                &c.dev,
+                &c.stream,
+                &format!("fa_dq_{sfx}_{dp}{}", mask_sfx(&g)),
+                qgrid,
+                128,
+                sm_q,
+                &aq,
+            )?;
+            launch_grid(
+                &c.dev,
+                &c.stream,
+                &format!("fa_dkv_{sfx}_{dp}{}", mask_sfx(&g)),
+                kgrid,
+                128,
+                sm_kv,
+                &akv,
+            )
+        }
+        Fast::Simt => {
+            launch_grid(&c.dev, &c.stream, "fs_dq", qgrid, 256, 5 * FS_TILE, &aq)?;
+            launch_grid(
+                &c.dev,
+                &c.stream,
+                "fs_dkv",
+                kgrid,
+                256,
+                5 * FS_TILE + 2 * 64 * 4,
+                &akv,
+            )
+        }
+    }
 }

@@ -13,12 +13,13 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// The kernel sources, compiled as one program (common.cuh first: the others use it).
-const SOURCES: [&str; 6] = [
+const SOURCES: [&str; 7] = [
     include_str!("../../../cuda/common.cuh"),
     include_str!("../../../cuda/elementwise.cu"),
     include_str!("../../../cuda/reduce.cu"),
     include_str!("../../../cuda/shape.cu"),
     include_str!("../../../cuda/attention.cu"),
+    include_str!("../../../cuda/flash.cu"),
     include_str!("../../../cuda/optimizer.cu"),
 ];
 
@@ -29,6 +30,9 @@ pub struct Device {
     pub cc: (i32, i32),
     module: Arc<CudaModule>,
     functions: Mutex<HashMap<String, CudaFunction>>,
+    /// The dynamic shared memory each kernel was allowed so far (beyond the default 48 KiB
+    /// a kernel must opt in, once).
+    smem_allowed: Mutex<HashMap<String, usize>>,
 }
 
 /// Why CUDA cannot be used here, in one line; `None` when the libraries load.
@@ -90,26 +94,102 @@ fn open() -> std::result::Result<Device, String> {
         cc,
         module,
         functions: Mutex::new(HashMap::new()),
+        smem_allowed: Mutex::new(HashMap::new()),
     })
 }
 
-/// NVRTC compilation of every kernel for `compute_XY` of this device.
+/// Every kernel compiled by NVRTC to machine code for `sm_XY` of this device, cached on
+/// disk (see `cache_dir`) under a hash of the sources, options and NVRTC version: the
+/// whole program takes seconds to compile, every later process loads it in milliseconds.
 fn compile(cc: (i32, i32)) -> std::result::Result<cudarc::nvrtc::Ptx, String> {
     let src = SOURCES.join("\n");
-    let opts = cudarc::nvrtc::CompileOptions {
-        options: vec![
-            format!("--gpu-architecture=compute_{}{}", cc.0, cc.1),
-            "--std=c++17".into(),
-        ],
-        name: Some("graphrun.cu".into()),
-        ..Default::default()
-    };
-    cudarc::nvrtc::compile_ptx_with_opts(src, opts).map_err(|e| match e {
-        cudarc::nvrtc::CompileError::CompileError { log, .. } => {
-            format!("NVRTC failed on cuda/*.cu:\n{}", log.to_string_lossy())
+    let opts = [
+        format!("--gpu-architecture=sm_{}{}", cc.0, cc.1),
+        "--std=c++17".to_string(),
+    ];
+    let (mut major, mut minor) = (0, 0);
+    // Safety: reads two integers.
+    unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
+    let key = fnv1a(
+        [
+            src.as_bytes(),
+            opts.join(" ").as_bytes(),
+            format!("nvrtc {major}.{minor}").as_bytes(),
+        ]
+        .concat()
+        .as_slice(),
+    );
+    let file = cache_dir().map(|d| d.join(format!("kernels-{key:016x}.cubin")));
+    if let Some(bin) = file.as_ref().and_then(|f| std::fs::read(f).ok()) {
+        return Ok(cudarc::nvrtc::Ptx::from_binary(bin));
+    }
+    let bin = nvrtc_cubin(&src, &opts)?;
+    if let Some(f) = &file {
+        // Best effort: a cache that cannot be written only costs the next process time.
+        let tmp = f.with_extension(format!("tmp{}", std::process::id()));
+        if f.parent()
+            .is_some_and(|d| std::fs::create_dir_all(d).is_ok())
+            && std::fs::write(&tmp, &bin).is_ok()
+        {
+            let _ = std::fs::rename(&tmp, f);
         }
-        e => format!("NVRTC failed: {e}"),
-    })
+    }
+    Ok(cudarc::nvrtc::Ptx::from_binary(bin))
+}
+
+/// `GRAPHRUN_CUDA_CACHE`, else `$XDG_CACHE_HOME/graphrun`, else `~/.cache/graphrun`.
+fn cache_dir() -> Option<std::path::PathBuf> {
+    if let Some(d) = std::env::var_os("GRAPHRUN_CUDA_CACHE") {
+        return (!d.is_empty()).then(|| d.into());
+    }
+    if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
+        return Some(std::path::PathBuf::from(d).join("graphrun"));
+    }
+    std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache/graphrun"))
+}
+
+fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h = (h ^ b as u64).wrapping_mul(0x100_0000_01b3);
+    }
+    h
+}
+
+fn nvrtc_cubin(src: &str, opts: &[String]) -> std::result::Result<Vec<u8>, String> {
+    use cudarc::nvrtc::{result, sys};
+    let csrc = std::ffi::CString::new(src).map_err(|e| e.to_string())?;
+    let prog = result::create_program(&csrc, Some(c"graphrun.cu"))
+        .map_err(|e| format!("NVRTC failed: {e:?}"))?;
+    // Safety: `prog` is live until destroyed at the end; sizes come from NVRTC.
+    unsafe {
+        let out = match result::compile_program(prog, opts) {
+            Ok(()) => {
+                let mut n = 0usize;
+                let mut bin = vec![];
+                let r = sys::nvrtcGetCUBINSize(prog, &mut n).result().and_then(|_| {
+                    bin = vec![0u8; n];
+                    sys::nvrtcGetCUBIN(prog, bin.as_mut_ptr() as *mut std::ffi::c_char).result()
+                });
+                r.map(|_| bin)
+                    .map_err(|e| format!("NVRTC gave no machine code: {e:?}"))
+            }
+            Err(_) => {
+                let log = result::get_program_log(prog).unwrap_or_default();
+                let log: Vec<u8> = log
+                    .iter()
+                    .map(|&c| c as u8)
+                    .take_while(|&c| c != 0)
+                    .collect();
+                Err(format!(
+                    "NVRTC failed on cuda/*.cu:\n{}",
+                    String::from_utf8_lossy(&log)
+                ))
+            }
+        };
+        let _ = result::destroy_program(prog);
+        out
+    }
 }
 
 impl Device {
@@ -155,7 +235,7 @@ pub fn doctor_lines() -> Vec<String> {
     }
     match device() {
         Ok(d) => v.push(format!(
-            "device 0: {} (compute capability {}.{}), kernels compiled for compute_{}{}",
+            "device 0: {} (compute capability {}.{}), kernels compiled for sm_{}{}",
             d.name, d.cc.0, d.cc.1, d.cc.0, d.cc.1
         )),
         Err(e) => v.push(e.to_string()),
@@ -194,7 +274,8 @@ pub const MAXR: usize = 8;
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Strided {
     rank: i32,
-    _pad: i32,
+    /// 1 when the walk has fewer than 2^31 elements: kernels index in 32 bits.
+    small: i32,
     shape: [i64; MAXR],
     st: [[i64; MAXR]; 3],
     base: [i64; 3],
@@ -204,22 +285,42 @@ unsafe impl DeviceRepr for Strided {}
 
 impl Strided {
     /// A walk over `shape` with operand strides `st[k]` (one per dim) and offsets `base`.
+    /// Size-1 dims are dropped and adjacent dims that every operand walks contiguously are
+    /// merged (the same walk with fewer index divisions in the kernels; a same-shape
+    /// elementwise op becomes rank 1).
     pub fn new(shape: &[usize], st: &[&[i64]], base: &[i64]) -> Result<Strided> {
-        if shape.len() > MAXR {
+        let mut dims: Vec<(usize, Vec<i64>)> = vec![];
+        for (d, &n) in shape.iter().enumerate() {
+            if n == 1 {
+                continue;
+            }
+            let sd: Vec<i64> = st.iter().map(|s| s[d]).collect();
+            if let Some((pn, ps)) = dims.last_mut() {
+                if ps.iter().zip(&sd).all(|(&p, &q)| p == q * n as i64) {
+                    *pn *= n;
+                    ps.clone_from(&sd);
+                    continue;
+                }
+            }
+            dims.push((n, sd));
+        }
+        if dims.len() > MAXR {
             crate::bail!(
                 Runtime,
                 "the CUDA backend takes tensors of rank at most {MAXR}, got rank {}",
                 shape.len()
             );
         }
+        let total = dims.iter().try_fold(1usize, |a, (n, _)| a.checked_mul(*n));
         let mut s = Strided {
-            rank: shape.len() as i32,
+            rank: dims.len() as i32,
+            small: total.is_some_and(|t| t < 1 << 31) as i32,
             ..Default::default()
         };
-        for (d, &n) in shape.iter().enumerate() {
-            s.shape[d] = n as i64;
-            for (k, stk) in st.iter().enumerate() {
-                s.st[k][d] = stk[d];
+        for (d, (n, sd)) in dims.iter().enumerate() {
+            s.shape[d] = *n as i64;
+            for (k, &v) in sd.iter().enumerate() {
+                s.st[k][d] = v;
             }
         }
         for (k, &b) in base.iter().enumerate() {
@@ -296,15 +397,7 @@ pub fn launch(
     let f = dev.function(name)?;
     let mut b = stream.launch_builder(&f);
     for a in args {
-        match a {
-            Arg::Ptr(v) | Arg::U64(v) => b.arg(v),
-            Arg::I64(v) => b.arg(v),
-            Arg::I32(v) => b.arg(v),
-            Arg::F32(v) => b.arg(v),
-            Arg::F64(v) => b.arg(v),
-            Arg::Strided(v) => b.arg(v),
-            Arg::Attn(v) => b.arg(v),
-        };
+        push_arg(&mut b, a);
     }
     let cfg = LaunchConfig {
         grid_dim: (grid, 1, 1),
@@ -316,6 +409,69 @@ pub fn launch(
     unsafe { b.launch(cfg) }
         .map(|_| ())
         .map_err(|e| crate::err!(Runtime, "CUDA launch of '{name}' failed: {e:?}"))
+}
+
+/// Launches `name` on a 3-D grid with `smem` bytes of dynamic shared memory (raising the
+/// kernel's limit first where it is over the default 48 KiB).
+#[allow(clippy::too_many_arguments)]
+pub fn launch_grid(
+    dev: &Device,
+    stream: &CudaStream,
+    name: &str,
+    grid: (u32, u32, u32),
+    block: u32,
+    smem: usize,
+    args: &[Arg],
+) -> Result<()> {
+    if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
+        return Ok(());
+    }
+    let f = dev.function(name)?;
+    if smem > 48 << 10 {
+        let mut allowed = dev
+            .smem_allowed
+            .lock()
+            .map_err(|_| crate::err!(Runtime, "CUDA kernel table poisoned"))?;
+        if allowed.get(name).copied().unwrap_or(0) < smem {
+            f.set_attribute(
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            )
+            .map_err(|e| {
+                crate::err!(
+                    Runtime,
+                    "kernel '{name}' cannot have {smem} bytes of shared memory: {e:?}"
+                )
+            })?;
+            allowed.insert(name.to_string(), smem);
+        }
+    }
+    let mut b = stream.launch_builder(&f);
+    for a in args {
+        push_arg(&mut b, a);
+    }
+    let cfg = LaunchConfig {
+        grid_dim: grid,
+        block_dim: (block, 1, 1),
+        shared_mem_bytes: smem as u32,
+    };
+    // Safety: each kernel's argument list is built by its family module to match the
+    // signature in cuda/*.cu.
+    unsafe { b.launch(cfg) }
+        .map(|_| ())
+        .map_err(|e| crate::err!(Runtime, "CUDA launch of '{name}' failed: {e:?}"))
+}
+
+fn push_arg<'a>(b: &mut cudarc::driver::LaunchArgs<'a>, a: &'a Arg) {
+    match a {
+        Arg::Ptr(v) | Arg::U64(v) => b.arg(v),
+        Arg::I64(v) => b.arg(v),
+        Arg::I32(v) => b.arg(v),
+        Arg::F32(v) => b.arg(v),
+        Arg::F64(v) => b.arg(v),
+        Arg::Strided(v) => b.arg(v),
+        Arg::Attn(v) => b.arg(v),
+    };
 }
 
 /// Blocks of 256 threads covering `n` elements with grid-stride loops.

@@ -153,22 +153,40 @@ pub fn binary(c: &Cuda, node: &Node, op: BinaryOp, a: &V, b: &V, y: &V) -> Resul
     c.launch_n(&format!("{name}_{}", suffix(dt)), n, &args)
 }
 
-/// Pow: the exponent is cast to the base's accumulation type first (f32; f64 for f64;
-/// i64 for integer bases, which take non-negative integer exponents only).
+/// Pow: the exponent is cast to the base's accumulation type in the kernel (f32; f64 for
+/// f64); an integer base takes a float exponent as the CPU does (through f64, truncated)
+/// and an integer one exactly (non-negative only).
 fn pow(c: &Cuda, node: &Node, a: &V, b: &V, y: &V, s: Strided) -> Result<()> {
     let dt = a.dtype();
-    let acc = match dt {
-        DType::F64 => DType::F64,
-        DType::F32 | DType::F16 | DType::BF16 => DType::F32,
-        DType::I64 | DType::I32 if b.dtype().is_int() => DType::I64,
-        DType::I64 | DType::I32 => return int_pow_float(c, node, a, b, y),
-        _ => return Err(unsupported(node, dt)),
-    };
-    let ety = ValueType::new(acc, b.shape());
+    let n = y.numel();
+    let args = [
+        Arg::Ptr(a.p),
+        Arg::Ptr(b.p),
+        Arg::Ptr(y.p),
+        Arg::Strided(s),
+        Arg::I64(n as i64),
+    ];
+    let (ea, eb) = (suffix(dt), suffix(b.dtype()));
+    match dt {
+        DType::F64 | DType::F32 | DType::F16 | DType::BF16 if b.dtype() != DType::Bool => {
+            c.launch_n(&format!("pow_x_{ea}_{eb}"), n, &args)
+        }
+        DType::I64 | DType::I32 if b.dtype().is_float() => {
+            c.launch_n(&format!("pow_if_{ea}_{eb}"), n, &args)
+        }
+        DType::I64 | DType::I32 if b.dtype().is_int() => int_pow(c, node, a, b, y, s),
+        _ => Err(unsupported(node, dt)),
+    }
+}
+
+/// Integer base and exponent: exact wrapping powers; a negative exponent is an error, as
+/// on the CPU (checked on the host: this reads the exponent back).
+fn int_pow(c: &Cuda, node: &Node, a: &V, b: &V, y: &V, s: Strided) -> Result<()> {
+    let ety = ValueType::new(DType::I64, b.shape());
     let e = c.zeros::<u8>(ety.bytes())?;
     let ev = view(c, &e, &ety);
     cast(c, b, &ev)?;
-    if acc == DType::I64 && b.numel() > 0 && c.read(&ev)?.to_i64_vec().iter().any(|&v| v < 0) {
+    if b.numel() > 0 && c.read(&ev)?.to_i64_vec().iter().any(|&v| v < 0) {
         crate::bail!(
             Runtime,
             "{}: integers to negative integer powers are not allowed",
@@ -183,24 +201,7 @@ fn pow(c: &Cuda, node: &Node, a: &V, b: &V, y: &V, s: Strided) -> Result<()> {
         Arg::Strided(s),
         Arg::I64(n as i64),
     ];
-    c.launch_n(&format!("pow_{}", suffix(dt)), n, &args)
-}
-
-/// An integer base to a float power, as the CPU: `(a as f64).powf(e) as int`, through
-/// f64 copies of both.
-fn int_pow_float(c: &Cuda, node: &Node, a: &V, b: &V, y: &V) -> Result<()> {
-    let f64_of = |v: &V| ValueType::new(DType::F64, v.shape());
-    let (ta, tb, ty) = (f64_of(a), f64_of(b), f64_of(y));
-    let (ab, bb, yb) = (
-        c.zeros::<u8>(ta.bytes())?,
-        c.zeros::<u8>(tb.bytes())?,
-        c.zeros::<u8>(ty.bytes())?,
-    );
-    let (va, vb, vy) = (view(c, &ab, &ta), view(c, &bb, &tb), view(c, &yb, &ty));
-    cast(c, a, &va)?;
-    cast(c, b, &vb)?;
-    binary(c, node, BinaryOp::Pow, &va, &vb, &vy)?;
-    cast(c, &vy, y)
+    c.launch_n(&format!("pow_{}", suffix(a.dtype())), n, &args)
 }
 
 /// A scratch buffer seen as a value of type `ty`.
@@ -307,13 +308,7 @@ pub fn dropout(
     if !training || ratio == 0.0 {
         c.copy(y, x)?;
         if let Some(m) = mask {
-            let ones = c.upload_vec(&vec![1u8; m.numel()])?;
-            let src = V {
-                p: c.addr(&ones),
-                ty: m.ty,
-                buf: None,
-            };
-            c.copy(m, &src)?;
+            c.memset(m, 1)?;
         }
         return Ok(());
     }
@@ -325,10 +320,8 @@ pub fn dropout(
         Some(s) => s as u64,
         None => Rng::for_name(0, &node.name).next_u64(),
     };
-    let base = match c.step {
-        0 => base,
-        t => Rng::new(base ^ t.wrapping_mul(0x9E37_79B9_7F4A_7C15)).next_u64(),
-    };
+    // The step's own mask comes from the step number on the device (cuda/elementwise.cu
+    // `step_seed`), so a recorded step draws a new mask each time it is replayed.
     let n = y.numel();
     let args = [
         Arg::Ptr(x.p),
@@ -336,6 +329,7 @@ pub fn dropout(
         Arg::Ptr(mask.map_or(0, |m| m.p)),
         Arg::I64(n as i64),
         Arg::U64(base),
+        Arg::Ptr(c.steps.step_ptr(&c.stream)),
         Arg::F64(ratio),
         Arg::F64(1.0 / (1.0 - ratio)),
     ];

@@ -50,6 +50,8 @@ struct Plan {
 
 pub struct Blas {
     handle: sys::cublasLtHandle_t,
+    /// f32 products on TF32 tensor cores (`--dtype tf32`) rather than true FP32.
+    tf32: bool,
     workspace: CudaSlice<u8>,
     plans: RefCell<HashMap<Shape, Plan>>,
 }
@@ -59,13 +61,14 @@ fn blas_err(what: &str, e: lt::CublasError) -> crate::error::Error {
 }
 
 impl Blas {
-    pub fn new(stream: &std::sync::Arc<CudaStream>) -> Result<Blas> {
+    pub fn new(stream: &std::sync::Arc<CudaStream>, tf32: bool) -> Result<Blas> {
         let handle = lt::create_handle().map_err(|e| blas_err("init", e))?;
         // Safety: scratch for cuBLASLt, which writes before it reads.
         let workspace = unsafe { stream.alloc::<u8>(WORKSPACE) }
             .map_err(|e| crate::err!(Runtime, "CUDA allocation failed: {e:?}"))?;
         Ok(Blas {
             handle,
+            tf32,
             workspace,
             plans: RefCell::new(HashMap::new()),
         })
@@ -131,6 +134,11 @@ unsafe fn set_layout<T>(
 }
 
 impl Blas {
+    /// Whether cuBLASLt has an algorithm for this shape and epilogue (made and cached).
+    fn supports(&self, s: &Shape) -> bool {
+        self.plan(s).is_ok()
+    }
+
     fn plan(&self, s: &Shape) -> std::result::Result<(), lt::CublasError> {
         if self.plans.borrow().contains_key(s) {
             return Ok(());
@@ -138,7 +146,10 @@ impl Blas {
         use cudarc::cublas::sys::cublasOperation_t::{CUBLAS_OP_N, CUBLAS_OP_T};
         use sys::cublasLtMatmulDescAttributes_t as D;
         use sys::cublasLtMatrixLayoutAttribute_t as L;
-        let (ty, compute, scale) = data_type(s.dt).expect("checked by the caller");
+        let (ty, mut compute, scale) = data_type(s.dt).expect("checked by the caller");
+        if self.tf32 && s.dt == DType::F32 {
+            compute = sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32;
+        }
         let (m, n, k) = (s.m as u64, s.n as u64, s.k as u64);
         // Column-major operands: cuBLAS's A is our B (n × k), its B is our A (k × m).
         let (la, opa) = if s.tb {
@@ -158,6 +169,11 @@ impl Blas {
             set_desc(desc, D::CUBLASLT_MATMUL_DESC_TRANSA, &opa)?;
             set_desc(desc, D::CUBLASLT_MATMUL_DESC_TRANSB, &opb)?;
             set_desc(desc, D::CUBLASLT_MATMUL_DESC_EPILOGUE, &s.epi)?;
+            if s.epi & EPI_AUX != 0 {
+                // Pre has D's layout: cuBLAS's rows are our n.
+                let ld = n as i64;
+                set_desc(desc, D::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld)?;
+            }
             if s.batch > 1 {
                 let count = s.batch as i32;
                 for (l, st) in [(la, s.sb), (lb, s.sa), (ld, s.sd)] {
@@ -198,9 +214,17 @@ const EPI_BIAS: u32 = 4;
 const EPI_RELU_BIAS: u32 = 6;
 const EPI_GELU: u32 = 32;
 const EPI_GELU_BIAS: u32 = 36;
+/// The AUX bit: the epilogue also writes its input (Pre) to the aux matrix.
+const EPI_AUX: u32 = 128;
+const EPI_GELU_AUX: u32 = 160;
+const EPI_GELU_AUX_BIAS: u32 = 164;
+/// Bias gradient of cuBLAS's A (resp. B) operand: its sum over the product's k dimension.
+const EPI_BGRADA: u32 = 256;
+const EPI_BGRADB: u32 = 512;
 
 /// One (batched) product: `D = alpha·op(A)·op(B) + beta·C (+ bias, act)`; C is D when
-/// `c` is None and beta != 0.
+/// `c` is None and beta != 0. `bias` is the bias (or, with a BGRAD epilogue, the bias
+/// gradient written); `aux` the Pre matrix of an AUX epilogue.
 #[allow(clippy::too_many_arguments)]
 fn product(
     c: &Cuda,
@@ -212,6 +236,22 @@ fn product(
     alpha: f64,
     beta: f64,
     bias: u64,
+) -> Result<()> {
+    product_aux(c, s, a, b, d, cm, alpha, beta, bias, 0)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn product_aux(
+    c: &Cuda,
+    s: Shape,
+    a: u64,
+    b: u64,
+    d: u64,
+    cm: Option<u64>,
+    alpha: f64,
+    beta: f64,
+    bias: u64,
+    aux: u64,
 ) -> Result<()> {
     if s.m == 0 || s.n == 0 || s.batch == 0 {
         return Ok(());
@@ -241,6 +281,14 @@ fn product(
                 &bias,
             )
             .map_err(|e| blas_err("bias", e))?;
+        }
+        if aux != 0 {
+            set_desc(
+                p.desc,
+                sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                &aux,
+            )
+            .map_err(|e| blas_err("aux", e))?;
         }
         let (a32, b32) = (alpha as f32, beta as f32);
         let (pa, pb): (*const c_void, *const c_void) = if s.dt == DType::F64 {
@@ -511,6 +559,22 @@ pub fn fused(
         }
         (None, _) => (pick(EPI_DEFAULT, EPI_BIAS), act),
     };
+    // One product (a shared B under a contiguous batch of A, or no batch): cuBLASLt's
+    // GELU_AUX_BIAS writes Y = gelu_tanh(A·B + bias) and Pre = A·B + bias in one pass.
+    let one_product = numel(&bb) == 1 && numel(&ab) == numel(&ob);
+    let aux_epi = pick(EPI_GELU_AUX, EPI_GELU_AUX_BIAS);
+    if let (Some(p), Activation::GeluTanh, None, true, true) = (
+        pre,
+        act,
+        res,
+        matches!(dt, DType::F16 | DType::BF16),
+        one_product,
+    ) {
+        let s = shape0(dt, m * numel(&ob), n, k, false, trans_b, aux_epi);
+        if c.blas.supports(&s) {
+            return product_aux(c, s, a.p, b.p, y.p, None, 1.0, 0.0, bp, p.p);
+        }
+    }
     let dst = pre.unwrap_or(y);
     // A residual of the output's own shape rides in cuBLASLt's C when nothing follows.
     let res_in_c = pre.is_none()
@@ -557,7 +621,6 @@ pub fn fused_grad(
         outs.get(i)
             .filter(|_| want.get(i).copied().unwrap_or(false))
     };
-    let g_buf;
     let g = match (act, pre) {
         (Activation::None, _) => dy.p,
         (_, None) => crate::bail!(
@@ -567,9 +630,8 @@ pub fn fused_grad(
             act.name()
         ),
         (_, Some(p)) => {
-            g_buf = c.zeros::<u8>(dy.ty.bytes())?;
             let gv = V {
-                p: c.addr(&g_buf),
+                p: c.scratch(dy.ty.bytes())?,
                 ty: dy.ty,
                 buf: None,
             };
@@ -578,6 +640,7 @@ pub fn fused_grad(
         }
     };
     let esz = dt.size() as u64;
+    let mut bias_done = false;
     if let Some(da) = w(0) {
         // dA[M, K] = G[M, N] · op(B)ᵀ.
         let s = shape0(dt, m, k, n, false, !trans_b, EPI_DEFAULT);
@@ -608,7 +671,23 @@ pub fn fused_grad(
             (&ab[..], &ob[..])
         };
         let s = shape0(dt, lm, ln, m, true, false, EPI_DEFAULT);
-        if nbb == nb {
+        if nbb == 1 && na == nb {
+            // Σ_i A_iᵀ·G_i over a contiguous batch is one product over nb·M rows; the bias
+            // gradient (Σ_rows G) comes with it from cuBLASLt's BGRAD epilogue, which sums
+            // the operand that G is (cuBLAS's A without trans_b, its B with).
+            let s = Shape { k: nb * m, ..s };
+            let bg = Shape {
+                epi: if trans_b { EPI_BGRADB } else { EPI_BGRADA },
+                ..s
+            };
+            match w(2) {
+                Some(dbias) if dt != DType::F64 && c.blas.supports(&bg) => {
+                    product(c, bg, l, r, db.p, None, 1.0, 0.0, dbias.p)?;
+                    bias_done = true;
+                }
+                _ => product(c, s, l, r, db.p, None, 1.0, 0.0, 0)?,
+            }
+        } else if nbb == nb {
             let st = |dims: &[usize], mat: usize| if numel(dims) == 1 { 0 } else { mat as i64 };
             let rs = if trans_b { m * k } else { m * n };
             product(
@@ -628,9 +707,6 @@ pub fn fused_grad(
                 0.0,
                 0,
             )?;
-        } else if nbb == 1 && na == nb {
-            // Σ_i A_iᵀ·G_i over a contiguous batch is one product over nb·M rows.
-            product(c, Shape { k: nb * m, ..s }, l, r, db.p, None, 1.0, 0.0, 0)?;
         } else {
             let lo = batch_offsets(&ob, lb, ls);
             let ro = batch_offsets(&ob, rb, if trans_b { m * k } else { m * n });
@@ -644,7 +720,7 @@ pub fn fused_grad(
             })?;
         }
     }
-    if let Some(dbias) = w(2) {
+    if let (Some(dbias), false) = (w(2), bias_done) {
         let gv = V {
             p: g,
             ty: dy.ty,

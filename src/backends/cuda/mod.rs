@@ -3,6 +3,13 @@
 //! Everything runs on one stream per backend instance. The driver, NVRTC and cuBLASLt
 //! are loaded at run time, so this builds without a toolkit and fails with one line
 //! where there is no GPU.
+//!
+//! The steady state is a pure sequence of launches: scratch comes from a pool that only
+//! grows (steps.rs), the training step number lives on the device, and kernels report
+//! bad input (labels, indices) through a flag the host reads after the step; so a step
+//! can be captured as a CUDA graph and replayed (steps.rs). A node that still has to
+//! read a value back (a Slice's starts, a Gather's indices) marks its step as one that
+//! cannot be recorded, and that step simply runs eagerly.
 
 pub mod attention;
 pub mod device;
@@ -11,6 +18,7 @@ mod matmul;
 mod optim;
 mod reduce;
 mod shape;
+mod steps;
 
 pub use device::{available, doctor_lines};
 
@@ -30,6 +38,8 @@ pub struct Cuda {
     /// The mode of the next runs (`Backend::set_step`): 0 is inference, t ≥ 1 training
     /// step t, mixed into Dropout's seed.
     step: u64,
+    /// Scratch, step parameters, the error flag and recorded steps (steps.rs).
+    steps: steps::Steps,
 }
 
 /// One operand of a node as the kernels see it: its device address and type, and for
@@ -55,17 +65,25 @@ impl V<'_> {
 
 impl Cuda {
     pub fn new() -> Result<Cuda> {
+        Cuda::with_options(false)
+    }
+
+    /// `tf32`: f32 matrix products may use TF32 tensor cores (PyTorch's
+    /// `allow_tf32`); otherwise they are true FP32.
+    pub fn with_options(tf32: bool) -> Result<Cuda> {
         let dev = device::device()?;
         let stream = dev
             .ctx
             .new_stream()
             .map_err(|e| crate::err!(Runtime, "cannot create a CUDA stream: {e:?}"))?;
-        let blas = matmul::Blas::new(&stream)?;
+        let blas = matmul::Blas::new(&stream, tf32)?;
+        let steps = steps::Steps::new(&stream)?;
         Ok(Cuda {
             dev,
             stream,
             blas,
             step: 0,
+            steps,
         })
     }
 
@@ -78,11 +96,13 @@ impl Cuda {
         self.launch(name, device::grid_for(n), 256, args)
     }
 
-    /// A device copy of host data (small parameter arrays: ids, labels, cu_seqlens).
+    /// A device copy of host data (small parameter arrays: ids, cu_seqlens). Not
+    /// recordable in a CUDA graph: marks the step.
     fn upload_vec<T: DeviceRepr + cudarc::driver::ValidAsZeroBits>(
         &self,
         v: &[T],
     ) -> Result<CudaSlice<T>> {
+        self.steps.mark_unrecordable();
         // A zero-length allocation is not a valid device buffer.
         if v.is_empty() {
             return self.zeros::<T>(1);
@@ -90,12 +110,28 @@ impl Cuda {
         self.stream.clone_htod(v).map_err(oom)
     }
 
-    /// Zeroed scratch of `n` elements.
+    /// Zeroed scratch of `n` elements, allocated now (not recordable: marks the step;
+    /// steady-state paths use `scratch`).
     fn zeros<T: DeviceRepr + cudarc::driver::ValidAsZeroBits>(
         &self,
         n: usize,
     ) -> Result<CudaSlice<T>> {
-        self.stream.alloc_zeros::<T>(n.max(1)).map_err(oom)
+        self.steps.mark_unrecordable();
+        self.stream
+            .alloc_zeros::<T>(n.max(1))
+            .map_err(|e| oom_bytes(n * std::mem::size_of::<T>(), e))
+    }
+
+    /// Scratch of `bytes` that lives until the node ends, from the pool (no allocation
+    /// once the pool has grown to the step's needs). Not zeroed.
+    fn scratch(&self, bytes: usize) -> Result<u64> {
+        self.steps.scratch(&self.stream, bytes)
+    }
+
+    /// Registers a bad-input message for kernels to raise through the error flag:
+    /// `{v}` in `msg` becomes the offending value. Returns (flag address, code).
+    fn error_code(&self, msg: String) -> (u64, u64) {
+        self.steps.error_code(msg)
     }
 
     fn addr<T>(&self, b: &CudaSlice<T>) -> u64 {
@@ -106,6 +142,7 @@ impl Cuda {
     /// Reads an input back to the host: for the few ops whose small parameters decide
     /// offsets (Slice starts, Reduce axes, Gather indices for their range check, ...).
     fn read(&self, v: &V) -> Result<Tensor> {
+        self.steps.mark_unrecordable();
         let Some(b) = v.buf else {
             crate::bail!(Runtime, "internal: output read as an input");
         };
@@ -113,13 +150,20 @@ impl Cuda {
     }
 
     fn memset0(&self, v: &V) -> Result<()> {
+        self.memset(v, 0)
+    }
+
+    /// Every byte of `v` set to `byte`.
+    fn memset(&self, v: &V, byte: u8) -> Result<()> {
         let bytes = v.ty.bytes();
         if bytes == 0 {
             return Ok(());
         }
         // Safety: `v.p` addresses a live buffer of at least `bytes` bytes (the plan sized it).
-        unsafe { cudarc::driver::result::memset_d8_async(v.p, 0, bytes, self.stream.cu_stream()) }
-            .map_err(|e| crate::err!(Runtime, "CUDA memset failed: {e:?}"))
+        unsafe {
+            cudarc::driver::result::memset_d8_async(v.p, byte, bytes, self.stream.cu_stream())
+        }
+        .map_err(|e| crate::err!(Runtime, "CUDA memset failed: {e:?}"))
     }
 
     fn copy(&self, dst: &V, src: &V) -> Result<()> {
@@ -138,6 +182,13 @@ impl Cuda {
 
 fn oom(e: cudarc::driver::DriverError) -> crate::error::Error {
     crate::err!(Runtime, "CUDA allocation failed: {e:?}")
+}
+
+fn oom_bytes(bytes: usize, e: cudarc::driver::DriverError) -> crate::error::Error {
+    crate::err!(
+        Runtime,
+        "CUDA out of memory allocating {bytes} bytes of scratch: {e:?}"
+    )
 }
 
 fn download(stream: &Arc<CudaStream>, b: &CudaSlice<u8>, ty: &ValueType) -> Result<Tensor> {
@@ -195,6 +246,7 @@ impl Backend for Cuda {
         ins: &[Option<(&CudaSlice<u8>, &ValueType)>],
         outs: &mut [(&mut CudaSlice<u8>, &ValueType)],
     ) -> Result<()> {
+        self.steps.node_begins();
         let s = &self.stream;
         let ins: Vec<Option<V>> = ins
             .iter()
@@ -221,7 +273,8 @@ impl Backend for Cuda {
     fn sync(&mut self) -> Result<()> {
         self.stream
             .synchronize()
-            .map_err(|e| crate::err!(Runtime, "CUDA error: {e:?}"))
+            .map_err(|e| crate::err!(Runtime, "CUDA error: {e:?}"))?;
+        self.steps.check_error()
     }
     fn update(
         &mut self,
@@ -246,6 +299,15 @@ impl Backend for Cuda {
     }
     fn set_step(&mut self, step: u64) {
         self.step = step;
+        self.steps.set_step(&self.stream, step);
+    }
+    fn begin_step(&mut self, key: u64) -> Result<bool> {
+        // Dropout's launches differ between inference and training.
+        let key = key ^ ((self.step > 0) as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        self.steps.begin(&self.stream, key)
+    }
+    fn end_step(&mut self, ok: bool) -> Result<bool> {
+        self.steps.end(&self.stream, ok)
     }
 }
 
@@ -280,6 +342,7 @@ impl Cuda {
             | Op::Unsqueeze { .. }
             | Op::Flatten { .. } => self.copy(&y, &x(0)?),
             Op::Constant { value } => {
+                // (Constants are folded by the plan: this runs only for unplanned graphs.)
                 let b = self.upload_vec(value.bytes())?;
                 let src = V {
                     p: self.addr(&b),

@@ -56,16 +56,23 @@ pub fn update(
             let [m, v] = state else {
                 crate::bail!(Runtime, "Adam keeps two state buffers, got {}", state.len());
             };
-            let ti = t.min(i32::MAX as u64) as i32;
-            let (bc1, bc2) = (1.0 - beta1.powi(ti), 1.0 - beta2.powi(ti));
+            // t from the device's step word when it is this step (so that a recorded step
+            // stays right as t grows); otherwise by value, and the step is not recorded.
+            let tp = if t == c.step {
+                c.steps.step_ptr(&c.stream)
+            } else {
+                c.steps.mark_unrecordable();
+                0
+            };
             let args = [
                 Arg::Ptr(param),
                 Arg::Ptr(grad),
                 Arg::Ptr(*m),
                 Arg::Ptr(*v),
                 Arg::I64(n as i64),
-                Arg::F64(lr / bc1),
-                Arg::F64(bc2.sqrt()),
+                Arg::Ptr(tp),
+                Arg::U64(t),
+                Arg::F64(lr),
                 Arg::F64(beta1),
                 Arg::F64(beta2),
                 Arg::F64(eps),

@@ -8,7 +8,6 @@ use crate::graph::infer::{norm_axis, ValueType};
 use crate::graph::op::LossReduction;
 use crate::graph::{Node, ReduceKind};
 use crate::tensor::{numel, DType};
-use cudarc::driver::CudaSlice;
 
 fn axis_of(node: &Node, axis: i64, r: usize) -> Result<usize> {
     norm_axis(axis, r).ok_or_else(|| {
@@ -78,6 +77,44 @@ pub fn reduce(c: &Cuda, node: &Node, kind: ReduceKind, x: &V, axes: &[i64], y: &
         ReduceKind::Mean => 1,
         ReduceKind::Max => 2,
     };
+    // Few outputs of many elements each: one block per output would leave the GPU idle
+    // (an MSE's mean over 8M elements took 16 ms), so split each into parts.
+    if n_red >= 1 << 16 && n_out < 256 {
+        let parts = (n_red >> 15).clamp(2, 1024);
+        let ab = if x.dtype().is_float() {
+            acc_bytes(x.dtype())
+        } else {
+            8
+        };
+        let part = c.scratch(n_out * parts * ab)?;
+        let sfx = suffix(x.dtype());
+        c.launch(
+            &format!("reduce_part_{sfx}"),
+            (n_out * parts) as u32,
+            256,
+            &[
+                Arg::Ptr(x.p),
+                Arg::Ptr(part),
+                Arg::Strided(kept),
+                Arg::Strided(red),
+                Arg::I64(n_red as i64),
+                Arg::I64(parts as i64),
+                Arg::I32(code),
+            ],
+        )?;
+        return c.launch(
+            &format!("reduce_fin_{sfx}"),
+            n_out as u32,
+            256,
+            &[
+                Arg::Ptr(part),
+                Arg::Ptr(y.p),
+                Arg::I64(n_red as i64),
+                Arg::I64(parts as i64),
+                Arg::I32(code),
+            ],
+        );
+    }
     let args = [
         Arg::Ptr(x.p),
         Arg::Ptr(y.p),
@@ -94,24 +131,42 @@ pub fn reduce(c: &Cuda, node: &Node, kind: ReduceKind, x: &V, axes: &[i64], y: &
     )
 }
 
-/// Σ over the rows of a `[rows, n]` matrix into `[n]` (the bias gradient).
+/// Σ over the rows of a `[rows, n]` matrix into `[n]` (the bias gradient): row chunks of
+/// 256 (at most 256 of them), 32 coalesced columns a block, then the chunks per column.
 pub fn sum_rows(c: &Cuda, g: &V, rows: usize, n: usize, out: &V) -> Result<()> {
-    let kept = Strided::new(&[n], &[&[1]], &[])?;
-    let red = Strided::new(&[rows], &[&[n as i64]], &[])?;
+    if n == 0 {
+        return Ok(());
+    }
+    if rows == 0 {
+        return c.memset0(out);
+    }
+    let sfx = suffix(g.dtype());
+    let chunks = rows.div_ceil(256).min(256);
+    let chunk = rows.div_ceil(chunks);
+    let part = c.scratch(chunks * n * acc_bytes(g.dtype()))?;
     let args = [
         Arg::Ptr(g.p),
-        Arg::Ptr(out.p),
-        Arg::Strided(kept),
-        Arg::Strided(red),
+        Arg::Ptr(part),
         Arg::I64(rows as i64),
-        Arg::I32(0),
+        Arg::I64(n as i64),
+        Arg::I64(chunk as i64),
     ];
-    c.launch(
-        &format!("reduce_{}", suffix(g.dtype())),
-        n as u32,
-        row_threads(rows),
+    super::device::launch_grid(
+        &c.dev,
+        &c.stream,
+        &format!("colsum_part_{sfx}"),
+        (n.div_ceil(32) as u32, chunks as u32, 1),
+        256,
+        0,
         &args,
-    )
+    )?;
+    let args = [
+        Arg::Ptr(part),
+        Arg::Ptr(out.p),
+        Arg::I64(n as i64),
+        Arg::I64(chunks as i64),
+    ];
+    c.launch_n(&format!("colsum_fin_{sfx}"), n, &args)
 }
 
 /// (rows, n, inner) around `axis`.
@@ -169,14 +224,14 @@ pub fn softmax_grad(
 
 /// `t` broadcast to the normalised shape `norm`: itself when it already has that many
 /// elements, else a device copy expanded to it.
-fn expanded(c: &Cuda, t: &V, norm: &[usize]) -> Result<Option<CudaSlice<u8>>> {
+fn expanded(c: &Cuda, t: &V, norm: &[usize]) -> Result<Option<u64>> {
     if t.numel() == numel(norm) {
         return Ok(None);
     }
     let ty = ValueType::new(t.dtype(), norm);
-    let buf = c.zeros::<u8>(ty.bytes())?;
+    let buf = c.scratch(ty.bytes())?;
     let dst = V {
-        p: c.addr(&buf),
+        p: buf,
         ty: &ty,
         buf: None,
     };
@@ -221,9 +276,9 @@ pub fn layer_norm(
         Some(b) => expanded(c, b, norm)?,
         None => None,
     };
-    let gp = g.as_ref().map_or(scale.p, |g| c.addr(g));
+    let gp = g.unwrap_or(scale.p);
     let bp = match (&b, &bias) {
-        (Some(b), _) => c.addr(b),
+        (Some(b), _) => *b,
         (None, Some(v)) => v.p,
         (None, None) => 0,
     };
@@ -286,8 +341,7 @@ pub fn layer_norm_grad(
         return Ok(());
     }
     if let Some(dx) = w(0) {
-        let g = expanded(c, scale, norm)?;
-        let gp = g.as_ref().map_or(scale.p, |g| c.addr(g));
+        let gp = expanded(c, scale, norm)?.unwrap_or(scale.p);
         let args = [
             Arg::Ptr(dy.p),
             Arg::Ptr(x.p),
@@ -306,45 +360,70 @@ pub fn layer_norm_grad(
     }
     let (ds, db) = (w(1).map_or(0, |v| v.p), w(2).map_or(0, |v| v.p));
     if ds != 0 || db != 0 {
+        // Row chunks of 256 (at most 256 of them), 32 columns a block; then the chunks
+        // summed per column.
+        let chunks = rows.div_ceil(256).min(256);
+        let chunk = rows.div_ceil(chunks);
+        let part = c.scratch(chunks * 2 * n * acc_bytes(x.dtype()))?;
         let args = [
             Arg::Ptr(dy.p),
             Arg::Ptr(x.p),
             Arg::Ptr(mean.p),
             Arg::Ptr(inv.p),
-            Arg::Ptr(ds),
-            Arg::Ptr(db),
+            Arg::Ptr(part),
             Arg::I64(rows as i64),
             Arg::I64(n as i64),
+            Arg::I64(chunk as i64),
         ];
-        c.launch_n(&format!("layer_norm_dparams_{sfx}"), n, &args)?;
+        super::device::launch_grid(
+            &c.dev,
+            &c.stream,
+            &format!("ln_dparams_part_{sfx}"),
+            (n.div_ceil(32) as u32, chunks as u32, 1),
+            256,
+            0,
+            &args,
+        )?;
+        let args = [
+            Arg::Ptr(part),
+            Arg::Ptr(ds),
+            Arg::Ptr(db),
+            Arg::I64(n as i64),
+            Arg::I64(chunks as i64),
+        ];
+        c.launch_n(&format!("ln_dparams_fin_{sfx}"), n, &args)?;
     }
     Ok(())
 }
 
-/// The labels as validated i64 on the device (each a class of axis 1, or ignore_index).
-fn labels(
-    c: &Cuda,
-    node: &Node,
-    scores: &V,
-    labels: &V,
-    ignore: Option<i64>,
-) -> Result<CudaSlice<i64>> {
+/// The labels as i64 scratch on the device, checked there: a label that is neither a
+/// class of axis 1 nor ignore_index raises the error flag (reported after the step).
+fn labels(c: &Cuda, node: &Node, scores: &V, labels: &V, ignore: Option<i64>) -> Result<u64> {
     let classes = scores.shape()[1] as i64;
-    let l = c.read(labels)?.to_i64_vec();
-    if let Some(&bad) = l
-        .iter()
-        .find(|&&v| (v < 0 || v >= classes) && Some(v) != ignore)
-    {
-        crate::bail!(
-            Runtime,
-            "{}: label {bad} is out of range for {classes} classes{}",
-            node.describe(),
-            ignore
-                .map(|i| format!(" (ignore_index is {i})"))
-                .unwrap_or_default()
-        );
+    if !matches!(labels.dtype(), DType::I64 | DType::I32) {
+        return Err(unsupported(node, labels.dtype()));
     }
-    c.upload_vec(&l)
+    let n = labels.numel();
+    let out = c.scratch(n.max(1) * 8)?;
+    let (flag, code) = c.error_code(format!(
+        "{}: label {{v}} is out of range for {classes} classes{}",
+        node.describe(),
+        ignore
+            .map(|i| format!(" (ignore_index is {i})"))
+            .unwrap_or_default()
+    ));
+    let args = [
+        Arg::Ptr(labels.p),
+        Arg::Ptr(out),
+        Arg::I64(n as i64),
+        Arg::I64(classes),
+        Arg::I64(ignore.unwrap_or(0)),
+        Arg::I32(ignore.is_some() as i32),
+        Arg::Ptr(flag),
+        Arg::U64(code),
+    ];
+    c.launch_n(&format!("labels_{}", suffix(labels.dtype())), n, &args)?;
+    Ok(out)
 }
 
 /// Per-element weights and losses (accumulation type), and log_prob when `logp` is
@@ -353,22 +432,22 @@ fn labels(
 fn sce_rows(
     c: &Cuda,
     x: &V,
-    labels: &CudaSlice<i64>,
+    labels: u64,
     weights: Option<V>,
     ignore: Option<i64>,
     logp: u64,
-) -> Result<(CudaSlice<u8>, CudaSlice<u8>, usize)> {
+) -> Result<(u64, u64, usize)> {
     let (n, cl) = (x.shape()[0], x.shape()[1]);
     let d = numel(&x.shape()[2..]);
     let ne = n * d;
     let ab = acc_bytes(x.dtype());
-    let (loss, wt) = (c.zeros::<u8>(ne * ab)?, c.zeros::<u8>(ne * ab)?);
+    let (loss, wt) = (c.scratch(ne * ab)?, c.scratch(ne * ab)?);
     let args = [
         Arg::Ptr(x.p),
-        Arg::Ptr(c.addr(labels)),
+        Arg::Ptr(labels),
         Arg::Ptr(weights.map_or(0, |w| w.p)),
-        Arg::Ptr(c.addr(&loss)),
-        Arg::Ptr(c.addr(&wt)),
+        Arg::Ptr(loss),
+        Arg::Ptr(wt),
         Arg::Ptr(logp),
         Arg::I64(cl as i64),
         Arg::I64(d.max(1) as i64),
@@ -406,11 +485,11 @@ pub fn sce(
         .get(1)
         .filter(|_| want.get(1).copied().unwrap_or(false))
         .map_or(0, |v| v.p);
-    let (loss, wt, ne) = sce_rows(c, x, &l, weights, ignore, logp)?;
+    let (loss, wt, ne) = sce_rows(c, x, l, weights, ignore, logp)?;
     let code = reduction_code(reduction);
     let args = [
-        Arg::Ptr(c.addr(&loss)),
-        Arg::Ptr(c.addr(&wt)),
+        Arg::Ptr(loss),
+        Arg::Ptr(wt),
         Arg::Ptr(outs[0].p),
         Arg::I64(ne as i64),
         Arg::I32(code),
@@ -442,12 +521,12 @@ pub fn sce_grad(
 ) -> Result<()> {
     need_float(node, x)?;
     let l = labels(c, node, x, lab, ignore)?;
-    let (_loss, wt, ne) = sce_rows(c, x, &l, weights, ignore, 0)?;
+    let (_loss, wt, ne) = sce_rows(c, x, l, weights, ignore, 0)?;
     let (cl, d) = (x.shape()[1], numel(&x.shape()[2..]));
     let args = [
         Arg::Ptr(x.p),
-        Arg::Ptr(c.addr(&l)),
-        Arg::Ptr(c.addr(&wt)),
+        Arg::Ptr(l),
+        Arg::Ptr(wt),
         Arg::Ptr(dloss.p),
         Arg::Ptr(dx.p),
         Arg::I64(cl as i64),

@@ -1,0 +1,838 @@
+// Tiled flash attention for Attention (not VarlenAttention), forward and backward.
+//
+// f16/bf16: tensor cores through `mma.sync.m16n8k16` (f32 accumulation), operands fed by
+// `ldmatrix` from shared memory tiles that `cp.async` fills one tile ahead. A warp owns 16
+// query rows (forward, dQ) or 16 key rows (dK/dV); S, P, dP and dS never leave registers:
+// the accumulator layout of one mma is the A-operand layout of the next (FlashAttention-2).
+// The online softmax runs in the log2 domain (one FFMA and an ex2 per score).
+// f32 (and tf32 mode): the same tiling on CUDA cores in true FP32, each product a 64×64
+// tile of shared memory (4×4 outputs per thread).
+//
+// Head sizes are padded with zeros to DP (64 or 128; 64 for f32); rows past the end are
+// zero-filled, so any Sq, Skv, D, Dv ≤ DP work. Backward is FlashAttention-2 with dQ in
+// its own pass (recomputing P per query tile) so that no two CTAs write one element: no
+// atomics, the result is deterministic. Causal is upper-left (key j is seen by query i iff
+// j ≤ i), as the CPU's Attention. Masks: bool (keep where true) or additive, broadcast
+// through `AttnGeom::ms`.
+
+// Dynamic shared memory of every kernel here.
+extern __shared__ __align__(128) unsigned char fa_smem[];
+
+#define FA_LOG2E 1.4426950408889634f
+#define FA_LN2 0.6931471805599453f
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+    unsigned r;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
+    return r;
+}
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+__device__ __forceinline__ void ldsm4(unsigned a, unsigned* r) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
+}
+__device__ __forceinline__ void ldsm4t(unsigned a, unsigned* r) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
+}
+__device__ __forceinline__ float fa_ex2(float x) {
+    float y;
+    asm("ex2.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// The 16-bit element types' mma and packing.
+template <class T> struct Mma;
+template <> struct Mma<bf16> {
+    static __device__ __forceinline__ void run(float* d, const unsigned* a, unsigned b0, unsigned b1) {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+    // lo goes to the low half (the lower column index).
+    static __device__ __forceinline__ unsigned pack(float lo, float hi) {
+        unsigned r;
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+        return r;
+    }
+};
+template <> struct Mma<f16> {
+    static __device__ __forceinline__ void run(float* d, const unsigned* a, unsigned b0, unsigned b1) {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+    static __device__ __forceinline__ unsigned pack(float lo, float hi) {
+        unsigned r;
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+        return r;
+    }
+};
+
+// Shared-memory tiles of 16-bit elements, DP per row, stored in 16-byte chunks whose index
+// is XORed with (row & 7): the 8 rows one ldmatrix reads hit 8 different bank groups.
+template <int DP> __device__ __forceinline__ unsigned sw_addr(unsigned base, int row, int chunk) {
+    return base + (unsigned)(row * DP + ((chunk ^ (row & 7)) << 3)) * 2u;
+}
+
+// Loads rows [0, rows) of a tile (`valid` of them real, the rest zero) of `width` columns
+// (zero-padded to DP) from `src` (row stride `width` elements) into the swizzled tile at
+// `base`. With `vec`, 16-byte cp.async (width % 8 == 0, 16-byte aligned rows); otherwise
+// element by element (small or odd head sizes).
+template <int DP, int NT> __device__ __forceinline__ void load_tile(unsigned base, const unsigned short* src, int rows, int valid, int width, int vec) {
+    constexpr int CPR = DP / 8;  // chunks per row
+    for (int idx = threadIdx.x; idx < rows * CPR; idx += NT) {
+        int r = idx / CPR, c = idx % CPR;
+        unsigned dst = sw_addr<DP>(base, r, c);
+        bool ok = r < valid && c * 8 < width;
+        if (vec) {
+            const unsigned short* s = ok ? src + (i64)r * width + c * 8 : src;
+            cp_async16(dst, s, ok ? 16 : 0);
+        } else {
+            unsigned w[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                int c0 = c * 8 + 2 * e;
+                unsigned lo = (ok && c0 < width) ? src[(i64)r * width + c0] : 0;
+                unsigned hi = (ok && c0 + 1 < width) ? src[(i64)r * width + c0 + 1] : 0;
+                w[e] = lo | (hi << 16);
+            }
+            asm volatile("st.shared.v4.b32 [%0], {%1,%2,%3,%4};" ::"r"(dst), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]) : "memory");
+        }
+    }
+}
+
+// A fragments (16 rows × DP) of the warp's rows `r0..r0+16` of a tile.
+template <int DP> __device__ __forceinline__ void load_afrag(unsigned base, int r0, unsigned (*a)[4]) {
+    int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int kc = 0; kc < DP / 16; ++kc)
+        ldsm4(sw_addr<DP>(base, r0 + (lane & 7) + ((lane >> 3) & 1) * 8, kc * 2 + (lane >> 4)), a[kc]);
+}
+
+// acc[n-block][4] += A(16 × DP) · Bᵀ where B is 64 rows × DP of a tile (rows n0..n0+64):
+// S = Q·Kᵀ, dP = dY·Vᵀ and their transposes.
+template <class T, int DP> __device__ __forceinline__ void mma_abt(float (*acc)[4], const unsigned (*a)[4], unsigned base, int n0) {
+    int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int nb2 = 0; nb2 < 4; ++nb2) {
+#pragma unroll
+        for (int kc = 0; kc < DP / 16; ++kc) {
+            unsigned b[4];
+            ldsm4(sw_addr<DP>(base, n0 + nb2 * 16 + (lane & 7) + (lane >> 4) * 8, kc * 2 + ((lane >> 3) & 1)), b);
+            Mma<T>::run(acc[2 * nb2], a[kc], b[0], b[1]);
+            Mma<T>::run(acc[2 * nb2 + 1], a[kc], b[2], b[3]);
+        }
+    }
+}
+
+// acc[DP/8][4] += P(16 × 64, accumulator layout `p`) · B where B is 64 rows × DP of a tile
+// (O += P·V, dV += Pᵀ·dY, dQ += dS·K, dK += dSᵀ·Q).
+template <class T, int DP> __device__ __forceinline__ void mma_pb(float (*acc)[4], const float (*p)[4], unsigned base) {
+    int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int kc = 0; kc < 4; ++kc) {
+        unsigned a[4];
+        a[0] = Mma<T>::pack(p[2 * kc][0], p[2 * kc][1]);
+        a[1] = Mma<T>::pack(p[2 * kc][2], p[2 * kc][3]);
+        a[2] = Mma<T>::pack(p[2 * kc + 1][0], p[2 * kc + 1][1]);
+        a[3] = Mma<T>::pack(p[2 * kc + 1][2], p[2 * kc + 1][3]);
+#pragma unroll
+        for (int nd2 = 0; nd2 < DP / 16; ++nd2) {
+            unsigned b[4];
+            ldsm4t(sw_addr<DP>(base, kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, nd2 * 2 + (lane >> 4)), b);
+            Mma<T>::run(acc[2 * nd2], a, b[0], b[1]);
+            Mma<T>::run(acc[2 * nd2 + 1], a, b[2], b[3]);
+        }
+    }
+}
+
+// The additive (in log2 units) or bool mask at `off`: x stays, moves, or becomes -inf.
+template <class T> __device__ __forceinline__ float fa_mask(const AttnGeom& g, const void* mask, i64 off, float x) {
+    if (g.mask_kind == 1) return ((const unsigned char*)mask)[off] ? x : neg_inf(x);
+    return x + ld(((const T*)mask)[off]) * FA_LOG2E;
+}
+
+// Masks a 16×64 score tile in accumulator layout (already in log2 units): this thread's
+// rows are r0 and r0 + 8 (r0 includes its lane group), the tile's columns c0 + 0..64. `trans` = 0: rows are queries, columns keys
+// (forward, dQ); 1: rows are keys, columns queries (dK/dV). Keys past Skv, keys after the
+// query (causal) and mask-false entries become -inf; an additive mask is added.
+template <class T, bool MASK> __device__ __forceinline__ void fa_edge(const AttnGeom& g, float (*s)[4], const void* mask, i64 b, i64 h, i64 r0, i64 c0, int trans) {
+    int tq = threadIdx.x & 3;
+    // key − query for (row r0, column c0), and the number of valid keys from c0 (trans 0).
+    i64 dd = trans ? r0 - c0 : c0 - r0;
+    int diff = (int)(dd < -(1 << 30) ? -(1 << 30) : dd > (1 << 30) ? (1 << 30) : dd);
+    i64 kl = g.skv - c0;
+    int klim = (int)(kl > 64 ? 64 : kl);
+#pragma unroll
+    for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            int c = nb * 8 + 2 * tq + (e & 1), rr = (e >> 1) * 8;
+            // key − query of this element
+            int kq = trans ? diff + rr - c : diff + c - rr;
+            bool out = (g.causal && kq > 0) || (!trans && c >= klim);
+            if (out) s[nb][e] = neg_inf(0.f);
+        }
+    if (!MASK) return;
+    i64 sq_stride = g.ms[2], sk_stride = g.ms[3];
+    i64 base = b * g.ms[0] + h * g.ms[1];
+#pragma unroll
+    for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            int c = nb * 8 + 2 * tq + (e & 1), rr = (e >> 1) * 8;
+            i64 qi = trans ? c0 + c : r0 + rr, kj = trans ? r0 + rr : c0 + c;
+            if (qi >= g.sq || kj >= g.skv || s[nb][e] == neg_inf(0.f)) continue;
+            s[nb][e] = fa_mask<T>(g, mask, base + qi * sq_stride + kj * sk_stride, s[nb][e]);
+        }
+}
+
+// Stores a 16 × DP accumulator (rows row0 + g, row0 + g + 8) times per-row factors.
+template <class T, int DP> __device__ __forceinline__ void store_acc(T* dst, const float (*acc)[4], i64 row0, i64 nrows, int width, float f0, float f1) {
+    int lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        i64 r = row0 + gq + half * 8;
+        if (r >= nrows) continue;
+        float f = half ? f1 : f0;
+#pragma unroll
+        for (int nd = 0; nd < DP / 8; ++nd) {
+            int c = nd * 8 + 2 * tq;
+            if (c < width) dst[r * width + c] = st<T>(acc[nd][2 * half] * f);
+            if (c + 1 < width) dst[r * width + c + 1] = st<T>(acc[nd][2 * half + 1] * f);
+        }
+    }
+}
+
+#define FA_BQ 128  // forward: query rows per CTA (8 warps × 16)
+#define FA_BK 64   // keys per tile
+#define FB_B 64    // backward: rows per CTA and per tile (4 warps × 16)
+
+// Forward: grid (query blocks, B·Hq). Heads up to 64: 4 warps of 32 query rows (two m16
+// tiles: each K/V fragment read from shared memory feeds both, halving shared-memory
+// traffic per mma); up to 128: 8 warps of 16 rows (registers). Y [B,Hq,Sq,Dv], LSE
+// [B,Hq,Sq] f32.
+#define FA_MT(DP) ((DP) == 64 ? 2 : 1)
+template <class T, int DP, bool MASK> __device__ void fa_fwd(const AttnGeom& g, const T* Q, const T* K, const T* V, const void* mask, T* Y, float* lse, int vec) {
+    constexpr int MT = FA_MT(DP), NT = FA_BQ / (16 * MT) * 32;  // threads
+    unsigned sQ = smem_u32(fa_smem);
+    unsigned sK = sQ + FA_BQ * DP * 2, sV = sK + 2 * FA_BK * DP * 2;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
+    i64 qb = g.causal ? (i64)gridDim.x - 1 - blockIdx.x : blockIdx.x;
+    i64 bh = blockIdx.y, b = bh / g.hq, h = bh % g.hq, hk = h / (g.hq / g.hkv);
+    i64 q0 = qb * FA_BQ;
+    int qvalid = (int)(g.sq - q0 < FA_BQ ? g.sq - q0 : FA_BQ);
+    i64 kend = g.skv;
+    if (g.causal && q0 + FA_BQ < kend) kend = q0 + FA_BQ;
+    int ntiles = (int)((kend + FA_BK - 1) / FA_BK);
+    const unsigned short* Kb = (const unsigned short*)K + (b * g.hkv + hk) * g.skv * g.d;
+    const unsigned short* Vb = (const unsigned short*)V + (b * g.hkv + hk) * g.skv * g.dv;
+    load_tile<DP, NT>(sQ, (const unsigned short*)Q + (bh * g.sq + q0) * g.d, FA_BQ, qvalid, (int)g.d, vec);
+    if (ntiles > 0) {
+        int kv = (int)(g.skv < FA_BK ? g.skv : FA_BK);
+        load_tile<DP, NT>(sK, Kb, FA_BK, kv, (int)g.d, vec);
+        load_tile<DP, NT>(sV, Vb, FA_BK, kv, (int)g.dv, vec);
+    }
+    cp_commit();
+    cp_wait_all();
+    __syncthreads();
+    // The warp's rows: r0 + mt·16 + (gq, gq + 8).
+    int r0 = warp * 16 * MT;
+    unsigned qa[MT][DP / 16][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) load_afrag<DP>(sQ, r0 + mt * 16, qa[mt]);
+    float o[MT][DP / 8][4];
+    float m[MT][2], l[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int i = 0; i < DP / 8; ++i) o[mt][i][0] = o[mt][i][1] = o[mt][i][2] = o[mt][i][3] = 0.f;
+        m[mt][0] = m[mt][1] = neg_inf(0.f);
+        l[mt][0] = l[mt][1] = 0.f;
+    }
+    const float sl2 = (float)g.scale * FA_LOG2E;
+    for (int t = 0; t < ntiles; ++t) {
+        if (t > 0) {
+            cp_wait_all();
+            __syncthreads();
+        }
+        if (t + 1 < ntiles) {
+            i64 j0 = (i64)(t + 1) * FA_BK;
+            int kv = (int)(g.skv - j0 < FA_BK ? g.skv - j0 : FA_BK);
+            unsigned off = ((t + 1) & 1) * FA_BK * DP * 2;
+            load_tile<DP, NT>(sK + off, Kb + j0 * g.d, FA_BK, kv, (int)g.d, vec);
+            load_tile<DP, NT>(sV + off, Vb + j0 * g.dv, FA_BK, kv, (int)g.dv, vec);
+        }
+        cp_commit();
+        unsigned off = (t & 1) * FA_BK * DP * 2;
+        float s[MT][8][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int i = 0; i < 8; ++i) s[mt][i][0] = s[mt][i][1] = s[mt][i][2] = s[mt][i][3] = 0.f;
+        // S = Q·Kᵀ: each K fragment feeds every m tile.
+#pragma unroll
+        for (int nb2 = 0; nb2 < 4; ++nb2) {
+#pragma unroll
+            for (int kc = 0; kc < DP / 16; ++kc) {
+                unsigned bb[4];
+                ldsm4(sw_addr<DP>(sK + off, nb2 * 16 + (lane & 7) + (lane >> 4) * 8, kc * 2 + ((lane >> 3) & 1)), bb);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    Mma<T>::run(s[mt][2 * nb2], qa[mt][kc], bb[0], bb[1]);
+                    Mma<T>::run(s[mt][2 * nb2 + 1], qa[mt][kc], bb[2], bb[3]);
+                }
+            }
+        }
+        i64 j0 = (i64)t * FA_BK;
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            i64 row0 = q0 + r0 + mt * 16 + gq;
+            bool edge = MASK || j0 + FA_BK > g.skv || (g.causal && j0 + FA_BK - 1 > q0 + r0 + mt * 16);
+#pragma unroll
+            for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[mt][nb][e] *= sl2;
+            if (edge) fa_edge<T, MASK>(g, s[mt], mask, b, h, row0, j0, 0);
+            float mx0 = m[mt][0], mx1 = m[mt][1];
+#pragma unroll
+            for (int nb = 0; nb < 8; ++nb) {
+                mx0 = fmaxf(mx0, fmaxf(s[mt][nb][0], s[mt][nb][1]));
+                mx1 = fmaxf(mx1, fmaxf(s[mt][nb][2], s[mt][nb][3]));
+            }
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+            // A row that has seen only masked keys keeps m = -inf: measure from 0 instead.
+            float ref0 = mx0 == neg_inf(mx0) ? 0.f : mx0, ref1 = mx1 == neg_inf(mx1) ? 0.f : mx1;
+            float a0 = fa_ex2(m[mt][0] - ref0), a1 = fa_ex2(m[mt][1] - ref1);
+            m[mt][0] = mx0;
+            m[mt][1] = mx1;
+            float ps0 = 0.f, ps1 = 0.f;
+#pragma unroll
+            for (int nb = 0; nb < 8; ++nb) {
+                s[mt][nb][0] = fa_ex2(s[mt][nb][0] - ref0);
+                s[mt][nb][1] = fa_ex2(s[mt][nb][1] - ref0);
+                s[mt][nb][2] = fa_ex2(s[mt][nb][2] - ref1);
+                s[mt][nb][3] = fa_ex2(s[mt][nb][3] - ref1);
+                ps0 += s[mt][nb][0] + s[mt][nb][1];
+                ps1 += s[mt][nb][2] + s[mt][nb][3];
+            }
+            l[mt][0] = l[mt][0] * a0 + ps0;
+            l[mt][1] = l[mt][1] * a1 + ps1;
+#pragma unroll
+            for (int nd = 0; nd < DP / 8; ++nd) {
+                o[mt][nd][0] *= a0;
+                o[mt][nd][1] *= a0;
+                o[mt][nd][2] *= a1;
+                o[mt][nd][3] *= a1;
+            }
+        }
+        // O += P·V: each V fragment feeds every m tile.
+#pragma unroll
+        for (int kc = 0; kc < 4; ++kc) {
+            unsigned pa[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                pa[mt][0] = Mma<T>::pack(s[mt][2 * kc][0], s[mt][2 * kc][1]);
+                pa[mt][1] = Mma<T>::pack(s[mt][2 * kc][2], s[mt][2 * kc][3]);
+                pa[mt][2] = Mma<T>::pack(s[mt][2 * kc + 1][0], s[mt][2 * kc + 1][1]);
+                pa[mt][3] = Mma<T>::pack(s[mt][2 * kc + 1][2], s[mt][2 * kc + 1][3]);
+            }
+#pragma unroll
+            for (int nd2 = 0; nd2 < DP / 16; ++nd2) {
+                unsigned bb[4];
+                ldsm4t(sw_addr<DP>(sV + off, kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, nd2 * 2 + (lane >> 4)), bb);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    Mma<T>::run(o[mt][2 * nd2], pa[mt], bb[0], bb[1]);
+                    Mma<T>::run(o[mt][2 * nd2 + 1], pa[mt], bb[2], bb[3]);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+        float l0 = l[mt][0], l1 = l[mt][1];
+        l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+        l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+        // A row that sees no key gives 0 and LSE -inf.
+        store_acc<T, DP>(Y + bh * g.sq * g.dv, o[mt], q0 + r0 + mt * 16, g.sq, (int)g.dv, l0 > 0.f ? 1.f / l0 : 0.f, l1 > 0.f ? 1.f / l1 : 0.f);
+        i64 row0 = q0 + r0 + mt * 16 + gq, row1 = row0 + 8;
+        if (lse && tq == 0) {
+            if (row0 < g.sq) lse[bh * g.sq + row0] = l0 > 0.f ? (m[mt][0] + log2f(l0)) * FA_LN2 : neg_inf(0.f);
+            if (row1 < g.sq) lse[bh * g.sq + row1] = l1 > 0.f ? (m[mt][1] + log2f(l1)) * FA_LN2 : neg_inf(0.f);
+        }
+    }
+}
+
+// dQ (and dMask): grid (query blocks of FB_B, B·Hq), 4 warps. P is recomputed from LSE;
+// dS = P∘(dY·Vᵀ − delta), dQ = scale·dS·K.
+template <class T, int DP, bool MASK> __device__ void fa_dq(const AttnGeom& g, const T* dY, const T* Q, const T* K, const T* V, const void* mask, const float* lse, const float* delta, T* dQ, T* dmask, int vec) {
+    constexpr int NT = FB_B * 2;
+    unsigned sQ = smem_u32(fa_smem);
+    unsigned sdY = sQ + FB_B * DP * 2, sK = sdY + FB_B * DP * 2, sV = sK + 2 * FA_BK * DP * 2;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
+    i64 qb = g.causal ? (i64)gridDim.x - 1 - blockIdx.x : blockIdx.x;
+    i64 bh = blockIdx.y, b = bh / g.hq, h = bh % g.hq, hk = h / (g.hq / g.hkv);
+    i64 q0 = qb * FB_B;
+    int qvalid = (int)(g.sq - q0 < FB_B ? g.sq - q0 : FB_B);
+    i64 kend = g.skv;
+    if (g.causal && q0 + FB_B < kend) kend = q0 + FB_B;
+    int ntiles = (int)((kend + FA_BK - 1) / FA_BK);
+    const unsigned short* Kb = (const unsigned short*)K + (b * g.hkv + hk) * g.skv * g.d;
+    const unsigned short* Vb = (const unsigned short*)V + (b * g.hkv + hk) * g.skv * g.dv;
+    load_tile<DP, NT>(sQ, (const unsigned short*)Q + (bh * g.sq + q0) * g.d, FB_B, qvalid, (int)g.d, vec);
+    load_tile<DP, NT>(sdY, (const unsigned short*)dY + (bh * g.sq + q0) * g.dv, FB_B, qvalid, (int)g.dv, vec);
+    if (ntiles > 0) {
+        int kv = (int)(g.skv < FA_BK ? g.skv : FA_BK);
+        load_tile<DP, NT>(sK, Kb, FA_BK, kv, (int)g.d, vec);
+        load_tile<DP, NT>(sV, Vb, FA_BK, kv, (int)g.dv, vec);
+    }
+    cp_commit();
+    i64 row0 = q0 + warp * 16 + gq, row1 = row0 + 8;
+    // log2-domain LSE per row; +inf where the row sees nothing (so P = 0 there).
+    float L0 = row0 < g.sq ? lse[bh * g.sq + row0] : neg_inf(0.f);
+    float L1 = row1 < g.sq ? lse[bh * g.sq + row1] : neg_inf(0.f);
+    L0 = L0 == neg_inf(L0) ? -neg_inf(0.f) : L0 * FA_LOG2E;
+    L1 = L1 == neg_inf(L1) ? -neg_inf(0.f) : L1 * FA_LOG2E;
+    float D0 = row0 < g.sq ? delta[bh * g.sq + row0] : 0.f, D1 = row1 < g.sq ? delta[bh * g.sq + row1] : 0.f;
+    float acc[DP / 8][4];
+#pragma unroll
+    for (int i = 0; i < DP / 8; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+    unsigned qa[DP / 16][4], da[DP / 16][4];
+    const float sl2 = (float)g.scale * FA_LOG2E;
+    cp_wait_all();
+    __syncthreads();
+    load_afrag<DP>(sQ, warp * 16, qa);
+    load_afrag<DP>(sdY, warp * 16, da);
+    for (int t = 0; t < ntiles; ++t) {
+        if (t > 0) {
+            cp_wait_all();
+            __syncthreads();
+        }
+        if (t + 1 < ntiles) {
+            i64 j0 = (i64)(t + 1) * FA_BK;
+            int kv = (int)(g.skv - j0 < FA_BK ? g.skv - j0 : FA_BK);
+            unsigned off = ((t + 1) & 1) * FA_BK * DP * 2;
+            load_tile<DP, NT>(sK + off, Kb + j0 * g.d, FA_BK, kv, (int)g.d, vec);
+            load_tile<DP, NT>(sV + off, Vb + j0 * g.dv, FA_BK, kv, (int)g.dv, vec);
+        }
+        cp_commit();
+        unsigned off = (t & 1) * FA_BK * DP * 2;
+        float s[8][4], dp[8][4];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+            dp[i][0] = dp[i][1] = dp[i][2] = dp[i][3] = 0.f;
+        }
+        mma_abt<T, DP>(s, qa, sK + off, 0);
+        mma_abt<T, DP>(dp, da, sV + off, 0);
+        i64 j0 = (i64)t * FA_BK;
+        bool edge = MASK || j0 + FA_BK > g.skv || (g.causal && j0 + FA_BK - 1 > q0 + warp * 16);
+#pragma unroll
+        for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[nb][e] *= sl2;
+        if (edge) fa_edge<T, MASK>(g, s, mask, b, h, row0, j0, 0);
+#pragma unroll
+        for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                float p = fa_ex2(s[nb][e] - (e < 2 ? L0 : L1));
+                s[nb][e] = p * (dp[nb][e] - (e < 2 ? D0 : D1));
+            }
+        if (dmask) {
+#pragma unroll
+            for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    i64 j = j0 + nb * 8 + 2 * tq + (e & 1), i = e < 2 ? row0 : row1;
+                    if (i < g.sq && j < g.skv) dmask[(bh * g.sq + i) * g.skv + j] = st<T>(s[nb][e]);
+                }
+        }
+        mma_pb<T, DP>(acc, s, sK + off);
+    }
+    float sc = (float)g.scale;
+    store_acc<T, DP>(dQ + bh * g.sq * g.d, acc, q0 + warp * 16, g.sq, (int)g.d, sc, sc);
+}
+
+// dK, dV: grid (key blocks of FB_B, B·Hkv), 4 warps; each CTA walks the query tiles of
+// every query head of its kv group. dV = Pᵀ·dY, dK = scale·dSᵀ·Q.
+template <class T, int DP, bool MASK> __device__ void fa_dkv(const AttnGeom& g, const T* dY, const T* Q, const T* K, const T* V, const void* mask, const float* lse, const float* delta, T* dK, T* dV, int vec) {
+    constexpr int NT = FB_B * 2;
+    unsigned sK = smem_u32(fa_smem);
+    unsigned sV = sK + FB_B * DP * 2, sQ = sV + FB_B * DP * 2, sdY = sQ + 2 * FB_B * DP * 2;
+    float* sL = (float*)(fa_smem + (2 * FB_B + 4 * FB_B) * DP * 2);  // [2][FB_B] log2 LSE
+    float* sD = sL + 2 * FB_B;                                        // [2][FB_B] delta
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
+    i64 bhk = blockIdx.y, b = bhk / g.hkv, hk = bhk % g.hkv, grp = g.hq / g.hkv;
+    i64 k0 = (i64)blockIdx.x * FB_B;
+    int kvalid = (int)(g.skv - k0 < FB_B ? g.skv - k0 : FB_B);
+    // Query tiles: causal starts at the tile holding query k0 (earlier ones see no key here).
+    i64 i_start = g.causal ? (k0 / FB_B) * FB_B : 0;
+    int ntq = g.sq > i_start ? (int)((g.sq - i_start + FB_B - 1) / FB_B) : 0;
+    int total = (int)(ntq * grp);
+    load_tile<DP, NT>(sK, (const unsigned short*)K + (bhk * g.skv + k0) * g.d, FB_B, kvalid, (int)g.d, vec);
+    load_tile<DP, NT>(sV, (const unsigned short*)V + (bhk * g.skv + k0) * g.dv, FB_B, kvalid, (int)g.dv, vec);
+    // Stage 0 of the query tiles, and its LSE/delta.
+    auto stage = [&](int it, int buf) {
+        i64 h = hk * grp + it / ntq, i0 = i_start + (i64)(it % ntq) * FB_B;
+        i64 bh = b * g.hq + h;
+        int qv = (int)(g.sq - i0 < FB_B ? g.sq - i0 : FB_B);
+        unsigned off = buf * FB_B * DP * 2;
+        load_tile<DP, NT>(sQ + off, (const unsigned short*)Q + (bh * g.sq + i0) * g.d, FB_B, qv, (int)g.d, vec);
+        load_tile<DP, NT>(sdY + off, (const unsigned short*)dY + (bh * g.sq + i0) * g.dv, FB_B, qv, (int)g.dv, vec);
+        for (int r = threadIdx.x; r < FB_B; r += NT) {
+            float L = r < qv ? lse[bh * g.sq + i0 + r] : neg_inf(0.f);
+            sL[buf * FB_B + r] = L == neg_inf(L) ? -neg_inf(0.f) : L * FA_LOG2E;
+            sD[buf * FB_B + r] = r < qv ? delta[bh * g.sq + i0 + r] : 0.f;
+        }
+    };
+    if (total > 0) stage(0, 0);
+    cp_commit();
+    float dk[DP / 8][4], dv[DP / 8][4];
+#pragma unroll
+    for (int i = 0; i < DP / 8; ++i) {
+        dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = 0.f;
+        dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.f;
+    }
+    unsigned ka[DP / 16][4], va[DP / 16][4];
+    const float sl2 = (float)g.scale * FA_LOG2E;
+    i64 key0 = k0 + warp * 16 + gq;  // this thread's first key row (the other is key0 + 8)
+    cp_wait_all();
+    __syncthreads();
+    load_afrag<DP>(sK, warp * 16, ka);
+    load_afrag<DP>(sV, warp * 16, va);
+    for (int it = 0; it < total; ++it) {
+        if (it > 0) {
+            cp_wait_all();
+            __syncthreads();
+        }
+        if (it + 1 < total) stage(it + 1, (it + 1) & 1);
+        cp_commit();
+        int buf = it & 1;
+        unsigned off = buf * FB_B * DP * 2;
+        i64 h = hk * grp + it / ntq, i0 = i_start + (i64)(it % ntq) * FB_B;
+        float s[8][4], dp[8][4];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+            dp[i][0] = dp[i][1] = dp[i][2] = dp[i][3] = 0.f;
+        }
+        mma_abt<T, DP>(s, ka, sQ + off, 0);   // Sᵀ[key][query]
+        mma_abt<T, DP>(dp, va, sdY + off, 0); // dPᵀ[key][query]
+        bool edge = MASK || (g.causal && i0 < k0 + FB_B);
+        const float* L = sL + buf * FB_B;
+        const float* Dl = sD + buf * FB_B;
+#pragma unroll
+        for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[nb][e] *= sl2;
+        if (edge) fa_edge<T, MASK>(g, s, mask, b, h, key0, i0, 1);
+#pragma unroll
+        for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                int qi = nb * 8 + 2 * tq + (e & 1);
+                float p = fa_ex2(s[nb][e] - L[qi]);
+                s[nb][e] = p;
+                dp[nb][e] = p * (dp[nb][e] - Dl[qi]);
+            }
+        mma_pb<T, DP>(dv, s, sdY + off);
+        mma_pb<T, DP>(dk, dp, sQ + off);
+    }
+    float sc = (float)g.scale;
+    store_acc<T, DP>(dK + bhk * g.skv * g.d, dk, k0 + warp * 16, g.skv, (int)g.d, sc, sc);
+    store_acc<T, DP>(dV + bhk * g.skv * g.dv, dv, k0 + warp * 16, g.skv, (int)g.dv, 1.f, 1.f);
+}
+
+// Forward for head sizes up to 64 and 128; backward up to 64 (at 128 its accumulators
+// spill: larger heads take the SIMT kernels of attention.cu).
+// Kernels without a mask (`_m` with one: its loads cost registers the common case does
+// not need); forward for head sizes up to 64 and 128, backward up to 64 (at 128 its
+// accumulators spill: larger heads take the row-per-warp kernels of attention.cu).
+#define INST_FA_FWD(T, S, DP, M, MS) \
+    extern "C" __global__ void __launch_bounds__(FA_BQ / (16 * FA_MT(DP)) * 32, 128 / DP) fa_fwd_##S##_##DP##MS(AttnGeom g, const T* q, const T* k, const T* v, const void* m, T* y, float* lse, int vec) { fa_fwd<T, DP, M>(g, q, k, v, m, y, lse, vec); }
+#define INST_FA_BWD(T, S, M, MS)                                                                   \
+    extern "C" __global__ void __launch_bounds__(FB_B * 2, M ? 1 : 3) fa_dq_##S##_64##MS(AttnGeom g, const T* dy, const T* q, const T* k, const T* v, const void* m, const float* lse, const float* delta, T* dq, T* dm, int vec) { fa_dq<T, 64, M>(g, dy, q, k, v, m, lse, delta, dq, dm, vec); } \
+    extern "C" __global__ void __launch_bounds__(FB_B * 2, M ? 1 : 3) fa_dkv_##S##_64##MS(AttnGeom g, const T* dy, const T* q, const T* k, const T* v, const void* m, const float* lse, const float* delta, T* dk, T* dv, int vec) { fa_dkv<T, 64, M>(g, dy, q, k, v, m, lse, delta, dk, dv, vec); }
+#define INST_FA(T, S)                                                                              \
+    INST_FA_FWD(T, S, 64, false, ) INST_FA_FWD(T, S, 64, true, _m) INST_FA_FWD(T, S, 128, false, ) \
+    INST_FA_FWD(T, S, 128, true, _m) INST_FA_BWD(T, S, false, ) INST_FA_BWD(T, S, true, _m)
+INST_FA(bf16, bf16)
+INST_FA(f16, f16)
+
+// ---------------------------------------------------------------------------------------
+// f32: 64×64 tiles on CUDA cores, 256 threads; thread (ty, tx) = (tid / 16, tid % 16) holds
+// rows ty·4 + i and columns tx + 16·j (i, j < 4) of every 64×64 product. Tiles are rows of
+// FS_P floats (64 + 1: a column walk hits 32 different banks).
+
+#define FS_T 64
+#define FS_P 65
+
+// Loads `valid` rows of `width` floats (zero-padded to 64 columns and rows) into a tile.
+__device__ __forceinline__ void fs_load(float* dst, const float* src, int valid, int width) {
+    for (int idx = threadIdx.x; idx < FS_T * FS_T; idx += 256) {
+        int r = idx >> 6, c = idx & 63;
+        dst[r * FS_P + c] = (r < valid && c < width) ? src[(i64)r * width + c] : 0.f;
+    }
+}
+// acc[i][j] += Σ_d A[ty·4+i][d] · B[tx+16j][d]   (A·Bᵀ)
+__device__ __forceinline__ void fs_abt(float (*acc)[4], const float* A, const float* B) {
+    int ty = threadIdx.x >> 4, tx = threadIdx.x & 15;
+#pragma unroll 4
+    for (int d = 0; d < FS_T; ++d) {
+        float a[4], bb[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) a[i] = A[(ty * 4 + i) * FS_P + d];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) bb[j] = B[(tx + 16 * j) * FS_P + d];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(a[i], bb[j], acc[i][j]);
+    }
+}
+// acc[i][j] += Σ_k A[ty·4+i][k] · B[k][tx+16j]   (A·B)
+__device__ __forceinline__ void fs_ab(float (*acc)[4], const float* A, const float* B) {
+    int ty = threadIdx.x >> 4, tx = threadIdx.x & 15;
+#pragma unroll 4
+    for (int k = 0; k < FS_T; ++k) {
+        float a[4], bb[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) a[i] = A[(ty * 4 + i) * FS_P + k];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) bb[j] = B[k * FS_P + tx + 16 * j];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(a[i], bb[j], acc[i][j]);
+    }
+}
+__device__ __forceinline__ void fs_zero(float (*a)[4]) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) a[i][0] = a[i][1] = a[i][2] = a[i][3] = 0.f;
+}
+__device__ __forceinline__ float fs_mask(const AttnGeom& g, const void* mask, i64 off, float x) {
+    if (g.mask_kind == 1) return ((const unsigned char*)mask)[off] ? x : neg_inf(x);
+    return x + ((const float*)mask)[off];
+}
+__device__ __forceinline__ float sum16(float v) {
+    for (int o = 1; o < 16; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float max16(float v) {
+    for (int o = 1; o < 16; o <<= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+// Stores rows r0 + ty·4 + i (< nrows), columns tx + 16j (< width), times f[i].
+__device__ __forceinline__ void fs_store(float* dst, const float (*acc)[4], i64 r0, i64 nrows, int width, const float* f) {
+    int ty = threadIdx.x >> 4, tx = threadIdx.x & 15;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        i64 r = r0 + ty * 4 + i;
+        if (r >= nrows) continue;
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            if (tx + 16 * j < width) dst[r * width + tx + 16 * j] = acc[i][j] * f[i];
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256) fs_fwd(AttnGeom g, const float* Q, const float* K, const float* V, const void* mask, float* Y, float* lse) {
+    float* sQ = (float*)fa_smem;
+    float *sK = sQ + FS_T * FS_P, *sV = sK + FS_T * FS_P, *sP = sV + FS_T * FS_P;
+    int ty = threadIdx.x >> 4, tx = threadIdx.x & 15;
+    i64 qb = g.causal ? (i64)gridDim.x - 1 - blockIdx.x : blockIdx.x;
+    i64 bh = blockIdx.y, b = bh / g.hq, h = bh % g.hq, hk = h / (g.hq / g.hkv);
+    i64 q0 = qb * FS_T;
+    i64 kend = g.skv;
+    if (g.causal && q0 + FS_T < kend) kend = q0 + FS_T;
+    const float* Kb = K + (b * g.hkv + hk) * g.skv * g.d;
+    const float* Vb = V + (b * g.hkv + hk) * g.skv * g.dv;
+    fs_load(sQ, Q + (bh * g.sq + q0) * g.d, (int)(g.sq - q0 < FS_T ? g.sq - q0 : FS_T), (int)g.d);
+    float o[4][4], m[4], l[4];
+    fs_zero(o);
+    for (int i = 0; i < 4; ++i) m[i] = neg_inf(0.f), l[i] = 0.f;
+    float sc = (float)g.scale;
+    for (i64 j0 = 0; j0 < kend; j0 += FS_T) {
+        int kv = (int)(g.skv - j0 < FS_T ? g.skv - j0 : FS_T);
+        __syncthreads();
+        fs_load(sK, Kb + j0 * g.d, kv, (int)g.d);
+        fs_load(sV, Vb + j0 * g.dv, kv, (int)g.dv);
+        __syncthreads();
+        float s[4][4];
+        fs_zero(s);
+        fs_abt(s, sQ, sK);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            i64 qi = q0 + ty * 4 + i;
+            float mx = m[i];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                i64 kj = j0 + tx + 16 * j;
+                float x = s[i][j] * sc;
+                if (kj >= g.skv || (g.causal && kj > qi)) x = neg_inf(x);
+                else if (g.mask_kind && qi < g.sq) x = fs_mask(g, mask, b * g.ms[0] + h * g.ms[1] + qi * g.ms[2] + kj * g.ms[3], x);
+                s[i][j] = x;
+                mx = fmaxf(mx, x);
+            }
+            mx = max16(mx);
+            float ref = mx == neg_inf(mx) ? 0.f : mx;
+            float a = expf(m[i] - ref);
+            m[i] = mx;
+            float ps = 0.f;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                float p = expf(s[i][j] - ref);
+                ps += p;
+                sP[(ty * 4 + i) * FS_P + tx + 16 * j] = p;
+                o[i][j] *= a;
+            }
+            l[i] = l[i] * a + ps;
+        }
+        __syncthreads();
+        fs_ab(o, sP, sV);
+    }
+    float f[4];
+    for (int i = 0; i < 4; ++i) {
+        l[i] = sum16(l[i]);
+        f[i] = l[i] > 0.f ? 1.f / l[i] : 0.f;
+    }
+    fs_store(Y + bh * g.sq * g.dv, o, q0, g.sq, (int)g.dv, f);
+    if (lse && tx == 0)
+        for (int i = 0; i < 4; ++i) {
+            i64 qi = q0 + ty * 4 + i;
+            if (qi < g.sq) lse[bh * g.sq + qi] = l[i] > 0.f ? m[i] + logf(l[i]) : neg_inf(0.f);
+        }
+}
+
+extern "C" __global__ void __launch_bounds__(256) fs_dq(AttnGeom g, const float* dY, const float* Q, const float* K, const float* V, const void* mask, const float* lse, const float* delta, float* dQ, float* dmask) {
+    float* sQ = (float*)fa_smem;
+    float *sdY = sQ + FS_T * FS_P, *sK = sdY + FS_T * FS_P, *sV = sK + FS_T * FS_P, *sS = sV + FS_T * FS_P;
+    int ty = threadIdx.x >> 4, tx = threadIdx.x & 15;
+    i64 qb = g.causal ? (i64)gridDim.x - 1 - blockIdx.x : blockIdx.x;
+    i64 bh = blockIdx.y, b = bh / g.hq, h = bh % g.hq, hk = h / (g.hq / g.hkv);
+    i64 q0 = qb * FS_T;
+    int qv = (int)(g.sq - q0 < FS_T ? g.sq - q0 : FS_T);
+    i64 kend = g.skv;
+    if (g.causal && q0 + FS_T < kend) kend = q0 + FS_T;
+    const float* Kb = K + (b * g.hkv + hk) * g.skv * g.d;
+    const float* Vb = V + (b * g.hkv + hk) * g.skv * g.dv;
+    fs_load(sQ, Q + (bh * g.sq + q0) * g.d, qv, (int)g.d);
+    fs_load(sdY, dY + (bh * g.sq + q0) * g.dv, qv, (int)g.dv);
+    float L[4], Dl[4], acc[4][4];
+    fs_zero(acc);
+    for (int i = 0; i < 4; ++i) {
+        i64 qi = q0 + ty * 4 + i;
+        float x = qi < g.sq ? lse[bh * g.sq + qi] : neg_inf(0.f);
+        L[i] = x == neg_inf(x) ? -neg_inf(0.f) : x;
+        Dl[i] = qi < g.sq ? delta[bh * g.sq + qi] : 0.f;
+    }
+    float sc = (float)g.scale;
+    for (i64 j0 = 0; j0 < kend; j0 += FS_T) {
+        int kv = (int)(g.skv - j0 < FS_T ? g.skv - j0 : FS_T);
+        __syncthreads();
+        fs_load(sK, Kb + j0 * g.d, kv, (int)g.d);
+        fs_load(sV, Vb + j0 * g.dv, kv, (int)g.dv);
+        __syncthreads();
+        float s[4][4], dp[4][4];
+        fs_zero(s);
+        fs_zero(dp);
+        fs_abt(s, sQ, sK);
+        fs_abt(dp, sdY, sV);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            i64 qi = q0 + ty * 4 + i;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                i64 kj = j0 + tx + 16 * j;
+                float x = s[i][j] * sc;
+                if (kj >= g.skv || (g.causal && kj > qi)) x = neg_inf(x);
+                else if (g.mask_kind && qi < g.sq) x = fs_mask(g, mask, b * g.ms[0] + h * g.ms[1] + qi * g.ms[2] + kj * g.ms[3], x);
+                float p = expf(x - L[i]);
+                float ds = p * (dp[i][j] - Dl[i]);
+                sS[(ty * 4 + i) * FS_P + tx + 16 * j] = ds;
+                if (dmask && qi < g.sq && kj < g.skv) dmask[(bh * g.sq + qi) * g.skv + kj] = ds;
+            }
+        }
+        __syncthreads();
+        fs_ab(acc, sS, sK);
+    }
+    float f[4] = {sc, sc, sc, sc};
+    fs_store(dQ + bh * g.sq * g.d, acc, q0, g.sq, (int)g.d, f);
+}
+
+extern "C" __global__ void __launch_bounds__(256) fs_dkv(AttnGeom g, const float* dY, const float* Q, const float* K, const float* V, const void* mask, const float* lse, const float* delta, float* dK, float* dV) {
+    float* sK = (float*)fa_smem;
+    float *sV = sK + FS_T * FS_P, *sQ = sV + FS_T * FS_P, *sdY = sQ + FS_T * FS_P, *sS = sdY + FS_T * FS_P;
+    float* sL = sS + FS_T * FS_P;  // [64] LSE (+inf where a row sees nothing)
+    float* sD = sL + FS_T;         // [64] delta
+    int ty = threadIdx.x >> 4, tx = threadIdx.x & 15;
+    i64 bhk = blockIdx.y, b = bhk / g.hkv, hk = bhk % g.hkv, grp = g.hq / g.hkv;
+    i64 k0 = (i64)blockIdx.x * FS_T;
+    int kvalid = (int)(g.skv - k0 < FS_T ? g.skv - k0 : FS_T);
+    fs_load(sK, K + (bhk * g.skv + k0) * g.d, kvalid, (int)g.d);
+    fs_load(sV, V + (bhk * g.skv + k0) * g.dv, kvalid, (int)g.dv);
+    float dk[4][4], dv[4][4];
+    fs_zero(dk);
+    fs_zero(dv);
+    float sc = (float)g.scale;
+    i64 i_start = g.causal ? (k0 / FS_T) * FS_T : 0;
+    for (i64 hh = 0; hh < grp; ++hh) {
+        i64 h = hk * grp + hh, bh = b * g.hq + h;
+        for (i64 i0 = i_start; i0 < g.sq; i0 += FS_T) {
+            int qv = (int)(g.sq - i0 < FS_T ? g.sq - i0 : FS_T);
+            __syncthreads();
+            fs_load(sQ, Q + (bh * g.sq + i0) * g.d, qv, (int)g.d);
+            fs_load(sdY, dY + (bh * g.sq + i0) * g.dv, qv, (int)g.dv);
+            for (int r = threadIdx.x; r < FS_T; r += 256) {
+                float x = r < qv ? lse[bh * g.sq + i0 + r] : neg_inf(0.f);
+                sL[r] = x == neg_inf(x) ? -neg_inf(0.f) : x;
+                sD[r] = r < qv ? delta[bh * g.sq + i0 + r] : 0.f;
+            }
+            __syncthreads();
+            float s[4][4], dp[4][4];
+            fs_zero(s);
+            fs_zero(dp);
+            fs_abt(s, sK, sQ);   // Sᵀ[key][query]
+            fs_abt(dp, sV, sdY); // dPᵀ[key][query]
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                i64 kj = k0 + ty * 4 + i;
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    int qq = tx + 16 * j;
+                    i64 qi = i0 + qq;
+                    float x = s[i][j] * sc;
+                    if (g.causal && kj > qi) x = neg_inf(x);
+                    else if (g.mask_kind && qi < g.sq && kj < g.skv) x = fs_mask(g, mask, b * g.ms[0] + h * g.ms[1] + qi * g.ms[2] + kj * g.ms[3], x);
+                    float p = expf(x - sL[qq]);
+                    s[i][j] = p;
+                    dp[i][j] = p * (dp[i][j] - sD[qq]);
+                    sS[(ty * 4 + i) * FS_P + qq] = p;
+                }
+            }
+            __syncthreads();
+            fs_ab(dv, sS, sdY);
+            __syncthreads();
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) sS[(ty * 4 + i) * FS_P + tx + 16 * j] = dp[i][j];
+            __syncthreads();
+            fs_ab(dk, sS, sQ);
+        }
+    }
+    float fk[4] = {sc, sc, sc, sc}, fv[4] = {1.f, 1.f, 1.f, 1.f};
+    fs_store(dK + bhk * g.skv * g.d, dk, k0, g.skv, (int)g.d, fk);
+    fs_store(dV + bhk * g.skv * g.dv, dv, k0, g.skv, (int)g.dv, fv);
+}

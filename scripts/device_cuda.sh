@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# One device call (the `run` tool) for the CUDA backend: the whole test suite, then
+# `graphrun bench --json` for the four workloads × {f32, tf32, bf16} × {fwd, train}, then
+# PyTorch's reference rows (torch_reference.py, cudagraph mode; eager for attention) and
+# the merged table. Build here and fill the carry folder first (scripts/carry_cuda.sh);
+# run on the device from the repository root as
+#   bash .carry-cuda/device_cuda.sh [tests|bench|torch ...]   (default: all three)
+# Everything it writes comes back as $OUT/results.tgz; the table is printed last.
+set -u
+C=$PWD/.carry-cuda
+OUT=${OUT:-/tmp/out}
+R=/tmp/res
+mkdir -p "$OUT" "$R" /tmp/x
+tar xzf "$C/bin.tgz" -C /tmp/x
+# The test executables carry the worktree's absolute path for models/, tests/data/ and the
+# graphrun binary (CARGO_MANIFEST_DIR, CARGO_BIN_EXE_graphrun).
+mkdir -p /work "$C/tree/target/release"
+cp /tmp/x/graphrun "$C/tree/target/release/graphrun"
+[ -e /work/wt-cuda-perf ] || ln -s "$C/tree" /work/wt-cuda-perf
+export GRAPHRUN_REQUIRE_CUDA=1 GRAPHRUN_CUDA_CACHE=/tmp/kcache
+G=/tmp/x/graphrun
+what=${*:-tests bench torch}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader
+t0=$(date +%s.%N)
+$G doctor 2>&1 | grep -iE "cuda|nvrtc|device" | head -n 6
+echo "kernels ready in $(python3 -c "import time; print(round(time.time() - $t0, 1))") s (compiled once, cached for the rest)"
+status=0
+if [[ $what == *tests* ]]; then
+    ls /tmp/x/tests/* | xargs -P 3 -I{} bash -c '
+        n=$(basename {}); cd /work/wt-cuda-perf
+        timeout 300 {} --test-threads=6 > '"$R"'/test_$n.log 2>&1; rc=$?
+        echo "== $n rc=$rc $(grep -E "^test result" '"$R"'/test_$n.log | tail -n 1)"
+        grep -E "^test .* FAILED$|panicked at" -A3 '"$R"'/test_$n.log | head -n 20'
+    grep -h "^test result" $R/test_*.log | awk '{p+=$4; f+=$6} END {print "TESTS: " p " passed, " f " failed"}'
+fi
+if [[ $what == *bench* ]]; then
+    mkdir -p $R/graphrun
+    for w in mlp mlp_large gpt_block attention; do
+        for dt in f32 tf32 bf16; do
+            for p in fwd train; do
+                flag=; [ $p = train ] && flag=--backward
+                (cd /work/wt-cuda-perf && timeout 90 $G bench models/$w.yaml --backend cuda --dtype $dt $flag \
+                    --iters 30 --warmup 5 --json $R/graphrun/${w}_${dt}_$p.json) > $R/bench_${w}_${dt}_$p.log 2>&1
+                echo "bench $w $dt $p: $(grep -m1 median $R/bench_${w}_${dt}_$p.log || tail -n 2 $R/bench_${w}_${dt}_$p.log)"
+            done
+        done
+    done
+fi
+if [[ $what == *torch* ]]; then
+    cd $C
+    PYTHONUNBUFFERED=1 timeout 400 python3 torch_reference.py --workload all --dtype f32,tf32,bf16 --pass fwd,train \
+        --mode cudagraph --no-check --target-seconds 0.3 --json $R/torch_cudagraph.json > $R/torch_cudagraph.log 2>&1
+    echo "torch cudagraph rc=$?"
+    PYTHONUNBUFFERED=1 timeout 120 python3 torch_reference.py --workload attention,mlp_small --dtype f32,bf16 --pass fwd,train \
+        --mode eager --no-check --target-seconds 0.3 --json $R/torch_eager.json > $R/torch_eager.log 2>&1
+    echo "torch eager rc=$?"
+    python3 $C/bench_table.py $R/table.md $R/graphrun/*.json $R/torch_*.json
+fi
+tar czf "$OUT/results.tgz" -C $R .
+exit $status
