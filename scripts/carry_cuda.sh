@@ -22,8 +22,8 @@ done
 cp target/release/graphrun /tmp/carry_cuda_bin/graphrun
 strip /tmp/carry_cuda_bin/graphrun /tmp/carry_cuda_bin/tests/*
 tar czf "$DEST/bin.tgz" -C /tmp/carry_cuda_bin .
-cp -r models examples README.md "$DEST/tree/"
-cp -r tests/data "$DEST/tree/tests/"
+cp -r models examples README.md docs "$DEST/tree/"
+cp -r tests/data tests/onnx_node tests/fixtures "$DEST/tree/tests/"
 cp scripts/device_cuda.sh scripts/bench_table.py "$DEST/"
 cp ../shared/bench/torch_reference.py "$DEST/"
 du -sh "$DEST"
