@@ -197,27 +197,13 @@ pub(super) fn grad(b: &mut Builder, ni: usize, n: &Node, dys: &[Option<String>])
                 ins.push(b.aux_output(ni, 1, "pre")?);
             }
             let ins: Vec<&str> = ins.iter().map(|s| s.as_str()).collect();
-            let want = |v: Option<&String>| -> String {
-                match v {
-                    Some(v) if b.needs(v) => format!("{v}.d"),
-                    _ => String::new(),
-                }
-            };
-            let mut outs = vec![want(Some(a)), want(Some(w))];
-            if bias.is_some() {
-                outs.push(want(bias));
-            }
-            let outs: Vec<&str> = outs.iter().map(|s| s.as_str()).collect();
+            let mut of: Vec<&str> = vec![a, w];
+            of.extend(bias.map(|s| s.as_str()));
             let op = Op::FusedMatMulGrad {
                 activation: *activation,
                 trans_b: *trans_b,
             };
-            let mut out: Grads = b
-                .node(op, &ins, &outs)?
-                .into_iter()
-                .map(|v| Some(v).filter(|v| !v.is_empty()))
-                .collect();
-            out.resize(n.inputs.len(), None);
+            let mut out = fused_grads(b, op, &ins, &of, n.inputs.len())?;
             if let Some(r) = res.filter(|r| b.needs(r)) {
                 out[3] = Some(b.sum_to(&dy, &b.shape(r))?);
             }
@@ -238,30 +224,15 @@ pub(super) fn grad(b: &mut Builder, ni: usize, n: &Node, dys: &[Option<String>])
             if !mask.is_empty() {
                 ins.push(&mask);
             }
-            let mut outs: Vec<String> = n.inputs[..3]
-                .iter()
-                .map(|v| {
-                    if b.needs(v) {
-                        format!("{v}.d")
-                    } else {
-                        String::new()
-                    }
-                })
-                .collect();
+            let mut of: Vec<&str> = n.inputs[..3].iter().map(|s| s.as_str()).collect();
             if mask_grad {
-                outs.push(format!("{mask}.d"));
+                of.push(&mask);
             }
-            let outs: Vec<&str> = outs.iter().map(|s| s.as_str()).collect();
             let op = Op::AttentionGrad {
                 is_causal: *is_causal,
                 scale: *scale,
             };
-            let mut out: Grads = b
-                .node(op, &ins, &outs)?
-                .into_iter()
-                .map(|v| Some(v).filter(|v| !v.is_empty()))
-                .collect();
-            out.resize(n.inputs.len(), None);
+            let mut out = fused_grads(b, op, &ins, &of, n.inputs.len())?;
             if let Some(dm) = out.get(3).cloned().flatten() {
                 out[3] = Some(b.sum_to(&dm, &b.shape(&mask))?);
             }
@@ -273,28 +244,12 @@ pub(super) fn grad(b: &mut Builder, ni: usize, n: &Node, dys: &[Option<String>])
             ins.extend(n.inputs.iter().map(|s| s.as_str()));
             ins.push(&n.outputs[0]);
             ins.push(&lse);
-            let outs: Vec<String> = n.inputs[..3]
-                .iter()
-                .map(|v| {
-                    if b.needs(v) {
-                        format!("{v}.d")
-                    } else {
-                        String::new()
-                    }
-                })
-                .collect();
-            let outs: Vec<&str> = outs.iter().map(|s| s.as_str()).collect();
+            let of: Vec<&str> = n.inputs[..3].iter().map(|s| s.as_str()).collect();
             let op = Op::VarlenAttentionGrad {
                 is_causal: *is_causal,
                 scale: *scale,
             };
-            let mut out: Grads = b
-                .node(op, &ins, &outs)?
-                .into_iter()
-                .map(|v| Some(v).filter(|v| !v.is_empty()))
-                .collect();
-            out.resize(n.inputs.len(), None);
-            Ok(out)
+            fused_grads(b, op, &ins, &of, n.inputs.len())
         }
         // No gradient flows through integer results, shapes or constants.
         Op::Shape { .. } | Op::Constant { .. } => none(),
@@ -312,6 +267,36 @@ pub(super) fn grad(b: &mut Builder, ni: usize, n: &Node, dys: &[Option<String>])
         | Op::AttentionGrad { .. }
         | Op::VarlenAttentionGrad { .. } => multi(b, ni, n, dys),
     }
+}
+
+/// A fused gradient node whose outputs are the gradients of `of` (in order), each named
+/// only where that gradient is wanted (the kernel skips the others); the result is indexed
+/// like the forward node's `n_inputs` inputs, `of` being its first ones.
+fn fused_grads(
+    b: &mut Builder,
+    op: Op,
+    ins: &[&str],
+    of: &[&str],
+    n_inputs: usize,
+) -> Result<Grads> {
+    let outs: Vec<String> = of
+        .iter()
+        .map(|v| {
+            if b.needs(v) {
+                format!("{v}.d")
+            } else {
+                String::new()
+            }
+        })
+        .collect();
+    let outs: Vec<&str> = outs.iter().map(|s| s.as_str()).collect();
+    let mut out: Grads = b
+        .node(op, ins, &outs)?
+        .into_iter()
+        .map(|v| Some(v).filter(|v| !v.is_empty()))
+        .collect();
+    out.resize(n_inputs, None);
+    Ok(out)
 }
 
 /// Ops with several outputs (their rule looks at every output's gradient), and ops
