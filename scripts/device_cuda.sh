@@ -14,9 +14,15 @@ mkdir -p "$OUT" "$R" /tmp/x
 tar xzf "$C/bin.tgz" -C /tmp/x
 # The test executables carry the worktree's absolute path for models/, tests/data/ and the
 # graphrun binary (CARGO_MANIFEST_DIR, CARGO_BIN_EXE_graphrun).
-mkdir -p /work "$C/tree/target/release"
-cp /tmp/x/graphrun "$C/tree/target/release/graphrun"
-[ -e /work/wt-cuda-perf ] || ln -s "$C/tree" /work/wt-cuda-perf
+# They were built in /work/main: point that path at the carried tree, or, where the
+# checkout itself sits there, give it the binary.
+if [ -e /work/main ]; then
+    mkdir -p /work/main/target/release && cp /tmp/x/graphrun /work/main/target/release/graphrun
+else
+    mkdir -p /work "$C/tree/target/release"
+    cp /tmp/x/graphrun "$C/tree/target/release/graphrun"
+    ln -s "$C/tree" /work/main
+fi
 export GRAPHRUN_REQUIRE_CUDA=1 GRAPHRUN_CUDA_CACHE=/tmp/kcache
 G=/tmp/x/graphrun
 what=${*:-tests bench torch}
@@ -27,7 +33,7 @@ echo "kernels ready in $(python3 -c "import time; print(round(time.time() - $t0,
 status=0
 if [[ $what == *tests* ]]; then
     ls /tmp/x/tests/* | xargs -P 3 -I{} bash -c '
-        n=$(basename {}); cd /work/wt-cuda-perf
+        n=$(basename {}); cd /work/main
         timeout 300 {} --test-threads=6 > '"$R"'/test_$n.log 2>&1; rc=$?
         echo "== $n rc=$rc $(grep -E "^test result" '"$R"'/test_$n.log | tail -n 1)"
         grep -E "^test .* FAILED$|panicked at" -A3 '"$R"'/test_$n.log | head -n 20'
@@ -39,7 +45,7 @@ if [[ $what == *bench* ]]; then
         for dt in f32 tf32 bf16; do
             for p in fwd train; do
                 flag=; [ $p = train ] && flag=--backward
-                (cd /work/wt-cuda-perf && timeout 90 $G bench models/$w.yaml --backend cuda --dtype $dt $flag \
+                (cd /work/main && timeout 90 $G bench models/$w.yaml --backend cuda --dtype $dt $flag \
                     --iters 30 --warmup 5 --json $R/graphrun/${w}_${dt}_$p.json) > $R/bench_${w}_${dt}_$p.log 2>&1
                 echo "bench $w $dt $p: $(grep -m1 median $R/bench_${w}_${dt}_$p.log || tail -n 2 $R/bench_${w}_${dt}_$p.log)"
             done
