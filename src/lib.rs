@@ -23,7 +23,7 @@ pub mod testing;
 
 pub use backends::BackendKind;
 pub use error::{Error, Result};
-pub use exec::{Plan, Session, SessionOptions};
+pub use exec::{DataParallel, Plan, Session, SessionOptions};
 pub use graph::{Graph, Node, Op};
 pub use tensor::{DType, Tensor};
 

@@ -152,6 +152,10 @@ struct BenchArgs {
     json: Option<PathBuf>,
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// With --backward on a model with a training section: a data-parallel training step
+    /// on this many GPUs, each with the model's batch (cuda backend, NCCL).
+    #[arg(long, default_value_t = 1)]
+    gpus: usize,
 }
 
 #[derive(Args)]
@@ -192,6 +196,10 @@ struct TrainArgs {
     /// Draw the loss curve as SVG.
     #[arg(long, value_name = "FILE.svg")]
     plot: Option<PathBuf>,
+    /// Data-parallel training on this many GPUs (cuda backend, NCCL): each step's batch
+    /// is split evenly over them and their gradients are averaged.
+    #[arg(long, default_value_t = 1)]
+    gpus: usize,
     /// No progress bar.
     #[arg(long, short)]
     quiet: bool,
@@ -342,6 +350,7 @@ fn session_options(c: &Common, dims: BTreeMap<String, usize>, training: bool) ->
         training,
         passes: pass_options(c.no_fuse, &c.disable_pass, training),
         tf32: c.dtype.as_deref() == Some("tf32"),
+        device: 0,
     }
 }
 
@@ -905,13 +914,22 @@ fn bench(a: BenchArgs) -> Result<(), Fail> {
         (true, true) => "train",
         (true, false) => "fwd+bwd",
     };
-    let opts = session_options(&a.common, dims, train);
+    let opts = session_options(&a.common, dims.clone(), train);
     let (fused, _) = optimized(
         &model.graph,
         a.common.no_fuse,
         &a.common.disable_pass,
         train,
     )?;
+    if a.gpus != 1 {
+        if !train {
+            return Err(usage(
+                "--gpus times a data-parallel training step: it needs --backward and a model \
+                 with a training section",
+            ));
+        }
+        return bench_parallel(&a, &model, fused, opts, &dims);
+    }
     let mut session = Session::new(fused, opts)?;
     // Inputs stay on the device and nothing is downloaded, as in the PyTorch reference
     // (its inputs live on the device; no host copies are timed).
@@ -1019,6 +1037,78 @@ fn bench(a: BenchArgs) -> Result<(), Fail> {
     Ok(())
 }
 
+/// `bench --backward --gpus N`: a data-parallel training step, each GPU with the model's
+/// batch (its own seeded inputs), timed like `bench`. Prints the step time and the
+/// throughput in samples per second.
+fn bench_parallel(
+    a: &BenchArgs,
+    model: &Model,
+    fused: graphrun::Graph,
+    opts: SessionOptions,
+    dims: &BTreeMap<String, usize>,
+) -> Result<(), Fail> {
+    if a.gpus == 0 {
+        return Err(usage("--gpus must be at least 1"));
+    }
+    let shards: Vec<std::sync::Arc<HashMap<String, Tensor>>> = (0..a.gpus)
+        .map(|r| {
+            model
+                .random_inputs(a.seed + r as u64, dims)
+                .map(std::sync::Arc::new)
+        })
+        .collect::<Result<_, _>>()?;
+    let per_gpu = shards[0]
+        .values()
+        .next()
+        .and_then(|t| t.shape().first().copied())
+        .unwrap_or(1);
+    let mut dp = graphrun::DataParallel::new(fused, opts, a.gpus)?;
+    dp.set_static_feeds(true)?;
+    for _ in 0..a.warmup.max(1) {
+        dp.train_step_shards(&shards)?;
+    }
+    dp.sync()?;
+    let t0 = std::time::Instant::now();
+    dp.train_step_shards(&shards)?;
+    dp.sync()?;
+    let one = t0.elapsed().as_secs_f64();
+    let group = ((1e-3 / one.max(1e-9)).ceil() as usize).clamp(1, 50);
+    let mut times = vec![];
+    for _ in 0..a.iters {
+        let t0 = std::time::Instant::now();
+        for _ in 0..group {
+            dp.train_step_shards(&shards)?;
+        }
+        dp.sync()?;
+        times.push(t0.elapsed().as_secs_f64() * 1e3 / group as f64);
+    }
+    times.sort_by(|x, y| x.total_cmp(y));
+    let med = times[times.len() / 2];
+    let (min, max) = (times[0], times[times.len() - 1]);
+    let samples = (per_gpu * a.gpus) as f64 / (med * 1e-3);
+    println!(
+        "{}: {} on cuda × {} GPUs, train (data-parallel, batch {per_gpu} per GPU), {} iterations",
+        model.graph.name,
+        a.model.display(),
+        a.gpus,
+        a.iters
+    );
+    println!(
+        "  median {med:.3} ms  min {min:.3} ms  max {max:.3} ms  ({group} step{} per sample)",
+        if group > 1 { "s" } else { "" }
+    );
+    println!("  {samples:.1} samples/s");
+    if let Some(p) = &a.json {
+        let dtype = a.common.dtype.clone().unwrap_or_else(|| "f32".into());
+        let json = format!(
+            "{{\"results\": [{{\"workload\": {:?}, \"dtype\": \"{dtype}\", \"mode\": \"graphrun\", \"pass\": \"train\", \"backend\": \"cuda\", \"gpus\": {}, \"batch_per_gpu\": {per_gpu}, \"ms\": {med}, \"ms_min\": {min}, \"ms_max\": {max}, \"samples_per_s\": {samples}, \"status\": \"ok\"}}]}}\n",
+            model.graph.name, a.gpus
+        );
+        write_atomic(p, |p| std::fs::write(p, &json).map_err(|e| Error::io(p, e)))?;
+    }
+    Ok(())
+}
+
 /// Reads NAME=FILE.npy data sets: every graph input, equal sample counts (axis 0).
 fn read_data(
     specs: &[String],
@@ -1093,19 +1183,12 @@ fn read_data(
 
 /// Rows `idx` (along axis 0) of `t`.
 fn take_rows(t: &Tensor, idx: &[usize]) -> Result<Tensor, Fail> {
-    let row = t.size_bytes() / t.shape()[0].max(1);
-    let mut shape = t.shape().to_vec();
-    shape[0] = idx.len();
-    let mut bytes = Vec::with_capacity(row * idx.len());
-    for &i in idx {
-        bytes.extend_from_slice(&t.bytes()[i * row..(i + 1) * row]);
-    }
-    Ok(Tensor::from_bytes(t.dtype(), &shape, &bytes)?)
+    Ok(t.take_rows(idx)?)
 }
 
 /// Mean loss, and accuracy when the loss is a SoftmaxCrossEntropyLoss, over a data set.
 fn evaluate(
-    session: &mut Session,
+    session: &mut Trainer,
     sets: &[(String, Tensor)],
     n: usize,
     batch: usize,
@@ -1240,7 +1323,21 @@ fn train(a: TrainArgs) -> Result<(), Fail> {
     }
     let opts = session_options(&a.common, dims, true);
     let (fused, _) = optimized(&g, a.common.no_fuse, &a.common.disable_pass, true)?;
-    let mut session = Session::new(fused, opts)?;
+    if a.gpus > 1 && batch % a.gpus != 0 {
+        return Err(usage(format!(
+            "--gpus {}: the batch of {batch} samples does not split evenly over {} GPUs \
+             (choose --batch-size)",
+            a.gpus, a.gpus
+        )));
+    }
+    if a.gpus == 0 {
+        return Err(usage("--gpus must be at least 1"));
+    }
+    let mut session = if a.gpus > 1 {
+        Trainer::Many(graphrun::DataParallel::new(fused, opts, a.gpus)?)
+    } else {
+        Trainer::One(Session::new(fused, opts)?)
+    };
     println!(
         "training {} on {}: {n} samples, batch {batch}, {total} steps ({:.2} epochs), {}",
         g.name,
@@ -1344,6 +1441,7 @@ fn train(a: TrainArgs) -> Result<(), Fail> {
     }
     if let Some(p) = &a.save {
         let trained = session.trained_graph()?;
+        let trained = &trained;
         let tensors: Vec<(String, &Tensor)> = trained
             .initializers
             .iter()
@@ -1359,6 +1457,49 @@ fn train(a: TrainArgs) -> Result<(), Fail> {
         });
     }
     Ok(())
+}
+
+/// What `train` trains with: one session, or one per GPU (`--gpus`).
+enum Trainer {
+    One(Session),
+    Many(graphrun::DataParallel),
+}
+
+impl Trainer {
+    fn train_step(&mut self, feeds: &HashMap<String, Tensor>) -> graphrun::Result<f64> {
+        match self {
+            Trainer::One(s) => s.train_step(feeds),
+            Trainer::Many(d) => d.train_step(feeds),
+        }
+    }
+    fn run_fetch(
+        &mut self,
+        feeds: &HashMap<String, Tensor>,
+        fetch: &[String],
+    ) -> graphrun::Result<Vec<Tensor>> {
+        match self {
+            Trainer::One(s) => s.run_fetch(feeds, fetch),
+            Trainer::Many(d) => d.run_fetch(feeds, fetch),
+        }
+    }
+    fn graph(&self) -> &graphrun::Graph {
+        match self {
+            Trainer::One(s) => s.graph(),
+            Trainer::Many(d) => d.graph(),
+        }
+    }
+    fn trained_graph(&mut self) -> graphrun::Result<graphrun::Graph> {
+        match self {
+            Trainer::One(s) => s.trained_graph().cloned(),
+            Trainer::Many(d) => d.trained_graph(),
+        }
+    }
+    fn backend_name(&self) -> String {
+        match self {
+            Trainer::One(s) => s.backend_name().to_string(),
+            Trainer::Many(d) => format!("cuda × {} GPUs", d.gpus()),
+        }
+    }
 }
 
 /// A flag that the first Ctrl-C sets (training then stops after the current step and

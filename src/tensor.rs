@@ -575,6 +575,22 @@ impl Tensor {
         }
     }
 
+    /// The rows `idx` of axis 0, in that order (batches of samples).
+    pub fn take_rows(&self, idx: &[usize]) -> Result<Tensor> {
+        let rows = self.shape().first().copied().unwrap_or(0);
+        if let Some(&bad) = idx.iter().find(|&&i| i >= rows) {
+            crate::bail!(Input, "row {bad} of a tensor of {rows} rows");
+        }
+        let row = self.size_bytes() / rows.max(1);
+        let mut shape = self.shape().to_vec();
+        shape[0] = idx.len();
+        let mut bytes = Vec::with_capacity(row * idx.len());
+        for &i in idx {
+            bytes.extend_from_slice(&self.bytes()[i * row..(i + 1) * row]);
+        }
+        Tensor::from_bytes(self.dtype(), &shape, &bytes)
+    }
+
     pub fn reshaped(mut self, shape: &[usize]) -> Result<Tensor> {
         if numel(shape) != self.numel() {
             crate::bail!(

@@ -86,6 +86,30 @@ pub trait Backend {
         let _ = ok;
         Ok(false)
     }
+    /// Data-parallel training (exec/parallel.rs): averages each buffer, in place, over
+    /// every worker's copy of it. Ordered after the launches issued so far; it may overlap
+    /// the launches that follow until `comm_wait`. Backends without a communicator refuse.
+    fn all_reduce(&mut self, bufs: &[(&Self::Buffer, &ValueType)]) -> Result<()> {
+        let _ = bufs;
+        crate::bail!(
+            Runtime,
+            "the {} backend has no collective communication",
+            self.name()
+        )
+    }
+    /// Orders the launches that follow after every `all_reduce` issued before.
+    fn comm_wait(&mut self) -> Result<()> {
+        Ok(())
+    }
+    /// Data-parallel training: copies the first worker's buffer into every worker's.
+    fn broadcast(&mut self, buf: &mut Self::Buffer, ty: &ValueType) -> Result<()> {
+        let _ = (buf, ty);
+        crate::bail!(
+            Runtime,
+            "the {} backend has no collective communication",
+            self.name()
+        )
+    }
 }
 
 /// How many state buffers an optimizer keeps per parameter.

@@ -1,9 +1,11 @@
 //! The executor: plans (schedule, lifetimes, buffer reuse) and sessions that run them on
 //! a backend. This is the only place where graphs and devices meet.
 
+pub mod parallel;
 pub mod plan;
 pub mod session;
 
+pub use parallel::DataParallel;
 pub use plan::Plan;
 pub use session::{Session, SessionOptions};
 

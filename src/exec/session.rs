@@ -24,6 +24,8 @@ pub struct SessionOptions {
     pub passes: PassOptions,
     /// f32 matrix products may use TF32 tensor cores (`--dtype tf32`); the CPU ignores it.
     pub tf32: bool,
+    /// The CUDA device (ordinal) of a cuda session.
+    pub device: usize,
 }
 
 impl Default for SessionOptions {
@@ -34,6 +36,7 @@ impl Default for SessionOptions {
             training: false,
             passes: PassOptions::default(),
             tf32: false,
+            device: 0,
         }
     }
 }
@@ -113,6 +116,9 @@ trait Run {
     fn set_static_feeds(&mut self, on: bool);
     /// Waits for the backend's queued work (and reports its errors).
     fn sync(&mut self) -> Result<()>;
+    /// Makes this executor a data-parallel worker: every initializer is replaced by the
+    /// first worker's, and training steps average their gradients over the workers.
+    fn set_data_parallel(&mut self) -> Result<()>;
 }
 
 impl Session {
@@ -120,14 +126,40 @@ impl Session {
         let exec: Box<dyn Run> = match opts.backend {
             BackendKind::Cpu => Box::new(Executor::new(Cpu::default(), &graph)?),
             BackendKind::Cuda => Box::new(Executor::new(
-                crate::backends::cuda::Cuda::with_options(opts.tf32)?,
+                crate::backends::cuda::Cuda::on(opts.device, opts.tf32)?,
                 &graph,
             )?),
             BackendKind::Wgpu => {
                 Box::new(Executor::new(crate::backends::wgpu::Wgpu::new()?, &graph)?)
             }
         };
-        Ok(Session {
+        Ok(Session::with_exec(graph, opts, exec))
+    }
+
+    /// A data-parallel worker (exec/parallel.rs) on CUDA device `opts.device`, rank
+    /// `comm.rank`. Every worker must be made at the same time (the initializers are
+    /// broadcast from rank 0 here).
+    pub(crate) fn worker(
+        graph: Graph,
+        opts: SessionOptions,
+        comm: std::sync::Arc<crate::backends::cuda::nccl::Comm>,
+    ) -> Result<Session> {
+        if opts.backend != BackendKind::Cuda {
+            crate::bail!(
+                Input,
+                "data-parallel training runs on the cuda backend (got {})",
+                opts.backend.name()
+            );
+        }
+        let mut cuda = crate::backends::cuda::Cuda::on(opts.device, opts.tf32)?;
+        cuda.set_comm(comm)?;
+        let mut exec: Box<dyn Run> = Box::new(Executor::new(cuda, &graph)?);
+        exec.set_data_parallel()?;
+        Ok(Session::with_exec(graph, opts, exec))
+    }
+
+    fn with_exec(graph: Graph, opts: SessionOptions, exec: Box<dyn Run>) -> Session {
+        Session {
             graph,
             opts,
             exec,
@@ -137,7 +169,7 @@ impl Session {
             train_plans: vec![],
             steps: 0,
             static_feeds: false,
-        })
+        }
     }
 
     /// For timing loops: the caller promises that every following run gets the same feed
@@ -541,6 +573,60 @@ struct Executor<B: Backend> {
     static_feeds: bool,
     uploaded: Option<(u64, u64)>,
     profile: Option<Vec<(String, &'static str, f64)>>,
+    /// Data-parallel worker: training steps average gradients over the workers, in
+    /// buckets issued as the backward pass makes them (per plan id: step index → the
+    /// update pairs averaged after it).
+    dp: bool,
+    buckets: HashMap<u64, HashMap<usize, Vec<usize>>>,
+}
+
+/// Gradients are averaged in buckets of about this many bytes (`GRAPHRUN_DP_BUCKET_BYTES`
+/// overrides it), each issued as soon as the backward pass has made (and finished
+/// reading) all of its gradients, so that the communication overlaps the rest of the
+/// backward pass. PyTorch DDP uses 25 MiB; smaller buckets start sooner, and NCCL's cost
+/// per call is a few microseconds.
+const BUCKET_BYTES: usize = 8 << 20;
+
+/// The gradient buckets of a training plan: after which step each group of update pairs
+/// (by index) can be averaged. Gradients without a slot (constants) are the same on every
+/// worker and are left out.
+fn buckets(g: &Graph, plan: &Plan, pairs: &[(String, String)]) -> HashMap<usize, Vec<usize>> {
+    let mut ready: Vec<(usize, usize)> = vec![];
+    for (i, (_, gname)) in pairs.iter().enumerate() {
+        if !matches!(plan.places.get(gname), Some(Place::Slot(_))) {
+            continue;
+        }
+        // After its writer and its last reader.
+        let last = plan
+            .steps
+            .iter()
+            .enumerate()
+            .filter(|(_, st)| {
+                let n = &g.nodes[st.node];
+                n.outputs.contains(gname) || n.inputs.contains(gname)
+            })
+            .map(|(k, _)| k)
+            .max();
+        if let Some(k) = last {
+            ready.push((k, i));
+        }
+    }
+    ready.sort();
+    let cap = std::env::var("GRAPHRUN_DP_BUCKET_BYTES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(BUCKET_BYTES);
+    let mut out: HashMap<usize, Vec<usize>> = HashMap::new();
+    let (mut cur, mut bytes) = (vec![], 0);
+    for (j, &(k, i)) in ready.iter().enumerate() {
+        cur.push(i);
+        bytes += plan.types[&pairs[i].1].bytes();
+        if bytes >= cap || j + 1 == ready.len() {
+            out.entry(k).or_default().append(&mut cur);
+            bytes = 0;
+        }
+    }
+    out
 }
 
 impl<B: Backend> Executor<B> {
@@ -559,6 +645,8 @@ impl<B: Backend> Executor<B> {
             static_feeds: false,
             uploaded: None,
             profile: None,
+            dp: false,
+            buckets: HashMap::new(),
         };
         e.map_weights(g)?;
         Ok(e)
@@ -676,8 +764,17 @@ impl<B: Backend> Executor<B> {
 
     /// Issues the plan's launches, then the update's.
     fn launch(&mut self, g: &Graph, plan: &Plan, update: Option<&Update>) -> Result<()> {
+        if let (true, Some(u)) = (self.dp, update) {
+            self.buckets
+                .entry(plan.id)
+                .or_insert_with(|| buckets(g, plan, u.pairs));
+        }
         let consts = &self.consts[&plan.id];
-        for step in &plan.steps {
+        let bucket_at = match update {
+            Some(_) => self.buckets.get(&plan.id),
+            None => None,
+        };
+        for (k, step) in plan.steps.iter().enumerate() {
             let node = &g.nodes[step.node];
             let t0 = self.profile.is_some().then(std::time::Instant::now);
             let mut outs: Vec<B::Buffer> = step
@@ -721,10 +818,25 @@ impl<B: Backend> Executor<B> {
                 }
                 e => e,
             })?;
+            if let (Some(b), Some(u)) = (bucket_at.and_then(|b| b.get(&k)), update) {
+                let bufs: Vec<(&B::Buffer, &ValueType)> = b
+                    .iter()
+                    .map(|&i| {
+                        let gname = &u.pairs[i].1;
+                        let Some(&p) = plan.places.get(gname) else {
+                            unreachable!("bucketed gradients have slots")
+                        };
+                        let buf = place(&self.weights, &self.wmap, consts, &self.slots, p);
+                        (buf, &plan.types[gname])
+                    })
+                    .collect();
+                self.backend.all_reduce(&bufs)?;
+            }
         }
         let Some(u) = update else {
             return Ok(());
         };
+        self.backend.comm_wait()?;
         for (w, gname) in u.pairs {
             let Some(&k) = self.weight_names.get(w) else {
                 crate::bail!(Runtime, "trained initializer '{w}' is not on the backend");
@@ -790,6 +902,14 @@ impl<B: Backend> Run for Executor<B> {
     }
     fn sync(&mut self) -> Result<()> {
         self.backend.sync()
+    }
+    fn set_data_parallel(&mut self) -> Result<()> {
+        for (b, ty) in self.weights.iter_mut().zip(&self.weight_types) {
+            self.backend.broadcast(b, ty)?;
+        }
+        self.backend.sync()?;
+        self.dp = true;
+        Ok(())
     }
     fn run(
         &mut self,

@@ -52,13 +52,32 @@ fn missing_library() -> Option<&'static str> {
     None
 }
 
-/// The device, set up on first use; an error (never a panic) where there is none.
+/// Device 0, set up on first use; an error (never a panic) where there is none.
 pub fn device() -> Result<Arc<Device>> {
-    static DEVICE: OnceLock<std::result::Result<Arc<Device>, String>> = OnceLock::new();
-    DEVICE
-        .get_or_init(|| open().map(Arc::new))
+    device_on(0)
+}
+
+/// The device of CUDA ordinal `ordinal` (data-parallel workers use one each), set up on
+/// first use and shared by every backend instance on it.
+pub fn device_on(ordinal: usize) -> Result<Arc<Device>> {
+    type Opened = std::result::Result<Arc<Device>, String>;
+    static DEVICES: OnceLock<Mutex<HashMap<usize, Opened>>> = OnceLock::new();
+    let mut map = DEVICES
+        .get_or_init(Default::default)
+        .lock()
+        .map_err(|_| crate::err!(Runtime, "CUDA device table poisoned"))?;
+    map.entry(ordinal)
+        .or_insert_with(|| open(ordinal).map(Arc::new))
         .clone()
         .map_err(|m| crate::err!(Runtime, "CUDA backend unavailable: {m}"))
+}
+
+/// How many CUDA devices this machine has (0 where CUDA cannot be used).
+pub fn device_count() -> usize {
+    if missing_library().is_some() || cudarc::driver::result::init().is_err() {
+        return 0;
+    }
+    CudaContext::device_count().map_or(0, |n| n.max(0) as usize)
 }
 
 /// Whether `--backend cuda` can run here (what tests and `doctor` ask).
@@ -66,7 +85,7 @@ pub fn available() -> std::result::Result<(), String> {
     device().map(|_| ()).map_err(|e| e.to_string())
 }
 
-fn open() -> std::result::Result<Device, String> {
+fn open(ordinal: usize) -> std::result::Result<Device, String> {
     if let Some(m) = missing_library() {
         return Err(m.into());
     }
@@ -75,7 +94,13 @@ fn open() -> std::result::Result<Device, String> {
     if n < 1 {
         return Err("no CUDA device is present".into());
     }
-    let ctx = CudaContext::new(0).map_err(|e| format!("cannot open CUDA device 0: {e:?}"))?;
+    if ordinal >= n as usize {
+        return Err(format!(
+            "CUDA device {ordinal} does not exist (this machine has {n})"
+        ));
+    }
+    let ctx = CudaContext::new(ordinal)
+        .map_err(|e| format!("cannot open CUDA device {ordinal}: {e:?}"))?;
     // Each backend instance uses one stream and its buffers never leave it, so cudarc's
     // per-buffer cross-stream events are pure overhead.
     // Safety: no buffer is shared between streams.
@@ -240,6 +265,11 @@ pub fn doctor_lines() -> Vec<String> {
         )),
         Err(e) => v.push(e.to_string()),
     }
+    v.push(format!(
+        "devices: {} (data-parallel training: --gpus)",
+        device_count()
+    ));
+    v.push(super::nccl::doctor_line());
     v
 }
 

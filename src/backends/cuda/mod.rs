@@ -15,12 +15,13 @@ pub mod attention;
 pub mod device;
 mod elementwise;
 mod matmul;
+pub mod nccl;
 mod optim;
 mod reduce;
 mod shape;
 mod steps;
 
-pub use device::{available, doctor_lines};
+pub use device::{available, device_count, doctor_lines};
 
 use super::Backend;
 use crate::error::Result;
@@ -40,6 +41,20 @@ pub struct Cuda {
     step: u64,
     /// Scratch, step parameters, the error flag and recorded steps (steps.rs).
     steps: steps::Steps,
+    /// Data-parallel training: this worker's communicator (exec/parallel.rs).
+    comm: Option<Collectives>,
+}
+
+/// A worker's NCCL communicator and the side stream its gradient averages run on, so
+/// that they overlap the rest of the backward pass: each average waits (`ready`) for the
+/// launches that made its gradients, and the optimizer update waits (`done`) for all.
+struct Collectives {
+    comm: Arc<nccl::Comm>,
+    stream: Arc<CudaStream>,
+    ready: cudarc::driver::CudaEvent,
+    done: cudarc::driver::CudaEvent,
+    /// Averages issued since the last `comm_wait`.
+    pending: bool,
 }
 
 /// One operand of a node as the kernels see it: its device address and type, and for
@@ -71,7 +86,12 @@ impl Cuda {
     /// `tf32`: f32 matrix products may use TF32 tensor cores (PyTorch's
     /// `allow_tf32`); otherwise they are true FP32.
     pub fn with_options(tf32: bool) -> Result<Cuda> {
-        let dev = device::device()?;
+        Cuda::on(0, tf32)
+    }
+
+    /// A backend on CUDA device `ordinal`.
+    pub fn on(ordinal: usize, tf32: bool) -> Result<Cuda> {
+        let dev = device::device_on(ordinal)?;
         let stream = dev
             .ctx
             .new_stream()
@@ -84,7 +104,30 @@ impl Cuda {
             blas,
             step: 0,
             steps,
+            comm: None,
         })
+    }
+
+    /// Makes this backend a data-parallel worker: `all_reduce` and `broadcast` run on
+    /// `comm`, whose device must be this backend's.
+    pub fn set_comm(&mut self, comm: Arc<nccl::Comm>) -> Result<()> {
+        let ctx = &self.dev.ctx;
+        let e = |e| crate::err!(Runtime, "CUDA stream for NCCL: {e:?}");
+        let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING);
+        self.comm = Some(Collectives {
+            comm,
+            stream: ctx.new_stream().map_err(e)?,
+            ready: ctx.new_event(flags).map_err(e)?,
+            done: ctx.new_event(flags).map_err(e)?,
+            pending: false,
+        });
+        Ok(())
+    }
+
+    fn collectives(&mut self) -> Result<&mut Collectives> {
+        self.comm
+            .as_mut()
+            .ok_or_else(|| crate::err!(Runtime, "this cuda backend has no NCCL communicator"))
     }
 
     fn launch(&self, name: &str, grid: u32, block: u32, args: &[Arg]) -> Result<()> {
@@ -274,7 +317,52 @@ impl Backend for Cuda {
         self.stream
             .synchronize()
             .map_err(|e| crate::err!(Runtime, "CUDA error: {e:?}"))?;
+        if let Some(c) = &self.comm {
+            c.comm.async_error()?;
+        }
         self.steps.check_error()
+    }
+    fn all_reduce(&mut self, bufs: &[(&CudaSlice<u8>, &ValueType)]) -> Result<()> {
+        let s = self.stream.clone();
+        let bufs = bufs
+            .iter()
+            .map(|(b, ty)| {
+                let dt = nccl::DataType::of(ty.dtype).ok_or_else(|| {
+                    crate::err!(
+                        Runtime,
+                        "gradients of dtype {} cannot be averaged",
+                        ty.dtype
+                    )
+                })?;
+                Ok((device::ptr(b, &s), ty.numel(), dt))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let c = self.collectives()?;
+        let e = |e| crate::err!(Runtime, "CUDA event: {e:?}");
+        c.ready.record(&s).map_err(e)?;
+        c.stream.wait(&c.ready).map_err(e)?;
+        c.comm.all_reduce_avg(&bufs, &c.stream)?;
+        c.pending = true;
+        Ok(())
+    }
+    fn comm_wait(&mut self) -> Result<()> {
+        let s = self.stream.clone();
+        let Some(c) = self.comm.as_mut().filter(|c| c.pending) else {
+            return Ok(());
+        };
+        let e = |e| crate::err!(Runtime, "CUDA event: {e:?}");
+        c.done.record(&c.stream).map_err(e)?;
+        s.wait(&c.done).map_err(e)?;
+        c.pending = false;
+        Ok(())
+    }
+    fn broadcast(&mut self, buf: &mut CudaSlice<u8>, ty: &ValueType) -> Result<()> {
+        let s = self.stream.clone();
+        let p = device::ptr(buf, &s);
+        // Any dtype travels as bytes.
+        let (n, dt) = (ty.bytes(), nccl::DataType::U8);
+        let c = self.collectives()?;
+        c.comm.broadcast(p, n, dt, 0, &s)
     }
     fn update(
         &mut self,

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# One device call (the `run` tool, kind nvidia-h200-x2) for data-parallel training:
+# the data-parallel tests on 2 GPUs (none may skip), then gpt_block train steps on 1 and
+# 2 GPUs with graphrun (`bench --backward --gpus N`) and with PyTorch DDP (torchrun),
+# same per-GPU batch. Build here first (scripts/carry_nccl.sh fills .carry-nccl/), then
+#   bash .carry-nccl/device_nccl.sh [tests] [bench] [ddp]     (default: all)
+# NVLink multicast stays off (the device README demands it).
+set -u
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+C=$PWD/.carry-nccl
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT" /tmp/x
+tar xzf "$C/bin.tgz" -C /tmp/x
+[ -e /work/main ] || { mkdir -p /work && ln -s "$PWD" /work/main; }
+mkdir -p /work/main/target/release && cp /tmp/x/graphrun /work/main/target/release/graphrun
+export GRAPHRUN_CUDA_CACHE=/tmp/kcache
+G=/tmp/x/graphrun
+what=${*:-tests bench ddp}
+nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader
+nvidia-smi topo -m 2>&1 | head -n 4
+$G doctor 2>&1 | sed -n '/^cuda/,/^wgpu/p'
+if $G doctor 2>&1 | grep -q "NCCL: unavailable"; then
+    lib=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib", "libnccl.so.2"))' 2>/dev/null)
+    echo "graphrun did not find NCCL by itself; python's is at $lib"
+    export GRAPHRUN_NCCL=$lib
+fi
+status=0
+if [[ $what == *tests* ]]; then
+    (cd /work/main && GRAPHRUN_REQUIRE_CUDA=1 GRAPHRUN_REQUIRE_GPUS=2 timeout 400 /tmp/x/tests/parallel --test-threads=1 --nocapture) > $OUT/tests.log 2>&1
+    rc=$?; [ $rc -ne 0 ] && status=1
+    echo "== parallel tests rc=$rc"; grep -E "^test |test result|panicked|failure reported" $OUT/tests.log
+fi
+if [[ $what == *bench* ]]; then
+    for n in 1 2; do
+        (cd /work/main && timeout 200 $G bench models/gpt_block.yaml --backend cuda --dtype bf16 --backward \
+            --gpus $n --iters 30 --warmup 5 --json $OUT/graphrun_gpus$n.json) > $OUT/bench_gpus$n.log 2>&1
+        echo "== graphrun gpt_block bf16 train --gpus $n (rc=$?)"; grep -E "median|samples/s|error" $OUT/bench_gpus$n.log | head -n 4
+    done
+fi
+if [[ $what == *ddp* ]]; then
+    for n in 1 2; do
+        PYTHONUNBUFFERED=1 TORCH_REFERENCE_DIR=$C timeout 200 torchrun --standalone --nproc_per_node=$n \
+            $C/ddp_reference.py --dtype bf16 --json $OUT/ddp_gpus$n.json > $OUT/ddp_gpus$n.log 2>&1
+        echo "== torch DDP gpt_block bf16 x$n (rc=$?)"; grep -E "DDP|Error|error" $OUT/ddp_gpus$n.log | head -n 4
+    done
+fi
+exit $status

@@ -1,0 +1,387 @@
+//! Data-parallel training on several GPUs of one machine.
+//!
+//! One worker thread per GPU, each holding its own `Session` on its device (made in the
+//! thread, so sessions never cross threads). A training step splits the global batch
+//! along axis 0 into one equal shard per worker; each worker runs forward and backward on
+//! its shard, and its executor averages the gradients over the workers with NCCL
+//! (ncclAvg) in buckets issued while the rest of the backward pass runs (exec/session.rs
+//! `buckets`), then applies the same optimizer step. The parameters start identical
+//! (broadcast from worker 0) and so stay identical. As with PyTorch's
+//! DistributedDataParallel, averaging the workers' gradients equals the gradient of the
+//! global batch when the loss is a mean over the batch and the shards are equal; the
+//! loss returned is the mean of the workers' losses.
+//!
+//! Failure: a worker's error ends the step for everyone. Its peers may be blocked inside
+//! a collective that will never complete, so every communicator is aborted (NCCL then
+//! returns from it) and the first worker's own error is returned; a worker that answers
+//! nothing within `GRAPHRUN_DP_TIMEOUT` seconds (default 600) is treated the same way.
+
+use super::session::{Session, SessionOptions};
+use crate::backends::cuda::nccl::{self, Comm};
+use crate::backends::BackendKind;
+use crate::error::{Error, Result};
+use crate::graph::Graph;
+use crate::tensor::Tensor;
+use std::collections::HashMap;
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What the main thread asks of a worker.
+enum Cmd {
+    Step(Arc<HashMap<String, Tensor>>),
+    StaticFeeds(bool),
+    Sync,
+    Graph,
+    Fetch(HashMap<String, Tensor>, Vec<String>),
+}
+
+/// A worker's answer.
+enum Reply {
+    Done,
+    Loss(f64),
+    Graph(Box<Graph>),
+    Values(Vec<Tensor>),
+}
+
+/// Training on several GPUs at once; see the module comment.
+pub struct DataParallel {
+    cmds: Vec<Sender<Cmd>>,
+    replies: Receiver<(usize, Result<Reply>)>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    comms: Vec<Arc<Comm>>,
+    /// Set once a worker failed: the communicators are aborted and nothing more runs.
+    broken: Option<String>,
+    steps: u64,
+    timeout: Duration,
+    graph: Graph,
+}
+
+impl DataParallel {
+    /// Workers on CUDA devices 0..gpus, each with a session of `graph` (fuse it first, as
+    /// for `Session::new`). `opts.backend` must be cuda; `opts.device` is ignored.
+    pub fn new(graph: Graph, opts: SessionOptions, gpus: usize) -> Result<DataParallel> {
+        if opts.backend != BackendKind::Cuda {
+            crate::bail!(
+                Input,
+                "--gpus: data-parallel training runs on the cuda backend (got --backend {})",
+                opts.backend.name()
+            );
+        }
+        if graph.training.is_none() {
+            crate::bail!(
+                Input,
+                "the model has no training: section (loss and optimizer)"
+            );
+        }
+        if gpus == 0 {
+            crate::bail!(
+                Input,
+                "--gpus 0: data-parallel training needs at least one GPU"
+            );
+        }
+        if let Err(e) = crate::backends::cuda::available() {
+            crate::bail!(Runtime, "--gpus {gpus}: {e}");
+        }
+        let have = crate::backends::cuda::device_count();
+        if gpus > have {
+            crate::bail!(
+                Input,
+                "--gpus {gpus}: this machine has {have} CUDA device{}",
+                if have == 1 { "" } else { "s" }
+            );
+        }
+        let lib = nccl::nccl()?;
+        // Every device first (NCCL needs their contexts), then the communicators.
+        for d in 0..gpus {
+            crate::backends::cuda::device::device_on(d)?;
+        }
+        let comms = lib.init_all(&(0..gpus).collect::<Vec<_>>())?;
+        let (reply_tx, replies) = channel();
+        let mut dp = DataParallel {
+            cmds: vec![],
+            replies,
+            threads: vec![],
+            comms: comms.clone(),
+            broken: None,
+            steps: 0,
+            graph: graph.clone(),
+            timeout: Duration::from_secs(
+                std::env::var("GRAPHRUN_DP_TIMEOUT")
+                    .ok()
+                    .and_then(|s| s.parse().ok())
+                    .unwrap_or(600),
+            ),
+        };
+        for (rank, comm) in comms.into_iter().enumerate() {
+            let (tx, rx) = channel();
+            let graph = graph.clone();
+            let opts = SessionOptions {
+                device: rank,
+                ..opts.clone()
+            };
+            let reply = reply_tx.clone();
+            let t = std::thread::Builder::new()
+                .name(format!("graphrun-gpu{rank}"))
+                .spawn(move || worker(rank, graph, opts, comm, rx, reply))
+                .map_err(|e| crate::err!(Runtime, "cannot start worker thread {rank}: {e}"))?;
+            dp.cmds.push(tx);
+            dp.threads.push(t);
+        }
+        // Each worker answers once its session is made (and the broadcast is done).
+        dp.gather()?;
+        Ok(dp)
+    }
+
+    /// How many GPUs (workers).
+    pub fn gpus(&self) -> usize {
+        self.cmds.len()
+    }
+
+    /// Optimizer steps taken so far.
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// One training step on a global batch: every feed is split along axis 0 into one
+    /// equal shard per GPU (`split_batch`). Returns the mean of the workers' losses.
+    pub fn train_step(&mut self, feeds: &HashMap<String, Tensor>) -> Result<f64> {
+        let shards: Vec<_> = split_batch(feeds, self.gpus())?
+            .into_iter()
+            .map(Arc::new)
+            .collect();
+        self.train_step_shards(&shards)
+    }
+
+    /// One training step with each worker's shard given (one map per GPU, in order;
+    /// shared, so that timing loops pass the same shards without copying them).
+    pub fn train_step_shards(&mut self, shards: &[Arc<HashMap<String, Tensor>>]) -> Result<f64> {
+        if shards.len() != self.gpus() {
+            crate::bail!(
+                Input,
+                "{} batch shards for {} GPUs",
+                shards.len(),
+                self.gpus()
+            );
+        }
+        self.send(shards.iter().cloned().map(Cmd::Step).collect())?;
+        let replies = self.gather()?;
+        self.steps += 1;
+        let losses: Vec<f64> = replies
+            .into_iter()
+            .map(|r| match r {
+                Reply::Loss(l) => l,
+                _ => f64::NAN,
+            })
+            .collect();
+        Ok(losses.iter().sum::<f64>() / losses.len() as f64)
+    }
+
+    /// `Session::set_static_feeds` on every worker (timing loops: steps neither download
+    /// nor wait; `sync` waits).
+    pub fn set_static_feeds(&mut self, on: bool) -> Result<()> {
+        self.send((0..self.gpus()).map(|_| Cmd::StaticFeeds(on)).collect())?;
+        self.gather().map(drop)
+    }
+
+    /// Waits until every worker's queued steps have finished (and reports their errors).
+    pub fn sync(&mut self) -> Result<()> {
+        self.send((0..self.gpus()).map(|_| Cmd::Sync).collect())?;
+        self.gather().map(drop)
+    }
+
+    /// The graph with the trained initializers (worker 0's; every worker holds the same).
+    pub fn trained_graph(&mut self) -> Result<Graph> {
+        match self.ask_first(Cmd::Graph)? {
+            Reply::Graph(g) => Ok(*g),
+            _ => crate::bail!(Runtime, "worker 0 answered out of turn"),
+        }
+    }
+
+    /// Inference on worker 0 with the current parameters (`Session::run_fetch`): held-out
+    /// evaluation during training.
+    pub fn run_fetch(
+        &mut self,
+        feeds: &HashMap<String, Tensor>,
+        fetch: &[String],
+    ) -> Result<Vec<Tensor>> {
+        match self.ask_first(Cmd::Fetch(feeds.clone(), fetch.to_vec()))? {
+            Reply::Values(v) => Ok(v),
+            _ => crate::bail!(Runtime, "worker 0 answered out of turn"),
+        }
+    }
+
+    /// The graph the workers run (as given, before training).
+    pub fn graph(&self) -> &Graph {
+        &self.graph
+    }
+
+    /// Asks worker 0 alone.
+    fn ask_first(&mut self, cmd: Cmd) -> Result<Reply> {
+        self.check()?;
+        if self.cmds[0].send(cmd).is_err() {
+            let e = crate::err!(Runtime, "worker 0 (GPU 0) has stopped");
+            return Err(self.fail(e));
+        }
+        match self.recv()? {
+            (_, Ok(r)) => Ok(r),
+            (_, Err(e)) => Err(self.fail(e)),
+        }
+    }
+
+    fn check(&self) -> Result<()> {
+        match &self.broken {
+            Some(m) => crate::bail!(Runtime, "data-parallel training stopped: {m}"),
+            None => Ok(()),
+        }
+    }
+
+    fn send(&mut self, cmds: Vec<Cmd>) -> Result<()> {
+        self.check()?;
+        for (r, c) in cmds.into_iter().enumerate() {
+            if self.cmds[r].send(c).is_err() {
+                let e = crate::err!(Runtime, "worker {r} (GPU {r}) has stopped");
+                return Err(self.fail(e));
+            }
+        }
+        Ok(())
+    }
+
+    fn recv(&mut self) -> Result<(usize, Result<Reply>)> {
+        match self.replies.recv_timeout(self.timeout) {
+            Ok(r) => Ok(r),
+            Err(RecvTimeoutError::Timeout) => {
+                let e = crate::err!(
+                    Runtime,
+                    "a worker did not answer within {} s (GRAPHRUN_DP_TIMEOUT); stopping all",
+                    self.timeout.as_secs()
+                );
+                Err(self.fail(e))
+            }
+            Err(RecvTimeoutError::Disconnected) => {
+                let e = crate::err!(Runtime, "every worker has stopped");
+                Err(self.fail(e))
+            }
+        }
+    }
+
+    /// One reply per worker, in rank order; the first error stops everything.
+    fn gather(&mut self) -> Result<Vec<Reply>> {
+        let mut out: Vec<Option<Reply>> = (0..self.gpus()).map(|_| None).collect();
+        for _ in 0..self.gpus() {
+            match self.recv()? {
+                (r, Ok(rep)) => out[r] = Some(rep),
+                (r, Err(e)) => {
+                    let e = match e {
+                        Error::Runtime(m) => Error::Runtime(format!("GPU {r}: {m}")),
+                        e => e,
+                    };
+                    return Err(self.fail(e));
+                }
+            }
+        }
+        Ok(out
+            .into_iter()
+            .map(|r| r.expect("one reply each"))
+            .collect())
+    }
+
+    /// Marks the run broken and aborts every communicator, so that workers blocked in a
+    /// collective return; their answers are then drained for a short while.
+    fn fail(&mut self, e: Error) -> Error {
+        if self.broken.is_none() {
+            self.broken = Some(e.to_string());
+            for c in &self.comms {
+                c.abort();
+            }
+            while self.replies.recv_timeout(Duration::from_secs(5)).is_ok() {}
+        }
+        e
+    }
+}
+
+impl Drop for DataParallel {
+    fn drop(&mut self) {
+        // Closing the command channels ends the workers' loops.
+        self.cmds.clear();
+        if self.broken.is_none() {
+            for t in self.threads.drain(..) {
+                let _ = t.join();
+            }
+        }
+        // After a failure a worker may still be stuck in the driver: leave it (detached)
+        // rather than hang the caller.
+    }
+}
+
+/// Splits every feed along axis 0 into `n` equal shards.
+pub fn split_batch(
+    feeds: &HashMap<String, Tensor>,
+    n: usize,
+) -> Result<Vec<HashMap<String, Tensor>>> {
+    let mut shards: Vec<HashMap<String, Tensor>> = (0..n).map(|_| HashMap::new()).collect();
+    for (name, t) in feeds {
+        let rows = t.shape().first().copied().unwrap_or(0);
+        if t.shape().is_empty() || rows % n != 0 {
+            crate::bail!(
+                Input,
+                "input '{name}' {}: its first axis (the batch) must split evenly over {n} GPUs",
+                crate::tensor::fmt_shape(t.shape())
+            );
+        }
+        let per = rows / n;
+        for (r, shard) in shards.iter_mut().enumerate() {
+            let rows: Vec<usize> = (r * per..(r + 1) * per).collect();
+            shard.insert(name.clone(), t.take_rows(&rows)?);
+        }
+    }
+    Ok(shards)
+}
+
+fn worker(
+    rank: usize,
+    graph: Graph,
+    opts: SessionOptions,
+    comm: Arc<Comm>,
+    cmds: Receiver<Cmd>,
+    reply: Sender<(usize, Result<Reply>)>,
+) {
+    let run = std::panic::AssertUnwindSafe(|| {
+        let mut s = match Session::worker(graph, opts, comm) {
+            Ok(s) => {
+                let _ = reply.send((rank, Ok(Reply::Done)));
+                s
+            }
+            Err(e) => {
+                let _ = reply.send((rank, Err(e)));
+                return;
+            }
+        };
+        while let Ok(cmd) = cmds.recv() {
+            let r = match cmd {
+                Cmd::Step(feeds) => s.train_step(&feeds).map(Reply::Loss),
+                Cmd::StaticFeeds(on) => {
+                    s.set_static_feeds(on);
+                    Ok(Reply::Done)
+                }
+                Cmd::Sync => s.sync().map(|_| Reply::Done),
+                Cmd::Graph => s.trained_graph().map(|g| Reply::Graph(Box::new(g.clone()))),
+                Cmd::Fetch(feeds, fetch) => s.run_fetch(&feeds, &fetch).map(Reply::Values),
+            };
+            let _ = reply.send((rank, r));
+        }
+        // Queued steps finish before the buffers go.
+        let _ = s.sync();
+    });
+    if let Err(p) = std::panic::catch_unwind(run) {
+        let msg = p
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default();
+        let _ = reply.send((
+            rank,
+            Err(crate::err!(Runtime, "worker {rank} panicked: {msg}")),
+        ));
+    }
+}

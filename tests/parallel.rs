@@ -1,0 +1,270 @@
+//! Data-parallel training (`DataParallel`, `train --gpus`): a run on N GPUs gives the
+//! losses and parameters of one GPU on the same global batch; bad requests and a failing
+//! worker end in one clear error, never a hang.
+//!
+//! The GPU tests need CUDA and NCCL (they skip with the reason where either is missing,
+//! and fail instead under GRAPHRUN_REQUIRE_CUDA); the two-GPU ones need two devices and
+//! fail instead of skipping under GRAPHRUN_REQUIRE_GPUS=2.
+
+mod common;
+
+use common::*;
+use graphrun::exec::parallel::split_batch;
+use graphrun::passes::PassOptions;
+use graphrun::{BackendKind, DataParallel, Model, Session, SessionOptions, Tensor};
+use std::collections::{BTreeMap, HashMap};
+
+fn dims(v: &[(&str, usize)]) -> BTreeMap<String, usize> {
+    v.iter().map(|(k, n)| (k.to_string(), *n)).collect()
+}
+
+/// How many GPUs the data-parallel tests may use here, or `None` (with the reason
+/// printed) where they cannot run.
+fn gpus(need: usize) -> Option<usize> {
+    if !cuda_present() {
+        return None;
+    }
+    if let Err(e) = graphrun::backends::cuda::nccl::nccl() {
+        if std::env::var_os("GRAPHRUN_REQUIRE_CUDA").is_some() {
+            panic!("GRAPHRUN_REQUIRE_CUDA is set but {e}");
+        }
+        eprintln!("skipping data-parallel: {e}");
+        return None;
+    }
+    let have = graphrun::backends::cuda::device_count();
+    let required: usize = std::env::var("GRAPHRUN_REQUIRE_GPUS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    if have < need {
+        assert!(
+            required < need,
+            "GRAPHRUN_REQUIRE_GPUS={required} but this machine has {have} CUDA devices"
+        );
+        eprintln!("skipping: needs {need} GPUs, this machine has {have}");
+        return None;
+    }
+    Some(have)
+}
+
+fn cuda_opts(d: BTreeMap<String, usize>) -> SessionOptions {
+    SessionOptions {
+        backend: BackendKind::Cuda,
+        dims: d,
+        training: true,
+        ..Default::default()
+    }
+}
+
+/// A model fused for training and a seeded global batch.
+fn setup(
+    path: &str,
+    d: &BTreeMap<String, usize>,
+    seed: u64,
+) -> (graphrun::Graph, HashMap<String, Tensor>) {
+    let model = Model::load(path).unwrap();
+    let feeds = model.random_inputs(seed, d).unwrap();
+    let passes = PassOptions {
+        training: true,
+        ..Default::default()
+    };
+    let (fused, _) = graphrun::passes::optimize(&model.graph, &passes).unwrap();
+    (fused, feeds)
+}
+
+/// Largest relative difference between two tensors' values.
+fn rel(a: &Tensor, b: &Tensor) -> f64 {
+    rel_err(&a.to_f64_vec(), &b.to_f64_vec())
+}
+
+/// Trains `steps` steps on one GPU and on `n` GPUs (same global batch each step) and
+/// compares losses and the trained parameters.
+fn one_vs_many(path: &str, d: BTreeMap<String, usize>, n: usize, steps: usize, tol: f64) {
+    // Several small buckets, so that averages overlap the backward pass and their
+    // ordering after each gradient's last reader is exercised.
+    std::env::set_var("GRAPHRUN_DP_BUCKET_BYTES", "65536");
+    let (g, feeds) = setup(path, &d, 7);
+    let mut one = Session::new(g.clone(), cuda_opts(d.clone())).unwrap();
+    let mut dp = DataParallel::new(g, cuda_opts(d), n).unwrap();
+    assert_eq!(dp.gpus(), n);
+    for step in 0..steps {
+        let a = one.train_step(&feeds).unwrap();
+        let b = dp.train_step(&feeds).unwrap();
+        assert!(
+            (a - b).abs() <= tol * a.abs().max(1e-3),
+            "{path}: step {step}: one GPU loss {a}, {n} GPUs {b}"
+        );
+    }
+    assert_eq!(dp.steps(), steps as u64);
+    let ga = one.trained_graph().unwrap().clone();
+    let gb = dp.trained_graph().unwrap();
+    for (ia, ib) in ga.initializers.iter().zip(&gb.initializers) {
+        assert_eq!(ia.name, ib.name);
+        let e = rel(&ia.tensor, &ib.tensor);
+        assert!(e <= tol, "{path}: '{}' differs by {e:e}", ia.name);
+    }
+}
+
+#[test]
+fn split_batch_shards_axis_zero_evenly() {
+    let x = randn(&[6, 3], 1);
+    let y = i64s(&[6], &[0, 1, 2, 3, 4, 5]);
+    let feeds: HashMap<String, Tensor> = [("x".to_string(), x.clone()), ("y".into(), y)].into();
+    let shards = split_batch(&feeds, 3).unwrap();
+    assert_eq!(shards.len(), 3);
+    for (r, s) in shards.iter().enumerate() {
+        assert_eq!(s["x"].shape(), &[2, 3]);
+        assert_eq!(s["y"].to_i64_vec(), vec![2 * r as i64, 2 * r as i64 + 1]);
+        assert_eq!(
+            s["x"].to_f64_vec(),
+            x.to_f64_vec()[6 * r..6 * r + 6].to_vec()
+        );
+    }
+    let e = split_batch(&feeds, 4).unwrap_err().to_string();
+    assert!(e.contains("split evenly over 4 GPUs"), "{e}");
+    let scalar: HashMap<String, Tensor> = [("s".to_string(), Tensor::scalar(1.0f32))].into();
+    assert!(split_batch(&scalar, 2).is_err());
+}
+
+#[test]
+fn data_parallel_refuses_what_it_cannot_run() {
+    let d = dims(&[("batch", 8)]);
+    let (g, _) = setup("models/mlp.yaml", &d, 1);
+    // Not cuda.
+    let e = DataParallel::new(g.clone(), SessionOptions::default(), 2)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("cuda backend"), "{e}");
+    // More GPUs than the machine has (and zero).
+    let have = graphrun::backends::cuda::device_count();
+    for n in [0, have + 1] {
+        let e = DataParallel::new(g.clone(), cuda_opts(d.clone()), n)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains(&format!("--gpus {n}")), "{e}");
+    }
+    // No training section.
+    let mut inference = g.clone();
+    inference.training = None;
+    let e = DataParallel::new(inference, cuda_opts(d), 1)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("training"), "{e}");
+}
+
+#[test]
+fn cli_gpus_errors_are_one_line() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_graphrun"))
+        .args(["train", "models/mlp.yaml", "-q", "--gpus", "2"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cuda backend"), "{err}");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_graphrun"))
+        .args([
+            "train",
+            "models/mlp.yaml",
+            "-q",
+            "--backend",
+            "cuda",
+            "--gpus",
+            "2",
+            "--batch-size",
+            "7",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("split evenly") || err.contains("CUDA") || err.contains("cuda"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+}
+
+/// N = 1 through NCCL (runs on any one-GPU machine): the same as a plain session.
+#[test]
+fn one_gpu_through_nccl_matches_a_session() {
+    let Some(_) = gpus(1) else { return };
+    one_vs_many("models/mlp.yaml", dims(&[("batch", 16)]), 1, 4, 1e-6);
+}
+
+#[test]
+fn two_gpus_match_one_on_the_global_batch_mlp() {
+    let Some(_) = gpus(2) else { return };
+    one_vs_many("models/mlp.yaml", dims(&[("batch", 32)]), 2, 6, 2e-4);
+}
+
+#[test]
+fn two_gpus_match_one_on_the_global_batch_gpt_block() {
+    let Some(_) = gpus(2) else { return };
+    one_vs_many(
+        "models/gpt_block.yaml",
+        dims(&[("batch", 4), ("seq", 32)]),
+        2,
+        4,
+        2e-4,
+    );
+}
+
+/// A worker that fails before its collectives (a bad input on GPU 1) stops the whole
+/// step with its error; GPU 0, blocked in the gradient average, is freed by the abort.
+#[test]
+fn a_failing_worker_stops_every_worker() {
+    let Some(_) = gpus(2) else { return };
+    let d = dims(&[("batch", 8)]);
+    let (g, feeds) = setup("models/mlp.yaml", &d, 3);
+    let mut dp = DataParallel::new(g, cuda_opts(d), 2).unwrap();
+    dp.train_step(&feeds).unwrap();
+    let mut shards = split_batch(&feeds, 2).unwrap();
+    shards[1].insert("x".into(), randn(&[4, 100], 9));
+    let shards: Vec<_> = shards.into_iter().map(std::sync::Arc::new).collect();
+    let t0 = std::time::Instant::now();
+    let e = dp.train_step_shards(&shards).unwrap_err().to_string();
+    assert!(e.contains("GPU 1") && e.contains("'x'"), "{e}");
+    eprintln!(
+        "failure reported in {:.2} s: {e}",
+        t0.elapsed().as_secs_f64()
+    );
+    // Nothing more runs.
+    let e = dp.train_step(&feeds).unwrap_err().to_string();
+    assert!(e.contains("stopped"), "{e}");
+}
+
+#[test]
+fn cli_trains_on_gpus() {
+    let Some(have) = gpus(1) else { return };
+    let n = have.min(2);
+    let dir = std::env::temp_dir().join(format!("graphrun-dp-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let save = dir.join("w.safetensors");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_graphrun"))
+        .args([
+            "train",
+            "models/mlp.yaml",
+            "-q",
+            "--backend",
+            "cuda",
+            "--steps",
+            "5",
+        ])
+        .args(["--gpus", &n.to_string(), "--batch-size", "32", "--save"])
+        .arg(&save)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("trained 5 steps"), "{text}");
+    let saved = Tensor::read_safetensors(&save).unwrap();
+    assert_eq!(saved.len(), 6);
+    let _ = std::fs::remove_dir_all(&dir);
+}
