@@ -28,20 +28,31 @@ status=0
 if [[ $what == *tests* ]]; then
     (cd /work/main && GRAPHRUN_REQUIRE_CUDA=1 GRAPHRUN_REQUIRE_GPUS=2 timeout 400 /tmp/x/tests/parallel --test-threads=1 --nocapture) > $OUT/tests.log 2>&1
     rc=$?; [ $rc -ne 0 ] && status=1
-    echo "== parallel tests rc=$rc"; grep -E "^test |test result|panicked|failure reported" $OUT/tests.log
+    echo "== parallel tests rc=$rc"; grep -E "^test |test result|panicked|failure reported" -A2 $OUT/tests.log
 fi
 if [[ $what == *bench* ]]; then
-    for n in 1 2; do
-        (cd /work/main && timeout 200 $G bench models/gpt_block.yaml --backend cuda --dtype bf16 --backward \
-            --gpus $n --iters 30 --warmup 5 --json $OUT/graphrun_gpus$n.json) > $OUT/bench_gpus$n.log 2>&1
-        echo "== graphrun gpt_block bf16 train --gpus $n (rc=$?)"; grep -E "median|samples/s|error" $OUT/bench_gpus$n.log | head -n 4
+    # One GPU without data parallelism, then 1 and 2 workers through NCCL.
+    for n in plain 1 2; do
+        flag=; [ $n != plain ] && flag="--gpus $n"
+        (cd /work/main && GRAPHRUN_CUDA_GRAPHS_DEBUG=1 timeout 200 $G bench models/gpt_block.yaml --backend cuda --dtype bf16 \
+            --backward $flag --iters 30 --warmup 5 --json $OUT/graphrun_gpus$n.json) > /tmp/bench_$n.log 2>&1
+        echo "== graphrun gpt_block bf16 train gpus=$n (rc=$?)"; grep -E "median|samples/s|error|not recorded" /tmp/bench_$n.log | head -n 6
+    done
+fi
+if [[ $what == *tune* ]]; then
+    # Gradient bucket size and NCCL's share of the SMs, on 2 GPUs.
+    for cfg in "GRAPHRUN_DP_STREAM_PRIORITY=0" "GRAPHRUN_DP_BUCKET_BYTES=2097152" \
+               "GRAPHRUN_DP_BUCKET_BYTES=67108864" "GRAPHRUN_DP_BUCKET_BYTES=4194304"; do
+        (cd /work/main && env $cfg timeout 100 $G bench models/gpt_block.yaml --backend cuda --dtype bf16 \
+            --backward --gpus 2 --iters 30 --warmup 5) > /tmp/tune.log 2>&1
+        echo "tune $cfg: $(grep -E "median" /tmp/tune.log)"
     done
 fi
 if [[ $what == *ddp* ]]; then
     for n in 1 2; do
         PYTHONUNBUFFERED=1 TORCH_REFERENCE_DIR=$C timeout 200 torchrun --standalone --nproc_per_node=$n \
-            $C/ddp_reference.py --dtype bf16 --json $OUT/ddp_gpus$n.json > $OUT/ddp_gpus$n.log 2>&1
-        echo "== torch DDP gpt_block bf16 x$n (rc=$?)"; grep -E "DDP|Error|error" $OUT/ddp_gpus$n.log | head -n 4
+            $C/ddp_reference.py --dtype bf16 --iters 100 --warmup 20 --json $OUT/ddp_gpus$n.json > /tmp/ddp_$n.log 2>&1
+        echo "== torch DDP gpt_block bf16 x$n (rc=$?)"; grep -E "DDP|Error|error" /tmp/ddp_$n.log | head -n 4
     done
 fi
 exit $status

@@ -154,8 +154,8 @@ struct BenchArgs {
     seed: u64,
     /// With --backward on a model with a training section: a data-parallel training step
     /// on this many GPUs, each with the model's batch (cuda backend, NCCL).
-    #[arg(long, default_value_t = 1)]
-    gpus: usize,
+    #[arg(long)]
+    gpus: Option<usize>,
 }
 
 #[derive(Args)]
@@ -921,14 +921,14 @@ fn bench(a: BenchArgs) -> Result<(), Fail> {
         &a.common.disable_pass,
         train,
     )?;
-    if a.gpus != 1 {
+    if let Some(gpus) = a.gpus {
         if !train {
             return Err(usage(
                 "--gpus times a data-parallel training step: it needs --backward and a model \
                  with a training section",
             ));
         }
-        return bench_parallel(&a, &model, fused, opts, &dims);
+        return bench_parallel(&a, gpus, &model, fused, opts, &dims);
     }
     let mut session = Session::new(fused, opts)?;
     // Inputs stay on the device and nothing is downloaded, as in the PyTorch reference
@@ -1042,15 +1042,16 @@ fn bench(a: BenchArgs) -> Result<(), Fail> {
 /// throughput in samples per second.
 fn bench_parallel(
     a: &BenchArgs,
+    gpus: usize,
     model: &Model,
     fused: graphrun::Graph,
     opts: SessionOptions,
     dims: &BTreeMap<String, usize>,
 ) -> Result<(), Fail> {
-    if a.gpus == 0 {
+    if gpus == 0 {
         return Err(usage("--gpus must be at least 1"));
     }
-    let shards: Vec<std::sync::Arc<HashMap<String, Tensor>>> = (0..a.gpus)
+    let shards: Vec<std::sync::Arc<HashMap<String, Tensor>>> = (0..gpus)
         .map(|r| {
             model
                 .random_inputs(a.seed + r as u64, dims)
@@ -1062,7 +1063,7 @@ fn bench_parallel(
         .next()
         .and_then(|t| t.shape().first().copied())
         .unwrap_or(1);
-    let mut dp = graphrun::DataParallel::new(fused, opts, a.gpus)?;
+    let mut dp = graphrun::DataParallel::new(fused, opts, gpus)?;
     dp.set_static_feeds(true)?;
     for _ in 0..a.warmup.max(1) {
         dp.train_step_shards(&shards)?;
@@ -1085,12 +1086,12 @@ fn bench_parallel(
     times.sort_by(|x, y| x.total_cmp(y));
     let med = times[times.len() / 2];
     let (min, max) = (times[0], times[times.len() - 1]);
-    let samples = (per_gpu * a.gpus) as f64 / (med * 1e-3);
+    let samples = (per_gpu * gpus) as f64 / (med * 1e-3);
     println!(
         "{}: {} on cuda × {} GPUs, train (data-parallel, batch {per_gpu} per GPU), {} iterations",
         model.graph.name,
         a.model.display(),
-        a.gpus,
+        gpus,
         a.iters
     );
     println!(
@@ -1102,7 +1103,7 @@ fn bench_parallel(
         let dtype = a.common.dtype.clone().unwrap_or_else(|| "f32".into());
         let json = format!(
             "{{\"results\": [{{\"workload\": {:?}, \"dtype\": \"{dtype}\", \"mode\": \"graphrun\", \"pass\": \"train\", \"backend\": \"cuda\", \"gpus\": {}, \"batch_per_gpu\": {per_gpu}, \"ms\": {med}, \"ms_min\": {min}, \"ms_max\": {max}, \"samples_per_s\": {samples}, \"status\": \"ok\"}}]}}\n",
-            model.graph.name, a.gpus
+            model.graph.name, gpus
         );
         write_atomic(p, |p| std::fs::write(p, &json).map_err(|e| Error::io(p, e)))?;
     }

@@ -222,7 +222,7 @@ fn a_failing_worker_stops_every_worker() {
     let mut dp = DataParallel::new(g, cuda_opts(d), 2).unwrap();
     dp.train_step(&feeds).unwrap();
     let mut shards = split_batch(&feeds, 2).unwrap();
-    shards[1].insert("x".into(), randn(&[4, 100], 9));
+    shards[1].insert("x".into(), randn(&[4, 100], 9).cast(graphrun::DType::F32));
     let shards: Vec<_> = shards.into_iter().map(std::sync::Arc::new).collect();
     let t0 = std::time::Instant::now();
     let e = dp.train_step_shards(&shards).unwrap_err().to_string();

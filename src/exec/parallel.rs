@@ -113,11 +113,20 @@ impl DataParallel {
                     .unwrap_or(600),
             ),
         };
+        // The batch symbols (first axis of an input) take each shard's size, not the
+        // global batch a caller may have bound.
+        let mut dims = opts.dims.clone();
+        for i in &graph.inputs {
+            if let Some(crate::graph::Dim::Sym(s)) = i.shape.first() {
+                dims.remove(s);
+            }
+        }
         for (rank, comm) in comms.into_iter().enumerate() {
             let (tx, rx) = channel();
             let graph = graph.clone();
             let opts = SessionOptions {
                 device: rank,
+                dims: dims.clone(),
                 ..opts.clone()
             };
             let reply = reply_tx.clone();
@@ -272,8 +281,11 @@ impl DataParallel {
             match self.recv()? {
                 (r, Ok(rep)) => out[r] = Some(rep),
                 (r, Err(e)) => {
+                    // Which GPU failed, keeping the kind (and so the exit code).
                     let e = match e {
                         Error::Runtime(m) => Error::Runtime(format!("GPU {r}: {m}")),
+                        Error::Input(m) => Error::Input(format!("GPU {r}: {m}")),
+                        Error::Graph(m) => Error::Graph(format!("GPU {r}: {m}")),
                         e => e,
                     };
                     return Err(self.fail(e));

@@ -114,9 +114,18 @@ impl Cuda {
         let ctx = &self.dev.ctx;
         let e = |e| crate::err!(Runtime, "CUDA stream for NCCL: {e:?}");
         let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING);
+        // The highest priority: NCCL's blocks then take SMs as soon as a kernel of the
+        // backward pass frees them, instead of queueing behind its whole grid.
+        ctx.bind_to_thread().map_err(e)?;
+        // (`GRAPHRUN_DP_STREAM_PRIORITY` overrides it, for measuring: 0 is the default.)
+        let (_, greatest) = cudarc::driver::result::stream::get_priority_range().map_err(e)?;
+        let greatest = std::env::var("GRAPHRUN_DP_STREAM_PRIORITY")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(greatest);
         self.comm = Some(Collectives {
             comm,
-            stream: ctx.new_stream().map_err(e)?,
+            stream: ctx.new_stream_with_priority(greatest).map_err(e)?,
             ready: ctx.new_event(flags).map_err(e)?,
             done: ctx.new_event(flags).map_err(e)?,
             pending: false,

@@ -232,7 +232,13 @@ impl Steps {
                 self.graphs.insert(key, (g, self.epoch.get()));
                 Ok(false)
             }
-            _ => {
+            (recordable, graph) => {
+                if std::env::var_os("GRAPHRUN_CUDA_GRAPHS_DEBUG").is_some() {
+                    eprintln!(
+                        "graphrun: step not recorded (launches ok: {recordable}): {:?}",
+                        graph.map(|g| g.is_some())
+                    );
+                }
                 self.never.insert(key);
                 self.clean = None;
                 Ok(true)
