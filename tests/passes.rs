@@ -86,11 +86,19 @@ fn assert_same_grads(a: &Graph, b: &Graph, dims: &[(&str, usize)]) {
         let x = x.to_f64_vec();
         // An initializer no output reads is pruned by the passes: its gradient is zero.
         let Some((_, y)) = gb.iter().find(|(m, _)| m == n) else {
-            assert!(x.iter().all(|&v| v == 0.0), "{n} was pruned but has a gradient");
+            assert!(
+                x.iter().all(|&v| v == 0.0),
+                "{n} was pruned but has a gradient"
+            );
             continue;
         };
         let y = y.to_f64_vec();
-        let diff: f64 = x.iter().zip(&y).map(|(p, q)| (p - q) * (p - q)).sum::<f64>().sqrt();
+        let diff: f64 = x
+            .iter()
+            .zip(&y)
+            .map(|(p, q)| (p - q) * (p - q))
+            .sum::<f64>()
+            .sqrt();
         let norm: f64 = x.iter().map(|p| p * p).sum::<f64>().sqrt();
         let rel = diff / norm.max(1e-6);
         assert!(rel <= 1e-4, "gradient of {n}: relative error {rel:e}");
@@ -391,13 +399,22 @@ fn gemm(outputs: &str, nodes: &str) -> String {
 fn gemm_alpha_beta_fold_into_constant_operands() {
     // alpha goes into the constant B, beta into the constant C: one FusedMatMul.
     let (g, _) = fuse(&gemm("y", "  - {op: Gemm, inputs: [x, wc, bc], outputs: [g0], attrs: {alpha: 0.5, beta: 2.0}, name: gemm}\n  - {op: Relu, inputs: [g0], outputs: [y]}\n"));
-    assert_eq!(fused(&g), vec![("relu", false, strs(&["x", "gemm_b_alpha", "gemm_c_beta"]))]);
+    assert_eq!(
+        fused(&g),
+        vec![("relu", false, strs(&["x", "gemm_b_alpha", "gemm_c_beta"]))]
+    );
     assert_eq!(g.nodes.len(), 1);
-    let (b, c) = (g.initializer("gemm_b_alpha").unwrap(), g.initializer("gemm_c_beta").unwrap());
+    let (b, c) = (
+        g.initializer("gemm_b_alpha").unwrap(),
+        g.initializer("gemm_c_beta").unwrap(),
+    );
     assert!(!b.trainable && !c.trainable);
     // With a constant A too, transA folds into it (and alpha into B first).
     let (g, _) = fuse(&gemm("y", "  - {op: Gemm, inputs: [ac, xb, bc], outputs: [y], attrs: {transA: 1, alpha: 0.5}, name: gemm}\n"));
-    assert_eq!(fused(&g), vec![("none", false, strs(&["gemm_a_folded", "xb", "bc"]))]);
+    assert_eq!(
+        fused(&g),
+        vec![("none", false, strs(&["gemm_a_folded", "xb", "bc"]))]
+    );
 }
 
 #[test]
@@ -408,17 +425,32 @@ fn gemm_trans_a_alpha_beta_become_nodes_in_front_when_that_pays() {
     let (g, r) = fuse(&gemm("y", nodes));
     assert!(fused(&g).is_empty());
     assert!(
-        r.explain.iter().any(|e| e.starts_with("Gemm 'gemm'") && e.contains("no trans_a, alpha or beta") && e.contains("Transpose and Mul and Mul")),
+        r.explain.iter().any(|e| e.starts_with("Gemm 'gemm'")
+            && e.contains("no trans_a, alpha or beta")
+            && e.contains("Transpose and Mul and Mul")),
         "{:?}",
         r.explain
     );
     // transA alone: Transpose + FusedMatMul(relu, residual) replace three nodes.
     let (g, _) = fuse(&gemm("y", &nodes.replace(", alpha: 0.5, beta: 2.0", "")));
-    assert_eq!(fused(&g), vec![("relu", false, strs(&["gemm_a_t", "w", "b", "res"]))]);
+    assert_eq!(
+        fused(&g),
+        vec![("relu", false, strs(&["gemm_a_t", "w", "b", "res"]))]
+    );
     assert_eq!((g.nodes.len(), count(&g, "Transpose")), (2, 1));
     // alpha and beta on trainable operands: two Muls replace Gemm, Relu and Add.
-    let (g, _) = fuse(&gemm("y", &nodes.replace("xa", "x").replace("transA: 1, ", "")));
-    assert_eq!(fused(&g), vec![("relu", false, strs(&["gemm_a_alpha", "w", "gemm_c_beta", "res"]))]);
+    let (g, _) = fuse(&gemm(
+        "y",
+        &nodes.replace("xa", "x").replace("transA: 1, ", ""),
+    ));
+    assert_eq!(
+        fused(&g),
+        vec![(
+            "relu",
+            false,
+            strs(&["gemm_a_alpha", "w", "gemm_c_beta", "res"])
+        )]
+    );
     assert_eq!((g.nodes.len(), count(&g, "Mul")), (3, 2));
 }
 
@@ -427,16 +459,28 @@ fn gemm_with_a_full_c_takes_the_residual_slot() {
     // C [4, 16] is no bias: act(A @ B + C) cannot be written as act(A @ B + bias) + residual,
     // so C becomes the residual and the Relu after it stays.
     let (g, r) = fuse(&gemm("y", "  - {op: Gemm, inputs: [x, w, res], outputs: [g0], name: gemm}\n  - {op: Relu, inputs: [g0], outputs: [y]}\n"));
-    assert_eq!(fused(&g), vec![("none", false, strs(&["x", "w", "", "res"]))]);
+    assert_eq!(
+        fused(&g),
+        vec![("none", false, strs(&["x", "w", "", "res"]))]
+    );
     assert_eq!(count(&g, "Relu"), 1);
     assert!(r.explain.is_empty(), "{:?}", r.explain);
     // A constant C takes beta; transB stays trans_b.
     let (g, _) = fuse(&gemm("y", "  - {op: Gemm, inputs: [x, wt, rc], outputs: [y], attrs: {beta: 0.5, transB: 1}, name: gemm}\n"));
-    assert_eq!(fused(&g), vec![("none", true, strs(&["x", "wt", "", "gemm_c_beta"]))]);
+    assert_eq!(
+        fused(&g),
+        vec![("none", true, strs(&["x", "wt", "", "gemm_c_beta"]))]
+    );
     // A C that is an input would need a Mul by beta in front: one node for one, not fused.
     let (g, r) = fuse(&gemm("y", "  - {op: Gemm, inputs: [x, wt, res], outputs: [y], attrs: {beta: 0.5, transB: 1}, name: gemm}\n"));
     assert_eq!(count(&g, "Gemm"), 1);
-    assert!(r.explain.iter().any(|e| e.starts_with("Gemm 'gemm'") && e.contains("the Mul it would need")), "{:?}", r.explain);
+    assert!(
+        r.explain
+            .iter()
+            .any(|e| e.starts_with("Gemm 'gemm'") && e.contains("the Mul it would need")),
+        "{:?}",
+        r.explain
+    );
 }
 
 #[test]
@@ -891,6 +935,126 @@ nodes:
     check_same(&g, &o, &[]);
 }
 
+/// Grouped-query attention: q [B, 4, S, 4] against k0, v0 [B, 2, S, 4] (or one kv head),
+/// repeated to 4 heads by the nodes `repeat` writes (`KV` in them is k0 or v0).
+fn gqa(kv_heads: usize, repeat: &str) -> String {
+    let r = |x: &str, v: &str| repeat.replace("KV", x).replace("OUT", v).replace("TAG", x);
+    format!(
+        "
+inputs:
+  - {{name: q, dtype: f32, shape: [batch, 4, seq, 4]}}
+  - {{name: k0, dtype: f32, shape: [batch, {kv_heads}, seq, 4]}}
+  - {{name: v0, dtype: f32, shape: [batch, {kv_heads}, seq, 4]}}
+dims: {{batch: 2, seq: 8}}
+initializers:
+  - {{name: two, dtype: f32, shape: [], values: [2.0], trainable: false}}
+  - {{name: rep, dtype: i64, shape: [5], values: [1, 1, 2, 1, 1]}}
+  - {{name: rep_tile, dtype: i64, shape: [5], values: [1, 2, 1, 1, 1]}}
+  - {{name: rep1, dtype: i64, shape: [4], values: [1, 4, 1, 1]}}
+  - {{name: heads, dtype: i64, shape: [4], values: [0, 4, -1, 4]}}
+  - {{name: ax2, dtype: i64, shape: [1], values: [2]}}
+outputs: [o]
+nodes:
+{}{}  - {{op: Transpose, inputs: [k], outputs: [kt], attrs: {{perm: [0, 1, 3, 2]}}}}
+  - {{op: MatMul, inputs: [q, kt], outputs: [s]}}
+  - {{op: Div, inputs: [s, two], outputs: [z]}}
+  - {{op: Softmax, inputs: [z], outputs: [p], attrs: {{axis: -1}}}}
+  - {{op: MatMul, inputs: [p, v], outputs: [o], name: pv}}
+",
+        r("k0", "k"),
+        r("v0", "v")
+    )
+}
+
+/// HF's repeat_kv: x[:, :, None].expand(B, Hkv, n, S, D).reshape(B, Hkv·n, S, D).
+const REPEAT_KV: &str = "  - {op: Unsqueeze, inputs: [KV, ax2], outputs: [TAG_u]}
+  - {op: Expand, inputs: [TAG_u, rep], outputs: [TAG_e]}
+  - {op: Reshape, inputs: [TAG_e, heads], outputs: [OUT]}
+";
+
+/// The Attention node's inputs.
+fn attention_inputs(g: &Graph) -> Vec<String> {
+    let a: Vec<_> = g
+        .nodes
+        .iter()
+        .filter(|n| n.op.name() == "Attention")
+        .collect();
+    assert_eq!(a.len(), 1, "{:?}", g.op_counts());
+    a[0].inputs.clone()
+}
+
+#[test]
+fn grouped_query_attention_reads_k_and_v_before_the_repeat() {
+    for body in [
+        gqa(2, REPEAT_KV),
+        gqa(
+            2,
+            &REPEAT_KV
+                .replace("Unsqueeze", "Unsqueeze, attrs: {axes: [2]}")
+                .replace(", ax2]", "]"),
+        ),
+    ] {
+        let g = graph(&body);
+        let (o, r) = run_passes(&g, &PassOptions::default());
+        assert_eq!(attention_inputs(&o), strs(&["q", "k0", "v0"]));
+        assert_eq!(o.nodes.len(), 1, "the repeats go: {:?}", o.op_counts());
+        assert_eq!(r.fired("attention"), 1);
+        check_same(&g, &o, &[("batch", 3), ("seq", 5)]);
+    }
+    // A repeated K that another node reads stays for it; Attention still reads k0.
+    let body = gqa(2, REPEAT_KV).replace("outputs: [o]\nnodes:", "outputs: [o, k]\nnodes:");
+    let (o, _) = run_passes(&graph(&body), &PassOptions::default());
+    assert_eq!(attention_inputs(&o), strs(&["q", "k0", "v0"]));
+    assert_eq!(count(&o, "Expand"), 1);
+}
+
+#[test]
+fn multi_query_attention_with_expand_or_broadcast() {
+    // One kv head expanded to the four query heads.
+    let g = graph(&gqa(
+        1,
+        "  - {op: Expand, inputs: [KV, rep1], outputs: [OUT]}\n",
+    ));
+    let (o, _) = run_passes(&g, &PassOptions::default());
+    assert_eq!(attention_inputs(&o), strs(&["q", "k0", "v0"]));
+    assert_eq!(o.nodes.len(), 1);
+    check_same(&g, &o, &[("batch", 3), ("seq", 5)]);
+    // ... or left to MatMul broadcasting.
+    let g = graph(&gqa(
+        1,
+        "  - {op: Identity, inputs: [KV], outputs: [OUT]}\n",
+    ));
+    let (o, _) = run_passes(&g, &PassOptions::default());
+    assert_eq!(attention_inputs(&o), strs(&["q", "k0", "v0"]));
+    check_same(&g, &o, &[("batch", 3), ("seq", 5)]);
+}
+
+#[test]
+fn repeats_in_another_layout_are_not_grouped_query_heads() {
+    // K.repeat(1, 2, 1, 1) as Unsqueeze(1) → Expand → Reshape: head h reads kv head h mod 2,
+    // not Attention's h / 2. Attention takes the repeated K and V as they are.
+    let tile = REPEAT_KV
+        .replace("ax2", "ax1")
+        .replace("[TAG_u, rep]", "[TAG_u, rep_tile]");
+    let body = gqa(2, &tile).replace(
+        "  - {name: ax2,",
+        "  - {name: ax1, dtype: i64, shape: [1], values: [1]}\n  - {name: ax2,",
+    );
+    let g = graph(&body);
+    let (o, _) = run_passes(&g, &PassOptions::default());
+    assert_eq!(attention_inputs(&o), strs(&["q", "k", "v"]));
+    check_same(&g, &o, &[("batch", 3), ("seq", 5)]);
+    // K repeated and V not (V has all four heads): neither is read before a repeat.
+    let body = gqa(2, REPEAT_KV)
+        .replace("  - {op: Unsqueeze, inputs: [v0, ax2], outputs: [v0_u]}\n  - {op: Expand, inputs: [v0_u, rep], outputs: [v0_e]}\n  - {op: Reshape, inputs: [v0_e, heads], outputs: [v]}\n", "")
+        .replace("[p, v]", "[p, vf]")
+        .replace("  - {name: v0, dtype: f32, shape: [batch, 2, seq, 4]}", "  - {name: vf, dtype: f32, shape: [batch, 4, seq, 4]}");
+    let g = graph(&body);
+    let (o, _) = run_passes(&g, &PassOptions::default());
+    assert_eq!(attention_inputs(&o), strs(&["q", "k", "vf"]));
+    check_same(&g, &o, &[("batch", 3), ("seq", 5)]);
+}
+
 // ------------------------------------------------------- attention: must not fire
 
 #[test]
@@ -921,6 +1085,48 @@ fn scores_needed_elsewhere_block_attention() {
     );
     let (g, _) = fuse(&att("o, p", &nodes));
     assert!(attention(&g).is_empty());
+}
+
+#[test]
+fn non_constant_scale_is_not_attention() {
+    let body = att(
+        "o",
+        &format!("{QK}  - {{op: Div, inputs: [s, t], outputs: [z]}}\n{PV}"),
+    )
+    .replace(
+        "inputs:\n",
+        "inputs:\n  - {name: t, dtype: f32, shape: []}\n",
+    );
+    let (g, r) = fuse(&body);
+    assert!(attention(&g).is_empty());
+    assert!(
+        r.explain
+            .iter()
+            .any(|e| e.starts_with("Softmax 'sm'") && e.contains("not a MatMul(Q, Kᵀ)")),
+        "{:?}",
+        r.explain
+    );
+}
+
+#[test]
+fn mask_of_the_wrong_rank_is_not_attention() {
+    // A rank-5 mask broadcasts the scores to rank 5: no 4-D Attention computes that.
+    let body = att(
+        "o",
+        &format!("{QK}  - {{op: Add, inputs: [s, m5], outputs: [z]}}\n{PV}"),
+    )
+    .replace(
+        "inputs:\n",
+        "inputs:\n  - {name: m5, dtype: f32, shape: [3, 1, 1, 8, 8]}\n",
+    );
+    let (g, r) = fuse(&body);
+    assert!(attention(&g).is_empty());
+    assert!(
+        r.explain.iter().any(|e| e.starts_with("Softmax 'sm'")
+            && e.contains("attn_mask of shape [3, 1, 1, 8, 8] does not broadcast")),
+        "{:?}",
+        r.explain
+    );
 }
 
 // ---------------------------------------------------------------- cleanup passes

@@ -145,14 +145,23 @@ fn gemm(cx: &Ctx, f: &mut Fused, mm: &Node, why: &mut Why) -> Option<bool> {
         }
         _ => {}
     }
-    let dtype = cx.facts.dtype(&a0).or_else(|| cx.konst(&a0).map(|t| t.dtype()));
+    let dtype = cx
+        .facts
+        .dtype(&a0)
+        .or_else(|| cx.konst(&a0).map(|t| t.dtype()));
     let scalar = |c: f64| dtype.and_then(|d| Tensor::from_f64(d, &[], &[c]).ok());
     if alpha != 1.0 {
         let Some(c) = scalar(alpha) else {
             return why.no("the dtype of Gemm's A is unknown, for a Mul by alpha");
         };
         let c = f.init(cx, mm, "alpha", c);
-        f.a = f.pre(cx, mm, "a_alpha", Op::Binary(BinaryOp::Mul), vec![f.a.clone(), c]);
+        f.a = f.pre(
+            cx,
+            mm,
+            "a_alpha",
+            Op::Binary(BinaryOp::Mul),
+            vec![f.a.clone(), c],
+        );
     }
     let Some(c0) = mm.input(2) else {
         return Some(false);
@@ -177,7 +186,9 @@ fn gemm(cx: &Ctx, f: &mut Fused, mm: &Node, why: &mut Why) -> Option<bool> {
     f.residual = f.bias.take();
     match check(cx, f, mm) {
         Ok(()) => Some(true),
-        Err(e) => why.no(format!("Gemm's C is neither a bias on the last axis nor a residual: {e}")),
+        Err(e) => why.no(format!(
+            "Gemm's C is neither a bias on the last axis nor a residual: {e}"
+        )),
     }
 }
 
@@ -310,7 +321,8 @@ fn is_bias(cx: &Ctx, f: &Fused, mm: &Node) -> bool {
     if cx.facts.complete() {
         return check(cx, f, mm).is_ok();
     }
-    let (Some(bias), Some(w)) = (f.bias.as_deref().and_then(|b| cx.konst(b)), cx.konst(&f.b)) else {
+    let (Some(bias), Some(w)) = (f.bias.as_deref().and_then(|b| cx.konst(b)), cx.konst(&f.b))
+    else {
         return false;
     };
     let n = match (w.shape(), f.trans_b) {

@@ -115,14 +115,24 @@ impl Facts {
         self.check_with(nodes, &[], out)
     }
     /// `check`, where the new nodes may also read the new initializers `inits`.
-    pub fn check_with(&self, nodes: &[Node], inits: &[Initializer], out: &str) -> Result<(), String> {
+    pub fn check_with(
+        &self,
+        nodes: &[Node],
+        inits: &[Initializer],
+        out: &str,
+    ) -> Result<(), String> {
         if !self.complete() {
             return Err("shapes are unknown (inference did not run)".into());
         }
         for run in &self.runs {
             let mut local: HashMap<&str, ValueType> = inits
                 .iter()
-                .map(|i| (i.name.as_str(), ValueType::new(i.tensor.dtype(), i.tensor.shape())))
+                .map(|i| {
+                    (
+                        i.name.as_str(),
+                        ValueType::new(i.tensor.dtype(), i.tensor.shape()),
+                    )
+                })
                 .collect();
             let new_consts: HashMap<&str, &Tensor> =
                 inits.iter().map(|i| (i.name.as_str(), &i.tensor)).collect();
