@@ -94,7 +94,14 @@ fn fuse(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch> {
         let (s, m) = match (qk(cx, &add.inputs[0]), qk(cx, &add.inputs[1])) {
             (Ok(s), _) => (s, &add.inputs[1]),
             (_, Ok(s)) => (s, &add.inputs[0]),
-            (Err(e), _) => return why.no(e),
+            // Report on the operand that could have been the scores, not the constant.
+            (Err(e), Err(f)) => {
+                return why.no(if cx.konst(&add.inputs[0]).is_some() {
+                    f
+                } else {
+                    e
+                })
+            }
         };
         scores = s;
         core.push(ai);
