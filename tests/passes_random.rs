@@ -71,14 +71,27 @@ pub fn check(bytes: &[u8]) -> graphrun::passes::Report {
     report
 }
 
+/// The rule logged in `line` fired at a Gemm of the graph made from `bytes`.
+fn gemm_node(bytes: &[u8], line: &str) -> bool {
+    let (g, _) = random_graph(bytes, 24);
+    g.nodes
+        .iter()
+        .any(|n| n.op.name() == "Gemm" && line.ends_with(&format!("at '{}'", n.name)))
+}
+
 #[test]
 fn passes_keep_random_graphs_valid_and_equivalent() {
-    let mut fired = 0;
+    let (mut fired, mut gemm_fused) = (0, 0);
     let mut rules: std::collections::BTreeMap<&str, usize> = Default::default();
     for seed in 0..600u64 {
         let mut r = Rng::new(seed);
         let bytes: Vec<u8> = (0..64).map(|_| r.next_u64() as u8).collect();
         let report = check(&bytes);
+        gemm_fused += report
+            .log
+            .iter()
+            .filter(|l| l.contains("matmul_epilogue at 'n") && gemm_node(&bytes, l))
+            .count();
         fired += report.total();
         for p in &report.passes {
             for (k, v) in &p.rules {
@@ -86,11 +99,16 @@ fn passes_keep_random_graphs_valid_and_equivalent() {
             }
         }
     }
-    eprintln!("rules fired over 600 random graphs: {rules:?}");
+    eprintln!("rules fired over 600 random graphs: {rules:?}; at a Gemm: {gemm_fused}");
     // Fusion, not only cleanup, is exercised.
     assert!(
         rules.get("matmul_epilogue").copied().unwrap_or(0) > 50,
         "{rules:?}"
+    );
+    // Gemm with its attributes is generated and fused too.
+    assert!(
+        rules.get("matmul_epilogue").is_some() && gemm_fused > 20,
+        "{gemm_fused} Gemms fused"
     );
     // The generator makes graphs the passes do rewrite.
     assert!(fired > 600, "only {fired} rewrites in 600 graphs");
