@@ -321,6 +321,36 @@ fn verify_fusion_checks_gradients_too() {
 }
 
 #[test]
+fn verify_fusion_passes_on_every_model() {
+    // Every model in models/ (read from the folder, so a new model is covered), forward
+    // and backward, at small sizes; a dim a model does not use is ignored.
+    let mut models: Vec<PathBuf> = std::fs::read_dir("models")
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
+    models.sort();
+    assert!(models.len() >= 4, "{models:?}");
+    for m in &models {
+        let m = m.to_str().unwrap();
+        let dims = ["--dim", "batch=1", "--dim", "seq=8", "--dim", "heads=2"];
+        let mut args = vec![m, "--backward", "--verify-fusion", "-q"];
+        args.extend(dims);
+        let o = graphrun(&args);
+        let (out, err) = text(&o);
+        assert!(o.status.success(), "{m}: {out}{err}");
+        let checks = out.lines().filter(|l| l.starts_with("verify-fusion ")).count();
+        assert!(checks >= 2, "{m}: {out}");
+        assert!(
+            out.lines()
+                .filter(|l| l.starts_with("verify-fusion "))
+                .all(|l| l.ends_with(" ok")),
+            "{m}: {out}"
+        );
+    }
+}
+
+#[test]
 fn inspect_backward_prints_the_backward_graph_and_its_memory() {
     let d = tmpdir("inspect_bwd");
     let y = d.join("bwd.yaml");
