@@ -188,6 +188,11 @@ fn inspect_prints_counts_memory_and_writes_files() {
         "peak activation memory",
         "without buffer reuse",
         "FLOP",
+        "attention_fusion         1 rewrite (attention ×1)",
+        "matmul_epilogue_fusion   4 rewrites (matmul_epilogue ×4)",
+        "rules applied:\n  attention_fusion: attention at 'attn_softmax'\n",
+        "  matmul_epilogue_fusion: matmul_epilogue at 'fc2'\n",
+        "after passes: 19 nodes: Attention 1, FusedMatMul 4, LayerNormalization 2,",
     ] {
         assert!(out.contains(want), "missing {want:?} in\n{out}");
     }
@@ -339,7 +344,10 @@ fn verify_fusion_passes_on_every_model() {
         let o = graphrun(&args);
         let (out, err) = text(&o);
         assert!(o.status.success(), "{m}: {out}{err}");
-        let checks = out.lines().filter(|l| l.starts_with("verify-fusion ")).count();
+        let checks = out
+            .lines()
+            .filter(|l| l.starts_with("verify-fusion "))
+            .count();
         assert!(checks >= 2, "{m}: {out}");
         assert!(
             out.lines()

@@ -1542,7 +1542,11 @@ fn model_gpt_block() {
     for op in ["MatMul", "Softmax", "Where", "Trilu", "Tanh", "Pow"] {
         assert_eq!(count(&g, op), 0, "{op} left");
     }
-    assert_eq!(count(&g, "LayerNormalization"), 2, "the LayerNorms are left");
+    assert_eq!(
+        count(&g, "LayerNormalization"),
+        2,
+        "the LayerNorms are left"
+    );
     assert!(r.explain.is_empty(), "{:?}", r.explain);
 }
 
