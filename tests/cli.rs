@@ -216,6 +216,71 @@ fn inspect_prints_counts_memory_and_writes_files() {
 }
 
 #[test]
+fn inspect_no_fuse_disable_pass_explain_fusion_and_dot_marks() {
+    let d = tmpdir("inspect_flags");
+    let dot = d.join("g.dot");
+    let base = [
+        "inspect",
+        "models/gpt_block.yaml",
+        "--dim",
+        "batch=1",
+        "--dim",
+        "seq=8",
+    ];
+    let run = |extra: &[&str]| {
+        let mut args = base.to_vec();
+        args.extend(extra);
+        let o = graphrun(&args);
+        assert!(o.status.success(), "{}", text(&o).1);
+        text(&o).0
+    };
+    let out = run(&["--no-fuse"]);
+    assert!(
+        out.contains("passes: off (--no-fuse)") && out.contains("after passes: 41 nodes"),
+        "{out}"
+    );
+    // Attention fusion off: the Softmax and its two MatMuls are explained.
+    let out = run(&[
+        "--disable-pass",
+        "attention_fusion",
+        "--explain-fusion",
+        "--dot",
+        dot.to_str().unwrap(),
+    ]);
+    assert!(out.contains("attention_fusion         disabled"), "{out}");
+    assert!(
+        out.contains("  Softmax 'attn_softmax': attention_fusion is disabled")
+            && out.contains("  MatMul 'qk': matmul_epilogue: "),
+        "{out}"
+    );
+    // Fused nodes are drawn filled, the others not.
+    let dot = std::fs::read_to_string(&dot).unwrap();
+    let filled: Vec<&str> = dot.lines().filter(|l| l.contains("style=filled")).collect();
+    assert_eq!(filled.len(), 4, "the four FusedMatMuls:\n{dot}");
+    assert!(filled.iter().all(|l| l.contains("FusedMatMul")), "{dot}");
+    assert!(
+        dot.contains("Softmax")
+            && !dot
+                .lines()
+                .any(|l| l.contains("Softmax") && l.contains("filled"))
+    );
+    let out = run(&["--explain-fusion"]);
+    assert!(
+        out.contains("explain-fusion: every MatMul and Softmax was fused"),
+        "{out}"
+    );
+    // An unknown pass name is a usage error naming the passes.
+    let o = graphrun(&["inspect", "models/mlp.yaml", "--disable-pass", "fusion"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        text(&o).1.contains("matmul_epilogue_fusion"),
+        "{}",
+        text(&o).1
+    );
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
 fn doctor_reports_the_machine() {
     let o = graphrun(&["doctor"]);
     let out = text(&o).0;
