@@ -696,6 +696,17 @@ fn inspect(a: InspectArgs) -> Result<(), Fail> {
             for line in r.to_string().lines() {
                 println!("  {line}");
             }
+            // Where each rule fired, in order (a long log is cut: the counts above are whole).
+            const SHOWN: usize = 40;
+            if !r.log.is_empty() {
+                println!("rules applied:");
+                for line in r.log.iter().take(SHOWN) {
+                    println!("  {line}");
+                }
+                if r.log.len() > SHOWN {
+                    println!("  ... and {} more", r.log.len() - SHOWN);
+                }
+            }
         }
     }
     println!(

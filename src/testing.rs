@@ -134,7 +134,7 @@ pub fn random_graph(data: &[u8], max_nodes: usize) -> (Graph, HashMap<String, Te
         let (y, yt) = vals[b.pick(vals.len())].clone();
         let r = xt.shape.len();
         let last = *xt.shape.last().unwrap_or(&1);
-        let (o, ins): (Op, Vec<String>) = match b.pick(16) {
+        let (o, ins): (Op, Vec<String>) = match b.pick(17) {
             0 => {
                 let u = [
                     "Relu", "Tanh", "Sigmoid", "Neg", "Exp", "Abs", "Erf", "Identity",
@@ -217,6 +217,35 @@ pub fn random_graph(data: &[u8], max_nodes: usize) -> (Graph, HashMap<String, Te
             13 => (op("LeakyRelu", &[("alpha", scalar(0.1))]), vec![x]),
             14 if r >= 1 && xt.shape == yt.shape => {
                 (op("Concat", &[("axis", AttrValue::Int(-1))]), vec![x, y])
+            }
+            15 if r == 2 => {
+                // Gemm with every attribute: transA, alpha, beta, transB; C none, a bias
+                // or a full [M, N]; weights trainable or constant.
+                let (ta, tb) = (b.pick(2) == 1, b.pick(2) == 1);
+                let (m, k) = if ta {
+                    (xt.shape[1], xt.shape[0])
+                } else {
+                    (xt.shape[0], xt.shape[1])
+                };
+                let n = [4, 6][b.pick(2)];
+                let trainable = b.pick(2) == 0;
+                let w_shape = if tb { [n, k] } else { [k, n] };
+                let w = init(&mut g, &mut consts, &w_shape, &mut rng, trainable);
+                let mut ins = vec![x, w];
+                match b.pick(3) {
+                    0 => {}
+                    1 => ins.push(init(&mut g, &mut consts, &[n], &mut rng, trainable)),
+                    _ => ins.push(init(&mut g, &mut consts, &[m, n], &mut rng, trainable)),
+                }
+                let alpha = [1.0, 0.5, -2.0][b.pick(3)];
+                let beta = [1.0, 0.25][b.pick(2)];
+                let attrs = [
+                    ("transA", AttrValue::Int(ta as i64)),
+                    ("transB", AttrValue::Int(tb as i64)),
+                    ("alpha", scalar(alpha)),
+                    ("beta", scalar(beta)),
+                ];
+                (op("Gemm", &attrs), ins)
             }
             _ => (op("Identity", &[]), vec![x]),
         };

@@ -188,6 +188,11 @@ fn inspect_prints_counts_memory_and_writes_files() {
         "peak activation memory",
         "without buffer reuse",
         "FLOP",
+        "attention_fusion         1 rewrite (attention ×1)",
+        "matmul_epilogue_fusion   4 rewrites (matmul_epilogue ×4)",
+        "rules applied:\n  attention_fusion: attention at 'attn_softmax'\n",
+        "  matmul_epilogue_fusion: matmul_epilogue at 'fc2'\n",
+        "after passes: 19 nodes: Attention 1, FusedMatMul 4, LayerNormalization 2,",
     ] {
         assert!(out.contains(want), "missing {want:?} in\n{out}");
     }
@@ -207,6 +212,71 @@ fn inspect_prints_counts_memory_and_writes_files() {
     let o = graphrun(&["inspect", "tests/data/unbound.yaml"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(text(&o).1.contains("'n'"), "{}", text(&o).1);
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn inspect_no_fuse_disable_pass_explain_fusion_and_dot_marks() {
+    let d = tmpdir("inspect_flags");
+    let dot = d.join("g.dot");
+    let base = [
+        "inspect",
+        "models/gpt_block.yaml",
+        "--dim",
+        "batch=1",
+        "--dim",
+        "seq=8",
+    ];
+    let run = |extra: &[&str]| {
+        let mut args = base.to_vec();
+        args.extend(extra);
+        let o = graphrun(&args);
+        assert!(o.status.success(), "{}", text(&o).1);
+        text(&o).0
+    };
+    let out = run(&["--no-fuse"]);
+    assert!(
+        out.contains("passes: off (--no-fuse)") && out.contains("after passes: 41 nodes"),
+        "{out}"
+    );
+    // Attention fusion off: the Softmax and its two MatMuls are explained.
+    let out = run(&[
+        "--disable-pass",
+        "attention_fusion",
+        "--explain-fusion",
+        "--dot",
+        dot.to_str().unwrap(),
+    ]);
+    assert!(out.contains("attention_fusion         disabled"), "{out}");
+    assert!(
+        out.contains("  Softmax 'attn_softmax': attention_fusion is disabled")
+            && out.contains("  MatMul 'qk': matmul_epilogue: "),
+        "{out}"
+    );
+    // Fused nodes are drawn filled, the others not.
+    let dot = std::fs::read_to_string(&dot).unwrap();
+    let filled: Vec<&str> = dot.lines().filter(|l| l.contains("style=filled")).collect();
+    assert_eq!(filled.len(), 4, "the four FusedMatMuls:\n{dot}");
+    assert!(filled.iter().all(|l| l.contains("FusedMatMul")), "{dot}");
+    assert!(
+        dot.contains("Softmax")
+            && !dot
+                .lines()
+                .any(|l| l.contains("Softmax") && l.contains("filled"))
+    );
+    let out = run(&["--explain-fusion"]);
+    assert!(
+        out.contains("explain-fusion: every MatMul and Softmax was fused"),
+        "{out}"
+    );
+    // An unknown pass name is a usage error naming the passes.
+    let o = graphrun(&["inspect", "models/mlp.yaml", "--disable-pass", "fusion"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        text(&o).1.contains("matmul_epilogue_fusion"),
+        "{}",
+        text(&o).1
+    );
     let _ = std::fs::remove_dir_all(&d);
 }
 
@@ -318,6 +388,39 @@ fn verify_fusion_checks_gradients_too() {
     assert!(o.status.success(), "{out}{err}");
     assert!(out.contains("verify-fusion grad "), "{out}");
     assert!(!out.contains("FAILED"), "{out}");
+}
+
+#[test]
+fn verify_fusion_passes_on_every_model() {
+    // Every model in models/ (read from the folder, so a new model is covered), forward
+    // and backward, at small sizes; a dim a model does not use is ignored.
+    let mut models: Vec<PathBuf> = std::fs::read_dir("models")
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
+    models.sort();
+    assert!(models.len() >= 4, "{models:?}");
+    for m in &models {
+        let m = m.to_str().unwrap();
+        let dims = ["--dim", "batch=1", "--dim", "seq=8", "--dim", "heads=2"];
+        let mut args = vec![m, "--backward", "--verify-fusion", "-q"];
+        args.extend(dims);
+        let o = graphrun(&args);
+        let (out, err) = text(&o);
+        assert!(o.status.success(), "{m}: {out}{err}");
+        let checks = out
+            .lines()
+            .filter(|l| l.starts_with("verify-fusion "))
+            .count();
+        assert!(checks >= 2, "{m}: {out}");
+        assert!(
+            out.lines()
+                .filter(|l| l.starts_with("verify-fusion "))
+                .all(|l| l.ends_with(" ok")),
+            "{m}: {out}"
+        );
+    }
 }
 
 #[test]

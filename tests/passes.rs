@@ -63,11 +63,60 @@ fn assert_same(a: &Graph, b: &Graph, dims: &[(&str, usize)]) {
     }
 }
 
-/// Optimizes with the default pipeline and checks the result against the original.
+/// Runs the backward of `a` and `b` (gradients of every output, seeded with ones) on the
+/// same seeded random inputs: every gradient must agree within 1e-4 (f32, summed in
+/// another order by the fused kernels).
+fn assert_same_grads(a: &Graph, b: &Graph, dims: &[(&str, usize)]) {
+    let dims: BTreeMap<String, usize> = dims.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+    let feeds = Model { graph: a.clone() }.random_inputs(7, &dims).unwrap();
+    let grads = |g: &Graph| {
+        let opts = SessionOptions {
+            dims: dims.clone(),
+            ..Default::default()
+        };
+        Session::new(g.clone(), opts)
+            .unwrap()
+            .backward(&feeds, &Default::default())
+            .unwrap_or_else(|e| panic!("backward: {e}"))
+            .grads
+    };
+    let (ga, gb) = (grads(a), grads(b));
+    assert!(!gb.is_empty(), "no gradient to compare");
+    for (n, x) in &ga {
+        let x = x.to_f64_vec();
+        // An initializer no output reads is pruned by the passes: its gradient is zero.
+        let Some((_, y)) = gb.iter().find(|(m, _)| m == n) else {
+            assert!(
+                x.iter().all(|&v| v == 0.0),
+                "{n} was pruned but has a gradient"
+            );
+            continue;
+        };
+        let y = y.to_f64_vec();
+        let diff: f64 = x
+            .iter()
+            .zip(&y)
+            .map(|(p, q)| (p - q) * (p - q))
+            .sum::<f64>()
+            .sqrt();
+        let norm: f64 = x.iter().map(|p| p * p).sum::<f64>().sqrt();
+        let rel = diff / norm.max(1e-6);
+        assert!(rel <= 1e-4, "gradient of {n}: relative error {rel:e}");
+    }
+}
+
+/// Outputs and gradients agree.
+fn check_same(a: &Graph, b: &Graph, dims: &[(&str, usize)]) {
+    assert_same(a, b, dims);
+    assert_same_grads(a, b, dims);
+}
+
+/// Optimizes with the default pipeline and checks the result, and its gradients,
+/// against the original.
 fn fuse(body: &str) -> (Graph, Report) {
     let g = graph(body);
     let (o, r) = run_passes(&g, &PassOptions::default());
-    assert_same(&g, &o, &[]);
+    check_same(&g, &o, &[]);
     (o, r)
 }
 
@@ -324,6 +373,116 @@ fn gemm_with_alpha_does_not_fuse() {
     );
 }
 
+/// Gemm operands: a [8, 4] input used transposed, weights and biases both trainable and
+/// constant, and a full [4, 16] C.
+const GEMM: &str = "
+inputs:
+  - {name: xa, dtype: f32, shape: [8, 4]}
+  - {name: x, dtype: f32, shape: [4, 8]}
+  - {name: res, dtype: f32, shape: [4, 16]}
+  - {name: xb, dtype: f32, shape: [8, 16]}
+initializers:
+  - {name: w, dtype: f32, shape: [8, 16], init: {dist: xavier_uniform, seed: 1}}
+  - {name: wt, dtype: f32, shape: [16, 8], init: {dist: xavier_uniform, seed: 4}}
+  - {name: rc, dtype: f32, shape: [4, 16], init: {dist: uniform, low: -1, high: 1, seed: 7}, trainable: false}
+  - {name: wc, dtype: f32, shape: [8, 16], init: {dist: xavier_uniform, seed: 5}, trainable: false}
+  - {name: ac, dtype: f32, shape: [8, 4], init: {dist: uniform, low: -1, high: 1, seed: 6}, trainable: false}
+  - {name: b, dtype: f32, shape: [16], init: {dist: uniform, low: -0.5, high: 0.5, seed: 2}}
+  - {name: bc, dtype: f32, shape: [16], init: {dist: uniform, low: -0.5, high: 0.5, seed: 3}, trainable: false}
+";
+
+fn gemm(outputs: &str, nodes: &str) -> String {
+    format!("{GEMM}outputs: [{outputs}]\nnodes:\n{nodes}")
+}
+
+#[test]
+fn gemm_alpha_beta_fold_into_constant_operands() {
+    // alpha goes into the constant B, beta into the constant C: one FusedMatMul.
+    let (g, _) = fuse(&gemm("y", "  - {op: Gemm, inputs: [x, wc, bc], outputs: [g0], attrs: {alpha: 0.5, beta: 2.0}, name: gemm}\n  - {op: Relu, inputs: [g0], outputs: [y]}\n"));
+    assert_eq!(
+        fused(&g),
+        vec![("relu", false, strs(&["x", "gemm_b_alpha", "gemm_c_beta"]))]
+    );
+    assert_eq!(g.nodes.len(), 1);
+    let (b, c) = (
+        g.initializer("gemm_b_alpha").unwrap(),
+        g.initializer("gemm_c_beta").unwrap(),
+    );
+    assert!(!b.trainable && !c.trainable);
+    // With a constant A too, transA folds into it (and alpha into B first).
+    let (g, _) = fuse(&gemm("y", "  - {op: Gemm, inputs: [ac, xb, bc], outputs: [y], attrs: {transA: 1, alpha: 0.5}, name: gemm}\n"));
+    assert_eq!(
+        fused(&g),
+        vec![("none", false, strs(&["gemm_a_folded", "xb", "bc"]))]
+    );
+}
+
+#[test]
+fn gemm_trans_a_alpha_beta_become_nodes_in_front_when_that_pays() {
+    // Gemm + Relu + residual Add (3 nodes) → Transpose(A), Mul(A, alpha), Mul(C, beta)
+    // would be 4: not fused, and explained.
+    let nodes = "  - {op: Gemm, inputs: [xa, w, b], outputs: [g0], attrs: {transA: 1, alpha: 0.5, beta: 2.0}, name: gemm}\n  - {op: Relu, inputs: [g0], outputs: [a]}\n  - {op: Add, inputs: [a, res], outputs: [y]}\n";
+    let (g, r) = fuse(&gemm("y", nodes));
+    assert!(fused(&g).is_empty());
+    assert!(
+        r.explain.iter().any(|e| e.starts_with("Gemm 'gemm'")
+            && e.contains("no trans_a, alpha or beta")
+            && e.contains("Transpose and Mul and Mul")),
+        "{:?}",
+        r.explain
+    );
+    // transA alone: Transpose + FusedMatMul(relu, residual) replace three nodes.
+    let (g, _) = fuse(&gemm("y", &nodes.replace(", alpha: 0.5, beta: 2.0", "")));
+    assert_eq!(
+        fused(&g),
+        vec![("relu", false, strs(&["gemm_a_t", "w", "b", "res"]))]
+    );
+    assert_eq!((g.nodes.len(), count(&g, "Transpose")), (2, 1));
+    // alpha and beta on trainable operands: two Muls replace Gemm, Relu and Add.
+    let (g, _) = fuse(&gemm(
+        "y",
+        &nodes.replace("xa", "x").replace("transA: 1, ", ""),
+    ));
+    assert_eq!(
+        fused(&g),
+        vec![(
+            "relu",
+            false,
+            strs(&["gemm_a_alpha", "w", "gemm_c_beta", "res"])
+        )]
+    );
+    assert_eq!((g.nodes.len(), count(&g, "Mul")), (3, 2));
+}
+
+#[test]
+fn gemm_with_a_full_c_takes_the_residual_slot() {
+    // C [4, 16] is no bias: act(A @ B + C) cannot be written as act(A @ B + bias) + residual,
+    // so C becomes the residual and the Relu after it stays.
+    let (g, r) = fuse(&gemm("y", "  - {op: Gemm, inputs: [x, w, res], outputs: [g0], name: gemm}\n  - {op: Relu, inputs: [g0], outputs: [y]}\n"));
+    assert_eq!(
+        fused(&g),
+        vec![("none", false, strs(&["x", "w", "", "res"]))]
+    );
+    assert_eq!(count(&g, "Relu"), 1);
+    assert!(r.explain.is_empty(), "{:?}", r.explain);
+    // A constant C takes beta; transB stays trans_b.
+    let (g, _) = fuse(&gemm("y", "  - {op: Gemm, inputs: [x, wt, rc], outputs: [y], attrs: {beta: 0.5, transB: 1}, name: gemm}\n"));
+    assert_eq!(
+        fused(&g),
+        vec![("none", true, strs(&["x", "wt", "", "gemm_c_beta"]))]
+    );
+    // A C that is an input would need a Mul by beta in front: one node for one, not fused.
+    let (g, r) = fuse(&gemm("y", "  - {op: Gemm, inputs: [x, wt, res], outputs: [y], attrs: {beta: 0.5, transB: 1}, name: gemm}\n"));
+    assert_eq!(count(&g, "Gemm"), 1);
+    assert!(
+        r.explain
+            .iter()
+            .any(|e| e.starts_with("Gemm 'gemm'") && e.contains("the Mul it would need")),
+        "{:?}",
+        r.explain
+    );
+}
+
 #[test]
 fn transposed_weight_becomes_trans_b() {
     let nodes = "  - {op: Transpose, inputs: [wt], outputs: [wtt], attrs: {perm: [1, 0]}}
@@ -360,7 +519,7 @@ nodes:
             ("none", true, strs(&["a", "w"]))
         ]
     );
-    assert_same(&g, &o, &[("batch", 5)]);
+    check_same(&g, &o, &[("batch", 5)]);
 }
 
 #[test]
@@ -384,7 +543,7 @@ nodes:
         fused(&o),
         vec![("sigmoid", false, strs(&["x", "w", "b", "res"]))]
     );
-    assert_same(&g, &o, &[("n", 3)]);
+    check_same(&g, &o, &[("n", 3)]);
 }
 
 // ------------------------------------------------- MatMul epilogue: must not fire
@@ -474,6 +633,32 @@ fn wrong_gelu_constant_is_not_gelu() {
     let (g, _) = fuse(&mlp("y", &nodes));
     assert_eq!(fused(&g), vec![("none", false, strs(&["x", "w", "b"]))]);
     assert_eq!(count(&g, "Tanh"), 1);
+}
+
+#[test]
+fn activation_with_a_second_consumer_is_not_swallowed() {
+    // The Sigmoid of a SiLU also feeds an output: the SiLU stays, the bias fuses.
+    let nodes = format!("{FC}  - {{op: Sigmoid, inputs: [hb], outputs: [s]}}\n  - {{op: Mul, inputs: [hb, s], outputs: [y]}}\n");
+    let (g, _) = fuse(&mlp("y, s", &nodes));
+    assert_eq!(fused(&g), vec![("none", false, strs(&["x", "w", "b"]))]);
+    assert_eq!((count(&g, "Sigmoid"), count(&g, "Mul")), (1, 1));
+    // A Relu read twice fuses, but the residual Add after it cannot take it.
+    let nodes = format!("{FC}  - {{op: Relu, inputs: [hb], outputs: [a]}}\n  - {{op: Add, inputs: [a, res], outputs: [y]}}\n  - {{op: Tanh, inputs: [a], outputs: [z]}}\n");
+    let (g, _) = fuse(&mlp("y, z", &nodes));
+    assert_eq!(fused(&g), vec![("relu", false, strs(&["x", "w", "b"]))]);
+    assert_eq!(count(&g, "Add"), 1);
+    // A GELU expansion whose inner value is read elsewhere stays expanded.
+    let nodes = format!(
+        "{FC}  - {{op: Div, inputs: [hb, sqrt2], outputs: [d]}}
+  - {{op: Erf, inputs: [d], outputs: [e]}}
+  - {{op: Add, inputs: [e, one], outputs: [e1]}}
+  - {{op: Mul, inputs: [hb, half], outputs: [hh]}}
+  - {{op: Mul, inputs: [hh, e1], outputs: [y]}}
+"
+    );
+    let (g, _) = fuse(&mlp("y, e", &nodes));
+    assert_eq!(fused(&g), vec![("none", false, strs(&["x", "w", "b"]))]);
+    assert_eq!(count(&g, "Erf"), 1);
 }
 
 #[test]
@@ -692,7 +877,7 @@ nodes:
         "K enters Attention as [B, H, S, D]"
     );
     assert_eq!(count(&o, "MatMul") + count(&o, "Softmax"), 0);
-    assert_same(&g, &o, &[("batch", 3), ("seq", 5)]);
+    check_same(&g, &o, &[("batch", 3), ("seq", 5)]);
 }
 
 #[test]
@@ -707,7 +892,7 @@ fn attention_with_masked_fill_causal_mask() {
     let (o, _) = run_passes(&g, &PassOptions::default());
     assert_eq!(attention(&o), vec![(true, 0.5, 3)]);
     assert_eq!(o.nodes.len(), 1);
-    assert_same(&g, &o, &[]);
+    check_same(&g, &o, &[]);
     // A drop-mask that is not causal cannot be given to Attention (its bool mask keeps
     // where true), and says so.
     let body = body.replace("values: [false", "values: [true");
@@ -747,7 +932,127 @@ nodes:
     assert_eq!(a.len(), 1);
     assert!((a[0].1 - 0.5).abs() < 1e-6 && a[0].2 == 3, "{a:?}");
     assert_eq!(o.nodes.len(), 1, "the Kᵀ chain goes: {:?}", o.nodes);
-    assert_same(&g, &o, &[]);
+    check_same(&g, &o, &[]);
+}
+
+/// Grouped-query attention: q [B, 4, S, 4] against k0, v0 [B, 2, S, 4] (or one kv head),
+/// repeated to 4 heads by the nodes `repeat` writes (`KV` in them is k0 or v0).
+fn gqa(kv_heads: usize, repeat: &str) -> String {
+    let r = |x: &str, v: &str| repeat.replace("KV", x).replace("OUT", v).replace("TAG", x);
+    format!(
+        "
+inputs:
+  - {{name: q, dtype: f32, shape: [batch, 4, seq, 4]}}
+  - {{name: k0, dtype: f32, shape: [batch, {kv_heads}, seq, 4]}}
+  - {{name: v0, dtype: f32, shape: [batch, {kv_heads}, seq, 4]}}
+dims: {{batch: 2, seq: 8}}
+initializers:
+  - {{name: two, dtype: f32, shape: [], values: [2.0], trainable: false}}
+  - {{name: rep, dtype: i64, shape: [5], values: [1, 1, 2, 1, 1]}}
+  - {{name: rep_tile, dtype: i64, shape: [5], values: [1, 2, 1, 1, 1]}}
+  - {{name: rep1, dtype: i64, shape: [4], values: [1, 4, 1, 1]}}
+  - {{name: heads, dtype: i64, shape: [4], values: [0, 4, -1, 4]}}
+  - {{name: ax2, dtype: i64, shape: [1], values: [2]}}
+outputs: [o]
+nodes:
+{}{}  - {{op: Transpose, inputs: [k], outputs: [kt], attrs: {{perm: [0, 1, 3, 2]}}}}
+  - {{op: MatMul, inputs: [q, kt], outputs: [s]}}
+  - {{op: Div, inputs: [s, two], outputs: [z]}}
+  - {{op: Softmax, inputs: [z], outputs: [p], attrs: {{axis: -1}}}}
+  - {{op: MatMul, inputs: [p, v], outputs: [o], name: pv}}
+",
+        r("k0", "k"),
+        r("v0", "v")
+    )
+}
+
+/// HF's repeat_kv: x[:, :, None].expand(B, Hkv, n, S, D).reshape(B, Hkv·n, S, D).
+const REPEAT_KV: &str = "  - {op: Unsqueeze, inputs: [KV, ax2], outputs: [TAG_u]}
+  - {op: Expand, inputs: [TAG_u, rep], outputs: [TAG_e]}
+  - {op: Reshape, inputs: [TAG_e, heads], outputs: [OUT]}
+";
+
+/// The Attention node's inputs.
+fn attention_inputs(g: &Graph) -> Vec<String> {
+    let a: Vec<_> = g
+        .nodes
+        .iter()
+        .filter(|n| n.op.name() == "Attention")
+        .collect();
+    assert_eq!(a.len(), 1, "{:?}", g.op_counts());
+    a[0].inputs.clone()
+}
+
+#[test]
+fn grouped_query_attention_reads_k_and_v_before_the_repeat() {
+    for body in [
+        gqa(2, REPEAT_KV),
+        gqa(
+            2,
+            &REPEAT_KV
+                .replace("Unsqueeze", "Unsqueeze, attrs: {axes: [2]}")
+                .replace(", ax2]", "]"),
+        ),
+    ] {
+        let g = graph(&body);
+        let (o, r) = run_passes(&g, &PassOptions::default());
+        assert_eq!(attention_inputs(&o), strs(&["q", "k0", "v0"]));
+        assert_eq!(o.nodes.len(), 1, "the repeats go: {:?}", o.op_counts());
+        assert_eq!(r.fired("attention"), 1);
+        check_same(&g, &o, &[("batch", 3), ("seq", 5)]);
+    }
+    // A repeated K that another node reads stays for it; Attention still reads k0.
+    let body = gqa(2, REPEAT_KV).replace("outputs: [o]\nnodes:", "outputs: [o, k]\nnodes:");
+    let (o, _) = run_passes(&graph(&body), &PassOptions::default());
+    assert_eq!(attention_inputs(&o), strs(&["q", "k0", "v0"]));
+    assert_eq!(count(&o, "Expand"), 1);
+}
+
+#[test]
+fn multi_query_attention_with_expand_or_broadcast() {
+    // One kv head expanded to the four query heads.
+    let g = graph(&gqa(
+        1,
+        "  - {op: Expand, inputs: [KV, rep1], outputs: [OUT]}\n",
+    ));
+    let (o, _) = run_passes(&g, &PassOptions::default());
+    assert_eq!(attention_inputs(&o), strs(&["q", "k0", "v0"]));
+    assert_eq!(o.nodes.len(), 1);
+    check_same(&g, &o, &[("batch", 3), ("seq", 5)]);
+    // ... or left to MatMul broadcasting.
+    let g = graph(&gqa(
+        1,
+        "  - {op: Identity, inputs: [KV], outputs: [OUT]}\n",
+    ));
+    let (o, _) = run_passes(&g, &PassOptions::default());
+    assert_eq!(attention_inputs(&o), strs(&["q", "k0", "v0"]));
+    check_same(&g, &o, &[("batch", 3), ("seq", 5)]);
+}
+
+#[test]
+fn repeats_in_another_layout_are_not_grouped_query_heads() {
+    // K.repeat(1, 2, 1, 1) as Unsqueeze(1) → Expand → Reshape: head h reads kv head h mod 2,
+    // not Attention's h / 2. Attention takes the repeated K and V as they are.
+    let tile = REPEAT_KV
+        .replace("ax2", "ax1")
+        .replace("[TAG_u, rep]", "[TAG_u, rep_tile]");
+    let body = gqa(2, &tile).replace(
+        "  - {name: ax2,",
+        "  - {name: ax1, dtype: i64, shape: [1], values: [1]}\n  - {name: ax2,",
+    );
+    let g = graph(&body);
+    let (o, _) = run_passes(&g, &PassOptions::default());
+    assert_eq!(attention_inputs(&o), strs(&["q", "k", "v"]));
+    check_same(&g, &o, &[("batch", 3), ("seq", 5)]);
+    // K repeated and V not (V has all four heads): neither is read before a repeat.
+    let body = gqa(2, REPEAT_KV)
+        .replace("  - {op: Unsqueeze, inputs: [v0, ax2], outputs: [v0_u]}\n  - {op: Expand, inputs: [v0_u, rep], outputs: [v0_e]}\n  - {op: Reshape, inputs: [v0_e, heads], outputs: [v]}\n", "")
+        .replace("[p, v]", "[p, vf]")
+        .replace("  - {name: v0, dtype: f32, shape: [batch, 2, seq, 4]}", "  - {name: vf, dtype: f32, shape: [batch, 4, seq, 4]}");
+    let g = graph(&body);
+    let (o, _) = run_passes(&g, &PassOptions::default());
+    assert_eq!(attention_inputs(&o), strs(&["q", "k", "vf"]));
+    check_same(&g, &o, &[("batch", 3), ("seq", 5)]);
 }
 
 // ------------------------------------------------------- attention: must not fire
@@ -780,6 +1085,48 @@ fn scores_needed_elsewhere_block_attention() {
     );
     let (g, _) = fuse(&att("o, p", &nodes));
     assert!(attention(&g).is_empty());
+}
+
+#[test]
+fn non_constant_scale_is_not_attention() {
+    let body = att(
+        "o",
+        &format!("{QK}  - {{op: Div, inputs: [s, t], outputs: [z]}}\n{PV}"),
+    )
+    .replace(
+        "inputs:\n",
+        "inputs:\n  - {name: t, dtype: f32, shape: []}\n",
+    );
+    let (g, r) = fuse(&body);
+    assert!(attention(&g).is_empty());
+    assert!(
+        r.explain
+            .iter()
+            .any(|e| e.starts_with("Softmax 'sm'") && e.contains("not a MatMul(Q, Kᵀ)")),
+        "{:?}",
+        r.explain
+    );
+}
+
+#[test]
+fn mask_of_the_wrong_rank_is_not_attention() {
+    // A rank-5 mask broadcasts the scores to rank 5: no 4-D Attention computes that.
+    let body = att(
+        "o",
+        &format!("{QK}  - {{op: Add, inputs: [s, m5], outputs: [z]}}\n{PV}"),
+    )
+    .replace(
+        "inputs:\n",
+        "inputs:\n  - {name: m5, dtype: f32, shape: [3, 1, 1, 8, 8]}\n",
+    );
+    let (g, r) = fuse(&body);
+    assert!(attention(&g).is_empty());
+    assert!(
+        r.explain.iter().any(|e| e.starts_with("Softmax 'sm'")
+            && e.contains("attn_mask of shape [3, 1, 1, 8, 8] does not broadcast")),
+        "{:?}",
+        r.explain
+    );
 }
 
 // ---------------------------------------------------------------- cleanup passes
@@ -1195,6 +1542,11 @@ fn model_gpt_block() {
     for op in ["MatMul", "Softmax", "Where", "Trilu", "Tanh", "Pow"] {
         assert_eq!(count(&g, op), 0, "{op} left");
     }
+    assert_eq!(
+        count(&g, "LayerNormalization"),
+        2,
+        "the LayerNorms are left"
+    );
     assert!(r.explain.is_empty(), "{:?}", r.explain);
 }
 

@@ -7,6 +7,7 @@
 //! `is_causal` and its subgraph goes. When K was split into heads as `[B, S, H, D]` and
 //! transposed with perm [0, 2, 3, 1], a Transpose [0, 2, 1, 3] gives Attention its K; a Kᵀ
 //! written as Reshape → Transpose [0, 2, 1] → Reshape over merged heads is recognised too.
+//! K and V repeated to the query heads (grouped-query attention) are read un-repeated.
 
 use super::pattern::{Ctx, Patch, Why};
 use super::Rule;
@@ -93,7 +94,14 @@ fn fuse(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch> {
         let (s, m) = match (qk(cx, &add.inputs[0]), qk(cx, &add.inputs[1])) {
             (Ok(s), _) => (s, &add.inputs[1]),
             (_, Ok(s)) => (s, &add.inputs[0]),
-            (Err(e), _) => return why.no(e),
+            // Report on the operand that could have been the scores, not the constant.
+            (Err(e), Err(f)) => {
+                return why.no(if cx.konst(&add.inputs[0]).is_some() {
+                    f
+                } else {
+                    e
+                })
+            }
         };
         scores = s;
         core.push(ai);
@@ -131,8 +139,18 @@ fn fuse(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch> {
         return why.no(e);
     }
 
+    // Grouped-query heads: K and V repeated to the query heads are read before the repeat
+    // (the repeat's nodes go with the last reader). Both or neither, by the same factor.
+    let (mut k, mut v) = (scores.k, pv.inputs[1].as_str());
+    if !scores.k_bshd {
+        if let (Some((k0, nk)), Some((v0, nv))) = (repeated(cx, k), repeated(cx, v)) {
+            if nk == nv {
+                (k, v) = (k0, v0);
+            }
+        }
+    }
     let mut add = vec![];
-    let mut k = scores.k.to_string();
+    let mut k = k.to_string();
     if scores.k_bshd {
         let name = cx.fresh_node(&format!("{}_k_transpose", pv.name));
         let value = cx.fresh_value(&format!("{k}_bhsd"));
@@ -147,7 +165,7 @@ fn fuse(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch> {
         });
         k = value;
     }
-    let mut inputs = vec![scores.q.to_string(), k, pv.inputs[1].clone()];
+    let mut inputs = vec![scores.q.to_string(), k, v.to_string()];
     inputs.extend(mask.map(str::to_string));
     let op = Op::Attention {
         is_causal: causal.is_some(),
@@ -266,6 +284,52 @@ fn flat_transposed<'g>(cx: &Ctx<'g>, kt: &str) -> Option<&'g str> {
     let merged = cx.facts.static_shape(&r1.outputs[0])? == [b * h, s, d];
     let split = cx.facts.static_shape(kt)? == [b, h, d, s];
     (merged && split).then_some(k)
+}
+
+/// `v` = `x` `[B, Hkv, S, D]` with each head repeated `n` times in a row, so that head h
+/// of `v` is head h / n of `x`: Attention's grouped-query layout. Two forms: HF's
+/// repeat_kv (also torch's repeat_interleave on the head axis) `Unsqueeze(2) → Expand →
+/// Reshape` (any Reshape that inserts the unit axis in place of the Unsqueeze), and for
+/// one kv head a plain `Expand` `[B, 1, S, D]` → `[B, H, S, D]`. Shapes are checked in
+/// every inference run, so the factor is the same for any symbol value. `K.repeat(1, n, 1, 1)`
+/// (head h reads kv head h mod Hkv) has the wrong layout and is not matched: its
+/// unsqueezed shape would be `[B, 1, Hkv, S, D]`.
+fn repeated<'g>(cx: &Ctx<'g>, v: &str) -> Option<(&'g str, usize)> {
+    let shapes = |v: &str| cx.facts.shapes(v);
+    if let Some((_, e)) = cx.prod(v, |op| *op == Op::Expand) {
+        let x = e.inputs[0].as_str();
+        let (xs, vs) = (shapes(x)?, shapes(v)?);
+        let h = *vs.first()?.get(1)?;
+        let one_head = xs.iter().zip(&vs).all(|(a, b)| {
+            matches!((a, b), ([b0, 1, s0, d0], [b1, h1, s1, d1])
+                if b0 == b1 && s0 == s1 && d0 == d1 && *h1 == h)
+        });
+        return one_head.then_some((x, h));
+    }
+    let (_, r) = cx.prod(v, |op| matches!(op, Op::Reshape { .. }))?;
+    let (_, e) = cx.prod(&r.inputs[0], |op| *op == Op::Expand)?;
+    let (_, u) = cx.prod(&e.inputs[0], |op| {
+        matches!(op, Op::Unsqueeze { .. } | Op::Reshape { .. })
+    })?;
+    let x = u.inputs[0].as_str();
+    let (xs, us) = (shapes(x)?, shapes(&u.outputs[0])?);
+    let (es, vs) = (shapes(&e.outputs[0])?, shapes(v)?);
+    let mut n = None;
+    for k in 0..xs.len() {
+        let [b, h, s, d] = xs[k][..] else { return None };
+        let [eb, eh, en, es_, ed] = es[k][..] else {
+            return None;
+        };
+        let ok = us[k] == [b, h, 1, s, d]
+            && (eb, eh, es_, ed) == (b, h, s, d)
+            && vs[k] == [b, h * en, s, d]
+            && n.is_none_or(|m| m == en);
+        if !ok {
+            return None;
+        }
+        n = Some(en);
+    }
+    Some((x, n?))
 }
 
 /// The last two dims of the scores, when static.

@@ -6,7 +6,8 @@
 
 use super::pattern::{Ctx, Patch, Why};
 use super::Rule;
-use crate::graph::{Activation, BinaryOp, Node, Op, UnaryOp};
+use crate::graph::{Activation, BinaryOp, InitSource, Initializer, Node, Op, UnaryOp};
+use crate::tensor::Tensor;
 
 pub(crate) const RULES: &[Rule] = &[Rule {
     name: "matmul_epilogue",
@@ -24,25 +25,30 @@ fn is_un(u: UnaryOp) -> impl Fn(&Op) -> bool {
     move |op| *op == Op::Unary(u)
 }
 
-/// The fused node being built; `out` is the value it will produce.
+/// The fused node being built; `out` is the value it will produce. A Gemm may need
+/// nodes in front (`pre`: a Transpose of A, a Mul by alpha or beta) and new constants
+/// (`inits`: A, B or C with transA, alpha or beta folded in).
+#[derive(Clone)]
 struct Fused<'g> {
-    a: &'g str,
-    b: &'g str,
+    a: String,
+    b: String,
     trans_b: bool,
-    bias: Option<&'g str>,
+    bias: Option<String>,
     act: Activation,
-    residual: Option<&'g str>,
+    residual: Option<String>,
     out: &'g str,
     nodes: Vec<usize>,
+    pre: Vec<Node>,
+    inits: Vec<Initializer>,
 }
 
 impl Fused<'_> {
     fn node(&self, anchor: &Node) -> Node {
-        let mut inputs = vec![self.a.to_string(), self.b.to_string()];
+        let mut inputs = vec![self.a.clone(), self.b.clone()];
         if self.bias.is_some() || self.residual.is_some() {
-            inputs.push(self.bias.unwrap_or("").to_string());
+            inputs.push(self.bias.clone().unwrap_or_default());
         }
-        inputs.extend(self.residual.map(str::to_string));
+        inputs.extend(self.residual.clone());
         Node {
             name: anchor.name.clone(),
             op: Op::FusedMatMul {
@@ -54,51 +60,163 @@ impl Fused<'_> {
             loc: anchor.loc.clone(),
         }
     }
+    /// The nodes that replace the matched ones: `pre`, then the FusedMatMul.
+    fn all(&self, anchor: &Node) -> Vec<Node> {
+        let mut v = self.pre.clone();
+        v.push(self.node(anchor));
+        v
+    }
+    /// A new constant, named after the anchor; returns its name.
+    fn init(&mut self, cx: &Ctx, anchor: &Node, what: &str, t: Tensor) -> String {
+        let name = cx.fresh_value(&format!("{}_{what}", anchor.name));
+        self.inits.push(Initializer {
+            name: name.clone(),
+            tensor: t,
+            trainable: false,
+            source: InitSource::Data,
+            loc: anchor.loc.clone(),
+        });
+        name
+    }
+    /// A node in front of the FusedMatMul; returns its output.
+    fn pre(&mut self, cx: &Ctx, anchor: &Node, what: &str, op: Op, inputs: Vec<String>) -> String {
+        let out = cx.fresh_value(&format!("{}_{what}", anchor.name));
+        self.pre.push(Node {
+            name: cx.fresh_node(&format!("{}_{what}", anchor.name)),
+            op,
+            inputs,
+            outputs: vec![out.clone()],
+            loc: anchor.loc.clone(),
+        });
+        out
+    }
+}
+
+/// `t` (2-D) transposed.
+fn transposed(t: &Tensor) -> Tensor {
+    let (m, n) = (t.shape()[0], t.shape()[1]);
+    let v = t.to_f64_vec();
+    let w: Vec<f64> = (0..n * m).map(|k| v[(k % m) * n + k / m]).collect();
+    Tensor::from_f64(t.dtype(), &[n, m], &w).expect("same size")
+}
+
+/// `t · c`, rounded once to `t`'s dtype.
+fn scaled(t: &Tensor, c: f64) -> Tensor {
+    let v: Vec<f64> = t.to_f64_vec().iter().map(|x| x * c).collect();
+    Tensor::from_f64(t.dtype(), t.shape(), &v).expect("same size")
+}
+
+/// A Gemm's `alpha · op(A) @ op(B) + beta · C` as FusedMatMul inputs. FusedMatMul has
+/// trans_b but no trans_a, alpha or beta: those are folded into operands that are
+/// non-trainable constants (A transposed, alpha into B or else A, beta into C), and
+/// otherwise become a Transpose or a Mul in front. A C that is no bias on the last axis
+/// (a full `[M, N]` C, say) is added after the product: the residual slot, and then
+/// nothing after the Gemm can fuse (an activation would have to see C first).
+/// Returns whether C took the residual slot.
+fn gemm(cx: &Ctx, f: &mut Fused, mm: &Node, why: &mut Why) -> Option<bool> {
+    let Op::Gemm {
+        alpha,
+        beta,
+        trans_a,
+        trans_b,
+    } = mm.op
+    else {
+        return Some(false);
+    };
+    f.trans_b = trans_b;
+    let folds = |v: &str| cx.konst(v).filter(|_| !cx.trainable(v));
+    let (a0, b0) = (mm.inputs[0].clone(), mm.inputs[1].clone());
+    let mut alpha = alpha as f64;
+    if alpha != 1.0 {
+        if let Some(t) = folds(&b0) {
+            f.b = f.init(cx, mm, "b_alpha", scaled(t, alpha));
+            alpha = 1.0;
+        }
+    }
+    match folds(&a0).filter(|t| t.shape().len() == 2) {
+        Some(t) if trans_a || alpha != 1.0 => {
+            let t = if trans_a { transposed(t) } else { t.clone() };
+            f.a = f.init(cx, mm, "a_folded", scaled(&t, alpha));
+            alpha = 1.0;
+        }
+        _ if trans_a => {
+            let perm = Some(vec![1, 0]);
+            f.a = f.pre(cx, mm, "a_t", Op::Transpose { perm }, vec![a0.clone()]);
+        }
+        _ => {}
+    }
+    let dtype = cx
+        .facts
+        .dtype(&a0)
+        .or_else(|| cx.konst(&a0).map(|t| t.dtype()));
+    let scalar = |c: f64| dtype.and_then(|d| Tensor::from_f64(d, &[], &[c]).ok());
+    if alpha != 1.0 {
+        let Some(c) = scalar(alpha) else {
+            return why.no("the dtype of Gemm's A is unknown, for a Mul by alpha");
+        };
+        let c = f.init(cx, mm, "alpha", c);
+        f.a = f.pre(
+            cx,
+            mm,
+            "a_alpha",
+            Op::Binary(BinaryOp::Mul),
+            vec![f.a.clone(), c],
+        );
+    }
+    let Some(c0) = mm.input(2) else {
+        return Some(false);
+    };
+    let mut c = c0.to_string();
+    if beta != 1.0 {
+        let beta = beta as f64;
+        if let Some(t) = folds(c0) {
+            c = f.init(cx, mm, "c_beta", scaled(t, beta));
+        } else {
+            let Some(k) = scalar(beta) else {
+                return why.no("the dtype of Gemm's A is unknown, for a Mul by beta");
+            };
+            let k = f.init(cx, mm, "beta", k);
+            c = f.pre(cx, mm, "c_beta", Op::Binary(BinaryOp::Mul), vec![c, k]);
+        }
+    }
+    f.bias = Some(c);
+    if is_bias(cx, f, mm) {
+        return Some(false);
+    }
+    f.residual = f.bias.take();
+    match check(cx, f, mm) {
+        Ok(()) => Some(true),
+        Err(e) => why.no(format!(
+            "Gemm's C is neither a bias on the last axis nor a residual: {e}"
+        )),
+    }
 }
 
 fn fuse(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch> {
     let mm = cx.node(i);
     let mut f = Fused {
-        a: &mm.inputs[0],
-        b: &mm.inputs[1],
+        a: mm.inputs[0].clone(),
+        b: mm.inputs[1].clone(),
         trans_b: false,
         bias: None,
         act: Activation::None,
         residual: None,
         out: &mm.outputs[0],
         nodes: vec![i],
+        pre: vec![],
+        inits: vec![],
     };
-    if let Op::Gemm {
-        alpha,
-        beta,
-        trans_a,
-        trans_b,
-    } = mm.op
-    {
-        if trans_a {
-            return why.no("Gemm with transA=1 is not fused");
-        }
-        if alpha != 1.0 || (mm.input(2).is_some() && beta != 1.0) {
-            return why.no(format!("Gemm alpha={alpha} beta={beta}: only 1 and 1 fuse"));
-        }
-        f.trans_b = trans_b;
-        if let Some(c) = mm.input(2) {
-            f.bias = Some(c);
-            if !is_bias(cx, &f, mm) {
-                return why.no("Gemm's C is not a rank-1 bias on the last axis");
-            }
-        }
-    }
+    let c_is_residual = gemm(cx, &mut f, mm, why)?;
     // A Transpose of a 2-D weight feeding B is folded into trans_b (the Transpose goes
     // once nothing else reads it).
     let mut transposed = false;
-    if let Some((_, t)) = cx.prod(f.b, |op| matches!(op, Op::Transpose { .. })) {
+    if let Some((_, t)) = cx.prod(&f.b, |op| matches!(op, Op::Transpose { .. })) {
         let swaps = match &t.op {
             Op::Transpose { perm: Some(p) } => p == &[1, 0],
             _ => cx.facts.rank(&t.inputs[0]) == Some(2),
         };
         if swaps {
-            f.b = &t.inputs[0];
+            f.b = t.inputs[0].clone();
             f.trans_b = !f.trans_b;
             transposed = true;
         }
@@ -106,15 +224,14 @@ fn fuse(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch> {
     let before = f.nodes.len();
     let mut stop = String::new();
     // 1. bias
-    if f.bias.is_none() {
+    if f.bias.is_none() && !c_is_residual {
         match cx.sole_consumer(f.out).map(|c| cx.node(c)) {
             Some(add) if add.op == Op::Binary(BinaryOp::Add) => {
                 if let Some(bias) = cx.other(add, f.out) {
                     let mut g = Fused {
-                        bias: Some(bias),
+                        bias: Some(bias.to_string()),
                         out: &add.outputs[0],
-                        nodes: f.nodes.clone(),
-                        ..f
+                        ..f.clone()
                     };
                     g.nodes.push(cx.producer(&add.outputs[0])?);
                     if is_bias(cx, &g, mm) {
@@ -126,26 +243,29 @@ fn fuse(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch> {
         }
     }
     // 2. activation
-    match activation(cx, f.out) {
-        Ok((act, nodes, out)) => {
-            f.act = act;
-            f.nodes.extend(nodes);
-            f.out = out;
+    if c_is_residual {
+        stop = "Gemm's C took the residual slot".into();
+    } else {
+        match activation(cx, f.out) {
+            Ok((act, nodes, out)) => {
+                f.act = act;
+                f.nodes.extend(nodes);
+                f.out = out;
+            }
+            Err(e) => stop = e,
         }
-        Err(e) => stop = e,
     }
     // 3. residual
     if let Some(add) = cx
         .sole_consumer(f.out)
         .map(|c| cx.node(c))
-        .filter(|n| n.op == Op::Binary(BinaryOp::Add))
+        .filter(|n| n.op == Op::Binary(BinaryOp::Add) && !c_is_residual)
     {
         if let Some(r) = cx.other(add, f.out) {
             let mut g = Fused {
-                residual: Some(r),
+                residual: Some(r.to_string()),
                 out: &add.outputs[0],
-                nodes: f.nodes.clone(),
-                ..f
+                ..f.clone()
             };
             g.nodes.push(cx.producer(&add.outputs[0])?);
             match check(cx, &g, mm) {
@@ -154,7 +274,7 @@ fn fuse(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch> {
             }
         }
     }
-    if f.nodes.len() == before && !transposed && f.bias.is_none() {
+    if f.nodes.len() == before && !transposed && f.bias.is_none() && f.residual.is_none() {
         let s = if stop.is_empty() {
             String::new()
         } else {
@@ -163,6 +283,15 @@ fn fuse(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch> {
         return why.no(format!(
             "'{}' is not followed by a bias Add, an activation or a residual Add{s}",
             f.out
+        ));
+    }
+    // A Gemm's Transpose or Mul in front must be paid for by the nodes fused.
+    if f.pre.len() + 1 > f.nodes.len() {
+        let what: Vec<&str> = f.pre.iter().map(|n| n.op.name()).collect();
+        return why.no(format!(
+            "FusedMatMul has no trans_a, alpha or beta, and the {} it would need in front of it for this Gemm add more nodes than fusing removes ({})",
+            what.join(" and "),
+            f.nodes.len()
         ));
     }
     if let Err(e) = cx.swallow_ok(&f.nodes, f.out) {
@@ -175,14 +304,15 @@ fn fuse(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch> {
     }
     Some(Patch {
         remove: f.nodes.clone(),
-        add: vec![f.node(mm)],
+        add: f.all(mm),
+        inits: f.inits,
         ..Default::default()
     })
 }
 
 /// The fused node infers to the type of the value it replaces, in every inference run.
 fn check(cx: &Ctx, f: &Fused, mm: &Node) -> Result<(), String> {
-    cx.facts.check(&[f.node(mm)], f.out)
+    cx.facts.check_with(&f.all(mm), &f.inits, f.out)
 }
 
 /// A rank-1 bias on the last axis. With shapes, inference proves it; without, the bias
@@ -191,14 +321,15 @@ fn is_bias(cx: &Ctx, f: &Fused, mm: &Node) -> bool {
     if cx.facts.complete() {
         return check(cx, f, mm).is_ok();
     }
-    let (Some(bias), Some(w)) = (f.bias.and_then(|b| cx.konst(b)), cx.konst(f.b)) else {
+    let (Some(bias), Some(w)) = (f.bias.as_deref().and_then(|b| cx.konst(b)), cx.konst(&f.b))
+    else {
         return false;
     };
     let n = match (w.shape(), f.trans_b) {
         ([_, n], false) | ([n, _], true) => *n,
         _ => return false,
     };
-    bias.shape() == [n] && cx.facts.rank(f.a).is_some_and(|r| r >= 2)
+    bias.shape() == [n] && cx.facts.rank(&f.a).is_some_and(|r| r >= 2)
 }
 
 /// An activation reading `x` (and nothing else reading `x`): its kind, its nodes, its output.

@@ -98,14 +98,44 @@ impl Facts {
         self.complete()
             && self.runs.iter().all(|r| matches!((r.types.get(a), r.types.get(b)), (Some(x), Some(y)) if x.shape == y.shape))
     }
+    /// The shape of `v` in each inference run, when shapes are known: a rule that relates
+    /// several shapes checks the relation in every run, so that it holds for any symbol value.
+    pub fn shapes(&self, v: &str) -> Option<Vec<&[usize]>> {
+        if !self.complete() {
+            return None;
+        }
+        self.runs
+            .iter()
+            .map(|r| r.types.get(v).map(|t| t.shape.as_slice()))
+            .collect()
+    }
     /// Infers `nodes` (in order) over the known types and checks that value `out` keeps
     /// its type in every run: the proof that a replacement fits where the old subgraph was.
     pub fn check(&self, nodes: &[Node], out: &str) -> Result<(), String> {
+        self.check_with(nodes, &[], out)
+    }
+    /// `check`, where the new nodes may also read the new initializers `inits`.
+    pub fn check_with(
+        &self,
+        nodes: &[Node],
+        inits: &[Initializer],
+        out: &str,
+    ) -> Result<(), String> {
         if !self.complete() {
             return Err("shapes are unknown (inference did not run)".into());
         }
         for run in &self.runs {
-            let mut local: HashMap<&str, ValueType> = HashMap::new();
+            let mut local: HashMap<&str, ValueType> = inits
+                .iter()
+                .map(|i| {
+                    (
+                        i.name.as_str(),
+                        ValueType::new(i.tensor.dtype(), i.tensor.shape()),
+                    )
+                })
+                .collect();
+            let new_consts: HashMap<&str, &Tensor> =
+                inits.iter().map(|i| (i.name.as_str(), &i.tensor)).collect();
             for n in nodes {
                 let ins: Vec<Option<&ValueType>> = n
                     .inputs
@@ -125,8 +155,11 @@ impl Facts {
                 {
                     return Err("shapes are unknown for a new value".into());
                 }
-                let consts: Vec<Option<&Tensor>> =
-                    n.inputs.iter().map(|v| run.consts.get(v)).collect();
+                let consts: Vec<Option<&Tensor>> = n
+                    .inputs
+                    .iter()
+                    .map(|v| run.consts.get(v).or(new_consts.get(v.as_str()).copied()))
+                    .collect();
                 let outs = infer::infer_node(n, &ins, &consts).map_err(|e| e.to_string())?;
                 for (name, t) in n.outputs.iter().zip(outs) {
                     local.insert(name, t);
