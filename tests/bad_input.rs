@@ -387,3 +387,88 @@ fn npy_with_deeply_nested_header_is_refused_quickly() {
     let e = Tensor::from_npy_bytes(include_bytes!("data/fuzz_npy_nested_header.npy")).unwrap_err();
     has(&e, &["npy"]);
 }
+
+/// Found by the `onnx` fuzz target (docs/RELIABILITY.md): a mutated file whose shape
+/// inference constant-folded an elementwise op on an empty (0-sized) tensor. The CPU
+/// kernels' broadcast walk took `index % dim` with the zero dim and panicked. Replays the
+/// fuzzer's file, which is now one clear error about the node's shapes.
+#[test]
+fn fuzz_onnx_empty_operand_is_an_error_not_a_panic() {
+    let bytes = include_bytes!("data/fuzz_onnx_empty_broadcast.onnx");
+    let e = graphrun::onnx::from_bytes(bytes, "fuzz", std::path::Path::new("/nonexistent"))
+        .unwrap_err()
+        .to_string();
+    has(&e, &["'/Mul'", "do not broadcast", "[0]"]);
+}
+
+/// The same panic reached without ONNX: elementwise ops whose operands or result are
+/// empty, folded at load time (initializers only) and run in a session (a fed input).
+/// Results are empty with the broadcast shape; a gradient reaching a non-empty weight
+/// through them is a sum over nothing, exactly zero.
+#[test]
+fn elementwise_ops_on_empty_tensors_load_run_and_differentiate() {
+    let dims = |s: &str| -> Vec<usize> {
+        let s = s.trim_matches(['[', ']']);
+        s.split(", ").map(|d| d.parse().unwrap()).collect()
+    };
+    for (a, b, out) in [
+        ("[0, 3]", "[1, 3]", "[0, 3]"),
+        ("[0, 3]", "[3]", "[0, 3]"),
+        ("[2, 0]", "[2, 1]", "[2, 0]"),
+        ("[0]", "[0]", "[0]"),
+    ] {
+        let y = format!(
+            "{HEAD}inputs: [{{name: x, dtype: f32, shape: {a}}}]\noutputs: [y, z]\n\
+             initializers:\n  - {{name: w, dtype: f32, shape: {b}, init: {{dist: normal, seed: 3}}}}\n\
+             \x20 - {{name: v, dtype: f32, shape: {a}, init: {{dist: normal, seed: 4}}, trainable: false}}\n\
+             nodes:\n  - {{op: Mul, inputs: [v, w], outputs: [vw]}}\n\
+             \x20 - {{op: Sigmoid, inputs: [vw], outputs: [z]}}\n\
+             \x20 - {{op: Add, inputs: [x, w], outputs: [xw]}}\n\
+             \x20 - {{op: Div, inputs: [xw, w], outputs: [q]}}\n\
+             \x20 - {{op: Relu, inputs: [q], outputs: [y]}}\n"
+        );
+        let m = Model::from_str(&y, ".").unwrap_or_else(|e| panic!("{a} {b}: {e}"));
+        let x = Tensor::from_vec(&dims(a), Vec::<f32>::new()).unwrap();
+        let feeds: HashMap<String, Tensor> = [("x".to_string(), x)].into();
+        let mut s = Session::new(m.graph, SessionOptions::default()).unwrap();
+        let r = s
+            .backward(&feeds, &HashMap::new())
+            .unwrap_or_else(|e| panic!("{a} {b}: {e}"));
+        for (name, t) in &r.outputs {
+            assert_eq!(t.shape(), dims(out), "{a} {b}: output {name}");
+        }
+        let (_, gw) = r
+            .grads
+            .iter()
+            .find(|(n, _)| n == "w")
+            .expect("a gradient for w");
+        assert_eq!(gw.shape(), dims(b), "{a} {b}");
+        let gw = gw.to_f64_vec();
+        assert!(gw.iter().all(|&v| v == 0.0), "{a} {b}: {gw:?}");
+    }
+}
+
+/// The shipped models with every symbolic dim bound to 0 (an empty batch): forward and
+/// backward runs give empty outputs (and scalar losses) instead of panicking in the kernels.
+#[test]
+fn models_run_forward_and_backward_on_an_empty_batch() {
+    for name in ["mlp", "attention", "gpt_block"] {
+        let m = Model::load(format!("{}/models/{name}.yaml", env!("CARGO_MANIFEST_DIR"))).unwrap();
+        let dims: std::collections::BTreeMap<String, usize> =
+            m.graph.symbols().into_iter().map(|s| (s, 0)).collect();
+        let feeds = m.random_inputs(0, &dims).unwrap();
+        let opts = SessionOptions {
+            dims,
+            ..Default::default()
+        };
+        let mut s = Session::new(m.graph, opts).unwrap();
+        let r = s
+            .backward(&feeds, &HashMap::new())
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        // Every output but the scalar losses has the batch dim.
+        for (out, t) in &r.outputs {
+            let empty = t.numel() == 0 || (out == "loss" && t.shape().is_empty());
+            assert!(empty, "{name}: output {out} of shape {:?}", t.shape());
+        }
+    }
+}

@@ -12,7 +12,12 @@ fn rel(a: &Tensor, b: &Tensor) -> f64 {
     if y.iter().any(|v| !v.is_finite()) {
         return 0.0;
     }
-    let num: f64 = x.iter().zip(&y).map(|(p, q)| (p - q) * (p - q)).sum::<f64>().sqrt();
+    let num: f64 = x
+        .iter()
+        .zip(&y)
+        .map(|(p, q)| (p - q) * (p - q))
+        .sum::<f64>()
+        .sqrt();
     let den: f64 = y.iter().map(|q| q * q).sum::<f64>().sqrt();
     num / den.max(1e-6)
 }
@@ -40,7 +45,10 @@ fuzz_target!(|data: &[u8]| {
                 let e = rel(b, a);
                 assert!(e <= 1e-9, "gradient of {n}: {e}");
             }
-            None => assert!(a.to_f64_vec().iter().all(|&v| v == 0.0), "{n} removed but has a gradient"),
+            None => assert!(
+                a.to_f64_vec().iter().all(|&v| v == 0.0),
+                "{n} removed but has a gradient"
+            ),
         }
     }
 });

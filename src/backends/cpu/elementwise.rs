@@ -224,6 +224,10 @@ impl<const N: usize> Bcast<N> {
                 *o = o.wrapping_add_signed(k * *s as isize);
             }
         }
+        // An empty output has no runs; its zero dim must not reach the index arithmetic.
+        if len == 0 {
+            return;
+        }
         let r = self.dims.len();
         let mut idx = vec![0; r];
         let mut offs = [0usize; N];
