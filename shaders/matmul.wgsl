@@ -141,15 +141,16 @@ fn tile_index(along_k: bool, t: u32, r0: u32, k0: u32, sr: u32, sk: u32) -> vec3
     return vec3<u32>(r, k, k * sk + r);
 }
 
-fn load_a(t: u32, m0: u32, k0: u32, az: u32) -> vec4<f32> {
-    let i = tile_index(A_K, t, m0, k0, pu(3u), pu(4u));
-    if (i.x < pu(0u) && i.y < pu(2u)) { return vec4<f32>(MA4[(az + i.z) >> 2u]); }
+// `g`: rows, K, row stride, k stride (read once per kernel, not per step).
+fn load_a(t: u32, m0: u32, k0: u32, az: u32, g: vec4<u32>) -> vec4<f32> {
+    let i = tile_index(A_K, t, m0, k0, g.z, g.w);
+    if (i.x < g.x && i.y < g.y) { return vec4<f32>(MA4[(az + i.z) >> 2u]); }
     return vec4<f32>(0.0);
 }
 
-fn load_b(t: u32, n0: u32, k0: u32, bz: u32) -> vec4<f32> {
-    let i = tile_index(B_K, t, n0, k0, pu(6u), pu(5u));
-    if (i.x < pu(1u) && i.y < pu(2u)) { return vec4<f32>(MB4[(bz + i.z) >> 2u]); }
+fn load_b(t: u32, n0: u32, k0: u32, bz: u32, g: vec4<u32>) -> vec4<f32> {
+    let i = tile_index(B_K, t, n0, k0, g.z, g.w);
+    if (i.x < g.x && i.y < g.y) { return vec4<f32>(MB4[(bz + i.z) >> 2u]); }
     return vec4<f32>(0.0);
 }
 
@@ -195,6 +196,8 @@ fn gemm128(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) 
     let z = wid.z;
     let az = u32(offset_of(0u, z));
     let bz = u32(offset_of(1u, z));
+    let ga = vec4<u32>(pu(0u), K, pu(3u), pu(4u));
+    let gb = vec4<u32>(pu(1u), K, pu(6u), pu(5u));
     var c00 = vec4<f32>(0.0); var c01 = vec4<f32>(0.0);
     var c10 = vec4<f32>(0.0); var c11 = vec4<f32>(0.0);
     var c20 = vec4<f32>(0.0); var c21 = vec4<f32>(0.0);
@@ -203,14 +206,14 @@ fn gemm128(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) 
     var c50 = vec4<f32>(0.0); var c51 = vec4<f32>(0.0);
     var c60 = vec4<f32>(0.0); var c61 = vec4<f32>(0.0);
     var c70 = vec4<f32>(0.0); var c71 = vec4<f32>(0.0);
-    stash_a(0u, t, load_a(t, m0, 0u, az));
-    stash_b(0u, t, load_b(t, n0, 0u, bz));
+    stash_a(0u, t, load_a(t, m0, 0u, az, ga));
+    stash_b(0u, t, load_b(t, n0, 0u, bz, gb));
     workgroupBarrier();
     var s = 0u;
     for (var k0 = 0u; k0 < K; k0 += BK) {
         // The next step's tiles (zeros past K), read while this one computes.
-        let na = load_a(t, m0, k0 + BK, az);
-        let nb = load_b(t, n0, k0 + BK, bz);
+        let na = load_a(t, m0, k0 + BK, az, ga);
+        let nb = load_b(t, n0, k0 + BK, bz, gb);
         for (var kk = 0u; kk < BK; kk += 1u) {
             let r = s + kk * ROW4;
             let a0 = At[r + l.y];

@@ -64,6 +64,18 @@ fn rows_and_elementwise_across_workgroups() {
 }
 
 #[test]
+fn long_reductions_split_over_workgroups() {
+    // Few outputs of more than 8192 elements each take the two-pass reduction: 3 outputs
+    // of 9000 strided elements (2 parts each), and all 20100 elements into one (3 parts).
+    let x = randn(&[30, 3, 300], 31);
+    let all = randn(&[67, 300], 32);
+    for name in ["ReduceSum", "ReduceMean", "ReduceMax"] {
+        same_as_cpu(name, &[("axes", A::Ints(vec![0, 2]))], &[inp(x.clone())], 1, &LOW);
+        same_as_cpu(name, &[("keepdims", A::Int(0))], &[inp(all.clone())], 1, &LOW);
+    }
+}
+
+#[test]
 fn gemm_tiles_and_fused_epilogue() {
     // 70 × 90 × 33 crosses the 64 × 64 output tile and the 16-deep K step.
     let a = randn(&[2, 70, 33], 4);
