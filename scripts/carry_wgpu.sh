@@ -21,7 +21,9 @@ for f in $(cat /tmp/carry_wgpu_exes.txt); do
     n=$(basename "$f"); cp "$f" /tmp/carry_wgpu_bin/tests/${n%-*}
 done
 cp "$T/release/graphrun" /tmp/carry_wgpu_bin/graphrun
-strip /tmp/carry_wgpu_bin/graphrun /tmp/carry_wgpu_bin/tests/*
+# BASE=path/to/graphrun: another build to bench beside this one (before/after).
+[ -n "${BASE:-}" ] && cp "$BASE" /tmp/carry_wgpu_bin/graphrun_base
+strip /tmp/carry_wgpu_bin/graphrun* /tmp/carry_wgpu_bin/tests/*
 tar czf "$DEST/bins.tgz" -C /tmp/carry_wgpu_bin .
 cp -r models "$DEST/tree/"
 cp -r tests/common tests/data "$DEST/tree/tests/"

@@ -12,18 +12,23 @@ mkdir -p /work && ln -sfn $C/tree /work/wt-wgpu
 mkdir -p /tmp/bin && tar xzf $C/bins.tgz -C /tmp/bin && B=/tmp/bin && cd /work/wt-wgpu
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 $B/graphrun doctor 2>&1 | grep -A2 wgpu:
-bench() { echo "== graphrun bench $* --iters 10 --warmup 2"; timeout 20 $B/graphrun bench "$@" --iters 10 --warmup 2 2>&1 | grep -v XDG | head -${LINES_:-4} | tail -n +2; }
+bench() { echo "== graphrun bench $* --iters 10 --warmup 2"; timeout 20 ${GR:-$B/graphrun} bench "$@" --iters 10 --warmup 2 2>&1 | grep -v XDG | head -${LINES_:-4} | tail -n +2; }
 bench models/gemm/gemm_2048.yaml --backend wgpu
 bench models/gemm/gemm_mlp_large.yaml --backend wgpu
 LINES_=8 bench models/gemm/gemm_mlp_large.yaml --backend wgpu --backward
 LINES_=9 bench models/mlp_large.yaml --backend wgpu
 LINES_=14 bench models/mlp_large.yaml --backend wgpu --backward
-# The same builds with every product on the earlier 64×64 kernel, for the comparison.
+# The same build with every product on the earlier 64×64 kernel, for the comparison.
 export GRAPHRUN_WGPU_GEMM=64
 bench models/gemm/gemm_2048.yaml --backend wgpu
 bench models/gemm/gemm_mlp_large.yaml --backend wgpu
-bench models/mlp_large.yaml --backend wgpu --backward
 unset GRAPHRUN_WGPU_GEMM
+# A build of the branch this one started from, when carried (BASE= in carry_wgpu.sh).
+if [ -x $B/graphrun_base ]; then
+  echo "== base build:"
+  GR=$B/graphrun_base bench models/mlp_large.yaml --backend wgpu
+  GR=$B/graphrun_base bench models/mlp_large.yaml --backend wgpu --backward
+fi
 # The tests on wgpu only: CUDA hidden (the NVIDIA Vulkan driver does not read this).
 export CI=1 CUDA_VISIBLE_DEVICES=
 for t in $B/tests/*; do
