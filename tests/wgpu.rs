@@ -70,8 +70,20 @@ fn long_reductions_split_over_workgroups() {
     let x = randn(&[30, 3, 300], 31);
     let all = randn(&[67, 300], 32);
     for name in ["ReduceSum", "ReduceMean", "ReduceMax"] {
-        same_as_cpu(name, &[("axes", A::Ints(vec![0, 2]))], &[inp(x.clone())], 1, &LOW);
-        same_as_cpu(name, &[("keepdims", A::Int(0))], &[inp(all.clone())], 1, &LOW);
+        same_as_cpu(
+            name,
+            &[("axes", A::Ints(vec![0, 2]))],
+            &[inp(x.clone())],
+            1,
+            &LOW,
+        );
+        same_as_cpu(
+            name,
+            &[("keepdims", A::Int(0))],
+            &[inp(all.clone())],
+            1,
+            &LOW,
+        );
     }
 }
 

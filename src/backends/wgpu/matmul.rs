@@ -165,9 +165,9 @@ fn vec4_dim(rows: usize, k: usize, (sr, sk): (i64, i64), bst: &[i64], base: i64)
     if !by4(base) || !bst.iter().all(|&x| by4(x)) {
         return None;
     }
-    if sk == 1 && by4(sr) && k % 4 == 0 {
+    if sk == 1 && by4(sr) && k.is_multiple_of(4) {
         Some(true)
-    } else if sr == 1 && by4(sk) && rows % 4 == 0 {
+    } else if sr == 1 && by4(sk) && rows.is_multiple_of(4) {
         Some(false)
     } else {
         None
