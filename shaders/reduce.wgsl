@@ -71,6 +71,41 @@ fn reduce(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     if (lid == 0u) { Y[o] = T(acc); }
 }
 
+// A reduction too long for one workgroup per output (few outputs, many elements) in two
+// passes: P[2] workgroups per output each fold every P[2]-th block of WG elements into
+// S0, then `reduce_parts` folds each output's partials. (The mean of mlp_large's loss,
+// 8M elements into one, took 20 ms in one workgroup on an H100.)
+@compute @workgroup_size(256)
+fn reduce_part(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let g = row_id(wid, nwg);
+    let parts = pu(2u);
+    let n = pu(0u);
+    let kind = pu(1u);
+    let base = offset_at(16u, 0u, g / parts);
+    var acc = select(0.0, ninf(), kind == 2u);
+    for (var r = (g % parts) * WG + lid; r < n; r += WG * parts) {
+        let v = f32(X0[base + offset_at(52u, 0u, r)]);
+        acc = select(acc + v, nan_max(acc, v), kind == 2u);
+    }
+    if (kind == 2u) { acc = wg_max(acc, lid); } else { acc = wg_sum(acc, lid); }
+    if (lid == 0u) { S0[g] = acc; }
+}
+
+@compute @workgroup_size(256)
+fn reduce_parts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let o = row_id(wid, nwg);
+    let parts = pu(2u);
+    let kind = pu(1u);
+    var acc = select(0.0, ninf(), kind == 2u);
+    for (var c = lid; c < parts; c += WG) {
+        let v = F0[o * parts + c];
+        acc = select(acc + v, nan_max(acc, v), kind == 2u);
+    }
+    if (kind == 2u) { acc = wg_max(acc, lid); } else { acc = wg_sum(acc, lid); }
+    if (kind == 1u) { acc = acc / f32(pu(0u)); }
+    if (lid == 0u) { Y[o] = T(acc); }
+}
+
 // One workgroup per (outer, inner) row of P[0] elements P[1] apart; P[2] = 1 for
 // LogSoftmax. Max and sum in one pass (online rescaling), then the outputs.
 @compute @workgroup_size(256)
@@ -180,14 +215,32 @@ fn layer_norm_dparams(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgr
     Y2[j] = T(b);
 }
 
-// Σ over P[1] rows of P[0] columns (the bias gradient).
+// Σ over P[1] rows of P[0] columns (the bias gradient), one thread per column and part
+// of P[2] rows: with one part the sums go to Y; with several, each part's to S0 (f32,
+// [part][column]) and `sum_parts` adds the P[3] parts up. A thread per column walking all
+// rows in sequence left the GPU idle: in mlp_large's fc1 gradient (8192 rows, 4096
+// columns) about 12 of the node's 15 ms on an H100 were not its GEMM.
 @compute @workgroup_size(256)
 fn sum_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let i = linear(wid, nwg, lid, WG);
+    let n = pu(0u);
+    let parts = pu(3u);
+    if (i >= n * parts) { return; }
+    let j = i % n;
+    let r0 = (i / n) * pu(2u);
+    let r1 = min(r0 + pu(2u), pu(1u));
+    var s = 0.0;
+    for (var r = r0; r < r1; r += 1u) { s += f32(X0[r * n + j]); }
+    if (parts == 1u) { Y[j] = T(s); } else { S0[i] = s; }
+}
+
+@compute @workgroup_size(256)
+fn sum_parts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let j = linear(wid, nwg, lid, WG);
     let n = pu(0u);
     if (j >= n) { return; }
     var s = 0.0;
-    for (var r = 0u; r < pu(1u); r += 1u) { s += f32(X0[r * n + j]); }
+    for (var c = 0u; c < pu(3u); c += 1u) { s += F0[c * n + j]; }
     Y[j] = T(s);
 }
 

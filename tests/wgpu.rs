@@ -64,6 +64,30 @@ fn rows_and_elementwise_across_workgroups() {
 }
 
 #[test]
+fn long_reductions_split_over_workgroups() {
+    // Few outputs of more than 8192 elements each take the two-pass reduction: 3 outputs
+    // of 9000 strided elements (2 parts each), and all 20100 elements into one (3 parts).
+    let x = randn(&[30, 3, 300], 31);
+    let all = randn(&[67, 300], 32);
+    for name in ["ReduceSum", "ReduceMean", "ReduceMax"] {
+        same_as_cpu(
+            name,
+            &[("axes", A::Ints(vec![0, 2]))],
+            &[inp(x.clone())],
+            1,
+            &LOW,
+        );
+        same_as_cpu(
+            name,
+            &[("keepdims", A::Int(0))],
+            &[inp(all.clone())],
+            1,
+            &LOW,
+        );
+    }
+}
+
+#[test]
 fn gemm_tiles_and_fused_epilogue() {
     // 70 × 90 × 33 crosses the 64 × 64 output tile and the 16-deep K step.
     let a = randn(&[2, 70, 33], 4);
@@ -104,6 +128,58 @@ fn gemm_tiles_and_fused_epilogue() {
         3,
         &[DType::F32],
     );
+}
+
+#[test]
+fn gemm128_vec4_layouts_edges_and_backward() {
+    // Shapes that take the 128 × 128 vec4 kernel (K a multiple of 4, at least 8 of its
+    // tiles per product) with edges everywhere: M = 132 and N = 520 end inside a tile and
+    // K = 132 inside the 8-deep step. The forward reads A along k and B along n (B along
+    // k with trans_b); the backward's products read A along m (dB = Aᵀ·G) and B along k
+    // (dA = G·Bᵀ), so every vec4 layout and the whole epilogue run through it.
+    let a = randn(&[2, 132, 132], 21);
+    same_as_cpu(
+        "MatMul",
+        &[],
+        &[inp(a.clone()), inp(randn(&[132, 520], 22))],
+        1,
+        &LOW,
+    );
+    for trans_b in [false, true] {
+        let b = if trans_b {
+            randn(&[520, 132], 22)
+        } else {
+            randn(&[132, 520], 22)
+        };
+        let fwd = [
+            ("activation", A::Str("gelu_tanh".into())),
+            ("trans_b", A::Int(trans_b as i64)),
+        ];
+        let args = [inp(a.clone()), inp(b.clone()), inp(randn(&[520], 23))];
+        let mut with_res = args.to_vec();
+        with_res.push(inp(randn(&[2, 132, 520], 24)));
+        same_as_cpu("FusedMatMul", &fwd, &with_res, 2, &LOW);
+        let pre = run_op(
+            BackendKind::Cpu,
+            op("FusedMatMul", &fwd),
+            &args,
+            2,
+            DType::F32,
+        )
+        .expect("cpu forward");
+        same_as_cpu(
+            "FusedMatMulGrad",
+            &fwd,
+            &[
+                inp(randn(&[2, 132, 520], 25)),
+                inp(a.clone()),
+                inp(b),
+                inp(pre[1].clone()),
+            ],
+            3,
+            &[DType::F32],
+        );
+    }
 }
 
 #[test]

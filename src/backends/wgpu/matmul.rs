@@ -10,8 +10,12 @@ use crate::error::Result;
 use crate::graph::{Activation, Node};
 use crate::tensor::{numel, DType};
 
-/// Output tile of one workgroup (shaders/matmul.wgsl).
+/// Output tiles of one workgroup (shaders/matmul.wgsl): `gemm` and `gemm128`.
 const TILE: usize = 64;
+const BIG: usize = 128;
+/// gemm128 only for products of at least this many of its tiles: fewer leave most of a
+/// large GPU idle, where the 64×64 kernel has four times the workgroups.
+const BIG_MIN_TILES: usize = 8;
 
 const BIAS: usize = 1;
 const RES: usize = 2;
@@ -104,20 +108,38 @@ fn launch(w: &mut Wgpu, node: &Node, act: Activation, p: &Product, bufs: Bufs) -
         .i(11, p.r.1)
         .u(12, p.d_off)
         .strided(16, &s)?;
-    let defs = format!("{dt}const ACT: u32 = {}u;\n", act_code(act));
-    let k = Wgpu::kernel(Family::Matmul, "gemm", defs);
+    // gemm128 where both operands read as vec4s and the product fills enough of its
+    // tiles to keep the GPU busy; the 64×64 kernel otherwise.
+    let a_k = vec4_dim(p.m, p.k, p.a, &p.bst[0], p.base[0]);
+    let b_k = vec4_dim(p.n, p.k, (p.b.1, p.b.0), &p.bst[1], p.base[1]);
+    let big = match (a_k, b_k) {
+        (Some(a_k), Some(b_k)) if !small_only() => {
+            (p.m.div_ceil(BIG) * p.n.div_ceil(BIG) * batch >= BIG_MIN_TILES).then_some((a_k, b_k))
+        }
+        _ => None,
+    };
+    let (a_k, b_k) = big.unwrap_or((false, false));
+    let defs = format!(
+        "{dt}const ACT: u32 = {}u;\nconst A_K: bool = {a_k};\nconst B_K: bool = {b_k};\n",
+        act_code(act)
+    );
     let (ro, wo) = (w.scratch(16), w.scratch(16));
+    let (entry, tile, a_bind, b_bind) = match big {
+        Some(_) => ("gemm128", BIG, 7, 8),
+        None => ("gemm", TILE, 1, 2),
+    };
+    let k = Wgpu::kernel(Family::Matmul, entry, defs);
     let groups = [
-        p.n.div_ceil(TILE) as u32,
-        p.m.div_ceil(TILE) as u32,
+        p.n.div_ceil(tile) as u32,
+        p.m.div_ceil(tile) as u32,
         batch as u32,
     ];
     w.run_kernel(
         &k,
         &params,
         &[
-            (1, bufs.a),
-            (2, bufs.b),
+            (a_bind, bufs.a),
+            (b_bind, bufs.b),
             (3, bufs.d),
             (4, bufs.bias.unwrap_or(&ro)),
             (5, bufs.res.unwrap_or(&ro)),
@@ -125,6 +147,31 @@ fn launch(w: &mut Wgpu, node: &Node, act: Activation, p: &Product, bufs: Bufs) -
         ],
         groups,
     )
+}
+
+/// `GRAPHRUN_WGPU_GEMM=64` keeps every product on the 64×64 kernel: for comparing the two
+/// in one build (docs/WGPU_BENCHMARKS.md).
+fn small_only() -> bool {
+    static SMALL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SMALL.get_or_init(|| std::env::var("GRAPHRUN_WGPU_GEMM").is_ok_and(|v| v == "64"))
+}
+
+/// How gemm128 can read an operand of `rows × k` (A: m × k; B: n × k) with strides
+/// `(row, k)`, batch strides `bst` and base offset `base`, all in elements: `Some(true)`
+/// as vec4s along k, `Some(false)` as vec4s along its rows, `None` when neither is
+/// aligned (every vec4 must start at a multiple of 4 elements and lie wholly in or out).
+fn vec4_dim(rows: usize, k: usize, (sr, sk): (i64, i64), bst: &[i64], base: i64) -> Option<bool> {
+    let by4 = |x: i64| x >= 0 && x % 4 == 0;
+    if !by4(base) || !bst.iter().all(|&x| by4(x)) {
+        return None;
+    }
+    if sk == 1 && by4(sr) && k.is_multiple_of(4) {
+        Some(true)
+    } else if sr == 1 && by4(sk) && rows.is_multiple_of(4) {
+        Some(false)
+    } else {
+        None
+    }
 }
 
 /// The matrices of a batched operand: dims `[batch.., r, c]` (a 1-D vector is one row

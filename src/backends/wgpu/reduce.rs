@@ -62,20 +62,59 @@ pub fn reduce(
         ReduceKind::Mean => 1,
         ReduceKind::Max => 2,
     };
+    // Few outputs of many elements each: split each output over `parts` workgroups
+    // (shaders/reduce.wgsl `reduce_part`), at most 65535 workgroups in all.
+    let outs = y.numel();
+    let parts = if outs < 512 {
+        n_red.div_ceil(PART).min(1024).min(65535 / outs.max(1))
+    } else {
+        1
+    };
     let p = Params::new()
         .u(0, n_red)
         .u(1, code)
+        .u(2, parts)
         .strided(16, &Strided::new(&kshape, &[&kst]))?
         .strided(52, &Strided::new(&rshape, &[&rst]))?;
-    let k = kernel(w, node, "reduce", x.dtype(), 1)?;
-    w.run_kernel(&k, &p, &[(1, x.buf), (4, y.buf)], rows_groups(y.numel()))
+    if parts <= 1 {
+        let k = kernel(w, node, "reduce", x.dtype(), 1)?;
+        return w.run_kernel(&k, &p, &[(1, x.buf), (4, y.buf)], rows_groups(outs));
+    }
+    let partial = w.scratch(outs * parts * 4);
+    let k = kernel(w, node, "reduce_part", x.dtype(), 1)?;
+    w.run_kernel(
+        &k,
+        &p,
+        &[(1, x.buf), (5, &partial)],
+        rows_groups(outs * parts),
+    )?;
+    let k = kernel(w, node, "reduce_parts", x.dtype(), 1)?;
+    w.run_kernel(&k, &p, &[(7, &partial), (4, y.buf)], rows_groups(outs))
 }
+
+/// Elements per workgroup above which a reduction with few outputs is split.
+const PART: usize = 8192;
+/// Rows per thread of `sum_rows` before it splits them into parts.
+const SUM_PART: usize = 64;
 
 /// Σ over `rows` rows of `n` columns of `g` into `out` (the bias gradient).
 pub fn sum_rows(w: &mut Wgpu, node: &Node, g: &V, rows: usize, n: usize, out: &V) -> Result<()> {
-    let p = Params::new().u(0, n).u(1, rows);
+    let parts = rows.div_ceil(SUM_PART).max(1);
+    let p = Params::new().u(0, n).u(1, rows).u(2, SUM_PART).u(3, parts);
     let k = kernel(w, node, "sum_rows", g.dtype(), 1)?;
-    w.run_kernel(&k, &p, &[(1, g.buf), (4, out.buf)], groups_for(n, 256))
+    // The kernel binds both destinations; one part writes only Y, several only S0.
+    let partial = w.scratch(if parts == 1 { 16 } else { n * parts * 4 });
+    w.run_kernel(
+        &k,
+        &p,
+        &[(1, g.buf), (4, out.buf), (5, &partial)],
+        groups_for(n * parts, 256),
+    )?;
+    if parts == 1 {
+        return Ok(());
+    }
+    let k = kernel(w, node, "sum_parts", g.dtype(), 1)?;
+    w.run_kernel(&k, &p, &[(7, &partial), (4, out.buf)], groups_for(n, 256))
 }
 
 /// (outer, n, inner) around axis `a`.
