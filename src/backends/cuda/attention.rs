@@ -395,11 +395,16 @@ enum Fast {
     Simt,
 }
 
-/// `GRAPHRUN_CUDA_ATTENTION=rows` keeps every problem on the row-per-warp kernels (to
-/// compare the two on a device).
+/// `GRAPHRUN_CUDA_ATTENTION=rows` keeps every problem on the row-per-warp kernels, `mma`
+/// the unmasked tensor-core ones on `mma.sync` where wgmma would run (to compare them on a
+/// device).
+fn kernel_choice() -> &'static str {
+    static CHOICE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    CHOICE.get_or_init(|| std::env::var("GRAPHRUN_CUDA_ATTENTION").unwrap_or_default())
+}
+
 fn rows_only() -> bool {
-    static ROWS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ROWS.get_or_init(|| std::env::var("GRAPHRUN_CUDA_ATTENTION").is_ok_and(|v| v == "rows"))
+    kernel_choice() == "rows"
 }
 
 fn fast(g: &AttnGeom, dt: DType, backward: bool) -> Option<Fast> {
@@ -422,14 +427,20 @@ const FA_T: usize = 64;
 /// f32 tiles are rows of 65 floats.
 const FS_TILE: usize = 64 * 65 * 4;
 
-/// The tensor-core kernels come without and with (`_m`) mask support.
+/// The tensor-core kernels come without and with (`_m`) mask support, and without a mask
+/// also on `mma.sync` only (`_mma`).
 fn mask_sfx(g: &AttnGeom) -> &'static str {
     if g.mask_kind != 0 {
         "_m"
+    } else if kernel_choice() == "mma" {
+        "_mma"
     } else {
         ""
     }
 }
+
+/// The tensor-core kernels start their tiles at a 1024-byte boundary of shared memory.
+const SMEM_ALIGN: usize = 1024;
 
 fn batch(g: &AttnGeom) -> usize {
     (g.rows / (g.hq * g.sq).max(1)) as usize
@@ -465,8 +476,14 @@ fn fast_forward(
     match f {
         Fast::Mma(dp) => {
             args.push(Arg::I32(vec_ok(&g, &[q.p, k.p, v.p])));
-            let name = format!("fa_fwd_{}_{dp}{}", suffix(q.dtype()), mask_sfx(&g));
-            let smem = (FA_BQ + 4 * FA_T) * dp * 2;
+            // (`_mma` exists for heads up to 64, where wgmma runs.)
+            let sfx = if dp == 64 || g.mask_kind != 0 {
+                mask_sfx(&g)
+            } else {
+                ""
+            };
+            let name = format!("fa_fwd_{}_{dp}{sfx}", suffix(q.dtype()));
+            let smem = (FA_BQ + 4 * FA_T) * dp * 2 + SMEM_ALIGN;
             // Warps of 32 query rows for heads up to 64, of 16 for larger (flash.cu FA_MT).
             let threads = if dp == 64 { 128 } else { 256 };
             let grid = (sq.div_ceil(FA_BQ) as u32, bh, 1);
@@ -519,7 +536,10 @@ fn fast_backward(
             aq.push(Arg::I32(vec));
             akv.push(Arg::I32(vec));
             let sfx = suffix(q.dtype());
-            let (sm_q, sm_kv) = (6 * FA_T * dp * 2, 6 * FA_T * dp * 2 + 4 * FA_T * 4);
+            let (sm_q, sm_kv) = (
+                6 * FA_T * dp * 2 + SMEM_ALIGN,
+                6 * FA_T * dp * 2 + 4 * FA_T * 4 + SMEM_ALIGN,
+            );
             launch_grid(
                 &c.dev,
                 &c.stream,
