@@ -748,50 +748,53 @@ INST_FA(f16, f16)
 
 // ---------------------------------------------------------------------------------------
 // f32: 64×64 tiles on CUDA cores, 256 threads; thread (ty, tx) = (tid / 16, tid % 16) holds
-// rows ty·4 + i and columns tx + 16·j (i, j < 4) of every 64×64 product. Tiles are rows of
-// FS_P floats (64 + 1: a column walk hits 32 different banks).
+// rows ty·4 + i and columns tx·4 + j (i, j < 4) of every 64×64 product. A product's step k
+// reads one float4 of A (4 rows) and one of B (4 columns) for 16 FMAs. Tiles are 64 × 64
+// floats in two layouts: T (transposed: element (r, c) at row c, so 4 consecutive r are one
+// float4) for the left operand and the right operand of A·Bᵀ, N (as stored) for the right
+// operand of A·B. Both XOR-swizzle 4-float groups so that the tile loads, the P/dS stores
+// and the float4 reads spread over the banks.
 
 #define FS_T 64
-#define FS_P 65
+#define FS_TILE (FS_T * FS_T)
 
-// Loads `valid` rows of `width` floats (zero-padded to 64 columns and rows) into a tile.
-__device__ __forceinline__ void fs_load(float* dst, const float* src, int valid, int width) {
-    for (int idx = threadIdx.x; idx < FS_T * FS_T; idx += 256) {
-        int r = idx >> 6, c = idx & 63;
-        dst[r * FS_P + c] = (r < valid && c < width) ? src[(i64)r * width + c] : 0.f;
+// Offsets of element (r, c) in the T and N layouts.
+__device__ __forceinline__ int fs_t(int r, int c) { return c * FS_T + (r ^ (((c ^ (c >> 2)) & 7) << 2)); }
+__device__ __forceinline__ int fs_n(int r, int c) { return r * FS_T + (c ^ ((r & 7) << 3)); }
+
+// Loads `valid` rows of `width` floats (zero-padded to 64 × 64) into a T tile and/or an N
+// tile (null: not wanted). A warp reads 4 rows × 8 columns: 32-byte pieces of rows, and
+// stores that hit 32 different banks in either layout.
+__device__ __forceinline__ void fs_load(float* t, float* n, const float* src, int valid, int width) {
+    for (int idx = threadIdx.x; idx < FS_TILE; idx += 256) {
+        int w = idx >> 5, l = idx & 31;
+        int r = (w >> 3) * 4 + (l & 3), c = (w & 7) * 8 + (l >> 2);
+        float x = (r < valid && c < width) ? src[(i64)r * width + c] : 0.f;
+        if (t) t[fs_t(r, c)] = x;
+        if (n) n[fs_n(r, c)] = x;
     }
 }
-// acc[i][j] += Σ_d A[ty·4+i][d] · B[tx+16j][d]   (A·Bᵀ)
-__device__ __forceinline__ void fs_abt(float (*acc)[4], const float* A, const float* B) {
+// acc[i][j] += Σ_k A[ty·4+i][k] · B[k][tx·4+j]: A a T tile (of A, rows × k); B a T tile of
+// Bᵀ (BT: A·Bᵀ with B stored rows × k) or an N tile (k × columns).
+template <bool BT> __device__ __forceinline__ void fs_mm(float (*acc)[4], const float* A, const float* B) {
     int ty = threadIdx.x >> 4, tx = threadIdx.x & 15;
-#pragma unroll 4
-    for (int d = 0; d < FS_T; ++d) {
-        float a[4], bb[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) a[i] = A[(ty * 4 + i) * FS_P + d];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) bb[j] = B[(tx + 16 * j) * FS_P + d];
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-#pragma unroll
-            for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(a[i], bb[j], acc[i][j]);
-    }
-}
-// acc[i][j] += Σ_k A[ty·4+i][k] · B[k][tx+16j]   (A·B)
-__device__ __forceinline__ void fs_ab(float (*acc)[4], const float* A, const float* B) {
-    int ty = threadIdx.x >> 4, tx = threadIdx.x & 15;
-#pragma unroll 4
+#pragma unroll 8
     for (int k = 0; k < FS_T; ++k) {
-        float a[4], bb[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) a[i] = A[(ty * 4 + i) * FS_P + k];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) bb[j] = B[k * FS_P + tx + 16 * j];
+        float4 a = *(const float4*)&A[fs_t(ty * 4, k)];
+        float4 b = BT ? *(const float4*)&B[fs_t(tx * 4, k)] : *(const float4*)&B[fs_n(k, tx * 4)];
+        float av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
 #pragma unroll
         for (int i = 0; i < 4; ++i)
 #pragma unroll
-            for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(a[i], bb[j], acc[i][j]);
+            for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
     }
+}
+// Stores this thread's 4 × 4 values x[i][j] (row ty·4+i, column tx·4+j of a product) as a
+// T tile: the left operand of the next product (P·V, dS·K, Pᵀ·dY, dSᵀ·Q).
+__device__ __forceinline__ void fs_store_t(float* t, const float (*x)[4]) {
+    int ty = threadIdx.x >> 4, tx = threadIdx.x & 15;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) *(float4*)&t[fs_t(ty * 4, tx * 4 + j)] = make_float4(x[0][j], x[1][j], x[2][j], x[3][j]);
 }
 __device__ __forceinline__ void fs_zero(float (*a)[4]) {
 #pragma unroll
@@ -809,7 +812,7 @@ __device__ __forceinline__ float max16(float v) {
     for (int o = 1; o < 16; o <<= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
-// Stores rows r0 + ty·4 + i (< nrows), columns tx + 16j (< width), times f[i].
+// Stores rows r0 + ty·4 + i (< nrows), columns tx·4 + j (< width), times f[i].
 __device__ __forceinline__ void fs_store(float* dst, const float (*acc)[4], i64 r0, i64 nrows, int width, const float* f) {
     int ty = threadIdx.x >> 4, tx = threadIdx.x & 15;
 #pragma unroll
@@ -818,13 +821,14 @@ __device__ __forceinline__ void fs_store(float* dst, const float (*acc)[4], i64 
         if (r >= nrows) continue;
 #pragma unroll
         for (int j = 0; j < 4; ++j)
-            if (tx + 16 * j < width) dst[r * width + tx + 16 * j] = acc[i][j] * f[i];
+            if (tx * 4 + j < width) dst[r * width + tx * 4 + j] = acc[i][j] * f[i];
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256) fs_fwd(AttnGeom g, const float* Q, const float* K, const float* V, const void* mask, float* Y, float* lse) {
+// Forward: shared memory Qᵀ, Kᵀ, V (N), Pᵀ: 4 tiles.
+extern "C" __global__ void __launch_bounds__(256, 2) fs_fwd(AttnGeom g, const float* Q, const float* K, const float* V, const void* mask, float* Y, float* lse) {
     float* sQ = (float*)fa_smem;
-    float *sK = sQ + FS_T * FS_P, *sV = sK + FS_T * FS_P, *sP = sV + FS_T * FS_P;
+    float *sK = sQ + FS_TILE, *sV = sK + FS_TILE, *sP = sV + FS_TILE;
     int ty = threadIdx.x >> 4, tx = threadIdx.x & 15;
     i64 qb = g.causal ? (i64)gridDim.x - 1 - blockIdx.x : blockIdx.x;
     i64 bh = blockIdx.y, b = bh / g.hq, h = bh % g.hq, hk = h / (g.hq / g.hkv);
@@ -833,7 +837,7 @@ extern "C" __global__ void __launch_bounds__(256) fs_fwd(AttnGeom g, const float
     if (g.causal && q0 + FS_T < kend) kend = q0 + FS_T;
     const float* Kb = K + (b * g.hkv + hk) * g.skv * g.d;
     const float* Vb = V + (b * g.hkv + hk) * g.skv * g.dv;
-    fs_load(sQ, Q + (bh * g.sq + q0) * g.d, (int)(g.sq - q0 < FS_T ? g.sq - q0 : FS_T), (int)g.d);
+    fs_load(sQ, nullptr, Q + (bh * g.sq + q0) * g.d, (int)(g.sq - q0 < FS_T ? g.sq - q0 : FS_T), (int)g.d);
     float o[4][4], m[4], l[4];
     fs_zero(o);
     for (int i = 0; i < 4; ++i) m[i] = neg_inf(0.f), l[i] = 0.f;
@@ -841,19 +845,19 @@ extern "C" __global__ void __launch_bounds__(256) fs_fwd(AttnGeom g, const float
     for (i64 j0 = 0; j0 < kend; j0 += FS_T) {
         int kv = (int)(g.skv - j0 < FS_T ? g.skv - j0 : FS_T);
         __syncthreads();
-        fs_load(sK, Kb + j0 * g.d, kv, (int)g.d);
-        fs_load(sV, Vb + j0 * g.dv, kv, (int)g.dv);
+        fs_load(sK, nullptr, Kb + j0 * g.d, kv, (int)g.d);
+        fs_load(nullptr, sV, Vb + j0 * g.dv, kv, (int)g.dv);
         __syncthreads();
         float s[4][4];
         fs_zero(s);
-        fs_abt(s, sQ, sK);
+        fs_mm<true>(s, sQ, sK);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             i64 qi = q0 + ty * 4 + i;
             float mx = m[i];
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
-                i64 kj = j0 + tx + 16 * j;
+                i64 kj = j0 + tx * 4 + j;
                 float x = s[i][j] * sc;
                 if (kj >= g.skv || (g.causal && kj > qi)) x = neg_inf(x);
                 else if (g.mask_kind && qi < g.sq) x = fs_mask(g, mask, b * g.ms[0] + h * g.ms[1] + qi * g.ms[2] + kj * g.ms[3], x);
@@ -869,13 +873,14 @@ extern "C" __global__ void __launch_bounds__(256) fs_fwd(AttnGeom g, const float
             for (int j = 0; j < 4; ++j) {
                 float p = expf(s[i][j] - ref);
                 ps += p;
-                sP[(ty * 4 + i) * FS_P + tx + 16 * j] = p;
+                s[i][j] = p;
                 o[i][j] *= a;
             }
             l[i] = l[i] * a + ps;
         }
+        fs_store_t(sP, s);
         __syncthreads();
-        fs_ab(o, sP, sV);
+        fs_mm<false>(o, sP, sV);
     }
     float f[4];
     for (int i = 0; i < 4; ++i) {
@@ -890,9 +895,10 @@ extern "C" __global__ void __launch_bounds__(256) fs_fwd(AttnGeom g, const float
         }
 }
 
-extern "C" __global__ void __launch_bounds__(256) fs_dq(AttnGeom g, const float* dY, const float* Q, const float* K, const float* V, const void* mask, const float* lse, const float* delta, float* dQ, float* dmask) {
+// dQ (and dMask): shared memory Qᵀ, dYᵀ, Kᵀ, Vᵀ, K (N), dSᵀ: 6 tiles.
+extern "C" __global__ void __launch_bounds__(256, 2) fs_dq(AttnGeom g, const float* dY, const float* Q, const float* K, const float* V, const void* mask, const float* lse, const float* delta, float* dQ, float* dmask) {
     float* sQ = (float*)fa_smem;
-    float *sdY = sQ + FS_T * FS_P, *sK = sdY + FS_T * FS_P, *sV = sK + FS_T * FS_P, *sS = sV + FS_T * FS_P;
+    float *sdY = sQ + FS_TILE, *sK = sdY + FS_TILE, *sV = sK + FS_TILE, *sKn = sV + FS_TILE, *sS = sKn + FS_TILE;
     int ty = threadIdx.x >> 4, tx = threadIdx.x & 15;
     i64 qb = g.causal ? (i64)gridDim.x - 1 - blockIdx.x : blockIdx.x;
     i64 bh = blockIdx.y, b = bh / g.hq, h = bh % g.hq, hk = h / (g.hq / g.hkv);
@@ -902,8 +908,8 @@ extern "C" __global__ void __launch_bounds__(256) fs_dq(AttnGeom g, const float*
     if (g.causal && q0 + FS_T < kend) kend = q0 + FS_T;
     const float* Kb = K + (b * g.hkv + hk) * g.skv * g.d;
     const float* Vb = V + (b * g.hkv + hk) * g.skv * g.dv;
-    fs_load(sQ, Q + (bh * g.sq + q0) * g.d, qv, (int)g.d);
-    fs_load(sdY, dY + (bh * g.sq + q0) * g.dv, qv, (int)g.dv);
+    fs_load(sQ, nullptr, Q + (bh * g.sq + q0) * g.d, qv, (int)g.d);
+    fs_load(sdY, nullptr, dY + (bh * g.sq + q0) * g.dv, qv, (int)g.dv);
     float L[4], Dl[4], acc[4][4];
     fs_zero(acc);
     for (int i = 0; i < 4; ++i) {
@@ -916,47 +922,49 @@ extern "C" __global__ void __launch_bounds__(256) fs_dq(AttnGeom g, const float*
     for (i64 j0 = 0; j0 < kend; j0 += FS_T) {
         int kv = (int)(g.skv - j0 < FS_T ? g.skv - j0 : FS_T);
         __syncthreads();
-        fs_load(sK, Kb + j0 * g.d, kv, (int)g.d);
-        fs_load(sV, Vb + j0 * g.dv, kv, (int)g.dv);
+        fs_load(sK, sKn, Kb + j0 * g.d, kv, (int)g.d);
+        fs_load(sV, nullptr, Vb + j0 * g.dv, kv, (int)g.dv);
         __syncthreads();
         float s[4][4], dp[4][4];
         fs_zero(s);
         fs_zero(dp);
-        fs_abt(s, sQ, sK);
-        fs_abt(dp, sdY, sV);
+        fs_mm<true>(s, sQ, sK);
+        fs_mm<true>(dp, sdY, sV);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             i64 qi = q0 + ty * 4 + i;
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
-                i64 kj = j0 + tx + 16 * j;
+                i64 kj = j0 + tx * 4 + j;
                 float x = s[i][j] * sc;
                 if (kj >= g.skv || (g.causal && kj > qi)) x = neg_inf(x);
                 else if (g.mask_kind && qi < g.sq) x = fs_mask(g, mask, b * g.ms[0] + h * g.ms[1] + qi * g.ms[2] + kj * g.ms[3], x);
                 float p = expf(x - L[i]);
                 float ds = p * (dp[i][j] - Dl[i]);
-                sS[(ty * 4 + i) * FS_P + tx + 16 * j] = ds;
+                s[i][j] = ds;
                 if (dmask && qi < g.sq && kj < g.skv) dmask[(bh * g.sq + qi) * g.skv + kj] = ds;
             }
         }
+        fs_store_t(sS, s);
         __syncthreads();
-        fs_ab(acc, sS, sK);
+        fs_mm<false>(acc, sS, sKn);
     }
     float f[4] = {sc, sc, sc, sc};
     fs_store(dQ + bh * g.sq * g.d, acc, q0, g.sq, (int)g.d, f);
 }
 
-extern "C" __global__ void __launch_bounds__(256) fs_dkv(AttnGeom g, const float* dY, const float* Q, const float* K, const float* V, const void* mask, const float* lse, const float* delta, float* dK, float* dV) {
+// dK, dV: shared memory Kᵀ, Vᵀ, Qᵀ, dYᵀ, Q (N), dY (N), (Pᵀ|dSᵀ)ᵀ: 7 tiles, LSE and delta.
+extern "C" __global__ void __launch_bounds__(256, 2) fs_dkv(AttnGeom g, const float* dY, const float* Q, const float* K, const float* V, const void* mask, const float* lse, const float* delta, float* dK, float* dV) {
     float* sK = (float*)fa_smem;
-    float *sV = sK + FS_T * FS_P, *sQ = sV + FS_T * FS_P, *sdY = sQ + FS_T * FS_P, *sS = sdY + FS_T * FS_P;
-    float* sL = sS + FS_T * FS_P;  // [64] LSE (+inf where a row sees nothing)
-    float* sD = sL + FS_T;         // [64] delta
+    float *sV = sK + FS_TILE, *sQ = sV + FS_TILE, *sdY = sQ + FS_TILE, *sQn = sdY + FS_TILE, *sdYn = sQn + FS_TILE, *sS = sdYn + FS_TILE;
+    float* sL = sS + FS_TILE;  // [64] LSE (+inf where a row sees nothing)
+    float* sD = sL + FS_T;     // [64] delta
     int ty = threadIdx.x >> 4, tx = threadIdx.x & 15;
     i64 bhk = blockIdx.y, b = bhk / g.hkv, hk = bhk % g.hkv, grp = g.hq / g.hkv;
     i64 k0 = (i64)blockIdx.x * FS_T;
     int kvalid = (int)(g.skv - k0 < FS_T ? g.skv - k0 : FS_T);
-    fs_load(sK, K + (bhk * g.skv + k0) * g.d, kvalid, (int)g.d);
-    fs_load(sV, V + (bhk * g.skv + k0) * g.dv, kvalid, (int)g.dv);
+    fs_load(sK, nullptr, K + (bhk * g.skv + k0) * g.d, kvalid, (int)g.d);
+    fs_load(sV, nullptr, V + (bhk * g.skv + k0) * g.dv, kvalid, (int)g.dv);
     float dk[4][4], dv[4][4];
     fs_zero(dk);
     fs_zero(dv);
@@ -967,8 +975,8 @@ extern "C" __global__ void __launch_bounds__(256) fs_dkv(AttnGeom g, const float
         for (i64 i0 = i_start; i0 < g.sq; i0 += FS_T) {
             int qv = (int)(g.sq - i0 < FS_T ? g.sq - i0 : FS_T);
             __syncthreads();
-            fs_load(sQ, Q + (bh * g.sq + i0) * g.d, qv, (int)g.d);
-            fs_load(sdY, dY + (bh * g.sq + i0) * g.dv, qv, (int)g.dv);
+            fs_load(sQ, sQn, Q + (bh * g.sq + i0) * g.d, qv, (int)g.d);
+            fs_load(sdY, sdYn, dY + (bh * g.sq + i0) * g.dv, qv, (int)g.dv);
             for (int r = threadIdx.x; r < FS_T; r += 256) {
                 float x = r < qv ? lse[bh * g.sq + i0 + r] : neg_inf(0.f);
                 sL[r] = x == neg_inf(x) ? -neg_inf(0.f) : x;
@@ -978,14 +986,14 @@ extern "C" __global__ void __launch_bounds__(256) fs_dkv(AttnGeom g, const float
             float s[4][4], dp[4][4];
             fs_zero(s);
             fs_zero(dp);
-            fs_abt(s, sK, sQ);   // Sᵀ[key][query]
-            fs_abt(dp, sV, sdY); // dPᵀ[key][query]
+            fs_mm<true>(s, sK, sQ);   // Sᵀ[key][query]
+            fs_mm<true>(dp, sV, sdY); // dPᵀ[key][query]
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 i64 kj = k0 + ty * 4 + i;
 #pragma unroll
                 for (int j = 0; j < 4; ++j) {
-                    int qq = tx + 16 * j;
+                    int qq = tx * 4 + j;
                     i64 qi = i0 + qq;
                     float x = s[i][j] * sc;
                     if (g.causal && kj > qi) x = neg_inf(x);
@@ -993,18 +1001,15 @@ extern "C" __global__ void __launch_bounds__(256) fs_dkv(AttnGeom g, const float
                     float p = expf(x - sL[qq]);
                     s[i][j] = p;
                     dp[i][j] = p * (dp[i][j] - sD[qq]);
-                    sS[(ty * 4 + i) * FS_P + qq] = p;
                 }
             }
+            fs_store_t(sS, s);  // Pᵀ as the left operand
             __syncthreads();
-            fs_ab(dv, sS, sdY);
+            fs_mm<false>(dv, sS, sdYn);
             __syncthreads();
-#pragma unroll
-            for (int i = 0; i < 4; ++i)
-#pragma unroll
-                for (int j = 0; j < 4; ++j) sS[(ty * 4 + i) * FS_P + tx + 16 * j] = dp[i][j];
+            fs_store_t(sS, dp);
             __syncthreads();
-            fs_ab(dk, sS, sQ);
+            fs_mm<false>(dk, sS, sQn);
         }
     }
     float fk[4] = {sc, sc, sc, sc}, fv[4] = {1.f, 1.f, 1.f, 1.f};

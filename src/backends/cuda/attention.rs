@@ -424,8 +424,8 @@ fn fast(g: &AttnGeom, dt: DType, backward: bool) -> Option<Fast> {
 /// other tile.
 const FA_BQ: usize = 128;
 const FA_T: usize = 64;
-/// f32 tiles are rows of 65 floats.
-const FS_TILE: usize = 64 * 65 * 4;
+/// An f32 tile: 64 × 64 floats.
+const FS_TILE: usize = 64 * 64 * 4;
 
 /// The tensor-core kernels come without and with (`_m`) mask support, and without a mask
 /// also on `mma.sync` only (`_mma`).
@@ -560,14 +560,14 @@ fn fast_backward(
             )
         }
         Fast::Simt => {
-            launch_grid(&c.dev, &c.stream, "fs_dq", qgrid, 256, 5 * FS_TILE, &aq)?;
+            launch_grid(&c.dev, &c.stream, "fs_dq", qgrid, 256, 6 * FS_TILE, &aq)?;
             launch_grid(
                 &c.dev,
                 &c.stream,
                 "fs_dkv",
                 kgrid,
                 256,
-                5 * FS_TILE + 2 * 64 * 4,
+                7 * FS_TILE + 2 * 64 * 4,
                 &akv,
             )
         }
