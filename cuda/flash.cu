@@ -5,8 +5,10 @@
 // query rows (forward, dQ) or 16 key rows (dK/dV); S, P, dP and dS never leave registers:
 // the accumulator layout of one mma is the A-operand layout of the next (FlashAttention-2).
 // The online softmax runs in the log2 domain (one FFMA and an ex2 per score).
+// On Hopper (sm_90a) the kernels for heads up to 64 issue the same products as warpgroup
+// `wgmma` instead (B from the swizzled shared tiles through descriptors; see Wg below).
 // f32 (and tf32 mode): the same tiling on CUDA cores in true FP32, each product a 64×64
-// tile of shared memory (4×4 outputs per thread).
+// tile of shared memory (4×4 outputs per thread, float4 operand reads).
 //
 // Head sizes are padded with zeros to DP (64 or 128; 64 for f32); rows past the end are
 // zero-filled, so any Sq, Skv, D, Dv ≤ DP work. Backward is FlashAttention-2 with dQ in
@@ -378,6 +380,11 @@ template <class T, int DP, bool MASK, bool WG> __device__ void fa_fwd(const Attn
             for (int i = 0; i < 8; ++i) s[mt][i][0] = s[mt][i][1] = s[mt][i][2] = s[mt][i][3] = 0.f;
         // S = Q·Kᵀ: each K fragment feeds every m tile.
         if constexpr (WG) {
+            // The A fragments come again from shared memory every tile: ptxas (CUDA 13.0) gave
+            // registers of loop-invariant wgmma A operands to other values inside the loop
+            // (Q was overwritten by P after the first tile; seen in the SASS).
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) load_afrag<DP>(sQ, r0 + mt * 16, qa[mt]);
             wg_fence();
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) wg_abt<T>(s[mt], qa[mt], sK + off);
@@ -559,6 +566,9 @@ template <class T, int DP, bool MASK, bool WG> __device__ void fa_dq(const AttnG
             dp[i][0] = dp[i][1] = dp[i][2] = dp[i][3] = 0.f;
         }
         if constexpr (WG) {
+            // (A fragments reloaded per tile: see fa_fwd.)
+            load_afrag<DP>(sQ, warp * 16, qa);
+            load_afrag<DP>(sdY, warp * 16, da);
             wg_fence();
             wg_abt<T>(s, qa, sK + off);
             wg_abt<T>(dp, da, sV + off);
@@ -676,6 +686,9 @@ template <class T, int DP, bool MASK, bool WG> __device__ void fa_dkv(const Attn
         }
         // Sᵀ[key][query], dPᵀ[key][query]
         if constexpr (WG) {
+            // (A fragments reloaded per tile: see fa_fwd.)
+            load_afrag<DP>(sK, warp * 16, ka);
+            load_afrag<DP>(sV, warp * 16, va);
             wg_fence();
             wg_abt<T>(s, ka, sQ + off);
             wg_abt<T>(dp, va, sdY + off);
@@ -763,9 +776,26 @@ __device__ __forceinline__ int fs_t(int r, int c) { return c * FS_T + (r ^ (((c 
 __device__ __forceinline__ int fs_n(int r, int c) { return r * FS_T + (c ^ ((r & 7) << 3)); }
 
 // Loads `valid` rows of `width` floats (zero-padded to 64 × 64) into a T tile and/or an N
-// tile (null: not wanted). A warp reads 4 rows × 8 columns: 32-byte pieces of rows, and
-// stores that hit 32 different banks in either layout.
-__device__ __forceinline__ void fs_load(float* t, float* n, const float* src, int valid, int width) {
+// tile (null: not wanted). With `vec` (width % 4 == 0, 16-byte aligned rows) a thread reads
+// float4s, a warp two whole rows; otherwise a warp reads 4 rows × 8 columns, 32-byte pieces
+// of rows, and stores that hit 32 different banks in either layout.
+__device__ __forceinline__ void fs_load(float* t, float* n, const float* src, int valid, int width, int vec) {
+    if (vec) {
+#pragma unroll
+        for (int it = 0; it < FS_TILE / 4 / 256; ++it) {
+            int idx = threadIdx.x + it * 256, r = idx >> 4, c = (idx & 15) * 4;
+            float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (r < valid && c < width) x = *(const float4*)(src + (i64)r * width + c);
+            if (t) {
+                t[fs_t(r, c)] = x.x;
+                t[fs_t(r, c + 1)] = x.y;
+                t[fs_t(r, c + 2)] = x.z;
+                t[fs_t(r, c + 3)] = x.w;
+            }
+            if (n) *(float4*)&n[fs_n(r, c)] = x;
+        }
+        return;
+    }
     for (int idx = threadIdx.x; idx < FS_TILE; idx += 256) {
         int w = idx >> 5, l = idx & 31;
         int r = (w >> 3) * 4 + (l & 3), c = (w & 7) * 8 + (l >> 2);
@@ -778,7 +808,7 @@ __device__ __forceinline__ void fs_load(float* t, float* n, const float* src, in
 // Bᵀ (BT: A·Bᵀ with B stored rows × k) or an N tile (k × columns).
 template <bool BT> __device__ __forceinline__ void fs_mm(float (*acc)[4], const float* A, const float* B) {
     int ty = threadIdx.x >> 4, tx = threadIdx.x & 15;
-#pragma unroll 8
+#pragma unroll
     for (int k = 0; k < FS_T; ++k) {
         float4 a = *(const float4*)&A[fs_t(ty * 4, k)];
         float4 b = BT ? *(const float4*)&B[fs_t(tx * 4, k)] : *(const float4*)&B[fs_n(k, tx * 4)];
@@ -826,7 +856,7 @@ __device__ __forceinline__ void fs_store(float* dst, const float (*acc)[4], i64 
 }
 
 // Forward: shared memory Qᵀ, Kᵀ, V (N), Pᵀ: 4 tiles.
-extern "C" __global__ void __launch_bounds__(256, 2) fs_fwd(AttnGeom g, const float* Q, const float* K, const float* V, const void* mask, float* Y, float* lse) {
+extern "C" __global__ void __launch_bounds__(256, 2) fs_fwd(AttnGeom g, const float* Q, const float* K, const float* V, const void* mask, float* Y, float* lse, int vec) {
     float* sQ = (float*)fa_smem;
     float *sK = sQ + FS_TILE, *sV = sK + FS_TILE, *sP = sV + FS_TILE;
     int ty = threadIdx.x >> 4, tx = threadIdx.x & 15;
@@ -837,7 +867,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) fs_fwd(AttnGeom g, const fl
     if (g.causal && q0 + FS_T < kend) kend = q0 + FS_T;
     const float* Kb = K + (b * g.hkv + hk) * g.skv * g.d;
     const float* Vb = V + (b * g.hkv + hk) * g.skv * g.dv;
-    fs_load(sQ, nullptr, Q + (bh * g.sq + q0) * g.d, (int)(g.sq - q0 < FS_T ? g.sq - q0 : FS_T), (int)g.d);
+    fs_load(sQ, nullptr, Q + (bh * g.sq + q0) * g.d, (int)(g.sq - q0 < FS_T ? g.sq - q0 : FS_T), (int)g.d, vec);
     float o[4][4], m[4], l[4];
     fs_zero(o);
     for (int i = 0; i < 4; ++i) m[i] = neg_inf(0.f), l[i] = 0.f;
@@ -845,12 +875,15 @@ extern "C" __global__ void __launch_bounds__(256, 2) fs_fwd(AttnGeom g, const fl
     for (i64 j0 = 0; j0 < kend; j0 += FS_T) {
         int kv = (int)(g.skv - j0 < FS_T ? g.skv - j0 : FS_T);
         __syncthreads();
-        fs_load(sK, nullptr, Kb + j0 * g.d, kv, (int)g.d);
-        fs_load(nullptr, sV, Vb + j0 * g.dv, kv, (int)g.dv);
+        fs_load(sK, nullptr, Kb + j0 * g.d, kv, (int)g.d, vec);
+        fs_load(nullptr, sV, Vb + j0 * g.dv, kv, (int)g.dv, vec);
         __syncthreads();
         float s[4][4];
         fs_zero(s);
         fs_mm<true>(s, sQ, sK);
+        // Only tiles at the end of the keys, on the causal diagonal or with a mask check
+        // each score.
+        bool edge = g.mask_kind || j0 + FS_T > g.skv || (g.causal && j0 + FS_T - 1 > q0);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             i64 qi = q0 + ty * 4 + i;
@@ -859,8 +892,10 @@ extern "C" __global__ void __launch_bounds__(256, 2) fs_fwd(AttnGeom g, const fl
             for (int j = 0; j < 4; ++j) {
                 i64 kj = j0 + tx * 4 + j;
                 float x = s[i][j] * sc;
-                if (kj >= g.skv || (g.causal && kj > qi)) x = neg_inf(x);
-                else if (g.mask_kind && qi < g.sq) x = fs_mask(g, mask, b * g.ms[0] + h * g.ms[1] + qi * g.ms[2] + kj * g.ms[3], x);
+                if (edge) {
+                    if (kj >= g.skv || (g.causal && kj > qi)) x = neg_inf(x);
+                    else if (g.mask_kind && qi < g.sq) x = fs_mask(g, mask, b * g.ms[0] + h * g.ms[1] + qi * g.ms[2] + kj * g.ms[3], x);
+                }
                 s[i][j] = x;
                 mx = fmaxf(mx, x);
             }
@@ -896,7 +931,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) fs_fwd(AttnGeom g, const fl
 }
 
 // dQ (and dMask): shared memory Qᵀ, dYᵀ, Kᵀ, Vᵀ, K (N), dSᵀ: 6 tiles.
-extern "C" __global__ void __launch_bounds__(256, 2) fs_dq(AttnGeom g, const float* dY, const float* Q, const float* K, const float* V, const void* mask, const float* lse, const float* delta, float* dQ, float* dmask) {
+extern "C" __global__ void __launch_bounds__(256, 2) fs_dq(AttnGeom g, const float* dY, const float* Q, const float* K, const float* V, const void* mask, const float* lse, const float* delta, float* dQ, float* dmask, int vec) {
     float* sQ = (float*)fa_smem;
     float *sdY = sQ + FS_TILE, *sK = sdY + FS_TILE, *sV = sK + FS_TILE, *sKn = sV + FS_TILE, *sS = sKn + FS_TILE;
     int ty = threadIdx.x >> 4, tx = threadIdx.x & 15;
@@ -908,8 +943,8 @@ extern "C" __global__ void __launch_bounds__(256, 2) fs_dq(AttnGeom g, const flo
     if (g.causal && q0 + FS_T < kend) kend = q0 + FS_T;
     const float* Kb = K + (b * g.hkv + hk) * g.skv * g.d;
     const float* Vb = V + (b * g.hkv + hk) * g.skv * g.dv;
-    fs_load(sQ, nullptr, Q + (bh * g.sq + q0) * g.d, qv, (int)g.d);
-    fs_load(sdY, nullptr, dY + (bh * g.sq + q0) * g.dv, qv, (int)g.dv);
+    fs_load(sQ, nullptr, Q + (bh * g.sq + q0) * g.d, qv, (int)g.d, vec);
+    fs_load(sdY, nullptr, dY + (bh * g.sq + q0) * g.dv, qv, (int)g.dv, vec);
     float L[4], Dl[4], acc[4][4];
     fs_zero(acc);
     for (int i = 0; i < 4; ++i) {
@@ -922,14 +957,15 @@ extern "C" __global__ void __launch_bounds__(256, 2) fs_dq(AttnGeom g, const flo
     for (i64 j0 = 0; j0 < kend; j0 += FS_T) {
         int kv = (int)(g.skv - j0 < FS_T ? g.skv - j0 : FS_T);
         __syncthreads();
-        fs_load(sK, sKn, Kb + j0 * g.d, kv, (int)g.d);
-        fs_load(sV, nullptr, Vb + j0 * g.dv, kv, (int)g.dv);
+        fs_load(sK, sKn, Kb + j0 * g.d, kv, (int)g.d, vec);
+        fs_load(sV, nullptr, Vb + j0 * g.dv, kv, (int)g.dv, vec);
         __syncthreads();
         float s[4][4], dp[4][4];
         fs_zero(s);
         fs_zero(dp);
         fs_mm<true>(s, sQ, sK);
         fs_mm<true>(dp, sdY, sV);
+        bool edge = g.mask_kind || j0 + FS_T > g.skv || (g.causal && j0 + FS_T - 1 > q0);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             i64 qi = q0 + ty * 4 + i;
@@ -937,8 +973,10 @@ extern "C" __global__ void __launch_bounds__(256, 2) fs_dq(AttnGeom g, const flo
             for (int j = 0; j < 4; ++j) {
                 i64 kj = j0 + tx * 4 + j;
                 float x = s[i][j] * sc;
-                if (kj >= g.skv || (g.causal && kj > qi)) x = neg_inf(x);
-                else if (g.mask_kind && qi < g.sq) x = fs_mask(g, mask, b * g.ms[0] + h * g.ms[1] + qi * g.ms[2] + kj * g.ms[3], x);
+                if (edge) {
+                    if (kj >= g.skv || (g.causal && kj > qi)) x = neg_inf(x);
+                    else if (g.mask_kind && qi < g.sq) x = fs_mask(g, mask, b * g.ms[0] + h * g.ms[1] + qi * g.ms[2] + kj * g.ms[3], x);
+                }
                 float p = expf(x - L[i]);
                 float ds = p * (dp[i][j] - Dl[i]);
                 s[i][j] = ds;
@@ -954,7 +992,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) fs_dq(AttnGeom g, const flo
 }
 
 // dK, dV: shared memory Kᵀ, Vᵀ, Qᵀ, dYᵀ, Q (N), dY (N), (Pᵀ|dSᵀ)ᵀ: 7 tiles, LSE and delta.
-extern "C" __global__ void __launch_bounds__(256, 2) fs_dkv(AttnGeom g, const float* dY, const float* Q, const float* K, const float* V, const void* mask, const float* lse, const float* delta, float* dK, float* dV) {
+extern "C" __global__ void __launch_bounds__(256, 2) fs_dkv(AttnGeom g, const float* dY, const float* Q, const float* K, const float* V, const void* mask, const float* lse, const float* delta, float* dK, float* dV, int vec) {
     float* sK = (float*)fa_smem;
     float *sV = sK + FS_TILE, *sQ = sV + FS_TILE, *sdY = sQ + FS_TILE, *sQn = sdY + FS_TILE, *sdYn = sQn + FS_TILE, *sS = sdYn + FS_TILE;
     float* sL = sS + FS_TILE;  // [64] LSE (+inf where a row sees nothing)
@@ -963,8 +1001,8 @@ extern "C" __global__ void __launch_bounds__(256, 2) fs_dkv(AttnGeom g, const fl
     i64 bhk = blockIdx.y, b = bhk / g.hkv, hk = bhk % g.hkv, grp = g.hq / g.hkv;
     i64 k0 = (i64)blockIdx.x * FS_T;
     int kvalid = (int)(g.skv - k0 < FS_T ? g.skv - k0 : FS_T);
-    fs_load(sK, nullptr, K + (bhk * g.skv + k0) * g.d, kvalid, (int)g.d);
-    fs_load(sV, nullptr, V + (bhk * g.skv + k0) * g.dv, kvalid, (int)g.dv);
+    fs_load(sK, nullptr, K + (bhk * g.skv + k0) * g.d, kvalid, (int)g.d, vec);
+    fs_load(sV, nullptr, V + (bhk * g.skv + k0) * g.dv, kvalid, (int)g.dv, vec);
     float dk[4][4], dv[4][4];
     fs_zero(dk);
     fs_zero(dv);
@@ -975,8 +1013,8 @@ extern "C" __global__ void __launch_bounds__(256, 2) fs_dkv(AttnGeom g, const fl
         for (i64 i0 = i_start; i0 < g.sq; i0 += FS_T) {
             int qv = (int)(g.sq - i0 < FS_T ? g.sq - i0 : FS_T);
             __syncthreads();
-            fs_load(sQ, sQn, Q + (bh * g.sq + i0) * g.d, qv, (int)g.d);
-            fs_load(sdY, sdYn, dY + (bh * g.sq + i0) * g.dv, qv, (int)g.dv);
+            fs_load(sQ, sQn, Q + (bh * g.sq + i0) * g.d, qv, (int)g.d, vec);
+            fs_load(sdY, sdYn, dY + (bh * g.sq + i0) * g.dv, qv, (int)g.dv, vec);
             for (int r = threadIdx.x; r < FS_T; r += 256) {
                 float x = r < qv ? lse[bh * g.sq + i0 + r] : neg_inf(0.f);
                 sL[r] = x == neg_inf(x) ? -neg_inf(0.f) : x;
@@ -988,6 +1026,8 @@ extern "C" __global__ void __launch_bounds__(256, 2) fs_dkv(AttnGeom g, const fl
             fs_zero(dp);
             fs_mm<true>(s, sK, sQ);   // Sᵀ[key][query]
             fs_mm<true>(dp, sV, sdY); // dPᵀ[key][query]
+            // (Rows past Sq have LSE +inf, so P = 0 there without a check.)
+            bool edge = g.mask_kind || (g.causal && k0 + FS_T - 1 > i0);
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 i64 kj = k0 + ty * 4 + i;
@@ -996,8 +1036,10 @@ extern "C" __global__ void __launch_bounds__(256, 2) fs_dkv(AttnGeom g, const fl
                     int qq = tx * 4 + j;
                     i64 qi = i0 + qq;
                     float x = s[i][j] * sc;
-                    if (g.causal && kj > qi) x = neg_inf(x);
-                    else if (g.mask_kind && qi < g.sq && kj < g.skv) x = fs_mask(g, mask, b * g.ms[0] + h * g.ms[1] + qi * g.ms[2] + kj * g.ms[3], x);
+                    if (edge) {
+                        if (g.causal && kj > qi) x = neg_inf(x);
+                        else if (g.mask_kind && qi < g.sq && kj < g.skv) x = fs_mask(g, mask, b * g.ms[0] + h * g.ms[1] + qi * g.ms[2] + kj * g.ms[3], x);
+                    }
                     float p = expf(x - sL[qq]);
                     s[i][j] = p;
                     dp[i][j] = p * (dp[i][j] - sD[qq]);

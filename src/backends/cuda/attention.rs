@@ -1,6 +1,7 @@
 //! Attention and VarlenAttention on CUDA, forward with the optional LSE output and
 //! backward from it. Attention with head sizes up to 64 (f32, f16, bf16) or 128 (f16/bf16
-//! forward) runs the tiled flash kernels of cuda/flash.cu (tensor cores for f16/bf16);
+//! forward) runs the tiled flash kernels of cuda/flash.cu (tensor cores for f16/bf16:
+//! `wgmma` on Hopper for heads up to 64, `mma.sync` elsewhere);
 //! the rest (VarlenAttention, larger heads, f64) the row-per-warp kernels of
 //! cuda/attention.cu. Shapes, masks and cu_seqlens are checked here; the kernels take one
 //! `AttnGeom` that describes either layout.
@@ -446,10 +447,11 @@ fn batch(g: &AttnGeom) -> usize {
     (g.rows / (g.hq * g.sq).max(1)) as usize
 }
 
-/// Whether 16-byte copies may load the rows: head sizes a multiple of 8 elements and
-/// 16-byte aligned buffers.
-fn vec_ok(g: &AttnGeom, ptrs: &[u64]) -> i32 {
-    (g.d % 8 == 0 && g.dv % 8 == 0 && ptrs.iter().all(|p| p % 16 == 0)) as i32
+/// Whether 16-byte copies may load the rows: head sizes a multiple of 16 bytes (of
+/// elements of `dt`) and 16-byte aligned buffers.
+fn vec_ok(g: &AttnGeom, dt: DType, ptrs: &[u64]) -> i32 {
+    let n = (16 / dt.size()) as i64;
+    (g.d % n == 0 && g.dv % n == 0 && ptrs.iter().all(|p| p % 16 == 0)) as i32
 }
 
 fn fast_forward(
@@ -464,7 +466,7 @@ fn fast_forward(
     let [q, k, v] = qkv;
     let bh = (batch(&g) * g.hq as usize) as u32;
     let sq = g.sq as usize;
-    let mut args = vec![
+    let args = vec![
         Arg::Attn(g),
         Arg::Ptr(q.p),
         Arg::Ptr(k.p),
@@ -472,10 +474,10 @@ fn fast_forward(
         Arg::Ptr(mask),
         Arg::Ptr(y),
         Arg::Ptr(lse),
+        Arg::I32(vec_ok(&g, q.dtype(), &[q.p, k.p, v.p])),
     ];
     match f {
         Fast::Mma(dp) => {
-            args.push(Arg::I32(vec_ok(&g, &[q.p, k.p, v.p])));
             // (`_mma` exists for heads up to 64, where wgmma runs.)
             let sfx = if dp == 64 || g.mask_kind != 0 {
                 mask_sfx(&g)
@@ -526,15 +528,13 @@ fn fast_backward(
     };
     let qgrid = (sq.div_ceil(FA_T) as u32, (b * g.hq as usize) as u32, 1);
     let kgrid = (skv.div_ceil(FA_T) as u32, (b * g.hkv as usize) as u32, 1);
+    let vec = vec_ok(&g, q.dtype(), &[dy.p, q.p, k.p, v.p]);
     let mut aq = common(g);
-    aq.extend([Arg::Ptr(dq), Arg::Ptr(dmask)]);
+    aq.extend([Arg::Ptr(dq), Arg::Ptr(dmask), Arg::I32(vec)]);
     let mut akv = common(g);
-    akv.extend([Arg::Ptr(dk), Arg::Ptr(dv)]);
+    akv.extend([Arg::Ptr(dk), Arg::Ptr(dv), Arg::I32(vec)]);
     match f {
         Fast::Mma(dp) => {
-            let vec = vec_ok(&g, &[dy.p, q.p, k.p, v.p]);
-            aq.push(Arg::I32(vec));
-            akv.push(Arg::I32(vec));
             let sfx = suffix(q.dtype());
             let (sm_q, sm_kv) = (
                 6 * FA_T * dp * 2 + SMEM_ALIGN,
