@@ -5,8 +5,9 @@
 # scripts/carry_attn.sh; run from the repository root as  bash .carry-attn/device_attn.sh
 set -u
 C=$PWD/.carry-attn
-R=${OUT:-/tmp/out}
-mkdir -p "$R" /tmp/x /tmp/kcache
+OUT=${OUT:-/tmp/out}
+R=/tmp/res
+mkdir -p "$OUT" "$R" /tmp/x /tmp/kcache
 tar xzf "$C/bin.tgz" -C /tmp/x
 cp "$C"/kcache/*.cubin /tmp/kcache/ 2>/dev/null
 export GRAPHRUN_REQUIRE_CUDA=1 GRAPHRUN_CUDA_CACHE=/tmp/kcache
@@ -21,11 +22,17 @@ ls /tmp/x/tests/* | xargs -P 4 -I{} bash -c '
     echo "== $n rc=$rc $(grep -E "^test result" '"$R"'/test_$n.log | tail -n 1)"
     grep -E "^test .* FAILED$|panicked at" -A4 '"$R"'/test_$n.log | head -n 30'
 grep -h "^test result" $R/test_*.log | awk '{p+=$4; f+=$6} END {print "TESTS: " p " passed, " f " failed"}'
+# The mma.sync kernels (GRAPHRUN_CUDA_ATTENTION=mma) through the attention tests too.
+for n in cuda ops_attention; do
+    GRAPHRUN_CUDA_ATTENTION=mma timeout 120 /tmp/x/tests/$n --test-threads=4 > $R/test_mma_$n.log 2>&1
+    echo "== mma $n rc=$? $(grep -E "^test result" $R/test_mma_$n.log | tail -n 1)"
+done
 bench() {  # name workload dtype pass [env]
     local flag=; [ "$4" = train ] && flag=--backward
     env ${5:-} timeout 90 $G bench models/$2.yaml --backend cuda --dtype $3 $flag --iters 30 --warmup 5 \
         --json $R/$1.json > $R/bench_$1.log 2>&1
     echo "bench $1: $(grep -m1 -E 'median|ms' $R/bench_$1.log | head -c 200)"
+    grep -E "^\s+\S+\s+(Attention|AttentionGrad)\s" $R/bench_$1.log | head -n 2
 }
 for w in attention gpt_block; do
     for dt in bf16 f32; do
@@ -43,3 +50,4 @@ for f in sorted(glob.glob(os.path.join(sys.argv[1], "*.json"))):
         print(os.path.basename(f), "?", e)
 PY
 cuobjdump -sass /tmp/kcache/*.cubin 2>/dev/null | grep -oE "HGMMA[.A-Z0-9x]*" | sort | uniq -c | head -5
+tar czf "$OUT/results.tgz" -C $R .
