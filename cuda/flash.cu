@@ -5,8 +5,10 @@
 // query rows (forward, dQ) or 16 key rows (dK/dV); S, P, dP and dS never leave registers:
 // the accumulator layout of one mma is the A-operand layout of the next (FlashAttention-2).
 // The online softmax runs in the log2 domain (one FFMA and an ex2 per score).
+// On Hopper (sm_90a) the kernels for heads up to 64 issue the same products as warpgroup
+// `wgmma` instead (B from the swizzled shared tiles through descriptors; see Wg below).
 // f32 (and tf32 mode): the same tiling on CUDA cores in true FP32, each product a 64×64
-// tile of shared memory (4×4 outputs per thread).
+// tile of shared memory (4×4 outputs per thread, float4 operand reads).
 //
 // Head sizes are padded with zeros to DP (64 or 128; 64 for f32); rows past the end are
 // zero-filled, so any Sq, Skv, D, Dv ≤ DP work. Backward is FlashAttention-2 with dQ in
@@ -18,6 +20,10 @@
 // Dynamic shared memory of every kernel here.
 extern __shared__ __align__(128) unsigned char fa_smem[];
 
+// The dynamic shared memory from its first 1024-byte boundary (the swizzle pattern that
+// wgmma reads repeats every 1024 bytes of address); hosts ask for 1 KiB more.
+__device__ __forceinline__ unsigned char* fa_base();
+
 #define FA_LOG2E 1.4426950408889634f
 #define FA_LN2 0.6931471805599453f
 
@@ -25,6 +31,10 @@ __device__ __forceinline__ unsigned smem_u32(const void* p) {
     unsigned r;
     asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
     return r;
+}
+__device__ __forceinline__ unsigned char* fa_base() {
+    unsigned a = smem_u32(fa_smem);
+    return fa_smem + (((a + 1023u) & ~1023u) - a);
 }
 __device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
@@ -72,6 +82,85 @@ template <> struct Mma<f16> {
         return r;
     }
 };
+
+// Hopper (compiled for sm_90a): warpgroup MMA. `wgmma.mma_async.m64n64k16` computes a
+// 64 × 64 product for the 4 warps of a warpgroup; warp w supplies A rows 16w..16w+15 in
+// the same register layout as `mma.sync.m16n8k16`'s A and gets the same rows of D in the
+// layout of eight m16n8 accumulators, so a warp's code around it keeps its 16 rows. B comes
+// from shared memory through a descriptor: the 64-column tiles here (128-byte rows, 16-byte
+// chunks XORed with row & 7, 1024-byte aligned) are exactly the 128-byte swizzle pattern.
+// Elsewhere (other GPUs, or the `_mma` kernels kept to compare) the same code runs on
+// `mma.sync`.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FA_HAVE_WG 1
+#else
+#define FA_HAVE_WG 0
+#endif
+
+// Descriptor of a 128-byte-swizzled operand at `addr`: `lbo` between 64-column blocks
+// (MN-major; unused K-major), `sbo` between groups of 8 rows.
+__device__ __forceinline__ unsigned long long wg_desc(unsigned addr, unsigned lbo, unsigned sbo) {
+    return (unsigned long long)((addr & 0x3FFFFu) >> 4) | ((unsigned long long)(lbo >> 4) << 16) | ((unsigned long long)(sbo >> 4) << 32) | (1ull << 62);
+}
+// B = Kᵀ-like: rows n (64 of them) of a tile whose columns are the reduction; k step `kc`
+// of 16 columns is 32 bytes into the swizzled row.
+__device__ __forceinline__ unsigned long long wg_desc_k(unsigned base, int kc) { return wg_desc(base + kc * 32, 16, 1024); }
+// B = V-like: rows are the reduction (16 per k step, 2048 bytes), 64 columns the outputs.
+__device__ __forceinline__ unsigned long long wg_desc_mn(unsigned base, int kc) { return wg_desc(base + kc * 2048, 8192, 1024); }
+
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+// Keeps the compiler from touching accumulators between an mma_async and its wait.
+__device__ __forceinline__ void wg_keep(float (*d)[4]) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) asm volatile("" : "+f"(d[i][0]), "+f"(d[i][1]), "+f"(d[i][2]), "+f"(d[i][3])::"memory");
+}
+// Shared memory written by ordinary stores or cp.async and read next by wgmma needs this in
+// each writing thread before the barrier.
+__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+#define FA_WGMMA_BODY(TY)                                                                                     \
+    asm volatile("{ .reg .pred p; setp.ne.b32 p, 1, 0;\n"                                                     \
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " "                                 \
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"                                    \
+                 "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "                         \
+                 "{%32,%33,%34,%35}, %36, p, 1, 1, %37; }"                                                   \
+                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),  \
+                   "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),  \
+                   "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),  \
+                   "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),  \
+                   "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),  \
+                   "+f"(d[7][2]), "+f"(d[7][3])                                                               \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(TB))
+// d[8][4] (64 columns) += A (this warp's 16 rows × 16, mma.sync A layout) · B(desc);
+// TB = 1: B is MN-major (rows are the reduction).
+template <class T, int TB> struct Wg;
+template <int TB> struct Wg<bf16, TB> {
+    static __device__ __forceinline__ void run(float (*d)[4], const unsigned* a, unsigned long long desc) {
+#if FA_HAVE_WG
+        FA_WGMMA_BODY("bf16");
+#endif
+    }
+};
+template <int TB> struct Wg<f16, TB> {
+    static __device__ __forceinline__ void run(float (*d)[4], const unsigned* a, unsigned long long desc) {
+#if FA_HAVE_WG
+        FA_WGMMA_BODY("f16");
+#endif
+    }
+};
+
+// A fragments (16 × 64, four k steps) from a 16 × 64 accumulator `p` (P, dS, ...).
+template <class T> __device__ __forceinline__ void pack_a(unsigned (*a)[4], const float (*p)[4]) {
+#pragma unroll
+    for (int kc = 0; kc < 4; ++kc) {
+        a[kc][0] = Mma<T>::pack(p[2 * kc][0], p[2 * kc][1]);
+        a[kc][1] = Mma<T>::pack(p[2 * kc][2], p[2 * kc][3]);
+        a[kc][2] = Mma<T>::pack(p[2 * kc + 1][0], p[2 * kc + 1][1]);
+        a[kc][3] = Mma<T>::pack(p[2 * kc + 1][2], p[2 * kc + 1][3]);
+    }
+}
 
 // Shared-memory tiles of 16-bit elements, DP per row, stored in 16-byte chunks whose index
 // is XORed with (row & 7): the 8 rows one ldmatrix reads hit 8 different bank groups.
@@ -151,6 +240,18 @@ template <class T, int DP> __device__ __forceinline__ void mma_pb(float (*acc)[4
     }
 }
 
+// wgmma forms of the two (DP = 64, a whole warpgroup, the same tile for its 4 warps):
+// they only issue; the caller fences, commits and waits, so that several products share
+// one wait.
+template <class T> __device__ __forceinline__ void wg_abt(float (*acc)[4], const unsigned (*a)[4], unsigned base) {
+#pragma unroll
+    for (int kc = 0; kc < 4; ++kc) Wg<T, 0>::run(acc, a[kc], wg_desc_k(base, kc));
+}
+template <class T> __device__ __forceinline__ void wg_pb(float (*acc)[4], const unsigned (*a)[4], unsigned base) {
+#pragma unroll
+    for (int kc = 0; kc < 4; ++kc) Wg<T, 1>::run(acc, a[kc], wg_desc_mn(base, kc));
+}
+
 // The additive (in log2 units) or bool mask at `off`: x stays, moves, or becomes -inf.
 template <class T> __device__ __forceinline__ float fa_mask(const AttnGeom& g, const void* mask, i64 off, float x) {
     if (g.mask_kind == 1) return ((const unsigned char*)mask)[off] ? x : neg_inf(x);
@@ -218,9 +319,9 @@ template <class T, int DP> __device__ __forceinline__ void store_acc(T* dst, con
 // traffic per mma); up to 128: 8 warps of 16 rows (registers). Y [B,Hq,Sq,Dv], LSE
 // [B,Hq,Sq] f32.
 #define FA_MT(DP) ((DP) == 64 ? 2 : 1)
-template <class T, int DP, bool MASK> __device__ void fa_fwd(const AttnGeom& g, const T* Q, const T* K, const T* V, const void* mask, T* Y, float* lse, int vec) {
+template <class T, int DP, bool MASK, bool WG> __device__ void fa_fwd(const AttnGeom& g, const T* Q, const T* K, const T* V, const void* mask, T* Y, float* lse, int vec) {
     constexpr int MT = FA_MT(DP), NT = FA_BQ / (16 * MT) * 32;  // threads
-    unsigned sQ = smem_u32(fa_smem);
+    unsigned sQ = smem_u32(fa_base());
     unsigned sK = sQ + FA_BQ * DP * 2, sV = sK + 2 * FA_BK * DP * 2;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
     i64 qb = g.causal ? (i64)gridDim.x - 1 - blockIdx.x : blockIdx.x;
@@ -240,6 +341,7 @@ template <class T, int DP, bool MASK> __device__ void fa_fwd(const AttnGeom& g, 
     }
     cp_commit();
     cp_wait_all();
+    if constexpr (WG) fence_async_smem();
     __syncthreads();
     // The warp's rows: r0 + mt·16 + (gq, gq + 8).
     int r0 = warp * 16 * MT;
@@ -259,6 +361,7 @@ template <class T, int DP, bool MASK> __device__ void fa_fwd(const AttnGeom& g, 
     for (int t = 0; t < ntiles; ++t) {
         if (t > 0) {
             cp_wait_all();
+            if constexpr (WG) fence_async_smem();
             __syncthreads();
         }
         if (t + 1 < ntiles) {
@@ -276,6 +379,20 @@ template <class T, int DP, bool MASK> __device__ void fa_fwd(const AttnGeom& g, 
 #pragma unroll
             for (int i = 0; i < 8; ++i) s[mt][i][0] = s[mt][i][1] = s[mt][i][2] = s[mt][i][3] = 0.f;
         // S = Q·Kᵀ: each K fragment feeds every m tile.
+        if constexpr (WG) {
+            // The A fragments come again from shared memory every tile: ptxas (CUDA 13.0) gave
+            // registers of loop-invariant wgmma A operands to other values inside the loop
+            // (Q was overwritten by P after the first tile; seen in the SASS).
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) load_afrag<DP>(sQ, r0 + mt * 16, qa[mt]);
+            wg_fence();
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) wg_abt<T>(s[mt], qa[mt], sK + off);
+            wg_commit();
+            wg_wait();
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) wg_keep(s[mt]);
+        } else
 #pragma unroll
         for (int nb2 = 0; nb2 < 4; ++nb2) {
 #pragma unroll
@@ -335,6 +452,18 @@ template <class T, int DP, bool MASK> __device__ void fa_fwd(const AttnGeom& g, 
             }
         }
         // O += P·V: each V fragment feeds every m tile.
+        if constexpr (WG) {
+            unsigned pa[MT][4][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) pack_a<T>(pa[mt], s[mt]);
+            wg_fence();
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) wg_pb<T>(o[mt], pa[mt], sV + off);
+            wg_commit();
+            wg_wait();
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) wg_keep(o[mt]);
+        } else
 #pragma unroll
         for (int kc = 0; kc < 4; ++kc) {
             unsigned pa[MT][4];
@@ -376,9 +505,9 @@ template <class T, int DP, bool MASK> __device__ void fa_fwd(const AttnGeom& g, 
 
 // dQ (and dMask): grid (query blocks of FB_B, B·Hq), 4 warps. P is recomputed from LSE;
 // dS = P∘(dY·Vᵀ − delta), dQ = scale·dS·K.
-template <class T, int DP, bool MASK> __device__ void fa_dq(const AttnGeom& g, const T* dY, const T* Q, const T* K, const T* V, const void* mask, const float* lse, const float* delta, T* dQ, T* dmask, int vec) {
+template <class T, int DP, bool MASK, bool WG> __device__ void fa_dq(const AttnGeom& g, const T* dY, const T* Q, const T* K, const T* V, const void* mask, const float* lse, const float* delta, T* dQ, T* dmask, int vec) {
     constexpr int NT = FB_B * 2;
-    unsigned sQ = smem_u32(fa_smem);
+    unsigned sQ = smem_u32(fa_base());
     unsigned sdY = sQ + FB_B * DP * 2, sK = sdY + FB_B * DP * 2, sV = sK + 2 * FA_BK * DP * 2;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
     i64 qb = g.causal ? (i64)gridDim.x - 1 - blockIdx.x : blockIdx.x;
@@ -411,12 +540,14 @@ template <class T, int DP, bool MASK> __device__ void fa_dq(const AttnGeom& g, c
     unsigned qa[DP / 16][4], da[DP / 16][4];
     const float sl2 = (float)g.scale * FA_LOG2E;
     cp_wait_all();
+    if constexpr (WG) fence_async_smem();
     __syncthreads();
     load_afrag<DP>(sQ, warp * 16, qa);
     load_afrag<DP>(sdY, warp * 16, da);
     for (int t = 0; t < ntiles; ++t) {
         if (t > 0) {
             cp_wait_all();
+            if constexpr (WG) fence_async_smem();
             __syncthreads();
         }
         if (t + 1 < ntiles) {
@@ -434,8 +565,21 @@ template <class T, int DP, bool MASK> __device__ void fa_dq(const AttnGeom& g, c
             s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
             dp[i][0] = dp[i][1] = dp[i][2] = dp[i][3] = 0.f;
         }
-        mma_abt<T, DP>(s, qa, sK + off, 0);
-        mma_abt<T, DP>(dp, da, sV + off, 0);
+        if constexpr (WG) {
+            // (A fragments reloaded per tile: see fa_fwd.)
+            load_afrag<DP>(sQ, warp * 16, qa);
+            load_afrag<DP>(sdY, warp * 16, da);
+            wg_fence();
+            wg_abt<T>(s, qa, sK + off);
+            wg_abt<T>(dp, da, sV + off);
+            wg_commit();
+            wg_wait();
+            wg_keep(s);
+            wg_keep(dp);
+        } else {
+            mma_abt<T, DP>(s, qa, sK + off, 0);
+            mma_abt<T, DP>(dp, da, sV + off, 0);
+        }
         i64 j0 = (i64)t * FA_BK;
         bool edge = MASK || j0 + FA_BK > g.skv || (g.causal && j0 + FA_BK - 1 > q0 + warp * 16);
 #pragma unroll
@@ -459,7 +603,17 @@ template <class T, int DP, bool MASK> __device__ void fa_dq(const AttnGeom& g, c
                     if (i < g.sq && j < g.skv) dmask[(bh * g.sq + i) * g.skv + j] = st<T>(s[nb][e]);
                 }
         }
-        mma_pb<T, DP>(acc, s, sK + off);
+        if constexpr (WG) {
+            unsigned sa[4][4];
+            pack_a<T>(sa, s);
+            wg_fence();
+            wg_pb<T>(acc, sa, sK + off);
+            wg_commit();
+            wg_wait();
+            wg_keep(acc);
+        } else {
+            mma_pb<T, DP>(acc, s, sK + off);
+        }
     }
     float sc = (float)g.scale;
     store_acc<T, DP>(dQ + bh * g.sq * g.d, acc, q0 + warp * 16, g.sq, (int)g.d, sc, sc);
@@ -467,11 +621,11 @@ template <class T, int DP, bool MASK> __device__ void fa_dq(const AttnGeom& g, c
 
 // dK, dV: grid (key blocks of FB_B, B·Hkv), 4 warps; each CTA walks the query tiles of
 // every query head of its kv group. dV = Pᵀ·dY, dK = scale·dSᵀ·Q.
-template <class T, int DP, bool MASK> __device__ void fa_dkv(const AttnGeom& g, const T* dY, const T* Q, const T* K, const T* V, const void* mask, const float* lse, const float* delta, T* dK, T* dV, int vec) {
+template <class T, int DP, bool MASK, bool WG> __device__ void fa_dkv(const AttnGeom& g, const T* dY, const T* Q, const T* K, const T* V, const void* mask, const float* lse, const float* delta, T* dK, T* dV, int vec) {
     constexpr int NT = FB_B * 2;
-    unsigned sK = smem_u32(fa_smem);
+    unsigned sK = smem_u32(fa_base());
     unsigned sV = sK + FB_B * DP * 2, sQ = sV + FB_B * DP * 2, sdY = sQ + 2 * FB_B * DP * 2;
-    float* sL = (float*)(fa_smem + (2 * FB_B + 4 * FB_B) * DP * 2);  // [2][FB_B] log2 LSE
+    float* sL = (float*)(fa_base() + (2 * FB_B + 4 * FB_B) * DP * 2);  // [2][FB_B] log2 LSE
     float* sD = sL + 2 * FB_B;                                        // [2][FB_B] delta
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
     i64 bhk = blockIdx.y, b = bhk / g.hkv, hk = bhk % g.hkv, grp = g.hq / g.hkv;
@@ -509,12 +663,14 @@ template <class T, int DP, bool MASK> __device__ void fa_dkv(const AttnGeom& g, 
     const float sl2 = (float)g.scale * FA_LOG2E;
     i64 key0 = k0 + warp * 16 + gq;  // this thread's first key row (the other is key0 + 8)
     cp_wait_all();
+    if constexpr (WG) fence_async_smem();
     __syncthreads();
     load_afrag<DP>(sK, warp * 16, ka);
     load_afrag<DP>(sV, warp * 16, va);
     for (int it = 0; it < total; ++it) {
         if (it > 0) {
             cp_wait_all();
+            if constexpr (WG) fence_async_smem();
             __syncthreads();
         }
         if (it + 1 < total) stage(it + 1, (it + 1) & 1);
@@ -528,8 +684,22 @@ template <class T, int DP, bool MASK> __device__ void fa_dkv(const AttnGeom& g, 
             s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
             dp[i][0] = dp[i][1] = dp[i][2] = dp[i][3] = 0.f;
         }
-        mma_abt<T, DP>(s, ka, sQ + off, 0);   // Sᵀ[key][query]
-        mma_abt<T, DP>(dp, va, sdY + off, 0); // dPᵀ[key][query]
+        // Sᵀ[key][query], dPᵀ[key][query]
+        if constexpr (WG) {
+            // (A fragments reloaded per tile: see fa_fwd.)
+            load_afrag<DP>(sK, warp * 16, ka);
+            load_afrag<DP>(sV, warp * 16, va);
+            wg_fence();
+            wg_abt<T>(s, ka, sQ + off);
+            wg_abt<T>(dp, va, sdY + off);
+            wg_commit();
+            wg_wait();
+            wg_keep(s);
+            wg_keep(dp);
+        } else {
+            mma_abt<T, DP>(s, ka, sQ + off, 0);
+            mma_abt<T, DP>(dp, va, sdY + off, 0);
+        }
         bool edge = MASK || (g.causal && i0 < k0 + FB_B);
         const float* L = sL + buf * FB_B;
         const float* Dl = sD + buf * FB_B;
@@ -547,8 +717,21 @@ template <class T, int DP, bool MASK> __device__ void fa_dkv(const AttnGeom& g, 
                 s[nb][e] = p;
                 dp[nb][e] = p * (dp[nb][e] - Dl[qi]);
             }
-        mma_pb<T, DP>(dv, s, sdY + off);
-        mma_pb<T, DP>(dk, dp, sQ + off);
+        if constexpr (WG) {
+            unsigned pa[4][4], da[4][4];
+            pack_a<T>(pa, s);
+            pack_a<T>(da, dp);
+            wg_fence();
+            wg_pb<T>(dv, pa, sdY + off);
+            wg_pb<T>(dk, da, sQ + off);
+            wg_commit();
+            wg_wait();
+            wg_keep(dv);
+            wg_keep(dk);
+        } else {
+            mma_pb<T, DP>(dv, s, sdY + off);
+            mma_pb<T, DP>(dk, dp, sQ + off);
+        }
     }
     float sc = (float)g.scale;
     store_acc<T, DP>(dK + bhk * g.skv * g.d, dk, k0 + warp * 16, g.skv, (int)g.d, sc, sc);
@@ -560,63 +743,88 @@ template <class T, int DP, bool MASK> __device__ void fa_dkv(const AttnGeom& g, 
 // Kernels without a mask (`_m` with one: its loads cost registers the common case does
 // not need); forward for head sizes up to 64 and 128, backward up to 64 (at 128 its
 // accumulators spill: larger heads take the row-per-warp kernels of attention.cu).
-#define INST_FA_FWD(T, S, DP, M, MS) \
-    extern "C" __global__ void __launch_bounds__(FA_BQ / (16 * FA_MT(DP)) * 32, 128 / DP) fa_fwd_##S##_##DP##MS(AttnGeom g, const T* q, const T* k, const T* v, const void* m, T* y, float* lse, int vec) { fa_fwd<T, DP, M>(g, q, k, v, m, y, lse, vec); }
-#define INST_FA_BWD(T, S, M, MS)                                                                   \
-    extern "C" __global__ void __launch_bounds__(FB_B * 2, M ? 1 : 3) fa_dq_##S##_64##MS(AttnGeom g, const T* dy, const T* q, const T* k, const T* v, const void* m, const float* lse, const float* delta, T* dq, T* dm, int vec) { fa_dq<T, 64, M>(g, dy, q, k, v, m, lse, delta, dq, dm, vec); } \
-    extern "C" __global__ void __launch_bounds__(FB_B * 2, M ? 1 : 3) fa_dkv_##S##_64##MS(AttnGeom g, const T* dy, const T* q, const T* k, const T* v, const void* m, const float* lse, const float* delta, T* dk, T* dv, int vec) { fa_dkv<T, 64, M>(g, dy, q, k, v, m, lse, delta, dk, dv, vec); }
-#define INST_FA(T, S)                                                                              \
-    INST_FA_FWD(T, S, 64, false, ) INST_FA_FWD(T, S, 64, true, _m) INST_FA_FWD(T, S, 128, false, ) \
-    INST_FA_FWD(T, S, 128, true, _m) INST_FA_BWD(T, S, false, ) INST_FA_BWD(T, S, true, _m)
+// WG: wgmma where the chip has it (heads up to 64); the `_mma` kernels keep mma.sync, to
+// compare the two on one device (GRAPHRUN_CUDA_ATTENTION=mma).
+#define FA_WG_FOR(DP) (FA_HAVE_WG && (DP) == 64)
+#define INST_FA_FWD(T, S, DP, M, MS, WG) \
+    extern "C" __global__ void __launch_bounds__(FA_BQ / (16 * FA_MT(DP)) * 32, 128 / DP) fa_fwd_##S##_##DP##MS(AttnGeom g, const T* q, const T* k, const T* v, const void* m, T* y, float* lse, int vec) { fa_fwd<T, DP, M, WG>(g, q, k, v, m, y, lse, vec); }
+#define INST_FA_BWD(T, S, M, MS, WG)                                                                   \
+    extern "C" __global__ void __launch_bounds__(FB_B * 2, M ? 1 : 3) fa_dq_##S##_64##MS(AttnGeom g, const T* dy, const T* q, const T* k, const T* v, const void* m, const float* lse, const float* delta, T* dq, T* dm, int vec) { fa_dq<T, 64, M, WG>(g, dy, q, k, v, m, lse, delta, dq, dm, vec); } \
+    extern "C" __global__ void __launch_bounds__(FB_B * 2, M ? 1 : WG ? 2 : 3) fa_dkv_##S##_64##MS(AttnGeom g, const T* dy, const T* q, const T* k, const T* v, const void* m, const float* lse, const float* delta, T* dk, T* dv, int vec) { fa_dkv<T, 64, M, WG>(g, dy, q, k, v, m, lse, delta, dk, dv, vec); }
+#define INST_FA(T, S)                                                                                       \
+    INST_FA_FWD(T, S, 64, false, , FA_WG_FOR(64)) INST_FA_FWD(T, S, 64, true, _m, FA_WG_FOR(64))            \
+    INST_FA_FWD(T, S, 128, false, , false) INST_FA_FWD(T, S, 128, true, _m, false)                          \
+    INST_FA_BWD(T, S, false, , FA_WG_FOR(64)) INST_FA_BWD(T, S, true, _m, FA_WG_FOR(64))                    \
+    INST_FA_FWD(T, S, 64, false, _mma, false) INST_FA_BWD(T, S, false, _mma, false)
 INST_FA(bf16, bf16)
 INST_FA(f16, f16)
 
 // ---------------------------------------------------------------------------------------
 // f32: 64×64 tiles on CUDA cores, 256 threads; thread (ty, tx) = (tid / 16, tid % 16) holds
-// rows ty·4 + i and columns tx + 16·j (i, j < 4) of every 64×64 product. Tiles are rows of
-// FS_P floats (64 + 1: a column walk hits 32 different banks).
+// rows ty·4 + i and columns tx·4 + j (i, j < 4) of every 64×64 product. A product's step k
+// reads one float4 of A (4 rows) and one of B (4 columns) for 16 FMAs. Tiles are 64 × 64
+// floats in two layouts: T (transposed: element (r, c) at row c, so 4 consecutive r are one
+// float4) for the left operand and the right operand of A·Bᵀ, N (as stored) for the right
+// operand of A·B. Both XOR-swizzle 4-float groups so that the tile loads, the P/dS stores
+// and the float4 reads spread over the banks.
 
 #define FS_T 64
-#define FS_P 65
+#define FS_TILE (FS_T * FS_T)
 
-// Loads `valid` rows of `width` floats (zero-padded to 64 columns and rows) into a tile.
-__device__ __forceinline__ void fs_load(float* dst, const float* src, int valid, int width) {
-    for (int idx = threadIdx.x; idx < FS_T * FS_T; idx += 256) {
-        int r = idx >> 6, c = idx & 63;
-        dst[r * FS_P + c] = (r < valid && c < width) ? src[(i64)r * width + c] : 0.f;
+// Offsets of element (r, c) in the T and N layouts.
+__device__ __forceinline__ int fs_t(int r, int c) { return c * FS_T + (r ^ (((c ^ (c >> 2)) & 7) << 2)); }
+__device__ __forceinline__ int fs_n(int r, int c) { return r * FS_T + (c ^ ((r & 7) << 3)); }
+
+// Loads `valid` rows of `width` floats (zero-padded to 64 × 64) into a T tile and/or an N
+// tile (null: not wanted). With `vec` (width % 4 == 0, 16-byte aligned rows) a thread reads
+// float4s, a warp two whole rows; otherwise a warp reads 4 rows × 8 columns, 32-byte pieces
+// of rows, and stores that hit 32 different banks in either layout.
+__device__ __forceinline__ void fs_load(float* t, float* n, const float* src, int valid, int width, int vec) {
+    if (vec) {
+#pragma unroll
+        for (int it = 0; it < FS_TILE / 4 / 256; ++it) {
+            int idx = threadIdx.x + it * 256, r = idx >> 4, c = (idx & 15) * 4;
+            float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (r < valid && c < width) x = *(const float4*)(src + (i64)r * width + c);
+            if (t) {
+                t[fs_t(r, c)] = x.x;
+                t[fs_t(r, c + 1)] = x.y;
+                t[fs_t(r, c + 2)] = x.z;
+                t[fs_t(r, c + 3)] = x.w;
+            }
+            if (n) *(float4*)&n[fs_n(r, c)] = x;
+        }
+        return;
+    }
+    for (int idx = threadIdx.x; idx < FS_TILE; idx += 256) {
+        int w = idx >> 5, l = idx & 31;
+        int r = (w >> 3) * 4 + (l & 3), c = (w & 7) * 8 + (l >> 2);
+        float x = (r < valid && c < width) ? src[(i64)r * width + c] : 0.f;
+        if (t) t[fs_t(r, c)] = x;
+        if (n) n[fs_n(r, c)] = x;
     }
 }
-// acc[i][j] += Σ_d A[ty·4+i][d] · B[tx+16j][d]   (A·Bᵀ)
-__device__ __forceinline__ void fs_abt(float (*acc)[4], const float* A, const float* B) {
+// acc[i][j] += Σ_k A[ty·4+i][k] · B[k][tx·4+j]: A a T tile (of A, rows × k); B a T tile of
+// Bᵀ (BT: A·Bᵀ with B stored rows × k) or an N tile (k × columns).
+template <bool BT> __device__ __forceinline__ void fs_mm(float (*acc)[4], const float* A, const float* B) {
     int ty = threadIdx.x >> 4, tx = threadIdx.x & 15;
-#pragma unroll 4
-    for (int d = 0; d < FS_T; ++d) {
-        float a[4], bb[4];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) a[i] = A[(ty * 4 + i) * FS_P + d];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) bb[j] = B[(tx + 16 * j) * FS_P + d];
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-#pragma unroll
-            for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(a[i], bb[j], acc[i][j]);
-    }
-}
-// acc[i][j] += Σ_k A[ty·4+i][k] · B[k][tx+16j]   (A·B)
-__device__ __forceinline__ void fs_ab(float (*acc)[4], const float* A, const float* B) {
-    int ty = threadIdx.x >> 4, tx = threadIdx.x & 15;
-#pragma unroll 4
     for (int k = 0; k < FS_T; ++k) {
-        float a[4], bb[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) a[i] = A[(ty * 4 + i) * FS_P + k];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) bb[j] = B[k * FS_P + tx + 16 * j];
+        float4 a = *(const float4*)&A[fs_t(ty * 4, k)];
+        float4 b = BT ? *(const float4*)&B[fs_t(tx * 4, k)] : *(const float4*)&B[fs_n(k, tx * 4)];
+        float av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
 #pragma unroll
         for (int i = 0; i < 4; ++i)
 #pragma unroll
-            for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(a[i], bb[j], acc[i][j]);
+            for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
     }
+}
+// Stores this thread's 4 × 4 values x[i][j] (row ty·4+i, column tx·4+j of a product) as a
+// T tile: the left operand of the next product (P·V, dS·K, Pᵀ·dY, dSᵀ·Q).
+__device__ __forceinline__ void fs_store_t(float* t, const float (*x)[4]) {
+    int ty = threadIdx.x >> 4, tx = threadIdx.x & 15;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) *(float4*)&t[fs_t(ty * 4, tx * 4 + j)] = make_float4(x[0][j], x[1][j], x[2][j], x[3][j]);
 }
 __device__ __forceinline__ void fs_zero(float (*a)[4]) {
 #pragma unroll
@@ -634,7 +842,7 @@ __device__ __forceinline__ float max16(float v) {
     for (int o = 1; o < 16; o <<= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
-// Stores rows r0 + ty·4 + i (< nrows), columns tx + 16j (< width), times f[i].
+// Stores rows r0 + ty·4 + i (< nrows), columns tx·4 + j (< width), times f[i].
 __device__ __forceinline__ void fs_store(float* dst, const float (*acc)[4], i64 r0, i64 nrows, int width, const float* f) {
     int ty = threadIdx.x >> 4, tx = threadIdx.x & 15;
 #pragma unroll
@@ -643,13 +851,14 @@ __device__ __forceinline__ void fs_store(float* dst, const float (*acc)[4], i64 
         if (r >= nrows) continue;
 #pragma unroll
         for (int j = 0; j < 4; ++j)
-            if (tx + 16 * j < width) dst[r * width + tx + 16 * j] = acc[i][j] * f[i];
+            if (tx * 4 + j < width) dst[r * width + tx * 4 + j] = acc[i][j] * f[i];
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256) fs_fwd(AttnGeom g, const float* Q, const float* K, const float* V, const void* mask, float* Y, float* lse) {
+// Forward: shared memory Qᵀ, Kᵀ, V (N), Pᵀ: 4 tiles.
+extern "C" __global__ void __launch_bounds__(256, 2) fs_fwd(AttnGeom g, const float* Q, const float* K, const float* V, const void* mask, float* Y, float* lse, int vec) {
     float* sQ = (float*)fa_smem;
-    float *sK = sQ + FS_T * FS_P, *sV = sK + FS_T * FS_P, *sP = sV + FS_T * FS_P;
+    float *sK = sQ + FS_TILE, *sV = sK + FS_TILE, *sP = sV + FS_TILE;
     int ty = threadIdx.x >> 4, tx = threadIdx.x & 15;
     i64 qb = g.causal ? (i64)gridDim.x - 1 - blockIdx.x : blockIdx.x;
     i64 bh = blockIdx.y, b = bh / g.hq, h = bh % g.hq, hk = h / (g.hq / g.hkv);
@@ -658,7 +867,7 @@ extern "C" __global__ void __launch_bounds__(256) fs_fwd(AttnGeom g, const float
     if (g.causal && q0 + FS_T < kend) kend = q0 + FS_T;
     const float* Kb = K + (b * g.hkv + hk) * g.skv * g.d;
     const float* Vb = V + (b * g.hkv + hk) * g.skv * g.dv;
-    fs_load(sQ, Q + (bh * g.sq + q0) * g.d, (int)(g.sq - q0 < FS_T ? g.sq - q0 : FS_T), (int)g.d);
+    fs_load(sQ, nullptr, Q + (bh * g.sq + q0) * g.d, (int)(g.sq - q0 < FS_T ? g.sq - q0 : FS_T), (int)g.d, vec);
     float o[4][4], m[4], l[4];
     fs_zero(o);
     for (int i = 0; i < 4; ++i) m[i] = neg_inf(0.f), l[i] = 0.f;
@@ -666,22 +875,27 @@ extern "C" __global__ void __launch_bounds__(256) fs_fwd(AttnGeom g, const float
     for (i64 j0 = 0; j0 < kend; j0 += FS_T) {
         int kv = (int)(g.skv - j0 < FS_T ? g.skv - j0 : FS_T);
         __syncthreads();
-        fs_load(sK, Kb + j0 * g.d, kv, (int)g.d);
-        fs_load(sV, Vb + j0 * g.dv, kv, (int)g.dv);
+        fs_load(sK, nullptr, Kb + j0 * g.d, kv, (int)g.d, vec);
+        fs_load(nullptr, sV, Vb + j0 * g.dv, kv, (int)g.dv, vec);
         __syncthreads();
         float s[4][4];
         fs_zero(s);
-        fs_abt(s, sQ, sK);
+        fs_mm<true>(s, sQ, sK);
+        // Only tiles at the end of the keys, on the causal diagonal or with a mask check
+        // each score.
+        bool edge = g.mask_kind || j0 + FS_T > g.skv || (g.causal && j0 + FS_T - 1 > q0);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             i64 qi = q0 + ty * 4 + i;
             float mx = m[i];
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
-                i64 kj = j0 + tx + 16 * j;
+                i64 kj = j0 + tx * 4 + j;
                 float x = s[i][j] * sc;
-                if (kj >= g.skv || (g.causal && kj > qi)) x = neg_inf(x);
-                else if (g.mask_kind && qi < g.sq) x = fs_mask(g, mask, b * g.ms[0] + h * g.ms[1] + qi * g.ms[2] + kj * g.ms[3], x);
+                if (edge) {
+                    if (kj >= g.skv || (g.causal && kj > qi)) x = neg_inf(x);
+                    else if (g.mask_kind && qi < g.sq) x = fs_mask(g, mask, b * g.ms[0] + h * g.ms[1] + qi * g.ms[2] + kj * g.ms[3], x);
+                }
                 s[i][j] = x;
                 mx = fmaxf(mx, x);
             }
@@ -694,13 +908,14 @@ extern "C" __global__ void __launch_bounds__(256) fs_fwd(AttnGeom g, const float
             for (int j = 0; j < 4; ++j) {
                 float p = expf(s[i][j] - ref);
                 ps += p;
-                sP[(ty * 4 + i) * FS_P + tx + 16 * j] = p;
+                s[i][j] = p;
                 o[i][j] *= a;
             }
             l[i] = l[i] * a + ps;
         }
+        fs_store_t(sP, s);
         __syncthreads();
-        fs_ab(o, sP, sV);
+        fs_mm<false>(o, sP, sV);
     }
     float f[4];
     for (int i = 0; i < 4; ++i) {
@@ -715,9 +930,10 @@ extern "C" __global__ void __launch_bounds__(256) fs_fwd(AttnGeom g, const float
         }
 }
 
-extern "C" __global__ void __launch_bounds__(256) fs_dq(AttnGeom g, const float* dY, const float* Q, const float* K, const float* V, const void* mask, const float* lse, const float* delta, float* dQ, float* dmask) {
+// dQ (and dMask): shared memory Qᵀ, dYᵀ, Kᵀ, Vᵀ, K (N), dSᵀ: 6 tiles.
+extern "C" __global__ void __launch_bounds__(256, 2) fs_dq(AttnGeom g, const float* dY, const float* Q, const float* K, const float* V, const void* mask, const float* lse, const float* delta, float* dQ, float* dmask, int vec) {
     float* sQ = (float*)fa_smem;
-    float *sdY = sQ + FS_T * FS_P, *sK = sdY + FS_T * FS_P, *sV = sK + FS_T * FS_P, *sS = sV + FS_T * FS_P;
+    float *sdY = sQ + FS_TILE, *sK = sdY + FS_TILE, *sV = sK + FS_TILE, *sKn = sV + FS_TILE, *sS = sKn + FS_TILE;
     int ty = threadIdx.x >> 4, tx = threadIdx.x & 15;
     i64 qb = g.causal ? (i64)gridDim.x - 1 - blockIdx.x : blockIdx.x;
     i64 bh = blockIdx.y, b = bh / g.hq, h = bh % g.hq, hk = h / (g.hq / g.hkv);
@@ -727,8 +943,8 @@ extern "C" __global__ void __launch_bounds__(256) fs_dq(AttnGeom g, const float*
     if (g.causal && q0 + FS_T < kend) kend = q0 + FS_T;
     const float* Kb = K + (b * g.hkv + hk) * g.skv * g.d;
     const float* Vb = V + (b * g.hkv + hk) * g.skv * g.dv;
-    fs_load(sQ, Q + (bh * g.sq + q0) * g.d, qv, (int)g.d);
-    fs_load(sdY, dY + (bh * g.sq + q0) * g.dv, qv, (int)g.dv);
+    fs_load(sQ, nullptr, Q + (bh * g.sq + q0) * g.d, qv, (int)g.d, vec);
+    fs_load(sdY, nullptr, dY + (bh * g.sq + q0) * g.dv, qv, (int)g.dv, vec);
     float L[4], Dl[4], acc[4][4];
     fs_zero(acc);
     for (int i = 0; i < 4; ++i) {
@@ -741,47 +957,52 @@ extern "C" __global__ void __launch_bounds__(256) fs_dq(AttnGeom g, const float*
     for (i64 j0 = 0; j0 < kend; j0 += FS_T) {
         int kv = (int)(g.skv - j0 < FS_T ? g.skv - j0 : FS_T);
         __syncthreads();
-        fs_load(sK, Kb + j0 * g.d, kv, (int)g.d);
-        fs_load(sV, Vb + j0 * g.dv, kv, (int)g.dv);
+        fs_load(sK, sKn, Kb + j0 * g.d, kv, (int)g.d, vec);
+        fs_load(sV, nullptr, Vb + j0 * g.dv, kv, (int)g.dv, vec);
         __syncthreads();
         float s[4][4], dp[4][4];
         fs_zero(s);
         fs_zero(dp);
-        fs_abt(s, sQ, sK);
-        fs_abt(dp, sdY, sV);
+        fs_mm<true>(s, sQ, sK);
+        fs_mm<true>(dp, sdY, sV);
+        bool edge = g.mask_kind || j0 + FS_T > g.skv || (g.causal && j0 + FS_T - 1 > q0);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             i64 qi = q0 + ty * 4 + i;
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
-                i64 kj = j0 + tx + 16 * j;
+                i64 kj = j0 + tx * 4 + j;
                 float x = s[i][j] * sc;
-                if (kj >= g.skv || (g.causal && kj > qi)) x = neg_inf(x);
-                else if (g.mask_kind && qi < g.sq) x = fs_mask(g, mask, b * g.ms[0] + h * g.ms[1] + qi * g.ms[2] + kj * g.ms[3], x);
+                if (edge) {
+                    if (kj >= g.skv || (g.causal && kj > qi)) x = neg_inf(x);
+                    else if (g.mask_kind && qi < g.sq) x = fs_mask(g, mask, b * g.ms[0] + h * g.ms[1] + qi * g.ms[2] + kj * g.ms[3], x);
+                }
                 float p = expf(x - L[i]);
                 float ds = p * (dp[i][j] - Dl[i]);
-                sS[(ty * 4 + i) * FS_P + tx + 16 * j] = ds;
+                s[i][j] = ds;
                 if (dmask && qi < g.sq && kj < g.skv) dmask[(bh * g.sq + qi) * g.skv + kj] = ds;
             }
         }
+        fs_store_t(sS, s);
         __syncthreads();
-        fs_ab(acc, sS, sK);
+        fs_mm<false>(acc, sS, sKn);
     }
     float f[4] = {sc, sc, sc, sc};
     fs_store(dQ + bh * g.sq * g.d, acc, q0, g.sq, (int)g.d, f);
 }
 
-extern "C" __global__ void __launch_bounds__(256) fs_dkv(AttnGeom g, const float* dY, const float* Q, const float* K, const float* V, const void* mask, const float* lse, const float* delta, float* dK, float* dV) {
+// dK, dV: shared memory Kᵀ, Vᵀ, Qᵀ, dYᵀ, Q (N), dY (N), (Pᵀ|dSᵀ)ᵀ: 7 tiles, LSE and delta.
+extern "C" __global__ void __launch_bounds__(256, 2) fs_dkv(AttnGeom g, const float* dY, const float* Q, const float* K, const float* V, const void* mask, const float* lse, const float* delta, float* dK, float* dV, int vec) {
     float* sK = (float*)fa_smem;
-    float *sV = sK + FS_T * FS_P, *sQ = sV + FS_T * FS_P, *sdY = sQ + FS_T * FS_P, *sS = sdY + FS_T * FS_P;
-    float* sL = sS + FS_T * FS_P;  // [64] LSE (+inf where a row sees nothing)
-    float* sD = sL + FS_T;         // [64] delta
+    float *sV = sK + FS_TILE, *sQ = sV + FS_TILE, *sdY = sQ + FS_TILE, *sQn = sdY + FS_TILE, *sdYn = sQn + FS_TILE, *sS = sdYn + FS_TILE;
+    float* sL = sS + FS_TILE;  // [64] LSE (+inf where a row sees nothing)
+    float* sD = sL + FS_T;     // [64] delta
     int ty = threadIdx.x >> 4, tx = threadIdx.x & 15;
     i64 bhk = blockIdx.y, b = bhk / g.hkv, hk = bhk % g.hkv, grp = g.hq / g.hkv;
     i64 k0 = (i64)blockIdx.x * FS_T;
     int kvalid = (int)(g.skv - k0 < FS_T ? g.skv - k0 : FS_T);
-    fs_load(sK, K + (bhk * g.skv + k0) * g.d, kvalid, (int)g.d);
-    fs_load(sV, V + (bhk * g.skv + k0) * g.dv, kvalid, (int)g.dv);
+    fs_load(sK, nullptr, K + (bhk * g.skv + k0) * g.d, kvalid, (int)g.d, vec);
+    fs_load(sV, nullptr, V + (bhk * g.skv + k0) * g.dv, kvalid, (int)g.dv, vec);
     float dk[4][4], dv[4][4];
     fs_zero(dk);
     fs_zero(dv);
@@ -792,8 +1013,8 @@ extern "C" __global__ void __launch_bounds__(256) fs_dkv(AttnGeom g, const float
         for (i64 i0 = i_start; i0 < g.sq; i0 += FS_T) {
             int qv = (int)(g.sq - i0 < FS_T ? g.sq - i0 : FS_T);
             __syncthreads();
-            fs_load(sQ, Q + (bh * g.sq + i0) * g.d, qv, (int)g.d);
-            fs_load(sdY, dY + (bh * g.sq + i0) * g.dv, qv, (int)g.dv);
+            fs_load(sQ, sQn, Q + (bh * g.sq + i0) * g.d, qv, (int)g.d, vec);
+            fs_load(sdY, sdYn, dY + (bh * g.sq + i0) * g.dv, qv, (int)g.dv, vec);
             for (int r = threadIdx.x; r < FS_T; r += 256) {
                 float x = r < qv ? lse[bh * g.sq + i0 + r] : neg_inf(0.f);
                 sL[r] = x == neg_inf(x) ? -neg_inf(0.f) : x;
@@ -803,33 +1024,34 @@ extern "C" __global__ void __launch_bounds__(256) fs_dkv(AttnGeom g, const float
             float s[4][4], dp[4][4];
             fs_zero(s);
             fs_zero(dp);
-            fs_abt(s, sK, sQ);   // Sᵀ[key][query]
-            fs_abt(dp, sV, sdY); // dPᵀ[key][query]
+            fs_mm<true>(s, sK, sQ);   // Sᵀ[key][query]
+            fs_mm<true>(dp, sV, sdY); // dPᵀ[key][query]
+            // (Rows past Sq have LSE +inf, so P = 0 there without a check.)
+            bool edge = g.mask_kind || (g.causal && k0 + FS_T - 1 > i0);
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 i64 kj = k0 + ty * 4 + i;
 #pragma unroll
                 for (int j = 0; j < 4; ++j) {
-                    int qq = tx + 16 * j;
+                    int qq = tx * 4 + j;
                     i64 qi = i0 + qq;
                     float x = s[i][j] * sc;
-                    if (g.causal && kj > qi) x = neg_inf(x);
-                    else if (g.mask_kind && qi < g.sq && kj < g.skv) x = fs_mask(g, mask, b * g.ms[0] + h * g.ms[1] + qi * g.ms[2] + kj * g.ms[3], x);
+                    if (edge) {
+                        if (g.causal && kj > qi) x = neg_inf(x);
+                        else if (g.mask_kind && qi < g.sq && kj < g.skv) x = fs_mask(g, mask, b * g.ms[0] + h * g.ms[1] + qi * g.ms[2] + kj * g.ms[3], x);
+                    }
                     float p = expf(x - sL[qq]);
                     s[i][j] = p;
                     dp[i][j] = p * (dp[i][j] - sD[qq]);
-                    sS[(ty * 4 + i) * FS_P + qq] = p;
                 }
             }
+            fs_store_t(sS, s);  // Pᵀ as the left operand
             __syncthreads();
-            fs_ab(dv, sS, sdY);
+            fs_mm<false>(dv, sS, sdYn);
             __syncthreads();
-#pragma unroll
-            for (int i = 0; i < 4; ++i)
-#pragma unroll
-                for (int j = 0; j < 4; ++j) sS[(ty * 4 + i) * FS_P + tx + 16 * j] = dp[i][j];
+            fs_store_t(sS, dp);
             __syncthreads();
-            fs_ab(dk, sS, sQ);
+            fs_mm<false>(dk, sS, sQn);
         }
     }
     float fk[4] = {sc, sc, sc, sc}, fv[4] = {1.f, 1.f, 1.f, 1.f};

@@ -1,6 +1,7 @@
 //! Attention and VarlenAttention on CUDA, forward with the optional LSE output and
 //! backward from it. Attention with head sizes up to 64 (f32, f16, bf16) or 128 (f16/bf16
-//! forward) runs the tiled flash kernels of cuda/flash.cu (tensor cores for f16/bf16);
+//! forward) runs the tiled flash kernels of cuda/flash.cu (tensor cores for f16/bf16:
+//! `wgmma` on Hopper for heads up to 64, `mma.sync` elsewhere);
 //! the rest (VarlenAttention, larger heads, f64) the row-per-warp kernels of
 //! cuda/attention.cu. Shapes, masks and cu_seqlens are checked here; the kernels take one
 //! `AttnGeom` that describes either layout.
@@ -395,11 +396,16 @@ enum Fast {
     Simt,
 }
 
-/// `GRAPHRUN_CUDA_ATTENTION=rows` keeps every problem on the row-per-warp kernels (to
-/// compare the two on a device).
+/// `GRAPHRUN_CUDA_ATTENTION=rows` keeps every problem on the row-per-warp kernels, `mma`
+/// the unmasked tensor-core ones on `mma.sync` where wgmma would run (to compare them on a
+/// device).
+fn kernel_choice() -> &'static str {
+    static CHOICE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    CHOICE.get_or_init(|| std::env::var("GRAPHRUN_CUDA_ATTENTION").unwrap_or_default())
+}
+
 fn rows_only() -> bool {
-    static ROWS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ROWS.get_or_init(|| std::env::var("GRAPHRUN_CUDA_ATTENTION").is_ok_and(|v| v == "rows"))
+    kernel_choice() == "rows"
 }
 
 fn fast(g: &AttnGeom, dt: DType, backward: bool) -> Option<Fast> {
@@ -419,26 +425,33 @@ fn fast(g: &AttnGeom, dt: DType, backward: bool) -> Option<Fast> {
 /// other tile.
 const FA_BQ: usize = 128;
 const FA_T: usize = 64;
-/// f32 tiles are rows of 65 floats.
-const FS_TILE: usize = 64 * 65 * 4;
+/// An f32 tile: 64 × 64 floats.
+const FS_TILE: usize = 64 * 64 * 4;
 
-/// The tensor-core kernels come without and with (`_m`) mask support.
+/// The tensor-core kernels come without and with (`_m`) mask support, and without a mask
+/// also on `mma.sync` only (`_mma`).
 fn mask_sfx(g: &AttnGeom) -> &'static str {
     if g.mask_kind != 0 {
         "_m"
+    } else if kernel_choice() == "mma" {
+        "_mma"
     } else {
         ""
     }
 }
 
+/// The tensor-core kernels start their tiles at a 1024-byte boundary of shared memory.
+const SMEM_ALIGN: usize = 1024;
+
 fn batch(g: &AttnGeom) -> usize {
     (g.rows / (g.hq * g.sq).max(1)) as usize
 }
 
-/// Whether 16-byte copies may load the rows: head sizes a multiple of 8 elements and
-/// 16-byte aligned buffers.
-fn vec_ok(g: &AttnGeom, ptrs: &[u64]) -> i32 {
-    (g.d % 8 == 0 && g.dv % 8 == 0 && ptrs.iter().all(|p| p % 16 == 0)) as i32
+/// Whether 16-byte copies may load the rows: head sizes a multiple of 16 bytes (of
+/// elements of `dt`) and 16-byte aligned buffers.
+fn vec_ok(g: &AttnGeom, dt: DType, ptrs: &[u64]) -> i32 {
+    let n = (16 / dt.size()) as i64;
+    (g.d % n == 0 && g.dv % n == 0 && ptrs.iter().all(|p| p % 16 == 0)) as i32
 }
 
 fn fast_forward(
@@ -453,7 +466,7 @@ fn fast_forward(
     let [q, k, v] = qkv;
     let bh = (batch(&g) * g.hq as usize) as u32;
     let sq = g.sq as usize;
-    let mut args = vec![
+    let args = vec![
         Arg::Attn(g),
         Arg::Ptr(q.p),
         Arg::Ptr(k.p),
@@ -461,12 +474,18 @@ fn fast_forward(
         Arg::Ptr(mask),
         Arg::Ptr(y),
         Arg::Ptr(lse),
+        Arg::I32(vec_ok(&g, q.dtype(), &[q.p, k.p, v.p])),
     ];
     match f {
         Fast::Mma(dp) => {
-            args.push(Arg::I32(vec_ok(&g, &[q.p, k.p, v.p])));
-            let name = format!("fa_fwd_{}_{dp}{}", suffix(q.dtype()), mask_sfx(&g));
-            let smem = (FA_BQ + 4 * FA_T) * dp * 2;
+            // (`_mma` exists for heads up to 64, where wgmma runs.)
+            let sfx = if dp == 64 || g.mask_kind != 0 {
+                mask_sfx(&g)
+            } else {
+                ""
+            };
+            let name = format!("fa_fwd_{}_{dp}{sfx}", suffix(q.dtype()));
+            let smem = (FA_BQ + 4 * FA_T) * dp * 2 + SMEM_ALIGN;
             // Warps of 32 query rows for heads up to 64, of 16 for larger (flash.cu FA_MT).
             let threads = if dp == 64 { 128 } else { 256 };
             let grid = (sq.div_ceil(FA_BQ) as u32, bh, 1);
@@ -509,17 +528,18 @@ fn fast_backward(
     };
     let qgrid = (sq.div_ceil(FA_T) as u32, (b * g.hq as usize) as u32, 1);
     let kgrid = (skv.div_ceil(FA_T) as u32, (b * g.hkv as usize) as u32, 1);
+    let vec = vec_ok(&g, q.dtype(), &[dy.p, q.p, k.p, v.p]);
     let mut aq = common(g);
-    aq.extend([Arg::Ptr(dq), Arg::Ptr(dmask)]);
+    aq.extend([Arg::Ptr(dq), Arg::Ptr(dmask), Arg::I32(vec)]);
     let mut akv = common(g);
-    akv.extend([Arg::Ptr(dk), Arg::Ptr(dv)]);
+    akv.extend([Arg::Ptr(dk), Arg::Ptr(dv), Arg::I32(vec)]);
     match f {
         Fast::Mma(dp) => {
-            let vec = vec_ok(&g, &[dy.p, q.p, k.p, v.p]);
-            aq.push(Arg::I32(vec));
-            akv.push(Arg::I32(vec));
             let sfx = suffix(q.dtype());
-            let (sm_q, sm_kv) = (6 * FA_T * dp * 2, 6 * FA_T * dp * 2 + 4 * FA_T * 4);
+            let (sm_q, sm_kv) = (
+                6 * FA_T * dp * 2 + SMEM_ALIGN,
+                6 * FA_T * dp * 2 + 4 * FA_T * 4 + SMEM_ALIGN,
+            );
             launch_grid(
                 &c.dev,
                 &c.stream,
@@ -540,14 +560,14 @@ fn fast_backward(
             )
         }
         Fast::Simt => {
-            launch_grid(&c.dev, &c.stream, "fs_dq", qgrid, 256, 5 * FS_TILE, &aq)?;
+            launch_grid(&c.dev, &c.stream, "fs_dq", qgrid, 256, 6 * FS_TILE, &aq)?;
             launch_grid(
                 &c.dev,
                 &c.stream,
                 "fs_dkv",
                 kgrid,
                 256,
-                5 * FS_TILE + 2 * 64 * 4,
+                7 * FS_TILE + 2 * 64 * 4,
                 &akv,
             )
         }

@@ -129,7 +129,13 @@ fn open(ordinal: usize) -> std::result::Result<Device, String> {
 fn compile(cc: (i32, i32)) -> std::result::Result<cudarc::nvrtc::Ptx, String> {
     let src = SOURCES.join("\n");
     let opts = [
-        format!("--gpu-architecture=sm_{}{}", cc.0, cc.1),
+        // sm_90a on Hopper: its own instructions (wgmma, cuda/flash.cu) are only there.
+        format!(
+            "--gpu-architecture=sm_{}{}{}",
+            cc.0,
+            cc.1,
+            if cc == (9, 0) { "a" } else { "" }
+        ),
         "--std=c++17".to_string(),
     ];
     let (mut major, mut minor) = (0, 0);

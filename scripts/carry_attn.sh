@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Fills DEST (default ../main/.carry-attn, git-ignored there) for scripts/device_attn.sh:
+# graphrun and the attention/grad test executables (stripped), the kernels precompiled for
+# sm_90a (scripts/precompile_kernels.py; NVRTC names libnvrtc.so.13 here).
+set -eu
+cd "$(dirname "$0")/.."
+DEST=${1:-../main/.carry-attn}
+cargo build --release
+cargo test --release --no-run --message-format=json --test cuda --test ops_attention --test ops_attention_grad --test grad 2>/dev/null | python3 -c '
+import sys, json
+for l in sys.stdin:
+    try: j = json.loads(l)
+    except ValueError: continue
+    if j.get("executable") and j.get("profile", {}).get("test"): print(j["executable"])
+' > /tmp/carry_attn_exes.txt
+rm -rf "$DEST" /tmp/carry_attn_bin && mkdir -p "$DEST" /tmp/carry_attn_bin/tests
+for f in $(cat /tmp/carry_attn_exes.txt); do n=$(basename "$f"); cp "$f" /tmp/carry_attn_bin/tests/${n%-*}; done
+cp ${CARGO_TARGET_DIR:-target}/release/graphrun /tmp/carry_attn_bin/graphrun
+strip /tmp/carry_attn_bin/graphrun /tmp/carry_attn_bin/tests/*
+tar czf "$DEST/bin.tgz" -C /tmp/carry_attn_bin .
+python3 scripts/precompile_kernels.py "$DEST/kcache"
+cp scripts/device_attn.sh "$DEST/"
+du -sh "$DEST"

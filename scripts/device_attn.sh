@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# One device call for the attention kernels (issue 5): the attention/grad CUDA tests, then
+# `graphrun bench` for attention and gpt_block in bf16/f32, fwd/train (and bf16 attention on
+# the mma.sync kernels, GRAPHRUN_CUDA_ATTENTION=mma, to compare). Carried by
+# scripts/carry_attn.sh; run from the repository root as  bash .carry-attn/device_attn.sh
+set -u
+C=$PWD/.carry-attn
+OUT=${OUT:-/tmp/out}
+R=/tmp/res
+mkdir -p "$OUT" "$R" /tmp/x /tmp/kcache
+tar xzf "$C/bin.tgz" -C /tmp/x
+cp "$C"/kcache/*.cubin /tmp/kcache/ 2>/dev/null
+export GRAPHRUN_REQUIRE_CUDA=1 GRAPHRUN_CUDA_CACHE=/tmp/kcache
+G=/tmp/x/graphrun
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader
+t0=$(date +%s.%N)
+$G doctor 2>&1 | grep -iE "cuda|nvrtc" | head -n 4
+echo "kernels ready in $(python3 -c "import time; print(round(time.time() - $t0, 1))") s; cache: $(ls /tmp/kcache)"
+ls /tmp/x/tests/* | xargs -P 4 -I{} bash -c '
+    n=$(basename {})
+    timeout 240 {} --test-threads=4 > '"$R"'/test_$n.log 2>&1; rc=$?
+    echo "== $n rc=$rc $(grep -E "^test result" '"$R"'/test_$n.log | tail -n 1)"
+    grep -E "^test .* FAILED$|panicked at" -A4 '"$R"'/test_$n.log | head -n 30'
+grep -h "^test result" $R/test_*.log | awk '{p+=$4; f+=$6} END {print "TESTS: " p " passed, " f " failed"}'
+# The mma.sync kernels (GRAPHRUN_CUDA_ATTENTION=mma) through the attention tests too.
+for n in cuda ops_attention; do
+    GRAPHRUN_CUDA_ATTENTION=mma timeout 120 /tmp/x/tests/$n --test-threads=4 > $R/test_mma_$n.log 2>&1
+    echo "== mma $n rc=$? $(grep -E "^test result" $R/test_mma_$n.log | tail -n 1)"
+done
+bench() {  # name workload dtype pass [env]
+    local flag=; [ "$4" = train ] && flag=--backward
+    env ${5:-} timeout 90 $G bench models/$2.yaml --backend cuda --dtype $3 $flag --iters 30 --warmup 5 \
+        --json $R/$1.json > $R/bench_$1.log 2>&1
+    echo "bench $1: $(grep -m1 -E 'median|ms' $R/bench_$1.log | head -c 200)"
+    grep -E "^\s+\S+\s+(Attention|AttentionGrad)\s" $R/bench_$1.log | head -n 2
+}
+for w in attention gpt_block; do
+    for dt in bf16 f32; do
+        for p in fwd train; do bench ${w}_${dt}_$p $w $dt $p; done
+    done
+done
+for p in fwd train; do bench attention_bf16_${p}_mma attention bf16 $p GRAPHRUN_CUDA_ATTENTION=mma; done
+python3 - "$R" <<'PY'
+import json, glob, os, sys
+for f in sorted(glob.glob(os.path.join(sys.argv[1], "*.json"))):
+    try:
+        r = json.load(open(f))["results"][0]
+        print(f"{os.path.basename(f)[:-5]:32s} {r['ms']:.3f} ms  (min {r['ms_min']:.3f})  {r.get('tflops', 0):.1f} TFLOP/s  {r['status']}")
+    except Exception as e:
+        print(os.path.basename(f), "?", e)
+PY
+cuobjdump -sass /tmp/kcache/*.cubin 2>/dev/null | grep -oE "HGMMA[.A-Z0-9x]*" | sort | uniq -c | head -5
+tar czf "$OUT/results.tgz" -C $R .
