@@ -12,18 +12,15 @@ OUT=${OUT:-/tmp/out}
 R=/tmp/res
 mkdir -p "$OUT" "$R" /tmp/x
 tar xzf "$C/bin.tgz" -C /tmp/x
-# The test executables carry the worktree's absolute path for models/, tests/data/ and the
-# graphrun binary (CARGO_MANIFEST_DIR, CARGO_BIN_EXE_graphrun).
-# They were built in /work/main: point that path at the carried tree, or, where the
-# checkout itself sits there, give it the binary.
-if [ -e /work/main ]; then
-    mkdir -p /work/main/target/release && cp /tmp/x/graphrun /work/main/target/release/graphrun
-else
-    mkdir -p /work "$C/tree/target/release"
-    cp /tmp/x/graphrun "$C/tree/target/release/graphrun"
-    ln -s "$C/tree" /work/main
+# The test executables carry the absolute path of the checkout they were built in
+# (/work/main: CARGO_MANIFEST_DIR, CARGO_BIN_EXE_graphrun) for models/, tests/data/ and the
+# graphrun binary: point that path at this checkout (the device's copy of the repository).
+if [ ! -e /work/main ]; then
+    mkdir -p /work && ln -s "$PWD" /work/main
 fi
+mkdir -p /work/main/target/release && cp /tmp/x/graphrun /work/main/target/release/graphrun
 export GRAPHRUN_REQUIRE_CUDA=1 GRAPHRUN_CUDA_CACHE=/tmp/kcache
+mkdir -p /tmp/kcache && cp "$C"/kcache/*.cubin /tmp/kcache/ 2>/dev/null
 G=/tmp/x/graphrun
 what=${*:-tests bench torch}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader
