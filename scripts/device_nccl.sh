@@ -42,7 +42,7 @@ fi
 if [[ $what == *tune* ]]; then
     # Gradient bucket size and NCCL's share of the SMs, on 2 GPUs.
     for cfg in "GRAPHRUN_DP_STREAM_PRIORITY=0" "GRAPHRUN_DP_BUCKET_BYTES=2097152" \
-               "GRAPHRUN_DP_BUCKET_BYTES=67108864" "GRAPHRUN_DP_BUCKET_BYTES=4194304"; do
+               "GRAPHRUN_DP_BUCKET_BYTES=8388608" "GRAPHRUN_DP_BUCKET_BYTES=16777216"; do
         (cd /work/main && env $cfg timeout 100 $G bench models/gpt_block.yaml --backend cuda --dtype bf16 \
             --backward --gpus 2 --iters 30 --warmup 5) > /tmp/tune.log 2>&1
         echo "tune $cfg: $(grep -E "median" /tmp/tune.log)"

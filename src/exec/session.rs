@@ -582,10 +582,12 @@ struct Executor<B: Backend> {
 
 /// Gradients are averaged in buckets of about this many bytes (`GRAPHRUN_DP_BUCKET_BYTES`
 /// overrides it), each issued as soon as the backward pass has made (and finished
-/// reading) all of its gradients, so that the communication overlaps the rest of the
-/// backward pass. PyTorch DDP uses 25 MiB; smaller buckets start sooner, and NCCL's cost
-/// per call is a few microseconds.
-const BUCKET_BYTES: usize = 8 << 20;
+/// reading) all of its gradients, on a side stream. Smaller buckets overlap more of the
+/// communication with the backward pass, but on two NVLink-connected H200s the NCCL
+/// kernels then slow the backward kernels they share the SMs with by more than they hide:
+/// gpt_block bf16 (25 MB of gradients) took 2.505 ms a step with one bucket at the end
+/// against 2.564 ms with 8 MiB buckets and 2.569 ms with 2 MiB (docs/BENCHMARKS.md).
+const BUCKET_BYTES: usize = 64 << 20;
 
 /// The gradient buckets of a training plan: after which step each group of update pairs
 /// (by index) can be averaged. Gradients without a slot (constants) are the same on every
