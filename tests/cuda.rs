@@ -340,3 +340,11 @@ fn attention_tiled_kernels_forward_and_backward() {
         }
     }
 }
+
+#[test]
+fn device_out_of_memory_is_an_error_naming_the_node() {
+    if !cuda_present() {
+        return;
+    }
+    out_of_memory_names_the_node(BackendKind::Cuda);
+}

@@ -297,3 +297,11 @@ fn shape_ops_move_any_dtype() {
         &LOW,
     );
 }
+
+#[test]
+fn device_out_of_memory_is_an_error_naming_the_node() {
+    if !wgpu_present() {
+        return;
+    }
+    out_of_memory_names_the_node(BackendKind::Wgpu);
+}

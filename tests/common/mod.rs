@@ -498,3 +498,29 @@ pub fn assert_grad(what: &str, got: &[f64], fd: &[f64], tol: f64) {
         &fd[..fd.len().min(8)]
     );
 }
+
+/// Device out-of-memory (issue 8): a model whose one output needs 1 TiB runs on `backend`
+/// and must end in an error that names the node writing it, not an abort.
+pub fn out_of_memory_names_the_node(backend: BackendKind) {
+    // The host-side cap (physical memory by default) would refuse it first.
+    graphrun::tensor::set_max_bytes(usize::MAX / 2);
+    let yaml = "graphrun: 1\nname: oom\ninputs:\n  - {name: x, dtype: f32, shape: [1]}\n\
+                outputs: [y]\ninitializers:\n  - {name: big, dtype: i64, shape: [1], values: [274877906944]}\n\
+                nodes:\n  - {op: Expand, inputs: [x, big], outputs: [y], name: huge_expand}\n";
+    let model = graphrun::Model::from_str(yaml, ".").unwrap();
+    let feeds = model.random_inputs(1, &Default::default()).unwrap();
+    let opts = graphrun::SessionOptions {
+        backend,
+        ..Default::default()
+    };
+    let e = graphrun::Session::new(model.graph, opts)
+        .and_then(|mut s| s.run(&feeds))
+        .err()
+        .expect("a 1 TiB output cannot be allocated")
+        .to_string();
+    assert!(e.contains("huge_expand") && e.contains("'y'"), "{e}");
+    assert!(
+        e.contains("out of memory") || e.contains("limit"),
+        "the error says why: {e}"
+    );
+}
