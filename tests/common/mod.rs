@@ -515,8 +515,7 @@ pub fn out_of_memory_names_the_node(backend: BackendKind) {
     };
     let e = graphrun::Session::new(model.graph, opts)
         .and_then(|mut s| s.run(&feeds))
-        .err()
-        .expect("a 1 TiB output cannot be allocated")
+        .expect_err("a 1 TiB output cannot be allocated")
         .to_string();
     assert!(e.contains("huge_expand") && e.contains("'y'"), "{e}");
     assert!(
