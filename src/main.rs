@@ -959,30 +959,8 @@ fn bench(a: BenchArgs) -> Result<(), Fail> {
     } else {
         session.plan_for(&feeds)?
     };
-    for _ in 0..a.warmup {
-        once(&mut session)?;
-    }
-    session.sync()?;
-    // A sample is `group` steps issued back to back and then waited for, so that short
-    // steps are timed as the device runs them rather than by one launch-and-wait each
-    // (PyTorch's CUDA-event timing of back-to-back iterations measures the same).
-    let t0 = std::time::Instant::now();
-    once(&mut session)?;
-    session.sync()?;
-    let one = t0.elapsed().as_secs_f64();
-    let group = ((1e-3 / one.max(1e-9)).ceil() as usize).clamp(1, 50);
-    let mut times = vec![];
-    for _ in 0..a.iters {
-        let t0 = std::time::Instant::now();
-        for _ in 0..group {
-            once(&mut session)?;
-        }
-        session.sync()?;
-        times.push(t0.elapsed().as_secs_f64() * 1e3 / group as f64);
-    }
-    times.sort_by(|x, y| x.total_cmp(y));
-    let med = times[times.len() / 2];
-    let (min, max) = (times[0], times[times.len() - 1]);
+    let (med, min, max, group) =
+        time_steps(a.warmup, a.iters, &mut session, once, |s| Ok(s.sync()?))?;
     let tflops = plan.flops as f64 / (med * 1e-3) / 1e12;
     let peak_mib = (plan.peak_bytes() + plan.weight_bytes) as f64 / (1024.0 * 1024.0);
     println!(
@@ -1048,6 +1026,45 @@ fn bench(a: BenchArgs) -> Result<(), Fail> {
     Ok(())
 }
 
+/// Times `step` on `target` after `warmup` steps: `iters` samples, each `group` steps issued
+/// back to back and then waited for (`sync`), so that short steps are timed as the device
+/// runs them rather than by one launch-and-wait each (PyTorch's CUDA-event timing of
+/// back-to-back iterations measures the same). `group` makes a sample about 1 ms (at most
+/// 50). Returns the median, min and max ms per step, and `group`.
+fn time_steps<T>(
+    warmup: usize,
+    iters: usize,
+    target: &mut T,
+    mut step: impl FnMut(&mut T) -> Result<(), Fail>,
+    mut sync: impl FnMut(&mut T) -> Result<(), Fail>,
+) -> Result<(f64, f64, f64, usize), Fail> {
+    for _ in 0..warmup {
+        step(target)?;
+    }
+    sync(target)?;
+    let t0 = std::time::Instant::now();
+    step(target)?;
+    sync(target)?;
+    let one = t0.elapsed().as_secs_f64();
+    let group = ((1e-3 / one.max(1e-9)).ceil() as usize).clamp(1, 50);
+    let mut times = vec![];
+    for _ in 0..iters {
+        let t0 = std::time::Instant::now();
+        for _ in 0..group {
+            step(target)?;
+        }
+        sync(target)?;
+        times.push(t0.elapsed().as_secs_f64() * 1e3 / group as f64);
+    }
+    times.sort_by(|x, y| x.total_cmp(y));
+    Ok((
+        times[times.len() / 2],
+        times[0],
+        times[times.len() - 1],
+        group,
+    ))
+}
+
 /// `bench --backward --gpus N`: a data-parallel training step, each GPU with the model's
 /// batch (its own seeded inputs), timed like `bench`. Prints the step time and the
 /// throughput in samples per second.
@@ -1076,27 +1093,12 @@ fn bench_parallel(
         .unwrap_or(1);
     let mut dp = graphrun::DataParallel::new(fused, opts, gpus)?;
     dp.set_static_feeds(true)?;
-    for _ in 0..a.warmup.max(1) {
+    let step = |dp: &mut graphrun::DataParallel| {
         dp.train_step_shards(&shards)?;
-    }
-    dp.sync()?;
-    let t0 = std::time::Instant::now();
-    dp.train_step_shards(&shards)?;
-    dp.sync()?;
-    let one = t0.elapsed().as_secs_f64();
-    let group = ((1e-3 / one.max(1e-9)).ceil() as usize).clamp(1, 50);
-    let mut times = vec![];
-    for _ in 0..a.iters {
-        let t0 = std::time::Instant::now();
-        for _ in 0..group {
-            dp.train_step_shards(&shards)?;
-        }
-        dp.sync()?;
-        times.push(t0.elapsed().as_secs_f64() * 1e3 / group as f64);
-    }
-    times.sort_by(|x, y| x.total_cmp(y));
-    let med = times[times.len() / 2];
-    let (min, max) = (times[0], times[times.len() - 1]);
+        Ok(())
+    };
+    let (med, min, max, group) =
+        time_steps(a.warmup.max(1), a.iters, &mut dp, step, |dp| Ok(dp.sync()?))?;
     let samples = (per_gpu * gpus) as f64 / (med * 1e-3);
     println!(
         "{}: {} on cuda × {} GPUs, train (data-parallel, batch {per_gpu} per GPU), {} iterations",
