@@ -155,29 +155,22 @@ fn data_parallel_refuses_what_it_cannot_run() {
     assert!(e.contains("training"), "{e}");
 }
 
+/// `graphrun train models/mlp.yaml -q` with these (space-separated) arguments.
+fn train_cli(args: &str) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_graphrun"))
+        .args(["train", "models/mlp.yaml", "-q"])
+        .args(args.split_whitespace())
+        .output()
+        .unwrap()
+}
+
 #[test]
 fn cli_gpus_errors_are_one_line() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_graphrun"))
-        .args(["train", "models/mlp.yaml", "-q", "--gpus", "2"])
-        .output()
-        .unwrap();
+    let out = train_cli("--gpus 2");
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("cuda backend"), "{err}");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_graphrun"))
-        .args([
-            "train",
-            "models/mlp.yaml",
-            "-q",
-            "--backend",
-            "cuda",
-            "--gpus",
-            "2",
-            "--batch-size",
-            "7",
-        ])
-        .output()
-        .unwrap();
+    let out = train_cli("--backend cuda --gpus 2 --batch-size 7");
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -243,20 +236,10 @@ fn cli_trains_on_gpus() {
     let dir = std::env::temp_dir().join(format!("graphrun-dp-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let save = dir.join("w.safetensors");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_graphrun"))
-        .args([
-            "train",
-            "models/mlp.yaml",
-            "-q",
-            "--backend",
-            "cuda",
-            "--steps",
-            "5",
-        ])
-        .args(["--gpus", &n.to_string(), "--batch-size", "32", "--save"])
-        .arg(&save)
-        .output()
-        .unwrap();
+    let out = train_cli(&format!(
+        "--backend cuda --steps 5 --gpus {n} --batch-size 32 --save {}",
+        save.display()
+    ));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
