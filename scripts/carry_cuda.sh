@@ -23,7 +23,7 @@ for f in $(cat /tmp/carry_cuda_exes.txt); do
     [ -e /tmp/carry_cuda_bin/tests/$n ] && n=${n}_main
     cp "$f" /tmp/carry_cuda_bin/tests/$n
 done
-cp target/release/graphrun /tmp/carry_cuda_bin/graphrun
+cp "${CARGO_TARGET_DIR:-target}/release/graphrun" /tmp/carry_cuda_bin/graphrun
 strip /tmp/carry_cuda_bin/graphrun /tmp/carry_cuda_bin/tests/*
 tar czf "$DEST/bin.tgz" -C /tmp/carry_cuda_bin .
 cp scripts/device_cuda.sh scripts/bench_table.py "$DEST/"

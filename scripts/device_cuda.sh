@@ -43,7 +43,7 @@ if [[ $what == *tests* ]]; then
 fi
 if [[ $what == *bench* ]]; then
     mkdir -p $R/graphrun
-    for w in mlp mlp_large gpt_block attention; do
+    for w in ${WORKLOADS:-mlp mlp_large gpt_block attention}; do
         for dt in f32 tf32 bf16; do
             for p in fwd train; do
                 flag=; [ $p = train ] && flag=--backward
