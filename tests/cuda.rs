@@ -150,13 +150,18 @@ fn gemm_epilogues_tf32() {
             (vec![inp(a.clone()), inp(b.clone()), inp(bias.clone())], 1),
             (vec![inp(a.clone()), inp(b.clone()), inp(bias.clone())], 2),
             (
-                vec![inp(a.clone()), inp(b.clone()), inp(bias.clone()), inp(res.clone())],
+                vec![
+                    inp(a.clone()),
+                    inp(b.clone()),
+                    inp(bias.clone()),
+                    inp(res.clone()),
+                ],
                 1,
             ),
         ] {
             let node = op("FusedMatMul", &at);
-            let want = run_op(BackendKind::Cpu, node.clone(), &args, n_out, DType::F32)
-                .expect("cpu");
+            let want =
+                run_op(BackendKind::Cpu, node.clone(), &args, n_out, DType::F32).expect("cpu");
             let g = one_node_graph(node, &args, n_out);
             let feeds = args
                 .iter()

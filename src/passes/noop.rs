@@ -73,10 +73,7 @@ fn expand_broadcast(cx: &Ctx, i: usize, _: &mut Why) -> Option<Patch> {
         };
         let small = &e.inputs[0];
         let other = &n.inputs[1 - side];
-        let (ss, so) = (
-            cx.facts.static_shape(small)?,
-            cx.facts.static_shape(other)?,
-        );
+        let (ss, so) = (cx.facts.static_shape(small)?, cx.facts.static_shape(other)?);
         let b = broadcast(&ss, &so)?;
         let mut op_node = n.clone();
         op_node.inputs[side] = small.clone();
