@@ -23,10 +23,13 @@ for f in $(cat /tmp/carry_cuda_exes.txt); do
     [ -e /tmp/carry_cuda_bin/tests/$n ] && n=${n}_main
     cp "$f" /tmp/carry_cuda_bin/tests/$n
 done
-cp target/release/graphrun /tmp/carry_cuda_bin/graphrun
+cp "${CARGO_TARGET_DIR:-target}/release/graphrun" /tmp/carry_cuda_bin/graphrun
 strip /tmp/carry_cuda_bin/graphrun /tmp/carry_cuda_bin/tests/*
 tar czf "$DEST/bin.tgz" -C /tmp/carry_cuda_bin .
 cp scripts/device_cuda.sh scripts/bench_table.py "$DEST/"
+# Where these executables were built: they embed the checkout (CARGO_MANIFEST_DIR) and
+# graphrun's path (CARGO_BIN_EXE_graphrun), which device_cuda.sh recreates there.
+echo "ROOT=$PWD TARGET=${CARGO_TARGET_DIR:-$PWD/target}" > "$DEST/paths.env"
 # The kernels compiled here for sm_90a (saves the device the first-run NVRTC compile).
 python3 scripts/precompile_kernels.py "$DEST/kcache" || echo "no precompiled kernels (NVRTC not found here)"
 cp ../shared/bench/torch_reference.py "$DEST/"

@@ -5,20 +5,25 @@
 # the merged table. Build here and fill the carry folder first (scripts/carry_cuda.sh);
 # run on the device from the repository root as
 #   bash .carry-cuda/device_cuda.sh [tests|bench|torch ...]   (default: all three)
+# (the carry folder is the one this script lies in).
 # Everything it writes comes back as $OUT/results.tgz; the table is printed last.
 set -u
-C=$PWD/.carry-cuda
+C=$(cd "$(dirname "$0")" && pwd)
+# The checkout and target folder the executables were built in (carry_cuda.sh records them).
+ROOT=/work/main TARGET=/work/main/target
+[ -f "$C/paths.env" ] && . "$C/paths.env"
 OUT=${OUT:-/tmp/out}
 R=/tmp/res
 mkdir -p "$OUT" "$R" /tmp/x
 tar xzf "$C/bin.tgz" -C /tmp/x
 # The test executables carry the absolute path of the checkout they were built in
-# (/work/main: CARGO_MANIFEST_DIR, CARGO_BIN_EXE_graphrun) for models/, tests/data/ and the
-# graphrun binary: point that path at this checkout (the device's copy of the repository).
-if [ ! -e /work/main ]; then
-    mkdir -p /work && ln -s "$PWD" /work/main
-fi
-mkdir -p /work/main/target/release && cp /tmp/x/graphrun /work/main/target/release/graphrun
+# ($ROOT: CARGO_MANIFEST_DIR, and $TARGET for CARGO_BIN_EXE_graphrun) for models/,
+# tests/data/ and the graphrun binary: point that path at this checkout (the device's copy
+# of the repository).
+for d in /work/main "$ROOT"; do
+    [ -e "$d" ] || { mkdir -p "$(dirname "$d")" && ln -s "$PWD" "$d"; }
+done
+mkdir -p "$TARGET/release" && cp /tmp/x/graphrun "$TARGET/release/graphrun"
 export GRAPHRUN_REQUIRE_CUDA=1 GRAPHRUN_CUDA_CACHE=/tmp/kcache
 mkdir -p /tmp/kcache && cp "$C"/kcache/*.cubin /tmp/kcache/ 2>/dev/null
 G=/tmp/x/graphrun
@@ -30,7 +35,7 @@ echo "kernels ready in $(python3 -c "import time; print(round(time.time() - $t0,
 status=0
 if [[ $what == *tests* ]]; then
     ls /tmp/x/tests/* | xargs -P 3 -I{} bash -c '
-        n=$(basename {}); cd /work/main
+        n=$(basename {}); cd '"$ROOT"'
         timeout 300 {} --test-threads=6 > '"$R"'/test_$n.log 2>&1; rc=$?
         echo "== $n rc=$rc $(grep -E "^test result" '"$R"'/test_$n.log | tail -n 1)"
         grep -E "^test .* FAILED$|panicked at" -A3 '"$R"'/test_$n.log | head -n 20'
@@ -38,11 +43,11 @@ if [[ $what == *tests* ]]; then
 fi
 if [[ $what == *bench* ]]; then
     mkdir -p $R/graphrun
-    for w in mlp mlp_large gpt_block attention; do
+    for w in ${WORKLOADS:-mlp mlp_large gpt_block attention}; do
         for dt in f32 tf32 bf16; do
             for p in fwd train; do
                 flag=; [ $p = train ] && flag=--backward
-                (cd /work/main && timeout 90 $G bench models/$w.yaml --backend cuda --dtype $dt $flag \
+                (cd "$ROOT" && timeout 90 $G bench models/$w.yaml --backend cuda --dtype $dt $flag \
                     --iters 30 --warmup 5 --json $R/graphrun/${w}_${dt}_$p.json) > $R/bench_${w}_${dt}_$p.log 2>&1
                 echo "bench $w $dt $p: $(grep -m1 median $R/bench_${w}_${dt}_$p.log || tail -n 2 $R/bench_${w}_${dt}_$p.log)"
             done

@@ -132,6 +132,65 @@ fn gemm_epilogues() {
     );
 }
 
+/// `--dtype tf32`: f32 products on TF32 and, for `gelu_tanh`, cuBLASLt's own GELU
+/// epilogues (GELU_BIAS, and GELU_AUX_BIAS when Pre is asked for), within SPEC §8's 1e-3
+/// of the CPU's true f32. The residual variants take our epilogue kernel after it.
+#[test]
+fn gemm_epilogues_tf32() {
+    if !cuda_present() {
+        return;
+    }
+    let a = randn(&[3, 70, 130], 5);
+    let b = randn(&[130, 90], 6);
+    let bias = randn(&[90], 7);
+    let res = randn(&[3, 70, 90], 8);
+    for act in ["gelu_tanh", "relu", "gelu"] {
+        let at = [("activation", A::Str(act.into()))];
+        for (args, n_out) in [
+            (vec![inp(a.clone()), inp(b.clone()), inp(bias.clone())], 1),
+            (vec![inp(a.clone()), inp(b.clone()), inp(bias.clone())], 2),
+            (
+                vec![
+                    inp(a.clone()),
+                    inp(b.clone()),
+                    inp(bias.clone()),
+                    inp(res.clone()),
+                ],
+                1,
+            ),
+        ] {
+            let node = op("FusedMatMul", &at);
+            let want =
+                run_op(BackendKind::Cpu, node.clone(), &args, n_out, DType::F32).expect("cpu");
+            let g = one_node_graph(node, &args, n_out);
+            let feeds = args
+                .iter()
+                .enumerate()
+                .filter_map(|(i, x)| match x {
+                    Arg::In(t) => Some((format!("in{i}"), t.clone())),
+                    _ => None,
+                })
+                .collect();
+            let opts = graphrun::SessionOptions {
+                backend: BackendKind::Cuda,
+                tf32: true,
+                ..Default::default()
+            };
+            let got = graphrun::Session::new(g, opts)
+                .and_then(|mut s| s.run(&feeds))
+                .unwrap_or_else(|e| panic!("{act} on cuda tf32: {e}"));
+            for (k, (w, (_, g))) in want.iter().zip(&got).enumerate() {
+                let e = rel_err(&g.to_f64_vec(), &w.to_f64_vec());
+                assert!(
+                    e <= 1e-3,
+                    "{act} tf32 ({} inputs) output {k}: rel err {e:.3e} > 1e-3",
+                    args.len()
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn attention_long_sequence() {
     let q = randn(&[1, 4, 1024, 64], 11);

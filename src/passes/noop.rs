@@ -1,6 +1,7 @@
 //! No-op removal: nodes that return their input unchanged (Identity, Dropout at
 //! inference, Cast to the same dtype, Reshape to the same shape, identity Transpose) are
-//! bypassed, and two consecutive Transposes become one. A node producing a graph output
+//! bypassed, two consecutive Transposes become one, and an Expand that a binary op's own
+//! broadcast makes redundant is skipped. A node producing a graph output
 //! is kept: removing it would rename the output.
 
 use super::pattern::{Ctx, Patch, Why};
@@ -47,7 +48,57 @@ pub(crate) fn rules(training: bool) -> Vec<Rule> {
             anchor: |op| matches!(op, Op::Transpose { .. }),
             run: transpose_pair,
         },
+        Rule {
+            name: "expand_broadcast",
+            anchor: |op| matches!(op, Op::Binary(_)),
+            run: expand_broadcast,
+        },
     ]
+}
+
+/// An Expand feeding a broadcasting binary op materializes what the op would broadcast
+/// anyway (a mean's gradient, a scalar seed spread over a tensor). Where the op's output
+/// shape is the same from the unexpanded input, the op reads that input instead; where
+/// the other input broadcasts into the unexpanded one (a scalar factor), the op runs on
+/// the small tensor and the Expand moves after it, to be dropped by a later op. The
+/// results are the same elements: only the copies go.
+fn expand_broadcast(cx: &Ctx, i: usize, _: &mut Why) -> Option<Patch> {
+    use crate::graph::infer::broadcast;
+    let n = cx.node(i);
+    let out = cx.facts.static_shape(&n.outputs[0])?;
+    for side in 0..2 {
+        let v = n.inputs.get(side)?;
+        let Some((_, e)) = cx.prod(v, |op| matches!(op, Op::Expand)) else {
+            continue;
+        };
+        let small = &e.inputs[0];
+        let other = &n.inputs[1 - side];
+        let (ss, so) = (cx.facts.static_shape(small)?, cx.facts.static_shape(other)?);
+        let b = broadcast(&ss, &so)?;
+        let mut op_node = n.clone();
+        op_node.inputs[side] = small.clone();
+        if b == out {
+            return Some(Patch {
+                remove: vec![i],
+                add: vec![op_node],
+                ..Default::default()
+            });
+        }
+        if b == ss && cx.sole_consumer(v) == Some(i) {
+            let t = cx.fresh_value(&format!("{}_small", n.outputs[0]));
+            op_node.outputs = vec![t.clone()];
+            let mut expand = e.clone();
+            expand.name = cx.fresh_node(&format!("{}_expand", n.name));
+            expand.inputs[0] = t;
+            expand.outputs = n.outputs.clone();
+            return Some(Patch {
+                remove: vec![i],
+                add: vec![op_node, expand],
+                ..Default::default()
+            });
+        }
+    }
+    None
 }
 
 /// Bypasses node `i`: its first output's readers read its first input instead.

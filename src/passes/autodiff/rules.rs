@@ -538,6 +538,17 @@ fn binary(b: &mut Builder, n: &Node, op: B, dy: &str) -> Result<Grads> {
                 out[1] = to(b, g, y)?;
             }
         }
+        B::Mul if x == y => {
+            // d(x·x) = (2·dy)·x: one gradient rather than two summed, and the doubling on
+            // dy, which is often a broadcast scalar (a mean's seed), not on a full tensor.
+            // Exact: doubling rounds nothing, so this equals dy·x + dy·x.
+            if wx {
+                let two = b.scalar(b.dtype(dy), 2.0)?;
+                let g = b.bin(B::Mul, dy, &two)?;
+                let g = b.bin(B::Mul, &g, x)?;
+                out[0] = to(b, g, x)?;
+            }
+        }
         B::Mul => {
             if wx {
                 let g = b.bin(B::Mul, dy, y)?;
