@@ -89,8 +89,9 @@ fn row_of(prob: u32, p: u32, heads: u32, n: u32) -> u32 {
     return prob * n + p;
 }
 
-fn masked(off: i32, s: f32) -> f32 {
-    switch pu(15u) {
+// The score of a key after the mask (P[15] read once per kernel, outside the key loops).
+fn masked(kind: u32, off: i32, s: f32) -> f32 {
+    switch kind {
         case 1u: { return select(ninf(), s, byte_at(MB[u32(off) >> 2u], u32(off)) != 0u); }
         case 2u: { return s + f32(MT[off]); }
         default: { return s; }
@@ -175,6 +176,8 @@ fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
     let nk = pu(3u);
     let d = pu(4u);
     let dv = pu(5u);
+    let mk = pu(15u);
+    let ms3 = pi(9u);
     let p0 = wid.x * BQ;
     let p1 = min(p0 + BQ, nq);
     let pos = p0 + lid;
@@ -205,7 +208,7 @@ fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
             if (mine && jl > 0) {
                 var mt = ninf();
                 for (var j = 0; j < jl; j += 1) {
-                    let sc = masked(moff + (kt + j) * pi(9u), dot4(&qv, u32(j) * HD4));
+                    let sc = masked(mk, moff + (kt + j) * ms3, dot4(&qv, u32(j) * HD4));
                     Ss[u32(j) * BQ + lid] = sc;
                     mt = max(mt, sc);
                 }
@@ -249,6 +252,8 @@ fn attn_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_inde
     let d = pu(4u);
     let dv = pu(5u);
     let scale = pf(12u);
+    let mk = pu(15u);
+    let ms3 = pi(9u);
     let p0 = wid.x * BQ;
     let p1 = min(p0 + BQ, nq);
     let pos = p0 + lid;
@@ -285,7 +290,7 @@ fn attn_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_inde
             if (mine) {
                 for (var j = 0; j < jl; j += 1) {
                     let o = u32(j) * HD4;
-                    let p = exp(masked(moff + (kt + j) * pi(9u), dot4(&qv, o)) - L);
+                    let p = exp(masked(mk, moff + (kt + j) * ms3, dot4(&qv, o)) - L);
                     if (p == 0.0) { continue; }
                     let ds = p * (dot4u(&dy, o) - dl);
                     for (var t = 0u; t < HD4; t += 1u) { dq[t] += ds * Ts[o + t]; }
@@ -328,6 +333,8 @@ fn attn_dkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
     let d = pu(4u);
     let dv = pu(5u);
     let scale = pf(12u);
+    let mk = pu(15u);
+    let ms2 = pi(8u);
     let kprob = wid.y;
     let p0 = wid.x * BQ;
     let p1 = min(p0 + BQ, nk);
@@ -386,7 +393,7 @@ fn attn_dkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
                         let Lq = Ls[ii];
                         if (Lq == ninf()) { continue; }
                         let o = u32(ii) * HD4;
-                        let p = exp(masked(moff + (it + ii) * pi(8u), dot4(&kv, o)) - Lq);
+                        let p = exp(masked(mk, moff + (it + ii) * ms2, dot4(&kv, o)) - Lq);
                         if (p == 0.0) { continue; }
                         let ds = p * (dot4u(&vv, o) - Ds[ii]);
                         for (var t = 0u; t < HD4; t += 1u) {
