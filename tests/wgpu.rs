@@ -252,7 +252,7 @@ fn attention_same_as_cpu(
 
 #[test]
 fn attention_several_tiles_match_cpu() {
-    // Query blocks of 64 and key tiles of 32 rows (D = 16) or 51 (D = 40): several of
+    // Query blocks of 64 and key tiles of 32 rows (D = 16) or 25 (D = 40): several of
     // each, the last ones partial; causal with fewer and more queries than keys, GQA,
     // both mask kinds (one fully masked row), VarlenAttention across block boundaries.
     let causal = [("is_causal", A::Int(1))];

@@ -61,15 +61,17 @@ impl Geom {
         p
     }
     fn kernel<'a>(&self, w: &Wgpu, node: &Node, entry: &'a str, dt: DType) -> Result<Kernel<'a>> {
-        // Head vectors as vec4s; tiles of BK rows keep K and V (or Q and dY) within 16 KiB
-        // and the forward's scores within 8 KiB of workgroup memory (lavapipe has 32).
+        // Head vectors as vec4s; tiles of BK rows keep K and V (or Q and dY) within 8 KiB
+        // and the forward's scores within 8 KiB of workgroup memory (lavapipe has 32). On
+        // the H100 (Vulkan) the forward at D = 64 took 22.9 ms with BK = 16, 34.7 with 32
+        // and 64.4 with 64 (docs/WGPU_BENCHMARKS.md): smaller tiles, more workgroups per SM.
         let hd4 = self.d.max(self.dv).div_ceil(4).max(1);
         // GRAPHRUN_WGPU_ATTN_BK overrides the tile's rows, to compare tile sizes on a GPU
         // (an adapter without the workgroup memory for it fails the pipeline's build).
         let bk = std::env::var("GRAPHRUN_WGPU_ATTN_BK")
             .ok()
             .and_then(|v| v.parse::<usize>().ok())
-            .map_or((512 / hd4).clamp(1, 32), |b| b.clamp(1, BQ));
+            .map_or((256 / hd4).clamp(1, 32), |b| b.clamp(1, BQ));
         let defs = format!(
             "{}const IW: u32 = {}u;\nconst HD4: u32 = {hd4}u;\nconst BK: u32 = {bk}u;\n",
             float_defs(w, node, dt)?,
