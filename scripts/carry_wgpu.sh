@@ -28,6 +28,7 @@ tar czf "$DEST/bins.tgz" -C /tmp/carry_wgpu_bin .
 cp -r models "$DEST/tree/"
 cp -r tests/common tests/data "$DEST/tree/tests/"
 cp scripts/device_wgpu.sh "$DEST/"
+pwd > "$DEST/worktree" # where the test executables look for tree/ (CARGO_MANIFEST_DIR)
 if [ ! -d "$DEST/gl" ]; then
     mkdir -p "$DEST/gl" /tmp/amd64/partial
     o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64'

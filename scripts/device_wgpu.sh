@@ -1,33 +1,38 @@
 #!/bin/bash
-# Device run of the WebGPU backend on the H100 through Vulkan: the bare GEMM benches, the
-# mlp_large f32 benches, then every WebGPU test executable with CI set (a missing adapter
-# fails them). Needs the carry folder made by scripts/carry_wgpu.sh (Vulkan loader .debs
-# in gl/, stripped executables in bins.tgz, the files the tests read in tree/).
-# Usage on the device: bash .carry-wgpu/device_wgpu.sh [seconds for the tests]
+# Device run of the WebGPU backend on the H100 through Vulkan: the attention, mlp_large and
+# gpt_block benches (this build; a build of the base branch when carried; the attention
+# tile size through GRAPHRUN_WGPU_ATTN_BK), then every WebGPU test executable with CI set
+# (a missing adapter fails them). Needs the carry folder made by scripts/carry_wgpu.sh
+# (Vulkan loader .debs in gl/, stripped executables in bins.tgz, the files the tests read
+# in tree/). Usage on the device: bash .carry-wgpu/device_wgpu.sh [seconds for the tests]
 C=$PWD/.carry-wgpu
 for f in $C/gl/*.deb; do dpkg -x $f /; done; ldconfig
 ICD=$(find /usr/local/nvidia /usr/share/vulkan /etc/vulkan -name "nvidia_icd*.json" 2>/dev/null | head -1)
 [ -n "$ICD" ] && export VK_DRIVER_FILES=$ICD
-mkdir -p /work && ln -sfn $C/tree /work/wt-wgpu
-mkdir -p /tmp/bin && tar xzf $C/bins.tgz -C /tmp/bin && B=/tmp/bin && cd /work/wt-wgpu
+# The test executables read files under the worktree they were built in.
+W=$(cat $C/worktree 2>/dev/null || echo /work/wt-wgpu)
+mkdir -p $(dirname $W) && ln -sfn $C/tree $W
+mkdir -p /tmp/bin && tar xzf $C/bins.tgz -C /tmp/bin && B=/tmp/bin && cd $W
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 $B/graphrun doctor 2>&1 | grep -A2 wgpu:
-bench() { echo "== graphrun bench $* --iters 10 --warmup 2"; timeout 20 ${GR:-$B/graphrun} bench "$@" --iters 10 --warmup 2 2>&1 | grep -v XDG | head -${LINES_:-4} | tail -n +2; }
-bench models/gemm/gemm_2048.yaml --backend wgpu
-bench models/gemm/gemm_mlp_large.yaml --backend wgpu
-LINES_=8 bench models/gemm/gemm_mlp_large.yaml --backend wgpu --backward
-LINES_=9 bench models/mlp_large.yaml --backend wgpu
-LINES_=14 bench models/mlp_large.yaml --backend wgpu --backward
-# The same build with every product on the earlier 64×64 kernel, for the comparison.
-export GRAPHRUN_WGPU_GEMM=64
-bench models/gemm/gemm_2048.yaml --backend wgpu
-bench models/gemm/gemm_mlp_large.yaml --backend wgpu
-unset GRAPHRUN_WGPU_GEMM
-# A build of the branch this one started from, when carried (BASE= in carry_wgpu.sh).
+# Median line, throughput line, and the LINES_ slowest nodes of the profile.
+bench() {
+  echo "== ${TAG:-} graphrun bench $* --iters 10 --warmup 2"
+  timeout ${T_:-20} ${GR:-$B/graphrun} bench "$@" --iters 10 --warmup 2 2>&1 | grep -v XDG | head -$((5 + ${LINES_:-2})) | tail -n +2 | grep -v "peak memory\|node  "
+}
+bench models/attention.yaml --backend wgpu
+LINES_=4 bench models/attention.yaml --backend wgpu --backward
+for bk in 16 64; do TAG="BK=$bk" GRAPHRUN_WGPU_ATTN_BK=$bk bench models/attention.yaml --backend wgpu; done
+LINES_=3 bench models/mlp_large.yaml --backend wgpu
+LINES_=5 bench models/mlp_large.yaml --backend wgpu --backward
+LINES_=3 bench models/gpt_block.yaml --backend wgpu
+LINES_=5 bench models/gpt_block.yaml --backend wgpu --backward
 if [ -x $B/graphrun_base ]; then
-  echo "== base build:"
-  GR=$B/graphrun_base bench models/mlp_large.yaml --backend wgpu
-  GR=$B/graphrun_base bench models/mlp_large.yaml --backend wgpu --backward
+  export GR=$B/graphrun_base TAG=base
+  bench models/attention.yaml --backend wgpu
+  LINES_=3 bench models/gpt_block.yaml --backend wgpu
+  LINES_=5 bench models/gpt_block.yaml --backend wgpu --backward
+  unset GR TAG
 fi
 # The tests on wgpu only: CUDA hidden (the NVIDIA Vulkan driver does not read this).
 export CI=1 CUDA_VISIBLE_DEVICES=

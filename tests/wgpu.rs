@@ -222,6 +222,104 @@ fn attention_forward_and_backward() {
     );
 }
 
+/// Forward (f32, f16) then backward (f32, from the CPU's Y and LSE) of an attention op
+/// against the CPU. `ins` are the forward's inputs with `extra` (a mask) after Y and LSE
+/// in the backward for Attention, while VarlenAttention's cu_seqlens stay before them.
+fn attention_same_as_cpu(
+    name: &str,
+    attrs: &[(&str, A)],
+    ins: &[Arg],
+    mask: Option<Arg>,
+    n_grads: usize,
+) {
+    let mut fwd_args = ins.to_vec();
+    fwd_args.extend(mask.clone());
+    same_as_cpu(name, attrs, &fwd_args, 2, &LOW);
+    let yl =
+        run_op(BackendKind::Cpu, op(name, attrs), &fwd_args, 2, DType::F32).expect("cpu forward");
+    let q = match &ins[0] {
+        Arg::In(t) => t.shape().to_vec(),
+        _ => unreachable!(),
+    };
+    let mut dy_shape = q.clone();
+    *dy_shape.last_mut().unwrap() = yl[0].shape().last().copied().unwrap();
+    let mut args = vec![inp(randn(&dy_shape, 77))];
+    args.extend(ins.iter().cloned());
+    args.extend(yl.into_iter().map(inp));
+    args.extend(mask);
+    same_as_cpu(&format!("{name}Grad"), attrs, &args, n_grads, &[DType::F32]);
+}
+
+#[test]
+fn attention_several_tiles_match_cpu() {
+    // Query blocks of 64 and key tiles of 32 rows (D = 16) or 25 (D = 40): several of
+    // each, the last ones partial; causal with fewer and more queries than keys, GQA,
+    // both mask kinds (one fully masked row), VarlenAttention across block boundaries.
+    let causal = [("is_causal", A::Int(1))];
+    let qkv = |b, hq, hkv, sq, skv, d, dv, seed| {
+        [
+            inp(randn(&[b, hq, sq, d], seed)),
+            inp(randn(&[b, hkv, skv, d], seed + 1)),
+            inp(randn(&[b, hkv, skv, dv], seed + 2)),
+        ]
+    };
+    attention_same_as_cpu(
+        "Attention",
+        &causal,
+        &qkv(2, 4, 2, 150, 100, 16, 16, 30),
+        None,
+        3,
+    );
+    attention_same_as_cpu(
+        "Attention",
+        &[],
+        &qkv(1, 4, 1, 70, 130, 16, 16, 33),
+        None,
+        3,
+    );
+    let add = randn(&[1, 2, 1, 200], 36);
+    attention_same_as_cpu(
+        "Attention",
+        &causal,
+        &qkv(1, 2, 2, 70, 200, 40, 24, 37),
+        Some(inp(add)),
+        4,
+    );
+    let (sq, skv) = (130, 70);
+    let mut r = graphrun::rng::Rng::new(40);
+    let mut keep: Vec<bool> = (0..sq * skv).map(|_| r.uniform() < 0.7).collect();
+    keep[66 * skv..67 * skv].fill(false); // row 66 sees nothing: output 0
+    attention_same_as_cpu(
+        "Attention",
+        &[],
+        &qkv(2, 2, 2, sq, skv, 16, 16, 41),
+        Some(inp(bools(&[sq, skv], &keep))),
+        3,
+    );
+    // VarlenAttention: an empty sequence, one with queries but no keys, blocks of 64
+    // packed positions spanning several sequences.
+    let cu = |l: &[i32]| {
+        let mut c = vec![0i32];
+        for &x in l {
+            c.push(c.last().unwrap() + x);
+        }
+        c
+    };
+    let (lq, lk) = ([70, 0, 5, 90, 3], [40, 3, 0, 130, 9]);
+    let (cq, ck) = (cu(&lq), cu(&lk));
+    let (tq, tk) = (*cq.last().unwrap() as usize, *ck.last().unwrap() as usize);
+    for attrs in [&causal[..], &[]] {
+        let ins = [
+            inp(randn(&[tq, 4, 16], 50)),
+            inp(randn(&[tk, 2, 16], 51)),
+            inp(randn(&[tk, 2, 8], 52)),
+            inp(Tensor::from_vec(&[cq.len()], cq.clone()).unwrap()),
+            inp(Tensor::from_vec(&[ck.len()], ck.clone()).unwrap()),
+        ];
+        attention_same_as_cpu("VarlenAttention", attrs, &ins, None, 3);
+    }
+}
+
 #[test]
 fn dropout_mask_matches_cpu() {
     if !wgpu_present() {

@@ -13,11 +13,18 @@ use crate::tensor::DType;
 /// Head sizes up to this run (the shaders keep head vectors in registers).
 const MAX_HEAD: usize = 256;
 
+/// Query or key positions per workgroup (shaders/attention.wgsl `BQ`).
+const BQ: usize = 64;
+
 /// The shaders' parameter block (see shaders/attention.wgsl).
 #[derive(Clone, Copy, Default)]
 struct Geom {
+    /// Attention's batch (problems are batch × heads); 1 for VarlenAttention, whose
+    /// problems are its heads.
+    batch: usize,
     hq: usize,
     hkv: usize,
+    /// Query and key positions per problem (the packed lengths for VarlenAttention).
     sq: usize,
     skv: usize,
     d: usize,
@@ -54,13 +61,41 @@ impl Geom {
         p
     }
     fn kernel<'a>(&self, w: &Wgpu, node: &Node, entry: &'a str, dt: DType) -> Result<Kernel<'a>> {
-        let hd = self.d.max(self.dv).next_power_of_two().max(16);
+        // Head vectors as vec4s; tiles of BK rows keep K and V (or Q and dY) within 8 KiB
+        // and the forward's scores within 8 KiB of workgroup memory (lavapipe has 32). On
+        // the H100 (Vulkan) the forward at D = 64 took 22.9 ms with BK = 16, 34.7 with 32
+        // and 64.4 with 64 (docs/WGPU_BENCHMARKS.md): smaller tiles, more workgroups per SM.
+        let hd4 = self.d.max(self.dv).div_ceil(4).max(1);
+        // GRAPHRUN_WGPU_ATTN_BK overrides the tile's rows, to compare tile sizes on a GPU
+        // (an adapter without the workgroup memory for it fails the pipeline's build).
+        let bk = std::env::var("GRAPHRUN_WGPU_ATTN_BK")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .map_or((256 / hd4).clamp(1, 32), |b| b.clamp(1, BQ));
         let defs = format!(
-            "{}const IW: u32 = {}u;\nconst HD: u32 = {hd}u;\n",
+            "{}const IW: u32 = {}u;\nconst HD4: u32 = {hd4}u;\nconst BK: u32 = {bk}u;\n",
             float_defs(w, node, dt)?,
             self.iw.max(1)
         );
         Ok(Wgpu::kernel(Family::Attention, entry, defs))
+    }
+    /// A workgroup per BQ query positions of each problem.
+    fn query_groups(&self) -> [u32; 3] {
+        let heads = if self.varlen {
+            self.hq
+        } else {
+            self.batch * self.hq
+        };
+        [self.sq.div_ceil(BQ) as u32, heads as u32, 1]
+    }
+    /// A workgroup per BQ key positions of each K/V problem.
+    fn key_groups(&self) -> [u32; 3] {
+        let heads = if self.varlen {
+            self.hkv
+        } else {
+            self.batch * self.hkv
+        };
+        [self.skv.div_ceil(BQ) as u32, heads as u32, 1]
     }
 }
 
@@ -110,6 +145,7 @@ fn attention_geom(
         }
     }
     Ok(Geom {
+        batch: qs[0],
         hq: qs[1],
         hkv: ks[1],
         sq: qs[2],
@@ -149,8 +185,11 @@ fn varlen_geom(
         );
     }
     Ok(Geom {
+        batch: 1,
         hq: qs[1],
         hkv: ks[1],
+        sq: qs[0],
+        skv: ks[0],
         d,
         dv,
         rows: qs[0] * qs[1],
@@ -196,8 +235,9 @@ fn forward(
             (7, cu[1].unwrap_or(&dr)),
             (8, outs[0].buf),
             (9, lse),
+            (10, &dr), // dY: the shared loaders name it, the forward never reads it
         ],
-        groups_for(g.rows, 64),
+        g.query_groups(),
     )
 }
 
@@ -242,7 +282,6 @@ fn backward(
     w: &mut Wgpu,
     node: &Node,
     g: Geom,
-    key_rows: usize,
     [dy, q, k, v]: [&V; 4],
     [y, lse]: [&V; 2],
     mask: Option<V>,
@@ -310,23 +349,19 @@ fn backward(
             &kq,
             &p,
             &with(common.clone(), [(12, dq), (15, dm)]),
-            groups_for(g.rows, 64),
+            g.query_groups(),
         )?;
     }
     if out(1).is_some() || out(2).is_some() {
         let (s_dk, s_dv) = (w.scratch(k.ty.bytes()), w.scratch(v.ty.bytes()));
         let dk = out(1).map_or(&s_dk, |v| v.buf);
         let dv = out(2).map_or(&s_dv, |v| v.buf);
-        let gk = Geom {
-            rows: key_rows,
-            ..g
-        };
-        let kk = gk.kernel(w, node, "attn_dkv", dt)?;
+        let kk = g.kernel(w, node, "attn_dkv", dt)?;
         w.run_kernel(
             &kk,
-            &gk.params(),
+            &g.params(),
             &with(common.clone(), [(13, dk), (14, dv)]),
-            groups_for(key_rows, 64),
+            g.key_groups(),
         )?;
     }
     Ok(())
@@ -346,19 +381,7 @@ pub fn attention_grad(
 ) -> Result<()> {
     let [_, q, k, v] = ins;
     let g = attention_geom(node, [q, k, v], mask.as_ref(), causal, scale)?;
-    let key_rows = k.shape()[0] * k.shape()[1] * k.shape()[2];
-    backward(
-        w,
-        node,
-        g,
-        key_rows,
-        ins,
-        yl,
-        mask,
-        [None, None],
-        outs,
-        want,
-    )
+    backward(w, node, g, ins, yl, mask, [None, None], outs, want)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -378,12 +401,10 @@ pub fn varlen_grad(
     if g.nseq == 0 {
         return Ok(());
     }
-    let key_rows = k.shape()[0] * k.shape()[1];
     backward(
         w,
         node,
         g,
-        key_rows,
         ins,
         yl,
         None,
