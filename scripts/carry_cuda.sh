@@ -16,7 +16,7 @@ for l in sys.stdin:
 ' > /tmp/carry_cuda_exes.txt
 rm -rf "$DEST" /tmp/carry_cuda_bin && mkdir -p "$DEST" /tmp/carry_cuda_bin/tests
 # Only the test executables with CUDA cases travel (the rest run in CI; 64 MiB limit).
-GPU_TESTS=" cuda cli parallel onnx_conformance onnx_models ops_attention ops_attention_grad ops_elementwise ops_grad ops_matmul ops_misc ops_reduce ops_shape "
+GPU_TESTS=" wgpu cuda cli parallel onnx_conformance onnx_models ops_attention ops_attention_grad ops_elementwise ops_grad ops_matmul ops_misc ops_reduce ops_shape "
 for f in $(cat /tmp/carry_cuda_exes.txt); do
     n=$(basename "$f"); n=${n%-*}
     [[ $GPU_TESTS == *" $n "* ]] || continue
@@ -30,6 +30,13 @@ cp scripts/device_cuda.sh scripts/bench_table.py "$DEST/"
 # Where these executables were built: they embed the checkout (CARGO_MANIFEST_DIR) and
 # graphrun's path (CARGO_BIN_EXE_graphrun), which device_cuda.sh recreates there.
 echo "ROOT=$PWD TARGET=${CARGO_TARGET_DIR:-$PWD/target}" > "$DEST/paths.env"
+# The Vulkan loader for the WebGPU tests and benches on the same GPU (device README).
+if [ ! -d "$DEST/gl" ]; then
+    mkdir -p "$DEST/gl" /tmp/amd64/partial
+    o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64'
+    [ -d /work/main/.carry-wgpu/gl ] && cp /work/main/.carry-wgpu/gl/*.deb "$DEST/gl/" ||
+        { apt-get $o update -qq; (cd "$DEST/gl" && apt-get $o download libvulkan1); }
+fi
 # The kernels compiled here for sm_90a (saves the device the first-run NVRTC compile).
 python3 scripts/precompile_kernels.py "$DEST/kcache" || echo "no precompiled kernels (NVRTC not found here)"
 cp ../shared/bench/torch_reference.py "$DEST/"

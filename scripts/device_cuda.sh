@@ -33,6 +33,15 @@ t0=$(date +%s.%N)
 $G doctor 2>&1 | grep -iE "cuda|nvrtc|device" | head -n 6
 echo "kernels ready in $(python3 -c "import time; print(round(time.time() - $t0, 1))") s (compiled once, cached for the rest)"
 status=0
+# The Vulkan loader, where carried (gl/): the WebGPU tests and benches then run on the
+# same GPU, and CI=1 makes a missing adapter a failure instead of a skip.
+if [ -d "$C/gl" ]; then
+    for f in "$C"/gl/*.deb; do dpkg -x "$f" /; done; ldconfig
+    ICD=$(find /usr/local/nvidia /usr/share/vulkan /etc/vulkan -name "nvidia_icd*.json" 2>/dev/null | head -1)
+    [ -n "$ICD" ] && export VK_DRIVER_FILES=$ICD
+    export CI=1
+    $G doctor 2>&1 | grep -A2 "^wgpu" | grep -v XDG
+fi
 if [[ $what == *tests* ]]; then
     ls /tmp/x/tests/* | xargs -P 3 -I{} bash -c '
         n=$(basename {}); cd '"$ROOT"'
@@ -44,7 +53,7 @@ fi
 if [[ $what == *bench* ]]; then
     mkdir -p $R/graphrun
     for w in ${WORKLOADS:-mlp mlp_large gpt_block attention}; do
-        for dt in f32 tf32 bf16; do
+        for dt in ${DTYPES:-f32 tf32 bf16}; do
             for p in fwd train; do
                 flag=; [ $p = train ] && flag=--backward
                 (cd "$ROOT" && timeout 90 $G bench models/$w.yaml --backend cuda --dtype $dt $flag \
@@ -56,13 +65,51 @@ if [[ $what == *bench* ]]; then
 fi
 if [[ $what == *torch* ]]; then
     cd $C
-    PYTHONUNBUFFERED=1 timeout 400 python3 torch_reference.py --workload all --dtype f32,tf32,bf16 --pass fwd,train \
+    PYTHONUNBUFFERED=1 timeout 400 python3 torch_reference.py --workload all --dtype ${TORCH_DTYPES:-f32,tf32,bf16} --pass fwd,train \
         --mode cudagraph --no-check --target-seconds 0.3 --json $R/torch_cudagraph.json > $R/torch_cudagraph.log 2>&1
     echo "torch cudagraph rc=$?"
     PYTHONUNBUFFERED=1 timeout 120 python3 torch_reference.py --workload attention,mlp_small --dtype f32,bf16 --pass fwd,train \
         --mode eager --no-check --target-seconds 0.3 --json $R/torch_eager.json > $R/torch_eager.log 2>&1
     echo "torch eager rc=$?"
     python3 $C/bench_table.py $R/table.md $R/graphrun/*.json $R/torch_*.json
+fi
+if [[ $what == *wgpu* ]]; then
+    # The WebGPU backend beside CUDA (f32 and f16) for the four workloads: issue 6's table.
+    mkdir -p $R/wgpu
+    for w in mlp mlp_large gpt_block attention; do
+        for dt in f32 f16; do
+            for p in fwd train; do
+                flag=; [ $p = train ] && flag=--backward
+                for be in wgpu cuda; do
+                    [ $be = cuda ] && [ $dt = f32 ] && [ -e $R/graphrun/${w}_f32_$p.json ] && continue
+                    (cd "$ROOT" && timeout 120 $G bench models/$w.yaml --backend $be --dtype $dt $flag \
+                        --iters 10 --warmup 2 --json $R/wgpu/${be}_${w}_${dt}_$p.json) > $R/wgpu_${be}_${w}_${dt}_$p.log 2>&1
+                    echo "bench $be $w $dt $p: $(grep -m1 median $R/wgpu_${be}_${w}_${dt}_$p.log || tail -n 2 $R/wgpu_${be}_${w}_${dt}_$p.log)"
+                done
+            done
+        done
+    done
+    python3 - "$R" <<'PY' | tee $R/wgpu_table.md
+import json, glob, os, sys
+R = sys.argv[1]
+def ms(path):
+    try: return json.load(open(path))["results"][0]["ms"]
+    except Exception: return None
+torch = {}
+for f in glob.glob(os.path.join(R, "torch_cudagraph.json")):
+    for r in json.load(open(f)).get("results", []):
+        if r.get("status", "ok") == "ok": torch[(r["workload"], r["dtype"], r["pass"])] = r["ms"]
+name = {"mlp": "mlp_small"}
+f = lambda v: "-" if v is None else f"{v:.3f}"
+print("| workload | pass | wgpu f32 ms | cuda f32 ms | PyTorch f32 ms (cudagraph) | wgpu f16 ms | cuda f16 ms |")
+print("|---|---|---|---|---|---|---|")
+for w in ["mlp", "mlp_large", "gpt_block", "attention"]:
+    for p in ["fwd", "train"]:
+        cf32 = ms(f"{R}/wgpu/cuda_{w}_f32_{p}.json") or ms(f"{R}/graphrun/{w}_f32_{p}.json")
+        print(f"| {name.get(w, w)} | {p} | {f(ms(f'{R}/wgpu/wgpu_{w}_f32_{p}.json'))} | {f(cf32)} | "
+              f"{f(torch.get((name.get(w, w), 'f32', p)))} | {f(ms(f'{R}/wgpu/wgpu_{w}_f16_{p}.json'))} | "
+              f"{f(ms(f'{R}/wgpu/cuda_{w}_f16_{p}.json'))} |")
+PY
 fi
 tar czf "$OUT/results.tgz" -C $R .
 exit $status
