@@ -35,6 +35,13 @@ pub struct Wgpu {
     consts: HashMap<String, wgpu::Buffer>,
     /// The mode of the next runs (`Backend::set_step`): 0 inference, t ≥ 1 training step t.
     step: u64,
+    /// Scratch buffers, reused from node to node: the i-th scratch request of a node gets
+    /// the i-th buffer (grown when too small), so a steady-state step creates none. Safe
+    /// because the nodes' dispatches run in recording order and wgpu orders the accesses
+    /// of one buffer from dispatch to dispatch; a buffer replaced while recorded work
+    /// still uses it lives on until that work is done.
+    pool: std::cell::RefCell<Vec<wgpu::Buffer>>,
+    next: std::cell::Cell<usize>,
 }
 
 /// One operand as the kernels see it.
@@ -215,6 +222,8 @@ impl Wgpu {
             rec: Recorder::new(device::gpu()?),
             consts: HashMap::new(),
             step: 0,
+            pool: Default::default(),
+            next: Default::default(),
         })
     }
 
@@ -237,10 +246,19 @@ impl Wgpu {
         self.rec.dispatch(k, &p.0, bufs, groups)
     }
 
-    /// Scratch storage of `bytes` bytes (dropped once recorded: wgpu keeps it alive until
-    /// the work that uses it is done).
+    /// Scratch storage of at least `bytes` bytes for the node being recorded (from the
+    /// pool; see `pool`).
     fn scratch(&self, bytes: usize) -> wgpu::Buffer {
-        self.rec.buffer(bytes)
+        let i = self.next.get();
+        self.next.set(i + 1);
+        let mut pool = self.pool.borrow_mut();
+        let fresh = || self.rec.buffer(bytes);
+        match pool.get(i) {
+            Some(b) if b.size() >= bytes as u64 => return b.clone(),
+            Some(_) => pool[i] = fresh(),
+            None => pool.push(fresh()),
+        }
+        pool[i].clone()
     }
 
     /// Reads a small input back to the host (parameter inputs only).
@@ -284,6 +302,7 @@ impl Backend for Wgpu {
             .collect();
         let outs: Vec<V> = outs.iter().map(|(b, ty)| V { buf: b, ty }).collect();
         let want: Vec<bool> = node.outputs.iter().map(|o| !o.is_empty()).collect();
+        self.next.set(0);
         self.run_node(node, &ins, &outs, &want)?;
         self.rec.gpu.check()
     }
@@ -299,6 +318,7 @@ impl Backend for Wgpu {
         state: &mut [wgpu::Buffer],
         ty: &ValueType,
     ) -> Result<()> {
+        self.next.set(0);
         optim::update(self, opt, t, param, grad, state, ty)
     }
     fn set_step(&mut self, step: u64) {
