@@ -4,45 +4,13 @@
 
 use super::device::{suffix, word, Arg, Strided};
 use super::{unsupported, Cuda, V};
+use crate::backends::common::{act_code, unary_code};
 use crate::error::Result;
 use crate::graph::infer::ValueType;
 use crate::graph::{Activation, BinaryOp, Node, UnaryOp};
 use crate::rng::Rng;
 use crate::tensor::DType;
 use cudarc::driver::CudaSlice;
-
-/// The op code of cuda/elementwise.cu (`OP_*`) and LeakyRelu's alpha.
-fn unary_code(u: UnaryOp) -> (i32, f32) {
-    use UnaryOp as U;
-    match u {
-        U::Relu => (1, 0.0),
-        U::Gelu { tanh: false } => (2, 0.0),
-        U::Gelu { tanh: true } => (3, 0.0),
-        U::Sigmoid => (5, 0.0),
-        U::Tanh => (6, 0.0),
-        U::Neg => (7, 0.0),
-        U::Exp => (8, 0.0),
-        U::Log => (9, 0.0),
-        U::Sqrt => (10, 0.0),
-        U::Reciprocal => (11, 0.0),
-        U::Abs => (12, 0.0),
-        U::Erf => (13, 0.0),
-        U::LeakyRelu { alpha } => (14, alpha),
-    }
-}
-
-/// The op code of a FusedMatMul activation (same table as `unary_code`).
-pub fn act_code(a: Activation) -> i32 {
-    match a {
-        Activation::None => 0,
-        Activation::Relu => 1,
-        Activation::Gelu => 2,
-        Activation::GeluTanh => 3,
-        Activation::Silu => 4,
-        Activation::Sigmoid => 5,
-        Activation::Tanh => 6,
-    }
-}
 
 pub fn unary(c: &Cuda, node: &Node, u: UnaryOp, x: &V, y: &V) -> Result<()> {
     let n = y.numel();

@@ -3,44 +3,12 @@
 
 use super::device::{groups_for, Family};
 use super::{float_defs, shape, Params, Strided, Wgpu, V};
+use crate::backends::common::unary_code;
 use crate::error::Result;
 use crate::graph::infer::ValueType;
-use crate::graph::{Activation, BinaryOp, Node, UnaryOp};
+use crate::graph::{BinaryOp, Node, UnaryOp};
 use crate::rng::Rng;
 use crate::tensor::DType;
-
-/// The op code of shaders/common.wgsl (`OP_*`) and LeakyRelu's alpha.
-fn unary_code(u: UnaryOp) -> (u32, f32) {
-    use UnaryOp as U;
-    match u {
-        U::Relu => (1, 0.0),
-        U::Gelu { tanh: false } => (2, 0.0),
-        U::Gelu { tanh: true } => (3, 0.0),
-        U::Sigmoid => (5, 0.0),
-        U::Tanh => (6, 0.0),
-        U::Neg => (7, 0.0),
-        U::Exp => (8, 0.0),
-        U::Log => (9, 0.0),
-        U::Sqrt => (10, 0.0),
-        U::Reciprocal => (11, 0.0),
-        U::Abs => (12, 0.0),
-        U::Erf => (13, 0.0),
-        U::LeakyRelu { alpha } => (14, alpha),
-    }
-}
-
-/// The op code of a FusedMatMul activation (same table as `unary_code`).
-pub fn act_code(a: Activation) -> u32 {
-    match a {
-        Activation::None => 0,
-        Activation::Relu => 1,
-        Activation::Gelu => 2,
-        Activation::GeluTanh => 3,
-        Activation::Silu => 4,
-        Activation::Sigmoid => 5,
-        Activation::Tanh => 6,
-    }
-}
 
 /// The defs of an arithmetic kernel: floats compute in f32, i32 in i32.
 fn num_defs(w: &Wgpu, node: &Node, dt: DType) -> Result<String> {
@@ -71,7 +39,7 @@ pub fn grad_kernel(
     dy: &V,
     x: &V,
     out: &V,
-    op: u32,
+    op: i32,
     alpha: f32,
 ) -> Result<()> {
     let defs = float_defs(w, node, x.dtype())?;
