@@ -198,93 +198,40 @@ impl Elem for u8 {
 #[macro_export]
 macro_rules! with_float {
     ($dt:expr, $T:ident => $body:expr, _ => $else:expr) => {
-        match $dt {
-            $crate::tensor::DType::F32 => {
-                type $T = f32;
-                $body
-            }
-            $crate::tensor::DType::F64 => {
-                type $T = f64;
-                $body
-            }
-            $crate::tensor::DType::F16 => {
-                type $T = half::f16;
-                $body
-            }
-            $crate::tensor::DType::BF16 => {
-                type $T = half::bf16;
-                $body
-            }
-            _ => $else,
-        }
+        $crate::with_dtypes!($dt, $T => $body,
+            [F32 f32, F64 f64, F16 half::f16, BF16 half::bf16], _ => $else)
     };
 }
 /// Like `with_float!` for every dtype.
 #[macro_export]
 macro_rules! with_any {
     ($dt:expr, $T:ident => $body:expr) => {
-        match $dt {
-            $crate::tensor::DType::F32 => {
-                type $T = f32;
-                $body
-            }
-            $crate::tensor::DType::F64 => {
-                type $T = f64;
-                $body
-            }
-            $crate::tensor::DType::F16 => {
-                type $T = half::f16;
-                $body
-            }
-            $crate::tensor::DType::BF16 => {
-                type $T = half::bf16;
-                $body
-            }
-            $crate::tensor::DType::I64 => {
-                type $T = i64;
-                $body
-            }
-            $crate::tensor::DType::I32 => {
-                type $T = i32;
-                $body
-            }
-            $crate::tensor::DType::Bool => {
-                type $T = u8;
-                $body
-            }
-        }
+        $crate::with_dtypes!($dt, $T => $body,
+            [F32 f32, F64 f64, F16 half::f16, BF16 half::bf16, I64 i64, I32 i32, Bool u8])
     };
 }
 /// Like `with_float!` for the numeric (non-bool) dtypes.
 #[macro_export]
 macro_rules! with_num {
     ($dt:expr, $T:ident => $body:expr, _ => $else:expr) => {
+        $crate::with_dtypes!($dt, $T => $body,
+            [F32 f32, F64 f64, F16 half::f16, BF16 half::bf16, I64 i64, I32 i32], _ => $else)
+    };
+}
+/// The one `match` behind `with_float!`, `with_any!` and `with_num!`: an arm per listed
+/// `DType` variant binding `$T` to its Rust type, then `$else` for the rest (if given).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! with_dtypes {
+    ($dt:expr, $T:ident => $body:expr, [$($V:ident $ty:ty),*] $(, _ => $else:expr)?) => {
         match $dt {
-            $crate::tensor::DType::F32 => {
-                type $T = f32;
-                $body
-            }
-            $crate::tensor::DType::F64 => {
-                type $T = f64;
-                $body
-            }
-            $crate::tensor::DType::F16 => {
-                type $T = half::f16;
-                $body
-            }
-            $crate::tensor::DType::BF16 => {
-                type $T = half::bf16;
-                $body
-            }
-            $crate::tensor::DType::I64 => {
-                type $T = i64;
-                $body
-            }
-            $crate::tensor::DType::I32 => {
-                type $T = i32;
-                $body
-            }
-            _ => $else,
+            $(
+                $crate::tensor::DType::$V => {
+                    type $T = $ty;
+                    $body
+                }
+            )*
+            $(_ => $else,)?
         }
     };
 }
