@@ -195,7 +195,17 @@ pub fn run_op(
             Arg::None => Arg::None,
         })
         .collect();
-    let g = one_node_graph(op, &args, n_out);
+    run_raw(backend, op, &args, n_out)
+}
+
+/// Runs one op on a backend with its arguments as given (no dtype cast).
+pub fn run_raw(
+    backend: BackendKind,
+    op: Op,
+    args: &[Arg],
+    n_out: usize,
+) -> graphrun::Result<Vec<Tensor>> {
+    let g = one_node_graph(op, args, n_out);
     let feeds = args
         .iter()
         .enumerate()
