@@ -7,6 +7,7 @@
 use crate::error::Result;
 use crate::graph::infer::{norm_axis, slice_range};
 use crate::graph::{Activation, Node, UnaryOp};
+use crate::rng::Rng;
 use crate::tensor::DType;
 
 /// Row-major element strides of `shape`.
@@ -158,4 +159,36 @@ pub fn attn_mask(
         }
     }
     Ok((ms, kind))
+}
+
+/// Dropout's ratio (the optional input, else the attribute), which must be in [0, 1).
+pub fn dropout_ratio(node: &Node, ratio: f64) -> Result<f64> {
+    if !(0.0..1.0).contains(&ratio) {
+        crate::bail!(
+            Runtime,
+            "{}: ratio must be in [0, 1), got {ratio}",
+            node.describe()
+        );
+    }
+    Ok(ratio)
+}
+
+/// The base seed of Dropout's counter-based mask, the same on every backend so that masks
+/// agree bit for bit: the seed attribute, else one drawn from the node's name.
+pub fn dropout_base_seed(node: &Node, seed: Option<i64>) -> u64 {
+    match seed {
+        Some(s) => s as u64,
+        None => Rng::for_name(0, &node.name).next_u64(),
+    }
+}
+
+/// The seed of step `step`: step 0 (a plain run) keeps the mask of the base seed alone;
+/// training steps mix in the step number, so every step draws a fresh, reproducible mask.
+/// Element i keeps when `Rng::new(seed + i).uniform() >= ratio`. (cuda/elementwise.cu
+/// `step_seed` does the same mixing on the device.)
+pub fn dropout_step_seed(base: u64, step: u64) -> u64 {
+    match step {
+        0 => base,
+        t => Rng::new(base ^ t.wrapping_mul(0x9E37_79B9_7F4A_7C15)).next_u64(),
+    }
 }

@@ -4,11 +4,10 @@
 
 use super::device::{suffix, word, Arg, Strided};
 use super::{unsupported, Cuda, V};
-use crate::backends::common::{act_code, unary_code};
+use crate::backends::common::{self, act_code, unary_code};
 use crate::error::Result;
 use crate::graph::infer::ValueType;
 use crate::graph::{Activation, BinaryOp, Node, UnaryOp};
-use crate::rng::Rng;
 use crate::tensor::DType;
 use cudarc::driver::CudaSlice;
 
@@ -263,15 +262,8 @@ pub fn dropout(
             None => None,
         })
     };
-    let ratio = first(ratio_in)?.unwrap_or(ratio as f64);
+    let ratio = common::dropout_ratio(node, first(ratio_in)?.unwrap_or(ratio as f64))?;
     let training = c.step > 0 || first(mode_in)?.is_some_and(|v| v != 0.0);
-    if !(0.0..1.0).contains(&ratio) {
-        crate::bail!(
-            Runtime,
-            "{}: ratio must be in [0, 1), got {ratio}",
-            node.describe()
-        );
-    }
     let (y, mask) = (&outs[0], outs.get(1));
     if !training || ratio == 0.0 {
         c.copy(y, x)?;
@@ -283,11 +275,7 @@ pub fn dropout(
     if !x.dtype().is_float() {
         return Err(unsupported(node, x.dtype()));
     }
-    // The same base seed as src/backends/cpu/elementwise.rs `dropout`.
-    let base = match seed {
-        Some(s) => s as u64,
-        None => Rng::for_name(0, &node.name).next_u64(),
-    };
+    let base = common::dropout_base_seed(node, seed);
     // The step's own mask comes from the step number on the device (cuda/elementwise.cu
     // `step_seed`), so a recorded step draws a new mask each time it is replayed.
     let n = y.numel();
