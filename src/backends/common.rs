@@ -192,3 +192,15 @@ pub fn dropout_step_seed(base: u64, step: u64) -> u64 {
         t => Rng::new(base ^ t.wrapping_mul(0x9E37_79B9_7F4A_7C15)).next_u64(),
     }
 }
+
+/// Input `i` of `node` (`ins[i]` is None for an omitted optional input), or an error
+/// naming the node when a required one is missing.
+pub fn required<T: Copy>(node: &Node, ins: &[Option<T>], i: usize) -> Result<T> {
+    ins.get(i).copied().flatten().ok_or_else(|| {
+        crate::err!(
+            Runtime,
+            "{}: required input {i} is missing",
+            node.describe()
+        )
+    })
+}

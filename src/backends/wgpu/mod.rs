@@ -286,15 +286,7 @@ impl Wgpu {
         outs: &[V],
         want: &[bool],
     ) -> Result<()> {
-        let x = |i: usize| {
-            ins.get(i).copied().flatten().ok_or_else(|| {
-                crate::err!(
-                    Runtime,
-                    "{}: required input {i} is missing",
-                    node.describe()
-                )
-            })
-        };
+        let x = |i: usize| super::common::required(node, ins, i);
         let opt = |i: usize| ins.get(i).copied().flatten();
         let y = outs[0];
         match &node.op {
