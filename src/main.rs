@@ -499,36 +499,15 @@ fn run(a: RunArgs) -> Result<(), Fail> {
     if a.verify_fusion {
         verify_fusion(g, opts, &feeds, &seeds, a.backward, &outs, &grads)?;
     }
-    for (name, t) in &outs {
-        if a.quiet {
-            println!(
-                "{name}: {} {}",
-                t.dtype(),
-                graphrun::tensor::fmt_shape(t.shape())
-            );
-        } else {
-            println!(
-                "{name}: {} {} {}",
-                t.dtype(),
-                graphrun::tensor::fmt_shape(t.shape()),
-                t.summary()
-            );
-        }
-    }
-    for (name, t) in &grads {
-        if a.quiet {
-            println!(
-                "grad {name}: {} {}",
-                t.dtype(),
-                graphrun::tensor::fmt_shape(t.shape())
-            );
-        } else {
-            println!(
-                "grad {name}: {} {} {}",
-                t.dtype(),
-                graphrun::tensor::fmt_shape(t.shape()),
-                t.summary()
-            );
+    // One line per output, then per gradient: dtype, shape and (unless --quiet) a summary.
+    for (prefix, list) in [("", &outs), ("grad ", &grads)] {
+        for (name, t) in list {
+            let shape = graphrun::tensor::fmt_shape(t.shape());
+            if a.quiet {
+                println!("{prefix}{name}: {} {shape}", t.dtype());
+            } else {
+                println!("{prefix}{name}: {} {shape} {}", t.dtype(), t.summary());
+            }
         }
     }
     if let Some(dir) = &a.out_dir {
