@@ -97,6 +97,14 @@ impl Node {
             None => format!("node '{}' ({})", self.name, self.op.name()),
         }
     }
+    /// `f` of each input name, None for an omitted input (named ""): the per-input view
+    /// (types, constants, buffers) that inference, planning and autodiff build.
+    pub fn map_inputs<T>(&self, mut f: impl FnMut(&str) -> Option<T>) -> Vec<Option<T>> {
+        self.inputs
+            .iter()
+            .map(|i| if i.is_empty() { None } else { f(i) })
+            .collect()
+    }
     /// The i-th input if present (not omitted).
     pub fn input(&self, i: usize) -> Option<&str> {
         self.inputs
