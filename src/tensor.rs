@@ -332,6 +332,19 @@ pub struct Tensor {
     words: Vec<u64>,
 }
 
+/// A tensor of `shape` built from `n` values: they must be exactly its element count.
+fn check_len(shape: &[usize], n: usize) -> Result<()> {
+    if numel(shape) != n {
+        crate::bail!(
+            Input,
+            "tensor of shape {} needs {} values, got {n}",
+            fmt_shape(shape),
+            numel(shape)
+        );
+    }
+    Ok(())
+}
+
 impl Tensor {
     /// A zero-filled tensor.
     pub fn zeros(dtype: DType, shape: &[usize]) -> Tensor {
@@ -382,15 +395,7 @@ impl Tensor {
     }
 
     pub fn from_vec<T: Elem>(shape: &[usize], data: Vec<T>) -> Result<Tensor> {
-        if numel(shape) != data.len() {
-            crate::bail!(
-                Input,
-                "tensor of shape {} needs {} values, got {}",
-                fmt_shape(shape),
-                numel(shape),
-                data.len()
-            );
-        }
+        check_len(shape, data.len())?;
         let mut t = Tensor::zeros(T::DTYPE, shape);
         t.as_mut_slice::<T>().copy_from_slice(&data);
         Ok(t)
@@ -402,15 +407,7 @@ impl Tensor {
 
     /// Builds a tensor of `dtype` from f64 values (rounding as the dtype requires).
     pub fn from_f64(dtype: DType, shape: &[usize], data: &[f64]) -> Result<Tensor> {
-        if numel(shape) != data.len() {
-            crate::bail!(
-                Input,
-                "tensor of shape {} needs {} values, got {}",
-                fmt_shape(shape),
-                numel(shape),
-                data.len()
-            );
-        }
+        check_len(shape, data.len())?;
         let mut t = Tensor::zeros(dtype, shape);
         with_any!(dtype, T => {
             for (o, &v) in t.as_mut_slice::<T>().iter_mut().zip(data) {
