@@ -421,33 +421,9 @@ fn run(a: RunArgs) -> Result<(), Fail> {
     let mut session = Session::new(fused, opts.clone())?;
     let mut feeds: HashMap<String, Tensor> = HashMap::new();
     for spec in &a.inputs {
-        let (name, file) = parse_kv(spec, "--input")?;
-        let Some(info) = g.input(&name) else {
-            let names: Vec<&str> = g.inputs.iter().map(|i| i.name.as_str()).collect();
-            return Err(usage(format!(
-                "--input {name}: the model has no input '{name}' (its inputs: {})",
-                names.join(", ")
-            )));
-        };
-        if feeds.contains_key(&name) {
-            return Err(usage(format!("--input {name} is given twice")));
-        }
-        let mut t = Tensor::read_npy(Path::new(&file))?;
-        // With --dtype, float files are cast like the model's floats.
-        if t.dtype().is_float()
-            && info.dtype.is_float()
-            && t.dtype() != info.dtype
-            && a.common.dtype.is_some()
-        {
-            t = t.cast(info.dtype);
-        }
-        if t.dtype() != info.dtype {
-            return Err(usage(format!(
-                "--input {name}={file}: the file holds {} data, the input is {}",
-                t.dtype(),
-                info.dtype
-            )));
-        }
+        let (name, _, _, t) = read_input_npy(g, spec, "--input", a.common.dtype.is_some(), |n| {
+            feeds.contains_key(n)
+        })?;
         feeds.insert(name, t);
     }
     let fill_all = a.inputs.is_empty();
@@ -499,36 +475,15 @@ fn run(a: RunArgs) -> Result<(), Fail> {
     if a.verify_fusion {
         verify_fusion(g, opts, &feeds, &seeds, a.backward, &outs, &grads)?;
     }
-    for (name, t) in &outs {
-        if a.quiet {
-            println!(
-                "{name}: {} {}",
-                t.dtype(),
-                graphrun::tensor::fmt_shape(t.shape())
-            );
-        } else {
-            println!(
-                "{name}: {} {} {}",
-                t.dtype(),
-                graphrun::tensor::fmt_shape(t.shape()),
-                t.summary()
-            );
-        }
-    }
-    for (name, t) in &grads {
-        if a.quiet {
-            println!(
-                "grad {name}: {} {}",
-                t.dtype(),
-                graphrun::tensor::fmt_shape(t.shape())
-            );
-        } else {
-            println!(
-                "grad {name}: {} {} {}",
-                t.dtype(),
-                graphrun::tensor::fmt_shape(t.shape()),
-                t.summary()
-            );
+    // One line per output, then per gradient: dtype, shape and (unless --quiet) a summary.
+    for (prefix, list) in [("", &outs), ("grad ", &grads)] {
+        for (name, t) in list {
+            let shape = graphrun::tensor::fmt_shape(t.shape());
+            if a.quiet {
+                println!("{prefix}{name}: {} {shape}", t.dtype());
+            } else {
+                println!("{prefix}{name}: {} {shape} {}", t.dtype(), t.summary());
+            }
         }
     }
     if let Some(dir) = &a.out_dir {
@@ -1123,6 +1078,41 @@ fn bench_parallel(
     Ok(())
 }
 
+/// Reads `flag`'s NAME=FILE.npy for a graph input that `given` says is not set yet:
+/// (NAME, FILE, the input, the data). With --dtype (`cast_floats`) float files are cast
+/// like the model's floats; the dtype must then be the input's.
+fn read_input_npy<'g>(
+    g: &'g graphrun::Graph,
+    spec: &str,
+    flag: &str,
+    cast_floats: bool,
+    given: impl Fn(&str) -> bool,
+) -> Result<(String, String, &'g graphrun::graph::InputInfo, Tensor), Fail> {
+    let (name, file) = parse_kv(spec, flag)?;
+    let Some(info) = g.input(&name) else {
+        let names: Vec<&str> = g.inputs.iter().map(|i| i.name.as_str()).collect();
+        return Err(usage(format!(
+            "{flag} {name}: the model has no input '{name}' (its inputs: {})",
+            names.join(", ")
+        )));
+    };
+    if given(&name) {
+        return Err(usage(format!("{flag} {name} is given twice")));
+    }
+    let mut t = Tensor::read_npy(Path::new(&file))?;
+    if t.dtype().is_float() && info.dtype.is_float() && t.dtype() != info.dtype && cast_floats {
+        t = t.cast(info.dtype);
+    }
+    if t.dtype() != info.dtype {
+        return Err(usage(format!(
+            "{flag} {name}={file}: the file holds {} data, the input is {}",
+            t.dtype(),
+            info.dtype
+        )));
+    }
+    Ok((name, file, info, t))
+}
+
 /// Reads NAME=FILE.npy data sets: every graph input, equal sample counts (axis 0).
 fn read_data(
     specs: &[String],
@@ -1132,32 +1122,9 @@ fn read_data(
 ) -> Result<(Vec<(String, Tensor)>, usize), Fail> {
     let mut sets: Vec<(String, Tensor)> = vec![];
     for spec in specs {
-        let (name, file) = parse_kv(spec, flag)?;
-        let Some(info) = g.input(&name) else {
-            let names: Vec<&str> = g.inputs.iter().map(|i| i.name.as_str()).collect();
-            return Err(usage(format!(
-                "{flag} {name}: the model has no input '{name}' (its inputs: {})",
-                names.join(", ")
-            )));
-        };
-        if sets.iter().any(|(n, _)| *n == name) {
-            return Err(usage(format!("{flag} {name} is given twice")));
-        }
-        let mut t = Tensor::read_npy(Path::new(&file))?;
-        if t.dtype().is_float()
-            && info.dtype.is_float()
-            && t.dtype() != info.dtype
-            && dtype.is_some()
-        {
-            t = t.cast(info.dtype);
-        }
-        if t.dtype() != info.dtype {
-            return Err(usage(format!(
-                "{flag} {name}={file}: the file holds {} data, the input is {}",
-                t.dtype(),
-                info.dtype
-            )));
-        }
+        let (name, file, info, t) = read_input_npy(g, spec, flag, dtype.is_some(), |n| {
+            sets.iter().any(|(s, _)| s == n)
+        })?;
         if t.shape().len() != info.shape.len() || t.shape().is_empty() {
             return Err(usage(format!(
                 "{flag} {name}={file}: shape {} does not match the input's rank {} (samples go along the first axis)",

@@ -198,93 +198,40 @@ impl Elem for u8 {
 #[macro_export]
 macro_rules! with_float {
     ($dt:expr, $T:ident => $body:expr, _ => $else:expr) => {
-        match $dt {
-            $crate::tensor::DType::F32 => {
-                type $T = f32;
-                $body
-            }
-            $crate::tensor::DType::F64 => {
-                type $T = f64;
-                $body
-            }
-            $crate::tensor::DType::F16 => {
-                type $T = half::f16;
-                $body
-            }
-            $crate::tensor::DType::BF16 => {
-                type $T = half::bf16;
-                $body
-            }
-            _ => $else,
-        }
+        $crate::with_dtypes!($dt, $T => $body,
+            [F32 f32, F64 f64, F16 half::f16, BF16 half::bf16], _ => $else)
     };
 }
 /// Like `with_float!` for every dtype.
 #[macro_export]
 macro_rules! with_any {
     ($dt:expr, $T:ident => $body:expr) => {
-        match $dt {
-            $crate::tensor::DType::F32 => {
-                type $T = f32;
-                $body
-            }
-            $crate::tensor::DType::F64 => {
-                type $T = f64;
-                $body
-            }
-            $crate::tensor::DType::F16 => {
-                type $T = half::f16;
-                $body
-            }
-            $crate::tensor::DType::BF16 => {
-                type $T = half::bf16;
-                $body
-            }
-            $crate::tensor::DType::I64 => {
-                type $T = i64;
-                $body
-            }
-            $crate::tensor::DType::I32 => {
-                type $T = i32;
-                $body
-            }
-            $crate::tensor::DType::Bool => {
-                type $T = u8;
-                $body
-            }
-        }
+        $crate::with_dtypes!($dt, $T => $body,
+            [F32 f32, F64 f64, F16 half::f16, BF16 half::bf16, I64 i64, I32 i32, Bool u8])
     };
 }
 /// Like `with_float!` for the numeric (non-bool) dtypes.
 #[macro_export]
 macro_rules! with_num {
     ($dt:expr, $T:ident => $body:expr, _ => $else:expr) => {
+        $crate::with_dtypes!($dt, $T => $body,
+            [F32 f32, F64 f64, F16 half::f16, BF16 half::bf16, I64 i64, I32 i32], _ => $else)
+    };
+}
+/// The one `match` behind `with_float!`, `with_any!` and `with_num!`: an arm per listed
+/// `DType` variant binding `$T` to its Rust type, then `$else` for the rest (if given).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! with_dtypes {
+    ($dt:expr, $T:ident => $body:expr, [$($V:ident $ty:ty),*] $(, _ => $else:expr)?) => {
         match $dt {
-            $crate::tensor::DType::F32 => {
-                type $T = f32;
-                $body
-            }
-            $crate::tensor::DType::F64 => {
-                type $T = f64;
-                $body
-            }
-            $crate::tensor::DType::F16 => {
-                type $T = half::f16;
-                $body
-            }
-            $crate::tensor::DType::BF16 => {
-                type $T = half::bf16;
-                $body
-            }
-            $crate::tensor::DType::I64 => {
-                type $T = i64;
-                $body
-            }
-            $crate::tensor::DType::I32 => {
-                type $T = i32;
-                $body
-            }
-            _ => $else,
+            $(
+                $crate::tensor::DType::$V => {
+                    type $T = $ty;
+                    $body
+                }
+            )*
+            $(_ => $else,)?
         }
     };
 }
@@ -385,6 +332,19 @@ pub struct Tensor {
     words: Vec<u64>,
 }
 
+/// A tensor of `shape` built from `n` values: they must be exactly its element count.
+fn check_len(shape: &[usize], n: usize) -> Result<()> {
+    if numel(shape) != n {
+        crate::bail!(
+            Input,
+            "tensor of shape {} needs {} values, got {n}",
+            fmt_shape(shape),
+            numel(shape)
+        );
+    }
+    Ok(())
+}
+
 impl Tensor {
     /// A zero-filled tensor.
     pub fn zeros(dtype: DType, shape: &[usize]) -> Tensor {
@@ -435,15 +395,7 @@ impl Tensor {
     }
 
     pub fn from_vec<T: Elem>(shape: &[usize], data: Vec<T>) -> Result<Tensor> {
-        if numel(shape) != data.len() {
-            crate::bail!(
-                Input,
-                "tensor of shape {} needs {} values, got {}",
-                fmt_shape(shape),
-                numel(shape),
-                data.len()
-            );
-        }
+        check_len(shape, data.len())?;
         let mut t = Tensor::zeros(T::DTYPE, shape);
         t.as_mut_slice::<T>().copy_from_slice(&data);
         Ok(t)
@@ -455,15 +407,7 @@ impl Tensor {
 
     /// Builds a tensor of `dtype` from f64 values (rounding as the dtype requires).
     pub fn from_f64(dtype: DType, shape: &[usize], data: &[f64]) -> Result<Tensor> {
-        if numel(shape) != data.len() {
-            crate::bail!(
-                Input,
-                "tensor of shape {} needs {} values, got {}",
-                fmt_shape(shape),
-                numel(shape),
-                data.len()
-            );
-        }
+        check_len(shape, data.len())?;
         let mut t = Tensor::zeros(dtype, shape);
         with_any!(dtype, T => {
             for (o, &v) in t.as_mut_slice::<T>().iter_mut().zip(data) {

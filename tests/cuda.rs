@@ -259,32 +259,6 @@ fn dropout_mask_matches_cpu() {
     assert_eq!(cpu[0], gpu[0], "outputs differ");
 }
 
-/// Runs one op on a backend with its arguments as given (no dtype cast: LSE stays f32).
-fn run_raw(
-    backend: BackendKind,
-    op_: graphrun::Op,
-    args: &[Arg],
-    n_out: usize,
-) -> graphrun::Result<Vec<Tensor>> {
-    let g = one_node_graph(op_, args, n_out);
-    let feeds = args
-        .iter()
-        .enumerate()
-        .filter_map(|(i, a)| match a {
-            Arg::In(t) => Some((format!("in{i}"), t.clone())),
-            _ => None,
-        })
-        .collect();
-    let mut s = graphrun::Session::new(
-        g,
-        graphrun::SessionOptions {
-            backend,
-            ..Default::default()
-        },
-    )?;
-    Ok(s.run(&feeds)?.into_iter().map(|(_, t)| t).collect())
-}
-
 /// The tiled attention kernels (tensor cores for f16/bf16, FP32 tiles for f32), forward
 /// and backward, against the CPU: tile-crossing and ragged lengths, GQA, causal with more
 /// or fewer queries than keys, bool and additive masks (with dMask), head sizes that take

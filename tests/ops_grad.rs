@@ -27,12 +27,6 @@ fn signed(shape: &[usize], seed: u64, lo: f64, hi: f64) -> Tensor {
     f64s(shape, &v)
 }
 
-fn ints(shape: &[usize], seed: u64, lo: i64, hi: i64) -> Tensor {
-    let mut r = Rng::new(seed);
-    let n: usize = shape.iter().product();
-    i64s(shape, &(0..n).map(|_| r.int_in(lo, hi)).collect::<Vec<_>>())
-}
-
 fn i32s(shape: &[usize], v: &[i32]) -> Tensor {
     Tensor::from_vec(shape, v.to_vec()).unwrap()
 }
@@ -654,7 +648,7 @@ fn large_shapes_match_naive_sums() {
     assert!(rel_err(&got[2].to_f64_vec(), &col_sums(&dyv, 6)) < 1e-12);
 
     // GatherGrad of 3000 embedding lookups into 1000 rows: a naive scatter-add.
-    let idx = ints(&[3000], 137, 0, 1000);
+    let idx = rand_ints(&[3000], 137, 0, 1000);
     let dy = randn(&[3000, 8], 138);
     let ins = some(&[&dy, &idx, &i64s(&[2], &[1000, 8])]);
     let got = eval_all_dtypes(&node_of(op("GatherGrad", &[]), &ins, &["dx"]), &ins, &[]);

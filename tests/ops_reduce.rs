@@ -5,7 +5,6 @@ mod common;
 use common::*;
 use graphrun::graph::op::AttrValue;
 use graphrun::graph::Op;
-use graphrun::rng::Rng;
 use graphrun::{DType, Tensor};
 
 fn vals(t: &Option<Tensor>) -> Vec<f64> {
@@ -24,12 +23,6 @@ fn norm(axis: i64, r: usize) -> usize {
 fn flat(idx: &[usize], shape: &[usize]) -> usize {
     idx.iter().zip(strides(shape)).map(|(i, s)| i * s).sum()
 }
-fn ints(shape: &[usize], seed: u64, lo: i64, hi: i64) -> Tensor {
-    let mut r = Rng::new(seed);
-    let n: usize = shape.iter().product();
-    i64s(shape, &(0..n).map(|_| r.int_in(lo, hi)).collect::<Vec<_>>())
-}
-
 fn check_exact_f32(op_: Op, args: &[Arg], reference: impl Fn(&[Option<Tensor>]) -> Expected) {
     check_exact(op_, args, &[DType::F32], reference)
 }
@@ -374,7 +367,7 @@ fn reduce_large_parallel() {
 #[test]
 fn reduce_sum_max_on_ints() {
     for dt in [DType::I64, DType::I32] {
-        let x = ints(&[3, 4, 5], 33, -1000, 1000).cast(dt);
+        let x = rand_ints(&[3, 4, 5], 33, -1000, 1000).cast(dt);
         for (name, kind) in [("ReduceSum", Kind::Sum), ("ReduceMax", Kind::Max)] {
             for axes in [vec![1], vec![-1, 0], vec![]] {
                 for keep in [true, false] {
@@ -389,7 +382,7 @@ fn reduce_sum_max_on_ints() {
             }
         }
         // All-negative values: Max must not start from 0.
-        let neg = ints(&[4, 6], 34, -100, -1).cast(dt);
+        let neg = rand_ints(&[4, 6], 34, -100, -1).cast(dt);
         check_exact_f32(
             op("ReduceMax", &[("axes", AttrValue::Ints(vec![1]))]),
             &[inp(neg)],
@@ -512,7 +505,7 @@ fn softmax_cross_entropy_2d() {
 #[test]
 fn softmax_cross_entropy_nd() {
     let scores = randn(&[3, 4, 2, 3], 50);
-    let mut labels = ints(&[3, 2, 3], 51, 0, 4).to_i64_vec();
+    let mut labels = rand_ints(&[3, 2, 3], 51, 0, 4).to_i64_vec();
     labels[4] = 7; // ignored below
     let labels = i64s(&[3, 2, 3], &labels);
     let w = rand(&[4], 52, 0.2, 2.0);
@@ -532,7 +525,7 @@ fn softmax_cross_entropy_nd() {
     }
     // Many samples: the parallel path.
     let scores = randn(&[200, 10, 7], 53);
-    let labels = ints(&[200, 7], 54, 0, 10);
+    let labels = rand_ints(&[200, 7], 54, 0, 10);
     check(
         sce_op("mean", None),
         &[inp(scores), inp(labels)],

@@ -2,6 +2,7 @@
 //! buffers, synchronize. The executor (src/exec) is the only caller; a backend never sees
 //! YAML or passes.
 
+mod common;
 pub mod cpu;
 pub mod cuda;
 pub mod wgpu;

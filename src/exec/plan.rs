@@ -151,17 +151,7 @@ impl Plan {
         let mut flops = 0u64;
         for (s, &ni) in order.iter().enumerate() {
             let node = &g.nodes[ni];
-            let ins: Vec<Option<Place>> = node
-                .inputs
-                .iter()
-                .map(|i| {
-                    if i.is_empty() {
-                        None
-                    } else {
-                        places.get(i).copied()
-                    }
-                })
-                .collect();
+            let ins: Vec<Option<Place>> = node.map_inputs(|i| places.get(i).copied());
             let mut outs = vec![];
             let out_types: Vec<ValueType> = node
                 .outputs

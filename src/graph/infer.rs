@@ -86,22 +86,8 @@ pub fn infer_graph(g: &Graph, input_shapes: &HashMap<String, Vec<usize>>) -> Res
     }
     for &ni in &inf.order.clone() {
         let node = &g.nodes[ni];
-        let ins: Vec<Option<&ValueType>> = node
-            .inputs
-            .iter()
-            .map(|n| if n.is_empty() { None } else { inf.types.get(n) })
-            .collect();
-        let consts: Vec<Option<&Tensor>> = node
-            .inputs
-            .iter()
-            .map(|n| {
-                if n.is_empty() {
-                    None
-                } else {
-                    inf.consts.get(n)
-                }
-            })
-            .collect();
+        let ins: Vec<Option<&ValueType>> = node.map_inputs(|n| inf.types.get(n));
+        let consts: Vec<Option<&Tensor>> = node.map_inputs(|n| inf.consts.get(n));
         let outs = infer_node(node, &ins, &consts)?;
         // Host-evaluate small nodes whose inputs are all known: this is what resolves
         // Shape → Gather → Concat → Reshape chains.

@@ -97,6 +97,14 @@ impl Node {
             None => format!("node '{}' ({})", self.name, self.op.name()),
         }
     }
+    /// `f` of each input name, None for an omitted input (named ""): the per-input view
+    /// (types, constants, buffers) that inference, planning and autodiff build.
+    pub fn map_inputs<T>(&self, mut f: impl FnMut(&str) -> Option<T>) -> Vec<Option<T>> {
+        self.inputs
+            .iter()
+            .map(|i| if i.is_empty() { None } else { f(i) })
+            .collect()
+    }
     /// The i-th input if present (not omitted).
     pub fn input(&self, i: usize) -> Option<&str> {
         self.inputs
@@ -127,6 +135,79 @@ pub enum Optimizer {
         eps: f64,
         weight_decay: f64,
     },
+}
+
+/// The scalars of one optimizer step (SPEC §4, PyTorch's rules), computed once here so
+/// that every backend's update reads the same numbers.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum StepScalars {
+    Sgd {
+        lr: f64,
+        momentum: f64,
+        weight_decay: f64,
+    },
+    /// Adam and AdamW.
+    Adam {
+        lr: f64,
+        beta1: f64,
+        beta2: f64,
+        eps: f64,
+        weight_decay: f64,
+        /// AdamW: the parameter decays by `decay` instead of the gradient taking
+        /// `weight_decay · p`.
+        decoupled: bool,
+        /// `lr / (1 − beta1^t)`: the step size with the first moment's bias correction.
+        step_size: f64,
+        /// `sqrt(1 − beta2^t)`: the second moment's bias correction, under the root.
+        sqrt_bc2: f64,
+        /// `1 − lr · weight_decay`: AdamW's factor on the parameter.
+        decay: f64,
+    },
+}
+
+impl Optimizer {
+    /// The scalars of step `t` (counting from 1).
+    pub fn step_scalars(&self, t: u64) -> StepScalars {
+        match *self {
+            Optimizer::Sgd {
+                lr,
+                momentum,
+                weight_decay,
+            } => StepScalars::Sgd {
+                lr,
+                momentum,
+                weight_decay,
+            },
+            Optimizer::Adam {
+                lr,
+                beta1,
+                beta2,
+                eps,
+                weight_decay,
+            }
+            | Optimizer::AdamW {
+                lr,
+                beta1,
+                beta2,
+                eps,
+                weight_decay,
+            } => {
+                let ti = t.min(i32::MAX as u64) as i32;
+                let (bc1, bc2) = (1.0 - beta1.powi(ti), 1.0 - beta2.powi(ti));
+                StepScalars::Adam {
+                    lr,
+                    beta1,
+                    beta2,
+                    eps,
+                    weight_decay,
+                    decoupled: matches!(self, Optimizer::AdamW { .. }),
+                    step_size: lr / bc1,
+                    sqrt_bc2: bc2.sqrt(),
+                    decay: 1.0 - lr * weight_decay,
+                }
+            }
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]

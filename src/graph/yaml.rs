@@ -1140,22 +1140,20 @@ pub fn emit<'g>(g: &'g Graph, side_name: &str) -> (String, Vec<(String, &'g Tens
                 beta2,
                 eps,
                 weight_decay,
-            } => format!(
-                "{{adam: {{lr: {}, beta1: {}, beta2: {}, eps: {}, weight_decay: {}}}}}",
-                yf(*lr),
-                yf(*beta1),
-                yf(*beta2),
-                yf(*eps),
-                yf(*weight_decay)
-            ),
-            Optimizer::AdamW {
+            }
+            | Optimizer::AdamW {
                 lr,
                 beta1,
                 beta2,
                 eps,
                 weight_decay,
             } => format!(
-                "{{adamw: {{lr: {}, beta1: {}, beta2: {}, eps: {}, weight_decay: {}}}}}",
+                "{{{}: {{lr: {}, beta1: {}, beta2: {}, eps: {}, weight_decay: {}}}}}",
+                if matches!(t.optimizer, Optimizer::AdamW { .. }) {
+                    "adamw"
+                } else {
+                    "adam"
+                },
                 yf(*lr),
                 yf(*beta1),
                 yf(*beta2),

@@ -137,17 +137,8 @@ impl Facts {
             let new_consts: HashMap<&str, &Tensor> =
                 inits.iter().map(|i| (i.name.as_str(), &i.tensor)).collect();
             for n in nodes {
-                let ins: Vec<Option<&ValueType>> = n
-                    .inputs
-                    .iter()
-                    .map(|v| {
-                        if v.is_empty() {
-                            None
-                        } else {
-                            local.get(v.as_str()).or(run.types.get(v))
-                        }
-                    })
-                    .collect();
+                let ins: Vec<Option<&ValueType>> =
+                    n.map_inputs(|v| local.get(v).or(run.types.get(v)));
                 if ins
                     .iter()
                     .zip(&n.inputs)

@@ -94,6 +94,12 @@ pub fn randn(shape: &[usize], seed: u64) -> Tensor {
     let n: usize = shape.iter().product();
     Tensor::from_vec(shape, (0..n).map(|_| r.normal()).collect::<Vec<f64>>()).unwrap()
 }
+/// Seeded random integers in [lo, hi) as an i64 tensor.
+pub fn rand_ints(shape: &[usize], seed: u64, lo: i64, hi: i64) -> Tensor {
+    let mut r = Rng::new(seed);
+    let n: usize = shape.iter().product();
+    i64s(shape, &(0..n).map(|_| r.int_in(lo, hi)).collect::<Vec<_>>())
+}
 pub fn i64s(shape: &[usize], v: &[i64]) -> Tensor {
     Tensor::from_vec(shape, v.to_vec()).unwrap()
 }
@@ -195,7 +201,17 @@ pub fn run_op(
             Arg::None => Arg::None,
         })
         .collect();
-    let g = one_node_graph(op, &args, n_out);
+    run_raw(backend, op, &args, n_out)
+}
+
+/// Runs one op on a backend with its arguments as given (no dtype cast).
+pub fn run_raw(
+    backend: BackendKind,
+    op: Op,
+    args: &[Arg],
+    n_out: usize,
+) -> graphrun::Result<Vec<Tensor>> {
+    let g = one_node_graph(op, args, n_out);
     let feeds = args
         .iter()
         .enumerate()

@@ -1,6 +1,7 @@
 //! Elementwise family: unary and binary maps with numpy broadcasting, Clip, Where,
 //! Dropout, Trilu.
 
+use crate::backends::common;
 use crate::error::Result;
 use crate::graph::{BinaryOp, Node, UnaryOp};
 use crate::rng::Rng;
@@ -605,15 +606,8 @@ pub fn dropout(
     };
     // Scalars read leniently: an empty tensor is a missing value, not a panic.
     let first = |i: usize| input(i).and_then(|t| t.to_f64_vec().first().copied());
-    let ratio = first(1).unwrap_or(ratio as f64);
+    let ratio = common::dropout_ratio(node, first(1).unwrap_or(ratio as f64))?;
     let training = step > 0 || first(2).is_some_and(|v| v != 0.0);
-    if !(0.0..1.0).contains(&ratio) {
-        crate::bail!(
-            Runtime,
-            "{}: ratio must be in [0, 1), got {ratio}",
-            node.describe()
-        );
-    }
     let (y, mask) = outs.split_at_mut(1);
     let y = &mut y[0];
     if !training || ratio == 0.0 {
@@ -625,16 +619,7 @@ pub fn dropout(
     }
     // Counter-based: element i's draw depends only on (seed, i), so the mask is the same
     // however the work is split, and other backends can reproduce it.
-    let base = match seed {
-        Some(s) => s as u64,
-        None => Rng::for_name(0, &node.name).next_u64(),
-    };
-    // Step 0 (a plain run) keeps the mask of the seed alone; training steps mix in the
-    // step number, so every step draws a fresh, reproducible mask.
-    let base = match step {
-        0 => base,
-        t => Rng::new(base ^ t.wrapping_mul(0x9E37_79B9_7F4A_7C15)).next_u64(),
-    };
+    let base = common::dropout_step_seed(common::dropout_base_seed(node, seed), step);
     let keep = |i: usize| Rng::new(base.wrapping_add(i as u64)).uniform() >= ratio;
     with_float!(x.dtype(), T => dropout_mask::<T>(x, y, keep, ratio), _ => return unsupported("Dropout", x.dtype()));
     if let Some(m) = mask.first_mut() {

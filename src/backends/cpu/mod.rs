@@ -87,15 +87,7 @@ pub fn run_node(
     outs: &mut [Tensor],
     step: u64,
 ) -> Result<()> {
-    let x = |i: usize| {
-        ins.get(i).copied().flatten().ok_or_else(|| {
-            crate::err!(
-                Runtime,
-                "{}: required input {i} is missing",
-                node.describe()
-            )
-        })
-    };
+    let x = |i: usize| super::common::required(node, ins, i);
     // Which outputs the graph reads (an optional output named "" is not computed).
     let want: Vec<bool> = node.outputs.iter().map(|o| !o.is_empty()).collect();
     match &node.op {

@@ -3,7 +3,7 @@
 //! precision parameters still accumulate their moments accurately.
 
 use crate::error::Result;
-use crate::graph::Optimizer;
+use crate::graph::{Optimizer, StepScalars};
 use crate::tensor::{Float, Real, Tensor};
 
 use num_traits::Float as _;
@@ -40,8 +40,8 @@ where
     let c = |v: f64| T::Acc::c(v);
     let g = grad.as_slice::<T>();
     let p = param.as_mut_slice::<T>();
-    match *opt {
-        Optimizer::Sgd {
+    match opt.step_scalars(t) {
+        StepScalars::Sgd {
             lr,
             momentum,
             weight_decay,
@@ -77,27 +77,21 @@ where
                     }),
             }
         }
-        Optimizer::Adam {
-            lr,
+        StepScalars::Adam {
             beta1,
             beta2,
             eps,
             weight_decay,
-        }
-        | Optimizer::AdamW {
-            lr,
-            beta1,
-            beta2,
-            eps,
-            weight_decay,
+            decoupled,
+            step_size,
+            sqrt_bc2,
+            decay,
+            ..
         } => {
-            let decoupled = matches!(opt, Optimizer::AdamW { .. });
-            let ti = t.min(i32::MAX as u64) as i32;
-            let (bc1, bc2) = (1.0 - beta1.powi(ti), 1.0 - beta2.powi(ti));
             // PyTorch: p -= lr/bc1 · m / (sqrt(v)/sqrt(bc2) + eps).
-            let (step_size, sq_bc2) = (c(lr / bc1), c(bc2.sqrt()));
+            let (step_size, sq_bc2) = (c(step_size), c(sqrt_bc2));
             let (b1, b2, eps, wd) = (c(beta1), c(beta2), c(eps), c(weight_decay));
-            let decay = c(1.0 - lr * weight_decay);
+            let decay = c(decay);
             let (m, v) = state.split_at_mut(1);
             let (m, v) = (m[0].as_mut_slice::<T::Acc>(), v[0].as_mut_slice::<T::Acc>());
             let one = c(1.0);

@@ -5,8 +5,9 @@
 //! at `base + Σ index·stride`, with permuted strides (Transpose), scaled strides and a
 //! start offset (Slice, negative steps included) or zero strides (Expand).
 
+use crate::backends::common;
 use crate::error::Result;
-use crate::graph::infer::{norm_axis, shape_range, slice_range};
+use crate::graph::infer::shape_range;
 use crate::graph::Node;
 use crate::tensor::{numel, Float, Tensor};
 use bytemuck::Pod;
@@ -144,13 +145,9 @@ fn axis_split(shape: &[usize], axis: usize, elem: usize) -> (usize, usize) {
     )
 }
 
-fn bad_axis(axis: i64, r: usize) -> crate::error::Error {
-    crate::err!(Runtime, "axis {axis} is out of range for rank {r}")
-}
-
 pub fn concat(ins: &[Option<&Tensor>], axis: i64, out: &mut Tensor) -> Result<()> {
     let r = out.shape().len();
-    let a = norm_axis(axis, r).ok_or_else(|| bad_axis(axis, r))?;
+    let a = common::axis_index(axis, r)?;
     let (_, inner) = axis_split(out.shape(), a, out.dtype().size());
     let xs: Vec<&Tensor> = ins.iter().flatten().copied().collect();
     // Each output row is the inputs' rows one after another.
@@ -169,7 +166,7 @@ pub fn concat(ins: &[Option<&Tensor>], axis: i64, out: &mut Tensor) -> Result<()
 /// Output shapes already hold the split sizes.
 pub fn split(x: &Tensor, axis: i64, outs: &mut [Tensor]) -> Result<()> {
     let r = x.shape().len();
-    let a = norm_axis(axis, r).ok_or_else(|| bad_axis(axis, r))?;
+    let a = common::axis_index(axis, r)?;
     let (_, inner) = axis_split(x.shape(), a, x.dtype().size());
     let x_row = x.shape()[a] * inner;
     let src = x.bytes();
@@ -182,6 +179,13 @@ pub fn split(x: &Tensor, axis: i64, outs: &mut [Tensor]) -> Result<()> {
         at += n;
     }
     Ok(())
+}
+
+/// Slice's (start, step) per dim; `args` = starts, ends, [axes], [steps].
+fn slice_steps(shape: &[usize], args: &[Option<&Tensor>]) -> Result<Vec<(i64, i64)>> {
+    common::slice_steps(shape, |i| {
+        Ok(args.get(i).copied().flatten().map(|t| t.to_i64_vec()))
+    })
 }
 
 /// `ins` = data, starts, ends, [axes], [steps].
@@ -198,31 +202,6 @@ pub fn slice(x: &Tensor, ins: &[Option<&Tensor>], out: &mut Tensor) -> Result<()
     }
     strided_copy(x, base, &st, out);
     Ok(())
-}
-
-/// The (start, step) that Slice reads along each dim of an input of shape `shape` (0, 1
-/// where not sliced); `args` = starts, ends, [axes], [steps].
-fn slice_steps(shape: &[usize], args: &[Option<&Tensor>]) -> Result<Vec<(i64, i64)>> {
-    let arg = |i: usize| args.get(i).copied().flatten().map(|t| t.to_i64_vec());
-    let (starts, ends) = (arg(0).unwrap_or_default(), arg(1).unwrap_or_default());
-    let r = shape.len();
-    let axes = arg(2).unwrap_or_else(|| (0..starts.len() as i64).collect());
-    let steps = arg(3).unwrap_or_else(|| vec![1; starts.len()]);
-    let mut out = vec![(0, 1); r];
-    for (k, &axis) in axes.iter().enumerate() {
-        let a = norm_axis(axis, r).ok_or_else(|| bad_axis(axis, r))?;
-        let (Some(&start), Some(&end), Some(&step)) = (starts.get(k), ends.get(k), steps.get(k))
-        else {
-            crate::bail!(
-                Runtime,
-                "Slice: starts, ends, axes and steps disagree in length"
-            );
-        };
-        let (s, _) =
-            slice_range(start, end, step, shape[a]).map_err(|m| crate::err!(Runtime, "{m}"))?;
-        out[a] = (s, step);
-    }
-    Ok(out)
 }
 
 /// Bidirectional broadcast of `x` to the output's shape.
@@ -266,7 +245,7 @@ fn gather_indices(
     axis: i64,
 ) -> Result<(usize, Vec<usize>)> {
     let r = shape.len();
-    let a = norm_axis(axis, r).ok_or_else(|| bad_axis(axis, r))?;
+    let a = common::axis_index(axis, r)?;
     let d = shape[a];
     let ids = idx
         .to_i64_vec()

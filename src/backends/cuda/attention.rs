@@ -8,6 +8,7 @@
 
 use super::device::{launch_grid, suffix, Arg};
 use super::{unsupported, Cuda, V};
+use crate::backends::common::{self, wanted};
 use crate::error::Result;
 use crate::graph::Node;
 use crate::tensor::DType;
@@ -48,14 +49,7 @@ fn check_heads(node: &Node, q: &V, d: usize, dv: usize) -> Result<()> {
     if !q.dtype().is_float() {
         return Err(unsupported(node, q.dtype()));
     }
-    if d > MAX_HEAD || dv > MAX_HEAD {
-        crate::bail!(
-            Runtime,
-            "{}: the cuda backend takes head sizes up to {MAX_HEAD}, got D = {d}, Dv = {dv}",
-            node.describe()
-        );
-    }
-    Ok(())
+    common::check_heads(node, "cuda", MAX_HEAD, d, dv)
 }
 
 fn default_scale(d: usize, scale: Option<f32>) -> f64 {
@@ -76,24 +70,7 @@ fn attention_geom(
     let (qs, ks, vs) = (q.shape(), k.shape(), v.shape());
     let (d, dv) = (qs[3], vs[3]);
     check_heads(node, q, d, dv)?;
-    let (mut ms, mut kind) = ([0i64; 4], 0);
-    if let Some(m) = mask {
-        kind = match m.dtype() {
-            DType::Bool => 1,
-            dt if dt == q.dtype() => 2,
-            dt => crate::bail!(
-                Runtime,
-                "{}: attn_mask must be bool or {}, got {dt}",
-                node.describe(),
-                q.dtype()
-            ),
-        };
-        let mut s = 1i64;
-        for (i, &n) in m.shape().iter().enumerate().rev() {
-            ms[4 - m.shape().len() + i] = if n == 1 { 0 } else { s };
-            s *= n as i64;
-        }
-    }
+    let (ms, kind) = common::attn_mask(node, q.dtype(), mask.map(|m| (m.dtype(), m.shape())))?;
     Ok(AttnGeom {
         hq: qs[1] as i64,
         hkv: ks[1] as i64,
@@ -169,11 +146,6 @@ fn varlen_geom(
         scale: default_scale(d, scale),
         ..Default::default()
     })
-}
-
-fn wanted<'a>(outs: &'a [V<'a>], want: &[bool], i: usize) -> Option<&'a V<'a>> {
-    outs.get(i)
-        .filter(|_| want.get(i).copied().unwrap_or(false))
 }
 
 fn forward(

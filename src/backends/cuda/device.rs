@@ -3,6 +3,7 @@
 //! by NVRTC once per process for this device's compute capability. Also the launch helper
 //! the kernel families share.
 
+pub use crate::backends::common::{bcast_strides, strides};
 use crate::error::Result;
 use crate::tensor::DType;
 use cudarc::driver::{
@@ -371,30 +372,6 @@ impl Strided {
         let refs: Vec<&[i64]> = st.iter().map(|v| &v[..]).collect();
         Strided::new(out, &refs, &[])
     }
-}
-
-/// Row-major element strides of `shape`.
-pub fn strides(shape: &[usize]) -> Vec<i64> {
-    let mut s = vec![1i64; shape.len()];
-    for i in (0..shape.len().saturating_sub(1)).rev() {
-        s[i] = s[i + 1] * shape[i + 1] as i64;
-    }
-    s
-}
-
-/// Strides of `shape` broadcast to `out` (right-aligned; 0 along size-1 or missing dims).
-pub fn bcast_strides(shape: &[usize], out: &[usize]) -> Vec<i64> {
-    let st = strides(shape);
-    let pad = out.len() - shape.len();
-    (0..out.len())
-        .map(|d| {
-            if d < pad || shape[d - pad] == 1 {
-                0
-            } else {
-                st[d - pad]
-            }
-        })
-        .collect()
 }
 
 /// A kernel argument: what a launch passes by value.

@@ -4,45 +4,12 @@
 
 use super::device::{suffix, word, Arg, Strided};
 use super::{unsupported, Cuda, V};
+use crate::backends::common::{self, act_code, unary_code};
 use crate::error::Result;
 use crate::graph::infer::ValueType;
 use crate::graph::{Activation, BinaryOp, Node, UnaryOp};
-use crate::rng::Rng;
 use crate::tensor::DType;
 use cudarc::driver::CudaSlice;
-
-/// The op code of cuda/elementwise.cu (`OP_*`) and LeakyRelu's alpha.
-fn unary_code(u: UnaryOp) -> (i32, f32) {
-    use UnaryOp as U;
-    match u {
-        U::Relu => (1, 0.0),
-        U::Gelu { tanh: false } => (2, 0.0),
-        U::Gelu { tanh: true } => (3, 0.0),
-        U::Sigmoid => (5, 0.0),
-        U::Tanh => (6, 0.0),
-        U::Neg => (7, 0.0),
-        U::Exp => (8, 0.0),
-        U::Log => (9, 0.0),
-        U::Sqrt => (10, 0.0),
-        U::Reciprocal => (11, 0.0),
-        U::Abs => (12, 0.0),
-        U::Erf => (13, 0.0),
-        U::LeakyRelu { alpha } => (14, alpha),
-    }
-}
-
-/// The op code of a FusedMatMul activation (same table as `unary_code`).
-pub fn act_code(a: Activation) -> i32 {
-    match a {
-        Activation::None => 0,
-        Activation::Relu => 1,
-        Activation::Gelu => 2,
-        Activation::GeluTanh => 3,
-        Activation::Silu => 4,
-        Activation::Sigmoid => 5,
-        Activation::Tanh => 6,
-    }
-}
 
 pub fn unary(c: &Cuda, node: &Node, u: UnaryOp, x: &V, y: &V) -> Result<()> {
     let n = y.numel();
@@ -295,15 +262,8 @@ pub fn dropout(
             None => None,
         })
     };
-    let ratio = first(ratio_in)?.unwrap_or(ratio as f64);
+    let ratio = common::dropout_ratio(node, first(ratio_in)?.unwrap_or(ratio as f64))?;
     let training = c.step > 0 || first(mode_in)?.is_some_and(|v| v != 0.0);
-    if !(0.0..1.0).contains(&ratio) {
-        crate::bail!(
-            Runtime,
-            "{}: ratio must be in [0, 1), got {ratio}",
-            node.describe()
-        );
-    }
     let (y, mask) = (&outs[0], outs.get(1));
     if !training || ratio == 0.0 {
         c.copy(y, x)?;
@@ -315,11 +275,7 @@ pub fn dropout(
     if !x.dtype().is_float() {
         return Err(unsupported(node, x.dtype()));
     }
-    // The same base seed as src/backends/cpu/elementwise.rs `dropout`.
-    let base = match seed {
-        Some(s) => s as u64,
-        None => Rng::for_name(0, &node.name).next_u64(),
-    };
+    let base = common::dropout_base_seed(node, seed);
     // The step's own mask comes from the step number on the device (cuda/elementwise.cu
     // `step_seed`), so a recorded step draws a new mask each time it is replayed.
     let n = y.numel();

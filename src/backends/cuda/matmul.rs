@@ -8,8 +8,9 @@
 //! column-major `Dᵀ[n, m] = Bᵀ·Aᵀ`, so every call swaps the operands.
 
 use super::device::{strides, Arg, Strided};
-use super::elementwise::{act_code, act_epilogue, grad_kernel};
+use super::elementwise::{act_epilogue, grad_kernel};
 use super::{unsupported, Cuda, V};
+use crate::backends::common::{act_code, wanted};
 use crate::error::Result;
 use crate::graph::infer::ValueType;
 use crate::graph::{Activation, Node};
@@ -555,9 +556,7 @@ pub fn fused(
     let (ab, bb, m, k, n) = dims(a, b, trans_b);
     let ob = broadcast(&ab, &bb).ok_or_else(|| bcast_err(node, &ab, &bb))?;
     let y = &outs[0];
-    let pre = outs
-        .get(1)
-        .filter(|_| want.get(1).copied().unwrap_or(false));
+    let pre = wanted(outs, want, 1);
     let bp = bias.map_or(0, |b| b.p);
     let has_bias = bp != 0;
     let pick = |plain: u32, with_bias: u32| if has_bias { with_bias } else { plain };
@@ -624,10 +623,7 @@ pub fn fused_grad(
     let (ab, bb, m, k, n) = dims(a, b, trans_b);
     let ob = broadcast(&ab, &bb).ok_or_else(|| bcast_err(node, &ab, &bb))?;
     let (na, nbb, nb) = (numel(&ab), numel(&bb), numel(&ob));
-    let w = |i: usize| {
-        outs.get(i)
-            .filter(|_| want.get(i).copied().unwrap_or(false))
-    };
+    let w = |i: usize| wanted(outs, want, i);
     let g = match (act, pre) {
         (Activation::None, _) => dy.p,
         (_, None) => crate::bail!(

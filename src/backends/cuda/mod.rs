@@ -416,15 +416,7 @@ impl Cuda {
         outs: &[V],
         want: &[bool],
     ) -> Result<()> {
-        let x = |i: usize| {
-            ins.get(i).copied().flatten().ok_or_else(|| {
-                crate::err!(
-                    Runtime,
-                    "{}: required input {i} is missing",
-                    node.describe()
-                )
-            })
-        };
+        let x = |i: usize| super::common::required(node, ins, i);
         let opt = |i: usize| ins.get(i).copied().flatten();
         let y = outs[0];
         match &node.op {

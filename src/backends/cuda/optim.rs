@@ -5,7 +5,7 @@ use super::device::{suffix, Arg};
 use super::Cuda;
 use crate::error::Result;
 use crate::graph::infer::ValueType;
-use crate::graph::Optimizer;
+use crate::graph::{Optimizer, StepScalars};
 
 pub fn update(
     c: &Cuda,
@@ -21,8 +21,8 @@ pub fn update(
     }
     let n = ty.numel();
     let sfx = suffix(ty.dtype);
-    match *opt {
-        Optimizer::Sgd {
+    match opt.step_scalars(t) {
+        StepScalars::Sgd {
             lr,
             momentum,
             weight_decay,
@@ -39,19 +39,15 @@ pub fn update(
             ];
             c.launch_n(&format!("sgd_{sfx}"), n, &args)
         }
-        Optimizer::Adam {
+        StepScalars::Adam {
             lr,
             beta1,
             beta2,
             eps,
             weight_decay,
-        }
-        | Optimizer::AdamW {
-            lr,
-            beta1,
-            beta2,
-            eps,
-            weight_decay,
+            decoupled,
+            decay,
+            ..
         } => {
             let [m, v] = state else {
                 crate::bail!(Runtime, "Adam keeps two state buffers, got {}", state.len());
@@ -77,8 +73,8 @@ pub fn update(
                 Arg::F64(beta2),
                 Arg::F64(eps),
                 Arg::F64(weight_decay),
-                Arg::F64(1.0 - lr * weight_decay),
-                Arg::I32(matches!(opt, Optimizer::AdamW { .. }) as i32),
+                Arg::F64(decay),
+                Arg::I32(decoupled as i32),
             ];
             c.launch_n(&format!("adam_{sfx}"), n, &args)
         }

@@ -3,21 +3,12 @@
 
 use super::device::{bcast_strides, strides, suffix, Arg, Strided};
 use super::{unsupported, Cuda, V};
+use crate::backends::common::{node_axis, wanted};
 use crate::error::Result;
-use crate::graph::infer::{norm_axis, ValueType};
+use crate::graph::infer::ValueType;
 use crate::graph::op::LossReduction;
 use crate::graph::{Node, ReduceKind};
 use crate::tensor::{numel, DType};
-
-fn axis_of(node: &Node, axis: i64, r: usize) -> Result<usize> {
-    norm_axis(axis, r).ok_or_else(|| {
-        crate::err!(
-            Runtime,
-            "{}: axis {axis} is out of range for rank {r}",
-            node.describe()
-        )
-    })
-}
 
 fn need_float(node: &Node, x: &V) -> Result<()> {
     if x.dtype().is_float() {
@@ -53,7 +44,7 @@ pub fn reduce(c: &Cuda, node: &Node, kind: ReduceKind, x: &V, axes: &[i64], y: &
     let r = x.shape().len();
     let mut red_axes = vec![];
     for &a in axes {
-        red_axes.push(axis_of(node, a, r)?);
+        red_axes.push(node_axis(node, a, r)?);
     }
     if axes.is_empty() {
         red_axes = (0..r).collect();
@@ -177,7 +168,7 @@ fn around(shape: &[usize], a: usize) -> (usize, usize, usize) {
 
 pub fn softmax(c: &Cuda, node: &Node, x: &V, axis: i64, log: bool, y: &V) -> Result<()> {
     need_float(node, x)?;
-    let a = axis_of(node, axis, x.shape().len())?;
+    let a = node_axis(node, axis, x.shape().len())?;
     let (rows, n, inner) = around(x.shape(), a);
     let args = [
         Arg::Ptr(x.p),
@@ -204,7 +195,7 @@ pub fn softmax_grad(
     dx: &V,
 ) -> Result<()> {
     need_float(node, y)?;
-    let a = axis_of(node, axis, y.shape().len())?;
+    let a = node_axis(node, axis, y.shape().len())?;
     let (rows, n, inner) = around(y.shape(), a);
     let args = [
         Arg::Ptr(dy.p),
@@ -268,7 +259,7 @@ pub fn layer_norm(
     want: &[bool],
 ) -> Result<()> {
     need_float(node, x)?;
-    let a = axis_of(node, axis, x.shape().len())?;
+    let a = node_axis(node, axis, x.shape().len())?;
     let norm = &x.shape()[a..];
     let (rows, n) = (numel(&x.shape()[..a]), numel(norm));
     let g = expanded(c, scale, norm)?;
@@ -282,11 +273,7 @@ pub fn layer_norm(
         (None, Some(v)) => v.p,
         (None, None) => 0,
     };
-    let stat = |i: usize| {
-        outs.get(i)
-            .filter(|_| want.get(i).copied().unwrap_or(false))
-            .map_or(0, |v| v.p)
-    };
+    let stat = |i: usize| wanted(outs, want, i).map_or(0, |v| v.p);
     if n == 0 {
         crate::bail!(
             Runtime,
@@ -326,13 +313,10 @@ pub fn layer_norm_grad(
     if mean.dtype().size() != acc_bytes(x.dtype()) || inv.dtype() != mean.dtype() {
         return Err(unsupported(node, mean.dtype()));
     }
-    let a = axis_of(node, axis, x.shape().len())?;
+    let a = node_axis(node, axis, x.shape().len())?;
     let norm = &x.shape()[a..];
     let (rows, n) = (numel(&x.shape()[..a]), numel(norm));
-    let w = |i: usize| {
-        outs.get(i)
-            .filter(|_| want.get(i).copied().unwrap_or(false))
-    };
+    let w = |i: usize| wanted(outs, want, i);
     let sfx = suffix(x.dtype());
     if n == 0 || rows == 0 {
         for o in outs.iter().skip(1) {
@@ -481,10 +465,7 @@ pub fn sce(
 ) -> Result<()> {
     need_float(node, x)?;
     let l = labels(c, node, x, lab, ignore)?;
-    let logp = outs
-        .get(1)
-        .filter(|_| want.get(1).copied().unwrap_or(false))
-        .map_or(0, |v| v.p);
+    let logp = wanted(outs, want, 1).map_or(0, |v| v.p);
     let (loss, wt, ne) = sce_rows(c, x, l, weights, ignore, logp)?;
     let code = reduction_code(reduction);
     let args = [

@@ -3,8 +3,8 @@
 
 use super::device::{strides, suffix, word, Arg, Strided};
 use super::{unsupported, Cuda, V};
+use crate::backends::common;
 use crate::error::Result;
-use crate::graph::infer::{norm_axis, slice_range};
 use crate::graph::Node;
 use crate::tensor::numel;
 
@@ -75,10 +75,6 @@ fn gather_copy(c: &Cuda, x: &V, y: &V, st: &[i64], base: i64) -> Result<()> {
     strided_copy(c, x, y, y.shape(), st, base, &strides(y.shape()), 0)
 }
 
-fn bad_axis(axis: i64, r: usize) -> crate::error::Error {
-    crate::err!(Runtime, "axis {axis} is out of range for rank {r}")
-}
-
 pub fn transpose(c: &Cuda, x: &V, perm: Option<&[usize]>, y: &V) -> Result<()> {
     let st = strides(x.shape());
     let r = st.len();
@@ -102,7 +98,7 @@ pub fn expand(c: &Cuda, x: &V, y: &V) -> Result<()> {
 /// Each input is written into its window of the output along `axis`.
 pub fn concat(c: &Cuda, ins: &[Option<V>], axis: i64, y: &V) -> Result<()> {
     let r = y.shape().len();
-    let a = norm_axis(axis, r).ok_or_else(|| bad_axis(axis, r))?;
+    let a = common::axis_index(axis, r)?;
     let yst = strides(y.shape());
     let mut at = 0i64;
     for x in ins.iter().flatten() {
@@ -124,7 +120,7 @@ pub fn concat(c: &Cuda, ins: &[Option<V>], axis: i64, y: &V) -> Result<()> {
 /// Each output reads its window of the input along `axis`.
 pub fn split(c: &Cuda, x: &V, axis: i64, outs: &[V]) -> Result<()> {
     let r = x.shape().len();
-    let a = norm_axis(axis, r).ok_or_else(|| bad_axis(axis, r))?;
+    let a = common::axis_index(axis, r)?;
     let xst = strides(x.shape());
     let mut at = 0i64;
     for y in outs {
@@ -132,36 +128,6 @@ pub fn split(c: &Cuda, x: &V, axis: i64, outs: &[V]) -> Result<()> {
         at += y.shape()[a] as i64;
     }
     Ok(())
-}
-
-/// (start, step) per axis of a Slice over `shape`, from its starts/ends/axes/steps inputs
-/// (read back from the device: they decide offsets).
-fn slice_steps(c: &Cuda, shape: &[usize], args: &[Option<V>]) -> Result<Vec<(i64, i64)>> {
-    let arg = |i: usize| -> Result<Option<Vec<i64>>> {
-        match args.get(i).copied().flatten() {
-            Some(v) => Ok(Some(c.read(&v)?.to_i64_vec())),
-            None => Ok(None),
-        }
-    };
-    let (starts, ends) = (arg(0)?.unwrap_or_default(), arg(1)?.unwrap_or_default());
-    let r = shape.len();
-    let axes = arg(2)?.unwrap_or_else(|| (0..starts.len() as i64).collect());
-    let steps = arg(3)?.unwrap_or_else(|| vec![1; starts.len()]);
-    let mut out = vec![(0, 1); r];
-    for (k, &axis) in axes.iter().enumerate() {
-        let a = norm_axis(axis, r).ok_or_else(|| bad_axis(axis, r))?;
-        let (Some(&start), Some(&end), Some(&step)) = (starts.get(k), ends.get(k), steps.get(k))
-        else {
-            crate::bail!(
-                Runtime,
-                "Slice: starts, ends, axes and steps disagree in length"
-            );
-        };
-        let (s, _) =
-            slice_range(start, end, step, shape[a]).map_err(|m| crate::err!(Runtime, "{m}"))?;
-        out[a] = (s, step);
-    }
-    Ok(out)
 }
 
 /// The strides and base offset that read the slice `sel` of a tensor of `shape`.
@@ -175,6 +141,15 @@ fn slice_view(shape: &[usize], sliced: &[usize], sel: &[(i64, i64)]) -> (Vec<i64
         st[a] = st[a].saturating_mul(step);
     }
     (st, base)
+}
+
+/// Slice's (start, step) per dim, its starts/ends/axes/steps inputs read back from the
+/// device (they decide offsets).
+fn slice_steps(c: &Cuda, shape: &[usize], args: &[Option<V>]) -> Result<Vec<(i64, i64)>> {
+    common::slice_steps(shape, |i| match args.get(i).copied().flatten() {
+        Some(v) => Ok(Some(c.read(&v)?.to_i64_vec())),
+        None => Ok(None),
+    })
 }
 
 pub fn slice(c: &Cuda, x: &V, ins: &[Option<V>], y: &V) -> Result<()> {
@@ -200,7 +175,7 @@ fn indices(
     axis: i64,
 ) -> Result<(usize, Vec<i64>)> {
     let r = shape.len();
-    let a = norm_axis(axis, r).ok_or_else(|| bad_axis(axis, r))?;
+    let a = common::axis_index(axis, r)?;
     let d = shape[a] as i64;
     let ids = c
         .read(idx)?

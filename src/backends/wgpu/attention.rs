@@ -6,6 +6,7 @@
 
 use super::device::{groups_for, Family, Kernel};
 use super::{float_defs, unsupported, Params, Wgpu, V};
+use crate::backends::common::{self, wanted};
 use crate::error::Result;
 use crate::graph::Node;
 use crate::tensor::DType;
@@ -99,17 +100,6 @@ impl Geom {
     }
 }
 
-fn check_heads(node: &Node, d: usize, dv: usize) -> Result<()> {
-    if d > MAX_HEAD || dv > MAX_HEAD {
-        crate::bail!(
-            Runtime,
-            "{}: the wgpu backend takes head sizes up to {MAX_HEAD}, got D = {d}, Dv = {dv}",
-            node.describe()
-        );
-    }
-    Ok(())
-}
-
 fn default_scale(d: usize, scale: Option<f32>) -> f32 {
     scale.unwrap_or(1.0 / (d as f32).sqrt())
 }
@@ -125,25 +115,8 @@ fn attention_geom(
 ) -> Result<Geom> {
     let (qs, ks, vs) = (q.shape(), k.shape(), v.shape());
     let (d, dv) = (qs[3], vs[3]);
-    check_heads(node, d, dv)?;
-    let (mut ms, mut kind) = ([0i64; 4], 0);
-    if let Some(m) = mask {
-        kind = match m.dtype() {
-            DType::Bool => 1,
-            dt if dt == q.dtype() => 2,
-            dt => crate::bail!(
-                Runtime,
-                "{}: attn_mask must be bool or {}, got {dt}",
-                node.describe(),
-                q.dtype()
-            ),
-        };
-        let mut s = 1i64;
-        for (i, &n) in m.shape().iter().enumerate().rev() {
-            ms[4 - m.shape().len() + i] = if n == 1 { 0 } else { s };
-            s *= n as i64;
-        }
-    }
+    common::check_heads(node, "wgpu", MAX_HEAD, d, dv)?;
+    let (ms, kind) = common::attn_mask(node, q.dtype(), mask.map(|m| (m.dtype(), m.shape())))?;
     Ok(Geom {
         batch: qs[0],
         hq: qs[1],
@@ -155,7 +128,7 @@ fn attention_geom(
         ms,
         rows: qs[0] * qs[1] * qs[2],
         causal,
-        mask_kind: kind,
+        mask_kind: kind as usize,
         scale: default_scale(d, scale),
         ..Default::default()
     })
@@ -171,7 +144,7 @@ fn varlen_geom(
 ) -> Result<Geom> {
     let (qs, ks, vs) = (q.shape(), k.shape(), v.shape());
     let (d, dv) = (qs[2], vs[2]);
-    check_heads(node, d, dv)?;
+    common::check_heads(node, "wgpu", MAX_HEAD, d, dv)?;
     let iw = match cu[0].dtype() {
         DType::I64 => 2,
         DType::I32 => 1,
@@ -312,10 +285,7 @@ fn backward(
         (2, Some(m)) => (&dr, m.buf),
         _ => (&dr, &dr),
     };
-    let out = |i: usize| {
-        outs.get(i)
-            .filter(|_| want.get(i).copied().unwrap_or(false))
-    };
+    let out = |i: usize| wanted(outs, want, i);
     fn with<'b>(
         mut v: Vec<(u32, &'b wgpu::Buffer)>,
         extra: [(u32, &'b wgpu::Buffer); 2],

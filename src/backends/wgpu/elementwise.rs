@@ -3,44 +3,11 @@
 
 use super::device::{groups_for, Family};
 use super::{float_defs, shape, Params, Strided, Wgpu, V};
+use crate::backends::common::{self, unary_code};
 use crate::error::Result;
 use crate::graph::infer::ValueType;
-use crate::graph::{Activation, BinaryOp, Node, UnaryOp};
-use crate::rng::Rng;
+use crate::graph::{BinaryOp, Node, UnaryOp};
 use crate::tensor::DType;
-
-/// The op code of shaders/common.wgsl (`OP_*`) and LeakyRelu's alpha.
-fn unary_code(u: UnaryOp) -> (u32, f32) {
-    use UnaryOp as U;
-    match u {
-        U::Relu => (1, 0.0),
-        U::Gelu { tanh: false } => (2, 0.0),
-        U::Gelu { tanh: true } => (3, 0.0),
-        U::Sigmoid => (5, 0.0),
-        U::Tanh => (6, 0.0),
-        U::Neg => (7, 0.0),
-        U::Exp => (8, 0.0),
-        U::Log => (9, 0.0),
-        U::Sqrt => (10, 0.0),
-        U::Reciprocal => (11, 0.0),
-        U::Abs => (12, 0.0),
-        U::Erf => (13, 0.0),
-        U::LeakyRelu { alpha } => (14, alpha),
-    }
-}
-
-/// The op code of a FusedMatMul activation (same table as `unary_code`).
-pub fn act_code(a: Activation) -> u32 {
-    match a {
-        Activation::None => 0,
-        Activation::Relu => 1,
-        Activation::Gelu => 2,
-        Activation::GeluTanh => 3,
-        Activation::Silu => 4,
-        Activation::Sigmoid => 5,
-        Activation::Tanh => 6,
-    }
-}
 
 /// The defs of an arithmetic kernel: floats compute in f32, i32 in i32.
 fn num_defs(w: &Wgpu, node: &Node, dt: DType) -> Result<String> {
@@ -71,7 +38,7 @@ pub fn grad_kernel(
     dy: &V,
     x: &V,
     out: &V,
-    op: u32,
+    op: i32,
     alpha: f32,
 ) -> Result<()> {
     let defs = float_defs(w, node, x.dtype())?;
@@ -188,14 +155,8 @@ pub fn dropout(
     };
     let ratio = first(ratio_in)?.unwrap_or(ratio as f64);
     let mode = first(mode_in)?;
+    let ratio = common::dropout_ratio(node, ratio)?;
     let training = w.step > 0 || mode.is_some_and(|v| v != 0.0);
-    if !(0.0..1.0).contains(&ratio) {
-        crate::bail!(
-            Runtime,
-            "{}: ratio must be in [0, 1), got {ratio}",
-            node.describe()
-        );
-    }
     let (y, mask) = (&outs[0], outs.get(1));
     if !training || ratio == 0.0 {
         w.rec.copy(x.buf, y.buf, y.ty.bytes());
@@ -206,15 +167,7 @@ pub fn dropout(
         return Ok(());
     }
     let defs = float_defs(w, node, x.dtype())?;
-    // The same base seed as src/backends/cpu/elementwise.rs `dropout`.
-    let base = match seed {
-        Some(s) => s as u64,
-        None => Rng::for_name(0, &node.name).next_u64(),
-    };
-    let base = match w.step {
-        0 => base,
-        t => Rng::new(base ^ t.wrapping_mul(0x9E37_79B9_7F4A_7C15)).next_u64(),
-    };
+    let base = common::dropout_step_seed(common::dropout_base_seed(node, seed), w.step);
     // uniform = k / 2^53 >= ratio  ⇔  k >= ceil(ratio · 2^53), exact in f64.
     let thr = (ratio * (1u64 << 53) as f64).ceil() as u64;
     let n = y.numel();

@@ -3,9 +3,10 @@
 //! over strided views (transposes are strides, never copies).
 
 use super::device::Family;
-use super::elementwise::{act_code, grad_kernel};
+use super::elementwise::grad_kernel;
 use super::reduce::sum_rows;
 use super::{bcast_strides, float_defs, strides, Params, Strided, Wgpu, V};
+use crate::backends::common::{act_code, wanted};
 use crate::error::Result;
 use crate::graph::{Activation, Node};
 use crate::tensor::{numel, DType};
@@ -348,9 +349,7 @@ pub fn fused(
         p.r = (rm, rn);
         p.bst[2] = st[..nb].to_vec();
     }
-    let pre = outs
-        .get(1)
-        .filter(|_| want.get(1).copied().unwrap_or(false));
+    let pre = wanted(outs, want, 1);
     launch(
         w,
         node,
@@ -384,10 +383,7 @@ pub fn fused_grad(
     let d = dims(node, a, b, trans_b)?;
     let (m, k, n) = (d.m, d.k, d.n);
     let nb = numel(&d.ob);
-    let out = |i: usize| {
-        outs.get(i)
-            .filter(|_| want.get(i).copied().unwrap_or(false))
-    };
+    let out = |i: usize| wanted(outs, want, i);
     let g_buf;
     let g = match (act, pre) {
         (Activation::None, _) => dy.buf,

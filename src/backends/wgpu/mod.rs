@@ -21,6 +21,7 @@ mod shape;
 
 pub use device::{available, doctor_lines};
 
+use super::common::{bcast_strides, strides};
 use super::Backend;
 use crate::error::Result;
 use crate::graph::infer::ValueType;
@@ -97,35 +98,6 @@ fn float_defs(w: &Wgpu, node: &Node, dt: DType) -> Result<String> {
 
 /// Up to this many dims in a strided walk (shaders/common.wgsl `offset_at`).
 const MAX_RANK: usize = 8;
-
-/// Row-major element strides of a shape.
-pub fn strides(shape: &[usize]) -> Vec<i64> {
-    let mut s = vec![1i64; shape.len()];
-    for i in (0..shape.len().saturating_sub(1)).rev() {
-        s[i] = s[i + 1] * shape[i + 1] as i64;
-    }
-    s
-}
-
-/// Strides of `inp` broadcast (numpy rules) to `out`: 0 along broadcast or missing dims.
-pub fn bcast_strides(inp: &[usize], out: &[usize]) -> Vec<i64> {
-    let st = strides(inp);
-    let off = out.len() - inp.len().min(out.len());
-    (0..out.len())
-        .map(|d| {
-            if d < off {
-                0
-            } else {
-                let i = d - off;
-                if inp[i] == 1 {
-                    0
-                } else {
-                    st[i]
-                }
-            }
-        })
-        .collect()
-}
 
 /// A strided walk over `shape` for up to 3 operands (shaders/common.wgsl `offset_at`).
 #[derive(Clone, Debug, Default)]
@@ -334,15 +306,7 @@ impl Wgpu {
         outs: &[V],
         want: &[bool],
     ) -> Result<()> {
-        let x = |i: usize| {
-            ins.get(i).copied().flatten().ok_or_else(|| {
-                crate::err!(
-                    Runtime,
-                    "{}: required input {i} is missing",
-                    node.describe()
-                )
-            })
-        };
+        let x = |i: usize| super::common::required(node, ins, i);
         let opt = |i: usize| ins.get(i).copied().flatten();
         let y = outs[0];
         match &node.op {

@@ -5,7 +5,7 @@ use super::device::{groups_for, Family};
 use super::{float_defs, Params, Wgpu};
 use crate::error::Result;
 use crate::graph::infer::ValueType;
-use crate::graph::{Node, Op, Optimizer};
+use crate::graph::{Node, Op, Optimizer, StepScalars};
 
 pub fn update(
     w: &mut Wgpu,
@@ -33,8 +33,8 @@ pub fn update(
     })?;
     let n = ty.numel();
     let mut p = Params::new().u(0, n);
-    match *opt {
-        Optimizer::Sgd {
+    match opt.step_scalars(t) {
+        StepScalars::Sgd {
             lr,
             momentum,
             weight_decay,
@@ -45,23 +45,17 @@ pub fn update(
                 .f(3, momentum as f32)
                 .f(6, weight_decay as f32);
         }
-        Optimizer::Adam {
+        StepScalars::Adam {
             lr,
             beta1,
             beta2,
             eps,
             weight_decay,
-        }
-        | Optimizer::AdamW {
-            lr,
-            beta1,
-            beta2,
-            eps,
-            weight_decay,
+            decoupled,
+            step_size,
+            sqrt_bc2,
+            decay,
         } => {
-            let decoupled = matches!(opt, Optimizer::AdamW { .. });
-            let ti = t.min(i32::MAX as u64) as i32;
-            let (bc1, bc2) = (1.0 - beta1.powi(ti), 1.0 - beta2.powi(ti));
             p = p
                 .u(1, if decoupled { 3 } else { 2 })
                 .f(2, lr as f32)
@@ -69,9 +63,9 @@ pub fn update(
                 .f(4, beta2 as f32)
                 .f(5, eps as f32)
                 .f(6, weight_decay as f32)
-                .f(7, (lr / bc1) as f32)
-                .f(8, bc2.sqrt() as f32)
-                .f(9, (1.0 - lr * weight_decay) as f32);
+                .f(7, step_size as f32)
+                .f(8, sqrt_bc2 as f32)
+                .f(9, decay as f32);
         }
     }
     let (s0, s1) = (w.scratch(16), w.scratch(16));

@@ -4,21 +4,12 @@
 
 use super::device::{groups_for, Family, Kernel};
 use super::{bcast_strides, float_defs, strides, unsupported, Params, Strided, Wgpu, V};
+use crate::backends::common::{node_axis, wanted};
 use crate::error::Result;
-use crate::graph::infer::{norm_axis, ValueType};
+use crate::graph::infer::ValueType;
 use crate::graph::op::LossReduction;
 use crate::graph::{Node, ReduceKind};
 use crate::tensor::{numel, DType};
-
-fn axis_of(node: &Node, axis: i64, r: usize) -> Result<usize> {
-    norm_axis(axis, r).ok_or_else(|| {
-        crate::err!(
-            Runtime,
-            "{}: axis {axis} is out of range for rank {r}",
-            node.describe()
-        )
-    })
-}
 
 /// A reduce-family kernel for `dt`; `iw` is the words per label (SCE).
 fn kernel<'a>(w: &Wgpu, node: &Node, entry: &'a str, dt: DType, iw: usize) -> Result<Kernel<'a>> {
@@ -45,7 +36,7 @@ pub fn reduce(
         red = vec![true; r];
     }
     for &a in axes {
-        red[axis_of(node, a, r)?] = true;
+        red[node_axis(node, a, r)?] = true;
     }
     let xs = strides(x.shape());
     let pick = |want: bool| -> (Vec<usize>, Vec<i64>) {
@@ -123,7 +114,7 @@ fn around(shape: &[usize], a: usize) -> (usize, usize, usize) {
 }
 
 pub fn softmax(w: &mut Wgpu, node: &Node, x: &V, axis: i64, log: bool, y: &V) -> Result<()> {
-    let a = axis_of(node, axis, x.shape().len())?;
+    let a = node_axis(node, axis, x.shape().len())?;
     let (outer, n, inner) = around(x.shape(), a);
     let p = Params::new().u(0, n).u(1, inner.max(1)).u(2, log as usize);
     let k = kernel(w, node, "softmax", x.dtype(), 1)?;
@@ -144,7 +135,7 @@ pub fn softmax_grad(
     log: bool,
     dx: &V,
 ) -> Result<()> {
-    let a = axis_of(node, axis, y.shape().len())?;
+    let a = node_axis(node, axis, y.shape().len())?;
     let (outer, n, inner) = around(y.shape(), a);
     let p = Params::new().u(0, n).u(1, inner.max(1)).u(2, log as usize);
     let k = kernel(w, node, "softmax_grad", y.dtype(), 1)?;
@@ -178,7 +169,7 @@ pub fn layer_norm(
     eps: f32,
     outs: &[V],
 ) -> Result<()> {
-    let a = axis_of(node, axis, x.shape().len())?;
+    let a = node_axis(node, axis, x.shape().len())?;
     let norm = &x.shape()[a..];
     let (rows, n) = (numel(&x.shape()[..a]), numel(norm));
     if n == 0 {
@@ -232,13 +223,10 @@ pub fn layer_norm_grad(
     if mean.dtype() != DType::F32 || inv.dtype() != DType::F32 {
         return Err(unsupported(node, mean.dtype()));
     }
-    let a = axis_of(node, axis, x.shape().len())?;
+    let a = node_axis(node, axis, x.shape().len())?;
     let norm = &x.shape()[a..];
     let (rows, n) = (numel(&x.shape()[..a]), numel(norm));
-    let out = |i: usize| {
-        outs.get(i)
-            .filter(|_| want.get(i).copied().unwrap_or(false))
-    };
+    let out = |i: usize| wanted(outs, want, i);
     if n == 0 || rows == 0 {
         for o in outs.iter().skip(1) {
             w.rec.clear(o.buf, o.ty.bytes());
@@ -357,10 +345,7 @@ pub fn sce(
     outs: &[V],
     want: &[bool],
 ) -> Result<()> {
-    let logp = outs
-        .get(1)
-        .filter(|_| want.get(1).copied().unwrap_or(false))
-        .map(|v| v.buf);
+    let logp = wanted(outs, want, 1).map(|v| v.buf);
     let (loss, wt, ne) = sce_rows(w, node, x, labels, weights, ignore, logp)?;
     let code = reduction_code(reduction);
     let p = Params::new().u(0, ne).u(1, code);

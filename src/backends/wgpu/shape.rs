@@ -3,8 +3,9 @@
 
 use super::device::{groups_for, Family, Kernel};
 use super::{bcast_strides, float_defs, strides, unsupported, Params, Strided, Wgpu, V};
+use crate::backends::common;
 use crate::error::Result;
-use crate::graph::infer::{norm_axis, ValueType};
+use crate::graph::infer::ValueType;
 use crate::graph::Node;
 use crate::tensor::{numel, DType};
 
@@ -65,10 +66,6 @@ pub(super) fn view(w: &mut Wgpu, x: &V, y: &V, st: &[i64], base: i64) -> Result<
     copy_kernel(w, 0, p, [x.buf, y.buf, &d, &d], y)
 }
 
-fn bad_axis(axis: i64, r: usize) -> crate::error::Error {
-    crate::err!(Runtime, "axis {axis} is out of range for rank {r}")
-}
-
 pub fn transpose(w: &mut Wgpu, x: &V, perm: Option<&[usize]>, y: &V) -> Result<()> {
     let r = x.shape().len();
     let rev: Vec<usize> = (0..r).rev().collect();
@@ -84,7 +81,7 @@ pub fn expand(w: &mut Wgpu, x: &V, y: &V) -> Result<()> {
 
 pub fn concat(w: &mut Wgpu, ins: &[Option<V>], axis: i64, y: &V) -> Result<()> {
     let r = y.shape().len();
-    let a = norm_axis(axis, r).ok_or_else(|| bad_axis(axis, r))?;
+    let a = common::axis_index(axis, r)?;
     let inner = numel(&y.shape()[a + 1..]);
     let dim = y.shape()[a];
     let mut at = 0usize;
@@ -109,7 +106,7 @@ pub fn concat(w: &mut Wgpu, ins: &[Option<V>], axis: i64, y: &V) -> Result<()> {
 
 pub fn split(w: &mut Wgpu, x: &V, axis: i64, outs: &[V]) -> Result<()> {
     let r = x.shape().len();
-    let a = norm_axis(axis, r).ok_or_else(|| bad_axis(axis, r))?;
+    let a = common::axis_index(axis, r)?;
     let xs = strides(x.shape());
     let mut at = 0i64;
     for y in outs {
@@ -121,34 +118,13 @@ pub fn split(w: &mut Wgpu, x: &V, axis: i64, outs: &[V]) -> Result<()> {
     Ok(())
 }
 
-/// (start, step) per axis of a Slice over `shape`, from its starts/ends/axes/steps inputs
-/// (read back: they decide offsets).
+/// Slice's (start, step) per dim, its starts/ends/axes/steps inputs read back (they
+/// decide offsets).
 fn slice_steps(w: &mut Wgpu, shape: &[usize], args: &[Option<V>]) -> Result<Vec<(i64, i64)>> {
-    let mut arg = |i: usize| -> Result<Option<Vec<i64>>> {
-        match args.get(i).copied().flatten() {
-            Some(v) => Ok(Some(w.read(&v)?.to_i64_vec())),
-            None => Ok(None),
-        }
-    };
-    let (starts, ends) = (arg(0)?.unwrap_or_default(), arg(1)?.unwrap_or_default());
-    let r = shape.len();
-    let axes = arg(2)?.unwrap_or_else(|| (0..starts.len() as i64).collect());
-    let steps = arg(3)?.unwrap_or_else(|| vec![1; starts.len()]);
-    let mut out = vec![(0, 1); r];
-    for (k, &axis) in axes.iter().enumerate() {
-        let a = norm_axis(axis, r).ok_or_else(|| bad_axis(axis, r))?;
-        let (Some(&start), Some(&end), Some(&step)) = (starts.get(k), ends.get(k), steps.get(k))
-        else {
-            crate::bail!(
-                Runtime,
-                "Slice: starts, ends, axes and steps disagree in length"
-            );
-        };
-        let (s, _) = crate::graph::infer::slice_range(start, end, step, shape[a])
-            .map_err(|m| crate::err!(Runtime, "{m}"))?;
-        out[a] = (s, step);
-    }
-    Ok(out)
+    common::slice_steps(shape, |i| match args.get(i).copied().flatten() {
+        Some(v) => Ok(Some(w.read(&v)?.to_i64_vec())),
+        None => Ok(None),
+    })
 }
 
 pub fn slice(w: &mut Wgpu, x: &V, ins: &[Option<V>], y: &V) -> Result<()> {
@@ -219,7 +195,7 @@ fn index_words(node: &Node, idx: &V) -> Result<usize> {
 
 pub fn gather(w: &mut Wgpu, node: &Node, x: &V, idx: &V, axis: i64, y: &V) -> Result<()> {
     let r = x.shape().len();
-    let a = norm_axis(axis, r).ok_or_else(|| bad_axis(axis, r))?;
+    let a = common::axis_index(axis, r)?;
     let p = Params::new()
         .u(3, numel(&x.shape()[a + 1..]))
         .u(4, idx.numel().max(1))
@@ -235,7 +211,7 @@ pub fn gather_grad(w: &mut Wgpu, node: &Node, dy: &V, idx: &V, axis: i64, out: &
     let dt = out.dtype();
     float_defs(w, node, dt)?;
     let r = out.shape().len();
-    let a = norm_axis(axis, r).ok_or_else(|| bad_axis(axis, r))?;
+    let a = common::axis_index(axis, r)?;
     let acc_ty = ValueType::new(DType::F32, out.shape());
     let scratch;
     let acc = if dt == DType::F32 {

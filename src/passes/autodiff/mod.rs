@@ -262,6 +262,13 @@ impl Builder {
         self.training
     }
 
+    /// The output types of `n` from the types and host constants known so far.
+    fn infer(&self, n: &Node) -> Result<Vec<ValueType>> {
+        let tys = n.map_inputs(|i| self.types.get(i));
+        let cs = n.map_inputs(|i| self.consts.get(i));
+        infer::infer_node(n, &tys, &cs)
+    }
+
     /// Adds a node; `outs` are value-name hints ("" leaves that output unnamed).
     pub fn node(&mut self, op: Op, ins: &[&str], outs: &[&str]) -> Result<Vec<String>> {
         let name = self.fresh(&format!("{}/{}", self.cur, op.name()));
@@ -282,19 +289,7 @@ impl Builder {
             outputs,
             loc: None,
         };
-        let tys: Vec<Option<&ValueType>> = node
-            .inputs
-            .iter()
-            .map(|i| {
-                if i.is_empty() {
-                    None
-                } else {
-                    self.types.get(i)
-                }
-            })
-            .collect();
-        let cs: Vec<Option<&Tensor>> = node.inputs.iter().map(|i| self.consts.get(i)).collect();
-        let out_types = infer::infer_node(&node, &tys, &cs)?;
+        let out_types = self.infer(&node)?;
         if let Op::Constant { value } = &node.op {
             self.consts.insert(node.outputs[0].clone(), value.clone());
         }
@@ -415,19 +410,7 @@ impl Builder {
         }
         n.outputs[k] = name.clone();
         let n = &self.g.nodes[ni];
-        let tys: Vec<Option<&ValueType>> = n
-            .inputs
-            .iter()
-            .map(|i| {
-                if i.is_empty() {
-                    None
-                } else {
-                    self.types.get(i)
-                }
-            })
-            .collect();
-        let cs: Vec<Option<&Tensor>> = n.inputs.iter().map(|i| self.consts.get(i)).collect();
-        let t = infer::infer_node(n, &tys, &cs)?.swap_remove(k);
+        let t = self.infer(n)?.swap_remove(k);
         self.types.insert(name.clone(), t);
         Ok(name)
     }

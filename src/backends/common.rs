@@ -1,0 +1,206 @@
+//! Host-side bookkeeping that every backend does the same way before it launches
+//! anything: strides and broadcasting, axes, Slice's read-back arguments, the op-code
+//! tables that cuda/elementwise.cu and shaders/common.wgsl share, and attention's head and
+//! mask checks. Only plain values go in and out, so a backend keeps its own buffer and
+//! argument types and each rule lives once.
+
+use crate::error::Result;
+use crate::graph::infer::{norm_axis, slice_range};
+use crate::graph::{Activation, Node, UnaryOp};
+use crate::rng::Rng;
+use crate::tensor::DType;
+
+/// Row-major element strides of `shape`.
+pub fn strides(shape: &[usize]) -> Vec<i64> {
+    let mut s = vec![1i64; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        s[i] = s[i + 1] * shape[i + 1] as i64;
+    }
+    s
+}
+
+/// Strides of `inp` broadcast (numpy rules, right-aligned) to `out`: 0 along size-1 or
+/// missing dims.
+pub fn bcast_strides(inp: &[usize], out: &[usize]) -> Vec<i64> {
+    let st = strides(inp);
+    let pad = out.len() - inp.len().min(out.len());
+    (0..out.len())
+        .map(|d| {
+            if d < pad || inp[d - pad] == 1 {
+                0
+            } else {
+                st[d - pad]
+            }
+        })
+        .collect()
+}
+
+/// `axis` (negative counts from the end) as a dim of a rank-`r` tensor.
+pub fn axis_index(axis: i64, r: usize) -> Result<usize> {
+    norm_axis(axis, r)
+        .ok_or_else(|| crate::err!(Runtime, "axis {axis} is out of range for rank {r}"))
+}
+
+/// Like `axis_index`, the error naming the node.
+pub fn node_axis(node: &Node, axis: i64, r: usize) -> Result<usize> {
+    norm_axis(axis, r).ok_or_else(|| {
+        crate::err!(
+            Runtime,
+            "{}: axis {axis} is out of range for rank {r}",
+            node.describe()
+        )
+    })
+}
+
+/// The (start, step) that Slice reads along each dim of an input of shape `shape` (0, 1
+/// where not sliced). `arg(i)` reads starts, ends, axes, steps (i = 0..4) back from the
+/// device, `None` for an omitted one.
+pub fn slice_steps(
+    shape: &[usize],
+    mut arg: impl FnMut(usize) -> Result<Option<Vec<i64>>>,
+) -> Result<Vec<(i64, i64)>> {
+    let (starts, ends) = (arg(0)?.unwrap_or_default(), arg(1)?.unwrap_or_default());
+    let r = shape.len();
+    let axes = arg(2)?.unwrap_or_else(|| (0..starts.len() as i64).collect());
+    let steps = arg(3)?.unwrap_or_else(|| vec![1; starts.len()]);
+    let mut out = vec![(0, 1); r];
+    for (k, &ax) in axes.iter().enumerate() {
+        let a = axis_index(ax, r)?;
+        let (Some(&start), Some(&end), Some(&step)) = (starts.get(k), ends.get(k), steps.get(k))
+        else {
+            crate::bail!(
+                Runtime,
+                "Slice: starts, ends, axes and steps disagree in length"
+            );
+        };
+        let (s, _) =
+            slice_range(start, end, step, shape[a]).map_err(|m| crate::err!(Runtime, "{m}"))?;
+        out[a] = (s, step);
+    }
+    Ok(out)
+}
+
+/// Output `i` when the executor wants it (`want[i]`), else None: gradients nobody reads
+/// are not computed.
+pub fn wanted<'a, T>(outs: &'a [T], want: &[bool], i: usize) -> Option<&'a T> {
+    outs.get(i)
+        .filter(|_| want.get(i).copied().unwrap_or(false))
+}
+
+/// The op code of a unary map (`OP_*` of cuda/elementwise.cu and shaders/common.wgsl)
+/// and LeakyRelu's alpha.
+pub fn unary_code(u: UnaryOp) -> (i32, f32) {
+    use UnaryOp as U;
+    match u {
+        U::Relu => (1, 0.0),
+        U::Gelu { tanh: false } => (2, 0.0),
+        U::Gelu { tanh: true } => (3, 0.0),
+        U::Sigmoid => (5, 0.0),
+        U::Tanh => (6, 0.0),
+        U::Neg => (7, 0.0),
+        U::Exp => (8, 0.0),
+        U::Log => (9, 0.0),
+        U::Sqrt => (10, 0.0),
+        U::Reciprocal => (11, 0.0),
+        U::Abs => (12, 0.0),
+        U::Erf => (13, 0.0),
+        U::LeakyRelu { alpha } => (14, alpha),
+    }
+}
+
+/// The op code of a FusedMatMul activation (same table as `unary_code`).
+pub fn act_code(a: Activation) -> i32 {
+    match a {
+        Activation::None => 0,
+        Activation::Relu => 1,
+        Activation::Gelu => 2,
+        Activation::GeluTanh => 3,
+        Activation::Silu => 4,
+        Activation::Sigmoid => 5,
+        Activation::Tanh => 6,
+    }
+}
+
+/// Head sizes D (of Q, K) and Dv (of V) of at most `max`, the kernels' register budget.
+pub fn check_heads(node: &Node, backend: &str, max: usize, d: usize, dv: usize) -> Result<()> {
+    if d > max || dv > max {
+        crate::bail!(
+            Runtime,
+            "{}: the {backend} backend takes head sizes up to {max}, got D = {d}, Dv = {dv}",
+            node.describe()
+        );
+    }
+    Ok(())
+}
+
+/// Attention's mask `(dtype, shape)`, broadcast over `[B, Hq, Sq, Skv]`: its element
+/// strides there (0 along broadcast dims) and its kind (0 none, 1 bool keep-mask,
+/// 2 additive in Q's dtype `qt`).
+pub fn attn_mask(
+    node: &Node,
+    qt: DType,
+    mask: Option<(DType, &[usize])>,
+) -> Result<([i64; 4], i32)> {
+    let (mut ms, mut kind) = ([0i64; 4], 0);
+    if let Some((mt, shape)) = mask {
+        kind = match mt {
+            DType::Bool => 1,
+            dt if dt == qt => 2,
+            dt => crate::bail!(
+                Runtime,
+                "{}: attn_mask must be bool or {qt}, got {dt}",
+                node.describe()
+            ),
+        };
+        let mut s = 1i64;
+        for (i, &n) in shape.iter().enumerate().rev() {
+            ms[4 - shape.len() + i] = if n == 1 { 0 } else { s };
+            s *= n as i64;
+        }
+    }
+    Ok((ms, kind))
+}
+
+/// Dropout's ratio (the optional input, else the attribute), which must be in [0, 1).
+pub fn dropout_ratio(node: &Node, ratio: f64) -> Result<f64> {
+    if !(0.0..1.0).contains(&ratio) {
+        crate::bail!(
+            Runtime,
+            "{}: ratio must be in [0, 1), got {ratio}",
+            node.describe()
+        );
+    }
+    Ok(ratio)
+}
+
+/// The base seed of Dropout's counter-based mask, the same on every backend so that masks
+/// agree bit for bit: the seed attribute, else one drawn from the node's name.
+pub fn dropout_base_seed(node: &Node, seed: Option<i64>) -> u64 {
+    match seed {
+        Some(s) => s as u64,
+        None => Rng::for_name(0, &node.name).next_u64(),
+    }
+}
+
+/// The seed of step `step`: step 0 (a plain run) keeps the mask of the base seed alone;
+/// training steps mix in the step number, so every step draws a fresh, reproducible mask.
+/// Element i keeps when `Rng::new(seed + i).uniform() >= ratio`. (cuda/elementwise.cu
+/// `step_seed` does the same mixing on the device.)
+pub fn dropout_step_seed(base: u64, step: u64) -> u64 {
+    match step {
+        0 => base,
+        t => Rng::new(base ^ t.wrapping_mul(0x9E37_79B9_7F4A_7C15)).next_u64(),
+    }
+}
+
+/// Input `i` of `node` (`ins[i]` is None for an omitted optional input), or an error
+/// naming the node when a required one is missing.
+pub fn required<T: Copy>(node: &Node, ins: &[Option<T>], i: usize) -> Result<T> {
+    ins.get(i).copied().flatten().ok_or_else(|| {
+        crate::err!(
+            Runtime,
+            "{}: required input {i} is missing",
+            node.describe()
+        )
+    })
+}
