@@ -258,8 +258,11 @@ pub fn max_bytes() -> usize {
                 .or_else(physical_memory)
                 .unwrap_or(usize::MAX)
                 .max(1);
-            MAX_BYTES.store(v, Relaxed);
-            v
+            // Only if no `set_max_bytes` came in meanwhile (it wins).
+            match MAX_BYTES.compare_exchange(0, v, Relaxed, Relaxed) {
+                Ok(_) => v,
+                Err(set) => set,
+            }
         }
         v => v,
     }
