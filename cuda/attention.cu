@@ -8,15 +8,6 @@
 
 #define ATT_VEC 8
 
-struct AttnGeom {
-    i64 hq, hkv, sq, skv, d, dv;
-    i64 ms[4];        // attn_mask strides over [B, Hq, Sq, Skv] (0 where broadcast)
-    i64 rows;         // query rows (forward, dQ) or key rows (dK/dV) in all
-    i64 nseq;         // VarlenAttention: sequences
-    double scale;
-    int varlen, causal, mask_kind;  // mask_kind: 0 none, 1 bool, 2 additive
-};
-
 // Where one query row's problem lies: its row in Q/Y/LSE, its keys' rows in K/V
 // (k0 + j·kstride), how many it sees, and its mask offset.
 struct QRow { i64 r, k0, kstride, limit, i, shift, mask_off; };

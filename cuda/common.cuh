@@ -188,3 +188,14 @@ template <class A> __device__ __forceinline__ A warp_sum(A v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
+
+// The geometry of one Attention / VarlenAttention launch, here because cuda/attention.cu
+// and cuda/flash.cu are separate modules (src/backends/cuda/attention.rs mirrors it).
+struct AttnGeom {
+    i64 hq, hkv, sq, skv, d, dv;
+    i64 ms[4];        // attn_mask strides over [B, Hq, Sq, Skv] (0 where broadcast)
+    i64 rows;         // query rows (forward, dQ) or key rows (dK/dV) in all
+    i64 nseq;         // VarlenAttention: sequences
+    double scale;
+    int varlen, causal, mask_kind;  // mask_kind: 0 none, 1 bool, 2 additive
+};

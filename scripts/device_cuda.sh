@@ -31,7 +31,7 @@ what=${*:-tests bench torch}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader
 t0=$(date +%s.%N)
 $G doctor 2>&1 | grep -iE "cuda|nvrtc|device" | head -n 6
-echo "kernels ready in $(python3 -c "import time; print(round(time.time() - $t0, 1))") s (compiled once, cached for the rest)"
+echo "device opened in $(python3 -c "import time; print(round(time.time() - $t0, 1))") s (kernel families compile on first use, cached on disk)"
 status=0
 # The Vulkan loader, where carried (gl/): the WebGPU tests and benches then run on the
 # same GPU, and CI=1 makes a missing adapter a failure instead of a skip.

@@ -1,37 +1,71 @@
 #!/usr/bin/env python3
-"""Compiles cuda/*.cu here, exactly as src/backends/cuda/device.rs does on the device (same
-sources, options and cache-file name), into DIR/kernels-<key>.cubin. Carried to the device
-and named by GRAPHRUN_CUDA_CACHE=DIR, it saves the device the NVRTC compile (device time),
-where the device's NVRTC has the same version (otherwise the key differs and it compiles).
+"""Compiles the kernel families of cuda/ here, exactly as src/backends/cuda/device.rs does on
+the device (each family's file after common.cuh, the same options and cache-file names), into
+DIR/<family>-<key>.cubin. Carried to the device and named by GRAPHRUN_CUDA_CACHE=DIR, it
+saves the device the NVRTC compiles (device time), where the device's NVRTC has the same
+version (otherwise the keys differ and each family compiles on its first use).
 
-  LD_LIBRARY_PATH=<dir of libnvrtc> NVRTC=<libnvrtc.so.13> python3 scripts/precompile_kernels.py DIR [sm_90a]"""
+  LD_LIBRARY_PATH=<dir of libnvrtc> NVRTC=<libnvrtc.so.13> python3 scripts/precompile_kernels.py DIR [sm_90a]
+  python3 scripts/precompile_kernels.py --keys ARCH "nvrtc M.m"   # prints "family key" lines
+                                                                  # (device.rs's unit test compares)"""
 import ctypes, os, sys
 
 root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-files = ["common.cuh", "elementwise.cu", "reduce.cu", "shape.cu", "attention.cu", "flash.cu", "optimizer.cu"]
-src = "\n".join(open(os.path.join(root, "cuda", f), encoding="utf-8").read() for f in files)
+# device.rs FAMILIES, in the same order.
+FAMILIES = ["elementwise", "reduce", "shape", "attention", "flash", "optimizer"]
+
+
+def read(f):
+    return open(os.path.join(root, "cuda", f), encoding="utf-8").read()
+
+
+def source(family):
+    return read("common.cuh") + "\n" + read(family + ".cu")
+
+
+def key(src, opts, version):
+    h = 0xCBF29CE484222325
+    for b in src.encode() + " ".join(opts).encode() + version.encode():
+        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def options(arch):
+    return [f"--gpu-architecture={arch}", "--std=c++17"]
+
+
+def compile_family(lib, family, opts):
+    prog = ctypes.c_void_p()
+    name = f"{family}.cu".encode()
+    assert lib.nvrtcCreateProgram(ctypes.byref(prog), source(family).encode(), name, 0, None, None) == 0
+    arr = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
+    if lib.nvrtcCompileProgram(prog, len(opts), arr) != 0:
+        n = ctypes.c_size_t()
+        lib.nvrtcGetProgramLogSize(prog, ctypes.byref(n))
+        log = ctypes.create_string_buffer(n.value)
+        lib.nvrtcGetProgramLog(prog, log)
+        sys.exit(f"NVRTC failed on kernel family '{family}' (cuda/{family}.cu):\n{log.value.decode()}")
+    n = ctypes.c_size_t()
+    lib.nvrtcGetCUBINSize(prog, ctypes.byref(n))
+    cubin = ctypes.create_string_buffer(n.value)
+    lib.nvrtcGetCUBIN(prog, cubin)
+    lib.nvrtcDestroyProgram(ctypes.byref(prog))
+    return cubin.raw[: n.value]
+
+
+if sys.argv[1] == "--keys":
+    for f in FAMILIES:
+        print(f, f"{key(source(f), options(sys.argv[2]), sys.argv[3]):016x}")
+    sys.exit()
 arch = sys.argv[2] if len(sys.argv) > 2 else "sm_90a"
-opts = [f"--gpu-architecture={arch}", "--std=c++17"]
+opts = options(arch)
 lib = ctypes.CDLL(os.environ["NVRTC"])
 major, minor = ctypes.c_int(), ctypes.c_int()
 lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor))
-h = 0xCBF29CE484222325
-for b in src.encode() + " ".join(opts).encode() + f"nvrtc {major.value}.{minor.value}".encode():
-    h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
-prog = ctypes.c_void_p()
-assert lib.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), b"graphrun.cu", 0, None, None) == 0
-arr = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
-if lib.nvrtcCompileProgram(prog, len(opts), arr) != 0:
-    n = ctypes.c_size_t()
-    lib.nvrtcGetProgramLogSize(prog, ctypes.byref(n))
-    log = ctypes.create_string_buffer(n.value)
-    lib.nvrtcGetProgramLog(prog, log)
-    sys.exit(log.value.decode())
-n = ctypes.c_size_t()
-lib.nvrtcGetCUBINSize(prog, ctypes.byref(n))
-cubin = ctypes.create_string_buffer(n.value)
-lib.nvrtcGetCUBIN(prog, cubin)
+version = f"nvrtc {major.value}.{minor.value}"
 os.makedirs(sys.argv[1], exist_ok=True)
-out = os.path.join(sys.argv[1], f"kernels-{h:016x}.cubin")
-open(out, "wb").write(cubin.raw[: n.value])
-print(f"{out}: {n.value} bytes (nvrtc {major.value}.{minor.value}, {' '.join(opts)})")
+for f in FAMILIES:
+    out = os.path.join(sys.argv[1], f"{f}-{key(source(f), opts, version):016x}.cubin")
+    bin = compile_family(lib, f, opts)
+    open(out, "wb").write(bin)
+    print(f"{out}: {len(bin)} bytes ({version}, {' '.join(opts)})", flush=True)

@@ -17,7 +17,7 @@ use cudarc::driver::{CudaSlice, DeviceRepr};
 /// Head sizes up to this run (32 lanes × ATT_VEC elements in cuda/attention.cu).
 const MAX_HEAD: usize = 256;
 
-/// cuda/attention.cu `AttnGeom`.
+/// cuda/common.cuh `AttnGeom`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct AttnGeom {

@@ -1,7 +1,7 @@
 //! The process-wide CUDA device: library probing (before cudarc touches a library, since
 //! it panics where one is missing), the context, and the kernels of `cuda/*.cu` compiled
-//! by NVRTC once per process for this device's compute capability. Also the launch helper
-//! the kernel families share.
+//! by NVRTC for this device's compute capability, one family (source file) at a time on
+//! the first use of one of its kernels. Also the launch helper the kernel families share.
 
 pub use crate::backends::common::{bcast_strides, strides};
 use crate::error::Result;
@@ -13,23 +13,32 @@ use cudarc::driver::{
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-/// The kernel sources, compiled as one program (common.cuh first: the others use it).
-const SOURCES: [&str; 7] = [
-    include_str!("../../../cuda/common.cuh"),
-    include_str!("../../../cuda/elementwise.cu"),
-    include_str!("../../../cuda/reduce.cu"),
-    include_str!("../../../cuda/shape.cu"),
-    include_str!("../../../cuda/attention.cu"),
-    include_str!("../../../cuda/flash.cu"),
-    include_str!("../../../cuda/optimizer.cu"),
+/// Included before every family's source: the types and helpers they share.
+const COMMON: &str = include_str!("../../../cuda/common.cuh");
+
+/// The kernel families: each file of cuda/ is its own NVRTC program and module, compiled
+/// on the first use of one of its kernels (a model without attention never waits for
+/// flash.cu, the slowest to compile). scripts/precompile_kernels.py lists them too.
+const FAMILIES: [(&str, &str); 6] = [
+    ("elementwise", include_str!("../../../cuda/elementwise.cu")),
+    ("reduce", include_str!("../../../cuda/reduce.cu")),
+    ("shape", include_str!("../../../cuda/shape.cu")),
+    ("attention", include_str!("../../../cuda/attention.cu")),
+    ("flash", include_str!("../../../cuda/flash.cu")),
+    ("optimizer", include_str!("../../../cuda/optimizer.cu")),
 ];
+
+/// A family's module once compiled and loaded, or why it could not be.
+type Loaded = std::result::Result<Arc<CudaModule>, String>;
 
 /// Shared by every CUDA backend instance of the process.
 pub struct Device {
     pub ctx: Arc<CudaContext>,
     pub name: String,
     pub cc: (i32, i32),
-    module: Arc<CudaModule>,
+    /// Per family (FAMILIES order), set by the first thread that needs it; the others
+    /// needing the same family wait for it, other families compile concurrently.
+    modules: [OnceLock<Loaded>; FAMILIES.len()],
     functions: Mutex<HashMap<String, CudaFunction>>,
     /// The dynamic shared memory each kernel was allowed so far (beyond the default 48 KiB
     /// a kernel must opt in, once).
@@ -110,26 +119,19 @@ fn open(ordinal: usize) -> std::result::Result<Device, String> {
     let cc = ctx
         .compute_capability()
         .map_err(|e| format!("cannot read the compute capability: {e:?}"))?;
-    let ptx = compile(cc)?;
-    let module = ctx
-        .load_module(ptx)
-        .map_err(|e| format!("cannot load the compiled kernels: {e:?}"))?;
     Ok(Device {
         ctx,
         name,
         cc,
-        module,
+        modules: Default::default(),
         functions: Mutex::new(HashMap::new()),
         smem_allowed: Mutex::new(HashMap::new()),
     })
 }
 
-/// Every kernel compiled by NVRTC to machine code for `sm_XY` of this device, cached on
-/// disk (see `cache_dir`) under a hash of the sources, options and NVRTC version: the
-/// whole program takes seconds to compile, every later process loads it in milliseconds.
-fn compile(cc: (i32, i32)) -> std::result::Result<cudarc::nvrtc::Ptx, String> {
-    let src = SOURCES.join("\n");
-    let opts = [
+/// NVRTC's options for compute capability `cc`.
+fn options(cc: (i32, i32)) -> [String; 2] {
+    [
         // sm_90a on Hopper: its own instructions (wgmma, cuda/flash.cu) are only there.
         format!(
             "--gpu-architecture=sm_{}{}{}",
@@ -138,35 +140,109 @@ fn compile(cc: (i32, i32)) -> std::result::Result<cudarc::nvrtc::Ptx, String> {
             if cc == (9, 0) { "a" } else { "" }
         ),
         "--std=c++17".to_string(),
-    ];
+    ]
+}
+
+/// The program of family `fam`: common.cuh, then its file.
+fn family_source(fam: usize) -> String {
+    [COMMON, FAMILIES[fam].1].join("\n")
+}
+
+/// The disk-cache key of a program: a hash of its source, options and NVRTC version
+/// (`nvrtc M.m`), as scripts/precompile_kernels.py computes it.
+fn cache_key(src: &str, opts: &[String], nvrtc: &str) -> u64 {
+    fnv1a(&[src.as_bytes(), opts.join(" ").as_bytes(), nvrtc.as_bytes()].concat())
+}
+
+/// Family `fam` compiled by NVRTC to machine code for `sm_XY` of this device, cached on
+/// disk (see `cache_dir`) as `<family>-<key>.cubin`: a family takes seconds to compile
+/// (flash.cu most), every later process loads it in milliseconds.
+fn compile(fam: usize, cc: (i32, i32)) -> std::result::Result<cudarc::nvrtc::Ptx, String> {
+    let (family, _) = FAMILIES[fam];
+    let src = family_source(fam);
+    let opts = options(cc);
     let (mut major, mut minor) = (0, 0);
     // Safety: reads two integers.
     unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
-    let key = fnv1a(
-        [
-            src.as_bytes(),
-            opts.join(" ").as_bytes(),
-            format!("nvrtc {major}.{minor}").as_bytes(),
-        ]
-        .concat()
-        .as_slice(),
-    );
-    let file = cache_dir().map(|d| d.join(format!("kernels-{key:016x}.cubin")));
+    let key = cache_key(&src, &opts, &format!("nvrtc {major}.{minor}"));
+    let file = cache_dir().map(|d| d.join(format!("{family}-{key:016x}.cubin")));
     if let Some(bin) = file.as_ref().and_then(|f| std::fs::read(f).ok()) {
         return Ok(cudarc::nvrtc::Ptx::from_binary(bin));
     }
-    let bin = nvrtc_cubin(&src, &opts)?;
+    let bin = nvrtc_cubin(family, &src, &opts)?;
     if let Some(f) = &file {
         // Best effort: a cache that cannot be written only costs the next process time.
-        let tmp = f.with_extension(format!("tmp{}", std::process::id()));
+        // The temporary name is unique per process and thread (workers of one process
+        // may compile the same family on different devices at once).
+        let tmp = f.with_extension(format!(
+            "tmp{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
         if f.parent()
             .is_some_and(|d| std::fs::create_dir_all(d).is_ok())
             && std::fs::write(&tmp, &bin).is_ok()
+            && std::fs::rename(&tmp, f).is_err()
         {
-            let _ = std::fs::rename(&tmp, f);
+            let _ = std::fs::remove_file(&tmp);
         }
     }
     Ok(cudarc::nvrtc::Ptx::from_binary(bin))
+}
+
+/// The names a family defines, from its source: the identifier after each
+/// `__global__ void` (past any `__launch_bounds__(...)`). A name made by a macro
+/// (`unary_##S`) stands for every name starting with its part before the first `##`.
+fn kernel_names(src: &str) -> Vec<(&str, bool)> {
+    let mut out = vec![];
+    for part in src.split("__global__ void").skip(1) {
+        let mut rest = part.trim_start();
+        if let Some(r) = rest.strip_prefix("__launch_bounds__") {
+            // Skip the balanced parentheses of the bounds.
+            let mut depth = 0;
+            let end = r
+                .char_indices()
+                .find(|&(_, c)| {
+                    depth += (c == '(') as i32 - (c == ')') as i32;
+                    c == ')' && depth == 0
+                })
+                .map_or(r.len(), |(i, _)| i + 1);
+            rest = r[end..].trim_start();
+        }
+        let ident = rest
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '#'))
+            .next()
+            .unwrap_or("");
+        match ident.split_once("##") {
+            Some((prefix, _)) => out.push((prefix, true)),
+            None => out.push((ident, false)),
+        }
+    }
+    out
+}
+
+/// Which family defines kernel `name` (the longest matching name or prefix of
+/// `kernel_names`; the unit tests check no two families' names overlap).
+fn family_of(name: &str) -> Option<usize> {
+    static TABLE: OnceLock<Vec<(&'static str, bool, usize)>> = OnceLock::new();
+    let table = TABLE.get_or_init(|| {
+        FAMILIES
+            .iter()
+            .enumerate()
+            .flat_map(|(f, (_, src))| kernel_names(src).into_iter().map(move |(n, p)| (n, p, f)))
+            .collect()
+    });
+    table
+        .iter()
+        .filter(|&&(n, prefix, _)| {
+            if prefix {
+                name.starts_with(n)
+            } else {
+                name == n
+            }
+        })
+        .max_by_key(|(n, _, _)| n.len())
+        .map(|&(_, _, f)| f)
 }
 
 /// `GRAPHRUN_CUDA_CACHE`, else `$XDG_CACHE_HOME/graphrun`, else `~/.cache/graphrun`.
@@ -188,11 +264,12 @@ fn fnv1a(bytes: &[u8]) -> u64 {
     h
 }
 
-fn nvrtc_cubin(src: &str, opts: &[String]) -> std::result::Result<Vec<u8>, String> {
+fn nvrtc_cubin(family: &str, src: &str, opts: &[String]) -> std::result::Result<Vec<u8>, String> {
     use cudarc::nvrtc::{result, sys};
     let csrc = std::ffi::CString::new(src).map_err(|e| e.to_string())?;
-    let prog = result::create_program(&csrc, Some(c"graphrun.cu"))
-        .map_err(|e| format!("NVRTC failed: {e:?}"))?;
+    let name = std::ffi::CString::new(format!("{family}.cu")).map_err(|e| e.to_string())?;
+    let prog = result::create_program(&csrc, Some(&name))
+        .map_err(|e| format!("NVRTC failed on kernel family '{family}': {e:?}"))?;
     // Safety: `prog` is live until destroyed at the end; sizes come from NVRTC.
     unsafe {
         let out = match result::compile_program(prog, opts) {
@@ -204,7 +281,7 @@ fn nvrtc_cubin(src: &str, opts: &[String]) -> std::result::Result<Vec<u8>, Strin
                     sys::nvrtcGetCUBIN(prog, bin.as_mut_ptr() as *mut std::ffi::c_char).result()
                 });
                 r.map(|_| bin)
-                    .map_err(|e| format!("NVRTC gave no machine code: {e:?}"))
+                    .map_err(|e| format!("NVRTC gave no machine code for '{family}': {e:?}"))
             }
             Err(_) => {
                 let log = result::get_program_log(prog).unwrap_or_default();
@@ -214,7 +291,7 @@ fn nvrtc_cubin(src: &str, opts: &[String]) -> std::result::Result<Vec<u8>, Strin
                     .take_while(|&c| c != 0)
                     .collect();
                 Err(format!(
-                    "NVRTC failed on cuda/*.cu:\n{}",
+                    "NVRTC failed on kernel family '{family}' (cuda/common.cuh + cuda/{family}.cu):\n{}",
                     String::from_utf8_lossy(&log)
                 ))
             }
@@ -225,20 +302,37 @@ fn nvrtc_cubin(src: &str, opts: &[String]) -> std::result::Result<Vec<u8>, Strin
 }
 
 impl Device {
-    /// A kernel by name (looked up once, then cached).
+    /// A kernel by name (looked up once, then cached), compiling its family first where
+    /// no kernel of it was used yet.
     pub fn function(&self, name: &str) -> Result<CudaFunction> {
-        let mut f = self
-            .functions
-            .lock()
-            .map_err(|_| crate::err!(Runtime, "CUDA kernel table poisoned"))?;
-        if let Some(k) = f.get(name) {
+        let functions = || {
+            self.functions
+                .lock()
+                .map_err(|_| crate::err!(Runtime, "CUDA kernel table poisoned"))
+        };
+        if let Some(k) = functions()?.get(name) {
             return Ok(k.clone());
         }
-        let k = self
-            .module
-            .load_function(name)
-            .map_err(|e| crate::err!(Runtime, "CUDA kernel '{name}' not found: {e:?}"))?;
-        f.insert(name.to_string(), k.clone());
+        // No lock held while a family compiles: kernels of other families go on.
+        let fam = family_of(name)
+            .ok_or_else(|| crate::err!(Runtime, "CUDA kernel '{name}' is in no file of cuda/"))?;
+        let module = self.modules[fam]
+            .get_or_init(|| {
+                let bin = compile(fam, self.cc)?;
+                self.ctx
+                    .load_module(bin)
+                    .map_err(|e| format!("cannot load kernel family '{}': {e:?}", FAMILIES[fam].0))
+            })
+            .clone()
+            .map_err(|m| crate::err!(Runtime, "CUDA kernels unavailable: {m}"))?;
+        let k = module.load_function(name).map_err(|e| {
+            crate::err!(
+                Runtime,
+                "CUDA kernel '{name}' not found in family '{}': {e:?}",
+                FAMILIES[fam].0
+            )
+        })?;
+        functions()?.insert(name.to_string(), k.clone());
         Ok(k)
     }
 }
@@ -267,7 +361,7 @@ pub fn doctor_lines() -> Vec<String> {
     }
     match device() {
         Ok(d) => v.push(format!(
-            "device 0: {} (compute capability {}.{}), kernels compiled for sm_{}{}",
+            "device 0: {} (compute capability {}.{}), kernels compiled for sm_{}{} on first use",
             d.name, d.cc.0, d.cc.1, d.cc.0, d.cc.1
         )),
         Err(e) => v.push(e.to_string()),
@@ -490,4 +584,78 @@ fn push_arg<'a>(b: &mut cudarc::driver::LaunchArgs<'a>, a: &'a Arg) {
 /// Blocks of 256 threads covering `n` elements with grid-stride loops.
 pub fn grid_for(n: usize) -> u32 {
     n.div_ceil(256).clamp(0, 1 << 16) as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every family defines kernels, and no name (or macro prefix) of one family is a
+    /// prefix of another family's: `family_of` can never pick the wrong module.
+    #[test]
+    fn kernel_names_route_to_one_family() {
+        let names: Vec<Vec<(&str, bool)>> = FAMILIES.iter().map(|(_, s)| kernel_names(s)).collect();
+        for (f, n) in names.iter().enumerate() {
+            assert!(n.len() >= 2, "family {} defines {n:?}", FAMILIES[f].0);
+            assert!(n.iter().all(|(k, _)| !k.is_empty()), "{n:?}");
+        }
+        for (a, na) in names.iter().enumerate() {
+            for (b, nb) in names.iter().enumerate().filter(|&(b, _)| b != a) {
+                for (x, _) in na {
+                    for (y, _) in nb {
+                        assert!(
+                            !y.starts_with(x),
+                            "'{x}' of {} is a prefix of '{y}' of {}",
+                            FAMILIES[a].0,
+                            FAMILIES[b].0
+                        );
+                    }
+                }
+            }
+        }
+        // Names as the Rust side builds them (suffixes of cuda/common.cuh's FOR_* lists).
+        for (name, fam) in [
+            ("unary_f32", "elementwise"),
+            ("cast_bf16_i64", "elementwise"),
+            ("pow_x_f16_i32", "elementwise"),
+            ("reduce_part_f64", "reduce"),
+            ("labels_i32", "reduce"),
+            ("copy_w16", "shape"),
+            ("gather_grad_bf16", "shape"),
+            ("attn_dkv_f16", "attention"),
+            ("fa_fwd_bf16_64m", "flash"),
+            ("fs_dq", "flash"),
+            ("adam_f32", "optimizer"),
+        ] {
+            assert_eq!(family_of(name).map(|f| FAMILIES[f].0), Some(fam), "{name}");
+        }
+        assert_eq!(family_of("labels_f32"), None);
+        assert_eq!(family_of("no_such_kernel"), None);
+    }
+
+    /// scripts/precompile_kernels.py names its cubins with the keys computed here (else
+    /// a precompiled cache is silently ignored): compared for a fixed NVRTC version.
+    #[test]
+    fn cache_keys_match_precompile_script() {
+        let opts = options((9, 0));
+        assert_eq!(opts[0], "--gpu-architecture=sm_90a");
+        let ours: String = (0..FAMILIES.len())
+            .map(|f| {
+                let key = cache_key(&family_source(f), &opts, "nvrtc 13.0");
+                format!("{} {key:016x}\n", FAMILIES[f].0)
+            })
+            .collect();
+        println!("{ours}");
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/precompile_kernels.py");
+        match std::process::Command::new("python3")
+            .args([script, "--keys", "sm_90a", "nvrtc 13.0"])
+            .output()
+        {
+            Ok(o) => {
+                assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+                assert_eq!(String::from_utf8_lossy(&o.stdout), ours);
+            }
+            Err(e) => println!("python3 not runnable here ({e}): script not compared"),
+        }
+    }
 }
