@@ -20,6 +20,9 @@ fn rows(n: usize, seed: u64) -> Tensor {
     f64s(&[r, n], &v)
 }
 
+/// An op, its attributes, and whether it takes scale and bias inputs.
+type Case = (&'static str, Vec<(&'static str, A)>, bool);
+
 fn same_bits(a: &[f64], b: &[f64]) -> bool {
     a.len() == b.len()
         && a.iter()
@@ -36,7 +39,7 @@ fn row_reductions_with_and_without_subgroups_match_cpu_and_rerun_exactly() {
     // Around and across the subgroup sizes (8 on lavapipe, 32 on NVIDIA) and the
     // workgroup of 256; 70000 takes the two-pass split reduction.
     let sizes = [1, 7, 8, 9, 33, 255, 256, 300, 1000, 4099];
-    let cases: Vec<(&str, Vec<(&str, A)>, bool)> = vec![
+    let cases: [Case; 6] = [
         ("Softmax", vec![("axis", A::Int(-1))], false),
         ("LogSoftmax", vec![("axis", A::Int(-1))], false),
         ("LayerNormalization", vec![("axis", A::Int(-1))], true),
