@@ -6,7 +6,7 @@
 set -eu
 cd "$(dirname "$0")/.."
 DEST=${1:-../main/.carry-wgpu}
-TESTS="wgpu ops_matmul ops_elementwise ops_reduce ops_shape ops_attention ops_attention_grad ops_misc ops_grad"
+TESTS="wgpu wgpu_subgroups ops_matmul ops_elementwise ops_reduce ops_shape ops_attention ops_attention_grad ops_misc ops_grad"
 cargo build --release --bin graphrun
 cargo test --no-run --message-format=json $(for t in $TESTS; do echo --test $t; done) 2>/dev/null | python3 -c '
 import sys, json

@@ -1,6 +1,8 @@
 // Row-wise family: ReduceSum/Mean/Max, Softmax/LogSoftmax and their gradient,
 // LayerNormalization forward and backward, SoftmaxCrossEntropyLoss and its gradient.
-// One workgroup of 256 threads per row, statistics in f32 through workgroup memory.
+// One workgroup of 256 threads per row, statistics in f32. The workgroup-wide
+// wg_sum / wg_max come from rows_subgroup.wgsl when the device offers subgroups, else
+// from rows_tree.wgsl (the host puts one of them in the kernel's defs).
 
 @group(0) @binding(1) var<storage, read> X0: array<T>;
 @group(0) @binding(2) var<storage, read> X1: array<T>;
@@ -14,10 +16,13 @@
 @group(0) @binding(10) var<storage, read_write> Y2: array<T>;
 
 const WG: u32 = 256u;
+// The reductions' scratch (one slot per invocation, or per subgroup).
 var<workgroup> red: array<f32, 256>;
 
-// NaN-propagating maximum, as numpy's `maximum` and the CPU backend.
-fn nan_max(a: f32, b: f32) -> f32 { return select(a, b, b > a || b != b); }
+// NaN-propagating maximum, as numpy's `maximum` and the CPU backend. NaN is tested on
+// the bits: lavapipe folds `b != b` to false (a NaN row's max came out −∞).
+fn is_nan(x: f32) -> bool { return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u; }
+fn nan_max(a: f32, b: f32) -> f32 { return select(a, b, b > a || is_nan(b)); }
 fn ninf() -> f32 { return bitcast<f32>(0xff800000u); }
 // Online (max, Σ exp(v − max)) update; equal maxima (−∞ included) rescale by 1.
 fn online(ms: vec2<f32>, v: f32) -> vec2<f32> {
@@ -25,29 +30,6 @@ fn online(ms: vec2<f32>, v: f32) -> vec2<f32> {
     let a = select(exp(ms.x - m2), 1.0, ms.x == m2);
     let b = select(exp(v - m2), 1.0, v == m2);
     return vec2<f32>(m2, ms.y * a + b);
-}
-
-fn wg_sum(v: f32, lid: u32) -> f32 {
-    red[lid] = v;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (lid < s) { red[lid] += red[lid + s]; }
-        workgroupBarrier();
-    }
-    let r = red[0];
-    workgroupBarrier();
-    return r;
-}
-fn wg_max(v: f32, lid: u32) -> f32 {
-    red[lid] = v;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (lid < s) { red[lid] = nan_max(red[lid], red[lid + s]); }
-        workgroupBarrier();
-    }
-    let r = red[0];
-    workgroupBarrier();
-    return r;
 }
 
 fn row_id(wid: vec3<u32>, nwg: vec3<u32>) -> u32 { return wid.y * nwg.x + wid.x; }

@@ -17,6 +17,9 @@ pub struct Gpu {
     pub info: wgpu::AdapterInfo,
     pub f16: bool,
     pub limits: wgpu::Limits,
+    /// The subgroup size when the adapter offers subgroups laid out as the row reductions
+    /// need (see `probe_subgroups`); `None` without them.
+    pub subgroup_size: Option<u32>,
     pipelines: Mutex<HashMap<String, Arc<wgpu::ComputePipeline>>>,
     /// The first error wgpu reported outside an error scope (or the device being lost):
     /// every later call fails with it rather than running on a broken device.
@@ -37,6 +40,23 @@ pub fn available() -> Result<()> {
     gpu().map(|_| ())
 }
 
+/// Whether the row reductions may use subgroups: on unless GRAPHRUN_WGPU_SUBGROUPS=0
+/// (read once), or switched by `set_subgroups` (tests compare both paths in-process).
+static SUBGROUPS: OnceLock<std::sync::atomic::AtomicBool> = OnceLock::new();
+
+fn subgroups_allowed() -> &'static std::sync::atomic::AtomicBool {
+    SUBGROUPS.get_or_init(|| {
+        let off = std::env::var("GRAPHRUN_WGPU_SUBGROUPS").is_ok_and(|v| v.trim() == "0");
+        std::sync::atomic::AtomicBool::new(!off)
+    })
+}
+
+/// Allows or forbids subgroup reductions for kernels launched from now on (both variants
+/// are cached side by side: the choice is part of the kernel's defs).
+pub fn set_subgroups(on: bool) {
+    subgroups_allowed().store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Lines for `graphrun doctor`.
 pub fn doctor_lines() -> Vec<String> {
     match gpu() {
@@ -54,6 +74,13 @@ pub fn doctor_lines() -> Vec<String> {
                 },
                 g.limits.max_storage_buffer_binding_size >> 20
             ),
+            match (g.subgroup_size, g.use_subgroups()) {
+                (Some(n), true) => format!("subgroups: used by row reductions (size {n})"),
+                (Some(n), false) => {
+                    format!("subgroups: offered (size {n}), off by GRAPHRUN_WGPU_SUBGROUPS=0")
+                }
+                (None, _) => "subgroups: not used (not offered)".to_string(),
+            },
         ],
         Err(e) => vec![format!("unavailable: {e}")],
     }
@@ -76,6 +103,10 @@ fn open() -> std::result::Result<Gpu, String> {
     if f16 {
         features |= wgpu::Features::SHADER_F16;
     }
+    let subgroup = adapter.features().contains(wgpu::Features::SUBGROUP);
+    if subgroup {
+        features |= wgpu::Features::SUBGROUP;
+    }
     // The adapter's own limits: storage bindings as large as the driver allows.
     let limits = adapter.limits();
     let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
@@ -95,15 +126,95 @@ fn open() -> std::result::Result<Gpu, String> {
     device.set_device_lost_callback(move |reason, msg| {
         record(&slot, format!("wgpu device lost ({reason:?}): {msg}"));
     });
+    let subgroup_size = if subgroup {
+        probe_subgroups(&device, &queue)
+    } else {
+        None
+    };
     Ok(Gpu {
         device,
         queue,
         info,
         f16,
         limits,
+        subgroup_size,
         pipelines: Mutex::new(HashMap::new()),
         fatal,
     })
+}
+
+/// The subgroup size if a 256-invocation workgroup is made of full subgroups of
+/// consecutive local_invocation_index (subgroup = index / size), which rows_subgroup.wgsl
+/// relies on for its fixed summation order. WGSL does not promise that layout (Vulkan
+/// drivers use it for compute), so it is checked once here; anything else, or any error,
+/// means no subgroups.
+fn probe_subgroups(device: &wgpu::Device, queue: &wgpu::Queue) -> Option<u32> {
+    const SRC: &str = "@group(0) @binding(0) var<storage, read_write> out: array<u32>;
+@compute @workgroup_size(256)
+fn probe(@builtin(local_invocation_index) lid: u32) {
+    out[lid] = subgroupMin(lid);
+    out[256u + lid] = subgroupAdd(1u);
+}";
+    let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+    let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+        label: Some("subgroup probe"),
+        source: wgpu::ShaderSource::Wgsl(SRC.into()),
+    });
+    let pipe = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+        label: Some("subgroup probe"),
+        layout: None,
+        module: &module,
+        entry_point: Some("probe"),
+        compilation_options: Default::default(),
+        cache: None,
+    });
+    let bytes = 512 * 4;
+    let out = new_buffer(device, bytes);
+    let staging = device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("probe readback"),
+        size: bytes as u64,
+        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    let bg = device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: None,
+        layout: &pipe.get_bind_group_layout(0),
+        entries: &[wgpu::BindGroupEntry {
+            binding: 0,
+            resource: out.as_entire_binding(),
+        }],
+    });
+    let mut enc = device.create_command_encoder(&Default::default());
+    {
+        let mut pass = enc.begin_compute_pass(&Default::default());
+        pass.set_pipeline(&pipe);
+        pass.set_bind_group(0, &bg, &[]);
+        pass.dispatch_workgroups(1, 1, 1);
+    }
+    enc.copy_buffer_to_buffer(&out, 0, &staging, 0, bytes as u64);
+    queue.submit([enc.finish()]);
+    if pollster::block_on(scope.pop()).is_some() {
+        return None;
+    }
+    let slice = staging.slice(..);
+    let (tx, rx) = std::sync::mpsc::channel();
+    slice.map_async(wgpu::MapMode::Read, move |r| {
+        let _ = tx.send(r);
+    });
+    device
+        .poll(wgpu::PollType::Wait {
+            submission_index: None,
+            timeout: None,
+        })
+        .ok()?;
+    rx.recv().ok()?.ok()?;
+    let words: Vec<u32> = bytemuck::cast_slice(&slice.get_mapped_range().ok()?).to_vec();
+    let size = words[256];
+    let laid_out = size.is_power_of_two()
+        && 256 % size == 0
+        && (0..256u32)
+            .all(|i| words[i as usize] == i - i % size && words[256 + i as usize] == size);
+    laid_out.then_some(size)
 }
 
 fn record(slot: &Mutex<Option<String>>, msg: String) {
@@ -148,6 +259,12 @@ pub struct Kernel<'a> {
 }
 
 impl Gpu {
+    /// Whether the row reductions use subgroups now (offered, laid out as needed, allowed).
+    pub fn use_subgroups(&self) -> bool {
+        self.subgroup_size.is_some()
+            && subgroups_allowed().load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Fails with the first error wgpu reported outside a scope, if any.
     pub fn check(&self) -> Result<()> {
         match self.fatal.lock().ok().and_then(|s| s.clone()) {
@@ -190,7 +307,12 @@ impl Gpu {
                 "wgpu: kernel {:?}/{} ({}) failed to build: {e}",
                 k.family,
                 k.entry,
-                k.defs.replace('\n', " ")
+                // The specialisation lines, not the helper functions that follow them.
+                k.defs
+                    .lines()
+                    .take_while(|l| !l.starts_with("//"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
             );
         }
         let p = Arc::new(p);

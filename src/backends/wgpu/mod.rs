@@ -19,7 +19,7 @@ mod optim;
 mod reduce;
 mod shape;
 
-pub use device::{available, doctor_lines};
+pub use device::{available, doctor_lines, set_subgroups};
 
 use super::common::{bcast_strides, strides};
 use super::Backend;

@@ -11,9 +11,16 @@ use crate::graph::op::LossReduction;
 use crate::graph::{Node, ReduceKind};
 use crate::tensor::{numel, DType};
 
-/// A reduce-family kernel for `dt`; `iw` is the words per label (SCE).
+/// A reduce-family kernel for `dt`; `iw` is the words per label (SCE). Its defs carry
+/// the workgroup reductions, through subgroups where the device has them, so the two
+/// variants are distinct kernels in the pipeline cache.
 fn kernel<'a>(w: &Wgpu, node: &Node, entry: &'a str, dt: DType, iw: usize) -> Result<Kernel<'a>> {
-    let defs = format!("{}const IW: u32 = {iw}u;\n", float_defs(w, node, dt)?);
+    let rows = if w.rec.gpu.use_subgroups() {
+        include_str!("../../../shaders/rows_subgroup.wgsl")
+    } else {
+        include_str!("../../../shaders/rows_tree.wgsl")
+    };
+    let defs = format!("{}const IW: u32 = {iw}u;\n{rows}", float_defs(w, node, dt)?);
     Ok(Wgpu::kernel(Family::Reduce, entry, defs))
 }
 
