@@ -24,12 +24,16 @@ var<workgroup> red: array<f32, 256>;
 fn is_nan(x: f32) -> bool { return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u; }
 fn nan_max(a: f32, b: f32) -> f32 { return select(a, b, b > a || is_nan(b)); }
 fn ninf() -> f32 { return bitcast<f32>(0xff800000u); }
-// Online (max, Σ exp(v − max)) update; equal maxima (−∞ included) rescale by 1.
+// exp(x − m) for x ≤ m, with x = m = −∞ (nothing seen yet) giving 1 rather than NaN; at
+// x = m = +∞ it stays exp(∞ − ∞) = NaN, so a row holding +∞ is NaN as on the CPU
+// (infinity tested on the bits: some drivers fold float infinity tests away).
+fn rescale(x: f32, m: f32) -> f32 {
+    return select(exp(x - m), 1.0, x == m && bitcast<u32>(x) != 0x7f800000u);
+}
+// Online (max, Σ exp(v − max)) update.
 fn online(ms: vec2<f32>, v: f32) -> vec2<f32> {
     let m2 = nan_max(ms.x, v);
-    let a = select(exp(ms.x - m2), 1.0, ms.x == m2);
-    let b = select(exp(v - m2), 1.0, v == m2);
-    return vec2<f32>(m2, ms.y * a + b);
+    return vec2<f32>(m2, ms.y * rescale(ms.x, m2) + rescale(v, m2));
 }
 
 fn row_id(wid: vec3<u32>, nwg: vec3<u32>) -> u32 { return wid.y * nwg.x + wid.x; }
@@ -99,7 +103,7 @@ fn softmax(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
     var ms = vec2<f32>(ninf(), 0.0);
     for (var j = lid; j < n; j += WG) { ms = online(ms, f32(X0[off + j * inner])); }
     let mx = wg_max(ms.x, lid);
-    let sum = wg_sum(ms.y * select(exp(ms.x - mx), 1.0, ms.x == mx), lid);
+    let sum = wg_sum(ms.y * rescale(ms.x, mx), lid);
     if (pu(2u) != 0u) {
         // (x − max) − ln Σ, not x − (max + ln Σ): for large x the sum rounds away ln Σ.
         let ls = log(sum);

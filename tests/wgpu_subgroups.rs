@@ -8,15 +8,15 @@ use common::*;
 use graphrun::graph::op::AttrValue as A;
 use graphrun::{BackendKind, DType, Tensor};
 
-/// Rows of `n` seeded values; row 1 holds a NaN, row 2 is all −∞, row 3 has one −∞.
-/// (A +∞ entry is left out: Softmax's online rescaling gives 0s and one NaN there where
-/// the CPU gives a NaN row, a difference older than the subgroup path.)
+/// Rows of `n` seeded values; row 1 holds a NaN, row 2 is all −∞, row 3 has one −∞,
+/// row 5 one +∞ (a NaN row for Softmax, as on the CPU).
 fn rows(n: usize, seed: u64) -> Tensor {
-    let r = 5;
+    let r = 6;
     let mut v = randn(&[r, n], seed).to_f64_vec();
     v[n + (seed as usize * 7) % n] = f64::NAN;
     v[2 * n..3 * n].fill(f64::NEG_INFINITY);
     v[3 * n + n / 2] = f64::NEG_INFINITY;
+    v[5 * n + (seed as usize * 3) % n] = f64::INFINITY;
     f64s(&[r, n], &v)
 }
 
