@@ -377,14 +377,7 @@ fn read_seeds(specs: &[String], g: &graphrun::Graph) -> Result<HashMap<String, T
 
 /// Relative L2 difference ‖a − b‖/‖b‖ (NaN when either holds NaN).
 fn rel_diff(a: &Tensor, b: &Tensor) -> f64 {
-    let (x, y) = (a.to_f64_vec(), b.to_f64_vec());
-    let num: f64 = x
-        .iter()
-        .zip(&y)
-        .map(|(p, q)| (p - q) * (p - q))
-        .sum::<f64>()
-        .sqrt();
-    let den: f64 = y.iter().map(|q| q * q).sum::<f64>().sqrt();
+    let (num, den) = graphrun::testing::l2_diff_and_norm(a, b);
     if den > 0.0 {
         num / den
     } else {

@@ -305,3 +305,16 @@ pub fn random_graph(data: &[u8], max_nodes: usize) -> (Graph, HashMap<String, Te
     }
     (g, feeds)
 }
+
+/// (‖a − b‖, ‖b‖) in f64: the parts of a relative L2 difference; each caller decides what
+/// a zero, infinite or NaN reference means for it.
+pub fn l2_diff_and_norm(a: &Tensor, b: &Tensor) -> (f64, f64) {
+    let (x, y) = (a.to_f64_vec(), b.to_f64_vec());
+    let num = x
+        .iter()
+        .zip(&y)
+        .map(|(p, q)| (p - q) * (p - q))
+        .sum::<f64>();
+    let den = y.iter().map(|q| q * q).sum::<f64>();
+    (num.sqrt(), den.sqrt())
+}

@@ -13,13 +13,7 @@ use std::collections::HashMap;
 /// (a Softmax's input summed along its axis, say) is rounding noise in both graphs.
 fn rel(a: &Tensor, b: &Tensor) -> f64 {
     let (x, y) = (a.to_f64_vec(), b.to_f64_vec());
-    let num: f64 = x
-        .iter()
-        .zip(&y)
-        .map(|(p, q)| (p - q) * (p - q))
-        .sum::<f64>()
-        .sqrt();
-    let den: f64 = y.iter().map(|q| q * q).sum::<f64>().sqrt();
+    let (num, den) = graphrun::testing::l2_diff_and_norm(a, b);
     if x.iter().chain(&y).any(|v| v.is_nan()) {
         return f64::NAN;
     }

@@ -8,17 +8,10 @@ use std::collections::HashMap;
 
 /// Relative difference; 0 where the reference overflowed (inf − inf is no finding).
 fn rel(a: &Tensor, b: &Tensor) -> f64 {
-    let (x, y) = (a.to_f64_vec(), b.to_f64_vec());
-    if y.iter().any(|v| !v.is_finite()) {
+    if b.to_f64_vec().iter().any(|v| !v.is_finite()) {
         return 0.0;
     }
-    let num: f64 = x
-        .iter()
-        .zip(&y)
-        .map(|(p, q)| (p - q) * (p - q))
-        .sum::<f64>()
-        .sqrt();
-    let den: f64 = y.iter().map(|q| q * q).sum::<f64>().sqrt();
+    let (num, den) = graphrun::testing::l2_diff_and_norm(a, b);
     num / den.max(1e-6)
 }
 
