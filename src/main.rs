@@ -862,12 +862,23 @@ fn bench(a: BenchArgs) -> Result<(), Fail> {
     if a.iters == 0 {
         return Err(usage("--iters must be at least 1"));
     }
-    let model = load(&a.model, a.common.dtype.as_deref())?;
+    let mut model = load(&a.model, a.common.dtype.as_deref())?;
     let dims = parse_dims(&a.common.dims)?;
     let feeds = model.random_inputs(a.seed, &dims)?;
     // --backward: a training step (forward, loss, backward, optimizer) when the model
     // has a training section, as ../shared/bench's `train` pass; else forward+backward.
     let train = a.backward && model.graph.training.is_some();
+    // The forward pass is inference, as the reference's `fwd` (the model's outputs under
+    // no_grad, no loss): the training loss is left out when the model has other outputs,
+    // and dead-node elimination then drops its nodes.
+    let g = &mut model.graph;
+    if let (false, Some(t)) = (a.backward, &g.training) {
+        if g.outputs.iter().any(|o| *o != t.loss) {
+            let loss = t.loss.clone();
+            g.outputs.retain(|o| *o != loss);
+            g.training = None;
+        }
+    }
     let pass = match (a.backward, train) {
         (false, _) => "fwd",
         (true, true) => "train",

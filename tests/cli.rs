@@ -526,3 +526,40 @@ fn train_learns_saves_and_plots() {
     let o = graphrun(&["train", "tests/data/unbound.yaml"]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o).1);
 }
+
+#[test]
+fn bench_fwd_is_inference_and_train_times_the_whole_step() {
+    // The reference's `fwd` is the model under no_grad, without the loss: bench leaves
+    // the training loss out of its forward pass, and keeps it in the training step.
+    let d = tmpdir("bench");
+    for (pass, extra) in [("fwd", None), ("train", Some("--backward"))] {
+        let json = d.join(format!("{pass}.json"));
+        let mut args = vec![
+            "bench",
+            "models/gpt_block.yaml",
+            "--dim",
+            "batch=1",
+            "--dim",
+            "seq=16",
+            "--iters",
+            "2",
+            "--warmup",
+            "1",
+            "--json",
+            json.to_str().unwrap(),
+        ];
+        args.extend(extra);
+        let o = graphrun(&args);
+        let (out, err) = text(&o);
+        assert!(o.status.success(), "{err}");
+        assert!(out.contains(&format!(", {pass}, ")), "{out}");
+        let rec = std::fs::read_to_string(&json).unwrap();
+        assert!(rec.contains(&format!("\"pass\": \"{pass}\"")), "{rec}");
+        // The MSE's ReduceMean runs only in the training step.
+        assert_eq!(
+            rec.contains("\"op\": \"ReduceMean\""),
+            pass == "train",
+            "{rec}"
+        );
+    }
+}
