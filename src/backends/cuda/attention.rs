@@ -10,6 +10,7 @@ use super::device::{launch_grid, suffix, Arg};
 use super::{unsupported, Cuda, V};
 use crate::backends::common::{self, wanted};
 use crate::error::Result;
+use crate::graph::infer::{AttnDims, ValueType};
 use crate::graph::Node;
 use crate::tensor::DType;
 use cudarc::driver::{CudaSlice, DeviceRepr};
@@ -56,36 +57,93 @@ fn default_scale(d: usize, scale: Option<f32>) -> f64 {
     scale.map_or(1.0 / (d as f64).sqrt(), |s| s as f64)
 }
 
+/// The problem sizes of an Attention or AttentionGrad node from its Q, K and V.
+fn dims(node: &Node, q: &V, k: &V, v: &V) -> Result<AttnDims> {
+    AttnDims::new(&node.op, q.shape(), k.shape(), v.shape())
+        .map_err(|e| crate::err!(Runtime, "{}: {e}", node.describe()))
+}
+
 /// The geometry of Attention `Q [B, Hq, Sq, D]`, `K, V [B, Hkv, Skv, D|Dv]` and the mask
 /// (kind and broadcast strides over `[B, Hq, Sq, Skv]`).
 fn attention_geom(
     node: &Node,
+    a: &AttnDims,
     q: &V,
-    k: &V,
-    v: &V,
     mask: Option<&V>,
     causal: bool,
     scale: Option<f32>,
 ) -> Result<AttnGeom> {
-    let (qs, ks, vs) = (q.shape(), k.shape(), v.shape());
-    let (d, dv) = (qs[3], vs[3]);
+    let (d, dv) = (a.d, a.dv);
     check_heads(node, q, d, dv)?;
     let (ms, kind) = common::attn_mask(node, q.dtype(), mask.map(|m| (m.dtype(), m.shape())))?;
     Ok(AttnGeom {
-        hq: qs[1] as i64,
-        hkv: ks[1] as i64,
-        sq: qs[2] as i64,
-        skv: ks[2] as i64,
+        hq: a.hq as i64,
+        hkv: a.hkv as i64,
+        sq: a.sq as i64,
+        skv: a.skv as i64,
         d: d as i64,
         dv: dv as i64,
         ms,
-        rows: (qs[0] * qs[1] * qs[2]) as i64,
+        rows: (a.b * a.hq * a.sq) as i64,
         nseq: 0,
         varlen: 0,
         causal: causal as i32,
         mask_kind: kind,
         scale: default_scale(d, scale),
     })
+}
+
+/// The 3-D form `[B, S, H·D]` as the kernels take it: the `[B, H, S, D]` types of its
+/// tensors and copies between the two layouts in scratch.
+struct Unpack {
+    /// Q (with D) and Y (with Dv); K and V.
+    q: ValueType,
+    y: ValueType,
+    k: ValueType,
+    v: ValueType,
+}
+
+impl Unpack {
+    fn new(a: &AttnDims, dt: DType) -> Unpack {
+        let t = |h: usize, s: usize, w: usize| ValueType::new(dt, &[a.b, h, s, w]);
+        Unpack {
+            q: t(a.hq, a.sq, a.d),
+            y: t(a.hq, a.sq, a.dv),
+            k: t(a.hkv, a.skv, a.d),
+            v: t(a.hkv, a.skv, a.dv),
+        }
+    }
+    /// A scratch tensor of type `ty` (`[B, H, S, W]`), filled from `x` (`[B, S, H·W]`)
+    /// when given.
+    fn to_heads<'t>(c: &Cuda, ty: &'t ValueType, x: Option<&V>) -> Result<V<'t>> {
+        let y = V {
+            p: c.scratch(ty.bytes())?,
+            ty,
+            buf: None,
+        };
+        if let Some(x) = x {
+            let s = &ty.shape;
+            let split = ValueType::new(ty.dtype, &[s[0], s[2], s[1], s[3]]);
+            let xv = V {
+                p: x.p,
+                ty: &split,
+                buf: None,
+            };
+            super::shape::transpose(c, &xv, Some(&[0, 2, 1, 3]), &y)?;
+        }
+        Ok(y)
+    }
+    /// Writes `x` (`[B, H, S, W]`) into `y` (`[B, S, H·W]`).
+    fn from_heads(c: &Cuda, x: &V, y: &V) -> Result<()> {
+        let s = x.shape();
+        let split = ValueType::new(x.dtype(), &[s[0], s[2], s[1], s[3]]);
+        let yv = V {
+            p: y.p,
+            ty: &split,
+            buf: None,
+        };
+        super::shape::transpose(c, x, Some(&[0, 2, 1, 3]), &yv)
+    }
 }
 
 /// Validated cu_seqlens (start 0, never decreasing, ending at the packed length) on the
@@ -193,8 +251,22 @@ pub fn attention(
     want: &[bool],
 ) -> Result<()> {
     let [q, k, v] = qkv;
-    let g = attention_geom(node, q, k, v, mask.as_ref(), causal, scale)?;
-    forward(c, g, qkv, mask.map_or(0, |m| m.p), [0, 0], outs, want)
+    let a = dims(node, q, k, v)?;
+    let g = attention_geom(node, &a, q, mask.as_ref(), causal, scale)?;
+    let m = mask.map_or(0, |m| m.p);
+    if !a.packed {
+        return forward(c, g, qkv, m, [0, 0], outs, want);
+    }
+    // The 3-D form runs on [B, H, S, D] copies.
+    let u = Unpack::new(&a, q.dtype());
+    let q4 = Unpack::to_heads(c, &u.q, Some(q))?;
+    let k4 = Unpack::to_heads(c, &u.k, Some(k))?;
+    let v4 = Unpack::to_heads(c, &u.v, Some(v))?;
+    let y4 = Unpack::to_heads(c, &u.y, None)?;
+    let mut outs4 = vec![y4];
+    outs4.extend(outs.get(1).copied());
+    forward(c, g, [&q4, &k4, &v4], m, [0, 0], &outs4, want)?;
+    Unpack::from_heads(c, &outs4[0], &outs[0])
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -314,20 +386,47 @@ pub fn attention_grad(
     outs: &[V],
     want: &[bool],
 ) -> Result<()> {
-    let [_, q, k, v] = ins;
-    let g = attention_geom(node, q, k, v, mask.as_ref(), causal, scale)?;
-    let key_rows = k.shape()[0] * k.shape()[1] * k.shape()[2];
+    let [dy, q, k, v] = ins;
+    let a = dims(node, q, k, v)?;
+    let g = attention_geom(node, &a, q, mask.as_ref(), causal, scale)?;
+    let key_rows = a.b * a.hkv * a.skv;
+    let m = mask.map_or(0, |m| m.p);
+    if !a.packed {
+        return backward(c, g, key_rows, ins, yl, m, [0, 0], outs, want);
+    }
+    // The 3-D form runs on [B, H, S, D] copies; the wanted gradients are copied back.
+    let u = Unpack::new(&a, q.dtype());
+    let dy4 = Unpack::to_heads(c, &u.y, Some(dy))?;
+    let q4 = Unpack::to_heads(c, &u.q, Some(q))?;
+    let k4 = Unpack::to_heads(c, &u.k, Some(k))?;
+    let v4 = Unpack::to_heads(c, &u.v, Some(v))?;
+    let y4 = Unpack::to_heads(c, &u.y, Some(yl[0]))?;
+    let mut outs4 = vec![];
+    for (i, ty) in [&u.q, &u.k, &u.v].into_iter().enumerate() {
+        let w = want.get(i) == Some(&true);
+        outs4.push(match w {
+            true => Unpack::to_heads(c, ty, None)?,
+            false => outs[i],
+        });
+    }
+    outs4.extend(outs.get(3).copied());
     backward(
         c,
         g,
         key_rows,
-        ins,
-        yl,
-        mask.map_or(0, |m| m.p),
+        [&dy4, &q4, &k4, &v4],
+        [&y4, yl[1]],
+        m,
         [0, 0],
-        outs,
+        &outs4,
         want,
-    )
+    )?;
+    for i in 0..3 {
+        if want.get(i) == Some(&true) {
+            Unpack::from_heads(c, &outs4[i], &outs[i])?;
+        }
+    }
+    Ok(())
 }
 
 #[allow(clippy::too_many_arguments)]
