@@ -369,35 +369,6 @@ fn varlen_rejects_bad_cu_seqlens() {
 // --- The 3-D form: Q [B, Sq, Hq·D], K [B, Skv, Hkv·D], V [B, Skv, Hkv·Dv] with
 // q_num_heads / kv_num_heads, checked against the 4-D reference on the same numbers. ---
 
-/// `[B, H, S, W]` as the 3-D form `[B, S, H·W]` (f64).
-fn pack(t: &Tensor) -> Tensor {
-    let &[b, h, s, w] = t.shape() else {
-        panic!("pack takes 4-D")
-    };
-    let x = t.to_f64_vec();
-    let mut y = vec![0.0; x.len()];
-    for (i, v) in x.iter().enumerate() {
-        let (bi, hi, si, wi) = (i / (h * s * w), i / (s * w) % h, i / w % s, i % w);
-        y[((bi * s + si) * h + hi) * w + wi] = *v;
-    }
-    f64s(&[b, s, h * w], &y)
-}
-
-/// The inverse of `pack` for `h` heads.
-fn unpack(t: &Tensor, h: usize) -> Tensor {
-    let &[b, s, hw] = t.shape() else {
-        panic!("unpack takes 3-D")
-    };
-    let w = hw / h;
-    let x = t.to_f64_vec();
-    let mut y = vec![0.0; x.len()];
-    for (i, v) in x.iter().enumerate() {
-        let (bi, si, hi, wi) = (i / (s * hw), i / hw % s, i / w % h, i % w);
-        y[((bi * h + hi) * s + si) * w + wi] = *v;
-    }
-    f64s(&[b, h, s, w], &y)
-}
-
 fn attn3_op(causal: bool, scale: Option<f64>, hq: usize, hkv: usize) -> graphrun::graph::Op {
     let mut attrs = vec![
         ("is_causal", AttrValue::Int(causal as i64)),
@@ -421,15 +392,18 @@ fn tensor(a: &Arg) -> &Tensor {
 /// the 4-D one on the unpacked inputs, packed.
 fn check_attention_3d(args: Vec<Arg>, causal: bool, scale: Option<f64>) {
     let (hq, hkv) = (tensor(&args[0]).shape()[1], tensor(&args[1]).shape()[1]);
-    let mut args3: Vec<Arg> = args[..3].iter().map(|a| inp(pack(tensor(a)))).collect();
+    let mut args3: Vec<Arg> = args[..3]
+        .iter()
+        .map(|a| inp(pack_heads(tensor(a))))
+        .collect();
     args3.extend(args.get(3).cloned());
     check(attn3_op(causal, scale, hq, hkv), &args3, &FLOATS, |a| {
         let mut a4: Vec<Option<Tensor>> = (0..3)
-            .map(|i| Some(unpack(a[i].as_ref().unwrap(), [hq, hkv, hkv][i])))
+            .map(|i| Some(unpack_heads(a[i].as_ref().unwrap(), [hq, hkv, hkv][i])))
             .collect();
         a4.extend(a.get(3).cloned());
         let [(shape, y)]: [_; 1] = ref_attention(&a4, causal, scale).try_into().unwrap();
-        let y = pack(&f64s(&shape, &y));
+        let y = pack_heads(&f64s(&shape, &y));
         vec![(y.shape().to_vec(), y.to_f64_vec())]
     });
 }
