@@ -169,25 +169,25 @@ template <int DP> __device__ __forceinline__ unsigned sw_addr(unsigned base, int
 }
 
 // Loads rows [0, rows) of a tile (`valid` of them real, the rest zero) of `width` columns
-// (zero-padded to DP) from `src` (row stride `width` elements) into the swizzled tile at
+// (zero-padded to DP) from `src` (row stride `rs` elements) into the swizzled tile at
 // `base`. With `vec`, 16-byte cp.async (width % 8 == 0, 16-byte aligned rows); otherwise
 // element by element (small or odd head sizes).
-template <int DP, int NT> __device__ __forceinline__ void load_tile(unsigned base, const unsigned short* src, int rows, int valid, int width, int vec) {
+template <int DP, int NT> __device__ __forceinline__ void load_tile(unsigned base, const unsigned short* src, i64 rs, int rows, int valid, int width, int vec) {
     constexpr int CPR = DP / 8;  // chunks per row
     for (int idx = threadIdx.x; idx < rows * CPR; idx += NT) {
         int r = idx / CPR, c = idx % CPR;
         unsigned dst = sw_addr<DP>(base, r, c);
         bool ok = r < valid && c * 8 < width;
         if (vec) {
-            const unsigned short* s = ok ? src + (i64)r * width + c * 8 : src;
+            const unsigned short* s = ok ? src + r * rs + c * 8 : src;
             cp_async16(dst, s, ok ? 16 : 0);
         } else {
             unsigned w[4];
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 int c0 = c * 8 + 2 * e;
-                unsigned lo = (ok && c0 < width) ? src[(i64)r * width + c0] : 0;
-                unsigned hi = (ok && c0 + 1 < width) ? src[(i64)r * width + c0 + 1] : 0;
+                unsigned lo = (ok && c0 < width) ? src[r * rs + c0] : 0;
+                unsigned hi = (ok && c0 + 1 < width) ? src[r * rs + c0 + 1] : 0;
                 w[e] = lo | (hi << 16);
             }
             asm volatile("st.shared.v4.b32 [%0], {%1,%2,%3,%4};" ::"r"(dst), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]) : "memory");
@@ -293,8 +293,9 @@ template <class T, bool MASK> __device__ __forceinline__ void fa_edge(const Attn
         }
 }
 
-// Stores a 16 × DP accumulator (rows row0 + g, row0 + g + 8) times per-row factors.
-template <class T, int DP> __device__ __forceinline__ void store_acc(T* dst, const float (*acc)[4], i64 row0, i64 nrows, int width, float f0, float f1) {
+// Stores a 16 × DP accumulator (rows row0 + g, row0 + g + 8; row stride `rs`) times
+// per-row factors.
+template <class T, int DP> __device__ __forceinline__ void store_acc(T* dst, i64 rs, const float (*acc)[4], i64 row0, i64 nrows, int width, float f0, float f1) {
     int lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -304,8 +305,8 @@ template <class T, int DP> __device__ __forceinline__ void store_acc(T* dst, con
 #pragma unroll
         for (int nd = 0; nd < DP / 8; ++nd) {
             int c = nd * 8 + 2 * tq;
-            if (c < width) dst[r * width + c] = st<T>(acc[nd][2 * half] * f);
-            if (c + 1 < width) dst[r * width + c + 1] = st<T>(acc[nd][2 * half + 1] * f);
+            if (c < width) dst[r * rs + c] = st<T>(acc[nd][2 * half] * f);
+            if (c + 1 < width) dst[r * rs + c + 1] = st<T>(acc[nd][2 * half + 1] * f);
         }
     }
 }
@@ -331,13 +332,14 @@ template <class T, int DP, bool MASK, bool WG> __device__ void fa_fwd(const Attn
     i64 kend = g.skv;
     if (g.causal && q0 + FA_BQ < kend) kend = q0 + FA_BQ;
     int ntiles = (int)((kend + FA_BK - 1) / FA_BK);
-    const unsigned short* Kb = (const unsigned short*)K + (b * g.hkv + hk) * g.skv * g.d;
-    const unsigned short* Vb = (const unsigned short*)V + (b * g.hkv + hk) * g.skv * g.dv;
-    load_tile<DP, NT>(sQ, (const unsigned short*)Q + (bh * g.sq + q0) * g.d, FA_BQ, qvalid, (int)g.d, vec);
+    const i64 krs = g.st[ATT_K][2], vrs = g.st[ATT_V][2];
+    const unsigned short* Kb = (const unsigned short*)K + att_off(g, ATT_K, b, hk, 0);
+    const unsigned short* Vb = (const unsigned short*)V + att_off(g, ATT_V, b, hk, 0);
+    load_tile<DP, NT>(sQ, (const unsigned short*)Q + att_off(g, ATT_Q, b, h, q0), g.st[ATT_Q][2], FA_BQ, qvalid, (int)g.d, vec);
     if (ntiles > 0) {
         int kv = (int)(g.skv < FA_BK ? g.skv : FA_BK);
-        load_tile<DP, NT>(sK, Kb, FA_BK, kv, (int)g.d, vec);
-        load_tile<DP, NT>(sV, Vb, FA_BK, kv, (int)g.dv, vec);
+        load_tile<DP, NT>(sK, Kb, krs, FA_BK, kv, (int)g.d, vec);
+        load_tile<DP, NT>(sV, Vb, vrs, FA_BK, kv, (int)g.dv, vec);
     }
     cp_commit();
     cp_wait_all();
@@ -368,8 +370,8 @@ template <class T, int DP, bool MASK, bool WG> __device__ void fa_fwd(const Attn
             i64 j0 = (i64)(t + 1) * FA_BK;
             int kv = (int)(g.skv - j0 < FA_BK ? g.skv - j0 : FA_BK);
             unsigned off = ((t + 1) & 1) * FA_BK * DP * 2;
-            load_tile<DP, NT>(sK + off, Kb + j0 * g.d, FA_BK, kv, (int)g.d, vec);
-            load_tile<DP, NT>(sV + off, Vb + j0 * g.dv, FA_BK, kv, (int)g.dv, vec);
+            load_tile<DP, NT>(sK + off, Kb + j0 * krs, krs, FA_BK, kv, (int)g.d, vec);
+            load_tile<DP, NT>(sV + off, Vb + j0 * vrs, vrs, FA_BK, kv, (int)g.dv, vec);
         }
         cp_commit();
         unsigned off = (t & 1) * FA_BK * DP * 2;
@@ -494,7 +496,7 @@ template <class T, int DP, bool MASK, bool WG> __device__ void fa_fwd(const Attn
         l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
         l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
         // A row that sees no key gives 0 and LSE -inf.
-        store_acc<T, DP>(Y + bh * g.sq * g.dv, o[mt], q0 + r0 + mt * 16, g.sq, (int)g.dv, l0 > 0.f ? 1.f / l0 : 0.f, l1 > 0.f ? 1.f / l1 : 0.f);
+        store_acc<T, DP>(Y + att_off(g, ATT_Y, b, h, 0), g.st[ATT_Y][2], o[mt], q0 + r0 + mt * 16, g.sq, (int)g.dv, l0 > 0.f ? 1.f / l0 : 0.f, l1 > 0.f ? 1.f / l1 : 0.f);
         i64 row0 = q0 + r0 + mt * 16 + gq, row1 = row0 + 8;
         if (lse && tq == 0) {
             if (row0 < g.sq) lse[bh * g.sq + row0] = l0 > 0.f ? (m[mt][0] + log2f(l0)) * FA_LN2 : neg_inf(0.f);
@@ -517,14 +519,15 @@ template <class T, int DP, bool MASK, bool WG> __device__ void fa_dq(const AttnG
     i64 kend = g.skv;
     if (g.causal && q0 + FB_B < kend) kend = q0 + FB_B;
     int ntiles = (int)((kend + FA_BK - 1) / FA_BK);
-    const unsigned short* Kb = (const unsigned short*)K + (b * g.hkv + hk) * g.skv * g.d;
-    const unsigned short* Vb = (const unsigned short*)V + (b * g.hkv + hk) * g.skv * g.dv;
-    load_tile<DP, NT>(sQ, (const unsigned short*)Q + (bh * g.sq + q0) * g.d, FB_B, qvalid, (int)g.d, vec);
-    load_tile<DP, NT>(sdY, (const unsigned short*)dY + (bh * g.sq + q0) * g.dv, FB_B, qvalid, (int)g.dv, vec);
+    const i64 krs = g.st[ATT_K][2], vrs = g.st[ATT_V][2];
+    const unsigned short* Kb = (const unsigned short*)K + att_off(g, ATT_K, b, hk, 0);
+    const unsigned short* Vb = (const unsigned short*)V + att_off(g, ATT_V, b, hk, 0);
+    load_tile<DP, NT>(sQ, (const unsigned short*)Q + att_off(g, ATT_Q, b, h, q0), g.st[ATT_Q][2], FB_B, qvalid, (int)g.d, vec);
+    load_tile<DP, NT>(sdY, (const unsigned short*)dY + att_off(g, ATT_Y, b, h, q0), g.st[ATT_Y][2], FB_B, qvalid, (int)g.dv, vec);
     if (ntiles > 0) {
         int kv = (int)(g.skv < FA_BK ? g.skv : FA_BK);
-        load_tile<DP, NT>(sK, Kb, FA_BK, kv, (int)g.d, vec);
-        load_tile<DP, NT>(sV, Vb, FA_BK, kv, (int)g.dv, vec);
+        load_tile<DP, NT>(sK, Kb, krs, FA_BK, kv, (int)g.d, vec);
+        load_tile<DP, NT>(sV, Vb, vrs, FA_BK, kv, (int)g.dv, vec);
     }
     cp_commit();
     i64 row0 = q0 + warp * 16 + gq, row1 = row0 + 8;
@@ -554,8 +557,8 @@ template <class T, int DP, bool MASK, bool WG> __device__ void fa_dq(const AttnG
             i64 j0 = (i64)(t + 1) * FA_BK;
             int kv = (int)(g.skv - j0 < FA_BK ? g.skv - j0 : FA_BK);
             unsigned off = ((t + 1) & 1) * FA_BK * DP * 2;
-            load_tile<DP, NT>(sK + off, Kb + j0 * g.d, FA_BK, kv, (int)g.d, vec);
-            load_tile<DP, NT>(sV + off, Vb + j0 * g.dv, FA_BK, kv, (int)g.dv, vec);
+            load_tile<DP, NT>(sK + off, Kb + j0 * krs, krs, FA_BK, kv, (int)g.d, vec);
+            load_tile<DP, NT>(sV + off, Vb + j0 * vrs, vrs, FA_BK, kv, (int)g.dv, vec);
         }
         cp_commit();
         unsigned off = (t & 1) * FA_BK * DP * 2;
@@ -616,7 +619,7 @@ template <class T, int DP, bool MASK, bool WG> __device__ void fa_dq(const AttnG
         }
     }
     float sc = (float)g.scale;
-    store_acc<T, DP>(dQ + bh * g.sq * g.d, acc, q0 + warp * 16, g.sq, (int)g.d, sc, sc);
+    store_acc<T, DP>(dQ + att_off(g, ATT_Q, b, h, 0), g.st[ATT_Q][2], acc, q0 + warp * 16, g.sq, (int)g.d, sc, sc);
 }
 
 // dK, dV: grid (key blocks of FB_B, B·Hkv), 4 warps; each CTA walks the query tiles of
@@ -635,16 +638,16 @@ template <class T, int DP, bool MASK, bool WG> __device__ void fa_dkv(const Attn
     i64 i_start = g.causal ? (k0 / FB_B) * FB_B : 0;
     int ntq = g.sq > i_start ? (int)((g.sq - i_start + FB_B - 1) / FB_B) : 0;
     int total = (int)(ntq * grp);
-    load_tile<DP, NT>(sK, (const unsigned short*)K + (bhk * g.skv + k0) * g.d, FB_B, kvalid, (int)g.d, vec);
-    load_tile<DP, NT>(sV, (const unsigned short*)V + (bhk * g.skv + k0) * g.dv, FB_B, kvalid, (int)g.dv, vec);
+    load_tile<DP, NT>(sK, (const unsigned short*)K + att_off(g, ATT_K, b, hk, k0), g.st[ATT_K][2], FB_B, kvalid, (int)g.d, vec);
+    load_tile<DP, NT>(sV, (const unsigned short*)V + att_off(g, ATT_V, b, hk, k0), g.st[ATT_V][2], FB_B, kvalid, (int)g.dv, vec);
     // Stage 0 of the query tiles, and its LSE/delta.
     auto stage = [&](int it, int buf) {
         i64 h = hk * grp + it / ntq, i0 = i_start + (i64)(it % ntq) * FB_B;
         i64 bh = b * g.hq + h;
         int qv = (int)(g.sq - i0 < FB_B ? g.sq - i0 : FB_B);
         unsigned off = buf * FB_B * DP * 2;
-        load_tile<DP, NT>(sQ + off, (const unsigned short*)Q + (bh * g.sq + i0) * g.d, FB_B, qv, (int)g.d, vec);
-        load_tile<DP, NT>(sdY + off, (const unsigned short*)dY + (bh * g.sq + i0) * g.dv, FB_B, qv, (int)g.dv, vec);
+        load_tile<DP, NT>(sQ + off, (const unsigned short*)Q + att_off(g, ATT_Q, b, h, i0), g.st[ATT_Q][2], FB_B, qv, (int)g.d, vec);
+        load_tile<DP, NT>(sdY + off, (const unsigned short*)dY + att_off(g, ATT_Y, b, h, i0), g.st[ATT_Y][2], FB_B, qv, (int)g.dv, vec);
         for (int r = threadIdx.x; r < FB_B; r += NT) {
             float L = r < qv ? lse[bh * g.sq + i0 + r] : neg_inf(0.f);
             sL[buf * FB_B + r] = L == neg_inf(L) ? -neg_inf(0.f) : L * FA_LOG2E;
@@ -734,8 +737,8 @@ template <class T, int DP, bool MASK, bool WG> __device__ void fa_dkv(const Attn
         }
     }
     float sc = (float)g.scale;
-    store_acc<T, DP>(dK + bhk * g.skv * g.d, dk, k0 + warp * 16, g.skv, (int)g.d, sc, sc);
-    store_acc<T, DP>(dV + bhk * g.skv * g.dv, dv, k0 + warp * 16, g.skv, (int)g.dv, 1.f, 1.f);
+    store_acc<T, DP>(dK + att_off(g, ATT_K, b, hk, 0), g.st[ATT_K][2], dk, k0 + warp * 16, g.skv, (int)g.d, sc, sc);
+    store_acc<T, DP>(dV + att_off(g, ATT_V, b, hk, 0), g.st[ATT_V][2], dv, k0 + warp * 16, g.skv, (int)g.dv, 1.f, 1.f);
 }
 
 // Forward for head sizes up to 64 and 128; backward up to 64 (at 128 its accumulators
@@ -779,13 +782,13 @@ __device__ __forceinline__ int fs_n(int r, int c) { return r * FS_T + (c ^ ((r &
 // tile (null: not wanted). With `vec` (width % 4 == 0, 16-byte aligned rows) a thread reads
 // float4s, a warp two whole rows; otherwise a warp reads 4 rows × 8 columns, 32-byte pieces
 // of rows, and stores that hit 32 different banks in either layout.
-__device__ __forceinline__ void fs_load(float* t, float* n, const float* src, int valid, int width, int vec) {
+__device__ __forceinline__ void fs_load(float* t, float* n, const float* src, i64 rs, int valid, int width, int vec) {
     if (vec) {
 #pragma unroll
         for (int it = 0; it < FS_TILE / 4 / 256; ++it) {
             int idx = threadIdx.x + it * 256, r = idx >> 4, c = (idx & 15) * 4;
             float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (r < valid && c < width) x = *(const float4*)(src + (i64)r * width + c);
+            if (r < valid && c < width) x = *(const float4*)(src + r * rs + c);
             if (t) {
                 t[fs_t(r, c)] = x.x;
                 t[fs_t(r, c + 1)] = x.y;
@@ -799,7 +802,7 @@ __device__ __forceinline__ void fs_load(float* t, float* n, const float* src, in
     for (int idx = threadIdx.x; idx < FS_TILE; idx += 256) {
         int w = idx >> 5, l = idx & 31;
         int r = (w >> 3) * 4 + (l & 3), c = (w & 7) * 8 + (l >> 2);
-        float x = (r < valid && c < width) ? src[(i64)r * width + c] : 0.f;
+        float x = (r < valid && c < width) ? src[r * rs + c] : 0.f;
         if (t) t[fs_t(r, c)] = x;
         if (n) n[fs_n(r, c)] = x;
     }
@@ -842,8 +845,8 @@ __device__ __forceinline__ float max16(float v) {
     for (int o = 1; o < 16; o <<= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
-// Stores rows r0 + ty·4 + i (< nrows), columns tx·4 + j (< width), times f[i].
-__device__ __forceinline__ void fs_store(float* dst, const float (*acc)[4], i64 r0, i64 nrows, int width, const float* f) {
+// Stores rows r0 + ty·4 + i (< nrows; row stride rs), columns tx·4 + j (< width), times f[i].
+__device__ __forceinline__ void fs_store(float* dst, i64 rs, const float (*acc)[4], i64 r0, i64 nrows, int width, const float* f) {
     int ty = threadIdx.x >> 4, tx = threadIdx.x & 15;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -851,7 +854,7 @@ __device__ __forceinline__ void fs_store(float* dst, const float (*acc)[4], i64 
         if (r >= nrows) continue;
 #pragma unroll
         for (int j = 0; j < 4; ++j)
-            if (tx * 4 + j < width) dst[r * width + tx * 4 + j] = acc[i][j] * f[i];
+            if (tx * 4 + j < width) dst[r * rs + tx * 4 + j] = acc[i][j] * f[i];
     }
 }
 
@@ -865,9 +868,10 @@ extern "C" __global__ void __launch_bounds__(256, 2) fs_fwd(AttnGeom g, const fl
     i64 q0 = qb * FS_T;
     i64 kend = g.skv;
     if (g.causal && q0 + FS_T < kend) kend = q0 + FS_T;
-    const float* Kb = K + (b * g.hkv + hk) * g.skv * g.d;
-    const float* Vb = V + (b * g.hkv + hk) * g.skv * g.dv;
-    fs_load(sQ, nullptr, Q + (bh * g.sq + q0) * g.d, (int)(g.sq - q0 < FS_T ? g.sq - q0 : FS_T), (int)g.d, vec);
+    const i64 krs = g.st[ATT_K][2], vrs = g.st[ATT_V][2];
+    const float* Kb = K + att_off(g, ATT_K, b, hk, 0);
+    const float* Vb = V + att_off(g, ATT_V, b, hk, 0);
+    fs_load(sQ, nullptr, Q + att_off(g, ATT_Q, b, h, q0), g.st[ATT_Q][2], (int)(g.sq - q0 < FS_T ? g.sq - q0 : FS_T), (int)g.d, vec);
     float o[4][4], m[4], l[4];
     fs_zero(o);
     for (int i = 0; i < 4; ++i) m[i] = neg_inf(0.f), l[i] = 0.f;
@@ -875,8 +879,8 @@ extern "C" __global__ void __launch_bounds__(256, 2) fs_fwd(AttnGeom g, const fl
     for (i64 j0 = 0; j0 < kend; j0 += FS_T) {
         int kv = (int)(g.skv - j0 < FS_T ? g.skv - j0 : FS_T);
         __syncthreads();
-        fs_load(sK, nullptr, Kb + j0 * g.d, kv, (int)g.d, vec);
-        fs_load(nullptr, sV, Vb + j0 * g.dv, kv, (int)g.dv, vec);
+        fs_load(sK, nullptr, Kb + j0 * krs, krs, kv, (int)g.d, vec);
+        fs_load(nullptr, sV, Vb + j0 * vrs, vrs, kv, (int)g.dv, vec);
         __syncthreads();
         float s[4][4];
         fs_zero(s);
@@ -922,7 +926,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) fs_fwd(AttnGeom g, const fl
         l[i] = sum16(l[i]);
         f[i] = l[i] > 0.f ? 1.f / l[i] : 0.f;
     }
-    fs_store(Y + bh * g.sq * g.dv, o, q0, g.sq, (int)g.dv, f);
+    fs_store(Y + att_off(g, ATT_Y, b, h, 0), g.st[ATT_Y][2], o, q0, g.sq, (int)g.dv, f);
     if (lse && tx == 0)
         for (int i = 0; i < 4; ++i) {
             i64 qi = q0 + ty * 4 + i;
@@ -941,10 +945,11 @@ extern "C" __global__ void __launch_bounds__(256, 2) fs_dq(AttnGeom g, const flo
     int qv = (int)(g.sq - q0 < FS_T ? g.sq - q0 : FS_T);
     i64 kend = g.skv;
     if (g.causal && q0 + FS_T < kend) kend = q0 + FS_T;
-    const float* Kb = K + (b * g.hkv + hk) * g.skv * g.d;
-    const float* Vb = V + (b * g.hkv + hk) * g.skv * g.dv;
-    fs_load(sQ, nullptr, Q + (bh * g.sq + q0) * g.d, qv, (int)g.d, vec);
-    fs_load(sdY, nullptr, dY + (bh * g.sq + q0) * g.dv, qv, (int)g.dv, vec);
+    const i64 krs = g.st[ATT_K][2], vrs = g.st[ATT_V][2];
+    const float* Kb = K + att_off(g, ATT_K, b, hk, 0);
+    const float* Vb = V + att_off(g, ATT_V, b, hk, 0);
+    fs_load(sQ, nullptr, Q + att_off(g, ATT_Q, b, h, q0), g.st[ATT_Q][2], qv, (int)g.d, vec);
+    fs_load(sdY, nullptr, dY + att_off(g, ATT_Y, b, h, q0), g.st[ATT_Y][2], qv, (int)g.dv, vec);
     float L[4], Dl[4], acc[4][4];
     fs_zero(acc);
     for (int i = 0; i < 4; ++i) {
@@ -957,8 +962,8 @@ extern "C" __global__ void __launch_bounds__(256, 2) fs_dq(AttnGeom g, const flo
     for (i64 j0 = 0; j0 < kend; j0 += FS_T) {
         int kv = (int)(g.skv - j0 < FS_T ? g.skv - j0 : FS_T);
         __syncthreads();
-        fs_load(sK, sKn, Kb + j0 * g.d, kv, (int)g.d, vec);
-        fs_load(sV, nullptr, Vb + j0 * g.dv, kv, (int)g.dv, vec);
+        fs_load(sK, sKn, Kb + j0 * krs, krs, kv, (int)g.d, vec);
+        fs_load(sV, nullptr, Vb + j0 * vrs, vrs, kv, (int)g.dv, vec);
         __syncthreads();
         float s[4][4], dp[4][4];
         fs_zero(s);
@@ -988,7 +993,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) fs_dq(AttnGeom g, const flo
         fs_mm<false>(acc, sS, sKn);
     }
     float f[4] = {sc, sc, sc, sc};
-    fs_store(dQ + bh * g.sq * g.d, acc, q0, g.sq, (int)g.d, f);
+    fs_store(dQ + att_off(g, ATT_Q, b, h, 0), g.st[ATT_Q][2], acc, q0, g.sq, (int)g.d, f);
 }
 
 // dK, dV: shared memory Kᵀ, Vᵀ, Qᵀ, dYᵀ, Q (N), dY (N), (Pᵀ|dSᵀ)ᵀ: 7 tiles, LSE and delta.
@@ -1001,8 +1006,8 @@ extern "C" __global__ void __launch_bounds__(256, 2) fs_dkv(AttnGeom g, const fl
     i64 bhk = blockIdx.y, b = bhk / g.hkv, hk = bhk % g.hkv, grp = g.hq / g.hkv;
     i64 k0 = (i64)blockIdx.x * FS_T;
     int kvalid = (int)(g.skv - k0 < FS_T ? g.skv - k0 : FS_T);
-    fs_load(sK, nullptr, K + (bhk * g.skv + k0) * g.d, kvalid, (int)g.d, vec);
-    fs_load(sV, nullptr, V + (bhk * g.skv + k0) * g.dv, kvalid, (int)g.dv, vec);
+    fs_load(sK, nullptr, K + att_off(g, ATT_K, b, hk, k0), g.st[ATT_K][2], kvalid, (int)g.d, vec);
+    fs_load(sV, nullptr, V + att_off(g, ATT_V, b, hk, k0), g.st[ATT_V][2], kvalid, (int)g.dv, vec);
     float dk[4][4], dv[4][4];
     fs_zero(dk);
     fs_zero(dv);
@@ -1013,8 +1018,8 @@ extern "C" __global__ void __launch_bounds__(256, 2) fs_dkv(AttnGeom g, const fl
         for (i64 i0 = i_start; i0 < g.sq; i0 += FS_T) {
             int qv = (int)(g.sq - i0 < FS_T ? g.sq - i0 : FS_T);
             __syncthreads();
-            fs_load(sQ, sQn, Q + (bh * g.sq + i0) * g.d, qv, (int)g.d, vec);
-            fs_load(sdY, sdYn, dY + (bh * g.sq + i0) * g.dv, qv, (int)g.dv, vec);
+            fs_load(sQ, sQn, Q + att_off(g, ATT_Q, b, h, i0), g.st[ATT_Q][2], qv, (int)g.d, vec);
+            fs_load(sdY, sdYn, dY + att_off(g, ATT_Y, b, h, i0), g.st[ATT_Y][2], qv, (int)g.dv, vec);
             for (int r = threadIdx.x; r < FS_T; r += 256) {
                 float x = r < qv ? lse[bh * g.sq + i0 + r] : neg_inf(0.f);
                 sL[r] = x == neg_inf(x) ? -neg_inf(0.f) : x;
@@ -1055,6 +1060,6 @@ extern "C" __global__ void __launch_bounds__(256, 2) fs_dkv(AttnGeom g, const fl
         }
     }
     float fk[4] = {sc, sc, sc, sc}, fv[4] = {1.f, 1.f, 1.f, 1.f};
-    fs_store(dK + bhk * g.skv * g.d, dk, k0, g.skv, (int)g.d, fk);
-    fs_store(dV + bhk * g.skv * g.dv, dv, k0, g.skv, (int)g.dv, fv);
+    fs_store(dK + att_off(g, ATT_K, b, hk, 0), g.st[ATT_K][2], dk, k0, g.skv, (int)g.d, fk);
+    fs_store(dV + att_off(g, ATT_V, b, hk, 0), g.st[ATT_V][2], dv, k0, g.skv, (int)g.dv, fv);
 }

@@ -28,6 +28,9 @@ pub struct AttnGeom {
     d: i64,
     dv: i64,
     ms: [i64; 4],
+    /// Element strides (batch, head, row) of Q, K, V, Y (and of dQ, dK, dV, dY); the head
+    /// vectors are contiguous. See [`bhsd`] and [`bshd`].
+    st: [[i64; 3]; 4],
     rows: i64,
     nseq: i64,
     scale: f64,
@@ -37,6 +40,18 @@ pub struct AttnGeom {
 }
 // Safety: plain old data laid out as the C struct.
 unsafe impl DeviceRepr for AttnGeom {}
+
+/// Strides of a contiguous `[B, H, S, D]` tensor (the 4-D Attention layout).
+fn bhsd(h: usize, s: usize, d: usize) -> [i64; 3] {
+    [(h * s * d) as i64, (s * d) as i64, d as i64]
+}
+
+/// Strides of a contiguous `[B, S, H, D]` tensor (ONNX's 3-D layout `[B, S, H·D]`, and
+/// VarlenAttention's packed `[T, H, D]` as `S = T`).
+#[allow(dead_code)] // (the 3-D Attention layout will use it)
+fn bshd(h: usize, s: usize, d: usize) -> [i64; 3] {
+    [(s * h * d) as i64, d as i64, (h * d) as i64]
+}
 
 /// Threads per block: 8 warps, one row each.
 const BLOCK: u32 = 256;
@@ -71,6 +86,7 @@ fn attention_geom(
     let (d, dv) = (qs[3], vs[3]);
     check_heads(node, q, d, dv)?;
     let (ms, kind) = common::attn_mask(node, q.dtype(), mask.map(|m| (m.dtype(), m.shape())))?;
+    let (hq, hkv, sq, skv) = (qs[1], ks[1], qs[2], ks[2]);
     Ok(AttnGeom {
         hq: qs[1] as i64,
         hkv: ks[1] as i64,
@@ -79,6 +95,12 @@ fn attention_geom(
         d: d as i64,
         dv: dv as i64,
         ms,
+        st: [
+            bhsd(hq, sq, d),
+            bhsd(hkv, skv, d),
+            bhsd(hkv, skv, dv),
+            bhsd(hq, sq, dv),
+        ],
         rows: (qs[0] * qs[1] * qs[2]) as i64,
         nseq: 0,
         varlen: 0,
@@ -134,7 +156,14 @@ fn varlen_geom(
     let (qs, ks, vs) = (q.shape(), k.shape(), v.shape());
     let (d, dv) = (qs[2], vs[2]);
     check_heads(node, q, d, dv)?;
+    let (tq, tk, hq, hkv) = (qs[0], ks[0], qs[1], ks[1]);
     Ok(AttnGeom {
+        st: [
+            bshd(hq, tq, d),
+            bshd(hkv, tk, d),
+            bshd(hkv, tk, dv),
+            bshd(hq, tq, dv),
+        ],
         hq: qs[1] as i64,
         hkv: ks[1] as i64,
         d: d as i64,
@@ -419,11 +448,12 @@ fn batch(g: &AttnGeom) -> usize {
     (g.rows / (g.hq * g.sq).max(1)) as usize
 }
 
-/// Whether 16-byte copies may load the rows: head sizes a multiple of 16 bytes (of
-/// elements of `dt`) and 16-byte aligned buffers.
+/// Whether 16-byte copies may load the rows: head sizes and strides a multiple of 16
+/// bytes (of elements of `dt`) and 16-byte aligned buffers.
 fn vec_ok(g: &AttnGeom, dt: DType, ptrs: &[u64]) -> i32 {
     let n = (16 / dt.size()) as i64;
-    (g.d % n == 0 && g.dv % n == 0 && ptrs.iter().all(|p| p % 16 == 0)) as i32
+    let strides = g.st.iter().flatten().all(|s| s % n == 0);
+    (g.d % n == 0 && g.dv % n == 0 && strides && ptrs.iter().all(|p| p % 16 == 0)) as i32
 }
 
 fn fast_forward(
