@@ -487,7 +487,10 @@ fn fast_forward(
                 ""
             };
             let name = format!("fa_fwd_{}_{dp}{sfx}", suffix(q.dtype()));
-            let smem = (FA_BQ + 4 * FA_T) * dp * 2 + SMEM_ALIGN;
+            // Q and K/V tiles: a ring of 3 for heads up to 64 (the wgmma kernel; mma.sync
+            // uses 2 of them), 2 for larger.
+            let stages = if dp == 64 { 3 } else { 2 };
+            let smem = (FA_BQ + 2 * stages * FA_T) * dp * 2 + SMEM_ALIGN;
             // Warps of 32 query rows for heads up to 64, of 16 for larger (flash.cu FA_MT).
             let threads = if dp == 64 { 128 } else { 256 };
             let grid = (sq.div_ceil(FA_BQ) as u32, bh, 1);
@@ -538,9 +541,11 @@ fn fast_backward(
     match f {
         Fast::Mma(dp) => {
             let sfx = suffix(q.dtype());
+            // Two tiles that stay and a ring of 3 of two tiles each (the wgmma kernels; the
+            // mma.sync ones use 2 of the ring), and the dK/dV pass's LSE and delta per stage.
             let (sm_q, sm_kv) = (
-                6 * FA_T * dp * 2 + SMEM_ALIGN,
-                6 * FA_T * dp * 2 + 4 * FA_T * 4 + SMEM_ALIGN,
+                8 * FA_T * dp * 2 + SMEM_ALIGN,
+                8 * FA_T * dp * 2 + 3 * 2 * FA_T * 4 + SMEM_ALIGN,
             );
             launch_grid(
                 &c.dev,
