@@ -10,7 +10,7 @@ use super::device::{launch_grid, suffix, Arg};
 use super::{unsupported, Cuda, V};
 use crate::backends::common::{self, wanted};
 use crate::error::Result;
-use crate::graph::infer::{AttnDims, ValueType};
+use crate::graph::infer::AttnDims;
 use crate::graph::Node;
 use crate::tensor::DType;
 use cudarc::driver::{CudaSlice, DeviceRepr};
@@ -29,6 +29,9 @@ pub struct AttnGeom {
     d: i64,
     dv: i64,
     ms: [i64; 4],
+    /// Element strides (batch, head, row) of Q, K, V, Y (and of dQ, dK, dV, dY); the head
+    /// vectors are contiguous. See [`bhsd`] and [`bshd`].
+    st: [[i64; 3]; 4],
     rows: i64,
     nseq: i64,
     scale: f64,
@@ -38,6 +41,17 @@ pub struct AttnGeom {
 }
 // Safety: plain old data laid out as the C struct.
 unsafe impl DeviceRepr for AttnGeom {}
+
+/// Strides of a contiguous `[B, H, S, D]` tensor (the 4-D Attention layout).
+fn bhsd(h: usize, s: usize, d: usize) -> [i64; 3] {
+    [(h * s * d) as i64, (s * d) as i64, d as i64]
+}
+
+/// Strides of a contiguous `[B, S, H, D]` tensor (ONNX's 3-D layout `[B, S, H·D]`, and
+/// VarlenAttention's packed `[T, H, D]` as `S = T`).
+fn bshd(h: usize, s: usize, d: usize) -> [i64; 3] {
+    [(s * h * d) as i64, d as i64, (h * d) as i64]
+}
 
 /// Threads per block: 8 warps, one row each.
 const BLOCK: u32 = 256;
@@ -63,8 +77,9 @@ fn dims(node: &Node, q: &V, k: &V, v: &V) -> Result<AttnDims> {
         .map_err(|e| crate::err!(Runtime, "{}: {e}", node.describe()))
 }
 
-/// The geometry of Attention `Q [B, Hq, Sq, D]`, `K, V [B, Hkv, Skv, D|Dv]` and the mask
-/// (kind and broadcast strides over `[B, Hq, Sq, Skv]`).
+/// The geometry of Attention `Q [B, Hq, Sq, D]`, `K, V [B, Hkv, Skv, D|Dv]`, or of its 3-D
+/// form `[B, S, H·D]` read in place through the strides, and the mask (kind and broadcast
+/// strides over `[B, Hq, Sq, Skv]`). LSE and delta are `[B, Hq, Sq]` in both forms.
 fn attention_geom(
     node: &Node,
     a: &AttnDims,
@@ -76,6 +91,7 @@ fn attention_geom(
     let (d, dv) = (a.d, a.dv);
     check_heads(node, q, d, dv)?;
     let (ms, kind) = common::attn_mask(node, q.dtype(), mask.map(|m| (m.dtype(), m.shape())))?;
+    let st: fn(usize, usize, usize) -> [i64; 3] = if a.packed { bshd } else { bhsd };
     Ok(AttnGeom {
         hq: a.hq as i64,
         hkv: a.hkv as i64,
@@ -84,6 +100,12 @@ fn attention_geom(
         d: d as i64,
         dv: dv as i64,
         ms,
+        st: [
+            st(a.hq, a.sq, d),
+            st(a.hkv, a.skv, d),
+            st(a.hkv, a.skv, dv),
+            st(a.hq, a.sq, dv),
+        ],
         rows: (a.b * a.hq * a.sq) as i64,
         nseq: 0,
         varlen: 0,
@@ -91,59 +113,6 @@ fn attention_geom(
         mask_kind: kind,
         scale: default_scale(d, scale),
     })
-}
-
-/// The 3-D form `[B, S, H·D]` as the kernels take it: the `[B, H, S, D]` types of its
-/// tensors and copies between the two layouts in scratch.
-struct Unpack {
-    /// Q (with D) and Y (with Dv); K and V.
-    q: ValueType,
-    y: ValueType,
-    k: ValueType,
-    v: ValueType,
-}
-
-impl Unpack {
-    fn new(a: &AttnDims, dt: DType) -> Unpack {
-        let t = |h: usize, s: usize, w: usize| ValueType::new(dt, &[a.b, h, s, w]);
-        Unpack {
-            q: t(a.hq, a.sq, a.d),
-            y: t(a.hq, a.sq, a.dv),
-            k: t(a.hkv, a.skv, a.d),
-            v: t(a.hkv, a.skv, a.dv),
-        }
-    }
-    /// A scratch tensor of type `ty` (`[B, H, S, W]`), filled from `x` (`[B, S, H·W]`)
-    /// when given.
-    fn to_heads<'t>(c: &Cuda, ty: &'t ValueType, x: Option<&V>) -> Result<V<'t>> {
-        let y = V {
-            p: c.scratch(ty.bytes())?,
-            ty,
-            buf: None,
-        };
-        if let Some(x) = x {
-            let s = &ty.shape;
-            let split = ValueType::new(ty.dtype, &[s[0], s[2], s[1], s[3]]);
-            let xv = V {
-                p: x.p,
-                ty: &split,
-                buf: None,
-            };
-            super::shape::transpose(c, &xv, Some(&[0, 2, 1, 3]), &y)?;
-        }
-        Ok(y)
-    }
-    /// Writes `x` (`[B, H, S, W]`) into `y` (`[B, S, H·W]`).
-    fn from_heads(c: &Cuda, x: &V, y: &V) -> Result<()> {
-        let s = x.shape();
-        let split = ValueType::new(x.dtype(), &[s[0], s[2], s[1], s[3]]);
-        let yv = V {
-            p: y.p,
-            ty: &split,
-            buf: None,
-        };
-        super::shape::transpose(c, x, Some(&[0, 2, 1, 3]), &yv)
-    }
 }
 
 /// Validated cu_seqlens (start 0, never decreasing, ending at the packed length) on the
@@ -192,7 +161,14 @@ fn varlen_geom(
     let (qs, ks, vs) = (q.shape(), k.shape(), v.shape());
     let (d, dv) = (qs[2], vs[2]);
     check_heads(node, q, d, dv)?;
+    let (tq, tk, hq, hkv) = (qs[0], ks[0], qs[1], ks[1]);
     Ok(AttnGeom {
+        st: [
+            bshd(hq, tq, d),
+            bshd(hkv, tk, d),
+            bshd(hkv, tk, dv),
+            bshd(hq, tq, dv),
+        ],
         hq: qs[1] as i64,
         hkv: ks[1] as i64,
         d: d as i64,
@@ -253,20 +229,7 @@ pub fn attention(
     let [q, k, v] = qkv;
     let a = dims(node, q, k, v)?;
     let g = attention_geom(node, &a, q, mask.as_ref(), causal, scale)?;
-    let m = mask.map_or(0, |m| m.p);
-    if !a.packed {
-        return forward(c, g, qkv, m, [0, 0], outs, want);
-    }
-    // The 3-D form runs on [B, H, S, D] copies.
-    let u = Unpack::new(&a, q.dtype());
-    let q4 = Unpack::to_heads(c, &u.q, Some(q))?;
-    let k4 = Unpack::to_heads(c, &u.k, Some(k))?;
-    let v4 = Unpack::to_heads(c, &u.v, Some(v))?;
-    let y4 = Unpack::to_heads(c, &u.y, None)?;
-    let mut outs4 = vec![y4];
-    outs4.extend(outs.get(1).copied());
-    forward(c, g, [&q4, &k4, &v4], m, [0, 0], &outs4, want)?;
-    Unpack::from_heads(c, &outs4[0], &outs[0])
+    forward(c, g, qkv, mask.map_or(0, |m| m.p), [0, 0], outs, want)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -386,47 +349,21 @@ pub fn attention_grad(
     outs: &[V],
     want: &[bool],
 ) -> Result<()> {
-    let [dy, q, k, v] = ins;
+    let [_, q, k, v] = ins;
     let a = dims(node, q, k, v)?;
     let g = attention_geom(node, &a, q, mask.as_ref(), causal, scale)?;
     let key_rows = a.b * a.hkv * a.skv;
-    let m = mask.map_or(0, |m| m.p);
-    if !a.packed {
-        return backward(c, g, key_rows, ins, yl, m, [0, 0], outs, want);
-    }
-    // The 3-D form runs on [B, H, S, D] copies; the wanted gradients are copied back.
-    let u = Unpack::new(&a, q.dtype());
-    let dy4 = Unpack::to_heads(c, &u.y, Some(dy))?;
-    let q4 = Unpack::to_heads(c, &u.q, Some(q))?;
-    let k4 = Unpack::to_heads(c, &u.k, Some(k))?;
-    let v4 = Unpack::to_heads(c, &u.v, Some(v))?;
-    let y4 = Unpack::to_heads(c, &u.y, Some(yl[0]))?;
-    let mut outs4 = vec![];
-    for (i, ty) in [&u.q, &u.k, &u.v].into_iter().enumerate() {
-        let w = want.get(i) == Some(&true);
-        outs4.push(match w {
-            true => Unpack::to_heads(c, ty, None)?,
-            false => outs[i],
-        });
-    }
-    outs4.extend(outs.get(3).copied());
     backward(
         c,
         g,
         key_rows,
-        [&dy4, &q4, &k4, &v4],
-        [&y4, yl[1]],
-        m,
+        ins,
+        yl,
+        mask.map_or(0, |m| m.p),
         [0, 0],
-        &outs4,
+        outs,
         want,
-    )?;
-    for i in 0..3 {
-        if want.get(i) == Some(&true) {
-            Unpack::from_heads(c, &outs4[i], &outs[i])?;
-        }
-    }
-    Ok(())
+    )
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -518,11 +455,12 @@ fn batch(g: &AttnGeom) -> usize {
     (g.rows / (g.hq * g.sq).max(1)) as usize
 }
 
-/// Whether 16-byte copies may load the rows: head sizes a multiple of 16 bytes (of
-/// elements of `dt`) and 16-byte aligned buffers.
+/// Whether 16-byte copies may load the rows: head sizes and strides a multiple of 16
+/// bytes (of elements of `dt`) and 16-byte aligned buffers.
 fn vec_ok(g: &AttnGeom, dt: DType, ptrs: &[u64]) -> i32 {
     let n = (16 / dt.size()) as i64;
-    (g.d % n == 0 && g.dv % n == 0 && ptrs.iter().all(|p| p % 16 == 0)) as i32
+    let strides = g.st.iter().flatten().all(|s| s % n == 0);
+    (g.d % n == 0 && g.dv % n == 0 && strides && ptrs.iter().all(|p| p % 16 == 0)) as i32
 }
 
 fn fast_forward(
@@ -556,7 +494,10 @@ fn fast_forward(
                 ""
             };
             let name = format!("fa_fwd_{}_{dp}{sfx}", suffix(q.dtype()));
-            let smem = (FA_BQ + 4 * FA_T) * dp * 2 + SMEM_ALIGN;
+            // Q and K/V tiles: a ring of 3 for heads up to 64 (the wgmma kernel; mma.sync
+            // uses 2 of them), 2 for larger.
+            let stages = if dp == 64 { 3 } else { 2 };
+            let smem = (FA_BQ + 2 * stages * FA_T) * dp * 2 + SMEM_ALIGN;
             // Warps of 32 query rows for heads up to 64, of 16 for larger (flash.cu FA_MT).
             let threads = if dp == 64 { 128 } else { 256 };
             let grid = (sq.div_ceil(FA_BQ) as u32, bh, 1);
@@ -607,9 +548,11 @@ fn fast_backward(
     match f {
         Fast::Mma(dp) => {
             let sfx = suffix(q.dtype());
+            // Two tiles that stay and a ring of 3 of two tiles each (the wgmma kernels; the
+            // mma.sync ones use 2 of the ring), and the dK/dV pass's LSE and delta per stage.
             let (sm_q, sm_kv) = (
-                6 * FA_T * dp * 2 + SMEM_ALIGN,
-                6 * FA_T * dp * 2 + 4 * FA_T * 4 + SMEM_ALIGN,
+                8 * FA_T * dp * 2 + SMEM_ALIGN,
+                8 * FA_T * dp * 2 + 3 * 2 * FA_T * 4 + SMEM_ALIGN,
             );
             launch_grid(
                 &c.dev,
