@@ -501,10 +501,10 @@ fn attention_3d_errors_say_what_is_wrong() {
              nodes:\n  - {{op: Attention, inputs: [q, q, q], outputs: [y], attrs: {{{heads}}}}}\n"
         )
     };
-    let e = graphrun::Model::from_str(&model("q_num_heads: 0, kv_num_heads: 1"), ".")
-        .err()
-        .expect("0 heads")
-        .to_string();
+    let e = match graphrun::Model::from_str(&model("q_num_heads: 0, kv_num_heads: 1"), ".") {
+        Ok(_) => panic!("0 heads were accepted"),
+        Err(e) => e.to_string(),
+    };
     assert!(e.contains("'q_num_heads' must be positive"), "{e}");
     if let Err(e) = graphrun::Model::from_str(&model("q_num_heads: 2, kv_num_heads: 2"), ".") {
         panic!("{e}");

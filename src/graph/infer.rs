@@ -119,7 +119,7 @@ impl AttnDims {
                     );
                 };
                 let heads = |what: &str, hidden: usize, h: usize, attr: &str| {
-                    if hidden % h != 0 {
+                    if !hidden.is_multiple_of(h) {
                         Err(format!("{what}'s hidden size {hidden} is not divisible by {attr} {h}"))
                     } else {
                         Ok(hidden / h)

@@ -162,19 +162,19 @@ fn fuse_heads(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch> {
     // Why the pattern itself failed is the 4-D rule's to say.
     let m = matched(cx, i, &mut Why::default())?;
     let pv = m.pv;
-    let Some(((q3, hq, d), _)) = split_heads(cx, m.q, false) else {
+    let Some((q3, hq, d)) = split_heads(cx, m.q, false) else {
         return why.no(format!(
             "Q '{}' is not split into heads from [B, S, H·D] by Reshape → Transpose [0, 2, 1, 3]",
             m.q
         ));
     };
-    let Some(((k3, hkv, dk), _)) = split_heads(cx, m.k, m.k_bshd) else {
+    let Some((k3, hkv, dk)) = split_heads(cx, m.k, m.k_bshd) else {
         return why.no(format!(
             "K '{}' is not split into heads from [B, S, H·D]",
             m.k
         ));
     };
-    let Some(((v3, hv, _), _)) = split_heads(cx, m.v, false) else {
+    let Some((v3, hv, _)) = split_heads(cx, m.v, false) else {
         return why.no(format!(
             "V '{}' is not split into heads from [B, S, H·D]",
             m.v
@@ -214,25 +214,18 @@ fn fuse_heads(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch> {
 
 /// `v` = `Transpose [0, 2, 1, 3](Reshape(x))` with x `[B, S, H·D]` and the Reshape
 /// `[B, S, H, D]` in every inference run (for `bshd`, `v` is the Reshape's output
-/// itself): returns (x, H, D) and the nodes.
-fn split_heads<'g>(
-    cx: &Ctx<'g>,
-    v: &str,
-    bshd: bool,
-) -> Option<((&'g str, usize, usize), Vec<usize>)> {
-    let mut nodes = vec![];
+/// itself): returns (x, H, D).
+fn split_heads<'g>(cx: &Ctx<'g>, v: &str, bshd: bool) -> Option<(&'g str, usize, usize)> {
     let mut r = v;
     if !bshd {
-        let (ti, t) = cx.prod(v, |op| {
+        let (_, t) = cx.prod(v, |op| {
             *op == Op::Transpose {
                 perm: Some(vec![0, 2, 1, 3]),
             }
         })?;
-        nodes.push(ti);
         r = &t.inputs[0];
     }
-    let (ri, reshape) = cx.prod(r, |op| matches!(op, Op::Reshape { .. }))?;
-    nodes.push(ri);
+    let (_, reshape) = cx.prod(r, |op| matches!(op, Op::Reshape { .. }))?;
     let x = reshape.inputs[0].as_str();
     let (xs, rs) = (cx.facts.shapes(x)?, cx.facts.shapes(r)?);
     let mut hd = None;
@@ -247,7 +240,7 @@ fn split_heads<'g>(
         hd = Some((h, d));
     }
     let (h, d) = hd?;
-    Some(((x, h, d), nodes))
+    Some((x, h, d))
 }
 
 /// `y` `[B, H, S, Dv]` read only by `Transpose [0, 2, 1, 3]`, read only by a Reshape to
