@@ -8,6 +8,13 @@
 //! transposed with perm [0, 2, 3, 1], a Transpose [0, 2, 1, 3] gives Attention its K; a Kᵀ
 //! written as Reshape → Transpose [0, 2, 1] → Reshape over merged heads is recognised too.
 //! K and V repeated to the query heads (grouped-query attention) are read un-repeated.
+//!
+//! Rule `attention_heads`, tried first, also takes in the head split and merge around
+//! the pattern: Q, K and V split from `[B, S, H·D]` tensors by `Reshape [B, S, H, D] →
+//! Transpose` and the output merged back by `Transpose → Reshape [B, S, H·Dv]` make one
+//! 3-D `Attention` (`q_num_heads`, `kv_num_heads`) on the unsplit tensors. Where part of
+//! that is missing, or a value in between has another reader, rule `attention` fuses the
+//! 4-D form and the copies stay.
 
 use super::pattern::{Ctx, Patch, Why};
 use super::Rule;
