@@ -113,8 +113,19 @@ __device__ __forceinline__ unsigned long long wg_desc_mn(unsigned base, int kc) 
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
-// Waits for all but the last committed group.
-__device__ __forceinline__ void wg_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory"); }
+// Waits until at most n (a constant after inlining) committed groups are pending.
+__device__ __forceinline__ void wg_wait_n(int n) {
+    if (n <= 0) asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+    else if (n == 1) asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+    else if (n == 2) asm volatile("wgmma.wait_group.sync.aligned 2;" ::: "memory");
+    else asm volatile("wgmma.wait_group.sync.aligned 3;" ::: "memory");
+}
+// The same behind a branch the compiler cannot fold (g.hq > 0 always holds): ptxas hoists the
+// waits of a basic block to its top, ahead of the softmax work meant to overlap the products.
+__device__ __forceinline__ void wg_wait_late(const AttnGeom& g, int n) {
+    if (g.hq > 0) wg_wait_n(n);
+    else wg_wait_n(0);
+}
 // Keeps the compiler from touching accumulators between an mma_async and its wait.
 __device__ __forceinline__ void wg_keep(float (*d)[4]) {
 #pragma unroll
@@ -201,15 +212,28 @@ template <int DP> __device__ __forceinline__ unsigned sw_addr(unsigned base, int
 // `base`. With `vec`, 16-byte cp.async (width % 8 == 0, 16-byte aligned rows); otherwise
 // element by element (small or odd head sizes).
 template <int DP, int NT> __device__ __forceinline__ void load_tile(unsigned base, const unsigned short* src, i64 rs, int rows, int valid, int width, int vec) {
-    constexpr int CPR = DP / 8;  // chunks per row
+    constexpr int CPR = DP / 8;      // chunks per row
+    constexpr int RSTEP = NT / CPR;  // rows per pass of the block
+    static_assert(NT % CPR == 0 && RSTEP % 8 == 0, "tile passes must keep the swizzle");
+    if (vec) {
+        // A thread's chunks are rows r0 + k·RSTEP of one column chunk: same swizzle, so the
+        // addresses only move by constants (the rows are compile-time constants: unrolled).
+        int c = threadIdx.x % CPR, r0 = threadIdx.x / CPR;
+        bool cok = c * 8 < width;
+        const unsigned short* s = src + r0 * rs + c * 8;
+        unsigned dst = sw_addr<DP>(base, r0, c);
+#pragma unroll
+        for (int k = 0; k < rows / RSTEP; ++k) {
+            bool ok = cok && r0 + k * RSTEP < valid;
+            cp_async16(dst + k * RSTEP * DP * 2, ok ? s + k * RSTEP * rs : src, ok ? 16 : 0);
+        }
+        return;
+    }
     for (int idx = threadIdx.x; idx < rows * CPR; idx += NT) {
         int r = idx / CPR, c = idx % CPR;
         unsigned dst = sw_addr<DP>(base, r, c);
         bool ok = r < valid && c * 8 < width;
-        if (vec) {
-            const unsigned short* s = ok ? src + r * rs + c * 8 : src;
-            cp_async16(dst, s, ok ? 16 : 0);
-        } else {
+        {
             unsigned w[4];
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
@@ -340,9 +364,10 @@ template <class T, int DP> __device__ __forceinline__ void store_acc(T* dst, i64
 }
 
 // One key tile of the online softmax for a warp's 16 rows (this thread's gq and gq + 8):
-// `s` (log2 units, masked) becomes P; m and l move on; a[2] is what O is to be multiplied by.
-__device__ __forceinline__ void fa_online(float (*s)[4], float* m, float* l, float* a) {
-    float mx0 = m[0], mx1 = m[1];
+// `s` times `mul` (log2 units, masked) becomes P; m and l move on; a[2] is what O is to be
+// multiplied by. mul > 0: the scale moves into the exponent's FFMA (no mask to add).
+__device__ __forceinline__ void fa_online(float (*s)[4], float* m, float* l, float* a, float mul) {
+    float mx0 = neg_inf(0.f), mx1 = neg_inf(0.f);
 #pragma unroll
     for (int nb = 0; nb < 8; ++nb) {
         mx0 = fmaxf(mx0, fmaxf(s[nb][0], s[nb][1]));
@@ -352,6 +377,8 @@ __device__ __forceinline__ void fa_online(float (*s)[4], float* m, float* l, flo
     mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
     mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
     mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    mx0 = fmaxf(m[0], mx0 * mul);
+    mx1 = fmaxf(m[1], mx1 * mul);
     // A row that has seen only masked keys keeps m = -inf: measure from 0 instead.
     float ref0 = mx0 == neg_inf(mx0) ? 0.f : mx0, ref1 = mx1 == neg_inf(mx1) ? 0.f : mx1;
     a[0] = fa_ex2(m[0] - ref0);
@@ -361,10 +388,10 @@ __device__ __forceinline__ void fa_online(float (*s)[4], float* m, float* l, flo
     float ps0 = 0.f, ps1 = 0.f;
 #pragma unroll
     for (int nb = 0; nb < 8; ++nb) {
-        s[nb][0] = fa_ex2(s[nb][0] - ref0);
-        s[nb][1] = fa_ex2(s[nb][1] - ref0);
-        s[nb][2] = fa_ex2(s[nb][2] - ref1);
-        s[nb][3] = fa_ex2(s[nb][3] - ref1);
+        s[nb][0] = fa_ex2(fmaf(s[nb][0], mul, -ref0));
+        s[nb][1] = fa_ex2(fmaf(s[nb][1], mul, -ref0));
+        s[nb][2] = fa_ex2(fmaf(s[nb][2], mul, -ref1));
+        s[nb][3] = fa_ex2(fmaf(s[nb][3], mul, -ref1));
         ps0 += s[nb][0] + s[nb][1];
         ps1 += s[nb][2] + s[nb][3];
     }
@@ -481,7 +508,7 @@ template <class T, int DP, bool MASK> __device__ void fa_fwd(const AttnGeom& g, 
                 for (int e = 0; e < 4; ++e) s[mt][nb][e] *= sl2;
             if (edge) fa_edge<T, MASK>(g, s[mt], mask, b, h, row0, j0, 0);
             float a[2];
-            fa_online(s[mt], m[mt], l[mt], a);
+            fa_online(s[mt], m[mt], l[mt], a, 1.f);
 #pragma unroll
             for (int nd = 0; nd < DP / 8; ++nd) {
                 o[mt][nd][0] *= a[0];
@@ -561,6 +588,9 @@ template <class T, bool MASK> __device__ void fa_fwd_wg(const AttnGeom& g, const
     }
     unsigned pa[MT][4][4];  // P of the previous tile
     const float sl2 = (float)g.scale * FA_LOG2E;
+    // Scores stay unscaled where no additive mask comes in and the scale is positive (the
+    // row maximum of the scaled scores is then the scaled maximum).
+    const bool raw = !MASK && sl2 > 0.f;
     int gq = (threadIdx.x & 31) >> 2;
     // The first iteration apart (no P·V yet): ptxas serializes every wgmma of a
     // kernel where a wait depends on a run-time condition.
@@ -575,40 +605,42 @@ template <class T, bool MASK> __device__ void fa_fwd_wg(const AttnGeom& g, const
         if (t + 1 < ntiles) load_kv(t + 1);
         cp_commit();
         unsigned kt = sK + (t % FA_ST) * TILE, vp = sV + ((t + FA_ST - 1) % FA_ST) * TILE;
+        // One group per m tile's S, then one for P·V: the softmax of m tile 0 starts while
+        // the tensor cores still have S of m tile 1 and P·V to do.
         wg_fence();
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
+        for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
             for (int kc = 0; kc < 4; ++kc) Wg<T, 0>::ss(s[mt], wg_desc_k(sQ + mt * 64 * DP * 2, kc), wg_desc_k(kt, kc), kc);
-        wg_commit();
+            wg_commit();
+        }
         if (!first) {
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) wg_pb<T>(o[mt], pa[mt], vp);
             wg_commit();
-            wg_wait1();
-        } else {
-            wg_wait();
         }
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) wg_keep(s[mt]);
         i64 j0 = (i64)t * FA_BK;
         float a[MT][2];
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
+            wg_wait_late(g, MT - 1 - mt + (first ? 0 : 1));
+            wg_keep(s[mt]);
             i64 rw = q0 + mt * 64 + warp * 16;  // the warp's first row
             bool edge = MASK || j0 + FA_BK > g.skv || (g.causal && j0 + FA_BK - 1 > rw);
+            if (!raw) {
 #pragma unroll
-            for (int nb = 0; nb < 8; ++nb)
+                for (int nb = 0; nb < 8; ++nb)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) s[mt][nb][e] *= sl2;
+                    for (int e = 0; e < 4; ++e) s[mt][nb][e] *= sl2;
+            }
             if (edge) fa_edge<T, MASK>(g, s[mt], mask, b, h, rw + gq, j0, 0);
-            fa_online(s[mt], m[mt], l[mt], a[mt]);
+            fa_online(s[mt], m[mt], l[mt], a[mt], raw ? sl2 : 1.f);
         }
         if (!first) {
             // (The keeps of s first: the softmax ends before the wait, not after.)
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) wg_keep(s[mt]);
-            wg_wait();
+            wg_wait_late(g, 0);
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
                 wg_keep(o[mt]);
@@ -645,9 +677,54 @@ template <class T, bool MASK> __device__ void fa_fwd_wg(const AttnGeom& g, const
     for (int mt = 0; mt < MT; ++mt) fa_finish<T, DP>(g, Y, lse, b, h, bh, o[mt], q0 + mt * 64 + warp * 16, m[mt], l[mt]);
 }
 
+// delta = rowsum(dY∘Y) of this thread's rows row0 and row0 + 8 (the 4 threads of a row
+// take 16 columns each) into D[2], and into `delta` [B,Hq,Sq] for the dK/dV pass: the dQ
+// kernels compute it on the way (no pass of its own).
+template <class T> __device__ __forceinline__ void fa_delta(const AttnGeom& g, const T* dY, const T* Y, float* delta, i64 b, i64 h, i64 bh, i64 row0, int vec, float* D) {
+    int tq = threadIdx.x & 3;
+    const unsigned short* dyb = (const unsigned short*)dY + att_off(g, ATT_Y, b, h, 0);
+    const unsigned short* yb = (const unsigned short*)Y + att_off(g, ATT_Y, b, h, 0);
+    i64 rs = g.st[ATT_Y][2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        i64 r = row0 + half * 8;
+        float acc = 0.f;
+        if (r < g.sq) {
+#pragma unroll
+            for (int c8 = 0; c8 < 2; ++c8) {
+                int c0 = tq * 16 + c8 * 8;
+                if (c0 >= g.dv) continue;
+                unsigned short x[8], y[8];
+                if (vec) {  // (dv % 8 == 0, rows 16-byte aligned)
+                    *(uint4*)x = *(const uint4*)(dyb + r * rs + c0);
+                    *(uint4*)y = *(const uint4*)(yb + r * rs + c0);
+                } else {
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) {
+                        bool ok = c0 + e < g.dv;
+                        x[e] = ok ? dyb[r * rs + c0 + e] : 0;
+                        y[e] = ok ? yb[r * rs + c0 + e] : 0;
+                    }
+                }
+#pragma unroll
+                for (int e = 0; e < 8; ++e) {
+                    T xt, yt;
+                    xt.x = x[e];
+                    yt.x = y[e];
+                    acc += ld(xt) * ld(yt);
+                }
+            }
+        }
+        acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+        acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+        D[half] = acc;
+        if (tq == 0 && r < g.sq) delta[bh * g.sq + r] = acc;
+    }
+}
+
 // dQ (and dMask): grid (query blocks of FB_B, B·Hq), 4 warps. P is recomputed from LSE;
 // dS = P∘(dY·Vᵀ − delta), dQ = scale·dS·K.
-template <class T, int DP, bool MASK> __device__ void fa_dq(const AttnGeom& g, const T* dY, const T* Q, const T* K, const T* V, const void* mask, const float* lse, const float* delta, T* dQ, T* dmask, int vec) {
+template <class T, int DP, bool MASK> __device__ void fa_dq(const AttnGeom& g, const T* dY, const T* Q, const T* K, const T* V, const void* mask, const float* lse, float* delta, T* dQ, T* dmask, int vec, const T* Y) {
     constexpr int NT = FB_B * 2;
     unsigned sQ = smem_u32(fa_base());
     unsigned sdY = sQ + FB_B * DP * 2, sK = sdY + FB_B * DP * 2, sV = sK + 2 * FA_BK * DP * 2;
@@ -676,7 +753,9 @@ template <class T, int DP, bool MASK> __device__ void fa_dq(const AttnGeom& g, c
     float L1 = row1 < g.sq ? lse[bh * g.sq + row1] : neg_inf(0.f);
     L0 = L0 == neg_inf(L0) ? -neg_inf(0.f) : L0 * FA_LOG2E;
     L1 = L1 == neg_inf(L1) ? -neg_inf(0.f) : L1 * FA_LOG2E;
-    float D0 = row0 < g.sq ? delta[bh * g.sq + row0] : 0.f, D1 = row1 < g.sq ? delta[bh * g.sq + row1] : 0.f;
+    float Dr[2];
+    fa_delta<T>(g, dY, Y, delta, b, h, bh, row0, vec, Dr);
+    float D0 = Dr[0], D1 = Dr[1];
     float acc[DP / 8][4];
 #pragma unroll
     for (int i = 0; i < DP / 8; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
@@ -832,7 +911,7 @@ template <class T, int DP, bool MASK> __device__ void fa_dkv(const AttnGeom& g, 
 // and dP = dY·Vᵀ read Q and dY from their tiles (A from shared memory); K/V in a ring of 3,
 // pipelined as fa_fwd_wg: iteration t issues S_t and dP_t, then dQ += dS_{t−1}·K_{t−1},
 // and computes dS_t while the last runs.
-template <class T, bool MASK> __device__ void fa_dq_wg(const AttnGeom& g, const T* dY, const T* Q, const T* K, const T* V, const void* mask, const float* lse, const float* delta, T* dQ, T* dmask, int vec) {
+template <class T, bool MASK> __device__ void fa_dq_wg(const AttnGeom& g, const T* dY, const T* Q, const T* K, const T* V, const void* mask, const float* lse, float* delta, T* dQ, T* dmask, int vec, const T* Y) {
     constexpr int DP = 64, NT = 128, TILE = FA_BK * DP * 2;
     unsigned sQ = smem_u32(fa_base());
     unsigned sdY = sQ + TILE, sK = sdY + TILE, sV = sK + FA_ST * TILE;
@@ -864,7 +943,9 @@ template <class T, bool MASK> __device__ void fa_dq_wg(const AttnGeom& g, const 
     float L1 = row1 < g.sq ? lse[bh * g.sq + row1] : neg_inf(0.f);
     L0 = L0 == neg_inf(L0) ? -neg_inf(0.f) : L0 * FA_LOG2E;
     L1 = L1 == neg_inf(L1) ? -neg_inf(0.f) : L1 * FA_LOG2E;
-    float D0 = row0 < g.sq ? delta[bh * g.sq + row0] : 0.f, D1 = row1 < g.sq ? delta[bh * g.sq + row1] : 0.f;
+    float Dr[2];
+    fa_delta<T>(g, dY, Y, delta, b, h, bh, row0, vec, Dr);
+    float D0 = Dr[0], D1 = Dr[1];
     float acc[8][4], s[8][4], dp[8][4];
 #pragma unroll
     for (int i = 0; i < 8; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
@@ -879,35 +960,38 @@ template <class T, bool MASK> __device__ void fa_dq_wg(const AttnGeom& g, const 
         cp_commit();
         unsigned kt = sK + (t % FA_ST) * TILE, vt = sV + (t % FA_ST) * TILE;
         unsigned kp = sK + ((t + FA_ST - 1) % FA_ST) * TILE;
+        // Groups: S, dP, then dQ of the previous tile; P is computed while dP and dQ run.
         wg_fence();
 #pragma unroll
         for (int kc = 0; kc < 4; ++kc) Wg<T, 0>::ss(s, wg_desc_k(sQ, kc), wg_desc_k(kt, kc), kc);
+        wg_commit();
 #pragma unroll
         for (int kc = 0; kc < 4; ++kc) Wg<T, 0>::ss(dp, wg_desc_k(sdY, kc), wg_desc_k(vt, kc), kc);
         wg_commit();
         if (!first) {
             wg_pb<T>(acc, da, kp);
             wg_commit();
-            wg_wait1();
-        } else {
-            wg_wait();
         }
+        wg_wait_n(first ? 1 : 2);
         wg_keep(s);
-        wg_keep(dp);
         i64 j0 = (i64)t * FA_BK;
         bool edge = MASK || j0 + FA_BK > g.skv || (g.causal && j0 + FA_BK - 1 > q0 + warp * 16);
+        // log2 P = scale·log2(e)·S − LSE (+ the mask, in fa_edge)
 #pragma unroll
         for (int nb = 0; nb < 8; ++nb)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) s[nb][e] *= sl2;
+            for (int e = 0; e < 4; ++e) s[nb][e] = fmaf(s[nb][e], sl2, -(e < 2 ? L0 : L1));
         if (edge) fa_edge<T, MASK>(g, s, mask, b, h, row0, j0, 0);
 #pragma unroll
         for (int nb = 0; nb < 8; ++nb)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                float p = fa_ex2(s[nb][e] - (e < 2 ? L0 : L1));
-                s[nb][e] = p * (dp[nb][e] - (e < 2 ? D0 : D1));
-            }
+            for (int e = 0; e < 4; ++e) s[nb][e] = fa_ex2(s[nb][e]);
+        wg_wait_late(g, first ? 0 : 1);
+        wg_keep(dp);
+#pragma unroll
+        for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[nb][e] *= dp[nb][e] - (e < 2 ? D0 : D1);
         if (dmask) {
 #pragma unroll
             for (int nb = 0; nb < 8; ++nb)
@@ -919,7 +1003,7 @@ template <class T, bool MASK> __device__ void fa_dq_wg(const AttnGeom& g, const 
         }
         if (!first) {
             wg_keep(s);  // (the dS computation before the wait)
-            wg_wait();
+            wg_wait_late(g, 0);
             wg_keep(acc);
             wg_keep_a(da);
         }
@@ -992,10 +1076,12 @@ template <class T, bool MASK> __device__ void fa_dkv_wg(const AttnGeom& g, const
         cp_commit();
         int buf = it % FA_ST, pbuf = (it + FA_ST - 1) % FA_ST;
         i64 h = hk * grp + it / ntq, i0 = i_start + (i64)(it % ntq) * FB_B;
+        // Groups: Sᵀ[key][query], dPᵀ[key][query], then dV and dK of the previous tile; P
+        // is computed while dPᵀ and those run.
         wg_fence();
-        // Sᵀ[key][query], dPᵀ[key][query]
 #pragma unroll
         for (int kc = 0; kc < 4; ++kc) Wg<T, 0>::ss(s, wg_desc_k(sK, kc), wg_desc_k(sQ + buf * TILE, kc), kc);
+        wg_commit();
 #pragma unroll
         for (int kc = 0; kc < 4; ++kc) Wg<T, 0>::ss(dp, wg_desc_k(sV, kc), wg_desc_k(sdY + buf * TILE, kc), kc);
         wg_commit();
@@ -1003,33 +1089,32 @@ template <class T, bool MASK> __device__ void fa_dkv_wg(const AttnGeom& g, const
             wg_pb<T>(dv, pa, sdY + pbuf * TILE);
             wg_pb<T>(dk, da, sQ + pbuf * TILE);
             wg_commit();
-            wg_wait1();
-        } else {
-            wg_wait();
         }
+        wg_wait_n(first ? 1 : 2);
         wg_keep(s);
-        wg_keep(dp);
         bool edge = MASK || (g.causal && i0 < k0 + FB_B);
         const float* L = sL + buf * FB_B;
         const float* Dl = sD + buf * FB_B;
+        // log2 P = scale·log2(e)·S − LSE (+ the mask, in fa_edge)
 #pragma unroll
         for (int nb = 0; nb < 8; ++nb)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) s[nb][e] *= sl2;
+            for (int e = 0; e < 4; ++e) s[nb][e] = fmaf(s[nb][e], sl2, -L[nb * 8 + 2 * tq + (e & 1)]);
         if (edge) fa_edge<T, MASK>(g, s, mask, b, h, key0, i0, 1);
 #pragma unroll
         for (int nb = 0; nb < 8; ++nb)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                int qi = nb * 8 + 2 * tq + (e & 1);
-                float p = fa_ex2(s[nb][e] - L[qi]);
-                s[nb][e] = p;
-                dp[nb][e] = p * (dp[nb][e] - Dl[qi]);
-            }
+            for (int e = 0; e < 4; ++e) s[nb][e] = fa_ex2(s[nb][e]);
+        wg_wait_late(g, first ? 0 : 1);
+        wg_keep(dp);
+#pragma unroll
+        for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) dp[nb][e] = s[nb][e] * (dp[nb][e] - Dl[nb * 8 + 2 * tq + (e & 1)]);
         if (!first) {
             wg_keep(s);  // (P and dS before the wait)
             wg_keep(dp);
-            wg_wait();
+            wg_wait_late(g, 0);
             wg_keep(dv);
             wg_keep(dk);
             wg_keep_a(pa);
@@ -1072,9 +1157,9 @@ template <class T, bool MASK> __device__ void fa_dkv_wg(const AttnGeom& g, const
     }
 #define INST_FA_BWD(T, S, M, MS, WG)                                                                                        \
     extern "C" __global__ void __launch_bounds__(FB_B * 2, M ? 1 : 3) fa_dq_##S##_64##MS(                                   \
-        AttnGeom g, const T* dy, const T* q, const T* k, const T* v, const void* m, const float* lse, const float* delta, T* dq, T* dm, int vec) { \
-        if constexpr (WG) fa_dq_wg<T, M>(g, dy, q, k, v, m, lse, delta, dq, dm, vec);                                    \
-        else fa_dq<T, 64, M>(g, dy, q, k, v, m, lse, delta, dq, dm, vec);                                                  \
+        AttnGeom g, const T* dy, const T* q, const T* k, const T* v, const void* m, const float* lse, float* delta, T* dq, T* dm, int vec, const T* y) { \
+        if constexpr (WG) fa_dq_wg<T, M>(g, dy, q, k, v, m, lse, delta, dq, dm, vec, y);                                 \
+        else fa_dq<T, 64, M>(g, dy, q, k, v, m, lse, delta, dq, dm, vec, y);                                               \
     }                                                                                                                      \
     extern "C" __global__ void __launch_bounds__(FB_B * 2, M ? 1 : WG ? 2 : 3) fa_dkv_##S##_64##MS(                        \
         AttnGeom g, const T* dy, const T* q, const T* k, const T* v, const void* m, const float* lse, const float* delta, T* dk, T* dv, int vec) { \

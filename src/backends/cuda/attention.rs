@@ -276,24 +276,28 @@ fn backward(
     }
     let dp = c.scratch(g.rows as usize * acc)?;
     let rows = grid(g.rows as usize);
-    c.launch(
-        &format!("attn_delta_{sfx}"),
-        rows,
-        BLOCK,
-        &[Arg::Attn(g), Arg::Ptr(dy.p), Arg::Ptr(y.p), Arg::Ptr(dp)],
-    )?;
+    let f = fast(&g, q.dtype(), true);
+    // The tensor-core dQ kernels compute delta themselves.
+    if !matches!(f, Some(Fast::Mma(_))) {
+        c.launch(
+            &format!("attn_delta_{sfx}"),
+            rows,
+            BLOCK,
+            &[Arg::Attn(g), Arg::Ptr(dy.p), Arg::Ptr(y.p), Arg::Ptr(dp)],
+        )?;
+    }
     let dmask = wanted(outs, want, 3);
     if let Some(m) = dmask {
         c.memset0(m)?; // masked and skipped entries stay 0
     }
-    if let Some(f) = fast(&g, q.dtype(), true) {
+    if let Some(f) = f {
         let [dq, dk, dv] = [0, 1, 2].map(|i| outs[i].p);
         return fast_backward(
             c,
             f,
             g,
             ins,
-            mask,
+            [mask, y.p],
             lse.p,
             dp,
             [dq, dk, dv, dmask.map_or(0, |m| m.p)],
@@ -510,20 +514,22 @@ fn fast_forward(
     }
 }
 
-/// dQ (and dMask) per query tile, then dK and dV per key tile; `delta` is ready.
+/// dQ (and dMask) per query tile, then dK and dV per key tile; `delta` is ready for the
+/// f32 kernels, and written by the dQ pass from Y (`my`: mask and Y) for the others.
 #[allow(clippy::too_many_arguments)]
 fn fast_backward(
     c: &Cuda,
     f: Fast,
     g: AttnGeom,
     ins: [&V; 4],
-    mask: u64,
+    my: [u64; 2],
     lse: u64,
     delta: u64,
     outs: [u64; 4],
 ) -> Result<()> {
     let [dy, q, k, v] = ins;
     let [dq, dk, dv, dmask] = outs;
+    let [mask, y] = my;
     let b = batch(&g);
     let (sq, skv) = (g.sq as usize, g.skv as usize);
     let common = |g: AttnGeom| {
@@ -540,9 +546,12 @@ fn fast_backward(
     };
     let qgrid = (sq.div_ceil(FA_T) as u32, (b * g.hq as usize) as u32, 1);
     let kgrid = (skv.div_ceil(FA_T) as u32, (b * g.hkv as usize) as u32, 1);
-    let vec = vec_ok(&g, q.dtype(), &[dy.p, q.p, k.p, v.p]);
+    let vec = vec_ok(&g, q.dtype(), &[dy.p, q.p, k.p, v.p, y]);
     let mut aq = common(g);
     aq.extend([Arg::Ptr(dq), Arg::Ptr(dmask), Arg::I32(vec)]);
+    if let Fast::Mma(_) = f {
+        aq.push(Arg::Ptr(y));
+    }
     let mut akv = common(g);
     akv.extend([Arg::Ptr(dk), Arg::Ptr(dv), Arg::I32(vec)]);
     match f {
