@@ -8,9 +8,10 @@
 
 #define ATT_VEC 8
 
-// Where one query row's problem lies: its row in Q/Y/LSE, its keys' rows in K/V
-// (k0 + j·kstride), how many it sees, and its mask offset.
-struct QRow { i64 r, k0, kstride, limit, i, shift, mask_off; };
+// Where one query row's problem lies: its row in LSE, the offsets of its vectors in Q (dQ)
+// and Y (dY), of its key j in K (ko + j·kst) and V (vo + j·vst), how many keys it sees,
+// and its mask offset.
+struct QRow { i64 r, qo, yo, ko, kst, vo, vst, limit, i, shift, mask_off; };
 
 // Largest b with cu[b] <= t: the sequence of packed token t (empty sequences skipped).
 __device__ i64 seq_of(const i64* cu, i64 nseq, i64 t) {
@@ -33,8 +34,11 @@ __device__ QRow locate_q(const AttnGeom& g, const i64* cu_q, const i64* cu_k, i6
         i64 lq = cu_q[b + 1] - cu_q[b];
         nk = cu_k[b + 1] - cu_k[b];
         q.i = t - cu_q[b];
-        q.k0 = cu_k[b] * g.hkv + h / grp;
-        q.kstride = g.hkv;
+        // (Packed rows: batch 0, the row index is the token.)
+        q.qo = att_off(g, ATT_Q, 0, h, t);
+        q.yo = att_off(g, ATT_Y, 0, h, t);
+        q.ko = att_off(g, ATT_K, 0, h / grp, cu_k[b]);
+        q.vo = att_off(g, ATT_V, 0, h / grp, cu_k[b]);
         q.shift = nk - lq;
         q.mask_off = 0;
     } else {
@@ -42,11 +46,15 @@ __device__ QRow locate_q(const AttnGeom& g, const i64* cu_q, const i64* cu_k, i6
         h = (r / g.sq) % g.hq;
         q.i = r % g.sq;
         nk = g.skv;
-        q.k0 = (b * g.hkv + h / grp) * g.skv;
-        q.kstride = 1;
+        q.qo = att_off(g, ATT_Q, b, h, q.i);
+        q.yo = att_off(g, ATT_Y, b, h, q.i);
+        q.ko = att_off(g, ATT_K, b, h / grp, 0);
+        q.vo = att_off(g, ATT_V, b, h / grp, 0);
         q.shift = 0;
         q.mask_off = b * g.ms[0] + h * g.ms[1] + q.i * g.ms[2];
     }
+    q.kst = g.st[ATT_K][2];
+    q.vst = g.st[ATT_V][2];
     q.limit = nk;
     if (g.causal) {
         i64 l = q.i + 1 + q.shift;
@@ -95,18 +103,17 @@ template <class T> __device__ void attn_fwd_k(AttnGeom g, const T* Q, const T* K
     if (r >= g.rows) return;
     QRow q = locate_q(g, cu_q, cu_k, r);
     A qv[ATT_VEC], acc[ATT_VEC];
-    load_vec(qv, Q + r * g.d, g.d, (A)g.scale);
+    load_vec(qv, Q + q.qo, g.d, (A)g.scale);
 #pragma unroll
     for (int t = 0; t < ATT_VEC; ++t) acc[t] = 0;
     A m = neg_inf((A)0), l = 0;
     for (i64 j = 0; j < q.limit; ++j) {
-        i64 kr = q.k0 + j * q.kstride;
-        A s = masked<T>(g, mask, q.mask_off + j * g.ms[3], dot_vec(qv, K + kr * g.d, g.d));
+        A s = masked<T>(g, mask, q.mask_off + j * g.ms[3], dot_vec(qv, K + q.ko + j * q.kst, g.d));
         if (s == neg_inf(s)) continue;  // masked out: nothing flows through it
         A mn = nan_max(m, s);
         A alpha = m_exp(m - mn), p = m_exp(s - mn);
         l = l * alpha + p;
-        const T* vr = V + kr * g.dv;
+        const T* vr = V + q.vo + j * q.vst;
         int lane = threadIdx.x & 31;
 #pragma unroll
         for (int t = 0; t < ATT_VEC; ++t) {
@@ -117,7 +124,7 @@ template <class T> __device__ void attn_fwd_k(AttnGeom g, const T* Q, const T* K
     }
     // A row that sees no key gives 0 and LSE -inf.
     bool any = l > (A)0;
-    store_vec(Y + r * g.dv, acc, g.dv, any ? (A)1 / l : (A)0);
+    store_vec(Y + q.yo, acc, g.dv, any ? (A)1 / l : (A)0);
     if (lse && (threadIdx.x & 31) == 0) lse[r] = any ? m + m_log(l) : neg_inf(m);
 }
 
@@ -126,9 +133,11 @@ template <class T> __device__ void attn_delta_k(AttnGeom g, const T* dY, const T
     typedef typename Num<T>::A A;
     i64 r = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5;
     if (r >= g.rows) return;
+    i64 yo = g.varlen ? att_off(g, ATT_Y, 0, r % g.hq, r / g.hq)
+                      : att_off(g, ATT_Y, r / (g.hq * g.sq), (r / g.sq) % g.hq, r % g.sq);
     A dy[ATT_VEC];
-    load_vec(dy, dY + r * g.dv, g.dv, (A)1);
-    A s = dot_vec(dy, Y + r * g.dv, g.dv);
+    load_vec(dy, dY + yo, g.dv, (A)1);
+    A s = dot_vec(dy, Y + yo, g.dv);
     if ((threadIdx.x & 31) == 0) delta[r] = s;
 }
 
@@ -140,8 +149,8 @@ template <class T> __device__ void attn_dq_k(AttnGeom g, const T* dY, const T* Q
     if (r >= g.rows) return;
     QRow q = locate_q(g, cu_q, cu_k, r);
     A qv[ATT_VEC], dy[ATT_VEC], dq[ATT_VEC];
-    load_vec(qv, Q + r * g.d, g.d, (A)g.scale);
-    load_vec(dy, dY + r * g.dv, g.dv, (A)1);
+    load_vec(qv, Q + q.qo, g.d, (A)g.scale);
+    load_vec(dy, dY + q.yo, g.dv, (A)1);
 #pragma unroll
     for (int t = 0; t < ATT_VEC; ++t) dq[t] = 0;
     A L = lse[r], dl = delta[r];
@@ -149,11 +158,10 @@ template <class T> __device__ void attn_dq_k(AttnGeom g, const T* dY, const T* Q
     // A row that sees no key has P = 0 (and S − LSE would be NaN).
     i64 limit = L == neg_inf(L) ? 0 : q.limit;
     for (i64 j = 0; j < limit; ++j) {
-        i64 kr = q.k0 + j * q.kstride;
-        A p = m_exp(masked<T>(g, mask, q.mask_off + j * g.ms[3], dot_vec(qv, K + kr * g.d, g.d)) - L);
+        const T* kj = K + q.ko + j * q.kst;
+        A p = m_exp(masked<T>(g, mask, q.mask_off + j * g.ms[3], dot_vec(qv, kj, g.d)) - L);
         if (p == (A)0) continue;
-        A ds = p * (dot_vec(dy, V + kr * g.dv, g.dv) - dl);
-        const T* kj = K + kr * g.d;
+        A ds = p * (dot_vec(dy, V + q.vo + j * q.vst, g.dv) - dl);
 #pragma unroll
         for (int t = 0; t < ATT_VEC; ++t) {
             i64 d = lane + 32 * t;
@@ -161,7 +169,7 @@ template <class T> __device__ void attn_dq_k(AttnGeom g, const T* dY, const T* Q
         }
         if (dmask && lane == 0) dmask[r * g.skv + j] = st<T>(ds);
     }
-    if (dQ) store_vec(dQ + r * g.d, dq, g.d, (A)g.scale);
+    if (dQ) store_vec(dQ + q.qo, dq, g.d, (A)g.scale);
 }
 
 // dK_j = Σ_{heads of its group, rows i seeing j} dS_ij · scale·Q_i, dV_j = Σ P_ij dY_i.
@@ -169,7 +177,9 @@ template <class T> __device__ void attn_dkv_k(AttnGeom g, const T* dY, const T* 
     typedef typename Num<T>::A A;
     i64 kr = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5;
     if (kr >= g.rows) return;
-    i64 grp = g.hq / g.hkv, hk, j, lq, q0, qstride, qhead, b = 0, shift;
+    // q0 + h·qhead + i·qstride: the LSE/delta row of query i of head h; qb + h·Q's head
+    // stride + i·its row stride: its offset in Q (dY: qyb with Y's strides).
+    i64 grp = g.hq / g.hkv, hk, j, lq, q0, qstride, qhead, b = 0, shift, ko, vo, qb, yb;
     if (g.varlen) {
         i64 u = kr / g.hkv;
         hk = kr % g.hkv;
@@ -180,6 +190,10 @@ template <class T> __device__ void attn_dkv_k(AttnGeom g, const T* dY, const T* 
         q0 = cu_q[b] * g.hq;  // row of (token cu_q[b] + i, head h) is q0 + i·Hq + h
         qstride = g.hq;
         qhead = 1;
+        ko = att_off(g, ATT_K, 0, hk, u);
+        vo = att_off(g, ATT_V, 0, hk, u);
+        qb = att_off(g, ATT_Q, 0, 0, cu_q[b]);
+        yb = att_off(g, ATT_Y, 0, 0, cu_q[b]);
     } else {
         b = kr / (g.hkv * g.skv);
         hk = (kr / g.skv) % g.hkv;
@@ -189,10 +203,14 @@ template <class T> __device__ void attn_dkv_k(AttnGeom g, const T* dY, const T* 
         q0 = b * g.hq * g.sq;  // row of (b, h, i) is q0 + h·Sq + i
         qstride = 1;
         qhead = g.sq;
+        ko = att_off(g, ATT_K, b, hk, j);
+        vo = att_off(g, ATT_V, b, hk, j);
+        qb = att_off(g, ATT_Q, b, 0, 0);
+        yb = att_off(g, ATT_Y, b, 0, 0);
     }
     A kv[ATT_VEC], vv[ATT_VEC], dk[ATT_VEC], dv[ATT_VEC];
-    load_vec(kv, K + kr * g.d, g.d, (A)1);
-    load_vec(vv, V + kr * g.dv, g.dv, (A)1);
+    load_vec(kv, K + ko, g.d, (A)1);
+    load_vec(vv, V + vo, g.dv, (A)1);
 #pragma unroll
     for (int t = 0; t < ATT_VEC; ++t) { dk[t] = 0; dv[t] = 0; }
     int lane = threadIdx.x & 31;
@@ -204,8 +222,8 @@ template <class T> __device__ void attn_dkv_k(AttnGeom g, const T* dY, const T* 
             i64 r = q0 + h * qhead + i * qstride;
             A L = lse[r];
             if (L == neg_inf(L)) continue;
-            const T* qr = Q + r * g.d;
-            const T* dyr = dY + r * g.dv;
+            const T* qr = Q + qb + h * g.st[ATT_Q][1] + i * g.st[ATT_Q][2];
+            const T* dyr = dY + yb + h * g.st[ATT_Y][1] + i * g.st[ATT_Y][2];
             i64 moff = g.varlen ? 0 : b * g.ms[0] + h * g.ms[1] + i * g.ms[2] + j * g.ms[3];
             A p = m_exp(masked<T>(g, mask, moff, dot_vec(kv, qr, g.d) * (A)g.scale) - L);
             if (p == (A)0) continue;
@@ -218,8 +236,8 @@ template <class T> __device__ void attn_dkv_k(AttnGeom g, const T* dY, const T* 
             }
         }
     }
-    if (dK) store_vec(dK + kr * g.d, dk, g.d, (A)1);
-    if (dV) store_vec(dV + kr * g.dv, dv, g.dv, (A)1);
+    if (dK) store_vec(dK + ko, dk, g.d, (A)1);
+    if (dV) store_vec(dV + vo, dv, g.dv, (A)1);
 }
 
 #define INST_ATTN(T, S)                                                                           \

@@ -194,8 +194,21 @@ template <class A> __device__ __forceinline__ A warp_sum(A v) {
 struct AttnGeom {
     i64 hq, hkv, sq, skv, d, dv;
     i64 ms[4];        // attn_mask strides over [B, Hq, Sq, Skv] (0 where broadcast)
+    // Element strides (batch, head, row; the head vector itself contiguous) of Q, K, V and
+    // Y, indexed by ATT_Q.. below; dQ, dK, dV and dY share those of Q, K, V and Y. [B,H,S,D]
+    // contiguous: (H·S·D, S·D, D); [B,S,H,D] (ONNX's 3-D layout): (S·H·D, D, H·D).
+    // VarlenAttention's packed [T,H,D] is [1,T,H,D]: batch stride unused, row = token.
+    i64 st[4][3];
     i64 rows;         // query rows (forward, dQ) or key rows (dK/dV) in all
     i64 nseq;         // VarlenAttention: sequences
     double scale;
     int varlen, causal, mask_kind;  // mask_kind: 0 none, 1 bool, 2 additive
 };
+#define ATT_Q 0
+#define ATT_K 1
+#define ATT_V 2
+#define ATT_Y 3
+// Offset of row `i` of head `h` of batch `b` in tensor `t` (ATT_Q..ATT_Y).
+__device__ __forceinline__ i64 att_off(const AttnGeom& g, int t, i64 b, i64 h, i64 i) {
+    return b * g.st[t][0] + h * g.st[t][1] + i * g.st[t][2];
+}

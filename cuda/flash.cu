@@ -49,9 +49,11 @@ __device__ __forceinline__ void ldsm4t(unsigned a, unsigned* r) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
 }
+// (ftz: one MUFU.EX2, without the subnormal fix-ups around it; results below 2^-126 of the
+// row's largest weight are 0.)
 __device__ __forceinline__ float fa_ex2(float x) {
     float y;
-    asm("ex2.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
 }
 
@@ -111,42 +113,79 @@ __device__ __forceinline__ unsigned long long wg_desc_mn(unsigned base, int kc) 
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+// Waits until at most n (a constant after inlining) committed groups are pending.
+__device__ __forceinline__ void wg_wait_n(int n) {
+    if (n <= 0) asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+    else if (n == 1) asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+    else if (n == 2) asm volatile("wgmma.wait_group.sync.aligned 2;" ::: "memory");
+    else asm volatile("wgmma.wait_group.sync.aligned 3;" ::: "memory");
+}
+// The same behind a branch the compiler cannot fold (g.hq > 0 always holds): ptxas hoists the
+// waits of a basic block to its top, ahead of the softmax work meant to overlap the products.
+__device__ __forceinline__ void wg_wait_late(const AttnGeom& g, int n) {
+    if (g.hq > 0) wg_wait_n(n);
+    else wg_wait_n(0);
+}
 // Keeps the compiler from touching accumulators between an mma_async and its wait.
 __device__ __forceinline__ void wg_keep(float (*d)[4]) {
 #pragma unroll
     for (int i = 0; i < 8; ++i) asm volatile("" : "+f"(d[i][0]), "+f"(d[i][1]), "+f"(d[i][2]), "+f"(d[i][3])::"memory");
 }
+// The same for A fragments in registers: they stay untouched (and their registers not
+// reused: ptxas did, see fa_fwd) until the wait.
+__device__ __forceinline__ void wg_keep_a(unsigned (*a)[4]) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[i][0]), "+r"(a[i][1]), "+r"(a[i][2]), "+r"(a[i][3])::"memory");
+}
 // Shared memory written by ordinary stores or cp.async and read next by wgmma needs this in
 // each writing thread before the barrier.
 __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
-#define FA_WGMMA_BODY(TY)                                                                                     \
-    asm volatile("{ .reg .pred p; setp.ne.b32 p, 1, 0;\n"                                                     \
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " "                                 \
-                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"                                    \
-                 "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "                         \
-                 "{%32,%33,%34,%35}, %36, p, 1, 1, %37; }"                                                   \
-                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),  \
-                   "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),  \
-                   "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),  \
-                   "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),  \
-                   "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),  \
-                   "+f"(d[7][2]), "+f"(d[7][3])                                                               \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(TB))
-// d[8][4] (64 columns) += A (this warp's 16 rows × 16, mma.sync A layout) · B(desc);
-// TB = 1: B is MN-major (rows are the reduction).
+// The 32 accumulators of one m64n64 wgmma (this warp's 16 rows × 64 columns).
+#define FA_WG_D                                                                                              \
+    "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), \
+        "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), \
+        "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), \
+        "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), \
+        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+#define FA_WG_DREGS "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}"
+// A from registers (this warp's 16 rows, mma.sync A layout); `acc` = 0 overwrites D.
+#define FA_WGMMA_BODY(TY)                                                                                  \
+    asm volatile("{ .reg .pred p; setp.ne.b32 p, %38, 0;\n"                                               \
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " FA_WG_DREGS ", "            \
+                 "{%32,%33,%34,%35}, %36, p, 1, 1, %37; }"                                                \
+                 : FA_WG_D                                                                                 \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(TB), "r"(acc))
+// A from shared memory too (K-major, 128-byte swizzle: the 64 rows of the warpgroup).
+#define FA_WGMMA_SS_BODY(TY)                                                                               \
+    asm volatile("{ .reg .pred p; setp.ne.b32 p, %35, 0;\n"                                               \
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " FA_WG_DREGS ", "            \
+                 "%32, %33, p, 1, 1, 0, %34; }"                                                            \
+                 : FA_WG_D                                                                                 \
+                 : "l"(adesc), "l"(desc), "n"(TB), "r"(acc))
+// d[8][4] (64 columns) (+)= A · B(desc); TB = 1: B is MN-major (rows are the reduction).
 template <class T, int TB> struct Wg;
 template <int TB> struct Wg<bf16, TB> {
-    static __device__ __forceinline__ void run(float (*d)[4], const unsigned* a, unsigned long long desc) {
+    static __device__ __forceinline__ void run(float (*d)[4], const unsigned* a, unsigned long long desc, int acc = 1) {
 #if FA_HAVE_WG
         FA_WGMMA_BODY("bf16");
 #endif
     }
+    static __device__ __forceinline__ void ss(float (*d)[4], unsigned long long adesc, unsigned long long desc, int acc) {
+#if FA_HAVE_WG
+        FA_WGMMA_SS_BODY("bf16");
+#endif
+    }
 };
 template <int TB> struct Wg<f16, TB> {
-    static __device__ __forceinline__ void run(float (*d)[4], const unsigned* a, unsigned long long desc) {
+    static __device__ __forceinline__ void run(float (*d)[4], const unsigned* a, unsigned long long desc, int acc = 1) {
 #if FA_HAVE_WG
         FA_WGMMA_BODY("f16");
+#endif
+    }
+    static __device__ __forceinline__ void ss(float (*d)[4], unsigned long long adesc, unsigned long long desc, int acc) {
+#if FA_HAVE_WG
+        FA_WGMMA_SS_BODY("f16");
 #endif
     }
 };
@@ -169,25 +208,38 @@ template <int DP> __device__ __forceinline__ unsigned sw_addr(unsigned base, int
 }
 
 // Loads rows [0, rows) of a tile (`valid` of them real, the rest zero) of `width` columns
-// (zero-padded to DP) from `src` (row stride `width` elements) into the swizzled tile at
+// (zero-padded to DP) from `src` (row stride `rs` elements) into the swizzled tile at
 // `base`. With `vec`, 16-byte cp.async (width % 8 == 0, 16-byte aligned rows); otherwise
 // element by element (small or odd head sizes).
-template <int DP, int NT> __device__ __forceinline__ void load_tile(unsigned base, const unsigned short* src, int rows, int valid, int width, int vec) {
-    constexpr int CPR = DP / 8;  // chunks per row
+template <int DP, int NT> __device__ __forceinline__ void load_tile(unsigned base, const unsigned short* src, i64 rs, int rows, int valid, int width, int vec) {
+    constexpr int CPR = DP / 8;      // chunks per row
+    constexpr int RSTEP = NT / CPR;  // rows per pass of the block
+    static_assert(NT % CPR == 0 && RSTEP % 8 == 0, "tile passes must keep the swizzle");
+    if (vec) {
+        // A thread's chunks are rows r0 + k·RSTEP of one column chunk: same swizzle, so the
+        // addresses only move by constants (the rows are compile-time constants: unrolled).
+        int c = threadIdx.x % CPR, r0 = threadIdx.x / CPR;
+        bool cok = c * 8 < width;
+        const unsigned short* s = src + r0 * rs + c * 8;
+        unsigned dst = sw_addr<DP>(base, r0, c);
+#pragma unroll
+        for (int k = 0; k < rows / RSTEP; ++k) {
+            bool ok = cok && r0 + k * RSTEP < valid;
+            cp_async16(dst + k * RSTEP * DP * 2, ok ? s + k * RSTEP * rs : src, ok ? 16 : 0);
+        }
+        return;
+    }
     for (int idx = threadIdx.x; idx < rows * CPR; idx += NT) {
         int r = idx / CPR, c = idx % CPR;
         unsigned dst = sw_addr<DP>(base, r, c);
         bool ok = r < valid && c * 8 < width;
-        if (vec) {
-            const unsigned short* s = ok ? src + (i64)r * width + c * 8 : src;
-            cp_async16(dst, s, ok ? 16 : 0);
-        } else {
+        {
             unsigned w[4];
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 int c0 = c * 8 + 2 * e;
-                unsigned lo = (ok && c0 < width) ? src[(i64)r * width + c0] : 0;
-                unsigned hi = (ok && c0 + 1 < width) ? src[(i64)r * width + c0 + 1] : 0;
+                unsigned lo = (ok && c0 < width) ? src[r * rs + c0] : 0;
+                unsigned hi = (ok && c0 + 1 < width) ? src[r * rs + c0 + 1] : 0;
                 w[e] = lo | (hi << 16);
             }
             asm volatile("st.shared.v4.b32 [%0], {%1,%2,%3,%4};" ::"r"(dst), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]) : "memory");
@@ -293,8 +345,9 @@ template <class T, bool MASK> __device__ __forceinline__ void fa_edge(const Attn
         }
 }
 
-// Stores a 16 × DP accumulator (rows row0 + g, row0 + g + 8) times per-row factors.
-template <class T, int DP> __device__ __forceinline__ void store_acc(T* dst, const float (*acc)[4], i64 row0, i64 nrows, int width, float f0, float f1) {
+// Stores a 16 × DP accumulator (rows row0 + g, row0 + g + 8; row stride `rs`) times
+// per-row factors.
+template <class T, int DP> __device__ __forceinline__ void store_acc(T* dst, i64 rs, const float (*acc)[4], i64 row0, i64 nrows, int width, float f0, float f1) {
     int lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -304,9 +357,62 @@ template <class T, int DP> __device__ __forceinline__ void store_acc(T* dst, con
 #pragma unroll
         for (int nd = 0; nd < DP / 8; ++nd) {
             int c = nd * 8 + 2 * tq;
-            if (c < width) dst[r * width + c] = st<T>(acc[nd][2 * half] * f);
-            if (c + 1 < width) dst[r * width + c + 1] = st<T>(acc[nd][2 * half + 1] * f);
+            if (c < width) dst[r * rs + c] = st<T>(acc[nd][2 * half] * f);
+            if (c + 1 < width) dst[r * rs + c + 1] = st<T>(acc[nd][2 * half + 1] * f);
         }
+    }
+}
+
+// One key tile of the online softmax for a warp's 16 rows (this thread's gq and gq + 8):
+// `s` times `mul` (log2 units, masked) becomes P; m and l move on; a[2] is what O is to be
+// multiplied by. mul > 0: the scale moves into the exponent's FFMA (no mask to add).
+__device__ __forceinline__ void fa_online(float (*s)[4], float* m, float* l, float* a, float mul) {
+    float mx0 = neg_inf(0.f), mx1 = neg_inf(0.f);
+#pragma unroll
+    for (int nb = 0; nb < 8; ++nb) {
+        mx0 = fmaxf(mx0, fmaxf(s[nb][0], s[nb][1]));
+        mx1 = fmaxf(mx1, fmaxf(s[nb][2], s[nb][3]));
+    }
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    mx0 = fmaxf(m[0], mx0 * mul);
+    mx1 = fmaxf(m[1], mx1 * mul);
+    // A row that has seen only masked keys keeps m = -inf: measure from 0 instead.
+    float ref0 = mx0 == neg_inf(mx0) ? 0.f : mx0, ref1 = mx1 == neg_inf(mx1) ? 0.f : mx1;
+    a[0] = fa_ex2(m[0] - ref0);
+    a[1] = fa_ex2(m[1] - ref1);
+    m[0] = mx0;
+    m[1] = mx1;
+    float ps0 = 0.f, ps1 = 0.f;
+#pragma unroll
+    for (int nb = 0; nb < 8; ++nb) {
+        s[nb][0] = fa_ex2(fmaf(s[nb][0], mul, -ref0));
+        s[nb][1] = fa_ex2(fmaf(s[nb][1], mul, -ref0));
+        s[nb][2] = fa_ex2(fmaf(s[nb][2], mul, -ref1));
+        s[nb][3] = fa_ex2(fmaf(s[nb][3], mul, -ref1));
+        ps0 += s[nb][0] + s[nb][1];
+        ps1 += s[nb][2] + s[nb][3];
+    }
+    l[0] = l[0] * a[0] + ps0;
+    l[1] = l[1] * a[1] + ps1;
+}
+
+// Y and LSE of a warp's 16 rows from row0 (O not yet divided by l).
+template <class T, int DP> __device__ __forceinline__ void fa_finish(const AttnGeom& g, T* Y, float* lse, i64 b, i64 h, i64 bh, const float (*o)[4], i64 row0, const float* m, const float* l_) {
+    int tq = threadIdx.x & 3, gq = (threadIdx.x & 31) >> 2;
+    float l0 = l_[0], l1 = l_[1];
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    // A row that sees no key gives 0 and LSE -inf.
+    store_acc<T, DP>(Y + att_off(g, ATT_Y, b, h, 0), g.st[ATT_Y][2], o, row0, g.sq, (int)g.dv, l0 > 0.f ? 1.f / l0 : 0.f, l1 > 0.f ? 1.f / l1 : 0.f);
+    i64 r0 = row0 + gq, r1 = r0 + 8;
+    if (lse && tq == 0) {
+        if (r0 < g.sq) lse[bh * g.sq + r0] = l0 > 0.f ? (m[0] + log2f(l0)) * FA_LN2 : neg_inf(0.f);
+        if (r1 < g.sq) lse[bh * g.sq + r1] = l1 > 0.f ? (m[1] + log2f(l1)) * FA_LN2 : neg_inf(0.f);
     }
 }
 
@@ -314,16 +420,16 @@ template <class T, int DP> __device__ __forceinline__ void store_acc(T* dst, con
 #define FA_BK 64   // keys per tile
 #define FB_B 64    // backward: rows per CTA and per tile (4 warps × 16)
 
-// Forward: grid (query blocks, B·Hq). Heads up to 64: 4 warps of 32 query rows (two m16
-// tiles: each K/V fragment read from shared memory feeds both, halving shared-memory
-// traffic per mma); up to 128: 8 warps of 16 rows (registers). Y [B,Hq,Sq,Dv], LSE
-// [B,Hq,Sq] f32.
+// Forward on mma.sync: grid (query blocks, B·Hq). Heads up to 64: 4 warps of 32 query
+// rows (two m16 tiles: each K/V fragment read from shared memory feeds both, halving
+// shared-memory traffic per mma); up to 128: 8 warps of 16 rows (registers). Y [B,Hq,Sq,Dv]
+// (strided), LSE [B,Hq,Sq] f32.
 #define FA_MT(DP) ((DP) == 64 ? 2 : 1)
-template <class T, int DP, bool MASK, bool WG> __device__ void fa_fwd(const AttnGeom& g, const T* Q, const T* K, const T* V, const void* mask, T* Y, float* lse, int vec) {
+template <class T, int DP, bool MASK> __device__ void fa_fwd(const AttnGeom& g, const T* Q, const T* K, const T* V, const void* mask, T* Y, float* lse, int vec) {
     constexpr int MT = FA_MT(DP), NT = FA_BQ / (16 * MT) * 32;  // threads
     unsigned sQ = smem_u32(fa_base());
     unsigned sK = sQ + FA_BQ * DP * 2, sV = sK + 2 * FA_BK * DP * 2;
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2;
     i64 qb = g.causal ? (i64)gridDim.x - 1 - blockIdx.x : blockIdx.x;
     i64 bh = blockIdx.y, b = bh / g.hq, h = bh % g.hq, hk = h / (g.hq / g.hkv);
     i64 q0 = qb * FA_BQ;
@@ -331,17 +437,17 @@ template <class T, int DP, bool MASK, bool WG> __device__ void fa_fwd(const Attn
     i64 kend = g.skv;
     if (g.causal && q0 + FA_BQ < kend) kend = q0 + FA_BQ;
     int ntiles = (int)((kend + FA_BK - 1) / FA_BK);
-    const unsigned short* Kb = (const unsigned short*)K + (b * g.hkv + hk) * g.skv * g.d;
-    const unsigned short* Vb = (const unsigned short*)V + (b * g.hkv + hk) * g.skv * g.dv;
-    load_tile<DP, NT>(sQ, (const unsigned short*)Q + (bh * g.sq + q0) * g.d, FA_BQ, qvalid, (int)g.d, vec);
+    const i64 krs = g.st[ATT_K][2], vrs = g.st[ATT_V][2];
+    const unsigned short* Kb = (const unsigned short*)K + att_off(g, ATT_K, b, hk, 0);
+    const unsigned short* Vb = (const unsigned short*)V + att_off(g, ATT_V, b, hk, 0);
+    load_tile<DP, NT>(sQ, (const unsigned short*)Q + att_off(g, ATT_Q, b, h, q0), g.st[ATT_Q][2], FA_BQ, qvalid, (int)g.d, vec);
     if (ntiles > 0) {
         int kv = (int)(g.skv < FA_BK ? g.skv : FA_BK);
-        load_tile<DP, NT>(sK, Kb, FA_BK, kv, (int)g.d, vec);
-        load_tile<DP, NT>(sV, Vb, FA_BK, kv, (int)g.dv, vec);
+        load_tile<DP, NT>(sK, Kb, krs, FA_BK, kv, (int)g.d, vec);
+        load_tile<DP, NT>(sV, Vb, vrs, FA_BK, kv, (int)g.dv, vec);
     }
     cp_commit();
     cp_wait_all();
-    if constexpr (WG) fence_async_smem();
     __syncthreads();
     // The warp's rows: r0 + mt·16 + (gq, gq + 8).
     int r0 = warp * 16 * MT;
@@ -361,15 +467,14 @@ template <class T, int DP, bool MASK, bool WG> __device__ void fa_fwd(const Attn
     for (int t = 0; t < ntiles; ++t) {
         if (t > 0) {
             cp_wait_all();
-            if constexpr (WG) fence_async_smem();
             __syncthreads();
         }
         if (t + 1 < ntiles) {
             i64 j0 = (i64)(t + 1) * FA_BK;
             int kv = (int)(g.skv - j0 < FA_BK ? g.skv - j0 : FA_BK);
             unsigned off = ((t + 1) & 1) * FA_BK * DP * 2;
-            load_tile<DP, NT>(sK + off, Kb + j0 * g.d, FA_BK, kv, (int)g.d, vec);
-            load_tile<DP, NT>(sV + off, Vb + j0 * g.dv, FA_BK, kv, (int)g.dv, vec);
+            load_tile<DP, NT>(sK + off, Kb + j0 * krs, krs, FA_BK, kv, (int)g.d, vec);
+            load_tile<DP, NT>(sV + off, Vb + j0 * vrs, vrs, FA_BK, kv, (int)g.dv, vec);
         }
         cp_commit();
         unsigned off = (t & 1) * FA_BK * DP * 2;
@@ -379,20 +484,6 @@ template <class T, int DP, bool MASK, bool WG> __device__ void fa_fwd(const Attn
 #pragma unroll
             for (int i = 0; i < 8; ++i) s[mt][i][0] = s[mt][i][1] = s[mt][i][2] = s[mt][i][3] = 0.f;
         // S = Q·Kᵀ: each K fragment feeds every m tile.
-        if constexpr (WG) {
-            // The A fragments come again from shared memory every tile: ptxas (CUDA 13.0) gave
-            // registers of loop-invariant wgmma A operands to other values inside the loop
-            // (Q was overwritten by P after the first tile; seen in the SASS).
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) load_afrag<DP>(sQ, r0 + mt * 16, qa[mt]);
-            wg_fence();
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) wg_abt<T>(s[mt], qa[mt], sK + off);
-            wg_commit();
-            wg_wait();
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) wg_keep(s[mt]);
-        } else
 #pragma unroll
         for (int nb2 = 0; nb2 < 4; ++nb2) {
 #pragma unroll
@@ -416,54 +507,17 @@ template <class T, int DP, bool MASK, bool WG> __device__ void fa_fwd(const Attn
 #pragma unroll
                 for (int e = 0; e < 4; ++e) s[mt][nb][e] *= sl2;
             if (edge) fa_edge<T, MASK>(g, s[mt], mask, b, h, row0, j0, 0);
-            float mx0 = m[mt][0], mx1 = m[mt][1];
-#pragma unroll
-            for (int nb = 0; nb < 8; ++nb) {
-                mx0 = fmaxf(mx0, fmaxf(s[mt][nb][0], s[mt][nb][1]));
-                mx1 = fmaxf(mx1, fmaxf(s[mt][nb][2], s[mt][nb][3]));
-            }
-            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-            // A row that has seen only masked keys keeps m = -inf: measure from 0 instead.
-            float ref0 = mx0 == neg_inf(mx0) ? 0.f : mx0, ref1 = mx1 == neg_inf(mx1) ? 0.f : mx1;
-            float a0 = fa_ex2(m[mt][0] - ref0), a1 = fa_ex2(m[mt][1] - ref1);
-            m[mt][0] = mx0;
-            m[mt][1] = mx1;
-            float ps0 = 0.f, ps1 = 0.f;
-#pragma unroll
-            for (int nb = 0; nb < 8; ++nb) {
-                s[mt][nb][0] = fa_ex2(s[mt][nb][0] - ref0);
-                s[mt][nb][1] = fa_ex2(s[mt][nb][1] - ref0);
-                s[mt][nb][2] = fa_ex2(s[mt][nb][2] - ref1);
-                s[mt][nb][3] = fa_ex2(s[mt][nb][3] - ref1);
-                ps0 += s[mt][nb][0] + s[mt][nb][1];
-                ps1 += s[mt][nb][2] + s[mt][nb][3];
-            }
-            l[mt][0] = l[mt][0] * a0 + ps0;
-            l[mt][1] = l[mt][1] * a1 + ps1;
+            float a[2];
+            fa_online(s[mt], m[mt], l[mt], a, 1.f);
 #pragma unroll
             for (int nd = 0; nd < DP / 8; ++nd) {
-                o[mt][nd][0] *= a0;
-                o[mt][nd][1] *= a0;
-                o[mt][nd][2] *= a1;
-                o[mt][nd][3] *= a1;
+                o[mt][nd][0] *= a[0];
+                o[mt][nd][1] *= a[0];
+                o[mt][nd][2] *= a[1];
+                o[mt][nd][3] *= a[1];
             }
         }
         // O += P·V: each V fragment feeds every m tile.
-        if constexpr (WG) {
-            unsigned pa[MT][4][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) pack_a<T>(pa[mt], s[mt]);
-            wg_fence();
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) wg_pb<T>(o[mt], pa[mt], sV + off);
-            wg_commit();
-            wg_wait();
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) wg_keep(o[mt]);
-        } else
 #pragma unroll
         for (int kc = 0; kc < 4; ++kc) {
             unsigned pa[MT][4];
@@ -487,25 +541,190 @@ template <class T, int DP, bool MASK, bool WG> __device__ void fa_fwd(const Attn
         }
     }
 #pragma unroll
+    for (int mt = 0; mt < MT; ++mt) fa_finish<T, DP>(g, Y, lse, b, h, bh, o[mt], q0 + r0 + mt * 16, m[mt], l[mt]);
+}
+
+// Forward on wgmma (sm_90a, heads up to 64): grid (query blocks of 128, B·Hq), one
+// warpgroup. Q and K are both read by wgmma from their swizzled tiles (no A registers);
+// m tile mt is tile rows mt·64.., of which warp w holds mt·64 + 16w... K/V tiles sit in a
+// ring of 3 (loaded one tile ahead by cp.async) because the products are pipelined:
+// iteration t issues S_t = Q·K_tᵀ and then O += P_{t−1}·V_{t−1}, waits for S_t only, and
+// runs the softmax of tile t while the tensor cores do P_{t−1}·V_{t−1} (FlashAttention-3's
+// intra-warpgroup overlap); O is rescaled after that product is done.
+#define FA_ST 3
+template <class T, bool MASK> __device__ void fa_fwd_wg(const AttnGeom& g, const T* Q, const T* K, const T* V, const void* mask, T* Y, float* lse, int vec) {
+    constexpr int DP = 64, MT = 2, NT = 128, TILE = FA_BK * DP * 2;
+    unsigned sQ = smem_u32(fa_base());
+    unsigned sK = sQ + FA_BQ * DP * 2, sV = sK + FA_ST * TILE;
+    int warp = threadIdx.x >> 5;
+    i64 qb = g.causal ? (i64)gridDim.x - 1 - blockIdx.x : blockIdx.x;
+    i64 bh = blockIdx.y, b = bh / g.hq, h = bh % g.hq, hk = h / (g.hq / g.hkv);
+    i64 q0 = qb * FA_BQ;
+    int qvalid = (int)(g.sq - q0 < FA_BQ ? g.sq - q0 : FA_BQ);
+    i64 kend = g.skv;
+    if (g.causal && q0 + FA_BQ < kend) kend = q0 + FA_BQ;
+    int ntiles = (int)((kend + FA_BK - 1) / FA_BK);
+    const i64 krs = g.st[ATT_K][2], vrs = g.st[ATT_V][2];
+    const unsigned short* Kb = (const unsigned short*)K + att_off(g, ATT_K, b, hk, 0);
+    const unsigned short* Vb = (const unsigned short*)V + att_off(g, ATT_V, b, hk, 0);
+    auto load_kv = [&](int t) {
+        i64 j0 = (i64)t * FA_BK;
+        int kv = (int)(g.skv - j0 < FA_BK ? g.skv - j0 : FA_BK);
+        unsigned off = (t % FA_ST) * TILE;
+        load_tile<DP, NT>(sK + off, Kb + j0 * krs, krs, FA_BK, kv, (int)g.d, vec);
+        load_tile<DP, NT>(sV + off, Vb + j0 * vrs, vrs, FA_BK, kv, (int)g.dv, vec);
+    };
+    load_tile<DP, NT>(sQ, (const unsigned short*)Q + att_off(g, ATT_Q, b, h, q0), g.st[ATT_Q][2], FA_BQ, qvalid, (int)g.d, vec);
+    if (ntiles > 0) load_kv(0);
+    cp_commit();
+    float o[MT][8][4], s[MT][8][4];
+    float m[MT][2], l[MT][2];
+#pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
-        float l0 = l[mt][0], l1 = l[mt][1];
-        l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-        l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-        l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-        l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-        // A row that sees no key gives 0 and LSE -inf.
-        store_acc<T, DP>(Y + bh * g.sq * g.dv, o[mt], q0 + r0 + mt * 16, g.sq, (int)g.dv, l0 > 0.f ? 1.f / l0 : 0.f, l1 > 0.f ? 1.f / l1 : 0.f);
-        i64 row0 = q0 + r0 + mt * 16 + gq, row1 = row0 + 8;
-        if (lse && tq == 0) {
-            if (row0 < g.sq) lse[bh * g.sq + row0] = l0 > 0.f ? (m[mt][0] + log2f(l0)) * FA_LN2 : neg_inf(0.f);
-            if (row1 < g.sq) lse[bh * g.sq + row1] = l1 > 0.f ? (m[mt][1] + log2f(l1)) * FA_LN2 : neg_inf(0.f);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) o[mt][i][0] = o[mt][i][1] = o[mt][i][2] = o[mt][i][3] = 0.f;
+        m[mt][0] = m[mt][1] = neg_inf(0.f);
+        l[mt][0] = l[mt][1] = 0.f;
+    }
+    unsigned pa[MT][4][4];  // P of the previous tile
+    const float sl2 = (float)g.scale * FA_LOG2E;
+    // Scores stay unscaled where no additive mask comes in and the scale is positive (the
+    // row maximum of the scaled scores is then the scaled maximum).
+    const bool raw = !MASK && sl2 > 0.f;
+    int gq = (threadIdx.x & 31) >> 2;
+    // The first iteration apart (no P·V yet): ptxas serializes every wgmma of a
+    // kernel where a wait depends on a run-time condition.
+    // (NVRTC takes no generic lambdas: `first` is a run-time flag, constant in each inlined
+    // copy.)
+    auto step = [&](int t, bool first) {
+        // Tile t is in; every warp is past iteration t − 1, so slot (t + 1) % 3 (tile t − 2)
+        // is free.
+        cp_wait_all();
+        fence_async_smem();
+        __syncthreads();
+        if (t + 1 < ntiles) load_kv(t + 1);
+        cp_commit();
+        unsigned kt = sK + (t % FA_ST) * TILE, vp = sV + ((t + FA_ST - 1) % FA_ST) * TILE;
+        // One group per m tile's S, then one for P·V: the softmax of m tile 0 starts while
+        // the tensor cores still have S of m tile 1 and P·V to do.
+        wg_fence();
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+            for (int kc = 0; kc < 4; ++kc) Wg<T, 0>::ss(s[mt], wg_desc_k(sQ + mt * 64 * DP * 2, kc), wg_desc_k(kt, kc), kc);
+            wg_commit();
         }
+        if (!first) {
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) wg_pb<T>(o[mt], pa[mt], vp);
+            wg_commit();
+        }
+        i64 j0 = (i64)t * FA_BK;
+        float a[MT][2];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            wg_wait_late(g, MT - 1 - mt + (first ? 0 : 1));
+            wg_keep(s[mt]);
+            i64 rw = q0 + mt * 64 + warp * 16;  // the warp's first row
+            bool edge = MASK || j0 + FA_BK > g.skv || (g.causal && j0 + FA_BK - 1 > rw);
+            if (!raw) {
+#pragma unroll
+                for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) s[mt][nb][e] *= sl2;
+            }
+            if (edge) fa_edge<T, MASK>(g, s[mt], mask, b, h, rw + gq, j0, 0);
+            fa_online(s[mt], m[mt], l[mt], a[mt], raw ? sl2 : 1.f);
+        }
+        if (!first) {
+            // (The keeps of s first: the softmax ends before the wait, not after.)
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) wg_keep(s[mt]);
+            wg_wait_late(g, 0);
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                wg_keep(o[mt]);
+                wg_keep_a(pa[mt]);
+            }
+        }
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+            for (int nd = 0; nd < 8; ++nd) {
+                o[mt][nd][0] *= a[mt][0];
+                o[mt][nd][1] *= a[mt][0];
+                o[mt][nd][2] *= a[mt][1];
+                o[mt][nd][3] *= a[mt][1];
+            }
+            pack_a<T>(pa[mt], s[mt]);
+        }
+    };
+    if (ntiles > 0) {
+        step(0, true);
+        for (int t = 1; t < ntiles; ++t) step(t, false);
+        wg_fence();
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) wg_pb<T>(o[mt], pa[mt], sV + ((ntiles - 1) % FA_ST) * TILE);
+        wg_commit();
+        wg_wait();
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            wg_keep(o[mt]);
+            wg_keep_a(pa[mt]);
+        }
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) fa_finish<T, DP>(g, Y, lse, b, h, bh, o[mt], q0 + mt * 64 + warp * 16, m[mt], l[mt]);
+}
+
+// delta = rowsum(dY∘Y) of this thread's rows row0 and row0 + 8 (the 4 threads of a row
+// take 16 columns each) into D[2], and into `delta` [B,Hq,Sq] for the dK/dV pass: the dQ
+// kernels compute it on the way (no pass of its own).
+template <class T> __device__ __forceinline__ void fa_delta(const AttnGeom& g, const T* dY, const T* Y, float* delta, i64 b, i64 h, i64 bh, i64 row0, int vec, float* D) {
+    int tq = threadIdx.x & 3;
+    const unsigned short* dyb = (const unsigned short*)dY + att_off(g, ATT_Y, b, h, 0);
+    const unsigned short* yb = (const unsigned short*)Y + att_off(g, ATT_Y, b, h, 0);
+    i64 rs = g.st[ATT_Y][2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        i64 r = row0 + half * 8;
+        float acc = 0.f;
+        if (r < g.sq) {
+#pragma unroll
+            for (int c8 = 0; c8 < 2; ++c8) {
+                int c0 = tq * 16 + c8 * 8;
+                if (c0 >= g.dv) continue;
+                unsigned short x[8], y[8];
+                if (vec) {  // (dv % 8 == 0, rows 16-byte aligned)
+                    *(uint4*)x = *(const uint4*)(dyb + r * rs + c0);
+                    *(uint4*)y = *(const uint4*)(yb + r * rs + c0);
+                } else {
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) {
+                        bool ok = c0 + e < g.dv;
+                        x[e] = ok ? dyb[r * rs + c0 + e] : 0;
+                        y[e] = ok ? yb[r * rs + c0 + e] : 0;
+                    }
+                }
+#pragma unroll
+                for (int e = 0; e < 8; ++e) {
+                    T xt, yt;
+                    xt.x = x[e];
+                    yt.x = y[e];
+                    acc += ld(xt) * ld(yt);
+                }
+            }
+        }
+        acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+        acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+        D[half] = acc;
+        if (tq == 0 && r < g.sq) delta[bh * g.sq + r] = acc;
     }
 }
 
 // dQ (and dMask): grid (query blocks of FB_B, B·Hq), 4 warps. P is recomputed from LSE;
 // dS = P∘(dY·Vᵀ − delta), dQ = scale·dS·K.
-template <class T, int DP, bool MASK, bool WG> __device__ void fa_dq(const AttnGeom& g, const T* dY, const T* Q, const T* K, const T* V, const void* mask, const float* lse, const float* delta, T* dQ, T* dmask, int vec) {
+template <class T, int DP, bool MASK> __device__ void fa_dq(const AttnGeom& g, const T* dY, const T* Q, const T* K, const T* V, const void* mask, const float* lse, float* delta, T* dQ, T* dmask, int vec, const T* Y) {
     constexpr int NT = FB_B * 2;
     unsigned sQ = smem_u32(fa_base());
     unsigned sdY = sQ + FB_B * DP * 2, sK = sdY + FB_B * DP * 2, sV = sK + 2 * FA_BK * DP * 2;
@@ -517,14 +736,15 @@ template <class T, int DP, bool MASK, bool WG> __device__ void fa_dq(const AttnG
     i64 kend = g.skv;
     if (g.causal && q0 + FB_B < kend) kend = q0 + FB_B;
     int ntiles = (int)((kend + FA_BK - 1) / FA_BK);
-    const unsigned short* Kb = (const unsigned short*)K + (b * g.hkv + hk) * g.skv * g.d;
-    const unsigned short* Vb = (const unsigned short*)V + (b * g.hkv + hk) * g.skv * g.dv;
-    load_tile<DP, NT>(sQ, (const unsigned short*)Q + (bh * g.sq + q0) * g.d, FB_B, qvalid, (int)g.d, vec);
-    load_tile<DP, NT>(sdY, (const unsigned short*)dY + (bh * g.sq + q0) * g.dv, FB_B, qvalid, (int)g.dv, vec);
+    const i64 krs = g.st[ATT_K][2], vrs = g.st[ATT_V][2];
+    const unsigned short* Kb = (const unsigned short*)K + att_off(g, ATT_K, b, hk, 0);
+    const unsigned short* Vb = (const unsigned short*)V + att_off(g, ATT_V, b, hk, 0);
+    load_tile<DP, NT>(sQ, (const unsigned short*)Q + att_off(g, ATT_Q, b, h, q0), g.st[ATT_Q][2], FB_B, qvalid, (int)g.d, vec);
+    load_tile<DP, NT>(sdY, (const unsigned short*)dY + att_off(g, ATT_Y, b, h, q0), g.st[ATT_Y][2], FB_B, qvalid, (int)g.dv, vec);
     if (ntiles > 0) {
         int kv = (int)(g.skv < FA_BK ? g.skv : FA_BK);
-        load_tile<DP, NT>(sK, Kb, FA_BK, kv, (int)g.d, vec);
-        load_tile<DP, NT>(sV, Vb, FA_BK, kv, (int)g.dv, vec);
+        load_tile<DP, NT>(sK, Kb, krs, FA_BK, kv, (int)g.d, vec);
+        load_tile<DP, NT>(sV, Vb, vrs, FA_BK, kv, (int)g.dv, vec);
     }
     cp_commit();
     i64 row0 = q0 + warp * 16 + gq, row1 = row0 + 8;
@@ -533,29 +753,29 @@ template <class T, int DP, bool MASK, bool WG> __device__ void fa_dq(const AttnG
     float L1 = row1 < g.sq ? lse[bh * g.sq + row1] : neg_inf(0.f);
     L0 = L0 == neg_inf(L0) ? -neg_inf(0.f) : L0 * FA_LOG2E;
     L1 = L1 == neg_inf(L1) ? -neg_inf(0.f) : L1 * FA_LOG2E;
-    float D0 = row0 < g.sq ? delta[bh * g.sq + row0] : 0.f, D1 = row1 < g.sq ? delta[bh * g.sq + row1] : 0.f;
+    float Dr[2];
+    fa_delta<T>(g, dY, Y, delta, b, h, bh, row0, vec, Dr);
+    float D0 = Dr[0], D1 = Dr[1];
     float acc[DP / 8][4];
 #pragma unroll
     for (int i = 0; i < DP / 8; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
     unsigned qa[DP / 16][4], da[DP / 16][4];
     const float sl2 = (float)g.scale * FA_LOG2E;
     cp_wait_all();
-    if constexpr (WG) fence_async_smem();
     __syncthreads();
     load_afrag<DP>(sQ, warp * 16, qa);
     load_afrag<DP>(sdY, warp * 16, da);
     for (int t = 0; t < ntiles; ++t) {
         if (t > 0) {
             cp_wait_all();
-            if constexpr (WG) fence_async_smem();
             __syncthreads();
         }
         if (t + 1 < ntiles) {
             i64 j0 = (i64)(t + 1) * FA_BK;
             int kv = (int)(g.skv - j0 < FA_BK ? g.skv - j0 : FA_BK);
             unsigned off = ((t + 1) & 1) * FA_BK * DP * 2;
-            load_tile<DP, NT>(sK + off, Kb + j0 * g.d, FA_BK, kv, (int)g.d, vec);
-            load_tile<DP, NT>(sV + off, Vb + j0 * g.dv, FA_BK, kv, (int)g.dv, vec);
+            load_tile<DP, NT>(sK + off, Kb + j0 * krs, krs, FA_BK, kv, (int)g.d, vec);
+            load_tile<DP, NT>(sV + off, Vb + j0 * vrs, vrs, FA_BK, kv, (int)g.dv, vec);
         }
         cp_commit();
         unsigned off = (t & 1) * FA_BK * DP * 2;
@@ -565,21 +785,8 @@ template <class T, int DP, bool MASK, bool WG> __device__ void fa_dq(const AttnG
             s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
             dp[i][0] = dp[i][1] = dp[i][2] = dp[i][3] = 0.f;
         }
-        if constexpr (WG) {
-            // (A fragments reloaded per tile: see fa_fwd.)
-            load_afrag<DP>(sQ, warp * 16, qa);
-            load_afrag<DP>(sdY, warp * 16, da);
-            wg_fence();
-            wg_abt<T>(s, qa, sK + off);
-            wg_abt<T>(dp, da, sV + off);
-            wg_commit();
-            wg_wait();
-            wg_keep(s);
-            wg_keep(dp);
-        } else {
-            mma_abt<T, DP>(s, qa, sK + off, 0);
-            mma_abt<T, DP>(dp, da, sV + off, 0);
-        }
+        mma_abt<T, DP>(s, qa, sK + off, 0);
+        mma_abt<T, DP>(dp, da, sV + off, 0);
         i64 j0 = (i64)t * FA_BK;
         bool edge = MASK || j0 + FA_BK > g.skv || (g.causal && j0 + FA_BK - 1 > q0 + warp * 16);
 #pragma unroll
@@ -603,25 +810,15 @@ template <class T, int DP, bool MASK, bool WG> __device__ void fa_dq(const AttnG
                     if (i < g.sq && j < g.skv) dmask[(bh * g.sq + i) * g.skv + j] = st<T>(s[nb][e]);
                 }
         }
-        if constexpr (WG) {
-            unsigned sa[4][4];
-            pack_a<T>(sa, s);
-            wg_fence();
-            wg_pb<T>(acc, sa, sK + off);
-            wg_commit();
-            wg_wait();
-            wg_keep(acc);
-        } else {
-            mma_pb<T, DP>(acc, s, sK + off);
-        }
+        mma_pb<T, DP>(acc, s, sK + off);
     }
     float sc = (float)g.scale;
-    store_acc<T, DP>(dQ + bh * g.sq * g.d, acc, q0 + warp * 16, g.sq, (int)g.d, sc, sc);
+    store_acc<T, DP>(dQ + att_off(g, ATT_Q, b, h, 0), g.st[ATT_Q][2], acc, q0 + warp * 16, g.sq, (int)g.d, sc, sc);
 }
 
 // dK, dV: grid (key blocks of FB_B, B·Hkv), 4 warps; each CTA walks the query tiles of
 // every query head of its kv group. dV = Pᵀ·dY, dK = scale·dSᵀ·Q.
-template <class T, int DP, bool MASK, bool WG> __device__ void fa_dkv(const AttnGeom& g, const T* dY, const T* Q, const T* K, const T* V, const void* mask, const float* lse, const float* delta, T* dK, T* dV, int vec) {
+template <class T, int DP, bool MASK> __device__ void fa_dkv(const AttnGeom& g, const T* dY, const T* Q, const T* K, const T* V, const void* mask, const float* lse, const float* delta, T* dK, T* dV, int vec) {
     constexpr int NT = FB_B * 2;
     unsigned sK = smem_u32(fa_base());
     unsigned sV = sK + FB_B * DP * 2, sQ = sV + FB_B * DP * 2, sdY = sQ + 2 * FB_B * DP * 2;
@@ -635,16 +832,16 @@ template <class T, int DP, bool MASK, bool WG> __device__ void fa_dkv(const Attn
     i64 i_start = g.causal ? (k0 / FB_B) * FB_B : 0;
     int ntq = g.sq > i_start ? (int)((g.sq - i_start + FB_B - 1) / FB_B) : 0;
     int total = (int)(ntq * grp);
-    load_tile<DP, NT>(sK, (const unsigned short*)K + (bhk * g.skv + k0) * g.d, FB_B, kvalid, (int)g.d, vec);
-    load_tile<DP, NT>(sV, (const unsigned short*)V + (bhk * g.skv + k0) * g.dv, FB_B, kvalid, (int)g.dv, vec);
+    load_tile<DP, NT>(sK, (const unsigned short*)K + att_off(g, ATT_K, b, hk, k0), g.st[ATT_K][2], FB_B, kvalid, (int)g.d, vec);
+    load_tile<DP, NT>(sV, (const unsigned short*)V + att_off(g, ATT_V, b, hk, k0), g.st[ATT_V][2], FB_B, kvalid, (int)g.dv, vec);
     // Stage 0 of the query tiles, and its LSE/delta.
     auto stage = [&](int it, int buf) {
         i64 h = hk * grp + it / ntq, i0 = i_start + (i64)(it % ntq) * FB_B;
         i64 bh = b * g.hq + h;
         int qv = (int)(g.sq - i0 < FB_B ? g.sq - i0 : FB_B);
         unsigned off = buf * FB_B * DP * 2;
-        load_tile<DP, NT>(sQ + off, (const unsigned short*)Q + (bh * g.sq + i0) * g.d, FB_B, qv, (int)g.d, vec);
-        load_tile<DP, NT>(sdY + off, (const unsigned short*)dY + (bh * g.sq + i0) * g.dv, FB_B, qv, (int)g.dv, vec);
+        load_tile<DP, NT>(sQ + off, (const unsigned short*)Q + att_off(g, ATT_Q, b, h, i0), g.st[ATT_Q][2], FB_B, qv, (int)g.d, vec);
+        load_tile<DP, NT>(sdY + off, (const unsigned short*)dY + att_off(g, ATT_Y, b, h, i0), g.st[ATT_Y][2], FB_B, qv, (int)g.dv, vec);
         for (int r = threadIdx.x; r < FB_B; r += NT) {
             float L = r < qv ? lse[bh * g.sq + i0 + r] : neg_inf(0.f);
             sL[buf * FB_B + r] = L == neg_inf(L) ? -neg_inf(0.f) : L * FA_LOG2E;
@@ -663,14 +860,12 @@ template <class T, int DP, bool MASK, bool WG> __device__ void fa_dkv(const Attn
     const float sl2 = (float)g.scale * FA_LOG2E;
     i64 key0 = k0 + warp * 16 + gq;  // this thread's first key row (the other is key0 + 8)
     cp_wait_all();
-    if constexpr (WG) fence_async_smem();
     __syncthreads();
     load_afrag<DP>(sK, warp * 16, ka);
     load_afrag<DP>(sV, warp * 16, va);
     for (int it = 0; it < total; ++it) {
         if (it > 0) {
             cp_wait_all();
-            if constexpr (WG) fence_async_smem();
             __syncthreads();
         }
         if (it + 1 < total) stage(it + 1, (it + 1) & 1);
@@ -685,21 +880,8 @@ template <class T, int DP, bool MASK, bool WG> __device__ void fa_dkv(const Attn
             dp[i][0] = dp[i][1] = dp[i][2] = dp[i][3] = 0.f;
         }
         // Sᵀ[key][query], dPᵀ[key][query]
-        if constexpr (WG) {
-            // (A fragments reloaded per tile: see fa_fwd.)
-            load_afrag<DP>(sK, warp * 16, ka);
-            load_afrag<DP>(sV, warp * 16, va);
-            wg_fence();
-            wg_abt<T>(s, ka, sQ + off);
-            wg_abt<T>(dp, va, sdY + off);
-            wg_commit();
-            wg_wait();
-            wg_keep(s);
-            wg_keep(dp);
-        } else {
-            mma_abt<T, DP>(s, ka, sQ + off, 0);
-            mma_abt<T, DP>(dp, va, sdY + off, 0);
-        }
+        mma_abt<T, DP>(s, ka, sQ + off, 0);
+        mma_abt<T, DP>(dp, va, sdY + off, 0);
         bool edge = MASK || (g.causal && i0 < k0 + FB_B);
         const float* L = sL + buf * FB_B;
         const float* Dl = sD + buf * FB_B;
@@ -717,25 +899,247 @@ template <class T, int DP, bool MASK, bool WG> __device__ void fa_dkv(const Attn
                 s[nb][e] = p;
                 dp[nb][e] = p * (dp[nb][e] - Dl[qi]);
             }
-        if constexpr (WG) {
-            unsigned pa[4][4], da[4][4];
-            pack_a<T>(pa, s);
-            pack_a<T>(da, dp);
-            wg_fence();
-            wg_pb<T>(dv, pa, sdY + off);
-            wg_pb<T>(dk, da, sQ + off);
-            wg_commit();
-            wg_wait();
-            wg_keep(dv);
-            wg_keep(dk);
-        } else {
-            mma_pb<T, DP>(dv, s, sdY + off);
-            mma_pb<T, DP>(dk, dp, sQ + off);
-        }
+        mma_pb<T, DP>(dv, s, sdY + off);
+        mma_pb<T, DP>(dk, dp, sQ + off);
     }
     float sc = (float)g.scale;
-    store_acc<T, DP>(dK + bhk * g.skv * g.d, dk, k0 + warp * 16, g.skv, (int)g.d, sc, sc);
-    store_acc<T, DP>(dV + bhk * g.skv * g.dv, dv, k0 + warp * 16, g.skv, (int)g.dv, 1.f, 1.f);
+    store_acc<T, DP>(dK + att_off(g, ATT_K, b, hk, 0), g.st[ATT_K][2], dk, k0 + warp * 16, g.skv, (int)g.d, sc, sc);
+    store_acc<T, DP>(dV + att_off(g, ATT_V, b, hk, 0), g.st[ATT_V][2], dv, k0 + warp * 16, g.skv, (int)g.dv, 1.f, 1.f);
+}
+
+// dQ on wgmma (sm_90a, heads up to 64): grid and rows as fa_dq, one warpgroup. S = Q·Kᵀ
+// and dP = dY·Vᵀ read Q and dY from their tiles (A from shared memory); K/V in a ring of 3,
+// pipelined as fa_fwd_wg: iteration t issues S_t and dP_t, then dQ += dS_{t−1}·K_{t−1},
+// and computes dS_t while the last runs.
+template <class T, bool MASK> __device__ void fa_dq_wg(const AttnGeom& g, const T* dY, const T* Q, const T* K, const T* V, const void* mask, const float* lse, float* delta, T* dQ, T* dmask, int vec, const T* Y) {
+    constexpr int DP = 64, NT = 128, TILE = FA_BK * DP * 2;
+    unsigned sQ = smem_u32(fa_base());
+    unsigned sdY = sQ + TILE, sK = sdY + TILE, sV = sK + FA_ST * TILE;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
+    i64 qb = g.causal ? (i64)gridDim.x - 1 - blockIdx.x : blockIdx.x;
+    i64 bh = blockIdx.y, b = bh / g.hq, h = bh % g.hq, hk = h / (g.hq / g.hkv);
+    i64 q0 = qb * FB_B;
+    int qvalid = (int)(g.sq - q0 < FB_B ? g.sq - q0 : FB_B);
+    i64 kend = g.skv;
+    if (g.causal && q0 + FB_B < kend) kend = q0 + FB_B;
+    int ntiles = (int)((kend + FA_BK - 1) / FA_BK);
+    const i64 krs = g.st[ATT_K][2], vrs = g.st[ATT_V][2];
+    const unsigned short* Kb = (const unsigned short*)K + att_off(g, ATT_K, b, hk, 0);
+    const unsigned short* Vb = (const unsigned short*)V + att_off(g, ATT_V, b, hk, 0);
+    auto load_kv = [&](int t) {
+        i64 j0 = (i64)t * FA_BK;
+        int kv = (int)(g.skv - j0 < FA_BK ? g.skv - j0 : FA_BK);
+        unsigned off = (t % FA_ST) * TILE;
+        load_tile<DP, NT>(sK + off, Kb + j0 * krs, krs, FA_BK, kv, (int)g.d, vec);
+        load_tile<DP, NT>(sV + off, Vb + j0 * vrs, vrs, FA_BK, kv, (int)g.dv, vec);
+    };
+    load_tile<DP, NT>(sQ, (const unsigned short*)Q + att_off(g, ATT_Q, b, h, q0), g.st[ATT_Q][2], FB_B, qvalid, (int)g.d, vec);
+    load_tile<DP, NT>(sdY, (const unsigned short*)dY + att_off(g, ATT_Y, b, h, q0), g.st[ATT_Y][2], FB_B, qvalid, (int)g.dv, vec);
+    if (ntiles > 0) load_kv(0);
+    cp_commit();
+    i64 row0 = q0 + warp * 16 + gq, row1 = row0 + 8;
+    // log2-domain LSE per row; +inf where the row sees nothing (so P = 0 there).
+    float L0 = row0 < g.sq ? lse[bh * g.sq + row0] : neg_inf(0.f);
+    float L1 = row1 < g.sq ? lse[bh * g.sq + row1] : neg_inf(0.f);
+    L0 = L0 == neg_inf(L0) ? -neg_inf(0.f) : L0 * FA_LOG2E;
+    L1 = L1 == neg_inf(L1) ? -neg_inf(0.f) : L1 * FA_LOG2E;
+    float Dr[2];
+    fa_delta<T>(g, dY, Y, delta, b, h, bh, row0, vec, Dr);
+    float D0 = Dr[0], D1 = Dr[1];
+    float acc[8][4], s[8][4], dp[8][4];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+    unsigned da[4][4];  // dS of the previous tile
+    const float sl2 = (float)g.scale * FA_LOG2E;
+    // (First iteration apart: see fa_fwd_wg.)
+    auto step = [&](int t, bool first) {
+        cp_wait_all();
+        fence_async_smem();
+        __syncthreads();
+        if (t + 1 < ntiles) load_kv(t + 1);
+        cp_commit();
+        unsigned kt = sK + (t % FA_ST) * TILE, vt = sV + (t % FA_ST) * TILE;
+        unsigned kp = sK + ((t + FA_ST - 1) % FA_ST) * TILE;
+        // Groups: S, dP, then dQ of the previous tile; P is computed while dP and dQ run.
+        wg_fence();
+#pragma unroll
+        for (int kc = 0; kc < 4; ++kc) Wg<T, 0>::ss(s, wg_desc_k(sQ, kc), wg_desc_k(kt, kc), kc);
+        wg_commit();
+#pragma unroll
+        for (int kc = 0; kc < 4; ++kc) Wg<T, 0>::ss(dp, wg_desc_k(sdY, kc), wg_desc_k(vt, kc), kc);
+        wg_commit();
+        if (!first) {
+            wg_pb<T>(acc, da, kp);
+            wg_commit();
+        }
+        wg_wait_n(first ? 1 : 2);
+        wg_keep(s);
+        i64 j0 = (i64)t * FA_BK;
+        bool edge = MASK || j0 + FA_BK > g.skv || (g.causal && j0 + FA_BK - 1 > q0 + warp * 16);
+        // log2 P = scale·log2(e)·S − LSE (+ the mask, in fa_edge)
+#pragma unroll
+        for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[nb][e] = fmaf(s[nb][e], sl2, -(e < 2 ? L0 : L1));
+        if (edge) fa_edge<T, MASK>(g, s, mask, b, h, row0, j0, 0);
+#pragma unroll
+        for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[nb][e] = fa_ex2(s[nb][e]);
+        wg_wait_late(g, first ? 0 : 1);
+        wg_keep(dp);
+#pragma unroll
+        for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[nb][e] *= dp[nb][e] - (e < 2 ? D0 : D1);
+        if (dmask) {
+#pragma unroll
+            for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    i64 j = j0 + nb * 8 + 2 * tq + (e & 1), i = e < 2 ? row0 : row1;
+                    if (i < g.sq && j < g.skv) dmask[(bh * g.sq + i) * g.skv + j] = st<T>(s[nb][e]);
+                }
+        }
+        if (!first) {
+            wg_keep(s);  // (the dS computation before the wait)
+            wg_wait_late(g, 0);
+            wg_keep(acc);
+            wg_keep_a(da);
+        }
+        pack_a<T>(da, s);
+    };
+    if (ntiles > 0) {
+        step(0, true);
+        for (int t = 1; t < ntiles; ++t) step(t, false);
+        wg_fence();
+        wg_pb<T>(acc, da, sK + ((ntiles - 1) % FA_ST) * TILE);
+        wg_commit();
+        wg_wait();
+        wg_keep(acc);
+        wg_keep_a(da);
+    }
+    float sc = (float)g.scale;
+    store_acc<T, DP>(dQ + att_off(g, ATT_Q, b, h, 0), g.st[ATT_Q][2], acc, q0 + warp * 16, g.sq, (int)g.d, sc, sc);
+}
+
+// dK, dV on wgmma (sm_90a, heads up to 64): grid and rows as fa_dkv, one warpgroup. Sᵀ =
+// K·Qᵀ and dPᵀ = V·dYᵀ read K and V from their tiles; the query tiles (Q, dY, LSE, delta)
+// in a ring of 3, pipelined as fa_fwd_wg: iteration it issues Sᵀ and dPᵀ of tile it, then
+// dV += Pᵀ·dY and dK += dSᵀ·Q of tile it − 1, and computes P, dS of tile it meanwhile.
+template <class T, bool MASK> __device__ void fa_dkv_wg(const AttnGeom& g, const T* dY, const T* Q, const T* K, const T* V, const void* mask, const float* lse, const float* delta, T* dK, T* dV, int vec) {
+    constexpr int DP = 64, NT = 128, TILE = FB_B * DP * 2;
+    unsigned sK = smem_u32(fa_base());
+    unsigned sV = sK + TILE, sQ = sV + TILE, sdY = sQ + FA_ST * TILE;
+    float* sL = (float*)(fa_base() + (2 + 2 * FA_ST) * TILE);  // [FA_ST][FB_B] log2 LSE
+    float* sD = sL + FA_ST * FB_B;                              // [FA_ST][FB_B] delta
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
+    i64 bhk = blockIdx.y, b = bhk / g.hkv, hk = bhk % g.hkv, grp = g.hq / g.hkv;
+    i64 k0 = (i64)blockIdx.x * FB_B;
+    int kvalid = (int)(g.skv - k0 < FB_B ? g.skv - k0 : FB_B);
+    // Query tiles: causal starts at the tile holding query k0 (earlier ones see no key here).
+    i64 i_start = g.causal ? (k0 / FB_B) * FB_B : 0;
+    int ntq = g.sq > i_start ? (int)((g.sq - i_start + FB_B - 1) / FB_B) : 0;
+    int total = (int)(ntq * grp);
+    load_tile<DP, NT>(sK, (const unsigned short*)K + att_off(g, ATT_K, b, hk, k0), g.st[ATT_K][2], FB_B, kvalid, (int)g.d, vec);
+    load_tile<DP, NT>(sV, (const unsigned short*)V + att_off(g, ATT_V, b, hk, k0), g.st[ATT_V][2], FB_B, kvalid, (int)g.dv, vec);
+    auto stage = [&](int it) {
+        i64 h = hk * grp + it / ntq, i0 = i_start + (i64)(it % ntq) * FB_B;
+        i64 bh = b * g.hq + h;
+        int qv = (int)(g.sq - i0 < FB_B ? g.sq - i0 : FB_B);
+        int buf = it % FA_ST;
+        load_tile<DP, NT>(sQ + buf * TILE, (const unsigned short*)Q + att_off(g, ATT_Q, b, h, i0), g.st[ATT_Q][2], FB_B, qv, (int)g.d, vec);
+        load_tile<DP, NT>(sdY + buf * TILE, (const unsigned short*)dY + att_off(g, ATT_Y, b, h, i0), g.st[ATT_Y][2], FB_B, qv, (int)g.dv, vec);
+        for (int r = threadIdx.x; r < FB_B; r += NT) {
+            float L = r < qv ? lse[bh * g.sq + i0 + r] : neg_inf(0.f);
+            sL[buf * FB_B + r] = L == neg_inf(L) ? -neg_inf(0.f) : L * FA_LOG2E;
+            sD[buf * FB_B + r] = r < qv ? delta[bh * g.sq + i0 + r] : 0.f;
+        }
+    };
+    if (total > 0) stage(0);
+    cp_commit();
+    float dk[8][4], dv[8][4], s[8][4], dp[8][4];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = 0.f;
+        dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.f;
+    }
+    unsigned pa[4][4], da[4][4];  // Pᵀ and dSᵀ of the previous tile
+    const float sl2 = (float)g.scale * FA_LOG2E;
+    i64 key0 = k0 + warp * 16 + gq;  // this thread's first key row (the other is key0 + 8)
+    // (First iteration apart: see fa_fwd_wg.)
+    auto step = [&](int it, bool first) {
+        cp_wait_all();
+        fence_async_smem();
+        __syncthreads();
+        if (it + 1 < total) stage(it + 1);
+        cp_commit();
+        int buf = it % FA_ST, pbuf = (it + FA_ST - 1) % FA_ST;
+        i64 h = hk * grp + it / ntq, i0 = i_start + (i64)(it % ntq) * FB_B;
+        // Groups: Sᵀ[key][query], dPᵀ[key][query], then dV and dK of the previous tile; P
+        // is computed while dPᵀ and those run.
+        wg_fence();
+#pragma unroll
+        for (int kc = 0; kc < 4; ++kc) Wg<T, 0>::ss(s, wg_desc_k(sK, kc), wg_desc_k(sQ + buf * TILE, kc), kc);
+        wg_commit();
+#pragma unroll
+        for (int kc = 0; kc < 4; ++kc) Wg<T, 0>::ss(dp, wg_desc_k(sV, kc), wg_desc_k(sdY + buf * TILE, kc), kc);
+        wg_commit();
+        if (!first) {
+            wg_pb<T>(dv, pa, sdY + pbuf * TILE);
+            wg_pb<T>(dk, da, sQ + pbuf * TILE);
+            wg_commit();
+        }
+        wg_wait_n(first ? 1 : 2);
+        wg_keep(s);
+        bool edge = MASK || (g.causal && i0 < k0 + FB_B);
+        const float* L = sL + buf * FB_B;
+        const float* Dl = sD + buf * FB_B;
+        // log2 P = scale·log2(e)·S − LSE (+ the mask, in fa_edge)
+#pragma unroll
+        for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[nb][e] = fmaf(s[nb][e], sl2, -L[nb * 8 + 2 * tq + (e & 1)]);
+        if (edge) fa_edge<T, MASK>(g, s, mask, b, h, key0, i0, 1);
+#pragma unroll
+        for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[nb][e] = fa_ex2(s[nb][e]);
+        wg_wait_late(g, first ? 0 : 1);
+        wg_keep(dp);
+#pragma unroll
+        for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) dp[nb][e] = s[nb][e] * (dp[nb][e] - Dl[nb * 8 + 2 * tq + (e & 1)]);
+        if (!first) {
+            wg_keep(s);  // (P and dS before the wait)
+            wg_keep(dp);
+            wg_wait_late(g, 0);
+            wg_keep(dv);
+            wg_keep(dk);
+            wg_keep_a(pa);
+            wg_keep_a(da);
+        }
+        pack_a<T>(pa, s);
+        pack_a<T>(da, dp);
+    };
+    if (total > 0) {
+        step(0, true);
+        for (int it = 1; it < total; ++it) step(it, false);
+        int pbuf = (total - 1) % FA_ST;
+        wg_fence();
+        wg_pb<T>(dv, pa, sdY + pbuf * TILE);
+        wg_pb<T>(dk, da, sQ + pbuf * TILE);
+        wg_commit();
+        wg_wait();
+        wg_keep(dv);
+        wg_keep(dk);
+        wg_keep_a(pa);
+        wg_keep_a(da);
+    }
+    float sc = (float)g.scale;
+    store_acc<T, DP>(dK + att_off(g, ATT_K, b, hk, 0), g.st[ATT_K][2], dk, k0 + warp * 16, g.skv, (int)g.d, sc, sc);
+    store_acc<T, DP>(dV + att_off(g, ATT_V, b, hk, 0), g.st[ATT_V][2], dv, k0 + warp * 16, g.skv, (int)g.dv, 1.f, 1.f);
 }
 
 // Forward for head sizes up to 64 and 128; backward up to 64 (at 128 its accumulators
@@ -746,11 +1150,22 @@ template <class T, int DP, bool MASK, bool WG> __device__ void fa_dkv(const Attn
 // WG: wgmma where the chip has it (heads up to 64); the `_mma` kernels keep mma.sync, to
 // compare the two on one device (GRAPHRUN_CUDA_ATTENTION=mma).
 #define FA_WG_FOR(DP) (FA_HAVE_WG && (DP) == 64)
-#define INST_FA_FWD(T, S, DP, M, MS, WG) \
-    extern "C" __global__ void __launch_bounds__(FA_BQ / (16 * FA_MT(DP)) * 32, 128 / DP) fa_fwd_##S##_##DP##MS(AttnGeom g, const T* q, const T* k, const T* v, const void* m, T* y, float* lse, int vec) { fa_fwd<T, DP, M, WG>(g, q, k, v, m, y, lse, vec); }
-#define INST_FA_BWD(T, S, M, MS, WG)                                                                   \
-    extern "C" __global__ void __launch_bounds__(FB_B * 2, M ? 1 : 3) fa_dq_##S##_64##MS(AttnGeom g, const T* dy, const T* q, const T* k, const T* v, const void* m, const float* lse, const float* delta, T* dq, T* dm, int vec) { fa_dq<T, 64, M, WG>(g, dy, q, k, v, m, lse, delta, dq, dm, vec); } \
-    extern "C" __global__ void __launch_bounds__(FB_B * 2, M ? 1 : WG ? 2 : 3) fa_dkv_##S##_64##MS(AttnGeom g, const T* dy, const T* q, const T* k, const T* v, const void* m, const float* lse, const float* delta, T* dk, T* dv, int vec) { fa_dkv<T, 64, M, WG>(g, dy, q, k, v, m, lse, delta, dk, dv, vec); }
+#define INST_FA_FWD(T, S, DP, M, MS, WG)                                                                            \
+    extern "C" __global__ void __launch_bounds__(FA_BQ / (16 * FA_MT(DP)) * 32, 128 / DP) fa_fwd_##S##_##DP##MS(       \
+        AttnGeom g, const T* q, const T* k, const T* v, const void* m, T* y, float* lse, int vec) {                \
+        if constexpr (WG) fa_fwd_wg<T, M>(g, q, k, v, m, y, lse, vec); else fa_fwd<T, DP, M>(g, q, k, v, m, y, lse, vec); \
+    }
+#define INST_FA_BWD(T, S, M, MS, WG)                                                                                        \
+    extern "C" __global__ void __launch_bounds__(FB_B * 2, M ? 1 : 3) fa_dq_##S##_64##MS(                                   \
+        AttnGeom g, const T* dy, const T* q, const T* k, const T* v, const void* m, const float* lse, float* delta, T* dq, T* dm, int vec, const T* y) { \
+        if constexpr (WG) fa_dq_wg<T, M>(g, dy, q, k, v, m, lse, delta, dq, dm, vec, y);                                 \
+        else fa_dq<T, 64, M>(g, dy, q, k, v, m, lse, delta, dq, dm, vec, y);                                               \
+    }                                                                                                                      \
+    extern "C" __global__ void __launch_bounds__(FB_B * 2, M ? 1 : WG ? 2 : 3) fa_dkv_##S##_64##MS(                        \
+        AttnGeom g, const T* dy, const T* q, const T* k, const T* v, const void* m, const float* lse, const float* delta, T* dk, T* dv, int vec) { \
+        if constexpr (WG) fa_dkv_wg<T, M>(g, dy, q, k, v, m, lse, delta, dk, dv, vec);                                   \
+        else fa_dkv<T, 64, M>(g, dy, q, k, v, m, lse, delta, dk, dv, vec);                                                 \
+    }
 #define INST_FA(T, S)                                                                                       \
     INST_FA_FWD(T, S, 64, false, , FA_WG_FOR(64)) INST_FA_FWD(T, S, 64, true, _m, FA_WG_FOR(64))            \
     INST_FA_FWD(T, S, 128, false, , false) INST_FA_FWD(T, S, 128, true, _m, false)                          \
@@ -779,13 +1194,13 @@ __device__ __forceinline__ int fs_n(int r, int c) { return r * FS_T + (c ^ ((r &
 // tile (null: not wanted). With `vec` (width % 4 == 0, 16-byte aligned rows) a thread reads
 // float4s, a warp two whole rows; otherwise a warp reads 4 rows × 8 columns, 32-byte pieces
 // of rows, and stores that hit 32 different banks in either layout.
-__device__ __forceinline__ void fs_load(float* t, float* n, const float* src, int valid, int width, int vec) {
+__device__ __forceinline__ void fs_load(float* t, float* n, const float* src, i64 rs, int valid, int width, int vec) {
     if (vec) {
 #pragma unroll
         for (int it = 0; it < FS_TILE / 4 / 256; ++it) {
             int idx = threadIdx.x + it * 256, r = idx >> 4, c = (idx & 15) * 4;
             float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (r < valid && c < width) x = *(const float4*)(src + (i64)r * width + c);
+            if (r < valid && c < width) x = *(const float4*)(src + r * rs + c);
             if (t) {
                 t[fs_t(r, c)] = x.x;
                 t[fs_t(r, c + 1)] = x.y;
@@ -799,7 +1214,7 @@ __device__ __forceinline__ void fs_load(float* t, float* n, const float* src, in
     for (int idx = threadIdx.x; idx < FS_TILE; idx += 256) {
         int w = idx >> 5, l = idx & 31;
         int r = (w >> 3) * 4 + (l & 3), c = (w & 7) * 8 + (l >> 2);
-        float x = (r < valid && c < width) ? src[(i64)r * width + c] : 0.f;
+        float x = (r < valid && c < width) ? src[r * rs + c] : 0.f;
         if (t) t[fs_t(r, c)] = x;
         if (n) n[fs_n(r, c)] = x;
     }
@@ -842,8 +1257,8 @@ __device__ __forceinline__ float max16(float v) {
     for (int o = 1; o < 16; o <<= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
-// Stores rows r0 + ty·4 + i (< nrows), columns tx·4 + j (< width), times f[i].
-__device__ __forceinline__ void fs_store(float* dst, const float (*acc)[4], i64 r0, i64 nrows, int width, const float* f) {
+// Stores rows r0 + ty·4 + i (< nrows; row stride rs), columns tx·4 + j (< width), times f[i].
+__device__ __forceinline__ void fs_store(float* dst, i64 rs, const float (*acc)[4], i64 r0, i64 nrows, int width, const float* f) {
     int ty = threadIdx.x >> 4, tx = threadIdx.x & 15;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -851,7 +1266,7 @@ __device__ __forceinline__ void fs_store(float* dst, const float (*acc)[4], i64 
         if (r >= nrows) continue;
 #pragma unroll
         for (int j = 0; j < 4; ++j)
-            if (tx * 4 + j < width) dst[r * width + tx * 4 + j] = acc[i][j] * f[i];
+            if (tx * 4 + j < width) dst[r * rs + tx * 4 + j] = acc[i][j] * f[i];
     }
 }
 
@@ -865,9 +1280,10 @@ extern "C" __global__ void __launch_bounds__(256, 2) fs_fwd(AttnGeom g, const fl
     i64 q0 = qb * FS_T;
     i64 kend = g.skv;
     if (g.causal && q0 + FS_T < kend) kend = q0 + FS_T;
-    const float* Kb = K + (b * g.hkv + hk) * g.skv * g.d;
-    const float* Vb = V + (b * g.hkv + hk) * g.skv * g.dv;
-    fs_load(sQ, nullptr, Q + (bh * g.sq + q0) * g.d, (int)(g.sq - q0 < FS_T ? g.sq - q0 : FS_T), (int)g.d, vec);
+    const i64 krs = g.st[ATT_K][2], vrs = g.st[ATT_V][2];
+    const float* Kb = K + att_off(g, ATT_K, b, hk, 0);
+    const float* Vb = V + att_off(g, ATT_V, b, hk, 0);
+    fs_load(sQ, nullptr, Q + att_off(g, ATT_Q, b, h, q0), g.st[ATT_Q][2], (int)(g.sq - q0 < FS_T ? g.sq - q0 : FS_T), (int)g.d, vec);
     float o[4][4], m[4], l[4];
     fs_zero(o);
     for (int i = 0; i < 4; ++i) m[i] = neg_inf(0.f), l[i] = 0.f;
@@ -875,8 +1291,8 @@ extern "C" __global__ void __launch_bounds__(256, 2) fs_fwd(AttnGeom g, const fl
     for (i64 j0 = 0; j0 < kend; j0 += FS_T) {
         int kv = (int)(g.skv - j0 < FS_T ? g.skv - j0 : FS_T);
         __syncthreads();
-        fs_load(sK, nullptr, Kb + j0 * g.d, kv, (int)g.d, vec);
-        fs_load(nullptr, sV, Vb + j0 * g.dv, kv, (int)g.dv, vec);
+        fs_load(sK, nullptr, Kb + j0 * krs, krs, kv, (int)g.d, vec);
+        fs_load(nullptr, sV, Vb + j0 * vrs, vrs, kv, (int)g.dv, vec);
         __syncthreads();
         float s[4][4];
         fs_zero(s);
@@ -922,7 +1338,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) fs_fwd(AttnGeom g, const fl
         l[i] = sum16(l[i]);
         f[i] = l[i] > 0.f ? 1.f / l[i] : 0.f;
     }
-    fs_store(Y + bh * g.sq * g.dv, o, q0, g.sq, (int)g.dv, f);
+    fs_store(Y + att_off(g, ATT_Y, b, h, 0), g.st[ATT_Y][2], o, q0, g.sq, (int)g.dv, f);
     if (lse && tx == 0)
         for (int i = 0; i < 4; ++i) {
             i64 qi = q0 + ty * 4 + i;
@@ -941,10 +1357,11 @@ extern "C" __global__ void __launch_bounds__(256, 2) fs_dq(AttnGeom g, const flo
     int qv = (int)(g.sq - q0 < FS_T ? g.sq - q0 : FS_T);
     i64 kend = g.skv;
     if (g.causal && q0 + FS_T < kend) kend = q0 + FS_T;
-    const float* Kb = K + (b * g.hkv + hk) * g.skv * g.d;
-    const float* Vb = V + (b * g.hkv + hk) * g.skv * g.dv;
-    fs_load(sQ, nullptr, Q + (bh * g.sq + q0) * g.d, qv, (int)g.d, vec);
-    fs_load(sdY, nullptr, dY + (bh * g.sq + q0) * g.dv, qv, (int)g.dv, vec);
+    const i64 krs = g.st[ATT_K][2], vrs = g.st[ATT_V][2];
+    const float* Kb = K + att_off(g, ATT_K, b, hk, 0);
+    const float* Vb = V + att_off(g, ATT_V, b, hk, 0);
+    fs_load(sQ, nullptr, Q + att_off(g, ATT_Q, b, h, q0), g.st[ATT_Q][2], qv, (int)g.d, vec);
+    fs_load(sdY, nullptr, dY + att_off(g, ATT_Y, b, h, q0), g.st[ATT_Y][2], qv, (int)g.dv, vec);
     float L[4], Dl[4], acc[4][4];
     fs_zero(acc);
     for (int i = 0; i < 4; ++i) {
@@ -957,8 +1374,8 @@ extern "C" __global__ void __launch_bounds__(256, 2) fs_dq(AttnGeom g, const flo
     for (i64 j0 = 0; j0 < kend; j0 += FS_T) {
         int kv = (int)(g.skv - j0 < FS_T ? g.skv - j0 : FS_T);
         __syncthreads();
-        fs_load(sK, sKn, Kb + j0 * g.d, kv, (int)g.d, vec);
-        fs_load(sV, nullptr, Vb + j0 * g.dv, kv, (int)g.dv, vec);
+        fs_load(sK, sKn, Kb + j0 * krs, krs, kv, (int)g.d, vec);
+        fs_load(sV, nullptr, Vb + j0 * vrs, vrs, kv, (int)g.dv, vec);
         __syncthreads();
         float s[4][4], dp[4][4];
         fs_zero(s);
@@ -988,7 +1405,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) fs_dq(AttnGeom g, const flo
         fs_mm<false>(acc, sS, sKn);
     }
     float f[4] = {sc, sc, sc, sc};
-    fs_store(dQ + bh * g.sq * g.d, acc, q0, g.sq, (int)g.d, f);
+    fs_store(dQ + att_off(g, ATT_Q, b, h, 0), g.st[ATT_Q][2], acc, q0, g.sq, (int)g.d, f);
 }
 
 // dK, dV: shared memory Kᵀ, Vᵀ, Qᵀ, dYᵀ, Q (N), dY (N), (Pᵀ|dSᵀ)ᵀ: 7 tiles, LSE and delta.
@@ -1001,8 +1418,8 @@ extern "C" __global__ void __launch_bounds__(256, 2) fs_dkv(AttnGeom g, const fl
     i64 bhk = blockIdx.y, b = bhk / g.hkv, hk = bhk % g.hkv, grp = g.hq / g.hkv;
     i64 k0 = (i64)blockIdx.x * FS_T;
     int kvalid = (int)(g.skv - k0 < FS_T ? g.skv - k0 : FS_T);
-    fs_load(sK, nullptr, K + (bhk * g.skv + k0) * g.d, kvalid, (int)g.d, vec);
-    fs_load(sV, nullptr, V + (bhk * g.skv + k0) * g.dv, kvalid, (int)g.dv, vec);
+    fs_load(sK, nullptr, K + att_off(g, ATT_K, b, hk, k0), g.st[ATT_K][2], kvalid, (int)g.d, vec);
+    fs_load(sV, nullptr, V + att_off(g, ATT_V, b, hk, k0), g.st[ATT_V][2], kvalid, (int)g.dv, vec);
     float dk[4][4], dv[4][4];
     fs_zero(dk);
     fs_zero(dv);
@@ -1013,8 +1430,8 @@ extern "C" __global__ void __launch_bounds__(256, 2) fs_dkv(AttnGeom g, const fl
         for (i64 i0 = i_start; i0 < g.sq; i0 += FS_T) {
             int qv = (int)(g.sq - i0 < FS_T ? g.sq - i0 : FS_T);
             __syncthreads();
-            fs_load(sQ, sQn, Q + (bh * g.sq + i0) * g.d, qv, (int)g.d, vec);
-            fs_load(sdY, sdYn, dY + (bh * g.sq + i0) * g.dv, qv, (int)g.dv, vec);
+            fs_load(sQ, sQn, Q + att_off(g, ATT_Q, b, h, i0), g.st[ATT_Q][2], qv, (int)g.d, vec);
+            fs_load(sdY, sdYn, dY + att_off(g, ATT_Y, b, h, i0), g.st[ATT_Y][2], qv, (int)g.dv, vec);
             for (int r = threadIdx.x; r < FS_T; r += 256) {
                 float x = r < qv ? lse[bh * g.sq + i0 + r] : neg_inf(0.f);
                 sL[r] = x == neg_inf(x) ? -neg_inf(0.f) : x;
@@ -1055,6 +1472,6 @@ extern "C" __global__ void __launch_bounds__(256, 2) fs_dkv(AttnGeom g, const fl
         }
     }
     float fk[4] = {sc, sc, sc, sc}, fv[4] = {1.f, 1.f, 1.f, 1.f};
-    fs_store(dK + bhk * g.skv * g.d, dk, k0, g.skv, (int)g.d, fk);
-    fs_store(dV + bhk * g.skv * g.dv, dv, k0, g.skv, (int)g.dv, fv);
+    fs_store(dK + att_off(g, ATT_K, b, hk, 0), g.st[ATT_K][2], dk, k0, g.skv, (int)g.d, fk);
+    fs_store(dV + att_off(g, ATT_V, b, hk, 0), g.st[ATT_V][2], dv, k0, g.skv, (int)g.dv, fv);
 }

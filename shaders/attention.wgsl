@@ -17,8 +17,9 @@
 //
 // P: 0 Hq, 1 Hkv, 2 Sq (Tq for varlen), 3 Skv (Tk), 4 D, 5 Dv, 6-9 mask strides over
 // [B, Hq, Sq, Skv], 10 rows, 11 sequences, 12 scale, 13 varlen, 14 causal, 15 mask kind
-// (0 none, 1 bool, 2 additive), 16 dMask wanted. cu_seqlens are i32 words IW apart
-// (2 for i64).
+// (0 none, 1 bool, 2 additive), 16 dMask wanted, 17-19 / 20-22 / 23-25 row strides of
+// the query side, the key side and the statistics (see `row_at`), 26 Attention's 3-D
+// form. cu_seqlens are i32 words IW apart (2 for i64).
 
 @group(0) @binding(1) var<storage, read> Q: array<T>;
 @group(0) @binding(2) var<storage, read> K: array<T>;
@@ -82,12 +83,17 @@ fn segs_of(side: u32, p0: u32, p1: u32) -> vec2<u32> {
     return vec2<u32>(seq_of(side, i32(p0)), seq_of(side, i32(p1) - 1));
 }
 
-// Row index (into Q/Y/LSE/dY, or K/V) of position p of problem `prob` on a side with
-// `heads` heads and `n` positions per problem.
-fn row_of(prob: u32, p: u32, heads: u32, n: u32) -> u32 {
-    if (pu(13u) != 0u) { return p * heads + prob; }
-    return prob * n + p;
+// The row (head vector) of position p of problem `prob` = batch·heads + head, through
+// the strides over (batch, head, position) at P[at..at+3]: of the query side (Q, Y, dY,
+// dQ), the key side (K, V, dK, dV) or the statistics (LSE, delta, dMask). They read
+// [B, H, S, D] and Attention's 3-D [B, S, H·D] in place; a VarlenAttention problem is
+// one head of the packed [T, H, D].
+fn row_at(at: u32, prob: u32, p: u32, heads: u32) -> u32 {
+    return (prob / heads) * pu(at) + (prob % heads) * pu(at + 1u) + p * pu(at + 2u);
 }
+fn qrow(prob: u32, p: u32) -> u32 { return row_at(17u, prob, p, pu(0u)); }
+fn krow(prob: u32, p: u32) -> u32 { return row_at(20u, prob, p, pu(1u)); }
+fn srow(prob: u32, p: u32) -> u32 { return row_at(23u, prob, p, pu(0u)); }
 
 // The score of a key after the mask (P[15] read once per kernel, outside the key loops).
 fn masked(kind: u32, off: i32, s: f32) -> f32 {
@@ -118,7 +124,7 @@ fn load_row(x: ptr<function, array<vec4<f32>, HD4>>, which: u32, r: u32, n: u32,
 
 // Stages rows kt.. (key positions, or query positions for which = 1) of a segment into
 // Ts/Us: K and V, or Q and dY; rows past `count` are zero.
-fn stage(which: u32, prob: u32, base: i32, kt: i32, count: i32, heads: u32, n: u32, lid: u32) {
+fn stage(which: u32, prob: u32, base: i32, kt: i32, count: i32, lid: u32) {
     let d = pu(4u);
     let dv = pu(5u);
     for (var e = lid; e < KT; e += BQ) {
@@ -127,7 +133,8 @@ fn stage(which: u32, prob: u32, base: i32, kt: i32, count: i32, heads: u32, n: u
         var a = vec4<f32>(0.0);
         var b = vec4<f32>(0.0);
         if (kt + j < count) {
-            let r = row_of(prob, u32(base + kt + j), heads, n);
+            var r = qrow(prob, u32(base + kt + j));
+            if (which == 0u) { r = krow(prob, u32(base + kt + j)); }
             for (var c = 0u; c < 4u; c += 1u) {
                 let x = t * 4u + c;
                 if (which == 0u) {
@@ -182,7 +189,8 @@ fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
     let p1 = min(p0 + BQ, nq);
     let pos = p0 + lid;
     let cx = qctx(wid.y);
-    let r = row_of(cx.prob, pos, hq, nq);
+    let r = qrow(cx.prob, pos);
+    let rs = srow(cx.prob, pos);
     var qv: array<vec4<f32>, HD4>;
     var acc: array<vec4<f32>, HD4>;
     for (var t = 0u; t < HD4; t += 1u) { acc[t] = vec4<f32>(0.0); }
@@ -202,7 +210,7 @@ fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
         if (pu(14u) != 0u) { lim = clamp(i + 1 + s.shift, 0, nkeys); }
         let moff = cx.moff + i * pi(8u);
         for (var kt = 0; kt < klim; kt += i32(BK)) {
-            stage(0u, cx.kprob, s.k0, kt, nkeys, hkv, nk, lid);
+            stage(0u, cx.kprob, s.k0, kt, nkeys, lid);
             workgroupBarrier();
             let jl = min(lim - kt, i32(BK));
             if (mine && jl > 0) {
@@ -238,7 +246,7 @@ fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
             if (e < dv) { Y[r * dv + e] = T(acc[t][c] * inv); }
         }
     }
-    LSE[r] = select(ninf(), m + log(l), l > 0.0);
+    LSE[rs] = select(ninf(), m + log(l), l > 0.0);
 }
 
 // dQ_r = scale · Σ_j dS_rj K_j with dS = P∘(dY·Vᵀ − delta), from the forward's LSE and
@@ -258,7 +266,8 @@ fn attn_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_inde
     let p1 = min(p0 + BQ, nq);
     let pos = p0 + lid;
     let cx = qctx(wid.y);
-    let r = row_of(cx.prob, pos, hq, nq);
+    let r = qrow(cx.prob, pos);
+    let rs = srow(cx.prob, pos);
     var qv: array<vec4<f32>, HD4>;
     var dy: array<vec4<f32>, HD4>;
     var dq: array<vec4<f32>, HD4>;
@@ -268,8 +277,8 @@ fn attn_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_inde
     if (pos < nq) {
         load_row(&qv, 0u, r, d, scale);
         load_row(&dy, 1u, r, dv, 1.0);
-        L = LSE[r];
-        dl = DELTA[r];
+        L = LSE[rs];
+        dl = DELTA[rs];
     }
     let sg = segs_of(0u, p0, p1);
     for (var b = sg.x; b <= sg.y; b += 1u) {
@@ -284,7 +293,7 @@ fn attn_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_inde
         if (pu(14u) != 0u) { lim = clamp(i + 1 + s.shift, 0, nkeys); }
         let moff = cx.moff + i * pi(8u);
         for (var kt = 0; kt < klim; kt += i32(BK)) {
-            stage(0u, cx.kprob, s.k0, kt, nkeys, hkv, nk, lid);
+            stage(0u, cx.kprob, s.k0, kt, nkeys, lid);
             workgroupBarrier();
             let jl = min(lim - kt, i32(BK));
             if (mine) {
@@ -294,7 +303,7 @@ fn attn_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_inde
                     if (p == 0.0) { continue; }
                     let ds = p * (dot4u(&dy, o) - dl);
                     for (var t = 0u; t < HD4; t += 1u) { dq[t] += ds * Ts[o + t]; }
-                    if (pu(16u) != 0u) { DM[r * nk + u32(kt + j)] = T(ds); }
+                    if (pu(16u) != 0u) { DM[rs * nk + u32(kt + j)] = T(ds); }
                 }
             }
             workgroupBarrier();
@@ -309,14 +318,17 @@ fn attn_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_inde
     }
 }
 
-// delta_r = dY_r · Y_r, written through the LSE binding into a scratch buffer.
+// delta_r = dY_r · Y_r, written through the LSE binding into a scratch buffer; r counts
+// statistics rows, whose dY and Y rows differ in the 3-D form.
 @compute @workgroup_size(64)
 fn attn_delta(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let r = linear(wid, nwg, lid, BQ);
     if (r >= pu(10u)) { return; }
     let dv = pu(5u);
+    var x = r;
+    if (pu(26u) != 0u) { x = qrow(r / pu(2u), r % pu(2u)); }
     var s = 0.0;
-    for (var t = 0u; t < dv; t += 1u) { s += f32(DY[r * dv + t]) * f32(Y[r * dv + t]); }
+    for (var t = 0u; t < dv; t += 1u) { s += f32(DY[x * dv + t]) * f32(Y[x * dv + t]); }
     LSE[r] = s;
 }
 
@@ -339,7 +351,7 @@ fn attn_dkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
     let p0 = wid.x * BQ;
     let p1 = min(p0 + BQ, nk);
     let pos = p0 + lid;
-    let kr = row_of(kprob, pos, hkv, nk);
+    let kr = krow(kprob, pos);
     var kv: array<vec4<f32>, HD4>;
     var vv: array<vec4<f32>, HD4>;
     var dk: array<vec4<f32>, HD4>;
@@ -371,12 +383,12 @@ fn attn_dkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
                 moff = i32(b0) * pi(6u) + i32(h) * pi(7u) + j * pi(9u);
             }
             for (var it = i0; it < nqs; it += i32(BK)) {
-                stage(1u, qprob, s.q0, it, nqs, hq, nq, lid);
+                stage(1u, qprob, s.q0, it, nqs, lid);
                 if (lid < BK) {
                     var lv = ninf();
                     var dl = 0.0;
                     if (it + i32(lid) < nqs) {
-                        let r = row_of(qprob, u32(s.q0 + it + i32(lid)), hq, nq);
+                        let r = srow(qprob, u32(s.q0 + it + i32(lid)));
                         lv = LSE[r];
                         dl = DELTA[r];
                     }

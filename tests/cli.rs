@@ -188,11 +188,11 @@ fn inspect_prints_counts_memory_and_writes_files() {
         "peak activation memory",
         "without buffer reuse",
         "FLOP",
-        "attention_fusion         1 rewrite (attention ×1)",
+        "attention_fusion         1 rewrite (attention_heads ×1)",
         "matmul_epilogue_fusion   4 rewrites (matmul_epilogue ×4)",
-        "rules applied:\n  attention_fusion: attention at 'attn_softmax'\n",
+        "rules applied:\n  attention_fusion: attention_heads at 'attn_softmax'\n",
         "  matmul_epilogue_fusion: matmul_epilogue at 'fc2'\n",
-        "after passes: 19 nodes: Attention 1, FusedMatMul 4, LayerNormalization 2,",
+        "after passes: 11 nodes: Attention 1, FusedMatMul 4, LayerNormalization 2, Mul 1, ReduceMean 1, Split 1, Sub 1\n",
     ] {
         assert!(out.contains(want), "missing {want:?} in\n{out}");
     }

@@ -243,6 +243,69 @@ fn attention_long_sequence() {
     );
 }
 
+/// Forward (f32, f16, bf16) and backward (f32, from the CPU's Y and LSE) of the
+/// 3-D form `[B, S, H·D]` against the CPU: `extra` goes after Q, K, V (forward) and after
+/// Y and LSE (backward).
+fn attention_3d_same_as_cpu(
+    attrs: &[(&str, A)],
+    qkv: [Tensor; 3],
+    extra: Option<Arg>,
+    n_grads: usize,
+) {
+    let mut fargs: Vec<Arg> = qkv.iter().cloned().map(inp).collect();
+    fargs.extend(extra.clone());
+    same_as_cpu("Attention", attrs, &fargs, 2, &LOW);
+    let fwd = run_op(
+        BackendKind::Cpu,
+        op("Attention", attrs),
+        &fargs,
+        2,
+        DType::F32,
+    )
+    .expect("cpu attention");
+    let mut args = vec![inp(randn(fwd[0].shape(), 99))];
+    args.extend(qkv.into_iter().map(inp));
+    args.extend(fwd.into_iter().map(inp));
+    args.extend(extra);
+    same_as_cpu("AttentionGrad", attrs, &args, n_grads, &[DType::F32]);
+}
+
+#[test]
+fn attention_3d_matches_cpu() {
+    let heads = |hq: i64, hkv: i64, causal: i64| {
+        vec![
+            ("is_causal", A::Int(causal)),
+            ("q_num_heads", A::Int(hq)),
+            ("kv_num_heads", A::Int(hkv)),
+        ]
+    };
+    let qkv = |b, hq, hkv, sq, skv, d, dv, seed| {
+        [
+            pack_heads(&randn(&[b, hq, sq, d], seed)),
+            pack_heads(&randn(&[b, hkv, skv, d], seed + 1)),
+            pack_heads(&randn(&[b, hkv, skv, dv], seed + 2)),
+        ]
+    };
+    // gpt_block's heads of 64 (the tiled kernels), GQA, causal with Sq ≠ Skv.
+    attention_3d_same_as_cpu(&heads(4, 2, 1), qkv(2, 4, 2, 300, 200, 64, 64, 80), None, 3);
+    attention_3d_same_as_cpu(&heads(2, 2, 1), qkv(1, 2, 2, 130, 260, 64, 64, 83), None, 3);
+    // An additive key-padding mask; heads of 96 (the row-per-warp kernels backward).
+    let add = randn(&[2, 1, 1, 150], 86);
+    attention_3d_same_as_cpu(
+        &heads(2, 1, 0),
+        qkv(2, 2, 1, 70, 150, 96, 96, 87),
+        Some(inp(add)),
+        4,
+    );
+    let keep: Vec<bool> = (0..70 * 150).map(|i| i % 5 != 0).collect();
+    attention_3d_same_as_cpu(
+        &heads(2, 2, 1),
+        qkv(1, 2, 2, 70, 150, 32, 16, 90),
+        Some(inp(bools(&[70, 150], &keep))),
+        3,
+    );
+}
+
 #[test]
 fn dropout_mask_matches_cpu() {
     if !cuda_present() {

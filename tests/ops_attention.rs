@@ -365,3 +365,148 @@ fn varlen_rejects_bad_cu_seqlens() {
         );
     }
 }
+
+// --- The 3-D form: Q [B, Sq, Hq·D], K [B, Skv, Hkv·D], V [B, Skv, Hkv·Dv] with
+// q_num_heads / kv_num_heads, checked against the 4-D reference on the same numbers. ---
+
+fn attn3_op(causal: bool, scale: Option<f64>, hq: usize, hkv: usize) -> graphrun::graph::Op {
+    let mut attrs = vec![
+        ("is_causal", AttrValue::Int(causal as i64)),
+        ("q_num_heads", AttrValue::Int(hq as i64)),
+        ("kv_num_heads", AttrValue::Int(hkv as i64)),
+    ];
+    if let Some(s) = scale {
+        attrs.push(("scale", AttrValue::Float(s)));
+    }
+    op("Attention", &attrs)
+}
+
+fn tensor(a: &Arg) -> &Tensor {
+    match a {
+        Arg::In(t) | Arg::Const(t) => t,
+        Arg::None => panic!("no tensor"),
+    }
+}
+
+/// Runs the 4-D case `args` in the 3-D form on every backend and dtype: the reference is
+/// the 4-D one on the unpacked inputs, packed.
+fn check_attention_3d(args: Vec<Arg>, causal: bool, scale: Option<f64>) {
+    let (hq, hkv) = (tensor(&args[0]).shape()[1], tensor(&args[1]).shape()[1]);
+    let mut args3: Vec<Arg> = args[..3]
+        .iter()
+        .map(|a| inp(pack_heads(tensor(a))))
+        .collect();
+    args3.extend(args.get(3).cloned());
+    check(attn3_op(causal, scale, hq, hkv), &args3, &FLOATS, |a| {
+        let mut a4: Vec<Option<Tensor>> = (0..3)
+            .map(|i| Some(unpack_heads(a[i].as_ref().unwrap(), [hq, hkv, hkv][i])))
+            .collect();
+        a4.extend(a.get(3).cloned());
+        let [(shape, y)]: [_; 1] = ref_attention(&a4, causal, scale).try_into().unwrap();
+        let y = pack_heads(&f64s(&shape, &y));
+        vec![(y.shape().to_vec(), y.to_f64_vec())]
+    });
+}
+
+#[test]
+fn attention_3d_matches_4d() {
+    check_attention_3d(qkv(2, 3, 3, 5, 7, 8, 8, 210), false, None);
+    // Several query and key blocks, none full at the end.
+    check_attention_3d(qkv(1, 2, 2, 70, 150, 16, 16, 211), false, None);
+}
+
+#[test]
+fn attention_3d_causal_sq_differs_from_skv() {
+    check_attention_3d(qkv(1, 2, 2, 20, 150, 8, 8, 220), true, None);
+    check_attention_3d(qkv(2, 2, 2, 150, 20, 8, 8, 221), true, None);
+}
+
+#[test]
+fn attention_3d_gqa_and_dv() {
+    check_attention_3d(qkv(2, 8, 2, 33, 100, 16, 16, 230), true, None);
+    check_attention_3d(qkv(1, 4, 2, 21, 75, 16, 24, 231), false, Some(0.375));
+}
+
+#[test]
+fn attention_3d_masks() {
+    let (b, h, sq, skv) = (2, 2, 40, 90);
+    let mut m = rand_bools(&[sq, skv], 240, 0.7);
+    m[3 * skv..4 * skv].fill(false); // a fully masked row gives 0
+    let mut args = qkv(b, h, h, sq, skv, 8, 8, 241);
+    args.push(inp(bools(&[sq, skv], &m)));
+    check_attention_3d(args, true, None);
+    // Additive, broadcast from [B, 1, 1, Skv] and full [B, Hq, Sq, Skv].
+    let mut r = Rng::new(242);
+    let add: Vec<f64> = (0..b * h * sq * skv)
+        .map(|_| r.uniform_in(-2.0, 1.0))
+        .collect();
+    let mut args = qkv(b, 4, 2, sq, skv, 8, 8, 243);
+    args.push(inp(f64s(&[b, 1, 1, skv], &add[..b * skv])));
+    check_attention_3d(args, false, None);
+    let mut args = qkv(b, h, h, sq, skv, 8, 8, 244);
+    args.push(inp(f64s(&[b, h, sq, skv], &add)));
+    check_attention_3d(args, false, None);
+}
+
+/// The error of a one-node graph that should not load.
+fn attention_error(op_: graphrun::graph::Op, shapes: [&[usize]; 3]) -> String {
+    let args: Vec<Arg> = (0..3)
+        .map(|i| inp(randn(shapes[i], 250 + i as u64)))
+        .collect();
+    match run_op(BackendKind::Cpu, op_, &args, 1, DType::F32) {
+        Ok(_) => panic!("Attention on {shapes:?} was accepted"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn attention_3d_errors_say_what_is_wrong() {
+    let plain = attn_op(false, None);
+    let e = attention_error(plain, [&[2, 5, 16], &[2, 7, 16], &[2, 7, 16]]);
+    assert!(
+        e.contains("q_num_heads") && e.contains("kv_num_heads") && e.contains("node 'node'"),
+        "{e}"
+    );
+    let e = attention_error(
+        attn3_op(false, None, 3, 1),
+        [&[2, 5, 16], &[2, 7, 16], &[2, 7, 16]],
+    );
+    assert!(e.contains("16 is not divisible by q_num_heads 3"), "{e}");
+    let e = attention_error(
+        attn3_op(false, None, 4, 3),
+        [&[2, 5, 16], &[2, 7, 12], &[2, 7, 12]],
+    );
+    assert!(e.contains("multiple of key/value heads 3"), "{e}");
+    let e = attention_error(
+        attn3_op(false, None, 2, 2),
+        [&[2, 5, 16], &[2, 7, 12], &[2, 7, 12]],
+    );
+    assert!(e.contains("head size 6") && e.contains("Q's 8"), "{e}");
+    let e = attention_error(
+        attn3_op(false, None, 2, 2),
+        [&[2, 5, 16], &[2, 2, 7, 8], &[2, 2, 7, 8]],
+    );
+    assert!(e.contains("ranks 3, 4 and 4"), "{e}");
+    let e = attention_error(
+        attn3_op(false, None, 4, 2),
+        [&[2, 2, 5, 8], &[2, 2, 7, 8], &[2, 2, 7, 8]],
+    );
+    assert!(
+        e.contains("q_num_heads is 4") && e.contains("2 heads"),
+        "{e}"
+    );
+    let model = |heads: &str| {
+        format!(
+            "graphrun: 1\nname: m\ninputs:\n  - {{name: q, dtype: f32, shape: [1, 2, 8]}}\noutputs: [y]\n\
+             nodes:\n  - {{op: Attention, inputs: [q, q, q], outputs: [y], attrs: {{{heads}}}}}\n"
+        )
+    };
+    let e = match graphrun::Model::from_str(&model("q_num_heads: 0, kv_num_heads: 1"), ".") {
+        Ok(_) => panic!("0 heads were accepted"),
+        Err(e) => e.to_string(),
+    };
+    assert!(e.contains("'q_num_heads' must be positive"), "{e}");
+    if let Err(e) = graphrun::Model::from_str(&model("q_num_heads: 2, kv_num_heads: 2"), ".") {
+        panic!("{e}");
+    }
+}

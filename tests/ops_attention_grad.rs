@@ -17,9 +17,18 @@ const H: f64 = 1e-5;
 const FD_SAMPLES: usize = 150;
 
 fn attn(name: &str, causal: bool, scale: Option<f64>) -> Op {
+    attn_heads(name, causal, scale, None)
+}
+
+/// With `heads` (q_num_heads, kv_num_heads), for the 3-D form.
+fn attn_heads(name: &str, causal: bool, scale: Option<f64>, heads: Option<(usize, usize)>) -> Op {
     let mut attrs = vec![("is_causal", AttrValue::Int(causal as i64))];
     if let Some(s) = scale {
         attrs.push(("scale", AttrValue::Float(s)));
+    }
+    if let Some((hq, hkv)) = heads {
+        attrs.push(("q_num_heads", AttrValue::Int(hq as i64)));
+        attrs.push(("kv_num_heads", AttrValue::Int(hkv as i64)));
     }
     op(name, &attrs)
 }
@@ -97,6 +106,8 @@ struct Case {
     dy: Tensor,
     causal: bool,
     scale: Option<f64>,
+    /// The 3-D form: Q, K, V and dY are `[B, S, H·D]`, with these (Hq, Hkv).
+    heads: Option<(usize, usize)>,
 }
 
 impl Case {
@@ -112,6 +123,19 @@ impl Case {
             dy: randn(&[b, hq, sq, dv], seed + 3),
             causal: false,
             scale: None,
+            heads: None,
+        }
+    }
+    /// The same problem in the 3-D form.
+    fn packed(self) -> Case {
+        let heads = Some((self.q.shape()[1], self.k.shape()[1]));
+        Case {
+            q: pack_heads(&self.q),
+            k: pack_heads(&self.k),
+            v: pack_heads(&self.v),
+            dy: pack_heads(&self.dy),
+            heads,
+            ..self
         }
     }
     fn causal(mut self) -> Case {
@@ -137,7 +161,7 @@ impl Case {
     /// Y and LSE with every floating input cast to `dt`.
     fn forward(&self, ins: &[Option<Tensor>], dt: DType) -> Vec<Tensor> {
         let ins: Vec<Option<Tensor>> = ins.iter().map(|t| cast_opt(t, dt)).collect();
-        let op = attn("Attention", self.causal, self.scale);
+        let op = attn_heads("Attention", self.causal, self.scale, self.heads);
         run(op, &ins, &["y", "lse"]).unwrap_or_else(|e| panic!("{e}"))
     }
     /// Σ dY∘Y in f64.
@@ -153,7 +177,7 @@ impl Case {
         ins.extend(self.inputs()[..3].iter().map(|t| cast_opt(t, dt)));
         ins.extend(fwd.into_iter().map(Some));
         ins.push(cast_opt(&self.mask, dt));
-        let op = attn("AttentionGrad", self.causal, self.scale);
+        let op = attn_heads("AttentionGrad", self.causal, self.scale, self.heads);
         run(op, &ins, outs)
     }
     fn grads(&self, dt: DType) -> Vec<Tensor> {
@@ -531,6 +555,7 @@ impl Varlen {
                 dy: Varlen::unpack(&self.dy, rq),
                 causal: false,
                 scale: self.scale,
+                heads: None,
             };
             for (k, (got, want)) in parts.iter().zip(c.grads(DType::F64)).enumerate() {
                 let e = rel_err(&got.to_f64_vec(), &want.to_f64_vec());
@@ -609,4 +634,52 @@ fn grad_empty_sequences() {
     let g = c.grads(DType::F32);
     assert_eq!(g[0].shape(), &[1, 2, 4, 8]);
     assert!(g[0].to_f64_vec().iter().all(|&x| x == 0.0));
+}
+
+/// The 3-D form's gradients are the 4-D form's, packed (dMask and LSE unchanged), and
+/// pass finite differences themselves.
+fn check_packed(c: Case) {
+    let g4 = c.grads(DType::F64);
+    let p = c.clone().packed();
+    let g3 = p.check_fd();
+    p.check_dtypes();
+    for (k, (a, b)) in g3.iter().zip(&g4).enumerate() {
+        let b = if k < 3 { pack_heads(b) } else { b.clone() };
+        assert_eq!(a.shape(), b.shape(), "gradient {k}");
+        let e = rel_err(&a.to_f64_vec(), &b.to_f64_vec());
+        assert!(e <= 1e-12, "gradient {k}: 3-D differs from 4-D by {e:.1e}");
+    }
+    let (l3, l4) = (
+        p.forward(&p.inputs(), DType::F64),
+        c.forward(&c.inputs(), DType::F64),
+    );
+    assert_eq!(
+        l3[1].to_f64_vec(),
+        l4[1].to_f64_vec(),
+        "LSE is [B, Hq, Sq] in both forms"
+    );
+}
+
+#[test]
+fn grad_3d() {
+    check_packed(Case::new(2, 2, 2, 5, 7, 8, 8));
+    check_packed(Case::new(1, 2, 2, 9, 13, 8, 8).causal());
+    check_packed(Case::new(1, 2, 2, 13, 9, 8, 8).causal());
+}
+
+#[test]
+fn grad_3d_gqa_masks_dv() {
+    check_packed(Case::new(2, 4, 2, 6, 10, 8, 8));
+    let m = rand(&[1, 4, 6, 10], 340, -1.0, 1.0);
+    check_packed(Case::new(2, 4, 2, 6, 10, 8, 8).mask(m));
+    let mut bm = rand_bools(6 * 10, 341, 0.7);
+    bm[2 * 10..3 * 10].fill(false); // a row that sees nothing
+    check_packed(
+        Case::new(2, 2, 1, 6, 10, 8, 8)
+            .causal()
+            .mask(bools(&[6, 10], &bm)),
+    );
+    check_packed(Case::new(1, 4, 2, 7, 9, 8, 5).scale(0.375));
+    // Several query and key blocks of the CPU kernels.
+    check_packed(Case::new(1, 2, 1, 70, 90, 4, 4).causal());
 }

@@ -155,7 +155,9 @@ fn attention(g: &Graph) -> Vec<(bool, f32, usize)> {
     g.nodes
         .iter()
         .filter_map(|n| match n.op {
-            Op::Attention { is_causal, scale } => Some((is_causal, scale.unwrap(), n.inputs.len())),
+            Op::Attention {
+                is_causal, scale, ..
+            } => Some((is_causal, scale.unwrap(), n.inputs.len())),
             _ => None,
         })
         .collect()
@@ -859,10 +861,33 @@ nodes:
   - {op: Reshape, inputs: [ctx_t, merged], outputs: [y]}
 ";
     let g = graph(body);
-    let (o, _) = run_passes(&g, &PassOptions::default());
+    let (o, r) = run_passes(&g, &PassOptions::default());
     let a = attention(&o);
     assert_eq!(a.len(), 1);
     assert!(!a[0].0 && (a[0].1 - 0.353_553_38).abs() < 1e-6);
+    // The head split/merge copies are absorbed: the 3-D form reads the unsplit tensors
+    // and writes the merged output.
+    assert_eq!(r.fired("attention_heads"), 1);
+    assert_eq!(o.nodes.len(), 1, "{:?}", o.nodes);
+    assert_eq!(attention_inputs(&o), strs(&["xq", "xk", "xv"]));
+    assert!(matches!(
+        o.nodes[0].op,
+        Op::Attention {
+            q_num_heads: Some(2),
+            kv_num_heads: Some(2),
+            ..
+        }
+    ));
+    assert_eq!(o.nodes[0].outputs, strs(&["y"]));
+    assert_eq!(o.nodes[0].name, "pv");
+    check_same(&g, &o, &[("batch", 3), ("seq", 5)]);
+    // A second reader of a split value keeps that copy, and the 4-D form is fused with K
+    // entering as [B, H, S, D].
+    let body2 = body.replace("outputs: [y]\nnodes:", "outputs: [y, k1]\nnodes:");
+    let g = graph(&body2);
+    let (o, r) = run_passes(&g, &PassOptions::default());
+    assert_eq!(r.fired("attention_heads"), 0);
+    assert_eq!(attention(&o).len(), 1);
     let t: Vec<_> = o
         .nodes
         .iter()
@@ -1006,6 +1031,73 @@ fn grouped_query_attention_reads_k_and_v_before_the_repeat() {
     let (o, _) = run_passes(&graph(&body), &PassOptions::default());
     assert_eq!(attention_inputs(&o), strs(&["q", "k0", "v0"]));
     assert_eq!(count(&o, "Expand"), 1);
+}
+
+/// `gqa(2, REPEAT_KV)` with Q, K and V split into heads from `[B, S, H·4]` inputs and
+/// the output merged back to `[B, S, 16]`.
+fn gqa_3d() -> String {
+    gqa(2, REPEAT_KV)
+        .replace(
+            "  - {name: q, dtype: f32, shape: [batch, 4, seq, 4]}\n  - {name: k0, dtype: f32, shape: [batch, 2, seq, 4]}\n  - {name: v0, dtype: f32, shape: [batch, 2, seq, 4]}",
+            "  - {name: xq, dtype: f32, shape: [batch, seq, 16]}\n  - {name: xk, dtype: f32, shape: [batch, seq, 8]}\n  - {name: xv, dtype: f32, shape: [batch, seq, 8]}",
+        )
+        .replace(
+            "outputs: [o]\nnodes:\n",
+            "  - {name: split4, dtype: i64, shape: [4], values: [0, 0, 4, 4]}
+  - {name: split2, dtype: i64, shape: [4], values: [0, 0, 2, 4]}
+  - {name: merged, dtype: i64, shape: [3], values: [0, 0, 16]}
+outputs: [y]
+nodes:
+  - {op: Reshape, inputs: [xq, split4], outputs: [q1]}
+  - {op: Transpose, inputs: [q1], outputs: [q], attrs: {perm: [0, 2, 1, 3]}}
+  - {op: Reshape, inputs: [xk, split2], outputs: [k1]}
+  - {op: Transpose, inputs: [k1], outputs: [k0], attrs: {perm: [0, 2, 1, 3]}}
+  - {op: Reshape, inputs: [xv, split2], outputs: [v1]}
+  - {op: Transpose, inputs: [v1], outputs: [v0], attrs: {perm: [0, 2, 1, 3]}}
+  - {op: Transpose, inputs: [o], outputs: [ot], attrs: {perm: [0, 2, 1, 3]}}
+  - {op: Reshape, inputs: [ot, merged], outputs: [y]}
+",
+        )
+}
+
+#[test]
+fn grouped_query_attention_in_3d_absorbs_the_head_copies() {
+    let g = graph(&gqa_3d());
+    let (o, r) = run_passes(&g, &PassOptions::default());
+    assert_eq!(r.fired("attention_heads"), 1, "{}", r);
+    assert_eq!(o.nodes.len(), 1, "{:?}", o.op_counts());
+    assert_eq!(attention_inputs(&o), strs(&["xq", "xk", "xv"]));
+    assert!(matches!(
+        o.nodes[0].op,
+        Op::Attention {
+            q_num_heads: Some(4),
+            kv_num_heads: Some(2),
+            ..
+        }
+    ));
+    check_same(&g, &o, &[("batch", 3), ("seq", 5)]);
+    // The merged output read by another node as well as the Reshape: the 4-D form, and
+    // the split copies stay for it.
+    for extra in ["o", "ot", "k0", "q1"] {
+        let body = gqa_3d().replace("outputs: [y]\n", &format!("outputs: [y, {extra}]\n"));
+        let g = graph(&body);
+        let (o, r) = run_passes(&g, &PassOptions::default());
+        assert_eq!(r.fired("attention_heads"), 0, "{extra}");
+        assert_eq!(r.fired("attention"), 1, "{extra}");
+        assert!(count(&o, "Transpose") > 0, "{extra}");
+        check_same(&g, &o, &[("batch", 3), ("seq", 5)]);
+    }
+    // A second consumer (not a graph output) of the transposed Q blocks it too.
+    let body = gqa_3d()
+        .replace("outputs: [y]\n", "outputs: [y, q2]\n")
+        .replace(
+            "  - {op: Transpose, inputs: [o],",
+            "  - {op: Neg, inputs: [q], outputs: [q2]}\n  - {op: Transpose, inputs: [o],",
+        );
+    let g = graph(&body);
+    let (o, r) = run_passes(&g, &PassOptions::default());
+    assert_eq!((r.fired("attention_heads"), r.fired("attention")), (0, 1));
+    check_same(&g, &o, &[("batch", 3), ("seq", 5)]);
 }
 
 #[test]
@@ -1532,8 +1624,23 @@ fn model_mlp_large() {
 
 #[test]
 fn model_gpt_block() {
-    let (g, r) = model("gpt_block", &[("batch", 2), ("seq", 32)]);
+    let dims = [("batch", 2), ("seq", 32)];
+    let (g, r) = model("gpt_block", &dims);
     assert_eq!(attention(&g), vec![(true, 0.125, 3)]);
+    // The head split/merge copies went into the 3-D Attention, which reads Split's
+    // outputs directly; gradients agree with the unfused graph's.
+    assert_eq!(r.fired("attention_heads"), 1, "{}", r);
+    assert_eq!(attention_inputs(&g), strs(&["q0", "k0", "v0"]));
+    for op in ["Transpose", "Reshape"] {
+        assert_eq!(count(&g, op), 0, "{op} left");
+    }
+    let g0 = Model::load(format!(
+        "{}/models/gpt_block.yaml",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap()
+    .graph;
+    assert_same_grads(&g0, &g, &dims);
     let acts: Vec<_> = fused(&g).into_iter().map(|f| (f.0, f.2.len())).collect();
     assert_eq!(
         acts,

@@ -321,6 +321,52 @@ fn attention_several_tiles_match_cpu() {
 }
 
 #[test]
+fn attention_3d_matches_cpu() {
+    // The 3-D form [B, S, H·D], read in place through the shaders' row strides: GQA and
+    // causal with more queries than keys over several tiles, both mask kinds, Dv ≠ D.
+    let heads = |hq: i64, hkv: i64, causal: i64| {
+        vec![
+            ("is_causal", A::Int(causal)),
+            ("q_num_heads", A::Int(hq)),
+            ("kv_num_heads", A::Int(hkv)),
+        ]
+    };
+    let qkv = |b, hq, hkv, sq, skv, d, dv, seed| {
+        [
+            inp(pack_heads(&randn(&[b, hq, sq, d], seed))),
+            inp(pack_heads(&randn(&[b, hkv, skv, d], seed + 1))),
+            inp(pack_heads(&randn(&[b, hkv, skv, dv], seed + 2))),
+        ]
+    };
+    attention_same_as_cpu(
+        "Attention",
+        &heads(4, 2, 1),
+        &qkv(2, 4, 2, 150, 100, 16, 16, 60),
+        None,
+        3,
+    );
+    let add = randn(&[2, 1, 1, 130], 63);
+    attention_same_as_cpu(
+        "Attention",
+        &heads(2, 1, 0),
+        &qkv(2, 2, 1, 70, 130, 16, 8, 64),
+        Some(inp(add)),
+        4,
+    );
+    let (sq, skv) = (90, 70);
+    let mut r = graphrun::rng::Rng::new(67);
+    let mut keep: Vec<bool> = (0..sq * skv).map(|_| r.uniform() < 0.7).collect();
+    keep[66 * skv..67 * skv].fill(false); // row 66 sees nothing: output 0
+    attention_same_as_cpu(
+        "Attention",
+        &heads(2, 2, 1),
+        &qkv(1, 2, 2, sq, skv, 16, 16, 68),
+        Some(inp(bools(&[sq, skv], &keep))),
+        3,
+    );
+}
+
+#[test]
 fn dropout_mask_matches_cpu() {
     if !wgpu_present() {
         return;

@@ -51,6 +51,139 @@ pub struct Inferred {
     pub order: Vec<usize>,
 }
 
+/// Attention's problem sizes, from Q, K and V in either form ONNX opset 23 defines:
+/// 4-D `Q [B, Hq, Sq, D]`, `K [B, Hkv, Skv, D]`, `V [B, Hkv, Skv, Dv]`, or 3-D with the
+/// heads packed in the last axis, `Q [B, Sq, Hq·D]`, `K [B, Skv, Hkv·D]`,
+/// `V [B, Skv, Hkv·Dv]`, whose head counts come from `q_num_heads` and `kv_num_heads`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttnDims {
+    pub b: usize,
+    pub hq: usize,
+    pub hkv: usize,
+    pub sq: usize,
+    pub skv: usize,
+    pub d: usize,
+    pub dv: usize,
+    /// The 3-D form: Q, K, V, Y (and their gradients) are `[B, S, H·D]`.
+    pub packed: bool,
+}
+
+impl AttnDims {
+    /// From the op's attributes and the three shapes; the error says what disagrees.
+    pub fn new(
+        op: &Op,
+        q: &[usize],
+        k: &[usize],
+        v: &[usize],
+    ) -> std::result::Result<AttnDims, String> {
+        let (Op::Attention {
+            q_num_heads: nq,
+            kv_num_heads: nkv,
+            ..
+        }
+        | Op::AttentionGrad {
+            q_num_heads: nq,
+            kv_num_heads: nkv,
+            ..
+        }) = *op
+        else {
+            return Err(format!("{} is not Attention", op.name()));
+        };
+        let dims = match (q.len(), k.len(), v.len()) {
+            (4, 4, 4) => {
+                let (b, hq, sq, d) = (q[0], q[1], q[2], q[3]);
+                let (hkv, skv) = (k[1], k[2]);
+                if k[0] != b || v[0] != b || k[3] != d || v[1] != hkv || v[2] != skv {
+                    return Err(format!(
+                        "Q {}, K {} and V {} disagree (batch, heads, sequence or head size)",
+                        fmt_shape(q),
+                        fmt_shape(k),
+                        fmt_shape(v)
+                    ));
+                }
+                for (name, want, got) in [("q_num_heads", nq, hq), ("kv_num_heads", nkv, hkv)] {
+                    if want.is_some_and(|n| n != got) {
+                        return Err(format!(
+                            "attribute {name} is {}, but the 4-D inputs have {got} heads",
+                            want.unwrap_or(0)
+                        ));
+                    }
+                }
+                AttnDims { b, hq, hkv, sq, skv, d, dv: v[3], packed: false }
+            }
+            (3, 3, 3) => {
+                let (Some(hq), Some(hkv)) = (nq, nkv) else {
+                    return Err(
+                        "3-D Q [B, Sq, Hq·D], K and V [B, Skv, Hkv·D] need the attributes q_num_heads and kv_num_heads"
+                            .into(),
+                    );
+                };
+                let heads = |what: &str, hidden: usize, h: usize, attr: &str| {
+                    if !hidden.is_multiple_of(h) {
+                        Err(format!("{what}'s hidden size {hidden} is not divisible by {attr} {h}"))
+                    } else {
+                        Ok(hidden / h)
+                    }
+                };
+                let d = heads("Q", q[2], hq, "q_num_heads")?;
+                let dk = heads("K", k[2], hkv, "kv_num_heads")?;
+                let dv = heads("V", v[2], hkv, "kv_num_heads")?;
+                if dk != d {
+                    return Err(format!(
+                        "K's head size {dk} ({} / kv_num_heads {hkv}) differs from Q's {d} ({} / q_num_heads {hq})",
+                        k[2], q[2]
+                    ));
+                }
+                if k[0] != q[0] || v[0] != q[0] || v[1] != k[1] {
+                    return Err(format!(
+                        "Q {}, K {} and V {} disagree (batch or key sequence)",
+                        fmt_shape(q),
+                        fmt_shape(k),
+                        fmt_shape(v)
+                    ));
+                }
+                AttnDims { b: q[0], hq, hkv, sq: q[1], skv: k[1], d, dv, packed: true }
+            }
+            (a, b, c) => {
+                return Err(format!(
+                    "Attention takes Q, K and V all 4-D [B, H, S, D] or all 3-D [B, S, H·D]; got ranks {a}, {b} and {c}"
+                ))
+            }
+        };
+        if dims.hkv == 0 || dims.hq % dims.hkv != 0 {
+            return Err(format!(
+                "query heads {} must be a multiple of key/value heads {}",
+                dims.hq, dims.hkv
+            ));
+        }
+        Ok(dims)
+    }
+    /// Y's shape (dY's, and with `d` for `dv` Q's).
+    pub fn y_shape(&self) -> Vec<usize> {
+        if self.packed {
+            vec![self.b, self.sq, self.hq * self.dv]
+        } else {
+            vec![self.b, self.hq, self.sq, self.dv]
+        }
+    }
+    /// Where the head vectors of Q (and of Y, dY, dQ) lie: head vector (b, h, i) is row
+    /// `b·s[0] + h·s[1] + i·s[2]` of the tensor seen as rows of its head size.
+    pub fn q_rows(&self) -> [usize; 3] {
+        Self::rows(self.hq, self.sq, self.packed)
+    }
+    /// The same for K, V, dK and dV, over (b, kv head, key).
+    pub fn k_rows(&self) -> [usize; 3] {
+        Self::rows(self.hkv, self.skv, self.packed)
+    }
+    fn rows(h: usize, s: usize, packed: bool) -> [usize; 3] {
+        if packed {
+            [s * h, 1, h]
+        } else {
+            [h * s, s, 1]
+        }
+    }
+}
+
 /// Infers every value's type given each graph input's concrete shape.
 pub fn infer_graph(g: &Graph, input_shapes: &HashMap<String, Vec<usize>>) -> Result<Inferred> {
     let mut inf = Inferred {
@@ -966,28 +1099,7 @@ pub fn infer_node(
             need_float(&x, "Q")?;
             same_dtype(&x, k)?;
             same_dtype(&x, v)?;
-            if x.shape.len() != 4 || k.shape.len() != 4 || v.shape.len() != 4 {
-                return Err(f(
-                    "Attention takes 4-D Q [B, Hq, Sq, D], K and V [B, Hkv, Skv, D]".into(),
-                ));
-            }
-            let (b, hq, sq, d) = (x.shape[0], x.shape[1], x.shape[2], x.shape[3]);
-            let (hkv, skv) = (k.shape[1], k.shape[2]);
-            if k.shape[0] != b
-                || v.shape[0] != b
-                || k.shape[3] != d
-                || v.shape[1] != hkv
-                || v.shape[2] != skv
-            {
-                return Err(f(
-                    "Q, K and V shapes disagree (batch, heads, sequence or head size)".into(),
-                ));
-            }
-            if hkv == 0 || hq % hkv != 0 {
-                return Err(f(format!(
-                    "query heads {hq} must be a multiple of key/value heads {hkv}"
-                )));
-            }
+            let a = AttnDims::new(&node.op, &x.shape, &k.shape, &v.shape).map_err(&f)?;
             if let Some(m) = t(3) {
                 if m.dtype != DType::Bool && m.dtype != x.dtype {
                     return Err(f(format!(
@@ -995,7 +1107,7 @@ pub fn infer_node(
                         x.dtype, m.dtype
                     )));
                 }
-                let full = [b, hq, sq, skv];
+                let full = [a.b, a.hq, a.sq, a.skv];
                 if broadcast(&m.shape, &full).as_deref() != Some(&full[..]) {
                     return Err(f(format!(
                         "attn_mask of shape {} does not broadcast to {}",
@@ -1006,10 +1118,10 @@ pub fn infer_node(
             }
             let mut out = vec![ValueType {
                 dtype: x.dtype,
-                shape: vec![b, hq, sq, v.shape[3]],
+                shape: a.y_shape(),
             }];
             if node.outputs.len() > 1 {
-                out.push(ValueType::new(stat_dtype(x.dtype), &[b, hq, sq]));
+                out.push(ValueType::new(stat_dtype(x.dtype), &[a.b, a.hq, a.sq]));
             }
             Ok(out)
         }
@@ -1155,16 +1267,14 @@ pub fn infer_node(
                     .to_vec(),
             )
         }
-        Op::AttentionGrad { is_causal, scale } => {
+        Op::AttentionGrad { .. } => {
             let (q, k, v) = (t(1).unwrap(), t(2).unwrap(), t(3).unwrap());
-            let op = Op::Attention {
-                is_causal: *is_causal,
-                scale: *scale,
-            };
+            let op = node.op.grad_base().expect("AttentionGrad has a forward op");
             let fwd = infer_forward(node, op, &[t(1), t(2), t(3), t(6)], &[None; 4])?;
             need_grad(node, ins, &x, &fwd[0])?;
+            let a = AttnDims::new(&node.op, &q.shape, &k.shape, &v.shape).map_err(&f)?;
             let (y, lse) = (t(4).unwrap(), t(5).unwrap());
-            let want = [q.shape[0], q.shape[1], q.shape[2]];
+            let want = [a.b, a.hq, a.sq];
             if *y != fwd[0] || lse.shape != want || lse.dtype != stat_dtype(q.dtype) {
                 return Err(f(format!(
                     "Y and LSE must be {} and {}{}, got {y} and {lse}",
@@ -1173,7 +1283,7 @@ pub fn infer_node(
                     fmt_shape(&want)
                 )));
             }
-            let full = ValueType::new(q.dtype, &[q.shape[0], q.shape[1], q.shape[2], k.shape[2]]);
+            let full = ValueType::new(q.dtype, &[a.b, a.hq, a.sq, a.skv]);
             Ok(vec![q.clone(), k.clone(), v.clone(), full][..node.outputs.len()].to_vec())
         }
         Op::VarlenAttentionGrad { is_causal, scale } => {
@@ -1340,8 +1450,10 @@ pub fn flops(node: &Node, ins: &[Option<&ValueType>], outs: &[ValueType]) -> u64
         // QKᵀ and PV; causal counts half, as ../shared/bench counts it.
         Op::Attention { is_causal, .. } => {
             let (q, k, v) = (ins[0].unwrap(), ins[1].unwrap(), ins[2].unwrap());
-            let (b, h, sq, d) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
-            let f = 2 * (b * h * sq * k.shape[2] * (d + v.shape[3])) as u64;
+            let Ok(a) = AttnDims::new(&node.op, &q.shape, &k.shape, &v.shape) else {
+                return 0;
+            };
+            let f = 2 * (a.b * a.hq * a.sq * a.skv * (a.d + a.dv)) as u64;
             if *is_causal {
                 f / 2
             } else {
@@ -1372,18 +1484,9 @@ pub fn flops(node: &Node, ins: &[Option<&ValueType>], outs: &[ValueType]) -> u64
             2 * dy.numel() as u64 * k * wanted
         }
         // Recomputing QKᵀ, then dV, dP, dQ and dK: 2.5× the forward (FlashAttention-2).
-        Op::AttentionGrad { is_causal, scale } | Op::VarlenAttentionGrad { is_causal, scale } => {
+        Op::AttentionGrad { .. } | Op::VarlenAttentionGrad { .. } => {
             let fwd = Node {
-                op: match node.op {
-                    Op::AttentionGrad { .. } => Op::Attention {
-                        is_causal: *is_causal,
-                        scale: *scale,
-                    },
-                    _ => Op::VarlenAttention {
-                        is_causal: *is_causal,
-                        scale: *scale,
-                    },
-                },
+                op: node.op.grad_base().expect("a gradient op has a forward op"),
                 ..node.clone()
             };
             flops(&fwd, &ins[1..], outs) * 5 / 2

@@ -177,9 +177,13 @@ pub enum Op {
         activation: Activation,
         trans_b: bool,
     },
+    /// `q_num_heads`/`kv_num_heads` are required for the 3-D form (Q `[B, Sq, Hq·D]`,
+    /// heads packed in the last axis) and, when given with 4-D inputs, must agree with them.
     Attention {
         is_causal: bool,
         scale: Option<f32>,
+        q_num_heads: Option<usize>,
+        kv_num_heads: Option<usize>,
     },
     VarlenAttention {
         is_causal: bool,
@@ -224,6 +228,8 @@ pub enum Op {
     AttentionGrad {
         is_causal: bool,
         scale: Option<f32>,
+        q_num_heads: Option<usize>,
+        kv_num_heads: Option<usize>,
     },
     /// `(dY, Q, K, V, cu_seqlens_q, cu_seqlens_k, Y, LSE) -> (dQ, dK, dV)`.
     VarlenAttentionGrad {
@@ -387,6 +393,16 @@ impl<'a> Attrs<'a> {
                 AttrValue::Int(v) => Ok(Some(*v)),
                 _ => Err(self.wrong(a, "an integer")),
             },
+        }
+    }
+    /// A positive integer (a count such as a number of heads).
+    fn count(&mut self, name: &str) -> Result<Option<usize>> {
+        match self.int(name)? {
+            Some(n) if n <= 0 => {
+                let a = self.attrs.iter().find(|a| a.name == name);
+                Err(self.err(a, format!("attribute '{name}' must be positive, got {n}")))
+            }
+            n => Ok(n.map(|n| n as usize)),
         }
     }
     fn int_or(&mut self, name: &str, d: i64) -> Result<i64> {
@@ -576,7 +592,17 @@ impl Op {
                 activation,
                 trans_b,
             },
-            Op::Attention { is_causal, scale } => Op::AttentionGrad { is_causal, scale },
+            Op::Attention {
+                is_causal,
+                scale,
+                q_num_heads,
+                kv_num_heads,
+            } => Op::AttentionGrad {
+                is_causal,
+                scale,
+                q_num_heads,
+                kv_num_heads,
+            },
             Op::VarlenAttention { is_causal, scale } => {
                 Op::VarlenAttentionGrad { is_causal, scale }
             }
@@ -585,7 +611,7 @@ impl Op {
     }
 
     /// The forward op whose attributes a gradient op carries (the inverse of `grad_op`).
-    fn grad_base(&self) -> Option<Op> {
+    pub(crate) fn grad_base(&self) -> Option<Op> {
         Some(match self.clone() {
             Op::UnaryGrad(u) => Op::Unary(u),
             Op::SoftmaxGrad { axis, log: false } => Op::Softmax { axis },
@@ -610,7 +636,17 @@ impl Op {
                 activation,
                 trans_b,
             },
-            Op::AttentionGrad { is_causal, scale } => Op::Attention { is_causal, scale },
+            Op::AttentionGrad {
+                is_causal,
+                scale,
+                q_num_heads,
+                kv_num_heads,
+            } => Op::Attention {
+                is_causal,
+                scale,
+                q_num_heads,
+                kv_num_heads,
+            },
             Op::VarlenAttentionGrad { is_causal, scale } => {
                 Op::VarlenAttention { is_causal, scale }
             }
@@ -969,9 +1005,11 @@ impl Op {
                 let op = Op::Attention {
                     is_causal: a.flag("is_causal", false)?,
                     scale: a.float("scale")?.map(|s| s as f32),
+                    q_num_heads: a.count("q_num_heads")?,
+                    kv_num_heads: a.count("kv_num_heads")?,
                 };
                 // Opset-23 attributes that only matter for forms graphrun does not take
-                // (3-D inputs, softcap, extra outputs) are accepted at their defaults.
+                // (softcap, extra outputs) are accepted at their defaults.
                 a.ignore_if(
                     "softcap",
                     |v| matches!(v, AttrValue::Float(x) if *x == 0.0) || *v == AttrValue::Int(0),
@@ -983,8 +1021,6 @@ impl Op {
                     "only mode 0 is supported",
                 )?;
                 a.ignore_if("softmax_precision", |_| true, "")?;
-                a.ignore_if("q_num_heads", |_| true, "")?;
-                a.ignore_if("kv_num_heads", |_| true, "")?;
                 op
             }
             "VarlenAttention" => Op::VarlenAttention {
@@ -1111,10 +1147,26 @@ impl Op {
                 v.push(("activation", V::Str(activation.name().into())));
                 v.push(("trans_b", b(*trans_b)));
             }
-            Op::Attention { is_causal, scale } | Op::VarlenAttention { is_causal, scale } => {
+            Op::Attention {
+                is_causal, scale, ..
+            }
+            | Op::VarlenAttention { is_causal, scale } => {
                 v.push(("is_causal", b(*is_causal)));
                 if let Some(s) = scale {
                     v.push(("scale", f32_attr(*s)));
+                }
+                if let Op::Attention {
+                    q_num_heads,
+                    kv_num_heads,
+                    ..
+                } = self
+                {
+                    for (name, n) in [("q_num_heads", q_num_heads), ("kv_num_heads", kv_num_heads)]
+                    {
+                        if let Some(n) = n {
+                            v.push((name, V::Int(*n as i64)));
+                        }
+                    }
                 }
             }
             _ => {}

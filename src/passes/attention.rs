@@ -8,23 +8,41 @@
 //! transposed with perm [0, 2, 3, 1], a Transpose [0, 2, 1, 3] gives Attention its K; a Kᵀ
 //! written as Reshape → Transpose [0, 2, 1] → Reshape over merged heads is recognised too.
 //! K and V repeated to the query heads (grouped-query attention) are read un-repeated.
+//!
+//! Rule `attention_heads`, tried first, also takes in the head split and merge around
+//! the pattern: Q, K and V split from `[B, S, H·D]` tensors by `Reshape [B, S, H, D] →
+//! Transpose` and the output merged back by `Transpose → Reshape [B, S, H·Dv]` make one
+//! 3-D `Attention` (`q_num_heads`, `kv_num_heads`) on the unsplit tensors. Where part of
+//! that is missing, or a value in between has another reader, rule `attention` fuses the
+//! 4-D form and the copies stay.
 
 use super::pattern::{Ctx, Patch, Why};
 use super::Rule;
 use crate::graph::{BinaryOp, Node, Op};
 use crate::tensor::{DType, Tensor};
 
-pub(crate) const RULES: &[Rule] = &[Rule {
-    name: "attention",
-    anchor: |op| matches!(op, Op::Softmax { .. }),
-    run: fuse,
-}];
+/// The 3-D rule first: where it does not apply, the 4-D one does.
+pub(crate) const RULES: &[Rule] = &[
+    Rule {
+        name: "attention_heads",
+        anchor: |op| matches!(op, Op::Softmax { .. }),
+        run: fuse_heads,
+    },
+    Rule {
+        name: "attention",
+        anchor: |op| matches!(op, Op::Softmax { .. }),
+        run: fuse,
+    },
+];
 
 /// Masked-out scores at or below this are "minus infinity" for softmax in f32.
 const BIG_NEGATIVE: f64 = -1e4;
 
 /// The `Q Kᵀ · scale` half of the pattern.
 struct Scores<'g> {
+    /// The QK MatMul's inputs.
+    q_in: &'g str,
+    kt_in: &'g str,
     q: &'g str,
     k: &'g str,
     /// K is `[B, S, H, D]` (the Transpose had perm [0, 2, 3, 1]).
@@ -34,7 +52,259 @@ struct Scores<'g> {
     nodes: Vec<usize>,
 }
 
+/// What the Softmax-anchored pattern matched, before either rule builds its node.
+struct Match<'g> {
+    /// The QK MatMul, the scales, the mask op, the Softmax and the PV MatMul.
+    core: Vec<usize>,
+    /// The causal mask's own nodes, when they may go too.
+    chain: Vec<usize>,
+    /// The PV MatMul: its name and output are the fused node's.
+    pv: &'g Node,
+    /// What the QK MatMul reads (Q and Kᵀ, scales included).
+    q_in: &'g str,
+    kt_in: &'g str,
+    q: &'g str,
+    /// K as Attention reads it (`[B, S, H, D]` when `k_bshd`) and V, read before any
+    /// grouped-query repeat.
+    k: &'g str,
+    v: &'g str,
+    k_bshd: bool,
+    mask: Option<&'g str>,
+    causal: bool,
+    scale: f64,
+}
+
+impl Match<'_> {
+    /// The nodes the fused node replaces: with the causal chain if nothing else reads it.
+    fn remove(&self, cx: &Ctx, extra: &[usize], out: &str) -> Result<Vec<usize>, String> {
+        let with = |chain: &[usize]| -> Vec<usize> {
+            self.core
+                .iter()
+                .chain(chain)
+                .chain(extra)
+                .copied()
+                .collect()
+        };
+        let all = with(&self.chain);
+        if cx.swallow_ok(&all, out).is_ok() {
+            return Ok(all);
+        }
+        let some = with(&[]);
+        cx.swallow_ok(&some, out).map(|_| some)
+    }
+}
+
+/// The 4-D form: `Attention` on `[B, H, S, D]` tensors.
 fn fuse(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch> {
+    let m = matched(cx, i, why)?;
+    let pv = m.pv;
+    let out = pv.outputs[0].as_str();
+    let remove = match m.remove(cx, &[], out) {
+        Ok(r) => r,
+        Err(e) => return why.no(e),
+    };
+    let mut add = vec![];
+    let mut k = m.k.to_string();
+    if m.k_bshd {
+        let name = cx.fresh_node(&format!("{}_k_transpose", pv.name));
+        let value = cx.fresh_value(&format!("{k}_bhsd"));
+        add.push(Node {
+            name,
+            op: Op::Transpose {
+                perm: Some(vec![0, 2, 1, 3]),
+            },
+            inputs: vec![k],
+            outputs: vec![value.clone()],
+            loc: pv.loc.clone(),
+        });
+        k = value;
+    }
+    let mut inputs = vec![m.q.to_string(), k, m.v.to_string()];
+    inputs.extend(m.mask.map(str::to_string));
+    add.push(attention_node(&m, inputs, out, None));
+    if cx.facts.complete() {
+        if let Err(e) = cx.facts.check(&add, out) {
+            return why.no(e);
+        }
+    } else {
+        let rank4 = |v: &str| cx.facts.rank(v) == Some(4);
+        if !(rank4(m.q) && rank4(m.k) && rank4(m.v) && m.mask.is_none()) {
+            return why.no("shapes are unknown: Q, K and V must be known 4-D and the mask causal");
+        }
+    }
+    Some(Patch {
+        remove,
+        add,
+        ..Default::default()
+    })
+}
+
+fn attention_node(
+    m: &Match,
+    inputs: Vec<String>,
+    out: &str,
+    heads: Option<(usize, usize)>,
+) -> Node {
+    Node {
+        name: m.pv.name.clone(),
+        op: Op::Attention {
+            is_causal: m.causal,
+            scale: Some(m.scale as f32),
+            q_num_heads: heads.map(|h| h.0),
+            kv_num_heads: heads.map(|h| h.1),
+        },
+        inputs,
+        outputs: vec![out.to_string()],
+        loc: m.pv.loc.clone(),
+    }
+}
+
+/// The 3-D form: when Q, K and V were split into heads as `Reshape [B, S, H, D] →
+/// Transpose` from `[B, S, H·D]` tensors and the output is merged back as `Transpose →
+/// Reshape [B, S, H·Dv]`, one `Attention` with `q_num_heads`/`kv_num_heads` reads the
+/// unsplit tensors and writes the merged output: the four copies go. Every value in
+/// between must be read by nothing else; otherwise (or for a partial pattern) the 4-D
+/// rule fuses as before.
+fn fuse_heads(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch> {
+    // Why the pattern itself failed is the 4-D rule's to say.
+    let m = matched(cx, i, &mut Why::default())?;
+    let pv = m.pv;
+    let Some((q3, hq, d)) = split_heads(cx, m.q, false) else {
+        return why.no(format!(
+            "Q '{}' is not split into heads from [B, S, H·D] by Reshape → Transpose [0, 2, 1, 3]",
+            m.q
+        ));
+    };
+    let Some((k3, hkv, dk)) = split_heads(cx, m.k, m.k_bshd) else {
+        return why.no(format!(
+            "K '{}' is not split into heads from [B, S, H·D]",
+            m.k
+        ));
+    };
+    let Some((v3, hv, _)) = split_heads(cx, m.v, false) else {
+        return why.no(format!(
+            "V '{}' is not split into heads from [B, S, H·D]",
+            m.v
+        ));
+    };
+    if (hv, dk) != (hkv, d) {
+        return why.no("K and V are split into different heads");
+    }
+    let Some((merge, out)) = merged_heads(cx, &pv.outputs[0]) else {
+        return why.no(format!(
+            "'{}' is not merged back by Transpose [0, 2, 1, 3] → Reshape [B, S, H·Dv] (alone)",
+            pv.outputs[0]
+        ));
+    };
+    // The copies between the unsplit tensors and the MatMuls (scales and repeats too).
+    let stops = [q3, k3, v3];
+    let Some(mut extra) = between(cx, &[m.q_in, m.kt_in, &pv.inputs[1]], &stops) else {
+        return why.no("Q, K or V passes through other ops than scales, head copies and repeats");
+    };
+    extra.extend(merge);
+    let remove = match m.remove(cx, &extra, out) {
+        Ok(r) => r,
+        Err(e) => return why.no(e),
+    };
+    let mut inputs: Vec<String> = stops.iter().map(|s| s.to_string()).collect();
+    inputs.extend(m.mask.map(str::to_string));
+    let add = vec![attention_node(&m, inputs, out, Some((hq, hkv)))];
+    if let Err(e) = cx.facts.check(&add, out) {
+        return why.no(e);
+    }
+    Some(Patch {
+        remove,
+        add,
+        ..Default::default()
+    })
+}
+
+/// `v` = `Transpose [0, 2, 1, 3](Reshape(x))` with x `[B, S, H·D]` and the Reshape
+/// `[B, S, H, D]` in every inference run (for `bshd`, `v` is the Reshape's output
+/// itself): returns (x, H, D).
+fn split_heads<'g>(cx: &Ctx<'g>, v: &str, bshd: bool) -> Option<(&'g str, usize, usize)> {
+    let mut r = v;
+    if !bshd {
+        let (_, t) = cx.prod(v, |op| {
+            *op == Op::Transpose {
+                perm: Some(vec![0, 2, 1, 3]),
+            }
+        })?;
+        r = &t.inputs[0];
+    }
+    let (_, reshape) = cx.prod(r, |op| matches!(op, Op::Reshape { .. }))?;
+    let x = reshape.inputs[0].as_str();
+    let (xs, rs) = (cx.facts.shapes(x)?, cx.facts.shapes(r)?);
+    let mut hd = None;
+    for (xs, rs) in xs.iter().zip(&rs) {
+        let (&[b, s, hd_], &[b2, s2, h, d]) = (*xs, *rs) else {
+            return None;
+        };
+        let ok = b == b2 && s == s2 && hd_ == h * d && hd.is_none_or(|x| x == (h, d));
+        if !ok {
+            return None;
+        }
+        hd = Some((h, d));
+    }
+    let (h, d) = hd?;
+    Some((x, h, d))
+}
+
+/// `y` `[B, H, S, Dv]` read only by `Transpose [0, 2, 1, 3]`, read only by a Reshape to
+/// `[B, S, H·Dv]` in every run: those two nodes and the merged value.
+fn merged_heads<'g>(cx: &Ctx<'g>, y: &str) -> Option<(Vec<usize>, &'g str)> {
+    let ti = cx.sole_consumer(y)?;
+    let t = cx.node(ti);
+    if t.op
+        != (Op::Transpose {
+            perm: Some(vec![0, 2, 1, 3]),
+        })
+    {
+        return None;
+    }
+    let ri = cx.sole_consumer(&t.outputs[0])?;
+    let r = cx.node(ri);
+    if !matches!(r.op, Op::Reshape { .. }) || r.inputs[0] != t.outputs[0] {
+        return None;
+    }
+    let out = r.outputs[0].as_str();
+    let (ys, os) = (cx.facts.shapes(y)?, cx.facts.shapes(out)?);
+    let ok = ys.iter().zip(&os).all(|(y, o)| {
+        matches!((*y, *o), (&[b, h, s, dv], &[b2, s2, hdv]) if b == b2 && s == s2 && hdv == h * dv)
+    });
+    ok.then_some((vec![ti, ri], out))
+}
+
+/// The nodes on the paths from `starts` back to `stops`, through what may lie between a
+/// head split and the MatMuls: Transpose, Reshape, Unsqueeze, Expand (their data input)
+/// and scalar Mul/Div. `None` when a path meets anything else first.
+fn between(cx: &Ctx, starts: &[&str], stops: &[&str]) -> Option<Vec<usize>> {
+    let mut seen: Vec<usize> = vec![];
+    let mut todo: Vec<&str> = starts.to_vec();
+    while let Some(v) = todo.pop() {
+        if stops.contains(&v) {
+            continue;
+        }
+        let ni = cx.producer(v)?;
+        if seen.contains(&ni) {
+            continue;
+        }
+        let n = cx.node(ni);
+        let data = match n.op {
+            Op::Transpose { .. } | Op::Reshape { .. } | Op::Unsqueeze { .. } | Op::Expand => {
+                n.inputs[0].as_str()
+            }
+            Op::Binary(BinaryOp::Mul | BinaryOp::Div) => scaled(cx, v)?.1,
+            _ => return None,
+        };
+        seen.push(ni);
+        todo.push(data);
+    }
+    Some(seen)
+}
+
+/// Matches the pattern anchored on Softmax `i` (see the module comment).
+fn matched<'g>(cx: &Ctx<'g>, i: usize, why: &mut Why) -> Option<Match<'g>> {
     let sm = cx.node(i);
     let Op::Softmax { axis } = sm.op else {
         return None;
@@ -123,22 +393,6 @@ fn fuse(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch> {
             scores.scale
         ));
     }
-    let out = pv.outputs[0].as_str();
-    // The causal mask's own nodes go too when they read the scores (Shape of them).
-    let with_chain: Vec<usize> = core
-        .iter()
-        .chain(causal.iter().flatten())
-        .copied()
-        .collect();
-    let remove = if cx.swallow_ok(&with_chain, out).is_ok() {
-        with_chain
-    } else {
-        core
-    };
-    if let Err(e) = cx.swallow_ok(&remove, out) {
-        return why.no(e);
-    }
-
     // Grouped-query heads: K and V repeated to the query heads are read before the repeat
     // (the repeat's nodes go with the last reader). Both or neither, by the same factor.
     let (mut k, mut v) = (scores.k, pv.inputs[1].as_str());
@@ -149,49 +403,19 @@ fn fuse(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch> {
             }
         }
     }
-    let mut add = vec![];
-    let mut k = k.to_string();
-    if scores.k_bshd {
-        let name = cx.fresh_node(&format!("{}_k_transpose", pv.name));
-        let value = cx.fresh_value(&format!("{k}_bhsd"));
-        add.push(Node {
-            name,
-            op: Op::Transpose {
-                perm: Some(vec![0, 2, 1, 3]),
-            },
-            inputs: vec![k],
-            outputs: vec![value.clone()],
-            loc: pv.loc.clone(),
-        });
-        k = value;
-    }
-    let mut inputs = vec![scores.q.to_string(), k, v.to_string()];
-    inputs.extend(mask.map(str::to_string));
-    let op = Op::Attention {
-        is_causal: causal.is_some(),
-        scale: Some(scores.scale as f32),
-    };
-    add.push(Node {
-        name: pv.name.clone(),
-        op,
-        inputs,
-        outputs: vec![out.to_string()],
-        loc: pv.loc.clone(),
-    });
-    if cx.facts.complete() {
-        if let Err(e) = cx.facts.check(&add, out) {
-            return why.no(e);
-        }
-    } else {
-        let rank4 = |v: &str| cx.facts.rank(v) == Some(4);
-        if !(rank4(scores.q) && rank4(scores.k) && rank4(&pv.inputs[1]) && mask.is_none()) {
-            return why.no("shapes are unknown: Q, K and V must be known 4-D and the mask causal");
-        }
-    }
-    Some(Patch {
-        remove,
-        add,
-        ..Default::default()
+    Some(Match {
+        core,
+        chain: causal.clone().unwrap_or_default(),
+        pv,
+        q_in: scores.q_in,
+        kt_in: scores.kt_in,
+        q: scores.q,
+        k,
+        v,
+        k_bshd: scores.k_bshd,
+        mask,
+        causal: causal.is_some(),
+        scale: scores.scale,
     })
 }
 
@@ -257,6 +481,8 @@ fn qk<'g>(cx: &Ctx<'g>, s: &'g str) -> Result<Scores<'g>, String> {
     };
     let k = unscale(cx, k, &mut scale);
     Ok(Scores {
+        q_in: &mm.inputs[0],
+        kt_in: &mm.inputs[1],
         q,
         k,
         k_bshd,

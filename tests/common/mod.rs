@@ -539,3 +539,32 @@ pub fn out_of_memory_names_the_node(backend: BackendKind) {
         "the error says why: {e}"
     );
 }
+
+/// Attention's `[B, H, S, W]` as its 3-D form `[B, S, H·W]` (f64).
+pub fn pack_heads(t: &Tensor) -> Tensor {
+    let &[b, h, s, w] = t.shape() else {
+        panic!("pack takes 4-D")
+    };
+    let x = t.to_f64_vec();
+    let mut y = vec![0.0; x.len()];
+    for (i, v) in x.iter().enumerate() {
+        let (bi, hi, si, wi) = (i / (h * s * w), i / (s * w) % h, i / w % s, i % w);
+        y[((bi * s + si) * h + hi) * w + wi] = *v;
+    }
+    f64s(&[b, s, h * w], &y)
+}
+
+/// The inverse of `pack_heads` for `h` heads.
+pub fn unpack_heads(t: &Tensor, h: usize) -> Tensor {
+    let &[b, s, hw] = t.shape() else {
+        panic!("unpack takes 3-D")
+    };
+    let w = hw / h;
+    let x = t.to_f64_vec();
+    let mut y = vec![0.0; x.len()];
+    for (i, v) in x.iter().enumerate() {
+        let (bi, si, hi, wi) = (i / (s * hw), i / hw % s, i / w % h, i % w);
+        y[((bi * h + hi) * s + si) * w + wi] = *v;
+    }
+    f64s(&[b, h, s, w], &y)
+}

@@ -11,6 +11,7 @@
 //! it ever writes is dMask, and only when asked for.
 
 use crate::error::Result;
+use crate::graph::infer::AttnDims;
 use crate::graph::Node;
 use crate::tensor::{DType, Elem, Float, Real, Tensor};
 use num_traits::{Float as _, One, Zero};
@@ -21,13 +22,16 @@ use std::ops::Range;
 const QB: usize = 32;
 const KB: usize = 64;
 
-/// ONNX opset-23 Attention on 4-D inputs: Q `[B, Hq, Sq, D]`, K `[B, Hkv, Skv, D]`,
-/// V `[B, Hkv, Skv, Dv]` → Y `[B, Hq, Sq, Dv]` and, when `outs` has a second tensor, LSE
-/// `[B, Hq, Sq]` (f32, f64 for f64 inputs; −inf for a row that sees no key).
-/// Query head h reads kv head `h / (Hq/Hkv)`.
+/// ONNX opset-23 Attention: Q `[B, Hq, Sq, D]`, K `[B, Hkv, Skv, D]`, V `[B, Hkv, Skv, Dv]`
+/// → Y `[B, Hq, Sq, Dv]`, or the 3-D form with the heads packed in the last axis (Q
+/// `[B, Sq, Hq·D]`, ... → Y `[B, Sq, Hq·Dv]`, read in place through row strides); when
+/// `outs` has a second tensor, LSE `[B, Hq, Sq]` in both forms (f32, f64 for f64 inputs;
+/// −inf for a row that sees no key). Query head h reads kv head `h / (Hq/Hkv)`.
 /// `mask` broadcasts to `[B, Hq, Sq, Skv]`: bool (false masks out) or additive.
 /// Causal is upper-left aligned: query i sees key j iff `j <= i`.
+#[allow(clippy::too_many_arguments)]
 pub fn attention(
+    node: &Node,
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
@@ -36,8 +40,15 @@ pub fn attention(
     scale: Option<f32>,
     outs: &mut [Tensor],
 ) -> Result<()> {
-    crate::with_float!(q.dtype(), T => attention_t::<T>(q, k, v, mask, is_causal, scale, outs),
-        _ => Err(crate::err!(Runtime, "Attention needs float inputs, got {}", q.dtype())))
+    let a = dims(node, q, k, v)?;
+    crate::with_float!(q.dtype(), T => attention_t::<T>(a, q, k, v, mask, is_causal, scale, outs),
+        _ => Err(crate::err!(Runtime, "{}: needs float inputs, got {}", node.describe(), q.dtype())))
+}
+
+/// The problem sizes of an Attention or AttentionGrad node from its Q, K and V.
+fn dims(node: &Node, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<AttnDims> {
+    AttnDims::new(&node.op, q.shape(), k.shape(), v.shape())
+        .map_err(|e| crate::err!(Runtime, "{}: {e}", node.describe()))
 }
 
 /// Packed sequences: Q `[Tq, Hq, D]`, K `[Tk, Hkv, D]`, V `[Tk, Hkv, Dv]` → Y `[Tq, Hq, Dv]`
@@ -155,7 +166,9 @@ fn split<T>(mut s: &mut [T], lens: impl Iterator<Item = usize>) -> Vec<&mut [T]>
     .collect()
 }
 
+#[allow(clippy::too_many_arguments)]
 fn attention_t<T: Float>(
+    a: AttnDims,
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
@@ -167,57 +180,89 @@ fn attention_t<T: Float>(
 where
     T::Acc: Elem,
 {
-    let &[b, hq, sq, d] = q.shape() else {
-        crate::bail!(Runtime, "Attention: Q must be 4-D")
-    };
-    let (hkv, skv, dv) = (k.shape()[1], k.shape()[2], v.shape()[3]);
+    let AttnDims {
+        b,
+        hq,
+        hkv,
+        sq,
+        skv,
+        d,
+        dv,
+        ..
+    } = a;
     let scale = T::Acc::c(default_scale(d, scale));
     let mask = read_mask::<T>(mask)?;
     let (qs, ks, vs) = (q.as_slice::<T>(), k.as_slice::<T>(), v.as_slice::<T>());
     let mut spare = vec![];
     let (out, lse) = fwd_outputs::<T>(outs, b * hq * sq, &mut spare)?;
     let group = hq / hkv;
-    // Tasks: one per (batch·head, block of QB query rows), each owning its output rows.
-    let blocks: Vec<(usize, Range<usize>)> = (0..b * hq)
-        .flat_map(|bh| (0..sq).step_by(QB).map(move |i| (bh, i..(i + QB).min(sq))))
+    let ([qb, qh, qr], [kb, kh, kr]) = (a.q_rows(), a.k_rows());
+    // Query head h of batch bi against its kv head, reading rows in place.
+    let job = |bi: usize, h: usize| {
+        let kvh = h / group;
+        let rows = |data, width, o: usize, stride: usize| Rows {
+            data,
+            off: o * width,
+            stride: stride * width,
+            width,
+        };
+        Job {
+            q: rows(qs, d, bi * qb + h * qh, qr),
+            k: rows(ks, d, bi * kb + kvh * kh, kr),
+            v: rows(vs, dv, bi * kb + kvh * kh, kr),
+            nk: skv,
+            causal_shift: causal.then_some(0),
+            mask: mask.for_head(bi, h),
+            scale,
+        }
+    };
+    if !a.packed {
+        // Tasks: one per (batch·head, block of QB query rows), each owning its output rows.
+        let blocks: Vec<(usize, Range<usize>)> = (0..b * hq)
+            .flat_map(|bh| (0..sq).step_by(QB).map(move |i| (bh, i..(i + QB).min(sq))))
+            .collect();
+        let lens = |w: usize| blocks.iter().map(move |(_, r)| r.len() * w);
+        let tasks: Vec<_> = (blocks.iter())
+            .zip(split(out, lens(dv)))
+            .zip(split(lse, lens(1)))
+            .collect();
+        tasks.into_par_iter().for_each_init(
+            || Scratch::new(d, dv),
+            |sc, ((&(bh, ref rows), o), l)| {
+                attend(&job(bh / hq, bh % hq), rows.clone(), (o, 1), (l, 1), sc);
+            },
+        );
+        return Ok(());
+    }
+    // 3-D: tasks of (batch, block of QB query positions) with every head, whose output
+    // rows [positions, Hq·Dv] are contiguous. Their LSE rows ([B, Hq, Sq]) are not: each
+    // task keeps them and they are placed afterwards (one value per row).
+    let blocks: Vec<(usize, Range<usize>)> = (0..b)
+        .flat_map(|bi| (0..sq).step_by(QB).map(move |i| (bi, i..(i + QB).min(sq))))
         .collect();
-    let lens = |w: usize| blocks.iter().map(move |(_, r)| r.len() * w);
-    let tasks: Vec<_> = (blocks.iter())
-        .zip(split(out, lens(dv)))
-        .zip(split(lse, lens(1)))
+    let lens = blocks.iter().map(|(_, r)| r.len() * hq * dv);
+    let tasks: Vec<_> = blocks.iter().zip(split(out, lens)).collect();
+    let lses: Vec<Vec<T::Acc>> = tasks
+        .into_par_iter()
+        .map_init(
+            || Scratch::new(d, dv),
+            |sc, (&(bi, ref rows), o)| {
+                let n = rows.len();
+                let mut l = vec![T::Acc::zero(); hq * n];
+                for h in 0..hq {
+                    let (o, l) = (&mut o[h * dv..], &mut l[h * n..]);
+                    attend(&job(bi, h), rows.clone(), (o, hq), (l, 1), sc);
+                }
+                l
+            },
+        )
         .collect();
-    tasks.into_par_iter().for_each_init(
-        || Scratch::new(d, dv),
-        |sc, ((&(bh, ref rows), o), l)| {
-            let (b, h) = (bh / hq, bh % hq);
-            let kvh = b * hkv + h / group;
-            let job = Job {
-                q: Rows {
-                    data: qs,
-                    off: bh * sq * d,
-                    stride: d,
-                    width: d,
-                },
-                k: Rows {
-                    data: ks,
-                    off: kvh * skv * d,
-                    stride: d,
-                    width: d,
-                },
-                v: Rows {
-                    data: vs,
-                    off: kvh * skv * dv,
-                    stride: dv,
-                    width: dv,
-                },
-                nk: skv,
-                causal_shift: causal.then_some(0),
-                mask: mask.for_head(b, h),
-                scale,
-            };
-            attend(&job, rows.clone(), o, l, 1, sc);
-        },
-    );
+    for ((bi, rows), l) in blocks.iter().zip(lses) {
+        for h in 0..hq {
+            let at = (bi * hq + h) * sq + rows.start;
+            lse[at..at + rows.len()].copy_from_slice(&l[h * rows.len()..][..rows.len()]);
+        }
+    }
     Ok(())
 }
 
@@ -291,7 +336,13 @@ where
                     mask: Mask::None,
                     scale,
                 };
-                attend(&job, rows.clone(), &mut o[h * dv..], &mut l[h..], hq, sc);
+                attend(
+                    &job,
+                    rows.clone(),
+                    (&mut o[h * dv..], hq),
+                    (&mut l[h..], hq),
+                    sc,
+                );
             }
         },
     );
@@ -408,14 +459,13 @@ impl<A: Real> Scratch<A> {
 }
 
 /// Attends query rows `rows` (at most QB) of `job`, writing row `rows.start + r` to
-/// `out[r*stride*Dv..][..Dv]` and its logsumexp to `lse[r*stride]`. A row that sees no
-/// key (all masked) gets 0 and LSE −inf.
+/// `out[r*os*Dv..][..Dv]` and its logsumexp to `lse[r*ls]`, for `out = (out, os)` and
+/// `lse = (lse, ls)`. A row that sees no key (all masked) gets 0 and LSE −inf.
 fn attend<T: Float>(
     job: &Job<T>,
     rows: Range<usize>,
-    out: &mut [T],
-    lse: &mut [T::Acc],
-    stride: usize,
+    (out, os): (&mut [T], usize),
+    (lse, ls): (&mut [T::Acc], usize),
     sc: &mut Scratch<T::Acc>,
 ) {
     let (d, dv, nq) = (job.q.width, job.v.width, rows.len());
@@ -476,17 +526,17 @@ fn attend<T: Float>(
         }
     }
     for r in 0..nq {
-        let o = &mut out[r * stride * dv..][..dv];
+        let o = &mut out[r * os * dv..][..dv];
         let l = sc.l[r];
         if l > T::Acc::zero() {
             let inv = l.recip();
             for (o, &a) in o.iter_mut().zip(&sc.acc[r * dv..][..dv]) {
                 *o = T::from_acc(a * inv);
             }
-            lse[r * stride] = sc.m[r] + l.ln();
+            lse[r * ls] = sc.m[r] + l.ln();
         } else {
             o.fill(T::from_acc(T::Acc::zero()));
-            lse[r * stride] = neg_inf;
+            lse[r * ls] = neg_inf;
         }
     }
 }
@@ -541,6 +591,7 @@ fn row_mut<T>(s: &mut [T], r: usize, w: usize) -> &mut [T] {
 /// of that size and is computed only when asked for; a bool mask has none.
 #[allow(clippy::too_many_arguments)]
 pub fn attention_grad(
+    node: &Node,
     dy: &Tensor,
     q: &Tensor,
     k: &Tensor,
@@ -553,9 +604,10 @@ pub fn attention_grad(
     want: &[bool],
     outs: &mut [Tensor],
 ) -> Result<()> {
+    let a = dims(node, q, k, v)?;
     let inp = [dy, q, k, v, y];
-    crate::with_float!(q.dtype(), T => attention_grad_t::<T>(inp, mask, lse, is_causal, scale, want, outs),
-        _ => Err(crate::err!(Runtime, "AttentionGrad needs float inputs, got {}", q.dtype())))
+    crate::with_float!(q.dtype(), T => attention_grad_t::<T>(a, inp, mask, lse, is_causal, scale, want, outs),
+        _ => Err(crate::err!(Runtime, "{}: needs float inputs, got {}", node.describe(), q.dtype())))
 }
 
 /// VarlenAttention backward: `[dY, Q, K, V]`, cu_seqlens, the forward's Y and LSE;
@@ -599,11 +651,14 @@ impl<'a, T: Float> GradIn<'a, T>
 where
     T::Acc: Elem,
 {
-    /// From `[dY, Q, K, V, Y]` and LSE.
-    fn new(t: [&'a Tensor; 5], lse: &'a Tensor, scale: Option<f32>) -> Self {
+    /// From `[dY, Q, K, V, Y]`, LSE and the head sizes of Q and V.
+    fn new(
+        t: [&'a Tensor; 5],
+        lse: &'a Tensor,
+        scale: Option<f32>,
+        (d, dv): (usize, usize),
+    ) -> Self {
         let [dy, q, k, v, y] = t;
-        let last = |t: &Tensor| t.shape().last().copied().unwrap_or(0);
-        let (d, dv) = (last(q), last(v));
         GradIn {
             q: q.as_slice(),
             dy: dy.as_slice(),
@@ -643,20 +698,41 @@ struct GradOut<'a, T> {
 }
 
 /// Where one kv head's problem lies in a task's rows: query row i of the group's hh-th
-/// head is row `q0 + hh*q_head + i*q_row` (of Q, dY, Y, LSE, dQ and dMask alike); key j
-/// is row `k0 + j*k_row` (of K, V, dK and dV).
+/// head is row `q0 + hh*q_head + i*q_row` of Q, dY, Y and dQ, and row
+/// `s0 + hh*s_head + i*s_row` of LSE and dMask (the same but for 3-D Attention, whose
+/// statistics stay `[B, Hq, Sq]`); key j is row `k0 + j*k_row` (of K, V, dK and dV).
 #[derive(Clone, Copy)]
 struct Layout {
     q0: usize,
     q_head: usize,
     q_row: usize,
+    s0: usize,
+    s_head: usize,
+    s_row: usize,
     k0: usize,
     k_row: usize,
 }
 impl Layout {
+    /// Statistics laid out as the data.
+    fn same(q0: usize, q_head: usize, q_row: usize, k0: usize, k_row: usize) -> Layout {
+        Layout {
+            q0,
+            q_head,
+            q_row,
+            s0: q0,
+            s_head: q_head,
+            s_row: q_row,
+            k0,
+            k_row,
+        }
+    }
     #[inline]
     fn q(&self, hh: usize, i: usize) -> usize {
         self.q0 + hh * self.q_head + i * self.q_row
+    }
+    #[inline]
+    fn s(&self, hh: usize, i: usize) -> usize {
+        self.s0 + hh * self.s_head + i * self.s_row
     }
     #[inline]
     fn k(&self, j: usize) -> usize {
@@ -684,7 +760,9 @@ struct Task<'a, T: Float> {
     jobs: Vec<GradJob<'a, T>>,
 }
 
+#[allow(clippy::too_many_arguments)]
 fn attention_grad_t<T: Float>(
+    a: AttnDims,
     t: [&Tensor; 5],
     mask: Option<&Tensor>,
     lse: &Tensor,
@@ -696,10 +774,14 @@ fn attention_grad_t<T: Float>(
 where
     T::Acc: Elem,
 {
-    let &[b, hq, sq, _] = t[1].shape() else {
-        crate::bail!(Runtime, "AttentionGrad: Q must be 4-D")
-    };
-    let (hkv, skv) = (t[2].shape()[1], t[2].shape()[2]);
+    let AttnDims {
+        b,
+        hq,
+        hkv,
+        sq,
+        skv,
+        ..
+    } = a;
     let mask = read_mask::<T>(mask)?;
     if matches!(mask, Mask::Bool(..)) && want.get(3) == Some(&true) {
         crate::bail!(
@@ -708,29 +790,52 @@ where
         );
     }
     let group = hq / hkv;
-    // One task per (batch, kv head): it owns that head's dK/dV rows and the dQ (and
-    // dMask) rows of its query heads, which are contiguous in [B, Hq, ...] layout.
-    let tasks = (0..b * hkv)
-        .map(|bg| Task {
-            q: bg * group * sq..(bg + 1) * group * sq,
-            k: bg * skv..(bg + 1) * skv,
-            jobs: vec![GradJob {
-                lay: Layout {
-                    q0: 0,
-                    q_head: sq,
-                    q_row: 1,
-                    k0: 0,
-                    k_row: 1,
-                },
-                group,
-                nq: sq,
-                nk: skv,
-                causal_shift: causal.then_some(0),
-                mask: mask.for_head(bg / hkv, bg % hkv * group),
-            }],
-        })
-        .collect();
-    run_grad(GradIn::new(t, lse, scale), tasks, skv, want, outs);
+    let job = |lay: Layout, bi: usize, g: usize| GradJob {
+        lay,
+        group,
+        nq: sq,
+        nk: skv,
+        causal_shift: causal.then_some(0),
+        mask: mask.for_head(bi, g * group),
+    };
+    let tasks = if a.packed {
+        // One task per batch, with every head: in [B, S, H·D] layout (and [B, Hq, Sq] for
+        // LSE and dMask) a batch's rows are contiguous, a head's are not.
+        (0..b)
+            .map(|bi| Task {
+                q: bi * hq * sq..(bi + 1) * hq * sq,
+                k: bi * hkv * skv..(bi + 1) * hkv * skv,
+                jobs: (0..hkv)
+                    .map(|g| {
+                        let lay = Layout {
+                            s0: g * group * sq,
+                            s_head: sq,
+                            s_row: 1,
+                            ..Layout::same(g * group, 1, hq, g, hkv)
+                        };
+                        job(lay, bi, g)
+                    })
+                    .collect(),
+            })
+            .collect()
+    } else {
+        // One task per (batch, kv head): it owns that head's dK/dV rows and the dQ (and
+        // dMask) rows of its query heads, which are contiguous in [B, Hq, ...] layout.
+        (0..b * hkv)
+            .map(|bg| Task {
+                q: bg * group * sq..(bg + 1) * group * sq,
+                k: bg * skv..(bg + 1) * skv,
+                jobs: vec![job(Layout::same(0, sq, 1, 0, 1), bg / hkv, bg % hkv)],
+            })
+            .collect()
+    };
+    run_grad(
+        GradIn::new(t, lse, scale, (a.d, a.dv)),
+        tasks,
+        skv,
+        want,
+        outs,
+    );
     Ok(())
 }
 
@@ -756,13 +861,7 @@ where
         .map(|b| {
             let (lq, lk) = (cq[b + 1] - cq[b], ck[b + 1] - ck[b]);
             let job = |g: usize| GradJob {
-                lay: Layout {
-                    q0: g * group,
-                    q_head: 1,
-                    q_row: hq,
-                    k0: g,
-                    k_row: hkv,
-                },
+                lay: Layout::same(g * group, 1, hq, g, hkv),
                 group,
                 nq: lq,
                 nk: lk,
@@ -776,7 +875,8 @@ where
             }
         })
         .collect();
-    run_grad(GradIn::new(t, lse, scale), tasks, 0, want, outs);
+    let heads = (t[1].shape()[2], t[3].shape()[2]);
+    run_grad(GradIn::new(t, lse, scale, heads), tasks, 0, want, outs);
     Ok(())
 }
 
@@ -929,7 +1029,7 @@ fn grad_block<T: Float>(
         widen(row_mut(dy, r, dv), row(inp.dy, at, dv));
         let y = row(inp.y, at, dv).iter().map(|y| y.to_acc());
         delta[r] = row(dy, r, dv).iter().zip(y).map(|(&a, b)| a * b).sum();
-        lse[r] = inp.lse[at];
+        lse[r] = inp.lse[lay.s(hh, i)];
     }
     dq[..rows.len() * d].fill(zero);
     let (want_dk, want_dv) = (out.dk.is_some(), out.dv.is_some());
@@ -957,7 +1057,7 @@ fn grad_block<T: Float>(
                     axpy(row_mut(dk, j, d), ds, qr); // qr is scale·Q_i
                 }
                 if let Some(m) = out.dmask.as_deref_mut() {
-                    m[lay.q(hh, i) * job.nk + j] = T::from_acc(ds);
+                    m[lay.s(hh, i) * job.nk + j] = T::from_acc(ds);
                 }
             }
         }

@@ -206,7 +206,10 @@ pub fn run_node(
             outs[0].bytes_mut().copy_from_slice(value.bytes());
             Ok(())
         }
-        Op::Attention { is_causal, scale } => attention::attention(
+        Op::Attention {
+            is_causal, scale, ..
+        } => attention::attention(
+            node,
             x(0)?,
             x(1)?,
             x(2)?,
@@ -263,7 +266,10 @@ pub fn run_node(
             &want,
             outs,
         ),
-        Op::AttentionGrad { is_causal, scale } => attention::attention_grad(
+        Op::AttentionGrad {
+            is_causal, scale, ..
+        } => attention::attention_grad(
+            node,
             x(0)?,
             x(1)?,
             x(2)?,

@@ -10,6 +10,7 @@ use super::device::{launch_grid, suffix, Arg};
 use super::{unsupported, Cuda, V};
 use crate::backends::common::{self, wanted};
 use crate::error::Result;
+use crate::graph::infer::AttnDims;
 use crate::graph::Node;
 use crate::tensor::DType;
 use cudarc::driver::{CudaSlice, DeviceRepr};
@@ -28,6 +29,9 @@ pub struct AttnGeom {
     d: i64,
     dv: i64,
     ms: [i64; 4],
+    /// Element strides (batch, head, row) of Q, K, V, Y (and of dQ, dK, dV, dY); the head
+    /// vectors are contiguous. See [`bhsd`] and [`bshd`].
+    st: [[i64; 3]; 4],
     rows: i64,
     nseq: i64,
     scale: f64,
@@ -37,6 +41,17 @@ pub struct AttnGeom {
 }
 // Safety: plain old data laid out as the C struct.
 unsafe impl DeviceRepr for AttnGeom {}
+
+/// Strides of a contiguous `[B, H, S, D]` tensor (the 4-D Attention layout).
+fn bhsd(h: usize, s: usize, d: usize) -> [i64; 3] {
+    [(h * s * d) as i64, (s * d) as i64, d as i64]
+}
+
+/// Strides of a contiguous `[B, S, H, D]` tensor (ONNX's 3-D layout `[B, S, H·D]`, and
+/// VarlenAttention's packed `[T, H, D]` as `S = T`).
+fn bshd(h: usize, s: usize, d: usize) -> [i64; 3] {
+    [(s * h * d) as i64, d as i64, (h * d) as i64]
+}
 
 /// Threads per block: 8 warps, one row each.
 const BLOCK: u32 = 256;
@@ -56,30 +71,42 @@ fn default_scale(d: usize, scale: Option<f32>) -> f64 {
     scale.map_or(1.0 / (d as f64).sqrt(), |s| s as f64)
 }
 
-/// The geometry of Attention `Q [B, Hq, Sq, D]`, `K, V [B, Hkv, Skv, D|Dv]` and the mask
-/// (kind and broadcast strides over `[B, Hq, Sq, Skv]`).
+/// The problem sizes of an Attention or AttentionGrad node from its Q, K and V.
+fn dims(node: &Node, q: &V, k: &V, v: &V) -> Result<AttnDims> {
+    AttnDims::new(&node.op, q.shape(), k.shape(), v.shape())
+        .map_err(|e| crate::err!(Runtime, "{}: {e}", node.describe()))
+}
+
+/// The geometry of Attention `Q [B, Hq, Sq, D]`, `K, V [B, Hkv, Skv, D|Dv]`, or of its 3-D
+/// form `[B, S, H·D]` read in place through the strides, and the mask (kind and broadcast
+/// strides over `[B, Hq, Sq, Skv]`). LSE and delta are `[B, Hq, Sq]` in both forms.
 fn attention_geom(
     node: &Node,
+    a: &AttnDims,
     q: &V,
-    k: &V,
-    v: &V,
     mask: Option<&V>,
     causal: bool,
     scale: Option<f32>,
 ) -> Result<AttnGeom> {
-    let (qs, ks, vs) = (q.shape(), k.shape(), v.shape());
-    let (d, dv) = (qs[3], vs[3]);
+    let (d, dv) = (a.d, a.dv);
     check_heads(node, q, d, dv)?;
     let (ms, kind) = common::attn_mask(node, q.dtype(), mask.map(|m| (m.dtype(), m.shape())))?;
+    let st: fn(usize, usize, usize) -> [i64; 3] = if a.packed { bshd } else { bhsd };
     Ok(AttnGeom {
-        hq: qs[1] as i64,
-        hkv: ks[1] as i64,
-        sq: qs[2] as i64,
-        skv: ks[2] as i64,
+        hq: a.hq as i64,
+        hkv: a.hkv as i64,
+        sq: a.sq as i64,
+        skv: a.skv as i64,
         d: d as i64,
         dv: dv as i64,
         ms,
-        rows: (qs[0] * qs[1] * qs[2]) as i64,
+        st: [
+            st(a.hq, a.sq, d),
+            st(a.hkv, a.skv, d),
+            st(a.hkv, a.skv, dv),
+            st(a.hq, a.sq, dv),
+        ],
+        rows: (a.b * a.hq * a.sq) as i64,
         nseq: 0,
         varlen: 0,
         causal: causal as i32,
@@ -134,7 +161,14 @@ fn varlen_geom(
     let (qs, ks, vs) = (q.shape(), k.shape(), v.shape());
     let (d, dv) = (qs[2], vs[2]);
     check_heads(node, q, d, dv)?;
+    let (tq, tk, hq, hkv) = (qs[0], ks[0], qs[1], ks[1]);
     Ok(AttnGeom {
+        st: [
+            bshd(hq, tq, d),
+            bshd(hkv, tk, d),
+            bshd(hkv, tk, dv),
+            bshd(hq, tq, dv),
+        ],
         hq: qs[1] as i64,
         hkv: ks[1] as i64,
         d: d as i64,
@@ -193,7 +227,8 @@ pub fn attention(
     want: &[bool],
 ) -> Result<()> {
     let [q, k, v] = qkv;
-    let g = attention_geom(node, q, k, v, mask.as_ref(), causal, scale)?;
+    let a = dims(node, q, k, v)?;
+    let g = attention_geom(node, &a, q, mask.as_ref(), causal, scale)?;
     forward(c, g, qkv, mask.map_or(0, |m| m.p), [0, 0], outs, want)
 }
 
@@ -241,24 +276,28 @@ fn backward(
     }
     let dp = c.scratch(g.rows as usize * acc)?;
     let rows = grid(g.rows as usize);
-    c.launch(
-        &format!("attn_delta_{sfx}"),
-        rows,
-        BLOCK,
-        &[Arg::Attn(g), Arg::Ptr(dy.p), Arg::Ptr(y.p), Arg::Ptr(dp)],
-    )?;
+    let f = fast(&g, q.dtype(), true);
+    // The tensor-core dQ kernels compute delta themselves.
+    if !matches!(f, Some(Fast::Mma(_))) {
+        c.launch(
+            &format!("attn_delta_{sfx}"),
+            rows,
+            BLOCK,
+            &[Arg::Attn(g), Arg::Ptr(dy.p), Arg::Ptr(y.p), Arg::Ptr(dp)],
+        )?;
+    }
     let dmask = wanted(outs, want, 3);
     if let Some(m) = dmask {
         c.memset0(m)?; // masked and skipped entries stay 0
     }
-    if let Some(f) = fast(&g, q.dtype(), true) {
+    if let Some(f) = f {
         let [dq, dk, dv] = [0, 1, 2].map(|i| outs[i].p);
         return fast_backward(
             c,
             f,
             g,
             ins,
-            mask,
+            [mask, y.p],
             lse.p,
             dp,
             [dq, dk, dv, dmask.map_or(0, |m| m.p)],
@@ -315,8 +354,9 @@ pub fn attention_grad(
     want: &[bool],
 ) -> Result<()> {
     let [_, q, k, v] = ins;
-    let g = attention_geom(node, q, k, v, mask.as_ref(), causal, scale)?;
-    let key_rows = k.shape()[0] * k.shape()[1] * k.shape()[2];
+    let a = dims(node, q, k, v)?;
+    let g = attention_geom(node, &a, q, mask.as_ref(), causal, scale)?;
+    let key_rows = a.b * a.hkv * a.skv;
     backward(
         c,
         g,
@@ -419,11 +459,12 @@ fn batch(g: &AttnGeom) -> usize {
     (g.rows / (g.hq * g.sq).max(1)) as usize
 }
 
-/// Whether 16-byte copies may load the rows: head sizes a multiple of 16 bytes (of
-/// elements of `dt`) and 16-byte aligned buffers.
+/// Whether 16-byte copies may load the rows: head sizes and strides a multiple of 16
+/// bytes (of elements of `dt`) and 16-byte aligned buffers.
 fn vec_ok(g: &AttnGeom, dt: DType, ptrs: &[u64]) -> i32 {
     let n = (16 / dt.size()) as i64;
-    (g.d % n == 0 && g.dv % n == 0 && ptrs.iter().all(|p| p % 16 == 0)) as i32
+    let strides = g.st.iter().flatten().all(|s| s % n == 0);
+    (g.d % n == 0 && g.dv % n == 0 && strides && ptrs.iter().all(|p| p % 16 == 0)) as i32
 }
 
 fn fast_forward(
@@ -457,7 +498,10 @@ fn fast_forward(
                 ""
             };
             let name = format!("fa_fwd_{}_{dp}{sfx}", suffix(q.dtype()));
-            let smem = (FA_BQ + 4 * FA_T) * dp * 2 + SMEM_ALIGN;
+            // Q and K/V tiles: a ring of 3 for heads up to 64 (the wgmma kernel; mma.sync
+            // uses 2 of them), 2 for larger.
+            let stages = if dp == 64 { 3 } else { 2 };
+            let smem = (FA_BQ + 2 * stages * FA_T) * dp * 2 + SMEM_ALIGN;
             // Warps of 32 query rows for heads up to 64, of 16 for larger (flash.cu FA_MT).
             let threads = if dp == 64 { 128 } else { 256 };
             let grid = (sq.div_ceil(FA_BQ) as u32, bh, 1);
@@ -470,20 +514,22 @@ fn fast_forward(
     }
 }
 
-/// dQ (and dMask) per query tile, then dK and dV per key tile; `delta` is ready.
+/// dQ (and dMask) per query tile, then dK and dV per key tile; `delta` is ready for the
+/// f32 kernels, and written by the dQ pass from Y (`my`: mask and Y) for the others.
 #[allow(clippy::too_many_arguments)]
 fn fast_backward(
     c: &Cuda,
     f: Fast,
     g: AttnGeom,
     ins: [&V; 4],
-    mask: u64,
+    my: [u64; 2],
     lse: u64,
     delta: u64,
     outs: [u64; 4],
 ) -> Result<()> {
     let [dy, q, k, v] = ins;
     let [dq, dk, dv, dmask] = outs;
+    let [mask, y] = my;
     let b = batch(&g);
     let (sq, skv) = (g.sq as usize, g.skv as usize);
     let common = |g: AttnGeom| {
@@ -500,17 +546,22 @@ fn fast_backward(
     };
     let qgrid = (sq.div_ceil(FA_T) as u32, (b * g.hq as usize) as u32, 1);
     let kgrid = (skv.div_ceil(FA_T) as u32, (b * g.hkv as usize) as u32, 1);
-    let vec = vec_ok(&g, q.dtype(), &[dy.p, q.p, k.p, v.p]);
+    let vec = vec_ok(&g, q.dtype(), &[dy.p, q.p, k.p, v.p, y]);
     let mut aq = common(g);
     aq.extend([Arg::Ptr(dq), Arg::Ptr(dmask), Arg::I32(vec)]);
+    if let Fast::Mma(_) = f {
+        aq.push(Arg::Ptr(y));
+    }
     let mut akv = common(g);
     akv.extend([Arg::Ptr(dk), Arg::Ptr(dv), Arg::I32(vec)]);
     match f {
         Fast::Mma(dp) => {
             let sfx = suffix(q.dtype());
+            // Two tiles that stay and a ring of 3 of two tiles each (the wgmma kernels; the
+            // mma.sync ones use 2 of the ring), and the dK/dV pass's LSE and delta per stage.
             let (sm_q, sm_kv) = (
-                6 * FA_T * dp * 2 + SMEM_ALIGN,
-                6 * FA_T * dp * 2 + 4 * FA_T * 4 + SMEM_ALIGN,
+                8 * FA_T * dp * 2 + SMEM_ALIGN,
+                8 * FA_T * dp * 2 + 3 * 2 * FA_T * 4 + SMEM_ALIGN,
             );
             launch_grid(
                 &c.dev,

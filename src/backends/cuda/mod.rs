@@ -580,7 +580,9 @@ impl Cuda {
                 self.copy(&y, &src)
             }
             Op::UnaryGrad(u) => elementwise::unary_grad(self, node, *u, &x(0)?, &x(1)?, &y),
-            Op::Attention { is_causal, scale } => attention::attention(
+            Op::Attention {
+                is_causal, scale, ..
+            } => attention::attention(
                 self,
                 node,
                 [&x(0)?, &x(1)?, &x(2)?],
@@ -600,7 +602,9 @@ impl Cuda {
                 outs,
                 want,
             ),
-            Op::AttentionGrad { is_causal, scale } => attention::attention_grad(
+            Op::AttentionGrad {
+                is_causal, scale, ..
+            } => attention::attention_grad(
                 self,
                 node,
                 [&x(0)?, &x(1)?, &x(2)?, &x(3)?],

@@ -8,6 +8,7 @@ use super::device::{groups_for, Family, Kernel};
 use super::{float_defs, unsupported, Params, Wgpu, V};
 use crate::backends::common::{self, wanted};
 use crate::error::Result;
+use crate::graph::infer::AttnDims;
 use crate::graph::Node;
 use crate::tensor::DType;
 
@@ -39,6 +40,12 @@ struct Geom {
     mask_kind: usize,
     /// Index words of cu_seqlens (2 for i64).
     iw: usize,
+    /// Row strides over (batch, head, position) of the query side, the key side and
+    /// the statistics (shaders/attention.wgsl `row_at`), and Attention's 3-D form.
+    qr: [usize; 3],
+    kr: [usize; 3],
+    sr: [usize; 3],
+    packed: bool,
 }
 
 impl Geom {
@@ -55,9 +62,15 @@ impl Geom {
             .f(12, self.scale)
             .u(13, self.varlen as usize)
             .u(14, self.causal as usize)
-            .u(15, self.mask_kind);
+            .u(15, self.mask_kind)
+            .u(26, self.packed as usize);
         for (i, &s) in self.ms.iter().enumerate() {
             p = p.i(6 + i, s);
+        }
+        for (at, st) in [(17, self.qr), (20, self.kr), (23, self.sr)] {
+            for (i, &s) in st.iter().enumerate() {
+                p = p.u(at + i, s);
+            }
         }
         p
     }
@@ -107,8 +120,8 @@ fn default_scale(d: usize, scale: Option<f32>) -> f32 {
     scale.unwrap_or(1.0 / (d as f32).sqrt())
 }
 
-/// Attention `Q [B, Hq, Sq, D]`, `K, V [B, Hkv, Skv, D|Dv]`, mask broadcast over
-/// `[B, Hq, Sq, Skv]`.
+/// Attention `Q [B, Hq, Sq, D]`, `K, V [B, Hkv, Skv, D|Dv]` or their 3-D form `[B, S, H·D]`,
+/// mask broadcast over `[B, Hq, Sq, Skv]`.
 fn attention_geom(
     node: &Node,
     [q, k, v]: [&V; 3],
@@ -116,23 +129,27 @@ fn attention_geom(
     causal: bool,
     scale: Option<f32>,
 ) -> Result<Geom> {
-    let (qs, ks, vs) = (q.shape(), k.shape(), v.shape());
-    let (d, dv) = (qs[3], vs[3]);
-    common::check_heads(node, "wgpu", MAX_HEAD, d, dv)?;
+    let a = AttnDims::new(&node.op, q.shape(), k.shape(), v.shape())
+        .map_err(|e| crate::err!(Runtime, "{}: {e}", node.describe()))?;
+    common::check_heads(node, "wgpu", MAX_HEAD, a.d, a.dv)?;
     let (ms, kind) = common::attn_mask(node, q.dtype(), mask.map(|m| (m.dtype(), m.shape())))?;
     Ok(Geom {
-        batch: qs[0],
-        hq: qs[1],
-        hkv: ks[1],
-        sq: qs[2],
-        skv: ks[2],
-        d,
-        dv,
+        batch: a.b,
+        hq: a.hq,
+        hkv: a.hkv,
+        sq: a.sq,
+        skv: a.skv,
+        d: a.d,
+        dv: a.dv,
         ms,
-        rows: qs[0] * qs[1] * qs[2],
+        rows: a.b * a.hq * a.sq,
         causal,
         mask_kind: kind as usize,
-        scale: default_scale(d, scale),
+        scale: default_scale(a.d, scale),
+        qr: a.q_rows(),
+        kr: a.k_rows(),
+        sr: [a.hq * a.sq, a.sq, 1],
+        packed: a.packed,
         ..Default::default()
     })
 }
@@ -174,6 +191,10 @@ fn varlen_geom(
         causal,
         scale: default_scale(d, scale),
         iw,
+        // A problem is one head of the packed rows.
+        qr: [0, 1, qs[1]],
+        kr: [0, 1, ks[1]],
+        sr: [0, 1, qs[1]],
         ..Default::default()
     })
 }

@@ -442,7 +442,9 @@ impl Wgpu {
                 *ignore_index,
                 &y,
             ),
-            Op::Attention { is_causal, scale } => attention::attention(
+            Op::Attention {
+                is_causal, scale, ..
+            } => attention::attention(
                 self,
                 node,
                 [&x(0)?, &x(1)?, &x(2)?],
@@ -460,7 +462,9 @@ impl Wgpu {
                 *scale,
                 outs,
             ),
-            Op::AttentionGrad { is_causal, scale } => attention::attention_grad(
+            Op::AttentionGrad {
+                is_causal, scale, ..
+            } => attention::attention_grad(
                 self,
                 node,
                 [&x(0)?, &x(1)?, &x(2)?, &x(3)?],

@@ -209,7 +209,7 @@ pub(super) fn grad(b: &mut Builder, ni: usize, n: &Node, dys: &[Option<String>])
             }
             Ok(out)
         }
-        Op::Attention { is_causal, scale } => {
+        Op::Attention { .. } => {
             let lse = b.aux_output(ni, 1, "lse")?;
             let mask = n.inputs.get(3).cloned().unwrap_or_default();
             let mask_grad = b.needs(&mask);
@@ -228,10 +228,7 @@ pub(super) fn grad(b: &mut Builder, ni: usize, n: &Node, dys: &[Option<String>])
             if mask_grad {
                 of.push(&mask);
             }
-            let op = Op::AttentionGrad {
-                is_causal: *is_causal,
-                scale: *scale,
-            };
+            let op = n.op.grad_op().expect("Attention has a gradient op");
             let mut out = fused_grads(b, op, &ins, &of, n.inputs.len())?;
             if let Some(dm) = out.get(3).cloned().flatten() {
                 out[3] = Some(b.sum_to(&dm, &b.shape(&mask))?);
