@@ -5,8 +5,11 @@
 // query rows (forward, dQ) or 16 key rows (dK/dV); S, P, dP and dS never leave registers:
 // the accumulator layout of one mma is the A-operand layout of the next (FlashAttention-2).
 // The online softmax runs in the log2 domain (one FFMA and an ex2 per score).
-// On Hopper (sm_90a) the kernels for heads up to 64 issue the same products as warpgroup
-// `wgmma` instead (B from the swizzled shared tiles through descriptors; see Wg below).
+// On Hopper (sm_90a) heads up to 64 take the `_wg` kernels instead: warpgroup `wgmma`
+// (operands from the swizzled shared tiles through descriptors, P/dS from registers; see
+// Wg below), software-pipelined so that a tile's softmax runs under the previous tile's
+// products (fa_fwd_wg). All kernels address Q, K, V, Y and their gradients through the
+// strides of AttnGeom (batch, head, row; the head vector contiguous).
 // f32 (and tf32 mode): the same tiling on CUDA cores in true FP32, each product a 64×64
 // tile of shared memory (4×4 outputs per thread, float4 operand reads).
 //
@@ -292,13 +295,10 @@ template <class T, int DP> __device__ __forceinline__ void mma_pb(float (*acc)[4
     }
 }
 
-// wgmma forms of the two (DP = 64, a whole warpgroup, the same tile for its 4 warps):
-// they only issue; the caller fences, commits and waits, so that several products share
-// one wait.
-template <class T> __device__ __forceinline__ void wg_abt(float (*acc)[4], const unsigned (*a)[4], unsigned base) {
-#pragma unroll
-    for (int kc = 0; kc < 4; ++kc) Wg<T, 0>::run(acc, a[kc], wg_desc_k(base, kc));
-}
+// The wgmma form of mma_pb (DP = 64, a whole warpgroup, the same tile for its 4 warps, A
+// from registers): it only issues; the caller fences, commits and waits, so that several
+// products share one wait. (The A·Bᵀ products take both operands from shared memory:
+// Wg::ss.)
 template <class T> __device__ __forceinline__ void wg_pb(float (*acc)[4], const unsigned (*a)[4], unsigned base) {
 #pragma unroll
     for (int kc = 0; kc < 4; ++kc) Wg<T, 1>::run(acc, a[kc], wg_desc_mn(base, kc));

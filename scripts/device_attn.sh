@@ -6,17 +6,20 @@
 set -u
 C=$PWD/.carry-attn
 OUT=${OUT:-/tmp/out}
-R=/tmp/res
-mkdir -p "$OUT" "$R" /tmp/x /tmp/kcache
-tar xzf "$C/bin.tgz" -C /tmp/x
-cp "$C"/kcache/*.cubin /tmp/kcache/ 2>/dev/null
-export GRAPHRUN_REQUIRE_CUDA=1 GRAPHRUN_CUDA_CACHE=/tmp/kcache
-G=/tmp/x/graphrun
+# Folders of our own, emptied first: a machine still warm from another call keeps its /tmp
+# (executables and results of other scripts were picked up from /tmp/x and /tmp/res).
+X=/tmp/attn_x KC=/tmp/attn_kcache R=/tmp/attn_res
+rm -rf "$X" "$KC" "$R"
+mkdir -p "$OUT" "$R" "$X" "$KC"
+tar xzf "$C/bin.tgz" -C "$X"
+cp "$C"/kcache/*.cubin "$KC"/ 2>/dev/null
+export GRAPHRUN_REQUIRE_CUDA=1 GRAPHRUN_CUDA_CACHE=$KC
+G=$X/graphrun
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader
 t0=$(date +%s.%N)
 $G doctor 2>&1 | grep -iE "cuda|nvrtc" | head -n 4
-echo "kernels ready in $(python3 -c "import time; print(round(time.time() - $t0, 1))") s; cache: $(ls /tmp/kcache)"
-ls /tmp/x/tests/* | xargs -P 4 -I{} bash -c '
+echo "kernels ready in $(python3 -c "import time; print(round(time.time() - $t0, 1))") s; cache: $(ls "$KC")"
+ls "$X"/tests/* | xargs -P 4 -I{} bash -c '
     n=$(basename {})
     timeout 240 {} --test-threads=4 > '"$R"'/test_$n.log 2>&1; rc=$?
     echo "== $n rc=$rc $(grep -E "^test result" '"$R"'/test_$n.log | tail -n 1)"
@@ -24,7 +27,7 @@ ls /tmp/x/tests/* | xargs -P 4 -I{} bash -c '
 grep -h "^test result" $R/test_*.log | awk '{p+=$4; f+=$6} END {print "TESTS: " p " passed, " f " failed"}'
 # The mma.sync kernels (GRAPHRUN_CUDA_ATTENTION=mma) through the attention tests too.
 for n in cuda ops_attention; do
-    GRAPHRUN_CUDA_ATTENTION=mma timeout 120 /tmp/x/tests/$n --test-threads=4 > $R/test_mma_$n.log 2>&1
+    GRAPHRUN_CUDA_ATTENTION=mma timeout 120 $X/tests/$n --test-threads=4 > $R/test_mma_$n.log 2>&1
     echo "== mma $n rc=$? $(grep -E "^test result" $R/test_mma_$n.log | tail -n 1)"
 done
 bench() {  # name workload dtype pass [env]
@@ -49,5 +52,5 @@ for f in sorted(glob.glob(os.path.join(sys.argv[1], "*.json"))):
     except Exception as e:
         print(os.path.basename(f), "?", e)
 PY
-cuobjdump -sass /tmp/kcache/*.cubin 2>/dev/null | grep -oE "HGMMA[.A-Z0-9x]*" | sort | uniq -c | head -5
+cuobjdump -sass "$KC"/*.cubin 2>/dev/null | grep -oE "HGMMA[.A-Z0-9x]*" | sort | uniq -c | head -5
 tar czf "$OUT/results.tgz" -C $R .
