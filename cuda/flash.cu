@@ -221,7 +221,7 @@ template <int DP, int NT> __device__ __forceinline__ void load_tile(unsigned bas
     if (vec) {
         // A thread's chunks are rows r0 + k·RSTEP of one column chunk: same swizzle, so the
         // addresses only move by constants (the rows are compile-time constants: unrolled).
-        int c = threadIdx.x % CPR, r0 = threadIdx.x % NT / CPR;
+        int c = threadIdx.x % CPR, r0 = threadIdx.x / CPR;
         bool cok = c * 8 < width;
         const unsigned short* s = src + r0 * rs + c * 8;
         unsigned dst = sw_addr<DP>(base, r0, c);
@@ -232,7 +232,7 @@ template <int DP, int NT> __device__ __forceinline__ void load_tile(unsigned bas
         }
         return;
     }
-    for (int idx = threadIdx.x % NT; idx < rows * CPR; idx += NT) {
+    for (int idx = threadIdx.x; idx < rows * CPR; idx += NT) {
         int r = idx / CPR, c = idx % CPR;
         unsigned dst = sw_addr<DP>(base, r, c);
         bool ok = r < valid && c * 8 < width;
@@ -552,62 +552,18 @@ template <class T, int DP, bool MASK> __device__ void fa_fwd(const AttnGeom& g, 
 // runs the softmax of tile t while the tensor cores do P_{t−1}·V_{t−1} (FlashAttention-3's
 // intra-warpgroup overlap); O is rescaled after that product is done.
 #define FA_ST 3
-// Ping-pong (PP) kernels: two warpgroups a CTA, each with a tile ring of its own synced by
-// barrier 1 + wgi (128 threads) instead of __syncthreads, taking turns to issue products
-// through barriers 3 and 4 (256 threads: a warpgroup waits on its own, issues, arrives on
-// the other's; warpgroup 1 arrives once first, warpgroup 0 waits once last). Without PP
-// these are __syncthreads and nothing.
-template <bool PP> __device__ __forceinline__ void pp_sync_ring(int wgi) {
-    if (PP) asm volatile("bar.sync %0, 128;" ::"r"(1 + wgi) : "memory");
-    else __syncthreads();
-}
-template <bool PP> __device__ __forceinline__ void pp_turn_wait(int wgi) {
-    if (PP) asm volatile("bar.sync %0, 256;" ::"r"(3 + wgi) : "memory");
-}
-template <bool PP> __device__ __forceinline__ void pp_turn_pass(int wgi) {
-    if (PP) asm volatile("bar.arrive %0, 256;" ::"r"(4 - wgi) : "memory");
-}
-// The turns a warpgroup takes after its own `done` ones to match the other's `n`, then the
-// last wait of warpgroup 0.
-template <bool PP> __device__ __forceinline__ void pp_turns_end(int wgi, int done, int n) {
-    if (!PP) return;
-    for (int t = done; t < n; ++t) {
-        pp_turn_wait<PP>(wgi);
-        pp_turn_pass<PP>(wgi);
-    }
-    if (wgi == 0) pp_turn_wait<PP>(wgi);
-}
-
-// PP (ping-pong, FlashAttention-3): 256 threads, two warpgroups each with a query tile of
-// its own (tiles 2·blockIdx.x and 2·blockIdx.x + 1 in launch order), its own shared memory
-// and its own barrier (1 + wgi) for its tile ring; they take turns issuing their products
-// through named barriers 3 and 4 (each waits on its own, then arrives on the other's), so
-// that one warpgroup's softmax runs while the tensor cores do the other's products. Two
-// independent CTAs a SM (PP off) drift into any order.
-template <class T, bool MASK, bool PP> __device__ void fa_fwd_wg(const AttnGeom& g, const T* Q, const T* K, const T* V, const void* mask, T* Y, float* lse, int vec) {
+template <class T, bool MASK> __device__ void fa_fwd_wg(const AttnGeom& g, const T* Q, const T* K, const T* V, const void* mask, T* Y, float* lse, int vec) {
     constexpr int DP = 64, MT = 2, NT = 128, TILE = FA_BK * DP * 2;
-    const int wgi = PP ? (int)(threadIdx.x >> 7) : 0;
-    unsigned sQ = smem_u32(fa_base()) + wgi * (FA_BQ * DP * 2 + 2 * FA_ST * TILE);
+    unsigned sQ = smem_u32(fa_base());
     unsigned sK = sQ + FA_BQ * DP * 2, sV = sK + FA_ST * TILE;
-    int warp = (threadIdx.x >> 5) & 3;
-    const i64 nqt = (g.sq + FA_BQ - 1) / FA_BQ;
-    // Query tile of launch-order index qi (heaviest first when causal; nqt: none, the odd
-    // warpgroup of the last CTA) and its number of key tiles.
-    auto qtile = [&](i64 qi) -> i64 { return qi >= nqt ? nqt : g.causal ? nqt - 1 - qi : qi; };
-    auto tiles_of = [&](i64 qb) -> int {
-        if (qb >= nqt) return 0;
-        i64 kend = g.skv;
-        if (g.causal && qb * FA_BQ + FA_BQ < kend) kend = qb * FA_BQ + FA_BQ;
-        return (int)((kend + FA_BK - 1) / FA_BK);
-    };
-    i64 qb = qtile(PP ? 2 * (i64)blockIdx.x + wgi : (i64)blockIdx.x);
+    int warp = threadIdx.x >> 5;
+    i64 qb = g.causal ? (i64)gridDim.x - 1 - blockIdx.x : blockIdx.x;
     i64 bh = blockIdx.y, b = bh / g.hq, h = bh % g.hq, hk = h / (g.hq / g.hkv);
     i64 q0 = qb * FA_BQ;
-    int qvalid = (int)(g.sq - q0 < FA_BQ ? (g.sq - q0 > 0 ? g.sq - q0 : 0) : FA_BQ);
-    int ntiles = tiles_of(qb);
-    auto sync_ring = [&]() { pp_sync_ring<PP>(wgi); };
-    auto turn_wait = [&]() { pp_turn_wait<PP>(wgi); };
-    auto turn_pass = [&]() { pp_turn_pass<PP>(wgi); };
+    int qvalid = (int)(g.sq - q0 < FA_BQ ? g.sq - q0 : FA_BQ);
+    i64 kend = g.skv;
+    if (g.causal && q0 + FA_BQ < kend) kend = q0 + FA_BQ;
+    int ntiles = (int)((kend + FA_BK - 1) / FA_BK);
     const i64 krs = g.st[ATT_K][2], vrs = g.st[ATT_V][2];
     const unsigned short* Kb = (const unsigned short*)K + att_off(g, ATT_K, b, hk, 0);
     const unsigned short* Vb = (const unsigned short*)V + att_off(g, ATT_V, b, hk, 0);
@@ -618,7 +574,7 @@ template <class T, bool MASK, bool PP> __device__ void fa_fwd_wg(const AttnGeom&
         load_tile<DP, NT>(sK + off, Kb + j0 * krs, krs, FA_BK, kv, (int)g.d, vec);
         load_tile<DP, NT>(sV + off, Vb + j0 * vrs, vrs, FA_BK, kv, (int)g.dv, vec);
     };
-    if (qvalid > 0) load_tile<DP, NT>(sQ, (const unsigned short*)Q + att_off(g, ATT_Q, b, h, q0), g.st[ATT_Q][2], FA_BQ, qvalid, (int)g.d, vec);
+    load_tile<DP, NT>(sQ, (const unsigned short*)Q + att_off(g, ATT_Q, b, h, q0), g.st[ATT_Q][2], FA_BQ, qvalid, (int)g.d, vec);
     if (ntiles > 0) load_kv(0);
     cp_commit();
     float o[MT][8][4], s[MT][8][4];
@@ -645,13 +601,12 @@ template <class T, bool MASK, bool PP> __device__ void fa_fwd_wg(const AttnGeom&
         // is free.
         cp_wait_all();
         fence_async_smem();
-        sync_ring();
+        __syncthreads();
         if (t + 1 < ntiles) load_kv(t + 1);
         cp_commit();
         unsigned kt = sK + (t % FA_ST) * TILE, vp = sV + ((t + FA_ST - 1) % FA_ST) * TILE;
         // One group per m tile's S, then one for P·V: the softmax of m tile 0 starts while
         // the tensor cores still have S of m tile 1 and P·V to do.
-        turn_wait();
         wg_fence();
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
@@ -664,7 +619,6 @@ template <class T, bool MASK, bool PP> __device__ void fa_fwd_wg(const AttnGeom&
             for (int mt = 0; mt < MT; ++mt) wg_pb<T>(o[mt], pa[mt], vp);
             wg_commit();
         }
-        turn_pass();
         i64 j0 = (i64)t * FA_BK;
         float a[MT][2];
 #pragma unroll
@@ -705,14 +659,9 @@ template <class T, bool MASK, bool PP> __device__ void fa_fwd_wg(const AttnGeom&
             pack_a<T>(pa[mt], s[mt]);
         }
     };
-    int t = 0;
-    if (PP && wgi == 1) turn_pass();  // warpgroup 0 goes first
     if (ntiles > 0) {
         step(0, true);
-        for (t = 1; t < ntiles; ++t) step(t, false);
-    }
-    pp_turns_end<PP>(wgi, t, PP ? tiles_of(qtile(2 * (i64)blockIdx.x + 1 - wgi)) : 0);
-    if (ntiles > 0) {
+        for (int t = 1; t < ntiles; ++t) step(t, false);
         wg_fence();
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) wg_pb<T>(o[mt], pa[mt], sV + ((ntiles - 1) % FA_ST) * TILE);
@@ -1078,36 +1027,22 @@ template <class T, bool MASK> __device__ void fa_dq_wg(const AttnGeom& g, const 
 // K·Qᵀ and dPᵀ = V·dYᵀ read K and V from their tiles; the query tiles (Q, dY, LSE, delta)
 // in a ring of 3, pipelined as fa_fwd_wg: iteration it issues Sᵀ and dPᵀ of tile it, then
 // dV += Pᵀ·dY and dK += dSᵀ·Q of tile it − 1, and computes P, dS of tile it meanwhile.
-// PP: two warpgroups of a key tile each (2·blockIdx.x and 2·blockIdx.x + 1), their own
-// shared memory (FA_DKV_SMEM apart), taking turns as fa_fwd_wg's.
-#define FA_DKV_SMEM ((2 + 2 * FA_ST) * FB_B * 64 * 2 + 2 * FA_ST * FB_B * 4 + 512)
-template <class T, bool MASK, bool PP> __device__ void fa_dkv_wg(const AttnGeom& g, const T* dY, const T* Q, const T* K, const T* V, const void* mask, const float* lse, const float* delta, T* dK, T* dV, int vec) {
+template <class T, bool MASK> __device__ void fa_dkv_wg(const AttnGeom& g, const T* dY, const T* Q, const T* K, const T* V, const void* mask, const float* lse, const float* delta, T* dK, T* dV, int vec) {
     constexpr int DP = 64, NT = 128, TILE = FB_B * DP * 2;
-    const int wgi = PP ? (int)(threadIdx.x >> 7) : 0, tid = threadIdx.x & 127;
-    unsigned char* base = fa_base() + wgi * FA_DKV_SMEM;
-    unsigned sK = smem_u32(base);
+    unsigned sK = smem_u32(fa_base());
     unsigned sV = sK + TILE, sQ = sV + TILE, sdY = sQ + FA_ST * TILE;
-    float* sL = (float*)(base + (2 + 2 * FA_ST) * TILE);  // [FA_ST][FB_B] log2 LSE
-    float* sD = sL + FA_ST * FB_B;                         // [FA_ST][FB_B] delta
-    int warp = tid >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
+    float* sL = (float*)(fa_base() + (2 + 2 * FA_ST) * TILE);  // [FA_ST][FB_B] log2 LSE
+    float* sD = sL + FA_ST * FB_B;                              // [FA_ST][FB_B] delta
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
     i64 bhk = blockIdx.y, b = bhk / g.hkv, hk = bhk % g.hkv, grp = g.hq / g.hkv;
-    // Query tiles of key tile kt: causal starts at the tile holding query k0 (earlier ones
-    // see no key here); none past the last key tile (the odd warpgroup of the last CTA).
-    auto total_of = [&](i64 kt) -> int {
-        i64 k0 = kt * FB_B, i_start = g.causal ? k0 : 0;
-        if (k0 >= g.skv || g.sq <= i_start) return 0;
-        return (int)((g.sq - i_start + FB_B - 1) / FB_B * grp);
-    };
-    i64 kt = PP ? 2 * (i64)blockIdx.x + wgi : (i64)blockIdx.x;
-    i64 k0 = kt * FB_B;
-    int kvalid = (int)(g.skv - k0 < FB_B ? (g.skv - k0 > 0 ? g.skv - k0 : 0) : FB_B);
+    i64 k0 = (i64)blockIdx.x * FB_B;
+    int kvalid = (int)(g.skv - k0 < FB_B ? g.skv - k0 : FB_B);
+    // Query tiles: causal starts at the tile holding query k0 (earlier ones see no key here).
     i64 i_start = g.causal ? (k0 / FB_B) * FB_B : 0;
-    int total = total_of(kt);
-    int ntq = (int)(total / grp);
-    if (kvalid > 0) {
-        load_tile<DP, NT>(sK, (const unsigned short*)K + att_off(g, ATT_K, b, hk, k0), g.st[ATT_K][2], FB_B, kvalid, (int)g.d, vec);
-        load_tile<DP, NT>(sV, (const unsigned short*)V + att_off(g, ATT_V, b, hk, k0), g.st[ATT_V][2], FB_B, kvalid, (int)g.dv, vec);
-    }
+    int ntq = g.sq > i_start ? (int)((g.sq - i_start + FB_B - 1) / FB_B) : 0;
+    int total = (int)(ntq * grp);
+    load_tile<DP, NT>(sK, (const unsigned short*)K + att_off(g, ATT_K, b, hk, k0), g.st[ATT_K][2], FB_B, kvalid, (int)g.d, vec);
+    load_tile<DP, NT>(sV, (const unsigned short*)V + att_off(g, ATT_V, b, hk, k0), g.st[ATT_V][2], FB_B, kvalid, (int)g.dv, vec);
     auto stage = [&](int it) {
         i64 h = hk * grp + it / ntq, i0 = i_start + (i64)(it % ntq) * FB_B;
         i64 bh = b * g.hq + h;
@@ -1115,7 +1050,7 @@ template <class T, bool MASK, bool PP> __device__ void fa_dkv_wg(const AttnGeom&
         int buf = it % FA_ST;
         load_tile<DP, NT>(sQ + buf * TILE, (const unsigned short*)Q + att_off(g, ATT_Q, b, h, i0), g.st[ATT_Q][2], FB_B, qv, (int)g.d, vec);
         load_tile<DP, NT>(sdY + buf * TILE, (const unsigned short*)dY + att_off(g, ATT_Y, b, h, i0), g.st[ATT_Y][2], FB_B, qv, (int)g.dv, vec);
-        for (int r = tid; r < FB_B; r += NT) {
+        for (int r = threadIdx.x; r < FB_B; r += NT) {
             float L = r < qv ? lse[bh * g.sq + i0 + r] : neg_inf(0.f);
             sL[buf * FB_B + r] = L == neg_inf(L) ? -neg_inf(0.f) : L * FA_LOG2E;
             sD[buf * FB_B + r] = r < qv ? delta[bh * g.sq + i0 + r] : 0.f;
@@ -1136,14 +1071,13 @@ template <class T, bool MASK, bool PP> __device__ void fa_dkv_wg(const AttnGeom&
     auto step = [&](int it, bool first) {
         cp_wait_all();
         fence_async_smem();
-        pp_sync_ring<PP>(wgi);
+        __syncthreads();
         if (it + 1 < total) stage(it + 1);
         cp_commit();
         int buf = it % FA_ST, pbuf = (it + FA_ST - 1) % FA_ST;
         i64 h = hk * grp + it / ntq, i0 = i_start + (i64)(it % ntq) * FB_B;
         // Groups: Sᵀ[key][query], dPᵀ[key][query], then dV and dK of the previous tile; P
         // is computed while dPᵀ and those run.
-        pp_turn_wait<PP>(wgi);
         wg_fence();
 #pragma unroll
         for (int kc = 0; kc < 4; ++kc) Wg<T, 0>::ss(s, wg_desc_k(sK, kc), wg_desc_k(sQ + buf * TILE, kc), kc);
@@ -1156,7 +1090,6 @@ template <class T, bool MASK, bool PP> __device__ void fa_dkv_wg(const AttnGeom&
             wg_pb<T>(dk, da, sQ + pbuf * TILE);
             wg_commit();
         }
-        pp_turn_pass<PP>(wgi);
         wg_wait_n(first ? 1 : 2);
         wg_keep(s);
         bool edge = MASK || (g.causal && i0 < k0 + FB_B);
@@ -1190,14 +1123,9 @@ template <class T, bool MASK, bool PP> __device__ void fa_dkv_wg(const AttnGeom&
         pack_a<T>(pa, s);
         pack_a<T>(da, dp);
     };
-    int it = 0;
-    if (PP && wgi == 1) pp_turn_pass<PP>(wgi);  // warpgroup 0 goes first
     if (total > 0) {
         step(0, true);
-        for (it = 1; it < total; ++it) step(it, false);
-    }
-    pp_turns_end<PP>(wgi, it, PP ? total_of(2 * (i64)blockIdx.x + 1 - wgi) : 0);
-    if (total > 0) {
+        for (int it = 1; it < total; ++it) step(it, false);
         int pbuf = (total - 1) % FA_ST;
         wg_fence();
         wg_pb<T>(dv, pa, sdY + pbuf * TILE);
@@ -1225,18 +1153,7 @@ template <class T, bool MASK, bool PP> __device__ void fa_dkv_wg(const AttnGeom&
 #define INST_FA_FWD(T, S, DP, M, MS, WG)                                                                            \
     extern "C" __global__ void __launch_bounds__(FA_BQ / (16 * FA_MT(DP)) * 32, 128 / DP) fa_fwd_##S##_##DP##MS(       \
         AttnGeom g, const T* q, const T* k, const T* v, const void* m, T* y, float* lse, int vec) {                \
-        if constexpr (WG) fa_fwd_wg<T, M, false>(g, q, k, v, m, y, lse, vec); else fa_fwd<T, DP, M>(g, q, k, v, m, y, lse, vec); \
-    }
-// The ping-pong forms of fa_fwd_wg and fa_dkv_wg (sm_90a only: hosts launch them on
-// Hopper alone).
-#define INST_FA_FWD_PP(T, S)                                                                                        \
-    extern "C" __global__ void __launch_bounds__(256, 1) fa_fwd_##S##_64_pp(                                       \
-        AttnGeom g, const T* q, const T* k, const T* v, const void* m, T* y, float* lse, int vec) {                \
-        if constexpr (FA_HAVE_WG) fa_fwd_wg<T, false, true>(g, q, k, v, m, y, lse, vec);                           \
-    }                                                                                                               \
-    extern "C" __global__ void __launch_bounds__(256, 1) fa_dkv_##S##_64_pp(                                       \
-        AttnGeom g, const T* dy, const T* q, const T* k, const T* v, const void* m, const float* lse, const float* delta, T* dk, T* dv, int vec) { \
-        if constexpr (FA_HAVE_WG) fa_dkv_wg<T, false, true>(g, dy, q, k, v, m, lse, delta, dk, dv, vec);           \
+        if constexpr (WG) fa_fwd_wg<T, M>(g, q, k, v, m, y, lse, vec); else fa_fwd<T, DP, M>(g, q, k, v, m, y, lse, vec); \
     }
 #define INST_FA_BWD(T, S, M, MS, WG)                                                                                        \
     extern "C" __global__ void __launch_bounds__(FB_B * 2, M ? 1 : 3) fa_dq_##S##_64##MS(                                   \
@@ -1246,14 +1163,14 @@ template <class T, bool MASK, bool PP> __device__ void fa_dkv_wg(const AttnGeom&
     }                                                                                                                      \
     extern "C" __global__ void __launch_bounds__(FB_B * 2, M ? 1 : WG ? 2 : 3) fa_dkv_##S##_64##MS(                        \
         AttnGeom g, const T* dy, const T* q, const T* k, const T* v, const void* m, const float* lse, const float* delta, T* dk, T* dv, int vec) { \
-        if constexpr (WG) fa_dkv_wg<T, M, false>(g, dy, q, k, v, m, lse, delta, dk, dv, vec);                            \
+        if constexpr (WG) fa_dkv_wg<T, M>(g, dy, q, k, v, m, lse, delta, dk, dv, vec);                                   \
         else fa_dkv<T, 64, M>(g, dy, q, k, v, m, lse, delta, dk, dv, vec);                                                 \
     }
 #define INST_FA(T, S)                                                                                       \
     INST_FA_FWD(T, S, 64, false, , FA_WG_FOR(64)) INST_FA_FWD(T, S, 64, true, _m, FA_WG_FOR(64))            \
     INST_FA_FWD(T, S, 128, false, , false) INST_FA_FWD(T, S, 128, true, _m, false)                          \
     INST_FA_BWD(T, S, false, , FA_WG_FOR(64)) INST_FA_BWD(T, S, true, _m, FA_WG_FOR(64))                    \
-    INST_FA_FWD(T, S, 64, false, _mma, false) INST_FA_BWD(T, S, false, _mma, false) INST_FA_FWD_PP(T, S)
+    INST_FA_FWD(T, S, 64, false, _mma, false) INST_FA_BWD(T, S, false, _mma, false)
 INST_FA(bf16, bf16)
 INST_FA(f16, f16)
 

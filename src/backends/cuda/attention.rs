@@ -409,18 +409,11 @@ enum Fast {
 }
 
 /// `GRAPHRUN_CUDA_ATTENTION=rows` keeps every problem on the row-per-warp kernels, `mma`
-/// the unmasked tensor-core ones on `mma.sync` where wgmma would run, `w1` the unmasked
-/// wgmma forward on one warpgroup a CTA (to compare them on a device).
+/// the unmasked tensor-core ones on `mma.sync` where wgmma would run (to compare them on a
+/// device).
 fn kernel_choice() -> &'static str {
     static CHOICE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     CHOICE.get_or_init(|| std::env::var("GRAPHRUN_CUDA_ATTENTION").unwrap_or_default())
-}
-
-/// Whether the unmasked wgmma kernels (Hopper, heads up to 64) run in their ping-pong form
-/// (`_pp`: two warpgroups a CTA that take turns); `GRAPHRUN_CUDA_ATTENTION=w1` keeps one
-/// warpgroup a CTA.
-fn pingpong(c: &Cuda, g: &AttnGeom) -> bool {
-    mask_sfx(g).is_empty() && c.dev.cc == (9, 0) && kernel_choice() != "w1"
 }
 
 fn rows_only() -> bool {
@@ -504,39 +497,15 @@ fn fast_forward(
             } else {
                 ""
             };
+            let name = format!("fa_fwd_{}_{dp}{sfx}", suffix(q.dtype()));
             // Q and K/V tiles: a ring of 3 for heads up to 64 (the wgmma kernel; mma.sync
             // uses 2 of them), 2 for larger.
             let stages = if dp == 64 { 3 } else { 2 };
-            let smem = (FA_BQ + 2 * stages * FA_T) * dp * 2;
-            let qtiles = sq.div_ceil(FA_BQ);
-            if dp == 64 && pingpong(c, &g) {
-                // Hopper without a mask: two warpgroups of a query tile each per CTA, taking
-                // turns (`_pp`; `GRAPHRUN_CUDA_ATTENTION=w1` keeps one a CTA).
-                let name = format!("fa_fwd_{}_64_pp", suffix(q.dtype()));
-                let grid = (qtiles.div_ceil(2) as u32, bh, 1);
-                return launch_grid(
-                    &c.dev,
-                    &c.stream,
-                    &name,
-                    grid,
-                    256,
-                    2 * smem + SMEM_ALIGN,
-                    &args,
-                );
-            }
-            let name = format!("fa_fwd_{}_{dp}{sfx}", suffix(q.dtype()));
+            let smem = (FA_BQ + 2 * stages * FA_T) * dp * 2 + SMEM_ALIGN;
             // Warps of 32 query rows for heads up to 64, of 16 for larger (flash.cu FA_MT).
             let threads = if dp == 64 { 128 } else { 256 };
-            let grid = (qtiles as u32, bh, 1);
-            launch_grid(
-                &c.dev,
-                &c.stream,
-                &name,
-                grid,
-                threads,
-                smem + SMEM_ALIGN,
-                &args,
-            )
+            let grid = (sq.div_ceil(FA_BQ) as u32, bh, 1);
+            launch_grid(&c.dev, &c.stream, &name, grid, threads, smem, &args)
         }
         Fast::Simt => {
             let grid = (sq.div_ceil(FA_T) as u32, bh, 1);
@@ -603,14 +572,6 @@ fn fast_backward(
                 sm_q,
                 &aq,
             )?;
-            if pingpong(c, &g) {
-                // Two warpgroups of a key tile each per CTA, taking turns (flash.cu
-                // FA_DKV_SMEM apart in shared memory).
-                let grid = (kgrid.0.div_ceil(2), kgrid.1, 1);
-                let smem = 2 * (sm_kv - SMEM_ALIGN + 512) + SMEM_ALIGN;
-                let name = format!("fa_dkv_{sfx}_64_pp");
-                return launch_grid(&c.dev, &c.stream, &name, grid, 256, smem, &akv);
-            }
             launch_grid(
                 &c.dev,
                 &c.stream,
