@@ -60,25 +60,6 @@ __device__ __forceinline__ float fa_ex2(float x) {
     return y;
 }
 
-// 2^x on the FMA pipe instead of MUFU (FlashAttention-4's trick; at head size 64 the
-// exponentials keep MUFU as busy as the products keep the tensor cores): x = j + f with j
-// an integer (rounded by the 1.5·2^23 addition, whose low bits then hold j) and f in
-// [-0.5, 0.5]; 2^f = 1 + f·(c1 + f·(c2 + f·c3)) (minimax, relative error 1.0e-4, under the
-// 16-bit rounding of P), and j added to its exponent bits. x is clamped at -127, where j =
-// -127 and f = 0 give exactly +0, as ex2 of -inf does.
-__device__ __forceinline__ float fa_ex2_poly(float x) {
-    x = fmaxf(x, -127.f);
-    float t = x + 12582912.f;
-    float f = x - (t - 12582912.f);
-    float p = fmaf(fmaf(fmaf(0.05500842f, f, 0.24221075f), f, 0.69328296f), f, 1.f);
-    return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
-}
-// Column block nb's exponentials: on the FMA pipe for every PX-th block (PX = 0: none).
-template <int PX> __device__ __forceinline__ float fa_ex2_mix(float x, int nb) {
-    if (PX > 0 && nb % (PX > 0 ? PX : 1) == PX - 1) return fa_ex2_poly(x);
-    return fa_ex2(x);
-}
-
 // The 16-bit element types' mma and packing.
 template <class T> struct Mma;
 template <> struct Mma<bf16> {
@@ -385,7 +366,7 @@ template <class T, int DP> __device__ __forceinline__ void store_acc(T* dst, i64
 // One key tile of the online softmax for a warp's 16 rows (this thread's gq and gq + 8):
 // `s` times `mul` (log2 units, masked) becomes P; m and l move on; a[2] is what O is to be
 // multiplied by. mul > 0: the scale moves into the exponent's FFMA (no mask to add).
-template <int PX = 0> __device__ __forceinline__ void fa_online(float (*s)[4], float* m, float* l, float* a, float mul) {
+__device__ __forceinline__ void fa_online(float (*s)[4], float* m, float* l, float* a, float mul) {
     float mx0 = neg_inf(0.f), mx1 = neg_inf(0.f);
 #pragma unroll
     for (int nb = 0; nb < 8; ++nb) {
@@ -407,10 +388,10 @@ template <int PX = 0> __device__ __forceinline__ void fa_online(float (*s)[4], f
     float ps0 = 0.f, ps1 = 0.f;
 #pragma unroll
     for (int nb = 0; nb < 8; ++nb) {
-        s[nb][0] = fa_ex2_mix<PX>(fmaf(s[nb][0], mul, -ref0), nb);
-        s[nb][1] = fa_ex2_mix<PX>(fmaf(s[nb][1], mul, -ref0), nb);
-        s[nb][2] = fa_ex2_mix<PX>(fmaf(s[nb][2], mul, -ref1), nb);
-        s[nb][3] = fa_ex2_mix<PX>(fmaf(s[nb][3], mul, -ref1), nb);
+        s[nb][0] = fa_ex2(fmaf(s[nb][0], mul, -ref0));
+        s[nb][1] = fa_ex2(fmaf(s[nb][1], mul, -ref0));
+        s[nb][2] = fa_ex2(fmaf(s[nb][2], mul, -ref1));
+        s[nb][3] = fa_ex2(fmaf(s[nb][3], mul, -ref1));
         ps0 += s[nb][0] + s[nb][1];
         ps1 += s[nb][2] + s[nb][3];
     }
@@ -571,7 +552,7 @@ template <class T, int DP, bool MASK> __device__ void fa_fwd(const AttnGeom& g, 
 // runs the softmax of tile t while the tensor cores do P_{t−1}·V_{t−1} (FlashAttention-3's
 // intra-warpgroup overlap); O is rescaled after that product is done.
 #define FA_ST 3
-template <class T, bool MASK, int PX> __device__ void fa_fwd_wg(const AttnGeom& g, const T* Q, const T* K, const T* V, const void* mask, T* Y, float* lse, int vec) {
+template <class T, bool MASK> __device__ void fa_fwd_wg(const AttnGeom& g, const T* Q, const T* K, const T* V, const void* mask, T* Y, float* lse, int vec) {
     constexpr int DP = 64, MT = 2, NT = 128, TILE = FA_BK * DP * 2;
     unsigned sQ = smem_u32(fa_base());
     unsigned sK = sQ + FA_BQ * DP * 2, sV = sK + FA_ST * TILE;
@@ -653,7 +634,7 @@ template <class T, bool MASK, int PX> __device__ void fa_fwd_wg(const AttnGeom& 
                     for (int e = 0; e < 4; ++e) s[mt][nb][e] *= sl2;
             }
             if (edge) fa_edge<T, MASK>(g, s[mt], mask, b, h, rw + gq, j0, 0);
-            fa_online<PX>(s[mt], m[mt], l[mt], a[mt], raw ? sl2 : 1.f);
+            fa_online(s[mt], m[mt], l[mt], a[mt], raw ? sl2 : 1.f);
         }
         if (!first) {
             // (The keeps of s first: the softmax ends before the wait, not after.)
@@ -930,7 +911,7 @@ template <class T, int DP, bool MASK> __device__ void fa_dkv(const AttnGeom& g, 
 // and dP = dY·Vᵀ read Q and dY from their tiles (A from shared memory); K/V in a ring of 3,
 // pipelined as fa_fwd_wg: iteration t issues S_t and dP_t, then dQ += dS_{t−1}·K_{t−1},
 // and computes dS_t while the last runs.
-template <class T, bool MASK, int PX> __device__ void fa_dq_wg(const AttnGeom& g, const T* dY, const T* Q, const T* K, const T* V, const void* mask, const float* lse, float* delta, T* dQ, T* dmask, int vec, const T* Y) {
+template <class T, bool MASK> __device__ void fa_dq_wg(const AttnGeom& g, const T* dY, const T* Q, const T* K, const T* V, const void* mask, const float* lse, float* delta, T* dQ, T* dmask, int vec, const T* Y) {
     constexpr int DP = 64, NT = 128, TILE = FA_BK * DP * 2;
     unsigned sQ = smem_u32(fa_base());
     unsigned sdY = sQ + TILE, sK = sdY + TILE, sV = sK + FA_ST * TILE;
@@ -1004,7 +985,7 @@ template <class T, bool MASK, int PX> __device__ void fa_dq_wg(const AttnGeom& g
 #pragma unroll
         for (int nb = 0; nb < 8; ++nb)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) s[nb][e] = fa_ex2_mix<PX>(s[nb][e], nb);
+            for (int e = 0; e < 4; ++e) s[nb][e] = fa_ex2(s[nb][e]);
         wg_wait_late(g, first ? 0 : 1);
         wg_keep(dp);
 #pragma unroll
@@ -1046,7 +1027,7 @@ template <class T, bool MASK, int PX> __device__ void fa_dq_wg(const AttnGeom& g
 // K·Qᵀ and dPᵀ = V·dYᵀ read K and V from their tiles; the query tiles (Q, dY, LSE, delta)
 // in a ring of 3, pipelined as fa_fwd_wg: iteration it issues Sᵀ and dPᵀ of tile it, then
 // dV += Pᵀ·dY and dK += dSᵀ·Q of tile it − 1, and computes P, dS of tile it meanwhile.
-template <class T, bool MASK, int PX> __device__ void fa_dkv_wg(const AttnGeom& g, const T* dY, const T* Q, const T* K, const T* V, const void* mask, const float* lse, const float* delta, T* dK, T* dV, int vec) {
+template <class T, bool MASK> __device__ void fa_dkv_wg(const AttnGeom& g, const T* dY, const T* Q, const T* K, const T* V, const void* mask, const float* lse, const float* delta, T* dK, T* dV, int vec) {
     constexpr int DP = 64, NT = 128, TILE = FB_B * DP * 2;
     unsigned sK = smem_u32(fa_base());
     unsigned sV = sK + TILE, sQ = sV + TILE, sdY = sQ + FA_ST * TILE;
@@ -1123,7 +1104,7 @@ template <class T, bool MASK, int PX> __device__ void fa_dkv_wg(const AttnGeom& 
 #pragma unroll
         for (int nb = 0; nb < 8; ++nb)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) s[nb][e] = fa_ex2_mix<PX>(s[nb][e], nb);
+            for (int e = 0; e < 4; ++e) s[nb][e] = fa_ex2(s[nb][e]);
         wg_wait_late(g, first ? 0 : 1);
         wg_keep(dp);
 #pragma unroll
@@ -1169,30 +1150,27 @@ template <class T, bool MASK, int PX> __device__ void fa_dkv_wg(const AttnGeom& 
 // WG: wgmma where the chip has it (heads up to 64); the `_mma` kernels keep mma.sync, to
 // compare the two on one device (GRAPHRUN_CUDA_ATTENTION=mma).
 #define FA_WG_FOR(DP) (FA_HAVE_WG && (DP) == 64)
-#define INST_FA_FWD(T, S, DP, M, MS, WG, PX)                                                                        \
+#define INST_FA_FWD(T, S, DP, M, MS, WG)                                                                            \
     extern "C" __global__ void __launch_bounds__(FA_BQ / (16 * FA_MT(DP)) * 32, 128 / DP) fa_fwd_##S##_##DP##MS(       \
         AttnGeom g, const T* q, const T* k, const T* v, const void* m, T* y, float* lse, int vec) {                \
-        if constexpr (WG) fa_fwd_wg<T, M, PX>(g, q, k, v, m, y, lse, vec); else fa_fwd<T, DP, M>(g, q, k, v, m, y, lse, vec); \
+        if constexpr (WG) fa_fwd_wg<T, M>(g, q, k, v, m, y, lse, vec); else fa_fwd<T, DP, M>(g, q, k, v, m, y, lse, vec); \
     }
-#define INST_FA_BWD(T, S, M, MS, WG, PX)                                                                                    \
+#define INST_FA_BWD(T, S, M, MS, WG)                                                                                        \
     extern "C" __global__ void __launch_bounds__(FB_B * 2, M ? 1 : 3) fa_dq_##S##_64##MS(                                   \
         AttnGeom g, const T* dy, const T* q, const T* k, const T* v, const void* m, const float* lse, float* delta, T* dq, T* dm, int vec, const T* y) { \
-        if constexpr (WG) fa_dq_wg<T, M, PX>(g, dy, q, k, v, m, lse, delta, dq, dm, vec, y);                                 \
+        if constexpr (WG) fa_dq_wg<T, M>(g, dy, q, k, v, m, lse, delta, dq, dm, vec, y);                                 \
         else fa_dq<T, 64, M>(g, dy, q, k, v, m, lse, delta, dq, dm, vec, y);                                               \
     }                                                                                                                      \
     extern "C" __global__ void __launch_bounds__(FB_B * 2, M ? 1 : WG ? 2 : 3) fa_dkv_##S##_64##MS(                        \
         AttnGeom g, const T* dy, const T* q, const T* k, const T* v, const void* m, const float* lse, const float* delta, T* dk, T* dv, int vec) { \
-        if constexpr (WG) fa_dkv_wg<T, M, PX>(g, dy, q, k, v, m, lse, delta, dk, dv, vec);                                   \
+        if constexpr (WG) fa_dkv_wg<T, M>(g, dy, q, k, v, m, lse, delta, dk, dv, vec);                                   \
         else fa_dkv<T, 64, M>(g, dy, q, k, v, m, lse, delta, dk, dv, vec);                                                 \
     }
-// `_px2` / `_px4`: every 2nd / 4th column block's exponentials on the FMA pipe (fa_ex2_poly).
 #define INST_FA(T, S)                                                                                       \
-    INST_FA_FWD(T, S, 64, false, , FA_WG_FOR(64), 0) INST_FA_FWD(T, S, 64, true, _m, FA_WG_FOR(64), 0)      \
-    INST_FA_FWD(T, S, 128, false, , false, 0) INST_FA_FWD(T, S, 128, true, _m, false, 0)                    \
-    INST_FA_BWD(T, S, false, , FA_WG_FOR(64), 0) INST_FA_BWD(T, S, true, _m, FA_WG_FOR(64), 0)              \
-    INST_FA_FWD(T, S, 64, false, _mma, false, 0) INST_FA_BWD(T, S, false, _mma, false, 0)                   \
-    INST_FA_FWD(T, S, 64, false, _px2, FA_WG_FOR(64), 2) INST_FA_BWD(T, S, false, _px2, FA_WG_FOR(64), 2)   \
-    INST_FA_FWD(T, S, 64, false, _px4, FA_WG_FOR(64), 4) INST_FA_BWD(T, S, false, _px4, FA_WG_FOR(64), 4)
+    INST_FA_FWD(T, S, 64, false, , FA_WG_FOR(64)) INST_FA_FWD(T, S, 64, true, _m, FA_WG_FOR(64))            \
+    INST_FA_FWD(T, S, 128, false, , false) INST_FA_FWD(T, S, 128, true, _m, false)                          \
+    INST_FA_BWD(T, S, false, , FA_WG_FOR(64)) INST_FA_BWD(T, S, true, _m, FA_WG_FOR(64))                    \
+    INST_FA_FWD(T, S, 64, false, _mma, false) INST_FA_BWD(T, S, false, _mma, false)
 INST_FA(bf16, bf16)
 INST_FA(f16, f16)
 

@@ -409,9 +409,8 @@ enum Fast {
 }
 
 /// `GRAPHRUN_CUDA_ATTENTION=rows` keeps every problem on the row-per-warp kernels, `mma`
-/// the unmasked tensor-core ones on `mma.sync` where wgmma would run, `px2` / `px4` the
-/// unmasked heads up to 64 on kernels that take every 2nd / 4th column block's
-/// exponentials on the FMA pipe (to compare them on a device).
+/// the unmasked tensor-core ones on `mma.sync` where wgmma would run (to compare them on a
+/// device).
 fn kernel_choice() -> &'static str {
     static CHOICE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     CHOICE.get_or_init(|| std::env::var("GRAPHRUN_CUDA_ATTENTION").unwrap_or_default())
@@ -442,18 +441,14 @@ const FA_T: usize = 64;
 const FS_TILE: usize = 64 * 64 * 4;
 
 /// The tensor-core kernels come without and with (`_m`) mask support, and without a mask
-/// also on `mma.sync` only (`_mma`) and with part of the exponentials on the FMA pipe
-/// (`_px2`, `_px4`).
+/// also on `mma.sync` only (`_mma`).
 fn mask_sfx(g: &AttnGeom) -> &'static str {
     if g.mask_kind != 0 {
         "_m"
+    } else if kernel_choice() == "mma" {
+        "_mma"
     } else {
-        match kernel_choice() {
-            "mma" => "_mma",
-            "px2" => "_px2",
-            "px4" => "_px4",
-            _ => "",
-        }
+        ""
     }
 }
 
