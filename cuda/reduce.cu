@@ -1,4 +1,4 @@
-// Row-wise family: ReduceSum/Mean/Max, Softmax/LogSoftmax and their gradient,
+// Row-wise family: ReduceSum/Mean/Max (kind 0/1/2, and 3: the mean of squares), Softmax/LogSoftmax and their gradient,
 // LayerNormalization forward and backward, SoftmaxCrossEntropyLoss and its gradient.
 // One block per row, accumulation in f32 (f64 for f64), as the CPU backend.
 
@@ -17,12 +17,13 @@ template <class T> __device__ void reduce_k(const T* x, T* y, Strided kept, Stri
     A acc = ident;
     for (i64 r = threadIdx.x; r < n_red; r += blockDim.x) {
         A v = ld(x[base + offset_of(red, 0, r)]);
+        if (kind == 3) v = v * v;  // mean of squares
         acc = is_max ? nan_max(acc, v) : acc + v;
     }
     acc = is_max ? block_reduce(acc, ident, MaxOp()) : block_reduce(acc, (A)0, SumOp());
     if (threadIdx.x == 0) {
         // An empty float mean is 0/0 = NaN; an integer one divides by 1.
-        if (kind == 1) {
+        if (kind == 1 || kind == 3) {
             bool is_int = (A)0.5 == (A)0;
             acc = acc / (A)((is_int && n_red == 0) ? 1 : n_red);
         }
@@ -43,6 +44,7 @@ template <class T> __device__ void reduce_part_k(const T* x, typename Num<T>::A*
     A acc = ident;
     for (i64 r = r0 + threadIdx.x; r < r1; r += blockDim.x) {
         A v = ld(x[base + offset_of(red, 0, r)]);
+        if (kind == 3) v = v * v;  // mean of squares
         acc = is_max ? nan_max(acc, v) : acc + v;
     }
     acc = is_max ? block_reduce(acc, ident, MaxOp()) : block_reduce(acc, (A)0, SumOp());
@@ -60,7 +62,7 @@ template <class T> __device__ void reduce_fin_k(const typename Num<T>::A* part, 
     }
     acc = is_max ? block_reduce(acc, ident, MaxOp()) : block_reduce(acc, (A)0, SumOp());
     if (threadIdx.x == 0) {
-        if (kind == 1) {
+        if (kind == 1 || kind == 3) {
             bool is_int = (A)0.5 == (A)0;
             acc = acc / (A)((is_int && n_red == 0) ? 1 : n_red);
         }

@@ -214,8 +214,9 @@ fn layer_norm_t<T: Float>(
 /// `axes` are normalised and non-empty; `out` is shaped with or without kept dims.
 pub fn reduce(kind: ReduceKind, x: &Tensor, axes: &[usize], out: &mut Tensor) -> Result<()> {
     with_num!(x.dtype(), T => match kind {
-        ReduceKind::Max => reduce_t::<T, true>(kind, x, axes, out),
-        _ => reduce_t::<T, false>(kind, x, axes, out),
+        ReduceKind::Max => reduce_t::<T, true, false>(kind, x, axes, out),
+        ReduceKind::MeanSquare => reduce_t::<T, false, true>(kind, x, axes, out),
+        _ => reduce_t::<T, false, false>(kind, x, axes, out),
     }, _ => crate::bail!(Runtime, "CPU reduce kernel does not take dtype {}", x.dtype()));
     Ok(())
 }
@@ -223,8 +224,9 @@ pub fn reduce(kind: ReduceKind, x: &Tensor, axes: &[usize], out: &mut Tensor) ->
 /// Dims are merged into alternating kept/reduced runs (size-1 dims dropped). Outputs are
 /// reduced in groups of `inner` (the last run when kept, else 1) so that every read is a
 /// contiguous row or segment, walking the other reduced runs with an odometer. `MAX`
-/// picks max over sum at compile time, keeping the inner loops branch-free.
-fn reduce_t<T: Num, const MAX: bool>(
+/// picks max over sum (and `SQUARE` squares each element) at compile time, keeping the
+/// inner loops branch-free.
+fn reduce_t<T: Num, const MAX: bool, const SQUARE: bool>(
     kind: ReduceKind,
     x: &Tensor,
     axes: &[usize],
@@ -243,17 +245,27 @@ fn reduce_t<T: Num, const MAX: bool>(
             _ => runs.push((size, red)),
         }
     }
-    let step = |a: T::A, v: T::A| if MAX { T::max(a, v) } else { T::add(a, v) };
+    let step = |a: T::A, v: T::A| {
+        if MAX {
+            T::max(a, v)
+        } else if SQUARE {
+            T::add(a, T::mul(v, v))
+        } else {
+            T::add(a, v)
+        }
+    };
     let init = if MAX { T::lowest() } else { T::zero() };
     let n: usize = runs.iter().filter(|r| r.1).map(|r| r.0).product();
     // An empty reduction: a float mean is 0/0 = NaN, an integer one 0 (no division by 0).
     let count = T::count(if T::INT { n.max(1) } else { n });
     let finish = |a: T::A| {
-        T::store(if kind == ReduceKind::Mean {
-            T::div(a, count)
-        } else {
-            a
-        })
+        T::store(
+            if matches!(kind, ReduceKind::Mean | ReduceKind::MeanSquare) {
+                T::div(a, count)
+            } else {
+                a
+            },
+        )
     };
 
     if runs.iter().all(|r| r.1) {
@@ -262,7 +274,9 @@ fn reduce_t<T: Num, const MAX: bool>(
             .par_chunks(GRAIN * 4)
             .map(|c| c.iter().fold(init, |a, v| step(a, v.load())))
             .collect();
-        o[0] = finish(parts.into_iter().fold(init, step));
+        // Partial results combine unsquared.
+        let combine = |a: T::A, v: T::A| if MAX { T::max(a, v) } else { T::add(a, v) };
+        o[0] = finish(parts.into_iter().fold(init, combine));
         return;
     }
     let mut stride = vec![0; runs.len()];

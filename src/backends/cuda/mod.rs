@@ -480,6 +480,7 @@ impl Cuda {
             Op::FusedMatMulGrad {
                 activation,
                 trans_b,
+                a_activation,
             } => matmul::fused_grad(
                 self,
                 node,
@@ -489,6 +490,7 @@ impl Cuda {
                 opt(3),
                 *activation,
                 *trans_b,
+                opt(4).map(|p| (p, *a_activation)),
                 outs,
                 want,
             ),

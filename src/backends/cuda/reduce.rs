@@ -67,6 +67,7 @@ pub fn reduce(c: &Cuda, node: &Node, kind: ReduceKind, x: &V, axes: &[i64], y: &
         ReduceKind::Sum => 0,
         ReduceKind::Mean => 1,
         ReduceKind::Max => 2,
+        ReduceKind::MeanSquare => 3,
     };
     // Few outputs of many elements each: one block per output would leave the GPU idle
     // (an MSE's mean over 8M elements took 16 ms), so split each into parts.

@@ -374,6 +374,7 @@ impl Wgpu {
             Op::FusedMatMulGrad {
                 activation,
                 trans_b,
+                a_activation,
             } => matmul::fused_grad(
                 self,
                 node,
@@ -381,6 +382,7 @@ impl Wgpu {
                 opt(3),
                 *activation,
                 *trans_b,
+                opt(4).map(|p| (p, *a_activation)),
                 outs,
                 want,
             ),

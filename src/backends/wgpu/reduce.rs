@@ -59,6 +59,7 @@ pub fn reduce(
         ReduceKind::Sum => 0,
         ReduceKind::Mean => 1,
         ReduceKind::Max => 2,
+        ReduceKind::MeanSquare => 3,
     };
     // Few outputs of many elements each: split each output over `parts` workgroups
     // (shaders/reduce.wgsl `reduce_part`), at most 65535 workgroups in all.
