@@ -163,7 +163,8 @@ fn layer_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
 }
 
 // dx = inv·(g − mean(g) − x̂·mean(g·x̂)) per row, g = dy·scale (X0 = dY, X1 = X,
-// X2 = scale expanded, F0 = mean, F1 = 1/σ).
+// X2 = scale expanded, F0 = mean, F1 = 1/σ), plus Y2 (a residual gradient, read only)
+// when P[1] = 1.
 @compute @workgroup_size(256)
 fn layer_norm_dx(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let row = row_id(wid, nwg);
@@ -182,7 +183,9 @@ fn layer_norm_dx(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     let mgx = wg_sum(sgx, lid) / f32(n);
     for (var j = lid; j < n; j += WG) {
         let xhat = (f32(X1[off + j]) - m) * iv;
-        Y[off + j] = T(iv * (f32(X0[off + j]) * f32(X2[j]) - mg - xhat * mgx));
+        var v = iv * (f32(X0[off + j]) * f32(X2[j]) - mg - xhat * mgx);
+        if (pu(1u) == 1u) { v += f32(Y2[off + j]); }
+        Y[off + j] = T(v);
     }
 }
 

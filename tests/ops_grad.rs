@@ -215,6 +215,24 @@ fn layer_norm_grads_last_and_middle_axis() {
             let db = sum_to(&got[2].to_f64_vec(), norm, b.shape());
             assert_grad(&format!("dB, {what}"), &db, &fd(2), FD_TOL);
         }
+        // Input 5 (the `ln_grad_residual` rule): a residual gradient added onto dX.
+        let r = randn(x.shape(), 19);
+        let mut ins_r = ins.clone();
+        ins_r.push(Some(r.clone()));
+        let grad_r = node_of(grad.op.clone(), &ins_r, &["dx", "dscale", "db"]);
+        let got_r = eval_all_dtypes(&grad_r, &ins_r, &[3, 4]);
+        let want: Vec<f64> = fd(0)
+            .iter()
+            .zip(r.to_f64_vec())
+            .map(|(a, b)| a + b)
+            .collect();
+        assert_grad(
+            &format!("dX + r, {what}"),
+            &got_r[0].to_f64_vec(),
+            &want,
+            FD_TOL,
+        );
+        assert_eq!(got_r[1..], got[1..], "{what}: dScale, dB with r");
     }
 }
 

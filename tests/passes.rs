@@ -1694,3 +1694,62 @@ nodes:
     let (g, r) = fuse(&body("loss", "d, y"));
     assert_eq!((r.fired("mean_square"), count(&g, "Mul")), (0, 1));
 }
+
+/// `ln_grad_residual`: a pre-LayerNorm residual block's `Add(dX, residual gradient)` is
+/// folded into the LayerNormalizationGrad (its input 5); gradients as unfused, on every
+/// backend.
+#[test]
+fn residual_gradient_folds_into_layer_norm_grad() {
+    let g = graph(
+        "
+inputs:
+  - {name: x, dtype: f32, shape: [6, 8]}
+outputs: [loss]
+initializers:
+  - {name: s, dtype: f32, shape: [8], init: {dist: uniform, low: 0.5, high: 1.5, seed: 1}}
+  - {name: b, dtype: f32, shape: [8], init: {dist: uniform, low: -0.5, high: 0.5, seed: 2}}
+  - {name: w, dtype: f32, shape: [8, 8], init: {dist: xavier_uniform, seed: 3}}
+nodes:
+  - {op: LayerNormalization, inputs: [x, s, b], outputs: [n], attrs: {axis: -1}}
+  - {op: FusedMatMul, inputs: [n, w, '', x], outputs: [y], name: fc}
+  - {op: Mul, inputs: [y, y], outputs: [y2]}
+  - {op: ReduceMean, inputs: [y2], outputs: [loss], attrs: {keepdims: 0}}
+",
+    );
+    let feeds = Model { graph: g.clone() }
+        .random_inputs(5, &BTreeMap::new())
+        .unwrap();
+    for be in common::backends() {
+        let session = |disabled: Vec<String>| {
+            let opts = SessionOptions {
+                backend: be,
+                passes: PassOptions {
+                    disabled,
+                    training: false,
+                },
+                ..Default::default()
+            };
+            Session::new(g.clone(), opts).unwrap()
+        };
+        let mut fused = session(vec![]);
+        let mut plain = session(vec!["matmul_epilogue_fusion".into()]);
+        let (bwd, _) = fused.backward_graph(&feeds).unwrap();
+        let lng: Vec<usize> = bwd
+            .graph
+            .nodes
+            .iter()
+            .filter(|n| matches!(n.op, Op::LayerNormalizationGrad { .. }))
+            .map(|n| n.inputs.len())
+            .collect();
+        assert_eq!(lng, [6], "{be:?}");
+        let none = Default::default();
+        let a = fused.backward(&feeds, &none).unwrap().grads;
+        let b = plain.backward(&feeds, &none).unwrap().grads;
+        assert_eq!(a.len(), b.len());
+        for ((n, x), (m, y)) in a.iter().zip(&b) {
+            assert_eq!(n, m);
+            let e = common::rel_err(&x.to_f64_vec(), &y.to_f64_vec());
+            assert!(e <= 1e-5, "{be:?} gradient of {n}: rel err {e:.2e}");
+        }
+    }
+}

@@ -1091,6 +1091,10 @@ pub fn infer_node(
                     )));
                 }
             }
+            // Input 5 (from the `ln_grad_residual` rule): a gradient added onto dX.
+            if let Some(r) = t(5).filter(|r| *r != xt) {
+                return Err(f(format!("the residual gradient must be {xt}, got {r}")));
+            }
             let p = ValueType::new(xt.dtype, &xt.shape[a..]);
             Ok(vec![xt.clone(), p.clone(), p][..node.outputs.len()].to_vec())
         }

@@ -693,7 +693,7 @@ impl Op {
             Op::Attention { .. } => (3, 4, 1, 2),
             Op::VarlenAttention { .. } => (5, 5, 1, 2),
             Op::UnaryGrad(_) | Op::SoftmaxGrad { .. } => (2, 2, 1, 1),
-            Op::LayerNormalizationGrad { .. } => (5, 5, 1, 3),
+            Op::LayerNormalizationGrad { .. } => (5, 6, 1, 3),
             Op::SoftmaxCrossEntropyLossGrad { .. } => (3, 4, 1, 1),
             Op::GatherGrad { .. } => (3, 3, 1, 1),
             Op::SliceGrad => (4, 6, 1, 1),

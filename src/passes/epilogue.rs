@@ -21,6 +21,11 @@ pub(crate) const RULES: &[Rule] = &[
         run: dact_into_da,
     },
     Rule {
+        name: "ln_grad_residual",
+        anchor: |op| *op == Op::Binary(BinaryOp::Add),
+        run: ln_grad_residual,
+    },
+    Rule {
         name: "mean_square",
         anchor: |op| {
             matches!(
@@ -34,6 +39,35 @@ pub(crate) const RULES: &[Rule] = &[
         run: mean_square,
     },
 ];
+
+/// `Add(dX, r)` where dX is a LayerNormalizationGrad's first output read by nothing else
+/// and r has dX's type (a pre-LayerNorm block's residual gradient, gpt_block's `ln2/Add`):
+/// the LayerNormalizationGrad adds r as it writes dX (its input 5), one pass fewer.
+fn ln_grad_residual(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch> {
+    let n = cx.node(i);
+    let found = n.inputs.iter().enumerate().find_map(|(k, v)| {
+        let (j, ln) = cx.prod(v, |op| matches!(op, Op::LayerNormalizationGrad { .. }))?;
+        (ln.outputs[0] == *v && ln.inputs.len() == 5).then_some((k, j, ln))
+    });
+    let Some((k, j, ln)) = found else {
+        return why.no("no LayerNormalizationGrad's dX");
+    };
+    let (dx, r) = (&n.inputs[k], &n.inputs[1 - k]);
+    if dx == r || cx.sole_consumer(dx) != Some(i) {
+        return why.no("dX is read elsewhere");
+    }
+    if !cx.facts.same_shape(dx, r) || cx.facts.dtype(dx) != cx.facts.dtype(r) {
+        return why.no("the other term is broadcast or of another dtype");
+    }
+    let mut fused = ln.clone();
+    fused.inputs.push(r.clone());
+    fused.outputs[0] = n.outputs[0].clone();
+    Some(Patch {
+        remove: vec![j, i],
+        add: vec![fused],
+        ..Default::default()
+    })
+}
 
 /// An MSE's `ReduceMean(Mul(d, d))` becomes `ReduceMeanSquare(d)`: the squares are never
 /// written, and its gradient is one pass `d · (2/N)·dY`.

@@ -255,7 +255,8 @@ pub fn run_node(
             reduce::softmax_grad(x(0)?, x(1)?, *axis, *log, &mut outs[0])
         }
         Op::LayerNormalizationGrad { axis } => {
-            reduce::layer_norm_grad(x(0)?, x(1)?, x(2)?, x(3)?, x(4)?, *axis, &want, outs)
+            let res = ins.get(5).copied().flatten();
+            reduce::layer_norm_grad(x(0)?, x(1)?, x(2)?, x(3)?, x(4)?, res, *axis, &want, outs)
         }
         Op::SoftmaxCrossEntropyLossGrad {
             reduction,

@@ -531,7 +531,8 @@ fn softmax_grad_t<T: Float>(dy: &[T], y: &[T], n: usize, inner: usize, log: bool
 }
 
 /// LayerNormalization backward: outs = [dX, dScale, dB] (dScale, dB of the normalized
-/// shape X.shape[axis..]); `want[i]` false means output i is not read.
+/// shape X.shape[axis..]); `want[i]` false means output i is not read. `res`, where
+/// given, is added onto dX (a residual branch's gradient).
 #[allow(clippy::too_many_arguments)]
 pub fn layer_norm_grad(
     dy: &Tensor,
@@ -539,6 +540,7 @@ pub fn layer_norm_grad(
     scale: &Tensor,
     mean: &Tensor,
     inv_std: &Tensor,
+    res: Option<&Tensor>,
     axis: i64,
     want: &[bool],
     outs: &mut [Tensor],
@@ -546,7 +548,7 @@ pub fn layer_norm_grad(
     let axis = checked_axis(axis, x)?;
     let want = |i: usize| i < outs.len() && want.get(i).copied().unwrap_or(true);
     let want = [want(0), want(1), want(2)];
-    with_float!(x.dtype(), T => layer_norm_grad_t::<T>(dy, x, scale, mean, inv_std, axis, want, outs), _ => not_float("LayerNormalizationGrad", x))
+    with_float!(x.dtype(), T => layer_norm_grad_t::<T>(dy, x, scale, mean, inv_std, res, axis, want, outs), _ => not_float("LayerNormalizationGrad", x))
 }
 
 /// Per row, with xhat = (x - mean)·inv and g = dy·scale:
@@ -558,10 +560,12 @@ fn layer_norm_grad_t<T: Float>(
     scale: &Tensor,
     mean: &Tensor,
     inv_std: &Tensor,
+    res: Option<&Tensor>,
     axis: usize,
     want: [bool; 3],
     outs: &mut [Tensor],
 ) -> Result<()> {
+    let res: Option<&[T]> = res.map(|r| r.as_slice::<T>());
     let norm = &x.shape()[axis..];
     let n = numel(norm);
     let g = expand::<T>(scale, norm);
@@ -608,8 +612,13 @@ fn layer_norm_grad_t<T: Float>(
                 sgx = sgx + gj * xhat(j);
             }
             let (mg, mgx) = (sg / n_acc, sgx / n_acc);
+            let res = res.map(|s| &s[r * n..(r + 1) * n]);
             for (j, o) in dx.iter_mut().enumerate() {
-                *o = T::from_acc(inv * (dy[j].to_acc() * g[j] - mg - xhat(j) * mgx));
+                let v = inv * (dy[j].to_acc() * g[j] - mg - xhat(j) * mgx);
+                *o = T::from_acc(match res {
+                    Some(s) => v + s[j].to_acc(),
+                    None => v,
+                });
             }
         }
     });

@@ -514,6 +514,7 @@ impl Cuda {
                 self,
                 node,
                 [&x(0)?, &x(1)?, &x(2)?, &x(3)?, &x(4)?],
+                opt(5),
                 *axis,
                 outs,
                 want,

@@ -305,6 +305,7 @@ pub fn layer_norm_grad(
     c: &Cuda,
     node: &Node,
     ins: [&V; 5],
+    res: Option<V>,
     axis: i64,
     outs: &[V],
     want: &[bool],
@@ -333,6 +334,7 @@ pub fn layer_norm_grad(
             Arg::Ptr(gp),
             Arg::Ptr(mean.p),
             Arg::Ptr(inv.p),
+            Arg::Ptr(res.as_ref().map_or(0, |r| r.p)),
             Arg::Ptr(dx.p),
             Arg::I64(n as i64),
         ];
