@@ -444,3 +444,66 @@ fn device_out_of_memory_is_an_error_naming_the_node() {
     }
     out_of_memory_names_the_node(BackendKind::Cuda);
 }
+
+/// FusedMatMulGrad with `a_activation` (fc2's gradient after `dact_into_da`): dA times
+/// act'(PreA), for gelu_tanh in bf16/f16 through cuBLASLt's DGELU epilogue, otherwise by
+/// our kernel after the product (a batched B takes that path too); under tf32 within 1e-3
+/// of the CPU's true f32.
+#[test]
+fn fused_matmul_grad_with_a_activation() {
+    if !cuda_present() {
+        return;
+    }
+    let dy = randn(&[2, 70, 90], 31);
+    let a = randn(&[2, 70, 130], 32);
+    let pre_a = randn(&[2, 70, 130], 33);
+    for b in [randn(&[130, 90], 34), randn(&[2, 130, 90], 35)] {
+        for act in ["gelu_tanh", "relu", "gelu", "silu"] {
+            let at = [
+                ("activation", A::Str("none".into())),
+                ("a_activation", A::Str(act.into())),
+            ];
+            let args = [
+                inp(dy.clone()),
+                inp(a.clone()),
+                inp(b.clone()),
+                Arg::None,
+                inp(pre_a.clone()),
+            ];
+            same_as_cpu("FusedMatMulGrad", &at, &args, 3, &LOW);
+            if act != "gelu_tanh" {
+                continue;
+            }
+            // The graph's inputs f32, as a --dtype tf32 session has them.
+            let args: Vec<Arg> = args
+                .iter()
+                .map(|x| match x {
+                    Arg::In(t) => inp(t.cast(DType::F32)),
+                    x => x.clone(),
+                })
+                .collect();
+            let node = op("FusedMatMulGrad", &at);
+            let want = run_op(BackendKind::Cpu, node.clone(), &args, 3, DType::F32).expect("cpu");
+            let feeds = args
+                .iter()
+                .enumerate()
+                .filter_map(|(i, x)| match x {
+                    Arg::In(t) => Some((format!("in{i}"), t.clone())),
+                    _ => None,
+                })
+                .collect();
+            let opts = graphrun::SessionOptions {
+                backend: BackendKind::Cuda,
+                tf32: true,
+                ..Default::default()
+            };
+            let got = graphrun::Session::new(one_node_graph(node, &args, 3), opts)
+                .and_then(|mut s| s.run(&feeds))
+                .unwrap_or_else(|e| panic!("{act} on cuda tf32: {e}"));
+            for (k, (w, (_, g))) in want.iter().zip(&got).enumerate() {
+                let e = rel_err(&g.to_f64_vec(), &w.to_f64_vec());
+                assert!(e <= 1e-3, "{act} tf32 output {k}: rel err {e:.3e} > 1e-3");
+            }
+        }
+    }
+}
