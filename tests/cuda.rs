@@ -374,6 +374,88 @@ fn attention_tiled_kernels_forward_and_backward() {
     }
 }
 
+/// f32 attention on tensor cores (cuda/flash_tf32.cu), forward and backward, against the
+/// CPU in f64: 3xTF32 (the default) must stay at FP32's level — relative error ≤ 2e-5,
+/// where one TF32 pass gives about 1e-3 — and a `--dtype tf32` session (one pass) within
+/// 2e-3.
+#[test]
+fn attention_f32_tensor_cores_accuracy() {
+    if !cuda_present() {
+        return;
+    }
+    let (q, k, v, dy) = (
+        randn(&[1, 2, 256, 64], 901),
+        randn(&[1, 2, 256, 64], 902),
+        randn(&[1, 2, 256, 64], 903),
+        randn(&[1, 2, 256, 64], 904),
+    );
+    let causal = [("is_causal", A::Int(1))];
+    let f64s =
+        |ts: &[&Tensor]| -> Vec<Arg> { ts.iter().map(|t| inp(t.cast(DType::F64))).collect() };
+    let f32s =
+        |ts: &[&Tensor]| -> Vec<Arg> { ts.iter().map(|t| inp(t.cast(DType::F32))).collect() };
+    let cuda = |name: &str, args: &[Arg], n_out: usize, tf32: bool| -> Vec<Tensor> {
+        let g = one_node_graph(op(name, &causal), args, n_out);
+        let feeds = args
+            .iter()
+            .enumerate()
+            .filter_map(|(i, a)| match a {
+                Arg::In(t) => Some((format!("in{i}"), t.clone())),
+                _ => None,
+            })
+            .collect();
+        let opts = graphrun::SessionOptions {
+            backend: BackendKind::Cuda,
+            tf32,
+            ..Default::default()
+        };
+        graphrun::Session::new(g, opts)
+            .and_then(|mut s| s.run(&feeds))
+            .unwrap_or_else(|e| panic!("{name} on cuda (tf32 {tf32}): {e}"))
+            .into_iter()
+            .map(|(_, t)| t)
+            .collect()
+    };
+    let want = run_raw(
+        BackendKind::Cpu,
+        op("Attention", &causal),
+        &f64s(&[&q, &k, &v]),
+        2,
+    )
+    .expect("cpu f64 forward");
+    let bargs = |d: DType| -> Vec<Arg> {
+        [&dy, &q, &k, &v, &want[0], &want[1]]
+            .iter()
+            .map(|t| inp(t.cast(d)))
+            .collect()
+    };
+    let gwant = run_raw(
+        BackendKind::Cpu,
+        op("AttentionGrad", &causal),
+        &bargs(DType::F64),
+        3,
+    )
+    .expect("cpu f64 backward");
+    for (tf32, limit) in [(false, 2e-5), (true, 2e-3)] {
+        let got = cuda("Attention", &f32s(&[&q, &k, &v]), 2, tf32);
+        let ggot = cuda("AttentionGrad", &bargs(DType::F32), 3, tf32);
+        for (what, g, w) in [
+            ("Y", &got[0], &want[0]),
+            ("LSE", &got[1], &want[1]),
+            ("dQ", &ggot[0], &gwant[0]),
+            ("dK", &ggot[1], &gwant[1]),
+            ("dV", &ggot[2], &gwant[2]),
+        ] {
+            let e = rel_err(&g.to_f64_vec(), &w.to_f64_vec());
+            println!("tf32 {tf32}: {what} rel err {e:.3e}");
+            assert!(
+                e <= limit,
+                "tf32 {tf32}: {what} rel err {e:.3e} > {limit:.0e}"
+            );
+        }
+    }
+}
+
 #[test]
 fn device_out_of_memory_is_an_error_naming_the_node() {
     if !cuda_present() {

@@ -188,7 +188,7 @@ fn forward(
 ) -> Result<()> {
     let [q, k, v] = qkv;
     let lse = wanted(outs, want, 1).map_or(0, |l| l.p);
-    if let Some(f) = fast(&g, q.dtype(), false) {
+    if let Some(f) = fast(c, &g, q.dtype(), false) {
         return fast_forward(c, f, g, qkv, mask, outs[0].p, lse);
     }
     let args = [
@@ -280,7 +280,7 @@ fn backward(
     if let Some(m) = dmask {
         c.memset0(m)?; // masked and skipped entries stay 0
     }
-    if let Some(f) = fast(&g, q.dtype(), true) {
+    if let Some(f) = fast(c, &g, q.dtype(), true) {
         let [dq, dk, dv] = [0, 1, 2].map(|i| outs[i].p);
         return fast_backward(
             c,
@@ -395,6 +395,9 @@ enum Fast {
     Mma(usize),
     /// CUDA cores in true FP32, head sizes padded to 64.
     Simt,
+    /// f32 on TF32 tensor cores (cuda/flash_tf32.cu), head sizes padded to 64: 3xTF32
+    /// (FP32-level accuracy) with 3 passes, plain TF32 (`--dtype tf32`) with 1.
+    Tf32 { passes: u8 },
 }
 
 /// `GRAPHRUN_CUDA_ATTENTION=rows` keeps every problem on the row-per-warp kernels, `mma`
@@ -409,7 +412,13 @@ fn rows_only() -> bool {
     kernel_choice() == "rows"
 }
 
-fn fast(g: &AttnGeom, dt: DType, backward: bool) -> Option<Fast> {
+/// `GRAPHRUN_CUDA_ATTENTION_F32=simt` keeps f32 attention on the CUDA-core kernels (fs_*).
+fn f32_simt() -> bool {
+    static SIMT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SIMT.get_or_init(|| std::env::var("GRAPHRUN_CUDA_ATTENTION_F32").is_ok_and(|v| v == "simt"))
+}
+
+fn fast(c: &Cuda, g: &AttnGeom, dt: DType, backward: bool) -> Option<Fast> {
     if g.varlen != 0 || rows_only() || g.hkv == 0 || g.hq % g.hkv != 0 {
         return None;
     }
@@ -417,7 +426,10 @@ fn fast(g: &AttnGeom, dt: DType, backward: bool) -> Option<Fast> {
     match dt {
         DType::BF16 | DType::F16 if w <= 64 => Some(Fast::Mma(64)),
         DType::BF16 | DType::F16 if w <= 128 && !backward => Some(Fast::Mma(128)),
-        DType::F32 if w <= 64 => Some(Fast::Simt),
+        DType::F32 if w <= 64 && f32_simt() => Some(Fast::Simt),
+        DType::F32 if w <= 64 => Some(Fast::Tf32 {
+            passes: if c.blas.tf32() { 1 } else { 3 },
+        }),
         _ => None,
     }
 }
@@ -428,6 +440,17 @@ const FA_BQ: usize = 128;
 const FA_T: usize = 64;
 /// An f32 tile: 64 × 64 floats.
 const FS_TILE: usize = 64 * 64 * 4;
+/// cuda/flash_tf32.cu: a 64 × 64 tile of TF32 operands per pass (the 3-pass kernels keep
+/// two: the big and small parts), a warp's raw 16 × 64 A fragments (× 4 warps), and the
+/// query rows of a dK/dV tile (FT_TQ).
+const FT_TILE: usize = 64 * 64 * 4;
+const FT_A: usize = 64 * 64 * 4;
+const FT_TQ: usize = 32;
+
+/// The tf32 kernels' name suffix and tiles per operand for `passes`.
+fn ft_parts(passes: u8) -> (u8, usize) {
+    (passes, if passes == 3 { 2 } else { 1 })
+}
 
 /// The tensor-core kernels come without and with (`_m`) mask support, and without a mask
 /// also on `mma.sync` only (`_mma`).
@@ -497,6 +520,20 @@ fn fast_forward(
             let grid = (sq.div_ceil(FA_T) as u32, bh, 1);
             launch_grid(&c.dev, &c.stream, "fs_fwd", grid, 256, 4 * FS_TILE, &args)
         }
+        Fast::Tf32 { passes } => {
+            let (sfx, np) = ft_parts(passes);
+            let grid = (sq.div_ceil(FA_T) as u32, bh, 1);
+            let smem = 2 * np * FT_TILE;
+            launch_grid(
+                &c.dev,
+                &c.stream,
+                &format!("ft_fwd_{sfx}"),
+                grid,
+                128,
+                smem,
+                &args,
+            )
+        }
     }
 }
 
@@ -555,6 +592,31 @@ fn fast_backward(
                 &c.dev,
                 &c.stream,
                 &format!("fa_dkv_{sfx}_{dp}{}", mask_sfx(&g)),
+                kgrid,
+                128,
+                sm_kv,
+                &akv,
+            )
+        }
+        Fast::Tf32 { passes } => {
+            let (sfx, np) = ft_parts(passes);
+            let (sm_q, sm_kv) = (
+                3 * np * FT_TILE + FT_A,
+                4 * np * FT_TQ * 64 * 4 + 2 * FT_TQ * 4 + 2 * FT_A,
+            );
+            launch_grid(
+                &c.dev,
+                &c.stream,
+                &format!("ft_dq_{sfx}"),
+                qgrid,
+                128,
+                sm_q,
+                &aq,
+            )?;
+            launch_grid(
+                &c.dev,
+                &c.stream,
+                &format!("ft_dkv_{sfx}"),
                 kgrid,
                 128,
                 sm_kv,

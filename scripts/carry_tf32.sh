@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Fills DEST (default ../main/.carry-tf32, git-ignored there) for scripts/device_tf32.sh:
+# graphrun and the attention/grad test executables (stripped), the kernels precompiled for
+# sm_90a (scripts/precompile_kernels.py; NVRTC names libnvrtc.so.13 here).
+set -eu
+cd "$(dirname "$0")/.."
+DEST=${1:-../main/.carry-tf32}
+cargo build --release
+cargo test --release --no-run --message-format=json --test cuda --test ops_attention --test ops_attention_grad --test grad 2>/dev/null | python3 -c '
+import sys, json
+for l in sys.stdin:
+    try: j = json.loads(l)
+    except ValueError: continue
+    if j.get("executable") and j.get("profile", {}).get("test"): print(j["executable"])
+' > /tmp/carry_tf32_exes.txt
+rm -rf "$DEST" /tmp/carry_tf32_bin && mkdir -p "$DEST" /tmp/carry_tf32_bin/tests
+for f in $(cat /tmp/carry_tf32_exes.txt); do n=$(basename "$f"); cp "$f" /tmp/carry_tf32_bin/tests/${n%-*}; done
+cp ${CARGO_TARGET_DIR:-target}/release/graphrun /tmp/carry_tf32_bin/graphrun
+strip /tmp/carry_tf32_bin/graphrun /tmp/carry_tf32_bin/tests/*
+tar czf "$DEST/bin.tgz" -C /tmp/carry_tf32_bin .
+cp -r /tmp/tf32_kcache "$DEST/kcache" 2>/dev/null || python3 scripts/precompile_kernels.py "$DEST/kcache"
+cp scripts/device_tf32.sh "$DEST/"
+du -sh "$DEST"
