@@ -1,7 +1,9 @@
 // f32 Attention (not VarlenAttention) on tensor cores: `mma.sync.m16n8k8` with TF32
 // operands and f32 accumulation, forward (with LSE) and backward (dQ, then dK/dV), for
-// head sizes up to 64 (padded with zeros to 64). cuda/flash.cu's fs_* kernels (CUDA cores)
-// take the rest, and everything when GRAPHRUN_CUDA_ATTENTION_F32=simt.
+// head sizes up to 64 (padded with zeros to 64). Used for `--dtype tf32` (NP = 1) and, with
+// GRAPHRUN_CUDA_ATTENTION_F32=3xtf32, for f32 (NP = 2); cuda/flash.cu's fs_* kernels (CUDA
+// cores) take f32 by default (on the H100 the 3xTF32 kernels here are slower so far:
+// docs/bench-h100/attention-notes.md).
 //
 // Precision. NP = 2 (f32, the default): 3xTF32, as PyTorch's f32 SDPA (the xformers /
 // cutlass memory-efficient kernel: gemm_kernel_utils.h DefaultGemmType<Sm80+, float> is a
@@ -11,13 +13,15 @@
 // at FP32's level. NP = 1 (`--dtype tf32`, TF32 allowed): big·big only.
 //
 // Layout. A warp owns 16 rows (queries: forward, dQ; keys: dK/dV); its A operands that do
-// not change over the loop (Q, dY; K, V) stay in registers as raw f32 and are split per k
-// step; P and dS come from the accumulators (the k order inside a k step is free as long
-// as A and B agree: PTX k = t holds column 2t, k = t + 4 column 2t + 1, so an accumulator
-// (row, 2t | 2t+1) pair is directly an A fragment). B operands live in shared memory in
-// fragment order, already split: per (8-row n block, k block) 32 chunks, one per lane, of
-// {b0 big, b0 small, b1 big, b1 small} (NP = 2; {b0, b1} for NP = 1): one conflict-free
-// 16-byte (8-byte) load per fragment. The online softmax runs in the log2 domain in f32;
+// not change over the loop stay raw f32 in registers (Q) or shared memory (dY; K, V) and
+// are split per k step; P and dS come from the accumulators (the k order inside a k step
+// is free as long as A and B agree: PTX k = t holds column 2t, k = t + 4 column 2t + 1, so
+// an accumulator (row, 2t | 2t+1) pair is directly an A fragment). B operands are raw f32
+// tiles in shared memory that cp.async fills one tile ahead (two stages), split into TF32
+// parts as each fragment is read. Long sums (O, dQ, dK, dV) take a few k blocks at a time
+// in a fresh accumulator added in f32 (as cutlass's 3xTF32 "staging accumulation"): the
+// tensor cores' own accumulation of small terms into large ones loses bits. The online
+// softmax runs in the log2 domain in f32.
 // LSE is stored in natural units as cuda/flash.cu's. Causal is upper-left (key j is seen
 // by query i iff j ≤ i); masks bool (keep where true) or additive through AttnGeom::ms;
 // rows that see no key give 0 and LSE −inf. Backward as fs_dq / fs_dkv: no atomics,
@@ -66,64 +70,64 @@ template <int NP> __device__ __forceinline__ FtA<NP> ft_a(const float* x) { retu
 // From an accumulator block c (c0 = (g, 2t), c1 = (g, 2t+1), c2 = (g+8, 2t), c3 = (g+8, 2t+1)).
 template <int NP> __device__ __forceinline__ FtA<NP> ft_acc(const float* c) { return FtA<NP>(c[0], c[2], c[1], c[3]); }
 
-// d += A · B(fragment at `tile` block (nb, kb); KB k blocks per n block). NP = 2: the small
-// products first, then big·big.
-template <int NP, int KB> __device__ __forceinline__ void ft_mma_b(float* d, const FtA<NP>& a, const float* tile, int nb, int kb) {
-    const float* p = tile + ((nb * KB + kb) * 32 + (threadIdx.x & 31)) * 2 * NP;
-    if (NP == 2) {
-        float4 b = *(const float4*)p;
-        ft_mma(d, a.lo, b.x, b.z);
-        ft_mma(d, a.hi, b.y, b.w);
-        ft_mma(d, a.hi, b.x, b.z);
+// Raw f32 tiles in shared memory, row-major with RS floats a row (64 columns used), filled
+// by cp.async one tile ahead. A B fragment is read either along rows (n = tile row, k =
+// tile column: one 8-byte load of columns 2t, 2t+1, conflict-free for RS ≡ 8 mod 32) or
+// across them (n = tile column, k = tile row: two 4-byte loads, conflict-free for RS ≡ 4
+// mod 32, 2-way for 8), and split into TF32 parts in registers.
+#define FT_RN 72  // tiles read along rows (or both ways)
+#define FT_RT 68  // tiles read only across rows
+
+// d += A · B for B block (nb, kb) of a tile read along rows (TR = 0) or across (TR = 1).
+// NP = 2: small·big and big·small, then big·big.
+template <int NP, int RS, int TR> __device__ __forceinline__ void ft_mma_b(float* d, const FtA<NP>& a, const float* tile, int nb, int kb) {
+    int lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
+    float x0, x1;
+    if (TR) {
+        const float* p = tile + (kb * 8 + 2 * tq) * RS + nb * 8 + gq;
+        x0 = p[0], x1 = p[RS];
     } else {
-        float2 b = *(const float2*)p;
-        ft_mma(d, a.hi, b.x, b.y);
+        float2 v = *(const float2*)(tile + (nb * 8 + gq) * RS + kb * 8 + 2 * tq);
+        x0 = v.x, x1 = v.y;
     }
-}
-
-// Offset of the chunk holding B element (n, k) (and k ^ 1) of a tile with KB k blocks.
-template <int NP, int KB> __device__ __forceinline__ int ft_chunk(int n, int k) {
-    return ((((n >> 3) * KB + (k >> 3)) * 32 + (n & 7) * 4 + ((k & 7) >> 1)) * 2 * NP);
-}
-// Stores the pair of B elements (n, 2j) = x0, (n, 2j + 1) = x1 of a chunk, split.
-template <int NP> __device__ __forceinline__ void ft_st(float* p, float x0, float x1) {
     float h0 = ft_rna(x0), h1 = ft_rna(x1);
-    if (NP == 2)
-        *(float4*)p = make_float4(h0, ft_rna(x0 - h0), h1, ft_rna(x1 - h1));
-    else
-        *(float2*)p = make_float2(h0, h1);
+    if (NP == 2) {
+        ft_mma(d, a.lo, h0, h1);
+        ft_mma(d, a.hi, ft_rna(x0 - h0), ft_rna(x1 - h1));
+    }
+    ft_mma(d, a.hi, h0, h1);
 }
 
-// Loads `valid` rows (of NR; the rest zero) of `width` columns (zero-padded to 64) from
-// `src` (row stride `rs`) as B tiles: `nt` with n = row, k = column; `tt` with n = column,
-// k = row (either may be null). A thread takes 2 rows × 4 columns at a time: float4 reads
-// with `vec` (width % 4 == 0, 16-byte aligned rows), elements otherwise.
-template <int NP, int NR> __device__ __forceinline__ void ft_load(float* nt, float* tt, const float* src, i64 rs, int valid, int width, int vec) {
-#pragma unroll 2
-    for (int u = threadIdx.x; u < NR / 2 * 16; u += 128) {
-        int c = (u & 15) * 4, r = (u >> 4) * 2;
-        float x[2][4];
+__device__ __forceinline__ unsigned ft_u32(const void* p) {
+    unsigned r;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
+    return r;
+}
+__device__ __forceinline__ void ft_cp16(float* dst, const float* src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(ft_u32(dst)), "l"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void ft_cp4(float* dst, const float* src, int bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(ft_u32(dst)), "l"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void ft_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void ft_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+// Starts filling tile `dst` (NR rows of RS floats) with `valid` rows of `width` columns of
+// `src` (row stride `rs`), zeros elsewhere: 16-byte cp.async with `vec` (width % 4 == 0,
+// 16-byte aligned rows), plain element copies otherwise.
+template <int NR, int RS> __device__ __forceinline__ void ft_fill(float* dst, const float* src, i64 rs, int valid, int width, int vec) {
+    if (vec) {
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const float* p = src + (i64)(r + h) * rs + c;
-            bool in = r + h < valid;
-            if (vec) {
-                float4 v = in && c < width ? *(const float4*)p : make_float4(0.f, 0.f, 0.f, 0.f);
-                x[h][0] = v.x, x[h][1] = v.y, x[h][2] = v.z, x[h][3] = v.w;
-            } else {
-#pragma unroll
-                for (int i = 0; i < 4; ++i) x[h][i] = in && c + i < width ? p[i] : 0.f;
-            }
+        for (int u = threadIdx.x; u < NR * 16; u += 128) {
+            int r = u >> 4, c = (u & 15) * 4;
+            bool in = r < valid && c < width;
+            ft_cp16(dst + r * RS + c, in ? src + (i64)r * rs + c : src, in ? 16 : 0);
         }
-        if (nt)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                ft_st<NP>(nt + ft_chunk<NP, 8>(r + h, c), x[h][0], x[h][1]);
-                ft_st<NP>(nt + ft_chunk<NP, 8>(r + h, c + 2), x[h][2], x[h][3]);
-            }
-        if (tt)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) ft_st<NP>(tt + ft_chunk<NP, NR / 8>(c + i, r), x[0][i], x[1][i]);
+        return;
+    }
+    for (int u = threadIdx.x; u < NR * 64; u += 128) {
+        int r = u >> 6, c = u & 63;
+        dst[r * RS + c] = r < valid && c < width ? src[(i64)r * rs + c] : 0.f;
     }
 }
 
@@ -194,11 +198,15 @@ __device__ __forceinline__ int ft_key_blocks(const AttnGeom& g, i64 j0, i64 qw) 
     return lim <= 0 ? 0 : (int)((lim + 7) >> 3);
 }
 
+// tt[4] = 0 (a staging accumulator: long sums are added to the main one in f32 adds, a
+// few k blocks at a time, not accumulated inside the tensor cores).
+#define FT_T0(tt) float tt[4] = {0.f, 0.f, 0.f, 0.f}
+#define FT_ADD(acc, tt) acc[0] += tt[0], acc[1] += tt[1], acc[2] += tt[2], acc[3] += tt[3]
+
 // Forward: grid (query blocks of 64, B·Hq), 4 warps of 16 queries; K and V tiles of 64
-// keys. Y [B,Hq,Sq,Dv] through AttnGeom's strides, LSE [B,Hq,Sq].
+// keys, two stages. Y [B,Hq,Sq,Dv] through AttnGeom's strides, LSE [B,Hq,Sq].
+#define FT_FWD_STAGE (64 * FT_RN + 64 * FT_RT)
 template <int NP> __device__ void ft_fwd(const AttnGeom& g, const float* Q, const float* K, const float* V, const void* mask, float* Y, float* lse, int vec) {
-    float* sK = ft_smem;             // K: n = key, k = d
-    float* sV = sK + 64 * 64 * NP;   // V: n = dv, k = key
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
     i64 qb = g.causal ? (i64)gridDim.x - 1 - blockIdx.x : blockIdx.x;
     i64 bh = blockIdx.y, b = bh / g.hq, h = bh % g.hq, hk = h / (g.hq / g.hkv);
@@ -208,77 +216,101 @@ template <int NP> __device__ void ft_fwd(const AttnGeom& g, const float* Q, cons
     const i64 krs = g.st[ATT_K][2], vrs = g.st[ATT_V][2];
     const float* Kb = K + att_off(g, ATT_K, b, hk, 0);
     const float* Vb = V + att_off(g, ATT_V, b, hk, 0);
+    // Stage s: K (read along rows: n = key, k = d), then V (across: n = dv, k = key).
+    auto fill = [&](i64 t) {
+        float* sK = ft_smem + (t & 1) * FT_FWD_STAGE;
+        i64 j0 = t * 64;
+        int kv = (int)(g.skv - j0 < 64 ? g.skv - j0 : 64);
+        ft_fill<64, FT_RN>(sK, Kb + j0 * krs, krs, kv, (int)g.d, vec);
+        ft_fill<64, FT_RT>(sK + 64 * FT_RN, Vb + j0 * vrs, vrs, kv, (int)g.dv, vec);
+        ft_commit();
+    };
+    i64 ntiles = (kend + 63) / 64;
+    fill(0);
     float qa[8][4];
     ft_load_a(qa, Q + att_off(g, ATT_Q, b, h, q0), g.st[ATT_Q][2], warp * 16, (int)(g.sq - q0 < 64 ? g.sq - q0 : 64), (int)g.d);
     float o[8][4], m[2] = {-ft_inf(), -ft_inf()}, l[2] = {0.f, 0.f};
 #pragma unroll
     for (int nb = 0; nb < 8; ++nb) o[nb][0] = o[nb][1] = o[nb][2] = o[nb][3] = 0.f;
     const float sl2 = (float)g.scale * FT_LOG2E;
-    for (i64 j0 = 0; j0 < kend; j0 += 64) {
+    for (i64 t = 0; t < ntiles; ++t) {
+        if (t + 1 < ntiles) {
+            fill(t + 1);
+            ft_wait<1>();
+        } else {
+            ft_wait<0>();
+        }
+        __syncthreads();
+        const float* sK = ft_smem + (t & 1) * FT_FWD_STAGE;
+        const float* sV = sK + 64 * FT_RN;
+        i64 j0 = t * 64;
         int kv = (int)(g.skv - j0 < 64 ? g.skv - j0 : 64);
-        __syncthreads();
-        ft_load<NP, 64>(sK, nullptr, Kb + j0 * krs, krs, kv, (int)g.d, vec);
-        ft_load<NP, 64>(nullptr, sV, Vb + j0 * vrs, vrs, kv, (int)g.dv, vec);
-        __syncthreads();
-        int nbl = ft_key_blocks(g, j0, qw);
-        if (nbl == 0) continue;  // (warp-uniform) every key of the tile after this warp's queries
-        float s[8][4];
+        int nbl = ft_key_blocks(g, j0, qw);  // (warp-uniform) 0: every key after this warp's queries
+        if (nbl > 0) {
+            float s[8][4];
 #pragma unroll
-        for (int nb = 0; nb < 8; ++nb) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.f;
+            for (int nb = 0; nb < 8; ++nb) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.f;
 #pragma unroll
-        for (int kb = 0; kb < 8; ++kb) {
-            if (kb * 8 >= g.d) break;
-            FtA<NP> a = ft_a<NP>(qa[kb]);
+            for (int kb = 0; kb < 8; ++kb) {
+                if (kb * 8 >= g.d) break;
+                FtA<NP> a = ft_a<NP>(qa[kb]);
 #pragma unroll
-            for (int nb = 0; nb < 8; ++nb)
-                if (nb < nbl) ft_mma_b<NP, 8>(s[nb], a, sK, nb, kb);
+                for (int nb = 0; nb < 8; ++nb)
+                    if (nb < nbl) ft_mma_b<NP, FT_RN, 0>(s[nb], a, sK, nb, kb);
+            }
+            // Only tiles at the end of the keys, on the causal diagonal or with a mask check
+            // each score (the key blocks past nbl are among them: their scores become −inf).
+            bool edge = g.mask_kind || j0 + 64 > g.skv || (g.causal && j0 + 63 > qw);
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+                i64 qi = qw + gq + 8 * hh;
+                // Key columns c of the tile: c ≥ kv past Skv, c > qrel after the query.
+                int qrel = (int)(qi - j0 < 64 ? qi - j0 : 64);
+                i64 mrow = b * g.ms[0] + h * g.ms[1] + qi * g.ms[2] + j0 * g.ms[3];
+                float mx = m[hh];
+#pragma unroll
+                for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        float x = s[nb][2 * hh + e] * sl2;
+                        int c = nb * 8 + 2 * tq + e;
+                        if (edge && (c >= kv || (g.causal && c > qrel))) x = -ft_inf();
+                        else if (edge && g.mask_kind && qi < g.sq) x = ft_mask(g, mask, mrow + c * g.ms[3], x);
+                        s[nb][2 * hh + e] = x;
+                        mx = fmaxf(mx, x);
+                    }
+                mx = ft_quad_max(mx);
+                float ref = mx == -ft_inf() ? 0.f : mx;
+                float alpha = ft_ex2(m[hh] - ref);
+                m[hh] = mx;
+                float ps = 0.f;
+#pragma unroll
+                for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        float p = ft_ex2(s[nb][2 * hh + e] - ref);
+                        s[nb][2 * hh + e] = p;
+                        ps += p;
+                        o[nb][2 * hh + e] *= alpha;
+                    }
+                l[hh] = l[hh] * alpha + ps;
+            }
+            // O += P · V, two key blocks at a time
+#pragma unroll
+            for (int kc = 0; kc < 8; kc += 2) {
+                if (kc >= nbl) break;
+                FtA<NP> a0 = ft_acc<NP>(s[kc]), a1 = ft_acc<NP>(s[kc + 1]);
+#pragma unroll
+                for (int nb = 0; nb < 8; ++nb)
+                    if (nb * 8 < g.dv) {
+                        FT_T0(tt);
+                        ft_mma_b<NP, FT_RT, 1>(tt, a0, sV, nb, kc);
+                        ft_mma_b<NP, FT_RT, 1>(tt, a1, sV, nb, kc + 1);
+                        FT_ADD(o[nb], tt);
+                    }
+            }
         }
-        // Only tiles at the end of the keys, on the causal diagonal or with a mask check
-        // each score (the key blocks past nbl are among them: their scores become −inf).
-        bool edge = g.mask_kind || j0 + 64 > g.skv || (g.causal && j0 + 63 > qw);
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-            i64 qi = qw + gq + 8 * hh;
-            // Key columns c of the tile: c ≥ klim past Skv, c > qrel after the query.
-            int klim = kv, qrel = (int)(qi - j0 < 64 ? qi - j0 : 64);
-            i64 mrow = b * g.ms[0] + h * g.ms[1] + qi * g.ms[2] + j0 * g.ms[3];
-            float mx = m[hh];
-#pragma unroll
-            for (int nb = 0; nb < 8; ++nb)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    float x = s[nb][2 * hh + e] * sl2;
-                    int c = nb * 8 + 2 * tq + e;
-                    if (edge && (c >= klim || (g.causal && c > qrel))) x = -ft_inf();
-                    else if (edge && g.mask_kind && qi < g.sq) x = ft_mask(g, mask, mrow + c * g.ms[3], x);
-                    s[nb][2 * hh + e] = x;
-                    mx = fmaxf(mx, x);
-                }
-            mx = ft_quad_max(mx);
-            float ref = mx == -ft_inf() ? 0.f : mx;
-            float alpha = ft_ex2(m[hh] - ref);
-            m[hh] = mx;
-            float ps = 0.f;
-#pragma unroll
-            for (int nb = 0; nb < 8; ++nb)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    float p = ft_ex2(s[nb][2 * hh + e] - ref);
-                    s[nb][2 * hh + e] = p;
-                    ps += p;
-                    o[nb][2 * hh + e] *= alpha;
-                }
-            l[hh] = l[hh] * alpha + ps;
-        }
-        // O += P · V
-#pragma unroll
-        for (int kb = 0; kb < 8; ++kb) {
-            if (kb >= nbl) break;
-            FtA<NP> a = ft_acc<NP>(s[kb]);
-#pragma unroll
-            for (int nb = 0; nb < 8; ++nb)
-                if (nb * 8 < g.dv) ft_mma_b<NP, 8>(o[nb], a, sV, nb, kb);
-        }
+        __syncthreads();  // before the next fill overwrites this stage
     }
     float f[2];
 #pragma unroll
@@ -295,12 +327,10 @@ template <int NP> __device__ void ft_fwd(const AttnGeom& g, const float* Q, cons
         }
 }
 
-// dQ (and dMask): grid as the forward; K tiles in both orientations and V.
+// dQ (and dMask): grid as the forward; K (read both ways) and V tiles, two stages; dY's
+// A fragments stashed raw in shared memory after them.
+#define FT_DQ_STAGE (2 * 64 * FT_RN)
 template <int NP> __device__ void ft_dq(const AttnGeom& g, const float* dY, const float* Q, const float* K, const float* V, const void* mask, const float* lse, const float* delta, float* dQ, float* dmask, int vec) {
-    float* sK = ft_smem;             // K: n = key, k = d (S = Q·Kᵀ)
-    float* sKt = sK + 64 * 64 * NP;  // K: n = d, k = key (dQ += dS·K)
-    float* sV = sKt + 64 * 64 * NP;  // V: n = key, k = dv (dP = dY·Vᵀ)
-    float* sYa = sV + 64 * 64 * NP;  // raw A fragments of dY: 4 warps × 8 × 32 × 4
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
     i64 qb = g.causal ? (i64)gridDim.x - 1 - blockIdx.x : blockIdx.x;
     i64 bh = blockIdx.y, b = bh / g.hq, h = bh % g.hq, hk = h / (g.hq / g.hkv);
@@ -311,9 +341,19 @@ template <int NP> __device__ void ft_dq(const AttnGeom& g, const float* dY, cons
     const i64 krs = g.st[ATT_K][2], vrs = g.st[ATT_V][2];
     const float* Kb = K + att_off(g, ATT_K, b, hk, 0);
     const float* Vb = V + att_off(g, ATT_V, b, hk, 0);
+    auto fill = [&](i64 t) {
+        float* sK = ft_smem + (t & 1) * FT_DQ_STAGE;
+        i64 j0 = t * 64;
+        int kv = (int)(g.skv - j0 < 64 ? g.skv - j0 : 64);
+        ft_fill<64, FT_RN>(sK, Kb + j0 * krs, krs, kv, (int)g.d, vec);
+        ft_fill<64, FT_RN>(sK + 64 * FT_RN, Vb + j0 * vrs, vrs, kv, (int)g.dv, vec);
+        ft_commit();
+    };
+    i64 ntiles = (kend + 63) / 64;
+    fill(0);
+    float* sYa = ft_smem + 2 * FT_DQ_STAGE + warp * 8 * 32 * 4;
     float qa[8][4];
     ft_load_a(qa, Q + att_off(g, ATT_Q, b, h, q0), g.st[ATT_Q][2], warp * 16, qv, (int)g.d);
-    sYa += warp * 8 * 32 * 4;
     ft_stash_a(sYa, dY + att_off(g, ATT_Y, b, h, q0), g.st[ATT_Y][2], warp * 16, qv, (int)g.dv);
     float L[2], Dl[2], acc[8][4];
 #pragma unroll
@@ -326,89 +366,113 @@ template <int NP> __device__ void ft_dq(const AttnGeom& g, const float* dY, cons
         Dl[hh] = qi < g.sq ? delta[bh * g.sq + qi] : 0.f;
     }
     const float sl2 = (float)g.scale * FT_LOG2E;
-    for (i64 j0 = 0; j0 < kend; j0 += 64) {
+    for (i64 t = 0; t < ntiles; ++t) {
+        if (t + 1 < ntiles) {
+            fill(t + 1);
+            ft_wait<1>();
+        } else {
+            ft_wait<0>();
+        }
+        __syncthreads();
+        const float* sK = ft_smem + (t & 1) * FT_DQ_STAGE;
+        const float* sV = sK + 64 * FT_RN;
+        i64 j0 = t * 64;
         int kv = (int)(g.skv - j0 < 64 ? g.skv - j0 : 64);
-        __syncthreads();
-        ft_load<NP, 64>(sK, sKt, Kb + j0 * krs, krs, kv, (int)g.d, vec);
-        ft_load<NP, 64>(sV, nullptr, Vb + j0 * vrs, vrs, kv, (int)g.dv, vec);
-        __syncthreads();
         int nbl = ft_key_blocks(g, j0, qw);
-        if (nbl == 0) continue;
-        float s[8][4], dp[8][4];
-#pragma unroll
-        for (int nb = 0; nb < 8; ++nb)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) s[nb][e] = dp[nb][e] = 0.f;
-#pragma unroll
-        for (int kb = 0; kb < 8; ++kb) {
-            if (kb * 8 >= g.d) break;
-            FtA<NP> a = ft_a<NP>(qa[kb]);
-#pragma unroll
-            for (int nb = 0; nb < 8; ++nb)
-                if (nb < nbl) ft_mma_b<NP, 8>(s[nb], a, sK, nb, kb);
-        }
-#pragma unroll
-        for (int kb = 0; kb < 8; ++kb) {
-            if (kb * 8 >= g.dv) break;
-            FtA<NP> a = ft_sa<NP>(sYa, kb);
-#pragma unroll
-            for (int nb = 0; nb < 8; ++nb)
-                if (nb < nbl) ft_mma_b<NP, 8>(dp[nb], a, sV, nb, kb);
-        }
-        bool edge = g.mask_kind || j0 + 64 > g.skv || (g.causal && j0 + 63 > qw);
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-            i64 qi = qw + gq + 8 * hh;
-            int klim = kv, qrel = (int)(qi - j0 < 64 ? qi - j0 : 64);
-            i64 mrow = b * g.ms[0] + h * g.ms[1] + qi * g.ms[2] + j0 * g.ms[3];
-            float* drow = dmask && qi < g.sq ? dmask + (bh * g.sq + qi) * g.skv + j0 : nullptr;
+        if (nbl > 0) {
+            float s[8][4], dp[8][4];
 #pragma unroll
             for (int nb = 0; nb < 8; ++nb)
 #pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    int c = nb * 8 + 2 * tq + e;
-                    float x = s[nb][2 * hh + e] * sl2;
-                    if (edge && (c >= klim || (g.causal && c > qrel))) x = -ft_inf();
-                    else if (edge && g.mask_kind && qi < g.sq) x = ft_mask(g, mask, mrow + c * g.ms[3], x);
-                    float p = ft_ex2(x - L[hh]);
-                    float ds = p * (dp[nb][2 * hh + e] - Dl[hh]);
-                    s[nb][2 * hh + e] = ds;
-                    if (drow && c < klim) drow[c] = ds;
-                }
-        }
-        // dQ += dS · K
+                for (int e = 0; e < 4; ++e) s[nb][e] = dp[nb][e] = 0.f;
 #pragma unroll
-        for (int kb = 0; kb < 8; ++kb) {
-            if (kb >= nbl) break;
-            FtA<NP> a = ft_acc<NP>(s[kb]);
+            for (int kb = 0; kb < 8; ++kb) {
+                if (kb * 8 >= g.d) break;
+                FtA<NP> a = ft_a<NP>(qa[kb]);
 #pragma unroll
-            for (int nb = 0; nb < 8; ++nb)
-                if (nb * 8 < g.d) ft_mma_b<NP, 8>(acc[nb], a, sKt, nb, kb);
+                for (int nb = 0; nb < 8; ++nb)
+                    if (nb < nbl) ft_mma_b<NP, FT_RN, 0>(s[nb], a, sK, nb, kb);
+            }
+#pragma unroll
+            for (int kb = 0; kb < 8; ++kb) {
+                if (kb * 8 >= g.dv) break;
+                FtA<NP> a = ft_sa<NP>(sYa, kb);
+#pragma unroll
+                for (int nb = 0; nb < 8; ++nb)
+                    if (nb < nbl) ft_mma_b<NP, FT_RN, 0>(dp[nb], a, sV, nb, kb);
+            }
+            bool edge = g.mask_kind || j0 + 64 > g.skv || (g.causal && j0 + 63 > qw);
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+                i64 qi = qw + gq + 8 * hh;
+                int qrel = (int)(qi - j0 < 64 ? qi - j0 : 64);
+                i64 mrow = b * g.ms[0] + h * g.ms[1] + qi * g.ms[2] + j0 * g.ms[3];
+                float* drow = dmask && qi < g.sq ? dmask + (bh * g.sq + qi) * g.skv + j0 : nullptr;
+#pragma unroll
+                for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        int c = nb * 8 + 2 * tq + e;
+                        float x = s[nb][2 * hh + e] * sl2;
+                        if (edge && (c >= kv || (g.causal && c > qrel))) x = -ft_inf();
+                        else if (edge && g.mask_kind && qi < g.sq) x = ft_mask(g, mask, mrow + c * g.ms[3], x);
+                        float p = ft_ex2(x - L[hh]);
+                        float ds = p * (dp[nb][2 * hh + e] - Dl[hh]);
+                        s[nb][2 * hh + e] = ds;
+                        if (drow && c < kv) drow[c] = ds;
+                    }
+            }
+            // dQ += dS · K, two key blocks at a time
+#pragma unroll
+            for (int kc = 0; kc < 8; kc += 2) {
+                if (kc >= nbl) break;
+                FtA<NP> a0 = ft_acc<NP>(s[kc]), a1 = ft_acc<NP>(s[kc + 1]);
+#pragma unroll
+                for (int nb = 0; nb < 8; ++nb)
+                    if (nb * 8 < g.d) {
+                        FT_T0(tt);
+                        ft_mma_b<NP, FT_RN, 1>(tt, a0, sK, nb, kc);
+                        ft_mma_b<NP, FT_RN, 1>(tt, a1, sK, nb, kc + 1);
+                        FT_ADD(acc[nb], tt);
+                    }
+            }
         }
+        __syncthreads();
     }
     float f[2] = {(float)g.scale, (float)g.scale};
     ft_store(dQ + att_off(g, ATT_Q, b, h, 0), g.st[ATT_Q][2], acc, qw, g.sq, (int)g.d, f);
 }
 
-// dK, dV: grid (key blocks of 64, B·Hkv), 4 warps of 16 keys; over the query heads of
-// the group (GQA) and their query tiles of FT_TQ: Q and dY in both orientations, LSE and
-// delta.
+// dK, dV: grid (key blocks of 64, B·Hkv), 4 warps of 16 keys (their K and V A fragments
+// stashed raw in shared memory); over the query heads of the group (GQA) and their query
+// tiles of FT_TQ, two stages of Q and dY (read both ways), LSE and delta.
+#define FT_DKV_STAGE (2 * FT_TQ * FT_RN + 2 * FT_TQ)
 template <int NP> __device__ void ft_dkv(const AttnGeom& g, const float* dY, const float* Q, const float* K, const float* V, const void* mask, const float* lse, const float* delta, float* dK, float* dV, int vec) {
     constexpr int T = FT_TQ, TB = FT_TQ / 8;
-    float* sQ = ft_smem;            // Q: n = query, k = d (Sᵀ = K·Qᵀ)
-    float* sQt = sQ + T * 64 * NP;  // Q: n = d, k = query (dK += dSᵀ·Q)
-    float* sY = sQt + T * 64 * NP;  // dY: n = query, k = dv (dPᵀ = V·dYᵀ)
-    float* sYt = sY + T * 64 * NP;  // dY: n = dv, k = query (dV += Pᵀ·dY)
-    float* sL = sYt + T * 64 * NP;  // [T] LSE·log2e (+inf where a row sees nothing)
-    float* sD = sL + T;             // [T] delta
-    float* sKa = sD + T;            // raw A fragments of K, then V: 4 warps × 8 × 32 × 4
-    float* sVa = sKa + 4 * 8 * 32 * 4;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
     i64 bhk = blockIdx.y, b = bhk / g.hkv, hk = bhk % g.hkv, grp = g.hq / g.hkv;
     i64 k0 = (i64)blockIdx.x * 64, kw = k0 + warp * 16;
     int kvalid = (int)(g.skv - k0 < 64 ? g.skv - k0 : 64);
-    sKa += warp * 8 * 32 * 4;
-    sVa += warp * 8 * 32 * 4;
+    i64 i_start = g.causal ? (k0 / T) * T : 0;
+    i64 nq = i_start < g.sq ? (g.sq - i_start + T - 1) / T : 0;  // query tiles per head
+    // Stage s: Q, dY (T rows of FT_RN), LSE, delta (T each).
+    auto fill = [&](i64 t) {
+        float* sQ = ft_smem + (t & 1) * FT_DKV_STAGE;
+        i64 h = hk * grp + t / nq, i0 = i_start + (t % nq) * T, bh = b * g.hq + h;
+        int qv = (int)(g.sq - i0 < T ? g.sq - i0 : T);
+        ft_fill<T, FT_RN>(sQ, Q + att_off(g, ATT_Q, b, h, i0), g.st[ATT_Q][2], qv, (int)g.d, vec);
+        ft_fill<T, FT_RN>(sQ + T * FT_RN, dY + att_off(g, ATT_Y, b, h, i0), g.st[ATT_Y][2], qv, (int)g.dv, vec);
+        int r = threadIdx.x & (T - 1);
+        if (threadIdx.x < 2 * T) {
+            const float* src = (threadIdx.x < T ? lse : delta) + bh * g.sq + i0;
+            ft_cp4(sQ + 2 * T * FT_RN + threadIdx.x, r < qv ? src + r : src, r < qv ? 4 : 0);
+        }
+        ft_commit();
+    };
+    i64 ntiles = grp * nq;
+    if (ntiles > 0) fill(0);
+    float* sKa = ft_smem + 2 * FT_DKV_STAGE + warp * 8 * 32 * 4;
+    float* sVa = sKa + 4 * 8 * 32 * 4;
     ft_stash_a(sKa, K + att_off(g, ATT_K, b, hk, k0), g.st[ATT_K][2], warp * 16, kvalid, (int)g.d);
     ft_stash_a(sVa, V + att_off(g, ATT_V, b, hk, k0), g.st[ATT_V][2], warp * 16, kvalid, (int)g.dv);
     float dk[8][4], dv[8][4];
@@ -417,22 +481,22 @@ template <int NP> __device__ void ft_dkv(const AttnGeom& g, const float* dY, con
 #pragma unroll
         for (int e = 0; e < 4; ++e) dk[nb][e] = dv[nb][e] = 0.f;
     const float sl2 = (float)g.scale * FT_LOG2E;
-    i64 i_start = g.causal ? (k0 / T) * T : 0;
-    for (i64 hh = 0; hh < grp; ++hh) {
-        i64 h = hk * grp + hh, bh = b * g.hq + h;
-        for (i64 i0 = i_start; i0 < g.sq; i0 += T) {
-            int qv = (int)(g.sq - i0 < T ? g.sq - i0 : T);
-            __syncthreads();
-            ft_load<NP, T>(sQ, sQt, Q + att_off(g, ATT_Q, b, h, i0), g.st[ATT_Q][2], qv, (int)g.d, vec);
-            ft_load<NP, T>(sY, sYt, dY + att_off(g, ATT_Y, b, h, i0), g.st[ATT_Y][2], qv, (int)g.dv, vec);
-            for (int r = threadIdx.x; r < T; r += 128) {
-                float x = r < qv ? lse[bh * g.sq + i0 + r] : -ft_inf();
-                sL[r] = x == -ft_inf() ? ft_inf() : x * FT_LOG2E;
-                sD[r] = r < qv ? delta[bh * g.sq + i0 + r] : 0.f;
-            }
-            __syncthreads();
-            // (warp-uniform) no key of this warp, or (causal) every query before its keys
-            if (kw >= g.skv || (g.causal && i0 + T - 1 < kw)) continue;
+    for (i64 t = 0; t < ntiles; ++t) {
+        if (t + 1 < ntiles) {
+            fill(t + 1);
+            ft_wait<1>();
+        } else {
+            ft_wait<0>();
+        }
+        __syncthreads();
+        const float* sQ = ft_smem + (t & 1) * FT_DKV_STAGE;
+        const float* sY = sQ + T * FT_RN;
+        const float* sL = sY + T * FT_RN;  // LSE (natural units; −inf: the row sees nothing)
+        const float* sD = sL + T;
+        i64 h = hk * grp + t / nq, i0 = i_start + (t % nq) * T;
+        int qv = (int)(g.sq - i0 < T ? g.sq - i0 : T);
+        // (warp-uniform) no key of this warp, or (causal) every query before its keys
+        if (!(kw >= g.skv || (g.causal && i0 + T - 1 < kw))) {
             float s[TB][4], dp[TB][4];
 #pragma unroll
             for (int nb = 0; nb < TB; ++nb)
@@ -443,22 +507,22 @@ template <int NP> __device__ void ft_dkv(const AttnGeom& g, const float* dY, con
                 if (kb * 8 >= g.d) break;
                 FtA<NP> a = ft_sa<NP>(sKa, kb);
 #pragma unroll
-                for (int nb = 0; nb < TB; ++nb) ft_mma_b<NP, 8>(s[nb], a, sQ, nb, kb);
+                for (int nb = 0; nb < TB; ++nb) ft_mma_b<NP, FT_RN, 0>(s[nb], a, sQ, nb, kb);  // Sᵀ = K·Qᵀ
             }
 #pragma unroll
             for (int kb = 0; kb < 8; ++kb) {
                 if (kb * 8 >= g.dv) break;
                 FtA<NP> a = ft_sa<NP>(sVa, kb);
 #pragma unroll
-                for (int nb = 0; nb < TB; ++nb) ft_mma_b<NP, 8>(dp[nb], a, sY, nb, kb);
+                for (int nb = 0; nb < TB; ++nb) ft_mma_b<NP, FT_RN, 0>(dp[nb], a, sY, nb, kb);  // dPᵀ = V·dYᵀ
             }
-            // (Queries past Sq have LSE +inf, so P = 0 there without a check.)
+            // (Queries past Sq: LSE slots zero-filled, rows qq ≥ qv are skipped below.)
             bool edge = g.mask_kind || (g.causal && kw + 15 > i0);
 #pragma unroll
             for (int hr = 0; hr < 2; ++hr) {
                 i64 kj = kw + gq + 8 * hr;
                 // Query columns qq of the tile: qq < krel come before the key.
-                int krel = (int)(kj - i0 > T ? T : kj - i0), qlim = qv;
+                int krel = (int)(kj - i0 > T ? T : kj - i0);
                 i64 mcol = b * g.ms[0] + h * g.ms[1] + i0 * g.ms[2] + kj * g.ms[3];
 #pragma unroll
                 for (int nb = 0; nb < TB; ++nb)
@@ -467,36 +531,43 @@ template <int NP> __device__ void ft_dkv(const AttnGeom& g, const float* dY, con
                         int qq = nb * 8 + 2 * tq + e;
                         float x = s[nb][2 * hr + e] * sl2;
                         if (edge && g.causal && qq < krel) x = -ft_inf();
-                        else if (edge && g.mask_kind && qq < qlim && kj < g.skv) x = ft_mask(g, mask, mcol + qq * g.ms[2], x);
-                        float p = ft_ex2(x - sL[qq]);
+                        else if (edge && g.mask_kind && qq < qv && kj < g.skv) x = ft_mask(g, mask, mcol + qq * g.ms[2], x);
+                        float lq = sL[qq];
+                        float p = qq < qv && lq != -ft_inf() ? ft_ex2(x - lq * FT_LOG2E) : 0.f;
                         s[nb][2 * hr + e] = p;
                         dp[nb][2 * hr + e] = p * (dp[nb][2 * hr + e] - sD[qq]);
                     }
             }
-            // dV += Pᵀ · dY, dK += dSᵀ · Q
+            // dV += Pᵀ · dY, dK += dSᵀ · Q (the tile's 32 queries summed apart, then added)
+            FtA<NP> pa[TB] = {ft_acc<NP>(s[0]), ft_acc<NP>(s[1]), ft_acc<NP>(s[2]), ft_acc<NP>(s[3])};
 #pragma unroll
-            for (int kb = 0; kb < TB; ++kb) {
-                FtA<NP> a = ft_acc<NP>(s[kb]);
+            for (int nb = 0; nb < 8; ++nb)
+                if (nb * 8 < g.dv) {
+                    FT_T0(tt);
 #pragma unroll
-                for (int nb = 0; nb < 8; ++nb)
-                    if (nb * 8 < g.dv) ft_mma_b<NP, TB>(dv[nb], a, sYt, nb, kb);
-            }
+                    for (int kb = 0; kb < TB; ++kb) ft_mma_b<NP, FT_RN, 1>(tt, pa[kb], sY, nb, kb);
+                    FT_ADD(dv[nb], tt);
+                }
+            FtA<NP> da[TB] = {ft_acc<NP>(dp[0]), ft_acc<NP>(dp[1]), ft_acc<NP>(dp[2]), ft_acc<NP>(dp[3])};
 #pragma unroll
-            for (int kb = 0; kb < TB; ++kb) {
-                FtA<NP> a = ft_acc<NP>(dp[kb]);
+            for (int nb = 0; nb < 8; ++nb)
+                if (nb * 8 < g.d) {
+                    FT_T0(tt);
 #pragma unroll
-                for (int nb = 0; nb < 8; ++nb)
-                    if (nb * 8 < g.d) ft_mma_b<NP, TB>(dk[nb], a, sQt, nb, kb);
-            }
+                    for (int kb = 0; kb < TB; ++kb) ft_mma_b<NP, FT_RN, 1>(tt, da[kb], sQ, nb, kb);
+                    FT_ADD(dk[nb], tt);
+                }
         }
+        __syncthreads();
     }
     float fk[2] = {(float)g.scale, (float)g.scale}, fv[2] = {1.f, 1.f};
     ft_store(dK + att_off(g, ATT_K, b, hk, 0), g.st[ATT_K][2], dk, kw, g.skv, (int)g.d, fk);
     ft_store(dV + att_off(g, ATT_V, b, hk, 0), g.st[ATT_V][2], dv, kw, g.skv, (int)g.dv, fv);
 }
 
-// _3: 3xTF32 (f32); _1: one TF32 pass (`--dtype tf32`). Shared memory (bytes): forward
-// 2 · 64·64·4·NP; dQ 3 · 64·64·4·NP + 16 KiB; dK/dV 4 · FT_TQ·64·4·NP + 2 · FT_TQ · 4 + 2 · 16 KiB.
+// _3: 3xTF32 (f32); _1: one TF32 pass (`--dtype tf32`). Shared memory (floats): forward
+// 2 stages of FT_FWD_STAGE; dQ 2 of FT_DQ_STAGE + 4 warps' dY fragments (4096); dK/dV 2 of
+// FT_DKV_STAGE + 4 warps' K and V fragments (8192).
 #define INST_FT(NP, S)                                                                                                                                                                                   \
     extern "C" __global__ void __launch_bounds__(128, 2) ft_fwd_##S(AttnGeom g, const float* Q, const float* K, const float* V, const void* mask, float* Y, float* lse, int vec) {                    \
         ft_fwd<NP>(g, Q, K, V, mask, Y, lse, vec);                                                                                                                                                      \

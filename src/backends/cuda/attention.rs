@@ -1,7 +1,8 @@
 //! Attention and VarlenAttention on CUDA, forward with the optional LSE output and
 //! backward from it. Attention with head sizes up to 64 (f32, f16, bf16) or 128 (f16/bf16
 //! forward) runs the tiled flash kernels of cuda/flash.cu (tensor cores for f16/bf16:
-//! `wgmma` on Hopper for heads up to 64, `mma.sync` elsewhere);
+//! `wgmma` on Hopper for heads up to 64, `mma.sync` elsewhere; f32 on CUDA cores, or
+//! with `--dtype tf32` one TF32 pass on tensor cores, cuda/flash_tf32.cu);
 //! the rest (VarlenAttention, larger heads, f64) the row-per-warp kernels of
 //! cuda/attention.cu. Shapes, masks and cu_seqlens are checked here; the kernels take one
 //! `AttnGeom` that describes either layout.
@@ -412,10 +413,23 @@ fn rows_only() -> bool {
     kernel_choice() == "rows"
 }
 
-/// `GRAPHRUN_CUDA_ATTENTION_F32=simt` keeps f32 attention on the CUDA-core kernels (fs_*).
-fn f32_simt() -> bool {
-    static SIMT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *SIMT.get_or_init(|| std::env::var("GRAPHRUN_CUDA_ATTENTION_F32").is_ok_and(|v| v == "simt"))
+/// Which kernels take f32 attention (head sizes up to 64), from
+/// `GRAPHRUN_CUDA_ATTENTION_F32`: by default the CUDA-core ones (fs_*) in true FP32, and
+/// with `--dtype tf32` one TF32 pass on tensor cores; `simt` keeps tf32 sessions on fs_*
+/// too; `3xtf32` runs f32 on tensor cores in 3xTF32 (FP32-level accuracy; on the H100 so
+/// far slower than fs_*: docs/bench-h100/attention-notes.md).
+fn f32_choice() -> &'static str {
+    static CHOICE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    CHOICE.get_or_init(|| std::env::var("GRAPHRUN_CUDA_ATTENTION_F32").unwrap_or_default())
+}
+
+fn f32_kernels(c: &Cuda) -> Fast {
+    match (c.blas.tf32(), f32_choice()) {
+        (_, "simt") => Fast::Simt,
+        (true, _) => Fast::Tf32 { passes: 1 },
+        (false, "3xtf32") => Fast::Tf32 { passes: 3 },
+        (false, _) => Fast::Simt,
+    }
 }
 
 fn fast(c: &Cuda, g: &AttnGeom, dt: DType, backward: bool) -> Option<Fast> {
@@ -426,10 +440,7 @@ fn fast(c: &Cuda, g: &AttnGeom, dt: DType, backward: bool) -> Option<Fast> {
     match dt {
         DType::BF16 | DType::F16 if w <= 64 => Some(Fast::Mma(64)),
         DType::BF16 | DType::F16 if w <= 128 && !backward => Some(Fast::Mma(128)),
-        DType::F32 if w <= 64 && f32_simt() => Some(Fast::Simt),
-        DType::F32 if w <= 64 => Some(Fast::Tf32 {
-            passes: if c.blas.tf32() { 1 } else { 3 },
-        }),
+        DType::F32 if w <= 64 => Some(f32_kernels(c)),
         _ => None,
     }
 }
@@ -440,16 +451,17 @@ const FA_BQ: usize = 128;
 const FA_T: usize = 64;
 /// An f32 tile: 64 × 64 floats.
 const FS_TILE: usize = 64 * 64 * 4;
-/// cuda/flash_tf32.cu: a 64 × 64 tile of TF32 operands per pass (the 3-pass kernels keep
-/// two: the big and small parts), a warp's raw 16 × 64 A fragments (× 4 warps), and the
-/// query rows of a dK/dV tile (FT_TQ).
-const FT_TILE: usize = 64 * 64 * 4;
-const FT_A: usize = 64 * 64 * 4;
-const FT_TQ: usize = 32;
+/// cuda/flash_tf32.cu's shared memory (floats): two stages of raw f32 tiles (rows of 72
+/// floats, or 68 where only read across rows) — forward K and V, dQ K and V, dK/dV 32-query
+/// tiles of Q and dY with their LSE and delta — plus the 4 warps' raw A fragments (16 rows ×
+/// 64 each) of dY (dQ) or of K and V (dK/dV).
+const FT_SMEM_FWD: usize = 2 * (64 * 72 + 64 * 68) * 4;
+const FT_SMEM_DQ: usize = (2 * 2 * 64 * 72 + 4 * 16 * 64) * 4;
+const FT_SMEM_DKV: usize = (2 * (2 * 32 * 72 + 2 * 32) + 2 * 4 * 16 * 64) * 4;
 
-/// The tf32 kernels' name suffix and tiles per operand for `passes`.
-fn ft_parts(passes: u8) -> (u8, usize) {
-    (passes, if passes == 3 { 2 } else { 1 })
+/// The tf32 kernels' names for `passes`.
+fn ft_name(kernel: &str, passes: u8) -> String {
+    format!("{kernel}_{passes}")
 }
 
 /// The tensor-core kernels come without and with (`_m`) mask support, and without a mask
@@ -521,18 +533,9 @@ fn fast_forward(
             launch_grid(&c.dev, &c.stream, "fs_fwd", grid, 256, 4 * FS_TILE, &args)
         }
         Fast::Tf32 { passes } => {
-            let (sfx, np) = ft_parts(passes);
             let grid = (sq.div_ceil(FA_T) as u32, bh, 1);
-            let smem = 2 * np * FT_TILE;
-            launch_grid(
-                &c.dev,
-                &c.stream,
-                &format!("ft_fwd_{sfx}"),
-                grid,
-                128,
-                smem,
-                &args,
-            )
+            let name = ft_name("ft_fwd", passes);
+            launch_grid(&c.dev, &c.stream, &name, grid, 128, FT_SMEM_FWD, &args)
         }
     }
 }
@@ -599,29 +602,9 @@ fn fast_backward(
             )
         }
         Fast::Tf32 { passes } => {
-            let (sfx, np) = ft_parts(passes);
-            let (sm_q, sm_kv) = (
-                3 * np * FT_TILE + FT_A,
-                4 * np * FT_TQ * 64 * 4 + 2 * FT_TQ * 4 + 2 * FT_A,
-            );
-            launch_grid(
-                &c.dev,
-                &c.stream,
-                &format!("ft_dq_{sfx}"),
-                qgrid,
-                128,
-                sm_q,
-                &aq,
-            )?;
-            launch_grid(
-                &c.dev,
-                &c.stream,
-                &format!("ft_dkv_{sfx}"),
-                kgrid,
-                128,
-                sm_kv,
-                &akv,
-            )
+            let (dq, dkv) = (ft_name("ft_dq", passes), ft_name("ft_dkv", passes));
+            launch_grid(&c.dev, &c.stream, &dq, qgrid, 128, FT_SMEM_DQ, &aq)?;
+            launch_grid(&c.dev, &c.stream, &dkv, kgrid, 128, FT_SMEM_DKV, &akv)
         }
         Fast::Simt => {
             launch_grid(&c.dev, &c.stream, "fs_dq", qgrid, 256, 6 * FS_TILE, &aq)?;
