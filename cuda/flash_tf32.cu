@@ -78,11 +78,10 @@ template <int NP> __device__ __forceinline__ FtA<NP> ft_acc(const float* c) { re
 #define FT_RN 72  // tiles read along rows (or both ways)
 #define FT_RT 68  // tiles read only across rows
 
-// d += A · B for B block (nb, kb) of a tile read along rows (TR = 0) or across (TR = 1).
-// NP = 2: small·big and big·small, then big·big.
-template <int NP, int RS, int TR> __device__ __forceinline__ void ft_mma_b(float* d, const FtA<NP>& a, const float* tile, int nb, int kb) {
+// Raw B fragment (b0, b1) of block (nb, kb) of a tile read along rows (TR = 0) or across
+// (TR = 1).
+template <int RS, int TR> __device__ __forceinline__ void ft_ldb(const float* tile, int nb, int kb, float& x0, float& x1) {
     int lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
-    float x0, x1;
     if (TR) {
         const float* p = tile + (kb * 8 + 2 * tq) * RS + nb * 8 + gq;
         x0 = p[0], x1 = p[RS];
@@ -90,12 +89,48 @@ template <int NP, int RS, int TR> __device__ __forceinline__ void ft_mma_b(float
         float2 v = *(const float2*)(tile + (nb * 8 + gq) * RS + kb * 8 + 2 * tq);
         x0 = v.x, x1 = v.y;
     }
+}
+
+// d += A · B for B block (nb, kb). NP = 2: small·big and big·small, then big·big.
+template <int NP, int RS, int TR> __device__ __forceinline__ void ft_mma_b(float* d, const FtA<NP>& a, const float* tile, int nb, int kb) {
+    float x0, x1;
+    ft_ldb<RS, TR>(tile, nb, kb, x0, x1);
     float h0 = ft_rna(x0), h1 = ft_rna(x1);
     if (NP == 2) {
         ft_mma(d, a.lo, h0, h1);
         ft_mma(d, a.hi, ft_rna(x0 - h0), ft_rna(x1 - h1));
     }
     ft_mma(d, a.hi, h0, h1);
+}
+
+// d[nb] += A · B(nb, kb) for the n blocks nb < min(NB, lim), k block kb. NP = 2 issues the
+// three passes one after the other over all n blocks, so that consecutive mma are
+// independent: a warp issues in order, and a product's three mma into one accumulator
+// back to back each wait for the previous one's result.
+template <int NP, int RS, int TR, int NB> __device__ __forceinline__ void ft_mma_row(float (*d)[4], const FtA<NP>& a, const float* tile, int kb, int lim) {
+    if constexpr (NP == 1) {
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb)
+            if (nb < lim) ft_mma_b<NP, RS, TR>(d[nb], a, tile, nb, kb);
+    } else {
+        float hi[NB][2], lo[NB][2];
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb) {
+            float x0 = 0.f, x1 = 0.f;
+            if (nb < lim) ft_ldb<RS, TR>(tile, nb, kb, x0, x1);
+            hi[nb][0] = ft_rna(x0), hi[nb][1] = ft_rna(x1);
+            lo[nb][0] = ft_rna(x0 - hi[nb][0]), lo[nb][1] = ft_rna(x1 - hi[nb][1]);
+        }
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb)
+            if (nb < lim) ft_mma(d[nb], a.lo, hi[nb][0], hi[nb][1]);
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb)
+            if (nb < lim) ft_mma(d[nb], a.hi, lo[nb][0], lo[nb][1]);
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb)
+            if (nb < lim) ft_mma(d[nb], a.hi, hi[nb][0], hi[nb][1]);
+    }
 }
 
 __device__ __forceinline__ unsigned ft_u32(const void* p) {
@@ -203,6 +238,19 @@ __device__ __forceinline__ int ft_key_blocks(const AttnGeom& g, i64 j0, i64 qw) 
 #define FT_T0(tt) float tt[4] = {0.f, 0.f, 0.f, 0.f}
 #define FT_ADD(acc, tt) acc[0] += tt[0], acc[1] += tt[1], acc[2] += tt[2], acc[3] += tt[3]
 
+// acc[nb] += A0 · B(nb, kc) + A1 · B(nb, kc + 1) for nb < lim (B read across rows), the two
+// k blocks summed in a fresh accumulator first; the passes over all n blocks (ft_mma_row).
+template <int NP, int RS> __device__ __forceinline__ void ft_staged2(float (*acc)[4], const FtA<NP>& a0, const FtA<NP>& a1, const float* tile, int kc, int lim) {
+    float tt[8][4];
+#pragma unroll
+    for (int nb = 0; nb < 8; ++nb) tt[nb][0] = tt[nb][1] = tt[nb][2] = tt[nb][3] = 0.f;
+    ft_mma_row<NP, RS, 1, 8>(tt, a0, tile, kc, lim);
+    ft_mma_row<NP, RS, 1, 8>(tt, a1, tile, kc + 1, lim);
+#pragma unroll
+    for (int nb = 0; nb < 8; ++nb)
+        if (nb < lim) FT_ADD(acc[nb], tt[nb]);
+}
+
 // Forward: grid (query blocks of 64, B·Hq), 4 warps of 16 queries; K and V tiles of 64
 // keys, two stages. Y [B,Hq,Sq,Dv] through AttnGeom's strides, LSE [B,Hq,Sq].
 #define FT_FWD_STAGE (64 * FT_RN + 64 * FT_RT)
@@ -253,10 +301,7 @@ template <int NP> __device__ void ft_fwd(const AttnGeom& g, const float* Q, cons
 #pragma unroll
             for (int kb = 0; kb < 8; ++kb) {
                 if (kb * 8 >= g.d) break;
-                FtA<NP> a = ft_a<NP>(qa[kb]);
-#pragma unroll
-                for (int nb = 0; nb < 8; ++nb)
-                    if (nb < nbl) ft_mma_b<NP, FT_RN, 0>(s[nb], a, sK, nb, kb);
+                ft_mma_row<NP, FT_RN, 0, 8>(s, ft_a<NP>(qa[kb]), sK, kb, nbl);
             }
             // Only tiles at the end of the keys, on the causal diagonal or with a mask check
             // each score (the key blocks past nbl are among them: their scores become −inf).
@@ -300,14 +345,18 @@ template <int NP> __device__ void ft_fwd(const AttnGeom& g, const float* Q, cons
             for (int kc = 0; kc < 8; kc += 2) {
                 if (kc >= nbl) break;
                 FtA<NP> a0 = ft_acc<NP>(s[kc]), a1 = ft_acc<NP>(s[kc + 1]);
+                if constexpr (NP == 1) {
 #pragma unroll
-                for (int nb = 0; nb < 8; ++nb)
-                    if (nb * 8 < g.dv) {
-                        FT_T0(tt);
-                        ft_mma_b<NP, FT_RT, 1>(tt, a0, sV, nb, kc);
-                        ft_mma_b<NP, FT_RT, 1>(tt, a1, sV, nb, kc + 1);
-                        FT_ADD(o[nb], tt);
-                    }
+                    for (int nb = 0; nb < 8; ++nb)
+                        if (nb * 8 < g.dv) {
+                            FT_T0(tt);
+                            ft_mma_b<NP, FT_RT, 1>(tt, a0, sV, nb, kc);
+                            ft_mma_b<NP, FT_RT, 1>(tt, a1, sV, nb, kc + 1);
+                            FT_ADD(o[nb], tt);
+                        }
+                } else {
+                    ft_staged2<NP, FT_RT>(o, a0, a1, sV, kc, (int)((g.dv + 7) >> 3));
+                }
             }
         }
         __syncthreads();  // before the next fill overwrites this stage
@@ -388,18 +437,12 @@ template <int NP> __device__ void ft_dq(const AttnGeom& g, const float* dY, cons
 #pragma unroll
             for (int kb = 0; kb < 8; ++kb) {
                 if (kb * 8 >= g.d) break;
-                FtA<NP> a = ft_a<NP>(qa[kb]);
-#pragma unroll
-                for (int nb = 0; nb < 8; ++nb)
-                    if (nb < nbl) ft_mma_b<NP, FT_RN, 0>(s[nb], a, sK, nb, kb);
+                ft_mma_row<NP, FT_RN, 0, 8>(s, ft_a<NP>(qa[kb]), sK, kb, nbl);
             }
 #pragma unroll
             for (int kb = 0; kb < 8; ++kb) {
                 if (kb * 8 >= g.dv) break;
-                FtA<NP> a = ft_sa<NP>(sYa, kb);
-#pragma unroll
-                for (int nb = 0; nb < 8; ++nb)
-                    if (nb < nbl) ft_mma_b<NP, FT_RN, 0>(dp[nb], a, sV, nb, kb);
+                ft_mma_row<NP, FT_RN, 0, 8>(dp, ft_sa<NP>(sYa, kb), sV, kb, nbl);
             }
             bool edge = g.mask_kind || j0 + 64 > g.skv || (g.causal && j0 + 63 > qw);
 #pragma unroll
@@ -427,14 +470,18 @@ template <int NP> __device__ void ft_dq(const AttnGeom& g, const float* dY, cons
             for (int kc = 0; kc < 8; kc += 2) {
                 if (kc >= nbl) break;
                 FtA<NP> a0 = ft_acc<NP>(s[kc]), a1 = ft_acc<NP>(s[kc + 1]);
+                if constexpr (NP == 1) {
 #pragma unroll
-                for (int nb = 0; nb < 8; ++nb)
-                    if (nb * 8 < g.d) {
-                        FT_T0(tt);
-                        ft_mma_b<NP, FT_RN, 1>(tt, a0, sK, nb, kc);
-                        ft_mma_b<NP, FT_RN, 1>(tt, a1, sK, nb, kc + 1);
-                        FT_ADD(acc[nb], tt);
-                    }
+                    for (int nb = 0; nb < 8; ++nb)
+                        if (nb * 8 < g.d) {
+                            FT_T0(tt);
+                            ft_mma_b<NP, FT_RN, 1>(tt, a0, sK, nb, kc);
+                            ft_mma_b<NP, FT_RN, 1>(tt, a1, sK, nb, kc + 1);
+                            FT_ADD(acc[nb], tt);
+                        }
+                } else {
+                    ft_staged2<NP, FT_RN>(acc, a0, a1, sK, kc, (int)((g.d + 7) >> 3));
+                }
             }
         }
         __syncthreads();
@@ -505,16 +552,12 @@ template <int NP> __device__ void ft_dkv(const AttnGeom& g, const float* dY, con
 #pragma unroll
             for (int kb = 0; kb < 8; ++kb) {
                 if (kb * 8 >= g.d) break;
-                FtA<NP> a = ft_sa<NP>(sKa, kb);
-#pragma unroll
-                for (int nb = 0; nb < TB; ++nb) ft_mma_b<NP, FT_RN, 0>(s[nb], a, sQ, nb, kb);  // Sᵀ = K·Qᵀ
+                ft_mma_row<NP, FT_RN, 0, TB>(s, ft_sa<NP>(sKa, kb), sQ, kb, TB);  // Sᵀ = K·Qᵀ
             }
 #pragma unroll
             for (int kb = 0; kb < 8; ++kb) {
                 if (kb * 8 >= g.dv) break;
-                FtA<NP> a = ft_sa<NP>(sVa, kb);
-#pragma unroll
-                for (int nb = 0; nb < TB; ++nb) ft_mma_b<NP, FT_RN, 0>(dp[nb], a, sY, nb, kb);  // dPᵀ = V·dYᵀ
+                ft_mma_row<NP, FT_RN, 0, TB>(dp, ft_sa<NP>(sVa, kb), sY, kb, TB);  // dPᵀ = V·dYᵀ
             }
             // (Queries past Sq: LSE slots zero-filled, rows qq ≥ qv are skipped below.)
             bool edge = g.mask_kind || (g.causal && kw + 15 > i0);
@@ -539,24 +582,31 @@ template <int NP> __device__ void ft_dkv(const AttnGeom& g, const float* dY, con
                     }
             }
             // dV += Pᵀ · dY, dK += dSᵀ · Q (the tile's 32 queries summed apart, then added)
-            FtA<NP> pa[TB] = {ft_acc<NP>(s[0]), ft_acc<NP>(s[1]), ft_acc<NP>(s[2]), ft_acc<NP>(s[3])};
+            if constexpr (NP == 1) {
+                FtA<NP> pa[TB] = {ft_acc<NP>(s[0]), ft_acc<NP>(s[1]), ft_acc<NP>(s[2]), ft_acc<NP>(s[3])};
 #pragma unroll
-            for (int nb = 0; nb < 8; ++nb)
-                if (nb * 8 < g.dv) {
-                    FT_T0(tt);
+                for (int nb = 0; nb < 8; ++nb)
+                    if (nb * 8 < g.dv) {
+                        FT_T0(tt);
 #pragma unroll
-                    for (int kb = 0; kb < TB; ++kb) ft_mma_b<NP, FT_RN, 1>(tt, pa[kb], sY, nb, kb);
-                    FT_ADD(dv[nb], tt);
-                }
-            FtA<NP> da[TB] = {ft_acc<NP>(dp[0]), ft_acc<NP>(dp[1]), ft_acc<NP>(dp[2]), ft_acc<NP>(dp[3])};
+                        for (int kb = 0; kb < TB; ++kb) ft_mma_b<NP, FT_RN, 1>(tt, pa[kb], sY, nb, kb);
+                        FT_ADD(dv[nb], tt);
+                    }
+                FtA<NP> da[TB] = {ft_acc<NP>(dp[0]), ft_acc<NP>(dp[1]), ft_acc<NP>(dp[2]), ft_acc<NP>(dp[3])};
 #pragma unroll
-            for (int nb = 0; nb < 8; ++nb)
-                if (nb * 8 < g.d) {
-                    FT_T0(tt);
+                for (int nb = 0; nb < 8; ++nb)
+                    if (nb * 8 < g.d) {
+                        FT_T0(tt);
 #pragma unroll
-                    for (int kb = 0; kb < TB; ++kb) ft_mma_b<NP, FT_RN, 1>(tt, da[kb], sQ, nb, kb);
-                    FT_ADD(dk[nb], tt);
-                }
+                        for (int kb = 0; kb < TB; ++kb) ft_mma_b<NP, FT_RN, 1>(tt, da[kb], sQ, nb, kb);
+                        FT_ADD(dk[nb], tt);
+                    }
+            } else {
+                ft_staged2<NP, FT_RN>(dv, ft_acc<NP>(s[0]), ft_acc<NP>(s[1]), sY, 0, (int)((g.dv + 7) >> 3));
+                ft_staged2<NP, FT_RN>(dv, ft_acc<NP>(s[2]), ft_acc<NP>(s[3]), sY, 2, (int)((g.dv + 7) >> 3));
+                ft_staged2<NP, FT_RN>(dk, ft_acc<NP>(dp[0]), ft_acc<NP>(dp[1]), sQ, 0, (int)((g.d + 7) >> 3));
+                ft_staged2<NP, FT_RN>(dk, ft_acc<NP>(dp[2]), ft_acc<NP>(dp[3]), sQ, 2, (int)((g.d + 7) >> 3));
+            }
         }
         __syncthreads();
     }
