@@ -18,6 +18,6 @@ for f in $(cat /tmp/carry_tf32_exes.txt); do n=$(basename "$f"); cp "$f" /tmp/ca
 cp ${CARGO_TARGET_DIR:-target}/release/graphrun /tmp/carry_tf32_bin/graphrun
 strip /tmp/carry_tf32_bin/graphrun /tmp/carry_tf32_bin/tests/*
 tar czf "$DEST/bin.tgz" -C /tmp/carry_tf32_bin .
-cp -r /tmp/tf32_kcache "$DEST/kcache" 2>/dev/null || python3 scripts/precompile_kernels.py "$DEST/kcache"
+python3 scripts/precompile_kernels.py "$DEST/kcache"
 cp scripts/device_tf32.sh "$DEST/"
 du -sh "$DEST"
