@@ -64,14 +64,24 @@ template <int NP> struct FtA {
             lo[i] = NP == 2 ? ft_rna(x[i] - hi[i]) : 0.f;
         }
     }
+    // Already TF32 (NP = 1): taken as is.
+    __device__ __forceinline__ FtA(const float* x, int) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) hi[i] = x[i], lo[i] = 0.f;
+    }
 };
-// From a raw fragment in registers: {a0, a1, a2, a3}.
-template <int NP> __device__ __forceinline__ FtA<NP> ft_a(const float* x) { return FtA<NP>(x[0], x[1], x[2], x[3]); }
+// From a fragment in registers: {a0, a1, a2, a3}, raw f32 for NP = 2, already rounded to
+// TF32 (ft_round_a) for NP = 1.
+template <int NP> __device__ __forceinline__ FtA<NP> ft_a(const float* x) {
+    if constexpr (NP == 1) return FtA<NP>(x, 0);
+    else return FtA<NP>(x[0], x[1], x[2], x[3]);
+}
 // From an accumulator block c (c0 = (g, 2t), c1 = (g, 2t+1), c2 = (g+8, 2t), c3 = (g+8, 2t+1)).
 template <int NP> __device__ __forceinline__ FtA<NP> ft_acc(const float* c) { return FtA<NP>(c[0], c[2], c[1], c[3]); }
 
 // Raw f32 tiles in shared memory, row-major with RS floats a row (64 columns used), filled
-// by cp.async one tile ahead. A B fragment is read either along rows (n = tile row, k =
+// by cp.async one tile ahead (for NP = 1 rounded to TF32 in place once they have landed,
+// ft_round_own, so that the fragments go to the mma as read). A B fragment is read either along rows (n = tile row, k =
 // tile column: one 8-byte load of columns 2t, 2t+1, conflict-free for RS ≡ 8 mod 32) or
 // across them (n = tile column, k = tile row: two 4-byte loads, conflict-free for RS ≡ 4
 // mod 32, 2-way for 8), and split into TF32 parts in registers.
@@ -95,7 +105,7 @@ template <int RS, int TR> __device__ __forceinline__ void ft_ldb(const float* ti
 template <int NP, int RS, int TR> __device__ __forceinline__ void ft_mma_b(float* d, const FtA<NP>& a, const float* tile, int nb, int kb) {
     float x0, x1;
     ft_ldb<RS, TR>(tile, nb, kb, x0, x1);
-    float h0 = ft_rna(x0), h1 = ft_rna(x1);
+    float h0 = NP == 1 ? x0 : ft_rna(x0), h1 = NP == 1 ? x1 : ft_rna(x1);
     if (NP == 2) {
         ft_mma(d, a.lo, h0, h1);
         ft_mma(d, a.hi, ft_rna(x0 - h0), ft_rna(x1 - h1));
@@ -148,22 +158,44 @@ __device__ __forceinline__ void ft_commit() { asm volatile("cp.async.commit_grou
 template <int N> __device__ __forceinline__ void ft_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
 // Starts filling tile `dst` (NR rows of RS floats) with `valid` rows of `width` columns of
-// `src` (row stride `rs`), zeros elsewhere: 16-byte cp.async with `vec` (width % 4 == 0,
-// 16-byte aligned rows), plain element copies otherwise.
-template <int NR, int RS> __device__ __forceinline__ void ft_fill(float* dst, const float* src, i64 rs, int valid, int width, int vec) {
+// `src` (row stride `rs`), zeros elsewhere, by the CTA's NT threads: 16-byte cp.async with
+// `vec` (width % 4 == 0, 16-byte aligned rows), plain element copies otherwise (rounded to
+// TF32 there with RND; the cp.async ones are rounded by ft_round_own once landed).
+template <int NR, int RS, int NT = 128, bool RND = false> __device__ __forceinline__ void ft_fill(float* dst, const float* src, i64 rs, int valid, int width, int vec) {
     if (vec) {
 #pragma unroll
-        for (int u = threadIdx.x; u < NR * 16; u += 128) {
+        for (int u = threadIdx.x; u < NR * 16; u += NT) {
             int r = u >> 4, c = (u & 15) * 4;
             bool in = r < valid && c < width;
             ft_cp16(dst + r * RS + c, in ? src + (i64)r * rs + c : src, in ? 16 : 0);
         }
         return;
     }
-    for (int u = threadIdx.x; u < NR * 64; u += 128) {
+    for (int u = threadIdx.x; u < NR * 64; u += NT) {
         int r = u >> 6, c = u & 63;
-        dst[r * RS + c] = r < valid && c < width ? src[(i64)r * rs + c] : 0.f;
+        float x = r < valid && c < width ? src[(i64)r * rs + c] : 0.f;
+        dst[r * RS + c] = RND ? ft_rna(x) : x;
     }
+}
+
+// Rounds to TF32 in place the 16-byte pieces of a tile that this thread's cp.async filled
+// (ft_fill with `vec`; visible to this thread after its cp.async.wait_group, to the others
+// after the barrier that follows).
+template <int NR, int RS, int NT = 128> __device__ __forceinline__ void ft_round_own(float* t) {
+#pragma unroll
+    for (int u = threadIdx.x; u < NR * 16; u += NT) {
+        float4* p = (float4*)(t + (u >> 4) * RS + (u & 15) * 4);
+        float4 v = *p;
+        *p = make_float4(ft_rna(v.x), ft_rna(v.y), ft_rna(v.z), ft_rna(v.w));
+    }
+}
+
+// Rounds fragments kept in registers to TF32 (NP = 1: done once, not per use).
+template <int N> __device__ __forceinline__ void ft_round_a(float (*a)[4]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) a[i][e] = ft_rna(a[i][e]);
 }
 
 // The raw A fragments of this warp's rows r0 + g, r0 + g + 8 (< valid; rows of `src`,
@@ -183,16 +215,18 @@ __device__ __forceinline__ void ft_load_a(float (*a)[4], const float* src, i64 r
 
 // The same fragments kept raw in shared memory (`sa`: this warp's 8 × 32 lanes × 4 floats)
 // where registers are short; read back with ft_sa.
-__device__ __forceinline__ void ft_stash_a(float* sa, const float* src, i64 rs, int r0, int valid, int width) {
+template <int NP> __device__ __forceinline__ void ft_stash_a(float* sa, const float* src, i64 rs, int r0, int valid, int width) {
     float a[8][4];
     ft_load_a(a, src, rs, r0, valid, width);
+    if (NP == 1) ft_round_a<8>(a);
     int lane = threadIdx.x & 31;
 #pragma unroll
     for (int kb = 0; kb < 8; ++kb) *(float4*)&sa[(kb * 32 + lane) * 4] = make_float4(a[kb][0], a[kb][1], a[kb][2], a[kb][3]);
 }
 template <int NP> __device__ __forceinline__ FtA<NP> ft_sa(const float* sa, int kb) {
     float4 x = *(const float4*)&sa[(kb * 32 + (threadIdx.x & 31)) * 4];
-    return FtA<NP>(x.x, x.y, x.z, x.w);
+    float v[4] = {x.x, x.y, x.z, x.w};
+    return ft_a<NP>(v);
 }
 
 // The additive (in log2 units) or bool mask at `off`: x stays, moves, or becomes −inf.
@@ -233,9 +267,8 @@ __device__ __forceinline__ int ft_key_blocks(const AttnGeom& g, i64 j0, i64 qw) 
     return lim <= 0 ? 0 : (int)((lim + 7) >> 3);
 }
 
-// tt[4] = 0 (a staging accumulator: long sums are added to the main one in f32 adds, a
-// few k blocks at a time, not accumulated inside the tensor cores).
-#define FT_T0(tt) float tt[4] = {0.f, 0.f, 0.f, 0.f}
+// (3xTF32: long sums are added to the main accumulator in f32 adds, a few k blocks at a
+// time, not accumulated inside the tensor cores.)
 #define FT_ADD(acc, tt) acc[0] += tt[0], acc[1] += tt[1], acc[2] += tt[2], acc[3] += tt[3]
 
 // acc[nb] += A0 · B(nb, kc) + A1 · B(nb, kc + 1) for nb < lim (B read across rows), the two
@@ -251,16 +284,65 @@ template <int NP, int RS> __device__ __forceinline__ void ft_staged2(float (*acc
         if (nb < lim) FT_ADD(acc[nb], tt[nb]);
 }
 
-// Forward: grid (query blocks of 64, B·Hq), 4 warps of 16 queries; K and V tiles of 64
-// keys, two stages. Y [B,Hq,Sq,Dv] through AttnGeom's strides, LSE [B,Hq,Sq].
+// Scores of a warp's 16 query rows (qw + g, + 8) × the 64 keys of the tile at j0, in log2
+// units: s · scale · log2 e, the mask applied, −inf past Skv and (causal) after the query.
+// Tiles inside every bound skip the checks; no branch per element.
+__device__ __forceinline__ void ft_scores(const AttnGeom& g, const void* mask, float (*s)[4], i64 b, i64 h, i64 qw, i64 j0, float sl2) {
+    int lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
+    int kv = (int)(g.skv - j0 < 64 ? g.skv - j0 : 64);
+#pragma unroll
+    for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[nb][e] *= sl2;
+    if (g.mask_kind) {
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            i64 qi = qw + gq + 8 * hh;
+            if (qi >= g.sq) continue;
+            i64 mrow = b * g.ms[0] + h * g.ms[1] + qi * g.ms[2] + j0 * g.ms[3];
+#pragma unroll
+            for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    int c = nb * 8 + 2 * tq + e;
+                    if (c < kv) s[nb][2 * hh + e] = ft_mask(g, mask, mrow + c * g.ms[3], s[nb][2 * hh + e]);
+                }
+        }
+    }
+    if (j0 + 64 > g.skv || (g.causal && j0 + 63 > qw)) {
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            // Key columns c < lim of the tile are seen: c < kv, and (causal) c ≤ qi − j0.
+            int lim = kv;
+            if (g.causal) {
+                i64 r = qw + gq + 8 * hh - j0 + 1;
+                if (r < lim) lim = r < 0 ? 0 : (int)r;
+            }
+#pragma unroll
+            for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    int c = nb * 8 + 2 * tq + e;
+                    s[nb][2 * hh + e] = c < lim ? s[nb][2 * hh + e] : -ft_inf();
+                }
+        }
+    }
+}
+
+// Forward: grid (query blocks of 16·W, B·Hq), W warps of 16 queries; K and V tiles of 64
+// keys, two stages. Y [B,Hq,Sq,Dv] through AttnGeom's strides, LSE [B,Hq,Sq]. NP = 1 works
+// on TF32-rounded tiles and fragments, computes every key block of a tile it enters (those
+// past the causal diagonal or Skv become −inf) and accumulates O in the tensor cores, so
+// that its mma go out eight independent ones at a time without branches between them.
 #define FT_FWD_STAGE (64 * FT_RN + 64 * FT_RT)
-template <int NP> __device__ void ft_fwd(const AttnGeom& g, const float* Q, const float* K, const float* V, const void* mask, float* Y, float* lse, int vec) {
+template <int NP, int W> __device__ void ft_fwd(const AttnGeom& g, const float* Q, const float* K, const float* V, const void* mask, float* Y, float* lse, int vec) {
+    constexpr int NT = 32 * W, BQ = 16 * W;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
     i64 qb = g.causal ? (i64)gridDim.x - 1 - blockIdx.x : blockIdx.x;
     i64 bh = blockIdx.y, b = bh / g.hq, h = bh % g.hq, hk = h / (g.hq / g.hkv);
-    i64 q0 = qb * 64, qw = q0 + warp * 16;
+    i64 q0 = qb * BQ, qw = q0 + warp * 16;
     i64 kend = g.skv;
-    if (g.causal && q0 + 64 < kend) kend = q0 + 64;
+    if (g.causal && q0 + BQ < kend) kend = q0 + BQ;
     const i64 krs = g.st[ATT_K][2], vrs = g.st[ATT_V][2];
     const float* Kb = K + att_off(g, ATT_K, b, hk, 0);
     const float* Vb = V + att_off(g, ATT_V, b, hk, 0);
@@ -269,14 +351,15 @@ template <int NP> __device__ void ft_fwd(const AttnGeom& g, const float* Q, cons
         float* sK = ft_smem + (t & 1) * FT_FWD_STAGE;
         i64 j0 = t * 64;
         int kv = (int)(g.skv - j0 < 64 ? g.skv - j0 : 64);
-        ft_fill<64, FT_RN>(sK, Kb + j0 * krs, krs, kv, (int)g.d, vec);
-        ft_fill<64, FT_RT>(sK + 64 * FT_RN, Vb + j0 * vrs, vrs, kv, (int)g.dv, vec);
+        ft_fill<64, FT_RN, NT, NP == 1>(sK, Kb + j0 * krs, krs, kv, (int)g.d, vec);
+        ft_fill<64, FT_RT, NT, NP == 1>(sK + 64 * FT_RN, Vb + j0 * vrs, vrs, kv, (int)g.dv, vec);
         ft_commit();
     };
     i64 ntiles = (kend + 63) / 64;
     fill(0);
     float qa[8][4];
-    ft_load_a(qa, Q + att_off(g, ATT_Q, b, h, q0), g.st[ATT_Q][2], warp * 16, (int)(g.sq - q0 < 64 ? g.sq - q0 : 64), (int)g.d);
+    ft_load_a(qa, Q + att_off(g, ATT_Q, b, h, q0), g.st[ATT_Q][2], warp * 16, (int)(g.sq - q0 < BQ ? g.sq - q0 : BQ), (int)g.d);
+    if (NP == 1) ft_round_a<8>(qa);
     float o[8][4], m[2] = {-ft_inf(), -ft_inf()}, l[2] = {0.f, 0.f};
 #pragma unroll
     for (int nb = 0; nb < 8; ++nb) o[nb][0] = o[nb][1] = o[nb][2] = o[nb][3] = 0.f;
@@ -288,42 +371,27 @@ template <int NP> __device__ void ft_fwd(const AttnGeom& g, const float* Q, cons
         } else {
             ft_wait<0>();
         }
+        float* sK = ft_smem + (t & 1) * FT_FWD_STAGE;
+        float* sV = sK + 64 * FT_RN;
+        if (NP == 1 && vec) {
+            ft_round_own<64, FT_RN, NT>(sK);
+            ft_round_own<64, FT_RT, NT>(sV);
+        }
         __syncthreads();
-        const float* sK = ft_smem + (t & 1) * FT_FWD_STAGE;
-        const float* sV = sK + 64 * FT_RN;
         i64 j0 = t * 64;
-        int kv = (int)(g.skv - j0 < 64 ? g.skv - j0 : 64);
         int nbl = ft_key_blocks(g, j0, qw);  // (warp-uniform) 0: every key after this warp's queries
         if (nbl > 0) {
             float s[8][4];
 #pragma unroll
             for (int nb = 0; nb < 8; ++nb) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.f;
 #pragma unroll
-            for (int kb = 0; kb < 8; ++kb) {
-                if (kb * 8 >= g.d) break;
-                ft_mma_row<NP, FT_RN, 0, 8>(s, ft_a<NP>(qa[kb]), sK, kb, nbl);
-            }
-            // Only tiles at the end of the keys, on the causal diagonal or with a mask check
-            // each score (the key blocks past nbl are among them: their scores become −inf).
-            bool edge = g.mask_kind || j0 + 64 > g.skv || (g.causal && j0 + 63 > qw);
+            for (int kb = 0; kb < 8; ++kb) ft_mma_row<NP, FT_RN, 0, 8>(s, ft_a<NP>(qa[kb]), sK, kb, NP == 1 ? 8 : nbl);
+            ft_scores(g, mask, s, b, h, qw, j0, sl2);
 #pragma unroll
             for (int hh = 0; hh < 2; ++hh) {
-                i64 qi = qw + gq + 8 * hh;
-                // Key columns c of the tile: c ≥ kv past Skv, c > qrel after the query.
-                int qrel = (int)(qi - j0 < 64 ? qi - j0 : 64);
-                i64 mrow = b * g.ms[0] + h * g.ms[1] + qi * g.ms[2] + j0 * g.ms[3];
                 float mx = m[hh];
 #pragma unroll
-                for (int nb = 0; nb < 8; ++nb)
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        float x = s[nb][2 * hh + e] * sl2;
-                        int c = nb * 8 + 2 * tq + e;
-                        if (edge && (c >= kv || (g.causal && c > qrel))) x = -ft_inf();
-                        else if (edge && g.mask_kind && qi < g.sq) x = ft_mask(g, mask, mrow + c * g.ms[3], x);
-                        s[nb][2 * hh + e] = x;
-                        mx = fmaxf(mx, x);
-                    }
+                for (int nb = 0; nb < 8; ++nb) mx = fmaxf(mx, fmaxf(s[nb][2 * hh], s[nb][2 * hh + 1]));
                 mx = ft_quad_max(mx);
                 float ref = mx == -ft_inf() ? 0.f : mx;
                 float alpha = ft_ex2(m[hh] - ref);
@@ -340,22 +408,20 @@ template <int NP> __device__ void ft_fwd(const AttnGeom& g, const float* Q, cons
                     }
                 l[hh] = l[hh] * alpha + ps;
             }
-            // O += P · V, two key blocks at a time
+            if constexpr (NP == 1) {
+                // O += P · V, straight into O (eight independent accumulators per key block)
 #pragma unroll
-            for (int kc = 0; kc < 8; kc += 2) {
-                if (kc >= nbl) break;
-                FtA<NP> a0 = ft_acc<NP>(s[kc]), a1 = ft_acc<NP>(s[kc + 1]);
-                if constexpr (NP == 1) {
+                for (int kc = 0; kc < 8; ++kc) {
+                    FtA<NP> a = ft_acc<NP>(s[kc]);
 #pragma unroll
-                    for (int nb = 0; nb < 8; ++nb)
-                        if (nb * 8 < g.dv) {
-                            FT_T0(tt);
-                            ft_mma_b<NP, FT_RT, 1>(tt, a0, sV, nb, kc);
-                            ft_mma_b<NP, FT_RT, 1>(tt, a1, sV, nb, kc + 1);
-                            FT_ADD(o[nb], tt);
-                        }
-                } else {
-                    ft_staged2<NP, FT_RT>(o, a0, a1, sV, kc, (int)((g.dv + 7) >> 3));
+                    for (int nb = 0; nb < 8; ++nb) ft_mma_b<NP, FT_RT, 1>(o[nb], a, sV, nb, kc);
+                }
+            } else {
+                // O += P · V, two key blocks at a time summed apart (3xTF32 keeps FP32's bits)
+#pragma unroll
+                for (int kc = 0; kc < 8; kc += 2) {
+                    if (kc >= nbl) break;
+                    ft_staged2<NP, FT_RT>(o, ft_acc<NP>(s[kc]), ft_acc<NP>(s[kc + 1]), sV, kc, (int)((g.dv + 7) >> 3));
                 }
             }
         }
@@ -394,8 +460,8 @@ template <int NP> __device__ void ft_dq(const AttnGeom& g, const float* dY, cons
         float* sK = ft_smem + (t & 1) * FT_DQ_STAGE;
         i64 j0 = t * 64;
         int kv = (int)(g.skv - j0 < 64 ? g.skv - j0 : 64);
-        ft_fill<64, FT_RN>(sK, Kb + j0 * krs, krs, kv, (int)g.d, vec);
-        ft_fill<64, FT_RN>(sK + 64 * FT_RN, Vb + j0 * vrs, vrs, kv, (int)g.dv, vec);
+        ft_fill<64, FT_RN, 128, NP == 1>(sK, Kb + j0 * krs, krs, kv, (int)g.d, vec);
+        ft_fill<64, FT_RN, 128, NP == 1>(sK + 64 * FT_RN, Vb + j0 * vrs, vrs, kv, (int)g.dv, vec);
         ft_commit();
     };
     i64 ntiles = (kend + 63) / 64;
@@ -403,7 +469,8 @@ template <int NP> __device__ void ft_dq(const AttnGeom& g, const float* dY, cons
     float* sYa = ft_smem + 2 * FT_DQ_STAGE + warp * 8 * 32 * 4;
     float qa[8][4];
     ft_load_a(qa, Q + att_off(g, ATT_Q, b, h, q0), g.st[ATT_Q][2], warp * 16, qv, (int)g.d);
-    ft_stash_a(sYa, dY + att_off(g, ATT_Y, b, h, q0), g.st[ATT_Y][2], warp * 16, qv, (int)g.dv);
+    if (NP == 1) ft_round_a<8>(qa);
+    ft_stash_a<NP>(sYa, dY + att_off(g, ATT_Y, b, h, q0), g.st[ATT_Y][2], warp * 16, qv, (int)g.dv);
     float L[2], Dl[2], acc[8][4];
 #pragma unroll
     for (int nb = 0; nb < 8; ++nb) acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.f;
@@ -422,9 +489,13 @@ template <int NP> __device__ void ft_dq(const AttnGeom& g, const float* dY, cons
         } else {
             ft_wait<0>();
         }
+        float* sK = ft_smem + (t & 1) * FT_DQ_STAGE;
+        float* sV = sK + 64 * FT_RN;
+        if (NP == 1 && vec) {
+            ft_round_own<64, FT_RN>(sK);
+            ft_round_own<64, FT_RN>(sV);
+        }
         __syncthreads();
-        const float* sK = ft_smem + (t & 1) * FT_DQ_STAGE;
-        const float* sV = sK + 64 * FT_RN;
         i64 j0 = t * 64;
         int kv = (int)(g.skv - j0 < 64 ? g.skv - j0 : 64);
         int nbl = ft_key_blocks(g, j0, qw);
@@ -434,53 +505,42 @@ template <int NP> __device__ void ft_dq(const AttnGeom& g, const float* dY, cons
             for (int nb = 0; nb < 8; ++nb)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) s[nb][e] = dp[nb][e] = 0.f;
+            // (Head columns past d / dv are zeros in the tiles and fragments: every k block
+            // is summed; NP = 1 also every key block, those past nbl being masked.)
 #pragma unroll
-            for (int kb = 0; kb < 8; ++kb) {
-                if (kb * 8 >= g.d) break;
-                ft_mma_row<NP, FT_RN, 0, 8>(s, ft_a<NP>(qa[kb]), sK, kb, nbl);
-            }
+            for (int kb = 0; kb < 8; ++kb) ft_mma_row<NP, FT_RN, 0, 8>(s, ft_a<NP>(qa[kb]), sK, kb, NP == 1 ? 8 : nbl);
 #pragma unroll
-            for (int kb = 0; kb < 8; ++kb) {
-                if (kb * 8 >= g.dv) break;
-                ft_mma_row<NP, FT_RN, 0, 8>(dp, ft_sa<NP>(sYa, kb), sV, kb, nbl);
-            }
-            bool edge = g.mask_kind || j0 + 64 > g.skv || (g.causal && j0 + 63 > qw);
+            for (int kb = 0; kb < 8; ++kb) ft_mma_row<NP, FT_RN, 0, 8>(dp, ft_sa<NP>(sYa, kb), sV, kb, NP == 1 ? 8 : nbl);
+            ft_scores(g, mask, s, b, h, qw, j0, sl2);
 #pragma unroll
             for (int hh = 0; hh < 2; ++hh) {
                 i64 qi = qw + gq + 8 * hh;
-                int qrel = (int)(qi - j0 < 64 ? qi - j0 : 64);
-                i64 mrow = b * g.ms[0] + h * g.ms[1] + qi * g.ms[2] + j0 * g.ms[3];
                 float* drow = dmask && qi < g.sq ? dmask + (bh * g.sq + qi) * g.skv + j0 : nullptr;
 #pragma unroll
                 for (int nb = 0; nb < 8; ++nb)
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
                         int c = nb * 8 + 2 * tq + e;
-                        float x = s[nb][2 * hh + e] * sl2;
-                        if (edge && (c >= kv || (g.causal && c > qrel))) x = -ft_inf();
-                        else if (edge && g.mask_kind && qi < g.sq) x = ft_mask(g, mask, mrow + c * g.ms[3], x);
-                        float p = ft_ex2(x - L[hh]);
+                        float p = ft_ex2(s[nb][2 * hh + e] - L[hh]);
                         float ds = p * (dp[nb][2 * hh + e] - Dl[hh]);
                         s[nb][2 * hh + e] = ds;
                         if (drow && c < kv) drow[c] = ds;
                     }
             }
-            // dQ += dS · K, two key blocks at a time
+            if constexpr (NP == 1) {
+                // dQ += dS · K, straight into dQ
 #pragma unroll
-            for (int kc = 0; kc < 8; kc += 2) {
-                if (kc >= nbl) break;
-                FtA<NP> a0 = ft_acc<NP>(s[kc]), a1 = ft_acc<NP>(s[kc + 1]);
-                if constexpr (NP == 1) {
+                for (int kc = 0; kc < 8; ++kc) {
+                    FtA<NP> a = ft_acc<NP>(s[kc]);
 #pragma unroll
-                    for (int nb = 0; nb < 8; ++nb)
-                        if (nb * 8 < g.d) {
-                            FT_T0(tt);
-                            ft_mma_b<NP, FT_RN, 1>(tt, a0, sK, nb, kc);
-                            ft_mma_b<NP, FT_RN, 1>(tt, a1, sK, nb, kc + 1);
-                            FT_ADD(acc[nb], tt);
-                        }
-                } else {
-                    ft_staged2<NP, FT_RN>(acc, a0, a1, sK, kc, (int)((g.d + 7) >> 3));
+                    for (int nb = 0; nb < 8; ++nb) ft_mma_b<NP, FT_RN, 1>(acc[nb], a, sK, nb, kc);
+                }
+            } else {
+                // dQ += dS · K, two key blocks at a time summed apart
+#pragma unroll
+                for (int kc = 0; kc < 8; kc += 2) {
+                    if (kc >= nbl) break;
+                    ft_staged2<NP, FT_RN>(acc, ft_acc<NP>(s[kc]), ft_acc<NP>(s[kc + 1]), sK, kc, (int)((g.d + 7) >> 3));
                 }
             }
         }
@@ -507,8 +567,8 @@ template <int NP> __device__ void ft_dkv(const AttnGeom& g, const float* dY, con
         float* sQ = ft_smem + (t & 1) * FT_DKV_STAGE;
         i64 h = hk * grp + t / nq, i0 = i_start + (t % nq) * T, bh = b * g.hq + h;
         int qv = (int)(g.sq - i0 < T ? g.sq - i0 : T);
-        ft_fill<T, FT_RN>(sQ, Q + att_off(g, ATT_Q, b, h, i0), g.st[ATT_Q][2], qv, (int)g.d, vec);
-        ft_fill<T, FT_RN>(sQ + T * FT_RN, dY + att_off(g, ATT_Y, b, h, i0), g.st[ATT_Y][2], qv, (int)g.dv, vec);
+        ft_fill<T, FT_RN, 128, NP == 1>(sQ, Q + att_off(g, ATT_Q, b, h, i0), g.st[ATT_Q][2], qv, (int)g.d, vec);
+        ft_fill<T, FT_RN, 128, NP == 1>(sQ + T * FT_RN, dY + att_off(g, ATT_Y, b, h, i0), g.st[ATT_Y][2], qv, (int)g.dv, vec);
         int r = threadIdx.x & (T - 1);
         if (threadIdx.x < 2 * T) {
             const float* src = (threadIdx.x < T ? lse : delta) + bh * g.sq + i0;
@@ -520,8 +580,8 @@ template <int NP> __device__ void ft_dkv(const AttnGeom& g, const float* dY, con
     if (ntiles > 0) fill(0);
     float* sKa = ft_smem + 2 * FT_DKV_STAGE + warp * 8 * 32 * 4;
     float* sVa = sKa + 4 * 8 * 32 * 4;
-    ft_stash_a(sKa, K + att_off(g, ATT_K, b, hk, k0), g.st[ATT_K][2], warp * 16, kvalid, (int)g.d);
-    ft_stash_a(sVa, V + att_off(g, ATT_V, b, hk, k0), g.st[ATT_V][2], warp * 16, kvalid, (int)g.dv);
+    ft_stash_a<NP>(sKa, K + att_off(g, ATT_K, b, hk, k0), g.st[ATT_K][2], warp * 16, kvalid, (int)g.d);
+    ft_stash_a<NP>(sVa, V + att_off(g, ATT_V, b, hk, k0), g.st[ATT_V][2], warp * 16, kvalid, (int)g.dv);
     float dk[8][4], dv[8][4];
 #pragma unroll
     for (int nb = 0; nb < 8; ++nb)
@@ -535,9 +595,13 @@ template <int NP> __device__ void ft_dkv(const AttnGeom& g, const float* dY, con
         } else {
             ft_wait<0>();
         }
+        float* sQ = ft_smem + (t & 1) * FT_DKV_STAGE;
+        float* sY = sQ + T * FT_RN;
+        if (NP == 1 && vec) {
+            ft_round_own<T, FT_RN>(sQ);
+            ft_round_own<T, FT_RN>(sY);
+        }
         __syncthreads();
-        const float* sQ = ft_smem + (t & 1) * FT_DKV_STAGE;
-        const float* sY = sQ + T * FT_RN;
         const float* sL = sY + T * FT_RN;  // LSE (natural units; −inf: the row sees nothing)
         const float* sD = sL + T;
         i64 h = hk * grp + t / nq, i0 = i_start + (t % nq) * T;
@@ -550,57 +614,63 @@ template <int NP> __device__ void ft_dkv(const AttnGeom& g, const float* dY, con
 #pragma unroll
                 for (int e = 0; e < 4; ++e) s[nb][e] = dp[nb][e] = 0.f;
 #pragma unroll
-            for (int kb = 0; kb < 8; ++kb) {
-                if (kb * 8 >= g.d) break;
-                ft_mma_row<NP, FT_RN, 0, TB>(s, ft_sa<NP>(sKa, kb), sQ, kb, TB);  // Sᵀ = K·Qᵀ
-            }
+            for (int kb = 0; kb < 8; ++kb) ft_mma_row<NP, FT_RN, 0, TB>(s, ft_sa<NP>(sKa, kb), sQ, kb, TB);  // Sᵀ = K·Qᵀ
 #pragma unroll
-            for (int kb = 0; kb < 8; ++kb) {
-                if (kb * 8 >= g.dv) break;
-                ft_mma_row<NP, FT_RN, 0, TB>(dp, ft_sa<NP>(sVa, kb), sY, kb, TB);  // dPᵀ = V·dYᵀ
-            }
+            for (int kb = 0; kb < 8; ++kb) ft_mma_row<NP, FT_RN, 0, TB>(dp, ft_sa<NP>(sVa, kb), sY, kb, TB);  // dPᵀ = V·dYᵀ
             // (Queries past Sq: LSE slots zero-filled, rows qq ≥ qv are skipped below.)
-            bool edge = g.mask_kind || (g.causal && kw + 15 > i0);
+#pragma unroll
+            for (int nb = 0; nb < TB; ++nb)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[nb][e] *= sl2;
+            if (g.mask_kind) {
+#pragma unroll
+                for (int hr = 0; hr < 2; ++hr) {
+                    i64 kj = kw + gq + 8 * hr;
+                    i64 mcol = b * g.ms[0] + h * g.ms[1] + i0 * g.ms[2] + kj * g.ms[3];
+#pragma unroll
+                    for (int nb = 0; nb < TB; ++nb)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            int qq = nb * 8 + 2 * tq + e;
+                            if (qq < qv && kj < g.skv) s[nb][2 * hr + e] = ft_mask(g, mask, mcol + qq * g.ms[2], s[nb][2 * hr + e]);
+                        }
+                }
+            }
+            bool edge = g.causal && kw + 15 > i0;
 #pragma unroll
             for (int hr = 0; hr < 2; ++hr) {
                 i64 kj = kw + gq + 8 * hr;
                 // Query columns qq of the tile: qq < krel come before the key.
                 int krel = (int)(kj - i0 > T ? T : kj - i0);
-                i64 mcol = b * g.ms[0] + h * g.ms[1] + i0 * g.ms[2] + kj * g.ms[3];
 #pragma unroll
                 for (int nb = 0; nb < TB; ++nb)
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
                         int qq = nb * 8 + 2 * tq + e;
-                        float x = s[nb][2 * hr + e] * sl2;
-                        if (edge && g.causal && qq < krel) x = -ft_inf();
-                        else if (edge && g.mask_kind && qq < qv && kj < g.skv) x = ft_mask(g, mask, mcol + qq * g.ms[2], x);
+                        float x = edge && qq < krel ? -ft_inf() : s[nb][2 * hr + e];
                         float lq = sL[qq];
-                        float p = qq < qv && lq != -ft_inf() ? ft_ex2(x - lq * FT_LOG2E) : 0.f;
+                        // (ex2(−inf) = 0: a query that sees no key has LSE −inf and P 0.)
+                        float p = ft_ex2(x - (lq == -ft_inf() ? ft_inf() : lq * FT_LOG2E));
+                        p = qq < qv ? p : 0.f;
                         s[nb][2 * hr + e] = p;
                         dp[nb][2 * hr + e] = p * (dp[nb][2 * hr + e] - sD[qq]);
                     }
             }
             // dV += Pᵀ · dY, dK += dSᵀ · Q (the tile's 32 queries summed apart, then added)
             if constexpr (NP == 1) {
-                FtA<NP> pa[TB] = {ft_acc<NP>(s[0]), ft_acc<NP>(s[1]), ft_acc<NP>(s[2]), ft_acc<NP>(s[3])};
+                // straight into dV and dK, eight independent accumulators per query block
 #pragma unroll
-                for (int nb = 0; nb < 8; ++nb)
-                    if (nb * 8 < g.dv) {
-                        FT_T0(tt);
+                for (int kb = 0; kb < TB; ++kb) {
+                    FtA<NP> pa = ft_acc<NP>(s[kb]);
 #pragma unroll
-                        for (int kb = 0; kb < TB; ++kb) ft_mma_b<NP, FT_RN, 1>(tt, pa[kb], sY, nb, kb);
-                        FT_ADD(dv[nb], tt);
-                    }
-                FtA<NP> da[TB] = {ft_acc<NP>(dp[0]), ft_acc<NP>(dp[1]), ft_acc<NP>(dp[2]), ft_acc<NP>(dp[3])};
+                    for (int nb = 0; nb < 8; ++nb) ft_mma_b<NP, FT_RN, 1>(dv[nb], pa, sY, nb, kb);
+                }
 #pragma unroll
-                for (int nb = 0; nb < 8; ++nb)
-                    if (nb * 8 < g.d) {
-                        FT_T0(tt);
+                for (int kb = 0; kb < TB; ++kb) {
+                    FtA<NP> da = ft_acc<NP>(dp[kb]);
 #pragma unroll
-                        for (int kb = 0; kb < TB; ++kb) ft_mma_b<NP, FT_RN, 1>(tt, da[kb], sQ, nb, kb);
-                        FT_ADD(dk[nb], tt);
-                    }
+                    for (int nb = 0; nb < 8; ++nb) ft_mma_b<NP, FT_RN, 1>(dk[nb], da, sQ, nb, kb);
+                }
             } else {
                 ft_staged2<NP, FT_RN>(dv, ft_acc<NP>(s[0]), ft_acc<NP>(s[1]), sY, 0, (int)((g.dv + 7) >> 3));
                 ft_staged2<NP, FT_RN>(dv, ft_acc<NP>(s[2]), ft_acc<NP>(s[3]), sY, 2, (int)((g.dv + 7) >> 3));
@@ -618,9 +688,9 @@ template <int NP> __device__ void ft_dkv(const AttnGeom& g, const float* dY, con
 // _3: 3xTF32 (f32); _1: one TF32 pass (`--dtype tf32`). Shared memory (floats): forward
 // 2 stages of FT_FWD_STAGE; dQ 2 of FT_DQ_STAGE + 4 warps' dY fragments (4096); dK/dV 2 of
 // FT_DKV_STAGE + 4 warps' K and V fragments (8192).
-#define INST_FT(NP, S)                                                                                                                                                                                   \
-    extern "C" __global__ void __launch_bounds__(128, 2) ft_fwd_##S(AttnGeom g, const float* Q, const float* K, const float* V, const void* mask, float* Y, float* lse, int vec) {                    \
-        ft_fwd<NP>(g, Q, K, V, mask, Y, lse, vec);                                                                                                                                                      \
+#define INST_FT(NP, S, W, MB)                                                                                                                                                                               \
+    extern "C" __global__ void __launch_bounds__(32 * W, MB) ft_fwd_    ##S(AttnGeom g, const float* Q, const float* K, const float* V, const void* mask, float* Y, float* lse, int vec) {             \
+        ft_fwd<NP, W>(g, Q, K, V, mask, Y, lse, vec);                                                                                                                                                   \
     }                                                                                                                                                                                                    \
     extern "C" __global__ void __launch_bounds__(128, 2) ft_dq_##S(AttnGeom g, const float* dY, const float* Q, const float* K, const float* V, const void* mask, const float* lse, const float* delta, \
                                                                     float* dQ, float* dmask, int vec) {                                                                                                  \
@@ -630,5 +700,5 @@ template <int NP> __device__ void ft_dkv(const AttnGeom& g, const float* dY, con
                                                                      float* dK, float* dV, int vec) {                                                                                                    \
         ft_dkv<NP>(g, dY, Q, K, V, mask, lse, delta, dK, dV, vec);                                                                                                                                      \
     }
-INST_FT(2, 3)
-INST_FT(1, 1)
+INST_FT(2, 3, 4, 2)
+INST_FT(1, 1, 8, 2)

@@ -533,9 +533,11 @@ fn fast_forward(
             launch_grid(&c.dev, &c.stream, "fs_fwd", grid, 256, 4 * FS_TILE, &args)
         }
         Fast::Tf32 { passes } => {
-            let grid = (sq.div_ceil(FA_T) as u32, bh, 1);
+            // Warps of 16 queries: 8 a CTA for one pass, 4 for 3xTF32 (its registers).
+            let warps = if passes == 1 { 8 } else { 4 };
+            let grid = (sq.div_ceil(16 * warps) as u32, bh, 1);
             let name = ft_name("ft_fwd", passes);
-            launch_grid(&c.dev, &c.stream, &name, grid, 128, FT_SMEM_FWD, &args)
+            launch_grid(&c.dev, &c.stream, &name, grid, 32 * warps as u32, FT_SMEM_FWD, &args)
         }
     }
 }
