@@ -5,7 +5,7 @@
 // cores) take f32 by default (on the H100 the 3xTF32 kernels here are slower so far:
 // docs/bench-h100/attention-notes.md).
 //
-// Precision. NP = 2 (f32, the default): 3xTF32, as PyTorch's f32 SDPA (the xformers /
+// Precision. NP = 2 (f32 with 3xtf32): 3xTF32, as PyTorch's f32 SDPA (the xformers /
 // cutlass memory-efficient kernel: gemm_kernel_utils.h DefaultGemmType<Sm80+, float> is a
 // TensorOp 16×8×8 with OpMultiplyAddFastF32): each operand x = big + small, big =
 // cvt.rna.tf32(x), small = cvt.rna.tf32(x − big), and a·b ≈ small·big + big·small +
@@ -13,15 +13,20 @@
 // at FP32's level. NP = 1 (`--dtype tf32`, TF32 allowed): big·big only.
 //
 // Layout. A warp owns 16 rows (queries: forward, dQ; keys: dK/dV); its A operands that do
-// not change over the loop stay raw f32 in registers (Q) or shared memory (dY; K, V) and
-// are split per k step; P and dS come from the accumulators (the k order inside a k step
-// is free as long as A and B agree: PTX k = t holds column 2t, k = t + 4 column 2t + 1, so
-// an accumulator (row, 2t | 2t+1) pair is directly an A fragment). B operands are raw f32
-// tiles in shared memory that cp.async fills one tile ahead (two stages), split into TF32
-// parts as each fragment is read. Long sums (O, dQ, dK, dV) take a few k blocks at a time
-// in a fresh accumulator added in f32 (as cutlass's 3xTF32 "staging accumulation"): the
-// tensor cores' own accumulation of small terms into large ones loses bits. The online
-// softmax runs in the log2 domain in f32.
+// not change over the loop stay in registers (Q) or shared memory (dY; K, V); P and dS come
+// from the accumulators (the k order inside a k step is free as long as A and B agree: PTX
+// k = t holds column 2t, k = t + 4 column 2t + 1, so an accumulator (row, 2t | 2t+1) pair
+// is directly an A fragment). B operands are f32 tiles in shared memory that cp.async
+// fills one tile ahead (two stages). NP = 1 rounds everything to TF32 once — the A
+// fragments when loaded, the B tiles in place when they land (ft_round_own) — so that
+// its mma sections are LDS and HMMA only, eight independent accumulators in turn, without
+// branches (every k block is summed, the padding being zeros; every key block of an
+// entered tile too, those past the diagonal masked by selects), and it accumulates O, dQ,
+// dK, dV in the tensor cores. NP = 2 splits raw values into TF32 parts per k step and
+// fragment, and sums long products (O, dQ, dK, dV) a few k blocks at a time in a fresh
+// accumulator added in f32 (as cutlass's 3xTF32 "staging accumulation"): the tensor
+// cores' own accumulation of small terms into large ones loses bits at f32's tolerance.
+// The online softmax runs in the log2 domain in f32.
 // LSE is stored in natural units as cuda/flash.cu's. Causal is upper-left (key j is seen
 // by query i iff j ≤ i); masks bool (keep where true) or additive through AttnGeom::ms;
 // rows that see no key give 0 and LSE −inf. Backward as fs_dq / fs_dkv: no atomics,
@@ -689,7 +694,7 @@ template <int NP> __device__ void ft_dkv(const AttnGeom& g, const float* dY, con
 // 2 stages of FT_FWD_STAGE; dQ 2 of FT_DQ_STAGE + 4 warps' dY fragments (4096); dK/dV 2 of
 // FT_DKV_STAGE + 4 warps' K and V fragments (8192).
 #define INST_FT(NP, S, W, MB)                                                                                                                                                                               \
-    extern "C" __global__ void __launch_bounds__(32 * W, MB) ft_fwd_    ##S(AttnGeom g, const float* Q, const float* K, const float* V, const void* mask, float* Y, float* lse, int vec) {             \
+    extern "C" __global__ void __launch_bounds__(32 * W, MB) ft_fwd_##S(AttnGeom g, const float* Q, const float* K, const float* V, const void* mask, float* Y, float* lse, int vec) {             \
         ft_fwd<NP, W>(g, Q, K, V, mask, Y, lse, vec);                                                                                                                                                   \
     }                                                                                                                                                                                                    \
     extern "C" __global__ void __launch_bounds__(128, 2) ft_dq_##S(AttnGeom g, const float* dY, const float* Q, const float* K, const float* V, const void* mask, const float* lse, const float* delta, \

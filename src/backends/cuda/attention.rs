@@ -537,7 +537,15 @@ fn fast_forward(
             let warps = if passes == 1 { 8 } else { 4 };
             let grid = (sq.div_ceil(16 * warps) as u32, bh, 1);
             let name = ft_name("ft_fwd", passes);
-            launch_grid(&c.dev, &c.stream, &name, grid, 32 * warps as u32, FT_SMEM_FWD, &args)
+            launch_grid(
+                &c.dev,
+                &c.stream,
+                &name,
+                grid,
+                32 * warps as u32,
+                FT_SMEM_FWD,
+                &args,
+            )
         }
     }
 }

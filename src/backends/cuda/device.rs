@@ -627,6 +627,7 @@ mod tests {
             ("fa_fwd_bf16_64m", "flash"),
             ("fs_dq", "flash"),
             ("ft_dkv_3", "flash_tf32"),
+            ("ft_fwd_1", "flash_tf32"),
             ("adam_f32", "optimizer"),
         ] {
             assert_eq!(family_of(name).map(|f| FAMILIES[f].0), Some(fam), "{name}");
