@@ -34,7 +34,6 @@
 
 #define FT_LOG2E 1.4426950408889634f
 #define FT_LN2 0.6931471805599453f
-#define FT_TQ 32  // dK/dV: queries per tile
 
 extern __shared__ __align__(16) float ft_smem[];
 
@@ -557,10 +556,12 @@ template <int NP> __device__ void ft_dq(const AttnGeom& g, const float* dY, cons
 
 // dK, dV: grid (key blocks of 64, B·Hkv), 4 warps of 16 keys (their K and V A fragments
 // stashed raw in shared memory); over the query heads of the group (GQA) and their query
-// tiles of FT_TQ, two stages of Q and dY (read both ways), LSE and delta.
-#define FT_DKV_STAGE (2 * FT_TQ * FT_RN + 2 * FT_TQ)
-template <int NP> __device__ void ft_dkv(const AttnGeom& g, const float* dY, const float* Q, const float* K, const float* V, const void* mask, const float* lse, const float* delta, float* dK, float* dV, int vec) {
-    constexpr int T = FT_TQ, TB = FT_TQ / 8;
+// tiles of T (32 for 3xTF32, 64 for one pass: its registers allow twice the queries per
+// barrier and per A fragment read), two stages of Q and dY (read both ways), LSE and delta.
+#define FT_DKV_STAGE(T) (2 * (T) * FT_RN + 2 * (T))
+template <int NP, int T> __device__ void ft_dkv(const AttnGeom& g, const float* dY, const float* Q, const float* K, const float* V, const void* mask, const float* lse, const float* delta, float* dK, float* dV, int vec) {
+    constexpr int TB = T / 8;
+    static_assert(NP == 1 || T == 32, "3xTF32's staged sums take 4 query blocks");
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
     i64 bhk = blockIdx.y, b = bhk / g.hkv, hk = bhk % g.hkv, grp = g.hq / g.hkv;
     i64 k0 = (i64)blockIdx.x * 64, kw = k0 + warp * 16;
@@ -569,7 +570,7 @@ template <int NP> __device__ void ft_dkv(const AttnGeom& g, const float* dY, con
     i64 nq = i_start < g.sq ? (g.sq - i_start + T - 1) / T : 0;  // query tiles per head
     // Stage s: Q, dY (T rows of FT_RN), LSE, delta (T each).
     auto fill = [&](i64 t) {
-        float* sQ = ft_smem + (t & 1) * FT_DKV_STAGE;
+        float* sQ = ft_smem + (t & 1) * FT_DKV_STAGE(T);
         i64 h = hk * grp + t / nq, i0 = i_start + (t % nq) * T, bh = b * g.hq + h;
         int qv = (int)(g.sq - i0 < T ? g.sq - i0 : T);
         ft_fill<T, FT_RN, 128, NP == 1>(sQ, Q + att_off(g, ATT_Q, b, h, i0), g.st[ATT_Q][2], qv, (int)g.d, vec);
@@ -583,7 +584,7 @@ template <int NP> __device__ void ft_dkv(const AttnGeom& g, const float* dY, con
     };
     i64 ntiles = grp * nq;
     if (ntiles > 0) fill(0);
-    float* sKa = ft_smem + 2 * FT_DKV_STAGE + warp * 8 * 32 * 4;
+    float* sKa = ft_smem + 2 * FT_DKV_STAGE(T) + warp * 8 * 32 * 4;
     float* sVa = sKa + 4 * 8 * 32 * 4;
     ft_stash_a<NP>(sKa, K + att_off(g, ATT_K, b, hk, k0), g.st[ATT_K][2], warp * 16, kvalid, (int)g.d);
     ft_stash_a<NP>(sVa, V + att_off(g, ATT_V, b, hk, k0), g.st[ATT_V][2], warp * 16, kvalid, (int)g.dv);
@@ -600,7 +601,7 @@ template <int NP> __device__ void ft_dkv(const AttnGeom& g, const float* dY, con
         } else {
             ft_wait<0>();
         }
-        float* sQ = ft_smem + (t & 1) * FT_DKV_STAGE;
+        float* sQ = ft_smem + (t & 1) * FT_DKV_STAGE(T);
         float* sY = sQ + T * FT_RN;
         if (NP == 1 && vec) {
             ft_round_own<T, FT_RN>(sQ);
@@ -692,7 +693,7 @@ template <int NP> __device__ void ft_dkv(const AttnGeom& g, const float* dY, con
 
 // _3: 3xTF32 (f32); _1: one TF32 pass (`--dtype tf32`). Shared memory (floats): forward
 // 2 stages of FT_FWD_STAGE; dQ 2 of FT_DQ_STAGE + 4 warps' dY fragments (4096); dK/dV 2 of
-// FT_DKV_STAGE + 4 warps' K and V fragments (8192).
+// FT_DKV_STAGE(T) + 4 warps' K and V fragments (8192).
 #define INST_FT(NP, S, W, MB)                                                                                                                                                                               \
     extern "C" __global__ void __launch_bounds__(32 * W, MB) ft_fwd_##S(AttnGeom g, const float* Q, const float* K, const float* V, const void* mask, float* Y, float* lse, int vec) {             \
         ft_fwd<NP, W>(g, Q, K, V, mask, Y, lse, vec);                                                                                                                                                   \
@@ -703,7 +704,7 @@ template <int NP> __device__ void ft_dkv(const AttnGeom& g, const float* dY, con
     }                                                                                                                                                                                                    \
     extern "C" __global__ void __launch_bounds__(128, 2) ft_dkv_##S(AttnGeom g, const float* dY, const float* Q, const float* K, const float* V, const void* mask, const float* lse, const float* delta, \
                                                                      float* dK, float* dV, int vec) {                                                                                                    \
-        ft_dkv<NP>(g, dY, Q, K, V, mask, lse, delta, dK, dV, vec);                                                                                                                                      \
+        ft_dkv<NP, NP == 1 ? 64 : 32>(g, dY, Q, K, V, mask, lse, delta, dK, dV, vec);                                                                                                                                      \
     }
 INST_FT(2, 3, 4, 2)
 INST_FT(1, 1, 8, 2)

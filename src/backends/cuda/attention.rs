@@ -452,12 +452,16 @@ const FA_T: usize = 64;
 /// An f32 tile: 64 × 64 floats.
 const FS_TILE: usize = 64 * 64 * 4;
 /// cuda/flash_tf32.cu's shared memory (floats): two stages of raw f32 tiles (rows of 72
-/// floats, or 68 where only read across rows) — forward K and V, dQ K and V, dK/dV 32-query
+/// floats, or 68 where only read across rows) — forward K and V, dQ K and V, dK/dV query
 /// tiles of Q and dY with their LSE and delta — plus the 4 warps' raw A fragments (16 rows ×
 /// 64 each) of dY (dQ) or of K and V (dK/dV).
 const FT_SMEM_FWD: usize = 2 * (64 * 72 + 64 * 68) * 4;
 const FT_SMEM_DQ: usize = (2 * 2 * 64 * 72 + 4 * 16 * 64) * 4;
-const FT_SMEM_DKV: usize = (2 * (2 * 32 * 72 + 2 * 32) + 2 * 4 * 16 * 64) * 4;
+/// dK/dV's query tiles are 64 rows for one pass, 32 for 3xTF32.
+const fn ft_smem_dkv(passes: u8) -> usize {
+    let t = if passes == 1 { 64 } else { 32 };
+    (2 * (2 * t * 72 + 2 * t) + 2 * 4 * 16 * 64) * 4
+}
 
 /// The tf32 kernels' names for `passes`.
 fn ft_name(kernel: &str, passes: u8) -> String {
@@ -614,7 +618,15 @@ fn fast_backward(
         Fast::Tf32 { passes } => {
             let (dq, dkv) = (ft_name("ft_dq", passes), ft_name("ft_dkv", passes));
             launch_grid(&c.dev, &c.stream, &dq, qgrid, 128, FT_SMEM_DQ, &aq)?;
-            launch_grid(&c.dev, &c.stream, &dkv, kgrid, 128, FT_SMEM_DKV, &akv)
+            launch_grid(
+                &c.dev,
+                &c.stream,
+                &dkv,
+                kgrid,
+                128,
+                ft_smem_dkv(passes),
+                &akv,
+            )
         }
         Fast::Simt => {
             launch_grid(&c.dev, &c.stream, "fs_dq", qgrid, 256, 6 * FS_TILE, &aq)?;
