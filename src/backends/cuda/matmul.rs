@@ -78,6 +78,11 @@ fn blas_err(what: &str, e: lt::CublasError) -> crate::error::Error {
 }
 
 impl Blas {
+    /// Whether f32 products may use TF32 tensor cores (`--dtype tf32`).
+    pub fn tf32(&self) -> bool {
+        self.tf32
+    }
+
     pub fn new(stream: &std::sync::Arc<CudaStream>, tf32: bool) -> Result<Blas> {
         let handle = lt::create_handle().map_err(|e| blas_err("init", e))?;
         // Safety: scratch for cuBLASLt, which writes before it reads.
