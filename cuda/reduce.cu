@@ -1,4 +1,4 @@
-// Row-wise family: ReduceSum/Mean/Max, Softmax/LogSoftmax and their gradient,
+// Row-wise family: ReduceSum/Mean/Max (kind 0/1/2, and 3: the mean of squares), Softmax/LogSoftmax and their gradient,
 // LayerNormalization forward and backward, SoftmaxCrossEntropyLoss and its gradient.
 // One block per row, accumulation in f32 (f64 for f64), as the CPU backend.
 
@@ -17,12 +17,13 @@ template <class T> __device__ void reduce_k(const T* x, T* y, Strided kept, Stri
     A acc = ident;
     for (i64 r = threadIdx.x; r < n_red; r += blockDim.x) {
         A v = ld(x[base + offset_of(red, 0, r)]);
+        if (kind == 3) v = v * v;  // mean of squares
         acc = is_max ? nan_max(acc, v) : acc + v;
     }
     acc = is_max ? block_reduce(acc, ident, MaxOp()) : block_reduce(acc, (A)0, SumOp());
     if (threadIdx.x == 0) {
         // An empty float mean is 0/0 = NaN; an integer one divides by 1.
-        if (kind == 1) {
+        if (kind == 1 || kind == 3) {
             bool is_int = (A)0.5 == (A)0;
             acc = acc / (A)((is_int && n_red == 0) ? 1 : n_red);
         }
@@ -43,6 +44,7 @@ template <class T> __device__ void reduce_part_k(const T* x, typename Num<T>::A*
     A acc = ident;
     for (i64 r = r0 + threadIdx.x; r < r1; r += blockDim.x) {
         A v = ld(x[base + offset_of(red, 0, r)]);
+        if (kind == 3) v = v * v;  // mean of squares
         acc = is_max ? nan_max(acc, v) : acc + v;
     }
     acc = is_max ? block_reduce(acc, ident, MaxOp()) : block_reduce(acc, (A)0, SumOp());
@@ -60,7 +62,7 @@ template <class T> __device__ void reduce_fin_k(const typename Num<T>::A* part, 
     }
     acc = is_max ? block_reduce(acc, ident, MaxOp()) : block_reduce(acc, (A)0, SumOp());
     if (threadIdx.x == 0) {
-        if (kind == 1) {
+        if (kind == 1 || kind == 3) {
             bool is_int = (A)0.5 == (A)0;
             acc = acc / (A)((is_int && n_red == 0) ? 1 : n_red);
         }
@@ -198,8 +200,9 @@ template <class T> __device__ void layer_norm_k(const T* x, const T* g, const T*
     }
 }
 
-// dx = inv·(g - mean(g) - xhat·mean(g·xhat)) per row, with g = dy·scale.
-template <class T> __device__ void layer_norm_dx_k(const T* dy, const T* x, const T* scale, const typename Num<T>::A* mean, const typename Num<T>::A* inv, T* dx, i64 n) {
+// dx = inv·(g - mean(g) - xhat·mean(g·xhat)) per row, with g = dy·scale, plus `res` (a
+// residual branch's gradient) where given.
+template <class T> __device__ void layer_norm_dx_k(const T* dy, const T* x, const T* scale, const typename Num<T>::A* mean, const typename Num<T>::A* inv, const T* res, T* dx, i64 n) {
     typedef typename Num<T>::A A;
     i64 off = blockIdx.x * n;
     A m = mean[blockIdx.x], iv = inv[blockIdx.x];
@@ -212,7 +215,9 @@ template <class T> __device__ void layer_norm_dx_k(const T* dy, const T* x, cons
     A mg = block_sum(sg) / (A)n, mgx = block_sum(sgx) / (A)n;
     for (i64 j = threadIdx.x; j < n; j += blockDim.x) {
         A xhat = (ld(x[off + j]) - m) * iv;
-        dx[off + j] = st<T>(iv * (ld(dy[off + j]) * ld(scale[j]) - mg - xhat * mgx));
+        A v = iv * (ld(dy[off + j]) * ld(scale[j]) - mg - xhat * mgx);
+        if (res) v += ld(res[off + j]);
+        dx[off + j] = st<T>(v);
     }
 }
 
@@ -304,7 +309,7 @@ FOR_NUMS(INST_REDUCE_NUM)
     extern "C" __global__ void softmax_##S(const T* x, T* y, i64 n, i64 inner, int log) { softmax_k<T>(x, y, n, inner, log); } \
     extern "C" __global__ void softmax_grad_##S(const T* dy, const T* y, T* dx, i64 n, i64 inner, int log) { softmax_grad_k<T>(dy, y, dx, n, inner, log); } \
     extern "C" __global__ void layer_norm_##S(const T* x, const T* g, const T* b, T* y, Num<T>::A* m, Num<T>::A* iv, i64 n, float eps) { layer_norm_k<T>(x, g, b, y, m, iv, n, eps); } \
-    extern "C" __global__ void layer_norm_dx_##S(const T* dy, const T* x, const T* g, const Num<T>::A* m, const Num<T>::A* iv, T* dx, i64 n) { layer_norm_dx_k<T>(dy, x, g, m, iv, dx, n); } \
+    extern "C" __global__ void layer_norm_dx_##S(const T* dy, const T* x, const T* g, const Num<T>::A* m, const Num<T>::A* iv, const T* res, T* dx, i64 n) { layer_norm_dx_k<T>(dy, x, g, m, iv, res, dx, n); } \
     extern "C" __global__ void layer_norm_dparams_##S(const T* dy, const T* x, const Num<T>::A* m, const Num<T>::A* iv, T* ds, T* db, i64 rows, i64 n) { layer_norm_dparams_k<T>(dy, x, m, iv, ds, db, rows, n); } \
     extern "C" __global__ void sce_rows_##S(const T* x, const i64* l, const T* w, Num<T>::A* loss, Num<T>::A* wt, T* lp, i64 c, i64 d, i64 ne, i64 ig, int hi) { sce_rows_k<T>(x, l, w, loss, wt, lp, c, d, ne, ig, hi); } \
     extern "C" __global__ void sce_reduce_##S(const Num<T>::A* loss, const Num<T>::A* wt, T* o, i64 ne, int r) { sce_reduce_k<T>(loss, wt, o, ne, r); } \

@@ -73,6 +73,34 @@ if [[ $what == *torch* ]]; then
     echo "torch eager rc=$?"
     python3 $C/bench_table.py $R/table.md $R/graphrun/*.json $R/torch_*.json
 fi
+if [[ $what == *ncu* ]]; then
+    # Kernel durations of bf16 training steps (Nsight Compute, clocks left alone): the per-node
+    # profile `bench` prints synchronises every node; this is what the GPU itself spends.
+    # Launches 200-499 are past the first (eager) steps; the heuristic's GEMM algorithms
+    # are kept (no timing runs among the launches).
+    for w in ${NCU_WORKLOADS:-gpt_block mlp_large}; do
+        (cd "$ROOT" && GRAPHRUN_CUBLASLT_TUNE=1 timeout 300 ncu --clock-control none --csv \
+            --metrics gpu__time_duration.sum --launch-skip 200 --launch-count 300 \
+            $G bench models/$w.yaml --backend cuda --dtype bf16 --backward --iters 2 --warmup 2) \
+            > $R/ncu_$w.csv 2> $R/ncu_$w.err
+        echo "ncu $w rc=$?"
+        python3 - $R/ncu_$w.csv <<'PY' | tee $R/ncu_$w.md
+import csv, sys, collections
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+h = rows[0]; rows = rows[1:]
+k, u, v = h.index("Kernel Name"), h.index("Metric Unit"), h.index("Metric Value")
+tot, n = collections.defaultdict(float), collections.Counter()
+for r in rows:
+    x = float(r[v].replace(",", "")) * {"nsecond": 1e-3, "usecond": 1, "msecond": 1e3}.get(r[u], 1)
+    name = r[k].split("(")[0][:60]; tot[name] += x; n[name] += 1
+print(f"| kernel | launches | mean us | share |  (over {len(rows)} launches)")
+print("|---|---|---|---|")
+all_ = sum(tot.values())
+for name in sorted(tot, key=lambda m: -tot[m]):
+    print(f"| {name} | {n[name]} | {tot[name] / n[name]:.1f} | {100 * tot[name] / all_:.1f}% |")
+PY
+    done
+fi
 if [[ $what == *wgpu* ]]; then
     # The WebGPU backend beside CUDA (f32 and f16) for the four workloads: issue 6's table.
     mkdir -p $R/wgpu

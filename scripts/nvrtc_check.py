@@ -9,7 +9,7 @@ registers, spills and shared memory. Catches kernel compile errors without a GPU
 import ctypes, os, subprocess, sys, re
 
 root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-files = ["common.cuh", "elementwise.cu", "reduce.cu", "shape.cu", "attention.cu", "flash.cu", "optimizer.cu"]
+files = ["common.cuh", "elementwise.cu", "reduce.cu", "shape.cu", "attention.cu", "flash.cu", "flash_tf32.cu", "optimizer.cu"]
 if os.environ.get("FILES"):  # e.g. FILES=common.cuh,attention.cu,flash.cu: a quicker check
     files = os.environ["FILES"].split(",")
 src = "\n".join(open(os.path.join(root, "cuda", f)).read() for f in files if os.path.exists(os.path.join(root, "cuda", f)))

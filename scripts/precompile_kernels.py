@@ -12,7 +12,7 @@ import ctypes, os, sys
 
 root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # device.rs FAMILIES, in the same order.
-FAMILIES = ["elementwise", "reduce", "shape", "attention", "flash", "optimizer"]
+FAMILIES = ["elementwise", "reduce", "shape", "attention", "flash", "flash_tf32", "optimizer"]
 
 
 def read(f):

@@ -39,7 +39,8 @@ fn online(ms: vec2<f32>, v: f32) -> vec2<f32> {
 fn row_id(wid: vec3<u32>, nwg: vec3<u32>) -> u32 { return wid.y * nwg.x + wid.x; }
 
 // One workgroup per output: the kept dims' descriptor at 16 gives its base in X, the
-// reduced dims' at 52 the offsets of its P[0] elements. P[1]: 0 sum, 1 mean, 2 max.
+// reduced dims' at 52 the offsets of its P[0] elements. P[1]: 0 sum, 1 mean, 2 max,
+// 3 mean of squares.
 @compute @workgroup_size(256)
 fn reduce(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let o = row_id(wid, nwg);
@@ -48,12 +49,13 @@ fn reduce(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     let base = offset_at(16u, 0u, o);
     var acc = select(0.0, ninf(), kind == 2u);
     for (var r = lid; r < n; r += WG) {
-        let v = f32(X0[base + offset_at(52u, 0u, r)]);
+        let xv = f32(X0[base + offset_at(52u, 0u, r)]);
+        let v = select(xv, xv * xv, kind == 3u);
         acc = select(acc + v, nan_max(acc, v), kind == 2u);
     }
     if (kind == 2u) { acc = wg_max(acc, lid); } else { acc = wg_sum(acc, lid); }
     // An empty mean is 0/0 = NaN, as on the CPU.
-    if (kind == 1u) { acc = acc / f32(n); }
+    if (kind == 1u || kind == 3u) { acc = acc / f32(n); }
     if (lid == 0u) { Y[o] = T(acc); }
 }
 
@@ -70,7 +72,8 @@ fn reduce_part(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
     let base = offset_at(16u, 0u, g / parts);
     var acc = select(0.0, ninf(), kind == 2u);
     for (var r = (g % parts) * WG + lid; r < n; r += WG * parts) {
-        let v = f32(X0[base + offset_at(52u, 0u, r)]);
+        let xv = f32(X0[base + offset_at(52u, 0u, r)]);
+        let v = select(xv, xv * xv, kind == 3u);
         acc = select(acc + v, nan_max(acc, v), kind == 2u);
     }
     if (kind == 2u) { acc = wg_max(acc, lid); } else { acc = wg_sum(acc, lid); }
@@ -88,7 +91,7 @@ fn reduce_parts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
         acc = select(acc + v, nan_max(acc, v), kind == 2u);
     }
     if (kind == 2u) { acc = wg_max(acc, lid); } else { acc = wg_sum(acc, lid); }
-    if (kind == 1u) { acc = acc / f32(pu(0u)); }
+    if (kind == 1u || kind == 3u) { acc = acc / f32(pu(0u)); }
     if (lid == 0u) { Y[o] = T(acc); }
 }
 
@@ -160,7 +163,8 @@ fn layer_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
 }
 
 // dx = inv·(g − mean(g) − x̂·mean(g·x̂)) per row, g = dy·scale (X0 = dY, X1 = X,
-// X2 = scale expanded, F0 = mean, F1 = 1/σ).
+// X2 = scale expanded, F0 = mean, F1 = 1/σ), plus Y2 (a residual gradient, read only)
+// when P[1] = 1.
 @compute @workgroup_size(256)
 fn layer_norm_dx(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let row = row_id(wid, nwg);
@@ -179,7 +183,9 @@ fn layer_norm_dx(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     let mgx = wg_sum(sgx, lid) / f32(n);
     for (var j = lid; j < n; j += WG) {
         let xhat = (f32(X1[off + j]) - m) * iv;
-        Y[off + j] = T(iv * (f32(X0[off + j]) * f32(X2[j]) - mg - xhat * mgx));
+        var v = iv * (f32(X0[off + j]) * f32(X2[j]) - mg - xhat * mgx);
+        if (pu(1u) == 1u) { v += f32(Y2[off + j]); }
+        Y[off + j] = T(v);
     }
 }
 

@@ -4,6 +4,8 @@
 
 mod common;
 use common::*;
+#[path = "common/attention_cuda.rs"]
+mod attention_cuda;
 use graphrun::graph::op::AttrValue as A;
 use graphrun::{BackendKind, DType, Tensor};
 
@@ -322,119 +324,18 @@ fn dropout_mask_matches_cpu() {
     assert_eq!(cpu[0], gpu[0], "outputs differ");
 }
 
-/// The tiled attention kernels (tensor cores for f16/bf16, FP32 tiles for f32), forward
-/// and backward, against the CPU: tile-crossing and ragged lengths, GQA, causal with more
-/// or fewer queries than keys, bool and additive masks (with dMask), head sizes that take
-/// the 16-byte and the element-wise tile loads, Dv ≠ D.
+/// The tiled attention kernels against the CPU, forward and backward
+/// (attention_cuda::tiled_kernels_forward_and_backward); f32 on the default kernels.
 #[test]
 fn attention_tiled_kernels_forward_and_backward() {
-    if !cuda_present() {
-        return;
-    }
-    struct C {
-        b: usize,
-        hq: usize,
-        hkv: usize,
-        sq: usize,
-        skv: usize,
-        d: usize,
-        dv: usize,
-        causal: bool,
-        mask: Option<Tensor>,
-    }
-    let c = |b, hq, hkv, sq, skv, d, dv, causal| C {
-        b,
-        hq,
-        hkv,
-        sq,
-        skv,
-        d,
-        dv,
-        causal,
-        mask: None,
-    };
-    let mut keep: Vec<bool> = (0..70 * 150).map(|i| (i * 7919) % 10 < 7).collect();
-    keep[3 * 150..4 * 150].fill(false); // a row that sees nothing
-    let cases = [
-        c(2, 4, 2, 200, 200, 64, 64, true),
-        c(1, 1, 1, 64, 128, 64, 64, false),
-        C {
-            mask: Some(randn(&[1, 2, 130, 77], 501)),
-            ..c(1, 2, 2, 130, 77, 64, 64, false)
-        },
-        C {
-            mask: Some(bools(&[70, 150], &keep)),
-            ..c(1, 2, 1, 70, 150, 8, 8, true)
-        },
-        c(1, 2, 2, 150, 20, 16, 24, true),
-        c(1, 2, 2, 33, 300, 40, 40, false),
-    ];
-    for (n, cs) in cases.iter().enumerate() {
-        let seed = 600 + 10 * n as u64;
-        let q = randn(&[cs.b, cs.hq, cs.sq, cs.d], seed);
-        let k = randn(&[cs.b, cs.hkv, cs.skv, cs.d], seed + 1);
-        let v = randn(&[cs.b, cs.hkv, cs.skv, cs.dv], seed + 2);
-        let dy = randn(&[cs.b, cs.hq, cs.sq, cs.dv], seed + 3);
-        let causal = [("is_causal", A::Int(cs.causal as i64))];
-        for dt in LOW {
-            let cast = |t: &Tensor| {
-                if t.dtype().is_float() {
-                    t.cast(dt)
-                } else {
-                    t.clone()
-                }
-            };
-            let mut fargs = vec![inp(cast(&q)), inp(cast(&k)), inp(cast(&v))];
-            if let Some(m) = &cs.mask {
-                fargs.push(inp(cast(m)));
-            }
-            let want = run_raw(BackendKind::Cpu, op("Attention", &causal), &fargs, 2)
-                .unwrap_or_else(|e| panic!("case {n} cpu {dt}: {e}"));
-            let got = run_raw(BackendKind::Cuda, op("Attention", &causal), &fargs, 2)
-                .unwrap_or_else(|e| panic!("case {n} cuda {dt}: {e}"));
-            for k_ in 0..2 {
-                let e = rel_err(&got[k_].to_f64_vec(), &want[k_].to_f64_vec());
-                assert!(
-                    e <= tol(dt),
-                    "case {n} {dt} forward output {k_}: rel err {e:.3e}"
-                );
-            }
-            // The backward from the CPU's forward outputs.
-            let mut bargs = vec![
-                inp(cast(&dy)),
-                inp(cast(&q)),
-                inp(cast(&k)),
-                inp(cast(&v)),
-                inp(want[0].clone()),
-                inp(want[1].clone()),
-            ];
-            let mut n_out = 3;
-            if let Some(m) = &cs.mask {
-                bargs.push(inp(cast(m)));
-                if m.dtype().is_float() {
-                    n_out = 4;
-                }
-            }
-            let gw = run_raw(
-                BackendKind::Cpu,
-                op("AttentionGrad", &causal),
-                &bargs,
-                n_out,
-            )
-            .unwrap_or_else(|e| panic!("case {n} cpu grad {dt}: {e}"));
-            let gg = run_raw(
-                BackendKind::Cuda,
-                op("AttentionGrad", &causal),
-                &bargs,
-                n_out,
-            )
-            .unwrap_or_else(|e| panic!("case {n} cuda grad {dt}: {e}"));
-            for k_ in 0..n_out {
-                let e = rel_err(&gg[k_].to_f64_vec(), &gw[k_].to_f64_vec());
-                assert!(e <= tol(dt), "case {n} {dt} gradient {k_}: rel err {e:.3e}");
-            }
-        }
-    }
+    attention_cuda::tiled_kernels_forward_and_backward();
+}
+
+/// f32 attention (the default kernels) within 2e-5 of the CPU in f64, and a `--dtype
+/// tf32` session (TF32 tensor cores, one pass) within 2e-3.
+#[test]
+fn attention_f32_and_tf32_accuracy() {
+    attention_cuda::f32_accuracy();
 }
 
 #[test]
@@ -443,4 +344,67 @@ fn device_out_of_memory_is_an_error_naming_the_node() {
         return;
     }
     out_of_memory_names_the_node(BackendKind::Cuda);
+}
+
+/// FusedMatMulGrad with `a_activation` (fc2's gradient after `dact_into_da`): dA times
+/// act'(PreA), for gelu_tanh in bf16/f16 through cuBLASLt's DGELU epilogue, otherwise by
+/// our kernel after the product (a batched B takes that path too); under tf32 within 1e-3
+/// of the CPU's true f32.
+#[test]
+fn fused_matmul_grad_with_a_activation() {
+    if !cuda_present() {
+        return;
+    }
+    let dy = randn(&[2, 70, 90], 31);
+    let a = randn(&[2, 70, 130], 32);
+    let pre_a = randn(&[2, 70, 130], 33);
+    for b in [randn(&[130, 90], 34), randn(&[2, 130, 90], 35)] {
+        for act in ["gelu_tanh", "relu", "gelu", "silu"] {
+            let at = [
+                ("activation", A::Str("none".into())),
+                ("a_activation", A::Str(act.into())),
+            ];
+            let args = [
+                inp(dy.clone()),
+                inp(a.clone()),
+                inp(b.clone()),
+                Arg::None,
+                inp(pre_a.clone()),
+            ];
+            same_as_cpu("FusedMatMulGrad", &at, &args, 3, &LOW);
+            if act != "gelu_tanh" {
+                continue;
+            }
+            // The graph's inputs f32, as a --dtype tf32 session has them.
+            let args: Vec<Arg> = args
+                .iter()
+                .map(|x| match x {
+                    Arg::In(t) => inp(t.cast(DType::F32)),
+                    x => x.clone(),
+                })
+                .collect();
+            let node = op("FusedMatMulGrad", &at);
+            let want = run_op(BackendKind::Cpu, node.clone(), &args, 3, DType::F32).expect("cpu");
+            let feeds = args
+                .iter()
+                .enumerate()
+                .filter_map(|(i, x)| match x {
+                    Arg::In(t) => Some((format!("in{i}"), t.clone())),
+                    _ => None,
+                })
+                .collect();
+            let opts = graphrun::SessionOptions {
+                backend: BackendKind::Cuda,
+                tf32: true,
+                ..Default::default()
+            };
+            let got = graphrun::Session::new(one_node_graph(node, &args, 3), opts)
+                .and_then(|mut s| s.run(&feeds))
+                .unwrap_or_else(|e| panic!("{act} on cuda tf32: {e}"));
+            for (k, (w, (_, g))) in want.iter().zip(&got).enumerate() {
+                let e = rel_err(&g.to_f64_vec(), &w.to_f64_vec());
+                assert!(e <= 1e-3, "{act} tf32 output {k}: rel err {e:.3e} > 1e-3");
+            }
+        }
+    }
 }

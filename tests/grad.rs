@@ -971,7 +971,7 @@ fn layer_normalization_axes_scale_bias() {
 #[test]
 fn reductions_axes_keepdims() {
     let mut nets = vec![];
-    for op_ in ["ReduceSum", "ReduceMean", "ReduceMax"] {
+    for op_ in ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMeanSquare"] {
         // (axes attribute, axes input, keepdims)
         let cases: [(Axes, Axes, i64); 7] = [
             (Some(&[1]), None, 1),

@@ -215,6 +215,24 @@ fn layer_norm_grads_last_and_middle_axis() {
             let db = sum_to(&got[2].to_f64_vec(), norm, b.shape());
             assert_grad(&format!("dB, {what}"), &db, &fd(2), FD_TOL);
         }
+        // Input 5 (the `ln_grad_residual` rule): a residual gradient added onto dX.
+        let r = randn(x.shape(), 19);
+        let mut ins_r = ins.clone();
+        ins_r.push(Some(r.clone()));
+        let grad_r = node_of(grad.op.clone(), &ins_r, &["dx", "dscale", "db"]);
+        let got_r = eval_all_dtypes(&grad_r, &ins_r, &[3, 4]);
+        let want: Vec<f64> = fd(0)
+            .iter()
+            .zip(r.to_f64_vec())
+            .map(|(a, b)| a + b)
+            .collect();
+        assert_grad(
+            &format!("dX + r, {what}"),
+            &got_r[0].to_f64_vec(),
+            &want,
+            FD_TOL,
+        );
+        assert_eq!(got_r[1..], got[1..], "{what}: dScale, dB with r");
     }
 }
 
@@ -659,4 +677,81 @@ fn large_shapes_match_naive_sums() {
         }
     }
     assert!(rel_err(&got[0].to_f64_vec(), &want) < 1e-12);
+}
+
+/// FusedMatMulGrad with `a_activation` (what the `dact_into_da` rule makes of fc2's
+/// gradient behind fc1): dA leaves as the gradient at PreA of Σ dY ∘ FusedMatMul(act(PreA),
+/// B), against finite differences of that composite; dB and dBias as without it.
+#[test]
+fn fused_matmul_grad_applies_a_activation_to_da() {
+    for (sa, sb, trans_b) in [
+        (vec![3, 4], vec![4, 5], false),
+        (vec![2, 3, 4], vec![5, 4], true),
+        (vec![2, 3, 4], vec![2, 4, 5], false),
+    ] {
+        let n = if trans_b { sb[0] } else { sb[sb.len() - 1] };
+        let (pa, b, bias) = (randn(&sa, 120), randn(&sb, 121), randn(&[n], 122));
+        for act in Activation::ALL.into_iter().skip(1) {
+            let what = format!("A {sa:?}, B {sb:?}, trans_b {trans_b}, {act:?}");
+            // A = act(PreA): a FusedMatMul of PreA by the identity.
+            let k = *sa.last().unwrap();
+            let eye: Vec<f64> = (0..k * k).map(|i| (i / k == i % k) as u8 as f64).collect();
+            let eye = f64s(&[k, k], &eye);
+            let act_of = |p: &Tensor| {
+                let ins = some(&[p, &eye]);
+                run1(
+                    &node_of(op("FusedMatMul", &fused_attrs(act, false)), &ins, &["y"]),
+                    &ins,
+                )
+                .remove(0)
+            };
+            let a = act_of(&pa);
+            let attrs = fused_attrs(Activation::None, trans_b);
+            let fwd = node_of(op("FusedMatMul", &attrs), &some(&[&a, &b, &bias]), &["y"]);
+            let y = run1(&fwd, &some(&[&a, &b, &bias])).remove(0);
+            let dy = randn(y.shape(), 123);
+            let mut gattrs = attrs.clone();
+            gattrs.push(("a_activation", AttrValue::Str(act.name().into())));
+            let ins = vec![
+                Some(dy.clone()),
+                Some(a.clone()),
+                Some(b.clone()),
+                None,
+                Some(pa.clone()),
+            ];
+            let node = node_of(op("FusedMatMulGrad", &gattrs), &ins, &["da", "db", "dbias"]);
+            let got = eval_all_dtypes(&node, &ins, &[]);
+            // Σ dY ∘ FusedMatMul(act(PreA), B, bias), differentiated at PreA.
+            let loss = |p: &Tensor| -> f64 {
+                let y = run1(&fwd, &some(&[&act_of(p), &b, &bias])).remove(0);
+                y.to_f64_vec()
+                    .iter()
+                    .zip(dy.to_f64_vec())
+                    .map(|(y, d)| y * d)
+                    .sum()
+            };
+            let pv = pa.to_f64_vec();
+            let fd: Vec<f64> = (0..pv.len())
+                .map(|i| {
+                    let at = |h: f64| {
+                        let mut v = pv.clone();
+                        v[i] += h;
+                        loss(&f64s(pa.shape(), &v))
+                    };
+                    (at(1e-6) - at(-1e-6)) / 2e-6
+                })
+                .collect();
+            assert_grad(&format!("dPreA, {what}"), &got[0].to_f64_vec(), &fd, FD_TOL);
+            let plain_ins = some(&[&dy, &a, &b]);
+            let plain = run1(
+                &node_of(
+                    op("FusedMatMulGrad", &attrs),
+                    &plain_ins,
+                    &["da", "db", "dbias"],
+                ),
+                &plain_ins,
+            );
+            assert_eq!(got[1..], plain[1..], "{what}: dB, dBias");
+        }
+    }
 }

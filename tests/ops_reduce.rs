@@ -221,6 +221,7 @@ enum Kind {
     Sum,
     Mean,
     Max,
+    MeanSquare,
 }
 
 fn reduce_ref(a: &Option<Tensor>, axes: &[i64], keepdims: bool, kind: Kind) -> Expected {
@@ -234,7 +235,7 @@ fn reduce_ref(a: &Option<Tensor>, axes: &[i64], keepdims: bool, kind: Kind) -> E
     let kept: Vec<usize> = (0..r)
         .map(|d| if axes.contains(&d) { 1 } else { s[d] })
         .collect();
-    let mut acc = vec![(0.0f64, 0usize, f64::NEG_INFINITY); kept.iter().product()];
+    let mut acc = vec![(0.0f64, 0usize, f64::NEG_INFINITY, 0.0f64); kept.iter().product()];
     for (idx, &x) in indices(&s).iter().zip(&v) {
         let o: Vec<usize> = idx
             .iter()
@@ -245,13 +246,15 @@ fn reduce_ref(a: &Option<Tensor>, axes: &[i64], keepdims: bool, kind: Kind) -> E
         e.0 += x;
         e.1 += 1;
         e.2 = e.2.max(x);
+        e.3 += x * x;
     }
     let out = acc
         .iter()
-        .map(|&(sum, n, max)| match kind {
+        .map(|&(sum, n, max, sq)| match kind {
             Kind::Sum => sum,
             Kind::Mean => sum / n as f64,
             Kind::Max => max,
+            Kind::MeanSquare => sq / n as f64,
         })
         .collect();
     let shape = if keepdims {
@@ -262,10 +265,12 @@ fn reduce_ref(a: &Option<Tensor>, axes: &[i64], keepdims: bool, kind: Kind) -> E
     vec![(shape, out)]
 }
 
-const KINDS: [(&str, Kind); 3] = [
+/// ReduceMeanSquare is internal (what the `mean_square` rule makes of an MSE).
+const KINDS: [(&str, Kind); 4] = [
     ("ReduceSum", Kind::Sum),
     ("ReduceMean", Kind::Mean),
     ("ReduceMax", Kind::Max),
+    ("ReduceMeanSquare", Kind::MeanSquare),
 ];
 
 #[test]

@@ -499,3 +499,89 @@ fn shape_start_end() {
         assert_eq!(got[0].to_f64_vec(), want(&[])[0].1);
     }
 }
+
+/// Reshape, Flatten, Identity and Squeeze/Unsqueeze are views in the plan: no step, the
+/// output in its input's slot, which no later value may take while a view of it lives.
+/// Views next to graph outputs are still copies (the caller gets its own tensor; outputs
+/// are updated in place by optimizers). Every backend computes the same values.
+#[test]
+fn views_share_their_input_slot() {
+    let text = r#"
+graphrun: 1
+name: views
+inputs:
+  - {name: x, dtype: f32, shape: [4, 6]}
+outputs: [y, z, w, y2]
+initializers:
+  - {name: two, dtype: f32, shape: [], values: [2.0]}
+  - {name: three, dtype: f32, shape: [], values: [3.0]}
+  - {name: s38, dtype: i64, shape: [2], values: [3, 8]}
+  - {name: s46, dtype: i64, shape: [2], values: [4, 6]}
+  - {name: s24, dtype: i64, shape: [1], values: [24]}
+  - {name: ax0, dtype: i64, shape: [1], values: [0]}
+nodes:
+  - {op: Mul, inputs: [x, two], outputs: [a]}
+  - {op: Reshape, inputs: [a, s38], outputs: [r]}
+  - {op: Mul, inputs: [x, three], outputs: [b]}
+  - {op: Unsqueeze, inputs: [r, ax0], outputs: [u]}
+  - {op: Mul, inputs: [b, three], outputs: [b3]}
+  - {op: Squeeze, inputs: [u, ax0], outputs: [sq]}
+  - {op: Flatten, inputs: [sq], outputs: [f], attrs: {axis: 1}}
+  - {op: Identity, inputs: [f], outputs: [i]}
+  - {op: Reshape, inputs: [i, s46], outputs: [back]}
+  - {op: Add, inputs: [back, b], outputs: [y0]}
+  - {op: Add, inputs: [y0, b3], outputs: [y]}
+  - {op: Reshape, inputs: [x, s24], outputs: [z]}
+  - {op: Reshape, inputs: [b, s24], outputs: [w]}
+  - {op: Identity, inputs: [y], outputs: [q]}
+  - {op: Mul, inputs: [q, q], outputs: [y2]}
+"#;
+    let m = graphrun::Model::from_str(text, ".").unwrap();
+    let x = rand(&[4, 6], 7, -1.0, 1.0);
+    let xv = x.to_f64_vec();
+    let feeds: std::collections::HashMap<String, Tensor> =
+        [("x".to_string(), x.cast(DType::F32))].into();
+    // y = 2x + 3x + 9x; z = x; w = 3x; y2 = y².
+    let want = |o: &str| -> Vec<f64> {
+        xv.iter()
+            .map(|&v| match o {
+                "y" => 14.0 * v,
+                "z" => v,
+                "w" => 3.0 * v,
+                _ => (14.0 * v) * (14.0 * v),
+            })
+            .collect()
+    };
+    for be in backends() {
+        let mut s = graphrun::Session::new(
+            m.graph.clone(),
+            graphrun::SessionOptions {
+                backend: be,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let plan = s.plan_for(&feeds).unwrap();
+        let views: Vec<&str> = plan
+            .steps
+            .iter()
+            .map(|st| m.graph.nodes[st.node].op.name())
+            .filter(|n| ["Reshape", "Flatten", "Identity", "Squeeze", "Unsqueeze"].contains(n))
+            .collect();
+        // Only z (a view of a graph input and itself an output), w (an output) and
+        // q (a view of an output) are copied.
+        assert_eq!(views, ["Reshape", "Reshape", "Identity"], "{be:?}");
+        let slot = |v: &str| plan.places[v];
+        assert_eq!(slot("r"), slot("a"));
+        assert_eq!(slot("back"), slot("a"));
+        assert_ne!(slot("b"), slot("a"));
+        assert_ne!(slot("b3"), slot("a"));
+        assert_ne!(slot("z"), slot("x"));
+        let outs = s.run(&feeds).unwrap();
+        for (o, t) in &outs {
+            let e = rel_err(&t.to_f64_vec(), &want(o));
+            assert!(e <= 1e-6, "{be:?} {o}: rel err {e:.2e}");
+        }
+        assert_eq!(outs.iter().find(|(o, _)| o == "z").unwrap().1.shape(), [24]);
+    }
+}

@@ -46,6 +46,10 @@ pub trait Backend {
     fn alloc(&mut self, bytes: usize) -> Result<Self::Buffer>;
     fn upload(&mut self, src: &Tensor, dst: &mut Self::Buffer) -> Result<()>;
     fn download(&mut self, src: &Self::Buffer, ty: &ValueType) -> Result<Tensor>;
+    /// Gives a buffer the type of the value about to be read from it: a view (Reshape and
+    /// the like) shares its input's buffer under another shape. Only for backends whose
+    /// buffers carry a shape; `run` must still read inputs as their `ValueType` says.
+    fn retype(&mut self, _buf: &mut Self::Buffer, _ty: &ValueType) {}
     /// Runs one node. `ins[i]` is `None` for an omitted optional input. Output buffers
     /// never alias input buffers.
     fn run(

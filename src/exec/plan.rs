@@ -1,6 +1,8 @@
 //! A plan: the graph compiled once for one set of input shapes. It fixes the schedule,
 //! folds what is known on the host, and gives every runtime value a buffer slot, reusing
 //! slots whose values are dead, so peak memory stays far below the sum of intermediates.
+//! Reshape-like nodes (a new shape over the same bytes) are not steps at all: their output
+//! lives in their input's slot, and a slot is reused only once every value in it is dead.
 
 use crate::error::Result;
 use crate::graph::infer::{self, Inferred, ValueType};
@@ -151,6 +153,37 @@ impl Plan {
         let mut flops = 0u64;
         for (s, &ni) in order.iter().enumerate() {
             let node = &g.nodes[ni];
+            // A view: the output shares the input's slot and nothing runs. Not where the
+            // output or the input is a graph output (or kept): callers may change those in
+            // place after the run (the optimizer's weights, data-parallel gradient
+            // averaging), and a slot holding an output then holds nothing else.
+            // Weights and constants are not aliased either (they are updated in place or
+            // shared between plans).
+            if is_view(&node.op) {
+                let (x, o) = (&node.inputs[0], &node.outputs[0]);
+                if let Some(&Place::Slot(sl)) = places.get(x) {
+                    if !outputs.contains(x.as_str()) && !outputs.contains(o.as_str()) {
+                        naive += inf.types[o].bytes();
+                        places.insert(o.clone(), Place::Slot(sl));
+                        slots.share(sl);
+                        let mut seen = HashSet::new();
+                        for i in &node.inputs {
+                            if last_use.get(i.as_str()) == Some(&s)
+                                && !outputs.contains(i.as_str())
+                                && seen.insert(i)
+                            {
+                                if let Some(Place::Slot(sl)) = places.get(i) {
+                                    slots.free(*sl);
+                                }
+                            }
+                        }
+                        if !last_use.contains_key(o.as_str()) {
+                            slots.free(sl);
+                        }
+                        continue;
+                    }
+                }
+            }
             let ins: Vec<Option<Place>> = node.map_inputs(|i| places.get(i).copied());
             let mut outs = vec![];
             let out_types: Vec<ValueType> = node
@@ -222,11 +255,27 @@ impl Plan {
     }
 }
 
-/// Best-fit reuse of freed slots; a slot grows when the value it takes is larger.
+/// Ops whose output is their first input's bytes under another shape: the plan gives the
+/// output the input's slot instead of a copy.
+fn is_view(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Reshape { .. }
+            | Op::Flatten { .. }
+            | Op::Squeeze { .. }
+            | Op::Unsqueeze { .. }
+            | Op::Identity
+    )
+}
+
+/// Best-fit reuse of freed slots; a slot grows when the value it takes is larger. A slot
+/// counts the live values in it (more than one where views share it) and is reused only
+/// when the last one dies.
 #[derive(Default)]
 struct SlotAlloc {
     bytes: Vec<usize>,
     free: Vec<usize>,
+    live: Vec<usize>,
 }
 
 impl SlotAlloc {
@@ -248,16 +297,24 @@ impl SlotAlloc {
             Some(i) => {
                 let s = self.free.swap_remove(i);
                 self.bytes[s] = self.bytes[s].max(need);
+                self.live[s] = 1;
                 s
             }
             None => {
                 self.bytes.push(need);
+                self.live.push(1);
                 self.bytes.len() - 1
             }
         }
     }
+    /// One more value (a view) lives in slot `s`.
+    fn share(&mut self, s: usize) {
+        self.live[s] += 1;
+    }
+    /// One value in slot `s` is dead; the slot is free when none is left.
     fn free(&mut self, s: usize) {
-        if !self.free.contains(&s) {
+        self.live[s] = self.live[s].saturating_sub(1);
+        if self.live[s] == 0 && !self.free.contains(&s) {
             self.free.push(s);
         }
     }

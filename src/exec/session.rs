@@ -779,6 +779,13 @@ impl<B: Backend> Executor<B> {
         for (k, step) in plan.steps.iter().enumerate() {
             let node = &g.nodes[step.node];
             let t0 = self.profile.is_some().then(std::time::Instant::now);
+            // Buffers that views share are read as the value's type.
+            for (name, p) in node.inputs.iter().zip(&step.ins) {
+                if let Some(Place::Slot(s)) = p {
+                    let b = self.slots[*s].as_mut().expect("slot live");
+                    self.backend.retype(b, &plan.types[name]);
+                }
+            }
             let mut outs: Vec<B::Buffer> = step
                 .outs
                 .iter()

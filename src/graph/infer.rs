@@ -627,13 +627,16 @@ pub fn infer_node(
             Ok(out)
         }
         Op::Reduce {
+            kind,
             axes,
             keepdims,
             noop_with_empty_axes,
-            ..
         } => {
-            // ONNX defines all three on floats and ints (an int mean truncates).
-            if x.dtype == DType::Bool {
+            // ONNX defines all three on floats and ints (an int mean truncates); the
+            // internal mean of squares only exists for floats.
+            if x.dtype == DType::Bool
+                || (*kind == crate::graph::ReduceKind::MeanSquare && !x.dtype.is_float())
+            {
                 return Err(f(format!(
                     "{} is not defined for {}",
                     node.op.name(),
@@ -1200,6 +1203,10 @@ pub fn infer_node(
                     )));
                 }
             }
+            // Input 5 (from the `ln_grad_residual` rule): a gradient added onto dX.
+            if let Some(r) = t(5).filter(|r| *r != xt) {
+                return Err(f(format!("the residual gradient must be {xt}, got {r}")));
+            }
             let p = ValueType::new(xt.dtype, &xt.shape[a..]);
             Ok(vec![xt.clone(), p.clone(), p][..node.outputs.len()].to_vec())
         }
@@ -1241,8 +1248,23 @@ pub fn infer_node(
         Op::FusedMatMulGrad {
             activation,
             trans_b,
+            a_activation,
         } => {
             let (a, b) = (t(1).unwrap(), t(2).unwrap());
+            // PreA: the Pre at which dA's activation derivative is taken, A's type.
+            match t(4) {
+                Some(p) if p != a => return Err(f(format!("PreA must be {a}, got {p}"))),
+                None if *a_activation != Activation::None => {
+                    return Err(f(format!(
+                        "a_activation {} needs A's pre-activation (input 4)",
+                        a_activation.name()
+                    )))
+                }
+                Some(_) if *a_activation == Activation::None => {
+                    return Err(f("PreA (input 4) needs an a_activation".into()))
+                }
+                _ => {}
+            }
             let op = Op::FusedMatMul {
                 activation: *activation,
                 trans_b: *trans_b,

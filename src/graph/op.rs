@@ -49,6 +49,9 @@ pub enum ReduceKind {
     Sum,
     Mean,
     Max,
+    /// The mean of the squares: internal (`ReduceMeanSquare`, not an ONNX op), what the
+    /// `mean_square` rule makes of an MSE's `ReduceMean(Mul(d, d))`.
+    MeanSquare,
 }
 
 /// The activation a `FusedMatMul` applies after its bias.
@@ -216,11 +219,15 @@ pub enum Op {
     },
     /// `(dY, XShape, starts, ends, [axes], [steps]) -> dX`: dY placed into zeros.
     SliceGrad,
-    /// `(dY, A, B, [Pre]) -> (dA, dB, [dBias])` for `Y = act(A·B + bias) + residual`, where
-    /// `Pre = A·B + bias` is the forward's second output (needed unless activation none).
+    /// `(dY, A, B, [Pre], [PreA]) -> (dA, dB, [dBias])` for `Y = act(A·B + bias) +
+    /// residual`, where `Pre = A·B + bias` is the forward's second output (needed unless
+    /// activation none). With `a_activation` (set by the `dact_into_da` rule, never by
+    /// autodiff) dA leaves multiplied by `a_activation'(PreA)`: the gradient at the Pre of
+    /// the FusedMatMul that produced A, which that node's gradient then takes as its dY.
     FusedMatMulGrad {
         activation: Activation,
         trans_b: bool,
+        a_activation: Activation,
     },
     /// `(dY, Q, K, V, Y, LSE, [attn_mask]) -> (dQ, dK, dV, [dMask])`: flash-style, from
     /// the forward's per-row logsumexp (its second output). dMask has the full
@@ -264,7 +271,11 @@ pub const GRAD_OP_NAMES: &[&str] = &[
     "VarlenAttentionGrad",
 ];
 
-/// Every op name graphrun accepts, in the order of SPEC §2.
+/// Ops the passes make that are not in SPEC §2, accepted in a model file so that a graph
+/// written with `--emit-yaml` loads again.
+pub const INTERNAL_OP_NAMES: &[&str] = &["ReduceMeanSquare"];
+
+/// Every op name of SPEC §2, in its order.
 pub const OP_NAMES: &[&str] = &[
     "Add",
     "Sub",
@@ -429,6 +440,22 @@ impl<'a> Attrs<'a> {
             },
         }
     }
+    /// A FusedMatMul activation by name (default none).
+    fn activation(&mut self, name: &str) -> Result<Activation> {
+        Ok(match self.string(name)? {
+            None => Activation::None,
+            Some((s, at)) => match Activation::ALL.iter().find(|x| x.name() == s) {
+                Some(x) => *x,
+                None => {
+                    return Err(self.err(
+                        Some(at),
+                        format!("attribute '{name}' must be one of none, relu, gelu, gelu_tanh, silu, sigmoid, tanh; got \"{s}\""),
+                    ))
+                }
+            },
+        })
+    }
+
     fn string(&mut self, name: &str) -> Result<Option<(String, &'a Attr)>> {
         match self.get(name) {
             None => Ok(None),
@@ -525,6 +552,10 @@ impl Op {
                 kind: ReduceKind::Max,
                 ..
             } => "ReduceMax",
+            Op::Reduce {
+                kind: ReduceKind::MeanSquare,
+                ..
+            } => "ReduceMeanSquare",
             Op::Reshape { .. } => "Reshape",
             Op::Transpose { .. } => "Transpose",
             Op::Concat { .. } => "Concat",
@@ -591,6 +622,7 @@ impl Op {
             } => Op::FusedMatMulGrad {
                 activation,
                 trans_b,
+                a_activation: Activation::None,
             },
             Op::Attention {
                 is_causal,
@@ -632,6 +664,7 @@ impl Op {
             Op::FusedMatMulGrad {
                 activation,
                 trans_b,
+                ..
             } => Op::FusedMatMul {
                 activation,
                 trans_b,
@@ -696,11 +729,11 @@ impl Op {
             Op::Attention { .. } => (3, 4, 1, 2),
             Op::VarlenAttention { .. } => (5, 5, 1, 2),
             Op::UnaryGrad(_) | Op::SoftmaxGrad { .. } => (2, 2, 1, 1),
-            Op::LayerNormalizationGrad { .. } => (5, 5, 1, 3),
+            Op::LayerNormalizationGrad { .. } => (5, 6, 1, 3),
             Op::SoftmaxCrossEntropyLossGrad { .. } => (3, 4, 1, 1),
             Op::GatherGrad { .. } => (3, 3, 1, 1),
             Op::SliceGrad => (4, 6, 1, 1),
-            Op::FusedMatMulGrad { .. } => (3, 4, 2, 3),
+            Op::FusedMatMulGrad { .. } => (3, 5, 2, 3),
             Op::AttentionGrad { .. } => (6, 7, 3, 4),
             Op::VarlenAttentionGrad { .. } => (8, 8, 3, 3),
         }
@@ -714,10 +747,26 @@ impl Op {
             .strip_suffix("Grad")
             .filter(|_| GRAD_OP_NAMES.contains(&name))
         {
-            let fwd = Op::parse(base, attrs, node, node_loc)?;
-            return Ok(fwd
+            // FusedMatMulGrad's own attribute (the rest are its forward op's).
+            let (own, attrs): (Vec<Attr>, Vec<Attr>) = attrs
+                .iter()
+                .cloned()
+                .partition(|a| name == "FusedMatMulGrad" && a.name == "a_activation");
+            let fwd = Op::parse(base, &attrs, node, node_loc)?;
+            let mut op = fwd
                 .grad_op()
-                .expect("every GRAD_OP_NAMES entry has a base op"));
+                .expect("every GRAD_OP_NAMES entry has a base op");
+            if let (Op::FusedMatMulGrad { a_activation, .. }, false) = (&mut op, own.is_empty()) {
+                let mut a = Attrs {
+                    op: name,
+                    node,
+                    node_loc,
+                    attrs: &own,
+                    used: vec![false; own.len()],
+                };
+                *a_activation = a.activation("a_activation")?;
+            }
+            return Ok(op);
         }
         use BinaryOp as B;
         use UnaryOp as U;
@@ -831,6 +880,7 @@ impl Op {
             "ReduceSum" => reduce(&mut a, ReduceKind::Sum)?,
             "ReduceMean" => reduce(&mut a, ReduceKind::Mean)?,
             "ReduceMax" => reduce(&mut a, ReduceKind::Max)?,
+            "ReduceMeanSquare" => reduce(&mut a, ReduceKind::MeanSquare)?,
             "Reshape" => Op::Reshape {
                 allowzero: a.flag("allowzero", false)?,
             },
@@ -983,24 +1033,10 @@ impl Op {
                     seed: a.int("seed")?,
                 }
             }
-            "FusedMatMul" => {
-                let activation = match a.string("activation")? {
-                    None => Activation::None,
-                    Some((s, at)) => match Activation::ALL.iter().find(|x| x.name() == s) {
-                        Some(x) => *x,
-                        None => {
-                            return Err(a.err(
-                                Some(at),
-                                format!("attribute 'activation' must be one of none, relu, gelu, gelu_tanh, silu, sigmoid, tanh; got \"{s}\""),
-                            ))
-                        }
-                    },
-                };
-                Op::FusedMatMul {
-                    activation,
-                    trans_b: a.flag("trans_b", false)?,
-                }
-            }
+            "FusedMatMul" => Op::FusedMatMul {
+                activation: a.activation("activation")?,
+                trans_b: a.flag("trans_b", false)?,
+            },
             "Attention" => {
                 let op = Op::Attention {
                     is_causal: a.flag("is_causal", false)?,
@@ -1047,6 +1083,11 @@ impl Op {
             v = base.attrs();
             if let Op::LayerNormalizationGrad { .. } = self {
                 v.retain(|(k, _)| *k == "axis");
+            }
+            if let Op::FusedMatMulGrad { a_activation, .. } = self {
+                if *a_activation != Activation::None {
+                    v.push(("a_activation", V::Str(a_activation.name().into())));
+                }
             }
             return v;
         }

@@ -6,14 +6,182 @@
 
 use super::pattern::{Ctx, Patch, Why};
 use super::Rule;
-use crate::graph::{Activation, BinaryOp, InitSource, Initializer, Node, Op, UnaryOp};
+use crate::graph::{Activation, BinaryOp, InitSource, Initializer, Node, Op, ReduceKind, UnaryOp};
 use crate::tensor::Tensor;
 
-pub(crate) const RULES: &[Rule] = &[Rule {
-    name: "matmul_epilogue",
-    anchor: |op| matches!(op, Op::MatMul | Op::Gemm { .. }),
-    run: fuse,
-}];
+pub(crate) const RULES: &[Rule] = &[
+    Rule {
+        name: "matmul_epilogue",
+        anchor: |op| matches!(op, Op::MatMul | Op::Gemm { .. }),
+        run: fuse,
+    },
+    Rule {
+        name: "dact_into_da",
+        anchor: |op| matches!(op, Op::FusedMatMulGrad { .. }),
+        run: dact_into_da,
+    },
+    Rule {
+        name: "ln_grad_residual",
+        anchor: |op| *op == Op::Binary(BinaryOp::Add),
+        run: ln_grad_residual,
+    },
+    Rule {
+        name: "mean_square",
+        anchor: |op| {
+            matches!(
+                op,
+                Op::Reduce {
+                    kind: ReduceKind::Mean,
+                    ..
+                }
+            )
+        },
+        run: mean_square,
+    },
+];
+
+/// `Add(dX, r)` where dX is a LayerNormalizationGrad's first output read by nothing else
+/// and r has dX's type (a pre-LayerNorm block's residual gradient, gpt_block's `ln2/Add`):
+/// the LayerNormalizationGrad adds r as it writes dX (its input 5), one pass fewer.
+fn ln_grad_residual(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch> {
+    let n = cx.node(i);
+    let found = n.inputs.iter().enumerate().find_map(|(k, v)| {
+        let (j, ln) = cx.prod(v, |op| matches!(op, Op::LayerNormalizationGrad { .. }))?;
+        (ln.outputs[0] == *v && ln.inputs.len() == 5).then_some((k, j, ln))
+    });
+    let Some((k, j, ln)) = found else {
+        return why.no("no LayerNormalizationGrad's dX");
+    };
+    let (dx, r) = (&n.inputs[k], &n.inputs[1 - k]);
+    if dx == r || cx.sole_consumer(dx) != Some(i) {
+        return why.no("dX is read elsewhere");
+    }
+    if !cx.facts.same_shape(dx, r) || cx.facts.dtype(dx) != cx.facts.dtype(r) {
+        return why.no("the other term is broadcast or of another dtype");
+    }
+    let mut fused = ln.clone();
+    fused.inputs.push(r.clone());
+    fused.outputs[0] = n.outputs[0].clone();
+    Some(Patch {
+        remove: vec![j, i],
+        add: vec![fused],
+        ..Default::default()
+    })
+}
+
+/// An MSE's `ReduceMean(Mul(d, d))` becomes `ReduceMeanSquare(d)`: the squares are never
+/// written, and its gradient is one pass `d · (2/N)·dY`.
+fn mean_square(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch> {
+    let n = cx.node(i);
+    let Op::Reduce {
+        axes,
+        keepdims,
+        noop_with_empty_axes,
+        ..
+    } = &n.op
+    else {
+        return None;
+    };
+    if *noop_with_empty_axes {
+        // An identity when no axes are given: not a mean at all.
+        return why.no("noop_with_empty_axes");
+    }
+    let Some((j, m)) = cx.prod(&n.inputs[0], is_bin(BinaryOp::Mul)) else {
+        return why.no("the mean is not of a product");
+    };
+    if m.inputs[0] != m.inputs[1] {
+        return why.no("not a square");
+    }
+    if cx.sole_consumer(&m.outputs[0]) != Some(i) {
+        return why.no("the squares are read elsewhere");
+    }
+    if !cx.facts.dtype(&m.inputs[0]).is_some_and(|d| d.is_float()) {
+        return why.no("not floating");
+    }
+    let mut r = n.clone();
+    r.op = Op::Reduce {
+        kind: ReduceKind::MeanSquare,
+        axes: axes.clone(),
+        keepdims: *keepdims,
+        noop_with_empty_axes: false,
+    };
+    r.inputs[0] = m.inputs[0].clone();
+    Some(Patch {
+        remove: vec![j, i],
+        add: vec![r],
+        ..Default::default()
+    })
+}
+
+/// In a backward graph, `FusedMatMulGrad(act)` whose dY is only the dA of another
+/// FusedMatMulGrad (an MLP's fc1 behind fc2) takes its G = dY·act'(Pre) from that node:
+/// the producer applies act' to its dA product (cuBLASLt's DGELU epilogue on CUDA, no
+/// pass of its own), and the consumer runs with no activation (dY is G; its Pre input is
+/// dropped). Saves writing dY and reading it and Pre back: 3 passes over [M, hidden].
+fn dact_into_da(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch> {
+    let n = cx.node(i);
+    let Op::FusedMatMulGrad {
+        activation,
+        trans_b,
+        a_activation,
+    } = n.op
+    else {
+        return None;
+    };
+    if activation == Activation::None {
+        return why.no("no activation to differentiate");
+    }
+    let (dy, pre) = (&n.inputs[0], n.inputs.get(3).filter(|p| !p.is_empty())?);
+    let Some((j, p)) = cx.prod(dy, |op| {
+        matches!(
+            op,
+            Op::FusedMatMulGrad {
+                a_activation: Activation::None,
+                ..
+            }
+        )
+    }) else {
+        return why.no("dY is not the dA of a FusedMatMulGrad");
+    };
+    if p.outputs[0] != *dy || cx.sole_consumer(dy) != Some(i) {
+        return why.no("dY is read elsewhere");
+    }
+    if !cx.facts.same_shape(dy, pre) || cx.facts.dtype(dy) != cx.facts.dtype(pre) {
+        return why.no("dY and Pre differ in shape or dtype");
+    }
+    let mut producer = p.clone();
+    let Op::FusedMatMulGrad {
+        activation: pa,
+        trans_b: pt,
+        ..
+    } = p.op
+    else {
+        unreachable!("matched above")
+    };
+    producer.op = Op::FusedMatMulGrad {
+        activation: pa,
+        trans_b: pt,
+        a_activation: activation,
+    };
+    producer.inputs.resize(4, String::new());
+    producer.inputs.push(pre.clone());
+    let mut consumer = n.clone();
+    consumer.op = Op::FusedMatMulGrad {
+        activation: Activation::None,
+        trans_b,
+        a_activation,
+    };
+    // Pre is no longer read; a PreA of its own stays at input 4.
+    consumer.inputs[3] = String::new();
+    if consumer.inputs.len() == 4 {
+        consumer.inputs.truncate(3);
+    }
+    Some(Patch {
+        remove: vec![j, i],
+        add: vec![producer, consumer],
+        ..Default::default()
+    })
+}
 
 const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
 const GELU_CUBIC: f64 = 0.044715;

@@ -496,7 +496,8 @@ pub fn gemm_f32_gflops(n: usize, iters: usize) -> f64 {
 
 /// FusedMatMul backward: outs = [dA, dB, (dBias)]; `want[i]` false means not read.
 /// With G = dY · act'(Pre): dA = G · op(B)ᵀ, dB = Aᵀ · G (Gᵀ · A when trans_b), each
-/// summed over the batch entries that share the operand; dBias = Σ_rows G.
+/// summed over the batch entries that share the operand; dBias = Σ_rows G. With
+/// `pre_a` = (PreA, act_a), dA leaves multiplied by act_a'(PreA) (still in f32/f64).
 #[allow(clippy::too_many_arguments)]
 pub fn fused_matmul_grad(
     dy: &Tensor,
@@ -505,6 +506,7 @@ pub fn fused_matmul_grad(
     pre: Option<&Tensor>,
     act: Activation,
     trans_b: bool,
+    pre_a: Option<(&Tensor, Activation)>,
     want: &[bool],
     outs: &mut [Tensor],
 ) -> Result<()> {
@@ -554,7 +556,15 @@ pub fn fused_matmul_grad(
                 a_off: g_off.clone(),
                 b_off: b_off.clone(),
             };
-            fill_acc(da[0].as_mut_slice::<T>(), |o| products_into(p, &g, &bv, &a_off, o));
+            fill_acc(da[0].as_mut_slice::<T>(), |o| {
+                products_into(p, &g, &bv, &a_off, o);
+                if let Some((pa, act_a)) = pre_a {
+                    const CHUNK: usize = 1 << 14;
+                    o.par_chunks_mut(CHUNK)
+                        .zip(widen(pa.as_slice::<T>()).par_chunks(CHUNK))
+                        .for_each(|(g, p)| activate_grad(act_a, g, p));
+                }
+            });
         }
         if want[1] {
             // Aᵀ · G, of shape [K, N]; with trans_b Gᵀ · A, of shape [N, K].

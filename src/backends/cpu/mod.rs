@@ -37,8 +37,13 @@ impl Backend for Cpu {
         Ok(())
     }
     fn download(&mut self, src: &Tensor, ty: &ValueType) -> Result<Tensor> {
-        debug_assert_eq!((src.dtype(), src.shape()), (ty.dtype, &ty.shape[..]));
-        Ok(src.clone_exact())
+        // A view's buffer may carry its input's shape (same bytes).
+        let mut t = src.clone_exact();
+        t.reset(ty.dtype, &ty.shape);
+        Ok(t)
+    }
+    fn retype(&mut self, buf: &mut Tensor, ty: &ValueType) {
+        buf.reset(ty.dtype, &ty.shape);
     }
     fn run(
         &mut self,
@@ -46,7 +51,24 @@ impl Backend for Cpu {
         ins: &[Option<(&Tensor, &ValueType)>],
         outs: &mut [(&mut Tensor, &ValueType)],
     ) -> Result<()> {
-        let ins: Vec<Option<&Tensor>> = ins.iter().map(|i| i.map(|(t, _)| t)).collect();
+        // An input whose buffer holds another shape (two views of one buffer read by one
+        // node; `retype` gave the buffer only one of them) is read through a copy.
+        let copies: Vec<Option<Tensor>> = ins
+            .iter()
+            .map(|i| {
+                let (t, ty) = (*i)?;
+                (t.dtype() != ty.dtype || t.shape() != &ty.shape[..]).then(|| {
+                    let mut c = t.clone_exact();
+                    c.reset(ty.dtype, &ty.shape);
+                    c
+                })
+            })
+            .collect();
+        let ins: Vec<Option<&Tensor>> = ins
+            .iter()
+            .zip(&copies)
+            .map(|(i, c)| c.as_ref().or(i.map(|(t, _)| t)))
+            .collect();
         let mut owned: Vec<Tensor> = outs
             .iter_mut()
             .map(|(b, ty)| {
@@ -236,7 +258,8 @@ pub fn run_node(
             reduce::softmax_grad(x(0)?, x(1)?, *axis, *log, &mut outs[0])
         }
         Op::LayerNormalizationGrad { axis } => {
-            reduce::layer_norm_grad(x(0)?, x(1)?, x(2)?, x(3)?, x(4)?, *axis, &want, outs)
+            let res = ins.get(5).copied().flatten();
+            reduce::layer_norm_grad(x(0)?, x(1)?, x(2)?, x(3)?, x(4)?, res, *axis, &want, outs)
         }
         Op::SoftmaxCrossEntropyLossGrad {
             reduction,
@@ -256,6 +279,7 @@ pub fn run_node(
         Op::FusedMatMulGrad {
             activation,
             trans_b,
+            a_activation,
         } => matmul::fused_matmul_grad(
             x(0)?,
             x(1)?,
@@ -263,6 +287,7 @@ pub fn run_node(
             ins.get(3).copied().flatten(),
             *activation,
             *trans_b,
+            ins.get(4).copied().flatten().map(|p| (p, *a_activation)),
             &want,
             outs,
         ),

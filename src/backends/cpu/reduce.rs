@@ -214,8 +214,9 @@ fn layer_norm_t<T: Float>(
 /// `axes` are normalised and non-empty; `out` is shaped with or without kept dims.
 pub fn reduce(kind: ReduceKind, x: &Tensor, axes: &[usize], out: &mut Tensor) -> Result<()> {
     with_num!(x.dtype(), T => match kind {
-        ReduceKind::Max => reduce_t::<T, true>(kind, x, axes, out),
-        _ => reduce_t::<T, false>(kind, x, axes, out),
+        ReduceKind::Max => reduce_t::<T, true, false>(kind, x, axes, out),
+        ReduceKind::MeanSquare => reduce_t::<T, false, true>(kind, x, axes, out),
+        _ => reduce_t::<T, false, false>(kind, x, axes, out),
     }, _ => crate::bail!(Runtime, "CPU reduce kernel does not take dtype {}", x.dtype()));
     Ok(())
 }
@@ -223,8 +224,9 @@ pub fn reduce(kind: ReduceKind, x: &Tensor, axes: &[usize], out: &mut Tensor) ->
 /// Dims are merged into alternating kept/reduced runs (size-1 dims dropped). Outputs are
 /// reduced in groups of `inner` (the last run when kept, else 1) so that every read is a
 /// contiguous row or segment, walking the other reduced runs with an odometer. `MAX`
-/// picks max over sum at compile time, keeping the inner loops branch-free.
-fn reduce_t<T: Num, const MAX: bool>(
+/// picks max over sum (and `SQUARE` squares each element) at compile time, keeping the
+/// inner loops branch-free.
+fn reduce_t<T: Num, const MAX: bool, const SQUARE: bool>(
     kind: ReduceKind,
     x: &Tensor,
     axes: &[usize],
@@ -243,17 +245,27 @@ fn reduce_t<T: Num, const MAX: bool>(
             _ => runs.push((size, red)),
         }
     }
-    let step = |a: T::A, v: T::A| if MAX { T::max(a, v) } else { T::add(a, v) };
+    let step = |a: T::A, v: T::A| {
+        if MAX {
+            T::max(a, v)
+        } else if SQUARE {
+            T::add(a, T::mul(v, v))
+        } else {
+            T::add(a, v)
+        }
+    };
     let init = if MAX { T::lowest() } else { T::zero() };
     let n: usize = runs.iter().filter(|r| r.1).map(|r| r.0).product();
     // An empty reduction: a float mean is 0/0 = NaN, an integer one 0 (no division by 0).
     let count = T::count(if T::INT { n.max(1) } else { n });
     let finish = |a: T::A| {
-        T::store(if kind == ReduceKind::Mean {
-            T::div(a, count)
-        } else {
-            a
-        })
+        T::store(
+            if matches!(kind, ReduceKind::Mean | ReduceKind::MeanSquare) {
+                T::div(a, count)
+            } else {
+                a
+            },
+        )
     };
 
     if runs.iter().all(|r| r.1) {
@@ -262,7 +274,9 @@ fn reduce_t<T: Num, const MAX: bool>(
             .par_chunks(GRAIN * 4)
             .map(|c| c.iter().fold(init, |a, v| step(a, v.load())))
             .collect();
-        o[0] = finish(parts.into_iter().fold(init, step));
+        // Partial results combine unsquared.
+        let combine = |a: T::A, v: T::A| if MAX { T::max(a, v) } else { T::add(a, v) };
+        o[0] = finish(parts.into_iter().fold(init, combine));
         return;
     }
     let mut stride = vec![0; runs.len()];
@@ -517,7 +531,8 @@ fn softmax_grad_t<T: Float>(dy: &[T], y: &[T], n: usize, inner: usize, log: bool
 }
 
 /// LayerNormalization backward: outs = [dX, dScale, dB] (dScale, dB of the normalized
-/// shape X.shape[axis..]); `want[i]` false means output i is not read.
+/// shape X.shape[axis..]); `want[i]` false means output i is not read. `res`, where
+/// given, is added onto dX (a residual branch's gradient).
 #[allow(clippy::too_many_arguments)]
 pub fn layer_norm_grad(
     dy: &Tensor,
@@ -525,6 +540,7 @@ pub fn layer_norm_grad(
     scale: &Tensor,
     mean: &Tensor,
     inv_std: &Tensor,
+    res: Option<&Tensor>,
     axis: i64,
     want: &[bool],
     outs: &mut [Tensor],
@@ -532,7 +548,7 @@ pub fn layer_norm_grad(
     let axis = checked_axis(axis, x)?;
     let want = |i: usize| i < outs.len() && want.get(i).copied().unwrap_or(true);
     let want = [want(0), want(1), want(2)];
-    with_float!(x.dtype(), T => layer_norm_grad_t::<T>(dy, x, scale, mean, inv_std, axis, want, outs), _ => not_float("LayerNormalizationGrad", x))
+    with_float!(x.dtype(), T => layer_norm_grad_t::<T>(dy, x, scale, mean, inv_std, res, axis, want, outs), _ => not_float("LayerNormalizationGrad", x))
 }
 
 /// Per row, with xhat = (x - mean)·inv and g = dy·scale:
@@ -544,10 +560,12 @@ fn layer_norm_grad_t<T: Float>(
     scale: &Tensor,
     mean: &Tensor,
     inv_std: &Tensor,
+    res: Option<&Tensor>,
     axis: usize,
     want: [bool; 3],
     outs: &mut [Tensor],
 ) -> Result<()> {
+    let res: Option<&[T]> = res.map(|r| r.as_slice::<T>());
     let norm = &x.shape()[axis..];
     let n = numel(norm);
     let g = expand::<T>(scale, norm);
@@ -594,8 +612,13 @@ fn layer_norm_grad_t<T: Float>(
                 sgx = sgx + gj * xhat(j);
             }
             let (mg, mgx) = (sg / n_acc, sgx / n_acc);
+            let res = res.map(|s| &s[r * n..(r + 1) * n]);
             for (j, o) in dx.iter_mut().enumerate() {
-                *o = T::from_acc(inv * (dy[j].to_acc() * g[j] - mg - xhat(j) * mgx));
+                let v = inv * (dy[j].to_acc() * g[j] - mg - xhat(j) * mgx);
+                *o = T::from_acc(match res {
+                    Some(s) => v + s[j].to_acc(),
+                    None => v,
+                });
             }
         }
     });

@@ -1,7 +1,8 @@
 //! Attention and VarlenAttention on CUDA, forward with the optional LSE output and
 //! backward from it. Attention with head sizes up to 64 (f32, f16, bf16) or 128 (f16/bf16
 //! forward) runs the tiled flash kernels of cuda/flash.cu (tensor cores for f16/bf16:
-//! `wgmma` on Hopper for heads up to 64, `mma.sync` elsewhere);
+//! `wgmma` on Hopper for heads up to 64, `mma.sync` elsewhere; f32 on CUDA cores, or
+//! with `--dtype tf32` one TF32 pass on tensor cores, cuda/flash_tf32.cu);
 //! the rest (VarlenAttention, larger heads, f64) the row-per-warp kernels of
 //! cuda/attention.cu. Shapes, masks and cu_seqlens are checked here; the kernels take one
 //! `AttnGeom` that describes either layout.
@@ -193,7 +194,7 @@ fn forward(
 ) -> Result<()> {
     let [q, k, v] = qkv;
     let lse = wanted(outs, want, 1).map_or(0, |l| l.p);
-    if let Some(f) = fast(&g, q.dtype(), false) {
+    if let Some(f) = fast(c, &g, q.dtype(), false) {
         return fast_forward(c, f, g, qkv, mask, outs[0].p, lse);
     }
     let args = [
@@ -276,7 +277,7 @@ fn backward(
     }
     let dp = c.scratch(g.rows as usize * acc)?;
     let rows = grid(g.rows as usize);
-    let f = fast(&g, q.dtype(), true);
+    let f = fast(c, &g, q.dtype(), true);
     // The tensor-core dQ kernels compute delta themselves.
     if !matches!(f, Some(Fast::Mma(_))) {
         c.launch(
@@ -406,6 +407,9 @@ enum Fast {
     Mma(usize),
     /// CUDA cores in true FP32, head sizes padded to 64.
     Simt,
+    /// f32 on TF32 tensor cores (cuda/flash_tf32.cu), head sizes padded to 64: 3xTF32
+    /// (FP32-level accuracy) with 3 passes, plain TF32 (`--dtype tf32`) with 1.
+    Tf32 { passes: u8 },
 }
 
 /// `GRAPHRUN_CUDA_ATTENTION=rows` keeps every problem on the row-per-warp kernels, `mma`
@@ -420,7 +424,26 @@ fn rows_only() -> bool {
     kernel_choice() == "rows"
 }
 
-fn fast(g: &AttnGeom, dt: DType, backward: bool) -> Option<Fast> {
+/// Which kernels take f32 attention (head sizes up to 64), from
+/// `GRAPHRUN_CUDA_ATTENTION_F32`: by default the CUDA-core ones (fs_*) in true FP32, and
+/// with `--dtype tf32` one TF32 pass on tensor cores; `simt` keeps tf32 sessions on fs_*
+/// too; `3xtf32` runs f32 on tensor cores in 3xTF32 (FP32-level accuracy; on the H100 so
+/// far slower than fs_*: docs/bench-h100/attention-notes.md).
+fn f32_choice() -> &'static str {
+    static CHOICE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    CHOICE.get_or_init(|| std::env::var("GRAPHRUN_CUDA_ATTENTION_F32").unwrap_or_default())
+}
+
+fn f32_kernels(c: &Cuda) -> Fast {
+    match (c.blas.tf32(), f32_choice()) {
+        (_, "simt") => Fast::Simt,
+        (true, _) => Fast::Tf32 { passes: 1 },
+        (false, "3xtf32") => Fast::Tf32 { passes: 3 },
+        (false, _) => Fast::Simt,
+    }
+}
+
+fn fast(c: &Cuda, g: &AttnGeom, dt: DType, backward: bool) -> Option<Fast> {
     if g.varlen != 0 || rows_only() || g.hkv == 0 || g.hq % g.hkv != 0 {
         return None;
     }
@@ -428,7 +451,7 @@ fn fast(g: &AttnGeom, dt: DType, backward: bool) -> Option<Fast> {
     match dt {
         DType::BF16 | DType::F16 if w <= 64 => Some(Fast::Mma(64)),
         DType::BF16 | DType::F16 if w <= 128 && !backward => Some(Fast::Mma(128)),
-        DType::F32 if w <= 64 => Some(Fast::Simt),
+        DType::F32 if w <= 64 => Some(f32_kernels(c)),
         _ => None,
     }
 }
@@ -439,6 +462,22 @@ const FA_BQ: usize = 128;
 const FA_T: usize = 64;
 /// An f32 tile: 64 × 64 floats.
 const FS_TILE: usize = 64 * 64 * 4;
+/// cuda/flash_tf32.cu's shared memory (floats): two stages of raw f32 tiles (rows of 72
+/// floats, or 68 where only read across rows) — forward K and V, dQ K and V, dK/dV query
+/// tiles of Q and dY with their LSE and delta — plus the 4 warps' raw A fragments (16 rows ×
+/// 64 each) of dY (dQ) or of K and V (dK/dV).
+const FT_SMEM_FWD: usize = 2 * (64 * 72 + 64 * 68) * 4;
+const FT_SMEM_DQ: usize = (2 * 2 * 64 * 72 + 4 * 16 * 64) * 4;
+/// dK/dV's query tiles are 64 rows for one pass, 32 for 3xTF32.
+const fn ft_smem_dkv(passes: u8) -> usize {
+    let t = if passes == 1 { 64 } else { 32 };
+    (2 * (2 * t * 72 + 2 * t) + 2 * 4 * 16 * 64) * 4
+}
+
+/// The tf32 kernels' names for `passes`.
+fn ft_name(kernel: &str, passes: u8) -> String {
+    format!("{kernel}_{passes}")
+}
 
 /// The tensor-core kernels come without and with (`_m`) mask support, and without a mask
 /// also on `mma.sync` only (`_mma`).
@@ -511,6 +550,21 @@ fn fast_forward(
             let grid = (sq.div_ceil(FA_T) as u32, bh, 1);
             launch_grid(&c.dev, &c.stream, "fs_fwd", grid, 256, 4 * FS_TILE, &args)
         }
+        Fast::Tf32 { passes } => {
+            // Warps of 16 queries: 8 a CTA for one pass, 4 for 3xTF32 (its registers).
+            let warps = if passes == 1 { 8 } else { 4 };
+            let grid = (sq.div_ceil(16 * warps) as u32, bh, 1);
+            let name = ft_name("ft_fwd", passes);
+            launch_grid(
+                &c.dev,
+                &c.stream,
+                &name,
+                grid,
+                32 * warps as u32,
+                FT_SMEM_FWD,
+                &args,
+            )
+        }
     }
 }
 
@@ -579,6 +633,19 @@ fn fast_backward(
                 kgrid,
                 128,
                 sm_kv,
+                &akv,
+            )
+        }
+        Fast::Tf32 { passes } => {
+            let (dq, dkv) = (ft_name("ft_dq", passes), ft_name("ft_dkv", passes));
+            launch_grid(&c.dev, &c.stream, &dq, qgrid, 128, FT_SMEM_DQ, &aq)?;
+            launch_grid(
+                &c.dev,
+                &c.stream,
+                &dkv,
+                kgrid,
+                128,
+                ft_smem_dkv(passes),
                 &akv,
             )
         }

@@ -19,12 +19,13 @@ const COMMON: &str = include_str!("../../../cuda/common.cuh");
 /// The kernel families: each file of cuda/ is its own NVRTC program and module, compiled
 /// on the first use of one of its kernels (a model without attention never waits for
 /// flash.cu, the slowest to compile). scripts/precompile_kernels.py lists them too.
-const FAMILIES: [(&str, &str); 6] = [
+const FAMILIES: [(&str, &str); 7] = [
     ("elementwise", include_str!("../../../cuda/elementwise.cu")),
     ("reduce", include_str!("../../../cuda/reduce.cu")),
     ("shape", include_str!("../../../cuda/shape.cu")),
     ("attention", include_str!("../../../cuda/attention.cu")),
     ("flash", include_str!("../../../cuda/flash.cu")),
+    ("flash_tf32", include_str!("../../../cuda/flash_tf32.cu")),
     ("optimizer", include_str!("../../../cuda/optimizer.cu")),
 ];
 
@@ -625,6 +626,8 @@ mod tests {
             ("attn_dkv_f16", "attention"),
             ("fa_fwd_bf16_64m", "flash"),
             ("fs_dq", "flash"),
+            ("ft_dkv_3", "flash_tf32"),
+            ("ft_fwd_1", "flash_tf32"),
             ("adam_f32", "optimizer"),
         ] {
             assert_eq!(family_of(name).map(|f| FAMILIES[f].0), Some(fam), "{name}");

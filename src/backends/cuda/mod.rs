@@ -480,6 +480,7 @@ impl Cuda {
             Op::FusedMatMulGrad {
                 activation,
                 trans_b,
+                a_activation,
             } => matmul::fused_grad(
                 self,
                 node,
@@ -489,6 +490,7 @@ impl Cuda {
                 opt(3),
                 *activation,
                 *trans_b,
+                opt(4).map(|p| (p, *a_activation)),
                 outs,
                 want,
             ),
@@ -512,6 +514,7 @@ impl Cuda {
                 self,
                 node,
                 [&x(0)?, &x(1)?, &x(2)?, &x(3)?, &x(4)?],
+                opt(5),
                 *axis,
                 outs,
                 want,

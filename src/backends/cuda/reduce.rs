@@ -67,6 +67,7 @@ pub fn reduce(c: &Cuda, node: &Node, kind: ReduceKind, x: &V, axes: &[i64], y: &
         ReduceKind::Sum => 0,
         ReduceKind::Mean => 1,
         ReduceKind::Max => 2,
+        ReduceKind::MeanSquare => 3,
     };
     // Few outputs of many elements each: one block per output would leave the GPU idle
     // (an MSE's mean over 8M elements took 16 ms), so split each into parts.
@@ -304,6 +305,7 @@ pub fn layer_norm_grad(
     c: &Cuda,
     node: &Node,
     ins: [&V; 5],
+    res: Option<V>,
     axis: i64,
     outs: &[V],
     want: &[bool],
@@ -332,6 +334,7 @@ pub fn layer_norm_grad(
             Arg::Ptr(gp),
             Arg::Ptr(mean.p),
             Arg::Ptr(inv.p),
+            Arg::Ptr(res.as_ref().map_or(0, |r| r.p)),
             Arg::Ptr(dx.p),
             Arg::I64(n as i64),
         ];

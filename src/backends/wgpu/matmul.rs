@@ -377,6 +377,7 @@ pub fn fused_grad(
     pre: Option<V>,
     act: Activation,
     trans_b: bool,
+    pre_a: Option<(V, Activation)>,
     outs: &[V],
     want: &[bool],
 ) -> Result<()> {
@@ -384,7 +385,7 @@ pub fn fused_grad(
     let (m, k, n) = (d.m, d.k, d.n);
     let nb = numel(&d.ob);
     let out = |i: usize| wanted(outs, want, i);
-    let g_buf;
+    let (g_buf, prod_buf);
     let g = match (act, pre) {
         (Activation::None, _) => dy.buf,
         (_, None) => crate::bail!(
@@ -421,7 +422,22 @@ pub fn fused_grad(
         res: None,
         pre: None,
     };
-    if let Some(da) = out(0) {
+    if let Some(da_out) = out(0) {
+        // With PreA, the product goes to scratch and dA = product · act_a'(PreA) (a
+        // buffer cannot be both read and written by one dispatch).
+        let da = match &pre_a {
+            None => V {
+                buf: da_out.buf,
+                ty: da_out.ty,
+            },
+            Some(_) => {
+                prod_buf = w.scratch(da_out.ty.bytes());
+                V {
+                    buf: &prod_buf,
+                    ty: da_out.ty,
+                }
+            }
+        };
         // dA(m, k) = Σ_j G(m, j) · op(B)(k, j).
         let mut p = Product::new(d.dt, m, k, n, (n as i64, 1), (d.sb.1, d.sb.0));
         if na == nb {
@@ -443,6 +459,9 @@ pub fn fused_grad(
                 q.d_off = offset(i, &d.ob, &a_st) as usize * m * k;
                 launch(w, node, Activation::None, &q, none(g, b.buf, da.buf))?;
             }
+        }
+        if let Some((pa, act_a)) = &pre_a {
+            grad_kernel(w, node, &da, pa, da_out, act_code(*act_a), 0.0)?;
         }
     }
     if let Some(db) = out(1) {

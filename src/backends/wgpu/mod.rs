@@ -374,6 +374,7 @@ impl Wgpu {
             Op::FusedMatMulGrad {
                 activation,
                 trans_b,
+                a_activation,
             } => matmul::fused_grad(
                 self,
                 node,
@@ -381,6 +382,7 @@ impl Wgpu {
                 opt(3),
                 *activation,
                 *trans_b,
+                opt(4).map(|p| (p, *a_activation)),
                 outs,
                 want,
             ),
@@ -396,6 +398,7 @@ impl Wgpu {
                 self,
                 node,
                 [&x(0)?, &x(1)?, &x(2)?, &x(3)?, &x(4)?],
+                opt(5),
                 *axis,
                 outs,
                 want,

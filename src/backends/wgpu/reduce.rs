@@ -59,6 +59,7 @@ pub fn reduce(
         ReduceKind::Sum => 0,
         ReduceKind::Mean => 1,
         ReduceKind::Max => 2,
+        ReduceKind::MeanSquare => 3,
     };
     // Few outputs of many elements each: split each output over `parts` workgroups
     // (shaders/reduce.wgsl `reduce_part`), at most 65535 workgroups in all.
@@ -223,6 +224,7 @@ pub fn layer_norm_grad(
     w: &mut Wgpu,
     node: &Node,
     [dy, x, scale, mean, inv]: [&V; 5],
+    res: Option<V>,
     axis: i64,
     outs: &[V],
     want: &[bool],
@@ -243,21 +245,21 @@ pub fn layer_norm_grad(
     if let Some(dx) = out(0) {
         let g = expanded(w, scale, norm)?;
         let gb = g.as_ref().unwrap_or(scale.buf);
-        let p = Params::new().u(0, n);
+        // P[1] = 1: the residual gradient (bound as Y2, only read) is added onto dX.
+        let p = Params::new().u(0, n).u(1, res.is_some() as usize);
         let k = kernel(w, node, "layer_norm_dx", x.dtype(), 1)?;
-        w.run_kernel(
-            &k,
-            &p,
-            &[
-                (1, dy.buf),
-                (2, x.buf),
-                (3, gb),
-                (7, mean.buf),
-                (8, inv.buf),
-                (4, dx.buf),
-            ],
-            rows_groups(rows),
-        )?;
+        let mut binds = vec![
+            (1, dy.buf),
+            (2, x.buf),
+            (3, gb),
+            (7, mean.buf),
+            (8, inv.buf),
+            (4, dx.buf),
+        ];
+        // The pipeline's layout has Y2 (the shader reads it): a placeholder without one.
+        let none = w.scratch(16);
+        binds.push((10, res.as_ref().map_or(&none, |r| r.buf)));
+        w.run_kernel(&k, &p, &binds, rows_groups(rows))?;
     }
     if out(1).is_some() || out(2).is_some() {
         let bytes = n * x.dtype().size();

@@ -202,6 +202,7 @@ pub(super) fn grad(b: &mut Builder, ni: usize, n: &Node, dys: &[Option<String>])
             let op = Op::FusedMatMulGrad {
                 activation: *activation,
                 trans_b: *trans_b,
+                a_activation: crate::graph::Activation::None,
             };
             let mut out = fused_grads(b, op, &ins, &of, n.inputs.len())?;
             if let Some(r) = res.filter(|r| b.needs(r)) {
@@ -779,6 +780,12 @@ fn reduce(
             let s = b.scalar(b.dtype(dy), 1.0 / count.max(1) as f64)?;
             let d = b.bin(B::Mul, &dyk, &s)?;
             b.op1(Op::Expand, &[&d, &xs], &format!("{x}.d"))?
+        }
+        ReduceKind::MeanSquare => {
+            // d mean(x²) = x · (2/N)·dY: one pass over x, dY broadcast.
+            let s = b.scalar(b.dtype(dy), 2.0 / count.max(1) as f64)?;
+            let d = b.bin(B::Mul, &dyk, &s)?;
+            b.op1(Op::Binary(B::Mul), &[x, &d], &format!("{x}.d"))?
         }
         ReduceKind::Max => {
             // Ties share the gradient equally (PyTorch's amax).
