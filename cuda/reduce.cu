@@ -236,6 +236,154 @@ template <class T> __device__ void layer_norm_dparams_k(const T* dy, const T* x,
     }
 }
 
+// The same two kernels when a row is `nv` 16-byte vectors (every pointer aligned; the host
+// checks) and fits in registers: thread t holds vectors t, t + blockDim, … (at most M of
+// them). The forward reads x once and writes y once (the variance pass runs over the
+// registers); the backward reads dy and x once for dX and dScale/dBias together.
+template <class T> union LnVec { uint4 u; T t[16 / sizeof(T)]; };
+
+template <class T, int M> __device__ void layer_norm_vec_k(const T* x, const T* g, const T* b, T* y, typename Num<T>::A* mean_out, typename Num<T>::A* inv_out, i64 nv, float eps) {
+    typedef typename Num<T>::A A;
+    constexpr int V = 16 / sizeof(T);
+    const uint4* xr = (const uint4*)x + blockIdx.x * nv;
+    uint4* yr = (uint4*)y + blockIdx.x * nv;
+    LnVec<T> v[M];
+    A s = 0;
+#pragma unroll
+    for (int k = 0; k < M; ++k) {
+        i64 j = threadIdx.x + (i64)k * blockDim.x;
+        if (j < nv) {
+            v[k].u = xr[j];
+#pragma unroll
+            for (int e = 0; e < V; ++e) s += ld(v[k].t[e]);
+        }
+    }
+    A n = (A)(nv * V);
+    A mean = block_sum(s) / n;
+    A q = 0;
+#pragma unroll
+    for (int k = 0; k < M; ++k)
+        if (threadIdx.x + (i64)k * blockDim.x < nv)
+#pragma unroll
+            for (int e = 0; e < V; ++e) { A d = ld(v[k].t[e]) - mean; q += d * d; }
+    A inv = (A)1 / m_sqrt(block_sum(q) / n + (A)eps);
+#pragma unroll
+    for (int k = 0; k < M; ++k) {
+        i64 j = threadIdx.x + (i64)k * blockDim.x;
+        if (j < nv) {
+            LnVec<T> gv, bv, o;
+            gv.u = ((const uint4*)g)[j];
+            if (b) bv.u = ((const uint4*)b)[j];
+#pragma unroll
+            for (int e = 0; e < V; ++e) {
+                A z = (ld(v[k].t[e]) - mean) * inv * ld(gv.t[e]);
+                o.t[e] = st<T>(b ? z + ld(bv.t[e]) : z);
+            }
+            yr[j] = o.u;
+        }
+    }
+    if (threadIdx.x == 0) {
+        if (mean_out) mean_out[blockIdx.x] = mean;
+        if (inv_out) inv_out[blockIdx.x] = inv;
+    }
+}
+
+// Block b takes rows b, b + gridDim, … (a fixed assignment: deterministic). dX as
+// layer_norm_dx_k (null: not wanted); each thread also sums dy·xhat and dy of its columns
+// over the block's rows into `part` [gridDim][2][n] (null: not wanted), which
+// ln_dparams_fin2_k adds up.
+template <class T, int M> __device__ void layer_norm_grad_vec_k(const T* dy, const T* x, const T* scale, const typename Num<T>::A* mean, const typename Num<T>::A* inv, const T* res, T* dx, typename Num<T>::A* part, i64 rows, i64 nv) {
+    typedef typename Num<T>::A A;
+    constexpr int V = 16 / sizeof(T);
+    A ps[M][V], pb[M][V];
+    LnVec<T> gv[M];
+#pragma unroll
+    for (int k = 0; k < M; ++k) {
+        i64 j = threadIdx.x + (i64)k * blockDim.x;
+        if (dx && j < nv) gv[k].u = ((const uint4*)scale)[j];
+#pragma unroll
+        for (int e = 0; e < V; ++e) ps[k][e] = pb[k][e] = 0;
+    }
+    A n = (A)(nv * V);
+    for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        A m = mean[r], iv = inv[r];
+        LnVec<T> d[M], xv[M];
+        A sg = 0, sgx = 0;
+#pragma unroll
+        for (int k = 0; k < M; ++k) {
+            i64 j = threadIdx.x + (i64)k * blockDim.x;
+            if (j < nv) {
+                d[k].u = ((const uint4*)dy)[r * nv + j];
+                xv[k].u = ((const uint4*)x)[r * nv + j];
+#pragma unroll
+                for (int e = 0; e < V; ++e) {
+                    A dd = ld(d[k].t[e]), xh = (ld(xv[k].t[e]) - m) * iv;
+                    ps[k][e] += dd * xh;
+                    pb[k][e] += dd;
+                    if (dx) {
+                        A gj = dd * ld(gv[k].t[e]);
+                        sg += gj;
+                        sgx += gj * xh;
+                    }
+                }
+            }
+        }
+        if (!dx) continue;
+        A mg = block_sum(sg) / n, mgx = block_sum(sgx) / n;
+#pragma unroll
+        for (int k = 0; k < M; ++k) {
+            i64 j = threadIdx.x + (i64)k * blockDim.x;
+            if (j < nv) {
+                LnVec<T> rv, o;
+                if (res) rv.u = ((const uint4*)res)[r * nv + j];
+#pragma unroll
+                for (int e = 0; e < V; ++e) {
+                    A xh = (ld(xv[k].t[e]) - m) * iv;
+                    A w = iv * (ld(d[k].t[e]) * ld(gv[k].t[e]) - mg - xh * mgx);
+                    if (res) w += ld(rv.t[e]);
+                    o.t[e] = st<T>(w);
+                }
+                ((uint4*)dx)[r * nv + j] = o.u;
+            }
+        }
+    }
+    if (!part) return;
+    i64 nn = nv * V;
+#pragma unroll
+    for (int k = 0; k < M; ++k) {
+        i64 j = threadIdx.x + (i64)k * blockDim.x;
+        if (j < nv)
+#pragma unroll
+            for (int e = 0; e < V; ++e) {
+                part[((i64)blockIdx.x * 2) * nn + j * V + e] = ps[k][e];
+                part[((i64)blockIdx.x * 2 + 1) * nn + j * V + e] = pb[k][e];
+            }
+    }
+}
+
+// Σ over the `chunks` rows of `part` [chunks][2n]: block of 1024 = 32 columns × 32 lanes,
+// lane l adding chunks l, l + 32, …, then the lanes in order (deterministic). Columns below
+// n are dScale, the others dBias.
+template <class T> __device__ void ln_dparams_fin2_k(const typename Num<T>::A* part, T* ds, T* db, i64 n, i64 chunks) {
+    typedef typename Num<T>::A A;
+    __shared__ A sh[32][33];
+    int c = threadIdx.x & 31, l = threadIdx.x >> 5;
+    i64 j = (i64)blockIdx.x * 32 + c;
+    A s = 0;
+    if (j < 2 * n)
+        for (i64 k = l; k < chunks; k += 32) s += part[k * 2 * n + j];
+    sh[l][c] = s;
+    __syncthreads();
+    if (l == 0 && j < 2 * n) {
+        for (int k = 1; k < 32; ++k) s += sh[k][c];
+        if (j < n) {
+            if (ds) ds[j] = st<T>(s);
+        } else if (db) {
+            db[j - n] = st<T>(s);
+        }
+    }
+}
+
 // Log-sum-exp over the C classes of element (i, p) of scores `[N, C, d]`.
 template <class T> __device__ typename Num<T>::A class_lse(const T* xb, i64 c, i64 d) {
     typedef typename Num<T>::A A;
@@ -324,6 +472,12 @@ FOR_NUMS(INST_REDUCE2)
     extern "C" __global__ void ln_dparams_part_##S(const T* dy, const T* x, const Num<T>::A* m, const Num<T>::A* iv, Num<T>::A* part, i64 rows, i64 n, i64 chunk) { ln_dparams_part_k<T>(dy, x, m, iv, part, rows, n, chunk); } \
     extern "C" __global__ void ln_dparams_fin_##S(const Num<T>::A* part, T* ds, T* db, i64 n, i64 chunks) { ln_dparams_fin_k<T>(part, ds, db, n, chunks); }
 FOR_FLOATS(INST_LN2)
+#define INST_LN_VEC(T, S, M)                                                                      \
+    extern "C" __global__ void layer_norm_vec##M##_##S(const T* x, const T* g, const T* b, T* y, Num<T>::A* m, Num<T>::A* iv, i64 nv, float eps) { layer_norm_vec_k<T, M>(x, g, b, y, m, iv, nv, eps); } \
+    extern "C" __global__ void layer_norm_grad_vec##M##_##S(const T* dy, const T* x, const T* g, const Num<T>::A* m, const Num<T>::A* iv, const T* res, T* dx, Num<T>::A* part, i64 rows, i64 nv) { layer_norm_grad_vec_k<T, M>(dy, x, g, m, iv, res, dx, part, rows, nv); }
+#define INST_LN_VECS(T, S) INST_LN_VEC(T, S, 1) INST_LN_VEC(T, S, 2) INST_LN_VEC(T, S, 4) \
+    extern "C" __global__ void ln_dparams_fin2_##S(const Num<T>::A* part, T* ds, T* db, i64 n, i64 chunks) { ln_dparams_fin2_k<T>(part, ds, db, n, chunks); }
+FOR_FLOATS(INST_LN_VECS)
 #define INST_COLSUM(T, S)                                                                         \
     extern "C" __global__ void colsum_part_##S(const T* g, Num<T>::A* part, i64 rows, i64 n, i64 chunk) { colsum_part_k<T>(g, part, rows, n, chunk); } \
     extern "C" __global__ void colsum_fin_##S(const Num<T>::A* part, T* o, i64 n, i64 chunks) { colsum_fin_k<T>(part, o, n, chunks); }

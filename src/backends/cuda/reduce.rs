@@ -247,6 +247,22 @@ fn expanded(c: &Cuda, t: &V, norm: &[usize]) -> Result<Option<u64>> {
     Ok(Some(buf))
 }
 
+/// The register-resident vector kernels' shape for rows of `n` elements of `dt` at the
+/// given pointers: (threads, vectors per thread M) where a row is whole 16-byte vectors,
+/// every pointer is 16-byte aligned and the row fits in M ≤ 4 vectors a thread; None for
+/// the scalar kernels.
+fn ln_vec(dt: DType, n: usize, ptrs: &[u64]) -> Option<(u32, u32)> {
+    let lanes = 16 / dt.size();
+    if n % lanes != 0 || ptrs.iter().any(|p| p % 16 != 0) {
+        return None;
+    }
+    let nv = n / lanes;
+    let threads = nv.next_multiple_of(32).min(256);
+    let m = nv.div_ceil(threads);
+    let m = [1, 2, 4].into_iter().find(|&k| m <= k)?;
+    Some((threads as u32, m as u32))
+}
+
 #[allow(clippy::too_many_arguments)]
 pub fn layer_norm(
     c: &Cuda,
@@ -282,6 +298,8 @@ pub fn layer_norm(
             node.describe()
         );
     }
+    let vec = ln_vec(x.dtype(), n, &[x.p, gp, bp, outs[0].p]);
+    let lanes = vec.map_or(1, |_| 16 / x.dtype().size());
     let args = [
         Arg::Ptr(x.p),
         Arg::Ptr(gp),
@@ -289,15 +307,24 @@ pub fn layer_norm(
         Arg::Ptr(outs[0].p),
         Arg::Ptr(stat(1)),
         Arg::Ptr(stat(2)),
-        Arg::I64(n as i64),
+        Arg::I64((n / lanes) as i64),
         Arg::F32(eps),
     ];
-    c.launch(
-        &format!("layer_norm_{}", suffix(x.dtype())),
-        rows as u32,
-        row_threads(n),
-        &args,
-    )
+    let sfx = suffix(x.dtype());
+    match vec {
+        Some((threads, m)) => c.launch(
+            &format!("layer_norm_vec{m}_{sfx}"),
+            rows as u32,
+            threads,
+            &args,
+        ),
+        None => c.launch(
+            &format!("layer_norm_{sfx}"),
+            rows as u32,
+            row_threads(n),
+            &args,
+        ),
+    }
 }
 
 /// `[dY, X, Scale, Mean, InvStdDev]` → `[dX, dScale, dB]` (each only when wanted).
@@ -326,16 +353,68 @@ pub fn layer_norm_grad(
         }
         return Ok(());
     }
-    if let Some(dx) = w(0) {
-        let gp = expanded(c, scale, norm)?.unwrap_or(scale.p);
+    let (ds, db) = (w(1).map_or(0, |v| v.p), w(2).map_or(0, |v| v.p));
+    let dxp = w(0).map_or(0, |v| v.p);
+    let gp = if dxp != 0 {
+        expanded(c, scale, norm)?.unwrap_or(scale.p)
+    } else {
+        0
+    };
+    let resp = res.as_ref().map_or(0, |r| r.p);
+    if let Some((threads, m)) = ln_vec(x.dtype(), n, &[dy.p, x.p, gp, resp, dxp]) {
+        // One pass: dX and per-block partial sums of dScale/dB (blocks take rows in a
+        // fixed round-robin), then the partials added per column in a fixed order.
+        let blocks = rows.min(1024);
+        let params = ds != 0 || db != 0;
+        let part = if params {
+            c.scratch(blocks * 2 * n * acc_bytes(x.dtype()))?
+        } else {
+            0
+        };
         let args = [
             Arg::Ptr(dy.p),
             Arg::Ptr(x.p),
             Arg::Ptr(gp),
             Arg::Ptr(mean.p),
             Arg::Ptr(inv.p),
-            Arg::Ptr(res.as_ref().map_or(0, |r| r.p)),
-            Arg::Ptr(dx.p),
+            Arg::Ptr(resp),
+            Arg::Ptr(dxp),
+            Arg::Ptr(part),
+            Arg::I64(rows as i64),
+            Arg::I64((n / (16 / x.dtype().size())) as i64),
+        ];
+        c.launch(
+            &format!("layer_norm_grad_vec{m}_{sfx}"),
+            blocks as u32,
+            threads,
+            &args,
+        )?;
+        if params {
+            let args = [
+                Arg::Ptr(part),
+                Arg::Ptr(ds),
+                Arg::Ptr(db),
+                Arg::I64(n as i64),
+                Arg::I64(blocks as i64),
+            ];
+            c.launch(
+                &format!("ln_dparams_fin2_{sfx}"),
+                (2 * n).div_ceil(32) as u32,
+                1024,
+                &args,
+            )?;
+        }
+        return Ok(());
+    }
+    if dxp != 0 {
+        let args = [
+            Arg::Ptr(dy.p),
+            Arg::Ptr(x.p),
+            Arg::Ptr(gp),
+            Arg::Ptr(mean.p),
+            Arg::Ptr(inv.p),
+            Arg::Ptr(resp),
+            Arg::Ptr(dxp),
             Arg::I64(n as i64),
         ];
         c.launch(
@@ -345,7 +424,6 @@ pub fn layer_norm_grad(
             &args,
         )?;
     }
-    let (ds, db) = (w(1).map_or(0, |v| v.p), w(2).map_or(0, |v| v.p));
     if ds != 0 || db != 0 {
         // Row chunks of 256 (at most 256 of them), 32 columns a block; then the chunks
         // summed per column.
