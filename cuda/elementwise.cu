@@ -109,6 +109,38 @@ template <class T> __device__ void act_epilogue_k(const T* pre, const T* res, T*
     }
 }
 
+// The two maps above 16 bytes a thread, where every operand is contiguous with the output
+// (the residual may be null) and `nv` vectors cover it; the host checks alignment.
+template <class T> union EVec { uint4 u; T t[16 / sizeof(T)]; };
+template <class T> __device__ void unary_grad_vec_k(const T* dy, const T* x, T* dx, i64 nv, int op, float alpha) {
+    typedef typename Num<T>::A A;
+    constexpr int V = 16 / sizeof(T);
+    GRID_STRIDE(i, nv) {
+        EVec<T> d, v, o;
+        d.u = ((const uint4*)dy)[i];
+        v.u = ((const uint4*)x)[i];
+#pragma unroll
+        for (int k = 0; k < V; ++k) o.t[k] = st<T>(act_bwd<A>(op, ld(d.t[k]), ld(v.t[k]), (A)alpha));
+        ((uint4*)dx)[i] = o.u;
+    }
+}
+template <class T> __device__ void act_epilogue_vec_k(const T* pre, const T* res, T* y, i64 nv, int op) {
+    typedef typename Num<T>::A A;
+    constexpr int V = 16 / sizeof(T);
+    GRID_STRIDE(i, nv) {
+        EVec<T> p, r, o;
+        p.u = ((const uint4*)pre)[i];
+        if (res) r.u = ((const uint4*)res)[i];
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+            A v = act_fwd<A>(op, ld(p.t[k]), (A)0);
+            if (res) v += ld(r.t[k]);
+            o.t[k] = st<T>(v);
+        }
+        ((uint4*)y)[i] = o.u;
+    }
+}
+
 #define BIN_ADD 0
 #define BIN_SUB 1
 #define BIN_MUL 2
@@ -266,6 +298,8 @@ template <class S, class D> __device__ void cast_k(const S* x, D* y, i64 n) {
     extern "C" __global__ void unary_##S(const T* x, T* y, i64 n, int op, float alpha) { unary_k<T>(x, y, n, op, alpha); } \
     extern "C" __global__ void unary_grad_##S(const T* dy, const T* x, T* dx, Strided s, i64 n, int op, float alpha) { unary_grad_k<T>(dy, x, dx, s, n, op, alpha); } \
     extern "C" __global__ void act_epilogue_##S(const T* p, const T* r, T* y, Strided s, i64 n, int op) { act_epilogue_k<T>(p, r, y, s, n, op); } \
+    extern "C" __global__ void unary_grad_vec_##S(const T* dy, const T* x, T* dx, i64 nv, int op, float alpha) { unary_grad_vec_k<T>(dy, x, dx, nv, op, alpha); } \
+    extern "C" __global__ void act_epilogue_vec_##S(const T* p, const T* r, T* y, i64 nv, int op) { act_epilogue_vec_k<T>(p, r, y, nv, op); } \
     extern "C" __global__ void dropout_##S(const T* x, T* y, unsigned char* m, i64 n, u64 base, const u64* stepp, double ratio, double scale) { dropout_k<T>(x, y, m, n, base, stepp, ratio, scale); }
 FOR_FLOATS(INST_FLOAT)
 

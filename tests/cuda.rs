@@ -103,6 +103,10 @@ fn contiguous_binary_maps_take_the_vector_path() {
             same_as_cpu(name, &[], &[inp(a.clone()), cst(s.clone())], 1, &LOW);
             same_as_cpu(name, &[], &[cst(s.clone()), inp(b.clone())], 1, &LOW);
         }
+        // dY·f'(X) takes the 16-byte path as well where the operands are the output's shape.
+        for name in ["GeluGrad", "SigmoidGrad", "TanhGrad", "ReluGrad"] {
+            same_as_cpu(name, &[], &[inp(a.clone()), inp(b.clone())], 1, &LOW);
+        }
         let (i, j) = (rand_ints(shape, 14, -50, 50), rand_ints(shape, 15, 1, 9));
         for name in ["Add", "Sub", "Mul", "Div"] {
             same_as_cpu(

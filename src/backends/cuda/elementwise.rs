@@ -48,9 +48,33 @@ pub fn unary_grad(c: &Cuda, node: &Node, u: UnaryOp, dy: &V, x: &V, out: &V) -> 
     grad_kernel(c, dt, dy, x, out, op, alpha)
 }
 
+/// The number of 16-byte vectors covering `out` where every operand has `out`'s shape
+/// (contiguous with it) and every pointer is 16-byte aligned; None for the strided walk.
+fn vectors(out: &V, ops: &[&V]) -> Option<usize> {
+    let lanes = 16 / out.dtype().size().max(1);
+    let n = out.numel();
+    let ok = n % lanes == 0
+        && out.p % 16 == 0
+        && ops
+            .iter()
+            .all(|v| v.shape() == out.shape() && v.p % 16 == 0);
+    ok.then_some(n / lanes)
+}
+
 /// `out = dy · f'(x)` for op code `op` (UnaryGrad, and FusedMatMulGrad's G).
 pub fn grad_kernel(c: &Cuda, dt: DType, dy: &V, x: &V, out: &V, op: i32, alpha: f32) -> Result<()> {
     let n = out.numel();
+    if let Some(nv) = vectors(out, &[dy, x]) {
+        let args = [
+            Arg::Ptr(dy.p),
+            Arg::Ptr(x.p),
+            Arg::Ptr(out.p),
+            Arg::I64(nv as i64),
+            Arg::I32(op),
+            Arg::F32(alpha),
+        ];
+        return c.launch_n(&format!("unary_grad_vec_{}", suffix(dt)), nv, &args);
+    }
     let s = Strided::broadcast(out.shape(), &[dy.shape(), x.shape()])?;
     let args = [
         Arg::Ptr(dy.p),
@@ -67,6 +91,21 @@ pub fn grad_kernel(c: &Cuda, dt: DType, dy: &V, x: &V, out: &V, op: i32, alpha: 
 /// `y = act(pre) + residual` (residual broadcast to y; `pre` may be y itself).
 pub fn act_epilogue(c: &Cuda, act: Activation, pre: u64, res: Option<&V>, y: &V) -> Result<()> {
     let n = y.numel();
+    let ops: Vec<&V> = res.into_iter().collect();
+    if let Some(nv) = vectors(y, &ops).filter(|_| pre % 16 == 0) {
+        let args = [
+            Arg::Ptr(pre),
+            Arg::Ptr(res.map_or(0, |r| r.p)),
+            Arg::Ptr(y.p),
+            Arg::I64(nv as i64),
+            Arg::I32(act_code(act)),
+        ];
+        return c.launch_n(
+            &format!("act_epilogue_vec_{}", suffix(y.dtype())),
+            nv,
+            &args,
+        );
+    }
     let s = match res {
         Some(r) => Strided::broadcast(y.shape(), &[r.shape()])?,
         None => Strided::default(),
