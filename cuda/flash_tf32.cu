@@ -194,6 +194,57 @@ template <int NR, int RS, int NT = 128> __device__ __forceinline__ void ft_round
     }
 }
 
+// 3xTF32 B tiles: the 16-byte pieces of a tile that this thread's cp.async filled (or, after
+// a barrier, any filling's pieces in the same pattern) split once into big (in place) and
+// small (at `lo`, the same layout) TF32 halves, so that the mma read both as they are.
+template <int NR, int RS, int NT = 128> __device__ __forceinline__ void ft_split_own(float* t, float* lo) {
+#pragma unroll
+    for (int u = threadIdx.x; u < NR * 16; u += NT) {
+        int off = (u >> 4) * RS + (u & 15) * 4;
+        float4 v = *(float4*)(t + off);
+        float4 h = make_float4(ft_rna(v.x), ft_rna(v.y), ft_rna(v.z), ft_rna(v.w));
+        *(float4*)(t + off) = h;
+        *(float4*)(lo + off) = make_float4(ft_rna(v.x - h.x), ft_rna(v.y - h.y), ft_rna(v.z - h.z), ft_rna(v.w - h.w));
+    }
+}
+
+// d[nb] += A · B(nb, kb) in 3xTF32 for all NB n blocks, B pre-split (big tile `hi`, small
+// `lo`): the three passes one after another over the n blocks, so that NB independent mma
+// separate dependent ones.
+template <int RS, int TR, int NB> __device__ __forceinline__ void ft_mma3(float (*d)[4], const FtA<2>& a, const float* hi, const float* lo, int kb) {
+    float bh[NB][2], bl[NB][2];
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+        ft_ldb<RS, TR>(hi, nb, kb, bh[nb][0], bh[nb][1]);
+        ft_ldb<RS, TR>(lo, nb, kb, bl[nb][0], bl[nb][1]);
+    }
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) ft_mma(d[nb], a.lo, bh[nb][0], bh[nb][1]);
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) ft_mma(d[nb], a.hi, bl[nb][0], bl[nb][1]);
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) ft_mma(d[nb], a.hi, bh[nb][0], bh[nb][1]);
+}
+
+// acc[nb] += Σ_{kc < 8} A(kc) · B(nb, kc) in 3xTF32 (B read across rows, pre-split), A from
+// the accumulator blocks c[kc] (P or dS), summed four k blocks at a time in a fresh
+// accumulator and added in f32 (staging: the tensor cores' own accumulation of small
+// products into a large sum loses bits at f32's tolerance).
+template <int RS> __device__ __forceinline__ void ft_staged3(float (*acc)[4], const float (*c)[4], const float* hi, const float* lo) {
+#pragma unroll
+    for (int k0 = 0; k0 < 8; k0 += 4) {
+        float tt[8][4];
+#pragma unroll
+        for (int nb = 0; nb < 8; ++nb) tt[nb][0] = tt[nb][1] = tt[nb][2] = tt[nb][3] = 0.f;
+#pragma unroll
+        for (int kc = k0; kc < k0 + 4; ++kc) ft_mma3<RS, 1, 8>(tt, ft_acc<2>(c[kc]), hi, lo, kc);
+#pragma unroll
+        for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[nb][e] += tt[nb][e];
+    }
+}
+
 // Rounds fragments kept in registers to TF32 (NP = 1: done once, not per use).
 template <int N> __device__ __forceinline__ void ft_round_a(float (*a)[4]) {
 #pragma unroll
@@ -364,6 +415,21 @@ template <int NP, int W> __device__ void ft_fwd(const AttnGeom& g, const float* 
     float qa[8][4];
     ft_load_a(qa, Q + att_off(g, ATT_Q, b, h, q0), g.st[ATT_Q][2], warp * 16, (int)(g.sq - q0 < BQ ? g.sq - q0 : BQ), (int)g.d);
     if (NP == 1) ft_round_a<8>(qa);
+    float qlo[NP == 2 ? 8 : 1][4];  // 3xTF32: Q split once, big parts in qa
+    if constexpr (NP == 2) {
+#pragma unroll
+        for (int kb = 0; kb < 8; ++kb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                float x = qa[kb][e];
+                qa[kb][e] = ft_rna(x);
+                qlo[kb][e] = ft_rna(x - qa[kb][e]);
+            }
+    }
+    // 3xTF32: the small halves of the current K and V tiles (one buffer: written after the
+    // barrier that ends the previous tile's reads).
+    float* sKlo = ft_smem + 2 * FT_FWD_STAGE;
+    float* sVlo = sKlo + 64 * FT_RN;
     float o[8][4], m[2] = {-ft_inf(), -ft_inf()}, l[2] = {0.f, 0.f};
 #pragma unroll
     for (int nb = 0; nb < 8; ++nb) o[nb][0] = o[nb][1] = o[nb][2] = o[nb][3] = 0.f;
@@ -381,6 +447,11 @@ template <int NP, int W> __device__ void ft_fwd(const AttnGeom& g, const float* 
             ft_round_own<64, FT_RN, NT>(sK);
             ft_round_own<64, FT_RT, NT>(sV);
         }
+        if constexpr (NP == 2) {
+            if (!vec) __syncthreads();  // (plain stores: other threads' pieces)
+            ft_split_own<64, FT_RN, NT>(sK, sKlo);
+            ft_split_own<64, FT_RT, NT>(sV, sVlo);
+        }
         __syncthreads();
         i64 j0 = t * 64;
         int nbl = ft_key_blocks(g, j0, qw);  // (warp-uniform) 0: every key after this warp's queries
@@ -388,8 +459,18 @@ template <int NP, int W> __device__ void ft_fwd(const AttnGeom& g, const float* 
             float s[8][4];
 #pragma unroll
             for (int nb = 0; nb < 8; ++nb) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.f;
+            if constexpr (NP == 1) {
 #pragma unroll
-            for (int kb = 0; kb < 8; ++kb) ft_mma_row<NP, FT_RN, 0, 8>(s, ft_a<NP>(qa[kb]), sK, kb, NP == 1 ? 8 : nbl);
+                for (int kb = 0; kb < 8; ++kb) ft_mma_row<NP, FT_RN, 0, 8>(s, ft_a<NP>(qa[kb]), sK, kb, 8);
+            } else {
+#pragma unroll
+                for (int kb = 0; kb < 8; ++kb) {
+                    FtA<2> a(qa[kb], 0);
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) a.lo[e] = qlo[kb][e];
+                    ft_mma3<FT_RN, 0, 8>(s, a, sK, sKlo, kb);
+                }
+            }
             ft_scores(g, mask, s, b, h, qw, j0, sl2);
 #pragma unroll
             for (int hh = 0; hh < 2; ++hh) {
@@ -421,12 +502,8 @@ template <int NP, int W> __device__ void ft_fwd(const AttnGeom& g, const float* 
                     for (int nb = 0; nb < 8; ++nb) ft_mma_b<NP, FT_RT, 1>(o[nb], a, sV, nb, kc);
                 }
             } else {
-                // O += P · V, two key blocks at a time summed apart (3xTF32 keeps FP32's bits)
-#pragma unroll
-                for (int kc = 0; kc < 8; kc += 2) {
-                    if (kc >= nbl) break;
-                    ft_staged2<NP, FT_RT>(o, ft_acc<NP>(s[kc]), ft_acc<NP>(s[kc + 1]), sV, kc, (int)((g.dv + 7) >> 3));
-                }
+                // O += P · V, staged (every key block: those masked have P = 0)
+                ft_staged3<FT_RT>(o, s, sV, sVlo);
             }
         }
         __syncthreads();  // before the next fill overwrites this stage

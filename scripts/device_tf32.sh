@@ -37,6 +37,10 @@ grep -h -E "rel err|max err|tf32" $R/test_cuda_3xtf32.log | head -n 12
 for p in fwd train; do
     bench attention_f32_$p /tmp/x/graphrun attention f32 $p
     bench attention_f32_${p}_3xtf32 /tmp/x/graphrun attention f32 $p GRAPHRUN_CUDA_ATTENTION_F32=3xtf32
+    bench attention_f32_${p}_simt /tmp/x/graphrun attention f32 $p GRAPHRUN_CUDA_ATTENTION_F32=simt
+    [ $p = train ] && bench attention_f32_${p}_simt_3xtf32 /tmp/x/graphrun attention f32 $p GRAPHRUN_CUDA_ATTENTION_F32=simt/3xtf32
+    bench gpt_block_f32_$p /tmp/x/graphrun gpt_block f32 $p
+    bench gpt_block_f32_${p}_simt /tmp/x/graphrun gpt_block f32 $p GRAPHRUN_CUDA_ATTENTION_F32=simt
     bench gpt_block_tf32_$p /tmp/x/graphrun gpt_block tf32 $p
 done
 python3 - "$R" <<'PY'

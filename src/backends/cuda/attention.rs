@@ -425,21 +425,35 @@ fn rows_only() -> bool {
 }
 
 /// Which kernels take f32 attention (head sizes up to 64), from
-/// `GRAPHRUN_CUDA_ATTENTION_F32`: by default the CUDA-core ones (fs_*) in true FP32, and
-/// with `--dtype tf32` one TF32 pass on tensor cores; `simt` keeps tf32 sessions on fs_*
-/// too; `3xtf32` runs f32 on tensor cores in 3xTF32 (FP32-level accuracy; on the H100 so
-/// far slower than fs_*: docs/bench-h100/attention-notes.md).
+/// `GRAPHRUN_CUDA_ATTENTION_F32`. Forward and backward choose apart (they share only the
+/// LSE, the same f32 statistic either way). By default f32 runs the forward in 3xTF32 on
+/// tensor cores and the backward on the CUDA-core kernels (fs_*, true FP32) — the fastest
+/// pair on the H100 (docs/bench-h100/attention-notes.md) — and `--dtype tf32` one TF32
+/// pass on tensor cores in both. `simt` or `3xtf32` forces one kind for both passes (tf32
+/// sessions included for `simt`), `FWD/BWD` (e.g. `simt/3xtf32`) each pass's for f32.
 fn f32_choice() -> &'static str {
     static CHOICE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     CHOICE.get_or_init(|| std::env::var("GRAPHRUN_CUDA_ATTENTION_F32").unwrap_or_default())
 }
 
-fn f32_kernels(c: &Cuda) -> Fast {
-    match (c.blas.tf32(), f32_choice()) {
+fn f32_kernels(c: &Cuda, backward: bool) -> Fast {
+    let choice = f32_choice();
+    let pass = match choice.split_once('/') {
+        Some((fwd, bwd)) => {
+            if backward {
+                bwd
+            } else {
+                fwd
+            }
+        }
+        None => choice,
+    };
+    match (c.blas.tf32(), pass) {
         (_, "simt") => Fast::Simt,
         (true, _) => Fast::Tf32 { passes: 1 },
         (false, "3xtf32") => Fast::Tf32 { passes: 3 },
-        (false, _) => Fast::Simt,
+        (false, _) if backward => Fast::Simt,
+        (false, _) => Fast::Tf32 { passes: 3 },
     }
 }
 
@@ -451,7 +465,7 @@ fn fast(c: &Cuda, g: &AttnGeom, dt: DType, backward: bool) -> Option<Fast> {
     match dt {
         DType::BF16 | DType::F16 if w <= 64 => Some(Fast::Mma(64)),
         DType::BF16 | DType::F16 if w <= 128 && !backward => Some(Fast::Mma(128)),
-        DType::F32 if w <= 64 => Some(f32_kernels(c)),
+        DType::F32 if w <= 64 => Some(f32_kernels(c, backward)),
         _ => None,
     }
 }
@@ -467,6 +481,14 @@ const FS_TILE: usize = 64 * 64 * 4;
 /// tiles of Q and dY with their LSE and delta — plus the 4 warps' raw A fragments (16 rows ×
 /// 64 each) of dY (dQ) or of K and V (dK/dV).
 const FT_SMEM_FWD: usize = 2 * (64 * 72 + 64 * 68) * 4;
+/// 3xTF32 adds the small halves of the current K and V tiles.
+const fn ft_smem_fwd(passes: u8) -> usize {
+    if passes == 1 {
+        FT_SMEM_FWD
+    } else {
+        FT_SMEM_FWD * 3 / 2
+    }
+}
 const FT_SMEM_DQ: usize = (2 * 2 * 64 * 72 + 4 * 16 * 64) * 4;
 /// dK/dV's query tiles are 64 rows for one pass, 32 for 3xTF32.
 const fn ft_smem_dkv(passes: u8) -> usize {
@@ -561,7 +583,7 @@ fn fast_forward(
                 &name,
                 grid,
                 32 * warps as u32,
-                FT_SMEM_FWD,
+                ft_smem_fwd(passes),
                 &args,
             )
         }
