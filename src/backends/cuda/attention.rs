@@ -489,11 +489,20 @@ const fn ft_smem_fwd(passes: u8) -> usize {
         FT_SMEM_FWD * 3 / 2
     }
 }
-const FT_SMEM_DQ: usize = (2 * 2 * 64 * 72 + 4 * 16 * 64) * 4;
-/// dK/dV's query tiles are 64 rows for one pass, 32 for 3xTF32.
+/// 3xTF32 adds the small half of the current K tile.
+const fn ft_smem_dq(passes: u8) -> usize {
+    let lo = if passes == 1 { 0 } else { 64 * 72 };
+    (2 * 2 * 64 * 72 + 4 * 16 * 64 + lo) * 4
+}
+/// dK/dV's query tiles are 64 rows for one pass, 32 for 3xTF32, which adds the small
+/// halves of the current Q and dY tiles.
 const fn ft_smem_dkv(passes: u8) -> usize {
-    let t = if passes == 1 { 64 } else { 32 };
-    (2 * (2 * t * 72 + 2 * t) + 2 * 4 * 16 * 64) * 4
+    let (t, lo) = if passes == 1 {
+        (64, 0)
+    } else {
+        (32, 2 * 32 * 72)
+    };
+    (2 * (2 * t * 72 + 2 * t) + 2 * 4 * 16 * 64 + lo) * 4
 }
 
 /// The tf32 kernels' names for `passes`.
@@ -660,7 +669,7 @@ fn fast_backward(
         }
         Fast::Tf32 { passes } => {
             let (dq, dkv) = (ft_name("ft_dq", passes), ft_name("ft_dkv", passes));
-            launch_grid(&c.dev, &c.stream, &dq, qgrid, 128, FT_SMEM_DQ, &aq)?;
+            launch_grid(&c.dev, &c.stream, &dq, qgrid, 128, ft_smem_dq(passes), &aq)?;
             launch_grid(
                 &c.dev,
                 &c.stream,
