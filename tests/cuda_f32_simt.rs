@@ -1,5 +1,5 @@
 //! f32 attention on the CUDA-core kernels (cuda/flash.cu fs_*) in both passes, forced by
-//! `GRAPHRUN_CUDA_ATTENTION_F32=simt` (by default the f32 forward runs in 3xTF32): the
+//! `GRAPHRUN_CUDA_ATTENTION_F32=simt` (by default f32 runs in 3xTF32): the
 //! tiled-kernel cases at the f32 tolerance and the accuracy against f64. Its own test
 //! executable, since the variable is read once per process. Skips where there is no GPU.
 

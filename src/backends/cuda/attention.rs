@@ -426,11 +426,11 @@ fn rows_only() -> bool {
 
 /// Which kernels take f32 attention (head sizes up to 64), from
 /// `GRAPHRUN_CUDA_ATTENTION_F32`. Forward and backward choose apart (they share only the
-/// LSE, the same f32 statistic either way). By default f32 runs the forward in 3xTF32 on
-/// tensor cores and the backward on the CUDA-core kernels (fs_*, true FP32) — the fastest
-/// pair on the H100 (docs/bench-h100/attention-notes.md) — and `--dtype tf32` one TF32
-/// pass on tensor cores in both. `simt` or `3xtf32` forces one kind for both passes (tf32
-/// sessions included for `simt`), `FWD/BWD` (e.g. `simt/3xtf32`) each pass's for f32.
+/// LSE, the same f32 statistic either way). By default f32 runs both in 3xTF32 on tensor
+/// cores (FP32-level accuracy; on the H100 the fastest in both passes, ahead of the
+/// CUDA-core kernels fs_* in true FP32: docs/bench-h100/attention-notes.md), and
+/// `--dtype tf32` one TF32 pass. `simt` or `3xtf32` forces one kind for both passes (tf32
+/// sessions included for `simt`), `FWD/BWD` (e.g. `3xtf32/simt`) each pass's for f32.
 fn f32_choice() -> &'static str {
     static CHOICE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     CHOICE.get_or_init(|| std::env::var("GRAPHRUN_CUDA_ATTENTION_F32").unwrap_or_default())
@@ -451,8 +451,6 @@ fn f32_kernels(c: &Cuda, backward: bool) -> Fast {
     match (c.blas.tf32(), pass) {
         (_, "simt") => Fast::Simt,
         (true, _) => Fast::Tf32 { passes: 1 },
-        (false, "3xtf32") => Fast::Tf32 { passes: 3 },
-        (false, _) if backward => Fast::Simt,
         (false, _) => Fast::Tf32 { passes: 3 },
     }
 }
