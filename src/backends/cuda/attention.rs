@@ -1,8 +1,8 @@
 //! Attention and VarlenAttention on CUDA, forward with the optional LSE output and
 //! backward from it. Attention with head sizes up to 64 (f32, f16, bf16) or 128 (f16/bf16
 //! forward) runs the tiled flash kernels of cuda/flash.cu (tensor cores for f16/bf16:
-//! `wgmma` on Hopper for heads up to 64, `mma.sync` elsewhere; f32 on CUDA cores, or
-//! with `--dtype tf32` one TF32 pass on tensor cores, cuda/flash_tf32.cu);
+//! `wgmma` on Hopper for heads up to 64, `mma.sync` elsewhere; f32 on tensor cores in
+//! 3xTF32, or with `--dtype tf32` one TF32 pass, cuda/flash_tf32.cu, or on CUDA cores);
 //! the rest (VarlenAttention, larger heads, f64) the row-per-warp kernels of
 //! cuda/attention.cu. Shapes, masks and cu_seqlens are checked here; the kernels take one
 //! `AttnGeom` that describes either layout.
