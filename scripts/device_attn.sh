@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # One device call for the attention kernels (issue 5): the attention/grad CUDA tests, then
 # `graphrun bench` for attention and gpt_block in bf16/f32, fwd/train (and bf16 attention on
-# the mma.sync kernels, GRAPHRUN_CUDA_ATTENTION=mma, to compare). Carried by
-# scripts/carry_attn.sh; run from the repository root as  bash .carry-attn/device_attn.sh
+# the mma.sync kernels, GRAPHRUN_CUDA_ATTENTION=mma, to compare; MODES: more such choices
+# for bf16 attention and gpt_block, TEST_MODES: the choices the tests run under besides the
+# default). Carried by scripts/carry_attn.sh; run from the repository root as
+#   [DTYPES="bf16"] [MODES="px2"] [TEST_MODES="mma px2"] bash .carry-attn/device_attn.sh
+# (the carry folder is the one this script lies in).
 set -u
-C=$PWD/.carry-attn
+C=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/out}
 # Folders of our own, emptied first: a machine still warm from another call keeps its /tmp
 # (executables and results of other scripts were picked up from /tmp/x and /tmp/res).
@@ -25,10 +28,14 @@ ls "$X"/tests/* | xargs -P 4 -I{} bash -c '
     echo "== $n rc=$rc $(grep -E "^test result" '"$R"'/test_$n.log | tail -n 1)"
     grep -E "^test .* FAILED$|panicked at" -A4 '"$R"'/test_$n.log | head -n 30'
 grep -h "^test result" $R/test_*.log | awk '{p+=$4; f+=$6} END {print "TESTS: " p " passed, " f " failed"}'
-# The mma.sync kernels (GRAPHRUN_CUDA_ATTENTION=mma) through the attention tests too.
-for n in cuda ops_attention; do
-    GRAPHRUN_CUDA_ATTENTION=mma timeout 120 $X/tests/$n --test-threads=4 > $R/test_mma_$n.log 2>&1
-    echo "== mma $n rc=$? $(grep -E "^test result" $R/test_mma_$n.log | tail -n 1)"
+# The mma.sync kernels (GRAPHRUN_CUDA_ATTENTION=mma) and the other choices through the
+# attention tests too.
+for mode in ${TEST_MODES:-mma}; do
+    for n in cuda ops_attention ops_attention_grad grad; do
+        GRAPHRUN_CUDA_ATTENTION=$mode timeout 120 $X/tests/$n --test-threads=4 > $R/test_${mode}_$n.log 2>&1
+        echo "== $mode $n rc=$? $(grep -E "^test result" $R/test_${mode}_$n.log | tail -n 1)"
+        grep -E "^test .* FAILED$|panicked at" -A4 $R/test_${mode}_$n.log | head -n 20
+    done
 done
 bench() {  # name workload dtype pass [env]
     local flag=; [ "$4" = train ] && flag=--backward
@@ -38,11 +45,16 @@ bench() {  # name workload dtype pass [env]
     grep -E "^\s+\S+\s+(Attention|AttentionGrad)\s" $R/bench_$1.log | head -n 2
 }
 for w in attention gpt_block; do
-    for dt in bf16 f32; do
+    for dt in ${DTYPES:-bf16 f32}; do
         for p in fwd train; do bench ${w}_${dt}_$p $w $dt $p; done
     done
 done
 for p in fwd train; do bench attention_bf16_${p}_mma attention bf16 $p GRAPHRUN_CUDA_ATTENTION=mma; done
+for mode in ${MODES:-}; do
+    for w in attention gpt_block; do
+        for p in fwd train; do bench ${w}_bf16_${p}_$mode $w bf16 $p GRAPHRUN_CUDA_ATTENTION=$mode; done
+    done
+done
 python3 - "$R" <<'PY'
 import json, glob, os, sys
 for f in sorted(glob.glob(os.path.join(sys.argv[1], "*.json"))):

@@ -90,6 +90,33 @@ fn big_elementwise_and_rows() {
 }
 
 #[test]
+fn contiguous_binary_maps_take_the_vector_path() {
+    // Same-shape operands and scalar ones, in sizes that fill whole 16-byte vectors for
+    // every dtype (the vector kernel) and sizes that do not (the strided walk), against
+    // the CPU; integers exactly.
+    for shape in [&[64usize, 1024][..], &[8, 129]] {
+        let a = randn(shape, 11);
+        let b = rand(shape, 12, 0.5, 2.0);
+        let s = rand(&[], 13, 0.5, 2.0);
+        for name in ["Add", "Sub", "Mul", "Div"] {
+            same_as_cpu(name, &[], &[inp(a.clone()), inp(b.clone())], 1, &LOW);
+            same_as_cpu(name, &[], &[inp(a.clone()), cst(s.clone())], 1, &LOW);
+            same_as_cpu(name, &[], &[cst(s.clone()), inp(b.clone())], 1, &LOW);
+        }
+        let (i, j) = (rand_ints(shape, 14, -50, 50), rand_ints(shape, 15, 1, 9));
+        for name in ["Add", "Sub", "Mul", "Div"] {
+            same_as_cpu(
+                name,
+                &[],
+                &[inp(i.clone()), inp(j.clone())],
+                1,
+                &[DType::I64],
+            );
+        }
+    }
+}
+
+#[test]
 fn gemm_epilogues() {
     let a = randn(&[3, 70, 130], 5);
     let b = randn(&[130, 90], 6);

@@ -109,6 +109,28 @@ pub fn binary(c: &Cuda, node: &Node, op: BinaryOp, a: &V, b: &V, y: &V) -> Resul
             crate::tensor::fmt_shape(b.shape())
         );
     }
+    // Contiguous operands (each the output's shape, or one element) take the 16-byte path.
+    let lanes = 16 / dt.size().max(1);
+    let full = |v: &V| v.shape() == y.shape();
+    let whole = |v: &V| full(v) || v.numel() == 1;
+    if name == "binary"
+        && whole(a)
+        && whole(b)
+        && n % lanes == 0
+        && [a.p, b.p, y.p].iter().all(|p| p % 16 == 0)
+    {
+        let nv = n / lanes;
+        let args = [
+            Arg::Ptr(a.p),
+            Arg::Ptr(b.p),
+            Arg::Ptr(y.p),
+            Arg::I64(nv as i64),
+            Arg::I32(code),
+            Arg::I32(full(a) as i32),
+            Arg::I32(full(b) as i32),
+        ];
+        return c.launch_n(&format!("binary_vec_{}", suffix(dt)), nv, &args);
+    }
     let args = [
         Arg::Ptr(a.p),
         Arg::Ptr(b.p),
