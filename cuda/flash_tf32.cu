@@ -1,9 +1,9 @@
 // f32 Attention (not VarlenAttention) on tensor cores: `mma.sync.m16n8k8` with TF32
 // operands and f32 accumulation, forward (with LSE) and backward (dQ, then dK/dV), for
-// head sizes up to 64 (padded with zeros to 64). Used for `--dtype tf32` (NP = 1) and, with
-// GRAPHRUN_CUDA_ATTENTION_F32=3xtf32, for f32 (NP = 2); cuda/flash.cu's fs_* kernels (CUDA
-// cores) take f32 by default (on the H100 the 3xTF32 kernels here are slower so far:
-// docs/bench-h100/attention-notes.md).
+// head sizes up to 64 (padded with zeros to 64). Used for `--dtype tf32` (NP = 1) and for
+// f32 (NP = 2, 3xTF32): by default its forward, and with GRAPHRUN_CUDA_ATTENTION_F32=3xtf32
+// its backward too (src/backends/cuda/attention.rs f32_kernels; cuda/flash.cu's fs_*
+// kernels on CUDA cores are the other choice; docs/bench-h100/attention-notes.md).
 //
 // Precision. NP = 2 (f32 with 3xtf32): 3xTF32, as PyTorch's f32 SDPA (the xformers /
 // cutlass memory-efficient kernel: gemm_kernel_utils.h DefaultGemmType<Sm80+, float> is a
@@ -22,10 +22,15 @@
 // its mma sections are LDS and HMMA only, eight independent accumulators in turn, without
 // branches (every k block is summed, the padding being zeros; every key block of an
 // entered tile too, those past the diagonal masked by selects), and it accumulates O, dQ,
-// dK, dV in the tensor cores. NP = 2 splits raw values into TF32 parts per k step and
-// fragment, and sums long products (O, dQ, dK, dV) a few k blocks at a time in a fresh
-// accumulator added in f32 (as cutlass's 3xTF32 "staging accumulation"): the tensor
-// cores' own accumulation of small terms into large ones loses bits at f32's tolerance.
+// dK, dV in the tensor cores. NP = 2 splits the B tiles once when they land into big (in
+// place) and small (a second buffer) TF32 halves (ft_split_own; dQ's V tile, for shared
+// memory, is split per fragment), Q's split stays in registers (the forward's; the others
+// split per use), the three passes go out one after another over all n blocks (ft_mma3,
+// eight or more independent mma between dependent ones, no branches: masked blocks are
+// summed as zeros), and long products (O, dQ, dK, dV) are summed four k blocks at a time
+// in a fresh accumulator added in f32 (as cutlass's 3xTF32 "staging accumulation"): the
+// tensor cores' own accumulation of small terms into large ones loses bits at f32's
+// tolerance.
 // The online softmax runs in the log2 domain in f32.
 // LSE is stored in natural units as cuda/flash.cu's. Causal is upper-left (key j is seen
 // by query i iff j ≤ i); masks bool (keep where true) or additive through AttnGeom::ms;
@@ -194,6 +199,76 @@ template <int NR, int RS, int NT = 128> __device__ __forceinline__ void ft_round
     }
 }
 
+// 3xTF32 B tiles: the 16-byte pieces of a tile that this thread's cp.async filled (or, after
+// a barrier, any filling's pieces in the same pattern) split once into big (in place) and
+// small (at `lo`, the same layout) TF32 halves, so that the mma read both as they are.
+template <int NR, int RS, int NT = 128> __device__ __forceinline__ void ft_split_own(float* t, float* lo) {
+#pragma unroll
+    for (int u = threadIdx.x; u < NR * 16; u += NT) {
+        int off = (u >> 4) * RS + (u & 15) * 4;
+        float4 v = *(float4*)(t + off);
+        float4 h = make_float4(ft_rna(v.x), ft_rna(v.y), ft_rna(v.z), ft_rna(v.w));
+        *(float4*)(t + off) = h;
+        *(float4*)(lo + off) = make_float4(ft_rna(v.x - h.x), ft_rna(v.y - h.y), ft_rna(v.z - h.z), ft_rna(v.w - h.w));
+    }
+}
+
+// d[nb] += A · B(nb, kb) in 3xTF32 for all NB n blocks, B pre-split (big tile `hi`, small
+// `lo`): the three passes one after another over the n blocks, so that NB independent mma
+// separate dependent ones.
+template <int RS, int TR, int NB> __device__ __forceinline__ void ft_mma3(float (*d)[4], const FtA<2>& a, const float* hi, const float* lo, int kb) {
+    float bh[NB][2], bl[NB][2];
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+        ft_ldb<RS, TR>(hi, nb, kb, bh[nb][0], bh[nb][1]);
+        ft_ldb<RS, TR>(lo, nb, kb, bl[nb][0], bl[nb][1]);
+    }
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) ft_mma(d[nb], a.lo, bh[nb][0], bh[nb][1]);
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) ft_mma(d[nb], a.hi, bl[nb][0], bl[nb][1]);
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) ft_mma(d[nb], a.hi, bh[nb][0], bh[nb][1]);
+}
+
+// Two independent products d1 += A1 · B1(nb, kb), d2 += A2 · B2(nb, kb) (B along rows,
+// pre-split) with their passes interleaved: 2·NB independent mma between dependent ones.
+template <int RS, int NB> __device__ __forceinline__ void ft_mma3x2(float (*d1)[4], const FtA<2>& a1, const float* hi1, const float* lo1, float (*d2)[4], const FtA<2>& a2, const float* hi2, const float* lo2, int kb) {
+    float bh[2][NB][2], bl[2][NB][2];
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+        ft_ldb<RS, 0>(hi1, nb, kb, bh[0][nb][0], bh[0][nb][1]);
+        ft_ldb<RS, 0>(lo1, nb, kb, bl[0][nb][0], bl[0][nb][1]);
+        ft_ldb<RS, 0>(hi2, nb, kb, bh[1][nb][0], bh[1][nb][1]);
+        ft_ldb<RS, 0>(lo2, nb, kb, bl[1][nb][0], bl[1][nb][1]);
+    }
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) ft_mma(d1[nb], a1.lo, bh[0][nb][0], bh[0][nb][1]), ft_mma(d2[nb], a2.lo, bh[1][nb][0], bh[1][nb][1]);
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) ft_mma(d1[nb], a1.hi, bl[0][nb][0], bl[0][nb][1]), ft_mma(d2[nb], a2.hi, bl[1][nb][0], bl[1][nb][1]);
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) ft_mma(d1[nb], a1.hi, bh[0][nb][0], bh[0][nb][1]), ft_mma(d2[nb], a2.hi, bh[1][nb][0], bh[1][nb][1]);
+}
+
+// acc[nb] += Σ_{kc < KC} A(kc) · B(nb, kc) in 3xTF32 (B read across rows, pre-split), A from
+// the accumulator blocks c[kc] (P or dS), summed four k blocks at a time in a fresh
+// accumulator and added in f32 (staging: the tensor cores' own accumulation of small
+// products into a large sum loses bits at f32's tolerance).
+template <int RS, int KC = 8> __device__ __forceinline__ void ft_staged3(float (*acc)[4], const float (*c)[4], const float* hi, const float* lo) {
+#pragma unroll
+    for (int k0 = 0; k0 < KC; k0 += 4) {
+        float tt[8][4];
+#pragma unroll
+        for (int nb = 0; nb < 8; ++nb) tt[nb][0] = tt[nb][1] = tt[nb][2] = tt[nb][3] = 0.f;
+#pragma unroll
+        for (int kc = k0; kc < k0 + 4; ++kc) ft_mma3<RS, 1, 8>(tt, ft_acc<2>(c[kc]), hi, lo, kc);
+#pragma unroll
+        for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[nb][e] += tt[nb][e];
+    }
+}
+
 // Rounds fragments kept in registers to TF32 (NP = 1: done once, not per use).
 template <int N> __device__ __forceinline__ void ft_round_a(float (*a)[4]) {
 #pragma unroll
@@ -269,23 +344,6 @@ __device__ __forceinline__ int ft_key_blocks(const AttnGeom& g, i64 j0, i64 qw) 
     i64 lim = g.skv - j0 < 64 ? g.skv - j0 : 64;
     if (g.causal && qw + 16 - j0 < lim) lim = qw + 16 - j0;
     return lim <= 0 ? 0 : (int)((lim + 7) >> 3);
-}
-
-// (3xTF32: long sums are added to the main accumulator in f32 adds, a few k blocks at a
-// time, not accumulated inside the tensor cores.)
-#define FT_ADD(acc, tt) acc[0] += tt[0], acc[1] += tt[1], acc[2] += tt[2], acc[3] += tt[3]
-
-// acc[nb] += A0 · B(nb, kc) + A1 · B(nb, kc + 1) for nb < lim (B read across rows), the two
-// k blocks summed in a fresh accumulator first; the passes over all n blocks (ft_mma_row).
-template <int NP, int RS> __device__ __forceinline__ void ft_staged2(float (*acc)[4], const FtA<NP>& a0, const FtA<NP>& a1, const float* tile, int kc, int lim) {
-    float tt[8][4];
-#pragma unroll
-    for (int nb = 0; nb < 8; ++nb) tt[nb][0] = tt[nb][1] = tt[nb][2] = tt[nb][3] = 0.f;
-    ft_mma_row<NP, RS, 1, 8>(tt, a0, tile, kc, lim);
-    ft_mma_row<NP, RS, 1, 8>(tt, a1, tile, kc + 1, lim);
-#pragma unroll
-    for (int nb = 0; nb < 8; ++nb)
-        if (nb < lim) FT_ADD(acc[nb], tt[nb]);
 }
 
 // Scores of a warp's 16 query rows (qw + g, + 8) × the 64 keys of the tile at j0, in log2
@@ -364,6 +422,21 @@ template <int NP, int W> __device__ void ft_fwd(const AttnGeom& g, const float* 
     float qa[8][4];
     ft_load_a(qa, Q + att_off(g, ATT_Q, b, h, q0), g.st[ATT_Q][2], warp * 16, (int)(g.sq - q0 < BQ ? g.sq - q0 : BQ), (int)g.d);
     if (NP == 1) ft_round_a<8>(qa);
+    float qlo[NP == 2 ? 8 : 1][4];  // 3xTF32: Q split once, big parts in qa
+    if constexpr (NP == 2) {
+#pragma unroll
+        for (int kb = 0; kb < 8; ++kb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                float x = qa[kb][e];
+                qa[kb][e] = ft_rna(x);
+                qlo[kb][e] = ft_rna(x - qa[kb][e]);
+            }
+    }
+    // 3xTF32: the small halves of the current K and V tiles (one buffer: written after the
+    // barrier that ends the previous tile's reads).
+    float* sKlo = ft_smem + 2 * FT_FWD_STAGE;
+    float* sVlo = sKlo + 64 * FT_RN;
     float o[8][4], m[2] = {-ft_inf(), -ft_inf()}, l[2] = {0.f, 0.f};
 #pragma unroll
     for (int nb = 0; nb < 8; ++nb) o[nb][0] = o[nb][1] = o[nb][2] = o[nb][3] = 0.f;
@@ -381,6 +454,11 @@ template <int NP, int W> __device__ void ft_fwd(const AttnGeom& g, const float* 
             ft_round_own<64, FT_RN, NT>(sK);
             ft_round_own<64, FT_RT, NT>(sV);
         }
+        if constexpr (NP == 2) {
+            if (!vec) __syncthreads();  // (plain stores: other threads' pieces)
+            ft_split_own<64, FT_RN, NT>(sK, sKlo);
+            ft_split_own<64, FT_RT, NT>(sV, sVlo);
+        }
         __syncthreads();
         i64 j0 = t * 64;
         int nbl = ft_key_blocks(g, j0, qw);  // (warp-uniform) 0: every key after this warp's queries
@@ -388,8 +466,18 @@ template <int NP, int W> __device__ void ft_fwd(const AttnGeom& g, const float* 
             float s[8][4];
 #pragma unroll
             for (int nb = 0; nb < 8; ++nb) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.f;
+            if constexpr (NP == 1) {
 #pragma unroll
-            for (int kb = 0; kb < 8; ++kb) ft_mma_row<NP, FT_RN, 0, 8>(s, ft_a<NP>(qa[kb]), sK, kb, NP == 1 ? 8 : nbl);
+                for (int kb = 0; kb < 8; ++kb) ft_mma_row<NP, FT_RN, 0, 8>(s, ft_a<NP>(qa[kb]), sK, kb, 8);
+            } else {
+#pragma unroll
+                for (int kb = 0; kb < 8; ++kb) {
+                    FtA<2> a(qa[kb], 0);
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) a.lo[e] = qlo[kb][e];
+                    ft_mma3<FT_RN, 0, 8>(s, a, sK, sKlo, kb);
+                }
+            }
             ft_scores(g, mask, s, b, h, qw, j0, sl2);
 #pragma unroll
             for (int hh = 0; hh < 2; ++hh) {
@@ -421,12 +509,8 @@ template <int NP, int W> __device__ void ft_fwd(const AttnGeom& g, const float* 
                     for (int nb = 0; nb < 8; ++nb) ft_mma_b<NP, FT_RT, 1>(o[nb], a, sV, nb, kc);
                 }
             } else {
-                // O += P · V, two key blocks at a time summed apart (3xTF32 keeps FP32's bits)
-#pragma unroll
-                for (int kc = 0; kc < 8; kc += 2) {
-                    if (kc >= nbl) break;
-                    ft_staged2<NP, FT_RT>(o, ft_acc<NP>(s[kc]), ft_acc<NP>(s[kc + 1]), sV, kc, (int)((g.dv + 7) >> 3));
-                }
+                // O += P · V, staged (every key block: those masked have P = 0)
+                ft_staged3<FT_RT>(o, s, sV, sVlo);
             }
         }
         __syncthreads();  // before the next fill overwrites this stage
@@ -471,6 +555,9 @@ template <int NP> __device__ void ft_dq(const AttnGeom& g, const float* dY, cons
     i64 ntiles = (kend + 63) / 64;
     fill(0);
     float* sYa = ft_smem + 2 * FT_DQ_STAGE + warp * 8 * 32 * 4;
+    // 3xTF32: the small half of the current K tile (read twice: S and dQ; V is split per
+    // fragment, its small half would take the second CTA's shared memory)
+    float* sKlo = ft_smem + 2 * FT_DQ_STAGE + 4 * 8 * 32 * 4;
     float qa[8][4];
     ft_load_a(qa, Q + att_off(g, ATT_Q, b, h, q0), g.st[ATT_Q][2], warp * 16, qv, (int)g.d);
     if (NP == 1) ft_round_a<8>(qa);
@@ -499,6 +586,10 @@ template <int NP> __device__ void ft_dq(const AttnGeom& g, const float* dY, cons
             ft_round_own<64, FT_RN>(sK);
             ft_round_own<64, FT_RN>(sV);
         }
+        if constexpr (NP == 2) {
+            if (!vec) __syncthreads();  // (plain stores: other threads' pieces)
+            ft_split_own<64, FT_RN>(sK, sKlo);
+        }
         __syncthreads();
         i64 j0 = t * 64;
         int kv = (int)(g.skv - j0 < 64 ? g.skv - j0 : 64);
@@ -511,10 +602,18 @@ template <int NP> __device__ void ft_dq(const AttnGeom& g, const float* dY, cons
                 for (int e = 0; e < 4; ++e) s[nb][e] = dp[nb][e] = 0.f;
             // (Head columns past d / dv are zeros in the tiles and fragments: every k block
             // is summed; NP = 1 also every key block, those past nbl being masked.)
+            if constexpr (NP == 1) {
 #pragma unroll
-            for (int kb = 0; kb < 8; ++kb) ft_mma_row<NP, FT_RN, 0, 8>(s, ft_a<NP>(qa[kb]), sK, kb, NP == 1 ? 8 : nbl);
+                for (int kb = 0; kb < 8; ++kb) ft_mma_row<NP, FT_RN, 0, 8>(s, ft_a<NP>(qa[kb]), sK, kb, 8);
 #pragma unroll
-            for (int kb = 0; kb < 8; ++kb) ft_mma_row<NP, FT_RN, 0, 8>(dp, ft_sa<NP>(sYa, kb), sV, kb, NP == 1 ? 8 : nbl);
+                for (int kb = 0; kb < 8; ++kb) ft_mma_row<NP, FT_RN, 0, 8>(dp, ft_sa<NP>(sYa, kb), sV, kb, 8);
+            } else {
+#pragma unroll
+                for (int kb = 0; kb < 8; ++kb) {
+                    ft_mma3<FT_RN, 0, 8>(s, ft_a<NP>(qa[kb]), sK, sKlo, kb);
+                    ft_mma_row<NP, FT_RN, 0, 8>(dp, ft_sa<NP>(sYa, kb), sV, kb, 8);
+                }
+            }
             ft_scores(g, mask, s, b, h, qw, j0, sl2);
 #pragma unroll
             for (int hh = 0; hh < 2; ++hh) {
@@ -540,12 +639,8 @@ template <int NP> __device__ void ft_dq(const AttnGeom& g, const float* dY, cons
                     for (int nb = 0; nb < 8; ++nb) ft_mma_b<NP, FT_RN, 1>(acc[nb], a, sK, nb, kc);
                 }
             } else {
-                // dQ += dS · K, two key blocks at a time summed apart
-#pragma unroll
-                for (int kc = 0; kc < 8; kc += 2) {
-                    if (kc >= nbl) break;
-                    ft_staged2<NP, FT_RN>(acc, ft_acc<NP>(s[kc]), ft_acc<NP>(s[kc + 1]), sK, kc, (int)((g.d + 7) >> 3));
-                }
+                // dQ += dS · K, staged (every key block: those masked have dS = 0)
+                ft_staged3<FT_RN>(acc, s, sK, sKlo);
             }
         }
         __syncthreads();
@@ -586,6 +681,9 @@ template <int NP, int T> __device__ void ft_dkv(const AttnGeom& g, const float* 
     if (ntiles > 0) fill(0);
     float* sKa = ft_smem + 2 * FT_DKV_STAGE(T) + warp * 8 * 32 * 4;
     float* sVa = sKa + 4 * 8 * 32 * 4;
+    // 3xTF32: the small halves of the current Q and dY tiles (one buffer, as the forward's)
+    float* sQlo = ft_smem + 2 * FT_DKV_STAGE(T) + 2 * 4 * 8 * 32 * 4;
+    float* sYlo = sQlo + T * FT_RN;
     ft_stash_a<NP>(sKa, K + att_off(g, ATT_K, b, hk, k0), g.st[ATT_K][2], warp * 16, kvalid, (int)g.d);
     ft_stash_a<NP>(sVa, V + att_off(g, ATT_V, b, hk, k0), g.st[ATT_V][2], warp * 16, kvalid, (int)g.dv);
     float dk[8][4], dv[8][4];
@@ -607,6 +705,11 @@ template <int NP, int T> __device__ void ft_dkv(const AttnGeom& g, const float* 
             ft_round_own<T, FT_RN>(sQ);
             ft_round_own<T, FT_RN>(sY);
         }
+        if constexpr (NP == 2) {
+            if (!vec) __syncthreads();  // (plain stores: other threads' pieces)
+            ft_split_own<T, FT_RN>(sQ, sQlo);
+            ft_split_own<T, FT_RN>(sY, sYlo);
+        }
         __syncthreads();
         const float* sL = sY + T * FT_RN;  // LSE (natural units; −inf: the row sees nothing)
         const float* sD = sL + T;
@@ -619,10 +722,15 @@ template <int NP, int T> __device__ void ft_dkv(const AttnGeom& g, const float* 
             for (int nb = 0; nb < TB; ++nb)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) s[nb][e] = dp[nb][e] = 0.f;
+            if constexpr (NP == 1) {
 #pragma unroll
-            for (int kb = 0; kb < 8; ++kb) ft_mma_row<NP, FT_RN, 0, TB>(s, ft_sa<NP>(sKa, kb), sQ, kb, TB);  // Sᵀ = K·Qᵀ
+                for (int kb = 0; kb < 8; ++kb) ft_mma_row<NP, FT_RN, 0, TB>(s, ft_sa<NP>(sKa, kb), sQ, kb, TB);  // Sᵀ = K·Qᵀ
 #pragma unroll
-            for (int kb = 0; kb < 8; ++kb) ft_mma_row<NP, FT_RN, 0, TB>(dp, ft_sa<NP>(sVa, kb), sY, kb, TB);  // dPᵀ = V·dYᵀ
+                for (int kb = 0; kb < 8; ++kb) ft_mma_row<NP, FT_RN, 0, TB>(dp, ft_sa<NP>(sVa, kb), sY, kb, TB);  // dPᵀ = V·dYᵀ
+            } else {
+#pragma unroll
+                for (int kb = 0; kb < 8; ++kb) ft_mma3x2<FT_RN, TB>(s, ft_sa<NP>(sKa, kb), sQ, sQlo, dp, ft_sa<NP>(sVa, kb), sY, sYlo, kb);
+            }
             // (Queries past Sq: LSE slots zero-filled, rows qq ≥ qv are skipped below.)
 #pragma unroll
             for (int nb = 0; nb < TB; ++nb)
@@ -678,10 +786,8 @@ template <int NP, int T> __device__ void ft_dkv(const AttnGeom& g, const float* 
                     for (int nb = 0; nb < 8; ++nb) ft_mma_b<NP, FT_RN, 1>(dk[nb], da, sQ, nb, kb);
                 }
             } else {
-                ft_staged2<NP, FT_RN>(dv, ft_acc<NP>(s[0]), ft_acc<NP>(s[1]), sY, 0, (int)((g.dv + 7) >> 3));
-                ft_staged2<NP, FT_RN>(dv, ft_acc<NP>(s[2]), ft_acc<NP>(s[3]), sY, 2, (int)((g.dv + 7) >> 3));
-                ft_staged2<NP, FT_RN>(dk, ft_acc<NP>(dp[0]), ft_acc<NP>(dp[1]), sQ, 0, (int)((g.d + 7) >> 3));
-                ft_staged2<NP, FT_RN>(dk, ft_acc<NP>(dp[2]), ft_acc<NP>(dp[3]), sQ, 2, (int)((g.d + 7) >> 3));
+                ft_staged3<FT_RN, TB>(dv, s, sY, sYlo);
+                ft_staged3<FT_RN, TB>(dk, dp, sQ, sQlo);
             }
         }
         __syncthreads();

@@ -16,7 +16,10 @@ for l in sys.stdin:
 ' > /tmp/carry_cuda_exes.txt
 rm -rf "$DEST" /tmp/carry_cuda_bin && mkdir -p "$DEST" /tmp/carry_cuda_bin/tests
 # Only the test executables with CUDA cases travel (the rest run in CI; 64 MiB limit).
-GPU_TESTS=" wgpu cuda cli parallel onnx_conformance onnx_models ops_attention ops_attention_grad ops_elementwise ops_grad ops_matmul ops_misc ops_reduce ops_shape "
+# BENCH_ONLY=1 leaves them out (a carry for `bench torch` alone: the tests and the
+# benchmarks no longer fit one 64 MiB carry, so they go in two calls).
+GPU_TESTS=" wgpu cuda cuda_3xtf32 cuda_f32_simt cli parallel onnx_conformance onnx_models ops_attention ops_attention_grad ops_elementwise ops_grad ops_matmul ops_misc ops_reduce ops_shape "
+[ -n "${BENCH_ONLY:-}" ] && GPU_TESTS=" "
 for f in $(cat /tmp/carry_cuda_exes.txt); do
     n=$(basename "$f"); n=${n%-*}
     [[ $GPU_TESTS == *" $n "* ]] || continue
@@ -24,7 +27,7 @@ for f in $(cat /tmp/carry_cuda_exes.txt); do
     cp "$f" /tmp/carry_cuda_bin/tests/$n
 done
 cp "${CARGO_TARGET_DIR:-target}/release/graphrun" /tmp/carry_cuda_bin/graphrun
-strip /tmp/carry_cuda_bin/graphrun /tmp/carry_cuda_bin/tests/*
+strip /tmp/carry_cuda_bin/graphrun $(ls /tmp/carry_cuda_bin/tests/* 2>/dev/null)
 tar czf "$DEST/bin.tgz" -C /tmp/carry_cuda_bin .
 cp scripts/device_cuda.sh scripts/bench_table.py "$DEST/"
 # Where these executables were built: they embed the checkout (CARGO_MANIFEST_DIR) and
@@ -38,6 +41,8 @@ if [ ! -d "$DEST/gl" ]; then
         { apt-get $o update -qq; (cd "$DEST/gl" && apt-get $o download libvulkan1); }
 fi
 # The kernels compiled here for sm_90a (saves the device the first-run NVRTC compile).
+NV=/tmp/nv/x/nvidia/cu13/lib
+[ -z "${NVRTC:-}" ] && [ -e $NV/libnvrtc.so.13 ] && export NVRTC=$NV/libnvrtc.so.13 LD_LIBRARY_PATH=$NV:${LD_LIBRARY_PATH:-}
 python3 scripts/precompile_kernels.py "$DEST/kcache" || echo "no precompiled kernels (NVRTC not found here)"
 cp ../shared/bench/torch_reference.py "$DEST/"
 du -sh "$DEST"

@@ -8,7 +8,7 @@ set -eu
 cd "$(dirname "$0")/.."
 DEST=${1:-../main/.carry-tf32}
 cargo build --release
-cargo test --release --no-run --message-format=json --test cuda --test cuda_3xtf32 --test ops_attention --test ops_attention_grad --test grad 2>/dev/null | python3 -c '
+cargo test --release --no-run --message-format=json --test cuda --test cuda_3xtf32 --test cuda_f32_simt --test ops_attention --test ops_attention_grad --test grad 2>/dev/null | python3 -c '
 import sys, json
 for l in sys.stdin:
     try: j = json.loads(l)

@@ -14,6 +14,8 @@ ROOT=/work/main TARGET=/work/main/target
 [ -f "$C/paths.env" ] && . "$C/paths.env"
 OUT=${OUT:-/tmp/out}
 R=/tmp/res
+# A machine still warm from an earlier call keeps /tmp: start from empty folders.
+rm -rf "$R" /tmp/x
 mkdir -p "$OUT" "$R" /tmp/x
 tar xzf "$C/bin.tgz" -C /tmp/x
 # The test executables carry the absolute path of the checkout they were built in

@@ -2,7 +2,7 @@
 # One device call for f32/tf32 attention on tensor cores (cuda/flash_tf32.cu): the
 # attention/grad CUDA tests (GRAPHRUN_REQUIRE_CUDA=1; tests/cuda_3xtf32.rs runs f32 on the
 # 3xTF32 kernels), then `graphrun bench` of attention (and gpt_block) — tf32 (one TF32 pass),
-# f32 (CUDA cores fs_*) and f32 on 3xTF32 (GRAPHRUN_CUDA_ATTENTION_F32=3xtf32) — with this
+# f32 (default: 3xTF32), f32 forced onto 3xTF32 and onto CUDA cores fs_* (=simt) — with this
 # tree's graphrun and, where the carry has one (base.tgz), an earlier graphrun side by side
 # in the same call. Carried by scripts/carry_tf32.sh; run from the repository root as
 #   bash .carry-tf32/device_tf32.sh      (C=.carry-NAME to name another carry folder)
@@ -29,7 +29,7 @@ for p in fwd train; do
 done
 ls /tmp/x/tests/* | xargs -P 4 -I{} bash -c '
     n=$(basename {})
-    timeout 150 {} --test-threads=4 > '"$R"'/test_$n.log 2>&1; rc=$?
+    timeout 150 {} --test-threads=4 --nocapture > '"$R"'/test_$n.log 2>&1; rc=$?
     echo "== $n rc=$rc $(grep -E "^test result" '"$R"'/test_$n.log | tail -n 1)"
     grep -E "^test .* FAILED$|panicked at" -A4 '"$R"'/test_$n.log | head -n 30'
 grep -h "^test result" $R/test_*.log | awk '{p+=$4; f+=$6} END {print "TESTS: " p " passed, " f " failed"}'
@@ -37,6 +37,9 @@ grep -h -E "rel err|max err|tf32" $R/test_cuda_3xtf32.log | head -n 12
 for p in fwd train; do
     bench attention_f32_$p /tmp/x/graphrun attention f32 $p
     bench attention_f32_${p}_3xtf32 /tmp/x/graphrun attention f32 $p GRAPHRUN_CUDA_ATTENTION_F32=3xtf32
+    bench attention_f32_${p}_simt /tmp/x/graphrun attention f32 $p GRAPHRUN_CUDA_ATTENTION_F32=simt
+    bench gpt_block_f32_$p /tmp/x/graphrun gpt_block f32 $p
+    bench gpt_block_f32_${p}_simt /tmp/x/graphrun gpt_block f32 $p GRAPHRUN_CUDA_ATTENTION_F32=simt
     bench gpt_block_tf32_$p /tmp/x/graphrun gpt_block tf32 $p
 done
 python3 - "$R" <<'PY'

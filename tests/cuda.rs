@@ -37,6 +37,39 @@ fn same_as_cpu(name: &str, attrs: &[(&str, A)], args: &[Arg], n_out: usize, dts:
 
 const LOW: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 
+/// Runs `node` in a `--dtype tf32` CUDA session (f32 inputs, TF32 products) and checks
+/// every output within SPEC §8's 1e-3 of the CPU's true f32.
+fn tf32_same_as_cpu(what: &str, node: graphrun::graph::Op, args: &[Arg], n_out: usize) {
+    let args: Vec<Arg> = args
+        .iter()
+        .map(|x| match x {
+            Arg::In(t) => inp(t.cast(DType::F32)),
+            x => x.clone(),
+        })
+        .collect();
+    let want = run_op(BackendKind::Cpu, node.clone(), &args, n_out, DType::F32).expect("cpu");
+    let feeds = args
+        .iter()
+        .enumerate()
+        .filter_map(|(i, x)| match x {
+            Arg::In(t) => Some((format!("in{i}"), t.clone())),
+            _ => None,
+        })
+        .collect();
+    let opts = graphrun::SessionOptions {
+        backend: BackendKind::Cuda,
+        tf32: true,
+        ..Default::default()
+    };
+    let got = graphrun::Session::new(one_node_graph(node, &args, n_out), opts)
+        .and_then(|mut s| s.run(&feeds))
+        .unwrap_or_else(|e| panic!("{what} on cuda tf32: {e}"));
+    for (k, (w, (_, g))) in want.iter().zip(&got).enumerate() {
+        let e = rel_err(&g.to_f64_vec(), &w.to_f64_vec());
+        assert!(e <= 1e-3, "{what} tf32 output {k}: rel err {e:.3e} > 1e-3");
+    }
+}
+
 #[test]
 fn big_elementwise_and_rows() {
     let x = randn(&[257, 1031], 1);
@@ -192,34 +225,8 @@ fn gemm_epilogues_tf32() {
                 1,
             ),
         ] {
-            let node = op("FusedMatMul", &at);
-            let want =
-                run_op(BackendKind::Cpu, node.clone(), &args, n_out, DType::F32).expect("cpu");
-            let g = one_node_graph(node, &args, n_out);
-            let feeds = args
-                .iter()
-                .enumerate()
-                .filter_map(|(i, x)| match x {
-                    Arg::In(t) => Some((format!("in{i}"), t.clone())),
-                    _ => None,
-                })
-                .collect();
-            let opts = graphrun::SessionOptions {
-                backend: BackendKind::Cuda,
-                tf32: true,
-                ..Default::default()
-            };
-            let got = graphrun::Session::new(g, opts)
-                .and_then(|mut s| s.run(&feeds))
-                .unwrap_or_else(|e| panic!("{act} on cuda tf32: {e}"));
-            for (k, (w, (_, g))) in want.iter().zip(&got).enumerate() {
-                let e = rel_err(&g.to_f64_vec(), &w.to_f64_vec());
-                assert!(
-                    e <= 1e-3,
-                    "{act} tf32 ({} inputs) output {k}: rel err {e:.3e} > 1e-3",
-                    args.len()
-                );
-            }
+            let what = format!("{act} ({} inputs)", args.len());
+            tf32_same_as_cpu(&what, op("FusedMatMul", &at), &args, n_out);
         }
     }
 }
@@ -406,36 +413,7 @@ fn fused_matmul_grad_with_a_activation() {
             if act != "gelu_tanh" {
                 continue;
             }
-            // The graph's inputs f32, as a --dtype tf32 session has them.
-            let args: Vec<Arg> = args
-                .iter()
-                .map(|x| match x {
-                    Arg::In(t) => inp(t.cast(DType::F32)),
-                    x => x.clone(),
-                })
-                .collect();
-            let node = op("FusedMatMulGrad", &at);
-            let want = run_op(BackendKind::Cpu, node.clone(), &args, 3, DType::F32).expect("cpu");
-            let feeds = args
-                .iter()
-                .enumerate()
-                .filter_map(|(i, x)| match x {
-                    Arg::In(t) => Some((format!("in{i}"), t.clone())),
-                    _ => None,
-                })
-                .collect();
-            let opts = graphrun::SessionOptions {
-                backend: BackendKind::Cuda,
-                tf32: true,
-                ..Default::default()
-            };
-            let got = graphrun::Session::new(one_node_graph(node, &args, 3), opts)
-                .and_then(|mut s| s.run(&feeds))
-                .unwrap_or_else(|e| panic!("{act} on cuda tf32: {e}"));
-            for (k, (w, (_, g))) in want.iter().zip(&got).enumerate() {
-                let e = rel_err(&g.to_f64_vec(), &w.to_f64_vec());
-                assert!(e <= 1e-3, "{act} tf32 output {k}: rel err {e:.3e} > 1e-3");
-            }
+            tf32_same_as_cpu(act, op("FusedMatMulGrad", &at), &args, 3);
         }
     }
 }

@@ -1,5 +1,5 @@
 //! f32 attention on the 3xTF32 tensor-core kernels (cuda/flash_tf32.cu, chosen by
-//! `GRAPHRUN_CUDA_ATTENTION_F32=3xtf32`; the default f32 kernels are the CUDA-core ones):
+//! `GRAPHRUN_CUDA_ATTENTION_F32=3xtf32`, also the f32 default; forced here all the same):
 //! the tiled-kernel cases at the f32 tolerance and the accuracy against f64. Its own test
 //! executable with one test, since the variable is read once per process. Skips where
 //! there is no GPU.

@@ -1,8 +1,8 @@
 //! Attention and VarlenAttention on CUDA, forward with the optional LSE output and
 //! backward from it. Attention with head sizes up to 64 (f32, f16, bf16) or 128 (f16/bf16
 //! forward) runs the tiled flash kernels of cuda/flash.cu (tensor cores for f16/bf16:
-//! `wgmma` on Hopper for heads up to 64, `mma.sync` elsewhere; f32 on CUDA cores, or
-//! with `--dtype tf32` one TF32 pass on tensor cores, cuda/flash_tf32.cu);
+//! `wgmma` on Hopper for heads up to 64, `mma.sync` elsewhere; f32 on tensor cores in
+//! 3xTF32, or with `--dtype tf32` one TF32 pass, cuda/flash_tf32.cu, or on CUDA cores);
 //! the rest (VarlenAttention, larger heads, f64) the row-per-warp kernels of
 //! cuda/attention.cu. Shapes, masks and cu_seqlens are checked here; the kernels take one
 //! `AttnGeom` that describes either layout.
@@ -425,21 +425,33 @@ fn rows_only() -> bool {
 }
 
 /// Which kernels take f32 attention (head sizes up to 64), from
-/// `GRAPHRUN_CUDA_ATTENTION_F32`: by default the CUDA-core ones (fs_*) in true FP32, and
-/// with `--dtype tf32` one TF32 pass on tensor cores; `simt` keeps tf32 sessions on fs_*
-/// too; `3xtf32` runs f32 on tensor cores in 3xTF32 (FP32-level accuracy; on the H100 so
-/// far slower than fs_*: docs/bench-h100/attention-notes.md).
+/// `GRAPHRUN_CUDA_ATTENTION_F32`. Forward and backward choose apart (they share only the
+/// LSE, the same f32 statistic either way). By default f32 runs both in 3xTF32 on tensor
+/// cores (FP32-level accuracy; on the H100 the fastest in both passes, ahead of the
+/// CUDA-core kernels fs_* in true FP32: docs/bench-h100/attention-notes.md), and
+/// `--dtype tf32` one TF32 pass. `simt` or `3xtf32` forces one kind for both passes (tf32
+/// sessions included for `simt`), `FWD/BWD` (e.g. `3xtf32/simt`) each pass's for f32.
 fn f32_choice() -> &'static str {
     static CHOICE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     CHOICE.get_or_init(|| std::env::var("GRAPHRUN_CUDA_ATTENTION_F32").unwrap_or_default())
 }
 
-fn f32_kernels(c: &Cuda) -> Fast {
-    match (c.blas.tf32(), f32_choice()) {
+fn f32_kernels(c: &Cuda, backward: bool) -> Fast {
+    let choice = f32_choice();
+    let pass = match choice.split_once('/') {
+        Some((fwd, bwd)) => {
+            if backward {
+                bwd
+            } else {
+                fwd
+            }
+        }
+        None => choice,
+    };
+    match (c.blas.tf32(), pass) {
         (_, "simt") => Fast::Simt,
         (true, _) => Fast::Tf32 { passes: 1 },
-        (false, "3xtf32") => Fast::Tf32 { passes: 3 },
-        (false, _) => Fast::Simt,
+        (false, _) => Fast::Tf32 { passes: 3 },
     }
 }
 
@@ -451,7 +463,7 @@ fn fast(c: &Cuda, g: &AttnGeom, dt: DType, backward: bool) -> Option<Fast> {
     match dt {
         DType::BF16 | DType::F16 if w <= 64 => Some(Fast::Mma(64)),
         DType::BF16 | DType::F16 if w <= 128 && !backward => Some(Fast::Mma(128)),
-        DType::F32 if w <= 64 => Some(f32_kernels(c)),
+        DType::F32 if w <= 64 => Some(f32_kernels(c, backward)),
         _ => None,
     }
 }
@@ -467,11 +479,28 @@ const FS_TILE: usize = 64 * 64 * 4;
 /// tiles of Q and dY with their LSE and delta — plus the 4 warps' raw A fragments (16 rows ×
 /// 64 each) of dY (dQ) or of K and V (dK/dV).
 const FT_SMEM_FWD: usize = 2 * (64 * 72 + 64 * 68) * 4;
-const FT_SMEM_DQ: usize = (2 * 2 * 64 * 72 + 4 * 16 * 64) * 4;
-/// dK/dV's query tiles are 64 rows for one pass, 32 for 3xTF32.
+/// 3xTF32 adds the small halves of the current K and V tiles.
+const fn ft_smem_fwd(passes: u8) -> usize {
+    if passes == 1 {
+        FT_SMEM_FWD
+    } else {
+        FT_SMEM_FWD * 3 / 2
+    }
+}
+/// 3xTF32 adds the small half of the current K tile.
+const fn ft_smem_dq(passes: u8) -> usize {
+    let lo = if passes == 1 { 0 } else { 64 * 72 };
+    (2 * 2 * 64 * 72 + 4 * 16 * 64 + lo) * 4
+}
+/// dK/dV's query tiles are 64 rows for one pass, 32 for 3xTF32, which adds the small
+/// halves of the current Q and dY tiles.
 const fn ft_smem_dkv(passes: u8) -> usize {
-    let t = if passes == 1 { 64 } else { 32 };
-    (2 * (2 * t * 72 + 2 * t) + 2 * 4 * 16 * 64) * 4
+    let (t, lo) = if passes == 1 {
+        (64, 0)
+    } else {
+        (32, 2 * 32 * 72)
+    };
+    (2 * (2 * t * 72 + 2 * t) + 2 * 4 * 16 * 64 + lo) * 4
 }
 
 /// The tf32 kernels' names for `passes`.
@@ -561,7 +590,7 @@ fn fast_forward(
                 &name,
                 grid,
                 32 * warps as u32,
-                FT_SMEM_FWD,
+                ft_smem_fwd(passes),
                 &args,
             )
         }
@@ -638,7 +667,7 @@ fn fast_backward(
         }
         Fast::Tf32 { passes } => {
             let (dq, dkv) = (ft_name("ft_dq", passes), ft_name("ft_dkv", passes));
-            launch_grid(&c.dev, &c.stream, &dq, qgrid, 128, FT_SMEM_DQ, &aq)?;
+            launch_grid(&c.dev, &c.stream, &dq, qgrid, 128, ft_smem_dq(passes), &aq)?;
             launch_grid(
                 &c.dev,
                 &c.stream,

@@ -155,8 +155,8 @@ pub fn binary(c: &Cuda, node: &Node, op: BinaryOp, a: &V, b: &V, y: &V) -> Resul
     if name == "binary"
         && whole(a)
         && whole(b)
-        && n % lanes == 0
-        && [a.p, b.p, y.p].iter().all(|p| p % 16 == 0)
+        && n.is_multiple_of(lanes)
+        && [a.p, b.p, y.p].iter().all(|p| p.is_multiple_of(16))
     {
         let nv = n / lanes;
         let args = [
