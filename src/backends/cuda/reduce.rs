@@ -247,6 +247,10 @@ fn expanded(c: &Cuda, t: &V, norm: &[usize]) -> Result<Option<u64>> {
     Ok(Some(buf))
 }
 
+/// Blocks of the one-pass LayerNormalizationGrad: enough rows in flight to keep the
+/// memory busy, few enough that the [blocks, 2, n] partials stay small.
+const LN_GRAD_BLOCKS: usize = 1024;
+
 /// The register-resident vector kernels' shape for rows of `n` elements of `dt` at the
 /// given pointers: (threads, vectors per thread M) where a row is whole 16-byte vectors,
 /// every pointer is 16-byte aligned and the row fits in M ≤ 4 vectors a thread; None for
@@ -361,10 +365,13 @@ pub fn layer_norm_grad(
         0
     };
     let resp = res.as_ref().map_or(0, |r| r.p);
-    if let Some((threads, m)) = ln_vec(x.dtype(), n, &[dy.p, x.p, gp, resp, dxp]) {
+    // Without dX (a first LayerNorm's input needs none) the column kernel below reads dy
+    // and x once as well, with more parallelism and no partials of n per block.
+    let vec = ln_vec(x.dtype(), n, &[dy.p, x.p, gp, resp, dxp]).filter(|_| dxp != 0);
+    if let Some((threads, m)) = vec {
         // One pass: dX and per-block partial sums of dScale/dB (blocks take rows in a
         // fixed round-robin), then the partials added per column in a fixed order.
-        let blocks = rows.min(1024);
+        let blocks = rows.min(LN_GRAD_BLOCKS);
         let params = ds != 0 || db != 0;
         let part = if params {
             c.scratch(blocks * 2 * n * acc_bytes(x.dtype()))?
