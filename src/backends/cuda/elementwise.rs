@@ -53,11 +53,11 @@ pub fn unary_grad(c: &Cuda, node: &Node, u: UnaryOp, dy: &V, x: &V, out: &V) -> 
 fn vectors(out: &V, ops: &[&V]) -> Option<usize> {
     let lanes = 16 / out.dtype().size().max(1);
     let n = out.numel();
-    let ok = n % lanes == 0
-        && out.p % 16 == 0
+    let ok = n.is_multiple_of(lanes)
+        && out.p.is_multiple_of(16)
         && ops
             .iter()
-            .all(|v| v.shape() == out.shape() && v.p % 16 == 0);
+            .all(|v| v.shape() == out.shape() && v.p.is_multiple_of(16));
     ok.then_some(n / lanes)
 }
 
@@ -92,7 +92,7 @@ pub fn grad_kernel(c: &Cuda, dt: DType, dy: &V, x: &V, out: &V, op: i32, alpha: 
 pub fn act_epilogue(c: &Cuda, act: Activation, pre: u64, res: Option<&V>, y: &V) -> Result<()> {
     let n = y.numel();
     let ops: Vec<&V> = res.into_iter().collect();
-    if let Some(nv) = vectors(y, &ops).filter(|_| pre % 16 == 0) {
+    if let Some(nv) = vectors(y, &ops).filter(|_| pre.is_multiple_of(16)) {
         let args = [
             Arg::Ptr(pre),
             Arg::Ptr(res.map_or(0, |r| r.p)),

@@ -257,7 +257,7 @@ const LN_GRAD_BLOCKS: usize = 1024;
 /// the scalar kernels.
 fn ln_vec(dt: DType, n: usize, ptrs: &[u64]) -> Option<(u32, u32)> {
     let lanes = 16 / dt.size();
-    if n % lanes != 0 || ptrs.iter().any(|p| p % 16 != 0) {
+    if !n.is_multiple_of(lanes) || ptrs.iter().any(|p| !p.is_multiple_of(16)) {
         return None;
     }
     let nv = n / lanes;
