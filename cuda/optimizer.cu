@@ -15,6 +15,34 @@ template <class T> __device__ void sgd_k(T* p, const T* g, typename Num<T>::A* b
     }
 }
 
+// SGD over several parameters in one launch (PyTorch's foreach step): a training step's
+// dozen small updates would otherwise each cost a launch. `end` holds the running element
+// counts; a thread finds its tensor by a short scan (count ≤ SGD_MAX, uniform in a warp
+// except at a boundary). Same rule per element as sgd_k.
+#define SGD_MAX 16
+struct SgdTensors {
+    u64 p[SGD_MAX], g[SGD_MAX], buf[SGD_MAX];
+    i64 end[SGD_MAX];
+    int count;
+};
+template <class T> __device__ void sgd_multi_k(SgdTensors t, double lr, double mu, double wd) {
+    typedef typename Num<T>::A A;
+    GRID_STRIDE(i, t.end[t.count - 1]) {
+        int k = 0;
+        while (i >= t.end[k]) ++k;
+        i64 j = i - (k ? t.end[k - 1] : 0);
+        T* p = (T*)t.p[k];
+        A* buf = (A*)t.buf[k];
+        A pv = ld(p[j]);
+        A d = ld(((const T*)t.g[k])[j]) + (A)wd * pv;
+        if (buf) {
+            buf[j] = (A)mu * buf[j] + d;
+            d = buf[j];
+        }
+        p[j] = st<T>(pv - (A)lr * d);
+    }
+}
+
 // p -= lr/bc1 · m / (sqrt(v)/sqrt(bc2) + eps); AdamW decays p first, Adam adds wd·p to g.
 // The step t comes from the device word *tp (a recorded step stays valid as t grows), or
 // from `t_host` where there is none.
@@ -35,5 +63,6 @@ template <class T> __device__ void adam_k(T* p, const T* g, typename Num<T>::A* 
 
 #define INST_OPT(T, S)                                                                            \
     extern "C" __global__ void sgd_##S(T* p, const T* g, Num<T>::A* b, i64 n, double lr, double mu, double wd) { sgd_k<T>(p, g, b, n, lr, mu, wd); } \
+    extern "C" __global__ void sgd_multi_##S(SgdTensors t, double lr, double mu, double wd) { sgd_multi_k<T>(t, lr, mu, wd); } \
     extern "C" __global__ void adam_##S(T* p, const T* g, Num<T>::A* m, Num<T>::A* v, i64 n, const u64* tp, u64 th, double lr, double b1, double b2, double eps, double wd, double decay, int dec) { adam_k<T>(p, g, m, v, n, tp, th, lr, b1, b2, eps, wd, decay, dec); }
 FOR_FLOATS(INST_OPT)

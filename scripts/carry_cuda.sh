@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fills DEST (default ../main/.carry-cuda, git-ignored there) with what
 # scripts/device_cuda.sh needs on the device: stripped test executables and graphrun
-# (bin.tgz), kernels precompiled for sm_90a, torch_reference.py and the table script. The
+# (bin.txz), kernels precompiled for sm_90a, torch_reference.py and the table script. The
 # files the tests read travel with the checkout itself.
 set -eu
 cd "$(dirname "$0")/.."
@@ -28,7 +28,9 @@ for f in $(cat /tmp/carry_cuda_exes.txt); do
 done
 cp "${CARGO_TARGET_DIR:-target}/release/graphrun" /tmp/carry_cuda_bin/graphrun
 strip /tmp/carry_cuda_bin/graphrun $(ls /tmp/carry_cuda_bin/tests/* 2>/dev/null)
-tar czf "$DEST/bin.tgz" -C /tmp/carry_cuda_bin .
+# xz: the test executables no longer fit 64 MiB gzipped (the device unpacks with Python).
+rm -f "$DEST/bin.tgz" "$DEST/bin.txz"
+tar cf - -C /tmp/carry_cuda_bin . | xz -T2 -6 > "$DEST/bin.txz"
 cp scripts/device_cuda.sh scripts/bench_table.py "$DEST/"
 # Where these executables were built: they embed the checkout (CARGO_MANIFEST_DIR) and
 # graphrun's path (CARGO_BIN_EXE_graphrun), which device_cuda.sh recreates there.

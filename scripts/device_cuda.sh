@@ -17,7 +17,11 @@ R=/tmp/res
 # A machine still warm from an earlier call keeps /tmp: start from empty folders.
 rm -rf "$R" /tmp/x
 mkdir -p "$OUT" "$R" /tmp/x
-tar xzf "$C/bin.tgz" -C /tmp/x
+if [ -f "$C/bin.txz" ]; then
+    python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$C/bin.txz" /tmp/x
+else
+    tar xzf "$C/bin.tgz" -C /tmp/x
+fi
 # The test executables carry the absolute path of the checkout they were built in
 # ($ROOT: CARGO_MANIFEST_DIR, and $TARGET for CARGO_BIN_EXE_graphrun) for models/,
 # tests/data/ and the graphrun binary: point that path at this checkout (the device's copy

@@ -489,3 +489,81 @@ fn layer_norm_rows_in_registers_and_scalar() {
         }
     }
 }
+
+/// A training step on CUDA against the CPU: 20 parameters (more than one `sgd_multi`
+/// launch takes), SGD with and without momentum and weight decay, and Adam; losses
+/// every step and the trained parameters within 1e-4.
+#[test]
+fn training_steps_match_cpu() {
+    if !cuda_present() {
+        return;
+    }
+    let layers = 10;
+    let mut y = String::from(
+        "graphrun: 1\nname: deep\ninputs:\n  - {name: x, dtype: f32, shape: [16, 24]}\n  \
+         - {name: t, dtype: f32, shape: [16, 24]}\noutputs: [loss]\ninitializers:\n",
+    );
+    for l in 0..layers {
+        y += &format!(
+            "  - {{name: w{l}, dtype: f32, shape: [24, 24], init: {{dist: normal, std: 0.2, seed: {l}}}}}\n  \
+             - {{name: b{l}, dtype: f32, shape: [24], init: {{dist: normal, std: 0.1, seed: {}}}}}\n",
+            l + 100
+        );
+    }
+    y += "nodes:\n";
+    let mut prev = "x".to_string();
+    for l in 0..layers {
+        y += &format!(
+            "  - {{op: MatMul, inputs: [{prev}, w{l}], outputs: [m{l}]}}\n  \
+             - {{op: Add, inputs: [m{l}, b{l}], outputs: [a{l}]}}\n  \
+             - {{op: Tanh, inputs: [a{l}], outputs: [h{l}]}}\n"
+        );
+        prev = format!("h{l}");
+    }
+    y += &format!(
+        "  - {{op: Sub, inputs: [{prev}, t], outputs: [d]}}\n  \
+         - {{op: Mul, inputs: [d, d], outputs: [d2]}}\n  \
+         - {{op: ReduceMean, inputs: [d2], outputs: [loss], attrs: {{keepdims: 0}}}}\n\
+         training:\n  loss: loss\n  optimizer: OPT\n"
+    );
+    let feeds: std::collections::HashMap<String, Tensor> = [
+        ("x".to_string(), randn(&[16, 24], 1).cast(DType::F32)),
+        ("t".to_string(), randn(&[16, 24], 2).cast(DType::F32)),
+    ]
+    .into();
+    for opt in [
+        "{sgd: {lr: 0.05}}",
+        "{sgd: {lr: 0.05, momentum: 0.9, weight_decay: 0.01}}",
+        "{adam: {lr: 0.01}}",
+    ] {
+        let text = y.replace("OPT", opt);
+        let run = |backend| {
+            let model = graphrun::Model::from_str(&text, ".").expect("model");
+            let opts = graphrun::SessionOptions {
+                backend,
+                training: true,
+                ..Default::default()
+            };
+            let mut s = graphrun::Session::new(model.graph, opts).expect("session");
+            let losses: Vec<f64> = (0..4).map(|_| s.train_step(&feeds).unwrap()).collect();
+            let g = s.trained_graph().unwrap().clone();
+            (losses, g)
+        };
+        let (lc, gc) = run(BackendKind::Cpu);
+        let (lg, gg) = run(BackendKind::Cuda);
+        for (k, (a, b)) in lc.iter().zip(&lg).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-4 * a.abs().max(1.0),
+                "{opt} step {k}: {a} vs {b}"
+            );
+        }
+        for (ic, ig) in gc.initializers.iter().zip(&gg.initializers) {
+            let e = rel_err(&ig.tensor.to_f64_vec(), &ic.tensor.to_f64_vec());
+            assert!(
+                e <= 1e-4,
+                "{opt}: '{}' trained on cuda: rel err {e:.2e}",
+                ic.name
+            );
+        }
+    }
+}

@@ -71,6 +71,11 @@ pub trait Backend {
         state: &mut [Self::Buffer],
         ty: &ValueType,
     ) -> Result<()>;
+    /// Issues what `update` calls held back (a backend may gather a step's updates into
+    /// fewer launches); the executor calls it after the last `update` of a step.
+    fn flush_updates(&mut self) -> Result<()> {
+        Ok(())
+    }
     /// The mode of the next runs: 0 is inference (Dropout is the identity); t ≥ 1 is
     /// training step t (Dropout applies a mask drawn from its seed and t, so each step
     /// draws a new one, the same on every backend).

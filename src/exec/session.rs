@@ -846,26 +846,38 @@ impl<B: Backend> Executor<B> {
             return Ok(());
         };
         self.backend.comm_wait()?;
-        for (w, gname) in u.pairs {
-            let Some(&k) = self.weight_names.get(w) else {
-                crate::bail!(Runtime, "trained initializer '{w}' is not on the backend");
-            };
-            let ty = plan.types[w].clone();
-            let grad = match plan.places.get(gname) {
-                Some(Place::Slot(s)) => self.slots[*s].as_ref().expect("gradient slot"),
-                Some(Place::Const(c)) => &consts[*c],
-                _ => crate::bail!(Runtime, "gradient '{gname}' has no buffer in the plan"),
-            };
-            let state = self.opt_state.get_mut(w).expect("made by ensure_opt_state");
-            let param = &mut self.weights[k];
-            self.backend
-                .update(u.opt, u.t, param, grad, state, &ty)
-                .map_err(|e| match e {
-                    Error::Runtime(m) => Error::Runtime(format!("optimizer step of '{w}': {m}")),
-                    e => e,
-                })?;
-        }
-        Ok(())
+        let mut queued = || -> Result<()> {
+            for (w, gname) in u.pairs {
+                let Some(&k) = self.weight_names.get(w) else {
+                    crate::bail!(Runtime, "trained initializer '{w}' is not on the backend");
+                };
+                let ty = plan.types[w].clone();
+                let grad = match plan.places.get(gname) {
+                    Some(Place::Slot(s)) => self.slots[*s].as_ref().expect("gradient slot"),
+                    Some(Place::Const(c)) => &consts[*c],
+                    _ => crate::bail!(Runtime, "gradient '{gname}' has no buffer in the plan"),
+                };
+                let state = self.opt_state.get_mut(w).expect("made by ensure_opt_state");
+                let param = &mut self.weights[k];
+                self.backend
+                    .update(u.opt, u.t, param, grad, state, &ty)
+                    .map_err(|e| match e {
+                        Error::Runtime(m) => {
+                            Error::Runtime(format!("optimizer step of '{w}': {m}"))
+                        }
+                        e => e,
+                    })?;
+            }
+            Ok(())
+        };
+        // What was queued goes out even when a later parameter failed (as when each
+        // update ran at once), so nothing is left over for the next step.
+        let queued = queued();
+        let flushed = self.backend.flush_updates().map_err(|e| match e {
+            Error::Runtime(m) => Error::Runtime(format!("optimizer step: {m}")),
+            e => e,
+        });
+        queued.and(flushed)
     }
 }
 

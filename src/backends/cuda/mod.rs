@@ -43,6 +43,8 @@ pub struct Cuda {
     steps: steps::Steps,
     /// Data-parallel training: this worker's communicator (exec/parallel.rs).
     comm: Option<Collectives>,
+    /// SGD updates held back to go out together at `flush_updates` (optim.rs).
+    sgd: optim::Pending,
 }
 
 /// A worker's NCCL communicator and the side stream its gradient averages run on, so
@@ -105,6 +107,7 @@ impl Cuda {
             step: 0,
             steps,
             comm: None,
+            sgd: Default::default(),
         })
     }
 
@@ -384,15 +387,11 @@ impl Backend for Cuda {
     ) -> Result<()> {
         let s = &self.stream;
         let state: Vec<u64> = state.iter().map(|b| device::ptr(b, s)).collect();
-        optim::update(
-            self,
-            opt,
-            t,
-            device::ptr(param, s),
-            device::ptr(grad, s),
-            &state,
-            ty,
-        )
+        let (p, g) = (device::ptr(param, s), device::ptr(grad, s));
+        optim::update(self, opt, t, p, g, &state, ty)
+    }
+    fn flush_updates(&mut self) -> Result<()> {
+        optim::flush(self)
     }
     fn set_step(&mut self, step: u64) {
         self.step = step;

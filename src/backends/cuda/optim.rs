@@ -6,9 +6,62 @@ use super::Cuda;
 use crate::error::Result;
 use crate::graph::infer::ValueType;
 use crate::graph::{Optimizer, StepScalars};
+use crate::tensor::DType;
+
+/// cuda/optimizer.cu `SgdTensors`: up to `SGD_MAX` parameters of one SGD launch.
+const SGD_MAX: usize = 16;
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct SgdTensors {
+    p: [u64; SGD_MAX],
+    g: [u64; SGD_MAX],
+    buf: [u64; SGD_MAX],
+    end: [i64; SGD_MAX],
+    count: i32,
+}
+// Safety: plain old data laid out as the C struct.
+unsafe impl cudarc::driver::DeviceRepr for SgdTensors {}
+
+/// SGD updates of one step, held back so that those with the same dtype and scalars go
+/// out as one `sgd_multi` launch per `SGD_MAX` parameters (as PyTorch's foreach SGD):
+/// (dtype, lr, momentum, weight decay) → (param, grad, momentum buffer, elements).
+#[derive(Default)]
+pub struct Pending(Vec<((DType, [u64; 3]), [u64; 3], i64)>);
+
+pub fn flush(c: &mut Cuda) -> Result<()> {
+    let mut todo = std::mem::take(&mut c.sgd.0);
+    // Group by dtype and scalars, keeping the order the executor issued them in.
+    while let Some(&(key, ..)) = todo.first() {
+        let (same, rest): (Vec<_>, Vec<_>) = todo.into_iter().partition(|x| x.0 == key);
+        todo = rest;
+        let (dt, [lr, mu, wd]) = key;
+        for chunk in same.chunks(SGD_MAX) {
+            let mut t = SgdTensors {
+                p: [0; SGD_MAX],
+                g: [0; SGD_MAX],
+                buf: [0; SGD_MAX],
+                end: [0; SGD_MAX],
+                count: chunk.len() as i32,
+            };
+            let mut total = 0i64;
+            for (k, (_, [p, g, b], n)) in chunk.iter().enumerate() {
+                total += n;
+                (t.p[k], t.g[k], t.buf[k], t.end[k]) = (*p, *g, *b, total);
+            }
+            let args = [
+                Arg::Sgd(t),
+                Arg::F64(f64::from_bits(lr)),
+                Arg::F64(f64::from_bits(mu)),
+                Arg::F64(f64::from_bits(wd)),
+            ];
+            c.launch_n(&format!("sgd_multi_{}", suffix(dt)), total as usize, &args)?;
+        }
+    }
+    Ok(())
+}
 
 pub fn update(
-    c: &Cuda,
+    c: &mut Cuda,
     opt: &Optimizer,
     t: u64,
     param: u64,
@@ -28,16 +81,11 @@ pub fn update(
             weight_decay,
         } => {
             let buf = state.first().copied().unwrap_or(0);
-            let args = [
-                Arg::Ptr(param),
-                Arg::Ptr(grad),
-                Arg::Ptr(buf),
-                Arg::I64(n as i64),
-                Arg::F64(lr),
-                Arg::F64(momentum),
-                Arg::F64(weight_decay),
-            ];
-            c.launch_n(&format!("sgd_{sfx}"), n, &args)
+            if n > 0 {
+                let key = (ty.dtype, [lr, momentum, weight_decay].map(f64::to_bits));
+                c.sgd.0.push((key, [param, grad, buf], n as i64));
+            }
+            Ok(())
         }
         StepScalars::Adam {
             lr,
