@@ -479,7 +479,7 @@ pub enum Arg {
     F64(f64),
     Strided(Strided),
     Attn(super::attention::AttnGeom),
-    Sgd(super::optim::SgdTensors),
+    Sgd(Box<super::optim::SgdTensors>),
 }
 
 /// A raw device pointer of a buffer (0 for none: kernels test optional operands for null).
@@ -580,7 +580,7 @@ fn push_arg<'a>(b: &mut cudarc::driver::LaunchArgs<'a>, a: &'a Arg) {
         Arg::F64(v) => b.arg(v),
         Arg::Strided(v) => b.arg(v),
         Arg::Attn(v) => b.arg(v),
-        Arg::Sgd(v) => b.arg(v),
+        Arg::Sgd(v) => b.arg(&**v),
     };
 }
 

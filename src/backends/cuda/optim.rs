@@ -26,7 +26,8 @@ unsafe impl cudarc::driver::DeviceRepr for SgdTensors {}
 /// out as one `sgd_multi` launch per `SGD_MAX` parameters (as PyTorch's foreach SGD):
 /// (dtype, lr, momentum, weight decay) → (param, grad, momentum buffer, elements).
 #[derive(Default)]
-pub struct Pending(Vec<((DType, [u64; 3]), [u64; 3], i64)>);
+pub struct Pending(Vec<(SgdKey, [u64; 3], i64)>);
+type SgdKey = (DType, [u64; 3]);
 
 pub fn flush(c: &mut Cuda) -> Result<()> {
     let mut todo = std::mem::take(&mut c.sgd.0);
@@ -49,7 +50,7 @@ pub fn flush(c: &mut Cuda) -> Result<()> {
                 (t.p[k], t.g[k], t.buf[k], t.end[k]) = (*p, *g, *b, total);
             }
             let args = [
-                Arg::Sgd(t),
+                Arg::Sgd(Box::new(t)),
                 Arg::F64(f64::from_bits(lr)),
                 Arg::F64(f64::from_bits(mu)),
                 Arg::F64(f64::from_bits(wd)),
