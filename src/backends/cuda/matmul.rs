@@ -318,6 +318,16 @@ fn product_aux(
     // (D is not also read as C, A or B) and the stream is not being recorded.
     // Small products (under 2³⁰ multiply-adds) keep the heuristic's choice: their times
     // are too close to the launch's to rank (mlp_small's step got slower when tuned).
+    let k = Call {
+        a,
+        b,
+        d,
+        cm,
+        alpha,
+        beta,
+        bias,
+        aux,
+    };
     let big = s.batch * s.m * s.n * s.k >= 1 << 30;
     let rerunnable = big && (beta == 0.0 || cm.is_some_and(|x| x != d)) && a != d && b != d;
     if rerunnable && !blas.plans.borrow()[&s].others.is_empty() {
@@ -329,13 +339,11 @@ fn product_aux(
                 })
                 .unwrap_or(true);
         if !capturing {
-            blas.tune(c, &s, |algo| {
-                launch(c, &s, algo, a, b, d, cm, alpha, beta, bias, aux)
-            })?;
+            blas.tune(c, &s, |algo| launch(c, &s, algo, &k))?;
         }
     }
     let algo = blas.plans.borrow()[&s].algo;
-    launch(c, &s, &algo, a, b, d, cm, alpha, beta, bias, aux)
+    launch(c, &s, &algo, &k)
 }
 
 impl Blas {
@@ -383,12 +391,8 @@ impl Blas {
     }
 }
 
-/// One cuBLASLt call of the planned shape `s` with algorithm `algo`.
-#[allow(clippy::too_many_arguments)]
-fn launch(
-    c: &Cuda,
-    s: &Shape,
-    algo: &sys::cublasLtMatmulAlgo_t,
+/// The operands and scalars of one product (`product_aux`'s arguments).
+struct Call {
     a: u64,
     b: u64,
     d: u64,
@@ -397,7 +401,20 @@ fn launch(
     beta: f64,
     bias: u64,
     aux: u64,
-) -> Result<()> {
+}
+
+/// One cuBLASLt call of the planned shape `s` with algorithm `algo`.
+fn launch(c: &Cuda, s: &Shape, algo: &sys::cublasLtMatmulAlgo_t, k: &Call) -> Result<()> {
+    let Call {
+        a,
+        b,
+        d,
+        cm,
+        alpha,
+        beta,
+        bias,
+        aux,
+    } = *k;
     let blas = &c.blas;
     let plans = blas.plans.borrow();
     let p = &plans[s];
