@@ -393,29 +393,12 @@ fn fused_matmul_grad_with_a_activation() {
     if !cuda_present() {
         return;
     }
-    let dy = randn(&[2, 70, 90], 31);
-    let a = randn(&[2, 70, 130], 32);
-    let pre_a = randn(&[2, 70, 130], 33);
-    for b in [randn(&[130, 90], 34), randn(&[2, 130, 90], 35)] {
-        for act in ["gelu_tanh", "relu", "gelu", "silu"] {
-            let at = [
-                ("activation", A::Str("none".into())),
-                ("a_activation", A::Str(act.into())),
-            ];
-            let args = [
-                inp(dy.clone()),
-                inp(a.clone()),
-                inp(b.clone()),
-                Arg::None,
-                inp(pre_a.clone()),
-            ];
-            same_as_cpu("FusedMatMulGrad", &at, &args, 3, &LOW);
-            if act != "gelu_tanh" {
-                continue;
-            }
-            tf32_same_as_cpu(act, op("FusedMatMulGrad", &at), &args, 3);
+    a_activation_cases(&["gelu_tanh", "relu", "gelu", "silu"], |act, at, args| {
+        same_as_cpu("FusedMatMulGrad", at, args, 3, &LOW);
+        if act == "gelu_tanh" {
+            tf32_same_as_cpu(act, op("FusedMatMulGrad", at), args, 3);
         }
-    }
+    });
 }
 
 #[test]

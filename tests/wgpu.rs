@@ -454,23 +454,7 @@ fn device_out_of_memory_is_an_error_naming_the_node() {
 /// act'(PreA), the product through scratch, with a shared and a batched B.
 #[test]
 fn fused_matmul_grad_with_a_activation() {
-    let dy = randn(&[2, 70, 90], 31);
-    let a = randn(&[2, 70, 130], 32);
-    let pre_a = randn(&[2, 70, 130], 33);
-    for b in [randn(&[130, 90], 34), randn(&[2, 130, 90], 35)] {
-        for act in ["gelu_tanh", "relu", "silu"] {
-            let at = [
-                ("activation", A::Str("none".into())),
-                ("a_activation", A::Str(act.into())),
-            ];
-            let args = [
-                inp(dy.clone()),
-                inp(a.clone()),
-                inp(b.clone()),
-                Arg::None,
-                inp(pre_a.clone()),
-            ];
-            same_as_cpu("FusedMatMulGrad", &at, &args, 3, &LOW);
-        }
-    }
+    a_activation_cases(&["gelu_tanh", "relu", "silu"], |_, at, args| {
+        same_as_cpu("FusedMatMulGrad", at, args, 3, &LOW);
+    });
 }

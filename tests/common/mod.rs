@@ -568,3 +568,27 @@ pub fn unpack_heads(t: &Tensor, h: usize) -> Tensor {
     }
     f64s(&[b, h, s, w], &y)
 }
+
+/// FusedMatMulGrad with `a_activation` (fc2's gradient after `dact_into_da`): for each
+/// activation in `acts`, with a shared and a batched B, calls `each(act, attrs, args)`.
+pub fn a_activation_cases(acts: &[&str], mut each: impl FnMut(&str, &[(&str, AttrValue)], &[Arg])) {
+    let dy = randn(&[2, 70, 90], 31);
+    let a = randn(&[2, 70, 130], 32);
+    let pre_a = randn(&[2, 70, 130], 33);
+    for b in [randn(&[130, 90], 34), randn(&[2, 130, 90], 35)] {
+        for &act in acts {
+            let at = [
+                ("activation", AttrValue::Str("none".into())),
+                ("a_activation", AttrValue::Str(act.into())),
+            ];
+            let args = [
+                inp(dy.clone()),
+                inp(a.clone()),
+                inp(b.clone()),
+                Arg::None,
+                inp(pre_a.clone()),
+            ];
+            each(act, &at, &args);
+        }
+    }
+}
