@@ -1711,6 +1711,48 @@ nodes:
     ))
 }
 
+/// Sessions on `be` of `g` with every pass, and without `matmul_epilogue_fusion` (whose
+/// backward-graph rules the tests below compare against the plain backward).
+fn fused_and_plain(g: &Graph, be: graphrun::BackendKind) -> (Session, Session) {
+    let session = |disabled: Vec<String>| {
+        let opts = SessionOptions {
+            backend: be,
+            passes: PassOptions {
+                disabled,
+                training: false,
+            },
+            ..Default::default()
+        };
+        Session::new(g.clone(), opts).unwrap()
+    };
+    (
+        session(vec![]),
+        session(vec!["matmul_epilogue_fusion".into()]),
+    )
+}
+
+/// Every gradient of `fused` within 1e-5 of `plain`'s, and none all zeros.
+fn same_gradients(
+    what: &str,
+    fused: &mut Session,
+    plain: &mut Session,
+    feeds: &std::collections::HashMap<String, graphrun::Tensor>,
+) {
+    let none = Default::default();
+    let a = fused.backward(feeds, &none).unwrap().grads;
+    let b = plain.backward(feeds, &none).unwrap().grads;
+    assert_eq!(a.len(), b.len());
+    for ((n, x), (m, y)) in a.iter().zip(&b) {
+        assert_eq!(n, m);
+        let e = common::rel_err(&x.to_f64_vec(), &y.to_f64_vec());
+        assert!(e <= 1e-5, "{what} gradient of {n}: rel err {e:.2e}");
+        assert!(
+            x.to_f64_vec().iter().any(|&v| v != 0.0),
+            "{what}: {n} all zeros"
+        );
+    }
+}
+
 /// `dact_into_da`: fc1's activation derivative moves into fc2's dA product (fc2's
 /// FusedMatMulGrad gets a_activation and fc1's Pre; fc1's runs without activation), and
 /// every gradient is what the unfused backward computes, on every backend.
@@ -1722,19 +1764,7 @@ fn activation_derivative_moves_into_the_next_layers_da() {
             .random_inputs(3, &BTreeMap::new())
             .unwrap();
         for be in common::backends() {
-            let session = |disabled: Vec<String>| {
-                let opts = SessionOptions {
-                    backend: be,
-                    passes: PassOptions {
-                        disabled,
-                        training: false,
-                    },
-                    ..Default::default()
-                };
-                Session::new(g.clone(), opts).unwrap()
-            };
-            let mut fused = session(vec![]);
-            let mut plain = session(vec!["matmul_epilogue_fusion".into()]);
+            let (mut fused, mut plain) = fused_and_plain(&g, be);
             let (bwd, _) = fused.backward_graph(&feeds).unwrap();
             let grads: Vec<(String, usize, &str)> = bwd
                 .graph
@@ -1759,16 +1789,7 @@ fn activation_derivative_moves_into_the_next_layers_da() {
                 grads.contains(&("fc1/FusedMatMulGrad".into(), 3, "none")),
                 "{act} {be:?}: {grads:?}"
             );
-            let none = Default::default();
-            let a = fused.backward(&feeds, &none).unwrap().grads;
-            let b = plain.backward(&feeds, &none).unwrap().grads;
-            assert_eq!(a.len(), b.len());
-            for ((n, x), (m, y)) in a.iter().zip(&b) {
-                assert_eq!(n, m);
-                let e = common::rel_err(&x.to_f64_vec(), &y.to_f64_vec());
-                assert!(e <= 1e-5, "{act} {be:?} gradient of {n}: rel err {e:.2e}");
-                assert!(x.to_f64_vec().iter().any(|&v| v != 0.0), "{n} all zeros");
-            }
+            same_gradients(&format!("{act} {be:?}"), &mut fused, &mut plain, &feeds);
         }
     }
 }
@@ -1827,19 +1848,7 @@ nodes:
         .random_inputs(5, &BTreeMap::new())
         .unwrap();
     for be in common::backends() {
-        let session = |disabled: Vec<String>| {
-            let opts = SessionOptions {
-                backend: be,
-                passes: PassOptions {
-                    disabled,
-                    training: false,
-                },
-                ..Default::default()
-            };
-            Session::new(g.clone(), opts).unwrap()
-        };
-        let mut fused = session(vec![]);
-        let mut plain = session(vec!["matmul_epilogue_fusion".into()]);
+        let (mut fused, mut plain) = fused_and_plain(&g, be);
         let (bwd, _) = fused.backward_graph(&feeds).unwrap();
         let lng: Vec<usize> = bwd
             .graph
@@ -1849,14 +1858,6 @@ nodes:
             .map(|n| n.inputs.len())
             .collect();
         assert_eq!(lng, [6], "{be:?}");
-        let none = Default::default();
-        let a = fused.backward(&feeds, &none).unwrap().grads;
-        let b = plain.backward(&feeds, &none).unwrap().grads;
-        assert_eq!(a.len(), b.len());
-        for ((n, x), (m, y)) in a.iter().zip(&b) {
-            assert_eq!(n, m);
-            let e = common::rel_err(&x.to_f64_vec(), &y.to_f64_vec());
-            assert!(e <= 1e-5, "{be:?} gradient of {n}: rel err {e:.2e}");
-        }
+        same_gradients(&format!("{be:?}"), &mut fused, &mut plain, &feeds);
     }
 }
