@@ -16,8 +16,9 @@
 // Head sizes are padded with zeros to DP (64 or 128; 64 for f32); rows past the end are
 // zero-filled, so any Sq, Skv, D, Dv ≤ DP work. Backward is FlashAttention-2 with dQ in
 // its own pass (recomputing P per query tile) so that no two CTAs write one element: no
-// atomics, the result is deterministic. Causal is upper-left (key j is seen by query i iff
-// j ≤ i), as the CPU's Attention. Masks: bool (keep where true) or additive, broadcast
+// atomics, the result is deterministic. On sm_90a (heads up to 64) the host takes the
+// one-pass backward instead (fa_bwd_wg: dQ summed in f32 by atomics, not deterministic).
+// Causal is upper-left (key j is seen by query i iff j ≤ i), as the CPU's Attention. Masks: bool (keep where true) or additive, broadcast
 // through `AttnGeom::ms`.
 
 // Dynamic shared memory of every kernel here.
@@ -1142,6 +1143,285 @@ template <class T, bool MASK> __device__ void fa_dkv_wg(const AttnGeom& g, const
     store_acc<T, DP>(dV + att_off(g, ATT_V, b, hk, 0), g.st[ATT_V][2], dv, k0 + warp * 16, g.skv, (int)g.dv, 1.f, 1.f);
 }
 
+// ---------------------------------------------------------------------------------------
+// Backward in one pass (sm_90a, heads up to 64; FlashAttention-2/3's structure): per key
+// tile, S, P, dP and dS of each query tile are computed once and feed all three gradients:
+// dV += Pᵀ·dY and dK += dSᵀ·Q stay in registers, dQ_i += dS·K is added into an f32
+// accumulator `dqa` (every key tile of a query tile adds its part: the order of those
+// sums, and so the last bits of dQ, vary from run to run). `dqa` holds 64 × 64 tiles of
+// 16 KiB, [B·Hq, ⌈Sq/64⌉, 4096], each in the order of the accumulator registers (FA_DQA:
+// a warp's 32 lanes add 256 contiguous bytes), added with `red.global.add.v2.f32` (in
+// that order 0.71 ms on the H100 for the attention workload, in row-major order 0.88);
+// the `_bulk` kernels stage the tile in shared memory and add it with one bulk reduction
+// (`cp.reduce.async.bulk .add.f32`, issued by one thread: 0.74 ms). Five products per
+// tile pair instead of the two passes' seven. fa_bwd_pre computes delta = rowsum(dY∘Y)
+// and zeroes `dqa` first; fa_dq_out scales and converts it to dQ.
+// (GRAPHRUN_CUDA_ATTENTION=bwd2 keeps the deterministic two passes, fa_dq + fa_dkv.)
+
+// A operand MN-major (stored transposed: rows are the reduction, 64 contiguous M) from
+// shared memory, B as Wg (TB = 1: MN-major).
+#define FA_WGMMA_SST_BODY(TY)                                                                              \
+    asm volatile("{ .reg .pred p; setp.ne.b32 p, %35, 0;\n"                                               \
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " FA_WG_DREGS ", "            \
+                 "%32, %33, p, 1, 1, 1, %34; }"                                                            \
+                 : FA_WG_D                                                                                 \
+                 : "l"(adesc), "l"(desc), "n"(TB), "r"(acc))
+template <class T, int TB> struct WgT;
+template <int TB> struct WgT<bf16, TB> {
+    static __device__ __forceinline__ void ss(float (*d)[4], unsigned long long adesc, unsigned long long desc, int acc) {
+#if FA_HAVE_WG
+        FA_WGMMA_SST_BODY("bf16");
+#endif
+    }
+};
+template <int TB> struct WgT<f16, TB> {
+    static __device__ __forceinline__ void ss(float (*d)[4], unsigned long long adesc, unsigned long long desc, int acc) {
+#if FA_HAVE_WG
+        FA_WGMMA_SST_BODY("f16");
+#endif
+    }
+};
+
+// Stores four 8 × 8 matrices of 16-bit elements (the A-fragment layout of mma.sync: lane
+// 8i..8i+7 gives the row addresses of matrix i).
+__device__ __forceinline__ void stsm4(unsigned a, const unsigned* r) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1,%2,%3,%4};" ::"r"(a), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]) : "memory");
+}
+// The warp's 16 rows from r0 of a swizzled 64-column tile, from A fragments (the inverse
+// of load_afrag).
+__device__ __forceinline__ void store_afrag64(unsigned base, int r0, const unsigned (*a)[4]) {
+    int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int kc = 0; kc < 4; ++kc) stsm4(sw_addr<64>(base, r0 + (lane & 7) + ((lane >> 3) & 1) * 8, kc * 2 + (lane >> 4)), a[kc]);
+}
+__device__ __forceinline__ void red_add2(float* p, float a, float b) {
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(p), "f"(a), "f"(b) : "memory");
+}
+// The bulk reduction of `bytes` of f32 at shared `src` into global `dst` (one thread), and
+// the waits for its reads of shared memory and for all of it.
+__device__ __forceinline__ void bulk_add_f32(float* dst, unsigned src, unsigned bytes) {
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+                 "cp.async.bulk.commit_group;" ::"l"(dst), "r"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+// Element (warp w's accumulator n block nb, row half `half`, lane, e) of a dqa tile: that is
+// row 16w + 8·half + lane / 4, column 8·nb + 2·(lane % 4) + e.
+#define FA_DQA(w, nb, half, lane) ((((w) * 8 + (nb)) * 2 + (half)) * 64 + (lane) * 2)
+
+// delta (as fa_delta) for 64 query rows a CTA of 128 threads, and those rows of `dqa` set
+// to zero. Grid (query blocks of 64, B·Hq).
+template <class T> __device__ void fa_bwd_pre(const AttnGeom& g, const T* dY, const T* Y, float* delta, float* dqa, int vec) {
+    int warp = threadIdx.x >> 5, gq = (threadIdx.x & 31) >> 2;
+    i64 bh = blockIdx.y, b = bh / g.hq, h = bh % g.hq, q0 = (i64)blockIdx.x * FB_B;
+    float D[2];
+    fa_delta<T>(g, dY, Y, delta, b, h, bh, q0 + warp * 16 + gq, vec, D);
+    // The tile: 4096 floats, 8 float4 a thread.
+    float4* z = (float4*)(dqa + (bh * gridDim.x + blockIdx.x) * 4096);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) z[threadIdx.x + k * 128] = make_float4(0.f, 0.f, 0.f, 0.f);
+}
+
+// dQ = scale · dqa, in dQ's layout: 64 rows a CTA of 128 threads, 8 columns a thread.
+template <class T> __device__ void fa_dq_out(const AttnGeom& g, const float* dqa, T* dQ, int vec) {
+    i64 bh = blockIdx.y, b = bh / g.hq, h = bh % g.hq, q0 = (i64)blockIdx.x * FB_B;
+    const float sc = (float)g.scale;
+    T* dst = dQ + att_off(g, ATT_Q, b, h, 0);
+    i64 rs = g.st[ATT_Q][2];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        int idx = threadIdx.x + k * 128, r = idx / 8, c0 = (idx % 8) * 8;
+        i64 row = q0 + r;
+        if (row >= g.sq || c0 >= g.d) continue;
+        // (the 8 columns of a row's n block are lanes 4·(r % 8) .. + 3 of one store)
+        const float4* s = (const float4*)(dqa + (bh * gridDim.x + blockIdx.x) * 4096 + FA_DQA(r >> 4, c0 >> 3, (r >> 3) & 1, (r & 7) * 4));
+        float4 x = s[0], y = s[1];
+        float v[8] = {x.x, x.y, x.z, x.w, y.x, y.y, y.z, y.w};
+        if (vec) {  // (d % 8 == 0, rows 16-byte aligned)
+            unsigned short o[8];
+#pragma unroll
+            for (int e = 0; e < 8; ++e) o[e] = st<T>(v[e] * sc).x;
+            *(uint4*)(dst + row * rs + c0) = *(const uint4*)o;
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e)
+                if (c0 + e < g.d) dst[row * rs + c0 + e] = st<T>(v[e] * sc);
+        }
+    }
+}
+
+// The one-pass backward: grid and rows as fa_dkv_wg (key blocks of 64, B·Hkv; every query
+// tile of every query head of the kv group), one warpgroup. Iteration it issues Sᵀ and dPᵀ
+// of query tile it, then dV += Pᵀ·dY, dK += dSᵀ·Q and dQ = dS·K of tile it − 1, computes P
+// and dS of tile it meanwhile, then stages that dQ in shared memory (reduced into `dqa` by
+// thread 0 after the next barrier) and leaves dSᵀ of tile it there too (a ring of 2: the A
+// operand of tile it's dK and, transposed, of its dQ). RED: `red.global` instead of staging.
+template <class T, bool MASK, bool RED> __device__ void fa_bwd_wg(const AttnGeom& g, const T* dY, const T* Q, const T* K, const T* V, const void* mask, const float* lse, const float* delta, float* dqa, T* dK, T* dV, T* dmask, int vec) {
+    constexpr int DP = 64, NT = 128, TILE = FB_B * DP * 2;
+    unsigned sK = smem_u32(fa_base());
+    unsigned sV = sK + TILE, sQ = sV + TILE, sdY = sQ + FA_ST * TILE, sdS = sdY + FA_ST * TILE;
+    unsigned sdq = sdS + 2 * TILE;                                // dQ tile, f32 (16 KiB)
+    float* sL = (float*)(fa_base() + (6 + 2 * FA_ST) * TILE);  // [FA_ST][FB_B] log2 LSE
+    float* sD = sL + FA_ST * FB_B;                              // [FA_ST][FB_B] delta
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
+    i64 bhk = blockIdx.y, b = bhk / g.hkv, hk = bhk % g.hkv, grp = g.hq / g.hkv;
+    i64 k0 = (i64)blockIdx.x * FB_B;
+    const i64 ntqa = (g.sq + FB_B - 1) / FB_B;  // dqa tiles a head
+    int kvalid = (int)(g.skv - k0 < FB_B ? g.skv - k0 : FB_B);
+    i64 i_start = g.causal ? (k0 / FB_B) * FB_B : 0;
+    int ntq = g.sq > i_start ? (int)((g.sq - i_start + FB_B - 1) / FB_B) : 0;
+    int total = (int)(ntq * grp);
+    load_tile<DP, NT>(sK, (const unsigned short*)K + att_off(g, ATT_K, b, hk, k0), g.st[ATT_K][2], FB_B, kvalid, (int)g.d, vec);
+    load_tile<DP, NT>(sV, (const unsigned short*)V + att_off(g, ATT_V, b, hk, k0), g.st[ATT_V][2], FB_B, kvalid, (int)g.dv, vec);
+    auto stage = [&](int it) {
+        i64 h = hk * grp + it / ntq, i0 = i_start + (i64)(it % ntq) * FB_B;
+        i64 bh = b * g.hq + h;
+        int qv = (int)(g.sq - i0 < FB_B ? g.sq - i0 : FB_B);
+        int buf = it % FA_ST;
+        load_tile<DP, NT>(sQ + buf * TILE, (const unsigned short*)Q + att_off(g, ATT_Q, b, h, i0), g.st[ATT_Q][2], FB_B, qv, (int)g.d, vec);
+        load_tile<DP, NT>(sdY + buf * TILE, (const unsigned short*)dY + att_off(g, ATT_Y, b, h, i0), g.st[ATT_Y][2], FB_B, qv, (int)g.dv, vec);
+        for (int r = threadIdx.x; r < FB_B; r += NT) {
+            float L = r < qv ? lse[bh * g.sq + i0 + r] : neg_inf(0.f);
+            sL[buf * FB_B + r] = L == neg_inf(L) ? -neg_inf(0.f) : L * FA_LOG2E;
+            sD[buf * FB_B + r] = r < qv ? delta[bh * g.sq + i0 + r] : 0.f;
+        }
+    };
+    if (total > 0) stage(0);
+    cp_commit();
+    float dk[8][4], dv[8][4], dq[8][4], s[8][4], dp[8][4];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = 0.f;
+        dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.f;
+    }
+    unsigned pa[4][4];  // Pᵀ of the previous tile (dSᵀ goes through shared memory)
+    const float sl2 = (float)g.scale * FA_LOG2E;
+    i64 key0 = k0 + warp * 16 + gq;  // this thread's first key row (the other is key0 + 8)
+    // Issues dV, dK and dQ of tile it (its Q/dY stage and dSᵀ buffer); one group.
+    auto grads = [&](int it) {
+        int buf = it % FA_ST;
+        unsigned ds = sdS + (it & 1) * TILE;
+        wg_pb<T>(dv, pa, sdY + buf * TILE);
+#pragma unroll
+        for (int kc = 0; kc < 4; ++kc) Wg<T, 1>::ss(dk, wg_desc_k(ds, kc), wg_desc_mn(sQ + buf * TILE, kc), 1);
+#pragma unroll
+        for (int kc = 0; kc < 4; ++kc) WgT<T, 1>::ss(dq, wg_desc_mn(ds, kc), wg_desc_mn(sK, kc), kc);
+        wg_commit();
+    };
+    // dqa's tile of query tile it.
+    auto dqa_tile = [&](int it) { return dqa + ((b * g.hq + hk * grp + it / ntq) * ntqa + (i_start / FB_B + it % ntq)) * 4096; };
+    // dQ of tile it (this warp's 16 query rows): added into dqa (RED), or staged in shared
+    // memory once thread 0's previous bulk reduction has read it.
+    auto add_dq = [&](int it) {
+        if (RED) {
+            float* p = dqa_tile(it);
+#pragma unroll
+            for (int half = 0; half < 2; ++half)
+#pragma unroll
+                for (int nb = 0; nb < 8; ++nb) red_add2(p + FA_DQA(warp, nb, half, lane), dq[nb][2 * half], dq[nb][2 * half + 1]);
+            return;
+        }
+        if (threadIdx.x == 0) bulk_wait_read();
+        __syncthreads();
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+#pragma unroll
+            for (int nb = 0; nb < 8; ++nb)
+                asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(sdq + FA_DQA(warp, nb, half, lane) * 4), "f"(dq[nb][2 * half]), "f"(dq[nb][2 * half + 1]) : "memory");
+    };
+    // After a barrier that follows add_dq(it): the staged tile into dqa.
+    auto flush_dq = [&](int it) {
+        if (!RED && threadIdx.x == 0) bulk_add_f32(dqa_tile(it), sdq, 4096 * 4);
+    };
+    // (First iteration apart: see fa_fwd_wg.)
+    auto step = [&](int it, bool first) {
+        cp_wait_all();
+        fence_async_smem();
+        __syncthreads();
+        if (it >= 2) flush_dq(it - 2);
+        if (it + 1 < total) stage(it + 1);
+        cp_commit();
+        int buf = it % FA_ST;
+        i64 h = hk * grp + it / ntq, i0 = i_start + (i64)(it % ntq) * FB_B;
+        wg_fence();
+#pragma unroll
+        for (int kc = 0; kc < 4; ++kc) Wg<T, 0>::ss(s, wg_desc_k(sK, kc), wg_desc_k(sQ + buf * TILE, kc), kc);
+        wg_commit();
+#pragma unroll
+        for (int kc = 0; kc < 4; ++kc) Wg<T, 0>::ss(dp, wg_desc_k(sV, kc), wg_desc_k(sdY + buf * TILE, kc), kc);
+        wg_commit();
+        if (!first) grads(it - 1);
+        wg_wait_n(first ? 1 : 2);
+        wg_keep(s);
+        bool edge = MASK || (g.causal && i0 < k0 + FB_B);
+        const float* L = sL + buf * FB_B;
+        const float* Dl = sD + buf * FB_B;
+#pragma unroll
+        for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[nb][e] = fmaf(s[nb][e], sl2, -L[nb * 8 + 2 * tq + (e & 1)]);
+        if (edge) fa_edge<T, MASK>(g, s, mask, b, h, key0, i0, 1);
+#pragma unroll
+        for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[nb][e] = fa_ex2(s[nb][e]);
+        wg_wait_late(g, first ? 0 : 1);
+        wg_keep(dp);
+#pragma unroll
+        for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) dp[nb][e] = s[nb][e] * (dp[nb][e] - Dl[nb * 8 + 2 * tq + (e & 1)]);
+        if (dmask) {
+            i64 bh = b * g.hq + h;
+#pragma unroll
+            for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    i64 j = key0 + (e >> 1) * 8, i = i0 + nb * 8 + 2 * tq + (e & 1);
+                    if (i < g.sq && j < g.skv) dmask[(bh * g.sq + i) * g.skv + j] = st<T>(dp[nb][e]);
+                }
+        }
+        if (!first) {
+            wg_keep(s);  // (P and dS before the wait)
+            wg_keep(dp);
+            wg_wait_late(g, 0);
+            wg_keep(dv);
+            wg_keep(dk);
+            wg_keep(dq);
+            wg_keep_a(pa);
+            add_dq(it - 1);
+        }
+        pack_a<T>(pa, s);
+        unsigned da[4][4];
+        pack_a<T>(da, dp);
+        store_afrag64(sdS + (it & 1) * TILE, warp * 16, da);
+    };
+    if (total > 0) {
+        step(0, true);
+        for (int it = 1; it < total; ++it) step(it, false);
+        fence_async_smem();
+        __syncthreads();
+        if (total >= 2) flush_dq(total - 2);
+        wg_fence();
+        grads(total - 1);
+        wg_wait();
+        wg_keep(dv);
+        wg_keep(dk);
+        wg_keep(dq);
+        wg_keep_a(pa);
+        add_dq(total - 1);
+        if (!RED) {
+            fence_async_smem();
+            __syncthreads();
+            flush_dq(total - 1);
+            if (threadIdx.x == 0) bulk_wait();
+        }
+    }
+    float sc = (float)g.scale;
+    store_acc<T, DP>(dK + att_off(g, ATT_K, b, hk, 0), g.st[ATT_K][2], dk, k0 + warp * 16, g.skv, (int)g.d, sc, sc);
+    store_acc<T, DP>(dV + att_off(g, ATT_V, b, hk, 0), g.st[ATT_V][2], dv, k0 + warp * 16, g.skv, (int)g.dv, 1.f, 1.f);
+}
+
 // Forward for head sizes up to 64 and 128; backward up to 64 (at 128 its accumulators
 // spill: larger heads take the SIMT kernels of attention.cu).
 // Kernels without a mask (`_m` with one: its loads cost registers the common case does
@@ -1173,6 +1453,25 @@ template <class T, bool MASK> __device__ void fa_dkv_wg(const AttnGeom& g, const
     INST_FA_FWD(T, S, 64, false, _mma, false) INST_FA_BWD(T, S, false, _mma, false)
 INST_FA(bf16, bf16)
 INST_FA(f16, f16)
+
+// The one-pass backward (fa_bwd_wg; sm_90a only: elsewhere the host keeps fa_dq + fa_dkv)
+// and its pre- and post-passes.
+#define INST_FA_BWD1(T, S, M, MS, RED)                                                                                      \
+    extern "C" __global__ void __launch_bounds__(FB_B * 2, M ? 1 : 2) fa_bwd_##S##_64##MS(                                  \
+        AttnGeom g, const T* dy, const T* q, const T* k, const T* v, const void* m, const float* lse, const float* delta,   \
+        float* dqa, T* dk, T* dv, T* dm, int vec) {                                                                          \
+        if constexpr (FA_WG_FOR(64)) fa_bwd_wg<T, M, RED>(g, dy, q, k, v, m, lse, delta, dqa, dk, dv, dm, vec);           \
+    }
+#define INST_FA_BWD1_ALL(T, S)                                                                                              \
+    INST_FA_BWD1(T, S, false, , true) INST_FA_BWD1(T, S, true, _m, true) INST_FA_BWD1(T, S, false, _bulk, false)            \
+    extern "C" __global__ void __launch_bounds__(FB_B * 2) fa_bwd_pre_##S(AttnGeom g, const T* dy, const T* y, float* delta, float* dqa, int vec) { \
+        fa_bwd_pre<T>(g, dy, y, delta, dqa, vec);                                                                           \
+    }                                                                                                                      \
+    extern "C" __global__ void __launch_bounds__(FB_B * 2) fa_dq_out_##S(AttnGeom g, const float* dqa, T* dq, int vec) {    \
+        fa_dq_out<T>(g, dqa, dq, vec);                                                                                      \
+    }
+INST_FA_BWD1_ALL(bf16, bf16)
+INST_FA_BWD1_ALL(f16, f16)
 
 // ---------------------------------------------------------------------------------------
 // f32: 64×64 tiles on CUDA cores, 256 threads; thread (ty, tx) = (tid / 16, tid % 16) holds

@@ -414,7 +414,9 @@ enum Fast {
 
 /// `GRAPHRUN_CUDA_ATTENTION=rows` keeps every problem on the row-per-warp kernels, `mma`
 /// the unmasked tensor-core ones on `mma.sync` where wgmma would run (to compare them on a
-/// device).
+/// device), `bwd2` the f16/bf16 backward on Hopper in its two deterministic passes (dQ,
+/// then dK/dV) instead of the one pass with dQ summed by atomics (`bulk`: by bulk
+/// reductions; cuda/flash.cu fa_bwd_wg).
 fn kernel_choice() -> &'static str {
     static CHOICE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     CHOICE.get_or_init(|| std::env::var("GRAPHRUN_CUDA_ATTENTION").unwrap_or_default())
@@ -523,6 +525,12 @@ fn mask_sfx(g: &AttnGeom) -> &'static str {
 /// The tensor-core kernels start their tiles at a 1024-byte boundary of shared memory.
 const SMEM_ALIGN: usize = 1024;
 
+/// Whether the f16/bf16 backward (heads up to 64) takes the one-pass kernel `fa_bwd`
+/// (wgmma: Hopper only) rather than the two passes `fa_dq` and `fa_dkv`.
+fn one_pass_backward(c: &Cuda) -> bool {
+    c.dev.cc == (9, 0) && !matches!(kernel_choice(), "mma" | "bwd2")
+}
+
 fn batch(g: &AttnGeom) -> usize {
     (g.rows / (g.hq * g.sq).max(1)) as usize
 }
@@ -598,7 +606,10 @@ fn fast_forward(
 }
 
 /// dQ (and dMask) per query tile, then dK and dV per key tile; `delta` is ready for the
-/// f32 kernels, and written by the dQ pass from Y (`my`: mask and Y) for the others.
+/// f32 kernels, and written by the dQ pass from Y (`my`: mask and Y) for the others. On
+/// Hopper f16/bf16 take one pass instead (`one_pass_backward`): delta first, then dK, dV,
+/// dMask and dQ per key tile, dQ summed in f32 by atomics (so its last bits vary from run
+/// to run), then dQ converted.
 #[allow(clippy::too_many_arguments)]
 fn fast_backward(
     c: &Cuda,
@@ -638,6 +649,63 @@ fn fast_backward(
     let mut akv = common(g);
     akv.extend([Arg::Ptr(dk), Arg::Ptr(dv), Arg::I32(vec)]);
     match f {
+        Fast::Mma(64) if one_pass_backward(c) => {
+            let sfx = suffix(q.dtype());
+            // dQ accumulates in f32, 64 × 64 tiles [B·Hq, ⌈Sq/64⌉, 4096], zeroed by the
+            // pre-pass (which computes delta too).
+            let dqa = c.scratch(b * g.hq as usize * sq.div_ceil(FA_T) * FA_T * 64 * 4)?;
+            let pre = [
+                Arg::Attn(g),
+                Arg::Ptr(dy.p),
+                Arg::Ptr(y),
+                Arg::Ptr(delta),
+                Arg::Ptr(dqa),
+                Arg::I32(vec),
+            ];
+            launch_grid(
+                &c.dev,
+                &c.stream,
+                &format!("fa_bwd_pre_{sfx}"),
+                qgrid,
+                128,
+                0,
+                &pre,
+            )?;
+            let mut a = common(g);
+            a.extend([
+                Arg::Ptr(dqa),
+                Arg::Ptr(dk),
+                Arg::Ptr(dv),
+                Arg::Ptr(dmask),
+                Arg::I32(vec),
+            ]);
+            // `bulk`: dQ added by bulk reductions instead, to compare (without a mask).
+            let kind = match (g.mask_kind, kernel_choice()) {
+                (0, "bulk") => "_bulk",
+                (0, _) => "",
+                _ => "_m",
+            };
+            let name = format!("fa_bwd_{sfx}_64{kind}");
+            // Tiles: K, V, rings of 3 for Q and dY, 2 of dSᵀ; the f32 dQ tile (`_bulk`);
+            // LSE and delta per stage.
+            let smem = 10 * FA_T * 64 * 2 + FA_T * 64 * 4 + 3 * 2 * FA_T * 4 + SMEM_ALIGN;
+            launch_grid(&c.dev, &c.stream, &name, kgrid, 128, smem, &a)?;
+            let out = [
+                Arg::Attn(g),
+                Arg::Ptr(dqa),
+                Arg::Ptr(dq),
+                Arg::I32(vec_ok(&g, q.dtype(), &[dq])),
+            ];
+            launch_grid(
+                &c.dev,
+                &c.stream,
+                &format!("fa_dq_out_{sfx}"),
+                qgrid,
+                128,
+                0,
+                &out,
+            )
+        }
         Fast::Mma(dp) => {
             let sfx = suffix(q.dtype());
             // Two tiles that stay and a ring of 3 of two tiles each (the wgmma kernels; the
