@@ -366,10 +366,11 @@ template <class T, int DP> __device__ __forceinline__ void store_acc(T* dst, i64
 // One key tile of the online softmax for a warp's 16 rows (this thread's gq and gq + 8):
 // `s` times `mul` (log2 units, masked) becomes P; m and l move on; a[2] is what O is to be
 // multiplied by. mul > 0: the scale moves into the exponent's FFMA (no mask to add).
-__device__ __forceinline__ void fa_online(float (*s)[4], float* m, float* l, float* a, float mul) {
+// NB: 8-column blocks of the tile (8: 64 keys; the warp-specialized forward takes 16).
+template <int NB = 8> __device__ __forceinline__ void fa_online(float (*s)[4], float* m, float* l, float* a, float mul) {
     float mx0 = neg_inf(0.f), mx1 = neg_inf(0.f);
 #pragma unroll
-    for (int nb = 0; nb < 8; ++nb) {
+    for (int nb = 0; nb < NB; ++nb) {
         mx0 = fmaxf(mx0, fmaxf(s[nb][0], s[nb][1]));
         mx1 = fmaxf(mx1, fmaxf(s[nb][2], s[nb][3]));
     }
@@ -387,7 +388,7 @@ __device__ __forceinline__ void fa_online(float (*s)[4], float* m, float* l, flo
     m[1] = mx1;
     float ps0 = 0.f, ps1 = 0.f;
 #pragma unroll
-    for (int nb = 0; nb < 8; ++nb) {
+    for (int nb = 0; nb < NB; ++nb) {
         s[nb][0] = fa_ex2(fmaf(s[nb][0], mul, -ref0));
         s[nb][1] = fa_ex2(fmaf(s[nb][1], mul, -ref0));
         s[nb][2] = fa_ex2(fmaf(s[nb][2], mul, -ref1));
@@ -675,6 +676,203 @@ template <class T, bool MASK> __device__ void fa_fwd_wg(const AttnGeom& g, const
     }
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) fa_finish<T, DP>(g, Y, lse, b, h, bh, o[mt], q0 + mt * 64 + warp * 16, m[mt], l[mt]);
+}
+
+// Warp-specialized forward (sm_90a, heads up to 64; FlashAttention-3's layout for head size
+// 64): grid (query blocks of 64·NC, B·Hq), NC + 1 warpgroups. Warpgroup 0 is the producer:
+// it loads Q, then streams 128-key K/V tiles by cp.async into a ring of FA_WS_ST stages,
+// each announced on its `full` mbarrier once its copies have landed (wait, proxy fence,
+// release-arrive of all 128 producer threads), and reuses a stage once every consumer warp
+// has arrived on its `empty` mbarrier. Consumer warpgroup c owns query rows 64c.. of the
+// block: no loads, no __syncthreads, and `setmaxnreg` moves the producer's registers to the
+// consumers. Each consumer runs fa_fwd_wg's pipeline on 64 × 128 score tiles (two m64n64
+// products a tile): S_t issued before P_{t−1}·V_{t−1}, the softmax of tile t under the
+// latter. Causal: a consumer computes only the tiles its rows see, and only waits for and
+// releases the others (every consumer arrives once on every stage use).
+#define FA_WS_ST 4    // K/V ring stages
+#define FA_WS_BK 128  // keys per tile
+__device__ __forceinline__ void mb_init(unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mb_arrive(unsigned bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+// Until the phase of parity `par` of the mbarrier at `bar` has completed (acquire).
+__device__ __forceinline__ void mb_wait(unsigned bar, unsigned par) {
+    unsigned ok;
+    do {
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                     : "=r"(ok) : "r"(bar), "r"(par) : "memory");
+    } while (!ok);
+}
+// Registers a thread of this warpgroup may hold from here on (a multiple of 8, 24..256).
+template <int N> __device__ __forceinline__ void wg_setmaxnreg_dec() {
+#if FA_HAVE_WG
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N));
+#endif
+}
+template <int N> __device__ __forceinline__ void wg_setmaxnreg_inc() {
+#if FA_HAVE_WG
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N));
+#endif
+}
+// Register split (65536 a CTA of (NC + 1) · 128 threads): producer, consumers.
+#define FA_WS_PREG(NC) ((NC) == 3 ? 32 : 24)
+#define FA_WS_CREG(NC) ((NC) == 3 ? 160 : 240)
+
+template <class T, bool MASK, int NC> __device__ void fa_fwd_ws(const AttnGeom& g, const T* Q, const T* K, const T* V, const void* mask, T* Y, float* lse, int vec) {
+    constexpr int DP = 64, BM = 64 * NC, BK = FA_WS_BK, TILE = BK * DP * 2, ST = FA_WS_ST;
+    // Shared memory: Q (BM rows), then ST stages of K and V (TILE each), then the mbarriers
+    // full[ST], empty[ST] and Q's.
+    unsigned sQ = smem_u32(fa_base());
+    unsigned sKV = sQ + BM * DP * 2, bars = sKV + ST * 2 * TILE;
+    auto full = [&](int s) { return bars + 8u * s; };
+    auto empty = [&](int s) { return bars + 8u * (ST + s); };
+    const unsigned qbar = bars + 16u * ST;
+    int wg = threadIdx.x >> 7;
+    i64 qb = g.causal ? (i64)gridDim.x - 1 - blockIdx.x : blockIdx.x;
+    i64 bh = blockIdx.y, b = bh / g.hq, h = bh % g.hq, hk = h / (g.hq / g.hkv);
+    i64 q0 = qb * BM;
+    i64 kend = g.skv;
+    if (g.causal && q0 + BM < kend) kend = q0 + BM;
+    int ntiles = (int)((kend + BK - 1) / BK);
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < ST; ++s) {
+            mb_init(full(s), 128);
+            mb_init(empty(s), NC * 4);
+        }
+        mb_init(qbar, 128);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    if (wg == 0) {
+        wg_setmaxnreg_dec<FA_WS_PREG(NC)>();
+        // Each stage is announced when its copies have landed (one tile later: the next
+        // tile's copies are in flight meanwhile), by every producer thread after its own
+        // wait and proxy fence (wgmma reads what cp.async wrote).
+        int qvalid = (int)(g.sq - q0 < BM ? g.sq - q0 : BM);
+        load_tile<DP, 128>(sQ, (const unsigned short*)Q + att_off(g, ATT_Q, b, h, q0), g.st[ATT_Q][2], BM, qvalid, (int)g.d, vec);
+        cp_commit();
+        const i64 krs = g.st[ATT_K][2], vrs = g.st[ATT_V][2];
+        const unsigned short* Kb = (const unsigned short*)K + att_off(g, ATT_K, b, hk, 0);
+        const unsigned short* Vb = (const unsigned short*)V + att_off(g, ATT_V, b, hk, 0);
+        for (int t = 0; t < ntiles; ++t) {
+            int s = t % ST;
+            if (t >= ST) mb_wait(empty(s), (unsigned)((t / ST - 1) & 1));
+            i64 j0 = (i64)t * BK;
+            int kv = (int)(g.skv - j0 < BK ? g.skv - j0 : BK);
+            unsigned kt = sKV + s * 2 * TILE;
+            load_tile<DP, 128>(kt, Kb + j0 * krs, krs, BK, kv, (int)g.d, vec);
+            load_tile<DP, 128>(kt + TILE, Vb + j0 * vrs, vrs, BK, kv, (int)g.dv, vec);
+            cp_commit();
+            // The previous group (Q, or tile t − 1) is in.
+            asm volatile("cp.async.wait_group 1;" ::: "memory");
+            fence_async_smem();
+            mb_arrive(t == 0 ? qbar : full((t - 1) % ST));
+        }
+        cp_wait_all();
+        fence_async_smem();
+        mb_arrive(ntiles == 0 ? qbar : full((ntiles - 1) % ST));
+        return;
+    }
+    wg_setmaxnreg_inc<FA_WS_CREG(NC)>();
+    const int c = wg - 1, warp = (threadIdx.x >> 5) & 3, gq = (threadIdx.x & 31) >> 2, lane = threadIdx.x & 31;
+    const i64 rc = q0 + c * 64;  // this consumer's first row
+    // The tiles this consumer computes (its rows see them); it passes over the rest.
+    int nt = ntiles;
+    if (rc >= g.sq) nt = 0;
+    else if (g.causal) {
+        i64 ke = g.skv < rc + 64 ? g.skv : rc + 64;
+        int n = (int)((ke + BK - 1) / BK);
+        if (n < nt) nt = n;
+    }
+    float o[8][4], s[16][4];
+    float m[2], l[2];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    m[0] = m[1] = neg_inf(0.f);
+    l[0] = l[1] = 0.f;
+    unsigned pa[8][4];  // P of the previous tile (8 k steps of 16 keys)
+    const float sl2 = (float)g.scale * FA_LOG2E;
+    const bool raw = !MASK && sl2 > 0.f;
+    const unsigned qd = sQ + c * 64 * DP * 2;
+    const i64 rw = rc + warp * 16;  // the warp's first row
+    auto release = [&](int t) {
+        __syncwarp();
+        if (lane == 0) mb_arrive(empty(t % ST));
+    };
+    mb_wait(qbar, 0);
+    auto step = [&](int t, bool first) {
+        mb_wait(full(t % ST), (unsigned)((t / ST) & 1));
+        unsigned kt = sKV + (t % ST) * 2 * TILE, vp = sKV + ((t + ST - 1) % ST) * 2 * TILE + TILE;
+        wg_fence();
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+            for (int kc = 0; kc < 4; ++kc) Wg<T, 0>::ss(s + 8 * hf, wg_desc_k(qd, kc), wg_desc_k(kt + hf * 64 * DP * 2, kc), kc);
+        wg_commit();
+        if (!first) {
+            wg_pb<T>(o, pa, vp);
+            wg_pb<T>(o, pa + 4, vp + 64 * DP * 2);
+            wg_commit();
+        }
+        i64 j0 = (i64)t * BK;
+        float a[2];
+        wg_wait_late(g, first ? 0 : 1);
+        wg_keep(s);
+        wg_keep(s + 8);
+        if (!raw) {
+#pragma unroll
+            for (int nb = 0; nb < 16; ++nb)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[nb][e] *= sl2;
+        }
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            i64 c0 = j0 + hf * 64;
+            bool edge = MASK || c0 + 64 > g.skv || (g.causal && c0 + 63 > rw);
+            if (edge) fa_edge<T, MASK>(g, s + 8 * hf, mask, b, h, rw + gq, c0, 0);
+        }
+        fa_online<16>(s, m, l, a, raw ? sl2 : 1.f);
+        if (!first) {
+            wg_keep(s);
+            wg_keep(s + 8);
+            wg_wait_late(g, 0);
+            wg_keep(o);
+            wg_keep_a(pa);
+            wg_keep_a(pa + 4);
+            release(t - 1);
+        }
+#pragma unroll
+        for (int nd = 0; nd < 8; ++nd) {
+            o[nd][0] *= a[0];
+            o[nd][1] *= a[0];
+            o[nd][2] *= a[1];
+            o[nd][3] *= a[1];
+        }
+        pack_a<T>(pa, s);
+        pack_a<T>(pa + 4, s + 8);
+    };
+    if (nt > 0) {
+        step(0, true);
+        for (int t = 1; t < nt; ++t) step(t, false);
+        unsigned vp = sKV + ((nt - 1) % ST) * 2 * TILE + TILE;
+        wg_fence();
+        wg_pb<T>(o, pa, vp);
+        wg_pb<T>(o, pa + 4, vp + 64 * DP * 2);
+        wg_commit();
+        wg_wait();
+        wg_keep(o);
+        wg_keep_a(pa);
+        wg_keep_a(pa + 4);
+        release(nt - 1);
+    }
+    // The stages of tiles this consumer's rows do not see: arrive once each is filled.
+    for (int t = nt; t < ntiles; ++t) {
+        mb_wait(full(t % ST), (unsigned)((t / ST) & 1));
+        release(t);
+    }
+    fa_finish<T, DP>(g, Y, lse, b, h, bh, o, rw, m, l);
 }
 
 // delta = rowsum(dY∘Y) of this thread's rows row0 and row0 + 8 (the 4 threads of a row
@@ -1173,6 +1371,17 @@ template <class T, bool MASK> __device__ void fa_dkv_wg(const AttnGeom& g, const
     INST_FA_FWD(T, S, 64, false, _mma, false) INST_FA_BWD(T, S, false, _mma, false)
 INST_FA(bf16, bf16)
 INST_FA(f16, f16)
+// The warp-specialized forward (sm_90a only; elsewhere an empty body the host never
+// launches): NC consumer warpgroups of 64 query rows.
+#define INST_FA_WS(T, S, NC, M, MS)                                                                          \
+    extern "C" __global__ void __launch_bounds__(((NC) + 1) * 128, 1) fa_fwd_ws##NC##_##S##_64##MS(         \
+        AttnGeom g, const T* q, const T* k, const T* v, const void* m, T* y, float* lse, int vec) {          \
+        if constexpr (FA_HAVE_WG) fa_fwd_ws<T, M, NC>(g, q, k, v, m, y, lse, vec);                           \
+    }
+#define INST_FA_WS_ALL(T, S) \
+    INST_FA_WS(T, S, 3, false, ) INST_FA_WS(T, S, 3, true, _m) INST_FA_WS(T, S, 2, false, ) INST_FA_WS(T, S, 2, true, _m)
+INST_FA_WS_ALL(bf16, bf16)
+INST_FA_WS_ALL(f16, f16)
 
 // ---------------------------------------------------------------------------------------
 // f32: 64×64 tiles on CUDA cores, 256 threads; thread (ty, tx) = (tid / 16, tid % 16) holds

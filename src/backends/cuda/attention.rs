@@ -414,7 +414,9 @@ enum Fast {
 
 /// `GRAPHRUN_CUDA_ATTENTION=rows` keeps every problem on the row-per-warp kernels, `mma`
 /// the unmasked tensor-core ones on `mma.sync` where wgmma would run (to compare them on a
-/// device).
+/// device); for the forward on Hopper, `wg` takes the one-warpgroup wgmma kernel instead of
+/// the warp-specialized one and `ws2` the warp-specialized one with 2 consumer warpgroups
+/// instead of 3.
 fn kernel_choice() -> &'static str {
     static CHOICE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     CHOICE.get_or_init(|| std::env::var("GRAPHRUN_CUDA_ATTENTION").unwrap_or_default())
@@ -472,6 +474,9 @@ fn fast(c: &Cuda, g: &AttnGeom, dt: DType, backward: bool) -> Option<Fast> {
 /// other tile.
 const FA_BQ: usize = 128;
 const FA_T: usize = 64;
+/// The warp-specialized forward's K/V ring (flash.cu FA_WS_ST stages of FA_WS_BK keys).
+const FA_WS_ST: usize = 4;
+const FA_WS_BK: usize = 128;
 /// An f32 tile: 64 × 64 floats.
 const FS_TILE: usize = 64 * 64 * 4;
 /// cuda/flash_tf32.cu's shared memory (floats): two stages of raw f32 tiles (rows of 72
@@ -558,6 +563,18 @@ fn fast_forward(
         Arg::I32(vec_ok(&g, q.dtype(), &[q.p, k.p, v.p])),
     ];
     match f {
+        Fast::Mma(64) if c.dev.cc == (9, 0) && !matches!(kernel_choice(), "mma" | "wg") => {
+            // Warp-specialized (cuda/flash.cu fa_fwd_ws): a producer warpgroup and NC
+            // consumer warpgroups of 64 query rows; Q, then a ring of 128-key K/V stages,
+            // then the mbarriers.
+            let nc = if kernel_choice() == "ws2" { 2 } else { 3 };
+            let sfx = if g.mask_kind != 0 { "_m" } else { "" };
+            let name = format!("fa_fwd_ws{nc}_{}_64{sfx}", suffix(q.dtype()));
+            let bm = 64 * nc;
+            let smem = bm * 64 * 2 + FA_WS_ST * 2 * FA_WS_BK * 64 * 2 + 128 + SMEM_ALIGN;
+            let grid = (sq.div_ceil(bm) as u32, bh, 1);
+            launch_grid(&c.dev, &c.stream, &name, grid, 128 * (nc as u32 + 1), smem, &args)
+        }
         Fast::Mma(dp) => {
             // (`_mma` exists for heads up to 64, where wgmma runs.)
             let sfx = if dp == 64 || g.mask_kind != 0 {
