@@ -366,11 +366,10 @@ template <class T, int DP> __device__ __forceinline__ void store_acc(T* dst, i64
 // One key tile of the online softmax for a warp's 16 rows (this thread's gq and gq + 8):
 // `s` times `mul` (log2 units, masked) becomes P; m and l move on; a[2] is what O is to be
 // multiplied by. mul > 0: the scale moves into the exponent's FFMA (no mask to add).
-// NB: 8-column blocks of the tile (8: 64 keys; the warp-specialized forward takes 16).
-template <int NB = 8> __device__ __forceinline__ void fa_online(float (*s)[4], float* m, float* l, float* a, float mul) {
+__device__ __forceinline__ void fa_online(float (*s)[4], float* m, float* l, float* a, float mul) {
     float mx0 = neg_inf(0.f), mx1 = neg_inf(0.f);
 #pragma unroll
-    for (int nb = 0; nb < NB; ++nb) {
+    for (int nb = 0; nb < 8; ++nb) {
         mx0 = fmaxf(mx0, fmaxf(s[nb][0], s[nb][1]));
         mx1 = fmaxf(mx1, fmaxf(s[nb][2], s[nb][3]));
     }
@@ -388,7 +387,7 @@ template <int NB = 8> __device__ __forceinline__ void fa_online(float (*s)[4], f
     m[1] = mx1;
     float ps0 = 0.f, ps1 = 0.f;
 #pragma unroll
-    for (int nb = 0; nb < NB; ++nb) {
+    for (int nb = 0; nb < 8; ++nb) {
         s[nb][0] = fa_ex2(fmaf(s[nb][0], mul, -ref0));
         s[nb][1] = fa_ex2(fmaf(s[nb][1], mul, -ref0));
         s[nb][2] = fa_ex2(fmaf(s[nb][2], mul, -ref1));
@@ -720,7 +719,59 @@ template <int N> __device__ __forceinline__ void wg_setmaxnreg_inc() {
 #define FA_WS_PREG(NC) ((NC) == 3 ? 32 : 24)
 #define FA_WS_CREG(NC) ((NC) == 3 ? 160 : 240)
 
-template <class T, bool MASK, int NC> __device__ void fa_fwd_ws(const AttnGeom& g, const T* Q, const T* K, const T* V, const void* mask, T* Y, float* lse, int vec) {
+// fa_online for fa_fwd_ws's 16 × 128 tiles of a warp (16 column blocks): the row maxima and
+// sums run in 4 independent chains each instead of one (the same maxima; sums in another
+// order).
+__device__ __forceinline__ void fa_online_ws(float (*s)[4], float* m, float* l, float* a, float mul) {
+    float x0[4], x1[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        x0[j] = fmaxf(s[j][0], s[j][1]);
+        x1[j] = fmaxf(s[j][2], s[j][3]);
+    }
+#pragma unroll
+    for (int nb = 4; nb < 16; ++nb) {
+        x0[nb & 3] = fmaxf(x0[nb & 3], fmaxf(s[nb][0], s[nb][1]));
+        x1[nb & 3] = fmaxf(x1[nb & 3], fmaxf(s[nb][2], s[nb][3]));
+    }
+    float mx0 = fmaxf(fmaxf(x0[0], x0[1]), fmaxf(x0[2], x0[3]));
+    float mx1 = fmaxf(fmaxf(x1[0], x1[1]), fmaxf(x1[2], x1[3]));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    mx0 = fmaxf(m[0], mx0 * mul);
+    mx1 = fmaxf(m[1], mx1 * mul);
+    // A row that has seen only masked keys keeps m = -inf: measure from 0 instead.
+    float ref0 = mx0 == neg_inf(mx0) ? 0.f : mx0, ref1 = mx1 == neg_inf(mx1) ? 0.f : mx1;
+    a[0] = fa_ex2(m[0] - ref0);
+    a[1] = fa_ex2(m[1] - ref1);
+    m[0] = mx0;
+    m[1] = mx1;
+    float p0[4], p1[4];
+#pragma unroll
+    for (int nb = 0; nb < 16; ++nb) {
+        s[nb][0] = fa_ex2(fmaf(s[nb][0], mul, -ref0));
+        s[nb][1] = fa_ex2(fmaf(s[nb][1], mul, -ref0));
+        s[nb][2] = fa_ex2(fmaf(s[nb][2], mul, -ref1));
+        s[nb][3] = fa_ex2(fmaf(s[nb][3], mul, -ref1));
+        float u0 = s[nb][0] + s[nb][1], u1 = s[nb][2] + s[nb][3];
+        p0[nb & 3] = nb < 4 ? u0 : p0[nb & 3] + u0;
+        p1[nb & 3] = nb < 4 ? u1 : p1[nb & 3] + u1;
+    }
+    l[0] = l[0] * a[0] + ((p0[0] + p0[1]) + (p0[2] + p0[3]));
+    l[1] = l[1] * a[1] + ((p1[0] + p1[1]) + (p1[2] + p1[3]));
+}
+
+// Named barriers 1..NC: the consumers' turns to issue their products (SB).
+__device__ __forceinline__ void fa_bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void fa_bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+
+// SB: the consumers take turns to issue each tile's products (FlashAttention-3's scheduler
+// barrier: consumer c waits for c − 1 to have issued, then lets c + 1 go), so that their
+// softmaxes fall under each other's products instead of all at once; every consumer takes
+// one turn per tile of the block, also for the tiles it skips.
+template <class T, bool MASK, int NC, bool SB> __device__ void fa_fwd_ws(const AttnGeom& g, const T* Q, const T* K, const T* V, const void* mask, T* Y, float* lse, int vec) {
     constexpr int DP = 64, BM = 64 * NC, BK = FA_WS_BK, TILE = BK * DP * 2, ST = FA_WS_ST;
     // Shared memory: Q (BM rows), then ST stages of K and V (TILE each), then the mbarriers
     // full[ST], empty[ST] and Q's.
@@ -787,7 +838,7 @@ template <class T, bool MASK, int NC> __device__ void fa_fwd_ws(const AttnGeom& 
         if (n < nt) nt = n;
     }
     float o[8][4], s[16][4];
-    float m[2], l[2];
+    float m[2], l[2], ap[2];  // ap: the factor of the previous tile's softmax for O
 #pragma unroll
     for (int i = 0; i < 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
     m[0] = m[1] = neg_inf(0.f);
@@ -795,29 +846,55 @@ template <class T, bool MASK, int NC> __device__ void fa_fwd_ws(const AttnGeom& 
     unsigned pa[8][4];  // P of the previous tile (8 k steps of 16 keys)
     const float sl2 = (float)g.scale * FA_LOG2E;
     const bool raw = !MASK && sl2 > 0.f;
-    const unsigned qd = sQ + c * 64 * DP * 2;
     const i64 rw = rc + warp * 16;  // the warp's first row
+    // A 64-key half from c0 needs fa_edge iff c0 + 63 > elim (keys past Skv, keys after the
+    // warp's first row, or any mask).
+    i64 elim = g.skv - 1;
+    if (g.causal && rw < elim) elim = rw;
+    if (MASK) elim = -1;
+    // Descriptors once: a stage or k step moves the start address, i.e. adds bytes / 16 to
+    // the descriptor (shared addresses stay below 256 KiB: no carry out of its field).
+    const unsigned long long qdesc = wg_desc_k(sQ + c * 64 * DP * 2, 0), kdesc = wg_desc_k(sKV, 0), vdesc = wg_desc_mn(sKV + TILE, 0);
     auto release = [&](int t) {
         __syncwarp();
         if (lane == 0) mb_arrive(empty(t % ST));
     };
+    auto rescale = [&]() {
+#pragma unroll
+        for (int nd = 0; nd < 8; ++nd) {
+            o[nd][0] *= ap[0];
+            o[nd][1] *= ap[0];
+            o[nd][2] *= ap[1];
+            o[nd][3] *= ap[1];
+        }
+    };
+    // O += P_{t}·V_{t} (8 k steps of 16 keys) from stage offset `so`.
+    auto pv = [&](unsigned so) {
+#pragma unroll
+        for (int kc = 0; kc < 8; ++kc) Wg<T, 1>::run(o, pa[kc], vdesc + ((so + kc * 2048u) >> 4));
+    };
+    const int next = c + 1 < NC ? c + 1 : 0;
+    if (SB && c == 0) fa_bar_arrive(1, 256);  // the first turn
     mb_wait(qbar, 0);
     auto step = [&](int t, bool first) {
-        mb_wait(full(t % ST), (unsigned)((t / ST) & 1));
-        unsigned kt = sKV + (t % ST) * 2 * TILE, vp = sKV + ((t + ST - 1) % ST) * 2 * TILE + TILE;
+        const unsigned ut = (unsigned)t, so = (ut % ST) * 2 * TILE;
+        mb_wait(full(ut % ST), (ut / ST) & 1);
+        if (SB) fa_bar_sync(1 + c, 256);
         wg_fence();
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf)
 #pragma unroll
-            for (int kc = 0; kc < 4; ++kc) Wg<T, 0>::ss(s + 8 * hf, wg_desc_k(qd, kc), wg_desc_k(kt + hf * 64 * DP * 2, kc), kc);
+            for (int kc = 0; kc < 4; ++kc) Wg<T, 0>::ss(s + 8 * hf, qdesc + 2 * kc, kdesc + ((so + hf * 64 * DP * 2 + kc * 32) >> 4), kc);
         wg_commit();
         if (!first) {
-            wg_pb<T>(o, pa, vp);
-            wg_pb<T>(o, pa + 4, vp + 64 * DP * 2);
+            // O (up to tile t − 2) to the previous tile's maximum while S_t runs, then
+            // O += P_{t−1}·V_{t−1}: after the P·V wait only P_t's packing is left.
+            rescale();
+            wg_fence();
+            pv(((ut + ST - 1) % ST) * 2 * TILE);
             wg_commit();
         }
-        i64 j0 = (i64)t * BK;
-        float a[2];
+        if (SB) fa_bar_arrive(1 + next, 256);
         wg_wait_late(g, first ? 0 : 1);
         wg_keep(s);
         wg_keep(s + 8);
@@ -827,13 +904,11 @@ template <class T, bool MASK, int NC> __device__ void fa_fwd_ws(const AttnGeom& 
 #pragma unroll
                 for (int e = 0; e < 4; ++e) s[nb][e] *= sl2;
         }
+        const i64 j0 = (i64)t * BK;
 #pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-            i64 c0 = j0 + hf * 64;
-            bool edge = MASK || c0 + 64 > g.skv || (g.causal && c0 + 63 > rw);
-            if (edge) fa_edge<T, MASK>(g, s + 8 * hf, mask, b, h, rw + gq, c0, 0);
-        }
-        fa_online<16>(s, m, l, a, raw ? sl2 : 1.f);
+        for (int hf = 0; hf < 2; ++hf)
+            if (j0 + hf * 64 + 63 > elim) fa_edge<T, MASK>(g, s + 8 * hf, mask, b, h, rw + gq, j0 + hf * 64, 0);
+        fa_online_ws(s, m, l, ap, raw ? sl2 : 1.f);
         if (!first) {
             wg_keep(s);
             wg_keep(s + 8);
@@ -843,23 +918,15 @@ template <class T, bool MASK, int NC> __device__ void fa_fwd_ws(const AttnGeom& 
             wg_keep_a(pa + 4);
             release(t - 1);
         }
-#pragma unroll
-        for (int nd = 0; nd < 8; ++nd) {
-            o[nd][0] *= a[0];
-            o[nd][1] *= a[0];
-            o[nd][2] *= a[1];
-            o[nd][3] *= a[1];
-        }
         pack_a<T>(pa, s);
         pack_a<T>(pa + 4, s + 8);
     };
     if (nt > 0) {
         step(0, true);
         for (int t = 1; t < nt; ++t) step(t, false);
-        unsigned vp = sKV + ((nt - 1) % ST) * 2 * TILE + TILE;
+        rescale();
         wg_fence();
-        wg_pb<T>(o, pa, vp);
-        wg_pb<T>(o, pa + 4, vp + 64 * DP * 2);
+        pv(((unsigned)(nt - 1) % ST) * 2 * TILE);
         wg_commit();
         wg_wait();
         wg_keep(o);
@@ -870,6 +937,10 @@ template <class T, bool MASK, int NC> __device__ void fa_fwd_ws(const AttnGeom& 
     // The stages of tiles this consumer's rows do not see: arrive once each is filled.
     for (int t = nt; t < ntiles; ++t) {
         mb_wait(full(t % ST), (unsigned)((t / ST) & 1));
+        if (SB) {
+            fa_bar_sync(1 + c, 256);
+            fa_bar_arrive(1 + next, 256);
+        }
         release(t);
     }
     fa_finish<T, DP>(g, Y, lse, b, h, bh, o, rw, m, l);
@@ -1373,13 +1444,16 @@ INST_FA(bf16, bf16)
 INST_FA(f16, f16)
 // The warp-specialized forward (sm_90a only; elsewhere an empty body the host never
 // launches): NC consumer warpgroups of 64 query rows.
-#define INST_FA_WS(T, S, NC, M, MS)                                                                          \
-    extern "C" __global__ void __launch_bounds__(((NC) + 1) * 128, 1) fa_fwd_ws##NC##_##S##_64##MS(         \
+#define INST_FA_WS(T, S, NC, SB, M, MS)                                                                      \
+    extern "C" __global__ void __launch_bounds__(((NC) + 1) * 128, 1) fa_fwd_ws##NC##SB##_##S##_64##MS(     \
         AttnGeom g, const T* q, const T* k, const T* v, const void* m, T* y, float* lse, int vec) {          \
-        if constexpr (FA_HAVE_WG) fa_fwd_ws<T, M, NC>(g, q, k, v, m, y, lse, vec);                           \
+        if constexpr (FA_HAVE_WG) fa_fwd_ws<T, M, NC, FA_WS_SB_##SB>(g, q, k, v, m, y, lse, vec);           \
     }
-#define INST_FA_WS_ALL(T, S) \
-    INST_FA_WS(T, S, 3, false, ) INST_FA_WS(T, S, 3, true, _m) INST_FA_WS(T, S, 2, false, ) INST_FA_WS(T, S, 2, true, _m)
+#define FA_WS_SB_ false
+#define FA_WS_SB_s true
+#define INST_FA_WS_ALL(T, S)                                                                               \
+    INST_FA_WS(T, S, 3, , false, ) INST_FA_WS(T, S, 3, , true, _m) INST_FA_WS(T, S, 2, , false, )          \
+    INST_FA_WS(T, S, 2, , true, _m) INST_FA_WS(T, S, 3, s, false, ) INST_FA_WS(T, S, 3, s, true, _m)
 INST_FA_WS_ALL(bf16, bf16)
 INST_FA_WS_ALL(f16, f16)
 

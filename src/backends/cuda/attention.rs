@@ -415,8 +415,8 @@ enum Fast {
 /// `GRAPHRUN_CUDA_ATTENTION=rows` keeps every problem on the row-per-warp kernels, `mma`
 /// the unmasked tensor-core ones on `mma.sync` where wgmma would run (to compare them on a
 /// device); for the forward on Hopper, `wg` takes the one-warpgroup wgmma kernel instead of
-/// the warp-specialized one and `ws2` the warp-specialized one with 2 consumer warpgroups
-/// instead of 3.
+/// the warp-specialized one, `ws2` the warp-specialized one with 2 consumer warpgroups
+/// instead of 3, `sb` the one whose consumers take turns to issue their products.
 fn kernel_choice() -> &'static str {
     static CHOICE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     CHOICE.get_or_init(|| std::env::var("GRAPHRUN_CUDA_ATTENTION").unwrap_or_default())
@@ -567,9 +567,13 @@ fn fast_forward(
             // Warp-specialized (cuda/flash.cu fa_fwd_ws): a producer warpgroup and NC
             // consumer warpgroups of 64 query rows; Q, then a ring of 128-key K/V stages,
             // then the mbarriers.
-            let nc = if kernel_choice() == "ws2" { 2 } else { 3 };
+            let (nc, sb) = match kernel_choice() {
+                "ws2" => (2, ""),
+                "sb" => (3, "s"),
+                _ => (3, ""),
+            };
             let sfx = if g.mask_kind != 0 { "_m" } else { "" };
-            let name = format!("fa_fwd_ws{nc}_{}_64{sfx}", suffix(q.dtype()));
+            let name = format!("fa_fwd_ws{nc}{sb}_{}_64{sfx}", suffix(q.dtype()));
             let bm = 64 * nc;
             let smem = bm * 64 * 2 + FA_WS_ST * 2 * FA_WS_BK * 64 * 2 + 128 + SMEM_ALIGN;
             let grid = (sq.div_ceil(bm) as u32, bh, 1);
