@@ -229,6 +229,39 @@ template <> struct Wg128<f16> {
     }
 };
 
+// m64n72k16, A from registers, B MN-major (O += P·V with 8 more columns): d[9][4]. The
+// warp-specialized forward points the 8 extra columns (the descriptor's next 64-column
+// block, `lbo` away) at a block of ones, so that d[8] accumulates P's row sums on the tensor
+// cores instead of 64 FADDs a thread a tile.
+#define FA_WG_D72 \
+    "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), \
+    "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), \
+    "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
+    "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), \
+    "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3])
+#define FA_WG_DREGS72 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35}"
+#define FA_WGMMA72_BODY(TY)                                                                                \
+    asm volatile("{ .reg .pred p; setp.ne.b32 p, %41, 0;\n"                                              \
+                 "wgmma.mma_async.sync.aligned.m64n72k16.f32." TY "." TY " " FA_WG_DREGS72 ", "           \
+                 "{%36,%37,%38,%39}, %40, p, 1, 1, 1; }"                                                  \
+                 : FA_WG_D72                                                                               \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(acc))
+template <class T> struct Wg72;
+template <> struct Wg72<bf16> {
+    static __device__ __forceinline__ void run(float (*d)[4], const unsigned* a, unsigned long long desc, int acc = 1) {
+#if FA_HAVE_WG
+        FA_WGMMA72_BODY("bf16");
+#endif
+    }
+};
+template <> struct Wg72<f16> {
+    static __device__ __forceinline__ void run(float (*d)[4], const unsigned* a, unsigned long long desc, int acc = 1) {
+#if FA_HAVE_WG
+        FA_WGMMA72_BODY("f16");
+#endif
+    }
+};
+
 // A fragments (16 × 64, four k steps) from a 16 × 64 accumulator `p` (P, dS, ...).
 template <class T> __device__ __forceinline__ void pack_a(unsigned (*a)[4], const float (*p)[4]) {
 #pragma unroll
@@ -760,7 +793,8 @@ template <int N> __device__ __forceinline__ void wg_setmaxnreg_inc() {
 // fa_online for fa_fwd_ws's 16 × 128 tiles of a warp (16 column blocks): the row maxima and
 // sums run in 4 independent chains each instead of one (the same maxima; sums in another
 // order).
-__device__ __forceinline__ void fa_online_ws(float (*s)[4], float* m, float* l, float* a, float mul) {
+// SUM = false: the row sums come from the tensor cores (fa_fwd_ws's OS); l is not touched.
+template <bool SUM> __device__ __forceinline__ void fa_online_ws(float (*s)[4], float* m, float* l, float* a, float mul) {
     float x0[4], x1[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -793,12 +827,16 @@ __device__ __forceinline__ void fa_online_ws(float (*s)[4], float* m, float* l, 
         s[nb][1] = fa_ex2(fmaf(s[nb][1], mul, -ref0));
         s[nb][2] = fa_ex2(fmaf(s[nb][2], mul, -ref1));
         s[nb][3] = fa_ex2(fmaf(s[nb][3], mul, -ref1));
-        float u0 = s[nb][0] + s[nb][1], u1 = s[nb][2] + s[nb][3];
-        p0[nb & 3] = nb < 4 ? u0 : p0[nb & 3] + u0;
-        p1[nb & 3] = nb < 4 ? u1 : p1[nb & 3] + u1;
+        if (SUM) {
+            float u0 = s[nb][0] + s[nb][1], u1 = s[nb][2] + s[nb][3];
+            p0[nb & 3] = nb < 4 ? u0 : p0[nb & 3] + u0;
+            p1[nb & 3] = nb < 4 ? u1 : p1[nb & 3] + u1;
+        }
     }
-    l[0] = l[0] * a[0] + ((p0[0] + p0[1]) + (p0[2] + p0[3]));
-    l[1] = l[1] * a[1] + ((p1[0] + p1[1]) + (p1[2] + p1[3]));
+    if (SUM) {
+        l[0] = l[0] * a[0] + ((p0[0] + p0[1]) + (p0[2] + p0[3]));
+        l[1] = l[1] * a[1] + ((p1[0] + p1[1]) + (p1[2] + p1[3]));
+    }
 }
 
 // Named barriers 1..NC: the consumers' turns to issue their products (SB).
@@ -811,12 +849,13 @@ __device__ __forceinline__ void fa_bar_arrive(int id, int n) { asm volatile("bar
 // one turn per tile of the block, also for the tiles it skips.
 // W: S as four m64n128k16 products a tile instead of eight m64n64k16 (half the shared-memory
 // reads of Q).
-template <class T, bool MASK, int NC, bool SB, bool W> __device__ void fa_fwd_ws(const AttnGeom& g, const T* Q, const T* K, const T* V, const void* mask, T* Y, float* lse, int vec) {
+// OS: P's row sums by the P·V products (m64n72k16 against V and a block of ones, Wg72).
+template <class T, bool MASK, int NC, bool SB, bool W, bool OS> __device__ void fa_fwd_ws(const AttnGeom& g, const T* Q, const T* K, const T* V, const void* mask, T* Y, float* lse, int vec) {
     constexpr int DP = 64, BM = 64 * NC, BK = FA_WS_BK, TILE = BK * DP * 2, ST = FA_WS_ST;
-    // Shared memory: Q (BM rows), then ST stages of K and V (TILE each), then the mbarriers
-    // full[ST], empty[ST] and Q's.
+    // Shared memory: Q (BM rows), then ST stages of K and V (TILE each), a tile of ones (OS),
+    // then the mbarriers full[ST], empty[ST] and Q's.
     unsigned sQ = smem_u32(fa_base());
-    unsigned sKV = sQ + BM * DP * 2, bars = sKV + ST * 2 * TILE;
+    unsigned sKV = sQ + BM * DP * 2, ones = sKV + ST * 2 * TILE, bars = ones + TILE;
     auto full = [&](int s) { return bars + 8u * s; };
     auto empty = [&](int s) { return bars + 8u * (ST + s); };
     const unsigned qbar = bars + 16u * ST;
@@ -834,6 +873,13 @@ template <class T, bool MASK, int NC, bool SB, bool W> __device__ void fa_fwd_ws
         }
         mb_init(qbar, 128);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    if (OS) {
+        T one = st<T>(1.f);
+        unsigned w = (unsigned)one.x | ((unsigned)one.x << 16);
+        for (int i = threadIdx.x; i < TILE / 16; i += blockDim.x)
+            asm volatile("st.shared.v4.b32 [%0], {%1,%1,%1,%1};" ::"r"(ones + 16u * i), "r"(w) : "memory");
+        fence_async_smem();
     }
     __syncthreads();
     if (wg == 0) {
@@ -877,10 +923,10 @@ template <class T, bool MASK, int NC, bool SB, bool W> __device__ void fa_fwd_ws
         int n = (int)((ke + BK - 1) / BK);
         if (n < nt) nt = n;
     }
-    float o[8][4], s[16][4];
+    float o[9][4], s[16][4];  // (o[8]: P's row sums, OS)
     float m[2], l[2], ap[2];  // ap: the factor of the previous tile's softmax for O
 #pragma unroll
-    for (int i = 0; i < 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    for (int i = 0; i < 9; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
     m[0] = m[1] = neg_inf(0.f);
     l[0] = l[1] = 0.f;
     unsigned pa[8][4];  // P of the previous tile (8 k steps of 16 keys)
@@ -901,7 +947,7 @@ template <class T, bool MASK, int NC, bool SB, bool W> __device__ void fa_fwd_ws
     };
     auto rescale = [&]() {
 #pragma unroll
-        for (int nd = 0; nd < 8; ++nd) {
+        for (int nd = 0; nd < (OS ? 9 : 8); ++nd) {
             o[nd][0] *= ap[0];
             o[nd][1] *= ap[0];
             o[nd][2] *= ap[1];
@@ -910,8 +956,19 @@ template <class T, bool MASK, int NC, bool SB, bool W> __device__ void fa_fwd_ws
     };
     // O += P_{t}·V_{t} (8 k steps of 16 keys) from stage offset `so`.
     auto pv = [&](unsigned so) {
+        if (OS) {
+            // The next 64-column block of V's stage (lbo away) is the block of ones.
+            const unsigned long long d = wg_desc_mn(sKV + TILE + so, 0) + ((unsigned long long)((ones - (sKV + TILE + so) - 8192u) >> 4) << 16);
 #pragma unroll
-        for (int kc = 0; kc < 8; ++kc) Wg<T, 1>::run(o, pa[kc], vdesc + ((so + kc * 2048u) >> 4));
+            for (int kc = 0; kc < 8; ++kc) Wg72<T>::run(o, pa[kc], d + kc * (2048u >> 4));
+        } else {
+#pragma unroll
+            for (int kc = 0; kc < 8; ++kc) Wg<T, 1>::run(o, pa[kc], vdesc + ((so + kc * 2048u) >> 4));
+        }
+    };
+    auto keep_o = [&]() {
+        wg_keep(o);
+        if (OS) asm volatile("" : "+f"(o[8][0]), "+f"(o[8][1]), "+f"(o[8][2]), "+f"(o[8][3])::"memory");
     };
     const int next = c + 1 < NC ? c + 1 : 0;
     if (SB && c == 0) fa_bar_arrive(1, 256);  // the first turn
@@ -953,12 +1010,12 @@ template <class T, bool MASK, int NC, bool SB, bool W> __device__ void fa_fwd_ws
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf)
             if (j0 + hf * 64 + 63 > elim) fa_edge<T, MASK>(g, s + 8 * hf, mask, b, h, rw + gq, j0 + hf * 64, 0);
-        fa_online_ws(s, m, l, ap, raw ? sl2 : 1.f);
+        fa_online_ws<!OS>(s, m, l, ap, raw ? sl2 : 1.f);
         if (!first) {
             wg_keep(s);
             wg_keep(s + 8);
             wg_wait_late(g, 0);
-            wg_keep(o);
+            keep_o();
             wg_keep_a(pa);
             wg_keep_a(pa + 4);
             release(t - 1);
@@ -974,7 +1031,7 @@ template <class T, bool MASK, int NC, bool SB, bool W> __device__ void fa_fwd_ws
         pv(((unsigned)(nt - 1) % ST) * 2 * TILE);
         wg_commit();
         wg_wait();
-        wg_keep(o);
+        keep_o();
         wg_keep_a(pa);
         wg_keep_a(pa + 4);
         release(nt - 1);
@@ -987,6 +1044,12 @@ template <class T, bool MASK, int NC, bool SB, bool W> __device__ void fa_fwd_ws
             fa_bar_arrive(1 + next, 256);
         }
         release(t);
+    }
+    if (OS) {
+        // Every thread of a row's quad holds the row's whole sum; fa_finish adds the quad's.
+        const bool q0l = (threadIdx.x & 3) == 0;
+        l[0] = q0l ? o[8][0] : 0.f;
+        l[1] = q0l ? o[8][2] : 0.f;
     }
     fa_finish<T, DP>(g, Y, lse, b, h, bh, o, rw, m, l);
 }
@@ -1489,17 +1552,20 @@ INST_FA(bf16, bf16)
 INST_FA(f16, f16)
 // The warp-specialized forward (sm_90a only; elsewhere an empty body the host never
 // launches): NC consumer warpgroups of 64 query rows.
-#define INST_FA_WS(T, S, NC, SB, W, M, MS)                                                                   \
-    extern "C" __global__ void __launch_bounds__(((NC) + 1) * 128, 1) fa_fwd_ws##NC##SB##W##_##S##_64##MS(  \
-        AttnGeom g, const T* q, const T* k, const T* v, const void* m, T* y, float* lse, int vec) {          \
-        if constexpr (FA_HAVE_WG) fa_fwd_ws<T, M, NC, FA_WS_ON_##SB, FA_WS_ON_##W>(g, q, k, v, m, y, lse, vec); \
+#define INST_FA_WS(T, S, NC, SB, W, OS, M, MS)                                                               \
+    extern "C" __global__ void __launch_bounds__(((NC) + 1) * 128, 1) fa_fwd_ws##NC##SB##W##OS##_##S##_64##MS( \
+        AttnGeom g, const T* q, const T* k, const T* v, const void* m, T* y, float* lse, int vec) {            \
+        if constexpr (FA_HAVE_WG)                                                                              \
+            fa_fwd_ws<T, M, NC, FA_WS_ON_##SB, FA_WS_ON_##W, FA_WS_ON_##OS>(g, q, k, v, m, y, lse, vec);       \
     }
 #define FA_WS_ON_ false
 #define FA_WS_ON_s true
 #define FA_WS_ON_w true
-#define INST_FA_WS_M(T, S, NC, SB, W) INST_FA_WS(T, S, NC, SB, W, false, ) INST_FA_WS(T, S, NC, SB, W, true, _m)
-#define INST_FA_WS_ALL(T, S) \
-    INST_FA_WS_M(T, S, 3, , ) INST_FA_WS_M(T, S, 2, , ) INST_FA_WS_M(T, S, 3, s, ) INST_FA_WS_M(T, S, 3, , w) INST_FA_WS_M(T, S, 3, s, w)
+#define FA_WS_ON_o true
+#define INST_FA_WS_M(T, S, NC, SB, W, OS) INST_FA_WS(T, S, NC, SB, W, OS, false, ) INST_FA_WS(T, S, NC, SB, W, OS, true, _m)
+#define INST_FA_WS_ALL(T, S)                                                                                       \
+    INST_FA_WS_M(T, S, 3, , , ) INST_FA_WS_M(T, S, 2, , , ) INST_FA_WS_M(T, S, 3, s, , ) INST_FA_WS_M(T, S, 3, , w, ) \
+    INST_FA_WS_M(T, S, 3, s, w, ) INST_FA_WS_M(T, S, 3, , w, o) INST_FA_WS_M(T, S, 3, s, w, o)
 INST_FA_WS_ALL(bf16, bf16)
 INST_FA_WS_ALL(f16, f16)
 

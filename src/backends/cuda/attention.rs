@@ -417,7 +417,8 @@ enum Fast {
 /// device); for the forward on Hopper, `wg` takes the one-warpgroup wgmma kernel instead of
 /// the warp-specialized one, `ws2` the warp-specialized one with 2 consumer warpgroups
 /// instead of 3, `sb` the one whose consumers take turns to issue their products, `wide` the
-/// one with m64n128 products for S, `sbwide` both.
+/// one with m64n128 products for S, `sbwide` both, `ones` and `sbones` the latter two with
+/// P's row sums by the tensor cores.
 fn kernel_choice() -> &'static str {
     static CHOICE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     CHOICE.get_or_init(|| std::env::var("GRAPHRUN_CUDA_ATTENTION").unwrap_or_default())
@@ -566,19 +567,21 @@ fn fast_forward(
     match f {
         Fast::Mma(64) if c.dev.cc == (9, 0) && !matches!(kernel_choice(), "mma" | "wg") => {
             // Warp-specialized (cuda/flash.cu fa_fwd_ws): a producer warpgroup and NC
-            // consumer warpgroups of 64 query rows; Q, then a ring of 128-key K/V stages,
-            // then the mbarriers.
+            // consumer warpgroups of 64 query rows; Q, then a ring of 128-key K/V stages, a
+            // tile of ones, then the mbarriers.
             let (nc, variant) = match kernel_choice() {
                 "ws2" => (2, ""),
                 "sb" => (3, "s"),
                 "wide" => (3, "w"),
                 "sbwide" => (3, "sw"),
+                "ones" => (3, "wo"),
+                "sbones" => (3, "swo"),
                 _ => (3, ""),
             };
             let sfx = if g.mask_kind != 0 { "_m" } else { "" };
             let name = format!("fa_fwd_ws{nc}{variant}_{}_64{sfx}", suffix(q.dtype()));
             let bm = 64 * nc;
-            let smem = bm * 64 * 2 + FA_WS_ST * 2 * FA_WS_BK * 64 * 2 + 128 + SMEM_ALIGN;
+            let smem = bm * 64 * 2 + (FA_WS_ST * 2 + 1) * FA_WS_BK * 64 * 2 + 128 + SMEM_ALIGN;
             let grid = (sq.div_ceil(bm) as u32, bh, 1);
             launch_grid(&c.dev, &c.stream, &name, grid, 128 * (nc as u32 + 1), smem, &args)
         }
