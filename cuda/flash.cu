@@ -850,28 +850,31 @@ __device__ __forceinline__ void fa_bar_arrive(int id, int n) { asm volatile("bar
 // W: S as four m64n128k16 products a tile instead of eight m64n64k16 (half the shared-memory
 // reads of Q).
 // OS: P's row sums by the P·V products (m64n72k16 against V and a block of ones, Wg72).
-template <class T, bool MASK, int NC, bool SB, bool W, bool OS> __device__ void fa_fwd_ws(const AttnGeom& g, const T* Q, const T* K, const T* V, const void* mask, T* Y, float* lse, int vec) {
+// PER: persistent CTAs taking work items from a counter (see below).
+template <class T, bool MASK, int NC, bool SB, bool W, bool OS, bool PER> __device__ void fa_fwd_ws(const AttnGeom& g, const T* Q, const T* K, const T* V, const void* mask, T* Y, float* lse, int vec, int* work) {
     constexpr int DP = 64, BM = 64 * NC, BK = FA_WS_BK, TILE = BK * DP * 2, ST = FA_WS_ST;
     // Shared memory: Q (BM rows), then ST stages of K and V (TILE each), a tile of ones (OS),
-    // then the mbarriers full[ST], empty[ST] and Q's.
+    // then the mbarriers full[ST], empty[ST], Q's full and empty, and the work item (PER).
     unsigned sQ = smem_u32(fa_base());
     unsigned sKV = sQ + BM * DP * 2, ones = sKV + ST * 2 * TILE, bars = ones + TILE;
     auto full = [&](int s) { return bars + 8u * s; };
     auto empty = [&](int s) { return bars + 8u * (ST + s); };
-    const unsigned qbar = bars + 16u * ST;
+    const unsigned qbar = bars + 16u * ST, qempty = qbar + 8u, slot = qbar + 16u;
     int wg = threadIdx.x >> 7;
-    i64 qb = g.causal ? (i64)gridDim.x - 1 - blockIdx.x : blockIdx.x;
-    i64 bh = blockIdx.y, b = bh / g.hq, h = bh % g.hq, hk = h / (g.hq / g.hkv);
-    i64 q0 = qb * BM;
-    i64 kend = g.skv;
-    if (g.causal && q0 + BM < kend) kend = q0 + BM;
-    int ntiles = (int)((kend + BK - 1) / BK);
+    // Work items: (query block, batch·head), the blocks of a head one after another (their
+    // K/V stay in L2), the longest first under causal. Without PER the grid is (query
+    // blocks, B·Hq) and each CTA takes its own item; with PER each CTA takes items from the
+    // counter `work` (zeroed by the host) until none is left, and the producer loads the
+    // next item's Q and K/V while the consumers finish the last one.
+    const int nqb = (int)((g.sq + BM - 1) / BM);
+    const i64 nitems = (i64)nqb * (g.rows / g.sq);
     if (threadIdx.x == 0) {
         for (int s = 0; s < ST; ++s) {
             mb_init(full(s), 128);
             mb_init(empty(s), NC * 4);
         }
         mb_init(qbar, 128);
+        mb_init(qempty, NC * 4);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     if (OS) {
@@ -882,176 +885,244 @@ template <class T, bool MASK, int NC, bool SB, bool W, bool OS> __device__ void 
         fence_async_smem();
     }
     __syncthreads();
+    auto item_of = [&](int k) -> i64 {
+        if (!PER) return k == 0 ? (i64)blockIdx.y * nqb + blockIdx.x : nitems;
+        int v;
+        asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(slot) : "memory");
+        return v;
+    };
+    // The geometry of item `it`: batch, head, first query row, key tiles of the block.
+    struct Item {
+        i64 bh, b, h, q0;
+        int ntiles;
+    };
+    auto geom = [&](i64 it) {
+        Item r;
+        r.bh = it / nqb;
+        int qr = (int)(it % nqb);
+        r.b = r.bh / g.hq;
+        r.h = r.bh % g.hq;
+        r.q0 = (i64)(g.causal ? nqb - 1 - qr : qr) * BM;
+        i64 kend = g.skv;
+        if (g.causal && r.q0 + BM < kend) kend = r.q0 + BM;
+        r.ntiles = (int)((kend + BK - 1) / BK);
+        return r;
+    };
     if (wg == 0) {
         wg_setmaxnreg_dec<FA_WS_PREG(NC)>();
-        // Each stage is announced when its copies have landed (one tile later: the next
-        // tile's copies are in flight meanwhile), by every producer thread after its own
-        // wait and proxy fence (wgmma reads what cp.async wrote).
-        int qvalid = (int)(g.sq - q0 < BM ? g.sq - q0 : BM);
-        load_tile<DP, 128>(sQ, (const unsigned short*)Q + att_off(g, ATT_Q, b, h, q0), g.st[ATT_Q][2], BM, qvalid, (int)g.d, vec);
-        cp_commit();
-        const i64 krs = g.st[ATT_K][2], vrs = g.st[ATT_V][2];
-        const unsigned short* Kb = (const unsigned short*)K + att_off(g, ATT_K, b, hk, 0);
-        const unsigned short* Vb = (const unsigned short*)V + att_off(g, ATT_V, b, hk, 0);
-        for (int t = 0; t < ntiles; ++t) {
-            int s = t % ST;
-            if (t >= ST) mb_wait(empty(s), (unsigned)((t / ST - 1) & 1));
-            i64 j0 = (i64)t * BK;
-            int kv = (int)(g.skv - j0 < BK ? g.skv - j0 : BK);
-            unsigned kt = sKV + s * 2 * TILE;
-            load_tile<DP, 128>(kt, Kb + j0 * krs, krs, BK, kv, (int)g.d, vec);
-            load_tile<DP, 128>(kt + TILE, Vb + j0 * vrs, vrs, BK, kv, (int)g.dv, vec);
+        // Each copy group (a Q tile or a K/V stage) is announced when it has landed: after the
+        // next group is issued (or at a flush), by every producer thread after its own wait
+        // and proxy fence (wgmma reads what cp.async wrote).
+        unsigned pend = 0;
+        auto flush = [&]() {
+            cp_wait_all();
+            fence_async_smem();
+            if (pend) mb_arrive(pend);
+            pend = 0;
+        };
+        auto issued = [&](unsigned bar) {
             cp_commit();
-            // The previous group (Q, or tile t − 1) is in.
             asm volatile("cp.async.wait_group 1;" ::: "memory");
             fence_async_smem();
-            mb_arrive(t == 0 ? qbar : full((t - 1) % ST));
+            if (pend) mb_arrive(pend);
+            pend = bar;
+        };
+        const i64 krs = g.st[ATT_K][2], vrs = g.st[ATT_V][2];
+        int nkv = 0;  // K/V tiles so far (all items)
+        for (int k = 0;; ++k) {
+            if (PER) {
+                if (k > 0) {
+                    // Q's tile and the item slot are free once every consumer is past its
+                    // last S of the previous item.
+                    flush();
+                    mb_wait(qempty, (unsigned)((k - 1) & 1));
+                }
+                if (threadIdx.x == 0) asm volatile("st.shared.b32 [%0], %1;" ::"r"(slot), "r"(atomicAdd(work, 1)) : "memory");
+                fa_bar_sync(1 + NC, 128);
+            }
+            const i64 it = item_of(k);
+            if (it >= nitems) {
+                if (PER) {
+                    flush();
+                    mb_arrive(qbar);  // the consumers read the end from the slot
+                }
+                break;
+            }
+            const Item im = geom(it);
+            const i64 hk = im.h / (g.hq / g.hkv);
+            int qvalid = (int)(g.sq - im.q0 < BM ? g.sq - im.q0 : BM);
+            load_tile<DP, 128>(sQ, (const unsigned short*)Q + att_off(g, ATT_Q, im.b, im.h, im.q0), g.st[ATT_Q][2], BM, qvalid, (int)g.d, vec);
+            issued(qbar);
+            const unsigned short* Kb = (const unsigned short*)K + att_off(g, ATT_K, im.b, hk, 0);
+            const unsigned short* Vb = (const unsigned short*)V + att_off(g, ATT_V, im.b, hk, 0);
+            for (int t = 0; t < im.ntiles; ++t, ++nkv) {
+                int s = nkv % ST;
+                if (nkv >= ST) mb_wait(empty(s), (unsigned)((nkv / ST - 1) & 1));
+                i64 j0 = (i64)t * BK;
+                int kv = (int)(g.skv - j0 < BK ? g.skv - j0 : BK);
+                unsigned kt = sKV + s * 2 * TILE;
+                load_tile<DP, 128>(kt, Kb + j0 * krs, krs, BK, kv, (int)g.d, vec);
+                load_tile<DP, 128>(kt + TILE, Vb + j0 * vrs, vrs, BK, kv, (int)g.dv, vec);
+                issued(full(s));
+            }
+            if (!PER) break;
         }
-        cp_wait_all();
-        fence_async_smem();
-        mb_arrive(ntiles == 0 ? qbar : full((ntiles - 1) % ST));
+        flush();
         return;
     }
     wg_setmaxnreg_inc<FA_WS_CREG(NC)>();
     const int c = wg - 1, warp = (threadIdx.x >> 5) & 3, gq = (threadIdx.x & 31) >> 2, lane = threadIdx.x & 31;
-    const i64 rc = q0 + c * 64;  // this consumer's first row
-    // The tiles this consumer computes (its rows see them); it passes over the rest.
-    int nt = ntiles;
-    if (rc >= g.sq) nt = 0;
-    else if (g.causal) {
-        i64 ke = g.skv < rc + 64 ? g.skv : rc + 64;
-        int n = (int)((ke + BK - 1) / BK);
-        if (n < nt) nt = n;
-    }
-    float o[9][4], s[16][4];  // (o[8]: P's row sums, OS)
-    float m[2], l[2], ap[2];  // ap: the factor of the previous tile's softmax for O
-#pragma unroll
-    for (int i = 0; i < 9; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-    m[0] = m[1] = neg_inf(0.f);
-    l[0] = l[1] = 0.f;
-    unsigned pa[8][4];  // P of the previous tile (8 k steps of 16 keys)
+    const int next = c + 1 < NC ? c + 1 : 0;
     const float sl2 = (float)g.scale * FA_LOG2E;
     const bool raw = !MASK && sl2 > 0.f;
-    const i64 rw = rc + warp * 16;  // the warp's first row
-    // A 64-key half from c0 needs fa_edge iff c0 + 63 > elim (keys past Skv, keys after the
-    // warp's first row, or any mask).
-    i64 elim = g.skv - 1;
-    if (g.causal && rw < elim) elim = rw;
-    if (MASK) elim = -1;
     // Descriptors once: a stage or k step moves the start address, i.e. adds bytes / 16 to
     // the descriptor (shared addresses stay below 256 KiB: no carry out of its field).
     const unsigned long long qdesc = wg_desc_k(sQ + c * 64 * DP * 2, 0), kdesc = wg_desc_k(sKV, 0), vdesc = wg_desc_mn(sKV + TILE, 0);
-    auto release = [&](int t) {
+    auto arrive_warp = [&](unsigned bar) {
         __syncwarp();
-        if (lane == 0) mb_arrive(empty(t % ST));
+        if (lane == 0) mb_arrive(bar);
     };
-    auto rescale = [&]() {
-#pragma unroll
-        for (int nd = 0; nd < (OS ? 9 : 8); ++nd) {
-            o[nd][0] *= ap[0];
-            o[nd][1] *= ap[0];
-            o[nd][2] *= ap[1];
-            o[nd][3] *= ap[1];
-        }
-    };
-    // O += P_{t}·V_{t} (8 k steps of 16 keys) from stage offset `so`.
-    auto pv = [&](unsigned so) {
-        if (OS) {
-            // The next 64-column block of V's stage (lbo away) is the block of ones.
-            const unsigned long long d = wg_desc_mn(sKV + TILE + so, 0) + ((unsigned long long)((ones - (sKV + TILE + so) - 8192u) >> 4) << 16);
-#pragma unroll
-            for (int kc = 0; kc < 8; ++kc) Wg72<T>::run(o, pa[kc], d + kc * (2048u >> 4));
-        } else {
-#pragma unroll
-            for (int kc = 0; kc < 8; ++kc) Wg<T, 1>::run(o, pa[kc], vdesc + ((so + kc * 2048u) >> 4));
-        }
-    };
-    auto keep_o = [&]() {
-        wg_keep(o);
-        if (OS) asm volatile("" : "+f"(o[8][0]), "+f"(o[8][1]), "+f"(o[8][2]), "+f"(o[8][3])::"memory");
-    };
-    const int next = c + 1 < NC ? c + 1 : 0;
     if (SB && c == 0) fa_bar_arrive(1, 256);  // the first turn
-    mb_wait(qbar, 0);
-    auto step = [&](int t, bool first) {
-        const unsigned ut = (unsigned)t, so = (ut % ST) * 2 * TILE;
-        mb_wait(full(ut % ST), (ut / ST) & 1);
-        if (SB) fa_bar_sync(1 + c, 256);
-        wg_fence();
-        if (W) {
-#pragma unroll
-            for (int kc = 0; kc < 4; ++kc) Wg128<T>::ss(s, qdesc + 2 * kc, kdesc + ((so + kc * 32) >> 4), kc);
-        } else {
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf)
-#pragma unroll
-                for (int kc = 0; kc < 4; ++kc) Wg<T, 0>::ss(s + 8 * hf, qdesc + 2 * kc, kdesc + ((so + hf * 64 * DP * 2 + kc * 32) >> 4), kc);
+    int T0 = 0;  // K/V tiles of the earlier items
+    for (int k = 0;; ++k) {
+        mb_wait(qbar, (unsigned)(k & 1));
+        const i64 it = item_of(k);
+        if (it >= nitems) break;
+        const Item im = geom(it);
+        const int ntiles = im.ntiles;
+        const i64 rc = im.q0 + c * 64;  // this consumer's first row
+        // The tiles this consumer computes (its rows see them); it passes over the rest.
+        int nt = ntiles;
+        if (rc >= g.sq) nt = 0;
+        else if (g.causal) {
+            i64 ke = g.skv < rc + 64 ? g.skv : rc + 64;
+            int n = (int)((ke + BK - 1) / BK);
+            if (n < nt) nt = n;
         }
-        wg_commit();
-        if (!first) {
-            // O (up to tile t − 2) to the previous tile's maximum while S_t runs, then
-            // O += P_{t−1}·V_{t−1}: after the P·V wait only P_t's packing is left.
-            rescale();
+        if (nt == 0) arrive_warp(qempty);
+        float o[9][4], s[16][4];  // (o[8]: P's row sums, OS)
+        float m[2], l[2], ap[2];  // ap: the factor of the previous tile's softmax for O
+#pragma unroll
+        for (int i = 0; i < 9; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+        m[0] = m[1] = neg_inf(0.f);
+        l[0] = l[1] = 0.f;
+        unsigned pa[8][4];  // P of the previous tile (8 k steps of 16 keys)
+        const i64 rw = rc + warp * 16;  // the warp's first row
+        // A 64-key half from c0 needs fa_edge iff c0 + 63 > elim (keys past Skv, keys after
+        // the warp's first row, or any mask).
+        i64 elim = g.skv - 1;
+        if (g.causal && rw < elim) elim = rw;
+        if (MASK) elim = -1;
+        auto rescale = [&]() {
+#pragma unroll
+            for (int nd = 0; nd < (OS ? 9 : 8); ++nd) {
+                o[nd][0] *= ap[0];
+                o[nd][1] *= ap[0];
+                o[nd][2] *= ap[1];
+                o[nd][3] *= ap[1];
+            }
+        };
+        // O += P·V (8 k steps of 16 keys) from stage offset `so`.
+        auto pv = [&](unsigned so) {
+            if (OS) {
+                // The next 64-column block of V's stage (lbo away) is the block of ones.
+                const unsigned long long d = wg_desc_mn(sKV + TILE + so, 0) + ((unsigned long long)((ones - (sKV + TILE + so) - 8192u) >> 4) << 16);
+#pragma unroll
+                for (int kc = 0; kc < 8; ++kc) Wg72<T>::run(o, pa[kc], d + kc * (2048u >> 4));
+            } else {
+#pragma unroll
+                for (int kc = 0; kc < 8; ++kc) Wg<T, 1>::run(o, pa[kc], vdesc + ((so + kc * 2048u) >> 4));
+            }
+        };
+        auto keep_o = [&]() {
+            wg_keep(o);
+            if (OS) asm volatile("" : "+f"(o[8][0]), "+f"(o[8][1]), "+f"(o[8][2]), "+f"(o[8][3])::"memory");
+        };
+        // Key tile t of the item (all items' tile T0 + t in the ring).
+        auto step = [&](int t, bool first) {
+            const unsigned ut = (unsigned)(T0 + t), so = (ut % ST) * 2 * TILE;
+            mb_wait(full(ut % ST), (ut / ST) & 1);
+            if (SB) fa_bar_sync(1 + c, 256);
             wg_fence();
-            pv(((ut + ST - 1) % ST) * 2 * TILE);
+            if (W) {
+#pragma unroll
+                for (int kc = 0; kc < 4; ++kc) Wg128<T>::ss(s, qdesc + 2 * kc, kdesc + ((so + kc * 32) >> 4), kc);
+            } else {
+#pragma unroll
+                for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+                    for (int kc = 0; kc < 4; ++kc) Wg<T, 0>::ss(s + 8 * hf, qdesc + 2 * kc, kdesc + ((so + hf * 64 * DP * 2 + kc * 32) >> 4), kc);
+            }
             wg_commit();
-        }
-        if (SB) fa_bar_arrive(1 + next, 256);
-        wg_wait_late(g, first ? 0 : 1);
-        wg_keep(s);
-        wg_keep(s + 8);
-        if (!raw) {
-#pragma unroll
-            for (int nb = 0; nb < 16; ++nb)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) s[nb][e] *= sl2;
-        }
-        const i64 j0 = (i64)t * BK;
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf)
-            if (j0 + hf * 64 + 63 > elim) fa_edge<T, MASK>(g, s + 8 * hf, mask, b, h, rw + gq, j0 + hf * 64, 0);
-        fa_online_ws<!OS>(s, m, l, ap, raw ? sl2 : 1.f);
-        if (!first) {
+            if (!first) {
+                // O (up to tile t − 2) to the previous tile's maximum while S_t runs, then
+                // O += P_{t−1}·V_{t−1}: after the P·V wait only P_t's packing is left.
+                rescale();
+                wg_fence();
+                pv(((ut + ST - 1) % ST) * 2 * TILE);
+                wg_commit();
+            }
+            if (SB) fa_bar_arrive(1 + next, 256);
+            wg_wait_late(g, first ? 0 : 1);
             wg_keep(s);
             wg_keep(s + 8);
-            wg_wait_late(g, 0);
+            if (!raw) {
+#pragma unroll
+                for (int nb = 0; nb < 16; ++nb)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) s[nb][e] *= sl2;
+            }
+            const i64 j0 = (i64)t * BK;
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf)
+                if (j0 + hf * 64 + 63 > elim) fa_edge<T, MASK>(g, s + 8 * hf, mask, im.b, im.h, rw + gq, j0 + hf * 64, 0);
+            fa_online_ws<!OS>(s, m, l, ap, raw ? sl2 : 1.f);
+            if (!first) {
+                wg_keep(s);
+                wg_keep(s + 8);
+                wg_wait_late(g, 0);
+                keep_o();
+                wg_keep_a(pa);
+                wg_keep_a(pa + 4);
+                arrive_warp(empty((T0 + t - 1) % ST));
+            }
+            pack_a<T>(pa, s);
+            pack_a<T>(pa + 4, s + 8);
+        };
+        if (nt > 0) {
+            step(0, true);
+            for (int t = 1; t < nt; ++t) step(t, false);
+            arrive_warp(qempty);  // past the last S: Q's tile may be refilled
+            rescale();
+            wg_fence();
+            pv(((unsigned)(T0 + nt - 1) % ST) * 2 * TILE);
+            wg_commit();
+            wg_wait();
             keep_o();
             wg_keep_a(pa);
             wg_keep_a(pa + 4);
-            release(t - 1);
+            arrive_warp(empty((T0 + nt - 1) % ST));
         }
-        pack_a<T>(pa, s);
-        pack_a<T>(pa + 4, s + 8);
-    };
-    if (nt > 0) {
-        step(0, true);
-        for (int t = 1; t < nt; ++t) step(t, false);
-        rescale();
-        wg_fence();
-        pv(((unsigned)(nt - 1) % ST) * 2 * TILE);
-        wg_commit();
-        wg_wait();
-        keep_o();
-        wg_keep_a(pa);
-        wg_keep_a(pa + 4);
-        release(nt - 1);
-    }
-    // The stages of tiles this consumer's rows do not see: arrive once each is filled.
-    for (int t = nt; t < ntiles; ++t) {
-        mb_wait(full(t % ST), (unsigned)((t / ST) & 1));
-        if (SB) {
-            fa_bar_sync(1 + c, 256);
-            fa_bar_arrive(1 + next, 256);
+        // The stages of tiles this consumer's rows do not see: arrive once each is filled.
+        for (int t = nt; t < ntiles; ++t) {
+            const unsigned ut = (unsigned)(T0 + t);
+            mb_wait(full(ut % ST), (ut / ST) & 1);
+            if (SB) {
+                fa_bar_sync(1 + c, 256);
+                fa_bar_arrive(1 + next, 256);
+            }
+            arrive_warp(empty(ut % ST));
         }
-        release(t);
+        if (OS) {
+            // Every thread of a row's quad holds the row's whole sum; fa_finish adds the quad's.
+            const bool q0l = (threadIdx.x & 3) == 0;
+            l[0] = q0l ? o[8][0] : 0.f;
+            l[1] = q0l ? o[8][2] : 0.f;
+        }
+        fa_finish<T, DP>(g, Y, lse, im.b, im.h, im.bh, o, rw, m, l);
+        T0 += ntiles;
+        if (!PER) break;
     }
-    if (OS) {
-        // Every thread of a row's quad holds the row's whole sum; fa_finish adds the quad's.
-        const bool q0l = (threadIdx.x & 3) == 0;
-        l[0] = q0l ? o[8][0] : 0.f;
-        l[1] = q0l ? o[8][2] : 0.f;
-    }
-    fa_finish<T, DP>(g, Y, lse, b, h, bh, o, rw, m, l);
 }
 
 // delta = rowsum(dY∘Y) of this thread's rows row0 and row0 + 8 (the 4 threads of a row
@@ -1552,20 +1623,22 @@ INST_FA(bf16, bf16)
 INST_FA(f16, f16)
 // The warp-specialized forward (sm_90a only; elsewhere an empty body the host never
 // launches): NC consumer warpgroups of 64 query rows.
-#define INST_FA_WS(T, S, NC, SB, W, OS, M, MS)                                                               \
-    extern "C" __global__ void __launch_bounds__(((NC) + 1) * 128, 1) fa_fwd_ws##NC##SB##W##OS##_##S##_64##MS( \
-        AttnGeom g, const T* q, const T* k, const T* v, const void* m, T* y, float* lse, int vec) {            \
-        if constexpr (FA_HAVE_WG)                                                                              \
-            fa_fwd_ws<T, M, NC, FA_WS_ON_##SB, FA_WS_ON_##W, FA_WS_ON_##OS>(g, q, k, v, m, y, lse, vec);       \
+#define INST_FA_WS(T, S, NC, SB, W, OS, P, M, MS)                                                            \
+    extern "C" __global__ void __launch_bounds__(((NC) + 1) * 128, 1) fa_fwd_ws##NC##SB##W##OS##P##_##S##_64##MS( \
+        AttnGeom g, const T* q, const T* k, const T* v, const void* m, T* y, float* lse, int vec, int* work) {  \
+        if constexpr (FA_HAVE_WG)                                                                                \
+            fa_fwd_ws<T, M, NC, FA_WS_ON_##SB, FA_WS_ON_##W, FA_WS_ON_##OS, FA_WS_ON_##P>(g, q, k, v, m, y, lse, vec, work); \
     }
 #define FA_WS_ON_ false
 #define FA_WS_ON_s true
 #define FA_WS_ON_w true
 #define FA_WS_ON_o true
-#define INST_FA_WS_M(T, S, NC, SB, W, OS) INST_FA_WS(T, S, NC, SB, W, OS, false, ) INST_FA_WS(T, S, NC, SB, W, OS, true, _m)
-#define INST_FA_WS_ALL(T, S)                                                                                       \
-    INST_FA_WS_M(T, S, 3, , , ) INST_FA_WS_M(T, S, 2, , , ) INST_FA_WS_M(T, S, 3, s, , ) INST_FA_WS_M(T, S, 3, , w, ) \
-    INST_FA_WS_M(T, S, 3, s, w, ) INST_FA_WS_M(T, S, 3, , w, o) INST_FA_WS_M(T, S, 3, s, w, o)
+#define FA_WS_ON_p true
+#define INST_FA_WS_M(T, S, NC, SB, W, OS, P) INST_FA_WS(T, S, NC, SB, W, OS, P, false, ) INST_FA_WS(T, S, NC, SB, W, OS, P, true, _m)
+#define INST_FA_WS_ALL(T, S)                                                                                              \
+    INST_FA_WS_M(T, S, 3, , , , ) INST_FA_WS_M(T, S, 2, , , , ) INST_FA_WS_M(T, S, 3, s, , , ) INST_FA_WS_M(T, S, 3, , w, , ) \
+    INST_FA_WS_M(T, S, 3, s, w, , ) INST_FA_WS_M(T, S, 3, , w, o, ) INST_FA_WS_M(T, S, 3, s, w, o, )                      \
+    INST_FA_WS_M(T, S, 3, , w, , p) INST_FA_WS_M(T, S, 3, , w, o, p) INST_FA_WS_M(T, S, 3, s, w, o, p)
 INST_FA_WS_ALL(bf16, bf16)
 INST_FA_WS_ALL(f16, f16)
 

@@ -418,7 +418,8 @@ enum Fast {
 /// the warp-specialized one, `ws2` the warp-specialized one with 2 consumer warpgroups
 /// instead of 3, `sb` the one whose consumers take turns to issue their products, `wide` the
 /// one with m64n128 products for S, `sbwide` both, `ones` and `sbones` the latter two with
-/// P's row sums by the tensor cores.
+/// P's row sums by the tensor cores, `pers`, `onespers` and `sbonespers` persistent forms of
+/// `wide`, `ones` and `sbones`.
 fn kernel_choice() -> &'static str {
     static CHOICE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     CHOICE.get_or_init(|| std::env::var("GRAPHRUN_CUDA_ATTENTION").unwrap_or_default())
@@ -568,7 +569,7 @@ fn fast_forward(
         Fast::Mma(64) if c.dev.cc == (9, 0) && !matches!(kernel_choice(), "mma" | "wg") => {
             // Warp-specialized (cuda/flash.cu fa_fwd_ws): a producer warpgroup and NC
             // consumer warpgroups of 64 query rows; Q, then a ring of 128-key K/V stages, a
-            // tile of ones, then the mbarriers.
+            // tile of ones, then the mbarriers and the work item.
             let (nc, variant) = match kernel_choice() {
                 "ws2" => (2, ""),
                 "sb" => (3, "s"),
@@ -576,13 +577,33 @@ fn fast_forward(
                 "sbwide" => (3, "sw"),
                 "ones" => (3, "wo"),
                 "sbones" => (3, "swo"),
+                "pers" => (3, "wp"),
+                "onespers" => (3, "wop"),
+                "sbonespers" => (3, "swop"),
                 _ => (3, ""),
             };
             let sfx = if g.mask_kind != 0 { "_m" } else { "" };
             let name = format!("fa_fwd_ws{nc}{variant}_{}_64{sfx}", suffix(q.dtype()));
             let bm = 64 * nc;
             let smem = bm * 64 * 2 + (FA_WS_ST * 2 + 1) * FA_WS_BK * 64 * 2 + 128 + SMEM_ALIGN;
-            let grid = (sq.div_ceil(bm) as u32, bh, 1);
+            let items = sq.div_ceil(bm) * bh as usize;
+            let (grid, work) = if variant.ends_with('p') {
+                // Persistent: one CTA an SM, work items from a counter zeroed here.
+                let sms = c
+                    .dev
+                    .ctx
+                    .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+                    .map_err(|e| crate::err!(Runtime, "CUDA device attribute: {e:?}"))?;
+                let work = c.scratch(4)?;
+                // Safety: `work` addresses 4 bytes of scratch that live until the node ends.
+                unsafe { cudarc::driver::result::memset_d8_async(work, 0, 4, c.stream.cu_stream()) }
+                    .map_err(|e| crate::err!(Runtime, "CUDA memset failed: {e:?}"))?;
+                ((items.min(sms.max(1) as usize) as u32, 1, 1), work)
+            } else {
+                ((sq.div_ceil(bm) as u32, bh, 1), 0)
+            };
+            let mut args = args;
+            args.push(Arg::Ptr(work));
             launch_grid(&c.dev, &c.stream, &name, grid, 128 * (nc as u32 + 1), smem, &args)
         }
         Fast::Mma(dp) => {
