@@ -3,8 +3,10 @@
 # attention tests (default kernels, then each of TEST_MODES as GRAPHRUN_CUDA_ATTENTION),
 # then `graphrun bench` medians for attention bf16 fwd/train, f16 fwd and gpt_block bf16
 # fwd under the default and each of MODES (`wg`: the one-warpgroup kernel as before;
-# `ws2`: 2 consumer warpgroups). Carried by scripts/carry_fwd.sh; run as
-#   [MODES="wg ws2"] [TEST_MODES="wg ws2"] bash .carry-fwd/device_fwd.sh
+# `ws2`: 2 consumer warpgroups; the others in src/backends/cuda/attention.rs; training only
+# for TRAIN_MODES). Carried by scripts/carry_fwd.sh; run as
+#   [MODES="wg ws2"] [TEST_MODES="wg ws2"] [TRAIN_MODES="default wg"] [NCU="default"] \
+#   bash .carry-fwd/device_fwd.sh
 set -u
 C=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/out}
@@ -44,7 +46,7 @@ for mode in default ${MODES:-wg ws2}; do
     case " $HUNG " in *" $mode "*) echo "skip benches of $mode (tests hung)"; continue;; esac
     env=; [ $mode != default ] && env=GRAPHRUN_CUDA_ATTENTION=$mode
     bench attention_bf16_fwd_$mode attention bf16 fwd $env
-    bench attention_bf16_train_$mode attention bf16 train $env
+    case " ${TRAIN_MODES:-default wg} " in *" $mode "*) bench attention_bf16_train_$mode attention bf16 train $env;; esac
     bench attention_f16_fwd_$mode attention f16 fwd $env
     bench gpt_block_bf16_fwd_$mode gpt_block bf16 fwd $env
 done
