@@ -8,8 +8,11 @@
 // On Hopper (sm_90a) heads up to 64 take the `_wg` kernels instead: warpgroup `wgmma`
 // (operands from the swizzled shared tiles through descriptors, P/dS from registers; see
 // Wg below), software-pipelined so that a tile's softmax runs under the previous tile's
-// products (fa_fwd_wg). All kernels address Q, K, V, Y and their gradients through the
-// strides of AttnGeom (batch, head, row; the head vector contiguous).
+// products (fa_fwd_wg). The forward there is warp-specialized (fa_fwd_ws: a producer
+// warpgroup streams K/V into an mbarrier ring for three consumer warpgroups; the host
+// launches it, fa_fwd_wg stays as GRAPHRUN_CUDA_ATTENTION=wg). All kernels address Q, K, V,
+// Y and their gradients through the strides of AttnGeom (batch, head, row; the head vector
+// contiguous).
 // f32 (and tf32 mode): the same tiling on CUDA cores in true FP32, each product a 64×64
 // tile of shared memory (4×4 outputs per thread, float4 operand reads).
 //
@@ -847,11 +850,11 @@ __device__ __forceinline__ void fa_bar_arrive(int id, int n) { asm volatile("bar
 // barrier: consumer c waits for c − 1 to have issued, then lets c + 1 go), so that their
 // softmaxes fall under each other's products instead of all at once; every consumer takes
 // one turn per tile of the block, also for the tiles it skips.
-// W: S as four m64n128k16 products a tile instead of eight m64n64k16 (half the shared-memory
-// reads of Q).
 // OS: P's row sums by the P·V products (m64n72k16 against V and a block of ones, Wg72).
 // PER: persistent CTAs taking work items from a counter (see below).
-template <class T, bool MASK, int NC, bool SB, bool W, bool OS, bool PER> __device__ void fa_fwd_ws(const AttnGeom& g, const T* Q, const T* K, const T* V, const void* mask, T* Y, float* lse, int vec, int* work) {
+// (SB, OS and PER measured no faster on the H100 than without: kept to compare,
+// GRAPHRUN_CUDA_ATTENTION=sb|ones|pers; docs/bench-h100/attention-notes.md, session 5.)
+template <class T, bool MASK, int NC, bool SB, bool OS, bool PER> __device__ void fa_fwd_ws(const AttnGeom& g, const T* Q, const T* K, const T* V, const void* mask, T* Y, float* lse, int vec, int* work) {
     constexpr int DP = 64, BM = 64 * NC, BK = FA_WS_BK, TILE = BK * DP * 2, ST = FA_WS_ST;
     // Shared memory: Q (BM rows), then ST stages of K and V (TILE each), a tile of ones (OS),
     // then the mbarriers full[ST], empty[ST], Q's full and empty, and the work item (PER).
@@ -1044,15 +1047,9 @@ template <class T, bool MASK, int NC, bool SB, bool W, bool OS, bool PER> __devi
             mb_wait(full(ut % ST), (ut / ST) & 1);
             if (SB) fa_bar_sync(1 + c, 256);
             wg_fence();
-            if (W) {
+            // S_t = Q·K_tᵀ: four m64n128k16 (eight m64n64k16 read Q twice as often: slower).
 #pragma unroll
-                for (int kc = 0; kc < 4; ++kc) Wg128<T>::ss(s, qdesc + 2 * kc, kdesc + ((so + kc * 32) >> 4), kc);
-            } else {
-#pragma unroll
-                for (int hf = 0; hf < 2; ++hf)
-#pragma unroll
-                    for (int kc = 0; kc < 4; ++kc) Wg<T, 0>::ss(s + 8 * hf, qdesc + 2 * kc, kdesc + ((so + hf * 64 * DP * 2 + kc * 32) >> 4), kc);
-            }
+            for (int kc = 0; kc < 4; ++kc) Wg128<T>::ss(s, qdesc + 2 * kc, kdesc + ((so + kc * 32) >> 4), kc);
             wg_commit();
             if (!first) {
                 // O (up to tile t − 2) to the previous tile's maximum while S_t runs, then
@@ -1623,22 +1620,19 @@ INST_FA(bf16, bf16)
 INST_FA(f16, f16)
 // The warp-specialized forward (sm_90a only; elsewhere an empty body the host never
 // launches): NC consumer warpgroups of 64 query rows.
-#define INST_FA_WS(T, S, NC, SB, W, OS, P, M, MS)                                                            \
-    extern "C" __global__ void __launch_bounds__(((NC) + 1) * 128, 1) fa_fwd_ws##NC##SB##W##OS##P##_##S##_64##MS( \
+#define INST_FA_WS(T, S, NC, SB, OS, P, M, MS)                                                                \
+    extern "C" __global__ void __launch_bounds__(((NC) + 1) * 128, 1) fa_fwd_ws##NC##SB##OS##P##_##S##_64##MS(   \
         AttnGeom g, const T* q, const T* k, const T* v, const void* m, T* y, float* lse, int vec, int* work) {  \
         if constexpr (FA_HAVE_WG)                                                                                \
-            fa_fwd_ws<T, M, NC, FA_WS_ON_##SB, FA_WS_ON_##W, FA_WS_ON_##OS, FA_WS_ON_##P>(g, q, k, v, m, y, lse, vec, work); \
+            fa_fwd_ws<T, M, NC, FA_WS_ON_##SB, FA_WS_ON_##OS, FA_WS_ON_##P>(g, q, k, v, m, y, lse, vec, work);  \
     }
 #define FA_WS_ON_ false
 #define FA_WS_ON_s true
-#define FA_WS_ON_w true
 #define FA_WS_ON_o true
 #define FA_WS_ON_p true
-#define INST_FA_WS_M(T, S, NC, SB, W, OS, P) INST_FA_WS(T, S, NC, SB, W, OS, P, false, ) INST_FA_WS(T, S, NC, SB, W, OS, P, true, _m)
-#define INST_FA_WS_ALL(T, S)                                                                                              \
-    INST_FA_WS_M(T, S, 3, , , , ) INST_FA_WS_M(T, S, 2, , , , ) INST_FA_WS_M(T, S, 3, s, , , ) INST_FA_WS_M(T, S, 3, , w, , ) \
-    INST_FA_WS_M(T, S, 3, s, w, , ) INST_FA_WS_M(T, S, 3, , w, o, ) INST_FA_WS_M(T, S, 3, s, w, o, )                      \
-    INST_FA_WS_M(T, S, 3, , w, , p) INST_FA_WS_M(T, S, 3, , w, o, p) INST_FA_WS_M(T, S, 3, s, w, o, p)
+#define INST_FA_WS_M(T, S, NC, SB, OS, P) INST_FA_WS(T, S, NC, SB, OS, P, false, ) INST_FA_WS(T, S, NC, SB, OS, P, true, _m)
+#define INST_FA_WS_ALL(T, S) \
+    INST_FA_WS_M(T, S, 3, , , ) INST_FA_WS_M(T, S, 3, s, , ) INST_FA_WS_M(T, S, 3, , o, ) INST_FA_WS_M(T, S, 3, , , p)
 INST_FA_WS_ALL(bf16, bf16)
 INST_FA_WS_ALL(f16, f16)
 

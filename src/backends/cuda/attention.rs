@@ -415,11 +415,8 @@ enum Fast {
 /// `GRAPHRUN_CUDA_ATTENTION=rows` keeps every problem on the row-per-warp kernels, `mma`
 /// the unmasked tensor-core ones on `mma.sync` where wgmma would run (to compare them on a
 /// device); for the forward on Hopper, `wg` takes the one-warpgroup wgmma kernel instead of
-/// the warp-specialized one, `ws2` the warp-specialized one with 2 consumer warpgroups
-/// instead of 3, `sb` the one whose consumers take turns to issue their products, `wide` the
-/// one with m64n128 products for S, `sbwide` both, `ones` and `sbones` the latter two with
-/// P's row sums by the tensor cores, `pers`, `onespers` and `sbonespers` persistent forms of
-/// `wide`, `ones` and `sbones`.
+/// the warp-specialized one, and `sb`, `ones`, `pers` its variants (consumers taking turns,
+/// row sums on the tensor cores, persistent CTAs; cuda/flash.cu fa_fwd_ws).
 fn kernel_choice() -> &'static str {
     static CHOICE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     CHOICE.get_or_init(|| std::env::var("GRAPHRUN_CUDA_ATTENTION").unwrap_or_default())
@@ -570,24 +567,19 @@ fn fast_forward(
             // Warp-specialized (cuda/flash.cu fa_fwd_ws): a producer warpgroup and NC
             // consumer warpgroups of 64 query rows; Q, then a ring of 128-key K/V stages, a
             // tile of ones, then the mbarriers and the work item.
-            let (nc, variant) = match kernel_choice() {
-                "ws2" => (2, ""),
-                "sb" => (3, "s"),
-                "wide" => (3, "w"),
-                "sbwide" => (3, "sw"),
-                "ones" => (3, "wo"),
-                "sbones" => (3, "swo"),
-                "pers" => (3, "wp"),
-                "onespers" => (3, "wop"),
-                "sbonespers" => (3, "swop"),
-                _ => (3, ""),
+            let nc = 3; // consumer warpgroups (2 measured slower: fewer warps)
+            let variant = match kernel_choice() {
+                "sb" => "s",
+                "ones" => "o",
+                "pers" => "p",
+                _ => "",
             };
             let sfx = if g.mask_kind != 0 { "_m" } else { "" };
             let name = format!("fa_fwd_ws{nc}{variant}_{}_64{sfx}", suffix(q.dtype()));
             let bm = 64 * nc;
             let smem = bm * 64 * 2 + (FA_WS_ST * 2 + 1) * FA_WS_BK * 64 * 2 + 128 + SMEM_ALIGN;
             let items = sq.div_ceil(bm) * bh as usize;
-            let (grid, work) = if variant.ends_with('p') {
+            let (grid, work) = if variant == "p" {
                 // Persistent: one CTA an SM, work items from a counter zeroed here.
                 let sms = c
                     .dev
@@ -596,15 +588,25 @@ fn fast_forward(
                     .map_err(|e| crate::err!(Runtime, "CUDA device attribute: {e:?}"))?;
                 let work = c.scratch(4)?;
                 // Safety: `work` addresses 4 bytes of scratch that live until the node ends.
-                unsafe { cudarc::driver::result::memset_d8_async(work, 0, 4, c.stream.cu_stream()) }
-                    .map_err(|e| crate::err!(Runtime, "CUDA memset failed: {e:?}"))?;
+                unsafe {
+                    cudarc::driver::result::memset_d8_async(work, 0, 4, c.stream.cu_stream())
+                }
+                .map_err(|e| crate::err!(Runtime, "CUDA memset failed: {e:?}"))?;
                 ((items.min(sms.max(1) as usize) as u32, 1, 1), work)
             } else {
                 ((sq.div_ceil(bm) as u32, bh, 1), 0)
             };
             let mut args = args;
             args.push(Arg::Ptr(work));
-            launch_grid(&c.dev, &c.stream, &name, grid, 128 * (nc as u32 + 1), smem, &args)
+            launch_grid(
+                &c.dev,
+                &c.stream,
+                &name,
+                grid,
+                128 * (nc as u32 + 1),
+                smem,
+                &args,
+            )
         }
         Fast::Mma(dp) => {
             // (`_mma` exists for heads up to 64, where wgmma runs.)
