@@ -8,8 +8,11 @@
 // On Hopper (sm_90a) heads up to 64 take the `_wg` kernels instead: warpgroup `wgmma`
 // (operands from the swizzled shared tiles through descriptors, P/dS from registers; see
 // Wg below), software-pipelined so that a tile's softmax runs under the previous tile's
-// products (fa_fwd_wg). All kernels address Q, K, V, Y and their gradients through the
-// strides of AttnGeom (batch, head, row; the head vector contiguous).
+// products (fa_fwd_wg). The forward there is warp-specialized (fa_fwd_ws: a producer
+// warpgroup streams K/V into an mbarrier ring for three consumer warpgroups; the host
+// launches it, fa_fwd_wg stays as GRAPHRUN_CUDA_ATTENTION=wg). All kernels address Q, K, V,
+// Y and their gradients through the strides of AttnGeom (batch, head, row; the head vector
+// contiguous).
 // f32 (and tf32 mode): the same tiling on CUDA cores in true FP32, each product a 64×64
 // tile of shared memory (4×4 outputs per thread, float4 operand reads).
 //
@@ -190,6 +193,75 @@ template <int TB> struct Wg<f16, TB> {
     static __device__ __forceinline__ void ss(float (*d)[4], unsigned long long adesc, unsigned long long desc, int acc) {
 #if FA_HAVE_WG
         FA_WGMMA_SS_BODY("f16");
+#endif
+    }
+};
+
+// m64n128k16 with both operands from shared memory (K-major, 128-byte swizzle): d[16][4]
+// is two m64n64 accumulators side by side (columns 0..63, 64..127). The warp-specialized
+// forward's S = Q·Kᵀ over 128 keys: each A (Q) read from shared memory feeds twice the
+// columns of two m64n64 products.
+#define FA_WG_D128 \
+    "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), \
+    "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), \
+    "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
+    "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), \
+    "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), \
+    "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), \
+    "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), \
+    "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+#define FA_WG_DREGS128 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}"
+#define FA_WGMMA128_SS_BODY(TY)                                                                           \
+    asm volatile("{ .reg .pred p; setp.ne.b32 p, %66, 0;\n"                                              \
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " FA_WG_DREGS128 ", "         \
+                 "%64, %65, p, 1, 1, 0, 0; }"                                                             \
+                 : FA_WG_D128                                                                              \
+                 : "l"(adesc), "l"(desc), "r"(acc))
+template <class T> struct Wg128;
+template <> struct Wg128<bf16> {
+    static __device__ __forceinline__ void ss(float (*d)[4], unsigned long long adesc, unsigned long long desc, int acc) {
+#if FA_HAVE_WG
+        FA_WGMMA128_SS_BODY("bf16");
+#endif
+    }
+};
+template <> struct Wg128<f16> {
+    static __device__ __forceinline__ void ss(float (*d)[4], unsigned long long adesc, unsigned long long desc, int acc) {
+#if FA_HAVE_WG
+        FA_WGMMA128_SS_BODY("f16");
+#endif
+    }
+};
+
+// m64n72k16, A from registers, B MN-major (O += P·V with 8 more columns): d[9][4]. The
+// warp-specialized forward points the 8 extra columns (the descriptor's next 64-column
+// block, `lbo` away) at a block of ones, so that d[8] accumulates P's row sums on the tensor
+// cores instead of 64 FADDs a thread a tile.
+#define FA_WG_D72 \
+    "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), \
+    "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), \
+    "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
+    "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), \
+    "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3])
+#define FA_WG_DREGS72 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35}"
+#define FA_WGMMA72_BODY(TY)                                                                                \
+    asm volatile("{ .reg .pred p; setp.ne.b32 p, %41, 0;\n"                                              \
+                 "wgmma.mma_async.sync.aligned.m64n72k16.f32." TY "." TY " " FA_WG_DREGS72 ", "           \
+                 "{%36,%37,%38,%39}, %40, p, 1, 1, 1; }"                                                  \
+                 : FA_WG_D72                                                                               \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(acc))
+template <class T> struct Wg72;
+template <> struct Wg72<bf16> {
+    static __device__ __forceinline__ void run(float (*d)[4], const unsigned* a, unsigned long long desc, int acc = 1) {
+#if FA_HAVE_WG
+        FA_WGMMA72_BODY("bf16");
+#endif
+    }
+};
+template <> struct Wg72<f16> {
+    static __device__ __forceinline__ void run(float (*d)[4], const unsigned* a, unsigned long long desc, int acc = 1) {
+#if FA_HAVE_WG
+        FA_WGMMA72_BODY("f16");
 #endif
     }
 };
@@ -676,6 +748,379 @@ template <class T, bool MASK> __device__ void fa_fwd_wg(const AttnGeom& g, const
     }
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) fa_finish<T, DP>(g, Y, lse, b, h, bh, o[mt], q0 + mt * 64 + warp * 16, m[mt], l[mt]);
+}
+
+// Warp-specialized forward (sm_90a, heads up to 64; FlashAttention-3's layout for head size
+// 64): grid (query blocks of 64·NC, B·Hq), NC + 1 warpgroups. Warpgroup 0 is the producer:
+// it loads Q, then streams 128-key K/V tiles by cp.async into a ring of FA_WS_ST stages,
+// each announced on its `full` mbarrier once its copies have landed (wait, proxy fence,
+// release-arrive of all 128 producer threads), and reuses a stage once every consumer warp
+// has arrived on its `empty` mbarrier. Consumer warpgroup c owns query rows 64c.. of the
+// block: no loads, no __syncthreads, and `setmaxnreg` moves the producer's registers to the
+// consumers. Each consumer runs fa_fwd_wg's pipeline on 64 × 128 score tiles (two m64n64
+// products a tile): S_t issued before P_{t−1}·V_{t−1}, the softmax of tile t under the
+// latter. Causal: a consumer computes only the tiles its rows see, and only waits for and
+// releases the others (every consumer arrives once on every stage use).
+#define FA_WS_ST 4    // K/V ring stages
+#define FA_WS_BK 128  // keys per tile
+__device__ __forceinline__ void mb_init(unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mb_arrive(unsigned bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+// Until the phase of parity `par` of the mbarrier at `bar` has completed (acquire).
+__device__ __forceinline__ void mb_wait(unsigned bar, unsigned par) {
+    unsigned ok;
+    do {
+        // (With a suspend-time hint the thread sleeps until the phase completes instead of
+        // polling: waiting producer warps took a third of the issued instructions.)
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3; selp.u32 %0, 1, 0, p; }"
+                     : "=r"(ok) : "r"(bar), "r"(par), "r"(10000000u) : "memory");
+    } while (!ok);
+}
+// Registers a thread of this warpgroup may hold from here on (a multiple of 8, 24..256).
+template <int N> __device__ __forceinline__ void wg_setmaxnreg_dec() {
+#if FA_HAVE_WG
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N));
+#endif
+}
+template <int N> __device__ __forceinline__ void wg_setmaxnreg_inc() {
+#if FA_HAVE_WG
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N));
+#endif
+}
+// Register split (65536 a CTA of (NC + 1) · 128 threads): producer, consumers.
+#define FA_WS_PREG(NC) ((NC) == 3 ? 32 : 24)
+#define FA_WS_CREG(NC) ((NC) == 3 ? 160 : 240)
+
+// fa_online for fa_fwd_ws's 16 × 128 tiles of a warp (16 column blocks): the row maxima and
+// sums run in 4 independent chains each instead of one (the same maxima; sums in another
+// order).
+// SUM = false: the row sums come from the tensor cores (fa_fwd_ws's OS); l is not touched.
+template <bool SUM> __device__ __forceinline__ void fa_online_ws(float (*s)[4], float* m, float* l, float* a, float mul) {
+    float x0[4], x1[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        x0[j] = fmaxf(s[j][0], s[j][1]);
+        x1[j] = fmaxf(s[j][2], s[j][3]);
+    }
+#pragma unroll
+    for (int nb = 4; nb < 16; ++nb) {
+        x0[nb & 3] = fmaxf(x0[nb & 3], fmaxf(s[nb][0], s[nb][1]));
+        x1[nb & 3] = fmaxf(x1[nb & 3], fmaxf(s[nb][2], s[nb][3]));
+    }
+    float mx0 = fmaxf(fmaxf(x0[0], x0[1]), fmaxf(x0[2], x0[3]));
+    float mx1 = fmaxf(fmaxf(x1[0], x1[1]), fmaxf(x1[2], x1[3]));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    mx0 = fmaxf(m[0], mx0 * mul);
+    mx1 = fmaxf(m[1], mx1 * mul);
+    // A row that has seen only masked keys keeps m = -inf: measure from 0 instead.
+    float ref0 = mx0 == neg_inf(mx0) ? 0.f : mx0, ref1 = mx1 == neg_inf(mx1) ? 0.f : mx1;
+    a[0] = fa_ex2(m[0] - ref0);
+    a[1] = fa_ex2(m[1] - ref1);
+    m[0] = mx0;
+    m[1] = mx1;
+    float p0[4], p1[4];
+#pragma unroll
+    for (int nb = 0; nb < 16; ++nb) {
+        s[nb][0] = fa_ex2(fmaf(s[nb][0], mul, -ref0));
+        s[nb][1] = fa_ex2(fmaf(s[nb][1], mul, -ref0));
+        s[nb][2] = fa_ex2(fmaf(s[nb][2], mul, -ref1));
+        s[nb][3] = fa_ex2(fmaf(s[nb][3], mul, -ref1));
+        if (SUM) {
+            float u0 = s[nb][0] + s[nb][1], u1 = s[nb][2] + s[nb][3];
+            p0[nb & 3] = nb < 4 ? u0 : p0[nb & 3] + u0;
+            p1[nb & 3] = nb < 4 ? u1 : p1[nb & 3] + u1;
+        }
+    }
+    if (SUM) {
+        l[0] = l[0] * a[0] + ((p0[0] + p0[1]) + (p0[2] + p0[3]));
+        l[1] = l[1] * a[1] + ((p1[0] + p1[1]) + (p1[2] + p1[3]));
+    }
+}
+
+// Named barriers 1..NC: the consumers' turns to issue their products (SB).
+__device__ __forceinline__ void fa_bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void fa_bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+
+// SB: the consumers take turns to issue each tile's products (FlashAttention-3's scheduler
+// barrier: consumer c waits for c − 1 to have issued, then lets c + 1 go), so that their
+// softmaxes fall under each other's products instead of all at once; every consumer takes
+// one turn per tile of the block, also for the tiles it skips.
+// OS: P's row sums by the P·V products (m64n72k16 against V and a block of ones, Wg72).
+// PER: persistent CTAs taking work items from a counter (see below).
+// (SB, OS and PER measured no faster on the H100 than without: kept to compare,
+// GRAPHRUN_CUDA_ATTENTION=sb|ones|pers; docs/bench-h100/attention-notes.md, session 5.)
+template <class T, bool MASK, int NC, bool SB, bool OS, bool PER> __device__ void fa_fwd_ws(const AttnGeom& g, const T* Q, const T* K, const T* V, const void* mask, T* Y, float* lse, int vec, int* work) {
+    constexpr int DP = 64, BM = 64 * NC, BK = FA_WS_BK, TILE = BK * DP * 2, ST = FA_WS_ST;
+    // Shared memory: Q (BM rows), then ST stages of K and V (TILE each), a tile of ones (OS),
+    // then the mbarriers full[ST], empty[ST], Q's full and empty, and the work item (PER).
+    unsigned sQ = smem_u32(fa_base());
+    unsigned sKV = sQ + BM * DP * 2, ones = sKV + ST * 2 * TILE, bars = ones + TILE;
+    auto full = [&](int s) { return bars + 8u * s; };
+    auto empty = [&](int s) { return bars + 8u * (ST + s); };
+    const unsigned qbar = bars + 16u * ST, qempty = qbar + 8u, slot = qbar + 16u;
+    int wg = threadIdx.x >> 7;
+    // Work items: (query block, batch·head), the blocks of a head one after another (their
+    // K/V stay in L2), the longest first under causal. Without PER the grid is (query
+    // blocks, B·Hq) and each CTA takes its own item; with PER each CTA takes items from the
+    // counter `work` (zeroed by the host) until none is left, and the producer loads the
+    // next item's Q and K/V while the consumers finish the last one.
+    const int nqb = (int)((g.sq + BM - 1) / BM);
+    const i64 nitems = (i64)nqb * (g.rows / g.sq);
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < ST; ++s) {
+            mb_init(full(s), 128);
+            mb_init(empty(s), NC * 4);
+        }
+        mb_init(qbar, 128);
+        mb_init(qempty, NC * 4);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    if (OS) {
+        T one = st<T>(1.f);
+        unsigned w = (unsigned)one.x | ((unsigned)one.x << 16);
+        for (int i = threadIdx.x; i < TILE / 16; i += blockDim.x)
+            asm volatile("st.shared.v4.b32 [%0], {%1,%1,%1,%1};" ::"r"(ones + 16u * i), "r"(w) : "memory");
+        fence_async_smem();
+    }
+    __syncthreads();
+    auto item_of = [&](int k) -> i64 {
+        if (!PER) return k == 0 ? (i64)blockIdx.y * nqb + blockIdx.x : nitems;
+        int v;
+        asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(slot) : "memory");
+        return v;
+    };
+    // The geometry of item `it`: batch, head, first query row, key tiles of the block.
+    struct Item {
+        i64 bh, b, h, q0;
+        int ntiles;
+    };
+    auto geom = [&](i64 it) {
+        Item r;
+        r.bh = it / nqb;
+        int qr = (int)(it % nqb);
+        r.b = r.bh / g.hq;
+        r.h = r.bh % g.hq;
+        r.q0 = (i64)(g.causal ? nqb - 1 - qr : qr) * BM;
+        i64 kend = g.skv;
+        if (g.causal && r.q0 + BM < kend) kend = r.q0 + BM;
+        r.ntiles = (int)((kend + BK - 1) / BK);
+        return r;
+    };
+    if (wg == 0) {
+        wg_setmaxnreg_dec<FA_WS_PREG(NC)>();
+        // Each copy group (a Q tile or a K/V stage) is announced when it has landed: after the
+        // next group is issued (or at a flush), by every producer thread after its own wait
+        // and proxy fence (wgmma reads what cp.async wrote).
+        unsigned pend = 0;
+        auto flush = [&]() {
+            cp_wait_all();
+            fence_async_smem();
+            if (pend) mb_arrive(pend);
+            pend = 0;
+        };
+        auto issued = [&](unsigned bar) {
+            cp_commit();
+            asm volatile("cp.async.wait_group 1;" ::: "memory");
+            fence_async_smem();
+            if (pend) mb_arrive(pend);
+            pend = bar;
+        };
+        const i64 krs = g.st[ATT_K][2], vrs = g.st[ATT_V][2];
+        int nkv = 0;  // K/V tiles so far (all items)
+        for (int k = 0;; ++k) {
+            if (PER) {
+                if (k > 0) {
+                    // Q's tile and the item slot are free once every consumer is past its
+                    // last S of the previous item.
+                    flush();
+                    mb_wait(qempty, (unsigned)((k - 1) & 1));
+                }
+                if (threadIdx.x == 0) asm volatile("st.shared.b32 [%0], %1;" ::"r"(slot), "r"(atomicAdd(work, 1)) : "memory");
+                fa_bar_sync(1 + NC, 128);
+            }
+            const i64 it = item_of(k);
+            if (it >= nitems) {
+                if (PER) {
+                    flush();
+                    mb_arrive(qbar);  // the consumers read the end from the slot
+                }
+                break;
+            }
+            const Item im = geom(it);
+            const i64 hk = im.h / (g.hq / g.hkv);
+            int qvalid = (int)(g.sq - im.q0 < BM ? g.sq - im.q0 : BM);
+            load_tile<DP, 128>(sQ, (const unsigned short*)Q + att_off(g, ATT_Q, im.b, im.h, im.q0), g.st[ATT_Q][2], BM, qvalid, (int)g.d, vec);
+            issued(qbar);
+            const unsigned short* Kb = (const unsigned short*)K + att_off(g, ATT_K, im.b, hk, 0);
+            const unsigned short* Vb = (const unsigned short*)V + att_off(g, ATT_V, im.b, hk, 0);
+            for (int t = 0; t < im.ntiles; ++t, ++nkv) {
+                int s = nkv % ST;
+                if (nkv >= ST) mb_wait(empty(s), (unsigned)((nkv / ST - 1) & 1));
+                i64 j0 = (i64)t * BK;
+                int kv = (int)(g.skv - j0 < BK ? g.skv - j0 : BK);
+                unsigned kt = sKV + s * 2 * TILE;
+                load_tile<DP, 128>(kt, Kb + j0 * krs, krs, BK, kv, (int)g.d, vec);
+                load_tile<DP, 128>(kt + TILE, Vb + j0 * vrs, vrs, BK, kv, (int)g.dv, vec);
+                issued(full(s));
+            }
+            if (!PER) break;
+        }
+        flush();
+        return;
+    }
+    wg_setmaxnreg_inc<FA_WS_CREG(NC)>();
+    const int c = wg - 1, warp = (threadIdx.x >> 5) & 3, gq = (threadIdx.x & 31) >> 2, lane = threadIdx.x & 31;
+    const int next = c + 1 < NC ? c + 1 : 0;
+    const float sl2 = (float)g.scale * FA_LOG2E;
+    const bool raw = !MASK && sl2 > 0.f;
+    // Descriptors once: a stage or k step moves the start address, i.e. adds bytes / 16 to
+    // the descriptor (shared addresses stay below 256 KiB: no carry out of its field).
+    const unsigned long long qdesc = wg_desc_k(sQ + c * 64 * DP * 2, 0), kdesc = wg_desc_k(sKV, 0), vdesc = wg_desc_mn(sKV + TILE, 0);
+    auto arrive_warp = [&](unsigned bar) {
+        __syncwarp();
+        if (lane == 0) mb_arrive(bar);
+    };
+    if (SB && c == 0) fa_bar_arrive(1, 256);  // the first turn
+    int T0 = 0;  // K/V tiles of the earlier items
+    for (int k = 0;; ++k) {
+        mb_wait(qbar, (unsigned)(k & 1));
+        const i64 it = item_of(k);
+        if (it >= nitems) break;
+        const Item im = geom(it);
+        const int ntiles = im.ntiles;
+        const i64 rc = im.q0 + c * 64;  // this consumer's first row
+        // The tiles this consumer computes (its rows see them); it passes over the rest.
+        int nt = ntiles;
+        if (rc >= g.sq) nt = 0;
+        else if (g.causal) {
+            i64 ke = g.skv < rc + 64 ? g.skv : rc + 64;
+            int n = (int)((ke + BK - 1) / BK);
+            if (n < nt) nt = n;
+        }
+        if (nt == 0) arrive_warp(qempty);
+        float o[9][4], s[16][4];  // (o[8]: P's row sums, OS)
+        float m[2], l[2], ap[2];  // ap: the factor of the previous tile's softmax for O
+#pragma unroll
+        for (int i = 0; i < 9; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+        m[0] = m[1] = neg_inf(0.f);
+        l[0] = l[1] = 0.f;
+        unsigned pa[8][4];  // P of the previous tile (8 k steps of 16 keys)
+        const i64 rw = rc + warp * 16;  // the warp's first row
+        // A 64-key half from c0 needs fa_edge iff c0 + 63 > elim (keys past Skv, keys after
+        // the warp's first row, or any mask).
+        i64 elim = g.skv - 1;
+        if (g.causal && rw < elim) elim = rw;
+        if (MASK) elim = -1;
+        auto rescale = [&]() {
+#pragma unroll
+            for (int nd = 0; nd < (OS ? 9 : 8); ++nd) {
+                o[nd][0] *= ap[0];
+                o[nd][1] *= ap[0];
+                o[nd][2] *= ap[1];
+                o[nd][3] *= ap[1];
+            }
+        };
+        // O += P·V (8 k steps of 16 keys) from stage offset `so`.
+        auto pv = [&](unsigned so) {
+            if (OS) {
+                // The next 64-column block of V's stage (lbo away) is the block of ones.
+                const unsigned long long d = wg_desc_mn(sKV + TILE + so, 0) + ((unsigned long long)((ones - (sKV + TILE + so) - 8192u) >> 4) << 16);
+#pragma unroll
+                for (int kc = 0; kc < 8; ++kc) Wg72<T>::run(o, pa[kc], d + kc * (2048u >> 4));
+            } else {
+#pragma unroll
+                for (int kc = 0; kc < 8; ++kc) Wg<T, 1>::run(o, pa[kc], vdesc + ((so + kc * 2048u) >> 4));
+            }
+        };
+        auto keep_o = [&]() {
+            wg_keep(o);
+            if (OS) asm volatile("" : "+f"(o[8][0]), "+f"(o[8][1]), "+f"(o[8][2]), "+f"(o[8][3])::"memory");
+        };
+        // Key tile t of the item (all items' tile T0 + t in the ring).
+        auto step = [&](int t, bool first) {
+            const unsigned ut = (unsigned)(T0 + t), so = (ut % ST) * 2 * TILE;
+            mb_wait(full(ut % ST), (ut / ST) & 1);
+            if (SB) fa_bar_sync(1 + c, 256);
+            wg_fence();
+            // S_t = Q·K_tᵀ: four m64n128k16 (eight m64n64k16 read Q twice as often: slower).
+#pragma unroll
+            for (int kc = 0; kc < 4; ++kc) Wg128<T>::ss(s, qdesc + 2 * kc, kdesc + ((so + kc * 32) >> 4), kc);
+            wg_commit();
+            if (!first) {
+                // O (up to tile t − 2) to the previous tile's maximum while S_t runs, then
+                // O += P_{t−1}·V_{t−1}: after the P·V wait only P_t's packing is left.
+                rescale();
+                wg_fence();
+                pv(((ut + ST - 1) % ST) * 2 * TILE);
+                wg_commit();
+            }
+            if (SB) fa_bar_arrive(1 + next, 256);
+            wg_wait_late(g, first ? 0 : 1);
+            wg_keep(s);
+            wg_keep(s + 8);
+            if (!raw) {
+#pragma unroll
+                for (int nb = 0; nb < 16; ++nb)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) s[nb][e] *= sl2;
+            }
+            const i64 j0 = (i64)t * BK;
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf)
+                if (j0 + hf * 64 + 63 > elim) fa_edge<T, MASK>(g, s + 8 * hf, mask, im.b, im.h, rw + gq, j0 + hf * 64, 0);
+            fa_online_ws<!OS>(s, m, l, ap, raw ? sl2 : 1.f);
+            if (!first) {
+                wg_keep(s);
+                wg_keep(s + 8);
+                wg_wait_late(g, 0);
+                keep_o();
+                wg_keep_a(pa);
+                wg_keep_a(pa + 4);
+                arrive_warp(empty((T0 + t - 1) % ST));
+            }
+            pack_a<T>(pa, s);
+            pack_a<T>(pa + 4, s + 8);
+        };
+        if (nt > 0) {
+            step(0, true);
+            for (int t = 1; t < nt; ++t) step(t, false);
+            arrive_warp(qempty);  // past the last S: Q's tile may be refilled
+            rescale();
+            wg_fence();
+            pv(((unsigned)(T0 + nt - 1) % ST) * 2 * TILE);
+            wg_commit();
+            wg_wait();
+            keep_o();
+            wg_keep_a(pa);
+            wg_keep_a(pa + 4);
+            arrive_warp(empty((T0 + nt - 1) % ST));
+        }
+        // The stages of tiles this consumer's rows do not see: arrive once each is filled.
+        for (int t = nt; t < ntiles; ++t) {
+            const unsigned ut = (unsigned)(T0 + t);
+            mb_wait(full(ut % ST), (ut / ST) & 1);
+            if (SB) {
+                fa_bar_sync(1 + c, 256);
+                fa_bar_arrive(1 + next, 256);
+            }
+            arrive_warp(empty(ut % ST));
+        }
+        if (OS) {
+            // Every thread of a row's quad holds the row's whole sum; fa_finish adds the quad's.
+            const bool q0l = (threadIdx.x & 3) == 0;
+            l[0] = q0l ? o[8][0] : 0.f;
+            l[1] = q0l ? o[8][2] : 0.f;
+        }
+        fa_finish<T, DP>(g, Y, lse, im.b, im.h, im.bh, o, rw, m, l);
+        T0 += ntiles;
+        if (!PER) break;
+    }
 }
 
 // delta = rowsum(dY∘Y) of this thread's rows row0 and row0 + 8 (the 4 threads of a row
@@ -1453,6 +1898,23 @@ template <class T, bool MASK, bool RED> __device__ void fa_bwd_wg(const AttnGeom
     INST_FA_FWD(T, S, 64, false, _mma, false) INST_FA_BWD(T, S, false, _mma, false)
 INST_FA(bf16, bf16)
 INST_FA(f16, f16)
+// The warp-specialized forward (sm_90a only; elsewhere an empty body the host never
+// launches): NC consumer warpgroups of 64 query rows.
+#define INST_FA_WS(T, S, NC, SB, OS, P, M, MS)                                                                \
+    extern "C" __global__ void __launch_bounds__(((NC) + 1) * 128, 1) fa_fwd_ws##NC##SB##OS##P##_##S##_64##MS(   \
+        AttnGeom g, const T* q, const T* k, const T* v, const void* m, T* y, float* lse, int vec, int* work) {  \
+        if constexpr (FA_HAVE_WG)                                                                                \
+            fa_fwd_ws<T, M, NC, FA_WS_ON_##SB, FA_WS_ON_##OS, FA_WS_ON_##P>(g, q, k, v, m, y, lse, vec, work);  \
+    }
+#define FA_WS_ON_ false
+#define FA_WS_ON_s true
+#define FA_WS_ON_o true
+#define FA_WS_ON_p true
+#define INST_FA_WS_M(T, S, NC, SB, OS, P) INST_FA_WS(T, S, NC, SB, OS, P, false, ) INST_FA_WS(T, S, NC, SB, OS, P, true, _m)
+#define INST_FA_WS_ALL(T, S) \
+    INST_FA_WS_M(T, S, 3, , , ) INST_FA_WS_M(T, S, 3, s, , ) INST_FA_WS_M(T, S, 3, , o, ) INST_FA_WS_M(T, S, 3, , , p)
+INST_FA_WS_ALL(bf16, bf16)
+INST_FA_WS_ALL(f16, f16)
 
 // The one-pass backward (fa_bwd_wg; sm_90a only: elsewhere the host keeps fa_dq + fa_dkv)
 // and its pre- and post-passes.

@@ -414,7 +414,10 @@ enum Fast {
 
 /// `GRAPHRUN_CUDA_ATTENTION=rows` keeps every problem on the row-per-warp kernels, `mma`
 /// the unmasked tensor-core ones on `mma.sync` where wgmma would run (to compare them on a
-/// device), `bwd2` the f16/bf16 backward on Hopper in its two deterministic passes (dQ,
+/// device); for the forward on Hopper, `wg` takes the one-warpgroup wgmma kernel instead of
+/// the warp-specialized one, and `sb`, `ones`, `pers` its variants (consumers taking turns,
+/// row sums on the tensor cores, persistent CTAs; cuda/flash.cu fa_fwd_ws); for the
+/// backward, `bwd2` the f16/bf16 backward on Hopper in its two deterministic passes (dQ,
 /// then dK/dV) instead of the one pass with dQ summed by atomics (`bulk`: by bulk
 /// reductions; cuda/flash.cu fa_bwd_wg).
 fn kernel_choice() -> &'static str {
@@ -474,6 +477,9 @@ fn fast(c: &Cuda, g: &AttnGeom, dt: DType, backward: bool) -> Option<Fast> {
 /// other tile.
 const FA_BQ: usize = 128;
 const FA_T: usize = 64;
+/// The warp-specialized forward's K/V ring (flash.cu FA_WS_ST stages of FA_WS_BK keys).
+const FA_WS_ST: usize = 4;
+const FA_WS_BK: usize = 128;
 /// An f32 tile: 64 × 64 floats.
 const FS_TILE: usize = 64 * 64 * 4;
 /// cuda/flash_tf32.cu's shared memory (floats): two stages of raw f32 tiles (rows of 72
@@ -566,6 +572,51 @@ fn fast_forward(
         Arg::I32(vec_ok(&g, q.dtype(), &[q.p, k.p, v.p])),
     ];
     match f {
+        Fast::Mma(64) if c.dev.cc == (9, 0) && !matches!(kernel_choice(), "mma" | "wg") => {
+            // Warp-specialized (cuda/flash.cu fa_fwd_ws): a producer warpgroup and NC
+            // consumer warpgroups of 64 query rows; Q, then a ring of 128-key K/V stages, a
+            // tile of ones, then the mbarriers and the work item.
+            let nc = 3; // consumer warpgroups (2 measured slower: fewer warps)
+            let variant = match kernel_choice() {
+                "sb" => "s",
+                "ones" => "o",
+                "pers" => "p",
+                _ => "",
+            };
+            let sfx = if g.mask_kind != 0 { "_m" } else { "" };
+            let name = format!("fa_fwd_ws{nc}{variant}_{}_64{sfx}", suffix(q.dtype()));
+            let bm = 64 * nc;
+            let smem = bm * 64 * 2 + (FA_WS_ST * 2 + 1) * FA_WS_BK * 64 * 2 + 128 + SMEM_ALIGN;
+            let items = sq.div_ceil(bm) * bh as usize;
+            let (grid, work) = if variant == "p" {
+                // Persistent: one CTA an SM, work items from a counter zeroed here.
+                let sms = c
+                    .dev
+                    .ctx
+                    .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+                    .map_err(|e| crate::err!(Runtime, "CUDA device attribute: {e:?}"))?;
+                let work = c.scratch(4)?;
+                // Safety: `work` addresses 4 bytes of scratch that live until the node ends.
+                unsafe {
+                    cudarc::driver::result::memset_d8_async(work, 0, 4, c.stream.cu_stream())
+                }
+                .map_err(|e| crate::err!(Runtime, "CUDA memset failed: {e:?}"))?;
+                ((items.min(sms.max(1) as usize) as u32, 1, 1), work)
+            } else {
+                ((sq.div_ceil(bm) as u32, bh, 1), 0)
+            };
+            let mut args = args;
+            args.push(Arg::Ptr(work));
+            launch_grid(
+                &c.dev,
+                &c.stream,
+                &name,
+                grid,
+                128 * (nc as u32 + 1),
+                smem,
+                &args,
+            )
+        }
         Fast::Mma(dp) => {
             // (`_mma` exists for heads up to 64, where wgmma runs.)
             let sfx = if dp == 64 || g.mask_kind != 0 {
