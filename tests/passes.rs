@@ -1755,7 +1755,8 @@ fn same_gradients(
 
 /// `dact_into_da`: fc1's activation derivative moves into fc2's dA product (fc2's
 /// FusedMatMulGrad gets a_activation and fc1's Pre; fc1's runs without activation), and
-/// every gradient is what the unfused backward computes, on every backend.
+/// fc1's bias gradient with it (fc2's output 3, dBiasA; fc1's keeps dA and dW), and every
+/// gradient is what the unfused backward computes, on every backend.
 #[test]
 fn activation_derivative_moves_into_the_next_layers_da() {
     for act in ["gelu_tanh", "relu", "silu", "gelu"] {
@@ -1766,7 +1767,7 @@ fn activation_derivative_moves_into_the_next_layers_da() {
         for be in common::backends() {
             let (mut fused, mut plain) = fused_and_plain(&g, be);
             let (bwd, _) = fused.backward_graph(&feeds).unwrap();
-            let grads: Vec<(String, usize, &str)> = bwd
+            let grads: Vec<(String, usize, &str, Vec<String>)> = bwd
                 .graph
                 .nodes
                 .iter()
@@ -1775,20 +1776,30 @@ fn activation_derivative_moves_into_the_next_layers_da() {
                         activation,
                         a_activation,
                         ..
-                    } => Some((n.name.clone(), n.inputs.len(), a_activation.name()))
-                        .filter(|_| activation.name() == "none"),
+                    } => Some((
+                        n.name.clone(),
+                        n.inputs.len(),
+                        a_activation.name(),
+                        n.outputs.clone(),
+                    ))
+                    .filter(|_| activation.name() == "none"),
                     _ => None,
                 })
                 .collect();
             assert_eq!(grads.len(), 2, "{act} {be:?}: {grads:?}");
-            assert!(
-                grads.contains(&("fc2/FusedMatMulGrad".into(), 5, act)),
+            let find = |name: &str| grads.iter().find(|g| g.0 == name).expect(name);
+            let (_, ins, a_act, outs) = find("fc2/FusedMatMulGrad");
+            assert_eq!((*ins, *a_act), (5, act), "{act} {be:?}: {grads:?}");
+            assert_eq!(outs.len(), 4, "{act} {be:?}: {outs:?}");
+            let (_, ins, a_act, outs1) = find("fc1/FusedMatMulGrad");
+            assert_eq!(
+                (*ins, *a_act, outs1.len()),
+                (3, "none", 2),
                 "{act} {be:?}: {grads:?}"
             );
-            assert!(
-                grads.contains(&("fc1/FusedMatMulGrad".into(), 3, "none")),
-                "{act} {be:?}: {grads:?}"
-            );
+            // fc2's dBiasA is the gradient the optimizer reads for b1.
+            let b1 = &bwd.grads.iter().find(|(p, _)| p == "b1").expect("b1").1;
+            assert_eq!(&outs[3], b1, "{act} {be:?}");
             same_gradients(&format!("{act} {be:?}"), &mut fused, &mut plain, &feeds);
         }
     }

@@ -455,6 +455,6 @@ fn device_out_of_memory_is_an_error_naming_the_node() {
 #[test]
 fn fused_matmul_grad_with_a_activation() {
     a_activation_cases(&["gelu_tanh", "relu", "silu"], |_, at, args| {
-        same_as_cpu("FusedMatMulGrad", at, args, 3, &LOW);
+        same_as_cpu("FusedMatMulGrad", at, args, 4, &LOW);
     });
 }

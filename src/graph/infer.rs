@@ -1283,11 +1283,19 @@ pub fn infer_node(
                 }
                 _ => {}
             }
+            // dBiasA is dA's row sum: it needs dA.
+            if node.outputs.get(3).is_some_and(|o| !o.is_empty()) && node.outputs[0].is_empty() {
+                return Err(f("dBiasA (output 3) needs dA (output 0)".into()));
+            }
             let n = *fwd[0].shape.last().unwrap();
-            Ok(
-                vec![a.clone(), b.clone(), ValueType::new(a.dtype, &[n])][..node.outputs.len()]
-                    .to_vec(),
-            )
+            let k = *a.shape.last().unwrap();
+            Ok(vec![
+                a.clone(),
+                b.clone(),
+                ValueType::new(a.dtype, &[n]),
+                ValueType::new(a.dtype, &[k]),
+            ][..node.outputs.len()]
+                .to_vec())
         }
         Op::AttentionGrad { .. } => {
             let (q, k, v) = (t(1).unwrap(), t(2).unwrap(), t(3).unwrap());

@@ -219,11 +219,13 @@ pub enum Op {
     },
     /// `(dY, XShape, starts, ends, [axes], [steps]) -> dX`: dY placed into zeros.
     SliceGrad,
-    /// `(dY, A, B, [Pre], [PreA]) -> (dA, dB, [dBias])` for `Y = act(A·B + bias) +
+    /// `(dY, A, B, [Pre], [PreA]) -> (dA, dB, [dBias], [dBiasA])` for `Y = act(A·B + bias) +
     /// residual`, where `Pre = A·B + bias` is the forward's second output (needed unless
     /// activation none). With `a_activation` (set by the `dact_into_da` rule, never by
     /// autodiff) dA leaves multiplied by `a_activation'(PreA)`: the gradient at the Pre of
     /// the FusedMatMul that produced A, which that node's gradient then takes as its dY.
+    /// dBiasA (also only from that rule) is dA summed over its rows, `[K]`: that
+    /// FusedMatMul's bias gradient, in the same pass (cuBLASLt's DGELU_BGRAD on CUDA).
     FusedMatMulGrad {
         activation: Activation,
         trans_b: bool,
@@ -733,7 +735,7 @@ impl Op {
             Op::SoftmaxCrossEntropyLossGrad { .. } => (3, 4, 1, 1),
             Op::GatherGrad { .. } => (3, 3, 1, 1),
             Op::SliceGrad => (4, 6, 1, 1),
-            Op::FusedMatMulGrad { .. } => (3, 5, 2, 3),
+            Op::FusedMatMulGrad { .. } => (3, 5, 2, 4),
             Op::AttentionGrad { .. } => (6, 7, 3, 4),
             Op::VarlenAttentionGrad { .. } => (8, 8, 3, 3),
         }

@@ -570,7 +570,8 @@ pub fn unpack_heads(t: &Tensor, h: usize) -> Tensor {
 }
 
 /// FusedMatMulGrad with `a_activation` (fc2's gradient after `dact_into_da`): for each
-/// activation in `acts`, with a shared and a batched B, calls `each(act, attrs, args)`.
+/// activation in `acts`, with a shared and a batched B, calls `each(act, attrs, args)`;
+/// run with 4 outputs, the last is dBiasA (dA's row sum, fc1's bias gradient).
 pub fn a_activation_cases(acts: &[&str], mut each: impl FnMut(&str, &[(&str, AttrValue)], &[Arg])) {
     let dy = randn(&[2, 70, 90], 31);
     let a = randn(&[2, 70, 130], 32);

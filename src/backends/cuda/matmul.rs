@@ -265,6 +265,8 @@ const EPI_GELU_AUX: u32 = 160;
 const EPI_GELU_AUX_BIAS: u32 = 164;
 /// The product times gelu_tanh'(aux): the backward of GELU_AUX(_BIAS).
 const EPI_DGELU: u32 = 192;
+/// DGELU, and the bias gradient (Σ over D's rows of what it writes) into the bias pointer.
+const EPI_DGELU_BGRAD: u32 = 208;
 /// Bias gradient of cuBLAS's A (resp. B) operand: its sum over the product's k dimension.
 const EPI_BGRADA: u32 = 256;
 const EPI_BGRADB: u32 = 512;
@@ -750,11 +752,12 @@ pub fn fused(
     Ok(())
 }
 
-/// `(dY, A, B, [Pre]) → (dA, dB, [dBias])` with G = dY·act'(Pre): dA = G·op(B)ᵀ,
-/// dB = Aᵀ·G (Gᵀ·A with trans_b), summed over the batch entries that share an operand;
-/// dBias = Σ_rows G. With `pre_a` = (PreA, act_a), dA leaves multiplied by act_a'(PreA):
-/// in cuBLASLt's DGELU epilogue for gelu_tanh in f16/bf16, else by our kernel over dA in
-/// place.
+/// `(dY, A, B, [Pre]) → (dA, dB, [dBias], [dBiasA])` with G = dY·act'(Pre): dA =
+/// G·op(B)ᵀ, dB = Aᵀ·G (Gᵀ·A with trans_b), summed over the batch entries that share an
+/// operand; dBias = Σ_rows G. With `pre_a` = (PreA, act_a), dA leaves multiplied by
+/// act_a'(PreA): in cuBLASLt's DGELU epilogue for gelu_tanh in f16/bf16 (DGELU_BGRAD,
+/// which also writes dBiasA = Σ_rows dA), else by our kernel over dA in place (and
+/// dBiasA by a row sum after it).
 #[allow(clippy::too_many_arguments)]
 pub fn fused_grad(
     c: &Cuda,
@@ -804,19 +807,28 @@ pub fn fused_grad(
             epi: EPI_DGELU,
             ..s
         };
-        let in_epilogue = match &pre_a {
+        let bgrad = Shape {
+            epi: EPI_DGELU_BGRAD,
+            ..dgelu
+        };
+        let dbias_a = w(3);
+        let (mut in_epilogue, mut bias_a_done) = (false, false);
+        match &pre_a {
             // Not under --dtype tf32: there cuBLASLt's DGELU made mlp_large's fc2 gradient
             // 0.30 ms slower on the H100 (0.50 → 0.80 ms), more than our pass costs.
             Some((pa, Activation::GeluTanh))
                 if na == nb && nbb == 1 && matches!(dt, DType::BF16 | DType::F16) =>
             {
-                c.blas.supports(&dgelu) && {
+                if let Some(db) = dbias_a.filter(|_| c.blas.supports(&bgrad)) {
+                    product_aux(c, bgrad, g, b.p, da.p, None, 1.0, 0.0, db.p, pa.p)?;
+                    (in_epilogue, bias_a_done) = (true, true);
+                } else if c.blas.supports(&dgelu) {
                     product_aux(c, dgelu, g, b.p, da.p, None, 1.0, 0.0, 0, pa.p)?;
-                    true
+                    in_epilogue = true;
                 }
             }
-            _ => false,
-        };
+            _ => {}
+        }
         if in_epilogue {
             // Written, derivative applied, by the epilogue.
         } else if na == nb {
@@ -835,6 +847,15 @@ pub fn fused_grad(
         if let (Some((pa, act_a)), false) = (&pre_a, in_epilogue) {
             grad_kernel(c, dt, da, pa, da, act_code(*act_a), 0.0)?;
         }
+        if let (Some(db), false) = (dbias_a, bias_a_done) {
+            super::reduce::sum_rows(c, da, da.ty.numel() / k.max(1), k, db)?;
+        }
+    } else if w(3).is_some() {
+        crate::bail!(
+            Runtime,
+            "{}: dBiasA (output 3) needs dA (output 0)",
+            node.describe()
+        );
     }
     if let Some(db) = w(1) {
         // dB = Aᵀ·G ([K, N]) or, with trans_b, Gᵀ·A ([N, K]).
