@@ -401,6 +401,16 @@ fn fused_matmul_grad_with_a_activation() {
     });
 }
 
+/// Attention on a packed QKV (K and V omitted): the kernels read the parts in place and
+/// the backward writes them into one packed dQKV, against the CPU.
+#[test]
+fn packed_qkv_attention_in_place() {
+    if !cuda_present() {
+        return;
+    }
+    packed_qkv_same_as_cpu(BackendKind::Cuda, &LOW);
+}
+
 #[test]
 fn layer_norm_rows_in_registers_and_scalar() {
     // Row lengths that take the vector kernels with 1, 2 and 4 vectors a thread (1024,
