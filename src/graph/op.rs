@@ -227,7 +227,7 @@ pub enum Op {
     /// autodiff) dA leaves multiplied by `a_activation'(PreA)`: the gradient at the Pre of
     /// the FusedMatMul that produced A, which that node's gradient then takes as its dY.
     /// dBiasA (also only from that rule) is dA summed over its rows, `[K]`: that
-    /// FusedMatMul's bias gradient, in the same pass (cuBLASLt's DGELU_BGRAD on CUDA).
+    /// FusedMatMul's bias gradient.
     FusedMatMulGrad {
         activation: Activation,
         trans_b: bool,

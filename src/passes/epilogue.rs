@@ -119,8 +119,9 @@ fn mean_square(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch> {
 /// pass of its own), and the consumer runs with no activation (dY is G; its Pre input is
 /// dropped). Saves writing dY and reading it and Pre back: 3 passes over [M, hidden].
 /// The consumer's bias gradient Σ_rows G moves along as the producer's dBiasA (output
-/// 3): on CUDA the DGELU_BGRAD epilogue sums G as it writes it, where the consumer's dB
-/// product needed a pass of its own over G (cuBLASLt's BGRADA reduction).
+/// 3), summed where G is made (cuBLASLt's DGELU_BGRAD epilogue could do it in the
+/// product; on the H100 it is slower than the pass it saves, see cuda/matmul.rs
+/// `dgelu_bgrad`), not by a BGRADA reduction in the consumer's dB product.
 fn dact_into_da(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch> {
     let n = cx.node(i);
     let Op::FusedMatMulGrad {

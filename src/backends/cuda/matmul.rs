@@ -267,6 +267,15 @@ const EPI_GELU_AUX_BIAS: u32 = 164;
 const EPI_DGELU: u32 = 192;
 /// DGELU, and the bias gradient (Σ over D's rows of what it writes) into the bias pointer.
 const EPI_DGELU_BGRAD: u32 = 208;
+
+/// Whether dBiasA comes from cuBLASLt's DGELU_BGRAD epilogue (`GRAPHRUN_CUBLASLT_DGELU_BGRAD=1`)
+/// rather than DGELU and our row sum after it. Off by default: on the H100 (cuBLAS 13)
+/// DGELU_BGRAD made fc2's gradient 0.245 ms slower in gpt_block and mlp_large bf16
+/// training (0.275 → 0.520 ms), where the row sum costs ~0.03 ms.
+fn dgelu_bgrad() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("GRAPHRUN_CUBLASLT_DGELU_BGRAD").is_ok_and(|v| v == "1"))
+}
 /// Bias gradient of cuBLAS's A (resp. B) operand: its sum over the product's k dimension.
 const EPI_BGRADA: u32 = 256;
 const EPI_BGRADB: u32 = 512;
@@ -755,9 +764,9 @@ pub fn fused(
 /// `(dY, A, B, [Pre]) → (dA, dB, [dBias], [dBiasA])` with G = dY·act'(Pre): dA =
 /// G·op(B)ᵀ, dB = Aᵀ·G (Gᵀ·A with trans_b), summed over the batch entries that share an
 /// operand; dBias = Σ_rows G. With `pre_a` = (PreA, act_a), dA leaves multiplied by
-/// act_a'(PreA): in cuBLASLt's DGELU epilogue for gelu_tanh in f16/bf16 (DGELU_BGRAD,
-/// which also writes dBiasA = Σ_rows dA), else by our kernel over dA in place (and
-/// dBiasA by a row sum after it).
+/// act_a'(PreA): in cuBLASLt's DGELU epilogue for gelu_tanh in f16/bf16, else by our
+/// kernel over dA in place; dBiasA = Σ_rows dA by a row sum after it (or by the
+/// DGELU_BGRAD epilogue, see `dgelu_bgrad`).
 #[allow(clippy::too_many_arguments)]
 pub fn fused_grad(
     c: &Cuda,
@@ -819,7 +828,7 @@ pub fn fused_grad(
             Some((pa, Activation::GeluTanh))
                 if na == nb && nbb == 1 && matches!(dt, DType::BF16 | DType::F16) =>
             {
-                if let Some(db) = dbias_a.filter(|_| c.blas.supports(&bgrad)) {
+                if let Some(db) = dbias_a.filter(|_| dgelu_bgrad() && c.blas.supports(&bgrad)) {
                     product_aux(c, bgrad, g, b.p, da.p, None, 1.0, 0.0, db.p, pa.p)?;
                     (in_epilogue, bias_a_done) = (true, true);
                 } else if c.blas.supports(&dgelu) {
