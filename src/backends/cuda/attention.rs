@@ -269,13 +269,14 @@ impl Qkv {
             buf: None,
         })
     }
-    /// Packed: Q's, K's and V's rows (and dQ's, dK's, dV's) are the packed width apart.
-    fn strides(&self, g: &mut AttnGeom) {
+    /// Packed: Q's, K's and V's rows (and dQ's, dK's, dV's) are the packed width apart,
+    /// `[S·W, D, W]` where unpacked 3-D tensors have `[S·H·D, D, H·D]`.
+    fn strides(&self, a: &AttnDims, g: &mut AttnGeom) {
         if let Some(w) = self.width {
-            for st in &mut g.st[..3] {
-                // [S·H·D, D, H·D] → [S·W, D, W]
-                *st = [st[0] / st[2] * w as i64, st[1], w as i64];
-            }
+            let row = |s: usize, d: usize| [(s * w) as i64, d as i64, w as i64];
+            g.st[0] = row(a.sq, a.d);
+            g.st[1] = row(a.skv, a.d);
+            g.st[2] = row(a.skv, a.dv);
         }
     }
 }
@@ -296,7 +297,7 @@ pub fn attention(
     let [q, k, v] = parts.views(parts.ptrs);
     let a = dims(node, &q, &k, &v)?;
     let mut g = attention_geom(node, &a, &q, mask.as_ref(), causal, scale)?;
-    parts.strides(&mut g);
+    parts.strides(&a, &mut g);
     forward(
         c,
         g,
@@ -436,7 +437,7 @@ pub fn attention_grad(
     let [q, k, v] = parts.views(parts.ptrs);
     let a = dims(node, &q, &k, &v)?;
     let mut g = attention_geom(node, &a, &q, mask.as_ref(), causal, scale)?;
-    parts.strides(&mut g);
+    parts.strides(&a, &mut g);
     let key_rows = a.b * a.hkv * a.skv;
     let grads;
     let (outs, want) = if parts.width.is_some() {
