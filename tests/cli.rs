@@ -188,14 +188,15 @@ fn inspect_prints_counts_memory_and_writes_files() {
         "peak activation memory",
         "without buffer reuse",
         "FLOP",
-        "attention_fusion         1 rewrite (attention_heads ×1)",
+        "attention_fusion         2 rewrites (attention_heads ×1, attention_qkv ×1)",
         "matmul_epilogue_fusion   5 rewrites (matmul_epilogue ×4, mean_square ×1)",
         "rules applied:
   attention_fusion: attention_heads at 'attn_softmax'
+  attention_fusion: attention_qkv at 'pv'
 ",
         "  matmul_epilogue_fusion: matmul_epilogue at 'fc2'
 ",
-        "after passes: 10 nodes: Attention 1, FusedMatMul 4, LayerNormalization 2, ReduceMeanSquare 1, Split 1, Sub 1
+        "after passes: 9 nodes: Attention 1, FusedMatMul 4, LayerNormalization 2, ReduceMeanSquare 1, Sub 1
 ",
     ] {
         assert!(out.contains(want), "missing {want:?} in\n{out}");

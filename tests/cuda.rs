@@ -385,20 +385,31 @@ fn device_out_of_memory_is_an_error_naming_the_node() {
 }
 
 /// FusedMatMulGrad with `a_activation` (fc2's gradient after `dact_into_da`): dA times
-/// act'(PreA), for gelu_tanh in bf16/f16 through cuBLASLt's DGELU epilogue, otherwise by
-/// our kernel after the product (a batched B takes that path too); under tf32 within 1e-3
-/// of the CPU's true f32.
+/// act'(PreA) and dBiasA (its row sum), for gelu_tanh in bf16/f16 through cuBLASLt's
+/// DGELU epilogue (DGELU_BGRAD with GRAPHRUN_CUBLASLT_DGELU_BGRAD=1), otherwise by our
+/// kernel after the product, then a row sum (a batched B takes that path too); under
+/// tf32 within 1e-3 of the CPU's true f32.
 #[test]
 fn fused_matmul_grad_with_a_activation() {
     if !cuda_present() {
         return;
     }
     a_activation_cases(&["gelu_tanh", "relu", "gelu", "silu"], |act, at, args| {
-        same_as_cpu("FusedMatMulGrad", at, args, 3, &LOW);
+        same_as_cpu("FusedMatMulGrad", at, args, 4, &LOW);
         if act == "gelu_tanh" {
-            tf32_same_as_cpu(act, op("FusedMatMulGrad", at), args, 3);
+            tf32_same_as_cpu(act, op("FusedMatMulGrad", at), args, 4);
         }
     });
+}
+
+/// Attention on a packed QKV (K and V omitted): the kernels read the parts in place and
+/// the backward writes them into one packed dQKV, against the CPU.
+#[test]
+fn packed_qkv_attention_in_place() {
+    if !cuda_present() {
+        return;
+    }
+    packed_qkv_same_as_cpu(BackendKind::Cuda, &LOW);
 }
 
 #[test]

@@ -429,6 +429,20 @@ fn opsets_graphrun_cannot_honor_are_refused() {
     };
     let e = load_err(&d, "gelu17.onnx", &model(17, g));
     assert!(e.contains("Gelu exists from opset 20 on"), "{e}");
+    // ONNX's Attention needs K and V: graphrun's packed form (both omitted) is not ONNX.
+    let g = GraphProto {
+        node: vec![node(
+            "Attention",
+            &["x", "", ""],
+            &["y"],
+            vec![int("q_num_heads", 2), int("kv_num_heads", 2)],
+        )],
+        input: vec![input("x", 1, &[Ok(1), Ok(3), Ok(48)])],
+        output: vec![output("y")],
+        ..Default::default()
+    };
+    let e = load_err(&d, "packed.onnx", &model(23, g));
+    assert!(e.contains("inputs K and V are required"), "{e}");
 }
 
 #[test]

@@ -448,6 +448,66 @@ fn attention_3d_masks() {
     check_attention_3d(args, false, None);
 }
 
+/// The packed form (K and V omitted, what rule `attention_qkv` makes): Q, K and V one
+/// after the other on the last axis of one `[B, S, (Hq + 2·Hkv)·D]` input, on every
+/// backend and dtype; the reference is the 4-D one on the parts.
+fn check_attention_qkv(
+    b: usize,
+    hq: usize,
+    hkv: usize,
+    s: usize,
+    d: usize,
+    causal: bool,
+    seed: u64,
+) {
+    let parts: Vec<Tensor> = qkv(b, hq, hkv, s, s, d, d, seed)
+        .iter()
+        .map(|a| pack_heads(tensor(a)))
+        .collect();
+    let x = concat_last(&[&parts[0], &parts[1], &parts[2]]);
+    let args = vec![inp(x), Arg::None, Arg::None];
+    check(attn3_op(causal, None, hq, hkv), &args, &FLOATS, |a| {
+        let p = split_last(a[0].as_ref().unwrap(), &[hq * d, hkv * d, hkv * d]);
+        let a4: Vec<Option<Tensor>> = (0..3)
+            .map(|i| Some(unpack_heads(&p[i], [hq, hkv, hkv][i])))
+            .collect();
+        let [(shape, y)]: [_; 1] = ref_attention(&a4, causal, None).try_into().unwrap();
+        let y = pack_heads(&f64s(&shape, &y));
+        vec![(y.shape().to_vec(), y.to_f64_vec())]
+    });
+}
+
+#[test]
+fn attention_packed_qkv() {
+    check_attention_qkv(2, 2, 2, 9, 8, true, 260);
+    check_attention_qkv(1, 4, 2, 70, 16, false, 261);
+    // K and V are omitted together; the packed width must be (Hq + 2·Hkv)·D.
+    let x = randn(&[1, 3, 40], 262);
+    let e = run_op(
+        BackendKind::Cpu,
+        attn3_op(false, None, 2, 2),
+        &[inp(x.clone()), Arg::None, Arg::None],
+        1,
+        DType::F32,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("40 is not (q_num_heads 2 + 2 · kv_num_heads 2) · D"),
+        "{e}"
+    );
+    let e = run_op(
+        BackendKind::Cpu,
+        attn3_op(false, None, 2, 2),
+        &[inp(x.clone()), inp(x), Arg::None],
+        1,
+        DType::F32,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("given or omitted together"), "{e}");
+}
+
 /// The error of a one-node graph that should not load.
 fn attention_error(op_: graphrun::graph::Op, shapes: [&[usize]; 3]) -> String {
     let args: Vec<Arg> = (0..3)

@@ -683,3 +683,65 @@ fn grad_3d_gqa_masks_dv() {
     // Several query and key blocks of the CPU kernels.
     check_packed(Case::new(1, 2, 1, 70, 90, 4, 4).causal());
 }
+
+/// The packed-QKV form (K and V omitted): dQKV (output 0) is the 3-D form's dQ, dK and dV
+/// joined on the last axis, passes finite differences itself (of Σ dY∘Attention(QKV)), and
+/// f32/f16/bf16 agree with f64; dMask beside it; naming output 1 or 2 is an error.
+fn check_qkv(c: Case) {
+    let p = c.packed();
+    let g3 = p.grads(DType::F64);
+    let x = concat_last(&[&p.q, &p.k, &p.v]);
+    let op_ = |name: &str| attn_heads(name, p.causal, p.scale, p.heads);
+    let fwd = |x: &Tensor, dt: DType| -> Vec<Tensor> {
+        let mut ins = vec![Some(x.cast(dt)), None, None];
+        ins.push(cast_opt(&p.mask, dt));
+        run(op_("Attention"), &ins, &["y", "lse"]).unwrap_or_else(|e| panic!("{e}"))
+    };
+    let dmask = p.mask.as_ref().is_some_and(|m| m.dtype().is_float());
+    let outs: &[&str] = if dmask {
+        &["dqkv", "", "", "dmask"]
+    } else {
+        &["dqkv"]
+    };
+    let grads = |x: &Tensor, dy: &Tensor, dt: DType| -> Vec<Tensor> {
+        let f = fwd(x, dt);
+        let mut ins = vec![Some(dy.cast(dt)), Some(x.cast(dt)), None, None];
+        ins.extend(f.into_iter().map(Some));
+        ins.push(cast_opt(&p.mask, dt));
+        run(op_("AttentionGrad"), &ins, outs).unwrap_or_else(|e| panic!("{e}"))
+    };
+    let g = grads(&x, &p.dy, DType::F64);
+    let want = concat_last(&[&g3[0], &g3[1], &g3[2]]);
+    assert_eq!(g[0].shape(), want.shape());
+    let e = rel_err(&g[0].to_f64_vec(), &want.to_f64_vec());
+    assert!(e <= 1e-12, "dQKV differs from the 3-D form's by {e:.1e}");
+    if dmask {
+        assert_eq!(g[3].to_f64_vec(), g3[3].to_f64_vec(), "dMask");
+    }
+    let loss = |ins: &[Option<Tensor>]| -> f64 {
+        let y = fwd(ins[0].as_ref().unwrap(), DType::F64)[0].to_f64_vec();
+        y.iter().zip(p.dy.to_f64_vec()).map(|(a, b)| a * b).sum()
+    };
+    check_fd("dQKV", &[Some(x.clone())], 0, &g[0].to_f64_vec(), &loss);
+    for dt in [DType::F32, DType::F16, DType::BF16] {
+        let r = |t: &Tensor| t.cast(dt).cast(DType::F64);
+        let want = grads(&r(&x), &r(&p.dy), DType::F64);
+        let got = grads(&x, &p.dy, dt);
+        let e = rel_err(&got[0].to_f64_vec(), &want[0].to_f64_vec());
+        assert!(e <= tol(dt), "{dt} dQKV: rel err {e:.3e}");
+    }
+    let mut ins = vec![Some(p.dy.clone()), Some(x.clone()), None, None];
+    ins.extend(fwd(&x, DType::F64).into_iter().map(Some));
+    let e = run(op_("AttentionGrad"), &ins, &["dqkv", "dk", ""])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("outputs 1 and 2 must be omitted"), "{e}");
+}
+
+#[test]
+fn grad_packed_qkv() {
+    check_qkv(Case::new(2, 2, 2, 7, 7, 8, 8).causal());
+    check_qkv(Case::new(1, 4, 2, 9, 9, 4, 4));
+    let m = rand(&[1, 2, 6, 6], 350, -1.0, 1.0);
+    check_qkv(Case::new(2, 2, 2, 6, 6, 4, 4).mask(m));
+}

@@ -681,7 +681,9 @@ fn large_shapes_match_naive_sums() {
 
 /// FusedMatMulGrad with `a_activation` (what the `dact_into_da` rule makes of fc2's
 /// gradient behind fc1): dA leaves as the gradient at PreA of Σ dY ∘ FusedMatMul(act(PreA),
-/// B), against finite differences of that composite; dB and dBias as without it.
+/// B), against finite differences of that composite, and dBiasA (output 3) as the
+/// gradient of a bias added to PreA (finite differences summed over the rows); dB and
+/// dBias as without it.
 #[test]
 fn fused_matmul_grad_applies_a_activation_to_da() {
     for (sa, sb, trans_b) in [
@@ -719,7 +721,8 @@ fn fused_matmul_grad_applies_a_activation_to_da() {
                 None,
                 Some(pa.clone()),
             ];
-            let node = node_of(op("FusedMatMulGrad", &gattrs), &ins, &["da", "db", "dbias"]);
+            let outs = ["da", "db", "dbias", "dbias_a"];
+            let node = node_of(op("FusedMatMulGrad", &gattrs), &ins, &outs);
             let got = eval_all_dtypes(&node, &ins, &[]);
             // Σ dY ∘ FusedMatMul(act(PreA), B, bias), differentiated at PreA.
             let loss = |p: &Tensor| -> f64 {
@@ -742,6 +745,13 @@ fn fused_matmul_grad_applies_a_activation_to_da() {
                 })
                 .collect();
             assert_grad(&format!("dPreA, {what}"), &got[0].to_f64_vec(), &fd, FD_TOL);
+            assert_eq!(got[3].shape(), [k], "{what}: dBiasA");
+            assert_grad(
+                &format!("dBiasA, {what}"),
+                &got[3].to_f64_vec(),
+                &col_sums(&fd, k),
+                FD_TOL,
+            );
             let plain_ins = some(&[&dy, &a, &b]);
             let plain = run1(
                 &node_of(
@@ -751,7 +761,25 @@ fn fused_matmul_grad_applies_a_activation_to_da() {
                 ),
                 &plain_ins,
             );
-            assert_eq!(got[1..], plain[1..], "{what}: dB, dBias");
+            assert_eq!(got[1..3], plain[1..], "{what}: dB, dBias");
         }
     }
+    // dBiasA is dA's row sum: without dA it is an error naming the output.
+    let (a, b, dy) = (
+        randn(&[3, 4], 124),
+        randn(&[4, 5], 125),
+        randn(&[3, 5], 126),
+    );
+    let attrs = [
+        ("activation", AttrValue::Str("none".into())),
+        ("a_activation", AttrValue::Str("relu".into())),
+    ];
+    let ins = vec![Some(dy), Some(a.clone()), Some(b), None, Some(a)];
+    let node = node_of(
+        op("FusedMatMulGrad", &attrs),
+        &ins,
+        &["", "db", "", "dbias_a"],
+    );
+    let e = eval(&node, &ins).unwrap_err().to_string();
+    assert!(e.contains("dBiasA (output 3) needs dA"), "{e}");
 }

@@ -1622,11 +1622,12 @@ fn model_gpt_block() {
     let dims = [("batch", 2), ("seq", 32)];
     let (g, r) = model("gpt_block", &dims);
     assert_eq!(attention(&g), vec![(true, 0.125, 3)]);
-    // The head split/merge copies went into the 3-D Attention, which reads Split's
-    // outputs directly; gradients agree with the unfused graph's.
+    // The head split/merge copies went into the 3-D Attention, and then the qkv Split:
+    // it reads the packed projection; gradients agree with the unfused graph's.
     assert_eq!(r.fired("attention_heads"), 1, "{}", r);
-    assert_eq!(attention_inputs(&g), strs(&["q0", "k0", "v0"]));
-    for op in ["Transpose", "Reshape"] {
+    assert_eq!(r.fired("attention_qkv"), 1, "{}", r);
+    assert_eq!(attention_inputs(&g), strs(&["qkv", "", ""]));
+    for op in ["Transpose", "Reshape", "Split"] {
         assert_eq!(count(&g, op), 0, "{op} left");
     }
     let g0 = Model::load(format!(
@@ -1755,7 +1756,8 @@ fn same_gradients(
 
 /// `dact_into_da`: fc1's activation derivative moves into fc2's dA product (fc2's
 /// FusedMatMulGrad gets a_activation and fc1's Pre; fc1's runs without activation), and
-/// every gradient is what the unfused backward computes, on every backend.
+/// fc1's bias gradient with it (fc2's output 3, dBiasA; fc1's keeps dA and dW), and every
+/// gradient is what the unfused backward computes, on every backend.
 #[test]
 fn activation_derivative_moves_into_the_next_layers_da() {
     for act in ["gelu_tanh", "relu", "silu", "gelu"] {
@@ -1766,7 +1768,7 @@ fn activation_derivative_moves_into_the_next_layers_da() {
         for be in common::backends() {
             let (mut fused, mut plain) = fused_and_plain(&g, be);
             let (bwd, _) = fused.backward_graph(&feeds).unwrap();
-            let grads: Vec<(String, usize, &str)> = bwd
+            let grads: Vec<(String, usize, &str, Vec<String>)> = bwd
                 .graph
                 .nodes
                 .iter()
@@ -1775,20 +1777,30 @@ fn activation_derivative_moves_into_the_next_layers_da() {
                         activation,
                         a_activation,
                         ..
-                    } => Some((n.name.clone(), n.inputs.len(), a_activation.name()))
-                        .filter(|_| activation.name() == "none"),
+                    } => Some((
+                        n.name.clone(),
+                        n.inputs.len(),
+                        a_activation.name(),
+                        n.outputs.clone(),
+                    ))
+                    .filter(|_| activation.name() == "none"),
                     _ => None,
                 })
                 .collect();
             assert_eq!(grads.len(), 2, "{act} {be:?}: {grads:?}");
-            assert!(
-                grads.contains(&("fc2/FusedMatMulGrad".into(), 5, act)),
+            let find = |name: &str| grads.iter().find(|g| g.0 == name).expect(name);
+            let (_, ins, a_act, outs) = find("fc2/FusedMatMulGrad");
+            assert_eq!((*ins, *a_act), (5, act), "{act} {be:?}: {grads:?}");
+            assert_eq!(outs.len(), 4, "{act} {be:?}: {outs:?}");
+            let (_, ins, a_act, outs1) = find("fc1/FusedMatMulGrad");
+            assert_eq!(
+                (*ins, *a_act, outs1.len()),
+                (3, "none", 2),
                 "{act} {be:?}: {grads:?}"
             );
-            assert!(
-                grads.contains(&("fc1/FusedMatMulGrad".into(), 3, "none")),
-                "{act} {be:?}: {grads:?}"
-            );
+            // fc2's dBiasA is the gradient the optimizer reads for b1.
+            let b1 = &bwd.grads.iter().find(|(p, _)| p == "b1").expect("b1").1;
+            assert_eq!(&outs[3], b1, "{act} {be:?}");
             same_gradients(&format!("{act} {be:?}"), &mut fused, &mut plain, &feeds);
         }
     }
@@ -1859,5 +1871,107 @@ nodes:
             .collect();
         assert_eq!(lng, [6], "{be:?}");
         same_gradients(&format!("{be:?}"), &mut fused, &mut plain, &feeds);
+    }
+}
+
+/// `attention_qkv`: a 3-D Attention whose Q, K and V are a Split of one projection on the
+/// last axis into Hq·D, Hkv·D, Hkv·D reads the projection packed (K and V omitted); the
+/// Split goes, and the backward's Concat with it (one packed dQKV). Multi-head and
+/// grouped-query; not where a part has a second reader, the split is not Hq·D, Hkv·D,
+/// Hkv·D (V's head size differs) or is on another axis. Outputs and gradients as unfused
+/// on every backend.
+#[test]
+fn attention_reads_a_split_qkv_packed() {
+    let body = |x: &str, split: &str, axis: i64, heads: (usize, usize), outputs: &str| {
+        format!(
+            "
+inputs:
+  - {{name: x, dtype: f32, shape: {x}}}
+initializers:
+  - {{name: sizes, dtype: i64, shape: [3], values: {split}}}
+outputs: [{outputs}]
+nodes:
+  - {{op: Split, inputs: [x, sizes], outputs: [q, k, v], attrs: {{axis: {axis}}}}}
+  - {{op: Attention, inputs: [q, k, v], outputs: [y], name: att, attrs: {{is_causal: 1, q_num_heads: {}, kv_num_heads: {}}}}}
+",
+            heads.0, heads.1
+        )
+    };
+    let packed = |g: &Graph| {
+        g.nodes
+            .iter()
+            .find(|n| n.op.name() == "Attention")
+            .map(|n| n.inputs.clone())
+    };
+    for (x, split, heads) in [
+        ("[2, 5, 48]", "[16, 16, 16]", (2, 2)),
+        ("[2, 5, 32]", "[16, 8, 8]", (2, 1)),
+    ] {
+        let g = graph(&body(x, split, -1, heads, "y"));
+        let (o, r) = run_passes(&g, &PassOptions::default());
+        assert_eq!(r.fired("attention_qkv"), 1, "{split}: {r}");
+        assert_eq!(packed(&o), Some(strs(&["x", "", ""])), "{split}");
+        assert_eq!((count(&o, "Split"), o.nodes.len()), (0, 1), "{split}");
+        check_same(&g, &o, &[]);
+        // The backward has no Concat: AttentionGrad writes dQKV, the gradient of x.
+        let feeds = Model { graph: g.clone() }
+            .random_inputs(3, &BTreeMap::new())
+            .unwrap();
+        for be in common::backends() {
+            let opts = |disabled: Vec<String>| SessionOptions {
+                backend: be,
+                passes: PassOptions {
+                    disabled,
+                    training: false,
+                },
+                ..Default::default()
+            };
+            // Fused before differentiating, as the CLI does.
+            let mut fused = Session::new(o.clone(), opts(vec![])).unwrap();
+            let mut plain = Session::new(g.clone(), opts(vec!["attention_fusion".into()])).unwrap();
+            let (bwd, _) = fused.backward_graph(&feeds).unwrap();
+            let ops = bwd.graph.op_counts();
+            assert!(!ops.contains_key("Concat"), "{split} {be:?}: {ops:?}");
+            let ag: Vec<&Vec<String>> = bwd
+                .graph
+                .nodes
+                .iter()
+                .filter(|n| n.op.name() == "AttentionGrad")
+                .map(|n| &n.outputs)
+                .collect();
+            assert_eq!(ag.len(), 1);
+            assert!(!ag[0][0].is_empty() && ag[0][1..].iter().all(|o| o.is_empty()));
+            let (a, b) = (fused.run(&feeds).unwrap(), plain.run(&feeds).unwrap());
+            let e = common::rel_err(&a[0].1.to_f64_vec(), &b[0].1.to_f64_vec());
+            assert!(e <= 1e-5, "{split} {be:?}: y rel err {e:.2e}");
+            let none = Default::default();
+            let a = fused.backward(&feeds, &none).unwrap().grads;
+            let b = plain.backward(&feeds, &none).unwrap().grads;
+            let e = common::rel_err(&a[0].1.to_f64_vec(), &b[0].1.to_f64_vec());
+            assert!(e <= 1e-5, "{split} {be:?}: dx rel err {e:.2e}");
+            assert!(a[0].1.to_f64_vec().iter().any(|&v| v != 0.0));
+        }
+    }
+    // Not fused: a second reader of K, V's head size twice Q's (an unequal split), the
+    // sequence axis.
+    for (b, why) in [
+        (
+            body("[2, 5, 48]", "[16, 16, 16]", -1, (2, 2), "y, k"),
+            "read by another node",
+        ),
+        (
+            body("[2, 5, 64]", "[16, 16, 32]", 2, (2, 2), "y"),
+            "Hq·D, Hkv·D, Hkv·D",
+        ),
+        (
+            body("[2, 15, 16]", "[5, 5, 5]", 1, (2, 2), "y"),
+            "Hq·D, Hkv·D, Hkv·D",
+        ),
+    ] {
+        let g = graph(&b);
+        let (o, r) = run_passes(&g, &PassOptions::default());
+        assert_eq!(r.fired("attention_qkv"), 0, "{why}");
+        assert_eq!(packed(&o), Some(strs(&["q", "k", "v"])), "{why}");
+        check_same(&g, &o, &[]);
     }
 }

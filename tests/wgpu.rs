@@ -450,11 +450,21 @@ fn device_out_of_memory_is_an_error_naming_the_node() {
     out_of_memory_names_the_node(BackendKind::Wgpu);
 }
 
+/// Attention on a packed QKV (K and V omitted; the parts are copied around the shaders),
+/// forward and backward, against the CPU.
+#[test]
+fn packed_qkv_attention() {
+    if !wgpu_present() {
+        return;
+    }
+    packed_qkv_same_as_cpu(BackendKind::Wgpu, &LOW);
+}
+
 /// FusedMatMulGrad with `a_activation` (fc2's gradient after `dact_into_da`): dA times
 /// act'(PreA), the product through scratch, with a shared and a batched B.
 #[test]
 fn fused_matmul_grad_with_a_activation() {
     a_activation_cases(&["gelu_tanh", "relu", "silu"], |_, at, args| {
-        same_as_cpu("FusedMatMulGrad", at, args, 3, &LOW);
+        same_as_cpu("FusedMatMulGrad", at, args, 4, &LOW);
     });
 }

@@ -184,6 +184,63 @@ impl AttnDims {
     }
 }
 
+/// Attention's packed form, K and V omitted: Q, K and V lie one after the other on the
+/// last axis of one `[B, S, (Hq + 2·Hkv)·D]` tensor (what rule `attention_qkv` makes of a
+/// QKV projection split in three); its gradient is one tensor of that shape too. Returns
+/// the parts' shapes `[B, S, H·D]` and their offsets (elements) in a row of the packed
+/// tensor.
+pub fn qkv_parts(op: &Op, qkv: &[usize]) -> std::result::Result<[(Vec<usize>, usize); 3], String> {
+    let (Op::Attention {
+        q_num_heads: Some(hq),
+        kv_num_heads: Some(hkv),
+        ..
+    }
+    | Op::AttentionGrad {
+        q_num_heads: Some(hq),
+        kv_num_heads: Some(hkv),
+        ..
+    }) = *op
+    else {
+        return Err(
+            "packed QKV (K and V omitted) needs the attributes q_num_heads and kv_num_heads".into(),
+        );
+    };
+    let &[b, s, w] = qkv else {
+        return Err(format!(
+            "packed QKV (K and V omitted) must be 3-D [B, S, (Hq + 2·Hkv)·D], got {}",
+            fmt_shape(qkv)
+        ));
+    };
+    let heads = hq + 2 * hkv;
+    if heads == 0 || !w.is_multiple_of(heads) {
+        return Err(format!(
+            "packed QKV's last axis {w} is not (q_num_heads {hq} + 2 · kv_num_heads {hkv}) · D"
+        ));
+    }
+    let d = w / heads;
+    Ok([
+        (vec![b, s, hq * d], 0),
+        (vec![b, s, hkv * d], hq * d),
+        (vec![b, s, hkv * d], (hq + hkv) * d),
+    ])
+}
+
+/// Q, K and V of Attention (`at` 0) or AttentionGrad (`at` 1): the inputs, or the parts of
+/// the packed first one when K and V are omitted (see [`qkv_parts`]).
+fn attn_qkv(
+    op: &Op,
+    ins: &[Option<&ValueType>],
+    at: usize,
+) -> std::result::Result<[ValueType; 3], String> {
+    let t = |i: usize| ins.get(at + i).copied().flatten();
+    let q = t(0).ok_or("Q is required")?;
+    match (t(1), t(2)) {
+        (Some(k), Some(v)) => Ok([q.clone(), k.clone(), v.clone()]),
+        (None, None) => Ok(qkv_parts(op, &q.shape)?.map(|(s, _)| ValueType::new(q.dtype, &s))),
+        _ => Err("K and V are given or omitted together (omitted: Q is the packed QKV)".into()),
+    }
+}
+
 /// Infers every value's type given each graph input's concrete shape.
 pub fn infer_graph(g: &Graph, input_shapes: &HashMap<String, Vec<usize>>) -> Result<Inferred> {
     let mut inf = Inferred {
@@ -387,9 +444,10 @@ pub fn infer_node(
             arity_text(min_out, max_out)
         )));
     }
-    // Required inputs are the first `min_in` (Split/Concat/Slice included).
+    // Required inputs are the first `min_in` (Split/Concat/Slice included), except
+    // Attention's K and V, which its packed form omits (checked by its rule).
     for (i, t) in ins.iter().enumerate().take(min_in) {
-        if t.is_none() {
+        if t.is_none() && !node.op.may_omit(i) {
             return Err(f(format!("input {i} is required")));
         }
     }
@@ -1098,11 +1156,11 @@ pub fn infer_node(
             Ok(vec![y; node.outputs.len()])
         }
         Op::Attention { .. } => {
-            let (k, v) = (t(1).unwrap(), t(2).unwrap());
+            let [q, k, v] = attn_qkv(&node.op, ins, 0).map_err(&f)?;
             need_float(&x, "Q")?;
-            same_dtype(&x, k)?;
-            same_dtype(&x, v)?;
-            let a = AttnDims::new(&node.op, &x.shape, &k.shape, &v.shape).map_err(&f)?;
+            same_dtype(&x, &k)?;
+            same_dtype(&x, &v)?;
+            let a = AttnDims::new(&node.op, &q.shape, &k.shape, &v.shape).map_err(&f)?;
             if let Some(m) = t(3) {
                 if m.dtype != DType::Bool && m.dtype != x.dtype {
                     return Err(f(format!(
@@ -1283,14 +1341,22 @@ pub fn infer_node(
                 }
                 _ => {}
             }
+            // dBiasA is dA's row sum: it needs dA.
+            if node.outputs.get(3).is_some_and(|o| !o.is_empty()) && node.outputs[0].is_empty() {
+                return Err(f("dBiasA (output 3) needs dA (output 0)".into()));
+            }
             let n = *fwd[0].shape.last().unwrap();
-            Ok(
-                vec![a.clone(), b.clone(), ValueType::new(a.dtype, &[n])][..node.outputs.len()]
-                    .to_vec(),
-            )
+            let k = *a.shape.last().unwrap();
+            Ok(vec![
+                a.clone(),
+                b.clone(),
+                ValueType::new(a.dtype, &[n]),
+                ValueType::new(a.dtype, &[k]),
+            ][..node.outputs.len()]
+                .to_vec())
         }
         Op::AttentionGrad { .. } => {
-            let (q, k, v) = (t(1).unwrap(), t(2).unwrap(), t(3).unwrap());
+            let [q, k, v] = attn_qkv(&node.op, ins, 1).map_err(&f)?;
             let op = node.op.grad_base().expect("AttentionGrad has a forward op");
             let fwd = infer_forward(node, op, &[t(1), t(2), t(3), t(6)], &[None; 4])?;
             need_grad(node, ins, &x, &fwd[0])?;
@@ -1306,7 +1372,23 @@ pub fn infer_node(
                 )));
             }
             let full = ValueType::new(q.dtype, &[a.b, a.hq, a.sq, a.skv]);
-            Ok(vec![q.clone(), k.clone(), v.clone(), full][..node.outputs.len()].to_vec())
+            if t(2).is_some() {
+                if node.outputs.len() < 3 {
+                    return Err(f(
+                        "has outputs dQ, dK, dV and optionally dMask: 3 or 4".into()
+                    ));
+                }
+                return Ok(vec![q, k, v, full][..node.outputs.len()].to_vec());
+            }
+            // Packed: dQKV is output 0; dK and dV are in it (their slots hold nothing).
+            if node.outputs.iter().skip(1).take(2).any(|o| !o.is_empty()) {
+                return Err(f(
+                    "with packed QKV, dK and dV are part of dQKV (output 0): outputs 1 and 2 must be omitted".into(),
+                ));
+            }
+            let none = ValueType::new(q.dtype, &[0]);
+            let qkv = t(1).unwrap().clone();
+            Ok(vec![qkv, none.clone(), none, full][..node.outputs.len()].to_vec())
         }
         Op::VarlenAttentionGrad { is_causal, scale } => {
             let (q, k, v) = (t(1).unwrap(), t(2).unwrap(), t(3).unwrap());
@@ -1471,7 +1553,9 @@ pub fn flops(node: &Node, ins: &[Option<&ValueType>], outs: &[ValueType]) -> u64
         }
         // QKᵀ and PV; causal counts half, as ../shared/bench counts it.
         Op::Attention { is_causal, .. } => {
-            let (q, k, v) = (ins[0].unwrap(), ins[1].unwrap(), ins[2].unwrap());
+            let Ok([q, k, v]) = attn_qkv(&node.op, ins, 0) else {
+                return 0;
+            };
             let Ok(a) = AttnDims::new(&node.op, &q.shape, &k.shape, &v.shape) else {
                 return 0;
             };

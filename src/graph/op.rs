@@ -182,6 +182,8 @@ pub enum Op {
     },
     /// `q_num_heads`/`kv_num_heads` are required for the 3-D form (Q `[B, Sq, Hq·D]`,
     /// heads packed in the last axis) and, when given with 4-D inputs, must agree with them.
+    /// With K and V omitted (rule `attention_qkv`), Q is the packed QKV `[B, S, (Hq +
+    /// 2·Hkv)·D]`: Q, K and V one after the other on the last axis (`infer::qkv_parts`).
     Attention {
         is_causal: bool,
         scale: Option<f32>,
@@ -219,11 +221,13 @@ pub enum Op {
     },
     /// `(dY, XShape, starts, ends, [axes], [steps]) -> dX`: dY placed into zeros.
     SliceGrad,
-    /// `(dY, A, B, [Pre], [PreA]) -> (dA, dB, [dBias])` for `Y = act(A·B + bias) +
+    /// `(dY, A, B, [Pre], [PreA]) -> (dA, dB, [dBias], [dBiasA])` for `Y = act(A·B + bias) +
     /// residual`, where `Pre = A·B + bias` is the forward's second output (needed unless
     /// activation none). With `a_activation` (set by the `dact_into_da` rule, never by
     /// autodiff) dA leaves multiplied by `a_activation'(PreA)`: the gradient at the Pre of
     /// the FusedMatMul that produced A, which that node's gradient then takes as its dY.
+    /// dBiasA (also only from that rule) is dA summed over its rows, `[K]`: that
+    /// FusedMatMul's bias gradient.
     FusedMatMulGrad {
         activation: Activation,
         trans_b: bool,
@@ -231,7 +235,8 @@ pub enum Op {
     },
     /// `(dY, Q, K, V, Y, LSE, [attn_mask]) -> (dQ, dK, dV, [dMask])`: flash-style, from
     /// the forward's per-row logsumexp (its second output). dMask has the full
-    /// `[B, Hq, Sq, Skv]` shape and is only computed when asked for.
+    /// `[B, Hq, Sq, Skv]` shape and is only computed when asked for. With packed QKV (K and
+    /// V omitted) dQKV, packed the same way, is output 0 and outputs 1 and 2 are omitted.
     AttentionGrad {
         is_causal: bool,
         scale: Option<f32>,
@@ -703,6 +708,17 @@ impl Op {
         )
     }
 
+    /// Whether input `i`, among the first `arity().0`, may still be omitted: Attention's K
+    /// and V (and its gradient's), which its packed-QKV form leaves out
+    /// (`infer::qkv_parts`).
+    pub fn may_omit(&self, i: usize) -> bool {
+        match self {
+            Op::Attention { .. } => i == 1 || i == 2,
+            Op::AttentionGrad { .. } => i == 2 || i == 3,
+            _ => false,
+        }
+    }
+
     /// (min inputs, max inputs, min outputs, max outputs), counting omitted optional
     /// inputs ("") as present.
     pub fn arity(&self) -> (usize, usize, usize, usize) {
@@ -733,8 +749,8 @@ impl Op {
             Op::SoftmaxCrossEntropyLossGrad { .. } => (3, 4, 1, 1),
             Op::GatherGrad { .. } => (3, 3, 1, 1),
             Op::SliceGrad => (4, 6, 1, 1),
-            Op::FusedMatMulGrad { .. } => (3, 5, 2, 3),
-            Op::AttentionGrad { .. } => (6, 7, 3, 4),
+            Op::FusedMatMulGrad { .. } => (3, 5, 2, 4),
+            Op::AttentionGrad { .. } => (6, 7, 1, 4),
             Op::VarlenAttentionGrad { .. } => (8, 8, 3, 3),
         }
     }

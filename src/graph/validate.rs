@@ -92,7 +92,7 @@ pub fn validate(g: &Graph) -> Result<()> {
         }
         for (i, inp) in n.inputs.iter().enumerate() {
             if inp.is_empty() {
-                if i < lo {
+                if i < lo && !n.op.may_omit(i) {
                     crate::bail!(Graph, "{}: input {i} is required but omitted", n.describe());
                 }
             } else if !defs.contains_key(inp.as_str()) {

@@ -159,6 +159,13 @@ impl<'a> Importer<'a> {
     fn lower(&mut self, n: &NodeProto, shown: &str, mut attrs: Vec<Attr>) -> Result<()> {
         let mut inputs = n.input.clone();
         match n.op_type.as_str() {
+            // ONNX's K and V are required; graphrun's packed-QKV form (K and V omitted)
+            // is its own.
+            "Attention" if inputs.len() < 3 || inputs[1..3].iter().any(|v| v.is_empty()) => {
+                return Err(Error::Graph(format!(
+                    "node '{shown}' (Attention): inputs K and V are required"
+                )))
+            }
             // Before opset 13 Softmax and LogSoftmax flatten their input to 2-D at `axis`
             // (default 1) and normalise each row.
             "Softmax" | "LogSoftmax" if self.opset < 13 => {

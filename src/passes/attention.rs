@@ -15,6 +15,13 @@
 //! 3-D `Attention` (`q_num_heads`, `kv_num_heads`) on the unsplit tensors. Where part of
 //! that is missing, or a value in between has another reader, rule `attention` fuses the
 //! 4-D form and the copies stay.
+//!
+//! Rule `attention_qkv`, anchored on a 3-D `Attention`, takes in the Split of one QKV
+//! projection: Q, K and V that are the three outputs, in order, of a Split on the last
+//! axis into `Hq·D, Hkv·D, Hkv·D` (equal for multi-head attention), read by nothing
+//! else, make Attention read the packed tensor itself (K and V omitted). The kernels
+//! read the parts in place, and its gradient is one packed dQKV: the Split's copies and
+//! the backward's Concat go.
 
 use super::pattern::{Ctx, Patch, Why};
 use super::Rule;
@@ -33,7 +40,84 @@ pub(crate) const RULES: &[Rule] = &[
         anchor: |op| matches!(op, Op::Softmax { .. }),
         run: fuse,
     },
+    Rule {
+        name: "attention_qkv",
+        anchor: |op| matches!(op, Op::Attention { .. }),
+        run: fuse_qkv,
+    },
 ];
+
+/// A 3-D Attention whose Q, K and V are the outputs of one Split on the last axis into
+/// `Hq·D, Hkv·D, Hkv·D`, each read only by it, reads the Split's input packed (see the
+/// module comment).
+fn fuse_qkv(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch> {
+    let n = cx.node(i);
+    let Op::Attention {
+        q_num_heads: Some(hq),
+        kv_num_heads: Some(hkv),
+        ..
+    } = n.op
+    else {
+        return why.no("not the 3-D form (q_num_heads, kv_num_heads)");
+    };
+    let qkv = &n.inputs[..3];
+    if qkv.iter().any(|v| v.is_empty()) {
+        return why.no("Q, K and V are packed already");
+    }
+    let Some((si, split)) = cx.prod(&qkv[0], |op| matches!(op, Op::Split { .. })) else {
+        return why.no(format!("Q '{}' is not split from a QKV tensor", qkv[0]));
+    };
+    if split.outputs != qkv {
+        return why.no(format!(
+            "Q, K and V are not the three outputs of Split '{}' in order",
+            split.name
+        ));
+    }
+    if let Some(v) = qkv.iter().find(|v| cx.sole_consumer(v) != Some(i)) {
+        return why.no(format!(
+            "'{v}' is read by another node or is a graph output"
+        ));
+    }
+    if n.inputs.get(3).is_some_and(|m| qkv.contains(m)) {
+        return why.no("the mask is one of Q, K and V");
+    }
+    let x = &split.inputs[0];
+    let Op::Split { axis, .. } = split.op else {
+        unreachable!("matched above")
+    };
+    // The last axis, and parts of Hq·D, Hkv·D, Hkv·D (D from Q), in every inference run.
+    let (Some(xs), Some(parts)) = (
+        cx.facts.shapes(x),
+        qkv.iter()
+            .map(|v| cx.facts.shapes(v))
+            .collect::<Option<Vec<_>>>(),
+    ) else {
+        return why.no("shapes are unknown");
+    };
+    let fits = xs.iter().enumerate().all(|(r, xs)| {
+        let [q, k, v] = [0, 1, 2].map(|p| parts[p][r].last().copied().unwrap_or(0));
+        let last = axis == -1 || axis == xs.len() as i64 - 1;
+        let d = q / hq.max(1);
+        last && xs.len() == 3 && q == hq * d && k == hkv * d && v == hkv * d
+    });
+    if !fits {
+        return why.no(format!(
+            "Split '{}' is not on the last axis into Hq·D, Hkv·D, Hkv·D",
+            split.name
+        ));
+    }
+    let mut fused = n.clone();
+    fused.inputs[..3].clone_from_slice(&[x.clone(), String::new(), String::new()]);
+    let out = &n.outputs[0];
+    if let Err(e) = cx.facts.check(std::slice::from_ref(&fused), out) {
+        return why.no(e);
+    }
+    Some(Patch {
+        remove: vec![si, i],
+        add: vec![fused],
+        ..Default::default()
+    })
+}
 
 /// Masked-out scores at or below this are "minus infinity" for softmax in f32.
 const BIG_NEGATIVE: f64 = -1e4;

@@ -118,6 +118,10 @@ fn mean_square(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch> {
 /// the producer applies act' to its dA product (cuBLASLt's DGELU epilogue on CUDA, no
 /// pass of its own), and the consumer runs with no activation (dY is G; its Pre input is
 /// dropped). Saves writing dY and reading it and Pre back: 3 passes over [M, hidden].
+/// The consumer's bias gradient Σ_rows G moves along as the producer's dBiasA (output
+/// 3), summed where G is made (cuBLASLt's DGELU_BGRAD epilogue could do it in the
+/// product; on the H100 it is slower than the pass it saves, see cuda/matmul.rs
+/// `dgelu_bgrad`), not by a BGRADA reduction in the consumer's dB product.
 fn dact_into_da(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch> {
     let n = cx.node(i);
     let Op::FusedMatMulGrad {
@@ -166,6 +170,16 @@ fn dact_into_da(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch> {
     producer.inputs.resize(4, String::new());
     producer.inputs.push(pre.clone());
     let mut consumer = n.clone();
+    let free = producer.outputs.get(3).is_none_or(|o| o.is_empty());
+    if let Some(dbias) = consumer.outputs.get(2).filter(|o| free && !o.is_empty()) {
+        producer.outputs.resize(4, String::new());
+        producer.outputs[3] = dbias.clone();
+        // (A dBiasA of the consumer's own, from a firing further down, stays at 3.)
+        consumer.outputs[2] = String::new();
+        while consumer.outputs.len() > 2 && consumer.outputs.last().is_some_and(|o| o.is_empty()) {
+            consumer.outputs.pop();
+        }
+    }
     consumer.op = Op::FusedMatMulGrad {
         activation: Activation::None,
         trans_b,

@@ -569,8 +569,98 @@ pub fn unpack_heads(t: &Tensor, h: usize) -> Tensor {
     f64s(&[b, h, s, w], &y)
 }
 
+/// Tensors of equal leading dims joined on their last axis (f64): the packed QKV of
+/// Attention's K-and-V-omitted form.
+pub fn concat_last(ts: &[&Tensor]) -> Tensor {
+    let lead = &ts[0].shape()[..ts[0].shape().len() - 1];
+    let ws: Vec<usize> = ts.iter().map(|t| *t.shape().last().unwrap()).collect();
+    let rows: usize = lead.iter().product();
+    let vs: Vec<Vec<f64>> = ts.iter().map(|t| t.to_f64_vec()).collect();
+    let mut y = vec![];
+    for r in 0..rows {
+        for (v, &w) in vs.iter().zip(&ws) {
+            y.extend_from_slice(&v[r * w..(r + 1) * w]);
+        }
+    }
+    let mut shape = lead.to_vec();
+    shape.push(ws.iter().sum());
+    f64s(&shape, &y)
+}
+
+/// The inverse of `concat_last` for parts of widths `ws` (f64).
+pub fn split_last(t: &Tensor, ws: &[usize]) -> Vec<Tensor> {
+    let (lead, w) = t.shape().split_at(t.shape().len() - 1);
+    let v = t.to_f64_vec();
+    let mut at = 0;
+    ws.iter()
+        .map(|&n| {
+            let part: Vec<f64> = v
+                .chunks(w[0])
+                .flat_map(|r| r[at..at + n].to_vec())
+                .collect();
+            at += n;
+            let mut shape = lead.to_vec();
+            shape.push(n);
+            f64s(&shape, &part)
+        })
+        .collect()
+}
+
+/// Attention with packed QKV (K and V omitted, rule `attention_qkv`), forward and
+/// backward on `backend` against the CPU, in `dts`: multi-head at D = 64 (CUDA's
+/// tensor-core kernels) causal and not, grouped-query at D = 16. The backward runs from
+/// the CPU's Y and LSE and writes one packed dQKV.
+pub fn packed_qkv_same_as_cpu(backend: BackendKind, dts: &[DType]) {
+    for (n, &(b, s, hq, hkv, d, causal)) in [
+        (2, 130, 4, 4, 64, true),
+        (1, 70, 4, 4, 64, false),
+        (2, 40, 4, 2, 16, true),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let attrs = [
+            ("is_causal", AttrValue::Int(causal as i64)),
+            ("q_num_heads", AttrValue::Int(hq as i64)),
+            ("kv_num_heads", AttrValue::Int(hkv as i64)),
+        ];
+        let seed = 700 + 10 * n as u64;
+        let qkv = randn(&[b, s, (hq + 2 * hkv) * d], seed);
+        let dy = randn(&[b, s, hq * d], seed + 1);
+        for &dt in dts.iter().filter(|&&dt| computes(backend, dt)) {
+            let fargs = [inp(qkv.cast(dt)), Arg::None, Arg::None];
+            let run = |be, name, args: &[Arg], n_out| {
+                run_raw(be, op(name, &attrs), args, n_out)
+                    .unwrap_or_else(|e| panic!("case {n} {name} on {be:?} {dt}: {e}"))
+            };
+            let want = run(BackendKind::Cpu, "Attention", &fargs, 2);
+            let got = run(backend, "Attention", &fargs, 2);
+            let bargs = [
+                inp(dy.cast(dt)),
+                inp(qkv.cast(dt)),
+                Arg::None,
+                Arg::None,
+                inp(want[0].clone()),
+                inp(want[1].clone()),
+            ];
+            let gw = run(BackendKind::Cpu, "AttentionGrad", &bargs, 1);
+            let gg = run(backend, "AttentionGrad", &bargs, 1);
+            for (what, g, w) in [
+                ("Y", &got[0], &want[0]),
+                ("LSE", &got[1], &want[1]),
+                ("dQKV", &gg[0], &gw[0]),
+            ] {
+                assert_eq!(g.shape(), w.shape(), "case {n} {dt} {what}");
+                let e = rel_err(&g.to_f64_vec(), &w.to_f64_vec());
+                assert!(e <= tol(dt), "case {n} {dt} {what}: rel err {e:.3e}");
+            }
+        }
+    }
+}
+
 /// FusedMatMulGrad with `a_activation` (fc2's gradient after `dact_into_da`): for each
-/// activation in `acts`, with a shared and a batched B, calls `each(act, attrs, args)`.
+/// activation in `acts`, with a shared and a batched B, calls `each(act, attrs, args)`;
+/// run with 4 outputs, the last is dBiasA (dA's row sum, fc1's bias gradient).
 pub fn a_activation_cases(acts: &[&str], mut each: impl FnMut(&str, &[(&str, AttrValue)], &[Arg])) {
     let dy = randn(&[2, 70, 90], 31);
     let a = randn(&[2, 70, 130], 32);

@@ -11,11 +11,12 @@
 //! it ever writes is dMask, and only when asked for.
 
 use crate::error::Result;
-use crate::graph::infer::AttnDims;
+use crate::graph::infer::{qkv_parts, AttnDims};
 use crate::graph::Node;
 use crate::tensor::{DType, Elem, Float, Real, Tensor};
 use num_traits::{Float as _, One, Zero};
 use rayon::prelude::*;
+use std::borrow::Cow;
 use std::ops::Range;
 
 /// Query rows per block (the forward's unit of parallelism) and keys per block.
@@ -29,20 +30,37 @@ const KB: usize = 64;
 /// −inf for a row that sees no key). Query head h reads kv head `h / (Hq/Hkv)`.
 /// `mask` broadcasts to `[B, Hq, Sq, Skv]`: bool (false masks out) or additive.
 /// Causal is upper-left aligned: query i sees key j iff `j <= i`.
+/// With K and V omitted, Q is the packed QKV (`qkv_parts`).
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
     node: &Node,
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
+    qkv: [Option<&Tensor>; 3],
     mask: Option<&Tensor>,
     is_causal: bool,
     scale: Option<f32>,
     outs: &mut [Tensor],
 ) -> Result<()> {
+    let [q, k, v] = inputs(node, qkv)?;
+    let (q, k, v) = (&*q, &*k, &*v);
     let a = dims(node, q, k, v)?;
     crate::with_float!(q.dtype(), T => attention_t::<T>(a, q, k, v, mask, is_causal, scale, outs),
         _ => Err(crate::err!(Runtime, "{}: needs float inputs, got {}", node.describe(), q.dtype())))
+}
+
+/// Q, K and V of an Attention or AttentionGrad node: its inputs, or with K and V omitted
+/// the parts of the packed QKV, copied out (the reference keeps to the plain layout).
+fn inputs<'a>(node: &Node, qkv: [Option<&'a Tensor>; 3]) -> Result<[Cow<'a, Tensor>; 3]> {
+    let fail = |e: String| crate::err!(Runtime, "{}: {e}", node.describe());
+    match qkv {
+        [Some(q), Some(k), Some(v)] => Ok([q, k, v].map(Cow::Borrowed)),
+        [Some(x), None, None] => {
+            let parts = qkv_parts(&node.op, x.shape()).map_err(fail)?;
+            let mut t = parts.map(|(s, _)| Tensor::zeros(x.dtype(), &s));
+            super::shape::split(x, -1, &mut t)?;
+            Ok(t.map(Cow::Owned))
+        }
+        _ => Err(fail("Q, K and V, or the packed QKV alone".into())),
+    }
 }
 
 /// The problem sizes of an Attention or AttentionGrad node from its Q, K and V.
@@ -589,13 +607,12 @@ fn row_mut<T>(s: &mut [T], r: usize, w: usize) -> &mut [T] {
 /// (dMask)]; `want[i]` false means output i is not read and is left unwritten. dMask, the
 /// gradient of the additive mask in full `[B, Hq, Sq, Skv]` shape, is the only output
 /// of that size and is computed only when asked for; a bool mask has none.
+/// With K and V omitted (packed QKV), output 0 is dQKV, packed the same way.
 #[allow(clippy::too_many_arguments)]
 pub fn attention_grad(
     node: &Node,
     dy: &Tensor,
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
+    qkv: [Option<&Tensor>; 3],
     mask: Option<&Tensor>,
     y: &Tensor,
     lse: &Tensor,
@@ -604,10 +621,36 @@ pub fn attention_grad(
     want: &[bool],
     outs: &mut [Tensor],
 ) -> Result<()> {
+    let packed = qkv[1].is_none();
+    let [q, k, v] = inputs(node, qkv)?;
+    let (q, k, v) = (&*q, &*k, &*v);
     let a = dims(node, q, k, v)?;
     let inp = [dy, q, k, v, y];
-    crate::with_float!(q.dtype(), T => attention_grad_t::<T>(a, inp, mask, lse, is_causal, scale, want, outs),
-        _ => Err(crate::err!(Runtime, "{}: needs float inputs, got {}", node.describe(), q.dtype())))
+    let run = |want: &[bool], outs: &mut [Tensor]| {
+        crate::with_float!(q.dtype(), T => attention_grad_t::<T>(a, inp, mask, lse, is_causal, scale, want, outs),
+            _ => Err(crate::err!(Runtime, "{}: needs float inputs, got {}", node.describe(), q.dtype())))
+    };
+    if !packed {
+        return run(want, outs);
+    }
+    // dQ, dK and dV apart (dMask moved in beside them), then packed into output 0.
+    let w = |i: usize| want.get(i).copied().unwrap_or(true);
+    let mut parts: Vec<Tensor> = [q, k, v]
+        .iter()
+        .map(|t| Tensor::zeros(t.dtype(), t.shape()))
+        .collect();
+    if let Some(m) = outs.get_mut(3) {
+        parts.push(std::mem::replace(m, Tensor::zeros(q.dtype(), &[0])));
+    }
+    run(&[w(0), w(0), w(0), w(3)], &mut parts)?;
+    if let Some(m) = parts.get_mut(3) {
+        std::mem::swap(m, &mut outs[3]);
+    }
+    if w(0) {
+        let ins: Vec<Option<&Tensor>> = parts[..3].iter().map(Some).collect();
+        super::shape::concat(&ins, -1, &mut outs[0])?;
+    }
+    Ok(())
 }
 
 /// VarlenAttention backward: `[dY, Q, K, V]`, cu_seqlens, the forward's Y and LSE;

@@ -494,10 +494,11 @@ pub fn gemm_f32_gflops(n: usize, iters: usize) -> f64 {
     2.0 * (n as f64).powi(3) / secs[secs.len() / 2].max(1e-12) / 1e9
 }
 
-/// FusedMatMul backward: outs = [dA, dB, (dBias)]; `want[i]` false means not read.
-/// With G = dY · act'(Pre): dA = G · op(B)ᵀ, dB = Aᵀ · G (Gᵀ · A when trans_b), each
+/// FusedMatMul backward: outs = [dA, dB, (dBias), (dBiasA)]; `want[i]` false means not
+/// read. With G = dY · act'(Pre): dA = G · op(B)ᵀ, dB = Aᵀ · G (Gᵀ · A when trans_b), each
 /// summed over the batch entries that share the operand; dBias = Σ_rows G. With
-/// `pre_a` = (PreA, act_a), dA leaves multiplied by act_a'(PreA) (still in f32/f64).
+/// `pre_a` = (PreA, act_a), dA leaves multiplied by act_a'(PreA) (still in f32/f64);
+/// dBiasA = Σ_rows dA, summed before dA is rounded.
 #[allow(clippy::too_many_arguments)]
 pub fn fused_matmul_grad(
     dy: &Tensor,
@@ -518,7 +519,13 @@ pub fn fused_matmul_grad(
         );
     }
     let want = |i: usize| i < outs.len() && want.get(i).copied().unwrap_or(true);
-    let want = [want(0), want(1), want(2)];
+    let want = [want(0), want(1), want(2), want(3)];
+    if want[3] && !want[0] {
+        crate::bail!(
+            Runtime,
+            "FusedMatMulGrad's dBiasA (output 3) needs dA (output 0)"
+        );
+    }
     let (sa, sb) = (a.shape(), b.shape());
     let (ra, rb) = (sa.len(), sb.len());
     if ra < 2 || rb < 2 {
@@ -556,6 +563,7 @@ pub fn fused_matmul_grad(
                 a_off: g_off.clone(),
                 b_off: b_off.clone(),
             };
+            let mut sums = vec![];
             fill_acc(da[0].as_mut_slice::<T>(), |o| {
                 products_into(p, &g, &bv, &a_off, o);
                 if let Some((pa, act_a)) = pre_a {
@@ -564,7 +572,15 @@ pub fn fused_matmul_grad(
                         .zip(widen(pa.as_slice::<T>()).par_chunks(CHUNK))
                         .for_each(|(g, p)| activate_grad(act_a, g, p));
                 }
+                if want[3] && k > 0 {
+                    sums = column_sums(o, k);
+                }
             });
+            if want[3] {
+                for (o, &v) in rest[2].as_mut_slice::<T>().iter_mut().zip(&sums) {
+                    *o = T::from_acc(v);
+                }
+            }
         }
         if want[1] {
             // Aᵀ · G, of shape [K, N]; with trans_b Gᵀ · A, of shape [N, K].
@@ -582,15 +598,19 @@ pub fn fused_matmul_grad(
             fill_acc(rest[0].as_mut_slice::<T>(), |o| products_into(p, l, r, &b_off, o));
         }
         if want[2] && n > 0 {
-            let sums = super::reduce::sum_rows(g.par_chunks(n), n, n, |acc: &mut [<T as Float>::Acc], row| {
-                acc.iter_mut().zip(row).for_each(|(a, &v)| *a += v)
-            });
-            for (o, v) in rest[1].as_mut_slice::<T>().iter_mut().zip(sums) {
+            for (o, v) in rest[1].as_mut_slice::<T>().iter_mut().zip(column_sums(&g, n)) {
                 *o = T::from_acc(v);
             }
         }
         Ok(())
     }, _ => not_float(a))
+}
+
+/// Σ over the rows of `x` seen as rows of `n` (a bias gradient).
+fn column_sums<F: Real>(x: &[F], n: usize) -> Vec<F> {
+    super::reduce::sum_rows(x.par_chunks(n), n, n, |acc: &mut [F], row| {
+        acc.iter_mut().zip(row).for_each(|(a, &v)| *a = *a + v)
+    })
 }
 
 /// G = dY · act'(Pre) in the accumulation type (dY itself, borrowed where it can be, when

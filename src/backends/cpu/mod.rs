@@ -110,6 +110,7 @@ pub fn run_node(
     step: u64,
 ) -> Result<()> {
     let x = |i: usize| super::common::required(node, ins, i);
+    let opt = |i: usize| ins.get(i).copied().flatten();
     // Which outputs the graph reads (an optional output named "" is not computed).
     let want: Vec<bool> = node.outputs.iter().map(|o| !o.is_empty()).collect();
     match &node.op {
@@ -232,10 +233,8 @@ pub fn run_node(
             is_causal, scale, ..
         } => attention::attention(
             node,
-            x(0)?,
-            x(1)?,
-            x(2)?,
-            ins.get(3).copied().flatten(),
+            [Some(x(0)?), opt(1), opt(2)],
+            opt(3),
             *is_causal,
             *scale,
             outs,
@@ -296,10 +295,8 @@ pub fn run_node(
         } => attention::attention_grad(
             node,
             x(0)?,
-            x(1)?,
-            x(2)?,
-            x(3)?,
-            ins.get(6).copied().flatten(),
+            [Some(x(1)?), opt(2), opt(3)],
+            opt(6),
             x(4)?,
             x(5)?,
             *is_causal,

@@ -11,7 +11,7 @@ use super::device::{launch_grid, suffix, Arg};
 use super::{unsupported, Cuda, V};
 use crate::backends::common::{self, wanted};
 use crate::error::Result;
-use crate::graph::infer::AttnDims;
+use crate::graph::infer::{qkv_parts, AttnDims, ValueType};
 use crate::graph::Node;
 use crate::tensor::DType;
 use cudarc::driver::{CudaSlice, DeviceRepr};
@@ -216,21 +216,97 @@ fn forward(
     )
 }
 
+/// Q, K and V of an Attention node: its inputs, or (K and V omitted) views of the parts
+/// of the packed QKV (`qkv_parts`), which the kernels read, and the gradient kernels
+/// write into dQKV, in place: rows of the packed width.
+struct Qkv {
+    tys: [ValueType; 3],
+    /// Element offsets of the parts in a packed row (0 unpacked).
+    offs: [usize; 3],
+    ptrs: [u64; 3],
+    /// The packed row's width.
+    width: Option<usize>,
+}
+
+impl Qkv {
+    fn new(node: &Node, qkv: [Option<&V>; 3]) -> Result<Qkv> {
+        match qkv {
+            [Some(q), Some(k), Some(v)] => Ok(Qkv {
+                tys: [q.ty.clone(), k.ty.clone(), v.ty.clone()],
+                offs: [0; 3],
+                ptrs: [q.p, k.p, v.p],
+                width: None,
+            }),
+            [Some(x), None, None] => {
+                let parts = qkv_parts(&node.op, x.shape())
+                    .map_err(|e| crate::err!(Runtime, "{}: {e}", node.describe()))?;
+                let offs = parts.clone().map(|(_, o)| o);
+                let mut q = Qkv {
+                    tys: parts.map(|(s, _)| ValueType::new(x.dtype(), &s)),
+                    offs,
+                    ptrs: [0; 3],
+                    width: x.shape().last().copied(),
+                };
+                q.ptrs = q.at(x.p);
+                Ok(q)
+            }
+            _ => crate::bail!(
+                Runtime,
+                "{}: Q, K and V, or the packed QKV alone",
+                node.describe()
+            ),
+        }
+    }
+    /// The parts' addresses in a packed tensor at `p` (of dQKV, say).
+    fn at(&self, p: u64) -> [u64; 3] {
+        let esz = self.tys[0].dtype.size() as u64;
+        self.offs.map(|o| p + o as u64 * esz)
+    }
+    fn views(&self, ptrs: [u64; 3]) -> [V<'_>; 3] {
+        [0, 1, 2].map(|i| V {
+            p: ptrs[i],
+            ty: &self.tys[i],
+            buf: None,
+        })
+    }
+    /// Packed: Q's, K's and V's rows (and dQ's, dK's, dV's) are the packed width apart,
+    /// `[S·W, D, W]` where unpacked 3-D tensors have `[S·H·D, D, H·D]`.
+    fn strides(&self, a: &AttnDims, g: &mut AttnGeom) {
+        if let Some(w) = self.width {
+            let row = |s: usize, d: usize| [(s * w) as i64, d as i64, w as i64];
+            g.st[0] = row(a.sq, a.d);
+            g.st[1] = row(a.skv, a.d);
+            g.st[2] = row(a.skv, a.dv);
+        }
+    }
+}
+
+/// With K and V omitted, Q is the packed QKV (`qkv_parts`).
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
     c: &Cuda,
     node: &Node,
-    qkv: [&V; 3],
+    qkv: [Option<&V>; 3],
     mask: Option<V>,
     causal: bool,
     scale: Option<f32>,
     outs: &[V],
     want: &[bool],
 ) -> Result<()> {
-    let [q, k, v] = qkv;
-    let a = dims(node, q, k, v)?;
-    let g = attention_geom(node, &a, q, mask.as_ref(), causal, scale)?;
-    forward(c, g, qkv, mask.map_or(0, |m| m.p), [0, 0], outs, want)
+    let parts = Qkv::new(node, qkv)?;
+    let [q, k, v] = parts.views(parts.ptrs);
+    let a = dims(node, &q, &k, &v)?;
+    let mut g = attention_geom(node, &a, &q, mask.as_ref(), causal, scale)?;
+    parts.strides(&a, &mut g);
+    forward(
+        c,
+        g,
+        [&q, &k, &v],
+        mask.map_or(0, |m| m.p),
+        [0, 0],
+        outs,
+        want,
+    )
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -342,11 +418,14 @@ fn backward(
     Ok(())
 }
 
+/// With K and V omitted (packed QKV), output 0 is dQKV, packed the same way and written
+/// in place by the kernels.
 #[allow(clippy::too_many_arguments)]
 pub fn attention_grad(
     c: &Cuda,
     node: &Node,
-    ins: [&V; 4],
+    dy: &V,
+    qkv: [Option<&V>; 3],
     mask: Option<V>,
     yl: [&V; 2],
     causal: bool,
@@ -354,15 +433,28 @@ pub fn attention_grad(
     outs: &[V],
     want: &[bool],
 ) -> Result<()> {
-    let [_, q, k, v] = ins;
-    let a = dims(node, q, k, v)?;
-    let g = attention_geom(node, &a, q, mask.as_ref(), causal, scale)?;
+    let parts = Qkv::new(node, qkv)?;
+    let [q, k, v] = parts.views(parts.ptrs);
+    let a = dims(node, &q, &k, &v)?;
+    let mut g = attention_geom(node, &a, &q, mask.as_ref(), causal, scale)?;
+    parts.strides(&a, &mut g);
     let key_rows = a.b * a.hkv * a.skv;
+    let grads;
+    let (outs, want) = if parts.width.is_some() {
+        // dQ, dK and dV: views of dQKV (output 0), wanted with it.
+        let mut o: Vec<V> = parts.views(parts.at(outs[0].p)).into();
+        o.extend(outs.get(3).copied());
+        let w0 = want.first().copied().unwrap_or(false);
+        grads = (o, [w0, w0, w0, want.get(3).copied().unwrap_or(false)]);
+        (&grads.0[..], &grads.1[..])
+    } else {
+        (outs, want)
+    };
     backward(
         c,
         g,
         key_rows,
-        ins,
+        [dy, &q, &k, &v],
         yl,
         mask.map_or(0, |m| m.p),
         [0, 0],

@@ -265,6 +265,17 @@ const EPI_GELU_AUX: u32 = 160;
 const EPI_GELU_AUX_BIAS: u32 = 164;
 /// The product times gelu_tanh'(aux): the backward of GELU_AUX(_BIAS).
 const EPI_DGELU: u32 = 192;
+/// DGELU, and the bias gradient (Σ over D's rows of what it writes) into the bias pointer.
+const EPI_DGELU_BGRAD: u32 = 208;
+
+/// Whether dBiasA comes from cuBLASLt's DGELU_BGRAD epilogue (`GRAPHRUN_CUBLASLT_DGELU_BGRAD=1`)
+/// rather than DGELU and our row sum after it. Off by default: on the H100 (cuBLAS 13)
+/// DGELU_BGRAD made fc2's gradient 0.245 ms slower in gpt_block and mlp_large bf16
+/// training (0.275 → 0.520 ms), where the row sum costs ~0.03 ms.
+fn dgelu_bgrad() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("GRAPHRUN_CUBLASLT_DGELU_BGRAD").is_ok_and(|v| v == "1"))
+}
 /// Bias gradient of cuBLAS's A (resp. B) operand: its sum over the product's k dimension.
 const EPI_BGRADA: u32 = 256;
 const EPI_BGRADB: u32 = 512;
@@ -750,11 +761,12 @@ pub fn fused(
     Ok(())
 }
 
-/// `(dY, A, B, [Pre]) → (dA, dB, [dBias])` with G = dY·act'(Pre): dA = G·op(B)ᵀ,
-/// dB = Aᵀ·G (Gᵀ·A with trans_b), summed over the batch entries that share an operand;
-/// dBias = Σ_rows G. With `pre_a` = (PreA, act_a), dA leaves multiplied by act_a'(PreA):
-/// in cuBLASLt's DGELU epilogue for gelu_tanh in f16/bf16, else by our kernel over dA in
-/// place.
+/// `(dY, A, B, [Pre]) → (dA, dB, [dBias], [dBiasA])` with G = dY·act'(Pre): dA =
+/// G·op(B)ᵀ, dB = Aᵀ·G (Gᵀ·A with trans_b), summed over the batch entries that share an
+/// operand; dBias = Σ_rows G. With `pre_a` = (PreA, act_a), dA leaves multiplied by
+/// act_a'(PreA): in cuBLASLt's DGELU epilogue for gelu_tanh in f16/bf16, else by our
+/// kernel over dA in place; dBiasA = Σ_rows dA by a row sum after it (or by the
+/// DGELU_BGRAD epilogue, see `dgelu_bgrad`).
 #[allow(clippy::too_many_arguments)]
 pub fn fused_grad(
     c: &Cuda,
@@ -804,19 +816,28 @@ pub fn fused_grad(
             epi: EPI_DGELU,
             ..s
         };
-        let in_epilogue = match &pre_a {
+        let bgrad = Shape {
+            epi: EPI_DGELU_BGRAD,
+            ..dgelu
+        };
+        let dbias_a = w(3);
+        let (mut in_epilogue, mut bias_a_done) = (false, false);
+        match &pre_a {
             // Not under --dtype tf32: there cuBLASLt's DGELU made mlp_large's fc2 gradient
             // 0.30 ms slower on the H100 (0.50 → 0.80 ms), more than our pass costs.
             Some((pa, Activation::GeluTanh))
                 if na == nb && nbb == 1 && matches!(dt, DType::BF16 | DType::F16) =>
             {
-                c.blas.supports(&dgelu) && {
+                if let Some(db) = dbias_a.filter(|_| dgelu_bgrad() && c.blas.supports(&bgrad)) {
+                    product_aux(c, bgrad, g, b.p, da.p, None, 1.0, 0.0, db.p, pa.p)?;
+                    (in_epilogue, bias_a_done) = (true, true);
+                } else if c.blas.supports(&dgelu) {
                     product_aux(c, dgelu, g, b.p, da.p, None, 1.0, 0.0, 0, pa.p)?;
-                    true
+                    in_epilogue = true;
                 }
             }
-            _ => false,
-        };
+            _ => {}
+        }
         if in_epilogue {
             // Written, derivative applied, by the epilogue.
         } else if na == nb {
@@ -835,6 +856,15 @@ pub fn fused_grad(
         if let (Some((pa, act_a)), false) = (&pre_a, in_epilogue) {
             grad_kernel(c, dt, da, pa, da, act_code(*act_a), 0.0)?;
         }
+        if let (Some(db), false) = (dbias_a, bias_a_done) {
+            super::reduce::sum_rows(c, da, da.ty.numel() / k.max(1), k, db)?;
+        }
+    } else if w(3).is_some() {
+        crate::bail!(
+            Runtime,
+            "{}: dBiasA (output 3) needs dA (output 0)",
+            node.describe()
+        );
     }
     if let Some(db) = w(1) {
         // dB = Aᵀ·G ([K, N]) or, with trans_b, Gᵀ·A ([N, K]).

@@ -587,7 +587,7 @@ impl Cuda {
             } => attention::attention(
                 self,
                 node,
-                [&x(0)?, &x(1)?, &x(2)?],
+                [Some(&x(0)?), opt(1).as_ref(), opt(2).as_ref()],
                 opt(3),
                 *is_causal,
                 *scale,
@@ -609,7 +609,8 @@ impl Cuda {
             } => attention::attention_grad(
                 self,
                 node,
-                [&x(0)?, &x(1)?, &x(2)?, &x(3)?],
+                &x(0)?,
+                [Some(&x(1)?), opt(2).as_ref(), opt(3).as_ref()],
                 opt(6),
                 [&x(4)?, &x(5)?],
                 *is_causal,

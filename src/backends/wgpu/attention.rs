@@ -8,7 +8,7 @@ use super::device::{groups_for, Family, Kernel};
 use super::{float_defs, unsupported, Params, Wgpu, V};
 use crate::backends::common::{self, wanted};
 use crate::error::Result;
-use crate::graph::infer::AttnDims;
+use crate::graph::infer::{qkv_parts, AttnDims, ValueType};
 use crate::graph::Node;
 use crate::tensor::DType;
 
@@ -238,17 +238,67 @@ fn forward(
     )
 }
 
+/// The packed-QKV form's parts (K and V omitted: `qkv_parts`) in scratch buffers: the
+/// shaders take Q, K and V (and dQ, dK, dV) apart, so the parts are copied out of (and
+/// the gradients into) the packed tensor around them.
+struct Parts {
+    tys: [ValueType; 3],
+    bufs: [wgpu::Buffer; 3],
+}
+
+impl Parts {
+    fn new(w: &Wgpu, node: &Node, qkv: &V) -> Result<Parts> {
+        let p = qkv_parts(&node.op, qkv.shape())
+            .map_err(|e| crate::err!(Runtime, "{}: {e}", node.describe()))?;
+        let tys = p.map(|(s, _)| ValueType::new(qkv.dtype(), &s));
+        let bufs = [0, 1, 2].map(|i| w.scratch(tys[i].bytes()));
+        Ok(Parts { tys, bufs })
+    }
+    fn views(&self) -> [V<'_>; 3] {
+        [0, 1, 2].map(|i| V {
+            buf: &self.bufs[i],
+            ty: &self.tys[i],
+        })
+    }
+}
+
+/// Q, K and V as given, or (K and V omitted) copied out of the packed QKV into `parts`.
+fn unpack<'a>(
+    w: &mut Wgpu,
+    node: &Node,
+    qkv: [Option<&'a V<'a>>; 3],
+    parts: &'a mut Option<Parts>,
+) -> Result<[V<'a>; 3]> {
+    match qkv {
+        [Some(q), Some(k), Some(v)] => Ok([*q, *k, *v]),
+        [Some(x), None, None] => {
+            let p = parts.insert(Parts::new(w, node, x)?);
+            let views = p.views();
+            super::shape::split(w, x, -1, &views)?;
+            Ok(views)
+        }
+        _ => crate::bail!(
+            Runtime,
+            "{}: Q, K and V, or the packed QKV alone",
+            node.describe()
+        ),
+    }
+}
+
+/// With K and V omitted, Q is the packed QKV (`qkv_parts`).
 pub fn attention(
     w: &mut Wgpu,
     node: &Node,
-    qkv: [&V; 3],
+    qkv: [Option<&V>; 3],
     mask: Option<V>,
     causal: bool,
     scale: Option<f32>,
     outs: &[V],
 ) -> Result<()> {
-    let g = attention_geom(node, qkv, mask.as_ref(), causal, scale)?;
-    forward(w, node, g, qkv, mask, [None, None], outs)
+    let mut parts = None;
+    let [q, k, v] = unpack(w, node, qkv, &mut parts)?;
+    let g = attention_geom(node, [&q, &k, &v], mask.as_ref(), causal, scale)?;
+    forward(w, node, g, [&q, &k, &v], mask, [None, None], outs)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -361,11 +411,13 @@ fn backward(
     Ok(())
 }
 
+/// With K and V omitted (packed QKV), output 0 is dQKV, packed the same way.
 #[allow(clippy::too_many_arguments)]
 pub fn attention_grad(
     w: &mut Wgpu,
     node: &Node,
-    ins: [&V; 4],
+    dy: &V,
+    qkv: [Option<&V>; 3],
     mask: Option<V>,
     yl: [&V; 2],
     causal: bool,
@@ -373,9 +425,26 @@ pub fn attention_grad(
     outs: &[V],
     want: &[bool],
 ) -> Result<()> {
-    let [_, q, k, v] = ins;
-    let g = attention_geom(node, [q, k, v], mask.as_ref(), causal, scale)?;
-    backward(w, node, g, ins, yl, mask, [None, None], outs, want)
+    let packed = qkv[1].is_none();
+    let mut parts = None;
+    let [q, k, v] = unpack(w, node, qkv, &mut parts)?;
+    let g = attention_geom(node, [&q, &k, &v], mask.as_ref(), causal, scale)?;
+    let ins = [dy, &q, &k, &v];
+    if !packed {
+        return backward(w, node, g, ins, yl, mask, [None, None], outs, want);
+    }
+    // dQ, dK and dV apart, then packed into output 0.
+    let grads = Parts::new(w, node, qkv[0].expect("packed QKV"))?;
+    let mut gouts: Vec<V> = grads.views().into();
+    gouts.extend(outs.get(3).copied());
+    let w0 = want.first().copied().unwrap_or(false);
+    let gwant = [w0, w0, w0, want.get(3).copied().unwrap_or(false)];
+    backward(w, node, g, ins, yl, mask, [None, None], &gouts, &gwant)?;
+    if w0 {
+        let parts: Vec<Option<V>> = gouts[..3].iter().copied().map(Some).collect();
+        super::shape::concat(w, &parts, -1, &outs[0])?;
+    }
+    Ok(())
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -366,9 +366,9 @@ pub fn fused(
     )
 }
 
-/// `(dY, A, B, [Pre]) → (dA, dB, [dBias])` with G = dY·act'(Pre): dA = G·op(B)ᵀ,
-/// dB = Aᵀ·G (Gᵀ·A with trans_b), summed over the batch entries that share an operand;
-/// dBias = Σ_rows G.
+/// `(dY, A, B, [Pre], [PreA]) → (dA, dB, [dBias], [dBiasA])` with G = dY·act'(Pre):
+/// dA = G·op(B)ᵀ (times act_a'(PreA) with `pre_a`), dB = Aᵀ·G (Gᵀ·A with trans_b), summed
+/// over the batch entries that share an operand; dBias = Σ_rows G, dBiasA = Σ_rows dA.
 #[allow(clippy::too_many_arguments)]
 pub fn fused_grad(
     w: &mut Wgpu,
@@ -463,6 +463,16 @@ pub fn fused_grad(
         if let Some((pa, act_a)) = &pre_a {
             grad_kernel(w, node, &da, pa, da_out, act_code(*act_a), 0.0)?;
         }
+        if let Some(dbias_a) = out(3) {
+            let rows = da_out.ty.numel() / k.max(1);
+            sum_rows(w, node, da_out, rows, k, dbias_a)?;
+        }
+    } else if out(3).is_some() {
+        crate::bail!(
+            Runtime,
+            "{}: dBiasA (output 3) needs dA (output 0)",
+            node.describe()
+        );
     }
     if let Some(db) = out(1) {
         // dB(k, n) = Σ_m A(m, k) · G(m, n); with trans_b dB(n, k) = Σ_m G(m, n) · A(m, k).
