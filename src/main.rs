@@ -913,10 +913,11 @@ fn bench(a: BenchArgs) -> Result<(), Fail> {
         }
         Ok(())
     };
-    let plan = if a.backward {
-        session.backward_graph(&feeds)?.1.clone()
-    } else {
-        session.plan_for(&feeds)?
+    // The plan that `once` runs (its peak and FLOPs are reported).
+    let plan = match (a.backward, train) {
+        (false, _) => session.plan_for(&feeds)?,
+        (true, true) => session.train_graph(&feeds)?.1.clone(),
+        (true, false) => session.backward_graph(&feeds)?.1.clone(),
     };
     let (med, min, max, group) =
         time_steps(a.warmup, a.iters, &mut session, once, |s| Ok(s.sync()?))?;
