@@ -355,63 +355,80 @@ fn check_slots(g: &graphrun::Graph, plan: &graphrun::Plan) -> (usize, usize) {
         }
         v
     };
-    let mut live: BTreeMap<String, (usize, usize, usize, usize)> = BTreeMap::new(); // root -> slot, first, last, bytes
+    // Each root value's slot, first and last step, and bytes.
+    struct Life {
+        slot: usize,
+        first: usize,
+        last: usize,
+        bytes: usize,
+    }
+    let mut live: BTreeMap<String, Life> = BTreeMap::new();
     for i in &g.inputs {
         if let Some(s) = slot(&i.name) {
-            live.insert(i.name.clone(), (s, 0, 0, plan.types[&i.name].bytes()));
+            let bytes = plan.types[&i.name].bytes();
+            let (first, last) = (0, 0);
+            live.insert(
+                i.name.clone(),
+                Life {
+                    slot: s,
+                    first,
+                    last,
+                    bytes,
+                },
+            );
         }
     }
     for (k, st) in plan.steps.iter().enumerate() {
         let nd = &g.nodes[st.node];
-        for (o, &s) in nd.outputs.iter().zip(&st.outs) {
+        for ((o, &s), t) in nd.outputs.iter().zip(&st.outs).zip(&st.out_types) {
             let name = if o.is_empty() {
                 format!("#{k}")
             } else {
                 o.clone()
             };
+            let (first, last, bytes) = (k, k, t.bytes());
             live.insert(
                 name,
-                (
-                    s,
-                    k,
-                    k,
-                    st.out_types.iter().map(|t| t.bytes()).max().unwrap_or(0),
-                ),
+                Life {
+                    slot: s,
+                    first,
+                    last,
+                    bytes,
+                },
             );
         }
-        for (o, t) in nd.outputs.iter().zip(&st.out_types) {
-            if let Some(e) = live.get_mut(o.as_str()) {
-                e.3 = t.bytes();
-            }
-        }
         for i in nd.inputs.iter().filter(|i| slot(i).is_some()) {
-            let r = root(i);
             let e = live
-                .get_mut(&r)
+                .get_mut(&root(i))
                 .unwrap_or_else(|| panic!("{i} read before written"));
-            e.2 = e.2.max(k);
-            e.3 = e.3.max(plan.types[i.as_str()].bytes());
+            e.last = e.last.max(k);
+            e.bytes = e.bytes.max(plan.types[i.as_str()].bytes());
         }
     }
     for o in &g.outputs {
         if slot(o).is_some() {
-            live.get_mut(&root(o)).unwrap().2 = n;
+            live.get_mut(&root(o)).unwrap().last = n;
         }
     }
-    let vals: Vec<(&String, &(usize, usize, usize, usize))> = live.iter().collect();
-    for (a, (i, &(s, f, l, _))) in vals.iter().enumerate() {
-        for (j, &(s2, f2, l2, _)) in &vals[a + 1..] {
+    let vals: Vec<(&String, &Life)> = live.iter().collect();
+    for (k, (i, a)) in vals.iter().enumerate() {
+        for (j, b) in &vals[k + 1..] {
             assert!(
-                s != s2 || l < f2 || l2 < f,
-                "'{i}' (steps {f}..{l}) and '{j}' (steps {f2}..{l2}) share slot {s}"
+                a.slot != b.slot || a.last < b.first || b.last < a.first,
+                "'{i}' (steps {}..{}) and '{j}' (steps {}..{}) share slot {}",
+                a.first,
+                a.last,
+                b.first,
+                b.last,
+                a.slot
             );
         }
     }
     let most = (0..=n)
         .map(|k| {
             vals.iter()
-                .filter(|(_, &(_, f, l, _))| f <= k && k <= l)
-                .map(|(_, &(_, _, _, b))| b)
+                .filter(|(_, v)| v.first <= k && k <= v.last)
+                .map(|(_, v)| v.bytes)
                 .sum::<usize>()
         })
         .max()
@@ -457,6 +474,47 @@ fn plan_slots_hold_one_live_value_each_and_pack_tightly() {
             assert!(
                 sum * 10 <= most * 11,
                 "{name}: slots {sum} bytes, at most {most} alive at once"
+            );
+        }
+    }
+}
+
+#[test]
+fn k_major_weights_leave_the_outputs_unchanged() {
+    use graphrun::passes::{optimize, weight_layout::k_major_weights, PassOptions};
+    for (name, flipped) in [("mlp_large", 2), ("gpt_block", 4)] {
+        let mut m = Model::load(format!("models/{name}.yaml")).unwrap();
+        m.graph.outputs.retain(|o| o != "loss");
+        m.graph.training = None;
+        let (fused, _) = optimize(&m.graph, &PassOptions::default()).unwrap();
+        let (k, n) = k_major_weights(&fused);
+        assert_eq!(n, flipped, "{name}: the products' weights");
+        for (a, b) in fused.initializers.iter().zip(&k.initializers) {
+            let (sa, sb) = (a.tensor.shape(), b.tensor.shape());
+            if sa != sb {
+                assert_eq!((sa[0], sa[1]), (sb[1], sb[0]), "{}", a.name);
+            }
+        }
+        let feeds = m.random_inputs(3, &small_dims()).unwrap();
+        let opts = SessionOptions {
+            dims: small_dims(),
+            ..Default::default()
+        };
+        let want = Session::new(fused, opts.clone())
+            .unwrap()
+            .run(&feeds)
+            .unwrap();
+        let got = Session::new(k, opts).unwrap().run(&feeds).unwrap();
+        for ((o, w), (_, g)) in want.iter().zip(&got) {
+            let (w, g) = (w.to_f64_vec(), g.to_f64_vec());
+            let scale = w.iter().fold(0f64, |s, x| s.max(x.abs()));
+            let err = w
+                .iter()
+                .zip(&g)
+                .fold(0f64, |s, (a, b)| s.max((a - b).abs()));
+            assert!(
+                err <= 1e-5 * scale,
+                "{name}.{o}: max error {err} of {scale}"
             );
         }
     }
