@@ -330,6 +330,17 @@ fn optimized(
     Ok((g2, Some(report)))
 }
 
+/// A graph that only runs forward, on CUDA, with its f32 weights K-major
+/// (`passes::weight_layout`; `GRAPHRUN_K_MAJOR_WEIGHTS=0` leaves them as written).
+fn forward_only(g: graphrun::Graph, c: &Common, forward: bool) -> graphrun::Graph {
+    let on = std::env::var("GRAPHRUN_K_MAJOR_WEIGHTS").map_or(true, |v| v != "0");
+    if forward && on && backend_of(c) == BackendKind::Cuda {
+        passes::weight_layout::k_major_weights(&g).0
+    } else {
+        g
+    }
+}
+
 /// The pass options for generated backward graphs: cleanup always, fusion unless
 /// --no-fuse (so that --no-fuse gives a graph of plain ops throughout).
 fn pass_options(no_fuse: bool, disabled: &[String], training: bool) -> passes::PassOptions {
@@ -411,6 +422,7 @@ fn run(a: RunArgs) -> Result<(), Fail> {
     // The backend is set up first, so that a missing device is the one line printed.
     let opts = session_options(&a.common, dims.clone(), false);
     let (fused, _) = optimized(g, a.common.no_fuse, &a.common.disable_pass, false)?;
+    let fused = forward_only(fused, &a.common, !a.backward);
     let mut session = Session::new(fused, opts.clone())?;
     let mut feeds: HashMap<String, Tensor> = HashMap::new();
     for spec in &a.inputs {
@@ -891,6 +903,7 @@ fn bench(a: BenchArgs) -> Result<(), Fail> {
         &a.common.disable_pass,
         train,
     )?;
+    let fused = forward_only(fused, &a.common, !a.backward);
     if let Some(gpus) = a.gpus {
         if !train {
             return Err(usage(
@@ -913,10 +926,11 @@ fn bench(a: BenchArgs) -> Result<(), Fail> {
         }
         Ok(())
     };
-    let plan = if a.backward {
-        session.backward_graph(&feeds)?.1.clone()
-    } else {
-        session.plan_for(&feeds)?
+    // The plan that `once` runs (its peak and FLOPs are reported).
+    let plan = match (a.backward, train) {
+        (false, _) => session.plan_for(&feeds)?,
+        (true, true) => session.train_graph(&feeds)?.1.clone(),
+        (true, false) => session.backward_graph(&feeds)?.1.clone(),
     };
     let (med, min, max, group) =
         time_steps(a.warmup, a.iters, &mut session, once, |s| Ok(s.sync()?))?;

@@ -324,3 +324,198 @@ fn plan_reuses_buffers() {
     // The causal-mask arithmetic on Shape is folded at plan time, not scheduled.
     assert!(plan.steps.len() < m.graph.nodes.len());
 }
+
+/// Checks a plan's slot sharing against lifetimes computed here from its steps: two values
+/// in one slot (other than a view and what it views) never live at the same step, and a
+/// step's outputs never share a slot with its inputs. Returns (sum of the slots, largest
+/// set of bytes alive at one step).
+fn check_slots(g: &graphrun::Graph, plan: &graphrun::Plan) -> (usize, usize) {
+    use graphrun::exec::plan::Place;
+    let n = plan.steps.len();
+    let slot = |v: &str| match plan.places.get(v) {
+        Some(Place::Slot(s)) => Some(*s),
+        _ => None,
+    };
+    // A view's value is its input's bytes: lifetimes are per root value.
+    let producer: HashMap<&str, usize> = g
+        .nodes
+        .iter()
+        .enumerate()
+        .flat_map(|(k, nd)| nd.outputs.iter().map(move |o| (o.as_str(), k)))
+        .collect();
+    let ran: std::collections::HashSet<usize> = plan.steps.iter().map(|st| st.node).collect();
+    let root = |v: &str| {
+        let mut v = v.to_string();
+        while let Some(&p) = producer.get(v.as_str()) {
+            let x = &g.nodes[p].inputs[0];
+            if ran.contains(&p) || slot(x) != slot(&v) {
+                break;
+            }
+            v = x.clone();
+        }
+        v
+    };
+    // Each root value's slot, first and last step, and bytes.
+    struct Life {
+        slot: usize,
+        first: usize,
+        last: usize,
+        bytes: usize,
+    }
+    let mut live: BTreeMap<String, Life> = BTreeMap::new();
+    for i in &g.inputs {
+        if let Some(s) = slot(&i.name) {
+            let bytes = plan.types[&i.name].bytes();
+            let (first, last) = (0, 0);
+            live.insert(
+                i.name.clone(),
+                Life {
+                    slot: s,
+                    first,
+                    last,
+                    bytes,
+                },
+            );
+        }
+    }
+    for (k, st) in plan.steps.iter().enumerate() {
+        let nd = &g.nodes[st.node];
+        for ((o, &s), t) in nd.outputs.iter().zip(&st.outs).zip(&st.out_types) {
+            let name = if o.is_empty() {
+                format!("#{k}")
+            } else {
+                o.clone()
+            };
+            let (first, last, bytes) = (k, k, t.bytes());
+            live.insert(
+                name,
+                Life {
+                    slot: s,
+                    first,
+                    last,
+                    bytes,
+                },
+            );
+        }
+        for i in nd.inputs.iter().filter(|i| slot(i).is_some()) {
+            let e = live
+                .get_mut(&root(i))
+                .unwrap_or_else(|| panic!("{i} read before written"));
+            e.last = e.last.max(k);
+            e.bytes = e.bytes.max(plan.types[i.as_str()].bytes());
+        }
+    }
+    for o in &g.outputs {
+        if slot(o).is_some() {
+            live.get_mut(&root(o)).unwrap().last = n;
+        }
+    }
+    let vals: Vec<(&String, &Life)> = live.iter().collect();
+    for (k, (i, a)) in vals.iter().enumerate() {
+        for (j, b) in &vals[k + 1..] {
+            assert!(
+                a.slot != b.slot || a.last < b.first || b.last < a.first,
+                "'{i}' (steps {}..{}) and '{j}' (steps {}..{}) share slot {}",
+                a.first,
+                a.last,
+                b.first,
+                b.last,
+                a.slot
+            );
+        }
+    }
+    let most = (0..=n)
+        .map(|k| {
+            vals.iter()
+                .filter(|(_, v)| v.first <= k && k <= v.last)
+                .map(|(_, v)| v.bytes)
+                .sum::<usize>()
+        })
+        .max()
+        .unwrap_or(0);
+    (plan.peak_bytes(), most)
+}
+
+#[test]
+fn plan_slots_hold_one_live_value_each_and_pack_tightly() {
+    // mlp is mlp_small of ../shared/bench.
+    for name in ["mlp", "mlp_large", "gpt_block", "attention"] {
+        let m = Model::load(format!("models/{name}.yaml")).unwrap();
+        // The benchmark's sizes (plans only: nothing runs).
+        let dims = BTreeMap::new();
+        let feeds = m.random_inputs(1, &dims).unwrap();
+        let train = m.graph.training.is_some();
+        let popts = graphrun::passes::PassOptions {
+            disabled: vec![],
+            training: train,
+        };
+        let (fused, _) = graphrun::passes::optimize(&m.graph, &popts).unwrap();
+        let mut s = Session::new(
+            fused.clone(),
+            SessionOptions {
+                dims,
+                training: train,
+                passes: popts,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        s.set_static_feeds(true);
+        let plan = s.plan_for(&feeds).unwrap();
+        check_slots(&fused, &plan);
+        let (bwd, plan) = s.backward_graph(&feeds).unwrap();
+        let (g, plan) = (bwd.graph.clone(), plan.clone());
+        check_slots(&g, &plan);
+        if train {
+            let (bwd, plan) = s.train_graph(&feeds).unwrap();
+            let (sum, most) = check_slots(&bwd.graph, plan);
+            // Slots are separate buffers, so their sum can exceed the most bytes alive at
+            // once, but not by much: placing the largest values first fills the gaps.
+            assert!(
+                sum * 10 <= most * 11,
+                "{name}: slots {sum} bytes, at most {most} alive at once"
+            );
+        }
+    }
+}
+
+#[test]
+fn k_major_weights_leave_the_outputs_unchanged() {
+    use graphrun::passes::{optimize, weight_layout::k_major_weights, PassOptions};
+    for (name, flipped) in [("mlp_large", 2), ("gpt_block", 4)] {
+        let mut m = Model::load(format!("models/{name}.yaml")).unwrap();
+        m.graph.outputs.retain(|o| o != "loss");
+        m.graph.training = None;
+        let (fused, _) = optimize(&m.graph, &PassOptions::default()).unwrap();
+        let (k, n) = k_major_weights(&fused);
+        assert_eq!(n, flipped, "{name}: the products' weights");
+        for (a, b) in fused.initializers.iter().zip(&k.initializers) {
+            let (sa, sb) = (a.tensor.shape(), b.tensor.shape());
+            if sa != sb {
+                assert_eq!((sa[0], sa[1]), (sb[1], sb[0]), "{}", a.name);
+            }
+        }
+        let feeds = m.random_inputs(3, &small_dims()).unwrap();
+        let opts = SessionOptions {
+            dims: small_dims(),
+            ..Default::default()
+        };
+        let want = Session::new(fused, opts.clone())
+            .unwrap()
+            .run(&feeds)
+            .unwrap();
+        let got = Session::new(k, opts).unwrap().run(&feeds).unwrap();
+        for ((o, w), (_, g)) in want.iter().zip(&got) {
+            let (w, g) = (w.to_f64_vec(), g.to_f64_vec());
+            let scale = w.iter().fold(0f64, |s, x| s.max(x.abs()));
+            let err = w
+                .iter()
+                .zip(&g)
+                .fold(0f64, |s, (a, b)| s.max((a - b).abs()));
+            assert!(
+                err <= 1e-5 * scale,
+                "{name}.{o}: max error {err} of {scale}"
+            );
+        }
+    }
+}

@@ -3,6 +3,8 @@
 //! slots whose values are dead, so peak memory stays far below the sum of intermediates.
 //! Reshape-like nodes (a new shape over the same bytes) are not steps at all: their output
 //! lives in their input's slot, and a slot is reused only once every value in it is dead.
+//! Slots are assigned once the whole schedule is known (`assign`): each value's lifetime
+//! is an interval of steps, and the largest values are placed first.
 
 use crate::error::Result;
 use crate::graph::infer::{self, Inferred, ValueType};
@@ -138,16 +140,21 @@ impl Plan {
         }
         let outputs: HashSet<&str> = g.outputs.iter().chain(keep).map(|s| s.as_str()).collect();
 
-        let mut slots = SlotAlloc::default();
+        // Every value first gets a buffer of its own (views share their input's), with
+        // the interval of steps it lives in; `assign` then maps buffers to slots.
+        let end = order.len();
+        let mut bufs = Buffers::default();
         let mut naive = 0usize;
         for i in &g.inputs {
             let t = &inf.types[&i.name];
             naive += t.bytes();
-            let s = slots.take(t.bytes());
-            places.insert(i.name.clone(), Place::Slot(s));
-            if !last_use.contains_key(i.name.as_str()) && !outputs.contains(i.name.as_str()) {
-                slots.free(s);
-            }
+            let last = match last_use.get(i.name.as_str()) {
+                _ if outputs.contains(i.name.as_str()) => end,
+                Some(&l) => l,
+                None => 0,
+            };
+            let b = bufs.add(t.bytes(), 0, last);
+            places.insert(i.name.clone(), Place::Slot(b));
         }
         let mut steps = vec![];
         let mut flops = 0u64;
@@ -161,25 +168,12 @@ impl Plan {
             // shared between plans).
             if is_view(&node.op) {
                 let (x, o) = (&node.inputs[0], &node.outputs[0]);
-                if let Some(&Place::Slot(sl)) = places.get(x) {
+                if let Some(&Place::Slot(b)) = places.get(x) {
                     if !outputs.contains(x.as_str()) && !outputs.contains(o.as_str()) {
                         naive += inf.types[o].bytes();
-                        places.insert(o.clone(), Place::Slot(sl));
-                        slots.share(sl);
-                        let mut seen = HashSet::new();
-                        for i in &node.inputs {
-                            if last_use.get(i.as_str()) == Some(&s)
-                                && !outputs.contains(i.as_str())
-                                && seen.insert(i)
-                            {
-                                if let Some(Place::Slot(sl)) = places.get(i) {
-                                    slots.free(*sl);
-                                }
-                            }
-                        }
-                        if !last_use.contains_key(o.as_str()) {
-                            slots.free(sl);
-                        }
+                        places.insert(o.clone(), Place::Slot(b));
+                        let last = last_use.get(o.as_str()).copied().unwrap_or(s);
+                        bufs.extend(b, last);
                         continue;
                     }
                 }
@@ -203,10 +197,15 @@ impl Plan {
                 .collect();
             for (o, t) in node.outputs.iter().zip(&out_types) {
                 naive += t.bytes();
-                let slot = slots.take(t.bytes());
-                outs.push(slot);
+                let last = match last_use.get(o.as_str()) {
+                    _ if outputs.contains(o.as_str()) => end,
+                    Some(&l) if !o.is_empty() => l,
+                    _ => s,
+                };
+                let b = bufs.add(t.bytes(), s, last);
+                outs.push(b);
                 if !o.is_empty() {
-                    places.insert(o.clone(), Place::Slot(slot));
+                    places.insert(o.clone(), Place::Slot(b));
                 }
             }
             {
@@ -214,29 +213,28 @@ impl Plan {
                     node.inputs.iter().map(|i| inf.types.get(i)).collect();
                 flops += infer::flops(node, &in_tys, &out_types);
             }
-            // Free inputs read for the last time, and outputs nobody reads.
-            let mut seen = HashSet::new();
-            for i in &node.inputs {
-                if last_use.get(i.as_str()) == Some(&s)
-                    && !outputs.contains(i.as_str())
-                    && seen.insert(i)
-                {
-                    if let Some(Place::Slot(sl)) = places.get(i) {
-                        slots.free(*sl);
-                    }
-                }
-            }
-            for (o, &sl) in node.outputs.iter().zip(&outs) {
-                if !last_use.contains_key(o.as_str()) && !outputs.contains(o.as_str()) {
-                    slots.free(sl);
-                }
-            }
             steps.push(Step {
                 node: ni,
                 ins,
                 outs,
                 out_types,
             });
+        }
+        let (slot_of, slot_bytes) = bufs.assign();
+        for st in &mut steps {
+            for p in st.ins.iter_mut().flatten() {
+                if let Place::Slot(b) = p {
+                    *b = slot_of[*b];
+                }
+            }
+            for b in &mut st.outs {
+                *b = slot_of[*b];
+            }
+        }
+        for p in places.values_mut() {
+            if let Place::Slot(b) = p {
+                *b = slot_of[*b];
+            }
         }
         let weight_bytes = g.initializers.iter().map(|i| i.tensor.size_bytes()).sum();
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
@@ -247,7 +245,7 @@ impl Plan {
             types: inf.types,
             places,
             consts,
-            slot_bytes: slots.bytes,
+            slot_bytes,
             weight_bytes,
             naive_bytes: naive,
             flops,
@@ -268,54 +266,76 @@ fn is_view(op: &Op) -> bool {
     )
 }
 
-/// Best-fit reuse of freed slots; a slot grows when the value it takes is larger. A slot
-/// counts the live values in it (more than one where views share it) and is reused only
-/// when the last one dies.
+/// The values' buffers before they get slots: each one's size and the steps it lives
+/// in, from the step that writes it (0 for graph inputs) to its last reader's (the plan's
+/// end for outputs), both included, so that a step's outputs never share a slot with its
+/// inputs.
 #[derive(Default)]
-struct SlotAlloc {
+struct Buffers {
     bytes: Vec<usize>,
-    free: Vec<usize>,
-    live: Vec<usize>,
+    live: Vec<(usize, usize)>,
 }
 
-impl SlotAlloc {
-    fn take(&mut self, need: usize) -> usize {
-        // Smallest free slot that fits; else the largest free one (grown); else a new one.
-        let fit = self
-            .free
-            .iter()
-            .enumerate()
-            .filter(|(_, &s)| self.bytes[s] >= need)
-            .min_by_key(|(_, &s)| self.bytes[s]);
-        let pick = fit.or_else(|| {
-            self.free
+impl Buffers {
+    fn add(&mut self, bytes: usize, first: usize, last: usize) -> usize {
+        self.bytes.push(bytes);
+        self.live.push((first, last.max(first)));
+        self.bytes.len() - 1
+    }
+    /// A view of buffer `b` is read until step `last`.
+    fn extend(&mut self, b: usize, last: usize) {
+        self.live[b].1 = self.live[b].1.max(last);
+    }
+
+    /// Slots for the buffers (buffer → slot, and each slot's bytes). Two orders of
+    /// placing them, keeping the one whose slots add up to less: in schedule order (each
+    /// value reuses what is free when it is made, as a caching allocator would), and
+    /// largest first over the whole schedule, which keeps a small long-lived value out
+    /// of a large slot that a large value needs later (gpt_block's training step: 769
+    /// MiB of slots instead of 849; mlp_large's gradient plan is the other way round).
+    fn assign(&self) -> (Vec<usize>, Vec<usize>) {
+        let mut by_time: Vec<usize> = (0..self.bytes.len()).collect();
+        by_time.sort_by_key(|&b| (self.live[b].0, b));
+        let mut by_size = by_time.clone();
+        by_size.sort_by_key(|&b| (std::cmp::Reverse(self.bytes[b]), self.live[b].0, b));
+        let a = self.place(&by_time);
+        let b = self.place(&by_size);
+        if b.1.iter().sum::<usize>() < a.1.iter().sum::<usize>() {
+            b
+        } else {
+            a
+        }
+    }
+
+    /// Places the buffers in `order`: each into the smallest slot that holds no buffer
+    /// living at the same time and is large enough, else the largest such slot (grown),
+    /// else a new one.
+    fn place(&self, order: &[usize]) -> (Vec<usize>, Vec<usize>) {
+        let mut slot_of = vec![0; self.bytes.len()];
+        let mut slots: Vec<usize> = vec![];
+        let mut held: Vec<Vec<(usize, usize)>> = vec![];
+        for &b in order {
+            let ((f, l), need) = (self.live[b], self.bytes[b]);
+            let free: Vec<usize> = (0..slots.len())
+                .filter(|&s| held[s].iter().all(|&(f2, l2)| l2 < f || l < f2))
+                .collect();
+            let fit = free
                 .iter()
-                .enumerate()
-                .max_by_key(|(_, &s)| self.bytes[s])
-        });
-        match pick.map(|(i, _)| i) {
-            Some(i) => {
-                let s = self.free.swap_remove(i);
-                self.bytes[s] = self.bytes[s].max(need);
-                self.live[s] = 1;
-                s
-            }
-            None => {
-                self.bytes.push(need);
-                self.live.push(1);
-                self.bytes.len() - 1
-            }
+                .copied()
+                .filter(|&s| slots[s] >= need)
+                .min_by_key(|&s| slots[s]);
+            let s = match fit.or_else(|| free.iter().copied().max_by_key(|&s| slots[s])) {
+                Some(s) => s,
+                None => {
+                    slots.push(0);
+                    held.push(vec![]);
+                    slots.len() - 1
+                }
+            };
+            slots[s] = slots[s].max(need);
+            held[s].push((f, l));
+            slot_of[b] = s;
         }
-    }
-    /// One more value (a view) lives in slot `s`.
-    fn share(&mut self, s: usize) {
-        self.live[s] += 1;
-    }
-    /// One value in slot `s` is dead; the slot is free when none is left.
-    fn free(&mut self, s: usize) {
-        self.live[s] = self.live[s].saturating_sub(1);
-        if self.live[s] == 0 && !self.free.contains(&s) {
-            self.free.push(s);
-        }
+        (slot_of, slots)
     }
 }

@@ -349,6 +349,14 @@ impl Session {
         Ok((&e.bwd, &e.plan))
     }
 
+    /// The graph and plan a training step (`train_step`) runs for these feeds' shapes:
+    /// the loss's backward and the trained initializers' gradients only.
+    pub fn train_graph(&mut self, feeds: &HashMap<String, Tensor>) -> Result<(&Backward, &Plan)> {
+        let i = self.backward_plan(feeds, true)?;
+        let e = &self.train_plans[i];
+        Ok((&e.bwd, &e.plan))
+    }
+
     fn backward_plan(&mut self, feeds: &HashMap<String, Tensor>, train: bool) -> Result<usize> {
         let shapes = self.input_shapes(feeds)?;
         let cache = if train {

@@ -275,7 +275,7 @@ impl Fused<'_> {
 }
 
 /// `t` (2-D) transposed.
-fn transposed(t: &Tensor) -> Tensor {
+pub(super) fn transposed(t: &Tensor) -> Tensor {
     let (m, n) = (t.shape()[0], t.shape()[1]);
     let v = t.to_f64_vec();
     let w: Vec<f64> = (0..n * m).map(|k| v[(k % m) * n + k / m]).collect();

@@ -13,6 +13,7 @@ mod dce;
 mod epilogue;
 mod noop;
 pub mod pattern;
+pub mod weight_layout;
 
 use crate::error::{Error, Result};
 use crate::graph::{validate, Graph, Op};
