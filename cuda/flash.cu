@@ -1943,7 +1943,10 @@ INST_FA_BWD1_ALL(f16, f16)
 // second consumer passes over the query tile of its first 64 keys (waits and releases it).
 // No mask, no dMask (the host keeps fa_bwd_wg for those).
 #define FA_BWS_ST 4
-template <class T> __device__ void fa_bwd_ws(const AttnGeom& g, const T* dY, const T* Q, const T* K, const T* V, const float* lse, const float* delta, float* dqa, T* dK, T* dV, int vec) {
+// Grid: one dimension, (128-key block, kv head) items in chunks of `chunk` heads: a chunk's
+// first key blocks (the longest under causal) of all its heads first, then the second...
+// (chunk 1: head after head, key blocks in order).
+template <class T> __device__ void fa_bwd_ws(const AttnGeom& g, const T* dY, const T* Q, const T* K, const T* V, const float* lse, const float* delta, float* dqa, T* dK, T* dV, int vec, int chunk) {
     constexpr int DP = 64, TILE = FB_B * DP * 2, ST = FA_BWS_ST;
     // Shared memory: K[2], V[2], dSᵀ[2 consumers][2], ST stages of (Q, dY), then
     // [ST][2][64] floats (log2 LSE, delta), then the mbarriers full[ST], empty[ST], kv.
@@ -1954,8 +1957,11 @@ template <class T> __device__ void fa_bwd_ws(const AttnGeom& g, const T* dY, con
     auto empty = [&](int s) { return bars + 8u * (ST + s); };
     const unsigned kvbar = bars + 16u * ST;
     const int wg = threadIdx.x >> 7;
-    const i64 bhk = blockIdx.y, b = bhk / g.hkv, hk = bhk % g.hkv, grp = g.hq / g.hkv;
-    const i64 k0 = (i64)blockIdx.x * 2 * FB_B;
+    const i64 nkb = (g.skv + 2 * FB_B - 1) / (2 * FB_B), nbh = gridDim.x / nkb;
+    const i64 ci = blockIdx.x / (chunk * nkb), cr = blockIdx.x % (chunk * nkb);
+    const i64 chb = nbh - ci * chunk < chunk ? nbh - ci * chunk : chunk;  // heads of this chunk
+    const i64 bhk = ci * chunk + cr % chb, b = bhk / g.hkv, hk = bhk % g.hkv, grp = g.hq / g.hkv;
+    const i64 k0 = (cr / chb) * 2 * FB_B;
     const i64 ntqa = (g.sq + FB_B - 1) / FB_B;  // dqa tiles a head
     // The walk: every query tile from i_start of every query head of the kv group.
     const i64 i_start = g.causal ? k0 : 0;
@@ -2143,8 +2149,8 @@ template <class T> __device__ void fa_bwd_ws(const AttnGeom& g, const T* dY, con
 // (sm_90a only: elsewhere an empty body the host never launches)
 #define INST_FA_BWS(T, S)                                                                                                   \
     extern "C" __global__ void __launch_bounds__(384, 1) fa_bws_##S##_64(AttnGeom g, const T* dy, const T* q, const T* k,  \
-        const T* v, const float* lse, const float* delta, float* dqa, T* dk, T* dv, int vec) {                               \
-        if constexpr (FA_HAVE_WG) fa_bwd_ws<T>(g, dy, q, k, v, lse, delta, dqa, dk, dv, vec);                               \
+        const T* v, const float* lse, const float* delta, float* dqa, T* dk, T* dv, int vec, int chunk) {                    \
+        if constexpr (FA_HAVE_WG) fa_bwd_ws<T>(g, dy, q, k, v, lse, delta, dqa, dk, dv, vec, chunk);                        \
     }
 INST_FA_BWS(bf16, bf16)
 INST_FA_BWS(f16, f16)

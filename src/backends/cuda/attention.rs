@@ -837,7 +837,15 @@ fn fast_backward(
                     Arg::Ptr(dv),
                     Arg::I32(vec),
                 ]);
-                let grid = (skv.div_ceil(2 * FA_T) as u32, kgrid.1, 1);
+                // Items in chunks of 8 kv heads, the longest (first) key blocks of a chunk
+                // first; `bws1`: head after head, `bws16`: chunks of 16.
+                let chunk = match kernel_choice() {
+                    "bws1" => 1,
+                    "bws16" => 16,
+                    _ => 8,
+                };
+                a.push(Arg::I32(chunk));
+                let grid = (skv.div_ceil(2 * FA_T) as u32 * kgrid.1, 1, 1);
                 let name = format!("fa_bws_{sfx}_64");
                 launch_grid(&c.dev, &c.stream, &name, grid, 384, smem, &a)?;
             } else {
