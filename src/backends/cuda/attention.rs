@@ -512,7 +512,8 @@ enum Fast {
 /// backward, `bwd2` the f16/bf16 backward on Hopper in its two deterministic passes (dQ,
 /// then dK/dV) instead of the one pass with dQ summed by atomics, `bwd1` that one pass in
 /// one warpgroup a 64-key tile (cuda/flash.cu fa_bwd_wg; `bulk`: dQ by bulk reductions)
-/// instead of the warp-specialized one (fa_bwd_ws, without masks).
+/// instead of the warp-specialized one (fa_bwd_ws, without masks; `bws1`, `bws16`: its
+/// key blocks head after head, or in chunks of 16 kv heads instead of 8).
 fn kernel_choice() -> &'static str {
     static CHOICE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     CHOICE.get_or_init(|| std::env::var("GRAPHRUN_CUDA_ATTENTION").unwrap_or_default())
