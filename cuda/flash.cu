@@ -233,39 +233,6 @@ template <> struct Wg128<f16> {
     }
 };
 
-// m64n72k16, A from registers, B MN-major (O += P·V with 8 more columns): d[9][4]. The
-// warp-specialized forward points the 8 extra columns (the descriptor's next 64-column
-// block, `lbo` away) at a block of ones, so that d[8] accumulates P's row sums on the tensor
-// cores instead of 64 FADDs a thread a tile.
-#define FA_WG_D72 \
-    "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), \
-    "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), \
-    "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
-    "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), \
-    "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3])
-#define FA_WG_DREGS72 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35}"
-#define FA_WGMMA72_BODY(TY)                                                                                \
-    asm volatile("{ .reg .pred p; setp.ne.b32 p, %41, 0;\n"                                              \
-                 "wgmma.mma_async.sync.aligned.m64n72k16.f32." TY "." TY " " FA_WG_DREGS72 ", "           \
-                 "{%36,%37,%38,%39}, %40, p, 1, 1, 1; }"                                                  \
-                 : FA_WG_D72                                                                               \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(acc))
-template <class T> struct Wg72;
-template <> struct Wg72<bf16> {
-    static __device__ __forceinline__ void run(float (*d)[4], const unsigned* a, unsigned long long desc, int acc = 1) {
-#if FA_HAVE_WG
-        FA_WGMMA72_BODY("bf16");
-#endif
-    }
-};
-template <> struct Wg72<f16> {
-    static __device__ __forceinline__ void run(float (*d)[4], const unsigned* a, unsigned long long desc, int acc = 1) {
-#if FA_HAVE_WG
-        FA_WGMMA72_BODY("f16");
-#endif
-    }
-};
-
 // A fragments (16 × 64, four k steps) from a 16 × 64 accumulator `p` (P, dS, ...).
 template <class T> __device__ __forceinline__ void pack_a(unsigned (*a)[4], const float (*p)[4]) {
 #pragma unroll
@@ -797,8 +764,7 @@ template <int N> __device__ __forceinline__ void wg_setmaxnreg_inc() {
 // fa_online for fa_fwd_ws's 16 × 128 tiles of a warp (16 column blocks): the row maxima and
 // sums run in 4 independent chains each instead of one (the same maxima; sums in another
 // order).
-// SUM = false: the row sums come from the tensor cores (fa_fwd_ws's OS); l is not touched.
-template <bool SUM> __device__ __forceinline__ void fa_online_ws(float (*s)[4], float* m, float* l, float* a, float mul) {
+__device__ __forceinline__ void fa_online_ws(float (*s)[4], float* m, float* l, float* a, float mul) {
     float x0[4], x1[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -831,45 +797,32 @@ template <bool SUM> __device__ __forceinline__ void fa_online_ws(float (*s)[4], 
         s[nb][1] = fa_ex2(fmaf(s[nb][1], mul, -ref0));
         s[nb][2] = fa_ex2(fmaf(s[nb][2], mul, -ref1));
         s[nb][3] = fa_ex2(fmaf(s[nb][3], mul, -ref1));
-        if (SUM) {
-            float u0 = s[nb][0] + s[nb][1], u1 = s[nb][2] + s[nb][3];
-            p0[nb & 3] = nb < 4 ? u0 : p0[nb & 3] + u0;
-            p1[nb & 3] = nb < 4 ? u1 : p1[nb & 3] + u1;
-        }
+        float u0 = s[nb][0] + s[nb][1], u1 = s[nb][2] + s[nb][3];
+        p0[nb & 3] = nb < 4 ? u0 : p0[nb & 3] + u0;
+        p1[nb & 3] = nb < 4 ? u1 : p1[nb & 3] + u1;
     }
-    if (SUM) {
-        l[0] = l[0] * a[0] + ((p0[0] + p0[1]) + (p0[2] + p0[3]));
-        l[1] = l[1] * a[1] + ((p1[0] + p1[1]) + (p1[2] + p1[3]));
-    }
+    l[0] = l[0] * a[0] + ((p0[0] + p0[1]) + (p0[2] + p0[3]));
+    l[1] = l[1] * a[1] + ((p1[0] + p1[1]) + (p1[2] + p1[3]));
 }
 
-// Named barriers 1..NC: the consumers' turns to issue their products (SB).
-__device__ __forceinline__ void fa_bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
-__device__ __forceinline__ void fa_bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory"); }
-
-// SB: the consumers take turns to issue each tile's products (FlashAttention-3's scheduler
-// barrier: consumer c waits for c − 1 to have issued, then lets c + 1 go), so that their
-// softmaxes fall under each other's products instead of all at once; every consumer takes
-// one turn per tile of the block, also for the tiles it skips.
-// OS: P's row sums by the P·V products (m64n72k16 against V and a block of ones, Wg72).
-// PER: persistent CTAs taking work items from a counter (see below).
-// (SB, OS and PER measured no faster on the H100 than without: kept to compare,
-// GRAPHRUN_CUDA_ATTENTION=sb|ones|pers; docs/bench-h100/attention-notes.md, session 5.)
-template <class T, bool MASK, int NC, bool SB, bool OS, bool PER> __device__ void fa_fwd_ws(const AttnGeom& g, const T* Q, const T* K, const T* V, const void* mask, T* Y, float* lse, int vec, int* work) {
+// Also tried and measured no faster on the H100, then removed: consumers taking turns to
+// issue their products (FA3's scheduler barrier), P's row sums on the tensor cores
+// (m64n72k16 against a tile of ones), persistent CTAs taking work items from a counter
+// (docs/bench-h100/attention-notes.md, "Session 5 — forward").
+template <class T, bool MASK, int NC> __device__ void fa_fwd_ws(const AttnGeom& g, const T* Q, const T* K, const T* V, const void* mask, T* Y, float* lse, int vec) {
     constexpr int DP = 64, BM = 64 * NC, BK = FA_WS_BK, TILE = BK * DP * 2, ST = FA_WS_ST;
-    // Shared memory: Q (BM rows), then ST stages of K and V (TILE each), a tile of ones (OS),
-    // then the mbarriers full[ST], empty[ST], Q's full and empty, and the work item (PER).
+    // Shared memory: Q (BM rows), then ST stages of K and V (TILE each), a TILE unused (it
+    // held the removed row-sum variant's ones; kept so that the SASS stays as measured), then
+    // the mbarriers full[ST], empty[ST], Q's full and empty.
     unsigned sQ = smem_u32(fa_base());
-    unsigned sKV = sQ + BM * DP * 2, ones = sKV + ST * 2 * TILE, bars = ones + TILE;
+    unsigned sKV = sQ + BM * DP * 2, bars = sKV + ST * 2 * TILE + TILE;
     auto full = [&](int s) { return bars + 8u * s; };
     auto empty = [&](int s) { return bars + 8u * (ST + s); };
-    const unsigned qbar = bars + 16u * ST, qempty = qbar + 8u, slot = qbar + 16u;
+    const unsigned qbar = bars + 16u * ST, qempty = qbar + 8u;
     int wg = threadIdx.x >> 7;
     // Work items: (query block, batch·head), the blocks of a head one after another (their
-    // K/V stay in L2), the longest first under causal. Without PER the grid is (query
-    // blocks, B·Hq) and each CTA takes its own item; with PER each CTA takes items from the
-    // counter `work` (zeroed by the host) until none is left, and the producer loads the
-    // next item's Q and K/V while the consumers finish the last one.
+    // K/V stay in L2), the longest first under causal; the grid is (query blocks, B·Hq), a
+    // CTA an item.
     const int nqb = (int)((g.sq + BM - 1) / BM);
     const i64 nitems = (i64)nqb * (g.rows / g.sq);
     if (threadIdx.x == 0) {
@@ -881,20 +834,11 @@ template <class T, bool MASK, int NC, bool SB, bool OS, bool PER> __device__ voi
         mb_init(qempty, NC * 4);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
-    if (OS) {
-        T one = st<T>(1.f);
-        unsigned w = (unsigned)one.x | ((unsigned)one.x << 16);
-        for (int i = threadIdx.x; i < TILE / 16; i += blockDim.x)
-            asm volatile("st.shared.v4.b32 [%0], {%1,%1,%1,%1};" ::"r"(ones + 16u * i), "r"(w) : "memory");
-        fence_async_smem();
-    }
     __syncthreads();
-    auto item_of = [&](int k) -> i64 {
-        if (!PER) return k == 0 ? (i64)blockIdx.y * nqb + blockIdx.x : nitems;
-        int v;
-        asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(slot) : "memory");
-        return v;
-    };
+    // The CTA's k-th item: only k = 0 is one. (Written for the persistent variant, which took
+    // several; this form, the guards against `nitems` and Q's `qempty` arrivals below stay so
+    // that the SASS stays the same as measured: simpler forms move registers around.)
+    auto item_of = [&](int k) -> i64 { return k == 0 ? (i64)blockIdx.y * nqb + blockIdx.x : nitems; };
     // The geometry of item `it`: batch, head, first query row, key tiles of the block.
     struct Item {
         i64 bh, b, h, q0;
@@ -932,26 +876,8 @@ template <class T, bool MASK, int NC, bool SB, bool OS, bool PER> __device__ voi
             pend = bar;
         };
         const i64 krs = g.st[ATT_K][2], vrs = g.st[ATT_V][2];
-        int nkv = 0;  // K/V tiles so far (all items)
-        for (int k = 0;; ++k) {
-            if (PER) {
-                if (k > 0) {
-                    // Q's tile and the item slot are free once every consumer is past its
-                    // last S of the previous item.
-                    flush();
-                    mb_wait(qempty, (unsigned)((k - 1) & 1));
-                }
-                if (threadIdx.x == 0) asm volatile("st.shared.b32 [%0], %1;" ::"r"(slot), "r"(atomicAdd(work, 1)) : "memory");
-                fa_bar_sync(1 + NC, 128);
-            }
-            const i64 it = item_of(k);
-            if (it >= nitems) {
-                if (PER) {
-                    flush();
-                    mb_arrive(qbar);  // the consumers read the end from the slot
-                }
-                break;
-            }
+        const i64 it = item_of(0);
+        if (it < nitems) {
             const Item im = geom(it);
             const i64 hk = im.h / (g.hq / g.hkv);
             int qvalid = (int)(g.sq - im.q0 < BM ? g.sq - im.q0 : BM);
@@ -959,9 +885,9 @@ template <class T, bool MASK, int NC, bool SB, bool OS, bool PER> __device__ voi
             issued(qbar);
             const unsigned short* Kb = (const unsigned short*)K + att_off(g, ATT_K, im.b, hk, 0);
             const unsigned short* Vb = (const unsigned short*)V + att_off(g, ATT_V, im.b, hk, 0);
-            for (int t = 0; t < im.ntiles; ++t, ++nkv) {
-                int s = nkv % ST;
-                if (nkv >= ST) mb_wait(empty(s), (unsigned)((nkv / ST - 1) & 1));
+            for (int t = 0; t < im.ntiles; ++t) {
+                int s = t % ST;
+                if (t >= ST) mb_wait(empty(s), (unsigned)((t / ST - 1) & 1));
                 i64 j0 = (i64)t * BK;
                 int kv = (int)(g.skv - j0 < BK ? g.skv - j0 : BK);
                 unsigned kt = sKV + s * 2 * TILE;
@@ -969,14 +895,12 @@ template <class T, bool MASK, int NC, bool SB, bool OS, bool PER> __device__ voi
                 load_tile<DP, 128>(kt + TILE, Vb + j0 * vrs, vrs, BK, kv, (int)g.dv, vec);
                 issued(full(s));
             }
-            if (!PER) break;
         }
         flush();
         return;
     }
     wg_setmaxnreg_inc<FA_WS_CREG(NC)>();
     const int c = wg - 1, warp = (threadIdx.x >> 5) & 3, gq = (threadIdx.x & 31) >> 2, lane = threadIdx.x & 31;
-    const int next = c + 1 < NC ? c + 1 : 0;
     const float sl2 = (float)g.scale * FA_LOG2E;
     const bool raw = !MASK && sl2 > 0.f;
     // Descriptors once: a stage or k step moves the start address, i.e. adds bytes / 16 to
@@ -986,12 +910,10 @@ template <class T, bool MASK, int NC, bool SB, bool OS, bool PER> __device__ voi
         __syncwarp();
         if (lane == 0) mb_arrive(bar);
     };
-    if (SB && c == 0) fa_bar_arrive(1, 256);  // the first turn
-    int T0 = 0;  // K/V tiles of the earlier items
-    for (int k = 0;; ++k) {
-        mb_wait(qbar, (unsigned)(k & 1));
-        const i64 it = item_of(k);
-        if (it >= nitems) break;
+    {  // (a scope of its own, as the item loop's body was: the same SASS)
+        mb_wait(qbar, 0u);
+        const i64 it = item_of(0);
+        if (it >= nitems) return;
         const Item im = geom(it);
         const int ntiles = im.ntiles;
         const i64 rc = im.q0 + c * 64;  // this consumer's first row
@@ -1004,10 +926,10 @@ template <class T, bool MASK, int NC, bool SB, bool OS, bool PER> __device__ voi
             if (n < nt) nt = n;
         }
         if (nt == 0) arrive_warp(qempty);
-        float o[9][4], s[16][4];  // (o[8]: P's row sums, OS)
+        float o[8][4], s[16][4];
         float m[2], l[2], ap[2];  // ap: the factor of the previous tile's softmax for O
 #pragma unroll
-        for (int i = 0; i < 9; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+        for (int i = 0; i < 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
         m[0] = m[1] = neg_inf(0.f);
         l[0] = l[1] = 0.f;
         unsigned pa[8][4];  // P of the previous tile (8 k steps of 16 keys)
@@ -1019,7 +941,7 @@ template <class T, bool MASK, int NC, bool SB, bool OS, bool PER> __device__ voi
         if (MASK) elim = -1;
         auto rescale = [&]() {
 #pragma unroll
-            for (int nd = 0; nd < (OS ? 9 : 8); ++nd) {
+            for (int nd = 0; nd < 8; ++nd) {
                 o[nd][0] *= ap[0];
                 o[nd][1] *= ap[0];
                 o[nd][2] *= ap[1];
@@ -1028,25 +950,13 @@ template <class T, bool MASK, int NC, bool SB, bool OS, bool PER> __device__ voi
         };
         // O += P·V (8 k steps of 16 keys) from stage offset `so`.
         auto pv = [&](unsigned so) {
-            if (OS) {
-                // The next 64-column block of V's stage (lbo away) is the block of ones.
-                const unsigned long long d = wg_desc_mn(sKV + TILE + so, 0) + ((unsigned long long)((ones - (sKV + TILE + so) - 8192u) >> 4) << 16);
 #pragma unroll
-                for (int kc = 0; kc < 8; ++kc) Wg72<T>::run(o, pa[kc], d + kc * (2048u >> 4));
-            } else {
-#pragma unroll
-                for (int kc = 0; kc < 8; ++kc) Wg<T, 1>::run(o, pa[kc], vdesc + ((so + kc * 2048u) >> 4));
-            }
+            for (int kc = 0; kc < 8; ++kc) Wg<T, 1>::run(o, pa[kc], vdesc + ((so + kc * 2048u) >> 4));
         };
-        auto keep_o = [&]() {
-            wg_keep(o);
-            if (OS) asm volatile("" : "+f"(o[8][0]), "+f"(o[8][1]), "+f"(o[8][2]), "+f"(o[8][3])::"memory");
-        };
-        // Key tile t of the item (all items' tile T0 + t in the ring).
+        // Key tile t.
         auto step = [&](int t, bool first) {
-            const unsigned ut = (unsigned)(T0 + t), so = (ut % ST) * 2 * TILE;
+            const unsigned ut = (unsigned)t, so = (ut % ST) * 2 * TILE;
             mb_wait(full(ut % ST), (ut / ST) & 1);
-            if (SB) fa_bar_sync(1 + c, 256);
             wg_fence();
             // S_t = Q·K_tᵀ: four m64n128k16 (eight m64n64k16 read Q twice as often: slower).
 #pragma unroll
@@ -1060,7 +970,6 @@ template <class T, bool MASK, int NC, bool SB, bool OS, bool PER> __device__ voi
                 pv(((ut + ST - 1) % ST) * 2 * TILE);
                 wg_commit();
             }
-            if (SB) fa_bar_arrive(1 + next, 256);
             wg_wait_late(g, first ? 0 : 1);
             wg_keep(s);
             wg_keep(s + 8);
@@ -1074,15 +983,15 @@ template <class T, bool MASK, int NC, bool SB, bool OS, bool PER> __device__ voi
 #pragma unroll
             for (int hf = 0; hf < 2; ++hf)
                 if (j0 + hf * 64 + 63 > elim) fa_edge<T, MASK>(g, s + 8 * hf, mask, im.b, im.h, rw + gq, j0 + hf * 64, 0);
-            fa_online_ws<!OS>(s, m, l, ap, raw ? sl2 : 1.f);
+            fa_online_ws(s, m, l, ap, raw ? sl2 : 1.f);
             if (!first) {
                 wg_keep(s);
                 wg_keep(s + 8);
                 wg_wait_late(g, 0);
-                keep_o();
+                wg_keep(o);
                 wg_keep_a(pa);
                 wg_keep_a(pa + 4);
-                arrive_warp(empty((T0 + t - 1) % ST));
+                arrive_warp(empty((t - 1) % ST));
             }
             pack_a<T>(pa, s);
             pack_a<T>(pa + 4, s + 8);
@@ -1090,36 +999,24 @@ template <class T, bool MASK, int NC, bool SB, bool OS, bool PER> __device__ voi
         if (nt > 0) {
             step(0, true);
             for (int t = 1; t < nt; ++t) step(t, false);
-            arrive_warp(qempty);  // past the last S: Q's tile may be refilled
+            arrive_warp(qempty);  // (past the last S; nothing waits for it: see item_of)
             rescale();
             wg_fence();
-            pv(((unsigned)(T0 + nt - 1) % ST) * 2 * TILE);
+            pv(((unsigned)(nt - 1) % ST) * 2 * TILE);
             wg_commit();
             wg_wait();
-            keep_o();
+            wg_keep(o);
             wg_keep_a(pa);
             wg_keep_a(pa + 4);
-            arrive_warp(empty((T0 + nt - 1) % ST));
+            arrive_warp(empty((nt - 1) % ST));
         }
         // The stages of tiles this consumer's rows do not see: arrive once each is filled.
         for (int t = nt; t < ntiles; ++t) {
-            const unsigned ut = (unsigned)(T0 + t);
+            const unsigned ut = (unsigned)t;
             mb_wait(full(ut % ST), (ut / ST) & 1);
-            if (SB) {
-                fa_bar_sync(1 + c, 256);
-                fa_bar_arrive(1 + next, 256);
-            }
             arrive_warp(empty(ut % ST));
         }
-        if (OS) {
-            // Every thread of a row's quad holds the row's whole sum; fa_finish adds the quad's.
-            const bool q0l = (threadIdx.x & 3) == 0;
-            l[0] = q0l ? o[8][0] : 0.f;
-            l[1] = q0l ? o[8][2] : 0.f;
-        }
         fa_finish<T, DP>(g, Y, lse, im.b, im.h, im.bh, o, rw, m, l);
-        T0 += ntiles;
-        if (!PER) break;
     }
 }
 
@@ -1596,9 +1493,10 @@ template <class T, bool MASK> __device__ void fa_dkv_wg(const AttnGeom& g, const
 // sums, and so the last bits of dQ, vary from run to run). `dqa` holds 64 × 64 tiles of
 // 16 KiB, [B·Hq, ⌈Sq/64⌉, 4096], each in the order of the accumulator registers (FA_DQA:
 // a warp's 32 lanes add 256 contiguous bytes), added with `red.global.add.v2.f32` (in
-// that order 0.71 ms on the H100 for the attention workload, in row-major order 0.88);
-// the `_bulk` kernels stage the tile in shared memory and add it with one bulk reduction
-// (`cp.reduce.async.bulk .add.f32`, issued by one thread: 0.74 ms). Five products per
+// that order 0.71 ms on the H100 for the attention workload, in row-major order 0.88;
+// staging the tile in shared memory for one bulk reduction, `cp.reduce.async.bulk .add.f32`,
+// was tried, measured 0.74 ms and removed: docs/bench-h100/attention-notes.md, "Session 5 —
+// backward"). Five products per
 // tile pair instead of the two passes' seven. fa_bwd_pre computes delta = rowsum(dY∘Y)
 // and zeroes `dqa` first; fa_dq_out scales and converts it to dQ.
 // (GRAPHRUN_CUDA_ATTENTION=bwd2 keeps the deterministic two passes, fa_dq + fa_dkv.)
@@ -1642,14 +1540,6 @@ __device__ __forceinline__ void store_afrag64(unsigned base, int r0, const unsig
 __device__ __forceinline__ void red_add2(float* p, float a, float b) {
     asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(p), "f"(a), "f"(b) : "memory");
 }
-// The bulk reduction of `bytes` of f32 at shared `src` into global `dst` (one thread), and
-// the waits for its reads of shared memory and for all of it.
-__device__ __forceinline__ void bulk_add_f32(float* dst, unsigned src, unsigned bytes) {
-    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
-                 "cp.async.bulk.commit_group;" ::"l"(dst), "r"(src), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
-__device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
 // Element (warp w's accumulator n block nb, row half `half`, lane, e) of a dqa tile: that is
 // row 16w + 8·half + lane / 4, column 8·nb + 2·(lane % 4) + e.
 #define FA_DQA(w, nb, half, lane) ((((w) * 8 + (nb)) * 2 + (half)) * 64 + (lane) * 2)
@@ -1698,14 +1588,15 @@ template <class T> __device__ void fa_dq_out(const AttnGeom& g, const float* dqa
 // The one-pass backward: grid and rows as fa_dkv_wg (key blocks of 64, B·Hkv; every query
 // tile of every query head of the kv group), one warpgroup. Iteration it issues Sᵀ and dPᵀ
 // of query tile it, then dV += Pᵀ·dY, dK += dSᵀ·Q and dQ = dS·K of tile it − 1, computes P
-// and dS of tile it meanwhile, then stages that dQ in shared memory (reduced into `dqa` by
-// thread 0 after the next barrier) and leaves dSᵀ of tile it there too (a ring of 2: the A
-// operand of tile it's dK and, transposed, of its dQ). RED: `red.global` instead of staging.
-template <class T, bool MASK, bool RED> __device__ void fa_bwd_wg(const AttnGeom& g, const T* dY, const T* Q, const T* K, const T* V, const void* mask, const float* lse, const float* delta, float* dqa, T* dK, T* dV, T* dmask, int vec) {
+// and dS of tile it meanwhile, then adds that dQ into `dqa` (`red.global`) and leaves dSᵀ
+// of tile it in shared memory (a ring of 2: the A operand of tile it's dK and, transposed,
+// of its dQ).
+template <class T, bool MASK> __device__ void fa_bwd_wg(const AttnGeom& g, const T* dY, const T* Q, const T* K, const T* V, const void* mask, const float* lse, const float* delta, float* dqa, T* dK, T* dV, T* dmask, int vec) {
     constexpr int DP = 64, NT = 128, TILE = FB_B * DP * 2;
     unsigned sK = smem_u32(fa_base());
     unsigned sV = sK + TILE, sQ = sV + TILE, sdY = sQ + FA_ST * TILE, sdS = sdY + FA_ST * TILE;
-    unsigned sdq = sdS + 2 * TILE;                                // dQ tile, f32 (16 KiB)
+    // (Two tiles after dSᵀ's are unused: they held the removed bulk form's f32 dQ tile; kept
+    // so that the SASS, LSE's and delta's addresses included, stays as measured.)
     float* sL = (float*)(fa_base() + (6 + 2 * FA_ST) * TILE);  // [FA_ST][FB_B] log2 LSE
     float* sD = sL + FA_ST * FB_B;                              // [FA_ST][FB_B] delta
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
@@ -1755,35 +1646,19 @@ template <class T, bool MASK, bool RED> __device__ void fa_bwd_wg(const AttnGeom
     };
     // dqa's tile of query tile it.
     auto dqa_tile = [&](int it) { return dqa + ((b * g.hq + hk * grp + it / ntq) * ntqa + (i_start / FB_B + it % ntq)) * 4096; };
-    // dQ of tile it (this warp's 16 query rows): added into dqa (RED), or staged in shared
-    // memory once thread 0's previous bulk reduction has read it.
+    // dQ of tile it (this warp's 16 query rows) added into dqa.
     auto add_dq = [&](int it) {
-        if (RED) {
-            float* p = dqa_tile(it);
-#pragma unroll
-            for (int half = 0; half < 2; ++half)
-#pragma unroll
-                for (int nb = 0; nb < 8; ++nb) red_add2(p + FA_DQA(warp, nb, half, lane), dq[nb][2 * half], dq[nb][2 * half + 1]);
-            return;
-        }
-        if (threadIdx.x == 0) bulk_wait_read();
-        __syncthreads();
+        float* p = dqa_tile(it);
 #pragma unroll
         for (int half = 0; half < 2; ++half)
 #pragma unroll
-            for (int nb = 0; nb < 8; ++nb)
-                asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(sdq + FA_DQA(warp, nb, half, lane) * 4), "f"(dq[nb][2 * half]), "f"(dq[nb][2 * half + 1]) : "memory");
-    };
-    // After a barrier that follows add_dq(it): the staged tile into dqa.
-    auto flush_dq = [&](int it) {
-        if (!RED && threadIdx.x == 0) bulk_add_f32(dqa_tile(it), sdq, 4096 * 4);
+            for (int nb = 0; nb < 8; ++nb) red_add2(p + FA_DQA(warp, nb, half, lane), dq[nb][2 * half], dq[nb][2 * half + 1]);
     };
     // (First iteration apart: see fa_fwd_wg.)
     auto step = [&](int it, bool first) {
         cp_wait_all();
         fence_async_smem();
         __syncthreads();
-        if (it >= 2) flush_dq(it - 2);
         if (it + 1 < total) stage(it + 1);
         cp_commit();
         int buf = it % FA_ST;
@@ -1846,7 +1721,6 @@ template <class T, bool MASK, bool RED> __device__ void fa_bwd_wg(const AttnGeom
         for (int it = 1; it < total; ++it) step(it, false);
         fence_async_smem();
         __syncthreads();
-        if (total >= 2) flush_dq(total - 2);
         wg_fence();
         grads(total - 1);
         wg_wait();
@@ -1855,12 +1729,6 @@ template <class T, bool MASK, bool RED> __device__ void fa_bwd_wg(const AttnGeom
         wg_keep(dq);
         wg_keep_a(pa);
         add_dq(total - 1);
-        if (!RED) {
-            fence_async_smem();
-            __syncthreads();
-            flush_dq(total - 1);
-            if (threadIdx.x == 0) bulk_wait();
-        }
     }
     float sc = (float)g.scale;
     store_acc<T, DP>(dK + att_off(g, ATT_K, b, hk, 0), g.st[ATT_K][2], dk, k0 + warp * 16, g.skv, (int)g.d, sc, sc);
@@ -1900,32 +1768,25 @@ INST_FA(bf16, bf16)
 INST_FA(f16, f16)
 // The warp-specialized forward (sm_90a only; elsewhere an empty body the host never
 // launches): NC consumer warpgroups of 64 query rows.
-#define INST_FA_WS(T, S, NC, SB, OS, P, M, MS)                                                                \
-    extern "C" __global__ void __launch_bounds__(((NC) + 1) * 128, 1) fa_fwd_ws##NC##SB##OS##P##_##S##_64##MS(   \
-        AttnGeom g, const T* q, const T* k, const T* v, const void* m, T* y, float* lse, int vec, int* work) {  \
-        if constexpr (FA_HAVE_WG)                                                                                \
-            fa_fwd_ws<T, M, NC, FA_WS_ON_##SB, FA_WS_ON_##OS, FA_WS_ON_##P>(g, q, k, v, m, y, lse, vec, work);  \
+#define INST_FA_WS(T, S, NC, M, MS)                                                                             \
+    extern "C" __global__ void __launch_bounds__(((NC) + 1) * 128, 1) fa_fwd_ws##NC##_##S##_64##MS(            \
+        AttnGeom g, const T* q, const T* k, const T* v, const void* m, T* y, float* lse, int vec) {             \
+        if constexpr (FA_HAVE_WG) fa_fwd_ws<T, M, NC>(g, q, k, v, m, y, lse, vec);                               \
     }
-#define FA_WS_ON_ false
-#define FA_WS_ON_s true
-#define FA_WS_ON_o true
-#define FA_WS_ON_p true
-#define INST_FA_WS_M(T, S, NC, SB, OS, P) INST_FA_WS(T, S, NC, SB, OS, P, false, ) INST_FA_WS(T, S, NC, SB, OS, P, true, _m)
-#define INST_FA_WS_ALL(T, S) \
-    INST_FA_WS_M(T, S, 3, , , ) INST_FA_WS_M(T, S, 3, s, , ) INST_FA_WS_M(T, S, 3, , o, ) INST_FA_WS_M(T, S, 3, , , p)
-INST_FA_WS_ALL(bf16, bf16)
-INST_FA_WS_ALL(f16, f16)
+#define INST_FA_WS_M(T, S, NC) INST_FA_WS(T, S, NC, false, ) INST_FA_WS(T, S, NC, true, _m)
+INST_FA_WS_M(bf16, bf16, 3)
+INST_FA_WS_M(f16, f16, 3)
 
 // The one-pass backward (fa_bwd_wg; sm_90a only: elsewhere the host keeps fa_dq + fa_dkv)
 // and its pre- and post-passes.
-#define INST_FA_BWD1(T, S, M, MS, RED)                                                                                      \
+#define INST_FA_BWD1(T, S, M, MS)                                                                                           \
     extern "C" __global__ void __launch_bounds__(FB_B * 2, M ? 1 : 2) fa_bwd_##S##_64##MS(                                  \
         AttnGeom g, const T* dy, const T* q, const T* k, const T* v, const void* m, const float* lse, const float* delta,   \
         float* dqa, T* dk, T* dv, T* dm, int vec) {                                                                          \
-        if constexpr (FA_WG_FOR(64)) fa_bwd_wg<T, M, RED>(g, dy, q, k, v, m, lse, delta, dqa, dk, dv, dm, vec);           \
+        if constexpr (FA_WG_FOR(64)) fa_bwd_wg<T, M>(g, dy, q, k, v, m, lse, delta, dqa, dk, dv, dm, vec);           \
     }
 #define INST_FA_BWD1_ALL(T, S)                                                                                              \
-    INST_FA_BWD1(T, S, false, , true) INST_FA_BWD1(T, S, true, _m, true) INST_FA_BWD1(T, S, false, _bulk, false)            \
+    INST_FA_BWD1(T, S, false, ) INST_FA_BWD1(T, S, true, _m)                                                                \
     extern "C" __global__ void __launch_bounds__(FB_B * 2) fa_bwd_pre_##S(AttnGeom g, const T* dy, const T* y, float* delta, float* dqa, int vec) { \
         fa_bwd_pre<T>(g, dy, y, delta, dqa, vec);                                                                           \
     }                                                                                                                      \
@@ -1943,6 +1804,8 @@ INST_FA_BWD1_ALL(f16, f16)
 // second consumer passes over the query tile of its first 64 keys (waits and releases it).
 // No mask, no dMask (the host keeps fa_bwd_wg for those).
 #define FA_BWS_ST 4
+// Named barrier `id` of the 128 threads of one warpgroup.
+__device__ __forceinline__ void fa_wg_bar(int id) { asm volatile("bar.sync %0, 128;" ::"r"(id) : "memory"); }
 // Grid: one dimension, (128-key block, kv head) items in chunks of `chunk` heads: a chunk's
 // first key blocks (the longest under causal) of all its heads first, then the second...
 // (chunk 1: head after head, key blocks in order).
@@ -2107,7 +1970,7 @@ template <class T> __device__ void fa_bwd_ws(const AttnGeom& g, const T* dY, con
         store_afrag64(sdSc + (n & 1) * TILE, warp * 16, da);
         // (dSᵀ is read by the next grads: every warp's rows, through the async proxy)
         fence_async_smem();
-        fa_bar_sync(1 + c, 128);
+        fa_wg_bar(1 + c);
     };
     mb_wait(kvbar, 0);
     // (The first computed tile apart, so that `first` is a constant in each step: a

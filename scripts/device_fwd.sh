@@ -2,10 +2,10 @@
 # One device call for the warp-specialized attention forward (fa_fwd_ws, session 5): the
 # attention tests (default kernels, then each of TEST_MODES as GRAPHRUN_CUDA_ATTENTION),
 # then `graphrun bench` medians for attention bf16 fwd/train, f16 fwd and gpt_block bf16
-# fwd under the default and each of MODES (`wg`: the one-warpgroup kernel as before; `sb`,
-# `ones`, `pers`: variants of the warp-specialized one, src/backends/cuda/attention.rs;
-# training only for TRAIN_MODES). Carried by scripts/carry_fwd.sh; run as
-#   [MODES="wg sb"] [TEST_MODES="wg"] [TRAIN_MODES="default wg"] [NCU="default"] \
+# fwd under the default and each of MODES (`wg`: the one-warpgroup kernel as before, `mma`;
+# src/backends/cuda/attention.rs; training only for TRAIN_MODES). Carried by
+# scripts/carry_fwd.sh; run as
+#   [MODES="wg mma"] [TEST_MODES="wg"] [TRAIN_MODES="default wg"] [NCU="default"] \
 #   bash .carry-fwd/device_fwd.sh
 set -u
 C=$(cd "$(dirname "$0")" && pwd)
@@ -42,7 +42,7 @@ bench() {  # name workload dtype pass [env]
         --json $R/$1.json > $R/bench_$1.log 2>&1
     echo "bench $1 rc=$?: $(grep -m1 -E 'median|ms' $R/bench_$1.log | head -c 200)"
 }
-for mode in default ${MODES:-wg sb}; do
+for mode in default ${MODES:-wg}; do
     case " $HUNG " in *" $mode "*) echo "skip benches of $mode (tests hung)"; continue;; esac
     env=; [ $mode != default ] && env=GRAPHRUN_CUDA_ATTENTION=$mode
     bench attention_bf16_fwd_$mode attention bf16 fwd $env
@@ -59,7 +59,7 @@ for f in sorted(glob.glob(os.path.join(sys.argv[1], "*.json"))):
     except Exception as e:
         print(os.path.basename(f), "?", e)
 PY
-# NCU="default sb": one profiled launch of the forward kernel under each of these modes.
+# NCU="default wg": one profiled launch of the forward kernel under each of these modes.
 for mode in ${NCU:-}; do
     case " $HUNG " in *" $mode "*) continue;; esac
     command -v ncu > /dev/null || break

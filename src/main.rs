@@ -935,7 +935,9 @@ fn bench(a: BenchArgs) -> Result<(), Fail> {
     let (med, min, max, group) =
         time_steps(a.warmup, a.iters, &mut session, once, |s| Ok(s.sync()?))?;
     let tflops = plan.flops as f64 / (med * 1e-3) / 1e12;
-    let peak_mib = (plan.peak_bytes() + plan.weight_bytes) as f64 / (1024.0 * 1024.0);
+    // (The scratch pool has grown to the step's needs by now: it never shrinks.)
+    let held = session.held_bytes();
+    let peak_mib = (plan.peak_bytes() + plan.weight_bytes + held) as f64 / (1024.0 * 1024.0);
     println!(
         "{}: {} on {}, {pass}, {} iterations",
         model.graph.name,
@@ -952,7 +954,10 @@ fn bench(a: BenchArgs) -> Result<(), Fail> {
         tflops,
         fmt_count(plan.flops as f64)
     );
-    println!("  peak memory {peak_mib:.1} MiB (planned activations + weights)");
+    println!(
+        "  peak memory {peak_mib:.1} MiB (planned activations + weights; {:.1} MiB of it scratch and workspaces)",
+        held as f64 / (1024.0 * 1024.0)
+    );
     // The per-node profile: one more set of runs, each node synchronized and timed.
     session.set_profiling(true);
     let prof_iters = a.iters.min(5);

@@ -76,6 +76,11 @@ pub trait Backend {
     fn flush_updates(&mut self) -> Result<()> {
         Ok(())
     }
+    /// Device memory held outside the memory plan's buffers: scratch pools and library
+    /// workspaces (counted into `bench`'s peak).
+    fn held_bytes(&self) -> usize {
+        0
+    }
     /// The mode of the next runs: 0 is inference (Dropout is the identity); t ≥ 1 is
     /// training step t (Dropout applies a mask drawn from its seed and t, so each step
     /// draws a new one, the same on every backend).

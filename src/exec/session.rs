@@ -110,6 +110,8 @@ trait Run {
     fn set_profiling(&mut self, on: bool);
     fn take_profile(&mut self) -> Vec<(String, &'static str, f64)>;
     fn backend_name(&self) -> &'static str;
+    /// `Backend::held_bytes`.
+    fn held_bytes(&self) -> usize;
     /// The training step number (seeds Dropout masks: a new mask every step).
     fn set_step(&mut self, step: u64);
     /// `Session::set_static_feeds`.
@@ -204,6 +206,11 @@ impl Session {
     }
     pub fn backend_name(&self) -> &'static str {
         self.exec.backend_name()
+    }
+    /// Device memory the backend holds beside the plan's buffers (scratch pools, library
+    /// workspaces), as allocated so far.
+    pub fn held_bytes(&self) -> usize {
+        self.exec.held_bytes()
     }
 
     /// Checks feeds against the graph inputs and resolves every input's shape.
@@ -908,6 +915,9 @@ fn place<'a, Buf>(
 impl<B: Backend> Run for Executor<B> {
     fn backend_name(&self) -> &'static str {
         self.backend.name()
+    }
+    fn held_bytes(&self) -> usize {
+        self.backend.held_bytes()
     }
     fn set_profiling(&mut self, on: bool) {
         self.profile = if on {

@@ -507,13 +507,12 @@ enum Fast {
 /// `GRAPHRUN_CUDA_ATTENTION=rows` keeps every problem on the row-per-warp kernels, `mma`
 /// the unmasked tensor-core ones on `mma.sync` where wgmma would run (to compare them on a
 /// device); for the forward on Hopper, `wg` takes the one-warpgroup wgmma kernel instead of
-/// the warp-specialized one, and `sb`, `ones`, `pers` its variants (consumers taking turns,
-/// row sums on the tensor cores, persistent CTAs; cuda/flash.cu fa_fwd_ws); for the
-/// backward, `bwd2` the f16/bf16 backward on Hopper in its two deterministic passes (dQ,
-/// then dK/dV) instead of the one pass with dQ summed by atomics, `bwd1` that one pass in
-/// one warpgroup a 64-key tile (cuda/flash.cu fa_bwd_wg; `bulk`: dQ by bulk reductions)
-/// instead of the warp-specialized one (fa_bwd_ws, without masks; `bws1`, `bws16`: its
-/// key blocks head after head, or in chunks of 16 kv heads instead of 8).
+/// the warp-specialized one (cuda/flash.cu fa_fwd_ws); for the backward, `bwd2` the
+/// f16/bf16 backward on Hopper in its two deterministic passes (dQ, then dK/dV) instead of
+/// the one pass with dQ summed by atomics, `bwd1` that one pass in one warpgroup a 64-key
+/// tile (cuda/flash.cu fa_bwd_wg) instead of the warp-specialized one (fa_bwd_ws, without
+/// masks; `bws1`, `bws16`: its key blocks head after head, or in chunks of 16 kv heads
+/// instead of 8).
 fn kernel_choice() -> &'static str {
     static CHOICE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     CHOICE.get_or_init(|| std::env::var("GRAPHRUN_CUDA_ATTENTION").unwrap_or_default())
@@ -670,44 +669,18 @@ fn fast_forward(
     match f {
         Fast::Mma(64) if c.dev.cc == (9, 0) && !matches!(kernel_choice(), "mma" | "wg") => {
             // Warp-specialized (cuda/flash.cu fa_fwd_ws): a producer warpgroup and NC
-            // consumer warpgroups of 64 query rows; Q, then a ring of 128-key K/V stages, a
-            // tile of ones, then the mbarriers and the work item.
+            // consumer warpgroups of 64 query rows; Q, then a ring of 128-key K/V stages, an
+            // unused tile (the kernel's layout: see fa_fwd_ws), then the mbarriers.
             let nc = 3; // consumer warpgroups (2 measured slower: fewer warps)
-            let variant = match kernel_choice() {
-                "sb" => "s",
-                "ones" => "o",
-                "pers" => "p",
-                _ => "",
-            };
             let sfx = if g.mask_kind != 0 { "_m" } else { "" };
-            let name = format!("fa_fwd_ws{nc}{variant}_{}_64{sfx}", suffix(q.dtype()));
+            let name = format!("fa_fwd_ws{nc}_{}_64{sfx}", suffix(q.dtype()));
             let bm = 64 * nc;
             let smem = bm * 64 * 2 + (FA_WS_ST * 2 + 1) * FA_WS_BK * 64 * 2 + 128 + SMEM_ALIGN;
-            let items = sq.div_ceil(bm) * bh as usize;
-            let (grid, work) = if variant == "p" {
-                // Persistent: one CTA an SM, work items from a counter zeroed here.
-                let sms = c
-                    .dev
-                    .ctx
-                    .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-                    .map_err(|e| crate::err!(Runtime, "CUDA device attribute: {e:?}"))?;
-                let work = c.scratch(4)?;
-                // Safety: `work` addresses 4 bytes of scratch that live until the node ends.
-                unsafe {
-                    cudarc::driver::result::memset_d8_async(work, 0, 4, c.stream.cu_stream())
-                }
-                .map_err(|e| crate::err!(Runtime, "CUDA memset failed: {e:?}"))?;
-                ((items.min(sms.max(1) as usize) as u32, 1, 1), work)
-            } else {
-                ((sq.div_ceil(bm) as u32, bh, 1), 0)
-            };
-            let mut args = args;
-            args.push(Arg::Ptr(work));
             launch_grid(
                 &c.dev,
                 &c.stream,
                 &name,
-                grid,
+                (sq.div_ceil(bm) as u32, bh, 1),
                 128 * (nc as u32 + 1),
                 smem,
                 &args,
@@ -818,7 +791,7 @@ fn fast_backward(
                 0,
                 &pre,
             )?;
-            if g.mask_kind == 0 && dmask == 0 && !matches!(kernel_choice(), "bwd1" | "bulk") {
+            if g.mask_kind == 0 && dmask == 0 && kernel_choice() != "bwd1" {
                 // Warp-specialized (cuda/flash.cu fa_bwd_ws): 128 keys a CTA, a producer
                 // warpgroup streaming Q/dY into a ring for two consumer warpgroups. Shared
                 // memory: K and V of both, two dSᵀ tiles each, the ring of (Q, dY) tiles,
@@ -858,15 +831,10 @@ fn fast_backward(
                     Arg::Ptr(dmask),
                     Arg::I32(vec),
                 ]);
-                // `bulk`: dQ added by bulk reductions instead, to compare (without a mask).
-                let kind = match (g.mask_kind, kernel_choice()) {
-                    (0, "bulk") => "_bulk",
-                    (0, _) => "",
-                    _ => "_m",
-                };
+                let kind = if g.mask_kind != 0 { "_m" } else { "" };
                 let name = format!("fa_bwd_{sfx}_64{kind}");
-                // Tiles: K, V, rings of 3 for Q and dY, 2 of dSᵀ; the f32 dQ tile (`_bulk`);
-                // LSE and delta per stage.
+                // Tiles: K, V, rings of 3 for Q and dY, 2 of dSᵀ; 16 KiB unused (the kernel's
+                // layout: see fa_bwd_wg); LSE and delta per stage.
                 let smem = 10 * FA_T * 64 * 2 + FA_T * 64 * 4 + 3 * 2 * FA_T * 4 + SMEM_ALIGN;
                 launch_grid(&c.dev, &c.stream, &name, kgrid, 128, smem, &a)?;
             }

@@ -22,7 +22,7 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 
 /// cuBLASLt workspace: what its heuristics may use for split-K and the like.
-const WORKSPACE: usize = 32 << 20;
+pub(super) const WORKSPACE: usize = 32 << 20;
 
 /// One row-major product shape: `D[m, n] = op(A)[m, k] · op(B)[k, n]` for `batch`
 /// matrices `sa`, `sb`, `sd` elements apart (`sa`/`sb` 0 for a shared operand). A is

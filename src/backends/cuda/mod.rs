@@ -393,6 +393,9 @@ impl Backend for Cuda {
     fn flush_updates(&mut self) -> Result<()> {
         optim::flush(self)
     }
+    fn held_bytes(&self) -> usize {
+        matmul::WORKSPACE + self.steps.scratch_bytes()
+    }
     fn set_step(&mut self, step: u64) {
         self.step = step;
         self.steps.set_step(&self.stream, step);

@@ -141,6 +141,11 @@ impl Steps {
         Ok(p)
     }
 
+    /// Bytes held by the scratch pool.
+    pub fn scratch_bytes(&self) -> usize {
+        self.pool.borrow().iter().map(|b| b.len()).sum()
+    }
+
     /// The device address of the step number.
     pub fn step_ptr(&self, stream: &Arc<CudaStream>) -> u64 {
         let (p, _g) = self.params.device_ptr(stream);
