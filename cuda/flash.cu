@@ -1796,6 +1796,228 @@ INST_FA_WS_M(f16, f16, 3)
 INST_FA_BWD1_ALL(bf16, bf16)
 INST_FA_BWD1_ALL(f16, f16)
 
+// The warp-specialized one-pass backward (sm_90a): fa_bwd_wg's math for two 64-key tiles a
+// CTA (128 keys), one consumer warpgroup each, and a producer warpgroup that streams the
+// query tiles (Q, dY, log2 LSE and delta) of the key block's walk into a ring of FA_BWS_ST
+// stages for both (mbarriers and setmaxnreg as fa_fwd_ws: producer 24 registers, consumers
+// 240). Each consumer adds its own dQ parts into `dqa` (red.v2, as fa_bwd_wg). Causal: the
+// second consumer passes over the query tile of its first 64 keys (waits and releases it).
+// No mask, no dMask (the host keeps fa_bwd_wg for those).
+#define FA_BWS_ST 4
+// Named barrier `id` of the 128 threads of one warpgroup.
+__device__ __forceinline__ void fa_wg_bar(int id) { asm volatile("bar.sync %0, 128;" ::"r"(id) : "memory"); }
+// Grid: one dimension, (128-key block, kv head) items in chunks of `chunk` heads: a chunk's
+// first key blocks (the longest under causal) of all its heads first, then the second...
+// (chunk 1: head after head, key blocks in order).
+template <class T> __device__ void fa_bwd_ws(const AttnGeom& g, const T* dY, const T* Q, const T* K, const T* V, const float* lse, const float* delta, float* dqa, T* dK, T* dV, int vec, int chunk) {
+    constexpr int DP = 64, TILE = FB_B * DP * 2, ST = FA_BWS_ST;
+    // Shared memory: K[2], V[2], dSᵀ[2 consumers][2], ST stages of (Q, dY), then
+    // [ST][2][64] floats (log2 LSE, delta), then the mbarriers full[ST], empty[ST], kv.
+    const unsigned sK = smem_u32(fa_base()), sV = sK + 2 * TILE, sdS = sK + 4 * TILE, sQ = sK + 8 * TILE;
+    float* sLD = (float*)(fa_base() + (8 + 2 * ST) * TILE);
+    const unsigned bars = sK + (8 + 2 * ST) * TILE + ST * 2 * FB_B * 4;
+    auto full = [&](int s) { return bars + 8u * s; };
+    auto empty = [&](int s) { return bars + 8u * (ST + s); };
+    const unsigned kvbar = bars + 16u * ST;
+    const int wg = threadIdx.x >> 7;
+    const i64 nkb = (g.skv + 2 * FB_B - 1) / (2 * FB_B), nbh = gridDim.x / nkb;
+    const i64 ci = blockIdx.x / (chunk * nkb), cr = blockIdx.x % (chunk * nkb);
+    const i64 chb = nbh - ci * chunk < chunk ? nbh - ci * chunk : chunk;  // heads of this chunk
+    const i64 bhk = ci * chunk + cr % chb, b = bhk / g.hkv, hk = bhk % g.hkv, grp = g.hq / g.hkv;
+    const i64 k0 = (cr / chb) * 2 * FB_B;
+    const i64 ntqa = (g.sq + FB_B - 1) / FB_B;  // dqa tiles a head
+    // The walk: every query tile from i_start of every query head of the kv group.
+    const i64 i_start = g.causal ? k0 : 0;
+    const int ntq = g.sq > i_start ? (int)((g.sq - i_start + FB_B - 1) / FB_B) : 0;
+    const int total = (int)(ntq * grp);
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < ST; ++s) {
+            mb_init(full(s), 128);
+            mb_init(empty(s), 8);
+        }
+        mb_init(kvbar, 128);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    if (wg == 0) {
+        wg_setmaxnreg_dec<24>();
+        // As fa_fwd_ws's producer: a copy group is announced once it has landed, after the
+        // next one is issued.
+        unsigned pend = 0;
+        auto issued = [&](unsigned bar) {
+            cp_commit();
+            asm volatile("cp.async.wait_group 1;" ::: "memory");
+            fence_async_smem();
+            if (pend) mb_arrive(pend);
+            pend = bar;
+        };
+#pragma unroll 1
+        for (int c = 0; c < 2; ++c) {
+            i64 kc0 = k0 + c * FB_B;
+            int kv = (int)(g.skv - kc0 < FB_B ? (g.skv - kc0 > 0 ? g.skv - kc0 : 0) : FB_B);
+            i64 kr = kv > 0 ? kc0 : 0;
+            load_tile<DP, 128>(sK + c * TILE, (const unsigned short*)K + att_off(g, ATT_K, b, hk, kr), g.st[ATT_K][2], FB_B, kv, (int)g.d, vec);
+            load_tile<DP, 128>(sV + c * TILE, (const unsigned short*)V + att_off(g, ATT_V, b, hk, kr), g.st[ATT_V][2], FB_B, kv, (int)g.dv, vec);
+        }
+        issued(kvbar);
+#pragma unroll 1
+        for (int it = 0; it < total; ++it) {
+            const int s = it % ST;
+            if (it >= ST) mb_wait(empty(s), (unsigned)((it / ST - 1) & 1));
+            i64 h = hk * grp + it / ntq, i0 = i_start + (i64)(it % ntq) * FB_B, bh = b * g.hq + h;
+            int qv = (int)(g.sq - i0 < FB_B ? g.sq - i0 : FB_B);
+            const unsigned st = sQ + s * 2 * TILE;
+            load_tile<DP, 128>(st, (const unsigned short*)Q + att_off(g, ATT_Q, b, h, i0), g.st[ATT_Q][2], FB_B, qv, (int)g.d, vec);
+            load_tile<DP, 128>(st + TILE, (const unsigned short*)dY + att_off(g, ATT_Y, b, h, i0), g.st[ATT_Y][2], FB_B, qv, (int)g.dv, vec);
+            const int r = threadIdx.x & 63;
+            if (threadIdx.x < 64) {
+                float L = r < qv ? lse[bh * g.sq + i0 + r] : neg_inf(0.f);
+                sLD[s * 128 + r] = L == neg_inf(L) ? -neg_inf(0.f) : L * FA_LOG2E;
+            } else {
+                sLD[s * 128 + 64 + r] = r < qv ? delta[bh * g.sq + i0 + r] : 0.f;
+            }
+            issued(full(s));
+        }
+        cp_wait_all();
+        fence_async_smem();
+        if (pend) mb_arrive(pend);
+        return;
+    }
+    wg_setmaxnreg_inc<240>();
+    const int c = wg - 1, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
+    const i64 kc0 = k0 + c * FB_B;
+    const unsigned sKc = sK + c * TILE, sVc = sV + c * TILE, sdSc = sdS + c * 2 * TILE;
+    auto arrive_warp = [&](unsigned bar) {
+        __syncwarp();
+        if (lane == 0) mb_arrive(bar);
+    };
+    // Whether this consumer's keys see query tile `it` (causal: its first row ≥ kc0).
+    auto sees = [&](int it) { return kc0 < g.skv && (!g.causal || i_start + (i64)(it % ntq) * FB_B >= kc0); };
+    float dk[8][4], dv[8][4], dq[8][4], s[8][4], dp[8][4];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = 0.f;
+        dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.f;
+    }
+    unsigned pa[4][4];  // Pᵀ of the previous tile (dSᵀ goes through shared memory)
+    const float sl2 = (float)g.scale * FA_LOG2E;
+    const i64 key0 = kc0 + warp * 16 + gq;  // this thread's first key row (the other is key0 + 8)
+    // Issues dV, dK and dQ of stream tile `it` (the n-th this consumer computes); one group.
+    auto grads = [&](int it, int n) {
+        const unsigned st = sQ + (it % ST) * 2 * TILE, ds = sdSc + (n & 1) * TILE;
+        wg_pb<T>(dv, pa, st + TILE);
+#pragma unroll
+        for (int kc = 0; kc < 4; ++kc) Wg<T, 1>::ss(dk, wg_desc_k(ds, kc), wg_desc_mn(st, kc), 1);
+#pragma unroll
+        for (int kc = 0; kc < 4; ++kc) WgT<T, 1>::ss(dq, wg_desc_mn(ds, kc), wg_desc_mn(sKc, kc), kc);
+        wg_commit();
+    };
+    auto add_dq = [&](int it) {
+        float* p = dqa + ((b * g.hq + hk * grp + it / ntq) * ntqa + (i_start / FB_B + it % ntq)) * 4096;
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+#pragma unroll
+            for (int nb = 0; nb < 8; ++nb) red_add2(p + FA_DQA(warp, nb, half, lane), dq[nb][2 * half], dq[nb][2 * half + 1]);
+    };
+    // Stream tile `it` (the n-th computed; `prev` the one before, n > 0): Sᵀ and dPᵀ of it,
+    // the gradients of prev under its softmax, then P and dSᵀ of it left for the next.
+    auto step = [&](int it, int prev, int n, bool first) {
+        const int sb = it % ST;
+        const unsigned st = sQ + sb * 2 * TILE;
+        const i64 i0 = i_start + (i64)(it % ntq) * FB_B;
+        wg_fence();
+#pragma unroll
+        for (int kc = 0; kc < 4; ++kc) Wg<T, 0>::ss(s, wg_desc_k(sKc, kc), wg_desc_k(st, kc), kc);
+        wg_commit();
+#pragma unroll
+        for (int kc = 0; kc < 4; ++kc) Wg<T, 0>::ss(dp, wg_desc_k(sVc, kc), wg_desc_k(st + TILE, kc), kc);
+        wg_commit();
+        if (!first) grads(prev, n - 1);
+        wg_wait_n(first ? 1 : 2);
+        wg_keep(s);
+        const bool edge = g.causal && i0 < kc0 + FB_B;
+        const float* L = sLD + sb * 128;
+        const float* Dl = L + 64;
+#pragma unroll
+        for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[nb][e] = fmaf(s[nb][e], sl2, -L[nb * 8 + 2 * tq + (e & 1)]);
+        if (edge) fa_edge<T, false>(g, s, nullptr, 0, 0, key0, i0, 1);
+#pragma unroll
+        for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[nb][e] = fa_ex2(s[nb][e]);
+        wg_wait_late(g, first ? 0 : 1);
+        wg_keep(dp);
+#pragma unroll
+        for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) dp[nb][e] = s[nb][e] * (dp[nb][e] - Dl[nb * 8 + 2 * tq + (e & 1)]);
+        if (!first) {
+            wg_keep(s);  // (P and dS before the wait)
+            wg_keep(dp);
+            wg_wait_late(g, 0);
+            wg_keep(dv);
+            wg_keep(dk);
+            wg_keep(dq);
+            wg_keep_a(pa);
+            add_dq(prev);
+            arrive_warp(empty(prev % ST));
+        }
+        pack_a<T>(pa, s);
+        unsigned da[4][4];
+        pack_a<T>(da, dp);
+        store_afrag64(sdSc + (n & 1) * TILE, warp * 16, da);
+        // (dSᵀ is read by the next grads: every warp's rows, through the async proxy)
+        fence_async_smem();
+        fa_wg_bar(1 + c);
+    };
+    mb_wait(kvbar, 0);
+    // (The first computed tile apart, so that `first` is a constant in each step: a
+    // run-time wgmma wait count serializes the products.)
+    int it = 0;
+#pragma unroll 1
+    for (; it < total; ++it) {
+        mb_wait(full(it % ST), (unsigned)((it / ST) & 1));
+        if (sees(it)) break;
+        arrive_warp(empty(it % ST));
+    }
+    if (it < total) {
+        step(it, -1, 0, true);
+        int prev = it, n = 1;
+#pragma unroll 1
+        for (++it; it < total; ++it) {
+            mb_wait(full(it % ST), (unsigned)((it / ST) & 1));
+            if (!sees(it)) {
+                arrive_warp(empty(it % ST));
+                continue;
+            }
+            step(it, prev, n, false);
+            prev = it;
+            ++n;
+        }
+        wg_fence();
+        grads(prev, n - 1);
+        wg_wait();
+        wg_keep(dv);
+        wg_keep(dk);
+        wg_keep(dq);
+        wg_keep_a(pa);
+        add_dq(prev);
+    }
+    float sc = (float)g.scale;
+    store_acc<T, DP>(dK + att_off(g, ATT_K, b, hk, 0), g.st[ATT_K][2], dk, kc0 + warp * 16, g.skv, (int)g.d, sc, sc);
+    store_acc<T, DP>(dV + att_off(g, ATT_V, b, hk, 0), g.st[ATT_V][2], dv, kc0 + warp * 16, g.skv, (int)g.dv, 1.f, 1.f);
+}
+// (sm_90a only: elsewhere an empty body the host never launches)
+#define INST_FA_BWS(T, S)                                                                                                   \
+    extern "C" __global__ void __launch_bounds__(384, 1) fa_bws_##S##_64(AttnGeom g, const T* dy, const T* q, const T* k,  \
+        const T* v, const float* lse, const float* delta, float* dqa, T* dk, T* dv, int vec, int chunk) {                    \
+        if constexpr (FA_HAVE_WG) fa_bwd_ws<T>(g, dy, q, k, v, lse, delta, dqa, dk, dv, vec, chunk);                        \
+    }
+INST_FA_BWS(bf16, bf16)
+INST_FA_BWS(f16, f16)
+
 // ---------------------------------------------------------------------------------------
 // f32: 64×64 tiles on CUDA cores, 256 threads; thread (ty, tx) = (tid / 16, tid % 16) holds
 // rows ty·4 + i and columns tx·4 + j (i, j < 4) of every 64×64 product. A product's step k

@@ -509,7 +509,10 @@ enum Fast {
 /// device); for the forward on Hopper, `wg` takes the one-warpgroup wgmma kernel instead of
 /// the warp-specialized one (cuda/flash.cu fa_fwd_ws); for the backward, `bwd2` the
 /// f16/bf16 backward on Hopper in its two deterministic passes (dQ, then dK/dV) instead of
-/// the one pass with dQ summed by atomics (cuda/flash.cu fa_bwd_wg).
+/// the one pass with dQ summed by atomics, `bwd1` that one pass in one warpgroup a 64-key
+/// tile (cuda/flash.cu fa_bwd_wg) instead of the warp-specialized one (fa_bwd_ws, without
+/// masks; `bws1`, `bws16`: its key blocks head after head, or in chunks of 16 kv heads
+/// instead of 8).
 fn kernel_choice() -> &'static str {
     static CHOICE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     CHOICE.get_or_init(|| std::env::var("GRAPHRUN_CUDA_ATTENTION").unwrap_or_default())
@@ -570,6 +573,8 @@ const FA_T: usize = 64;
 /// The warp-specialized forward's K/V ring (flash.cu FA_WS_ST stages of FA_WS_BK keys).
 const FA_WS_ST: usize = 4;
 const FA_WS_BK: usize = 128;
+/// The warp-specialized backward's Q/dY ring (flash.cu FA_BWS_ST).
+const FA_BWS_ST: usize = 4;
 /// An f32 tile: 64 × 64 floats.
 const FS_TILE: usize = 64 * 64 * 4;
 /// cuda/flash_tf32.cu's shared memory (floats): two stages of raw f32 tiles (rows of 72
@@ -786,20 +791,53 @@ fn fast_backward(
                 0,
                 &pre,
             )?;
-            let mut a = common(g);
-            a.extend([
-                Arg::Ptr(dqa),
-                Arg::Ptr(dk),
-                Arg::Ptr(dv),
-                Arg::Ptr(dmask),
-                Arg::I32(vec),
-            ]);
-            let kind = if g.mask_kind != 0 { "_m" } else { "" };
-            let name = format!("fa_bwd_{sfx}_64{kind}");
-            // Tiles: K, V, rings of 3 for Q and dY, 2 of dSᵀ; 16 KiB unused (the kernel's
-            // layout: see fa_bwd_wg); LSE and delta per stage.
-            let smem = 10 * FA_T * 64 * 2 + FA_T * 64 * 4 + 3 * 2 * FA_T * 4 + SMEM_ALIGN;
-            launch_grid(&c.dev, &c.stream, &name, kgrid, 128, smem, &a)?;
+            if g.mask_kind == 0 && dmask == 0 && kernel_choice() != "bwd1" {
+                // Warp-specialized (cuda/flash.cu fa_bwd_ws): 128 keys a CTA, a producer
+                // warpgroup streaming Q/dY into a ring for two consumer warpgroups. Shared
+                // memory: K and V of both, two dSᵀ tiles each, the ring of (Q, dY) tiles,
+                // its LSE and delta, the mbarriers.
+                let tile = FA_T * 64 * 2;
+                let smem = (8 + 2 * FA_BWS_ST) * tile
+                    + FA_BWS_ST * 2 * FA_T * 4
+                    + (2 * FA_BWS_ST + 1) * 8
+                    + SMEM_ALIGN;
+                let mut a = common(g);
+                a.truncate(5); // (no mask)
+                a.extend([
+                    Arg::Ptr(lse),
+                    Arg::Ptr(delta),
+                    Arg::Ptr(dqa),
+                    Arg::Ptr(dk),
+                    Arg::Ptr(dv),
+                    Arg::I32(vec),
+                ]);
+                // Items in chunks of 8 kv heads, the longest (first) key blocks of a chunk
+                // first; `bws1`: head after head, `bws16`: chunks of 16.
+                let chunk = match kernel_choice() {
+                    "bws1" => 1,
+                    "bws16" => 16,
+                    _ => 8,
+                };
+                a.push(Arg::I32(chunk));
+                let grid = (skv.div_ceil(2 * FA_T) as u32 * kgrid.1, 1, 1);
+                let name = format!("fa_bws_{sfx}_64");
+                launch_grid(&c.dev, &c.stream, &name, grid, 384, smem, &a)?;
+            } else {
+                let mut a = common(g);
+                a.extend([
+                    Arg::Ptr(dqa),
+                    Arg::Ptr(dk),
+                    Arg::Ptr(dv),
+                    Arg::Ptr(dmask),
+                    Arg::I32(vec),
+                ]);
+                let kind = if g.mask_kind != 0 { "_m" } else { "" };
+                let name = format!("fa_bwd_{sfx}_64{kind}");
+                // Tiles: K, V, rings of 3 for Q and dY, 2 of dSᵀ; 16 KiB unused (the kernel's
+                // layout: see fa_bwd_wg); LSE and delta per stage.
+                let smem = 10 * FA_T * 64 * 2 + FA_T * 64 * 4 + 3 * 2 * FA_T * 4 + SMEM_ALIGN;
+                launch_grid(&c.dev, &c.stream, &name, kgrid, 128, smem, &a)?;
+            }
             let out = [
                 Arg::Attn(g),
                 Arg::Ptr(dqa),
