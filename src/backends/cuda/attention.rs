@@ -507,7 +507,8 @@ enum Fast {
 /// `GRAPHRUN_CUDA_ATTENTION=rows` keeps every problem on the row-per-warp kernels, `mma`
 /// the unmasked tensor-core ones on `mma.sync` where wgmma would run (to compare them on a
 /// device); for the forward on Hopper, `wg` takes the one-warpgroup wgmma kernel instead of
-/// the warp-specialized one (cuda/flash.cu fa_fwd_ws); for the backward, `bwd2` the
+/// the warp-specialized one (cuda/flash.cu fa_fwd_ws; `fws1`, `fws16`: its query blocks
+/// head after head, or in chunks of 16 heads instead of 8); for the backward, `bwd2` the
 /// f16/bf16 backward on Hopper in its two deterministic passes (dQ, then dK/dV) instead of
 /// the one pass with dQ summed by atomics, `bwd1` that one pass in one warpgroup a 64-key
 /// tile (cuda/flash.cu fa_bwd_wg) instead of the warp-specialized one (fa_bwd_ws, without
@@ -669,18 +670,28 @@ fn fast_forward(
     match f {
         Fast::Mma(64) if c.dev.cc == (9, 0) && !matches!(kernel_choice(), "mma" | "wg") => {
             // Warp-specialized (cuda/flash.cu fa_fwd_ws): a producer warpgroup and NC
-            // consumer warpgroups of 64 query rows; Q, then a ring of 128-key K/V stages, an
-            // unused tile (the kernel's layout: see fa_fwd_ws), then the mbarriers.
+            // consumer warpgroups of 64 query rows; Q, then a ring of 128-key K/V stages, then
+            // the mbarriers.
             let nc = 3; // consumer warpgroups (2 measured slower: fewer warps)
             let sfx = if g.mask_kind != 0 { "_m" } else { "" };
             let name = format!("fa_fwd_ws{nc}_{}_64{sfx}", suffix(q.dtype()));
             let bm = 64 * nc;
-            let smem = bm * 64 * 2 + (FA_WS_ST * 2 + 1) * FA_WS_BK * 64 * 2 + 128 + SMEM_ALIGN;
+            let smem = bm * 64 * 2 + FA_WS_ST * 2 * FA_WS_BK * 64 * 2 + 128 + SMEM_ALIGN;
+            // One dimension of (query block, head) items in chunks of 8 heads, a chunk's
+            // longest blocks first; `fws1`: head after head, `fws16`: chunks of 16.
+            let chunk = match kernel_choice() {
+                "fws1" => 1,
+                "fws16" => 16,
+                _ => 8,
+            };
+            let mut args = args;
+            args.push(Arg::I32(chunk));
+            let grid = (sq.div_ceil(bm) as u32 * bh, 1, 1);
             launch_grid(
                 &c.dev,
                 &c.stream,
                 &name,
-                (sq.div_ceil(bm) as u32, bh, 1),
+                grid,
                 128 * (nc as u32 + 1),
                 smem,
                 &args,
