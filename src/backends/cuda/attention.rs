@@ -507,8 +507,7 @@ enum Fast {
 /// `GRAPHRUN_CUDA_ATTENTION=rows` keeps every problem on the row-per-warp kernels, `mma`
 /// the unmasked tensor-core ones on `mma.sync` where wgmma would run (to compare them on a
 /// device); for the forward on Hopper, `wg` takes the one-warpgroup wgmma kernel instead of
-/// the warp-specialized one (cuda/flash.cu fa_fwd_ws; `fws1`, `fws16`: its query blocks
-/// head after head, or in chunks of 16 heads instead of 8); for the backward, `bwd2` the
+/// the warp-specialized one (cuda/flash.cu fa_fwd_ws); for the backward, `bwd2` the
 /// f16/bf16 backward on Hopper in its two deterministic passes (dQ, then dK/dV) instead of
 /// the one pass with dQ summed by atomics, `bwd1` that one pass in one warpgroup a 64-key
 /// tile (cuda/flash.cu fa_bwd_wg) instead of the warp-specialized one (fa_bwd_ws, without
@@ -678,12 +677,9 @@ fn fast_forward(
             let bm = 64 * nc;
             let smem = bm * 64 * 2 + FA_WS_ST * 2 * FA_WS_BK * 64 * 2 + 128 + SMEM_ALIGN;
             // One dimension of (query block, head) items in chunks of 8 heads, a chunk's
-            // longest blocks first; `fws1`: head after head, `fws16`: chunks of 16.
-            let chunk = match kernel_choice() {
-                "fws1" => 1,
-                "fws16" => 16,
-                _ => 8,
-            };
+            // longest blocks first (measured: 3 % faster than head after head, chunks of 16
+            // within noise; docs/bench-h100/attention-notes.md, "forward, second step").
+            let chunk = 8;
             let mut args = args;
             args.push(Arg::I32(chunk));
             let grid = (sq.div_ceil(bm) as u32 * bh, 1, 1);
