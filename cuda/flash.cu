@@ -809,53 +809,38 @@ __device__ __forceinline__ void fa_online_ws(float (*s)[4], float* m, float* l, 
 // issue their products (FA3's scheduler barrier), P's row sums on the tensor cores
 // (m64n72k16 against a tile of ones), persistent CTAs taking work items from a counter
 // (docs/bench-h100/attention-notes.md, "Session 5 — forward").
-template <class T, bool MASK, int NC> __device__ void fa_fwd_ws(const AttnGeom& g, const T* Q, const T* K, const T* V, const void* mask, T* Y, float* lse, int vec) {
+template <class T, bool MASK, int NC> __device__ void fa_fwd_ws(const AttnGeom& g, const T* Q, const T* K, const T* V, const void* mask, T* Y, float* lse, int vec, int chunk) {
     constexpr int DP = 64, BM = 64 * NC, BK = FA_WS_BK, TILE = BK * DP * 2, ST = FA_WS_ST;
-    // Shared memory: Q (BM rows), then ST stages of K and V (TILE each), a TILE unused (it
-    // held the removed row-sum variant's ones; kept so that the SASS stays as measured), then
-    // the mbarriers full[ST], empty[ST], Q's full and empty.
+    // Shared memory: Q (BM rows), then ST stages of K and V (TILE each), then the mbarriers
+    // full[ST], empty[ST], Q's.
     unsigned sQ = smem_u32(fa_base());
-    unsigned sKV = sQ + BM * DP * 2, bars = sKV + ST * 2 * TILE + TILE;
+    unsigned sKV = sQ + BM * DP * 2, bars = sKV + ST * 2 * TILE;
     auto full = [&](int s) { return bars + 8u * s; };
     auto empty = [&](int s) { return bars + 8u * (ST + s); };
-    const unsigned qbar = bars + 16u * ST, qempty = qbar + 8u;
+    const unsigned qbar = bars + 16u * ST;
     int wg = threadIdx.x >> 7;
-    // Work items: (query block, batch·head), the blocks of a head one after another (their
-    // K/V stay in L2), the longest first under causal; the grid is (query blocks, B·Hq), a
-    // CTA an item.
-    const int nqb = (int)((g.sq + BM - 1) / BM);
-    const i64 nitems = (i64)nqb * (g.rows / g.sq);
+    // The CTA's item (query block, batch·head): a one-dimensional grid in chunks of `chunk`
+    // heads, a chunk's blocks with the longest (the last, under causal) first, so that the
+    // short blocks fill the tail of the launch (one CTA an SM); a chunk's K/V stay in L2.
+    // chunk 1: head after head, the longest first within a head.
+    const i64 nqb = (g.sq + BM - 1) / BM, nbh = gridDim.x / nqb;
+    const i64 ci = blockIdx.x / (chunk * nqb), cr = blockIdx.x % (chunk * nqb);
+    const i64 chb = nbh - ci * chunk < chunk ? nbh - ci * chunk : chunk;  // heads of this chunk
+    const i64 bh = ci * chunk + cr % chb, b = bh / g.hq, h = bh % g.hq;
+    const int qr = (int)(cr / chb);
+    const i64 q0 = (i64)(g.causal ? nqb - 1 - qr : qr) * BM;
+    i64 kend = g.skv;
+    if (g.causal && q0 + BM < kend) kend = q0 + BM;
+    const int ntiles = (int)((kend + BK - 1) / BK);
     if (threadIdx.x == 0) {
         for (int s = 0; s < ST; ++s) {
             mb_init(full(s), 128);
             mb_init(empty(s), NC * 4);
         }
         mb_init(qbar, 128);
-        mb_init(qempty, NC * 4);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
-    // The CTA's k-th item: only k = 0 is one. (Written for the persistent variant, which took
-    // several; this form, the guards against `nitems` and Q's `qempty` arrivals below stay so
-    // that the SASS stays the same as measured: simpler forms move registers around.)
-    auto item_of = [&](int k) -> i64 { return k == 0 ? (i64)blockIdx.y * nqb + blockIdx.x : nitems; };
-    // The geometry of item `it`: batch, head, first query row, key tiles of the block.
-    struct Item {
-        i64 bh, b, h, q0;
-        int ntiles;
-    };
-    auto geom = [&](i64 it) {
-        Item r;
-        r.bh = it / nqb;
-        int qr = (int)(it % nqb);
-        r.b = r.bh / g.hq;
-        r.h = r.bh % g.hq;
-        r.q0 = (i64)(g.causal ? nqb - 1 - qr : qr) * BM;
-        i64 kend = g.skv;
-        if (g.causal && r.q0 + BM < kend) kend = r.q0 + BM;
-        r.ntiles = (int)((kend + BK - 1) / BK);
-        return r;
-    };
     if (wg == 0) {
         wg_setmaxnreg_dec<FA_WS_PREG(NC)>();
         // Each copy group (a Q tile or a K/V stage) is announced when it has landed: after the
@@ -876,25 +861,21 @@ template <class T, bool MASK, int NC> __device__ void fa_fwd_ws(const AttnGeom& 
             pend = bar;
         };
         const i64 krs = g.st[ATT_K][2], vrs = g.st[ATT_V][2];
-        const i64 it = item_of(0);
-        if (it < nitems) {
-            const Item im = geom(it);
-            const i64 hk = im.h / (g.hq / g.hkv);
-            int qvalid = (int)(g.sq - im.q0 < BM ? g.sq - im.q0 : BM);
-            load_tile<DP, 128>(sQ, (const unsigned short*)Q + att_off(g, ATT_Q, im.b, im.h, im.q0), g.st[ATT_Q][2], BM, qvalid, (int)g.d, vec);
-            issued(qbar);
-            const unsigned short* Kb = (const unsigned short*)K + att_off(g, ATT_K, im.b, hk, 0);
-            const unsigned short* Vb = (const unsigned short*)V + att_off(g, ATT_V, im.b, hk, 0);
-            for (int t = 0; t < im.ntiles; ++t) {
-                int s = t % ST;
-                if (t >= ST) mb_wait(empty(s), (unsigned)((t / ST - 1) & 1));
-                i64 j0 = (i64)t * BK;
-                int kv = (int)(g.skv - j0 < BK ? g.skv - j0 : BK);
-                unsigned kt = sKV + s * 2 * TILE;
-                load_tile<DP, 128>(kt, Kb + j0 * krs, krs, BK, kv, (int)g.d, vec);
-                load_tile<DP, 128>(kt + TILE, Vb + j0 * vrs, vrs, BK, kv, (int)g.dv, vec);
-                issued(full(s));
-            }
+        const i64 hk = h / (g.hq / g.hkv);
+        int qvalid = (int)(g.sq - q0 < BM ? g.sq - q0 : BM);
+        load_tile<DP, 128>(sQ, (const unsigned short*)Q + att_off(g, ATT_Q, b, h, q0), g.st[ATT_Q][2], BM, qvalid, (int)g.d, vec);
+        issued(qbar);
+        const unsigned short* Kb = (const unsigned short*)K + att_off(g, ATT_K, b, hk, 0);
+        const unsigned short* Vb = (const unsigned short*)V + att_off(g, ATT_V, b, hk, 0);
+        for (int t = 0; t < ntiles; ++t) {
+            int s = t % ST;
+            if (t >= ST) mb_wait(empty(s), (unsigned)((t / ST - 1) & 1));
+            i64 j0 = (i64)t * BK;
+            int kv = (int)(g.skv - j0 < BK ? g.skv - j0 : BK);
+            unsigned kt = sKV + s * 2 * TILE;
+            load_tile<DP, 128>(kt, Kb + j0 * krs, krs, BK, kv, (int)g.d, vec);
+            load_tile<DP, 128>(kt + TILE, Vb + j0 * vrs, vrs, BK, kv, (int)g.dv, vec);
+            issued(full(s));
         }
         flush();
         return;
@@ -910,13 +891,9 @@ template <class T, bool MASK, int NC> __device__ void fa_fwd_ws(const AttnGeom& 
         __syncwarp();
         if (lane == 0) mb_arrive(bar);
     };
-    {  // (a scope of its own, as the item loop's body was: the same SASS)
+    {
         mb_wait(qbar, 0u);
-        const i64 it = item_of(0);
-        if (it >= nitems) return;
-        const Item im = geom(it);
-        const int ntiles = im.ntiles;
-        const i64 rc = im.q0 + c * 64;  // this consumer's first row
+        const i64 rc = q0 + c * 64;  // this consumer's first row
         // The tiles this consumer computes (its rows see them); it passes over the rest.
         int nt = ntiles;
         if (rc >= g.sq) nt = 0;
@@ -925,7 +902,6 @@ template <class T, bool MASK, int NC> __device__ void fa_fwd_ws(const AttnGeom& 
             int n = (int)((ke + BK - 1) / BK);
             if (n < nt) nt = n;
         }
-        if (nt == 0) arrive_warp(qempty);
         float o[8][4], s[16][4];
         float m[2], l[2], ap[2];  // ap: the factor of the previous tile's softmax for O
 #pragma unroll
@@ -982,7 +958,7 @@ template <class T, bool MASK, int NC> __device__ void fa_fwd_ws(const AttnGeom& 
             const i64 j0 = (i64)t * BK;
 #pragma unroll
             for (int hf = 0; hf < 2; ++hf)
-                if (j0 + hf * 64 + 63 > elim) fa_edge<T, MASK>(g, s + 8 * hf, mask, im.b, im.h, rw + gq, j0 + hf * 64, 0);
+                if (j0 + hf * 64 + 63 > elim) fa_edge<T, MASK>(g, s + 8 * hf, mask, b, h, rw + gq, j0 + hf * 64, 0);
             fa_online_ws(s, m, l, ap, raw ? sl2 : 1.f);
             if (!first) {
                 wg_keep(s);
@@ -999,7 +975,6 @@ template <class T, bool MASK, int NC> __device__ void fa_fwd_ws(const AttnGeom& 
         if (nt > 0) {
             step(0, true);
             for (int t = 1; t < nt; ++t) step(t, false);
-            arrive_warp(qempty);  // (past the last S; nothing waits for it: see item_of)
             rescale();
             wg_fence();
             pv(((unsigned)(nt - 1) % ST) * 2 * TILE);
@@ -1016,7 +991,7 @@ template <class T, bool MASK, int NC> __device__ void fa_fwd_ws(const AttnGeom& 
             mb_wait(full(ut % ST), (ut / ST) & 1);
             arrive_warp(empty(ut % ST));
         }
-        fa_finish<T, DP>(g, Y, lse, im.b, im.h, im.bh, o, rw, m, l);
+        fa_finish<T, DP>(g, Y, lse, b, h, bh, o, rw, m, l);
     }
 }
 
@@ -1770,8 +1745,8 @@ INST_FA(f16, f16)
 // launches): NC consumer warpgroups of 64 query rows.
 #define INST_FA_WS(T, S, NC, M, MS)                                                                             \
     extern "C" __global__ void __launch_bounds__(((NC) + 1) * 128, 1) fa_fwd_ws##NC##_##S##_64##MS(            \
-        AttnGeom g, const T* q, const T* k, const T* v, const void* m, T* y, float* lse, int vec) {             \
-        if constexpr (FA_HAVE_WG) fa_fwd_ws<T, M, NC>(g, q, k, v, m, y, lse, vec);                               \
+        AttnGeom g, const T* q, const T* k, const T* v, const void* m, T* y, float* lse, int vec, int chunk) {  \
+        if constexpr (FA_HAVE_WG) fa_fwd_ws<T, M, NC>(g, q, k, v, m, y, lse, vec, chunk);                        \
     }
 #define INST_FA_WS_M(T, S, NC) INST_FA_WS(T, S, NC, false, ) INST_FA_WS(T, S, NC, true, _m)
 INST_FA_WS_M(bf16, bf16, 3)

@@ -5,8 +5,10 @@
 # fwd under the default and each of MODES (`wg`: the one-warpgroup kernel as before, `mma`;
 # src/backends/cuda/attention.rs; training only for TRAIN_MODES). Carried by
 # scripts/carry_fwd.sh; run as
-#   [MODES="wg mma"] [TEST_MODES="wg"] [TRAIN_MODES="default wg"] [NCU="default"] \
-#   bash .carry-fwd/device_fwd.sh
+#   [MODES="wg mma"] [TEST_MODES="wg"] [TRAIN_MODES="default wg"] [NCU="default"] [REPS=1] \
+#   [NAME=fwd] bash .carry-fwd/device_fwd.sh
+# (NAME: the worktree /work/wt-NAME and target folder /work/target-NAME it was built in;
+# REPS: rounds of the benches, interleaved, results suffixed _rN from the second on.)
 set -u
 C=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/out}
@@ -18,8 +20,9 @@ cp "$C"/kcache/*.cubin "$KC"/ 2>/dev/null
 export GRAPHRUN_REQUIRE_CUDA=1 GRAPHRUN_CUDA_CACHE=$KC
 # The tests read the tree they were built in (CARGO_MANIFEST_DIR, and CARGO_BIN_EXE_graphrun
 # under the target folder): point it at this checkout.
-mkdir -p /work && { [ -e /work/wt-fwd ] || ln -s "$PWD" /work/wt-fwd; }
-mkdir -p /work/target-fwd/release && cp $X/graphrun /work/target-fwd/release/graphrun
+NAME=${NAME:-fwd}
+mkdir -p /work && { [ -e /work/wt-$NAME ] || ln -s "$PWD" /work/wt-$NAME; }
+mkdir -p /work/target-$NAME/release && cp $X/graphrun /work/target-$NAME/release/graphrun
 G=$X/graphrun
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader
 HUNG=
@@ -42,13 +45,16 @@ bench() {  # name workload dtype pass [env]
         --json $R/$1.json > $R/bench_$1.log 2>&1
     echo "bench $1 rc=$?: $(grep -m1 -E 'median|ms' $R/bench_$1.log | head -c 200)"
 }
+for rep in $(seq 1 ${REPS:-1}); do
+sf=; [ $rep != 1 ] && sf=_r$rep
 for mode in default ${MODES:-wg}; do
     case " $HUNG " in *" $mode "*) echo "skip benches of $mode (tests hung)"; continue;; esac
     env=; [ $mode != default ] && env=GRAPHRUN_CUDA_ATTENTION=$mode
-    bench attention_bf16_fwd_$mode attention bf16 fwd $env
-    case " ${TRAIN_MODES:-default wg} " in *" $mode "*) bench attention_bf16_train_$mode attention bf16 train $env;; esac
-    bench attention_f16_fwd_$mode attention f16 fwd $env
-    bench gpt_block_bf16_fwd_$mode gpt_block bf16 fwd $env
+    bench attention_bf16_fwd_$mode$sf attention bf16 fwd $env
+    case " ${TRAIN_MODES:-default wg} " in *" $mode "*) bench attention_bf16_train_$mode$sf attention bf16 train $env;; esac
+    bench attention_f16_fwd_$mode$sf attention f16 fwd $env
+    bench gpt_block_bf16_fwd_$mode$sf gpt_block bf16 fwd $env
+done
 done
 python3 - "$R" <<'PY'
 import json, glob, os, sys

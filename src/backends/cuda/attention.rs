@@ -669,18 +669,25 @@ fn fast_forward(
     match f {
         Fast::Mma(64) if c.dev.cc == (9, 0) && !matches!(kernel_choice(), "mma" | "wg") => {
             // Warp-specialized (cuda/flash.cu fa_fwd_ws): a producer warpgroup and NC
-            // consumer warpgroups of 64 query rows; Q, then a ring of 128-key K/V stages, an
-            // unused tile (the kernel's layout: see fa_fwd_ws), then the mbarriers.
+            // consumer warpgroups of 64 query rows; Q, then a ring of 128-key K/V stages, then
+            // the mbarriers.
             let nc = 3; // consumer warpgroups (2 measured slower: fewer warps)
             let sfx = if g.mask_kind != 0 { "_m" } else { "" };
             let name = format!("fa_fwd_ws{nc}_{}_64{sfx}", suffix(q.dtype()));
             let bm = 64 * nc;
-            let smem = bm * 64 * 2 + (FA_WS_ST * 2 + 1) * FA_WS_BK * 64 * 2 + 128 + SMEM_ALIGN;
+            let smem = bm * 64 * 2 + FA_WS_ST * 2 * FA_WS_BK * 64 * 2 + 128 + SMEM_ALIGN;
+            // One dimension of (query block, head) items in chunks of 8 heads, a chunk's
+            // longest blocks first (measured: 3 % faster than head after head, chunks of 16
+            // within noise; docs/bench-h100/attention-notes.md, "forward, second step").
+            let chunk = 8;
+            let mut args = args;
+            args.push(Arg::I32(chunk));
+            let grid = (sq.div_ceil(bm) as u32 * bh, 1, 1);
             launch_grid(
                 &c.dev,
                 &c.stream,
                 &name,
-                (sq.div_ceil(bm) as u32, bh, 1),
+                grid,
                 128 * (nc as u32 + 1),
                 smem,
                 &args,
