@@ -512,7 +512,9 @@ enum Fast {
 /// the one pass with dQ summed by atomics, `bwd1` that one pass in one warpgroup a 64-key
 /// tile (cuda/flash.cu fa_bwd_wg) instead of the warp-specialized one (fa_bwd_ws, without
 /// masks; `bws1`, `bws16`: its key blocks head after head, or in chunks of 16 kv heads
-/// instead of 8).
+/// instead of 8; `bws0`: its two consumers add their dQ parts apart instead of summing
+/// them in shared memory first, `bws2`: summed by the second consumer instead of the
+/// first).
 fn kernel_choice() -> &'static str {
     static CHOICE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     CHOICE.get_or_init(|| std::env::var("GRAPHRUN_CUDA_ATTENTION").unwrap_or_default())
@@ -795,10 +797,11 @@ fn fast_backward(
                 // Warp-specialized (cuda/flash.cu fa_bwd_ws): 128 keys a CTA, a producer
                 // warpgroup streaming Q/dY into a ring for two consumer warpgroups. Shared
                 // memory: K and V of both, two dSᵀ tiles each, the ring of (Q, dY) tiles,
-                // its LSE and delta, the mbarriers.
+                // its LSE and delta, the ring of 2 f32 dQ tiles, the mbarriers.
                 let tile = FA_T * 64 * 2;
                 let smem = (8 + 2 * FA_BWS_ST) * tile
                     + FA_BWS_ST * 2 * FA_T * 4
+                    + 2 * FA_T * 64 * 4
                     + (2 * FA_BWS_ST + 1) * 8
                     + SMEM_ALIGN;
                 let mut a = common(g);
@@ -819,6 +822,14 @@ fn fast_backward(
                     _ => 8,
                 };
                 a.push(Arg::I32(chunk));
+                // The two consumers' dQ parts summed in shared memory before the atomics by
+                // the first (`bws2`: by the second); `bws0`: each consumer adds its own.
+                let pair = match kernel_choice() {
+                    "bws0" => 0,
+                    "bws2" => 2,
+                    _ => 1,
+                };
+                a.push(Arg::I32(pair));
                 let grid = (skv.div_ceil(2 * FA_T) as u32 * kgrid.1, 1, 1);
                 let name = format!("fa_bws_{sfx}_64");
                 launch_grid(&c.dev, &c.stream, &name, grid, 384, smem, &a)?;
