@@ -1800,8 +1800,9 @@ INST_FA_BWD1_ALL(f16, f16)
 // CTA (128 keys), one consumer warpgroup each, and a producer warpgroup that streams the
 // query tiles (Q, dY, log2 LSE and delta) of the key block's walk into a ring of FA_BWS_ST
 // stages for both (mbarriers and setmaxnreg as fa_fwd_ws: producer 24 registers, consumers
-// 240). `pair` = 0: each consumer adds its own dQ parts into `dqa` (red.v2, as fa_bwd_wg);
-// 1: for a tile both see, the second consumer leaves its part in shared memory (a ring of 2
+// 240). `pair` = 0 (the default, faster on the H100: docs/bench-h100/attention-notes.md,
+// "backward, second step"): each consumer adds its own dQ parts into `dqa` (red.v2, as
+// fa_bwd_wg); 1: for a tile both see, the second consumer leaves its part in shared memory (a ring of 2
 // f32 tiles, two named barriers of 256 threads each: full, empty) and the first adds it to
 // its own before the red.v2 (half the atomics); 2: the same the other way round (the second
 // consumer, which passes over a tile a head under causal, does the atomics). Causal: the second consumer passes over the
@@ -1816,8 +1817,8 @@ __device__ __forceinline__ void fa_cc_arrive(int id) { asm volatile("bar.arrive 
 // Grid: one dimension, (128-key block, kv head) items in chunks of `chunk` heads: a chunk's
 // first key blocks (the longest under causal) of all its heads first, then the second...
 // (chunk 1: head after head, key blocks in order).
-template <class T> __device__ void fa_bwd_ws(const AttnGeom& g, const T* dY, const T* Q, const T* K, const T* V, const float* lse, const float* delta, float* dqa, T* dK, T* dV, int vec, int chunk, int pair) {
-    constexpr int DP = 64, TILE = FB_B * DP * 2, ST = FA_BWS_ST;
+template <class T, int ST> __device__ void fa_bwd_ws(const AttnGeom& g, const T* dY, const T* Q, const T* K, const T* V, const float* lse, const float* delta, float* dqa, T* dK, T* dV, int vec, int chunk, int pair) {
+    constexpr int DP = 64, TILE = FB_B * DP * 2;
     // Shared memory: K[2], V[2], dSᵀ[2 consumers][2], ST stages of (Q, dY), then
     // [ST][2][64] floats (log2 LSE, delta), the dQ ring (2 × 64 × 64 floats), then the
     // mbarriers full[ST], empty[ST], kv.
@@ -2056,14 +2057,16 @@ template <class T> __device__ void fa_bwd_ws(const AttnGeom& g, const T* dY, con
     store_acc<T, DP>(dK + att_off(g, ATT_K, b, hk, 0), g.st[ATT_K][2], dk, kc0 + warp * 16, g.skv, (int)g.d, sc, sc);
     store_acc<T, DP>(dV + att_off(g, ATT_V, b, hk, 0), g.st[ATT_V][2], dv, kc0 + warp * 16, g.skv, (int)g.dv, 1.f, 1.f);
 }
-// (sm_90a only: elsewhere an empty body the host never launches)
-#define INST_FA_BWS(T, S)                                                                                                   \
-    extern "C" __global__ void __launch_bounds__(384, 1) fa_bws_##S##_64(AttnGeom g, const T* dy, const T* q, const T* k,  \
+// (sm_90a only: elsewhere an empty body the host never launches; `_s6`: a ring of 6 stages)
+#define INST_FA_BWS(T, S, ST, SFX)                                                                                          \
+    extern "C" __global__ void __launch_bounds__(384, 1) fa_bws_##S##_64##SFX(AttnGeom g, const T* dy, const T* q, const T* k, \
         const T* v, const float* lse, const float* delta, float* dqa, T* dk, T* dv, int vec, int chunk, int pair) {          \
-        if constexpr (FA_HAVE_WG) fa_bwd_ws<T>(g, dy, q, k, v, lse, delta, dqa, dk, dv, vec, chunk, pair);                  \
+        if constexpr (FA_HAVE_WG) fa_bwd_ws<T, ST>(g, dy, q, k, v, lse, delta, dqa, dk, dv, vec, chunk, pair);                  \
     }
-INST_FA_BWS(bf16, bf16)
-INST_FA_BWS(f16, f16)
+INST_FA_BWS(bf16, bf16, FA_BWS_ST, )
+INST_FA_BWS(f16, f16, FA_BWS_ST, )
+INST_FA_BWS(bf16, bf16, 6, _s6)
+INST_FA_BWS(f16, f16, 6, _s6)
 
 // ---------------------------------------------------------------------------------------
 // f32: 64×64 tiles on CUDA cores, 256 threads; thread (ty, tx) = (tid / 16, tid % 16) holds
