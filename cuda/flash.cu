@@ -1800,32 +1800,22 @@ INST_FA_BWD1_ALL(f16, f16)
 // CTA (128 keys), one consumer warpgroup each, and a producer warpgroup that streams the
 // query tiles (Q, dY, log2 LSE and delta) of the key block's walk into a ring of FA_BWS_ST
 // stages for both (mbarriers and setmaxnreg as fa_fwd_ws: producer 24 registers, consumers
-// 240). `pair` = 0 (the default, faster on the H100: docs/bench-h100/attention-notes.md,
-// "backward, second step"): each consumer adds its own dQ parts into `dqa` (red.v2, as
-// fa_bwd_wg); 1: for a tile both see, the second consumer leaves its part in shared memory (a ring of 2
-// f32 tiles, two named barriers of 256 threads each: full, empty) and the first adds it to
-// its own before the red.v2 (half the atomics); 2: the same the other way round (the second
-// consumer, which passes over a tile a head under causal, does the atomics). Causal: the second consumer passes over the
-// query tile of its first 64 keys (waits and releases it). No mask, no dMask (the host
-// keeps fa_bwd_wg for those).
+// 240). Each consumer adds its own dQ parts into `dqa` (red.v2, as fa_bwd_wg). Causal: the
+// second consumer passes over the query tile of its first 64 keys (waits and releases it).
+// No mask, no dMask (the host keeps fa_bwd_wg for those).
 #define FA_BWS_ST 4
 // Named barrier `id` of the 128 threads of one warpgroup.
 __device__ __forceinline__ void fa_wg_bar(int id) { asm volatile("bar.sync %0, 128;" ::"r"(id) : "memory"); }
-// Named barrier `id` of the two consumer warpgroups: wait for it / arrive without waiting.
-__device__ __forceinline__ void fa_cc_sync(int id) { asm volatile("bar.sync %0, 256;" ::"r"(id) : "memory"); }
-__device__ __forceinline__ void fa_cc_arrive(int id) { asm volatile("bar.arrive %0, 256;" ::"r"(id) : "memory"); }
 // Grid: one dimension, (128-key block, kv head) items in chunks of `chunk` heads: a chunk's
 // first key blocks (the longest under causal) of all its heads first, then the second...
 // (chunk 1: head after head, key blocks in order).
-template <class T, int ST> __device__ void fa_bwd_ws(const AttnGeom& g, const T* dY, const T* Q, const T* K, const T* V, const float* lse, const float* delta, float* dqa, T* dK, T* dV, int vec, int chunk, int pair) {
-    constexpr int DP = 64, TILE = FB_B * DP * 2;
+template <class T> __device__ void fa_bwd_ws(const AttnGeom& g, const T* dY, const T* Q, const T* K, const T* V, const float* lse, const float* delta, float* dqa, T* dK, T* dV, int vec, int chunk) {
+    constexpr int DP = 64, TILE = FB_B * DP * 2, ST = FA_BWS_ST;
     // Shared memory: K[2], V[2], dSᵀ[2 consumers][2], ST stages of (Q, dY), then
-    // [ST][2][64] floats (log2 LSE, delta), the dQ ring (2 × 64 × 64 floats), then the
-    // mbarriers full[ST], empty[ST], kv.
+    // [ST][2][64] floats (log2 LSE, delta), then the mbarriers full[ST], empty[ST], kv.
     const unsigned sK = smem_u32(fa_base()), sV = sK + 2 * TILE, sdS = sK + 4 * TILE, sQ = sK + 8 * TILE;
     float* sLD = (float*)(fa_base() + (8 + 2 * ST) * TILE);
-    const unsigned sDQ = sK + (8 + 2 * ST) * TILE + ST * 2 * FB_B * 4;
-    const unsigned bars = sK + (8 + 2 * ST) * TILE + ST * 2 * FB_B * 4 + 2 * FB_B * DP * 4;
+    const unsigned bars = sK + (8 + 2 * ST) * TILE + ST * 2 * FB_B * 4;
     auto full = [&](int s) { return bars + 8u * s; };
     auto empty = [&](int s) { return bars + 8u * (ST + s); };
     const unsigned kvbar = bars + 16u * ST;
@@ -1902,11 +1892,7 @@ template <class T, int ST> __device__ void fa_bwd_ws(const AttnGeom& g, const T*
         if (lane == 0) mb_arrive(bar);
     };
     // Whether this consumer's keys see query tile `it` (causal: its first row ≥ kc0).
-    auto sees_c = [&](int cc, int it) {
-        const i64 kk = k0 + cc * FB_B;
-        return kk < g.skv && (!g.causal || i_start + (i64)(it % ntq) * FB_B >= kk);
-    };
-    auto sees = [&](int it) { return sees_c(c, it); };
+    auto sees = [&](int it) { return kc0 < g.skv && (!g.causal || i_start + (i64)(it % ntq) * FB_B >= kc0); };
     float dk[8][4], dv[8][4], dq[8][4], s[8][4], dp[8][4];
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
@@ -1926,37 +1912,7 @@ template <class T, int ST> __device__ void fa_bwd_ws(const AttnGeom& g, const T*
         for (int kc = 0; kc < 4; ++kc) WgT<T, 1>::ss(dq, wg_desc_mn(ds, kc), wg_desc_mn(sKc, kc), kc);
         wg_commit();
     };
-    int m = 0;  // tiles whose dQ parts were summed in shared memory (ring slot m & 1)
     auto add_dq = [&](int it) {
-        if (pair && sees_c(1, it)) {
-            // Barriers 3 + j: slot j full (the second consumer's part in it), 5 + j: empty.
-            const int j = m & 1;
-            // (thread t's float2 k at k·1 KiB + 8t: a warp's accesses contiguous)
-            const unsigned buf = sDQ + j * 16384 + (threadIdx.x & 127) * 8;
-            if (c != pair - 1) {  // (the consumer that leaves its part)
-                if (m >= 2) fa_cc_sync(5 + j);
-#pragma unroll
-                for (int half = 0; half < 2; ++half)
-#pragma unroll
-                    for (int nb = 0; nb < 8; ++nb)
-                        asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(buf + (half * 8 + nb) * 1024), "f"(dq[nb][2 * half]), "f"(dq[nb][2 * half + 1]) : "memory");
-                fa_cc_arrive(3 + j);
-                ++m;
-                return;
-            }
-            fa_cc_sync(3 + j);
-#pragma unroll
-            for (int half = 0; half < 2; ++half)
-#pragma unroll
-                for (int nb = 0; nb < 8; ++nb) {
-                    float x, y;
-                    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(x), "=f"(y) : "r"(buf + (half * 8 + nb) * 1024) : "memory");
-                    dq[nb][2 * half] += x;
-                    dq[nb][2 * half + 1] += y;
-                }
-            fa_cc_arrive(5 + j);
-            ++m;
-        }
         float* p = dqa + ((b * g.hq + hk * grp + it / ntq) * ntqa + (i_start / FB_B + it % ntq)) * 4096;
 #pragma unroll
         for (int half = 0; half < 2; ++half)
@@ -2049,24 +2005,18 @@ template <class T, int ST> __device__ void fa_bwd_ws(const AttnGeom& g, const T*
         wg_keep_a(pa);
         add_dq(prev);
     }
-    // (The other consumer's last empty arrivals, matched before leaving.)
-    if (pair && c != pair - 1)
-        for (int mm = m; mm < m + 2; ++mm)
-            if (mm >= 2) fa_cc_sync(5 + (mm & 1));
     float sc = (float)g.scale;
     store_acc<T, DP>(dK + att_off(g, ATT_K, b, hk, 0), g.st[ATT_K][2], dk, kc0 + warp * 16, g.skv, (int)g.d, sc, sc);
     store_acc<T, DP>(dV + att_off(g, ATT_V, b, hk, 0), g.st[ATT_V][2], dv, kc0 + warp * 16, g.skv, (int)g.dv, 1.f, 1.f);
 }
-// (sm_90a only: elsewhere an empty body the host never launches; `_s6`: a ring of 6 stages)
-#define INST_FA_BWS(T, S, ST, SFX)                                                                                          \
-    extern "C" __global__ void __launch_bounds__(384, 1) fa_bws_##S##_64##SFX(AttnGeom g, const T* dy, const T* q, const T* k, \
-        const T* v, const float* lse, const float* delta, float* dqa, T* dk, T* dv, int vec, int chunk, int pair) {          \
-        if constexpr (FA_HAVE_WG) fa_bwd_ws<T, ST>(g, dy, q, k, v, lse, delta, dqa, dk, dv, vec, chunk, pair);                  \
+// (sm_90a only: elsewhere an empty body the host never launches)
+#define INST_FA_BWS(T, S)                                                                                                   \
+    extern "C" __global__ void __launch_bounds__(384, 1) fa_bws_##S##_64(AttnGeom g, const T* dy, const T* q, const T* k,  \
+        const T* v, const float* lse, const float* delta, float* dqa, T* dk, T* dv, int vec, int chunk) {                    \
+        if constexpr (FA_HAVE_WG) fa_bwd_ws<T>(g, dy, q, k, v, lse, delta, dqa, dk, dv, vec, chunk);                        \
     }
-INST_FA_BWS(bf16, bf16, FA_BWS_ST, )
-INST_FA_BWS(f16, f16, FA_BWS_ST, )
-INST_FA_BWS(bf16, bf16, 6, _s6)
-INST_FA_BWS(f16, f16, 6, _s6)
+INST_FA_BWS(bf16, bf16)
+INST_FA_BWS(f16, f16)
 
 // ---------------------------------------------------------------------------------------
 // f32: 64×64 tiles on CUDA cores, 256 threads; thread (ty, tx) = (tid / 16, tid % 16) holds

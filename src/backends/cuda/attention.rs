@@ -512,9 +512,7 @@ enum Fast {
 /// the one pass with dQ summed by atomics, `bwd1` that one pass in one warpgroup a 64-key
 /// tile (cuda/flash.cu fa_bwd_wg) instead of the warp-specialized one (fa_bwd_ws, without
 /// masks; `bws1`, `bws16`: its key blocks head after head, or in chunks of 16 kv heads
-/// instead of 8, `bws4` chunks of 4; `bws6`: its ring of 6 stages instead of 4; `bwsq`:
-/// its two consumers' dQ parts summed in shared memory before the atomics, `bwsq2` summed
-/// by the second consumer).
+/// instead of 8).
 fn kernel_choice() -> &'static str {
     static CHOICE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     CHOICE.get_or_init(|| std::env::var("GRAPHRUN_CUDA_ATTENTION").unwrap_or_default())
@@ -797,17 +795,11 @@ fn fast_backward(
                 // Warp-specialized (cuda/flash.cu fa_bwd_ws): 128 keys a CTA, a producer
                 // warpgroup streaming Q/dY into a ring for two consumer warpgroups. Shared
                 // memory: K and V of both, two dSᵀ tiles each, the ring of (Q, dY) tiles,
-                // its LSE and delta, the ring of 2 f32 dQ tiles, the mbarriers.
+                // its LSE and delta, the mbarriers.
                 let tile = FA_T * 64 * 2;
-                let st = if kernel_choice() == "bws6" {
-                    6
-                } else {
-                    FA_BWS_ST
-                };
-                let smem = (8 + 2 * st) * tile
-                    + st * 2 * FA_T * 4
-                    + 2 * FA_T * 64 * 4
-                    + (2 * st + 1) * 8
+                let smem = (8 + 2 * FA_BWS_ST) * tile
+                    + FA_BWS_ST * 2 * FA_T * 4
+                    + (2 * FA_BWS_ST + 1) * 8
                     + SMEM_ALIGN;
                 let mut a = common(g);
                 a.truncate(5); // (no mask)
@@ -824,21 +816,11 @@ fn fast_backward(
                 let chunk = match kernel_choice() {
                     "bws1" => 1,
                     "bws16" => 16,
-                    "bws4" => 4,
                     _ => 8,
                 };
                 a.push(Arg::I32(chunk));
-                // Each consumer adds its own dQ parts; `bwsq`: the two parts summed in shared
-                // memory first by the first consumer (`bwsq2`: by the second), half the
-                // atomics but slower on the H100.
-                let pair = match kernel_choice() {
-                    "bwsq" => 1,
-                    "bwsq2" => 2,
-                    _ => 0,
-                };
-                a.push(Arg::I32(pair));
                 let grid = (skv.div_ceil(2 * FA_T) as u32 * kgrid.1, 1, 1);
-                let name = format!("fa_bws_{sfx}_64{}", if st == 6 { "_s6" } else { "" });
+                let name = format!("fa_bws_{sfx}_64");
                 launch_grid(&c.dev, &c.stream, &name, grid, 384, smem, &a)?;
             } else {
                 let mut a = common(g);
