@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
-# Fills DEST (default ../main/.carry-attn, git-ignored there) for scripts/device_attn.sh:
-# graphrun and the attention/grad test executables (stripped), the kernels precompiled for
-# sm_90a (scripts/precompile_kernels.py; NVRTC names libnvrtc.so.13 here).
+# Fills DEST (default ../main/.carry-attn, git-ignored there) for one of the attention
+# device scripts, DEVICE (default device_attn.sh; device_fwd.sh and device_bws.sh are the
+# forward and backward A/B runs of session 5): graphrun and the attention/grad test
+# executables (stripped; TESTS names them), the kernels precompiled for sm_90a
+# (scripts/precompile_kernels.py; NVRTC names libnvrtc.so.13 here).
+#   scripts/carry_attn.sh [DEST] [DEVICE]
 set -eu
 cd "$(dirname "$0")/.."
 DEST=${1:-../main/.carry-attn}
+DEVICE=${2:-device_attn.sh}
+TESTS=${TESTS:-cuda ops_attention ops_attention_grad grad}
 cargo build --release
-cargo test --release --no-run --message-format=json --test cuda --test ops_attention --test ops_attention_grad --test grad 2>/dev/null | python3 -c '
+cargo test --release --no-run --message-format=json $(printf -- '--test %s ' $TESTS) 2>/dev/null | python3 -c '
 import sys, json
 for l in sys.stdin:
     try: j = json.loads(l)
@@ -19,5 +24,5 @@ cp ${CARGO_TARGET_DIR:-target}/release/graphrun /tmp/carry_attn_bin/graphrun
 strip /tmp/carry_attn_bin/graphrun /tmp/carry_attn_bin/tests/*
 tar czf "$DEST/bin.tgz" -C /tmp/carry_attn_bin .
 python3 scripts/precompile_kernels.py "$DEST/kcache"
-cp scripts/device_attn.sh "$DEST/"
+cp "scripts/$DEVICE" "$DEST/"
 du -sh "$DEST"

@@ -4,7 +4,7 @@
 # GRAPHRUN_CUDA_ATTENTION), then `graphrun bench` medians of attention and gpt_block bf16
 # training under the default and each of MODES (`bwd1`: the one-warpgroup one pass,
 # fa_bwd_wg), REPS rounds interleaved, then (NCU=1) the backward kernels' times under ncu.
-# Carried by scripts/carry_bws.sh; run as
+# Carried by `scripts/carry_attn.sh ../main/.carry-bws device_bws.sh`; run as
 #   [MODES="bwd1"] [TEST_MODES="bwd1"] [REPS=2] [NCU=1] bash .carry-bws/device_bws.sh
 set -u
 C=$(cd "$(dirname "$0")" && pwd)

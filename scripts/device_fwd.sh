@@ -4,7 +4,7 @@
 # then `graphrun bench` medians for attention bf16 fwd/train, f16 fwd and gpt_block bf16
 # fwd under the default and each of MODES (`wg`: the one-warpgroup kernel as before, `mma`;
 # src/backends/cuda/attention.rs; training only for TRAIN_MODES). Carried by
-# scripts/carry_fwd.sh; run as
+# `scripts/carry_attn.sh ../main/.carry-fwd device_fwd.sh` (TESTS="cuda ops_attention ops_attention_grad"); run as
 #   [MODES="wg mma"] [TEST_MODES="wg"] [TRAIN_MODES="default wg"] [NCU="default"] [REPS=1] \
 #   [NAME=fwd] bash .carry-fwd/device_fwd.sh
 # (NAME: the worktree /work/wt-NAME and target folder /work/target-NAME it was built in;
