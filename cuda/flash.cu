@@ -1989,7 +1989,7 @@ template <class T, bool DEEP> __device__ void fa_bwd_ws(const AttnGeom& g, const
         auto front = [&](int it, int n, bool first) {
             const int sb = it % ST;
             const i64 i0 = i_start + (i64)(it % ntq) * FB_B;
-            wg_wait_n(first ? 1 : 2);
+            if (first) wg_wait_n(1);
             wg_keep(s);
             const bool edge = g.causal && i0 < kc0 + FB_B;
             const float* L = sLD + sb * 128;
@@ -2003,7 +2003,7 @@ template <class T, bool DEEP> __device__ void fa_bwd_ws(const AttnGeom& g, const
             for (int nb = 0; nb < 8; ++nb)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) s[nb][e] = fa_ex2(s[nb][e]);
-            wg_wait_late(g, first ? 0 : 1);
+            if (first) wg_wait_late(g, 0);
             wg_keep(dp);
 #pragma unroll
             for (int nb = 0; nb < 8; ++nb)
@@ -2035,42 +2035,45 @@ template <class T, bool DEEP> __device__ void fa_bwd_ws(const AttnGeom& g, const
             wg_fence();
             grads(it, n);
         };
-        // (First and last tiles peeled: every wait count a constant.)
+        // ptxas proves a wait count > 0 only for groups committed since the loop's top: the
+        // next tile's Sᵀ/dPᵀ cross the back edge and are waited for with 0 at the top (under
+        // the barrier), the gradients are issued and retired within one iteration.
         int it = next(-1);
         if (it < total) {
             issue_sdp(it);
             front(it, 0, true);
-            int prev = it, nx = next(it);
+            int prev = it, np = 0, n = 1, nx = next(it);
             if (nx < total) {
                 issue_sdp(nx);
-                launch_g(prev, 0);
-                it = nx;
-                int n = 1;
 #pragma unroll 1
                 for (;;) {
+                    it = nx;
+                    fa_wg_bar(1 + c);
+                    wg_wait();
+                    wg_keep(s);
+                    wg_keep(dp);
+                    wg_keep(dv);
+                    wg_keep(dk);
+                    wg_keep(dq);
+                    wg_fence();
+                    grads(prev, np);
                     front(it, n, false);
                     nx = next(it);
                     if (nx >= total) break;
                     issue_sdp(nx);
                     wg_wait_n(2);
                     retire(prev, true);
-                    launch_g(it, n);
                     prev = it;
-                    it = nx;
-                    ++n;
+                    np = n++;
                 }
                 wg_wait();
                 retire(prev, true);
-                launch_g(it, n);
-                wg_wait();
-                retire(it, false);
-            } else {
-                launch_g(prev, 0);
-                // (each path waits on its own: a join with products in flight copies the
-                // accumulators there, which serializes every wgmma)
-                wg_wait();
-                retire(prev, false);
+                prev = it;
+                np = n;
             }
+            launch_g(prev, np);
+            wg_wait();
+            retire(prev, false);
         }
     } else {
     // (The first computed tile apart, so that `first` is a constant in each step: a
