@@ -1784,20 +1784,13 @@ __device__ __forceinline__ void fa_wg_bar(int id) { asm volatile("bar.sync %0, 1
 // Grid: one dimension, (128-key block, kv head) items in chunks of `chunk` heads: a chunk's
 // first key blocks (the longest under causal) of all its heads first, then the second...
 // (chunk 1: head after head, key blocks in order).
-// DEEP (kernels fa_bwsd_*): each consumer issues Sᵀ and dPᵀ of its next tile before it waits
-// for the gradients of the previous one, so that products stay queued while the softmax and
-// dS math of a tile runs; Pᵀ goes through shared memory as dSᵀ (a ring of 2 a consumer), so
-// no A registers stay in flight across the loop.
-template <class T, bool DEEP> __device__ void fa_bwd_ws(const AttnGeom& g, const T* dY, const T* Q, const T* K, const T* V, const float* lse, const float* delta, float* dqa, T* dK, T* dV, int vec, int chunk) {
+template <class T> __device__ void fa_bwd_ws(const AttnGeom& g, const T* dY, const T* Q, const T* K, const T* V, const float* lse, const float* delta, float* dqa, T* dK, T* dV, int vec, int chunk) {
     constexpr int DP = 64, TILE = FB_B * DP * 2, ST = FA_BWS_ST;
     // Shared memory: K[2], V[2], dSᵀ[2 consumers][2], ST stages of (Q, dY), then
     // [ST][2][64] floats (log2 LSE, delta), then the mbarriers full[ST], empty[ST], kv.
     const unsigned sK = smem_u32(fa_base()), sV = sK + 2 * TILE, sdS = sK + 4 * TILE, sQ = sK + 8 * TILE;
-    // (DEEP: Pᵀ[2 consumers][2] after the stages, the rest moved up by them)
-    constexpr int XT = DEEP ? 4 : 0;
-    const unsigned sP = sK + (8 + 2 * ST) * TILE;
-    float* sLD = (float*)(fa_base() + (8 + 2 * ST + XT) * TILE);
-    const unsigned bars = sK + (8 + 2 * ST + XT) * TILE + ST * 2 * FB_B * 4;
+    float* sLD = (float*)(fa_base() + (8 + 2 * ST) * TILE);
+    const unsigned bars = sK + (8 + 2 * ST) * TILE + ST * 2 * FB_B * 4;
     auto full = [&](int s) { return bars + 8u * s; };
     auto empty = [&](int s) { return bars + 8u * (ST + s); };
     const unsigned kvbar = bars + 16u * ST;
@@ -1887,12 +1880,7 @@ template <class T, bool DEEP> __device__ void fa_bwd_ws(const AttnGeom& g, const
     // Issues dV, dK and dQ of stream tile `it` (the n-th this consumer computes); one group.
     auto grads = [&](int it, int n) {
         const unsigned st = sQ + (it % ST) * 2 * TILE, ds = sdSc + (n & 1) * TILE;
-        if constexpr (DEEP) {
-#pragma unroll
-            for (int kc = 0; kc < 4; ++kc) Wg<T, 1>::ss(dv, wg_desc_k(sP + (2 * c + (n & 1)) * TILE, kc), wg_desc_mn(st + TILE, kc), 1);
-        } else {
-            wg_pb<T>(dv, pa, st + TILE);
-        }
+        wg_pb<T>(dv, pa, st + TILE);
 #pragma unroll
         for (int kc = 0; kc < 4; ++kc) Wg<T, 1>::ss(dk, wg_desc_k(ds, kc), wg_desc_mn(st, kc), 1);
 #pragma unroll
@@ -1960,122 +1948,6 @@ template <class T, bool DEEP> __device__ void fa_bwd_ws(const AttnGeom& g, const
         fa_wg_bar(1 + c);
     };
     mb_wait(kvbar, 0);
-    if constexpr (DEEP) {
-        // (zeros made opaque: constant accumulators get copied in where wgmma is in flight)
-        wg_keep(dk);
-        wg_keep(dv);
-        // The next tile this consumer sees after `it` (waits for it; releases those it skips).
-        auto next = [&](int it) {
-#pragma unroll 1
-            for (++it; it < total; ++it) {
-                mb_wait(full(it % ST), (unsigned)((it / ST) & 1));
-                if (sees(it)) break;
-                arrive_warp(empty(it % ST));
-            }
-            return it;
-        };
-        auto issue_sdp = [&](int it) {
-            const unsigned st = sQ + (it % ST) * 2 * TILE;
-            wg_fence();
-#pragma unroll
-            for (int kc = 0; kc < 4; ++kc) Wg<T, 0>::ss(s, wg_desc_k(sKc, kc), wg_desc_k(st, kc), kc);
-            wg_commit();
-#pragma unroll
-            for (int kc = 0; kc < 4; ++kc) Wg<T, 0>::ss(dp, wg_desc_k(sVc, kc), wg_desc_k(st + TILE, kc), kc);
-            wg_commit();
-        };
-        // Softmax and dS of tile `it` (the n-th computed): its Sᵀ and dPᵀ are the oldest
-        // groups pending, then (unless first) the previous tile's gradients.
-        auto front = [&](int it, int n, bool first) {
-            const int sb = it % ST;
-            const i64 i0 = i_start + (i64)(it % ntq) * FB_B;
-            if (first) wg_wait_n(1);
-            wg_keep(s);
-            const bool edge = g.causal && i0 < kc0 + FB_B;
-            const float* L = sLD + sb * 128;
-            const float* Dl = L + 64;
-#pragma unroll
-            for (int nb = 0; nb < 8; ++nb)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) s[nb][e] = fmaf(s[nb][e], sl2, -L[nb * 8 + 2 * tq + (e & 1)]);
-            if (edge) fa_edge<T, false>(g, s, nullptr, 0, 0, key0, i0, 1);
-#pragma unroll
-            for (int nb = 0; nb < 8; ++nb)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) s[nb][e] = fa_ex2(s[nb][e]);
-            if (first) wg_wait_late(g, 0);
-            wg_keep(dp);
-#pragma unroll
-            for (int nb = 0; nb < 8; ++nb)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) dp[nb][e] = s[nb][e] * (dp[nb][e] - Dl[nb * 8 + 2 * tq + (e & 1)]);
-            unsigned pn[4][4], da[4][4];
-            pack_a<T>(pn, s);
-            pack_a<T>(da, dp);
-            // (slot n & 1 of Pᵀ and dSᵀ was last read by the gradients two tiles back, waited
-            // for; the A operands of all products in shared memory: no registers held)
-            store_afrag64(sP + (2 * c + (n & 1)) * TILE, warp * 16, pn);
-            store_afrag64(sdSc + (n & 1) * TILE, warp * 16, da);
-            fence_async_smem();
-        };
-        // After the wait for tile `prev`'s gradients: its dQ out, its stage released.
-        auto retire = [&](int prev, bool release) {
-            wg_keep(dv);
-            wg_keep(dk);
-            wg_keep(dq);
-            add_dq(prev);
-            if (release) arrive_warp(empty(prev % ST));
-        };
-        // The gradients of tile `it` (n-th), once every warp's Pᵀ and dSᵀ are stored.
-        auto launch_g = [&](int it, int n) {
-            fa_wg_bar(1 + c);
-            wg_keep(dv);
-            wg_keep(dk);
-            wg_keep(dq);
-            wg_fence();
-            grads(it, n);
-        };
-        // ptxas proves a wait count > 0 only for groups committed since the loop's top: the
-        // next tile's Sᵀ/dPᵀ cross the back edge and are waited for with 0 at the top (under
-        // the barrier), the gradients are issued and retired within one iteration.
-        int it = next(-1);
-        if (it < total) {
-            issue_sdp(it);
-            front(it, 0, true);
-            int prev = it, np = 0, n = 1, nx = next(it);
-            if (nx < total) {
-                issue_sdp(nx);
-#pragma unroll 1
-                for (;;) {
-                    it = nx;
-                    fa_wg_bar(1 + c);
-                    wg_wait();
-                    wg_keep(s);
-                    wg_keep(dp);
-                    wg_keep(dv);
-                    wg_keep(dk);
-                    wg_keep(dq);
-                    wg_fence();
-                    grads(prev, np);
-                    front(it, n, false);
-                    nx = next(it);
-                    if (nx >= total) break;
-                    issue_sdp(nx);
-                    wg_wait_n(2);
-                    retire(prev, true);
-                    prev = it;
-                    np = n++;
-                }
-                wg_wait();
-                retire(prev, true);
-                prev = it;
-                np = n;
-            }
-            launch_g(prev, np);
-            wg_wait();
-            retire(prev, false);
-        }
-    } else {
     // (The first computed tile apart, so that `first` is a constant in each step: a
     // run-time wgmma wait count serializes the products.)
     int it = 0;
@@ -2108,21 +1980,18 @@ template <class T, bool DEEP> __device__ void fa_bwd_ws(const AttnGeom& g, const
         wg_keep_a(pa);
         add_dq(prev);
     }
-    }
     float sc = (float)g.scale;
     store_acc<T, DP>(dK + att_off(g, ATT_K, b, hk, 0), g.st[ATT_K][2], dk, kc0 + warp * 16, g.skv, (int)g.d, sc, sc);
     store_acc<T, DP>(dV + att_off(g, ATT_V, b, hk, 0), g.st[ATT_V][2], dv, kc0 + warp * 16, g.skv, (int)g.dv, 1.f, 1.f);
 }
 // (sm_90a only: elsewhere an empty body the host never launches)
-#define INST_FA_BWS(T, S, K, DEEP)                                                                                          \
-    extern "C" __global__ void __launch_bounds__(384, 1) K##_##S##_64(AttnGeom g, const T* dy, const T* q, const T* k,      \
+#define INST_FA_BWS(T, S)                                                                                                   \
+    extern "C" __global__ void __launch_bounds__(384, 1) fa_bws_##S##_64(AttnGeom g, const T* dy, const T* q, const T* k,  \
         const T* v, const float* lse, const float* delta, float* dqa, T* dk, T* dv, int vec, int chunk) {                    \
-        if constexpr (FA_HAVE_WG) fa_bwd_ws<T, DEEP>(g, dy, q, k, v, lse, delta, dqa, dk, dv, vec, chunk);                  \
+        if constexpr (FA_HAVE_WG) fa_bwd_ws<T>(g, dy, q, k, v, lse, delta, dqa, dk, dv, vec, chunk);                        \
     }
-INST_FA_BWS(bf16, bf16, fa_bws, false)
-INST_FA_BWS(f16, f16, fa_bws, false)
-INST_FA_BWS(bf16, bf16, fa_bwsd, true)
-INST_FA_BWS(f16, f16, fa_bwsd, true)
+INST_FA_BWS(bf16, bf16)
+INST_FA_BWS(f16, f16)
 
 // ---------------------------------------------------------------------------------------
 // f32: 64×64 tiles on CUDA cores, 256 threads; thread (ty, tx) = (tid / 16, tid % 16) holds

@@ -512,8 +512,7 @@ enum Fast {
 /// the one pass with dQ summed by atomics, `bwd1` that one pass in one warpgroup a 64-key
 /// tile (cuda/flash.cu fa_bwd_wg) instead of the warp-specialized one (fa_bwd_ws, without
 /// masks; `bws1`, `bws16`: its key blocks head after head, or in chunks of 16 kv heads
-/// instead of 8; `bws0`: each consumer's products not overlapped across query tiles, the
-/// kernel before the deeper overlap).
+/// instead of 8).
 fn kernel_choice() -> &'static str {
     static CHOICE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     CHOICE.get_or_init(|| std::env::var("GRAPHRUN_CUDA_ATTENTION").unwrap_or_default())
@@ -805,9 +804,7 @@ fn fast_backward(
                 // memory: K and V of both, two dSᵀ tiles each, the ring of (Q, dY) tiles,
                 // its LSE and delta, the mbarriers.
                 let tile = FA_T * 64 * 2;
-                // (`fa_bwsd`: 4 tiles more, Pᵀ of each consumer in a ring of 2)
-                let deep = kernel_choice() != "bws0";
-                let smem = (8 + 2 * FA_BWS_ST + if deep { 4 } else { 0 }) * tile
+                let smem = (8 + 2 * FA_BWS_ST) * tile
                     + FA_BWS_ST * 2 * FA_T * 4
                     + (2 * FA_BWS_ST + 1) * 8
                     + SMEM_ALIGN;
@@ -830,9 +827,7 @@ fn fast_backward(
                 };
                 a.push(Arg::I32(chunk));
                 let grid = (skv.div_ceil(2 * FA_T) as u32 * kgrid.1, 1, 1);
-                // `bws0`: without the deeper overlap (fa_bwd_ws<T, false>).
-                let base = if deep { "fa_bwsd" } else { "fa_bws" };
-                let name = format!("{base}_{sfx}_64");
+                let name = format!("fa_bws_{sfx}_64");
                 launch_grid(&c.dev, &c.stream, &name, grid, 384, smem, &a)?;
             } else {
                 let mut a = common(g);
