@@ -1784,12 +1784,7 @@ __device__ __forceinline__ void fa_wg_bar(int id) { asm volatile("bar.sync %0, 1
 // Grid: one dimension, (128-key block, kv head) items in chunks of `chunk` heads: a chunk's
 // first key blocks (the longest under causal) of all its heads first, then the second...
 // (chunk 1: head after head, key blocks in order).
-// DEEP (kernels fa_bwsd_*): dV and dK of a tile are left in flight across the loop's back
-// edge (accumulating products no other code reads until the end, the one kind of crossing
-// group ptxas keeps pipelined): dV issued from P in registers right after the dS math, under
-// dQ's atomics, the dSᵀ stores and the barrier; dK after the barrier; dQ of the previous tile
-// issued with Sᵀ/dPᵀ at the top and retired in the same iteration.
-template <class T, bool DEEP> __device__ void fa_bwd_ws(const AttnGeom& g, const T* dY, const T* Q, const T* K, const T* V, const float* lse, const float* delta, float* dqa, T* dK, T* dV, int vec, int chunk) {
+template <class T> __device__ void fa_bwd_ws(const AttnGeom& g, const T* dY, const T* Q, const T* K, const T* V, const float* lse, const float* delta, float* dqa, T* dK, T* dV, int vec, int chunk) {
     constexpr int DP = 64, TILE = FB_B * DP * 2, ST = FA_BWS_ST;
     // Shared memory: K[2], V[2], dSᵀ[2 consumers][2], ST stages of (Q, dY), then
     // [ST][2][64] floats (log2 LSE, delta), then the mbarriers full[ST], empty[ST], kv.
@@ -1912,15 +1907,7 @@ template <class T, bool DEEP> __device__ void fa_bwd_ws(const AttnGeom& g, const
 #pragma unroll
         for (int kc = 0; kc < 4; ++kc) Wg<T, 0>::ss(dp, wg_desc_k(sVc, kc), wg_desc_k(st + TILE, kc), kc);
         wg_commit();
-        if constexpr (DEEP) {
-            if (!first) {
-#pragma unroll
-                for (int kc = 0; kc < 4; ++kc) WgT<T, 1>::ss(dq, wg_desc_mn(sdSc + ((n - 1) & 1) * TILE, kc), wg_desc_mn(sKc, kc), kc);
-                wg_commit();
-            }
-        } else {
-            if (!first) grads(prev, n - 1);
-        }
+        if (!first) grads(prev, n - 1);
         wg_wait_n(first ? 1 : 2);
         wg_keep(s);
         const bool edge = g.causal && i0 < kc0 + FB_B;
@@ -1941,30 +1928,6 @@ template <class T, bool DEEP> __device__ void fa_bwd_ws(const AttnGeom& g, const
         for (int nb = 0; nb < 8; ++nb)
 #pragma unroll
             for (int e = 0; e < 4; ++e) dp[nb][e] = s[nb][e] * (dp[nb][e] - Dl[nb * 8 + 2 * tq + (e & 1)]);
-        if constexpr (DEEP) {
-            wg_keep(s);
-            wg_keep(dp);
-            if (!first) wg_wait_late(g, 0);  // dQ of prev (dV/dK of prev retired with Sᵀ)
-            wg_keep(dq);
-            wg_keep_a(pa);
-            pack_a<T>(pa, s);
-            unsigned da[4][4];
-            pack_a<T>(da, dp);
-            wg_fence();
-            wg_pb<T>(dv, pa, st + TILE);
-            wg_commit();
-            if (!first) {
-                add_dq(prev);
-                arrive_warp(empty(prev % ST));
-            }
-            store_afrag64(sdSc + (n & 1) * TILE, warp * 16, da);
-            fence_async_smem();
-            fa_wg_bar(1 + c);
-            wg_fence();
-#pragma unroll
-            for (int kc = 0; kc < 4; ++kc) Wg<T, 1>::ss(dk, wg_desc_k(sdSc + (n & 1) * TILE, kc), wg_desc_mn(st, kc), 1);
-            wg_commit();
-        } else {
         if (!first) {
             wg_keep(s);  // (P and dS before the wait)
             wg_keep(dp);
@@ -1983,7 +1946,6 @@ template <class T, bool DEEP> __device__ void fa_bwd_ws(const AttnGeom& g, const
         // (dSᵀ is read by the next grads: every warp's rows, through the async proxy)
         fence_async_smem();
         fa_wg_bar(1 + c);
-        }
     };
     mb_wait(kvbar, 0);
     // (The first computed tile apart, so that `first` is a constant in each step: a
@@ -2010,13 +1972,7 @@ template <class T, bool DEEP> __device__ void fa_bwd_ws(const AttnGeom& g, const
             ++n;
         }
         wg_fence();
-        if constexpr (DEEP) {
-#pragma unroll
-            for (int kc = 0; kc < 4; ++kc) WgT<T, 1>::ss(dq, wg_desc_mn(sdSc + ((n - 1) & 1) * TILE, kc), wg_desc_mn(sKc, kc), kc);
-            wg_commit();
-        } else {
-            grads(prev, n - 1);
-        }
+        grads(prev, n - 1);
         wg_wait();
         wg_keep(dv);
         wg_keep(dk);
@@ -2032,11 +1988,7 @@ template <class T, bool DEEP> __device__ void fa_bwd_ws(const AttnGeom& g, const
 #define INST_FA_BWS(T, S)                                                                                                   \
     extern "C" __global__ void __launch_bounds__(384, 1) fa_bws_##S##_64(AttnGeom g, const T* dy, const T* q, const T* k,  \
         const T* v, const float* lse, const float* delta, float* dqa, T* dk, T* dv, int vec, int chunk) {                    \
-        if constexpr (FA_HAVE_WG) fa_bwd_ws<T, false>(g, dy, q, k, v, lse, delta, dqa, dk, dv, vec, chunk);                 \
-    }                                                                                                                       \
-    extern "C" __global__ void __launch_bounds__(384, 1) fa_bwsd_##S##_64(AttnGeom g, const T* dy, const T* q, const T* k, \
-        const T* v, const float* lse, const float* delta, float* dqa, T* dk, T* dv, int vec, int chunk) {                    \
-        if constexpr (FA_HAVE_WG) fa_bwd_ws<T, true>(g, dy, q, k, v, lse, delta, dqa, dk, dv, vec, chunk);                  \
+        if constexpr (FA_HAVE_WG) fa_bwd_ws<T>(g, dy, q, k, v, lse, delta, dqa, dk, dv, vec, chunk);                        \
     }
 INST_FA_BWS(bf16, bf16)
 INST_FA_BWS(f16, f16)

@@ -512,8 +512,7 @@ enum Fast {
 /// the one pass with dQ summed by atomics, `bwd1` that one pass in one warpgroup a 64-key
 /// tile (cuda/flash.cu fa_bwd_wg) instead of the warp-specialized one (fa_bwd_ws, without
 /// masks; `bws1`, `bws16`: its key blocks head after head, or in chunks of 16 kv heads
-/// instead of 8; `bws0`: its dK/dV products not left in flight across query tiles, the
-/// kernel before that change).
+/// instead of 8).
 fn kernel_choice() -> &'static str {
     static CHOICE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     CHOICE.get_or_init(|| std::env::var("GRAPHRUN_CUDA_ATTENTION").unwrap_or_default())
@@ -828,13 +827,7 @@ fn fast_backward(
                 };
                 a.push(Arg::I32(chunk));
                 let grid = (skv.div_ceil(2 * FA_T) as u32 * kgrid.1, 1, 1);
-                // `bws0`: dK/dV not left in flight across query tiles (fa_bwd_ws<T, false>).
-                let base = if kernel_choice() == "bws0" {
-                    "fa_bws"
-                } else {
-                    "fa_bwsd"
-                };
-                let name = format!("{base}_{sfx}_64");
+                let name = format!("fa_bws_{sfx}_64");
                 launch_grid(&c.dev, &c.stream, &name, grid, 384, smem, &a)?;
             } else {
                 let mut a = common(g);
