@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Fills DEST (default ../main/.carry-attn, git-ignored there) for one of the attention
 # device scripts, DEVICE (default device_attn.sh; device_fwd.sh and device_bws.sh are the
-# forward and backward A/B runs of session 5): graphrun and the attention/grad test
-# executables (stripped; TESTS names them), the kernels precompiled for sm_90a
-# (scripts/precompile_kernels.py; NVRTC names libnvrtc.so.13 here).
-#   scripts/carry_attn.sh [DEST] [DEVICE]
+# forward and backward A/B runs of session 5, device_tf32.sh the f32/tf32 ones of session
+# 4): graphrun and the attention/grad test executables (stripped; TESTS names them), the
+# kernels precompiled for sm_90a (scripts/precompile_kernels.py; NVRTC names
+# libnvrtc.so.13 here). BASE=DIR (a carry folder of this script from an earlier commit)
+# adds its graphrun (base.tgz) and kernels, for device_tf32.sh to measure side by side.
+#   [TESTS="cuda ..."] [BASE=DIR] scripts/carry_attn.sh [DEST] [DEVICE]
 set -eu
 cd "$(dirname "$0")/.."
 DEST=${1:-../main/.carry-attn}
@@ -24,5 +26,11 @@ cp ${CARGO_TARGET_DIR:-target}/release/graphrun /tmp/carry_attn_bin/graphrun
 strip /tmp/carry_attn_bin/graphrun /tmp/carry_attn_bin/tests/*
 tar czf "$DEST/bin.tgz" -C /tmp/carry_attn_bin .
 python3 scripts/precompile_kernels.py "$DEST/kcache"
+if [ -n "${BASE:-}" ]; then
+    rm -rf /tmp/carry_attn_base && mkdir -p /tmp/carry_attn_base
+    tar xzf "$BASE/bin.tgz" -C /tmp/carry_attn_base ./graphrun
+    tar czf "$DEST/base.tgz" -C /tmp/carry_attn_base graphrun
+    cp -n "$BASE"/kcache/*.cubin "$DEST/kcache/"
+fi
 cp "scripts/$DEVICE" "$DEST/"
 du -sh "$DEST"

@@ -4,7 +4,9 @@
 # 3xTF32 kernels), then `graphrun bench` of attention (and gpt_block) — tf32 (one TF32 pass),
 # f32 (default: 3xTF32), f32 forced onto 3xTF32 and onto CUDA cores fs_* (=simt) — with this
 # tree's graphrun and, where the carry has one (base.tgz), an earlier graphrun side by side
-# in the same call. Carried by scripts/carry_tf32.sh; run from the repository root as
+# in the same call. Carried by `TESTS="cuda cuda_3xtf32 cuda_f32_simt ops_attention
+# ops_attention_grad grad" scripts/carry_attn.sh ../main/.carry-tf32 device_tf32.sh`
+# ([BASE=DIR]); run from the repository root as
 #   bash .carry-tf32/device_tf32.sh      (C=.carry-NAME to name another carry folder)
 set -u
 C=$PWD/${C:-.carry-tf32}
