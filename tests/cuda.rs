@@ -312,20 +312,9 @@ fn attention_3d_same_as_cpu(
 
 #[test]
 fn attention_3d_matches_cpu() {
-    let heads = |hq: i64, hkv: i64, causal: i64| {
-        vec![
-            ("is_causal", A::Int(causal)),
-            ("q_num_heads", A::Int(hq)),
-            ("kv_num_heads", A::Int(hkv)),
-        ]
-    };
-    let qkv = |b, hq, hkv, sq, skv, d, dv, seed| {
-        [
-            pack_heads(&randn(&[b, hq, sq, d], seed)),
-            pack_heads(&randn(&[b, hkv, skv, d], seed + 1)),
-            pack_heads(&randn(&[b, hkv, skv, dv], seed + 2)),
-        ]
-    };
+    let heads = |hq, hkv, causal| heads_attrs(hq, hkv, causal == 1);
+    let qkv =
+        |b, hq, hkv, sq, skv, d, dv, seed| attention_qkv([b, hq, hkv, sq, skv, d, dv], seed, true);
     // gpt_block's heads of 64 (the tiled kernels), GQA, causal with Sq ≠ Skv.
     attention_3d_same_as_cpu(&heads(4, 2, 1), qkv(2, 4, 2, 300, 200, 64, 64, 80), None, 3);
     attention_3d_same_as_cpu(&heads(2, 2, 1), qkv(1, 2, 2, 130, 260, 64, 64, 83), None, 3);

@@ -257,11 +257,7 @@ fn attention_several_tiles_match_cpu() {
     // both mask kinds (one fully masked row), VarlenAttention across block boundaries.
     let causal = [("is_causal", A::Int(1))];
     let qkv = |b, hq, hkv, sq, skv, d, dv, seed| {
-        [
-            inp(randn(&[b, hq, sq, d], seed)),
-            inp(randn(&[b, hkv, skv, d], seed + 1)),
-            inp(randn(&[b, hkv, skv, dv], seed + 2)),
-        ]
+        attention_qkv([b, hq, hkv, sq, skv, d, dv], seed, false).map(inp)
     };
     attention_same_as_cpu(
         "Attention",
@@ -324,19 +320,9 @@ fn attention_several_tiles_match_cpu() {
 fn attention_3d_matches_cpu() {
     // The 3-D form [B, S, H·D], read in place through the shaders' row strides: GQA and
     // causal with more queries than keys over several tiles, both mask kinds, Dv ≠ D.
-    let heads = |hq: i64, hkv: i64, causal: i64| {
-        vec![
-            ("is_causal", A::Int(causal)),
-            ("q_num_heads", A::Int(hq)),
-            ("kv_num_heads", A::Int(hkv)),
-        ]
-    };
+    let heads = |hq, hkv, causal| heads_attrs(hq, hkv, causal == 1);
     let qkv = |b, hq, hkv, sq, skv, d, dv, seed| {
-        [
-            inp(pack_heads(&randn(&[b, hq, sq, d], seed))),
-            inp(pack_heads(&randn(&[b, hkv, skv, d], seed + 1))),
-            inp(pack_heads(&randn(&[b, hkv, skv, dv], seed + 2))),
-        ]
+        attention_qkv([b, hq, hkv, sq, skv, d, dv], seed, true).map(inp)
     };
     attention_same_as_cpu(
         "Attention",

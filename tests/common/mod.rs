@@ -606,6 +606,34 @@ pub fn split_last(t: &Tensor, ws: &[usize]) -> Vec<Tensor> {
         .collect()
 }
 
+/// The attributes of a 3-D Attention: `hq` query heads, `hkv` key/value heads.
+pub fn heads_attrs(hq: usize, hkv: usize, causal: bool) -> Vec<(&'static str, AttrValue)> {
+    vec![
+        ("is_causal", AttrValue::Int(causal as i64)),
+        ("q_num_heads", AttrValue::Int(hq as i64)),
+        ("kv_num_heads", AttrValue::Int(hkv as i64)),
+    ]
+}
+
+/// Random Q [B, Hq, Sq, D], K [B, Hkv, Skv, D], V [B, Hkv, Skv, Dv] (seeds `seed`..`seed`+2)
+/// from `[b, hq, hkv, sq, skv, d, dv]`; `packed`: in the 3-D layout [B, S, H·D] instead.
+pub fn attention_qkv(dims: [usize; 7], seed: u64, packed: bool) -> [Tensor; 3] {
+    let [b, hq, hkv, sq, skv, d, dv] = dims;
+    let t = |shape: [usize; 4], k| {
+        let t = randn(&shape, seed + k);
+        if packed {
+            pack_heads(&t)
+        } else {
+            t
+        }
+    };
+    [
+        t([b, hq, sq, d], 0),
+        t([b, hkv, skv, d], 1),
+        t([b, hkv, skv, dv], 2),
+    ]
+}
+
 /// Attention with packed QKV (K and V omitted, rule `attention_qkv`), forward and
 /// backward on `backend` against the CPU, in `dts`: multi-head at D = 64 (CUDA's
 /// tensor-core kernels) causal and not, grouped-query at D = 16. The backward runs from
@@ -619,11 +647,7 @@ pub fn packed_qkv_same_as_cpu(backend: BackendKind, dts: &[DType]) {
     .iter()
     .enumerate()
     {
-        let attrs = [
-            ("is_causal", AttrValue::Int(causal as i64)),
-            ("q_num_heads", AttrValue::Int(hq as i64)),
-            ("kv_num_heads", AttrValue::Int(hkv as i64)),
-        ];
+        let attrs = heads_attrs(hq, hkv, causal);
         let seed = 700 + 10 * n as u64;
         let qkv = randn(&[b, s, (hq + 2 * hkv) * d], seed);
         let dy = randn(&[b, s, hq * d], seed + 1);
