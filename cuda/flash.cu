@@ -385,6 +385,18 @@ template <class T, bool MASK> __device__ __forceinline__ void fa_edge(const Attn
         }
 }
 
+// Stores four 8 × 8 matrices of 16-bit elements (the A-fragment layout of mma.sync: lane
+// 8i..8i+7 gives the row addresses of matrix i).
+__device__ __forceinline__ void stsm4(unsigned a, const unsigned* r) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1,%2,%3,%4};" ::"r"(a), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]) : "memory");
+}
+// The warp's 16 rows from r0 of a swizzled 64-column tile, from A fragments (the inverse
+// of load_afrag).
+__device__ __forceinline__ void store_afrag64(unsigned base, int r0, const unsigned (*a)[4]) {
+    int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int kc = 0; kc < 4; ++kc) stsm4(sw_addr<64>(base, r0 + (lane & 7) + ((lane >> 3) & 1) * 8, kc * 2 + (lane >> 4)), a[kc]);
+}
 // Stores a 16 × DP accumulator (rows row0 + g, row0 + g + 8; row stride `rs`) times
 // per-row factors.
 template <class T, int DP> __device__ __forceinline__ void store_acc(T* dst, i64 rs, const float (*acc)[4], i64 row0, i64 nrows, int width, float f0, float f1) {
@@ -399,6 +411,45 @@ template <class T, int DP> __device__ __forceinline__ void store_acc(T* dst, i64
             int c = nd * 8 + 2 * tq;
             if (c < width) dst[r * rs + c] = st<T>(acc[nd][2 * half] * f);
             if (c + 1 < width) dst[r * rs + c + 1] = st<T>(acc[nd][2 * half + 1] * f);
+        }
+    }
+}
+
+// A named barrier of the 128 threads of one warpgroup.
+__device__ __forceinline__ void fa_wg_bar(int id) { asm volatile("bar.sync %0, 128;" ::"r"(id) : "memory"); }
+
+// Stores a warpgroup's 64 × 64 accumulator (this warp's rows 16·warp .. + 15) times the row
+// factors f0 / f1 (rows gq / gq + 8) to rows row0 .. row0 + 63 of `dst` (row stride `rs`;
+// rows ≥ nrows left out): packed to 16-bit pairs, stmatrix'd into the warpgroup's swizzled
+// 8 KiB tile at `buf` (free by now), then, after the warpgroup's named barrier `bar`, one
+// 16-byte store per 8 columns of a row (4 a thread). Needs `vec` and 64 columns; otherwise
+// store_acc. (store_acc's 16-bit stores, each waiting for the one before, took ~18 % of the
+// consumers' time in ncu's warp-stall sampling of fa_fwd_ws and fa_bws.)
+template <class T> __device__ __forceinline__ void store_tile_wg(T* dst, i64 rs, const float (*acc)[4], i64 row0, i64 nrows, int width, int vec, float f0, float f1, unsigned buf, int bar) {
+    const int warp = (threadIdx.x >> 5) & 3, t = threadIdx.x & 127;
+    if (!vec || width != 64) {
+        store_acc<T, 64>(dst, rs, acc, row0 + warp * 16, nrows, width, f0, f1);
+        return;
+    }
+    float x[8][4];
+#pragma unroll
+    for (int nd = 0; nd < 8; ++nd) {
+        x[nd][0] = acc[nd][0] * f0;
+        x[nd][1] = acc[nd][1] * f0;
+        x[nd][2] = acc[nd][2] * f1;
+        x[nd][3] = acc[nd][3] * f1;
+    }
+    unsigned a[4][4];
+    pack_a<T>(a, x);
+    store_afrag64(buf, warp * 16, a);
+    fa_wg_bar(bar);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        const int r = (t >> 3) + 16 * k, ch = t & 7;
+        if (row0 + r < nrows) {
+            unsigned v0, v1, v2, v3;
+            asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];" : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3) : "r"(sw_addr<64>(buf, r, ch)) : "memory");
+            asm volatile("st.global.v4.b32 [%0], {%1,%2,%3,%4};" ::"l"(dst + (row0 + r) * rs + ch * 8), "r"(v0), "r"(v1), "r"(v2), "r"(v3) : "memory");
         }
     }
 }
@@ -440,7 +491,8 @@ __device__ __forceinline__ void fa_online(float (*s)[4], float* m, float* l, flo
 }
 
 // Y and LSE of a warp's 16 rows from row0 (O not yet divided by l).
-template <class T, int DP> __device__ __forceinline__ void fa_finish(const AttnGeom& g, T* Y, float* lse, i64 b, i64 h, i64 bh, const float (*o)[4], i64 row0, const float* m, const float* l_) {
+// WG (fa_fwd_ws): Y through the warpgroup's tile at `buf` (store_tile_wg, barrier `bar`).
+template <class T, int DP, bool WG = false> __device__ __forceinline__ void fa_finish(const AttnGeom& g, T* Y, float* lse, i64 b, i64 h, i64 bh, const float (*o)[4], i64 row0, const float* m, const float* l_, int vec = 0, unsigned buf = 0, int bar = 0) {
     int tq = threadIdx.x & 3, gq = (threadIdx.x & 31) >> 2;
     float l0 = l_[0], l1 = l_[1];
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
@@ -448,7 +500,9 @@ template <class T, int DP> __device__ __forceinline__ void fa_finish(const AttnG
     l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
     // A row that sees no key gives 0 and LSE -inf.
-    store_acc<T, DP>(Y + att_off(g, ATT_Y, b, h, 0), g.st[ATT_Y][2], o, row0, g.sq, (int)g.dv, l0 > 0.f ? 1.f / l0 : 0.f, l1 > 0.f ? 1.f / l1 : 0.f);
+    const float f0 = l0 > 0.f ? 1.f / l0 : 0.f, f1 = l1 > 0.f ? 1.f / l1 : 0.f;
+    if constexpr (WG) store_tile_wg<T>(Y + att_off(g, ATT_Y, b, h, 0), g.st[ATT_Y][2], o, row0 - 16 * ((threadIdx.x >> 5) & 3), g.sq, (int)g.dv, vec, f0, f1, buf, bar);
+    else store_acc<T, DP>(Y + att_off(g, ATT_Y, b, h, 0), g.st[ATT_Y][2], o, row0, g.sq, (int)g.dv, f0, f1);
     i64 r0 = row0 + gq, r1 = r0 + 8;
     if (lse && tq == 0) {
         if (r0 < g.sq) lse[bh * g.sq + r0] = l0 > 0.f ? (m[0] + log2f(l0)) * FA_LN2 : neg_inf(0.f);
@@ -991,7 +1045,8 @@ template <class T, bool MASK, int NC> __device__ void fa_fwd_ws(const AttnGeom& 
             mb_wait(full(ut % ST), (ut / ST) & 1);
             arrive_warp(empty(ut % ST));
         }
-        fa_finish<T, DP>(g, Y, lse, b, h, bh, o, rw, m, l);
+        // (Y through this consumer's Q rows, read by no product any more)
+        fa_finish<T, DP, true>(g, Y, lse, b, h, bh, o, rw, m, l, vec, sQ + c * 64 * DP * 2, 1 + c);
     }
 }
 
@@ -1500,18 +1555,6 @@ template <int TB> struct WgT<f16, TB> {
     }
 };
 
-// Stores four 8 × 8 matrices of 16-bit elements (the A-fragment layout of mma.sync: lane
-// 8i..8i+7 gives the row addresses of matrix i).
-__device__ __forceinline__ void stsm4(unsigned a, const unsigned* r) {
-    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1,%2,%3,%4};" ::"r"(a), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]) : "memory");
-}
-// The warp's 16 rows from r0 of a swizzled 64-column tile, from A fragments (the inverse
-// of load_afrag).
-__device__ __forceinline__ void store_afrag64(unsigned base, int r0, const unsigned (*a)[4]) {
-    int lane = threadIdx.x & 31;
-#pragma unroll
-    for (int kc = 0; kc < 4; ++kc) stsm4(sw_addr<64>(base, r0 + (lane & 7) + ((lane >> 3) & 1) * 8, kc * 2 + (lane >> 4)), a[kc]);
-}
 __device__ __forceinline__ void red_add2(float* p, float a, float b) {
     asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(p), "f"(a), "f"(b) : "memory");
 }
@@ -1779,8 +1822,6 @@ INST_FA_BWD1_ALL(f16, f16)
 // second consumer passes over the query tile of its first 64 keys (waits and releases it).
 // No mask, no dMask (the host keeps fa_bwd_wg for those).
 #define FA_BWS_ST 4
-// Named barrier `id` of the 128 threads of one warpgroup.
-__device__ __forceinline__ void fa_wg_bar(int id) { asm volatile("bar.sync %0, 128;" ::"r"(id) : "memory"); }
 // Grid: one dimension, (128-key block, kv head) items in chunks of `chunk` heads: a chunk's
 // first key blocks (the longest under causal) of all its heads first, then the second...
 // (chunk 1: head after head, key blocks in order).
@@ -1981,8 +2022,9 @@ template <class T> __device__ void fa_bwd_ws(const AttnGeom& g, const T* dY, con
         add_dq(prev);
     }
     float sc = (float)g.scale;
-    store_acc<T, DP>(dK + att_off(g, ATT_K, b, hk, 0), g.st[ATT_K][2], dk, kc0 + warp * 16, g.skv, (int)g.d, sc, sc);
-    store_acc<T, DP>(dV + att_off(g, ATT_V, b, hk, 0), g.st[ATT_V][2], dv, kc0 + warp * 16, g.skv, (int)g.dv, 1.f, 1.f);
+    // (through this consumer's K and V tiles, read by no product any more)
+    store_tile_wg<T>(dK + att_off(g, ATT_K, b, hk, 0), g.st[ATT_K][2], dk, kc0, g.skv, (int)g.d, vec, sc, sc, sKc, 1 + c);
+    store_tile_wg<T>(dV + att_off(g, ATT_V, b, hk, 0), g.st[ATT_V][2], dv, kc0, g.skv, (int)g.dv, vec, 1.f, 1.f, sVc, 1 + c);
 }
 // (sm_90a only: elsewhere an empty body the host never launches)
 #define INST_FA_BWS(T, S)                                                                                                   \

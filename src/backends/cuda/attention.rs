@@ -664,7 +664,8 @@ fn fast_forward(
         Arg::Ptr(mask),
         Arg::Ptr(y),
         Arg::Ptr(lse),
-        Arg::I32(vec_ok(&g, q.dtype(), &[q.p, k.p, v.p])),
+        // (y too: the warp-specialized kernel stores Y's rows 16 bytes at a time)
+        Arg::I32(vec_ok(&g, q.dtype(), &[q.p, k.p, v.p, y])),
     ];
     match f {
         Fast::Mma(64) if c.dev.cc == (9, 0) && !matches!(kernel_choice(), "mma" | "wg") => {
@@ -767,7 +768,8 @@ fn fast_backward(
     };
     let qgrid = (sq.div_ceil(FA_T) as u32, (b * g.hq as usize) as u32, 1);
     let kgrid = (skv.div_ceil(FA_T) as u32, (b * g.hkv as usize) as u32, 1);
-    let vec = vec_ok(&g, q.dtype(), &[dy.p, q.p, k.p, v.p, y]);
+    // (dK and dV too: fa_bws stores their rows 16 bytes at a time)
+    let vec = vec_ok(&g, q.dtype(), &[dy.p, q.p, k.p, v.p, y, dk, dv]);
     let mut aq = common(g);
     aq.extend([Arg::Ptr(dq), Arg::Ptr(dmask), Arg::I32(vec)]);
     if let Fast::Mma(_) = f {
