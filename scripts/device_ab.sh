@@ -5,7 +5,7 @@
 # base, REPS rounds interleaved, then (NCU=1) both builds' attention kernel times of one
 # bf16 training step under ncu. Carried by
 #   TESTS="cuda ops_attention ops_attention_grad grad" BASE=DIR scripts/carry_attn.sh DEST device_ab.sh
-# and run as  [ROWS="attention:bf16:fwd ..."] [REPS=2] [NCU=1] [SKIP_TESTS=1] bash DEST/device_ab.sh
+# and run as  [ROWS="attention:bf16:fwd attention:bf16:train:MODE ..."] (MODE: GRAPHRUN_CUDA_ATTENTION) [REPS=2] [NCU=1] [SKIP_TESTS=1] bash DEST/device_ab.sh
 set -u
 C=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/out}
@@ -31,12 +31,13 @@ fi
 ROWS=${ROWS:-attention:bf16:fwd attention:bf16:train attention:f16:fwd gpt_block:bf16:fwd gpt_block:bf16:train}
 for rep in $(seq 1 ${REPS:-2}); do
     for row in $ROWS; do
-        IFS=: read w d p <<< "$row"
+        IFS=: read w d p m <<< "$row"
         flag=; [ $p = train ] && flag=--backward
+        env=; [ -n "$m" ] && env=GRAPHRUN_CUDA_ATTENTION=$m
         for b in new base; do
             G=$X/graphrun; [ $b = base ] && G=$X/base/graphrun
             [ -x $G ] || continue
-            timeout 60 $G bench models/$w.yaml --backend cuda --dtype $d $flag --iters 30 --warmup 5 --json $R/${w}_${d}_${p}_${b}_$rep.json > /dev/null 2>&1
+            env $env timeout 60 $G bench models/$w.yaml --backend cuda --dtype $d $flag --iters 30 --warmup 5 --json $R/${w}_${d}_${p}${m:+-$m}_${b}_$rep.json > /dev/null 2>&1
         done
     done
 done
