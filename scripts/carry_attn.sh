@@ -12,6 +12,9 @@ cd "$(dirname "$0")/.."
 DEST=${1:-../main/.carry-attn}
 DEVICE=${2:-device_attn.sh}
 TESTS=${TESTS:-cuda ops_attention ops_attention_grad grad}
+# (own temporary folder: several of these may run at once from different worktrees)
+T=$(mktemp -d /tmp/carry_attn.XXXXXX)
+trap 'rm -rf "$T"' EXIT
 cargo build --release
 cargo test --release --no-run --message-format=json $(printf -- '--test %s ' $TESTS) 2>/dev/null | python3 -c '
 import sys, json
@@ -19,17 +22,17 @@ for l in sys.stdin:
     try: j = json.loads(l)
     except ValueError: continue
     if j.get("executable") and j.get("profile", {}).get("test"): print(j["executable"])
-' > /tmp/carry_attn_exes.txt
-rm -rf "$DEST" /tmp/carry_attn_bin && mkdir -p "$DEST" /tmp/carry_attn_bin/tests
-for f in $(cat /tmp/carry_attn_exes.txt); do n=$(basename "$f"); cp "$f" /tmp/carry_attn_bin/tests/${n%-*}; done
-cp ${CARGO_TARGET_DIR:-target}/release/graphrun /tmp/carry_attn_bin/graphrun
-strip /tmp/carry_attn_bin/graphrun /tmp/carry_attn_bin/tests/*
-tar czf "$DEST/bin.tgz" -C /tmp/carry_attn_bin .
+' > $T/exes.txt
+rm -rf "$DEST" $T/bin && mkdir -p "$DEST" $T/bin/tests
+for f in $(cat $T/exes.txt); do n=$(basename "$f"); cp "$f" $T/bin/tests/${n%-*}; done
+cp ${CARGO_TARGET_DIR:-target}/release/graphrun $T/bin/graphrun
+strip $T/bin/graphrun $T/bin/tests/*
+tar czf "$DEST/bin.tgz" -C $T/bin .
 python3 scripts/precompile_kernels.py "$DEST/kcache"
 if [ -n "${BASE:-}" ]; then
-    rm -rf /tmp/carry_attn_base && mkdir -p /tmp/carry_attn_base
-    tar xzf "$BASE/bin.tgz" -C /tmp/carry_attn_base ./graphrun
-    tar czf "$DEST/base.tgz" -C /tmp/carry_attn_base graphrun
+    rm -rf $T/base && mkdir -p $T/base
+    tar xzf "$BASE/bin.tgz" -C $T/base ./graphrun
+    tar czf "$DEST/base.tgz" -C $T/base graphrun
     cp -n "$BASE"/kcache/*.cubin "$DEST/kcache/"
 fi
 cp "scripts/$DEVICE" "$DEST/"
