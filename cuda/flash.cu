@@ -2045,7 +2045,11 @@ INST_FA_BWS(f16, f16)
 // item's epilogue overlap. Item fields are decoded once by the producer's thread 0 into a
 // slot beside the K/V buffer (b, kv head, first key; first key −1 ends the walk). Index
 // math in 32 bits (the dqa tile and LSE/delta rows as counters, no 64-bit division).
-template <class T> __device__ void fa_bwd_wsp(const AttnGeom& g, const T* dY, const T* Q, const T* K, const T* V, const float* lse, const float* delta, float* dqa, T* dK, T* dV, int vec, int chunk, int nbh, int* work) {
+// LATE: a tile's dQ atomics issued after the dSᵀ barrier instead of before its stores (the
+// barrier's proxy fence then does not wait for them). ALD: LSE and delta copied by cp.async
+// with the stage (rows past Sq zero-filled: their Q and dY rows are zero, so they add
+// nothing) and scaled by log2 e in the consumer, instead of loaded and stored by the producer.
+template <class T, bool LATE, bool ALD> __device__ void fa_bwd_wsp(const AttnGeom& g, const T* dY, const T* Q, const T* K, const T* V, const float* lse, const float* delta, float* dqa, T* dK, T* dV, int vec, int chunk, int nbh, int* work) {
     constexpr int DP = 64, TILE = FB_B * DP * 2, ST = FA_BWS_ST;
     static_assert(ST == 4, "stage index and parity are shifts");
     // Shared memory: K[2 buffers][2 consumers], V[2][2], dSᵀ[2 consumers][2], ST stages of
@@ -2136,7 +2140,10 @@ template <class T> __device__ void fa_bwd_wsp(const AttnGeom& g, const T* dY, co
                     load_tile<DP, 128>(st + TILE, (const unsigned short*)dY + att_off(g, ATT_Y, b, h, i0), g.st[ATT_Y][2], FB_B, qv, (int)g.dv, vec);
                     const int r = threadIdx.x & 63;
                     const i64 row = (i64)bh * sq + i0 + r;
-                    if (threadIdx.x < 64) {
+                    if (ALD) {
+                        const float* src = threadIdx.x < 64 ? lse : delta;
+                        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_u32(sLD + s * 128 + threadIdx.x)), "l"(r < qv ? src + row : src), "r"(r < qv ? 4 : 0) : "memory");
+                    } else if (threadIdx.x < 64) {
                         float L = r < qv ? lse[row] : neg_inf(0.f);
                         sLD[s * 128 + r] = L == neg_inf(L) ? -neg_inf(0.f) : L * FA_LOG2E;
                     } else {
@@ -2197,7 +2204,7 @@ template <class T> __device__ void fa_bwd_wsp(const AttnGeom& g, const T* dY, co
 #pragma unroll
         for (int nb = 0; nb < 8; ++nb)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) s[nb][e] = fmaf(s[nb][e], sl2, -L[nb * 8 + 2 * tq + (e & 1)]);
+            for (int e = 0; e < 4; ++e) s[nb][e] = fmaf(s[nb][e], sl2, -(ALD ? L[nb * 8 + 2 * tq + (e & 1)] * FA_LOG2E : L[nb * 8 + 2 * tq + (e & 1)]));
         if (edge) {
             // key − query of element (row gq + 8·(e / 2), column 8·nb + 2·tq + e % 2)
 #pragma unroll
@@ -2224,7 +2231,7 @@ template <class T> __device__ void fa_bwd_wsp(const AttnGeom& g, const T* dY, co
             wg_keep(dk);
             wg_keep(dq);
             wg_keep_a(pa);
-            add_dq(pdqi);
+            if (!LATE) add_dq(pdqi);
             arrive_warp(empty(psb));
         }
         pack_a<T>(pa, s);
@@ -2234,6 +2241,7 @@ template <class T> __device__ void fa_bwd_wsp(const AttnGeom& g, const T* dY, co
         // (dSᵀ is read by the next grads: every warp's rows, through the async proxy)
         fence_async_smem();
         fa_wg_bar(1 + c);
+        if (LATE && !first) add_dq(pdqi);
     };
     unsigned gs = 0;  // stream tiles consumed (all items)
 #pragma unroll 1
@@ -2315,13 +2323,16 @@ template <class T> __device__ void fa_bwd_wsp(const AttnGeom& g, const T* dY, co
         arrive_warp(kvempty(buf));
     }
 }
-#define INST_FA_BWSP(T, S)                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(384, 1) fa_bwsp_##S##_64(AttnGeom g, const T* dy, const T* q, const T* k, \
-        const T* v, const float* lse, const float* delta, float* dqa, T* dk, T* dv, int vec, int chunk, int nbh, int* work) { \
-        if constexpr (FA_HAVE_WG) fa_bwd_wsp<T>(g, dy, q, k, v, lse, delta, dqa, dk, dv, vec, chunk, nbh, work);           \
+// (fa_bwsp<LATE><ALD>_*)
+#define INST_FA_BWSP(T, S, LATE, ALD)                                                                                         \
+    extern "C" __global__ void __launch_bounds__(384, 1) fa_bwsp##LATE##ALD##_##S##_64(AttnGeom g, const T* dy, const T* q,   \
+        const T* k, const T* v, const float* lse, const float* delta, float* dqa, T* dk, T* dv, int vec, int chunk, int nbh, \
+        int* work) {                                                                                                          \
+        if constexpr (FA_HAVE_WG) fa_bwd_wsp<T, LATE, ALD>(g, dy, q, k, v, lse, delta, dqa, dk, dv, vec, chunk, nbh, work);   \
     }
-INST_FA_BWSP(bf16, bf16)
-INST_FA_BWSP(f16, f16)
+#define INST_FA_BWSP_ALL(T, S) INST_FA_BWSP(T, S, 0, 0) INST_FA_BWSP(T, S, 1, 0) INST_FA_BWSP(T, S, 0, 1) INST_FA_BWSP(T, S, 1, 1)
+INST_FA_BWSP_ALL(bf16, bf16)
+INST_FA_BWSP_ALL(f16, f16)
 
 // ---------------------------------------------------------------------------------------
 // f32: 64×64 tiles on CUDA cores, 256 threads; thread (ty, tx) = (tid / 16, tid % 16) holds
