@@ -800,13 +800,6 @@ __device__ __forceinline__ void mb_wait(unsigned bar, unsigned par) {
                      : "=r"(ok) : "r"(bar), "r"(par), "r"(10000000u) : "memory");
     } while (!ok);
 }
-// Whether the phase of parity `par` of the mbarrier at `bar` has completed, without waiting.
-__device__ __forceinline__ bool mb_test(unsigned bar, unsigned par) {
-    unsigned ok;
-    asm volatile("{ .reg .pred p; mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-                 : "=r"(ok) : "r"(bar), "r"(par) : "memory");
-    return ok != 0;
-}
 // Registers a thread of this warpgroup may hold from here on (a multiple of 8, 24..256).
 template <int N> __device__ __forceinline__ void wg_setmaxnreg_dec() {
 #if FA_HAVE_WG
@@ -2052,13 +2045,15 @@ INST_FA_BWS(f16, f16)
 // item's epilogue overlap. Item fields are decoded once by the producer's thread 0 into a
 // slot beside the K/V buffer (b, kv head, first key; first key −1 ends the walk). Index
 // math in 32 bits (the dqa tile and LSE/delta rows as counters, no 64-bit division).
-// A tile's dQ atomics go out after the dSᵀ barrier (before it, the barrier's proxy fence
-// waited for them: 585-590 µs instead of 520-525 for the attention workload on the H100).
-// ALD: LSE and delta copied by cp.async with the stage (rows past Sq zero-filled: their Q and
-// dY rows are zero, so they add nothing) and scaled by log2 e in the consumer, instead of
-// loaded and stored by the producer. PRE: the next stage's `full` phase tested (without
-// blocking) while this tile's products run, so that a tile already there costs no wait.
-template <class T, bool ALD, bool PRE> __device__ void fa_bwd_wsp(const AttnGeom& g, const T* dY, const T* Q, const T* K, const T* V, const float* lse, const float* delta, float* dqa, T* dK, T* dV, int vec, int chunk, int nbh, int* work) {
+// LATE: a tile's dQ atomics issued after the dSᵀ barrier instead of before its stores (the
+// barrier's proxy fence waited for them: 585-590 µs against 520-525 for the attention
+// workload on the H100; only LATE is instantiated). ALD: LSE and delta copied by cp.async
+// with the stage (rows past Sq zero-filled: their Q and dY rows are zero, so they add
+// nothing) and scaled by log2 e in the consumer, instead of loaded and stored by the
+// producer (1-2 % faster). (Small edits here moved the kernel by ±10 µs through ptxas's
+// schedule — the diagonal tile tested as ti == tmin instead of ti == c cost 11-15 µs: check
+// the SASS and measure against this form.)
+template <class T, bool LATE, bool ALD> __device__ void fa_bwd_wsp(const AttnGeom& g, const T* dY, const T* Q, const T* K, const T* V, const float* lse, const float* delta, float* dqa, T* dK, T* dV, int vec, int chunk, int nbh, int* work) {
     constexpr int DP = 64, TILE = FB_B * DP * 2, ST = FA_BWS_ST;
     static_assert(ST == 4, "stage index and parity are shifts");
     // Shared memory: K[2 buffers][2 consumers], V[2][2], dSᵀ[2 consumers][2], ST stages of
@@ -2196,9 +2191,6 @@ template <class T, bool ALD, bool PRE> __device__ void fa_bwd_wsp(const AttnGeom
     // the one before, n > 0): Sᵀ and dPᵀ of it, the gradients of the previous under its
     // softmax, then P and dSᵀ of it left for the next. `edge`: the causal diagonal tile (its
     // first query is this consumer's first key).
-    unsigned gs = 0;  // stream tiles consumed (all items)
-    // (`ready`: PRE's test of the stage after this one)
-    bool ready = false;
     auto step = [&](unsigned sb, bool edge, unsigned psb, int pdqi, int n, bool first, unsigned sKc, unsigned sVc) {
         const unsigned st = sQ + sb * 2 * TILE;
         wg_fence();
@@ -2209,7 +2201,6 @@ template <class T, bool ALD, bool PRE> __device__ void fa_bwd_wsp(const AttnGeom
         for (int kc = 0; kc < 4; ++kc) Wg<T, 0>::ss(dp, wg_desc_k(sVc, kc), wg_desc_k(st + TILE, kc), kc);
         wg_commit();
         if (!first) grads(psb, n - 1, sKc);
-        if (PRE) ready = mb_test(full((sb + 1) & (ST - 1)), ((gs + 1) >> 2) & 1);
         wg_wait_n(first ? 1 : 2);
         wg_keep(s);
         const float* L = sLD + sb * 128;
@@ -2244,6 +2235,7 @@ template <class T, bool ALD, bool PRE> __device__ void fa_bwd_wsp(const AttnGeom
             wg_keep(dk);
             wg_keep(dq);
             wg_keep_a(pa);
+            if (!LATE) add_dq(pdqi);
             arrive_warp(empty(psb));
         }
         pack_a<T>(pa, s);
@@ -2253,8 +2245,9 @@ template <class T, bool ALD, bool PRE> __device__ void fa_bwd_wsp(const AttnGeom
         // (dSᵀ is read by the next grads: every warp's rows, through the async proxy)
         fence_async_smem();
         fa_wg_bar(1 + c);
-        if (!first) add_dq(pdqi);
+        if (LATE && !first) add_dq(pdqi);
     };
+    unsigned gs = 0;  // stream tiles consumed (all items)
 #pragma unroll 1
     for (int j = 0;; ++j) {
         const int buf = j & 1;
@@ -2272,7 +2265,7 @@ template <class T, bool ALD, bool PRE> __device__ void fa_bwd_wsp(const AttnGeom
         {
             const int i_start = causal ? k0 : 0, ntq = sq > i_start ? (sq - i_start + FB_B - 1) / FB_B : 0, total = ntq * grp;
             // This consumer's keys see query tile ti of a head iff it has keys and (causal)
-            // the tile's first row ≥ kc0, i.e. ti ≥ c; the diagonal tile is ti == c (== tmin).
+            // the tile's first row ≥ kc0, i.e. ti ≥ c; the diagonal tile is ti == c.
             const int tmin = kc0 >= skv ? ntq : causal ? c : 0;
             // The walk's position: tile ti of the head, dqi its dqa tile.
             int ti = 0, dqi = ((sl[0] * hq + sl[1] * grp) * ntqa + (i_start >> 6));
@@ -2295,21 +2288,20 @@ template <class T, bool ALD, bool PRE> __device__ void fa_bwd_wsp(const AttnGeom
                 next();
             }
             if (t < total) {
-                step(gs & (ST - 1), causal && ti == tmin, 0, 0, 0, true, sKc, sVc);
+                step(gs & (ST - 1), causal && ti == c, 0, 0, 0, true, sKc, sVc);
                 unsigned psb = gs & (ST - 1);
                 int pdqi = dqi, n = 1;
                 next();
 #pragma unroll 1
                 for (++t; t < total; ++t) {
                     const unsigned sb = gs & (ST - 1);
-                    if (!PRE || !ready) mb_wait(full(sb), (gs >> 2) & 1);
-                    ready = false;
+                    mb_wait(full(sb), (gs >> 2) & 1);
                     if (ti < tmin) {
                         arrive_warp(empty(sb));
                         next();
                         continue;
                     }
-                    step(sb, causal && ti == tmin, psb, pdqi, n, false, sKc, sVc);
+                    step(sb, causal && ti == c, psb, pdqi, n, false, sKc, sVc);
                     psb = sb;
                     pdqi = dqi;
                     ++n;
@@ -2335,14 +2327,14 @@ template <class T, bool ALD, bool PRE> __device__ void fa_bwd_wsp(const AttnGeom
         arrive_warp(kvempty(buf));
     }
 }
-// (fa_bwsp<ALD><PRE>_*)
-#define INST_FA_BWSP(T, S, ALD, PRE)                                                                                          \
-    extern "C" __global__ void __launch_bounds__(384, 1) fa_bwsp##ALD##PRE##_##S##_64(AttnGeom g, const T* dy, const T* q,    \
+// (fa_bwsp<LATE><ALD>_*)
+#define INST_FA_BWSP(T, S, LATE, ALD)                                                                                         \
+    extern "C" __global__ void __launch_bounds__(384, 1) fa_bwsp##LATE##ALD##_##S##_64(AttnGeom g, const T* dy, const T* q,   \
         const T* k, const T* v, const float* lse, const float* delta, float* dqa, T* dk, T* dv, int vec, int chunk, int nbh, \
         int* work) {                                                                                                          \
-        if constexpr (FA_HAVE_WG) fa_bwd_wsp<T, ALD, PRE>(g, dy, q, k, v, lse, delta, dqa, dk, dv, vec, chunk, nbh, work);    \
+        if constexpr (FA_HAVE_WG) fa_bwd_wsp<T, LATE, ALD>(g, dy, q, k, v, lse, delta, dqa, dk, dv, vec, chunk, nbh, work);   \
     }
-#define INST_FA_BWSP_ALL(T, S) INST_FA_BWSP(T, S, 0, 0) INST_FA_BWSP(T, S, 1, 0) INST_FA_BWSP(T, S, 1, 1)
+#define INST_FA_BWSP_ALL(T, S) INST_FA_BWSP(T, S, 1, 0) INST_FA_BWSP(T, S, 1, 1)
 INST_FA_BWSP_ALL(bf16, bf16)
 INST_FA_BWSP_ALL(f16, f16)
 
