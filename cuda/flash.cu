@@ -2052,10 +2052,10 @@ INST_FA_BWS(f16, f16)
 // nothing) and scaled by log2 e in the consumer, instead of loaded and stored by the
 // producer (1-2 % faster). (Small edits here moved the kernel by ±10 µs through ptxas's
 // schedule — the diagonal tile tested as ti == tmin instead of ti == c cost 11-15 µs: check
-// the SASS and measure against this form.)
-// LATE == 2: as 1, each dQ pair of lanes swaps halves (shuffles) so that a lane adds 4
-// contiguous floats (8 `red.v4` a tile instead of 16 `red.v2`).
-template <class T, int LATE, bool ALD> __device__ void fa_bwd_wsp(const AttnGeom& g, const T* dY, const T* Q, const T* K, const T* V, const float* lse, const float* delta, float* dqa, T* dK, T* dV, int vec, int chunk, int nbh, int* work) {
+// the SASS and measure against this form. Also measured and removed: the next stage's phase
+// tested early (mbarrier.test_wait under the products), +5-9 µs; dQ by red.v4 with lane
+// pairs swapping halves by shuffle, +35 µs: docs/bench-h100/attention-notes.md, session 6.)
+template <class T, bool LATE, bool ALD> __device__ void fa_bwd_wsp(const AttnGeom& g, const T* dY, const T* Q, const T* K, const T* V, const float* lse, const float* delta, float* dqa, T* dK, T* dV, int vec, int chunk, int nbh, int* work) {
     constexpr int DP = 64, TILE = FB_B * DP * 2, ST = FA_BWS_ST;
     static_assert(ST == 4, "stage index and parity are shifts");
     // Shared memory: K[2 buffers][2 consumers], V[2][2], dSᵀ[2 consumers][2], ST stages of
@@ -2184,21 +2184,6 @@ template <class T, int LATE, bool ALD> __device__ void fa_bwd_wsp(const AttnGeom
     };
     auto add_dq = [&](int dqi) {
         float* p = dqa + (size_t)(unsigned)dqi * 4096u;
-        if (LATE == 2) {
-            // Even lanes add row half 0 of theirs and their odd neighbour's columns, odd lanes
-            // half 1 (FA_DQA: lane l's pair is at 2l, so lanes l, l + 1 are 16 contiguous bytes).
-            const bool odd = lane & 1;
-#pragma unroll
-            for (int nb = 0; nb < 8; ++nb) {
-                const float r0 = __shfl_xor_sync(0xffffffffu, odd ? dq[nb][0] : dq[nb][2], 1);
-                const float r1 = __shfl_xor_sync(0xffffffffu, odd ? dq[nb][1] : dq[nb][3], 1);
-                float* q = p + FA_DQA(warp, nb, odd ? 1 : 0, lane & ~1);
-                asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(q), "f"(odd ? r0 : dq[nb][0]), "f"(odd ? r1 : dq[nb][1]),
-                             "f"(odd ? dq[nb][2] : r0), "f"(odd ? dq[nb][3] : r1)
-                             : "memory");
-            }
-            return;
-        }
 #pragma unroll
         for (int half = 0; half < 2; ++half)
 #pragma unroll
@@ -2351,7 +2336,7 @@ template <class T, int LATE, bool ALD> __device__ void fa_bwd_wsp(const AttnGeom
         int* work) {                                                                                                          \
         if constexpr (FA_HAVE_WG) fa_bwd_wsp<T, LATE, ALD>(g, dy, q, k, v, lse, delta, dqa, dk, dv, vec, chunk, nbh, work);   \
     }
-#define INST_FA_BWSP_ALL(T, S) INST_FA_BWSP(T, S, 1, 0) INST_FA_BWSP(T, S, 1, 1) INST_FA_BWSP(T, S, 2, 1)
+#define INST_FA_BWSP_ALL(T, S) INST_FA_BWSP(T, S, 1, 0) INST_FA_BWSP(T, S, 1, 1)
 INST_FA_BWSP_ALL(bf16, bf16)
 INST_FA_BWSP_ALL(f16, f16)
 

@@ -513,8 +513,7 @@ enum Fast {
 /// tile (cuda/flash.cu fa_bwd_wg) instead of the warp-specialized one (without masks: by
 /// default its persistent form fa_bwd_wsp with a work counter, `bpst` that with items
 /// strided over the CTAs (`bp2`, `bps2`: either on 2 CTAs, for tests; `bp10` its form with
-/// LSE/delta loaded by the producer, `bp21` with dQ added 16 bytes an atomic), `bnp` the
-/// one CTA
+/// LSE/delta loaded by the producer), `bnp` the one CTA
 /// an item fa_bwd_ws; `bws1`, `bws16`: fa_bwd_ws
 /// with its key blocks head after head, or in chunks of 16 kv heads instead of 8).
 fn kernel_choice() -> &'static str {
@@ -874,11 +873,7 @@ fn fast_backward(
                     };
                     let grid = (items.min(ctas) as u32, 1, 1);
                     // (flash.cu fa_bwd_wsp<LATE, ALD>: `bp10` LSE/delta loaded by the producer)
-                    // (`bp21`: dQ by red.v4)
-                    let form = match choice {
-                        "bp10" | "bp21" => &choice[2..],
-                        _ => "11",
-                    };
+                    let form = if choice == "bp10" { "10" } else { "11" };
                     let name = format!("fa_bwsp{form}_{sfx}_64");
                     launch_grid(&c.dev, &c.stream, &name, grid, 384, smem, &a)?;
                 } else {
