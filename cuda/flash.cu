@@ -2054,12 +2054,10 @@ INST_FA_BWS(f16, f16)
 // schedule — the diagonal tile tested as ti == tmin instead of ti == c cost 11-15 µs: check
 // the SASS and measure against this form. Also measured and removed: the next stage's phase
 // tested early (mbarrier.test_wait under the products), +5-9 µs; dQ by red.v4 with lane
-// pairs swapping halves by shuffle, +35 µs: docs/bench-h100/attention-notes.md, session 6.)
-// XI: the consumers' tiles run on across items too: the last tile's gradients of item j are
-// issued with the first Sᵀ/dPᵀ of item j + 1 (K of item j still in its buffer), and item j's
-// dK/dV are stored after their wait, inside that step; a consumer with no tile in an item
-// finishes the pending one first (its buffer must go back before the producer can load on).
-template <class T, bool LATE, bool ALD, bool XI = false> __device__ void fa_bwd_wsp(const AttnGeom& g, const T* dY, const T* Q, const T* K, const T* V, const float* lse, const float* delta, float* dqa, T* dK, T* dV, int vec, int chunk, int nbh, int* work) {
+// pairs swapping halves by shuffle, +35 µs; the consumers' tiles pipelined across items (an
+// item's last gradients issued with the next item's first Sᵀ/dPᵀ), ±0:
+// docs/bench-h100/attention-notes.md, session 6.)
+template <class T, bool LATE, bool ALD> __device__ void fa_bwd_wsp(const AttnGeom& g, const T* dY, const T* Q, const T* K, const T* V, const float* lse, const float* delta, float* dqa, T* dK, T* dV, int vec, int chunk, int nbh, int* work) {
     constexpr int DP = 64, TILE = FB_B * DP * 2, ST = FA_BWS_ST;
     static_assert(ST == 4, "stage index and parity are shifts");
     // Shared memory: K[2 buffers][2 consumers], V[2][2], dSᵀ[2 consumers][2], ST stages of
@@ -2103,14 +2101,6 @@ template <class T, bool LATE, bool ALD, bool XI = false> __device__ void fa_bwd_
 #pragma unroll 1
         for (int j = 0;; ++j) {
             const int buf = j & 1;
-            if (XI && j >= 2) {
-                // (a consumer may hold buffer `buf` until it has computed a tile of item
-                // j − 1: announce that item's last group before waiting)
-                cp_wait_all();
-                fence_async_smem();
-                if (pend) mb_arrive(pend);
-                pend = 0;
-            }
             if (j >= 2) mb_wait(kvempty(buf), (unsigned)(((j >> 1) - 1) & 1));
             volatile int* sl = slot + 4 * buf;
             if (threadIdx.x == 0) {
@@ -2201,22 +2191,11 @@ template <class T, bool LATE, bool ALD, bool XI = false> __device__ void fa_bwd_
 #pragma unroll
             for (int nb = 0; nb < 8; ++nb) red_add2(p + FA_DQA(warp, nb, half, lane), dq[nb][2 * half], dq[nb][2 * half + 1]);
     };
-    // dK and dV of the item in buffer `ob` (through this consumer's K and V tiles there,
-    // read by no product any more), then the buffer goes back to the producer.
-    auto epi = [&](int ob, const float(*ak)[4], const float(*av)[4]) {
-        volatile int* so = slot + 4 * ob;
-        const int b = so[0], hk = so[1], kc0o = so[2] + c * FB_B;
-        const float sc = (float)g.scale;
-        store_tile_wg<T>(dK + att_off(g, ATT_K, b, hk, 0), g.st[ATT_K][2], ak, kc0o, skv, (int)g.d, vec, sc, sc, sK + (2 * ob + c) * TILE, 1 + c);
-        store_tile_wg<T>(dV + att_off(g, ATT_V, b, hk, 0), g.st[ATT_V][2], av, kc0o, skv, (int)g.dv, vec, 1.f, 1.f, sV + (2 * ob + c) * TILE, 1 + c);
-        arrive_warp(kvempty(ob));
-    };
     // Stream tile in stage `sb` (the n-th computed; `psb`/`pdqi` the stage and dqa tile of
     // the one before, n > 0): Sᵀ and dPᵀ of it, the gradients of the previous under its
     // softmax, then P and dSᵀ of it left for the next. `edge`: the causal diagonal tile (its
-    // first query is this consumer's first key). XI: `sKg` the previous tile's K (for dQ),
-    // `plast`: it was its item's last (buffer `pob`): that item's dK/dV go out here.
-    auto step = [&](unsigned sb, bool edge, unsigned psb, int pdqi, int n, bool first, unsigned sKc, unsigned sVc, unsigned sKg, int pob, bool plast) {
+    // first query is this consumer's first key).
+    auto step = [&](unsigned sb, bool edge, unsigned psb, int pdqi, int n, bool first, unsigned sKc, unsigned sVc) {
         const unsigned st = sQ + sb * 2 * TILE;
         wg_fence();
 #pragma unroll
@@ -2225,7 +2204,7 @@ template <class T, bool LATE, bool ALD, bool XI = false> __device__ void fa_bwd_
 #pragma unroll
         for (int kc = 0; kc < 4; ++kc) Wg<T, 0>::ss(dp, wg_desc_k(sVc, kc), wg_desc_k(st + TILE, kc), kc);
         wg_commit();
-        if (!first) grads(psb, n - 1, sKg);
+        if (!first) grads(psb, n - 1, sKc);
         wg_wait_n(first ? 1 : 2);
         wg_keep(s);
         const float* L = sLD + sb * 128;
@@ -2262,16 +2241,6 @@ template <class T, bool LATE, bool ALD, bool XI = false> __device__ void fa_bwd_
             wg_keep_a(pa);
             if (!LATE) add_dq(pdqi);
             arrive_warp(empty(psb));
-            if (XI && plast) {
-                epi(pob, dk, dv);
-#pragma unroll
-                for (int i = 0; i < 8; ++i) {
-                    dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = 0.f;
-                    dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.f;
-                }
-                wg_keep(dk);
-                wg_keep(dv);
-            }
         }
         pack_a<T>(pa, s);
         unsigned da[4][4];
@@ -2283,86 +2252,6 @@ template <class T, bool LATE, bool ALD, bool XI = false> __device__ void fa_bwd_
         if (LATE && !first) add_dq(pdqi);
     };
     unsigned gs = 0;  // stream tiles consumed (all items)
-    if constexpr (XI) {
-        // A computed tile whose gradients are not issued yet: pend, its stage, dqa tile and
-        // buffer (item); n counts computed tiles over all items (dSᵀ slot n & 1).
-        bool pend = false;
-        unsigned psb = 0;
-        int pdqi = 0, pob = 0, n = 0;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = 0.f;
-            dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.f;
-        }
-        auto flush = [&]() {
-            wg_fence();
-            grads(psb, n - 1, sK + (2 * pob + c) * TILE);
-            wg_wait();
-            wg_keep(dv);
-            wg_keep(dk);
-            wg_keep(dq);
-            wg_keep_a(pa);
-            add_dq(pdqi);
-            arrive_warp(empty(psb));
-            epi(pob, dk, dv);
-#pragma unroll
-            for (int i = 0; i < 8; ++i) {
-                dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = 0.f;
-                dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.f;
-            }
-            pend = false;
-        };
-#pragma unroll 1
-        for (int j = 0;; ++j) {
-            const int buf = j & 1;
-            mb_wait(kvfull(buf), (unsigned)((j >> 1) & 1));
-            volatile int* sl = slot + 4 * buf;
-            const int k0 = sl[2];
-            if (k0 < 0) break;
-            const int kc0 = k0 + c * FB_B;
-            const unsigned sKc = sK + (2 * buf + c) * TILE, sVc = sV + (2 * buf + c) * TILE;
-            const int i_start = causal ? k0 : 0, ntq = sq > i_start ? (sq - i_start + FB_B - 1) / FB_B : 0, total = ntq * grp;
-            const int tmin = kc0 >= skv ? ntq : causal ? c : 0;
-            int ti = 0, dqi = ((sl[0] * hq + sl[1] * grp) * ntqa + (i_start >> 6));
-            bool fresh = true;  // no tile of this item computed yet
-            // Nothing of this item here: the pending tile's item first (its stage and buffer
-            // must go back while this item's tiles pass), zeros at the end.
-            const bool none = tmin >= ntq;
-            if (none && pend) flush();
-#pragma unroll 1
-            for (int t = 0; t < total; ++t) {
-                const unsigned sb = gs & (ST - 1);
-                mb_wait(full(sb), (gs >> 2) & 1);
-                if (ti >= tmin) {
-                    if (!pend)
-                        step(sb, causal && ti == c, 0, 0, n, true, sKc, sVc, sKc, 0, false);
-                    else
-                        step(sb, causal && ti == c, psb, pdqi, n, false, sKc, sVc, sK + (2 * pob + c) * TILE, pob, fresh);
-                    pend = true;
-                    fresh = false;
-                    psb = sb;
-                    pdqi = dqi;
-                    pob = buf;
-                    ++n;
-                } else {
-                    arrive_warp(empty(sb));
-                }
-                ++gs;
-                ++dqi;
-                if (++ti == ntq) {
-                    ti = 0;
-                    dqi += ntqa - ntq;
-                }
-            }
-            if (none) {
-#pragma unroll
-                for (int i = 0; i < 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
-                epi(buf, s, s);
-            }
-        }
-        if (pend) flush();
-        return;
-    }
 #pragma unroll 1
     for (int j = 0;; ++j) {
         const int buf = j & 1;
@@ -2403,7 +2292,7 @@ template <class T, bool LATE, bool ALD, bool XI = false> __device__ void fa_bwd_
                 next();
             }
             if (t < total) {
-                step(gs & (ST - 1), causal && ti == c, 0, 0, 0, true, sKc, sVc, sKc, 0, false);
+                step(gs & (ST - 1), causal && ti == c, 0, 0, 0, true, sKc, sVc);
                 unsigned psb = gs & (ST - 1);
                 int pdqi = dqi, n = 1;
                 next();
@@ -2416,7 +2305,7 @@ template <class T, bool LATE, bool ALD, bool XI = false> __device__ void fa_bwd_
                         next();
                         continue;
                     }
-                    step(sb, causal && ti == c, psb, pdqi, n, false, sKc, sVc, sKc, 0, false);
+                    step(sb, causal && ti == c, psb, pdqi, n, false, sKc, sVc);
                     psb = sb;
                     pdqi = dqi;
                     ++n;
@@ -2443,13 +2332,13 @@ template <class T, bool LATE, bool ALD, bool XI = false> __device__ void fa_bwd_
     }
 }
 // (fa_bwsp<LATE><ALD>_*)
-#define INST_FA_BWSP(T, S, LATE, ALD, XI, XS)                                                                                 \
-    extern "C" __global__ void __launch_bounds__(384, 1) fa_bwsp##LATE##ALD##XS##_##S##_64(AttnGeom g, const T* dy, const T* q, \
+#define INST_FA_BWSP(T, S, LATE, ALD)                                                                                         \
+    extern "C" __global__ void __launch_bounds__(384, 1) fa_bwsp##LATE##ALD##_##S##_64(AttnGeom g, const T* dy, const T* q,   \
         const T* k, const T* v, const float* lse, const float* delta, float* dqa, T* dk, T* dv, int vec, int chunk, int nbh, \
         int* work) {                                                                                                          \
-        if constexpr (FA_HAVE_WG) fa_bwd_wsp<T, LATE, ALD, XI>(g, dy, q, k, v, lse, delta, dqa, dk, dv, vec, chunk, nbh, work); \
+        if constexpr (FA_HAVE_WG) fa_bwd_wsp<T, LATE, ALD>(g, dy, q, k, v, lse, delta, dqa, dk, dv, vec, chunk, nbh, work);   \
     }
-#define INST_FA_BWSP_ALL(T, S) INST_FA_BWSP(T, S, 1, 0, false, ) INST_FA_BWSP(T, S, 1, 1, false, ) INST_FA_BWSP(T, S, 1, 1, true, x)
+#define INST_FA_BWSP_ALL(T, S) INST_FA_BWSP(T, S, 1, 0) INST_FA_BWSP(T, S, 1, 1)
 INST_FA_BWSP_ALL(bf16, bf16)
 INST_FA_BWSP_ALL(f16, f16)
 

@@ -873,12 +873,7 @@ fn fast_backward(
                     };
                     let grid = (items.min(ctas) as u32, 1, 1);
                     // (flash.cu fa_bwd_wsp<LATE, ALD>: `bp10` LSE/delta loaded by the producer)
-                    // (`bpx`, `bpx2`: XI, the consumers' tiles pipelined across items)
-                    let form = match choice {
-                        "bp10" => "10",
-                        "bpx" | "bpx2" => "11x",
-                        _ => "11",
-                    };
+                    let form = if choice == "bp10" { "10" } else { "11" };
                     let name = format!("fa_bwsp{form}_{sfx}_64");
                     launch_grid(&c.dev, &c.stream, &name, grid, 384, smem, &a)?;
                 } else {
