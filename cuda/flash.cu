@@ -2050,7 +2050,7 @@ INST_FA_BWS(f16, f16)
 // workload on the H100; only LATE is instantiated). ALD: LSE and delta copied by cp.async
 // with the stage (rows past Sq zero-filled: their Q and dY rows are zero, so they add
 // nothing) and scaled by log2 e in the consumer, instead of loaded and stored by the
-// producer (1-2 % faster). (Small edits here moved the kernel by ±10 µs through ptxas's
+// producer (3-4 µs faster). (Small edits here moved the kernel by ±10 µs through ptxas's
 // schedule — the diagonal tile tested as ti == tmin instead of ti == c cost 11-15 µs: check
 // the SASS and measure against this form. Also measured and removed: the next stage's phase
 // tested early (mbarrier.test_wait under the products), +5-9 µs; dQ by red.v4 with lane
