@@ -2037,6 +2037,313 @@ template <class T> __device__ void fa_bwd_ws(const AttnGeom& g, const T* dY, con
 INST_FA_BWS(bf16, bf16)
 INST_FA_BWS(f16, f16)
 
+// The persistent form of fa_bwd_ws (fa_bws's math, layout of a key block and consumer step
+// unchanged): one CTA an SM takes (128-key block, kv head) items — the same chunked,
+// longest-first order — one after another, from a counter `work` (zeroed by the host before
+// the launch; null: item blockIdx.x + j·gridDim.x). K/V are double-buffered: the producer
+// loads item j + 1's K/V as soon as item j − 1's consumers have stored dK/dV through them
+// (their `kvempty` arrivals), and the Q/dY ring runs on across items (its stage counter never
+// restarts), so that a CTA's prologue (K/V landing, the first stages) and the previous
+// item's epilogue overlap. Item fields are decoded once by the producer's thread 0 into a
+// slot beside the K/V buffer (b, kv head, first key; first key −1 ends the walk). Index
+// math in 32 bits (the dqa tile and LSE/delta rows as counters, no 64-bit division).
+// LATE: a tile's dQ atomics issued after the dSᵀ barrier instead of before its stores (the
+// barrier's proxy fence waited for them: 585-590 µs against 520-525 for the attention
+// workload on the H100; only LATE is instantiated). ALD: LSE and delta copied by cp.async
+// with the stage (rows past Sq zero-filled: their Q and dY rows are zero, so they add
+// nothing) and scaled by log2 e in the consumer, instead of loaded and stored by the
+// producer (3-4 µs faster). (Small edits here moved the kernel by ±10 µs through ptxas's
+// schedule — the diagonal tile tested as ti == tmin instead of ti == c cost 11-15 µs: check
+// the SASS and measure against this form. Also measured and removed: the next stage's phase
+// tested early (mbarrier.test_wait under the products), +5-9 µs; dQ by red.v4 with lane
+// pairs swapping halves by shuffle, +35 µs; the consumers' tiles pipelined across items (an
+// item's last gradients issued with the next item's first Sᵀ/dPᵀ), ±0:
+// docs/bench-h100/attention-notes.md, session 6.)
+template <class T, bool LATE, bool ALD> __device__ void fa_bwd_wsp(const AttnGeom& g, const T* dY, const T* Q, const T* K, const T* V, const float* lse, const float* delta, float* dqa, T* dK, T* dV, int vec, int chunk, int nbh, int* work) {
+    constexpr int DP = 64, TILE = FB_B * DP * 2, ST = FA_BWS_ST;
+    static_assert(ST == 4, "stage index and parity are shifts");
+    // Shared memory: K[2 buffers][2 consumers], V[2][2], dSᵀ[2 consumers][2], ST stages of
+    // (Q, dY), [ST][2][64] floats (log2 LSE, delta), the mbarriers full[ST], empty[ST],
+    // kvfull[2], kvempty[2], then the item slots [2][4] ints.
+    const unsigned sK = smem_u32(fa_base()), sV = sK + 4 * TILE, sdS = sK + 8 * TILE, sQ = sK + 12 * TILE;
+    float* sLD = (float*)(fa_base() + (12 + 2 * ST) * TILE);
+    const unsigned bars = sK + (12 + 2 * ST) * TILE + ST * 2 * FB_B * 4;
+    auto full = [&](unsigned s) { return bars + 8u * s; };
+    auto empty = [&](unsigned s) { return bars + 8u * (ST + s); };
+    auto kvfull = [&](int buf) { return bars + 8u * (2 * ST + buf); };
+    auto kvempty = [&](int buf) { return bars + 8u * (2 * ST + 2 + buf); };
+    volatile int* slot = (volatile int*)(fa_base() + (12 + 2 * ST) * TILE + ST * 2 * FB_B * 4 + 8 * (2 * ST + 4));
+    const int wg = threadIdx.x >> 7;
+    const int sq = (int)g.sq, skv = (int)g.skv, hq = (int)g.hq, grp = (int)(g.hq / g.hkv);
+    const bool causal = g.causal != 0;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < ST; ++s) {
+            mb_init(full(s), 128);
+            mb_init(empty(s), 8);
+        }
+        for (int b = 0; b < 2; ++b) {
+            mb_init(kvfull(b), 128);
+            mb_init(kvempty(b), 8);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    if (wg == 0) {
+        wg_setmaxnreg_dec<24>();
+        unsigned pend = 0;
+        auto issued = [&](unsigned bar) {
+            cp_commit();
+            asm volatile("cp.async.wait_group 1;" ::: "memory");
+            fence_async_smem();
+            if (pend) mb_arrive(pend);
+            pend = bar;
+        };
+        const int nkb = (skv + 2 * FB_B - 1) / (2 * FB_B);
+        unsigned gs = 0;  // stream tiles issued (all items)
+#pragma unroll 1
+        for (int j = 0;; ++j) {
+            const int buf = j & 1;
+            if (j >= 2) mb_wait(kvempty(buf), (unsigned)(((j >> 1) - 1) & 1));
+            volatile int* sl = slot + 4 * buf;
+            if (threadIdx.x == 0) {
+                const int t = work ? atomicAdd(work, 1) : (int)blockIdx.x + j * (int)gridDim.x;
+                if (t >= nkb * nbh) {
+                    sl[2] = -1;
+                } else {
+                    const int ci = t / (chunk * nkb), cr = t - ci * chunk * nkb;
+                    const int chb = nbh - ci * chunk < chunk ? nbh - ci * chunk : chunk;  // heads of this chunk
+                    const int kb = cr / chb, bhk = ci * chunk + (cr - kb * chb), b = bhk / (int)g.hkv;
+                    sl[0] = b;
+                    sl[1] = bhk - b * (int)g.hkv;
+                    sl[2] = kb * 2 * FB_B;
+                }
+            }
+            asm volatile("bar.sync 3, 128;" ::: "memory");
+            const int b = sl[0], hk = sl[1], k0 = sl[2];
+            if (k0 < 0) {
+                cp_wait_all();
+                fence_async_smem();
+                if (pend) mb_arrive(pend);
+                mb_arrive(kvfull(buf));
+                return;
+            }
+#pragma unroll 1
+            for (int c = 0; c < 2; ++c) {
+                const int kc0 = k0 + c * FB_B, kv = skv - kc0 < FB_B ? (skv - kc0 > 0 ? skv - kc0 : 0) : FB_B, kr = kv > 0 ? kc0 : 0;
+                const unsigned t = (2 * buf + c) * TILE;
+                load_tile<DP, 128>(sK + t, (const unsigned short*)K + att_off(g, ATT_K, b, hk, kr), g.st[ATT_K][2], FB_B, kv, (int)g.d, vec);
+                load_tile<DP, 128>(sV + t, (const unsigned short*)V + att_off(g, ATT_V, b, hk, kr), g.st[ATT_V][2], FB_B, kv, (int)g.dv, vec);
+            }
+            issued(kvfull(buf));
+            // The walk: every query tile from i_start of every query head of the kv group.
+            const int i_start = causal ? k0 : 0, ntq = sq > i_start ? (sq - i_start + FB_B - 1) / FB_B : 0;
+#pragma unroll 1
+            for (int hi = 0; hi < grp; ++hi) {
+                const int h = hk * grp + hi, bh = b * hq + h;
+#pragma unroll 1
+                for (int ti = 0; ti < ntq; ++ti, ++gs) {
+                    const unsigned s = gs & (ST - 1);
+                    if (gs >= ST) mb_wait(empty(s), ((gs >> 2) - 1) & 1);
+                    const int i0 = i_start + ti * FB_B, qv = sq - i0 < FB_B ? sq - i0 : FB_B;
+                    const unsigned st = sQ + s * 2 * TILE;
+                    load_tile<DP, 128>(st, (const unsigned short*)Q + att_off(g, ATT_Q, b, h, i0), g.st[ATT_Q][2], FB_B, qv, (int)g.d, vec);
+                    load_tile<DP, 128>(st + TILE, (const unsigned short*)dY + att_off(g, ATT_Y, b, h, i0), g.st[ATT_Y][2], FB_B, qv, (int)g.dv, vec);
+                    const int r = threadIdx.x & 63;
+                    const i64 row = (i64)bh * sq + i0 + r;
+                    if (ALD) {
+                        const float* src = threadIdx.x < 64 ? lse : delta;
+                        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_u32(sLD + s * 128 + threadIdx.x)), "l"(r < qv ? src + row : src), "r"(r < qv ? 4 : 0) : "memory");
+                    } else if (threadIdx.x < 64) {
+                        float L = r < qv ? lse[row] : neg_inf(0.f);
+                        sLD[s * 128 + r] = L == neg_inf(L) ? -neg_inf(0.f) : L * FA_LOG2E;
+                    } else {
+                        sLD[s * 128 + 64 + r] = r < qv ? delta[row] : 0.f;
+                    }
+                    issued(full(s));
+                }
+            }
+        }
+    }
+    wg_setmaxnreg_inc<240>();
+    const int c = wg - 1, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
+    const int ntqa = (sq + FB_B - 1) / FB_B;  // dqa tiles a head
+    const unsigned sdSc = sdS + c * 2 * TILE;
+    auto arrive_warp = [&](unsigned bar) {
+        __syncwarp();
+        if (lane == 0) mb_arrive(bar);
+    };
+    float dk[8][4], dv[8][4], dq[8][4], s[8][4], dp[8][4];
+    unsigned pa[4][4];  // Pᵀ of the previous tile (dSᵀ goes through shared memory)
+    const float sl2 = (float)g.scale * FA_LOG2E;
+    // Issues dV, dK and dQ of the stream tile in stage `sb` (the n-th this consumer computes
+    // in the item); one group.
+    auto grads = [&](unsigned sb, int n, unsigned sKc) {
+        const unsigned st = sQ + sb * 2 * TILE, ds = sdSc + (n & 1) * TILE;
+        wg_pb<T>(dv, pa, st + TILE);
+#pragma unroll
+        for (int kc = 0; kc < 4; ++kc) Wg<T, 1>::ss(dk, wg_desc_k(ds, kc), wg_desc_mn(st, kc), 1);
+#pragma unroll
+        for (int kc = 0; kc < 4; ++kc) WgT<T, 1>::ss(dq, wg_desc_mn(ds, kc), wg_desc_mn(sKc, kc), kc);
+        wg_commit();
+    };
+    auto add_dq = [&](int dqi) {
+        float* p = dqa + (size_t)(unsigned)dqi * 4096u;
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+#pragma unroll
+            for (int nb = 0; nb < 8; ++nb) red_add2(p + FA_DQA(warp, nb, half, lane), dq[nb][2 * half], dq[nb][2 * half + 1]);
+    };
+    // Stream tile in stage `sb` (the n-th computed; `psb`/`pdqi` the stage and dqa tile of
+    // the one before, n > 0): Sᵀ and dPᵀ of it, the gradients of the previous under its
+    // softmax, then P and dSᵀ of it left for the next. `edge`: the causal diagonal tile (its
+    // first query is this consumer's first key).
+    auto step = [&](unsigned sb, bool edge, unsigned psb, int pdqi, int n, bool first, unsigned sKc, unsigned sVc) {
+        const unsigned st = sQ + sb * 2 * TILE;
+        wg_fence();
+#pragma unroll
+        for (int kc = 0; kc < 4; ++kc) Wg<T, 0>::ss(s, wg_desc_k(sKc, kc), wg_desc_k(st, kc), kc);
+        wg_commit();
+#pragma unroll
+        for (int kc = 0; kc < 4; ++kc) Wg<T, 0>::ss(dp, wg_desc_k(sVc, kc), wg_desc_k(st + TILE, kc), kc);
+        wg_commit();
+        if (!first) grads(psb, n - 1, sKc);
+        wg_wait_n(first ? 1 : 2);
+        wg_keep(s);
+        const float* L = sLD + sb * 128;
+        const float* Dl = L + 64;
+#pragma unroll
+        for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[nb][e] = fmaf(s[nb][e], sl2, -(ALD ? L[nb * 8 + 2 * tq + (e & 1)] * FA_LOG2E : L[nb * 8 + 2 * tq + (e & 1)]));
+        if (edge) {
+            // key − query of element (row gq + 8·(e / 2), column 8·nb + 2·tq + e % 2)
+#pragma unroll
+            for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    if (warp * 16 + gq + (e >> 1) * 8 - (nb * 8 + 2 * tq + (e & 1)) > 0) s[nb][e] = neg_inf(0.f);
+        }
+#pragma unroll
+        for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[nb][e] = fa_ex2(s[nb][e]);
+        wg_wait_late(g, first ? 0 : 1);
+        wg_keep(dp);
+#pragma unroll
+        for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) dp[nb][e] = s[nb][e] * (dp[nb][e] - Dl[nb * 8 + 2 * tq + (e & 1)]);
+        if (!first) {
+            wg_keep(s);  // (P and dS before the wait)
+            wg_keep(dp);
+            wg_wait_late(g, 0);
+            wg_keep(dv);
+            wg_keep(dk);
+            wg_keep(dq);
+            wg_keep_a(pa);
+            if (!LATE) add_dq(pdqi);
+            arrive_warp(empty(psb));
+        }
+        pack_a<T>(pa, s);
+        unsigned da[4][4];
+        pack_a<T>(da, dp);
+        store_afrag64(sdSc + (n & 1) * TILE, warp * 16, da);
+        // (dSᵀ is read by the next grads: every warp's rows, through the async proxy)
+        fence_async_smem();
+        fa_wg_bar(1 + c);
+        if (LATE && !first) add_dq(pdqi);
+    };
+    unsigned gs = 0;  // stream tiles consumed (all items)
+#pragma unroll 1
+    for (int j = 0;; ++j) {
+        const int buf = j & 1;
+        mb_wait(kvfull(buf), (unsigned)((j >> 1) & 1));
+        volatile int* sl = slot + 4 * buf;
+        const int k0 = sl[2];
+        if (k0 < 0) break;
+        const int kc0 = k0 + c * FB_B;
+        const unsigned sKc = sK + (2 * buf + c) * TILE, sVc = sV + (2 * buf + c) * TILE;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = 0.f;
+            dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.f;
+        }
+        {
+            const int i_start = causal ? k0 : 0, ntq = sq > i_start ? (sq - i_start + FB_B - 1) / FB_B : 0, total = ntq * grp;
+            // This consumer's keys see query tile ti of a head iff it has keys and (causal)
+            // the tile's first row ≥ kc0, i.e. ti ≥ c; the diagonal tile is ti == c.
+            const int tmin = kc0 >= skv ? ntq : causal ? c : 0;
+            // The walk's position: tile ti of the head, dqi its dqa tile.
+            int ti = 0, dqi = ((sl[0] * hq + sl[1] * grp) * ntqa + (i_start >> 6));
+            auto next = [&]() {
+                ++gs;
+                ++dqi;
+                if (++ti == ntq) {
+                    ti = 0;
+                    dqi += ntqa - ntq;
+                }
+            };
+            // (The first computed tile apart, so that `first` is a constant in each step: a
+            // run-time wgmma wait count serializes the products.)
+            int t = 0;
+#pragma unroll 1
+            for (; t < total; ++t) {
+                mb_wait(full(gs & (ST - 1)), (gs >> 2) & 1);
+                if (ti >= tmin) break;
+                arrive_warp(empty(gs & (ST - 1)));
+                next();
+            }
+            if (t < total) {
+                step(gs & (ST - 1), causal && ti == c, 0, 0, 0, true, sKc, sVc);
+                unsigned psb = gs & (ST - 1);
+                int pdqi = dqi, n = 1;
+                next();
+#pragma unroll 1
+                for (++t; t < total; ++t) {
+                    const unsigned sb = gs & (ST - 1);
+                    mb_wait(full(sb), (gs >> 2) & 1);
+                    if (ti < tmin) {
+                        arrive_warp(empty(sb));
+                        next();
+                        continue;
+                    }
+                    step(sb, causal && ti == c, psb, pdqi, n, false, sKc, sVc);
+                    psb = sb;
+                    pdqi = dqi;
+                    ++n;
+                    next();
+                }
+                wg_fence();
+                grads(psb, n - 1, sKc);
+                wg_wait();
+                wg_keep(dv);
+                wg_keep(dk);
+                wg_keep(dq);
+                wg_keep_a(pa);
+                add_dq(pdqi);
+                arrive_warp(empty(psb));
+            }
+        }
+        const int b = sl[0], hk = sl[1];
+        float sc = (float)g.scale;
+        // (through this consumer's K and V tiles, read by no product any more; then the
+        // buffer goes back to the producer)
+        store_tile_wg<T>(dK + att_off(g, ATT_K, b, hk, 0), g.st[ATT_K][2], dk, kc0, skv, (int)g.d, vec, sc, sc, sKc, 1 + c);
+        store_tile_wg<T>(dV + att_off(g, ATT_V, b, hk, 0), g.st[ATT_V][2], dv, kc0, skv, (int)g.dv, vec, 1.f, 1.f, sVc, 1 + c);
+        arrive_warp(kvempty(buf));
+    }
+}
+// (fa_bwsp<LATE><ALD>_*)
+#define INST_FA_BWSP(T, S, LATE, ALD)                                                                                         \
+    extern "C" __global__ void __launch_bounds__(384, 1) fa_bwsp##LATE##ALD##_##S##_64(AttnGeom g, const T* dy, const T* q,   \
+        const T* k, const T* v, const float* lse, const float* delta, float* dqa, T* dk, T* dv, int vec, int chunk, int nbh, \
+        int* work) {                                                                                                          \
+        if constexpr (FA_HAVE_WG) fa_bwd_wsp<T, LATE, ALD>(g, dy, q, k, v, lse, delta, dqa, dk, dv, vec, chunk, nbh, work);   \
+    }
+#define INST_FA_BWSP_ALL(T, S) INST_FA_BWSP(T, S, 1, 0) INST_FA_BWSP(T, S, 1, 1)
+INST_FA_BWSP_ALL(bf16, bf16)
+INST_FA_BWSP_ALL(f16, f16)
+
 // ---------------------------------------------------------------------------------------
 // f32: 64×64 tiles on CUDA cores, 256 threads; thread (ty, tx) = (tid / 16, tid % 16) holds
 // rows ty·4 + i and columns tx·4 + j (i, j < 4) of every 64×64 product. A product's step k

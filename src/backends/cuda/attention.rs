@@ -510,9 +510,12 @@ enum Fast {
 /// the warp-specialized one (cuda/flash.cu fa_fwd_ws); for the backward, `bwd2` the
 /// f16/bf16 backward on Hopper in its two deterministic passes (dQ, then dK/dV) instead of
 /// the one pass with dQ summed by atomics, `bwd1` that one pass in one warpgroup a 64-key
-/// tile (cuda/flash.cu fa_bwd_wg) instead of the warp-specialized one (fa_bwd_ws, without
-/// masks; `bws1`, `bws16`: its key blocks head after head, or in chunks of 16 kv heads
-/// instead of 8).
+/// tile (cuda/flash.cu fa_bwd_wg) instead of the warp-specialized one (without masks: by
+/// default its persistent form fa_bwd_wsp with a work counter, `bpst` that with items
+/// strided over the CTAs (`bp2`, `bps2`: either on 2 CTAs, for tests; `bp10` its form with
+/// LSE/delta loaded by the producer), `bnp` the one CTA
+/// an item fa_bwd_ws; `bws1`, `bws16`: fa_bwd_ws
+/// with its key blocks head after head, or in chunks of 16 kv heads instead of 8).
 fn kernel_choice() -> &'static str {
     static CHOICE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     CHOICE.get_or_init(|| std::env::var("GRAPHRUN_CUDA_ATTENTION").unwrap_or_default())
@@ -803,12 +806,16 @@ fn fast_backward(
             if g.mask_kind == 0 && dmask == 0 && kernel_choice() != "bwd1" {
                 // Warp-specialized (cuda/flash.cu fa_bwd_ws): 128 keys a CTA, a producer
                 // warpgroup streaming Q/dY into a ring for two consumer warpgroups. Shared
-                // memory: K and V of both, two dSᵀ tiles each, the ring of (Q, dY) tiles,
-                // its LSE and delta, the mbarriers.
+                // memory: K and V of both (two buffers of them persistent), two dSᵀ tiles
+                // each, the ring of (Q, dY) tiles, its LSE and delta, the mbarriers (and the
+                // persistent kernel's item slots).
+                let persistent = !matches!(kernel_choice(), "bnp" | "bws1" | "bws16");
                 let tile = FA_T * 64 * 2;
-                let smem = (8 + 2 * FA_BWS_ST) * tile
+                let kv = if persistent { 8 } else { 4 };
+                let smem = (kv + 4 + 2 * FA_BWS_ST) * tile
                     + FA_BWS_ST * 2 * FA_T * 4
-                    + (2 * FA_BWS_ST + 1) * 8
+                    + (2 * FA_BWS_ST + 4) * 8
+                    + 32
                     + SMEM_ALIGN;
                 let mut a = common(g);
                 a.truncate(5); // (no mask)
@@ -828,9 +835,52 @@ fn fast_backward(
                     _ => 8,
                 };
                 a.push(Arg::I32(chunk));
-                let grid = (skv.div_ceil(2 * FA_T) as u32 * kgrid.1, 1, 1);
-                let name = format!("fa_bws_{sfx}_64");
-                launch_grid(&c.dev, &c.stream, &name, grid, 384, smem, &a)?;
+                let items = skv.div_ceil(2 * FA_T) * kgrid.1 as usize;
+                if persistent {
+                    // One CTA an SM taking the items in turn: from a counter zeroed here
+                    // (`bpst`: item blockIdx.x + j·gridDim.x, no counter). `bp2` / `bps2`:
+                    // the same on 2 CTAs (tests: many items a CTA).
+                    let choice = kernel_choice();
+                    let sms = c
+                        .dev
+                        .ctx
+                        .attribute(
+                            cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+                        )
+                        .map_err(|e| crate::err!(Runtime, "CUDA device attribute: {e:?}"))?;
+                    let work = if matches!(choice, "bpst" | "bps2") {
+                        0
+                    } else {
+                        let work = c.scratch(4)?;
+                        // Safety: `work` addresses 4 bytes of scratch that live until the
+                        // node ends.
+                        unsafe {
+                            cudarc::driver::result::memset_d8_async(
+                                work,
+                                0,
+                                4,
+                                c.stream.cu_stream(),
+                            )
+                        }
+                        .map_err(|e| crate::err!(Runtime, "CUDA memset failed: {e:?}"))?;
+                        work
+                    };
+                    a.extend([Arg::I32(kgrid.1 as i32), Arg::Ptr(work)]);
+                    let ctas = if choice.ends_with('2') {
+                        2
+                    } else {
+                        sms.max(1) as usize
+                    };
+                    let grid = (items.min(ctas) as u32, 1, 1);
+                    // (flash.cu fa_bwd_wsp<LATE, ALD>: `bp10` LSE/delta loaded by the producer)
+                    let form = if choice == "bp10" { "10" } else { "11" };
+                    let name = format!("fa_bwsp{form}_{sfx}_64");
+                    launch_grid(&c.dev, &c.stream, &name, grid, 384, smem, &a)?;
+                } else {
+                    let grid = (items as u32, 1, 1);
+                    let name = format!("fa_bws_{sfx}_64");
+                    launch_grid(&c.dev, &c.stream, &name, grid, 384, smem, &a)?;
+                }
             } else {
                 let mut a = common(g);
                 a.extend([

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Copy of scripts/device_ab.sh for branch pbwd: tests (this build) under TEST_MODES
+# (GRAPHRUN_CUDA_ATTENTION values; "default" = unset; non-default modes run only TESTS2),
+# then `graphrun bench` medians of ROWS for this build (default and each of MODES) and the
+# base, REPS rounds interleaved, then (NCU=1) attention kernel times of one bf16 training step.
+set -u
+C=$(cd "$(dirname "$0")" && pwd)
+OUT=${OUT:-/tmp/out}
+X=/tmp/ab_x KC=/tmp/ab_kcache R=$OUT/ab
+rm -rf "$X" "$KC" && mkdir -p "$R" "$X/base" "$KC"
+tar xzf "$C/bin.tgz" -C "$X"
+[ -f "$C/base.tgz" ] && tar xzf "$C/base.tgz" -C "$X/base"
+cp "$C"/kcache/*.cubin "$KC"/ 2>/dev/null
+export GRAPHRUN_REQUIRE_CUDA=1 GRAPHRUN_CUDA_CACHE=$KC
+mkdir -p /work && { [ -e /work/wt-pbwd ] || ln -s "$PWD" /work/wt-pbwd; }
+mkdir -p /work/target-pbwd/release && cp $X/graphrun /work/target-pbwd/release/graphrun 2>/dev/null
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+if [ -z "${SKIP_TESTS:-}" ]; then
+    for mode in ${TEST_MODES:-default}; do
+        if [ $mode = default ]; then unset GRAPHRUN_CUDA_ATTENTION; TL=$(ls $X/tests); else export GRAPHRUN_CUDA_ATTENTION=$mode; TL=${TESTS2:-cuda ops_attention_grad grad}; fi
+        for n in $TL; do
+            t=$X/tests/$n
+            timeout ${TEST_TIMEOUT:-200} $t --test-threads=4 > $R/test_${mode}_$n.log 2>&1
+            rc=$?
+            echo "== $mode $n rc=$rc $(grep -E '^test result' $R/test_${mode}_$n.log | tail -n 1)"
+            # (a mode whose tests fail or hang is not benched)
+            if [ $rc != 0 ]; then MODES=$(echo " ${MODES:-} " | sed "s/ ${mode%2} / /g; s/ $mode / /g"); echo "dropped $mode from MODES: '$MODES'"; fi
+            grep -E "^test .* FAILED$|panicked at" -A4 $R/test_${mode}_$n.log | head -n 20
+        done
+        grep -h "^test result" $R/test_${mode}_*.log | awk -v m=$mode '{p+=$4; f+=$6; i+=$8} END {print "TESTS " m ": " p " passed, " f " failed, " i " ignored"}'
+    done
+    unset GRAPHRUN_CUDA_ATTENTION
+fi
+ROWS=${ROWS:-attention:bf16:train attention:f16:train gpt_block:bf16:train}
+for rep in $(seq 1 ${REPS:-2}); do
+    for row in $ROWS; do
+        IFS=: read w d p <<< "$row"
+        flag=; [ $p = train ] && flag=--backward
+        for b in new base ${MODES:-}; do
+            G=$X/graphrun; [ $b = base ] && G=$X/base/graphrun
+            [ -x $G ] || continue
+            case $b in new|base) unset GRAPHRUN_CUDA_ATTENTION;; *) export GRAPHRUN_CUDA_ATTENTION=$b;; esac
+            timeout ${BENCH_TIMEOUT:-60} $G bench models/$w.yaml --backend cuda --dtype $d $flag --iters 30 --warmup 5 --json $R/${w}_${d}_${p}_${b}_$rep.json > /dev/null 2>&1
+        done
+        unset GRAPHRUN_CUDA_ATTENTION
+    done
+done
+python3 - "$R" ${MODES:-} <<'PY'
+import json, glob, os, sys, collections
+t = collections.defaultdict(list)
+for f in sorted(glob.glob(os.path.join(sys.argv[1], "*.json"))):
+    k = os.path.basename(f)[:-5].rsplit("_", 2)
+    try: t[(k[0], k[1])].append(json.load(open(f))["results"][0]["ms"])
+    except Exception as e: t[(k[0], k[1])].append(float("nan"))
+for row in sorted({r for r, _ in t}):
+    print(f"{row:24s} " + "   ".join(f"{m} {' '.join(f'{x:.3f}' for x in t[(row, m)])}" for m in ["new", "base"] + sys.argv[2:]))
+PY
+if [ -n "${NCU:-}" ]; then
+    for b in new base ${MODES:-}; do
+        G=$X/graphrun; [ $b = base ] && G=$X/base/graphrun
+        [ -x $G ] || continue
+        case $b in new|base) unset GRAPHRUN_CUDA_ATTENTION;; *) export GRAPHRUN_CUDA_ATTENTION=$b;; esac
+        timeout ${NCU_TIMEOUT:-90} ncu --clock-control none -k regex:"fa_" -c 8 --metrics gpu__time_duration.sum \
+            $G bench models/attention.yaml --backend cuda --dtype bf16 --backward --iters 1 --warmup 0 > $R/ncu_$b.log 2>&1
+        echo "ncu $b:"; grep -E "^  fa_|gpu__time_duration" $R/ncu_$b.log | paste - - | awk '{print $1, $(NF)}' | head -n 8
+        unset GRAPHRUN_CUDA_ATTENTION
+    done
+fi
