@@ -507,7 +507,8 @@ enum Fast {
 /// `GRAPHRUN_CUDA_ATTENTION=rows` keeps every problem on the row-per-warp kernels, `mma`
 /// the unmasked tensor-core ones on `mma.sync` where wgmma would run (to compare them on a
 /// device); for the forward on Hopper, `wg` takes the one-warpgroup wgmma kernel instead of
-/// the warp-specialized one (cuda/flash.cu fa_fwd_ws); for the backward, `bwd2` the
+/// the warp-specialized one (cuda/flash.cu fa_fwd_wsp, persistent; `fnp`: fa_fwd_ws, one
+/// CTA a query block); for the backward, `bwd2` the
 /// f16/bf16 backward on Hopper in its two deterministic passes (dQ, then dK/dV) instead of
 /// the one pass with dQ summed by atomics, `bwd1` that one pass in one warpgroup a 64-key
 /// tile (cuda/flash.cu fa_bwd_wg) instead of the warp-specialized one (fa_bwd_ws, without
@@ -674,16 +675,41 @@ fn fast_forward(
             // the mbarriers.
             let nc = 3; // consumer warpgroups (2 measured slower: fewer warps)
             let sfx = if g.mask_kind != 0 { "_m" } else { "" };
-            let name = format!("fa_fwd_ws{nc}_{}_64{sfx}", suffix(q.dtype()));
             let bm = 64 * nc;
-            let smem = bm * 64 * 2 + FA_WS_ST * 2 * FA_WS_BK * 64 * 2 + 128 + SMEM_ALIGN;
+            let items = sq.div_ceil(bm) as u32 * bh;
             // One dimension of (query block, head) items in chunks of 8 heads, a chunk's
             // longest blocks first (measured: 3 % faster than head after head, chunks of 16
             // within noise; docs/bench-h100/attention-notes.md, "forward, second step").
             let chunk = 8;
             let mut args = args;
             args.push(Arg::I32(chunk));
-            let grid = (sq.div_ceil(bm) as u32 * bh, 1, 1);
+            // Persistent (fa_fwd_wsp, the default): one CTA an SM taking items in that
+            // order, the first by its index, the others from a counter zeroed here (a
+            // memset node when recorded); Q double-buffered, then the item slots.
+            // `fnp`: one CTA an item (fa_fwd_ws).
+            let persistent = kernel_choice() != "fnp";
+            let (name, grid, smem) = if persistent {
+                let sms = c
+                    .dev
+                    .ctx
+                    .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+                    .map_err(|e| crate::err!(Runtime, "CUDA device attribute: {e:?}"))?;
+                let work = c.scratch(4)?;
+                // Safety: `work` addresses 4 bytes of scratch that live until the node ends.
+                unsafe {
+                    cudarc::driver::result::memset_d8_async(work, 0, 4, c.stream.cu_stream())
+                }
+                .map_err(|e| crate::err!(Runtime, "CUDA memset failed: {e:?}"))?;
+                args.push(Arg::I32(bh as i32));
+                args.push(Arg::Ptr(work));
+                let name = format!("fa_fwd_wsp{nc}_{}_64{sfx}", suffix(q.dtype()));
+                let smem = 2 * bm * 64 * 2 + FA_WS_ST * 2 * FA_WS_BK * 64 * 2 + 256 + SMEM_ALIGN;
+                (name, (items.min(sms.max(1) as u32), 1, 1), smem)
+            } else {
+                let name = format!("fa_fwd_ws{nc}_{}_64{sfx}", suffix(q.dtype()));
+                let smem = bm * 64 * 2 + FA_WS_ST * 2 * FA_WS_BK * 64 * 2 + 128 + SMEM_ALIGN;
+                (name, (items, 1, 1), smem)
+            };
             launch_grid(
                 &c.dev,
                 &c.stream,
