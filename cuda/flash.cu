@@ -1132,7 +1132,8 @@ template <class T, bool MASK, int NC> __device__ void fa_fwd_wsp(const AttnGeom&
             if (k >= 2) mb_wait(qempty(qb), ((k >> 1) - 1) & 1);
             if (threadIdx.x == 0) {
                 const int nqb = (int)((g.sq + BM - 1) / BM), sq = (int)g.sq, skv = (int)g.skv, hq = (int)g.hq;
-                const unsigned it = k == 0 ? blockIdx.x : gridDim.x + (unsigned)atomicAdd(work, 1);
+                // (work null: static striding, item blockIdx.x + k·gridDim.x, to compare)
+                const unsigned it = k == 0 ? blockIdx.x : work ? gridDim.x + (unsigned)atomicAdd(work, 1) : blockIdx.x + k * gridDim.x;
                 int b = 0, h = 0, hk = 0, q0 = -1, nt = 0;
                 if (it < (unsigned)(nqb * nbh)) {
                     // fa_fwd_ws's order: chunks of `chunk` heads, a chunk's longest blocks first.

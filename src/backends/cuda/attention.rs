@@ -694,12 +694,19 @@ fn fast_forward(
                     .ctx
                     .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
                     .map_err(|e| crate::err!(Runtime, "CUDA device attribute: {e:?}"))?;
-                let work = c.scratch(4)?;
-                // Safety: `work` addresses 4 bytes of scratch that live until the node ends.
-                unsafe {
-                    cudarc::driver::result::memset_d8_async(work, 0, 4, c.stream.cu_stream())
-                }
-                .map_err(|e| crate::err!(Runtime, "CUDA memset failed: {e:?}"))?;
+                // (`fsps`: no counter, static striding, to compare)
+                let work = if kernel_choice() == "fsps" {
+                    0
+                } else {
+                    let work = c.scratch(4)?;
+                    // Safety: `work` addresses 4 bytes of scratch that live until the node
+                    // ends.
+                    unsafe {
+                        cudarc::driver::result::memset_d8_async(work, 0, 4, c.stream.cu_stream())
+                    }
+                    .map_err(|e| crate::err!(Runtime, "CUDA memset failed: {e:?}"))?;
+                    work
+                };
                 args.push(Arg::I32(bh as i32));
                 args.push(Arg::Ptr(work));
                 let name = format!("fa_fwd_wsp{nc}_{}_64{sfx}", suffix(q.dtype()));
