@@ -1086,8 +1086,8 @@ __device__ __forceinline__ void load_tile_lean(unsigned base, const unsigned sho
 //   producer's named barrier, then Q's `qfull`); a slot with q0 < 0 ends the loop;
 // - a consumer stores its Y before passing over the stages its rows do not see (causal),
 //   so that Q's buffer frees early.
-template <class T, bool MASK, int NC> __device__ void fa_fwd_wsp(const AttnGeom& g, const T* Q, const T* K, const T* V, const void* mask, T* Y, float* lse, int vec, int chunk, int nbh, int* work) {
-    constexpr int DP = 64, BM = 64 * NC, BK = FA_WS_BK, TILE = BK * DP * 2, ST = FA_WS_ST, QT = BM * DP * 2;
+template <class T, bool MASK, int NC, int ST, bool ROT> __device__ void fa_fwd_wsp(const AttnGeom& g, const T* Q, const T* K, const T* V, const void* mask, T* Y, float* lse, int vec, int chunk, int nbh, int* work) {
+    constexpr int DP = 64, BM = 64 * NC, BK = FA_WS_BK, TILE = BK * DP * 2, QT = BM * DP * 2;
     // Shared memory: Q's two buffers (BM rows each), ST stages of K and V (TILE each), then
     // the mbarriers full[ST], empty[ST], qfull[2], qempty[2], and the two item slots (32 bytes).
     const unsigned sQ = smem_u32(fa_base());
@@ -1198,16 +1198,21 @@ template <class T, bool MASK, int NC> __device__ void fa_fwd_wsp(const AttnGeom&
         if (lane == 0) mb_arrive(bar);
     };
     unsigned T0 = 0;  // K/V tiles of the earlier items: item tile t is ring tile T0 + t
-    for (unsigned k = 0;; ++k) {
+    // ROT: the consumers take turns at the rows of the block (consumer c the 64 rows
+    // cb = c + k mod NC of item k): under causal the last rows see the most keys, and a
+    // consumer can run ahead of the others by the ring's stages only, so with fixed rows
+    // the first consumers would wait for the last ones at every item.
+    int cb = c;
+    for (unsigned k = 0;; ++k, cb = ROT ? (cb + 1 < NC ? cb + 1 : 0) : c) {
         const unsigned qb = k & 1;
         mb_wait(qfull(qb), (k >> 1) & 1);
         int b, h, q0, ntiles;
         asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];" : "=r"(b), "=r"(h), "=r"(q0), "=r"(ntiles) : "r"(slot(qb)) : "memory");
         if (q0 < 0) break;
-        const unsigned sQc = sQ + qb * QT + c * 64 * DP * 2;  // this consumer's Q rows
+        const unsigned sQc = sQ + qb * QT + cb * 64 * DP * 2;  // this consumer's Q rows
         const unsigned long long qdesc = wg_desc_k(sQc, 0);
         const int sq = (int)g.sq, skv = (int)g.skv;
-        const int rc = q0 + c * 64;  // this consumer's first row
+        const int rc = q0 + cb * 64;  // this consumer's first row
         // The tiles this consumer computes (its rows see them); it passes over the rest.
         int nt = ntiles;
         if (rc >= sq) nt = 0;
@@ -2056,15 +2061,20 @@ INST_FA(f16, f16)
 #define INST_FA_WS_M(T, S, NC) INST_FA_WS(T, S, NC, false, ) INST_FA_WS(T, S, NC, true, _m)
 INST_FA_WS_M(bf16, bf16, 3)
 INST_FA_WS_M(f16, f16, 3)
-#define INST_FA_WSP(T, S, NC, M, MS)                                                                             \
-    extern "C" __global__ void __launch_bounds__(((NC) + 1) * 128, 1) fa_fwd_wsp##NC##_##S##_64##MS(                \
+#define INST_FA_WSP(T, S, NC, M, MS, V, ST, ROT)                                                                             \
+    extern "C" __global__ void __launch_bounds__(((NC) + 1) * 128, 1) fa_fwd_wsp##NC##V##_##S##_64##MS(             \
         AttnGeom g, const T* q, const T* k, const T* v, const void* m, T* y, float* lse, int vec, int chunk, int nbh, \
         int* work) {                                                                                                  \
-        if constexpr (FA_HAVE_WG) fa_fwd_wsp<T, M, NC>(g, q, k, v, m, y, lse, vec, chunk, nbh, work);                 \
+        if constexpr (FA_HAVE_WG) fa_fwd_wsp<T, M, NC, ST, ROT>(g, q, k, v, m, y, lse, vec, chunk, nbh, work);        \
     }
-#define INST_FA_WSP_M(T, S, NC) INST_FA_WSP(T, S, NC, false, ) INST_FA_WSP(T, S, NC, true, _m)
+#define INST_FA_WSP_M(T, S, NC) INST_FA_WSP(T, S, NC, false, , , 4, true) INST_FA_WSP(T, S, NC, true, _m, , 4, true)
 INST_FA_WSP_M(bf16, bf16, 3)
 INST_FA_WSP_M(f16, f16, 3)
+// (to compare: fixed rows; 5 stages)
+INST_FA_WSP(bf16, bf16, 3, false, , f, 4, false)
+INST_FA_WSP(bf16, bf16, 3, false, , s5, 5, true)
+INST_FA_WSP(f16, f16, 3, false, , f, 4, false)
+INST_FA_WSP(f16, f16, 3, false, , s5, 5, true)
 
 // The one-pass backward (fa_bwd_wg; sm_90a only: elsewhere the host keeps fa_dq + fa_dkv)
 // and its pre- and post-passes.

@@ -709,8 +709,14 @@ fn fast_forward(
                 };
                 args.push(Arg::I32(bh as i32));
                 args.push(Arg::Ptr(work));
-                let name = format!("fa_fwd_wsp{nc}_{}_64{sfx}", suffix(q.dtype()));
-                let smem = 2 * bm * 64 * 2 + FA_WS_ST * 2 * FA_WS_BK * 64 * 2 + 256 + SMEM_ALIGN;
+                // (to compare, without masks: `fwspf` fixed rows a consumer, `fwsp5` 5 stages)
+                let (v, st) = match kernel_choice() {
+                    "fwspf" if sfx.is_empty() => ("f", FA_WS_ST),
+                    "fwsp5" if sfx.is_empty() => ("s5", 5),
+                    _ => ("", FA_WS_ST),
+                };
+                let name = format!("fa_fwd_wsp{nc}{v}_{}_64{sfx}", suffix(q.dtype()));
+                let smem = 2 * bm * 64 * 2 + st * 2 * FA_WS_BK * 64 * 2 + 256 + SMEM_ALIGN;
                 (name, (items.min(sms.max(1) as u32), 1, 1), smem)
             } else {
                 let name = format!("fa_fwd_ws{nc}_{}_64{sfx}", suffix(q.dtype()));
