@@ -1072,6 +1072,49 @@ __device__ __forceinline__ void load_tile_lean(unsigned base, const unsigned sho
     }
 }
 
+// fa_finish for fa_fwd_wsp while the next item's first S is in flight (16-byte Y rows of 64
+// columns only): no branch that may diverge within the warpgroup (ptxas would serialize the
+// wgmma around it: C7518), so the row checks predicate the stores, and the reciprocal and
+// log2 are the approximate MUFU ones (no slow paths).
+template <class T> __device__ __forceinline__ void wsp_finish(const AttnGeom& g, T* Y, float* lse, int b, int h, const float (*o)[4], int rw, const float* m, const float* l_, unsigned buf, int bar) {
+    const int tq = threadIdx.x & 3, gq = (threadIdx.x & 31) >> 2, warp = (threadIdx.x >> 5) & 3, t = threadIdx.x & 127;
+    float l0 = l_[0], l1 = l_[1];
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    // A row that sees no key gives 0 and LSE -inf.
+    const float f0 = l0 > 0.f ? __fdividef(1.f, l0) : 0.f, f1 = l1 > 0.f ? __fdividef(1.f, l1) : 0.f;
+    float x[8][4];
+#pragma unroll
+    for (int nd = 0; nd < 8; ++nd) {
+        x[nd][0] = o[nd][0] * f0;
+        x[nd][1] = o[nd][1] * f0;
+        x[nd][2] = o[nd][2] * f1;
+        x[nd][3] = o[nd][3] * f1;
+    }
+    unsigned a[4][4];
+    pack_a<T>(a, x);
+    store_afrag64(buf, warp * 16, a);
+    fa_wg_bar(bar);
+    const int sq = (int)g.sq, row0 = rw - warp * 16;
+    T* dst = Y + att_off(g, ATT_Y, b, h, 0);
+    const i64 rs = g.st[ATT_Y][2];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        const int r = (t >> 3) + 16 * k, ch = t & 7;
+        unsigned v0, v1, v2, v3;
+        asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];" : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3) : "r"(sw_addr<64>(buf, r, ch)) : "memory");
+        asm volatile("{ .reg .pred p; setp.lt.s32 p, %5, %6; @p st.global.v4.b32 [%0], {%1,%2,%3,%4}; }" ::"l"(dst + (row0 + r) * rs + ch * 8), "r"(v0), "r"(v1), "r"(v2), "r"(v3), "r"(row0 + r), "r"(sq) : "memory");
+    }
+    const int r0 = rw + gq, r1 = r0 + 8;
+    float* lrow = lse + ((i64)b * g.hq + h) * g.sq;
+    const float e0 = l0 > 0.f ? (m[0] + __log2f(l0)) * FA_LN2 : neg_inf(0.f), e1 = l1 > 0.f ? (m[1] + __log2f(l1)) * FA_LN2 : neg_inf(0.f);
+    const int st0 = lse != nullptr && tq == 0 && r0 < sq, st1 = lse != nullptr && tq == 0 && r1 < sq;
+    asm volatile("{ .reg .pred p; setp.ne.s32 p, %2, 0; @p st.global.f32 [%0], %1; }" ::"l"(lrow + r0), "f"(e0), "r"(st0) : "memory");
+    asm volatile("{ .reg .pred p; setp.ne.s32 p, %2, 0; @p st.global.f32 [%0], %1; }" ::"l"(lrow + r1), "f"(e1), "r"(st1) : "memory");
+}
+
 // The persistent form of fa_fwd_ws (the default on Hopper; fa_fwd_ws stays as
 // GRAPHRUN_CUDA_ATTENTION=fnp): one CTA an SM runs item after item (query block, batch·head,
 // in fa_fwd_ws's chunked longest-first order), the first its blockIdx.x, the next ones from
@@ -1086,8 +1129,8 @@ __device__ __forceinline__ void load_tile_lean(unsigned base, const unsigned sho
 //   producer's named barrier, then Q's `qfull`); a slot with q0 < 0 ends the loop;
 // - a consumer stores its Y before passing over the stages its rows do not see (causal),
 //   so that Q's buffer frees early.
-template <class T, bool MASK, int NC, int ST, bool ROT> __device__ void fa_fwd_wsp(const AttnGeom& g, const T* Q, const T* K, const T* V, const void* mask, T* Y, float* lse, int vec, int chunk, int nbh, int* work) {
-    constexpr int DP = 64, BM = 64 * NC, BK = FA_WS_BK, TILE = BK * DP * 2, QT = BM * DP * 2;
+template <class T, bool MASK, int NC, bool XO> __device__ void fa_fwd_wsp(const AttnGeom& g, const T* Q, const T* K, const T* V, const void* mask, T* Y, float* lse, int vec, int chunk, int nbh, int* work) {
+    constexpr int DP = 64, BM = 64 * NC, BK = FA_WS_BK, TILE = BK * DP * 2, ST = FA_WS_ST, QT = BM * DP * 2;
     // Shared memory: Q's two buffers (BM rows each), ST stages of K and V (TILE each), then
     // the mbarriers full[ST], empty[ST], qfull[2], qempty[2], and the two item slots (32 bytes).
     const unsigned sQ = smem_u32(fa_base());
@@ -1190,95 +1233,122 @@ template <class T, bool MASK, int NC, int ST, bool ROT> __device__ void fa_fwd_w
     const bool raw = !MASK && sl2 > 0.f;
     // Descriptors once: a stage, k step or Q buffer moves the start address, i.e. adds
     // bytes / 16 to the descriptor (shared addresses stay below 256 KiB: no carry out of its
-    // field).
-    // (Q's, per item: kept across the loop, it spilled.)
+    // field). (Q's is made per item: kept across the loop, it spilled.)
     const unsigned long long kdesc = wg_desc_k(sKV, 0), vdesc = wg_desc_mn(sKV + TILE, 0);
     auto arrive_warp = [&](unsigned bar) {
         __syncwarp();
         if (lane == 0) mb_arrive(bar);
     };
-    unsigned T0 = 0;  // K/V tiles of the earlier items: item tile t is ring tile T0 + t
-    // ROT: the consumers take turns at the rows of the block (consumer c the 64 rows
-    // cb = c + k mod NC of item k): under causal the last rows see the most keys, and a
-    // consumer can run ahead of the others by the ring's stages only, so with fixed rows
-    // the first consumers would wait for the last ones at every item.
-    int cb = c;
-    for (unsigned k = 0;; ++k, cb = ROT ? (cb + 1 < NC ? cb + 1 : 0) : c) {
+    // An item as this consumer sees it.
+    struct Item {
+        int b, h, ntiles;  // ntiles: the block's K/V tiles (ring positions)
+        int nt;            // the tiles this consumer computes (its rows see them); it passes over the rest
+        int rw;            // the warp's first row
+        int elim;          // a 64-key half from c0 needs fa_edge iff c0 + 63 > elim
+    };
+    // Item k (false: none left), once its Q has landed.
+    auto next_item = [&](unsigned k, Item& it) {
         const unsigned qb = k & 1;
         mb_wait(qfull(qb), (k >> 1) & 1);
-        int b, h, q0, ntiles;
-        asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];" : "=r"(b), "=r"(h), "=r"(q0), "=r"(ntiles) : "r"(slot(qb)) : "memory");
-        if (q0 < 0) break;
-        const unsigned sQc = sQ + qb * QT + cb * 64 * DP * 2;  // this consumer's Q rows
-        const unsigned long long qdesc = wg_desc_k(sQc, 0);
+        int q0;
+        asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];" : "=r"(it.b), "=r"(it.h), "=r"(q0), "=r"(it.ntiles) : "r"(slot(qb)) : "memory");
+        if (q0 < 0) return false;
         const int sq = (int)g.sq, skv = (int)g.skv;
-        const int rc = q0 + cb * 64;  // this consumer's first row
-        // The tiles this consumer computes (its rows see them); it passes over the rest.
-        int nt = ntiles;
-        if (rc >= sq) nt = 0;
+        const int rc = q0 + c * 64;  // this consumer's first row
+        it.nt = it.ntiles;
+        if (rc >= sq) it.nt = 0;
         else if (g.causal) {
             const int ke = skv < rc + 64 ? skv : rc + 64, n = (ke + BK - 1) / BK;
-            if (n < nt) nt = n;
+            if (n < it.nt) it.nt = n;
         }
-        float o[8][4], s[16][4];
-        float m[2], l[2], ap[2];  // ap: the factor of the previous tile's softmax for O
+        it.rw = rc + warp * 16;
+        // (keys past Skv, keys after the warp's first row, or any mask)
+        it.elim = skv - 1;
+        if (g.causal && it.rw < it.elim) it.elim = it.rw;
+        if (MASK) it.elim = -1;
+        return true;
+    };
+    // This consumer's Q rows of item k.
+    auto q_rows = [&](unsigned k) { return sQ + (k & 1) * QT + c * 64 * DP * 2; };
+    float o[8][4], s[16][4];
+    float m[2], l[2], ap[2];  // ap: the factor of the previous tile's softmax for O
+    unsigned pa[8][4];        // P of the previous tile (8 k steps of 16 keys)
+    auto rescale = [&]() {
+#pragma unroll
+        for (int nd = 0; nd < 8; ++nd) {
+            o[nd][0] *= ap[0];
+            o[nd][1] *= ap[0];
+            o[nd][2] *= ap[1];
+            o[nd][3] *= ap[1];
+        }
+    };
+    // O += P·V (8 k steps of 16 keys) from stage offset `so`.
+    auto pv = [&](unsigned so) {
+#pragma unroll
+        for (int kc = 0; kc < 8; ++kc) Wg<T, 1>::run(o, pa[kc], vdesc + ((so + kc * 2048u) >> 4));
+    };
+    // S = Q·Kᵀ of ring tile `ut` issued (four m64n128k16), for item k.
+    auto issue_s = [&](unsigned k, unsigned ut) {
+        const unsigned long long qdesc = wg_desc_k(q_rows(k), 0);
+        const unsigned so = (ut % ST) * 2 * TILE;
+        mb_wait(full(ut % ST), (ut / ST) & 1);
+        wg_fence();
+#pragma unroll
+        for (int kc = 0; kc < 4; ++kc) Wg128<T>::ss(s, qdesc + 2 * kc, kdesc + ((so + kc * 32) >> 4), kc);
+        wg_commit();
+    };
+    // S of item tile t (issued) to P: masked, softmax; `wait`: the wgmma groups left in flight.
+    auto softmax = [&](const Item& it, int t, int wait) {
+        wg_wait_late(g, wait);
+        wg_keep(s);
+        wg_keep(s + 8);
+        if (!raw) {
+#pragma unroll
+            for (int nb = 0; nb < 16; ++nb)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[nb][e] *= sl2;
+        }
+        const int j0 = t * BK;
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf)
+            if (j0 + hf * 64 + 63 > it.elim) fa_edge<T, MASK>(g, s + 8 * hf, mask, it.b, it.h, it.rw + gq, j0 + hf * 64, 0);
+        fa_online_ws(s, m, l, ap, raw ? sl2 : 1.f);
+    };
+    auto reset = [&]() {
 #pragma unroll
         for (int i = 0; i < 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
         m[0] = m[1] = neg_inf(0.f);
         l[0] = l[1] = 0.f;
-        unsigned pa[8][4];  // P of the previous tile (8 k steps of 16 keys)
-        const int rw = rc + warp * 16;  // the warp's first row
-        // A 64-key half from c0 needs fa_edge iff c0 + 63 > elim (keys past Skv, keys after
-        // the warp's first row, or any mask).
-        int elim = skv - 1;
-        if (g.causal && rw < elim) elim = rw;
-        if (MASK) elim = -1;
-        auto rescale = [&]() {
-#pragma unroll
-            for (int nd = 0; nd < 8; ++nd) {
-                o[nd][0] *= ap[0];
-                o[nd][1] *= ap[0];
-                o[nd][2] *= ap[1];
-                o[nd][3] *= ap[1];
+    };
+    // XO (16-byte rows of Y, 64 columns): the next item's first S is issued before this
+    // item's epilogue (wsp_finish) and runs under it; then its softmax.
+    const bool xo = XO && vec && g.dv == 64;
+    unsigned T0 = 0;  // K/V tiles of the earlier items: item tile t is ring tile T0 + t
+    Item cur;
+    bool have = next_item(0, cur);
+    bool s0 = false;  // the first tile of `cur` is done (P in pa), O, m, l set
+    for (unsigned k = 0; have; ++k) {
+        const int nt = cur.nt;
+        if (!s0) {
+            reset();
+            if (nt > 0) {
+                issue_s(k, T0);
+                softmax(cur, 0, 0);
+                pack_a<T>(pa, s);
+                pack_a<T>(pa + 4, s + 8);
             }
-        };
-        // O += P·V (8 k steps of 16 keys) from stage offset `so`.
-        auto pv = [&](unsigned so) {
-#pragma unroll
-            for (int kc = 0; kc < 8; ++kc) Wg<T, 1>::run(o, pa[kc], vdesc + ((so + kc * 2048u) >> 4));
-        };
-        // Key tile t of the item.
-        auto step = [&](int t, bool first) {
-            const unsigned ut = T0 + (unsigned)t, so = (ut % ST) * 2 * TILE;
-            mb_wait(full(ut % ST), (ut / ST) & 1);
-            wg_fence();
-            // S_t = Q·K_tᵀ: four m64n128k16.
-#pragma unroll
-            for (int kc = 0; kc < 4; ++kc) Wg128<T>::ss(s, qdesc + 2 * kc, kdesc + ((so + kc * 32) >> 4), kc);
-            wg_commit();
-            if (!first) {
+        }
+        if (nt > 0) {
+            for (int t = 1; t < nt; ++t) {
+                const unsigned ut = T0 + (unsigned)t;
+                issue_s(k, ut);
                 // O (up to tile t − 2) to the previous tile's maximum while S_t runs, then
                 // O += P_{t−1}·V_{t−1}: after the P·V wait only P_t's packing is left.
                 rescale();
                 wg_fence();
-                pv(((ut + ST - 1) % ST) * 2 * TILE);
+                pv(((ut - 1) % ST) * 2 * TILE);
                 wg_commit();
-            }
-            wg_wait_late(g, first ? 0 : 1);
-            wg_keep(s);
-            wg_keep(s + 8);
-            if (!raw) {
-#pragma unroll
-                for (int nb = 0; nb < 16; ++nb)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) s[nb][e] *= sl2;
-            }
-            const int j0 = t * BK;
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf)
-                if (j0 + hf * 64 + 63 > elim) fa_edge<T, MASK>(g, s + 8 * hf, mask, b, h, rw + gq, j0 + hf * 64, 0);
-            fa_online_ws(s, m, l, ap, raw ? sl2 : 1.f);
-            if (!first) {
+                softmax(cur, t, 1);
                 wg_keep(s);
                 wg_keep(s + 8);
                 wg_wait_late(g, 0);
@@ -1286,13 +1356,9 @@ template <class T, bool MASK, int NC, int ST, bool ROT> __device__ void fa_fwd_w
                 wg_keep_a(pa);
                 wg_keep_a(pa + 4);
                 arrive_warp(empty((ut - 1) % ST));
+                pack_a<T>(pa, s);
+                pack_a<T>(pa + 4, s + 8);
             }
-            pack_a<T>(pa, s);
-            pack_a<T>(pa + 4, s + 8);
-        };
-        if (nt > 0) {
-            step(0, true);
-            for (int t = 1; t < nt; ++t) step(t, false);
             rescale();
             wg_fence();
             pv(((T0 + (unsigned)nt - 1) % ST) * 2 * TILE);
@@ -1303,17 +1369,41 @@ template <class T, bool MASK, int NC, int ST, bool ROT> __device__ void fa_fwd_w
             wg_keep_a(pa + 4);
             arrive_warp(empty((T0 + (unsigned)nt - 1) % ST));
         }
-        // Y through this consumer's Q rows (read by no product any more), then Q's buffer
-        // is released.
-        fa_finish<T, DP, true>(g, Y, lse, b, h, (i64)b * g.hq + h, o, rw, m, l, vec, sQc, 1 + c);
-        arrive_warp(qempty(qb));
         // The stages of tiles this consumer's rows do not see: arrive once each is filled.
-        for (int t = nt; t < ntiles; ++t) {
+        for (int t = nt; t < cur.ntiles; ++t) {
             const unsigned ut = T0 + (unsigned)t;
             mb_wait(full(ut % ST), (ut / ST) & 1);
             arrive_warp(empty(ut % ST));
         }
-        T0 += (unsigned)ntiles;
+        const unsigned T1 = T0 + (unsigned)cur.ntiles;
+        Item nxt;
+        s0 = false;
+        if (xo) {
+            have = next_item(k + 1, nxt);
+            s0 = have && nxt.nt > 0;
+        }
+        if (s0) {
+            // Y through this consumer's Q rows (read by no product any more) under the next
+            // item's first S, then that S's softmax; Q's buffer released after it.
+            issue_s(k + 1, T1);
+            wg_keep(s);
+            wg_keep(s + 8);
+            wsp_finish<T>(g, Y, lse, cur.b, cur.h, o, cur.rw, m, l, q_rows(k), 1 + c);
+            wg_keep(s);
+            wg_keep(s + 8);
+            reset();
+            softmax(nxt, 0, 0);
+            pack_a<T>(pa, s);
+            pack_a<T>(pa + 4, s + 8);
+            arrive_warp(qempty(k & 1));
+        } else {
+            // Y through this consumer's Q rows, then Q's buffer is released.
+            fa_finish<T, DP, true>(g, Y, lse, cur.b, cur.h, (i64)cur.b * g.hq + cur.h, o, cur.rw, m, l, vec, q_rows(k), 1 + c);
+            arrive_warp(qempty(k & 1));
+            if (!xo) have = next_item(k + 1, nxt);
+        }
+        cur = nxt;
+        T0 = T1;
     }
 }
 
@@ -2061,20 +2151,18 @@ INST_FA(f16, f16)
 #define INST_FA_WS_M(T, S, NC) INST_FA_WS(T, S, NC, false, ) INST_FA_WS(T, S, NC, true, _m)
 INST_FA_WS_M(bf16, bf16, 3)
 INST_FA_WS_M(f16, f16, 3)
-#define INST_FA_WSP(T, S, NC, M, MS, V, ST, ROT)                                                                             \
+#define INST_FA_WSP(T, S, NC, M, MS, V, XO)                                                                             \
     extern "C" __global__ void __launch_bounds__(((NC) + 1) * 128, 1) fa_fwd_wsp##NC##V##_##S##_64##MS(             \
         AttnGeom g, const T* q, const T* k, const T* v, const void* m, T* y, float* lse, int vec, int chunk, int nbh, \
         int* work) {                                                                                                  \
-        if constexpr (FA_HAVE_WG) fa_fwd_wsp<T, M, NC, ST, ROT>(g, q, k, v, m, y, lse, vec, chunk, nbh, work);        \
+        if constexpr (FA_HAVE_WG) fa_fwd_wsp<T, M, NC, XO>(g, q, k, v, m, y, lse, vec, chunk, nbh, work);        \
     }
-#define INST_FA_WSP_M(T, S, NC) INST_FA_WSP(T, S, NC, false, , , 4, true) INST_FA_WSP(T, S, NC, true, _m, , 4, true)
+#define INST_FA_WSP_M(T, S, NC) INST_FA_WSP(T, S, NC, false, , , true) INST_FA_WSP(T, S, NC, true, _m, , false)
 INST_FA_WSP_M(bf16, bf16, 3)
 INST_FA_WSP_M(f16, f16, 3)
-// (to compare: fixed rows; 5 stages)
-INST_FA_WSP(bf16, bf16, 3, false, , f, 4, false)
-INST_FA_WSP(bf16, bf16, 3, false, , s5, 5, true)
-INST_FA_WSP(f16, f16, 3, false, , f, 4, false)
-INST_FA_WSP(f16, f16, 3, false, , s5, 5, true)
+// (to compare: the next item's first S after this item's epilogue)
+INST_FA_WSP(bf16, bf16, 3, false, , x, false)
+INST_FA_WSP(f16, f16, 3, false, , x, false)
 
 // The one-pass backward (fa_bwd_wg; sm_90a only: elsewhere the host keeps fa_dq + fa_dkv)
 // and its pre- and post-passes.

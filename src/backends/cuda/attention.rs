@@ -680,7 +680,11 @@ fn fast_forward(
             // One dimension of (query block, head) items in chunks of 8 heads, a chunk's
             // longest blocks first (measured: 3 % faster than head after head, chunks of 16
             // within noise; docs/bench-h100/attention-notes.md, "forward, second step").
-            let chunk = 8;
+            let chunk = match kernel_choice() {
+                "fwspc4" => 4,
+                "fwspc16" => 16,
+                _ => 8,
+            };
             let mut args = args;
             args.push(Arg::I32(chunk));
             // Persistent (fa_fwd_wsp, the default): one CTA an SM taking items in that
@@ -709,14 +713,15 @@ fn fast_forward(
                 };
                 args.push(Arg::I32(bh as i32));
                 args.push(Arg::Ptr(work));
-                // (to compare, without masks: `fwspf` fixed rows a consumer, `fwsp5` 5 stages)
-                let (v, st) = match kernel_choice() {
-                    "fwspf" if sfx.is_empty() => ("f", FA_WS_ST),
-                    "fwsp5" if sfx.is_empty() => ("s5", 5),
-                    _ => ("", FA_WS_ST),
+                // (to compare, without masks: `fwspx` the next item's first S after the
+                // epilogue instead of under it)
+                let v = if kernel_choice() == "fwspx" && sfx.is_empty() {
+                    "x"
+                } else {
+                    ""
                 };
                 let name = format!("fa_fwd_wsp{nc}{v}_{}_64{sfx}", suffix(q.dtype()));
-                let smem = 2 * bm * 64 * 2 + st * 2 * FA_WS_BK * 64 * 2 + 256 + SMEM_ALIGN;
+                let smem = 2 * bm * 64 * 2 + FA_WS_ST * 2 * FA_WS_BK * 64 * 2 + 256 + SMEM_ALIGN;
                 (name, (items.min(sms.max(1) as u32), 1, 1), smem)
             } else {
                 let name = format!("fa_fwd_ws{nc}_{}_64{sfx}", suffix(q.dtype()));
