@@ -2157,12 +2157,12 @@ INST_FA_WS_M(f16, f16, 3)
         int* work) {                                                                                                  \
         if constexpr (FA_HAVE_WG) fa_fwd_wsp<T, M, NC, XO>(g, q, k, v, m, y, lse, vec, chunk, nbh, work);        \
     }
-#define INST_FA_WSP_M(T, S, NC) INST_FA_WSP(T, S, NC, false, , , true) INST_FA_WSP(T, S, NC, true, _m, , false)
+#define INST_FA_WSP_M(T, S, NC) INST_FA_WSP(T, S, NC, false, , , false) INST_FA_WSP(T, S, NC, true, _m, , false)
 INST_FA_WSP_M(bf16, bf16, 3)
 INST_FA_WSP_M(f16, f16, 3)
-// (to compare: the next item's first S after this item's epilogue)
-INST_FA_WSP(bf16, bf16, 3, false, , x, false)
-INST_FA_WSP(f16, f16, 3, false, , x, false)
+// (to compare: the next item's first S under this item's epilogue)
+INST_FA_WSP(bf16, bf16, 3, false, , xo, true)
+INST_FA_WSP(f16, f16, 3, false, , xo, true)
 
 // The one-pass backward (fa_bwd_wg; sm_90a only: elsewhere the host keeps fa_dq + fa_dkv)
 // and its pre- and post-passes.

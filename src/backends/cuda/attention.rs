@@ -677,21 +677,24 @@ fn fast_forward(
             let sfx = if g.mask_kind != 0 { "_m" } else { "" };
             let bm = 64 * nc;
             let items = sq.div_ceil(bm) as u32 * bh;
-            // One dimension of (query block, head) items in chunks of 8 heads, a chunk's
-            // longest blocks first (measured: 3 % faster than head after head, chunks of 16
-            // within noise; docs/bench-h100/attention-notes.md, "forward, second step").
-            let chunk = match kernel_choice() {
-                "fwspc4" => 4,
-                "fwspc16" => 16,
-                _ => 8,
-            };
-            let mut args = args;
-            args.push(Arg::I32(chunk));
-            // Persistent (fa_fwd_wsp, the default): one CTA an SM taking items in that
-            // order, the first by its index, the others from a counter zeroed here (a
+            // Persistent (fa_fwd_wsp, the default): one CTA an SM taking items in the order
+            // below, the first by its index, the others from a counter zeroed here (a
             // memset node when recorded); Q double-buffered, then the item slots.
             // `fnp`: one CTA an item (fa_fwd_ws).
             let persistent = kernel_choice() != "fnp";
+            // One dimension of (query block, head) items in chunks of heads, a chunk's
+            // longest blocks first: chunks of 8 for fa_fwd_ws (measured: 3 % faster than
+            // head after head, chunks of 16 within noise), of 16 for fa_fwd_wsp
+            // (docs/bench-h100/attention-notes.md, "forward, second step", "persistent
+            // forward"). (To compare: `fwsp[xo][cN]`, the persistent kernel with XO and
+            // chunks of N.)
+            let ab = kernel_choice().strip_prefix("fwsp");
+            let chunk = ab
+                .and_then(|m| m.split_once('c'))
+                .and_then(|(_, n)| n.parse().ok())
+                .unwrap_or(if persistent { 16 } else { 8 });
+            let mut args = args;
+            args.push(Arg::I32(chunk));
             let (name, grid, smem) = if persistent {
                 let sms = c
                     .dev
@@ -713,12 +716,9 @@ fn fast_forward(
                 };
                 args.push(Arg::I32(bh as i32));
                 args.push(Arg::Ptr(work));
-                // (to compare, without masks: `fwspx` the next item's first S after the
-                // epilogue instead of under it)
-                let v = if kernel_choice() == "fwspx" && sfx.is_empty() {
-                    "x"
-                } else {
-                    ""
+                let v = match ab {
+                    Some(m) if m.starts_with("xo") && sfx.is_empty() => "xo",
+                    _ => "",
                 };
                 let name = format!("fa_fwd_wsp{nc}{v}_{}_64{sfx}", suffix(q.dtype()));
                 let smem = 2 * bm * 64 * 2 + FA_WS_ST * 2 * FA_WS_BK * 64 * 2 + 256 + SMEM_ALIGN;
