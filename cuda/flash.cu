@@ -10,9 +10,9 @@
 // Wg below), software-pipelined so that a tile's softmax runs under the previous tile's
 // products (fa_fwd_wg). The forward there is warp-specialized (fa_fwd_ws: a producer
 // warpgroup streams K/V into an mbarrier ring for three consumer warpgroups; the host
-// launches it, fa_fwd_wg stays as GRAPHRUN_CUDA_ATTENTION=wg). All kernels address Q, K, V,
-// Y and their gradients through the strides of AttnGeom (batch, head, row; the head vector
-// contiguous).
+// launches its persistent form fa_fwd_wsp, fa_fwd_wg stays as GRAPHRUN_CUDA_ATTENTION=wg).
+// All kernels address Q, K, V, Y and their gradients through the strides of AttnGeom
+// (batch, head, row; the head vector contiguous).
 // f32 (and tf32 mode): the same tiling on CUDA cores in true FP32, each product a 64×64
 // tile of shared memory (4×4 outputs per thread, float4 operand reads).
 //
@@ -862,7 +862,8 @@ __device__ __forceinline__ void fa_online_ws(float (*s)[4], float* m, float* l, 
 // Also tried and measured no faster on the H100, then removed: consumers taking turns to
 // issue their products (FA3's scheduler barrier), P's row sums on the tensor cores
 // (m64n72k16 against a tile of ones), persistent CTAs taking work items from a counter
-// (docs/bench-h100/attention-notes.md, "Session 5 — forward").
+// (docs/bench-h100/attention-notes.md, "Session 5 — forward"; fa_fwd_wsp below is the
+// persistent form that gained).
 template <class T, bool MASK, int NC> __device__ void fa_fwd_ws(const AttnGeom& g, const T* Q, const T* K, const T* V, const void* mask, T* Y, float* lse, int vec, int chunk) {
     constexpr int DP = 64, BM = 64 * NC, BK = FA_WS_BK, TILE = BK * DP * 2, ST = FA_WS_ST;
     // Shared memory: Q (BM rows), then ST stages of K and V (TILE each), then the mbarriers
@@ -1072,49 +1073,6 @@ __device__ __forceinline__ void load_tile_lean(unsigned base, const unsigned sho
     }
 }
 
-// fa_finish for fa_fwd_wsp while the next item's first S is in flight (16-byte Y rows of 64
-// columns only): no branch that may diverge within the warpgroup (ptxas would serialize the
-// wgmma around it: C7518), so the row checks predicate the stores, and the reciprocal and
-// log2 are the approximate MUFU ones (no slow paths).
-template <class T> __device__ __forceinline__ void wsp_finish(const AttnGeom& g, T* Y, float* lse, int b, int h, const float (*o)[4], int rw, const float* m, const float* l_, unsigned buf, int bar) {
-    const int tq = threadIdx.x & 3, gq = (threadIdx.x & 31) >> 2, warp = (threadIdx.x >> 5) & 3, t = threadIdx.x & 127;
-    float l0 = l_[0], l1 = l_[1];
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-    // A row that sees no key gives 0 and LSE -inf.
-    const float f0 = l0 > 0.f ? __fdividef(1.f, l0) : 0.f, f1 = l1 > 0.f ? __fdividef(1.f, l1) : 0.f;
-    float x[8][4];
-#pragma unroll
-    for (int nd = 0; nd < 8; ++nd) {
-        x[nd][0] = o[nd][0] * f0;
-        x[nd][1] = o[nd][1] * f0;
-        x[nd][2] = o[nd][2] * f1;
-        x[nd][3] = o[nd][3] * f1;
-    }
-    unsigned a[4][4];
-    pack_a<T>(a, x);
-    store_afrag64(buf, warp * 16, a);
-    fa_wg_bar(bar);
-    const int sq = (int)g.sq, row0 = rw - warp * 16;
-    T* dst = Y + att_off(g, ATT_Y, b, h, 0);
-    const i64 rs = g.st[ATT_Y][2];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-        const int r = (t >> 3) + 16 * k, ch = t & 7;
-        unsigned v0, v1, v2, v3;
-        asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];" : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3) : "r"(sw_addr<64>(buf, r, ch)) : "memory");
-        asm volatile("{ .reg .pred p; setp.lt.s32 p, %5, %6; @p st.global.v4.b32 [%0], {%1,%2,%3,%4}; }" ::"l"(dst + (row0 + r) * rs + ch * 8), "r"(v0), "r"(v1), "r"(v2), "r"(v3), "r"(row0 + r), "r"(sq) : "memory");
-    }
-    const int r0 = rw + gq, r1 = r0 + 8;
-    float* lrow = lse + ((i64)b * g.hq + h) * g.sq;
-    const float e0 = l0 > 0.f ? (m[0] + __log2f(l0)) * FA_LN2 : neg_inf(0.f), e1 = l1 > 0.f ? (m[1] + __log2f(l1)) * FA_LN2 : neg_inf(0.f);
-    const int st0 = lse != nullptr && tq == 0 && r0 < sq, st1 = lse != nullptr && tq == 0 && r1 < sq;
-    asm volatile("{ .reg .pred p; setp.ne.s32 p, %2, 0; @p st.global.f32 [%0], %1; }" ::"l"(lrow + r0), "f"(e0), "r"(st0) : "memory");
-    asm volatile("{ .reg .pred p; setp.ne.s32 p, %2, 0; @p st.global.f32 [%0], %1; }" ::"l"(lrow + r1), "f"(e1), "r"(st1) : "memory");
-}
-
 // The persistent form of fa_fwd_ws (the default on Hopper; fa_fwd_ws stays as
 // GRAPHRUN_CUDA_ATTENTION=fnp): one CTA an SM runs item after item (query block, batch·head,
 // in fa_fwd_ws's chunked longest-first order), the first its blockIdx.x, the next ones from
@@ -1126,10 +1084,11 @@ template <class T> __device__ __forceinline__ void wsp_finish(const AttnGeom& g,
 // - the K/V ring runs on across items (never flushed; ring position and parities count on);
 // - the producer's thread 0 takes the next item and works out its geometry (32-bit), and
 //   passes it to the others and the consumers through a slot next to the Q buffer (the
-//   producer's named barrier, then Q's `qfull`); a slot with q0 < 0 ends the loop;
-// - a consumer stores its Y before passing over the stages its rows do not see (causal),
-//   so that Q's buffer frees early.
-template <class T, bool MASK, int NC, bool XO> __device__ void fa_fwd_wsp(const AttnGeom& g, const T* Q, const T* K, const T* V, const void* mask, T* Y, float* lse, int vec, int chunk, int nbh, int* work) {
+//   producer's named barrier, then Q's `qfull`); a slot with q0 < 0 ends the loop.
+// Measured no faster (docs/bench-h100/attention-notes.md, "Session 6 — persistent
+// forward"): static striding instead of the counter, the consumers taking turns at the
+// block's rows, 5 stages, the next item's first S issued under this item's epilogue.
+template <class T, bool MASK, int NC> __device__ void fa_fwd_wsp(const AttnGeom& g, const T* Q, const T* K, const T* V, const void* mask, T* Y, float* lse, int vec, int chunk, int nbh, int* work) {
     constexpr int DP = 64, BM = 64 * NC, BK = FA_WS_BK, TILE = BK * DP * 2, ST = FA_WS_ST, QT = BM * DP * 2;
     // Shared memory: Q's two buffers (BM rows each), ST stages of K and V (TILE each), then
     // the mbarriers full[ST], empty[ST], qfull[2], qempty[2], and the two item slots (32 bytes).
@@ -1175,8 +1134,7 @@ template <class T, bool MASK, int NC, bool XO> __device__ void fa_fwd_wsp(const 
             if (k >= 2) mb_wait(qempty(qb), ((k >> 1) - 1) & 1);
             if (threadIdx.x == 0) {
                 const int nqb = (int)((g.sq + BM - 1) / BM), sq = (int)g.sq, skv = (int)g.skv, hq = (int)g.hq;
-                // (work null: static striding, item blockIdx.x + k·gridDim.x, to compare)
-                const unsigned it = k == 0 ? blockIdx.x : work ? gridDim.x + (unsigned)atomicAdd(work, 1) : blockIdx.x + k * gridDim.x;
+                const unsigned it = k == 0 ? blockIdx.x : gridDim.x + (unsigned)atomicAdd(work, 1);
                 int b = 0, h = 0, hk = 0, q0 = -1, nt = 0;
                 if (it < (unsigned)(nqb * nbh)) {
                     // fa_fwd_ws's order: chunks of `chunk` heads, a chunk's longest blocks first.
@@ -1314,31 +1272,19 @@ template <class T, bool MASK, int NC, bool XO> __device__ void fa_fwd_wsp(const 
             if (j0 + hf * 64 + 63 > it.elim) fa_edge<T, MASK>(g, s + 8 * hf, mask, it.b, it.h, it.rw + gq, j0 + hf * 64, 0);
         fa_online_ws(s, m, l, ap, raw ? sl2 : 1.f);
     };
-    auto reset = [&]() {
+    unsigned T0 = 0;  // K/V tiles of the earlier items: item tile t is ring tile T0 + t
+    Item cur;
+    for (unsigned k = 0; next_item(k, cur); ++k) {
+        const int nt = cur.nt;
 #pragma unroll
         for (int i = 0; i < 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
         m[0] = m[1] = neg_inf(0.f);
         l[0] = l[1] = 0.f;
-    };
-    // XO (16-byte rows of Y, 64 columns): the next item's first S is issued before this
-    // item's epilogue (wsp_finish) and runs under it; then its softmax.
-    const bool xo = XO && vec && g.dv == 64;
-    unsigned T0 = 0;  // K/V tiles of the earlier items: item tile t is ring tile T0 + t
-    Item cur;
-    bool have = next_item(0, cur);
-    bool s0 = false;  // the first tile of `cur` is done (P in pa), O, m, l set
-    for (unsigned k = 0; have; ++k) {
-        const int nt = cur.nt;
-        if (!s0) {
-            reset();
-            if (nt > 0) {
-                issue_s(k, T0);
-                softmax(cur, 0, 0);
-                pack_a<T>(pa, s);
-                pack_a<T>(pa + 4, s + 8);
-            }
-        }
         if (nt > 0) {
+            issue_s(k, T0);
+            softmax(cur, 0, 0);
+            pack_a<T>(pa, s);
+            pack_a<T>(pa + 4, s + 8);
             for (int t = 1; t < nt; ++t) {
                 const unsigned ut = T0 + (unsigned)t;
                 issue_s(k, ut);
@@ -1375,35 +1321,11 @@ template <class T, bool MASK, int NC, bool XO> __device__ void fa_fwd_wsp(const 
             mb_wait(full(ut % ST), (ut / ST) & 1);
             arrive_warp(empty(ut % ST));
         }
-        const unsigned T1 = T0 + (unsigned)cur.ntiles;
-        Item nxt;
-        s0 = false;
-        if (xo) {
-            have = next_item(k + 1, nxt);
-            s0 = have && nxt.nt > 0;
-        }
-        if (s0) {
-            // Y through this consumer's Q rows (read by no product any more) under the next
-            // item's first S, then that S's softmax; Q's buffer released after it.
-            issue_s(k + 1, T1);
-            wg_keep(s);
-            wg_keep(s + 8);
-            wsp_finish<T>(g, Y, lse, cur.b, cur.h, o, cur.rw, m, l, q_rows(k), 1 + c);
-            wg_keep(s);
-            wg_keep(s + 8);
-            reset();
-            softmax(nxt, 0, 0);
-            pack_a<T>(pa, s);
-            pack_a<T>(pa + 4, s + 8);
-            arrive_warp(qempty(k & 1));
-        } else {
-            // Y through this consumer's Q rows, then Q's buffer is released.
-            fa_finish<T, DP, true>(g, Y, lse, cur.b, cur.h, (i64)cur.b * g.hq + cur.h, o, cur.rw, m, l, vec, q_rows(k), 1 + c);
-            arrive_warp(qempty(k & 1));
-            if (!xo) have = next_item(k + 1, nxt);
-        }
-        cur = nxt;
-        T0 = T1;
+        // Y through this consumer's Q rows (read by no product any more), then Q's buffer
+        // is released.
+        fa_finish<T, DP, true>(g, Y, lse, cur.b, cur.h, (i64)cur.b * g.hq + cur.h, o, cur.rw, m, l, vec, q_rows(k), 1 + c);
+        arrive_warp(qempty(k & 1));
+        T0 += (unsigned)cur.ntiles;
     }
 }
 
@@ -2151,18 +2073,15 @@ INST_FA(f16, f16)
 #define INST_FA_WS_M(T, S, NC) INST_FA_WS(T, S, NC, false, ) INST_FA_WS(T, S, NC, true, _m)
 INST_FA_WS_M(bf16, bf16, 3)
 INST_FA_WS_M(f16, f16, 3)
-#define INST_FA_WSP(T, S, NC, M, MS, V, XO)                                                                             \
-    extern "C" __global__ void __launch_bounds__(((NC) + 1) * 128, 1) fa_fwd_wsp##NC##V##_##S##_64##MS(             \
+#define INST_FA_WSP(T, S, NC, M, MS)                                                                             \
+    extern "C" __global__ void __launch_bounds__(((NC) + 1) * 128, 1) fa_fwd_wsp##NC##_##S##_64##MS(             \
         AttnGeom g, const T* q, const T* k, const T* v, const void* m, T* y, float* lse, int vec, int chunk, int nbh, \
         int* work) {                                                                                                  \
-        if constexpr (FA_HAVE_WG) fa_fwd_wsp<T, M, NC, XO>(g, q, k, v, m, y, lse, vec, chunk, nbh, work);        \
+        if constexpr (FA_HAVE_WG) fa_fwd_wsp<T, M, NC>(g, q, k, v, m, y, lse, vec, chunk, nbh, work);        \
     }
-#define INST_FA_WSP_M(T, S, NC) INST_FA_WSP(T, S, NC, false, , , false) INST_FA_WSP(T, S, NC, true, _m, , false)
+#define INST_FA_WSP_M(T, S, NC) INST_FA_WSP(T, S, NC, false, ) INST_FA_WSP(T, S, NC, true, _m)
 INST_FA_WSP_M(bf16, bf16, 3)
 INST_FA_WSP_M(f16, f16, 3)
-// (to compare: the next item's first S under this item's epilogue)
-INST_FA_WSP(bf16, bf16, 3, false, , xo, true)
-INST_FA_WSP(f16, f16, 3, false, , xo, true)
 
 // The one-pass backward (fa_bwd_wg; sm_90a only: elsewhere the host keeps fa_dq + fa_dkv)
 // and its pre- and post-passes.

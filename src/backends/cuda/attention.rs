@@ -508,7 +508,7 @@ enum Fast {
 /// the unmasked tensor-core ones on `mma.sync` where wgmma would run (to compare them on a
 /// device); for the forward on Hopper, `wg` takes the one-warpgroup wgmma kernel instead of
 /// the warp-specialized one (cuda/flash.cu fa_fwd_wsp, persistent; `fnp`: fa_fwd_ws, one
-/// CTA a query block); for the backward, `bwd2` the
+/// CTA a query block; `fwspcN`: fa_fwd_wsp with chunks of N heads); for the backward, `bwd2` the
 /// f16/bf16 backward on Hopper in its two deterministic passes (dQ, then dK/dV) instead of
 /// the one pass with dQ summed by atomics, `bwd1` that one pass in one warpgroup a 64-key
 /// tile (cuda/flash.cu fa_bwd_wg) instead of the warp-specialized one (fa_bwd_ws, without
@@ -670,9 +670,9 @@ fn fast_forward(
     ];
     match f {
         Fast::Mma(64) if c.dev.cc == (9, 0) && !matches!(kernel_choice(), "mma" | "wg") => {
-            // Warp-specialized (cuda/flash.cu fa_fwd_ws): a producer warpgroup and NC
-            // consumer warpgroups of 64 query rows; Q, then a ring of 128-key K/V stages, then
-            // the mbarriers.
+            // Warp-specialized (cuda/flash.cu fa_fwd_wsp, fa_fwd_ws): a producer warpgroup
+            // and NC consumer warpgroups of 64 query rows; Q, then a ring of 128-key K/V
+            // stages, then the mbarriers.
             let nc = 3; // consumer warpgroups (2 measured slower: fewer warps)
             let sfx = if g.mask_kind != 0 { "_m" } else { "" };
             let bm = 64 * nc;
@@ -683,16 +683,22 @@ fn fast_forward(
             // `fnp`: one CTA an item (fa_fwd_ws).
             let persistent = kernel_choice() != "fnp";
             // One dimension of (query block, head) items in chunks of heads, a chunk's
-            // longest blocks first: chunks of 8 for fa_fwd_ws (measured: 3 % faster than
-            // head after head, chunks of 16 within noise), of 16 for fa_fwd_wsp
-            // (docs/bench-h100/attention-notes.md, "forward, second step", "persistent
-            // forward"). (To compare: `fwsp[xo][cN]`, the persistent kernel with XO and
-            // chunks of N.)
-            let ab = kernel_choice().strip_prefix("fwsp");
-            let chunk = ab
-                .and_then(|m| m.split_once('c'))
-                .and_then(|(_, n)| n.parse().ok())
-                .unwrap_or(if persistent { 16 } else { 8 });
+            // longest blocks first, so that the short blocks fill the tail of the launch and
+            // a chunk's K/V stay in L2. fa_fwd_ws: chunks of 8 (3 % faster than head after
+            // head, 16 within noise). fa_fwd_wsp: chunks of up to 16 MiB of K/V, at most 32
+            // heads (the attention workload, 512 KiB a head: 32 measured 4–5 % faster than
+            // 8, ~1 % than 16; 128 as 32; docs/bench-h100/attention-notes.md, "forward,
+            // second step" and "persistent forward"). `fwspcN` takes chunks of N, to compare.
+            let chunk = if persistent {
+                let group = (g.hq / g.hkv.max(1)).max(1) as usize; // q heads a kv head
+                let kv_head = g.skv as usize * (g.d + g.dv) as usize * 2 / group;
+                kernel_choice()
+                    .strip_prefix("fwspc")
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(((16usize << 20) / kv_head.max(1)).clamp(4, 32) as i32)
+            } else {
+                8
+            };
             let mut args = args;
             args.push(Arg::I32(chunk));
             let (name, grid, smem) = if persistent {
@@ -701,26 +707,15 @@ fn fast_forward(
                     .ctx
                     .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
                     .map_err(|e| crate::err!(Runtime, "CUDA device attribute: {e:?}"))?;
-                // (`fsps`: no counter, static striding, to compare)
-                let work = if kernel_choice() == "fsps" {
-                    0
-                } else {
-                    let work = c.scratch(4)?;
-                    // Safety: `work` addresses 4 bytes of scratch that live until the node
-                    // ends.
-                    unsafe {
-                        cudarc::driver::result::memset_d8_async(work, 0, 4, c.stream.cu_stream())
-                    }
-                    .map_err(|e| crate::err!(Runtime, "CUDA memset failed: {e:?}"))?;
-                    work
-                };
+                let work = c.scratch(4)?;
+                // Safety: `work` addresses 4 bytes of scratch that live until the node ends.
+                unsafe {
+                    cudarc::driver::result::memset_d8_async(work, 0, 4, c.stream.cu_stream())
+                }
+                .map_err(|e| crate::err!(Runtime, "CUDA memset failed: {e:?}"))?;
                 args.push(Arg::I32(bh as i32));
                 args.push(Arg::Ptr(work));
-                let v = match ab {
-                    Some(m) if m.starts_with("xo") && sfx.is_empty() => "xo",
-                    _ => "",
-                };
-                let name = format!("fa_fwd_wsp{nc}{v}_{}_64{sfx}", suffix(q.dtype()));
+                let name = format!("fa_fwd_wsp{nc}_{}_64{sfx}", suffix(q.dtype()));
                 let smem = 2 * bm * 64 * 2 + FA_WS_ST * 2 * FA_WS_BK * 64 * 2 + 256 + SMEM_ALIGN;
                 (name, (items.min(sms.max(1) as u32), 1, 1), smem)
             } else {
