@@ -10,9 +10,9 @@
 // Wg below), software-pipelined so that a tile's softmax runs under the previous tile's
 // products (fa_fwd_wg). The forward there is warp-specialized (fa_fwd_ws: a producer
 // warpgroup streams K/V into an mbarrier ring for three consumer warpgroups; the host
-// launches it, fa_fwd_wg stays as GRAPHRUN_CUDA_ATTENTION=wg). All kernels address Q, K, V,
-// Y and their gradients through the strides of AttnGeom (batch, head, row; the head vector
-// contiguous).
+// launches its persistent form fa_fwd_wsp, fa_fwd_wg stays as GRAPHRUN_CUDA_ATTENTION=wg).
+// All kernels address Q, K, V, Y and their gradients through the strides of AttnGeom
+// (batch, head, row; the head vector contiguous).
 // f32 (and tf32 mode): the same tiling on CUDA cores in true FP32, each product a 64×64
 // tile of shared memory (4×4 outputs per thread, float4 operand reads).
 //
@@ -862,7 +862,8 @@ __device__ __forceinline__ void fa_online_ws(float (*s)[4], float* m, float* l, 
 // Also tried and measured no faster on the H100, then removed: consumers taking turns to
 // issue their products (FA3's scheduler barrier), P's row sums on the tensor cores
 // (m64n72k16 against a tile of ones), persistent CTAs taking work items from a counter
-// (docs/bench-h100/attention-notes.md, "Session 5 — forward").
+// (docs/bench-h100/attention-notes.md, "Session 5 — forward"; fa_fwd_wsp below is the
+// persistent form that gained).
 template <class T, bool MASK, int NC> __device__ void fa_fwd_ws(const AttnGeom& g, const T* Q, const T* K, const T* V, const void* mask, T* Y, float* lse, int vec, int chunk) {
     constexpr int DP = 64, BM = 64 * NC, BK = FA_WS_BK, TILE = BK * DP * 2, ST = FA_WS_ST;
     // Shared memory: Q (BM rows), then ST stages of K and V (TILE each), then the mbarriers
@@ -1047,6 +1048,295 @@ template <class T, bool MASK, int NC> __device__ void fa_fwd_ws(const AttnGeom& 
         }
         // (Y through this consumer's Q rows, read by no product any more)
         fa_finish<T, DP, true>(g, Y, lse, b, h, bh, o, rw, m, l, vec, sQ + c * 64 * DP * 2, 1 + c);
+    }
+}
+
+// load_tile for fa_fwd_wsp's producer (64 columns, 128 threads): the 16-byte path walks its
+// rows by one pointer, so that no per-row offsets are hoisted out of the producer's loops
+// into its 32 registers (they spilled).
+__device__ __forceinline__ void load_tile_lean(unsigned base, const unsigned short* src, i64 rs, int rows, int valid, int width, int vec) {
+    if (!vec) {
+        load_tile<64, 128>(base, src, rs, rows, valid, width, vec);
+        return;
+    }
+    const int c = threadIdx.x & 7, r0 = (threadIdx.x & 127) >> 3;
+    const bool cok = c * 8 < width;
+    const unsigned short* s = src + r0 * rs + c * 8;
+    const i64 step = 16 * rs;
+    const unsigned dst = sw_addr<64>(base, r0, c);
+#pragma unroll
+    for (int k = 0; k < rows / 16; ++k) {
+        const bool ok = cok && r0 + k * 16 < valid;
+        cp_async16(dst + k * 16 * 64 * 2, ok ? s : src, ok ? 16 : 0);
+        s += step;
+        asm volatile("" : "+l"(s));
+    }
+}
+
+// The persistent form of fa_fwd_ws (the default on Hopper; fa_fwd_ws stays as
+// GRAPHRUN_CUDA_ATTENTION=fnp): one CTA an SM runs item after item (query block, batch·head,
+// in fa_fwd_ws's chunked longest-first order), the first its blockIdx.x, the next ones from
+// the counter `work` (zeroed by the host before the launch), so that a CTA's prologue and
+// epilogue overlap the work of its neighbours instead of leaving the tensor cores idle:
+// - Q is double-buffered: the producer loads item k + 1's Q into the buffer item k − 1
+//   released (its `qempty` mbarrier, arrived on by each consumer warp after its epilogue,
+//   which stages Y through the warpgroup's own Q rows), right after item k's last K/V tile;
+// - the K/V ring runs on across items (never flushed; ring position and parities count on);
+// - the producer's thread 0 takes the next item and works out its geometry (32-bit), and
+//   passes it to the others and the consumers through a slot next to the Q buffer (the
+//   producer's named barrier, then Q's `qfull`); a slot with q0 < 0 ends the loop.
+// Measured no faster (docs/bench-h100/attention-notes.md, "Session 6 — persistent
+// forward"): static striding instead of the counter, the consumers taking turns at the
+// block's rows, 5 stages, the next item's first S issued under this item's epilogue.
+template <class T, bool MASK, int NC> __device__ void fa_fwd_wsp(const AttnGeom& g, const T* Q, const T* K, const T* V, const void* mask, T* Y, float* lse, int vec, int chunk, int nbh, int* work) {
+    constexpr int DP = 64, BM = 64 * NC, BK = FA_WS_BK, TILE = BK * DP * 2, ST = FA_WS_ST, QT = BM * DP * 2;
+    // Shared memory: Q's two buffers (BM rows each), ST stages of K and V (TILE each), then
+    // the mbarriers full[ST], empty[ST], qfull[2], qempty[2], and the two item slots (32 bytes).
+    const unsigned sQ = smem_u32(fa_base());
+    const unsigned sKV = sQ + 2 * QT, bars = sKV + ST * 2 * TILE;
+    auto full = [&](unsigned s) { return bars + 8u * s; };
+    auto empty = [&](unsigned s) { return bars + 8u * (ST + s); };
+    auto qfull = [&](unsigned qb) { return bars + 8u * (2 * ST + qb); };
+    auto qempty = [&](unsigned qb) { return bars + 8u * (2 * ST + 2 + qb); };
+    auto slot = [&](unsigned qb) { return bars + 8u * (2 * ST + 4) + 32u * qb; };
+    const int wg = threadIdx.x >> 7;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < ST; ++s) {
+            mb_init(full(s), 128);
+            mb_init(empty(s), NC * 4);
+        }
+        for (int qb = 0; qb < 2; ++qb) {
+            mb_init(qfull(qb), 128);
+            mb_init(qempty(qb), NC * 4);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    if (wg == 0) {
+        wg_setmaxnreg_dec<FA_WS_PREG(NC)>();
+        // Each copy group (a Q tile or a K/V stage) is announced when it has landed: after the
+        // next group is issued (or at the end), by every producer thread after its own wait
+        // and proxy fence (wgmma reads what cp.async wrote).
+        unsigned pend = 0;
+        auto issued = [&](unsigned bar) {
+            cp_commit();
+            asm volatile("cp.async.wait_group 1;" ::: "memory");
+            fence_async_smem();
+            if (pend) mb_arrive(pend);
+            pend = bar;
+        };
+        const i64 krs = g.st[ATT_K][2], vrs = g.st[ATT_V][2];
+        unsigned kv = 0;  // K/V tiles so far (all items): the ring position
+        for (unsigned k = 0;; ++k) {
+            const unsigned qb = k & 1;
+            // Q's buffer (and its slot) is free once every consumer warp has stored item
+            // k − 2's Y.
+            if (k >= 2) mb_wait(qempty(qb), ((k >> 1) - 1) & 1);
+            if (threadIdx.x == 0) {
+                const int nqb = (int)((g.sq + BM - 1) / BM), sq = (int)g.sq, skv = (int)g.skv, hq = (int)g.hq;
+                // (work null: static striding, blockIdx.x + k·gridDim.x; the host always
+                // passes the counter, static striding measured 25 % slower. Kept, with the
+                // two `nt > 0` blocks of the consumer, because this is the form measured:
+                // simpler forms compile to other SASS.)
+                const unsigned it = k == 0 ? blockIdx.x : work ? gridDim.x + (unsigned)atomicAdd(work, 1) : blockIdx.x + k * gridDim.x;
+                int b = 0, h = 0, hk = 0, q0 = -1, nt = 0;
+                if (it < (unsigned)(nqb * nbh)) {
+                    // fa_fwd_ws's order: chunks of `chunk` heads, a chunk's longest blocks first.
+                    const unsigned span = (unsigned)(chunk * nqb), ci = it / span, cr = it - ci * span;
+                    const unsigned left = (unsigned)nbh - ci * chunk, chb = left < (unsigned)chunk ? left : (unsigned)chunk;
+                    const unsigned qr = cr / chb, bh = ci * chunk + (cr - qr * chb);
+                    b = (int)(bh / (unsigned)hq);
+                    h = (int)bh - b * hq;
+                    hk = h / (hq / (int)g.hkv);
+                    q0 = (g.causal ? nqb - 1 - (int)qr : (int)qr) * BM;
+                    // Keys: all, or under causal up to the end of the last consumer with rows.
+                    int kend = skv;
+                    if (g.causal) {
+                        const int rows = sq - q0 < BM ? sq - q0 : BM, ce = q0 + ((rows + 63) & ~63);
+                        if (ce < kend) kend = ce;
+                    }
+                    nt = (kend + BK - 1) / BK;
+                }
+                asm volatile("st.shared.v4.b32 [%0], {%1,%2,%3,%4};" ::"r"(slot(qb)), "r"(b), "r"(h), "r"(q0), "r"(nt) : "memory");
+                asm volatile("st.shared.b32 [%0], %1;" ::"r"(slot(qb) + 16u), "r"(hk) : "memory");
+            }
+            fa_wg_bar(1 + NC);  // the producer warpgroup's barrier (consumers use 1..NC)
+            int b, h, q0, nt, hk;
+            asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];" : "=r"(b), "=r"(h), "=r"(q0), "=r"(nt) : "r"(slot(qb)) : "memory");
+            if (q0 < 0) {
+                // No item left: the last tile announced, then the end (the slot) to the consumers.
+                cp_wait_all();
+                fence_async_smem();
+                if (pend) mb_arrive(pend);
+                mb_arrive(qfull(qb));
+                break;
+            }
+            asm volatile("ld.shared.b32 %0, [%1];" : "=r"(hk) : "r"(slot(qb) + 16u) : "memory");
+            const int qvalid = (int)g.sq - q0 < BM ? (int)g.sq - q0 : BM;
+            load_tile_lean(sQ + qb * QT, (const unsigned short*)Q + att_off(g, ATT_Q, b, h, q0), g.st[ATT_Q][2], BM, qvalid, (int)g.d, vec);
+            issued(qfull(qb));
+            const unsigned short* Kb = (const unsigned short*)K + att_off(g, ATT_K, b, hk, 0);
+            const unsigned short* Vb = (const unsigned short*)V + att_off(g, ATT_V, b, hk, 0);
+            for (int t = 0; t < nt; ++t, ++kv) {
+                const unsigned s = kv % ST;
+                if (kv >= ST) mb_wait(empty(s), (kv / ST - 1) & 1);
+                const int j0 = t * BK, kvalid = (int)g.skv - j0 < BK ? (int)g.skv - j0 : BK;
+                const unsigned kt = sKV + s * 2 * TILE;
+                load_tile_lean(kt, Kb + j0 * krs, krs, BK, kvalid, (int)g.d, vec);
+                load_tile_lean(kt + TILE, Vb + j0 * vrs, vrs, BK, kvalid, (int)g.dv, vec);
+                issued(full(s));
+            }
+        }
+        return;
+    }
+    wg_setmaxnreg_inc<FA_WS_CREG(NC)>();
+    const int c = wg - 1, warp = (threadIdx.x >> 5) & 3, gq = (threadIdx.x & 31) >> 2, lane = threadIdx.x & 31;
+    const float sl2 = (float)g.scale * FA_LOG2E;
+    const bool raw = !MASK && sl2 > 0.f;
+    // Descriptors once: a stage, k step or Q buffer moves the start address, i.e. adds
+    // bytes / 16 to the descriptor (shared addresses stay below 256 KiB: no carry out of its
+    // field). (Q's is made per item: kept across the loop, it spilled.)
+    const unsigned long long kdesc = wg_desc_k(sKV, 0), vdesc = wg_desc_mn(sKV + TILE, 0);
+    auto arrive_warp = [&](unsigned bar) {
+        __syncwarp();
+        if (lane == 0) mb_arrive(bar);
+    };
+    // An item as this consumer sees it.
+    struct Item {
+        int b, h, ntiles;  // ntiles: the block's K/V tiles (ring positions)
+        int nt;            // the tiles this consumer computes (its rows see them); it passes over the rest
+        int rw;            // the warp's first row
+        int elim;          // a 64-key half from c0 needs fa_edge iff c0 + 63 > elim
+    };
+    // Item k (false: none left), once its Q has landed.
+    auto next_item = [&](unsigned k, Item& it) {
+        const unsigned qb = k & 1;
+        mb_wait(qfull(qb), (k >> 1) & 1);
+        int q0;
+        asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];" : "=r"(it.b), "=r"(it.h), "=r"(q0), "=r"(it.ntiles) : "r"(slot(qb)) : "memory");
+        if (q0 < 0) return false;
+        const int sq = (int)g.sq, skv = (int)g.skv;
+        const int rc = q0 + c * 64;  // this consumer's first row
+        it.nt = it.ntiles;
+        if (rc >= sq) it.nt = 0;
+        else if (g.causal) {
+            const int ke = skv < rc + 64 ? skv : rc + 64, n = (ke + BK - 1) / BK;
+            if (n < it.nt) it.nt = n;
+        }
+        it.rw = rc + warp * 16;
+        // (keys past Skv, keys after the warp's first row, or any mask)
+        it.elim = skv - 1;
+        if (g.causal && it.rw < it.elim) it.elim = it.rw;
+        if (MASK) it.elim = -1;
+        return true;
+    };
+    // This consumer's Q rows of item k.
+    auto q_rows = [&](unsigned k) { return sQ + (k & 1) * QT + c * 64 * DP * 2; };
+    float o[8][4], s[16][4];
+    float m[2], l[2], ap[2];  // ap: the factor of the previous tile's softmax for O
+    unsigned pa[8][4];        // P of the previous tile (8 k steps of 16 keys)
+    auto rescale = [&]() {
+#pragma unroll
+        for (int nd = 0; nd < 8; ++nd) {
+            o[nd][0] *= ap[0];
+            o[nd][1] *= ap[0];
+            o[nd][2] *= ap[1];
+            o[nd][3] *= ap[1];
+        }
+    };
+    // O += P·V (8 k steps of 16 keys) from stage offset `so`.
+    auto pv = [&](unsigned so) {
+#pragma unroll
+        for (int kc = 0; kc < 8; ++kc) Wg<T, 1>::run(o, pa[kc], vdesc + ((so + kc * 2048u) >> 4));
+    };
+    // S = Q·Kᵀ of ring tile `ut` issued (four m64n128k16), for item k.
+    auto issue_s = [&](unsigned k, unsigned ut) {
+        const unsigned long long qdesc = wg_desc_k(q_rows(k), 0);
+        const unsigned so = (ut % ST) * 2 * TILE;
+        mb_wait(full(ut % ST), (ut / ST) & 1);
+        wg_fence();
+#pragma unroll
+        for (int kc = 0; kc < 4; ++kc) Wg128<T>::ss(s, qdesc + 2 * kc, kdesc + ((so + kc * 32) >> 4), kc);
+        wg_commit();
+    };
+    // S of item tile t (issued) to P: masked, softmax; `wait`: the wgmma groups left in flight.
+    auto softmax = [&](const Item& it, int t, int wait) {
+        wg_wait_late(g, wait);
+        wg_keep(s);
+        wg_keep(s + 8);
+        if (!raw) {
+#pragma unroll
+            for (int nb = 0; nb < 16; ++nb)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[nb][e] *= sl2;
+        }
+        const int j0 = t * BK;
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf)
+            if (j0 + hf * 64 + 63 > it.elim) fa_edge<T, MASK>(g, s + 8 * hf, mask, it.b, it.h, it.rw + gq, j0 + hf * 64, 0);
+        fa_online_ws(s, m, l, ap, raw ? sl2 : 1.f);
+    };
+    unsigned T0 = 0;  // K/V tiles of the earlier items: item tile t is ring tile T0 + t
+    Item cur;
+    bool have = next_item(0, cur);
+    for (unsigned k = 0; have; ++k) {
+        const int nt = cur.nt;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+        m[0] = m[1] = neg_inf(0.f);
+        l[0] = l[1] = 0.f;
+        if (nt > 0) {
+            issue_s(k, T0);
+            softmax(cur, 0, 0);
+            pack_a<T>(pa, s);
+            pack_a<T>(pa + 4, s + 8);
+        }
+        if (nt > 0) {
+            for (int t = 1; t < nt; ++t) {
+                const unsigned ut = T0 + (unsigned)t;
+                issue_s(k, ut);
+                // O (up to tile t − 2) to the previous tile's maximum while S_t runs, then
+                // O += P_{t−1}·V_{t−1}: after the P·V wait only P_t's packing is left.
+                rescale();
+                wg_fence();
+                pv(((ut - 1) % ST) * 2 * TILE);
+                wg_commit();
+                softmax(cur, t, 1);
+                wg_keep(s);
+                wg_keep(s + 8);
+                wg_wait_late(g, 0);
+                wg_keep(o);
+                wg_keep_a(pa);
+                wg_keep_a(pa + 4);
+                arrive_warp(empty((ut - 1) % ST));
+                pack_a<T>(pa, s);
+                pack_a<T>(pa + 4, s + 8);
+            }
+            rescale();
+            wg_fence();
+            pv(((T0 + (unsigned)nt - 1) % ST) * 2 * TILE);
+            wg_commit();
+            wg_wait();
+            wg_keep(o);
+            wg_keep_a(pa);
+            wg_keep_a(pa + 4);
+            arrive_warp(empty((T0 + (unsigned)nt - 1) % ST));
+        }
+        // The stages of tiles this consumer's rows do not see: arrive once each is filled.
+        for (int t = nt; t < cur.ntiles; ++t) {
+            const unsigned ut = T0 + (unsigned)t;
+            mb_wait(full(ut % ST), (ut / ST) & 1);
+            arrive_warp(empty(ut % ST));
+        }
+        const unsigned T1 = T0 + (unsigned)cur.ntiles;
+        Item nxt;
+        // Y through this consumer's Q rows (read by no product any more), then Q's buffer
+        // is released.
+        fa_finish<T, DP, true>(g, Y, lse, cur.b, cur.h, (i64)cur.b * g.hq + cur.h, o, cur.rw, m, l, vec, q_rows(k), 1 + c);
+        arrive_warp(qempty(k & 1));
+        have = next_item(k + 1, nxt);
+        cur = nxt;
+        T0 = T1;
     }
 }
 
@@ -1794,6 +2084,15 @@ INST_FA(f16, f16)
 #define INST_FA_WS_M(T, S, NC) INST_FA_WS(T, S, NC, false, ) INST_FA_WS(T, S, NC, true, _m)
 INST_FA_WS_M(bf16, bf16, 3)
 INST_FA_WS_M(f16, f16, 3)
+#define INST_FA_WSP(T, S, NC, M, MS)                                                                             \
+    extern "C" __global__ void __launch_bounds__(((NC) + 1) * 128, 1) fa_fwd_wsp##NC##_##S##_64##MS(             \
+        AttnGeom g, const T* q, const T* k, const T* v, const void* m, T* y, float* lse, int vec, int chunk, int nbh, \
+        int* work) {                                                                                                  \
+        if constexpr (FA_HAVE_WG) fa_fwd_wsp<T, M, NC>(g, q, k, v, m, y, lse, vec, chunk, nbh, work);        \
+    }
+#define INST_FA_WSP_M(T, S, NC) INST_FA_WSP(T, S, NC, false, ) INST_FA_WSP(T, S, NC, true, _m)
+INST_FA_WSP_M(bf16, bf16, 3)
+INST_FA_WSP_M(f16, f16, 3)
 
 // The one-pass backward (fa_bwd_wg; sm_90a only: elsewhere the host keeps fa_dq + fa_dkv)
 // and its pre- and post-passes.

@@ -283,6 +283,72 @@ fn attention_long_sequence() {
     );
 }
 
+/// More (query block, head) items than an H100 has SMs, so that the persistent forward
+/// (cuda/flash.cu fa_fwd_wsp) runs several items a CTA (Q's two buffers, the K/V ring
+/// across items, the work counter), with partial query blocks, GQA, causal with Sq > Skv,
+/// head counts that leave a partial chunk, and a mask; each run four times in one session,
+/// so that the later runs replay a recorded CUDA graph (the counter's memset included).
+#[test]
+fn attention_many_query_blocks() {
+    if !cuda_present() {
+        return;
+    }
+    let keep: Vec<bool> = (0..130 * 257).map(|i| (i * 7919) % 10 < 8).collect();
+    let cases = [
+        (3, 20, 5, 400, 300, true, None),
+        (4, 48, 16, 130, 257, false, None),
+        (4, 48, 16, 130, 257, true, Some(bools(&[130, 257], &keep))),
+    ];
+    for (n, (b, hq, hkv, sq, skv, causal, mask)) in cases.into_iter().enumerate() {
+        let seed = 700 + 10 * n as u64;
+        let mut args = vec![
+            inp(randn(&[b, hq, sq, 64], seed)),
+            inp(randn(&[b, hkv, skv, 64], seed + 1)),
+            inp(randn(&[b, hkv, skv, 64], seed + 2)),
+        ];
+        if let Some(m) = mask {
+            args.push(inp(m));
+        }
+        let attrs = [("is_causal", A::Int(causal as i64))];
+        for dt in [DType::F16, DType::BF16] {
+            let args: Vec<Arg> = args
+                .iter()
+                .map(|a| match a {
+                    Arg::In(t) if t.dtype().is_float() => inp(t.cast(dt)),
+                    a => a.clone(),
+                })
+                .collect();
+            let want = run_raw(BackendKind::Cpu, op("Attention", &attrs), &args, 2).expect("cpu");
+            let feeds: std::collections::HashMap<String, Tensor> = args
+                .iter()
+                .enumerate()
+                .filter_map(|(i, a)| match a {
+                    Arg::In(t) => Some((format!("in{i}"), t.clone())),
+                    _ => None,
+                })
+                .collect();
+            let mut s = graphrun::Session::new(
+                one_node_graph(op("Attention", &attrs), &args, 2),
+                graphrun::SessionOptions {
+                    backend: BackendKind::Cuda,
+                    ..Default::default()
+                },
+            )
+            .expect("cuda session");
+            for run in 0..4 {
+                let got = s.run(&feeds).expect("cuda attention");
+                for (k, (w, (_, g))) in want.iter().zip(&got).enumerate() {
+                    let e = rel_err(&g.to_f64_vec(), &w.to_f64_vec());
+                    assert!(
+                        e <= tol(dt),
+                        "case {n} {dt} run {run} output {k}: rel err {e:.3e}"
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// Forward (f32, f16, bf16) and backward (f32, from the CPU's Y and LSE) of the
 /// 3-D form `[B, S, H·D]` against the CPU: `extra` goes after Q, K, V (forward) and after
 /// Y and LSE (backward).

@@ -507,7 +507,8 @@ enum Fast {
 /// `GRAPHRUN_CUDA_ATTENTION=rows` keeps every problem on the row-per-warp kernels, `mma`
 /// the unmasked tensor-core ones on `mma.sync` where wgmma would run (to compare them on a
 /// device); for the forward on Hopper, `wg` takes the one-warpgroup wgmma kernel instead of
-/// the warp-specialized one (cuda/flash.cu fa_fwd_ws); for the backward, `bwd2` the
+/// the warp-specialized one (cuda/flash.cu fa_fwd_wsp, persistent; `fnp`: fa_fwd_ws, one
+/// CTA a query block; `fwspcN`: fa_fwd_wsp with chunks of N heads); for the backward, `bwd2` the
 /// f16/bf16 backward on Hopper in its two deterministic passes (dQ, then dK/dV) instead of
 /// the one pass with dQ summed by atomics, `bwd1` that one pass in one warpgroup a 64-key
 /// tile (cuda/flash.cu fa_bwd_wg) instead of the warp-specialized one (without masks: by
@@ -672,21 +673,59 @@ fn fast_forward(
     ];
     match f {
         Fast::Mma(64) if c.dev.cc == (9, 0) && !matches!(kernel_choice(), "mma" | "wg") => {
-            // Warp-specialized (cuda/flash.cu fa_fwd_ws): a producer warpgroup and NC
-            // consumer warpgroups of 64 query rows; Q, then a ring of 128-key K/V stages, then
-            // the mbarriers.
+            // Warp-specialized (cuda/flash.cu fa_fwd_wsp, fa_fwd_ws): a producer warpgroup
+            // and NC consumer warpgroups of 64 query rows; Q, then a ring of 128-key K/V
+            // stages, then the mbarriers.
             let nc = 3; // consumer warpgroups (2 measured slower: fewer warps)
             let sfx = if g.mask_kind != 0 { "_m" } else { "" };
-            let name = format!("fa_fwd_ws{nc}_{}_64{sfx}", suffix(q.dtype()));
             let bm = 64 * nc;
-            let smem = bm * 64 * 2 + FA_WS_ST * 2 * FA_WS_BK * 64 * 2 + 128 + SMEM_ALIGN;
-            // One dimension of (query block, head) items in chunks of 8 heads, a chunk's
-            // longest blocks first (measured: 3 % faster than head after head, chunks of 16
-            // within noise; docs/bench-h100/attention-notes.md, "forward, second step").
-            let chunk = 8;
+            let items = sq.div_ceil(bm) as u32 * bh;
+            // Persistent (fa_fwd_wsp, the default): one CTA an SM taking items in the order
+            // below, the first by its index, the others from a counter zeroed here (a
+            // memset node when recorded); Q double-buffered, then the item slots.
+            // `fnp`: one CTA an item (fa_fwd_ws).
+            let persistent = kernel_choice() != "fnp";
+            // One dimension of (query block, head) items in chunks of heads, a chunk's
+            // longest blocks first, so that the short blocks fill the tail of the launch and
+            // a chunk's K/V stay in L2. fa_fwd_ws: chunks of 8 (3 % faster than head after
+            // head, 16 within noise). fa_fwd_wsp: chunks of up to 16 MiB of K/V, at most 32
+            // heads (the attention workload, 512 KiB a head: 32 measured 4–5 % faster than
+            // 8, ~1 % than 16; 128 as 32; docs/bench-h100/attention-notes.md, "forward,
+            // second step" and "persistent forward"). `fwspcN` takes chunks of N, to compare.
+            let chunk = if persistent {
+                let group = (g.hq / g.hkv.max(1)).max(1) as usize; // q heads a kv head
+                let kv_head = g.skv as usize * (g.d + g.dv) as usize * 2 / group;
+                kernel_choice()
+                    .strip_prefix("fwspc")
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(((16usize << 20) / kv_head.max(1)).clamp(4, 32) as i32)
+            } else {
+                8
+            };
             let mut args = args;
             args.push(Arg::I32(chunk));
-            let grid = (sq.div_ceil(bm) as u32 * bh, 1, 1);
+            let (name, grid, smem) = if persistent {
+                let sms = c
+                    .dev
+                    .ctx
+                    .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+                    .map_err(|e| crate::err!(Runtime, "CUDA device attribute: {e:?}"))?;
+                let work = c.scratch(4)?;
+                // Safety: `work` addresses 4 bytes of scratch that live until the node ends.
+                unsafe {
+                    cudarc::driver::result::memset_d8_async(work, 0, 4, c.stream.cu_stream())
+                }
+                .map_err(|e| crate::err!(Runtime, "CUDA memset failed: {e:?}"))?;
+                args.push(Arg::I32(bh as i32));
+                args.push(Arg::Ptr(work));
+                let name = format!("fa_fwd_wsp{nc}_{}_64{sfx}", suffix(q.dtype()));
+                let smem = 2 * bm * 64 * 2 + FA_WS_ST * 2 * FA_WS_BK * 64 * 2 + 256 + SMEM_ALIGN;
+                (name, (items.min(sms.max(1) as u32), 1, 1), smem)
+            } else {
+                let name = format!("fa_fwd_ws{nc}_{}_64{sfx}", suffix(q.dtype()));
+                let smem = bm * 64 * 2 + FA_WS_ST * 2 * FA_WS_BK * 64 * 2 + 128 + SMEM_ALIGN;
+                (name, (items, 1, 1), smem)
+            };
             launch_grid(
                 &c.dev,
                 &c.stream,
