@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # One device call comparing this build's attention kernels with an earlier one (BASE= of
-# scripts/carry_attn.sh): the attention/gradient tests with GRAPHRUN_REQUIRE_CUDA=1 (this
-# build), then `graphrun bench` medians of ROWS (workload:dtype:pass) for this build and the
-# base, REPS rounds interleaved, then (NCU=1) both builds' attention kernel times of one
-# bf16 training step under ncu. Carried by
+# scripts/carry_attn.sh) and with GRAPHRUN_CUDA_ATTENTION modes: the tests (this build) under
+# TEST_MODES ("default" = unset; other modes run only TESTS2), then `graphrun bench` medians
+# of ROWS (workload:dtype:pass) for this build (default and each of MODES) and the base, REPS
+# rounds interleaved, then (NCU=1) attention kernel times of one bf16 training step.
+# TEST_TIMEOUT, BENCH_TIMEOUT, NCU_TIMEOUT bound each step (a hang costs device time).
+# Carried by
 #   TESTS="cuda ops_attention ops_attention_grad grad" BASE=DIR scripts/carry_attn.sh DEST device_ab.sh
-# and run as  [ROWS="attention:bf16:fwd attention:bf16:train:MODE ..."] (MODE: GRAPHRUN_CUDA_ATTENTION) [REPS=2] [NCU=1] [SKIP_TESTS=1] bash DEST/device_ab.sh
+# and run (carry [DEST]) as  [NAME=main] [TEST_MODES="default bpq"] [MODES="bpq"] [REPS=2]
+#   [NCU=1] [SKIP_TESTS=1] [ROWS="attention:bf16:train ..."] bash DEST/device_ab.sh
+# (NAME: the worktree /work/NAME or /work/wt-NAME the test executables were built in.)
 set -u
 C=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/out}
@@ -16,32 +20,43 @@ tar xzf "$C/bin.tgz" -C "$X"
 cp "$C"/kcache/*.cubin "$KC"/ 2>/dev/null
 export GRAPHRUN_REQUIRE_CUDA=1 GRAPHRUN_CUDA_CACHE=$KC
 # The tests read the tree they were built in (CARGO_MANIFEST_DIR, CARGO_BIN_EXE_graphrun).
-mkdir -p /work && { [ -e /work/main ] || ln -s "$PWD" /work/main; }
-mkdir -p /work/main/target/release && cp $X/graphrun /work/main/target/release/graphrun 2>/dev/null
+NAME=${NAME:-main}
+W=/work/$NAME; [ $NAME = main ] || W=/work/wt-$NAME
+T=/work/main/target; [ $NAME = main ] || T=/work/target-$NAME
+mkdir -p /work && { [ -e $W ] || ln -s "$PWD" $W; }
+mkdir -p $T/release && cp $X/graphrun $T/release/graphrun 2>/dev/null
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 if [ -z "${SKIP_TESTS:-}" ]; then
-    for t in $X/tests/*; do
-        n=$(basename $t)
-        timeout 200 $t --test-threads=4 > $R/test_$n.log 2>&1
-        echo "== $n rc=$? $(grep -E '^test result' $R/test_$n.log | tail -n 1)"
-        grep -E "^test .* FAILED$|panicked at" -A4 $R/test_$n.log | head -n 20
+    for mode in ${TEST_MODES:-default}; do
+        if [ $mode = default ]; then unset GRAPHRUN_CUDA_ATTENTION; TL=$(ls $X/tests); else export GRAPHRUN_CUDA_ATTENTION=$mode; TL=${TESTS2:-cuda ops_attention_grad grad}; fi
+        for n in $TL; do
+            t=$X/tests/$n
+            timeout ${TEST_TIMEOUT:-200} $t --test-threads=4 > $R/test_${mode}_$n.log 2>&1
+            rc=$?
+            echo "== $mode $n rc=$rc $(grep -E '^test result' $R/test_${mode}_$n.log | tail -n 1)"
+            # (a mode whose tests fail or hang is not benched)
+            if [ $rc != 0 ]; then MODES=$(echo " ${MODES:-} " | sed "s/ ${mode%2} / /g; s/ $mode / /g"); echo "dropped $mode from MODES: '$MODES'"; fi
+            grep -E "^test .* FAILED$|panicked at" -A4 $R/test_${mode}_$n.log | head -n 20
+        done
+        grep -h "^test result" $R/test_${mode}_*.log | awk -v m=$mode '{p+=$4; f+=$6; i+=$8} END {print "TESTS " m ": " p " passed, " f " failed, " i " ignored"}'
     done
-    grep -h "^test result" $R/test_*.log | awk '{p+=$4; f+=$6; i+=$8} END {print "TESTS: " p " passed, " f " failed, " i " ignored"}'
+    unset GRAPHRUN_CUDA_ATTENTION
 fi
-ROWS=${ROWS:-attention:bf16:fwd attention:bf16:train attention:f16:fwd gpt_block:bf16:fwd gpt_block:bf16:train}
+ROWS=${ROWS:-attention:bf16:train attention:f16:train gpt_block:bf16:train}
 for rep in $(seq 1 ${REPS:-2}); do
     for row in $ROWS; do
-        IFS=: read w d p m <<< "$row"
+        IFS=: read w d p <<< "$row"
         flag=; [ $p = train ] && flag=--backward
-        env=; [ -n "$m" ] && env=GRAPHRUN_CUDA_ATTENTION=$m
-        for b in new base; do
+        for b in new base ${MODES:-}; do
             G=$X/graphrun; [ $b = base ] && G=$X/base/graphrun
             [ -x $G ] || continue
-            env $env timeout 60 $G bench models/$w.yaml --backend cuda --dtype $d $flag --iters 30 --warmup 5 --json $R/${w}_${d}_${p}${m:+-$m}_${b}_$rep.json > /dev/null 2>&1
+            case $b in new|base) unset GRAPHRUN_CUDA_ATTENTION;; *) export GRAPHRUN_CUDA_ATTENTION=$b;; esac
+            timeout ${BENCH_TIMEOUT:-60} $G bench models/$w.yaml --backend cuda --dtype $d $flag --iters 30 --warmup 5 --json $R/${w}_${d}_${p}_${b}_$rep.json > /dev/null 2>&1
         done
+        unset GRAPHRUN_CUDA_ATTENTION
     done
 done
-python3 - "$R" <<'PY'
+python3 - "$R" ${MODES:-} <<'PY'
 import json, glob, os, sys, collections
 t = collections.defaultdict(list)
 for f in sorted(glob.glob(os.path.join(sys.argv[1], "*.json"))):
@@ -49,14 +64,16 @@ for f in sorted(glob.glob(os.path.join(sys.argv[1], "*.json"))):
     try: t[(k[0], k[1])].append(json.load(open(f))["results"][0]["ms"])
     except Exception as e: t[(k[0], k[1])].append(float("nan"))
 for row in sorted({r for r, _ in t}):
-    print(f"{row:28s} new {' '.join(f'{x:.3f}' for x in t[(row, 'new')])}   base {' '.join(f'{x:.3f}' for x in t[(row, 'base')])}")
+    print(f"{row:24s} " + "   ".join(f"{m} {' '.join(f'{x:.3f}' for x in t[(row, m)])}" for m in ["new", "base"] + sys.argv[2:]))
 PY
 if [ -n "${NCU:-}" ]; then
-    for b in new base; do
+    for b in new base ${MODES:-}; do
         G=$X/graphrun; [ $b = base ] && G=$X/base/graphrun
         [ -x $G ] || continue
-        timeout 90 ncu --clock-control none -k regex:"fa_" -c 8 --metrics gpu__time_duration.sum \
+        case $b in new|base) unset GRAPHRUN_CUDA_ATTENTION;; *) export GRAPHRUN_CUDA_ATTENTION=$b;; esac
+        timeout ${NCU_TIMEOUT:-90} ncu --clock-control none -k regex:"fa_" -c 8 --metrics gpu__time_duration.sum \
             $G bench models/attention.yaml --backend cuda --dtype bf16 --backward --iters 1 --warmup 0 > $R/ncu_$b.log 2>&1
         echo "ncu $b:"; grep -E "^  fa_|gpu__time_duration" $R/ncu_$b.log | paste - - | awk '{print $1, $(NF)}' | head -n 8
+        unset GRAPHRUN_CUDA_ATTENTION
     done
 fi

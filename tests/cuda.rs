@@ -48,14 +48,7 @@ fn tf32_same_as_cpu(what: &str, node: graphrun::graph::Op, args: &[Arg], n_out: 
         })
         .collect();
     let want = run_op(BackendKind::Cpu, node.clone(), &args, n_out, DType::F32).expect("cpu");
-    let feeds = args
-        .iter()
-        .enumerate()
-        .filter_map(|(i, x)| match x {
-            Arg::In(t) => Some((format!("in{i}"), t.clone())),
-            _ => None,
-        })
-        .collect();
+    let feeds = feeds_of(&args);
     let opts = graphrun::SessionOptions {
         backend: BackendKind::Cuda,
         tf32: true,
@@ -319,14 +312,7 @@ fn attention_many_query_blocks() {
                 })
                 .collect();
             let want = run_raw(BackendKind::Cpu, op("Attention", &attrs), &args, 2).expect("cpu");
-            let feeds: std::collections::HashMap<String, Tensor> = args
-                .iter()
-                .enumerate()
-                .filter_map(|(i, a)| match a {
-                    Arg::In(t) => Some((format!("in{i}"), t.clone())),
-                    _ => None,
-                })
-                .collect();
+            let feeds = feeds_of(&args);
             let mut s = graphrun::Session::new(
                 one_node_graph(op("Attention", &attrs), &args, 2),
                 graphrun::SessionOptions {

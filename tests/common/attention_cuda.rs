@@ -141,14 +141,7 @@ pub fn f32_accuracy() {
         |ts: &[&Tensor]| -> Vec<Arg> { ts.iter().map(|t| inp(t.cast(DType::F32))).collect() };
     let cuda = |name: &str, args: &[Arg], n_out: usize, tf32: bool| -> Vec<Tensor> {
         let g = one_node_graph(op(name, &causal), args, n_out);
-        let feeds = args
-            .iter()
-            .enumerate()
-            .filter_map(|(i, a)| match a {
-                Arg::In(t) => Some((format!("in{i}"), t.clone())),
-                _ => None,
-            })
-            .collect();
+        let feeds = feeds_of(args);
         let opts = graphrun::SessionOptions {
             backend: BackendKind::Cuda,
             tf32,

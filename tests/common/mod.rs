@@ -204,6 +204,17 @@ pub fn run_op(
     run_raw(backend, op, &args, n_out)
 }
 
+/// The feeds of `one_node_graph(_, args, _)`: input i is named `in{i}`.
+pub fn feeds_of(args: &[Arg]) -> std::collections::HashMap<String, Tensor> {
+    args.iter()
+        .enumerate()
+        .filter_map(|(i, a)| match a {
+            Arg::In(t) => Some((format!("in{i}"), t.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
 /// Runs one op on a backend with its arguments as given (no dtype cast).
 pub fn run_raw(
     backend: BackendKind,
@@ -212,14 +223,7 @@ pub fn run_raw(
     n_out: usize,
 ) -> graphrun::Result<Vec<Tensor>> {
     let g = one_node_graph(op, args, n_out);
-    let feeds = args
-        .iter()
-        .enumerate()
-        .filter_map(|(i, a)| match a {
-            Arg::In(t) => Some((format!("in{i}"), t.clone())),
-            _ => None,
-        })
-        .collect();
+    let feeds = feeds_of(args);
     let mut s = Session::new(
         g,
         SessionOptions {
