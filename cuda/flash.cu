@@ -8,9 +8,9 @@
 // On Hopper (sm_90a) heads up to 64 take the `_wg` kernels instead: warpgroup `wgmma`
 // (operands from the swizzled shared tiles through descriptors, P/dS from registers; see
 // Wg below), software-pipelined so that a tile's softmax runs under the previous tile's
-// products (fa_fwd_wg). The forward there is warp-specialized (fa_fwd_ws: a producer
-// warpgroup streams K/V into an mbarrier ring for three consumer warpgroups; the host
-// launches its persistent form fa_fwd_wsp, fa_fwd_wg stays as GRAPHRUN_CUDA_ATTENTION=wg).
+// products (fa_fwd_wg). The forward there is warp-specialized and persistent (fa_fwd_wsp: a
+// producer warpgroup streams K/V into an mbarrier ring for three consumer warpgroups, one CTA
+// an SM taking item after item; fa_fwd_wg stays as GRAPHRUN_CUDA_ATTENTION=wg).
 // All kernels address Q, K, V, Y and their gradients through the strides of AttnGeom
 // (batch, head, row; the head vector contiguous).
 // f32 (and tf32 mode): the same tiling on CUDA cores in true FP32, each product a 64×64
@@ -424,7 +424,7 @@ __device__ __forceinline__ void fa_wg_bar(int id) { asm volatile("bar.sync %0, 1
 // 8 KiB tile at `buf` (free by now), then, after the warpgroup's named barrier `bar`, one
 // 16-byte store per 8 columns of a row (4 a thread). Needs `vec` and 64 columns; otherwise
 // store_acc. (store_acc's 16-bit stores, each waiting for the one before, took ~18 % of the
-// consumers' time in ncu's warp-stall sampling of fa_fwd_ws and fa_bws.)
+// consumers' time in ncu's warp-stall sampling of the warp-specialized kernels.)
 template <class T> __device__ __forceinline__ void store_tile_wg(T* dst, i64 rs, const float (*acc)[4], i64 row0, i64 nrows, int width, int vec, float f0, float f1, unsigned buf, int bar) {
     const int warp = (threadIdx.x >> 5) & 3, t = threadIdx.x & 127;
     if (!vec || width != 64) {
@@ -491,7 +491,7 @@ __device__ __forceinline__ void fa_online(float (*s)[4], float* m, float* l, flo
 }
 
 // Y and LSE of a warp's 16 rows from row0 (O not yet divided by l).
-// WG (fa_fwd_ws): Y through the warpgroup's tile at `buf` (store_tile_wg, barrier `bar`).
+// WG (fa_fwd_wsp): Y through the warpgroup's tile at `buf` (store_tile_wg, barrier `bar`).
 template <class T, int DP, bool WG = false> __device__ __forceinline__ void fa_finish(const AttnGeom& g, T* Y, float* lse, i64 b, i64 h, i64 bh, const float (*o)[4], i64 row0, const float* m, const float* l_, int vec = 0, unsigned buf = 0, int bar = 0) {
     int tq = threadIdx.x & 3, gq = (threadIdx.x & 31) >> 2;
     float l0 = l_[0], l1 = l_[1];
@@ -815,7 +815,7 @@ template <int N> __device__ __forceinline__ void wg_setmaxnreg_inc() {
 #define FA_WS_PREG(NC) ((NC) == 3 ? 32 : 24)
 #define FA_WS_CREG(NC) ((NC) == 3 ? 160 : 240)
 
-// fa_online for fa_fwd_ws's 16 × 128 tiles of a warp (16 column blocks): the row maxima and
+// fa_online for fa_fwd_wsp's 16 × 128 tiles of a warp (16 column blocks): the row maxima and
 // sums run in 4 independent chains each instead of one (the same maxima; sums in another
 // order).
 __device__ __forceinline__ void fa_online_ws(float (*s)[4], float* m, float* l, float* a, float mul) {
@@ -861,195 +861,10 @@ __device__ __forceinline__ void fa_online_ws(float (*s)[4], float* m, float* l, 
 
 // Also tried and measured no faster on the H100, then removed: consumers taking turns to
 // issue their products (FA3's scheduler barrier), P's row sums on the tensor cores
-// (m64n72k16 against a tile of ones), persistent CTAs taking work items from a counter
-// (docs/bench-h100/attention-notes.md, "Session 5 — forward"; fa_fwd_wsp below is the
-// persistent form that gained).
-template <class T, bool MASK, int NC> __device__ void fa_fwd_ws(const AttnGeom& g, const T* Q, const T* K, const T* V, const void* mask, T* Y, float* lse, int vec, int chunk) {
-    constexpr int DP = 64, BM = 64 * NC, BK = FA_WS_BK, TILE = BK * DP * 2, ST = FA_WS_ST;
-    // Shared memory: Q (BM rows), then ST stages of K and V (TILE each), then the mbarriers
-    // full[ST], empty[ST], Q's.
-    unsigned sQ = smem_u32(fa_base());
-    unsigned sKV = sQ + BM * DP * 2, bars = sKV + ST * 2 * TILE;
-    auto full = [&](int s) { return bars + 8u * s; };
-    auto empty = [&](int s) { return bars + 8u * (ST + s); };
-    const unsigned qbar = bars + 16u * ST;
-    int wg = threadIdx.x >> 7;
-    // The CTA's item (query block, batch·head): a one-dimensional grid in chunks of `chunk`
-    // heads, a chunk's blocks with the longest (the last, under causal) first, so that the
-    // short blocks fill the tail of the launch (one CTA an SM); a chunk's K/V stay in L2.
-    // chunk 1: head after head, the longest first within a head.
-    const i64 nqb = (g.sq + BM - 1) / BM, nbh = gridDim.x / nqb;
-    const i64 ci = blockIdx.x / (chunk * nqb), cr = blockIdx.x % (chunk * nqb);
-    const i64 chb = nbh - ci * chunk < chunk ? nbh - ci * chunk : chunk;  // heads of this chunk
-    const i64 bh = ci * chunk + cr % chb, b = bh / g.hq, h = bh % g.hq;
-    const int qr = (int)(cr / chb);
-    const i64 q0 = (i64)(g.causal ? nqb - 1 - qr : qr) * BM;
-    i64 kend = g.skv;
-    if (g.causal && q0 + BM < kend) kend = q0 + BM;
-    const int ntiles = (int)((kend + BK - 1) / BK);
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < ST; ++s) {
-            mb_init(full(s), 128);
-            mb_init(empty(s), NC * 4);
-        }
-        mb_init(qbar, 128);
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-    __syncthreads();
-    if (wg == 0) {
-        wg_setmaxnreg_dec<FA_WS_PREG(NC)>();
-        // Each copy group (a Q tile or a K/V stage) is announced when it has landed: after the
-        // next group is issued (or at a flush), by every producer thread after its own wait
-        // and proxy fence (wgmma reads what cp.async wrote).
-        unsigned pend = 0;
-        auto flush = [&]() {
-            cp_wait_all();
-            fence_async_smem();
-            if (pend) mb_arrive(pend);
-            pend = 0;
-        };
-        auto issued = [&](unsigned bar) {
-            cp_commit();
-            asm volatile("cp.async.wait_group 1;" ::: "memory");
-            fence_async_smem();
-            if (pend) mb_arrive(pend);
-            pend = bar;
-        };
-        const i64 krs = g.st[ATT_K][2], vrs = g.st[ATT_V][2];
-        const i64 hk = h / (g.hq / g.hkv);
-        int qvalid = (int)(g.sq - q0 < BM ? g.sq - q0 : BM);
-        load_tile<DP, 128>(sQ, (const unsigned short*)Q + att_off(g, ATT_Q, b, h, q0), g.st[ATT_Q][2], BM, qvalid, (int)g.d, vec);
-        issued(qbar);
-        const unsigned short* Kb = (const unsigned short*)K + att_off(g, ATT_K, b, hk, 0);
-        const unsigned short* Vb = (const unsigned short*)V + att_off(g, ATT_V, b, hk, 0);
-        for (int t = 0; t < ntiles; ++t) {
-            int s = t % ST;
-            if (t >= ST) mb_wait(empty(s), (unsigned)((t / ST - 1) & 1));
-            i64 j0 = (i64)t * BK;
-            int kv = (int)(g.skv - j0 < BK ? g.skv - j0 : BK);
-            unsigned kt = sKV + s * 2 * TILE;
-            load_tile<DP, 128>(kt, Kb + j0 * krs, krs, BK, kv, (int)g.d, vec);
-            load_tile<DP, 128>(kt + TILE, Vb + j0 * vrs, vrs, BK, kv, (int)g.dv, vec);
-            issued(full(s));
-        }
-        flush();
-        return;
-    }
-    wg_setmaxnreg_inc<FA_WS_CREG(NC)>();
-    const int c = wg - 1, warp = (threadIdx.x >> 5) & 3, gq = (threadIdx.x & 31) >> 2, lane = threadIdx.x & 31;
-    const float sl2 = (float)g.scale * FA_LOG2E;
-    const bool raw = !MASK && sl2 > 0.f;
-    // Descriptors once: a stage or k step moves the start address, i.e. adds bytes / 16 to
-    // the descriptor (shared addresses stay below 256 KiB: no carry out of its field).
-    const unsigned long long qdesc = wg_desc_k(sQ + c * 64 * DP * 2, 0), kdesc = wg_desc_k(sKV, 0), vdesc = wg_desc_mn(sKV + TILE, 0);
-    auto arrive_warp = [&](unsigned bar) {
-        __syncwarp();
-        if (lane == 0) mb_arrive(bar);
-    };
-    {
-        mb_wait(qbar, 0u);
-        const i64 rc = q0 + c * 64;  // this consumer's first row
-        // The tiles this consumer computes (its rows see them); it passes over the rest.
-        int nt = ntiles;
-        if (rc >= g.sq) nt = 0;
-        else if (g.causal) {
-            i64 ke = g.skv < rc + 64 ? g.skv : rc + 64;
-            int n = (int)((ke + BK - 1) / BK);
-            if (n < nt) nt = n;
-        }
-        float o[8][4], s[16][4];
-        float m[2], l[2], ap[2];  // ap: the factor of the previous tile's softmax for O
-#pragma unroll
-        for (int i = 0; i < 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-        m[0] = m[1] = neg_inf(0.f);
-        l[0] = l[1] = 0.f;
-        unsigned pa[8][4];  // P of the previous tile (8 k steps of 16 keys)
-        const i64 rw = rc + warp * 16;  // the warp's first row
-        // A 64-key half from c0 needs fa_edge iff c0 + 63 > elim (keys past Skv, keys after
-        // the warp's first row, or any mask).
-        i64 elim = g.skv - 1;
-        if (g.causal && rw < elim) elim = rw;
-        if (MASK) elim = -1;
-        auto rescale = [&]() {
-#pragma unroll
-            for (int nd = 0; nd < 8; ++nd) {
-                o[nd][0] *= ap[0];
-                o[nd][1] *= ap[0];
-                o[nd][2] *= ap[1];
-                o[nd][3] *= ap[1];
-            }
-        };
-        // O += P·V (8 k steps of 16 keys) from stage offset `so`.
-        auto pv = [&](unsigned so) {
-#pragma unroll
-            for (int kc = 0; kc < 8; ++kc) Wg<T, 1>::run(o, pa[kc], vdesc + ((so + kc * 2048u) >> 4));
-        };
-        // Key tile t.
-        auto step = [&](int t, bool first) {
-            const unsigned ut = (unsigned)t, so = (ut % ST) * 2 * TILE;
-            mb_wait(full(ut % ST), (ut / ST) & 1);
-            wg_fence();
-            // S_t = Q·K_tᵀ: four m64n128k16 (eight m64n64k16 read Q twice as often: slower).
-#pragma unroll
-            for (int kc = 0; kc < 4; ++kc) Wg128<T>::ss(s, qdesc + 2 * kc, kdesc + ((so + kc * 32) >> 4), kc);
-            wg_commit();
-            if (!first) {
-                // O (up to tile t − 2) to the previous tile's maximum while S_t runs, then
-                // O += P_{t−1}·V_{t−1}: after the P·V wait only P_t's packing is left.
-                rescale();
-                wg_fence();
-                pv(((ut + ST - 1) % ST) * 2 * TILE);
-                wg_commit();
-            }
-            wg_wait_late(g, first ? 0 : 1);
-            wg_keep(s);
-            wg_keep(s + 8);
-            if (!raw) {
-#pragma unroll
-                for (int nb = 0; nb < 16; ++nb)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) s[nb][e] *= sl2;
-            }
-            const i64 j0 = (i64)t * BK;
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf)
-                if (j0 + hf * 64 + 63 > elim) fa_edge<T, MASK>(g, s + 8 * hf, mask, b, h, rw + gq, j0 + hf * 64, 0);
-            fa_online_ws(s, m, l, ap, raw ? sl2 : 1.f);
-            if (!first) {
-                wg_keep(s);
-                wg_keep(s + 8);
-                wg_wait_late(g, 0);
-                wg_keep(o);
-                wg_keep_a(pa);
-                wg_keep_a(pa + 4);
-                arrive_warp(empty((t - 1) % ST));
-            }
-            pack_a<T>(pa, s);
-            pack_a<T>(pa + 4, s + 8);
-        };
-        if (nt > 0) {
-            step(0, true);
-            for (int t = 1; t < nt; ++t) step(t, false);
-            rescale();
-            wg_fence();
-            pv(((unsigned)(nt - 1) % ST) * 2 * TILE);
-            wg_commit();
-            wg_wait();
-            wg_keep(o);
-            wg_keep_a(pa);
-            wg_keep_a(pa + 4);
-            arrive_warp(empty((nt - 1) % ST));
-        }
-        // The stages of tiles this consumer's rows do not see: arrive once each is filled.
-        for (int t = nt; t < ntiles; ++t) {
-            const unsigned ut = (unsigned)t;
-            mb_wait(full(ut % ST), (ut / ST) & 1);
-            arrive_warp(empty(ut % ST));
-        }
-        // (Y through this consumer's Q rows, read by no product any more)
-        fa_finish<T, DP, true>(g, Y, lse, b, h, bh, o, rw, m, l, vec, sQ + c * 64 * DP * 2, 1 + c);
-    }
-}
+// (m64n72k16 against a tile of ones), persistent CTAs with one Q buffer that flushed the
+// ring at each item (docs/bench-h100/attention-notes.md, "Session 5 — forward"). The
+// one-CTA-an-item form fa_fwd_ws that fa_fwd_wsp below replaced (0.213 against 0.191 ms
+// for the attention workload) is in the history at c482a73.
 
 // load_tile for fa_fwd_wsp's producer (64 columns, 128 threads): the 16-byte path walks its
 // rows by one pointer, so that no per-row offsets are hoisted out of the producer's loops
@@ -1073,9 +888,9 @@ __device__ __forceinline__ void load_tile_lean(unsigned base, const unsigned sho
     }
 }
 
-// The persistent form of fa_fwd_ws (the default on Hopper; fa_fwd_ws stays as
-// GRAPHRUN_CUDA_ATTENTION=fnp): one CTA an SM runs item after item (query block, batch·head,
-// in fa_fwd_ws's chunked longest-first order), the first its blockIdx.x, the next ones from
+// The warp-specialized forward, persistent (the default on Hopper for heads ≤ 64): one CTA an
+// SM runs item after item (query block, batch·head, in chunks of heads, a chunk's longest
+// blocks first), the first its blockIdx.x, the next ones from
 // the counter `work` (zeroed by the host before the launch), so that a CTA's prologue and
 // epilogue overlap the work of its neighbours instead of leaving the tensor cores idle:
 // - Q is double-buffered: the producer loads item k + 1's Q into the buffer item k − 1
@@ -1141,7 +956,7 @@ template <class T, bool MASK, int NC> __device__ void fa_fwd_wsp(const AttnGeom&
                 const unsigned it = k == 0 ? blockIdx.x : work ? gridDim.x + (unsigned)atomicAdd(work, 1) : blockIdx.x + k * gridDim.x;
                 int b = 0, h = 0, hk = 0, q0 = -1, nt = 0;
                 if (it < (unsigned)(nqb * nbh)) {
-                    // fa_fwd_ws's order: chunks of `chunk` heads, a chunk's longest blocks first.
+                    // The order: chunks of `chunk` heads, a chunk's longest blocks first.
                     const unsigned span = (unsigned)(chunk * nqb), ci = it / span, cr = it - ci * span;
                     const unsigned left = (unsigned)nbh - ci * chunk, chb = left < (unsigned)chunk ? left : (unsigned)chunk;
                     const unsigned qr = cr / chb, bh = ci * chunk + (cr - qr * chb);
@@ -2074,16 +1889,8 @@ template <class T, bool MASK> __device__ void fa_bwd_wg(const AttnGeom& g, const
     INST_FA_FWD(T, S, 64, false, _mma, false) INST_FA_BWD(T, S, false, _mma, false)
 INST_FA(bf16, bf16)
 INST_FA(f16, f16)
-// The warp-specialized forward (sm_90a only; elsewhere an empty body the host never
-// launches): NC consumer warpgroups of 64 query rows.
-#define INST_FA_WS(T, S, NC, M, MS)                                                                             \
-    extern "C" __global__ void __launch_bounds__(((NC) + 1) * 128, 1) fa_fwd_ws##NC##_##S##_64##MS(            \
-        AttnGeom g, const T* q, const T* k, const T* v, const void* m, T* y, float* lse, int vec, int chunk) {  \
-        if constexpr (FA_HAVE_WG) fa_fwd_ws<T, M, NC>(g, q, k, v, m, y, lse, vec, chunk);                        \
-    }
-#define INST_FA_WS_M(T, S, NC) INST_FA_WS(T, S, NC, false, ) INST_FA_WS(T, S, NC, true, _m)
-INST_FA_WS_M(bf16, bf16, 3)
-INST_FA_WS_M(f16, f16, 3)
+// The persistent warp-specialized forward (sm_90a only; elsewhere an empty body the host
+// never launches): NC consumer warpgroups of 64 query rows.
 #define INST_FA_WSP(T, S, NC, M, MS)                                                                             \
     extern "C" __global__ void __launch_bounds__(((NC) + 1) * 128, 1) fa_fwd_wsp##NC##_##S##_64##MS(             \
         AttnGeom g, const T* q, const T* k, const T* v, const void* m, T* y, float* lse, int vec, int chunk, int nbh, \
@@ -2113,231 +1920,16 @@ INST_FA_WSP_M(f16, f16, 3)
 INST_FA_BWD1_ALL(bf16, bf16)
 INST_FA_BWD1_ALL(f16, f16)
 
-// The warp-specialized one-pass backward (sm_90a): fa_bwd_wg's math for two 64-key tiles a
-// CTA (128 keys), one consumer warpgroup each, and a producer warpgroup that streams the
-// query tiles (Q, dY, log2 LSE and delta) of the key block's walk into a ring of FA_BWS_ST
-// stages for both (mbarriers and setmaxnreg as fa_fwd_ws: producer 24 registers, consumers
-// 240). Each consumer adds its own dQ parts into `dqa` (red.v2, as fa_bwd_wg). Causal: the
-// second consumer passes over the query tile of its first 64 keys (waits and releases it).
-// No mask, no dMask (the host keeps fa_bwd_wg for those).
+// The warp-specialized one-pass backward (sm_90a), persistent: fa_bwd_wg's math for two
+// 64-key tiles a CTA item (128 keys), one consumer warpgroup each, and a producer warpgroup
+// that streams the query tiles (Q, dY, LSE and delta) of the key block's walk into a ring of
+// FA_BWS_ST stages for both (producer 24 registers, consumers 240). Each consumer adds its
+// own dQ parts into `dqa` (red.v2, as fa_bwd_wg). Causal: the second consumer passes over
+// the query tile of its first 64 keys (waits and releases it). No mask, no dMask (the host
+// keeps fa_bwd_wg for those). The one-CTA-an-item form fa_bwd_ws it replaced (fa_bws, 582
+// against 520 µs for the attention workload) is in the history at c482a73.
 #define FA_BWS_ST 4
-// Grid: one dimension, (128-key block, kv head) items in chunks of `chunk` heads: a chunk's
-// first key blocks (the longest under causal) of all its heads first, then the second...
-// (chunk 1: head after head, key blocks in order).
-template <class T> __device__ void fa_bwd_ws(const AttnGeom& g, const T* dY, const T* Q, const T* K, const T* V, const float* lse, const float* delta, float* dqa, T* dK, T* dV, int vec, int chunk) {
-    constexpr int DP = 64, TILE = FB_B * DP * 2, ST = FA_BWS_ST;
-    // Shared memory: K[2], V[2], dSᵀ[2 consumers][2], ST stages of (Q, dY), then
-    // [ST][2][64] floats (log2 LSE, delta), then the mbarriers full[ST], empty[ST], kv.
-    const unsigned sK = smem_u32(fa_base()), sV = sK + 2 * TILE, sdS = sK + 4 * TILE, sQ = sK + 8 * TILE;
-    float* sLD = (float*)(fa_base() + (8 + 2 * ST) * TILE);
-    const unsigned bars = sK + (8 + 2 * ST) * TILE + ST * 2 * FB_B * 4;
-    auto full = [&](int s) { return bars + 8u * s; };
-    auto empty = [&](int s) { return bars + 8u * (ST + s); };
-    const unsigned kvbar = bars + 16u * ST;
-    const int wg = threadIdx.x >> 7;
-    const i64 nkb = (g.skv + 2 * FB_B - 1) / (2 * FB_B), nbh = gridDim.x / nkb;
-    const i64 ci = blockIdx.x / (chunk * nkb), cr = blockIdx.x % (chunk * nkb);
-    const i64 chb = nbh - ci * chunk < chunk ? nbh - ci * chunk : chunk;  // heads of this chunk
-    const i64 bhk = ci * chunk + cr % chb, b = bhk / g.hkv, hk = bhk % g.hkv, grp = g.hq / g.hkv;
-    const i64 k0 = (cr / chb) * 2 * FB_B;
-    const i64 ntqa = (g.sq + FB_B - 1) / FB_B;  // dqa tiles a head
-    // The walk: every query tile from i_start of every query head of the kv group.
-    const i64 i_start = g.causal ? k0 : 0;
-    const int ntq = g.sq > i_start ? (int)((g.sq - i_start + FB_B - 1) / FB_B) : 0;
-    const int total = (int)(ntq * grp);
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < ST; ++s) {
-            mb_init(full(s), 128);
-            mb_init(empty(s), 8);
-        }
-        mb_init(kvbar, 128);
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-    __syncthreads();
-    if (wg == 0) {
-        wg_setmaxnreg_dec<24>();
-        // As fa_fwd_ws's producer: a copy group is announced once it has landed, after the
-        // next one is issued.
-        unsigned pend = 0;
-        auto issued = [&](unsigned bar) {
-            cp_commit();
-            asm volatile("cp.async.wait_group 1;" ::: "memory");
-            fence_async_smem();
-            if (pend) mb_arrive(pend);
-            pend = bar;
-        };
-#pragma unroll 1
-        for (int c = 0; c < 2; ++c) {
-            i64 kc0 = k0 + c * FB_B;
-            int kv = (int)(g.skv - kc0 < FB_B ? (g.skv - kc0 > 0 ? g.skv - kc0 : 0) : FB_B);
-            i64 kr = kv > 0 ? kc0 : 0;
-            load_tile<DP, 128>(sK + c * TILE, (const unsigned short*)K + att_off(g, ATT_K, b, hk, kr), g.st[ATT_K][2], FB_B, kv, (int)g.d, vec);
-            load_tile<DP, 128>(sV + c * TILE, (const unsigned short*)V + att_off(g, ATT_V, b, hk, kr), g.st[ATT_V][2], FB_B, kv, (int)g.dv, vec);
-        }
-        issued(kvbar);
-#pragma unroll 1
-        for (int it = 0; it < total; ++it) {
-            const int s = it % ST;
-            if (it >= ST) mb_wait(empty(s), (unsigned)((it / ST - 1) & 1));
-            i64 h = hk * grp + it / ntq, i0 = i_start + (i64)(it % ntq) * FB_B, bh = b * g.hq + h;
-            int qv = (int)(g.sq - i0 < FB_B ? g.sq - i0 : FB_B);
-            const unsigned st = sQ + s * 2 * TILE;
-            load_tile<DP, 128>(st, (const unsigned short*)Q + att_off(g, ATT_Q, b, h, i0), g.st[ATT_Q][2], FB_B, qv, (int)g.d, vec);
-            load_tile<DP, 128>(st + TILE, (const unsigned short*)dY + att_off(g, ATT_Y, b, h, i0), g.st[ATT_Y][2], FB_B, qv, (int)g.dv, vec);
-            const int r = threadIdx.x & 63;
-            if (threadIdx.x < 64) {
-                float L = r < qv ? lse[bh * g.sq + i0 + r] : neg_inf(0.f);
-                sLD[s * 128 + r] = L == neg_inf(L) ? -neg_inf(0.f) : L * FA_LOG2E;
-            } else {
-                sLD[s * 128 + 64 + r] = r < qv ? delta[bh * g.sq + i0 + r] : 0.f;
-            }
-            issued(full(s));
-        }
-        cp_wait_all();
-        fence_async_smem();
-        if (pend) mb_arrive(pend);
-        return;
-    }
-    wg_setmaxnreg_inc<240>();
-    const int c = wg - 1, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
-    const i64 kc0 = k0 + c * FB_B;
-    const unsigned sKc = sK + c * TILE, sVc = sV + c * TILE, sdSc = sdS + c * 2 * TILE;
-    auto arrive_warp = [&](unsigned bar) {
-        __syncwarp();
-        if (lane == 0) mb_arrive(bar);
-    };
-    // Whether this consumer's keys see query tile `it` (causal: its first row ≥ kc0).
-    auto sees = [&](int it) { return kc0 < g.skv && (!g.causal || i_start + (i64)(it % ntq) * FB_B >= kc0); };
-    float dk[8][4], dv[8][4], dq[8][4], s[8][4], dp[8][4];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = 0.f;
-        dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.f;
-    }
-    unsigned pa[4][4];  // Pᵀ of the previous tile (dSᵀ goes through shared memory)
-    const float sl2 = (float)g.scale * FA_LOG2E;
-    const i64 key0 = kc0 + warp * 16 + gq;  // this thread's first key row (the other is key0 + 8)
-    // Issues dV, dK and dQ of stream tile `it` (the n-th this consumer computes); one group.
-    auto grads = [&](int it, int n) {
-        const unsigned st = sQ + (it % ST) * 2 * TILE, ds = sdSc + (n & 1) * TILE;
-        wg_pb<T>(dv, pa, st + TILE);
-#pragma unroll
-        for (int kc = 0; kc < 4; ++kc) Wg<T, 1>::ss(dk, wg_desc_k(ds, kc), wg_desc_mn(st, kc), 1);
-#pragma unroll
-        for (int kc = 0; kc < 4; ++kc) WgT<T, 1>::ss(dq, wg_desc_mn(ds, kc), wg_desc_mn(sKc, kc), kc);
-        wg_commit();
-    };
-    auto add_dq = [&](int it) {
-        float* p = dqa + ((b * g.hq + hk * grp + it / ntq) * ntqa + (i_start / FB_B + it % ntq)) * 4096;
-#pragma unroll
-        for (int half = 0; half < 2; ++half)
-#pragma unroll
-            for (int nb = 0; nb < 8; ++nb) red_add2(p + FA_DQA(warp, nb, half, lane), dq[nb][2 * half], dq[nb][2 * half + 1]);
-    };
-    // Stream tile `it` (the n-th computed; `prev` the one before, n > 0): Sᵀ and dPᵀ of it,
-    // the gradients of prev under its softmax, then P and dSᵀ of it left for the next.
-    auto step = [&](int it, int prev, int n, bool first) {
-        const int sb = it % ST;
-        const unsigned st = sQ + sb * 2 * TILE;
-        const i64 i0 = i_start + (i64)(it % ntq) * FB_B;
-        wg_fence();
-#pragma unroll
-        for (int kc = 0; kc < 4; ++kc) Wg<T, 0>::ss(s, wg_desc_k(sKc, kc), wg_desc_k(st, kc), kc);
-        wg_commit();
-#pragma unroll
-        for (int kc = 0; kc < 4; ++kc) Wg<T, 0>::ss(dp, wg_desc_k(sVc, kc), wg_desc_k(st + TILE, kc), kc);
-        wg_commit();
-        if (!first) grads(prev, n - 1);
-        wg_wait_n(first ? 1 : 2);
-        wg_keep(s);
-        const bool edge = g.causal && i0 < kc0 + FB_B;
-        const float* L = sLD + sb * 128;
-        const float* Dl = L + 64;
-#pragma unroll
-        for (int nb = 0; nb < 8; ++nb)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) s[nb][e] = fmaf(s[nb][e], sl2, -L[nb * 8 + 2 * tq + (e & 1)]);
-        if (edge) fa_edge<T, false>(g, s, nullptr, 0, 0, key0, i0, 1);
-#pragma unroll
-        for (int nb = 0; nb < 8; ++nb)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) s[nb][e] = fa_ex2(s[nb][e]);
-        wg_wait_late(g, first ? 0 : 1);
-        wg_keep(dp);
-#pragma unroll
-        for (int nb = 0; nb < 8; ++nb)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) dp[nb][e] = s[nb][e] * (dp[nb][e] - Dl[nb * 8 + 2 * tq + (e & 1)]);
-        if (!first) {
-            wg_keep(s);  // (P and dS before the wait)
-            wg_keep(dp);
-            wg_wait_late(g, 0);
-            wg_keep(dv);
-            wg_keep(dk);
-            wg_keep(dq);
-            wg_keep_a(pa);
-            arrive_warp(empty(prev % ST));
-        }
-        pack_a<T>(pa, s);
-        unsigned da[4][4];
-        pack_a<T>(da, dp);
-        store_afrag64(sdSc + (n & 1) * TILE, warp * 16, da);
-        // (dSᵀ is read by the next grads: every warp's rows, through the async proxy)
-        fence_async_smem();
-        fa_wg_bar(1 + c);
-        // prev's dQ after the fence: its MEMBAR waits for every earlier global operation,
-        // and the 16 reds before it cost ~5 % of the consumers' time (ncu stall sampling).
-        if (!first) add_dq(prev);
-    };
-    mb_wait(kvbar, 0);
-    // (The first computed tile apart, so that `first` is a constant in each step: a
-    // run-time wgmma wait count serializes the products.)
-    int it = 0;
-#pragma unroll 1
-    for (; it < total; ++it) {
-        mb_wait(full(it % ST), (unsigned)((it / ST) & 1));
-        if (sees(it)) break;
-        arrive_warp(empty(it % ST));
-    }
-    if (it < total) {
-        step(it, -1, 0, true);
-        int prev = it, n = 1;
-#pragma unroll 1
-        for (++it; it < total; ++it) {
-            mb_wait(full(it % ST), (unsigned)((it / ST) & 1));
-            if (!sees(it)) {
-                arrive_warp(empty(it % ST));
-                continue;
-            }
-            step(it, prev, n, false);
-            prev = it;
-            ++n;
-        }
-        wg_fence();
-        grads(prev, n - 1);
-        wg_wait();
-        wg_keep(dv);
-        wg_keep(dk);
-        wg_keep(dq);
-        wg_keep_a(pa);
-        add_dq(prev);
-    }
-    float sc = (float)g.scale;
-    // (through this consumer's K and V tiles, read by no product any more)
-    store_tile_wg<T>(dK + att_off(g, ATT_K, b, hk, 0), g.st[ATT_K][2], dk, kc0, g.skv, (int)g.d, vec, sc, sc, sKc, 1 + c);
-    store_tile_wg<T>(dV + att_off(g, ATT_V, b, hk, 0), g.st[ATT_V][2], dv, kc0, g.skv, (int)g.dv, vec, 1.f, 1.f, sVc, 1 + c);
-}
-// (sm_90a only: elsewhere an empty body the host never launches)
-#define INST_FA_BWS(T, S)                                                                                                   \
-    extern "C" __global__ void __launch_bounds__(384, 1) fa_bws_##S##_64(AttnGeom g, const T* dy, const T* q, const T* k,  \
-        const T* v, const float* lse, const float* delta, float* dqa, T* dk, T* dv, int vec, int chunk) {                    \
-        if constexpr (FA_HAVE_WG) fa_bwd_ws<T>(g, dy, q, k, v, lse, delta, dqa, dk, dv, vec, chunk);                        \
-    }
-INST_FA_BWS(bf16, bf16)
-INST_FA_BWS(f16, f16)
-
-// The persistent form of fa_bwd_ws (fa_bws's math, layout of a key block and consumer step
-// unchanged): one CTA an SM takes (128-key block, kv head) items — the same chunked,
+// One CTA an SM takes (128-key block, kv head) items — the same chunked,
 // longest-first order — one after another, from a counter `work` (zeroed by the host before
 // the launch; null: item blockIdx.x + j·gridDim.x). K/V are double-buffered: the producer
 // loads item j + 1's K/V as soon as item j − 1's consumers have stored dK/dV through them

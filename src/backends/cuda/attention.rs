@@ -507,16 +507,15 @@ enum Fast {
 /// `GRAPHRUN_CUDA_ATTENTION=rows` keeps every problem on the row-per-warp kernels, `mma`
 /// the unmasked tensor-core ones on `mma.sync` where wgmma would run (to compare them on a
 /// device); for the forward on Hopper, `wg` takes the one-warpgroup wgmma kernel instead of
-/// the warp-specialized one (cuda/flash.cu fa_fwd_wsp, persistent; `fnp`: fa_fwd_ws, one
-/// CTA a query block; `fwspcN`: fa_fwd_wsp with chunks of N heads); for the backward, `bwd2` the
+/// the warp-specialized one (cuda/flash.cu fa_fwd_wsp, persistent; `fwspcN`: with chunks of
+/// N heads); for the backward, `bwd2` the
 /// f16/bf16 backward on Hopper in its two deterministic passes (dQ, then dK/dV) instead of
 /// the one pass with dQ summed by atomics, `bwd1` that one pass in one warpgroup a 64-key
 /// tile (cuda/flash.cu fa_bwd_wg) instead of the warp-specialized one (without masks: by
 /// default its persistent form fa_bwd_wsp with a work counter, `bpst` that with items
 /// strided over the CTAs (`bp2`, `bps2`: either on 2 CTAs, for tests; `bp10` its form with
-/// LSE/delta loaded by the producer), `bnp` the one CTA
-/// an item fa_bwd_ws; `bws1`, `bws16`: fa_bwd_ws
-/// with its key blocks head after head, or in chunks of 16 kv heads instead of 8).
+/// LSE/delta loaded by the producer). (The one-CTA-an-item forms `fnp` / `bnp` of
+/// sessions 5–6 are in the history at c482a73.)
 fn kernel_choice() -> &'static str {
     static CHOICE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     CHOICE.get_or_init(|| std::env::var("GRAPHRUN_CUDA_ATTENTION").unwrap_or_default())
@@ -673,7 +672,7 @@ fn fast_forward(
     ];
     match f {
         Fast::Mma(64) if c.dev.cc == (9, 0) && !matches!(kernel_choice(), "mma" | "wg") => {
-            // Warp-specialized (cuda/flash.cu fa_fwd_wsp, fa_fwd_ws): a producer warpgroup
+            // Warp-specialized (cuda/flash.cu fa_fwd_wsp): a producer warpgroup
             // and NC consumer warpgroups of 64 query rows; Q, then a ring of 128-key K/V
             // stages, then the mbarriers.
             let nc = 3; // consumer warpgroups (2 measured slower: fewer warps)
@@ -683,49 +682,34 @@ fn fast_forward(
             // Persistent (fa_fwd_wsp, the default): one CTA an SM taking items in the order
             // below, the first by its index, the others from a counter zeroed here (a
             // memset node when recorded); Q double-buffered, then the item slots.
-            // `fnp`: one CTA an item (fa_fwd_ws).
-            let persistent = kernel_choice() != "fnp";
             // One dimension of (query block, head) items in chunks of heads, a chunk's
             // longest blocks first, so that the short blocks fill the tail of the launch and
-            // a chunk's K/V stay in L2. fa_fwd_ws: chunks of 8 (3 % faster than head after
-            // head, 16 within noise). fa_fwd_wsp: chunks of up to 16 MiB of K/V, at most 32
+            // a chunk's K/V stay in L2: chunks of up to 16 MiB of K/V, at most 32
             // heads (the attention workload, 512 KiB a head: 32 measured 4–5 % faster than
             // 8, ~1 % than 16; 128 as 32; docs/bench-h100/attention-notes.md, "forward,
             // second step" and "persistent forward"). `fwspcN` takes chunks of N, to compare.
-            let chunk = if persistent {
-                let group = (g.hq / g.hkv.max(1)).max(1) as usize; // q heads a kv head
-                let kv_head = g.skv as usize * (g.d + g.dv) as usize * 2 / group;
-                kernel_choice()
-                    .strip_prefix("fwspc")
-                    .and_then(|n| n.parse().ok())
-                    .unwrap_or(((16usize << 20) / kv_head.max(1)).clamp(4, 32) as i32)
-            } else {
-                8
-            };
+            let group = (g.hq / g.hkv.max(1)).max(1) as usize; // q heads a kv head
+            let kv_head = g.skv as usize * (g.d + g.dv) as usize * 2 / group;
+            let chunk = kernel_choice()
+                .strip_prefix("fwspc")
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(((16usize << 20) / kv_head.max(1)).clamp(4, 32) as i32);
             let mut args = args;
             args.push(Arg::I32(chunk));
-            let (name, grid, smem) = if persistent {
-                let sms = c
-                    .dev
-                    .ctx
-                    .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-                    .map_err(|e| crate::err!(Runtime, "CUDA device attribute: {e:?}"))?;
-                let work = c.scratch(4)?;
-                // Safety: `work` addresses 4 bytes of scratch that live until the node ends.
-                unsafe {
-                    cudarc::driver::result::memset_d8_async(work, 0, 4, c.stream.cu_stream())
-                }
+            let sms = c
+                .dev
+                .ctx
+                .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+                .map_err(|e| crate::err!(Runtime, "CUDA device attribute: {e:?}"))?;
+            let work = c.scratch(4)?;
+            // Safety: `work` addresses 4 bytes of scratch that live until the node ends.
+            unsafe { cudarc::driver::result::memset_d8_async(work, 0, 4, c.stream.cu_stream()) }
                 .map_err(|e| crate::err!(Runtime, "CUDA memset failed: {e:?}"))?;
-                args.push(Arg::I32(bh as i32));
-                args.push(Arg::Ptr(work));
-                let name = format!("fa_fwd_wsp{nc}_{}_64{sfx}", suffix(q.dtype()));
-                let smem = 2 * bm * 64 * 2 + FA_WS_ST * 2 * FA_WS_BK * 64 * 2 + 256 + SMEM_ALIGN;
-                (name, (items.min(sms.max(1) as u32), 1, 1), smem)
-            } else {
-                let name = format!("fa_fwd_ws{nc}_{}_64{sfx}", suffix(q.dtype()));
-                let smem = bm * 64 * 2 + FA_WS_ST * 2 * FA_WS_BK * 64 * 2 + 128 + SMEM_ALIGN;
-                (name, (items, 1, 1), smem)
-            };
+            args.push(Arg::I32(bh as i32));
+            args.push(Arg::Ptr(work));
+            let name = format!("fa_fwd_wsp{nc}_{}_64{sfx}", suffix(q.dtype()));
+            let smem = 2 * bm * 64 * 2 + FA_WS_ST * 2 * FA_WS_BK * 64 * 2 + 256 + SMEM_ALIGN;
+            let grid = (items.min(sms.max(1) as u32), 1, 1);
             launch_grid(
                 &c.dev,
                 &c.stream,
@@ -843,15 +827,13 @@ fn fast_backward(
                 &pre,
             )?;
             if g.mask_kind == 0 && dmask == 0 && kernel_choice() != "bwd1" {
-                // Warp-specialized (cuda/flash.cu fa_bwd_ws): 128 keys a CTA, a producer
-                // warpgroup streaming Q/dY into a ring for two consumer warpgroups. Shared
-                // memory: K and V of both (two buffers of them persistent), two dSᵀ tiles
-                // each, the ring of (Q, dY) tiles, its LSE and delta, the mbarriers (and the
-                // persistent kernel's item slots).
-                let persistent = !matches!(kernel_choice(), "bnp" | "bws1" | "bws16");
+                // Warp-specialized and persistent (cuda/flash.cu fa_bwd_wsp): 128 keys an
+                // item, a producer warpgroup streaming Q/dY into a ring for two consumer
+                // warpgroups. Shared memory: K and V of both in two buffers, two dSᵀ tiles
+                // each, the ring of (Q, dY) tiles, its LSE and delta, the mbarriers, the item
+                // slots.
                 let tile = FA_T * 64 * 2;
-                let kv = if persistent { 8 } else { 4 };
-                let smem = (kv + 4 + 2 * FA_BWS_ST) * tile
+                let smem = (8 + 4 + 2 * FA_BWS_ST) * tile
                     + FA_BWS_ST * 2 * FA_T * 4
                     + (2 * FA_BWS_ST + 4) * 8
                     + 32
@@ -867,59 +849,44 @@ fn fast_backward(
                     Arg::I32(vec),
                 ]);
                 // Items in chunks of 8 kv heads, the longest (first) key blocks of a chunk
-                // first; `bws1`: head after head, `bws16`: chunks of 16.
-                let chunk = match kernel_choice() {
-                    "bws1" => 1,
-                    "bws16" => 16,
-                    _ => 8,
-                };
-                a.push(Arg::I32(chunk));
+                // first (measured against head after head in session 5: 654 vs 677 µs; 16
+                // in session 6: the same).
+                a.push(Arg::I32(8));
                 let items = skv.div_ceil(2 * FA_T) * kgrid.1 as usize;
-                if persistent {
-                    // One CTA an SM taking the items in turn: from a counter zeroed here
-                    // (`bpst`: item blockIdx.x + j·gridDim.x, no counter). `bp2` / `bps2`:
-                    // the same on 2 CTAs (tests: many items a CTA).
-                    let choice = kernel_choice();
-                    let sms = c
-                        .dev
-                        .ctx
-                        .attribute(
-                            cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-                        )
-                        .map_err(|e| crate::err!(Runtime, "CUDA device attribute: {e:?}"))?;
-                    let work = if matches!(choice, "bpst" | "bps2") {
-                        0
-                    } else {
-                        let work = c.scratch(4)?;
-                        // Safety: `work` addresses 4 bytes of scratch that live until the
-                        // node ends.
-                        unsafe {
-                            cudarc::driver::result::memset_d8_async(
-                                work,
-                                0,
-                                4,
-                                c.stream.cu_stream(),
-                            )
-                        }
-                        .map_err(|e| crate::err!(Runtime, "CUDA memset failed: {e:?}"))?;
-                        work
-                    };
-                    a.extend([Arg::I32(kgrid.1 as i32), Arg::Ptr(work)]);
-                    let ctas = if choice.ends_with('2') {
-                        2
-                    } else {
-                        sms.max(1) as usize
-                    };
-                    let grid = (items.min(ctas) as u32, 1, 1);
-                    // (flash.cu fa_bwd_wsp<LATE, ALD>: `bp10` LSE/delta loaded by the producer)
-                    let form = if choice == "bp10" { "10" } else { "11" };
-                    let name = format!("fa_bwsp{form}_{sfx}_64");
-                    launch_grid(&c.dev, &c.stream, &name, grid, 384, smem, &a)?;
+                // One CTA an SM taking the items in turn: from a counter zeroed here
+                // (`bpst`: item blockIdx.x + j·gridDim.x, no counter). `bp2` / `bps2`:
+                // the same on 2 CTAs (tests: many items a CTA).
+                let choice = kernel_choice();
+                let sms = c
+                    .dev
+                    .ctx
+                    .attribute(
+                        cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+                    )
+                    .map_err(|e| crate::err!(Runtime, "CUDA device attribute: {e:?}"))?;
+                let work = if matches!(choice, "bpst" | "bps2") {
+                    0
                 } else {
-                    let grid = (items as u32, 1, 1);
-                    let name = format!("fa_bws_{sfx}_64");
-                    launch_grid(&c.dev, &c.stream, &name, grid, 384, smem, &a)?;
-                }
+                    let work = c.scratch(4)?;
+                    // Safety: `work` addresses 4 bytes of scratch that live until the
+                    // node ends.
+                    unsafe {
+                        cudarc::driver::result::memset_d8_async(work, 0, 4, c.stream.cu_stream())
+                    }
+                    .map_err(|e| crate::err!(Runtime, "CUDA memset failed: {e:?}"))?;
+                    work
+                };
+                a.extend([Arg::I32(kgrid.1 as i32), Arg::Ptr(work)]);
+                let ctas = if choice.ends_with('2') {
+                    2
+                } else {
+                    sms.max(1) as usize
+                };
+                let grid = (items.min(ctas) as u32, 1, 1);
+                // (flash.cu fa_bwd_wsp<LATE, ALD>: `bp10` LSE/delta loaded by the producer)
+                let form = if choice == "bp10" { "10" } else { "11" };
+                let name = format!("fa_bwsp{form}_{sfx}_64");
+                launch_grid(&c.dev, &c.stream, &name, grid, 384, smem, &a)?;
             } else {
                 let mut a = common(g);
                 a.extend([
