@@ -647,6 +647,24 @@ fn vec_ok(g: &AttnGeom, dt: DType, ptrs: &[u64]) -> i32 {
     (g.d % n == 0 && g.dv % n == 0 && strides && ptrs.iter().all(|p| p % 16 == 0)) as i32
 }
 
+/// For a persistent kernel (one CTA an SM taking items from a counter): the device's SM
+/// count, and the counter, 4 bytes of scratch set to zero on the stream (a memset node when
+/// the step is recorded).
+fn persistent_launch(c: &Cuda) -> Result<(usize, u64)> {
+    let sms = c
+        .dev
+        .ctx
+        .attribute(
+            cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+        )
+        .map_err(|e| crate::err!(Runtime, "CUDA device attribute: {e:?}"))?;
+    let work = c.scratch(4)?;
+    // Safety: `work` addresses 4 bytes of scratch that live until the node ends.
+    unsafe { cudarc::driver::result::memset_d8_async(work, 0, 4, c.stream.cu_stream()) }
+        .map_err(|e| crate::err!(Runtime, "CUDA memset failed: {e:?}"))?;
+    Ok((sms.max(1) as usize, work))
+}
+
 fn fast_forward(
     c: &Cuda,
     f: Fast,
@@ -696,20 +714,12 @@ fn fast_forward(
                 .unwrap_or(((16usize << 20) / kv_head.max(1)).clamp(4, 32) as i32);
             let mut args = args;
             args.push(Arg::I32(chunk));
-            let sms = c
-                .dev
-                .ctx
-                .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-                .map_err(|e| crate::err!(Runtime, "CUDA device attribute: {e:?}"))?;
-            let work = c.scratch(4)?;
-            // Safety: `work` addresses 4 bytes of scratch that live until the node ends.
-            unsafe { cudarc::driver::result::memset_d8_async(work, 0, 4, c.stream.cu_stream()) }
-                .map_err(|e| crate::err!(Runtime, "CUDA memset failed: {e:?}"))?;
+            let (sms, work) = persistent_launch(c)?;
             args.push(Arg::I32(bh as i32));
             args.push(Arg::Ptr(work));
             let name = format!("fa_fwd_wsp{nc}_{}_64{sfx}", suffix(q.dtype()));
             let smem = 2 * bm * 64 * 2 + FA_WS_ST * 2 * FA_WS_BK * 64 * 2 + 256 + SMEM_ALIGN;
-            let grid = (items.min(sms.max(1) as u32), 1, 1);
+            let grid = (items.min(sms as u32), 1, 1);
             launch_grid(
                 &c.dev,
                 &c.stream,
@@ -857,31 +867,14 @@ fn fast_backward(
                 // (`bpst`: item blockIdx.x + j·gridDim.x, no counter). `bp2` / `bps2`:
                 // the same on 2 CTAs (tests: many items a CTA).
                 let choice = kernel_choice();
-                let sms = c
-                    .dev
-                    .ctx
-                    .attribute(
-                        cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-                    )
-                    .map_err(|e| crate::err!(Runtime, "CUDA device attribute: {e:?}"))?;
+                let (sms, work) = persistent_launch(c)?;
                 let work = if matches!(choice, "bpst" | "bps2") {
                     0
                 } else {
-                    let work = c.scratch(4)?;
-                    // Safety: `work` addresses 4 bytes of scratch that live until the
-                    // node ends.
-                    unsafe {
-                        cudarc::driver::result::memset_d8_async(work, 0, 4, c.stream.cu_stream())
-                    }
-                    .map_err(|e| crate::err!(Runtime, "CUDA memset failed: {e:?}"))?;
                     work
                 };
                 a.extend([Arg::I32(kgrid.1 as i32), Arg::Ptr(work)]);
-                let ctas = if choice.ends_with('2') {
-                    2
-                } else {
-                    sms.max(1) as usize
-                };
+                let ctas = if choice.ends_with('2') { 2 } else { sms };
                 let grid = (items.min(ctas) as u32, 1, 1);
                 // (flash.cu fa_bwd_wsp<LATE, ALD>: `bp10` LSE/delta loaded by the producer)
                 let form = if choice == "bp10" { "10" } else { "11" };
