@@ -105,6 +105,13 @@ __device__ __forceinline__ float m_erf(float x) { return erff(x); }
 __device__ __forceinline__ double m_erf(double x) { return erf(x); }
 __device__ __forceinline__ float m_tanh(float x) { return tanhf(x); }
 __device__ __forceinline__ double m_tanh(double x) { return tanh(x); }
+// The rest of the unary maps' math, float and double.
+#define M1(name) \
+    __device__ __forceinline__ float m_##name(float x) { return name##f(x); } \
+    __device__ __forceinline__ double m_##name(double x) { return name(x); }
+M1(sin) M1(cos) M1(tan) M1(asin) M1(acos) M1(atan) M1(sinh) M1(cosh) M1(asinh) M1(acosh)
+M1(atanh) M1(floor) M1(ceil) M1(rint) M1(log1p) M1(fabs)
+#undef M1
 __device__ __forceinline__ float m_pow(float x, float e) { return powf(x, e); }
 __device__ __forceinline__ double m_pow(double x, double e) { return pow(x, e); }
 __device__ __forceinline__ float neg_inf(float) { return __int_as_float(0xff800000); }

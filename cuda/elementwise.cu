@@ -3,22 +3,8 @@
 // activation epilogue. The activation formulas are the CPU backend's
 // (src/backends/cpu/elementwise.rs `act`), so fused and unfused graphs agree.
 
-// Op codes shared with the host (src/backends/cuda/elementwise.rs `ActCode`).
-#define OP_NONE 0
-#define OP_RELU 1
-#define OP_GELU 2
-#define OP_GELU_TANH 3
-#define OP_SILU 4
-#define OP_SIGMOID 5
-#define OP_TANH 6
-#define OP_NEG 7
-#define OP_EXP 8
-#define OP_LOG 9
-#define OP_SQRT 10
-#define OP_RECIP 11
-#define OP_ABS 12
-#define OP_ERF 13
-#define OP_LEAKY 14
+// The op codes OP_* come from cuda/opcodes.cuh, generated from the Rust declaration
+// (src/graph/elementwise.rs); every switch over them ends in a trap.
 
 #define K_SQRT_2_OVER_PI 0.7978845608028654
 #define K_FRAC_1_SQRT_2 0.7071067811865476
@@ -26,9 +12,18 @@
 #define K_GELU_C 0.044715
 
 template <class A> __device__ __forceinline__ A sigmoid_(A v) { return (A)1 / ((A)1 + m_exp(-v)); }
+template <class A> __device__ __forceinline__ A sign_(A v) { return v > (A)0 ? (A)1 : v < (A)0 ? (A)-1 : v; }
+// ln(1 + e^x) without overflow.
+template <class A> __device__ __forceinline__ A softplus_(A v) { return (v > (A)0 ? v : (A)0) + m_log1p(m_exp(-m_fabs(v))); }
+template <class A> __device__ __forceinline__ A clamp01_(A v) { return v < (A)0 ? (A)0 : v > (A)1 ? (A)1 : v; }
 
-template <class A> __device__ __forceinline__ A act_fwd(int op, A v, A alpha) {
+// An op code without a case: stop the kernel (the launch fails) rather than compute a
+// wrong value.
+__device__ __forceinline__ void bad_op() { __trap(); }
+
+template <class A> __device__ __forceinline__ A act_fwd(int op, A v, A alpha, A beta) {
     switch (op) {
+    case OP_NONE: return v;
     case OP_RELU: return v < (A)0 ? (A)0 : v;
     case OP_GELU: return (A)0.5 * v * ((A)1 + m_erf(v * (A)K_FRAC_1_SQRT_2));
     case OP_GELU_TANH:
@@ -40,17 +35,43 @@ template <class A> __device__ __forceinline__ A act_fwd(int op, A v, A alpha) {
     case OP_EXP: return m_exp(v);
     case OP_LOG: return m_log(v);
     case OP_SQRT: return m_sqrt(v);
-    case OP_RECIP: return (A)1 / v;
+    case OP_RECIPROCAL: return (A)1 / v;
     case OP_ABS: return v < (A)0 ? -v : v;
     case OP_ERF: return m_erf(v);
-    case OP_LEAKY: return v >= (A)0 ? v : alpha * v;
-    default: return v;
+    case OP_LEAKY_RELU: return v >= (A)0 ? v : alpha * v;
+    case OP_SIGN: return sign_(v);
+    case OP_FLOOR: return m_floor(v);
+    case OP_CEIL: return m_ceil(v);
+    case OP_ROUND: return m_rint(v);
+    case OP_SIN: return m_sin(v);
+    case OP_COS: return m_cos(v);
+    case OP_TAN: return m_tan(v);
+    case OP_ASIN: return m_asin(v);
+    case OP_ACOS: return m_acos(v);
+    case OP_ATAN: return m_atan(v);
+    case OP_SINH: return m_sinh(v);
+    case OP_COSH: return m_cosh(v);
+    case OP_ASINH: return m_asinh(v);
+    case OP_ACOSH: return m_acosh(v);
+    case OP_ATANH: return m_atanh(v);
+    case OP_SOFTPLUS: return softplus_(v);
+    case OP_SOFTSIGN: return v / ((A)1 + m_fabs(v));
+    case OP_ELU: return v < (A)0 ? alpha * (m_exp(v) - (A)1) : v;
+    case OP_SELU: return v > (A)0 ? beta * v : beta * alpha * (m_exp(v) - (A)1);
+    case OP_CELU: return v > (A)0 ? v : alpha * (m_exp(v / alpha) - (A)1);
+    case OP_HARD_SIGMOID: return clamp01_(alpha * v + beta);
+    case OP_HARD_SWISH: return v * clamp01_(v / (A)6 + (A)0.5);
+    case OP_MISH: return v * m_tanh(softplus_(v));
+    case OP_THRESHOLDED_RELU: return v > alpha ? v : (A)0;
+    case OP_SWISH: return v * sigmoid_(alpha * v);
+    default: bad_op(); return v;
     }
 }
 
 // dy · f'(x).
-template <class A> __device__ __forceinline__ A act_bwd(int op, A g, A v, A alpha) {
+template <class A> __device__ __forceinline__ A act_bwd(int op, A g, A v, A alpha, A beta) {
     switch (op) {
+    case OP_NONE: return g;
     case OP_RELU: return v > (A)0 ? g : (A)0;
     case OP_GELU: {
         A cdf = (A)0.5 * ((A)1 + m_erf(v * (A)K_FRAC_1_SQRT_2));
@@ -71,39 +92,68 @@ template <class A> __device__ __forceinline__ A act_bwd(int op, A g, A v, A alph
     case OP_EXP: return g * m_exp(v);
     case OP_LOG: return g / v;
     case OP_SQRT: return g * (A)0.5 / m_sqrt(v);
-    case OP_RECIP: return -g / (v * v);
+    case OP_RECIPROCAL: return -g / (v * v);
     case OP_ABS: return v > (A)0 ? g : (v < (A)0 ? -g : (A)0);
     case OP_ERF: return g * (A)K_FRAC_2_SQRT_PI * m_exp(-v * v);
-    case OP_LEAKY: return v > (A)0 ? g : alpha * g;
-    default: return g;
+    case OP_LEAKY_RELU: return v > (A)0 ? g : alpha * g;
+    case OP_SIN: return g * m_cos(v);
+    case OP_COS: return -g * m_sin(v);
+    case OP_TAN: { A t = m_tan(v); return g * ((A)1 + t * t); }
+    case OP_ASIN: return g / m_sqrt((A)1 - v * v);
+    case OP_ACOS: return -g / m_sqrt((A)1 - v * v);
+    case OP_ATAN: return g / ((A)1 + v * v);
+    case OP_SINH: return g * m_cosh(v);
+    case OP_COSH: return g * m_sinh(v);
+    case OP_ASINH: return g / m_sqrt(v * v + (A)1);
+    case OP_ACOSH: return g / m_sqrt(v * v - (A)1);
+    case OP_ATANH: return g / ((A)1 - v * v);
+    case OP_SOFTPLUS: return g * sigmoid_(v);
+    case OP_SOFTSIGN: { A d = (A)1 + m_fabs(v); return g / (d * d); }
+    case OP_ELU: return v > (A)0 ? g : g * alpha * m_exp(v);
+    case OP_SELU: return v > (A)0 ? g * beta : g * beta * alpha * m_exp(v);
+    case OP_CELU: return v > (A)0 ? g : g * m_exp(v / alpha);
+    case OP_HARD_SIGMOID: { A u = alpha * v + beta; return (u > (A)0 && u < (A)1) ? g * alpha : (A)0; }
+    case OP_HARD_SWISH: return v < (A)-3 ? (A)0 : v > (A)3 ? g : g * (v / (A)3 + (A)0.5);
+    case OP_MISH: { A t = m_tanh(softplus_(v)); return g * (t + v * ((A)1 - t * t) * sigmoid_(v)); }
+    case OP_THRESHOLDED_RELU: return v > alpha ? g : (A)0;
+    case OP_SWISH: { A s = sigmoid_(alpha * v); return g * s * ((A)1 + alpha * v * ((A)1 - s)); }
+    default: bad_op(); return g;
     }
 }
 
-template <class T> __device__ void unary_k(const T* x, T* y, i64 n, int op, float alpha) {
+template <class T> __device__ void unary_k(const T* x, T* y, i64 n, int op, float alpha, float beta) {
     typedef typename Num<T>::A A;
-    GRID_STRIDE(i, n) y[i] = st<T>(act_fwd<A>(op, ld(x[i]), (A)alpha));
+    GRID_STRIDE(i, n) y[i] = st<T>(act_fwd<A>(op, ld(x[i]), (A)alpha, (A)beta));
 }
 
-// Neg, Abs, Relu on integers (wrapping negation, as the CPU).
+// Neg, Abs, Relu, Sign on integers (wrapping negation, as the CPU).
 template <class T> __device__ void signop_k(const T* x, T* y, i64 n, int op) {
     GRID_STRIDE(i, n) {
         i64 v = ld(x[i]);
         i64 neg = (i64)(0ull - (u64)v);
-        y[i] = st<T>(op == OP_NEG ? neg : op == OP_ABS ? (v < 0 ? neg : v) : (v < 0 ? 0 : v));
+        i64 r;
+        switch (op) {
+        case OP_NEG: r = neg; break;
+        case OP_ABS: r = v < 0 ? neg : v; break;
+        case OP_RELU: r = v < 0 ? 0 : v; break;
+        case OP_SIGN: r = v < 0 ? -1 : v > 0 ? 1 : 0; break;
+        default: bad_op(); r = v;
+        }
+        y[i] = st<T>(r);
     }
 }
 
 // dX = dY · f'(X) with dY and X broadcast to the output (operands 0 and 1 of `s`).
-template <class T> __device__ void unary_grad_k(const T* dy, const T* x, T* dx, Strided s, i64 n, int op, float alpha) {
+template <class T> __device__ void unary_grad_k(const T* dy, const T* x, T* dx, Strided s, i64 n, int op, float alpha, float beta) {
     typedef typename Num<T>::A A;
-    GRID_STRIDE(i, n) dx[i] = st<T>(act_bwd<A>(op, ld(dy[offset_of(s, 0, i)]), ld(x[offset_of(s, 1, i)]), (A)alpha));
+    GRID_STRIDE(i, n) dx[i] = st<T>(act_bwd<A>(op, ld(dy[offset_of(s, 0, i)]), ld(x[offset_of(s, 1, i)]), (A)alpha, (A)beta));
 }
 
 // Y = act(Pre) + residual (residual broadcast as operand 0 of `s`; null for none).
 template <class T> __device__ void act_epilogue_k(const T* pre, const T* res, T* y, Strided s, i64 n, int op) {
     typedef typename Num<T>::A A;
     GRID_STRIDE(i, n) {
-        A v = act_fwd<A>(op, ld(pre[i]), (A)0);
+        A v = act_fwd<A>(op, ld(pre[i]), (A)0, (A)0);
         if (res) v += ld(res[offset_of(s, 0, i)]);
         y[i] = st<T>(v);
     }
@@ -112,7 +162,7 @@ template <class T> __device__ void act_epilogue_k(const T* pre, const T* res, T*
 // The two maps above 16 bytes a thread, where every operand is contiguous with the output
 // (the residual may be null) and `nv` vectors cover it; the host checks alignment.
 template <class T> union EVec { uint4 u; T t[16 / sizeof(T)]; };
-template <class T> __device__ void unary_grad_vec_k(const T* dy, const T* x, T* dx, i64 nv, int op, float alpha) {
+template <class T> __device__ void unary_grad_vec_k(const T* dy, const T* x, T* dx, i64 nv, int op, float alpha, float beta) {
     typedef typename Num<T>::A A;
     constexpr int V = 16 / sizeof(T);
     GRID_STRIDE(i, nv) {
@@ -120,7 +170,7 @@ template <class T> __device__ void unary_grad_vec_k(const T* dy, const T* x, T* 
         d.u = ((const uint4*)dy)[i];
         v.u = ((const uint4*)x)[i];
 #pragma unroll
-        for (int k = 0; k < V; ++k) o.t[k] = st<T>(act_bwd<A>(op, ld(d.t[k]), ld(v.t[k]), (A)alpha));
+        for (int k = 0; k < V; ++k) o.t[k] = st<T>(act_bwd<A>(op, ld(d.t[k]), ld(v.t[k]), (A)alpha, (A)beta));
         ((uint4*)dx)[i] = o.u;
     }
 }
@@ -133,7 +183,7 @@ template <class T> __device__ void act_epilogue_vec_k(const T* pre, const T* res
         if (res) r.u = ((const uint4*)res)[i];
 #pragma unroll
         for (int k = 0; k < V; ++k) {
-            A v = act_fwd<A>(op, ld(p.t[k]), (A)0);
+            A v = act_fwd<A>(op, ld(p.t[k]), (A)0, (A)0);
             if (res) v += ld(r.t[k]);
             o.t[k] = st<T>(v);
         }

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Compiles the kernel families of cuda/ here, exactly as src/backends/cuda/device.rs does on
-the device (each family's file after common.cuh, the same options and cache-file names), into
+the device (each family's file after opcodes.cuh and common.cuh, the same options and cache-file names), into
 DIR/<family>-<key>.cubin. Carried to the device and named by GRAPHRUN_CUDA_CACHE=DIR, it
 saves the device the NVRTC compiles (device time), where the device's NVRTC has the same
 version (otherwise the keys differ and each family compiles on its first use).
@@ -20,7 +20,7 @@ def read(f):
 
 
 def source(family):
-    return read("common.cuh") + "\n" + read(family + ".cu")
+    return read("opcodes.cuh") + "\n" + read("common.cuh") + "\n" + read(family + ".cu")
 
 
 def key(src, opts, version):

@@ -33,24 +33,9 @@ fn offset_at(at: u32, k: u32, i: u32) -> i32 {
 // The first strided descriptor sits after 16 scalar parameters.
 fn offset_of(k: u32, i: u32) -> i32 { return offset_at(16u, k, i); }
 
-// Activations and unary maps, in f32. The codes are the host's (elementwise.rs `code`);
-// formulas as the CPU backend's, so fused and unfused graphs agree.
-const OP_NONE: u32 = 0u;
-const OP_RELU: u32 = 1u;
-const OP_GELU: u32 = 2u;
-const OP_GELU_TANH: u32 = 3u;
-const OP_SILU: u32 = 4u;
-const OP_SIGMOID: u32 = 5u;
-const OP_TANH: u32 = 6u;
-const OP_NEG: u32 = 7u;
-const OP_EXP: u32 = 8u;
-const OP_LOG: u32 = 9u;
-const OP_SQRT: u32 = 10u;
-const OP_RECIP: u32 = 11u;
-const OP_ABS: u32 = 12u;
-const OP_ERF: u32 = 13u;
-const OP_LEAKY: u32 = 14u;
-
+// Activations and unary maps, in f32. The op codes OP_* come from shaders/opcodes.wgsl,
+// generated from the Rust declaration (src/graph/elementwise.rs) and put in front of this
+// file; formulas as the CPU backend's, so fused and unfused graphs agree.
 const SQRT_2_OVER_PI: f32 = 0.7978845608028654;
 const FRAC_1_SQRT_2: f32 = 0.7071067811865476;
 const FRAC_2_SQRT_PI: f32 = 1.1283791670955126;
@@ -71,9 +56,15 @@ fn erf_(x: f32) -> f32 {
 // Some drivers' tanh overflows to NaN for large inputs; it is ±1 to f32 precision there.
 fn tanh_(x: f32) -> f32 { return tanh(clamp(x, -15.0, 15.0)); }
 fn sigmoid_(v: f32) -> f32 { return 1.0 / (1.0 + exp(-v)); }
+// ln(1 + e^x) without overflow.
+fn softplus_(v: f32) -> f32 { return max(v, 0.0) + log(1.0 + exp(-abs(v))); }
+fn sign_(v: f32) -> f32 { return select(select(v, -1.0, v < 0.0), 1.0, v > 0.0); }
+// WGSL has no trap: an op code without a case gives NaN, which every test catches.
+fn bad_op() -> f32 { return bitcast<f32>(0x7fc00000u); }
 
-fn act_fwd(op: u32, v: f32, alpha: f32) -> f32 {
+fn act_fwd(op: u32, v: f32, alpha: f32, beta: f32) -> f32 {
     switch op {
+        case OP_NONE: { return v; }
         case OP_RELU: { return max(v, 0.0); }
         case OP_GELU: { return 0.5 * v * (1.0 + erf_(v * FRAC_1_SQRT_2)); }
         case OP_GELU_TANH: { return 0.5 * v * (1.0 + tanh_(SQRT_2_OVER_PI * (v + GELU_C * v * v * v))); }
@@ -84,17 +75,44 @@ fn act_fwd(op: u32, v: f32, alpha: f32) -> f32 {
         case OP_EXP: { return exp(v); }
         case OP_LOG: { return log(v); }
         case OP_SQRT: { return sqrt(v); }
-        case OP_RECIP: { return 1.0 / v; }
+        case OP_RECIPROCAL: { return 1.0 / v; }
         case OP_ABS: { return abs(v); }
         case OP_ERF: { return erf_(v); }
-        case OP_LEAKY: { return select(alpha * v, v, v >= 0.0); }
-        default: { return v; }
+        case OP_LEAKY_RELU: { return select(alpha * v, v, v >= 0.0); }
+        case OP_SIGN: { return sign_(v); }
+        case OP_FLOOR: { return floor(v); }
+        case OP_CEIL: { return ceil(v); }
+        case OP_ROUND: { return round(v); }
+        case OP_SIN: { return sin(v); }
+        case OP_COS: { return cos(v); }
+        case OP_TAN: { return tan(v); }
+        // Through atan2: some drivers' asin and acos are far less precise than their atan.
+        case OP_ASIN: { return atan2(v, sqrt((1.0 - v) * (1.0 + v))); }
+        case OP_ACOS: { return atan2(sqrt((1.0 - v) * (1.0 + v)), v); }
+        case OP_ATAN: { return atan(v); }
+        case OP_SINH: { return sinh(v); }
+        case OP_COSH: { return cosh(v); }
+        case OP_ASINH: { return asinh(v); }
+        case OP_ACOSH: { return acosh(v); }
+        case OP_ATANH: { return atanh(v); }
+        case OP_SOFTPLUS: { return softplus_(v); }
+        case OP_SOFTSIGN: { return v / (1.0 + abs(v)); }
+        case OP_ELU: { return select(v, alpha * (exp(v) - 1.0), v < 0.0); }
+        case OP_SELU: { return select(beta * alpha * (exp(v) - 1.0), beta * v, v > 0.0); }
+        case OP_CELU: { return select(alpha * (exp(v / alpha) - 1.0), v, v > 0.0); }
+        case OP_HARD_SIGMOID: { return clamp(alpha * v + beta, 0.0, 1.0); }
+        case OP_HARD_SWISH: { return v * clamp(v / 6.0 + 0.5, 0.0, 1.0); }
+        case OP_MISH: { return v * tanh_(softplus_(v)); }
+        case OP_THRESHOLDED_RELU: { return select(0.0, v, v > alpha); }
+        case OP_SWISH: { return v * sigmoid_(alpha * v); }
+        default: { return bad_op(); }
     }
 }
 
 // g · f'(v).
-fn act_bwd(op: u32, g: f32, v: f32, alpha: f32) -> f32 {
+fn act_bwd(op: u32, g: f32, v: f32, alpha: f32, beta: f32) -> f32 {
     switch op {
+        case OP_NONE: { return g; }
         case OP_RELU: { return select(0.0, g, v > 0.0); }
         case OP_GELU: {
             let cdf = 0.5 * (1.0 + erf_(v * FRAC_1_SQRT_2));
@@ -114,11 +132,32 @@ fn act_bwd(op: u32, g: f32, v: f32, alpha: f32) -> f32 {
         case OP_EXP: { return g * exp(v); }
         case OP_LOG: { return g / v; }
         case OP_SQRT: { return g * 0.5 / sqrt(v); }
-        case OP_RECIP: { return -g / (v * v); }
+        case OP_RECIPROCAL: { return -g / (v * v); }
         case OP_ABS: { return select(select(0.0, -g, v < 0.0), g, v > 0.0); }
         case OP_ERF: { return g * FRAC_2_SQRT_PI * exp(-v * v); }
-        case OP_LEAKY: { return select(alpha * g, g, v > 0.0); }
-        default: { return g; }
+        case OP_LEAKY_RELU: { return select(alpha * g, g, v > 0.0); }
+        case OP_SIN: { return g * cos(v); }
+        case OP_COS: { return -g * sin(v); }
+        case OP_TAN: { let t = tan(v); return g * (1.0 + t * t); }
+        case OP_ASIN: { return g / sqrt(1.0 - v * v); }
+        case OP_ACOS: { return -g / sqrt(1.0 - v * v); }
+        case OP_ATAN: { return g / (1.0 + v * v); }
+        case OP_SINH: { return g * cosh(v); }
+        case OP_COSH: { return g * sinh(v); }
+        case OP_ASINH: { return g / sqrt(v * v + 1.0); }
+        case OP_ACOSH: { return g / sqrt(v * v - 1.0); }
+        case OP_ATANH: { return g / (1.0 - v * v); }
+        case OP_SOFTPLUS: { return g * sigmoid_(v); }
+        case OP_SOFTSIGN: { let d = 1.0 + abs(v); return g / (d * d); }
+        case OP_ELU: { return select(g * alpha * exp(v), g, v > 0.0); }
+        case OP_SELU: { return select(g * beta * alpha * exp(v), g * beta, v > 0.0); }
+        case OP_CELU: { return select(g * exp(v / alpha), g, v > 0.0); }
+        case OP_HARD_SIGMOID: { let u = alpha * v + beta; return select(0.0, g * alpha, u > 0.0 && u < 1.0); }
+        case OP_HARD_SWISH: { return select(select(g * (v / 3.0 + 0.5), g, v > 3.0), 0.0, v < -3.0); }
+        case OP_MISH: { let t = tanh_(softplus_(v)); return g * (t + v * (1.0 - t * t) * sigmoid_(v)); }
+        case OP_THRESHOLDED_RELU: { return select(0.0, g, v > alpha); }
+        case OP_SWISH: { let s = sigmoid_(alpha * v); return g * s * (1.0 + alpha * v * (1.0 - s)); }
+        default: { return bad_op(); }
     }
 }
 

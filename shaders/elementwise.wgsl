@@ -3,7 +3,8 @@
 // and Dropout. One generic path: `T` is the storage type, `A` the compute type (f32 for
 // f32/f16, i32 for i32), both set by the host per pipeline.
 //
-// Scalars: P[0] = element count, P[1] = op code, P[2] = f32 parameter (LeakyRelu alpha).
+// Scalars: P[0] = element count, P[1] = op code, P[2], P[3] = the op's f32 attributes
+// (alpha, and beta or gamma).
 
 @group(0) @binding(1) var<storage, read> X0: array<T>;
 @group(0) @binding(2) var<storage, read> X1: array<T>;
@@ -18,7 +19,7 @@ const WG: u32 = 256u;
 fn unary(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let i = linear(wid, nwg, lid, WG);
     if (i >= pu(0u)) { return; }
-    Y[i] = T(act_fwd(pu(1u), f32(X0[i]), pf(2u)));
+    Y[i] = T(act_fwd(pu(1u), f32(X0[i]), pf(2u), pf(3u)));
 }
 
 // dX = dY · f'(X), dY and X broadcast to the output (operands 0 and 1).
@@ -28,7 +29,7 @@ fn unary_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
     if (i >= pu(0u)) { return; }
     let g = f32(X0[offset_of(0u, i)]);
     let v = f32(X1[offset_of(1u, i)]);
-    Y[i] = T(act_bwd(pu(1u), g, v, pf(2u)));
+    Y[i] = T(act_bwd(pu(1u), g, v, pf(2u), pf(3u)));
 }
 
 // Integer division by zero is defined in WGSL (it yields the dividend); the host checks.

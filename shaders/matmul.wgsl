@@ -48,7 +48,7 @@ fn store_row(z: u32, m: u32, n0: u32, acc: vec4<f32>) {
             if ((flags & 1u) != 0u) { v += f32(BIAS[n]); }
             let d = dz + m * N + n;
             if ((flags & 4u) != 0u) { PRE[d] = T(v); }
-            v = act_fwd(ACT, v, 0.0);
+            v = act_fwd(ACT, v, 0.0, 0.0);
             if ((flags & 2u) != 0u) { v += pf(9u) * f32(R[u32(rz + i32(m * pu(10u) + n * pu(11u)))]); }
             if ((flags & 8u) != 0u) { v += f32(D[d]); }
             D[d] = T(v);

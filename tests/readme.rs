@@ -22,7 +22,7 @@ fn readme_op_table_matches_the_code() {
         "README.md's op table is stale: run UPDATE_README=1 cargo test --test readme"
     );
     // Every op in the table is accepted by the parser (no name drift).
-    for n in graphrun::graph::op::OP_NAMES {
+    for n in graphrun::graph::op::OP_NAMES.iter() {
         let r = graphrun::Op::parse(n, &[], "t", None);
         if let Err(e) = r {
             assert!(!e.to_string().contains("unknown op"), "{n}: {e}");

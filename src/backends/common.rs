@@ -87,37 +87,18 @@ pub fn wanted<'a, T>(outs: &'a [T], want: &[bool], i: usize) -> Option<&'a T> {
         .filter(|_| want.get(i).copied().unwrap_or(false))
 }
 
-/// The op code of a unary map (`OP_*` of cuda/elementwise.cu and shaders/common.wgsl)
-/// and LeakyRelu's alpha.
-pub fn unary_code(u: UnaryOp) -> (i32, f32) {
-    use UnaryOp as U;
-    match u {
-        U::Relu => (1, 0.0),
-        U::Gelu { tanh: false } => (2, 0.0),
-        U::Gelu { tanh: true } => (3, 0.0),
-        U::Sigmoid => (5, 0.0),
-        U::Tanh => (6, 0.0),
-        U::Neg => (7, 0.0),
-        U::Exp => (8, 0.0),
-        U::Log => (9, 0.0),
-        U::Sqrt => (10, 0.0),
-        U::Reciprocal => (11, 0.0),
-        U::Abs => (12, 0.0),
-        U::Erf => (13, 0.0),
-        U::LeakyRelu { alpha } => (14, alpha),
-    }
-}
-
-/// The op code of a FusedMatMul activation (same table as `unary_code`).
+/// The op code of a FusedMatMul activation (the unary maps' code table,
+/// `cuda/opcodes.cuh` and `shaders/opcodes.wgsl`).
 pub fn act_code(a: Activation) -> i32 {
+    use crate::graph::elementwise as e;
     match a {
-        Activation::None => 0,
-        Activation::Relu => 1,
-        Activation::Gelu => 2,
-        Activation::GeluTanh => 3,
-        Activation::Silu => 4,
-        Activation::Sigmoid => 5,
-        Activation::Tanh => 6,
+        Activation::None => e::NONE_CODE,
+        Activation::Relu => UnaryOp::Relu.code(),
+        Activation::Gelu => UnaryOp::Gelu.code(),
+        Activation::GeluTanh => UnaryOp::GeluTanh.code(),
+        Activation::Silu => e::SILU_CODE,
+        Activation::Sigmoid => UnaryOp::Sigmoid.code(),
+        Activation::Tanh => UnaryOp::Tanh.code(),
     }
 }
 

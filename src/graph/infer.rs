@@ -509,8 +509,7 @@ pub fn infer_node(
 
     match &node.op {
         Op::Unary(u) => {
-            let ok = x.dtype.is_float()
-                || (matches!(u, UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Relu) && x.dtype.is_int());
+            let ok = x.dtype.is_float() || (u.takes_ints() && x.dtype.is_int());
             if !ok {
                 return Err(f(format!(
                     "{} is not defined for dtype {}",

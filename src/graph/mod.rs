@@ -3,6 +3,7 @@
 //! shape and dtype inference (infer.rs) and DOT output (dot.rs) live beside it.
 
 pub mod dot;
+pub mod elementwise;
 pub mod infer;
 pub mod op;
 pub mod validate;

@@ -5,26 +5,7 @@
 use crate::error::{Error, Loc, Result};
 use crate::tensor::{DType, Tensor};
 
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum UnaryOp {
-    Neg,
-    Exp,
-    Log,
-    Sqrt,
-    Reciprocal,
-    Abs,
-    Erf,
-    Relu,
-    Sigmoid,
-    Tanh,
-    /// `tanh: true` is ONNX `approximate="tanh"`.
-    Gelu {
-        tanh: bool,
-    },
-    LeakyRelu {
-        alpha: f32,
-    },
-}
+pub use super::elementwise::UnaryOp;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BinaryOp {
@@ -252,53 +233,38 @@ pub enum Op {
 
 /// The gradient ops the backward builder emits (not part of SPEC §2, but accepted in a
 /// model file so that a backward graph written with `--emit-yaml` loads again).
-pub const GRAD_OP_NAMES: &[&str] = &[
-    "NegGrad",
-    "ExpGrad",
-    "LogGrad",
-    "SqrtGrad",
-    "ReciprocalGrad",
-    "AbsGrad",
-    "ErfGrad",
-    "ReluGrad",
-    "SigmoidGrad",
-    "TanhGrad",
-    "GeluGrad",
-    "LeakyReluGrad",
-    "SoftmaxGrad",
-    "LogSoftmaxGrad",
-    "LayerNormalizationGrad",
-    "SoftmaxCrossEntropyLossGrad",
-    "GatherGrad",
-    "SliceGrad",
-    "FusedMatMulGrad",
-    "AttentionGrad",
-    "VarlenAttentionGrad",
-];
+pub static GRAD_OP_NAMES: std::sync::LazyLock<Vec<&'static str>> = std::sync::LazyLock::new(|| {
+    let mut v: Vec<&'static str> = vec![];
+    for u in UnaryOp::ALL.iter().filter(|u| u.differentiable()) {
+        if !v.contains(&u.grad_name()) {
+            v.push(u.grad_name());
+        }
+    }
+    v.extend([
+        "SoftmaxGrad",
+        "LogSoftmaxGrad",
+        "LayerNormalizationGrad",
+        "SoftmaxCrossEntropyLossGrad",
+        "GatherGrad",
+        "SliceGrad",
+        "FusedMatMulGrad",
+        "AttentionGrad",
+        "VarlenAttentionGrad",
+    ]);
+    v
+});
 
 /// Ops the passes make that are not in SPEC §2, accepted in a model file so that a graph
 /// written with `--emit-yaml` loads again.
 pub const INTERNAL_OP_NAMES: &[&str] = &["ReduceMeanSquare"];
 
-/// Every op name of SPEC §2, in its order.
-pub const OP_NAMES: &[&str] = &[
+/// The op names that are not unary maps (the first five are the binary arithmetic ops).
+const OTHER_OP_NAMES: &[&str] = &[
     "Add",
     "Sub",
     "Mul",
     "Div",
     "Pow",
-    "Neg",
-    "Exp",
-    "Log",
-    "Sqrt",
-    "Reciprocal",
-    "Abs",
-    "Erf",
-    "Relu",
-    "Sigmoid",
-    "Tanh",
-    "Gelu",
-    "LeakyRelu",
     "Clip",
     "Where",
     "Equal",
@@ -333,6 +299,19 @@ pub const OP_NAMES: &[&str] = &[
     "Attention",
     "VarlenAttention",
 ];
+
+/// Every op name graphrun reads: the binary maps, then the unary ones in their table's
+/// order, then the rest.
+pub static OP_NAMES: std::sync::LazyLock<Vec<&'static str>> = std::sync::LazyLock::new(|| {
+    let mut v: Vec<&'static str> = OTHER_OP_NAMES[..5].to_vec();
+    for u in UnaryOp::ALL {
+        if !v.contains(&u.onnx_name()) {
+            v.push(u.onnx_name());
+        }
+    }
+    v.extend(&OTHER_OP_NAMES[5..]);
+    v
+});
 
 /// An attribute as written in the model, before it is typed by its op.
 #[derive(Clone, Debug, PartialEq)]
@@ -510,22 +489,8 @@ impl<'a> Attrs<'a> {
 impl Op {
     pub fn name(&self) -> &'static str {
         use BinaryOp as B;
-        use UnaryOp as U;
         match self {
-            Op::Unary(u) => match u {
-                U::Neg => "Neg",
-                U::Exp => "Exp",
-                U::Log => "Log",
-                U::Sqrt => "Sqrt",
-                U::Reciprocal => "Reciprocal",
-                U::Abs => "Abs",
-                U::Erf => "Erf",
-                U::Relu => "Relu",
-                U::Sigmoid => "Sigmoid",
-                U::Tanh => "Tanh",
-                U::Gelu { .. } => "Gelu",
-                U::LeakyRelu { .. } => "LeakyRelu",
-            },
+            Op::Unary(u) => u.onnx_name(),
             Op::Binary(b) => match b {
                 B::Add => "Add",
                 B::Sub => "Sub",
@@ -579,20 +544,7 @@ impl Op {
             Op::FusedMatMul { .. } => "FusedMatMul",
             Op::Attention { .. } => "Attention",
             Op::VarlenAttention { .. } => "VarlenAttention",
-            Op::UnaryGrad(u) => match u {
-                U::Neg => "NegGrad",
-                U::Exp => "ExpGrad",
-                U::Log => "LogGrad",
-                U::Sqrt => "SqrtGrad",
-                U::Reciprocal => "ReciprocalGrad",
-                U::Abs => "AbsGrad",
-                U::Erf => "ErfGrad",
-                U::Relu => "ReluGrad",
-                U::Sigmoid => "SigmoidGrad",
-                U::Tanh => "TanhGrad",
-                U::Gelu { .. } => "GeluGrad",
-                U::LeakyRelu { .. } => "LeakyReluGrad",
-            },
+            Op::UnaryGrad(u) => u.grad_name(),
             Op::SoftmaxGrad { log: false, .. } => "SoftmaxGrad",
             Op::SoftmaxGrad { log: true, .. } => "LogSoftmaxGrad",
             Op::LayerNormalizationGrad { .. } => "LayerNormalizationGrad",
@@ -810,16 +762,6 @@ impl Op {
             "Equal" => Op::Binary(B::Equal),
             "Less" => Op::Binary(B::Less),
             "Greater" => Op::Binary(B::Greater),
-            "Neg" => Op::Unary(U::Neg),
-            "Exp" => Op::Unary(U::Exp),
-            "Log" => Op::Unary(U::Log),
-            "Sqrt" => Op::Unary(U::Sqrt),
-            "Reciprocal" => Op::Unary(U::Reciprocal),
-            "Abs" => Op::Unary(U::Abs),
-            "Erf" => Op::Unary(U::Erf),
-            "Relu" => Op::Unary(U::Relu),
-            "Sigmoid" => Op::Unary(U::Sigmoid),
-            "Tanh" => Op::Unary(U::Tanh),
             "Gelu" => {
                 let tanh = match a.string("approximate")? {
                     None => false,
@@ -834,11 +776,8 @@ impl Op {
                         ))
                     }
                 };
-                Op::Unary(U::Gelu { tanh })
+                Op::Unary(if tanh { U::GeluTanh } else { U::Gelu })
             }
-            "LeakyRelu" => Op::Unary(U::LeakyRelu {
-                alpha: a.float("alpha")?.unwrap_or(0.01) as f32,
-            }),
             "Clip" => Op::Clip,
             "Where" => Op::Where,
             "Identity" => Op::Identity,
@@ -1080,6 +1019,12 @@ impl Op {
                 scale: a.float("scale")?.map(|s| s as f32),
             },
             _ => {
+                let float = |a: &mut Attrs, k: &str, d: f64| Ok(a.float(k)?.unwrap_or(d));
+                if let Some(u) = UnaryOp::parse(name, |k, d| float(&mut a, k, d)) {
+                    let op = Op::Unary(u?);
+                    a.finish()?;
+                    return Ok(op);
+                }
                 let msg = format!("unknown op '{name}'");
                 return Err(match node_loc {
                     Some(l) => Error::model(l, format!("node '{node}': {msg}")),
@@ -1109,10 +1054,8 @@ impl Op {
         }
         let b = |x: bool| V::Int(x as i64);
         match self {
-            Op::Unary(UnaryOp::Gelu { tanh: true }) => {
-                v.push(("approximate", V::Str("tanh".into())))
-            }
-            Op::Unary(UnaryOp::LeakyRelu { alpha }) => v.push(("alpha", f32_attr(*alpha))),
+            Op::Unary(UnaryOp::GeluTanh) => v.push(("approximate", V::Str("tanh".into()))),
+            Op::Unary(u) => v.extend(u.attrs().into_iter().map(|(k, x)| (k, f32_attr(x)))),
             Op::Cast { to } => v.push(("to", V::Str(to.name().into()))),
             Op::Gemm {
                 alpha,
@@ -1253,7 +1196,7 @@ pub fn op_table_markdown() -> String {
         _ => "elementwise",
     };
     let mut s = String::from("| op | family | cpu | cuda | wgpu |\n|---|---|---|---|---|\n");
-    for n in OP_NAMES {
+    for n in OP_NAMES.iter() {
         s.push_str(&format!("| `{n}` | {} | ✓ | ✓ | ✓ |\n", family(n)));
     }
     s

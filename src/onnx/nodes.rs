@@ -9,7 +9,7 @@ use super::tensor::from_proto;
 use super::MIN_OPSET;
 use crate::error::{Error, Result};
 use crate::graph::op::{Attr, AttrValue, OP_NAMES};
-use crate::graph::{Node, Op};
+use crate::graph::{Node, Op, UnaryOp};
 use crate::tensor::Tensor;
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
@@ -17,13 +17,15 @@ use std::path::Path;
 /// The opset in which ONNX introduced an op, for ops newer than graphrun's oldest
 /// supported opset; a model that uses one under an older opset is not valid ONNX.
 fn since(op: &str) -> i64 {
+    if let Some(u) = UnaryOp::ALL.iter().find(|u| u.onnx_name() == op) {
+        return u.since();
+    }
     match op {
         "Expand" => 8,
-        "Erf" | "Where" => 9,
+        "Where" => 9,
         "SoftmaxCrossEntropyLoss" => 12,
         "Trilu" => 14,
         "LayerNormalization" => 17,
-        "Gelu" => 20,
         "Attention" => 23,
         _ => MIN_OPSET,
     }

@@ -525,8 +525,8 @@ fn activation<'g>(cx: &Ctx<'g>, x: &'g str) -> Result<(Activation, Vec<usize>, &
             Op::Unary(UnaryOp::Relu) => Some(Activation::Relu),
             Op::Unary(UnaryOp::Sigmoid) => Some(Activation::Sigmoid),
             Op::Unary(UnaryOp::Tanh) => Some(Activation::Tanh),
-            Op::Unary(UnaryOp::Gelu { tanh: false }) => Some(Activation::Gelu),
-            Op::Unary(UnaryOp::Gelu { tanh: true }) => Some(Activation::GeluTanh),
+            Op::Unary(UnaryOp::Gelu) => Some(Activation::Gelu),
+            Op::Unary(UnaryOp::GeluTanh) => Some(Activation::GeluTanh),
             _ => None,
         };
         if let Some(act) = act {

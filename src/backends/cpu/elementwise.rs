@@ -315,8 +315,7 @@ fn map2<A: Elem, B: Elem, O: Elem>(
 // ---- kernels ------------------------------------------------------------------------
 
 pub fn unary(op: UnaryOp, x: &Tensor, out: &mut Tensor) -> Result<()> {
-    use UnaryOp as U;
-    if matches!(op, U::Neg | U::Abs | U::Relu) {
+    if op.takes_ints() && !x.dtype().is_float() {
         // Defined on every numeric dtype.
         return with_num!(x.dtype(), T => {
             sign_op::<T>(op, x, out);
@@ -329,7 +328,7 @@ pub fn unary(op: UnaryOp, x: &Tensor, out: &mut Tensor) -> Result<()> {
     }, _ => unsupported("unary", x.dtype()))
 }
 
-/// Neg, Abs and Relu, for floats and integers alike. NaN stays NaN.
+/// Neg, Abs, Relu and Sign on integers (wrapping negation, as numpy).
 fn sign_op<T: Num>(op: UnaryOp, x: &Tensor, out: &mut Tensor) {
     let z = T::zero();
     match op {
@@ -338,10 +337,17 @@ fn sign_op<T: Num>(op: UnaryOp, x: &Tensor, out: &mut Tensor) {
             let v = v.load();
             T::store(if v < z { T::neg(v) } else { v })
         }),
-        _ => map1(x, out, |v: T| {
+        UnaryOp::Relu => map1(x, out, |v: T| {
             let v = v.load();
             T::store(if v < z { z } else { v })
         }),
+        _ => {
+            let (one, minus) = (T::count(1), T::neg(T::count(1)));
+            map1(x, out, |v: T| {
+                let v = v.load();
+                T::store(if v < z { minus } else if v > z { one } else { z })
+            })
+        }
     }
 }
 
@@ -377,6 +383,65 @@ pub(super) mod act {
         F::c(0.5) * v * (F::one() + (k * (v + F::c(GELU_C) * v * v * v)).tanh())
     }
     const GELU_C: f64 = 0.044715;
+
+    /// -1, 0 or 1 (NaN stays NaN).
+    #[inline(always)]
+    pub fn sign<F: Real>(v: F) -> F {
+        if v > F::zero() {
+            F::one()
+        } else if v < F::zero() {
+            -F::one()
+        } else {
+            v
+        }
+    }
+    /// Rounds halves to even, as ONNX's Round (numpy's `round`).
+    #[inline(always)]
+    pub fn round_even<F: Real>(v: F) -> F {
+        let r = v.round();
+        if (v - v.trunc()).abs() == F::c(0.5) {
+            F::c(2.0) * (v * F::c(0.5)).round()
+        } else {
+            r
+        }
+    }
+    /// ln(1 + eˣ) without overflow: max(x, 0) + ln(1 + e^-|x|).
+    #[inline(always)]
+    pub fn softplus<F: Real>(v: F) -> F {
+        v.max(F::zero()) + (-v.abs()).exp().ln_1p()
+    }
+    /// `d` where `lo < u < hi`, else 0: the derivative of a clamp.
+    #[inline(always)]
+    pub fn inside<F: Real>(u: F, lo: F, hi: F, d: F) -> F {
+        if u > lo && u < hi {
+            d
+        } else {
+            F::zero()
+        }
+    }
+    /// HardSwish' = 0 below -3, 1 above 3, x/3 + 1/2 between (PyTorch's choice at the kinks).
+    #[inline(always)]
+    pub fn hard_swish_grad<F: Real>(dy: F, v: F) -> F {
+        if v < F::c(-3.0) {
+            F::zero()
+        } else if v > F::c(3.0) {
+            dy
+        } else {
+            dy * (v / F::c(3.0) + F::c(0.5))
+        }
+    }
+    /// mish' = t + x·(1 - t²)·σ(x) with t = tanh(softplus(x)).
+    #[inline(always)]
+    pub fn mish_grad<F: Real>(dy: F, v: F) -> F {
+        let t = softplus(v).tanh();
+        dy * (t + v * (F::one() - t * t) * sigmoid(v))
+    }
+    /// d/dx x·σ(αx) = σ(αx) + αx·σ(αx)(1 - σ(αx)).
+    #[inline(always)]
+    pub fn swish_grad<F: Real>(dy: F, v: F, alpha: F) -> F {
+        let s = sigmoid(alpha * v);
+        flush(dy * s * (F::one() + alpha * v * (F::one() - s)))
+    }
 
     // Backward: `dy · f'(x)` for each activation above (and tanh), shared by UnaryGrad and
     // FusedMatMulGrad.
@@ -436,35 +501,25 @@ pub(super) mod act {
     }
 }
 
+/// One monomorphised loop per op (a shared loop over a `match` would not vectorise),
+/// each op's formula from its row in `for_each_unary!`.
 fn unary_float<T: Float>(op: UnaryOp, x: &Tensor, out: &mut Tensor) {
-    use UnaryOp as U;
-    let c = T::Acc::c;
-    let one = c(1.0);
-    // One monomorphised loop per op: a shared loop over a `match` would not vectorise.
-    macro_rules! go {
-        (|$v:ident| $e:expr) => {
-            map1(x, out, |x: T| {
-                let $v = x.to_acc();
-                T::from_acc($e)
-            })
+    macro_rules! fwd {
+        ($( ($v:ident $({$($f:ident = $d:expr),*})?, $onnx:literal, $since:literal, $code:literal,
+             $class:ident, |$x:ident| $fwd:expr, $($grad:tt)+) ),* $(,)?) => {
+            match op {
+                $( UnaryOp::$v $({ $($f),* })? => {
+                    #[inline(always)]
+                    fn f<F: Real>($x: F $($(, $f: F)*)?) -> F {
+                        $fwd
+                    }
+                    $($(let $f = <T::Acc as Real>::c($f as f64);)*)?
+                    map1(x, out, |v: T| T::from_acc(f(v.to_acc() $($(, $f)*)?)))
+                } ),*
+            }
         };
     }
-    match op {
-        U::Exp => go!(|v| v.exp()),
-        U::Log => go!(|v| v.ln()),
-        U::Sqrt => go!(|v| v.sqrt()),
-        U::Reciprocal => go!(|v| one / v),
-        U::Erf => go!(|v| v.erf()),
-        U::Sigmoid => go!(|v| act::sigmoid(v)),
-        U::Tanh => go!(|v| v.tanh()),
-        U::Gelu { tanh: false } => go!(|v| act::gelu(v)),
-        U::Gelu { tanh: true } => go!(|v| act::gelu_tanh(v)),
-        U::LeakyRelu { alpha } => {
-            let a = c(alpha as f64);
-            go!(|v| if v >= c(0.0) { v } else { a * v })
-        }
-        U::Neg | U::Abs | U::Relu => unreachable!("handled by sign_op"),
-    }
+    crate::graph::elementwise::for_each_unary!(fwd);
 }
 
 fn unsupported(what: &str, dt: DType) -> Result<()> {
@@ -682,48 +737,35 @@ pub(crate) fn todo_kernel(what: &str) -> Result<()> {
 
 /// `dX = dY * f'(X)` for a unary op, computed in the accumulation type.
 pub fn unary_grad(op: UnaryOp, dy: &Tensor, x: &Tensor, out: &mut Tensor) -> Result<()> {
-    with_float!(x.dtype(), T => {
-        unary_grad_float::<T>(op, dy, x, out);
-        Ok(())
-    }, _ => unsupported("unary gradient", x.dtype()))
+    with_float!(x.dtype(), T => unary_grad_float::<T>(op, dy, x, out),
+        _ => unsupported("unary gradient", x.dtype()))
 }
 
-fn unary_grad_float<T: Float>(op: UnaryOp, dy: &Tensor, x: &Tensor, out: &mut Tensor) {
-    use UnaryOp as U;
-    let c = T::Acc::c;
-    let zero = c(0.0);
-    // One monomorphised loop per op, as in `unary_float`.
-    macro_rules! go {
-        (|$g:ident, $v:ident| $e:expr) => {
-            map2(dy, x, out, |g: T, x: T| {
-                let ($g, $v) = (g.to_acc(), x.to_acc());
-                T::from_acc($e)
-            })
+/// `dy · f'(x)` from each differentiable op's row in `for_each_unary!`.
+fn unary_grad_float<T: Float>(op: UnaryOp, dy: &Tensor, x: &Tensor, out: &mut Tensor) -> Result<()> {
+    macro_rules! bwd {
+        ($( ($v:ident $({$($f:ident = $d:expr),*})?, $onnx:literal, $since:literal, $code:literal,
+             $class:ident, |$x:ident| $fwd:expr, $($grad:tt)+) ),* $(,)?) => {
+            match op {
+                $( UnaryOp::$v $({ $($f),* })? => {
+                    $($(let $f = <T::Acc as Real>::c($f as f64);)*)?
+                    bwd!(@grad [$($($f)*)?] $($grad)+)
+                } ),*
+            }
         };
+        (@grad [$($f:ident)*] none) => {{
+            $(let _ = $f;)*
+            crate::bail!(Runtime, "{} has no gradient (its derivative is zero wherever it exists)", op.onnx_name())
+        }};
+        (@grad [$($f:ident)*] |$g:ident, $gv:ident| $e:expr) => {{
+            #[inline(always)]
+            #[allow(unused_variables)]
+            fn f<F: Real>($g: F, $gv: F $(, $f: F)*) -> F {
+                $e
+            }
+            map2(dy, x, out, |g: T, v: T| T::from_acc(f(g.to_acc(), v.to_acc() $(, $f)*)));
+            Ok(())
+        }};
     }
-    match op {
-        U::Neg => go!(|g, _v| -g),
-        U::Exp => go!(|g, v| g * v.exp()),
-        U::Log => go!(|g, v| g / v),
-        U::Sqrt => go!(|g, v| g * c(0.5) / v.sqrt()),
-        U::Reciprocal => go!(|g, v| -g / (v * v)),
-        // sign(x), with 0 at the kink.
-        U::Abs => go!(|g, v| if v > zero {
-            g
-        } else if v < zero {
-            -g
-        } else {
-            zero
-        }),
-        U::Erf => go!(|g, v| g * c(std::f64::consts::FRAC_2_SQRT_PI) * (-v * v).exp()),
-        U::Relu => go!(|g, v| act::relu_grad(g, v)),
-        U::Sigmoid => go!(|g, v| act::sigmoid_grad(g, v)),
-        U::Tanh => go!(|g, v| act::tanh_grad(g, v)),
-        U::Gelu { tanh: false } => go!(|g, v| act::gelu_grad(g, v)),
-        U::Gelu { tanh: true } => go!(|g, v| act::gelu_tanh_grad(g, v)),
-        U::LeakyRelu { alpha } => {
-            let a = c(alpha as f64);
-            go!(|g, v| if v > zero { g } else { a * g })
-        }
-    }
+    crate::graph::elementwise::for_each_unary!(bwd)
 }

@@ -14,6 +14,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// Included before every family's source: the types and helpers they share.
+/// The unary op codes, generated from src/graph/elementwise.rs (tests/opcodes.rs).
+const OPCODES: &str = include_str!("../../../cuda/opcodes.cuh");
 const COMMON: &str = include_str!("../../../cuda/common.cuh");
 
 /// The kernel families: each file of cuda/ is its own NVRTC program and module, compiled
@@ -144,9 +146,9 @@ fn options(cc: (i32, i32)) -> [String; 2] {
     ]
 }
 
-/// The program of family `fam`: common.cuh, then its file.
+/// The program of family `fam`: opcodes.cuh, common.cuh, then its file.
 fn family_source(fam: usize) -> String {
-    [COMMON, FAMILIES[fam].1].join("\n")
+    [OPCODES, COMMON, FAMILIES[fam].1].join("\n")
 }
 
 /// The disk-cache key of a program: a hash of its source, options and NVRTC version

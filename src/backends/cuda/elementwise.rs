@@ -4,7 +4,7 @@
 
 use super::device::{suffix, word, Arg, Strided};
 use super::{unsupported, Cuda, V};
-use crate::backends::common::{self, act_code, unary_code};
+use crate::backends::common::{self, act_code};
 use crate::error::Result;
 use crate::graph::infer::ValueType;
 use crate::graph::{Activation, BinaryOp, Node, UnaryOp};
@@ -13,7 +13,7 @@ use cudarc::driver::CudaSlice;
 
 pub fn unary(c: &Cuda, node: &Node, u: UnaryOp, x: &V, y: &V) -> Result<()> {
     let n = y.numel();
-    let (op, alpha) = unary_code(u);
+    let (op, [alpha, beta]) = (u.code(), u.params());
     let dt = x.dtype();
     if dt.is_float() {
         let args = [
@@ -22,11 +22,12 @@ pub fn unary(c: &Cuda, node: &Node, u: UnaryOp, x: &V, y: &V) -> Result<()> {
             Arg::I64(n as i64),
             Arg::I32(op),
             Arg::F32(alpha),
+            Arg::F32(beta),
         ];
         return c.launch_n(&format!("unary_{}", suffix(dt)), n, &args);
     }
-    match (u, dt) {
-        (UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Relu, DType::I64 | DType::I32) => {
+    match dt {
+        DType::I64 | DType::I32 if u.takes_ints() => {
             let args = [
                 Arg::Ptr(x.p),
                 Arg::Ptr(y.p),
@@ -44,8 +45,7 @@ pub fn unary_grad(c: &Cuda, node: &Node, u: UnaryOp, dy: &V, x: &V, out: &V) -> 
     if !dt.is_float() {
         return Err(unsupported(node, dt));
     }
-    let (op, alpha) = unary_code(u);
-    grad_kernel(c, dt, dy, x, out, op, alpha)
+    grad_kernel(c, dt, dy, x, out, u.code(), u.params())
 }
 
 /// The number of 16-byte vectors covering `out` where every operand has `out`'s shape
@@ -62,7 +62,15 @@ fn vectors(out: &V, ops: &[&V]) -> Option<usize> {
 }
 
 /// `out = dy · f'(x)` for op code `op` (UnaryGrad, and FusedMatMulGrad's G).
-pub fn grad_kernel(c: &Cuda, dt: DType, dy: &V, x: &V, out: &V, op: i32, alpha: f32) -> Result<()> {
+pub fn grad_kernel(
+    c: &Cuda,
+    dt: DType,
+    dy: &V,
+    x: &V,
+    out: &V,
+    op: i32,
+    [alpha, beta]: [f32; 2],
+) -> Result<()> {
     let n = out.numel();
     if let Some(nv) = vectors(out, &[dy, x]) {
         let args = [
@@ -72,6 +80,7 @@ pub fn grad_kernel(c: &Cuda, dt: DType, dy: &V, x: &V, out: &V, op: i32, alpha: 
             Arg::I64(nv as i64),
             Arg::I32(op),
             Arg::F32(alpha),
+            Arg::F32(beta),
         ];
         return c.launch_n(&format!("unary_grad_vec_{}", suffix(dt)), nv, &args);
     }
@@ -84,6 +93,7 @@ pub fn grad_kernel(c: &Cuda, dt: DType, dy: &V, x: &V, out: &V, op: i32, alpha: 
         Arg::I64(n as i64),
         Arg::I32(op),
         Arg::F32(alpha),
+        Arg::F32(beta),
     ];
     c.launch_n(&format!("unary_grad_{}", suffix(dt)), n, &args)
 }

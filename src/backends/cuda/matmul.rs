@@ -804,7 +804,7 @@ pub fn fused_grad(
                 ty: dy.ty,
                 buf: None,
             };
-            grad_kernel(c, dt, dy, &p, &gv, act_code(act), 0.0)?;
+            grad_kernel(c, dt, dy, &p, &gv, act_code(act), [0.0; 2])?;
             gv.p
         }
     };
@@ -857,7 +857,7 @@ pub fn fused_grad(
             })?;
         }
         if let (Some((pa, act_a)), false) = (&pre_a, in_epilogue) {
-            grad_kernel(c, dt, da, pa, da, act_code(*act_a), 0.0)?;
+            grad_kernel(c, dt, da, pa, da, act_code(*act_a), [0.0; 2])?;
         }
         if let (Some(db), false) = (dbias_a, bias_a_done) {
             super::reduce::sum_rows(c, da, da.ty.numel() / k.max(1), k, db)?;

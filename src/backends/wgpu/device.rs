@@ -247,6 +247,8 @@ impl Family {
     }
 }
 
+/// The unary op codes, generated from src/graph/elementwise.rs (tests/opcodes.rs).
+const OPCODES: &str = include_str!("../../../shaders/opcodes.wgsl");
 const COMMON: &str = include_str!("../../../shaders/common.wgsl");
 
 /// One kernel: an entry point of a family's source, specialised by `defs` (WGSL lines
@@ -283,7 +285,7 @@ impl Gpu {
         if let Some(p) = cache.get(&key) {
             return Ok(p.clone());
         }
-        let src = format!("{}\n{}\n{}", k.defs, COMMON, k.family.source());
+        let src = format!("{}\n{}\n{}\n{}", k.defs, OPCODES, COMMON, k.family.source());
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let module = self
             .device

@@ -3,7 +3,7 @@
 
 use super::device::{groups_for, Family};
 use super::{float_defs, shape, Params, Strided, Wgpu, V};
-use crate::backends::common::{self, unary_code};
+use crate::backends::common;
 use crate::error::Result;
 use crate::graph::infer::ValueType;
 use crate::graph::{BinaryOp, Node, UnaryOp};
@@ -18,17 +18,20 @@ fn num_defs(w: &Wgpu, node: &Node, dt: DType) -> Result<String> {
 }
 
 pub fn unary(w: &mut Wgpu, node: &Node, u: UnaryOp, x: &V, y: &V) -> Result<()> {
-    let (op, alpha) = unary_code(u);
+    let [alpha, beta] = u.params();
     let defs = float_defs(w, node, x.dtype())?;
     let n = y.numel();
-    let p = Params::new().u(0, n).u(1, op as usize).f(2, alpha);
+    let p = Params::new()
+        .u(0, n)
+        .u(1, u.code() as usize)
+        .f(2, alpha)
+        .f(3, beta);
     let k = Wgpu::kernel(Family::Elementwise, "unary", defs);
     w.run_kernel(&k, &p, &[(1, x.buf), (3, y.buf)], groups_for(n, 256))
 }
 
 pub fn unary_grad(w: &mut Wgpu, node: &Node, u: UnaryOp, dy: &V, x: &V, out: &V) -> Result<()> {
-    let (op, alpha) = unary_code(u);
-    grad_kernel(w, node, dy, x, out, op, alpha)
+    grad_kernel(w, node, dy, x, out, u.code(), u.params())
 }
 
 /// `out = dy · f'(x)` for op code `op` (UnaryGrad, and FusedMatMulGrad's G).
@@ -39,7 +42,7 @@ pub fn grad_kernel(
     x: &V,
     out: &V,
     op: i32,
-    alpha: f32,
+    [alpha, beta]: [f32; 2],
 ) -> Result<()> {
     let defs = float_defs(w, node, x.dtype())?;
     let n = out.numel();
@@ -48,6 +51,7 @@ pub fn grad_kernel(
         .u(0, n)
         .u(1, op as usize)
         .f(2, alpha)
+        .f(3, beta)
         .strided(16, &s)?;
     let k = Wgpu::kernel(Family::Elementwise, "unary_grad", defs);
     w.run_kernel(

@@ -406,7 +406,7 @@ pub fn fused_grad(
                     ty: dy.ty,
                 },
                 act_code(act),
-                0.0,
+                [0.0; 2],
             )?;
             &g_buf
         }
@@ -461,7 +461,7 @@ pub fn fused_grad(
             }
         }
         if let Some((pa, act_a)) = &pre_a {
-            grad_kernel(w, node, &da, pa, da_out, act_code(*act_a), 0.0)?;
+            grad_kernel(w, node, &da, pa, da_out, act_code(*act_a), [0.0; 2])?;
         }
         if let Some(dbias_a) = out(3) {
             let rows = da_out.ty.numel() / k.max(1);

@@ -21,6 +21,7 @@ pub(super) fn grad(b: &mut Builder, ni: usize, n: &Node, dys: &[Option<String>])
     match &n.op {
         Op::Unary(u) => {
             let g = match u {
+                _ if !u.differentiable() => return none(),
                 UnaryOp::Neg => b.un(Op::Unary(UnaryOp::Neg), &dy)?,
                 _ => b.op1(Op::UnaryGrad(*u), &[&dy, &x], &format!("{x}.d"))?,
             };

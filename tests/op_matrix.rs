@@ -1,0 +1,202 @@
+//! Every unary map × every backend × every dtype it takes, forward and gradient, against
+//! float64 references written here (naive formulas; derivatives by a five-point finite
+//! difference of those formulas). The ops come from the declaration table itself
+//! (`UnaryOp::ALL`), so an op added there is tested here on every backend without a line
+//! of this file changing — and fails if a backend lacks it. The only combinations skipped
+//! are the dtypes a backend has no type for (`common::computes`: WGSL has no f64 or bf16),
+//! listed in docs/OPERATORS.md.
+
+mod common;
+use common::*;
+use graphrun::graph::{Op, UnaryOp};
+use graphrun::rng::Rng;
+use graphrun::{DType, Tensor};
+
+/// f64 reference of each map, independent of the crate's formulas.
+fn reference(u: UnaryOp, x: f64) -> f64 {
+    let sig = |v: f64| 1.0 / (1.0 + (-v).exp());
+    let softplus = |v: f64| (1.0 + v.exp()).ln();
+    let [a, b] = u.params().map(|p| p as f64);
+    match u {
+        UnaryOp::Relu => x.max(0.0),
+        UnaryOp::Gelu => 0.5 * x * (1.0 + erf(x / 2f64.sqrt())),
+        UnaryOp::GeluTanh => {
+            0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x.powi(3))).tanh())
+        }
+        UnaryOp::Sigmoid => sig(x),
+        UnaryOp::Tanh => x.tanh(),
+        UnaryOp::Neg => -x,
+        UnaryOp::Exp => x.exp(),
+        UnaryOp::Log => x.ln(),
+        UnaryOp::Sqrt => x.sqrt(),
+        UnaryOp::Reciprocal => 1.0 / x,
+        UnaryOp::Abs => x.abs(),
+        UnaryOp::Erf => erf(x),
+        UnaryOp::LeakyRelu { .. } => if x >= 0.0 { x } else { a * x },
+        UnaryOp::Sign => if x > 0.0 { 1.0 } else if x < 0.0 { -1.0 } else { 0.0 },
+        UnaryOp::Floor => x.floor(),
+        UnaryOp::Ceil => x.ceil(),
+        UnaryOp::Round => x.round_ties_even(),
+        UnaryOp::Sin => x.sin(),
+        UnaryOp::Cos => x.cos(),
+        UnaryOp::Tan => x.tan(),
+        UnaryOp::Asin => x.asin(),
+        UnaryOp::Acos => x.acos(),
+        UnaryOp::Atan => x.atan(),
+        UnaryOp::Sinh => (x.exp() - (-x).exp()) / 2.0,
+        UnaryOp::Cosh => (x.exp() + (-x).exp()) / 2.0,
+        UnaryOp::Asinh => (x + (x * x + 1.0).sqrt()).ln(),
+        UnaryOp::Acosh => (x + (x * x - 1.0).sqrt()).ln(),
+        UnaryOp::Atanh => 0.5 * ((1.0 + x) / (1.0 - x)).ln(),
+        UnaryOp::Softplus => softplus(x),
+        UnaryOp::Softsign => x / (1.0 + x.abs()),
+        UnaryOp::Elu { .. } => if x < 0.0 { a * (x.exp() - 1.0) } else { x },
+        UnaryOp::Selu { .. } => b * if x > 0.0 { x } else { a * x.exp() - a },
+        UnaryOp::Celu { .. } => x.max(0.0) + (a * ((x / a).exp() - 1.0)).min(0.0),
+        UnaryOp::HardSigmoid { .. } => (a * x + b).clamp(0.0, 1.0),
+        UnaryOp::HardSwish => x * (x / 6.0 + 0.5).clamp(0.0, 1.0),
+        UnaryOp::Mish => x * softplus(x).tanh(),
+        UnaryOp::ThresholdedRelu { .. } => if x > a { x } else { 0.0 },
+        UnaryOp::Swish { .. } => x * sig(a * x),
+    }
+}
+
+fn erf(x: f64) -> f64 {
+    // Maclaurin series; exact to ~1e-13 for |x| <= 3.5, which is all the tests feed it.
+    let (mut term, mut sum) = (x, x);
+    for n in 1..100 {
+        term *= -x * x / n as f64;
+        sum += term / (2 * n + 1) as f64;
+    }
+    sum * 2.0 / std::f64::consts::PI.sqrt()
+}
+
+/// The inputs each map is defined on, and the kinks its data must stay away from (where
+/// the derivative jumps and finite differences say nothing).
+fn domain(u: UnaryOp) -> ((f64, f64), Vec<f64>) {
+    let [a, b] = u.params().map(|p| p as f64);
+    match u {
+        UnaryOp::Log | UnaryOp::Sqrt | UnaryOp::Reciprocal => ((0.2, 4.0), vec![]),
+        UnaryOp::Asin | UnaryOp::Acos | UnaryOp::Atanh => ((-0.9, 0.9), vec![]),
+        UnaryOp::Acosh => ((1.1, 4.0), vec![]),
+        UnaryOp::Tan => ((-1.3, 1.3), vec![]),
+        UnaryOp::HardSigmoid { .. } => ((-4.0, 4.0), vec![-b / a, (1.0 - b) / a]),
+        UnaryOp::HardSwish => ((-4.5, 4.5), vec![-3.0, 3.0]),
+        UnaryOp::ThresholdedRelu { .. } => ((-3.0, 3.0), vec![a]),
+        _ => ((-3.0, 3.0), vec![0.0]),
+    }
+}
+
+/// Seeded data in the op's domain, at least 0.05 from its kinks; the maps that round
+/// also get exact halves (Round's ties) and integers.
+fn data(u: UnaryOp, seed: u64) -> Tensor {
+    let ((lo, hi), kinks) = domain(u);
+    let mut r = Rng::new(seed);
+    let mut v: Vec<f64> = (0..60)
+        .map(|_| loop {
+            let x = r.uniform_in(lo, hi);
+            if kinks.iter().all(|k| (x - k).abs() > 0.05) {
+                break x;
+            }
+        })
+        .collect();
+    if !u.differentiable() {
+        v.extend([-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, -2.0, 0.0, 3.0]);
+    }
+    f64s(&[v.len()], &v)
+}
+
+/// The ops under test: each with its default attributes, and once with other values.
+fn ops() -> Vec<UnaryOp> {
+    let mut v = UnaryOp::ALL.to_vec();
+    v.extend([
+        UnaryOp::LeakyRelu { alpha: 0.3 },
+        UnaryOp::Elu { alpha: 0.7 },
+        UnaryOp::Selu { alpha: 1.5, gamma: 2.0 },
+        UnaryOp::Celu { alpha: 2.0 },
+        UnaryOp::HardSigmoid { alpha: 0.3, beta: 0.4 },
+        UnaryOp::ThresholdedRelu { alpha: 0.5 },
+        UnaryOp::Swish { alpha: 1.7 },
+    ]);
+    v
+}
+
+/// Runs `f` for every item and fails once at the end, naming every item that failed.
+fn each<T: std::fmt::Debug + Copy>(items: impl IntoIterator<Item = T>, f: impl Fn(T)) {
+    let failed: Vec<String> = items
+        .into_iter()
+        .filter_map(|it| {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(it)))
+                .err()
+                .map(|e| {
+                    let msg = e
+                        .downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                        .unwrap_or_default();
+                    format!("{it:?}: {}", msg.lines().next().unwrap_or(""))
+                })
+        })
+        .collect();
+    assert!(failed.is_empty(), "{} failed:\n{}", failed.len(), failed.join("\n"));
+}
+
+#[test]
+fn every_unary_map_on_every_backend() {
+    each(ops().into_iter().enumerate(), |(k, u)| {
+        let x = data(u, 100 + k as u64);
+        let want = |a: &[Option<Tensor>]| {
+            let t = a[0].as_ref().unwrap();
+            vec![(
+                t.shape().to_vec(),
+                t.to_f64_vec().iter().map(|&v| reference(u, v)).collect(),
+            )]
+        };
+        // The rounding maps have exact answers.
+        match u.differentiable() {
+            true => check(Op::Unary(u), &[inp(x)], &FLOATS, want),
+            false => check_exact(Op::Unary(u), &[inp(x)], &FLOATS, want),
+        }
+    });
+}
+
+#[test]
+fn every_unary_gradient_on_every_backend() {
+    let ops = ops().into_iter().enumerate().filter(|(_, u)| u.differentiable());
+    each(ops, |(k, u)| {
+        let x = data(u, 200 + k as u64);
+        let dy = randn(x.shape(), 300 + k as u64);
+        check(Op::UnaryGrad(u), &[inp(dy), inp(x)], &FLOATS, |a| {
+            let (g, x) = (a[0].as_ref().unwrap(), a[1].as_ref().unwrap());
+            let d: Vec<f64> = g
+                .to_f64_vec()
+                .iter()
+                .zip(x.to_f64_vec())
+                .map(|(&g, x)| g * derivative(|v| reference(u, v), x))
+                .collect();
+            vec![(x.shape().to_vec(), d)]
+        });
+    });
+}
+
+/// f'(x) by the five-point stencil (truncation error ~h⁴, rounding ~1e-16/h).
+fn derivative(f: impl Fn(f64) -> f64, x: f64) -> f64 {
+    let h = 2e-4;
+    (-f(x + 2.0 * h) + 8.0 * f(x + h) - 8.0 * f(x - h) + f(x - 2.0 * h)) / (12.0 * h)
+}
+
+/// The maps defined on signed integers, exactly, on every backend that does integer maths.
+#[test]
+fn integer_unary_maps() {
+    let v: Vec<i64> = (-20..20).map(|i| i * 7 % 23).collect();
+    for u in UnaryOp::ALL.iter().copied().filter(|u| u.takes_ints()) {
+        for dt in [DType::I64, DType::I32] {
+            let x = Tensor::from_vec(&[v.len()], v.clone()).unwrap().cast(dt);
+            check_exact(Op::Unary(u), &[inp(x)], &[DType::F32], |a| {
+                let t = a[0].as_ref().unwrap();
+                let out = t.to_f64_vec().iter().map(|&x| reference(u, x)).collect();
+                vec![(t.shape().to_vec(), out)]
+            });
+        }
+    }
+}
