@@ -112,6 +112,8 @@ __device__ __forceinline__ double m_tanh(double x) { return tanh(x); }
 M1(sin) M1(cos) M1(tan) M1(asin) M1(acos) M1(atan) M1(sinh) M1(cosh) M1(asinh) M1(acosh)
 M1(atanh) M1(floor) M1(ceil) M1(rint) M1(log1p) M1(fabs)
 #undef M1
+__device__ __forceinline__ float m_fmod(float x, float y) { return fmodf(x, y); }
+__device__ __forceinline__ double m_fmod(double x, double y) { return fmod(x, y); }
 __device__ __forceinline__ float m_pow(float x, float e) { return powf(x, e); }
 __device__ __forceinline__ double m_pow(double x, double e) { return pow(x, e); }
 __device__ __forceinline__ float neg_inf(float) { return __int_as_float(0xff800000); }

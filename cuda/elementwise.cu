@@ -191,26 +191,38 @@ template <class T> __device__ void act_epilogue_vec_k(const T* pre, const T* res
     }
 }
 
-#define BIN_ADD 0
-#define BIN_SUB 1
-#define BIN_MUL 2
-#define BIN_DIV 3
-
+// BIN_* and CMP_* come from cuda/opcodes.cuh. Mod takes the divisor's sign (Python's %),
+// Fmod the dividend's (C's fmod); Min and Max propagate NaN, as numpy's.
+template <class A> __device__ __forceinline__ A nan_min(A a, A b) { return (b < a || b != b) ? b : a; }
 template <class A> __device__ __forceinline__ A arith(int op, A a, A b) {
     switch (op) {
     case BIN_ADD: return a + b;
     case BIN_SUB: return a - b;
     case BIN_MUL: return a * b;
-    default: return a / b;
+    case BIN_DIV: return a / b;
+    case BIN_FMOD: return m_fmod(a, b);
+    case BIN_MOD: { A r = m_fmod(a, b); return (r != (A)0 && ((r < (A)0) != (b < (A)0))) ? r + b : r; }
+    case BIN_MIN: return nan_min(a, b);
+    case BIN_MAX: return nan_max(a, b);
+    case BIN_PRELU: return a < (A)0 ? b * a : a;
+    default: bad_op(); return a;
     }
 }
 // Integers wrap on overflow, as numpy (signed overflow is undefined in C: go unsigned).
+// The host rules out zero divisors.
 template <> __device__ __forceinline__ i64 arith<i64>(int op, i64 a, i64 b) {
+    const bool wraps = a == (i64)0x8000000000000000ll && b == -1;
     switch (op) {
     case BIN_ADD: return (i64)((u64)a + (u64)b);
     case BIN_SUB: return (i64)((u64)a - (u64)b);
     case BIN_MUL: return (i64)((u64)a * (u64)b);
-    default: return (a == (i64)0x8000000000000000ll && b == -1) ? a : a / b;
+    case BIN_DIV: return wraps ? a : a / b;
+    case BIN_FMOD: return wraps ? 0 : a % b;
+    case BIN_MOD: { i64 r = wraps ? 0 : a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
+    case BIN_MIN: return a < b ? a : b;
+    case BIN_MAX: return a > b ? a : b;
+    case BIN_PRELU: return a < 0 ? (i64)((u64)a * (u64)b) : a;
+    default: bad_op(); return a;
     }
 }
 
@@ -237,14 +249,24 @@ template <class T> __device__ void binary_vec_k(const T* a, const T* b, T* out, 
     }
 }
 
-#define CMP_EQ 0
-#define CMP_LT 1
-#define CMP_GT 2
+// Comparisons, and And/Or/Xor on bools (only bool operands reach those).
 template <class T> __device__ void compare_k(const T* a, const T* b, unsigned char* out, Strided s, i64 n, int op) {
     GRID_STRIDE(i, n) {
         auto x = ld(a[offset_of(s, 0, i)]);
         auto y = ld(b[offset_of(s, 1, i)]);
-        out[i] = op == CMP_EQ ? x == y : op == CMP_LT ? x < y : x > y;
+        bool r;
+        switch (op) {
+        case CMP_EQUAL: r = x == y; break;
+        case CMP_LESS: r = x < y; break;
+        case CMP_GREATER: r = x > y; break;
+        case CMP_LESS_OR_EQUAL: r = x <= y; break;
+        case CMP_GREATER_OR_EQUAL: r = x >= y; break;
+        case CMP_AND: r = (x != 0) && (y != 0); break;
+        case CMP_OR: r = (x != 0) || (y != 0); break;
+        case CMP_XOR: r = (x != 0) != (y != 0); break;
+        default: bad_op(); r = false;
+        }
+        out[i] = r;
     }
 }
 

@@ -1,5 +1,5 @@
 // Generated from src/graph/elementwise.rs (tests/opcodes.rs checks it; regenerate with
-// UPDATE_OPCODES=1 cargo test --test opcodes). The op codes of the unary maps.
+// UPDATE_OPCODES=1 cargo test --test opcodes). The op codes of the elementwise maps.
 #define OP_NONE 0
 #define OP_RELU 1
 #define OP_GELU 2
@@ -40,3 +40,20 @@
 #define OP_MISH 37
 #define OP_THRESHOLDED_RELU 38
 #define OP_SWISH 39
+#define BIN_ADD 0
+#define BIN_SUB 1
+#define BIN_MUL 2
+#define BIN_DIV 3
+#define BIN_MOD 4
+#define BIN_FMOD 5
+#define BIN_MIN 6
+#define BIN_MAX 7
+#define BIN_PRELU 8
+#define CMP_EQUAL 0
+#define CMP_LESS 1
+#define CMP_GREATER 2
+#define CMP_LESS_OR_EQUAL 3
+#define CMP_GREATER_OR_EQUAL 4
+#define CMP_AND 5
+#define CMP_OR 6
+#define CMP_XOR 7

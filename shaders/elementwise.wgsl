@@ -12,6 +12,8 @@
 @group(0) @binding(4) var<storage, read_write> M: array<u32>;
 @group(0) @binding(5) var<storage, read> X2: array<T>;
 @group(0) @binding(6) var<storage, read> E: array<f32>;
+@group(0) @binding(7) var<storage, read> B0: array<u32>;
+@group(0) @binding(8) var<storage, read> B1: array<u32>;
 
 const WG: u32 = 256u;
 
@@ -35,12 +37,25 @@ fn unary_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
 // Integer division by zero is defined in WGSL (it yields the dividend); the host checks.
 fn div_(a: A, b: A) -> A { return a / b; }
 
+// BIN_* and CMP_* come from shaders/opcodes.wgsl. WGSL's % truncates (C's fmod); Mod
+// takes the divisor's sign. Min and Max propagate NaN (b != b is false for integers).
+fn mod_(a: A, b: A) -> A {
+    let r = a % b;
+    return select(r, r + b, r != A(0) && ((r < A(0)) != (b < A(0))));
+}
 fn arith(op: u32, a: A, b: A) -> A {
     switch op {
-        case 0u: { return a + b; }
-        case 1u: { return a - b; }
-        case 2u: { return a * b; }
-        default: { return div_(a, b); }
+        case BIN_ADD: { return a + b; }
+        case BIN_SUB: { return a - b; }
+        case BIN_MUL: { return a * b; }
+        case BIN_DIV: { return div_(a, b); }
+        case BIN_FMOD: { return a % b; }
+        case BIN_MOD: { return mod_(a, b); }
+        case BIN_MIN: { return select(select(a, b, b < a), b, b != b); }
+        case BIN_MAX: { return select(select(a, b, b > a), b, b != b); }
+        case BIN_PRELU: { return select(a, a * b, a < A(0)); }
+        // No trap in WGSL: an unknown code gives a value no test accepts.
+        default: { return A(bad_op()); }
     }
 }
 
@@ -65,9 +80,40 @@ fn compare(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
             let b = A(X1[offset_of(1u, i)]);
             var r = false;
             switch pu(1u) {
-                case 0u: { r = a == b; }
-                case 1u: { r = a < b; }
-                default: { r = a > b; }
+                case CMP_EQUAL: { r = a == b; }
+                case CMP_LESS: { r = a < b; }
+                case CMP_GREATER: { r = a > b; }
+                case CMP_LESS_OR_EQUAL: { r = a <= b; }
+                case CMP_GREATER_OR_EQUAL: { r = a >= b; }
+                // An unknown code: 0xff is no bool, which no test accepts.
+                default: { word |= 0xffu << (j * 8u); }
+            }
+            word |= select(0u, 1u, r) << (j * 8u);
+        }
+    }
+    M[w] = word;
+}
+
+// And, Or, Xor: operands are bools, bytes packed in u32 words (bindings 7 and 8).
+@compute @workgroup_size(256)
+fn logic(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let w = linear(wid, nwg, lid, WG);
+    let n = pu(0u);
+    if (w * 4u >= n) { return; }
+    var word = 0u;
+    for (var j = 0u; j < 4u; j += 1u) {
+        let i = w * 4u + j;
+        if (i < n) {
+            let oa = u32(offset_of(0u, i));
+            let ob = u32(offset_of(1u, i));
+            let a = byte_at(B0[oa / 4u], oa) != 0u;
+            let b = byte_at(B1[ob / 4u], ob) != 0u;
+            var r = false;
+            switch pu(1u) {
+                case CMP_AND: { r = a && b; }
+                case CMP_OR: { r = a || b; }
+                case CMP_XOR: { r = a != b; }
+                default: { word |= 0xffu << (j * 8u); }
             }
             word |= select(0u, 1u, r) << (j * 8u);
         }

@@ -1,5 +1,5 @@
 // Generated from src/graph/elementwise.rs (tests/opcodes.rs checks it; regenerate with
-// UPDATE_OPCODES=1 cargo test --test opcodes). The op codes of the unary maps.
+// UPDATE_OPCODES=1 cargo test --test opcodes). The op codes of the elementwise maps.
 const OP_NONE: u32 = 0u;
 const OP_RELU: u32 = 1u;
 const OP_GELU: u32 = 2u;
@@ -40,3 +40,20 @@ const OP_HARD_SWISH: u32 = 36u;
 const OP_MISH: u32 = 37u;
 const OP_THRESHOLDED_RELU: u32 = 38u;
 const OP_SWISH: u32 = 39u;
+const BIN_ADD: u32 = 0u;
+const BIN_SUB: u32 = 1u;
+const BIN_MUL: u32 = 2u;
+const BIN_DIV: u32 = 3u;
+const BIN_MOD: u32 = 4u;
+const BIN_FMOD: u32 = 5u;
+const BIN_MIN: u32 = 6u;
+const BIN_MAX: u32 = 7u;
+const BIN_PRELU: u32 = 8u;
+const CMP_EQUAL: u32 = 0u;
+const CMP_LESS: u32 = 1u;
+const CMP_GREATER: u32 = 2u;
+const CMP_LESS_OR_EQUAL: u32 = 3u;
+const CMP_GREATER_OR_EQUAL: u32 = 4u;
+const CMP_AND: u32 = 5u;
+const CMP_OR: u32 = 6u;
+const CMP_XOR: u32 = 7u;

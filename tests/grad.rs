@@ -502,6 +502,51 @@ fn binary_ops_with_broadcasting() {
     check_all(&nets);
 }
 
+/// Min, Max, Mod (both forms) and PRelu: gradients through the operand each element
+/// takes, with broadcasting, against finite differences.
+#[test]
+fn min_max_mod_prelu_with_broadcasting() {
+    let shapes: [(&[usize], &[usize]); 4] = [
+        (&[3, 1, 5], &[4, 1]),
+        (&[3, 4], &[3, 4]),
+        (&[2, 3, 4], &[]),
+        (&[2, 1, 4], &[2, 3, 1]),
+    ];
+    let fmod = [("fmod", V::Int(1))];
+    let ops: [(&str, &[(&str, V)]); 5] = [
+        ("Min", &[]),
+        ("Max", &[]),
+        ("Mod", &[]),
+        ("Mod", &fmod),
+        ("PRelu", &[]),
+    ];
+    let mut nets = vec![];
+    for (k, (op_, attrs)) in ops.into_iter().enumerate() {
+        for (j, (sx, sy)) in shapes.iter().enumerate() {
+            let seed = 500 + 100 * k as u64 + 10 * j as u64;
+            // Mod's divisor away from 0; x spread over several periods.
+            let (x, y) = match op_ {
+                "Mod" => (rand(sx, seed, -4.0, 4.0), sg(sy, seed + 1)),
+                _ => (randn(sx, seed), randn(sy, seed + 1)),
+            };
+            nets.push(
+                net(&format!("{op_} {attrs:?} {sx:?}·{sy:?}"))
+                    .input("x", x)
+                    .param("y", y)
+                    .op(op_, attrs, &["x", "y"], &["z"])
+                    .outputs(&["z"]),
+            );
+        }
+    }
+    nets.push(
+        net("Max(x, x)")
+            .input("x", sg(&[3, 4], 9))
+            .op("Max", &[], &["x", "x"], &["z"])
+            .outputs(&["z"]),
+    );
+    check_all(&nets);
+}
+
 #[test]
 fn pow_with_constant_and_integer_exponents() {
     check_all(&[

@@ -200,3 +200,104 @@ fn integer_unary_maps() {
         }
     }
 }
+
+// ---- binary maps -----------------------------------------------------------------------
+
+use graphrun::graph::{BinaryKind, BinaryOp};
+
+/// f64 reference of each binary map (bools as 0/1).
+fn reference2(b: BinaryOp, x: f64, y: f64) -> f64 {
+    let t = |c: bool| c as i32 as f64;
+    match b {
+        BinaryOp::Add => x + y,
+        BinaryOp::Sub => x - y,
+        BinaryOp::Mul => x * y,
+        BinaryOp::Div => x / y,
+        BinaryOp::Mod => x - y * (x / y).floor(),
+        BinaryOp::Fmod => x - y * (x / y).trunc(),
+        BinaryOp::Min => if x.is_nan() || y.is_nan() { f64::NAN } else { x.min(y) },
+        BinaryOp::Max => if x.is_nan() || y.is_nan() { f64::NAN } else { x.max(y) },
+        BinaryOp::PRelu => if x < 0.0 { y * x } else { x },
+        BinaryOp::Pow => x.powf(y),
+        BinaryOp::Equal => t(x == y),
+        BinaryOp::Less => t(x < y),
+        BinaryOp::Greater => t(x > y),
+        BinaryOp::LessOrEqual => t(x <= y),
+        BinaryOp::GreaterOrEqual => t(x >= y),
+        BinaryOp::And => t(x != 0.0 && y != 0.0),
+        BinaryOp::Or => t(x != 0.0 || y != 0.0),
+        BinaryOp::Xor => t((x != 0.0) != (y != 0.0)),
+    }
+}
+
+fn want2(b: BinaryOp) -> impl Fn(&[Option<Tensor>]) -> Expected {
+    move |a: &[Option<Tensor>]| {
+        let (x, y) = (a[0].as_ref().unwrap(), a[1].as_ref().unwrap());
+        let (sx, sy) = (x.shape().to_vec(), y.shape().to_vec());
+        let out = broadcast(&sx, &sy);
+        let (vx, vy) = (x.to_f64_vec(), y.to_f64_vec());
+        // Integer division truncates.
+        let int_div = x.dtype().is_int() && b == BinaryOp::Div;
+        let v = indices(&out)
+            .iter()
+            .map(|i| reference2(b, vx[bcast_offset(i, &sx)], vy[bcast_offset(i, &sy)]))
+            .map(|v| if int_div { v.trunc() } else { v })
+            .collect();
+        vec![(out, v)]
+    }
+}
+
+fn broadcast(a: &[usize], b: &[usize]) -> Vec<usize> {
+    let r = a.len().max(b.len());
+    let at = |s: &[usize], i: usize| if i + s.len() >= r { s[i + s.len() - r] } else { 1 };
+    (0..r).map(|i| at(a, i).max(at(b, i))).collect()
+}
+
+/// Operands of a binary map: small integers (so that comparisons have ties and Mod exact
+/// answers) with divisors away from 0, broadcast against each other.
+fn operands(b: BinaryOp, seed: u64, dt: DType) -> (Tensor, Tensor) {
+    let mut r = Rng::new(seed);
+    let (sx, sy) = ([3usize, 1, 5], [4usize, 1]);
+    let mut draw = |n: usize, nonzero: bool| -> Vec<f64> {
+        (0..n)
+            .map(|_| loop {
+                let v = r.int_in(-9, 10) as f64 * if dt.is_float() { 0.5 } else { 1.0 };
+                if !(nonzero && v == 0.0) {
+                    break v;
+                }
+            })
+            .collect()
+    };
+    let divides = matches!(b, BinaryOp::Div | BinaryOp::Mod | BinaryOp::Fmod);
+    let (x, y) = (draw(15, false), draw(4, divides));
+    let t = |s: &[usize], v: Vec<f64>| match dt {
+        DType::Bool => Tensor::from_vec(s, v.iter().map(|&v| (v > 0.0) as u8).collect::<Vec<u8>>())
+            .unwrap()
+            .cast(DType::Bool),
+        _ => f64s(s, &v).cast(dt),
+    };
+    (t(&sx, x), t(&sy, y))
+}
+
+#[test]
+fn every_binary_map_on_every_backend() {
+    let maps = BinaryOp::ALL.iter().copied().filter(|b| *b != BinaryOp::Pow);
+    each(maps.enumerate(), |(k, b)| {
+        let dts: &[DType] = match b.kind() {
+            BinaryKind::Logic => &[DType::Bool],
+            BinaryKind::Compare if b == BinaryOp::Equal => &[DType::F32, DType::I64, DType::I32, DType::Bool],
+            _ => &[DType::F32, DType::I64, DType::I32],
+        };
+        for &dt in dts {
+            let (x, y) = operands(b, 400 + k as u64, dt);
+            if dt == DType::F32 && b == BinaryOp::Div {
+                check(Op::Binary(b), &[inp(x), inp(y)], &FLOATS, want2(b));
+            } else if dt == DType::F32 {
+                // Every float dtype, from the same f32 data (halves: exact in each).
+                check_exact(Op::Binary(b), &[inp(x), inp(y)], &FLOATS, want2(b));
+            } else {
+                check_exact(Op::Binary(b), &[inp(x), inp(y)], &[DType::F32], want2(b));
+            }
+        }
+    });
+}

@@ -169,14 +169,109 @@ macro_rules! declare_unary {
 }
 for_each_unary!(declare_unary);
 
+/// Every binary map with numpy broadcasting, one row each:
+/// `(Variant, "OnnxName", since_opset, kind, code)`, where `kind` says what it computes on:
+/// - `arith`: two numbers of one dtype to that dtype (code: `BIN_*` of the headers),
+/// - `compare`: two values of one dtype to bool (`CMP_*`),
+/// - `logic`: two bools to bool (`CMP_*`, the same kernels),
+/// - `pow`: Pow, whose exponent may have another dtype (its own kernels, no code).
+///
+/// Mod's two forms (`fmod` 0: the remainder takes the divisor's sign, as Python's `%`;
+/// 1: the dividend's, as C's `fmod`) are two variants of one ONNX op, as Gelu's are.
+macro_rules! for_each_binary {
+    ($m:ident) => {
+        $m! {
+            (Add, "Add", 7, arith, 0),
+            (Sub, "Sub", 7, arith, 1),
+            (Mul, "Mul", 7, arith, 2),
+            (Div, "Div", 7, arith, 3),
+            (Mod, "Mod", 10, arith, 4),
+            (Fmod, "Mod", 10, arith, 5),
+            (Min, "Min", 1, arith, 6),
+            (Max, "Max", 1, arith, 7),
+            (PRelu, "PRelu", 7, arith, 8),
+            (Pow, "Pow", 7, pow, -1),
+            (Equal, "Equal", 7, compare, 0),
+            (Less, "Less", 7, compare, 1),
+            (Greater, "Greater", 7, compare, 2),
+            (LessOrEqual, "LessOrEqual", 12, compare, 3),
+            (GreaterOrEqual, "GreaterOrEqual", 12, compare, 4),
+            (And, "And", 7, logic, 5),
+            (Or, "Or", 7, logic, 6),
+            (Xor, "Xor", 7, logic, 7),
+        }
+    };
+}
+
+/// What a binary map computes on (see `for_each_binary!`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BinaryKind {
+    Arith,
+    Compare,
+    Logic,
+    Pow,
+}
+
+macro_rules! declare_binary {
+    ($( ($v:ident, $onnx:literal, $since:literal, $kind:ident, $code:literal) ),* $(,)?) => {
+        /// A broadcasting binary map (see `for_each_binary!`).
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum BinaryOp {
+            $( $v ),*
+        }
+
+        impl BinaryOp {
+            pub const ALL: &'static [BinaryOp] = &[ $( BinaryOp::$v ),* ];
+            pub fn onnx_name(self) -> &'static str {
+                match self { $( BinaryOp::$v => $onnx ),* }
+            }
+            pub fn variant(self) -> &'static str {
+                match self { $( BinaryOp::$v => stringify!($v) ),* }
+            }
+            pub fn since(self) -> i64 {
+                match self { $( BinaryOp::$v => $since ),* }
+            }
+            pub fn kind(self) -> BinaryKind {
+                match self { $( BinaryOp::$v => declare_binary!(@kind $kind) ),* }
+            }
+            /// The op code of its kernel family (`BIN_*` or `CMP_*` of the headers).
+            pub fn code(self) -> i32 {
+                match self { $( BinaryOp::$v => $code ),* }
+            }
+            /// The op named `name` (Mod's form is read by the parser).
+            pub(crate) fn parse(name: &str) -> Option<BinaryOp> {
+                match name {
+                    $( $onnx if stringify!($v) != "Fmod" => Some(BinaryOp::$v), )*
+                    _ => None,
+                }
+            }
+        }
+    };
+    (@kind arith) => { BinaryKind::Arith };
+    (@kind compare) => { BinaryKind::Compare };
+    (@kind logic) => { BinaryKind::Logic };
+    (@kind pow) => { BinaryKind::Pow };
+}
+for_each_binary!(declare_binary);
+
+impl BinaryOp {
+    /// Whether the output is bool (comparisons and logic).
+    pub fn is_comparison(self) -> bool {
+        matches!(self.kind(), BinaryKind::Compare | BinaryKind::Logic)
+    }
+}
+
 /// `cuda/opcodes.cuh`: one `#define OP_<VARIANT> <code>` per unary op (and SiLU's).
 pub fn opcodes_cuda() -> String {
     let mut s = String::from(
         "// Generated from src/graph/elementwise.rs (tests/opcodes.rs checks it; regenerate with\n\
-         // UPDATE_OPCODES=1 cargo test --test opcodes). The op codes of the unary maps.\n",
+         // UPDATE_OPCODES=1 cargo test --test opcodes). The op codes of the elementwise maps.\n",
     );
     for (name, code) in code_names() {
         s += &format!("#define OP_{name} {code}\n");
+    }
+    for (name, code) in binary_code_names() {
+        s += &format!("#define {name} {code}\n");
     }
     s
 }
@@ -185,12 +280,30 @@ pub fn opcodes_cuda() -> String {
 pub fn opcodes_wgsl() -> String {
     let mut s = String::from(
         "// Generated from src/graph/elementwise.rs (tests/opcodes.rs checks it; regenerate with\n\
-         // UPDATE_OPCODES=1 cargo test --test opcodes). The op codes of the unary maps.\n",
+         // UPDATE_OPCODES=1 cargo test --test opcodes). The op codes of the elementwise maps.\n",
     );
     for (name, code) in code_names() {
         s += &format!("const OP_{name}: u32 = {code}u;\n");
     }
+    for (name, code) in binary_code_names() {
+        s += &format!("const {name}: u32 = {code}u;\n");
+    }
     s
+}
+
+/// (`BIN_<VARIANT>` or `CMP_<VARIANT>`, code) of every binary map with a code.
+fn binary_code_names() -> Vec<(String, i32)> {
+    BinaryOp::ALL
+        .iter()
+        .filter_map(|b| {
+            let prefix = match b.kind() {
+                BinaryKind::Arith => "BIN",
+                BinaryKind::Compare | BinaryKind::Logic => "CMP",
+                BinaryKind::Pow => return None,
+            };
+            Some((format!("{prefix}_{}", screaming(b.variant())), b.code()))
+        })
+        .collect()
 }
 
 /// (SCREAMING_CASE name, code) of every code, ascending.
@@ -205,13 +318,15 @@ fn code_names() -> Vec<(String, i32)> {
     v
 }
 
-/// `GeluTanh` → `GELU_TANH`.
+/// `GeluTanh` → `GELU_TANH`, `PRelu` → `PRELU`.
 fn screaming(s: &str) -> String {
     let mut out = String::new();
-    for (i, ch) in s.chars().enumerate() {
-        if ch.is_uppercase() && i > 0 {
+    let mut prev_lower = false;
+    for ch in s.chars() {
+        if ch.is_uppercase() && prev_lower {
             out.push('_');
         }
+        prev_lower = ch.is_lowercase();
         out.push(ch.to_ascii_uppercase());
     }
     out
@@ -226,6 +341,12 @@ mod tests {
         let v = code_names();
         for w in v.windows(2) {
             assert_ne!(w[0].1, w[1].1, "{} and {} share a code", w[0].0, w[1].0);
+        }
+        let mut b = binary_code_names();
+        b.sort_by_key(|(n, c)| (n[..3].to_string(), *c));
+        for w in b.windows(2) {
+            let same_family = w[0].0[..3] == w[1].0[..3];
+            assert!(!same_family || w[0].1 != w[1].1, "{} and {} share a code", w[0].0, w[1].0);
         }
     }
 

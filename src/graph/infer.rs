@@ -521,16 +521,26 @@ pub fn infer_node(
         }
         Op::Binary(b) => {
             let y = t(1).unwrap();
-            if *b == BinaryOp::Pow {
-                if !x.dtype.is_float() && !x.dtype.is_int()
-                    || !y.dtype.is_float() && !y.dtype.is_int()
-                {
-                    return Err(f("Pow takes numeric inputs".into()));
+            let bool_in = x.dtype == DType::Bool;
+            match b.kind() {
+                BinaryKind::Pow => {
+                    if !x.dtype.is_float() && !x.dtype.is_int()
+                        || !y.dtype.is_float() && !y.dtype.is_int()
+                    {
+                        return Err(f("Pow takes numeric inputs".into()));
+                    }
                 }
-            } else {
-                same_dtype(&x, y)?;
-                if x.dtype == DType::Bool && *b != BinaryOp::Equal {
-                    return Err(f(format!("{} is not defined for bool", node.op.name())));
+                BinaryKind::Logic => {
+                    same_dtype(&x, y)?;
+                    if !bool_in {
+                        return Err(f(format!("{} takes bool inputs, got {}", node.op.name(), x.dtype)));
+                    }
+                }
+                BinaryKind::Arith | BinaryKind::Compare => {
+                    same_dtype(&x, y)?;
+                    if bool_in && *b != BinaryOp::Equal {
+                        return Err(f(format!("{} is not defined for bool", node.op.name())));
+                    }
                 }
             }
             let Some(shape) = broadcast(&x.shape, &y.shape) else {
@@ -584,6 +594,10 @@ pub fn infer_node(
         }
         Op::Cast { to } => one(ValueType {
             dtype: *to,
+            shape: x.shape,
+        }),
+        Op::CastLike => one(ValueType {
+            dtype: t(1).unwrap().dtype,
             shape: x.shape,
         }),
         Op::Identity => one(x),

@@ -7,23 +7,7 @@ use crate::tensor::{DType, Tensor};
 
 pub use super::elementwise::UnaryOp;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BinaryOp {
-    Add,
-    Sub,
-    Mul,
-    Div,
-    Pow,
-    Equal,
-    Less,
-    Greater,
-}
-
-impl BinaryOp {
-    pub fn is_comparison(self) -> bool {
-        matches!(self, BinaryOp::Equal | BinaryOp::Less | BinaryOp::Greater)
-    }
-}
+pub use super::elementwise::{BinaryKind, BinaryOp};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReduceKind {
@@ -86,6 +70,8 @@ pub enum Op {
     Cast {
         to: DType,
     },
+    /// Cast to the dtype of the second input (only its dtype is read).
+    CastLike,
     Identity,
     MatMul,
     Gemm {
@@ -258,19 +244,12 @@ pub static GRAD_OP_NAMES: std::sync::LazyLock<Vec<&'static str>> = std::sync::La
 /// written with `--emit-yaml` loads again.
 pub const INTERNAL_OP_NAMES: &[&str] = &["ReduceMeanSquare"];
 
-/// The op names that are not unary maps (the first five are the binary arithmetic ops).
+/// The op names that are not elementwise maps (`for_each_binary!`, `for_each_unary!`).
 const OTHER_OP_NAMES: &[&str] = &[
-    "Add",
-    "Sub",
-    "Mul",
-    "Div",
-    "Pow",
     "Clip",
     "Where",
-    "Equal",
-    "Less",
-    "Greater",
     "Cast",
+    "CastLike",
     "Identity",
     "MatMul",
     "Gemm",
@@ -300,16 +279,21 @@ const OTHER_OP_NAMES: &[&str] = &[
     "VarlenAttention",
 ];
 
-/// Every op name graphrun reads: the binary maps, then the unary ones in their table's
+/// Every op name graphrun reads: the binary maps, then the unary ones, in their tables'
 /// order, then the rest.
 pub static OP_NAMES: std::sync::LazyLock<Vec<&'static str>> = std::sync::LazyLock::new(|| {
-    let mut v: Vec<&'static str> = OTHER_OP_NAMES[..5].to_vec();
+    let mut v: Vec<&'static str> = vec![];
+    for b in BinaryOp::ALL {
+        if !v.contains(&b.onnx_name()) {
+            v.push(b.onnx_name());
+        }
+    }
     for u in UnaryOp::ALL {
         if !v.contains(&u.onnx_name()) {
             v.push(u.onnx_name());
         }
     }
-    v.extend(&OTHER_OP_NAMES[5..]);
+    v.extend(OTHER_OP_NAMES);
     v
 });
 
@@ -488,22 +472,13 @@ impl<'a> Attrs<'a> {
 
 impl Op {
     pub fn name(&self) -> &'static str {
-        use BinaryOp as B;
         match self {
             Op::Unary(u) => u.onnx_name(),
-            Op::Binary(b) => match b {
-                B::Add => "Add",
-                B::Sub => "Sub",
-                B::Mul => "Mul",
-                B::Div => "Div",
-                B::Pow => "Pow",
-                B::Equal => "Equal",
-                B::Less => "Less",
-                B::Greater => "Greater",
-            },
+            Op::Binary(b) => b.onnx_name(),
             Op::Clip => "Clip",
             Op::Where => "Where",
             Op::Cast { .. } => "Cast",
+            Op::CastLike => "CastLike",
             Op::Identity => "Identity",
             Op::MatMul => "MatMul",
             Op::Gemm { .. } => "Gemm",
@@ -679,7 +654,7 @@ impl Op {
             Op::LogSoftmax { .. } | Op::Transpose { .. } | Op::Flatten { .. } => (1, 1, 1, 1),
             Op::Shape { .. } => (1, 1, 1, 1),
             Op::Binary(_) | Op::MatMul | Op::Reshape { .. } | Op::Expand => (2, 2, 1, 1),
-            Op::Gather { .. } => (2, 2, 1, 1),
+            Op::Gather { .. } | Op::CastLike => (2, 2, 1, 1),
             Op::Clip => (1, 3, 1, 1),
             Op::Where => (3, 3, 1, 1),
             Op::Gemm { .. } => (2, 3, 1, 1),
@@ -754,14 +729,14 @@ impl Op {
             })
         };
         let op = match name {
-            "Add" => Op::Binary(B::Add),
-            "Sub" => Op::Binary(B::Sub),
-            "Mul" => Op::Binary(B::Mul),
-            "Div" => Op::Binary(B::Div),
-            "Pow" => Op::Binary(B::Pow),
-            "Equal" => Op::Binary(B::Equal),
-            "Less" => Op::Binary(B::Less),
-            "Greater" => Op::Binary(B::Greater),
+            "Mod" => match a.int_or("fmod", 0)? {
+                0 => Op::Binary(B::Mod),
+                1 => Op::Binary(B::Fmod),
+                f => {
+                    let at = attrs.iter().find(|x| x.name == "fmod");
+                    return Err(a.err(at, format!("attribute 'fmod' must be 0 or 1, got {f}")));
+                }
+            },
             "Gelu" => {
                 let tanh = match a.string("approximate")? {
                     None => false,
@@ -809,6 +784,14 @@ impl Op {
                     "only the default (1) is supported",
                 )?;
                 Op::Cast { to }
+            }
+            "CastLike" => {
+                a.ignore_if(
+                    "saturate",
+                    |v| *v == AttrValue::Int(1),
+                    "only the default (1) is supported",
+                )?;
+                Op::CastLike
             }
             "MatMul" => Op::MatMul,
             "Gemm" => Op::Gemm {
@@ -1019,6 +1002,10 @@ impl Op {
                 scale: a.float("scale")?.map(|s| s as f32),
             },
             _ => {
+                if let Some(b) = BinaryOp::parse(name) {
+                    a.finish()?;
+                    return Ok(Op::Binary(b));
+                }
                 let float = |a: &mut Attrs, k: &str, d: f64| Ok(a.float(k)?.unwrap_or(d));
                 if let Some(u) = UnaryOp::parse(name, |k, d| float(&mut a, k, d)) {
                     let op = Op::Unary(u?);
@@ -1055,6 +1042,7 @@ impl Op {
         let b = |x: bool| V::Int(x as i64);
         match self {
             Op::Unary(UnaryOp::GeluTanh) => v.push(("approximate", V::Str("tanh".into()))),
+            Op::Binary(BinaryOp::Fmod) => v.push(("fmod", V::Int(1))),
             Op::Unary(u) => v.extend(u.attrs().into_iter().map(|(k, x)| (k, f32_attr(x)))),
             Op::Cast { to } => v.push(("to", V::Str(to.name().into()))),
             Op::Gemm {

@@ -9,7 +9,7 @@ use super::tensor::from_proto;
 use super::MIN_OPSET;
 use crate::error::{Error, Result};
 use crate::graph::op::{Attr, AttrValue, OP_NAMES};
-use crate::graph::{Node, Op, UnaryOp};
+use crate::graph::{BinaryOp, Node, Op, UnaryOp};
 use crate::tensor::Tensor;
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
@@ -19,6 +19,9 @@ use std::path::Path;
 fn since(op: &str) -> i64 {
     if let Some(u) = UnaryOp::ALL.iter().find(|u| u.onnx_name() == op) {
         return u.since();
+    }
+    if let Some(b) = BinaryOp::ALL.iter().find(|b| b.onnx_name() == op) {
+        return b.since();
     }
     match op {
         "Expand" => 8,
@@ -30,6 +33,10 @@ fn since(op: &str) -> i64 {
         _ => MIN_OPSET,
     }
 }
+
+/// ONNX's variadic maps, which take one or more broadcasting inputs: the importer writes
+/// them as chains of graphrun's binary ops (`lower_variadic`).
+const VARIADIC: &[&str] = &["Sum", "Mean", "Min", "Max"];
 
 /// graphrun's ops that are not ONNX operators: a model file in the ai.onnx domain cannot
 /// name them.
@@ -122,7 +129,8 @@ impl<'a> Importer<'a> {
         };
         let op_type = n.op_type.as_str();
         let default_domain = n.domain.is_empty() || n.domain == "ai.onnx";
-        if !default_domain || !OP_NAMES.contains(&op_type) || NOT_ONNX.contains(&op_type) {
+        let known = OP_NAMES.contains(&op_type) || VARIADIC.contains(&op_type);
+        if !default_domain || !known || NOT_ONNX.contains(&op_type) {
             let key = if default_domain {
                 op_type.to_string()
             } else {
@@ -161,6 +169,9 @@ impl<'a> Importer<'a> {
     fn lower(&mut self, n: &NodeProto, shown: &str, mut attrs: Vec<Attr>) -> Result<()> {
         let mut inputs = n.input.clone();
         match n.op_type.as_str() {
+            op if VARIADIC.contains(&op) && (inputs.len() != 2 || op == "Sum" || op == "Mean") => {
+                return self.lower_variadic(n, shown, &attrs)
+            }
             // ONNX's K and V are required; graphrun's packed-QKV form (K and V omitted)
             // is its own.
             "Attention" if inputs.len() < 3 || inputs[1..3].iter().any(|v| v.is_empty()) => {
@@ -221,6 +232,65 @@ impl<'a> Importer<'a> {
             loc: None,
         });
         Ok(())
+    }
+
+    /// Sum, Mean, Min, Max of any number of inputs: a chain of binary Add/Min/Max (numpy
+    /// broadcasting composes), Mean then divided by the count, cast to the sum's dtype.
+    fn lower_variadic(&mut self, n: &NodeProto, shown: &str, attrs: &[Attr]) -> Result<()> {
+        let op = n.op_type.as_str();
+        if let Some(a) = attrs.first() {
+            return Err(Error::Graph(format!(
+                "node '{shown}' ({op}): unknown attribute '{}'",
+                a.name
+            )));
+        }
+        let ins: Vec<&String> = n.input.iter().filter(|v| !v.is_empty()).collect();
+        let (Some(first), Some(y), 1) = (ins.first(), n.output.first(), n.output.len()) else {
+            return Err(Error::Graph(format!(
+                "node '{shown}' ({op}) needs at least one input and exactly one output"
+            )));
+        };
+        let bin = match op {
+            "Min" => BinaryOp::Min,
+            "Max" => BinaryOp::Max,
+            _ => BinaryOp::Add,
+        };
+        let mean = op == "Mean";
+        let mut acc = (*first).clone();
+        let last = ins.len() - 1;
+        for (k, v) in ins.iter().enumerate().skip(1) {
+            let out = if k == last && !mean {
+                y.clone()
+            } else {
+                self.fresh(&format!("{y}/{op}{k}"))
+            };
+            self.push(n, &format!("{k}"), Op::Binary(bin), vec![acc, (*v).clone()], &out);
+            acc = out;
+        }
+        if mean {
+            let count = self.constant(n, "count", Tensor::scalar(ins.len() as f32));
+            let like = self.fresh(&format!("{y}/count_cast"));
+            self.push(n, "count_cast", Op::CastLike, vec![count, acc.clone()], &like);
+            self.push(n, "", Op::Binary(BinaryOp::Div), vec![acc, like], y);
+        } else if last == 0 {
+            self.push(n, "", Op::Identity, vec![acc], y);
+        }
+        Ok(())
+    }
+
+    /// Adds a node for `n` (its own name where `what` is empty, else a helper's).
+    fn push(&mut self, n: &NodeProto, what: &str, op: Op, inputs: Vec<String>, out: &str) {
+        let name = match what {
+            "" => n.name.clone(),
+            w => helper_name(n, w),
+        };
+        self.nodes.push(Node {
+            name,
+            op,
+            inputs,
+            outputs: vec![out.to_string()],
+            loc: None,
+        });
     }
 
     /// A Constant node holding `t`, named after the node's first output; returns its value.

@@ -188,6 +188,7 @@ fn structural_ranks(g: &Graph) -> HashMap<String, usize> {
         let rank = match &n.op {
             Op::Unary(_)
             | Op::Cast { .. }
+            | Op::CastLike
             | Op::Identity
             | Op::Softmax { .. }
             | Op::LogSoftmax { .. } => ri(0),

@@ -37,6 +37,30 @@ pub(super) trait Num: Elem {
     /// `a ** e`; for an integer base with an integral exponent, exact integer power
     /// (callers rule out negative exponents first).
     fn pow(a: Self::A, e: f64) -> Self::A;
+    /// The remainder of truncated division, with the dividend's sign (C's `fmod`; callers
+    /// rule out an integer zero divisor first).
+    fn rem(a: Self::A, b: Self::A) -> Self::A;
+    /// The remainder with the divisor's sign (Python's `%`, numpy's `mod`).
+    #[inline(always)]
+    fn modulo(a: Self::A, b: Self::A) -> Self::A {
+        let r = Self::rem(a, b);
+        let z = Self::zero();
+        if r != z && ((r < z) != (b < z)) {
+            Self::add(r, b)
+        } else {
+            r
+        }
+    }
+    /// NaN-propagating minimum, as numpy's `minimum`.
+    #[inline(always)]
+    fn min(a: Self::A, b: Self::A) -> Self::A {
+        #[allow(clippy::eq_op)]
+        if b < a || b != b {
+            b
+        } else {
+            a
+        }
+    }
     /// NaN-propagating maximum, as numpy's `maximum`.
     #[inline(always)]
     fn max(a: Self::A, b: Self::A) -> Self::A {
@@ -89,6 +113,10 @@ impl<T: Float> Num for T {
     fn neg(a: T::Acc) -> T::Acc {
         -a
     }
+    #[inline(always)]
+    fn rem(a: T::Acc, b: T::Acc) -> T::Acc {
+        a % b
+    }
     fn pow(a: T::Acc, e: f64) -> T::Acc {
         a.powf(T::Acc::c(e))
     }
@@ -135,6 +163,10 @@ macro_rules! int_num {
             #[inline(always)]
             fn neg(a: i64) -> i64 {
                 a.wrapping_neg()
+            }
+            #[inline(always)]
+            fn rem(a: i64, b: i64) -> i64 {
+                a.wrapping_rem(b)
             }
             fn pow(a: i64, e: f64) -> i64 {
                 if e.fract() == 0.0 && e >= 0.0 {
@@ -532,11 +564,18 @@ pub fn binary(op: BinaryOp, a: &Tensor, b: &Tensor, out: &mut Tensor) -> Result<
         B::Equal => with_any!(a.dtype(), T => map2(a, b, out, |x: T, y: T| (x == y) as u8)),
         B::Less => with_any!(a.dtype(), T => map2(a, b, out, |x: T, y: T| (x < y) as u8)),
         B::Greater => with_any!(a.dtype(), T => map2(a, b, out, |x: T, y: T| (x > y) as u8)),
+        B::LessOrEqual => with_any!(a.dtype(), T => map2(a, b, out, |x: T, y: T| (x <= y) as u8)),
+        B::GreaterOrEqual => {
+            with_any!(a.dtype(), T => map2(a, b, out, |x: T, y: T| (x >= y) as u8))
+        }
+        B::And => map2(a, b, out, |x: u8, y: u8| (x != 0 && y != 0) as u8),
+        B::Or => map2(a, b, out, |x: u8, y: u8| (x != 0 || y != 0) as u8),
+        B::Xor => map2(a, b, out, |x: u8, y: u8| ((x != 0) != (y != 0)) as u8),
         B::Pow => {
             return with_num!(a.dtype(), T => with_num!(b.dtype(), E => pow::<T, E>(a, b, out),
                 _ => unsupported("Pow", b.dtype())), _ => unsupported("Pow", a.dtype()))
         }
-        _ => {
+        B::Add | B::Sub | B::Mul | B::Div | B::Mod | B::Fmod | B::Min | B::Max | B::PRelu => {
             return with_num!(a.dtype(), T => arith::<T>(op, a, b, out), _ => unsupported("binary", a.dtype()))
         }
     }
@@ -549,7 +588,7 @@ fn arith<T: Num>(op: BinaryOp, a: &Tensor, b: &Tensor, out: &mut Tensor) -> Resu
         B::Add => map2(a, b, out, |x: T, y: T| T::store(T::add(x.load(), y.load()))),
         B::Sub => map2(a, b, out, |x: T, y: T| T::store(T::sub(x.load(), y.load()))),
         B::Mul => map2(a, b, out, |x: T, y: T| T::store(T::mul(x.load(), y.load()))),
-        B::Div => {
+        B::Div | B::Mod | B::Fmod => {
             // Checked up front so the parallel loop cannot fail: every divisor element is
             // used unless the output is empty.
             if T::INT && out.numel() > 0 && b.as_slice::<T>().iter().any(|v| v.load() == T::zero())
@@ -560,8 +599,19 @@ fn arith<T: Num>(op: BinaryOp, a: &Tensor, b: &Tensor, out: &mut Tensor) -> Resu
                     crate::tensor::fmt_shape(b.shape())
                 );
             }
-            map2(a, b, out, |x: T, y: T| T::store(T::div(x.load(), y.load())))
+            match op {
+                B::Div => map2(a, b, out, |x: T, y: T| T::store(T::div(x.load(), y.load()))),
+                B::Mod => map2(a, b, out, |x: T, y: T| T::store(T::modulo(x.load(), y.load()))),
+                _ => map2(a, b, out, |x: T, y: T| T::store(T::rem(x.load(), y.load()))),
+            }
         }
+        B::Min => map2(a, b, out, |x: T, y: T| T::store(T::min(x.load(), y.load()))),
+        B::Max => map2(a, b, out, |x: T, y: T| T::store(T::max(x.load(), y.load()))),
+        // x < 0 ? slope·x : x (NaN stays NaN).
+        B::PRelu => map2(a, b, out, |x: T, s: T| {
+            let x = x.load();
+            T::store(if x < T::zero() { T::mul(s.load(), x) } else { x })
+        }),
         _ => unreachable!("not an arithmetic op: {op:?}"),
     }
     Ok(())

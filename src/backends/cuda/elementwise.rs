@@ -7,7 +7,7 @@ use super::{unsupported, Cuda, V};
 use crate::backends::common::{self, act_code};
 use crate::error::Result;
 use crate::graph::infer::ValueType;
-use crate::graph::{Activation, BinaryOp, Node, UnaryOp};
+use crate::graph::{Activation, BinaryKind, BinaryOp, Node, UnaryOp};
 use crate::tensor::DType;
 use cudarc::driver::CudaSlice;
 
@@ -136,21 +136,17 @@ pub fn binary(c: &Cuda, node: &Node, op: BinaryOp, a: &V, b: &V, y: &V) -> Resul
     let n = y.numel();
     let dt = a.dtype();
     let s = Strided::broadcast(y.shape(), &[a.shape(), b.shape()])?;
-    let (name, code) = match op {
-        B::Equal => ("compare", 0),
-        B::Less => ("compare", 1),
-        B::Greater => ("compare", 2),
-        B::Pow => return pow(c, node, a, b, y, s),
-        B::Add => ("binary", 0),
-        B::Sub => ("binary", 1),
-        B::Mul => ("binary", 2),
-        B::Div => ("binary", 3),
+    let (name, code) = match op.kind() {
+        BinaryKind::Compare | BinaryKind::Logic => ("compare", op.code()),
+        BinaryKind::Pow => return pow(c, node, a, b, y, s),
+        BinaryKind::Arith => ("binary", op.code()),
     };
     if name == "binary" && dt == DType::Bool {
         return Err(unsupported(node, dt));
     }
     // Integer division by zero is an error on the CPU: checked here the same way.
-    if op == B::Div && dt.is_int() && n > 0 && c.read(b)?.to_i64_vec().contains(&0) {
+    let divides = matches!(op, B::Div | B::Mod | B::Fmod);
+    if divides && dt.is_int() && n > 0 && c.read(b)?.to_i64_vec().contains(&0) {
         crate::bail!(
             Runtime,
             "{}: integer division by zero (divisor of shape {})",

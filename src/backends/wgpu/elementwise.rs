@@ -6,7 +6,7 @@ use super::{float_defs, shape, Params, Strided, Wgpu, V};
 use crate::backends::common;
 use crate::error::Result;
 use crate::graph::infer::ValueType;
-use crate::graph::{BinaryOp, Node, UnaryOp};
+use crate::graph::{BinaryKind, BinaryOp, Node, UnaryOp};
 use crate::tensor::DType;
 
 /// The defs of an arithmetic kernel: floats compute in f32, i32 in i32.
@@ -67,17 +67,14 @@ pub fn binary(w: &mut Wgpu, node: &Node, op: BinaryOp, a: &V, b: &V, y: &V) -> R
     let n = y.numel();
     let s = Strided::broadcast(y.shape(), &[a.shape(), b.shape()]);
     let defs = num_defs(w, node, a.dtype())?;
-    let (entry, code) = match op {
-        B::Add => ("binary", 0),
-        B::Sub => ("binary", 1),
-        B::Mul => ("binary", 2),
-        B::Div => ("binary", 3),
-        B::Equal => ("compare", 0),
-        B::Less => ("compare", 1),
-        B::Greater => ("compare", 2),
-        B::Pow => return pow(w, node, a, b, y, s),
+    let (entry, code) = match op.kind() {
+        BinaryKind::Arith => ("binary", op.code()),
+        BinaryKind::Compare => ("compare", op.code()),
+        BinaryKind::Logic => return logic(w, op, a, b, y, s),
+        BinaryKind::Pow => return pow(w, node, a, b, y, s),
     };
-    if op == B::Div && a.dtype().is_int() && n > 0 && w.read(b)?.to_i64_vec().contains(&0) {
+    let divides = matches!(op, B::Div | B::Mod | B::Fmod);
+    if divides && a.dtype().is_int() && n > 0 && w.read(b)?.to_i64_vec().contains(&0) {
         crate::bail!(
             Runtime,
             "{}: integer division by zero (divisor of shape {})",
@@ -85,7 +82,7 @@ pub fn binary(w: &mut Wgpu, node: &Node, op: BinaryOp, a: &V, b: &V, y: &V) -> R
             crate::tensor::fmt_shape(b.shape())
         );
     }
-    let p = Params::new().u(0, n).u(1, code).strided(16, &s)?;
+    let p = Params::new().u(0, n).u(1, code as usize).strided(16, &s)?;
     let k = Wgpu::kernel(Family::Elementwise, entry, defs);
     if entry == "compare" {
         // One thread per output word of four bools.
@@ -103,6 +100,22 @@ pub fn binary(w: &mut Wgpu, node: &Node, op: BinaryOp, a: &V, b: &V, y: &V) -> R
             groups_for(n, 256),
         )
     }
+}
+
+/// And, Or, Xor: bools are bytes packed in u32 words; one thread per output word.
+fn logic(w: &mut Wgpu, op: BinaryOp, a: &V, b: &V, y: &V, s: Strided) -> Result<()> {
+    let n = y.numel();
+    let p = Params::new()
+        .u(0, n)
+        .u(1, op.code() as usize)
+        .strided(16, &s)?;
+    let k = Wgpu::kernel(Family::Elementwise, "logic", "alias T = f32;\nalias A = f32;\n".into());
+    w.run_kernel(
+        &k,
+        &p,
+        &[(7, a.buf), (8, b.buf), (4, y.buf)],
+        groups_for(n.div_ceil(4), 256),
+    )
 }
 
 /// Pow: the exponent is cast to f32 first (float bases only).

@@ -318,7 +318,7 @@ impl Wgpu {
                 elementwise::dropout(self, node, &x(0)?, opt(1), opt(2), outs, *ratio, *seed)
             }
             Op::Where => shape::where_(self, &x(0)?, &x(1)?, &x(2)?, &y),
-            Op::Cast { .. } => shape::cast(self, node, &x(0)?, &y),
+            Op::Cast { .. } | Op::CastLike => shape::cast(self, node, &x(0)?, &y),
             Op::Identity
             | Op::Reshape { .. }
             | Op::Squeeze { .. }

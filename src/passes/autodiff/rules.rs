@@ -43,12 +43,14 @@ pub(super) fn grad(b: &mut Builder, ni: usize, n: &Node, dys: &[Option<String>])
             }
             Ok(out)
         }
-        Op::Cast { .. } => {
+        Op::Cast { .. } | Op::CastLike => {
             let from = b.dtype(&x);
             if !from.is_float() {
                 return none();
             }
-            Ok(vec![Some(b.un(Op::Cast { to: from }, &dy)?)])
+            let mut out = vec![None; n.inputs.len()];
+            out[0] = Some(b.un(Op::Cast { to: from }, &dy)?);
+            Ok(out)
         }
         Op::Identity => Ok(vec![Some(dy)]),
         Op::Reshape { .. } | Op::Flatten { .. } | Op::Squeeze { .. } | Op::Unsqueeze { .. } => {
@@ -600,7 +602,52 @@ fn binary(b: &mut Builder, n: &Node, op: B, dy: &str) -> Result<Grads> {
                 out[1] = to(b, g, y)?;
             }
         }
-        B::Equal | B::Less | B::Greater => {}
+        // x mod y = x - y·q (q = floor or trunc of x/y, constant almost everywhere):
+        // d/dx = 1, d/dy = -q = -(x - out)/y.
+        B::Mod | B::Fmod => {
+            if wx {
+                out[0] = to(b, dy.to_string(), x)?;
+            }
+            if wy {
+                let r = b.bin(B::Sub, x, &n.outputs[0])?;
+                let q = b.bin(B::Div, &r, y)?;
+                let g = b.bin(B::Mul, dy, &q)?;
+                let g = b.un(Op::Unary(UnaryOp::Neg), &g)?;
+                out[1] = to(b, g, y)?;
+            }
+        }
+        // The gradient goes to the operand chosen (x on ties, as the mask says).
+        B::Min | B::Max => {
+            let cmp = if op == B::Min { B::LessOrEqual } else { B::GreaterOrEqual };
+            let pick_x = b.bin(cmp, x, y)?;
+            let z = b.scalar(b.dtype(dy), 0.0)?;
+            if wx {
+                let g = b.op1(Op::Where, &[&pick_x, dy, &z], &format!("{x}.d"))?;
+                out[0] = to(b, g, x)?;
+            }
+            if wy {
+                let g = b.op1(Op::Where, &[&pick_x, &z, dy], &format!("{y}.d"))?;
+                out[1] = to(b, g, y)?;
+            }
+        }
+        // y = x < 0 ? slope·x : x.
+        B::PRelu => {
+            let z = b.scalar(b.dtype(dy), 0.0)?;
+            let neg = b.bin(B::Less, x, &z)?;
+            if wx {
+                let s = b.bin(B::Mul, dy, y)?;
+                let g = b.op1(Op::Where, &[&neg, &s, dy], &format!("{x}.d"))?;
+                out[0] = to(b, g, x)?;
+            }
+            if wy {
+                let s = b.bin(B::Mul, dy, x)?;
+                let g = b.op1(Op::Where, &[&neg, &s, &z], &format!("{y}.d"))?;
+                out[1] = to(b, g, y)?;
+            }
+        }
+        // Comparisons and logic: bool outputs, no gradient.
+        B::Equal | B::Less | B::Greater | B::LessOrEqual | B::GreaterOrEqual => {}
+        B::And | B::Or | B::Xor => {}
     }
     Ok(out)
 }
