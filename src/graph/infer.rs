@@ -614,7 +614,7 @@ pub fn infer_node(
             (Some(v), _) if !v.dtype.is_int() => Err(f(format!("{what} (input {i}) must be i64 or i32, got {}", v.dtype))),
             (Some(_), Some(c)) => Ok(Some(c.to_i64_vec())),
             (Some(_), None) => Err(f(format!(
-                "{what} (input '{}') must be known when the plan is made (computed from initializers, Constants, Shape and the graph inputs fed when planning, through small nodes evaluated on the host), but it depends on a value computed at run time",
+                "{what} (input '{}') must be known when the plan is made (computed from initializers, Constants, Shape and the graph inputs fed when planning, through small nodes evaluated on the host), but it depends on a value that is not (one computed at run time, or a tensor too large to evaluate on the host)",
                 node.inputs[i]
             ))),
         }
