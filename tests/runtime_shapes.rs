@@ -366,3 +366,46 @@ nodes:
         "{e}"
     );
 }
+
+/// The CLI plans for a fed shape (`--input`), and names the input it needs otherwise.
+#[test]
+fn cli_takes_the_shape_input() {
+    let d = std::env::temp_dir().join(format!("graphrun_rtshape_{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    let model = d.join("m.yaml");
+    std::fs::write(&model, COMPUTED).unwrap();
+    let x = rand(&[2, 12], 14, -1.0, 1.0).cast(DType::F32);
+    x.write_npy(&d.join("x.npy")).unwrap();
+    i64s(&[2], &[5, 1]).write_npy(&d.join("s.npy")).unwrap();
+    let graphrun = |args: &[&str]| {
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_graphrun"))
+            .args(args)
+            .current_dir(&d)
+            .output()
+            .unwrap();
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        (o.status.code(), text(&o.stdout), text(&o.stderr))
+    };
+    let (code, out, err) = graphrun(&["m.yaml", "--input", "x=x.npy", "--input", "s=s.npy", "--out-dir", "."]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("y: f32 [2, 6, 2]") && out.contains("z: f32 [2]"), "{out}");
+    let y = Tensor::read_npy(&d.join("y.npy")).unwrap();
+    let neg: Vec<f64> = x.to_f64_vec().iter().map(|v| -v).collect();
+    assert_eq!(y.shape(), &[2, 6, 2]);
+    assert_eq!(y.to_f64_vec(), neg);
+    let (code, out, err) = graphrun(&["inspect", "m.yaml", "--input", "s=s.npy"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("y: f32[2, 6, 2]"), "{out}");
+    // Without s: random data would decide the shape, so it is asked for.
+    for args in [&["m.yaml"][..], &["inspect", "m.yaml"], &["bench", "m.yaml", "--iters", "1"]] {
+        let (code, _, err) = graphrun(args);
+        assert_eq!(code, Some(2), "{args:?}: {err}");
+        assert!(
+            err.contains("input 's' decides the shape of node 'Reshape_3' (Reshape)")
+                && err.contains("--input s=FILE.npy"),
+            "{args:?}: {err}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&d);
+}
