@@ -41,7 +41,6 @@ impl Default for SessionOptions {
     }
 }
 
-
 /// What `Session::backward` returns.
 #[derive(Clone, Debug)]
 pub struct Gradients {

@@ -448,7 +448,13 @@ pub fn plan_time_inputs(g: &Graph) -> Vec<PlanTimeInput> {
                     found.entry(v).or_insert((ni, slot));
                 } else if let Some(&p) = producer.get(v) {
                     if !matches!(g.nodes[p].op, Op::Shape { .. }) {
-                        stack.extend(g.nodes[p].inputs.iter().filter(|s| !s.is_empty()).map(|s| s.as_str()));
+                        stack.extend(
+                            g.nodes[p]
+                                .inputs
+                                .iter()
+                                .filter(|s| !s.is_empty())
+                                .map(|s| s.as_str()),
+                        );
                     }
                 }
             }
@@ -457,11 +463,13 @@ pub fn plan_time_inputs(g: &Graph) -> Vec<PlanTimeInput> {
     g.inputs
         .iter()
         .filter_map(|i| {
-            found.get(i.name.as_str()).map(|&(node, slot)| PlanTimeInput {
-                name: i.name.clone(),
-                node,
-                slot,
-            })
+            found
+                .get(i.name.as_str())
+                .map(|&(node, slot)| PlanTimeInput {
+                    name: i.name.clone(),
+                    node,
+                    slot,
+                })
         })
         .collect()
 }
