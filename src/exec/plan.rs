@@ -1,4 +1,5 @@
-//! A plan: the graph compiled once for one set of input shapes. It fixes the schedule,
+//! A plan: the graph compiled once for one set of input shapes (and values of the inputs
+//! that decide shapes, where a graph has such inputs). It fixes the schedule,
 //! folds what is known on the host, and gives every runtime value a buffer slot, reusing
 //! slots whose values are dead, so peak memory stays far below the sum of intermediates.
 //! Reshape-like nodes (a new shape over the same bytes) are not steps at all: their output

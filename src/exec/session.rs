@@ -1,5 +1,6 @@
 //! Sessions: a graph bound to a backend. A session uploads the initializers once, makes
-//! (and caches) a plan per set of input shapes, and runs it.
+//! (and caches) a plan per set of input shapes and values of the inputs that decide
+//! shapes (`PlanKey`), and runs it.
 
 use super::plan::{Place, Plan, PlanKey};
 use crate::backends::{cpu::Cpu, Backend, BackendKind};
