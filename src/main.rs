@@ -125,6 +125,10 @@ struct InspectArgs {
     /// Bind a symbolic dim: SYM=N.
     #[arg(long = "dim", value_name = "SYM=N")]
     dims: Vec<String>,
+    /// Plan for an input's value (and shape) from a .npy file: NAME=FILE.npy. Needed for
+    /// inputs whose values decide shapes (a Reshape's shape, a Slice's starts, ...).
+    #[arg(long = "input", value_name = "NAME=FILE.npy")]
+    inputs: Vec<String>,
     /// Write the graph (after passes) as Graphviz DOT.
     #[arg(long, value_name = "FILE.dot")]
     dot: Option<PathBuf>,
@@ -152,6 +156,10 @@ struct BenchArgs {
     json: Option<PathBuf>,
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Feed an input from a .npy file (NAME=FILE.npy); the others get seeded random data.
+    /// Needed for inputs whose values decide shapes (a Reshape's shape, ...).
+    #[arg(long = "input", value_name = "NAME=FILE.npy")]
+    inputs: Vec<String>,
     /// With --backward on a model with a training section: a data-parallel training step
     /// on this many GPUs, each with the model's batch (cuda backend, NCCL).
     #[arg(long)]
@@ -450,6 +458,7 @@ fn run(a: RunArgs) -> Result<(), Fail> {
             )));
         }
     }
+    need_plan_inputs(g, &feeds)?;
     let bound = exec::bind_dims(g, &feeds, &dims)?;
     let mut filled = vec![];
     for i in &g.inputs {
@@ -692,9 +701,10 @@ fn inspect(a: InspectArgs) -> Result<(), Fail> {
     let model = Model {
         graph: fused.clone(),
     };
-    // Plan with bound dims: --dim, then the model's defaults.
-    let mut bound = g.dims.clone();
-    bound.extend(dims.clone());
+    // Plan with bound dims: the --input shapes, --dim, then the model's defaults; and for
+    // the --input values of inputs that decide shapes.
+    let given = read_inputs(g, &a.inputs, false)?;
+    let bound = exec::bind_dims(g, &given, &dims)?;
     let unbound: Vec<String> = g
         .symbols()
         .into_iter()
@@ -713,7 +723,14 @@ fn inspect(a: InspectArgs) -> Result<(), Fail> {
         .iter()
         .map(|i| Ok((i.name.clone(), exec::concrete_shape(i, &bound)?)))
         .collect::<Result<_, Error>>()?;
-    let plan = graphrun::Plan::new(g, &shapes)?;
+    need_plan_inputs(g, &given)?;
+    let key = exec::PlanKey {
+        values: exec::plan_values(g, &graphrun::graph::infer::plan_time_inputs(g), &given)?,
+        shapes,
+    };
+    let shapes = &key.shapes;
+    let none = std::collections::HashSet::new();
+    let plan = graphrun::Plan::for_key(g, &key, &none)?;
     let bind: Vec<String> = bound.iter().map(|(k, v)| format!("{k}={v}")).collect();
     println!(
         "plan ({}): {} steps, {}FLOP per run",
@@ -747,7 +764,8 @@ fn inspect(a: InspectArgs) -> Result<(), Fail> {
             training: false,
             inputs: true,
         };
-        let bwd = graphrun::passes::autodiff::backward(g, &floats, &shapes, &opts)?;
+        let bwd =
+            graphrun::passes::autodiff::backward_with(g, &floats, shapes, &key.values, &opts)?;
         let (bg, _) =
             passes::optimize(&bwd.graph, &pass_options(a.no_fuse, &a.disable_pass, false))?;
         println!("backward graph: {} nodes: {}", bg.nodes.len(), counts(&bg));
@@ -759,12 +777,13 @@ fn inspect(a: InspectArgs) -> Result<(), Fail> {
         println!("  seeded: {}", seeds.join(", "));
         let grads: Vec<String> = bwd.grads.iter().map(|(w, _)| w.clone()).collect();
         println!("  gradients of: {}", grads.join(", "));
-        let mut all = shapes.clone();
+        let mut all = key.clone();
         for (_, s) in &bwd.seeds {
             let info = bg.input(s).expect("seed input");
-            all.insert(s.clone(), exec::concrete_shape(info, &BTreeMap::new())?);
+            all.shapes
+                .insert(s.clone(), exec::concrete_shape(info, &BTreeMap::new())?);
         }
-        let bplan = graphrun::Plan::new(&bg, &all)?;
+        let bplan = graphrun::Plan::for_key(&bg, &all, &none)?;
         // The baseline: every forward value held until the backward is done.
         let keep: std::collections::HashSet<String> = g
             .nodes
@@ -773,7 +792,7 @@ fn inspect(a: InspectArgs) -> Result<(), Fail> {
             .chain(g.inputs.iter().map(|i| i.name.clone()))
             .filter(|v| bplan.types.contains_key(v))
             .collect();
-        let kplan = graphrun::Plan::keeping(&bg, &all, &keep)?;
+        let kplan = graphrun::Plan::for_key(&bg, &all, &keep)?;
         println!(
             "  plan: {} steps, {}FLOP per forward+backward",
             bplan.steps.len(),
@@ -876,7 +895,9 @@ fn bench(a: BenchArgs) -> Result<(), Fail> {
     }
     let mut model = load(&a.model, a.common.dtype.as_deref())?;
     let dims = parse_dims(&a.common.dims)?;
-    let feeds = model.random_inputs(a.seed, &dims)?;
+    let given = read_inputs(&model.graph, &a.inputs, a.common.dtype.is_some())?;
+    need_plan_inputs(&model.graph, &given)?;
+    let feeds = with_random_inputs(&model.graph, given.clone(), &dims, a.seed)?;
     // --backward: a training step (forward, loss, backward, optimizer) when the model
     // has a training section, as ../shared/bench's `train` pass; else forward+backward.
     let train = a.backward && model.graph.training.is_some();
@@ -911,7 +932,7 @@ fn bench(a: BenchArgs) -> Result<(), Fail> {
                  with a training section",
             ));
         }
-        return bench_parallel(&a, gpus, &model, fused, opts, &dims);
+        return bench_parallel(&a, gpus, &model, fused, opts, &dims, &given);
     }
     let mut session = Session::new(fused, opts)?;
     // Inputs stay on the device and nothing is downloaded, as in the PyTorch reference
@@ -1053,14 +1074,14 @@ fn bench_parallel(
     fused: graphrun::Graph,
     opts: SessionOptions,
     dims: &BTreeMap<String, usize>,
+    given: &HashMap<String, Tensor>,
 ) -> Result<(), Fail> {
     if gpus == 0 {
         return Err(usage("--gpus must be at least 1"));
     }
     let shards: Vec<std::sync::Arc<HashMap<String, Tensor>>> = (0..gpus)
         .map(|r| {
-            model
-                .random_inputs(a.seed + r as u64, dims)
+            with_random_inputs(&model.graph, given.clone(), dims, a.seed + r as u64)
                 .map(std::sync::Arc::new)
         })
         .collect::<Result<_, _>>()?;
@@ -1104,6 +1125,55 @@ fn bench_parallel(
 /// Reads `flag`'s NAME=FILE.npy for a graph input that `given` says is not set yet:
 /// (NAME, FILE, the input, the data). With --dtype (`cast_floats`) float files are cast
 /// like the model's floats; the dtype must then be the input's.
+/// Feeds from --input NAME=FILE.npy flags.
+fn read_inputs(
+    g: &graphrun::Graph,
+    specs: &[String],
+    cast_floats: bool,
+) -> Result<HashMap<String, Tensor>, Fail> {
+    let mut feeds = HashMap::new();
+    for spec in specs {
+        let (name, _, _, t) =
+            read_input_npy(g, spec, "--input", cast_floats, |n| feeds.contains_key(n))?;
+        feeds.insert(name, t);
+    }
+    Ok(feeds)
+}
+
+/// Inputs whose values decide shapes are planned for their values: random data would
+/// decide the shapes, so each must be given.
+fn need_plan_inputs(g: &graphrun::Graph, feeds: &HashMap<String, Tensor>) -> Result<(), Fail> {
+    for p in graphrun::graph::infer::plan_time_inputs(g) {
+        if !feeds.contains_key(&p.name) {
+            return Err(usage(format!(
+                "input '{}' decides {}: the plan is made for its value, so give it with --input {}=FILE.npy",
+                p.name,
+                exec::plan_input_use(g, &p),
+                p.name
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// `given`, and seeded random data for the other inputs (their symbolic dims bound by
+/// `given`, then `dims`, then the model's defaults).
+fn with_random_inputs(
+    g: &graphrun::Graph,
+    mut feeds: HashMap<String, Tensor>,
+    dims: &BTreeMap<String, usize>,
+    seed: u64,
+) -> Result<HashMap<String, Tensor>, Error> {
+    let bound = exec::bind_dims(g, &feeds, dims)?;
+    for i in &g.inputs {
+        if !feeds.contains_key(&i.name) {
+            let shape = exec::concrete_shape(i, &bound)?;
+            feeds.insert(i.name.clone(), exec::random_input(i, &shape, seed)?);
+        }
+    }
+    Ok(feeds)
+}
+
 fn read_input_npy<'g>(
     g: &'g graphrun::Graph,
     spec: &str,

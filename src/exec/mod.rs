@@ -6,10 +6,11 @@ pub mod plan;
 pub mod session;
 
 pub use parallel::DataParallel;
-pub use plan::Plan;
+pub use plan::{Plan, PlanKey};
 pub use session::{Session, SessionOptions};
 
 use crate::error::{Error, Result};
+use crate::graph::infer::PlanTimeInput;
 use crate::graph::{Dim, Graph, InputInfo};
 use crate::rng::Rng;
 use crate::tensor::{DType, Elem, Tensor};
@@ -31,6 +32,63 @@ pub fn write_atomic(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Res
         let _ = std::fs::remove_file(&tmp);
         Error::io(path, e)
     })
+}
+
+/// Plan-time inputs (graph inputs whose values decide shapes) hold at most this many
+/// elements: a plan is made, and kept, for each distinct value, so they are meant to be
+/// shapes, axes and sizes, not data.
+pub const PLAN_INPUT_LIMIT: usize = 1024;
+
+/// What a plan-time input decides, for messages: "the shape of node 'r' (Reshape)".
+pub fn plan_input_use(g: &Graph, p: &PlanTimeInput) -> String {
+    let n = &g.nodes[p.node];
+    let what = crate::graph::infer::shape_inputs(&n.op)
+        .iter()
+        .find(|(k, _)| *k == p.slot)
+        .map_or("a shape-deciding input", |(_, w)| *w);
+    format!("the {what} of {}", n.describe())
+}
+
+/// The fed values of the plan-time inputs `inputs` (`infer::plan_time_inputs` of `g`):
+/// small integer tensors, whose values the plan is made for.
+pub fn plan_values(
+    g: &Graph,
+    inputs: &[PlanTimeInput],
+    feeds: &HashMap<String, Tensor>,
+) -> Result<HashMap<String, Tensor>> {
+    let mut out = HashMap::new();
+    for p in inputs {
+        let why = || {
+            format!(
+                "input '{}' decides {} (the plan is made for its value)",
+                p.name,
+                plan_input_use(g, p)
+            )
+        };
+        let Some(t) = feeds.get(&p.name) else {
+            crate::bail!(Input, "{}: feed it", why());
+        };
+        if !t.dtype().is_int() {
+            crate::bail!(
+                Input,
+                "{}: it must be an i64 or i32 tensor, got {}{}",
+                why(),
+                t.dtype(),
+                crate::tensor::fmt_shape(t.shape())
+            );
+        }
+        if t.numel() > PLAN_INPUT_LIMIT {
+            crate::bail!(
+                Input,
+                "{}: it must hold at most {PLAN_INPUT_LIMIT} elements, got {}{}",
+                why(),
+                t.dtype(),
+                crate::tensor::fmt_shape(t.shape())
+            );
+        }
+        out.insert(p.name.clone(), t.clone());
+    }
+    Ok(out)
 }
 
 /// Resolves an input's declared shape with the given symbol bindings.

@@ -1,4 +1,5 @@
-//! A plan: the graph compiled once for one set of input shapes. It fixes the schedule,
+//! A plan: the graph compiled once for one set of input shapes (and values of the inputs
+//! that decide shapes, where a graph has such inputs). It fixes the schedule,
 //! folds what is known on the host, and gives every runtime value a buffer slot, reusing
 //! slots whose values are dead, so peak memory stays far below the sum of intermediates.
 //! Reshape-like nodes (a new shape over the same bytes) are not steps at all: their output
@@ -11,6 +12,15 @@ use crate::graph::infer::{self, Inferred, ValueType};
 use crate::graph::{Graph, Op};
 use crate::tensor::Tensor;
 use std::collections::{HashMap, HashSet};
+
+/// What a plan is made for: every graph input's shape, and the fed values of the graph
+/// inputs that decide shapes (`infer::plan_time_inputs`; none in most graphs). Sessions
+/// cache their plans by it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PlanKey {
+    pub shapes: HashMap<String, Vec<usize>>,
+    pub values: HashMap<String, Tensor>,
+}
 
 /// Where a value lives while the plan runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,6 +68,13 @@ impl Plan {
         Plan::keeping(g, input_shapes, &HashSet::new())
     }
 
+    /// The plan for `key`: its input shapes, and the values of the graph inputs that
+    /// decide shapes, which inference takes as known on the host (they are still fed
+    /// and uploaded as inputs: other nodes may read them as data).
+    pub fn for_key(g: &Graph, key: &PlanKey, keep: &HashSet<String>) -> Result<Plan> {
+        Plan::build(g, &key.shapes, &key.values, keep)
+    }
+
     /// A plan where the values in `keep` are computed and live to the end, like graph
     /// outputs (so they can be fetched after a run): with every
     /// forward value kept, a backward graph's plan shows what an autograd that frees
@@ -67,7 +84,16 @@ impl Plan {
         input_shapes: &HashMap<String, Vec<usize>>,
         keep: &HashSet<String>,
     ) -> Result<Plan> {
-        let inf: Inferred = infer::infer_graph(g, input_shapes)?;
+        Plan::build(g, input_shapes, &HashMap::new(), keep)
+    }
+
+    fn build(
+        g: &Graph,
+        input_shapes: &HashMap<String, Vec<usize>>,
+        values: &HashMap<String, Tensor>,
+        keep: &HashSet<String>,
+    ) -> Result<Plan> {
+        let inf: Inferred = infer::infer_graph_with(g, input_shapes, values)?;
         // Nodes whose outputs are all known on the host are folded, not run.
         let folded = |ni: usize| {
             let n = &g.nodes[ni];
@@ -112,7 +138,8 @@ impl Plan {
         // Constants that a scheduled node or a graph output reads.
         let mut consts = vec![];
         let mut want_const = |name: &str, places: &mut HashMap<String, Place>| {
-            if places.contains_key(name) {
+            // Graph inputs known when planning are still fed into their slots.
+            if places.contains_key(name) || g.input(name).is_some() {
                 return;
             }
             if let Some(c) = inf.consts.get(name) {

@@ -1,7 +1,8 @@
 //! Sessions: a graph bound to a backend. A session uploads the initializers once, makes
-//! (and caches) a plan per set of input shapes, and runs it.
+//! (and caches) a plan per set of input shapes and values of the inputs that decide
+//! shapes (`PlanKey`), and runs it.
 
-use super::plan::{Place, Plan};
+use super::plan::{Place, Plan, PlanKey};
 use crate::backends::{cpu::Cpu, Backend, BackendKind};
 use crate::error::{Error, Result};
 use crate::graph::infer::ValueType;
@@ -41,9 +42,6 @@ impl Default for SessionOptions {
     }
 }
 
-/// The concrete shape of every graph input.
-type Shapes = HashMap<String, Vec<usize>>;
-
 /// What `Session::backward` returns.
 #[derive(Clone, Debug)]
 pub struct Gradients {
@@ -53,12 +51,12 @@ pub struct Gradients {
     pub grads: Vec<(String, Tensor)>,
 }
 
-/// A plan that keeps extra values to fetch: (fetch list, input shapes, plan).
-type FetchPlan = (Vec<String>, Shapes, Plan);
+/// A plan that keeps extra values to fetch: (fetch list, what it is for, plan).
+type FetchPlan = (Vec<String>, PlanKey, Plan);
 
-/// A backward graph for one set of input shapes, and its plan.
+/// A backward graph for one set of input shapes (and plan-time values), and its plan.
 struct BackwardPlan {
-    shapes: HashMap<String, Vec<usize>>,
+    key: PlanKey,
     bwd: Backward,
     plan: Plan,
     /// The default seed of each seed input (all ones), made once.
@@ -71,6 +69,11 @@ pub struct Session {
     opts: SessionOptions,
     exec: Box<dyn Run>,
     plans: PlanCache,
+    /// The graph inputs whose fed values decide shapes: plans are made (and cached) for
+    /// their values as well as for the input shapes.
+    plan_inputs: Vec<crate::graph::infer::PlanTimeInput>,
+    /// Plans made so far, of every kind (`plans_made`).
+    plans_made: std::cell::Cell<usize>,
     /// Plans that keep extra values to fetch (`run_fetch`), per fetch list and shapes.
     fetch_plans: Vec<FetchPlan>,
     /// Backward graphs of every floating output (`backward`), per input shapes.
@@ -162,6 +165,8 @@ impl Session {
 
     fn with_exec(graph: Graph, opts: SessionOptions, exec: Box<dyn Run>) -> Session {
         Session {
+            plan_inputs: crate::graph::infer::plan_time_inputs(&graph),
+            plans_made: std::cell::Cell::new(0),
             graph,
             opts,
             exec,
@@ -190,15 +195,36 @@ impl Session {
     }
 
     /// A plan for `g`; with static feeds its inputs are kept to the end (never reused).
-    fn make_plan(&self, g: &Graph, shapes: &Shapes) -> Result<Plan> {
-        let plan = if self.static_feeds {
-            let keep = g.inputs.iter().map(|i| i.name.clone()).collect();
-            Plan::keeping(g, shapes, &keep)?
-        } else {
-            Plan::new(g, shapes)?
-        };
+    fn make_plan(&self, g: &Graph, key: &PlanKey) -> Result<Plan> {
+        let mut keep: std::collections::HashSet<String> = Default::default();
+        if self.static_feeds {
+            keep = g.inputs.iter().map(|i| i.name.clone()).collect();
+        }
+        let plan = Plan::for_key(g, key, &keep)?;
         crate::tensor::check_plan_bytes(plan.peak_bytes(), plan.weight_bytes)?;
+        self.plans_made.set(self.plans_made.get() + 1);
         Ok(plan)
+    }
+
+    /// Plans made by this session so far (forward, fetch, backward and training plans):
+    /// each is made once per distinct `plan_key` and then reused.
+    pub fn plans_made(&self) -> usize {
+        self.plans_made.get()
+    }
+
+    /// The graph inputs whose fed values decide shapes (Reshape's shape, Slice's starts,
+    /// ... computed from them): plans are made for their values.
+    pub fn plan_time_inputs(&self) -> &[crate::graph::infer::PlanTimeInput] {
+        &self.plan_inputs
+    }
+
+    /// What a plan for these feeds is made for: the input shapes, and the values of the
+    /// plan-time inputs (small integer tensors, checked here).
+    pub fn plan_key(&self, feeds: &HashMap<String, Tensor>) -> Result<PlanKey> {
+        Ok(PlanKey {
+            shapes: self.input_shapes(feeds)?,
+            values: super::plan_values(&self.graph, &self.plan_inputs, feeds)?,
+        })
     }
 
     pub fn graph(&self) -> &Graph {
@@ -264,9 +290,10 @@ impl Session {
             .collect()
     }
 
-    /// Makes the plan for these feeds' shapes (what `inspect` reports).
+    /// Makes the plan for these feeds' shapes (and plan-time values): what `inspect`
+    /// reports.
     pub fn plan_for(&self, feeds: &HashMap<String, Tensor>) -> Result<Plan> {
-        self.make_plan(&self.graph, &self.input_shapes(feeds)?)
+        self.make_plan(&self.graph, &self.plan_key(feeds)?)
     }
 
     /// Times every node from now on (each one synchronized: slower, for `bench`).
@@ -292,12 +319,12 @@ impl Session {
 
     /// Runs the graph; returns the outputs in the order of `graph.outputs`.
     pub fn run(&mut self, feeds: &HashMap<String, Tensor>) -> Result<Vec<(String, Tensor)>> {
-        let shapes = self.input_shapes(feeds)?;
-        if !self.plans.has(&shapes) {
-            let plan = self.make_plan(&self.graph, &shapes)?;
-            self.plans.insert(shapes.clone(), plan);
+        let key = self.plan_key(feeds)?;
+        if !self.plans.has(&key) {
+            let plan = self.make_plan(&self.graph, &key)?;
+            self.plans.insert(key.clone(), plan);
         }
-        let plan = self.plans.get(&shapes).expect("inserted above");
+        let plan = self.plans.get(&key).expect("inserted above");
         self.exec.set_step(0);
         let fetch: &[String] = if self.static_feeds {
             &[]
@@ -317,11 +344,11 @@ impl Session {
         feeds: &HashMap<String, Tensor>,
         fetch: &[String],
     ) -> Result<Vec<Tensor>> {
-        let shapes = self.input_shapes(feeds)?;
+        let key = self.plan_key(feeds)?;
         let i = match self
             .fetch_plans
             .iter()
-            .position(|(f, s, _)| f == fetch && *s == shapes)
+            .position(|(f, k, _)| f == fetch && *k == key)
         {
             Some(i) => i,
             None => {
@@ -334,8 +361,9 @@ impl Session {
                     }
                 }
                 let keep = fetch.iter().cloned().collect();
-                let plan = Plan::keeping(&self.graph, &shapes, &keep)?;
-                self.fetch_plans.push((fetch.to_vec(), shapes, plan));
+                let plan = Plan::for_key(&self.graph, &key, &keep)?;
+                self.plans_made.set(self.plans_made.get() + 1);
+                self.fetch_plans.push((fetch.to_vec(), key, plan));
                 self.fetch_plans.len() - 1
             }
         };
@@ -365,13 +393,13 @@ impl Session {
     }
 
     fn backward_plan(&mut self, feeds: &HashMap<String, Tensor>, train: bool) -> Result<usize> {
-        let shapes = self.input_shapes(feeds)?;
+        let key = self.plan_key(feeds)?;
         let cache = if train {
             &self.train_plans
         } else {
             &self.grad_plans
         };
-        if let Some(i) = cache.iter().position(|e| e.shapes == shapes) {
+        if let Some(i) = cache.iter().position(|e| e.key == key) {
             return Ok(i);
         }
         let outputs: Vec<String> = if train {
@@ -383,7 +411,7 @@ impl Session {
             };
             vec![t.loss.clone()]
         } else {
-            let inf = crate::graph::infer::infer_graph(&self.graph, &shapes)?;
+            let inf = crate::graph::infer::infer_graph_with(&self.graph, &key.shapes, &key.values)?;
             self.graph
                 .outputs
                 .iter()
@@ -395,18 +423,20 @@ impl Session {
             training: self.opts.training || train,
             inputs: !train,
         };
-        let bwd = autodiff::backward(&self.graph, &outputs, &shapes, &opts)?;
+        let bwd = autodiff::backward_with(&self.graph, &outputs, &key.shapes, &key.values, &opts)?;
         let passes = PassOptions {
             training: opts.training,
             ..self.opts.passes.clone()
         };
         let (graph, _) = crate::passes::optimize(&bwd.graph, &passes)?;
         let bwd = Backward { graph, ..bwd };
-        let mut all = shapes.clone();
-        for (o, seed) in &bwd.seeds {
+        // The backward graph reads the forward's plan-time inputs (and no others: its
+        // own nodes' shapes are constants or come from Shape).
+        let mut all = key.clone();
+        for (_, seed) in &bwd.seeds {
             let ty = bwd.graph.input(seed).expect("seed input");
-            let _ = o;
-            all.insert(seed.clone(), super::concrete_shape(ty, &BTreeMap::new())?);
+            all.shapes
+                .insert(seed.clone(), super::concrete_shape(ty, &BTreeMap::new())?);
         }
         let plan = self.make_plan(&bwd.graph, &all)?;
         let cache = if train {
@@ -420,7 +450,7 @@ impl Session {
             .map(|(_, s)| Ok((s.clone(), ones(&plan.types[s])?)))
             .collect::<Result<_>>()?;
         cache.push(BackwardPlan {
-            shapes,
+            key,
             bwd,
             plan,
             ones,
@@ -1034,20 +1064,20 @@ impl<B: Backend> Run for Executor<B> {
     }
 }
 
-/// Plans cached by input shapes.
+/// Plans cached by input shapes and plan-time values.
 #[derive(Default)]
 pub(crate) struct PlanCache {
-    plans: Vec<(HashMap<String, Vec<usize>>, Plan)>,
+    plans: Vec<(PlanKey, Plan)>,
 }
 
 impl PlanCache {
-    fn has(&self, shapes: &HashMap<String, Vec<usize>>) -> bool {
-        self.get(shapes).is_some()
+    fn has(&self, key: &PlanKey) -> bool {
+        self.get(key).is_some()
     }
-    fn get(&self, shapes: &HashMap<String, Vec<usize>>) -> Option<&Plan> {
-        self.plans.iter().find(|(s, _)| s == shapes).map(|(_, p)| p)
+    fn get(&self, key: &PlanKey) -> Option<&Plan> {
+        self.plans.iter().find(|(k, _)| k == key).map(|(_, p)| p)
     }
-    fn insert(&mut self, shapes: HashMap<String, Vec<usize>>, plan: Plan) {
-        self.plans.push((shapes, plan));
+    fn insert(&mut self, key: PlanKey, plan: Plan) {
+        self.plans.push((key, plan));
     }
 }

@@ -1,6 +1,7 @@
 //! Dtype and shape inference for every operator, on concrete shapes. Inputs that decide
 //! a shape (Reshape's shape, Slice's starts, ...) must be known when the plan is made:
-//! they are initializers, Constants, or computed from them and from `Shape` — the small
+//! they are initializers, Constants, graph inputs whose fed values the plan is made for
+//! (`plan_time_inputs`), or computed from them and from `Shape` — the small
 //! "shape arithmetic" subgraphs exporters emit are evaluated on the host by the CPU
 //! reference kernels while inferring.
 
@@ -243,6 +244,16 @@ fn attn_qkv(
 
 /// Infers every value's type given each graph input's concrete shape.
 pub fn infer_graph(g: &Graph, input_shapes: &HashMap<String, Vec<usize>>) -> Result<Inferred> {
+    infer_graph_with(g, input_shapes, &HashMap::new())
+}
+
+/// `infer_graph` with the values of some graph inputs known on the host: those that
+/// decide shapes (`plan_time_inputs`), fed when the plan is made.
+pub fn infer_graph_with(
+    g: &Graph,
+    input_shapes: &HashMap<String, Vec<usize>>,
+    values: &HashMap<String, Tensor>,
+) -> Result<Inferred> {
     let mut inf = Inferred {
         order: validate::topo_order(g)?,
         ..Default::default()
@@ -264,6 +275,19 @@ pub fn infer_graph(g: &Graph, input_shapes: &HashMap<String, Vec<usize>>) -> Res
         }
         inf.types
             .insert(i.name.clone(), ValueType::new(i.dtype, shape));
+        if let Some(v) = values.get(&i.name) {
+            if v.dtype() != i.dtype || v.shape() != &shape[..] {
+                crate::bail!(
+                    Input,
+                    "the value of graph input '{}' must be {}, got {}{}",
+                    i.name,
+                    ValueType::new(i.dtype, shape),
+                    v.dtype(),
+                    fmt_shape(v.shape())
+                );
+            }
+            inf.consts.insert(i.name.clone(), v.clone());
+        }
     }
     for init in &g.initializers {
         inf.types.insert(
@@ -339,6 +363,115 @@ pub fn infer_graph(g: &Graph, input_shapes: &HashMap<String, Vec<usize>>) -> Res
 
 fn is_random(op: &Op) -> bool {
     matches!(op, Op::Dropout { .. })
+}
+
+/// The inputs of `op` that decide its output's shape (by index, with what each is): their
+/// values must be known on the host when the plan is made (`infer_node`'s `known`).
+pub fn shape_inputs(op: &Op) -> &'static [(usize, &'static str)] {
+    match op {
+        Op::Reshape { .. } | Op::Expand => &[(1, "shape")],
+        Op::Reduce { .. } | Op::Squeeze { .. } | Op::Unsqueeze { .. } => &[(1, "axes")],
+        Op::Split { .. } => &[(1, "split")],
+        Op::Slice => &[(1, "starts"), (2, "ends"), (3, "axes"), (4, "steps")],
+        Op::GatherGrad { .. } => &[(2, "the forward input's shape")],
+        Op::SliceGrad => &[
+            (1, "the forward input's shape"),
+            (2, "starts"),
+            (3, "ends"),
+            (4, "axes"),
+            (5, "steps"),
+        ],
+        Op::Unary(_)
+        | Op::Binary(_)
+        | Op::Clip
+        | Op::Where
+        | Op::Cast { .. }
+        | Op::Identity
+        | Op::MatMul
+        | Op::Gemm { .. }
+        | Op::Softmax { .. }
+        | Op::LogSoftmax { .. }
+        | Op::LayerNormalization { .. }
+        | Op::Transpose { .. }
+        | Op::Concat { .. }
+        | Op::Flatten { .. }
+        | Op::Gather { .. }
+        | Op::Shape { .. }
+        | Op::Constant { .. }
+        | Op::Trilu { .. }
+        | Op::SoftmaxCrossEntropyLoss { .. }
+        | Op::Dropout { .. }
+        | Op::FusedMatMul { .. }
+        | Op::Attention { .. }
+        | Op::VarlenAttention { .. }
+        | Op::UnaryGrad(_)
+        | Op::SoftmaxGrad { .. }
+        | Op::LayerNormalizationGrad { .. }
+        | Op::SoftmaxCrossEntropyLossGrad { .. }
+        | Op::FusedMatMulGrad { .. }
+        | Op::AttentionGrad { .. }
+        | Op::VarlenAttentionGrad { .. } => &[],
+    }
+}
+
+/// A graph input whose value decides a shape.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlanTimeInput {
+    pub name: String,
+    /// A node whose shape-deciding input is computed from it, and which input.
+    pub node: usize,
+    pub slot: usize,
+}
+
+/// The graph inputs whose values decide shapes: those a shape-deciding input
+/// (`shape_inputs`) is computed from, walking producers back (`Shape` reads only its
+/// input's type, so the walk stops there). A plan is made for their fed values, in
+/// declaration order.
+pub fn plan_time_inputs(g: &Graph) -> Vec<PlanTimeInput> {
+    let producer: HashMap<&str, usize> = g
+        .nodes
+        .iter()
+        .enumerate()
+        .flat_map(|(i, n)| n.outputs.iter().map(move |o| (o.as_str(), i)))
+        .collect();
+    let mut found: HashMap<&str, (usize, usize)> = HashMap::new();
+    let mut seen: std::collections::HashSet<&str> = Default::default();
+    for (ni, n) in g.nodes.iter().enumerate() {
+        for &(slot, _) in shape_inputs(&n.op) {
+            let Some(v) = n.input(slot) else { continue };
+            let mut stack = vec![v];
+            while let Some(v) = stack.pop() {
+                if !seen.insert(v) {
+                    continue;
+                }
+                if g.input(v).is_some() {
+                    found.entry(v).or_insert((ni, slot));
+                } else if let Some(&p) = producer.get(v) {
+                    if !matches!(g.nodes[p].op, Op::Shape { .. }) {
+                        stack.extend(
+                            g.nodes[p]
+                                .inputs
+                                .iter()
+                                .filter(|s| !s.is_empty())
+                                .map(|s| s.as_str()),
+                        );
+                    }
+                }
+            }
+        }
+    }
+    g.inputs
+        .iter()
+        .filter_map(|i| {
+            found
+                .get(i.name.as_str())
+                .map(|&(node, slot)| PlanTimeInput {
+                    name: i.name.clone(),
+                    node,
+                    slot,
+                })
+        })
+        .collect()
 }
 
 /// Numpy broadcasting of two shapes.
@@ -482,12 +615,14 @@ pub fn infer_node(
     };
     // A shape-deciding input that must be known on the host.
     let known = |i: usize, what: &str| -> Result<Option<Vec<i64>>> {
+        // `plan_time_inputs` finds the graph inputs to plan with from that table.
+        debug_assert!(shape_inputs(&node.op).iter().any(|&(k, _)| k == i));
         match (t(i), consts.get(i).copied().flatten()) {
             (None, _) => Ok(None),
             (Some(v), _) if !v.dtype.is_int() => Err(f(format!("{what} (input {i}) must be i64 or i32, got {}", v.dtype))),
             (Some(_), Some(c)) => Ok(Some(c.to_i64_vec())),
             (Some(_), None) => Err(f(format!(
-                "{what} (input '{}') must be known when the plan is made: an initializer, a Constant, or computed from them and Shape",
+                "{what} (input '{}') must be known when the plan is made (computed from initializers, Constants, Shape and the graph inputs fed when planning, through small nodes evaluated on the host), but it depends on a value that is not (one computed at run time, or a tensor too large to evaluate on the host)",
                 node.inputs[i]
             ))),
         }

@@ -129,9 +129,10 @@ pub fn validate(g: &Graph) -> Result<()> {
         }
     }
     topo_order(g)?;
-    // With every symbol bound by a default, check all shapes now.
+    // With every symbol bound by a default, check all shapes now (unless some depend on
+    // input values, which only a run gives).
     let syms = g.symbols();
-    if syms.iter().all(|s| g.dims.contains_key(s)) {
+    if syms.iter().all(|s| g.dims.contains_key(s)) && infer::plan_time_inputs(g).is_empty() {
         let shapes = g
             .inputs
             .iter()

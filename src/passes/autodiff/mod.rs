@@ -48,7 +48,19 @@ pub fn backward(
     input_shapes: &HashMap<String, Vec<usize>>,
     opts: &BackwardOptions,
 ) -> Result<Backward> {
-    let inf = infer::infer_graph(g, input_shapes)?;
+    backward_with(g, outputs, input_shapes, &HashMap::new(), opts)
+}
+
+/// `backward` for these values of the graph inputs that decide shapes
+/// (`infer::plan_time_inputs`): the backward graph holds for them only.
+pub fn backward_with(
+    g: &Graph,
+    outputs: &[String],
+    input_shapes: &HashMap<String, Vec<usize>>,
+    values: &HashMap<String, Tensor>,
+    opts: &BackwardOptions,
+) -> Result<Backward> {
+    let inf = infer::infer_graph_with(g, input_shapes, values)?;
     let mut out = g.clone();
     // The backward graph holds for these shapes only: say so in its inputs.
     for i in &mut out.inputs {
