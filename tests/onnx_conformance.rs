@@ -385,7 +385,7 @@ fn blocked(m: &ModelProto, x: &ModelExtras) -> Option<Fail> {
         .filter_map(|v| v.r#type.as_ref()?.tensor_type.as_ref())
         .map(|t| t.elem_type)
         .filter(|t| !DTYPES.contains(t))
-        .map(|t| onnx_dtype_name(t as i64))
+        .map(dtype_name)
         .collect();
     if !bad.is_empty() {
         return Some(Fail {
@@ -406,6 +406,16 @@ fn blocked(m: &ModelProto, x: &ModelExtras) -> Option<Fail> {
         });
     }
     None
+}
+
+/// An ONNX element type's name (graphrun's names stop at FLOAT4E2M1).
+fn dtype_name(code: i32) -> String {
+    match code {
+        24 => "FLOAT8E8M0".into(),
+        25 => "UINT2".into(),
+        26 => "INT2".into(),
+        _ => onnx_dtype_name(code as i64),
+    }
 }
 
 /// The KNOWN entry of a case.
