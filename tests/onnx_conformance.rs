@@ -47,7 +47,14 @@ const RANDOM_MASK: &str = "training-mode Dropout draws a random mask, and graphr
 
 /// Cases where CUDA's outcome may differ from the CPU's, and why. Checked only where a
 /// CUDA device is present; a listed case whose outcomes agree fails the test.
-const CUDA_DIFFERS: &[(&str, &str)] = &[];
+const CUDA_DIFFERS: &[(&str, &str)] = &[
+    ("test_sce_NCd1d2d3d4d5_mean_weight", SCE_5D_MEAN),
+    ("test_sce_NCd1d2d3d4d5_mean_weight_log_prob", SCE_5D_MEAN),
+];
+
+const SCE_5D_MEAN: &str = "the CPU's weighted mean over 5-D classes lands 1.7e-5 from ONNX's \
+    expected output (itself computed in float32; within ONNX's own rtol 1e-3); CUDA's \
+    summation order lands within 1e-5";
 
 /// The backends whose outcomes the doc records: those CI runs (wgpu on lavapipe).
 const DOC_BACKENDS: &[BackendKind] = &[BackendKind::Cpu, BackendKind::Wgpu];
