@@ -193,6 +193,10 @@ struct Case {
     /// op's function body of simpler ops) the op of the case it expands.
     op: String,
     dir: PathBuf,
+    /// The ops of its graph ("domain::Op" outside ai.onnx).
+    ops: BTreeSet<String>,
+    /// The ai.onnx opset it imports.
+    opset: i64,
     /// Why the case cannot run, from the model alone.
     blocked: Option<Fail>,
 }
@@ -294,6 +298,8 @@ fn op_key(domain: &str, op: &str) -> String {
     }
 }
 
+/// Whether graphrun has the op itself (the importer may also rewrite others into its ops:
+/// the doc counts those too, from the cases that got past the importer).
 fn implemented(op: &str) -> bool {
     graphrun::graph::op::OP_NAMES.contains(&op) && !NOT_ONNX.contains(&op)
 }
@@ -328,18 +334,32 @@ fn cases(suite: &Path) -> Vec<Case> {
                 .unwrap_or_else(|| "(no node)".into())
         });
         let blocked = blocked(&m, &x);
+        let ops = g
+            .node
+            .iter()
+            .map(|n| op_key(&n.domain, &n.op_type))
+            .collect();
+        let opset = m
+            .opset_import
+            .iter()
+            .filter(|o| o.domain.is_empty() || o.domain == "ai.onnx")
+            .map(|o| o.version)
+            .max()
+            .unwrap_or(0);
         out.push(Case {
             name,
             op,
             dir,
+            ops,
+            opset,
             blocked,
         });
     }
     out
 }
 
-/// Why the model cannot run in graphrun, seen from the model alone: not a tensor model,
-/// element types graphrun lacks, operators it lacks.
+/// Why the model cannot run in graphrun, seen from the model alone: not a tensor model, or
+/// element types graphrun lacks. (Which operators it lacks, the importer says.)
 fn blocked(m: &ModelProto, x: &ModelExtras) -> Option<Fail> {
     let g = m.graph.clone().unwrap_or_default();
     let io: Vec<&ValueInfoProto> = g.input.iter().chain(&g.output).collect();
@@ -400,19 +420,20 @@ fn blocked(m: &ModelProto, x: &ModelExtras) -> Option<Fail> {
             reason: bad.into_iter().collect::<Vec<_>>().join(", "),
         });
     }
-    let missing: BTreeSet<String> = g
-        .node
-        .iter()
-        .map(|n| op_key(&n.domain, &n.op_type))
-        .filter(|op| !implemented(op))
-        .collect();
-    if !missing.is_empty() {
-        return Some(Fail {
-            cat: Category::Unsupported,
-            reason: missing.into_iter().collect::<Vec<_>>().join(", "),
-        });
-    }
     None
+}
+
+/// The ops the importer's error names as unsupported: "graphrun does not support 2 ops of
+/// this model (3 nodes): Conv (1 node: 'a'); Pad (2 nodes: 'b', 'c')".
+fn unsupported_ops(err: &str) -> Option<Vec<String>> {
+    let at = err.find("graphrun does not support ")?;
+    let rest = &err[at..];
+    let list = &rest[rest.find("): ")? + 3..];
+    Some(
+        list.split("; ")
+            .map(|item| item.split(" (").next().unwrap_or(item).to_string())
+            .collect(),
+    )
 }
 
 /// An ONNX element type's name (graphrun's names stop at FLOAT4E2M1).
@@ -595,46 +616,40 @@ fn outcome(c: &Case, backend: BackendKind) -> (Outcome, Option<String>) {
             (line.clone(), Some(line))
         }
     };
-    if let Some(why) = known(&c.name) {
-        let reason = format!("{why} (graphrun: {err})");
-        return (
-            Err(Fail {
-                cat: Category::Known,
-                reason,
-            }),
-            panic,
-        );
-    }
-    let cat = if err.contains("which graphrun does not support") {
-        Category::Dtype
-    } else if err.contains("graphrun does not support") {
-        Category::Unsupported
-    } else if err.contains("graphrun implements opsets") {
-        Category::Opset
-    } else if err.contains("must be known when the plan is made") {
-        Category::RunTimeShapes
-    } else if err.contains("not supported by the wgpu backend") {
-        Category::BackendDtype
-    } else if err.contains(MISMATCH) {
-        Category::Numerical
-    } else {
-        Category::Other
-    };
-    let reason = match cat {
+    // Dtype and unsupported ops first (ALL's order), then the known exceptions.
+    let dtype = err.contains("which graphrun does not support");
+    let opset =
+        err.contains("graphrun implements opsets") || err.contains("imports no ai.onnx opset");
+    let unsupported = unsupported_ops(&err).or_else(|| {
+        // The importer refuses the opset before it looks at the nodes: then the ops it
+        // lacks are those of the model that graphrun does not have.
+        let missing: Vec<String> = c.ops.iter().filter(|o| !implemented(o)).cloned().collect();
+        (opset && !missing.is_empty()).then_some(missing)
+    });
+    let (cat, reason) = if dtype {
+        // Grouped: the element type alone.
+        let named = ["element type ", "dtype "].iter().find_map(|k| {
+            let at = err.find(k)? + k.len();
+            Some(err[at..].split([',', ' ']).next()?.to_string())
+        });
+        (Category::Dtype, named.unwrap_or(err))
+    } else if let Some(ops) = unsupported {
+        (Category::Unsupported, ops.join(", "))
+    } else if let Some(why) = known(&c.name) {
+        (Category::Known, format!("{why} (graphrun: {err})"))
+    } else if opset {
         // Grouped: the opset alone.
-        Category::Opset => opset_of(&c.dir).map_or(err.clone(), |v| format!("opset {v}")),
-        _ => err,
+        (Category::Opset, format!("opset {}", c.opset))
+    } else if err.contains("must be known when the plan is made") {
+        (Category::RunTimeShapes, err)
+    } else if err.contains("not supported by the wgpu backend") {
+        (Category::BackendDtype, err)
+    } else if err.contains(MISMATCH) {
+        (Category::Numerical, err)
+    } else {
+        (Category::Other, err)
     };
     (Err(Fail { cat, reason }), panic)
-}
-
-fn opset_of(dir: &Path) -> Option<i64> {
-    let (m, _) = decode_model(dir).ok()?;
-    m.opset_import
-        .iter()
-        .filter(|o| o.domain.is_empty() || o.domain == "ai.onnx")
-        .map(|o| o.version)
-        .max()
 }
 
 /// Outcomes by (case, backend name).
@@ -727,12 +742,29 @@ fn doc(cases: &[Case], results: &Results) -> String {
         names.join(" | "),
         "---|".repeat(names.len())
     );
+    // The ops the importer took: those of the cases that got past its checks of the
+    // model (it may rewrite ops graphrun does not have into ops it has).
+    let imported: BTreeSet<&str> = cases
+        .iter()
+        .filter(|c| match res(c, names[0]) {
+            Ok(()) => true,
+            Err(f) => !matches!(
+                f.cat,
+                Category::NotTensor | Category::Dtype | Category::Unsupported | Category::Opset
+            ),
+        })
+        .flat_map(|c| c.ops.iter().map(String::as_str))
+        .collect();
     for (op, cs) in &per_op {
         let cols: Vec<String> = names
             .iter()
             .map(|b| cs.iter().filter(|c| res(c, b).is_ok()).count().to_string())
             .collect();
-        let has = if implemented(op) { "yes" } else { "" };
+        let has = if implemented(op) || imported.contains(op) {
+            "yes"
+        } else {
+            ""
+        };
         s += &format!("| `{op}` | {has} | {} | {} |\n", cs.len(), cols.join(" | "));
     }
     let untested: Vec<String> = graphrun::graph::op::OP_NAMES
