@@ -11,9 +11,10 @@
 //! `CUDA_DIFFERS` lists the case. A case that fails for another reason does not fail the
 //! test: the doc lists it, and that list is the work queue.
 //!
-//! The suite is found through `GRAPHRUN_ONNX_NODE_TESTS` (the `node` folder) or else the
-//! `onnx` package of `python3`. Without it the test is skipped with a printed reason,
-//! unless `CI` is set (CI installs onnx 1.22.0: `.ci/run`).
+//! The suite is found through `GRAPHRUN_ONNX_NODE_TESTS` (the `node` folder, which must
+//! hold the 1,765 cases) or else the `onnx` package of `python3` (which must be 1.22.0).
+//! Without it the test is skipped with a printed reason, unless `CI` is set (CI installs
+//! onnx 1.22.0: `.ci/run`).
 
 mod common;
 
@@ -234,7 +235,7 @@ struct AttributeExtras {
 fn suite_dir() -> Option<PathBuf> {
     let missing = |why: String| -> Option<PathBuf> {
         if std::env::var_os("CI").is_some() {
-            panic!("CI is set but ONNX's node tests are missing: {why}");
+            panic!("CI is set but ONNX's node tests are not here: {why}");
         }
         // Straight to stderr: the test harness shows eprintln! output only for failures,
         // and a skip must be seen.
@@ -270,11 +271,12 @@ fn suite_dir() -> Option<PathBuf> {
     };
     let mut lines = out.lines();
     let (version, pkg) = (lines.next().unwrap_or(""), lines.next().unwrap_or(""));
-    assert_eq!(
-        version, ONNX_VERSION,
-        "python3's onnx is {version}; {DOC} describes onnx {ONNX_VERSION}'s suite \
-         (`python3 -m pip install onnx=={ONNX_VERSION}`)"
-    );
+    if version != ONNX_VERSION {
+        // Another release has other cases: the doc's counts would not hold.
+        return missing(format!(
+            "python3's onnx is {version}, and {DOC} describes onnx {ONNX_VERSION}'s suite"
+        ));
+    }
     let d = Path::new(pkg).join("backend/test/data/node");
     match d.is_dir() {
         true => Some(d),
