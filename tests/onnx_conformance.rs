@@ -1011,3 +1011,43 @@ fn check_doc(text: &str, current: &str, problems: &mut Vec<String>) {
         ));
     }
 }
+
+/// The doc's failing lists read back per backend, as the regression check reads them.
+#[test]
+fn doc_failing_reads_backend_marks() {
+    let text = format!(
+        "# x\n\n- `test_not_listed` outside the list\n\n{FAILING_HEADING}\n\n### A\n\n\
+         - **Conv, Pad** (2 cases): `test_a`, `test_b`\n\
+         - (wgpu only) `test_c` (Pow): node 'p' refers to `x`\n\
+         - (cpu only) **opset 25** (1 case): `test_d`\n"
+    );
+    let cpu = doc_failing(&text, "cpu").unwrap();
+    let wgpu = doc_failing(&text, "wgpu").unwrap();
+    let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
+    assert_eq!(cpu, names(&["test_a", "test_b", "test_d"]));
+    assert_eq!(wgpu, names(&["test_a", "test_b", "test_c"]));
+    assert_eq!(doc_failing("# no list\n", "cpu"), None);
+}
+
+#[test]
+fn unsupported_ops_reads_the_importer_error() {
+    let e = "graphrun does not support 2 ops of this model (3 nodes): Conv (1 node: 'a'); \
+             ai.onnx.ml::Binarizer (2 nodes: 'b', 'c')";
+    assert_eq!(
+        unsupported_ops(e),
+        Some(vec![
+            "Conv".to_string(),
+            "ai.onnx.ml::Binarizer".to_string()
+        ])
+    );
+    assert_eq!(
+        unsupported_ops(
+            "initializer 'w' has element type UINT8, which graphrun does not support (FLOAT, ...)"
+        ),
+        None
+    );
+    assert!(
+        glob("test_sce_*_mean", "test_sce_NCd1_mean")
+            && !glob("test_sce_*_mean", "test_sce_NCd1_mean_expanded")
+    );
+}
