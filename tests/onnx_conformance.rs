@@ -21,7 +21,7 @@ mod common;
 use graphrun::onnx::proto::{ModelProto, TensorProto, ValueInfoProto};
 use graphrun::onnx::tensor::{from_proto, onnx_dtype_name};
 use graphrun::passes::{self, PassOptions};
-use graphrun::{BackendKind, DType, Model, Session, SessionOptions, Tensor};
+use graphrun::{BackendKind, DType, Session, SessionOptions, Tensor};
 use prost::Message;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -500,9 +500,8 @@ fn run_case(c: &Case, backend: BackendKind) -> Result<(), String> {
     let m = ModelProto::decode(bytes.as_slice()).map_err(|e| e.to_string())?;
     let g = m.graph.clone().unwrap_or_default();
     let graph = graphrun::onnx::from_bytes(&bytes, &c.name, &c.dir).map_err(|e| e.to_string())?;
-    let model = Model { graph };
     let (fused, _) =
-        passes::optimize(&model.graph, &PassOptions::default()).map_err(|e| e.to_string())?;
+        passes::optimize(&graph, &PassOptions::default()).map_err(|e| e.to_string())?;
     let opts = SessionOptions {
         backend,
         ..Default::default()
