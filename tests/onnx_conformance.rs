@@ -699,7 +699,8 @@ fn doc(cases: &[Case], results: &Results) -> String {
           error ‖out − ref‖/‖ref‖ ≤ 1e-5 for f32, 1e-2 for f16 and bf16, 1e-10 for f64 (where \
           the expected value is NaN or infinite, the output must be the same), integer and \
           bool outputs exactly. Where a CUDA device is present the test also runs every case \
-          on CUDA and checks that its outcomes are the CPU's.\n\n";
+          on CUDA and checks that its outcomes are the CPU's (the test lists the exceptions, \
+          each with its reason).\n\n";
     s += "## Totals\n\n| backend | passing | of the suite |\n|---|---|---|\n";
     for b in &names {
         let n = cases.iter().filter(|c| res(c, b).is_ok()).count();
@@ -738,7 +739,7 @@ fn doc(cases: &[Case], results: &Results) -> String {
     s += "\n## Per operator\n\nEach case counts once, under the operator it tests: its one \
           node's operator, or for an `_expanded` case (the operator written as its function \
           body of simpler operators) the operator it expands. \"in graphrun\" says whether \
-          graphrun implements the operator itself.\n\n";
+          graphrun's importer takes the operator.\n\n";
     s += &format!(
         "| operator | in graphrun | cases | {} |\n|---|---|---|{}\n",
         names.join(" | "),
