@@ -28,12 +28,20 @@ seed() {
     for t in $targets; do mkdir -p "corpus/$t" "artifacts/$t"; done
     cp ../models/*.yaml ../tests/data/*.yaml corpus/yaml_model/ 2>/dev/null
     for d in ../tests/fixtures/onnx/*/; do cp "$d/model.onnx" "corpus/onnx/$(basename "$d").onnx"; done
-    for n in add_bcast cast_DOUBLE_to_FLOAT concat_2d_axis_0 expand_dim_changed gather_0 \
-        gelu_tanh_1 gemm_default_no_bias layer_normalization_2d_axis0 matmul_2d relu \
-        reduce_mean_default_axes_keepdims_example reshape_reordered_all_dims slice \
-        softmax_axis_1 transpose_default unsqueeze_axis_0 where_example; do
-        cp "../tests/onnx_node/test_$n/model.onnx" "corpus/onnx/test_$n.onnx"
-    done
+    # ONNX's node tests come from the onnx wheel (as for tests/onnx_conformance.rs).
+    local node="${GRAPHRUN_ONNX_NODE_TESTS:-$(python3 -c \
+        'import os, onnx; print(os.path.join(os.path.dirname(onnx.__file__), "backend/test/data/node"))' 2>/dev/null)}"
+    if [ -d "$node" ]; then
+        for n in add_bcast cast_DOUBLE_to_FLOAT concat_2d_axis_0 expand_dim_changed gather_0 \
+            gelu_tanh_1 gemm_default_no_bias layer_normalization_2d_axis0 matmul_2d relu \
+            reduce_mean_default_axes_keepdims_example reshape_reordered_all_dims slice \
+            softmax_axis_1 transpose_default unsqueeze_axis_0 where_example; do
+            cp "$node/test_$n/model.onnx" "corpus/onnx/test_$n.onnx"
+        done
+    else
+        echo "no ONNX node tests (pip install onnx==1.22.0, or set GRAPHRUN_ONNX_NODE_TESTS):" \
+            "the onnx corpus starts from the fixtures only" >&2
+    fi
     # Readers: fixture arrays (f32 and i64), and a hand-made two-tensor .safetensors file
     # (u64 header length, JSON header, data), so that a fresh checkout gets past the magic.
     for f in mlp_gelu_torchscript/in_0 embed_ce_torchscript/in_0 embed_ce_torchscript/out_0; do

@@ -1,1 +1,0 @@
-2string12string2Bx

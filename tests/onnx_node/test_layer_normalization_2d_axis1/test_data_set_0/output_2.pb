@@ -1,1 +1,0 @@
-B	InvStdDevJ€É´?ÃLm?•Ñ×?

@@ -1,1 +1,0 @@
-B	InvStdDevJm‹q?„6y?
