@@ -5,7 +5,7 @@
 //! measurement behind docs/MODELS.md) says which exports graphrun runs:
 //!
 //! - `runs`: every output must match ONNX Runtime's (relative error ≤ 1e-4) on every
-//!   available backend, and where the backward column is `ok`, every gradient must match
+//!   available backend, as imported and after the default passes, and where the backward column is `ok`, every gradient must match
 //!   PyTorch's float64 one of Σ seed·(first output);
 //! - anything else carries its reason, and must still fail: an export that starts to run
 //!   makes this test fail until STATUS.tsv (and docs/MODELS.md) are regenerated, so the
@@ -16,6 +16,7 @@
 
 mod common;
 
+use graphrun::passes::{self, PassOptions};
 use graphrun::{BackendKind, DType, Model, Session, SessionOptions, Tensor};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -135,26 +136,43 @@ fn load(case: &str) -> graphrun::Result<Case> {
     }
     // Only the first output is differentiated: the others are seeded with zeros.
     for (name, t) in c.outputs.iter().skip(1) {
-        c.seeds.insert(name.clone(), Tensor::zeros(t.dtype(), t.shape()));
+        c.seeds
+            .insert(name.clone(), Tensor::zeros(t.dtype(), t.shape()));
     }
     Ok(c)
 }
 
-/// Runs the export on `backend`; Err says the first thing that differs from the reference.
-fn check(c: &Case, backend: BackendKind, grads: bool) -> Result<(f64, f64), String> {
+/// Runs the export on `backend`, as imported or after the default passes (as the CLI
+/// runs it); Err says the first thing that differs from the reference.
+fn check(c: &Case, backend: BackendKind, fused: bool, grads: bool) -> Result<(f64, f64), String> {
     let opts = SessionOptions {
         backend,
         ..Default::default()
     };
-    let mut s = Session::new(c.model.graph.clone(), opts).map_err(|e| e.to_string())?;
+    let graph = if fused {
+        passes::optimize(&c.model.graph, &PassOptions::default())
+            .map_err(|e| format!("passes: {e}"))?
+            .0
+    } else {
+        c.model.graph.clone()
+    };
+    let mut s = Session::new(graph, opts).map_err(|e| e.to_string())?;
     let out = s.run(&c.inputs).map_err(|e| e.to_string())?;
     if out.len() != c.outputs.len() {
-        return Err(format!("{} outputs, ONNX Runtime gave {}", out.len(), c.outputs.len()));
+        return Err(format!(
+            "{} outputs, ONNX Runtime gave {}",
+            out.len(),
+            c.outputs.len()
+        ));
     }
     let mut worst = (0f64, 0f64);
     for ((n, got), (m, want)) in out.iter().zip(&c.outputs) {
         if n != m || got.shape() != want.shape() {
-            return Err(format!("output {n}{:?}, ONNX Runtime's {m}{:?}", got.shape(), want.shape()));
+            return Err(format!(
+                "output {n}{:?}, ONNX Runtime's {m}{:?}",
+                got.shape(),
+                want.shape()
+            ));
         }
         let e = rel(&got.to_f64_vec(), &want.to_f64_vec());
         if !(e <= TOL) {
@@ -165,7 +183,9 @@ fn check(c: &Case, backend: BackendKind, grads: bool) -> Result<(f64, f64), Stri
     if !grads {
         return Ok(worst);
     }
-    let g = s.backward(&c.inputs, &c.seeds).map_err(|e| format!("backward: {e}"))?;
+    let g = s
+        .backward(&c.inputs, &c.seeds)
+        .map_err(|e| format!("backward: {e}"))?;
     let got: HashMap<&str, &Tensor> = g.grads.iter().map(|(n, t)| (n.as_str(), t)).collect();
     let floor = GRAD_FLOOR
         * c.grads
@@ -184,7 +204,10 @@ fn check(c: &Case, backend: BackendKind, grads: bool) -> Result<(f64, f64), Stri
                 (t.shape().to_vec(), t.to_f64_vec())
             };
             if shape != want.shape() {
-                return Err(format!("gradient of '{name}' is {shape:?}, PyTorch's {:?}", want.shape()));
+                return Err(format!(
+                    "gradient of '{name}' is {shape:?}, PyTorch's {:?}",
+                    want.shape()
+                ));
             }
             sum.iter_mut().zip(v).for_each(|(s, x)| *s += x);
         }
@@ -197,7 +220,9 @@ fn check(c: &Case, backend: BackendKind, grads: bool) -> Result<(f64, f64), Stri
         };
         if !(e <= TOL) {
             let names: Vec<&str> = parts.iter().map(|p| p.0.as_str()).collect();
-            return Err(format!("gradient of {names:?}: relative error {e:.1e} > {TOL:.0e}"));
+            return Err(format!(
+                "gradient of {names:?}: relative error {e:.1e} > {TOL:.0e}"
+            ));
         }
         worst.1 = worst.1.max(e);
     }
@@ -218,18 +243,26 @@ fn exports_listed_as_running_match_onnx_runtime_and_pytorch() {
     for st in running {
         let c = load(&st.case).unwrap_or_else(|e| panic!("{} is listed as running: {e}", st.case));
         assert!(f32_outputs(&c), "{}: outputs are not f32", st.case);
+        let grads = st.backward == "ok";
         for backend in common::backends() {
-            // The GPU backends may use TF32 and their own reductions; the CPU is the
-            // reference the 1e-4 of docs/MODELS.md is measured on.
-            let grads = st.backward == "ok";
-            match check(&c, backend, grads) {
-                Ok((e, ge)) => eprintln!(
-                    "{} on {}: outputs {e:.1e}{}",
-                    st.case,
+            for fused in [false, true] {
+                let how = format!(
+                    "{} ({})",
                     backend.name(),
-                    if grads { format!(", gradients {ge:.1e}") } else { String::new() }
-                ),
-                Err(e) => panic!("{} on {} is listed as running: {e}", st.case, backend.name()),
+                    if fused { "fused" } else { "unfused" }
+                );
+                match check(&c, backend, fused, grads) {
+                    Ok((e, ge)) => eprintln!(
+                        "{} on {how}: outputs {e:.1e}{}",
+                        st.case,
+                        if grads {
+                            format!(", gradients {ge:.1e}")
+                        } else {
+                            String::new()
+                        }
+                    ),
+                    Err(e) => panic!("{} on {how} is listed as running: {e}", st.case),
+                }
             }
         }
     }
@@ -238,7 +271,11 @@ fn exports_listed_as_running_match_onnx_runtime_and_pytorch() {
 #[test]
 fn exports_listed_as_failing_still_fail_for_a_stated_reason() {
     for st in statuses() {
-        assert!(!st.detail.is_empty() || st.forward == "runs", "{}: no reason", st.case);
+        assert!(
+            !st.detail.is_empty() || st.forward == "runs",
+            "{}: no reason",
+            st.case
+        );
         match st.forward.as_str() {
             "runs" => {}
             // The exporter failed (its message is the reason): nothing was vendored.
@@ -255,7 +292,7 @@ fn exports_listed_as_failing_still_fail_for_a_stated_reason() {
             "fails" | "mismatch" => {
                 let still_fails = match load(&st.case) {
                     Err(_) => true,
-                    Ok(c) => check(&c, BackendKind::Cpu, false).is_err(),
+                    Ok(c) => check(&c, BackendKind::Cpu, true, false).is_err(),
                 };
                 assert!(
                     still_fails,
@@ -270,7 +307,7 @@ fn exports_listed_as_failing_still_fail_for_a_stated_reason() {
             // Same rule for gradients: a listed backward failure must still fail.
             let c = load(&st.case).unwrap();
             assert!(
-                check(&c, BackendKind::Cpu, true).is_err(),
+                check(&c, BackendKind::Cpu, true, true).is_err(),
                 "{}: gradients now match PyTorch's (listed as: {}): run scripts/zoo_status.py",
                 st.case,
                 st.detail
@@ -295,6 +332,9 @@ fn every_vendored_export_is_listed() {
     let text = std::fs::read_to_string(Path::new(ZOO).join("MANIFEST.tsv")).unwrap();
     for l in text.lines().skip(1) {
         let case = l.split('\t').next().unwrap();
-        assert!(listed.iter().any(|c| c == case), "{case} is in MANIFEST.tsv but not STATUS.tsv");
+        assert!(
+            listed.iter().any(|c| c == case),
+            "{case} is in MANIFEST.tsv but not STATUS.tsv"
+        );
     }
 }
