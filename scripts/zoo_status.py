@@ -152,6 +152,27 @@ def measure(exe, case, tmp):
     return "runs", "ok", f"{checked} gradients", [], worst, gworst
 
 
+def on_data(case, ops):
+    """The ops of `ops` that some node of the export applies to values computed from the
+    inputs' contents; the others only compute from shapes and constants (mask and
+    position bookkeeping that graphrun could fold once the input shapes are known).
+    Needs the onnx package; None without it."""
+    try:
+        import onnx
+    except ImportError:
+        return None
+    g = onnx.load(os.path.join(ZOO, case, "model.onnx"), load_external_data=False).graph
+    tainted = {i.name for i in g.input}
+    found = set()
+    for n in g.node:  # exporters write nodes in topological order
+        hit = any(i in tainted for i in n.input)
+        if hit and n.op_type in ops:
+            found.add(n.op_type)
+        if hit and n.op_type not in ("Shape", "Size"):
+            tainted.update(n.output)
+    return found
+
+
 def parse_case(case):
     m = re.match(r"(.*)_(dynamo|torchscript)_op(\d+)(_mask)?$", case)
     return m.group(1), m.group(2), int(m.group(3)), bool(m.group(4))
@@ -178,7 +199,8 @@ def main():
                 r.update(fwd="no-reference", bwd="-", detail=detail)
             else:
                 fwd, bwd, msg, ops, e, ge = measure(exe, case, tmp)
-                r.update(fwd=fwd, bwd=bwd, detail=msg, ops=ops, err=e, gerr=ge)
+                r.update(fwd=fwd, bwd=bwd, detail=msg, ops=ops, err=e, gerr=ge,
+                         data_ops=on_data(case, set(ops)))
             print(f"{case}: {r['fwd']} / {r['bwd']}: {r['detail']}", flush=True)
             results.append(r)
     finally:
@@ -204,11 +226,14 @@ def write_doc(results):
     runs = sum(r["fwd"] == "runs" for r in results)
     bwd_ok = sum(r["bwd"] == "ok" for r in results)
     need = Counter()
+    need_data = Counter()
     need_archs = defaultdict(set)
     for r in results:
         for op in r["ops"]:
             need[op] += 1
             need_archs[op].add(r["arch"])
+            if r.get("data_ops") is not None and op in r["data_ops"]:
+                need_data[op] += 1
     yn = {True: "yes", False: "no"}
     L = []
     L.append("# Exported models")
@@ -271,6 +296,7 @@ def write_doc(results):
         if r["exported"] and not r["ort"].startswith("yes"):
             ort_msg = re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", r["ort"][4:])
             ort_msg = re.sub(r"^Non-zero status code returned while running ", "", ort_msg)
+            ort_msg = re.sub(r" Name:'[^']*' Status Message:", "", ort_msg)
             why += (("; " if why else "") + "ONNX Runtime fails, so the reference is "
                     "onnx.reference's: " + ort_msg)
         why = why.replace("|", "\\|")
@@ -281,14 +307,17 @@ def write_doc(results):
         L.append("## Operators graphrun lacks")
         L.append("")
         L.append("Each operator that stops an export from loading, with the number of exports "
-                 "that use it (an export usually lacks several):")
+                 "that use it (an export usually lacks several), the number of those where it "
+                 "computes on the inputs' values rather than only on shapes and constants (the "
+                 "attention-mask and position bookkeeping the exporters write from the input "
+                 "shapes), and the number of exports that lack nothing else:")
         L.append("")
-        L.append("| operator | exports | architectures | exports it alone blocks |")
-        L.append("| --- | --- | --- | --- |")
+        L.append("| operator | exports | on values | architectures | exports it alone blocks |")
+        L.append("| --- | --- | --- | --- | --- |")
         alone = Counter(r["ops"][0] for r in results if len(r["ops"]) == 1)
         for op, n in sorted(need.items(), key=lambda kv: (-kv[1], kv[0])):
             archs = ", ".join(sorted(need_archs[op], key=ARCH_ORDER.index))
-            L.append(f"| {op} | {n} | {archs} | {alone.get(op, 0)} |")
+            L.append(f"| {op} | {n} | {need_data.get(op, 0)} | {archs} | {alone.get(op, 0)} |")
         L.append("")
     with open(os.path.join(ROOT, "docs", "MODELS.md"), "w") as f:
         f.write("\n".join(L))
