@@ -4,7 +4,7 @@ docs/MODELS.md (the table users read) and tests/fixtures/zoo/STATUS.tsv (what
 tests/zoo.rs expects: which exports run, and why the others do not).
 
     cargo build --release
-    python3 scripts/zoo_status.py [--graphrun PATH]
+    python3 scripts/zoo_status.py [--graphrun PATH] [--fold-static]
 
 Needs numpy only (no torch). For each export: `graphrun model.onnx --input NAME=FILE.npy
 ... --out-dir DIR` on the CPU, each output against the stored reference (ONNX Runtime's,
@@ -173,6 +173,46 @@ def on_data(case, ops):
     return found
 
 
+def fold_static(exe, tmp):
+    """What-if, printed and not written anywhere: each failing export with its input
+    shapes fixed to the reference's and its shape bookkeeping folded by ONNX Runtime's
+    basic optimizer (constant folding only; it stays in the ai.onnx domain). Shows how
+    much of the lacking-ops list folding at bind time would remove. Needs onnx and
+    onnxruntime."""
+    import onnx
+    import onnxruntime as ort
+
+    for line in open(os.path.join(ZOO, "STATUS.tsv")).read().splitlines()[1:]:
+        case, fwd = line.split("\t")[:2]
+        if fwd != "fails":
+            continue
+        d = os.path.join(ZOO, case)
+        rows = read_manifest(d)
+        inputs = [(v, f) for k, v, f in rows if k == "input"]
+        shapes = {v: np.load(f).shape for v, f in inputs}
+        m = onnx.load(os.path.join(d, "model.onnx"))
+        for i in m.graph.input:
+            for dim, n in zip(i.type.tensor_type.shape.dim, shapes[i.name]):
+                dim.ClearField("dim_param")
+                dim.dim_value = n
+        src, out = os.path.join(tmp, f"{case}.static.onnx"), os.path.join(tmp, f"{case}.onnx")
+        onnx.save(m, src)
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        so.optimized_model_filepath = out
+        ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
+        n_after = len(onnx.load(out).graph.node)
+        rc, text = run_graphrun(exe, out, inputs, os.path.join(tmp, case + ".out"))
+        if rc == 0:
+            errs = [rel_err(np.load(os.path.join(tmp, case + ".out", f"{v}.npy")), np.load(f))
+                    for k, v, f in rows if k == "output"]
+            res = f"runs, matches the reference to {max(errs):.1e}"
+        else:
+            ops = missing_ops(first_line(text))
+            res = "lacks " + ", ".join(ops) if ops else first_line(text)
+        print(f"{case}: {len(m.graph.node)} -> {n_after} nodes: {res}", flush=True)
+
+
 def parse_case(case):
     m = re.match(r"(.*)_(dynamo|torchscript)_op(\d+)(_mask)?$", case)
     return m.group(1), m.group(2), int(m.group(3)), bool(m.group(4))
@@ -181,10 +221,18 @@ def parse_case(case):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--graphrun", help="the binary (default: target/release/graphrun)")
+    ap.add_argument("--fold-static", action="store_true",
+                    help="only print what graphrun lacks once the failing exports' input "
+                         "shapes are fixed and their shape computations folded (a what-if; "
+                         "needs onnxruntime)")
     a = ap.parse_args()
     exe = a.graphrun or os.path.join(ROOT, "target", "release", "graphrun")
     if not os.path.exists(exe):
         sys.exit(f"{exe} not found: run `cargo build --release` first (or pass --graphrun)")
+    if a.fold_static:
+        with tempfile.TemporaryDirectory(prefix="zoo_fold.") as tmp:
+            fold_static(exe, tmp)
+        return
     manifest = [l.split("\t") for l in open(os.path.join(ZOO, "MANIFEST.tsv")).read().splitlines()[1:]]
     results = []
     tmp = tempfile.mkdtemp(prefix="zoo_status.")
