@@ -4,7 +4,8 @@
 //! opset 17). tests/fixtures/zoo/STATUS.tsv (written by scripts/zoo_status.py, the
 //! measurement behind docs/MODELS.md) says which exports graphrun runs:
 //!
-//! - `runs`: every output must match ONNX Runtime's (relative error ≤ 1e-4) on every
+//! - `runs`: every output must match ONNX Runtime's (relative error ≤ 1e-4; where ONNX
+//!   Runtime fails on an export, onnx.reference's, stored as ref_<i>.npy) on every
 //!   available backend, as imported and after the default passes, and where the backward column is `ok`, every gradient must match
 //!   PyTorch's float64 one of Σ seed·(first output);
 //! - anything else carries its reason, and must still fail: an export that starts to run
