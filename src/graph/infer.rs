@@ -386,6 +386,7 @@ pub fn shape_inputs(op: &Op) -> &'static [(usize, &'static str)] {
         | Op::Clip
         | Op::Where
         | Op::Cast { .. }
+        | Op::CastLike
         | Op::Identity
         | Op::MatMul
         | Op::Gemm { .. }
