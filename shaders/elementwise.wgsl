@@ -24,6 +24,23 @@ fn unary(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
     Y[i] = T(act_fwd(pu(1u), f32(X0[i]), pf(2u), pf(3u)));
 }
 
+// Neg, Abs, Relu, Sign on i32 (WGSL's integer negation wraps, as numpy's).
+@compute @workgroup_size(256)
+fn signop(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let i = linear(wid, nwg, lid, WG);
+    if (i >= pu(0u)) { return; }
+    let v = A(X0[i]);
+    var r = v;
+    switch pu(1u) {
+        case OP_NEG: { r = -v; }
+        case OP_ABS: { r = select(v, -v, v < A(0)); }
+        case OP_RELU: { r = max(v, A(0)); }
+        case OP_SIGN: { r = sign(v); }
+        default: { r = A(bad_op()); }
+    }
+    Y[i] = T(r);
+}
+
 // dX = dY · f'(X), dY and X broadcast to the output (operands 0 and 1).
 @compute @workgroup_size(256)
 fn unary_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -110,6 +127,7 @@ fn logic(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
             let b = byte_at(B1[ob / 4u], ob) != 0u;
             var r = false;
             switch pu(1u) {
+                case CMP_EQUAL: { r = a == b; }
                 case CMP_AND: { r = a && b; }
                 case CMP_OR: { r = a || b; }
                 case CMP_XOR: { r = a != b; }

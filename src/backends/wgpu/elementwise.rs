@@ -19,8 +19,13 @@ fn num_defs(w: &Wgpu, node: &Node, dt: DType) -> Result<String> {
 
 pub fn unary(w: &mut Wgpu, node: &Node, u: UnaryOp, x: &V, y: &V) -> Result<()> {
     let [alpha, beta] = u.params();
-    let defs = float_defs(w, node, x.dtype())?;
     let n = y.numel();
+    if x.dtype() == DType::I32 && u.takes_ints() {
+        let p = Params::new().u(0, n).u(1, u.code() as usize);
+        let k = Wgpu::kernel(Family::Elementwise, "signop", num_defs(w, node, DType::I32)?);
+        return w.run_kernel(&k, &p, &[(1, x.buf), (3, y.buf)], groups_for(n, 256));
+    }
+    let defs = float_defs(w, node, x.dtype())?;
     let p = Params::new()
         .u(0, n)
         .u(1, u.code() as usize)
@@ -66,13 +71,14 @@ pub fn binary(w: &mut Wgpu, node: &Node, op: BinaryOp, a: &V, b: &V, y: &V) -> R
     use BinaryOp as B;
     let n = y.numel();
     let s = Strided::broadcast(y.shape(), &[a.shape(), b.shape()]);
-    let defs = num_defs(w, node, a.dtype())?;
     let (entry, code) = match op.kind() {
         BinaryKind::Arith => ("binary", op.code()),
+        BinaryKind::Compare if a.dtype() == DType::Bool => return logic(w, op, a, b, y, s),
         BinaryKind::Compare => ("compare", op.code()),
         BinaryKind::Logic => return logic(w, op, a, b, y, s),
         BinaryKind::Pow => return pow(w, node, a, b, y, s),
     };
+    let defs = num_defs(w, node, a.dtype())?;
     let divides = matches!(op, B::Div | B::Mod | B::Fmod);
     if divides && a.dtype().is_int() && n > 0 && w.read(b)?.to_i64_vec().contains(&0) {
         crate::bail!(
@@ -102,7 +108,8 @@ pub fn binary(w: &mut Wgpu, node: &Node, op: BinaryOp, a: &V, b: &V, y: &V) -> R
     }
 }
 
-/// And, Or, Xor: bools are bytes packed in u32 words; one thread per output word.
+/// And, Or, Xor (and Equal on bools): bools are bytes packed in u32 words; one thread per
+/// output word.
 fn logic(w: &mut Wgpu, op: BinaryOp, a: &V, b: &V, y: &V, s: Strided) -> Result<()> {
     let n = y.numel();
     let p = Params::new()
