@@ -367,10 +367,10 @@ template <class S, class D> __device__ void cast_k(const S* x, D* y, i64 n) {
 }
 
 #define INST_FLOAT(T, S)                                                                          \
-    extern "C" __global__ void unary_##S(const T* x, T* y, i64 n, int op, float alpha) { unary_k<T>(x, y, n, op, alpha); } \
-    extern "C" __global__ void unary_grad_##S(const T* dy, const T* x, T* dx, Strided s, i64 n, int op, float alpha) { unary_grad_k<T>(dy, x, dx, s, n, op, alpha); } \
+    extern "C" __global__ void unary_##S(const T* x, T* y, i64 n, int op, float alpha, float beta) { unary_k<T>(x, y, n, op, alpha, beta); } \
+    extern "C" __global__ void unary_grad_##S(const T* dy, const T* x, T* dx, Strided s, i64 n, int op, float alpha, float beta) { unary_grad_k<T>(dy, x, dx, s, n, op, alpha, beta); } \
     extern "C" __global__ void act_epilogue_##S(const T* p, const T* r, T* y, Strided s, i64 n, int op) { act_epilogue_k<T>(p, r, y, s, n, op); } \
-    extern "C" __global__ void unary_grad_vec_##S(const T* dy, const T* x, T* dx, i64 nv, int op, float alpha) { unary_grad_vec_k<T>(dy, x, dx, nv, op, alpha); } \
+    extern "C" __global__ void unary_grad_vec_##S(const T* dy, const T* x, T* dx, i64 nv, int op, float alpha, float beta) { unary_grad_vec_k<T>(dy, x, dx, nv, op, alpha, beta); } \
     extern "C" __global__ void act_epilogue_vec_##S(const T* p, const T* r, T* y, i64 nv, int op) { act_epilogue_vec_k<T>(p, r, y, nv, op); } \
     extern "C" __global__ void dropout_##S(const T* x, T* y, unsigned char* m, i64 n, u64 base, const u64* stepp, double ratio, double scale) { dropout_k<T>(x, y, m, n, base, stepp, ratio, scale); }
 FOR_FLOATS(INST_FLOAT)

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Compiles cuda/*.cu the way src/backends/cuda/device.rs does (one NVRTC program, common.cuh
-first) and, where ptxas is given, assembles the PTX for sm_90a (wgmma) and prints each kernel's
+"""Compiles cuda/*.cu the way src/backends/cuda/device.rs does (one NVRTC program, opcodes.cuh and
+common.cuh first) and, where ptxas is given, assembles the PTX for sm_90a (wgmma) and prints each kernel's
 registers, spills and shared memory. Catches kernel compile errors without a GPU.
 
   NVRTC=/path/libnvrtc.so.13 PTXAS=/path/ptxas python3 scripts/nvrtc_check.py [filter]
@@ -9,7 +9,7 @@ registers, spills and shared memory. Catches kernel compile errors without a GPU
 import ctypes, os, subprocess, sys, re
 
 root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-files = ["common.cuh", "elementwise.cu", "reduce.cu", "shape.cu", "attention.cu", "flash.cu", "flash_tf32.cu", "optimizer.cu"]
+files = ["opcodes.cuh", "common.cuh", "elementwise.cu", "reduce.cu", "shape.cu", "attention.cu", "flash.cu", "flash_tf32.cu", "optimizer.cu"]
 if os.environ.get("FILES"):  # e.g. FILES=common.cuh,attention.cu,flash.cu: a quicker check
     files = os.environ["FILES"].split(",")
 src = "\n".join(open(os.path.join(root, "cuda", f)).read() for f in files if os.path.exists(os.path.join(root, "cuda", f)))

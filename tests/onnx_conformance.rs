@@ -60,8 +60,6 @@ const SCE_5D_MEAN: &str = "the CPU's weighted mean of 6,480 losses lands 1.7e-5 
 /// The backends whose outcomes the doc records: those CI runs (wgpu on lavapipe).
 const DOC_BACKENDS: &[BackendKind] = &[BackendKind::Cpu, BackendKind::Wgpu];
 
-/// graphrun's ops that are not ONNX operators (the importer refuses them in a model).
-const NOT_ONNX: &[&str] = &["FusedMatMul", "VarlenAttention"];
 
 /// ONNX element types graphrun has.
 const DTYPES: &[i32] = &[1, 6, 7, 9, 10, 11, 16];
@@ -303,7 +301,7 @@ fn op_key(domain: &str, op: &str) -> String {
 /// Whether graphrun has the op itself (the importer may also rewrite others into its ops:
 /// the doc counts those too, from the cases that got past the importer).
 fn implemented(op: &str) -> bool {
-    graphrun::graph::op::OP_NAMES.contains(&op) && !NOT_ONNX.contains(&op)
+    graphrun::onnx::imports(op)
 }
 
 fn cases(suite: &Path) -> Vec<Case> {

@@ -11,6 +11,8 @@
 mod import;
 mod nodes;
 pub mod proto;
+
+pub use nodes::imports;
 pub mod tensor;
 
 use crate::error::{Error, Result};

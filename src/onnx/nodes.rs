@@ -38,9 +38,21 @@ fn since(op: &str) -> i64 {
 /// them as chains of graphrun's binary ops (`lower_variadic`).
 const VARIADIC: &[&str] = &["Sum", "Mean", "Min", "Max"];
 
+/// ONNX's tests on floats and bools, which the importer writes exactly with comparisons
+/// (`lower_predicate`): IsNaN(x) = (x == x) == false, IsInf(x) = |x| == inf (or x == ±inf
+/// for one sign), Not(x) = x == false.
+const PREDICATES: &[&str] = &["IsNaN", "IsInf", "Not"];
+
 /// graphrun's ops that are not ONNX operators: a model file in the ai.onnx domain cannot
 /// name them.
 const NOT_ONNX: &[&str] = &["FusedMatMul", "VarlenAttention"];
+
+/// Whether the importer takes ONNX op `op` of the default domain: one of graphrun's ops, or
+/// one it writes as graphrun's ops.
+pub fn imports(op: &str) -> bool {
+    (OP_NAMES.contains(&op) || VARIADIC.contains(&op) || PREDICATES.contains(&op))
+        && !NOT_ONNX.contains(&op)
+}
 
 /// An attribute as `Op::parse` takes it.
 fn attr_value(a: &AttributeProto, base: &Path, what: &str) -> Result<AttrValue> {
@@ -129,8 +141,7 @@ impl<'a> Importer<'a> {
         };
         let op_type = n.op_type.as_str();
         let default_domain = n.domain.is_empty() || n.domain == "ai.onnx";
-        let known = OP_NAMES.contains(&op_type) || VARIADIC.contains(&op_type);
-        if !default_domain || !known || NOT_ONNX.contains(&op_type) {
+        if !default_domain || !imports(op_type) {
             let key = if default_domain {
                 op_type.to_string()
             } else {
@@ -172,6 +183,7 @@ impl<'a> Importer<'a> {
             op if VARIADIC.contains(&op) && (inputs.len() != 2 || op == "Sum" || op == "Mean") => {
                 return self.lower_variadic(n, shown, &attrs)
             }
+            op if PREDICATES.contains(&op) => return self.lower_predicate(n, shown, attrs),
             // ONNX's K and V are required; graphrun's packed-QKV form (K and V omitted)
             // is its own.
             "Attention" if inputs.len() < 3 || inputs[1..3].iter().any(|v| v.is_empty()) => {
@@ -274,6 +286,70 @@ impl<'a> Importer<'a> {
             self.push(n, "", Op::Binary(BinaryOp::Div), vec![acc, like], y);
         } else if last == 0 {
             self.push(n, "", Op::Identity, vec![acc], y);
+        }
+        Ok(())
+    }
+
+    /// IsNaN, IsInf and Not as comparisons (see `PREDICATES`).
+    fn lower_predicate(&mut self, n: &NodeProto, shown: &str, mut attrs: Vec<Attr>) -> Result<()> {
+        let op = n.op_type.as_str();
+        let (Some(x), Some(y), 1, 1) = (n.input.first(), n.output.first(), n.input.len(), n.output.len())
+        else {
+            return Err(Error::Graph(format!(
+                "node '{shown}' ({op}) needs exactly one input and one output"
+            )));
+        };
+        let (x, y) = (x.clone(), y.clone());
+        let mut flag = |key: &str| -> Result<bool> {
+            match take(&mut attrs, key) {
+                None => Ok(true),
+                Some(AttrValue::Int(v)) => Ok(v != 0),
+                Some(v) => Err(Error::Graph(format!(
+                    "node '{shown}' ({op}): attribute '{key}' must be an integer, got {v:?}"
+                ))),
+            }
+        };
+        let (neg, pos) = if op == "IsInf" {
+            (flag("detect_negative")?, flag("detect_positive")?)
+        } else {
+            (true, true)
+        };
+        if let Some(a) = attrs.first() {
+            return Err(Error::Graph(format!(
+                "node '{shown}' ({op}): unknown attribute '{}'",
+                a.name
+            )));
+        }
+        let eq = Op::Binary(BinaryOp::Equal);
+        match op {
+            "Not" => {
+                let f = self.constant(n, "false", Tensor::from_f64(crate::tensor::DType::Bool, &[], &[0.0])?);
+                self.push(n, "", eq, vec![x, f], &y);
+            }
+            "IsNaN" => {
+                let same = self.fresh(&format!("{y}/self_equal"));
+                self.push(n, "self_equal", eq.clone(), vec![x.clone(), x], &same);
+                let f = self.constant(n, "false", Tensor::from_f64(crate::tensor::DType::Bool, &[], &[0.0])?);
+                self.push(n, "", eq, vec![same, f], &y);
+            }
+            _ if !neg && !pos => {
+                // Nothing detected: false everywhere (x < x is false, NaN included).
+                self.push(n, "", Op::Binary(BinaryOp::Less), vec![x.clone(), x], &y);
+            }
+            _ => {
+                let inf = if pos { f32::INFINITY } else { f32::NEG_INFINITY };
+                let c = self.constant(n, "inf", Tensor::scalar(inf));
+                let like = self.fresh(&format!("{y}/inf_cast"));
+                self.push(n, "inf_cast", Op::CastLike, vec![c, x.clone()], &like);
+                let v = if neg && pos {
+                    let a = self.fresh(&format!("{y}/abs"));
+                    self.push(n, "abs", Op::Unary(UnaryOp::Abs), vec![x], &a);
+                    a
+                } else {
+                    x
+                };
+                self.push(n, "", eq, vec![v, like], &y);
+            }
         }
         Ok(())
     }
