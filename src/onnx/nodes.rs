@@ -43,6 +43,10 @@ const VARIADIC: &[&str] = &["Sum", "Mean", "Min", "Max"];
 /// for one sign), Not(x) = x == false.
 const PREDICATES: &[&str] = &["IsNaN", "IsInf", "Not"];
 
+/// Ops the importer writes as another of graphrun's ops: ConstantOfShape(shape) is
+/// Expand(value, shape), the value a one-element tensor (f32 0 by default).
+const REWRITTEN: &[&str] = &["ConstantOfShape"];
+
 /// graphrun's ops that are not ONNX operators: a model file in the ai.onnx domain cannot
 /// name them.
 const NOT_ONNX: &[&str] = &["FusedMatMul", "VarlenAttention"];
@@ -50,7 +54,9 @@ const NOT_ONNX: &[&str] = &["FusedMatMul", "VarlenAttention"];
 /// Whether the importer takes ONNX op `op` of the default domain: one of graphrun's ops, or
 /// one it writes as graphrun's ops.
 pub fn imports(op: &str) -> bool {
-    (OP_NAMES.contains(&op) || VARIADIC.contains(&op) || PREDICATES.contains(&op))
+    [OP_NAMES.as_slice(), VARIADIC, PREDICATES, REWRITTEN]
+        .iter()
+        .any(|list| list.contains(&op))
         && !NOT_ONNX.contains(&op)
 }
 
@@ -184,11 +190,22 @@ impl<'a> Importer<'a> {
                 return self.lower_variadic(n, shown, &attrs)
             }
             op if PREDICATES.contains(&op) => return self.lower_predicate(n, shown, attrs),
+            "ConstantOfShape" => return self.lower_constant_of_shape(n, shown, attrs),
             // ONNX's K and V are required; graphrun's packed-QKV form (K and V omitted)
             // is its own.
             "Attention" if inputs.len() < 3 || inputs[1..3].iter().any(|v| v.is_empty()) => {
                 return Err(Error::Graph(format!(
                     "node '{shown}' (Attention): inputs K and V are required"
+                )))
+            }
+            // The KV-cache forms (past_key, past_value, nonpad_kv_seqlen; present_* and
+            // qk_matmul_output outputs) are not graphrun's Attention.
+            "Attention"
+                if inputs.iter().skip(4).any(|v| !v.is_empty())
+                    || n.output.iter().skip(1).any(|v| !v.is_empty()) =>
+            {
+                return Err(Error::Graph(format!(
+                    "node '{shown}' (Attention): the KV-cache form (past_key, past_value, nonpad_kv_seqlen inputs; present_key, present_value, qk_matmul_output outputs) is not supported; graphrun runs Attention on Q, K, V and an optional mask"
                 )))
             }
             // Before opset 13 Softmax and LogSoftmax flatten their input to 2-D at `axis`
@@ -287,6 +304,39 @@ impl<'a> Importer<'a> {
         } else if last == 0 {
             self.push(n, "", Op::Identity, vec![acc], y);
         }
+        Ok(())
+    }
+
+    /// ConstantOfShape(shape) = Expand(value, shape): the shape (a plan-time value, as
+    /// Expand's) decides the output, every element the attribute's one value.
+    fn lower_constant_of_shape(&mut self, n: &NodeProto, shown: &str, mut attrs: Vec<Attr>) -> Result<()> {
+        let value = match take(&mut attrs, "value") {
+            None => Tensor::scalar(0.0f32),
+            Some(AttrValue::Tensor(t)) if t.numel() == 1 => t.reshaped(&[])?,
+            Some(v) => {
+                return Err(Error::Graph(format!(
+                    "node '{shown}' (ConstantOfShape): attribute 'value' must be a one-element tensor, got {}",
+                    match v {
+                        AttrValue::Tensor(t) => format!("shape {:?}", t.shape()),
+                        v => format!("{v:?}"),
+                    }
+                )))
+            }
+        };
+        if let Some(a) = attrs.first() {
+            return Err(Error::Graph(format!(
+                "node '{shown}' (ConstantOfShape): unknown attribute '{}'",
+                a.name
+            )));
+        }
+        let (Some(shape), Some(y), 1) = (n.input.first(), n.output.first(), n.input.len()) else {
+            return Err(Error::Graph(format!(
+                "node '{shown}' (ConstantOfShape) needs exactly one input (the shape) and one output"
+            )));
+        };
+        let (shape, y) = (shape.clone(), y.clone());
+        let v = self.constant(n, "value", value);
+        self.push(n, "", Op::Expand, vec![v, shape], &y);
         Ok(())
     }
 
