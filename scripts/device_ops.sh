@@ -3,7 +3,8 @@
 # (GRAPHRUN_REQUIRE_CUDA=1: none may skip CUDA; ONNX's node suite from the carry), then
 # `graphrun bench` of the four workloads in f32 and bf16, forward and training step, for
 # this build and the base build, interleaved (REPS rounds), with the medians side by side.
-#   bash .carry-ops/device_ops.sh [tests] [bench]      (default: both)
+#   [REPS=2] [WORKLOADS=".."] [DTYPES=".."] [PASSES=".."] bash .carry-ops/device_ops.sh [tests] [bench]
+# (default: both; the records stay on the device, the table is printed)
 set -u
 C=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/out}
@@ -29,21 +30,22 @@ if [[ $what == *tests* ]]; then
     grep -h "^test result" $R/test_*.log | awk '{p+=$4; f+=$6} END {print "TESTS: " p " passed, " f " failed"}'
 fi
 if [[ $what == *bench* ]]; then
+    rm -rf /tmp/ops_bench && mkdir -p /tmp/ops_bench
     for rep in $(seq 1 ${REPS:-2}); do
-        for w in mlp mlp_large gpt_block attention; do
-            for dt in f32 bf16; do
-                for p in fwd train; do
+        for w in ${WORKLOADS:-mlp mlp_large gpt_block attention}; do
+            for dt in ${DTYPES:-f32 bf16}; do
+                for p in ${PASSES:-fwd train}; do
                     flag=; [ $p = train ] && flag=--backward
                     for b in new base; do
                         g=$X/graphrun; [ $b = base ] && g=$X/graphrun_base
                         (cd /work/main && timeout 90 $g bench models/$w.yaml --backend cuda --dtype $dt $flag \
-                            --iters 30 --warmup 5 --json $R/${b}_${w}_${dt}_${p}_$rep.json) > $R/bench_${b}_${w}_${dt}_${p}_$rep.log 2>&1
+                            --iters 30 --warmup 5 --json /tmp/ops_bench/${b}_${w}_${dt}_${p}_$rep.json) > /tmp/ops_bench/${b}_${w}_${dt}_${p}_$rep.log 2>&1
                     done
                 done
             done
         done
     done
-    python3 - "$R" <<'PY'
+    python3 - /tmp/ops_bench <<'PY'
 import json, sys, glob, os, statistics
 r = sys.argv[1]
 def med(path):
@@ -60,12 +62,13 @@ for f in glob.glob(os.path.join(r, "*.json")):
     key = rest.rsplit("_", 1)[0]
     m = med(f)
     if m is not None: rows.setdefault(key, {}).setdefault(b, []).append(m)
-print("| workload dtype pass | new ms | base ms | new / base |")
-print("|---|---|---|---|")
+print("| workload dtype pass | new ms | base ms | new / base | new samples | base samples |")
+print("|---|---|---|---|---|---|")
 for k in sorted(rows):
     n, b = rows[k].get("new"), rows[k].get("base")
     if n and b:
-        n, b = statistics.median(n), statistics.median(b)
-        print(f"| {k} | {n:.3f} | {b:.3f} | {n / b:.3f} |")
+        mn, mb = statistics.median(n), statistics.median(b)
+        f = lambda v: " ".join(f"{x:.3f}" for x in sorted(v))
+        print(f"| {k} | {mn:.3f} | {mb:.3f} | {mn / mb:.3f} | {f(n)} | {f(b)} |")
 PY
 fi

@@ -3,8 +3,8 @@
 //! difference of those formulas). The ops come from the declaration table itself
 //! (`UnaryOp::ALL`), so an op added there is tested here on every backend without a line
 //! of this file changing — and fails if a backend lacks it. The only combinations skipped
-//! are the dtypes a backend has no type for (`common::computes`: WGSL has no f64 or bf16),
-//! listed in docs/OPERATORS.md.
+//! are the dtypes a backend has no type for (`graphrun::backends::NOT_ON_BACKEND`, printed
+//! under README's operator table).
 
 mod common;
 use common::*;
@@ -185,11 +185,8 @@ fn derivative(f: impl Fn(f64) -> f64, x: f64) -> f64 {
     (-f(x + 2.0 * h) + 8.0 * f(x + h) - 8.0 * f(x - h) + f(x - 2.0 * h)) / (12.0 * h)
 }
 
-/// The one list of (backend, dtype) pairs an elementwise map may refuse: WGSL has no f64,
-/// bf16 or 64-bit integers (docs/OPERATORS.md prints it).
-fn not_on(backend: graphrun::BackendKind, dt: DType) -> bool {
-    backend == graphrun::BackendKind::Wgpu && matches!(dt, DType::F64 | DType::BF16 | DType::I64)
-}
+/// The one list of (backend, dtype) pairs an elementwise map may refuse (README prints it).
+use graphrun::backends::not_on;
 
 /// The maps defined on signed integers, exactly, on every backend that does integer maths.
 #[test]

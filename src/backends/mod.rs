@@ -12,6 +12,36 @@ use crate::graph::infer::ValueType;
 use crate::graph::{Node, Optimizer};
 use crate::tensor::Tensor;
 
+/// The only (backend, dtype) pairs where an operator that takes the dtype may refuse it,
+/// with why: every other combination runs (tests/op_matrix.rs holds every elementwise map
+/// to this list; README's operator table prints it).
+pub const NOT_ON_BACKEND: &[(BackendKind, &[crate::tensor::DType], &str)] = &[(
+    BackendKind::Wgpu,
+    &[
+        crate::tensor::DType::F64,
+        crate::tensor::DType::BF16,
+        crate::tensor::DType::I64,
+    ],
+    "WGSL has no 64-bit floats, bfloat16 or 64-bit integers (f16 needs the adapter's SHADER_F16)",
+)];
+
+/// Whether `backend` may refuse dtype `dt` (`NOT_ON_BACKEND`).
+pub fn not_on(backend: BackendKind, dt: crate::tensor::DType) -> bool {
+    NOT_ON_BACKEND
+        .iter()
+        .any(|(b, dts, _)| *b == backend && dts.contains(&dt))
+}
+
+/// `NOT_ON_BACKEND` as the lines under README's operator table.
+pub fn not_on_backend_markdown() -> String {
+    let mut s = String::from("\nDtypes a backend has no type for (the op refuses them with an error naming node, op and dtype):\n\n");
+    for (b, dts, why) in NOT_ON_BACKEND {
+        let names: Vec<String> = dts.iter().map(|d| format!("`{d}`")).collect();
+        s += &format!("- {}: {} — {why}\n", b.name(), names.join(", "));
+    }
+    s
+}
+
 /// Which backend to run on (SPEC §7).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BackendKind {
