@@ -362,6 +362,13 @@ template <class T> __device__ void dropout_k(const T* x, T* y, unsigned char* ma
     }
 }
 
+// Range: start + i·delta in the accumulation type (integers wrap, as the CPU's).
+template <class T> __device__ void range_k(const T* start, const T* delta, T* y, i64 n) {
+    typedef typename Num<T>::A A;
+    const A s = ld(start[0]), d = ld(delta[0]);
+    GRID_STRIDE(i, n) y[i] = st<T>(arith<A>(BIN_ADD, s, arith<A>(BIN_MUL, (A)i, d)));
+}
+
 template <class S, class D> __device__ void cast_k(const S* x, D* y, i64 n) {
     GRID_STRIDE(i, n) y[i] = cast_from_f64<D>(to_f64(x[i]));
 }
@@ -383,7 +390,8 @@ FOR_INTS(INST_INT)
     extern "C" __global__ void binary_##S(const T* a, const T* b, T* o, Strided s, i64 n, int op) { binary_k<T>(a, b, o, s, n, op); } \
     extern "C" __global__ void binary_vec_##S(const T* a, const T* b, T* o, i64 nv, int op, int sa, int sb) { binary_vec_k<T>(a, b, o, nv, op, sa, sb); } \
     extern "C" __global__ void pow_##S(const T* a, const Num<T>::A* e, T* o, Strided s, i64 n) { pow_k<T>(a, e, o, s, n); } \
-    extern "C" __global__ void clip_##S(const T* x, const T* lo, const T* hi, T* y, i64 n) { clip_k<T>(x, lo, hi, y, n); }
+    extern "C" __global__ void clip_##S(const T* x, const T* lo, const T* hi, T* y, i64 n) { clip_k<T>(x, lo, hi, y, n); } \
+    extern "C" __global__ void range_##S(const T* s, const T* d, T* y, i64 n) { range_k<T>(s, d, y, n); }
 FOR_NUMS(INST_NUM)
 
 #define INST_ALL(T, S) \

@@ -159,6 +159,14 @@ fn power(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
     Y[i] = T(pow_(f32(X0[offset_of(0u, i)]), E[offset_of(1u, i)]));
 }
 
+// Range: start (X0[0]) + i·delta (X1[0]), computed in A.
+@compute @workgroup_size(256)
+fn range_(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let i = linear(wid, nwg, lid, WG);
+    if (i >= pu(0u)) { return; }
+    Y[i] = T(A(X0[0]) + A(i) * A(X1[0]));
+}
+
 // Min first, then max: with min > max every value becomes max, as ONNX says.
 // P[1] bit 0: a min (X1[0]) is given; bit 1: a max (X2[0]).
 @compute @workgroup_size(256)

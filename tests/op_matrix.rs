@@ -317,3 +317,44 @@ fn every_binary_map_on_every_backend() {
         }
     });
 }
+
+/// Range on every backend and dtype: its bounds as initializers, and fed at run time (the
+/// plan is made for their values).
+#[test]
+fn range_on_every_backend() {
+    let want = |a: &[Option<Tensor>]| {
+        let v: Vec<f64> = a.iter().map(|t| t.as_ref().unwrap().to_f64_vec()[0]).collect();
+        let n = ((v[1] - v[0]) / v[2]).ceil().max(0.0) as usize;
+        vec![(vec![n], (0..n).map(|i| v[0] + i as f64 * v[2]).collect())]
+    };
+    // The last is too long to be evaluated while planning: the backend's kernel makes it.
+    let bounds = [
+        (3.0, 9.0, 3.0),
+        (10.0, 4.0, -2.0),
+        (-1.0, 7.5, 0.5),
+        (2.0, 2.0, 1.0),
+        (5.0, 1.0, 1.0),
+        (-7.0, 69993.0, 1.0),
+    ];
+    for (s, l, d) in bounds {
+        let t = |v: f64| f64s(&[], &[v]);
+        for make in [cst as fn(Tensor) -> Arg, inp] {
+            let args = [make(t(s)), make(t(l)), make(t(d))];
+            // f16 cannot hold the long one's limit.
+            let dts: &[DType] = if l > 65504.0 { &[DType::F64, DType::F32, DType::BF16] } else { &FLOATS };
+            check(Op::Range, &args, dts, want);
+            if [s, l, d].iter().all(|v| v.fract() == 0.0) {
+                for dt in [DType::I64, DType::I32] {
+                    let ti = |v: f64| Tensor::from_vec(&[], vec![v as i64]).unwrap().cast(dt);
+                    let args = [make(ti(s)), make(ti(l)), make(ti(d))];
+                    for backend in backends() {
+                        if let Err(e) = run_op(backend, Op::Range, &args, 1, DType::F32) {
+                            assert!(not_on(backend, dt), "Range {dt} on {backend:?}: {e}");
+                        }
+                    }
+                    check_exact(Op::Range, &args, &[DType::F32], want);
+                }
+            }
+        }
+    }
+}

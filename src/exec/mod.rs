@@ -11,7 +11,7 @@ pub use session::{Session, SessionOptions};
 
 use crate::error::{Error, Result};
 use crate::graph::infer::PlanTimeInput;
-use crate::graph::{Dim, Graph, InputInfo};
+use crate::graph::{Dim, Graph, InputInfo, Op};
 use crate::rng::Rng;
 use crate::tensor::{DType, Elem, Tensor};
 use std::collections::{BTreeMap, HashMap};
@@ -68,7 +68,9 @@ pub fn plan_values(
         let Some(t) = feeds.get(&p.name) else {
             crate::bail!(Input, "{}: feed it", why());
         };
-        if !t.dtype().is_int() {
+        // Range takes float bounds; the other shape inputs are checked for integers by
+        // the node that reads them.
+        if t.dtype() == DType::Bool || !(t.dtype().is_int() || only_ranges(g, p)) {
             crate::bail!(
                 Input,
                 "{}: it must be an i64 or i32 tensor, got {}{}",
@@ -89,6 +91,14 @@ pub fn plan_values(
         out.insert(p.name.clone(), t.clone());
     }
     Ok(out)
+}
+
+/// Whether every shape-deciding use of plan-time input `p` is a Range bound.
+fn only_ranges(g: &Graph, p: &PlanTimeInput) -> bool {
+    g.nodes
+        .iter()
+        .filter(|n| n.inputs.iter().any(|i| *i == p.name))
+        .all(|n| n.op == Op::Range)
 }
 
 /// Resolves an input's declared shape with the given symbol bindings.

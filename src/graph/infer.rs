@@ -373,6 +373,7 @@ pub fn shape_inputs(op: &Op) -> &'static [(usize, &'static str)] {
         Op::Reduce { .. } | Op::Squeeze { .. } | Op::Unsqueeze { .. } => &[(1, "axes")],
         Op::Split { .. } => &[(1, "split")],
         Op::Slice => &[(1, "starts"), (2, "ends"), (3, "axes"), (4, "steps")],
+        Op::Range => &[(0, "start"), (1, "limit"), (2, "delta")],
         Op::GatherGrad { .. } => &[(2, "the forward input's shape")],
         Op::SliceGrad => &[
             (1, "the forward input's shape"),
@@ -736,6 +737,42 @@ pub fn infer_node(
             dtype: t(1).unwrap().dtype,
             shape: x.shape,
         }),
+        Op::Range => {
+            let mut v = [0.0; 3];
+            for (i, what) in ["start", "limit", "delta"].into_iter().enumerate() {
+                let ti = t(i).unwrap();
+                if ti.dtype != x.dtype || ti.dtype == DType::Bool {
+                    return Err(f(format!(
+                        "start, limit and delta must be numbers of one dtype, got {} {what}",
+                        ti.dtype
+                    )));
+                }
+                if ti.numel() != 1 {
+                    return Err(f(format!("{what} must be a scalar, got shape {}", fmt_shape(&ti.shape))));
+                }
+                let Some(c) = consts.get(i).copied().flatten() else {
+                    return Err(f(format!(
+                        "{what} (input '{}') must be known when the plan is made: it decides the output's length",
+                        node.inputs[i]
+                    )));
+                };
+                v[i] = c.to_f64_vec()[0];
+            }
+            let [start, limit, delta] = v;
+            if delta == 0.0 || !delta.is_finite() || !start.is_finite() || !limit.is_finite() {
+                return Err(f(format!(
+                    "Range({start}, {limit}, {delta}) has no length: delta must be non-zero and every value finite"
+                )));
+            }
+            let n = ((limit - start) / delta).ceil().max(0.0);
+            if n > (1u64 << 48) as f64 {
+                return Err(f(format!("Range({start}, {limit}, {delta}) has {n} elements")));
+            }
+            one(ValueType {
+                dtype: x.dtype,
+                shape: vec![n as usize],
+            })
+        }
         Op::Identity => one(x),
         Op::MatMul => {
             let b = t(1).unwrap();

@@ -72,6 +72,9 @@ pub enum Op {
     },
     /// Cast to the dtype of the second input (only its dtype is read).
     CastLike,
+    /// `start + i·delta` for i in 0..max(ceil((limit - start) / delta), 0), from three
+    /// scalars known when the plan is made (they decide the length).
+    Range,
     Identity,
     MatMul,
     Gemm {
@@ -250,6 +253,7 @@ const OTHER_OP_NAMES: &[&str] = &[
     "Where",
     "Cast",
     "CastLike",
+    "Range",
     "Identity",
     "MatMul",
     "Gemm",
@@ -479,6 +483,7 @@ impl Op {
             Op::Where => "Where",
             Op::Cast { .. } => "Cast",
             Op::CastLike => "CastLike",
+            Op::Range => "Range",
             Op::Identity => "Identity",
             Op::MatMul => "MatMul",
             Op::Gemm { .. } => "Gemm",
@@ -656,7 +661,7 @@ impl Op {
             Op::Binary(_) | Op::MatMul | Op::Reshape { .. } | Op::Expand => (2, 2, 1, 1),
             Op::Gather { .. } | Op::CastLike => (2, 2, 1, 1),
             Op::Clip => (1, 3, 1, 1),
-            Op::Where => (3, 3, 1, 1),
+            Op::Where | Op::Range => (3, 3, 1, 1),
             Op::Gemm { .. } => (2, 3, 1, 1),
             Op::LayerNormalization { .. } => (2, 3, 1, 3),
             Op::Reduce { .. } | Op::Squeeze { .. } | Op::Unsqueeze { .. } => (1, 2, 1, 1),
@@ -793,6 +798,7 @@ impl Op {
                 )?;
                 Op::CastLike
             }
+            "Range" => Op::Range,
             "MatMul" => Op::MatMul,
             "Gemm" => Op::Gemm {
                 alpha: a.float("alpha")?.unwrap_or(1.0) as f32,

@@ -26,6 +26,7 @@ fn since(op: &str) -> i64 {
     match op {
         "Expand" => 8,
         "Where" => 9,
+        "Range" => 11,
         "SoftmaxCrossEntropyLoss" => 12,
         "Trilu" => 14,
         "LayerNormalization" => 17,

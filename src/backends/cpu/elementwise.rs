@@ -631,6 +631,17 @@ fn pow<T: Num, E: Num>(a: &Tensor, b: &Tensor, out: &mut Tensor) -> Result<()> {
     Ok(())
 }
 
+/// Range: `start + i·delta`, computed in the dtype's accumulation type (integers wrap).
+pub fn range(start: &Tensor, delta: &Tensor, out: &mut Tensor) -> Result<()> {
+    with_num!(out.dtype(), T => {
+        let (s, d) = (start.as_slice::<T>()[0].load(), delta.as_slice::<T>()[0].load());
+        for (i, o) in out.as_mut_slice::<T>().iter_mut().enumerate() {
+            *o = T::store(T::add(s, T::mul(T::count(i), d)));
+        }
+        Ok(())
+    }, _ => unsupported("Range", out.dtype()))
+}
+
 pub fn clip(
     x: &Tensor,
     min: Option<&Tensor>,

@@ -123,6 +123,7 @@ pub fn run_node(
             &mut outs[0],
         ),
         Op::Where => elementwise::where_(x(0)?, x(1)?, x(2)?, &mut outs[0]),
+        Op::Range => elementwise::range(x(0)?, x(2)?, &mut outs[0]),
         Op::Cast { .. } | Op::CastLike => {
             crate::tensor::cast_into(x(0)?, &mut outs[0]);
             Ok(())

@@ -247,6 +247,22 @@ fn view<'a>(c: &Cuda, buf: &'a CudaSlice<u8>, ty: &'a ValueType) -> V<'a> {
     }
 }
 
+/// Range from its start and delta (device scalars; the length is the output's).
+pub fn range(c: &Cuda, node: &Node, start: &V, delta: &V, y: &V) -> Result<()> {
+    let dt = y.dtype();
+    if dt == DType::Bool {
+        return Err(unsupported(node, dt));
+    }
+    let n = y.numel();
+    let args = [
+        Arg::Ptr(start.p),
+        Arg::Ptr(delta.p),
+        Arg::Ptr(y.p),
+        Arg::I64(n as i64),
+    ];
+    c.launch_n(&format!("range_{}", suffix(dt)), n, &args)
+}
+
 pub fn clip(c: &Cuda, node: &Node, x: &V, lo: Option<V>, hi: Option<V>, y: &V) -> Result<()> {
     let dt = x.dtype();
     if dt == DType::Bool {

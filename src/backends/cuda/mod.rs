@@ -427,6 +427,7 @@ impl Cuda {
             Op::Clip => elementwise::clip(self, node, &x(0)?, opt(1), opt(2), &y),
             Op::Where => elementwise::where_(self, &x(0)?, &x(1)?, &x(2)?, &y),
             Op::Cast { .. } | Op::CastLike => elementwise::cast(self, &x(0)?, &y),
+            Op::Range => elementwise::range(self, node, &x(0)?, &x(2)?, &y),
             Op::Identity
             | Op::Reshape { .. }
             | Op::Squeeze { .. }

@@ -142,6 +142,20 @@ fn pow(w: &mut Wgpu, node: &Node, a: &V, b: &V, y: &V, s: Strided) -> Result<()>
     )
 }
 
+/// Range from its start and delta (the length is the output's).
+pub fn range(w: &mut Wgpu, node: &Node, start: &V, delta: &V, y: &V) -> Result<()> {
+    let defs = num_defs(w, node, y.dtype())?;
+    let n = y.numel();
+    let p = Params::new().u(0, n);
+    let k = Wgpu::kernel(Family::Elementwise, "range_", defs);
+    w.run_kernel(
+        &k,
+        &p,
+        &[(1, start.buf), (2, delta.buf), (3, y.buf)],
+        groups_for(n, 256),
+    )
+}
+
 pub fn clip(w: &mut Wgpu, node: &Node, x: &V, lo: Option<V>, hi: Option<V>, y: &V) -> Result<()> {
     let defs = num_defs(w, node, x.dtype())?;
     let n = y.numel();

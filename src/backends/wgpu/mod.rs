@@ -319,6 +319,7 @@ impl Wgpu {
             }
             Op::Where => shape::where_(self, &x(0)?, &x(1)?, &x(2)?, &y),
             Op::Cast { .. } | Op::CastLike => shape::cast(self, node, &x(0)?, &y),
+            Op::Range => elementwise::range(self, node, &x(0)?, &x(2)?, &y),
             Op::Identity
             | Op::Reshape { .. }
             | Op::Squeeze { .. }
