@@ -1938,3 +1938,27 @@ fn wrong_seed_shape_is_a_clear_error() {
     let e = s.backward(&n.feeds, &seeds).unwrap_err().to_string();
     assert!(e.contains("'y'") && e.contains("[2, 3]"), "{e}");
 }
+
+/// GatherElements and GatherND through autodiff (repeated and negative indices: the
+/// gradient adds up where data is read twice), against finite differences.
+#[test]
+fn gather_elements_and_nd() {
+    let idx = |shape: &[usize], v: &[i64]| Tensor::from_vec(shape, v.to_vec()).unwrap();
+    check_all(&[
+        net("GatherElements axis 1")
+            .param("x", randn(&[3, 4], 1))
+            .konst("i", idx(&[3, 3], &[0, 3, 3, -1, 2, 0, 1, 1, -4]))
+            .op("GatherElements", &[("axis", V::Int(1))], &["x", "i"], &["y"])
+            .outputs(&["y"]),
+        net("GatherND batch_dims 0")
+            .param("x", randn(&[2, 3, 4], 2))
+            .konst("i", idx(&[3, 2], &[0, 1, 1, -1, 0, 1]))
+            .op("GatherND", &[], &["x", "i"], &["y"])
+            .outputs(&["y"]),
+        net("GatherND batch_dims 1")
+            .param("x", randn(&[2, 3, 4], 3))
+            .konst("i", idx(&[2, 2, 1], &[2, 2, 0, -1]))
+            .op("GatherND", &[("batch_dims", V::Int(1))], &["x", "i"], &["y"])
+            .outputs(&["y"]),
+    ]);
+}

@@ -6,7 +6,7 @@
 
 use crate::error::Result;
 use crate::graph::infer::{norm_axis, slice_range};
-use crate::graph::{Activation, Node, UnaryOp};
+use crate::graph::{Activation, Node, Op, UnaryOp};
 use crate::rng::Rng;
 use crate::tensor::DType;
 
@@ -184,4 +184,68 @@ pub fn required<T: Copy>(node: &Node, ins: &[Option<T>], i: usize) -> Result<T> 
             node.describe()
         )
     })
+}
+
+/// GatherElements and GatherND (and their gradients) as flat gathers: the offset in data
+/// of every output element, from the indices' values (negative ones count from the end;
+/// out-of-range ones are an error naming the node). Every backend then runs them with its
+/// Gather kernels on flat views (axis 0, one element a row), so that the index arithmetic
+/// lives here once.
+pub fn take_offsets(node: &Node, data: &[usize], idx_shape: &[usize], idx: &[i64]) -> Result<Vec<i64>> {
+    let st = row_major(data);
+    let norm = |i: i64, d: usize, axis: usize| -> Result<i64> {
+        let j = if i < 0 { i + d as i64 } else { i };
+        if j < 0 || j >= d as i64 {
+            crate::bail!(
+                Runtime,
+                "{}: index {i} is out of range for axis {axis} of size {d}",
+                node.describe()
+            );
+        }
+        Ok(j)
+    };
+    let base = node.op.grad_base().unwrap_or_else(|| node.op.clone());
+    match base {
+        Op::GatherElements { axis } => {
+            let a = axis_index(axis, data.len())?;
+            let ist = row_major(idx_shape);
+            (0..idx.len())
+                .map(|p| {
+                    let mut off = 0i64;
+                    for d in 0..data.len() {
+                        let c = (p / ist[d].max(1)) % idx_shape[d].max(1);
+                        let c = if d == a { norm(idx[p], data[a], a)? } else { c as i64 };
+                        off += c * st[d] as i64;
+                    }
+                    Ok(off)
+                })
+                .collect()
+        }
+        Op::GatherND { batch_dims: b } => {
+            let k = idx_shape.last().copied().unwrap_or(0);
+            let rows = if k == 0 { crate::tensor::numel(&idx_shape[..idx_shape.len() - 1]) } else { idx.len() / k };
+            let per_batch = crate::tensor::numel(&idx_shape[b..idx_shape.len() - 1]).max(1);
+            let slice = crate::tensor::numel(&data[b + k..]);
+            let batch_stride = if b == 0 { 0 } else { st[b - 1] };
+            let mut out = Vec::with_capacity(rows * slice);
+            for r in 0..rows {
+                let mut off = ((r / per_batch) * batch_stride) as i64;
+                for j in 0..k {
+                    off += norm(idx[r * k + j], data[b + j], b + j)? * st[b + j] as i64;
+                }
+                out.extend((0..slice as i64).map(|e| off + e));
+            }
+            Ok(out)
+        }
+        op => crate::bail!(Runtime, "{}: not a gather ({})", node.describe(), op.name()),
+    }
+}
+
+/// Row-major element strides of `shape`.
+fn row_major(shape: &[usize]) -> Vec<usize> {
+    let mut st = vec![1; shape.len()];
+    for d in (0..shape.len().saturating_sub(1)).rev() {
+        st[d] = st[d + 1] * shape[d + 1];
+    }
+    st
 }

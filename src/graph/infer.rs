@@ -374,7 +374,9 @@ pub fn shape_inputs(op: &Op) -> &'static [(usize, &'static str)] {
         Op::Split { .. } => &[(1, "split")],
         Op::Slice => &[(1, "starts"), (2, "ends"), (3, "axes"), (4, "steps")],
         Op::Range => &[(0, "start"), (1, "limit"), (2, "delta")],
-        Op::GatherGrad { .. } => &[(2, "the forward input's shape")],
+        Op::GatherGrad { .. } | Op::GatherElementsGrad { .. } | Op::GatherNDGrad { .. } => {
+            &[(2, "the forward input's shape")]
+        }
         Op::SliceGrad => &[
             (1, "the forward input's shape"),
             (2, "starts"),
@@ -398,6 +400,8 @@ pub fn shape_inputs(op: &Op) -> &'static [(usize, &'static str)] {
         | Op::Concat { .. }
         | Op::Flatten { .. }
         | Op::Gather { .. }
+        | Op::GatherElements { .. }
+        | Op::GatherND { .. }
         | Op::Shape { .. }
         | Op::Constant { .. }
         | Op::Trilu { .. }
@@ -1205,6 +1209,50 @@ pub fn infer_node(
                 shape,
             })
         }
+        Op::GatherElements { axis } => {
+            let idx = t(1).unwrap();
+            need_int(idx, "indices")?;
+            let r = x.shape.len();
+            let Some(a) = norm_axis(*axis, r) else {
+                return Err(f(format!("axis {axis} is out of range for rank {r}")));
+            };
+            let fits = idx.shape.len() == r
+                && (0..r).all(|d| d == a || idx.shape[d] <= x.shape[d]);
+            if !fits {
+                return Err(f(format!(
+                    "indices {} must have data's rank and fit in data {} off axis {a}",
+                    fmt_shape(&idx.shape),
+                    fmt_shape(&x.shape)
+                )));
+            }
+            one(ValueType {
+                dtype: x.dtype,
+                shape: idx.shape.clone(),
+            })
+        }
+        Op::GatherND { batch_dims: b } => {
+            let idx = t(1).unwrap();
+            need_int(idx, "indices")?;
+            let (r, q) = (x.shape.len(), idx.shape.len());
+            let k = idx.shape.last().copied().unwrap_or(0);
+            let ok = q >= 1
+                && *b < q.min(r)
+                && k <= r - b
+                && idx.shape[..*b] == x.shape[..*b];
+            if !ok {
+                return Err(f(format!(
+                    "indices {} do not index data {} with batch_dims {b} (indices' last dim at most rank - batch_dims, their batch dims data's)",
+                    fmt_shape(&idx.shape),
+                    fmt_shape(&x.shape)
+                )));
+            }
+            let mut shape = idx.shape[..q - 1].to_vec();
+            shape.extend_from_slice(&x.shape[b + k..]);
+            one(ValueType {
+                dtype: x.dtype,
+                shape,
+            })
+        }
         Op::Shape { start, end } => {
             let (s, e) = shape_range(*start, *end, x.shape.len());
             one(ValueType {
@@ -1475,6 +1523,14 @@ pub fn infer_node(
                 &[Some(&data), t(1)],
                 &[None, None],
             )?;
+            need_grad(node, ins, &x, &fwd[0])?;
+            one(data)
+        }
+        Op::GatherElementsGrad { .. } | Op::GatherNDGrad { .. } => {
+            let shape = grad_shape(node, ins, consts, 2)?;
+            let data = ValueType::new(x.dtype, &shape);
+            let fwd_op = node.op.grad_base().expect("a gradient op");
+            let fwd = infer_forward(node, fwd_op, &[Some(&data), t(1)], &[None, None])?;
             need_grad(node, ins, &x, &fwd[0])?;
             one(data)
         }

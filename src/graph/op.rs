@@ -128,6 +128,16 @@ pub enum Op {
     Gather {
         axis: i64,
     },
+    /// `out[p] = data[p with p[axis] = indices[p]]`: indices of data's rank, output of
+    /// theirs.
+    GatherElements {
+        axis: i64,
+    },
+    /// Slices of data picked by the last axis of indices, after `batch_dims` shared
+    /// leading dims.
+    GatherND {
+        batch_dims: usize,
+    },
     Shape {
         start: i64,
         end: Option<i64>,
@@ -189,6 +199,14 @@ pub enum Op {
     GatherGrad {
         axis: i64,
     },
+    /// `(dY, Indices, DataShape) -> dData`, for GatherElements.
+    GatherElementsGrad {
+        axis: i64,
+    },
+    /// `(dY, Indices, DataShape) -> dData`, for GatherND.
+    GatherNDGrad {
+        batch_dims: usize,
+    },
     /// `(dY, XShape, starts, ends, [axes], [steps]) -> dX`: dY placed into zeros.
     SliceGrad,
     /// `(dY, A, B, [Pre], [PreA]) -> (dA, dB, [dBias], [dBiasA])` for `Y = act(A·B + bias) +
@@ -235,6 +253,8 @@ pub static GRAD_OP_NAMES: std::sync::LazyLock<Vec<&'static str>> = std::sync::La
         "LayerNormalizationGrad",
         "SoftmaxCrossEntropyLossGrad",
         "GatherGrad",
+        "GatherElementsGrad",
+        "GatherNDGrad",
         "SliceGrad",
         "FusedMatMulGrad",
         "AttentionGrad",
@@ -273,6 +293,8 @@ const OTHER_OP_NAMES: &[&str] = &[
     "Flatten",
     "Expand",
     "Gather",
+    "GatherElements",
+    "GatherND",
     "Shape",
     "Constant",
     "Trilu",
@@ -484,6 +506,10 @@ impl Op {
             Op::Cast { .. } => "Cast",
             Op::CastLike => "CastLike",
             Op::Range => "Range",
+            Op::GatherElements { .. } => "GatherElements",
+            Op::GatherND { .. } => "GatherND",
+            Op::GatherElementsGrad { .. } => "GatherElementsGrad",
+            Op::GatherNDGrad { .. } => "GatherNDGrad",
             Op::Identity => "Identity",
             Op::MatMul => "MatMul",
             Op::Gemm { .. } => "Gemm",
@@ -552,6 +578,8 @@ impl Op {
                 ignore_index,
             },
             Op::Gather { axis } => Op::GatherGrad { axis },
+            Op::GatherElements { axis } => Op::GatherElementsGrad { axis },
+            Op::GatherND { batch_dims } => Op::GatherNDGrad { batch_dims },
             Op::Slice => Op::SliceGrad,
             Op::FusedMatMul {
                 activation,
@@ -597,6 +625,8 @@ impl Op {
                 ignore_index,
             },
             Op::GatherGrad { axis } => Op::Gather { axis },
+            Op::GatherElementsGrad { axis } => Op::GatherElements { axis },
+            Op::GatherNDGrad { batch_dims } => Op::GatherND { batch_dims },
             Op::SliceGrad => Op::Slice,
             Op::FusedMatMulGrad {
                 activation,
@@ -633,6 +663,8 @@ impl Op {
                 | Op::LayerNormalizationGrad { .. }
                 | Op::SoftmaxCrossEntropyLossGrad { .. }
                 | Op::GatherGrad { .. }
+                | Op::GatherElementsGrad { .. }
+                | Op::GatherNDGrad { .. }
                 | Op::SliceGrad
                 | Op::FusedMatMulGrad { .. }
                 | Op::AttentionGrad { .. }
@@ -660,6 +692,8 @@ impl Op {
             Op::Shape { .. } => (1, 1, 1, 1),
             Op::Binary(_) | Op::MatMul | Op::Reshape { .. } | Op::Expand => (2, 2, 1, 1),
             Op::Gather { .. } | Op::CastLike => (2, 2, 1, 1),
+            Op::GatherElements { .. } | Op::GatherND { .. } => (2, 2, 1, 1),
+            Op::GatherElementsGrad { .. } | Op::GatherNDGrad { .. } => (3, 3, 1, 1),
             Op::Clip => (1, 3, 1, 1),
             Op::Where | Op::Range => (3, 3, 1, 1),
             Op::Gemm { .. } => (2, 3, 1, 1),
@@ -799,6 +833,18 @@ impl Op {
                 Op::CastLike
             }
             "Range" => Op::Range,
+            "GatherElements" => Op::GatherElements {
+                axis: a.int_or("axis", 0)?,
+            },
+            "GatherND" => match a.int_or("batch_dims", 0)? {
+                b if b >= 0 => Op::GatherND {
+                    batch_dims: b as usize,
+                },
+                b => {
+                    let at = attrs.iter().find(|x| x.name == "batch_dims");
+                    return Err(a.err(at, format!("attribute 'batch_dims' must be >= 0, got {b}")));
+                }
+            },
             "MatMul" => Op::MatMul,
             "Gemm" => Op::Gemm {
                 alpha: a.float("alpha")?.unwrap_or(1.0) as f32,
@@ -1065,7 +1111,10 @@ impl Op {
             Op::Softmax { axis } | Op::LogSoftmax { axis } | Op::Concat { axis } => {
                 v.push(("axis", V::Int(*axis)))
             }
-            Op::Flatten { axis } | Op::Gather { axis } => v.push(("axis", V::Int(*axis))),
+            Op::Flatten { axis } | Op::Gather { axis } | Op::GatherElements { axis } => {
+                v.push(("axis", V::Int(*axis)))
+            }
+            Op::GatherND { batch_dims } => v.push(("batch_dims", V::Int(*batch_dims as i64))),
             Op::LayerNormalization { axis, epsilon } => {
                 v.push(("axis", V::Int(*axis)));
                 v.push(("epsilon", f32_attr(*epsilon)));

@@ -225,6 +225,12 @@ pub fn run_node(
         Op::Slice => shape::slice(x(0)?, ins, &mut outs[0]),
         Op::Expand => shape::expand(x(0)?, &mut outs[0]),
         Op::Gather { axis } => shape::gather(node, x(0)?, x(1)?, *axis, &mut outs[0]),
+        Op::GatherElements { .. } | Op::GatherND { .. } => {
+            shape::take(node, x(0)?, x(1)?, &mut outs[0])
+        }
+        Op::GatherElementsGrad { .. } | Op::GatherNDGrad { .. } => {
+            shape::take_grad(node, x(0)?, x(1)?, &mut outs[0])
+        }
         Op::Shape { start, end } => shape::shape(x(0)?, *start, *end, &mut outs[0]),
         Op::Constant { value } => {
             outs[0].bytes_mut().copy_from_slice(value.bytes());

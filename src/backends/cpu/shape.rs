@@ -236,6 +236,25 @@ pub fn gather(node: &Node, x: &Tensor, idx: &Tensor, axis: i64, out: &mut Tensor
     Ok(())
 }
 
+/// GatherElements and GatherND: a flat gather at `common::take_offsets`.
+pub fn take(node: &Node, x: &Tensor, idx: &Tensor, out: &mut Tensor) -> Result<()> {
+    let offs = common::take_offsets(node, x.shape(), idx.shape(), &idx.to_i64_vec())?;
+    let flat = Tensor::from_bytes(x.dtype(), &[x.numel()], x.bytes())?;
+    let offs = Tensor::from_vec(&[offs.len()], offs)?;
+    gather(node, &flat, &offs, 0, out)
+}
+
+/// Their gradients: dY scattered (added) at the same offsets, as Gather's gradient.
+pub fn take_grad(node: &Node, dy: &Tensor, idx: &Tensor, out: &mut Tensor) -> Result<()> {
+    let offs = common::take_offsets(node, out.shape(), idx.shape(), &idx.to_i64_vec())?;
+    let offs = Tensor::from_vec(&[offs.len()], offs)?;
+    let dy = Tensor::from_bytes(dy.dtype(), &[dy.numel()], dy.bytes())?;
+    let mut flat = Tensor::zeros(out.dtype(), &[out.numel()]);
+    gather_grad(node, &dy, &offs, 0, &mut flat)?;
+    out.bytes_mut().copy_from_slice(flat.bytes());
+    Ok(())
+}
+
 /// The gather axis of data of shape `shape`, and the indices along it: negative ones count
 /// from the end; out-of-range ones are an error naming the node.
 fn gather_indices(

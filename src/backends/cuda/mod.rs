@@ -574,6 +574,12 @@ impl Cuda {
             Op::Expand => shape::expand(self, &x(0)?, &y),
             Op::Gather { axis } => shape::gather(self, node, &x(0)?, &x(1)?, *axis, &y),
             Op::GatherGrad { axis } => shape::gather_grad(self, node, &x(0)?, &x(1)?, *axis, &y),
+            Op::GatherElements { .. } | Op::GatherND { .. } => {
+                shape::take(self, node, &x(0)?, &x(1)?, &y)
+            }
+            Op::GatherElementsGrad { .. } | Op::GatherNDGrad { .. } => {
+                shape::take_grad(self, node, &x(0)?, &x(1)?, &y)
+            }
             Op::Shape { start, end } => {
                 let (s, e) = crate::graph::infer::shape_range(*start, *end, x(0)?.shape().len());
                 let dims: Vec<i64> = x(0)?.shape()[s..e].iter().map(|&d| d as i64).collect();

@@ -220,18 +220,48 @@ pub fn gather_grad(c: &Cuda, node: &Node, dy: &V, idx: &V, axis: i64, out: &V) -
         return Err(unsupported(node, out.dtype()));
     }
     let (a, ids) = indices(c, node, out.shape(), idx, axis)?;
-    let d = out.shape()[a];
+    scatter_add(c, dy, &ids, out.shape()[a], numel(&out.shape()[a + 1..]), out)
+}
+
+/// GatherElements and GatherND: a flat gather at `common::take_offsets`.
+pub fn take(c: &Cuda, node: &Node, x: &V, idx: &V, y: &V) -> Result<()> {
+    let offs = common::take_offsets(node, x.shape(), idx.shape(), &c.read(idx)?.to_i64_vec())?;
+    let dev = c.upload_vec(&offs)?;
+    let n = y.numel();
+    let args = [
+        Arg::Ptr(x.p),
+        Arg::Ptr(c.addr(&dev)),
+        Arg::Ptr(y.p),
+        Arg::I64(offs.len() as i64),
+        Arg::I64(x.numel() as i64),
+        Arg::I64(1),
+        Arg::I64(n as i64),
+    ];
+    c.launch_n(&format!("gather_{}", word(x.dtype())), n, &args)
+}
+
+/// Their gradients: dY added at the same offsets, as Gather's gradient.
+pub fn take_grad(c: &Cuda, node: &Node, dy: &V, idx: &V, out: &V) -> Result<()> {
+    if !out.dtype().is_float() {
+        return Err(unsupported(node, out.dtype()));
+    }
+    let ids = common::take_offsets(node, out.shape(), idx.shape(), &c.read(idx)?.to_i64_vec())?;
+    scatter_add(c, dy, &ids, out.numel(), 1, out)
+}
+
+/// `out` (rows of `inner` elements, `d` of them) = the dY rows whose index `ids` names
+/// each row, summed in a fixed order.
+fn scatter_add(c: &Cuda, dy: &V, ids: &[i64], d: usize, inner: usize, out: &V) -> Result<()> {
     let mut order: Vec<i64> = (0..ids.len() as i64).collect();
     order.sort_by_key(|&q| ids[q as usize]);
     let mut starts = vec![0i64; d + 1];
-    for &i in &ids {
+    for &i in ids {
         starts[i as usize + 1] += 1;
     }
     for j in 0..d {
         starts[j + 1] += starts[j];
     }
     let (order, starts) = (c.upload_vec(&order)?, c.upload_vec(&starts)?);
-    let inner = numel(&out.shape()[a + 1..]);
     let n = out.numel();
     let args = [
         Arg::Ptr(dy.p),

@@ -343,6 +343,12 @@ impl Wgpu {
             Op::Expand => shape::expand(self, &x(0)?, &y),
             Op::Gather { axis } => shape::gather(self, node, &x(0)?, &x(1)?, *axis, &y),
             Op::GatherGrad { axis } => shape::gather_grad(self, node, &x(0)?, &x(1)?, *axis, &y),
+            Op::GatherElements { .. } | Op::GatherND { .. } => {
+                shape::take(self, node, &x(0)?, &x(1)?, &y)
+            }
+            Op::GatherElementsGrad { .. } | Op::GatherNDGrad { .. } => {
+                shape::take_grad(self, node, &x(0)?, &x(1)?, &y)
+            }
             Op::MatMul => matmul::matmul(self, node, &x(0)?, &x(1)?, &y),
             Op::Gemm {
                 alpha,

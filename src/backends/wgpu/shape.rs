@@ -205,6 +205,38 @@ pub fn gather(w: &mut Wgpu, node: &Node, x: &V, idx: &V, axis: i64, y: &V) -> Re
     copy_kernel(w, 4, p, [x.buf, y.buf, idx.buf, &d], y)
 }
 
+/// GatherElements and GatherND: a flat gather at `common::take_offsets` (uploaded as i64
+/// indices into flat views of data and output).
+pub fn take(w: &mut Wgpu, node: &Node, x: &V, idx: &V, y: &V) -> Result<()> {
+    let offs = common::take_offsets(node, x.shape(), idx.shape(), &w.read(idx)?.to_i64_vec())?;
+    let (ids_buf, ids_ty) = upload_i64(w, &offs)?;
+    let (xt, yt) = (flat(x), flat(y));
+    let ids = V { buf: &ids_buf, ty: &ids_ty };
+    gather(w, node, &V { buf: x.buf, ty: &xt }, &ids, 0, &V { buf: y.buf, ty: &yt })
+}
+
+/// Their gradients: dY added at the same offsets, as Gather's gradient.
+pub fn take_grad(w: &mut Wgpu, node: &Node, dy: &V, idx: &V, out: &V) -> Result<()> {
+    let offs = common::take_offsets(node, out.shape(), idx.shape(), &w.read(idx)?.to_i64_vec())?;
+    let (ids_buf, ids_ty) = upload_i64(w, &offs)?;
+    let (dt, ot) = (flat(dy), flat(out));
+    let ids = V { buf: &ids_buf, ty: &ids_ty };
+    gather_grad(w, node, &V { buf: dy.buf, ty: &dt }, &ids, 0, &V { buf: out.buf, ty: &ot })
+}
+
+/// `v`'s type as one flat axis.
+fn flat(v: &V) -> ValueType {
+    ValueType::new(v.dtype(), &[v.numel()])
+}
+
+/// A scratch buffer holding `v`.
+fn upload_i64(w: &mut Wgpu, v: &[i64]) -> Result<(wgpu::Buffer, ValueType)> {
+    let ty = ValueType::new(DType::I64, &[v.len()]);
+    let buf = w.scratch(ty.bytes().max(8));
+    w.rec.write(&buf, bytemuck::cast_slice(v))?;
+    Ok((buf, ty))
+}
+
 /// `(dY, Indices, DataShape) → dData`: dY rows added at their index, in an f32
 /// accumulator (the output itself for f32, else cast afterwards).
 pub fn gather_grad(w: &mut Wgpu, node: &Node, dy: &V, idx: &V, axis: i64, out: &V) -> Result<()> {

@@ -91,13 +91,10 @@ pub(super) fn grad(b: &mut Builder, ni: usize, n: &Node, dys: &[Option<String>])
             out[0] = Some(g);
             Ok(out)
         }
-        Op::Gather { axis } => {
+        Op::Gather { .. } | Op::GatherElements { .. } | Op::GatherND { .. } => {
             let xs = b.shape_const(&b.shape(&x))?;
-            let g = b.op1(
-                Op::GatherGrad { axis: *axis },
-                &[&dy, &n.inputs[1], &xs],
-                &format!("{x}.d"),
-            )?;
+            let op = n.op.grad_op().expect("gathers have gradient ops");
+            let g = b.op1(op, &[&dy, &n.inputs[1], &xs], &format!("{x}.d"))?;
             Ok(vec![Some(g), None])
         }
         Op::Trilu { upper } => {
@@ -263,6 +260,8 @@ pub(super) fn grad(b: &mut Builder, ni: usize, n: &Node, dys: &[Option<String>])
         | Op::LayerNormalizationGrad { .. }
         | Op::SoftmaxCrossEntropyLossGrad { .. }
         | Op::GatherGrad { .. }
+        | Op::GatherElementsGrad { .. }
+        | Op::GatherNDGrad { .. }
         | Op::SliceGrad
         | Op::FusedMatMulGrad { .. }
         | Op::AttentionGrad { .. }
