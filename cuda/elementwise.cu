@@ -369,6 +369,22 @@ template <class T> __device__ void range_k(const T* start, const T* delta, T* y,
     GRID_STRIDE(i, n) y[i] = st<T>(arith<A>(BIN_ADD, s, arith<A>(BIN_MUL, (A)i, d)));
 }
 
+// CumSum: a thread a (outer, inner) line, summing along the axis in the accumulation type.
+template <class T> __device__ void cumsum_k(const T* x, T* y, i64 outer, i64 d, i64 inner, int excl, int rev) {
+    typedef typename Num<T>::A A;
+    GRID_STRIDE(line, outer * inner) {
+        const i64 base = (line / inner) * d * inner + line % inner;
+        A acc = (A)0;
+        for (i64 s = 0; s < d; ++s) {
+            const i64 at = base + (rev ? d - 1 - s : s) * inner;
+            const A v = ld(x[at]);
+            if (!excl) acc = arith<A>(BIN_ADD, acc, v);
+            y[at] = st<T>(acc);
+            if (excl) acc = arith<A>(BIN_ADD, acc, v);
+        }
+    }
+}
+
 template <class S, class D> __device__ void cast_k(const S* x, D* y, i64 n) {
     GRID_STRIDE(i, n) y[i] = cast_from_f64<D>(to_f64(x[i]));
 }
@@ -391,7 +407,8 @@ FOR_INTS(INST_INT)
     extern "C" __global__ void binary_vec_##S(const T* a, const T* b, T* o, i64 nv, int op, int sa, int sb) { binary_vec_k<T>(a, b, o, nv, op, sa, sb); } \
     extern "C" __global__ void pow_##S(const T* a, const Num<T>::A* e, T* o, Strided s, i64 n) { pow_k<T>(a, e, o, s, n); } \
     extern "C" __global__ void clip_##S(const T* x, const T* lo, const T* hi, T* y, i64 n) { clip_k<T>(x, lo, hi, y, n); } \
-    extern "C" __global__ void range_##S(const T* s, const T* d, T* y, i64 n) { range_k<T>(s, d, y, n); }
+    extern "C" __global__ void range_##S(const T* s, const T* d, T* y, i64 n) { range_k<T>(s, d, y, n); } \
+    extern "C" __global__ void cumsum_##S(const T* x, T* y, i64 outer, i64 d, i64 inner, int excl, int rev) { cumsum_k<T>(x, y, outer, d, inner, excl, rev); }
 FOR_NUMS(INST_NUM)
 
 #define INST_ALL(T, S) \

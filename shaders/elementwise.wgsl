@@ -167,6 +167,27 @@ fn range_(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     Y[i] = T(A(X0[0]) + A(i) * A(X1[0]));
 }
 
+// CumSum: a thread a line; P[1] = outer, P[2] = length, P[3] = inner, P[4] bit 0
+// exclusive, bit 1 reverse.
+@compute @workgroup_size(256)
+fn cumsum(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let line = linear(wid, nwg, lid, WG);
+    let d = pu(2u);
+    let inner = pu(3u);
+    if (line >= pu(1u) * inner) { return; }
+    let excl = (pu(4u) & 1u) != 0u;
+    let rev = (pu(4u) & 2u) != 0u;
+    let base = (line / inner) * d * inner + line % inner;
+    var acc = A(0);
+    for (var s = 0u; s < d; s += 1u) {
+        let at = base + select(s, d - 1u - s, rev) * inner;
+        let v = A(X0[at]);
+        if (!excl) { acc += v; }
+        Y[at] = T(acc);
+        if (excl) { acc += v; }
+    }
+}
+
 // Min first, then max: with min > max every value becomes max, as ONNX says.
 // P[1] bit 0: a min (X1[0]) is given; bit 1: a max (X2[0]).
 @compute @workgroup_size(256)

@@ -1962,3 +1962,23 @@ fn gather_elements_and_nd() {
             .outputs(&["y"]),
     ]);
 }
+
+#[test]
+fn cumsum_every_direction() {
+    let mut nets = vec![];
+    for (exclusive, reverse) in [(0, 0), (1, 0), (0, 1), (1, 1)] {
+        nets.push(
+            net(&format!("CumSum exclusive {exclusive} reverse {reverse}"))
+                .param("x", randn(&[3, 4], 5))
+                .konst("a", Tensor::scalar(-1i64))
+                .op(
+                    "CumSum",
+                    &[("exclusive", V::Int(exclusive)), ("reverse", V::Int(reverse))],
+                    &["x", "a"],
+                    &["y"],
+                )
+                .outputs(&["y"]),
+        );
+    }
+    check_all(&nets);
+}

@@ -358,3 +358,52 @@ fn range_on_every_backend() {
         }
     }
 }
+
+/// CumSum along every axis (negative too), inclusive and exclusive, forward and reverse,
+/// on every backend and dtype.
+#[test]
+fn cumsum_on_every_backend() {
+    let shape = [3usize, 4, 5];
+    let x = f64s(&shape, &(0..60).map(|i| ((i * 7) % 11) as f64 - 5.0).collect::<Vec<_>>());
+    for axis in [0i64, 1, 2, -1] {
+        for (exclusive, reverse) in [(false, false), (true, false), (false, true), (true, true)] {
+            let want = |a: &[Option<Tensor>]| {
+                let v = a[0].as_ref().unwrap().to_f64_vec();
+                let ax = axis.rem_euclid(3) as usize;
+                let st = strides(&shape);
+                let out = indices(&shape)
+                    .iter()
+                    .map(|p| {
+                        (0..shape[ax])
+                            .filter(|&j| match (exclusive, reverse) {
+                                (false, false) => j <= p[ax],
+                                (true, false) => j < p[ax],
+                                (false, true) => j >= p[ax],
+                                (true, true) => j > p[ax],
+                            })
+                            .map(|j| {
+                                let mut q = p.clone();
+                                q[ax] = j;
+                                v[q.iter().zip(&st).map(|(a, b)| a * b).sum::<usize>()]
+                            })
+                            .sum()
+                    })
+                    .collect();
+                vec![(shape.to_vec(), out)]
+            };
+            let op = Op::CumSum { exclusive, reverse };
+            let ax = cst(i64s(&[], &[axis]));
+            // Small integers: exact in every dtype.
+            check_exact(op.clone(), &[inp(x.clone()), ax.clone()], &FLOATS, want);
+            for dt in [DType::I64, DType::I32] {
+                let xi = x.cast(dt);
+                for backend in backends() {
+                    if let Err(e) = run_op(backend, op.clone(), &[inp(xi.clone()), ax.clone()], 1, DType::F32) {
+                        assert!(not_on(backend, dt), "CumSum {dt} on {backend:?}: {e}");
+                    }
+                }
+                check_exact(op.clone(), &[inp(xi), ax.clone()], &[DType::F32], want);
+            }
+        }
+    }
+}

@@ -249,3 +249,21 @@ fn row_major(shape: &[usize]) -> Vec<usize> {
     }
     st
 }
+
+/// CumSum's axis (its second input's one value), checked against rank `r`, and the
+/// (outer, length, inner) split of the shape around it.
+pub fn cumsum_dims(node: &Node, shape: &[usize], axis: i64) -> Result<(usize, usize, usize)> {
+    let Some(a) = norm_axis(axis, shape.len()) else {
+        crate::bail!(
+            Runtime,
+            "{}: axis {axis} is out of range for rank {}",
+            node.describe(),
+            shape.len()
+        );
+    };
+    Ok((
+        crate::tensor::numel(&shape[..a]),
+        shape[a],
+        crate::tensor::numel(&shape[a + 1..]),
+    ))
+}

@@ -402,6 +402,7 @@ pub fn shape_inputs(op: &Op) -> &'static [(usize, &'static str)] {
         | Op::Gather { .. }
         | Op::GatherElements { .. }
         | Op::GatherND { .. }
+        | Op::CumSum { .. }
         | Op::Shape { .. }
         | Op::Constant { .. }
         | Op::Trilu { .. }
@@ -1261,6 +1262,21 @@ pub fn infer_node(
             })
         }
         Op::Constant { value } => one(ValueType::new(value.dtype(), value.shape())),
+        Op::CumSum { .. } => {
+            let axis = t(1).unwrap();
+            need_int(axis, "axis")?;
+            if axis.numel() != 1 || x.dtype == DType::Bool {
+                return Err(f(format!(
+                    "CumSum takes numbers and a one-element axis, got {} and axis {}",
+                    x.dtype,
+                    fmt_shape(&axis.shape)
+                )));
+            }
+            if x.shape.is_empty() {
+                return Err(f("CumSum needs rank 1 or more".into()));
+            }
+            one(x)
+        }
         Op::Trilu { .. } => {
             if x.shape.len() < 2 {
                 return Err(f("Trilu needs rank 2 or more".into()));

@@ -75,6 +75,12 @@ pub enum Op {
     /// `start + i·delta` for i in 0..max(ceil((limit - start) / delta), 0), from three
     /// scalars known when the plan is made (they decide the length).
     Range,
+    /// Running sums along the axis its second input names (a scalar read when the node
+    /// runs); `exclusive` leaves each element out of its own sum, `reverse` runs from the end.
+    CumSum {
+        exclusive: bool,
+        reverse: bool,
+    },
     Identity,
     MatMul,
     Gemm {
@@ -274,6 +280,7 @@ const OTHER_OP_NAMES: &[&str] = &[
     "Cast",
     "CastLike",
     "Range",
+    "CumSum",
     "Identity",
     "MatMul",
     "Gemm",
@@ -506,6 +513,7 @@ impl Op {
             Op::Cast { .. } => "Cast",
             Op::CastLike => "CastLike",
             Op::Range => "Range",
+            Op::CumSum { .. } => "CumSum",
             Op::GatherElements { .. } => "GatherElements",
             Op::GatherND { .. } => "GatherND",
             Op::GatherElementsGrad { .. } => "GatherElementsGrad",
@@ -691,7 +699,7 @@ impl Op {
             Op::LogSoftmax { .. } | Op::Transpose { .. } | Op::Flatten { .. } => (1, 1, 1, 1),
             Op::Shape { .. } => (1, 1, 1, 1),
             Op::Binary(_) | Op::MatMul | Op::Reshape { .. } | Op::Expand => (2, 2, 1, 1),
-            Op::Gather { .. } | Op::CastLike => (2, 2, 1, 1),
+            Op::Gather { .. } | Op::CastLike | Op::CumSum { .. } => (2, 2, 1, 1),
             Op::GatherElements { .. } | Op::GatherND { .. } => (2, 2, 1, 1),
             Op::GatherElementsGrad { .. } | Op::GatherNDGrad { .. } => (3, 3, 1, 1),
             Op::Clip => (1, 3, 1, 1),
@@ -833,6 +841,10 @@ impl Op {
                 Op::CastLike
             }
             "Range" => Op::Range,
+            "CumSum" => Op::CumSum {
+                exclusive: a.flag("exclusive", false)?,
+                reverse: a.flag("reverse", false)?,
+            },
             "GatherElements" => Op::GatherElements {
                 axis: a.int_or("axis", 0)?,
             },
@@ -1115,6 +1127,10 @@ impl Op {
                 v.push(("axis", V::Int(*axis)))
             }
             Op::GatherND { batch_dims } => v.push(("batch_dims", V::Int(*batch_dims as i64))),
+            Op::CumSum { exclusive, reverse } => {
+                v.push(("exclusive", b(*exclusive)));
+                v.push(("reverse", b(*reverse)));
+            }
             Op::LayerNormalization { axis, epsilon } => {
                 v.push(("axis", V::Int(*axis)));
                 v.push(("epsilon", f32_attr(*epsilon)));

@@ -26,7 +26,7 @@ fn since(op: &str) -> i64 {
     match op {
         "Expand" => 8,
         "Where" => 9,
-        "Range" | "GatherElements" | "GatherND" => 11,
+        "Range" | "GatherElements" | "GatherND" | "CumSum" => 11,
         "SoftmaxCrossEntropyLoss" => 12,
         "Trilu" => 14,
         "LayerNormalization" => 17,

@@ -631,6 +631,33 @@ fn pow<T: Num, E: Num>(a: &Tensor, b: &Tensor, out: &mut Tensor) -> Result<()> {
     Ok(())
 }
 
+/// CumSum along the axis `axis` names, in the accumulation type.
+pub fn cumsum(node: &Node, x: &Tensor, axis: &Tensor, excl: bool, rev: bool, out: &mut Tensor) -> Result<()> {
+    let ax = axis.to_i64_vec().first().copied().unwrap_or(0);
+    let (outer, d, inner) = common::cumsum_dims(node, x.shape(), ax)?;
+    with_num!(x.dtype(), T => {
+        let (src, dst) = (x.as_slice::<T>(), out.as_mut_slice::<T>());
+        for o in 0..outer {
+            for i in 0..inner {
+                let mut acc = T::zero();
+                for step in 0..d {
+                    let j = if rev { d - 1 - step } else { step };
+                    let at = (o * d + j) * inner + i;
+                    let v = src[at].load();
+                    if !excl {
+                        acc = T::add(acc, v);
+                    }
+                    dst[at] = T::store(acc);
+                    if excl {
+                        acc = T::add(acc, v);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }, _ => unsupported("CumSum", x.dtype()))
+}
+
 /// Range: `start + i·delta`, computed in the dtype's accumulation type (integers wrap).
 pub fn range(start: &Tensor, delta: &Tensor, out: &mut Tensor) -> Result<()> {
     with_num!(out.dtype(), T => {

@@ -124,6 +124,9 @@ pub fn run_node(
         ),
         Op::Where => elementwise::where_(x(0)?, x(1)?, x(2)?, &mut outs[0]),
         Op::Range => elementwise::range(x(0)?, x(2)?, &mut outs[0]),
+        Op::CumSum { exclusive, reverse } => {
+            elementwise::cumsum(node, x(0)?, x(1)?, *exclusive, *reverse, &mut outs[0])
+        }
         Op::Cast { .. } | Op::CastLike => {
             crate::tensor::cast_into(x(0)?, &mut outs[0]);
             Ok(())

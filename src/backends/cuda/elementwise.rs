@@ -247,6 +247,27 @@ fn view<'a>(c: &Cuda, buf: &'a CudaSlice<u8>, ty: &'a ValueType) -> V<'a> {
     }
 }
 
+/// CumSum: the axis (one number) read back, a thread per line along it.
+pub fn cumsum(c: &Cuda, node: &Node, x: &V, axis: &V, excl: bool, rev: bool, y: &V) -> Result<()> {
+    let dt = x.dtype();
+    if dt == DType::Bool {
+        return Err(unsupported(node, dt));
+    }
+    let ax = c.read(axis)?.to_i64_vec().first().copied().unwrap_or(0);
+    let (outer, d, inner) = common::cumsum_dims(node, x.shape(), ax)?;
+    let lines = outer * inner;
+    let args = [
+        Arg::Ptr(x.p),
+        Arg::Ptr(y.p),
+        Arg::I64(outer as i64),
+        Arg::I64(d as i64),
+        Arg::I64(inner.max(1) as i64),
+        Arg::I32(excl as i32),
+        Arg::I32(rev as i32),
+    ];
+    c.launch_n(&format!("cumsum_{}", suffix(dt)), lines, &args)
+}
+
 /// Range from its start and delta (device scalars; the length is the output's).
 pub fn range(c: &Cuda, node: &Node, start: &V, delta: &V, y: &V) -> Result<()> {
     let dt = y.dtype();

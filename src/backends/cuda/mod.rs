@@ -428,6 +428,9 @@ impl Cuda {
             Op::Where => elementwise::where_(self, &x(0)?, &x(1)?, &x(2)?, &y),
             Op::Cast { .. } | Op::CastLike => elementwise::cast(self, &x(0)?, &y),
             Op::Range => elementwise::range(self, node, &x(0)?, &x(2)?, &y),
+            Op::CumSum { exclusive, reverse } => {
+                elementwise::cumsum(self, node, &x(0)?, &x(1)?, *exclusive, *reverse, &y)
+            }
             Op::Identity
             | Op::Reshape { .. }
             | Op::Squeeze { .. }

@@ -142,6 +142,20 @@ fn pow(w: &mut Wgpu, node: &Node, a: &V, b: &V, y: &V, s: Strided) -> Result<()>
     )
 }
 
+/// CumSum: the axis (one number) read back, a thread per line along it.
+pub fn cumsum(w: &mut Wgpu, node: &Node, x: &V, axis: &V, excl: bool, rev: bool, y: &V) -> Result<()> {
+    let defs = num_defs(w, node, x.dtype())?;
+    let ax = w.read(axis)?.to_i64_vec().first().copied().unwrap_or(0);
+    let (outer, d, inner) = common::cumsum_dims(node, x.shape(), ax)?;
+    let p = Params::new()
+        .u(1, outer)
+        .u(2, d)
+        .u(3, inner.max(1))
+        .u(4, excl as usize | (rev as usize) << 1);
+    let k = Wgpu::kernel(Family::Elementwise, "cumsum", defs);
+    w.run_kernel(&k, &p, &[(1, x.buf), (3, y.buf)], groups_for(outer * inner, 256))
+}
+
 /// Range from its start and delta (the length is the output's).
 pub fn range(w: &mut Wgpu, node: &Node, start: &V, delta: &V, y: &V) -> Result<()> {
     let defs = num_defs(w, node, y.dtype())?;

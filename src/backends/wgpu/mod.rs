@@ -320,6 +320,9 @@ impl Wgpu {
             Op::Where => shape::where_(self, &x(0)?, &x(1)?, &x(2)?, &y),
             Op::Cast { .. } | Op::CastLike => shape::cast(self, node, &x(0)?, &y),
             Op::Range => elementwise::range(self, node, &x(0)?, &x(2)?, &y),
+            Op::CumSum { exclusive, reverse } => {
+                elementwise::cumsum(self, node, &x(0)?, &x(1)?, *exclusive, *reverse, &y)
+            }
             Op::Identity
             | Op::Reshape { .. }
             | Op::Squeeze { .. }

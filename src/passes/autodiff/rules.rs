@@ -97,6 +97,15 @@ pub(super) fn grad(b: &mut Builder, ni: usize, n: &Node, dys: &[Option<String>])
             let g = b.op1(op, &[&dy, &n.inputs[1], &xs], &format!("{x}.d"))?;
             Ok(vec![Some(g), None])
         }
+        // The sum runs the other way: each dy reaches every x that went into it.
+        Op::CumSum { exclusive, reverse } => {
+            let op = Op::CumSum {
+                exclusive: *exclusive,
+                reverse: !reverse,
+            };
+            let g = b.op1(op, &[&dy, &n.inputs[1]], &format!("{x}.d"))?;
+            Ok(vec![Some(g), None])
+        }
         Op::Trilu { upper } => {
             let mut ins: Vec<&str> = vec![&dy];
             ins.extend(n.inputs.get(1).map(|s| s.as_str()));
