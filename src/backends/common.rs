@@ -193,17 +193,7 @@ pub fn required<T: Copy>(node: &Node, ins: &[Option<T>], i: usize) -> Result<T> 
 /// lives here once.
 pub fn take_offsets(node: &Node, data: &[usize], idx_shape: &[usize], idx: &[i64]) -> Result<Vec<i64>> {
     let st = row_major(data);
-    let norm = |i: i64, d: usize, axis: usize| -> Result<i64> {
-        let j = if i < 0 { i + d as i64 } else { i };
-        if j < 0 || j >= d as i64 {
-            crate::bail!(
-                Runtime,
-                "{}: index {i} is out of range for axis {axis} of size {d}",
-                node.describe()
-            );
-        }
-        Ok(j)
-    };
+    let norm = |i: i64, d: usize, axis: usize| index_in(node, i, d, axis);
     let base = node.op.grad_base().unwrap_or_else(|| node.op.clone());
     match base {
         Op::GatherElements { axis } => {
@@ -266,4 +256,18 @@ pub fn cumsum_dims(node: &Node, shape: &[usize], axis: i64) -> Result<(usize, us
         shape[a],
         crate::tensor::numel(&shape[a + 1..]),
     ))
+}
+
+/// Index `i` into an axis of size `d`: negative ones count from the end, out-of-range ones
+/// are an error naming the node (Gather and its kin, on every backend).
+pub fn index_in(node: &Node, i: i64, d: usize, axis: usize) -> Result<i64> {
+    let j = if i < 0 { i + d as i64 } else { i };
+    if j < 0 || j >= d as i64 {
+        crate::bail!(
+            Runtime,
+            "{}: index {i} is out of range for axis {axis} of size {d}",
+            node.describe()
+        );
+    }
+    Ok(j)
 }

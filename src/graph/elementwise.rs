@@ -261,32 +261,26 @@ impl BinaryOp {
     }
 }
 
-/// `cuda/opcodes.cuh`: one `#define OP_<VARIANT> <code>` per unary op (and SiLU's).
+/// `cuda/opcodes.cuh`: a `#define` per op code (unary `OP_*`, binary `BIN_*`/`CMP_*`).
 pub fn opcodes_cuda() -> String {
-    let mut s = String::from(
-        "// Generated from src/graph/elementwise.rs (tests/opcodes.rs checks it; regenerate with\n\
-         // UPDATE_OPCODES=1 cargo test --test opcodes). The op codes of the elementwise maps.\n",
-    );
-    for (name, code) in code_names() {
-        s += &format!("#define OP_{name} {code}\n");
-    }
-    for (name, code) in binary_code_names() {
-        s += &format!("#define {name} {code}\n");
-    }
-    s
+    header(|name, code| format!("#define {name} {code}"))
 }
 
 /// `shaders/opcodes.wgsl`: the same codes as WGSL constants.
 pub fn opcodes_wgsl() -> String {
+    header(|name, code| format!("const {name}: u32 = {code}u;"))
+}
+
+/// Every code, a line each as `line` writes it, under the generated-file notice.
+fn header(line: impl Fn(&str, i32) -> String) -> String {
     let mut s = String::from(
         "// Generated from src/graph/elementwise.rs (tests/opcodes.rs checks it; regenerate with\n\
          // UPDATE_OPCODES=1 cargo test --test opcodes). The op codes of the elementwise maps.\n",
     );
-    for (name, code) in code_names() {
-        s += &format!("const OP_{name}: u32 = {code}u;\n");
-    }
-    for (name, code) in binary_code_names() {
-        s += &format!("const {name}: u32 = {code}u;\n");
+    let unary = code_names().into_iter().map(|(n, c)| (format!("OP_{n}"), c));
+    for (name, code) in unary.chain(binary_code_names()) {
+        s += &line(&name, code);
+        s.push('\n');
     }
     s
 }

@@ -265,21 +265,10 @@ fn gather_indices(
 ) -> Result<(usize, Vec<usize>)> {
     let r = shape.len();
     let a = common::axis_index(axis, r)?;
-    let d = shape[a];
     let ids = idx
         .to_i64_vec()
         .into_iter()
-        .map(|i| {
-            let j = if i < 0 { i + d as i64 } else { i };
-            if j < 0 || j >= d as i64 {
-                crate::bail!(
-                    Runtime,
-                    "{}: index {i} is out of range for axis {a} of size {d}",
-                    node.describe()
-                );
-            }
-            Ok(j as usize)
-        })
+        .map(|i| Ok(common::index_in(node, i, shape[a], a)? as usize))
         .collect::<Result<Vec<usize>>>()?;
     Ok((a, ids))
 }

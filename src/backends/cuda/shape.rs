@@ -176,22 +176,11 @@ fn indices(
 ) -> Result<(usize, Vec<i64>)> {
     let r = shape.len();
     let a = common::axis_index(axis, r)?;
-    let d = shape[a] as i64;
     let ids = c
         .read(idx)?
         .to_i64_vec()
         .into_iter()
-        .map(|i| {
-            let j = if i < 0 { i + d } else { i };
-            if j < 0 || j >= d {
-                crate::bail!(
-                    Runtime,
-                    "{}: index {i} is out of range for axis {a} of size {d}",
-                    node.describe()
-                );
-            }
-            Ok(j)
-        })
+        .map(|i| common::index_in(node, i, shape[a], a))
         .collect::<Result<Vec<i64>>>()?;
     Ok((a, ids))
 }
