@@ -1948,7 +1948,12 @@ fn gather_elements_and_nd() {
         net("GatherElements axis 1")
             .param("x", randn(&[3, 4], 1))
             .konst("i", idx(&[3, 3], &[0, 3, 3, -1, 2, 0, 1, 1, -4]))
-            .op("GatherElements", &[("axis", V::Int(1))], &["x", "i"], &["y"])
+            .op(
+                "GatherElements",
+                &[("axis", V::Int(1))],
+                &["x", "i"],
+                &["y"],
+            )
             .outputs(&["y"]),
         net("GatherND batch_dims 0")
             .param("x", randn(&[2, 3, 4], 2))
@@ -1958,7 +1963,12 @@ fn gather_elements_and_nd() {
         net("GatherND batch_dims 1")
             .param("x", randn(&[2, 3, 4], 3))
             .konst("i", idx(&[2, 2, 1], &[2, 2, 0, -1]))
-            .op("GatherND", &[("batch_dims", V::Int(1))], &["x", "i"], &["y"])
+            .op(
+                "GatherND",
+                &[("batch_dims", V::Int(1))],
+                &["x", "i"],
+                &["y"],
+            )
             .outputs(&["y"]),
     ]);
 }
@@ -1973,7 +1983,10 @@ fn cumsum_every_direction() {
                 .konst("a", Tensor::scalar(-1i64))
                 .op(
                     "CumSum",
-                    &[("exclusive", V::Int(exclusive)), ("reverse", V::Int(reverse))],
+                    &[
+                        ("exclusive", V::Int(exclusive)),
+                        ("reverse", V::Int(reverse)),
+                    ],
                     &["x", "a"],
                     &["y"],
                 )

@@ -21,7 +21,8 @@ fn reference(u: UnaryOp, x: f64) -> f64 {
         UnaryOp::Relu => x.max(0.0),
         UnaryOp::Gelu => 0.5 * x * (1.0 + erf(x / 2f64.sqrt())),
         UnaryOp::GeluTanh => {
-            0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x.powi(3))).tanh())
+            0.5 * x
+                * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x.powi(3))).tanh())
         }
         UnaryOp::Sigmoid => sig(x),
         UnaryOp::Tanh => x.tanh(),
@@ -32,8 +33,22 @@ fn reference(u: UnaryOp, x: f64) -> f64 {
         UnaryOp::Reciprocal => 1.0 / x,
         UnaryOp::Abs => x.abs(),
         UnaryOp::Erf => erf(x),
-        UnaryOp::LeakyRelu { .. } => if x >= 0.0 { x } else { a * x },
-        UnaryOp::Sign => if x > 0.0 { 1.0 } else if x < 0.0 { -1.0 } else { 0.0 },
+        UnaryOp::LeakyRelu { .. } => {
+            if x >= 0.0 {
+                x
+            } else {
+                a * x
+            }
+        }
+        UnaryOp::Sign => {
+            if x > 0.0 {
+                1.0
+            } else if x < 0.0 {
+                -1.0
+            } else {
+                0.0
+            }
+        }
         UnaryOp::Floor => x.floor(),
         UnaryOp::Ceil => x.ceil(),
         UnaryOp::Round => x.round_ties_even(),
@@ -50,13 +65,25 @@ fn reference(u: UnaryOp, x: f64) -> f64 {
         UnaryOp::Atanh => 0.5 * ((1.0 + x) / (1.0 - x)).ln(),
         UnaryOp::Softplus => softplus(x),
         UnaryOp::Softsign => x / (1.0 + x.abs()),
-        UnaryOp::Elu { .. } => if x < 0.0 { a * (x.exp() - 1.0) } else { x },
+        UnaryOp::Elu { .. } => {
+            if x < 0.0 {
+                a * (x.exp() - 1.0)
+            } else {
+                x
+            }
+        }
         UnaryOp::Selu { .. } => b * if x > 0.0 { x } else { a * x.exp() - a },
         UnaryOp::Celu { .. } => x.max(0.0) + (a * ((x / a).exp() - 1.0)).min(0.0),
         UnaryOp::HardSigmoid { .. } => (a * x + b).clamp(0.0, 1.0),
         UnaryOp::HardSwish => x * (x / 6.0 + 0.5).clamp(0.0, 1.0),
         UnaryOp::Mish => x * softplus(x).tanh(),
-        UnaryOp::ThresholdedRelu { .. } => if x > a { x } else { 0.0 },
+        UnaryOp::ThresholdedRelu { .. } => {
+            if x > a {
+                x
+            } else {
+                0.0
+            }
+        }
         UnaryOp::Swish { .. } => x * sig(a * x),
     }
 }
@@ -112,9 +139,15 @@ fn ops() -> Vec<UnaryOp> {
     v.extend([
         UnaryOp::LeakyRelu { alpha: 0.3 },
         UnaryOp::Elu { alpha: 0.7 },
-        UnaryOp::Selu { alpha: 1.5, gamma: 2.0 },
+        UnaryOp::Selu {
+            alpha: 1.5,
+            gamma: 2.0,
+        },
         UnaryOp::Celu { alpha: 2.0 },
-        UnaryOp::HardSigmoid { alpha: 0.3, beta: 0.4 },
+        UnaryOp::HardSigmoid {
+            alpha: 0.3,
+            beta: 0.4,
+        },
         UnaryOp::ThresholdedRelu { alpha: 0.5 },
         UnaryOp::Swish { alpha: 1.7 },
     ]);
@@ -138,7 +171,12 @@ fn each<T: std::fmt::Debug + Copy>(items: impl IntoIterator<Item = T>, f: impl F
                 })
         })
         .collect();
-    assert!(failed.is_empty(), "{} failed:\n{}", failed.len(), failed.join("\n"));
+    assert!(
+        failed.is_empty(),
+        "{} failed:\n{}",
+        failed.len(),
+        failed.join("\n")
+    );
 }
 
 #[test]
@@ -162,7 +200,10 @@ fn every_unary_map_on_every_backend() {
 
 #[test]
 fn every_unary_gradient_on_every_backend() {
-    let ops = ops().into_iter().enumerate().filter(|(_, u)| u.differentiable());
+    let ops = ops()
+        .into_iter()
+        .enumerate()
+        .filter(|(_, u)| u.differentiable());
     each(ops, |(k, u)| {
         let x = data(u, 200 + k as u64);
         let dy = randn(x.shape(), 300 + k as u64);
@@ -223,9 +264,27 @@ fn reference2(b: BinaryOp, x: f64, y: f64) -> f64 {
         BinaryOp::Div => x / y,
         BinaryOp::Mod => x - y * (x / y).floor(),
         BinaryOp::Fmod => x - y * (x / y).trunc(),
-        BinaryOp::Min => if x.is_nan() || y.is_nan() { f64::NAN } else { x.min(y) },
-        BinaryOp::Max => if x.is_nan() || y.is_nan() { f64::NAN } else { x.max(y) },
-        BinaryOp::PRelu => if x < 0.0 { y * x } else { x },
+        BinaryOp::Min => {
+            if x.is_nan() || y.is_nan() {
+                f64::NAN
+            } else {
+                x.min(y)
+            }
+        }
+        BinaryOp::Max => {
+            if x.is_nan() || y.is_nan() {
+                f64::NAN
+            } else {
+                x.max(y)
+            }
+        }
+        BinaryOp::PRelu => {
+            if x < 0.0 {
+                y * x
+            } else {
+                x
+            }
+        }
         BinaryOp::Pow => x.powf(y),
         BinaryOp::Equal => t(x == y),
         BinaryOp::Less => t(x < y),
@@ -257,7 +316,13 @@ fn want2(b: BinaryOp) -> impl Fn(&[Option<Tensor>]) -> Expected {
 
 fn broadcast(a: &[usize], b: &[usize]) -> Vec<usize> {
     let r = a.len().max(b.len());
-    let at = |s: &[usize], i: usize| if i + s.len() >= r { s[i + s.len() - r] } else { 1 };
+    let at = |s: &[usize], i: usize| {
+        if i + s.len() >= r {
+            s[i + s.len() - r]
+        } else {
+            1
+        }
+    };
     (0..r).map(|i| at(a, i).max(at(b, i))).collect()
 }
 
@@ -289,11 +354,16 @@ fn operands(b: BinaryOp, seed: u64, dt: DType) -> (Tensor, Tensor) {
 
 #[test]
 fn every_binary_map_on_every_backend() {
-    let maps = BinaryOp::ALL.iter().copied().filter(|b| *b != BinaryOp::Pow);
+    let maps = BinaryOp::ALL
+        .iter()
+        .copied()
+        .filter(|b| *b != BinaryOp::Pow);
     each(maps.enumerate(), |(k, b)| {
         let dts: &[DType] = match b.kind() {
             BinaryKind::Logic => &[DType::Bool],
-            BinaryKind::Compare if b == BinaryOp::Equal => &[DType::F32, DType::I64, DType::I32, DType::Bool],
+            BinaryKind::Compare if b == BinaryOp::Equal => {
+                &[DType::F32, DType::I64, DType::I32, DType::Bool]
+            }
             _ => &[DType::F32, DType::I64, DType::I32],
         };
         for &dt in dts {
@@ -301,7 +371,13 @@ fn every_binary_map_on_every_backend() {
             // `check_exact` lets wgpu refuse integer dtypes; only the ones WGSL has no
             // type for may be refused.
             for backend in backends() {
-                let r = run_op(backend, Op::Binary(b), &[inp(x.clone()), inp(y.clone())], 1, DType::F32);
+                let r = run_op(
+                    backend,
+                    Op::Binary(b),
+                    &[inp(x.clone()), inp(y.clone())],
+                    1,
+                    DType::F32,
+                );
                 if let Err(e) = r {
                     assert!(not_on(backend, dt), "{b:?} {dt} on {backend:?}: {e}");
                 }
@@ -323,7 +399,10 @@ fn every_binary_map_on_every_backend() {
 #[test]
 fn range_on_every_backend() {
     let want = |a: &[Option<Tensor>]| {
-        let v: Vec<f64> = a.iter().map(|t| t.as_ref().unwrap().to_f64_vec()[0]).collect();
+        let v: Vec<f64> = a
+            .iter()
+            .map(|t| t.as_ref().unwrap().to_f64_vec()[0])
+            .collect();
         let n = ((v[1] - v[0]) / v[2]).ceil().max(0.0) as usize;
         vec![(vec![n], (0..n).map(|i| v[0] + i as f64 * v[2]).collect())]
     };
@@ -341,7 +420,11 @@ fn range_on_every_backend() {
         for make in [cst as fn(Tensor) -> Arg, inp] {
             let args = [make(t(s)), make(t(l)), make(t(d))];
             // f16 cannot hold the long one's limit.
-            let dts: &[DType] = if l > 65504.0 { &[DType::F64, DType::F32, DType::BF16] } else { &FLOATS };
+            let dts: &[DType] = if l > 65504.0 {
+                &[DType::F64, DType::F32, DType::BF16]
+            } else {
+                &FLOATS
+            };
             check(Op::Range, &args, dts, want);
             if [s, l, d].iter().all(|v| v.fract() == 0.0) {
                 for dt in [DType::I64, DType::I32] {
@@ -364,7 +447,12 @@ fn range_on_every_backend() {
 #[test]
 fn cumsum_on_every_backend() {
     let shape = [3usize, 4, 5];
-    let x = f64s(&shape, &(0..60).map(|i| ((i * 7) % 11) as f64 - 5.0).collect::<Vec<_>>());
+    let x = f64s(
+        &shape,
+        &(0..60)
+            .map(|i| ((i * 7) % 11) as f64 - 5.0)
+            .collect::<Vec<_>>(),
+    );
     for axis in [0i64, 1, 2, -1] {
         for (exclusive, reverse) in [(false, false), (true, false), (false, true), (true, true)] {
             let want = |a: &[Option<Tensor>]| {
@@ -398,7 +486,13 @@ fn cumsum_on_every_backend() {
             for dt in [DType::I64, DType::I32] {
                 let xi = x.cast(dt);
                 for backend in backends() {
-                    if let Err(e) = run_op(backend, op.clone(), &[inp(xi.clone()), ax.clone()], 1, DType::F32) {
+                    if let Err(e) = run_op(
+                        backend,
+                        op.clone(),
+                        &[inp(xi.clone()), ax.clone()],
+                        1,
+                        DType::F32,
+                    ) {
                         assert!(not_on(backend, dt), "CumSum {dt} on {backend:?}: {e}");
                     }
                 }

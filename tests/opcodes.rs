@@ -34,7 +34,11 @@ fn every_unary_code_has_a_device_case() {
     for line in opcodes_cuda().lines().filter(|l| l.starts_with("#define ")) {
         let name = line.split_whitespace().nth(1).unwrap();
         let case = format!("case {name}:");
-        let wgsl = if name.starts_with("OP_") { &wgsl } else { &wgsl_bin };
+        let wgsl = if name.starts_with("OP_") {
+            &wgsl
+        } else {
+            &wgsl_bin
+        };
         if !cuda.contains(&case) {
             missing.push(format!("cuda/elementwise.cu: {case}"));
         }

@@ -10,7 +10,9 @@ use graphrun::{DType, Tensor};
 /// Seeded indices in [-d, d) (negative ones count from the end).
 fn idx(shape: &[usize], d: usize, seed: u64) -> Tensor {
     let mut r = Rng::new(seed);
-    let v: Vec<i64> = (0..shape.iter().product()).map(|_| r.int_in(-(d as i64), d as i64)).collect();
+    let v: Vec<i64> = (0..shape.iter().product())
+        .map(|_| r.int_in(-(d as i64), d as i64))
+        .collect();
     i64s(shape, &v)
 }
 
@@ -54,11 +56,17 @@ fn nd_offsets(data: &[usize], ids: &Tensor, b: usize) -> Vec<usize> {
 /// (op, data shape, indices, output shape, offsets) of every case.
 fn cases() -> Vec<(Op, Vec<usize>, Tensor, Vec<usize>, Vec<usize>)> {
     let mut v = vec![];
-    for (axis, ishape) in [(1usize, vec![3, 2, 5]), (2, vec![2, 4, 3]), (0, vec![5, 4, 5])] {
+    for (axis, ishape) in [
+        (1usize, vec![3, 2, 5]),
+        (2, vec![2, 4, 3]),
+        (0, vec![5, 4, 5]),
+    ] {
         let data = vec![3, 4, 5];
         let ids = idx(&ishape, data[axis], 10 + axis as u64);
         let off = elements_offsets(&data, &ids, axis);
-        let op = Op::GatherElements { axis: axis as i64 - if axis == 2 { 3 } else { 0 } };
+        let op = Op::GatherElements {
+            axis: axis as i64 - if axis == 2 { 3 } else { 0 },
+        };
         v.push((op, data, ids, ishape, off));
     }
     for (b, data, ishape, out) in [
@@ -119,8 +127,18 @@ fn out_of_range_indices_name_the_node() {
     for backend in backends() {
         let x = randn(&[2, 3], 1);
         let bad = i64s(&[2, 3], &[0, 1, 2, 0, 1, 2]);
-        let e = run_op(backend, Op::GatherElements { axis: 0 }, &[inp(x), inp(bad)], 1, DType::F32)
-            .expect_err("index 2 on an axis of 2");
-        assert!(e.to_string().contains("index 2 is out of range for axis 0 of size 2"), "{e}");
+        let e = run_op(
+            backend,
+            Op::GatherElements { axis: 0 },
+            &[inp(x), inp(bad)],
+            1,
+            DType::F32,
+        )
+        .expect_err("index 2 on an axis of 2");
+        assert!(
+            e.to_string()
+                .contains("index 2 is out of range for axis 0 of size 2"),
+            "{e}"
+        );
     }
 }

@@ -7,7 +7,8 @@ fn readme_op_table_matches_the_code() {
     let (start, end) = ("<!-- ops:start -->\n", "<!-- ops:end -->");
     let i = readme.find(start).expect("README has the ops markers") + start.len();
     let j = readme.find(end).unwrap();
-    let table = graphrun::graph::op::op_table_markdown() + &graphrun::backends::not_on_backend_markdown();
+    let table =
+        graphrun::graph::op::op_table_markdown() + &graphrun::backends::not_on_backend_markdown();
     if std::env::var_os("UPDATE_README").is_some() {
         std::fs::write(
             "README.md",

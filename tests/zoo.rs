@@ -124,7 +124,10 @@ fn load(case: &str) -> graphrun::Result<Case> {
             // not depend on (BERT's pooler under the first output): it is zero.
             "grad" if !f.exists() => {
                 let init = c.model.graph.initializers.iter().find(|i| i.name == v);
-                let shape = init.unwrap_or_else(|| panic!("{case}: no initializer {v}")).tensor.shape();
+                let shape = init
+                    .unwrap_or_else(|| panic!("{case}: no initializer {v}"))
+                    .tensor
+                    .shape();
                 let zeros = Tensor::zeros(graphrun::DType::F64, shape);
                 c.grads.push((vec![(v, false)], zeros))
             }

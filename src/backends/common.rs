@@ -191,7 +191,12 @@ pub fn required<T: Copy>(node: &Node, ins: &[Option<T>], i: usize) -> Result<T> 
 /// out-of-range ones are an error naming the node). Every backend then runs them with its
 /// Gather kernels on flat views (axis 0, one element a row), so that the index arithmetic
 /// lives here once.
-pub fn take_offsets(node: &Node, data: &[usize], idx_shape: &[usize], idx: &[i64]) -> Result<Vec<i64>> {
+pub fn take_offsets(
+    node: &Node,
+    data: &[usize],
+    idx_shape: &[usize],
+    idx: &[i64],
+) -> Result<Vec<i64>> {
     let st = row_major(data);
     let norm = |i: i64, d: usize, axis: usize| index_in(node, i, d, axis);
     let base = node.op.grad_base().unwrap_or_else(|| node.op.clone());
@@ -204,7 +209,11 @@ pub fn take_offsets(node: &Node, data: &[usize], idx_shape: &[usize], idx: &[i64
                     let mut off = 0i64;
                     for d in 0..data.len() {
                         let c = (p / ist[d].max(1)) % idx_shape[d].max(1);
-                        let c = if d == a { norm(idx[p], data[a], a)? } else { c as i64 };
+                        let c = if d == a {
+                            norm(idx[p], data[a], a)?
+                        } else {
+                            c as i64
+                        };
                         off += c * st[d] as i64;
                     }
                     Ok(off)
@@ -213,7 +222,11 @@ pub fn take_offsets(node: &Node, data: &[usize], idx_shape: &[usize], idx: &[i64
         }
         Op::GatherND { batch_dims: b } => {
             let k = idx_shape.last().copied().unwrap_or(0);
-            let rows = if k == 0 { crate::tensor::numel(&idx_shape[..idx_shape.len() - 1]) } else { idx.len() / k };
+            let rows = if k == 0 {
+                crate::tensor::numel(&idx_shape[..idx_shape.len() - 1])
+            } else {
+                idx.len() / k
+            };
             let per_batch = crate::tensor::numel(&idx_shape[b..idx_shape.len() - 1]).max(1);
             let slice = crate::tensor::numel(&data[b + k..]);
             let batch_stride = if b == 0 { 0 } else { st[b - 1] };

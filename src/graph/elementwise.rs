@@ -277,7 +277,9 @@ fn header(line: impl Fn(&str, i32) -> String) -> String {
         "// Generated from src/graph/elementwise.rs (tests/opcodes.rs checks it; regenerate with\n\
          // UPDATE_OPCODES=1 cargo test --test opcodes). The op codes of the elementwise maps.\n",
     );
-    let unary = code_names().into_iter().map(|(n, c)| (format!("OP_{n}"), c));
+    let unary = code_names()
+        .into_iter()
+        .map(|(n, c)| (format!("OP_{n}"), c));
     for (name, code) in unary.chain(binary_code_names()) {
         s += &line(&name, code);
         s.push('\n');
@@ -340,7 +342,12 @@ mod tests {
         b.sort_by_key(|(n, c)| (n[..3].to_string(), *c));
         for w in b.windows(2) {
             let same_family = w[0].0[..3] == w[1].0[..3];
-            assert!(!same_family || w[0].1 != w[1].1, "{} and {} share a code", w[0].0, w[1].0);
+            assert!(
+                !same_family || w[0].1 != w[1].1,
+                "{} and {} share a code",
+                w[0].0,
+                w[1].0
+            );
         }
     }
 
@@ -352,7 +359,10 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(u, UnaryOp::Elu { alpha: 0.5 });
-        assert_eq!(UnaryOp::parse("Gelu", |_, d| Ok(d)).unwrap().unwrap(), UnaryOp::Gelu);
+        assert_eq!(
+            UnaryOp::parse("Gelu", |_, d| Ok(d)).unwrap().unwrap(),
+            UnaryOp::Gelu
+        );
         assert!(UnaryOp::parse("Conv", |_, d| Ok(d)).is_none());
     }
 }

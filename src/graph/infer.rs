@@ -675,7 +675,11 @@ pub fn infer_node(
                 BinaryKind::Logic => {
                     same_dtype(&x, y)?;
                     if !bool_in {
-                        return Err(f(format!("{} takes bool inputs, got {}", node.op.name(), x.dtype)));
+                        return Err(f(format!(
+                            "{} takes bool inputs, got {}",
+                            node.op.name(),
+                            x.dtype
+                        )));
                     }
                 }
                 BinaryKind::Arith | BinaryKind::Compare => {
@@ -753,7 +757,10 @@ pub fn infer_node(
                     )));
                 }
                 if ti.numel() != 1 {
-                    return Err(f(format!("{what} must be a scalar, got shape {}", fmt_shape(&ti.shape))));
+                    return Err(f(format!(
+                        "{what} must be a scalar, got shape {}",
+                        fmt_shape(&ti.shape)
+                    )));
                 }
                 let Some(c) = consts.get(i).copied().flatten() else {
                     return Err(f(format!(
@@ -771,7 +778,9 @@ pub fn infer_node(
             }
             let n = ((limit - start) / delta).ceil().max(0.0);
             if n > (1u64 << 48) as f64 {
-                return Err(f(format!("Range({start}, {limit}, {delta}) has {n} elements")));
+                return Err(f(format!(
+                    "Range({start}, {limit}, {delta}) has {n} elements"
+                )));
             }
             one(ValueType {
                 dtype: x.dtype,
@@ -1217,8 +1226,7 @@ pub fn infer_node(
             let Some(a) = norm_axis(*axis, r) else {
                 return Err(f(format!("axis {axis} is out of range for rank {r}")));
             };
-            let fits = idx.shape.len() == r
-                && (0..r).all(|d| d == a || idx.shape[d] <= x.shape[d]);
+            let fits = idx.shape.len() == r && (0..r).all(|d| d == a || idx.shape[d] <= x.shape[d]);
             if !fits {
                 return Err(f(format!(
                     "indices {} must have data's rank and fit in data {} off axis {a}",
@@ -1236,10 +1244,7 @@ pub fn infer_node(
             need_int(idx, "indices")?;
             let (r, q) = (x.shape.len(), idx.shape.len());
             let k = idx.shape.last().copied().unwrap_or(0);
-            let ok = q >= 1
-                && *b < q.min(r)
-                && k <= r - b
-                && idx.shape[..*b] == x.shape[..*b];
+            let ok = q >= 1 && *b < q.min(r) && k <= r - b && idx.shape[..*b] == x.shape[..*b];
             if !ok {
                 return Err(f(format!(
                     "indices {} do not index data {} with batch_dims {b} (indices' last dim at most rank - batch_dims, their batch dims data's)",

@@ -294,13 +294,25 @@ impl<'a> Importer<'a> {
             } else {
                 self.fresh(&format!("{y}/{op}{k}"))
             };
-            self.push(n, &format!("{k}"), Op::Binary(bin), vec![acc, (*v).clone()], &out);
+            self.push(
+                n,
+                &format!("{k}"),
+                Op::Binary(bin),
+                vec![acc, (*v).clone()],
+                &out,
+            );
             acc = out;
         }
         if mean {
             let count = self.constant(n, "count", Tensor::scalar(ins.len() as f32));
             let like = self.fresh(&format!("{y}/count_cast"));
-            self.push(n, "count_cast", Op::CastLike, vec![count, acc.clone()], &like);
+            self.push(
+                n,
+                "count_cast",
+                Op::CastLike,
+                vec![count, acc.clone()],
+                &like,
+            );
             self.push(n, "", Op::Binary(BinaryOp::Div), vec![acc, like], y);
         } else if last == 0 {
             self.push(n, "", Op::Identity, vec![acc], y);
@@ -310,7 +322,12 @@ impl<'a> Importer<'a> {
 
     /// ConstantOfShape(shape) = Expand(value, shape): the shape (a plan-time value, as
     /// Expand's) decides the output, every element the attribute's one value.
-    fn lower_constant_of_shape(&mut self, n: &NodeProto, shown: &str, mut attrs: Vec<Attr>) -> Result<()> {
+    fn lower_constant_of_shape(
+        &mut self,
+        n: &NodeProto,
+        shown: &str,
+        mut attrs: Vec<Attr>,
+    ) -> Result<()> {
         let value = match take(&mut attrs, "value") {
             None => Tensor::scalar(0.0f32),
             Some(AttrValue::Tensor(t)) if t.numel() == 1 => t.reshaped(&[])?,
@@ -344,8 +361,12 @@ impl<'a> Importer<'a> {
     /// IsNaN, IsInf and Not as comparisons (see `PREDICATES`).
     fn lower_predicate(&mut self, n: &NodeProto, shown: &str, mut attrs: Vec<Attr>) -> Result<()> {
         let op = n.op_type.as_str();
-        let (Some(x), Some(y), 1, 1) = (n.input.first(), n.output.first(), n.input.len(), n.output.len())
-        else {
+        let (Some(x), Some(y), 1, 1) = (
+            n.input.first(),
+            n.output.first(),
+            n.input.len(),
+            n.output.len(),
+        ) else {
             return Err(Error::Graph(format!(
                 "node '{shown}' ({op}) needs exactly one input and one output"
             )));
@@ -374,13 +395,21 @@ impl<'a> Importer<'a> {
         let eq = Op::Binary(BinaryOp::Equal);
         match op {
             "Not" => {
-                let f = self.constant(n, "false", Tensor::from_f64(crate::tensor::DType::Bool, &[], &[0.0])?);
+                let f = self.constant(
+                    n,
+                    "false",
+                    Tensor::from_f64(crate::tensor::DType::Bool, &[], &[0.0])?,
+                );
                 self.push(n, "", eq, vec![x, f], &y);
             }
             "IsNaN" => {
                 let same = self.fresh(&format!("{y}/self_equal"));
                 self.push(n, "self_equal", eq.clone(), vec![x.clone(), x], &same);
-                let f = self.constant(n, "false", Tensor::from_f64(crate::tensor::DType::Bool, &[], &[0.0])?);
+                let f = self.constant(
+                    n,
+                    "false",
+                    Tensor::from_f64(crate::tensor::DType::Bool, &[], &[0.0])?,
+                );
                 self.push(n, "", eq, vec![same, f], &y);
             }
             _ if !neg && !pos => {
@@ -388,7 +417,11 @@ impl<'a> Importer<'a> {
                 self.push(n, "", Op::Binary(BinaryOp::Less), vec![x.clone(), x], &y);
             }
             _ => {
-                let inf = if pos { f32::INFINITY } else { f32::NEG_INFINITY };
+                let inf = if pos {
+                    f32::INFINITY
+                } else {
+                    f32::NEG_INFINITY
+                };
                 let c = self.constant(n, "inf", Tensor::scalar(inf));
                 let like = self.fresh(&format!("{y}/inf_cast"));
                 self.push(n, "inf_cast", Op::CastLike, vec![c, x.clone()], &like);

@@ -377,7 +377,13 @@ fn sign_op<T: Num>(op: UnaryOp, x: &Tensor, out: &mut Tensor) {
             let (one, minus) = (T::count(1), T::neg(T::count(1)));
             map1(x, out, |v: T| {
                 let v = v.load();
-                T::store(if v < z { minus } else if v > z { one } else { z })
+                T::store(if v < z {
+                    minus
+                } else if v > z {
+                    one
+                } else {
+                    z
+                })
             })
         }
     }
@@ -601,7 +607,9 @@ fn arith<T: Num>(op: BinaryOp, a: &Tensor, b: &Tensor, out: &mut Tensor) -> Resu
             }
             match op {
                 B::Div => map2(a, b, out, |x: T, y: T| T::store(T::div(x.load(), y.load()))),
-                B::Mod => map2(a, b, out, |x: T, y: T| T::store(T::modulo(x.load(), y.load()))),
+                B::Mod => map2(a, b, out, |x: T, y: T| {
+                    T::store(T::modulo(x.load(), y.load()))
+                }),
                 _ => map2(a, b, out, |x: T, y: T| T::store(T::rem(x.load(), y.load()))),
             }
         }
@@ -610,7 +618,11 @@ fn arith<T: Num>(op: BinaryOp, a: &Tensor, b: &Tensor, out: &mut Tensor) -> Resu
         // x < 0 ? slope·x : x (NaN stays NaN).
         B::PRelu => map2(a, b, out, |x: T, s: T| {
             let x = x.load();
-            T::store(if x < T::zero() { T::mul(s.load(), x) } else { x })
+            T::store(if x < T::zero() {
+                T::mul(s.load(), x)
+            } else {
+                x
+            })
         }),
         _ => unreachable!("not an arithmetic op: {op:?}"),
     }
@@ -632,7 +644,14 @@ fn pow<T: Num, E: Num>(a: &Tensor, b: &Tensor, out: &mut Tensor) -> Result<()> {
 }
 
 /// CumSum along the axis `axis` names, in the accumulation type.
-pub fn cumsum(node: &Node, x: &Tensor, axis: &Tensor, excl: bool, rev: bool, out: &mut Tensor) -> Result<()> {
+pub fn cumsum(
+    node: &Node,
+    x: &Tensor,
+    axis: &Tensor,
+    excl: bool,
+    rev: bool,
+    out: &mut Tensor,
+) -> Result<()> {
     let ax = axis.to_i64_vec().first().copied().unwrap_or(0);
     let (outer, d, inner) = common::cumsum_dims(node, x.shape(), ax)?;
     with_num!(x.dtype(), T => {
@@ -830,7 +849,12 @@ pub fn unary_grad(op: UnaryOp, dy: &Tensor, x: &Tensor, out: &mut Tensor) -> Res
 }
 
 /// `dy · f'(x)` from each differentiable op's row in `for_each_unary!`.
-fn unary_grad_float<T: Float>(op: UnaryOp, dy: &Tensor, x: &Tensor, out: &mut Tensor) -> Result<()> {
+fn unary_grad_float<T: Float>(
+    op: UnaryOp,
+    dy: &Tensor,
+    x: &Tensor,
+    out: &mut Tensor,
+) -> Result<()> {
     macro_rules! bwd {
         ($( ($v:ident $({$($f:ident = $d:expr),*})?, $onnx:literal, $since:literal, $code:literal,
              $class:ident, |$x:ident| $fwd:expr, $($grad:tt)+) ),* $(,)?) => {

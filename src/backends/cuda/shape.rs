@@ -209,7 +209,14 @@ pub fn gather_grad(c: &Cuda, node: &Node, dy: &V, idx: &V, axis: i64, out: &V) -
         return Err(unsupported(node, out.dtype()));
     }
     let (a, ids) = indices(c, node, out.shape(), idx, axis)?;
-    scatter_add(c, dy, &ids, out.shape()[a], numel(&out.shape()[a + 1..]), out)
+    scatter_add(
+        c,
+        dy,
+        &ids,
+        out.shape()[a],
+        numel(&out.shape()[a + 1..]),
+        out,
+    )
 }
 
 /// GatherElements and GatherND: a flat gather at `common::take_offsets`.

@@ -22,7 +22,11 @@ pub fn unary(w: &mut Wgpu, node: &Node, u: UnaryOp, x: &V, y: &V) -> Result<()> 
     let n = y.numel();
     if x.dtype() == DType::I32 && u.takes_ints() {
         let p = Params::new().u(0, n).u(1, u.code() as usize);
-        let k = Wgpu::kernel(Family::Elementwise, "signop", num_defs(w, node, DType::I32)?);
+        let k = Wgpu::kernel(
+            Family::Elementwise,
+            "signop",
+            num_defs(w, node, DType::I32)?,
+        );
         return w.run_kernel(&k, &p, &[(1, x.buf), (3, y.buf)], groups_for(n, 256));
     }
     let defs = float_defs(w, node, x.dtype())?;
@@ -116,7 +120,11 @@ fn logic(w: &mut Wgpu, op: BinaryOp, a: &V, b: &V, y: &V, s: Strided) -> Result<
         .u(0, n)
         .u(1, op.code() as usize)
         .strided(16, &s)?;
-    let k = Wgpu::kernel(Family::Elementwise, "logic", "alias T = f32;\nalias A = f32;\n".into());
+    let k = Wgpu::kernel(
+        Family::Elementwise,
+        "logic",
+        "alias T = f32;\nalias A = f32;\n".into(),
+    );
     w.run_kernel(
         &k,
         &p,
@@ -143,7 +151,15 @@ fn pow(w: &mut Wgpu, node: &Node, a: &V, b: &V, y: &V, s: Strided) -> Result<()>
 }
 
 /// CumSum: the axis (one number) read back, a thread per line along it.
-pub fn cumsum(w: &mut Wgpu, node: &Node, x: &V, axis: &V, excl: bool, rev: bool, y: &V) -> Result<()> {
+pub fn cumsum(
+    w: &mut Wgpu,
+    node: &Node,
+    x: &V,
+    axis: &V,
+    excl: bool,
+    rev: bool,
+    y: &V,
+) -> Result<()> {
     let defs = num_defs(w, node, x.dtype())?;
     let ax = w.read(axis)?.to_i64_vec().first().copied().unwrap_or(0);
     let (outer, d, inner) = common::cumsum_dims(node, x.shape(), ax)?;
@@ -153,7 +169,12 @@ pub fn cumsum(w: &mut Wgpu, node: &Node, x: &V, axis: &V, excl: bool, rev: bool,
         .u(3, inner.max(1))
         .u(4, excl as usize | (rev as usize) << 1);
     let k = Wgpu::kernel(Family::Elementwise, "cumsum", defs);
-    w.run_kernel(&k, &p, &[(1, x.buf), (3, y.buf)], groups_for(outer * inner, 256))
+    w.run_kernel(
+        &k,
+        &p,
+        &[(1, x.buf), (3, y.buf)],
+        groups_for(outer * inner, 256),
+    )
 }
 
 /// Range from its start and delta (the length is the output's).

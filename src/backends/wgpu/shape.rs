@@ -211,8 +211,24 @@ pub fn take(w: &mut Wgpu, node: &Node, x: &V, idx: &V, y: &V) -> Result<()> {
     let offs = common::take_offsets(node, x.shape(), idx.shape(), &w.read(idx)?.to_i64_vec())?;
     let (ids_buf, ids_ty) = upload_i64(w, &offs)?;
     let (xt, yt) = (flat(x), flat(y));
-    let ids = V { buf: &ids_buf, ty: &ids_ty };
-    gather(w, node, &V { buf: x.buf, ty: &xt }, &ids, 0, &V { buf: y.buf, ty: &yt })
+    let ids = V {
+        buf: &ids_buf,
+        ty: &ids_ty,
+    };
+    gather(
+        w,
+        node,
+        &V {
+            buf: x.buf,
+            ty: &xt,
+        },
+        &ids,
+        0,
+        &V {
+            buf: y.buf,
+            ty: &yt,
+        },
+    )
 }
 
 /// Their gradients: dY added at the same offsets, as Gather's gradient.
@@ -220,8 +236,24 @@ pub fn take_grad(w: &mut Wgpu, node: &Node, dy: &V, idx: &V, out: &V) -> Result<
     let offs = common::take_offsets(node, out.shape(), idx.shape(), &w.read(idx)?.to_i64_vec())?;
     let (ids_buf, ids_ty) = upload_i64(w, &offs)?;
     let (dt, ot) = (flat(dy), flat(out));
-    let ids = V { buf: &ids_buf, ty: &ids_ty };
-    gather_grad(w, node, &V { buf: dy.buf, ty: &dt }, &ids, 0, &V { buf: out.buf, ty: &ot })
+    let ids = V {
+        buf: &ids_buf,
+        ty: &ids_ty,
+    };
+    gather_grad(
+        w,
+        node,
+        &V {
+            buf: dy.buf,
+            ty: &dt,
+        },
+        &ids,
+        0,
+        &V {
+            buf: out.buf,
+            ty: &ot,
+        },
+    )
 }
 
 /// `v`'s type as one flat axis.

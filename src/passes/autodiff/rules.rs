@@ -626,7 +626,11 @@ fn binary(b: &mut Builder, n: &Node, op: B, dy: &str) -> Result<Grads> {
         }
         // The gradient goes to the operand chosen (x on ties, as the mask says).
         B::Min | B::Max => {
-            let cmp = if op == B::Min { B::LessOrEqual } else { B::GreaterOrEqual };
+            let cmp = if op == B::Min {
+                B::LessOrEqual
+            } else {
+                B::GreaterOrEqual
+            };
             let pick_x = b.bin(cmp, x, y)?;
             let z = b.scalar(b.dtype(dy), 0.0)?;
             if wx {
