@@ -14,6 +14,7 @@
 pub mod backends;
 pub mod error;
 pub mod exec;
+pub mod files;
 pub mod graph;
 pub mod onnx;
 pub mod passes;

@@ -777,6 +777,24 @@ fn inspect(a: InspectArgs) -> Result<(), Fail> {
         println!("  seeded: {}", seeds.join(", "));
         let grads: Vec<String> = bwd.grads.iter().map(|(w, _)| w.clone()).collect();
         println!("  gradients of: {}", grads.join(", "));
+        // Nodes that read a float but pass no gradient back.
+        let constant: Vec<String> = g
+            .nodes
+            .iter()
+            .filter(|n| graphrun::passes::autodiff::treated_as_constant(&n.op))
+            .filter(|n| {
+                n.inputs
+                    .iter()
+                    .any(|i| plan.types.get(i).is_some_and(|t| t.dtype.is_float()))
+            })
+            .map(|n| format!("'{}' ({})", n.name, n.op.name()))
+            .collect();
+        if !constant.is_empty() {
+            println!(
+                "  treated as constants (no gradient flows through them): {}",
+                constant.join(", ")
+            );
+        }
         let mut all = key.clone();
         for (_, s) in &bwd.seeds {
             let info = bg.input(s).expect("seed input");

@@ -820,3 +820,35 @@ impl PartialEq for Tensor {
         self.dtype == o.dtype && self.shape == o.shape && self.bytes() == o.bytes()
     }
 }
+
+/// The name ONNX gives a TensorProto.DataType code, for messages.
+pub fn onnx_dtype_name(code: i64) -> String {
+    let name = match code {
+        0 => "UNDEFINED",
+        1 => "FLOAT",
+        2 => "UINT8",
+        3 => "INT8",
+        4 => "UINT16",
+        5 => "INT16",
+        6 => "INT32",
+        7 => "INT64",
+        8 => "STRING",
+        9 => "BOOL",
+        10 => "FLOAT16",
+        11 => "DOUBLE",
+        12 => "UINT32",
+        13 => "UINT64",
+        14 => "COMPLEX64",
+        15 => "COMPLEX128",
+        16 => "BFLOAT16",
+        17 => "FLOAT8E4M3FN",
+        18 => "FLOAT8E4M3FNUZ",
+        19 => "FLOAT8E5M2",
+        20 => "FLOAT8E5M2FNUZ",
+        21 => "UINT4",
+        22 => "INT4",
+        23 => "FLOAT4E2M1",
+        _ => return format!("dtype code {code}"),
+    };
+    name.to_string()
+}

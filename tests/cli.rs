@@ -451,6 +451,23 @@ fn inspect_backward_prints_the_backward_graph_and_its_memory() {
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");
     assert!(out.contains("w1.grad: f32 [784, 512]"), "{out}");
+    // The mlp has no op that blocks a gradient; a rounding map does.
+    assert!(!out.contains("treated as constants"), "{out}");
+    let m = d.join("floor.yaml");
+    std::fs::write(
+        &m,
+        "graphrun: 1\nname: floor\ninputs:\n  - {name: x, dtype: f32, shape: [4]}\n\
+         outputs: [y]\nnodes:\n  - {op: Floor, inputs: [x], outputs: [f], name: fl}\n  \
+         - {op: Mul, inputs: [f, x], outputs: [y], name: mul}\n",
+    )
+    .unwrap();
+    let o = graphrun(&["inspect", m.to_str().unwrap(), "--backward"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        out.contains("treated as constants (no gradient flows through them): 'fl' (Floor)"),
+        "{out}"
+    );
 }
 
 #[test]

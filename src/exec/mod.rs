@@ -9,30 +9,14 @@ pub use parallel::DataParallel;
 pub use plan::{Plan, PlanKey};
 pub use session::{Session, SessionOptions};
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::graph::infer::PlanTimeInput;
 use crate::graph::{Dim, Graph, InputInfo, Op};
 use crate::rng::Rng;
 use crate::tensor::{DType, Elem, Tensor};
 use std::collections::{BTreeMap, HashMap};
-use std::path::Path;
 
-/// Writes a file whole or not at all: into a temporary beside it, then renamed.
-pub fn write_atomic(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = path.with_file_name(format!(".{name}.tmp{}", std::process::id()));
-    if let Err(e) = write(&tmp) {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e);
-    }
-    std::fs::rename(&tmp, path).map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        Error::io(path, e)
-    })
-}
+pub use crate::files::write_atomic;
 
 /// Plan-time inputs (graph inputs whose values decide shapes) hold at most this many
 /// elements: a plan is made, and kept, for each distinct value, so they are meant to be

@@ -814,10 +814,9 @@ impl Op {
                 };
                 let Some(to) = to else {
                     let given = match &at.value {
-                        AttrValue::Int(c) => format!(
-                            "{} (ONNX code {c})",
-                            crate::onnx::tensor::onnx_dtype_name(*c)
-                        ),
+                        AttrValue::Int(c) => {
+                            format!("{} (ONNX code {c})", crate::tensor::onnx_dtype_name(*c))
+                        }
                         v => format!("{v:?}"),
                     };
                     return Err(a.err(

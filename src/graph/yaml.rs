@@ -1015,11 +1015,11 @@ pub fn save(g: &Graph, path: &Path) -> Result<()> {
         .unwrap_or(Path::new("."));
     if !side.is_empty() {
         let refs: Vec<(String, &Tensor)> = side.iter().map(|(n, t)| (n.clone(), *t)).collect();
-        crate::exec::write_atomic(&dir.join(&side_name), |p| {
+        crate::files::write_atomic(&dir.join(&side_name), |p| {
             Tensor::write_safetensors(&refs, p)
         })?;
     }
-    crate::exec::write_atomic(path, |p| {
+    crate::files::write_atomic(path, |p| {
         std::fs::write(p, &text).map_err(|e| Error::io(p, e))
     })
 }

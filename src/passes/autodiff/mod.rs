@@ -40,6 +40,19 @@ pub struct BackwardOptions {
     pub inputs: bool,
 }
 
+/// Whether `op` passes no gradient to any input although it may read floats: rounding
+/// maps (derivative zero wherever it exists), comparisons and logic (bool results), shapes
+/// and index arithmetic. The backward graph treats their outputs as constants
+/// (`graphrun inspect --backward` lists them).
+pub fn treated_as_constant(op: &Op) -> bool {
+    match op {
+        Op::Unary(u) => !u.differentiable(),
+        Op::Binary(b) => b.is_comparison(),
+        Op::Shape { .. } | Op::Range => true,
+        _ => false,
+    }
+}
+
 /// Differentiates `outputs` of `g` (each seeded by a new graph input of its type) with
 /// respect to every floating graph input and trainable initializer, for these input shapes.
 pub fn backward(
