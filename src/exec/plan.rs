@@ -103,12 +103,7 @@ impl Plan {
                     .all(|o| o.is_empty() || inf.consts.contains_key(o))
         };
         // Only what the outputs need is scheduled.
-        let producer: HashMap<&str, usize> = g
-            .nodes
-            .iter()
-            .enumerate()
-            .flat_map(|(i, n)| n.outputs.iter().map(move |o| (o.as_str(), i)))
-            .collect();
+        let producer = g.producers();
         let mut needed: HashSet<usize> = HashSet::new();
         let mut stack: Vec<&str> = g.outputs.iter().chain(keep).map(|s| s.as_str()).collect();
         while let Some(v) = stack.pop() {

@@ -435,12 +435,7 @@ pub struct PlanTimeInput {
 /// input's type, so the walk stops there). A plan is made for their fed values, in
 /// declaration order.
 pub fn plan_time_inputs(g: &Graph) -> Vec<PlanTimeInput> {
-    let producer: HashMap<&str, usize> = g
-        .nodes
-        .iter()
-        .enumerate()
-        .flat_map(|(i, n)| n.outputs.iter().map(move |o| (o.as_str(), i)))
-        .collect();
+    let producer = g.producers();
     let mut found: HashMap<&str, (usize, usize)> = HashMap::new();
     let mut seen: std::collections::HashSet<&str> = Default::default();
     for (ni, n) in g.nodes.iter().enumerate() {

@@ -232,6 +232,14 @@ pub struct Graph {
 }
 
 impl Graph {
+    /// Each node output's producing node (by index).
+    pub fn producers(&self) -> std::collections::HashMap<&str, usize> {
+        self.nodes
+            .iter()
+            .enumerate()
+            .flat_map(|(i, n)| n.outputs.iter().map(move |o| (o.as_str(), i)))
+            .collect()
+    }
     pub fn input(&self, name: &str) -> Option<&InputInfo> {
         self.inputs.iter().find(|i| i.name == name)
     }
