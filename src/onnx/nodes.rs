@@ -44,9 +44,18 @@ const VARIADIC: &[&str] = &["Sum", "Mean", "Min", "Max"];
 /// for one sign), Not(x) = x == false.
 const PREDICATES: &[&str] = &["IsNaN", "IsInf", "Not"];
 
-/// Ops the importer writes as another of graphrun's ops: ConstantOfShape(shape) is
-/// Expand(value, shape), the value a one-element tensor (f32 0 by default).
-const REWRITTEN: &[&str] = &["ConstantOfShape"];
+/// Ops the importer writes as graphrun's ops: ConstantOfShape(shape) is Expand(value,
+/// shape), the value a one-element tensor (f32 0 by default); the reductions graphrun has
+/// no kernel for are ReduceSum or ReduceMax around elementwise maps (`lower_reduce`).
+const REWRITTEN: &[&str] = &[
+    "ConstantOfShape",
+    "ReduceMin",
+    "ReduceL1",
+    "ReduceL2",
+    "ReduceSumSquare",
+    "ReduceLogSum",
+    "ReduceLogSumExp",
+];
 
 /// graphrun's ops that are not ONNX operators: a model file in the ai.onnx domain cannot
 /// name them.
@@ -192,6 +201,9 @@ impl<'a> Importer<'a> {
             }
             op if PREDICATES.contains(&op) => return self.lower_predicate(n, shown, attrs),
             "ConstantOfShape" => return self.lower_constant_of_shape(n, shown, attrs),
+            op if op.starts_with("Reduce") && REWRITTEN.contains(&op) => {
+                return self.lower_reduce(n, shown, attrs)
+            }
             // ONNX's K and V are required; graphrun's packed-QKV form (K and V omitted)
             // is its own.
             "Attention" if inputs.len() < 3 || inputs[1..3].iter().any(|v| v.is_empty()) => {
@@ -355,6 +367,127 @@ impl<'a> Importer<'a> {
         let (shape, y) = (shape.clone(), y.clone());
         let v = self.constant(n, "value", value);
         self.push(n, "", Op::Expand, vec![v, shape], &y);
+        Ok(())
+    }
+
+    /// ReduceMin = -ReduceMax(-x), ReduceL1 = ReduceSum(|x|), ReduceSumSquare =
+    /// ReduceSum(x·x), ReduceL2 = its square root, ReduceLogSum = log ReduceSum(x), and
+    /// ReduceLogSumExp = log ReduceSum(exp(x - m)) + m with m = ReduceMax(x) (kept as a
+    /// dim for the subtraction), which does not overflow. The inner reductions take the
+    /// node's axes (input or attribute), keepdims and noop_with_empty_axes as they are.
+    fn lower_reduce(&mut self, n: &NodeProto, shown: &str, attrs: Vec<Attr>) -> Result<()> {
+        let op = n.op_type.as_str();
+        let (Some(x), Some(y)) = (n.input.first(), n.output.first()) else {
+            return Err(Error::Graph(format!(
+                "node '{shown}' ({op}) needs an input and an output"
+            )));
+        };
+        let (x, y) = (x.clone(), y.clone());
+        let axes: Vec<String> = n.input.iter().skip(1).cloned().collect();
+        let reduce = |kind: &str, attrs: &[Attr]| Op::parse(kind, attrs, shown, None);
+        let un = |u: UnaryOp| Op::Unary(u);
+        // A value named after the output; the last step writes the output itself.
+        let step = |me: &mut Self, what: &str, op: Op, ins: Vec<String>, last: bool| {
+            let out = if last {
+                y.clone()
+            } else {
+                me.fresh(&format!("{y}/{what}"))
+            };
+            me.push(n, if last { "" } else { what }, op, ins, &out);
+            out
+        };
+        let with_axes =
+            |v: String| -> Vec<String> { std::iter::once(v).chain(axes.iter().cloned()).collect() };
+        match op {
+            "ReduceMin" => {
+                let neg = step(self, "neg", un(UnaryOp::Neg), vec![x], false);
+                let max = step(
+                    self,
+                    "max",
+                    reduce("ReduceMax", &attrs)?,
+                    with_axes(neg),
+                    false,
+                );
+                step(self, "", un(UnaryOp::Neg), vec![max], true);
+            }
+            "ReduceL1" => {
+                let abs = step(self, "abs", un(UnaryOp::Abs), vec![x], false);
+                step(self, "", reduce("ReduceSum", &attrs)?, with_axes(abs), true);
+            }
+            "ReduceSumSquare" | "ReduceL2" => {
+                let sq = step(
+                    self,
+                    "square",
+                    Op::Binary(BinaryOp::Mul),
+                    vec![x.clone(), x],
+                    false,
+                );
+                let l2 = op == "ReduceL2";
+                let sum = step(
+                    self,
+                    "sum",
+                    reduce("ReduceSum", &attrs)?,
+                    with_axes(sq),
+                    !l2,
+                );
+                if l2 {
+                    step(self, "", un(UnaryOp::Sqrt), vec![sum], true);
+                }
+            }
+            "ReduceLogSum" => {
+                let sum = step(
+                    self,
+                    "sum",
+                    reduce("ReduceSum", &attrs)?,
+                    with_axes(x),
+                    false,
+                );
+                step(self, "", un(UnaryOp::Log), vec![sum], true);
+            }
+            _ => {
+                let mut kept: Vec<Attr> = attrs
+                    .iter()
+                    .filter(|a| a.name != "keepdims")
+                    .cloned()
+                    .collect();
+                kept.push(Attr {
+                    name: "keepdims".into(),
+                    value: AttrValue::Int(1),
+                    loc: None,
+                });
+                let m1 = step(
+                    self,
+                    "max_kept",
+                    reduce("ReduceMax", &kept)?,
+                    with_axes(x.clone()),
+                    false,
+                );
+                let d = step(
+                    self,
+                    "shifted",
+                    Op::Binary(BinaryOp::Sub),
+                    vec![x.clone(), m1],
+                    false,
+                );
+                let e = step(self, "exp", un(UnaryOp::Exp), vec![d], false);
+                let s = step(
+                    self,
+                    "sum",
+                    reduce("ReduceSum", &attrs)?,
+                    with_axes(e),
+                    false,
+                );
+                let l = step(self, "log", un(UnaryOp::Log), vec![s], false);
+                let m2 = step(
+                    self,
+                    "max",
+                    reduce("ReduceMax", &attrs)?,
+                    with_axes(x),
+                    false,
+                );
+                step(self, "", Op::Binary(BinaryOp::Add), vec![l, m2], true);
+            }
+        }
         Ok(())
     }
 
