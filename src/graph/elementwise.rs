@@ -10,7 +10,9 @@
 //! device `switch` over them ends in a trap, so a code without a case fails loudly.
 //!
 //! Adding a unary op: one row here, one `case` in `cuda/elementwise.cu` (`act_fwd`,
-//! `act_bwd`) and one in `shaders/common.wgsl`; then regenerate the headers.
+//! `act_bwd`) and one in `shaders/common.wgsl`, and its float64 reference in
+//! `tests/op_matrix.rs` (an exhaustive match: the compiler asks for it); then regenerate
+//! the headers. The op-matrix test then runs it on every backend and dtype.
 
 /// Every unary map, one row each:
 /// `(Variant {attr = default, ...}, "OnnxName", since_opset, code, dtypes, |x| f(x), grad)`
