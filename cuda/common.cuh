@@ -9,9 +9,10 @@ typedef unsigned long long u64;
 
 struct f16 { unsigned short x; };
 struct bf16 { unsigned short x; };
+struct boolean { unsigned char x; };
 
 // Num<T>: how a stored element is computed with. Floats compute in f32 (f64 for f64),
-// integers in i64 with wrapping arithmetic, as on the CPU.
+// integers in i64 (u64 when unsigned) with wrapping arithmetic, as on the CPU.
 template <class T> struct Num;
 template <> struct Num<float> {
     typedef float A;
@@ -53,46 +54,67 @@ template <> struct Num<bf16> {
         return r;
     }
 };
-template <> struct Num<i64> {
-    typedef i64 A;
-    static __device__ __forceinline__ i64 load(i64 v) { return v; }
-    static __device__ __forceinline__ i64 store(i64 a) { return a; }
+// Integers: signed ones compute in i64, unsigned ones in u64, wrapping; a store narrows
+// (two's complement), which is numpy's result in the narrow type.
+template <class T, class W> struct IntNum {
+    typedef W A;
+    static __device__ __forceinline__ W load(T v) { return (W)v; }
+    static __device__ __forceinline__ T store(W a) { return (T)a; }
 };
-template <> struct Num<int> {
+template <> struct Num<i64> : IntNum<i64, i64> {};
+template <> struct Num<int> : IntNum<int, i64> {};
+template <> struct Num<short> : IntNum<short, i64> {};
+template <> struct Num<signed char> : IntNum<signed char, i64> {};
+template <> struct Num<u64> : IntNum<u64, u64> {};
+template <> struct Num<unsigned int> : IntNum<unsigned int, u64> {};
+template <> struct Num<unsigned short> : IntNum<unsigned short, u64> {};
+template <> struct Num<unsigned char> : IntNum<unsigned char, u64> {};
+// bool: one byte, 0 or 1.
+template <> struct Num<boolean> {
     typedef i64 A;
-    static __device__ __forceinline__ i64 load(int v) { return v; }
-    static __device__ __forceinline__ int store(i64 a) { return (int)a; }
+    static __device__ __forceinline__ i64 load(boolean v) { return v.x != 0; }
+    static __device__ __forceinline__ boolean store(i64 a) { boolean r; r.x = a != 0; return r; }
 };
-template <> struct Num<unsigned char> {
-    typedef i64 A;
-    static __device__ __forceinline__ i64 load(unsigned char v) { return v != 0; }
-    static __device__ __forceinline__ unsigned char store(i64 a) { return a != 0; }
-};
+template <class T> struct IsInt { static const bool v = false; };
+#define INT_TRAIT(T) template <> struct IsInt<T> { static const bool v = true; };
+INT_TRAIT(i64) INT_TRAIT(int) INT_TRAIT(short) INT_TRAIT(signed char) INT_TRAIT(u64)
+INT_TRAIT(unsigned int) INT_TRAIT(unsigned short) INT_TRAIT(unsigned char) INT_TRAIT(boolean)
+#undef INT_TRAIT
 
 template <class T> __device__ __forceinline__ typename Num<T>::A ld(T v) { return Num<T>::load(v); }
 template <class T> __device__ __forceinline__ T st(typename Num<T>::A a) { return Num<T>::store(a); }
 
-// Cast through f64, as the CPU's `cast_into`: f64 holds every value of the other dtypes
-// exactly; integers saturate and NaN becomes 0 (Rust's `as`); bool is `v != 0`.
+// Casts as the CPU's `cast_into`: between integers (and bool) exactly, wrapping; otherwise
+// through f64, which holds every float exactly; float to integer saturates and NaN
+// becomes 0 (Rust's `as`); bool is `v != 0`.
 template <class T> __device__ __forceinline__ double to_f64(T v) { return (double)Num<T>::load(v); }
 template <class D> __device__ __forceinline__ D cast_from_f64(double v);
 template <> __device__ __forceinline__ float cast_from_f64<float>(double v) { return (float)v; }
 template <> __device__ __forceinline__ double cast_from_f64<double>(double v) { return v; }
 template <> __device__ __forceinline__ f16 cast_from_f64<f16>(double v) { return Num<f16>::store((float)v); }
 template <> __device__ __forceinline__ bf16 cast_from_f64<bf16>(double v) { return Num<bf16>::store((float)v); }
-template <> __device__ __forceinline__ i64 cast_from_f64<i64>(double v) {
-    if (v != v) return 0;
-    if (v >= 9223372036854775807.0) return 0x7fffffffffffffffll;
-    if (v <= -9223372036854775808.0) return (i64)0x8000000000000000ll;
-    return (i64)v;
+template <> __device__ __forceinline__ boolean cast_from_f64<boolean>(double v) { boolean r; r.x = v != 0.0; return r; }
+// lo and hi are the type's limits as doubles (2^63 and 2^64 exactly for the 64-bit ones).
+#define SAT_CAST(T, lo, hi) \
+    template <> __device__ __forceinline__ T cast_from_f64<T>(double v) { \
+        if (v != v) return 0; \
+        if (v >= (hi)) return (T)~(T)0 > 0 ? (T)~(T)0 : (T)((u64)~(T)0 >> 1); \
+        if (v <= (lo)) return (T)~(T)0 > 0 ? (T)0 : (T)(~((u64)~(T)0 >> 1)); \
+        return (T)v; \
+    }
+SAT_CAST(i64, -9223372036854775808.0, 9223372036854775807.0)
+SAT_CAST(int, -2147483648.0, 2147483647.0)
+SAT_CAST(short, -32768.0, 32767.0)
+SAT_CAST(signed char, -128.0, 127.0)
+SAT_CAST(u64, 0.0, 18446744073709551615.0)
+SAT_CAST(unsigned int, 0.0, 4294967295.0)
+SAT_CAST(unsigned short, 0.0, 65535.0)
+SAT_CAST(unsigned char, 0.0, 255.0)
+#undef SAT_CAST
+template <class S, class D> __device__ __forceinline__ D cast_val(S v) {
+    if (IsInt<S>::v && IsInt<D>::v) return Num<D>::store((typename Num<D>::A)Num<S>::load(v));
+    return cast_from_f64<D>(to_f64(v));
 }
-template <> __device__ __forceinline__ int cast_from_f64<int>(double v) {
-    if (v != v) return 0;
-    if (v >= 2147483647.0) return 2147483647;
-    if (v <= -2147483648.0) return -2147483647 - 1;
-    return (int)v;
-}
-template <> __device__ __forceinline__ unsigned char cast_from_f64<unsigned char>(double v) { return v != 0.0; }
 
 // Math in the accumulation type.
 __device__ __forceinline__ float m_exp(float x) { return expf(x); }
@@ -161,9 +183,15 @@ __device__ __forceinline__ i64 offset_of(const Strided& s, int k, i64 i) {
 // Instantiation lists: `M(type, suffix)`; the suffix is what the host appends to a kernel
 // name (src/backends/cuda/device.rs `suffix`).
 #define FOR_FLOATS(M) M(float, f32) M(double, f64) M(f16, f16) M(bf16, bf16)
-#define FOR_INTS(M) M(i64, i64) M(int, i32)
+#define FOR_INTS(M) M(i64, i64) M(int, i32) M(short, i16) M(signed char, i8) M(u64, u64) \
+    M(unsigned int, u32) M(unsigned short, u16) M(unsigned char, u8)
 #define FOR_NUMS(M) FOR_FLOATS(M) FOR_INTS(M)
-#define FOR_ALL(M) FOR_NUMS(M) M(unsigned char, bool)
+#define FOR_ALL(M) FOR_NUMS(M) M(boolean, bool)
+// The same list again, for a macro that expands one inside the other (casts).
+#define FOR_ALL_TO(M, S, SS) M(float, f32, S, SS) M(double, f64, S, SS) M(f16, f16, S, SS) \
+    M(bf16, bf16, S, SS) M(i64, i64, S, SS) M(int, i32, S, SS) M(short, i16, S, SS) \
+    M(signed char, i8, S, SS) M(u64, u64, S, SS) M(unsigned int, u32, S, SS) \
+    M(unsigned short, u16, S, SS) M(unsigned char, u8, S, SS) M(boolean, bool, S, SS)
 // Dtype-agnostic copies move words of the element's size.
 #define FOR_WORDS(M) M(unsigned char, w1) M(unsigned short, w2) M(unsigned int, w4) M(u64, w8)
 

@@ -226,6 +226,21 @@ template <> __device__ __forceinline__ i64 arith<i64>(int op, i64 a, i64 b) {
     }
 }
 
+template <> __device__ __forceinline__ u64 arith<u64>(int op, u64 a, u64 b) {
+    switch (op) {
+    case BIN_ADD: return a + b;
+    case BIN_SUB: return a - b;
+    case BIN_MUL: return a * b;
+    case BIN_DIV: return a / b;
+    case BIN_FMOD:
+    case BIN_MOD: return a % b;
+    case BIN_MIN: return a < b ? a : b;
+    case BIN_MAX: return a > b ? a : b;
+    case BIN_PRELU: return a;
+    default: bad_op(); return a;
+    }
+}
+
 template <class T> __device__ void binary_k(const T* a, const T* b, T* out, Strided s, i64 n, int op) {
     typedef typename Num<T>::A A;
     GRID_STRIDE(i, n) out[i] = st<T>(arith<A>(op, ld(a[offset_of(s, 0, i)]), ld(b[offset_of(s, 1, i)])));
@@ -282,6 +297,7 @@ template <> __device__ __forceinline__ i64 pow_<i64>(i64 a, i64 e) {
     }
     return (i64)r;
 }
+template <> __device__ __forceinline__ u64 pow_<u64>(u64 a, u64 e) { return (u64)pow_<i64>((i64)a, (i64)e); }
 template <class T> __device__ void pow_k(const T* a, const typename Num<T>::A* e, T* out, Strided s, i64 n) {
     GRID_STRIDE(i, n) out[i] = st<T>(pow_(ld(a[offset_of(s, 0, i)]), e[offset_of(s, 1, i)]));
 }
@@ -386,7 +402,7 @@ template <class T> __device__ void cumsum_k(const T* x, T* y, i64 outer, i64 d, 
 }
 
 template <class S, class D> __device__ void cast_k(const S* x, D* y, i64 n) {
-    GRID_STRIDE(i, n) y[i] = cast_from_f64<D>(to_f64(x[i]));
+    GRID_STRIDE(i, n) y[i] = cast_val<S, D>(x[i]);
 }
 
 #define INST_FLOAT(T, S)                                                                          \
@@ -433,8 +449,5 @@ FOR_WORDS(INST_WORD)
 
 #define INST_CAST_TO(D, DS, S, SS) \
     extern "C" __global__ void cast_##SS##_##DS(const S* x, D* y, i64 n) { cast_k<S, D>(x, y, n); }
-#define INST_CAST_FROM(S, SS)                                                                     \
-    INST_CAST_TO(float, f32, S, SS) INST_CAST_TO(double, f64, S, SS) INST_CAST_TO(f16, f16, S, SS) \
-    INST_CAST_TO(bf16, bf16, S, SS) INST_CAST_TO(i64, i64, S, SS) INST_CAST_TO(int, i32, S, SS)   \
-    INST_CAST_TO(unsigned char, bool, S, SS)
+#define INST_CAST_FROM(S, SS) FOR_ALL_TO(INST_CAST_TO, S, SS)
 FOR_ALL(INST_CAST_FROM)

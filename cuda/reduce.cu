@@ -3,8 +3,12 @@
 // One block per row, accumulation in f32 (f64 for f64), as the CPU backend.
 
 template <class T> struct Lowest { static __device__ typename Num<T>::A get() { return neg_inf((typename Num<T>::A)0); } };
-template <> struct Lowest<i64> { static __device__ i64 get() { return (i64)0x8000000000000000ll; } };
-template <> struct Lowest<int> { static __device__ i64 get() { return -2147483647ll - 1; } };
+// Integers: the type's smallest value (0 when unsigned), in its accumulation type.
+#define INT_LOWEST(T) template <> struct Lowest<T> { static __device__ Num<T>::A get() { \
+    return (T)~(T)0 > 0 ? (Num<T>::A)0 : (Num<T>::A)(T)(~((u64)~(T)0 >> 1)); } };
+INT_LOWEST(i64) INT_LOWEST(int) INT_LOWEST(short) INT_LOWEST(signed char) INT_LOWEST(u64)
+INT_LOWEST(unsigned int) INT_LOWEST(unsigned short) INT_LOWEST(unsigned char)
+#undef INT_LOWEST
 
 // One block per output: `kept` walks the outputs (shape and x strides of the kept dims),
 // `red` the reduced elements of one output.

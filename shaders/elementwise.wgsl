@@ -29,14 +29,15 @@ fn unary(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
 fn signop(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let i = linear(wid, nwg, lid, WG);
     if (i >= pu(0u)) { return; }
-    let v = A(X0[i]);
+    // In i32 whatever `A` is, so that the module also builds where `A` is u32.
+    let v = i32(X0[i]);
     var r = v;
     switch pu(1u) {
         case OP_NEG: { r = -v; }
-        case OP_ABS: { r = select(v, -v, v < A(0)); }
-        case OP_RELU: { r = max(v, A(0)); }
+        case OP_ABS: { r = select(v, -v, v < 0); }
+        case OP_RELU: { r = max(v, 0); }
         case OP_SIGN: { r = sign(v); }
-        default: { r = A(bad_op()); }
+        default: { r = i32(bad_op()); }
     }
     Y[i] = T(r);
 }
@@ -83,6 +84,25 @@ fn binary(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     Y[i] = T(arith(pu(1u), A(X0[offset_of(0u, i)]), A(X1[offset_of(1u, i)])));
 }
 
+// A comparison's bool (0 or 1) in the low byte; And, Or, Xor take their operands as
+// truths (only bool operands reach them). An unknown code gives 0xff, no bool, which no
+// test accepts.
+fn compare_op(op: u32, a: A, b: A) -> u32 {
+    var r = false;
+    switch op {
+        case CMP_EQUAL: { r = a == b; }
+        case CMP_LESS: { r = a < b; }
+        case CMP_GREATER: { r = a > b; }
+        case CMP_LESS_OR_EQUAL: { r = a <= b; }
+        case CMP_GREATER_OR_EQUAL: { r = a >= b; }
+        case CMP_AND: { r = a != A(0) && b != A(0); }
+        case CMP_OR: { r = a != A(0) || b != A(0); }
+        case CMP_XOR: { r = (a != A(0)) != (b != A(0)); }
+        default: { return 0xffu; }
+    }
+    return select(0u, 1u, r);
+}
+
 // Comparisons write one bool byte per element: a thread owns a whole output word.
 @compute @workgroup_size(256)
 fn compare(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -93,29 +113,51 @@ fn compare(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
     for (var j = 0u; j < 4u; j += 1u) {
         let i = w * 4u + j;
         if (i < n) {
-            let a = A(X0[offset_of(0u, i)]);
-            let b = A(X1[offset_of(1u, i)]);
-            var r = false;
-            switch pu(1u) {
-                case CMP_EQUAL: { r = a == b; }
-                case CMP_LESS: { r = a < b; }
-                case CMP_GREATER: { r = a > b; }
-                case CMP_LESS_OR_EQUAL: { r = a <= b; }
-                case CMP_GREATER_OR_EQUAL: { r = a >= b; }
-                // An unknown code: 0xff is no bool, which no test accepts.
-                default: { word |= 0xffu << (j * 8u); }
-            }
-            word |= select(0u, 1u, r) << (j * 8u);
+            let r = compare_op(pu(1u), A(X0[offset_of(0u, i)]), A(X1[offset_of(1u, i)]));
+            word |= r << (j * 8u);
         }
     }
     M[w] = word;
 }
 
-// And, Or, Xor: operands are bools, bytes packed in u32 words (bindings 7 and 8).
+// Packed operands: bools and 8- and 16-bit integers, elements packed in u32 words (B0, B1;
+// output words M), P[2] bits a lane, P[3] 1 when signed. They compute in i32 (`A`): every
+// value and every Add/Sub/Mul of two fits or wraps in i32 with the right low bits, and the
+// store keeps the low bits, which is numpy's wrap in the narrow type.
+fn packed_at(w: u32, off: u32, bits: u32) -> A {
+    let at = (off % (32u / bits)) * bits;
+    if (pu(3u) != 0u) { return A(extractBits(bitcast<i32>(w), at, bits)); }
+    return A(extractBits(w, at, bits));
+}
+
+// Arithmetic: a thread owns one output word of 32 / bits elements.
 @compute @workgroup_size(256)
-fn logic(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn binary_packed(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let w = linear(wid, nwg, lid, WG);
     let n = pu(0u);
+    let bits = pu(2u);
+    let per = 32u / bits;
+    if (w * per >= n) { return; }
+    var word = 0u;
+    for (var j = 0u; j < per; j += 1u) {
+        let i = w * per + j;
+        if (i < n) {
+            let oa = u32(offset_of(0u, i));
+            let ob = u32(offset_of(1u, i));
+            let r = arith(pu(1u), packed_at(B0[oa / per], oa, bits), packed_at(B1[ob / per], ob, bits));
+            word |= extractBits(bitcast<u32>(i32(r)), 0u, bits) << (j * bits);
+        }
+    }
+    M[w] = word;
+}
+
+// Comparisons and And/Or/Xor: a thread owns one output word of four bools.
+@compute @workgroup_size(256)
+fn compare_packed(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let w = linear(wid, nwg, lid, WG);
+    let n = pu(0u);
+    let bits = pu(2u);
+    let per = 32u / bits;
     if (w * 4u >= n) { return; }
     var word = 0u;
     for (var j = 0u; j < 4u; j += 1u) {
@@ -123,17 +165,8 @@ fn logic(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
         if (i < n) {
             let oa = u32(offset_of(0u, i));
             let ob = u32(offset_of(1u, i));
-            let a = byte_at(B0[oa / 4u], oa) != 0u;
-            let b = byte_at(B1[ob / 4u], ob) != 0u;
-            var r = false;
-            switch pu(1u) {
-                case CMP_EQUAL: { r = a == b; }
-                case CMP_AND: { r = a && b; }
-                case CMP_OR: { r = a || b; }
-                case CMP_XOR: { r = a != b; }
-                default: { word |= 0xffu << (j * 8u); }
-            }
-            word |= select(0u, 1u, r) << (j * 8u);
+            let r = compare_op(pu(1u), packed_at(B0[oa / per], oa, bits), packed_at(B1[ob / per], ob, bits));
+            word |= r << (j * 8u);
         }
     }
     M[w] = word;

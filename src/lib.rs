@@ -26,7 +26,7 @@ pub use backends::BackendKind;
 pub use error::{Error, Result};
 pub use exec::{DataParallel, Plan, Session, SessionOptions};
 pub use graph::{Graph, Node, Op};
-pub use tensor::{DType, Tensor};
+pub use tensor::{Bool, DType, Tensor};
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;

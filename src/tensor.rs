@@ -7,77 +7,108 @@ use half::{bf16, f16};
 use std::fmt;
 use std::path::Path;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum DType {
-    F32,
-    F16,
-    BF16,
-    F64,
-    I64,
-    I32,
-    Bool,
+/// Every element type, declared once: variant, Rust type, name, other names it is read
+/// by, ONNX `TensorProto.DataType` code, `.npy` descr, safetensors dtype, and class.
+/// `DType`, its names and codes, the file formats and the `with_*!` dispatch macros are
+/// all generated from this table.
+#[macro_export]
+macro_rules! for_each_dtype {
+    ($m:ident) => {
+        $m! {
+            (F32, f32, "f32", ["float32", "float"], 1, "<f4", F32, float),
+            (F16, half::f16, "f16", ["float16", "half"], 10, "<f2", F16, float),
+            (BF16, half::bf16, "bf16", ["bfloat16"], 16, "|V2", BF16, float),
+            (F64, f64, "f64", ["float64", "double"], 11, "<f8", F64, float),
+            (I64, i64, "i64", ["int64"], 7, "<i8", I64, int),
+            (I32, i32, "i32", ["int32"], 6, "<i4", I32, int),
+            (I16, i16, "i16", ["int16"], 5, "<i2", I16, int),
+            (I8, i8, "i8", ["int8"], 3, "|i1", I8, int),
+            (U64, u64, "u64", ["uint64"], 13, "<u8", U64, int),
+            (U32, u32, "u32", ["uint32"], 12, "<u4", U32, int),
+            (U16, u16, "u16", ["uint16"], 4, "<u2", U16, int),
+            (U8, u8, "u8", ["uint8"], 2, "|u1", U8, int),
+            (Bool, $crate::tensor::Bool, "bool", [], 9, "|b1", BOOL, bool)
+        }
+    };
 }
 
-impl DType {
-    pub const ALL: [DType; 7] = [
-        DType::F32,
-        DType::F16,
-        DType::BF16,
-        DType::F64,
-        DType::I64,
-        DType::I32,
-        DType::Bool,
-    ];
+macro_rules! dtype_enum {
+    ($(($V:ident, $t:ty, $name:literal, [$($alias:literal),*], $onnx:literal, $npy:literal, $st:ident, $class:ident)),*) => {
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum DType {
+            $($V,)*
+        }
 
-    pub fn name(self) -> &'static str {
-        match self {
-            DType::F32 => "f32",
-            DType::F16 => "f16",
-            DType::BF16 => "bf16",
-            DType::F64 => "f64",
-            DType::I64 => "i64",
-            DType::I32 => "i32",
-            DType::Bool => "bool",
+        impl DType {
+            pub const ALL: [DType; [$(DType::$V),*].len()] = [$(DType::$V),*];
+
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(DType::$V => $name,)*
+                }
+            }
+            pub fn parse(s: &str) -> Option<DType> {
+                match s {
+                    $($name $(| $alias)* => Some(DType::$V),)*
+                    _ => None,
+                }
+            }
+            /// ONNX TensorProto.DataType codes.
+            pub fn from_onnx(code: i64) -> Option<DType> {
+                match code {
+                    $($onnx => Some(DType::$V),)*
+                    _ => None,
+                }
+            }
+            pub fn onnx_code(self) -> i32 {
+                match self {
+                    $(DType::$V => $onnx,)*
+                }
+            }
+            /// The `.npy` descr this dtype is written with (bf16, which numpy lacks, as 'V2').
+            pub fn npy_descr(self) -> &'static str {
+                match self {
+                    $(DType::$V => $npy,)*
+                }
+            }
+            fn from_npy(descr: &str) -> Option<DType> {
+                // '<' little-endian, '|' not applicable, '=' native (little on every
+                // machine graphrun builds for); big-endian is refused by name.
+                let d = descr.trim_start_matches(['<', '|', '=']);
+                [$(DType::$V),*].into_iter().find(|t| t.npy_descr()[1..] == *d)
+            }
+            fn safetensors(self) -> safetensors::Dtype {
+                match self {
+                    $(DType::$V => safetensors::Dtype::$st,)*
+                }
+            }
+            fn from_safetensors(d: safetensors::Dtype) -> Option<DType> {
+                [$(DType::$V),*].into_iter().find(|t| t.safetensors() == d)
+            }
+            pub fn size(self) -> usize {
+                match self {
+                    $(DType::$V => std::mem::size_of::<$t>(),)*
+                }
+            }
+            pub fn is_float(self) -> bool {
+                match self {
+                    $(DType::$V => stringify!($class) == "float",)*
+                }
+            }
+            /// Integer dtypes (not bool).
+            pub fn is_int(self) -> bool {
+                match self {
+                    $(DType::$V => stringify!($class) == "int",)*
+                }
+            }
         }
-    }
-    pub fn parse(s: &str) -> Option<DType> {
-        Some(match s {
-            "f32" | "float32" | "float" => DType::F32,
-            "f16" | "float16" | "half" => DType::F16,
-            "bf16" | "bfloat16" => DType::BF16,
-            "f64" | "float64" | "double" => DType::F64,
-            "i64" | "int64" => DType::I64,
-            "i32" | "int32" => DType::I32,
-            "bool" => DType::Bool,
-            _ => return None,
-        })
-    }
-    /// ONNX TensorProto.DataType codes.
-    pub fn from_onnx(code: i64) -> Option<DType> {
-        Some(match code {
-            1 => DType::F32,
-            10 => DType::F16,
-            16 => DType::BF16,
-            11 => DType::F64,
-            7 => DType::I64,
-            6 => DType::I32,
-            9 => DType::Bool,
-            _ => return None,
-        })
-    }
-    pub fn size(self) -> usize {
-        match self {
-            DType::F64 | DType::I64 => 8,
-            DType::F32 | DType::I32 => 4,
-            DType::F16 | DType::BF16 => 2,
-            DType::Bool => 1,
-        }
-    }
-    pub fn is_float(self) -> bool {
-        matches!(self, DType::F32 | DType::F16 | DType::BF16 | DType::F64)
-    }
-    pub fn is_int(self) -> bool {
-        matches!(self, DType::I64 | DType::I32)
+    };
+}
+for_each_dtype!(dtype_enum);
+
+impl DType {
+    pub fn is_unsigned(self) -> bool {
+        matches!(self, DType::U8 | DType::U16 | DType::U32 | DType::U64)
     }
 }
 
@@ -87,11 +118,20 @@ impl fmt::Display for DType {
     }
 }
 
-/// An element type a tensor can hold. `bool` is stored as a `u8` that is 0 or 1.
+/// An element type a tensor can hold.
 pub trait Elem: Pod + Send + Sync + PartialOrd + fmt::Debug + 'static {
     const DTYPE: DType;
     fn to_f64(self) -> f64;
     fn from_f64(v: f64) -> Self;
+    /// The value of an integer or bool element, exactly (`None` for floats): casts
+    /// between integer dtypes go through it, as f64 cannot hold every i64 or u64.
+    fn int_value(self) -> Option<i128> {
+        None
+    }
+    /// Wraps `v` to this integer type (two's complement, as C and numpy cast).
+    fn from_int(v: i128) -> Self {
+        Self::from_f64(v as f64)
+    }
 }
 
 /// The arithmetic type kernels compute in: f32 for f32/f16/bf16 (f32 accumulation), f64 for f64.
@@ -161,13 +201,19 @@ float_elem!(f16, F16, f32, |x| x.to_f32(), f16::from_f32);
 float_elem!(bf16, BF16, f32, |x| x.to_f32(), bf16::from_f32);
 
 macro_rules! int_elem {
-    ($t:ty, $d:ident) => {
+    ($($t:ty => $d:ident),*) => {$(
         impl Elem for $t {
             const DTYPE: DType = DType::$d;
             fn to_f64(self) -> f64 {
                 self as f64
             }
             fn from_f64(v: f64) -> Self {
+                v as $t
+            }
+            fn int_value(self) -> Option<i128> {
+                Some(self as i128)
+            }
+            fn from_int(v: i128) -> Self {
                 v as $t
             }
         }
@@ -179,18 +225,49 @@ macro_rules! int_elem {
                 v as $t
             }
         }
-    };
+    )*};
 }
-int_elem!(i64, I64);
-int_elem!(i32, I32);
+int_elem!(i64 => I64, i32 => I32, i16 => I16, i8 => I8, u64 => U64, u32 => U32, u16 => U16, u8 => U8);
 
-impl Elem for u8 {
+/// A `bool` element: one byte that is 0 or 1 (Rust's `bool` may not be viewed from
+/// arbitrary bytes, so tensors hold this instead).
+#[repr(transparent)]
+#[derive(
+    Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, bytemuck::Pod, bytemuck::Zeroable,
+)]
+pub struct Bool(pub u8);
+
+impl Bool {
+    pub const FALSE: Bool = Bool(0);
+    pub const TRUE: Bool = Bool(1);
+    pub fn get(self) -> bool {
+        self.0 != 0
+    }
+}
+impl From<bool> for Bool {
+    fn from(b: bool) -> Bool {
+        Bool(b as u8)
+    }
+}
+impl fmt::Debug for Bool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.get().fmt(f)
+    }
+}
+
+impl Elem for Bool {
     const DTYPE: DType = DType::Bool;
     fn to_f64(self) -> f64 {
-        (self != 0) as u8 as f64
+        self.get() as u8 as f64
     }
     fn from_f64(v: f64) -> Self {
-        (v != 0.0) as u8
+        Bool::from(v != 0.0)
+    }
+    fn int_value(self) -> Option<i128> {
+        Some(self.get() as i128)
+    }
+    fn from_int(v: i128) -> Self {
+        Bool::from(v != 0)
     }
 }
 
@@ -207,7 +284,8 @@ macro_rules! with_float {
 macro_rules! with_any {
     ($dt:expr, $T:ident => $body:expr) => {
         $crate::with_dtypes!($dt, $T => $body,
-            [F32 f32, F64 f64, F16 half::f16, BF16 half::bf16, I64 i64, I32 i32, Bool u8])
+            [F32 f32, F64 f64, F16 half::f16, BF16 half::bf16, I64 i64, I32 i32, I16 i16, I8 i8,
+             U64 u64, U32 u32, U16 u16, U8 u8, Bool $crate::tensor::Bool])
     };
 }
 /// Like `with_float!` for the numeric (non-bool) dtypes.
@@ -215,7 +293,8 @@ macro_rules! with_any {
 macro_rules! with_num {
     ($dt:expr, $T:ident => $body:expr, _ => $else:expr) => {
         $crate::with_dtypes!($dt, $T => $body,
-            [F32 f32, F64 f64, F16 half::f16, BF16 half::bf16, I64 i64, I32 i32], _ => $else)
+            [F32 f32, F64 f64, F16 half::f16, BF16 half::bf16, I64 i64, I32 i32, I16 i16, I8 i8,
+             U64 u64, U32 u32, U16 u16, U8 u8], _ => $else)
     };
 }
 /// The one `match` behind `with_float!`, `with_any!` and `with_num!`: an arm per listed
@@ -478,6 +557,15 @@ impl Tensor {
         &mut bytemuck::cast_slice_mut(&mut self.words)[..n]
     }
 
+    /// A bool tensor's elements as the bytes 0 and 1 (what kernels test and write).
+    pub fn bool_bytes(&self) -> &[u8] {
+        bytemuck::cast_slice(self.as_slice::<Bool>())
+    }
+    /// A bool tensor's elements, to be written with 0 or 1 only.
+    pub fn bool_bytes_mut(&mut self) -> &mut [u8] {
+        bytemuck::cast_slice_mut(self.as_mut_slice::<Bool>())
+    }
+
     pub fn to_vec<T: Elem>(&self) -> Vec<T> {
         self.as_slice::<T>().to_vec()
     }
@@ -492,13 +580,12 @@ impl Tensor {
         self.to_f64_vec().into_iter().map(|v| v as f32).collect()
     }
 
-    /// Integer contents (for shape-like inputs); floats are truncated.
+    /// Integer contents (for shape-like inputs); floats are truncated, u64 wraps.
     pub fn to_i64_vec(&self) -> Vec<i64> {
-        match self.dtype {
-            DType::I64 => self.to_vec::<i64>(),
-            DType::I32 => self.as_slice::<i32>().iter().map(|&v| v as i64).collect(),
-            _ => self.to_f64_vec().into_iter().map(|v| v as i64).collect(),
-        }
+        with_any!(self.dtype, T => self.as_slice::<T>().iter().map(|v| match v.int_value() {
+            Some(i) => i as i64,
+            None => v.to_f64() as i64,
+        }).collect())
     }
 
     /// Converts to another dtype (round to nearest for floats, truncation for ints,
@@ -584,45 +671,33 @@ impl Tensor {
             Tensor::from_vec(shape, v).map_err(|e| e.to_string())
         }
         // Big-endian and other exotic layouts are rejected by name.
-        match descr.trim_start_matches(['<', '|', '=']) {
-            "f4" => read::<f32>(npy, &shape),
-            "f8" => read::<f64>(npy, &shape),
-            "f2" => read::<f16>(npy, &shape),
-            "i8" => read::<i64>(npy, &shape),
-            "i4" => read::<i32>(npy, &shape),
-            "b1" => {
-                let v: Vec<bool> = npy
-                    .into_vec()
-                    .map_err(|e| format!("cannot read .npy data: {e}"))?;
-                Tensor::from_vec(&shape, v.into_iter().map(|b| b as u8).collect::<Vec<u8>>())
-                    .map_err(|e| e.to_string())
-            }
-            // numpy has no bfloat16: ml_dtypes saves it as raw 2-byte void ('V2').
-            "V2" => {
-                let n = numel(&shape) * 2;
+        match DType::from_npy(&descr) {
+            // numpy has no bfloat16: ml_dtypes saves it as raw 2-byte void ('V2'); npyz
+            // decodes neither it nor bool into our element types, so both are read raw.
+            Some(dt @ (DType::BF16 | DType::Bool)) => {
+                let n = numel(&shape) * dt.size();
                 let data = npy_data(bytes)?;
                 if data.len() < n {
                     return Err("truncated .npy data".into());
                 }
-                Tensor::from_bytes(DType::BF16, &shape, &data[..n]).map_err(|e| e.to_string())
+                Tensor::from_bytes(dt, &shape, &data[..n]).map_err(|e| e.to_string())
             }
-            d => Err(format!(
-                "unsupported .npy dtype '{descr}' ({d}); graphrun reads f2, f4, f8, i4, i8, b1"
+            Some(dt) => crate::with_dtypes!(dt, T => read::<T>(npy, &shape),
+                [F32 f32, F64 f64, F16 f16, I64 i64, I32 i32, I16 i16, I8 i8, U64 u64,
+                 U32 u32, U16 u16, U8 u8],
+                _ => unreachable!("bf16 and bool are read raw above")),
+            None => Err(format!(
+                "unsupported .npy dtype '{descr}'; graphrun reads {}",
+                DType::ALL
+                    .map(|d| d.npy_descr()[1..].to_string())
+                    .join(", ")
             )),
         }
     }
 
     /// The `.npy` encoding of this tensor. bf16, which numpy lacks, is written as 'V2'.
     pub fn to_npy_bytes(&self) -> Vec<u8> {
-        let descr = match self.dtype {
-            DType::F32 => "<f4",
-            DType::F64 => "<f8",
-            DType::F16 => "<f2",
-            DType::BF16 => "|V2",
-            DType::I64 => "<i8",
-            DType::I32 => "<i4",
-            DType::Bool => "|b1",
-        };
+        let descr = self.dtype.npy_descr();
         let shape = match self.shape.len() {
             0 => "()".to_string(),
             1 => format!("({},)", self.shape[0]),
@@ -667,20 +742,11 @@ impl Tensor {
             .map_err(|e| format!("not a valid .safetensors file: {e}"))?;
         let mut out = vec![];
         for (name, view) in st.iter() {
-            use safetensors::Dtype as S;
-            let dtype = match view.dtype() {
-                S::F32 => DType::F32,
-                S::F16 => DType::F16,
-                S::BF16 => DType::BF16,
-                S::F64 => DType::F64,
-                S::I64 => DType::I64,
-                S::I32 => DType::I32,
-                S::BOOL => DType::Bool,
-                d => {
-                    return Err(format!(
-                        "tensor '{name}' has dtype {d:?}, which graphrun does not support"
-                    ))
-                }
+            let Some(dtype) = DType::from_safetensors(view.dtype()) else {
+                return Err(format!(
+                    "tensor '{name}' has dtype {:?}, which graphrun does not support",
+                    view.dtype()
+                ));
             };
             let t = Tensor::from_bytes(dtype, view.shape(), view.data())
                 .map_err(|e| format!("tensor '{name}': {e}"))?;
@@ -690,19 +756,10 @@ impl Tensor {
     }
 
     pub fn write_safetensors(tensors: &[(String, &Tensor)], path: &Path) -> Result<()> {
-        use safetensors::Dtype as S;
         let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
             .iter()
             .map(|(n, t)| {
-                let d = match t.dtype {
-                    DType::F32 => S::F32,
-                    DType::F16 => S::F16,
-                    DType::BF16 => S::BF16,
-                    DType::F64 => S::F64,
-                    DType::I64 => S::I64,
-                    DType::I32 => S::I32,
-                    DType::Bool => S::BOOL,
-                };
+                let d = t.dtype.safetensors();
                 let v = safetensors::tensor::TensorView::new(d, t.shape.clone(), t.bytes())
                     .map_err(|e| Error::io(path, e))?;
                 Ok((n.clone(), v))
@@ -796,10 +853,14 @@ pub fn cast_into(src: &Tensor, dst: &mut Tensor) {
 }
 
 fn cast_slice<S: Elem, D: Elem>(s: &[S], d: &mut [D]) {
-    // f64 holds every value of the other dtypes exactly, so one path serves all pairs;
-    // f64 → f32/f16/bf16 rounds to nearest.
+    // Between integers (and bool) exactly, wrapping as C and numpy do; otherwise through
+    // f64, which holds every float exactly (f64 → f32/f16/bf16 rounds to nearest).
+    let ints = D::DTYPE.is_int() || D::DTYPE == DType::Bool;
     for (o, &v) in d.iter_mut().zip(s) {
-        *o = D::from_f64(v.to_f64());
+        *o = match v.int_value() {
+            Some(i) if ints => D::from_int(i),
+            _ => D::from_f64(v.to_f64()),
+        };
     }
 }
 

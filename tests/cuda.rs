@@ -394,7 +394,7 @@ fn dropout_mask_matches_cpu() {
     }
     let x = randn(&[4097], 15);
     let node = op("Dropout", &[("ratio", A::Float(0.3)), ("seed", A::Int(7))]);
-    let training = Tensor::scalar(1u8);
+    let training = Tensor::scalar(graphrun::Bool::TRUE);
     let ratio = Tensor::scalar(0.3f32);
     let args = [inp(x), cst(ratio), cst(training)];
     let cpu = run_op(BackendKind::Cpu, node.clone(), &args, 2, DType::F32).expect("cpu");

@@ -66,9 +66,6 @@ const SCE_5D_MEAN: &str = "the CPU's weighted mean of 6,480 losses lands 1.7e-5 
 /// The backends whose outcomes the doc records: those CI runs (wgpu on lavapipe).
 const DOC_BACKENDS: &[BackendKind] = &[BackendKind::Cpu, BackendKind::Wgpu];
 
-/// ONNX element types graphrun has.
-const DTYPES: &[i32] = &[1, 6, 7, 9, 10, 11, 16];
-
 /// Ops whose values are sequences or optionals even when the graph's inputs and outputs
 /// are tensors.
 const NON_TENSOR_OPS: &[&str] = &[
@@ -417,7 +414,7 @@ fn blocked(m: &ModelProto, x: &ModelExtras) -> Option<Fail> {
         .iter()
         .filter_map(|v| v.r#type.as_ref()?.tensor_type.as_ref())
         .map(|t| t.elem_type)
-        .filter(|t| !DTYPES.contains(t))
+        .filter(|&t| DType::from_onnx(t as i64).is_none())
         .map(dtype_name)
         .collect();
     if !bad.is_empty() {

@@ -305,13 +305,29 @@ fn want2(b: BinaryOp) -> impl Fn(&[Option<Tensor>]) -> Expected {
         let (vx, vy) = (x.to_f64_vec(), y.to_f64_vec());
         // Integer division truncates.
         let int_div = x.dtype().is_int() && b == BinaryOp::Div;
+        let dt = x.dtype();
         let v = indices(&out)
             .iter()
             .map(|i| reference2(b, vx[bcast_offset(i, &sx)], vy[bcast_offset(i, &sy)]))
             .map(|v| if int_div { v.trunc() } else { v })
+            .map(|v| {
+                if dt.is_int() && !b.is_comparison() {
+                    wrap(v, dt)
+                } else {
+                    v
+                }
+            })
             .collect();
         vec![(out, v)]
     }
+}
+
+/// An integer result wrapped to `dt`'s width, two's complement (numpy's overflow).
+fn wrap(v: f64, dt: DType) -> f64 {
+    let m = 1i128 << (dt.size() * 8);
+    let r = (v as i128).rem_euclid(m);
+    let signed = !dt.is_unsigned();
+    (if signed && r >= m / 2 { r - m } else { r }) as f64
 }
 
 fn broadcast(a: &[usize], b: &[usize]) -> Vec<usize> {
@@ -335,6 +351,8 @@ fn operands(b: BinaryOp, seed: u64, dt: DType) -> (Tensor, Tensor) {
         (0..n)
             .map(|_| loop {
                 let v = r.int_in(-9, 10) as f64 * if dt.is_float() { 0.5 } else { 1.0 };
+                // Unsigned operands are non-negative; their differences wrap.
+                let v = if dt.is_unsigned() { v.abs() } else { v };
                 if !(nonzero && v == 0.0) {
                     break v;
                 }
@@ -344,9 +362,7 @@ fn operands(b: BinaryOp, seed: u64, dt: DType) -> (Tensor, Tensor) {
     let divides = matches!(b, BinaryOp::Div | BinaryOp::Mod | BinaryOp::Fmod);
     let (x, y) = (draw(15, false), draw(4, divides));
     let t = |s: &[usize], v: Vec<f64>| match dt {
-        DType::Bool => Tensor::from_vec(s, v.iter().map(|&v| (v > 0.0) as u8).collect::<Vec<u8>>())
-            .unwrap()
-            .cast(DType::Bool),
+        DType::Bool => bools(s, &v.iter().map(|&v| v > 0.0).collect::<Vec<_>>()),
         _ => f64s(s, &v).cast(dt),
     };
     (t(&sx, x), t(&sy, y))
@@ -359,14 +375,15 @@ fn every_binary_map_on_every_backend() {
         .copied()
         .filter(|b| *b != BinaryOp::Pow);
     each(maps.enumerate(), |(k, b)| {
-        let dts: &[DType] = match b.kind() {
-            BinaryKind::Logic => &[DType::Bool],
+        let ints = DType::ALL.into_iter().filter(|d| d.is_int());
+        let dts: Vec<DType> = match b.kind() {
+            BinaryKind::Logic => vec![DType::Bool],
             BinaryKind::Compare if b == BinaryOp::Equal => {
-                &[DType::F32, DType::I64, DType::I32, DType::Bool]
+                [DType::F32, DType::Bool].into_iter().chain(ints).collect()
             }
-            _ => &[DType::F32, DType::I64, DType::I32],
+            _ => [DType::F32].into_iter().chain(ints).collect(),
         };
-        for &dt in dts {
+        for dt in dts {
             let (x, y) = operands(b, 400 + k as u64, dt);
             // `check_exact` lets wgpu refuse integer dtypes; only the ones WGSL has no
             // type for may be refused.

@@ -359,7 +359,7 @@ fn dropout_mask_matches_cpu() {
     }
     let x = randn(&[1027], 15);
     let node = op("Dropout", &[("ratio", A::Float(0.3)), ("seed", A::Int(7))]);
-    let args = [inp(x), Arg::None, cst(Tensor::scalar(1u8))];
+    let args = [inp(x), Arg::None, cst(Tensor::scalar(graphrun::Bool::TRUE))];
     let cpu = run_op(BackendKind::Cpu, node.clone(), &args, 2, DType::F32).expect("cpu");
     let gpu = run_op(BackendKind::Wgpu, node, &args, 2, DType::F32).expect("wgpu");
     assert_eq!(cpu[1], gpu[1], "masks differ");

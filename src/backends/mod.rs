@@ -21,6 +21,7 @@ pub const NOT_ON_BACKEND: &[(BackendKind, &[crate::tensor::DType], &str)] = &[(
         crate::tensor::DType::F64,
         crate::tensor::DType::BF16,
         crate::tensor::DType::I64,
+        crate::tensor::DType::U64,
     ],
     "WGSL has no 64-bit floats, bfloat16 or 64-bit integers (f16 needs the adapter's SHADER_F16)",
 )];

@@ -74,10 +74,15 @@ pub fn from_proto(t: &TensorProto, base: &Path, what: &str) -> Result<Tensor> {
             count(t.int32_data.len(), "int32_data")?;
             Tensor::from_vec(&shape, t.int32_data.clone())
         }
-        DType::Bool => {
+        // The narrow integers and bool travel widened in int32_data, u32 and u64 in
+        // uint64_data; each narrows back as a cast does.
+        DType::I16 | DType::I8 | DType::U16 | DType::U8 | DType::Bool => {
             count(t.int32_data.len(), "int32_data")?;
-            let v: Vec<u8> = t.int32_data.iter().map(|&x| (x != 0) as u8).collect();
-            Tensor::from_vec(&shape, v)
+            Tensor::from_vec(&shape, t.int32_data.clone()).map(|w| w.cast(dtype))
+        }
+        DType::U64 | DType::U32 => {
+            count(t.uint64_data.len(), "uint64_data")?;
+            Tensor::from_vec(&shape, t.uint64_data.clone()).map(|w| w.cast(dtype))
         }
         // 16-bit floats travel as their bit patterns in int32_data.
         DType::F16 => {

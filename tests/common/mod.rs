@@ -37,8 +37,14 @@ pub fn wgpu_present() -> bool {
     })
 }
 
-/// The wgpu backend's error for integer arithmetic it does not do (i64, bool, most i32).
-pub const WGPU_NO_I64: &str = "not supported by the wgpu backend (integer arithmetic";
+/// Whether `backend` may refuse an op on these operands: one has a dtype it has no type
+/// for (`graphrun::backends::NOT_ON_BACKEND`, e.g. WGSL's missing 64-bit integers).
+fn refusable(backend: BackendKind, args: &[Arg]) -> bool {
+    args.iter().any(|a| match a {
+        Arg::In(t) | Arg::Const(t) => graphrun::backends::not_on(backend, t.dtype()),
+        Arg::None => false,
+    })
+}
 
 /// Whether `backend` computes in float dtype `dt`. WGSL has no f64 or bf16 (and f16 only
 /// with SHADER_F16): there the wgpu backend answers with an error, which tests/wgpu.rs
@@ -104,7 +110,7 @@ pub fn i64s(shape: &[usize], v: &[i64]) -> Tensor {
     Tensor::from_vec(shape, v.to_vec()).unwrap()
 }
 pub fn bools(shape: &[usize], v: &[bool]) -> Tensor {
-    Tensor::from_vec(shape, v.iter().map(|&b| b as u8).collect::<Vec<u8>>()).unwrap()
+    Tensor::from_vec(shape, v.iter().map(|&b| graphrun::Bool::from(b)).collect()).unwrap()
 }
 pub fn f64s(shape: &[usize], v: &[f64]) -> Tensor {
     Tensor::from_vec(shape, v.to_vec()).unwrap()
@@ -319,7 +325,7 @@ fn check_tol(
                 Ok(got) => got,
                 // WGSL has no 64-bit integers: wgpu answers most integer arithmetic with this
                 // error by design (src/backends/wgpu/mod.rs); anything else fails.
-                Err(e) if backend == BackendKind::Wgpu && e.to_string().contains(WGPU_NO_I64) => {
+                Err(e) if refusable(backend, args) => {
                     eprintln!("{} on wgpu: {e}", op_.name());
                     continue;
                 }

@@ -141,7 +141,7 @@ fn read_mask<T: Float>(mask: Option<&Tensor>) -> Result<Mask<'_, T>> {
     };
     let st = mask_strides(m.shape());
     Ok(match m.dtype() {
-        DType::Bool => Mask::Bool(m.as_slice::<u8>(), st),
+        DType::Bool => Mask::Bool(m.bool_bytes(), st),
         dt if dt == T::DTYPE => Mask::Add(m.as_slice::<T>(), st),
         dt => crate::bail!(
             Runtime,

@@ -5,7 +5,7 @@ use crate::backends::common;
 use crate::error::Result;
 use crate::graph::{BinaryOp, Node, UnaryOp};
 use crate::rng::Rng;
-use crate::tensor::{DType, Elem, Float, Real, Tensor};
+use crate::tensor::{Bool, DType, Elem, Float, Real, Tensor};
 use crate::{with_any, with_float, with_num};
 use num_traits::Float as _;
 use rayon::prelude::*;
@@ -17,8 +17,8 @@ const PAR_MIN: usize = 1 << 15;
 const CHUNK: usize = 1 << 14;
 
 /// Arithmetic shared by every numeric dtype, so that Add, Clip, ReduceSum... are written
-/// once: floats compute in their accumulation type, integers in i64 and wrap on
-/// overflow as numpy does (never a debug-build panic).
+/// once: floats compute in their accumulation type, integers in i64 (u64 when
+/// unsigned) and wrap on overflow as numpy does (never a debug-build panic).
 pub(super) trait Num: Elem {
     type A: Copy + Send + Sync + PartialOrd + std::fmt::Debug;
     const INT: bool;
@@ -123,63 +123,64 @@ impl<T: Float> Num for T {
 }
 
 macro_rules! int_num {
-    ($t:ty) => {
+    ($($t:ty => $a:ty),*) => {$(
         impl Num for $t {
-            type A = i64;
+            type A = $a;
             const INT: bool = true;
             #[inline(always)]
-            fn load(self) -> i64 {
-                self as i64
+            fn load(self) -> $a {
+                self as $a
             }
             #[inline(always)]
-            fn store(a: i64) -> $t {
+            fn store(a: $a) -> $t {
                 a as $t
             }
-            fn zero() -> i64 {
+            fn zero() -> $a {
                 0
             }
-            fn lowest() -> i64 {
-                <$t>::MIN as i64
+            fn lowest() -> $a {
+                <$t>::MIN as $a
             }
-            fn count(n: usize) -> i64 {
-                n as i64
+            fn count(n: usize) -> $a {
+                n as $a
             }
             #[inline(always)]
-            fn add(a: i64, b: i64) -> i64 {
+            fn add(a: $a, b: $a) -> $a {
                 a.wrapping_add(b)
             }
             #[inline(always)]
-            fn sub(a: i64, b: i64) -> i64 {
+            fn sub(a: $a, b: $a) -> $a {
                 a.wrapping_sub(b)
             }
             #[inline(always)]
-            fn mul(a: i64, b: i64) -> i64 {
+            fn mul(a: $a, b: $a) -> $a {
                 a.wrapping_mul(b)
             }
             #[inline(always)]
-            fn div(a: i64, b: i64) -> i64 {
+            fn div(a: $a, b: $a) -> $a {
                 a.wrapping_div(b)
             }
             #[inline(always)]
-            fn neg(a: i64) -> i64 {
+            fn neg(a: $a) -> $a {
                 a.wrapping_neg()
             }
             #[inline(always)]
-            fn rem(a: i64, b: i64) -> i64 {
+            fn rem(a: $a, b: $a) -> $a {
                 a.wrapping_rem(b)
             }
-            fn pow(a: i64, e: f64) -> i64 {
+            fn pow(a: $a, e: f64) -> $a {
                 if e.fract() == 0.0 && e >= 0.0 {
                     a.wrapping_pow(e.min(u32::MAX as f64) as u32)
                 } else {
-                    (a as f64).powf(e) as i64
+                    (a as f64).powf(e) as $a
                 }
             }
         }
-    };
+    )*};
 }
-int_num!(i64);
-int_num!(i32);
+// Signed integers compute in i64, unsigned in u64: wrapping there and narrowing on store
+// is the same two's-complement result numpy gives in the narrow type.
+int_num!(i64 => i64, i32 => i64, i16 => i64, i8 => i64, u64 => u64, u32 => u64, u16 => u64, u8 => u64);
 
 // ---- parallel and broadcast walks ------------------------------------------------------
 
@@ -567,16 +568,18 @@ fn unsupported(what: &str, dt: DType) -> Result<()> {
 pub fn binary(op: BinaryOp, a: &Tensor, b: &Tensor, out: &mut Tensor) -> Result<()> {
     use BinaryOp as B;
     match op {
-        B::Equal => with_any!(a.dtype(), T => map2(a, b, out, |x: T, y: T| (x == y) as u8)),
-        B::Less => with_any!(a.dtype(), T => map2(a, b, out, |x: T, y: T| (x < y) as u8)),
-        B::Greater => with_any!(a.dtype(), T => map2(a, b, out, |x: T, y: T| (x > y) as u8)),
-        B::LessOrEqual => with_any!(a.dtype(), T => map2(a, b, out, |x: T, y: T| (x <= y) as u8)),
-        B::GreaterOrEqual => {
-            with_any!(a.dtype(), T => map2(a, b, out, |x: T, y: T| (x >= y) as u8))
+        B::Equal => with_any!(a.dtype(), T => map2(a, b, out, |x: T, y: T| Bool::from(x == y))),
+        B::Less => with_any!(a.dtype(), T => map2(a, b, out, |x: T, y: T| Bool::from(x < y))),
+        B::Greater => with_any!(a.dtype(), T => map2(a, b, out, |x: T, y: T| Bool::from(x > y))),
+        B::LessOrEqual => {
+            with_any!(a.dtype(), T => map2(a, b, out, |x: T, y: T| Bool::from(x <= y)))
         }
-        B::And => map2(a, b, out, |x: u8, y: u8| (x != 0 && y != 0) as u8),
-        B::Or => map2(a, b, out, |x: u8, y: u8| (x != 0 || y != 0) as u8),
-        B::Xor => map2(a, b, out, |x: u8, y: u8| ((x != 0) != (y != 0)) as u8),
+        B::GreaterOrEqual => {
+            with_any!(a.dtype(), T => map2(a, b, out, |x: T, y: T| Bool::from(x >= y)))
+        }
+        B::And => map2(a, b, out, |x: Bool, y: Bool| Bool::from(x.get() && y.get())),
+        B::Or => map2(a, b, out, |x: Bool, y: Bool| Bool::from(x.get() || y.get())),
+        B::Xor => map2(a, b, out, |x: Bool, y: Bool| Bool::from(x.get() != y.get())),
         B::Pow => {
             return with_num!(a.dtype(), T => with_num!(b.dtype(), E => pow::<T, E>(a, b, out),
                 _ => unsupported("Pow", b.dtype())), _ => unsupported("Pow", a.dtype()))
@@ -719,7 +722,7 @@ pub fn clip(
 pub fn where_(c: &Tensor, a: &Tensor, b: &Tensor, out: &mut Tensor) -> Result<()> {
     let bc = Bcast::new(out.shape(), [c.shape(), a.shape(), b.shape()]);
     let [sc, sa, sb] = bc.inner();
-    let cond = c.as_slice::<u8>();
+    let cond = c.bool_bytes();
     with_any!(a.dtype(), T => {
         let (a, b) = (a.as_slice::<T>(), b.as_slice::<T>());
         par_for(out.as_mut_slice::<T>(), |start, o| {
@@ -785,7 +788,7 @@ pub fn dropout(
     let keep = |i: usize| Rng::new(base.wrapping_add(i as u64)).uniform() >= ratio;
     with_float!(x.dtype(), T => dropout_mask::<T>(x, y, keep, ratio), _ => return unsupported("Dropout", x.dtype()));
     if let Some(m) = mask.first_mut() {
-        par_for(m.as_mut_slice::<u8>(), |start, o| {
+        par_for(m.bool_bytes_mut(), |start, o| {
             for (i, o) in o.iter_mut().enumerate() {
                 *o = keep(start + i) as u8;
             }

@@ -377,17 +377,9 @@ pub fn doctor_lines() -> Vec<String> {
     v
 }
 
-/// Kernel-name suffix of a dtype (the `M(type, suffix)` lists of cuda/common.cuh).
+/// Kernel-name suffix of a dtype (the `M(type, suffix)` lists of cuda/common.cuh): its name.
 pub fn suffix(dt: DType) -> &'static str {
-    match dt {
-        DType::F32 => "f32",
-        DType::F64 => "f64",
-        DType::F16 => "f16",
-        DType::BF16 => "bf16",
-        DType::I64 => "i64",
-        DType::I32 => "i32",
-        DType::Bool => "bool",
-    }
+    dt.name()
 }
 
 /// Suffix of the word type that moves elements of this dtype unchanged.

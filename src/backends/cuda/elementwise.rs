@@ -27,7 +27,7 @@ pub fn unary(c: &Cuda, node: &Node, u: UnaryOp, x: &V, y: &V) -> Result<()> {
         return c.launch_n(&format!("unary_{}", suffix(dt)), n, &args);
     }
     match dt {
-        DType::I64 | DType::I32 if u.takes_ints() => {
+        dt if dt.is_int() && u.takes_ints() => {
             let args = [
                 Arg::Ptr(x.p),
                 Arg::Ptr(y.p),
@@ -208,7 +208,7 @@ fn pow(c: &Cuda, node: &Node, a: &V, b: &V, y: &V, s: Strided) -> Result<()> {
         DType::I64 | DType::I32 if b.dtype().is_float() => {
             c.launch_n(&format!("pow_if_{ea}_{eb}"), n, &args)
         }
-        DType::I64 | DType::I32 if b.dtype().is_int() => int_pow(c, node, a, b, y, s),
+        dt if dt.is_int() && b.dtype().is_int() => int_pow(c, node, a, b, y, s),
         _ => Err(unsupported(node, dt)),
     }
 }

@@ -2,17 +2,18 @@
 //! gradients, binary arithmetic and comparisons with broadcasting, Pow, Clip, Dropout.
 
 use super::device::{groups_for, Family};
-use super::{float_defs, shape, Params, Strided, Wgpu, V};
+use super::{float_defs, shape, unsupported, Params, Strided, Wgpu, V};
 use crate::backends::common;
 use crate::error::Result;
 use crate::graph::infer::ValueType;
 use crate::graph::{BinaryKind, BinaryOp, Node, UnaryOp};
 use crate::tensor::DType;
 
-/// The defs of an arithmetic kernel: floats compute in f32, i32 in i32.
+/// The defs of an arithmetic kernel: floats compute in f32, i32 and u32 in themselves.
 fn num_defs(w: &Wgpu, node: &Node, dt: DType) -> Result<String> {
     match dt {
         DType::I32 => Ok("alias T = i32;\nalias A = i32;\n".into()),
+        DType::U32 => Ok("alias T = u32;\nalias A = u32;\n".into()),
         _ => float_defs(w, node, dt),
     }
 }
@@ -72,26 +73,19 @@ pub fn grad_kernel(
 }
 
 pub fn binary(w: &mut Wgpu, node: &Node, op: BinaryOp, a: &V, b: &V, y: &V) -> Result<()> {
-    use BinaryOp as B;
     let n = y.numel();
     let s = Strided::broadcast(y.shape(), &[a.shape(), b.shape()]);
+    if packed_bits(a.dtype()).is_some() {
+        return packed(w, node, op, a, b, y, s);
+    }
     let (entry, code) = match op.kind() {
         BinaryKind::Arith => ("binary", op.code()),
-        BinaryKind::Compare if a.dtype() == DType::Bool => return logic(w, op, a, b, y, s),
-        BinaryKind::Compare => ("compare", op.code()),
-        BinaryKind::Logic => return logic(w, op, a, b, y, s),
+        // And, Or and Xor take bools, which are packed: only comparisons come here.
+        BinaryKind::Compare | BinaryKind::Logic => ("compare", op.code()),
         BinaryKind::Pow => return pow(w, node, a, b, y, s),
     };
     let defs = num_defs(w, node, a.dtype())?;
-    let divides = matches!(op, B::Div | B::Mod | B::Fmod);
-    if divides && a.dtype().is_int() && n > 0 && w.read(b)?.to_i64_vec().contains(&0) {
-        crate::bail!(
-            Runtime,
-            "{}: integer division by zero (divisor of shape {})",
-            node.describe(),
-            crate::tensor::fmt_shape(b.shape())
-        );
-    }
+    check_divisor(w, node, op, a, b)?;
     let p = Params::new().u(0, n).u(1, code as usize).strided(16, &s)?;
     let k = Wgpu::kernel(Family::Elementwise, entry, defs);
     if entry == "compare" {
@@ -112,24 +106,60 @@ pub fn binary(w: &mut Wgpu, node: &Node, op: BinaryOp, a: &V, b: &V, y: &V) -> R
     }
 }
 
-/// And, Or, Xor (and Equal on bools): bools are bytes packed in u32 words; one thread per
-/// output word.
-fn logic(w: &mut Wgpu, op: BinaryOp, a: &V, b: &V, y: &V, s: Strided) -> Result<()> {
+/// Integer division by zero is an error, as on the CPU (WGSL would give the dividend).
+fn check_divisor(w: &mut Wgpu, node: &Node, op: BinaryOp, a: &V, b: &V) -> Result<()> {
+    let divides = matches!(op, BinaryOp::Div | BinaryOp::Mod | BinaryOp::Fmod);
+    if divides && a.dtype().is_int() && b.numel() > 0 && w.read(b)?.to_i64_vec().contains(&0) {
+        crate::bail!(
+            Runtime,
+            "{}: integer division by zero (divisor of shape {})",
+            node.describe(),
+            crate::tensor::fmt_shape(b.shape())
+        );
+    }
+    Ok(())
+}
+
+/// Lane width and signedness of the dtypes stored packed in u32 words (bool and 8- and
+/// 16-bit integers), which the `*_packed` kernels compute in i32.
+fn packed_bits(dt: DType) -> Option<(usize, bool)> {
+    match dt {
+        DType::Bool | DType::U8 => Some((8, false)),
+        DType::I8 => Some((8, true)),
+        DType::U16 => Some((16, false)),
+        DType::I16 => Some((16, true)),
+        _ => None,
+    }
+}
+
+/// A binary map on packed operands: one thread per output word.
+fn packed(w: &mut Wgpu, node: &Node, op: BinaryOp, a: &V, b: &V, y: &V, s: Strided) -> Result<()> {
+    let Some((bits, signed)) = packed_bits(a.dtype()) else {
+        return Err(unsupported(node, a.dtype()));
+    };
     let n = y.numel();
+    let (entry, per) = match op.kind() {
+        BinaryKind::Arith if a.dtype() != DType::Bool => ("binary_packed", 32 / bits),
+        BinaryKind::Compare | BinaryKind::Logic => ("compare_packed", 4),
+        _ => return Err(unsupported(node, a.dtype())),
+    };
+    check_divisor(w, node, op, a, b)?;
     let p = Params::new()
         .u(0, n)
         .u(1, op.code() as usize)
+        .u(2, bits)
+        .u(3, signed as usize)
         .strided(16, &s)?;
     let k = Wgpu::kernel(
         Family::Elementwise,
-        "logic",
-        "alias T = f32;\nalias A = f32;\n".into(),
+        entry,
+        "alias T = i32;\nalias A = i32;\n".into(),
     );
     w.run_kernel(
         &k,
         &p,
         &[(7, a.buf), (8, b.buf), (4, y.buf)],
-        groups_for(n.div_ceil(4), 256),
+        groups_for(n.div_ceil(per), 256),
     )
 }
 

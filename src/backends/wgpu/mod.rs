@@ -69,7 +69,8 @@ pub(crate) fn unsupported(node: &Node, dt: DType) -> crate::error::Error {
     let why = match dt {
         DType::F64 | DType::BF16 => " (WGSL has no such type)",
         DType::F16 => " (the adapter does not offer SHADER_F16)",
-        _ => " (integer arithmetic: WGSL has no 64-bit or byte integers; i32 runs Add, Sub, Mul, Div, comparisons and Clip)",
+        DType::I64 | DType::U64 => " (WGSL has no 64-bit integers)",
+        _ => " (integer arithmetic: i32 runs the arithmetic and comparisons, Neg, Abs, Sign and Clip; u32 and the 8- and 16-bit integers the binary arithmetic and comparisons)",
     };
     crate::err!(
         Runtime,

@@ -443,7 +443,7 @@ impl Builder {
     /// Sets forward Dropout node `ni`'s training_mode input to a constant true, so that
     /// it applies its mask whatever mode the backend runs in.
     pub fn force_training_mode(&mut self, ni: usize) -> Result<()> {
-        let on = self.constant(Tensor::scalar(1u8))?;
+        let on = self.constant(Tensor::scalar(crate::tensor::Bool::TRUE))?;
         let n = &mut self.g.nodes[ni];
         while n.inputs.len() < 3 {
             n.inputs.push(String::new());
