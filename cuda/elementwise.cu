@@ -208,6 +208,15 @@ template <class A> __device__ __forceinline__ A arith(int op, A a, A b) {
     default: bad_op(); return a;
     }
 }
+// The bitwise maps of the integer specializations (floats have none: the host refuses
+// them). Narrow values arrive widened (sign- or zero-extended) and the store keeps the
+// low bits; a shift by 64 or more shifts every bit out.
+#define BITWISE_CASES(a, b)                                                        \
+    case BIN_BITWISE_AND: return a & b;                                            \
+    case BIN_BITWISE_OR: return a | b;                                             \
+    case BIN_BITWISE_XOR: return a ^ b;                                            \
+    case BIN_BIT_SHIFT_LEFT: return (u64)b >= 64 ? 0 : (decltype(a))((u64)a << b); \
+    case BIN_BIT_SHIFT_RIGHT: return (u64)b >= 64 ? 0 : a >> b;
 // Integers wrap on overflow, as numpy (signed overflow is undefined in C: go unsigned).
 // The host rules out zero divisors.
 template <> __device__ __forceinline__ i64 arith<i64>(int op, i64 a, i64 b) {
@@ -222,6 +231,7 @@ template <> __device__ __forceinline__ i64 arith<i64>(int op, i64 a, i64 b) {
     case BIN_MIN: return a < b ? a : b;
     case BIN_MAX: return a > b ? a : b;
     case BIN_PRELU: return a < 0 ? (i64)((u64)a * (u64)b) : a;
+    BITWISE_CASES(a, b)
     default: bad_op(); return a;
     }
 }
@@ -237,6 +247,7 @@ template <> __device__ __forceinline__ u64 arith<u64>(int op, u64 a, u64 b) {
     case BIN_MIN: return a < b ? a : b;
     case BIN_MAX: return a > b ? a : b;
     case BIN_PRELU: return a;
+    BITWISE_CASES(a, b)
     default: bad_op(); return a;
     }
 }

@@ -57,3 +57,8 @@
 #define CMP_AND 5
 #define CMP_OR 6
 #define CMP_XOR 7
+#define BIN_BITWISE_AND 9
+#define BIN_BITWISE_OR 10
+#define BIN_BITWISE_XOR 11
+#define BIN_BIT_SHIFT_LEFT 12
+#define BIN_BIT_SHIFT_RIGHT 13

@@ -72,6 +72,20 @@ fn arith(op: u32, a: A, b: A) -> A {
         case BIN_MIN: { return select(select(a, b, b < a), b, b != b); }
         case BIN_MAX: { return select(select(a, b, b > a), b, b != b); }
         case BIN_PRELU: { return select(a, a * b, a < A(0)); }
+        // Bitwise maps (integers only; the host refuses floats), on the 32-bit pattern,
+        // which also serves packed lanes: the store keeps their low bits. A shift by 32
+        // or more shifts every bit out.
+        case BIN_BITWISE_AND: { return bitcast<A>(bitcast<u32>(a) & bitcast<u32>(b)); }
+        case BIN_BITWISE_OR: { return bitcast<A>(bitcast<u32>(a) | bitcast<u32>(b)); }
+        case BIN_BITWISE_XOR: { return bitcast<A>(bitcast<u32>(a) ^ bitcast<u32>(b)); }
+        case BIN_BIT_SHIFT_LEFT: {
+            let s = bitcast<u32>(b);
+            return bitcast<A>(select(0u, bitcast<u32>(a) << (s & 31u), s < 32u));
+        }
+        case BIN_BIT_SHIFT_RIGHT: {
+            let s = bitcast<u32>(b);
+            return bitcast<A>(select(0u, bitcast<u32>(a) >> (s & 31u), s < 32u));
+        }
         // No trap in WGSL: an unknown code gives a value no test accepts.
         default: { return A(bad_op()); }
     }

@@ -125,14 +125,27 @@ fn copy(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     SY[w] = word;
 }
 
-// Cast between dtypes by code (0 f32, 1 f16, 2 i32, 3 i64, 4 bool): SRC and DST are
-// pipeline constants, ES the destination's element size. Through f32 for floats, exact
-// for integers; integers saturate and NaN becomes 0 (Rust's `as`), bool is `v != 0`.
+// Cast between dtypes by code (0 f32, 1 f16, 2 i32, 3 i64, 4 bool, 5 u8, 6 i8, 7 u16,
+// 8 i16, 9 u32, 10 u64, 11 f64, 12 bf16; src/backends/wgpu/shape.rs `code`): SRC and DST
+// are pipeline constants, ES the destination's element size. Integers travel as 64-bit
+// (lo, hi) pairs, so casts between them are exact and wrap; floats go through f32 (f64
+// and bf16 by their bits: WGSL has neither type, and the host casts them only to and
+// from the other floats); float to integer saturates and NaN becomes 0 (Rust's `as`);
+// bool is `v != 0`.
+fn code_size(c: u32) -> u32 {
+    switch c {
+        case 3u, 10u, 11u: { return 8u; }
+        case 1u, 7u, 8u, 12u: { return 2u; }
+        case 4u, 5u, 6u: { return 1u; }
+        default: { return 4u; }
+    }
+}
+fn code_signed(c: u32) -> bool { return c == 2u || c == 3u || c == 6u || c == 8u; }
 fn src_bits(e: u32) -> vec2<u32> {
-    switch SRC {
-        case 3u: { return vec2<u32>(SX[2u * e], SX[2u * e + 1u]); }
-        case 1u: { return vec2<u32>((SX[e >> 1u] >> ((e & 1u) * 16u)) & 0xffffu, 0u); }
-        case 4u: { return vec2<u32>(byte_at(SX[e >> 2u], e), 0u); }
+    switch code_size(SRC) {
+        case 8u: { return vec2<u32>(SX[2u * e], SX[2u * e + 1u]); }
+        case 2u: { return vec2<u32>((SX[e >> 1u] >> ((e & 1u) * 16u)) & 0xffffu, 0u); }
+        case 1u: { return vec2<u32>(byte_at(SX[e >> 2u], e), 0u); }
         default: { return vec2<u32>(SX[e], 0u); }
     }
 }
@@ -142,28 +155,119 @@ fn sat_i32(f: f32) -> u32 {
     if (f <= -2147483648.0) { return 0x80000000u; }
     return bitcast<u32>(i32(f));
 }
+// f to an integer of `bits` (at most 32) bits, saturating, as its low word.
+fn sat_narrow(f: f32, bits: u32, signed: bool) -> u32 {
+    if (f != f) { return 0u; }
+    if (bits == 32u) {
+        if (signed) { return sat_i32(f); }
+        if (f >= 4294967295.0) { return 0xffffffffu; }
+        return u32(max(f, 0.0));
+    }
+    var lo = 0.0;
+    var hi = f32((1u << bits) - 1u);
+    if (signed) {
+        lo = -f32(1u << (bits - 1u));
+        hi = f32((1u << (bits - 1u)) - 1u);
+    }
+    return bitcast<u32>(i32(clamp(trunc(f), lo, hi)));
+}
+// f64 bits (lo, hi) to the nearest f32 (ties to even).
+fn f64_to_f32(lo: u32, hi: u32) -> f32 {
+    let sign = hi & 0x80000000u;
+    let e = (hi >> 20u) & 0x7ffu;
+    let mhi = hi & 0xfffffu;
+    if (e == 0x7ffu) {
+        if ((mhi | lo) != 0u) { return bitcast<f32>(sign | 0x7fc00000u); }
+        return bitcast<f32>(sign | 0x7f800000u);
+    }
+    let ex = i32(e) - 1023 + 127;
+    if (ex >= 255) { return bitcast<f32>(sign | 0x7f800000u); }
+    if (ex <= 0) {
+        // An f32 subnormal (or 0): its 24 top bits, scaled once (rounds there).
+        if (e == 0u) { return bitcast<f32>(sign); }
+        let m24 = 0x800000u | (mhi << 3u) | (lo >> 29u);
+        let v = ldexp(f32(m24), i32(e) - 1023 - 23);
+        return select(v, -v, sign != 0u);
+    }
+    var m = (mhi << 3u) | (lo >> 29u);
+    let rest = lo & 0x1fffffffu;
+    var exb = u32(ex);
+    if (rest > 0x10000000u || (rest == 0x10000000u && (m & 1u) == 1u)) {
+        m += 1u;
+        if (m == 0x800000u) {
+            m = 0u;
+            exb += 1u;
+            if (exb == 255u) { return bitcast<f32>(sign | 0x7f800000u); }
+        }
+    }
+    return bitcast<f32>(sign | (exb << 23u) | m);
+}
+// f32 to f64 bits (lo, hi): exact.
+fn f32_to_f64(f: f32) -> vec2<u32> {
+    let u = bitcast<u32>(f);
+    let sign = u & 0x80000000u;
+    var e = (u >> 23u) & 0xffu;
+    var m = u & 0x7fffffu;
+    if (e == 0xffu) { return vec2<u32>(m << 29u, sign | 0x7ff00000u | (m >> 3u)); }
+    if (e == 0u) {
+        if (m == 0u) { return vec2<u32>(0u, sign); }
+        // Subnormal: normalise (the leading bit becomes the implicit one).
+        let p = firstLeadingBit(m);
+        m = (m << (23u - p)) & 0x7fffffu;
+        let e64 = u32(i32(p) - 149 + 1023);
+        return vec2<u32>(m << 29u, sign | (e64 << 20u) | (m >> 3u));
+    }
+    let e64 = e - 127u + 1023u;
+    return vec2<u32>(m << 29u, sign | (e64 << 20u) | (m >> 3u));
+}
+// f32 to bf16 bits, ties to even (NaN stays a quiet NaN).
+fn f32_to_bf16(f: f32) -> u32 {
+    let u = bitcast<u32>(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) { return (u >> 16u) | 0x40u; }
+    return (u + 0x7fffu + ((u >> 16u) & 1u)) >> 16u;
+}
 fn cast_elem(e: u32) -> vec2<u32> {
     let b = src_bits(e);
-    let is_float = SRC <= 1u;
+    let is_float = SRC <= 1u || SRC >= 11u;
     var f = 0.0;
     var lo = 0u;
     var hi = 0u;
     if (SRC == 0u) { f = bitcast<f32>(b.x); }
     if (SRC == 1u) { f = unpack2x16float(b.x).x; }
-    if (SRC == 2u) { lo = b.x; hi = select(0u, 0xffffffffu, bitcast<i32>(b.x) < 0); }
-    if (SRC == 3u) { lo = b.x; hi = b.y; }
+    if (SRC == 11u) { f = f64_to_f32(b.x, b.y); }
+    if (SRC == 12u) { f = bitcast<f32>(b.x << 16u); }
     if (SRC == 4u) { lo = select(0u, 1u, b.x != 0u); }
-    // Integers that fit i32 convert directly (hi·2^32 + lo would round lo away).
-    let fits = hi == select(0u, 0xffffffffu, bitcast<i32>(lo) < 0);
-    if (!is_float) { f = select(f32(bitcast<i32>(hi)) * 4294967296.0 + f32(lo), f32(bitcast<i32>(lo)), fits); }
+    if (!is_float && SRC != 4u) {
+        let bits = code_size(SRC) * 8u;
+        if (bits == 64u) {
+            lo = b.x;
+            hi = b.y;
+        } else if (code_signed(SRC)) {
+            lo = bitcast<u32>(extractBits(bitcast<i32>(b.x), 0u, bits));
+            hi = select(0u, 0xffffffffu, bitcast<i32>(lo) < 0);
+        } else {
+            lo = extractBits(b.x, 0u, bits);
+        }
+    }
+    if (!is_float) {
+        // Integers that fit i32 convert directly (hi·2^32 + lo would round lo away).
+        let fits = hi == select(0u, 0xffffffffu, bitcast<i32>(lo) < 0);
+        if (fits) {
+            f = f32(bitcast<i32>(lo));
+        } else if (code_signed(SRC)) {
+            f = f32(bitcast<i32>(hi)) * 4294967296.0 + f32(lo);
+        } else {
+            f = f32(hi) * 4294967296.0 + f32(lo);
+        }
+    }
     switch DST {
         case 0u: { return vec2<u32>(bitcast<u32>(f), 0u); }
         case 1u: { return vec2<u32>(pack2x16float(vec2<f32>(f, 0.0)) & 0xffffu, 0u); }
-        case 2u: {
-            if (is_float) { return vec2<u32>(sat_i32(f), 0u); }
-            let sext = select(0u, 0xffffffffu, bitcast<i32>(lo) < 0);
-            if (hi == sext) { return vec2<u32>(lo, 0u); }
-            return vec2<u32>(select(0x7fffffffu, 0x80000000u, bitcast<i32>(hi) < 0), 0u);
+        case 11u: { return f32_to_f64(f); }
+        case 12u: { return vec2<u32>(f32_to_bf16(f), 0u); }
+        case 4u: {
+            if (is_float) { return vec2<u32>(select(0u, 1u, f != 0.0), 0u); }
+            return vec2<u32>(select(0u, 1u, (lo | hi) != 0u), 0u);
         }
         case 3u: {
             if (!is_float) { return vec2<u32>(lo, hi); }
@@ -179,9 +283,22 @@ fn cast_elem(e: u32) -> vec2<u32> {
             let h = floor(t / 4294967296.0);
             return vec2<u32>(u32(t - h * 4294967296.0), bitcast<u32>(i32(h)));
         }
+        case 10u: {
+            if (!is_float) { return vec2<u32>(lo, hi); }
+            if (f != f || f <= 0.0) { return vec2<u32>(0u, 0u); }
+            if (f >= 1.8446744e19) { return vec2<u32>(0xffffffffu, 0xffffffffu); }
+            let t = trunc(f);
+            let h = floor(t / 4294967296.0);
+            return vec2<u32>(u32(t - h * 4294967296.0), u32(h));
+        }
+        case 2u: {
+            if (is_float) { return vec2<u32>(sat_i32(f), 0u); }
+            return vec2<u32>(lo, 0u);
+        }
+        // The narrower integers: the low bits (exact, wrapping) or f saturated.
         default: {
-            if (is_float) { return vec2<u32>(select(0u, 1u, f != 0.0), 0u); }
-            return vec2<u32>(select(0u, 1u, (lo | hi) != 0u), 0u);
+            if (is_float) { return vec2<u32>(sat_narrow(f, code_size(DST) * 8u, code_signed(DST)), 0u); }
+            return vec2<u32>(lo, 0u);
         }
     }
 }

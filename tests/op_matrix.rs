@@ -294,6 +294,14 @@ fn reference2(b: BinaryOp, x: f64, y: f64) -> f64 {
         BinaryOp::And => t(x != 0.0 && y != 0.0),
         BinaryOp::Or => t(x != 0.0 || y != 0.0),
         BinaryOp::Xor => t((x != 0.0) != (y != 0.0)),
+        // On the two's-complement values (wrapped to the dtype by the caller); shifts
+        // take unsigned operands only, and move every bit out at the type's width (which
+        // the wrap does).
+        BinaryOp::BitwiseAnd => (x as i128 & y as i128) as f64,
+        BinaryOp::BitwiseOr => (x as i128 | y as i128) as f64,
+        BinaryOp::BitwiseXor => (x as i128 ^ y as i128) as f64,
+        BinaryOp::BitShiftLeft => ((x as i128) << (y as u32)) as f64,
+        BinaryOp::BitShiftRight => ((x as i128) >> (y as u32)) as f64,
     }
 }
 
@@ -378,6 +386,12 @@ fn every_binary_map_on_every_backend() {
         let ints = DType::ALL.into_iter().filter(|d| d.is_int());
         let dts: Vec<DType> = match b.kind() {
             BinaryKind::Logic => vec![DType::Bool],
+            BinaryKind::Bitwise
+                if matches!(b, BinaryOp::BitShiftLeft | BinaryOp::BitShiftRight) =>
+            {
+                ints.filter(|d| d.is_unsigned()).collect()
+            }
+            BinaryKind::Bitwise => ints.collect(),
             BinaryKind::Compare if b == BinaryOp::Equal => {
                 [DType::F32, DType::Bool].into_iter().chain(ints).collect()
             }

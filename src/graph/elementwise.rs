@@ -201,6 +201,11 @@ macro_rules! for_each_binary {
             (And, "And", 7, logic, 5),
             (Or, "Or", 7, logic, 6),
             (Xor, "Xor", 7, logic, 7),
+            (BitwiseAnd, "BitwiseAnd", 18, bitwise, 9),
+            (BitwiseOr, "BitwiseOr", 18, bitwise, 10),
+            (BitwiseXor, "BitwiseXor", 18, bitwise, 11),
+            (BitShiftLeft, "BitShift", 11, bitwise, 12),
+            (BitShiftRight, "BitShift", 11, bitwise, 13),
         }
     };
 }
@@ -212,6 +217,9 @@ pub enum BinaryKind {
     Compare,
     Logic,
     Pow,
+    /// On integers only: And/Or/Xor of the bits and shifts. Their codes follow the
+    /// arithmetic ones (`BIN_*`), so that the arithmetic kernels run them.
+    Bitwise,
 }
 
 macro_rules! declare_binary {
@@ -240,10 +248,10 @@ macro_rules! declare_binary {
             pub fn code(self) -> i32 {
                 match self { $( BinaryOp::$v => $code ),* }
             }
-            /// The op named `name` (Mod's form is read by the parser).
+            /// The op named `name` (Mod's and BitShift's forms are read by the parser).
             pub(crate) fn parse(name: &str) -> Option<BinaryOp> {
                 match name {
-                    $( $onnx if stringify!($v) != "Fmod" => Some(BinaryOp::$v), )*
+                    $( $onnx if !matches!(stringify!($v), "Fmod" | "BitShiftRight") => Some(BinaryOp::$v), )*
                     _ => None,
                 }
             }
@@ -253,6 +261,7 @@ macro_rules! declare_binary {
     (@kind compare) => { BinaryKind::Compare };
     (@kind logic) => { BinaryKind::Logic };
     (@kind pow) => { BinaryKind::Pow };
+    (@kind bitwise) => { BinaryKind::Bitwise };
 }
 for_each_binary!(declare_binary);
 
@@ -295,7 +304,7 @@ fn binary_code_names() -> Vec<(String, i32)> {
         .iter()
         .filter_map(|b| {
             let prefix = match b.kind() {
-                BinaryKind::Arith => "BIN",
+                BinaryKind::Arith | BinaryKind::Bitwise => "BIN",
                 BinaryKind::Compare | BinaryKind::Logic => "CMP",
                 BinaryKind::Pow => return None,
             };

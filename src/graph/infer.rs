@@ -677,6 +677,20 @@ pub fn infer_node(
                         )));
                     }
                 }
+                BinaryKind::Bitwise => {
+                    same_dtype(&x, y)?;
+                    // ONNX shifts only unsigned integers (a signed right shift would have
+                    // to choose between arithmetic and logical).
+                    let shift = matches!(b, BinaryOp::BitShiftLeft | BinaryOp::BitShiftRight);
+                    if !x.dtype.is_int() || shift && !x.dtype.is_unsigned() {
+                        let want = if shift { "unsigned integer" } else { "integer" };
+                        return Err(f(format!(
+                            "{} takes {want} inputs, got {}",
+                            node.op.name(),
+                            x.dtype
+                        )));
+                    }
+                }
                 BinaryKind::Arith | BinaryKind::Compare => {
                     same_dtype(&x, y)?;
                     if bool_in && *b != BinaryOp::Equal {

@@ -776,6 +776,17 @@ impl Op {
             })
         };
         let op = match name {
+            "BitShift" => match a.string("direction")? {
+                Some((d, _)) if d == "LEFT" => Op::Binary(B::BitShiftLeft),
+                Some((d, _)) if d == "RIGHT" => Op::Binary(B::BitShiftRight),
+                Some((d, at)) => {
+                    return Err(a.err(
+                        Some(at),
+                        format!("attribute 'direction' must be \"LEFT\" or \"RIGHT\", got \"{d}\""),
+                    ))
+                }
+                None => return Err(a.err(None, "attribute 'direction' is required".into())),
+            },
             "Mod" => match a.int_or("fmod", 0)? {
                 0 => Op::Binary(B::Mod),
                 1 => Op::Binary(B::Fmod),
@@ -1106,6 +1117,8 @@ impl Op {
         match self {
             Op::Unary(UnaryOp::GeluTanh) => v.push(("approximate", V::Str("tanh".into()))),
             Op::Binary(BinaryOp::Fmod) => v.push(("fmod", V::Int(1))),
+            Op::Binary(BinaryOp::BitShiftLeft) => v.push(("direction", V::Str("LEFT".into()))),
+            Op::Binary(BinaryOp::BitShiftRight) => v.push(("direction", V::Str("RIGHT".into()))),
             Op::Unary(u) => v.extend(u.attrs().into_iter().map(|(k, x)| (k, f32_attr(x)))),
             Op::Cast { to } => v.push(("to", V::Str(to.name().into()))),
             Op::Gemm {

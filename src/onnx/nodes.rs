@@ -29,6 +29,7 @@ fn since(op: &str) -> i64 {
         "Range" | "GatherElements" | "GatherND" | "CumSum" => 11,
         "SoftmaxCrossEntropyLoss" => 12,
         "Trilu" => 14,
+        "BitwiseNot" => 18,
         "LayerNormalization" => 17,
         "Attention" => 23,
         _ => MIN_OPSET,
@@ -39,10 +40,11 @@ fn since(op: &str) -> i64 {
 /// them as chains of graphrun's binary ops (`lower_variadic`).
 const VARIADIC: &[&str] = &["Sum", "Mean", "Min", "Max"];
 
-/// ONNX's tests on floats and bools, which the importer writes exactly with comparisons
-/// (`lower_predicate`): IsNaN(x) = (x == x) == false, IsInf(x) = |x| == inf (or x == ±inf
-/// for one sign), Not(x) = x == false.
-const PREDICATES: &[&str] = &["IsNaN", "IsInf", "Not"];
+/// ONNX's one-input maps on bits, which the importer writes exactly with comparisons or
+/// bitwise ops (`lower_predicate`): IsNaN(x) = (x == x) == false, IsInf(x) = |x| == inf
+/// (or x == ±inf for one sign), Not(x) = x == false, BitwiseNot(x) = x ^ all-ones (-1
+/// cast to x's type, which wraps to every bit set).
+const PREDICATES: &[&str] = &["IsNaN", "IsInf", "Not", "BitwiseNot"];
 
 /// Ops the importer writes as graphrun's ops: ConstantOfShape(shape) is Expand(value,
 /// shape), the value a one-element tensor (f32 0 by default); the reductions graphrun has
@@ -527,6 +529,12 @@ impl<'a> Importer<'a> {
         }
         let eq = Op::Binary(BinaryOp::Equal);
         match op {
+            "BitwiseNot" => {
+                let c = self.constant(n, "ones", Tensor::scalar(-1i64));
+                let ones = self.fresh(&format!("{y}/ones_cast"));
+                self.push(n, "ones_cast", Op::CastLike, vec![c, x.clone()], &ones);
+                self.push(n, "", Op::Binary(BinaryOp::BitwiseXor), vec![x, ones], &y);
+            }
             "Not" => {
                 let f = self.constant(
                     n,

@@ -37,13 +37,19 @@ pub fn wgpu_present() -> bool {
     })
 }
 
-/// Whether `backend` may refuse an op on these operands: one has a dtype it has no type
-/// for (`graphrun::backends::NOT_ON_BACKEND`, e.g. WGSL's missing 64-bit integers).
-fn refusable(backend: BackendKind, args: &[Arg]) -> bool {
-    args.iter().any(|a| match a {
+/// The wgpu backend's error for integer arithmetic it does not do.
+pub const WGPU_NO_I64: &str = "not supported by the wgpu backend (integer arithmetic";
+
+/// Whether `backend` may refuse an op on these operands with `e`: one has a dtype it has
+/// no type for (`graphrun::backends::NOT_ON_BACKEND`, e.g. WGSL's missing 64-bit
+/// integers), or it is wgpu's documented refusal of integer arithmetic outside the
+/// elementwise maps (tests/op_matrix.rs holds those to every dtype).
+fn refusable(backend: BackendKind, args: &[Arg], e: &graphrun::Error) -> bool {
+    let no_type = args.iter().any(|a| match a {
         Arg::In(t) | Arg::Const(t) => graphrun::backends::not_on(backend, t.dtype()),
         Arg::None => false,
-    })
+    });
+    no_type || backend == BackendKind::Wgpu && e.to_string().contains(WGPU_NO_I64)
 }
 
 /// Whether `backend` computes in float dtype `dt`. WGSL has no f64 or bf16 (and f16 only
@@ -325,7 +331,7 @@ fn check_tol(
                 Ok(got) => got,
                 // WGSL has no 64-bit integers: wgpu answers most integer arithmetic with this
                 // error by design (src/backends/wgpu/mod.rs); anything else fails.
-                Err(e) if refusable(backend, args) => {
+                Err(e) if refusable(backend, args, &e) => {
                     eprintln!("{} on wgpu: {e}", op_.name());
                     continue;
                 }

@@ -587,6 +587,37 @@ pub fn binary(op: BinaryOp, a: &Tensor, b: &Tensor, out: &mut Tensor) -> Result<
         B::Add | B::Sub | B::Mul | B::Div | B::Mod | B::Fmod | B::Min | B::Max | B::PRelu => {
             return with_num!(a.dtype(), T => arith::<T>(op, a, b, out), _ => unsupported("binary", a.dtype()))
         }
+        B::BitwiseAnd | B::BitwiseOr | B::BitwiseXor | B::BitShiftLeft | B::BitShiftRight => {
+            return crate::with_dtypes!(a.dtype(), T => bitwise::<T>(op, a, b, out),
+                [I64 i64, I32 i32, I16 i16, I8 i8, U64 u64, U32 u32, U16 u16, U8 u8],
+                _ => unsupported(op.onnx_name(), a.dtype()))
+        }
+    }
+    Ok(())
+}
+
+/// The bitwise maps. A shift by the type's width or more gives 0 (all bits shifted out),
+/// as numpy's shifts do.
+fn bitwise<T: Elem + num_traits::PrimInt>(
+    op: BinaryOp,
+    a: &Tensor,
+    b: &Tensor,
+    out: &mut Tensor,
+) -> Result<()> {
+    use BinaryOp as B;
+    let bits = T::zero().count_zeros() as u64;
+    let amount = |s: T| s.to_u64().filter(|&s| s < bits).map(|s| s as usize);
+    match op {
+        B::BitwiseAnd => map2(a, b, out, |x: T, y: T| x & y),
+        B::BitwiseOr => map2(a, b, out, |x: T, y: T| x | y),
+        B::BitwiseXor => map2(a, b, out, |x: T, y: T| x ^ y),
+        B::BitShiftLeft => map2(a, b, out, |x: T, s: T| {
+            amount(s).map_or(T::zero(), |s| x << s)
+        }),
+        B::BitShiftRight => map2(a, b, out, |x: T, s: T| {
+            amount(s).map_or(T::zero(), |s| x >> s)
+        }),
+        _ => unreachable!("not a bitwise op: {op:?}"),
     }
     Ok(())
 }

@@ -139,9 +139,9 @@ pub fn binary(c: &Cuda, node: &Node, op: BinaryOp, a: &V, b: &V, y: &V) -> Resul
     let (name, code) = match op.kind() {
         BinaryKind::Compare | BinaryKind::Logic => ("compare", op.code()),
         BinaryKind::Pow => return pow(c, node, a, b, y, s),
-        BinaryKind::Arith => ("binary", op.code()),
+        BinaryKind::Arith | BinaryKind::Bitwise => ("binary", op.code()),
     };
-    if name == "binary" && dt == DType::Bool {
+    if name == "binary" && dt == DType::Bool || op.kind() == BinaryKind::Bitwise && !dt.is_int() {
         return Err(unsupported(node, dt));
     }
     // Integer division by zero is an error on the CPU: checked here the same way.

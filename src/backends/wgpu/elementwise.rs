@@ -79,7 +79,8 @@ pub fn binary(w: &mut Wgpu, node: &Node, op: BinaryOp, a: &V, b: &V, y: &V) -> R
         return packed(w, node, op, a, b, y, s);
     }
     let (entry, code) = match op.kind() {
-        BinaryKind::Arith => ("binary", op.code()),
+        BinaryKind::Bitwise if !a.dtype().is_int() => return Err(unsupported(node, a.dtype())),
+        BinaryKind::Arith | BinaryKind::Bitwise => ("binary", op.code()),
         // And, Or and Xor take bools, which are packed: only comparisons come here.
         BinaryKind::Compare | BinaryKind::Logic => ("compare", op.code()),
         BinaryKind::Pow => return pow(w, node, a, b, y, s),
@@ -139,7 +140,9 @@ fn packed(w: &mut Wgpu, node: &Node, op: BinaryOp, a: &V, b: &V, y: &V, s: Strid
     };
     let n = y.numel();
     let (entry, per) = match op.kind() {
-        BinaryKind::Arith if a.dtype() != DType::Bool => ("binary_packed", 32 / bits),
+        BinaryKind::Arith | BinaryKind::Bitwise if a.dtype() != DType::Bool => {
+            ("binary_packed", 32 / bits)
+        }
         BinaryKind::Compare | BinaryKind::Logic => ("compare_packed", 4),
         _ => return Err(unsupported(node, a.dtype())),
     };

@@ -9,16 +9,24 @@ use crate::graph::infer::ValueType;
 use crate::graph::Node;
 use crate::tensor::{numel, DType};
 
-/// The dtype code of shaders/shape.wgsl `cast_elem` (f64 and bf16 have none).
-fn code(dt: DType) -> Option<u32> {
-    Some(match dt {
+/// The dtype code of shaders/shape.wgsl `cast_elem`. WGSL has no f64 or bf16: they are
+/// cast by their bits, to and from the other floats only (`cast`).
+fn code(dt: DType) -> u32 {
+    match dt {
         DType::F32 => 0,
         DType::F16 => 1,
         DType::I32 => 2,
         DType::I64 => 3,
         DType::Bool => 4,
-        _ => return None,
-    })
+        DType::U8 => 5,
+        DType::I8 => 6,
+        DType::U16 => 7,
+        DType::I16 => 8,
+        DType::U32 => 9,
+        DType::U64 => 10,
+        DType::F64 => 11,
+        DType::BF16 => 12,
+    }
 }
 
 fn kernel(entry: &str, es: usize, src: u32, dst: u32) -> Kernel<'_> {
@@ -292,7 +300,12 @@ pub fn gather_grad(w: &mut Wgpu, node: &Node, dy: &V, idx: &V, axis: i64, out: &
         .u(4, idx.numel().max(1))
         .u(5, out.shape()[a])
         .u(6, index_words(node, idx)?);
-    let src = code(dy.dtype()).ok_or_else(|| unsupported(node, dy.dtype()))?;
+    // The shader reads dY as f32 or f16 (code 0 or 1).
+    let src = match dy.dtype() {
+        DType::F32 => 0,
+        DType::F16 => 1,
+        dt => return Err(unsupported(node, dt)),
+    };
     w.run_kernel(
         &kernel("gather_grad", 4, src, 0),
         &p,
@@ -318,8 +331,15 @@ pub fn cast(w: &mut Wgpu, node: &Node, x: &V, y: &V) -> Result<()> {
         w.rec.copy(x.buf, y.buf, y.ty.bytes());
         return Ok(());
     }
-    let src = code(x.dtype()).ok_or_else(|| unsupported(node, x.dtype()))?;
-    let dst = code(y.dtype()).ok_or_else(|| unsupported(node, y.dtype()))?;
+    // f64 and bf16 convert through f32 in the shader: between floats only, where that
+    // rounds once (f64 to f16 twice, within f16's tolerance).
+    let bits_only = |d: DType| matches!(d, DType::F64 | DType::BF16);
+    for (d, other) in [(x.dtype(), y.dtype()), (y.dtype(), x.dtype())] {
+        if bits_only(d) && !other.is_float() {
+            return Err(unsupported(node, d));
+        }
+    }
+    let (src, dst) = (code(x.dtype()), code(y.dtype()));
     let es = y.dtype().size();
     let n = y.numel();
     let nw = words(n, es);

@@ -47,7 +47,8 @@ pub struct BackwardOptions {
 pub fn treated_as_constant(op: &Op) -> bool {
     match op {
         Op::Unary(u) => !u.differentiable(),
-        Op::Binary(b) => b.is_comparison(),
+        // Integer-only maps (bitwise) have no gradient either.
+        Op::Binary(b) => b.is_comparison() || b.kind() == crate::graph::BinaryKind::Bitwise,
         Op::Shape { .. } | Op::Range => true,
         _ => false,
     }

@@ -660,6 +660,7 @@ fn binary(b: &mut Builder, n: &Node, op: B, dy: &str) -> Result<Grads> {
         // Comparisons and logic: bool outputs, no gradient.
         B::Equal | B::Less | B::Greater | B::LessOrEqual | B::GreaterOrEqual => {}
         B::And | B::Or | B::Xor => {}
+        B::BitwiseAnd | B::BitwiseOr | B::BitwiseXor | B::BitShiftLeft | B::BitShiftRight => {}
     }
     Ok(out)
 }

@@ -1,0 +1,244 @@
+//! Every element type: file formats in and out, ONNX tensor data, and Cast between every
+//! pair on every backend against references written here with Rust's own conversions
+//! (integers exactly and wrapping, floats saturating into integers, NaN to 0).
+
+mod common;
+use common::*;
+use graphrun::graph::Op;
+use graphrun::onnx::proto::TensorProto;
+use graphrun::onnx::tensor::from_proto;
+use graphrun::{Bool, DType, Tensor};
+use std::path::Path;
+
+/// Values every dtype holds exactly: small non-negative integers, as f64.
+fn small(n: usize) -> Vec<f64> {
+    (0..n).map(|i| ((i * 37 + 11) % 100) as f64).collect()
+}
+
+#[test]
+fn npy_and_safetensors_keep_every_dtype() {
+    for dt in DType::ALL {
+        let v: Vec<f64> = small(6)
+            .iter()
+            .map(|&x| {
+                if dt == DType::Bool {
+                    (x as i64 % 2) as f64
+                } else {
+                    x
+                }
+            })
+            .collect();
+        let t = Tensor::from_f64(dt, &[2, 3], &v).unwrap();
+        let back = Tensor::from_npy_bytes(&t.to_npy_bytes()).unwrap();
+        assert_eq!(back, t, "{dt} through .npy");
+        let dir = std::env::temp_dir().join(format!("graphrun_dtypes_{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join(format!("{dt}.safetensors"));
+        Tensor::write_safetensors(&[("t".to_string(), &t)], &p).unwrap();
+        let read = Tensor::read_safetensors(&p).unwrap();
+        std::fs::remove_file(&p).unwrap();
+        assert_eq!(read[0].1, t, "{dt} through .safetensors");
+    }
+}
+
+#[test]
+fn onnx_typed_fields_decode_every_integer_type() {
+    // The narrow integers and bool travel widened in int32_data, u32/u64 in uint64_data.
+    let cases: [(DType, Vec<i32>, Vec<u64>, Vec<f64>); 7] = [
+        (
+            DType::I8,
+            vec![-128, 127, -1],
+            vec![],
+            vec![-128.0, 127.0, -1.0],
+        ),
+        (DType::U8, vec![0, 255, 7], vec![], vec![0.0, 255.0, 7.0]),
+        (
+            DType::I16,
+            vec![-32768, 32767, 5],
+            vec![],
+            vec![-32768.0, 32767.0, 5.0],
+        ),
+        (
+            DType::U16,
+            vec![0, 65535, 9],
+            vec![],
+            vec![0.0, 65535.0, 9.0],
+        ),
+        (DType::Bool, vec![0, 1, 1], vec![], vec![0.0, 1.0, 1.0]),
+        (
+            DType::U32,
+            vec![],
+            vec![0, 4294967295, 3],
+            vec![0.0, 4294967295.0, 3.0],
+        ),
+        (
+            DType::U64,
+            vec![],
+            vec![0, u64::MAX, 3],
+            vec![0.0, u64::MAX as f64, 3.0],
+        ),
+    ];
+    for (dt, i32s, u64s, want) in cases {
+        let p = TensorProto {
+            dims: vec![3],
+            data_type: dt.onnx_code(),
+            int32_data: i32s,
+            uint64_data: u64s,
+            ..Default::default()
+        };
+        let t = from_proto(&p, Path::new("."), "t").unwrap();
+        assert_eq!(t.dtype(), dt);
+        assert_eq!(t.to_f64_vec(), want, "{dt}");
+    }
+    // u64 beyond 2^53 is kept exactly (f64 would round it).
+    let p = TensorProto {
+        dims: vec![1],
+        data_type: DType::U64.onnx_code(),
+        uint64_data: vec![u64::MAX - 1],
+        ..Default::default()
+    };
+    let t = from_proto(&p, Path::new("."), "t").unwrap();
+    assert_eq!(t.to_vec::<u64>(), vec![u64::MAX - 1]);
+}
+
+/// `v` (an integer) wrapped to integer dtype `dt`, as C and numpy cast.
+fn wrap(v: i128, dt: DType) -> f64 {
+    let bits = dt.size() * 8;
+    let m = 1i128 << bits;
+    let r = v.rem_euclid(m);
+    (if !dt.is_unsigned() && r >= m / 2 {
+        r - m
+    } else {
+        r
+    }) as f64
+}
+
+#[test]
+fn casts_between_integers_are_exact_and_wrap() {
+    let v: Vec<i64> = vec![300, -1, -129, 70000, i64::MAX, i64::MIN, 0, 255];
+    let x = Tensor::from_vec(&[v.len()], v.clone()).unwrap();
+    for dt in DType::ALL.into_iter().filter(|d| d.is_int()) {
+        let got = x.cast(dt);
+        let want: Vec<f64> = v.iter().map(|&i| wrap(i as i128, dt)).collect();
+        assert_eq!(got.to_f64_vec(), want, "i64 -> {dt}");
+    }
+    // u64 above i64::MAX back to i64: the same bits.
+    let u = Tensor::from_vec(&[2], vec![u64::MAX, 1u64 << 63]).unwrap();
+    assert_eq!(u.cast(DType::I64).to_vec::<i64>(), vec![-1, i64::MIN]);
+    // Bool: non-zero is true, either way.
+    let b = Tensor::from_vec(&[3], vec![0u8, 2, 255])
+        .unwrap()
+        .cast(DType::Bool);
+    assert_eq!(
+        b.to_vec::<Bool>(),
+        vec![Bool::FALSE, Bool::TRUE, Bool::TRUE]
+    );
+}
+
+#[test]
+fn floats_saturate_into_integers() {
+    let v = vec![1e10, -1e10, 3.7, -3.7, f64::NAN, 200.5];
+    let x = Tensor::from_vec(&[v.len()], v.clone()).unwrap();
+    for dt in DType::ALL.into_iter().filter(|d| d.is_int()) {
+        let got = x.cast(dt).to_f64_vec();
+        let (lo, hi) = if dt.is_unsigned() {
+            (0.0, 2f64.powi(dt.size() as i32 * 8) - 1.0)
+        } else {
+            let h = 2f64.powi(dt.size() as i32 * 8 - 1);
+            (-h, h - 1.0)
+        };
+        let want: Vec<f64> = v
+            .iter()
+            .map(|&f| {
+                if f.is_nan() {
+                    0.0
+                } else {
+                    f.trunc().clamp(lo, hi)
+                }
+            })
+            .collect();
+        assert_eq!(got, want, "f64 -> {dt}");
+    }
+}
+
+/// Cast between every pair of dtypes on every backend, on values every dtype holds
+/// exactly (so the reference is the values themselves, 0/1 for bool). A backend may
+/// refuse only dtypes it has no type for (`NOT_ON_BACKEND`).
+#[test]
+fn cast_between_every_pair_on_every_backend() {
+    let v = small(10);
+    for from in DType::ALL {
+        let src: Vec<f64> = if from == DType::Bool {
+            v.iter().map(|&x| (x as i64 % 2) as f64).collect()
+        } else {
+            v.clone()
+        };
+        let x = Tensor::from_f64(from, &[2, 5], &src).unwrap();
+        for to in DType::ALL {
+            let want: Vec<f64> = src
+                .iter()
+                .map(|&s| {
+                    if to == DType::Bool {
+                        (s != 0.0) as u8 as f64
+                    } else {
+                        s
+                    }
+                })
+                .collect();
+            for backend in backends() {
+                let r = run_op(backend, Op::Cast { to }, &[inp(x.clone())], 1, from);
+                match r {
+                    Ok(out) => {
+                        assert_eq!(out[0].to_f64_vec(), want, "{from} -> {to} on {backend:?}")
+                    }
+                    Err(e) => assert!(
+                        graphrun::backends::not_on(backend, from)
+                            || graphrun::backends::not_on(backend, to),
+                        "{from} -> {to} on {backend:?}: {e}"
+                    ),
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn arithmetic_wraps_in_the_narrow_type() {
+    // u8: 200 + 100 = 44, 3 - 5 = 254, 16 * 17 = 16; i8: 100 + 100 = -56, -128 / -1 = -128.
+    let a = Tensor::from_vec(&[3], vec![200u8, 3, 16]).unwrap();
+    let b = Tensor::from_vec(&[3], vec![100u8, 5, 17]).unwrap();
+    for backend in backends() {
+        for (op, want) in [
+            ("Add", [44.0, 8.0, 33.0]),
+            ("Sub", [100.0, 254.0, 255.0]),
+            ("Mul", [32.0, 15.0, 16.0]),
+        ] {
+            let out = run_op(
+                backend,
+                bin(op),
+                &[inp(a.clone()), inp(b.clone())],
+                1,
+                DType::F32,
+            )
+            .unwrap();
+            assert_eq!(out[0].to_f64_vec(), want, "u8 {op} on {backend:?}");
+        }
+        let x = Tensor::from_vec(&[2], vec![100i8, -128]).unwrap();
+        let y = Tensor::from_vec(&[2], vec![100i8, -1]).unwrap();
+        let out = run_op(
+            backend,
+            bin("Add"),
+            &[inp(x.clone()), inp(y.clone())],
+            1,
+            DType::F32,
+        )
+        .unwrap();
+        assert_eq!(out[0].to_f64_vec(), [-56.0, 127.0], "i8 Add on {backend:?}");
+        let out = run_op(backend, bin("Div"), &[inp(x), inp(y)], 1, DType::F32).unwrap();
+        assert_eq!(out[0].to_f64_vec(), [1.0, -128.0], "i8 Div on {backend:?}");
+    }
+}
+
+fn bin(name: &str) -> Op {
+    Op::parse(name, &[], "node", None).unwrap()
+}
