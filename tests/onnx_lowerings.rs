@@ -263,8 +263,16 @@ fn nll_ref(
     }
 }
 
-/// NLL cases: (input shape, reduction, weighted, ignore_index).
-fn nll_cases() -> Vec<(Case, Vec<usize>, String, bool, Option<i64>)> {
+/// An NLL case and its settings.
+struct Nll {
+    case: Case,
+    shape: Vec<usize>,
+    reduction: String,
+    weighted: bool,
+    ignore: Option<i64>,
+}
+
+fn nll_cases() -> Vec<Nll> {
     let mut out = vec![];
     let mut seed = 0;
     for shape in [vec![4usize, 5], vec![2, 4, 3, 2]] {
@@ -306,7 +314,13 @@ fn nll_cases() -> Vec<(Case, Vec<usize>, String, bool, Option<i64>)> {
                     ],
                 )
                 .with(attrs);
-                out.push((case, shape.clone(), reduction.to_string(), weighted, ignore));
+                out.push(Nll {
+                    case,
+                    shape: shape.clone(),
+                    reduction: reduction.to_string(),
+                    weighted,
+                    ignore,
+                });
             }
         }
     }
@@ -329,7 +343,14 @@ fn nll_reference<'a>(
 
 #[test]
 fn negative_log_likelihood_loss_on_every_backend() {
-    for (case, shape, reduction, weighted, ignore) in nll_cases() {
+    for Nll {
+        case,
+        shape,
+        reduction,
+        weighted,
+        ignore,
+    } in nll_cases()
+    {
         let what = format!("NLL {shape:?} {reduction} weighted {weighted} ignore {ignore:?}");
         check_case(
             &what,
@@ -343,7 +364,9 @@ fn negative_log_likelihood_loss_on_every_backend() {
 
 #[test]
 fn negative_log_likelihood_loss_has_gradients() {
-    for (k, (case, shape, reduction, weighted, ignore)) in nll_cases().into_iter().enumerate() {
+    for (k, c) in nll_cases().into_iter().enumerate() {
+        let (case, shape, reduction) = (c.case, c.shape, c.reduction);
+        let (weighted, ignore) = (c.weighted, c.ignore);
         let what = format!("NLL {shape:?} {reduction} weighted {weighted} ignore {ignore:?}");
         let wrt: &[usize] = if weighted { &[0, 2] } else { &[0] };
         check_grads(

@@ -115,7 +115,6 @@ pub fn node(
         input: ins.iter().map(|s| s.to_string()).collect(),
         output: outs.iter().map(|s| s.to_string()).collect(),
         attribute: attrs,
-        ..Default::default()
     }
 }
 
