@@ -4,13 +4,11 @@
 //! attribute (opset 17) and as an input (opset 18), keepdims on and off.
 
 mod common;
+#[path = "common/onnx_model.rs"]
+mod onnx_model;
 use common::*;
-use graphrun::onnx::proto::{
-    attr_type, AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto,
-    TensorShapeProto, TypeProto, TypeProtoTensor, ValueInfoProto,
-};
 use graphrun::{DType, Session, SessionOptions, Tensor};
-use prost::Message;
+use onnx_model::{import_one_node, initializer, input, int_attr, ints_attr, node};
 use std::collections::HashMap;
 
 const OPS: [&str; 6] = [
@@ -22,87 +20,28 @@ const OPS: [&str; 6] = [
     "ReduceLogSumExp",
 ];
 
-fn int_attr(name: &str, v: i64) -> AttributeProto {
-    AttributeProto {
-        name: name.into(),
-        r#type: attr_type::INT,
-        i: v,
-        ..Default::default()
-    }
-}
-
-/// A one-node model of `op` over x (`elem`: 1 f32, 11 f64) of shape `shape`.
+/// A one-node model of `op` over x (of `dtype` and shape `shape`).
 fn model(
     op: &str,
     opset: i64,
-    elem: i32,
+    dtype: DType,
     shape: &[usize],
     axes: &[i64],
     keepdims: i64,
 ) -> graphrun::Graph {
-    let dims = shape
-        .iter()
-        .map(|&d| graphrun::onnx::proto::Dimension {
-            dim_value: Some(d as i64),
-            dim_param: None,
-        })
-        .collect();
-    let x = ValueInfoProto {
-        name: "x".into(),
-        r#type: Some(TypeProto {
-            tensor_type: Some(TypeProtoTensor {
-                elem_type: elem,
-                shape: Some(TensorShapeProto { dim: dims }),
-            }),
-            ..Default::default()
-        }),
-    };
+    let dims: Vec<Option<usize>> = shape.iter().map(|&d| Some(d)).collect();
     let mut attrs = vec![int_attr("keepdims", keepdims)];
-    let mut inputs = vec!["x".to_string()];
+    let mut inputs = vec!["x"];
     let mut inits = vec![];
     if opset >= 18 {
-        inputs.push("axes".into());
-        inits.push(TensorProto {
-            name: "axes".into(),
-            dims: vec![axes.len() as i64],
-            data_type: 7,
-            int64_data: axes.to_vec(),
-            ..Default::default()
-        });
+        inputs.push("axes");
+        let t = Tensor::from_vec(&[axes.len()], axes.to_vec()).unwrap();
+        inits.push(initializer("axes", &t));
     } else {
-        attrs.push(AttributeProto {
-            name: "axes".into(),
-            r#type: attr_type::INTS,
-            ints: axes.to_vec(),
-            ..Default::default()
-        });
+        attrs.push(ints_attr("axes", axes));
     }
-    let g = GraphProto {
-        node: vec![NodeProto {
-            op_type: op.into(),
-            input: inputs,
-            output: vec!["y".into()],
-            attribute: attrs,
-            ..Default::default()
-        }],
-        input: vec![x],
-        output: vec![ValueInfoProto {
-            name: "y".into(),
-            ..Default::default()
-        }],
-        initializer: inits,
-        ..Default::default()
-    };
-    let m = ModelProto {
-        ir_version: 8,
-        opset_import: vec![OperatorSetIdProto {
-            domain: String::new(),
-            version: opset,
-        }],
-        graph: Some(g),
-        ..Default::default()
-    };
-    graphrun::onnx::from_bytes(&m.encode_to_vec(), op, std::path::Path::new(".")).unwrap()
+    let n = node(op, "", &inputs, &["y"], attrs);
+    import_one_node(n, opset, vec![input("x", dtype, &dims)], inits).unwrap()
 }
 
 /// The reduction of `v` (shape `shape`) over `axes`, in f64.
@@ -120,23 +59,10 @@ fn reference(
             _ => Some(shape[d]),
         })
         .collect();
-    let kept: Vec<usize> = (0..shape.len())
-        .map(|d| if axes.contains(&d) { 1 } else { shape[d] })
+    let groups: Vec<Vec<f64>> = groups(shape, axes)
+        .iter()
+        .map(|g| g.iter().map(|&i| v[i]).collect())
         .collect();
-    let mut groups: Vec<Vec<f64>> = vec![vec![]; kept.iter().product()];
-    for (p, &x) in indices(shape).iter().zip(v) {
-        let q: Vec<usize> = p
-            .iter()
-            .zip(&kept)
-            .map(|(&i, &k)| if k == 1 { 0 } else { i })
-            .collect();
-        let at = q
-            .iter()
-            .zip(strides(&kept))
-            .map(|(a, b)| a * b)
-            .sum::<usize>();
-        groups[at].push(x);
-    }
     let f = |g: &Vec<f64>| -> f64 {
         match op {
             "ReduceMin" => g.iter().copied().fold(f64::INFINITY, f64::min),
@@ -169,7 +95,7 @@ fn rewritten_reductions_on_every_backend() {
         ] {
             for keepdims in [0, 1] {
                 let x = data(op, &shape, 10 + k as u64);
-                let g = model(op, opset, 1, &shape, &axes, keepdims);
+                let g = model(op, opset, DType::F32, &shape, &axes, keepdims);
                 let (want_shape, want) = reference(
                     op,
                     &x.cast(DType::F32).to_f64_vec(),
@@ -209,7 +135,7 @@ fn rewritten_reductions_have_gradients() {
     let shape = [3usize, 4];
     for (k, op) in OPS.into_iter().enumerate() {
         let x = data(op, &shape, 30 + k as u64).cast(DType::F64);
-        let g = model(op, 18, 11, &shape, &[1], 0);
+        let g = model(op, 18, DType::F64, &shape, &[1], 0);
         let mut s = Session::new(g, SessionOptions::default()).unwrap();
         let dy = randn(&[3], 40 + k as u64);
         let seeds = HashMap::from([("y".to_string(), dy.clone())]);

@@ -1,7 +1,8 @@
 //! ONNX nodes → graphrun nodes. Each ONNX node becomes one graphrun node (attributes typed
 //! by `Op::parse`, as the YAML loader does), except where the imported opset gives an op
 //! semantics that graphrun's opset-17 op does not have: those nodes are rewritten here
-//! into exact equivalents (`lower`). Problems are gathered, not returned at the first, so
+//! into exact equivalents (`lower`), and where an ONNX operator graphrun has no kernel for
+//! is an exact composition of its ops (`composite`). Problems are gathered, not returned at the first, so
 //! that every op graphrun lacks is named in one error (SPEC §5).
 
 use super::proto::{attr_type as T, AttributeProto, GraphProto, NodeProto};
@@ -14,6 +15,9 @@ use crate::tensor::Tensor;
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 
+mod composite;
+use composite::{COMPOSITE, MS_COMPOSITE};
+
 /// The opset in which ONNX introduced an op, for ops newer than graphrun's oldest
 /// supported opset; a model that uses one under an older opset is not valid ONNX.
 fn since(op: &str) -> i64 {
@@ -25,13 +29,13 @@ fn since(op: &str) -> i64 {
     }
     match op {
         "Expand" => 8,
-        "Where" => 9,
+        "Where" | "MeanVarianceNormalization" | "Shrink" => 9,
         "Range" | "GatherElements" | "GatherND" | "CumSum" => 11,
-        "SoftmaxCrossEntropyLoss" => 12,
+        "SoftmaxCrossEntropyLoss" | "NegativeLogLikelihoodLoss" => 12,
         "Trilu" => 14,
-        "BitwiseNot" => 18,
-        "LayerNormalization" => 17,
-        "Attention" => 23,
+        "LayerNormalization" | "HannWindow" | "HammingWindow" | "BlackmanWindow" => 17,
+        "GroupNormalization" | "BitwiseNot" => 18,
+        "Attention" | "RMSNormalization" => 23,
         _ => MIN_OPSET,
     }
 }
@@ -66,9 +70,15 @@ const NOT_ONNX: &[&str] = &["FusedMatMul", "VarlenAttention"];
 /// Whether the importer takes ONNX op `op` of the default domain: one of graphrun's ops, or
 /// one it writes as graphrun's ops.
 pub fn imports(op: &str) -> bool {
-    [OP_NAMES.as_slice(), VARIADIC, PREDICATES, REWRITTEN]
-        .iter()
-        .any(|list| list.contains(&op))
+    [
+        OP_NAMES.as_slice(),
+        VARIADIC,
+        PREDICATES,
+        REWRITTEN,
+        COMPOSITE,
+    ]
+    .iter()
+    .any(|list| list.contains(&op))
         && !NOT_ONNX.contains(&op)
 }
 
@@ -159,7 +169,12 @@ impl<'a> Importer<'a> {
         };
         let op_type = n.op_type.as_str();
         let default_domain = n.domain.is_empty() || n.domain == "ai.onnx";
-        if !default_domain || !imports(op_type) {
+        let taken = if default_domain {
+            imports(op_type)
+        } else {
+            n.domain == "com.microsoft" && MS_COMPOSITE.contains(&op_type)
+        };
+        if !taken {
             let key = if default_domain {
                 op_type.to_string()
             } else {
@@ -168,7 +183,7 @@ impl<'a> Importer<'a> {
             self.unsupported.entry(key).or_default().push(shown);
             return;
         }
-        if self.opset < since(op_type) {
+        if default_domain && self.opset < since(op_type) {
             self.errors.push(Error::Graph(format!(
                 "node '{shown}' ({op_type}): {op_type} exists from opset {} on; the model imports opset {}",
                 since(op_type),
@@ -205,6 +220,9 @@ impl<'a> Importer<'a> {
             "ConstantOfShape" => return self.lower_constant_of_shape(n, shown, attrs),
             op if op.starts_with("Reduce") && REWRITTEN.contains(&op) => {
                 return self.lower_reduce(n, shown, attrs)
+            }
+            op if COMPOSITE.contains(&op) || MS_COMPOSITE.contains(&op) => {
+                return self.lower_composite(n, shown, attrs)
             }
             // ONNX's K and V are required; graphrun's packed-QKV form (K and V omitted)
             // is its own.
@@ -598,8 +616,10 @@ impl<'a> Importer<'a> {
     fn constant(&mut self, n: &NodeProto, what: &str, t: Tensor) -> String {
         let out = n.output.first().map(String::as_str).unwrap_or("onnx");
         let value = self.fresh(&format!("{out}/{what}"));
+        // The node takes the value's suffix, which `fresh` keeps unique.
+        let suffix = &value[out.len() + 1..];
         self.nodes.push(Node {
-            name: helper_name(n, what),
+            name: helper_name(n, suffix),
             op: Op::Constant { value: t },
             inputs: vec![],
             outputs: vec![value.clone()],

@@ -404,6 +404,26 @@ pub fn indices(shape: &[usize]) -> Vec<Vec<usize>> {
         .collect()
 }
 
+/// The flat indices of `shape` grouped by their position off `axes`: each group is what a
+/// reduction over `axes` combines, the groups in row-major order of the other dims.
+pub fn groups(shape: &[usize], axes: &[usize]) -> Vec<Vec<usize>> {
+    let kept: Vec<usize> = (0..shape.len())
+        .map(|d| if axes.contains(&d) { 1 } else { shape[d] })
+        .collect();
+    let ks = strides(&kept);
+    let mut out: Vec<Vec<usize>> = vec![vec![]; kept.iter().product()];
+    for (f, p) in indices(shape).iter().enumerate() {
+        let at: usize = p
+            .iter()
+            .zip(&kept)
+            .zip(&ks)
+            .map(|((&i, &k), &s)| if k == 1 { 0 } else { i * s })
+            .sum();
+        out[at].push(f);
+    }
+    out
+}
+
 // ---- gradient checks --------------------------------------------------------------------
 
 /// A node for `eval_node`: inputs `in{i}` ("" where absent), outputs as named ("" marks an

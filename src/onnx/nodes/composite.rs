@@ -1,0 +1,828 @@
+//! ONNX operators graphrun has no kernel for, written by the importer as exact compositions
+//! of graphrun's ops: every backend then runs them, and autodiff differentiates them
+//! through their parts. Each lowering follows the operator's ONNX definition (its function
+//! body where it has one); what a composition needs of a shape it does not know at import
+//! (a rank, a dim) comes from `Shape` arithmetic, which the plan folds on the host.
+
+use super::Importer;
+use crate::error::{Error, Result};
+use crate::graph::op::{Attr, AttrValue, ReduceKind};
+use crate::graph::{BinaryOp, Op, UnaryOp};
+use crate::onnx::proto::NodeProto;
+use crate::tensor::{DType, Tensor};
+
+/// The ai.onnx operators written here. SimplifiedLayerNormalization is ONNX Runtime's RMS
+/// normalization, which its transformer optimizer writes in the default domain.
+pub(super) const COMPOSITE: &[&str] = &[
+    "Size",
+    "NegativeLogLikelihoodLoss",
+    "RMSNormalization",
+    "SimplifiedLayerNormalization",
+    "LpNormalization",
+    "MeanVarianceNormalization",
+    "Shrink",
+    "DepthToSpace",
+    "SpaceToDepth",
+    "GlobalAveragePool",
+    "GlobalMaxPool",
+    "InstanceNormalization",
+    "GroupNormalization",
+    "BatchNormalization",
+    "HannWindow",
+    "HammingWindow",
+    "BlackmanWindow",
+];
+
+/// The com.microsoft (ONNX Runtime contrib) operators written here.
+pub(super) const MS_COMPOSITE: &[&str] = &[
+    "SimplifiedLayerNormalization",
+    "SkipSimplifiedLayerNormalization",
+];
+
+/// A node's attributes, read by name; one left unread is an error (`finish`).
+struct Attrs {
+    what: String,
+    list: Vec<Attr>,
+}
+
+impl Attrs {
+    fn take(&mut self, key: &str) -> Option<AttrValue> {
+        super::take(&mut self.list, key)
+    }
+    fn wrong(&self, key: &str, want: &str, v: &AttrValue) -> Error {
+        Error::Graph(format!(
+            "{}: attribute '{key}' must be {want}, got {v:?}",
+            self.what
+        ))
+    }
+    /// An error about attribute `key`'s value.
+    fn refuse(&self, key: &str, msg: &str) -> Error {
+        Error::Graph(format!("{}: attribute '{key}' {msg}", self.what))
+    }
+    fn opt_int(&mut self, key: &str) -> Result<Option<i64>> {
+        match self.take(key) {
+            None => Ok(None),
+            Some(AttrValue::Int(v)) => Ok(Some(v)),
+            Some(v) => Err(self.wrong(key, "an integer", &v)),
+        }
+    }
+    fn int(&mut self, key: &str, default: i64) -> Result<i64> {
+        Ok(self.opt_int(key)?.unwrap_or(default))
+    }
+    fn float(&mut self, key: &str, default: f32) -> Result<f32> {
+        match self.take(key) {
+            None => Ok(default),
+            Some(AttrValue::Float(v)) => Ok(v as f32),
+            Some(AttrValue::Int(v)) => Ok(v as f32),
+            Some(v) => Err(self.wrong(key, "a float", &v)),
+        }
+    }
+    fn string(&mut self, key: &str, default: &str) -> Result<String> {
+        match self.take(key) {
+            None => Ok(default.to_string()),
+            Some(AttrValue::Str(s)) => Ok(s),
+            Some(v) => Err(self.wrong(key, "a string", &v)),
+        }
+    }
+    fn ints(&mut self, key: &str, default: &[i64]) -> Result<Vec<i64>> {
+        match self.take(key) {
+            None => Ok(default.to_vec()),
+            Some(AttrValue::Ints(v)) => Ok(v),
+            Some(AttrValue::Int(v)) => Ok(vec![v]),
+            Some(v) => Err(self.wrong(key, "a list of integers", &v)),
+        }
+    }
+    /// A floating dtype given by its ONNX code (stash_type).
+    fn float_dtype(&mut self, key: &str, default: i64) -> Result<DType> {
+        let code = self.int(key, default)?;
+        match DType::from_onnx(code) {
+            Some(dt) if dt.is_float() => Ok(dt),
+            _ => Err(self.refuse(
+                key,
+                &format!("must name a floating type (1, 10, 11 or 16), got {code}"),
+            )),
+        }
+    }
+    fn finish(&self) -> Result<()> {
+        match self.list.first() {
+            None => Ok(()),
+            Some(a) => Err(Error::Graph(format!(
+                "{}: unknown attribute '{}'",
+                self.what, a.name
+            ))),
+        }
+    }
+}
+
+/// The node's inputs after checking the counts of inputs and outputs: the first
+/// `want.0` (required), then the optional ones up to `want.1` (None where omitted).
+fn inputs(
+    n: &NodeProto,
+    what: &str,
+    want: (usize, usize),
+    outs: usize,
+) -> Result<(Vec<String>, Vec<Option<String>>)> {
+    let given = |v: &[String]| v.iter().rposition(|s| !s.is_empty()).map_or(0, |i| i + 1);
+    let (ni, no) = (given(&n.input), given(&n.output));
+    let required_missing = n.input.iter().take(want.0).any(|s| s.is_empty());
+    let first_missing = n.output.first().is_none_or(|s| s.is_empty());
+    if ni < want.0 || ni > want.1 || required_missing || no > outs || first_missing {
+        let count = if want.0 == want.1 {
+            format!("{}", want.0)
+        } else {
+            format!("{} to {} (the first {} required)", want.0, want.1, want.0)
+        };
+        return Err(Error::Graph(format!(
+            "{what} takes {count} inputs and 1 to {outs} outputs (the first required), got {ni} inputs and {no} outputs"
+        )));
+    }
+    let required = n.input[..want.0].to_vec();
+    let optional = (want.0..want.1)
+        .map(|k| n.input.get(k).filter(|s| !s.is_empty()).cloned())
+        .collect();
+    Ok((required, optional))
+}
+
+/// The output `k` of the node, when it is asked for.
+fn output(n: &NodeProto, k: usize) -> Option<&str> {
+    n.output
+        .get(k)
+        .map(String::as_str)
+        .filter(|s| !s.is_empty())
+}
+
+/// Reduction axes: fixed at import, or a value computed from shapes (`Shape` arithmetic).
+enum Axes {
+    Fixed(Vec<i64>),
+    From(String),
+}
+
+/// `kind` over `axes` of x: the op and its inputs.
+fn reduce_op(kind: ReduceKind, x: &str, axes: &Axes, keepdims: bool) -> (Op, Vec<String>) {
+    let (fixed, ins) = match axes {
+        Axes::Fixed(v) => (Some(v.clone()), vec![x.to_string()]),
+        Axes::From(a) => (None, vec![x.to_string(), a.clone()]),
+    };
+    let op = Op::Reduce {
+        kind,
+        axes: fixed,
+        keepdims,
+        noop_with_empty_axes: false,
+    };
+    (op, ins)
+}
+
+fn bin(b: BinaryOp) -> Op {
+    Op::Binary(b)
+}
+
+fn un(u: UnaryOp) -> Op {
+    Op::Unary(u)
+}
+
+fn squeeze(axis: i64) -> Op {
+    Op::Squeeze {
+        axes: Some(vec![axis]),
+    }
+}
+
+fn unsqueeze(axis: i64) -> Op {
+    Op::Unsqueeze {
+        axes: Some(vec![axis]),
+    }
+}
+
+fn shape(start: i64, end: Option<i64>) -> Op {
+    Op::Shape { start, end }
+}
+
+fn reshape() -> Op {
+    Op::Reshape { allowzero: false }
+}
+
+impl Importer<'_> {
+    /// Writes one of `COMPOSITE` or `MS_COMPOSITE`.
+    pub(super) fn lower_composite(
+        &mut self,
+        n: &NodeProto,
+        shown: &str,
+        attrs: Vec<Attr>,
+    ) -> Result<()> {
+        let op = n.op_type.as_str();
+        let what = format!("node '{shown}' ({op})");
+        if n.output.is_empty() {
+            return Err(Error::Graph(format!("{what} has no output")));
+        }
+        let a = Attrs {
+            what: what.clone(),
+            list: attrs,
+        };
+        match op {
+            "Size" => self.size(n, &what, a),
+            "NegativeLogLikelihoodLoss" => self.nll(n, &what, a),
+            "RMSNormalization" | "SimplifiedLayerNormalization" => self.rms_norm(n, &what, a),
+            "SkipSimplifiedLayerNormalization" => self.skip_rms_norm(n, &what, a),
+            "LpNormalization" => self.lp_norm(n, &what, a),
+            "MeanVarianceNormalization" => self.mvn(n, &what, a),
+            "Shrink" => self.shrink(n, &what, a),
+            "DepthToSpace" | "SpaceToDepth" => self.block_shuffle(n, &what, a),
+            "GlobalAveragePool" | "GlobalMaxPool" => self.global_pool(n, &what, a),
+            "InstanceNormalization" | "GroupNormalization" => self.group_norm(n, &what, a),
+            "BatchNormalization" => self.batch_norm(n, &what, a),
+            _ => self.window(n, &what, a),
+        }
+    }
+
+    /// A helper node `op(ins)` whose one output is a new value named after the node's
+    /// first output (and the node after the node, with the same suffix).
+    fn val(&mut self, n: &NodeProto, what: &str, op: Op, ins: Vec<String>) -> String {
+        let out = &n.output[0];
+        let v = self.fresh(&format!("{out}/{what}"));
+        self.push(n, &v[out.len() + 1..], op, ins, &v);
+        v
+    }
+
+    /// The node that writes output `k` of the ONNX node (the first keeps its name).
+    fn out(&mut self, n: &NodeProto, k: usize, op: Op, ins: Vec<String>) {
+        let what = if k == 0 {
+            String::new()
+        } else {
+            format!("out{k}")
+        };
+        let y = n.output[k].clone();
+        self.push(n, &what, op, ins, &y);
+    }
+
+    /// A scalar `v` in the dtype of value `like` (an f32 constant cast like it, as ONNX's
+    /// function bodies write their constants).
+    fn float_like(&mut self, n: &NodeProto, what: &str, v: f32, like: &str) -> String {
+        let c = self.constant(n, what, Tensor::scalar(v));
+        self.val(
+            n,
+            &format!("{what}_cast"),
+            Op::CastLike,
+            vec![c, like.to_string()],
+        )
+    }
+
+    /// A 1-D i64 constant.
+    fn ints_const(&mut self, n: &NodeProto, what: &str, v: &[i64]) -> Result<String> {
+        let t = Tensor::from_vec(&[v.len()], v.to_vec())?;
+        Ok(self.constant(n, what, t))
+    }
+
+    /// The axes `from..rank(x)`; from a negative `from` they are fixed (`from..0`),
+    /// otherwise they need x's rank: `Range(from, Size(Shape(x)), 1)`.
+    fn axes_from(&mut self, n: &NodeProto, x: &str, from: i64) -> Result<Axes> {
+        if from < 0 {
+            return Ok(Axes::Fixed((from..0).collect()));
+        }
+        let s = self.val(n, "shape", shape(0, None), vec![x.to_string()]);
+        let r = self.val(n, "rank_1d", shape(0, None), vec![s]);
+        let rank = self.val(n, "rank", squeeze(0), vec![r]);
+        let start = self.constant(n, "axes_start", Tensor::scalar(from));
+        let one = self.constant(n, "axes_step", Tensor::scalar(1i64));
+        Ok(Axes::From(self.val(
+            n,
+            "axes",
+            Op::Range,
+            vec![start, rank, one],
+        )))
+    }
+
+    /// `kind` over `axes` of x.
+    fn reduce(
+        &mut self,
+        n: &NodeProto,
+        what: &str,
+        kind: ReduceKind,
+        x: &str,
+        axes: &Axes,
+        keepdims: bool,
+    ) -> String {
+        let (op, ins) = reduce_op(kind, x, axes, keepdims);
+        self.val(n, what, op, ins)
+    }
+
+    /// Size(x) = the one dim of Flatten(x, 0)'s second axis: the element count as an i64
+    /// scalar, known once x's shape is (folded when the plan is made).
+    fn size(&mut self, n: &NodeProto, what: &str, a: Attrs) -> Result<()> {
+        a.finish()?;
+        let (ins, _) = inputs(n, what, (1, 1), 1)?;
+        let x = ins[0].clone();
+        let flat = self.val(n, "flat", Op::Flatten { axis: 0 }, vec![x]);
+        let count = self.val(n, "count", shape(1, None), vec![flat]);
+        self.out(n, 0, squeeze(0), vec![count]);
+        Ok(())
+    }
+
+    /// NegativeLogLikelihoodLoss: loss[n, d..] = -input[n, target[n, d..], d..] ·
+    /// weight[target[n, d..]] (weight 1 when absent), 0 where target = ignore_index; then
+    /// none, sum, or mean = sum / Σ of the weights of the targets not ignored (the mean of
+    /// the elements when there is neither weight nor ignore_index). The picked element is
+    /// GatherElements along axis 1, which differentiates into a scatter.
+    fn nll(&mut self, n: &NodeProto, what: &str, mut a: Attrs) -> Result<()> {
+        let reduction = a.string("reduction", "mean")?;
+        if !["none", "sum", "mean"].contains(&reduction.as_str()) {
+            return Err(a.refuse(
+                "reduction",
+                &format!("must be \"none\", \"sum\" or \"mean\", got \"{reduction}\""),
+            ));
+        }
+        let ignore = a.opt_int("ignore_index")?;
+        // The comparison with ignore_index runs in i32 (the WebGPU backend compares no
+        // i64); class indices fit, and so must the ignored value.
+        let ignore = match ignore.map(i32::try_from) {
+            None => None,
+            Some(Ok(v)) => Some(v),
+            Some(Err(_)) => {
+                return Err(a.refuse(
+                    "ignore_index",
+                    "is outside the 32-bit range graphrun compares targets in",
+                ))
+            }
+        };
+        a.finish()?;
+        let (ins, opt) = inputs(n, what, (2, 3), 1)?;
+        let (x, target) = (ins[0].clone(), ins[1].clone());
+        let weight = opt[0].clone();
+        // Ignored targets may lie outside [0, C): they are replaced by class 0 before the
+        // gathers, and their weight is then set to 0.
+        let (index, ignored) = match ignore {
+            None => (target, None),
+            Some(ii) => {
+                let t32 = self.val(n, "target_i32", Op::Cast { to: DType::I32 }, vec![target]);
+                let ii = self.constant(n, "ignore_index", Tensor::scalar(ii));
+                let hit = self.val(n, "ignored", bin(BinaryOp::Equal), vec![t32.clone(), ii]);
+                let zero = self.constant(n, "class0", Tensor::scalar(0i32));
+                let safe = self.val(n, "target_safe", Op::Where, vec![hit.clone(), zero, t32]);
+                (safe, Some(hit))
+            }
+        };
+        let idx = self.val(n, "index", unsqueeze(1), vec![index.clone()]);
+        let picked = self.val(
+            n,
+            "picked",
+            Op::GatherElements { axis: 1 },
+            vec![x.clone(), idx],
+        );
+        let picked = self.val(n, "picked_sq", squeeze(1), vec![picked]);
+        let neg = self.val(n, "neg", un(UnaryOp::Neg), vec![picked]);
+        // The per-element weight: weight[target], or 1; 0 where ignored.
+        let w = weight.map(|w| self.val(n, "weight_at", Op::Gather { axis: 0 }, vec![w, index]));
+        let w = match (w, ignored) {
+            (w, None) => w,
+            (w, Some(hit)) => {
+                let zero = self.float_like(n, "zero", 0.0, &x);
+                let kept = match w {
+                    Some(w) => w,
+                    None => self.float_like(n, "one", 1.0, &x),
+                };
+                Some(self.val(n, "weight_kept", Op::Where, vec![hit, zero, kept]))
+            }
+        };
+        let loss = match &w {
+            Some(w) if reduction == "none" => {
+                self.out(n, 0, bin(BinaryOp::Mul), vec![neg, w.clone()]);
+                return Ok(());
+            }
+            Some(w) => self.val(n, "weighted", bin(BinaryOp::Mul), vec![neg, w.clone()]),
+            None if reduction == "none" => {
+                self.out(n, 0, Op::Identity, vec![neg]);
+                return Ok(());
+            }
+            None => neg,
+        };
+        let all = |kind| Op::Reduce {
+            kind,
+            axes: None,
+            keepdims: false,
+            noop_with_empty_axes: false,
+        };
+        match (reduction.as_str(), w) {
+            ("sum", _) => self.out(n, 0, all(ReduceKind::Sum), vec![loss]),
+            (_, None) => self.out(n, 0, all(ReduceKind::Mean), vec![loss]),
+            (_, Some(w)) => {
+                let total = self.val(n, "total", all(ReduceKind::Sum), vec![loss]);
+                let wsum = self.val(n, "weight_sum", all(ReduceKind::Sum), vec![w]);
+                self.out(n, 0, bin(BinaryOp::Div), vec![total, wsum]);
+            }
+        }
+        Ok(())
+    }
+
+    /// x / sqrt(mean(x², axes axis..) + epsilon), computed in `stash` (x cast to it, the
+    /// result cast back, as RMSNormalization's function body does); returns the result
+    /// and the root (in `stash`).
+    fn rms_core(
+        &mut self,
+        n: &NodeProto,
+        x: &str,
+        axis: i64,
+        epsilon: f32,
+        stash: DType,
+    ) -> Result<(String, String)> {
+        let axes = self.axes_from(n, x, axis)?;
+        let xu = self.val(n, "x_stash", Op::Cast { to: stash }, vec![x.to_string()]);
+        let sq = self.val(
+            n,
+            "square",
+            bin(BinaryOp::Mul),
+            vec![xu.clone(), xu.clone()],
+        );
+        let ms = self.reduce(n, "mean_square", ReduceKind::Mean, &sq, &axes, true);
+        let eps = Tensor::from_f64(stash, &[], &[epsilon as f64])?;
+        let eps = self.constant(n, "epsilon", eps);
+        let ms = self.val(n, "mean_square_eps", bin(BinaryOp::Add), vec![ms, eps]);
+        let rms = self.val(n, "rms", un(UnaryOp::Sqrt), vec![ms]);
+        let y = self.val(n, "normalized", bin(BinaryOp::Div), vec![xu, rms.clone()]);
+        let y = self.val(n, "normalized_cast", Op::CastLike, vec![y, x.to_string()]);
+        Ok((y, rms))
+    }
+
+    /// RMSNormalization (opset 23) and ONNX Runtime's SimplifiedLayerNormalization (the
+    /// same, with an optional second output inv_std_var = 1 / rms): Y = rms_core(X) · scale.
+    fn rms_norm(&mut self, n: &NodeProto, what: &str, mut a: Attrs) -> Result<()> {
+        let axis = a.int("axis", -1)?;
+        let epsilon = a.float("epsilon", 1e-5)?;
+        let stash = a.float_dtype("stash_type", 1)?;
+        a.finish()?;
+        let onnx = n.op_type == "RMSNormalization";
+        let (ins, _) = inputs(n, what, (2, 2), if onnx { 1 } else { 2 })?;
+        let (x, scale) = (ins[0].clone(), ins[1].clone());
+        let (y, rms) = self.rms_core(n, &x, axis, epsilon, stash)?;
+        self.out(n, 0, bin(BinaryOp::Mul), vec![y, scale]);
+        if output(n, 1).is_some() {
+            self.out(n, 1, un(UnaryOp::Reciprocal), vec![rms]);
+        }
+        Ok(())
+    }
+
+    /// ONNX Runtime's SkipSimplifiedLayerNormalization: s = input + skip (+ bias), output
+    /// = rms_core(s, last axis) · gamma, computed in f32 as ONNX Runtime does for f16;
+    /// outputs inv_std_var (1 / rms) and input_skip_bias_sum (s) on request. Its "mean"
+    /// output is not defined for an RMS normalization and is refused.
+    fn skip_rms_norm(&mut self, n: &NodeProto, what: &str, mut a: Attrs) -> Result<()> {
+        let epsilon = a.float("epsilon", 1e-12)?;
+        a.finish()?;
+        let (ins, opt) = inputs(n, what, (3, 4), 4)?;
+        if output(n, 1).is_some() {
+            return Err(Error::Graph(format!(
+                "{what}: output 1 (mean) is not computed by an RMS normalization; leave it unnamed"
+            )));
+        }
+        let [x, skip, gamma] = [0, 1, 2].map(|k| ins[k].clone());
+        let bias = opt[0].clone();
+        let sum_out = output(n, 3).map(str::to_string);
+        let mut s = match (&bias, &sum_out) {
+            (None, Some(o)) => {
+                self.out(n, 3, bin(BinaryOp::Add), vec![x, skip]);
+                o.clone()
+            }
+            _ => self.val(n, "sum", bin(BinaryOp::Add), vec![x, skip]),
+        };
+        if let Some(bias) = bias {
+            let ins = vec![s, bias];
+            s = match &sum_out {
+                Some(o) => {
+                    self.out(n, 3, bin(BinaryOp::Add), ins);
+                    o.clone()
+                }
+                None => self.val(n, "sum_bias", bin(BinaryOp::Add), ins),
+            };
+        }
+        let (y, rms) = self.rms_core(n, &s, -1, epsilon, DType::F32)?;
+        self.out(n, 0, bin(BinaryOp::Mul), vec![y, gamma]);
+        if output(n, 2).is_some() {
+            self.out(n, 2, un(UnaryOp::Reciprocal), vec![rms]);
+        }
+        Ok(())
+    }
+
+    /// LpNormalization: x / ‖x‖_p along `axis` (p 1 or 2), 0 where the norm is 0 (then x
+    /// is 0 there, so dividing by 1 instead gives it without a 0/0).
+    fn lp_norm(&mut self, n: &NodeProto, what: &str, mut a: Attrs) -> Result<()> {
+        let axis = a.int("axis", -1)?;
+        let p = a.int("p", 2)?;
+        if p != 1 && p != 2 {
+            return Err(a.refuse("p", &format!("must be 1 or 2, got {p}")));
+        }
+        a.finish()?;
+        let (ins, _) = inputs(n, what, (1, 1), 1)?;
+        let x = ins[0].clone();
+        let axes = Axes::Fixed(vec![axis]);
+        let norm = if p == 1 {
+            let abs = self.val(n, "abs", un(UnaryOp::Abs), vec![x.clone()]);
+            self.reduce(n, "norm", ReduceKind::Sum, &abs, &axes, true)
+        } else {
+            let sq = self.val(n, "square", bin(BinaryOp::Mul), vec![x.clone(), x.clone()]);
+            let ss = self.reduce(n, "sum_square", ReduceKind::Sum, &sq, &axes, true);
+            self.val(n, "norm", un(UnaryOp::Sqrt), vec![ss])
+        };
+        let zero = self.float_like(n, "zero", 0.0, &x);
+        let one = self.float_like(n, "one", 1.0, &x);
+        let is0 = self.val(
+            n,
+            "norm_is_0",
+            bin(BinaryOp::Equal),
+            vec![norm.clone(), zero],
+        );
+        let safe = self.val(n, "norm_safe", Op::Where, vec![is0, one, norm]);
+        self.out(n, 0, bin(BinaryOp::Div), vec![x, safe]);
+        Ok(())
+    }
+
+    /// MeanVarianceNormalization: (x - mean) / (sqrt(var) + 1e-9) over `axes` (default
+    /// [0, 2, 3]). The function body takes var = E[x²] - E[x]²; E[(x - mean)²] is the
+    /// same value without the cancellation (never negative).
+    fn mvn(&mut self, n: &NodeProto, what: &str, mut a: Attrs) -> Result<()> {
+        let axes = Axes::Fixed(a.ints("axes", &[0, 2, 3])?);
+        a.finish()?;
+        let (ins, _) = inputs(n, what, (1, 1), 1)?;
+        let x = ins[0].clone();
+        let mean = self.reduce(n, "mean", ReduceKind::Mean, &x, &axes, true);
+        let d = self.val(n, "centered", bin(BinaryOp::Sub), vec![x.clone(), mean]);
+        let sq = self.val(n, "square", bin(BinaryOp::Mul), vec![d.clone(), d.clone()]);
+        let var = self.reduce(n, "variance", ReduceKind::Mean, &sq, &axes, true);
+        let std = self.val(n, "std", un(UnaryOp::Sqrt), vec![var]);
+        let eps = self.float_like(n, "epsilon", 1e-9, &x);
+        let den = self.val(n, "std_eps", bin(BinaryOp::Add), vec![std, eps]);
+        self.out(n, 0, bin(BinaryOp::Div), vec![d, den]);
+        Ok(())
+    }
+
+    /// Shrink, as its function body: x + bias where x < -lambd, x - bias where x > lambd,
+    /// else 0, the attributes cast like x.
+    fn shrink(&mut self, n: &NodeProto, what: &str, mut a: Attrs) -> Result<()> {
+        let bias = a.float("bias", 0.0)?;
+        let lambd = a.float("lambd", 0.5)?;
+        a.finish()?;
+        let (ins, _) = inputs(n, what, (1, 1), 1)?;
+        let x = ins[0].clone();
+        let l = self.float_like(n, "lambd", lambd, &x);
+        let b = self.float_like(n, "bias", bias, &x);
+        let zero = self.float_like(n, "zero", 0.0, &x);
+        let neg_l = self.val(n, "neg_lambd", un(UnaryOp::Neg), vec![l.clone()]);
+        let below = self.val(n, "below", bin(BinaryOp::Less), vec![x.clone(), neg_l]);
+        let above = self.val(n, "above", bin(BinaryOp::Less), vec![l, x.clone()]);
+        let plus = self.val(
+            n,
+            "plus_bias",
+            bin(BinaryOp::Add),
+            vec![x.clone(), b.clone()],
+        );
+        let minus = self.val(n, "minus_bias", bin(BinaryOp::Sub), vec![x, b]);
+        let upper = self.val(n, "upper", Op::Where, vec![above, minus, zero]);
+        self.out(n, 0, Op::Where, vec![below, plus, upper]);
+        Ok(())
+    }
+
+    /// DepthToSpace (DCR or CRD) and SpaceToDepth on [N, C, H, W]: Reshape to 6-D,
+    /// Transpose, Reshape back, as ONNX defines them; the reshape targets take H and W
+    /// from `Shape` (0 keeps N, -1 infers the channel dim).
+    fn block_shuffle(&mut self, n: &NodeProto, what: &str, mut a: Attrs) -> Result<()> {
+        let Some(b) = a.opt_int("blocksize")? else {
+            return Err(Error::Graph(format!(
+                "{what}: attribute 'blocksize' is required"
+            )));
+        };
+        if b <= 0 {
+            return Err(a.refuse("blocksize", &format!("must be positive, got {b}")));
+        }
+        let to_space = n.op_type == "DepthToSpace";
+        let mode = if to_space {
+            a.string("mode", "DCR")?
+        } else {
+            String::new()
+        };
+        if to_space && mode != "DCR" && mode != "CRD" {
+            return Err(a.refuse(
+                "mode",
+                &format!("must be \"DCR\" or \"CRD\", got \"{mode}\""),
+            ));
+        }
+        a.finish()?;
+        let (ins, _) = inputs(n, what, (1, 1), 1)?;
+        let x = ins[0].clone();
+        let hw = self.val(n, "hw", shape(2, Some(4)), vec![x.clone()]);
+        let bb = self.ints_const(n, "blocks", &[b, b])?;
+        let (first, perm, hw_out) = if to_space {
+            let (head, perm) = if mode == "DCR" {
+                ([0, b, b, -1], vec![0, 3, 4, 1, 5, 2])
+            } else {
+                ([0, -1, b, b], vec![0, 1, 4, 2, 5, 3])
+            };
+            let head = self.ints_const(n, "split_head", &head)?;
+            let first = self.val(
+                n,
+                "split_shape",
+                Op::Concat { axis: 0 },
+                vec![head, hw.clone()],
+            );
+            let hw_out = self.val(n, "hw_out", bin(BinaryOp::Mul), vec![hw, bb]);
+            (first, perm, hw_out)
+        } else {
+            let w = self.val(n, "w", shape(3, Some(4)), vec![x.clone()]);
+            let bk = self.ints_const(n, "block", &[b])?;
+            let wb = self.val(n, "w_blocks", bin(BinaryOp::Div), vec![w, bk.clone()]);
+            let head = self.ints_const(n, "split_head", &[0, 0, -1, b])?;
+            let first = self.val(n, "split_shape", Op::Concat { axis: 0 }, vec![head, wb, bk]);
+            let hw_out = self.val(n, "hw_out", bin(BinaryOp::Div), vec![hw, bb]);
+            (first, vec![0, 3, 5, 1, 2, 4], hw_out)
+        };
+        let split = self.val(n, "split", reshape(), vec![x, first]);
+        let moved = self.val(n, "moved", Op::Transpose { perm: Some(perm) }, vec![split]);
+        let head = self.ints_const(n, "out_head", &[0, -1])?;
+        let last = self.val(n, "out_shape", Op::Concat { axis: 0 }, vec![head, hw_out]);
+        self.out(n, 0, reshape(), vec![moved, last]);
+        Ok(())
+    }
+
+    /// GlobalAveragePool / GlobalMaxPool: ReduceMean / ReduceMax over axes 2.., kept.
+    fn global_pool(&mut self, n: &NodeProto, what: &str, a: Attrs) -> Result<()> {
+        a.finish()?;
+        let (ins, _) = inputs(n, what, (1, 1), 1)?;
+        let x = ins[0].clone();
+        let kind = if n.op_type == "GlobalMaxPool" {
+            ReduceKind::Max
+        } else {
+            ReduceKind::Mean
+        };
+        let axes = self.axes_from(n, &x, 2)?;
+        let (op, ins) = reduce_op(kind, &x, &axes, true);
+        self.out(n, 0, op, ins);
+        Ok(())
+    }
+
+    /// Rows of a 3-D `x` normalized along their last axis, (x - mean) / sqrt(var + eps):
+    /// graphrun's LayerNormalization with a unit scale (Expand of 1 to the row length).
+    fn normalize_rows(&mut self, n: &NodeProto, x3: &str, epsilon: f32) -> String {
+        let one = self.float_like(n, "one", 1.0, x3);
+        let len = self.val(n, "row_len", shape(2, None), vec![x3.to_string()]);
+        let ones = self.val(n, "unit_scale", Op::Expand, vec![one, len]);
+        self.val(
+            n,
+            "normalized",
+            Op::LayerNormalization { axis: -1, epsilon },
+            vec![x3.to_string(), ones],
+        )
+    }
+
+    /// `v` · scale + bias with [C] scale and bias broadcast over [N, C, L] (unsqueezed to
+    /// [C, 1]).
+    fn channel_affine(&mut self, n: &NodeProto, v: &str, scale: &str, bias: &str) -> String {
+        let s = self.val(n, "scale_c1", unsqueeze(1), vec![scale.to_string()]);
+        let b = self.val(n, "bias_c1", unsqueeze(1), vec![bias.to_string()]);
+        let m = self.val(n, "scaled", bin(BinaryOp::Mul), vec![v.to_string(), s]);
+        self.val(n, "affine", bin(BinaryOp::Add), vec![m, b])
+    }
+
+    /// InstanceNormalization: each [n, c] plane normalized (x viewed as [N, C, L]), then
+    /// scale[c] · x̂ + B[c]. GroupNormalization: each group of C / num_groups channels
+    /// normalized (x viewed as [N, G, L]), then the affine per channel (opset 21) or, as
+    /// opset 18 defined it, per group. stash_type (opset 21) only selects the
+    /// accumulation type; graphrun's LayerNormalization accumulates in f32 or wider.
+    fn group_norm(&mut self, n: &NodeProto, what: &str, mut a: Attrs) -> Result<()> {
+        let epsilon = a.float("epsilon", 1e-5)?;
+        let instance = n.op_type == "InstanceNormalization";
+        let groups = if instance {
+            None
+        } else {
+            match a.opt_int("num_groups")? {
+                Some(g) if g > 0 => Some(g),
+                Some(g) => {
+                    return Err(a.refuse("num_groups", &format!("must be positive, got {g}")))
+                }
+                None => {
+                    return Err(Error::Graph(format!(
+                        "{what}: attribute 'num_groups' is required"
+                    )))
+                }
+            }
+        };
+        if !instance {
+            a.float_dtype("stash_type", 1)?;
+        }
+        a.finish()?;
+        let (ins, _) = inputs(n, what, (3, 3), 1)?;
+        let [x, scale, bias] = [0, 1, 2].map(|k| ins[k].clone());
+        let full = self.val(n, "x_shape", shape(0, None), vec![x.clone()]);
+        let rows = match groups {
+            None => self.ints_const(n, "rows_shape", &[0, 0, -1])?,
+            Some(g) => self.ints_const(n, "rows_shape", &[0, g, -1])?,
+        };
+        let x3 = self.val(n, "rows", reshape(), vec![x.clone(), rows]);
+        let mut norm = self.normalize_rows(n, &x3, epsilon);
+        if groups.is_some() && self.opset >= 21 {
+            // Back to [N, C, L] for the per-channel affine.
+            let nc = self.val(n, "nc", shape(0, Some(2)), vec![x]);
+            let rest = self.ints_const(n, "rest", &[-1])?;
+            let ncl = self.val(n, "ncl_shape", Op::Concat { axis: 0 }, vec![nc, rest]);
+            norm = self.val(n, "channels", reshape(), vec![norm, ncl]);
+        }
+        let y3 = self.channel_affine(n, &norm, &scale, &bias);
+        self.out(n, 0, reshape(), vec![y3, full]);
+        Ok(())
+    }
+
+    /// BatchNormalization in inference form: (x - mean) · scale / sqrt(var + epsilon) +
+    /// B per channel (axis 1). The training form (training_mode=1, or the running
+    /// statistics asked for as outputs) updates statistics and is refused.
+    fn batch_norm(&mut self, n: &NodeProto, what: &str, mut a: Attrs) -> Result<()> {
+        let epsilon = a.float("epsilon", 1e-5)?;
+        // Used only by the training form.
+        a.float("momentum", 0.9)?;
+        if a.int("training_mode", 0)? != 0 {
+            return Err(a.refuse(
+                "training_mode",
+                "= 1 (batch statistics, running statistics updated) is not supported; graphrun runs BatchNormalization in inference form",
+            ));
+        }
+        // Before opset 9: spatial=0 gives per-element statistics, which graphrun does not run.
+        if a.int("spatial", 1)? != 1 {
+            return Err(a.refuse("spatial", "= 0 is not supported"));
+        }
+        a.finish()?;
+        if n.output.iter().skip(1).any(|o| !o.is_empty()) {
+            return Err(Error::Graph(format!(
+                "{what}: outputs beyond Y (running or saved statistics) belong to the training form, which is not supported"
+            )));
+        }
+        let (ins, _) = inputs(n, what, (5, 5), 1)?;
+        let [x, scale, bias, mean, var] = [0, 1, 2, 3, 4].map(|k| ins[k].clone());
+        let eps = self.float_like(n, "epsilon", epsilon, &var);
+        let ve = self.val(n, "var_eps", bin(BinaryOp::Add), vec![var, eps]);
+        let sd = self.val(n, "std", un(UnaryOp::Sqrt), vec![ve]);
+        let factor = self.val(n, "factor", bin(BinaryOp::Div), vec![scale, sd]);
+        let full = self.val(n, "x_shape", shape(0, None), vec![x.clone()]);
+        let rows = self.ints_const(n, "rows_shape", &[0, 0, -1])?;
+        let x3 = self.val(n, "rows", reshape(), vec![x, rows]);
+        let m = self.val(n, "mean_c1", unsqueeze(1), vec![mean]);
+        let d = self.val(n, "centered", bin(BinaryOp::Sub), vec![x3, m]);
+        let y3 = self.channel_affine(n, &d, &factor, &bias);
+        self.out(n, 0, reshape(), vec![y3, full]);
+        Ok(())
+    }
+
+    /// HannWindow, HammingWindow and BlackmanWindow, as their function bodies: in f32,
+    /// a0 - a1·cos(k·τ/N') + a2·cos(2k·τ/N') for k in 0..size, N' = size (periodic) or
+    /// size - 1 (symmetric), cast to output_datatype. The length is the value of `size`,
+    /// known when the plan is made.
+    fn window(&mut self, n: &NodeProto, what: &str, mut a: Attrs) -> Result<()> {
+        let periodic = a.int("periodic", 1)?;
+        if periodic != 0 && periodic != 1 {
+            return Err(a.refuse("periodic", &format!("must be 0 or 1, got {periodic}")));
+        }
+        let code = a.int("output_datatype", 1)?;
+        let Some(to) = DType::from_onnx(code) else {
+            return Err(a.refuse(
+                "output_datatype",
+                &format!(
+                    "names {} (ONNX code {code}), a type graphrun does not have",
+                    crate::tensor::onnx_dtype_name(code)
+                ),
+            ));
+        };
+        a.finish()?;
+        let (ins, _) = inputs(n, what, (1, 1), 1)?;
+        let size = ins[0].clone();
+        let (a0, a1, a2) = match n.op_type.as_str() {
+            "HannWindow" => (0.5f32, 0.5f32, 0.0f32),
+            "HammingWindow" => (25.0 / 46.0, 21.0 / 46.0, 0.0),
+            _ => (0.42, 0.5, 0.08),
+        };
+        let c = |me: &mut Self, what: &str, v: f32| me.constant(n, what, Tensor::scalar(v));
+        let len = self.val(n, "size_f", Op::Cast { to: DType::F32 }, vec![size]);
+        let one = c(self, "one", 1.0);
+        let period = if periodic == 1 {
+            len.clone()
+        } else {
+            self.val(
+                n,
+                "period",
+                bin(BinaryOp::Sub),
+                vec![len.clone(), one.clone()],
+            )
+        };
+        let tau = c(self, "tau", std::f32::consts::TAU);
+        let step = self.val(n, "step", bin(BinaryOp::Div), vec![tau, period]);
+        let zero = c(self, "zero", 0.0);
+        let k = self.val(n, "k", Op::Range, vec![zero, len, one]);
+        let angle = self.val(n, "angle", bin(BinaryOp::Mul), vec![k, step]);
+        let cos1 = self.val(n, "cos1", un(UnaryOp::Cos), vec![angle.clone()]);
+        let a1 = c(self, "a1", a1);
+        let t1 = self.val(n, "a1_term", bin(BinaryOp::Mul), vec![a1, cos1]);
+        let a0 = c(self, "a0", a0);
+        let mut w = self.val(n, "a0_minus", bin(BinaryOp::Sub), vec![a0, t1]);
+        if a2 != 0.0 {
+            let two = c(self, "two", 2.0);
+            let angle2 = self.val(n, "angle2", bin(BinaryOp::Mul), vec![angle, two]);
+            let cos2 = self.val(n, "cos2", un(UnaryOp::Cos), vec![angle2]);
+            let a2 = c(self, "a2", a2);
+            let t2 = self.val(n, "a2_term", bin(BinaryOp::Mul), vec![a2, cos2]);
+            w = self.val(n, "window", bin(BinaryOp::Add), vec![w, t2]);
+        }
+        self.out(n, 0, Op::Cast { to }, vec![w]);
+        Ok(())
+    }
+}

@@ -1,0 +1,1072 @@
+//! The ONNX operators the importer writes as compositions of graphrun's ops
+//! (src/onnx/nodes/composite.rs): each one-node model runs on every backend, in f32 and
+//! (where the backend computes it) f64, against a float64 reference written here, under
+//! several attribute settings; the differentiable ones also have their gradients checked
+//! against central finite differences of the reference.
+
+mod common;
+#[path = "common/onnx_model.rs"]
+mod onnx_model;
+
+use common::*;
+use graphrun::onnx::proto::AttributeProto;
+use graphrun::{DType, Session, SessionOptions, Tensor};
+use onnx_model::*;
+use std::collections::HashMap;
+
+/// One ONNX node and its inputs, every one fed at run time (fixed shapes).
+#[derive(Clone)]
+struct Case {
+    op: &'static str,
+    domain: &'static str,
+    opset: i64,
+    attrs: Vec<AttributeProto>,
+    /// In order; "" and None where omitted. Floating inputs take the run's dtype.
+    inputs: Vec<(&'static str, Option<Tensor>)>,
+    outputs: Vec<&'static str>,
+}
+
+impl Case {
+    fn new(op: &'static str, opset: i64, inputs: Vec<(&'static str, Option<Tensor>)>) -> Case {
+        Case {
+            op,
+            domain: "",
+            opset,
+            attrs: vec![],
+            inputs,
+            outputs: vec!["y"],
+        }
+    }
+    fn with(mut self, attrs: Vec<AttributeProto>) -> Case {
+        self.attrs = attrs;
+        self
+    }
+    /// The inputs, floating ones cast to `dt`.
+    fn args(&self, dt: DType) -> Vec<Option<Tensor>> {
+        self.inputs
+            .iter()
+            .map(|(_, t)| {
+                t.as_ref().map(|t| {
+                    if t.dtype().is_float() {
+                        t.cast(dt)
+                    } else {
+                        t.clone()
+                    }
+                })
+            })
+            .collect()
+    }
+    fn graph(&self, dt: DType) -> graphrun::Graph {
+        let args = self.args(dt);
+        let names: Vec<&str> = self.inputs.iter().map(|(n, _)| *n).collect();
+        let infos = self
+            .inputs
+            .iter()
+            .zip(&args)
+            .filter_map(|((n, _), t)| t.as_ref().map(|t| input_like(n, t)))
+            .collect();
+        let n = node(
+            self.op,
+            self.domain,
+            &names,
+            &self.outputs,
+            self.attrs.clone(),
+        );
+        import_one_node(n, self.opset, infos, vec![])
+            .unwrap_or_else(|e| panic!("{}: import: {e}", self.op))
+    }
+    fn feeds(&self, args: &[Option<Tensor>]) -> HashMap<String, Tensor> {
+        self.inputs
+            .iter()
+            .zip(args)
+            .filter_map(|((n, _), t)| t.clone().map(|t| (n.to_string(), t)))
+            .collect()
+    }
+}
+
+/// Runs `case` on every backend in each of `dtypes` the backend computes, and compares
+/// every output with `reference` of the inputs as rounded to that dtype (f64 values; empty
+/// where omitted). f32 results must be within `tol32`, f64 ones within 1e-10.
+fn check_case(
+    what: &str,
+    case: &Case,
+    dtypes: &[DType],
+    tol32: f64,
+    reference: impl Fn(&[Vec<f64>]) -> Expected,
+) {
+    for &dt in dtypes {
+        let args = case.args(dt);
+        let vals: Vec<Vec<f64>> = args
+            .iter()
+            .map(|t| t.as_ref().map(Tensor::to_f64_vec).unwrap_or_default())
+            .collect();
+        let want = reference(&vals);
+        let g = case.graph(dt);
+        for backend in backends() {
+            if !computes(backend, dt) {
+                continue;
+            }
+            let opts = SessionOptions {
+                backend,
+                ..Default::default()
+            };
+            let mut s = Session::new(g.clone(), opts).unwrap();
+            let got = s
+                .run(&case.feeds(&args))
+                .unwrap_or_else(|e| panic!("{what} {dt} on {backend:?}: {e}"));
+            assert_eq!(got.len(), want.len(), "{what}: outputs");
+            for ((name, t), (shape, w)) in got.iter().zip(&want) {
+                assert_eq!(
+                    t.shape(),
+                    &shape[..],
+                    "{what} {dt} on {backend:?}: output '{name}'"
+                );
+                let tol = if dt == DType::F64 { 1e-10 } else { tol32 };
+                let e = rel_err(&t.to_f64_vec(), w);
+                assert!(
+                    e <= tol,
+                    "{what} {dt} on {backend:?}: output '{name}': rel err {e:.2e}\n got {:?}\nwant {:?}",
+                    &t.to_f64_vec()[..w.len().min(8)],
+                    &w[..w.len().min(8)]
+                );
+            }
+        }
+    }
+}
+
+/// The gradients (f64, CPU) of Σ dy·(output 0) with respect to the inputs `wrt`, against
+/// central finite differences of `reference`.
+fn check_grads(
+    what: &str,
+    case: &Case,
+    wrt: &[usize],
+    seed: u64,
+    reference: impl Fn(&[Vec<f64>]) -> Expected,
+) {
+    let args = case.args(DType::F64);
+    let vals: Vec<Vec<f64>> = args
+        .iter()
+        .map(|t| t.as_ref().map(Tensor::to_f64_vec).unwrap_or_default())
+        .collect();
+    let (shape, _) = reference(&vals).remove(0);
+    let dy = randn(&shape, seed);
+    let mut s = Session::new(case.graph(DType::F64), SessionOptions::default()).unwrap();
+    let seeds = HashMap::from([(case.outputs[0].to_string(), dy.clone())]);
+    let grads = s
+        .backward(&case.feeds(&args), &seeds)
+        .unwrap_or_else(|e| panic!("{what}: backward: {e}"))
+        .grads;
+    let dyv = dy.to_f64_vec();
+    let loss = |v: &[Vec<f64>]| -> f64 {
+        let (_, y) = reference(v).remove(0);
+        y.iter().zip(&dyv).map(|(a, b)| a * b).sum()
+    };
+    for &k in wrt {
+        let name = case.inputs[k].0;
+        let got = grads
+            .iter()
+            .find(|(n, _)| n == name)
+            .unwrap_or_else(|| panic!("{what}: no gradient for '{name}'"))
+            .1
+            .to_f64_vec();
+        let fd: Vec<f64> = (0..vals[k].len())
+            .map(|i| {
+                let h = 1e-6;
+                let (mut p, mut m) = (vals.clone(), vals.clone());
+                p[k][i] += h;
+                m[k][i] -= h;
+                (loss(&p) - loss(&m)) / (2.0 * h)
+            })
+            .collect();
+        assert_grad(&format!("{what}: d/d{name}"), &got, &fd, 1e-6);
+    }
+}
+
+const BOTH: [DType; 2] = [DType::F32, DType::F64];
+
+// ---- Size ---------------------------------------------------------------------------------
+
+#[test]
+fn size_counts_elements_of_shapes_known_only_at_run_time() {
+    let n = node("Size", "", &["x"], &["y"], vec![]);
+    for rank in [0usize, 1, 3] {
+        let dims = vec![None; rank];
+        let g =
+            import_one_node(n.clone(), 13, vec![input("x", DType::F32, &dims)], vec![]).unwrap();
+        let shapes: Vec<Vec<usize>> = match rank {
+            0 => vec![vec![]],
+            1 => vec![vec![5], vec![0], vec![1]],
+            _ => vec![vec![2, 3, 4], vec![1, 7, 1], vec![3, 0, 2]],
+        };
+        for backend in backends() {
+            let opts = SessionOptions {
+                backend,
+                ..Default::default()
+            };
+            let mut s = Session::new(g.clone(), opts).unwrap();
+            for shape in &shapes {
+                let x = rand(shape, 1, -1.0, 1.0).cast(DType::F32);
+                let got = s
+                    .run(&HashMap::from([("x".to_string(), x)]))
+                    .unwrap_or_else(|e| panic!("Size of {shape:?} on {backend:?}: {e}"));
+                let y = &got[0].1;
+                assert_eq!((y.dtype(), y.shape()), (DType::I64, &[][..]));
+                let want = shape.iter().product::<usize>() as i64;
+                assert_eq!(
+                    y.to_i64_vec(),
+                    vec![want],
+                    "Size of {shape:?} on {backend:?}"
+                );
+            }
+        }
+    }
+}
+
+// ---- NegativeLogLikelihoodLoss ------------------------------------------------------------
+
+/// -x[n, t, d..]·w[t] (w = 1 when absent), 0 where t = ignore; mean divides by the sum of
+/// the weights of the targets not ignored.
+fn nll_ref(
+    x: &[f64],
+    shape: &[usize],
+    t: &[i64],
+    w: Option<&[f64]>,
+    reduction: &str,
+    ignore: Option<i64>,
+) -> (Vec<usize>, Vec<f64>) {
+    let (n, c) = (shape[0], shape[1]);
+    let d: usize = shape[2..].iter().product();
+    let (mut loss, mut wsum) = (vec![], 0.0);
+    for i in 0..n {
+        for k in 0..d {
+            let tg = t[i * d + k];
+            if Some(tg) == ignore {
+                loss.push(0.0);
+                continue;
+            }
+            let wt = w.map_or(1.0, |w| w[tg as usize]);
+            loss.push(-x[(i * c + tg as usize) * d + k] * wt);
+            wsum += wt;
+        }
+    }
+    let total: f64 = loss.iter().sum();
+    match reduction {
+        "none" => {
+            let s: Vec<usize> = [shape[0]]
+                .into_iter()
+                .chain(shape[2..].iter().copied())
+                .collect();
+            (s, loss)
+        }
+        "sum" => (vec![], vec![total]),
+        _ => (vec![], vec![total / wsum]),
+    }
+}
+
+/// An NLL case and its settings.
+struct Nll {
+    case: Case,
+    shape: Vec<usize>,
+    reduction: String,
+    weighted: bool,
+    ignore: Option<i64>,
+}
+
+fn nll_cases() -> Vec<Nll> {
+    let mut out = vec![];
+    let mut seed = 0;
+    for shape in [vec![4usize, 5], vec![2, 4, 3, 2]] {
+        for reduction in ["none", "sum", "mean"] {
+            for (weighted, ignore) in [
+                (false, None),
+                (true, None),
+                (false, Some(1)),
+                (true, Some(-1)),
+                (true, Some(10)),
+            ] {
+                seed += 1;
+                let c = shape[1];
+                let tshape: Vec<usize> = [shape[0]]
+                    .into_iter()
+                    .chain(shape[2..].iter().copied())
+                    .collect();
+                let mut t = rand_ints(&tshape, seed, 0, c as i64).to_i64_vec();
+                if let Some(ii) = ignore {
+                    // Some targets ignored, not all.
+                    for v in t.iter_mut().step_by(3) {
+                        *v = ii;
+                    }
+                }
+                // Log-probabilities: one sign, so that a sum has no cancellation.
+                let x = rand(&shape, 100 + seed, -3.0, -0.1);
+                let w = rand(&[c], 200 + seed, 0.2, 2.0);
+                let mut attrs = vec![str_attr("reduction", reduction)];
+                if let Some(ii) = ignore {
+                    attrs.push(int_attr("ignore_index", ii));
+                }
+                let case = Case::new(
+                    "NegativeLogLikelihoodLoss",
+                    13,
+                    vec![
+                        ("x", Some(x)),
+                        ("target", Some(i64s(&tshape, &t))),
+                        (if weighted { "w" } else { "" }, weighted.then_some(w)),
+                    ],
+                )
+                .with(attrs);
+                out.push(Nll {
+                    case,
+                    shape: shape.clone(),
+                    reduction: reduction.to_string(),
+                    weighted,
+                    ignore,
+                });
+            }
+        }
+    }
+    out
+}
+
+fn nll_reference<'a>(
+    shape: &'a [usize],
+    reduction: &str,
+    weighted: bool,
+    ignore: Option<i64>,
+) -> impl Fn(&[Vec<f64>]) -> Expected + 'a {
+    let reduction = reduction.to_string();
+    move |v: &[Vec<f64>]| {
+        let t: Vec<i64> = v[1].iter().map(|&x| x as i64).collect();
+        let w = weighted.then_some(&v[2][..]);
+        vec![nll_ref(&v[0], shape, &t, w, &reduction, ignore)]
+    }
+}
+
+#[test]
+fn negative_log_likelihood_loss_on_every_backend() {
+    for Nll {
+        case,
+        shape,
+        reduction,
+        weighted,
+        ignore,
+    } in nll_cases()
+    {
+        let what = format!("NLL {shape:?} {reduction} weighted {weighted} ignore {ignore:?}");
+        check_case(
+            &what,
+            &case,
+            &BOTH,
+            1e-5,
+            nll_reference(&shape, &reduction, weighted, ignore),
+        );
+    }
+}
+
+#[test]
+fn negative_log_likelihood_loss_has_gradients() {
+    for (k, c) in nll_cases().into_iter().enumerate() {
+        let (case, shape, reduction) = (c.case, c.shape, c.reduction);
+        let (weighted, ignore) = (c.weighted, c.ignore);
+        let what = format!("NLL {shape:?} {reduction} weighted {weighted} ignore {ignore:?}");
+        let wrt: &[usize] = if weighted { &[0, 2] } else { &[0] };
+        check_grads(
+            &what,
+            &case,
+            wrt,
+            k as u64,
+            nll_reference(&shape, &reduction, weighted, ignore),
+        );
+    }
+}
+
+// ---- RMS normalizations -------------------------------------------------------------------
+
+/// x / sqrt(mean(x², axes axis..) + eps) · scale (scale of shape x.shape[axis..]), and
+/// 1 / sqrt(..) per row (shape x.shape with the normalized dims 1).
+fn rms_ref(x: &[f64], shape: &[usize], axis: usize, scale: &[f64], eps: f64) -> Expected {
+    let block: usize = shape[axis..].iter().product();
+    let (mut y, mut inv) = (vec![], vec![]);
+    for row in x.chunks(block) {
+        let ms = row.iter().map(|v| v * v).sum::<f64>() / block as f64;
+        let r = 1.0 / (ms + eps).sqrt();
+        y.extend(row.iter().zip(scale).map(|(v, s)| v * r * s));
+        inv.push(r);
+    }
+    let kept: Vec<usize> = (0..shape.len())
+        .map(|d| if d < axis { shape[d] } else { 1 })
+        .collect();
+    vec![(shape.to_vec(), y), (kept, inv)]
+}
+
+/// RMSNormalization cases: (case, shape, axis as a non-negative index, epsilon).
+fn rms_cases(stash: i64) -> Vec<(Case, Vec<usize>, usize, f64)> {
+    let mut out = vec![];
+    for (k, (shape, axis, eps)) in [
+        (vec![2usize, 3, 4], -1i64, 1e-5f32),
+        (vec![2, 3, 4], 1, 0.1),
+        (vec![2, 3, 4], 0, 1e-5),
+        (vec![3, 2, 2, 5], -2, 1e-3),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let r = shape.len() as i64;
+        let a = if axis < 0 { axis + r } else { axis } as usize;
+        let x = randn(&shape, 10 + k as u64);
+        let scale = rand(&shape[a..], 20 + k as u64, 0.5, 1.5);
+        let case = Case::new(
+            "RMSNormalization",
+            23,
+            vec![("x", Some(x)), ("scale", Some(scale))],
+        )
+        .with(vec![
+            int_attr("axis", axis),
+            float_attr("epsilon", eps),
+            int_attr("stash_type", stash),
+        ]);
+        out.push((case, shape, a, eps as f64));
+    }
+    out
+}
+
+#[test]
+fn rms_normalization_on_every_backend() {
+    // stash_type 1 computes in f32 (an f64 input included, as ONNX defines it); 11 in f64.
+    for (stash, dtypes) in [(1, &[DType::F32][..]), (11, &[DType::F64][..])] {
+        for (case, shape, axis, eps) in rms_cases(stash) {
+            let what = format!("RMSNormalization {shape:?} axis {axis} stash {stash}");
+            check_case(&what, &case, dtypes, 1e-5, |v| {
+                rms_ref(&v[0], &shape, axis, &v[1], eps)[..1].to_vec()
+            });
+        }
+    }
+}
+
+#[test]
+fn rms_normalization_has_gradients() {
+    for (k, (case, shape, axis, eps)) in rms_cases(11).into_iter().enumerate() {
+        let what = format!("RMSNormalization {shape:?} axis {axis}");
+        check_grads(&what, &case, &[0, 1], k as u64, |v| {
+            rms_ref(&v[0], &shape, axis, &v[1], eps)[..1].to_vec()
+        });
+    }
+}
+
+#[test]
+fn simplified_layer_normalization_in_both_domains() {
+    let shape = [2usize, 3, 6];
+    let x = randn(&shape, 5);
+    let scale = rand(&[6], 6, 0.5, 1.5);
+    for domain in ["", "com.microsoft"] {
+        let mut case = Case::new(
+            "SimplifiedLayerNormalization",
+            17,
+            vec![("x", Some(x.clone())), ("scale", Some(scale.clone()))],
+        )
+        .with(vec![float_attr("epsilon", 1e-3)]);
+        case.domain = domain;
+        case.outputs = vec!["y", "inv_std_var"];
+        check_case(
+            &format!("SimplifiedLayerNormalization in '{domain}'"),
+            &case,
+            &[DType::F32],
+            1e-5,
+            |v| rms_ref(&v[0], &shape, 2, &v[1], 1e-3),
+        );
+    }
+}
+
+#[test]
+fn skip_simplified_layer_normalization() {
+    let shape = [2usize, 3, 8];
+    let (x, skip) = (randn(&shape, 7), randn(&shape, 8));
+    let gamma = rand(&[8], 9, 0.5, 1.5);
+    let bias = randn(&[8], 10);
+    for with_bias in [false, true] {
+        for outputs in [
+            vec!["y"],
+            vec!["y", "", "inv", "sum"],
+            vec!["y", "", "", "sum"],
+        ] {
+            let mut case = Case::new(
+                "SkipSimplifiedLayerNormalization",
+                17,
+                vec![
+                    ("x", Some(x.clone())),
+                    ("skip", Some(skip.clone())),
+                    ("gamma", Some(gamma.clone())),
+                    (
+                        if with_bias { "bias" } else { "" },
+                        with_bias.then(|| bias.clone()),
+                    ),
+                ],
+            )
+            .with(vec![float_attr("epsilon", 1e-6)]);
+            case.domain = "com.microsoft";
+            case.outputs = outputs.clone();
+            let what = format!("SkipSimplifiedLayerNormalization bias {with_bias} {outputs:?}");
+            check_case(&what, &case, &[DType::F32], 1e-5, |v| {
+                let s: Vec<f64> = (0..v[0].len())
+                    .map(|i| v[0][i] + v[1][i] + if with_bias { v[3][i % 8] } else { 0.0 })
+                    .collect();
+                let mut r = rms_ref(&s, &shape, 2, &v[2], 1e-6);
+                r.push((shape.to_vec(), s));
+                outputs
+                    .iter()
+                    .zip([0, 9, 1, 2])
+                    .filter(|(o, _)| !o.is_empty())
+                    .map(|(_, k)| r[k].clone())
+                    .collect()
+            });
+        }
+    }
+}
+
+// ---- LpNormalization, MeanVarianceNormalization, Shrink -----------------------------------
+
+fn lp_ref(x: &[f64], shape: &[usize], axis: usize, p: i64) -> Expected {
+    let mut y = vec![0.0; x.len()];
+    for lane in groups(shape, &[axis]) {
+        let norm = if p == 1 {
+            lane.iter().map(|&i| x[i].abs()).sum::<f64>()
+        } else {
+            lane.iter().map(|&i| x[i] * x[i]).sum::<f64>().sqrt()
+        };
+        for &i in &lane {
+            y[i] = if norm == 0.0 { 0.0 } else { x[i] / norm };
+        }
+    }
+    vec![(shape.to_vec(), y)]
+}
+
+#[test]
+fn lp_normalization_on_every_backend_with_gradients() {
+    let shape = [3usize, 4, 5];
+    for (k, (axis, p)) in [(-1i64, 2i64), (1, 1), (0, 2), (2, 1)]
+        .into_iter()
+        .enumerate()
+    {
+        let a = axis.rem_euclid(3) as usize;
+        let mut xv = randn(&shape, 30 + k as u64).to_f64_vec();
+        let case = |xv: &[f64]| {
+            Case::new("LpNormalization", 13, vec![("x", Some(f64s(&shape, xv)))])
+                .with(vec![int_attr("axis", axis), int_attr("p", p)])
+        };
+        let what = format!("LpNormalization axis {axis} p {p}");
+        check_grads(&what, &case(&xv), &[0], k as u64, |v| {
+            lp_ref(&v[0], &shape, a, p)
+        });
+        // A lane of zeros normalizes to zeros.
+        for &i in &groups(&shape, &[a])[1] {
+            xv[i] = 0.0;
+        }
+        check_case(&what, &case(&xv), &BOTH, 1e-5, |v| {
+            lp_ref(&v[0], &shape, a, p)
+        });
+    }
+}
+
+fn mvn_ref(x: &[f64], shape: &[usize], axes: &[usize]) -> Expected {
+    let mut y = vec![0.0; x.len()];
+    for g in groups(shape, axes) {
+        let m = g.iter().map(|&i| x[i]).sum::<f64>() / g.len() as f64;
+        let var = g.iter().map(|&i| (x[i] - m).powi(2)).sum::<f64>() / g.len() as f64;
+        for &i in &g {
+            y[i] = (x[i] - m) / (var.sqrt() + 1e-9);
+        }
+    }
+    vec![(shape.to_vec(), y)]
+}
+
+#[test]
+fn mean_variance_normalization_on_every_backend_with_gradients() {
+    let shape = [2usize, 3, 4, 5];
+    for (k, axes) in [
+        None,
+        Some(vec![1i64]),
+        Some(vec![0, 1, 2, 3]),
+        Some(vec![-1, -2]),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let norm: Vec<usize> = axes
+            .clone()
+            .unwrap_or(vec![0, 2, 3])
+            .iter()
+            .map(|&a| a.rem_euclid(4) as usize)
+            .collect();
+        let attrs = axes.iter().map(|a| ints_attr("axes", a)).collect();
+        let case = Case::new(
+            "MeanVarianceNormalization",
+            13,
+            vec![("x", Some(rand(&shape, 40 + k as u64, -2.0, 3.0)))],
+        )
+        .with(attrs);
+        let what = format!("MeanVarianceNormalization axes {axes:?}");
+        check_case(&what, &case, &BOTH, 1e-5, |v| mvn_ref(&v[0], &shape, &norm));
+        check_grads(&what, &case, &[0], k as u64, |v| {
+            mvn_ref(&v[0], &shape, &norm)
+        });
+    }
+}
+
+#[test]
+fn shrink_on_every_backend_with_gradients() {
+    let shape = [4usize, 10];
+    for (k, (lambd, bias)) in [
+        (None, None),
+        (Some(1.5f32), Some(0.5f32)),
+        (Some(0.0), Some(-1.0)),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut attrs = vec![];
+        attrs.extend(lambd.map(|l| float_attr("lambd", l)));
+        attrs.extend(bias.map(|b| float_attr("bias", b)));
+        let (l, b) = (lambd.unwrap_or(0.5) as f64, bias.unwrap_or(0.0) as f64);
+        let reference = |v: &[Vec<f64>]| -> Expected {
+            let y = v[0]
+                .iter()
+                .map(|&x| {
+                    if x < -l {
+                        x + b
+                    } else if x > l {
+                        x - b
+                    } else {
+                        0.0
+                    }
+                })
+                .collect();
+            vec![(shape.to_vec(), y)]
+        };
+        let case = Case::new(
+            "Shrink",
+            13,
+            vec![("x", Some(rand(&shape, 50 + k as u64, -3.0, 3.0)))],
+        )
+        .with(attrs);
+        let what = format!("Shrink lambd {lambd:?} bias {bias:?}");
+        check_case(&what, &case, &BOTH, 1e-6, reference);
+        check_grads(&what, &case, &[0], k as u64, reference);
+    }
+}
+
+// ---- DepthToSpace, SpaceToDepth, global pools ---------------------------------------------
+
+fn depth_to_space_ref(x: &[f64], s: &[usize], b: usize, crd: bool) -> Expected {
+    let (n, c, h, w) = (s[0], s[1], s[2], s[3]);
+    let co = c / (b * b);
+    let out = [n, co, h * b, w * b];
+    let y = indices(&out)
+        .iter()
+        .map(|p| {
+            let (i, j) = (p[2] % b, p[3] % b);
+            let ci = if crd {
+                p[1] * b * b + i * b + j
+            } else {
+                (i * b + j) * co + p[1]
+            };
+            x[((p[0] * c + ci) * h + p[2] / b) * w + p[3] / b]
+        })
+        .collect();
+    vec![(out.to_vec(), y)]
+}
+
+fn space_to_depth_ref(x: &[f64], s: &[usize], b: usize) -> Expected {
+    let (n, c, h, w) = (s[0], s[1], s[2], s[3]);
+    let out = [n, c * b * b, h / b, w / b];
+    let y = indices(&out)
+        .iter()
+        .map(|p| {
+            let (blk, ci) = (p[1] / c, p[1] % c);
+            let (i, j) = (blk / b, blk % b);
+            x[((p[0] * c + ci) * h + p[2] * b + i) * w + p[3] * b + j]
+        })
+        .collect();
+    vec![(out.to_vec(), y)]
+}
+
+#[test]
+fn depth_to_space_and_space_to_depth_on_every_backend_with_gradients() {
+    for (k, (shape, b, mode)) in [
+        (vec![2usize, 8, 3, 2], 2usize, "DCR"),
+        (vec![2, 8, 3, 2], 2, "CRD"),
+        (vec![1, 18, 2, 3], 3, "DCR"),
+        (vec![1, 18, 2, 3], 3, "CRD"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut attrs = vec![int_attr("blocksize", b as i64)];
+        if k != 0 {
+            attrs.push(str_attr("mode", mode)); // DCR is the default
+        }
+        let case = Case::new(
+            "DepthToSpace",
+            13,
+            vec![("x", Some(randn(&shape, 60 + k as u64)))],
+        )
+        .with(attrs);
+        let what = format!("DepthToSpace {shape:?} blocksize {b} {mode}");
+        let reference = |v: &[Vec<f64>]| depth_to_space_ref(&v[0], &shape, b, mode == "CRD");
+        check_case(&what, &case, &BOTH, 0.0, reference);
+        check_grads(&what, &case, &[0], k as u64, reference);
+    }
+    for (k, (shape, b)) in [(vec![2usize, 3, 4, 6], 2usize), (vec![1, 2, 6, 3], 3)]
+        .into_iter()
+        .enumerate()
+    {
+        let case = Case::new(
+            "SpaceToDepth",
+            13,
+            vec![("x", Some(randn(&shape, 70 + k as u64)))],
+        )
+        .with(vec![int_attr("blocksize", b as i64)]);
+        let what = format!("SpaceToDepth {shape:?} blocksize {b}");
+        let reference = |v: &[Vec<f64>]| space_to_depth_ref(&v[0], &shape, b);
+        check_case(&what, &case, &BOTH, 0.0, reference);
+        check_grads(&what, &case, &[0], k as u64, reference);
+    }
+}
+
+#[test]
+fn global_pools_on_every_backend_with_gradients() {
+    for (k, shape) in [vec![2usize, 3, 4, 5], vec![2, 3, 7], vec![1, 2, 2, 3, 2]]
+        .into_iter()
+        .enumerate()
+    {
+        let axes: Vec<usize> = (2..shape.len()).collect();
+        let kept: Vec<usize> = (0..shape.len())
+            .map(|d| if d < 2 { shape[d] } else { 1 })
+            .collect();
+        for op in ["GlobalAveragePool", "GlobalMaxPool"] {
+            let case = Case::new(op, 13, vec![("x", Some(randn(&shape, 80 + k as u64)))]);
+            let reference = |v: &[Vec<f64>]| -> Expected {
+                let y = groups(&shape, &axes)
+                    .iter()
+                    .map(|g| {
+                        let it = g.iter().map(|&i| v[0][i]);
+                        if op == "GlobalMaxPool" {
+                            it.fold(f64::NEG_INFINITY, f64::max)
+                        } else {
+                            it.sum::<f64>() / g.len() as f64
+                        }
+                    })
+                    .collect();
+                vec![(kept.clone(), y)]
+            };
+            let what = format!("{op} {shape:?}");
+            check_case(&what, &case, &BOTH, 1e-6, reference);
+            check_grads(&what, &case, &[0], k as u64, reference);
+        }
+    }
+}
+
+// ---- Instance, group and batch normalization ----------------------------------------------
+
+/// (x - mean) / sqrt(var + eps) over each group of flat indices, then `affine(i, x̂)`.
+fn normalize_groups(
+    x: &[f64],
+    groups: &[Vec<usize>],
+    eps: f64,
+    affine: impl Fn(usize, f64) -> f64,
+) -> Vec<f64> {
+    let mut y = vec![0.0; x.len()];
+    for g in groups {
+        let m = g.iter().map(|&i| x[i]).sum::<f64>() / g.len() as f64;
+        let var = g.iter().map(|&i| (x[i] - m).powi(2)).sum::<f64>() / g.len() as f64;
+        for &i in g {
+            y[i] = affine(i, (x[i] - m) / (var + eps).sqrt());
+        }
+    }
+    y
+}
+
+/// The channel (axis 1) of flat index i of `shape`.
+fn channel(shape: &[usize], i: usize) -> usize {
+    let inner: usize = shape[2..].iter().product();
+    (i / inner) % shape[1]
+}
+
+#[test]
+fn instance_normalization_on_every_backend_with_gradients() {
+    for (k, (shape, eps)) in [(vec![2usize, 3, 4, 5], 1e-5f32), (vec![2, 3, 7], 0.01)]
+        .into_iter()
+        .enumerate()
+    {
+        let c = shape[1];
+        let case = Case::new(
+            "InstanceNormalization",
+            13,
+            vec![
+                ("x", Some(rand(&shape, 90 + k as u64, -1.0, 2.0))),
+                ("scale", Some(rand(&[c], 91, 0.5, 1.5))),
+                ("b", Some(randn(&[c], 92))),
+            ],
+        )
+        .with(vec![float_attr("epsilon", eps)]);
+        let axes: Vec<usize> = (2..shape.len()).collect();
+        let reference = |v: &[Vec<f64>]| -> Expected {
+            let y = normalize_groups(&v[0], &groups(&shape, &axes), eps as f64, |i, h| {
+                let ch = channel(&shape, i);
+                v[1][ch] * h + v[2][ch]
+            });
+            vec![(shape.clone(), y)]
+        };
+        let what = format!("InstanceNormalization {shape:?}");
+        check_case(&what, &case, &BOTH, 1e-5, reference);
+        check_grads(&what, &case, &[0, 1, 2], k as u64, reference);
+    }
+}
+
+#[test]
+fn group_normalization_opsets_18_and_21_on_every_backend_with_gradients() {
+    let shape = vec![2usize, 6, 4, 3];
+    let (n, c) = (shape[0], shape[1]);
+    for (k, (groups_n, opset)) in [(3usize, 21i64), (3, 18), (2, 21), (6, 21), (1, 18)]
+        .into_iter()
+        .enumerate()
+    {
+        let per_channel = opset >= 21;
+        let pn = if per_channel { c } else { groups_n };
+        let case = Case::new(
+            "GroupNormalization",
+            opset,
+            vec![
+                ("x", Some(rand(&shape, 100 + k as u64, -1.0, 2.0))),
+                ("scale", Some(rand(&[pn], 101, 0.5, 1.5))),
+                ("bias", Some(randn(&[pn], 102))),
+            ],
+        )
+        .with(vec![
+            int_attr("num_groups", groups_n as i64),
+            float_attr("epsilon", 1e-4),
+        ]);
+        let inner: usize = shape[2..].iter().product();
+        let per = c / groups_n;
+        // Group g of sample s: channels g·per .. (g+1)·per, every position.
+        let gs: Vec<Vec<usize>> = (0..n * groups_n)
+            .map(|sg| {
+                let (s, g) = (sg / groups_n, sg % groups_n);
+                (g * per * inner..(g + 1) * per * inner)
+                    .map(|i| s * c * inner + i)
+                    .collect()
+            })
+            .collect();
+        let reference = |v: &[Vec<f64>]| -> Expected {
+            let y = normalize_groups(&v[0], &gs, 1e-4, |i, h| {
+                let ch = channel(&shape, i);
+                let p = if per_channel { ch } else { ch / per };
+                v[1][p] * h + v[2][p]
+            });
+            vec![(shape.clone(), y)]
+        };
+        let what = format!("GroupNormalization opset {opset} groups {groups_n}");
+        check_case(&what, &case, &BOTH, 1e-5, reference);
+        check_grads(&what, &case, &[0, 1, 2], k as u64, reference);
+    }
+}
+
+#[test]
+fn batch_normalization_inference_on_every_backend_with_gradients() {
+    for (k, shape) in [vec![2usize, 3, 4, 5], vec![4, 3], vec![2, 3, 5]]
+        .into_iter()
+        .enumerate()
+    {
+        let c = shape[1];
+        let case = Case::new(
+            "BatchNormalization",
+            15,
+            vec![
+                ("x", Some(randn(&shape, 110 + k as u64))),
+                ("scale", Some(rand(&[c], 111, 0.5, 1.5))),
+                ("b", Some(randn(&[c], 112))),
+                ("mean", Some(randn(&[c], 113))),
+                ("var", Some(rand(&[c], 114, 0.5, 2.0))),
+            ],
+        )
+        .with(vec![
+            float_attr("epsilon", 1e-3),
+            float_attr("momentum", 0.8),
+        ]);
+        let reference = |v: &[Vec<f64>]| -> Expected {
+            let y = (0..v[0].len())
+                .map(|i| {
+                    let ch = channel(&shape, i);
+                    v[1][ch] * (v[0][i] - v[3][ch]) / (v[4][ch] + 1e-3).sqrt() + v[2][ch]
+                })
+                .collect();
+            vec![(shape.clone(), y)]
+        };
+        let what = format!("BatchNormalization {shape:?}");
+        check_case(&what, &case, &BOTH, 1e-5, reference);
+        check_grads(&what, &case, &[0, 1, 2, 3, 4], k as u64, reference);
+    }
+}
+
+// ---- Windows ------------------------------------------------------------------------------
+
+#[test]
+fn windows_on_every_backend() {
+    for op in ["HannWindow", "HammingWindow", "BlackmanWindow"] {
+        let (a0, a1, a2) = match op {
+            "HannWindow" => (0.5, 0.5, 0.0),
+            "HammingWindow" => (25.0 / 46.0, 21.0 / 46.0, 0.0),
+            _ => (0.42, 0.5, 0.08),
+        };
+        for size in [1i64, 8, 11] {
+            for periodic in [0i64, 1] {
+                for out_dt in [DType::F32, DType::F64] {
+                    if size == 1 && periodic == 0 {
+                        continue; // N - 1 = 0: 0/0, as ONNX's definition gives
+                    }
+                    let case =
+                        Case::new(op, 17, vec![("size", Some(i64s(&[], &[size])))]).with(vec![
+                            int_attr("periodic", periodic),
+                            int_attr("output_datatype", elem_type(out_dt) as i64),
+                        ]);
+                    let reference = |_: &[Vec<f64>]| -> Expected {
+                        let n = (size - 1 + periodic) as f64;
+                        let y = (0..size)
+                            .map(|k| {
+                                let t = std::f64::consts::TAU * k as f64 / n;
+                                a0 - a1 * t.cos() + a2 * (2.0 * t).cos()
+                            })
+                            .collect();
+                        vec![(vec![size as usize], y)]
+                    };
+                    let what = format!("{op} size {size} periodic {periodic} {out_dt}");
+                    // Computed in f32 whatever the output type, as the function body does.
+                    for backend in backends() {
+                        if !computes(backend, out_dt) {
+                            continue;
+                        }
+                        let opts = SessionOptions {
+                            backend,
+                            ..Default::default()
+                        };
+                        let mut s = Session::new(case.graph(DType::F32), opts).unwrap();
+                        let got = s
+                            .run(&case.feeds(&case.args(DType::F32)))
+                            .unwrap_or_else(|e| panic!("{what} on {backend:?}: {e}"));
+                        let y = &got[0].1;
+                        let (shape, want) = reference(&[]).remove(0);
+                        assert_eq!((y.dtype(), y.shape()), (out_dt, &shape[..]), "{what}");
+                        // Absolute: the values lie in [0, 1], and some are 0 up to rounding.
+                        let e = y
+                            .to_f64_vec()
+                            .iter()
+                            .zip(&want)
+                            .map(|(a, b)| (a - b).abs())
+                            .fold(0.0, f64::max);
+                        assert!(e <= 1e-6, "{what} on {backend:?}: max abs err {e:.2e}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+// ---- Refusals -----------------------------------------------------------------------------
+
+#[test]
+fn unsupported_attribute_values_are_refused_by_name() {
+    let x = || Some(randn(&[2, 4, 2, 2], 1));
+    let cases: Vec<(Case, &str)> = vec![
+        (
+            Case::new("LpNormalization", 13, vec![("x", x())]).with(vec![int_attr("p", 3)]),
+            "attribute 'p' must be 1 or 2, got 3",
+        ),
+        (
+            Case::new("DepthToSpace", 13, vec![("x", x())])
+                .with(vec![int_attr("blocksize", 2), str_attr("mode", "XYZ")]),
+            "attribute 'mode' must be \"DCR\" or \"CRD\"",
+        ),
+        (
+            Case::new("SpaceToDepth", 13, vec![("x", x())]),
+            "attribute 'blocksize' is required",
+        ),
+        (
+            Case::new(
+                "BatchNormalization",
+                15,
+                ["x", "s", "b", "m", "v"]
+                    .into_iter()
+                    .zip([x(), x(), x(), x(), x()])
+                    .collect(),
+            )
+            .with(vec![int_attr("training_mode", 1)]),
+            "attribute 'training_mode' = 1",
+        ),
+        (
+            Case::new(
+                "NegativeLogLikelihoodLoss",
+                13,
+                vec![("x", x()), ("t", x())],
+            )
+            .with(vec![str_attr("reduction", "max")]),
+            "attribute 'reduction' must be",
+        ),
+        (
+            Case::new("RMSNormalization", 23, vec![("x", x()), ("s", x())])
+                .with(vec![int_attr("stash_type", 7)]),
+            "attribute 'stash_type' must name a floating type",
+        ),
+        (
+            Case::new("HannWindow", 17, vec![("size", Some(i64s(&[], &[4])))])
+                .with(vec![int_attr("output_datatype", 2)]),
+            "attribute 'output_datatype' names UINT8",
+        ),
+        (
+            Case::new("Shrink", 13, vec![("x", x())]).with(vec![int_attr("alpha", 1)]),
+            "unknown attribute 'alpha'",
+        ),
+    ];
+    for (case, want) in cases {
+        let args = case.args(DType::F32);
+        let names: Vec<&str> = case.inputs.iter().map(|(n, _)| *n).collect();
+        let infos = case
+            .inputs
+            .iter()
+            .zip(&args)
+            .filter_map(|((n, _), t)| t.as_ref().map(|t| input_like(n, t)))
+            .collect();
+        let n = node(case.op, "", &names, &case.outputs, case.attrs.clone());
+        let e = import_one_node(n, case.opset, infos, vec![])
+            .err()
+            .unwrap_or_else(|| panic!("{}: imported", case.op))
+            .to_string();
+        let node_name = format!("node '{}_node' ({})", case.op, case.op);
+        assert!(
+            e.contains(&node_name) && e.contains(want),
+            "{}: {e}",
+            case.op
+        );
+    }
+    // SkipSimplifiedLayerNormalization's mean output is not an RMS normalization's.
+    let mut case = Case::new(
+        "SkipSimplifiedLayerNormalization",
+        17,
+        vec![("x", x()), ("skip", x()), ("g", Some(randn(&[2], 3)))],
+    );
+    case.domain = "com.microsoft";
+    case.outputs = vec!["y", "mean"];
+    let n = node(
+        case.op,
+        case.domain,
+        &["x", "skip", "g"],
+        &case.outputs,
+        vec![],
+    );
+    let infos = vec![
+        input("x", DType::F32, &[Some(2), Some(2)]),
+        input("skip", DType::F32, &[Some(2), Some(2)]),
+        input("g", DType::F32, &[Some(2)]),
+    ];
+    let e = import_one_node(n, 17, infos, vec![])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("output 1 (mean)"), "{e}");
+}
