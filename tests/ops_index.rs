@@ -68,9 +68,11 @@ fn pad_ref(mode: &str, x: &[f64], shape: &[usize], pairs: &[(i64, i64)], c: f64)
     vec![(out, vals)]
 }
 
+type PadCase = (&'static str, Vec<usize>, Vec<i64>, Option<Vec<i64>>);
+
 /// (mode, shape, pads, axes) cases: pads longer than the axis (reflect folds back more
 /// than once), negative pads, axes negative and partial.
-fn pad_cases() -> Vec<(&'static str, Vec<usize>, Vec<i64>, Option<Vec<i64>>)> {
+fn pad_cases() -> Vec<PadCase> {
     vec![
         ("constant", vec![2, 3, 4], vec![1, 0, 2, 0, 3, 1], None),
         ("constant", vec![3, 5], vec![-1, 2, 1, -2], None),
@@ -280,9 +282,11 @@ fn norm(i: i64, d: usize) -> usize {
     (if i < 0 { i + d as i64 } else { i }) as usize
 }
 
+type ScatterCase = (Op, Vec<usize>, Tensor, Vec<usize>, Vec<usize>);
+
 /// (op, data shape, indices, updates shape, where each update lands) per case; indices
 /// repeat and are negative.
-fn scatter_cases(red: &str) -> Vec<(Op, Vec<usize>, Tensor, Vec<usize>, Vec<usize>)> {
+fn scatter_cases(red: &str) -> Vec<ScatterCase> {
     let r = AttrValue::Str(red.into());
     let mut v = vec![];
     for (axis, data, ishape) in [

@@ -394,7 +394,7 @@ pub fn pad_grad(node: &Node, dy: &Tensor, ins: &[Option<&Tensor>], out: &mut Ten
         let mut acc = vec![<<T as Float>::Acc as Zero>::zero(); out.numel()];
         for (i, &k) in offs.iter().enumerate() {
             if k >= 0 {
-                acc[k as usize] = acc[k as usize] + g[i].to_acc();
+                acc[k as usize] += g[i].to_acc();
             }
         }
         out.as_mut_slice::<T>().iter_mut().zip(acc).for_each(|(o, a)| *o = T::from_acc(a));
