@@ -1,6 +1,6 @@
 // Shape family: one strided copy serves Transpose, Slice, Concat, Split, Expand and
 // SliceGrad (each is a walk over some shape with source and destination strides); Gather
-// and its deterministic scatter-add (GatherGrad).
+// and its deterministic scatter-add (GatherGrad, PadGrad); Pad; ScatterElements/ScatterND.
 
 // y[offset(s, 1, i)] = x[offset(s, 0, i)] over the shape of `s`.
 template <class W> __device__ void copy_k(const W* x, W* y, Strided s, i64 n) {
@@ -29,6 +29,41 @@ template <class T> __device__ void gather_grad_k(const T* dy, const i64* order, 
     }
 }
 
+// Pad: out[i] = x[offs[i]], or the constant c[0] where offs[i] < 0 (the host's
+// `common::pad_plan` maps every output element to its source).
+template <class W> __device__ void pad_k(const W* x, const i64* offs, const W* c, W* out, i64 n) {
+    GRID_STRIDE(i, n) {
+        i64 k = offs[i];
+        out[i] = k < 0 ? c[0] : x[k];
+    }
+}
+
+// ScatterElements / ScatterND: one thread per output element, so repeated indices never
+// race. aux[i] is the group of updates landing on element i (-1: none); group g's updates
+// are aux[order_at + q] for q in aux[starts_at + g] .. aux[starts_at + g + 1], in index
+// order (`common::scatter_plan`). mode: 0 replace (the last update wins), 1 add, 2 mul,
+// 3 max, 4 min (as Python's max/min: the element stays unless the update is strictly
+// beyond it).
+template <class T> __device__ void scatter_k(const T* data, const T* upd, const int* aux, T* out, i64 starts_at, i64 order_at, int mode, i64 n) {
+    GRID_STRIDE(i, n) {
+        int g = aux[i];
+        T v = data[i];
+        if (g >= 0) {
+            for (int q = aux[starts_at + g]; q < aux[starts_at + g + 1]; ++q) {
+                T u = upd[aux[order_at + q]];
+                switch (mode) {
+                    case 0: v = u; break;
+                    case 1: v = st<T>(ld(v) + ld(u)); break;
+                    case 2: v = st<T>(ld(v) * ld(u)); break;
+                    case 3: if (ld(u) > ld(v)) v = u; break;
+                    default: if (ld(u) < ld(v)) v = u; break;
+                }
+            }
+        }
+        out[i] = v;
+    }
+}
+
 // 16-byte words: a strided copy whose innermost dim is contiguous on both sides moves
 // 16 bytes per index computation (the host divides the walk into such words).
 struct __align__(16) w16 { unsigned x, y, z, w; };
@@ -36,9 +71,14 @@ extern "C" __global__ void copy_w16(const w16* x, w16* y, Strided s, i64 n) { co
 
 #define INST_SHAPE_WORD(W, S)                                                                     \
     extern "C" __global__ void copy_##S(const W* x, W* y, Strided s, i64 n) { copy_k<W>(x, y, s, n); } \
-    extern "C" __global__ void gather_##S(const W* x, const i64* ids, W* o, i64 nq, i64 d, i64 inner, i64 n) { gather_k<W>(x, ids, o, nq, d, inner, n); }
+    extern "C" __global__ void gather_##S(const W* x, const i64* ids, W* o, i64 nq, i64 d, i64 inner, i64 n) { gather_k<W>(x, ids, o, nq, d, inner, n); } \
+    extern "C" __global__ void pad_##S(const W* x, const i64* offs, const W* c, W* o, i64 n) { pad_k<W>(x, offs, c, o, n); }
 FOR_WORDS(INST_SHAPE_WORD)
 
 #define INST_SHAPE_FLOAT(T, S) \
     extern "C" __global__ void gather_grad_##S(const T* dy, const i64* order, const i64* starts, T* o, i64 nq, i64 d, i64 inner, i64 n) { gather_grad_k<T>(dy, order, starts, o, nq, d, inner, n); }
 FOR_FLOATS(INST_SHAPE_FLOAT)
+
+#define INST_SCATTER(T, S) \
+    extern "C" __global__ void scatter_##S(const T* data, const T* upd, const int* aux, T* o, i64 starts_at, i64 order_at, int mode, i64 n) { scatter_k<T>(data, upd, aux, o, starts_at, order_at, mode, n); }
+FOR_ALL(INST_SCATTER)

@@ -1,6 +1,6 @@
 // Shape and copy family: every op that moves elements without arithmetic (Transpose,
-// Expand, Slice, Split, Concat, Trilu, Where, Gather, SliceGrad), plus Cast and the
-// scatter-add of GatherGrad. Data is seen as raw u32 words whatever its dtype: the
+// Expand, Slice, Split, Concat, Trilu, Where, Gather, Pad, SliceGrad), plus Cast, the
+// scatter-add of GatherGrad and ScatterElements/ScatterND. Data is seen as raw u32 words whatever its dtype: the
 // element size ES (1, 2, 4 or 8 bytes) is a pipeline constant, and a thread owns one
 // output word, so 1- and 2-byte elements (bool, f16) never race on a shared word.
 //
@@ -68,6 +68,13 @@ fn source(e: u32) -> vec2<i32> {
             if (idx < 0 || idx >= dim) { return vec2<i32>(0, 0); }
             let outer = e / (inner * nidx);
             return vec2<i32>(1, (i32(outer) * dim + idx) * i32(inner) + i32(e % inner));
+        }
+        // Pad: AUX holds each output element's source offset in SX as i64 (read by its low
+        // word), -1 where it takes the constant, SX2's element 0.
+        case 6u: {
+            let k = bitcast<i32>(AUX[2u * e]);
+            if (k < 0) { return vec2<i32>(2, 0); }
+            return vec2<i32>(1, k);
         }
         // SliceGrad: dY placed into zeros. Per dim d (descriptor shape = dX): start
         // P[60+d], step P[68+d], length P[76+d]; operand 0's strides are dY's.
@@ -347,4 +354,70 @@ fn gather_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
         if (r.exchanged) { break; }
         old = r.old_value;
     }
+}
+
+// ScatterElements / ScatterND: SX data, SX2 updates, SY the output; a thread owns one
+// output word (so 2-byte elements never race) and folds into each of its elements the
+// updates that land there, in index order. AUX (i32) is the host's plan
+// (`common::scatter_plan`): AUX[e] the group of element e (-1: none), group g's updates
+// AUX[P[5] + q] for q in AUX[P[4] + g] .. AUX[P[4] + g + 1]. P[2] the reduction (0
+// replace: the last update wins, 1 add, 2 mul, 3 max, 4 min), P[3] the dtype (0 f32,
+// 1 f16, 2 i32, 3 bool: replace only).
+fn scatter_fold(v: u32, u: u32) -> u32 {
+    let m = pu(2u);
+    if (m == 0u) { return u; }
+    switch pu(3u) {
+        case 0u, 1u: {
+            let h = pu(3u) == 1u;
+            let a = select(bitcast<f32>(v), unpack2x16float(v).x, h);
+            let b = select(bitcast<f32>(u), unpack2x16float(u).x, h);
+            // max/min as Python's: the element stays unless the update is strictly beyond.
+            if (m == 3u) { return select(v, u, b > a); }
+            if (m == 4u) { return select(v, u, b < a); }
+            let r = select(a * b, a + b, m == 1u);
+            return select(bitcast<u32>(r), pack2x16float(vec2<f32>(r, 0.0)) & 0xffffu, h);
+        }
+        default: {
+            let a = bitcast<i32>(v);
+            let b = bitcast<i32>(u);
+            if (m == 3u) { return select(v, u, b > a); }
+            if (m == 4u) { return select(v, u, b < a); }
+            return bitcast<u32>(select(a * b, a + b, m == 1u));
+        }
+    }
+}
+fn scatter_elem(e: u32, v0: u32) -> u32 {
+    let g = bitcast<i32>(AUX[e]);
+    if (g < 0) { return v0; }
+    var v = v0;
+    let lo = bitcast<i32>(AUX[pu(4u) + u32(g)]);
+    let hi = bitcast<i32>(AUX[pu(4u) + u32(g) + 1u]);
+    for (var q = lo; q < hi; q += 1) {
+        v = scatter_fold(v, elem_x2(u32(bitcast<i32>(AUX[pu(5u) + u32(q)]))).x);
+    }
+    return v;
+}
+
+@compute @workgroup_size(256)
+fn scatter(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let w = linear(wid, nwg, lid, WG);
+    if (w >= pu(0u)) { return; }
+    if (ES >= 4u) {
+        SY[w] = scatter_elem(w, SX[w]);
+        return;
+    }
+    // Reached for ES < 4 only (min keeps the constant shifts of other ES valid).
+    let per = 4u / min(ES, 2u);
+    let bits = min(ES, 2u) * 8u;
+    let mask = (1u << bits) - 1u;
+    var word = SX[w];
+    for (var j = 0u; j < per; j += 1u) {
+        let e = w * per + j;
+        if (e < pu(1u)) {
+            let sh = j * bits;
+            let v = scatter_elem(e, (word >> sh) & mask);
+            word = (word & ~(mask << sh)) | ((v & mask) << sh);
+        }
+    }
+    SY[w] = word;
 }

@@ -532,3 +532,79 @@ fn cumsum_on_every_backend() {
         }
     }
 }
+
+/// The indexing ops (every Pad mode, every Scatter reduction) × every backend × every
+/// dtype: each combination runs and agrees with the CPU bit for bit (tests/ops_index.rs
+/// checks the CPU against float64 references), or is one that `NOT_ON_BACKEND` lists, or
+/// (a reduction over bools) is refused everywhere.
+#[test]
+fn indexing_ops_on_every_backend_and_dtype() {
+    use graphrun::graph::op::AttrValue;
+    use graphrun::BackendKind;
+    let s = |v: &str| AttrValue::Str(v.into());
+    let x = rand_ints(&[3, 4], 1, -5, 5);
+    let pads = cst(i64s(&[4], &[1, 2, 2, 1]));
+    let idx = i64s(&[2, 4], &[0, -1, 2, 0, 2, 1, 0, 0]);
+    let nd_idx = i64s(&[3, 1], &[2, -1, 2]);
+    let upd = rand_ints(&[2, 4], 2, -5, 5);
+    let nd_upd = rand_ints(&[3, 4], 3, -5, 5);
+    let mut cases: Vec<(Op, Vec<Tensor>, bool)> = vec![];
+    for mode in ["constant", "reflect", "edge", "wrap"] {
+        cases.push((op("Pad", &[("mode", s(mode))]), vec![], true));
+    }
+    for red in ["none", "add", "mul", "max", "min"] {
+        let r = [("reduction", s(red))];
+        let el = op(
+            "ScatterElements",
+            &[("axis", AttrValue::Int(0)), r[0].clone()],
+        );
+        cases.push((el, vec![idx.clone(), upd.clone()], red == "none"));
+        cases.push((
+            op("ScatterND", &r),
+            vec![nd_idx.clone(), nd_upd.clone()],
+            red == "none",
+        ));
+    }
+    let dtypes = [
+        DType::F64,
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::I64,
+        DType::I32,
+        DType::Bool,
+    ];
+    each(0..cases.len(), |k| {
+        let (op_, rest, bools) = &cases[k];
+        let bools = *bools;
+        for dt in dtypes {
+            let args: Vec<Arg> = match rest.as_slice() {
+                [] => vec![inp(x.cast(dt)), pads.clone(), Arg::None, Arg::None],
+                [i, u] => vec![inp(x.cast(dt)), inp(i.clone()), inp(u.cast(dt))],
+                _ => unreachable!(),
+            };
+            let cpu = run_raw(BackendKind::Cpu, op_.clone(), &args, 1);
+            for backend in backends() {
+                let got = run_raw(backend, op_.clone(), &args, 1);
+                match (&cpu, got) {
+                    (Ok(want), Ok(got)) => assert_eq!(
+                        got[0].to_f64_vec(),
+                        want[0].to_f64_vec(),
+                        "{} {dt} on {backend:?}",
+                        op_.name()
+                    ),
+                    (Err(_), Err(_)) if dt == DType::Bool && !bools => {}
+                    (Ok(_), Err(e)) if not_on(backend, dt) => {
+                        assert!(e.to_string().contains("node"), "{e}")
+                    }
+                    (c, g) => panic!(
+                        "{} {dt} on {backend:?}: cpu {:?}, got {:?}",
+                        op_.name(),
+                        c.as_ref().err().map(|e| e.to_string()),
+                        g.err().map(|e| e.to_string())
+                    ),
+                }
+            }
+        }
+    });
+}

@@ -5,8 +5,8 @@
 //! argument types and each rule lives once.
 
 use crate::error::Result;
-use crate::graph::infer::{norm_axis, slice_range};
-use crate::graph::{Activation, Node, Op, UnaryOp};
+use crate::graph::infer::{norm_axis, pad_kept, slice_range};
+use crate::graph::{Activation, Node, Op, PadMode, UnaryOp};
 use crate::rng::Rng;
 use crate::tensor::DType;
 
@@ -199,7 +199,12 @@ pub fn take_offsets(
 ) -> Result<Vec<i64>> {
     let st = row_major(data);
     let norm = |i: i64, d: usize, axis: usize| index_in(node, i, d, axis);
-    let base = node.op.grad_base().unwrap_or_else(|| node.op.clone());
+    // A scatter writes where the matching gather reads.
+    let base = match node.op.grad_base().unwrap_or_else(|| node.op.clone()) {
+        Op::ScatterElements { axis, .. } => Op::GatherElements { axis },
+        Op::ScatterND { .. } => Op::GatherND { batch_dims: 0 },
+        op => op,
+    };
     match base {
         Op::GatherElements { axis } => {
             let a = axis_index(axis, data.len())?;
@@ -242,6 +247,163 @@ pub fn take_offsets(
         }
         op => crate::bail!(Runtime, "{}: not a gather ({})", node.describe(), op.name()),
     }
+}
+
+/// Scatter's plan for the GPU kernels, where one thread owns each output element so that
+/// repeated indices neither race nor lose updates: `slot[e]` is the group of updates that
+/// land on output element e (-1 for none), group g's updates are
+/// `order[starts[g]..starts[g + 1]]` in index order, and all three lists are packed into
+/// one i32 buffer, `slot` first, `starts` at `starts_at`, `order` at `order_at`.
+pub struct ScatterPlan {
+    pub aux: Vec<i32>,
+    pub starts_at: usize,
+    pub order_at: usize,
+}
+
+/// The plan of a ScatterElements or ScatterND node whose data has shape `data`.
+pub fn scatter_plan(
+    node: &Node,
+    data: &[usize],
+    idx_shape: &[usize],
+    idx: &[i64],
+) -> Result<ScatterPlan> {
+    let tgt = take_offsets(node, data, idx_shape, idx)?;
+    let n = crate::tensor::numel(data);
+    if n + 2 * tgt.len() + 1 > i32::MAX as usize {
+        crate::bail!(
+            Runtime,
+            "{}: {} updates into {n} elements exceed the GPU kernels' 32-bit plan",
+            node.describe(),
+            tgt.len()
+        );
+    }
+    let mut order: Vec<usize> = (0..tgt.len()).collect();
+    order.sort_by_key(|&j| tgt[j]);
+    let mut aux = vec![-1i32; n];
+    let mut starts = vec![];
+    for (q, &j) in order.iter().enumerate() {
+        let t = tgt[j] as usize;
+        if aux[t] < 0 {
+            aux[t] = starts.len() as i32;
+            starts.push(q as i32);
+        }
+    }
+    starts.push(order.len() as i32);
+    let starts_at = aux.len();
+    aux.extend(starts);
+    let order_at = aux.len();
+    aux.extend(order.into_iter().map(|j| j as i32));
+    Ok(ScatterPlan {
+        aux,
+        starts_at,
+        order_at,
+    })
+}
+
+/// Pad's and PadGrad's gather offsets (`pad_offsets`) over an input (the forward's) of
+/// shape `x`; `arg(i)` reads input i (pads, axes) back as integers, `None` when omitted.
+pub fn pad_plan(
+    node: &Node,
+    x: &[usize],
+    mut arg: impl FnMut(usize) -> Result<Option<Vec<i64>>>,
+) -> Result<Vec<i64>> {
+    let (mode, axes_at) = match node.op {
+        Op::Pad { mode } => (mode, 3),
+        Op::PadGrad { mode } => (mode, 2),
+        _ => crate::bail!(Runtime, "{}: not a Pad", node.describe()),
+    };
+    let pads = arg(1)?.unwrap_or_default();
+    let axes = arg(axes_at)?;
+    let pairs = crate::graph::infer::pad_pairs(x.len(), &pads, axes.as_deref())
+        .map_err(|m| crate::err!(Runtime, "{}: {m}", node.describe()))?;
+    pad_offsets(node, x, &pairs, mode)
+}
+
+/// Pad as a gather: for every output element, the flat offset in the input it copies, or
+/// -1 where it takes the constant. `pairs` are the (begin, end) pads per dim
+/// (`infer::pad_pairs`); negative ones first remove elements, and reflect, edge and wrap
+/// then read from what is left.
+fn pad_offsets(node: &Node, x: &[usize], pairs: &[(i64, i64)], mode: PadMode) -> Result<Vec<i64>> {
+    let st = row_major(x);
+    // Per dim, the input index each output index reads (-1: the constant).
+    let mut maps: Vec<Vec<i64>> = vec![];
+    for (d, (&n, &(b, e))) in x.iter().zip(pairs).enumerate() {
+        let (lo, m) = ((-b).max(0), pad_kept(n, (b, e)));
+        let out = m + b.max(0) + e.max(0);
+        if m <= 0 && out > 0 && mode != PadMode::Constant {
+            crate::bail!(
+                Runtime,
+                "{}: {} padding of axis {d} needs at least one element left, and it has none",
+                node.describe(),
+                mode.name()
+            );
+        }
+        let map = (0..out.max(0))
+            .map(|i| {
+                let j = i - b.max(0);
+                let k = if (0..m).contains(&j) {
+                    j
+                } else {
+                    match mode {
+                        PadMode::Constant => return -1,
+                        PadMode::Edge => j.clamp(0, m - 1),
+                        PadMode::Wrap => j.rem_euclid(m),
+                        // numpy's reflect: period 2(m-1), one element repeats.
+                        PadMode::Reflect if m == 1 => 0,
+                        PadMode::Reflect => {
+                            let p = 2 * (m - 1);
+                            let k = j.rem_euclid(p);
+                            if k >= m {
+                                p - k
+                            } else {
+                                k
+                            }
+                        }
+                    }
+                };
+                (lo + k) * st[d] as i64
+            })
+            .collect();
+        maps.push(map);
+    }
+    let total = maps.iter().try_fold(1usize, |a, m| a.checked_mul(m.len()));
+    let mut out = try_vec(node, total.unwrap_or(usize::MAX))?;
+    // An odometer over the output's indices, adding each dim's offset.
+    let mut idx = vec![0usize; x.len()];
+    for _ in 0..out.capacity() {
+        let mut off = 0i64;
+        for (d, &i) in idx.iter().enumerate() {
+            let v = maps[d][i];
+            if v < 0 {
+                off = -1;
+                break;
+            }
+            off += v;
+        }
+        out.push(off);
+        for d in (0..idx.len()).rev() {
+            idx[d] += 1;
+            if idx[d] < maps[d].len() {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
+    Ok(out)
+}
+
+/// An empty vector with room for `n` elements, or an error naming the node when the host
+/// cannot hold them.
+fn try_vec<T>(node: &Node, n: usize) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| {
+        crate::err!(
+            Runtime,
+            "{}: cannot allocate the host plan of {n} elements",
+            node.describe()
+        )
+    })?;
+    Ok(v)
 }
 
 /// Row-major element strides of `shape`.

@@ -377,6 +377,8 @@ pub fn shape_inputs(op: &Op) -> &'static [(usize, &'static str)] {
         Op::GatherGrad { .. } | Op::GatherElementsGrad { .. } | Op::GatherNDGrad { .. } => {
             &[(2, "the forward input's shape")]
         }
+        Op::Pad { .. } => &[(1, "pads"), (3, "axes")],
+        Op::PadGrad { .. } => &[(1, "pads"), (2, "axes")],
         Op::SliceGrad => &[
             (1, "the forward input's shape"),
             (2, "starts"),
@@ -402,6 +404,8 @@ pub fn shape_inputs(op: &Op) -> &'static [(usize, &'static str)] {
         | Op::Gather { .. }
         | Op::GatherElements { .. }
         | Op::GatherND { .. }
+        | Op::ScatterElements { .. }
+        | Op::ScatterND { .. }
         | Op::CumSum { .. }
         | Op::Shape { .. }
         | Op::Constant { .. }
@@ -1268,6 +1272,67 @@ pub fn infer_node(
                 shape,
             })
         }
+        Op::ScatterElements { .. } | Op::ScatterND { .. } => {
+            let (idx, upd) = (t(1).unwrap(), t(2).unwrap());
+            same_dtype(&x, upd)?;
+            // Updates land where the matching gather would read: that gather's output type.
+            let gather = match &node.op {
+                Op::ScatterElements { axis, .. } => Op::GatherElements { axis: *axis },
+                _ => Op::GatherND { batch_dims: 0 },
+            };
+            let read = infer_forward(node, gather, &[Some(&x), Some(idx)], &[None, None])?;
+            if read[0].shape != upd.shape {
+                return Err(f(format!(
+                    "updates {} must have the shape {} that indices {} pick from data {}",
+                    fmt_shape(&upd.shape),
+                    fmt_shape(&read[0].shape),
+                    fmt_shape(&idx.shape),
+                    fmt_shape(&x.shape)
+                )));
+            }
+            one(x)
+        }
+        Op::Pad { mode } => {
+            let r = x.shape.len();
+            let pads = known(1, "pads")?.unwrap_or_default();
+            let axes = known(3, "axes")?;
+            let pairs = pad_pairs(r, &pads, axes.as_deref()).map_err(&f)?;
+            if let Some(c) = t(2) {
+                same_dtype(&x, c)?;
+                if c.numel() != 1 {
+                    return Err(f(format!(
+                        "constant_value must have one element, got shape {}",
+                        fmt_shape(&c.shape)
+                    )));
+                }
+            }
+            let shape = pad_shape(&x.shape, &pairs, 1).map_err(&f)?;
+            if *mode != PadMode::Constant {
+                if let Some(d) =
+                    (0..r).find(|&d| pairs[d] != (0, 0) && pad_kept(x.shape[d], pairs[d]) == 0)
+                {
+                    return Err(f(format!(
+                        "{} padding of axis {d} needs at least one element left, and it has none",
+                        mode.name()
+                    )));
+                }
+            }
+            one(ValueType {
+                dtype: x.dtype,
+                shape,
+            })
+        }
+        Op::PadGrad { .. } => {
+            need_float(&x, "dY")?;
+            let r = x.shape.len();
+            let pads = known(1, "pads")?.unwrap_or_default();
+            let axes = known(2, "axes")?;
+            let pairs = pad_pairs(r, &pads, axes.as_deref()).map_err(&f)?;
+            one(ValueType {
+                dtype: x.dtype,
+                shape: pad_shape(&x.shape, &pairs, -1).map_err(&f)?,
+            })
+        }
         Op::Shape { start, end } => {
             let (s, e) = shape_range(*start, *end, x.shape.len());
             one(ValueType {
@@ -1764,6 +1829,63 @@ fn arity_text(lo: usize, hi: usize) -> String {
     } else {
         format!("{lo} to {hi}")
     }
+}
+
+/// Pad's (begin, end) count per dim of a rank-`r` input, from `pads` (all begin values,
+/// then all end values) over `axes` (default every dim; negative ones count from the end).
+pub fn pad_pairs(
+    r: usize,
+    pads: &[i64],
+    axes: Option<&[i64]>,
+) -> std::result::Result<Vec<(i64, i64)>, String> {
+    let all: Vec<i64> = (0..r as i64).collect();
+    let axes = axes.unwrap_or(&all);
+    if pads.len() != 2 * axes.len() {
+        return Err(format!(
+            "pads has {} values; it needs 2 per padded axis ({})",
+            pads.len(),
+            axes.len()
+        ));
+    }
+    let mut pairs = vec![(0, 0); r];
+    let mut seen = vec![false; r];
+    for (k, &a) in axes.iter().enumerate() {
+        let Some(d) = norm_axis(a, r) else {
+            return Err(format!("axis {a} is out of range for rank {r}"));
+        };
+        if std::mem::replace(&mut seen[d], true) {
+            return Err(format!("axis {a} is repeated"));
+        }
+        pairs[d] = (pads[k], pads[axes.len() + k]);
+    }
+    Ok(pairs)
+}
+
+/// The elements of an axis of `n` that a (begin, end) pad keeps (negative pads remove).
+pub fn pad_kept(n: usize, (b, e): (i64, i64)) -> i64 {
+    n as i64 + b.min(0) + e.min(0)
+}
+
+/// The shape after padding `shape` by `pairs` (`sign` 1), or before it (`sign` -1, the
+/// input shape of the Pad whose output has `shape`).
+fn pad_shape(
+    shape: &[usize],
+    pairs: &[(i64, i64)],
+    sign: i64,
+) -> std::result::Result<Vec<usize>, String> {
+    shape
+        .iter()
+        .zip(pairs)
+        .map(|(&n, &(b, e))| {
+            let m = b
+                .checked_add(e)
+                .and_then(|p| p.checked_mul(sign))
+                .and_then(|p| p.checked_add(n as i64))
+                .filter(|&m| m >= 0)
+                .ok_or_else(|| format!("pads ({b}, {e}) do not fit an axis of {n}"))?;
+            Ok(m as usize)
+        })
+        .collect()
 }
 
 /// ONNX Shape's start/end, clamped.

@@ -9,7 +9,9 @@ pub mod op;
 pub mod validate;
 pub mod yaml;
 
-pub use op::{Activation, AttrValue, BinaryKind, BinaryOp, Op, ReduceKind, UnaryOp};
+pub use op::{
+    Activation, AttrValue, BinaryKind, BinaryOp, Op, PadMode, ReduceKind, ScatterReduction, UnaryOp,
+};
 
 use crate::error::Loc;
 use crate::tensor::{DType, Tensor};

@@ -54,6 +54,68 @@ impl Activation {
     }
 }
 
+/// How Pad fills the border: a constant, the mirror image without the edge (`reflect`),
+/// the edge repeated (`edge`), or the opposite side (`wrap`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PadMode {
+    Constant,
+    Reflect,
+    Edge,
+    Wrap,
+}
+
+impl PadMode {
+    pub const ALL: [PadMode; 4] = [
+        PadMode::Constant,
+        PadMode::Reflect,
+        PadMode::Edge,
+        PadMode::Wrap,
+    ];
+    pub fn name(self) -> &'static str {
+        match self {
+            PadMode::Constant => "constant",
+            PadMode::Reflect => "reflect",
+            PadMode::Edge => "edge",
+            PadMode::Wrap => "wrap",
+        }
+    }
+}
+
+/// How ScatterElements and ScatterND combine an update with the element it lands on:
+/// `None` replaces it (with repeated indices the last update in index order wins, as
+/// ONNX's reference does); the others fold every update into it in index order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScatterReduction {
+    None,
+    Add,
+    Mul,
+    Max,
+    Min,
+}
+
+impl ScatterReduction {
+    pub const ALL: [ScatterReduction; 5] = [
+        ScatterReduction::None,
+        ScatterReduction::Add,
+        ScatterReduction::Mul,
+        ScatterReduction::Max,
+        ScatterReduction::Min,
+    ];
+    pub fn name(self) -> &'static str {
+        match self {
+            ScatterReduction::None => "none",
+            ScatterReduction::Add => "add",
+            ScatterReduction::Mul => "mul",
+            ScatterReduction::Max => "max",
+            ScatterReduction::Min => "min",
+        }
+    }
+    /// The code cuda/shape.cu and shaders/shape.wgsl `scatter` switch on.
+    pub fn code(self) -> i32 {
+        self as i32
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LossReduction {
     Mean,
@@ -144,6 +206,23 @@ pub enum Op {
     GatherND {
         batch_dims: usize,
     },
+    /// `(data, pads, [constant_value], [axes])`: pads (begin values, then end values, one
+    /// pair per axis of `axes`, else of every axis) are plan-time values; negative ones
+    /// remove elements. The constant (default 0) is a one-element tensor of data's dtype.
+    Pad {
+        mode: PadMode,
+    },
+    /// `out = data` with `updates` put at the positions GatherElements would read with
+    /// `indices` (same shape as updates), combined per `reduction`.
+    ScatterElements {
+        axis: i64,
+        reduction: ScatterReduction,
+    },
+    /// `out = data` with the slices of `updates` put where GatherND (batch_dims 0) would
+    /// read them, combined per `reduction`.
+    ScatterND {
+        reduction: ScatterReduction,
+    },
     Shape {
         start: i64,
         end: Option<i64>,
@@ -215,6 +294,11 @@ pub enum Op {
     },
     /// `(dY, XShape, starts, ends, [axes], [steps]) -> dX`: dY placed into zeros.
     SliceGrad,
+    /// `(dY, pads, [axes]) -> dX`: each dY element added to the X element Pad read it from
+    /// (constant positions read none).
+    PadGrad {
+        mode: PadMode,
+    },
     /// `(dY, A, B, [Pre], [PreA]) -> (dA, dB, [dBias], [dBiasA])` for `Y = act(A·B + bias) +
     /// residual`, where `Pre = A·B + bias` is the forward's second output (needed unless
     /// activation none). With `a_activation` (set by the `dact_into_da` rule, never by
@@ -262,6 +346,7 @@ pub static GRAD_OP_NAMES: std::sync::LazyLock<Vec<&'static str>> = std::sync::La
         "GatherElementsGrad",
         "GatherNDGrad",
         "SliceGrad",
+        "PadGrad",
         "FusedMatMulGrad",
         "AttentionGrad",
         "VarlenAttentionGrad",
@@ -302,6 +387,9 @@ const OTHER_OP_NAMES: &[&str] = &[
     "Gather",
     "GatherElements",
     "GatherND",
+    "Pad",
+    "ScatterElements",
+    "ScatterND",
     "Shape",
     "Constant",
     "Trilu",
@@ -457,6 +545,22 @@ impl<'a> Attrs<'a> {
         })
     }
 
+    /// ScatterElements' and ScatterND's `reduction` (default none).
+    fn scatter_reduction(&mut self) -> Result<ScatterReduction> {
+        Ok(match self.string("reduction")? {
+            None => ScatterReduction::None,
+            Some((s, at)) => match ScatterReduction::ALL.iter().find(|r| r.name() == s) {
+                Some(r) => *r,
+                None => {
+                    return Err(self.err(
+                        Some(at),
+                        format!("attribute 'reduction' must be one of none, add, mul, max, min; got \"{s}\""),
+                    ))
+                }
+            },
+        })
+    }
+
     fn string(&mut self, name: &str) -> Result<Option<(String, &'a Attr)>> {
         match self.get(name) {
             None => Ok(None),
@@ -518,6 +622,10 @@ impl Op {
             Op::GatherND { .. } => "GatherND",
             Op::GatherElementsGrad { .. } => "GatherElementsGrad",
             Op::GatherNDGrad { .. } => "GatherNDGrad",
+            Op::Pad { .. } => "Pad",
+            Op::PadGrad { .. } => "PadGrad",
+            Op::ScatterElements { .. } => "ScatterElements",
+            Op::ScatterND { .. } => "ScatterND",
             Op::Identity => "Identity",
             Op::MatMul => "MatMul",
             Op::Gemm { .. } => "Gemm",
@@ -589,6 +697,7 @@ impl Op {
             Op::GatherElements { axis } => Op::GatherElementsGrad { axis },
             Op::GatherND { batch_dims } => Op::GatherNDGrad { batch_dims },
             Op::Slice => Op::SliceGrad,
+            Op::Pad { mode } => Op::PadGrad { mode },
             Op::FusedMatMul {
                 activation,
                 trans_b,
@@ -636,6 +745,7 @@ impl Op {
             Op::GatherElementsGrad { axis } => Op::GatherElements { axis },
             Op::GatherNDGrad { batch_dims } => Op::GatherND { batch_dims },
             Op::SliceGrad => Op::Slice,
+            Op::PadGrad { mode } => Op::Pad { mode },
             Op::FusedMatMulGrad {
                 activation,
                 trans_b,
@@ -674,6 +784,7 @@ impl Op {
                 | Op::GatherElementsGrad { .. }
                 | Op::GatherNDGrad { .. }
                 | Op::SliceGrad
+                | Op::PadGrad { .. }
                 | Op::FusedMatMulGrad { .. }
                 | Op::AttentionGrad { .. }
                 | Op::VarlenAttentionGrad { .. }
@@ -702,6 +813,9 @@ impl Op {
             Op::Gather { .. } | Op::CastLike | Op::CumSum { .. } => (2, 2, 1, 1),
             Op::GatherElements { .. } | Op::GatherND { .. } => (2, 2, 1, 1),
             Op::GatherElementsGrad { .. } | Op::GatherNDGrad { .. } => (3, 3, 1, 1),
+            Op::ScatterElements { .. } | Op::ScatterND { .. } => (3, 3, 1, 1),
+            Op::Pad { .. } => (2, 4, 1, 1),
+            Op::PadGrad { .. } => (2, 3, 1, 1),
             Op::Clip => (1, 3, 1, 1),
             Op::Where | Op::Range => (3, 3, 1, 1),
             Op::Gemm { .. } => (2, 3, 1, 1),
@@ -866,6 +980,28 @@ impl Op {
                     let at = attrs.iter().find(|x| x.name == "batch_dims");
                     return Err(a.err(at, format!("attribute 'batch_dims' must be >= 0, got {b}")));
                 }
+            },
+            "Pad" => {
+                let mode = match a.string("mode")? {
+                    None => PadMode::Constant,
+                    Some((s, at)) => match PadMode::ALL.iter().find(|m| m.name() == s) {
+                        Some(m) => *m,
+                        None => {
+                            return Err(a.err(
+                                Some(at),
+                                format!("attribute 'mode' must be \"constant\", \"reflect\", \"edge\" or \"wrap\", got \"{s}\""),
+                            ))
+                        }
+                    },
+                };
+                Op::Pad { mode }
+            }
+            "ScatterElements" => Op::ScatterElements {
+                axis: a.int_or("axis", 0)?,
+                reduction: a.scatter_reduction()?,
+            },
+            "ScatterND" => Op::ScatterND {
+                reduction: a.scatter_reduction()?,
             },
             "MatMul" => Op::MatMul,
             "Gemm" => Op::Gemm {
@@ -1139,6 +1275,12 @@ impl Op {
                 v.push(("axis", V::Int(*axis)))
             }
             Op::GatherND { batch_dims } => v.push(("batch_dims", V::Int(*batch_dims as i64))),
+            Op::Pad { mode } => v.push(("mode", V::Str(mode.name().into()))),
+            Op::ScatterElements { axis, reduction } => {
+                v.push(("axis", V::Int(*axis)));
+                v.push(("reduction", V::Str(reduction.name().into())));
+            }
+            Op::ScatterND { reduction } => v.push(("reduction", V::Str(reduction.name().into()))),
             Op::CumSum { exclusive, reverse } => {
                 v.push(("exclusive", b(*exclusive)));
                 v.push(("reverse", b(*reverse)));
@@ -1261,6 +1403,7 @@ pub fn op_table_markdown() -> String {
         | "ReduceMax" => "normalization / reduction",
         "Reshape" | "Transpose" | "Concat" | "Split" | "Slice" | "Squeeze" | "Unsqueeze"
         | "Flatten" | "Expand" | "Gather" | "Shape" | "Constant" | "Trilu" => "shape",
+        "GatherElements" | "GatherND" | "Pad" | "ScatterElements" | "ScatterND" => "indexing",
         "SoftmaxCrossEntropyLoss" => "loss",
         "Attention" | "VarlenAttention" => "attention (fused)",
         "Dropout" => "regularization",

@@ -12,10 +12,11 @@ use crate::error::{Error, Result};
 use crate::graph::op::{Attr, AttrValue, OP_NAMES};
 use crate::graph::{BinaryOp, Node, Op, UnaryOp};
 use crate::tensor::Tensor;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 
 mod composite;
+mod index;
 use composite::{COMPOSITE, MS_COMPOSITE};
 
 /// The opset in which ONNX introduced an op, for ops newer than graphrun's oldest
@@ -29,9 +30,9 @@ fn since(op: &str) -> i64 {
     }
     match op {
         "Expand" => 8,
-        "Where" | "MeanVarianceNormalization" | "Shrink" => 9,
-        "Range" | "GatherElements" | "GatherND" | "CumSum" => 11,
-        "SoftmaxCrossEntropyLoss" | "NegativeLogLikelihoodLoss" => 12,
+        "Where" | "MeanVarianceNormalization" | "Shrink" | "OneHot" | "EyeLike" | "Scatter" => 9,
+        "Range" | "GatherElements" | "GatherND" | "CumSum" | "ScatterElements" | "ScatterND" => 11,
+        "SoftmaxCrossEntropyLoss" | "NegativeLogLikelihoodLoss" | "Einsum" => 12,
         "Trilu" => 14,
         "LayerNormalization" | "HannWindow" | "HammingWindow" | "BlackmanWindow" => 17,
         "GroupNormalization" | "BitwiseNot" => 18,
@@ -52,9 +53,16 @@ const PREDICATES: &[&str] = &["IsNaN", "IsInf", "Not", "BitwiseNot"];
 
 /// Ops the importer writes as graphrun's ops: ConstantOfShape(shape) is Expand(value,
 /// shape), the value a one-element tensor (f32 0 by default); the reductions graphrun has
-/// no kernel for are ReduceSum or ReduceMax around elementwise maps (`lower_reduce`).
+/// no kernel for are ReduceSum or ReduceMax around elementwise maps (`lower_reduce`); Tile,
+/// OneHot, EyeLike and Einsum are written in `index`; Scatter (opsets 9 and 10) is
+/// ScatterElements.
 const REWRITTEN: &[&str] = &[
     "ConstantOfShape",
+    "Tile",
+    "OneHot",
+    "EyeLike",
+    "Einsum",
+    "Scatter",
     "ReduceMin",
     "ReduceL1",
     "ReduceL2",
@@ -128,6 +136,11 @@ pub(super) struct Importer<'a> {
     nodes: Vec<Node>,
     /// Every value name in the model, so that values the importer adds are fresh.
     taken: HashSet<String>,
+    /// The rank of each value whose type the model gives (inputs, initializers,
+    /// value_info, outputs).
+    ranks: HashMap<String, usize>,
+    /// The dtype of each such value, where graphrun has it.
+    dtypes: HashMap<String, crate::tensor::DType>,
     /// Ops graphrun lacks: "Conv" or "domain::Op" → the nodes that use them.
     unsupported: BTreeMap<String, Vec<String>>,
     errors: Vec<Error>,
@@ -138,11 +151,32 @@ impl<'a> Importer<'a> {
         let mut taken: HashSet<String> = g.input.iter().map(|v| v.name.clone()).collect();
         taken.extend(g.initializer.iter().map(|t| t.name.clone()));
         taken.extend(g.node.iter().flat_map(|n| n.output.iter().cloned()));
+        let mut ranks: HashMap<String, usize> = HashMap::new();
+        let mut dtypes = HashMap::new();
+        for t in &g.initializer {
+            ranks.insert(t.name.clone(), t.dims.len());
+            if let Some(dt) = crate::tensor::DType::from_onnx(t.data_type as i64) {
+                dtypes.insert(t.name.clone(), dt);
+            }
+        }
+        for v in g.input.iter().chain(&g.value_info).chain(&g.output) {
+            let Some(t) = v.r#type.as_ref().and_then(|t| t.tensor_type.as_ref()) else {
+                continue;
+            };
+            if let Some(s) = &t.shape {
+                ranks.insert(v.name.clone(), s.dim.len());
+            }
+            if let Some(dt) = crate::tensor::DType::from_onnx(t.elem_type as i64) {
+                dtypes.insert(v.name.clone(), dt);
+            }
+        }
         Importer {
             opset,
             base,
             nodes: vec![],
             taken,
+            ranks,
+            dtypes,
             unsupported: BTreeMap::new(),
             errors: vec![],
         }
@@ -218,6 +252,53 @@ impl<'a> Importer<'a> {
             }
             op if PREDICATES.contains(&op) => return self.lower_predicate(n, shown, attrs),
             "ConstantOfShape" => return self.lower_constant_of_shape(n, shown, attrs),
+            "Tile" => return self.lower_tile(n, shown, &attrs),
+            "OneHot" => return self.lower_one_hot(n, shown, &attrs),
+            "EyeLike" => return self.lower_eye_like(n, shown, &attrs),
+            "Einsum" => return self.lower_einsum(n, shown, &attrs),
+            // Scatter is ScatterElements under its old name (removed in opset 11).
+            "Scatter" if self.opset >= 11 => {
+                return Err(Error::Graph(format!(
+                    "node '{shown}' (Scatter): Scatter was removed in opset 11 (the model imports opset {}); ScatterElements replaces it",
+                    self.opset
+                )))
+            }
+            "Scatter" => {
+                let op = Op::parse("ScatterElements", &attrs, shown, None)?;
+                self.nodes.push(Node {
+                    name: n.name.clone(),
+                    op,
+                    inputs,
+                    outputs: n.output.clone(),
+                    loc: None,
+                });
+                return Ok(());
+            }
+            // Before opset 11 Pad's pads (`paddings` in Pad-1) and constant are attributes.
+            "Pad" if self.opset < 11 => {
+                let pads = take(&mut attrs, "pads").or_else(|| take(&mut attrs, "paddings"));
+                let Some(AttrValue::Ints(pads)) = pads else {
+                    return Err(Error::Graph(format!(
+                        "node '{shown}' (Pad): attribute 'pads' (a list of integers) is required before opset 11"
+                    )));
+                };
+                let t = Tensor::from_vec(&[pads.len()], pads)?;
+                inputs.push(self.constant(n, "pads", t));
+                match take(&mut attrs, "value") {
+                    None => {}
+                    Some(AttrValue::Float(v)) => {
+                        let c = self.constant(n, "value", Tensor::scalar(v as f32));
+                        let like = self.fresh(&format!("{}/value_cast", n.output.first().map(String::as_str).unwrap_or("onnx")));
+                        self.push(n, "value_cast", Op::CastLike, vec![c, inputs[0].clone()], &like);
+                        inputs.push(like);
+                    }
+                    Some(v) => {
+                        return Err(Error::Graph(format!(
+                            "node '{shown}' (Pad): attribute 'value' must be a float, got {v:?}"
+                        )))
+                    }
+                }
+            }
             op if op.starts_with("Reduce") && REWRITTEN.contains(&op) => {
                 return self.lower_reduce(n, shown, attrs)
             }

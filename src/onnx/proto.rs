@@ -44,6 +44,10 @@ pub struct GraphProto {
     pub input: Vec<ValueInfoProto>,
     #[prost(message, repeated, tag = "12")]
     pub output: Vec<ValueInfoProto>,
+    /// Types of intermediate values, where the exporter wrote them (Einsum's ellipsis
+    /// reads ranks from them).
+    #[prost(message, repeated, tag = "13")]
+    pub value_info: Vec<ValueInfoProto>,
 }
 
 #[derive(Clone, PartialEq, Message)]

@@ -234,6 +234,11 @@ pub fn run_node(
         Op::GatherElementsGrad { .. } | Op::GatherNDGrad { .. } => {
             shape::take_grad(node, x(0)?, x(1)?, &mut outs[0])
         }
+        Op::Pad { .. } => shape::pad(node, x(0)?, ins, &mut outs[0]),
+        Op::PadGrad { .. } => shape::pad_grad(node, x(0)?, ins, &mut outs[0]),
+        Op::ScatterElements { reduction, .. } | Op::ScatterND { reduction } => {
+            shape::scatter(node, x(0)?, x(1)?, x(2)?, *reduction, &mut outs[0])
+        }
         Op::Shape { start, end } => shape::shape(x(0)?, *start, *end, &mut outs[0]),
         Op::Constant { value } => {
             outs[0].bytes_mut().copy_from_slice(value.bytes());

@@ -8,8 +8,8 @@
 use crate::backends::common;
 use crate::error::Result;
 use crate::graph::infer::shape_range;
-use crate::graph::Node;
-use crate::tensor::{numel, Float, Tensor};
+use crate::graph::{Node, ScatterReduction};
+use crate::tensor::{numel, Float, Int, Tensor};
 use bytemuck::Pod;
 use num_traits::Zero;
 use rayon::prelude::*;
@@ -363,4 +363,109 @@ pub fn slice_grad(dy: &Tensor, ins: &[Option<&Tensor>], out: &mut Tensor) -> Res
         });
     });
     Ok(())
+}
+
+/// Pad: a gather at `common::pad_plan`'s offsets, the constant (input 2, default 0) where
+/// an offset is -1.
+pub fn pad(node: &Node, x: &Tensor, ins: &[Option<&Tensor>], out: &mut Tensor) -> Result<()> {
+    let offs = common::pad_plan(node, x.shape(), |i| {
+        Ok(ins.get(i).copied().flatten().map(Tensor::to_i64_vec))
+    })?;
+    let c = ins.get(2).copied().flatten();
+    crate::with_any!(x.dtype(), T => {
+        let src = x.as_slice::<T>();
+        let c: T = c.map(|c| c.as_slice::<T>()[0]).unwrap_or(bytemuck::Zeroable::zeroed());
+        out.as_mut_slice::<T>()
+            .par_iter_mut()
+            .zip(offs.par_iter())
+            .with_min_len(1 << 12)
+            .for_each(|(o, &k)| *o = if k < 0 { c } else { src[k as usize] });
+    });
+    Ok(())
+}
+
+/// PadGrad: every dY element added to the X element it was read from, in order.
+pub fn pad_grad(node: &Node, dy: &Tensor, ins: &[Option<&Tensor>], out: &mut Tensor) -> Result<()> {
+    let offs = common::pad_plan(node, out.shape(), |i| {
+        Ok(ins.get(i).copied().flatten().map(Tensor::to_i64_vec))
+    })?;
+    crate::with_float!(out.dtype(), T => {
+        let g = dy.as_slice::<T>();
+        let mut acc = vec![<<T as Float>::Acc as Zero>::zero(); out.numel()];
+        for (i, &k) in offs.iter().enumerate() {
+            if k >= 0 {
+                acc[k as usize] += g[i].to_acc();
+            }
+        }
+        out.as_mut_slice::<T>().iter_mut().zip(acc).for_each(|(o, a)| *o = T::from_acc(a));
+        Ok(())
+    }, _ => crate::bail!(Runtime, "{}: PadGrad takes floating tensors, got {}", node.describe(), out.dtype()))
+}
+
+/// ScatterElements and ScatterND: data copied, then each update combined into the element
+/// `common::take_offsets` puts it on, in index order (so with repeated indices and no
+/// reduction the last update wins, as ONNX's reference does).
+pub fn scatter(
+    node: &Node,
+    data: &Tensor,
+    idx: &Tensor,
+    upd: &Tensor,
+    reduction: ScatterReduction,
+    out: &mut Tensor,
+) -> Result<()> {
+    let tgt = common::take_offsets(node, data.shape(), idx.shape(), &idx.to_i64_vec())?;
+    out.bytes_mut().copy_from_slice(data.bytes());
+    fn fold<T: Copy + PartialOrd>(
+        out: &mut [T],
+        upd: &[T],
+        tgt: &[i64],
+        r: ScatterReduction,
+        add: impl Fn(T, T) -> T,
+        mul: impl Fn(T, T) -> T,
+    ) {
+        for (&t, &u) in tgt.iter().zip(upd) {
+            let v = &mut out[t as usize];
+            *v = match r {
+                ScatterReduction::None => u,
+                ScatterReduction::Add => add(*v, u),
+                ScatterReduction::Mul => mul(*v, u),
+                // As Python's max(v, u) and min(v, u): v unless u is strictly beyond it.
+                ScatterReduction::Max => {
+                    if u > *v {
+                        u
+                    } else {
+                        *v
+                    }
+                }
+                ScatterReduction::Min => {
+                    if u < *v {
+                        u
+                    } else {
+                        *v
+                    }
+                }
+            };
+        }
+    }
+    let dt = data.dtype();
+    if reduction == ScatterReduction::None {
+        crate::with_any!(dt, T => fold(out.as_mut_slice::<T>(), upd.as_slice::<T>(), &tgt, reduction, |a, _| a, |a, _| a));
+        return Ok(());
+    }
+    crate::with_float!(dt, T => {
+        fold(out.as_mut_slice::<T>(), upd.as_slice::<T>(), &tgt, reduction,
+            |a: T, b: T| T::from_acc(a.to_acc() + b.to_acc()),
+            |a: T, b: T| T::from_acc(a.to_acc() * b.to_acc()));
+        Ok(())
+    }, _ => crate::with_dtypes!(dt, T => {
+        fold(out.as_mut_slice::<T>(), upd.as_slice::<T>(), &tgt, reduction,
+            |a: T, b: T| T::from_i64(a.to_i64().wrapping_add(b.to_i64())),
+            |a: T, b: T| T::from_i64(a.to_i64().wrapping_mul(b.to_i64())));
+        Ok(())
+    }, [I64 i64, I32 i32], _ => crate::bail!(
+        Runtime,
+        "{}: reduction '{}' is not defined for {dt}",
+        node.describe(),
+        reduction.name()
+    )))
 }

@@ -583,6 +583,11 @@ impl Cuda {
             Op::GatherElementsGrad { .. } | Op::GatherNDGrad { .. } => {
                 shape::take_grad(self, node, &x(0)?, &x(1)?, &y)
             }
+            Op::Pad { .. } => shape::pad(self, node, &x(0)?, ins, &y),
+            Op::PadGrad { .. } => shape::pad_grad(self, node, &x(0)?, ins, &y),
+            Op::ScatterElements { reduction, .. } | Op::ScatterND { reduction } => {
+                shape::scatter(self, node, [&x(0)?, &x(1)?, &x(2)?], *reduction, &y)
+            }
             Op::Shape { start, end } => {
                 let (s, e) = crate::graph::infer::shape_range(*start, *end, x(0)?.shape().len());
                 let dims: Vec<i64> = x(0)?.shape()[s..e].iter().map(|&d| d as i64).collect();

@@ -5,8 +5,8 @@ use super::device::{strides, suffix, word, Arg, Strided};
 use super::{unsupported, Cuda, V};
 use crate::backends::common;
 use crate::error::Result;
-use crate::graph::Node;
-use crate::tensor::numel;
+use crate::graph::{Node, ScatterReduction};
+use crate::tensor::{numel, DType};
 
 /// Copies the elements of a walk over `shape`: element i goes from `src + offset(0, i)`
 /// to `dst + offset(1, i)`.
@@ -146,10 +146,7 @@ fn slice_view(shape: &[usize], sliced: &[usize], sel: &[(i64, i64)]) -> (Vec<i64
 /// Slice's (start, step) per dim, its starts/ends/axes/steps inputs read back from the
 /// device (they decide offsets).
 fn slice_steps(c: &Cuda, shape: &[usize], args: &[Option<V>]) -> Result<Vec<(i64, i64)>> {
-    common::slice_steps(shape, |i| match args.get(i).copied().flatten() {
-        Some(v) => Ok(Some(c.read(&v)?.to_i64_vec())),
-        None => Ok(None),
-    })
+    common::slice_steps(shape, |i| read_opt(c, args, i))
 }
 
 pub fn slice(c: &Cuda, x: &V, ins: &[Option<V>], y: &V) -> Result<()> {
@@ -245,13 +242,85 @@ pub fn take_grad(c: &Cuda, node: &Node, dy: &V, idx: &V, out: &V) -> Result<()> 
     scatter_add(c, dy, &ids, out.numel(), 1, out)
 }
 
+/// Pad: a gather at `common::pad_plan`'s offsets, the constant (default 0) at -1.
+pub fn pad(c: &Cuda, node: &Node, x: &V, ins: &[Option<V>], y: &V) -> Result<()> {
+    let offs = common::pad_plan(node, x.shape(), |i| read_opt(c, ins, i))?;
+    let dev = c.upload_vec(&offs)?;
+    let zero;
+    let cst = match ins.get(2).copied().flatten() {
+        Some(v) => v.p,
+        None => {
+            // Eight zero bytes: a 0 of every dtype.
+            zero = c.zeros::<u64>(1)?;
+            c.addr(&zero)
+        }
+    };
+    let n = y.numel();
+    let args = [
+        Arg::Ptr(x.p),
+        Arg::Ptr(c.addr(&dev)),
+        Arg::Ptr(cst),
+        Arg::Ptr(y.p),
+        Arg::I64(n as i64),
+    ];
+    c.launch_n(&format!("pad_{}", word(x.dtype())), n, &args)
+}
+
+/// PadGrad: dY added at Pad's offsets (the constant's positions dropped), in a fixed order.
+pub fn pad_grad(c: &Cuda, node: &Node, dy: &V, ins: &[Option<V>], out: &V) -> Result<()> {
+    if !out.dtype().is_float() {
+        return Err(unsupported(node, out.dtype()));
+    }
+    let offs = common::pad_plan(node, out.shape(), |i| read_opt(c, ins, i))?;
+    scatter_add(c, dy, &offs, out.numel(), 1, out)
+}
+
+/// ScatterElements and ScatterND: one thread per output element folds the updates that
+/// land on it (`common::scatter_plan`), so the result is deterministic.
+pub fn scatter(
+    c: &Cuda,
+    node: &Node,
+    [data, idx, upd]: [&V; 3],
+    reduction: ScatterReduction,
+    out: &V,
+) -> Result<()> {
+    let dt = data.dtype();
+    if dt == DType::Bool && reduction != ScatterReduction::None {
+        return Err(unsupported(node, dt));
+    }
+    let plan = common::scatter_plan(node, data.shape(), idx.shape(), &c.read(idx)?.to_i64_vec())?;
+    let aux = c.upload_vec(&plan.aux)?;
+    let n = out.numel();
+    let args = [
+        Arg::Ptr(data.p),
+        Arg::Ptr(upd.p),
+        Arg::Ptr(c.addr(&aux)),
+        Arg::Ptr(out.p),
+        Arg::I64(plan.starts_at as i64),
+        Arg::I64(plan.order_at as i64),
+        Arg::I32(reduction.code()),
+        Arg::I64(n as i64),
+    ];
+    c.launch_n(&format!("scatter_{}", suffix(dt)), n, &args)
+}
+
+/// Input `i` read back as integers, `None` when omitted.
+fn read_opt(c: &Cuda, ins: &[Option<V>], i: usize) -> Result<Option<Vec<i64>>> {
+    match ins.get(i).copied().flatten() {
+        Some(v) => Ok(Some(c.read(&v)?.to_i64_vec())),
+        None => Ok(None),
+    }
+}
+
 /// `out` (rows of `inner` elements, `d` of them) = the dY rows whose index `ids` names
-/// each row, summed in a fixed order.
+/// each row, summed in a fixed order; rows with a negative index reach none.
 fn scatter_add(c: &Cuda, dy: &V, ids: &[i64], d: usize, inner: usize, out: &V) -> Result<()> {
-    let mut order: Vec<i64> = (0..ids.len() as i64).collect();
+    let mut order: Vec<i64> = (0..ids.len() as i64)
+        .filter(|&q| ids[q as usize] >= 0)
+        .collect();
     order.sort_by_key(|&q| ids[q as usize]);
     let mut starts = vec![0i64; d + 1];
-    for &i in ids {
+    for &i in ids.iter().filter(|&&i| i >= 0) {
         starts[i as usize + 1] += 1;
     }
     for j in 0..d {

@@ -353,6 +353,11 @@ impl Wgpu {
             Op::GatherElementsGrad { .. } | Op::GatherNDGrad { .. } => {
                 shape::take_grad(self, node, &x(0)?, &x(1)?, &y)
             }
+            Op::Pad { .. } => shape::pad(self, node, &x(0)?, ins, &y),
+            Op::PadGrad { .. } => shape::pad_grad(self, node, &x(0)?, ins, &y),
+            Op::ScatterElements { reduction, .. } | Op::ScatterND { reduction } => {
+                shape::scatter(self, node, [&x(0)?, &x(1)?, &x(2)?], *reduction, &y)
+            }
             Op::MatMul => matmul::matmul(self, node, &x(0)?, &x(1)?, &y),
             Op::Gemm {
                 alpha,

@@ -1,12 +1,13 @@
 //! Shape and copy family on wgpu (shaders/shape.wgsl): every op that moves elements,
-//! for any dtype (elements are raw words of 1, 2, 4 or 8 bytes), Cast, and GatherGrad.
+//! for any dtype (elements are raw words of 1, 2, 4 or 8 bytes), Cast, GatherGrad, Pad
+//! and its gradient, and the Scatter ops.
 
 use super::device::{groups_for, Family, Kernel};
 use super::{bcast_strides, float_defs, strides, unsupported, Params, Strided, Wgpu, V};
 use crate::backends::common;
 use crate::error::Result;
 use crate::graph::infer::ValueType;
-use crate::graph::Node;
+use crate::graph::{Node, ScatterReduction};
 use crate::tensor::{numel, DType};
 
 /// The dtype code of shaders/shape.wgsl `cast_elem`. WGSL has no f64 or bf16: they are
@@ -242,7 +243,13 @@ pub fn take(w: &mut Wgpu, node: &Node, x: &V, idx: &V, y: &V) -> Result<()> {
 /// Their gradients: dY added at the same offsets, as Gather's gradient.
 pub fn take_grad(w: &mut Wgpu, node: &Node, dy: &V, idx: &V, out: &V) -> Result<()> {
     let offs = common::take_offsets(node, out.shape(), idx.shape(), &w.read(idx)?.to_i64_vec())?;
-    let (ids_buf, ids_ty) = upload_i64(w, &offs)?;
+    flat_gather_grad(w, node, dy, &offs, out)
+}
+
+/// dY's elements added into `out` (both seen flat) at `offs`; out-of-range offsets reach
+/// nothing.
+fn flat_gather_grad(w: &mut Wgpu, node: &Node, dy: &V, offs: &[i64], out: &V) -> Result<()> {
+    let (ids_buf, ids_ty) = upload_i64(w, offs)?;
     let (dt, ot) = (flat(dy), flat(out));
     let ids = V {
         buf: &ids_buf,
@@ -262,6 +269,77 @@ pub fn take_grad(w: &mut Wgpu, node: &Node, dy: &V, idx: &V, out: &V) -> Result<
             ty: &ot,
         },
     )
+}
+
+/// Pad: a gather at `common::pad_plan`'s offsets (copy mode 6), the constant (default 0)
+/// where an offset is -1.
+pub fn pad(w: &mut Wgpu, node: &Node, x: &V, ins: &[Option<V>], y: &V) -> Result<()> {
+    let offs = common::pad_plan(node, x.shape(), |i| read_opt(w, ins, i))?;
+    let (offs, _) = upload_i64(w, &offs)?;
+    let zero;
+    let c = match ins.get(2).copied().flatten() {
+        Some(v) => v.buf,
+        None => {
+            zero = w.scratch(16);
+            w.rec.clear(&zero, 16);
+            &zero
+        }
+    };
+    copy_kernel(w, 6, Params::new(), [x.buf, y.buf, &offs, c], y)
+}
+
+/// PadGrad: dY added at Pad's offsets; the constant's positions (-1) become an offset
+/// past the end, which the kernel skips.
+pub fn pad_grad(w: &mut Wgpu, node: &Node, dy: &V, ins: &[Option<V>], out: &V) -> Result<()> {
+    let mut offs = common::pad_plan(node, out.shape(), |i| read_opt(w, ins, i))?;
+    let past = out.numel() as i64;
+    offs.iter_mut().filter(|o| **o < 0).for_each(|o| *o = past);
+    flat_gather_grad(w, node, dy, &offs, out)
+}
+
+/// ScatterElements and ScatterND (shaders/shape.wgsl `scatter`): one thread per output
+/// word folds the updates that land on its elements, so the result is deterministic.
+pub fn scatter(
+    w: &mut Wgpu,
+    node: &Node,
+    [data, idx, upd]: [&V; 3],
+    reduction: ScatterReduction,
+    out: &V,
+) -> Result<()> {
+    let dt = data.dtype();
+    let code = match dt {
+        DType::F32 => 0,
+        DType::F16 => 1,
+        DType::I32 => 2,
+        DType::Bool if reduction == ScatterReduction::None => 3,
+        _ => return Err(unsupported(node, dt)),
+    };
+    let plan = common::scatter_plan(node, data.shape(), idx.shape(), &w.read(idx)?.to_i64_vec())?;
+    let aux = w.scratch((plan.aux.len() * 4).max(16));
+    w.rec.write(&aux, bytemuck::cast_slice(&plan.aux))?;
+    let (es, n) = (dt.size(), out.numel());
+    let nw = words(n, es);
+    let p = Params::new()
+        .u(0, nw)
+        .u(1, n)
+        .u(2, reduction.code() as usize)
+        .u(3, code)
+        .u(4, plan.starts_at)
+        .u(5, plan.order_at);
+    w.run_kernel(
+        &kernel("scatter", es, 0, 0),
+        &p,
+        &[(1, data.buf), (2, out.buf), (3, &aux), (4, upd.buf)],
+        groups_for(nw, 256),
+    )
+}
+
+/// Input `i` read back as integers, `None` when omitted.
+fn read_opt(w: &mut Wgpu, ins: &[Option<V>], i: usize) -> Result<Option<Vec<i64>>> {
+    match ins.get(i).copied().flatten() {
+        Some(v) => Ok(Some(w.read(&v)?.to_i64_vec())),
+        None => Ok(None),
+    }
 }
 
 /// `v`'s type as one flat axis.

@@ -7,7 +7,7 @@
 
 use super::Builder;
 use crate::error::Result;
-use crate::graph::{BinaryOp as B, Node, Op, ReduceKind, UnaryOp};
+use crate::graph::{BinaryOp as B, Node, Op, PadMode, ReduceKind, ScatterReduction, UnaryOp};
 
 type Grads = Vec<Option<String>>;
 
@@ -96,6 +96,66 @@ pub(super) fn grad(b: &mut Builder, ni: usize, n: &Node, dys: &[Option<String>])
             let op = n.op.grad_op().expect("gathers have gradient ops");
             let g = b.op1(op, &[&dy, &n.inputs[1], &xs], &format!("{x}.d"))?;
             Ok(vec![Some(g), None])
+        }
+        Op::Pad { mode } => {
+            let mut out = vec![None; n.inputs.len()];
+            let mut ins: Vec<&str> = vec![&dy, &n.inputs[1]];
+            if let Some(axes) = n.inputs.get(3).filter(|a| !a.is_empty()) {
+                ins.push(axes);
+            }
+            let dx = b.op1(Op::PadGrad { mode: *mode }, &ins, &format!("{x}.d"))?;
+            // The constant's gradient: what dY holds beyond what reached X.
+            if let Some(c) = n
+                .inputs
+                .get(2)
+                .filter(|c| *mode == PadMode::Constant && b.needs(c))
+            {
+                let all = |b: &mut Builder, v: &str| {
+                    b.un(
+                        Op::Reduce {
+                            kind: ReduceKind::Sum,
+                            axes: None,
+                            keepdims: false,
+                            noop_with_empty_axes: false,
+                        },
+                        v,
+                    )
+                };
+                let (sy, sx) = (all(b, &dy)?, all(b, &dx)?);
+                let d = b.bin(B::Sub, &sy, &sx)?;
+                out[2] = Some(b.reshape(&d, &b.shape(c))?);
+            }
+            out[0] = Some(dx);
+            Ok(out)
+        }
+        Op::ScatterElements { reduction, .. } | Op::ScatterND { reduction } => {
+            let (idx, upd) = (&n.inputs[1], &n.inputs[2]);
+            let gather = match n.op {
+                Op::ScatterElements { axis, .. } => Op::GatherElements { axis },
+                _ => Op::GatherND { batch_dims: 0 },
+            };
+            let mut out = vec![None, None, None];
+            match reduction {
+                // Written-over elements get no gradient; each update gets dY where it landed.
+                ScatterReduction::None => {
+                    if b.needs(&x) {
+                        let ty = b.ty(upd).clone();
+                        let z = b.zeros(&ty)?;
+                        out[0] = Some(b.op1(n.op.clone(), &[&dy, idx, &z], &format!("{x}.d"))?);
+                    }
+                }
+                ScatterReduction::Add => out[0] = Some(dy.clone()),
+                r => crate::bail!(
+                    Graph,
+                    "{}: no gradient for reduction '{}' (only none and add are differentiable here)",
+                    n.describe(),
+                    r.name()
+                ),
+            }
+            if b.needs(upd) {
+                out[2] = Some(b.op1(gather, &[&dy, idx], &format!("{upd}.d"))?);
+            }
+            Ok(out)
         }
         // The sum runs the other way: each dy reaches every x that went into it.
         Op::CumSum { exclusive, reverse } => {
@@ -272,6 +332,7 @@ pub(super) fn grad(b: &mut Builder, ni: usize, n: &Node, dys: &[Option<String>])
         | Op::GatherElementsGrad { .. }
         | Op::GatherNDGrad { .. }
         | Op::SliceGrad
+        | Op::PadGrad { .. }
         | Op::FusedMatMulGrad { .. }
         | Op::AttentionGrad { .. }
         | Op::VarlenAttentionGrad { .. } => multi(b, ni, n, dys),
