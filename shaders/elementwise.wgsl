@@ -186,6 +186,140 @@ fn compare_packed(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
     M[w] = word;
 }
 
+// 64-bit integers (i64, u64) as (lo, hi) word pairs, which WGSL lacks: operands in B0,
+// B1 (element k at words 2k, 2k + 1), output words in M; P[3] 1 when signed. Arithmetic
+// wraps (two's complement), as numpy's. Dropout's SplitMix64 below uses them too.
+struct QR { q: vec2<u32>, r: vec2<u32> }
+fn add64(a: vec2<u32>, b: vec2<u32>) -> vec2<u32> {
+    let lo = a.x + b.x;
+    return vec2<u32>(lo, a.y + b.y + select(0u, 1u, lo < a.x));
+}
+fn neg64(a: vec2<u32>) -> vec2<u32> { return add64(~a, vec2<u32>(1u, 0u)); }
+fn is_neg64(a: vec2<u32>) -> bool { return bitcast<i32>(a.y) < 0; }
+fn neg64_if(a: vec2<u32>, c: bool) -> vec2<u32> { return select(a, neg64(a), c); }
+// The full 64-bit product of two words, from 16-bit halves.
+fn mul32_wide(a: u32, b: u32) -> vec2<u32> {
+    let a0 = a & 0xffffu;
+    let a1 = a >> 16u;
+    let b0 = b & 0xffffu;
+    let b1 = b >> 16u;
+    let p00 = a0 * b0;
+    let p01 = a0 * b1;
+    let p10 = a1 * b0;
+    let mid = (p00 >> 16u) + (p01 & 0xffffu) + (p10 & 0xffffu);
+    return vec2<u32>((p00 & 0xffffu) | (mid << 16u), a1 * b1 + (p01 >> 16u) + (p10 >> 16u) + (mid >> 16u));
+}
+fn mul64(a: vec2<u32>, b: vec2<u32>) -> vec2<u32> {
+    let p = mul32_wide(a.x, b.x);
+    return vec2<u32>(p.x, p.y + a.x * b.y + a.y * b.x);
+}
+fn lt64(a: vec2<u32>, b: vec2<u32>, signed: bool) -> bool {
+    if (a.y != b.y) {
+        if (signed) { return bitcast<i32>(a.y) < bitcast<i32>(b.y); }
+        return a.y < b.y;
+    }
+    return a.x < b.x;
+}
+// Logical shifts; 64 or more shifts every bit out.
+fn shl64(a: vec2<u32>, s: u32) -> vec2<u32> {
+    if (s >= 64u) { return vec2<u32>(0u, 0u); }
+    if (s >= 32u) { return vec2<u32>(0u, a.x << (s - 32u)); }
+    if (s == 0u) { return a; }
+    return vec2<u32>(a.x << s, (a.y << s) | (a.x >> (32u - s)));
+}
+fn shr64(a: vec2<u32>, s: u32) -> vec2<u32> {
+    if (s >= 64u) { return vec2<u32>(0u, 0u); }
+    if (s >= 32u) { return vec2<u32>(a.y >> (s - 32u), 0u); }
+    if (s == 0u) { return a; }
+    return vec2<u32>((a.x >> s) | (a.y << (32u - s)), a.y >> s);
+}
+// Unsigned long division, a bit at a time (the host rules out a zero divisor).
+fn divmod64(a: vec2<u32>, b: vec2<u32>) -> QR {
+    var q = vec2<u32>(0u, 0u);
+    var r = vec2<u32>(0u, 0u);
+    for (var i = 63i; i >= 0; i -= 1) {
+        let bit = select(a.x >> u32(i), a.y >> u32(i - 32), i >= 32) & 1u;
+        r = shl64(r, 1u) | vec2<u32>(bit, 0u);
+        if (!lt64(r, b, false)) {
+            r = add64(r, neg64(b));
+            q = q | shl64(vec2<u32>(1u, 0u), u32(i));
+        }
+    }
+    return QR(q, r);
+}
+fn arith64(op: u32, a: vec2<u32>, b: vec2<u32>, signed: bool) -> vec2<u32> {
+    switch op {
+        case BIN_ADD: { return add64(a, b); }
+        case BIN_SUB: { return add64(a, neg64(b)); }
+        case BIN_MUL: { return mul64(a, b); }
+        case BIN_DIV, BIN_MOD, BIN_FMOD: {
+            // On magnitudes, then signs: the quotient truncates, the remainder takes the
+            // dividend's sign (Fmod) or the divisor's (Mod).
+            let na = signed && is_neg64(a);
+            let nb = signed && is_neg64(b);
+            let qr = divmod64(neg64_if(a, na), neg64_if(b, nb));
+            if (op == BIN_DIV) { return neg64_if(qr.q, na != nb); }
+            let r = neg64_if(qr.r, na);
+            if (op == BIN_MOD && (r.x | r.y) != 0u && is_neg64(r) != nb) { return add64(r, b); }
+            return r;
+        }
+        case BIN_MIN: { return select(a, b, lt64(b, a, signed)); }
+        case BIN_MAX: { return select(a, b, lt64(a, b, signed)); }
+        case BIN_PRELU: { return select(a, mul64(a, b), signed && is_neg64(a)); }
+        case BIN_BITWISE_AND: { return a & b; }
+        case BIN_BITWISE_OR: { return a | b; }
+        case BIN_BITWISE_XOR: { return a ^ b; }
+        case BIN_BIT_SHIFT_LEFT: { return shl64(a, select(64u, b.x, b.y == 0u)); }
+        case BIN_BIT_SHIFT_RIGHT: { return shr64(a, select(64u, b.x, b.y == 0u)); }
+        // No trap in WGSL: an unknown code gives a value no test accepts.
+        default: { return vec2<u32>(0xdeadbeefu, 0xdeadbeefu); }
+    }
+}
+fn compare64(op: u32, a: vec2<u32>, b: vec2<u32>, signed: bool) -> u32 {
+    var r = false;
+    switch op {
+        case CMP_EQUAL: { r = all(a == b); }
+        case CMP_LESS: { r = lt64(a, b, signed); }
+        case CMP_GREATER: { r = lt64(b, a, signed); }
+        case CMP_LESS_OR_EQUAL: { r = !lt64(b, a, signed); }
+        case CMP_GREATER_OR_EQUAL: { r = !lt64(a, b, signed); }
+        default: { return 0xffu; }
+    }
+    return select(0u, 1u, r);
+}
+fn b0_64(off: u32) -> vec2<u32> { return vec2<u32>(B0[2u * off], B0[2u * off + 1u]); }
+fn b1_64(off: u32) -> vec2<u32> { return vec2<u32>(B1[2u * off], B1[2u * off + 1u]); }
+
+// Arithmetic: a thread an element (two output words).
+@compute @workgroup_size(256)
+fn binary64(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let i = linear(wid, nwg, lid, WG);
+    if (i >= pu(0u)) { return; }
+    let a = b0_64(u32(offset_of(0u, i)));
+    let b = b1_64(u32(offset_of(1u, i)));
+    let r = arith64(pu(1u), a, b, pu(3u) != 0u);
+    M[2u * i] = r.x;
+    M[2u * i + 1u] = r.y;
+}
+
+// Comparisons: a thread owns one output word of four bools.
+@compute @workgroup_size(256)
+fn compare64_(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let w = linear(wid, nwg, lid, WG);
+    let n = pu(0u);
+    if (w * 4u >= n) { return; }
+    var word = 0u;
+    for (var j = 0u; j < 4u; j += 1u) {
+        let i = w * 4u + j;
+        if (i < n) {
+            let a = b0_64(u32(offset_of(0u, i)));
+            let b = b1_64(u32(offset_of(1u, i)));
+            word |= compare64(pu(1u), a, b, pu(3u) != 0u) << (j * 8u);
+        }
+    }
+    M[w] = word;
+}
+
 // Pow as the CPU's powf: negative bases take integer exponents, x^0 = 1. The exponent
 // comes as f32 (the host casts it), operand 1.
 fn pow_(a: f32, e: f32) -> f32 {
@@ -247,22 +381,7 @@ fn clip(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     Y[i] = T(v);
 }
 
-// 64-bit arithmetic on (lo, hi) pairs for SplitMix64 (WGSL has no u64).
-fn mul32(a: u32, b: u32) -> vec2<u32> {
-    let a0 = a & 0xffffu; let a1 = a >> 16u;
-    let b0 = b & 0xffffu; let b1 = b >> 16u;
-    let p00 = a0 * b0; let p01 = a0 * b1; let p10 = a1 * b0; let p11 = a1 * b1;
-    let mid = (p00 >> 16u) + (p01 & 0xffffu) + (p10 & 0xffffu);
-    return vec2<u32>((p00 & 0xffffu) | (mid << 16u), p11 + (p01 >> 16u) + (p10 >> 16u) + (mid >> 16u));
-}
-fn mul64(a: vec2<u32>, b: vec2<u32>) -> vec2<u32> {
-    let p = mul32(a.x, b.x);
-    return vec2<u32>(p.x, p.y + a.y * b.x + a.x * b.y);
-}
-fn add64(a: vec2<u32>, b: vec2<u32>) -> vec2<u32> {
-    let lo = a.x + b.x;
-    return vec2<u32>(lo, a.y + b.y + select(0u, 1u, lo < a.x));
-}
+// SplitMix64 on (lo, hi) pairs (add64, mul64 above).
 fn xorshr64(a: vec2<u32>, s: u32) -> vec2<u32> {
     return vec2<u32>(a.x ^ ((a.x >> s) | (a.y << (32u - s))), a.y ^ (a.y >> s));
 }

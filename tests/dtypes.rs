@@ -239,6 +239,98 @@ fn arithmetic_wraps_in_the_narrow_type() {
     }
 }
 
+#[test]
+fn sixty_four_bit_arithmetic_wraps_on_every_backend() {
+    // WebGPU runs these on 32-bit word pairs: carries, borrows, the wide product, the
+    // long division and the signed comparisons all cross the word boundary here.
+    let a = vec![
+        i64::MAX,
+        i64::MIN,
+        -5,
+        1 << 40,
+        -(1 << 33) - 7,
+        123_456_789_012,
+    ];
+    let b = vec![1, -1, 3, (1 << 30) + 3, 1 << 32, -1_000_003];
+    let x = Tensor::from_vec(&[6], a.clone()).unwrap();
+    let y = Tensor::from_vec(&[6], b.clone()).unwrap();
+    let ops: [(&str, fn(i64, i64) -> i64); 7] = [
+        ("Add", i64::wrapping_add),
+        ("Sub", i64::wrapping_sub),
+        ("Mul", i64::wrapping_mul),
+        ("Div", i64::wrapping_div),
+        ("Min", i64::min),
+        ("Max", i64::max),
+        ("BitwiseXor", |p, q| p ^ q),
+    ];
+    for backend in backends() {
+        for (name, f) in ops {
+            let out = run_op(
+                backend,
+                bin(name),
+                &[inp(x.clone()), inp(y.clone())],
+                1,
+                DType::F32,
+            )
+            .unwrap_or_else(|e| panic!("i64 {name} on {backend:?}: {e}"));
+            let want: Vec<i64> = a.iter().zip(&b).map(|(&p, &q)| f(p, q)).collect();
+            assert_eq!(out[0].to_vec::<i64>(), want, "i64 {name} on {backend:?}");
+        }
+        // Mod takes the divisor's sign, Fmod the dividend's.
+        let m = Op::parse("Mod", &[], "node", None).unwrap();
+        let out = run_op(backend, m, &[inp(x.clone()), inp(y.clone())], 1, DType::F32).unwrap();
+        let want: Vec<i64> = a
+            .iter()
+            .zip(&b)
+            .map(|(&p, &q)| {
+                let r = p.wrapping_rem(q);
+                if r != 0 && (r < 0) != (q < 0) {
+                    r + q
+                } else {
+                    r
+                }
+            })
+            .collect();
+        assert_eq!(out[0].to_vec::<i64>(), want, "i64 Mod on {backend:?}");
+        let out = run_op(
+            backend,
+            bin("Less"),
+            &[inp(x.clone()), inp(y.clone())],
+            1,
+            DType::F32,
+        )
+        .unwrap();
+        let want: Vec<f64> = a
+            .iter()
+            .zip(&b)
+            .map(|(p, q)| (p < q) as u8 as f64)
+            .collect();
+        assert_eq!(out[0].to_f64_vec(), want, "i64 Less on {backend:?}");
+        // u64: above 2^63 compares and divides unsigned.
+        let u = Tensor::from_vec(&[3], vec![u64::MAX, 1 << 63, 7]).unwrap();
+        let v = Tensor::from_vec(&[3], vec![3u64, 1, u64::MAX]).unwrap();
+        let out = run_op(
+            backend,
+            bin("Div"),
+            &[inp(u.clone()), inp(v.clone())],
+            1,
+            DType::F32,
+        )
+        .unwrap();
+        assert_eq!(
+            out[0].to_vec::<u64>(),
+            vec![u64::MAX / 3, 1 << 63, 0],
+            "u64 Div on {backend:?}"
+        );
+        let out = run_op(backend, bin("Greater"), &[inp(u), inp(v)], 1, DType::F32).unwrap();
+        assert_eq!(
+            out[0].to_f64_vec(),
+            vec![1.0, 1.0, 0.0],
+            "u64 Greater on {backend:?}"
+        );
+    }
+}
+
 fn bin(name: &str) -> Op {
     Op::parse(name, &[], "node", None).unwrap()
 }

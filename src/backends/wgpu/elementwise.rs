@@ -121,10 +121,13 @@ fn check_divisor(w: &mut Wgpu, node: &Node, op: BinaryOp, a: &V, b: &V) -> Resul
     Ok(())
 }
 
-/// Lane width and signedness of the dtypes stored packed in u32 words (bool and 8- and
-/// 16-bit integers), which the `*_packed` kernels compute in i32.
+/// Lane width and signedness of the integer dtypes WGSL has no type for: bool and 8- and
+/// 16-bit integers packed in u32 words (the `*_packed` kernels compute in i32), and 64-bit
+/// integers as word pairs (`binary64`, `compare64_`).
 fn packed_bits(dt: DType) -> Option<(usize, bool)> {
     match dt {
+        DType::I64 => Some((64, true)),
+        DType::U64 => Some((64, false)),
         DType::Bool | DType::U8 => Some((8, false)),
         DType::I8 => Some((8, true)),
         DType::U16 => Some((16, false)),
@@ -133,13 +136,15 @@ fn packed_bits(dt: DType) -> Option<(usize, bool)> {
     }
 }
 
-/// A binary map on packed operands: one thread per output word.
+/// A binary map on packed operands: one thread per output word (per element for 64-bit).
 fn packed(w: &mut Wgpu, node: &Node, op: BinaryOp, a: &V, b: &V, y: &V, s: Strided) -> Result<()> {
     let Some((bits, signed)) = packed_bits(a.dtype()) else {
         return Err(unsupported(node, a.dtype()));
     };
     let n = y.numel();
     let (entry, per) = match op.kind() {
+        BinaryKind::Arith | BinaryKind::Bitwise if bits == 64 => ("binary64", 1),
+        BinaryKind::Compare if bits == 64 => ("compare64_", 4),
         BinaryKind::Arith | BinaryKind::Bitwise if a.dtype() != DType::Bool => {
             ("binary_packed", 32 / bits)
         }

@@ -69,7 +69,7 @@ pub(crate) fn unsupported(node: &Node, dt: DType) -> crate::error::Error {
     let why = match dt {
         DType::F64 | DType::BF16 => " (WGSL has no such type)",
         DType::F16 => " (the adapter does not offer SHADER_F16)",
-        DType::I64 | DType::U64 => " (WGSL has no 64-bit integers)",
+        DType::I64 | DType::U64 => " (WGSL has no 64-bit integers: the binary arithmetic, comparisons and bitwise maps run on word pairs, and casts)",
         _ => " (integer arithmetic: i32 runs the arithmetic and comparisons, Neg, Abs, Sign and Clip; u32 and the 8- and 16-bit integers the binary arithmetic and comparisons)",
     };
     crate::err!(
