@@ -44,7 +44,8 @@ fn npy_and_safetensors_keep_every_dtype() {
 #[test]
 fn onnx_typed_fields_decode_every_integer_type() {
     // The narrow integers and bool travel widened in int32_data, u32/u64 in uint64_data.
-    let cases: [(DType, Vec<i32>, Vec<u64>, Vec<f64>); 7] = [
+    type Case = (DType, Vec<i32>, Vec<u64>, Vec<f64>);
+    let cases: [Case; 7] = [
         (
             DType::I8,
             vec![-128, 127, -1],
@@ -254,7 +255,8 @@ fn sixty_four_bit_arithmetic_wraps_on_every_backend() {
     let b = vec![1, -1, 3, (1 << 30) + 3, 1 << 32, -1_000_003];
     let x = Tensor::from_vec(&[6], a.clone()).unwrap();
     let y = Tensor::from_vec(&[6], b.clone()).unwrap();
-    let ops: [(&str, fn(i64, i64) -> i64); 7] = [
+    type Map = fn(i64, i64) -> i64;
+    let ops: [(&str, Map); 7] = [
         ("Add", i64::wrapping_add),
         ("Sub", i64::wrapping_sub),
         ("Mul", i64::wrapping_mul),

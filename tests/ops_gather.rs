@@ -53,8 +53,11 @@ fn nd_offsets(data: &[usize], ids: &Tensor, b: usize) -> Vec<usize> {
     out
 }
 
-/// (op, data shape, indices, output shape, offsets) of every case.
-fn cases() -> Vec<(Op, Vec<usize>, Tensor, Vec<usize>, Vec<usize>)> {
+/// (op, data shape, indices, output shape, offsets) of a case.
+type Case = (Op, Vec<usize>, Tensor, Vec<usize>, Vec<usize>);
+
+/// Every case.
+fn cases() -> Vec<Case> {
     let mut v = vec![];
     for (axis, ishape) in [
         (1usize, vec![3, 2, 5]),

@@ -414,10 +414,7 @@ nodes:
   - {op: ReduceMax, inputs: [big], outputs: [k], attrs: {keepdims: 1}}
   - {op: Slice, name: sl, inputs: [x, k, k], outputs: [y]}
 "#;
-    let e = Model::from_str(text, ".")
-        .err()
-        .expect("refused")
-        .to_string();
+    let e = Model::from_str(text, ".").expect_err("refused").to_string();
     assert!(
         e.contains("node 'sl' (Slice)")
             && e.contains("starts (input 'k') must be known when the plan is made"),

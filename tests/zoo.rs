@@ -187,6 +187,7 @@ fn check(c: &Case, backend: BackendKind, fused: bool, grads: bool) -> Result<(f6
             ));
         }
         let e = rel(&got.to_f64_vec(), &want.to_f64_vec());
+        #[allow(clippy::neg_cmp_op_on_partial_ord)] // NaN must fail too
         if !(e <= TOL) {
             return Err(format!("output {n}: relative error {e:.1e} > {TOL:.0e}"));
         }
@@ -230,6 +231,7 @@ fn check(c: &Case, backend: BackendKind, fused: bool, grads: bool) -> Result<(f6
         } else {
             f64::INFINITY
         };
+        #[allow(clippy::neg_cmp_op_on_partial_ord)] // NaN must fail too
         if !(e <= TOL) {
             let names: Vec<&str> = parts.iter().map(|p| p.0.as_str()).collect();
             return Err(format!(

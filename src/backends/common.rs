@@ -227,11 +227,10 @@ pub fn take_offsets(
         }
         Op::GatherND { batch_dims: b } => {
             let k = idx_shape.last().copied().unwrap_or(0);
-            let rows = if k == 0 {
-                crate::tensor::numel(&idx_shape[..idx_shape.len() - 1])
-            } else {
-                idx.len() / k
-            };
+            let rows = idx
+                .len()
+                .checked_div(k)
+                .unwrap_or_else(|| crate::tensor::numel(&idx_shape[..idx_shape.len() - 1]));
             let per_batch = crate::tensor::numel(&idx_shape[b..idx_shape.len() - 1]).max(1);
             let slice = crate::tensor::numel(&data[b + k..]);
             let batch_stride = if b == 0 { 0 } else { st[b - 1] };

@@ -81,7 +81,7 @@ pub fn plan_values(
 fn only_ranges(g: &Graph, p: &PlanTimeInput) -> bool {
     g.nodes
         .iter()
-        .filter(|n| n.inputs.iter().any(|i| *i == p.name))
+        .filter(|n| n.inputs.contains(&p.name))
         .all(|n| n.op == Op::Range)
 }
 

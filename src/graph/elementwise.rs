@@ -60,7 +60,7 @@ macro_rules! for_each_unary {
             (Elu {alpha = 1.0}, "Elu", 1, 32, float,
                 |v| if v < F::zero() { alpha * (v.exp() - F::one()) } else { v },
                 |g, v| if v > F::zero() { g } else { g * alpha * v.exp() }),
-            (Selu {alpha = 1.6732632423543772, gamma = 1.0507009873554805}, "Selu", 1, 33, float,
+            (Selu {alpha = 1.673_263_2, gamma = 1.050_701}, "Selu", 1, 33, float,
                 |v| if v > F::zero() { gamma * v } else { gamma * alpha * (v.exp() - F::one()) },
                 |g, v| if v > F::zero() { g * gamma } else { g * gamma * alpha * v.exp() }),
             (Celu {alpha = 1.0}, "Celu", 12, 34, float,
