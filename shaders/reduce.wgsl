@@ -67,6 +67,25 @@ fn reduce(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     if (lid == 0u) { Y[o] = T(acc); }
 }
 
+// Integer reductions (T = i32) in i32's wrapping arithmetic, as the CPU's: a thread per
+// output (P[3] of them), its reduced elements in order. A mean truncates toward zero (an
+// empty one is 0, as on the CPU).
+@compute @workgroup_size(256)
+fn reduce_int(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let o = linear(wid, nwg, lid, WG);
+    if (o >= pu(3u)) { return; }
+    let n = pu(0u);
+    let kind = pu(1u);
+    let base = offset_at(16u, 0u, o);
+    var acc = select(select(0, 1, kind == 4u), -2147483647 - 1, kind == 2u);
+    for (var r = 0u; r < n; r += 1u) {
+        let v = i32(X0[base + offset_at(52u, 0u, r)]);
+        if (kind == 2u) { acc = max(acc, v); } else if (kind == 4u) { acc *= v; } else { acc += v; }
+    }
+    if (kind == 1u && n > 0u) { acc /= i32(n); }
+    Y[o] = T(acc);
+}
+
 // A reduction too long for one workgroup per output (few outputs, many elements) in two
 // passes: P[2] workgroups per output each fold every P[2]-th block of WG elements into
 // S0, then `reduce_parts` folds each output's partials. (The mean of mlp_large's loss,

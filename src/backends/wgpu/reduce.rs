@@ -31,7 +31,8 @@ fn kernel_with<'a>(w: &Wgpu, entry: &'a str, types: String, iw: usize) -> Kernel
     Wgpu::kernel(Family::Reduce, entry, defs)
 }
 
-/// A selection kernel (ArgMax, TopK) for `dt`: floats as `kernel`, and i32.
+/// A kernel that takes i32 as well as the floats of `kernel`: the selections (ArgMax,
+/// TopK) and the integer reductions.
 fn select_kernel<'a>(w: &Wgpu, node: &Node, entry: &'a str, dt: DType) -> Result<Kernel<'a>> {
     let types = match dt {
         DType::I32 => "alias T = i32;\nalias A = f32;\n".into(),
@@ -122,6 +123,7 @@ pub fn reduce(
     let (kshape, kst) = pick(false);
     let (rshape, rst) = pick(true);
     let n_red = numel(&rshape);
+    let outs = y.numel();
     let code = match kind {
         ReduceKind::Sum => 0,
         ReduceKind::Mean => 1,
@@ -129,9 +131,19 @@ pub fn reduce(
         ReduceKind::MeanSquare => 3,
         ReduceKind::Prod => 4,
     };
+    if x.dtype() == DType::I32 {
+        // Exact in i32 (wrapping, as the CPU's): a thread per output.
+        let p = Params::new()
+            .u(0, n_red)
+            .u(1, code)
+            .u(3, outs)
+            .strided(16, &Strided::new(&kshape, &[&kst]))?
+            .strided(52, &Strided::new(&rshape, &[&rst]))?;
+        let k = select_kernel(w, node, "reduce_int", x.dtype())?;
+        return w.run_kernel(&k, &p, &[(1, x.buf), (4, y.buf)], groups_for(outs, 256));
+    }
     // Few outputs of many elements each: split each output over `parts` workgroups
     // (shaders/reduce.wgsl `reduce_part`), at most 65535 workgroups in all.
-    let outs = y.numel();
     let parts = if outs < 512 {
         n_red.div_ceil(PART).min(1024).min(65535 / outs.max(1))
     } else {
