@@ -396,18 +396,20 @@ template <class T> __device__ void range_k(const T* start, const T* delta, T* y,
     GRID_STRIDE(i, n) y[i] = st<T>(arith<A>(BIN_ADD, s, arith<A>(BIN_MUL, (A)i, d)));
 }
 
-// CumSum: a thread a (outer, inner) line, summing along the axis in the accumulation type.
-template <class T> __device__ void cumsum_k(const T* x, T* y, i64 outer, i64 d, i64 inner, int excl, int rev) {
+// CumSum (CumProd with `prod`): a thread a (outer, inner) line, summing (multiplying)
+// along the axis in the accumulation type.
+template <class T> __device__ void cumulative_k(const T* x, T* y, i64 outer, i64 d, i64 inner, int excl, int rev, int prod) {
     typedef typename Num<T>::A A;
+    const int op = prod ? BIN_MUL : BIN_ADD;
     GRID_STRIDE(line, outer * inner) {
         const i64 base = (line / inner) * d * inner + line % inner;
-        A acc = (A)0;
+        A acc = prod ? (A)1 : (A)0;
         for (i64 s = 0; s < d; ++s) {
             const i64 at = base + (rev ? d - 1 - s : s) * inner;
             const A v = ld(x[at]);
-            if (!excl) acc = arith<A>(BIN_ADD, acc, v);
+            if (!excl) acc = arith<A>(op, acc, v);
             y[at] = st<T>(acc);
-            if (excl) acc = arith<A>(BIN_ADD, acc, v);
+            if (excl) acc = arith<A>(op, acc, v);
         }
     }
 }
@@ -435,7 +437,7 @@ FOR_INTS(INST_INT)
     extern "C" __global__ void pow_##S(const T* a, const Num<T>::A* e, T* o, Strided s, i64 n) { pow_k<T>(a, e, o, s, n); } \
     extern "C" __global__ void clip_##S(const T* x, const T* lo, const T* hi, T* y, i64 n) { clip_k<T>(x, lo, hi, y, n); } \
     extern "C" __global__ void range_##S(const T* s, const T* d, T* y, i64 n) { range_k<T>(s, d, y, n); } \
-    extern "C" __global__ void cumsum_##S(const T* x, T* y, i64 outer, i64 d, i64 inner, int excl, int rev) { cumsum_k<T>(x, y, outer, d, inner, excl, rev); }
+    extern "C" __global__ void cumulative_##S(const T* x, T* y, i64 outer, i64 d, i64 inner, int excl, int rev, int prod) { cumulative_k<T>(x, y, outer, d, inner, excl, rev, prod); }
 FOR_NUMS(INST_NUM)
 
 #define INST_ALL(T, S) \

@@ -1,6 +1,7 @@
-// Row-wise family: ReduceSum/Mean/Max (kind 0/1/2, and 3: the mean of squares), Softmax/LogSoftmax and their gradient,
-// LayerNormalization forward and backward, SoftmaxCrossEntropyLoss and its gradient.
-// One block per row, accumulation in f32 (f64 for f64), as the CPU backend.
+// Row-wise family: ReduceSum/Mean/Max/Prod (kind 0/1/2/4, and 3: the mean of squares),
+// ArgMax/ArgMin, TopK, Softmax/LogSoftmax and their gradient, LayerNormalization forward
+// and backward, SoftmaxCrossEntropyLoss and its gradient. One block per row, accumulation
+// in f32 (f64 for f64), as the CPU backend.
 
 template <class T> struct Lowest { static __device__ typename Num<T>::A get() { return neg_inf((typename Num<T>::A)0); } };
 // Integers: the type's smallest value (0 when unsigned), in its accumulation type.
@@ -10,21 +11,36 @@ INT_LOWEST(i64) INT_LOWEST(int) INT_LOWEST(short) INT_LOWEST(signed char) INT_LO
 INT_LOWEST(unsigned int) INT_LOWEST(unsigned short) INT_LOWEST(unsigned char)
 #undef INT_LOWEST
 
+// What the reduce kinds fold with: max (2), product (4), else a sum (of squares for 3),
+// from their identities; block_fold combines a block's partial results the same way.
+struct ProdOp { template <class A> __device__ __forceinline__ A operator()(A a, A b) const { return a * b; } };
+template <class T> __device__ __forceinline__ typename Num<T>::A fold_ident(int kind) {
+    typedef typename Num<T>::A A;
+    return kind == 2 ? Lowest<T>::get() : kind == 4 ? (A)1 : (A)0;
+}
+template <class A> __device__ __forceinline__ A fold(A acc, A v, int kind) {
+    return kind == 2 ? nan_max(acc, v) : kind == 4 ? acc * v : acc + v;
+}
+template <class A> __device__ __forceinline__ A block_fold(A acc, A ident, int kind) {
+    if (kind == 2) return block_reduce(acc, ident, MaxOp());
+    if (kind == 4) return block_reduce(acc, ident, ProdOp());
+    return block_reduce(acc, ident, SumOp());
+}
+
 // One block per output: `kept` walks the outputs (shape and x strides of the kept dims),
 // `red` the reduced elements of one output.
 template <class T> __device__ void reduce_k(const T* x, T* y, Strided kept, Strided red, i64 n_red, int kind) {
     typedef typename Num<T>::A A;
     i64 o = blockIdx.x;
     i64 base = offset_of(kept, 0, o);
-    bool is_max = kind == 2;
-    A ident = is_max ? Lowest<T>::get() : (A)0;
+    const A ident = fold_ident<T>(kind);
     A acc = ident;
     for (i64 r = threadIdx.x; r < n_red; r += blockDim.x) {
         A v = ld(x[base + offset_of(red, 0, r)]);
         if (kind == 3) v = v * v;  // mean of squares
-        acc = is_max ? nan_max(acc, v) : acc + v;
+        acc = fold(acc, v, kind);
     }
-    acc = is_max ? block_reduce(acc, ident, MaxOp()) : block_reduce(acc, (A)0, SumOp());
+    acc = block_fold(acc, ident, kind);
     if (threadIdx.x == 0) {
         // An empty float mean is 0/0 = NaN; an integer one divides by 1.
         if (kind == 1 || kind == 3) {
@@ -43,34 +59,90 @@ template <class T> __device__ void reduce_part_k(const T* x, typename Num<T>::A*
     i64 o = blockIdx.x / parts, p = blockIdx.x % parts;
     i64 chunk = (n_red + parts - 1) / parts, r0 = p * chunk, r1 = r0 + chunk < n_red ? r0 + chunk : n_red;
     i64 base = offset_of(kept, 0, o);
-    bool is_max = kind == 2;
-    A ident = is_max ? Lowest<T>::get() : (A)0;
+    const A ident = fold_ident<T>(kind);
     A acc = ident;
     for (i64 r = r0 + threadIdx.x; r < r1; r += blockDim.x) {
         A v = ld(x[base + offset_of(red, 0, r)]);
         if (kind == 3) v = v * v;  // mean of squares
-        acc = is_max ? nan_max(acc, v) : acc + v;
+        acc = fold(acc, v, kind);
     }
-    acc = is_max ? block_reduce(acc, ident, MaxOp()) : block_reduce(acc, (A)0, SumOp());
+    acc = block_fold(acc, ident, kind);
     if (threadIdx.x == 0) part[blockIdx.x] = acc;
 }
 template <class T> __device__ void reduce_fin_k(const typename Num<T>::A* part, T* y, i64 n_red, i64 parts, int kind) {
     typedef typename Num<T>::A A;
     i64 o = blockIdx.x;
-    bool is_max = kind == 2;
-    A ident = is_max ? Lowest<T>::get() : (A)0;
+    const A ident = fold_ident<T>(kind);
     A acc = ident;
-    for (i64 p = threadIdx.x; p < parts; p += blockDim.x) {
-        A v = part[o * parts + p];
-        acc = is_max ? nan_max(acc, v) : acc + v;
-    }
-    acc = is_max ? block_reduce(acc, ident, MaxOp()) : block_reduce(acc, (A)0, SumOp());
+    for (i64 p = threadIdx.x; p < parts; p += blockDim.x) acc = fold(acc, part[o * parts + p], kind);
+    acc = block_fold(acc, ident, kind);
     if (threadIdx.x == 0) {
         if (kind == 1 || kind == 3) {
             bool is_int = (A)0.5 == (A)0;
             acc = acc / (A)((is_int && n_red == 0) ? 1 : n_red);
         }
         y[o] = st<T>(acc);
+    }
+}
+
+// Whether v, met after best along the line, takes its place as ArgMax's pick (ArgMin's
+// with is_min): NaN beats every number, as numpy's argmax and argmin; of equal values the
+// first stays unless `last` (select_last_index). As the CPU backend's `beats`.
+template <class A> __device__ __forceinline__ bool beats(A v, A best, int is_min, int last) {
+    bool vn = v != v, bn = best != best;
+    if (vn || bn) return vn && (last || !bn);
+    return (is_min ? v < best : v > best) || (last && v == best);
+}
+
+// ArgMax / ArgMin: a thread per (outer, inner) line of d elements `inner` apart.
+template <class T> __device__ void arg_reduce_k(const T* x, i64* y, i64 lines, i64 d, i64 inner, int is_min, int last) {
+    typedef typename Num<T>::A A;
+    GRID_STRIDE(l, lines) {
+        const T* xl = x + (l / inner) * d * inner + l % inner;
+        A best = ld(xl[0]);
+        i64 at = 0;
+        for (i64 s = 1; s < d; ++s) {
+            A v = ld(xl[s * inner]);
+            if (beats(v, best, is_min, last)) { best = v; at = s; }
+        }
+        y[l] = at;
+    }
+}
+
+// Whether (a, ia) ranks before (b, ib) in TopK's order: the larger value first (smaller
+// without `largest`), NaN above every number, equal values by lower index. As the CPU
+// backend's `rank`.
+template <class A> __device__ __forceinline__ bool ranks_before(A a, i64 ia, A b, i64 ib, int largest) {
+    bool an = a != a, bn = b != b;
+    int c;  // -1, 0, 1: a below, equal to, above b (ascending, NaN highest)
+    if (an || bn) c = an && bn ? 0 : an ? 1 : -1;
+    else c = a < b ? -1 : a > b ? 1 : 0;
+    if (c == 0) return ia < ib;
+    return largest ? c > 0 : c < 0;
+}
+
+// TopK: a thread per line picks its k elements one after the other, each the first in
+// rank order of those ranking after the previous pick: O(k·d) per line and no scratch.
+template <class T> __device__ void top_k_k(const T* x, T* vals, i64* idx, i64 lines, i64 d, i64 inner, i64 k, int largest) {
+    typedef typename Num<T>::A A;
+    GRID_STRIDE(l, lines) {
+        const i64 o = l / inner, i = l % inner;
+        const T* xl = x + o * d * inner + i;
+        A pv = (A)0;
+        i64 pi = -1;
+        for (i64 j = 0; j < k; ++j) {
+            A bv = (A)0;
+            i64 bi = -1;
+            for (i64 s = 0; s < d; ++s) {
+                A v = ld(xl[s * inner]);
+                if (pi >= 0 && !ranks_before(pv, pi, v, s, largest)) continue;
+                if (bi < 0 || ranks_before(v, s, bv, bi, largest)) { bv = v; bi = s; }
+            }
+            vals[(o * k + j) * inner + i] = xl[bi * inner];
+            idx[(o * k + j) * inner + i] = bi;
+            pv = bv;
+            pi = bi;
+        }
     }
 }
 
@@ -454,7 +526,9 @@ template <class T> __device__ void sce_grad_k(const T* x, const i64* labels, con
 }
 
 #define INST_REDUCE_NUM(T, S) \
-    extern "C" __global__ void reduce_##S(const T* x, T* y, Strided kept, Strided red, i64 n_red, int kind) { reduce_k<T>(x, y, kept, red, n_red, kind); }
+    extern "C" __global__ void reduce_##S(const T* x, T* y, Strided kept, Strided red, i64 n_red, int kind) { reduce_k<T>(x, y, kept, red, n_red, kind); } \
+    extern "C" __global__ void arg_reduce_##S(const T* x, i64* y, i64 lines, i64 d, i64 inner, int is_min, int last) { arg_reduce_k<T>(x, y, lines, d, inner, is_min, last); } \
+    extern "C" __global__ void top_k_##S(const T* x, T* v, i64* ix, i64 lines, i64 d, i64 inner, i64 k, int largest) { top_k_k<T>(x, v, ix, lines, d, inner, k, largest); }
 FOR_NUMS(INST_REDUCE_NUM)
 
 #define INST_REDUCE_FLOAT(T, S)                                                                   \

@@ -348,24 +348,25 @@ fn range_(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     Y[i] = T(A(X0[0]) + A(i) * A(X1[0]));
 }
 
-// CumSum: a thread a line; P[1] = outer, P[2] = length, P[3] = inner, P[4] bit 0
-// exclusive, bit 1 reverse.
+// CumSum (CumProd with P[4] bit 2): a thread a line; P[1] = outer, P[2] = length,
+// P[3] = inner, P[4] bit 0 exclusive, bit 1 reverse.
 @compute @workgroup_size(256)
-fn cumsum(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn cumulative(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let line = linear(wid, nwg, lid, WG);
     let d = pu(2u);
     let inner = pu(3u);
     if (line >= pu(1u) * inner) { return; }
     let excl = (pu(4u) & 1u) != 0u;
     let rev = (pu(4u) & 2u) != 0u;
+    let prod = (pu(4u) & 4u) != 0u;
     let base = (line / inner) * d * inner + line % inner;
-    var acc = A(0);
+    var acc = select(A(0), A(1), prod);
     for (var s = 0u; s < d; s += 1u) {
         let at = base + select(s, d - 1u - s, rev) * inner;
         let v = A(X0[at]);
-        if (!excl) { acc += v; }
+        if (!excl) { acc = select(acc + v, acc * v, prod); }
         Y[at] = T(acc);
-        if (excl) { acc += v; }
+        if (excl) { acc = select(acc + v, acc * v, prod); }
     }
 }
 

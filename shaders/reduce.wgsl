@@ -1,8 +1,8 @@
-// Row-wise family: ReduceSum/Mean/Max, Softmax/LogSoftmax and their gradient,
-// LayerNormalization forward and backward, SoftmaxCrossEntropyLoss and its gradient.
-// One workgroup of 256 threads per row, statistics in f32. The workgroup-wide
-// wg_sum / wg_max come from rows_subgroup.wgsl when the device offers subgroups, else
-// from rows_tree.wgsl (the host puts one of them in the kernel's defs).
+// Row-wise family: ReduceSum/Mean/Max/Prod, ArgMax/ArgMin, TopK, Softmax/LogSoftmax and
+// their gradient, LayerNormalization forward and backward, SoftmaxCrossEntropyLoss and its
+// gradient. One workgroup of 256 threads per row, statistics in f32. The workgroup-wide
+// wg_sum / wg_max / wg_prod come from rows_subgroup.wgsl when the device offers
+// subgroups, else from rows_tree.wgsl (the host puts one of them in the kernel's defs).
 
 @group(0) @binding(1) var<storage, read> X0: array<T>;
 @group(0) @binding(2) var<storage, read> X1: array<T>;
@@ -14,6 +14,8 @@
 @group(0) @binding(8) var<storage, read> F1: array<f32>;
 @group(0) @binding(9) var<storage, read> L: array<i32>;
 @group(0) @binding(10) var<storage, read_write> Y2: array<T>;
+// i64 indices as (low, high) words.
+@group(0) @binding(11) var<storage, read_write> I: array<u32>;
 
 const WG: u32 = 256u;
 // The reductions' scratch (one slot per invocation, or per subgroup).
@@ -38,25 +40,50 @@ fn online(ms: vec2<f32>, v: f32) -> vec2<f32> {
 
 fn row_id(wid: vec3<u32>, nwg: vec3<u32>) -> u32 { return wid.y * nwg.x + wid.x; }
 
+// The reductions' folds by kind: max (2), product (4), else a sum (of squares for 3),
+// from their identities.
+fn fold_ident(kind: u32) -> f32 { return select(select(0.0, 1.0, kind == 4u), ninf(), kind == 2u); }
+fn fold(acc: f32, v: f32, kind: u32) -> f32 {
+    return select(select(acc + v, acc * v, kind == 4u), nan_max(acc, v), kind == 2u);
+}
+
 // One workgroup per output: the kept dims' descriptor at 16 gives its base in X, the
 // reduced dims' at 52 the offsets of its P[0] elements. P[1]: 0 sum, 1 mean, 2 max,
-// 3 mean of squares.
+// 3 mean of squares, 4 product.
 @compute @workgroup_size(256)
 fn reduce(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let o = row_id(wid, nwg);
     let n = pu(0u);
     let kind = pu(1u);
     let base = offset_at(16u, 0u, o);
-    var acc = select(0.0, ninf(), kind == 2u);
+    var acc = fold_ident(kind);
     for (var r = lid; r < n; r += WG) {
         let xv = f32(X0[base + offset_at(52u, 0u, r)]);
-        let v = select(xv, xv * xv, kind == 3u);
-        acc = select(acc + v, nan_max(acc, v), kind == 2u);
+        acc = fold(acc, select(xv, xv * xv, kind == 3u), kind);
     }
-    if (kind == 2u) { acc = wg_max(acc, lid); } else { acc = wg_sum(acc, lid); }
+    if (kind == 2u) { acc = wg_max(acc, lid); } else if (kind == 4u) { acc = wg_prod(acc, lid); } else { acc = wg_sum(acc, lid); }
     // An empty mean is 0/0 = NaN, as on the CPU.
     if (kind == 1u || kind == 3u) { acc = acc / f32(n); }
     if (lid == 0u) { Y[o] = T(acc); }
+}
+
+// Integer reductions (T = i32) in i32's wrapping arithmetic, as the CPU's: a thread per
+// output (P[3] of them), its reduced elements in order. A mean truncates toward zero (an
+// empty one is 0, as on the CPU).
+@compute @workgroup_size(256)
+fn reduce_int(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let o = linear(wid, nwg, lid, WG);
+    if (o >= pu(3u)) { return; }
+    let n = pu(0u);
+    let kind = pu(1u);
+    let base = offset_at(16u, 0u, o);
+    var acc = select(select(0, 1, kind == 4u), -2147483647 - 1, kind == 2u);
+    for (var r = 0u; r < n; r += 1u) {
+        let v = i32(X0[base + offset_at(52u, 0u, r)]);
+        if (kind == 2u) { acc = max(acc, v); } else if (kind == 4u) { acc *= v; } else { acc += v; }
+    }
+    if (kind == 1u && n > 0u) { acc /= i32(n); }
+    Y[o] = T(acc);
 }
 
 // A reduction too long for one workgroup per output (few outputs, many elements) in two
@@ -70,13 +97,12 @@ fn reduce_part(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
     let n = pu(0u);
     let kind = pu(1u);
     let base = offset_at(16u, 0u, g / parts);
-    var acc = select(0.0, ninf(), kind == 2u);
+    var acc = fold_ident(kind);
     for (var r = (g % parts) * WG + lid; r < n; r += WG * parts) {
         let xv = f32(X0[base + offset_at(52u, 0u, r)]);
-        let v = select(xv, xv * xv, kind == 3u);
-        acc = select(acc + v, nan_max(acc, v), kind == 2u);
+        acc = fold(acc, select(xv, xv * xv, kind == 3u), kind);
     }
-    if (kind == 2u) { acc = wg_max(acc, lid); } else { acc = wg_sum(acc, lid); }
+    if (kind == 2u) { acc = wg_max(acc, lid); } else if (kind == 4u) { acc = wg_prod(acc, lid); } else { acc = wg_sum(acc, lid); }
     if (lid == 0u) { S0[g] = acc; }
 }
 
@@ -85,14 +111,97 @@ fn reduce_parts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
     let o = row_id(wid, nwg);
     let parts = pu(2u);
     let kind = pu(1u);
-    var acc = select(0.0, ninf(), kind == 2u);
-    for (var c = lid; c < parts; c += WG) {
-        let v = F0[o * parts + c];
-        acc = select(acc + v, nan_max(acc, v), kind == 2u);
-    }
-    if (kind == 2u) { acc = wg_max(acc, lid); } else { acc = wg_sum(acc, lid); }
+    var acc = fold_ident(kind);
+    for (var c = lid; c < parts; c += WG) { acc = fold(acc, F0[o * parts + c], kind); }
+    if (kind == 2u) { acc = wg_max(acc, lid); } else if (kind == 4u) { acc = wg_prod(acc, lid); } else { acc = wg_sum(acc, lid); }
     if (kind == 1u || kind == 3u) { acc = acc / f32(pu(0u)); }
     if (lid == 0u) { Y[o] = T(acc); }
+}
+
+// Selections (ArgMax, ArgMin, TopK) compare elements as stored (T may be i32 here); NaN
+// is tested on the bits (see is_nan).
+fn nan_of(v: T) -> bool { return is_nan(f32(v)); }
+
+// Whether v, met after best along the line, takes its place as ArgMax's pick (ArgMin's
+// with is_min): NaN beats every number, as numpy's argmax and argmin; of equal values the
+// first stays unless `last` (select_last_index). As the CPU backend's `beats`.
+fn beats(v: T, best: T, is_min: bool, last: bool) -> bool {
+    let vn = nan_of(v);
+    let bn = nan_of(best);
+    if (vn || bn) { return vn && (last || !bn); }
+    return select((v > best), (v < best), is_min) || (last && v == best);
+}
+
+// ArgMax / ArgMin: a thread per line of P[1] elements P[2] apart (P[0] lines); P[3] bit 0
+// ArgMin, bit 1 select_last_index. Each index goes to I as an i64.
+@compute @workgroup_size(256)
+fn arg_reduce(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let l = linear(wid, nwg, lid, WG);
+    if (l >= pu(0u)) { return; }
+    let d = pu(1u);
+    let inner = pu(2u);
+    let is_min = (pu(3u) & 1u) != 0u;
+    let last = (pu(3u) & 2u) != 0u;
+    let base = (l / inner) * d * inner + l % inner;
+    var best = X0[base];
+    var at = 0u;
+    for (var s = 1u; s < d; s += 1u) {
+        let v = X0[base + s * inner];
+        if (beats(v, best, is_min, last)) { best = v; at = s; }
+    }
+    I[2u * l] = at;
+    I[2u * l + 1u] = 0u;
+}
+
+// Whether (a, ia) ranks before (b, ib) in TopK's order: the larger value first (smaller
+// without `largest`), NaN above every number, equal values by lower index. As the CPU
+// backend's `rank`.
+fn ranks_before(a: T, ia: u32, b: T, ib: u32, largest: bool) -> bool {
+    let an = nan_of(a);
+    let bn = nan_of(b);
+    // -1, 0, 1: a below, equal to, above b (ascending, NaN highest).
+    var c = 0;
+    if (an || bn) {
+        c = select(select(-1, 1, an), 0, an && bn);
+    } else {
+        c = select(select(0, 1, (a > b)), -1, (a < b));
+    }
+    if (c == 0) { return ia < ib; }
+    return select((c < 0), (c > 0), largest);
+}
+
+// TopK: a thread per line (P[0] lines of P[1] elements P[2] apart) picks its P[3]
+// elements one after the other, each the first in rank order of those ranking after the
+// previous pick; P[4] = largest. Values to Y, indices to I (i64).
+@compute @workgroup_size(256)
+fn top_k(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let l = linear(wid, nwg, lid, WG);
+    if (l >= pu(0u)) { return; }
+    let d = pu(1u);
+    let inner = pu(2u);
+    let k = pu(3u);
+    let largest = pu(4u) != 0u;
+    let o = l / inner;
+    let i = l % inner;
+    let base = o * d * inner + i;
+    var pv = X0[base];
+    var pi = 0u;
+    for (var j = 0u; j < k; j += 1u) {
+        var bv = X0[base];
+        var bi = 0u;
+        var found = false;
+        for (var s = 0u; s < d; s += 1u) {
+            let v = X0[base + s * inner];
+            if (j > 0u && !ranks_before(pv, pi, v, s, largest)) { continue; }
+            if (!found || ranks_before(v, s, bv, bi, largest)) { bv = v; bi = s; found = true; }
+        }
+        let at = (o * k + j) * inner + i;
+        Y[at] = bv;
+        I[2u * at] = bi;
+        I[2u * at + 1u] = 0u;
+        pv = bv;
+        pi = bi;
+    }
 }
 
 // One workgroup per (outer, inner) row of P[0] elements P[1] apart; P[2] = 1 for

@@ -1,7 +1,7 @@
-// wg_sum / wg_max of shaders/reduce.wgsl with subgroup operations (wgpu SUBGROUP): one
-// subgroupAdd / subgroupMax per subgroup, then every invocation folds the WG / size
-// partials from workgroup memory in subgroup order, so the order of the additions is
-// fixed and reruns are bit-identical. One barrier pair instead of log2(WG) steps.
+// wg_sum / wg_max / wg_prod of shaders/reduce.wgsl with subgroup operations (wgpu
+// SUBGROUP): one subgroupAdd / subgroupMax / subgroupMul per subgroup, then every
+// invocation folds the WG / size partials from workgroup memory in subgroup order, so the
+// order of the operations is fixed and reruns are bit-identical. One barrier pair instead of log2(WG) steps.
 //
 // WGSL promises no relation between subgroups and local_invocation_index; the host uses
 // this variant only after a probe (device.rs) showed the adapter forms full subgroups of
@@ -29,6 +29,17 @@ fn wg_max(v: f32, lid: u32) -> f32 {
     workgroupBarrier();
     var r = red[0];
     for (var k = 1u; k < WG / size; k += 1u) { r = nan_max(r, red[k]); }
+    workgroupBarrier();
+    return r;
+}
+
+fn wg_prod(v: f32, lid: u32) -> f32 {
+    let size = subgroupAdd(1u);
+    let p = subgroupMul(v);
+    if (lid % size == 0u) { red[lid / size] = p; }
+    workgroupBarrier();
+    var r = red[0];
+    for (var k = 1u; k < WG / size; k += 1u) { r *= red[k]; }
     workgroupBarrier();
     return r;
 }

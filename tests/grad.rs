@@ -1995,3 +1995,109 @@ fn cumsum_every_direction() {
     }
     check_all(&nets);
 }
+
+/// `t` with zeros written at `at`.
+fn zeros_at(t: &Tensor, at: &[usize]) -> Tensor {
+    let mut v = t.to_f64_vec();
+    for &i in at {
+        v[i] = 0.0;
+    }
+    f64s(t.shape(), &v)
+}
+
+/// ReduceProd over several axes, kept or not, with groups of no, one and two zeros: the
+/// gradient is the product of the other elements, not Y / X.
+#[test]
+fn reduce_prod_with_zeros() {
+    // Rows of [4, 3, 5] reduced over axis 2: row 0 has one zero, row 1 two, the rest none;
+    // over axes (0, 2) the groups mix them.
+    let x = zeros_at(&sg(&[4, 3, 5], 61), &[2, 5, 9, 33]);
+    let mut nets = vec![];
+    for (axes, keepdims) in [(vec![2i64], 1), (vec![-1], 0), (vec![0, 2], 1), (vec![], 0)] {
+        let mut attrs: Attrs = vec![("keepdims", V::Int(keepdims))];
+        if !axes.is_empty() {
+            attrs.push(("axes", V::Ints(axes.clone())));
+        }
+        nets.push(
+            net(&format!("ReduceProd axes {axes:?} keepdims {keepdims}"))
+                .param("x", x.clone())
+                .op("ReduceProd", &attrs, &["x"], &["y"])
+                .outputs(&["y"]),
+        );
+    }
+    // Axes as the second input (opset 18).
+    nets.push(
+        net("ReduceProd axes input")
+            .param("x", x.clone())
+            .konst("a", Tensor::from_vec(&[1], vec![1i64]).unwrap())
+            .op("ReduceProd", &[], &["x", "a"], &["y"])
+            .outputs(&["y"]),
+    );
+    check_all(&nets);
+}
+
+/// CumProd in every direction, on lines with no zero, one zero and two zeros.
+#[test]
+fn cumprod_every_direction_with_zeros() {
+    let x = zeros_at(&sg(&[3, 5], 62), &[6, 10, 13]);
+    let mut nets = vec![];
+    for axis in [1i64, 0] {
+        for (exclusive, reverse) in [(0, 0), (1, 0), (0, 1), (1, 1)] {
+            nets.push(
+                net(&format!(
+                    "CumProd axis {axis} exclusive {exclusive} reverse {reverse}"
+                ))
+                .param("x", x.clone())
+                .konst("a", Tensor::scalar(axis))
+                .op(
+                    "CumProd",
+                    &[
+                        ("exclusive", V::Int(exclusive)),
+                        ("reverse", V::Int(reverse)),
+                    ],
+                    &["x", "a"],
+                    &["y"],
+                )
+                .outputs(&["y"]),
+            );
+        }
+    }
+    check_all(&nets);
+}
+
+/// TopK's values carry the gradient back to the elements picked (distinct values: no
+/// ties for finite differences to straddle), with and without the indices output; the
+/// indices, ArgMax and ArgMin pass none.
+#[test]
+fn topk_values_and_argmax_as_constant() {
+    let x = randn(&[3, 6], 63);
+    let k = Tensor::from_vec(&[1], vec![3i64]).unwrap();
+    check_all(&[
+        net("TopK values and indices")
+            .param("x", x.clone())
+            .konst("k", k.clone())
+            .op("TopK", &[("axis", V::Int(-1))], &["x", "k"], &["v", "i"])
+            .outputs(&["v", "i"]),
+        net("TopK values only, smallest, axis 0")
+            .param("x", x.clone())
+            .konst("k", Tensor::from_vec(&[1], vec![2i64]).unwrap())
+            .op(
+                "TopK",
+                &[("axis", V::Int(0)), ("largest", V::Int(0))],
+                &["x", "k"],
+                &["v"],
+            )
+            .outputs(&["v"]),
+        // x · (1 + ArgMax(x)) + x · ArgMin(x): the indices are constants.
+        net("ArgMax and ArgMin as constants")
+            .param("x", x.clone())
+            .op("ArgMax", &[("axis", V::Int(1))], &["x"], &["am"])
+            .op("ArgMin", &[("axis", V::Int(1))], &["x"], &["an"])
+            .op("CastLike", &[], &["am", "x"], &["amf"])
+            .op("CastLike", &[], &["an", "x"], &["anf"])
+            .op("Mul", &[], &["x", "amf"], &["p"])
+            .op("Mul", &[], &["x", "anf"], &["q"])
+            .op("Add", &[], &["p", "q"], &["y"])
+            .outputs(&["y"]),
+    ]);
+}

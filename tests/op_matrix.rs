@@ -510,7 +510,11 @@ fn cumsum_on_every_backend() {
                     .collect();
                 vec![(shape.to_vec(), out)]
             };
-            let op = Op::CumSum { exclusive, reverse };
+            let op = Op::Cumulative {
+                prod: false,
+                exclusive,
+                reverse,
+            };
             let ax = cst(i64s(&[], &[axis]));
             // Small integers: exact in every dtype.
             check_exact(op.clone(), &[inp(x.clone()), ax.clone()], &FLOATS, want);
@@ -602,6 +606,80 @@ fn indexing_ops_on_every_backend_and_dtype() {
                         op_.name(),
                         c.as_ref().err().map(|e| e.to_string()),
                         g.err().map(|e| e.to_string())
+                    ),
+                }
+            }
+        }
+    });
+}
+
+/// ArgMax, ArgMin, TopK, ReduceProd and CumProd × every backend × every dtype they take:
+/// each runs, or the backend has no type for the dtype (`NOT_ON_BACKEND`), and each
+/// result equals the CPU's exactly (the data, ±1 and ±2 with ties, keeps every product and
+/// pick exact). tests/ops_select.rs checks the CPU against float64 references.
+#[test]
+fn selections_and_products_on_every_backend() {
+    use graphrun::graph::op::AttrValue as V;
+    let mut r = Rng::new(77);
+    let v: Vec<f64> = (0..60)
+        .map(|_| [-2.0, -1.0, 1.0, 2.0][r.int_in(0, 4) as usize])
+        .collect();
+    let x = f64s(&[3, 4, 5], &v);
+    let k = i64s(&[1], &[2]);
+    let axis = i64s(&[], &[-2]);
+    let cases: Vec<(Op, Vec<Tensor>, usize)> = vec![
+        (op("ArgMax", &[("axis", V::Int(1))]), vec![], 1),
+        (
+            op(
+                "ArgMin",
+                &[("axis", V::Int(-1)), ("select_last_index", V::Int(1))],
+            ),
+            vec![],
+            1,
+        ),
+        (op("TopK", &[("axis", V::Int(1))]), vec![k], 2),
+        (
+            op("ReduceProd", &[("axes", V::Ints(vec![0, 2]))]),
+            vec![],
+            1,
+        ),
+        (op("CumProd", &[("reverse", V::Int(1))]), vec![axis], 1),
+    ];
+    each(cases.iter().enumerate(), |(_, (op_, extra, n_out))| {
+        for dt in [
+            DType::F64,
+            DType::F32,
+            DType::F16,
+            DType::BF16,
+            DType::I64,
+            DType::I32,
+        ] {
+            let mut args = vec![inp(x.cast(dt))];
+            args.extend(extra.iter().map(|t| cst(t.clone())));
+            let run = |b| run_op(b, op_.clone(), &args, *n_out, dt);
+            let want = run(graphrun::BackendKind::Cpu)
+                .unwrap_or_else(|e| panic!("{} {dt} on the CPU: {e}", op_.name()));
+            for backend in backends() {
+                // f16 on an adapter without SHADER_F16 (tests/wgpu.rs checks that error).
+                if dt == DType::F16 && !computes(backend, dt) {
+                    continue;
+                }
+                match run(backend) {
+                    Ok(got) => {
+                        for (g, w) in got.iter().zip(&want) {
+                            assert_eq!(g.shape(), w.shape(), "{} {dt} on {backend:?}", op_.name());
+                            assert_eq!(
+                                g.to_f64_vec(),
+                                w.to_f64_vec(),
+                                "{} {dt} on {backend:?}",
+                                op_.name()
+                            );
+                        }
+                    }
+                    Err(e) => assert!(
+                        not_on(backend, dt),
+                        "{} {dt} on {backend:?}: {e}",
+                        op_.name()
                     ),
                 }
             }

@@ -414,9 +414,10 @@ fn row_major(shape: &[usize]) -> Vec<usize> {
     st
 }
 
-/// CumSum's axis (its second input's one value), checked against rank `r`, and the
-/// (outer, length, inner) split of the shape around it.
-pub fn cumsum_dims(node: &Node, shape: &[usize], axis: i64) -> Result<(usize, usize, usize)> {
+/// The (outer, length, inner) split of `shape` around `axis` (checked against its rank):
+/// the `outer · inner` lines that CumSum and CumProd (whose axis is their second input's
+/// one value), ArgMax, ArgMin and TopK run along, each `inner` elements apart.
+pub fn line_dims(node: &Node, shape: &[usize], axis: i64) -> Result<(usize, usize, usize)> {
     let Some(a) = norm_axis(axis, shape.len()) else {
         crate::bail!(
             Runtime,

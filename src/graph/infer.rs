@@ -374,6 +374,7 @@ pub fn shape_inputs(op: &Op) -> &'static [(usize, &'static str)] {
         Op::Split { .. } => &[(1, "split")],
         Op::Slice => &[(1, "starts"), (2, "ends"), (3, "axes"), (4, "steps")],
         Op::Range => &[(0, "start"), (1, "limit"), (2, "delta")],
+        Op::TopK { .. } => &[(1, "k")],
         Op::GatherGrad { .. } | Op::GatherElementsGrad { .. } | Op::GatherNDGrad { .. } => {
             &[(2, "the forward input's shape")]
         }
@@ -406,7 +407,8 @@ pub fn shape_inputs(op: &Op) -> &'static [(usize, &'static str)] {
         | Op::GatherND { .. }
         | Op::ScatterElements { .. }
         | Op::ScatterND { .. }
-        | Op::CumSum { .. }
+        | Op::Cumulative { .. }
+        | Op::ArgReduce { .. }
         | Op::Shape { .. }
         | Op::Constant { .. }
         | Op::Trilu { .. }
@@ -1341,20 +1343,73 @@ pub fn infer_node(
             })
         }
         Op::Constant { value } => one(ValueType::new(value.dtype(), value.shape())),
-        Op::CumSum { .. } => {
+        Op::Cumulative { .. } => {
             let axis = t(1).unwrap();
             need_int(axis, "axis")?;
+            let name = node.op.name();
             if axis.numel() != 1 || x.dtype == DType::Bool {
                 return Err(f(format!(
-                    "CumSum takes numbers and a one-element axis, got {} and axis {}",
+                    "{name} takes numbers and a one-element axis, got {} and axis {}",
                     x.dtype,
                     fmt_shape(&axis.shape)
                 )));
             }
             if x.shape.is_empty() {
-                return Err(f("CumSum needs rank 1 or more".into()));
+                return Err(f(format!("{name} needs rank 1 or more")));
             }
             one(x)
+        }
+        Op::ArgReduce { axis, keepdims, .. } => {
+            if x.dtype == DType::Bool {
+                return Err(f(format!("{} takes numbers, got bool", node.op.name())));
+            }
+            let r = x.shape.len();
+            let Some(a) = norm_axis(*axis, r) else {
+                return Err(f(format!("axis {axis} is out of range for rank {r}")));
+            };
+            // Nothing to pick from (the ONNX reference fails too), unless nothing is asked.
+            let others: usize = (0..r).filter(|&d| d != a).map(|d| x.shape[d]).product();
+            if x.shape[a] == 0 && others > 0 {
+                return Err(f(format!(
+                    "{} over axis {a} of size 0 has no element to pick",
+                    node.op.name()
+                )));
+            }
+            let mut shape = x.shape.clone();
+            if *keepdims {
+                shape[a] = 1;
+            } else {
+                shape.remove(a);
+            }
+            one(ValueType {
+                dtype: DType::I64,
+                shape,
+            })
+        }
+        Op::TopK { axis, .. } => {
+            if x.dtype == DType::Bool {
+                return Err(f("TopK takes numbers, got bool".into()));
+            }
+            let r = x.shape.len();
+            let Some(a) = norm_axis(*axis, r) else {
+                return Err(f(format!("axis {axis} is out of range for rank {r}")));
+            };
+            let k = known(1, "k")?.unwrap_or_default();
+            let [k] = k[..] else {
+                return Err(f(format!("k must hold one value, got {}", k.len())));
+            };
+            if k < 0 || k as usize > x.shape[a] {
+                return Err(f(format!(
+                    "k = {k} is not in [0, {}] (the size of axis {a})",
+                    x.shape[a]
+                )));
+            }
+            let mut shape = x.shape.clone();
+            shape[a] = k as usize;
+            Ok(vec![
+                ValueType::new(x.dtype, &shape),
+                ValueType::new(DType::I64, &shape),
+            ])
         }
         Op::Trilu { .. } => {
             if x.shape.len() < 2 {
@@ -1967,7 +2022,9 @@ pub fn flops(node: &Node, ins: &[Option<&ValueType>], outs: &[ValueType]) -> u64
         }
         Op::Softmax { .. } | Op::LogSoftmax { .. } | Op::LayerNormalization { .. } => 5 * out_n,
         Op::Unary(_) | Op::Binary(_) | Op::Clip | Op::Where => out_n,
-        Op::Reduce { .. } => ins[0].map(|t| t.numel() as u64).unwrap_or(0),
+        Op::Reduce { .. } | Op::ArgReduce { .. } | Op::Cumulative { .. } => {
+            ins[0].map(|t| t.numel() as u64).unwrap_or(0)
+        }
         Op::SoftmaxCrossEntropyLoss { .. } => 5 * ins[0].map(|t| t.numel() as u64).unwrap_or(0),
         // One forward-sized product per gradient asked for (dA and/or dB).
         Op::FusedMatMulGrad { .. } => {

@@ -17,6 +17,8 @@ pub enum ReduceKind {
     /// The mean of the squares: internal (`ReduceMeanSquare`, not an ONNX op), what the
     /// `mean_square` rule makes of an MSE's `ReduceMean(Mul(d, d))`.
     MeanSquare,
+    /// The product (1 over an empty set).
+    Prod,
 }
 
 /// The activation a `FusedMatMul` applies after its bias.
@@ -137,11 +139,31 @@ pub enum Op {
     /// `start + i·delta` for i in 0..max(ceil((limit - start) / delta), 0), from three
     /// scalars known when the plan is made (they decide the length).
     Range,
-    /// Running sums along the axis its second input names (a scalar read when the node
-    /// runs); `exclusive` leaves each element out of its own sum, `reverse` runs from the end.
-    CumSum {
+    /// CumSum, or CumProd with `prod`: running sums (products) along the axis its second
+    /// input names (a scalar read when the node runs); `exclusive` leaves each element out
+    /// of its own sum, `reverse` runs from the end.
+    Cumulative {
+        prod: bool,
         exclusive: bool,
         reverse: bool,
+    },
+    /// ArgMax, or ArgMin with `min`: the i64 index of the extreme element along `axis`, the
+    /// first of equal ones (the last with `select_last_index`); NaN counts as the extreme,
+    /// as numpy's argmax and argmin.
+    ArgReduce {
+        min: bool,
+        axis: i64,
+        keepdims: bool,
+        select_last_index: bool,
+    },
+    /// `(X, K) -> (Values, Indices)`: the K largest (smallest without `largest`) elements
+    /// along `axis` in order, equal values by lower index first; NaN ranks above every
+    /// number. K (a one-element integer) decides the shape: it is known when the plan is
+    /// made. `sorted: false` allows any order; graphrun always returns them sorted.
+    TopK {
+        axis: i64,
+        largest: bool,
+        sorted: bool,
     },
     Identity,
     MatMul,
@@ -366,6 +388,10 @@ const OTHER_OP_NAMES: &[&str] = &[
     "CastLike",
     "Range",
     "CumSum",
+    "CumProd",
+    "ArgMax",
+    "ArgMin",
+    "TopK",
     "Identity",
     "MatMul",
     "Gemm",
@@ -375,6 +401,7 @@ const OTHER_OP_NAMES: &[&str] = &[
     "ReduceSum",
     "ReduceMean",
     "ReduceMax",
+    "ReduceProd",
     "Reshape",
     "Transpose",
     "Concat",
@@ -617,7 +644,11 @@ impl Op {
             Op::Cast { .. } => "Cast",
             Op::CastLike => "CastLike",
             Op::Range => "Range",
-            Op::CumSum { .. } => "CumSum",
+            Op::Cumulative { prod: false, .. } => "CumSum",
+            Op::Cumulative { prod: true, .. } => "CumProd",
+            Op::ArgReduce { min: false, .. } => "ArgMax",
+            Op::ArgReduce { min: true, .. } => "ArgMin",
+            Op::TopK { .. } => "TopK",
             Op::GatherElements { .. } => "GatherElements",
             Op::GatherND { .. } => "GatherND",
             Op::GatherElementsGrad { .. } => "GatherElementsGrad",
@@ -648,6 +679,10 @@ impl Op {
                 kind: ReduceKind::MeanSquare,
                 ..
             } => "ReduceMeanSquare",
+            Op::Reduce {
+                kind: ReduceKind::Prod,
+                ..
+            } => "ReduceProd",
             Op::Reshape { .. } => "Reshape",
             Op::Transpose { .. } => "Transpose",
             Op::Concat { .. } => "Concat",
@@ -808,9 +843,12 @@ impl Op {
         match self {
             Op::Unary(_) | Op::Cast { .. } | Op::Identity | Op::Softmax { .. } => (1, 1, 1, 1),
             Op::LogSoftmax { .. } | Op::Transpose { .. } | Op::Flatten { .. } => (1, 1, 1, 1),
+            Op::ArgReduce { .. } => (1, 1, 1, 1),
+            // Indices are optional: a gradient asks for them (`aux_output`) when missing.
+            Op::TopK { .. } => (2, 2, 1, 2),
             Op::Shape { .. } => (1, 1, 1, 1),
             Op::Binary(_) | Op::MatMul | Op::Reshape { .. } | Op::Expand => (2, 2, 1, 1),
-            Op::Gather { .. } | Op::CastLike | Op::CumSum { .. } => (2, 2, 1, 1),
+            Op::Gather { .. } | Op::CastLike | Op::Cumulative { .. } => (2, 2, 1, 1),
             Op::GatherElements { .. } | Op::GatherND { .. } => (2, 2, 1, 1),
             Op::GatherElementsGrad { .. } | Op::GatherNDGrad { .. } => (3, 3, 1, 1),
             Op::ScatterElements { .. } | Op::ScatterND { .. } => (3, 3, 1, 1),
@@ -965,9 +1003,21 @@ impl Op {
                 Op::CastLike
             }
             "Range" => Op::Range,
-            "CumSum" => Op::CumSum {
+            "CumSum" | "CumProd" => Op::Cumulative {
+                prod: name == "CumProd",
                 exclusive: a.flag("exclusive", false)?,
                 reverse: a.flag("reverse", false)?,
+            },
+            "ArgMax" | "ArgMin" => Op::ArgReduce {
+                min: name == "ArgMin",
+                axis: a.int_or("axis", 0)?,
+                keepdims: a.flag("keepdims", true)?,
+                select_last_index: a.flag("select_last_index", false)?,
+            },
+            "TopK" => Op::TopK {
+                axis: a.int_or("axis", -1)?,
+                largest: a.flag("largest", true)?,
+                sorted: a.flag("sorted", true)?,
             },
             "GatherElements" => Op::GatherElements {
                 axis: a.int_or("axis", 0)?,
@@ -1028,6 +1078,7 @@ impl Op {
             "ReduceSum" => reduce(&mut a, ReduceKind::Sum)?,
             "ReduceMean" => reduce(&mut a, ReduceKind::Mean)?,
             "ReduceMax" => reduce(&mut a, ReduceKind::Max)?,
+            "ReduceProd" => reduce(&mut a, ReduceKind::Prod)?,
             "ReduceMeanSquare" => reduce(&mut a, ReduceKind::MeanSquare)?,
             "Reshape" => Op::Reshape {
                 allowzero: a.flag("allowzero", false)?,
@@ -1281,9 +1332,30 @@ impl Op {
                 v.push(("reduction", V::Str(reduction.name().into())));
             }
             Op::ScatterND { reduction } => v.push(("reduction", V::Str(reduction.name().into()))),
-            Op::CumSum { exclusive, reverse } => {
+            Op::Cumulative {
+                exclusive, reverse, ..
+            } => {
                 v.push(("exclusive", b(*exclusive)));
                 v.push(("reverse", b(*reverse)));
+            }
+            Op::ArgReduce {
+                axis,
+                keepdims,
+                select_last_index,
+                ..
+            } => {
+                v.push(("axis", V::Int(*axis)));
+                v.push(("keepdims", b(*keepdims)));
+                v.push(("select_last_index", b(*select_last_index)));
+            }
+            Op::TopK {
+                axis,
+                largest,
+                sorted,
+            } => {
+                v.push(("axis", V::Int(*axis)));
+                v.push(("largest", b(*largest)));
+                v.push(("sorted", b(*sorted)));
             }
             Op::LayerNormalization { axis, epsilon } => {
                 v.push(("axis", V::Int(*axis)));
@@ -1400,7 +1472,8 @@ pub fn op_table_markdown() -> String {
     let family = |n: &str| match n {
         "MatMul" | "Gemm" | "FusedMatMul" => "linear algebra",
         "Softmax" | "LogSoftmax" | "LayerNormalization" | "ReduceSum" | "ReduceMean"
-        | "ReduceMax" => "normalization / reduction",
+        | "ReduceMax" | "ReduceProd" => "normalization / reduction",
+        "ArgMax" | "ArgMin" | "TopK" => "selection",
         "Reshape" | "Transpose" | "Concat" | "Split" | "Slice" | "Squeeze" | "Unsqueeze"
         | "Flatten" | "Expand" | "Gather" | "Shape" | "Constant" | "Trilu" => "shape",
         "GatherElements" | "GatherND" | "Pad" | "ScatterElements" | "ScatterND" => "indexing",

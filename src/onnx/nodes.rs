@@ -33,6 +33,7 @@ fn since(op: &str) -> i64 {
         "Where" | "MeanVarianceNormalization" | "Shrink" | "OneHot" | "EyeLike" | "Scatter" => 9,
         "Range" | "GatherElements" | "GatherND" | "CumSum" | "ScatterElements" | "ScatterND" => 11,
         "SoftmaxCrossEntropyLoss" | "NegativeLogLikelihoodLoss" | "Einsum" => 12,
+        "CumProd" => 26,
         "Trilu" => 14,
         "LayerNormalization" | "HannWindow" | "HammingWindow" | "BlackmanWindow" => 17,
         "GroupNormalization" | "BitwiseNot" => 18,
@@ -55,7 +56,7 @@ const PREDICATES: &[&str] = &["IsNaN", "IsInf", "Not", "BitwiseNot"];
 /// shape), the value a one-element tensor (f32 0 by default); the reductions graphrun has
 /// no kernel for are ReduceSum or ReduceMax around elementwise maps (`lower_reduce`); Tile,
 /// OneHot, EyeLike and Einsum are written in `index`; Scatter (opsets 9 and 10) is
-/// ScatterElements.
+/// ScatterElements; Hardmax is a one-hot of ArgMax (`lower_hardmax`).
 const REWRITTEN: &[&str] = &[
     "ConstantOfShape",
     "Tile",
@@ -63,6 +64,7 @@ const REWRITTEN: &[&str] = &[
     "EyeLike",
     "Einsum",
     "Scatter",
+    "Hardmax",
     "ReduceMin",
     "ReduceL1",
     "ReduceL2",
@@ -298,6 +300,21 @@ impl<'a> Importer<'a> {
                         )))
                     }
                 }
+            }
+            "Hardmax" => return self.lower_hardmax(n, shown, attrs),
+            // Before opset 10 TopK's k is an attribute.
+            "TopK" if self.opset < 10 => {
+                let k = match take(&mut attrs, "k") {
+                    Some(AttrValue::Int(k)) => k,
+                    other => {
+                        return Err(Error::Graph(format!(
+                            "node '{shown}' (TopK): attribute 'k' must be an integer, got {other:?}"
+                        )))
+                    }
+                };
+                let name = self.constant(n, "k", Tensor::from_vec(&[1], vec![k])?);
+                inputs.truncate(1);
+                inputs.push(name);
             }
             op if op.starts_with("Reduce") && REWRITTEN.contains(&op) => {
                 return self.lower_reduce(n, shown, attrs)
@@ -588,6 +605,106 @@ impl<'a> Importer<'a> {
                 );
                 step(self, "", Op::Binary(BinaryOp::Add), vec![l, m2], true);
             }
+        }
+        Ok(())
+    }
+
+    /// Hardmax(x) along `axis` is 1 at the first maximum of each line and 0 elsewhere:
+    /// `CastLike(Equal(position, ArgMax(x, keepdims)), x)`, where position is each
+    /// element's index along the axis, an exclusive CumSum of ones of x's shape (so that
+    /// the rank need not be known here), in i32 (exact, and computed by every backend).
+    /// Before opset 13 Hardmax takes the input as 2-D at `axis` (default 1), as
+    /// Softmax does: Flatten, Hardmax of the rows, Reshape back.
+    fn lower_hardmax(&mut self, n: &NodeProto, shown: &str, mut attrs: Vec<Attr>) -> Result<()> {
+        let coerced = self.opset < 13;
+        let axis = match take(&mut attrs, "axis") {
+            None => {
+                if coerced {
+                    1
+                } else {
+                    -1
+                }
+            }
+            Some(AttrValue::Int(a)) => a,
+            Some(v) => {
+                return Err(Error::Graph(format!(
+                    "node '{shown}' (Hardmax): attribute 'axis' must be an integer, got {v:?}"
+                )))
+            }
+        };
+        if let Some(a) = attrs.first() {
+            return Err(Error::Graph(format!(
+                "node '{shown}' (Hardmax): unknown attribute '{}'",
+                a.name
+            )));
+        }
+        let (Some(x), Some(y), 1, 1) = (
+            n.input.first(),
+            n.output.first(),
+            n.input.len(),
+            n.output.len(),
+        ) else {
+            return Err(Error::Graph(format!(
+                "node '{shown}' (Hardmax) needs exactly one input and one output"
+            )));
+        };
+        let (x, y) = (x.clone(), y.clone());
+        let shape = self.fresh(&format!("{y}/shape"));
+        let whole = Op::Shape {
+            start: 0,
+            end: None,
+        };
+        self.push(n, "shape", whole, vec![x.clone()], &shape);
+        let (data, axis, hard) = if coerced {
+            let flat = self.fresh(&format!("{y}/flat"));
+            self.push(n, "flatten", Op::Flatten { axis }, vec![x.clone()], &flat);
+            (flat, -1, self.fresh(&format!("{y}/rows")))
+        } else {
+            (x.clone(), axis, y.clone())
+        };
+        let arg = self.fresh(&format!("{y}/argmax"));
+        let argmax = Op::ArgReduce {
+            min: false,
+            axis,
+            keepdims: true,
+            select_last_index: false,
+        };
+        self.push(n, "argmax", argmax, vec![data.clone()], &arg);
+        let arg32 = self.fresh(&format!("{y}/argmax_i32"));
+        let to_i32 = Op::Cast {
+            to: crate::tensor::DType::I32,
+        };
+        self.push(n, "argmax_i32", to_i32, vec![arg], &arg32);
+        let data_shape = if coerced {
+            let s = self.fresh(&format!("{y}/rows_shape"));
+            let whole = Op::Shape {
+                start: 0,
+                end: None,
+            };
+            self.push(n, "rows_shape", whole, vec![data.clone()], &s);
+            s
+        } else {
+            shape.clone()
+        };
+        let one = self.constant(n, "one", Tensor::scalar(1i32));
+        let ones = self.fresh(&format!("{y}/ones"));
+        self.push(n, "ones", Op::Expand, vec![one, data_shape], &ones);
+        let ax = self.constant(n, "axis", Tensor::scalar(axis));
+        let pos = self.fresh(&format!("{y}/position"));
+        let scan = Op::Cumulative {
+            prod: false,
+            exclusive: true,
+            reverse: false,
+        };
+        self.push(n, "position", scan, vec![ones, ax], &pos);
+        let hit = self.fresh(&format!("{y}/hit"));
+        let eq = Op::Binary(BinaryOp::Equal);
+        self.push(n, "hit", eq, vec![pos, arg32], &hit);
+        let last = if coerced { "cast" } else { "" };
+        self.push(n, last, Op::CastLike, vec![hit, data], &hard);
+        if coerced {
+            let op = Op::Reshape { allowzero: false };
+            self.push(n, "", op, vec![hard, shape], &y);
         }
         Ok(())
     }

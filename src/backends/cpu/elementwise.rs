@@ -677,38 +677,44 @@ fn pow<T: Num, E: Num>(a: &Tensor, b: &Tensor, out: &mut Tensor) -> Result<()> {
     Ok(())
 }
 
-/// CumSum along the axis `axis` names, in the accumulation type.
-pub fn cumsum(
+/// CumSum (CumProd with `prod`) along the axis `axis` names, in the accumulation type;
+/// `[exclusive, reverse]` as the op's attributes.
+pub fn cumulative(
     node: &Node,
     x: &Tensor,
     axis: &Tensor,
-    excl: bool,
-    rev: bool,
+    prod: bool,
+    [excl, rev]: [bool; 2],
     out: &mut Tensor,
 ) -> Result<()> {
     let ax = axis.to_i64_vec().first().copied().unwrap_or(0);
-    let (outer, d, inner) = common::cumsum_dims(node, x.shape(), ax)?;
+    let (outer, d, inner) = common::line_dims(node, x.shape(), ax)?;
     with_num!(x.dtype(), T => {
         let (src, dst) = (x.as_slice::<T>(), out.as_mut_slice::<T>());
+        let (init, step) = if prod {
+            (T::count(1), T::mul as fn(_, _) -> _)
+        } else {
+            (T::zero(), T::add as fn(_, _) -> _)
+        };
         for o in 0..outer {
             for i in 0..inner {
-                let mut acc = T::zero();
-                for step in 0..d {
-                    let j = if rev { d - 1 - step } else { step };
+                let mut acc = init;
+                for s in 0..d {
+                    let j = if rev { d - 1 - s } else { s };
                     let at = (o * d + j) * inner + i;
                     let v = src[at].load();
                     if !excl {
-                        acc = T::add(acc, v);
+                        acc = step(acc, v);
                     }
                     dst[at] = T::store(acc);
                     if excl {
-                        acc = T::add(acc, v);
+                        acc = step(acc, v);
                     }
                 }
             }
         }
         Ok(())
-    }, _ => unsupported("CumSum", x.dtype()))
+    }, _ => unsupported(node.op.name(), x.dtype()))
 }
 
 /// Range: `start + i·delta`, computed in the dtype's accumulation type (integers wrap).

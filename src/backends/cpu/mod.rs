@@ -124,9 +124,25 @@ pub fn run_node(
         ),
         Op::Where => elementwise::where_(x(0)?, x(1)?, x(2)?, &mut outs[0]),
         Op::Range => elementwise::range(x(0)?, x(2)?, &mut outs[0]),
-        Op::CumSum { exclusive, reverse } => {
-            elementwise::cumsum(node, x(0)?, x(1)?, *exclusive, *reverse, &mut outs[0])
-        }
+        Op::Cumulative {
+            prod,
+            exclusive,
+            reverse,
+        } => elementwise::cumulative(
+            node,
+            x(0)?,
+            x(1)?,
+            *prod,
+            [*exclusive, *reverse],
+            &mut outs[0],
+        ),
+        Op::ArgReduce {
+            min,
+            axis,
+            select_last_index,
+            ..
+        } => reduce::arg_reduce(node, x(0)?, *axis, *min, *select_last_index, &mut outs[0]),
+        Op::TopK { axis, largest, .. } => reduce::topk(node, x(0)?, *axis, *largest, outs),
         Op::Cast { .. } | Op::CastLike => {
             crate::tensor::cast_into(x(0)?, &mut outs[0]);
             Ok(())

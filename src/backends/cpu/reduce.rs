@@ -1,7 +1,9 @@
-//! Row-wise family: Softmax/LogSoftmax, LayerNormalization, ReduceSum/Mean/Max, and
-//! SoftmaxCrossEntropyLoss. One pass per row, f32 (or f64) accumulation.
+//! Row-wise family: Softmax/LogSoftmax, LayerNormalization, ReduceSum/Mean/Max/Prod,
+//! ArgMax/ArgMin, TopK and SoftmaxCrossEntropyLoss. One pass per row, f32 (or f64)
+//! accumulation.
 
 use super::elementwise::{Bcast, Num};
+use crate::backends::common;
 use crate::error::Result;
 use crate::graph::infer::norm_axis;
 use crate::graph::op::LossReduction;
@@ -214,19 +216,25 @@ fn layer_norm_t<T: Float>(
 /// `axes` are normalised and non-empty; `out` is shaped with or without kept dims.
 pub fn reduce(kind: ReduceKind, x: &Tensor, axes: &[usize], out: &mut Tensor) -> Result<()> {
     with_num!(x.dtype(), T => match kind {
-        ReduceKind::Max => reduce_t::<T, true, false>(kind, x, axes, out),
-        ReduceKind::MeanSquare => reduce_t::<T, false, true>(kind, x, axes, out),
-        _ => reduce_t::<T, false, false>(kind, x, axes, out),
+        ReduceKind::Max => reduce_t::<T, MAX>(kind, x, axes, out),
+        ReduceKind::MeanSquare => reduce_t::<T, SQUARE>(kind, x, axes, out),
+        ReduceKind::Prod => reduce_t::<T, PROD>(kind, x, axes, out),
+        ReduceKind::Sum | ReduceKind::Mean => reduce_t::<T, SUM>(kind, x, axes, out),
     }, _ => crate::bail!(Runtime, "CPU reduce kernel does not take dtype {}", x.dtype()));
     Ok(())
 }
 
+/// `reduce_t`'s folds: a sum, a max, a sum of squares, a product.
+const SUM: u8 = 0;
+const MAX: u8 = 1;
+const SQUARE: u8 = 2;
+const PROD: u8 = 3;
+
 /// Dims are merged into alternating kept/reduced runs (size-1 dims dropped). Outputs are
 /// reduced in groups of `inner` (the last run when kept, else 1) so that every read is a
-/// contiguous row or segment, walking the other reduced runs with an odometer. `MAX`
-/// picks max over sum (and `SQUARE` squares each element) at compile time, keeping the
-/// inner loops branch-free.
-fn reduce_t<T: Num, const MAX: bool, const SQUARE: bool>(
+/// contiguous row or segment, walking the other reduced runs with an odometer. `FOLD`
+/// picks the fold at compile time, keeping the inner loops branch-free.
+fn reduce_t<T: Num, const FOLD: u8>(
     kind: ReduceKind,
     x: &Tensor,
     axes: &[usize],
@@ -245,16 +253,17 @@ fn reduce_t<T: Num, const MAX: bool, const SQUARE: bool>(
             _ => runs.push((size, red)),
         }
     }
-    let step = |a: T::A, v: T::A| {
-        if MAX {
-            T::max(a, v)
-        } else if SQUARE {
-            T::add(a, T::mul(v, v))
-        } else {
-            T::add(a, v)
-        }
+    let step = |a: T::A, v: T::A| match FOLD {
+        MAX => T::max(a, v),
+        SQUARE => T::add(a, T::mul(v, v)),
+        PROD => T::mul(a, v),
+        _ => T::add(a, v),
     };
-    let init = if MAX { T::lowest() } else { T::zero() };
+    let init = match FOLD {
+        MAX => T::lowest(),
+        PROD => T::count(1),
+        _ => T::zero(),
+    };
     let n: usize = runs.iter().filter(|r| r.1).map(|r| r.0).product();
     // An empty reduction: a float mean is 0/0 = NaN, an integer one 0 (no division by 0).
     let count = T::count(if T::INT { n.max(1) } else { n });
@@ -275,7 +284,11 @@ fn reduce_t<T: Num, const MAX: bool, const SQUARE: bool>(
             .map(|c| c.iter().fold(init, |a, v| step(a, v.load())))
             .collect();
         // Partial results combine unsquared.
-        let combine = |a: T::A, v: T::A| if MAX { T::max(a, v) } else { T::add(a, v) };
+        let combine = |a: T::A, v: T::A| match FOLD {
+            MAX => T::max(a, v),
+            PROD => T::mul(a, v),
+            _ => T::add(a, v),
+        };
         o[0] = finish(parts.into_iter().fold(init, combine));
         return;
     }
@@ -344,6 +357,127 @@ fn advance(idx: &mut [usize], dims: &[(usize, usize)], off: &mut usize) -> bool 
         idx[d] = 0;
     }
     false
+}
+
+/// Whether `v`, met after `best` along the line, takes its place as ArgMax's pick (ArgMin's
+/// with `min`): NaN beats every number, as in numpy's argmax and argmin; of equal values
+/// the first stays unless `last` (select_last_index).
+#[allow(clippy::eq_op)]
+fn beats<A: PartialOrd>(v: A, best: A, min: bool, last: bool) -> bool {
+    let (v_nan, best_nan) = (v != v, best != best);
+    if v_nan || best_nan {
+        return v_nan && (last || !best_nan);
+    }
+    (if min { v < best } else { v > best }) || (last && v == best)
+}
+
+/// ArgMax (ArgMin with `min`) along `axis` into the i64 `out`, one line per output.
+pub fn arg_reduce(
+    node: &Node,
+    x: &Tensor,
+    axis: i64,
+    min: bool,
+    last: bool,
+    out: &mut Tensor,
+) -> Result<()> {
+    let (_, d, inner) = common::line_dims(node, x.shape(), axis)?;
+    let o = out.as_mut_slice::<i64>();
+    if d == 0 && !o.is_empty() {
+        crate::bail!(Runtime, "{}: the axis is empty", node.describe());
+    }
+    with_num!(x.dtype(), T => {
+        let xs = x.as_slice::<T>();
+        o.par_iter_mut()
+            .enumerate()
+            .with_min_len(min_rows(d))
+            .for_each(|(l, o)| {
+                let base = (l / inner) * d * inner + l % inner;
+                let (mut best, mut at) = (xs[base].load(), 0);
+                for s in 1..d {
+                    let v = xs[base + s * inner].load();
+                    if beats(v, best, min, last) {
+                        (best, at) = (v, s);
+                    }
+                }
+                *o = at as i64;
+            });
+        Ok(())
+    }, _ => not_float(node.op.name(), x))
+}
+
+/// TopK's order: `Less` when `a` ranks before `b`, the larger first (the smaller without
+/// `largest`), NaN above every number (the ONNX reference sorts ascending, NaN last, and
+/// reads that backwards for the largest). Equal values are ordered by index by the caller.
+#[allow(clippy::eq_op)]
+fn rank<A: PartialOrd>(a: A, b: A, largest: bool) -> std::cmp::Ordering {
+    use std::cmp::Ordering::*;
+    let up = match (a != a, b != b) {
+        (true, true) => Equal,
+        (true, false) => Greater,
+        (false, true) => Less,
+        _ => a.partial_cmp(&b).unwrap_or(Equal),
+    };
+    if largest {
+        up.reverse()
+    } else {
+        up
+    }
+}
+
+/// TopK along `axis`: `outs` holds Values and, when the graph reads it, Indices (i64);
+/// K is the size of Values along the axis (inference read it). Per line, a partial
+/// selection of the first K in `rank` order (ties by index), then a sort of those K.
+pub fn topk(node: &Node, x: &Tensor, axis: i64, largest: bool, outs: &mut [Tensor]) -> Result<()> {
+    let (outer, d, inner) = common::line_dims(node, x.shape(), axis)?;
+    let a = common::node_axis(node, axis, x.shape().len())?;
+    let k = outs[0].shape()[a];
+    let block = k * inner;
+    if block == 0 || outer == 0 {
+        return Ok(());
+    }
+    // Indices go to the output when there is one, else to scratch of Values' size.
+    let mut scratch = vec![];
+    let (vals, idx) = match outs {
+        [v, i, ..] => (v, i.as_mut_slice::<i64>()),
+        [v] => {
+            scratch.try_reserve_exact(v.numel()).map_err(|_| {
+                crate::err!(
+                    Runtime,
+                    "{}: out of memory for the indices",
+                    node.describe()
+                )
+            })?;
+            scratch.resize(v.numel(), 0i64);
+            (v, &mut scratch[..])
+        }
+        [] => return Ok(()),
+    };
+    with_num!(x.dtype(), T => {
+        let xs = x.as_slice::<T>();
+        vals.as_mut_slice::<T>()
+            .par_chunks_mut(block)
+            .zip(idx.par_chunks_mut(block))
+            .enumerate()
+            .with_min_len(min_rows(d * inner))
+            .for_each_init(Vec::new, |ord: &mut Vec<usize>, (o, (vo, io))| {
+                for i in 0..inner {
+                    let at = |s: usize| xs[(o * d + s) * inner + i].load();
+                    let cmp = |p: &usize, q: &usize| rank(at(*p), at(*q), largest).then(p.cmp(q));
+                    ord.clear();
+                    ord.extend(0..d);
+                    if k < d {
+                        ord.select_nth_unstable_by(k - 1, cmp);
+                        ord.truncate(k);
+                    }
+                    ord.sort_unstable_by(cmp);
+                    for (j, &s) in ord.iter().enumerate() {
+                        vo[j * inner + i] = xs[(o * d + s) * inner + i];
+                        io[j * inner + i] = s as i64;
+                    }
+                }
+            });
+        Ok(())
+    }, _ => not_float("TopK", x))
 }
 
 /// `outs` holds the loss and optionally log_prob.

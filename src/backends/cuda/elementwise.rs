@@ -247,14 +247,23 @@ fn view<'a>(c: &Cuda, buf: &'a CudaSlice<u8>, ty: &'a ValueType) -> V<'a> {
     }
 }
 
-/// CumSum: the axis (one number) read back, a thread per line along it.
-pub fn cumsum(c: &Cuda, node: &Node, x: &V, axis: &V, excl: bool, rev: bool, y: &V) -> Result<()> {
+/// CumSum (CumProd with `prod`): the axis (one number) read back, a thread per line along
+/// it; `[exclusive, reverse]` as the op's attributes.
+pub fn cumulative(
+    c: &Cuda,
+    node: &Node,
+    x: &V,
+    axis: &V,
+    prod: bool,
+    [excl, rev]: [bool; 2],
+    y: &V,
+) -> Result<()> {
     let dt = x.dtype();
     if dt == DType::Bool {
         return Err(unsupported(node, dt));
     }
     let ax = c.read(axis)?.to_i64_vec().first().copied().unwrap_or(0);
-    let (outer, d, inner) = common::cumsum_dims(node, x.shape(), ax)?;
+    let (outer, d, inner) = common::line_dims(node, x.shape(), ax)?;
     let lines = outer * inner;
     let args = [
         Arg::Ptr(x.p),
@@ -264,8 +273,9 @@ pub fn cumsum(c: &Cuda, node: &Node, x: &V, axis: &V, excl: bool, rev: bool, y: 
         Arg::I64(inner.max(1) as i64),
         Arg::I32(excl as i32),
         Arg::I32(rev as i32),
+        Arg::I32(prod as i32),
     ];
-    c.launch_n(&format!("cumsum_{}", suffix(dt)), lines, &args)
+    c.launch_n(&format!("cumulative_{}", suffix(dt)), lines, &args)
 }
 
 /// Range from its start and delta (device scalars; the length is the output's).

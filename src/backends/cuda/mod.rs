@@ -428,8 +428,27 @@ impl Cuda {
             Op::Where => elementwise::where_(self, &x(0)?, &x(1)?, &x(2)?, &y),
             Op::Cast { .. } | Op::CastLike => elementwise::cast(self, &x(0)?, &y),
             Op::Range => elementwise::range(self, node, &x(0)?, &x(2)?, &y),
-            Op::CumSum { exclusive, reverse } => {
-                elementwise::cumsum(self, node, &x(0)?, &x(1)?, *exclusive, *reverse, &y)
+            Op::Cumulative {
+                prod,
+                exclusive,
+                reverse,
+            } => elementwise::cumulative(
+                self,
+                node,
+                &x(0)?,
+                &x(1)?,
+                *prod,
+                [*exclusive, *reverse],
+                &y,
+            ),
+            Op::ArgReduce {
+                min,
+                axis,
+                select_last_index,
+                ..
+            } => reduce::arg_reduce(self, node, &x(0)?, *axis, *min, *select_last_index, &y),
+            Op::TopK { axis, largest, .. } => {
+                reduce::topk(self, node, &x(0)?, *axis, *largest, outs)
             }
             Op::Identity
             | Op::Reshape { .. }

@@ -1,9 +1,10 @@
-//! Row-wise family on CUDA (cuda/reduce.cu): reductions, Softmax/LogSoftmax and their
-//! gradient, LayerNormalization forward/backward, SoftmaxCrossEntropyLoss and its gradient.
+//! Row-wise family on CUDA (cuda/reduce.cu): reductions, ArgMax/ArgMin, TopK,
+//! Softmax/LogSoftmax and their gradient, LayerNormalization forward/backward,
+//! SoftmaxCrossEntropyLoss and its gradient.
 
 use super::device::{bcast_strides, strides, suffix, Arg, Strided};
 use super::{unsupported, Cuda, V};
-use crate::backends::common::{node_axis, wanted};
+use crate::backends::common::{line_dims, node_axis, wanted};
 use crate::error::Result;
 use crate::graph::infer::ValueType;
 use crate::graph::op::LossReduction;
@@ -68,6 +69,7 @@ pub fn reduce(c: &Cuda, node: &Node, kind: ReduceKind, x: &V, axes: &[i64], y: &
         ReduceKind::Mean => 1,
         ReduceKind::Max => 2,
         ReduceKind::MeanSquare => 3,
+        ReduceKind::Prod => 4,
     };
     // Few outputs of many elements each: one block per output would leave the GPU idle
     // (an MSE's mean over 8M elements took 16 ms), so split each into parts.
@@ -121,6 +123,67 @@ pub fn reduce(c: &Cuda, node: &Node, kind: ReduceKind, x: &V, axes: &[i64], y: &
         row_threads(n_red),
         &args,
     )
+}
+
+/// ArgMax (ArgMin with `min`; `last`: select_last_index) into the i64 `y`: a thread per
+/// line along the axis (reduce.cu `arg_reduce_k`).
+pub fn arg_reduce(
+    c: &Cuda,
+    node: &Node,
+    x: &V,
+    axis: i64,
+    min: bool,
+    last: bool,
+    y: &V,
+) -> Result<()> {
+    if x.dtype() == DType::Bool {
+        return Err(unsupported(node, x.dtype()));
+    }
+    let (outer, d, inner) = line_dims(node, x.shape(), axis)?;
+    let lines = outer * inner;
+    if d == 0 && lines > 0 {
+        crate::bail!(Runtime, "{}: the axis is empty", node.describe());
+    }
+    let args = [
+        Arg::Ptr(x.p),
+        Arg::Ptr(y.p),
+        Arg::I64(lines as i64),
+        Arg::I64(d as i64),
+        Arg::I64(inner.max(1) as i64),
+        Arg::I32(min as i32),
+        Arg::I32(last as i32),
+    ];
+    c.launch_n(&format!("arg_reduce_{}", suffix(x.dtype())), lines, &args)
+}
+
+/// TopK: `outs` holds Values and, when the graph reads it, Indices (else scratch takes
+/// them); K is Values' size along the axis. A thread per line picks the K in order
+/// (reduce.cu `top_k_k`).
+pub fn topk(c: &Cuda, node: &Node, x: &V, axis: i64, largest: bool, outs: &[V]) -> Result<()> {
+    if x.dtype() == DType::Bool {
+        return Err(unsupported(node, x.dtype()));
+    }
+    let (outer, d, inner) = line_dims(node, x.shape(), axis)?;
+    let a = node_axis(node, axis, x.shape().len())?;
+    let vals = &outs[0];
+    let k = vals.shape()[a];
+    let idx = match outs.get(1) {
+        Some(i) => i.p,
+        None => c.scratch(vals.numel().max(1) * 8)?,
+    };
+    let lines = outer * inner;
+    let args = [
+        Arg::Ptr(x.p),
+        Arg::Ptr(vals.p),
+        Arg::Ptr(idx),
+        Arg::I64(lines as i64),
+        Arg::I64(d as i64),
+        Arg::I64(inner.max(1) as i64),
+        Arg::I64(k as i64),
+        Arg::I32(largest as i32),
+    ];
+    let n = if k == 0 { 0 } else { lines };
+    c.launch_n(&format!("top_k_{}", suffix(x.dtype())), n, &args)
 }
 
 /// Σ over the rows of a `[rows, n]` matrix into `[n]` (the bias gradient): row chunks of

@@ -188,25 +188,25 @@ fn pow(w: &mut Wgpu, node: &Node, a: &V, b: &V, y: &V, s: Strided) -> Result<()>
     )
 }
 
-/// CumSum: the axis (one number) read back, a thread per line along it.
-pub fn cumsum(
+/// CumSum (CumProd with `prod`): the axis (one number) read back, a thread per line along
+/// it; `[exclusive, reverse]` as the op's attributes.
+pub fn cumulative(
     w: &mut Wgpu,
     node: &Node,
     x: &V,
     axis: &V,
-    excl: bool,
-    rev: bool,
+    prod: bool,
+    [excl, rev]: [bool; 2],
     y: &V,
 ) -> Result<()> {
     let defs = num_defs(w, node, x.dtype())?;
     let ax = w.read(axis)?.to_i64_vec().first().copied().unwrap_or(0);
-    let (outer, d, inner) = common::cumsum_dims(node, x.shape(), ax)?;
-    let p = Params::new()
-        .u(1, outer)
-        .u(2, d)
-        .u(3, inner.max(1))
-        .u(4, excl as usize | (rev as usize) << 1);
-    let k = Wgpu::kernel(Family::Elementwise, "cumsum", defs);
+    let (outer, d, inner) = common::line_dims(node, x.shape(), ax)?;
+    let p = Params::new().u(1, outer).u(2, d).u(3, inner.max(1)).u(
+        4,
+        excl as usize | (rev as usize) << 1 | (prod as usize) << 2,
+    );
+    let k = Wgpu::kernel(Family::Elementwise, "cumulative", defs);
     w.run_kernel(
         &k,
         &p,

@@ -1,10 +1,11 @@
-//! Row-wise family on wgpu (shaders/reduce.wgsl): reductions, Softmax/LogSoftmax and
-//! their gradient, LayerNormalization forward/backward, SoftmaxCrossEntropyLoss and its
-//! gradient. One workgroup per row; statistics (Mean, InvStdDev) are f32.
+//! Row-wise family on wgpu (shaders/reduce.wgsl): reductions, ArgMax/ArgMin, TopK,
+//! Softmax/LogSoftmax and their gradient, LayerNormalization forward/backward,
+//! SoftmaxCrossEntropyLoss and its gradient. One workgroup per row; statistics (Mean,
+//! InvStdDev) are f32.
 
 use super::device::{groups_for, Family, Kernel};
 use super::{bcast_strides, float_defs, strides, unsupported, Params, Strided, Wgpu, V};
-use crate::backends::common::{node_axis, wanted};
+use crate::backends::common::{line_dims, node_axis, wanted};
 use crate::error::Result;
 use crate::graph::infer::ValueType;
 use crate::graph::op::LossReduction;
@@ -15,13 +16,80 @@ use crate::tensor::{numel, DType};
 /// the workgroup reductions, through subgroups where the device has them, so the two
 /// variants are distinct kernels in the pipeline cache.
 fn kernel<'a>(w: &Wgpu, node: &Node, entry: &'a str, dt: DType, iw: usize) -> Result<Kernel<'a>> {
+    Ok(kernel_with(w, entry, float_defs(w, node, dt)?, iw))
+}
+
+/// `kernel` with the type defs given: the selections (ArgMax, TopK), which compare and
+/// move elements without arithmetic, also take i32.
+fn kernel_with<'a>(w: &Wgpu, entry: &'a str, types: String, iw: usize) -> Kernel<'a> {
     let rows = if w.rec.gpu.use_subgroups() {
         include_str!("../../../shaders/rows_subgroup.wgsl")
     } else {
         include_str!("../../../shaders/rows_tree.wgsl")
     };
-    let defs = format!("{}const IW: u32 = {iw}u;\n{rows}", float_defs(w, node, dt)?);
-    Ok(Wgpu::kernel(Family::Reduce, entry, defs))
+    let defs = format!("{types}const IW: u32 = {iw}u;\n{rows}");
+    Wgpu::kernel(Family::Reduce, entry, defs)
+}
+
+/// A kernel that takes i32 as well as the floats of `kernel`: the selections (ArgMax,
+/// TopK) and the integer reductions.
+fn select_kernel<'a>(w: &Wgpu, node: &Node, entry: &'a str, dt: DType) -> Result<Kernel<'a>> {
+    let types = match dt {
+        DType::I32 => "alias T = i32;\nalias A = f32;\n".into(),
+        _ => float_defs(w, node, dt)?,
+    };
+    Ok(kernel_with(w, entry, types, 1))
+}
+
+/// ArgMax (ArgMin with `min`; `last`: select_last_index) into the i64 `y`, written as
+/// (low, high) words: a thread per line along the axis.
+pub fn arg_reduce(
+    w: &mut Wgpu,
+    node: &Node,
+    x: &V,
+    axis: i64,
+    min: bool,
+    last: bool,
+    y: &V,
+) -> Result<()> {
+    let (outer, d, inner) = line_dims(node, x.shape(), axis)?;
+    let lines = outer * inner;
+    if d == 0 && lines > 0 {
+        crate::bail!(Runtime, "{}: the axis is empty", node.describe());
+    }
+    let k = select_kernel(w, node, "arg_reduce", x.dtype())?;
+    let p = Params::new()
+        .u(0, lines)
+        .u(1, d)
+        .u(2, inner.max(1))
+        .u(3, min as usize | (last as usize) << 1);
+    w.run_kernel(&k, &p, &[(1, x.buf), (11, y.buf)], groups_for(lines, 256))
+}
+
+/// TopK: `outs` holds Values and, when the graph reads it, Indices (i64 words; else
+/// scratch takes them); K is Values' size along the axis. A thread per line picks its K
+/// one after the other.
+pub fn topk(w: &mut Wgpu, node: &Node, x: &V, axis: i64, largest: bool, outs: &[V]) -> Result<()> {
+    let (outer, d, inner) = line_dims(node, x.shape(), axis)?;
+    let a = node_axis(node, axis, x.shape().len())?;
+    let vals = &outs[0];
+    let kk = vals.shape()[a];
+    let k = select_kernel(w, node, "top_k", x.dtype())?;
+    let scratch = w.scratch(vals.numel().max(1) * 8);
+    let idx = outs.get(1).map_or(&scratch, |v| v.buf);
+    let lines = if kk == 0 { 0 } else { outer * inner };
+    let p = Params::new()
+        .u(0, lines)
+        .u(1, d)
+        .u(2, inner.max(1))
+        .u(3, kk)
+        .u(4, largest as usize);
+    w.run_kernel(
+        &k,
+        &p,
+        &[(1, x.buf), (4, vals.buf), (11, idx)],
+        groups_for(lines, 256),
+    )
 }
 
 /// One workgroup per row.
@@ -55,15 +123,27 @@ pub fn reduce(
     let (kshape, kst) = pick(false);
     let (rshape, rst) = pick(true);
     let n_red = numel(&rshape);
+    let outs = y.numel();
     let code = match kind {
         ReduceKind::Sum => 0,
         ReduceKind::Mean => 1,
         ReduceKind::Max => 2,
         ReduceKind::MeanSquare => 3,
+        ReduceKind::Prod => 4,
     };
+    if x.dtype() == DType::I32 {
+        // Exact in i32 (wrapping, as the CPU's): a thread per output.
+        let p = Params::new()
+            .u(0, n_red)
+            .u(1, code)
+            .u(3, outs)
+            .strided(16, &Strided::new(&kshape, &[&kst]))?
+            .strided(52, &Strided::new(&rshape, &[&rst]))?;
+        let k = select_kernel(w, node, "reduce_int", x.dtype())?;
+        return w.run_kernel(&k, &p, &[(1, x.buf), (4, y.buf)], groups_for(outs, 256));
+    }
     // Few outputs of many elements each: split each output over `parts` workgroups
     // (shaders/reduce.wgsl `reduce_part`), at most 65535 workgroups in all.
-    let outs = y.numel();
     let parts = if outs < 512 {
         n_red.div_ceil(PART).min(1024).min(65535 / outs.max(1))
     } else {

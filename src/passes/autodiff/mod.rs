@@ -41,15 +41,15 @@ pub struct BackwardOptions {
 }
 
 /// Whether `op` passes no gradient to any input although it may read floats: rounding
-/// maps (derivative zero wherever it exists), comparisons and logic (bool results), shapes
-/// and index arithmetic. The backward graph treats their outputs as constants
+/// maps (derivative zero wherever it exists), comparisons and logic (bool results), shapes,
+/// index arithmetic and the indices of ArgMax and ArgMin. The backward graph treats their outputs as constants
 /// (`graphrun inspect --backward` lists them).
 pub fn treated_as_constant(op: &Op) -> bool {
     match op {
         Op::Unary(u) => !u.differentiable(),
         // Integer-only maps (bitwise) have no gradient either.
         Op::Binary(b) => b.is_comparison() || b.kind() == crate::graph::BinaryKind::Bitwise,
-        Op::Shape { .. } | Op::Range => true,
+        Op::Shape { .. } | Op::Range | Op::ArgReduce { .. } => true,
         _ => false,
     }
 }

@@ -158,12 +158,30 @@ pub(super) fn grad(b: &mut Builder, ni: usize, n: &Node, dys: &[Option<String>])
             Ok(out)
         }
         // The sum runs the other way: each dy reaches every x that went into it.
-        Op::CumSum { exclusive, reverse } => {
-            let op = Op::CumSum {
+        Op::Cumulative {
+            prod: false,
+            exclusive,
+            reverse,
+        } => {
+            let op = Op::Cumulative {
+                prod: false,
                 exclusive: *exclusive,
                 reverse: !reverse,
             };
             let g = b.op1(op, &[&dy, &n.inputs[1]], &format!("{x}.d"))?;
+            Ok(vec![Some(g), None])
+        }
+        Op::Cumulative {
+            prod: true,
+            exclusive,
+            reverse,
+        } => Ok(vec![Some(cumprod(b, n, &dy, *exclusive, *reverse)?), None]),
+        // Each value is the element at its index: its gradient goes back there.
+        Op::TopK { axis, .. } => {
+            let idx = b.aux_output(ni, 1, "indices")?;
+            let xs = b.shape_const(&b.shape(&x))?;
+            let op = Op::GatherElementsGrad { axis: *axis };
+            let g = b.op1(op, &[&dy, &idx, &xs], &format!("{x}.d"))?;
             Ok(vec![Some(g), None])
         }
         Op::Trilu { upper } => {
@@ -319,7 +337,7 @@ pub(super) fn grad(b: &mut Builder, ni: usize, n: &Node, dys: &[Option<String>])
             fused_grads(b, op, &ins, &of, n.inputs.len())
         }
         // No gradient flows through integer results, shapes or constants.
-        Op::Shape { .. } | Op::Constant { .. } | Op::Range => none(),
+        Op::Shape { .. } | Op::Constant { .. } | Op::Range | Op::ArgReduce { .. } => none(),
         // Multi-output ops are handled by `multi`; gradient ops are not differentiated again.
         Op::Split { .. }
         | Op::LayerNormalization { .. }
@@ -464,8 +482,8 @@ fn multi(b: &mut Builder, ni: usize, n: &Node, dys: &[Option<String>]) -> Result
                 out[2] = Some(sce_weights_grad(b, n, dl, *reduction, *ignore_index, &w)?);
             }
         }
-        Op::Dropout { .. } => {
-            // Only the mask output got a gradient: nothing flows to the data.
+        Op::Dropout { .. } | Op::TopK { .. } => {
+            // Only the mask (indices) output got a gradient: nothing flows to the data.
         }
         op => crate::bail!(
             Graph,
@@ -909,6 +927,7 @@ fn reduce(
             let d = b.bin(B::Mul, &dyk, &s)?;
             b.op1(Op::Binary(B::Mul), &[x, &d], &format!("{x}.d"))?
         }
+        ReduceKind::Prod => reduce_prod(b, x, &dyk, &axes)?,
         ReduceKind::Max => {
             // Ties share the gradient equally (PyTorch's amax).
             let yk = b.reshape(&n.outputs[0], &kd)?;
@@ -930,4 +949,65 @@ fn reduce(
     };
     out[0] = Some(g);
     Ok(out)
+}
+
+/// ReduceProd's dX = dY · (the product of the other elements of X's group), exact where X
+/// holds zeros: a group without zeros gives Y / X (with the product of the non-zero
+/// elements for Y); one zero gets that product and the rest of its group 0; a group with
+/// two or more zeros is 0 throughout. `dyk` is dY with the reduced dims kept.
+fn reduce_prod(b: &mut Builder, x: &str, dyk: &str, axes: &[usize]) -> Result<String> {
+    let dt = b.dtype(x);
+    let (z, one) = (b.scalar(dt, 0.0)?, b.scalar(dt, 1.0)?);
+    let kept = |kind| Op::Reduce {
+        kind,
+        axes: Some(axes.iter().map(|&a| a as i64).collect()),
+        keepdims: true,
+        noop_with_empty_axes: false,
+    };
+    let h = format!("{x}.d");
+    let is0 = b.bin(B::Equal, x, &z)?;
+    let nonzero = b.op1(Op::Where, &[&is0, &one, x], &h)?;
+    let p = b.un(kept(ReduceKind::Prod), &nonzero)?;
+    let zeros = b.un(Op::Cast { to: dt }, &is0)?;
+    let count = b.un(kept(ReduceKind::Sum), &zeros)?;
+    let g = b.bin(B::Mul, dyk, &p)?;
+    let none = b.bin(B::Div, &g, x)?;
+    let at_zero = b.op1(Op::Where, &[&is0, &g, &z], &h)?;
+    let (c0, c1) = (b.bin(B::Equal, &count, &z)?, b.bin(B::Equal, &count, &one)?);
+    let single = b.op1(Op::Where, &[&c1, &at_zero, &z], &h)?;
+    b.op1(Op::Where, &[&c0, &none, &single], &h)
+}
+
+/// CumProd's dX: dx_k = Σ over the outputs i that read x_k of dy_i · Π_{j in i's product,
+/// j ≠ k} x_j, exact where a line holds zeros. Before the line's first zero (in scan
+/// order) x_k is not 0 and that is (Σ dy_i·y_i) / x_k, the sum a CumSum running the other
+/// way; at the first zero it is the same sum over the scan that takes that zero as 1; after
+/// it every such product holds the zero: 0.
+fn cumprod(b: &mut Builder, n: &Node, dy: &str, exclusive: bool, reverse: bool) -> Result<String> {
+    let (x, axis, y) = (&n.inputs[0], &n.inputs[1], &n.outputs[0]);
+    let dt = b.dtype(x);
+    let h = format!("{x}.d");
+    let (z, one) = (b.scalar(dt, 0.0)?, b.scalar(dt, 1.0)?);
+    let scan = |prod, exclusive, reverse| Op::Cumulative {
+        prod,
+        exclusive,
+        reverse,
+    };
+    let is0 = b.bin(B::Equal, x, &z)?;
+    let zeros = b.un(Op::Cast { to: dt }, &is0)?;
+    // Zeros at or before each position, in scan order.
+    let seen = b.op1(scan(false, false, reverse), &[&zeros, axis], &h)?;
+    let before = b.bin(B::Equal, &seen, &z)?;
+    let once = b.bin(B::Equal, &seen, &one)?;
+    let first = b.bin(B::And, &is0, &once)?;
+    let back = scan(false, exclusive, !reverse);
+    let dyy = b.bin(B::Mul, dy, y)?;
+    let s = b.op1(back.clone(), &[&dyy, axis], &h)?;
+    let plain = b.bin(B::Div, &s, x)?;
+    let x1 = b.op1(Op::Where, &[&first, &one, x], &h)?;
+    let y1 = b.op1(scan(true, exclusive, reverse), &[&x1, axis], &h)?;
+    let dyy1 = b.bin(B::Mul, dy, &y1)?;
+    let s1 = b.op1(back, &[&dyy1, axis], &h)?;
+    let at_first = b.op1(Op::Where, &[&first, &s1, &z], &h)?;
+    b.op1(Op::Where, &[&before, &plain, &at_first], &h)
 }
