@@ -208,15 +208,20 @@ template <class A> __device__ __forceinline__ A arith(int op, A a, A b) {
     default: bad_op(); return a;
     }
 }
-// The bitwise maps of the integer specializations (floats have none: the host refuses
-// them). Narrow values arrive widened (sign- or zero-extended) and the store keeps the
+// The bitwise maps and the integer power of the integer specializations (floats have
+// none: the host refuses bitwise maps on them and runs their powers in `pow_k`). Narrow values arrive widened (sign- or zero-extended) and the store keeps the
 // low bits; a shift by 64 or more shifts every bit out.
 #define BITWISE_CASES(a, b)                                                        \
     case BIN_BITWISE_AND: return a & b;                                            \
     case BIN_BITWISE_OR: return a | b;                                             \
     case BIN_BITWISE_XOR: return a ^ b;                                            \
     case BIN_BIT_SHIFT_LEFT: return (u64)b >= 64 ? 0 : (decltype(a))((u64)a << b); \
-    case BIN_BIT_SHIFT_RIGHT: return (u64)b >= 64 ? 0 : a >> b;
+    case BIN_BIT_SHIFT_RIGHT: return (u64)b >= 64 ? 0 : a >> b;                     \
+    case BIN_POW: { /* the exact wrapping power (the host rules out e < 0) */          \
+        u64 r = 1, x = (u64)a;                                                     \
+        for (u64 e = (u64)b; e; e >>= 1) { if (e & 1) r *= x; x *= x; }           \
+        return (decltype(a))r;                                                     \
+    }
 // Integers wrap on overflow, as numpy (signed overflow is undefined in C: go unsigned).
 // The host rules out zero divisors.
 template <> __device__ __forceinline__ i64 arith<i64>(int op, i64 a, i64 b) {

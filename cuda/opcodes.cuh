@@ -49,6 +49,7 @@
 #define BIN_MIN 6
 #define BIN_MAX 7
 #define BIN_PRELU 8
+#define BIN_POW 14
 #define CMP_EQUAL 0
 #define CMP_LESS 1
 #define CMP_GREATER 2

@@ -61,6 +61,18 @@ fn mod_(a: A, b: A) -> A {
     let r = a % b;
     return select(r, r + b, r != A(0) && ((r < A(0)) != (b < A(0))));
 }
+// a^e by squaring, wrapping in 32 bits (the low bits of any wider power).
+fn ipow(a: u32, e: u32) -> u32 {
+    var r = 1u;
+    var x = a;
+    var k = e;
+    while (k != 0u) {
+        if ((k & 1u) != 0u) { r *= x; }
+        x *= x;
+        k >>= 1u;
+    }
+    return r;
+}
 fn arith(op: u32, a: A, b: A) -> A {
     switch op {
         case BIN_ADD: { return a + b; }
@@ -86,6 +98,9 @@ fn arith(op: u32, a: A, b: A) -> A {
             let s = bitcast<u32>(b);
             return bitcast<A>(select(0u, bitcast<u32>(a) >> (s & 31u), s < 32u));
         }
+        // Integer bases only (floats take `power`): the exact wrapping power (the host
+        // rules out negative exponents).
+        case BIN_POW: { return bitcast<A>(ipow(bitcast<u32>(a), bitcast<u32>(b))); }
         // No trap in WGSL: an unknown code gives a value no test accepts.
         default: { return A(bad_op()); }
     }
@@ -271,6 +286,15 @@ fn arith64(op: u32, a: vec2<u32>, b: vec2<u32>, signed: bool) -> vec2<u32> {
         case BIN_BITWISE_XOR: { return a ^ b; }
         case BIN_BIT_SHIFT_LEFT: { return shl64(a, select(64u, b.x, b.y == 0u)); }
         case BIN_BIT_SHIFT_RIGHT: { return shr64(a, select(64u, b.x, b.y == 0u)); }
+        case BIN_POW: {
+            var r = vec2<u32>(1u, 0u);
+            var x = a;
+            for (var i = 0u; i < 64u; i += 1u) {
+                if ((select(b.x >> i, b.y >> (i - 32u), i >= 32u) & 1u) != 0u) { r = mul64(r, x); }
+                x = mul64(x, x);
+            }
+            return r;
+        }
         // No trap in WGSL: an unknown code gives a value no test accepts.
         default: { return vec2<u32>(0xdeadbeefu, 0xdeadbeefu); }
     }

@@ -49,6 +49,7 @@ const BIN_FMOD: u32 = 5u;
 const BIN_MIN: u32 = 6u;
 const BIN_MAX: u32 = 7u;
 const BIN_PRELU: u32 = 8u;
+const BIN_POW: u32 = 14u;
 const CMP_EQUAL: u32 = 0u;
 const CMP_LESS: u32 = 1u;
 const CMP_GREATER: u32 = 2u;

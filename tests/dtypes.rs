@@ -333,6 +333,72 @@ fn sixty_four_bit_arithmetic_wraps_on_every_backend() {
     }
 }
 
+#[test]
+fn clip_and_integer_powers_on_every_backend() {
+    let clip = Op::parse("Clip", &[], "node", None).unwrap();
+    let pow = bin("Pow");
+    for dt in DType::ALL.into_iter().filter(|d| d.is_int()) {
+        let v: Vec<f64> = vec![0.0, 1.0, 2.0, 3.0, 5.0, 7.0];
+        let x = Tensor::from_f64(dt, &[6], &v).unwrap();
+        let lo = Tensor::from_f64(dt, &[], &[1.0]).unwrap();
+        let hi = Tensor::from_f64(dt, &[], &[5.0]).unwrap();
+        let e = Tensor::from_f64(dt, &[6], &[3.0, 2.0, 5.0, 0.0, 1.0, 2.0]).unwrap();
+        let ef = Tensor::from_f64(DType::F32, &[6], &[3.0, 2.0, 5.0, 0.0, 1.0, 2.0]).unwrap();
+        // 2^5 and 7^2 fit every integer type; the powers wrap nowhere here.
+        let powers = [0.0, 1.0, 32.0, 1.0, 5.0, 49.0];
+        for backend in backends() {
+            let args = [inp(x.clone()), inp(lo.clone()), inp(hi.clone())];
+            let out = run_op(backend, clip.clone(), &args, 1, DType::F32)
+                .unwrap_or_else(|e| panic!("{dt} Clip on {backend:?}: {e}"));
+            assert_eq!(
+                out[0].to_f64_vec(),
+                [1.0, 1.0, 2.0, 3.0, 5.0, 5.0],
+                "{dt} Clip on {backend:?}"
+            );
+            for exp in [&e, &ef] {
+                let r = run_op(
+                    backend,
+                    pow.clone(),
+                    &[inp(x.clone()), inp(exp.clone())],
+                    1,
+                    DType::F32,
+                );
+                match r {
+                    Ok(out) => assert_eq!(
+                        out[0].to_f64_vec(),
+                        powers,
+                        "{dt} ^ {} on {backend:?}",
+                        exp.dtype()
+                    ),
+                    Err(err) => assert!(
+                        graphrun::backends::not_on(backend, dt),
+                        "{dt} ^ {} on {backend:?}: {err}",
+                        exp.dtype()
+                    ),
+                }
+            }
+        }
+    }
+    // Wrapping: 3^41 in u8 keeps the low 8 bits (CPU reference: u8::wrapping_pow).
+    let x = Tensor::from_vec(&[1], vec![3u8]).unwrap();
+    let e = Tensor::from_vec(&[1], vec![41u8]).unwrap();
+    for backend in backends() {
+        let out = run_op(
+            backend,
+            pow.clone(),
+            &[inp(x.clone()), inp(e.clone())],
+            1,
+            DType::F32,
+        )
+        .unwrap();
+        assert_eq!(
+            out[0].to_vec::<u8>(),
+            vec![3u8.wrapping_pow(41)],
+            "u8 Pow on {backend:?}"
+        );
+    }
+}
+
 fn bin(name: &str) -> Op {
     Op::parse(name, &[], "node", None).unwrap()
 }

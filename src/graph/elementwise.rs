@@ -192,7 +192,7 @@ macro_rules! for_each_binary {
             (Min, "Min", 1, arith, 6),
             (Max, "Max", 1, arith, 7),
             (PRelu, "PRelu", 7, arith, 8),
-            (Pow, "Pow", 7, pow, -1),
+            (Pow, "Pow", 7, pow, 14),
             (Equal, "Equal", 7, compare, 0),
             (Less, "Less", 7, compare, 1),
             (Greater, "Greater", 7, compare, 2),
@@ -304,9 +304,9 @@ fn binary_code_names() -> Vec<(String, i32)> {
         .iter()
         .filter_map(|b| {
             let prefix = match b.kind() {
-                BinaryKind::Arith | BinaryKind::Bitwise => "BIN",
+                // Pow's code is the integer power of the arithmetic kernels (WebGPU's).
+                BinaryKind::Arith | BinaryKind::Bitwise | BinaryKind::Pow => "BIN",
                 BinaryKind::Compare | BinaryKind::Logic => "CMP",
-                BinaryKind::Pow => return None,
             };
             Some((format!("{prefix}_{}", screaming(b.variant())), b.code()))
         })

@@ -73,38 +73,61 @@ pub fn grad_kernel(
 }
 
 pub fn binary(w: &mut Wgpu, node: &Node, op: BinaryOp, a: &V, b: &V, y: &V) -> Result<()> {
-    let n = y.numel();
     let s = Strided::broadcast(y.shape(), &[a.shape(), b.shape()]);
-    if packed_bits(a.dtype()).is_some() {
-        return packed(w, node, op, a, b, y, s);
-    }
-    let (entry, code) = match op.kind() {
-        BinaryKind::Bitwise if !a.dtype().is_int() => return Err(unsupported(node, a.dtype())),
-        BinaryKind::Arith | BinaryKind::Bitwise => ("binary", op.code()),
-        // And, Or and Xor take bools, which are packed: only comparisons come here.
-        BinaryKind::Compare | BinaryKind::Logic => ("compare", op.code()),
+    match op.kind() {
         BinaryKind::Pow => return pow(w, node, a, b, y, s),
-    };
-    let defs = num_defs(w, node, a.dtype())?;
-    check_divisor(w, node, op, a, b)?;
-    let p = Params::new().u(0, n).u(1, code as usize).strided(16, &s)?;
-    let k = Wgpu::kernel(Family::Elementwise, entry, defs);
-    if entry == "compare" {
-        // One thread per output word of four bools.
-        w.run_kernel(
-            &k,
-            &p,
-            &[(1, a.buf), (2, b.buf), (4, y.buf)],
-            groups_for(n.div_ceil(4), 256),
-        )
-    } else {
-        w.run_kernel(
-            &k,
-            &p,
-            &[(1, a.buf), (2, b.buf), (3, y.buf)],
-            groups_for(n, 256),
-        )
+        BinaryKind::Bitwise if !a.dtype().is_int() => return Err(unsupported(node, a.dtype())),
+        _ => {}
     }
+    check_divisor(w, node, op, a, b)?;
+    run_map(w, node, op.code(), op.is_comparison(), a, b, y, s)
+}
+
+/// One binary map by op code (`compare`: it writes bools), by the kernel for the
+/// operands' dtype: floats, i32 and u32 natively, bool and 8- and 16-bit integers packed in
+/// words, 64-bit integers as word pairs (`packed_bits`).
+#[allow(clippy::too_many_arguments)]
+fn run_map(
+    w: &mut Wgpu,
+    node: &Node,
+    code: i32,
+    compare: bool,
+    a: &V,
+    b: &V,
+    y: &V,
+    s: Strided,
+) -> Result<()> {
+    let (dt, n) = (a.dtype(), y.numel());
+    let mut p = Params::new().u(0, n).u(1, code as usize);
+    // (entry, defs, bindings of a, b and y, outputs a thread writes)
+    let (entry, defs, binds, per) = match packed_bits(dt) {
+        None => {
+            let defs = num_defs(w, node, dt)?;
+            match compare {
+                true => ("compare", defs, [1, 2, 4], 4),
+                false => ("binary", defs, [1, 2, 3], 1),
+            }
+        }
+        Some((bits, signed)) => {
+            p = p.u(2, bits).u(3, signed as usize);
+            let defs = "alias T = i32;\nalias A = i32;\n".to_string();
+            match (compare, bits) {
+                (true, 64) => ("compare64_", defs, [7, 8, 4], 4),
+                (false, 64) => ("binary64", defs, [7, 8, 4], 1),
+                (true, _) => ("compare_packed", defs, [7, 8, 4], 4),
+                (false, _) if dt != DType::Bool => ("binary_packed", defs, [7, 8, 4], 32 / bits),
+                (false, _) => return Err(unsupported(node, dt)),
+            }
+        }
+    };
+    let p = p.strided(16, &s)?;
+    let k = Wgpu::kernel(Family::Elementwise, entry, defs);
+    w.run_kernel(
+        &k,
+        &p,
+        &[(binds[0], a.buf), (binds[1], b.buf), (binds[2], y.buf)],
+        groups_for(n.div_ceil(per), 256),
+    )
 }
 
 /// Integer division by zero is an error, as on the CPU (WGSL would give the dividend).
@@ -136,43 +159,36 @@ fn packed_bits(dt: DType) -> Option<(usize, bool)> {
     }
 }
 
-/// A binary map on packed operands: one thread per output word (per element for 64-bit).
-fn packed(w: &mut Wgpu, node: &Node, op: BinaryOp, a: &V, b: &V, y: &V, s: Strided) -> Result<()> {
-    let Some((bits, signed)) = packed_bits(a.dtype()) else {
-        return Err(unsupported(node, a.dtype()));
-    };
-    let n = y.numel();
-    let (entry, per) = match op.kind() {
-        BinaryKind::Arith | BinaryKind::Bitwise if bits == 64 => ("binary64", 1),
-        BinaryKind::Compare if bits == 64 => ("compare64_", 4),
-        BinaryKind::Arith | BinaryKind::Bitwise if a.dtype() != DType::Bool => {
-            ("binary_packed", 32 / bits)
-        }
-        BinaryKind::Compare | BinaryKind::Logic => ("compare_packed", 4),
-        _ => return Err(unsupported(node, a.dtype())),
-    };
-    check_divisor(w, node, op, a, b)?;
-    let p = Params::new()
-        .u(0, n)
-        .u(1, op.code() as usize)
-        .u(2, bits)
-        .u(3, signed as usize)
-        .strided(16, &s)?;
-    let k = Wgpu::kernel(
-        Family::Elementwise,
-        entry,
-        "alias T = i32;\nalias A = i32;\n".into(),
-    );
-    w.run_kernel(
-        &k,
-        &p,
-        &[(7, a.buf), (8, b.buf), (4, y.buf)],
-        groups_for(n.div_ceil(per), 256),
-    )
-}
-
-/// Pow: the exponent is cast to f32 first (float bases only).
+/// Pow. Float bases: the exponent cast to f32 first (`power`); integer bases below.
 fn pow(w: &mut Wgpu, node: &Node, a: &V, b: &V, y: &V, s: Strided) -> Result<()> {
+    let dt = a.dtype();
+    if dt.is_int() && b.dtype().is_int() {
+        // The exact wrapping power, as on the CPU (`BIN_POW` of the arithmetic kernels).
+        if b.numel() > 0 && w.read(b)?.to_i64_vec().iter().any(|&e| e < 0) {
+            crate::bail!(
+                Runtime,
+                "{}: integers to negative integer powers are not allowed",
+                node.describe()
+            );
+        }
+        let ety = ValueType::new(dt, b.shape());
+        let e = w.scratch(ety.bytes());
+        let ev = V { buf: &e, ty: &ety };
+        shape::cast(w, node, b, &ev)?;
+        return run_map(w, node, BinaryOp::Pow.code(), false, a, &ev, y, s);
+    }
+    if dt.is_int() {
+        // A float exponent: through f32 and back (exact while the powers fit f32).
+        let (aty, yty) = (
+            ValueType::new(DType::F32, a.shape()),
+            ValueType::new(DType::F32, y.shape()),
+        );
+        let (af, yf) = (w.scratch(aty.bytes()), w.scratch(yty.bytes()));
+        let (av, yv) = (V { buf: &af, ty: &aty }, V { buf: &yf, ty: &yty });
+        shape::cast(w, node, a, &av)?;
+        pow(w, node, &av, b, &yv, s)?;
+        return shape::cast(w, node, &yv, y);
+    }
     let defs = float_defs(w, node, a.dtype())?;
     let ety = ValueType::new(DType::F32, b.shape());
     let e = w.scratch(ety.bytes());
@@ -230,6 +246,9 @@ pub fn range(w: &mut Wgpu, node: &Node, start: &V, delta: &V, y: &V) -> Result<(
 }
 
 pub fn clip(w: &mut Wgpu, node: &Node, x: &V, lo: Option<V>, hi: Option<V>, y: &V) -> Result<()> {
+    if packed_bits(x.dtype()).is_some() {
+        return clip_packed(w, node, x, lo, hi, y);
+    }
     let defs = num_defs(w, node, x.dtype())?;
     let n = y.numel();
     let flags = lo.is_some() as usize | (hi.is_some() as usize) << 1;
@@ -244,6 +263,44 @@ pub fn clip(w: &mut Wgpu, node: &Node, x: &V, lo: Option<V>, hi: Option<V>, y: &
         &[(1, x.buf), (2, lo_b), (5, hi_b), (3, y.buf)],
         groups_for(n, 256),
     )
+}
+
+/// Clip of a packed dtype: Max with the lower bound, then Min with the upper, by the
+/// packed binary kernels (the first result in scratch: a dispatch may not read and write
+/// one buffer).
+fn clip_packed(
+    w: &mut Wgpu,
+    node: &Node,
+    x: &V,
+    lo: Option<V>,
+    hi: Option<V>,
+    y: &V,
+) -> Result<()> {
+    let bcast = |b: &V| Strided::broadcast(y.shape(), &[x.shape(), b.shape()]);
+    match (lo, hi) {
+        (None, None) => {
+            w.rec.copy(x.buf, y.buf, y.ty.bytes());
+            Ok(())
+        }
+        (Some(lo), None) => run_map(w, node, BinaryOp::Max.code(), false, x, &lo, y, bcast(&lo)),
+        (None, Some(hi)) => run_map(w, node, BinaryOp::Min.code(), false, x, &hi, y, bcast(&hi)),
+        (Some(lo), Some(hi)) => {
+            let t = w.scratch(y.ty.bytes());
+            let tv = V { buf: &t, ty: y.ty };
+            run_map(
+                w,
+                node,
+                BinaryOp::Max.code(),
+                false,
+                x,
+                &lo,
+                &tv,
+                bcast(&lo),
+            )?;
+            let s = Strided::broadcast(y.shape(), &[y.shape(), hi.shape()]);
+            run_map(w, node, BinaryOp::Min.code(), false, &tv, &hi, y, s)
+        }
+    }
 }
 
 /// Identity at inference; in training the CPU's counter-based mask, bit for bit.
