@@ -344,6 +344,47 @@ fn compare64_(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
     M[w] = word;
 }
 
+// TopK of 64-bit integers (pairs in B0), as shaders/reduce.wgsl `top_k`: a thread per
+// line picks its K one after another, the larger first (smaller without `largest`), equal
+// values by lower index. P[0] lines, P[1] axis length, P[2] inner, P[3] K, P[4] largest,
+// P[5] signed; values to M (pairs), indices to Y (i64 as (lo, hi) words).
+fn ranks_before64(a: vec2<u32>, ia: u32, b: vec2<u32>, ib: u32, largest: bool, sg: bool) -> bool {
+    if (all(a == b)) { return ia < ib; }
+    return select(lt64(a, b, sg), lt64(b, a, sg), largest);
+}
+@compute @workgroup_size(256)
+fn top_k64(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let l = linear(wid, nwg, lid, WG);
+    if (l >= pu(0u)) { return; }
+    let d = pu(1u);
+    let inner = pu(2u);
+    let k = pu(3u);
+    let largest = pu(4u) != 0u;
+    let sg = pu(5u) != 0u;
+    let o = l / inner;
+    let base = o * d * inner + l % inner;
+    var pv = b0_64(base);
+    var pi = 0u;
+    for (var j = 0u; j < k; j += 1u) {
+        var bv = b0_64(base);
+        var bi = 0u;
+        var found = false;
+        for (var s = 0u; s < d; s += 1u) {
+            let v = b0_64(base + s * inner);
+            if (j > 0u && !ranks_before64(pv, pi, v, s, largest, sg)) { continue; }
+            if (!found || ranks_before64(v, s, bv, bi, largest, sg)) { bv = v; bi = s; found = true; }
+        }
+        let at = (o * k + j) * inner + l % inner;
+        M[2u * at] = bv.x;
+        M[2u * at + 1u] = bv.y;
+        // T is i32 in this kernel's pipeline (written as T so that every pipeline builds).
+        Y[2u * at] = T(bi);
+        Y[2u * at + 1u] = T(0);
+        pv = bv;
+        pi = bi;
+    }
+}
+
 // Pow as the CPU's powf: negative bases take integer exponents, x^0 = 1. The exponent
 // comes as f32 (the host casts it), operand 1.
 fn pow_(a: f32, e: f32) -> f32 {

@@ -74,7 +74,6 @@ pub fn topk(w: &mut Wgpu, node: &Node, x: &V, axis: i64, largest: bool, outs: &[
     let a = node_axis(node, axis, x.shape().len())?;
     let vals = &outs[0];
     let kk = vals.shape()[a];
-    let k = select_kernel(w, node, "top_k", x.dtype())?;
     let scratch = w.scratch(vals.numel().max(1) * 8);
     let idx = outs.get(1).map_or(&scratch, |v| v.buf);
     let lines = if kk == 0 { 0 } else { outer * inner };
@@ -84,6 +83,22 @@ pub fn topk(w: &mut Wgpu, node: &Node, x: &V, axis: i64, largest: bool, outs: &[
         .u(2, inner.max(1))
         .u(3, kk)
         .u(4, largest as usize);
+    if matches!(x.dtype(), DType::I64 | DType::U64) {
+        // 64-bit integers as word pairs, with the elementwise family's 64-bit helpers.
+        let p = p.u(5, (x.dtype() == DType::I64) as usize);
+        let k = Wgpu::kernel(
+            super::device::Family::Elementwise,
+            "top_k64",
+            "alias T = i32;\nalias A = i32;\n".into(),
+        );
+        return w.run_kernel(
+            &k,
+            &p,
+            &[(7, x.buf), (4, vals.buf), (3, idx)],
+            groups_for(lines, 256),
+        );
+    }
+    let k = select_kernel(w, node, "top_k", x.dtype())?;
     w.run_kernel(
         &k,
         &p,
