@@ -94,12 +94,20 @@ template <> __device__ __forceinline__ double cast_from_f64<double>(double v) { 
 template <> __device__ __forceinline__ f16 cast_from_f64<f16>(double v) { return Num<f16>::store((float)v); }
 template <> __device__ __forceinline__ bf16 cast_from_f64<bf16>(double v) { return Num<bf16>::store((float)v); }
 template <> __device__ __forceinline__ boolean cast_from_f64<boolean>(double v) { boolean r; r.x = v != 0.0; return r; }
+// An integer type's largest and smallest values (the unsigned ones' smallest is 0).
+template <class T> __device__ __forceinline__ bool int_signed() { return (T)~(T)0 < (T)0; }
+template <class T> __device__ __forceinline__ T int_max() {
+    return int_signed<T>() ? (T)((((u64)1) << (sizeof(T) * 8 - 1)) - 1) : (T)~(T)0;
+}
+template <class T> __device__ __forceinline__ T int_min() {
+    return int_signed<T>() ? (T)(((u64)1) << (sizeof(T) * 8 - 1)) : (T)0;
+}
 // lo and hi are the type's limits as doubles (2^63 and 2^64 exactly for the 64-bit ones).
 #define SAT_CAST(T, lo, hi) \
     template <> __device__ __forceinline__ T cast_from_f64<T>(double v) { \
         if (v != v) return 0; \
-        if (v >= (hi)) return (T)~(T)0 > 0 ? (T)~(T)0 : (T)((u64)~(T)0 >> 1); \
-        if (v <= (lo)) return (T)~(T)0 > 0 ? (T)0 : (T)(~((u64)~(T)0 >> 1)); \
+        if (v >= (hi)) return int_max<T>(); \
+        if (v <= (lo)) return int_min<T>(); \
         return (T)v; \
     }
 SAT_CAST(i64, -9223372036854775808.0, 9223372036854775807.0)
@@ -188,6 +196,9 @@ __device__ __forceinline__ i64 offset_of(const Strided& s, int k, i64 i) {
 #define FOR_NUMS(M) FOR_FLOATS(M) FOR_INTS(M)
 #define FOR_ALL(M) FOR_NUMS(M) M(boolean, bool)
 // The same list again, for a macro that expands one inside the other (casts).
+#define FOR_INTS_TO(M, S, SS) M(i64, i64, S, SS) M(int, i32, S, SS) M(short, i16, S, SS) \
+    M(signed char, i8, S, SS) M(u64, u64, S, SS) M(unsigned int, u32, S, SS) \
+    M(unsigned short, u16, S, SS) M(unsigned char, u8, S, SS)
 #define FOR_ALL_TO(M, S, SS) M(float, f32, S, SS) M(double, f64, S, SS) M(f16, f16, S, SS) \
     M(bf16, bf16, S, SS) M(i64, i64, S, SS) M(int, i32, S, SS) M(short, i16, S, SS) \
     M(signed char, i8, S, SS) M(u64, u64, S, SS) M(unsigned int, u32, S, SS) \

@@ -455,9 +455,9 @@ FOR_ALL(INST_ALL)
     extern "C" __global__ void pow_x_f16_##ES(const f16* a, const E* e, f16* o, Strided s, i64 n) { pow_x_k<f16, E>(a, e, o, s, n); } \
     extern "C" __global__ void pow_x_bf16_##ES(const bf16* a, const E* e, bf16* o, Strided s, i64 n) { pow_x_k<bf16, E>(a, e, o, s, n); }
 FOR_NUMS(INST_POW_E)
-#define INST_POW_IF(E, ES)                                                                        \
-    extern "C" __global__ void pow_if_i64_##ES(const i64* a, const E* e, i64* o, Strided s, i64 n) { pow_if_k<i64, E>(a, e, o, s, n); } \
-    extern "C" __global__ void pow_if_i32_##ES(const int* a, const E* e, int* o, Strided s, i64 n) { pow_if_k<int, E>(a, e, o, s, n); }
+#define INST_POW_IF_B(B, BS, E, ES) \
+    extern "C" __global__ void pow_if_##BS##_##ES(const B* a, const E* e, B* o, Strided s, i64 n) { pow_if_k<B, E>(a, e, o, s, n); }
+#define INST_POW_IF(E, ES) FOR_INTS_TO(INST_POW_IF_B, E, ES)
 FOR_FLOATS(INST_POW_IF)
 
 #define INST_WORD(W, S)                                                                           \

@@ -6,7 +6,7 @@
 template <class T> struct Lowest { static __device__ typename Num<T>::A get() { return neg_inf((typename Num<T>::A)0); } };
 // Integers: the type's smallest value (0 when unsigned), in its accumulation type.
 #define INT_LOWEST(T) template <> struct Lowest<T> { static __device__ Num<T>::A get() { \
-    return (T)~(T)0 > 0 ? (Num<T>::A)0 : (Num<T>::A)(T)(~((u64)~(T)0 >> 1)); } };
+    return (Num<T>::A)int_min<T>(); } };
 INT_LOWEST(i64) INT_LOWEST(int) INT_LOWEST(short) INT_LOWEST(signed char) INT_LOWEST(u64)
 INT_LOWEST(unsigned int) INT_LOWEST(unsigned short) INT_LOWEST(unsigned char)
 #undef INT_LOWEST

@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 DEST=${1:-.carry-ops}
 TESTS=${TESTS:-"op_matrix runtime_shapes onnx_conformance cuda ops_elementwise ops_grad grad zoo"}
 cargo build --release
-cargo test --no-run --message-format=json 2>/dev/null | python3 -c '
+cargo test --no-run $(for t in $TESTS; do echo --test $t; done) --message-format=json 2>/dev/null | python3 -c '
 import sys, json
 for l in sys.stdin:
     try: j = json.loads(l)

@@ -163,3 +163,6 @@ fn act_bwd(op: u32, g: f32, v: f32, alpha: f32, beta: f32) -> f32 {
 
 // Bytes in u32 words: bool masks are one byte per element.
 fn byte_at(w: u32, j: u32) -> u32 { return (w >> ((j & 3u) * 8u)) & 0xffu; }
+
+// NaN by its bits: `x != x` may be folded away by a shader compiler.
+fn is_nan(x: f32) -> bool { return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u; }

@@ -56,7 +56,8 @@ fn unary_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
 fn div_(a: A, b: A) -> A { return a / b; }
 
 // BIN_* and CMP_* come from shaders/opcodes.wgsl. WGSL's % truncates (C's fmod); Mod
-// takes the divisor's sign. Min and Max propagate NaN (b != b is false for integers).
+// takes the divisor's sign. Min and Max propagate NaN (tested on the bits: a shader
+// compiler may fold `b != b` away; integers are never NaN).
 fn mod_(a: A, b: A) -> A {
     let r = a % b;
     return select(r, r + b, r != A(0) && ((r < A(0)) != (b < A(0))));
@@ -81,8 +82,8 @@ fn arith(op: u32, a: A, b: A) -> A {
         case BIN_DIV: { return div_(a, b); }
         case BIN_FMOD: { return a % b; }
         case BIN_MOD: { return mod_(a, b); }
-        case BIN_MIN: { return select(select(a, b, b < a), b, b != b); }
-        case BIN_MAX: { return select(select(a, b, b > a), b, b != b); }
+        case BIN_MIN: { return select(select(a, b, b < a), b, is_nan(f32(b))); }
+        case BIN_MAX: { return select(select(a, b, b > a), b, is_nan(f32(b))); }
         case BIN_PRELU: { return select(a, a * b, a < A(0)); }
         // Bitwise maps (integers only; the host refuses floats), on the 32-bit pattern,
         // which also serves packed lanes: the store keeps their low bits. A shift by 32

@@ -23,7 +23,6 @@ var<workgroup> red: array<f32, 256>;
 
 // NaN-propagating maximum, as numpy's `maximum` and the CPU backend. NaN is tested on
 // the bits: lavapipe folds `b != b` to false (a NaN row's max came out −∞).
-fn is_nan(x: f32) -> bool { return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u; }
 fn nan_max(a: f32, b: f32) -> f32 { return select(a, b, b > a || is_nan(b)); }
 fn ninf() -> f32 { return bitcast<f32>(0xff800000u); }
 // exp(x − m) for x ≤ m, with x = m = −∞ (nothing seen yet) giving 1 rather than NaN; at

@@ -157,14 +157,14 @@ fn src_bits(e: u32) -> vec2<u32> {
     }
 }
 fn sat_i32(f: f32) -> u32 {
-    if (f != f) { return 0u; }
+    if (is_nan(f)) { return 0u; }
     if (f >= 2147483647.0) { return 0x7fffffffu; }
     if (f <= -2147483648.0) { return 0x80000000u; }
     return bitcast<u32>(i32(f));
 }
 // f to an integer of `bits` (at most 32) bits, saturating, as its low word.
 fn sat_narrow(f: f32, bits: u32, signed: bool) -> u32 {
-    if (f != f) { return 0u; }
+    if (is_nan(f)) { return 0u; }
     if (bits == 32u) {
         if (signed) { return sat_i32(f); }
         if (f >= 4294967295.0) { return 0xffffffffu; }
@@ -278,7 +278,7 @@ fn cast_elem(e: u32) -> vec2<u32> {
         }
         case 3u: {
             if (!is_float) { return vec2<u32>(lo, hi); }
-            if (f != f) { return vec2<u32>(0u, 0u); }
+            if (is_nan(f)) { return vec2<u32>(0u, 0u); }
             if (f >= 9.2233720e18) { return vec2<u32>(0xffffffffu, 0x7fffffffu); }
             if (f <= -9.2233720e18) { return vec2<u32>(0u, 0x80000000u); }
             let t = trunc(f);
@@ -292,7 +292,7 @@ fn cast_elem(e: u32) -> vec2<u32> {
         }
         case 10u: {
             if (!is_float) { return vec2<u32>(lo, hi); }
-            if (f != f || f <= 0.0) { return vec2<u32>(0u, 0u); }
+            if (is_nan(f) || f <= 0.0) { return vec2<u32>(0u, 0u); }
             if (f >= 1.8446744e19) { return vec2<u32>(0xffffffffu, 0xffffffffu); }
             let t = trunc(f);
             let h = floor(t / 4294967296.0);

@@ -159,6 +159,19 @@ fn floats_saturate_into_integers() {
             })
             .collect();
         assert_eq!(got, want, "f64 -> {dt}");
+        // The same from f32 on every backend (these values are exact in f32).
+        let x32 = x.cast(DType::F32);
+        for backend in backends() {
+            let out = run_op(
+                backend,
+                Op::Cast { to: dt },
+                &[inp(x32.clone())],
+                1,
+                DType::F32,
+            )
+            .unwrap_or_else(|e| panic!("f32 -> {dt} on {backend:?}: {e}"));
+            assert_eq!(out[0].to_f64_vec(), want, "f32 -> {dt} on {backend:?}");
+        }
     }
 }
 

@@ -205,7 +205,7 @@ fn pow(c: &Cuda, node: &Node, a: &V, b: &V, y: &V, s: Strided) -> Result<()> {
         DType::F64 | DType::F32 | DType::F16 | DType::BF16 if b.dtype() != DType::Bool => {
             c.launch_n(&format!("pow_x_{ea}_{eb}"), n, &args)
         }
-        DType::I64 | DType::I32 if b.dtype().is_float() => {
+        dt if dt.is_int() && b.dtype().is_float() => {
             c.launch_n(&format!("pow_if_{ea}_{eb}"), n, &args)
         }
         dt if dt.is_int() && b.dtype().is_int() => int_pow(c, node, a, b, y, s),
