@@ -24,6 +24,9 @@ struct Case {
     /// In order; "" and None where omitted. Floating inputs take the run's dtype.
     inputs: Vec<(&'static str, Option<Tensor>)>,
     outputs: Vec<&'static str>,
+    /// Declare the inputs' dims symbolic (only their ranks known at import), so every
+    /// shape the lowering needs comes from `Shape` arithmetic when the plan is made.
+    symbolic: bool,
 }
 
 impl Case {
@@ -35,6 +38,7 @@ impl Case {
             attrs: vec![],
             inputs,
             outputs: vec!["y"],
+            symbolic: false,
         }
     }
     fn with(mut self, attrs: Vec<AttributeProto>) -> Case {
@@ -63,7 +67,12 @@ impl Case {
             .inputs
             .iter()
             .zip(&args)
-            .filter_map(|((n, _), t)| t.as_ref().map(|t| input_like(n, t)))
+            .filter_map(|((n, _), t)| {
+                t.as_ref().map(|t| match self.symbolic {
+                    true => input(n, t.dtype(), &vec![None; t.shape().len()]),
+                    false => input_like(n, t),
+                })
+            })
             .collect();
         let n = node(
             self.op,
@@ -969,11 +978,197 @@ fn windows_on_every_backend() {
     }
 }
 
+// ---- RotaryEmbedding ----------------------------------------------------------------------
+
+/// One RotaryEmbedding setting: X's shape ([B, N, S, D] or [B, S, N·D]), num_heads,
+/// rotary_embedding_dim, interleaved, and where the positions come from.
+#[derive(Clone, Copy)]
+struct Rope {
+    x: [usize; 4],
+    three_d: bool,
+    heads_attr: i64,
+    dim: usize,
+    interleaved: bool,
+    pos: RopePos,
+    microsoft: bool,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum RopePos {
+    /// Caches given per token, [B, S, d/2].
+    None,
+    /// position_ids [B, S] into caches of `rows` rows.
+    Ids(usize),
+    /// ONNX Runtime's start position [1] (token s at p + s) into `rows` rows.
+    Start(usize),
+}
+
+impl Rope {
+    /// (B, N, S, D), and d (the rotated width).
+    fn dims(&self) -> (usize, usize, usize, usize, usize) {
+        let [b, n, s, d] = self.x;
+        (b, n, s, d, if self.dim == 0 { d } else { self.dim })
+    }
+    fn x_shape(&self) -> Vec<usize> {
+        let (b, n, s, d, _) = self.dims();
+        if self.three_d {
+            vec![b, s, n * d]
+        } else {
+            vec![b, n, s, d]
+        }
+    }
+    fn case(&self, seed: u64) -> Case {
+        let (b, _, s, _, rd) = self.dims();
+        let x = randn(&self.x_shape(), seed);
+        let cache_shape = match self.pos {
+            RopePos::None => vec![b, s, rd / 2],
+            RopePos::Ids(rows) | RopePos::Start(rows) => vec![rows, rd / 2],
+        };
+        // Angles of any size: cos and sin need not be a rotation's for the formula.
+        let cos = rand(&cache_shape, seed + 1, -1.0, 1.0);
+        let sin = rand(&cache_shape, seed + 2, -1.0, 1.0);
+        let pos = match self.pos {
+            RopePos::None => None,
+            RopePos::Ids(rows) => Some(rand_ints(&[b, s], seed + 3, 0, rows as i64)),
+            RopePos::Start(rows) => Some(i64s(&[1], &[(rows - s) as i64])),
+        };
+        let mut attrs = vec![int_attr("interleaved", self.interleaved as i64)];
+        if self.heads_attr > 0 {
+            attrs.push(int_attr("num_heads", self.heads_attr));
+        }
+        if self.dim > 0 {
+            attrs.push(int_attr("rotary_embedding_dim", self.dim as i64));
+        }
+        let pos_in = (if pos.is_some() { "pos" } else { "" }, pos);
+        let ins = if self.microsoft {
+            vec![
+                ("x", Some(x)),
+                pos_in,
+                ("cos", Some(cos)),
+                ("sin", Some(sin)),
+            ]
+        } else {
+            vec![
+                ("x", Some(x)),
+                ("cos", Some(cos)),
+                ("sin", Some(sin)),
+                pos_in,
+            ]
+        };
+        let mut case = Case::new("RotaryEmbedding", 23, ins).with(attrs);
+        if self.microsoft {
+            case.domain = "com.microsoft";
+        }
+        case.symbolic = true;
+        case
+    }
+    /// The float64 reference on the case's inputs (in the case's order).
+    fn reference(&self, v: &[Vec<f64>]) -> Expected {
+        let (x, pos, cos, sin) = if self.microsoft {
+            (&v[0], &v[1], &v[2], &v[3])
+        } else {
+            (&v[0], &v[3], &v[1], &v[2])
+        };
+        let (b, n, s, d, rd) = self.dims();
+        let half = rd / 2;
+        let mut y = x.clone();
+        for (bi, hi, si) in
+            (0..b).flat_map(|bi| (0..n).flat_map(move |hi| (0..s).map(move |si| (bi, hi, si))))
+        {
+            let base = if self.three_d {
+                ((bi * s + si) * n + hi) * d
+            } else {
+                ((bi * n + hi) * s + si) * d
+            };
+            let row = match self.pos {
+                RopePos::None => bi * s + si,
+                RopePos::Ids(_) => pos[bi * s + si] as usize,
+                RopePos::Start(_) => pos[0] as usize + si,
+            };
+            for i in 0..half {
+                let (j1, j2) = if self.interleaved {
+                    (2 * i, 2 * i + 1)
+                } else {
+                    (i, i + half)
+                };
+                let (c, sn) = (cos[row * half + i], sin[row * half + i]);
+                let (x1, x2) = (x[base + j1], x[base + j2]);
+                y[base + j1] = c * x1 - sn * x2;
+                y[base + j2] = sn * x1 + c * x2;
+            }
+        }
+        vec![(self.x_shape(), y)]
+    }
+}
+
+fn rope_settings() -> Vec<Rope> {
+    let r = |x, three_d, heads_attr, dim, interleaved, pos| Rope {
+        x,
+        three_d,
+        heads_attr,
+        dim,
+        interleaved,
+        pos,
+        microsoft: false,
+    };
+    let ms = |mut r: Rope| {
+        r.microsoft = true;
+        r
+    };
+    vec![
+        r([2, 3, 5, 8], false, 0, 0, false, RopePos::Ids(12)),
+        r([2, 3, 5, 8], false, 3, 0, true, RopePos::Ids(12)),
+        r([2, 3, 5, 8], true, 3, 4, false, RopePos::Ids(9)),
+        r([2, 2, 5, 8], false, 0, 4, true, RopePos::None),
+        // The whole head named as the rotated part: nothing passes through.
+        r([1, 2, 5, 6], true, 2, 6, false, RopePos::None),
+        r([2, 3, 4, 10], true, 3, 6, true, RopePos::Ids(7)),
+        ms(r([2, 2, 5, 8], true, 0, 0, false, RopePos::Start(9))),
+        ms(r([2, 2, 5, 8], false, 0, 0, true, RopePos::Start(5))),
+        ms(r([2, 2, 5, 8], false, 2, 4, true, RopePos::Ids(12))),
+        ms(r([2, 3, 4, 8], true, 3, 6, false, RopePos::Ids(6))),
+    ]
+}
+
+fn rope_what(r: &Rope) -> String {
+    format!(
+        "RotaryEmbedding{} x {:?} heads {} dim {} interleaved {} positions {}",
+        if r.microsoft { " (com.microsoft)" } else { "" },
+        r.x_shape(),
+        r.heads_attr,
+        r.dim,
+        r.interleaved,
+        match r.pos {
+            RopePos::None => "in the caches".to_string(),
+            RopePos::Ids(rows) => format!("ids into {rows} rows"),
+            RopePos::Start(rows) => format!("from a start into {rows} rows"),
+        }
+    )
+}
+
+#[test]
+fn rotary_embedding_on_every_backend_with_gradients() {
+    for (k, rope) in rope_settings().into_iter().enumerate() {
+        let case = rope.case(300 + 10 * k as u64);
+        let what = rope_what(&rope);
+        check_case(&what, &case, &BOTH, 1e-6, |v| rope.reference(v));
+        // X and both caches (the caches through Gather where there are positions).
+        let (xi, ci, si) = if rope.microsoft { (0, 2, 3) } else { (0, 1, 2) };
+        check_grads(&what, &case, &[xi, ci, si], k as u64, |v| rope.reference(v));
+    }
+}
+
 // ---- Refusals -----------------------------------------------------------------------------
 
 #[test]
 fn unsupported_attribute_values_are_refused_by_name() {
     let x = || Some(randn(&[2, 4, 2, 2], 1));
+    let microsoft = |mut c: Case| {
+        c.domain = "com.microsoft";
+        c
+    };
+    let pos = Some(i64s(&[1], &[0]));
+    let rope4 = vec![("x", x()), ("pos", pos), ("c", x()), ("s", x())];
     let cases: Vec<(Case, &str)> = vec![
         (
             Case::new("LpNormalization", 13, vec![("x", x())]).with(vec![int_attr("p", 3)]),
@@ -1023,6 +1218,45 @@ fn unsupported_attribute_values_are_refused_by_name() {
             Case::new("Shrink", 13, vec![("x", x())]).with(vec![int_attr("alpha", 1)]),
             "unknown attribute 'alpha'",
         ),
+        (
+            Case::new(
+                "RotaryEmbedding",
+                23,
+                vec![("x", x()), ("c", x()), ("s", x())],
+            )
+            .with(vec![int_attr("rotary_embedding_dim", 3)]),
+            "attribute 'rotary_embedding_dim' must be a non-negative even number, got 3",
+        ),
+        (
+            Case::new(
+                "RotaryEmbedding",
+                23,
+                vec![("x", x()), ("c", x()), ("s", x())],
+            )
+            .with(vec![int_attr("interleaved", 2)]),
+            "attribute 'interleaved' must be 0 or 1, got 2",
+        ),
+        (
+            microsoft(
+                Case::new("RotaryEmbedding", 23, rope4.clone())
+                    .with(vec![float_attr("scale", 0.5)]),
+            ),
+            "attribute 'scale' = 0.5 is not supported",
+        ),
+        (
+            microsoft(
+                Case::new("RotaryEmbedding", 23, rope4.clone())
+                    .with(vec![int_attr("is_packed_batching", 1)]),
+            ),
+            "attribute 'is_packed_batching' = 1 (ragged batches) is not supported",
+        ),
+        (
+            microsoft(
+                Case::new("RotaryEmbedding", 23, rope4)
+                    .with(vec![int_attr("rotary_embedding_dim", 2)]),
+            ),
+            "attribute 'rotary_embedding_dim' needs num_heads",
+        ),
     ];
     for (case, want) in cases {
         let args = case.args(DType::F32);
@@ -1033,7 +1267,13 @@ fn unsupported_attribute_values_are_refused_by_name() {
             .zip(&args)
             .filter_map(|((n, _), t)| t.as_ref().map(|t| input_like(n, t)))
             .collect();
-        let n = node(case.op, "", &names, &case.outputs, case.attrs.clone());
+        let n = node(
+            case.op,
+            case.domain,
+            &names,
+            &case.outputs,
+            case.attrs.clone(),
+        );
         let e = import_one_node(n, case.opset, infos, vec![])
             .err()
             .unwrap_or_else(|| panic!("{}: imported", case.op))

@@ -36,7 +36,7 @@ fn since(op: &str) -> i64 {
         "Trilu" => 14,
         "LayerNormalization" | "HannWindow" | "HammingWindow" | "BlackmanWindow" => 17,
         "GroupNormalization" | "BitwiseNot" => 18,
-        "Attention" | "RMSNormalization" => 23,
+        "Attention" | "RMSNormalization" | "RotaryEmbedding" => 23,
         _ => MIN_OPSET,
     }
 }

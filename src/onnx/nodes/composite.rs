@@ -31,12 +31,14 @@ pub(super) const COMPOSITE: &[&str] = &[
     "HannWindow",
     "HammingWindow",
     "BlackmanWindow",
+    "RotaryEmbedding",
 ];
 
 /// The com.microsoft (ONNX Runtime contrib) operators written here.
 pub(super) const MS_COMPOSITE: &[&str] = &[
     "SimplifiedLayerNormalization",
     "SkipSimplifiedLayerNormalization",
+    "RotaryEmbedding",
 ];
 
 /// A node's attributes, read by name; one left unread is an error (`finish`).
@@ -68,6 +70,14 @@ impl Attrs {
     }
     fn int(&mut self, key: &str, default: i64) -> Result<i64> {
         Ok(self.opt_int(key)?.unwrap_or(default))
+    }
+    /// A 0/1 attribute (default 0).
+    fn flag(&mut self, key: &str) -> Result<bool> {
+        match self.int(key, 0)? {
+            0 => Ok(false),
+            1 => Ok(true),
+            v => Err(self.refuse(key, &format!("must be 0 or 1, got {v}"))),
+        }
     }
     fn float(&mut self, key: &str, default: f32) -> Result<f32> {
         match self.take(key) {
@@ -200,6 +210,10 @@ fn reshape() -> Op {
     Op::Reshape { allowzero: false }
 }
 
+fn concat_last() -> Op {
+    Op::Concat { axis: -1 }
+}
+
 impl Importer<'_> {
     /// Writes one of `COMPOSITE` or `MS_COMPOSITE`.
     pub(super) fn lower_composite(
@@ -229,6 +243,7 @@ impl Importer<'_> {
             "GlobalAveragePool" | "GlobalMaxPool" => self.global_pool(n, &what, a),
             "InstanceNormalization" | "GroupNormalization" => self.group_norm(n, &what, a),
             "BatchNormalization" => self.batch_norm(n, &what, a),
+            "RotaryEmbedding" => self.rotary(n, &what, a),
             _ => self.window(n, &what, a),
         }
     }
@@ -824,5 +839,243 @@ impl Importer<'_> {
         }
         self.out(n, 0, Op::Cast { to }, vec![w]);
         Ok(())
+    }
+
+    /// Slice of x's last axis: `starts`, `ends` (and `steps`) are i64 values.
+    fn slice_last(
+        &mut self,
+        n: &NodeProto,
+        what: &str,
+        x: &str,
+        range: [&str; 2],
+        steps: Option<&str>,
+    ) -> Result<String> {
+        let axes = self.ints_const(n, &format!("{what}_axes"), &[-1])?;
+        let mut ins = vec![
+            x.to_string(),
+            range[0].to_string(),
+            range[1].to_string(),
+            axes,
+        ];
+        ins.extend(steps.map(str::to_string));
+        Ok(self.val(n, what, Op::Slice, ins))
+    }
+
+    /// RotaryEmbedding (ai.onnx opset 23; inputs X, cos_cache, sin_cache, position_ids?)
+    /// and ONNX Runtime's com.microsoft one (inputs X, position_ids, cos_cache,
+    /// sin_cache), as ONNX's reference computes it. X is [B, H, S, D], or [B, S, N·D]
+    /// viewed as [B, S, N, D]; in either layout the caches, gathered at the positions to
+    /// [B, S, d/2] (or given so without position_ids), get a unit axis for the heads (-3
+    /// or -2), so no transpose is needed. Which layout applies comes from X's rank at
+    /// plan time (`Shape(Shape(X))`), so X's rank need not be declared. The first d =
+    /// rotary_embedding_dim (default D) elements of each head are rotated, the rest pass
+    /// through: with x1, x2 the two halves (or the even and odd elements, interleaved),
+    /// x1·cos - x2·sin and x2·cos + x1·sin take their places.
+    fn rotary(&mut self, n: &NodeProto, what: &str, mut a: Attrs) -> Result<()> {
+        let ms = n.domain == "com.microsoft";
+        let interleaved = a.flag("interleaved")?;
+        let heads = a.int("num_heads", 0)?;
+        if heads < 0 {
+            return Err(a.refuse("num_heads", &format!("must be positive, got {heads}")));
+        }
+        let dim = a.int("rotary_embedding_dim", 0)?;
+        if dim < 0 || dim % 2 != 0 {
+            return Err(a.refuse(
+                "rotary_embedding_dim",
+                &format!("must be a non-negative even number, got {dim}"),
+            ));
+        }
+        if ms {
+            // ONNX Runtime reads `scale` only to regenerate caches too short for the
+            // sequence, which its kernels do not implement.
+            let scale = a.float("scale", 1.0)?;
+            if scale != 1.0 {
+                return Err(a.refuse("scale", &format!("= {scale} is not supported (only 1)")));
+            }
+            if a.flag("is_packed_batching")? {
+                return Err(a.refuse(
+                    "is_packed_batching",
+                    "= 1 (ragged batches) is not supported",
+                ));
+            }
+            if dim > 0 && heads == 0 {
+                return Err(a.refuse(
+                    "rotary_embedding_dim",
+                    "needs num_heads (as ONNX Runtime requires)",
+                ));
+            }
+        }
+        a.finish()?;
+        let (x, cos, sin, pos) = if ms {
+            let (ins, _) = inputs(n, what, (4, 4), 1)?;
+            let [x, p, c, s] = [0, 1, 2, 3].map(|k| ins[k].clone());
+            (x, c, s, Some(p))
+        } else {
+            let (ins, opt) = inputs(n, what, (3, 4), 1)?;
+            let [x, c, s] = [0, 1, 2].map(|k| ins[k].clone());
+            (x, c, s, opt[0].clone())
+        };
+        if heads == 0 && dim > 0 && self.ranks.get(&x) == Some(&3) {
+            return Err(a.refuse(
+                "num_heads",
+                "is required for a 3-D input with rotary_embedding_dim",
+            ));
+        }
+        // The layout, decided at plan time: is X 3-D?
+        let x_shape = self.val(n, "x_shape", shape(0, None), vec![x.clone()]);
+        let rank = self.val(n, "x_rank", shape(0, None), vec![x_shape.clone()]);
+        let three = self.ints_const(n, "three", &[3])?;
+        let is3 = self.val(n, "x_is_3d", bin(BinaryOp::Equal), vec![rank, three]);
+        let pick = |me: &mut Self, what: &str, if3: &[i64], if4: &[i64]| -> Result<String> {
+            let a3 = me.ints_const(n, &format!("{what}_3d"), if3)?;
+            let a4 = me.ints_const(n, &format!("{what}_4d"), if4)?;
+            Ok(me.val(n, what, Op::Where, vec![is3.clone(), a3, a4]))
+        };
+        // [B, S, N·D] splits into [B, S, N, D]: N from num_heads, or (ONNX Runtime's
+        // rule, for a full rotation) D from the caches' width, 2·(D/2). A 4-D X keeps its
+        // shape; so would a 3-D one without either rule, which Reshape then refuses.
+        let split = if heads > 0 {
+            pick(self, "heads_split", &[0, 0, heads, -1], &[0, 0, 0, 0])?
+        } else if dim > 0 {
+            self.ints_const(n, "heads_split", &[0, 0, 0, 0])?
+        } else {
+            let width = self.val(n, "cache_width", shape(-1, None), vec![cos.clone()]);
+            let two = self.ints_const(n, "two", &[2])?;
+            let d = self.val(n, "head_dim", bin(BinaryOp::Mul), vec![width, two]);
+            let head = self.ints_const(n, "heads_split_head", &[0, 0, -1])?;
+            let a3 = self.val(n, "heads_split_3d", Op::Concat { axis: 0 }, vec![head, d]);
+            let a4 = self.ints_const(n, "heads_split_4d", &[0, 0, 0, 0])?;
+            self.val(n, "heads_split", Op::Where, vec![is3.clone(), a3, a4])
+        };
+        let x4 = self.val(n, "x4", reshape(), vec![x, split]);
+        let (cos, sin) = match pos {
+            None => (cos, sin),
+            Some(p) => {
+                let at = if ms {
+                    self.ms_positions(n, &x_shape, &is3, p)?
+                } else {
+                    p
+                };
+                let g = Op::Gather { axis: 0 };
+                let c = self.val(n, "cos_at", g.clone(), vec![cos, at.clone()]);
+                let s = self.val(n, "sin_at", g, vec![sin, at]);
+                (c, s)
+            }
+        };
+        let head_axis = pick(self, "cache_head_axis", &[-2], &[-3])?;
+        let cos = self.val(
+            n,
+            "cos4",
+            Op::Unsqueeze { axes: None },
+            vec![cos, head_axis.clone()],
+        );
+        let sin = self.val(
+            n,
+            "sin4",
+            Op::Unsqueeze { axes: None },
+            vec![sin, head_axis],
+        );
+        let end = self.ints_const(n, "end", &[i64::MAX])?;
+        let (rot, pass) = if dim > 0 {
+            let zero = self.ints_const(n, "zero", &[0])?;
+            let d = self.ints_const(n, "rotary_dim", &[dim])?;
+            let rot = self.slice_last(n, "rotated_part", &x4, [&zero, &d], None)?;
+            let pass = self.slice_last(n, "passed_part", &x4, [&d, &end], None)?;
+            (rot, Some(pass))
+        } else {
+            (x4.clone(), None)
+        };
+        let (x1, x2) = if interleaved {
+            let zero = self.ints_const(n, "even", &[0])?;
+            let one = self.ints_const(n, "odd", &[1])?;
+            let two = self.ints_const(n, "pair_step", &[2])?;
+            let x1 = self.slice_last(n, "x1", &rot, [&zero, &end], Some(&two))?;
+            let x2 = self.slice_last(n, "x2", &rot, [&one, &end], Some(&two))?;
+            (x1, x2)
+        } else {
+            let half = if dim > 0 {
+                self.ints_const(n, "half", &[dim / 2])?
+            } else {
+                let d = self.val(n, "head_dim", shape(-1, None), vec![rot.clone()]);
+                let two = self.ints_const(n, "two", &[2])?;
+                self.val(n, "half", bin(BinaryOp::Div), vec![d, two])
+            };
+            let zero = self.ints_const(n, "zero", &[0])?;
+            let x1 = self.slice_last(n, "x1", &rot, [&zero, &half], None)?;
+            let x2 = self.slice_last(n, "x2", &rot, [&half, &end], None)?;
+            (x1, x2)
+        };
+        let mul = |me: &mut Self, what: &str, a: &str, b: &str| {
+            me.val(
+                n,
+                what,
+                bin(BinaryOp::Mul),
+                vec![a.to_string(), b.to_string()],
+            )
+        };
+        let c1 = mul(self, "cos_x1", &cos, &x1);
+        let s2 = mul(self, "sin_x2", &sin, &x2);
+        let real = self.val(n, "real", bin(BinaryOp::Sub), vec![c1, s2]);
+        let s1 = mul(self, "sin_x1", &sin, &x1);
+        let c2 = mul(self, "cos_x2", &cos, &x2);
+        let imag = self.val(n, "imag", bin(BinaryOp::Add), vec![s1, c2]);
+        let rotated = if interleaved {
+            // Back to alternating elements: [.., d/2, 2] pairs, flattened.
+            let r = self.val(n, "real_pair", unsqueeze(-1), vec![real]);
+            let i = self.val(n, "imag_pair", unsqueeze(-1), vec![imag]);
+            let pairs = self.val(n, "pairs", concat_last(), vec![r, i]);
+            let flat = self.ints_const(n, "pairs_flat", &[0, 0, 0, -1])?;
+            self.val(n, "rotated", reshape(), vec![pairs, flat])
+        } else {
+            self.val(n, "rotated", concat_last(), vec![real, imag])
+        };
+        let y4 = match pass {
+            Some(p) => self.val(n, "joined", concat_last(), vec![rotated, p]),
+            None => rotated,
+        };
+        self.out(n, 0, reshape(), vec![y4, x_shape]);
+        Ok(())
+    }
+
+    /// ONNX Runtime's position_ids: [B, S] positions, or one start position p (shape [1])
+    /// with token s at p + s. Both are p + Range(0, S)·(rank(p) < 2), which adds zeros to
+    /// the first form; S is X's dim 1 (3-D) or 2 (4-D).
+    fn ms_positions(
+        &mut self,
+        n: &NodeProto,
+        x_shape: &str,
+        is3: &str,
+        p: String,
+    ) -> Result<String> {
+        let a3 = self.ints_const(n, "seq_axis_3d", &[1])?;
+        let a4 = self.ints_const(n, "seq_axis_4d", &[2])?;
+        let axis = self.val(n, "seq_axis", Op::Where, vec![is3.to_string(), a3, a4]);
+        let seq = self.val(
+            n,
+            "seq_len_1d",
+            Op::Gather { axis: 0 },
+            vec![x_shape.to_string(), axis],
+        );
+        let seq = self.val(n, "seq_len", squeeze(0), vec![seq]);
+        let zero = self.constant(n, "seq_start", Tensor::scalar(0i64));
+        let one = self.constant(n, "seq_step", Tensor::scalar(1i64));
+        let steps = self.val(n, "seq_steps", Op::Range, vec![zero, seq, one]);
+        let p_shape = self.val(n, "pos_shape", shape(0, None), vec![p.clone()]);
+        let p_rank = self.val(n, "pos_rank", shape(0, None), vec![p_shape]);
+        let two = self.ints_const(n, "pos_rank_2", &[2])?;
+        let start_form = self.val(n, "pos_is_start", bin(BinaryOp::Less), vec![p_rank, two]);
+        let start_form = self.val(
+            n,
+            "pos_is_start_i64",
+            Op::Cast { to: DType::I64 },
+            vec![start_form],
+        );
+        let offsets = self.val(
+            n,
+            "pos_offsets",
+            bin(BinaryOp::Mul),
+            vec![steps, start_form],
+        );
+        Ok(self.val(n, "positions", bin(BinaryOp::Add), vec![p, offsets]))
     }
 }
