@@ -1158,6 +1158,274 @@ fn rotary_embedding_on_every_backend_with_gradients() {
     }
 }
 
+// ---- QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear -----------------------------
+
+/// Round half to even.
+fn round_even(v: f64) -> f64 {
+    let r = v.round();
+    if (v - v.trunc()).abs() == 0.5 && r % 2.0 != 0.0 {
+        r - v.signum()
+    } else {
+        r
+    }
+}
+
+/// The saturation range of a quantized type.
+fn q_range(dt: DType) -> (f64, f64) {
+    match dt {
+        DType::U8 => (0.0, 255.0),
+        DType::I8 => (-128.0, 127.0),
+        DType::U16 => (0.0, 65535.0),
+        DType::I16 => (-32768.0, 32767.0),
+        _ => unreachable!(),
+    }
+}
+
+/// How a scale (and zero point) maps onto x: per tensor, per axis, or blocked.
+#[derive(Clone, Copy, Debug)]
+enum QLayout {
+    /// A scalar (`false`) or a one-element vector (`true`).
+    Tensor(bool),
+    Axis(i64),
+    Blocked(i64, usize),
+}
+
+impl QLayout {
+    /// The shape of the scale for x of `shape`.
+    fn param_shape(&self, shape: &[usize]) -> Vec<usize> {
+        let r = shape.len() as i64;
+        match *self {
+            QLayout::Tensor(false) => vec![],
+            QLayout::Tensor(true) => vec![1],
+            QLayout::Axis(a) => vec![shape[a.rem_euclid(r) as usize]],
+            QLayout::Blocked(a, b) => {
+                let a = a.rem_euclid(r) as usize;
+                let mut s = shape.to_vec();
+                s[a] = s[a].div_ceil(b);
+                s
+            }
+        }
+    }
+    /// The index into the scale for each element of x.
+    fn param_index(&self, shape: &[usize]) -> Vec<usize> {
+        let r = shape.len() as i64;
+        let ps = self.param_shape(shape);
+        indices(shape)
+            .iter()
+            .map(|p| match *self {
+                QLayout::Tensor(_) => 0,
+                QLayout::Axis(a) => p[a.rem_euclid(r) as usize],
+                QLayout::Blocked(a, b) => {
+                    let a = a.rem_euclid(r) as usize;
+                    let mut q = p.clone();
+                    q[a] /= b;
+                    q.iter().zip(strides(&ps)).map(|(i, s)| i * s).sum()
+                }
+            })
+            .collect()
+    }
+    fn attrs(&self) -> Vec<AttributeProto> {
+        match *self {
+            QLayout::Tensor(_) => vec![],
+            QLayout::Axis(a) => vec![int_attr("axis", a)],
+            QLayout::Blocked(a, b) => vec![int_attr("axis", a), int_attr("block_size", b as i64)],
+        }
+    }
+}
+
+/// One quantization setting.
+#[derive(Clone, Debug)]
+struct Quant {
+    shape: Vec<usize>,
+    layout: QLayout,
+    /// The quantized type.
+    dt: DType,
+    zero_point: bool,
+    /// The type named by output_dtype.
+    out_attr: bool,
+}
+
+fn quant_settings() -> Vec<Quant> {
+    let q = |shape: &[usize], layout, dt, zero_point, out_attr| Quant {
+        shape: shape.to_vec(),
+        layout,
+        dt,
+        zero_point,
+        out_attr,
+    };
+    vec![
+        q(&[3, 4], QLayout::Tensor(false), DType::U8, false, false),
+        q(&[3, 4], QLayout::Tensor(false), DType::I8, true, false),
+        q(&[2, 3, 4], QLayout::Tensor(true), DType::U8, true, false),
+        q(&[2, 3, 4], QLayout::Axis(1), DType::U8, true, false),
+        q(&[2, 3, 4], QLayout::Axis(-1), DType::I16, true, false),
+        q(&[4, 3, 2], QLayout::Axis(0), DType::U16, true, false),
+        q(&[2, 5, 2], QLayout::Blocked(1, 3), DType::I8, true, false),
+        q(&[6, 2], QLayout::Blocked(-2, 2), DType::U8, false, false),
+        q(&[3, 4], QLayout::Axis(1), DType::I8, false, true),
+        q(&[2, 6], QLayout::Blocked(1, 4), DType::I16, false, true),
+    ]
+}
+
+impl Quant {
+    fn what(&self, op: &str) -> String {
+        format!("{op} {self:?}")
+    }
+    fn param_shape(&self) -> Vec<usize> {
+        self.layout.param_shape(&self.shape)
+    }
+    /// A zero point for each scale element (inside the type's range, off-centre).
+    fn zero_points(&self, seed: u64) -> Option<Tensor> {
+        let (lo, hi) = q_range(self.dt);
+        let (lo, hi) = ((lo + (hi - lo) * 0.3) as i64, (lo + (hi - lo) * 0.7) as i64);
+        let t = rand_ints(&self.param_shape(), seed, lo, hi).cast(self.dt);
+        self.zero_point.then_some(t)
+    }
+    fn case(&self, op: &'static str, opset: i64, x: Tensor, scale: Tensor, seed: u64) -> Case {
+        let mut attrs = self.layout.attrs();
+        if self.out_attr {
+            // QuantizeLinear's quantized type; DequantizeLinear's output in f64.
+            let to = if op == "QuantizeLinear" {
+                self.dt
+            } else {
+                DType::F64
+            };
+            attrs.push(int_attr("output_dtype", elem_type(to) as i64));
+        }
+        let zp = self.zero_points(seed);
+        let mut case = Case::new(
+            op,
+            opset,
+            vec![
+                ("x", Some(x)),
+                ("scale", Some(scale)),
+                (if zp.is_some() { "zp" } else { "" }, zp),
+            ],
+        )
+        .with(attrs);
+        case.symbolic = true;
+        case
+    }
+}
+
+#[test]
+fn quantize_linear_on_every_backend() {
+    for (k, q) in quant_settings().into_iter().enumerate() {
+        let seed = 400 + 10 * k as u64;
+        let ps = q.param_shape();
+        let at = q.layout.param_index(&q.shape);
+        // Powers of two as scales, so that x / scale is exact in every float type, and
+        // x at (m + f)·scale with f in (-0.4, 0.4) or a tie (±0.5): the rounding is the
+        // definition's alone. |m| reaches past the type's range, so some saturate.
+        let scales: Vec<f64> = rand_ints(&ps, seed, -3, 3)
+            .to_i64_vec()
+            .iter()
+            .map(|&e| 2f64.powi(e as i32))
+            .collect();
+        let (lo, hi) = q_range(q.dt);
+        let span = (hi - lo) * 0.7;
+        let m = rand(&q.shape, seed + 1, -span, span).to_f64_vec();
+        let f = rand(&q.shape, seed + 2, -0.4, 0.4).to_f64_vec();
+        let frac = |i: usize| match i % 5 {
+            0 => 0.5,
+            1 => -0.5,
+            _ => f[i],
+        };
+        let xv: Vec<f64> = (0..m.len())
+            .map(|i| (m[i].round() + frac(i)) * scales[at[i]])
+            .collect();
+        let x = f64s(&q.shape, &xv);
+        let case = q.case("QuantizeLinear", 21, x, f64s(&ps, &scales), seed + 3);
+        let what = q.what("QuantizeLinear");
+        check_case(&what, &case, &BOTH, 0.0, |v| {
+            let y = (0..v[0].len())
+                .map(|i| {
+                    let z = if q.zero_point { v[2][at[i]] } else { 0.0 };
+                    (round_even(v[0][i] / v[1][at[i]]) + z).clamp(lo, hi)
+                })
+                .collect();
+            vec![(q.shape.clone(), y)]
+        });
+        // The output type is the zero point's (or output_dtype's, or uint8).
+        let got = Session::new(case.graph(DType::F32), SessionOptions::default())
+            .unwrap()
+            .run(&case.feeds(&case.args(DType::F32)))
+            .unwrap();
+        assert_eq!(got[0].1.dtype(), q.dt, "{what}");
+    }
+}
+
+#[test]
+fn dequantize_linear_on_every_backend_with_gradients() {
+    for (k, q) in quant_settings().into_iter().enumerate() {
+        let seed = 500 + 10 * k as u64;
+        let at = q.layout.param_index(&q.shape);
+        let (lo, hi) = q_range(q.dt);
+        let x = rand_ints(&q.shape, seed, lo as i64, hi as i64 + 1).cast(q.dt);
+        let scale = rand(&q.param_shape(), seed + 1, 0.01, 2.0);
+        let case = q.case("DequantizeLinear", 23, x, scale, seed + 2);
+        let what = q.what("DequantizeLinear");
+        let centered =
+            |v: &[Vec<f64>], i: usize| v[0][i] - if q.zero_point { v[2][at[i]] } else { 0.0 };
+        // In f32, as ONNX's reference computes it, then cast: exact in either dtype.
+        let dtypes: &[DType] = if q.out_attr { &[DType::F32] } else { &BOTH };
+        check_case(&what, &case, dtypes, 0.0, |v| {
+            let y = (0..v[0].len())
+                .map(|i| (centered(v, i) as f32 * v[1][at[i]] as f32) as f64)
+                .collect();
+            vec![(q.shape.clone(), y)]
+        });
+        if !q.out_attr {
+            // d/dscale against the exact formula (the f32 steps are good to 1e-7).
+            check_grads(&what, &case, &[1], k as u64, |v| {
+                let y = (0..v[0].len())
+                    .map(|i| centered(v, i) * v[1][at[i]])
+                    .collect();
+                vec![(q.shape.clone(), y)]
+            });
+        }
+    }
+}
+
+#[test]
+fn dynamic_quantize_linear_on_every_backend() {
+    for (k, (shape, lo, hi)) in [
+        (vec![3usize, 4], -2.0, 3.0),
+        // All positive: the minimum is taken as 0; all negative: the maximum.
+        (vec![2, 3, 2], 0.5, 4.0),
+        (vec![7], -5.0, -0.25),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut case = Case::new(
+            "DynamicQuantizeLinear",
+            11,
+            vec![("x", Some(rand(&shape, 600 + k as u64, lo, hi)))],
+        );
+        case.outputs = vec!["y", "y_scale", "y_zero_point"];
+        case.symbolic = true;
+        let what = format!("DynamicQuantizeLinear x in [{lo}, {hi})");
+        // The function body, in f32.
+        check_case(&what, &case, &[DType::F32], 0.0, |v| {
+            let x: Vec<f32> = v[0].iter().map(|&x| x as f32).collect();
+            let lo = x.iter().fold(0f32, |a, &b| a.min(b));
+            let hi = x.iter().fold(0f32, |a, &b| a.max(b));
+            let scale = (hi - lo) / 255.0;
+            let zp = round_even((0.0 - lo / scale).clamp(0.0, 255.0) as f64);
+            let y = x
+                .iter()
+                .map(|&x| (round_even((x / scale) as f64) + zp).clamp(0.0, 255.0))
+                .collect();
+            vec![
+                (shape.clone(), y),
+                (vec![], vec![scale as f64]),
+                (vec![], vec![zp]),
+            ]
+        });
+    }
+}
+
 // ---- Refusals -----------------------------------------------------------------------------
 
 #[test]
@@ -1217,6 +1485,21 @@ fn unsupported_attribute_values_are_refused_by_name() {
         (
             Case::new("Shrink", 13, vec![("x", x())]).with(vec![int_attr("alpha", 1)]),
             "unknown attribute 'alpha'",
+        ),
+        (
+            Case::new("QuantizeLinear", 21, vec![("x", x()), ("s", x())])
+                .with(vec![int_attr("output_dtype", 17)]),
+            "output type FLOAT8E4M3FN is not a quantized type graphrun has",
+        ),
+        (
+            Case::new("QuantizeLinear", 21, vec![("x", x()), ("s", x())])
+                .with(vec![int_attr("block_size", -1)]),
+            "attribute 'block_size' must be non-negative, got -1",
+        ),
+        (
+            Case::new("DequantizeLinear", 23, vec![("x", x()), ("s", x())])
+                .with(vec![int_attr("output_dtype", 3)]),
+            "attribute 'output_dtype' must name a floating type graphrun has, got INT8",
         ),
         (
             Case::new(

@@ -30,6 +30,8 @@ fn since(op: &str) -> i64 {
     }
     match op {
         "Expand" => 8,
+        "QuantizeLinear" | "DequantizeLinear" => 10,
+        "DynamicQuantizeLinear" => 11,
         "Where" | "MeanVarianceNormalization" | "Shrink" | "OneHot" | "EyeLike" | "Scatter" => 9,
         "Range" | "GatherElements" | "GatherND" | "CumSum" | "ScatterElements" | "ScatterND" => 11,
         "SoftmaxCrossEntropyLoss" | "NegativeLogLikelihoodLoss" | "Einsum" => 12,

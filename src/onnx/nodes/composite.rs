@@ -32,6 +32,9 @@ pub(super) const COMPOSITE: &[&str] = &[
     "HammingWindow",
     "BlackmanWindow",
     "RotaryEmbedding",
+    "QuantizeLinear",
+    "DequantizeLinear",
+    "DynamicQuantizeLinear",
 ];
 
 /// The com.microsoft (ONNX Runtime contrib) operators written here.
@@ -73,7 +76,10 @@ impl Attrs {
     }
     /// A 0/1 attribute (default 0).
     fn flag(&mut self, key: &str) -> Result<bool> {
-        match self.int(key, 0)? {
+        self.flag_or(key, false)
+    }
+    fn flag_or(&mut self, key: &str, default: bool) -> Result<bool> {
+        match self.int(key, default as i64)? {
             0 => Ok(false),
             1 => Ok(true),
             v => Err(self.refuse(key, &format!("must be 0 or 1, got {v}"))),
@@ -95,10 +101,13 @@ impl Attrs {
         }
     }
     fn ints(&mut self, key: &str, default: &[i64]) -> Result<Vec<i64>> {
+        Ok(self.opt_ints(key)?.unwrap_or_else(|| default.to_vec()))
+    }
+    fn opt_ints(&mut self, key: &str) -> Result<Option<Vec<i64>>> {
         match self.take(key) {
-            None => Ok(default.to_vec()),
-            Some(AttrValue::Ints(v)) => Ok(v),
-            Some(AttrValue::Int(v)) => Ok(vec![v]),
+            None => Ok(None),
+            Some(AttrValue::Ints(v)) => Ok(Some(v)),
+            Some(AttrValue::Int(v)) => Ok(Some(vec![v])),
             Some(v) => Err(self.wrong(key, "a list of integers", &v)),
         }
     }
@@ -182,6 +191,23 @@ fn reduce_op(kind: ReduceKind, x: &str, axes: &Axes, keepdims: bool) -> (Op, Vec
     (op, ins)
 }
 
+/// The saturation range of the quantized types graphrun has (QuantizeLinear's integer
+/// targets; int4, int2 and the float8 types are not graphrun dtypes).
+fn quant_range(dt: DType) -> Option<(f32, f32)> {
+    match dt {
+        DType::U8 => Some((0.0, 255.0)),
+        DType::I8 => Some((-128.0, 127.0)),
+        DType::U16 => Some((0.0, 65535.0)),
+        DType::I16 => Some((-32768.0, 32767.0)),
+        _ => None,
+    }
+}
+
+/// The name of ONNX type `code` for messages: graphrun's dtype name, or ONNX's.
+fn type_name(code: i64) -> String {
+    crate::tensor::onnx_dtype_name(code)
+}
+
 fn bin(b: BinaryOp) -> Op {
     Op::Binary(b)
 }
@@ -244,6 +270,9 @@ impl Importer<'_> {
             "InstanceNormalization" | "GroupNormalization" => self.group_norm(n, &what, a),
             "BatchNormalization" => self.batch_norm(n, &what, a),
             "RotaryEmbedding" => self.rotary(n, &what, a),
+            "QuantizeLinear" => self.quantize(n, &what, a),
+            "DequantizeLinear" => self.dequantize(n, &what, a),
+            "DynamicQuantizeLinear" => self.dynamic_quantize(n, &what, a),
             _ => self.window(n, &what, a),
         }
     }
@@ -1077,5 +1106,280 @@ impl Importer<'_> {
             vec![steps, start_form],
         );
         Ok(self.val(n, "positions", bin(BinaryOp::Add), vec![p, offsets]))
+    }
+
+    /// A scale or zero point `v` of (De)QuantizeLinear shaped to broadcast against x, as
+    /// ONNX's reference does: a scalar or one element as it is; per axis, the [C] vector
+    /// reshaped to [C, 1, .., 1] with as many ones as x has dims after `axis` (from
+    /// `Shape` arithmetic for a non-negative axis); blocked (`block`), each element
+    /// repeated `block` times along `axis` and cut to x's dim there — a Gather of
+    /// index i / block for each i < dim, which differentiates into a scatter.
+    fn quant_param(
+        &mut self,
+        n: &NodeProto,
+        x: &str,
+        v: &str,
+        axis: i64,
+        block: i64,
+    ) -> Result<String> {
+        if block > 0 {
+            let end = if axis == -1 { None } else { Some(axis + 1) };
+            let dim = self.val(n, "block_dim", shape(axis, end), vec![x.to_string()]);
+            let dim = self.val(n, "block_dim_scalar", squeeze(0), vec![dim]);
+            let zero = self.constant(n, "block_start", Tensor::scalar(0i64));
+            let one = self.constant(n, "block_step", Tensor::scalar(1i64));
+            let i = self.val(n, "block_positions", Op::Range, vec![zero, dim, one]);
+            let b = self.constant(n, "block_size", Tensor::scalar(block));
+            let at = self.val(n, "block_of", bin(BinaryOp::Div), vec![i, b]);
+            return Ok(self.val(
+                n,
+                "per_element",
+                Op::Gather { axis },
+                vec![v.to_string(), at],
+            ));
+        }
+        // Ones after the vector's dims: a fixed count for a negative axis, else
+        // max(rank(x) - axis - 1, 0) (a scalar x with a per-tensor scale has none).
+        let ones = if axis < 0 {
+            self.ints_const(n, "trailing_ones", &vec![1; (-axis - 1) as usize])?
+        } else {
+            let xs = self.val(n, "x_shape", shape(0, None), vec![x.to_string()]);
+            let rank = self.val(n, "x_rank", shape(0, None), vec![xs]);
+            let after = self.ints_const(n, "axis_next", &[axis + 1])?;
+            let k = self.val(n, "trailing", bin(BinaryOp::Sub), vec![rank, after]);
+            let zero = self.ints_const(n, "no_trailing", &[0])?;
+            let k = self.val(n, "trailing_count", bin(BinaryOp::Max), vec![k, zero]);
+            let one = self.ints_const(n, "one", &[1])?;
+            self.val(n, "trailing_ones", Op::Expand, vec![one, k])
+        };
+        let vs = self.val(n, "param_shape", shape(0, None), vec![v.to_string()]);
+        let target = self.val(n, "param_target", Op::Concat { axis: 0 }, vec![vs, ones]);
+        Ok(self.val(n, "per_axis", reshape(), vec![v.to_string(), target]))
+    }
+
+    /// axis and block_size of (De)QuantizeLinear.
+    fn quant_layout(a: &mut Attrs) -> Result<(i64, i64)> {
+        let axis = a.int("axis", 1)?;
+        let block = a.int("block_size", 0)?;
+        if block < 0 {
+            return Err(a.refuse("block_size", &format!("must be non-negative, got {block}")));
+        }
+        Ok((axis, block))
+    }
+
+    /// QuantizeLinear: saturate(round(x / scale) + zero_point), rounding half to even and
+    /// saturating to the output type's range, as ONNX's reference computes it (the
+    /// division in x's type, or in `precision`'s). The output type is the zero point's,
+    /// else output_dtype's, else uint8; it must be one graphrun has (uint8, int8, uint16,
+    /// int16), so `saturate`, which only float8 outputs read, changes nothing here.
+    fn quantize(&mut self, n: &NodeProto, what: &str, mut a: Attrs) -> Result<()> {
+        let (axis, block) = Self::quant_layout(&mut a)?;
+        a.flag_or("saturate", true)?;
+        let out_code = a.int("output_dtype", 0)?;
+        let precision = match a.int("precision", 0)? {
+            0 => None,
+            code => match DType::from_onnx(code) {
+                Some(dt) if dt.is_float() => Some(dt),
+                _ => {
+                    return Err(a.refuse(
+                        "precision",
+                        &format!(
+                            "must name a floating type graphrun has, got {}",
+                            type_name(code)
+                        ),
+                    ))
+                }
+            },
+        };
+        a.finish()?;
+        let (ins, opt) = inputs(n, what, (2, 3), 1)?;
+        let (x, scale, zp) = (ins[0].clone(), ins[1].clone(), opt[0].clone());
+        // The zero point's type decides the output's; it must be known at import, for
+        // the saturation bounds: declared for the zero point or the output.
+        let declared = zp
+            .as_ref()
+            .and_then(|z| self.dtypes.get(z))
+            .or_else(|| self.dtypes.get(&n.output[0]))
+            .map(|dt| dt.onnx_code() as i64);
+        let code = match (&zp, declared, out_code) {
+            (Some(_), Some(d), o) if o != 0 && o != d => {
+                return Err(a.refuse(
+                    "output_dtype",
+                    &format!("names {} but the zero point is {}", type_name(o), type_name(d)),
+                ))
+            }
+            (_, Some(d), _) => d,
+            (_, None, o) if o != 0 => o,
+            (None, None, _) => DType::U8.onnx_code() as i64,
+            (Some(z), None, _) => {
+                return Err(Error::Graph(format!(
+                    "{what}: the element type of the zero point '{z}' is not declared (nor the output's), and graphrun needs it to saturate"
+                )))
+            }
+        };
+        let Some((to, (lo, hi))) =
+            DType::from_onnx(code).and_then(|dt| Some((dt, quant_range(dt)?)))
+        else {
+            return Err(Error::Graph(format!(
+                "{what}: output type {} is not a quantized type graphrun has (UINT8, INT8, UINT16, INT16)",
+                type_name(code)
+            )));
+        };
+        let s = self.quant_param(n, &x, &scale, axis, block)?;
+        let z = match zp {
+            Some(z) => Some(self.quant_param(n, &x, &z, axis, block)?),
+            None => None,
+        };
+        self.quantize_core(n, &x, &s, z, precision, (lo, hi), to);
+        Ok(())
+    }
+
+    /// Output 0 = Cast(Clip(f32(Round(x / scale)) + f32(zero point), lo, hi), to), with
+    /// scale and zero point already broadcastable against x. The sum runs in f32, where
+    /// every value that survives the clip is exact (as ONNX's int32 sum).
+    #[allow(clippy::too_many_arguments)]
+    fn quantize_core(
+        &mut self,
+        n: &NodeProto,
+        x: &str,
+        scale: &str,
+        zp: Option<String>,
+        precision: Option<DType>,
+        (lo, hi): (f32, f32),
+        to: DType,
+    ) {
+        let (num, den) = match precision {
+            Some(p) => (
+                self.val(n, "x_precision", Op::Cast { to: p }, vec![x.to_string()]),
+                self.val(
+                    n,
+                    "scale_precision",
+                    Op::Cast { to: p },
+                    vec![scale.to_string()],
+                ),
+            ),
+            None => (
+                x.to_string(),
+                self.val(
+                    n,
+                    "scale_like_x",
+                    Op::CastLike,
+                    vec![scale.to_string(), x.to_string()],
+                ),
+            ),
+        };
+        let q = self.val(n, "scaled", bin(BinaryOp::Div), vec![num, den]);
+        let q = self.val(n, "rounded", un(UnaryOp::Round), vec![q]);
+        let mut q = self.val(n, "rounded_f32", Op::Cast { to: DType::F32 }, vec![q]);
+        if let Some(z) = zp {
+            let z = self.val(n, "zero_point_f32", Op::Cast { to: DType::F32 }, vec![z]);
+            q = self.val(n, "shifted", bin(BinaryOp::Add), vec![q, z]);
+        }
+        let lo = self.constant(n, "type_min", Tensor::scalar(lo));
+        let hi = self.constant(n, "type_max", Tensor::scalar(hi));
+        let q = self.val(n, "saturated", Op::Clip, vec![q, lo, hi]);
+        self.out(n, 0, Op::Cast { to }, vec![q]);
+    }
+
+    /// DequantizeLinear: (f32(x) - f32(zero point)) · f32(scale), cast to output_dtype
+    /// (opset 23) or the scale's type, as ONNX's reference computes it.
+    fn dequantize(&mut self, n: &NodeProto, what: &str, mut a: Attrs) -> Result<()> {
+        let (axis, block) = Self::quant_layout(&mut a)?;
+        let to = match a.int("output_dtype", 0)? {
+            0 => None,
+            code => match DType::from_onnx(code) {
+                Some(dt) if dt.is_float() => Some(dt),
+                _ => {
+                    return Err(a.refuse(
+                        "output_dtype",
+                        &format!(
+                            "must name a floating type graphrun has, got {}",
+                            type_name(code)
+                        ),
+                    ))
+                }
+            },
+        };
+        a.finish()?;
+        let (ins, opt) = inputs(n, what, (2, 3), 1)?;
+        let (x, scale, zp) = (ins[0].clone(), ins[1].clone(), opt[0].clone());
+        let f32_of = |me: &mut Self, what: &str, v: String| {
+            me.val(n, what, Op::Cast { to: DType::F32 }, vec![v])
+        };
+        let mut d = f32_of(self, "x_f32", x.clone());
+        if let Some(z) = zp {
+            let z = self.quant_param(n, &x, &z, axis, block)?;
+            let z = f32_of(self, "zero_point_f32", z);
+            d = self.val(n, "centered", bin(BinaryOp::Sub), vec![d, z]);
+        }
+        let s = self.quant_param(n, &x, &scale, axis, block)?;
+        let s = f32_of(self, "scale_f32", s);
+        let y = self.val(n, "scaled", bin(BinaryOp::Mul), vec![d, s]);
+        match to {
+            Some(to) => self.out(n, 0, Op::Cast { to }, vec![y]),
+            None => self.out(n, 0, Op::CastLike, vec![y, scale]),
+        }
+        Ok(())
+    }
+
+    /// DynamicQuantizeLinear, as its function body: over all of x (f32), lo = min(min x,
+    /// 0), hi = max(max x, 0), scale = (hi - lo) / 255, zero point = uint8(round(clip(0 -
+    /// lo / scale, 0, 255))), y = QuantizeLinear(x, scale, zero point). ReduceMin is
+    /// -ReduceMax(-x).
+    fn dynamic_quantize(&mut self, n: &NodeProto, what: &str, a: Attrs) -> Result<()> {
+        a.finish()?;
+        let (ins, _) = inputs(n, what, (1, 1), 3)?;
+        let x = ins[0].clone();
+        let all_max = || Op::Reduce {
+            kind: ReduceKind::Max,
+            axes: None,
+            keepdims: false,
+            noop_with_empty_axes: false,
+        };
+        let max = self.val(n, "x_max", all_max(), vec![x.clone()]);
+        let neg = self.val(n, "x_neg", un(UnaryOp::Neg), vec![x.clone()]);
+        let neg_min = self.val(n, "x_neg_max", all_max(), vec![neg]);
+        let min = self.val(n, "x_min", un(UnaryOp::Neg), vec![neg_min]);
+        let c = |me: &mut Self, what: &str, v: f32| me.constant(n, what, Tensor::scalar(v));
+        let q_min = c(self, "q_min", 0.0);
+        let q_max = c(self, "q_max", 255.0);
+        let lo = self.val(
+            n,
+            "x_min_adjusted",
+            bin(BinaryOp::Min),
+            vec![min, q_min.clone()],
+        );
+        let hi = self.val(
+            n,
+            "x_max_adjusted",
+            bin(BinaryOp::Max),
+            vec![max, q_min.clone()],
+        );
+        let range = self.val(n, "x_range", bin(BinaryOp::Sub), vec![hi, lo.clone()]);
+        let scale = match output(n, 1) {
+            Some(_) => {
+                self.out(n, 1, bin(BinaryOp::Div), vec![range, q_max.clone()]);
+                n.output[1].clone()
+            }
+            None => self.val(n, "scale", bin(BinaryOp::Div), vec![range, q_max.clone()]),
+        };
+        let lo_scaled = self.val(n, "min_scaled", bin(BinaryOp::Div), vec![lo, scale.clone()]);
+        let zp = self.val(
+            n,
+            "zero_point_initial",
+            bin(BinaryOp::Sub),
+            vec![q_min.clone(), lo_scaled],
+        );
+        let zp = self.val(n, "zero_point_clipped", Op::Clip, vec![zp, q_min, q_max]);
+        let zp = self.val(n, "zero_point_rounded", un(UnaryOp::Round), vec![zp]);
+        let zp_u8 = match output(n, 2) {
+            Some(_) => {
+                self.out(n, 2, Op::Cast { to: DType::U8 }, vec![zp]);
+                n.output[2].clone()
+            }
+            None => self.val(n, "zero_point", Op::Cast { to: DType::U8 }, vec![zp]),
+        };
+        self.quantize_core(n, &x, &scale, Some(zp_u8), None, (0.0, 255.0), DType::U8);
+        Ok(())
     }
 }
