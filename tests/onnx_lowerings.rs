@@ -1426,6 +1426,125 @@ fn dynamic_quantize_linear_on_every_backend() {
     }
 }
 
+// ---- CenterCropPad, LRN -------------------------------------------------------------------
+
+#[test]
+fn center_crop_pad_on_every_backend_with_gradients() {
+    for (k, (shape, size, axes)) in [
+        (vec![4usize, 5, 3], vec![2i64, 8, 3], None),
+        (vec![3, 6, 5], vec![8, 2], Some(vec![-1i64, 0])),
+        (vec![5, 4], vec![1], Some(vec![1])),
+        (vec![2, 7, 2], vec![4, 4], Some(vec![1, 2])),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let r = shape.len() as i64;
+        let axes_n: Vec<usize> = match &axes {
+            None => (0..shape.len()).collect(),
+            Some(a) => a.iter().map(|&a| a.rem_euclid(r) as usize).collect(),
+        };
+        // Per axis: the output dim, and the input index of output index 0 (crop start
+        // minus pad before).
+        let mut out = shape.clone();
+        let mut shift = vec![0i64; shape.len()];
+        for (&a, &s) in axes_n.iter().zip(&size) {
+            let d = shape[a] as i64 - s;
+            out[a] = s as usize;
+            shift[a] = if d >= 0 { d / 2 } else { -((-d) / 2) };
+        }
+        let mut case = Case::new(
+            "CenterCropPad",
+            18,
+            vec![
+                ("x", Some(randn(&shape, 700 + k as u64))),
+                ("shape", Some(i64s(&[size.len()], &size))),
+            ],
+        )
+        .with(axes.iter().map(|a| ints_attr("axes", a)).collect());
+        case.symbolic = true;
+        let reference = |v: &[Vec<f64>]| -> Expected {
+            let st = strides(&shape);
+            let y = indices(&out)
+                .iter()
+                .map(|p| {
+                    let mut flat = 0;
+                    for (d, &i) in p.iter().enumerate() {
+                        let j = i as i64 + shift[d];
+                        if j < 0 || j >= shape[d] as i64 {
+                            return 0.0;
+                        }
+                        flat += j as usize * st[d];
+                    }
+                    v[0][flat]
+                })
+                .collect();
+            vec![(out.clone(), y)]
+        };
+        let what = format!("CenterCropPad {shape:?} to {size:?} on axes {axes:?}");
+        check_case(&what, &case, &BOTH, 0.0, reference);
+        check_grads(&what, &case, &[0], k as u64, reference);
+    }
+}
+
+#[test]
+fn lrn_on_every_backend_with_gradients() {
+    for (k, (shape, size, alpha, beta, bias)) in [
+        (vec![2usize, 5, 3, 3], 3i64, None, None, None),
+        (
+            vec![2, 5, 3, 3],
+            4,
+            Some(0.01f32),
+            Some(0.5f32),
+            Some(2.0f32),
+        ),
+        (vec![1, 4, 2, 2], 1, Some(0.1), Some(1.5), Some(1.0)),
+        // A window wider than the channels.
+        (vec![2, 5, 2, 1], 7, Some(0.2), Some(0.75), Some(0.5)),
+        (vec![2, 6, 4], 5, Some(0.05), None, Some(1.5)),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut attrs = vec![int_attr("size", size)];
+        attrs.extend(alpha.map(|v| float_attr("alpha", v)));
+        attrs.extend(beta.map(|v| float_attr("beta", v)));
+        attrs.extend(bias.map(|v| float_attr("bias", v)));
+        let (alpha, beta, bias) = (
+            alpha.unwrap_or(1e-4) as f64,
+            beta.unwrap_or(0.75) as f64,
+            bias.unwrap_or(1.0) as f64,
+        );
+        let mut case = Case::new(
+            "LRN",
+            13,
+            vec![("x", Some(rand(&shape, 800 + k as u64, -2.0, 2.0)))],
+        )
+        .with(attrs);
+        case.symbolic = true;
+        let c = shape[1] as i64;
+        let (lo, hi) = ((size - 1) / 2, size / 2);
+        let inner: usize = shape[2..].iter().product();
+        let reference = |v: &[Vec<f64>]| -> Expected {
+            let y = (0..v[0].len())
+                .map(|i| {
+                    let (nc, rest) = (i / inner, i % inner);
+                    let (b, ch) = (nc as i64 / c, nc as i64 % c);
+                    let s: f64 = (ch - lo..=ch + hi)
+                        .filter(|j| (0..c).contains(j))
+                        .map(|j| v[0][((b * c + j) as usize) * inner + rest].powi(2))
+                        .sum();
+                    v[0][i] / (bias + alpha / size as f64 * s).powf(beta)
+                })
+                .collect();
+            vec![(shape.clone(), y)]
+        };
+        let what = format!("LRN {shape:?} size {size} alpha {alpha} beta {beta} bias {bias}");
+        check_case(&what, &case, &BOTH, 1e-6, reference);
+        check_grads(&what, &case, &[0], k as u64, reference);
+    }
+}
+
 // ---- Refusals -----------------------------------------------------------------------------
 
 #[test]
@@ -1485,6 +1604,14 @@ fn unsupported_attribute_values_are_refused_by_name() {
         (
             Case::new("Shrink", 13, vec![("x", x())]).with(vec![int_attr("alpha", 1)]),
             "unknown attribute 'alpha'",
+        ),
+        (
+            Case::new("LRN", 13, vec![("x", x())]),
+            "attribute 'size' is required",
+        ),
+        (
+            Case::new("LRN", 13, vec![("x", x())]).with(vec![int_attr("size", 0)]),
+            "attribute 'size' must be in 1..=256, got 0",
         ),
         (
             Case::new("QuantizeLinear", 21, vec![("x", x()), ("s", x())])

@@ -37,7 +37,7 @@ fn since(op: &str) -> i64 {
         "SoftmaxCrossEntropyLoss" | "NegativeLogLikelihoodLoss" | "Einsum" => 12,
         "Trilu" => 14,
         "LayerNormalization" | "HannWindow" | "HammingWindow" | "BlackmanWindow" => 17,
-        "GroupNormalization" | "BitwiseNot" => 18,
+        "GroupNormalization" | "BitwiseNot" | "CenterCropPad" => 18,
         "Attention" | "RMSNormalization" | "RotaryEmbedding" => 23,
         _ => MIN_OPSET,
     }

@@ -35,6 +35,8 @@ pub(super) const COMPOSITE: &[&str] = &[
     "QuantizeLinear",
     "DequantizeLinear",
     "DynamicQuantizeLinear",
+    "CenterCropPad",
+    "LRN",
 ];
 
 /// The com.microsoft (ONNX Runtime contrib) operators written here.
@@ -273,6 +275,8 @@ impl Importer<'_> {
             "QuantizeLinear" => self.quantize(n, &what, a),
             "DequantizeLinear" => self.dequantize(n, &what, a),
             "DynamicQuantizeLinear" => self.dynamic_quantize(n, &what, a),
+            "CenterCropPad" => self.center_crop_pad(n, &what, a),
+            "LRN" => self.lrn(n, &what, a),
             _ => self.window(n, &what, a),
         }
     }
@@ -1380,6 +1384,119 @@ impl Importer<'_> {
             None => self.val(n, "zero_point", Op::Cast { to: DType::U8 }, vec![zp]),
         };
         self.quantize_core(n, &x, &scale, Some(zp_u8), None, (0.0, 255.0), DType::U8);
+        Ok(())
+    }
+
+    /// CenterCropPad (opset 18): each of `axes` (default all) cropped or zero-padded to
+    /// the matching element of `shape`, centred as ONNX's reference does: a crop by d =
+    /// dim - size starts at floor(d/2); a pad by d = size - dim puts floor(d/2) before and
+    /// the rest after. A Slice, then a Pad, both from `Shape` arithmetic on shape's value
+    /// (which must be known when the plan is made, as the output's shape depends on it).
+    fn center_crop_pad(&mut self, n: &NodeProto, what: &str, mut a: Attrs) -> Result<()> {
+        let axes = a.opt_ints("axes")?;
+        a.finish()?;
+        let (ins, _) = inputs(n, what, (2, 2), 1)?;
+        let x = ins[0].clone();
+        let size = self.val(n, "size", Op::Cast { to: DType::I64 }, vec![ins[1].clone()]);
+        let full = self.val(n, "x_shape", shape(0, None), vec![x.clone()]);
+        let axes = match axes {
+            None => None,
+            Some(v) => Some(self.ints_const(n, "axes", &v)?),
+        };
+        let dims = match &axes {
+            None => full,
+            Some(ax) => self.val(n, "dims", Op::Gather { axis: 0 }, vec![full, ax.clone()]),
+        };
+        let zero = self.ints_const(n, "zero", &[0])?;
+        let two = self.ints_const(n, "two", &[2])?;
+        let i64_op = |me: &mut Self, what: &str, b: BinaryOp, l: &str, r: &str| {
+            me.val(n, what, bin(b), vec![l.to_string(), r.to_string()])
+        };
+        let shrink = i64_op(self, "shrink", BinaryOp::Sub, &dims, &size);
+        let shrink = i64_op(self, "crop", BinaryOp::Max, &shrink, &zero);
+        let start = i64_op(self, "crop_start", BinaryOp::Div, &shrink, &two);
+        let kept = i64_op(self, "kept", BinaryOp::Min, &dims, &size);
+        let end = i64_op(self, "crop_end", BinaryOp::Add, &start, &kept);
+        let grow = i64_op(self, "grow", BinaryOp::Sub, &size, &dims);
+        let grow = i64_op(self, "pad", BinaryOp::Max, &grow, &zero);
+        let before = i64_op(self, "pad_before", BinaryOp::Div, &grow, &two);
+        let after = i64_op(self, "pad_after", BinaryOp::Sub, &grow, &before);
+        let pads = self.val(n, "pads", Op::Concat { axis: 0 }, vec![before, after]);
+        let mut slice_ins = vec![x, start, end];
+        slice_ins.extend(axes.clone());
+        let cropped = self.val(n, "cropped", Op::Slice, slice_ins);
+        let mut pad_ins = vec![cropped, pads];
+        if let Some(ax) = axes {
+            pad_ins.extend([String::new(), ax]);
+        }
+        let pad = Op::Pad {
+            mode: crate::graph::op::PadMode::Constant,
+        };
+        self.out(n, 0, pad, pad_ins);
+        Ok(())
+    }
+
+    /// LRN: y = x / (bias + alpha/size · s)^beta, s the sum of x² over the channels
+    /// c - floor((size-1)/2) ..= c + ceil((size-1)/2) that exist: x² zero-padded on axis
+    /// 1 and `size` shifted slices of it added. The constants are cast like x, alpha/size
+    /// divided there (as ONNX's reference computes it in x's type).
+    fn lrn(&mut self, n: &NodeProto, what: &str, mut a: Attrs) -> Result<()> {
+        // One slice per window element: beyond this many the graph would be huge.
+        const MAX_SIZE: i64 = 256;
+        let size = match a.opt_int("size")? {
+            None => {
+                return Err(Error::Graph(format!(
+                    "{what}: attribute 'size' is required"
+                )))
+            }
+            Some(s) if (1..=MAX_SIZE).contains(&s) => s,
+            Some(s) => return Err(a.refuse("size", &format!("must be in 1..={MAX_SIZE}, got {s}"))),
+        };
+        let alpha = a.float("alpha", 1e-4)?;
+        let beta = a.float("beta", 0.75)?;
+        let bias = a.float("bias", 1.0)?;
+        a.finish()?;
+        let (ins, _) = inputs(n, what, (1, 1), 1)?;
+        let x = ins[0].clone();
+        let sq = self.val(n, "square", bin(BinaryOp::Mul), vec![x.clone(), x.clone()]);
+        let before = (size - 1) / 2;
+        let pads = self.ints_const(n, "pads", &[before, size - 1 - before])?;
+        let axis = self.ints_const(n, "channel_axis", &[1])?;
+        let pad = Op::Pad {
+            mode: crate::graph::op::PadMode::Constant,
+        };
+        let padded = self.val(
+            n,
+            "padded",
+            pad,
+            vec![sq, pads, String::new(), axis.clone()],
+        );
+        let c = self.val(n, "channels", shape(1, Some(2)), vec![x.clone()]);
+        let window = |me: &mut Self, k: i64| -> Result<String> {
+            let start = me.ints_const(n, "window_start", &[k])?;
+            let end = me.val(
+                n,
+                "window_end",
+                bin(BinaryOp::Add),
+                vec![c.clone(), start.clone()],
+            );
+            let ins = vec![padded.clone(), start, end, axis.clone()];
+            Ok(me.val(n, "window", Op::Slice, ins))
+        };
+        let mut sum = window(self, 0)?;
+        for k in 1..size {
+            let w = window(self, k)?;
+            sum = self.val(n, "window_sum", bin(BinaryOp::Add), vec![sum, w]);
+        }
+        let alpha = self.float_like(n, "alpha", alpha, &x);
+        let count = self.float_like(n, "size", size as f32, &x);
+        let ratio = self.val(n, "alpha_over_size", bin(BinaryOp::Div), vec![alpha, count]);
+        let scaled = self.val(n, "scaled_sum", bin(BinaryOp::Mul), vec![ratio, sum]);
+        let bias = self.float_like(n, "bias", bias, &x);
+        let base = self.val(n, "base", bin(BinaryOp::Add), vec![bias, scaled]);
+        let beta = self.float_like(n, "beta", beta, &x);
+        let den = self.val(n, "denominator", bin(BinaryOp::Pow), vec![base, beta]);
+        self.out(n, 0, bin(BinaryOp::Div), vec![x, den]);
         Ok(())
     }
 }
