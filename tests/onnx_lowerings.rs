@@ -24,6 +24,9 @@ struct Case {
     /// In order; "" and None where omitted. Floating inputs take the run's dtype.
     inputs: Vec<(&'static str, Option<Tensor>)>,
     outputs: Vec<&'static str>,
+    /// Declare the inputs' dims symbolic (only their ranks known at import), so every
+    /// shape the lowering needs comes from `Shape` arithmetic when the plan is made.
+    symbolic: bool,
 }
 
 impl Case {
@@ -35,6 +38,7 @@ impl Case {
             attrs: vec![],
             inputs,
             outputs: vec!["y"],
+            symbolic: false,
         }
     }
     fn with(mut self, attrs: Vec<AttributeProto>) -> Case {
@@ -63,7 +67,12 @@ impl Case {
             .inputs
             .iter()
             .zip(&args)
-            .filter_map(|((n, _), t)| t.as_ref().map(|t| input_like(n, t)))
+            .filter_map(|((n, _), t)| {
+                t.as_ref().map(|t| match self.symbolic {
+                    true => input(n, t.dtype(), &vec![None; t.shape().len()]),
+                    false => input_like(n, t),
+                })
+            })
             .collect();
         let n = node(
             self.op,
@@ -969,11 +978,584 @@ fn windows_on_every_backend() {
     }
 }
 
+// ---- RotaryEmbedding ----------------------------------------------------------------------
+
+/// One RotaryEmbedding setting: X's shape ([B, N, S, D] or [B, S, N·D]), num_heads,
+/// rotary_embedding_dim, interleaved, and where the positions come from.
+#[derive(Clone, Copy)]
+struct Rope {
+    x: [usize; 4],
+    three_d: bool,
+    heads_attr: i64,
+    dim: usize,
+    interleaved: bool,
+    pos: RopePos,
+    microsoft: bool,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum RopePos {
+    /// Caches given per token, [B, S, d/2].
+    None,
+    /// position_ids [B, S] into caches of `rows` rows.
+    Ids(usize),
+    /// ONNX Runtime's start position [1] (token s at p + s) into `rows` rows.
+    Start(usize),
+}
+
+impl Rope {
+    /// (B, N, S, D), and d (the rotated width).
+    fn dims(&self) -> (usize, usize, usize, usize, usize) {
+        let [b, n, s, d] = self.x;
+        (b, n, s, d, if self.dim == 0 { d } else { self.dim })
+    }
+    fn x_shape(&self) -> Vec<usize> {
+        let (b, n, s, d, _) = self.dims();
+        if self.three_d {
+            vec![b, s, n * d]
+        } else {
+            vec![b, n, s, d]
+        }
+    }
+    fn case(&self, seed: u64) -> Case {
+        let (b, _, s, _, rd) = self.dims();
+        let x = randn(&self.x_shape(), seed);
+        let cache_shape = match self.pos {
+            RopePos::None => vec![b, s, rd / 2],
+            RopePos::Ids(rows) | RopePos::Start(rows) => vec![rows, rd / 2],
+        };
+        // Angles of any size: cos and sin need not be a rotation's for the formula.
+        let cos = rand(&cache_shape, seed + 1, -1.0, 1.0);
+        let sin = rand(&cache_shape, seed + 2, -1.0, 1.0);
+        let pos = match self.pos {
+            RopePos::None => None,
+            RopePos::Ids(rows) => Some(rand_ints(&[b, s], seed + 3, 0, rows as i64)),
+            RopePos::Start(rows) => Some(i64s(&[1], &[(rows - s) as i64])),
+        };
+        let mut attrs = vec![int_attr("interleaved", self.interleaved as i64)];
+        if self.heads_attr > 0 {
+            attrs.push(int_attr("num_heads", self.heads_attr));
+        }
+        if self.dim > 0 {
+            attrs.push(int_attr("rotary_embedding_dim", self.dim as i64));
+        }
+        let pos_in = (if pos.is_some() { "pos" } else { "" }, pos);
+        let ins = if self.microsoft {
+            vec![
+                ("x", Some(x)),
+                pos_in,
+                ("cos", Some(cos)),
+                ("sin", Some(sin)),
+            ]
+        } else {
+            vec![
+                ("x", Some(x)),
+                ("cos", Some(cos)),
+                ("sin", Some(sin)),
+                pos_in,
+            ]
+        };
+        let mut case = Case::new("RotaryEmbedding", 23, ins).with(attrs);
+        if self.microsoft {
+            case.domain = "com.microsoft";
+        }
+        case.symbolic = true;
+        case
+    }
+    /// The float64 reference on the case's inputs (in the case's order).
+    fn reference(&self, v: &[Vec<f64>]) -> Expected {
+        let (x, pos, cos, sin) = if self.microsoft {
+            (&v[0], &v[1], &v[2], &v[3])
+        } else {
+            (&v[0], &v[3], &v[1], &v[2])
+        };
+        let (b, n, s, d, rd) = self.dims();
+        let half = rd / 2;
+        let mut y = x.clone();
+        for (bi, hi, si) in
+            (0..b).flat_map(|bi| (0..n).flat_map(move |hi| (0..s).map(move |si| (bi, hi, si))))
+        {
+            let base = if self.three_d {
+                ((bi * s + si) * n + hi) * d
+            } else {
+                ((bi * n + hi) * s + si) * d
+            };
+            let row = match self.pos {
+                RopePos::None => bi * s + si,
+                RopePos::Ids(_) => pos[bi * s + si] as usize,
+                RopePos::Start(_) => pos[0] as usize + si,
+            };
+            for i in 0..half {
+                let (j1, j2) = if self.interleaved {
+                    (2 * i, 2 * i + 1)
+                } else {
+                    (i, i + half)
+                };
+                let (c, sn) = (cos[row * half + i], sin[row * half + i]);
+                let (x1, x2) = (x[base + j1], x[base + j2]);
+                y[base + j1] = c * x1 - sn * x2;
+                y[base + j2] = sn * x1 + c * x2;
+            }
+        }
+        vec![(self.x_shape(), y)]
+    }
+}
+
+fn rope_settings() -> Vec<Rope> {
+    let r = |x, three_d, heads_attr, dim, interleaved, pos| Rope {
+        x,
+        three_d,
+        heads_attr,
+        dim,
+        interleaved,
+        pos,
+        microsoft: false,
+    };
+    let ms = |mut r: Rope| {
+        r.microsoft = true;
+        r
+    };
+    vec![
+        r([2, 3, 5, 8], false, 0, 0, false, RopePos::Ids(12)),
+        r([2, 3, 5, 8], false, 3, 0, true, RopePos::Ids(12)),
+        r([2, 3, 5, 8], true, 3, 4, false, RopePos::Ids(9)),
+        r([2, 2, 5, 8], false, 0, 4, true, RopePos::None),
+        // The whole head named as the rotated part: nothing passes through.
+        r([1, 2, 5, 6], true, 2, 6, false, RopePos::None),
+        r([2, 3, 4, 10], true, 3, 6, true, RopePos::Ids(7)),
+        ms(r([2, 2, 5, 8], true, 0, 0, false, RopePos::Start(9))),
+        ms(r([2, 2, 5, 8], false, 0, 0, true, RopePos::Start(5))),
+        ms(r([2, 2, 5, 8], false, 2, 4, true, RopePos::Ids(12))),
+        ms(r([2, 3, 4, 8], true, 3, 6, false, RopePos::Ids(6))),
+    ]
+}
+
+fn rope_what(r: &Rope) -> String {
+    format!(
+        "RotaryEmbedding{} x {:?} heads {} dim {} interleaved {} positions {}",
+        if r.microsoft { " (com.microsoft)" } else { "" },
+        r.x_shape(),
+        r.heads_attr,
+        r.dim,
+        r.interleaved,
+        match r.pos {
+            RopePos::None => "in the caches".to_string(),
+            RopePos::Ids(rows) => format!("ids into {rows} rows"),
+            RopePos::Start(rows) => format!("from a start into {rows} rows"),
+        }
+    )
+}
+
+#[test]
+fn rotary_embedding_on_every_backend_with_gradients() {
+    for (k, rope) in rope_settings().into_iter().enumerate() {
+        let case = rope.case(300 + 10 * k as u64);
+        let what = rope_what(&rope);
+        check_case(&what, &case, &BOTH, 1e-6, |v| rope.reference(v));
+        // X and both caches (the caches through Gather where there are positions).
+        let (xi, ci, si) = if rope.microsoft { (0, 2, 3) } else { (0, 1, 2) };
+        check_grads(&what, &case, &[xi, ci, si], k as u64, |v| rope.reference(v));
+    }
+}
+
+// ---- QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear -----------------------------
+
+/// Round half to even.
+fn round_even(v: f64) -> f64 {
+    let r = v.round();
+    if (v - v.trunc()).abs() == 0.5 && r % 2.0 != 0.0 {
+        r - v.signum()
+    } else {
+        r
+    }
+}
+
+/// The saturation range of a quantized type.
+fn q_range(dt: DType) -> (f64, f64) {
+    match dt {
+        DType::U8 => (0.0, 255.0),
+        DType::I8 => (-128.0, 127.0),
+        DType::U16 => (0.0, 65535.0),
+        DType::I16 => (-32768.0, 32767.0),
+        _ => unreachable!(),
+    }
+}
+
+/// How a scale (and zero point) maps onto x: per tensor, per axis, or blocked.
+#[derive(Clone, Copy, Debug)]
+enum QLayout {
+    /// A scalar (`false`) or a one-element vector (`true`).
+    Tensor(bool),
+    Axis(i64),
+    Blocked(i64, usize),
+}
+
+impl QLayout {
+    /// The shape of the scale for x of `shape`.
+    fn param_shape(&self, shape: &[usize]) -> Vec<usize> {
+        let r = shape.len() as i64;
+        match *self {
+            QLayout::Tensor(false) => vec![],
+            QLayout::Tensor(true) => vec![1],
+            QLayout::Axis(a) => vec![shape[a.rem_euclid(r) as usize]],
+            QLayout::Blocked(a, b) => {
+                let a = a.rem_euclid(r) as usize;
+                let mut s = shape.to_vec();
+                s[a] = s[a].div_ceil(b);
+                s
+            }
+        }
+    }
+    /// The index into the scale for each element of x.
+    fn param_index(&self, shape: &[usize]) -> Vec<usize> {
+        let r = shape.len() as i64;
+        let ps = self.param_shape(shape);
+        indices(shape)
+            .iter()
+            .map(|p| match *self {
+                QLayout::Tensor(_) => 0,
+                QLayout::Axis(a) => p[a.rem_euclid(r) as usize],
+                QLayout::Blocked(a, b) => {
+                    let a = a.rem_euclid(r) as usize;
+                    let mut q = p.clone();
+                    q[a] /= b;
+                    q.iter().zip(strides(&ps)).map(|(i, s)| i * s).sum()
+                }
+            })
+            .collect()
+    }
+    fn attrs(&self) -> Vec<AttributeProto> {
+        match *self {
+            QLayout::Tensor(_) => vec![],
+            QLayout::Axis(a) => vec![int_attr("axis", a)],
+            QLayout::Blocked(a, b) => vec![int_attr("axis", a), int_attr("block_size", b as i64)],
+        }
+    }
+}
+
+/// One quantization setting.
+#[derive(Clone, Debug)]
+struct Quant {
+    shape: Vec<usize>,
+    layout: QLayout,
+    /// The quantized type.
+    dt: DType,
+    zero_point: bool,
+    /// The type named by output_dtype.
+    out_attr: bool,
+}
+
+fn quant_settings() -> Vec<Quant> {
+    let q = |shape: &[usize], layout, dt, zero_point, out_attr| Quant {
+        shape: shape.to_vec(),
+        layout,
+        dt,
+        zero_point,
+        out_attr,
+    };
+    vec![
+        q(&[3, 4], QLayout::Tensor(false), DType::U8, false, false),
+        q(&[3, 4], QLayout::Tensor(false), DType::I8, true, false),
+        q(&[2, 3, 4], QLayout::Tensor(true), DType::U8, true, false),
+        q(&[2, 3, 4], QLayout::Axis(1), DType::U8, true, false),
+        q(&[2, 3, 4], QLayout::Axis(-1), DType::I16, true, false),
+        q(&[4, 3, 2], QLayout::Axis(0), DType::U16, true, false),
+        q(&[2, 5, 2], QLayout::Blocked(1, 3), DType::I8, true, false),
+        q(&[6, 2], QLayout::Blocked(-2, 2), DType::U8, false, false),
+        q(&[3, 4], QLayout::Axis(1), DType::I8, false, true),
+        q(&[2, 6], QLayout::Blocked(1, 4), DType::I16, false, true),
+    ]
+}
+
+impl Quant {
+    fn what(&self, op: &str) -> String {
+        format!("{op} {self:?}")
+    }
+    fn param_shape(&self) -> Vec<usize> {
+        self.layout.param_shape(&self.shape)
+    }
+    /// A zero point for each scale element (inside the type's range, off-centre).
+    fn zero_points(&self, seed: u64) -> Option<Tensor> {
+        let (lo, hi) = q_range(self.dt);
+        let (lo, hi) = ((lo + (hi - lo) * 0.3) as i64, (lo + (hi - lo) * 0.7) as i64);
+        let t = rand_ints(&self.param_shape(), seed, lo, hi).cast(self.dt);
+        self.zero_point.then_some(t)
+    }
+    fn case(&self, op: &'static str, opset: i64, x: Tensor, scale: Tensor, seed: u64) -> Case {
+        let mut attrs = self.layout.attrs();
+        if self.out_attr {
+            // QuantizeLinear's quantized type; DequantizeLinear's output in f64.
+            let to = if op == "QuantizeLinear" {
+                self.dt
+            } else {
+                DType::F64
+            };
+            attrs.push(int_attr("output_dtype", elem_type(to) as i64));
+        }
+        let zp = self.zero_points(seed);
+        let mut case = Case::new(
+            op,
+            opset,
+            vec![
+                ("x", Some(x)),
+                ("scale", Some(scale)),
+                (if zp.is_some() { "zp" } else { "" }, zp),
+            ],
+        )
+        .with(attrs);
+        case.symbolic = true;
+        case
+    }
+}
+
+#[test]
+fn quantize_linear_on_every_backend() {
+    for (k, q) in quant_settings().into_iter().enumerate() {
+        let seed = 400 + 10 * k as u64;
+        let ps = q.param_shape();
+        let at = q.layout.param_index(&q.shape);
+        // Powers of two as scales, so that x / scale is exact in every float type, and
+        // x at (m + f)·scale with f in (-0.4, 0.4) or a tie (±0.5): the rounding is the
+        // definition's alone. |m| reaches past the type's range, so some saturate.
+        let scales: Vec<f64> = rand_ints(&ps, seed, -3, 3)
+            .to_i64_vec()
+            .iter()
+            .map(|&e| 2f64.powi(e as i32))
+            .collect();
+        let (lo, hi) = q_range(q.dt);
+        let span = (hi - lo) * 0.7;
+        let m = rand(&q.shape, seed + 1, -span, span).to_f64_vec();
+        let f = rand(&q.shape, seed + 2, -0.4, 0.4).to_f64_vec();
+        let frac = |i: usize| match i % 5 {
+            0 => 0.5,
+            1 => -0.5,
+            _ => f[i],
+        };
+        let xv: Vec<f64> = (0..m.len())
+            .map(|i| (m[i].round() + frac(i)) * scales[at[i]])
+            .collect();
+        let x = f64s(&q.shape, &xv);
+        let case = q.case("QuantizeLinear", 21, x, f64s(&ps, &scales), seed + 3);
+        let what = q.what("QuantizeLinear");
+        check_case(&what, &case, &BOTH, 0.0, |v| {
+            let y = (0..v[0].len())
+                .map(|i| {
+                    let z = if q.zero_point { v[2][at[i]] } else { 0.0 };
+                    (round_even(v[0][i] / v[1][at[i]]) + z).clamp(lo, hi)
+                })
+                .collect();
+            vec![(q.shape.clone(), y)]
+        });
+        // The output type is the zero point's (or output_dtype's, or uint8).
+        let got = Session::new(case.graph(DType::F32), SessionOptions::default())
+            .unwrap()
+            .run(&case.feeds(&case.args(DType::F32)))
+            .unwrap();
+        assert_eq!(got[0].1.dtype(), q.dt, "{what}");
+    }
+}
+
+#[test]
+fn dequantize_linear_on_every_backend_with_gradients() {
+    for (k, q) in quant_settings().into_iter().enumerate() {
+        let seed = 500 + 10 * k as u64;
+        let at = q.layout.param_index(&q.shape);
+        let (lo, hi) = q_range(q.dt);
+        let x = rand_ints(&q.shape, seed, lo as i64, hi as i64 + 1).cast(q.dt);
+        let scale = rand(&q.param_shape(), seed + 1, 0.01, 2.0);
+        let case = q.case("DequantizeLinear", 23, x, scale, seed + 2);
+        let what = q.what("DequantizeLinear");
+        let centered =
+            |v: &[Vec<f64>], i: usize| v[0][i] - if q.zero_point { v[2][at[i]] } else { 0.0 };
+        // In f32, as ONNX's reference computes it, then cast: exact in either dtype.
+        let dtypes: &[DType] = if q.out_attr { &[DType::F32] } else { &BOTH };
+        check_case(&what, &case, dtypes, 0.0, |v| {
+            let y = (0..v[0].len())
+                .map(|i| (centered(v, i) as f32 * v[1][at[i]] as f32) as f64)
+                .collect();
+            vec![(q.shape.clone(), y)]
+        });
+        if !q.out_attr {
+            // d/dscale against the exact formula (the f32 steps are good to 1e-7).
+            check_grads(&what, &case, &[1], k as u64, |v| {
+                let y = (0..v[0].len())
+                    .map(|i| centered(v, i) * v[1][at[i]])
+                    .collect();
+                vec![(q.shape.clone(), y)]
+            });
+        }
+    }
+}
+
+#[test]
+fn dynamic_quantize_linear_on_every_backend() {
+    for (k, (shape, lo, hi)) in [
+        (vec![3usize, 4], -2.0, 3.0),
+        // All positive: the minimum is taken as 0; all negative: the maximum.
+        (vec![2, 3, 2], 0.5, 4.0),
+        (vec![7], -5.0, -0.25),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut case = Case::new(
+            "DynamicQuantizeLinear",
+            11,
+            vec![("x", Some(rand(&shape, 600 + k as u64, lo, hi)))],
+        );
+        case.outputs = vec!["y", "y_scale", "y_zero_point"];
+        case.symbolic = true;
+        let what = format!("DynamicQuantizeLinear x in [{lo}, {hi})");
+        // The function body, in f32.
+        check_case(&what, &case, &[DType::F32], 0.0, |v| {
+            let x: Vec<f32> = v[0].iter().map(|&x| x as f32).collect();
+            let lo = x.iter().fold(0f32, |a, &b| a.min(b));
+            let hi = x.iter().fold(0f32, |a, &b| a.max(b));
+            let scale = (hi - lo) / 255.0;
+            let zp = round_even((0.0 - lo / scale).clamp(0.0, 255.0) as f64);
+            let y = x
+                .iter()
+                .map(|&x| (round_even((x / scale) as f64) + zp).clamp(0.0, 255.0))
+                .collect();
+            vec![
+                (shape.clone(), y),
+                (vec![], vec![scale as f64]),
+                (vec![], vec![zp]),
+            ]
+        });
+    }
+}
+
+// ---- CenterCropPad, LRN -------------------------------------------------------------------
+
+#[test]
+fn center_crop_pad_on_every_backend_with_gradients() {
+    for (k, (shape, size, axes)) in [
+        (vec![4usize, 5, 3], vec![2i64, 8, 3], None),
+        (vec![3, 6, 5], vec![8, 2], Some(vec![-1i64, 0])),
+        (vec![5, 4], vec![1], Some(vec![1])),
+        (vec![2, 7, 2], vec![4, 4], Some(vec![1, 2])),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let r = shape.len() as i64;
+        let axes_n: Vec<usize> = match &axes {
+            None => (0..shape.len()).collect(),
+            Some(a) => a.iter().map(|&a| a.rem_euclid(r) as usize).collect(),
+        };
+        // Per axis: the output dim, and the input index of output index 0 (crop start
+        // minus pad before).
+        let mut out = shape.clone();
+        let mut shift = vec![0i64; shape.len()];
+        for (&a, &s) in axes_n.iter().zip(&size) {
+            let d = shape[a] as i64 - s;
+            out[a] = s as usize;
+            shift[a] = if d >= 0 { d / 2 } else { -((-d) / 2) };
+        }
+        let mut case = Case::new(
+            "CenterCropPad",
+            18,
+            vec![
+                ("x", Some(randn(&shape, 700 + k as u64))),
+                ("shape", Some(i64s(&[size.len()], &size))),
+            ],
+        )
+        .with(axes.iter().map(|a| ints_attr("axes", a)).collect());
+        case.symbolic = true;
+        let reference = |v: &[Vec<f64>]| -> Expected {
+            let st = strides(&shape);
+            let y = indices(&out)
+                .iter()
+                .map(|p| {
+                    let mut flat = 0;
+                    for (d, &i) in p.iter().enumerate() {
+                        let j = i as i64 + shift[d];
+                        if j < 0 || j >= shape[d] as i64 {
+                            return 0.0;
+                        }
+                        flat += j as usize * st[d];
+                    }
+                    v[0][flat]
+                })
+                .collect();
+            vec![(out.clone(), y)]
+        };
+        let what = format!("CenterCropPad {shape:?} to {size:?} on axes {axes:?}");
+        check_case(&what, &case, &BOTH, 0.0, reference);
+        check_grads(&what, &case, &[0], k as u64, reference);
+    }
+}
+
+#[test]
+fn lrn_on_every_backend_with_gradients() {
+    for (k, (shape, size, alpha, beta, bias)) in [
+        (vec![2usize, 5, 3, 3], 3i64, None, None, None),
+        (
+            vec![2, 5, 3, 3],
+            4,
+            Some(0.01f32),
+            Some(0.5f32),
+            Some(2.0f32),
+        ),
+        (vec![1, 4, 2, 2], 1, Some(0.1), Some(1.5), Some(1.0)),
+        // A window wider than the channels.
+        (vec![2, 5, 2, 1], 7, Some(0.2), Some(0.75), Some(0.5)),
+        (vec![2, 6, 4], 5, Some(0.05), None, Some(1.5)),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut attrs = vec![int_attr("size", size)];
+        attrs.extend(alpha.map(|v| float_attr("alpha", v)));
+        attrs.extend(beta.map(|v| float_attr("beta", v)));
+        attrs.extend(bias.map(|v| float_attr("bias", v)));
+        let (alpha, beta, bias) = (
+            alpha.unwrap_or(1e-4) as f64,
+            beta.unwrap_or(0.75) as f64,
+            bias.unwrap_or(1.0) as f64,
+        );
+        let mut case = Case::new(
+            "LRN",
+            13,
+            vec![("x", Some(rand(&shape, 800 + k as u64, -2.0, 2.0)))],
+        )
+        .with(attrs);
+        case.symbolic = true;
+        let c = shape[1] as i64;
+        let (lo, hi) = ((size - 1) / 2, size / 2);
+        let inner: usize = shape[2..].iter().product();
+        let reference = |v: &[Vec<f64>]| -> Expected {
+            let y = (0..v[0].len())
+                .map(|i| {
+                    let (nc, rest) = (i / inner, i % inner);
+                    let (b, ch) = (nc as i64 / c, nc as i64 % c);
+                    let s: f64 = (ch - lo..=ch + hi)
+                        .filter(|j| (0..c).contains(j))
+                        .map(|j| v[0][((b * c + j) as usize) * inner + rest].powi(2))
+                        .sum();
+                    v[0][i] / (bias + alpha / size as f64 * s).powf(beta)
+                })
+                .collect();
+            vec![(shape.clone(), y)]
+        };
+        let what = format!("LRN {shape:?} size {size} alpha {alpha} beta {beta} bias {bias}");
+        check_case(&what, &case, &BOTH, 1e-6, reference);
+        check_grads(&what, &case, &[0], k as u64, reference);
+    }
+}
+
 // ---- Refusals -----------------------------------------------------------------------------
 
 #[test]
 fn unsupported_attribute_values_are_refused_by_name() {
     let x = || Some(randn(&[2, 4, 2, 2], 1));
+    let microsoft = |mut c: Case| {
+        c.domain = "com.microsoft";
+        c
+    };
+    let pos = Some(i64s(&[1], &[0]));
+    let rope4 = vec![("x", x()), ("pos", pos), ("c", x()), ("s", x())];
     let cases: Vec<(Case, &str)> = vec![
         (
             Case::new("LpNormalization", 13, vec![("x", x())]).with(vec![int_attr("p", 3)]),
@@ -1023,6 +1605,68 @@ fn unsupported_attribute_values_are_refused_by_name() {
             Case::new("Shrink", 13, vec![("x", x())]).with(vec![int_attr("alpha", 1)]),
             "unknown attribute 'alpha'",
         ),
+        (
+            Case::new("LRN", 13, vec![("x", x())]),
+            "attribute 'size' is required",
+        ),
+        (
+            Case::new("LRN", 13, vec![("x", x())]).with(vec![int_attr("size", 0)]),
+            "attribute 'size' must be in 1..=256, got 0",
+        ),
+        (
+            Case::new("QuantizeLinear", 21, vec![("x", x()), ("s", x())])
+                .with(vec![int_attr("output_dtype", 17)]),
+            "output type FLOAT8E4M3FN is not a quantized type graphrun has",
+        ),
+        (
+            Case::new("QuantizeLinear", 21, vec![("x", x()), ("s", x())])
+                .with(vec![int_attr("block_size", -1)]),
+            "attribute 'block_size' must be non-negative, got -1",
+        ),
+        (
+            Case::new("DequantizeLinear", 23, vec![("x", x()), ("s", x())])
+                .with(vec![int_attr("output_dtype", 3)]),
+            "attribute 'output_dtype' must name a floating type graphrun has, got INT8",
+        ),
+        (
+            Case::new(
+                "RotaryEmbedding",
+                23,
+                vec![("x", x()), ("c", x()), ("s", x())],
+            )
+            .with(vec![int_attr("rotary_embedding_dim", 3)]),
+            "attribute 'rotary_embedding_dim' must be a non-negative even number, got 3",
+        ),
+        (
+            Case::new(
+                "RotaryEmbedding",
+                23,
+                vec![("x", x()), ("c", x()), ("s", x())],
+            )
+            .with(vec![int_attr("interleaved", 2)]),
+            "attribute 'interleaved' must be 0 or 1, got 2",
+        ),
+        (
+            microsoft(
+                Case::new("RotaryEmbedding", 23, rope4.clone())
+                    .with(vec![float_attr("scale", 0.5)]),
+            ),
+            "attribute 'scale' = 0.5 is not supported",
+        ),
+        (
+            microsoft(
+                Case::new("RotaryEmbedding", 23, rope4.clone())
+                    .with(vec![int_attr("is_packed_batching", 1)]),
+            ),
+            "attribute 'is_packed_batching' = 1 (ragged batches) is not supported",
+        ),
+        (
+            microsoft(
+                Case::new("RotaryEmbedding", 23, rope4)
+                    .with(vec![int_attr("rotary_embedding_dim", 2)]),
+            ),
+            "attribute 'rotary_embedding_dim' needs num_heads",
+        ),
     ];
     for (case, want) in cases {
         let args = case.args(DType::F32);
@@ -1033,7 +1677,13 @@ fn unsupported_attribute_values_are_refused_by_name() {
             .zip(&args)
             .filter_map(|((n, _), t)| t.as_ref().map(|t| input_like(n, t)))
             .collect();
-        let n = node(case.op, "", &names, &case.outputs, case.attrs.clone());
+        let n = node(
+            case.op,
+            case.domain,
+            &names,
+            &case.outputs,
+            case.attrs.clone(),
+        );
         let e = import_one_node(n, case.opset, infos, vec![])
             .err()
             .unwrap_or_else(|| panic!("{}: imported", case.op))

@@ -30,14 +30,16 @@ fn since(op: &str) -> i64 {
     }
     match op {
         "Expand" => 8,
+        "QuantizeLinear" | "DequantizeLinear" => 10,
+        "DynamicQuantizeLinear" => 11,
         "Where" | "MeanVarianceNormalization" | "Shrink" | "OneHot" | "EyeLike" | "Scatter" => 9,
         "Range" | "GatherElements" | "GatherND" | "CumSum" | "ScatterElements" | "ScatterND" => 11,
         "SoftmaxCrossEntropyLoss" | "NegativeLogLikelihoodLoss" | "Einsum" => 12,
         "CumProd" => 26,
         "Trilu" => 14,
         "LayerNormalization" | "HannWindow" | "HammingWindow" | "BlackmanWindow" => 17,
-        "GroupNormalization" | "BitwiseNot" => 18,
-        "Attention" | "RMSNormalization" => 23,
+        "GroupNormalization" | "BitwiseNot" | "CenterCropPad" => 18,
+        "Attention" | "RMSNormalization" | "RotaryEmbedding" => 23,
         _ => MIN_OPSET,
     }
 }

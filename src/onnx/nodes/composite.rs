@@ -31,12 +31,19 @@ pub(super) const COMPOSITE: &[&str] = &[
     "HannWindow",
     "HammingWindow",
     "BlackmanWindow",
+    "RotaryEmbedding",
+    "QuantizeLinear",
+    "DequantizeLinear",
+    "DynamicQuantizeLinear",
+    "CenterCropPad",
+    "LRN",
 ];
 
 /// The com.microsoft (ONNX Runtime contrib) operators written here.
 pub(super) const MS_COMPOSITE: &[&str] = &[
     "SimplifiedLayerNormalization",
     "SkipSimplifiedLayerNormalization",
+    "RotaryEmbedding",
 ];
 
 /// A node's attributes, read by name; one left unread is an error (`finish`).
@@ -69,6 +76,17 @@ impl Attrs {
     fn int(&mut self, key: &str, default: i64) -> Result<i64> {
         Ok(self.opt_int(key)?.unwrap_or(default))
     }
+    /// A 0/1 attribute (default 0).
+    fn flag(&mut self, key: &str) -> Result<bool> {
+        self.flag_or(key, false)
+    }
+    fn flag_or(&mut self, key: &str, default: bool) -> Result<bool> {
+        match self.int(key, default as i64)? {
+            0 => Ok(false),
+            1 => Ok(true),
+            v => Err(self.refuse(key, &format!("must be 0 or 1, got {v}"))),
+        }
+    }
     fn float(&mut self, key: &str, default: f32) -> Result<f32> {
         match self.take(key) {
             None => Ok(default),
@@ -85,10 +103,13 @@ impl Attrs {
         }
     }
     fn ints(&mut self, key: &str, default: &[i64]) -> Result<Vec<i64>> {
+        Ok(self.opt_ints(key)?.unwrap_or_else(|| default.to_vec()))
+    }
+    fn opt_ints(&mut self, key: &str) -> Result<Option<Vec<i64>>> {
         match self.take(key) {
-            None => Ok(default.to_vec()),
-            Some(AttrValue::Ints(v)) => Ok(v),
-            Some(AttrValue::Int(v)) => Ok(vec![v]),
+            None => Ok(None),
+            Some(AttrValue::Ints(v)) => Ok(Some(v)),
+            Some(AttrValue::Int(v)) => Ok(Some(vec![v])),
             Some(v) => Err(self.wrong(key, "a list of integers", &v)),
         }
     }
@@ -172,6 +193,23 @@ fn reduce_op(kind: ReduceKind, x: &str, axes: &Axes, keepdims: bool) -> (Op, Vec
     (op, ins)
 }
 
+/// The saturation range of the quantized types graphrun has (QuantizeLinear's integer
+/// targets; int4, int2 and the float8 types are not graphrun dtypes).
+fn quant_range(dt: DType) -> Option<(f32, f32)> {
+    match dt {
+        DType::U8 => Some((0.0, 255.0)),
+        DType::I8 => Some((-128.0, 127.0)),
+        DType::U16 => Some((0.0, 65535.0)),
+        DType::I16 => Some((-32768.0, 32767.0)),
+        _ => None,
+    }
+}
+
+/// The name of ONNX type `code` for messages: graphrun's dtype name, or ONNX's.
+fn type_name(code: i64) -> String {
+    crate::tensor::onnx_dtype_name(code)
+}
+
 fn bin(b: BinaryOp) -> Op {
     Op::Binary(b)
 }
@@ -198,6 +236,10 @@ fn shape(start: i64, end: Option<i64>) -> Op {
 
 fn reshape() -> Op {
     Op::Reshape { allowzero: false }
+}
+
+fn concat_last() -> Op {
+    Op::Concat { axis: -1 }
 }
 
 impl Importer<'_> {
@@ -229,6 +271,12 @@ impl Importer<'_> {
             "GlobalAveragePool" | "GlobalMaxPool" => self.global_pool(n, &what, a),
             "InstanceNormalization" | "GroupNormalization" => self.group_norm(n, &what, a),
             "BatchNormalization" => self.batch_norm(n, &what, a),
+            "RotaryEmbedding" => self.rotary(n, &what, a),
+            "QuantizeLinear" => self.quantize(n, &what, a),
+            "DequantizeLinear" => self.dequantize(n, &what, a),
+            "DynamicQuantizeLinear" => self.dynamic_quantize(n, &what, a),
+            "CenterCropPad" => self.center_crop_pad(n, &what, a),
+            "LRN" => self.lrn(n, &what, a),
             _ => self.window(n, &what, a),
         }
     }
@@ -823,6 +871,632 @@ impl Importer<'_> {
             w = self.val(n, "window", bin(BinaryOp::Add), vec![w, t2]);
         }
         self.out(n, 0, Op::Cast { to }, vec![w]);
+        Ok(())
+    }
+
+    /// Slice of x's last axis: `starts`, `ends` (and `steps`) are i64 values.
+    fn slice_last(
+        &mut self,
+        n: &NodeProto,
+        what: &str,
+        x: &str,
+        range: [&str; 2],
+        steps: Option<&str>,
+    ) -> Result<String> {
+        let axes = self.ints_const(n, &format!("{what}_axes"), &[-1])?;
+        let mut ins = vec![
+            x.to_string(),
+            range[0].to_string(),
+            range[1].to_string(),
+            axes,
+        ];
+        ins.extend(steps.map(str::to_string));
+        Ok(self.val(n, what, Op::Slice, ins))
+    }
+
+    /// RotaryEmbedding (ai.onnx opset 23; inputs X, cos_cache, sin_cache, position_ids?)
+    /// and ONNX Runtime's com.microsoft one (inputs X, position_ids, cos_cache,
+    /// sin_cache), as ONNX's reference computes it. X is [B, H, S, D], or [B, S, N·D]
+    /// viewed as [B, S, N, D]; in either layout the caches, gathered at the positions to
+    /// [B, S, d/2] (or given so without position_ids), get a unit axis for the heads (-3
+    /// or -2), so no transpose is needed. Which layout applies comes from X's rank at
+    /// plan time (`Shape(Shape(X))`), so X's rank need not be declared. The first d =
+    /// rotary_embedding_dim (default D) elements of each head are rotated, the rest pass
+    /// through: with x1, x2 the two halves (or the even and odd elements, interleaved),
+    /// x1·cos - x2·sin and x2·cos + x1·sin take their places.
+    fn rotary(&mut self, n: &NodeProto, what: &str, mut a: Attrs) -> Result<()> {
+        let ms = n.domain == "com.microsoft";
+        let interleaved = a.flag("interleaved")?;
+        let heads = a.int("num_heads", 0)?;
+        if heads < 0 {
+            return Err(a.refuse("num_heads", &format!("must be positive, got {heads}")));
+        }
+        let dim = a.int("rotary_embedding_dim", 0)?;
+        if dim < 0 || dim % 2 != 0 {
+            return Err(a.refuse(
+                "rotary_embedding_dim",
+                &format!("must be a non-negative even number, got {dim}"),
+            ));
+        }
+        if ms {
+            // ONNX Runtime reads `scale` only to regenerate caches too short for the
+            // sequence, which its kernels do not implement.
+            let scale = a.float("scale", 1.0)?;
+            if scale != 1.0 {
+                return Err(a.refuse("scale", &format!("= {scale} is not supported (only 1)")));
+            }
+            if a.flag("is_packed_batching")? {
+                return Err(a.refuse(
+                    "is_packed_batching",
+                    "= 1 (ragged batches) is not supported",
+                ));
+            }
+            if dim > 0 && heads == 0 {
+                return Err(a.refuse(
+                    "rotary_embedding_dim",
+                    "needs num_heads (as ONNX Runtime requires)",
+                ));
+            }
+        }
+        a.finish()?;
+        let (x, cos, sin, pos) = if ms {
+            let (ins, _) = inputs(n, what, (4, 4), 1)?;
+            let [x, p, c, s] = [0, 1, 2, 3].map(|k| ins[k].clone());
+            (x, c, s, Some(p))
+        } else {
+            let (ins, opt) = inputs(n, what, (3, 4), 1)?;
+            let [x, c, s] = [0, 1, 2].map(|k| ins[k].clone());
+            (x, c, s, opt[0].clone())
+        };
+        if heads == 0 && dim > 0 && self.ranks.get(&x) == Some(&3) {
+            return Err(a.refuse(
+                "num_heads",
+                "is required for a 3-D input with rotary_embedding_dim",
+            ));
+        }
+        // The layout, decided at plan time: is X 3-D?
+        let x_shape = self.val(n, "x_shape", shape(0, None), vec![x.clone()]);
+        let rank = self.val(n, "x_rank", shape(0, None), vec![x_shape.clone()]);
+        let three = self.ints_const(n, "three", &[3])?;
+        let is3 = self.val(n, "x_is_3d", bin(BinaryOp::Equal), vec![rank, three]);
+        let pick = |me: &mut Self, what: &str, if3: &[i64], if4: &[i64]| -> Result<String> {
+            let a3 = me.ints_const(n, &format!("{what}_3d"), if3)?;
+            let a4 = me.ints_const(n, &format!("{what}_4d"), if4)?;
+            Ok(me.val(n, what, Op::Where, vec![is3.clone(), a3, a4]))
+        };
+        // [B, S, N·D] splits into [B, S, N, D]: N from num_heads, or (ONNX Runtime's
+        // rule, for a full rotation) D from the caches' width, 2·(D/2). A 4-D X keeps its
+        // shape; so would a 3-D one without either rule, which Reshape then refuses.
+        let split = if heads > 0 {
+            pick(self, "heads_split", &[0, 0, heads, -1], &[0, 0, 0, 0])?
+        } else if dim > 0 {
+            self.ints_const(n, "heads_split", &[0, 0, 0, 0])?
+        } else {
+            let width = self.val(n, "cache_width", shape(-1, None), vec![cos.clone()]);
+            let two = self.ints_const(n, "two", &[2])?;
+            let d = self.val(n, "head_dim", bin(BinaryOp::Mul), vec![width, two]);
+            let head = self.ints_const(n, "heads_split_head", &[0, 0, -1])?;
+            let a3 = self.val(n, "heads_split_3d", Op::Concat { axis: 0 }, vec![head, d]);
+            let a4 = self.ints_const(n, "heads_split_4d", &[0, 0, 0, 0])?;
+            self.val(n, "heads_split", Op::Where, vec![is3.clone(), a3, a4])
+        };
+        let x4 = self.val(n, "x4", reshape(), vec![x, split]);
+        let (cos, sin) = match pos {
+            None => (cos, sin),
+            Some(p) => {
+                let at = if ms {
+                    self.ms_positions(n, &x_shape, &is3, p)?
+                } else {
+                    p
+                };
+                let g = Op::Gather { axis: 0 };
+                let c = self.val(n, "cos_at", g.clone(), vec![cos, at.clone()]);
+                let s = self.val(n, "sin_at", g, vec![sin, at]);
+                (c, s)
+            }
+        };
+        let head_axis = pick(self, "cache_head_axis", &[-2], &[-3])?;
+        let cos = self.val(
+            n,
+            "cos4",
+            Op::Unsqueeze { axes: None },
+            vec![cos, head_axis.clone()],
+        );
+        let sin = self.val(
+            n,
+            "sin4",
+            Op::Unsqueeze { axes: None },
+            vec![sin, head_axis],
+        );
+        let end = self.ints_const(n, "end", &[i64::MAX])?;
+        let (rot, pass) = if dim > 0 {
+            let zero = self.ints_const(n, "zero", &[0])?;
+            let d = self.ints_const(n, "rotary_dim", &[dim])?;
+            let rot = self.slice_last(n, "rotated_part", &x4, [&zero, &d], None)?;
+            let pass = self.slice_last(n, "passed_part", &x4, [&d, &end], None)?;
+            (rot, Some(pass))
+        } else {
+            (x4.clone(), None)
+        };
+        let (x1, x2) = if interleaved {
+            let zero = self.ints_const(n, "even", &[0])?;
+            let one = self.ints_const(n, "odd", &[1])?;
+            let two = self.ints_const(n, "pair_step", &[2])?;
+            let x1 = self.slice_last(n, "x1", &rot, [&zero, &end], Some(&two))?;
+            let x2 = self.slice_last(n, "x2", &rot, [&one, &end], Some(&two))?;
+            (x1, x2)
+        } else {
+            let half = if dim > 0 {
+                self.ints_const(n, "half", &[dim / 2])?
+            } else {
+                let d = self.val(n, "head_dim", shape(-1, None), vec![rot.clone()]);
+                let two = self.ints_const(n, "two", &[2])?;
+                self.val(n, "half", bin(BinaryOp::Div), vec![d, two])
+            };
+            let zero = self.ints_const(n, "zero", &[0])?;
+            let x1 = self.slice_last(n, "x1", &rot, [&zero, &half], None)?;
+            let x2 = self.slice_last(n, "x2", &rot, [&half, &end], None)?;
+            (x1, x2)
+        };
+        let mul = |me: &mut Self, what: &str, a: &str, b: &str| {
+            me.val(
+                n,
+                what,
+                bin(BinaryOp::Mul),
+                vec![a.to_string(), b.to_string()],
+            )
+        };
+        let c1 = mul(self, "cos_x1", &cos, &x1);
+        let s2 = mul(self, "sin_x2", &sin, &x2);
+        let real = self.val(n, "real", bin(BinaryOp::Sub), vec![c1, s2]);
+        let s1 = mul(self, "sin_x1", &sin, &x1);
+        let c2 = mul(self, "cos_x2", &cos, &x2);
+        let imag = self.val(n, "imag", bin(BinaryOp::Add), vec![s1, c2]);
+        let rotated = if interleaved {
+            // Back to alternating elements: [.., d/2, 2] pairs, flattened.
+            let r = self.val(n, "real_pair", unsqueeze(-1), vec![real]);
+            let i = self.val(n, "imag_pair", unsqueeze(-1), vec![imag]);
+            let pairs = self.val(n, "pairs", concat_last(), vec![r, i]);
+            let flat = self.ints_const(n, "pairs_flat", &[0, 0, 0, -1])?;
+            self.val(n, "rotated", reshape(), vec![pairs, flat])
+        } else {
+            self.val(n, "rotated", concat_last(), vec![real, imag])
+        };
+        let y4 = match pass {
+            Some(p) => self.val(n, "joined", concat_last(), vec![rotated, p]),
+            None => rotated,
+        };
+        self.out(n, 0, reshape(), vec![y4, x_shape]);
+        Ok(())
+    }
+
+    /// ONNX Runtime's position_ids: [B, S] positions, or one start position p (shape [1])
+    /// with token s at p + s. Both are p + Range(0, S)·(rank(p) < 2), which adds zeros to
+    /// the first form; S is X's dim 1 (3-D) or 2 (4-D).
+    fn ms_positions(
+        &mut self,
+        n: &NodeProto,
+        x_shape: &str,
+        is3: &str,
+        p: String,
+    ) -> Result<String> {
+        let a3 = self.ints_const(n, "seq_axis_3d", &[1])?;
+        let a4 = self.ints_const(n, "seq_axis_4d", &[2])?;
+        let axis = self.val(n, "seq_axis", Op::Where, vec![is3.to_string(), a3, a4]);
+        let seq = self.val(
+            n,
+            "seq_len_1d",
+            Op::Gather { axis: 0 },
+            vec![x_shape.to_string(), axis],
+        );
+        let seq = self.val(n, "seq_len", squeeze(0), vec![seq]);
+        let zero = self.constant(n, "seq_start", Tensor::scalar(0i64));
+        let one = self.constant(n, "seq_step", Tensor::scalar(1i64));
+        let steps = self.val(n, "seq_steps", Op::Range, vec![zero, seq, one]);
+        let p_shape = self.val(n, "pos_shape", shape(0, None), vec![p.clone()]);
+        let p_rank = self.val(n, "pos_rank", shape(0, None), vec![p_shape]);
+        let two = self.ints_const(n, "pos_rank_2", &[2])?;
+        let start_form = self.val(n, "pos_is_start", bin(BinaryOp::Less), vec![p_rank, two]);
+        let start_form = self.val(
+            n,
+            "pos_is_start_i64",
+            Op::Cast { to: DType::I64 },
+            vec![start_form],
+        );
+        let offsets = self.val(
+            n,
+            "pos_offsets",
+            bin(BinaryOp::Mul),
+            vec![steps, start_form],
+        );
+        Ok(self.val(n, "positions", bin(BinaryOp::Add), vec![p, offsets]))
+    }
+
+    /// A scale or zero point `v` of (De)QuantizeLinear shaped to broadcast against x, as
+    /// ONNX's reference does: a scalar or one element as it is; per axis, the [C] vector
+    /// reshaped to [C, 1, .., 1] with as many ones as x has dims after `axis` (from
+    /// `Shape` arithmetic for a non-negative axis); blocked (`block`), each element
+    /// repeated `block` times along `axis` and cut to x's dim there — a Gather of
+    /// index i / block for each i < dim, which differentiates into a scatter.
+    fn quant_param(
+        &mut self,
+        n: &NodeProto,
+        x: &str,
+        v: &str,
+        axis: i64,
+        block: i64,
+    ) -> Result<String> {
+        if block > 0 {
+            let end = if axis == -1 { None } else { Some(axis + 1) };
+            let dim = self.val(n, "block_dim", shape(axis, end), vec![x.to_string()]);
+            let dim = self.val(n, "block_dim_scalar", squeeze(0), vec![dim]);
+            let zero = self.constant(n, "block_start", Tensor::scalar(0i64));
+            let one = self.constant(n, "block_step", Tensor::scalar(1i64));
+            let i = self.val(n, "block_positions", Op::Range, vec![zero, dim, one]);
+            let b = self.constant(n, "block_size", Tensor::scalar(block));
+            let at = self.val(n, "block_of", bin(BinaryOp::Div), vec![i, b]);
+            return Ok(self.val(
+                n,
+                "per_element",
+                Op::Gather { axis },
+                vec![v.to_string(), at],
+            ));
+        }
+        // Ones after the vector's dims: a fixed count for a negative axis, else
+        // max(rank(x) - axis - 1, 0) (a scalar x with a per-tensor scale has none).
+        let ones = if axis < 0 {
+            self.ints_const(n, "trailing_ones", &vec![1; (-axis - 1) as usize])?
+        } else {
+            let xs = self.val(n, "x_shape", shape(0, None), vec![x.to_string()]);
+            let rank = self.val(n, "x_rank", shape(0, None), vec![xs]);
+            let after = self.ints_const(n, "axis_next", &[axis + 1])?;
+            let k = self.val(n, "trailing", bin(BinaryOp::Sub), vec![rank, after]);
+            let zero = self.ints_const(n, "no_trailing", &[0])?;
+            let k = self.val(n, "trailing_count", bin(BinaryOp::Max), vec![k, zero]);
+            let one = self.ints_const(n, "one", &[1])?;
+            self.val(n, "trailing_ones", Op::Expand, vec![one, k])
+        };
+        let vs = self.val(n, "param_shape", shape(0, None), vec![v.to_string()]);
+        let target = self.val(n, "param_target", Op::Concat { axis: 0 }, vec![vs, ones]);
+        Ok(self.val(n, "per_axis", reshape(), vec![v.to_string(), target]))
+    }
+
+    /// axis and block_size of (De)QuantizeLinear.
+    fn quant_layout(a: &mut Attrs) -> Result<(i64, i64)> {
+        let axis = a.int("axis", 1)?;
+        let block = a.int("block_size", 0)?;
+        if block < 0 {
+            return Err(a.refuse("block_size", &format!("must be non-negative, got {block}")));
+        }
+        Ok((axis, block))
+    }
+
+    /// QuantizeLinear: saturate(round(x / scale) + zero_point), rounding half to even and
+    /// saturating to the output type's range, as ONNX's reference computes it (the
+    /// division in x's type, or in `precision`'s). The output type is the zero point's,
+    /// else output_dtype's, else uint8; it must be one graphrun has (uint8, int8, uint16,
+    /// int16), so `saturate`, which only float8 outputs read, changes nothing here.
+    fn quantize(&mut self, n: &NodeProto, what: &str, mut a: Attrs) -> Result<()> {
+        let (axis, block) = Self::quant_layout(&mut a)?;
+        a.flag_or("saturate", true)?;
+        let out_code = a.int("output_dtype", 0)?;
+        let precision = match a.int("precision", 0)? {
+            0 => None,
+            code => match DType::from_onnx(code) {
+                Some(dt) if dt.is_float() => Some(dt),
+                _ => {
+                    return Err(a.refuse(
+                        "precision",
+                        &format!(
+                            "must name a floating type graphrun has, got {}",
+                            type_name(code)
+                        ),
+                    ))
+                }
+            },
+        };
+        a.finish()?;
+        let (ins, opt) = inputs(n, what, (2, 3), 1)?;
+        let (x, scale, zp) = (ins[0].clone(), ins[1].clone(), opt[0].clone());
+        // The zero point's type decides the output's; it must be known at import, for
+        // the saturation bounds: declared for the zero point or the output.
+        let declared = zp
+            .as_ref()
+            .and_then(|z| self.dtypes.get(z))
+            .or_else(|| self.dtypes.get(&n.output[0]))
+            .map(|dt| dt.onnx_code() as i64);
+        let code = match (&zp, declared, out_code) {
+            (Some(_), Some(d), o) if o != 0 && o != d => {
+                return Err(a.refuse(
+                    "output_dtype",
+                    &format!("names {} but the zero point is {}", type_name(o), type_name(d)),
+                ))
+            }
+            (_, Some(d), _) => d,
+            (_, None, o) if o != 0 => o,
+            (None, None, _) => DType::U8.onnx_code() as i64,
+            (Some(z), None, _) => {
+                return Err(Error::Graph(format!(
+                    "{what}: the element type of the zero point '{z}' is not declared (nor the output's), and graphrun needs it to saturate"
+                )))
+            }
+        };
+        let Some((to, (lo, hi))) =
+            DType::from_onnx(code).and_then(|dt| Some((dt, quant_range(dt)?)))
+        else {
+            return Err(Error::Graph(format!(
+                "{what}: output type {} is not a quantized type graphrun has (UINT8, INT8, UINT16, INT16)",
+                type_name(code)
+            )));
+        };
+        let s = self.quant_param(n, &x, &scale, axis, block)?;
+        let z = match zp {
+            Some(z) => Some(self.quant_param(n, &x, &z, axis, block)?),
+            None => None,
+        };
+        self.quantize_core(n, &x, &s, z, precision, (lo, hi), to);
+        Ok(())
+    }
+
+    /// Output 0 = Cast(Clip(f32(Round(x / scale)) + f32(zero point), lo, hi), to), with
+    /// scale and zero point already broadcastable against x. The sum runs in f32, where
+    /// every value that survives the clip is exact (as ONNX's int32 sum).
+    #[allow(clippy::too_many_arguments)]
+    fn quantize_core(
+        &mut self,
+        n: &NodeProto,
+        x: &str,
+        scale: &str,
+        zp: Option<String>,
+        precision: Option<DType>,
+        (lo, hi): (f32, f32),
+        to: DType,
+    ) {
+        let (num, den) = match precision {
+            Some(p) => (
+                self.val(n, "x_precision", Op::Cast { to: p }, vec![x.to_string()]),
+                self.val(
+                    n,
+                    "scale_precision",
+                    Op::Cast { to: p },
+                    vec![scale.to_string()],
+                ),
+            ),
+            None => (
+                x.to_string(),
+                self.val(
+                    n,
+                    "scale_like_x",
+                    Op::CastLike,
+                    vec![scale.to_string(), x.to_string()],
+                ),
+            ),
+        };
+        let q = self.val(n, "scaled", bin(BinaryOp::Div), vec![num, den]);
+        let q = self.val(n, "rounded", un(UnaryOp::Round), vec![q]);
+        let mut q = self.val(n, "rounded_f32", Op::Cast { to: DType::F32 }, vec![q]);
+        if let Some(z) = zp {
+            let z = self.val(n, "zero_point_f32", Op::Cast { to: DType::F32 }, vec![z]);
+            q = self.val(n, "shifted", bin(BinaryOp::Add), vec![q, z]);
+        }
+        let lo = self.constant(n, "type_min", Tensor::scalar(lo));
+        let hi = self.constant(n, "type_max", Tensor::scalar(hi));
+        let q = self.val(n, "saturated", Op::Clip, vec![q, lo, hi]);
+        self.out(n, 0, Op::Cast { to }, vec![q]);
+    }
+
+    /// DequantizeLinear: (f32(x) - f32(zero point)) · f32(scale), cast to output_dtype
+    /// (opset 23) or the scale's type, as ONNX's reference computes it.
+    fn dequantize(&mut self, n: &NodeProto, what: &str, mut a: Attrs) -> Result<()> {
+        let (axis, block) = Self::quant_layout(&mut a)?;
+        let to = match a.int("output_dtype", 0)? {
+            0 => None,
+            code => match DType::from_onnx(code) {
+                Some(dt) if dt.is_float() => Some(dt),
+                _ => {
+                    return Err(a.refuse(
+                        "output_dtype",
+                        &format!(
+                            "must name a floating type graphrun has, got {}",
+                            type_name(code)
+                        ),
+                    ))
+                }
+            },
+        };
+        a.finish()?;
+        let (ins, opt) = inputs(n, what, (2, 3), 1)?;
+        let (x, scale, zp) = (ins[0].clone(), ins[1].clone(), opt[0].clone());
+        let f32_of = |me: &mut Self, what: &str, v: String| {
+            me.val(n, what, Op::Cast { to: DType::F32 }, vec![v])
+        };
+        let mut d = f32_of(self, "x_f32", x.clone());
+        if let Some(z) = zp {
+            let z = self.quant_param(n, &x, &z, axis, block)?;
+            let z = f32_of(self, "zero_point_f32", z);
+            d = self.val(n, "centered", bin(BinaryOp::Sub), vec![d, z]);
+        }
+        let s = self.quant_param(n, &x, &scale, axis, block)?;
+        let s = f32_of(self, "scale_f32", s);
+        let y = self.val(n, "scaled", bin(BinaryOp::Mul), vec![d, s]);
+        match to {
+            Some(to) => self.out(n, 0, Op::Cast { to }, vec![y]),
+            None => self.out(n, 0, Op::CastLike, vec![y, scale]),
+        }
+        Ok(())
+    }
+
+    /// DynamicQuantizeLinear, as its function body: over all of x (f32), lo = min(min x,
+    /// 0), hi = max(max x, 0), scale = (hi - lo) / 255, zero point = uint8(round(clip(0 -
+    /// lo / scale, 0, 255))), y = QuantizeLinear(x, scale, zero point). ReduceMin is
+    /// -ReduceMax(-x).
+    fn dynamic_quantize(&mut self, n: &NodeProto, what: &str, a: Attrs) -> Result<()> {
+        a.finish()?;
+        let (ins, _) = inputs(n, what, (1, 1), 3)?;
+        let x = ins[0].clone();
+        let all_max = || Op::Reduce {
+            kind: ReduceKind::Max,
+            axes: None,
+            keepdims: false,
+            noop_with_empty_axes: false,
+        };
+        let max = self.val(n, "x_max", all_max(), vec![x.clone()]);
+        let neg = self.val(n, "x_neg", un(UnaryOp::Neg), vec![x.clone()]);
+        let neg_min = self.val(n, "x_neg_max", all_max(), vec![neg]);
+        let min = self.val(n, "x_min", un(UnaryOp::Neg), vec![neg_min]);
+        let c = |me: &mut Self, what: &str, v: f32| me.constant(n, what, Tensor::scalar(v));
+        let q_min = c(self, "q_min", 0.0);
+        let q_max = c(self, "q_max", 255.0);
+        let lo = self.val(
+            n,
+            "x_min_adjusted",
+            bin(BinaryOp::Min),
+            vec![min, q_min.clone()],
+        );
+        let hi = self.val(
+            n,
+            "x_max_adjusted",
+            bin(BinaryOp::Max),
+            vec![max, q_min.clone()],
+        );
+        let range = self.val(n, "x_range", bin(BinaryOp::Sub), vec![hi, lo.clone()]);
+        let scale = match output(n, 1) {
+            Some(_) => {
+                self.out(n, 1, bin(BinaryOp::Div), vec![range, q_max.clone()]);
+                n.output[1].clone()
+            }
+            None => self.val(n, "scale", bin(BinaryOp::Div), vec![range, q_max.clone()]),
+        };
+        let lo_scaled = self.val(n, "min_scaled", bin(BinaryOp::Div), vec![lo, scale.clone()]);
+        let zp = self.val(
+            n,
+            "zero_point_initial",
+            bin(BinaryOp::Sub),
+            vec![q_min.clone(), lo_scaled],
+        );
+        let zp = self.val(n, "zero_point_clipped", Op::Clip, vec![zp, q_min, q_max]);
+        let zp = self.val(n, "zero_point_rounded", un(UnaryOp::Round), vec![zp]);
+        let zp_u8 = match output(n, 2) {
+            Some(_) => {
+                self.out(n, 2, Op::Cast { to: DType::U8 }, vec![zp]);
+                n.output[2].clone()
+            }
+            None => self.val(n, "zero_point", Op::Cast { to: DType::U8 }, vec![zp]),
+        };
+        self.quantize_core(n, &x, &scale, Some(zp_u8), None, (0.0, 255.0), DType::U8);
+        Ok(())
+    }
+
+    /// CenterCropPad (opset 18): each of `axes` (default all) cropped or zero-padded to
+    /// the matching element of `shape`, centred as ONNX's reference does: a crop by d =
+    /// dim - size starts at floor(d/2); a pad by d = size - dim puts floor(d/2) before and
+    /// the rest after. A Slice, then a Pad, both from `Shape` arithmetic on shape's value
+    /// (which must be known when the plan is made, as the output's shape depends on it).
+    fn center_crop_pad(&mut self, n: &NodeProto, what: &str, mut a: Attrs) -> Result<()> {
+        let axes = a.opt_ints("axes")?;
+        a.finish()?;
+        let (ins, _) = inputs(n, what, (2, 2), 1)?;
+        let x = ins[0].clone();
+        let size = self.val(n, "size", Op::Cast { to: DType::I64 }, vec![ins[1].clone()]);
+        let full = self.val(n, "x_shape", shape(0, None), vec![x.clone()]);
+        let axes = match axes {
+            None => None,
+            Some(v) => Some(self.ints_const(n, "axes", &v)?),
+        };
+        let dims = match &axes {
+            None => full,
+            Some(ax) => self.val(n, "dims", Op::Gather { axis: 0 }, vec![full, ax.clone()]),
+        };
+        let zero = self.ints_const(n, "zero", &[0])?;
+        let two = self.ints_const(n, "two", &[2])?;
+        let i64_op = |me: &mut Self, what: &str, b: BinaryOp, l: &str, r: &str| {
+            me.val(n, what, bin(b), vec![l.to_string(), r.to_string()])
+        };
+        let shrink = i64_op(self, "shrink", BinaryOp::Sub, &dims, &size);
+        let shrink = i64_op(self, "crop", BinaryOp::Max, &shrink, &zero);
+        let start = i64_op(self, "crop_start", BinaryOp::Div, &shrink, &two);
+        let kept = i64_op(self, "kept", BinaryOp::Min, &dims, &size);
+        let end = i64_op(self, "crop_end", BinaryOp::Add, &start, &kept);
+        let grow = i64_op(self, "grow", BinaryOp::Sub, &size, &dims);
+        let grow = i64_op(self, "pad", BinaryOp::Max, &grow, &zero);
+        let before = i64_op(self, "pad_before", BinaryOp::Div, &grow, &two);
+        let after = i64_op(self, "pad_after", BinaryOp::Sub, &grow, &before);
+        let pads = self.val(n, "pads", Op::Concat { axis: 0 }, vec![before, after]);
+        let mut slice_ins = vec![x, start, end];
+        slice_ins.extend(axes.clone());
+        let cropped = self.val(n, "cropped", Op::Slice, slice_ins);
+        let mut pad_ins = vec![cropped, pads];
+        if let Some(ax) = axes {
+            pad_ins.extend([String::new(), ax]);
+        }
+        let pad = Op::Pad {
+            mode: crate::graph::op::PadMode::Constant,
+        };
+        self.out(n, 0, pad, pad_ins);
+        Ok(())
+    }
+
+    /// LRN: y = x / (bias + alpha/size · s)^beta, s the sum of x² over the channels
+    /// c - floor((size-1)/2) ..= c + ceil((size-1)/2) that exist: x² zero-padded on axis
+    /// 1 and `size` shifted slices of it added. The constants are cast like x, alpha/size
+    /// divided there (as ONNX's reference computes it in x's type).
+    fn lrn(&mut self, n: &NodeProto, what: &str, mut a: Attrs) -> Result<()> {
+        // One slice per window element: beyond this many the graph would be huge.
+        const MAX_SIZE: i64 = 256;
+        let size = match a.opt_int("size")? {
+            None => {
+                return Err(Error::Graph(format!(
+                    "{what}: attribute 'size' is required"
+                )))
+            }
+            Some(s) if (1..=MAX_SIZE).contains(&s) => s,
+            Some(s) => return Err(a.refuse("size", &format!("must be in 1..={MAX_SIZE}, got {s}"))),
+        };
+        let alpha = a.float("alpha", 1e-4)?;
+        let beta = a.float("beta", 0.75)?;
+        let bias = a.float("bias", 1.0)?;
+        a.finish()?;
+        let (ins, _) = inputs(n, what, (1, 1), 1)?;
+        let x = ins[0].clone();
+        let sq = self.val(n, "square", bin(BinaryOp::Mul), vec![x.clone(), x.clone()]);
+        let before = (size - 1) / 2;
+        let pads = self.ints_const(n, "pads", &[before, size - 1 - before])?;
+        let axis = self.ints_const(n, "channel_axis", &[1])?;
+        let pad = Op::Pad {
+            mode: crate::graph::op::PadMode::Constant,
+        };
+        let padded = self.val(
+            n,
+            "padded",
+            pad,
+            vec![sq, pads, String::new(), axis.clone()],
+        );
+        let c = self.val(n, "channels", shape(1, Some(2)), vec![x.clone()]);
+        let window = |me: &mut Self, k: i64| -> Result<String> {
+            let start = me.ints_const(n, "window_start", &[k])?;
+            let end = me.val(
+                n,
+                "window_end",
+                bin(BinaryOp::Add),
+                vec![c.clone(), start.clone()],
+            );
+            let ins = vec![padded.clone(), start, end, axis.clone()];
+            Ok(me.val(n, "window", Op::Slice, ins))
+        };
+        let mut sum = window(self, 0)?;
+        for k in 1..size {
+            let w = window(self, k)?;
+            sum = self.val(n, "window_sum", bin(BinaryOp::Add), vec![sum, w]);
+        }
+        let alpha = self.float_like(n, "alpha", alpha, &x);
+        let count = self.float_like(n, "size", size as f32, &x);
+        let ratio = self.val(n, "alpha_over_size", bin(BinaryOp::Div), vec![alpha, count]);
+        let scaled = self.val(n, "scaled_sum", bin(BinaryOp::Mul), vec![ratio, sum]);
+        let bias = self.float_like(n, "bias", bias, &x);
+        let base = self.val(n, "base", bin(BinaryOp::Add), vec![bias, scaled]);
+        let beta = self.float_like(n, "beta", beta, &x);
+        let den = self.val(n, "denominator", bin(BinaryOp::Pow), vec![base, beta]);
+        self.out(n, 0, bin(BinaryOp::Div), vec![x, den]);
         Ok(())
     }
 }
