@@ -137,6 +137,19 @@ pub enum Op {
     /// `start + i·delta` for i in 0..max(ceil((limit - start) / delta), 0), from three
     /// scalars known when the plan is made (they decide the length).
     Range,
+    /// The indices of X's non-zero elements, i64 `[rank, nnz]` in row-major order (a
+    /// scalar counts as rank 1). Its output's shape depends on X's values: X must be known
+    /// when the plan is made, and the op is computed on the host then (`infer`), its output
+    /// a constant of the plan on every backend.
+    NonZero,
+    /// X's distinct elements (or slices along `axis`): Y, the index of each one's first
+    /// occurrence, each element's (slice's) index in Y, and the counts. `sorted` orders Y
+    /// ascending (slices lexicographically), else by first occurrence. Computed on the
+    /// host when the plan is made, as NonZero is.
+    Unique {
+        sorted: bool,
+        axis: Option<i64>,
+    },
     /// Running sums along the axis its second input names (a scalar read when the node
     /// runs); `exclusive` leaves each element out of its own sum, `reverse` runs from the end.
     CumSum {
@@ -365,6 +378,8 @@ const OTHER_OP_NAMES: &[&str] = &[
     "Cast",
     "CastLike",
     "Range",
+    "NonZero",
+    "Unique",
     "CumSum",
     "Identity",
     "MatMul",
@@ -617,6 +632,8 @@ impl Op {
             Op::Cast { .. } => "Cast",
             Op::CastLike => "CastLike",
             Op::Range => "Range",
+            Op::NonZero => "NonZero",
+            Op::Unique { .. } => "Unique",
             Op::CumSum { .. } => "CumSum",
             Op::GatherElements { .. } => "GatherElements",
             Op::GatherND { .. } => "GatherND",
@@ -808,7 +825,8 @@ impl Op {
         match self {
             Op::Unary(_) | Op::Cast { .. } | Op::Identity | Op::Softmax { .. } => (1, 1, 1, 1),
             Op::LogSoftmax { .. } | Op::Transpose { .. } | Op::Flatten { .. } => (1, 1, 1, 1),
-            Op::Shape { .. } => (1, 1, 1, 1),
+            Op::Shape { .. } | Op::NonZero => (1, 1, 1, 1),
+            Op::Unique { .. } => (1, 1, 1, 4),
             Op::Binary(_) | Op::MatMul | Op::Reshape { .. } | Op::Expand => (2, 2, 1, 1),
             Op::Gather { .. } | Op::CastLike | Op::CumSum { .. } => (2, 2, 1, 1),
             Op::GatherElements { .. } | Op::GatherND { .. } => (2, 2, 1, 1),
@@ -965,6 +983,11 @@ impl Op {
                 Op::CastLike
             }
             "Range" => Op::Range,
+            "NonZero" => Op::NonZero,
+            "Unique" => Op::Unique {
+                sorted: a.flag("sorted", true)?,
+                axis: a.int("axis")?,
+            },
             "CumSum" => Op::CumSum {
                 exclusive: a.flag("exclusive", false)?,
                 reverse: a.flag("reverse", false)?,
@@ -1281,6 +1304,12 @@ impl Op {
                 v.push(("reduction", V::Str(reduction.name().into())));
             }
             Op::ScatterND { reduction } => v.push(("reduction", V::Str(reduction.name().into()))),
+            Op::Unique { sorted, axis } => {
+                v.push(("sorted", b(*sorted)));
+                if let Some(a) = axis {
+                    v.push(("axis", V::Int(*a)));
+                }
+            }
             Op::CumSum { exclusive, reverse } => {
                 v.push(("exclusive", b(*exclusive)));
                 v.push(("reverse", b(*reverse)));
@@ -1404,6 +1433,7 @@ pub fn op_table_markdown() -> String {
         "Reshape" | "Transpose" | "Concat" | "Split" | "Slice" | "Squeeze" | "Unsqueeze"
         | "Flatten" | "Expand" | "Gather" | "Shape" | "Constant" | "Trilu" => "shape",
         "GatherElements" | "GatherND" | "Pad" | "ScatterElements" | "ScatterND" => "indexing",
+        "NonZero" | "Unique" => "data-dependent shape (host, at plan time)",
         "SoftmaxCrossEntropyLoss" => "loss",
         "Attention" | "VarlenAttention" => "attention (fused)",
         "Dropout" => "regularization",
