@@ -86,9 +86,9 @@ nodes:
 #[test]
 fn nonzero_planned_per_value() {
     let g = Model::from_str(NONZERO, ".").unwrap().graph;
-    let names: Vec<&str> = graphrun::graph::infer::plan_time_inputs(&g)
-        .iter()
-        .map(|p| p.name.as_str())
+    let names: Vec<String> = graphrun::graph::infer::plan_time_inputs(&g)
+        .into_iter()
+        .map(|p| p.name)
         .collect();
     assert_eq!(names, ["m"]);
     let v = rand(&[3, 4], 1, -1.0, 1.0).cast(DType::F32);

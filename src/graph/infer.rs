@@ -3,7 +3,9 @@
 //! they are initializers, Constants, graph inputs whose fed values the plan is made for
 //! (`plan_time_inputs`), or computed from them and from `Shape` — the small
 //! "shape arithmetic" subgraphs exporters emit are evaluated on the host by the CPU
-//! reference kernels while inferring.
+//! reference kernels while inferring. NonZero and Unique, whose outputs' shapes are their
+//! results, take their input as such a value and are computed on the host here
+//! (`computed_at_plan_time`).
 
 use super::op::LossReduction;
 use super::*;
