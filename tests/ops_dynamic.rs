@@ -497,3 +497,36 @@ nodes:
         );
     }
 }
+
+/// A condition longer than the axis with a true past its end (numpy refuses it) is an
+/// error naming the Gather the importer wrote, on every backend (inference checks the
+/// indices known when planning); so is a condition that is not 1-D.
+#[test]
+fn compress_condition_out_of_range_is_an_error() {
+    let x = rand(&[3, 2], 9, -1.0, 1.0).cast(DType::F32);
+    let long = bools(&[4], &[true, false, false, true]);
+    let g = compress_model(&x, 4, Some(0));
+    for be in backends() {
+        let e = session(&g, be)
+            .run(&feeds(&[("x", &x), ("cond", &long)]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("node 'Compress_node' (Gather)")
+                && e.contains("index 3 is out of range for axis 0 of size 3"),
+            "{be:?}: {e}"
+        );
+    }
+    let attrs = vec![int_attr("axis", 0)];
+    let n = node("Compress", "", &["x", "cond"], &["y"], attrs);
+    let c = input("cond", DType::Bool, &[Some(3), Some(1)]);
+    let g = import_one_node(n, 11, vec![input_like("x", &x), c], vec![]).unwrap();
+    let e = session(&g, BackendKind::Cpu)
+        .run(&feeds(&[("x", &x), ("cond", &bools(&[3, 1], &[true; 3]))]))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("Compress_node/indices") && e.contains("(Squeeze)"),
+        "{e}"
+    );
+}

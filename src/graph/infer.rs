@@ -1257,6 +1257,16 @@ pub fn infer_node(
             let Some(a) = norm_axis(*axis, r) else {
                 return Err(f(format!("axis {axis} is out of range for rank {r}")));
             };
+            // Indices known when planning (Compress's, from NonZero) are checked here, so
+            // every backend refuses an out-of-range one: device kernels cannot report it.
+            if let Some(c) = consts.get(1).copied().flatten() {
+                let d = x.shape[a] as i64;
+                if let Some(i) = c.to_i64_vec().into_iter().find(|&i| i < -d || i >= d) {
+                    return Err(f(format!(
+                        "index {i} is out of range for axis {a} of size {d}"
+                    )));
+                }
+            }
             let mut shape = x.shape[..a].to_vec();
             shape.extend_from_slice(&idx.shape);
             shape.extend_from_slice(&x.shape[a + 1..]);
