@@ -186,6 +186,17 @@ pub fn required<T: Copy>(node: &Node, ins: &[Option<T>], i: usize) -> Result<T> 
     })
 }
 
+/// NonZero and Unique on a device: a plan never runs them there, since inference computes
+/// them on the host and the plan holds their outputs as constants
+/// (`infer::computed_at_plan_time`).
+pub fn plan_time_only(node: &Node) -> Result<()> {
+    Err(crate::err!(
+        Runtime,
+        "{}: its output's shape depends on its input's values, so it is computed on the host when the plan is made; no device kernel runs it",
+        node.describe()
+    ))
+}
+
 /// GatherElements and GatherND (and their gradients) as flat gathers: the offset in data
 /// of every output element, from the indices' values (negative ones count from the end;
 /// out-of-range ones are an error naming the node). Every backend then runs them with its

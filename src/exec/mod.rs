@@ -34,7 +34,8 @@ pub fn plan_input_use(g: &Graph, p: &PlanTimeInput) -> String {
 }
 
 /// The fed values of the plan-time inputs `inputs` (`infer::plan_time_inputs` of `g`):
-/// small integer tensors, whose values the plan is made for.
+/// small integer tensors (any small tensor for NonZero's and Unique's input), whose values
+/// the plan is made for.
 pub fn plan_values(
     g: &Graph,
     inputs: &[PlanTimeInput],
@@ -52,9 +53,11 @@ pub fn plan_values(
         let Some(t) = feeds.get(&p.name) else {
             crate::bail!(Input, "{}: feed it", why());
         };
-        // Range takes float bounds; the other shape inputs are checked for integers by
-        // the node that reads them.
-        if t.dtype() == DType::Bool || !(t.dtype().is_int() || only_ranges(g, p)) {
+        // Range takes float bounds, and NonZero and Unique (computed when planning) any
+        // data; the other shape inputs are checked for integers by the node that reads
+        // them.
+        let any_dtype = crate::graph::infer::computed_at_plan_time(&g.nodes[p.node].op);
+        if !any_dtype && (t.dtype() == DType::Bool || !(t.dtype().is_int() || only_ranges(g, p))) {
             crate::bail!(
                 Input,
                 "{}: it must be an i64 or i32 tensor, got {}{}",

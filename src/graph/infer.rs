@@ -3,7 +3,9 @@
 //! they are initializers, Constants, graph inputs whose fed values the plan is made for
 //! (`plan_time_inputs`), or computed from them and from `Shape` — the small
 //! "shape arithmetic" subgraphs exporters emit are evaluated on the host by the CPU
-//! reference kernels while inferring.
+//! reference kernels while inferring. NonZero and Unique, whose outputs' shapes are their
+//! results, take their input as such a value and are computed on the host here
+//! (`computed_at_plan_time`).
 
 use super::op::LossReduction;
 use super::*;
@@ -318,6 +320,12 @@ pub fn infer_graph_with(
             let (s, e) = shape_range(*start, *end, x.shape.len());
             let dims: Vec<i64> = x.shape[s..e].iter().map(|&d| d as i64).collect();
             values = Some(vec![Tensor::from_vec(&[dims.len()], dims)?]);
+        } else if computed_at_plan_time(&node.op) {
+            // Its input is known (`infer_node` refused it otherwise) and at most
+            // CONST_LIMIT elements; its outputs are no larger than a few times that.
+            values = Some(crate::backends::cpu::eval_node_with_types(
+                node, &consts, &outs,
+            )?);
         } else if small && all_known && !is_random(&node.op) {
             let args: Vec<Option<&Tensor>> = consts.clone();
             values = crate::backends::cpu::eval_node_with_types(node, &args, &outs).ok();
@@ -365,6 +373,13 @@ fn is_random(op: &Op) -> bool {
     matches!(op, Op::Dropout { .. })
 }
 
+/// Ops whose outputs' shapes depend on their input's values, not only on its shape:
+/// inference computes them on the host (their input must be known when the plan is
+/// made), so a plan holds their outputs as constants and no backend runs them.
+pub fn computed_at_plan_time(op: &Op) -> bool {
+    matches!(op, Op::NonZero | Op::Unique { .. })
+}
+
 /// The inputs of `op` that decide its output's shape (by index, with what each is): their
 /// values must be known on the host when the plan is made (`infer_node`'s `known`).
 pub fn shape_inputs(op: &Op) -> &'static [(usize, &'static str)] {
@@ -375,6 +390,7 @@ pub fn shape_inputs(op: &Op) -> &'static [(usize, &'static str)] {
         Op::Slice => &[(1, "starts"), (2, "ends"), (3, "axes"), (4, "steps")],
         Op::Range => &[(0, "start"), (1, "limit"), (2, "delta")],
         Op::TopK { .. } => &[(1, "k")],
+        Op::NonZero | Op::Unique { .. } => &[(0, "input X")],
         Op::GatherGrad { .. } | Op::GatherElementsGrad { .. } | Op::GatherNDGrad { .. } => {
             &[(2, "the forward input's shape")]
         }
@@ -802,6 +818,23 @@ pub fn infer_node(
                 shape: vec![n as usize],
             })
         }
+        Op::NonZero | Op::Unique { .. } => {
+            // The outputs' shapes are the op's result itself: computed here from X's
+            // value, which must be known on the host.
+            let Some(v) = consts.first().copied().flatten() else {
+                return Err(f(format!(
+                    "input X ('{}') must be known when the plan is made: its values decide the output's shape, so it must be computed from initializers, Constants, Shape and graph inputs fed when planning (at most {} elements), through small nodes evaluated on the host; here it depends on a value computed on the device (or one too large to evaluate on the host)",
+                    node.inputs[0],
+                    crate::exec::PLAN_INPUT_LIMIT
+                )));
+            };
+            let outs = crate::backends::cpu::eval_data_shaped(&node.op, v).map_err(f)?;
+            Ok(outs
+                .iter()
+                .take(node.outputs.len())
+                .map(|t| ValueType::new(t.dtype(), t.shape()))
+                .collect())
+        }
         Op::Identity => one(x),
         Op::MatMul => {
             let b = t(1).unwrap();
@@ -1226,6 +1259,16 @@ pub fn infer_node(
             let Some(a) = norm_axis(*axis, r) else {
                 return Err(f(format!("axis {axis} is out of range for rank {r}")));
             };
+            // Indices known when planning (Compress's, from NonZero) are checked here, so
+            // every backend refuses an out-of-range one: device kernels cannot report it.
+            if let Some(c) = consts.get(1).copied().flatten() {
+                let d = x.shape[a] as i64;
+                if let Some(i) = c.to_i64_vec().into_iter().find(|&i| i < -d || i >= d) {
+                    return Err(f(format!(
+                        "index {i} is out of range for axis {a} of size {d}"
+                    )));
+                }
+            }
             let mut shape = x.shape[..a].to_vec();
             shape.extend_from_slice(&idx.shape);
             shape.extend_from_slice(&x.shape[a + 1..]);

@@ -139,6 +139,19 @@ pub enum Op {
     /// `start + i·delta` for i in 0..max(ceil((limit - start) / delta), 0), from three
     /// scalars known when the plan is made (they decide the length).
     Range,
+    /// The indices of X's non-zero elements, i64 `[rank, nnz]` in row-major order (a
+    /// scalar counts as rank 1). Its output's shape depends on X's values: X must be known
+    /// when the plan is made, and the op is computed on the host then (`infer`), its output
+    /// a constant of the plan on every backend.
+    NonZero,
+    /// X's distinct elements (or slices along `axis`): Y, the index of each one's first
+    /// occurrence, each element's (slice's) index in Y, and the counts. `sorted` orders Y
+    /// ascending (slices lexicographically), else by first occurrence. Computed on the
+    /// host when the plan is made, as NonZero is.
+    Unique {
+        sorted: bool,
+        axis: Option<i64>,
+    },
     /// CumSum, or CumProd with `prod`: running sums (products) along the axis its second
     /// input names (a scalar read when the node runs); `exclusive` leaves each element out
     /// of its own sum, `reverse` runs from the end.
@@ -387,6 +400,8 @@ const OTHER_OP_NAMES: &[&str] = &[
     "Cast",
     "CastLike",
     "Range",
+    "NonZero",
+    "Unique",
     "CumSum",
     "CumProd",
     "ArgMax",
@@ -649,6 +664,8 @@ impl Op {
             Op::ArgReduce { min: false, .. } => "ArgMax",
             Op::ArgReduce { min: true, .. } => "ArgMin",
             Op::TopK { .. } => "TopK",
+            Op::NonZero => "NonZero",
+            Op::Unique { .. } => "Unique",
             Op::GatherElements { .. } => "GatherElements",
             Op::GatherND { .. } => "GatherND",
             Op::GatherElementsGrad { .. } => "GatherElementsGrad",
@@ -846,7 +863,8 @@ impl Op {
             Op::ArgReduce { .. } => (1, 1, 1, 1),
             // Indices are optional: a gradient asks for them (`aux_output`) when missing.
             Op::TopK { .. } => (2, 2, 1, 2),
-            Op::Shape { .. } => (1, 1, 1, 1),
+            Op::Shape { .. } | Op::NonZero => (1, 1, 1, 1),
+            Op::Unique { .. } => (1, 1, 1, 4),
             Op::Binary(_) | Op::MatMul | Op::Reshape { .. } | Op::Expand => (2, 2, 1, 1),
             Op::Gather { .. } | Op::CastLike | Op::Cumulative { .. } => (2, 2, 1, 1),
             Op::GatherElements { .. } | Op::GatherND { .. } => (2, 2, 1, 1),
@@ -1003,6 +1021,11 @@ impl Op {
                 Op::CastLike
             }
             "Range" => Op::Range,
+            "NonZero" => Op::NonZero,
+            "Unique" => Op::Unique {
+                sorted: a.flag("sorted", true)?,
+                axis: a.int("axis")?,
+            },
             "CumSum" | "CumProd" => Op::Cumulative {
                 prod: name == "CumProd",
                 exclusive: a.flag("exclusive", false)?,
@@ -1332,6 +1355,12 @@ impl Op {
                 v.push(("reduction", V::Str(reduction.name().into())));
             }
             Op::ScatterND { reduction } => v.push(("reduction", V::Str(reduction.name().into()))),
+            Op::Unique { sorted, axis } => {
+                v.push(("sorted", b(*sorted)));
+                if let Some(a) = axis {
+                    v.push(("axis", V::Int(*a)));
+                }
+            }
             Op::Cumulative {
                 exclusive, reverse, ..
             } => {
@@ -1477,6 +1506,7 @@ pub fn op_table_markdown() -> String {
         "Reshape" | "Transpose" | "Concat" | "Split" | "Slice" | "Squeeze" | "Unsqueeze"
         | "Flatten" | "Expand" | "Gather" | "Shape" | "Constant" | "Trilu" => "shape",
         "GatherElements" | "GatherND" | "Pad" | "ScatterElements" | "ScatterND" => "indexing",
+        "NonZero" | "Unique" => "data-dependent shape (host, at plan time)",
         "SoftmaxCrossEntropyLoss" => "loss",
         "Attention" | "VarlenAttention" => "attention (fused)",
         "Dropout" => "regularization",

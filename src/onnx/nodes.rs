@@ -33,7 +33,9 @@ fn since(op: &str) -> i64 {
         "QuantizeLinear" | "DequantizeLinear" => 10,
         "DynamicQuantizeLinear" => 11,
         "Where" | "MeanVarianceNormalization" | "Shrink" | "OneHot" | "EyeLike" | "Scatter" => 9,
+        "NonZero" | "Compress" => 9,
         "Range" | "GatherElements" | "GatherND" | "CumSum" | "ScatterElements" | "ScatterND" => 11,
+        "Unique" => 11,
         "SoftmaxCrossEntropyLoss" | "NegativeLogLikelihoodLoss" | "Einsum" => 12,
         "CumProd" => 26,
         "Trilu" => 14,
@@ -57,10 +59,11 @@ const PREDICATES: &[&str] = &["IsNaN", "IsInf", "Not", "BitwiseNot"];
 /// Ops the importer writes as graphrun's ops: ConstantOfShape(shape) is Expand(value,
 /// shape), the value a one-element tensor (f32 0 by default); the reductions graphrun has
 /// no kernel for are ReduceSum or ReduceMax around elementwise maps (`lower_reduce`); Tile,
-/// OneHot, EyeLike and Einsum are written in `index`; Scatter (opsets 9 and 10) is
-/// ScatterElements; Hardmax is a one-hot of ArgMax (`lower_hardmax`).
+/// OneHot, EyeLike, Einsum and Compress are written in `index`; Scatter (opsets 9 and 10)
+/// is ScatterElements; Hardmax is a one-hot of ArgMax (`lower_hardmax`).
 const REWRITTEN: &[&str] = &[
     "ConstantOfShape",
+    "Compress",
     "Tile",
     "OneHot",
     "EyeLike",
@@ -257,6 +260,7 @@ impl<'a> Importer<'a> {
             op if PREDICATES.contains(&op) => return self.lower_predicate(n, shown, attrs),
             "ConstantOfShape" => return self.lower_constant_of_shape(n, shown, attrs),
             "Tile" => return self.lower_tile(n, shown, &attrs),
+            "Compress" => return self.lower_compress(n, shown, &attrs),
             "OneHot" => return self.lower_one_hot(n, shown, &attrs),
             "EyeLike" => return self.lower_eye_like(n, shown, &attrs),
             "Einsum" => return self.lower_einsum(n, shown, &attrs),

@@ -3,6 +3,7 @@
 //! f16/bf16 are stored as such and computed in f32; f64 is computed in f64.
 
 mod attention;
+mod data_shaped;
 mod elementwise;
 mod matmul;
 mod optim;
@@ -15,6 +16,7 @@ use crate::graph::infer::ValueType;
 use crate::graph::{Node, Op};
 use crate::tensor::{DType, Tensor};
 
+pub use data_shaped::eval as eval_data_shaped;
 pub use matmul::gemm_f32_gflops;
 
 #[derive(Default)]
@@ -124,6 +126,21 @@ pub fn run_node(
         ),
         Op::Where => elementwise::where_(x(0)?, x(1)?, x(2)?, &mut outs[0]),
         Op::Range => elementwise::range(x(0)?, x(2)?, &mut outs[0]),
+        Op::NonZero | Op::Unique { .. } => {
+            let fail = |e: String| crate::error::Error::Graph(format!("{}: {e}", node.describe()));
+            let got = data_shaped::eval(&node.op, x(0)?).map_err(fail)?;
+            for (o, t) in outs.iter_mut().zip(got) {
+                if o.shape() != t.shape() {
+                    return Err(fail(format!(
+                        "its output has shape {}, but the plan was made for {}: X changed after planning",
+                        crate::tensor::fmt_shape(t.shape()),
+                        crate::tensor::fmt_shape(o.shape())
+                    )));
+                }
+                o.bytes_mut().copy_from_slice(t.bytes());
+            }
+            Ok(())
+        }
         Op::Cumulative {
             prod,
             exclusive,

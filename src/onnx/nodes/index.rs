@@ -1,9 +1,10 @@
 //! The indexing ops the importer writes as graphrun's ops, exactly and on every backend
 //! (gradients included): Tile as Reshape → Expand → Reshape, OneHot as an Equal against a
 //! Range and a Where, EyeLike as Range comparisons, and Einsum as Transpose, MatMul, Mul,
-//! ReduceSum and (for repeated labels, a diagonal) Reshape + strided Slice. Shape-deciding
-//! values (repeats, depth, the diagonal's length) flow through small i64 nodes that the
-//! planner evaluates on the host, so they may be graph inputs fed when planning.
+//! ReduceSum and (for repeated labels, a diagonal) Reshape + strided Slice, and Compress as
+//! a Gather of NonZero's indices. Shape-deciding values (repeats, depth, the diagonal's
+//! length, Compress's condition) flow through small nodes that the planner evaluates on
+//! the host, so they may be graph inputs fed when planning.
 
 use super::{Importer, NodeProto};
 use crate::error::{Error, Result};
@@ -67,6 +68,39 @@ impl Importer<'_> {
         let xt = self.emit(n, "tiled", Op::Expand, vec![xs, tiled]);
         let out = self.emit(n, "out_shape", Op::Binary(BinaryOp::Mul), vec![s, r]);
         self.push(n, "", reshape(), vec![xt, out], &y);
+        Ok(())
+    }
+
+    /// Compress(x, condition, axis) = Gather(x, Squeeze(NonZero(condition), 0), axis), x
+    /// flattened first when there is no axis; a condition shorter than the axis keeps
+    /// nothing past its end, as ONNX defines. NonZero's output decides the shape, so the
+    /// condition must be known when the plan is made (a graph input fed when planning, or
+    /// computed from one on the host): NonZero then runs on the host and the indices are a
+    /// constant of the plan, while the Gather runs on every backend. The gradient is
+    /// Gather's: dY scattered back to the kept positions, zero elsewhere.
+    pub(super) fn lower_compress(
+        &mut self,
+        n: &NodeProto,
+        shown: &str,
+        attrs: &[Attr],
+    ) -> Result<()> {
+        let [x, cond, y] = io(n, shown, attrs, 2, &["axis"])?;
+        let axis = int_attr(attrs, "axis", shown, "Compress")?;
+        let nz = self.emit(n, "nonzero", Op::NonZero, vec![cond]);
+        // NonZero of the 1-D condition is [1, nnz]; Squeeze refuses any other rank.
+        let squeeze = Op::Squeeze {
+            axes: Some(vec![0]),
+        };
+        let idx = self.emit(n, "indices", squeeze, vec![nz]);
+        let (data, axis) = match axis {
+            Some(a) => (x, a),
+            None => {
+                let flat = self.i64_const(n, "flat_shape", &[-1], false)?;
+                let reshape = Op::Reshape { allowzero: false };
+                (self.emit(n, "flat", reshape, vec![x, flat]), 0)
+            }
+        };
+        self.push(n, "", Op::Gather { axis }, vec![data, idx], &y);
         Ok(())
     }
 

@@ -49,7 +49,11 @@ pub fn treated_as_constant(op: &Op) -> bool {
         Op::Unary(u) => !u.differentiable(),
         // Integer-only maps (bitwise) have no gradient either.
         Op::Binary(b) => b.is_comparison() || b.kind() == crate::graph::BinaryKind::Bitwise,
-        Op::Shape { .. } | Op::Range | Op::ArgReduce { .. } => true,
+        // NonZero's and Unique's index outputs are integers; Unique's Y is given no
+        // gradient either (which occurrence it copies is a choice of its values).
+        Op::Shape { .. } | Op::Range | Op::ArgReduce { .. } | Op::NonZero | Op::Unique { .. } => {
+            true
+        }
         _ => false,
     }
 }

@@ -337,7 +337,12 @@ pub(super) fn grad(b: &mut Builder, ni: usize, n: &Node, dys: &[Option<String>])
             fused_grads(b, op, &ins, &of, n.inputs.len())
         }
         // No gradient flows through integer results, shapes or constants.
-        Op::Shape { .. } | Op::Constant { .. } | Op::Range | Op::ArgReduce { .. } => none(),
+        Op::Shape { .. }
+        | Op::Constant { .. }
+        | Op::Range
+        | Op::ArgReduce { .. }
+        | Op::NonZero
+        | Op::Unique { .. } => none(),
         // Multi-output ops are handled by `multi`; gradient ops are not differentiated again.
         Op::Split { .. }
         | Op::LayerNormalization { .. }
