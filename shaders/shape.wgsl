@@ -76,6 +76,34 @@ fn source(e: u32) -> vec2<i32> {
             if (k < 0) { return vec2<i32>(2, 0); }
             return vec2<i32>(1, k);
         }
+        // Im2Col: the window at P[3..30] (src/backends/common.rs `WindowGeom::words`:
+        // image 3.., out 6.., kernel 9.., stride 12.., dilation 15.., begin 18.., end 21..,
+        // K 26, L 27, image size 28); SX2 holds the pad value (element 0) and what
+        // ceil_mode's windows read past the padding (element 1).
+        case 7u: {
+            let l = pu(27u);
+            let k = pu(26u);
+            var o = e % l;
+            var j = (e / l) % k;
+            let plane = e / (l * k);
+            var off = 0;
+            var st = 1;
+            var pad = false;
+            for (var d = 2u; d < 3u; d -= 1u) {
+                let jd = j % pu(9u + d);
+                let od = o % pu(6u + d);
+                j = j / pu(9u + d);
+                o = o / pu(6u + d);
+                let p = i32(od * pu(12u + d) + jd * pu(15u + d)) - pi(18u + d);
+                let size = pi(3u + d);
+                if (p >= size + pi(21u + d)) { return vec2<i32>(2, 1); }
+                if (p < 0 || p >= size) { pad = true; }
+                off += p * st;
+                st *= size;
+            }
+            if (pad) { return vec2<i32>(2, 0); }
+            return vec2<i32>(1, i32(plane * pu(28u)) + off);
+        }
         // SliceGrad: dY placed into zeros. Per dim d (descriptor shape = dX): start
         // P[60+d], step P[68+d], length P[76+d]; operand 0's strides are dY's.
         default: {
@@ -420,4 +448,57 @@ fn scatter(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
         }
     }
     SY[w] = word;
+}
+
+// Col2Im: an image element is the sum of the column entries that read it, in kernel
+// offset order, accumulated in f32. SRC is the dtype code (0 f32, 1 f16), P[1] the
+// elements, the window at P[3..30] as Im2Col's; a thread owns one output word (two f16).
+fn col2im_elem(i: u32) -> f32 {
+    let k = pu(26u);
+    let l = pu(27u);
+    let plane = i / pu(28u);
+    var r = i % pu(28u);
+    var pos: array<i32, 3>;
+    for (var d = 2u; d < 3u; d -= 1u) {
+        pos[d] = i32(r % pu(3u + d));
+        r = r / pu(3u + d);
+    }
+    var acc = 0.0;
+    for (var j = 0u; j < k; j += 1u) {
+        var jr = j;
+        var o = 0u;
+        var ost = 1u;
+        var ok = true;
+        for (var d = 2u; d < 3u; d -= 1u) {
+            let jd = jr % pu(9u + d);
+            jr = jr / pu(9u + d);
+            let q = pos[d] + pi(18u + d) - i32(jd * pu(15u + d));
+            let s = pi(12u + d);
+            if (q < 0 || q % s != 0 || q / s >= pi(6u + d)) {
+                ok = false;
+                break;
+            }
+            o += u32(q / s) * ost;
+            ost *= pu(6u + d);
+        }
+        if (ok) {
+            let b = src_bits((plane * k + j) * l + o);
+            acc += select(bitcast<f32>(b.x), unpack2x16float(b.x).x, SRC == 1u);
+        }
+    }
+    return acc;
+}
+
+@compute @workgroup_size(256)
+fn col2im(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let w = linear(wid, nwg, lid, WG);
+    if (w >= pu(0u)) { return; }
+    if (SRC == 1u) {
+        let lo = col2im_elem(2u * w);
+        var hi = 0.0;
+        if (2u * w + 1u < pu(1u)) { hi = col2im_elem(2u * w + 1u); }
+        SY[w] = pack2x16float(vec2<f32>(lo, hi));
+    } else {
+        SY[w] = bitcast<u32>(col2im_elem(w));
+    }
 }

@@ -457,3 +457,140 @@ pub fn index_in(node: &Node, i: i64, d: usize, axis: usize) -> Result<i64> {
     }
     Ok(j)
 }
+
+/// What an Im2Col or Col2Im launch needs, the spatial rank padded to 3 with leading axes
+/// of size 1 (kernel 1, stride 1, no padding), so one kernel serves 1-, 2- and 3-D.
+#[derive(Clone, Copy, Debug)]
+pub struct WindowGeom {
+    pub n: usize,
+    pub c: usize,
+    pub image: [usize; 3],
+    pub out: [usize; 3],
+    pub kernel: [usize; 3],
+    pub strides: [usize; 3],
+    pub dilations: [usize; 3],
+    pub begin: [usize; 3],
+    pub end: [usize; 3],
+}
+
+impl WindowGeom {
+    /// The window's size K.
+    pub fn k(&self) -> usize {
+        self.kernel.iter().product()
+    }
+    /// The number of output positions L.
+    pub fn l(&self) -> usize {
+        self.out.iter().product()
+    }
+    /// The image's spatial size.
+    pub fn hw(&self) -> usize {
+        self.image.iter().product()
+    }
+    /// Where column entry (kernel offset `j`, output position `o`, both flat) reads: the
+    /// image's flat spatial offset, or `PAD` / `BEYOND` (ceil_mode's reads past the
+    /// padding; they win over padding on another axis).
+    pub fn source(&self, j: usize, o: usize) -> i64 {
+        let (mut j, mut o) = (j, o);
+        let (mut off, mut stride) = (0i64, 1i64);
+        let mut pad = false;
+        for d in (0..3).rev() {
+            let (jd, od) = (j % self.kernel[d], o % self.out[d]);
+            j /= self.kernel[d];
+            o /= self.out[d];
+            let p = (od * self.strides[d] + jd * self.dilations[d]) as i64 - self.begin[d] as i64;
+            let size = self.image[d] as i64;
+            if p >= size + self.end[d] as i64 {
+                return WindowGeom::BEYOND;
+            }
+            if p < 0 || p >= size {
+                pad = true;
+            }
+            off += p * stride;
+            stride *= size;
+        }
+        if pad {
+            WindowGeom::PAD
+        } else {
+            off
+        }
+    }
+    pub const PAD: i64 = -1;
+    pub const BEYOND: i64 = -2;
+
+    /// The 27 integers a device kernel takes: image, out, kernel, strides, dilations,
+    /// begin, end (3 each), then N, C, K, L, image size, and 1 spare.
+    pub fn words(&self) -> Vec<i64> {
+        let mut v = vec![];
+        for a in [
+            self.image,
+            self.out,
+            self.kernel,
+            self.strides,
+            self.dilations,
+            self.begin,
+            self.end,
+        ] {
+            v.extend(a.iter().map(|&x| x as i64));
+        }
+        v.extend([self.n, self.c, self.k(), self.l(), self.hw(), 0].map(|x| x as i64));
+        v
+    }
+}
+
+/// The window geometry of an Im2Col (`image` = X's shape) or a Col2Im (`image` = the
+/// output's shape); `read(i)` reads plan-time input i (the kernel's dims when the op's
+/// attribute is empty).
+pub fn window_geom(
+    node: &Node,
+    image: &[usize],
+    mut read: impl FnMut(usize) -> Result<Option<Vec<i64>>>,
+) -> Result<WindowGeom> {
+    let fail = |m: String| crate::error::Error::Runtime(format!("{}: {m}", node.describe()));
+    let (attr, window, slot) = match &node.op {
+        Op::Im2Col { kernel, window, .. } => (kernel, window, 1),
+        Op::Col2Im { block, window } => (block, window, 2),
+        _ => unreachable!("window_geom is for Im2Col and Col2Im"),
+    };
+    let kernel = if attr.is_empty() {
+        let v = read(slot)?.ok_or_else(|| fail("the kernel's dims are missing".into()))?;
+        crate::graph::window::dims_of(&v, "kernel_shape").map_err(fail)?
+    } else {
+        attr.clone()
+    };
+    let r = kernel.len();
+    if image.len() != r + 2 || r > 3 {
+        return Err(fail(format!(
+            "graphrun's windows are 1-, 2- or 3-D; got a kernel of rank {r} on an image of shape {image:?}"
+        )));
+    }
+    let placed = window.place(&image[2..], &kernel).map_err(fail)?;
+    let pad3 = |v: &[usize], fill: usize| {
+        let mut a = [fill; 3];
+        a[3 - r..].copy_from_slice(v);
+        a
+    };
+    Ok(WindowGeom {
+        n: image[0],
+        c: image[1],
+        image: pad3(&image[2..], 1),
+        out: pad3(&placed.out, 1),
+        kernel: pad3(&kernel, 1),
+        strides: pad3(&placed.strides, 1),
+        dilations: pad3(&placed.dilations, 1),
+        begin: pad3(&placed.begin, 0),
+        end: pad3(&placed.end, 0),
+    })
+}
+
+/// The bits of `v` in dtype `dt` (converted as a Cast from f64 does: saturating for
+/// integers), in the low bytes of a u64: Im2Col's fill values for the device kernels.
+pub fn fill_bits(dt: DType, v: f64) -> u64 {
+    use crate::tensor::Elem;
+    let mut b = [0u8; 8];
+    crate::with_any!(dt, T => {
+        let x = T::from_f64(v);
+        let bytes = bytemuck::bytes_of(&x);
+        b[..bytes.len()].copy_from_slice(bytes);
+    });
+    u64::from_le_bytes(b)
+}

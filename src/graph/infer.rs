@@ -396,6 +396,8 @@ pub fn shape_inputs(op: &Op) -> &'static [(usize, &'static str)] {
         }
         Op::Pad { .. } => &[(1, "pads"), (3, "axes")],
         Op::PadGrad { .. } => &[(1, "pads"), (2, "axes")],
+        Op::Im2Col { .. } => &[(1, "kernel_shape")],
+        Op::Col2Im { .. } => &[(1, "image_shape"), (2, "block_shape")],
         Op::SliceGrad => &[
             (1, "the forward input's shape"),
             (2, "starts"),
@@ -557,6 +559,21 @@ pub fn matmul_shape(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
         out.push(n);
     }
     Some(out)
+}
+
+/// A window's kernel dims: the attribute, else the plan-time input.
+fn window_dims(
+    attr: &[usize],
+    input: Option<Vec<i64>>,
+    what: &str,
+) -> std::result::Result<Vec<usize>, String> {
+    match input {
+        _ if !attr.is_empty() => Ok(attr.to_vec()),
+        Some(v) => super::window::dims_of(&v, what),
+        None => Err(format!(
+            "{what} is required (as the input or the attribute)"
+        )),
+    }
 }
 
 /// A failure of inference, naming the node and the types of all its inputs.
@@ -1366,6 +1383,18 @@ pub fn infer_node(
                 dtype: x.dtype,
                 shape,
             })
+        }
+        Op::Im2Col { kernel, window, .. } => {
+            let k = window_dims(kernel, known(1, "kernel_shape")?, "kernel_shape").map_err(f)?;
+            let shape = super::window::im2col_shape(window, &x.shape, &k).map_err(f)?;
+            one(ValueType::new(x.dtype, &shape))
+        }
+        Op::Col2Im { block, window } => {
+            need_float(&x, "the columns")?;
+            let image = known(1, "image_shape")?.unwrap_or_default();
+            let block = window_dims(block, known(2, "block_shape")?, "block_shape").map_err(f)?;
+            let shape = super::window::col2im_shape(window, &x.shape, &image, &block).map_err(f)?;
+            one(ValueType::new(x.dtype, &shape))
         }
         Op::PadGrad { .. } => {
             need_float(&x, "dY")?;

@@ -7,6 +7,7 @@ pub mod elementwise;
 pub mod infer;
 pub mod op;
 pub mod validate;
+pub mod window;
 pub mod yaml;
 
 pub use op::{

@@ -6,6 +6,7 @@ use crate::error::{Error, Loc, Result};
 use crate::tensor::{DType, Tensor};
 
 pub use super::elementwise::UnaryOp;
+pub use super::window::{AutoPad, Window};
 
 pub use super::elementwise::{BinaryKind, BinaryOp};
 
@@ -329,6 +330,25 @@ pub enum Op {
     },
     /// `(dY, XShape, starts, ends, [axes], [steps]) -> dX`: dY placed into zeros.
     SliceGrad,
+    /// `(X, [kernel_shape]) -> [N, C·K, *out]`: every window of the `[N, C, *spatial]`
+    /// image laid out as a column (K = the kernel's size, `window.rs`); `pad_value` fills
+    /// the padding and `beyond_value` what ceil_mode's last windows read past it. The
+    /// kernel's dims are the attribute `kernel_shape` or, when that is empty, the input's
+    /// plan-time value. Internal: the importer writes Conv and the pools on it.
+    Im2Col {
+        kernel: Vec<usize>,
+        window: Window,
+        pad_value: f64,
+        beyond_value: f64,
+    },
+    /// `(cols [N, C·K, L], image_shape, [block_shape]) -> [N, C, *image_shape]`: ONNX's
+    /// Col2Im, each image element the sum of the column entries that read it (padding
+    /// read none): Im2Col's gradient, and ConvTranspose's last step. The block's dims are
+    /// the attribute `block` or, when that is empty, the input's plan-time value.
+    Col2Im {
+        block: Vec<usize>,
+        window: Window,
+    },
     /// `(dY, pads, [axes]) -> dX`: each dY element added to the X element Pad read it from
     /// (constant positions read none).
     PadGrad {
@@ -391,7 +411,7 @@ pub static GRAD_OP_NAMES: std::sync::LazyLock<Vec<&'static str>> = std::sync::La
 
 /// Ops the passes make that are not in SPEC §2, accepted in a model file so that a graph
 /// written with `--emit-yaml` loads again.
-pub const INTERNAL_OP_NAMES: &[&str] = &["ReduceMeanSquare"];
+pub const INTERNAL_OP_NAMES: &[&str] = &["ReduceMeanSquare", "Im2Col"];
 
 /// The op names that are not elementwise maps (`for_each_binary!`, `for_each_unary!`).
 const OTHER_OP_NAMES: &[&str] = &[
@@ -432,6 +452,7 @@ const OTHER_OP_NAMES: &[&str] = &[
     "Pad",
     "ScatterElements",
     "ScatterND",
+    "Col2Im",
     "Shape",
     "Constant",
     "Trilu",
@@ -672,6 +693,8 @@ impl Op {
             Op::GatherNDGrad { .. } => "GatherNDGrad",
             Op::Pad { .. } => "Pad",
             Op::PadGrad { .. } => "PadGrad",
+            Op::Im2Col { .. } => "Im2Col",
+            Op::Col2Im { .. } => "Col2Im",
             Op::ScatterElements { .. } => "ScatterElements",
             Op::ScatterND { .. } => "ScatterND",
             Op::Identity => "Identity",
@@ -872,6 +895,8 @@ impl Op {
             Op::ScatterElements { .. } | Op::ScatterND { .. } => (3, 3, 1, 1),
             Op::Pad { .. } => (2, 4, 1, 1),
             Op::PadGrad { .. } => (2, 3, 1, 1),
+            Op::Im2Col { .. } => (1, 2, 1, 1),
+            Op::Col2Im { .. } => (2, 3, 1, 1),
             Op::Clip => (1, 3, 1, 1),
             Op::Where | Op::Range => (3, 3, 1, 1),
             Op::Gemm { .. } => (2, 3, 1, 1),
@@ -1076,6 +1101,47 @@ impl Op {
             "ScatterND" => Op::ScatterND {
                 reduction: a.scatter_reduction()?,
             },
+            "Im2Col" | "Col2Im" => {
+                let window = Window::parse(|k| a.get(k).map(|at| at.value.clone()), true)
+                    .map_err(|m| a.err(None, m))?;
+                let dims = |a: &mut Attrs, key: &str| -> Result<Vec<usize>> {
+                    let v = a.ints(key)?.unwrap_or_default();
+                    if v.iter().any(|&d| d < 1) {
+                        let at = attrs.iter().find(|x| x.name == key);
+                        return Err(a.err(
+                            at,
+                            format!("attribute '{key}' must hold positive values, got {v:?}"),
+                        ));
+                    }
+                    Ok(v.into_iter().map(|d| d as usize).collect())
+                };
+                if name == "Col2Im" {
+                    Op::Col2Im {
+                        block: dims(&mut a, "block")?,
+                        window,
+                    }
+                } else {
+                    let kernel = dims(&mut a, "kernel_shape")?;
+                    let mut num = |key: &str| -> Result<f64> {
+                        Ok(match a.get(key) {
+                            None => 0.0,
+                            Some(at) => match &at.value {
+                                AttrValue::Float(v) => *v,
+                                AttrValue::Int(v) => *v as f64,
+                                AttrValue::Str(s) if s == "-inf" => f64::NEG_INFINITY,
+                                AttrValue::Str(s) if s == "inf" => f64::INFINITY,
+                                _ => return Err(a.wrong(at, "a number (or \"inf\", \"-inf\")")),
+                            },
+                        })
+                    };
+                    Op::Im2Col {
+                        kernel,
+                        window,
+                        pad_value: num("pad_value")?,
+                        beyond_value: num("beyond_value")?,
+                    }
+                }
+            }
             "MatMul" => Op::MatMul,
             "Gemm" => Op::Gemm {
                 alpha: a.float("alpha")?.unwrap_or(1.0) as f32,
@@ -1355,6 +1421,23 @@ impl Op {
                 v.push(("reduction", V::Str(reduction.name().into())));
             }
             Op::ScatterND { reduction } => v.push(("reduction", V::Str(reduction.name().into()))),
+            Op::Im2Col {
+                kernel,
+                window,
+                pad_value,
+                beyond_value,
+            } => v.extend(super::window::im2col_attrs(
+                kernel,
+                window,
+                *pad_value,
+                *beyond_value,
+            )),
+            Op::Col2Im { block, window } => {
+                if !block.is_empty() {
+                    v.push(("block", V::Ints(block.iter().map(|&d| d as i64).collect())));
+                }
+                v.extend(window.attrs())
+            }
             Op::Unique { sorted, axis } => {
                 v.push(("sorted", b(*sorted)));
                 if let Some(a) = axis {

@@ -16,6 +16,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 
 mod composite;
+mod conv;
 mod index;
 use composite::{COMPOSITE, MS_COMPOSITE};
 
@@ -40,7 +41,8 @@ fn since(op: &str) -> i64 {
         "CumProd" => 26,
         "Trilu" => 14,
         "LayerNormalization" | "HannWindow" | "HammingWindow" | "BlackmanWindow" => 17,
-        "GroupNormalization" | "BitwiseNot" | "CenterCropPad" => 18,
+        "GroupNormalization" | "BitwiseNot" | "CenterCropPad" | "Col2Im" => 18,
+        "LpPool" => 2,
         "Attention" | "RMSNormalization" | "RotaryEmbedding" => 23,
         _ => MIN_OPSET,
     }
@@ -91,6 +93,7 @@ pub fn imports(op: &str) -> bool {
         PREDICATES,
         REWRITTEN,
         COMPOSITE,
+        conv::WINDOWED,
     ]
     .iter()
     .any(|list| list.contains(&op))
@@ -148,6 +151,8 @@ pub(super) struct Importer<'a> {
     ranks: HashMap<String, usize>,
     /// The dtype of each such value, where graphrun has it.
     dtypes: HashMap<String, crate::tensor::DType>,
+    /// The dims of each such value, where the model gives them (`None`: symbolic).
+    dims: HashMap<String, Vec<Option<usize>>>,
     /// Ops graphrun lacks: "Conv" or "domain::Op" → the nodes that use them.
     unsupported: BTreeMap<String, Vec<String>>,
     errors: Vec<Error>,
@@ -160,8 +165,13 @@ impl<'a> Importer<'a> {
         taken.extend(g.node.iter().flat_map(|n| n.output.iter().cloned()));
         let mut ranks: HashMap<String, usize> = HashMap::new();
         let mut dtypes = HashMap::new();
+        let mut dims = HashMap::new();
         for t in &g.initializer {
             ranks.insert(t.name.clone(), t.dims.len());
+            dims.insert(
+                t.name.clone(),
+                t.dims.iter().map(|&d| usize::try_from(d).ok()).collect(),
+            );
             if let Some(dt) = crate::tensor::DType::from_onnx(t.data_type as i64) {
                 dtypes.insert(t.name.clone(), dt);
             }
@@ -172,6 +182,12 @@ impl<'a> Importer<'a> {
             };
             if let Some(s) = &t.shape {
                 ranks.insert(v.name.clone(), s.dim.len());
+                let known = s
+                    .dim
+                    .iter()
+                    .map(|d| d.dim_value.and_then(|v| usize::try_from(v).ok()));
+                dims.entry(v.name.clone())
+                    .or_insert_with(|| known.collect());
             }
             if let Some(dt) = crate::tensor::DType::from_onnx(t.elem_type as i64) {
                 dtypes.insert(v.name.clone(), dt);
@@ -184,6 +200,7 @@ impl<'a> Importer<'a> {
             taken,
             ranks,
             dtypes,
+            dims,
             unsupported: BTreeMap::new(),
             errors: vec![],
         }
@@ -325,6 +342,7 @@ impl<'a> Importer<'a> {
             op if op.starts_with("Reduce") && REWRITTEN.contains(&op) => {
                 return self.lower_reduce(n, shown, attrs)
             }
+            op if conv::WINDOWED.contains(&op) => return self.lower_windowed(n, shown, attrs),
             op if COMPOSITE.contains(&op) || MS_COMPOSITE.contains(&op) => {
                 return self.lower_composite(n, shown, attrs)
             }

@@ -9,6 +9,7 @@ mod matmul;
 mod optim;
 mod reduce;
 mod shape;
+mod window;
 
 use super::Backend;
 use crate::error::Result;
@@ -269,6 +270,8 @@ pub fn run_node(
         }
         Op::Pad { .. } => shape::pad(node, x(0)?, ins, &mut outs[0]),
         Op::PadGrad { .. } => shape::pad_grad(node, x(0)?, ins, &mut outs[0]),
+        Op::Im2Col { .. } => window::im2col(node, x(0)?, ins, &mut outs[0]),
+        Op::Col2Im { .. } => window::col2im(node, x(0)?, ins, &mut outs[0]),
         Op::ScatterElements { reduction, .. } | Op::ScatterND { reduction } => {
             shape::scatter(node, x(0)?, x(1)?, x(2)?, *reduction, &mut outs[0])
         }

@@ -473,6 +473,7 @@ pub enum Arg {
     F64(f64),
     Strided(Strided),
     Attn(super::attention::AttnGeom),
+    Window(super::shape::WinGeom),
     Sgd(Box<super::optim::SgdTensors>),
 }
 
@@ -574,6 +575,7 @@ fn push_arg<'a>(b: &mut cudarc::driver::LaunchArgs<'a>, a: &'a Arg) {
         Arg::F64(v) => b.arg(v),
         Arg::Strided(v) => b.arg(v),
         Arg::Attn(v) => b.arg(v),
+        Arg::Window(v) => b.arg(v),
         Arg::Sgd(v) => b.arg(&**v),
     };
 }

@@ -605,6 +605,8 @@ impl Cuda {
             }
             Op::Pad { .. } => shape::pad(self, node, &x(0)?, ins, &y),
             Op::PadGrad { .. } => shape::pad_grad(self, node, &x(0)?, ins, &y),
+            Op::Im2Col { .. } => shape::im2col(self, node, &x(0)?, ins, &y),
+            Op::Col2Im { .. } => shape::col2im(self, node, &x(0)?, ins, &y),
             Op::ScatterElements { reduction, .. } | Op::ScatterND { reduction } => {
                 shape::scatter(self, node, [&x(0)?, &x(1)?, &x(2)?], *reduction, &y)
             }

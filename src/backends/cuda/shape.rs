@@ -340,3 +340,57 @@ fn scatter_add(c: &Cuda, dy: &V, ids: &[i64], d: usize, inner: usize, out: &V) -
     ];
     c.launch_n(&format!("gather_grad_{}", suffix(out.dtype())), n, &args)
 }
+
+/// cuda/shape.cu `WinGeom` (`common::WindowGeom::words`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct WinGeom([i64; 27]);
+
+// Safety: a plain array of i64, laid out as the C struct of 27 i64s.
+unsafe impl cudarc::driver::DeviceRepr for WinGeom {}
+
+fn win_geom(g: &common::WindowGeom) -> WinGeom {
+    let mut a = [0i64; 27];
+    a.copy_from_slice(&g.words());
+    WinGeom(a)
+}
+
+/// Im2Col: one thread per column entry.
+pub fn im2col(c: &Cuda, node: &Node, x: &V, ins: &[Option<V>], y: &V) -> Result<()> {
+    let g = common::window_geom(node, x.shape(), |i| read_opt(c, ins, i))?;
+    let crate::graph::Op::Im2Col {
+        pad_value,
+        beyond_value,
+        ..
+    } = node.op
+    else {
+        unreachable!()
+    };
+    let dt = x.dtype();
+    let n = y.numel();
+    let args = [
+        Arg::Ptr(x.p),
+        Arg::Ptr(y.p),
+        Arg::U64(common::fill_bits(dt, pad_value)),
+        Arg::U64(common::fill_bits(dt, beyond_value)),
+        Arg::Window(win_geom(&g)),
+        Arg::I64(n as i64),
+    ];
+    c.launch_n(&format!("im2col_{}", word(dt)), n, &args)
+}
+
+/// Col2Im: one thread per image element sums what reads it.
+pub fn col2im(c: &Cuda, node: &Node, cols: &V, ins: &[Option<V>], y: &V) -> Result<()> {
+    if !y.dtype().is_float() {
+        return Err(unsupported(node, y.dtype()));
+    }
+    let g = common::window_geom(node, y.shape(), |i| read_opt(c, ins, i))?;
+    let n = y.numel();
+    let args = [
+        Arg::Ptr(cols.p),
+        Arg::Ptr(y.p),
+        Arg::Window(win_geom(&g)),
+        Arg::I64(n as i64),
+    ];
+    c.launch_n(&format!("col2im_{}", suffix(y.dtype())), n, &args)
+}

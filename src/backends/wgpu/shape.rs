@@ -429,3 +429,62 @@ pub fn cast(w: &mut Wgpu, node: &Node, x: &V, y: &V) -> Result<()> {
         groups_for(nw, 256),
     )
 }
+
+/// The window's 27 integers at `Params` 3.. (shaders/shape.wgsl Im2Col and `col2im`).
+fn window_params(node: &Node, g: &common::WindowGeom) -> Result<Params> {
+    let mut p = Params::new();
+    for (k, v) in g.words().into_iter().enumerate() {
+        if v > i32::MAX as i64 {
+            return Err(crate::err!(
+                Runtime,
+                "{}: a window dim of {v} is past WebGPU's 32-bit indexing",
+                node.describe()
+            ));
+        }
+        p = p.i(3 + k, v);
+    }
+    Ok(p)
+}
+
+/// Im2Col (copy mode 7): the pad and beyond values are SX2's two elements.
+pub fn im2col(w: &mut Wgpu, node: &Node, x: &V, ins: &[Option<V>], y: &V) -> Result<()> {
+    let g = common::window_geom(node, x.shape(), |i| read_opt(w, ins, i))?;
+    let crate::graph::Op::Im2Col {
+        pad_value,
+        beyond_value,
+        ..
+    } = node.op
+    else {
+        unreachable!()
+    };
+    let dt = x.dtype();
+    let es = dt.size();
+    let mut fill = [0u8; 16];
+    for (k, v) in [pad_value, beyond_value].into_iter().enumerate() {
+        let bits = common::fill_bits(dt, v).to_le_bytes();
+        fill[k * es..(k + 1) * es].copy_from_slice(&bits[..es]);
+    }
+    let f = w.scratch(16);
+    w.rec.write(&f, &fill)?;
+    let p = window_params(node, &g)?;
+    let d = w.scratch(16);
+    copy_kernel(w, 7, p, [x.buf, y.buf, &d, &f], y)
+}
+
+/// Col2Im (`col2im`): one thread per output word sums what reads its elements.
+pub fn col2im(w: &mut Wgpu, node: &Node, cols: &V, ins: &[Option<V>], y: &V) -> Result<()> {
+    let dt = y.dtype();
+    float_defs(w, node, dt)?;
+    let g = common::window_geom(node, y.shape(), |i| read_opt(w, ins, i))?;
+    let n = y.numel();
+    let nw = words(n, dt.size());
+    let mut p = window_params(node, &g)?.u(0, nw).u(1, n);
+    p.0.resize(p.0.len().max(32), 0);
+    let src = code(dt);
+    w.run_kernel(
+        &kernel("col2im", dt.size(), src, 0),
+        &p,
+        &[(1, cols.buf), (2, y.buf)],
+        groups_for(nw, 256),
+    )
+}

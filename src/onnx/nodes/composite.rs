@@ -47,47 +47,47 @@ pub(super) const MS_COMPOSITE: &[&str] = &[
 ];
 
 /// A node's attributes, read by name; one left unread is an error (`finish`).
-struct Attrs {
-    what: String,
-    list: Vec<Attr>,
+pub(super) struct Attrs {
+    pub(super) what: String,
+    pub(super) list: Vec<Attr>,
 }
 
 impl Attrs {
-    fn take(&mut self, key: &str) -> Option<AttrValue> {
+    pub(super) fn take(&mut self, key: &str) -> Option<AttrValue> {
         super::take(&mut self.list, key)
     }
-    fn wrong(&self, key: &str, want: &str, v: &AttrValue) -> Error {
+    pub(super) fn wrong(&self, key: &str, want: &str, v: &AttrValue) -> Error {
         Error::Graph(format!(
             "{}: attribute '{key}' must be {want}, got {v:?}",
             self.what
         ))
     }
     /// An error about attribute `key`'s value.
-    fn refuse(&self, key: &str, msg: &str) -> Error {
+    pub(super) fn refuse(&self, key: &str, msg: &str) -> Error {
         Error::Graph(format!("{}: attribute '{key}' {msg}", self.what))
     }
-    fn opt_int(&mut self, key: &str) -> Result<Option<i64>> {
+    pub(super) fn opt_int(&mut self, key: &str) -> Result<Option<i64>> {
         match self.take(key) {
             None => Ok(None),
             Some(AttrValue::Int(v)) => Ok(Some(v)),
             Some(v) => Err(self.wrong(key, "an integer", &v)),
         }
     }
-    fn int(&mut self, key: &str, default: i64) -> Result<i64> {
+    pub(super) fn int(&mut self, key: &str, default: i64) -> Result<i64> {
         Ok(self.opt_int(key)?.unwrap_or(default))
     }
     /// A 0/1 attribute (default 0).
-    fn flag(&mut self, key: &str) -> Result<bool> {
+    pub(super) fn flag(&mut self, key: &str) -> Result<bool> {
         self.flag_or(key, false)
     }
-    fn flag_or(&mut self, key: &str, default: bool) -> Result<bool> {
+    pub(super) fn flag_or(&mut self, key: &str, default: bool) -> Result<bool> {
         match self.int(key, default as i64)? {
             0 => Ok(false),
             1 => Ok(true),
             v => Err(self.refuse(key, &format!("must be 0 or 1, got {v}"))),
         }
     }
-    fn float(&mut self, key: &str, default: f32) -> Result<f32> {
+    pub(super) fn float(&mut self, key: &str, default: f32) -> Result<f32> {
         match self.take(key) {
             None => Ok(default),
             Some(AttrValue::Float(v)) => Ok(v as f32),
@@ -95,17 +95,17 @@ impl Attrs {
             Some(v) => Err(self.wrong(key, "a float", &v)),
         }
     }
-    fn string(&mut self, key: &str, default: &str) -> Result<String> {
+    pub(super) fn string(&mut self, key: &str, default: &str) -> Result<String> {
         match self.take(key) {
             None => Ok(default.to_string()),
             Some(AttrValue::Str(s)) => Ok(s),
             Some(v) => Err(self.wrong(key, "a string", &v)),
         }
     }
-    fn ints(&mut self, key: &str, default: &[i64]) -> Result<Vec<i64>> {
+    pub(super) fn ints(&mut self, key: &str, default: &[i64]) -> Result<Vec<i64>> {
         Ok(self.opt_ints(key)?.unwrap_or_else(|| default.to_vec()))
     }
-    fn opt_ints(&mut self, key: &str) -> Result<Option<Vec<i64>>> {
+    pub(super) fn opt_ints(&mut self, key: &str) -> Result<Option<Vec<i64>>> {
         match self.take(key) {
             None => Ok(None),
             Some(AttrValue::Ints(v)) => Ok(Some(v)),
@@ -124,7 +124,7 @@ impl Attrs {
             )),
         }
     }
-    fn finish(&self) -> Result<()> {
+    pub(super) fn finish(&self) -> Result<()> {
         match self.list.first() {
             None => Ok(()),
             Some(a) => Err(Error::Graph(format!(
@@ -137,7 +137,7 @@ impl Attrs {
 
 /// The node's inputs after checking the counts of inputs and outputs: the first
 /// `want.0` (required), then the optional ones up to `want.1` (None where omitted).
-fn inputs(
+pub(super) fn inputs(
     n: &NodeProto,
     what: &str,
     want: (usize, usize),
@@ -165,7 +165,7 @@ fn inputs(
 }
 
 /// The output `k` of the node, when it is asked for.
-fn output(n: &NodeProto, k: usize) -> Option<&str> {
+pub(super) fn output(n: &NodeProto, k: usize) -> Option<&str> {
     n.output
         .get(k)
         .map(String::as_str)
@@ -173,13 +173,18 @@ fn output(n: &NodeProto, k: usize) -> Option<&str> {
 }
 
 /// Reduction axes: fixed at import, or a value computed from shapes (`Shape` arithmetic).
-enum Axes {
+pub(super) enum Axes {
     Fixed(Vec<i64>),
     From(String),
 }
 
 /// `kind` over `axes` of x: the op and its inputs.
-fn reduce_op(kind: ReduceKind, x: &str, axes: &Axes, keepdims: bool) -> (Op, Vec<String>) {
+pub(super) fn reduce_op(
+    kind: ReduceKind,
+    x: &str,
+    axes: &Axes,
+    keepdims: bool,
+) -> (Op, Vec<String>) {
     let (fixed, ins) = match axes {
         Axes::Fixed(v) => (Some(v.clone()), vec![x.to_string()]),
         Axes::From(a) => (None, vec![x.to_string(), a.clone()]),
@@ -210,31 +215,31 @@ fn type_name(code: i64) -> String {
     crate::tensor::onnx_dtype_name(code)
 }
 
-fn bin(b: BinaryOp) -> Op {
+pub(super) fn bin(b: BinaryOp) -> Op {
     Op::Binary(b)
 }
 
-fn un(u: UnaryOp) -> Op {
+pub(super) fn un(u: UnaryOp) -> Op {
     Op::Unary(u)
 }
 
-fn squeeze(axis: i64) -> Op {
+pub(super) fn squeeze(axis: i64) -> Op {
     Op::Squeeze {
         axes: Some(vec![axis]),
     }
 }
 
-fn unsqueeze(axis: i64) -> Op {
+pub(super) fn unsqueeze(axis: i64) -> Op {
     Op::Unsqueeze {
         axes: Some(vec![axis]),
     }
 }
 
-fn shape(start: i64, end: Option<i64>) -> Op {
+pub(super) fn shape(start: i64, end: Option<i64>) -> Op {
     Op::Shape { start, end }
 }
 
-fn reshape() -> Op {
+pub(super) fn reshape() -> Op {
     Op::Reshape { allowzero: false }
 }
 
@@ -283,7 +288,7 @@ impl Importer<'_> {
 
     /// A helper node `op(ins)` whose one output is a new value named after the node's
     /// first output (and the node after the node, with the same suffix).
-    fn val(&mut self, n: &NodeProto, what: &str, op: Op, ins: Vec<String>) -> String {
+    pub(super) fn val(&mut self, n: &NodeProto, what: &str, op: Op, ins: Vec<String>) -> String {
         let out = &n.output[0];
         let v = self.fresh(&format!("{out}/{what}"));
         self.push(n, &v[out.len() + 1..], op, ins, &v);
@@ -291,7 +296,7 @@ impl Importer<'_> {
     }
 
     /// The node that writes output `k` of the ONNX node (the first keeps its name).
-    fn out(&mut self, n: &NodeProto, k: usize, op: Op, ins: Vec<String>) {
+    pub(super) fn out(&mut self, n: &NodeProto, k: usize, op: Op, ins: Vec<String>) {
         let what = if k == 0 {
             String::new()
         } else {
@@ -303,7 +308,7 @@ impl Importer<'_> {
 
     /// A scalar `v` in the dtype of value `like` (an f32 constant cast like it, as ONNX's
     /// function bodies write their constants).
-    fn float_like(&mut self, n: &NodeProto, what: &str, v: f32, like: &str) -> String {
+    pub(super) fn float_like(&mut self, n: &NodeProto, what: &str, v: f32, like: &str) -> String {
         let c = self.constant(n, what, Tensor::scalar(v));
         self.val(
             n,
@@ -314,14 +319,14 @@ impl Importer<'_> {
     }
 
     /// A 1-D i64 constant.
-    fn ints_const(&mut self, n: &NodeProto, what: &str, v: &[i64]) -> Result<String> {
+    pub(super) fn ints_const(&mut self, n: &NodeProto, what: &str, v: &[i64]) -> Result<String> {
         let t = Tensor::from_vec(&[v.len()], v.to_vec())?;
         Ok(self.constant(n, what, t))
     }
 
     /// The axes `from..rank(x)`; from a negative `from` they are fixed (`from..0`),
     /// otherwise they need x's rank: `Range(from, Size(Shape(x)), 1)`.
-    fn axes_from(&mut self, n: &NodeProto, x: &str, from: i64) -> Result<Axes> {
+    pub(super) fn axes_from(&mut self, n: &NodeProto, x: &str, from: i64) -> Result<Axes> {
         if from < 0 {
             return Ok(Axes::Fixed((from..0).collect()));
         }
@@ -339,7 +344,7 @@ impl Importer<'_> {
     }
 
     /// `kind` over `axes` of x.
-    fn reduce(
+    pub(super) fn reduce(
         &mut self,
         n: &NodeProto,
         what: &str,

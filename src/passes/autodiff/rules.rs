@@ -97,6 +97,33 @@ pub(super) fn grad(b: &mut Builder, ni: usize, n: &Node, dys: &[Option<String>])
             let g = b.op1(op, &[&dy, &n.inputs[1], &xs], &format!("{x}.d"))?;
             Ok(vec![Some(g), None])
         }
+        Op::Im2Col { kernel, window, .. } => {
+            let mut out = vec![None; n.inputs.len()];
+            let block = window_dims(b, kernel, n.inputs.get(1))?;
+            let ys = b.shape(&dy);
+            let cols = b.reshape(&dy, &[ys[0], ys[1], ys[2..].iter().product()])?;
+            let image: Vec<i64> = b.shape(&x)[2..].iter().map(|&d| d as i64).collect();
+            let image = b.i64s(&image)?;
+            let op = Op::Col2Im {
+                block,
+                window: window.clone(),
+            };
+            out[0] = Some(b.op1(op, &[&cols, &image], &format!("{x}.d"))?);
+            Ok(out)
+        }
+        Op::Col2Im { block, window } => {
+            let mut out = vec![None; n.inputs.len()];
+            let kernel = window_dims(b, block, n.inputs.get(2))?;
+            let op = Op::Im2Col {
+                kernel,
+                window: window.clone(),
+                pad_value: 0.0,
+                beyond_value: 0.0,
+            };
+            let cols = b.op1(op, &[&dy], &format!("{x}.d"))?;
+            out[0] = Some(b.reshape(&cols, &b.shape(&x))?);
+            Ok(out)
+        }
         Op::Pad { mode } => {
             let mut out = vec![None; n.inputs.len()];
             let mut ins: Vec<&str> = vec![&dy, &n.inputs[1]];
@@ -359,6 +386,20 @@ pub(super) fn grad(b: &mut Builder, ni: usize, n: &Node, dys: &[Option<String>])
         | Op::FusedMatMulGrad { .. }
         | Op::AttentionGrad { .. }
         | Op::VarlenAttentionGrad { .. } => multi(b, ni, n, dys),
+    }
+}
+
+/// A window's kernel dims: the op's attribute, else its plan-time input's value.
+fn window_dims(b: &Builder, attr: &[usize], input: Option<&String>) -> Result<Vec<usize>> {
+    if !attr.is_empty() {
+        return Ok(attr.to_vec());
+    }
+    match input.and_then(|v| b.konst(v)) {
+        Some(t) => Ok(t.to_i64_vec().iter().map(|&d| d.max(1) as usize).collect()),
+        None => crate::bail!(
+            Graph,
+            "a window's kernel dims must be known when the backward graph is built"
+        ),
     }
 }
 
