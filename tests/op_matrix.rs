@@ -613,6 +613,98 @@ fn indexing_ops_on_every_backend_and_dtype() {
     });
 }
 
+/// Im2Col (a copy with fills: every dtype) and Col2Im (a sum: the floating dtypes) ×
+/// every backend, 1-, 2- and 3-D with strides, dilations, padding and ceil_mode: each
+/// agrees with the CPU bit for bit (tests/ops_window.rs checks the CPU against float64
+/// references), or the backend has no type for the dtype (`NOT_ON_BACKEND`).
+#[test]
+fn windows_on_every_backend_and_dtype() {
+    use graphrun::graph::op::AttrValue as V;
+    use graphrun::BackendKind;
+    let ints = |v: &[i64]| V::Ints(v.to_vec());
+    let settings: Vec<(Vec<usize>, Vec<(&str, V)>)> = vec![
+        (
+            vec![2, 3, 7],
+            vec![
+                ("kernel_shape", ints(&[3])),
+                ("strides", ints(&[2])),
+                ("pads", ints(&[1, 2])),
+                ("ceil_mode", V::Int(1)),
+            ],
+        ),
+        (
+            vec![1, 2, 5, 6],
+            vec![
+                ("kernel_shape", ints(&[2, 3])),
+                ("dilations", ints(&[2, 1])),
+                ("pads", ints(&[1, 0, 0, 1])),
+            ],
+        ),
+        (
+            vec![1, 2, 3, 4, 3],
+            vec![
+                ("kernel_shape", ints(&[2, 2, 2])),
+                ("auto_pad", V::Str("SAME_LOWER".into())),
+            ],
+        ),
+    ];
+    let fills = [
+        ("pad_value", V::Str("-inf".into())),
+        ("beyond_value", V::Float(7.0)),
+    ];
+    for (k, (shape, attrs)) in settings.iter().enumerate() {
+        let x = rand_ints(shape, 10 + k as u64, -100, 100);
+        let mut a = attrs.clone();
+        a.extend(fills.iter().cloned());
+        let im2col = op("Im2Col", &a);
+        for dt in DType::ALL {
+            let args = [inp(x.cast(dt))];
+            let cpu = run_raw(BackendKind::Cpu, im2col.clone(), &args, 1)
+                .unwrap_or_else(|e| panic!("Im2Col {dt} on the CPU: {e}"));
+            for backend in backends() {
+                match run_raw(backend, im2col.clone(), &args, 1) {
+                    Ok(got) => {
+                        assert_eq!(got[0].bytes(), cpu[0].bytes(), "Im2Col {dt} on {backend:?}")
+                    }
+                    Err(e) => assert!(not_on(backend, dt), "Im2Col {dt} on {backend:?}: {e}"),
+                }
+            }
+            if !dt.is_float() {
+                continue;
+            }
+            // Col2Im of those columns back onto the image.
+            let cols = &cpu[0];
+            let l: usize = cols.shape()[2..].iter().product();
+            let flat = cols
+                .clone()
+                .reshaped(&[cols.shape()[0], cols.shape()[1], l])
+                .unwrap();
+            let image = i64s(
+                &[shape.len() - 2],
+                &shape[2..].iter().map(|&d| d as i64).collect::<Vec<_>>(),
+            );
+            let mut ca = attrs.clone();
+            let kernel = ca.remove(0).1;
+            ca.push(("block", kernel));
+            let col2im = op("Col2Im", &ca);
+            let args = [inp(flat), cst(image)];
+            let want = run_raw(BackendKind::Cpu, col2im.clone(), &args, 1)
+                .unwrap_or_else(|e| panic!("Col2Im {dt} on the CPU: {e}"));
+            assert_eq!(want[0].shape(), &shape[..]);
+            for backend in backends() {
+                match run_raw(backend, col2im.clone(), &args, 1) {
+                    Ok(got) => assert_eq!(
+                        got[0].to_f64_vec(),
+                        want[0].to_f64_vec(),
+                        "Col2Im {dt} on {backend:?}"
+                    ),
+                    Err(e) => assert!(not_on(backend, dt), "Col2Im {dt} on {backend:?}: {e}"),
+                }
+            }
+        }
+    }
+}
+
 /// ArgMax, ArgMin, TopK, ReduceProd and CumProd × every backend × every dtype they take:
 /// each runs, or the backend has no type for the dtype (`NOT_ON_BACKEND`), and each
 /// result equals the CPU's exactly (the data, ±1 and ±2 with ties, keeps every product and

@@ -537,7 +537,10 @@ impl Importer<'_> {
         if p == 2.0 {
             self.out(n, 0, un(UnaryOp::Sqrt), vec![sum]);
         } else {
-            let inv = self.float_like(n, "inv_p", 1.0 / p, &sum);
+            // 1/p computed in the input's dtype (an f32 constant of 1/3 is off in f64).
+            let one = self.float_like(n, "one", 1.0, &sum);
+            let pv = self.float_like(n, "p_root", p, &sum);
+            let inv = self.val(n, "inv_p", bin(BinaryOp::Div), vec![one, pv]);
             self.out(n, 0, bin(BinaryOp::Pow), vec![sum, inv]);
         }
         Ok(())
