@@ -359,7 +359,11 @@ fn pass_options(no_fuse: bool, disabled: &[String], training: bool) -> passes::P
             "matmul_epilogue_fusion".into(),
         ]);
     }
-    passes::PassOptions { disabled, training }
+    passes::PassOptions {
+        disabled,
+        training,
+        ..Default::default()
+    }
 }
 
 fn session_options(c: &Common, dims: BTreeMap<String, usize>, training: bool) -> SessionOptions {
@@ -763,6 +767,7 @@ fn inspect(a: InspectArgs) -> Result<(), Fail> {
         let opts = graphrun::passes::autodiff::BackwardOptions {
             training: false,
             inputs: true,
+            ..Default::default()
         };
         let bwd =
             graphrun::passes::autodiff::backward_with(g, &floats, shapes, &key.values, &opts)?;

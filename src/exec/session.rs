@@ -411,7 +411,12 @@ impl Session {
             };
             vec![t.loss.clone()]
         } else {
-            let inf = crate::graph::infer::infer_graph_with(&self.graph, &key.shapes, &key.values)?;
+            let inf = crate::graph::infer::infer_graph_with(
+                &self.graph,
+                &key.shapes,
+                &key.values,
+                &crate::backends::cpu::HOST_EVAL,
+            )?;
             self.graph
                 .outputs
                 .iter()
@@ -422,6 +427,7 @@ impl Session {
         let opts = BackwardOptions {
             training: self.opts.training || train,
             inputs: !train,
+            eval: self.opts.passes.eval,
         };
         let bwd = autodiff::backward_with(&self.graph, &outputs, &key.shapes, &key.values, &opts)?;
         let passes = PassOptions {

@@ -2,11 +2,12 @@
 //! a shape (Reshape's shape, Slice's starts, ...) must be known when the plan is made:
 //! they are initializers, Constants, graph inputs whose fed values the plan is made for
 //! (`plan_time_inputs`), or computed from them and from `Shape` — the small
-//! "shape arithmetic" subgraphs exporters emit are evaluated on the host by the CPU
-//! reference kernels while inferring. NonZero and Unique, whose outputs' shapes are their
-//! results, take their input as such a value and are computed on the host here
-//! (`computed_at_plan_time`).
+//! "shape arithmetic" subgraphs exporters emit are evaluated on the host while inferring,
+//! by the evaluator the caller passes (`HostEval`). NonZero and Unique, whose outputs'
+//! shapes are their results, take their input as such a value and are computed on the
+//! host here (`computed_at_plan_time`).
 
+use super::eval::{HostEval, PLAN_INPUT_LIMIT};
 use super::op::LossReduction;
 use super::*;
 use crate::error::{Error, Result};
@@ -244,9 +245,14 @@ fn attn_qkv(
     }
 }
 
-/// Infers every value's type given each graph input's concrete shape.
-pub fn infer_graph(g: &Graph, input_shapes: &HashMap<String, Vec<usize>>) -> Result<Inferred> {
-    infer_graph_with(g, input_shapes, &HashMap::new())
+/// Infers every value's type given each graph input's concrete shape; `ev` evaluates the
+/// small nodes whose values decide shapes.
+pub fn infer_graph(
+    g: &Graph,
+    input_shapes: &HashMap<String, Vec<usize>>,
+    ev: &dyn HostEval,
+) -> Result<Inferred> {
+    infer_graph_with(g, input_shapes, &HashMap::new(), ev)
 }
 
 /// `infer_graph` with the values of some graph inputs known on the host: those that
@@ -255,6 +261,7 @@ pub fn infer_graph_with(
     g: &Graph,
     input_shapes: &HashMap<String, Vec<usize>>,
     values: &HashMap<String, Tensor>,
+    ev: &dyn HostEval,
 ) -> Result<Inferred> {
     let mut inf = Inferred {
         order: validate::topo_order(g)?,
@@ -304,7 +311,7 @@ pub fn infer_graph_with(
         let node = &g.nodes[ni];
         let ins: Vec<Option<&ValueType>> = node.map_inputs(|n| inf.types.get(n));
         let consts: Vec<Option<&Tensor>> = node.map_inputs(|n| inf.consts.get(n));
-        let outs = infer_node(node, &ins, &consts)?;
+        let outs = infer_node(node, &ins, &consts, ev)?;
         // Host-evaluate small nodes whose inputs are all known: this is what resolves
         // Shape → Gather → Concat → Reshape chains.
         let all_known = node
@@ -323,12 +330,10 @@ pub fn infer_graph_with(
         } else if computed_at_plan_time(&node.op) {
             // Its input is known (`infer_node` refused it otherwise) and at most
             // CONST_LIMIT elements; its outputs are no larger than a few times that.
-            values = Some(crate::backends::cpu::eval_node_with_types(
-                node, &consts, &outs,
-            )?);
+            values = Some(ev.eval(node, &consts, &outs)?);
         } else if small && all_known && !is_random(&node.op) {
             let args: Vec<Option<&Tensor>> = consts.clone();
-            values = crate::backends::cpu::eval_node_with_types(node, &args, &outs).ok();
+            values = ev.eval(node, &args, &outs).ok();
         }
         for t in &outs {
             if crate::tensor::checked_numel(&t.shape)
@@ -579,11 +584,13 @@ fn fail(node: &Node, ins: &[Option<&ValueType>], msg: impl std::fmt::Display) ->
 }
 
 /// Infers the output types of one node. `ins[i]` is `None` for an omitted optional input;
-/// `consts[i]` holds the input's value when known on the host.
+/// `consts[i]` holds the input's value when known on the host; `ev` computes NonZero and
+/// Unique, whose outputs' shapes are their results.
 pub fn infer_node(
     node: &Node,
     ins: &[Option<&ValueType>],
     consts: &[Option<&Tensor>],
+    ev: &dyn HostEval,
 ) -> Result<Vec<ValueType>> {
     let f = |msg: String| fail(node, ins, msg);
     let (min_in, max_in, min_out, max_out) = node.op.arity();
@@ -825,10 +832,10 @@ pub fn infer_node(
                 return Err(f(format!(
                     "input X ('{}') must be known when the plan is made: its values decide the output's shape, so it must be computed from initializers, Constants, Shape and graph inputs fed when planning (at most {} elements), through small nodes evaluated on the host; here it depends on a value computed on the device (or one too large to evaluate on the host)",
                     node.inputs[0],
-                    crate::exec::PLAN_INPUT_LIMIT
+                    PLAN_INPUT_LIMIT
                 )));
             };
-            let outs = crate::backends::cpu::eval_data_shaped(&node.op, v).map_err(f)?;
+            let outs = ev.eval_data_shaped(&node.op, v).map_err(f)?;
             Ok(outs
                 .iter()
                 .take(node.outputs.len())
@@ -1325,7 +1332,7 @@ pub fn infer_node(
                 Op::ScatterElements { axis, .. } => Op::GatherElements { axis: *axis },
                 _ => Op::GatherND { batch_dims: 0 },
             };
-            let read = infer_forward(node, gather, &[Some(&x), Some(idx)], &[None, None])?;
+            let read = infer_forward(node, gather, &[Some(&x), Some(idx)], &[None, None], ev)?;
             if read[0].shape != upd.shape {
                 return Err(f(format!(
                     "updates {} must have the shape {} that indices {} pick from data {}",
@@ -1650,7 +1657,7 @@ pub fn infer_node(
             // dY and X: the types the forward op took and gave.
             let xt = t(1).unwrap();
             need_float(xt, "X")?;
-            let fwd = infer_forward(node, Op::Unary(*u), &[Some(xt)], &[None])?;
+            let fwd = infer_forward(node, Op::Unary(*u), &[Some(xt)], &[None], ev)?;
             need_grad(node, ins, &x, &fwd[0])?;
             one(xt.clone())
         }
@@ -1661,7 +1668,7 @@ pub fn infer_node(
             } else {
                 Op::Softmax { axis: *axis }
             };
-            let fwd = infer_forward(node, op, &[Some(y)], &[None])?;
+            let fwd = infer_forward(node, op, &[Some(y)], &[None], ev)?;
             need_grad(node, ins, &x, &fwd[0])?;
             one(y.clone())
         }
@@ -1672,7 +1679,7 @@ pub fn infer_node(
                 axis: *axis,
                 epsilon: 1e-5,
             };
-            let fwd = infer_forward(node, op, &[Some(xt), Some(scale)], &[None, None])?;
+            let fwd = infer_forward(node, op, &[Some(xt), Some(scale)], &[None, None], ev)?;
             need_grad(node, ins, &x, &fwd[0])?;
             let a = norm_axis(*axis, xt.shape.len()).unwrap();
             let mut stat = xt.shape.clone();
@@ -1703,7 +1710,7 @@ pub fn infer_node(
                 reduction: *reduction,
                 ignore_index: *ignore_index,
             };
-            let fwd = infer_forward(node, op, &ins[1..], &consts[1..])?;
+            let fwd = infer_forward(node, op, &ins[1..], &consts[1..], ev)?;
             need_grad(node, ins, &x, &fwd[0])?;
             one(t(1).unwrap().clone())
         }
@@ -1715,6 +1722,7 @@ pub fn infer_node(
                 Op::Gather { axis: *axis },
                 &[Some(&data), t(1)],
                 &[None, None],
+                ev,
             )?;
             need_grad(node, ins, &x, &fwd[0])?;
             one(data)
@@ -1723,7 +1731,7 @@ pub fn infer_node(
             let shape = grad_shape(node, ins, consts, 2)?;
             let data = ValueType::new(x.dtype, &shape);
             let fwd_op = node.op.grad_base().expect("a gradient op");
-            let fwd = infer_forward(node, fwd_op, &[Some(&data), t(1)], &[None, None])?;
+            let fwd = infer_forward(node, fwd_op, &[Some(&data), t(1)], &[None, None], ev)?;
             need_grad(node, ins, &x, &fwd[0])?;
             one(data)
         }
@@ -1734,7 +1742,7 @@ pub fn infer_node(
             fins.extend_from_slice(&ins[2..]);
             let mut fconsts = vec![None];
             fconsts.extend_from_slice(&consts[2..]);
-            let fwd = infer_forward(node, Op::Slice, &fins, &fconsts)?;
+            let fwd = infer_forward(node, Op::Slice, &fins, &fconsts, ev)?;
             need_grad(node, ins, &x, &fwd[0])?;
             one(data)
         }
@@ -1762,7 +1770,7 @@ pub fn infer_node(
                 activation: *activation,
                 trans_b: *trans_b,
             };
-            let fwd = infer_forward(node, op, &[Some(a), Some(b)], &[None, None])?;
+            let fwd = infer_forward(node, op, &[Some(a), Some(b)], &[None, None], ev)?;
             need_grad(node, ins, &x, &fwd[0])?;
             match t(3) {
                 Some(pre) if *pre != fwd[0] => {
@@ -1793,7 +1801,7 @@ pub fn infer_node(
         Op::AttentionGrad { .. } => {
             let [q, k, v] = attn_qkv(&node.op, ins, 1).map_err(&f)?;
             let op = node.op.grad_base().expect("AttentionGrad has a forward op");
-            let fwd = infer_forward(node, op, &[t(1), t(2), t(3), t(6)], &[None; 4])?;
+            let fwd = infer_forward(node, op, &[t(1), t(2), t(3), t(6)], &[None; 4], ev)?;
             need_grad(node, ins, &x, &fwd[0])?;
             let a = AttnDims::new(&node.op, &q.shape, &k.shape, &v.shape).map_err(&f)?;
             let (y, lse) = (t(4).unwrap(), t(5).unwrap());
@@ -1831,7 +1839,7 @@ pub fn infer_node(
                 is_causal: *is_causal,
                 scale: *scale,
             };
-            let fwd = infer_forward(node, op, &ins[1..6], &[None; 5])?;
+            let fwd = infer_forward(node, op, &ins[1..6], &[None; 5], ev)?;
             need_grad(node, ins, &x, &fwd[0])?;
             let (y, lse) = (t(6).unwrap(), t(7).unwrap());
             let want = [q.shape[0], q.shape[1]];
@@ -1864,6 +1872,7 @@ fn infer_forward(
     op: Op,
     ins: &[Option<&ValueType>],
     consts: &[Option<&Tensor>],
+    ev: &dyn HostEval,
 ) -> Result<Vec<ValueType>> {
     let fwd = Node {
         name: node.name.clone(),
@@ -1872,7 +1881,7 @@ fn infer_forward(
         outputs: vec!["y".into()],
         loc: node.loc.clone(),
     };
-    infer_node(&fwd, ins, consts).map_err(|e| match e {
+    infer_node(&fwd, ins, consts, ev).map_err(|e| match e {
         Error::Graph(m) => Error::Graph(m.replace(
             &format!("({})", fwd.op.name()),
             &format!("({})", node.op.name()),
