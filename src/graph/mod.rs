@@ -1,6 +1,6 @@
 //! The IR: values (graph inputs, initializers, node outputs), nodes carrying the closed
 //! `Op` enum, and the graph that holds them. Loading (yaml.rs), validation (validate.rs),
-//! shape and dtype inference (infer.rs) and DOT output (dot.rs) live beside it. The IR
+//! shape and dtype inference (infer/) and DOT output (dot.rs) live beside it. The IR
 //! imports nothing above it (backends, exec, loaders of other formats): inference that
 //! needs values computed takes a host evaluator (eval.rs) as a parameter.
 

@@ -1,5 +1,5 @@
 //! Structural validation: every value defined once, every use defined, arities right,
-//! no cycles. Shapes are checked by inference (infer.rs) once dims are bound; `validate`
+//! no cycles. Shapes are checked by inference (infer/) once dims are bound; `validate`
 //! runs it already when the model's `dims:` defaults bind every symbol.
 
 use super::*;
