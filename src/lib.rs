@@ -22,6 +22,7 @@ pub mod rng;
 pub mod tensor;
 pub mod testing;
 
+pub use backends::tuning::{set_tuning, tuning, Tuning};
 pub use backends::BackendKind;
 pub use error::{Error, Result};
 pub use exec::{DataParallel, Plan, Session, SessionOptions};
