@@ -10,7 +10,7 @@
 // Wg below), software-pipelined so that a tile's softmax runs under the previous tile's
 // products (fa_fwd_wg). The forward there is warp-specialized and persistent (fa_fwd_wsp: a
 // producer warpgroup streams K/V into an mbarrier ring for three consumer warpgroups, one CTA
-// an SM taking item after item; fa_fwd_wg stays as GRAPHRUN_CUDA_ATTENTION=wg).
+// an SM taking item after item; fa_fwd_wg stays as `--tune cuda_attention=wg`).
 // All kernels address Q, K, V, Y and their gradients through the strides of AttnGeom
 // (batch, head, row; the head vector contiguous).
 // f32 (and tf32 mode): the same tiling on CUDA cores in true FP32, each product a 64×64
@@ -1634,7 +1634,7 @@ template <class T, bool MASK> __device__ void fa_dkv_wg(const AttnGeom& g, const
 // backward"). Five products per
 // tile pair instead of the two passes' seven. fa_bwd_pre computes delta = rowsum(dY∘Y)
 // and zeroes `dqa` first; fa_dq_out scales and converts it to dQ.
-// (GRAPHRUN_CUDA_ATTENTION=bwd2 keeps the deterministic two passes, fa_dq + fa_dkv.)
+// (`--tune cuda_attention=bwd2` keeps the deterministic two passes, fa_dq + fa_dkv.)
 
 // A operand MN-major (stored transposed: rows are the reduction, 64 contiguous M) from
 // shared memory, B as Wg (TB = 1: MN-major).
@@ -1864,7 +1864,7 @@ template <class T, bool MASK> __device__ void fa_bwd_wg(const AttnGeom& g, const
 // not need); forward for head sizes up to 64 and 128, backward up to 64 (at 128 its
 // accumulators spill: larger heads take the row-per-warp kernels of attention.cu).
 // WG: wgmma where the chip has it (heads up to 64); the `_mma` kernels keep mma.sync, to
-// compare the two on one device (GRAPHRUN_CUDA_ATTENTION=mma).
+// compare the two on one device (`--tune cuda_attention=mma`).
 #define FA_WG_FOR(DP) (FA_HAVE_WG && (DP) == 64)
 #define INST_FA_FWD(T, S, DP, M, MS, WG)                                                                            \
     extern "C" __global__ void __launch_bounds__(FA_BQ / (16 * FA_MT(DP)) * 32, 128 / DP) fa_fwd_##S##_##DP##MS(       \

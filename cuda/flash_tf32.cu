@@ -1,7 +1,7 @@
 // f32 Attention (not VarlenAttention) on tensor cores: `mma.sync.m16n8k8` with TF32
 // operands and f32 accumulation, forward (with LSE) and backward (dQ, then dK/dV), for
 // head sizes up to 64 (padded with zeros to 64). Used for `--dtype tf32` (NP = 1) and for
-// f32 (NP = 2, 3xTF32): by default its forward, and with GRAPHRUN_CUDA_ATTENTION_F32=3xtf32
+// f32 (NP = 2, 3xTF32): by default its forward, and with `--tune cuda_attention_f32=3xtf32`
 // its backward too (src/backends/cuda/attention.rs f32_kernels; cuda/flash.cu's fs_*
 // kernels on CUDA cores are the other choice; docs/bench-h100/attention-notes.md).
 //

@@ -1,9 +1,7 @@
 #!/usr/bin/env bash
 # Fills DEST (default ../main/.carry-attn, git-ignored there) for one of the attention
 # device scripts, DEVICE (default device_attn.sh; device_ab.sh compares this build with a
-# BASE build and GRAPHRUN_CUDA_ATTENTION modes — it replaced session 5's device_fwd.sh and
-# device_bws.sh, which are in the history at ec1a7e8; device_tf32.sh the f32/tf32 runs of
-# session 4): graphrun and the attention/grad test executables (stripped; TESTS names them),
+# BASE build and `--tune cuda_attention=MODE` modes; device_tf32.sh the f32/tf32 runs): graphrun and the attention/grad test executables (stripped; TESTS names them),
 # the kernels precompiled for sm_90a (scripts/precompile_kernels.py; NVRTC names
 # libnvrtc.so.13 here). BASE=DIR (a carry folder of this script from an earlier commit)
 # adds its graphrun (base.tgz) and kernels, to measure side by side.

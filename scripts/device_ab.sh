@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call comparing this build's attention kernels with an earlier one (BASE= of
-# scripts/carry_attn.sh) and with GRAPHRUN_CUDA_ATTENTION modes: the tests (this build) under
-# TEST_MODES ("default" = unset; other modes run only TESTS2), then `graphrun bench` medians
+# scripts/carry_attn.sh) and with `--tune cuda_attention=MODE` modes: the tests (this build)
+# under TEST_MODES ("default" = none; other modes, through the test harness's GRAPHRUN_TUNE,
+# run only TESTS2), then `graphrun bench` medians
 # of ROWS (workload:dtype:pass) for this build (default and each of MODES) and the base, REPS
 # rounds interleaved, then (NCU=1) attention kernel times of one bf16 training step.
 # TEST_TIMEOUT, BENCH_TIMEOUT, NCU_TIMEOUT bound each step (a hang costs device time).
@@ -28,7 +29,7 @@ mkdir -p $T/release && cp $X/graphrun $T/release/graphrun 2>/dev/null
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 if [ -z "${SKIP_TESTS:-}" ]; then
     for mode in ${TEST_MODES:-default}; do
-        if [ $mode = default ]; then unset GRAPHRUN_CUDA_ATTENTION; TL=$(ls $X/tests); else export GRAPHRUN_CUDA_ATTENTION=$mode; TL=${TESTS2:-cuda ops_attention_grad grad}; fi
+        if [ $mode = default ]; then unset GRAPHRUN_TUNE; TL=$(ls $X/tests); else export GRAPHRUN_TUNE=cuda_attention=$mode; TL=${TESTS2:-cuda ops_attention_grad grad}; fi
         for n in $TL; do
             t=$X/tests/$n
             timeout ${TEST_TIMEOUT:-200} $t --test-threads=4 > $R/test_${mode}_$n.log 2>&1
@@ -40,7 +41,7 @@ if [ -z "${SKIP_TESTS:-}" ]; then
         done
         grep -h "^test result" $R/test_${mode}_*.log | awk -v m=$mode '{p+=$4; f+=$6; i+=$8} END {print "TESTS " m ": " p " passed, " f " failed, " i " ignored"}'
     done
-    unset GRAPHRUN_CUDA_ATTENTION
+    unset GRAPHRUN_TUNE
 fi
 ROWS=${ROWS:-attention:bf16:train attention:f16:train gpt_block:bf16:train}
 for rep in $(seq 1 ${REPS:-2}); do
@@ -50,10 +51,9 @@ for rep in $(seq 1 ${REPS:-2}); do
         for b in new base ${MODES:-}; do
             G=$X/graphrun; [ $b = base ] && G=$X/base/graphrun
             [ -x $G ] || continue
-            case $b in new|base) unset GRAPHRUN_CUDA_ATTENTION;; *) export GRAPHRUN_CUDA_ATTENTION=$b;; esac
-            timeout ${BENCH_TIMEOUT:-60} $G bench models/$w.yaml --backend cuda --dtype $d $flag --iters 30 --warmup 5 --json $R/${w}_${d}_${p}_${b}_$rep.json > /dev/null 2>&1
+            tune=; case $b in new|base) ;; *) tune="--tune cuda_attention=$b";; esac
+            timeout ${BENCH_TIMEOUT:-60} $G bench models/$w.yaml --backend cuda --dtype $d $flag $tune --iters 30 --warmup 5 --json $R/${w}_${d}_${p}_${b}_$rep.json > /dev/null 2>&1
         done
-        unset GRAPHRUN_CUDA_ATTENTION
     done
 done
 python3 - "$R" ${MODES:-} <<'PY'
@@ -70,10 +70,9 @@ if [ -n "${NCU:-}" ]; then
     for b in new base ${MODES:-}; do
         G=$X/graphrun; [ $b = base ] && G=$X/base/graphrun
         [ -x $G ] || continue
-        case $b in new|base) unset GRAPHRUN_CUDA_ATTENTION;; *) export GRAPHRUN_CUDA_ATTENTION=$b;; esac
+        tune=; case $b in new|base) ;; *) tune="--tune cuda_attention=$b";; esac
         timeout ${NCU_TIMEOUT:-90} ncu --clock-control none -k regex:"fa_" -c 8 --metrics gpu__time_duration.sum \
-            $G bench models/attention.yaml --backend cuda --dtype bf16 --backward --iters 1 --warmup 0 > $R/ncu_$b.log 2>&1
+            $G bench models/attention.yaml --backend cuda --dtype bf16 --backward $tune --iters 1 --warmup 0 > $R/ncu_$b.log 2>&1
         echo "ncu $b:"; grep -E "^  fa_|gpu__time_duration" $R/ncu_$b.log | paste - - | awk '{print $1, $(NF)}' | head -n 8
-        unset GRAPHRUN_CUDA_ATTENTION
     done
 fi

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call for the attention kernels (issue 5): the attention/grad CUDA tests, then
 # `graphrun bench` for attention and gpt_block in bf16/f32, fwd/train (and bf16 attention on
-# the mma.sync kernels, GRAPHRUN_CUDA_ATTENTION=mma, to compare; MODES: more such choices
+# the mma.sync kernels, --tune cuda_attention=mma, to compare; MODES: more such choices
 # for bf16 attention and gpt_block, TEST_MODES: the choices the tests run under besides the
 # default). Carried by scripts/carry_attn.sh; run from the repository root as
 #   [DTYPES="bf16"] [MODES="px2"] [TEST_MODES="mma px2"] bash .carry-attn/device_attn.sh
@@ -28,18 +28,18 @@ ls "$X"/tests/* | xargs -P 4 -I{} bash -c '
     echo "== $n rc=$rc $(grep -E "^test result" '"$R"'/test_$n.log | tail -n 1)"
     grep -E "^test .* FAILED$|panicked at" -A4 '"$R"'/test_$n.log | head -n 30'
 grep -h "^test result" $R/test_*.log | awk '{p+=$4; f+=$6} END {print "TESTS: " p " passed, " f " failed"}'
-# The mma.sync kernels (GRAPHRUN_CUDA_ATTENTION=mma) and the other choices through the
-# attention tests too.
+# The mma.sync kernels (cuda_attention=mma) and the other choices through the attention
+# tests too (GRAPHRUN_TUNE: the test harness's --tune, tests/common/mod.rs).
 for mode in ${TEST_MODES:-mma}; do
     for n in cuda ops_attention ops_attention_grad grad; do
-        GRAPHRUN_CUDA_ATTENTION=$mode timeout 120 $X/tests/$n --test-threads=4 > $R/test_${mode}_$n.log 2>&1
+        GRAPHRUN_TUNE=cuda_attention=$mode timeout 120 $X/tests/$n --test-threads=4 > $R/test_${mode}_$n.log 2>&1
         echo "== $mode $n rc=$? $(grep -E "^test result" $R/test_${mode}_$n.log | tail -n 1)"
         grep -E "^test .* FAILED$|panicked at" -A4 $R/test_${mode}_$n.log | head -n 20
     done
 done
-bench() {  # name workload dtype pass [env]
+bench() {  # name workload dtype pass [KEY=VALUE of --tune]
     local flag=; [ "$4" = train ] && flag=--backward
-    env ${5:-} timeout 90 $G bench models/$2.yaml --backend cuda --dtype $3 $flag --iters 30 --warmup 5 \
+    timeout 90 $G bench models/$2.yaml --backend cuda --dtype $3 $flag ${5:+--tune $5} --iters 30 --warmup 5 \
         --json $R/$1.json > $R/bench_$1.log 2>&1
     echo "bench $1: $(grep -m1 -E 'median|ms' $R/bench_$1.log | head -c 200)"
     grep -E "^\s+\S+\s+(Attention|AttentionGrad)\s" $R/bench_$1.log | head -n 2
@@ -49,10 +49,10 @@ for w in attention gpt_block; do
         for p in fwd train; do bench ${w}_${dt}_$p $w $dt $p; done
     done
 done
-for p in fwd train; do bench attention_bf16_${p}_mma attention bf16 $p GRAPHRUN_CUDA_ATTENTION=mma; done
+for p in fwd train; do bench attention_bf16_${p}_mma attention bf16 $p cuda_attention=mma; done
 for mode in ${MODES:-}; do
     for w in attention gpt_block; do
-        for p in fwd train; do bench ${w}_bf16_${p}_$mode $w bf16 $p GRAPHRUN_CUDA_ATTENTION=$mode; done
+        for p in fwd train; do bench ${w}_bf16_${p}_$mode $w bf16 $p cuda_attention=$mode; done
     done
 done
 python3 - "$R" <<'PY'

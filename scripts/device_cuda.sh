@@ -85,9 +85,10 @@ if [[ $what == *ncu* ]]; then
     # Launches 200-499 are past the first (eager) steps; the heuristic's GEMM algorithms
     # are kept (no timing runs among the launches).
     for w in ${NCU_WORKLOADS:-gpt_block mlp_large}; do
-        (cd "$ROOT" && GRAPHRUN_CUBLASLT_TUNE=1 timeout 300 ncu --clock-control none --csv \
+        (cd "$ROOT" && timeout 300 ncu --clock-control none --csv \
             --metrics gpu__time_duration.sum --launch-skip 200 --launch-count 300 \
-            $G bench models/$w.yaml --backend cuda --dtype bf16 --backward --iters 2 --warmup 2) \
+            $G bench models/$w.yaml --backend cuda --dtype bf16 --backward --iters 2 --warmup 2 \
+            --tune cublaslt_tune=1) \
             > $R/ncu_$w.csv 2> $R/ncu_$w.err
         echo "ncu $w rc=$?"
         python3 - $R/ncu_$w.csv <<'PY' | tee $R/ncu_$w.md

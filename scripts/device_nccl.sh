@@ -34,17 +34,18 @@ if [[ $what == *bench* ]]; then
     # One GPU without data parallelism, then 1 and 2 workers through NCCL.
     for n in plain 1 2; do
         flag=; [ $n != plain ] && flag="--gpus $n"
-        (cd /work/main && GRAPHRUN_CUDA_GRAPHS_DEBUG=1 timeout 200 $G bench models/gpt_block.yaml --backend cuda --dtype bf16 \
-            --backward $flag --iters 30 --warmup 5 --json $OUT/graphrun_gpus$n.json) > /tmp/bench_$n.log 2>&1
+        (cd /work/main && timeout 200 $G bench models/gpt_block.yaml --backend cuda --dtype bf16 \
+            --backward $flag --iters 30 --warmup 5 --tune cuda_graphs_debug=1 \
+            --json $OUT/graphrun_gpus$n.json) > /tmp/bench_$n.log 2>&1
         echo "== graphrun gpt_block bf16 train gpus=$n (rc=$?)"; grep -E "median|samples/s|error|not recorded" /tmp/bench_$n.log | head -n 6
     done
 fi
 if [[ $what == *tune* ]]; then
     # Gradient bucket size and NCCL's share of the SMs, on 2 GPUs.
-    for cfg in "GRAPHRUN_DP_STREAM_PRIORITY=0" "GRAPHRUN_DP_BUCKET_BYTES=2097152" \
-               "GRAPHRUN_DP_BUCKET_BYTES=8388608" "GRAPHRUN_DP_BUCKET_BYTES=16777216"; do
-        (cd /work/main && env $cfg timeout 100 $G bench models/gpt_block.yaml --backend cuda --dtype bf16 \
-            --backward --gpus 2 --iters 30 --warmup 5) > /tmp/tune.log 2>&1
+    for cfg in dp_stream_priority=0 dp_bucket_bytes=2097152 \
+               dp_bucket_bytes=8388608 dp_bucket_bytes=16777216; do
+        (cd /work/main && timeout 100 $G bench models/gpt_block.yaml --backend cuda --dtype bf16 \
+            --backward --gpus 2 --iters 30 --warmup 5 --tune $cfg) > /tmp/tune.log 2>&1
         echo "tune $cfg: $(grep -E "median" /tmp/tune.log)"
     done
 fi

@@ -18,9 +18,9 @@ tar xzf "$C/bin.tgz" -C /tmp/x
 cp "$C"/kcache/*.cubin /tmp/kcache/ 2>/dev/null
 export GRAPHRUN_REQUIRE_CUDA=1 GRAPHRUN_CUDA_CACHE=/tmp/kcache
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader
-bench() {  # name graphrun workload dtype pass [env]
+bench() {  # name graphrun workload dtype pass [KEY=VALUE of --tune]
     local flag=; [ "$5" = train ] && flag=--backward
-    env ${6:-} timeout 60 $2 bench models/$3.yaml --backend cuda --dtype $4 $flag --iters 30 --warmup 5 \
+    timeout 60 $2 bench models/$3.yaml --backend cuda --dtype $4 $flag ${6:+--tune $6} --iters 30 --warmup 5 \
         --json $R/$1.json > $R/bench_$1.log 2>&1
     echo "bench $1 rc=$?"
 }
@@ -38,10 +38,10 @@ grep -h "^test result" $R/test_*.log | awk '{p+=$4; f+=$6} END {print "TESTS: " 
 grep -h -E "rel err|max err|tf32" $R/test_cuda_3xtf32.log | head -n 12
 for p in fwd train; do
     bench attention_f32_$p /tmp/x/graphrun attention f32 $p
-    bench attention_f32_${p}_3xtf32 /tmp/x/graphrun attention f32 $p GRAPHRUN_CUDA_ATTENTION_F32=3xtf32
-    bench attention_f32_${p}_simt /tmp/x/graphrun attention f32 $p GRAPHRUN_CUDA_ATTENTION_F32=simt
+    bench attention_f32_${p}_3xtf32 /tmp/x/graphrun attention f32 $p cuda_attention_f32=3xtf32
+    bench attention_f32_${p}_simt /tmp/x/graphrun attention f32 $p cuda_attention_f32=simt
     bench gpt_block_f32_$p /tmp/x/graphrun gpt_block f32 $p
-    bench gpt_block_f32_${p}_simt /tmp/x/graphrun gpt_block f32 $p GRAPHRUN_CUDA_ATTENTION_F32=simt
+    bench gpt_block_f32_${p}_simt /tmp/x/graphrun gpt_block f32 $p cuda_attention_f32=simt
     bench gpt_block_tf32_$p /tmp/x/graphrun gpt_block tf32 $p
 done
 python3 - "$R" <<'PY'

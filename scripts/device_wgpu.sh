@@ -1,7 +1,7 @@
 #!/bin/bash
 # Device run of the WebGPU backend on the H100 through Vulkan: the attention, mlp_large and
 # gpt_block benches (this build; a build of the base branch when carried; the attention
-# tile size through GRAPHRUN_WGPU_ATTN_BK), then every WebGPU test executable with CI set
+# tile size through --tune wgpu_attn_bk=N), then every WebGPU test executable with CI set
 # (a missing adapter fails them). Needs the carry folder made by scripts/carry_wgpu.sh
 # (Vulkan loader .debs in gl/, stripped executables in bins.tgz, the files the tests read
 # in tree/). Usage on the device: bash .carry-wgpu/device_wgpu.sh [seconds for the tests]
@@ -22,7 +22,7 @@ bench() {
 }
 bench models/attention.yaml --backend wgpu
 LINES_=4 bench models/attention.yaml --backend wgpu --backward
-for bk in 16 64; do TAG="BK=$bk" GRAPHRUN_WGPU_ATTN_BK=$bk bench models/attention.yaml --backend wgpu; done
+for bk in 16 64; do TAG="BK=$bk" bench models/attention.yaml --backend wgpu --tune wgpu_attn_bk=$bk; done
 LINES_=3 bench models/mlp_large.yaml --backend wgpu
 LINES_=5 bench models/mlp_large.yaml --backend wgpu --backward
 LINES_=3 bench models/gpt_block.yaml --backend wgpu

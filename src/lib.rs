@@ -22,6 +22,7 @@ pub mod rng;
 pub mod tensor;
 pub mod testing;
 
+pub use backends::tuning::{set_tuning, tuning, Tuning};
 pub use backends::BackendKind;
 pub use error::{Error, Result};
 pub use exec::{DataParallel, Plan, Session, SessionOptions};
@@ -30,6 +31,21 @@ pub use tensor::{Bool, DType, Tensor};
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
+
+/// Checks a graph (`graph::validate::validate`) with the CPU reference evaluator for the
+/// shape arithmetic inference computes on the host.
+pub fn validate(g: &Graph) -> Result<()> {
+    graph::validate::validate(g, &backends::cpu::HOST_EVAL)
+}
+
+/// Infers every value's type for these input shapes (`graph::infer::infer_graph`) with the
+/// CPU reference evaluator.
+pub fn infer_graph(
+    g: &Graph,
+    input_shapes: &HashMap<String, Vec<usize>>,
+) -> Result<graph::infer::Inferred> {
+    graph::infer::infer_graph(g, input_shapes, &backends::cpu::HOST_EVAL)
+}
 
 /// A loaded, validated model.
 #[derive(Clone, Debug)]
@@ -45,14 +61,19 @@ impl Model {
         let graph = if onnx::is_onnx_path(path) {
             onnx::load(path)?
         } else {
-            graph::yaml::load(path)?
+            graph::yaml::load(path, &backends::cpu::HOST_EVAL)?
         };
         Ok(Model { graph })
     }
     /// Loads a model from YAML text; relative initializer files resolve against `base`.
     pub fn from_str(text: &str, base: impl AsRef<Path>) -> Result<Model> {
         Ok(Model {
-            graph: graph::yaml::load_str(text, "<string>", base.as_ref())?,
+            graph: graph::yaml::load_str(
+                text,
+                "<string>",
+                base.as_ref(),
+                &backends::cpu::HOST_EVAL,
+            )?,
         })
     }
     /// Writes the model back as YAML (self-contained; see `graph::yaml::save`).

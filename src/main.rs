@@ -25,6 +25,11 @@ struct Cli {
     /// (e.g. 8G, 512M; default: the machine's physical memory).
     #[arg(long, global = true, value_name = "BYTES", value_parser = parse_size)]
     max_memory: Option<usize>,
+    /// Developer switch for kernel A/B runs: KEY=VALUE sets a field of graphrun::Tuning
+    /// (repeatable; dev/README.md lists the keys). Hidden: the defaults are the measured
+    /// best, and users never need it.
+    #[arg(long = "tune", global = true, hide = true, value_name = "KEY=VALUE")]
+    tune: Vec<String>,
 }
 
 /// "8G", "512M", "64K" or plain bytes.
@@ -151,7 +156,7 @@ struct BenchArgs {
     warmup: usize,
     #[arg(long)]
     backward: bool,
-    /// Write the results as JSON (the fields of ../shared/bench/torch_reference.py).
+    /// Write the results as JSON (one record per run, with the fields the PyTorch reference scripts write).
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
     #[arg(long, default_value_t = 0)]
@@ -269,6 +274,16 @@ fn main() -> ExitCode {
     if let Some(b) = cli.max_memory {
         graphrun::tensor::set_max_bytes(b);
     }
+    if !cli.tune.is_empty() {
+        let mut t = graphrun::tuning();
+        for kv in &cli.tune {
+            if let Err(e) = t.apply(kv) {
+                eprintln!("error: --tune: {e}");
+                return ExitCode::from(2);
+            }
+        }
+        graphrun::set_tuning(t);
+    }
     let r = match cli.cmd {
         Cmd::Run(a) => run(a),
         Cmd::Inspect(a) => inspect(a),
@@ -339,9 +354,9 @@ fn optimized(
 }
 
 /// A graph that only runs forward, on CUDA, with its f32 weights K-major
-/// (`passes::weight_layout`; `GRAPHRUN_K_MAJOR_WEIGHTS=0` leaves them as written).
+/// (`passes::weight_layout`; `--tune k_major_weights=0` leaves them as written).
 fn forward_only(g: graphrun::Graph, c: &Common, forward: bool) -> graphrun::Graph {
-    let on = std::env::var("GRAPHRUN_K_MAJOR_WEIGHTS").map_or(true, |v| v != "0");
+    let on = graphrun::tuning().k_major_weights;
     if forward && on && backend_of(c) == BackendKind::Cuda {
         passes::weight_layout::k_major_weights(&g).0
     } else {
@@ -359,7 +374,11 @@ fn pass_options(no_fuse: bool, disabled: &[String], training: bool) -> passes::P
             "matmul_epilogue_fusion".into(),
         ]);
     }
-    passes::PassOptions { disabled, training }
+    passes::PassOptions {
+        disabled,
+        training,
+        ..Default::default()
+    }
 }
 
 fn session_options(c: &Common, dims: BTreeMap<String, usize>, training: bool) -> SessionOptions {
@@ -763,6 +782,7 @@ fn inspect(a: InspectArgs) -> Result<(), Fail> {
         let opts = graphrun::passes::autodiff::BackwardOptions {
             training: false,
             inputs: true,
+            ..Default::default()
         };
         let bwd =
             graphrun::passes::autodiff::backward_with(g, &floats, shapes, &key.values, &opts)?;

@@ -271,7 +271,7 @@ pub fn random_graph(data: &[u8], max_nodes: usize) -> (Graph, HashMap<String, Te
             node.inputs.iter().map(|i| types.get(i.as_str())).collect();
         let cs: Vec<Option<&Tensor>> = node.inputs.iter().map(|i| consts.get(i)).collect();
         // Inputs that do not fit (shapes that do not broadcast, say) skip the node.
-        let Ok(mut t) = infer_node(&node, &tys, &cs) else {
+        let Ok(mut t) = infer_node(&node, &tys, &cs, &crate::backends::cpu::HOST_EVAL) else {
             continue;
         };
         if t[0].numel() > 4096 {

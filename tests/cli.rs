@@ -115,6 +115,51 @@ fn bad_model_exits_2_with_place() {
     let _ = std::fs::remove_dir_all(&d);
 }
 
+/// `--tune KEY=VALUE` (the developer harness's kernel variants) works on every command,
+/// is not in the help, and refuses an unknown key or a bad value with exit code 2.
+#[test]
+fn tune_is_a_hidden_developer_flag() {
+    let plain = graphrun(&["models/mlp.yaml"]);
+    let o = graphrun(&[
+        "models/mlp.yaml",
+        "--tune",
+        "cublaslt_tune=1",
+        "--tune",
+        "k_major_weights=0",
+    ]);
+    assert!(o.status.success(), "{}", text(&o).1);
+    assert_eq!(
+        text(&o).0,
+        text(&plain).0,
+        "the CPU ignores GPU kernel choices"
+    );
+    let o = graphrun(&[
+        "bench",
+        "models/mlp.yaml",
+        "--iters",
+        "1",
+        "--tune",
+        "dp_bucket_bytes=65536",
+    ]);
+    assert!(o.status.success(), "{}", text(&o).1);
+    for help in [&["--help"][..], &["run", "--help"], &["bench", "--help"]] {
+        let out = text(&graphrun(help)).0;
+        assert!(!out.contains("--tune"), "--tune is hidden: {out}");
+    }
+    let o = graphrun(&["models/mlp.yaml", "--tune", "no_such_key=1"]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = text(&o).1;
+    assert!(
+        err.contains("unknown tuning key 'no_such_key'") && err.contains("cuda_attention"),
+        "{err}"
+    );
+    let o = graphrun(&["models/mlp.yaml", "--tune", "cuda_graphs=maybe"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o).1.contains("cuda_graphs"), "{}", text(&o).1);
+    let o = graphrun(&["models/mlp.yaml", "--tune", "cuda_graphs"]);
+    assert_eq!(o.status.code(), Some(2));
+}
+
 #[test]
 fn runtime_failure_exits_1_and_leaves_no_partial_output() {
     let d = tmpdir("fail");

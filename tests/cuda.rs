@@ -427,7 +427,7 @@ fn device_out_of_memory_is_an_error_naming_the_node() {
 
 /// FusedMatMulGrad with `a_activation` (fc2's gradient after `dact_into_da`): dA times
 /// act'(PreA) and dBiasA (its row sum), for gelu_tanh in bf16/f16 through cuBLASLt's
-/// DGELU epilogue (DGELU_BGRAD with GRAPHRUN_CUBLASLT_DGELU_BGRAD=1), otherwise by our
+/// DGELU epilogue (DGELU_BGRAD with `Tuning::cublaslt_dgelu_bgrad`), otherwise by our
 /// kernel after the product, then a row sum (a batched B takes that path too); under
 /// tf32 within 1e-3 of the CPU's true f32.
 #[test]

@@ -1,7 +1,7 @@
 //! f32 attention on the 3xTF32 tensor-core kernels (cuda/flash_tf32.cu, chosen by
-//! `GRAPHRUN_CUDA_ATTENTION_F32=3xtf32`, also the f32 default; forced here all the same):
-//! the tiled-kernel cases at the f32 tolerance and the accuracy against f64. Its own test
-//! executable with one test, since the variable is read once per process. Skips where
+//! `Tuning::cuda_attention_f32 = "3xtf32"`, also the f32 default; forced here all the
+//! same): the tiled-kernel cases at the f32 tolerance and the accuracy against f64. Its own
+//! test executable with one test, since the choice is read once per process. Skips where
 //! there is no GPU.
 
 #[path = "common/attention_cuda.rs"]
@@ -11,7 +11,10 @@ mod common;
 #[test]
 fn attention_3xtf32_tiled_cases_and_accuracy() {
     // Set before any kernel choice is read (the only test of this executable).
-    std::env::set_var("GRAPHRUN_CUDA_ATTENTION_F32", "3xtf32");
+    graphrun::set_tuning(graphrun::Tuning {
+        cuda_attention_f32: "3xtf32".into(),
+        ..graphrun::tuning()
+    });
     attention_cuda::tiled_kernels_forward_and_backward();
     attention_cuda::f32_accuracy();
 }

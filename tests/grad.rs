@@ -122,6 +122,7 @@ fn no_passes() -> PassOptions {
     PassOptions {
         disabled: PASSES.iter().map(|s| s.to_string()).collect(),
         training: false,
+        ..Default::default()
     }
 }
 
@@ -240,7 +241,7 @@ fn verify(n: &Net, fd: Fd) -> Result<(Gradients, HashMap<String, Tensor>), Strin
         let stage = stage.to_string();
         move |e: graphrun::Error| format!("{what}: {stage}: {e}")
     };
-    graphrun::graph::validate::validate(&n.g).map_err(err("the test graph is invalid"))?;
+    graphrun::validate(&n.g).map_err(err("the test graph is invalid"))?;
     let mut fwd = session(&n.g, n.training, PassOptions::default()).map_err(err("session"))?;
     let outs = forward(&mut fwd, n.training, &n.feeds).map_err(err("forward"))?;
     let seeds = seeds_for(&outs);
@@ -752,6 +753,7 @@ fn training_backward_graph_runs_as_an_ordinary_graph() {
     let opts = autodiff::BackwardOptions {
         training: true,
         inputs: true,
+        ..Default::default()
     };
     let bwd = autodiff::backward(&n.g, &["y".to_string()], &shapes, &opts).unwrap();
     let mut feeds = n.feeds.clone();
@@ -1876,6 +1878,7 @@ fn differentiating_an_integer_output_is_a_clear_error() {
     let opts = autodiff::BackwardOptions {
         training: false,
         inputs: true,
+        ..Default::default()
     };
     for bad in ["xi", "s"] {
         let e = autodiff::backward(&n.g, &[bad.to_string()], &shapes, &opts)

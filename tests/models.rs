@@ -448,6 +448,7 @@ fn plan_slots_hold_one_live_value_each_and_pack_tightly() {
         let popts = graphrun::passes::PassOptions {
             disabled: vec![],
             training: train,
+            ..Default::default()
         };
         let (fused, _) = graphrun::passes::optimize(&m.graph, &popts).unwrap();
         let mut s = Session::new(

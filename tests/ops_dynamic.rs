@@ -451,10 +451,7 @@ nodes:
   - {op: Relu, inputs: [big], outputs: [m]}
   - {op: NonZero, name: nz, inputs: [m], outputs: [idx]}
 "#;
-    let e = Model::from_str(big, ".")
-        .err()
-        .expect("refused")
-        .to_string();
+    let e = Model::from_str(big, ".").expect_err("refused").to_string();
     assert!(
         e.contains("node 'nz' (NonZero)")
             && e.contains("input X ('m') must be known when the plan is made"),

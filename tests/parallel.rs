@@ -82,7 +82,10 @@ fn rel(a: &Tensor, b: &Tensor) -> f64 {
 fn one_vs_many(path: &str, d: BTreeMap<String, usize>, n: usize, steps: usize, tol: f64) {
     // Several small buckets, so that averages overlap the backward pass and their
     // ordering after each gradient's last reader is exercised.
-    std::env::set_var("GRAPHRUN_DP_BUCKET_BYTES", "65536");
+    graphrun::set_tuning(graphrun::Tuning {
+        dp_bucket_bytes: 65536,
+        ..graphrun::tuning()
+    });
     let (g, feeds) = setup(path, &d, 7);
     let mut one = Session::new(g.clone(), cuda_opts(d.clone())).unwrap();
     let mut dp = DataParallel::new(g, cuda_opts(d), n).unwrap();

@@ -2,9 +2,9 @@
 //! where it must not fire, and the example models. Every optimized graph is validated
 //! and run against the original on the CPU backend (relative error ≤ 1e-5).
 
-use graphrun::graph::validate::validate;
 use graphrun::graph::{Graph, Op};
 use graphrun::passes::{optimize, PassOptions, Report, PASSES};
+use graphrun::validate;
 use graphrun::{Model, Session, SessionOptions};
 use std::collections::BTreeMap;
 
@@ -129,6 +129,7 @@ fn only(pass: &str) -> PassOptions {
             .map(|p| p.to_string())
             .collect(),
         training: false,
+        ..Default::default()
     }
 }
 
@@ -827,6 +828,7 @@ fn attention_with_trilu_causal_mask_on_static_shapes() {
         &PassOptions {
             disabled: vec!["constant_folding".into()],
             training: false,
+            ..Default::default()
         },
     );
     assert_eq!(attention(&g), vec![(true, 0.5, 3)]);
@@ -1508,6 +1510,7 @@ fn passes_can_be_disabled_and_unknown_names_are_errors() {
         &PassOptions {
             disabled: vec!["matmul_epilogue_fusion".into()],
             training: false,
+            ..Default::default()
         },
     );
     assert!(fused(&o).is_empty());
@@ -1528,6 +1531,7 @@ fn passes_can_be_disabled_and_unknown_names_are_errors() {
         &PassOptions {
             disabled: vec!["fusion".into()],
             training: false,
+            ..Default::default()
         },
     )
     .unwrap_err();
@@ -1721,6 +1725,7 @@ fn fused_and_plain(g: &Graph, be: graphrun::BackendKind) -> (Session, Session) {
             passes: PassOptions {
                 disabled,
                 training: false,
+                ..Default::default()
             },
             ..Default::default()
         };
@@ -1923,6 +1928,7 @@ nodes:
                 passes: PassOptions {
                     disabled,
                     training: false,
+                    ..Default::default()
                 },
                 ..Default::default()
             };

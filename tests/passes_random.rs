@@ -2,10 +2,10 @@
 //! every pass leaves the graph valid, and the optimized graph computes the same outputs
 //! and the same gradients as the graph as written.
 
-use graphrun::graph::validate::validate;
 use graphrun::passes::{optimize, PassOptions};
 use graphrun::rng::Rng;
 use graphrun::testing::random_graph;
+use graphrun::validate;
 use graphrun::{Session, SessionOptions, Tensor};
 use std::collections::HashMap;
 

@@ -17,9 +17,9 @@ fn rel(a: &Tensor, b: &Tensor) -> f64 {
 
 fuzz_target!(|data: &[u8]| {
     let (g, feeds) = graphrun::testing::random_graph(data, 32);
-    graphrun::graph::validate::validate(&g).expect("the generator makes valid graphs");
+    graphrun::validate(&g).expect("the generator makes valid graphs");
     let (opt, _) = optimize(&g, &PassOptions::default()).expect("passes succeed on valid graphs");
-    graphrun::graph::validate::validate(&opt).expect("passes leave the graph valid");
+    graphrun::validate(&opt).expect("passes leave the graph valid");
     let run = |g: &graphrun::Graph| {
         let mut s = Session::new(g.clone(), SessionOptions::default()).unwrap();
         let b = s.backward(&feeds, &HashMap::new()).unwrap();

@@ -5,6 +5,7 @@
 mod common;
 pub mod cpu;
 pub mod cuda;
+pub mod tuning;
 pub mod wgpu;
 
 use crate::error::Result;

@@ -18,10 +18,30 @@ use std::collections::{BTreeMap, HashMap};
 
 pub use crate::files::write_atomic;
 
-/// Plan-time inputs (graph inputs whose values decide shapes) hold at most this many
-/// elements: a plan is made, and kept, for each distinct value, so they are meant to be
-/// shapes, axes and sizes, not data.
-pub const PLAN_INPUT_LIMIT: usize = 1024;
+pub use crate::graph::eval::PLAN_INPUT_LIMIT;
+
+/// Every pass, with the CPU backend's reference evaluator for the values inference and
+/// constant folding compute on the host (the passes themselves know no backend).
+impl Default for crate::passes::PassOptions {
+    fn default() -> Self {
+        crate::passes::PassOptions {
+            disabled: vec![],
+            training: false,
+            eval: &crate::backends::cpu::HOST_EVAL,
+        }
+    }
+}
+
+/// Inference, parameters only, with the CPU backend's reference evaluator.
+impl Default for crate::passes::autodiff::BackwardOptions {
+    fn default() -> Self {
+        crate::passes::autodiff::BackwardOptions {
+            training: false,
+            inputs: false,
+            eval: &crate::backends::cpu::HOST_EVAL,
+        }
+    }
+}
 
 /// What a plan-time input decides, for messages: "the shape of node 'r' (Reshape)".
 pub fn plan_input_use(g: &Graph, p: &PlanTimeInput) -> String {

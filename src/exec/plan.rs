@@ -7,6 +7,7 @@
 //! Slots are assigned once the whole schedule is known (`assign`): each value's lifetime
 //! is an interval of steps, and the largest values are placed first.
 
+use crate::backends::cpu::HOST_EVAL;
 use crate::error::Result;
 use crate::graph::infer::{self, Inferred, ValueType};
 use crate::graph::{Graph, Op};
@@ -93,7 +94,7 @@ impl Plan {
         values: &HashMap<String, Tensor>,
         keep: &HashSet<String>,
     ) -> Result<Plan> {
-        let inf: Inferred = infer::infer_graph_with(g, input_shapes, values)?;
+        let inf: Inferred = infer::infer_graph_with(g, input_shapes, values, &HOST_EVAL)?;
         // Nodes whose outputs are all known on the host are folded, not run.
         let folded = |ni: usize| {
             let n = &g.nodes[ni];
@@ -211,7 +212,7 @@ impl Plan {
                         // An unnamed optional output still needs room; infer it again.
                         let tys: Vec<Option<&ValueType>> =
                             node.inputs.iter().map(|i| inf.types.get(i)).collect();
-                        infer::infer_node(node, &tys, &[])
+                        infer::infer_node(node, &tys, &[], &HOST_EVAL)
                             .map(|v| v[k].clone())
                             .unwrap_or(ValueType::new(crate::tensor::DType::F32, &[]))
                     })

@@ -411,7 +411,12 @@ impl Session {
             };
             vec![t.loss.clone()]
         } else {
-            let inf = crate::graph::infer::infer_graph_with(&self.graph, &key.shapes, &key.values)?;
+            let inf = crate::graph::infer::infer_graph_with(
+                &self.graph,
+                &key.shapes,
+                &key.values,
+                &crate::backends::cpu::HOST_EVAL,
+            )?;
             self.graph
                 .outputs
                 .iter()
@@ -422,6 +427,7 @@ impl Session {
         let opts = BackwardOptions {
             training: self.opts.training || train,
             inputs: !train,
+            eval: self.opts.passes.eval,
         };
         let bwd = autodiff::backward_with(&self.graph, &outputs, &key.shapes, &key.values, &opts)?;
         let passes = PassOptions {
@@ -625,15 +631,6 @@ struct Executor<B: Backend> {
     buckets: HashMap<u64, HashMap<usize, Vec<usize>>>,
 }
 
-/// Gradients are averaged in buckets of about this many bytes (`GRAPHRUN_DP_BUCKET_BYTES`
-/// overrides it), each issued as soon as the backward pass has made (and finished
-/// reading) all of its gradients, on a side stream. Smaller buckets overlap more of the
-/// communication with the backward pass, but on two NVLink-connected H200s the NCCL
-/// kernels then slow the backward kernels they share the SMs with by more than they hide:
-/// gpt_block bf16 (25 MB of gradients) took 2.505 ms a step with one bucket at the end
-/// against 2.564 ms with 8 MiB buckets and 2.569 ms with 2 MiB (docs/BENCHMARKS.md).
-const BUCKET_BYTES: usize = 64 << 20;
-
 /// The gradient buckets of a training plan: after which step each group of update pairs
 /// (by index) can be averaged. Gradients without a slot (constants) are the same on every
 /// worker and are left out.
@@ -659,10 +656,9 @@ fn buckets(g: &Graph, plan: &Plan, pairs: &[(String, String)]) -> HashMap<usize,
         }
     }
     ready.sort();
-    let cap = std::env::var("GRAPHRUN_DP_BUCKET_BYTES")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(BUCKET_BYTES);
+    // Buckets of about `Tuning::dp_bucket_bytes` (which says why 64 MiB), each issued as
+    // soon as the backward pass has made (and finished reading) all of its gradients.
+    let cap = crate::backends::tuning::tuning().dp_bucket_bytes;
     let mut out: HashMap<usize, Vec<usize>> = HashMap::new();
     let (mut cur, mut bytes) = (vec![], 0);
     for (j, &(k, i)) in ready.iter().enumerate() {

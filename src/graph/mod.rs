@@ -1,15 +1,19 @@
 //! The IR: values (graph inputs, initializers, node outputs), nodes carrying the closed
 //! `Op` enum, and the graph that holds them. Loading (yaml.rs), validation (validate.rs),
-//! shape and dtype inference (infer.rs) and DOT output (dot.rs) live beside it.
+//! shape and dtype inference (infer/) and DOT output (dot.rs) live beside it. The IR
+//! imports nothing above it (backends, exec, loaders of other formats): inference that
+//! needs values computed takes a host evaluator (eval.rs) as a parameter.
 
 pub mod dot;
 pub mod elementwise;
+pub mod eval;
 pub mod infer;
 pub mod op;
 pub mod validate;
 pub mod window;
 pub mod yaml;
 
+pub use eval::HostEval;
 pub use op::{
     Activation, AttrValue, BinaryKind, BinaryOp, Op, PadMode, ReduceKind, ScatterReduction, UnaryOp,
 };

@@ -1,5 +1,5 @@
 //! Structural validation: every value defined once, every use defined, arities right,
-//! no cycles. Shapes are checked by inference (infer.rs) once dims are bound; `validate`
+//! no cycles. Shapes are checked by inference (infer/) once dims are bound; `validate`
 //! runs it already when the model's `dims:` defaults bind every symbol.
 
 use super::*;
@@ -46,8 +46,9 @@ fn where_defined(g: &Graph) -> Result<HashMap<&str, String>> {
 }
 
 /// Checks names, uses, arities and acyclicity; then, when every symbolic dim has a
-/// default, infers all shapes so that shape errors surface at load time.
-pub fn validate(g: &Graph) -> Result<()> {
+/// default, infers all shapes (evaluating shape arithmetic with `ev`) so that shape errors
+/// surface at load time.
+pub fn validate(g: &Graph, ev: &dyn HostEval) -> Result<()> {
     let defs = where_defined(g)?;
     let mut names = HashSet::new();
     for n in &g.nodes {
@@ -144,7 +145,7 @@ pub fn validate(g: &Graph) -> Result<()> {
                 (i.name.clone(), s.collect())
             })
             .collect();
-        infer::infer_graph(g, &shapes)?;
+        infer::infer_graph(g, &shapes, ev)?;
     }
     Ok(())
 }

@@ -306,22 +306,23 @@ impl<'a> Fields<'a> {
 
 // ---- decoding a model ---------------------------------------------------------------
 
-/// Loads and validates a model file.
-pub fn load(path: &Path) -> Result<Graph> {
+/// Loads and validates a model file; `ev` evaluates shape arithmetic while the shapes are
+/// checked (see `validate::validate`).
+pub fn load(path: &Path, ev: &dyn HostEval) -> Result<Graph> {
     let text = std::fs::read(path).map_err(|e| Error::io(path, e))?;
     let text =
         String::from_utf8(text).map_err(|_| Error::io(path, "the model file is not UTF-8 text"))?;
     let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
     let mut g = parse_model(&text, &path.display().to_string(), &base)?;
     g.file = Some(path.to_path_buf());
-    validate::validate(&g)?;
+    validate::validate(&g, ev)?;
     Ok(g)
 }
 
 /// Loads a model from text; `base` resolves relative initializer file paths.
-pub fn load_str(text: &str, file: &str, base: &Path) -> Result<Graph> {
+pub fn load_str(text: &str, file: &str, base: &Path, ev: &dyn HostEval) -> Result<Graph> {
     let g = parse_model(text, file, base)?;
-    validate::validate(&g)?;
+    validate::validate(&g, ev)?;
     Ok(g)
 }
 

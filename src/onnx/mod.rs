@@ -56,7 +56,7 @@ pub fn from_bytes(bytes: &[u8], stem: &str, base: &Path) -> Result<Graph> {
         ))
     })?;
     let g = import::graph_of(&m, stem, base)?;
-    validate::validate(&g)?;
+    validate::validate(&g, &crate::backends::cpu::HOST_EVAL)?;
     Ok(g)
 }
 

@@ -1,11 +1,10 @@
 //! Constant folding: a node whose inputs are all constants (non-trainable initializers,
-//! Constants, earlier folds) is evaluated once on the CPU backend and replaced by an
-//! initializer of the same name. `Shape` folds when its input's shape is static, which
+//! Constants, earlier folds) is evaluated once by the host evaluator the passes were given
+//! (the CPU backend's by default) and replaced by an initializer of the same name. `Shape` folds when its input's shape is static, which
 //! turns exporter shape arithmetic (Shape → Gather → Concat → Reshape) into constants.
 
 use super::pattern::{Ctx, Patch, Why};
 use super::{any_op, Rule};
-use crate::backends::cpu;
 use crate::graph::infer::{self, ValueType};
 use crate::graph::{InitSource, Initializer, Op};
 use crate::tensor::Tensor;
@@ -83,11 +82,11 @@ fn fold_node(cx: &Ctx, i: usize, _: &mut Why) -> Option<Patch> {
         .map(|t| t.map(|t| ValueType::new(t.dtype(), t.shape())))
         .collect();
     let trefs: Vec<Option<&ValueType>> = types.iter().map(|t| t.as_ref()).collect();
-    let outs = infer::infer_node(n, &trefs, &args).ok()?;
+    let outs = infer::infer_node(n, &trefs, &args, cx.facts.eval).ok()?;
     if outs.iter().any(|t| t.numel() > MAX_ELEMENTS) {
         return None;
     }
-    let values = cpu::eval_node_with_types(n, &args, &outs).ok()?;
+    let values = cx.facts.eval.eval(n, &args, &outs).ok()?;
     let inits = n
         .outputs
         .iter()

@@ -16,7 +16,7 @@ pub mod pattern;
 pub mod weight_layout;
 
 use crate::error::{Error, Result};
-use crate::graph::{validate, Graph, Op};
+use crate::graph::{validate, Graph, HostEval, Op};
 use pattern::{Ctx, Facts, Patch, Why};
 use std::collections::{BTreeMap, HashMap};
 
@@ -30,12 +30,16 @@ pub const PASSES: [&str; 6] = [
     "cse",
 ];
 
-#[derive(Clone, Debug, Default)]
+/// How to run the pipeline. `Default` (given in `exec`, which knows the backends) runs
+/// every pass with the CPU reference evaluator.
+#[derive(Clone, Debug)]
 pub struct PassOptions {
     /// Passes switched off, by name (see `PASSES`).
     pub disabled: Vec<String>,
     /// The graph will be trained: Dropout is kept (it is a no-op only at inference).
     pub training: bool,
+    /// Evaluates nodes on the host: shape arithmetic while inferring, constant folding.
+    pub eval: &'static dyn HostEval,
 }
 
 /// What one pass did.
@@ -118,6 +122,7 @@ pub fn optimize(g: &Graph, opts: &PassOptions) -> Result<(Graph, Report)> {
             },
             log: vec![],
             why: HashMap::new(),
+            eval: opts.eval,
         };
         if opts.disabled.iter().any(|d| d == name) {
             st.report.enabled = false;
@@ -132,7 +137,7 @@ pub fn optimize(g: &Graph, opts: &PassOptions) -> Result<(Graph, Report)> {
             "matmul_epilogue_fusion" => drive(g, epilogue::RULES, &mut st)?,
             _ => drive(g, cse::RULES, &mut st)?,
         };
-        validate::validate(&g)
+        validate::validate(&g, opts.eval)
             .map_err(|e| Error::Graph(format!("pass {name} left an invalid graph: {e}")))?;
         why.extend(st.why);
         report.log.append(&mut st.log);
@@ -168,6 +173,7 @@ pub(crate) struct PassState {
     pub report: PassReport,
     pub log: Vec<String>,
     pub why: HashMap<String, String>,
+    pub eval: &'static dyn HostEval,
 }
 
 impl PassState {
@@ -198,7 +204,7 @@ pub(crate) fn any_op(_: &Op) -> bool {
 /// last scan are the ones `explain` reports. Batching keeps long chains of rewrites
 /// near-linear instead of one full rescan per rewrite.
 pub(crate) fn drive(mut g: Graph, rules: &[Rule], st: &mut PassState) -> Result<Graph> {
-    let mut facts = Facts::new(&g);
+    let mut facts = Facts::new(&g, st.eval);
     let mut fresh = true;
     for _ in 0..100_000 {
         let mut why: HashMap<String, String> = HashMap::new();
@@ -253,7 +259,7 @@ pub(crate) fn drive(mut g: Graph, rules: &[Rule], st: &mut PassState) -> Result<
                 st.why = why;
                 return Ok(g);
             }
-            facts = Facts::new(&g);
+            facts = Facts::new(&g, st.eval);
             fresh = true;
             continue;
         }

@@ -7,7 +7,7 @@
 //! that they agree in every run, so a decision made at the default sizes holds at others.
 
 use crate::graph::infer::{self, Inferred, ValueType};
-use crate::graph::{validate, Dim, Graph, Initializer, Node, Op};
+use crate::graph::{validate, Dim, Graph, HostEval, Initializer, Node, Op};
 use crate::tensor::{DType, Tensor};
 use std::collections::{HashMap, HashSet};
 
@@ -21,10 +21,12 @@ pub struct Facts {
     symbolic: bool,
     /// Ranks found structurally, for when inference cannot run at all.
     ranks: HashMap<String, usize>,
+    /// Evaluates nodes on the host (inference's shape arithmetic, constant folding).
+    pub eval: &'static dyn HostEval,
 }
 
 impl Facts {
-    pub fn new(g: &Graph) -> Facts {
+    pub fn new(g: &Graph, eval: &'static dyn HostEval) -> Facts {
         let syms = g.symbols();
         let shapes = |run: usize| -> HashMap<String, Vec<usize>> {
             let size = |s: &str| {
@@ -48,10 +50,10 @@ impl Facts {
             g.inputs.iter().map(|i| (i.name.clone(), dims(i))).collect()
         };
         let mut runs = vec![];
-        if let Ok(a) = infer::infer_graph(g, &shapes(0)) {
+        if let Ok(a) = infer::infer_graph(g, &shapes(0), eval) {
             runs.push(a);
             if !syms.is_empty() {
-                runs.extend(infer::infer_graph(g, &shapes(1)).ok());
+                runs.extend(infer::infer_graph(g, &shapes(1), eval).ok());
             }
         }
         let ranks = if runs.is_empty() {
@@ -63,6 +65,7 @@ impl Facts {
             runs,
             symbolic: !syms.is_empty(),
             ranks,
+            eval,
         }
     }
 
@@ -151,7 +154,8 @@ impl Facts {
                     .iter()
                     .map(|v| run.consts.get(v).or(new_consts.get(v.as_str()).copied()))
                     .collect();
-                let outs = infer::infer_node(n, &ins, &consts).map_err(|e| e.to_string())?;
+                let outs =
+                    infer::infer_node(n, &ins, &consts, self.eval).map_err(|e| e.to_string())?;
                 for (name, t) in n.outputs.iter().zip(outs) {
                     local.insert(name, t);
                 }

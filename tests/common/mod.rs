@@ -7,6 +7,24 @@ use graphrun::graph::{Graph, InitSource, Initializer, InputInfo, Node, Op};
 use graphrun::rng::Rng;
 use graphrun::{BackendKind, DType, Session, SessionOptions, Tensor};
 
+/// The developer harness's kernel variants for test executables: `GRAPHRUN_TUNE` holds
+/// comma-separated `KEY=VALUE` settings of `graphrun::Tuning` (what `graphrun --tune`
+/// takes; dev/README.md), applied once, before any GPU backend is made (every GPU test
+/// asks `cuda_present` or `wgpu_present` first). The library itself reads no such variable.
+pub fn dev_tuning() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let Ok(spec) = std::env::var("GRAPHRUN_TUNE") else {
+            return;
+        };
+        let mut t = graphrun::tuning();
+        for kv in spec.split(',').filter(|s| !s.trim().is_empty()) {
+            t.apply(kv).unwrap_or_else(|e| panic!("GRAPHRUN_TUNE: {e}"));
+        }
+        graphrun::set_tuning(t);
+    });
+}
+
 /// Backends to test on: the CPU always; GPU backends when present (they skip with a
 /// printed reason otherwise, and never skip when `CI` asks for them).
 pub fn backends() -> Vec<BackendKind> {
@@ -24,6 +42,7 @@ pub fn backends() -> Vec<BackendKind> {
 /// call prints why not. With `CI` set (CI installs lavapipe) a missing adapter is a
 /// failure, never a skip.
 pub fn wgpu_present() -> bool {
+    dev_tuning();
     static PRESENT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *PRESENT.get_or_init(|| match graphrun::backends::wgpu::available() {
         Ok(()) => true,
@@ -62,6 +81,7 @@ pub fn computes(backend: BackendKind, dt: DType) -> bool {
 /// Whether the CUDA backend runs here; the first call prints why not. With
 /// `GRAPHRUN_REQUIRE_CUDA` set (the device script sets it) a missing GPU is a failure.
 pub fn cuda_present() -> bool {
+    dev_tuning();
     static PRESENT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *PRESENT.get_or_init(|| match graphrun::backends::cuda::available() {
         Ok(()) => true,

@@ -14,10 +14,9 @@ mod window;
 use super::Backend;
 use crate::error::Result;
 use crate::graph::infer::ValueType;
-use crate::graph::{Node, Op};
+use crate::graph::{HostEval, Node, Op};
 use crate::tensor::{DType, Tensor};
 
-pub use data_shaped::eval as eval_data_shaped;
 pub use matmul::gemm_f32_gflops;
 
 #[derive(Default)]
@@ -392,6 +391,28 @@ pub fn eval_node(node: &Node, ins: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
         .map(|t| t.map(|t| ValueType::new(t.dtype(), t.shape())))
         .collect();
     let tref: Vec<Option<&ValueType>> = types.iter().map(|t| t.as_ref()).collect();
-    let outs = crate::graph::infer::infer_node(node, &tref, ins)?;
+    let outs = crate::graph::infer::infer_node(node, &tref, ins, &HOST_EVAL)?;
     eval_node_with_types(node, ins, &outs)
+}
+
+/// The reference host evaluator: the CPU kernels, for inference (shape arithmetic, NonZero
+/// and Unique) and constant folding.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CpuEval;
+
+/// The evaluator the executor, the loaders and the passes' defaults use.
+pub static HOST_EVAL: CpuEval = CpuEval;
+
+impl HostEval for CpuEval {
+    fn eval(
+        &self,
+        node: &Node,
+        args: &[Option<&Tensor>],
+        outs: &[ValueType],
+    ) -> Result<Vec<Tensor>> {
+        eval_node_with_types(node, args, outs)
+    }
+    fn eval_data_shaped(&self, op: &Op, x: &Tensor) -> std::result::Result<Vec<Tensor>, String> {
+        data_shaped::eval(op, x)
+    }
 }

@@ -504,21 +504,11 @@ enum Fast {
     Tf32 { passes: u8 },
 }
 
-/// `GRAPHRUN_CUDA_ATTENTION=rows` keeps every problem on the row-per-warp kernels, `mma`
-/// the unmasked tensor-core ones on `mma.sync` where wgmma would run (to compare them on a
-/// device); for the forward on Hopper, `wg` takes the one-warpgroup wgmma kernel instead of
-/// the warp-specialized one (cuda/flash.cu fa_fwd_wsp, persistent; `fwspcN`: with chunks of
-/// N heads); for the backward, `bwd2` the
-/// f16/bf16 backward on Hopper in its two deterministic passes (dQ, then dK/dV) instead of
-/// the one pass with dQ summed by atomics, `bwd1` that one pass in one warpgroup a 64-key
-/// tile (cuda/flash.cu fa_bwd_wg) instead of the warp-specialized one (without masks: by
-/// default its persistent form fa_bwd_wsp with a work counter, `bpst` that with items
-/// strided over the CTAs (`bp2`, `bps2`: either on 2 CTAs, for tests; `bp10` its form with
-/// LSE/delta loaded by the producer). (The one-CTA-an-item forms `fnp` / `bnp` of
-/// sessions 5–6 are in the history at c482a73.)
+/// The attention kernel variant asked for (`Tuning::cuda_attention`, which lists the
+/// choices; "" for the default), read once.
 fn kernel_choice() -> &'static str {
     static CHOICE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    CHOICE.get_or_init(|| std::env::var("GRAPHRUN_CUDA_ATTENTION").unwrap_or_default())
+    CHOICE.get_or_init(|| crate::backends::tuning::tuning().cuda_attention)
 }
 
 fn rows_only() -> bool {
@@ -526,15 +516,15 @@ fn rows_only() -> bool {
 }
 
 /// Which kernels take f32 attention (head sizes up to 64), from
-/// `GRAPHRUN_CUDA_ATTENTION_F32`. Forward and backward choose apart (they share only the
-/// LSE, the same f32 statistic either way). By default f32 runs both in 3xTF32 on tensor
-/// cores (FP32-level accuracy; on the H100 the fastest in both passes, ahead of the
+/// `Tuning::cuda_attention_f32`, read once. Forward and backward choose apart (they share
+/// only the LSE, the same f32 statistic either way). By default f32 runs both in 3xTF32 on
+/// tensor cores (FP32-level accuracy; on the H100 the fastest in both passes, ahead of the
 /// CUDA-core kernels fs_* in true FP32: docs/bench-h100/attention-notes.md), and
 /// `--dtype tf32` one TF32 pass. `simt` or `3xtf32` forces one kind for both passes (tf32
 /// sessions included for `simt`), `FWD/BWD` (e.g. `3xtf32/simt`) each pass's for f32.
 fn f32_choice() -> &'static str {
     static CHOICE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    CHOICE.get_or_init(|| std::env::var("GRAPHRUN_CUDA_ATTENTION_F32").unwrap_or_default())
+    CHOICE.get_or_init(|| crate::backends::tuning::tuning().cuda_attention_f32)
 }
 
 fn f32_kernels(c: &Cuda, backward: bool) -> Fast {

@@ -52,17 +52,11 @@ struct Plan {
     others: Vec<sys::cublasLtMatmulAlgo_t>,
 }
 
-/// How many of the heuristic's algorithms are timed per shape (`GRAPHRUN_CUBLASLT_TUNE`:
-/// 0 or 1 keeps the heuristic's first choice, as PyTorch does by default).
+/// How many of the heuristic's algorithms are timed per shape (`Tuning::cublaslt_tune`,
+/// read once: 0 or 1 keeps the heuristic's first choice, as PyTorch does by default).
 fn tune_candidates() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *N.get_or_init(|| {
-        std::env::var("GRAPHRUN_CUBLASLT_TUNE")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(6)
-            .clamp(1, 16)
-    })
+    *N.get_or_init(|| crate::backends::tuning::tuning().cublaslt_tune.clamp(1, 16))
 }
 
 pub struct Blas {
@@ -268,13 +262,11 @@ const EPI_DGELU: u32 = 192;
 /// DGELU, and the bias gradient (Σ over D's rows of what it writes) into the bias pointer.
 const EPI_DGELU_BGRAD: u32 = 208;
 
-/// Whether dBiasA comes from cuBLASLt's DGELU_BGRAD epilogue (`GRAPHRUN_CUBLASLT_DGELU_BGRAD=1`)
-/// rather than DGELU and our row sum after it. Off by default: on the H100 (cuBLAS 13)
-/// DGELU_BGRAD made fc2's gradient 0.245 ms slower in gpt_block and mlp_large bf16
-/// training (0.275 → 0.520 ms), where the row sum costs ~0.03 ms.
+/// Whether dBiasA comes from cuBLASLt's DGELU_BGRAD epilogue rather than DGELU and our
+/// row sum after it (`Tuning::cublaslt_dgelu_bgrad`, off by default; read once).
 fn dgelu_bgrad() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("GRAPHRUN_CUBLASLT_DGELU_BGRAD").is_ok_and(|v| v == "1"))
+    *ON.get_or_init(|| crate::backends::tuning::tuning().cublaslt_dgelu_bgrad)
 }
 /// Bias gradient of cuBLAS's A (resp. B) operand: its sum over the product's k dimension.
 const EPI_BGRADA: u32 = 256;

@@ -120,11 +120,10 @@ impl Cuda {
         // The highest priority: NCCL's blocks then take SMs as soon as a kernel of the
         // backward pass frees them, instead of queueing behind its whole grid.
         ctx.bind_to_thread().map_err(e)?;
-        // (`GRAPHRUN_DP_STREAM_PRIORITY` overrides it, for measuring: 0 is the default.)
+        // (`Tuning::dp_stream_priority` overrides it, for measuring: 0 is the default.)
         let (_, greatest) = cudarc::driver::result::stream::get_priority_range().map_err(e)?;
-        let greatest = std::env::var("GRAPHRUN_DP_STREAM_PRIORITY")
-            .ok()
-            .and_then(|s| s.parse().ok())
+        let greatest = crate::backends::tuning::tuning()
+            .dp_stream_priority
             .unwrap_or(greatest);
         self.comm = Some(Collectives {
             comm,

@@ -102,7 +102,7 @@ impl Steps {
             never: HashSet::new(),
             current: 0,
             capturing: false,
-            enabled: std::env::var("GRAPHRUN_CUDA_GRAPHS").map_or(true, |v| v != "0"),
+            enabled: crate::backends::tuning::tuning().cuda_graphs,
         })
     }
 
@@ -238,7 +238,7 @@ impl Steps {
                 Ok(false)
             }
             (recordable, graph) => {
-                if std::env::var_os("GRAPHRUN_CUDA_GRAPHS_DEBUG").is_some() {
+                if crate::backends::tuning::tuning().cuda_graphs_debug {
                     eprintln!(
                         "graphrun: step not recorded (launches ok: {recordable}): {:?}",
                         graph.map(|g| g.is_some())

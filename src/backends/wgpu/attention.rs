@@ -80,14 +80,13 @@ impl Geom {
         // the H100 (Vulkan) the forward at D = 64 took 22.9 ms with BK = 16, 34.7 with 32
         // and 64.4 with 64 (docs/WGPU_BENCHMARKS.md): smaller tiles, more workgroups per SM.
         let hd4 = self.d.max(self.dv).div_ceil(4).max(1);
-        // GRAPHRUN_WGPU_ATTN_BK overrides the tile's rows, to compare tile sizes on a GPU
+        // `Tuning::wgpu_attn_bk` overrides the tile's rows, to compare tile sizes on a GPU
         // (an adapter without the workgroup memory for it fails the pipeline's build).
         // The backward kernels prefer twice the rows: at D = 64 AttentionGrad took 101.8 ms
         // with BK = 32 against 126.6 with 16 (attention workload; gpt_block's 26.9 vs 35.6).
         let budget = if entry == "attn_fwd" { 256 } else { 512 };
-        let bk = std::env::var("GRAPHRUN_WGPU_ATTN_BK")
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
+        let bk = crate::backends::tuning::tuning()
+            .wgpu_attn_bk
             .map_or((budget / hd4).clamp(1, 32), |b| b.clamp(1, BQ));
         let defs = format!(
             "{}const IW: u32 = {}u;\nconst HD4: u32 = {hd4}u;\nconst BK: u32 = {bk}u;\n",

@@ -40,14 +40,13 @@ pub fn available() -> Result<()> {
     gpu().map(|_| ())
 }
 
-/// Whether the row reductions may use subgroups: on unless GRAPHRUN_WGPU_SUBGROUPS=0
-/// (read once), or switched by `set_subgroups` (tests compare both paths in-process).
+/// Whether the row reductions may use subgroups: `Tuning::wgpu_subgroups` (read once), or
+/// switched by `set_subgroups` (tests compare both paths in-process).
 static SUBGROUPS: OnceLock<std::sync::atomic::AtomicBool> = OnceLock::new();
 
 fn subgroups_allowed() -> &'static std::sync::atomic::AtomicBool {
     SUBGROUPS.get_or_init(|| {
-        let off = std::env::var("GRAPHRUN_WGPU_SUBGROUPS").is_ok_and(|v| v.trim() == "0");
-        std::sync::atomic::AtomicBool::new(!off)
+        std::sync::atomic::AtomicBool::new(crate::backends::tuning::tuning().wgpu_subgroups)
     })
 }
 
@@ -77,7 +76,7 @@ pub fn doctor_lines() -> Vec<String> {
             match (g.subgroup_size, g.use_subgroups()) {
                 (Some(n), true) => format!("subgroups: used by row reductions (size {n})"),
                 (Some(n), false) => {
-                    format!("subgroups: offered (size {n}), off by GRAPHRUN_WGPU_SUBGROUPS=0")
+                    format!("subgroups: offered (size {n}), switched off (wgpu_subgroups=0)")
                 }
                 (None, _) => "subgroups: not used (not offered)".to_string(),
             },

@@ -150,11 +150,11 @@ fn launch(w: &mut Wgpu, node: &Node, act: Activation, p: &Product, bufs: Bufs) -
     )
 }
 
-/// `GRAPHRUN_WGPU_GEMM=64` keeps every product on the 64×64 kernel: for comparing the two
-/// in one build (docs/WGPU_BENCHMARKS.md).
+/// `Tuning::wgpu_gemm64` keeps every product on the 64×64 kernel: for comparing the two
+/// in one build (docs/WGPU_BENCHMARKS.md). Read once.
 fn small_only() -> bool {
     static SMALL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *SMALL.get_or_init(|| std::env::var("GRAPHRUN_WGPU_GEMM").is_ok_and(|v| v == "64"))
+    *SMALL.get_or_init(|| crate::backends::tuning::tuning().wgpu_gemm64)
 }
 
 /// How gemm128 can read an operand of `rows × k` (A: m × k; B: n × k) with strides

@@ -15,7 +15,7 @@ mod rules;
 
 use crate::error::{Error, Result};
 use crate::graph::infer::{self, ValueType};
-use crate::graph::{Dim, Graph, Node, Op};
+use crate::graph::{Dim, Graph, HostEval, Node, Op};
 use crate::tensor::{DType, Tensor};
 use std::collections::{HashMap, HashSet};
 
@@ -31,13 +31,17 @@ pub struct Backward {
     pub seeds: Vec<(String, String)>,
 }
 
-#[derive(Clone, Debug, Default)]
+/// How to differentiate. `Default` (given in `exec`, which knows the backends) uses the
+/// CPU reference evaluator.
+#[derive(Clone, Debug)]
 pub struct BackwardOptions {
     /// Dropout applies its mask (training); otherwise Dropout is the identity.
     pub training: bool,
     /// Also differentiate with respect to the floating graph inputs (not only the
     /// trainable initializers); training needs only the latter.
     pub inputs: bool,
+    /// Evaluates nodes on the host while the shapes are inferred.
+    pub eval: &'static dyn HostEval,
 }
 
 /// Whether `op` passes no gradient to any input although it may read floats: rounding
@@ -78,7 +82,7 @@ pub fn backward_with(
     values: &HashMap<String, Tensor>,
     opts: &BackwardOptions,
 ) -> Result<Backward> {
-    let inf = infer::infer_graph_with(g, input_shapes, values)?;
+    let inf = infer::infer_graph_with(g, input_shapes, values, opts.eval)?;
     let mut out = g.clone();
     // The backward graph holds for these shapes only: say so in its inputs.
     for i in &mut out.inputs {
@@ -114,6 +118,7 @@ pub fn backward_with(
         requires: HashSet::new(),
         created: HashSet::new(),
         training: opts.training,
+        eval: opts.eval,
         g: out,
         cur: String::new(),
     };
@@ -229,7 +234,7 @@ pub fn backward_with(
         b.g.outputs.push(v.clone());
         grads.push((w, v));
     }
-    crate::graph::validate::validate(&b.g).map_err(|e| {
+    crate::graph::validate::validate(&b.g, opts.eval).map_err(|e| {
         Error::Graph(format!(
             "the backward graph is invalid (a graphrun bug): {e}"
         ))
@@ -256,6 +261,7 @@ pub(crate) struct Builder {
     training: bool,
     /// The forward node being differentiated (names the new nodes).
     cur: String,
+    eval: &'static dyn HostEval,
 }
 
 impl Builder {
@@ -296,7 +302,7 @@ impl Builder {
     fn infer(&self, n: &Node) -> Result<Vec<ValueType>> {
         let tys = n.map_inputs(|i| self.types.get(i));
         let cs = n.map_inputs(|i| self.consts.get(i));
-        infer::infer_node(n, &tys, &cs)
+        infer::infer_node(n, &tys, &cs, self.eval)
     }
 
     /// Adds a node; `outs` are value-name hints ("" leaves that output unnamed).
