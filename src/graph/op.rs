@@ -1590,6 +1590,7 @@ pub fn op_table_markdown() -> String {
         | "Flatten" | "Expand" | "Gather" | "Shape" | "Constant" | "Trilu" => "shape",
         "GatherElements" | "GatherND" | "Pad" | "ScatterElements" | "ScatterND" => "indexing",
         "NonZero" | "Unique" => "data-dependent shape (host, at plan time)",
+        "Col2Im" => "sliding window (Conv, ConvTranspose and the pools are written on it)",
         "SoftmaxCrossEntropyLoss" => "loss",
         "Attention" | "VarlenAttention" => "attention (fused)",
         "Dropout" => "regularization",
