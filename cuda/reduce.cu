@@ -51,6 +51,27 @@ template <class T> __device__ void reduce_k(const T* x, T* y, Strided kept, Stri
     }
 }
 
+// Many outputs of few elements each (a pool's window, a batch of weight gradients): a
+// thread per output folds its elements in order, so neighbouring threads read
+// neighbouring elements.
+template <class T> __device__ void reduce_lines_k(const T* x, T* y, Strided kept, Strided red, i64 n_red, i64 n_out, int kind) {
+    typedef typename Num<T>::A A;
+    GRID_STRIDE(o, n_out) {
+        i64 base = offset_of(kept, 0, o);
+        A acc = fold_ident<T>(kind);
+        for (i64 r = 0; r < n_red; ++r) {
+            A v = ld(x[base + offset_of(red, 0, r)]);
+            if (kind == 3) v = v * v;  // mean of squares
+            acc = fold(acc, v, kind);
+        }
+        if (kind == 1 || kind == 3) {
+            bool is_int = (A)0.5 == (A)0;
+            acc = acc / (A)((is_int && n_red == 0) ? 1 : n_red);
+        }
+        y[o] = st<T>(acc);
+    }
+}
+
 // Large reductions to few outputs in two passes: block (o, p) reduces part p of output o's
 // elements into `part` (accumulation type), then one block per output combines the parts
 // (in a fixed order: deterministic).
@@ -527,6 +548,7 @@ template <class T> __device__ void sce_grad_k(const T* x, const i64* labels, con
 
 #define INST_REDUCE_NUM(T, S) \
     extern "C" __global__ void reduce_##S(const T* x, T* y, Strided kept, Strided red, i64 n_red, int kind) { reduce_k<T>(x, y, kept, red, n_red, kind); } \
+    extern "C" __global__ void reduce_lines_##S(const T* x, T* y, Strided kept, Strided red, i64 n_red, i64 n_out, int kind) { reduce_lines_k<T>(x, y, kept, red, n_red, n_out, kind); } \
     extern "C" __global__ void arg_reduce_##S(const T* x, i64* y, i64 lines, i64 d, i64 inner, int is_min, int last) { arg_reduce_k<T>(x, y, lines, d, inner, is_min, last); } \
     extern "C" __global__ void top_k_##S(const T* x, T* v, i64* ix, i64 lines, i64 d, i64 inner, i64 k, int largest) { top_k_k<T>(x, v, ix, lines, d, inner, k, largest); }
 FOR_NUMS(INST_REDUCE_NUM)

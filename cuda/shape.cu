@@ -71,15 +71,17 @@ struct WinGeom {
 };
 
 // Where column entry (kernel offset j, output position o) reads: the image's flat
-// spatial offset, -1 padding, -2 past the padding (ceil_mode's last windows).
-__device__ i64 win_source(const WinGeom& g, i64 j, i64 o) {
-    i64 off = 0, st = 1;
+// spatial offset, -1 padding, -2 past the padding (ceil_mode's last windows). I is the
+// index type: 32-bit when every index fits (64-bit divisions cost ten times as much).
+template <class I> __device__ __forceinline__ long long win_source(const WinGeom& g, I j, I o) {
+    long long off = 0, st = 1;
     bool pad = false;
     for (int d = 2; d >= 0; --d) {
-        i64 jd = j % g.kernel[d], od = o % g.out[d];
-        j /= g.kernel[d];
-        o /= g.out[d];
-        i64 p = od * g.stride[d] + jd * g.dil[d] - g.begin[d];
+        I kd = (I)g.kernel[d], od_n = (I)g.out[d];
+        I jd = j % kd, od = o % od_n;
+        j /= kd;
+        o /= od_n;
+        long long p = (long long)(od * (I)g.stride[d] + jd * (I)g.dil[d]) - g.begin[d];
         if (p >= g.image[d] + g.end[d]) return -2;
         if (p < 0 || p >= g.image[d]) pad = true;
         off += p * st;
@@ -88,45 +90,58 @@ __device__ i64 win_source(const WinGeom& g, i64 j, i64 o) {
     return pad ? -1 : off;
 }
 
+template <class I, class W> __device__ __forceinline__ void im2col_body(const W* x, W* y, W pad, W beyond, const WinGeom& g, I n) {
+    I l = (I)g.l, k = (I)g.k, hw = (I)g.hw;
+    for (I i = blockIdx.x * (I)blockDim.x + threadIdx.x; i < n; i += (I)gridDim.x * blockDim.x) {
+        I o = i % l, r = i / l, j = r % k, plane = r / k;
+        long long s = win_source<I>(g, j, o);
+        y[i] = s == -1 ? pad : s == -2 ? beyond : x[(long long)plane * hw + s];
+    }
+}
+
 // Im2Col: y[plane, j, o] = x[plane, source(j, o)], or the fill (pad, beyond) given by
 // its bits.
 template <class W> __device__ void im2col_k(const W* x, W* y, u64 pad_bits, u64 beyond_bits, WinGeom g, i64 n) {
     W pad = *reinterpret_cast<const W*>(&pad_bits), beyond = *reinterpret_cast<const W*>(&beyond_bits);
-    GRID_STRIDE(i, n) {
-        i64 o = i % g.l, j = (i / g.l) % g.k, plane = i / (g.l * g.k);
-        i64 s = win_source(g, j, o);
-        y[i] = s == -1 ? pad : s == -2 ? beyond : x[plane * g.hw + s];
-    }
+    if (n < (1LL << 31)) im2col_body<unsigned>(x, y, pad, beyond, g, (unsigned)n);
+    else im2col_body<i64>(x, y, pad, beyond, g, n);
 }
 
 // Col2Im: image element p of a plane sums the column entries (j, o) that read it (per
 // axis o = (p + begin - j·dil) / stride where that divides and lies in [0, out)), in
 // kernel-offset order, without atomics.
-template <class T> __device__ void col2im_k(const T* cols, T* y, WinGeom g, i64 n) {
+template <class I, class T> __device__ __forceinline__ void col2im_body(const T* cols, T* y, const WinGeom& g, I n) {
     typedef typename Num<T>::A A;
-    GRID_STRIDE(i, n) {
-        i64 plane = i / g.hw, r = i % g.hw;
-        i64 pos[3];
+    I hw = (I)g.hw, k = (I)g.k, l = (I)g.l;
+    for (I i = blockIdx.x * (I)blockDim.x + threadIdx.x; i < n; i += (I)gridDim.x * blockDim.x) {
+        I plane = i / hw, r = i % hw;
+        int pos[3];
         for (int d = 2; d >= 0; --d) {
-            pos[d] = r % g.image[d];
-            r /= g.image[d];
+            pos[d] = (int)(r % (I)g.image[d]);
+            r /= (I)g.image[d];
         }
         A acc = 0;
-        for (i64 j = 0; j < g.k; ++j) {
-            i64 jr = j, o = 0, ost = 1;
+        for (I j = 0; j < k; ++j) {
+            I jr = j, o = 0, ost = 1;
             bool ok = true;
             for (int d = 2; d >= 0; --d) {
-                i64 jd = jr % g.kernel[d];
-                jr /= g.kernel[d];
-                i64 q = pos[d] + g.begin[d] - jd * g.dil[d];
-                if (q < 0 || q % g.stride[d] != 0 || q / g.stride[d] >= g.out[d]) { ok = false; break; }
-                o += (q / g.stride[d]) * ost;
-                ost *= g.out[d];
+                I kd = (I)g.kernel[d];
+                int jd = (int)(jr % kd);
+                jr /= kd;
+                int q = pos[d] + (int)g.begin[d] - jd * (int)g.dil[d];
+                int s = (int)g.stride[d];
+                if (q < 0 || q % s != 0 || q / s >= (int)g.out[d]) { ok = false; break; }
+                o += (I)(q / s) * ost;
+                ost *= (I)g.out[d];
             }
-            if (ok) acc += ld(cols[(plane * g.k + j) * g.l + o]);
+            if (ok) acc += ld(cols[((long long)plane * k + j) * l + o]);
         }
         y[i] = st<T>(acc);
     }
+}
+template <class T> __device__ void col2im_k(const T* cols, T* y, WinGeom g, i64 n) {
+    if (n < (1LL << 31) && g.n * g.c * g.k * g.l < (1LL << 31)) col2im_body<unsigned>(cols, y, g, (unsigned)n);
+    else col2im_body<i64>(cols, y, g, n);
 }
 
 // 16-byte words: a strided copy whose innermost dim is contiguous on both sides moves

@@ -349,6 +349,16 @@ fn conv_cases() -> Vec<ConvCase> {
             win: win(&[1, 1, 2], &[], &[1, 0, 1, 0, 1, 1], ""),
             kernel_attr: false,
         },
+        // Few output positions and many channels: the weights' gradient is one GEMM over
+        // the batch moved inside.
+        ConvCase {
+            x: vec![3, 6, 3, 3],
+            w: vec![5, 6, 2, 2],
+            bias: true,
+            groups: 1,
+            win: win(&[2, 2], &[], &[], ""),
+            kernel_attr: true,
+        },
         // A 1×1 convolution (a per-position matrix product).
         ConvCase {
             x: vec![2, 5, 3, 3],

@@ -842,6 +842,31 @@ fn matmul(b: &mut Builder, n: &Node, dy: &str) -> Result<Grads> {
     };
     let mut out = vec![None, None];
     if b.needs(a) {
+        // A 2-D A against batched B (a convolution's weights over its columns): Σ over
+        // the batch of dY·Bᵀ. Computing every product and summing them writes the batch
+        // times A's size; with the batch moved into the inner dim it is one GEMM, at the
+        // cost of transposing dY and B — chosen when that moves less.
+        let batched = w2s.len() > 2 && a2s.len() == 2;
+        let (m, k, l) = (a2s[0], a2s[1], w2s[w2s.len() - 1]);
+        if batched && m * k > (m + k) * l {
+            let nb: usize = w2s[..w2s.len() - 2].iter().product();
+            let dy3 = b.reshape(&dy2, &[nb, m, l])?;
+            let w3 = b.reshape(&w2, &[nb, k, l])?;
+            let dyt = b.transpose(&dy3, vec![1, 0, 2])?;
+            let wt = b.transpose(&w3, vec![1, 0, 2])?;
+            let dyf = b.reshape(&dyt, &[m, nb * l])?;
+            let wf = b.reshape(&wt, &[k, nb * l])?;
+            let op = Op::Gemm {
+                alpha: 1.0,
+                beta: 1.0,
+                trans_a: false,
+                trans_b: true,
+            };
+            let g = b.op1(op, &[&dyf, &wf], &format!("{a}.d"))?;
+            out[0] = Some(b.reshape(&g, &sa)?);
+        }
+    }
+    if b.needs(a) && out[0].is_none() {
         let g = if w2s.len() == 2 {
             let op = Op::FusedMatMul {
                 activation: crate::graph::Activation::None,
