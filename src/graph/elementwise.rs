@@ -302,13 +302,13 @@ fn header(line: impl Fn(&str, i32) -> String) -> String {
 fn binary_code_names() -> Vec<(String, i32)> {
     BinaryOp::ALL
         .iter()
-        .filter_map(|b| {
+        .map(|b| {
             let prefix = match b.kind() {
                 // Pow's code is the integer power of the arithmetic kernels (WebGPU's).
                 BinaryKind::Arith | BinaryKind::Bitwise | BinaryKind::Pow => "BIN",
                 BinaryKind::Compare | BinaryKind::Logic => "CMP",
             };
-            Some((format!("{prefix}_{}", screaming(b.variant())), b.code()))
+            (format!("{prefix}_{}", screaming(b.variant())), b.code())
         })
         .collect()
 }
