@@ -6,6 +6,7 @@ pub mod dot;
 pub mod elementwise;
 pub mod infer;
 pub mod op;
+pub mod resize;
 pub mod validate;
 pub mod window;
 pub mod yaml;
