@@ -451,10 +451,10 @@ nodes:
   - {op: Relu, inputs: [big], outputs: [m]}
   - {op: NonZero, name: nz, inputs: [m], outputs: [idx]}
 "#;
-    let e = Model::from_str(big, ".")
-        .err()
-        .expect("refused")
-        .to_string();
+    let Err(e) = Model::from_str(big, ".") else {
+        panic!("refused")
+    };
+    let e = e.to_string();
     assert!(
         e.contains("node 'nz' (NonZero)")
             && e.contains("input X ('m') must be known when the plan is made"),
