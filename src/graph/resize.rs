@@ -5,7 +5,8 @@
 //! cubic) or an index vector (nearest), and the importer applies them with MatMul or
 //! Gather, so every backend runs Resize and autodiff differentiates it through those ops.
 //! The arithmetic follows ONNX's reference (`onnx/reference/ops/op_resize.py`) step for
-//! step, in float64, so that the node suite's expected outputs are met exactly.
+//! step, in float64, so that the node suite's expected outputs are met exactly; the one
+//! departure is where a rounding in the reference reads the wrong positions (`taps`).
 
 use super::op::{AttrValue, Op};
 use crate::tensor::{Bool, DType, Tensor};
@@ -464,28 +465,16 @@ pub fn taps(r: &Resize, g: &AxisGeom) -> Result<Vec<Taps>, String> {
         let floor = x.floor();
         let ratio = if x == floor { 1.0 } else { x - floor };
         let mut c = coeffs(r, ratio, scale);
+        // The n positions nearest x, ties to the lower (n is even for every filter):
+        // coefficient j weighs position `x - ratio - (n/2 - 1) + j`. ONNX's reference
+        // finds them from x shifted by its edge padding, where a rounding can move an x
+        // just past an integer back onto it and the window one position down from the
+        // coefficients (an x of 1 + 2e-16 then reads positions 0 and 1 with weights for 1
+        // and 2); the window is taken from x itself here, which agrees with it everywhere
+        // else.
         let n = c.len() as i64;
-        // The n positions nearest x, ties to the lower ones (the reference's padded
-        // window, read with the padding's edge values).
-        let pad = (n + 1) / 2;
-        let xp = x + pad as f64;
-        let p = xp.floor();
-        let frac = xp - p;
-        let offset = if n % 2 == 0 {
-            if frac == 0.0 {
-                -(n / 2)
-            } else {
-                -(n / 2) + 1
-            }
-        } else {
-            let base = -((n - 1) / 2);
-            if frac <= 0.5 {
-                base
-            } else {
-                base + 1
-            }
-        };
-        let start = p as i64 + offset - pad;
+        let left = if x == floor { floor - 1.0 } else { floor };
+        let start = left as i64 - (n / 2 - 1);
         let last = g.input as i64 - 1;
         if r.exclude_outside {
             for (j, w) in c.iter_mut().enumerate() {
