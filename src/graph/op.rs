@@ -1636,6 +1636,7 @@ pub fn op_table_markdown() -> String {
         | "Flatten" | "Expand" | "Gather" | "Shape" | "Constant" | "Trilu" => "shape",
         "GatherElements" | "GatherND" | "Pad" | "ScatterElements" | "ScatterND" => "indexing",
         "NonZero" | "Unique" => "data-dependent shape (host, at plan time)",
+        "Col2Im" => "windows (convolution)",
         "SoftmaxCrossEntropyLoss" => "loss",
         "Attention" | "VarlenAttention" => "attention (fused)",
         "Dropout" => "regularization",
