@@ -736,3 +736,55 @@ fn refusals_say_why() {
         "{e}"
     );
 }
+
+/// The imported graph written as YAML (`ResizeMatrix` with its attributes, Upsample's
+/// "simple" rounding included) loads back and computes the same.
+#[test]
+fn written_as_yaml_and_read_back() {
+    for r in [
+        R {
+            cubic_a: Some(-0.5),
+            exclude: true,
+            antialias: true,
+            policy: "not_smaller",
+            ..by_sizes("cubic", &[1, 2, 6, 5], &[3, 4]).axes(&[-1, 2])
+        },
+        R {
+            roi: Some(vec![0.1, 0.2, 0.9, 1.3]),
+            extrapolation: Some(3.0),
+            ..by_sizes("nearest", &[1, 2, 6, 5], &[4, 7])
+                .axes(&[2, 3])
+                .coord("tf_crop_and_resize")
+                .nearest("ceil")
+        },
+        R {
+            op: "Upsample",
+            opset: 9,
+            ..by_scales("nearest", &[1, 1, 3, 4], &[1.0, 1.0, 0.5, 1.5])
+        },
+    ] {
+        let c = r.case();
+        let g = c.graph(DType::F64);
+        let (text, side) = graphrun::graph::yaml::emit(&g, "side.safetensors");
+        assert!(side.is_empty(), "no side file for a one-node model");
+        assert!(text.contains("ResizeMatrix"), "{text}");
+        let back = graphrun::graph::yaml::load_str(&text, "resize.yaml", std::path::Path::new("."))
+            .unwrap_or_else(|e| panic!("{e}\n{text}"));
+        let args = c.args(DType::F64);
+        let feeds = c.feeds(&args);
+        let run = |g: graphrun::Graph| {
+            let mut s = Session::new(g, SessionOptions::default()).unwrap();
+            s.run(&feeds).unwrap().remove(0).1
+        };
+        let (a, b) = (run(g), run(back));
+        assert_eq!(a.shape(), b.shape(), "{r:?}");
+        assert_eq!(a.to_f64_vec(), b.to_f64_vec(), "{r:?}");
+        let want = r.reference()(
+            &args
+                .iter()
+                .map(|t| t.as_ref().map(Tensor::to_f64_vec).unwrap_or_default())
+                .collect::<Vec<_>>(),
+        );
+        assert!(rel_err(&a.to_f64_vec(), &want[0].1) <= 1e-10, "{r:?}");
+    }
+}
