@@ -622,7 +622,9 @@ fn windows_on_every_backend_and_dtype() {
     use graphrun::graph::op::AttrValue as V;
     use graphrun::BackendKind;
     let ints = |v: &[i64]| V::Ints(v.to_vec());
-    let settings: Vec<(Vec<usize>, Vec<(&str, V)>)> = vec![
+    // (X's shape, Im2Col's attributes)
+    type Setting = (Vec<usize>, Vec<(&'static str, V)>);
+    let settings: Vec<Setting> = vec![
         (
             vec![2, 3, 7],
             vec![

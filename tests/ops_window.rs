@@ -87,7 +87,7 @@ impl Win {
                     (pb[i], pe[i]) = (pads[i], pads[r + i]);
                     let room = spatial[i] + pb[i] + pe[i] - span;
                     out[i] = room / s[i] + 1;
-                    if self.ceil && room % s[i] != 0 {
+                    if self.ceil && !room.is_multiple_of(s[i]) {
                         out[i] += 1;
                         if (out[i] - 1) * s[i] >= spatial[i] + pb[i] {
                             out[i] -= 1;

@@ -186,7 +186,7 @@ pub fn required<T: Copy>(node: &Node, ins: &[Option<T>], i: usize) -> Result<T> 
     })
 }
 
-/// NonZero and Unique on a device: a plan never runs them there, since inference computes
+/// NonZero, Unique and ResizeMatrix on a device: a plan never runs them there, since inference computes
 /// them on the host and the plan holds their outputs as constants
 /// (`infer::computed_at_plan_time`).
 pub fn plan_time_only(node: &Node) -> Result<()> {

@@ -9,6 +9,7 @@ pub mod elementwise;
 pub mod eval;
 pub mod infer;
 pub mod op;
+pub mod resize;
 pub mod validate;
 pub mod window;
 pub mod yaml;

@@ -6,6 +6,7 @@ use crate::error::{Error, Loc, Result};
 use crate::tensor::{DType, Tensor};
 
 pub use super::elementwise::UnaryOp;
+pub use super::resize::Resize;
 pub use super::window::{AutoPad, Window};
 
 pub use super::elementwise::{BinaryKind, BinaryOp};
@@ -349,6 +350,18 @@ pub enum Op {
         block: Vec<usize>,
         window: Window,
     },
+    /// `(X, [roi], [scales], [sizes]) -> (M, [mask])`: how Resize samples axis `axis` of X
+    /// (graph/resize.rs). roi, scales and sizes (ONNX's, naming the axes `axes`) are
+    /// plan-time values and X is read for its type only, so the op is computed on the host
+    /// when the plan is made and no backend runs it. M is the `[out, in]` weights in X's
+    /// dtype (linear, cubic) or the i64 `[out]` input position each output reads
+    /// (nearest); the bool `[out]` mask marks the outputs that take a fill value instead.
+    /// Internal: the importer writes Resize and Upsample on it.
+    ResizeMatrix {
+        resize: Resize,
+        axes: Vec<usize>,
+        axis: usize,
+    },
     /// `(dY, pads, [axes]) -> dX`: each dY element added to the X element Pad read it from
     /// (constant positions read none).
     PadGrad {
@@ -411,7 +424,7 @@ pub static GRAD_OP_NAMES: std::sync::LazyLock<Vec<&'static str>> = std::sync::La
 
 /// Ops the passes make that are not in SPEC §2, accepted in a model file so that a graph
 /// written with `--emit-yaml` loads again.
-pub const INTERNAL_OP_NAMES: &[&str] = &["ReduceMeanSquare", "Im2Col"];
+pub const INTERNAL_OP_NAMES: &[&str] = &["ReduceMeanSquare", "Im2Col", "ResizeMatrix"];
 
 /// The op names that are not elementwise maps (`for_each_binary!`, `for_each_unary!`).
 const OTHER_OP_NAMES: &[&str] = &[
@@ -695,6 +708,7 @@ impl Op {
             Op::PadGrad { .. } => "PadGrad",
             Op::Im2Col { .. } => "Im2Col",
             Op::Col2Im { .. } => "Col2Im",
+            Op::ResizeMatrix { .. } => "ResizeMatrix",
             Op::ScatterElements { .. } => "ScatterElements",
             Op::ScatterND { .. } => "ScatterND",
             Op::Identity => "Identity",
@@ -897,6 +911,7 @@ impl Op {
             Op::PadGrad { .. } => (2, 3, 1, 1),
             Op::Im2Col { .. } => (1, 2, 1, 1),
             Op::Col2Im { .. } => (2, 3, 1, 1),
+            Op::ResizeMatrix { .. } => (1, 4, 1, 2),
             Op::Clip => (1, 3, 1, 1),
             Op::Where | Op::Range => (3, 3, 1, 1),
             Op::Gemm { .. } => (2, 3, 1, 1),
@@ -1140,6 +1155,32 @@ impl Op {
                         pad_value: num("pad_value")?,
                         beyond_value: num("beyond_value")?,
                     }
+                }
+            }
+            "ResizeMatrix" => {
+                let resize = Resize::parse(|k| a.get(k).map(|at| at.value.clone()))
+                    .map_err(|m| a.err(None, m))?;
+                let index = |a: &mut Attrs, v: i64, key: &str| -> Result<usize> {
+                    usize::try_from(v).map_err(|_| {
+                        let at = attrs.iter().find(|x| x.name == key);
+                        a.err(
+                            at,
+                            format!("attribute '{key}' must hold axes >= 0, got {v}"),
+                        )
+                    })
+                };
+                let axes = a.ints("axes")?.unwrap_or_default();
+                let axes = axes
+                    .into_iter()
+                    .map(|v| index(&mut a, v, "axes"))
+                    .collect::<Result<Vec<usize>>>()?;
+                let Some(axis) = a.int("axis")? else {
+                    return Err(a.err(None, "attribute 'axis' is required".into()));
+                };
+                Op::ResizeMatrix {
+                    resize,
+                    axes,
+                    axis: index(&mut a, axis, "axis")?,
                 }
             }
             "MatMul" => Op::MatMul,
@@ -1437,6 +1478,11 @@ impl Op {
                     v.push(("block", V::Ints(block.iter().map(|&d| d as i64).collect())));
                 }
                 v.extend(window.attrs())
+            }
+            Op::ResizeMatrix { resize, axes, axis } => {
+                v.extend(resize.attrs());
+                v.push(("axes", V::Ints(axes.iter().map(|&d| d as i64).collect())));
+                v.push(("axis", V::Int(*axis as i64)));
             }
             Op::Unique { sorted, axis } => {
                 v.push(("sorted", b(*sorted)));

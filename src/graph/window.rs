@@ -308,7 +308,7 @@ pub fn col2im_shape(
     let image = dims_of(image, "image_shape")?;
     let placed = window.place(&image, block)?;
     let k: usize = block.iter().product();
-    if cols[1] % k != 0 {
+    if !cols[1].is_multiple_of(k) {
         return Err(format!(
             "the columns' height {} is not a multiple of the block's size {k} ({block:?})",
             cols[1]

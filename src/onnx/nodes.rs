@@ -18,6 +18,7 @@ use std::path::Path;
 mod composite;
 mod conv;
 mod index;
+mod resize;
 use composite::{COMPOSITE, MS_COMPOSITE};
 
 /// The opset in which ONNX introduced an op, for ops newer than graphrun's oldest
@@ -42,6 +43,7 @@ fn since(op: &str) -> i64 {
         "Trilu" => 14,
         "LayerNormalization" | "HannWindow" | "HammingWindow" | "BlackmanWindow" => 17,
         "GroupNormalization" | "BitwiseNot" | "CenterCropPad" | "Col2Im" => 18,
+        "Resize" => 10,
         "LpPool" => 2,
         "Attention" | "RMSNormalization" | "RotaryEmbedding" => 23,
         _ => MIN_OPSET,
@@ -94,6 +96,7 @@ pub fn imports(op: &str) -> bool {
         REWRITTEN,
         COMPOSITE,
         conv::WINDOWED,
+        resize::RESIZE,
     ]
     .iter()
     .any(|list| list.contains(&op))
@@ -139,6 +142,9 @@ fn attr_value(a: &AttributeProto, base: &Path, what: &str) -> Result<AttrValue> 
     })
 }
 
+/// Initializers with at most this many elements are kept readable (`Importer::small`).
+const SMALL_INIT: i64 = 64;
+
 /// Builds the node list, gathering every problem.
 pub(super) struct Importer<'a> {
     opset: i64,
@@ -153,6 +159,9 @@ pub(super) struct Importer<'a> {
     dtypes: HashMap<String, crate::tensor::DType>,
     /// The dims of each such value, where the model gives them (`None`: symbolic).
     dims: HashMap<String, Vec<Option<usize>>>,
+    /// The values of the small initializers (a few elements: scales, sizes), which some
+    /// lowerings read to leave out work that is known to be a no-op.
+    small: HashMap<String, Tensor>,
     /// Ops graphrun lacks: "Conv" or "domain::Op" → the nodes that use them.
     unsupported: BTreeMap<String, Vec<String>>,
     errors: Vec<Error>,
@@ -166,7 +175,13 @@ impl<'a> Importer<'a> {
         let mut ranks: HashMap<String, usize> = HashMap::new();
         let mut dtypes = HashMap::new();
         let mut dims = HashMap::new();
+        let mut small = HashMap::new();
         for t in &g.initializer {
+            if t.dims.iter().product::<i64>() <= SMALL_INIT && t.dims.len() <= 1 {
+                if let Ok(v) = from_proto(t, base, "initializer") {
+                    small.insert(t.name.clone(), v);
+                }
+            }
             ranks.insert(t.name.clone(), t.dims.len());
             dims.insert(
                 t.name.clone(),
@@ -201,6 +216,7 @@ impl<'a> Importer<'a> {
             ranks,
             dtypes,
             dims,
+            small,
             unsupported: BTreeMap::new(),
             errors: vec![],
         }
@@ -343,6 +359,7 @@ impl<'a> Importer<'a> {
                 return self.lower_reduce(n, shown, attrs)
             }
             op if conv::WINDOWED.contains(&op) => return self.lower_windowed(n, shown, attrs),
+            op if resize::RESIZE.contains(&op) => return self.lower_resize(n, shown, attrs),
             op if COMPOSITE.contains(&op) || MS_COMPOSITE.contains(&op) => {
                 return self.lower_composite(n, shown, attrs)
             }

@@ -126,9 +126,23 @@ pub fn run_node(
         ),
         Op::Where => elementwise::where_(x(0)?, x(1)?, x(2)?, &mut outs[0]),
         Op::Range => elementwise::range(x(0)?, x(2)?, &mut outs[0]),
-        Op::NonZero | Op::Unique { .. } => {
+        Op::NonZero | Op::Unique { .. } | Op::ResizeMatrix { .. } => {
             let fail = |e: String| crate::error::Error::Graph(format!("{}: {e}", node.describe()));
-            let got = data_shaped::eval(&node.op, x(0)?).map_err(fail)?;
+            let got = match node.op {
+                Op::ResizeMatrix { .. } => {
+                    let x = x(0)?;
+                    crate::graph::resize::eval(
+                        &node.op,
+                        x.dtype(),
+                        x.shape(),
+                        opt(1),
+                        opt(2),
+                        opt(3),
+                    )
+                }
+                _ => data_shaped::eval(&node.op, x(0)?),
+            }
+            .map_err(fail)?;
             for (o, t) in outs.iter_mut().zip(got) {
                 if o.shape() != t.shape() {
                     return Err(fail(format!(

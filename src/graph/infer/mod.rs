@@ -18,6 +18,7 @@ mod grad;
 mod index;
 mod nn;
 mod reduce;
+mod resize;
 mod shape;
 mod window;
 
@@ -155,6 +156,9 @@ pub fn infer_graph_with(
             let (s, e) = shape_range(*start, *end, x.shape.len());
             let dims: Vec<i64> = x.shape[s..e].iter().map(|&d| d as i64).collect();
             values = Some(vec![Tensor::from_vec(&[dims.len()], dims)?]);
+        } else if let Op::ResizeMatrix { .. } = node.op {
+            // X is read for its type only; `infer_node` checked the rest.
+            values = Some(resize::values(node, &ins, &consts).map_err(|m| fail(node, &ins, m))?);
         } else if computed_at_plan_time(&node.op) {
             // Its input is known (`infer_node` refused it otherwise) and at most
             // CONST_LIMIT elements; its outputs are no larger than a few times that.
@@ -210,7 +214,10 @@ fn is_random(op: &Op) -> bool {
 /// inference computes them on the host (their input must be known when the plan is
 /// made), so a plan holds their outputs as constants and no backend runs them.
 pub fn computed_at_plan_time(op: &Op) -> bool {
-    matches!(op, Op::NonZero | Op::Unique { .. })
+    matches!(
+        op,
+        Op::NonZero | Op::Unique { .. } | Op::ResizeMatrix { .. }
+    )
 }
 
 /// The inputs of `op` that decide its output's shape (by index, with what each is): their
@@ -224,6 +231,7 @@ pub fn shape_inputs(op: &Op) -> &'static [(usize, &'static str)] {
         Op::Range => &[(0, "start"), (1, "limit"), (2, "delta")],
         Op::TopK { .. } => &[(1, "k")],
         Op::NonZero | Op::Unique { .. } => &[(0, "input X")],
+        Op::ResizeMatrix { .. } => &[(1, "roi"), (2, "scales"), (3, "sizes")],
         Op::GatherGrad { .. } | Op::GatherElementsGrad { .. } | Op::GatherNDGrad { .. } => {
             &[(2, "the forward input's shape")]
         }
@@ -306,15 +314,18 @@ pub fn plan_time_inputs(g: &Graph) -> Vec<PlanTimeInput> {
                 if g.input(v).is_some() {
                     found.entry(v).or_insert((ni, slot));
                 } else if let Some(&p) = producer.get(v) {
-                    if !matches!(g.nodes[p].op, Op::Shape { .. }) {
-                        stack.extend(
-                            g.nodes[p]
-                                .inputs
-                                .iter()
-                                .filter(|s| !s.is_empty())
-                                .map(|s| s.as_str()),
-                        );
-                    }
+                    // Shape reads only its input's type, and ResizeMatrix its X's.
+                    let skip = match g.nodes[p].op {
+                        Op::Shape { .. } => g.nodes[p].inputs.len(),
+                        Op::ResizeMatrix { .. } => 1,
+                        _ => 0,
+                    };
+                    stack.extend(
+                        g.nodes[p].inputs[skip..]
+                            .iter()
+                            .filter(|s| !s.is_empty())
+                            .map(|s| s.as_str()),
+                    );
                 }
             }
         }
@@ -494,6 +505,7 @@ pub fn infer_node(
         | Op::Dropout { .. } => nn::infer(&cx),
         Op::Attention { .. } | Op::VarlenAttention { .. } => attention::infer(&cx),
         Op::Im2Col { .. } | Op::Col2Im { .. } => window::infer(&cx),
+        Op::ResizeMatrix { .. } => resize::infer(&cx),
         Op::UnaryGrad(_)
         | Op::SoftmaxGrad { .. }
         | Op::LayerNormalizationGrad { .. }

@@ -58,6 +58,8 @@ pub fn treated_as_constant(op: &Op) -> bool {
         Op::Shape { .. } | Op::Range | Op::ArgReduce { .. } | Op::NonZero | Op::Unique { .. } => {
             true
         }
+        // Resize's weights read X for its type only.
+        Op::ResizeMatrix { .. } => true,
         _ => false,
     }
 }
@@ -127,6 +129,11 @@ pub fn backward_with(
     b.requires.extend(wrt.iter().cloned());
     for &ni in &inf.order {
         let n = &g.nodes[ni];
+        // ResizeMatrix reads X for its type only: its weights depend on nothing
+        // differentiated, and computing their gradient would be wasted work.
+        if matches!(n.op, Op::ResizeMatrix { .. }) {
+            continue;
+        }
         if n.inputs.iter().any(|i| b.requires.contains(i)) {
             for o in n.outputs.iter().filter(|o| !o.is_empty()) {
                 if b.types[o].dtype.is_float() {

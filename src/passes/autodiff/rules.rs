@@ -369,7 +369,8 @@ pub(super) fn grad(b: &mut Builder, ni: usize, n: &Node, dys: &[Option<String>])
         | Op::Range
         | Op::ArgReduce { .. }
         | Op::NonZero
-        | Op::Unique { .. } => none(),
+        | Op::Unique { .. }
+        | Op::ResizeMatrix { .. } => none(),
         // Multi-output ops are handled by `multi`; gradient ops are not differentiated again.
         Op::Split { .. }
         | Op::LayerNormalization { .. }
