@@ -768,8 +768,13 @@ fn written_as_yaml_and_read_back() {
         let (text, side) = graphrun::graph::yaml::emit(&g, "side.safetensors");
         assert!(side.is_empty(), "no side file for a one-node model");
         assert!(text.contains("ResizeMatrix"), "{text}");
-        let back = graphrun::graph::yaml::load_str(&text, "resize.yaml", std::path::Path::new("."))
-            .unwrap_or_else(|e| panic!("{e}\n{text}"));
+        let back = graphrun::graph::yaml::load_str(
+            &text,
+            "resize.yaml",
+            std::path::Path::new("."),
+            &graphrun::backends::cpu::HOST_EVAL,
+        )
+        .unwrap_or_else(|e| panic!("{e}\n{text}"));
         let args = c.args(DType::F64);
         let feeds = c.feeds(&args);
         let run = |g: graphrun::Graph| {
