@@ -1544,3 +1544,80 @@ fn unsupported_attribute_values_are_refused_by_name() {
         .to_string();
     assert!(e.contains("output 1 (mean)"), "{e}");
 }
+
+// ---- ReduceMin / ReduceMax on bools and integers -------------------------------------
+
+#[test]
+fn reduce_min_and_max_on_bools_and_integer_extremes() {
+    // Bools: Max is Or, Min is And. Integers at their extremes, where -x overflows (i8's
+    // -128) or wraps (unsigned 0 and 255).
+    let bools = common::bools(&[3, 2], &[true, false, true, true, false, false]);
+    let cases: Vec<(Tensor, Vec<f64>)> = vec![
+        (bools, vec![]),
+        (
+            Tensor::from_vec(&[2, 3], vec![0u8, 255, 7, 200, 0, 1]).unwrap(),
+            vec![],
+        ),
+        (
+            Tensor::from_vec(&[2, 3], vec![-128i8, 127, 0, 5, -1, -128]).unwrap(),
+            vec![],
+        ),
+        (
+            Tensor::from_vec(&[2, 3], vec![i64::MIN, 3, i64::MAX, 0, -7, 9]).unwrap(),
+            vec![],
+        ),
+    ];
+    for (x, _) in cases {
+        let v = x.to_f64_vec();
+        let (rows, cols) = (x.shape()[0], x.shape()[1]);
+        for op in ["ReduceMin", "ReduceMax"] {
+            let mut c = Case::new(
+                op,
+                18,
+                vec![("x", Some(x.clone())), ("axes", Some(i64s(&[1], &[1])))],
+            );
+            c.attrs = vec![int_attr("keepdims", 0)];
+            let want: Vec<f64> = (0..rows)
+                .map(|r| {
+                    let row = v[r * cols..(r + 1) * cols].iter().copied();
+                    if op == "ReduceMin" {
+                        row.fold(f64::INFINITY, f64::min)
+                    } else {
+                        row.fold(f64::NEG_INFINITY, f64::max)
+                    }
+                })
+                .collect();
+            let g = c.graph(DType::F32);
+            for backend in backends() {
+                let opts = SessionOptions {
+                    backend,
+                    ..Default::default()
+                };
+                let got = Session::new(g.clone(), opts)
+                    .and_then(|mut s| s.run(&c.feeds(&c.args(DType::F32))));
+                match got {
+                    Ok(got) => {
+                        assert_eq!(
+                            got[0].1.dtype(),
+                            x.dtype(),
+                            "{op} {} on {backend:?}",
+                            x.dtype()
+                        );
+                        assert_eq!(
+                            got[0].1.to_f64_vec(),
+                            want,
+                            "{op} {} on {backend:?}",
+                            x.dtype()
+                        );
+                    }
+                    Err(e) => assert!(
+                        graphrun::backends::not_on(backend, x.dtype())
+                            || e.to_string().contains(WGPU_NO_I64),
+                        "{op} {} on {backend:?}: {e}",
+                        x.dtype()
+                    ),
+                }
+            }
+        }
+    }
+}

@@ -11,7 +11,7 @@ use super::MIN_OPSET;
 use crate::error::{Error, Result};
 use crate::graph::op::{Attr, AttrValue, OP_NAMES};
 use crate::graph::{BinaryOp, Node, Op, UnaryOp};
-use crate::tensor::Tensor;
+use crate::tensor::{DType, Tensor};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 
@@ -358,6 +358,9 @@ impl<'a> Importer<'a> {
             op if op.starts_with("Reduce") && REWRITTEN.contains(&op) => {
                 return self.lower_reduce(n, shown, attrs)
             }
+            "ReduceMax" if n.input.first().and_then(|v| self.dtypes.get(v)) == Some(&DType::Bool) => {
+                return self.lower_reduce(n, shown, attrs)
+            }
             op if conv::WINDOWED.contains(&op) => return self.lower_windowed(n, shown, attrs),
             op if resize::RESIZE.contains(&op) => return self.lower_resize(n, shown, attrs),
             op if COMPOSITE.contains(&op) || MS_COMPOSITE.contains(&op) => {
@@ -557,7 +560,49 @@ impl<'a> Importer<'a> {
         };
         let with_axes =
             |v: String| -> Vec<String> { std::iter::once(v).chain(axes.iter().cloned()).collect() };
+        let dtype = self.dtypes.get(&x).copied();
         match op {
+            // On bools Max is Or and Min is And: both on the 0/1 values as i32.
+            "ReduceMax" | "ReduceMin" if dtype == Some(DType::Bool) => {
+                let to = |d: DType| Op::Cast { to: d };
+                let v = step(self, "as_i32", to(DType::I32), vec![x], false);
+                let r = if op == "ReduceMax" {
+                    step(
+                        self,
+                        "max",
+                        reduce("ReduceMax", &attrs)?,
+                        with_axes(v),
+                        false,
+                    )
+                } else {
+                    let neg = step(self, "neg", un(UnaryOp::Neg), vec![v], false);
+                    let m = step(
+                        self,
+                        "max",
+                        reduce("ReduceMax", &attrs)?,
+                        with_axes(neg),
+                        false,
+                    );
+                    step(self, "min", un(UnaryOp::Neg), vec![m], false)
+                };
+                step(self, "", to(DType::Bool), vec![r], true);
+            }
+            // min(x) = ~max(~x) on integers: bitwise NOT reverses their order for signed and
+            // unsigned types alike, where -x overflows (i8's -128) or wraps (unsigned).
+            "ReduceMin" if dtype.is_some_and(|d| d.is_int()) => {
+                let c = self.constant(n, "ones", Tensor::scalar(-1i64));
+                let ones = step(self, "ones_cast", Op::CastLike, vec![c, x.clone()], false);
+                let flip = Op::Binary(BinaryOp::BitwiseXor);
+                let nx = step(self, "not", flip.clone(), vec![x, ones.clone()], false);
+                let max = step(
+                    self,
+                    "max",
+                    reduce("ReduceMax", &attrs)?,
+                    with_axes(nx),
+                    false,
+                );
+                step(self, "", flip, vec![max, ones], true);
+            }
             "ReduceMin" => {
                 let neg = step(self, "neg", un(UnaryOp::Neg), vec![x], false);
                 let max = step(
