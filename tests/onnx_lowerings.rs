@@ -1621,3 +1621,149 @@ fn reduce_min_and_max_on_bools_and_integer_extremes() {
         }
     }
 }
+
+// ---- Attention with a softcap --------------------------------------------------------------
+
+/// Attention by ONNX's definition on `[B, H, S, D]` inputs: scores Q·Kᵀ·scale capped by
+/// softcap·tanh(s/softcap), plus the additive mask `[Sq, Skv]` and the causal triangle,
+/// softmax over keys, times V; K/V head h serves query heads h·r .. (h+1)·r.
+#[allow(clippy::too_many_arguments)]
+fn softcap_attention_ref(
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    mask: Option<&[f64]>,
+    [b, hq, hkv, sq, skv, d]: [usize; 6],
+    softcap: f64,
+    causal: bool,
+) -> Vec<f64> {
+    let scale = 1.0 / (d as f64).sqrt();
+    let r = hq / hkv;
+    let mut y = vec![0.0; b * hq * sq * d];
+    for bi in 0..b {
+        for h in 0..hq {
+            let kh = h / r;
+            for i in 0..sq {
+                let mut s: Vec<f64> = (0..skv)
+                    .map(|j| {
+                        let dot: f64 = (0..d)
+                            .map(|t| {
+                                q[((bi * hq + h) * sq + i) * d + t]
+                                    * k[((bi * hkv + kh) * skv + j) * d + t]
+                            })
+                            .sum();
+                        let mut x = softcap * (dot * scale / softcap).tanh();
+                        if let Some(m) = mask {
+                            x += m[i * skv + j];
+                        }
+                        if causal && j > i {
+                            x = f64::NEG_INFINITY;
+                        }
+                        x
+                    })
+                    .collect();
+                let mx = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                s.iter_mut().for_each(|x| *x = (*x - mx).exp());
+                let z: f64 = s.iter().sum();
+                for t in 0..d {
+                    y[((bi * hq + h) * sq + i) * d + t] = (0..skv)
+                        .map(|j| s[j] / z * v[((bi * hkv + kh) * skv + j) * d + t])
+                        .sum();
+                }
+            }
+        }
+    }
+    y
+}
+
+#[test]
+fn attention_with_softcap_on_every_backend_with_gradients() {
+    let (b, hq, hkv, sq, skv, d) = (2, 4, 2, 3, 5, 4);
+    for (causal, masked, three_d) in [
+        (false, false, false),
+        (true, false, false),
+        (false, true, true),
+    ] {
+        let q = randn(&[b, hq, sq, d], 1);
+        let k = randn(&[b, hkv, skv, d], 2);
+        let v = randn(&[b, hkv, skv, d], 3);
+        let mask = randn(&[sq, skv], 4);
+        // 3-D inputs are [B, S, H·D].
+        let flat = |t: &Tensor, h: usize, s: usize| -> Tensor {
+            let x = t.to_f64_vec();
+            let mut o = vec![0.0; x.len()];
+            for bi in 0..b {
+                for hh in 0..h {
+                    for si in 0..s {
+                        for t in 0..d {
+                            o[((bi * s + si) * h + hh) * d + t] =
+                                x[((bi * h + hh) * s + si) * d + t];
+                        }
+                    }
+                }
+            }
+            Tensor::from_vec(&[b, s, h * d], o).unwrap()
+        };
+        let (qi, ki, vi) = if three_d {
+            (flat(&q, hq, sq), flat(&k, hkv, skv), flat(&v, hkv, skv))
+        } else {
+            (q.clone(), k.clone(), v.clone())
+        };
+        let mut ins = vec![("q", Some(qi)), ("k", Some(ki)), ("v", Some(vi))];
+        if masked {
+            ins.push(("mask", Some(mask.clone())));
+        }
+        let mut attrs = vec![
+            float_attr("softcap", 2.5),
+            int_attr("is_causal", causal as i64),
+        ];
+        if three_d {
+            attrs.push(int_attr("q_num_heads", hq as i64));
+            attrs.push(int_attr("kv_num_heads", hkv as i64));
+        }
+        let case = Case::new("Attention", 23, ins).with(attrs);
+        let reference = |vals: &[Vec<f64>]| {
+            // Back to [B, H, S, D] for the reference, and the output to the inputs' layout.
+            let unflat = |x: &[f64], h: usize, s: usize| -> Vec<f64> {
+                if !three_d {
+                    return x.to_vec();
+                }
+                let mut o = vec![0.0; x.len()];
+                for bi in 0..b {
+                    for hh in 0..h {
+                        for si in 0..s {
+                            for t in 0..d {
+                                o[((bi * h + hh) * s + si) * d + t] =
+                                    x[((bi * s + si) * h + hh) * d + t];
+                            }
+                        }
+                    }
+                }
+                o
+            };
+            let y = softcap_attention_ref(
+                &unflat(&vals[0], hq, sq),
+                &unflat(&vals[1], hkv, skv),
+                &unflat(&vals[2], hkv, skv),
+                vals.get(3).map(|m| &m[..]),
+                [b, hq, hkv, sq, skv, d],
+                2.5,
+                causal,
+            );
+            if three_d {
+                let t = Tensor::from_vec(&[b, hq, sq, d], y).unwrap();
+                vec![(vec![b, sq, hq * d], flat(&t, hq, sq).to_f64_vec())]
+            } else {
+                vec![(vec![b, hq, sq, d], y)]
+            }
+        };
+        let what = format!("Attention softcap (causal {causal}, mask {masked}, 3-D {three_d})");
+        check_case(&what, &case, &BOTH, 1e-5, reference);
+        let wrt: Vec<usize> = if masked {
+            vec![0, 1, 2, 3]
+        } else {
+            vec![0, 1, 2]
+        };
+        check_grads(&what, &case, &wrt, 5, reference);
+    }
+}

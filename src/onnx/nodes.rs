@@ -15,6 +15,7 @@ use crate::tensor::{DType, Tensor};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 
+mod attention;
 mod composite;
 mod conv;
 mod index;
@@ -382,6 +383,9 @@ impl<'a> Importer<'a> {
                 return Err(Error::Graph(format!(
                     "node '{shown}' (Attention): the KV-cache form (past_key, past_value, nonpad_kv_seqlen inputs; present_key, present_value, qk_matmul_output outputs) is not supported; graphrun runs Attention on Q, K, V and an optional mask"
                 )))
+            }
+            "Attention" if Self::attention_softcap(&attrs) => {
+                return self.lower_attention_softcap(n, shown, attrs)
             }
             // Before opset 13 Softmax and LogSoftmax flatten their input to 2-D at `axis`
             // (default 1) and normalise each row.
