@@ -37,6 +37,23 @@ struct Win {
     ceil: bool,
 }
 
+/// A window as written: strides, dilations, pads (empty: absent), auto_pad, ceil_mode.
+fn win(
+    strides: &[usize],
+    dilations: &[usize],
+    pads: &[usize],
+    auto_pad: &'static str,
+    ceil: bool,
+) -> Win {
+    Win {
+        strides: strides.to_vec(),
+        dilations: dilations.to_vec(),
+        pads: pads.to_vec(),
+        auto_pad,
+        ceil,
+    }
+}
+
 impl Win {
     fn attrs(&self) -> Vec<AttributeProto> {
         let ints = |v: &[usize]| v.iter().map(|&x| x as i64).collect::<Vec<_>>();
@@ -288,13 +305,6 @@ struct ConvCase {
 }
 
 fn conv_cases() -> Vec<ConvCase> {
-    let win = |strides: &[usize], dilations: &[usize], pads: &[usize], auto_pad| Win {
-        strides: strides.to_vec(),
-        dilations: dilations.to_vec(),
-        pads: pads.to_vec(),
-        auto_pad,
-        ceil: false,
-    };
     vec![
         // 1-D, stride 2, uneven padding.
         ConvCase {
@@ -302,7 +312,7 @@ fn conv_cases() -> Vec<ConvCase> {
             w: vec![4, 3, 3],
             bias: true,
             groups: 1,
-            win: win(&[2], &[], &[1, 0], ""),
+            win: win(&[2], &[], &[1, 0], "", false),
             kernel_attr: true,
         },
         // 2-D, two groups, dilation and stride on different axes.
@@ -311,7 +321,7 @@ fn conv_cases() -> Vec<ConvCase> {
             w: vec![6, 2, 3, 2],
             bias: true,
             groups: 2,
-            win: win(&[1, 2], &[2, 1], &[1, 0, 2, 1], ""),
+            win: win(&[1, 2], &[2, 1], &[1, 0, 2, 1], "", false),
             kernel_attr: false,
         },
         // Depthwise with SAME_UPPER and stride 2.
@@ -320,7 +330,7 @@ fn conv_cases() -> Vec<ConvCase> {
             w: vec![3, 1, 3, 3],
             bias: false,
             groups: 3,
-            win: win(&[2, 2], &[], &[], "SAME_UPPER"),
+            win: win(&[2, 2], &[], &[], "SAME_UPPER", false),
             kernel_attr: true,
         },
         // Odd total padding: SAME_LOWER puts the extra one first.
@@ -329,7 +339,7 @@ fn conv_cases() -> Vec<ConvCase> {
             w: vec![3, 2, 2, 2],
             bias: true,
             groups: 1,
-            win: win(&[], &[], &[], "SAME_LOWER"),
+            win: win(&[], &[], &[], "SAME_LOWER", false),
             kernel_attr: false,
         },
         ConvCase {
@@ -337,7 +347,7 @@ fn conv_cases() -> Vec<ConvCase> {
             w: vec![2, 2, 3, 2],
             bias: false,
             groups: 1,
-            win: win(&[2, 1], &[], &[], "VALID"),
+            win: win(&[2, 1], &[], &[], "VALID", false),
             kernel_attr: true,
         },
         // 3-D.
@@ -346,7 +356,7 @@ fn conv_cases() -> Vec<ConvCase> {
             w: vec![2, 2, 2, 2, 3],
             bias: true,
             groups: 1,
-            win: win(&[1, 1, 2], &[], &[1, 0, 1, 0, 1, 1], ""),
+            win: win(&[1, 1, 2], &[], &[1, 0, 1, 0, 1, 1], "", false),
             kernel_attr: false,
         },
         // Few output positions and many channels: the weights' gradient is one GEMM over
@@ -356,7 +366,7 @@ fn conv_cases() -> Vec<ConvCase> {
             w: vec![5, 6, 2, 2],
             bias: true,
             groups: 1,
-            win: win(&[2, 2], &[], &[], ""),
+            win: win(&[2, 2], &[], &[], "", false),
             kernel_attr: true,
         },
         // A 1×1 convolution (a per-position matrix product).
@@ -365,7 +375,7 @@ fn conv_cases() -> Vec<ConvCase> {
             w: vec![4, 5, 1, 1],
             bias: true,
             groups: 1,
-            win: win(&[], &[], &[], ""),
+            win: win(&[], &[], &[], "", false),
             kernel_attr: true,
         },
     ]
@@ -523,19 +533,12 @@ impl TransposeCase {
 }
 
 fn transpose_cases() -> Vec<TransposeCase> {
-    let win = |strides: &[usize], dilations: &[usize], pads: &[usize], auto_pad| Win {
-        strides: strides.to_vec(),
-        dilations: dilations.to_vec(),
-        pads: pads.to_vec(),
-        auto_pad,
-        ceil: false,
-    };
     vec![
         TransposeCase {
             x: vec![1, 2, 4],
             w: vec![2, 3, 3],
             groups: 1,
-            win: win(&[2], &[], &[1, 0], ""),
+            win: win(&[2], &[], &[1, 0], "", false),
             output_padding: vec![1],
             output_shape: None,
         },
@@ -543,7 +546,7 @@ fn transpose_cases() -> Vec<TransposeCase> {
             x: vec![2, 4, 3, 3],
             w: vec![4, 1, 2, 3],
             groups: 2,
-            win: win(&[2, 1], &[1, 2], &[], ""),
+            win: win(&[2, 1], &[1, 2], &[], "", false),
             output_padding: vec![],
             output_shape: None,
         },
@@ -551,7 +554,7 @@ fn transpose_cases() -> Vec<TransposeCase> {
             x: vec![1, 2, 3, 3],
             w: vec![2, 2, 3, 3],
             groups: 1,
-            win: win(&[3, 2], &[], &[], ""),
+            win: win(&[3, 2], &[], &[], "", false),
             output_padding: vec![],
             output_shape: Some(vec![10, 8]),
         },
@@ -559,7 +562,7 @@ fn transpose_cases() -> Vec<TransposeCase> {
             x: vec![1, 1, 3, 3],
             w: vec![1, 2, 3, 3],
             groups: 1,
-            win: win(&[2, 2], &[], &[], "SAME_UPPER"),
+            win: win(&[2, 2], &[], &[], "SAME_UPPER", false),
             output_padding: vec![],
             output_shape: None,
         },
@@ -567,7 +570,7 @@ fn transpose_cases() -> Vec<TransposeCase> {
             x: vec![1, 2, 2, 3, 2],
             w: vec![2, 1, 2, 2, 2],
             groups: 1,
-            win: win(&[1, 2, 1], &[], &[0, 1, 0, 1, 0, 0], ""),
+            win: win(&[1, 2, 1], &[], &[0, 1, 0, 1, 0, 0], "", false),
             output_padding: vec![],
             output_shape: None,
         },
@@ -606,13 +609,6 @@ fn pool_case(
 
 /// (x, kernel, window) settings every pool runs under.
 fn pool_settings() -> Vec<(Vec<usize>, Vec<usize>, Win)> {
-    let win = |strides: &[usize], dilations: &[usize], pads: &[usize], auto_pad, ceil| Win {
-        strides: strides.to_vec(),
-        dilations: dilations.to_vec(),
-        pads: pads.to_vec(),
-        auto_pad,
-        ceil,
-    };
     vec![
         (
             vec![2, 3, 7, 6],

@@ -471,6 +471,8 @@ pub struct WindowGeom {
     pub dilations: [usize; 3],
     pub begin: [usize; 3],
     pub end: [usize; 3],
+    /// Im2Col's pad and beyond values (0 for Col2Im).
+    pub fill: [f64; 2],
 }
 
 impl WindowGeom {
@@ -546,9 +548,14 @@ pub fn window_geom(
     mut read: impl FnMut(usize) -> Result<Option<Vec<i64>>>,
 ) -> Result<WindowGeom> {
     let fail = |m: String| crate::error::Error::Runtime(format!("{}: {m}", node.describe()));
-    let (attr, window, slot) = match &node.op {
-        Op::Im2Col { kernel, window, .. } => (kernel, window, 1),
-        Op::Col2Im { block, window } => (block, window, 2),
+    let (attr, window, slot, fill) = match &node.op {
+        Op::Im2Col {
+            kernel,
+            window,
+            pad_value,
+            beyond_value,
+        } => (kernel, window, 1, [*pad_value, *beyond_value]),
+        Op::Col2Im { block, window } => (block, window, 2, [0.0; 2]),
         _ => unreachable!("window_geom is for Im2Col and Col2Im"),
     };
     let kernel = if attr.is_empty() {
@@ -579,6 +586,7 @@ pub fn window_geom(
         dilations: pad3(&placed.dilations, 1),
         begin: pad3(&placed.begin, 0),
         end: pad3(&placed.end, 0),
+        fill,
     })
 }
 

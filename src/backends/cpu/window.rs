@@ -3,7 +3,7 @@
 
 use super::super::common::{self, WindowGeom};
 use crate::error::Result;
-use crate::graph::{Node, Op};
+use crate::graph::Node;
 use crate::tensor::{Elem, Float, Tensor};
 use num_traits::Zero;
 use rayon::prelude::*;
@@ -22,14 +22,7 @@ fn table(g: &WindowGeom) -> Vec<i64> {
 /// Im2Col: out[n, c·K + j, o] = x[n, c, source(j, o)], or the pad / beyond value.
 pub fn im2col(node: &Node, x: &Tensor, ins: &[Option<&Tensor>], out: &mut Tensor) -> Result<()> {
     let g = common::window_geom(node, x.shape(), |i| read(ins, i))?;
-    let Op::Im2Col {
-        pad_value,
-        beyond_value,
-        ..
-    } = node.op
-    else {
-        unreachable!()
-    };
+    let [pad_value, beyond_value] = g.fill;
     let src = table(&g);
     let (hw, kl) = (g.hw(), g.k() * g.l());
     crate::with_any!(x.dtype(), T => {

@@ -111,26 +111,18 @@ pub fn reduce(c: &Cuda, node: &Node, kind: ReduceKind, x: &V, axes: &[i64], y: &
     }
     // Many short lines: a block of 32 threads per 9-element pool window left most of
     // each warp idle (ResNet-50's max pool took 3.9 ms at batch 32); a thread per line.
-    if n_red <= 64 && n_out >= 1 << 12 {
-        let args = [
-            Arg::Ptr(x.p),
-            Arg::Ptr(y.p),
-            Arg::Strided(kept),
-            Arg::Strided(red),
-            Arg::I64(n_red as i64),
-            Arg::I64(n_out as i64),
-            Arg::I32(code),
-        ];
-        return c.launch_n(&format!("reduce_lines_{}", suffix(x.dtype())), n_out, &args);
-    }
-    let args = [
+    let mut args = vec![
         Arg::Ptr(x.p),
         Arg::Ptr(y.p),
         Arg::Strided(kept),
         Arg::Strided(red),
         Arg::I64(n_red as i64),
-        Arg::I32(code),
     ];
+    if n_red <= 64 && n_out >= 1 << 12 {
+        args.extend([Arg::I64(n_out as i64), Arg::I32(code)]);
+        return c.launch_n(&format!("reduce_lines_{}", suffix(x.dtype())), n_out, &args);
+    }
+    args.push(Arg::I32(code));
     c.launch(
         &format!("reduce_{}", suffix(x.dtype())),
         n_out as u32,

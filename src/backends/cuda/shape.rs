@@ -358,14 +358,7 @@ fn win_geom(g: &common::WindowGeom) -> WinGeom {
 /// Im2Col: one thread per column entry.
 pub fn im2col(c: &Cuda, node: &Node, x: &V, ins: &[Option<V>], y: &V) -> Result<()> {
     let g = common::window_geom(node, x.shape(), |i| read_opt(c, ins, i))?;
-    let crate::graph::Op::Im2Col {
-        pad_value,
-        beyond_value,
-        ..
-    } = node.op
-    else {
-        unreachable!()
-    };
+    let [pad_value, beyond_value] = g.fill;
     let dt = x.dtype();
     let n = y.numel();
     let args = [

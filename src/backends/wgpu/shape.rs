@@ -449,18 +449,10 @@ fn window_params(node: &Node, g: &common::WindowGeom) -> Result<Params> {
 /// Im2Col (copy mode 7): the pad and beyond values are SX2's two elements.
 pub fn im2col(w: &mut Wgpu, node: &Node, x: &V, ins: &[Option<V>], y: &V) -> Result<()> {
     let g = common::window_geom(node, x.shape(), |i| read_opt(w, ins, i))?;
-    let crate::graph::Op::Im2Col {
-        pad_value,
-        beyond_value,
-        ..
-    } = node.op
-    else {
-        unreachable!()
-    };
     let dt = x.dtype();
     let es = dt.size();
     let mut fill = [0u8; 16];
-    for (k, v) in [pad_value, beyond_value].into_iter().enumerate() {
+    for (k, v) in g.fill.into_iter().enumerate() {
         let bits = common::fill_bits(dt, v).to_le_bytes();
         fill[k * es..(k + 1) * es].copy_from_slice(&bits[..es]);
     }

@@ -31,11 +31,8 @@ impl Importer<'_> {
         shown: &str,
         attrs: Vec<Attr>,
     ) -> Result<()> {
-        let what = format!("node '{shown}' (Attention)");
-        let mut a = Attrs {
-            what: what.clone(),
-            list: attrs,
-        };
+        let mut a = Attrs::of(n, shown, attrs)?;
+        let what = a.what.clone();
         let causal = a.flag("is_causal")?;
         let scale = a.take("scale");
         let softcap = a.float("softcap", 0.0)?;

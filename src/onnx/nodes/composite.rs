@@ -53,6 +53,15 @@ pub(super) struct Attrs {
 }
 
 impl Attrs {
+    /// The attributes of node `n` (shown as `shown` in messages), after checking that it
+    /// has an output.
+    pub(super) fn of(n: &NodeProto, shown: &str, list: Vec<Attr>) -> Result<Attrs> {
+        let what = format!("node '{shown}' ({})", n.op_type);
+        if n.output.is_empty() {
+            return Err(Error::Graph(format!("{what} has no output")));
+        }
+        Ok(Attrs { what, list })
+    }
     pub(super) fn take(&mut self, key: &str) -> Option<AttrValue> {
         super::take(&mut self.list, key)
     }
@@ -255,16 +264,9 @@ impl Importer<'_> {
         shown: &str,
         attrs: Vec<Attr>,
     ) -> Result<()> {
-        let op = n.op_type.as_str();
-        let what = format!("node '{shown}' ({op})");
-        if n.output.is_empty() {
-            return Err(Error::Graph(format!("{what} has no output")));
-        }
-        let a = Attrs {
-            what: what.clone(),
-            list: attrs,
-        };
-        match op {
+        let a = Attrs::of(n, shown, attrs)?;
+        let what = a.what.clone();
+        match n.op_type.as_str() {
             "Size" => self.size(n, &what, a),
             "NegativeLogLikelihoodLoss" => self.nll(n, &what, a),
             "RMSNormalization" | "SimplifiedLayerNormalization" => self.rms_norm(n, &what, a),

@@ -67,16 +67,9 @@ impl Importer<'_> {
         shown: &str,
         attrs: Vec<Attr>,
     ) -> Result<()> {
-        let op = n.op_type.as_str();
-        let what = format!("node '{shown}' ({op})");
-        if n.output.is_empty() {
-            return Err(Error::Graph(format!("{what} has no output")));
-        }
-        let a = Attrs {
-            what: what.clone(),
-            list: attrs,
-        };
-        match op {
+        let a = Attrs::of(n, shown, attrs)?;
+        let what = a.what.clone();
+        match n.op_type.as_str() {
             "Conv" => self.conv(n, &what, a),
             "ConvTranspose" => self.conv_transpose(n, &what, a),
             "GlobalLpPool" => self.global_lp_pool(n, &what, a),

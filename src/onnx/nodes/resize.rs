@@ -35,11 +35,8 @@ impl Importer<'_> {
         attrs: Vec<Attr>,
     ) -> Result<()> {
         let op = n.op_type.as_str();
-        let what = format!("node '{shown}' ({op})");
-        let mut a = Attrs {
-            what: what.clone(),
-            list: attrs,
-        };
+        let mut a = Attrs::of(n, shown, attrs)?;
+        let what = a.what.clone();
         // Upsample and Resize-10 take X and scales, and sample as ONNX Runtime does for
         // them: asymmetric coordinates, nearest reads floor when growing, ceil when
         // shrinking (their definitions' examples).
