@@ -1676,6 +1676,21 @@ fn softcap_attention_ref(
     y
 }
 
+/// `[a, p, q, d]` with its two middle axes swapped: `[a, q, p, d]`.
+fn swap12(x: &[f64], [a, p, q, d]: [usize; 4]) -> Vec<f64> {
+    let mut o = vec![0.0; x.len()];
+    for i in 0..a {
+        for j in 0..p {
+            for k in 0..q {
+                for t in 0..d {
+                    o[((i * q + k) * p + j) * d + t] = x[((i * p + j) * q + k) * d + t];
+                }
+            }
+        }
+    }
+    o
+}
+
 #[test]
 fn attention_with_softcap_on_every_backend_with_gradients() {
     let (b, hq, hkv, sq, skv, d) = (2, 4, 2, 3, 5, 4);
@@ -1690,19 +1705,7 @@ fn attention_with_softcap_on_every_backend_with_gradients() {
         let mask = randn(&[sq, skv], 4);
         // 3-D inputs are [B, S, H·D].
         let flat = |t: &Tensor, h: usize, s: usize| -> Tensor {
-            let x = t.to_f64_vec();
-            let mut o = vec![0.0; x.len()];
-            for bi in 0..b {
-                for hh in 0..h {
-                    for si in 0..s {
-                        for t in 0..d {
-                            o[((bi * s + si) * h + hh) * d + t] =
-                                x[((bi * h + hh) * s + si) * d + t];
-                        }
-                    }
-                }
-            }
-            Tensor::from_vec(&[b, s, h * d], o).unwrap()
+            Tensor::from_vec(&[b, s, h * d], swap12(&t.to_f64_vec(), [b, h, s, d])).unwrap()
         };
         let (qi, ki, vi) = if three_d {
             (flat(&q, hq, sq), flat(&k, hkv, skv), flat(&v, hkv, skv))
@@ -1725,21 +1728,11 @@ fn attention_with_softcap_on_every_backend_with_gradients() {
         let reference = |vals: &[Vec<f64>]| {
             // Back to [B, H, S, D] for the reference, and the output to the inputs' layout.
             let unflat = |x: &[f64], h: usize, s: usize| -> Vec<f64> {
-                if !three_d {
-                    return x.to_vec();
+                if three_d {
+                    swap12(x, [b, s, h, d])
+                } else {
+                    x.to_vec()
                 }
-                let mut o = vec![0.0; x.len()];
-                for bi in 0..b {
-                    for hh in 0..h {
-                        for si in 0..s {
-                            for t in 0..d {
-                                o[((bi * h + hh) * s + si) * d + t] =
-                                    x[((bi * s + si) * h + hh) * d + t];
-                            }
-                        }
-                    }
-                }
-                o
             };
             let y = softcap_attention_ref(
                 &unflat(&vals[0], hq, sq),
