@@ -11,7 +11,7 @@ use crate::graph::op::Attr;
 use crate::graph::window::{AutoPad, Window};
 use crate::graph::{BinaryOp, Op, ReduceKind, UnaryOp};
 use crate::onnx::proto::NodeProto;
-use crate::tensor::Tensor;
+use crate::tensor::{DType, Tensor};
 
 /// The ai.onnx operators written here.
 pub(super) const WINDOWED: &[&str] = &[
@@ -426,12 +426,32 @@ impl Importer<'_> {
         let cols4 = self.val(n, "windows", reshape(), vec![cols, c4shape.clone()]);
         match op.as_str() {
             "MaxPool" => {
-                self.out(
-                    n,
-                    0,
-                    reduce(ReduceKind::Max, vec![2], false),
-                    vec![cols4.clone()],
-                );
+                // 8- and 16-bit integers take their maximum as i32 (exact), which every
+                // backend reduces; WebGPU has no 8/16-bit arithmetic beyond the binary maps.
+                match self
+                    .dtypes
+                    .get(&x)
+                    .copied()
+                    .filter(|d| d.is_int() && d.size() < 4)
+                {
+                    Some(dt) => {
+                        let wide = Op::Cast { to: DType::I32 };
+                        let w = self.val(n, "windows_i32", wide, vec![cols4.clone()]);
+                        let m = self.val(
+                            n,
+                            "max_i32",
+                            reduce(ReduceKind::Max, vec![2], false),
+                            vec![w],
+                        );
+                        self.out(n, 0, Op::Cast { to: dt }, vec![m]);
+                    }
+                    None => self.out(
+                        n,
+                        0,
+                        reduce(ReduceKind::Max, vec![2], false),
+                        vec![cols4.clone()],
+                    ),
+                }
                 if output(n, 1).is_some() {
                     let idx = self.flat_indices(n, &x, r, storage_order == 1)?;
                     let icols = self.columns(
