@@ -628,9 +628,9 @@ fn sce_t<T: Float>(
 
 /// A sum in blocks of 64 whose results add in order: the rounding error grows with the
 /// number of blocks, not of terms (as `reduce_t`'s runs).
-fn block_sum<A: Copy + std::iter::Sum<A> + std::ops::Add<Output = A>>(v: &[A]) -> A
+fn block_sum<A>(v: &[A]) -> A
 where
-    A: num_traits::Zero,
+    A: Copy + std::iter::Sum<A> + num_traits::Zero,
 {
     v.chunks(64)
         .map(|c| c.iter().copied().sum::<A>())
