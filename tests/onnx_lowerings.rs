@@ -739,6 +739,72 @@ fn batch_normalization_inference_on_every_backend_with_gradients() {
     }
 }
 
+/// BatchNormalization with training_mode = 1: normalized by the batch's mean and biased
+/// variance per channel, the running statistics as outputs 1 and 2.
+#[test]
+fn batch_normalization_training_mode_on_every_backend_with_gradients() {
+    for (k, shape) in [vec![2usize, 3, 4, 5], vec![4, 3], vec![3, 2, 5]]
+        .into_iter()
+        .enumerate()
+    {
+        let c = shape[1];
+        let mut case = Case::new(
+            "BatchNormalization",
+            15,
+            vec![
+                ("x", Some(randn(&shape, 120 + k as u64))),
+                ("scale", Some(rand(&[c], 121, 0.5, 1.5))),
+                ("b", Some(randn(&[c], 122))),
+                ("mean", Some(randn(&[c], 123))),
+                ("var", Some(rand(&[c], 124, 0.5, 2.0))),
+            ],
+        )
+        .with(vec![
+            float_attr("epsilon", 1e-3),
+            float_attr("momentum", 0.8),
+            int_attr("training_mode", 1),
+        ]);
+        case.outputs = vec!["y", "running_mean", "running_var"];
+        let reference = |v: &[Vec<f64>]| -> Expected {
+            let (mut sum, mut cnt) = (vec![0.0; c], vec![0.0; c]);
+            for (i, x) in v[0].iter().enumerate() {
+                sum[channel(&shape, i)] += x;
+                cnt[channel(&shape, i)] += 1.0;
+            }
+            let mean: Vec<f64> = sum.iter().zip(&cnt).map(|(s, n)| s / n).collect();
+            let mut var = vec![0.0; c];
+            for (i, x) in v[0].iter().enumerate() {
+                let ch = channel(&shape, i);
+                var[ch] += (x - mean[ch]).powi(2) / cnt[ch];
+            }
+            let y = (0..v[0].len())
+                .map(|i| {
+                    let ch = channel(&shape, i);
+                    v[1][ch] * (v[0][i] - mean[ch]) / (var[ch] + 1e-3).sqrt() + v[2][ch]
+                })
+                .collect();
+            let run = |old: &[f64], new: &[f64]| -> Vec<f64> {
+                old.iter()
+                    .zip(new)
+                    .map(|(o, b)| 0.8 * o + 0.2 * b)
+                    .collect()
+            };
+            vec![
+                (shape.clone(), y),
+                (vec![c], run(&v[3], &mean)),
+                (vec![c], run(&v[4], &var)),
+            ]
+        };
+        let what = format!("BatchNormalization training {shape:?}");
+        // The momentum and 1 - momentum are f32 constants cast to the dtype, as ONNX's
+        // function bodies write them: f64 runs carry their f32 rounding (1e-8).
+        check_case(&what, &case, &[DType::F32], 1e-5, reference);
+        // Only Y is differentiated (`backward` seeds an output it is not given with ones).
+        case.outputs = vec!["y"];
+        check_grads(&what, &case, &[0, 1, 2], k as u64, reference);
+    }
+}
+
 // ---- Windows ------------------------------------------------------------------------------
 
 #[test]

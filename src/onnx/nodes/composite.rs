@@ -780,41 +780,85 @@ impl Importer<'_> {
         Ok(())
     }
 
-    /// BatchNormalization in inference form: (x - mean) · scale / sqrt(var + epsilon) +
-    /// B per channel (axis 1). The training form (training_mode=1, or the running
-    /// statistics asked for as outputs) updates statistics and is refused.
+    /// BatchNormalization. Inference form: (x - mean) · scale / sqrt(var + epsilon) + B per
+    /// channel (axis 1). Training form (training_mode = 1, opset 14 on): the same with the
+    /// batch's statistics (the mean and biased variance over every axis but 1), and the
+    /// running statistics as outputs 1 and 2: momentum · running + (1 - momentum) · batch.
     fn batch_norm(&mut self, n: &NodeProto, what: &str, mut a: Attrs) -> Result<()> {
         let epsilon = a.float("epsilon", 1e-5)?;
-        // Used only by the training form.
-        a.float("momentum", 0.9)?;
-        if a.int("training_mode", 0)? != 0 {
-            return Err(a.refuse(
-                "training_mode",
-                "= 1 (batch statistics, running statistics updated) is not supported; graphrun runs BatchNormalization in inference form",
-            ));
-        }
+        let momentum = a.float("momentum", 0.9)?;
+        let training = a.flag("training_mode")?;
         // Before opset 9: spatial=0 gives per-element statistics, which graphrun does not run.
         if a.int("spatial", 1)? != 1 {
             return Err(a.refuse("spatial", "= 0 is not supported"));
         }
         a.finish()?;
-        if n.output.iter().skip(1).any(|o| !o.is_empty()) {
+        let outs = if training { 3 } else { 1 };
+        if n.output.iter().skip(outs).any(|o| !o.is_empty()) {
             return Err(Error::Graph(format!(
-                "{what}: outputs beyond Y (running or saved statistics) belong to the training form, which is not supported"
+                "{what}: outputs beyond {} (the saved statistics of opsets before 14) are not supported",
+                if training { "Y and the running statistics" } else { "Y (running statistics need training_mode = 1)" }
             )));
         }
-        let (ins, _) = inputs(n, what, (5, 5), 1)?;
+        let (ins, _) = inputs(n, what, (5, 5), outs)?;
         let [x, scale, bias, mean, var] = [0, 1, 2, 3, 4].map(|k| ins[k].clone());
-        let eps = self.float_like(n, "epsilon", epsilon, &var);
-        let ve = self.val(n, "var_eps", bin(BinaryOp::Add), vec![var, eps]);
-        let sd = self.val(n, "std", un(UnaryOp::Sqrt), vec![ve]);
-        let factor = self.val(n, "factor", bin(BinaryOp::Div), vec![scale, sd]);
         let full = self.val(n, "x_shape", shape(0, None), vec![x.clone()]);
         let rows = self.ints_const(n, "rows_shape", &[0, 0, -1])?;
         let x3 = self.val(n, "rows", reshape(), vec![x, rows]);
-        let m = self.val(n, "mean_c1", unsqueeze(1), vec![mean]);
+        let (m, v) = if training {
+            // [1, C, 1] statistics of the [N, C, L] rows.
+            let stat = |me: &mut Self, what: &str, v: String| {
+                let (op, ins) = reduce_op(ReduceKind::Mean, &v, &Axes::Fixed(vec![0, 2]), true);
+                me.val(n, what, op, ins)
+            };
+            let m = stat(self, "batch_mean", x3.clone());
+            let d = self.val(
+                n,
+                "batch_centered",
+                bin(BinaryOp::Sub),
+                vec![x3.clone(), m.clone()],
+            );
+            let d2 = self.val(n, "batch_sq", bin(BinaryOp::Mul), vec![d.clone(), d]);
+            let v = stat(self, "batch_var", d2);
+            let flat = self.ints_const(n, "stat_flat", &[-1])?;
+            let keep = self.float_like(n, "momentum", momentum, &mean);
+            let take = self.float_like(n, "one_minus_momentum", 1.0 - momentum, &mean);
+            for (k, run, batch) in [(1, mean.clone(), m.clone()), (2, var.clone(), v.clone())] {
+                if n.output.get(k).is_none_or(|o| o.is_empty()) {
+                    continue;
+                }
+                let b = self.val(
+                    n,
+                    &format!("batch_stat{k}"),
+                    reshape(),
+                    vec![batch, flat.clone()],
+                );
+                let old = self.val(
+                    n,
+                    &format!("kept{k}"),
+                    bin(BinaryOp::Mul),
+                    vec![run, keep.clone()],
+                );
+                let new = self.val(
+                    n,
+                    &format!("taken{k}"),
+                    bin(BinaryOp::Mul),
+                    vec![b, take.clone()],
+                );
+                self.out(n, k, bin(BinaryOp::Add), vec![old, new]);
+            }
+            (m, v)
+        } else {
+            let m = self.val(n, "mean_c1", unsqueeze(1), vec![mean]);
+            let v = self.val(n, "var_c1", unsqueeze(1), vec![var]);
+            (m, v)
+        };
+        let eps = self.float_like(n, "epsilon", epsilon, &v);
+        let ve = self.val(n, "var_eps", bin(BinaryOp::Add), vec![v, eps]);
+        let sd = self.val(n, "std", un(UnaryOp::Sqrt), vec![ve]);
         let d = self.val(n, "centered", bin(BinaryOp::Sub), vec![x3, m]);
-        let y3 = self.channel_affine(n, &d, &factor, &bias);
+        let normed = self.val(n, "normalized", bin(BinaryOp::Div), vec![d, sd]);
+        let y3 = self.channel_affine(n, &normed, &scale, &bias);
         self.out(n, 0, reshape(), vec![y3, full]);
         Ok(())
     }
