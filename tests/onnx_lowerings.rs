@@ -1463,14 +1463,14 @@ fn unsupported_attribute_values_are_refused_by_name() {
         (
             Case::new(
                 "BatchNormalization",
-                15,
+                7,
                 ["x", "s", "b", "m", "v"]
                     .into_iter()
                     .zip([x(), x(), x(), x(), x()])
                     .collect(),
             )
-            .with(vec![int_attr("training_mode", 1)]),
-            "attribute 'training_mode' = 1",
+            .with(vec![int_attr("spatial", 0)]),
+            "attribute 'spatial' = 0 is not supported",
         ),
         (
             Case::new(
