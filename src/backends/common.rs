@@ -488,35 +488,10 @@ impl WindowGeom {
     pub fn hw(&self) -> usize {
         self.image.iter().product()
     }
-    /// Where column entry (kernel offset `j`, output position `o`, both flat) reads: the
-    /// image's flat spatial offset, or `PAD` / `BEYOND` (ceil_mode's reads past the
-    /// padding; they win over padding on another axis).
-    pub fn source(&self, j: usize, o: usize) -> i64 {
-        let (mut j, mut o) = (j, o);
-        let (mut off, mut stride) = (0i64, 1i64);
-        let mut pad = false;
-        for d in (0..3).rev() {
-            let (jd, od) = (j % self.kernel[d], o % self.out[d]);
-            j /= self.kernel[d];
-            o /= self.out[d];
-            let p = (od * self.strides[d] + jd * self.dilations[d]) as i64 - self.begin[d] as i64;
-            let size = self.image[d] as i64;
-            if p >= size + self.end[d] as i64 {
-                return WindowGeom::BEYOND;
-            }
-            if p < 0 || p >= size {
-                pad = true;
-            }
-            off += p * stride;
-            stride *= size;
-        }
-        if pad {
-            WindowGeom::PAD
-        } else {
-            off
-        }
-    }
+    /// A column entry that reads padding.
     pub const PAD: i64 = -1;
+    /// One that reads past the padding (ceil_mode's last windows); it wins over padding on
+    /// another axis.
     pub const BEYOND: i64 = -2;
 
     /// The 27 integers a device kernel takes: image, out, kernel, strides, dilations,

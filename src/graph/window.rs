@@ -236,14 +236,6 @@ impl Window {
     }
 }
 
-impl Placed {
-    /// Input position of output `o`, kernel offset `j` on axis `d` (negative or past the
-    /// image: padding).
-    pub fn source(&self, d: usize, o: usize, j: usize) -> i64 {
-        (o * self.strides[d] + j * self.dilations[d]) as i64 - self.begin[d] as i64
-    }
-}
-
 /// `Im2Col`'s attributes as a model file writes them.
 pub(super) fn im2col_attrs(
     kernel: &[usize],

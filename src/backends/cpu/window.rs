@@ -12,13 +12,6 @@ fn read(ins: &[Option<&Tensor>], i: usize) -> Result<Option<Vec<i64>>> {
     Ok(ins.get(i).copied().flatten().map(Tensor::to_i64_vec))
 }
 
-/// The per-(kernel offset, output position) source table: one row of K·L entries serves
-/// every (n, c) plane.
-fn table(g: &WindowGeom) -> Vec<i64> {
-    let l = g.l();
-    (0..g.k() * l).map(|i| g.source(i / l, i % l)).collect()
-}
-
 /// Per axis, where kernel offset jd and output position od read (`jd · out + od`): the
 /// position on that axis, or `PAD` / `BEYOND`.
 fn axis_tables(g: &WindowGeom) -> [Vec<i64>; 3] {
@@ -40,17 +33,48 @@ fn axis_tables(g: &WindowGeom) -> [Vec<i64>; 3] {
     })
 }
 
-/// Im2Col: out[n, c·K + j, o] = x[n, c, source(j, o)], or the pad / beyond value. A row
-/// (n, c, j) walks its output positions axis by axis from small per-axis tables, with no
-/// division per element.
+/// Calls `f(i, s)` for each output position `i` of kernel offset `j`'s row, walking the
+/// axes from the per-axis tables (no division per element): `s` is the image's flat
+/// spatial offset, or `PAD` / `BEYOND` (past the padding on any axis wins over padding).
+#[inline]
+fn walk_row(g: &WindowGeom, tabs: &[Vec<i64>; 3], j: usize, mut f: impl FnMut(usize, i64)) {
+    let [_, h1, h2] = g.image.map(|d| d as i64);
+    let [o0, o1, o2] = g.out;
+    let [_, k1, k2] = g.kernel;
+    let (j0, j1, j2) = (j / (k1 * k2), (j / k2) % k1, j % k2);
+    let (t0, t1, t2) = (
+        &tabs[0][j0 * o0..][..o0],
+        &tabs[1][j1 * o1..][..o1],
+        &tabs[2][j2 * o2..][..o2],
+    );
+    let mut i = 0;
+    for &p0 in t0 {
+        for &p1 in t1 {
+            for &p2 in t2 {
+                let beyond = WindowGeom::BEYOND;
+                f(
+                    i,
+                    if p0 == beyond || p1 == beyond || p2 == beyond {
+                        beyond
+                    } else if p0 < 0 || p1 < 0 || p2 < 0 {
+                        WindowGeom::PAD
+                    } else {
+                        (p0 * h1 + p1) * h2 + p2
+                    },
+                );
+                i += 1;
+            }
+        }
+    }
+}
+
+/// Im2Col: out[n, c·K + j, o] = x[n, c, source(j, o)], or the pad / beyond value; a task
+/// per row (n, c, j).
 pub fn im2col(node: &Node, x: &Tensor, ins: &[Option<&Tensor>], out: &mut Tensor) -> Result<()> {
     let g = common::window_geom(node, x.shape(), |i| read(ins, i))?;
     let [pad_value, beyond_value] = g.fill;
     let tabs = axis_tables(&g);
     let (hw, k, l) = (g.hw(), g.k(), g.l());
-    let [_, h1, h2] = g.image;
-    let [o0, o1, o2] = g.out;
-    let [_, k1, k2] = g.kernel;
     crate::with_any!(x.dtype(), T => {
         let (pad, beyond) = (T::from_f64(pad_value), T::from_f64(beyond_value));
         let xs = x.as_slice::<T>();
@@ -58,25 +82,14 @@ pub fn im2col(node: &Node, x: &Tensor, ins: &[Option<&Tensor>], out: &mut Tensor
             .par_chunks_mut(l.max(1))
             .enumerate()
             .for_each(|(row, o)| {
-                let (plane, j) = (row / k, row % k);
-                let img = &xs[plane * hw..(plane + 1) * hw];
-                let (j0, j1, j2) = (j / (k1 * k2), (j / k2) % k1, j % k2);
-                let (t0, t1, t2) = (&tabs[0][j0 * o0..][..o0], &tabs[1][j1 * o1..][..o1], &tabs[2][j2 * o2..][..o2]);
-                let mut i = 0;
-                for &p0 in t0 {
-                    for &p1 in t1 {
-                        for &p2 in t2 {
-                            o[i] = if p0 == WindowGeom::BEYOND || p1 == WindowGeom::BEYOND || p2 == WindowGeom::BEYOND {
-                                beyond
-                            } else if p0 < 0 || p1 < 0 || p2 < 0 {
-                                pad
-                            } else {
-                                img[((p0 as usize) * h1 + p1 as usize) * h2 + p2 as usize]
-                            };
-                            i += 1;
-                        }
+                let img = &xs[(row / k) * hw..(row / k + 1) * hw];
+                walk_row(&g, &tabs, row % k, |i, s| {
+                    o[i] = match s {
+                        WindowGeom::PAD => pad,
+                        WindowGeom::BEYOND => beyond,
+                        s => img[s as usize],
                     }
-                }
+                });
             });
     });
     Ok(())
@@ -86,8 +99,8 @@ pub fn im2col(node: &Node, x: &Tensor, ins: &[Option<&Tensor>], out: &mut Tensor
 /// order (kernel offset, then output position).
 pub fn col2im(node: &Node, cols: &Tensor, ins: &[Option<&Tensor>], out: &mut Tensor) -> Result<()> {
     let g = common::window_geom(node, out.shape(), |i| read(ins, i))?;
-    let src = table(&g);
-    let (hw, kl) = (g.hw(), g.k() * g.l());
+    let tabs = axis_tables(&g);
+    let (hw, k, l) = (g.hw(), g.k(), g.l());
     crate::with_float!(out.dtype(), T => {
         let cs = cols.as_slice::<T>();
         out.as_mut_slice::<T>()
@@ -95,10 +108,13 @@ pub fn col2im(node: &Node, cols: &Tensor, ins: &[Option<&Tensor>], out: &mut Ten
             .enumerate()
             .for_each(|(plane, img)| {
                 let mut acc = vec![<<T as Float>::Acc as Zero>::zero(); hw];
-                for (&v, &s) in cs[plane * kl..(plane + 1) * kl].iter().zip(&src) {
-                    if s >= 0 {
-                        acc[s as usize] += v.to_acc();
-                    }
+                for j in 0..k {
+                    let row = &cs[(plane * k + j) * l..][..l];
+                    walk_row(&g, &tabs, j, |i, s| {
+                        if s >= 0 {
+                            acc[s as usize] += row[i].to_acc();
+                        }
+                    });
                 }
                 img.iter_mut().zip(acc).for_each(|(o, a)| *o = T::from_acc(a));
             });
