@@ -3,7 +3,8 @@
 
 use clap::{Args, Parser, Subcommand};
 use graphrun::error::Error;
-use graphrun::exec::{self, write_atomic};
+use graphrun::exec;
+use graphrun::files::{self, write_atomic};
 use graphrun::graph::infer::ValueType;
 use graphrun::passes;
 use graphrun::{BackendKind, DType, Model, Session, SessionOptions, Tensor};
@@ -23,30 +24,18 @@ struct Cli {
     cmd: Cmd,
     /// Refuse to allocate more than this much host memory for one tensor or one plan
     /// (e.g. 8G, 512M; default: the machine's physical memory).
-    #[arg(long, global = true, value_name = "BYTES", value_parser = parse_size)]
+    #[arg(long, global = true, value_name = "BYTES", value_parser = graphrun::tensor::parse_size)]
     max_memory: Option<usize>,
+    /// Let a model name data files outside its own folder (external data, `file:`
+    /// initializers: absolute paths, `..`, symlinks that lead elsewhere). Off by default,
+    /// so a model cannot make graphrun read files the user did not give it.
+    #[arg(long, global = true)]
+    allow_outside_files: bool,
     /// Developer switch for kernel A/B runs: KEY=VALUE sets a field of graphrun::Tuning
     /// (repeatable; dev/README.md lists the keys). Hidden: the defaults are the measured
     /// best, and users never need it.
     #[arg(long = "tune", global = true, hide = true, value_name = "KEY=VALUE")]
     tune: Vec<String>,
-}
-
-/// "8G", "512M", "64K" or plain bytes.
-fn parse_size(s: &str) -> Result<usize, String> {
-    let (num, mul) = match s.trim().chars().last().map(|c| c.to_ascii_uppercase()) {
-        Some('K') => (&s[..s.len() - 1], 1usize << 10),
-        Some('M') => (&s[..s.len() - 1], 1 << 20),
-        Some('G') => (&s[..s.len() - 1], 1 << 30),
-        Some('T') => (&s[..s.len() - 1], 1 << 40),
-        _ => (s, 1),
-    };
-    num.trim()
-        .parse::<f64>()
-        .ok()
-        .filter(|v| v.is_finite() && *v > 0.0)
-        .map(|v| (v * mul as f64).min(usize::MAX as f64) as usize)
-        .ok_or_else(|| format!("'{s}' is not a size (e.g. 8G, 512M, 1000000)"))
 }
 
 #[derive(Subcommand)]
@@ -256,12 +245,25 @@ fn main() -> ExitCode {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
     let mut argv: Vec<String> = std::env::args().collect();
-    // `graphrun MODEL ...` means `graphrun run MODEL ...`.
+    // `graphrun MODEL ...` means `graphrun run MODEL ...`, global options before MODEL
+    // included (`graphrun --max-memory 1G MODEL`).
     let subcommands = [
         "run", "inspect", "doctor", "bench", "train", "convert", "help",
     ];
-    if argv.len() > 1 && !subcommands.contains(&argv[1].as_str()) && !argv[1].starts_with('-') {
-        argv.insert(1, "run".into());
+    let mut at = 1;
+    while let Some(a) = argv.get(at) {
+        match a.as_str() {
+            "--max-memory" | "--tune" => at += 2,
+            "--allow-outside-files" => at += 1,
+            a if a.starts_with("--max-memory=") || a.starts_with("--tune=") => at += 1,
+            _ => break,
+        }
+    }
+    if argv
+        .get(at)
+        .is_some_and(|a| !subcommands.contains(&a.as_str()) && !a.starts_with('-'))
+    {
+        argv.insert(at, "run".into());
     }
     let cli = match Cli::try_parse_from(&argv) {
         Ok(c) => c,
@@ -271,9 +273,18 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
-    if let Some(b) = cli.max_memory {
-        graphrun::tensor::set_max_bytes(b);
+    match (cli.max_memory, std::env::var("GRAPHRUN_MAX_BYTES")) {
+        (Some(b), _) => graphrun::tensor::set_max_bytes(b),
+        (None, Ok(v)) => match graphrun::tensor::parse_size(&v) {
+            Ok(b) => graphrun::tensor::set_max_bytes(b),
+            Err(e) => {
+                eprintln!("error: GRAPHRUN_MAX_BYTES: {e}");
+                return ExitCode::from(2);
+            }
+        },
+        (None, Err(_)) => {}
     }
+    graphrun::files::set_allow_outside(cli.allow_outside_files);
     if !cli.tune.is_empty() {
         let mut t = graphrun::tuning();
         for kv in &cli.tune {
@@ -308,10 +319,28 @@ fn parse_kv(s: &str, flag: &str) -> Result<(String, String), Fail> {
     }
 }
 
-fn parse_dims(dims: &[String]) -> Result<BTreeMap<String, usize>, Fail> {
+/// The `--dim SYM=N` flags, each naming one of `g`'s symbolic dims (a typo would
+/// otherwise be ignored and the model run at its default size).
+fn parse_dims(g: &graphrun::Graph, dims: &[String]) -> Result<BTreeMap<String, usize>, Fail> {
+    let mut symbols = g.symbols();
+    for k in g.dims.keys() {
+        if !symbols.contains(k) {
+            symbols.push(k.clone());
+        }
+    }
     let mut out = BTreeMap::new();
     for d in dims {
         let (k, v) = parse_kv(d, "--dim")?;
+        if !symbols.contains(&k) {
+            return Err(usage(if symbols.is_empty() {
+                format!("--dim {k}: the model has no symbolic dims")
+            } else {
+                format!(
+                    "--dim {k}: the model has no symbolic dim '{k}'; its symbolic dims are {}",
+                    symbols.join(", ")
+                )
+            }));
+        }
         let n: usize = v.parse().map_err(|_| {
             usage(format!(
                 "--dim {k}={v}: the size must be a non-negative integer"
@@ -404,7 +433,10 @@ fn read_seeds(specs: &[String], g: &graphrun::Graph) -> Result<HashMap<String, T
             )));
         }
         if seeds
-            .insert(name.clone(), Tensor::read_npy(Path::new(&file))?)
+            .insert(
+                name.clone(),
+                Tensor::read_npy_as(Path::new(&file), &format!("--grad {name}"))?,
+            )
             .is_some()
         {
             return Err(usage(format!("--grad {name} is given twice")));
@@ -434,7 +466,7 @@ fn run(a: RunArgs) -> Result<(), Fail> {
     }
     let model = load(&a.model, a.common.dtype.as_deref())?;
     let g = &model.graph;
-    let dims = parse_dims(&a.common.dims)?;
+    let dims = parse_dims(g, &a.common.dims)?;
     // Output file names must stay inside --out-dir.
     if a.out_dir.is_some() {
         for o in &g.outputs {
@@ -443,6 +475,15 @@ fn run(a: RunArgs) -> Result<(), Fail> {
                     "output '{o}' cannot be written as a file name under --out-dir"
                 )));
             }
+        }
+    }
+    if let Some(dir) = &a.out_dir {
+        files::check_output_dir(dir).map_err(usage)?;
+        for o in &g.outputs {
+            files::check_output_name(dir, &format!("{o}.npy")).map_err(usage)?;
+        }
+        if a.backward {
+            files::check_output_dir(&dir.join("grads")).map_err(usage)?;
         }
     }
     let seeds = read_seeds(&a.grads, g)?;
@@ -595,24 +636,24 @@ fn verify_fusion(
     }
 }
 
-/// Writes each .npy file whole or not at all; on a failure the files already written by
-/// this call are removed again.
+/// Writes every .npy file or none (folders made as needed, and removed again on failure).
 fn write_files(files: &[(PathBuf, &Tensor)]) -> Result<(), Fail> {
-    let mut written = vec![];
+    let mut out = files::Outputs::new();
     for (path, t) in files {
         if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+            out.create_dir(dir)?;
         }
-        if let Err(e) = write_atomic(path, |p| t.write_npy(p)) {
-            for w in &written {
-                let _ = std::fs::remove_file(w);
-            }
-            return Err(Fail {
-                code: 1,
-                err: e.into(),
-            });
-        }
-        written.push(path.clone());
+        out.stage(path, |w| t.write_npy_to(w))?;
+    }
+    out.commit()?;
+    Ok(())
+}
+
+/// Checks every output file a command will write before it does any work, so that a bad
+/// path is reported at once and a failed run leaves nothing behind.
+fn check_outputs<'a>(paths: impl IntoIterator<Item = &'a PathBuf>) -> Result<(), Fail> {
+    for p in paths {
+        files::check_output(p).map_err(usage)?;
     }
     Ok(())
 }
@@ -646,8 +687,14 @@ fn fmt_count(n: f64) -> String {
 
 fn inspect(a: InspectArgs) -> Result<(), Fail> {
     let model = load(&a.model, None)?;
+    let emitted: Vec<PathBuf> = a
+        .emit_yaml
+        .iter()
+        .flat_map(|p| graphrun::graph::yaml::save_paths(&model.graph, p))
+        .collect();
+    check_outputs(a.dot.iter().chain(&emitted))?;
     let g = &model.graph;
-    let dims = parse_dims(&a.dims)?;
+    let dims = parse_dims(&model.graph, &a.dims)?;
     println!("model: {} ({})", g.name, a.model.display());
     for i in &g.inputs {
         let shape: Vec<String> = i.shape.iter().map(|d| d.to_string()).collect();
@@ -846,13 +893,17 @@ fn inspect(a: InspectArgs) -> Result<(), Fail> {
         model = Model { graph: bg };
     }
     let g = &model.graph;
+    // Every file or none.
+    let mut out = files::Outputs::new();
     if let Some(p) = &a.dot {
         let text = graphrun::graph::dot::to_dot(g);
-        write_atomic(p, |p| std::fs::write(p, &text).map_err(|e| Error::io(p, e)))?;
-        println!("wrote {}", p.display());
+        out.stage(p, |w| w.write_all(text.as_bytes()))?;
     }
     if let Some(p) = &a.emit_yaml {
-        model.save(p)?;
+        graphrun::graph::yaml::stage(g, p, &mut out)?;
+    }
+    out.commit()?;
+    for p in a.dot.iter().chain(&a.emit_yaml) {
         println!("wrote {}", p.display());
     }
     Ok(())
@@ -870,6 +921,7 @@ fn convert(a: ConvertArgs) -> Result<(), Fail> {
             a.output.display()
         )));
     }
+    check_outputs(&graphrun::graph::yaml::save_paths(&model.graph, &a.output))?;
     model.save(&a.output)?;
     let g = &model.graph;
     println!(
@@ -932,7 +984,8 @@ fn bench(a: BenchArgs) -> Result<(), Fail> {
         return Err(usage("--iters must be at least 1"));
     }
     let mut model = load(&a.model, a.common.dtype.as_deref())?;
-    let dims = parse_dims(&a.common.dims)?;
+    check_outputs(&a.json)?;
+    let dims = parse_dims(&model.graph, &a.common.dims)?;
     let given = read_inputs(&model.graph, &a.inputs, a.common.dtype.is_some())?;
     need_plan_inputs(&model.graph, &given)?;
     let feeds = with_random_inputs(&model.graph, given.clone(), &dims, a.seed)?;
@@ -1058,7 +1111,7 @@ fn bench(a: BenchArgs) -> Result<(), Fail> {
             session.backend_name(),
             nodes.join(", ")
         );
-        write_atomic(p, |p| std::fs::write(p, &json).map_err(|e| Error::io(p, e)))?;
+        write_atomic(p, |w| w.write_all(json.as_bytes()))?;
     }
     Ok(())
 }
@@ -1155,7 +1208,7 @@ fn bench_parallel(
             "{{\"results\": [{{\"workload\": {:?}, \"dtype\": \"{dtype}\", \"mode\": \"graphrun\", \"pass\": \"train\", \"backend\": \"cuda\", \"gpus\": {}, \"batch_per_gpu\": {per_gpu}, \"ms\": {med}, \"ms_min\": {min}, \"ms_max\": {max}, \"samples_per_s\": {samples}, \"status\": \"ok\"}}]}}\n",
             model.graph.name, gpus
         );
-        write_atomic(p, |p| std::fs::write(p, &json).map_err(|e| Error::io(p, e)))?;
+        write_atomic(p, |w| w.write_all(json.as_bytes()))?;
     }
     Ok(())
 }
@@ -1230,7 +1283,7 @@ fn read_input_npy<'g>(
     if given(&name) {
         return Err(usage(format!("{flag} {name} is given twice")));
     }
-    let mut t = Tensor::read_npy(Path::new(&file))?;
+    let mut t = Tensor::read_npy_as(Path::new(&file), &format!("{flag} {name}"))?;
     if t.dtype().is_float() && info.dtype.is_float() && t.dtype() != info.dtype && cast_floats {
         t = t.cast(info.dtype);
     }
@@ -1354,6 +1407,7 @@ fn evaluate(
 
 fn train(a: TrainArgs) -> Result<(), Fail> {
     let mut model = load(&a.model, a.common.dtype.as_deref())?;
+    check_outputs(a.plot.iter().chain(&a.save))?;
     if let Some(loss) = &a.loss {
         let g = &mut model.graph;
         if !g.outputs.contains(loss) {
@@ -1392,7 +1446,7 @@ fn train(a: TrainArgs) -> Result<(), Fail> {
         }
     }
     let g = model.graph.clone();
-    let dims = parse_dims(&a.common.dims)?;
+    let dims = parse_dims(&g, &a.common.dims)?;
     let (mut sets, mut n) = read_data(&a.data, &g, "--data", a.common.dtype.as_deref())?;
     let (val, nval) = read_data(&a.val_data, &g, "--val-data", a.common.dtype.as_deref())?;
     // The batch size: --batch-size, else the model's first input dim.
@@ -1546,21 +1600,31 @@ fn train(a: TrainArgs) -> Result<(), Fail> {
         losses[0],
         losses[losses.len() - 1]
     );
+    // The plot and the checkpoint together or neither.
+    let mut out = files::Outputs::new();
+    let mut wrote = vec![];
     if let Some(p) = &a.plot {
         let svg = loss_svg(&g.name, &losses, &epoch_means);
-        write_atomic(p, |p| std::fs::write(p, &svg).map_err(|e| Error::io(p, e)))?;
-        println!("wrote {}", p.display());
+        out.stage(p, |w| w.write_all(svg.as_bytes()))?;
+        wrote.push(format!("wrote {}", p.display()));
     }
     if let Some(p) = &a.save {
         let trained = session.trained_graph()?;
-        let trained = &trained;
         let tensors: Vec<(String, &Tensor)> = trained
             .initializers
             .iter()
             .map(|i| (i.name.clone(), &i.tensor))
             .collect();
-        write_atomic(p, |tmp| Tensor::write_safetensors(&tensors, tmp))?;
-        println!("wrote {} ({} initializers)", p.display(), tensors.len());
+        out.stage(p, |w| Tensor::write_safetensors_to(&tensors, w))?;
+        wrote.push(format!(
+            "wrote {} ({} initializers)",
+            p.display(),
+            tensors.len()
+        ));
+    }
+    out.commit()?;
+    for w in wrote {
+        println!("{w}");
     }
     if interrupted {
         return Err(Fail {
