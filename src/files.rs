@@ -47,7 +47,7 @@ pub fn open(path: &Path, what: &str) -> Result<(File, Option<u64>)> {
         return Err(Error::io(path, format!("{what} is a folder, not a file")));
     }
     remember_read(path, what);
-    Ok((f, meta.is_file().then(|| meta.len())))
+    Ok((f, meta.is_file().then_some(meta.len())))
 }
 
 /// A buffer of `n` bytes reserved without aborting when memory is short, and within the

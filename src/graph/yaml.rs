@@ -1039,7 +1039,6 @@ pub fn side_file(path: &Path) -> PathBuf {
 /// Writes `g` to `path` as a self-contained model: initializers given by `init:` are
 /// written as the same spec (regenerated bit-exactly), small ones inline, the rest into
 /// `side_file(path)`. Both files are written whole or neither is.
-
 pub fn save(g: &Graph, path: &Path) -> Result<()> {
     let mut out = crate::files::Outputs::new();
     stage(g, path, &mut out)?;
