@@ -205,6 +205,11 @@ struct TrainArgs {
     /// No progress bar.
     #[arg(long, short)]
     quiet: bool,
+    /// Keep training (and save) when the loss or a parameter becomes NaN or infinite; by
+    /// default training stops there with an error naming the step (and the parameter),
+    /// and no checkpoint with such values is written.
+    #[arg(long)]
+    allow_nonfinite: bool,
 }
 
 #[derive(Args)]
@@ -418,6 +423,7 @@ fn session_options(c: &Common, dims: BTreeMap<String, usize>, training: bool) ->
         passes: pass_options(c.no_fuse, &c.disable_pass, training),
         tf32: c.dtype.as_deref() == Some("tf32"),
         device: 0,
+        allow_nonfinite: false,
     }
 }
 
@@ -1440,9 +1446,9 @@ fn train(a: TrainArgs) -> Result<(), Fail> {
         )));
     };
     if let Some(lr) = a.lr {
-        use graphrun::graph::Optimizer as O;
-        match &mut tr.optimizer {
-            O::Sgd { lr: l, .. } | O::Adam { lr: l, .. } | O::AdamW { lr: l, .. } => *l = lr,
+        *tr.optimizer.lr_mut() = lr;
+        if let Err((_, why)) = tr.optimizer.check() {
+            return Err(usage(format!("--lr: {why}")));
         }
     }
     let g = model.graph.clone();
@@ -1487,7 +1493,10 @@ fn train(a: TrainArgs) -> Result<(), Fail> {
     if total == 0 {
         return Err(usage("nothing to train: --steps or --epochs is 0"));
     }
-    let opts = session_options(&a.common, dims, true);
+    let opts = SessionOptions {
+        allow_nonfinite: a.allow_nonfinite,
+        ..session_options(&a.common, dims, true)
+    };
     let (fused, _) = optimized(&g, a.common.no_fuse, &a.common.disable_pass, true)?;
     if a.gpus > 1 && batch % a.gpus != 0 {
         return Err(usage(format!(
@@ -1548,7 +1557,7 @@ fn train(a: TrainArgs) -> Result<(), Fail> {
                 .map(|(name, t)| Ok((name.clone(), take_rows(t, chunk)?)))
                 .collect::<Result<_, Fail>>()?;
             let l = session.train_step(&feeds)?;
-            if !l.is_finite() {
+            if !l.is_finite() && !a.allow_nonfinite {
                 bar.abandon();
                 return Err(Fail {
                     code: 1,
@@ -1610,6 +1619,23 @@ fn train(a: TrainArgs) -> Result<(), Fail> {
     }
     if let Some(p) = &a.save {
         let trained = session.trained_graph()?;
+        if !a.allow_nonfinite {
+            // The step checks see every update whose loss was read; this sees the rest.
+            let bad = trained
+                .initializers
+                .iter()
+                .find(|i| i.trainable && i.tensor.to_f64_vec().iter().any(|v| !v.is_finite()));
+            if let Some(i) = bad {
+                return Err(Fail {
+                    code: 1,
+                    err: anyhow::anyhow!(
+                        "not saving {}: parameter '{}' holds NaN or infinite values (--allow-nonfinite saves it anyway)",
+                        p.display(),
+                        i.name
+                    ),
+                });
+            }
+        }
         let tensors: Vec<(String, &Tensor)> = trained
             .initializers
             .iter()

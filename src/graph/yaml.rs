@@ -248,6 +248,14 @@ impl Y {
             _ => Err(self.want(what, "a number")),
         }
     }
+    /// A finite number (NaN and infinities are refused, naming `what`).
+    fn finite(&self, what: &str) -> Result<f64> {
+        let v = self.num(what)?;
+        if !v.is_finite() {
+            return Err(self.err(format!("{what} must be a finite number, got {v}")));
+        }
+        Ok(v)
+    }
     fn seq(&self, what: &str) -> Result<&[Y]> {
         match &self.v {
             YV::Seq(s) => Ok(s),
@@ -493,7 +501,7 @@ fn parse_input(y: &Y) -> Result<InputInfo> {
             if v.len() != 2 {
                 return Err(r.err(format!("range must be [low, high], got {} values", v.len())));
             }
-            let (lo, hi) = (v[0].num("range low")?, v[1].num("range high")?);
+            let (lo, hi) = (v[0].finite("range low")?, v[1].finite("range high")?);
             // Written so that NaN bounds fail too.
             if lo.partial_cmp(&hi) != Some(std::cmp::Ordering::Less) {
                 return Err(r.err(format!(
@@ -733,7 +741,7 @@ fn parse_init_spec(y: &Y) -> Result<InitSpec> {
     }
     let num = |k: &str, default: f64| -> Result<f64> {
         f.get(k)
-            .map(|v| v.num(k))
+            .map(|v| v.finite(k))
             .transpose()
             .map(|v| v.unwrap_or(default))
     };
@@ -989,6 +997,10 @@ fn parse_training(y: &Y) -> Result<Training> {
             weight_decay: num("weight_decay", 0.01)?,
         },
     };
+    if let Err((field, msg)) = optimizer.check() {
+        let at = c.get(field).unwrap_or(cfg);
+        return Err(at.err(format!("optimizer {kind}: {msg}")));
+    }
     Ok(Training { loss, optimizer })
 }
 
