@@ -1925,7 +1925,7 @@ fn differentiating_an_integer_output_is_a_clear_error() {
     let mut s = session(&g, true, PassOptions::default()).unwrap();
     let e = s.train_step(&n.feeds).unwrap_err().to_string();
     assert!(
-        e.contains("xi") && e.contains("only floating outputs"),
+        e.contains("xi") && e.contains("must be a floating scalar"),
         "{e}"
     );
 }
