@@ -847,7 +847,23 @@ fn inspect(a: InspectArgs) -> Result<(), Fail> {
     }
     let g = &model.graph;
     if let Some(p) = &a.dot {
-        let text = graphrun::graph::dot::to_dot(g);
+        // Edge labels: symbols the user bound (--dim, --input) as numbers, the others as
+        // symbols; the backward graph was built for the bound sizes, so it shows them.
+        let fixed = if a.backward {
+            bound.clone()
+        } else {
+            let mut plain = fused.clone();
+            plain.dims.clear();
+            exec::bind_dims(&plain, &given, &dims)?
+        };
+        let types = graphrun::graph::infer::symbolic::infer_symbolic(
+            g,
+            &fixed,
+            &key.values,
+            &graphrun::backends::cpu::HOST_EVAL,
+        )
+        .unwrap_or_default();
+        let text = graphrun::graph::dot::to_dot(g, &types);
         write_atomic(p, |p| std::fs::write(p, &text).map_err(|e| Error::io(p, e)))?;
         println!("wrote {}", p.display());
     }

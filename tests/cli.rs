@@ -306,8 +306,17 @@ fn inspect_no_fuse_disable_pass_explain_fusion_and_dot_marks() {
     // Fused nodes are drawn filled, the others not.
     let dot = std::fs::read_to_string(&dot).unwrap();
     let filled: Vec<&str> = dot.lines().filter(|l| l.contains("style=filled")).collect();
-    assert_eq!(filled.len(), 4, "the four FusedMatMuls:\n{dot}");
-    assert!(filled.iter().all(|l| l.contains("FusedMatMul")), "{dot}");
+    assert_eq!(
+        filled.len(),
+        5,
+        "the four FusedMatMuls and the mean square:\n{dot}"
+    );
+    assert!(
+        filled
+            .iter()
+            .all(|l| l.contains("FusedMatMul") || l.contains("ReduceMeanSquare")),
+        "{dot}"
+    );
     assert!(
         dot.contains("Softmax")
             && !dot
