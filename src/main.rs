@@ -206,9 +206,13 @@ struct TrainArgs {
     /// Save the trained initializers.
     #[arg(long, value_name = "FILE.safetensors")]
     save: Option<PathBuf>,
-    /// Draw the loss curve as SVG.
+    /// Draw the training curves as SVG: the loss per step (raw and smoothed) and per
+    /// epoch, and with --val-data the held-out loss and accuracy per epoch.
     #[arg(long, value_name = "FILE.svg")]
     plot: Option<PathBuf>,
+    /// Draw the loss axis of --plot on a logarithmic scale.
+    #[arg(long, requires = "plot")]
+    plot_log: bool,
     /// Data-parallel training on this many GPUs (cuda backend, NCCL): each step's batch
     /// is split evenly over them and their gradients are averaged.
     #[arg(long, default_value_t = 1)]
@@ -1489,6 +1493,7 @@ fn train(a: TrainArgs) -> Result<(), Fail> {
     let t0 = std::time::Instant::now();
     let mut losses: Vec<f64> = vec![];
     let mut epoch_means: Vec<(usize, f64)> = vec![];
+    let mut held_out: Vec<(usize, f64, Option<f64>)> = vec![];
     let mut rng = graphrun::rng::Rng::new(a.seed);
     let mut step = 0;
     let mut epoch = 0;
@@ -1534,6 +1539,7 @@ fn train(a: TrainArgs) -> Result<(), Fail> {
         );
         if nval > 0 {
             let (vl, acc) = evaluate(&mut session, &val, nval, batch)?;
+            held_out.push((losses.len(), vl, acc));
             line.push_str(&format!(", held-out loss {vl:.4}"));
             if let Some(acc) = acc {
                 line.push_str(&format!(", accuracy {:.2}%", acc * 100.0));
@@ -1563,7 +1569,16 @@ fn train(a: TrainArgs) -> Result<(), Fail> {
         losses[losses.len() - 1]
     );
     if let Some(p) = &a.plot {
-        let svg = loss_svg(&g.name, &losses, &epoch_means);
+        let curves = Curves {
+            name: &g.name,
+            losses: &losses,
+            epochs: &epoch_means,
+            held_out: &held_out,
+        };
+        let svg = train_plot(&curves, a.plot_log).map_err(|m| Fail {
+            code: 1,
+            err: anyhow::anyhow!("--plot {}: {m}", p.display()),
+        })?;
         write_atomic(p, |p| std::fs::write(p, &svg).map_err(|e| Error::io(p, e)))?;
         println!("wrote {}", p.display());
     }
@@ -1683,44 +1698,272 @@ fn describe_optimizer(g: &graphrun::Graph) -> String {
     }
 }
 
-/// The loss curve as a small self-contained SVG: the loss of every step, and the mean
-/// of each epoch as dots.
-fn loss_svg(name: &str, losses: &[f64], epochs: &[(usize, f64)]) -> String {
-    let (w, h, m) = (720.0, 360.0, 48.0);
-    let lo = losses.iter().cloned().fold(f64::INFINITY, f64::min);
-    let hi = losses.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-    let span = if hi > lo { hi - lo } else { 1.0 };
-    let n = losses.len().max(2) - 1;
-    let x = |i: f64| m + (w - 2.0 * m) * i / n as f64;
-    let y = |v: f64| h - m - (h - 2.0 * m) * (v - lo) / span;
-    let pts: Vec<String> = losses
+/// What `train --plot` draws: the loss of every step, the mean of each epoch (`epochs`
+/// holds the step that ended it), and per epoch the held-out loss and accuracy when --val-data is given.
+struct Curves<'a> {
+    name: &'a str,
+    losses: &'a [f64],
+    epochs: &'a [(usize, f64)],
+    /// (steps so far, held-out loss, held-out accuracy).
+    held_out: &'a [(usize, f64, Option<f64>)],
+}
+
+const STEP_COLOR: plotters::style::RGBColor = plotters::style::RGBColor(31, 119, 180);
+const EPOCH_COLOR: plotters::style::RGBColor = plotters::style::RGBColor(214, 39, 40);
+const HELD_OUT_COLOR: plotters::style::RGBColor = plotters::style::RGBColor(44, 160, 44);
+const ACCURACY_COLOR: plotters::style::RGBColor = plotters::style::RGBColor(148, 103, 189);
+
+/// The bias-corrected exponential moving average of `xs` (as TensorBoard smooths): each
+/// point weighs the last ~`span` steps, and the first points are not pulled towards 0.
+fn ema(xs: &[f64], span: usize) -> Vec<f64> {
+    let beta = 1.0 - 1.0 / span.max(1) as f64;
+    let (mut m, mut w) = (0.0, 0.0);
+    xs.iter()
+        .map(|&x| {
+            m = beta * m + (1.0 - beta) * x;
+            w = beta * w + (1.0 - beta);
+            m / w
+        })
+        .collect()
+}
+
+/// The training curves as an SVG document (`--plot`), the loss axis logarithmic with
+/// `log` (where only positive losses can be drawn). With held-out accuracy, a second
+/// panel under the losses shows it against the same steps.
+fn train_plot(c: &Curves, log: bool) -> Result<String, String> {
+    use plotters::prelude::*;
+    let accuracy: Vec<(f64, f64)> = c
+        .held_out
+        .iter()
+        .filter_map(|&(s, _, a)| a.map(|a| (s as f64, 100.0 * a)))
+        .collect();
+    let mut svg = String::new();
+    {
+        let height = if accuracy.is_empty() { 540 } else { 760 };
+        let root = SVGBackend::with_string(&mut svg, (960, height)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| e.to_string())?;
+        let title = format!(
+            "{}: training{}",
+            c.name,
+            if log { " (loss on a log scale)" } else { "" }
+        );
+        let root = root
+            .titled(&title, ("sans-serif", 22))
+            .map_err(|e| e.to_string())?;
+        let (top, bottom) = if accuracy.is_empty() {
+            (root, None)
+        } else {
+            let (t, b) = root.split_vertically(height - 40 - 230);
+            (t, Some(b))
+        };
+        let keep = |v: &f64| v.is_finite() && (!log || *v > 0.0);
+        let all = c
+            .losses
+            .iter()
+            .chain(c.epochs.iter().map(|e| &e.1))
+            .chain(c.held_out.iter().map(|h| &h.1))
+            .copied()
+            .filter(keep);
+        let (lo, hi) = all.fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), v| {
+            (l.min(v), h.max(v))
+        });
+        if lo > hi {
+            return Err(if log {
+                "no positive loss to draw on a log scale (drop --plot-log)".into()
+            } else {
+                "no finite loss to draw".into()
+            });
+        }
+        if log {
+            let (lo, hi) = if hi > lo {
+                (lo, hi)
+            } else {
+                (lo / 2.0, hi * 2.0)
+            };
+            draw_losses(&top, c, (lo / 1.25..hi * 1.25).log_scale(), log)?;
+        } else {
+            let pad = if hi > lo { 0.05 * (hi - lo) } else { 0.5 };
+            // Losses are usually non-negative: then the axis starts at 0.
+            let floor = if lo >= 0.0 { 0.0 } else { lo - pad };
+            draw_losses(&top, c, floor..hi + pad, log)?;
+        }
+        if let Some(area) = bottom {
+            draw_accuracy(&area, c.losses.len(), accuracy)?;
+        }
+        top.present().map_err(|e| e.to_string())?;
+    }
+    Ok(svg)
+}
+
+type SvgArea<'a> =
+    plotters::drawing::DrawingArea<plotters::backend::SVGBackend<'a>, plotters::coord::Shift>;
+
+/// A tick label with at most three significant digits (a log axis's ticks are products
+/// of floats, e.g. 0.6000000000000001).
+fn tick(v: f64) -> String {
+    if v == 0.0 || !v.is_finite() {
+        return format!("{v}");
+    }
+    let decimals = (2 - v.abs().log10().floor() as i32).max(0) as usize;
+    let s = format!("{v:.decimals$}");
+    if s.contains('.') {
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        s
+    }
+}
+
+/// The x axis of both panels: steps, counted from 1 (step k's loss is drawn at x = k).
+fn step_range(steps: usize) -> std::ops::Range<f64> {
+    0f64..(steps.max(2) as f64)
+}
+
+fn draw_losses<Y>(area: &SvgArea, c: &Curves, y: Y, log: bool) -> Result<(), String>
+where
+    Y: plotters::coord::ranged1d::AsRangedCoord<Value = f64>,
+    Y::CoordDescType: plotters::coord::ranged1d::ValueFormatter<f64>,
+{
+    use plotters::prelude::*;
+    let e = |e: DrawingAreaErrorKind<_>| e.to_string();
+    let n = c.losses.len();
+    let keep = |v: f64| v.is_finite() && (!log || v > 0.0);
+    let mut chart = ChartBuilder::on(area)
+        .margin(16)
+        .x_label_area_size(48)
+        .y_label_area_size(72)
+        .build_cartesian_2d(step_range(n), y)
+        .map_err(e)?;
+    chart
+        .configure_mesh()
+        .x_desc("step")
+        .y_desc(if log { "loss (log scale)" } else { "loss" })
+        .axis_desc_style(("sans-serif", 16))
+        .label_style(("sans-serif", 13))
+        .x_label_formatter(&|v| format!("{v:.0}"))
+        .y_label_formatter(&|v| tick(*v))
+        .light_line_style(WHITE.mix(0.0))
+        .bold_line_style(BLACK.mix(0.08))
+        .draw()
+        .map_err(e)?;
+    let per_step = c
+        .losses
         .iter()
         .enumerate()
-        .map(|(i, &v)| format!("{:.1},{:.1}", x(i as f64), y(v)))
-        .collect();
-    let mut svg = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n\
-         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
-         <text x=\"{m}\" y=\"24\" font-size=\"14\">{} — training loss</text>\n\
-         <line x1=\"{m}\" y1=\"{b}\" x2=\"{r}\" y2=\"{b}\" stroke=\"black\"/>\n\
-         <line x1=\"{m}\" y1=\"{m}\" x2=\"{m}\" y2=\"{b}\" stroke=\"black\"/>\n\
-         <text x=\"{r}\" y=\"{t}\" text-anchor=\"end\">step {}</text>\n\
-         <text x=\"4\" y=\"{m}\">{hi:.4}</text>\n<text x=\"4\" y=\"{b}\">{lo:.4}</text>\n\
-         <polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"1\" points=\"{}\"/>\n",
-        name.replace('&', "&amp;").replace('<', "&lt;"),
-        losses.len(),
-        pts.join(" "),
-        b = h - m,
-        r = w - m,
-        t = h - m + 20.0,
-    );
-    for &(end, mean) in epochs {
-        svg.push_str(&format!(
-            "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"#d62728\"/>\n",
-            x(end.saturating_sub(1) as f64),
-            y(mean)
-        ));
+        .map(|(i, &v)| ((i + 1) as f64, v))
+        .filter(|p| keep(p.1));
+    let faint = STEP_COLOR.mix(0.3);
+    chart
+        .draw_series(LineSeries::new(per_step, faint))
+        .map_err(e)?
+        .label("training loss, per step")
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], faint));
+    let span = (n / 40).clamp(1, 200);
+    if n > 2 && span > 1 {
+        let smooth = ema(c.losses, span)
+            .into_iter()
+            .enumerate()
+            .map(|(i, v)| ((i + 1) as f64, v))
+            .filter(|p| keep(p.1));
+        chart
+            .draw_series(LineSeries::new(smooth, STEP_COLOR.stroke_width(2)))
+            .map_err(e)?
+            .label(format!("training loss, moving average (~{span} steps)"))
+            .legend(|(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], STEP_COLOR.stroke_width(2))
+            });
     }
-    svg.push_str("</svg>\n");
-    svg
+    // An epoch's mean is over all its steps: drawn at its middle step. Where every epoch
+    // is one step (a single batch of data) the means are the per-step curve again.
+    let epochs: Vec<(f64, f64)> = c
+        .epochs
+        .iter()
+        .filter(|_| c.epochs.len() < n)
+        .scan(0, |start, &(end, v)| {
+            let mid = (*start + 1 + end) as f64 / 2.0;
+            *start = end;
+            Some((mid, v))
+        })
+        .filter(|p| keep(p.1))
+        .collect();
+    let held: Vec<(f64, f64)> = c
+        .held_out
+        .iter()
+        .map(|&(s, v, _)| (s as f64, v))
+        .filter(|p| keep(p.1))
+        .collect();
+    for (pts, color, label) in [
+        (epochs, EPOCH_COLOR, "training loss, epoch mean"),
+        (held, HELD_OUT_COLOR, "held-out loss, after each epoch"),
+    ] {
+        if pts.is_empty() {
+            continue;
+        }
+        let dots = pts.iter().map(|&p| Circle::new(p, 4, color.filled()));
+        chart.draw_series(dots).map_err(e)?;
+        chart
+            .draw_series(LineSeries::new(pts, color.stroke_width(2)))
+            .map_err(e)?
+            .label(label)
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
+    }
+    chart
+        .configure_series_labels()
+        // Losses start high on the left and fall: the upper right is where the legend
+        // hides the least.
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK.mix(0.4))
+        .label_font(("sans-serif", 13))
+        .draw()
+        .map_err(e)?;
+    Ok(())
+}
+
+/// The held-out accuracy panel: percent after each epoch, on the loss panel's steps.
+fn draw_accuracy(area: &SvgArea, steps: usize, pts: Vec<(f64, f64)>) -> Result<(), String> {
+    use plotters::prelude::*;
+    let e = |e: DrawingAreaErrorKind<_>| e.to_string();
+    let lo = pts.iter().map(|p| p.1).fold(100.0, f64::min);
+    // From a round 10 below the worst epoch, so that late gains stay visible.
+    let floor = ((lo - 5.0) / 10.0).floor().clamp(0.0, 9.0) * 10.0;
+    let mut chart = ChartBuilder::on(area)
+        .margin(16)
+        .x_label_area_size(48)
+        .y_label_area_size(72)
+        .build_cartesian_2d(step_range(steps), floor..100f64)
+        .map_err(e)?;
+    chart
+        .configure_mesh()
+        .x_desc("step")
+        .y_desc("held-out accuracy (%)")
+        .axis_desc_style(("sans-serif", 16))
+        .label_style(("sans-serif", 13))
+        .x_label_formatter(&|v| format!("{v:.0}"))
+        .y_label_formatter(&|v| tick(*v))
+        .light_line_style(WHITE.mix(0.0))
+        .bold_line_style(BLACK.mix(0.08))
+        .draw()
+        .map_err(e)?;
+    let dots = pts
+        .iter()
+        .map(|&p| Circle::new(p, 4, ACCURACY_COLOR.filled()));
+    chart.draw_series(dots).map_err(e)?;
+    chart
+        .draw_series(LineSeries::new(pts, ACCURACY_COLOR.stroke_width(2)))
+        .map_err(e)?
+        .label("held-out accuracy, after each epoch")
+        .legend(|(x, y)| {
+            PathElement::new(vec![(x, y), (x + 20, y)], ACCURACY_COLOR.stroke_width(2))
+        });
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK.mix(0.4))
+        .label_font(("sans-serif", 13))
+        .draw()
+        .map_err(e)?;
+    Ok(())
 }

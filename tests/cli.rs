@@ -555,7 +555,13 @@ fn train_learns_saves_and_plots() {
         .collect();
     let (first, last) = (nums[nums.len() - 2], nums[nums.len() - 1]);
     assert!(last < 0.5 * first, "loss {first} -> {last}");
-    assert!(std::fs::read_to_string(&plot).unwrap().starts_with("<svg"));
+    let svg = std::fs::read_to_string(&plot).unwrap();
+    let texts = svg_texts(&svg);
+    for want in ["step", "loss", "training loss, per step"] {
+        assert!(texts.iter().any(|t| t == want), "{want:?} in {texts:?}");
+    }
+    // No held-out data: no held-out curves.
+    assert!(!texts.iter().any(|t| t.contains("held-out")), "{texts:?}");
     // The checkpoint loads back as initializers (`file:`).
     let t = graphrun::Tensor::read_safetensors(&save).unwrap();
     let names: Vec<&str> = t.iter().map(|(n, _)| n.as_str()).collect();
@@ -634,4 +640,87 @@ fn bench_fwd_is_inference_and_train_times_the_whole_step() {
         // The MSE (node `mse`) runs only in the training step.
         assert_eq!(rec.contains("\"node\": \"mse\""), pass == "train", "{rec}");
     }
+}
+
+/// Every `<text>` of an SVG document, which must parse as XML.
+fn svg_texts(svg: &str) -> Vec<String> {
+    let doc = roxmltree::Document::parse(svg).unwrap_or_else(|e| panic!("{e}: {svg}"));
+    assert_eq!(doc.root_element().tag_name().name(), "svg");
+    doc.descendants()
+        .filter(|n| n.has_tag_name("text"))
+        .map(|n| n.text().unwrap_or("").trim().to_string())
+        .collect()
+}
+
+#[test]
+fn train_plot_draws_held_out_curves_and_a_log_scale() {
+    let d = tmpdir("plot");
+    // 96 samples of an easy task: the label is 1 where the first pixel is positive.
+    let n = 96;
+    let mut rng = graphrun::rng::Rng::new(7);
+    let x: Vec<f32> = (0..n * 784)
+        .map(|_| rng.uniform_in(-1.0, 1.0) as f32)
+        .collect();
+    let y: Vec<i64> = (0..n).map(|i| (x[i * 784] > 0.0) as i64).collect();
+    let xs = d.join("x.npy");
+    let ys = d.join("y.npy");
+    graphrun::Tensor::from_vec(&[n, 784], x)
+        .unwrap()
+        .write_npy(&xs)
+        .unwrap();
+    graphrun::Tensor::from_vec(&[n], y)
+        .unwrap()
+        .write_npy(&ys)
+        .unwrap();
+    let (x, y) = (
+        format!("x={}", xs.display()),
+        format!("labels={}", ys.display()),
+    );
+    for log in [false, true] {
+        let plot = d.join(format!("p{log}.svg"));
+        let mut args = vec![
+            "train",
+            "models/mlp.yaml",
+            "--data",
+            &x,
+            "--data",
+            &y,
+            "--val-data",
+            &x,
+            "--val-data",
+            &y,
+            "--batch-size",
+            "16",
+            "--epochs",
+            "4",
+            "--quiet",
+            "--plot",
+            plot.to_str().unwrap(),
+        ];
+        if log {
+            args.push("--plot-log");
+        }
+        let o = graphrun(&args);
+        assert!(o.status.success(), "{}", text(&o).1);
+        let texts = svg_texts(&std::fs::read_to_string(&plot).unwrap());
+        for want in [
+            "step",
+            if log { "loss (log scale)" } else { "loss" },
+            "held-out accuracy (%)",
+            "training loss, per step",
+            "training loss, epoch mean",
+            "held-out loss, after each epoch",
+            "held-out accuracy, after each epoch",
+        ] {
+            assert!(texts.iter().any(|t| t == want), "{want:?} in {texts:?}");
+        }
+        // Ticks: numbers on both axes of the loss panel.
+        assert!(
+            texts.iter().filter(|t| t.parse::<f64>().is_ok()).count() >= 8,
+            "{texts:?}"
+        );
+    }
+    let o = graphrun(&["train", "models/mlp.yaml", "--plot-log"]);
+    assert_eq!(o.status.code(), Some(2), "--plot-log needs --plot");
+    let _ = std::fs::remove_dir_all(&d);
 }
