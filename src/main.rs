@@ -4,7 +4,6 @@
 use clap::{Args, Parser, Subcommand};
 use graphrun::error::Error;
 use graphrun::exec::{self, write_atomic};
-use graphrun::graph::infer::ValueType;
 use graphrun::passes;
 use graphrun::{BackendKind, DType, Model, Session, SessionOptions, Tensor};
 use std::collections::{BTreeMap, HashMap};
@@ -53,7 +52,8 @@ fn parse_size(s: &str) -> Result<usize, String> {
 enum Cmd {
     /// Run a model and print (or save) its outputs.
     Run(RunArgs),
-    /// Print the graph before and after the passes, its FLOPs and planned memory.
+    /// Summarize a model: inputs and outputs, op counts before and after the passes, FLOPs
+    /// and planned memory; --nodes lists it node by node, --dot and --emit-yaml write it.
     Inspect(InspectArgs),
     /// Report what this machine offers: CPU threads, CUDA, WebGPU adapters.
     Doctor,
@@ -88,6 +88,7 @@ struct Common {
 
 #[derive(Args)]
 struct RunArgs {
+    /// The model: a .yaml model file or an .onnx file.
     model: PathBuf,
     #[command(flatten)]
     common: Common,
@@ -103,10 +104,16 @@ struct RunArgs {
     /// Write DIR/<output>.npy for every output.
     #[arg(long, value_name = "DIR")]
     out_dir: Option<PathBuf>,
-    /// Also run the backward graph (gradients of every output).
+    /// Also run the backward graph and print (with --out-dir write) the gradient of every
+    /// floating input and trainable initializer; --loss says of which output.
     #[arg(long)]
     backward: bool,
-    /// Seed gradient for an output: NAME=FILE.npy (default all ones).
+    /// With --backward: the output to differentiate. Default: the model's training loss;
+    /// a model without a training: section differentiates the sum of every floating
+    /// output (and says which it seeded).
+    #[arg(long, value_name = "OUTPUT", requires = "backward")]
+    loss: Option<String>,
+    /// Seed gradient for a differentiated output: NAME=FILE.npy (default all ones).
     #[arg(long = "grad", value_name = "NAME=FILE.npy")]
     grads: Vec<String>,
     /// Run fused and unfused and report the largest relative difference per output.
@@ -119,22 +126,30 @@ struct RunArgs {
 
 #[derive(Args)]
 struct InspectArgs {
+    /// The model: a .yaml model file or an .onnx file.
     model: PathBuf,
+    /// Show the graph as written, without the fusion passes.
     #[arg(long)]
     no_fuse: bool,
     /// Switch one pass off by name (repeatable).
     #[arg(long = "disable-pass", value_name = "PASS")]
     disable_pass: Vec<String>,
+    /// Also build the backward graph: its op counts, what it differentiates, its planned
+    /// memory; --nodes, --dot and --emit-yaml then show it. Needs every symbolic dim bound.
     #[arg(long)]
     backward: bool,
-    /// Bind a symbolic dim: SYM=N.
+    /// List the graph node by node: name, op (and what a fused node absorbed), input and
+    /// output types.
+    #[arg(long)]
+    nodes: bool,
+    /// Bind a symbolic dim: SYM=N (repeatable). Unbound symbols are shown as symbols.
     #[arg(long = "dim", value_name = "SYM=N")]
     dims: Vec<String>,
     /// Plan for an input's value (and shape) from a .npy file: NAME=FILE.npy. Needed for
     /// inputs whose values decide shapes (a Reshape's shape, a Slice's starts, ...).
     #[arg(long = "input", value_name = "NAME=FILE.npy")]
     inputs: Vec<String>,
-    /// Write the graph (after passes) as Graphviz DOT.
+    /// Write the graph (after passes) as Graphviz DOT, value types on the edges.
     #[arg(long, value_name = "FILE.dot")]
     dot: Option<PathBuf>,
     /// Write the graph (after passes) as a self-contained YAML model.
@@ -147,18 +162,24 @@ struct InspectArgs {
 
 #[derive(Args)]
 struct BenchArgs {
+    /// The model: a .yaml model file or an .onnx file.
     model: PathBuf,
     #[command(flatten)]
     common: Common,
+    /// Timing samples taken (each of one or more steps, see the output).
     #[arg(long, default_value_t = 20)]
     iters: usize,
+    /// Untimed steps first (plans, kernel compilation, caches).
     #[arg(long, default_value_t = 3)]
     warmup: usize,
+    /// Time a training step (forward, backward, optimizer) when the model has a
+    /// training: section, else forward and backward.
     #[arg(long)]
     backward: bool,
     /// Write the results as JSON (one record per run, with the fields the PyTorch reference scripts write).
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
+    /// Seed for the random inputs.
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Feed an input from a .npy file (NAME=FILE.npy); the others get seeded random data.
@@ -173,6 +194,7 @@ struct BenchArgs {
 
 #[derive(Args)]
 struct TrainArgs {
+    /// The model: a .yaml model file or an .onnx file.
     model: PathBuf,
     #[command(flatten)]
     common: Common,
@@ -224,6 +246,7 @@ struct TrainArgs {
 
 #[derive(Args)]
 struct ConvertArgs {
+    /// The model to convert: an .onnx file (or a .yaml model, written back normalized).
     model: PathBuf,
     /// The YAML file to write; large initializers go into <stem>.safetensors beside it.
     #[arg(long, short, value_name = "FILE.yaml")]
@@ -450,11 +473,37 @@ fn run(a: RunArgs) -> Result<(), Fail> {
         }
     }
     let seeds = read_seeds(&a.grads, g)?;
+    // What --backward differentiates: --loss, else the model's training loss, else
+    // (None) the sum of every floating output.
+    let loss = match (&a.loss, &g.training) {
+        (Some(l), _) => Some((l.clone(), "chosen by --loss")),
+        (None, Some(t)) if a.backward => Some((
+            t.loss.clone(),
+            "the model's training loss (--loss OUTPUT picks another)",
+        )),
+        _ => None,
+    };
+    if let Some((l, why)) = &loss {
+        if !g.outputs.contains(l) {
+            return Err(usage(format!(
+                "--loss {l}: '{l}' is not an output of the model (its outputs: {})",
+                g.outputs.join(", ")
+            )));
+        }
+        if let Some(other) = seeds.keys().find(|o| *o != l) {
+            return Err(usage(format!(
+                "--grad {other}: the backward differentiates '{l}' ({why}), so only it takes a seed; \
+                 give --loss {other} to differentiate '{other}' instead"
+            )));
+        }
+    }
+    let grad_outputs: Vec<String> = loss.iter().map(|(l, _)| l.clone()).collect();
     // The backend is set up first, so that a missing device is the one line printed.
     let opts = session_options(&a.common, dims.clone(), false);
     let (fused, _) = optimized(g, a.common.no_fuse, &a.common.disable_pass, false)?;
     let fused = forward_only(fused, &a.common, !a.backward);
     let mut session = Session::new(fused, opts.clone())?;
+    session.set_backward_outputs(&grad_outputs)?;
     let mut feeds: HashMap<String, Tensor> = HashMap::new();
     for spec in &a.inputs {
         let (name, _, _, t) = read_input_npy(g, spec, "--input", a.common.dtype.is_some(), |n| {
@@ -503,6 +552,44 @@ fn run(a: RunArgs) -> Result<(), Fail> {
             a.seed
         );
     }
+    if a.backward {
+        let plan = session.plan_for(&feeds)?;
+        let types = &plan.types;
+        let seed_of = |o: &str| {
+            if seeds.contains_key(o) {
+                format!("'{o}' (seeded from --grad)")
+            } else {
+                format!("'{o}' (seeded with ones)")
+            }
+        };
+        let what = match &loss {
+            Some((l, why)) => {
+                if !types[l].dtype.is_float() {
+                    return Err(usage(format!(
+                        "--backward: '{l}' ({why}) is {}, not a floating value to differentiate",
+                        types[l]
+                    )));
+                }
+                format!("gradients of {}, {why}", seed_of(l))
+            }
+            None => {
+                let floats: Vec<String> = g
+                    .outputs
+                    .iter()
+                    .filter(|o| types[*o].dtype.is_float())
+                    .map(|o| seed_of(o))
+                    .collect();
+                format!(
+                    "gradients of the sum of every floating output: {} (the model has no \
+                     training loss; --loss OUTPUT differentiates one)",
+                    floats.join(", ")
+                )
+            }
+        };
+        if !a.quiet {
+            eprintln!("{what}");
+        }
+    }
     let (outs, grads) = if a.backward {
         let r = session.backward(&feeds, &seeds)?;
         (r.outputs, r.grads)
@@ -510,7 +597,8 @@ fn run(a: RunArgs) -> Result<(), Fail> {
         (session.run(&feeds)?, vec![])
     };
     if a.verify_fusion {
-        verify_fusion(g, opts, &feeds, &seeds, a.backward, &outs, &grads)?;
+        let backward = a.backward.then_some(&grad_outputs[..]);
+        verify_fusion(g, opts, &feeds, &seeds, backward, &outs, &grads)?;
     }
     // One line per output, then per gradient: dtype, shape and (unless --quiet) a summary.
     for (prefix, list) in [("", &outs), ("grad ", &grads)] {
@@ -546,19 +634,21 @@ fn run(a: RunArgs) -> Result<(), Fail> {
 }
 
 /// Runs the unfused graph on the same inputs and compares every output, and with
-/// --backward every gradient (SPEC §5).
+/// --backward (`backward`: the outputs differentiated, empty for every floating one)
+/// every gradient (SPEC §5).
 fn verify_fusion(
     g: &graphrun::Graph,
     mut opts: SessionOptions,
     feeds: &HashMap<String, Tensor>,
     seeds: &HashMap<String, Tensor>,
-    backward: bool,
+    backward: Option<&[String]>,
     fused: &[(String, Tensor)],
     fused_grads: &[(String, Tensor)],
 ) -> Result<(), Fail> {
     opts.passes = pass_options(true, &[], false);
     let mut plain = Session::new(g.clone(), opts)?;
-    let (outs, grads) = if backward {
+    plain.set_backward_outputs(backward.unwrap_or_default())?;
+    let (outs, grads) = if backward.is_some() {
         let r = plain.backward(feeds, seeds)?;
         (r.outputs, r.grads)
     } else {
@@ -721,161 +811,281 @@ fn inspect(a: InspectArgs) -> Result<(), Fail> {
         }
     }
     let g = &fused;
-    let model = Model {
-        graph: fused.clone(),
+    let quote = |v: &[String]| {
+        v.iter()
+            .map(|s| format!("'{s}'"))
+            .collect::<Vec<_>>()
+            .join(", ")
     };
-    // Plan with bound dims: the --input shapes, --dim, then the model's defaults; and for
-    // the --input values of inputs that decide shapes.
+    // Sizes: the --input shapes and --dim (the user's), then the model's dims: defaults;
+    // and the --input values of inputs that decide shapes.
     let given = read_inputs(g, &a.inputs, false)?;
-    let bound = exec::bind_dims(g, &given, &dims)?;
-    let unbound: Vec<String> = g
-        .symbols()
-        .into_iter()
-        .filter(|s| !bound.contains_key(s))
-        .collect();
-    if !unbound.is_empty() {
-        return Err(usage(format!(
-            "symbolic dim{} {} not bound: give --dim {}=N (or a default under dims:) to plan the model",
-            if unbound.len() > 1 { "s" } else { "" },
-            unbound.iter().map(|s| format!("'{s}'")).collect::<Vec<_>>().join(", "),
-            unbound[0]
-        )));
-    }
-    let shapes: HashMap<String, Vec<usize>> = g
-        .inputs
-        .iter()
-        .map(|i| Ok((i.name.clone(), exec::concrete_shape(i, &bound)?)))
-        .collect::<Result<_, Error>>()?;
     need_plan_inputs(g, &given)?;
-    let key = exec::PlanKey {
-        values: exec::plan_values(g, &graphrun::graph::infer::plan_time_inputs(g), &given)?,
-        shapes,
+    let values = exec::plan_values(g, &graphrun::graph::infer::plan_time_inputs(g), &given)?;
+    let user = {
+        let mut plain = fused.clone();
+        plain.dims.clear();
+        exec::bind_dims(&plain, &given, &dims)?
     };
-    let shapes = &key.shapes;
-    let none = std::collections::HashSet::new();
-    let plan = graphrun::Plan::for_key(g, &key, &none)?;
-    let bind: Vec<String> = bound.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    println!(
-        "plan ({}): {} steps, {}FLOP per run",
-        if bind.is_empty() {
-            "static shapes".into()
-        } else {
-            bind.join(", ")
-        },
-        plan.steps.len(),
-        fmt_count(plan.flops as f64)
-    );
-    println!(
-        "  peak activation memory {} (without buffer reuse: {}), weights {}",
-        fmt_bytes(plan.peak_bytes()),
-        fmt_bytes(plan.naive_bytes),
-        fmt_bytes(plan.weight_bytes)
-    );
-    for o in &g.outputs {
-        let t: &ValueType = &plan.types[o];
-        println!("  {o}: {t}");
-    }
-    let mut model = model;
-    if a.backward {
-        let floats: Vec<String> = g
-            .outputs
-            .iter()
-            .filter(|o| plan.types[*o].dtype.is_float())
-            .cloned()
-            .collect();
-        let opts = graphrun::passes::autodiff::BackwardOptions {
-            training: false,
-            inputs: true,
-            ..Default::default()
-        };
-        let bwd =
-            graphrun::passes::autodiff::backward_with(g, &floats, shapes, &key.values, &opts)?;
-        let (bg, _) =
-            passes::optimize(&bwd.graph, &pass_options(a.no_fuse, &a.disable_pass, false))?;
-        println!("backward graph: {} nodes: {}", bg.nodes.len(), counts(&bg));
-        let seeds: Vec<String> = bwd
-            .seeds
-            .iter()
-            .map(|(o, s)| format!("{o} by {s}"))
-            .collect();
-        println!("  seeded: {}", seeds.join(", "));
-        let grads: Vec<String> = bwd.grads.iter().map(|(w, _)| w.clone()).collect();
-        println!("  gradients of: {}", grads.join(", "));
-        // Nodes that read a float but pass no gradient back.
-        let constant: Vec<String> = g
-            .nodes
-            .iter()
-            .filter(|n| graphrun::passes::autodiff::treated_as_constant(&n.op))
-            .filter(|n| {
-                n.inputs
-                    .iter()
-                    .any(|i| plan.types.get(i).is_some_and(|t| t.dtype.is_float()))
-            })
-            .map(|n| format!("'{}' ({})", n.name, n.op.name()))
-            .collect();
-        if !constant.is_empty() {
+    let bound = exec::bind_dims(g, &given, &dims)?;
+    let symbols = g.symbols();
+    let defaulted: Vec<String> = symbols
+        .iter()
+        .filter(|s| bound.contains_key(*s) && !user.contains_key(*s))
+        .cloned()
+        .collect();
+    let unbound: Vec<String> = symbols
+        .iter()
+        .filter(|s| !bound.contains_key(*s))
+        .cloned()
+        .collect();
+    // Types with the symbols the user did not bind left as symbols.
+    let ev = &graphrun::backends::cpu::HOST_EVAL;
+    let sym = graphrun::graph::infer::symbolic::infer_symbolic(g, &user, &values, ev);
+    match &sym {
+        Ok(types) => {
             println!(
-                "  treated as constants (no gradient flows through them): {}",
-                constant.join(", ")
+                "output types{}:",
+                if symbols.iter().any(|s| !user.contains_key(s)) {
+                    " (unbound symbols as symbols)"
+                } else {
+                    ""
+                }
+            );
+            for o in &g.outputs {
+                println!("  {o}: {}", types[o]);
+            }
+        }
+        Err(e) => println!("  shapes: not shown ({e})"),
+    }
+    let mut backward_graph = None;
+    if unbound.is_empty() {
+        let shapes: HashMap<String, Vec<usize>> = g
+            .inputs
+            .iter()
+            .map(|i| Ok((i.name.clone(), exec::concrete_shape(i, &bound)?)))
+            .collect::<Result<_, Error>>()?;
+        let key = exec::PlanKey {
+            values: values.clone(),
+            shapes,
+        };
+        let none = std::collections::HashSet::new();
+        let plan = graphrun::Plan::for_key(g, &key, &none)?;
+        let bind: Vec<String> = bound
+            .iter()
+            .filter(|(k, _)| symbols.contains(k))
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        println!(
+            "plan ({}): {} steps, {}FLOP per run",
+            if bind.is_empty() {
+                "static shapes".into()
+            } else {
+                bind.join(", ")
+            },
+            plan.steps.len(),
+            fmt_count(plan.flops as f64)
+        );
+        if !defaulted.is_empty() {
+            println!(
+                "  {} from the model's dims: defaults (--dim chooses other sizes)",
+                quote(&defaulted)
             );
         }
-        let mut all = key.clone();
-        for (_, s) in &bwd.seeds {
-            let info = bg.input(s).expect("seed input");
-            all.shapes
-                .insert(s.clone(), exec::concrete_shape(info, &BTreeMap::new())?);
+        println!(
+            "  peak activation memory {} (without buffer reuse: {}), weights {}",
+            fmt_bytes(plan.peak_bytes()),
+            fmt_bytes(plan.naive_bytes),
+            fmt_bytes(plan.weight_bytes)
+        );
+        if a.backward {
+            backward_graph = Some(inspect_backward(&a, g, &key, &plan, &counts)?);
         }
-        let bplan = graphrun::Plan::for_key(&bg, &all, &none)?;
-        // The baseline: every forward value held until the backward is done.
-        let keep: std::collections::HashSet<String> = g
-            .nodes
-            .iter()
-            .flat_map(|n| n.outputs.iter().cloned())
-            .chain(g.inputs.iter().map(|i| i.name.clone()))
-            .filter(|v| bplan.types.contains_key(v))
-            .collect();
-        let kplan = graphrun::Plan::for_key(&bg, &all, &keep)?;
+    } else {
+        if a.backward {
+            return Err(usage(format!(
+                "symbolic dim{} {} not bound: the backward graph is built for sizes, so give --dim {}=N (or a default under dims:)",
+                if unbound.len() > 1 { "s" } else { "" },
+                quote(&unbound),
+                unbound[0]
+            )));
+        }
+        // No plan without sizes; what every value takes is a formula of the symbols.
+        let weights: usize = g.initializers.iter().map(|i| i.tensor.size_bytes()).sum();
+        let mut total = graphrun::graph::infer::symbolic::Polynomial::default();
+        let mut whole = true;
+        if let Ok(types) = &sym {
+            let values = g
+                .inputs
+                .iter()
+                .map(|i| &i.name)
+                .chain(g.nodes.iter().flat_map(|n| n.outputs.iter()))
+                .filter(|v| !v.is_empty());
+            for v in values {
+                match types.get(v).and_then(|t| t.bytes()) {
+                    Some(m) => total.add(&m),
+                    None => whole = false,
+                }
+            }
+        }
         println!(
-            "  plan: {} steps, {}FLOP per forward+backward",
-            bplan.steps.len(),
-            fmt_count(bplan.flops as f64)
+            "plan: not made, symbolic dim{} {} ha{} no size (give --dim {}=N to plan)",
+            if unbound.len() > 1 { "s" } else { "" },
+            quote(&unbound),
+            if unbound.len() > 1 { "ve" } else { "s" },
+            unbound[0]
         );
-        println!(
-            "  peak activation memory forward+backward {} (keeping every forward value: {}; without buffer reuse: {}), weights {}",
-            fmt_bytes(bplan.peak_bytes()),
-            fmt_bytes(kplan.peak_bytes()),
-            fmt_bytes(bplan.naive_bytes),
-            fmt_bytes(bplan.weight_bytes)
-        );
-        model = Model { graph: bg };
-    }
-    let g = &model.graph;
-    if let Some(p) = &a.dot {
-        // Edge labels: symbols the user bound (--dim, --input) as numbers, the others as
-        // symbols; the backward graph was built for the bound sizes, so it shows them.
-        let fixed = if a.backward {
-            bound.clone()
+        if sym.is_ok() && whole {
+            println!(
+                "  activation memory at most {} bytes (every value held at once; buffer reuse needs sizes), weights {}",
+                total.format(|c| c.to_string()),
+                fmt_bytes(weights)
+            );
         } else {
-            let mut plain = fused.clone();
-            plain.dims.clear();
-            exec::bind_dims(&plain, &given, &dims)?
-        };
-        let types = graphrun::graph::infer::symbolic::infer_symbolic(
-            g,
-            &fixed,
-            &key.values,
-            &graphrun::backends::cpu::HOST_EVAL,
-        )
-        .unwrap_or_default();
+            println!(
+                "  activation memory: depends on {} in a way not shown without sizes, weights {}",
+                quote(&unbound),
+                fmt_bytes(weights)
+            );
+        }
+    }
+    // What --nodes, --dot and --emit-yaml show: the backward graph with --backward (built
+    // for the bound sizes, so its types are numbers), else the forward graph.
+    let (g, types) = match &backward_graph {
+        Some(bg) => (
+            bg,
+            graphrun::graph::infer::symbolic::infer_symbolic(bg, &bound, &values, ev)
+                .unwrap_or_default(),
+        ),
+        None => (g, sym.unwrap_or_default()),
+    };
+    if a.nodes {
+        print_nodes(g, &types)?;
+    }
+    if let Some(p) = &a.dot {
         let text = graphrun::graph::dot::to_dot(g, &types);
         write_atomic(p, |p| std::fs::write(p, &text).map_err(|e| Error::io(p, e)))?;
         println!("wrote {}", p.display());
     }
     if let Some(p) = &a.emit_yaml {
-        model.save(p)?;
+        // Symbols stay symbols (and the model's defaults its defaults).
+        Model { graph: g.clone() }.save(p)?;
         println!("wrote {}", p.display());
     }
     Ok(())
+}
+
+/// `inspect --nodes`: every node in execution order with its op (and what a fused node
+/// absorbed) and the types of what it reads and writes.
+fn print_nodes(
+    g: &graphrun::Graph,
+    types: &HashMap<String, graphrun::graph::infer::symbolic::SymType>,
+) -> Result<(), Fail> {
+    let ty = |v: &str| match types.get(v) {
+        Some(t) => format!("{v}: {t}"),
+        None if v.is_empty() => "(omitted)".to_string(),
+        None => format!("{v}: ?"),
+    };
+    println!("nodes ({}, in execution order):", g.nodes.len());
+    for ni in graphrun::graph::validate::topo_order(g)? {
+        let n = &g.nodes[ni];
+        let fused = graphrun::graph::dot::absorbed(n)
+            .map(|w| format!(" ({w})"))
+            .unwrap_or_default();
+        println!("  {} {}{fused}", n.name, n.op.name());
+        let ins: Vec<String> = n.inputs.iter().map(|i| ty(i)).collect();
+        let outs: Vec<String> = n
+            .outputs
+            .iter()
+            .filter(|o| !o.is_empty())
+            .map(|o| ty(o))
+            .collect();
+        println!("    in   {}", ins.join(", "));
+        println!("    out  {}", outs.join(", "));
+    }
+    Ok(())
+}
+
+/// `inspect --backward`: builds the backward graph of `g`'s floating outputs for the
+/// plan's sizes and prints what it differentiates and its planned memory.
+fn inspect_backward(
+    a: &InspectArgs,
+    g: &graphrun::Graph,
+    key: &exec::PlanKey,
+    plan: &graphrun::Plan,
+    counts: &dyn Fn(&graphrun::Graph) -> String,
+) -> Result<graphrun::Graph, Fail> {
+    let shapes = &key.shapes;
+    let none = std::collections::HashSet::new();
+    let floats: Vec<String> = g
+        .outputs
+        .iter()
+        .filter(|o| plan.types[*o].dtype.is_float())
+        .cloned()
+        .collect();
+    let opts = graphrun::passes::autodiff::BackwardOptions {
+        training: false,
+        inputs: true,
+        ..Default::default()
+    };
+    let bwd = graphrun::passes::autodiff::backward_with(g, &floats, shapes, &key.values, &opts)?;
+    let (bg, _) = passes::optimize(&bwd.graph, &pass_options(a.no_fuse, &a.disable_pass, false))?;
+    println!("backward graph: {} nodes: {}", bg.nodes.len(), counts(&bg));
+    let seeds: Vec<String> = bwd
+        .seeds
+        .iter()
+        .map(|(o, s)| format!("{o} by {s}"))
+        .collect();
+    println!("  seeded: {}", seeds.join(", "));
+    let grads: Vec<String> = bwd.grads.iter().map(|(w, _)| w.clone()).collect();
+    println!("  gradients of: {}", grads.join(", "));
+    // Nodes that read a float but pass no gradient back.
+    let constant: Vec<String> = g
+        .nodes
+        .iter()
+        .filter(|n| graphrun::passes::autodiff::treated_as_constant(&n.op))
+        .filter(|n| {
+            n.inputs
+                .iter()
+                .any(|i| plan.types.get(i).is_some_and(|t| t.dtype.is_float()))
+        })
+        .map(|n| format!("'{}' ({})", n.name, n.op.name()))
+        .collect();
+    if !constant.is_empty() {
+        println!(
+            "  treated as constants (no gradient flows through them): {}",
+            constant.join(", ")
+        );
+    }
+    let mut all = key.clone();
+    for (_, s) in &bwd.seeds {
+        let info = bg.input(s).expect("seed input");
+        all.shapes
+            .insert(s.clone(), exec::concrete_shape(info, &BTreeMap::new())?);
+    }
+    let bplan = graphrun::Plan::for_key(&bg, &all, &none)?;
+    // The baseline: every forward value held until the backward is done.
+    let keep: std::collections::HashSet<String> = g
+        .nodes
+        .iter()
+        .flat_map(|n| n.outputs.iter().cloned())
+        .chain(g.inputs.iter().map(|i| i.name.clone()))
+        .filter(|v| bplan.types.contains_key(v))
+        .collect();
+    let kplan = graphrun::Plan::for_key(&bg, &all, &keep)?;
+    println!(
+        "  plan: {} steps, {}FLOP per forward+backward",
+        bplan.steps.len(),
+        fmt_count(bplan.flops as f64)
+    );
+    println!(
+        "  peak activation memory forward+backward {} (keeping every forward value: {}; without buffer reuse: {}), weights {}",
+        fmt_bytes(bplan.peak_bytes()),
+        fmt_bytes(kplan.peak_bytes()),
+        fmt_bytes(bplan.naive_bytes),
+        fmt_bytes(bplan.weight_bytes)
+    );
+    Ok(bg)
 }
 
 /// `convert`: the model as loaded (no passes), written in the YAML format.
@@ -890,7 +1100,7 @@ fn convert(a: ConvertArgs) -> Result<(), Fail> {
             a.output.display()
         )));
     }
-    model.save(&a.output)?;
+    let side = model.save_with_side_file(&a.output)?;
     let g = &model.graph;
     println!(
         "wrote {} ({} nodes, {} inputs, {} initializers, {} parameters)",
@@ -900,6 +1110,17 @@ fn convert(a: ConvertArgs) -> Result<(), Fail> {
         g.initializers.len(),
         g.param_count()
     );
+    if let Some((file, n)) = side {
+        let bytes = std::fs::metadata(&file)
+            .map(|m| m.len() as usize)
+            .unwrap_or(0);
+        println!(
+            "wrote {} ({n} large initializer{}, {}; the YAML reads them from it, so keep the two together)",
+            file.display(),
+            if n == 1 { "" } else { "s" },
+            fmt_bytes(bytes)
+        );
+    }
     Ok(())
 }
 
@@ -1025,7 +1246,7 @@ fn bench(a: BenchArgs) -> Result<(), Fail> {
         a.iters
     );
     println!(
-        "  median {med:.3} ms  min {min:.3} ms  max {max:.3} ms  ({group} step{} per sample)",
+        "  median {med:.3} ms  min {min:.3} ms  max {max:.3} ms  ({group} step{} per timing sample)",
         if group > 1 { "s" } else { "" }
     );
     println!(
@@ -1046,13 +1267,22 @@ fn bench(a: BenchArgs) -> Result<(), Fail> {
     let mut prof = session.take_profile();
     let total: f64 = prof.iter().map(|p| p.2).sum::<f64>().max(1e-12);
     prof.sort_by(|x, y| y.2.total_cmp(&x.2));
+    // Columns as wide as their longest entry, so that long node names do not push the
+    // numbers out of line.
+    let nw = prof
+        .iter()
+        .map(|p| p.0.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(4);
+    let ow = prof.iter().map(|p| p.1.len()).max().unwrap_or(0).max(2);
     println!(
-        "  {:<28} {:<24} {:>10} {:>7}",
+        "  {:<nw$}  {:<ow$}  {:>10}  {:>6}",
         "node", "op", "ms/iter", "share"
     );
     for (name, op, secs) in &prof {
         println!(
-            "  {:<28} {:<24} {:>10.4} {:>6.1}%",
+            "  {:<nw$}  {:<ow$}  {:>10.4}  {:>5.1}%",
             name,
             op,
             secs * 1e3 / prof_iters as f64,
@@ -1165,7 +1395,7 @@ fn bench_parallel(
         a.iters
     );
     println!(
-        "  median {med:.3} ms  min {min:.3} ms  max {max:.3} ms  ({group} step{} per sample)",
+        "  median {med:.3} ms  min {min:.3} ms  max {max:.3} ms  ({group} step{} per timing sample)",
         if group > 1 { "s" } else { "" }
     );
     println!("  {samples:.1} samples/s");

@@ -78,6 +78,9 @@ pub struct Session {
     fetch_plans: Vec<FetchPlan>,
     /// Backward graphs of every floating output (`backward`), per input shapes.
     grad_plans: Vec<BackwardPlan>,
+    /// The outputs `backward` differentiates (`set_backward_outputs`); None: every
+    /// floating output.
+    grad_outputs: Option<Vec<String>>,
     /// Backward graphs of the training loss (`train_step`), per input shapes.
     train_plans: Vec<BackwardPlan>,
     /// Optimizer steps taken.
@@ -173,6 +176,7 @@ impl Session {
             plans: PlanCache::default(),
             fetch_plans: vec![],
             grad_plans: vec![],
+            grad_outputs: None,
             train_plans: vec![],
             steps: 0,
             static_feeds: false,
@@ -410,6 +414,8 @@ impl Session {
                 );
             };
             vec![t.loss.clone()]
+        } else if let Some(chosen) = &self.grad_outputs {
+            chosen.clone()
         } else {
             let inf = crate::graph::infer::infer_graph_with(
                 &self.graph,
@@ -462,6 +468,27 @@ impl Session {
             ones,
         });
         Ok(cache.len() - 1)
+    }
+
+    /// Makes `backward` differentiate these outputs only (e.g. a loss), instead of every
+    /// floating output: the gradients are then those of their sum, and only they take
+    /// seeds. An empty list goes back to every floating output.
+    pub fn set_backward_outputs(&mut self, outputs: &[String]) -> Result<()> {
+        for o in outputs {
+            if !self.graph.outputs.contains(o) {
+                crate::bail!(
+                    Input,
+                    "'{o}' is not an output of the graph (its outputs: {})",
+                    self.graph.outputs.join(", ")
+                );
+            }
+        }
+        let chosen = (!outputs.is_empty()).then(|| outputs.to_vec());
+        if chosen != self.grad_outputs {
+            self.grad_outputs = chosen;
+            self.grad_plans.clear();
+        }
+        Ok(())
     }
 
     /// Runs forward and backward: the gradient of every floating output (seeded from

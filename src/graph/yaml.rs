@@ -1002,8 +1002,9 @@ pub fn name_nodes(g: &mut Graph) {
 
 /// Writes `g` to `path` as a self-contained model: initializers given by `init:` are
 /// written as the same spec (regenerated bit-exactly), small ones inline, the rest into
-/// `<stem>.safetensors` beside `path`. Files are written whole or not at all.
-pub fn save(g: &Graph, path: &Path) -> Result<()> {
+/// `<stem>.safetensors` beside `path`. Files are written whole or not at all. Returns
+/// that side file and how many initializers went into it, when there is one.
+pub fn save(g: &Graph, path: &Path) -> Result<Option<(PathBuf, usize)>> {
     let stem = path
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
@@ -1014,15 +1015,17 @@ pub fn save(g: &Graph, path: &Path) -> Result<()> {
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
+    let mut written = None;
     if !side.is_empty() {
         let refs: Vec<(String, &Tensor)> = side.iter().map(|(n, t)| (n.clone(), *t)).collect();
-        crate::files::write_atomic(&dir.join(&side_name), |p| {
-            Tensor::write_safetensors(&refs, p)
-        })?;
+        let side_path = dir.join(&side_name);
+        crate::files::write_atomic(&side_path, |p| Tensor::write_safetensors(&refs, p))?;
+        written = Some((side_path, side.len()));
     }
     crate::files::write_atomic(path, |p| {
         std::fs::write(p, &text).map_err(|e| Error::io(p, e))
-    })
+    })?;
+    Ok(written)
 }
 
 /// The YAML text of `g`, and the tensors that go into the side file `side_name`.
