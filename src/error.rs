@@ -21,21 +21,21 @@ impl fmt::Display for Loc {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The model file is at fault at a known place.
-    #[error("{loc}: {msg}")]
+    #[error("{loc}: {}", clip_lists(msg))]
     Model { loc: Loc, msg: String },
     /// The graph is invalid: names the node (and op) at fault.
-    #[error("{0}")]
+    #[error("{}", clip_lists(.0))]
     Graph(String),
     /// Several problems found together (e.g. every unsupported op of a model).
     #[error("{}", .0.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n"))]
     Many(Vec<Error>),
     /// Bad arguments or inputs given at run time (files, dims, feeds).
-    #[error("{0}")]
+    #[error("{}", clip_lists(.0))]
     Input(String),
     /// A failure while running (a backend or kernel error, out of memory).
-    #[error("{0}")]
+    #[error("{}", clip_lists(.0))]
     Runtime(String),
-    #[error("{path}: {msg}")]
+    #[error("{path}: {}", clip_lists(msg))]
     Io { path: String, msg: String },
 }
 
@@ -64,6 +64,34 @@ impl Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A message with every long `[a, b, c, ...]` list cut to its first values and a count,
+/// so that an error about a million-element attribute stays one readable line.
+pub fn clip_lists(msg: &str) -> std::borrow::Cow<'_, str> {
+    const KEEP: usize = 8;
+    if msg.len() < 200 {
+        return msg.into();
+    }
+    let mut out = String::with_capacity(msg.len().min(4096));
+    let mut rest = msg;
+    while let Some(open) = rest.find('[') {
+        let Some(len) = rest[open + 1..].find([']', '[']) else {
+            break;
+        };
+        let inner = &rest[open + 1..open + 1 + len];
+        out.push_str(&rest[..=open]);
+        let items = inner.split(", ").count();
+        if items > 2 * KEEP && rest.as_bytes()[open + 1 + len] == b']' {
+            let head: Vec<&str> = inner.split(", ").take(KEEP).collect();
+            out.push_str(&format!("{}, … ({items} values)", head.join(", ")));
+        } else {
+            out.push_str(inner);
+        }
+        rest = &rest[open + 1 + len..];
+    }
+    out.push_str(rest);
+    out.into()
+}
 
 /// `bail!(Graph, "...")`-style shorthand used throughout the crate.
 #[macro_export]

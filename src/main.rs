@@ -3,7 +3,8 @@
 
 use clap::{Args, Parser, Subcommand};
 use graphrun::error::Error;
-use graphrun::exec::{self, write_atomic};
+use graphrun::exec;
+use graphrun::files::{self, write_atomic};
 use graphrun::passes;
 use graphrun::{BackendKind, DType, Model, Session, SessionOptions, Tensor};
 use std::collections::{BTreeMap, HashMap};
@@ -22,30 +23,18 @@ struct Cli {
     cmd: Cmd,
     /// Refuse to allocate more than this much host memory for one tensor or one plan
     /// (e.g. 8G, 512M; default: the machine's physical memory).
-    #[arg(long, global = true, value_name = "BYTES", value_parser = parse_size)]
+    #[arg(long, global = true, value_name = "BYTES", value_parser = graphrun::tensor::parse_size)]
     max_memory: Option<usize>,
+    /// Let a model name data files outside its own folder (external data, `file:`
+    /// initializers: absolute paths, `..`, symlinks that lead elsewhere). Off by default,
+    /// so a model cannot make graphrun read files the user did not give it.
+    #[arg(long, global = true)]
+    allow_outside_files: bool,
     /// Developer switch for kernel A/B runs: KEY=VALUE sets a field of graphrun::Tuning
     /// (repeatable; dev/README.md lists the keys). Hidden: the defaults are the measured
     /// best, and users never need it.
     #[arg(long = "tune", global = true, hide = true, value_name = "KEY=VALUE")]
     tune: Vec<String>,
-}
-
-/// "8G", "512M", "64K" or plain bytes.
-fn parse_size(s: &str) -> Result<usize, String> {
-    let (num, mul) = match s.trim().chars().last().map(|c| c.to_ascii_uppercase()) {
-        Some('K') => (&s[..s.len() - 1], 1usize << 10),
-        Some('M') => (&s[..s.len() - 1], 1 << 20),
-        Some('G') => (&s[..s.len() - 1], 1 << 30),
-        Some('T') => (&s[..s.len() - 1], 1 << 40),
-        _ => (s, 1),
-    };
-    num.trim()
-        .parse::<f64>()
-        .ok()
-        .filter(|v| v.is_finite() && *v > 0.0)
-        .map(|v| (v * mul as f64).min(usize::MAX as f64) as usize)
-        .ok_or_else(|| format!("'{s}' is not a size (e.g. 8G, 512M, 1000000)"))
 }
 
 #[derive(Subcommand)]
@@ -242,6 +231,11 @@ struct TrainArgs {
     /// No progress bar.
     #[arg(long, short)]
     quiet: bool,
+    /// Keep training (and save) when the loss or a parameter becomes NaN or infinite; by
+    /// default training stops there with an error naming the step (and the parameter),
+    /// and no checkpoint with such values is written.
+    #[arg(long)]
+    allow_nonfinite: bool,
 }
 
 #[derive(Args)]
@@ -283,12 +277,25 @@ fn main() -> ExitCode {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
     let mut argv: Vec<String> = std::env::args().collect();
-    // `graphrun MODEL ...` means `graphrun run MODEL ...`.
+    // `graphrun MODEL ...` means `graphrun run MODEL ...`, global options before MODEL
+    // included (`graphrun --max-memory 1G MODEL`).
     let subcommands = [
         "run", "inspect", "doctor", "bench", "train", "convert", "help",
     ];
-    if argv.len() > 1 && !subcommands.contains(&argv[1].as_str()) && !argv[1].starts_with('-') {
-        argv.insert(1, "run".into());
+    let mut at = 1;
+    while let Some(a) = argv.get(at) {
+        match a.as_str() {
+            "--max-memory" | "--tune" => at += 2,
+            "--allow-outside-files" => at += 1,
+            a if a.starts_with("--max-memory=") || a.starts_with("--tune=") => at += 1,
+            _ => break,
+        }
+    }
+    if argv
+        .get(at)
+        .is_some_and(|a| !subcommands.contains(&a.as_str()) && !a.starts_with('-'))
+    {
+        argv.insert(at, "run".into());
     }
     let cli = match Cli::try_parse_from(&argv) {
         Ok(c) => c,
@@ -298,9 +305,18 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
-    if let Some(b) = cli.max_memory {
-        graphrun::tensor::set_max_bytes(b);
+    match (cli.max_memory, std::env::var("GRAPHRUN_MAX_BYTES")) {
+        (Some(b), _) => graphrun::tensor::set_max_bytes(b),
+        (None, Ok(v)) => match graphrun::tensor::parse_size(&v) {
+            Ok(b) => graphrun::tensor::set_max_bytes(b),
+            Err(e) => {
+                eprintln!("error: GRAPHRUN_MAX_BYTES: {e}");
+                return ExitCode::from(2);
+            }
+        },
+        (None, Err(_)) => {}
     }
+    graphrun::files::set_allow_outside(cli.allow_outside_files);
     if !cli.tune.is_empty() {
         let mut t = graphrun::tuning();
         for kv in &cli.tune {
@@ -335,10 +351,28 @@ fn parse_kv(s: &str, flag: &str) -> Result<(String, String), Fail> {
     }
 }
 
-fn parse_dims(dims: &[String]) -> Result<BTreeMap<String, usize>, Fail> {
+/// The `--dim SYM=N` flags, each naming one of `g`'s symbolic dims (a typo would
+/// otherwise be ignored and the model run at its default size).
+fn parse_dims(g: &graphrun::Graph, dims: &[String]) -> Result<BTreeMap<String, usize>, Fail> {
+    let mut symbols = g.symbols();
+    for k in g.dims.keys() {
+        if !symbols.contains(k) {
+            symbols.push(k.clone());
+        }
+    }
     let mut out = BTreeMap::new();
     for d in dims {
         let (k, v) = parse_kv(d, "--dim")?;
+        if !symbols.contains(&k) {
+            return Err(usage(if symbols.is_empty() {
+                format!("--dim {k}: the model has no symbolic dims")
+            } else {
+                format!(
+                    "--dim {k}: the model has no symbolic dim '{k}'; its symbolic dims are {}",
+                    symbols.join(", ")
+                )
+            }));
+        }
         let n: usize = v.parse().map_err(|_| {
             usage(format!(
                 "--dim {k}={v}: the size must be a non-negative integer"
@@ -416,6 +450,7 @@ fn session_options(c: &Common, dims: BTreeMap<String, usize>, training: bool) ->
         passes: pass_options(c.no_fuse, &c.disable_pass, training),
         tf32: c.dtype.as_deref() == Some("tf32"),
         device: 0,
+        allow_nonfinite: false,
     }
 }
 
@@ -431,7 +466,10 @@ fn read_seeds(specs: &[String], g: &graphrun::Graph) -> Result<HashMap<String, T
             )));
         }
         if seeds
-            .insert(name.clone(), Tensor::read_npy(Path::new(&file))?)
+            .insert(
+                name.clone(),
+                Tensor::read_npy_as(Path::new(&file), &format!("--grad {name}"))?,
+            )
             .is_some()
         {
             return Err(usage(format!("--grad {name} is given twice")));
@@ -461,7 +499,7 @@ fn run(a: RunArgs) -> Result<(), Fail> {
     }
     let model = load(&a.model, a.common.dtype.as_deref())?;
     let g = &model.graph;
-    let dims = parse_dims(&a.common.dims)?;
+    let dims = parse_dims(g, &a.common.dims)?;
     // Output file names must stay inside --out-dir.
     if a.out_dir.is_some() {
         for o in &g.outputs {
@@ -470,6 +508,15 @@ fn run(a: RunArgs) -> Result<(), Fail> {
                     "output '{o}' cannot be written as a file name under --out-dir"
                 )));
             }
+        }
+    }
+    if let Some(dir) = &a.out_dir {
+        files::check_output_dir(dir).map_err(usage)?;
+        for o in &g.outputs {
+            files::check_output_name(dir, &format!("{o}.npy")).map_err(usage)?;
+        }
+        if a.backward {
+            files::check_output_dir(&dir.join("grads")).map_err(usage)?;
         }
     }
     let seeds = read_seeds(&a.grads, g)?;
@@ -689,24 +736,24 @@ fn verify_fusion(
     }
 }
 
-/// Writes each .npy file whole or not at all; on a failure the files already written by
-/// this call are removed again.
+/// Writes every .npy file or none (folders made as needed, and removed again on failure).
 fn write_files(files: &[(PathBuf, &Tensor)]) -> Result<(), Fail> {
-    let mut written = vec![];
+    let mut out = files::Outputs::new();
     for (path, t) in files {
         if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+            out.create_dir(dir)?;
         }
-        if let Err(e) = write_atomic(path, |p| t.write_npy(p)) {
-            for w in &written {
-                let _ = std::fs::remove_file(w);
-            }
-            return Err(Fail {
-                code: 1,
-                err: e.into(),
-            });
-        }
-        written.push(path.clone());
+        out.stage(path, |w| t.write_npy_to(w))?;
+    }
+    out.commit()?;
+    Ok(())
+}
+
+/// Checks every output file a command will write before it does any work, so that a bad
+/// path is reported at once and a failed run leaves nothing behind.
+fn check_outputs<'a>(paths: impl IntoIterator<Item = &'a PathBuf>) -> Result<(), Fail> {
+    for p in paths {
+        files::check_output(p).map_err(usage)?;
     }
     Ok(())
 }
@@ -740,8 +787,14 @@ fn fmt_count(n: f64) -> String {
 
 fn inspect(a: InspectArgs) -> Result<(), Fail> {
     let model = load(&a.model, None)?;
+    let emitted: Vec<PathBuf> = a
+        .emit_yaml
+        .iter()
+        .flat_map(|p| graphrun::graph::yaml::save_paths(&model.graph, p))
+        .collect();
+    check_outputs(a.dot.iter().chain(&emitted))?;
     let g = &model.graph;
-    let dims = parse_dims(&a.dims)?;
+    let dims = parse_dims(&model.graph, &a.dims)?;
     println!("model: {} ({})", g.name, a.model.display());
     for i in &g.inputs {
         let shape: Vec<String> = i.shape.iter().map(|d| d.to_string()).collect();
@@ -962,14 +1015,18 @@ fn inspect(a: InspectArgs) -> Result<(), Fail> {
     if a.nodes {
         print_nodes(g, &types)?;
     }
+    // Every file or none. Symbols stay symbols in --emit-yaml (and the model's defaults
+    // its defaults).
+    let mut out = files::Outputs::new();
     if let Some(p) = &a.dot {
         let text = graphrun::graph::dot::to_dot(g, &types);
-        write_atomic(p, |p| std::fs::write(p, &text).map_err(|e| Error::io(p, e)))?;
-        println!("wrote {}", p.display());
+        out.stage(p, |w| w.write_all(text.as_bytes()))?;
     }
     if let Some(p) = &a.emit_yaml {
-        // Symbols stay symbols (and the model's defaults its defaults).
-        Model { graph: g.clone() }.save(p)?;
+        graphrun::graph::yaml::stage(g, p, &mut out)?;
+    }
+    out.commit()?;
+    for p in a.dot.iter().chain(&a.emit_yaml) {
         println!("wrote {}", p.display());
     }
     Ok(())
@@ -1100,6 +1157,7 @@ fn convert(a: ConvertArgs) -> Result<(), Fail> {
             a.output.display()
         )));
     }
+    check_outputs(&graphrun::graph::yaml::save_paths(&model.graph, &a.output))?;
     let side = model.save_with_side_file(&a.output)?;
     let g = &model.graph;
     println!(
@@ -1173,7 +1231,8 @@ fn bench(a: BenchArgs) -> Result<(), Fail> {
         return Err(usage("--iters must be at least 1"));
     }
     let mut model = load(&a.model, a.common.dtype.as_deref())?;
-    let dims = parse_dims(&a.common.dims)?;
+    check_outputs(&a.json)?;
+    let dims = parse_dims(&model.graph, &a.common.dims)?;
     let given = read_inputs(&model.graph, &a.inputs, a.common.dtype.is_some())?;
     need_plan_inputs(&model.graph, &given)?;
     let feeds = with_random_inputs(&model.graph, given.clone(), &dims, a.seed)?;
@@ -1308,7 +1367,7 @@ fn bench(a: BenchArgs) -> Result<(), Fail> {
             session.backend_name(),
             nodes.join(", ")
         );
-        write_atomic(p, |p| std::fs::write(p, &json).map_err(|e| Error::io(p, e)))?;
+        write_atomic(p, |w| w.write_all(json.as_bytes()))?;
     }
     Ok(())
 }
@@ -1405,7 +1464,7 @@ fn bench_parallel(
             "{{\"results\": [{{\"workload\": {:?}, \"dtype\": \"{dtype}\", \"mode\": \"graphrun\", \"pass\": \"train\", \"backend\": \"cuda\", \"gpus\": {}, \"batch_per_gpu\": {per_gpu}, \"ms\": {med}, \"ms_min\": {min}, \"ms_max\": {max}, \"samples_per_s\": {samples}, \"status\": \"ok\"}}]}}\n",
             model.graph.name, gpus
         );
-        write_atomic(p, |p| std::fs::write(p, &json).map_err(|e| Error::io(p, e)))?;
+        write_atomic(p, |w| w.write_all(json.as_bytes()))?;
     }
     Ok(())
 }
@@ -1480,7 +1539,7 @@ fn read_input_npy<'g>(
     if given(&name) {
         return Err(usage(format!("{flag} {name} is given twice")));
     }
-    let mut t = Tensor::read_npy(Path::new(&file))?;
+    let mut t = Tensor::read_npy_as(Path::new(&file), &format!("{flag} {name}"))?;
     if t.dtype().is_float() && info.dtype.is_float() && t.dtype() != info.dtype && cast_floats {
         t = t.cast(info.dtype);
     }
@@ -1604,6 +1663,7 @@ fn evaluate(
 
 fn train(a: TrainArgs) -> Result<(), Fail> {
     let mut model = load(&a.model, a.common.dtype.as_deref())?;
+    check_outputs(a.plot.iter().chain(&a.save))?;
     if let Some(loss) = &a.loss {
         let g = &mut model.graph;
         if !g.outputs.contains(loss) {
@@ -1636,13 +1696,13 @@ fn train(a: TrainArgs) -> Result<(), Fail> {
         )));
     };
     if let Some(lr) = a.lr {
-        use graphrun::graph::Optimizer as O;
-        match &mut tr.optimizer {
-            O::Sgd { lr: l, .. } | O::Adam { lr: l, .. } | O::AdamW { lr: l, .. } => *l = lr,
+        *tr.optimizer.lr_mut() = lr;
+        if let Err((_, why)) = tr.optimizer.check() {
+            return Err(usage(format!("--lr: {why}")));
         }
     }
     let g = model.graph.clone();
-    let dims = parse_dims(&a.common.dims)?;
+    let dims = parse_dims(&g, &a.common.dims)?;
     let (mut sets, mut n) = read_data(&a.data, &g, "--data", a.common.dtype.as_deref())?;
     let (val, nval) = read_data(&a.val_data, &g, "--val-data", a.common.dtype.as_deref())?;
     // The batch size: --batch-size, else the model's first input dim.
@@ -1683,7 +1743,10 @@ fn train(a: TrainArgs) -> Result<(), Fail> {
     if total == 0 {
         return Err(usage("nothing to train: --steps or --epochs is 0"));
     }
-    let opts = session_options(&a.common, dims, true);
+    let opts = SessionOptions {
+        allow_nonfinite: a.allow_nonfinite,
+        ..session_options(&a.common, dims, true)
+    };
     let (fused, _) = optimized(&g, a.common.no_fuse, &a.common.disable_pass, true)?;
     if a.gpus > 1 && batch % a.gpus != 0 {
         return Err(usage(format!(
@@ -1745,7 +1808,7 @@ fn train(a: TrainArgs) -> Result<(), Fail> {
                 .map(|(name, t)| Ok((name.clone(), take_rows(t, chunk)?)))
                 .collect::<Result<_, Fail>>()?;
             let l = session.train_step(&feeds)?;
-            if !l.is_finite() {
+            if !l.is_finite() && !a.allow_nonfinite {
                 bar.abandon();
                 return Err(Fail {
                     code: 1,
@@ -1798,6 +1861,9 @@ fn train(a: TrainArgs) -> Result<(), Fail> {
         losses[0],
         losses[losses.len() - 1]
     );
+    // The plot and the checkpoint together or neither.
+    let mut out = files::Outputs::new();
+    let mut wrote = vec![];
     if let Some(p) = &a.plot {
         let curves = Curves {
             name: &g.name,
@@ -1809,19 +1875,43 @@ fn train(a: TrainArgs) -> Result<(), Fail> {
             code: 1,
             err: anyhow::anyhow!("--plot {}: {m}", p.display()),
         })?;
-        write_atomic(p, |p| std::fs::write(p, &svg).map_err(|e| Error::io(p, e)))?;
-        println!("wrote {}", p.display());
+        out.stage(p, |w| w.write_all(svg.as_bytes()))?;
+        wrote.push(format!("wrote {}", p.display()));
     }
     if let Some(p) = &a.save {
         let trained = session.trained_graph()?;
-        let trained = &trained;
+        if !a.allow_nonfinite {
+            // The step checks see every update whose loss was read; this sees the rest.
+            let bad = trained
+                .initializers
+                .iter()
+                .find(|i| i.trainable && i.tensor.to_f64_vec().iter().any(|v| !v.is_finite()));
+            if let Some(i) = bad {
+                return Err(Fail {
+                    code: 1,
+                    err: anyhow::anyhow!(
+                        "not saving {}: parameter '{}' holds NaN or infinite values (--allow-nonfinite saves it anyway)",
+                        p.display(),
+                        i.name
+                    ),
+                });
+            }
+        }
         let tensors: Vec<(String, &Tensor)> = trained
             .initializers
             .iter()
             .map(|i| (i.name.clone(), &i.tensor))
             .collect();
-        write_atomic(p, |tmp| Tensor::write_safetensors(&tensors, tmp))?;
-        println!("wrote {} ({} initializers)", p.display(), tensors.len());
+        out.stage(p, |w| Tensor::write_safetensors_to(&tensors, w))?;
+        wrote.push(format!(
+            "wrote {} ({} initializers)",
+            p.display(),
+            tensors.len()
+        ));
+    }
+    out.commit()?;
+    for w in wrote {
+        println!("{w}");
     }
     if interrupted {
         return Err(Fail {

@@ -5,6 +5,7 @@ use crate::error::{Error, Result};
 use bytemuck::Pod;
 use half::{bf16, f16};
 use std::fmt;
+use std::io::{Read, Write};
 use std::path::Path;
 
 /// Every element type, declared once: variant, Rust type, name, other names it is read
@@ -109,6 +110,15 @@ for_each_dtype!(dtype_enum);
 impl DType {
     pub fn is_unsigned(self) -> bool {
         matches!(self, DType::U8 | DType::U16 | DType::U32 | DType::U64)
+    }
+    /// The smallest and largest value of an integer dtype (`None` for floats and bool).
+    pub fn int_range(self) -> Option<(i128, i128)> {
+        let bits = 8 * self.size() as u32;
+        match self {
+            _ if !self.is_int() => None,
+            _ if self.is_unsigned() => Some((0, (1i128 << bits) - 1)),
+            _ => Some((-(1i128 << (bits - 1)), (1i128 << (bits - 1)) - 1)),
+        }
     }
 }
 
@@ -332,7 +342,7 @@ pub fn max_bytes() -> usize {
         0 => {
             let from_env = std::env::var("GRAPHRUN_MAX_BYTES")
                 .ok()
-                .and_then(|v| v.trim().parse::<usize>().ok());
+                .and_then(|v| parse_size(&v).ok());
             let v = from_env
                 .or_else(physical_memory)
                 .unwrap_or(usize::MAX)
@@ -359,6 +369,23 @@ fn physical_memory() -> Option<usize> {
     kb.checked_mul(1024)
 }
 
+/// "8G", "512M", "64K" or plain bytes.
+pub fn parse_size(s: &str) -> Result<usize, String> {
+    let (num, mul) = match s.trim().chars().last().map(|c| c.to_ascii_uppercase()) {
+        Some('K') => (&s[..s.len() - 1], 1usize << 10),
+        Some('M') => (&s[..s.len() - 1], 1 << 20),
+        Some('G') => (&s[..s.len() - 1], 1 << 30),
+        Some('T') => (&s[..s.len() - 1], 1 << 40),
+        _ => (s, 1),
+    };
+    num.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|v| v.is_finite() && *v > 0.0)
+        .map(|v| (v * mul as f64).min(usize::MAX as f64) as usize)
+        .ok_or_else(|| format!("'{s}' is not a size (e.g. 8G, 512M, 1000000)"))
+}
+
 /// An error when a whole plan (activations and weights) is over the cap.
 pub fn check_plan_bytes(activations: usize, weights: usize) -> Result<()> {
     let cap = max_bytes();
@@ -367,18 +394,6 @@ pub fn check_plan_bytes(activations: usize, weights: usize) -> Result<()> {
             Input,
             "running this needs {} bytes ({activations} of activations, {weights} of weights), over the memory limit of {cap} bytes (set it with --max-memory or GRAPHRUN_MAX_BYTES)",
             activations.saturating_add(weights)
-        );
-    }
-    Ok(())
-}
-
-/// An error when `bytes` is over the cap.
-pub fn check_bytes(bytes: usize) -> Result<()> {
-    let cap = max_bytes();
-    if bytes > cap {
-        crate::bail!(
-            Input,
-            "a tensor of {bytes} bytes is over the memory limit of {cap} bytes (set it with --max-memory or GRAPHRUN_MAX_BYTES)"
         );
     }
     Ok(())
@@ -439,24 +454,56 @@ impl Tensor {
         t
     }
 
-    /// An untyped buffer of `bytes` bytes; an allocation failure, or a request over the
-    /// byte limit (`set_max_bytes`), is an error, not an abort.
-    pub fn try_alloc(bytes: usize) -> Result<Tensor> {
-        check_bytes(bytes)?;
+    /// A zero-filled tensor for user-sized data: a shape over the memory cap
+    /// (`set_max_bytes`) or an allocation the machine refuses is an error naming `what`
+    /// and its shape, never an abort.
+    pub fn try_zeros(dtype: DType, shape: &[usize], what: &str) -> Result<Tensor> {
+        let bytes = checked_numel(shape)
+            .and_then(|n| n.checked_mul(dtype.size()))
+            .ok_or_else(|| {
+                crate::err!(
+                    Input,
+                    "{what} of shape {} is too large (its size overflows)",
+                    fmt_shape(shape)
+                )
+            })?;
+        let cap = max_bytes();
+        if bytes > cap {
+            crate::bail!(
+                Input,
+                "{what} ({dtype} {}) needs {bytes} bytes, over the memory limit of {cap} bytes (set it with --max-memory or GRAPHRUN_MAX_BYTES)",
+                fmt_shape(shape)
+            );
+        }
         let words = bytes.div_ceil(8);
         let mut v: Vec<u64> = Vec::new();
         v.try_reserve_exact(words).map_err(|_| {
             crate::err!(
                 Runtime,
-                "out of memory: cannot allocate {bytes} bytes on the CPU"
+                "out of memory: cannot allocate {bytes} bytes for {what} ({dtype} {})",
+                fmt_shape(shape)
             )
         })?;
         v.resize(words, 0);
         Ok(Tensor {
-            dtype: DType::Bool,
-            shape: vec![words * 8],
+            dtype,
+            shape: shape.to_vec(),
             words: v,
         })
+    }
+
+    /// An untyped buffer of `bytes` bytes (a plan's buffer), allocated as `try_zeros`.
+    pub fn try_alloc(bytes: usize) -> Result<Tensor> {
+        Tensor::try_zeros(DType::U8, &[bytes], "a buffer")
+    }
+
+    /// Bool storage holds only the bytes 0 and 1: anything else read from a file is true.
+    pub fn normalize_bools(&mut self) {
+        if self.dtype == DType::Bool {
+            for b in self.bytes_mut() {
+                *b = (*b != 0) as u8;
+            }
+        }
     }
 
     /// Re-types and re-shapes in place, keeping (and growing) the allocation. Contents are
@@ -513,13 +560,9 @@ impl Tensor {
                 bytes.len()
             );
         }
-        let mut t = Tensor::zeros(dtype, shape);
+        let mut t = Tensor::try_zeros(dtype, shape, "a tensor")?;
         t.bytes_mut().copy_from_slice(bytes);
-        if dtype == DType::Bool {
-            for b in t.bytes_mut() {
-                *b = (*b != 0) as u8;
-            }
-        }
+        t.normalize_bools();
         Ok(t)
     }
 
@@ -639,64 +682,27 @@ impl Tensor {
     }
 
     // ---- files --------------------------------------------------------------------
+    //
+    // Readers check a file's header (dtype, shape) against the memory cap before reading
+    // its data, and read the data once, straight into the tensor's own buffer.
 
+    /// Reads a .npy file.
     pub fn read_npy(path: &Path) -> Result<Tensor> {
-        let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-        Tensor::from_npy_bytes(&bytes).map_err(|e| Error::io(path, e))
+        Tensor::read_npy_as(path, "the .npy file")
+    }
+
+    /// Reads a .npy file; `what` names it in errors ("input 'x'").
+    pub fn read_npy_as(path: &Path, what: &str) -> Result<Tensor> {
+        let (f, len) = crate::files::open(path, what)?;
+        read_npy_from(&mut std::io::BufReader::new(f), len, what).map_err(|e| Error::io(path, e))
     }
 
     pub fn from_npy_bytes(bytes: &[u8]) -> std::result::Result<Tensor, String> {
-        if bytes.starts_with(b"\x93NUMPY") {
-            npy_header_plain(bytes)?;
-        }
-        let npy = npyz::NpyFile::new(bytes).map_err(|e| format!("not a valid .npy file: {e}"))?;
-        if npy.order() != npyz::Order::C {
-            return Err("Fortran-order .npy arrays are not supported; save with C order".into());
-        }
-        let shape: Vec<usize> = npy.shape().iter().map(|&d| d as usize).collect();
-        if checked_numel(&shape).is_none() {
-            return Err(format!("shape {} is too large", fmt_shape(&shape)));
-        }
-        let descr = match npy.dtype() {
-            npyz::DType::Plain(ts) => ts.to_string(),
-            other => return Err(format!("unsupported .npy dtype {other:?}")),
-        };
-        fn read<T: npyz::Deserialize + Elem>(
-            npy: npyz::NpyFile<&[u8]>,
-            shape: &[usize],
-        ) -> std::result::Result<Tensor, String> {
-            let v: Vec<T> = npy
-                .into_vec()
-                .map_err(|e| format!("cannot read .npy data: {e}"))?;
-            Tensor::from_vec(shape, v).map_err(|e| e.to_string())
-        }
-        // Big-endian and other exotic layouts are rejected by name.
-        match DType::from_npy(&descr) {
-            // numpy has no bfloat16: ml_dtypes saves it as raw 2-byte void ('V2'); npyz
-            // decodes neither it nor bool into our element types, so both are read raw.
-            Some(dt @ (DType::BF16 | DType::Bool)) => {
-                let n = numel(&shape) * dt.size();
-                let data = npy_data(bytes)?;
-                if data.len() < n {
-                    return Err("truncated .npy data".into());
-                }
-                Tensor::from_bytes(dt, &shape, &data[..n]).map_err(|e| e.to_string())
-            }
-            Some(dt) => crate::with_dtypes!(dt, T => read::<T>(npy, &shape),
-                [F32 f32, F64 f64, F16 f16, I64 i64, I32 i32, I16 i16, I8 i8, U64 u64,
-                 U32 u32, U16 u16, U8 u8],
-                _ => unreachable!("bf16 and bool are read raw above")),
-            None => Err(format!(
-                "unsupported .npy dtype '{descr}'; graphrun reads {}",
-                DType::ALL
-                    .map(|d| d.npy_descr()[1..].to_string())
-                    .join(", ")
-            )),
-        }
+        read_npy_from(&mut { bytes }, Some(bytes.len() as u64), "the .npy array")
     }
 
-    /// The `.npy` encoding of this tensor. bf16, which numpy lacks, is written as 'V2'.
-    pub fn to_npy_bytes(&self) -> Vec<u8> {
+    /// The `.npy` header of this tensor. bf16, which numpy lacks, is written as 'V2'.
+    fn npy_header(&self) -> Vec<u8> {
         let descr = self.dtype.npy_descr();
         let shape = match self.shape.len() {
             0 => "()".to_string(),
@@ -716,59 +722,95 @@ impl Tensor {
         let total = 10 + header.len() + 1;
         header.push_str(&" ".repeat((64 - total % 64) % 64));
         header.push('\n');
-        let mut out = Vec::with_capacity(10 + header.len() + self.size_bytes());
+        let mut out = Vec::with_capacity(10 + header.len());
         out.extend_from_slice(b"\x93NUMPY\x01\x00");
         out.extend_from_slice(&(header.len() as u16).to_le_bytes());
         out.extend_from_slice(header.as_bytes());
+        out
+    }
+
+    /// The `.npy` encoding of this tensor.
+    pub fn to_npy_bytes(&self) -> Vec<u8> {
+        let mut out = self.npy_header();
         out.extend_from_slice(self.bytes());
         out
     }
 
+    /// Writes the `.npy` encoding to `w` without copying the data.
+    pub fn write_npy_to(&self, w: &mut dyn Write) -> std::io::Result<()> {
+        w.write_all(&self.npy_header())?;
+        w.write_all(self.bytes())
+    }
+
+    /// Writes a .npy file whole or not at all (`files::write_atomic`).
     pub fn write_npy(&self, path: &Path) -> Result<()> {
-        std::fs::write(path, self.to_npy_bytes()).map_err(|e| Error::io(path, e))
+        crate::files::write_atomic(path, |w| self.write_npy_to(w))
     }
 
     /// Reads every tensor of a safetensors file, in file order.
     pub fn read_safetensors(path: &Path) -> Result<Vec<(String, Tensor)>> {
-        let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-        Tensor::from_safetensors_bytes(&bytes).map_err(|e| Error::io(path, e))
+        let (f, len) = crate::files::open(path, "the .safetensors file")?;
+        read_safetensors_from(&mut std::io::BufReader::new(f), len, None)
+            .map_err(|e| Error::io(path, e))
+    }
+
+    /// Reads one tensor of a safetensors file, seeking past the others.
+    pub fn read_safetensors_key(path: &Path, key: &str, what: &str) -> Result<Tensor> {
+        let (f, len) = crate::files::open(path, what)?;
+        let mut all = read_safetensors_from(&mut std::io::BufReader::new(f), len, Some(key))
+            .map_err(|e| Error::io(path, e))?;
+        match all.pop() {
+            Some((_, t)) => Ok(t),
+            None => Err(Error::io(path, format!("has no tensor named '{key}'"))),
+        }
     }
 
     /// The tensors of a .safetensors file's bytes, in file order.
     pub fn from_safetensors_bytes(
         bytes: &[u8],
     ) -> std::result::Result<Vec<(String, Tensor)>, String> {
-        let st = safetensors::SafeTensors::deserialize(bytes)
-            .map_err(|e| format!("not a valid .safetensors file: {e}"))?;
-        let mut out = vec![];
-        for (name, view) in st.iter() {
-            let Some(dtype) = DType::from_safetensors(view.dtype()) else {
-                return Err(format!(
-                    "tensor '{name}' has dtype {:?}, which graphrun does not support",
-                    view.dtype()
-                ));
-            };
-            let t = Tensor::from_bytes(dtype, view.shape(), view.data())
-                .map_err(|e| format!("tensor '{name}': {e}"))?;
-            out.push((name.to_string(), t));
-        }
-        Ok(out)
+        read_safetensors_from(
+            &mut std::io::Cursor::new(bytes),
+            Some(bytes.len() as u64),
+            None,
+        )
     }
 
+    /// Writes a .safetensors file whole or not at all.
     pub fn write_safetensors(tensors: &[(String, &Tensor)], path: &Path) -> Result<()> {
-        let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
+        crate::files::write_atomic(path, |w| Tensor::write_safetensors_to(tensors, w))
+    }
+
+    /// The .safetensors encoding, written to `w` (the data is not copied). Tensors keep
+    /// the order given.
+    pub fn write_safetensors_to(
+        tensors: &[(String, &Tensor)],
+        w: &mut dyn Write,
+    ) -> std::io::Result<()> {
+        let mut offset = 0;
+        let infos = tensors
             .iter()
             .map(|(n, t)| {
-                let d = t.dtype.safetensors();
-                let v = safetensors::tensor::TensorView::new(d, t.shape.clone(), t.bytes())
-                    .map_err(|e| Error::io(path, e))?;
-                Ok((n.clone(), v))
+                let info = safetensors::tensor::TensorInfo {
+                    dtype: t.dtype.safetensors(),
+                    shape: t.shape.clone(),
+                    data_offsets: (offset, offset + t.size_bytes()),
+                };
+                offset += t.size_bytes();
+                (n.clone(), info)
             })
-            .collect::<Result<_>>()?;
-        // serialize_to_file creates files readable by their owner only; a checkpoint is
-        // an ordinary output file, so write the bytes ourselves (umask applies).
-        let bytes = safetensors::serialize(views, None).map_err(|e| Error::io(path, e))?;
-        std::fs::write(path, bytes).map_err(|e| Error::io(path, e))
+            .collect();
+        let meta =
+            safetensors::tensor::Metadata::new(None, infos).map_err(std::io::Error::other)?;
+        let mut header = serde_json::to_vec(&meta).map_err(std::io::Error::other)?;
+        // The format aligns the data to 8 bytes by padding the header with spaces.
+        header.resize(header.len().next_multiple_of(8), b' ');
+        w.write_all(&(header.len() as u64).to_le_bytes())?;
+        w.write_all(&header)?;
+        for (_, t) in tensors {
+            w.write_all(t.bytes())?;
+        }
+        Ok(())
     }
 
     /// A short human summary: first values, mean, min, max.
@@ -780,10 +822,25 @@ impl Tensor {
             return "[] (empty)".into();
         }
         let mean = v.iter().sum::<f64>() / v.len() as f64;
-        let min = v.iter().cloned().fold(f64::INFINITY, f64::min);
-        let max = v.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        // min and max of the numbers; NaNs are counted apart (f64::min would skip them
+        // silently, and an all-NaN tensor would read "min inf max -inf").
+        let nans = v.iter().filter(|x| x.is_nan()).count();
+        let (min, max) = if nans == v.len() {
+            (f64::NAN, f64::NAN)
+        } else {
+            v.iter()
+                .filter(|x| !x.is_nan())
+                .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &x| {
+                    (lo.min(x), hi.max(x))
+                })
+        };
+        let nan_note = match nans {
+            0 => String::new(),
+            n if n == v.len() => " (all NaN)".to_string(),
+            n => format!(" ({n} NaN)"),
+        };
         format!(
-            "[{}{}] mean {} min {} max {}",
+            "[{}{}] mean {} min {} max {}{nan_note}",
             first.join(", "),
             more,
             fmt_num(mean),
@@ -791,6 +848,152 @@ impl Tensor {
             fmt_num(max)
         )
     }
+}
+
+/// Largest .npy header read (numpy writes a few hundred bytes; a hostile length is refused
+/// before anything is allocated for it).
+const NPY_MAX_HEADER: usize = 1 << 20;
+
+/// Reads a .npy array from `r` (`len`: the bytes available, when known). The header is
+/// read and checked first; the data goes straight into the tensor, whose size was checked
+/// against the memory cap (`what` names it) before it was allocated.
+fn read_npy_from(
+    r: &mut dyn Read,
+    len: Option<u64>,
+    what: &str,
+) -> std::result::Result<Tensor, String> {
+    let io = |e: std::io::Error| match e.kind() {
+        std::io::ErrorKind::UnexpectedEof => "truncated .npy file".to_string(),
+        _ => e.to_string(),
+    };
+    let mut head = vec![0u8; 10];
+    r.read_exact(&mut head).map_err(io)?;
+    if !head.starts_with(b"\x93NUMPY") {
+        return Err("not a valid .npy file: it does not start with the .npy magic".into());
+    }
+    let hlen = if head[6] == 1 {
+        u16::from_le_bytes([head[8], head[9]]) as usize
+    } else {
+        let mut more = [0u8; 2];
+        r.read_exact(&mut more).map_err(io)?;
+        head.extend_from_slice(&more);
+        u32::from_le_bytes([head[8], head[9], head[10], head[11]]) as usize
+    };
+    if hlen > NPY_MAX_HEADER {
+        return Err(format!(
+            "not a valid .npy file: a header of {hlen} bytes (graphrun reads up to {NPY_MAX_HEADER})"
+        ));
+    }
+    let start = head.len();
+    head.resize(start + hlen, 0);
+    r.read_exact(&mut head[start..]).map_err(io)?;
+    npy_header_plain(&head)?;
+    let npy = npyz::NpyFile::new(&head[..]).map_err(|e| format!("not a valid .npy file: {e}"))?;
+    if npy.order() != npyz::Order::C {
+        return Err("Fortran-order .npy arrays are not supported; save with C order".into());
+    }
+    let shape: Vec<usize> = npy
+        .shape()
+        .iter()
+        .map(|&d| usize::try_from(d).unwrap_or(usize::MAX))
+        .collect();
+    let descr = match npy.dtype() {
+        npyz::DType::Plain(ts) => ts.to_string(),
+        other => return Err(format!("unsupported .npy dtype {other:?}")),
+    };
+    // Big-endian and other exotic layouts are rejected by name; what is left is stored
+    // little-endian exactly as graphrun stores it (bf16 as numpy's raw 'V2').
+    let Some(dtype) = DType::from_npy(&descr) else {
+        return Err(format!(
+            "unsupported .npy dtype '{descr}'; graphrun reads {}",
+            DType::ALL
+                .map(|d| d.npy_descr()[1..].to_string())
+                .join(", ")
+        ));
+    };
+    let mut t = Tensor::try_zeros(dtype, &shape, what).map_err(|e| e.to_string())?;
+    if let Some(len) = len {
+        if len < (head.len() + t.size_bytes()) as u64 {
+            return Err(format!(
+                "truncated .npy file: {dtype} {} needs {} bytes of data, the file holds {}",
+                fmt_shape(&shape),
+                t.size_bytes(),
+                len.saturating_sub(head.len() as u64)
+            ));
+        }
+    }
+    r.read_exact(t.bytes_mut()).map_err(io)?;
+    t.normalize_bools();
+    Ok(t)
+}
+
+/// Reads the tensors of a .safetensors file from `r` (`len`: the bytes available), all of
+/// them or only `only`. The header is checked (offsets, sizes, the memory cap for what is
+/// read) before any tensor is allocated; each tensor is read straight into its buffer.
+fn read_safetensors_from<R: Read + std::io::Seek>(
+    r: &mut R,
+    len: Option<u64>,
+    only: Option<&str>,
+) -> std::result::Result<Vec<(String, Tensor)>, String> {
+    let bad = |m: &str| format!("not a valid .safetensors file: {m}");
+    let mut n = [0u8; 8];
+    r.read_exact(&mut n).map_err(|_| bad("truncated header"))?;
+    let n = u64::from_le_bytes(n);
+    // safetensors' own limit on the header.
+    if n > 100_000_000 {
+        return Err(bad(&format!("a header of {n} bytes")));
+    }
+    let mut header = vec![0u8; n as usize];
+    r.read_exact(&mut header)
+        .map_err(|_| bad("truncated header"))?;
+    let meta: safetensors::tensor::Metadata =
+        serde_json::from_slice(&header).map_err(|e| bad(&e.to_string()))?;
+    let data_start = 8 + n;
+    if let Some(len) = len {
+        if len != data_start + meta.data_len() as u64 {
+            return Err(bad(&format!(
+                "the header describes {} bytes of data, the file holds {}",
+                meta.data_len(),
+                len.saturating_sub(data_start)
+            )));
+        }
+    }
+    let names: Vec<String> = match only {
+        Some(k) if meta.info(k).is_some() => vec![k.to_string()],
+        Some(_) => vec![],
+        None => meta.offset_keys(),
+    };
+    let total: usize = names
+        .iter()
+        .filter_map(|k| meta.info(k))
+        .map(|i| i.data_offsets.1 - i.data_offsets.0)
+        .sum();
+    let cap = max_bytes();
+    if total > cap {
+        return Err(format!(
+            "its tensors need {total} bytes, over the memory limit of {cap} bytes (set it with --max-memory or GRAPHRUN_MAX_BYTES)"
+        ));
+    }
+    let mut out = Vec::with_capacity(names.len());
+    for name in names {
+        let info = meta.info(&name).expect("listed from the header");
+        let Some(dtype) = DType::from_safetensors(info.dtype) else {
+            return Err(format!(
+                "tensor '{name}' has dtype {:?}, which graphrun does not support",
+                info.dtype
+            ));
+        };
+        let mut t = Tensor::try_zeros(dtype, &info.shape, &format!("tensor '{name}'"))
+            .map_err(|e| e.to_string())?;
+        r.seek(std::io::SeekFrom::Start(
+            data_start + info.data_offsets.0 as u64,
+        ))
+        .and_then(|_| r.read_exact(t.bytes_mut()))
+        .map_err(|e| format!("tensor '{name}': {e}"))?;
+        t.normalize_bools();
+        out.push((name, t));
+    }
+    Ok(out)
 }
 
 fn fmt_num(x: f64) -> String {
@@ -821,10 +1024,6 @@ fn npy_split(bytes: &[u8]) -> std::result::Result<(&[u8], &[u8]), String> {
         (Some(h), Some(d)) => Ok((h, d)),
         _ => Err("truncated .npy header".into()),
     }
-}
-
-fn npy_data(bytes: &[u8]) -> std::result::Result<&[u8], String> {
-    npy_split(bytes).map(|(_, d)| d)
 }
 
 /// The header of a plain array is one dict with one shape tuple. Anything nested deeper

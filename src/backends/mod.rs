@@ -106,7 +106,11 @@ pub trait Backend {
     fn sync(&mut self) -> Result<()>;
     /// One optimizer step on `param` in place (SPEC §4), `t` counting steps from 1.
     /// `state` holds `optimizer_state_len(opt)` buffers of `param`'s shape in
-    /// `stat_dtype(param dtype)`, zero before the first step.
+    /// `stat_dtype(param dtype)`, zero before the first step. `slot` numbers the update
+    /// within the step: where an updated value is NaN or infinite, the backend notes the
+    /// smallest such slot (in the update's own kernel, so the check costs no extra pass)
+    /// for `take_nonfinite`.
+    #[allow(clippy::too_many_arguments)]
     fn update(
         &mut self,
         opt: &Optimizer,
@@ -115,7 +119,11 @@ pub trait Backend {
         grad: &Self::Buffer,
         state: &mut [Self::Buffer],
         ty: &ValueType,
+        slot: u32,
     ) -> Result<()>;
+    /// The smallest `slot` of an update, since the last call, that left a value NaN or
+    /// infinite; clears the note. Waits for the queued updates.
+    fn take_nonfinite(&mut self) -> Result<Option<u32>>;
     /// Issues what `update` calls held back (a backend may gather a step's updates into
     /// fewer launches); the executor calls it after the last `update` of a step.
     fn flush_updates(&mut self) -> Result<()> {

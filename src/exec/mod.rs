@@ -129,19 +129,8 @@ pub fn concrete_shape(i: &InputInfo, dims: &BTreeMap<String, usize>) -> Result<V
 /// integers uniform in `range` (default [0, 2)), bools fair coins. Each input has its own
 /// stream, so the data of one input does not depend on the others.
 pub fn random_input(i: &InputInfo, shape: &[usize], seed: u64) -> Result<Tensor> {
-    let bytes = crate::tensor::checked_numel(shape)
-        .and_then(|n| n.checked_mul(i.dtype.size()))
-        .ok_or_else(|| {
-            crate::err!(
-                Input,
-                "input '{}' of shape {} is too large (its size overflows)",
-                i.name,
-                crate::tensor::fmt_shape(shape)
-            )
-        })?;
     let mut r = Rng::for_name(seed, &i.name);
-    let mut t = Tensor::try_alloc(bytes)?;
-    t.reset(i.dtype, shape);
+    let mut t = Tensor::try_zeros(i.dtype, shape, &format!("input '{}'", i.name))?;
     let mut draw: Box<dyn FnMut() -> f64> = match i.dtype {
         d if d.is_float() => {
             let (lo, hi) = i.range.unwrap_or((-1.0, 1.0));

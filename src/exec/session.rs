@@ -27,6 +27,9 @@ pub struct SessionOptions {
     pub tf32: bool,
     /// The CUDA device (ordinal) of a cuda session.
     pub device: usize,
+    /// Let training go on when an update leaves NaN or infinite values in a parameter
+    /// (by default `train_step` stops with an error naming it).
+    pub allow_nonfinite: bool,
 }
 
 impl Default for SessionOptions {
@@ -38,6 +41,7 @@ impl Default for SessionOptions {
             passes: PassOptions::default(),
             tf32: false,
             device: 0,
+            allow_nonfinite: false,
         }
     }
 }
@@ -85,6 +89,8 @@ pub struct Session {
     train_plans: Vec<BackwardPlan>,
     /// Optimizer steps taken.
     steps: u64,
+    /// The train plan of the last step (its update pairs name what `check_finite` finds).
+    last_train: usize,
     /// `set_static_feeds`.
     static_feeds: bool,
 }
@@ -128,6 +134,9 @@ trait Run {
     /// first worker's, and training steps average their gradients over the workers.
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     fn set_data_parallel(&mut self) -> Result<()>;
+    /// `Backend::take_nonfinite`: the index in the step's update pairs of the first
+    /// parameter an update left NaN or infinite.
+    fn take_nonfinite(&mut self) -> Result<Option<usize>>;
 }
 
 impl Session {
@@ -199,6 +208,7 @@ impl Session {
             grad_outputs: None,
             train_plans: vec![],
             steps: 0,
+            last_train: 0,
             static_feeds: false,
         }
     }
@@ -268,8 +278,10 @@ impl Session {
         &self,
         feeds: &HashMap<String, Tensor>,
     ) -> Result<HashMap<String, Vec<usize>>> {
+        let names: std::collections::HashSet<&str> =
+            self.graph.inputs.iter().map(|i| i.name.as_str()).collect();
         for name in feeds.keys() {
-            if self.graph.input(name).is_none() {
+            if !names.contains(name.as_str()) {
                 let known: Vec<&str> = self.graph.inputs.iter().map(|i| i.name.as_str()).collect();
                 crate::bail!(
                     Input,
@@ -433,6 +445,27 @@ impl Session {
                     "the model has no training: section (loss and optimizer)"
                 );
             };
+            if let Err((_, why)) = t.optimizer.check() {
+                crate::bail!(Input, "training optimizer: {why}");
+            }
+            // The loss must be one number: training on a tensor would silently seed every
+            // element with one and minimise their sum.
+            let inf = crate::graph::infer::infer_graph_with(
+                &self.graph,
+                &key.shapes,
+                &key.values,
+                &crate::backends::cpu::HOST_EVAL,
+            )?;
+            let ty = &inf.types[&t.loss];
+            if ty.numel() != 1 || !ty.dtype.is_float() {
+                crate::bail!(
+                    Input,
+                    "training loss '{}' must be a floating scalar; it is {} {}",
+                    t.loss,
+                    ty.dtype,
+                    crate::tensor::fmt_shape(&ty.shape)
+                );
+            }
             vec![t.loss.clone()]
         } else if let Some(chosen) = &self.grad_outputs {
             chosen.clone()
@@ -596,6 +629,7 @@ impl Session {
             all.insert(seed, &e.ones[seed]);
         }
         self.steps += 1;
+        self.last_train = i;
         self.exec.set_step(self.steps);
         let fetch = if self.static_feeds {
             vec![]
@@ -610,6 +644,12 @@ impl Session {
         let loss = self
             .exec
             .run(&e.bwd.graph, &e.plan, &all, &fetch, Some(update))?;
+        // With the loss fetched the step is finished, and reading the update kernels'
+        // non-finite note costs no extra wait; with static feeds (timed loops) it is read
+        // by `check_finite`.
+        if !fetch.is_empty() {
+            self.check_finite()?;
+        }
         let Some(loss) = loss.first() else {
             return Ok(f64::NAN);
         };
@@ -629,6 +669,29 @@ impl Session {
             }
         }
         Ok(&self.graph)
+    }
+
+    /// An error naming the first parameter and the step when an optimizer update since
+    /// the last check left a NaN or an infinity in a parameter (`train_step` checks
+    /// after every step whose loss it fetches).
+    pub fn check_finite(&mut self) -> Result<()> {
+        let Some(i) = self.exec.take_nonfinite()? else {
+            return Ok(());
+        };
+        if self.opts.allow_nonfinite {
+            return Ok(());
+        }
+        let name = self
+            .train_plans
+            .get(self.last_train)
+            .and_then(|e| e.bwd.grads.get(i))
+            .map_or("?", |(w, _)| w.as_str());
+        crate::bail!(
+            Runtime,
+            "training step {}: the update left NaN or infinite values in parameter '{name}' \
+             (a NaN or infinity in its gradient: check the data and the learning rate)",
+            self.steps
+        )
     }
 
     /// Optimizer steps taken so far.
@@ -935,7 +998,7 @@ impl<B: Backend> Executor<B> {
         };
         self.backend.comm_wait()?;
         let mut queued = || -> Result<()> {
-            for (w, gname) in u.pairs {
+            for (slot, (w, gname)) in u.pairs.iter().enumerate() {
                 let Some(&k) = self.weight_names.get(w) else {
                     crate::bail!(Runtime, "trained initializer '{w}' is not on the backend");
                 };
@@ -948,7 +1011,7 @@ impl<B: Backend> Executor<B> {
                 let state = self.opt_state.get_mut(w).expect("made by ensure_opt_state");
                 let param = &mut self.weights[k];
                 self.backend
-                    .update(u.opt, u.t, param, grad, state, &ty)
+                    .update(u.opt, u.t, param, grad, state, &ty, slot as u32)
                     .map_err(|e| match e {
                         Error::Runtime(m) => {
                             Error::Runtime(format!("optimizer step of '{w}': {m}"))
@@ -1095,6 +1158,9 @@ impl<B: Backend> Run for Executor<B> {
             out.push(t);
         }
         Ok(out)
+    }
+    fn take_nonfinite(&mut self) -> Result<Option<usize>> {
+        Ok(self.backend.take_nonfinite()?.map(|s| s as usize))
     }
     fn weight(&mut self, name: &str) -> Result<Option<Tensor>> {
         let Some(&k) = self.weight_names.get(name) else {

@@ -146,6 +146,65 @@ pub enum Optimizer {
     },
 }
 
+impl Optimizer {
+    /// The hyper-parameters checked as PyTorch's optimizers check them: `Err((field,
+    /// why))` for the first bad one. Every way of setting them (the model file, `--lr`,
+    /// the library) goes through here.
+    pub fn check(&self) -> std::result::Result<(), (&'static str, String)> {
+        let bad =
+            |f: &'static str, v: f64, want: &str| Err((f, format!("{f} must be {want}, got {v}")));
+        let (lr, wd) = match *self {
+            Optimizer::Sgd {
+                lr, weight_decay, ..
+            }
+            | Optimizer::Adam {
+                lr, weight_decay, ..
+            }
+            | Optimizer::AdamW {
+                lr, weight_decay, ..
+            } => (lr, weight_decay),
+        };
+        if !(lr.is_finite() && lr > 0.0) {
+            return bad("lr", lr, "a finite number > 0");
+        }
+        if !(wd.is_finite() && wd >= 0.0) {
+            return bad("weight_decay", wd, "a finite number >= 0");
+        }
+        match *self {
+            Optimizer::Sgd { momentum, .. } => {
+                if !(momentum.is_finite() && momentum >= 0.0) {
+                    return bad("momentum", momentum, "a finite number >= 0");
+                }
+            }
+            Optimizer::Adam {
+                beta1, beta2, eps, ..
+            }
+            | Optimizer::AdamW {
+                beta1, beta2, eps, ..
+            } => {
+                for (f, b) in [("beta1", beta1), ("beta2", beta2)] {
+                    if !(0.0..1.0).contains(&b) {
+                        return bad(f, b, "in [0, 1)");
+                    }
+                }
+                if !(eps.is_finite() && eps > 0.0) {
+                    return bad("eps", eps, "a finite number > 0");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The learning rate.
+    pub fn lr_mut(&mut self) -> &mut f64 {
+        match self {
+            Optimizer::Sgd { lr, .. }
+            | Optimizer::Adam { lr, .. }
+            | Optimizer::AdamW { lr, .. } => lr,
+        }
+    }
+}
+
 /// The scalars of one optimizer step (SPEC §4, PyTorch's rules), computed once here so
 /// that every backend's update reads the same numbers.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -248,6 +248,14 @@ impl Y {
             _ => Err(self.want(what, "a number")),
         }
     }
+    /// A finite number (NaN and infinities are refused, naming `what`).
+    fn finite(&self, what: &str) -> Result<f64> {
+        let v = self.num(what)?;
+        if !v.is_finite() {
+            return Err(self.err(format!("{what} must be a finite number, got {v}")));
+        }
+        Ok(v)
+    }
     fn seq(&self, what: &str) -> Result<&[Y]> {
         match &self.v {
             YV::Seq(s) => Ok(s),
@@ -309,7 +317,7 @@ impl<'a> Fields<'a> {
 /// Loads and validates a model file; `ev` evaluates shape arithmetic while the shapes are
 /// checked (see `validate::validate`).
 pub fn load(path: &Path, ev: &dyn HostEval) -> Result<Graph> {
-    let text = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let text = crate::files::read_bytes(path, "the model")?;
     let text =
         String::from_utf8(text).map_err(|_| Error::io(path, "the model file is not UTF-8 text"))?;
     let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
@@ -327,6 +335,8 @@ pub fn load_str(text: &str, file: &str, base: &Path, ev: &dyn HostEval) -> Resul
 }
 
 fn parse_model(text: &str, file: &str, base: &Path) -> Result<Graph> {
+    // Editors on Windows start UTF-8 files with a byte-order mark; YAML allows it.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let root = parse_tree(text, file)?;
     let top = root.map(
         "the model",
@@ -458,14 +468,15 @@ fn is_ident(s: &str) -> bool {
         && c.all(|ch| ch.is_alphanumeric() || ch == '_')
 }
 
-fn fixed_shape(y: &Y) -> Result<Vec<usize>> {
+/// A shape of numbers; `what` names its owner in errors.
+fn fixed_shape(y: &Y, what: &str) -> Result<Vec<usize>> {
     let dims = parse_shape(y)?;
     let shape: Vec<usize> = dims
         .iter()
         .map(|d| match d {
             Dim::Fixed(n) => Ok(*n),
             Dim::Sym(s) => Err(y.err(format!(
-                "initializer shapes must be numbers, got symbol '{s}'"
+                "{what}: the shape must be numbers, got symbol '{s}'"
             ))),
         })
         .collect::<Result<_>>()?;
@@ -474,7 +485,7 @@ fn fixed_shape(y: &Y) -> Result<Vec<usize>> {
         .is_none()
     {
         return Err(y.err(format!(
-            "shape {} is too large (its size overflows)",
+            "{what}: shape {} is too large (its size overflows)",
             fmt_shape(&shape)
         )));
     }
@@ -490,7 +501,7 @@ fn parse_input(y: &Y) -> Result<InputInfo> {
             if v.len() != 2 {
                 return Err(r.err(format!("range must be [low, high], got {} values", v.len())));
             }
-            let (lo, hi) = (v[0].num("range low")?, v[1].num("range high")?);
+            let (lo, hi) = (v[0].finite("range low")?, v[1].finite("range high")?);
             // Written so that NaN bounds fail too.
             if lo.partial_cmp(&hi) != Some(std::cmp::Ordering::Less) {
                 return Err(r.err(format!(
@@ -534,17 +545,26 @@ fn parse_initializer(y: &Y, base: &Path) -> Result<Initializer> {
         )));
     }
     let dtype = f.get("dtype").map(parse_dtype).transpose()?;
-    let shape = f.get("shape").map(fixed_shape).transpose()?;
+    let shape = f
+        .get("shape")
+        .map(|y| fixed_shape(y, &format!("initializer '{name}'")))
+        .transpose()?;
     if f.get("key").is_some() && f.get("file").is_none() {
         return Err(f.req("key")?.err("'key' only goes with 'file'"));
     }
     let (tensor, source) = if let Some(file) = f.get("file") {
         let rel = PathBuf::from(file.str("file")?);
-        let path = if rel.is_absolute() {
-            rel.clone()
-        } else {
-            base.join(&rel)
-        };
+        if !matches!(
+            rel.extension().and_then(|e| e.to_str()),
+            Some("npy" | "safetensors")
+        ) {
+            return Err(file.err(format!(
+                "initializer '{name}': {}: initializer files must be .npy or .safetensors",
+                rel.display()
+            )));
+        }
+        let path = crate::files::resolve_inside(base, &rel)
+            .map_err(|e| file.err(format!("initializer '{name}': {e}")))?;
         let key = f
             .get("key")
             .map(|k| k.str("key").map(str::to_string))
@@ -637,16 +657,13 @@ fn read_tensor_file(path: &Path, key: Option<&str>, name: &str) -> Result<Tensor
             if key.is_some() {
                 crate::bail!(Input, "'key' is only for .safetensors files");
             }
-            Tensor::read_npy(path)
+            Tensor::read_npy_as(path, &format!("initializer '{name}'"))
         }
-        "safetensors" => {
-            let all = Tensor::read_safetensors(path)?;
-            let key = key.unwrap_or(name);
-            match all.into_iter().find(|(k, _)| k == key) {
-                Some((_, t)) => Ok(t),
-                None => Err(Error::io(path, format!("has no tensor named '{key}'"))),
-            }
-        }
+        "safetensors" => Tensor::read_safetensors_key(
+            path,
+            key.unwrap_or(name),
+            &format!("initializer '{name}'"),
+        ),
         _ => Err(Error::io(
             path,
             "initializer files must be .npy or .safetensors",
@@ -661,12 +678,26 @@ fn parse_values(y: &Y, dtype: DType) -> Result<Vec<f64>> {
     };
     items
         .into_iter()
-        .map(|v| match (&v.v, dtype) {
-            (YV::Bool(b), DType::Bool) => Ok(*b as u8 as f64),
-            (YV::Int(i), d) if d.is_int() || d == DType::Bool => Ok(*i as f64),
-            (YV::Int(i), _) => Ok(*i as f64),
-            (YV::Float(x), d) if d.is_float() => Ok(*x),
-            _ => Err(v.err(format!("a value of dtype {dtype} cannot be {}", v.kind()))),
+        .map(|v| {
+            let in_range = |x: f64, shown: String| match dtype.int_range() {
+                Some((lo, hi)) if !(x >= lo as f64 && x <= hi as f64) => {
+                    Err(v.err(format!("{shown} is out of the {dtype} range [{lo}, {hi}]")))
+                }
+                _ => Ok(x),
+            };
+            match (&v.v, dtype) {
+                (YV::Bool(b), DType::Bool) => Ok(*b as u8 as f64),
+                (YV::Int(i), _) => in_range(*i as f64, i.to_string()),
+                (YV::Float(x), d) if d.is_float() => Ok(*x),
+                (YV::Float(x), d) if d.is_int() && x.fract() == 0.0 => {
+                    in_range(*x, format!("{x:e}"))
+                }
+                (YV::Float(x), d) if d.is_int() && x.is_finite() => Err(v.err(format!(
+                    "a value of dtype {dtype} must be an integer, got {x}"
+                ))),
+                (YV::Float(x), d) if d.is_int() => in_range(*x, format!("{x:e}")),
+                _ => Err(v.err(format!("a value of dtype {dtype} cannot be {}", v.kind()))),
+            }
         })
         .collect()
 }
@@ -710,7 +741,7 @@ fn parse_init_spec(y: &Y) -> Result<InitSpec> {
     }
     let num = |k: &str, default: f64| -> Result<f64> {
         f.get(k)
-            .map(|v| v.num(k))
+            .map(|v| v.finite(k))
             .transpose()
             .map(|v| v.unwrap_or(default))
     };
@@ -762,17 +793,7 @@ fn fans(shape: &[usize]) -> (f64, f64) {
 /// allocated first (within the byte limit, see `tensor::set_max_bytes`), so an absurd
 /// shape is an error, not an abort.
 pub fn generate(spec: &InitSpec, dtype: DType, shape: &[usize]) -> Result<Tensor> {
-    let bytes = crate::tensor::checked_numel(shape)
-        .and_then(|n| n.checked_mul(dtype.size()))
-        .ok_or_else(|| {
-            crate::err!(
-                Input,
-                "shape {} is too large (its size overflows)",
-                fmt_shape(shape)
-            )
-        })?;
-    let mut t = Tensor::try_alloc(bytes)?;
-    t.reset(dtype, shape);
+    let mut t = Tensor::try_zeros(dtype, shape, "the initializer")?;
     let mut r = Rng::new(match spec {
         InitSpec::Dist { seed, .. } => *seed,
         _ => 0,
@@ -903,7 +924,7 @@ fn parse_attr(y: &Y, name: &str) -> Result<AttrValue> {
                 &["dtype", "shape", "values"],
             )?;
             let dtype = parse_dtype(f.req("dtype")?)?;
-            let shape = fixed_shape(f.req("shape")?)?;
+            let shape = fixed_shape(f.req("shape")?, &format!("tensor attribute '{name}'"))?;
             let vy = f.req("values")?;
             let vals = parse_values(vy, dtype)?;
             if vals.len() != crate::tensor::numel(&shape) {
@@ -976,6 +997,10 @@ fn parse_training(y: &Y) -> Result<Training> {
             weight_decay: num("weight_decay", 0.01)?,
         },
     };
+    if let Err((field, msg)) = optimizer.check() {
+        let at = c.get(field).unwrap_or(cfg);
+        return Err(at.err(format!("optimizer {kind}: {msg}")));
+    }
     Ok(Training { loss, optimizer })
 }
 
@@ -1000,31 +1025,60 @@ pub fn name_nodes(g: &mut Graph) {
 
 // ---- writing a model back -----------------------------------------------------------
 
-/// Writes `g` to `path` as a self-contained model: initializers given by `init:` are
-/// written as the same spec (regenerated bit-exactly), small ones inline, the rest into
-/// `<stem>.safetensors` beside `path`. Files are written whole or not at all. Returns
-/// that side file and how many initializers went into it, when there is one.
-pub fn save(g: &Graph, path: &Path) -> Result<Option<(PathBuf, usize)>> {
+/// Whether `save` writes `init` into the side file (rather than as a spec or values).
+fn in_side_file(init: &Initializer) -> bool {
+    !matches!(init.source, InitSource::Init(_)) && init.tensor.numel() > 64
+}
+
+/// The files `save(g, path)` writes: `path`, and the side file when `g` needs one.
+pub fn save_paths(g: &Graph, path: &Path) -> Vec<PathBuf> {
+    let mut v = vec![path.to_path_buf()];
+    if g.initializers.iter().any(in_side_file) {
+        v.push(side_file(path));
+    }
+    v
+}
+
+/// The file `save` puts large initializers in: `<stem>.safetensors` beside `path`.
+pub fn side_file(path: &Path) -> PathBuf {
     let stem = path
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| "model".into());
-    let side_name = format!("{stem}.safetensors");
+    path.with_file_name(format!("{stem}.safetensors"))
+}
+
+/// Writes `g` to `path` as a self-contained model: initializers given by `init:` are
+/// written as the same spec (regenerated bit-exactly), small ones inline, the rest into
+/// `side_file(path)`. Both files are written whole or neither is. Returns that side file
+/// and how many initializers went into it, when there is one.
+pub fn save(g: &Graph, path: &Path) -> Result<Option<(PathBuf, usize)>> {
+    let mut out = crate::files::Outputs::new();
+    let side = stage(g, path, &mut out)?;
+    out.commit()?;
+    Ok(side)
+}
+
+/// `save`'s files, staged in `out` (written when `out` is committed); returns the side
+/// file and its initializer count, when there is one.
+pub fn stage(
+    g: &Graph,
+    path: &Path,
+    out: &mut crate::files::Outputs,
+) -> Result<Option<(PathBuf, usize)>> {
+    let side_path = side_file(path);
+    let side_name = side_path
+        .file_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let (text, side) = emit(g, &side_name);
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
     let mut written = None;
     if !side.is_empty() {
         let refs: Vec<(String, &Tensor)> = side.iter().map(|(n, t)| (n.clone(), *t)).collect();
-        let side_path = dir.join(&side_name);
-        crate::files::write_atomic(&side_path, |p| Tensor::write_safetensors(&refs, p))?;
+        out.stage(&side_path, |w| Tensor::write_safetensors_to(&refs, w))?;
         written = Some((side_path, side.len()));
     }
-    crate::files::write_atomic(path, |p| {
-        std::fs::write(p, &text).map_err(|e| Error::io(p, e))
-    })?;
+    out.stage(path, |w| w.write_all(text.as_bytes()))?;
     Ok(written)
 }
 
@@ -1081,7 +1135,7 @@ pub fn emit<'g>(g: &'g Graph, side_name: &str) -> (String, Vec<(String, &'g Tens
                 line.push_str(&head);
                 line.push_str(&format!(", init: {}", emit_spec(spec)));
             }
-            _ if t.numel() <= 64 => {
+            _ if !in_side_file(init) => {
                 line.push_str(&head);
                 line.push_str(&format!(", values: {}", emit_values(t)));
             }

@@ -36,7 +36,7 @@ pub fn is_onnx_path(path: &Path) -> bool {
 
 /// Loads and validates an .onnx model; external data files are read from its folder.
 pub fn load(path: &Path) -> Result<Graph> {
-    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let bytes = crate::files::read_bytes(path, "the model")?;
     let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
     let stem = path
         .file_stem()
@@ -63,7 +63,7 @@ pub fn from_bytes(bytes: &[u8], stem: &str, base: &Path) -> Result<Graph> {
 /// Reads a file holding one serialized TensorProto (ONNX's test data `input_0.pb`); returns
 /// its name (possibly empty) and value.
 pub fn read_tensor(path: &Path) -> Result<(String, Tensor)> {
-    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let bytes = crate::files::read_bytes(path, "a TensorProto")?;
     let t = proto::TensorProto::decode(bytes.as_slice())
         .map_err(|e| Error::io(path, format!("not a serialized ONNX TensorProto: {e}")))?;
     let base = path.parent().unwrap_or(Path::new("."));

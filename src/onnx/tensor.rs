@@ -7,7 +7,7 @@ use crate::error::{Error, Result};
 use crate::tensor::{checked_numel, fmt_shape, DType, Tensor};
 use half::{bf16, f16};
 use std::io::{Read, Seek, SeekFrom};
-use std::path::{Component, Path};
+use std::path::Path;
 
 pub use crate::tensor::onnx_dtype_name;
 
@@ -36,8 +36,7 @@ pub fn from_proto(t: &TensorProto, base: &Path, what: &str) -> Result<Tensor> {
         .filter(|n| n.checked_mul(dtype.size()).is_some())
         .ok_or_else(|| err(format!("dims {:?} overflow the address space", t.dims)))?;
     if t.data_location == DATA_LOCATION_EXTERNAL {
-        let bytes = read_external(t, base, n * dtype.size()).map_err(err)?;
-        return Tensor::from_bytes(dtype, &shape, &bytes).map_err(|e| err(e.to_string()));
+        return read_external(t, base, dtype, &shape, what).map_err(err);
     }
     if !t.raw_data.is_empty() || n == 0 {
         return Tensor::from_bytes(dtype, &shape, &t.raw_data).map_err(|e| err(e.to_string()));
@@ -107,9 +106,16 @@ pub fn from_proto(t: &TensorProto, base: &Path, what: &str) -> Result<Tensor> {
     .map_err(|e| err(e.to_string()))
 }
 
-/// Reads `bytes` bytes of external data. The file must lie inside `base` (the model's
-/// folder), as the ONNX checker requires: an absolute path or `..` is refused.
-fn read_external(t: &TensorProto, base: &Path, bytes: usize) -> Result<Vec<u8>, String> {
+/// Reads external data straight into the tensor `t` becomes. The file must resolve
+/// (symlinks followed) inside `base`, the model's folder, as the ONNX checker requires;
+/// the tensor's size was checked against the memory cap before it was allocated.
+fn read_external(
+    t: &TensorProto,
+    base: &Path,
+    dtype: DType,
+    shape: &[usize],
+    what: &str,
+) -> Result<Tensor, String> {
     let entry = |k: &str| {
         t.external_data
             .iter()
@@ -127,16 +133,11 @@ fn read_external(t: &TensorProto, base: &Path, bytes: usize) -> Result<Vec<u8>, 
     let Some(location) = entry("location") else {
         return Err("external data without a 'location'".into());
     };
-    let rel = Path::new(location);
-    if rel
-        .components()
-        .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
-    {
-        return Err(format!(
-            "external data location '{location}' must be a relative path inside the model's folder"
-        ));
-    }
+    let path = crate::files::resolve_inside(base, Path::new(location))
+        .map_err(|e| format!("external data location: {e}"))?;
     let offset = number("offset")?.unwrap_or(0);
+    let mut out = Tensor::try_zeros(dtype, shape, what).map_err(|e| e.to_string())?;
+    let bytes = out.size_bytes();
     if let Some(len) = number("length")? {
         if len != bytes as u64 {
             return Err(format!(
@@ -144,12 +145,8 @@ fn read_external(t: &TensorProto, base: &Path, bytes: usize) -> Result<Vec<u8>, 
             ));
         }
     }
-    let path = base.join(rel);
-    let mut f = std::fs::File::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let size = f
-        .metadata()
-        .map_err(|e| format!("{}: {e}", path.display()))?
-        .len();
+    let (mut f, size) = crate::files::open(&path, what).map_err(|e| e.to_string())?;
+    let size = size.unwrap_or(0);
     if offset
         .checked_add(bytes as u64)
         .is_none_or(|end| end > size)
@@ -159,9 +156,9 @@ fn read_external(t: &TensorProto, base: &Path, bytes: usize) -> Result<Vec<u8>, 
             path.display()
         ));
     }
-    let mut buf = vec![0u8; bytes];
     f.seek(SeekFrom::Start(offset))
-        .and_then(|_| f.read_exact(&mut buf))
+        .and_then(|_| f.read_exact(out.bytes_mut()))
         .map_err(|e| format!("{}: {e}", path.display()))?;
-    Ok(buf)
+    out.normalize_bools();
+    Ok(out)
 }

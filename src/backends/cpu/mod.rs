@@ -23,6 +23,8 @@ pub use matmul::gemm_f32_gflops;
 pub struct Cpu {
     /// The training step (see `Backend::set_step`); 0 is inference.
     pub step: u64,
+    /// `Backend::take_nonfinite`'s note.
+    nonfinite: Option<u32>,
 }
 
 impl Backend for Cpu {
@@ -96,8 +98,15 @@ impl Backend for Cpu {
         grad: &Tensor,
         state: &mut [Tensor],
         _ty: &ValueType,
+        slot: u32,
     ) -> Result<()> {
-        optim::update(opt, t, param, grad, state)
+        if !optim::update(opt, t, param, grad, state)? {
+            self.nonfinite = Some(self.nonfinite.map_or(slot, |s| s.min(slot)));
+        }
+        Ok(())
+    }
+    fn take_nonfinite(&mut self) -> Result<Option<u32>> {
+        Ok(self.nonfinite.take())
     }
     fn set_step(&mut self, step: u64) {
         self.step = step;

@@ -9,13 +9,14 @@ use crate::tensor::{Float, Real, Tensor};
 use num_traits::Float as _;
 use rayon::prelude::*;
 
+/// Updates `param` in place; false when a new value is NaN or infinite.
 pub fn update(
     opt: &Optimizer,
     t: u64,
     param: &mut Tensor,
     grad: &Tensor,
     state: &mut [Tensor],
-) -> Result<()> {
+) -> Result<bool> {
     if grad.dtype() != param.dtype() || grad.shape() != param.shape() {
         crate::bail!(
             Runtime,
@@ -26,14 +27,21 @@ pub fn update(
             crate::tensor::fmt_shape(param.shape())
         );
     }
-    crate::with_float!(param.dtype(), T => { step::<T>(opt, t, param, grad, state); Ok(()) },
+    crate::with_float!(param.dtype(), T => Ok(step::<T>(opt, t, param, grad, state)),
         _ => Err(crate::err!(Runtime, "cannot train a {} parameter", param.dtype())))
 }
 
 /// Elements per parallel task.
 const CHUNK: usize = 1 << 14;
 
-fn step<T: Float>(opt: &Optimizer, t: u64, param: &mut Tensor, grad: &Tensor, state: &mut [Tensor])
+/// The update; false when a new value (as stored, in T) is not finite.
+fn step<T: Float>(
+    opt: &Optimizer,
+    t: u64,
+    param: &mut Tensor,
+    grad: &Tensor,
+    state: &mut [Tensor],
+) -> bool
 where
     T::Acc: crate::tensor::Elem,
 {
@@ -48,6 +56,8 @@ where
         } => {
             let (lr, mu, wd) = (c(lr), c(momentum), c(weight_decay));
             let mut buf = state.first_mut().map(|b| b.as_mut_slice::<T::Acc>());
+            // Each returns whether the new value is finite (folded per chunk with &, not
+            // a short-circuiting `all`, so every element is updated).
             let one = |p: &mut T, g: T, b: Option<&mut T::Acc>| {
                 let pv = p.to_acc();
                 let mut d = g.to_acc() + wd * pv;
@@ -56,25 +66,32 @@ where
                     d = *b;
                 }
                 *p = T::from_acc(pv - lr * d);
+                p.to_acc().is_finite()
             };
             match buf.as_mut() {
                 Some(b) => p
                     .par_chunks_mut(CHUNK)
                     .zip(g.par_chunks(CHUNK))
                     .zip(b.par_chunks_mut(CHUNK))
-                    .for_each(|((p, g), b)| {
+                    .map(|((p, g), b)| {
+                        let mut ok = true;
                         for ((p, g), b) in p.iter_mut().zip(g).zip(b) {
-                            one(p, *g, Some(b));
+                            ok &= one(p, *g, Some(b));
                         }
-                    }),
+                        ok
+                    })
+                    .reduce(|| true, |a, b| a & b),
                 None => p
                     .par_chunks_mut(CHUNK)
                     .zip(g.par_chunks(CHUNK))
-                    .for_each(|(p, g)| {
+                    .map(|(p, g)| {
+                        let mut ok = true;
                         for (p, g) in p.iter_mut().zip(g) {
-                            one(p, *g, None);
+                            ok &= one(p, *g, None);
                         }
-                    }),
+                        ok
+                    })
+                    .reduce(|| true, |a, b| a & b),
             }
         }
         StepScalars::Adam {
@@ -98,7 +115,8 @@ where
             p.par_chunks_mut(CHUNK)
                 .zip(g.par_chunks(CHUNK))
                 .zip(m.par_chunks_mut(CHUNK).zip(v.par_chunks_mut(CHUNK)))
-                .for_each(|((p, g), (m, v))| {
+                .map(|((p, g), (m, v))| {
+                    let mut ok = true;
                     for (((p, g), m), v) in p.iter_mut().zip(g).zip(m).zip(v) {
                         let mut pv = p.to_acc();
                         let mut gv = g.to_acc();
@@ -111,8 +129,11 @@ where
                         *v = b2 * *v + (one - b2) * gv * gv;
                         pv = pv - step_size * *m / ((*v).sqrt() / sq_bc2 + eps);
                         *p = T::from_acc(pv);
+                        ok &= p.to_acc().is_finite();
                     }
-                });
+                    ok
+                })
+                .reduce(|| true, |a, b| a & b)
         }
     }
 }

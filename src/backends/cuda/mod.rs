@@ -45,6 +45,9 @@ pub struct Cuda {
     comm: Option<Collectives>,
     /// SGD updates held back to go out together at `flush_updates` (optim.rs).
     sgd: optim::Pending,
+    /// The optimizer kernels' non-finite note: the smallest slot whose update left a NaN
+    /// or an infinity, u32::MAX for none (`Backend::take_nonfinite`).
+    nonfinite: CudaSlice<u32>,
 }
 
 /// A worker's NCCL communicator and the side stream its gradient averages run on, so
@@ -100,6 +103,9 @@ impl Cuda {
             .map_err(|e| crate::err!(Runtime, "cannot create a CUDA stream: {e:?}"))?;
         let blas = matmul::Blas::new(&stream, tf32)?;
         let steps = steps::Steps::new(&stream)?;
+        let nonfinite = stream
+            .clone_htod(&[u32::MAX])
+            .map_err(|e| crate::err!(Runtime, "CUDA allocation failed: {e:?}"))?;
         Ok(Cuda {
             dev,
             stream,
@@ -108,7 +114,12 @@ impl Cuda {
             steps,
             comm: None,
             sgd: Default::default(),
+            nonfinite,
         })
+    }
+
+    fn nonfinite_ptr(&self) -> u64 {
+        self.addr(&self.nonfinite)
     }
 
     /// Makes this backend a data-parallel worker: `all_reduce` and `broadcast` run on
@@ -383,11 +394,23 @@ impl Backend for Cuda {
         grad: &CudaSlice<u8>,
         state: &mut [CudaSlice<u8>],
         ty: &ValueType,
+        slot: u32,
     ) -> Result<()> {
         let s = &self.stream;
         let state: Vec<u64> = state.iter().map(|b| device::ptr(b, s)).collect();
         let (p, g) = (device::ptr(param, s), device::ptr(grad, s));
-        optim::update(self, opt, t, p, g, &state, ty)
+        optim::update(self, opt, t, p, g, &state, ty, slot)
+    }
+    fn take_nonfinite(&mut self) -> Result<Option<u32>> {
+        let err = |e| crate::err!(Runtime, "CUDA copy failed: {e:?}");
+        let v = self.stream.clone_dtoh(&self.nonfinite).map_err(err)?;
+        if v[0] == u32::MAX {
+            return Ok(None);
+        }
+        self.stream
+            .memcpy_htod(&[u32::MAX], &mut self.nonfinite)
+            .map_err(err)?;
+        Ok(Some(v[0]))
     }
     fn flush_updates(&mut self) -> Result<()> {
         optim::flush(self)

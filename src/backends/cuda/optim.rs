@@ -17,6 +17,7 @@ pub struct SgdTensors {
     g: [u64; SGD_MAX],
     buf: [u64; SGD_MAX],
     end: [i64; SGD_MAX],
+    slot: [u32; SGD_MAX],
     count: i32,
 }
 // Safety: plain old data laid out as the C struct.
@@ -26,7 +27,7 @@ unsafe impl cudarc::driver::DeviceRepr for SgdTensors {}
 /// out as one `sgd_multi` launch per `SGD_MAX` parameters (as PyTorch's foreach SGD):
 /// (dtype, lr, momentum, weight decay) → (param, grad, momentum buffer, elements).
 #[derive(Default)]
-pub struct Pending(Vec<(SgdKey, [u64; 3], i64)>);
+pub struct Pending(Vec<(SgdKey, [u64; 3], i64, u32)>);
 type SgdKey = (DType, [u64; 3]);
 
 pub fn flush(c: &mut Cuda) -> Result<()> {
@@ -42,18 +43,20 @@ pub fn flush(c: &mut Cuda) -> Result<()> {
                 g: [0; SGD_MAX],
                 buf: [0; SGD_MAX],
                 end: [0; SGD_MAX],
+                slot: [0; SGD_MAX],
                 count: chunk.len() as i32,
             };
             let mut total = 0i64;
-            for (k, (_, [p, g, b], n)) in chunk.iter().enumerate() {
+            for (k, (_, [p, g, b], n, slot)) in chunk.iter().enumerate() {
                 total += n;
-                (t.p[k], t.g[k], t.buf[k], t.end[k]) = (*p, *g, *b, total);
+                (t.p[k], t.g[k], t.buf[k], t.end[k], t.slot[k]) = (*p, *g, *b, total, *slot);
             }
             let args = [
                 Arg::Sgd(Box::new(t)),
                 Arg::F64(f64::from_bits(lr)),
                 Arg::F64(f64::from_bits(mu)),
                 Arg::F64(f64::from_bits(wd)),
+                Arg::Ptr(c.nonfinite_ptr()),
             ];
             c.launch_n(&format!("sgd_multi_{}", suffix(dt)), total as usize, &args)?;
         }
@@ -61,6 +64,7 @@ pub fn flush(c: &mut Cuda) -> Result<()> {
     Ok(())
 }
 
+#[allow(clippy::too_many_arguments)]
 pub fn update(
     c: &mut Cuda,
     opt: &Optimizer,
@@ -69,6 +73,7 @@ pub fn update(
     grad: u64,
     state: &[u64],
     ty: &ValueType,
+    slot: u32,
 ) -> Result<()> {
     if !ty.dtype.is_float() {
         crate::bail!(Runtime, "cannot train a {} parameter", ty.dtype);
@@ -84,7 +89,7 @@ pub fn update(
             let buf = state.first().copied().unwrap_or(0);
             if n > 0 {
                 let key = (ty.dtype, [lr, momentum, weight_decay].map(f64::to_bits));
-                c.sgd.0.push((key, [param, grad, buf], n as i64));
+                c.sgd.0.push((key, [param, grad, buf], n as i64, slot));
             }
             Ok(())
         }
@@ -124,6 +129,8 @@ pub fn update(
                 Arg::F64(weight_decay),
                 Arg::F64(decay),
                 Arg::I32(decoupled as i32),
+                Arg::Ptr(c.nonfinite_ptr()),
+                Arg::I32(slot as i32),
             ];
             c.launch_n(&format!("adam_{sfx}"), n, &args)
         }

@@ -43,6 +43,9 @@ pub struct Wgpu {
     /// still uses it lives on until that work is done.
     pool: std::cell::RefCell<Vec<wgpu::Buffer>>,
     next: std::cell::Cell<usize>,
+    /// The optimizer kernel's non-finite note (shaders/optimizer.wgsl `BAD`): u32::MAX
+    /// for none.
+    nonfinite: wgpu::Buffer,
 }
 
 /// One operand as the kernels see it.
@@ -191,12 +194,16 @@ impl Params {
 
 impl Wgpu {
     pub fn new() -> Result<Wgpu> {
+        let mut rec = Recorder::new(device::gpu()?);
+        let nonfinite = rec.buffer(4);
+        rec.write(&nonfinite, &u32::MAX.to_le_bytes())?;
         Ok(Wgpu {
-            rec: Recorder::new(device::gpu()?),
+            rec,
             consts: HashMap::new(),
             step: 0,
             pool: Default::default(),
             next: Default::default(),
+            nonfinite,
         })
     }
 
@@ -290,9 +297,19 @@ impl Backend for Wgpu {
         grad: &wgpu::Buffer,
         state: &mut [wgpu::Buffer],
         ty: &ValueType,
+        slot: u32,
     ) -> Result<()> {
         self.next.set(0);
-        optim::update(self, opt, t, param, grad, state, ty)
+        optim::update(self, opt, t, param, grad, state, ty, slot)
+    }
+    fn take_nonfinite(&mut self) -> Result<Option<u32>> {
+        let v = self.rec.read(&self.nonfinite, 4)?;
+        let slot = u32::from_le_bytes([v[0], v[1], v[2], v[3]]);
+        if slot == u32::MAX {
+            return Ok(None);
+        }
+        self.rec.write(&self.nonfinite, &u32::MAX.to_le_bytes())?;
+        Ok(Some(slot))
     }
     fn set_step(&mut self, step: u64) {
         self.step = step;

@@ -7,6 +7,7 @@ use crate::error::Result;
 use crate::graph::infer::ValueType;
 use crate::graph::{Node, Op, Optimizer, StepScalars};
 
+#[allow(clippy::too_many_arguments)]
 pub fn update(
     w: &mut Wgpu,
     opt: &Optimizer,
@@ -15,6 +16,7 @@ pub fn update(
     grad: &wgpu::Buffer,
     state: &mut [wgpu::Buffer],
     ty: &ValueType,
+    slot: u32,
 ) -> Result<()> {
     // Errors name the optimizer step as a node would be named.
     let node = Node {
@@ -32,7 +34,7 @@ pub fn update(
         )
     })?;
     let n = ty.numel();
-    let mut p = Params::new().u(0, n);
+    let mut p = Params::new().u(0, n).u(10, slot as usize);
     match opt.step_scalars(t) {
         StepScalars::Sgd {
             lr,
@@ -75,7 +77,13 @@ pub fn update(
     w.run_kernel(
         &k,
         &p,
-        &[(1, &*param), (2, grad), (3, st0), (4, st1)],
+        &[
+            (1, &*param),
+            (2, grad),
+            (3, st0),
+            (4, st1),
+            (5, &w.nonfinite.clone()),
+        ],
         groups_for(n, 256),
     )
 }
