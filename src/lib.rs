@@ -78,6 +78,14 @@ impl Model {
     }
     /// Writes the model back as YAML (self-contained; see `graph::yaml::save`).
     pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
+        graph::yaml::save(&self.graph, path.as_ref()).map(|_| ())
+    }
+    /// `save`, returning the `.safetensors` file written beside the YAML for the large
+    /// initializers and how many it holds (None when every initializer fit inline).
+    pub fn save_with_side_file(
+        &self,
+        path: impl AsRef<Path>,
+    ) -> Result<Option<(std::path::PathBuf, usize)>> {
         graph::yaml::save(&self.graph, path.as_ref())
     }
     /// Seeded random data for every graph input; symbolic dims from `dims`, else the

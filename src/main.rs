@@ -5,7 +5,6 @@ use clap::{Args, Parser, Subcommand};
 use graphrun::error::Error;
 use graphrun::exec;
 use graphrun::files::{self, write_atomic};
-use graphrun::graph::infer::ValueType;
 use graphrun::passes;
 use graphrun::{BackendKind, DType, Model, Session, SessionOptions, Tensor};
 use std::collections::{BTreeMap, HashMap};
@@ -42,7 +41,8 @@ struct Cli {
 enum Cmd {
     /// Run a model and print (or save) its outputs.
     Run(RunArgs),
-    /// Print the graph before and after the passes, its FLOPs and planned memory.
+    /// Summarize a model: inputs and outputs, op counts before and after the passes, FLOPs
+    /// and planned memory; --nodes lists it node by node, --dot and --emit-yaml write it.
     Inspect(InspectArgs),
     /// Report what this machine offers: CPU threads, CUDA, WebGPU adapters.
     Doctor,
@@ -77,6 +77,7 @@ struct Common {
 
 #[derive(Args)]
 struct RunArgs {
+    /// The model: a .yaml model file or an .onnx file.
     model: PathBuf,
     #[command(flatten)]
     common: Common,
@@ -92,10 +93,16 @@ struct RunArgs {
     /// Write DIR/<output>.npy for every output.
     #[arg(long, value_name = "DIR")]
     out_dir: Option<PathBuf>,
-    /// Also run the backward graph (gradients of every output).
+    /// Also run the backward graph and print (with --out-dir write) the gradient of every
+    /// floating input and trainable initializer; --loss says of which output.
     #[arg(long)]
     backward: bool,
-    /// Seed gradient for an output: NAME=FILE.npy (default all ones).
+    /// With --backward: the output to differentiate. Default: the model's training loss;
+    /// a model without a training: section differentiates the sum of every floating
+    /// output (and says which it seeded).
+    #[arg(long, value_name = "OUTPUT", requires = "backward")]
+    loss: Option<String>,
+    /// Seed gradient for a differentiated output: NAME=FILE.npy (default all ones).
     #[arg(long = "grad", value_name = "NAME=FILE.npy")]
     grads: Vec<String>,
     /// Run fused and unfused and report the largest relative difference per output.
@@ -108,22 +115,30 @@ struct RunArgs {
 
 #[derive(Args)]
 struct InspectArgs {
+    /// The model: a .yaml model file or an .onnx file.
     model: PathBuf,
+    /// Show the graph as written, without the fusion passes.
     #[arg(long)]
     no_fuse: bool,
     /// Switch one pass off by name (repeatable).
     #[arg(long = "disable-pass", value_name = "PASS")]
     disable_pass: Vec<String>,
+    /// Also build the backward graph: its op counts, what it differentiates, its planned
+    /// memory; --nodes, --dot and --emit-yaml then show it. Needs every symbolic dim bound.
     #[arg(long)]
     backward: bool,
-    /// Bind a symbolic dim: SYM=N.
+    /// List the graph node by node: name, op (and what a fused node absorbed), input and
+    /// output types.
+    #[arg(long)]
+    nodes: bool,
+    /// Bind a symbolic dim: SYM=N (repeatable). Unbound symbols are shown as symbols.
     #[arg(long = "dim", value_name = "SYM=N")]
     dims: Vec<String>,
     /// Plan for an input's value (and shape) from a .npy file: NAME=FILE.npy. Needed for
     /// inputs whose values decide shapes (a Reshape's shape, a Slice's starts, ...).
     #[arg(long = "input", value_name = "NAME=FILE.npy")]
     inputs: Vec<String>,
-    /// Write the graph (after passes) as Graphviz DOT.
+    /// Write the graph (after passes) as Graphviz DOT, value types on the edges.
     #[arg(long, value_name = "FILE.dot")]
     dot: Option<PathBuf>,
     /// Write the graph (after passes) as a self-contained YAML model.
@@ -136,18 +151,24 @@ struct InspectArgs {
 
 #[derive(Args)]
 struct BenchArgs {
+    /// The model: a .yaml model file or an .onnx file.
     model: PathBuf,
     #[command(flatten)]
     common: Common,
+    /// Timing samples taken (each of one or more steps, see the output).
     #[arg(long, default_value_t = 20)]
     iters: usize,
+    /// Untimed steps first (plans, kernel compilation, caches).
     #[arg(long, default_value_t = 3)]
     warmup: usize,
+    /// Time a training step (forward, backward, optimizer) when the model has a
+    /// training: section, else forward and backward.
     #[arg(long)]
     backward: bool,
     /// Write the results as JSON (one record per run, with the fields the PyTorch reference scripts write).
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
+    /// Seed for the random inputs.
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Feed an input from a .npy file (NAME=FILE.npy); the others get seeded random data.
@@ -162,6 +183,7 @@ struct BenchArgs {
 
 #[derive(Args)]
 struct TrainArgs {
+    /// The model: a .yaml model file or an .onnx file.
     model: PathBuf,
     #[command(flatten)]
     common: Common,
@@ -195,9 +217,13 @@ struct TrainArgs {
     /// Save the trained initializers.
     #[arg(long, value_name = "FILE.safetensors")]
     save: Option<PathBuf>,
-    /// Draw the loss curve as SVG.
+    /// Draw the training curves as SVG: the loss per step (raw and smoothed) and per
+    /// epoch, and with --val-data the held-out loss and accuracy per epoch.
     #[arg(long, value_name = "FILE.svg")]
     plot: Option<PathBuf>,
+    /// Draw the loss axis of --plot on a logarithmic scale.
+    #[arg(long, requires = "plot")]
+    plot_log: bool,
     /// Data-parallel training on this many GPUs (cuda backend, NCCL): each step's batch
     /// is split evenly over them and their gradients are averaged.
     #[arg(long, default_value_t = 1)]
@@ -214,6 +240,7 @@ struct TrainArgs {
 
 #[derive(Args)]
 struct ConvertArgs {
+    /// The model to convert: an .onnx file (or a .yaml model, written back normalized).
     model: PathBuf,
     /// The YAML file to write; large initializers go into <stem>.safetensors beside it.
     #[arg(long, short, value_name = "FILE.yaml")]
@@ -493,11 +520,37 @@ fn run(a: RunArgs) -> Result<(), Fail> {
         }
     }
     let seeds = read_seeds(&a.grads, g)?;
+    // What --backward differentiates: --loss, else the model's training loss, else
+    // (None) the sum of every floating output.
+    let loss = match (&a.loss, &g.training) {
+        (Some(l), _) => Some((l.clone(), "chosen by --loss")),
+        (None, Some(t)) if a.backward => Some((
+            t.loss.clone(),
+            "the model's training loss (--loss OUTPUT picks another)",
+        )),
+        _ => None,
+    };
+    if let Some((l, why)) = &loss {
+        if !g.outputs.contains(l) {
+            return Err(usage(format!(
+                "--loss {l}: '{l}' is not an output of the model (its outputs: {})",
+                g.outputs.join(", ")
+            )));
+        }
+        if let Some(other) = seeds.keys().find(|o| *o != l) {
+            return Err(usage(format!(
+                "--grad {other}: the backward differentiates '{l}' ({why}), so only it takes a seed; \
+                 give --loss {other} to differentiate '{other}' instead"
+            )));
+        }
+    }
+    let grad_outputs: Vec<String> = loss.iter().map(|(l, _)| l.clone()).collect();
     // The backend is set up first, so that a missing device is the one line printed.
     let opts = session_options(&a.common, dims.clone(), false);
     let (fused, _) = optimized(g, a.common.no_fuse, &a.common.disable_pass, false)?;
     let fused = forward_only(fused, &a.common, !a.backward);
     let mut session = Session::new(fused, opts.clone())?;
+    session.set_backward_outputs(&grad_outputs)?;
     let mut feeds: HashMap<String, Tensor> = HashMap::new();
     for spec in &a.inputs {
         let (name, _, _, t) = read_input_npy(g, spec, "--input", a.common.dtype.is_some(), |n| {
@@ -546,6 +599,44 @@ fn run(a: RunArgs) -> Result<(), Fail> {
             a.seed
         );
     }
+    if a.backward {
+        let plan = session.plan_for(&feeds)?;
+        let types = &plan.types;
+        let seed_of = |o: &str| {
+            if seeds.contains_key(o) {
+                format!("'{o}' (seeded from --grad)")
+            } else {
+                format!("'{o}' (seeded with ones)")
+            }
+        };
+        let what = match &loss {
+            Some((l, why)) => {
+                if !types[l].dtype.is_float() {
+                    return Err(usage(format!(
+                        "--backward: '{l}' ({why}) is {}, not a floating value to differentiate",
+                        types[l]
+                    )));
+                }
+                format!("gradients of {}, {why}", seed_of(l))
+            }
+            None => {
+                let floats: Vec<String> = g
+                    .outputs
+                    .iter()
+                    .filter(|o| types[*o].dtype.is_float())
+                    .map(|o| seed_of(o))
+                    .collect();
+                format!(
+                    "gradients of the sum of every floating output: {} (the model has no \
+                     training loss; --loss OUTPUT differentiates one)",
+                    floats.join(", ")
+                )
+            }
+        };
+        if !a.quiet {
+            eprintln!("{what}");
+        }
+    }
     let (outs, grads) = if a.backward {
         let r = session.backward(&feeds, &seeds)?;
         (r.outputs, r.grads)
@@ -553,7 +644,8 @@ fn run(a: RunArgs) -> Result<(), Fail> {
         (session.run(&feeds)?, vec![])
     };
     if a.verify_fusion {
-        verify_fusion(g, opts, &feeds, &seeds, a.backward, &outs, &grads)?;
+        let backward = a.backward.then_some(&grad_outputs[..]);
+        verify_fusion(g, opts, &feeds, &seeds, backward, &outs, &grads)?;
     }
     // One line per output, then per gradient: dtype, shape and (unless --quiet) a summary.
     for (prefix, list) in [("", &outs), ("grad ", &grads)] {
@@ -589,19 +681,21 @@ fn run(a: RunArgs) -> Result<(), Fail> {
 }
 
 /// Runs the unfused graph on the same inputs and compares every output, and with
-/// --backward every gradient (SPEC §5).
+/// --backward (`backward`: the outputs differentiated, empty for every floating one)
+/// every gradient (SPEC §5).
 fn verify_fusion(
     g: &graphrun::Graph,
     mut opts: SessionOptions,
     feeds: &HashMap<String, Tensor>,
     seeds: &HashMap<String, Tensor>,
-    backward: bool,
+    backward: Option<&[String]>,
     fused: &[(String, Tensor)],
     fused_grads: &[(String, Tensor)],
 ) -> Result<(), Fail> {
     opts.passes = pass_options(true, &[], false);
     let mut plain = Session::new(g.clone(), opts)?;
-    let (outs, grads) = if backward {
+    plain.set_backward_outputs(backward.unwrap_or_default())?;
+    let (outs, grads) = if backward.is_some() {
         let r = plain.backward(feeds, seeds)?;
         (r.outputs, r.grads)
     } else {
@@ -770,139 +864,162 @@ fn inspect(a: InspectArgs) -> Result<(), Fail> {
         }
     }
     let g = &fused;
-    let model = Model {
-        graph: fused.clone(),
+    let quote = |v: &[String]| {
+        v.iter()
+            .map(|s| format!("'{s}'"))
+            .collect::<Vec<_>>()
+            .join(", ")
     };
-    // Plan with bound dims: the --input shapes, --dim, then the model's defaults; and for
-    // the --input values of inputs that decide shapes.
+    // Sizes: the --input shapes and --dim (the user's), then the model's dims: defaults;
+    // and the --input values of inputs that decide shapes.
     let given = read_inputs(g, &a.inputs, false)?;
-    let bound = exec::bind_dims(g, &given, &dims)?;
-    let unbound: Vec<String> = g
-        .symbols()
-        .into_iter()
-        .filter(|s| !bound.contains_key(s))
-        .collect();
-    if !unbound.is_empty() {
-        return Err(usage(format!(
-            "symbolic dim{} {} not bound: give --dim {}=N (or a default under dims:) to plan the model",
-            if unbound.len() > 1 { "s" } else { "" },
-            unbound.iter().map(|s| format!("'{s}'")).collect::<Vec<_>>().join(", "),
-            unbound[0]
-        )));
-    }
-    let shapes: HashMap<String, Vec<usize>> = g
-        .inputs
-        .iter()
-        .map(|i| Ok((i.name.clone(), exec::concrete_shape(i, &bound)?)))
-        .collect::<Result<_, Error>>()?;
     need_plan_inputs(g, &given)?;
-    let key = exec::PlanKey {
-        values: exec::plan_values(g, &graphrun::graph::infer::plan_time_inputs(g), &given)?,
-        shapes,
+    let values = exec::plan_values(g, &graphrun::graph::infer::plan_time_inputs(g), &given)?;
+    let user = {
+        let mut plain = fused.clone();
+        plain.dims.clear();
+        exec::bind_dims(&plain, &given, &dims)?
     };
-    let shapes = &key.shapes;
-    let none = std::collections::HashSet::new();
-    let plan = graphrun::Plan::for_key(g, &key, &none)?;
-    let bind: Vec<String> = bound.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    println!(
-        "plan ({}): {} steps, {}FLOP per run",
-        if bind.is_empty() {
-            "static shapes".into()
-        } else {
-            bind.join(", ")
-        },
-        plan.steps.len(),
-        fmt_count(plan.flops as f64)
-    );
-    println!(
-        "  peak activation memory {} (without buffer reuse: {}), weights {}",
-        fmt_bytes(plan.peak_bytes()),
-        fmt_bytes(plan.naive_bytes),
-        fmt_bytes(plan.weight_bytes)
-    );
-    for o in &g.outputs {
-        let t: &ValueType = &plan.types[o];
-        println!("  {o}: {t}");
-    }
-    let mut model = model;
-    if a.backward {
-        let floats: Vec<String> = g
-            .outputs
-            .iter()
-            .filter(|o| plan.types[*o].dtype.is_float())
-            .cloned()
-            .collect();
-        let opts = graphrun::passes::autodiff::BackwardOptions {
-            training: false,
-            inputs: true,
-            ..Default::default()
-        };
-        let bwd =
-            graphrun::passes::autodiff::backward_with(g, &floats, shapes, &key.values, &opts)?;
-        let (bg, _) =
-            passes::optimize(&bwd.graph, &pass_options(a.no_fuse, &a.disable_pass, false))?;
-        println!("backward graph: {} nodes: {}", bg.nodes.len(), counts(&bg));
-        let seeds: Vec<String> = bwd
-            .seeds
-            .iter()
-            .map(|(o, s)| format!("{o} by {s}"))
-            .collect();
-        println!("  seeded: {}", seeds.join(", "));
-        let grads: Vec<String> = bwd.grads.iter().map(|(w, _)| w.clone()).collect();
-        println!("  gradients of: {}", grads.join(", "));
-        // Nodes that read a float but pass no gradient back.
-        let constant: Vec<String> = g
-            .nodes
-            .iter()
-            .filter(|n| graphrun::passes::autodiff::treated_as_constant(&n.op))
-            .filter(|n| {
-                n.inputs
-                    .iter()
-                    .any(|i| plan.types.get(i).is_some_and(|t| t.dtype.is_float()))
-            })
-            .map(|n| format!("'{}' ({})", n.name, n.op.name()))
-            .collect();
-        if !constant.is_empty() {
+    let bound = exec::bind_dims(g, &given, &dims)?;
+    let symbols = g.symbols();
+    let defaulted: Vec<String> = symbols
+        .iter()
+        .filter(|s| bound.contains_key(*s) && !user.contains_key(*s))
+        .cloned()
+        .collect();
+    let unbound: Vec<String> = symbols
+        .iter()
+        .filter(|s| !bound.contains_key(*s))
+        .cloned()
+        .collect();
+    // Types with the symbols the user did not bind left as symbols.
+    let ev = &graphrun::backends::cpu::HOST_EVAL;
+    let sym = graphrun::graph::infer::symbolic::infer_symbolic(g, &user, &values, ev);
+    match &sym {
+        Ok(types) => {
             println!(
-                "  treated as constants (no gradient flows through them): {}",
-                constant.join(", ")
+                "output types{}:",
+                if symbols.iter().any(|s| !user.contains_key(s)) {
+                    " (unbound symbols as symbols)"
+                } else {
+                    ""
+                }
+            );
+            for o in &g.outputs {
+                println!("  {o}: {}", types[o]);
+            }
+        }
+        Err(e) => println!("  shapes: not shown ({e})"),
+    }
+    let mut backward_graph = None;
+    if unbound.is_empty() {
+        let shapes: HashMap<String, Vec<usize>> = g
+            .inputs
+            .iter()
+            .map(|i| Ok((i.name.clone(), exec::concrete_shape(i, &bound)?)))
+            .collect::<Result<_, Error>>()?;
+        let key = exec::PlanKey {
+            values: values.clone(),
+            shapes,
+        };
+        let none = std::collections::HashSet::new();
+        let plan = graphrun::Plan::for_key(g, &key, &none)?;
+        let bind: Vec<String> = bound
+            .iter()
+            .filter(|(k, _)| symbols.contains(k))
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        println!(
+            "plan ({}): {} steps, {}FLOP per run",
+            if bind.is_empty() {
+                "static shapes".into()
+            } else {
+                bind.join(", ")
+            },
+            plan.steps.len(),
+            fmt_count(plan.flops as f64)
+        );
+        if !defaulted.is_empty() {
+            println!(
+                "  {} from the model's dims: defaults (--dim chooses other sizes)",
+                quote(&defaulted)
             );
         }
-        let mut all = key.clone();
-        for (_, s) in &bwd.seeds {
-            let info = bg.input(s).expect("seed input");
-            all.shapes
-                .insert(s.clone(), exec::concrete_shape(info, &BTreeMap::new())?);
+        println!(
+            "  peak activation memory {} (without buffer reuse: {}), weights {}",
+            fmt_bytes(plan.peak_bytes()),
+            fmt_bytes(plan.naive_bytes),
+            fmt_bytes(plan.weight_bytes)
+        );
+        if a.backward {
+            backward_graph = Some(inspect_backward(&a, g, &key, &plan, &counts)?);
         }
-        let bplan = graphrun::Plan::for_key(&bg, &all, &none)?;
-        // The baseline: every forward value held until the backward is done.
-        let keep: std::collections::HashSet<String> = g
-            .nodes
-            .iter()
-            .flat_map(|n| n.outputs.iter().cloned())
-            .chain(g.inputs.iter().map(|i| i.name.clone()))
-            .filter(|v| bplan.types.contains_key(v))
-            .collect();
-        let kplan = graphrun::Plan::for_key(&bg, &all, &keep)?;
+    } else {
+        if a.backward {
+            return Err(usage(format!(
+                "symbolic dim{} {} not bound: the backward graph is built for sizes, so give --dim {}=N (or a default under dims:)",
+                if unbound.len() > 1 { "s" } else { "" },
+                quote(&unbound),
+                unbound[0]
+            )));
+        }
+        // No plan without sizes; what every value takes is a formula of the symbols.
+        let weights: usize = g.initializers.iter().map(|i| i.tensor.size_bytes()).sum();
+        let mut total = graphrun::graph::infer::symbolic::Polynomial::default();
+        let mut whole = true;
+        if let Ok(types) = &sym {
+            let values = g
+                .inputs
+                .iter()
+                .map(|i| &i.name)
+                .chain(g.nodes.iter().flat_map(|n| n.outputs.iter()))
+                .filter(|v| !v.is_empty());
+            for v in values {
+                match types.get(v).and_then(|t| t.bytes()) {
+                    Some(m) => total.add(&m),
+                    None => whole = false,
+                }
+            }
+        }
         println!(
-            "  plan: {} steps, {}FLOP per forward+backward",
-            bplan.steps.len(),
-            fmt_count(bplan.flops as f64)
+            "plan: not made, symbolic dim{} {} ha{} no size (give --dim {}=N to plan)",
+            if unbound.len() > 1 { "s" } else { "" },
+            quote(&unbound),
+            if unbound.len() > 1 { "ve" } else { "s" },
+            unbound[0]
         );
-        println!(
-            "  peak activation memory forward+backward {} (keeping every forward value: {}; without buffer reuse: {}), weights {}",
-            fmt_bytes(bplan.peak_bytes()),
-            fmt_bytes(kplan.peak_bytes()),
-            fmt_bytes(bplan.naive_bytes),
-            fmt_bytes(bplan.weight_bytes)
-        );
-        model = Model { graph: bg };
+        if sym.is_ok() && whole {
+            println!(
+                "  activation memory at most {} bytes (every value held at once; buffer reuse needs sizes), weights {}",
+                total.format(|c| c.to_string()),
+                fmt_bytes(weights)
+            );
+        } else {
+            println!(
+                "  activation memory: depends on {} in a way not shown without sizes, weights {}",
+                quote(&unbound),
+                fmt_bytes(weights)
+            );
+        }
     }
-    let g = &model.graph;
-    // Every file or none.
+    // What --nodes, --dot and --emit-yaml show: the backward graph with --backward (built
+    // for the bound sizes, so its types are numbers), else the forward graph.
+    let (g, types) = match &backward_graph {
+        Some(bg) => (
+            bg,
+            graphrun::graph::infer::symbolic::infer_symbolic(bg, &bound, &values, ev)
+                .unwrap_or_default(),
+        ),
+        None => (g, sym.unwrap_or_default()),
+    };
+    if a.nodes {
+        print_nodes(g, &types)?;
+    }
+    // Every file or none. Symbols stay symbols in --emit-yaml (and the model's defaults
+    // its defaults).
     let mut out = files::Outputs::new();
     if let Some(p) = &a.dot {
-        let text = graphrun::graph::dot::to_dot(g);
+        let text = graphrun::graph::dot::to_dot(g, &types);
         out.stage(p, |w| w.write_all(text.as_bytes()))?;
     }
     if let Some(p) = &a.emit_yaml {
@@ -913,6 +1030,119 @@ fn inspect(a: InspectArgs) -> Result<(), Fail> {
         println!("wrote {}", p.display());
     }
     Ok(())
+}
+
+/// `inspect --nodes`: every node in execution order with its op (and what a fused node
+/// absorbed) and the types of what it reads and writes.
+fn print_nodes(
+    g: &graphrun::Graph,
+    types: &HashMap<String, graphrun::graph::infer::symbolic::SymType>,
+) -> Result<(), Fail> {
+    let ty = |v: &str| match types.get(v) {
+        Some(t) => format!("{v}: {t}"),
+        None if v.is_empty() => "(omitted)".to_string(),
+        None => format!("{v}: ?"),
+    };
+    println!("nodes ({}, in execution order):", g.nodes.len());
+    for ni in graphrun::graph::validate::topo_order(g)? {
+        let n = &g.nodes[ni];
+        let fused = graphrun::graph::dot::absorbed(n)
+            .map(|w| format!(" ({w})"))
+            .unwrap_or_default();
+        println!("  {} {}{fused}", n.name, n.op.name());
+        let ins: Vec<String> = n.inputs.iter().map(|i| ty(i)).collect();
+        let outs: Vec<String> = n
+            .outputs
+            .iter()
+            .filter(|o| !o.is_empty())
+            .map(|o| ty(o))
+            .collect();
+        println!("    in   {}", ins.join(", "));
+        println!("    out  {}", outs.join(", "));
+    }
+    Ok(())
+}
+
+/// `inspect --backward`: builds the backward graph of `g`'s floating outputs for the
+/// plan's sizes and prints what it differentiates and its planned memory.
+fn inspect_backward(
+    a: &InspectArgs,
+    g: &graphrun::Graph,
+    key: &exec::PlanKey,
+    plan: &graphrun::Plan,
+    counts: &dyn Fn(&graphrun::Graph) -> String,
+) -> Result<graphrun::Graph, Fail> {
+    let shapes = &key.shapes;
+    let none = std::collections::HashSet::new();
+    let floats: Vec<String> = g
+        .outputs
+        .iter()
+        .filter(|o| plan.types[*o].dtype.is_float())
+        .cloned()
+        .collect();
+    let opts = graphrun::passes::autodiff::BackwardOptions {
+        training: false,
+        inputs: true,
+        ..Default::default()
+    };
+    let bwd = graphrun::passes::autodiff::backward_with(g, &floats, shapes, &key.values, &opts)?;
+    let (bg, _) = passes::optimize(&bwd.graph, &pass_options(a.no_fuse, &a.disable_pass, false))?;
+    println!("backward graph: {} nodes: {}", bg.nodes.len(), counts(&bg));
+    let seeds: Vec<String> = bwd
+        .seeds
+        .iter()
+        .map(|(o, s)| format!("{o} by {s}"))
+        .collect();
+    println!("  seeded: {}", seeds.join(", "));
+    let grads: Vec<String> = bwd.grads.iter().map(|(w, _)| w.clone()).collect();
+    println!("  gradients of: {}", grads.join(", "));
+    // Nodes that read a float but pass no gradient back.
+    let constant: Vec<String> = g
+        .nodes
+        .iter()
+        .filter(|n| graphrun::passes::autodiff::treated_as_constant(&n.op))
+        .filter(|n| {
+            n.inputs
+                .iter()
+                .any(|i| plan.types.get(i).is_some_and(|t| t.dtype.is_float()))
+        })
+        .map(|n| format!("'{}' ({})", n.name, n.op.name()))
+        .collect();
+    if !constant.is_empty() {
+        println!(
+            "  treated as constants (no gradient flows through them): {}",
+            constant.join(", ")
+        );
+    }
+    let mut all = key.clone();
+    for (_, s) in &bwd.seeds {
+        let info = bg.input(s).expect("seed input");
+        all.shapes
+            .insert(s.clone(), exec::concrete_shape(info, &BTreeMap::new())?);
+    }
+    let bplan = graphrun::Plan::for_key(&bg, &all, &none)?;
+    // The baseline: every forward value held until the backward is done.
+    let keep: std::collections::HashSet<String> = g
+        .nodes
+        .iter()
+        .flat_map(|n| n.outputs.iter().cloned())
+        .chain(g.inputs.iter().map(|i| i.name.clone()))
+        .filter(|v| bplan.types.contains_key(v))
+        .collect();
+    let kplan = graphrun::Plan::for_key(&bg, &all, &keep)?;
+    println!(
+        "  plan: {} steps, {}FLOP per forward+backward",
+        bplan.steps.len(),
+        fmt_count(bplan.flops as f64)
+    );
+    println!(
+        "  peak activation memory forward+backward {} (keeping every forward value: {}; without buffer reuse: {}), weights {}",
+        fmt_bytes(bplan.peak_bytes()),
+        fmt_bytes(kplan.peak_bytes()),
+        fmt_bytes(bplan.naive_bytes),
+        fmt_bytes(bplan.weight_bytes)
+    );
+    Ok(bg)
 }
 
 /// `convert`: the model as loaded (no passes), written in the YAML format.
@@ -928,7 +1158,7 @@ fn convert(a: ConvertArgs) -> Result<(), Fail> {
         )));
     }
     check_outputs(&graphrun::graph::yaml::save_paths(&model.graph, &a.output))?;
-    model.save(&a.output)?;
+    let side = model.save_with_side_file(&a.output)?;
     let g = &model.graph;
     println!(
         "wrote {} ({} nodes, {} inputs, {} initializers, {} parameters)",
@@ -938,6 +1168,17 @@ fn convert(a: ConvertArgs) -> Result<(), Fail> {
         g.initializers.len(),
         g.param_count()
     );
+    if let Some((file, n)) = side {
+        let bytes = std::fs::metadata(&file)
+            .map(|m| m.len() as usize)
+            .unwrap_or(0);
+        println!(
+            "wrote {} ({n} large initializer{}, {}; the YAML reads them from it, so keep the two together)",
+            file.display(),
+            if n == 1 { "" } else { "s" },
+            fmt_bytes(bytes)
+        );
+    }
     Ok(())
 }
 
@@ -1064,7 +1305,7 @@ fn bench(a: BenchArgs) -> Result<(), Fail> {
         a.iters
     );
     println!(
-        "  median {med:.3} ms  min {min:.3} ms  max {max:.3} ms  ({group} step{} per sample)",
+        "  median {med:.3} ms  min {min:.3} ms  max {max:.3} ms  ({group} step{} per timing sample)",
         if group > 1 { "s" } else { "" }
     );
     println!(
@@ -1085,13 +1326,22 @@ fn bench(a: BenchArgs) -> Result<(), Fail> {
     let mut prof = session.take_profile();
     let total: f64 = prof.iter().map(|p| p.2).sum::<f64>().max(1e-12);
     prof.sort_by(|x, y| y.2.total_cmp(&x.2));
+    // Columns as wide as their longest entry, so that long node names do not push the
+    // numbers out of line.
+    let nw = prof
+        .iter()
+        .map(|p| p.0.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(4);
+    let ow = prof.iter().map(|p| p.1.len()).max().unwrap_or(0).max(2);
     println!(
-        "  {:<28} {:<24} {:>10} {:>7}",
+        "  {:<nw$}  {:<ow$}  {:>10}  {:>6}",
         "node", "op", "ms/iter", "share"
     );
     for (name, op, secs) in &prof {
         println!(
-            "  {:<28} {:<24} {:>10.4} {:>6.1}%",
+            "  {:<nw$}  {:<ow$}  {:>10.4}  {:>5.1}%",
             name,
             op,
             secs * 1e3 / prof_iters as f64,
@@ -1204,7 +1454,7 @@ fn bench_parallel(
         a.iters
     );
     println!(
-        "  median {med:.3} ms  min {min:.3} ms  max {max:.3} ms  ({group} step{} per sample)",
+        "  median {med:.3} ms  min {min:.3} ms  max {max:.3} ms  ({group} step{} per timing sample)",
         if group > 1 { "s" } else { "" }
     );
     println!("  {samples:.1} samples/s");
@@ -1536,6 +1786,7 @@ fn train(a: TrainArgs) -> Result<(), Fail> {
     let t0 = std::time::Instant::now();
     let mut losses: Vec<f64> = vec![];
     let mut epoch_means: Vec<(usize, f64)> = vec![];
+    let mut held_out: Vec<(usize, f64, Option<f64>)> = vec![];
     let mut rng = graphrun::rng::Rng::new(a.seed);
     let mut step = 0;
     let mut epoch = 0;
@@ -1581,6 +1832,7 @@ fn train(a: TrainArgs) -> Result<(), Fail> {
         );
         if nval > 0 {
             let (vl, acc) = evaluate(&mut session, &val, nval, batch)?;
+            held_out.push((losses.len(), vl, acc));
             line.push_str(&format!(", held-out loss {vl:.4}"));
             if let Some(acc) = acc {
                 line.push_str(&format!(", accuracy {:.2}%", acc * 100.0));
@@ -1613,7 +1865,16 @@ fn train(a: TrainArgs) -> Result<(), Fail> {
     let mut out = files::Outputs::new();
     let mut wrote = vec![];
     if let Some(p) = &a.plot {
-        let svg = loss_svg(&g.name, &losses, &epoch_means);
+        let curves = Curves {
+            name: &g.name,
+            losses: &losses,
+            epochs: &epoch_means,
+            held_out: &held_out,
+        };
+        let svg = train_plot(&curves, a.plot_log).map_err(|m| Fail {
+            code: 1,
+            err: anyhow::anyhow!("--plot {}: {m}", p.display()),
+        })?;
         out.stage(p, |w| w.write_all(svg.as_bytes()))?;
         wrote.push(format!("wrote {}", p.display()));
     }
@@ -1662,6 +1923,9 @@ fn train(a: TrainArgs) -> Result<(), Fail> {
 }
 
 /// What `train` trains with: one session, or one per GPU (`--gpus`).
+// Without the cuda feature, DataParallel is an empty stand-in and the variants differ in
+// size; there is one Trainer per run, so the difference costs nothing.
+#[cfg_attr(not(feature = "cuda"), allow(clippy::large_enum_variant))]
 enum Trainer {
     One(Session),
     Many(graphrun::DataParallel),
@@ -1757,44 +2021,272 @@ fn describe_optimizer(g: &graphrun::Graph) -> String {
     }
 }
 
-/// The loss curve as a small self-contained SVG: the loss of every step, and the mean
-/// of each epoch as dots.
-fn loss_svg(name: &str, losses: &[f64], epochs: &[(usize, f64)]) -> String {
-    let (w, h, m) = (720.0, 360.0, 48.0);
-    let lo = losses.iter().cloned().fold(f64::INFINITY, f64::min);
-    let hi = losses.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-    let span = if hi > lo { hi - lo } else { 1.0 };
-    let n = losses.len().max(2) - 1;
-    let x = |i: f64| m + (w - 2.0 * m) * i / n as f64;
-    let y = |v: f64| h - m - (h - 2.0 * m) * (v - lo) / span;
-    let pts: Vec<String> = losses
+/// What `train --plot` draws: the loss of every step, the mean of each epoch (`epochs`
+/// holds the step that ended it), and per epoch the held-out loss and accuracy when --val-data is given.
+struct Curves<'a> {
+    name: &'a str,
+    losses: &'a [f64],
+    epochs: &'a [(usize, f64)],
+    /// (steps so far, held-out loss, held-out accuracy).
+    held_out: &'a [(usize, f64, Option<f64>)],
+}
+
+const STEP_COLOR: plotters::style::RGBColor = plotters::style::RGBColor(31, 119, 180);
+const EPOCH_COLOR: plotters::style::RGBColor = plotters::style::RGBColor(214, 39, 40);
+const HELD_OUT_COLOR: plotters::style::RGBColor = plotters::style::RGBColor(44, 160, 44);
+const ACCURACY_COLOR: plotters::style::RGBColor = plotters::style::RGBColor(148, 103, 189);
+
+/// The bias-corrected exponential moving average of `xs` (as TensorBoard smooths): each
+/// point weighs the last ~`span` steps, and the first points are not pulled towards 0.
+fn ema(xs: &[f64], span: usize) -> Vec<f64> {
+    let beta = 1.0 - 1.0 / span.max(1) as f64;
+    let (mut m, mut w) = (0.0, 0.0);
+    xs.iter()
+        .map(|&x| {
+            m = beta * m + (1.0 - beta) * x;
+            w = beta * w + (1.0 - beta);
+            m / w
+        })
+        .collect()
+}
+
+/// The training curves as an SVG document (`--plot`), the loss axis logarithmic with
+/// `log` (where only positive losses can be drawn). With held-out accuracy, a second
+/// panel under the losses shows it against the same steps.
+fn train_plot(c: &Curves, log: bool) -> Result<String, String> {
+    use plotters::prelude::*;
+    let accuracy: Vec<(f64, f64)> = c
+        .held_out
+        .iter()
+        .filter_map(|&(s, _, a)| a.map(|a| (s as f64, 100.0 * a)))
+        .collect();
+    let mut svg = String::new();
+    {
+        let height = if accuracy.is_empty() { 540 } else { 760 };
+        let root = SVGBackend::with_string(&mut svg, (960, height)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| e.to_string())?;
+        let title = format!(
+            "{}: training{}",
+            c.name,
+            if log { " (loss on a log scale)" } else { "" }
+        );
+        let root = root
+            .titled(&title, ("sans-serif", 22))
+            .map_err(|e| e.to_string())?;
+        let (top, bottom) = if accuracy.is_empty() {
+            (root, None)
+        } else {
+            let (t, b) = root.split_vertically(height - 40 - 230);
+            (t, Some(b))
+        };
+        let keep = |v: &f64| v.is_finite() && (!log || *v > 0.0);
+        let all = c
+            .losses
+            .iter()
+            .chain(c.epochs.iter().map(|e| &e.1))
+            .chain(c.held_out.iter().map(|h| &h.1))
+            .copied()
+            .filter(keep);
+        let (lo, hi) = all.fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), v| {
+            (l.min(v), h.max(v))
+        });
+        if lo > hi {
+            return Err(if log {
+                "no positive loss to draw on a log scale (drop --plot-log)".into()
+            } else {
+                "no finite loss to draw".into()
+            });
+        }
+        if log {
+            let (lo, hi) = if hi > lo {
+                (lo, hi)
+            } else {
+                (lo / 2.0, hi * 2.0)
+            };
+            draw_losses(&top, c, (lo / 1.25..hi * 1.25).log_scale(), log)?;
+        } else {
+            let pad = if hi > lo { 0.05 * (hi - lo) } else { 0.5 };
+            // Losses are usually non-negative: then the axis starts at 0.
+            let floor = if lo >= 0.0 { 0.0 } else { lo - pad };
+            draw_losses(&top, c, floor..hi + pad, log)?;
+        }
+        if let Some(area) = bottom {
+            draw_accuracy(&area, c.losses.len(), accuracy)?;
+        }
+        top.present().map_err(|e| e.to_string())?;
+    }
+    Ok(svg)
+}
+
+type SvgArea<'a> =
+    plotters::drawing::DrawingArea<plotters::backend::SVGBackend<'a>, plotters::coord::Shift>;
+
+/// A tick label with at most three significant digits (a log axis's ticks are products
+/// of floats, e.g. 0.6000000000000001).
+fn tick(v: f64) -> String {
+    if v == 0.0 || !v.is_finite() {
+        return format!("{v}");
+    }
+    let decimals = (2 - v.abs().log10().floor() as i32).max(0) as usize;
+    let s = format!("{v:.decimals$}");
+    if s.contains('.') {
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        s
+    }
+}
+
+/// The x axis of both panels: steps, counted from 1 (step k's loss is drawn at x = k).
+fn step_range(steps: usize) -> std::ops::Range<f64> {
+    0f64..(steps.max(2) as f64)
+}
+
+fn draw_losses<Y>(area: &SvgArea, c: &Curves, y: Y, log: bool) -> Result<(), String>
+where
+    Y: plotters::coord::ranged1d::AsRangedCoord<Value = f64>,
+    Y::CoordDescType: plotters::coord::ranged1d::ValueFormatter<f64>,
+{
+    use plotters::prelude::*;
+    let e = |e: DrawingAreaErrorKind<_>| e.to_string();
+    let n = c.losses.len();
+    let keep = |v: f64| v.is_finite() && (!log || v > 0.0);
+    let mut chart = ChartBuilder::on(area)
+        .margin(16)
+        .x_label_area_size(48)
+        .y_label_area_size(72)
+        .build_cartesian_2d(step_range(n), y)
+        .map_err(e)?;
+    chart
+        .configure_mesh()
+        .x_desc("step")
+        .y_desc(if log { "loss (log scale)" } else { "loss" })
+        .axis_desc_style(("sans-serif", 16))
+        .label_style(("sans-serif", 13))
+        .x_label_formatter(&|v| format!("{v:.0}"))
+        .y_label_formatter(&|v| tick(*v))
+        .light_line_style(WHITE.mix(0.0))
+        .bold_line_style(BLACK.mix(0.08))
+        .draw()
+        .map_err(e)?;
+    let per_step = c
+        .losses
         .iter()
         .enumerate()
-        .map(|(i, &v)| format!("{:.1},{:.1}", x(i as f64), y(v)))
-        .collect();
-    let mut svg = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n\
-         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
-         <text x=\"{m}\" y=\"24\" font-size=\"14\">{} — training loss</text>\n\
-         <line x1=\"{m}\" y1=\"{b}\" x2=\"{r}\" y2=\"{b}\" stroke=\"black\"/>\n\
-         <line x1=\"{m}\" y1=\"{m}\" x2=\"{m}\" y2=\"{b}\" stroke=\"black\"/>\n\
-         <text x=\"{r}\" y=\"{t}\" text-anchor=\"end\">step {}</text>\n\
-         <text x=\"4\" y=\"{m}\">{hi:.4}</text>\n<text x=\"4\" y=\"{b}\">{lo:.4}</text>\n\
-         <polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"1\" points=\"{}\"/>\n",
-        name.replace('&', "&amp;").replace('<', "&lt;"),
-        losses.len(),
-        pts.join(" "),
-        b = h - m,
-        r = w - m,
-        t = h - m + 20.0,
-    );
-    for &(end, mean) in epochs {
-        svg.push_str(&format!(
-            "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"#d62728\"/>\n",
-            x(end.saturating_sub(1) as f64),
-            y(mean)
-        ));
+        .map(|(i, &v)| ((i + 1) as f64, v))
+        .filter(|p| keep(p.1));
+    let faint = STEP_COLOR.mix(0.3);
+    chart
+        .draw_series(LineSeries::new(per_step, faint))
+        .map_err(e)?
+        .label("training loss, per step")
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], faint));
+    let span = (n / 40).clamp(1, 200);
+    if n > 2 && span > 1 {
+        let smooth = ema(c.losses, span)
+            .into_iter()
+            .enumerate()
+            .map(|(i, v)| ((i + 1) as f64, v))
+            .filter(|p| keep(p.1));
+        chart
+            .draw_series(LineSeries::new(smooth, STEP_COLOR.stroke_width(2)))
+            .map_err(e)?
+            .label(format!("training loss, moving average (~{span} steps)"))
+            .legend(|(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], STEP_COLOR.stroke_width(2))
+            });
     }
-    svg.push_str("</svg>\n");
-    svg
+    // An epoch's mean is over all its steps: drawn at its middle step. Where every epoch
+    // is one step (a single batch of data) the means are the per-step curve again.
+    let epochs: Vec<(f64, f64)> = c
+        .epochs
+        .iter()
+        .filter(|_| c.epochs.len() < n)
+        .scan(0, |start, &(end, v)| {
+            let mid = (*start + 1 + end) as f64 / 2.0;
+            *start = end;
+            Some((mid, v))
+        })
+        .filter(|p| keep(p.1))
+        .collect();
+    let held: Vec<(f64, f64)> = c
+        .held_out
+        .iter()
+        .map(|&(s, v, _)| (s as f64, v))
+        .filter(|p| keep(p.1))
+        .collect();
+    for (pts, color, label) in [
+        (epochs, EPOCH_COLOR, "training loss, epoch mean"),
+        (held, HELD_OUT_COLOR, "held-out loss, after each epoch"),
+    ] {
+        if pts.is_empty() {
+            continue;
+        }
+        let dots = pts.iter().map(|&p| Circle::new(p, 4, color.filled()));
+        chart.draw_series(dots).map_err(e)?;
+        chart
+            .draw_series(LineSeries::new(pts, color.stroke_width(2)))
+            .map_err(e)?
+            .label(label)
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
+    }
+    chart
+        .configure_series_labels()
+        // Losses start high on the left and fall: the upper right is where the legend
+        // hides the least.
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK.mix(0.4))
+        .label_font(("sans-serif", 13))
+        .draw()
+        .map_err(e)?;
+    Ok(())
+}
+
+/// The held-out accuracy panel: percent after each epoch, on the loss panel's steps.
+fn draw_accuracy(area: &SvgArea, steps: usize, pts: Vec<(f64, f64)>) -> Result<(), String> {
+    use plotters::prelude::*;
+    let e = |e: DrawingAreaErrorKind<_>| e.to_string();
+    let lo = pts.iter().map(|p| p.1).fold(100.0, f64::min);
+    // From a round 10 below the worst epoch, so that late gains stay visible.
+    let floor = ((lo - 5.0) / 10.0).floor().clamp(0.0, 9.0) * 10.0;
+    let mut chart = ChartBuilder::on(area)
+        .margin(16)
+        .x_label_area_size(48)
+        .y_label_area_size(72)
+        .build_cartesian_2d(step_range(steps), floor..100f64)
+        .map_err(e)?;
+    chart
+        .configure_mesh()
+        .x_desc("step")
+        .y_desc("held-out accuracy (%)")
+        .axis_desc_style(("sans-serif", 16))
+        .label_style(("sans-serif", 13))
+        .x_label_formatter(&|v| format!("{v:.0}"))
+        .y_label_formatter(&|v| tick(*v))
+        .light_line_style(WHITE.mix(0.0))
+        .bold_line_style(BLACK.mix(0.08))
+        .draw()
+        .map_err(e)?;
+    let dots = pts
+        .iter()
+        .map(|&p| Circle::new(p, 4, ACCURACY_COLOR.filled()));
+    chart.draw_series(dots).map_err(e)?;
+    chart
+        .draw_series(LineSeries::new(pts, ACCURACY_COLOR.stroke_width(2)))
+        .map_err(e)?
+        .label("held-out accuracy, after each epoch")
+        .legend(|(x, y)| {
+            PathElement::new(vec![(x, y), (x + 20, y)], ACCURACY_COLOR.stroke_width(2))
+        });
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK.mix(0.4))
+        .label_font(("sans-serif", 13))
+        .draw()
+        .map_err(e)?;
+    Ok(())
 }

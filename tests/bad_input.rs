@@ -166,6 +166,54 @@ fn wrong_attribute_types() {
 }
 
 #[test]
+fn unknown_ops_and_attributes_suggest_the_closest_name() {
+    let node = |op: &str, attrs: &str| {
+        load_err(&format!("{HEAD}inputs: [{{name: x, dtype: f32, shape: [2, 3]}}]\noutputs: [y]\nnodes:\n  - {{op: {op}, inputs: [x], outputs: [y], name: n1, attrs: {attrs}}}\n"))
+    };
+    has(
+        &node("Sofmax", "{}"),
+        &[
+            "<string>:6:",
+            "unknown op 'Sofmax'; did you mean 'Softmax'?",
+        ],
+    );
+    has(&node("relu", "{}"), &["did you mean 'Relu'?"]);
+    has(
+        &node("LayerNormalisation", "{}"),
+        &["did you mean 'LayerNormalization'?"],
+    );
+    // Nothing close: no guess.
+    let e = node("Frobnicate", "{}");
+    has(&e, &["unknown op 'Frobnicate'"]);
+    assert!(!e.contains("did you mean"), "{e}");
+    // An attribute: the closest valid one, and every valid one.
+    has(
+        &node("Softmax", "{axs: 1}"),
+        &[
+            "<string>:6:",
+            "unknown attribute 'axs' for op Softmax; did you mean 'axis'? (Softmax takes: axis)",
+        ],
+    );
+    let e = node("Gemm", "{transB: 1, alpah: 2.0}");
+    has(
+        &e,
+        &[
+            "unknown attribute 'alpah' for op Gemm; did you mean 'alpha'?",
+            "transA",
+            "beta",
+        ],
+    );
+    let e = node("Relu", "{alpha: 0.1}");
+    has(
+        &e,
+        &["unknown attribute 'alpha' for op Relu; (Relu takes no attributes)"],
+    );
+    let e = node("LeakyRelu", "{colour: 1}");
+    has(&e, &["(LeakyRelu takes: alpha)"]);
+    assert!(!e.contains("did you mean"), "{e}");
+}
+
+#[test]
 fn incompatible_shapes_name_node_and_shapes() {
     let e = load_err(&format!(
         "{HEAD}inputs: [{{name: x, dtype: f32, shape: [4, 3]}}]\noutputs: [y]\ninitializers:\n  - {{name: w, dtype: f32, shape: [5, 2], init: ones}}\nnodes:\n  - {{op: MatMul, inputs: [x, w], outputs: [y], name: fc}}\n"

@@ -258,8 +258,51 @@ fn inspect_prints_counts_memory_and_writes_files() {
         "--quiet",
     ]);
     assert!(o.status.success(), "emitted model runs: {}", text(&o).1);
-    // Unbound symbols are named.
-    let o = graphrun(&["inspect", "tests/data/unbound.yaml"]);
+    // The model's defaults plan it, and it says so.
+    let o = graphrun(&["inspect", "models/gpt_block.yaml", "--nodes"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    for want in [
+        "output types (unbound symbols as symbols):\n  y: f32[batch, seq, 1024]\n  loss: f32[]\n",
+        "plan (batch=8, seq=1024)",
+        "'batch', 'seq' from the model's dims: defaults",
+        // --nodes: node by node, symbolic where no --dim binds the symbol.
+        "nodes (9, in execution order):\n  ln1 LayerNormalization\n    in   x: f32[batch, seq, 1024], ln1_scale: f32[1024], ln1_bias: f32[1024]\n",
+        "  fc1 FusedMatMul (bias, gelu_tanh)\n    in   ln2: f32[batch, seq, 1024], w_fc1: f32[1024, 4096], b_fc1: f32[4096]\n    out  g: f32[batch, seq, 4096]\n",
+    ] {
+        assert!(out.contains(want), "missing {want:?} in\n{out}");
+    }
+    let o = graphrun(&[
+        "inspect",
+        "models/gpt_block.yaml",
+        "--nodes",
+        "--dim",
+        "seq=8",
+    ]);
+    let out = text(&o).0;
+    assert!(out.contains("    out  g: f32[batch, 8, 4096]"), "{out}");
+    assert!(out.contains("'batch' from the model's dims"), "{out}");
+    // Unbound symbols without defaults: symbolic shapes, memory as a formula, and the
+    // written model keeps the symbol.
+    let o = graphrun(&[
+        "inspect",
+        "tests/data/unbound.yaml",
+        "--emit-yaml",
+        yaml.to_str().unwrap(),
+    ]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    for want in [
+        "  y: f32[n, 4]",
+        "plan: not made, symbolic dim 'n' has no size (give --dim n=N to plan)",
+        "activation memory at most 32*n bytes",
+    ] {
+        assert!(out.contains(want), "missing {want:?} in\n{out}");
+    }
+    let written = std::fs::read_to_string(&yaml).unwrap();
+    assert!(written.contains("shape: [n, 4]"), "{written}");
+    // The backward graph is built for sizes: there an unbound symbol is named.
+    let o = graphrun(&["inspect", "tests/data/unbound.yaml", "--backward"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(text(&o).1.contains("'n'"), "{}", text(&o).1);
     let _ = std::fs::remove_dir_all(&d);
@@ -306,8 +349,17 @@ fn inspect_no_fuse_disable_pass_explain_fusion_and_dot_marks() {
     // Fused nodes are drawn filled, the others not.
     let dot = std::fs::read_to_string(&dot).unwrap();
     let filled: Vec<&str> = dot.lines().filter(|l| l.contains("style=filled")).collect();
-    assert_eq!(filled.len(), 4, "the four FusedMatMuls:\n{dot}");
-    assert!(filled.iter().all(|l| l.contains("FusedMatMul")), "{dot}");
+    assert_eq!(
+        filled.len(),
+        5,
+        "the four FusedMatMuls and the mean square:\n{dot}"
+    );
+    assert!(
+        filled
+            .iter()
+            .all(|l| l.contains("FusedMatMul") || l.contains("ReduceMeanSquare")),
+        "{dot}"
+    );
     assert!(
         dot.contains("Softmax")
             && !dot
@@ -357,6 +409,15 @@ fn dtype_flag_runs_in_half_precision() {
     }
 }
 
+/// The sum of a gradient file's elements.
+fn grad_sum(path: &Path) -> f64 {
+    graphrun::Tensor::read_npy(path)
+        .unwrap()
+        .to_f64_vec()
+        .iter()
+        .sum()
+}
+
 #[test]
 fn backward_writes_every_gradient_under_grads() {
     let d = tmpdir("bwd");
@@ -378,48 +439,104 @@ fn backward_writes_every_gradient_under_grads() {
         files_in(&d.join("grads")),
         ["b1.npy", "b2.npy", "b3.npy", "w1.npy", "w2.npy", "w3.npy", "x.npy"]
     );
-    // The bias of the last layer collects the all-ones seed of `logits` per row (4) and
-    // the softmax cross-entropy gradient, whose rows sum to zero.
-    let b3 = graphrun::Tensor::read_npy(&d.join("grads/b3.npy")).unwrap();
-    let s: f64 = b3.to_f64_vec().iter().sum();
+    // The model has a training loss: that is what is differentiated, and it says so.
+    assert!(
+        err.contains("gradients of 'loss' (seeded with ones), the model's training loss"),
+        "{err}"
+    );
+    // The softmax cross-entropy's gradient rows sum to zero, so does the last bias's.
+    let s = grad_sum(&d.join("grads/b3.npy"));
+    assert!(s.abs() < 1e-5, "sum of b3's gradient {s}");
+
+    // --loss logits: the sum of the logits, whose bias gradient is 1 per row and class.
+    let d2 = d.join("logits");
+    let o = graphrun(&[
+        "models/mlp.yaml",
+        "--dim",
+        "batch=4",
+        "--backward",
+        "--loss",
+        "logits",
+        "--out-dir",
+        d2.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o).1);
+    assert!(
+        text(&o).1.contains("gradients of 'logits'"),
+        "{}",
+        text(&o).1
+    );
+    let s = grad_sum(&d2.join("grads/b3.npy"));
     assert!((s - 40.0).abs() < 1e-3, "sum of b3's gradient {s}");
 
-    // A seed from a file: zeros for logits leaves only the loss's gradient.
+    // A seed from a file: zeros for logits give zero gradients.
     let z = graphrun::Tensor::from_vec(&[4, 10], vec![0f32; 40]).unwrap();
     z.write_npy(&d.join("z.npy")).unwrap();
     let seed = format!("logits={}", d.join("z.npy").display());
-    let d2 = d.join("seeded");
+    let d3 = d.join("seeded");
     let o = graphrun(&[
+        "models/mlp.yaml",
+        "--dim",
+        "batch=4",
+        "--backward",
+        "--loss",
+        "logits",
+        "--grad",
+        &seed,
+        "--out-dir",
+        d3.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o).1);
+    assert!(
+        text(&o).1.contains("'logits' (seeded from --grad)"),
+        "{}",
+        text(&o).1
+    );
+    let s = grad_sum(&d3.join("grads/w1.npy"));
+    assert_eq!(s, 0.0, "a zero seed gives zero gradients");
+
+    // A seed for an output that is not differentiated, a seed of the wrong shape, an
+    // unknown --loss, --loss or --grad without --backward: usage errors.
+    let bad = graphrun(&[
         "models/mlp.yaml",
         "--dim",
         "batch=4",
         "--backward",
         "--grad",
         &seed,
-        "--out-dir",
-        d2.to_str().unwrap(),
     ]);
-    assert!(o.status.success(), "{}", text(&o).1);
-    let b3 = graphrun::Tensor::read_npy(&d2.join("grads/b3.npy")).unwrap();
-    let s: f64 = b3.to_f64_vec().iter().sum();
-    assert!(
-        s.abs() < 1e-5,
-        "the loss alone gives a zero-sum bias gradient, got {s}"
-    );
-
-    // A seed of the wrong shape, and --grad without --backward, are usage errors.
+    assert_eq!(bad.status.code(), Some(2), "{}", text(&bad).1);
+    assert!(text(&bad).1.contains("--loss logits"), "{}", text(&bad).1);
     let bad = graphrun(&[
         "models/mlp.yaml",
         "--dim",
         "batch=5",
         "--backward",
+        "--loss",
+        "logits",
         "--grad",
         &seed,
     ]);
     assert_eq!(bad.status.code(), Some(2), "{}", text(&bad).1);
     assert!(text(&bad).1.contains("logits"), "{}", text(&bad).1);
+    let bad = graphrun(&["models/mlp.yaml", "--backward", "--loss", "nope"]);
+    assert_eq!(bad.status.code(), Some(2), "{}", text(&bad).1);
+    assert!(text(&bad).1.contains("logits, loss"), "{}", text(&bad).1);
+    let bad = graphrun(&["models/mlp.yaml", "--loss", "loss"]);
+    assert_eq!(bad.status.code(), Some(2));
     let bad = graphrun(&["models/mlp.yaml", "--grad", &seed]);
     assert_eq!(bad.status.code(), Some(2));
+
+    // No training section: every floating output is seeded, and named.
+    let o = graphrun(&["tests/data/unbound.yaml", "--dim", "n=3", "--backward"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(out.contains("grad x: f32 [3, 4]"), "{out}");
+    assert!(
+        err.contains("gradients of the sum of every floating output: 'y' (seeded with ones)"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&d);
 }
 
 #[test]
@@ -550,7 +667,13 @@ fn train_learns_saves_and_plots() {
         .collect();
     let (first, last) = (nums[nums.len() - 2], nums[nums.len() - 1]);
     assert!(last < 0.5 * first, "loss {first} -> {last}");
-    assert!(std::fs::read_to_string(&plot).unwrap().starts_with("<svg"));
+    let svg = std::fs::read_to_string(&plot).unwrap();
+    let texts = svg_texts(&svg);
+    for want in ["step", "loss", "training loss, per step"] {
+        assert!(texts.iter().any(|t| t == want), "{want:?} in {texts:?}");
+    }
+    // No held-out data: no held-out curves.
+    assert!(!texts.iter().any(|t| t.contains("held-out")), "{texts:?}");
     // The checkpoint loads back as initializers (`file:`).
     let t = graphrun::Tensor::read_safetensors(&save).unwrap();
     let names: Vec<&str> = t.iter().map(|(n, _)| n.as_str()).collect();
@@ -628,5 +751,110 @@ fn bench_fwd_is_inference_and_train_times_the_whole_step() {
         assert!(rec.contains(&format!("\"pass\": \"{pass}\"")), "{rec}");
         // The MSE (node `mse`) runs only in the training step.
         assert_eq!(rec.contains("\"node\": \"mse\""), pass == "train", "{rec}");
+    }
+}
+
+/// Every `<text>` of an SVG document, which must parse as XML.
+fn svg_texts(svg: &str) -> Vec<String> {
+    let doc = roxmltree::Document::parse(svg).unwrap_or_else(|e| panic!("{e}: {svg}"));
+    assert_eq!(doc.root_element().tag_name().name(), "svg");
+    doc.descendants()
+        .filter(|n| n.has_tag_name("text"))
+        .map(|n| n.text().unwrap_or("").trim().to_string())
+        .collect()
+}
+
+#[test]
+fn train_plot_draws_held_out_curves_and_a_log_scale() {
+    let d = tmpdir("plot");
+    // 96 samples of an easy task: the label is 1 where the first pixel is positive.
+    let n = 96;
+    let mut rng = graphrun::rng::Rng::new(7);
+    let x: Vec<f32> = (0..n * 784)
+        .map(|_| rng.uniform_in(-1.0, 1.0) as f32)
+        .collect();
+    let y: Vec<i64> = (0..n).map(|i| (x[i * 784] > 0.0) as i64).collect();
+    let xs = d.join("x.npy");
+    let ys = d.join("y.npy");
+    graphrun::Tensor::from_vec(&[n, 784], x)
+        .unwrap()
+        .write_npy(&xs)
+        .unwrap();
+    graphrun::Tensor::from_vec(&[n], y)
+        .unwrap()
+        .write_npy(&ys)
+        .unwrap();
+    let (x, y) = (
+        format!("x={}", xs.display()),
+        format!("labels={}", ys.display()),
+    );
+    for log in [false, true] {
+        let plot = d.join(format!("p{log}.svg"));
+        let mut args = vec![
+            "train",
+            "models/mlp.yaml",
+            "--data",
+            &x,
+            "--data",
+            &y,
+            "--val-data",
+            &x,
+            "--val-data",
+            &y,
+            "--batch-size",
+            "16",
+            "--epochs",
+            "4",
+            "--quiet",
+            "--plot",
+            plot.to_str().unwrap(),
+        ];
+        if log {
+            args.push("--plot-log");
+        }
+        let o = graphrun(&args);
+        assert!(o.status.success(), "{}", text(&o).1);
+        let texts = svg_texts(&std::fs::read_to_string(&plot).unwrap());
+        for want in [
+            "step",
+            if log { "loss (log scale)" } else { "loss" },
+            "held-out accuracy (%)",
+            "training loss, per step",
+            "training loss, epoch mean",
+            "held-out loss, after each epoch",
+            "held-out accuracy, after each epoch",
+        ] {
+            assert!(texts.iter().any(|t| t == want), "{want:?} in {texts:?}");
+        }
+        // Ticks: numbers on both axes of the loss panel.
+        assert!(
+            texts.iter().filter(|t| t.parse::<f64>().is_ok()).count() >= 8,
+            "{texts:?}"
+        );
+    }
+    let o = graphrun(&["train", "models/mlp.yaml", "--plot-log"]);
+    assert_eq!(o.status.code(), Some(2), "--plot-log needs --plot");
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn every_argument_has_help() {
+    for cmd in ["run", "inspect", "bench", "train", "convert", "doctor"] {
+        let out = text(&graphrun(&[cmd, "--help"])).0;
+        let mut checked = 0;
+        for line in out.lines() {
+            let t = line.trim_start();
+            // An argument line: `--flag <V>  help`, `-q, --quiet  help`, `<MODEL>  help`.
+            if !(t.starts_with('-') || t.starts_with('<')) || line.len() == t.len() {
+                continue;
+            }
+            checked += 1;
+            let help = t.split_once("  ").map(|(_, h)| h.trim()).unwrap_or("");
+            assert!(
+                !help.is_empty() && !help.starts_with('['),
+                "`graphrun {cmd}`: no help for {t:?}"
+            );
+        }
+        assert!(checked >= 2, "{cmd}: {out}");
     }
 }

@@ -990,9 +990,14 @@ fn onnx_node_tests() {
 
 /// Whether the WebGPU adapter is a software one (lavapipe, as in CI): the doc records its
 /// outcomes, and a GPU's driver may differ (f16, for one).
+#[cfg(feature = "wgpu")]
 fn wgpu_software() -> bool {
     graphrun::backends::wgpu::device::gpu()
         .is_ok_and(|g| format!("{:?}", g.info.device_type) == "Cpu")
+}
+#[cfg(not(feature = "wgpu"))]
+fn wgpu_software() -> bool {
+    false
 }
 
 /// Writes the doc (UPDATE_CONFORMANCE) or records a problem when it is stale.

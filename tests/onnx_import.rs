@@ -621,6 +621,13 @@ fn every_command_takes_onnx_and_convert_writes_yaml() {
     let yaml = d.join("block.yaml");
     let (ok, _, out, err) = graphrun(&["convert", onnx, "-o", yaml.to_str().unwrap()]);
     assert!(ok && out.contains("wrote"), "{out}{err}");
+    // It says that the large initializers went into a file beside the YAML.
+    let side = d.join("block.safetensors");
+    assert!(side.exists(), "{out}");
+    assert!(
+        out.contains(&format!("wrote {} (", side.display())),
+        "{out}"
+    );
     let (ok, _, _, err) = graphrun(&[
         yaml.to_str().unwrap(),
         "--input",

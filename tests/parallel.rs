@@ -6,6 +6,10 @@
 //! and fail instead under GRAPHRUN_REQUIRE_CUDA); the two-GPU ones need two devices and
 //! fail instead of skipping under GRAPHRUN_REQUIRE_GPUS=2.
 
+// It calls the cuda backend's own functions, which a build without the `cuda` feature
+// does not have.
+#![cfg(feature = "cuda")]
+
 mod common;
 
 use common::*;

@@ -3,6 +3,10 @@
 //! rows as the CPU does, and rerun bit for bit. One test in its own binary because it
 //! switches the process-wide choice (`set_subgroups`) between runs.
 
+// It calls the wgpu backend's own functions, which a build without the `wgpu` feature
+// does not have.
+#![cfg(feature = "wgpu")]
+
 mod common;
 use common::*;
 use graphrun::graph::op::AttrValue as A;

@@ -2,10 +2,23 @@
 //! buffers, synchronize. The executor (src/exec) is the only caller; a backend never sees
 //! YAML or passes.
 
+// Launch descriptions shared by the GPU backends, and a few helpers the CPU uses too: in
+// a CPU-only build the GPU-only ones are unused.
+#[cfg_attr(not(any(feature = "cuda", feature = "wgpu")), allow(dead_code))]
 mod common;
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+// Without a backend's feature, a stand-in answers every question about its device with
+// "built without the feature" (so callers need no cfg of their own).
+#[cfg(not(feature = "cuda"))]
+#[path = "cuda_off.rs"]
 pub mod cuda;
 pub mod tuning;
+#[cfg(feature = "wgpu")]
+pub mod wgpu;
+#[cfg(not(feature = "wgpu"))]
+#[path = "wgpu_off.rs"]
 pub mod wgpu;
 
 use crate::error::Result;

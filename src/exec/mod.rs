@@ -1,6 +1,10 @@
 //! The executor: plans (schedule, lifetimes, buffer reuse) and sessions that run them on
 //! a backend. This is the only place where graphs and devices meet.
 
+#[cfg(feature = "cuda")]
+pub mod parallel;
+#[cfg(not(feature = "cuda"))]
+#[path = "parallel_off.rs"]
 pub mod parallel;
 pub mod plan;
 pub mod session;

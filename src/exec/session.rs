@@ -82,6 +82,9 @@ pub struct Session {
     fetch_plans: Vec<FetchPlan>,
     /// Backward graphs of every floating output (`backward`), per input shapes.
     grad_plans: Vec<BackwardPlan>,
+    /// The outputs `backward` differentiates (`set_backward_outputs`); None: every
+    /// floating output.
+    grad_outputs: Option<Vec<String>>,
     /// Backward graphs of the training loss (`train_step`), per input shapes.
     train_plans: Vec<BackwardPlan>,
     /// Optimizer steps taken.
@@ -129,6 +132,7 @@ trait Run {
     fn sync(&mut self) -> Result<()>;
     /// Makes this executor a data-parallel worker: every initializer is replaced by the
     /// first worker's, and training steps average their gradients over the workers.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     fn set_data_parallel(&mut self) -> Result<()>;
     /// `Backend::take_nonfinite`: the index in the step's update pairs of the first
     /// parameter an update left NaN or infinite.
@@ -139,12 +143,30 @@ impl Session {
     pub fn new(graph: Graph, opts: SessionOptions) -> Result<Session> {
         let exec: Box<dyn Run> = match opts.backend {
             BackendKind::Cpu => Box::new(Executor::new(Cpu::default(), &graph)?),
+            #[cfg(feature = "cuda")]
             BackendKind::Cuda => Box::new(Executor::new(
                 crate::backends::cuda::Cuda::on(opts.device, opts.tf32)?,
                 &graph,
             )?),
+            #[cfg(not(feature = "cuda"))]
+            BackendKind::Cuda => {
+                crate::bail!(
+                    Runtime,
+                    "--backend cuda: {}",
+                    crate::backends::cuda::NOT_BUILT
+                )
+            }
+            #[cfg(feature = "wgpu")]
             BackendKind::Wgpu => {
                 Box::new(Executor::new(crate::backends::wgpu::Wgpu::new()?, &graph)?)
+            }
+            #[cfg(not(feature = "wgpu"))]
+            BackendKind::Wgpu => {
+                crate::bail!(
+                    Runtime,
+                    "--backend wgpu: {}",
+                    crate::backends::wgpu::NOT_BUILT
+                )
             }
         };
         Ok(Session::with_exec(graph, opts, exec))
@@ -153,6 +175,7 @@ impl Session {
     /// A data-parallel worker (exec/parallel.rs) on CUDA device `opts.device`, rank
     /// `comm.rank`. Every worker must be made at the same time (the initializers are
     /// broadcast from rank 0 here).
+    #[cfg(feature = "cuda")]
     pub(crate) fn worker(
         graph: Graph,
         opts: SessionOptions,
@@ -182,6 +205,7 @@ impl Session {
             plans: PlanCache::default(),
             fetch_plans: vec![],
             grad_plans: vec![],
+            grad_outputs: None,
             train_plans: vec![],
             steps: 0,
             last_train: 0,
@@ -443,6 +467,8 @@ impl Session {
                 );
             }
             vec![t.loss.clone()]
+        } else if let Some(chosen) = &self.grad_outputs {
+            chosen.clone()
         } else {
             let inf = crate::graph::infer::infer_graph_with(
                 &self.graph,
@@ -495,6 +521,27 @@ impl Session {
             ones,
         });
         Ok(cache.len() - 1)
+    }
+
+    /// Makes `backward` differentiate these outputs only (e.g. a loss), instead of every
+    /// floating output: the gradients are then those of their sum, and only they take
+    /// seeds. An empty list goes back to every floating output.
+    pub fn set_backward_outputs(&mut self, outputs: &[String]) -> Result<()> {
+        for o in outputs {
+            if !self.graph.outputs.contains(o) {
+                crate::bail!(
+                    Input,
+                    "'{o}' is not an output of the graph (its outputs: {})",
+                    self.graph.outputs.join(", ")
+                );
+            }
+        }
+        let chosen = (!outputs.is_empty()).then(|| outputs.to_vec());
+        if chosen != self.grad_outputs {
+            self.grad_outputs = chosen;
+            self.grad_plans.clear();
+        }
+        Ok(())
     }
 
     /// Runs forward and backward: the gradient of every floating output (seeded from
@@ -1141,5 +1188,54 @@ impl PlanCache {
     }
     fn insert(&mut self, key: PlanKey, plan: Plan) {
         self.plans.push((key, plan));
+    }
+}
+
+#[cfg(test)]
+mod built_without {
+    use super::*;
+
+    /// A build without a GPU backend's feature (`--no-default-features`, as CI builds it)
+    /// refuses that backend, and data-parallel training, with one line naming the feature.
+    #[test]
+    fn backends_left_out_of_the_build_say_so() {
+        let g = crate::Model::from_str(
+            "graphrun: 1\ninputs: [{name: x, dtype: f32, shape: [2]}]\noutputs: [y]\nnodes:\n  - {op: Relu, inputs: [x], outputs: [y]}\n",
+            ".",
+        )
+        .unwrap()
+        .graph;
+        let built = [
+            (BackendKind::Cuda, cfg!(feature = "cuda")),
+            (BackendKind::Wgpu, cfg!(feature = "wgpu")),
+        ];
+        for (kind, _) in built.iter().filter(|(_, on)| !on) {
+            let opts = SessionOptions {
+                backend: *kind,
+                ..Default::default()
+            };
+            let err = Session::new(g.clone(), opts).err().expect("refused");
+            let want = format!("built without the {} feature", kind.name());
+            assert!(err.to_string().contains(&want), "{err}");
+            assert_eq!(err.to_string().lines().count(), 1, "{err}");
+        }
+        if !cfg!(feature = "cuda") {
+            let opts = SessionOptions {
+                backend: BackendKind::Cuda,
+                ..Default::default()
+            };
+            let err = crate::DataParallel::new(g.clone(), opts, 2)
+                .err()
+                .expect("refused");
+            assert!(
+                err.to_string().contains("built without the cuda feature"),
+                "{err}"
+            );
+        }
+        // With every backend built in, the CPU still runs: the test is not vacuous there.
+        let mut s = Session::new(g, SessionOptions::default()).unwrap();
+        let x = Tensor::from_vec(&[2], vec![-1f32, 2.0]).unwrap();
+        let y = s.run(&HashMap::from([("x".to_string(), x)])).unwrap();
+        assert_eq!(y[0].1.to_f64_vec(), vec![0.0, 2.0]);
     }
 }

@@ -535,6 +535,57 @@ struct Attrs<'a> {
     node_loc: Option<&'a Loc>,
     attrs: &'a [Attr],
     used: Vec<bool>,
+    /// Every attribute name the op's parser asked for, written or not: the op's valid
+    /// attributes, which the error for an unknown one lists (the parser is their only
+    /// declaration, so the list cannot drift from what is accepted).
+    asked: Vec<String>,
+}
+
+/// The candidate closest to `word` when it is close enough to be a likely typo: equal
+/// but for case, or within an edit distance of about a third of its length.
+pub fn did_you_mean<'c>(
+    word: &str,
+    candidates: impl IntoIterator<Item = &'c str>,
+) -> Option<&'c str> {
+    let lower = word.to_lowercase();
+    let mut best: Option<(usize, &str)> = None;
+    for c in candidates {
+        let d = if c.to_lowercase() == lower {
+            0
+        } else {
+            edit_distance(&lower, &c.to_lowercase())
+        };
+        if best.is_none_or(|(b, _)| d < b) {
+            best = Some((d, c));
+        }
+    }
+    let limit = (word.chars().count() / 3).max(1);
+    best.filter(|(d, _)| *d <= limit).map(|(_, c)| c)
+}
+
+/// Edit distance counting an insertion, a deletion, a substitution or a swap of two
+/// neighbouring characters (the commonest typo, `alpah`) as one edit each.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    // d[i][j]: distance between a[..i] and b[..j].
+    let mut d = vec![vec![0usize; b.len() + 1]; a.len() + 1];
+    for (i, row) in d.iter_mut().enumerate() {
+        row[0] = i;
+    }
+    for (j, v) in d[0].iter_mut().enumerate() {
+        *v = j;
+    }
+    for i in 1..=a.len() {
+        for j in 1..=b.len() {
+            let sub = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]) as usize;
+            let mut best = sub.min(d[i - 1][j] + 1).min(d[i][j - 1] + 1);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                best = best.min(d[i - 2][j - 2] + 1);
+            }
+            d[i][j] = best;
+        }
+    }
+    d[a.len()][b.len()]
 }
 
 impl<'a> Attrs<'a> {
@@ -547,6 +598,9 @@ impl<'a> Attrs<'a> {
         }
     }
     fn get(&mut self, name: &str) -> Option<&'a Attr> {
+        if !self.asked.iter().any(|a| a == name) {
+            self.asked.push(name.to_string());
+        }
         let i = self.attrs.iter().position(|a| a.name == name)?;
         self.used[i] = true;
         Some(&self.attrs[i])
@@ -673,9 +727,20 @@ impl<'a> Attrs<'a> {
     fn finish(self) -> Result<()> {
         for (a, used) in self.attrs.iter().zip(&self.used) {
             if !used {
+                let valid = if self.asked.is_empty() {
+                    format!("{} takes no attributes", self.op)
+                } else {
+                    format!("{} takes: {}", self.op, self.asked.join(", "))
+                };
+                let hint = did_you_mean(&a.name, self.asked.iter().map(|s| s.as_str()))
+                    .map(|s| format!("did you mean '{s}'? "))
+                    .unwrap_or_default();
                 return Err(self.err(
                     Some(a),
-                    format!("unknown attribute '{}' for op {}", a.name, self.op),
+                    format!(
+                        "unknown attribute '{}' for op {}; {hint}({valid})",
+                        a.name, self.op
+                    ),
                 ));
             }
         }
@@ -963,6 +1028,7 @@ impl Op {
                     node_loc,
                     attrs: &own,
                     used: vec![false; own.len()],
+                    asked: vec![],
                 };
                 *a_activation = a.activation("a_activation")?;
             }
@@ -976,6 +1042,7 @@ impl Op {
             node_loc,
             attrs,
             used: vec![false; attrs.len()],
+            asked: vec![],
         };
         let reduce = |a: &mut Attrs, kind| -> Result<Op> {
             Ok(Op::Reduce {
@@ -1403,7 +1470,15 @@ impl Op {
                     a.finish()?;
                     return Ok(op);
                 }
-                let msg = format!("unknown op '{name}'");
+                let known = OP_NAMES
+                    .iter()
+                    .chain(GRAD_OP_NAMES.iter())
+                    .chain(INTERNAL_OP_NAMES)
+                    .copied();
+                let msg = match did_you_mean(name, known) {
+                    Some(s) => format!("unknown op '{name}'; did you mean '{s}'?"),
+                    None => format!("unknown op '{name}'"),
+                };
                 return Err(match node_loc {
                     Some(l) => Error::model(l, format!("node '{node}': {msg}")),
                     None => Error::Graph(format!("node '{node}': {msg}")),

@@ -1050,26 +1050,36 @@ pub fn side_file(path: &Path) -> PathBuf {
 
 /// Writes `g` to `path` as a self-contained model: initializers given by `init:` are
 /// written as the same spec (regenerated bit-exactly), small ones inline, the rest into
-/// `side_file(path)`. Both files are written whole or neither is.
-pub fn save(g: &Graph, path: &Path) -> Result<()> {
+/// `side_file(path)`. Both files are written whole or neither is. Returns that side file
+/// and how many initializers went into it, when there is one.
+pub fn save(g: &Graph, path: &Path) -> Result<Option<(PathBuf, usize)>> {
     let mut out = crate::files::Outputs::new();
-    stage(g, path, &mut out)?;
-    out.commit()
+    let side = stage(g, path, &mut out)?;
+    out.commit()?;
+    Ok(side)
 }
 
-/// `save`'s files, staged in `out` (written when `out` is committed).
-pub fn stage(g: &Graph, path: &Path, out: &mut crate::files::Outputs) -> Result<()> {
+/// `save`'s files, staged in `out` (written when `out` is committed); returns the side
+/// file and its initializer count, when there is one.
+pub fn stage(
+    g: &Graph,
+    path: &Path,
+    out: &mut crate::files::Outputs,
+) -> Result<Option<(PathBuf, usize)>> {
     let side_path = side_file(path);
     let side_name = side_path
         .file_name()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default();
     let (text, side) = emit(g, &side_name);
+    let mut written = None;
     if !side.is_empty() {
         let refs: Vec<(String, &Tensor)> = side.iter().map(|(n, t)| (n.clone(), *t)).collect();
         out.stage(&side_path, |w| Tensor::write_safetensors_to(&refs, w))?;
+        written = Some((side_path, side.len()));
     }
-    out.stage(path, |w| w.write_all(text.as_bytes()))
+    out.stage(path, |w| w.write_all(text.as_bytes()))?;
+    Ok(written)
 }
 
 /// The YAML text of `g`, and the tensors that go into the side file `side_name`.

@@ -20,6 +20,7 @@ mod nn;
 mod reduce;
 mod resize;
 mod shape;
+pub mod symbolic;
 mod window;
 
 pub use attention::{qkv_parts, AttnDims};

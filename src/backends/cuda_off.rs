@@ -1,0 +1,20 @@
+//! Stands in for the CUDA backend when graphrun is built without the `cuda` feature
+//! (`cargo build --no-default-features`): the entry points that ask about the device,
+//! each answering that it was not built in, so that callers (the CLI, `doctor`, tests
+//! that skip without a GPU) need no feature checks of their own.
+
+/// Why there is no CUDA device: the one line every caller reports.
+pub const NOT_BUILT: &str =
+    "graphrun was built without the cuda feature (rebuild with `--features cuda`)";
+
+pub fn available() -> std::result::Result<(), String> {
+    Err(NOT_BUILT.into())
+}
+
+pub fn device_count() -> usize {
+    0
+}
+
+pub fn doctor_lines() -> Vec<String> {
+    vec![format!("not available: {NOT_BUILT}")]
+}
