@@ -88,8 +88,8 @@ impl Model {
     ) -> Result<Option<(std::path::PathBuf, usize)>> {
         graph::yaml::save(&self.graph, path.as_ref())
     }
-    /// Seeded random data for every graph input; symbolic dims from `dims`, else the
-    /// model's defaults.
+    /// Seeded random data for every graph input (its default where it has one); symbolic
+    /// dims from `dims`, else the model's defaults.
     pub fn random_inputs(
         &self,
         seed: u64,
@@ -101,6 +101,9 @@ impl Model {
             .inputs
             .iter()
             .map(|i| {
+                if let Some(d) = &i.default {
+                    return Ok((i.name.clone(), d.clone()));
+                }
                 let shape = exec::concrete_shape(i, &all)?;
                 Ok((i.name.clone(), exec::random_input(i, &shape, seed)?))
             })

@@ -558,6 +558,8 @@ fn run(a: RunArgs) -> Result<(), Fail> {
         })?;
         feeds.insert(name, t);
     }
+    // Inputs with a default (an ONNX initializer listed as an input) take it unless fed.
+    exec::fill_defaults(g, &mut feeds);
     let fill_all = a.inputs.is_empty();
     if !fill_all && !a.random_inputs {
         let missing: Vec<&str> = g
@@ -1233,7 +1235,8 @@ fn bench(a: BenchArgs) -> Result<(), Fail> {
     let mut model = load(&a.model, a.common.dtype.as_deref())?;
     check_outputs(&a.json)?;
     let dims = parse_dims(&model.graph, &a.common.dims)?;
-    let given = read_inputs(&model.graph, &a.inputs, a.common.dtype.is_some())?;
+    let mut given = read_inputs(&model.graph, &a.inputs, a.common.dtype.is_some())?;
+    exec::fill_defaults(&model.graph, &mut given);
     need_plan_inputs(&model.graph, &given)?;
     let feeds = with_random_inputs(&model.graph, given.clone(), &dims, a.seed)?;
     // --backward: a training step (forward, loss, backward, optimizer) when the model

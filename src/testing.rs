@@ -78,6 +78,7 @@ pub fn random_graph(data: &[u8], max_nodes: usize) -> (Graph, HashMap<String, Te
         let f = [4, 6][b.pick(2)];
         let name = format!("x{k}");
         g.inputs.push(InputInfo {
+            default: None,
             name: name.clone(),
             dtype: dt,
             shape: vec![Dim::Fixed(3), Dim::Fixed(f)],

@@ -59,6 +59,7 @@ impl Net {
     /// A graph input fed `t`.
     fn input(mut self, name: &str, t: Tensor) -> Net {
         self.g.inputs.push(InputInfo {
+            default: None,
             name: name.into(),
             dtype: t.dtype(),
             shape: t.shape().iter().map(|&d| Dim::Fixed(d)).collect(),
@@ -189,6 +190,7 @@ fn params_as_inputs(n: &Net) -> (Graph, HashMap<String, Tensor>) {
     g.initializers = rest;
     for p in params {
         g.inputs.push(InputInfo {
+            default: None,
             name: p.name.clone(),
             dtype: p.tensor.dtype(),
             shape: p.tensor.shape().iter().map(|&d| Dim::Fixed(d)).collect(),

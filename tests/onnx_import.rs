@@ -226,7 +226,7 @@ fn graph_inputs_dims_names_and_initializer_inputs() {
             node("MatMul", &["x", "w"], &["y0"], vec![]),
             node("Relu", &["y0"], &["y"], vec![]),
         ],
-        // `w` is both an input and an initializer: it is taken as the initializer.
+        // `w` is both an input and an initializer: from IR version 4 on, its default.
         input: vec![
             input("x", 1, &[Err("batch size"), Ok(2)]),
             input("w", 1, &[Ok(2), Ok(3)]),
@@ -235,12 +235,44 @@ fn graph_inputs_dims_names_and_initializer_inputs() {
         output: vec![output("y")],
         ..Default::default()
     };
-    let m = load(&d, "in.onnx", &model(17, g)).unwrap();
-    assert_eq!(m.graph.inputs.len(), 1);
+    let m = load(&d, "in.onnx", &model(17, g.clone())).unwrap();
+    assert_eq!(m.graph.inputs.len(), 2);
+    assert!(m.graph.initializers.is_empty());
     assert_eq!(
         m.graph.inputs[0].shape,
         [Dim::Sym("batch_size".into()), Dim::Fixed(2)]
     );
+    assert_eq!(
+        m.graph.inputs[1].default.as_ref().unwrap().to_f64_vec(),
+        [1., 0., -1., 0., 1., 1.]
+    );
+    // The caller may override the default.
+    let x = Tensor::from_vec(&[1, 2], vec![2.0f32, 3.0]).unwrap();
+    let w2 = Tensor::from_vec(&[2, 3], vec![1.0f32, 1., 1., 1., 1., 1.]).unwrap();
+    assert_eq!(
+        run(&m, &[("x", x.clone()), ("w", w2)])[0].to_f64_vec(),
+        [5.0, 5.0, 5.0]
+    );
+    // A default that does not fit the input's type is an error.
+    let mut bad = g.clone();
+    bad.initializer = vec![f32_raw("w", &[3, 2], &[0.; 6])];
+    let e = load_err(&d, "baddef.onnx", &model(17, bad));
+    assert!(
+        e.contains("graph input 'w'") && e.contains("does not fit"),
+        "{e}"
+    );
+    // Written as YAML and read back, the input keeps its default.
+    let yaml = d.join("in.yaml");
+    m.save(&yaml).unwrap();
+    let back = Model::load(&yaml).unwrap();
+    assert_eq!(back.graph.inputs[1].default, m.graph.inputs[1].default);
+    assert_eq!(run(&back, &[("x", x)])[0].to_f64_vec(), [2.0, 3.0, 1.0]);
+    // Before IR version 4 every initializer was listed as an input: a constant.
+    let mut old = ModelProto::decode(model(17, g).as_slice()).unwrap();
+    old.ir_version = 3;
+    let m3 = load(&d, "ir3.onnx", &old.encode_to_vec()).unwrap();
+    assert_eq!(m3.graph.inputs.len(), 1);
+    assert!(m3.graph.initializer("w").is_some());
     // Unnamed nodes get stable names.
     let names: Vec<&str> = m.graph.nodes.iter().map(|n| n.name.as_str()).collect();
     assert_eq!(names, ["MatMul_0", "Relu_1"]);

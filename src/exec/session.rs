@@ -355,6 +355,8 @@ impl Session {
 
     /// Runs the graph; returns the outputs in the order of `graph.outputs`.
     pub fn run(&mut self, feeds: &HashMap<String, Tensor>) -> Result<Vec<(String, Tensor)>> {
+        let defaulted = with_defaults(&self.graph, feeds);
+        let feeds = &*defaulted;
         let key = self.plan_key(feeds)?;
         if !self.plans.has(&key) {
             let plan = self.make_plan(&self.graph, &key)?;
@@ -380,6 +382,8 @@ impl Session {
         feeds: &HashMap<String, Tensor>,
         fetch: &[String],
     ) -> Result<Vec<Tensor>> {
+        let defaulted = with_defaults(&self.graph, feeds);
+        let feeds = &*defaulted;
         let key = self.plan_key(feeds)?;
         let i = match self
             .fetch_plans
@@ -552,6 +556,8 @@ impl Session {
         feeds: &HashMap<String, Tensor>,
         seeds: &HashMap<String, Tensor>,
     ) -> Result<Gradients> {
+        let defaulted = with_defaults(&self.graph, feeds);
+        let feeds = &*defaulted;
         let i = self.backward_plan(feeds, false)?;
         let e = &self.grad_plans[i];
         for name in seeds.keys() {
@@ -616,6 +622,8 @@ impl Session {
     /// the optimizer update of every trainable initializer in place on the backend.
     /// Returns the loss before the update.
     pub fn train_step(&mut self, feeds: &HashMap<String, Tensor>) -> Result<f64> {
+        let defaulted = with_defaults(&self.graph, feeds);
+        let feeds = &*defaulted;
         let i = self.backward_plan(feeds, true)?;
         let e = &self.train_plans[i];
         let opt = self
@@ -698,6 +706,24 @@ impl Session {
     pub fn steps(&self) -> u64 {
         self.steps
     }
+}
+
+/// The feeds with every input that has a default and is not fed filled in (copied only
+/// when there is one).
+fn with_defaults<'a>(
+    g: &Graph,
+    feeds: &'a HashMap<String, Tensor>,
+) -> std::borrow::Cow<'a, HashMap<String, Tensor>> {
+    if !g
+        .inputs
+        .iter()
+        .any(|i| i.default.is_some() && !feeds.contains_key(&i.name))
+    {
+        return std::borrow::Cow::Borrowed(feeds);
+    }
+    let mut all = feeds.clone();
+    super::fill_defaults(g, &mut all);
+    std::borrow::Cow::Owned(all)
 }
 
 /// A tensor of ones (the default seed gradient).

@@ -47,6 +47,9 @@ pub struct InputInfo {
     pub shape: Vec<Dim>,
     /// Half-open range random data is drawn from.
     pub range: Option<(f64, f64)>,
+    /// The value used when a run does not feed this input (an ONNX initializer that is
+    /// also a graph input: a default the caller may override, not a constant).
+    pub default: Option<Tensor>,
     pub loc: Option<Loc>,
 }
 

@@ -377,7 +377,7 @@ fn parse_model(text: &str, file: &str, base: &Path) -> Result<Graph> {
     let mut inputs = vec![];
     if let Some(list) = top.get("inputs") {
         for y in list.seq("inputs")? {
-            inputs.push(parse_input(y)?);
+            inputs.push(parse_input(y, base)?);
         }
     }
     let mut outputs = vec![];
@@ -492,8 +492,8 @@ fn fixed_shape(y: &Y, what: &str) -> Result<Vec<usize>> {
     Ok(shape)
 }
 
-fn parse_input(y: &Y) -> Result<InputInfo> {
-    let f = y.map("an input", &["name", "dtype", "shape", "range"])?;
+fn parse_input(y: &Y, base: &Path) -> Result<InputInfo> {
+    let f = y.map("an input", &["name", "dtype", "shape", "range", "default"])?;
     let range = match f.get("range") {
         None => None,
         Some(r) => {
@@ -511,13 +511,67 @@ fn parse_input(y: &Y) -> Result<InputInfo> {
             Some((lo, hi))
         }
     };
+    let name = f.req("name")?.str("name")?.to_string();
+    let dtype = parse_dtype(f.req("dtype")?)?;
+    let shape = parse_shape(f.req("shape")?)?;
+    let default = f
+        .get("default")
+        .map(|d| parse_default(d, base, &name, dtype, &shape))
+        .transpose()?;
     Ok(InputInfo {
-        name: f.req("name")?.str("name")?.to_string(),
-        dtype: parse_dtype(f.req("dtype")?)?,
-        shape: parse_shape(f.req("shape")?)?,
+        name,
+        dtype,
+        shape,
         range,
+        default,
         loc: Some(y.loc.clone()),
     })
+}
+
+/// An input's `default:` — `{values: [...]}` or `{file: F, key: K}` — checked against the
+/// input's dtype and shape (a symbolic dim takes any size).
+fn parse_default(y: &Y, base: &Path, name: &str, dtype: DType, shape: &[Dim]) -> Result<Tensor> {
+    let f = y.map(
+        &format!("the default of input '{name}'"),
+        &["values", "file", "key"],
+    )?;
+    let t = if let Some(v) = f.get("values") {
+        let fixed: Option<Vec<usize>> = shape
+            .iter()
+            .map(|d| match d {
+                Dim::Fixed(n) => Some(*n),
+                Dim::Sym(_) => None,
+            })
+            .collect();
+        let Some(fixed) = fixed else {
+            return Err(v.err(format!(
+                "input '{name}': a default given by values needs a shape of numbers; use file: for a symbolic one"
+            )));
+        };
+        let vals = parse_values(v, dtype)?;
+        Tensor::from_f64(dtype, &fixed, &vals).map_err(|e| v.err(format!("input '{name}': {e}")))?
+    } else {
+        let file = f.req("file")?;
+        let rel = PathBuf::from(file.str("file")?);
+        let path = crate::files::resolve_inside(base, &rel)
+            .map_err(|e| file.err(format!("input '{name}': {e}")))?;
+        let key = f.get("key").map(|k| k.str("key")).transpose()?;
+        read_tensor_file(&path, key, name).map_err(|e| file.err(e.to_string()))?
+    };
+    let fits = t.dtype() == dtype
+        && t.shape().len() == shape.len()
+        && shape
+            .iter()
+            .zip(t.shape())
+            .all(|(d, &n)| matches!(d, Dim::Sym(_)) || *d == Dim::Fixed(n));
+    if !fits {
+        return Err(y.err(format!(
+            "input '{name}': the default is {} {}, which does not fit the input",
+            t.dtype(),
+            fmt_shape(t.shape())
+        )));
+    }
+    Ok(t)
 }
 
 fn parse_initializer(y: &Y, base: &Path) -> Result<Initializer> {
@@ -1033,7 +1087,11 @@ fn in_side_file(init: &Initializer) -> bool {
 /// The files `save(g, path)` writes: `path`, and the side file when `g` needs one.
 pub fn save_paths(g: &Graph, path: &Path) -> Vec<PathBuf> {
     let mut v = vec![path.to_path_buf()];
-    if g.initializers.iter().any(in_side_file) {
+    let big_default = g
+        .inputs
+        .iter()
+        .any(|i| i.default.as_ref().is_some_and(|t| t.numel() > 64));
+    if g.initializers.iter().any(in_side_file) || big_default {
         v.push(side_file(path));
     }
     v
@@ -1110,8 +1168,20 @@ pub fn emit<'g>(g: &'g Graph, side_name: &str) -> (String, Vec<(String, &'g Tens
             .range
             .map(|(l, h)| format!(", range: [{}, {}]", yf(l), yf(h)))
             .unwrap_or_default();
+        let default = match &i.default {
+            None => String::new(),
+            Some(t) if t.numel() <= 64 => format!(", default: {{values: {}}}", emit_values(t)),
+            Some(t) => {
+                side.push((i.name.clone(), t));
+                format!(
+                    ", default: {{file: {}, key: {}}}",
+                    ystr(side_name),
+                    ystr(&i.name)
+                )
+            }
+        };
         o.push_str(&format!(
-            "  - {{name: {}, dtype: {}, shape: [{}]{range}}}\n",
+            "  - {{name: {}, dtype: {}, shape: [{}]{range}{default}}}\n",
             ystr(&i.name),
             i.dtype,
             shape.join(", ")

@@ -8,7 +8,7 @@ use super::{MAX_OPSET, MIN_OPSET};
 use crate::error::{Error, Result};
 use crate::graph::{Dim, Graph, InitSource, Initializer, InputInfo};
 use crate::tensor::Tensor;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 
 /// The ai.onnx opset a model imports; other domains are checked per node.
@@ -44,9 +44,19 @@ pub(super) fn graph_of(m: &ModelProto, stem: &str, base: &Path) -> Result<Graph>
             gp.sparse_initializer.len()
         )));
     }
+    // From IR version 4 on, an initializer that is also a graph input is that input's
+    // default, which a caller may override (ONNX Runtime's rule); before it, every
+    // initializer had to be listed as an input too, and is a constant.
+    let input_names: HashSet<&str> = gp.input.iter().map(|i| i.name.as_str()).collect();
+    let defaults_are_inputs = m.ir_version >= 4;
     let mut initializers = vec![];
+    let mut defaults: HashMap<&str, Tensor> = HashMap::new();
     for t in &gp.initializer {
         let tensor = from_proto(t, base, &format!("initializer '{}'", t.name))?;
+        if defaults_are_inputs && input_names.contains(t.name.as_str()) {
+            defaults.insert(t.name.as_str(), tensor);
+            continue;
+        }
         initializers.push(Initializer {
             name: t.name.clone(),
             trainable: looks_trainable(&tensor),
@@ -58,9 +68,25 @@ pub(super) fn graph_of(m: &ModelProto, stem: &str, base: &Path) -> Result<Graph>
     let init_names: HashSet<&str> = gp.initializer.iter().map(|t| t.name.as_str()).collect();
     let mut inputs = vec![];
     for vi in &gp.input {
-        // An input that has an initializer is a default value a caller may override;
-        // graphrun takes it as the initializer (a constant of the model).
-        if !init_names.contains(vi.name.as_str()) {
+        if let Some(t) = defaults.remove(vi.name.as_str()) {
+            let mut i = input_info(vi)?;
+            let fits = t.dtype() == i.dtype
+                && t.shape().len() == i.shape.len()
+                && i.shape
+                    .iter()
+                    .zip(t.shape())
+                    .all(|(d, &n)| matches!(d, Dim::Sym(_)) || *d == Dim::Fixed(n));
+            if !fits {
+                return Err(Error::Graph(format!(
+                    "graph input '{}' has the initializer {} {} as its default, which does not fit its type",
+                    vi.name,
+                    t.dtype(),
+                    crate::tensor::fmt_shape(t.shape())
+                )));
+            }
+            i.default = Some(t);
+            inputs.push(i);
+        } else if !init_names.contains(vi.name.as_str()) {
             inputs.push(input_info(vi)?);
         }
     }
@@ -134,6 +160,7 @@ fn input_info(vi: &ValueInfoProto) -> Result<InputInfo> {
         });
     }
     Ok(InputInfo {
+        default: None,
         name: vi.name.clone(),
         dtype,
         shape: dims,

@@ -165,6 +165,7 @@ pub fn one_node_graph(op: Op, args: &[Arg], n_out: usize) -> Graph {
             Arg::In(t) => {
                 let name = format!("in{i}");
                 inputs.push(InputInfo {
+                    default: None,
                     name: name.clone(),
                     dtype: t.dtype(),
                     shape: t

@@ -162,6 +162,7 @@ pub fn backward_with(
         }
         let name = b.fresh(&format!("{o}.grad"));
         b.g.inputs.push(crate::graph::InputInfo {
+            default: None,
             name: name.clone(),
             dtype: ty.dtype,
             shape: ty.shape.iter().map(|&d| Dim::Fixed(d)).collect(),
