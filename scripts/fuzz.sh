@@ -35,7 +35,10 @@ seed() {
         for n in add_bcast cast_DOUBLE_to_FLOAT concat_2d_axis_0 expand_dim_changed gather_0 \
             gelu_tanh_1 gemm_default_no_bias layer_normalization_2d_axis0 matmul_2d relu \
             reduce_mean_default_axes_keepdims_example reshape_reordered_all_dims slice \
-            softmax_axis_1 transpose_default unsqueeze_axis_0 where_example; do
+            softmax_axis_1 transpose_default unsqueeze_axis_0 where_example \
+            conv_with_strides_padding convtranspose_pads maxpool_2d_pads \
+            averagepool_2d_ceil resize_upsample_scales_linear batchnorm_epsilon \
+            instancenorm_example group_normalization_example depthtospace_example; do
             cp "$node/test_$n/model.onnx" "corpus/onnx/test_$n.onnx"
         done
     else

@@ -27,5 +27,13 @@ pub fn run_everything(graph: Graph) {
     if let Ok(mut s) = Session::new(g, opts) {
         let _ = s.run(&feeds);
         let _ = s.backward(&feeds, &Default::default());
+        // Inputs whose values decide shapes (a Reshape's shape, Slice's starts, a
+        // window's pads, ...) are fed again with other values: the session makes a plan
+        // per value, and each must hold.
+        if !graphrun::graph::infer::plan_time_inputs(s.graph()).is_empty() {
+            if let Ok(other) = m.random_inputs(1, &Default::default()) {
+                let _ = s.run(&other);
+            }
+        }
     }
 }
