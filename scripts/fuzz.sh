@@ -16,6 +16,7 @@
 #       best worker) and the crash files. Logs go to fuzz/logs/<target>/fuzz-<N>.log.
 set -u
 root="$(cd "$(dirname "$0")/.." && pwd)"
+start=$PWD
 cd "$root/fuzz"
 targets="yaml_model npy safetensors random_graphs onnx"
 bin="$root/fuzz/target/x86_64-unknown-linux-gnu/release"
@@ -59,7 +60,7 @@ build() { seed && cargo +nightly fuzz build -O; }
 
 case "${1:-}" in
 pack)
-    dest=$(realpath -m "${2:?pack DEST.tar.gz}")
+    dest=$(cd "$start" && realpath -m "${2:?pack DEST.tar.gz}")
     build || exit 1
     stage=$(mktemp -d)
     mkdir -p "$stage/scripts" "$stage/fuzz/target/x86_64-unknown-linux-gnu/release"
