@@ -3,8 +3,9 @@
 //!
 //! - **Reading** (`open`, `read_bytes`): the size is checked against the memory cap before
 //!   anything is read, reads are bounded (a pipe or `/dev/zero` cannot run memory out), and
-//!   buffers are reserved fallibly. Every file read is remembered so that no output of the
-//!   same run replaces it.
+//!   buffers are reserved fallibly. With `guard_inputs` on (the command line turns it on:
+//!   one process is one run), every file read is remembered so that no output of the same
+//!   run replaces it.
 //! - **Paths a model names** (`resolve_inside`): external data and initializer files must
 //!   resolve, symlinks followed, inside the model's folder unless the user opted out.
 //! - **Writing** (`check_output`, `Outputs`, `write_atomic`): every output path is checked
@@ -31,7 +32,19 @@ fn read_files() -> &'static Mutex<HashMap<PathBuf, String>> {
     READ.get_or_init(Default::default)
 }
 
+static GUARD_INPUTS: AtomicBool = AtomicBool::new(false);
+
+/// Refuse, from now on, to write any output over a file this process has read (and
+/// start remembering them). For a process that is one run, as the command line is; a
+/// library that loads and later saves the same file leaves it off.
+pub fn guard_inputs(on: bool) {
+    GUARD_INPUTS.store(on, Relaxed);
+}
+
 fn remember_read(path: &Path, what: &str) {
+    if !GUARD_INPUTS.load(Relaxed) {
+        return;
+    }
     if let Ok(real) = std::fs::canonicalize(path) {
         let mut m = read_files().lock().unwrap_or_else(|e| e.into_inner());
         m.entry(real).or_insert_with(|| what.to_string());

@@ -317,6 +317,8 @@ fn main() -> ExitCode {
         (None, Err(_)) => {}
     }
     graphrun::files::set_allow_outside(cli.allow_outside_files);
+    // One process is one run: no output may replace a file it reads.
+    graphrun::files::guard_inputs(true);
     if !cli.tune.is_empty() {
         let mut t = graphrun::tuning();
         for kv in &cli.tune {

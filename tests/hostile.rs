@@ -679,3 +679,15 @@ fn messages_say_what_is_wrong() {
     let out = out_of(&o);
     assert!(out.contains("min NaN max NaN (all NaN)"), "{out}");
 }
+
+#[test]
+fn a_library_may_save_over_the_file_it_loaded() {
+    // The guard against replacing inputs is the command line's (one process, one run): a
+    // program that loads a model and later saves it back to the same file may do so.
+    let d = tmpdir("libsave");
+    let p = d.join("m.yaml");
+    std::fs::copy("models/mlp.yaml", &p).unwrap();
+    let m = graphrun::Model::load(&p).unwrap();
+    m.save(&p).unwrap();
+    assert!(graphrun::Model::load(&p).is_ok());
+}
