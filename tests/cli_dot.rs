@@ -4,6 +4,10 @@
 //! backslashes and line breaks. With `CI` set (CI installs Graphviz) a missing `dot` is a
 //! failure; elsewhere the test says why it skips.
 
+#[path = "common/dirs.rs"]
+mod dirs;
+use dirs::*;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
@@ -12,13 +16,6 @@ fn graphrun(args: &[&str]) -> Output {
         .args(args)
         .output()
         .unwrap()
-}
-
-fn tmpdir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("graphrun_dot_{tag}_{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
 }
 
 /// Whether Graphviz's `dot` runs here (see the file's comment for CI).

@@ -2,6 +2,10 @@
 //! (or a model file) is out to break it. Each test reproduces one defect found by probing
 //! and holds its fix (docs/RELIABILITY.md lists them).
 
+#[path = "common/dirs.rs"]
+mod dirs;
+use dirs::*;
+
 mod common;
 
 use graphrun::onnx::proto::{
@@ -11,7 +15,7 @@ use graphrun::onnx::proto::{
 use graphrun::Tensor;
 use prost::Message;
 use std::os::unix::fs::symlink;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
 fn graphrun_env(args: &[&str], env: &[(&str, &str)]) -> Output {
@@ -30,22 +34,6 @@ fn err_of(o: &Output) -> String {
 }
 fn out_of(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
-}
-fn tmpdir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("graphrun_hostile_{tag}_{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-fn files_in(d: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(d)
-        .map(|r| {
-            r.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-                .collect()
-        })
-        .unwrap_or_default();
-    v.sort();
-    v
 }
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()

@@ -2,6 +2,10 @@
 //! (SPEC §9: one clear error, never a panic). Models are built here with the same prost
 //! messages the importer decodes, so each test says exactly what its file holds.
 
+#[path = "common/dirs.rs"]
+mod dirs;
+use dirs::*;
+
 use graphrun::graph::Dim;
 use graphrun::onnx::proto::{
     attr_type, AttributeProto, Dimension, GraphProto, ModelProto, NodeProto, OperatorSetIdProto,
@@ -11,15 +15,8 @@ use graphrun::onnx::proto::{
 use graphrun::{Model, Session, SessionOptions, Tensor};
 use prost::Message;
 use std::collections::HashMap;
-use std::path::PathBuf;
-use std::process::Command;
 
-fn tmpdir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("graphrun_onnx_{tag}_{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
+use std::process::Command;
 
 fn node(op: &str, inputs: &[&str], outputs: &[&str], attrs: Vec<AttributeProto>) -> NodeProto {
     NodeProto {

@@ -442,6 +442,15 @@ impl Session {
         if let Some(i) = cache.iter().position(|e| e.key == key) {
             return Ok(i);
         }
+        // The value types, for the checks and choices below (not every branch needs them).
+        let infer = || {
+            crate::graph::infer::infer_graph_with(
+                &self.graph,
+                &key.shapes,
+                &key.values,
+                &crate::backends::cpu::HOST_EVAL,
+            )
+        };
         let outputs: Vec<String> = if train {
             let Some(t) = &self.graph.training else {
                 crate::bail!(
@@ -454,12 +463,7 @@ impl Session {
             }
             // The loss must be one number: training on a tensor would silently seed every
             // element with one and minimise their sum.
-            let inf = crate::graph::infer::infer_graph_with(
-                &self.graph,
-                &key.shapes,
-                &key.values,
-                &crate::backends::cpu::HOST_EVAL,
-            )?;
+            let inf = infer()?;
             let ty = &inf.types[&t.loss];
             if ty.numel() != 1 || !ty.dtype.is_float() {
                 crate::bail!(
@@ -474,12 +478,7 @@ impl Session {
         } else if let Some(chosen) = &self.grad_outputs {
             chosen.clone()
         } else {
-            let inf = crate::graph::infer::infer_graph_with(
-                &self.graph,
-                &key.shapes,
-                &key.values,
-                &crate::backends::cpu::HOST_EVAL,
-            )?;
+            let inf = infer()?;
             self.graph
                 .outputs
                 .iter()
