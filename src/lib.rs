@@ -61,7 +61,7 @@ impl Model {
         let graph = if onnx::is_onnx_path(path) {
             onnx::load(path)?
         } else {
-            graph::yaml::load(path, &backends::cpu::HOST_EVAL)?
+            graph::yaml::load(path, &backends::cpu::HOST_EVAL, &onnx::YamlLowering)?
         };
         Ok(Model { graph })
     }
@@ -73,6 +73,7 @@ impl Model {
                 "<string>",
                 base.as_ref(),
                 &backends::cpu::HOST_EVAL,
+                &onnx::YamlLowering,
             )?,
         })
     }

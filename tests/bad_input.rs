@@ -73,13 +73,13 @@ fn duplicate_yaml_keys_are_errors() {
 #[test]
 fn every_unknown_op_is_reported_at_once() {
     let e = load_err(&format!(
-        "{HEAD}inputs: [{{name: x, dtype: f32, shape: [2]}}]\noutputs: [z]\nnodes:\n  - {{op: Frobnicate, inputs: [x], outputs: [y]}}\n  - {{op: Relu, inputs: [y], outputs: [y2]}}\n  - {{op: Conv, inputs: [y2], outputs: [z]}}\n"
+        "{HEAD}inputs: [{{name: x, dtype: f32, shape: [2]}}]\noutputs: [z]\nnodes:\n  - {{op: Frobnicate, inputs: [x], outputs: [y]}}\n  - {{op: Relu, inputs: [y], outputs: [y2]}}\n  - {{op: Convolve, inputs: [y2], outputs: [z]}}\n"
     ));
     has(
         &e,
         &[
             "unknown op 'Frobnicate'",
-            "unknown op 'Conv'",
+            "unknown op 'Convolve'",
             "<string>:6:",
             "<string>:8:",
         ],

@@ -1826,3 +1826,267 @@ fn attention_with_softcap_on_every_backend_with_gradients() {
         check_grads(&what, &case, &wrt, 5, reference);
     }
 }
+
+// ---- the same operators named in a YAML model ----------------------------------------------
+
+/// An attribute written both ways: for the ONNX node and as YAML text.
+enum A {
+    I(i64),
+    Is(&'static [i64]),
+    F(f32),
+    S(&'static str),
+}
+
+fn both(attrs: &[(&'static str, A)]) -> (Vec<AttributeProto>, String) {
+    let proto = attrs
+        .iter()
+        .map(|(k, v)| match v {
+            A::I(i) => int_attr(k, *i),
+            A::Is(v) => ints_attr(k, v),
+            A::F(f) => float_attr(k, *f),
+            A::S(s) => str_attr(k, s),
+        })
+        .collect();
+    let yaml: Vec<String> = attrs
+        .iter()
+        .map(|(k, v)| match v {
+            A::I(i) => format!("{k}: {i}"),
+            A::Is(v) => format!("{k}: {v:?}"),
+            A::F(f) => format!("{k}: {f:?}"),
+            A::S(s) => format!("{k}: \"{s}\""),
+        })
+        .collect();
+    (proto, format!("{{{}}}", yaml.join(", ")))
+}
+
+/// Each ONNX operator the importer writes as graphrun's ops, named in a YAML model, gives
+/// bit for bit what the same node in an `.onnx` file gives (the newest opset's semantics),
+/// forward and backward; the YAML inputs have symbolic dims, so the lowering sees only
+/// what holds for every size.
+#[test]
+fn yaml_models_name_the_onnx_operators_the_importer_writes() {
+    type Case = (
+        &'static str,
+        Vec<(&'static str, Vec<usize>)>,
+        usize,
+        Vec<(&'static str, A)>,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            "Conv",
+            vec![
+                ("x", vec![2, 4, 7, 6]),
+                ("w", vec![6, 2, 3, 3]),
+                ("b", vec![6]),
+            ],
+            1,
+            vec![
+                ("group", A::I(2)),
+                ("pads", A::Is(&[1, 0, 1, 2])),
+                ("strides", A::Is(&[2, 1])),
+            ],
+        ),
+        (
+            "Conv",
+            vec![("x", vec![1, 3, 9]), ("w", vec![3, 1, 3])],
+            1,
+            vec![
+                ("group", A::I(3)),
+                ("auto_pad", A::S("SAME_UPPER")),
+                ("dilations", A::Is(&[2])),
+            ],
+        ),
+        (
+            "ConvTranspose",
+            vec![("x", vec![1, 2, 4, 3]), ("w", vec![2, 3, 3, 2])],
+            1,
+            vec![
+                ("strides", A::Is(&[2, 2])),
+                ("output_padding", A::Is(&[1, 0])),
+            ],
+        ),
+        (
+            "MaxPool",
+            vec![("x", vec![2, 3, 7, 5])],
+            2,
+            vec![
+                ("kernel_shape", A::Is(&[3, 2])),
+                ("ceil_mode", A::I(1)),
+                ("strides", A::Is(&[2, 2])),
+            ],
+        ),
+        (
+            "AveragePool",
+            vec![("x", vec![1, 2, 6, 6])],
+            1,
+            vec![
+                ("kernel_shape", A::Is(&[3, 3])),
+                ("pads", A::Is(&[1, 1, 1, 1])),
+                ("count_include_pad", A::I(1)),
+            ],
+        ),
+        (
+            "GlobalAveragePool",
+            vec![("x", vec![2, 3, 4, 5])],
+            1,
+            vec![],
+        ),
+        ("GlobalMaxPool", vec![("x", vec![2, 3, 4])], 1, vec![]),
+        (
+            "BatchNormalization",
+            vec![
+                ("x", vec![2, 3, 4, 2]),
+                ("s", vec![3]),
+                ("b", vec![3]),
+                ("m", vec![3]),
+                ("v", vec![3]),
+            ],
+            1,
+            vec![("epsilon", A::F(1e-3))],
+        ),
+        (
+            "InstanceNormalization",
+            vec![("x", vec![2, 3, 5]), ("s", vec![3]), ("b", vec![3])],
+            1,
+            vec![],
+        ),
+        (
+            "GroupNormalization",
+            vec![("x", vec![2, 4, 3]), ("s", vec![4]), ("b", vec![4])],
+            1,
+            vec![("num_groups", A::I(2))],
+        ),
+        (
+            "DepthToSpace",
+            vec![("x", vec![1, 8, 2, 3])],
+            1,
+            vec![("blocksize", A::I(2)), ("mode", A::S("CRD"))],
+        ),
+        (
+            "LRN",
+            vec![("x", vec![2, 5, 3, 3])],
+            1,
+            vec![("size", A::I(3))],
+        ),
+        (
+            "Sum",
+            vec![("a", vec![2, 3]), ("b", vec![3]), ("c", vec![2, 1])],
+            1,
+            vec![],
+        ),
+        (
+            "Max",
+            vec![("a", vec![2, 3]), ("b", vec![3]), ("c", vec![2, 1])],
+            1,
+            vec![],
+        ),
+        ("Mean", vec![("a", vec![4])], 1, vec![]),
+        (
+            "ReduceLogSumExp",
+            vec![("x", vec![3, 4])],
+            1,
+            vec![("keepdims", A::I(0))],
+        ),
+        (
+            "Einsum",
+            vec![("a", vec![2, 3, 4]), ("b", vec![2, 4, 5])],
+            1,
+            vec![("equation", A::S("bij,bjk->bik"))],
+        ),
+        (
+            "Shrink",
+            vec![("x", vec![3, 4])],
+            1,
+            vec![("lambd", A::F(0.3)), ("bias", A::F(0.1))],
+        ),
+    ];
+    for (op, ins, outs, attrs) in cases {
+        let (proto_attrs, yaml_attrs) = both(&attrs);
+        let in_names: Vec<&str> = ins.iter().map(|(n, _)| *n).collect();
+        let out_names: Vec<String> = (0..outs).map(|k| format!("y{k}")).collect();
+        let out_refs: Vec<&str> = out_names.iter().map(String::as_str).collect();
+        let n = node(op, "", &in_names, &out_refs, proto_attrs);
+        let inputs = ins
+            .iter()
+            .map(|(name, s)| {
+                input(
+                    name,
+                    DType::F64,
+                    &s.iter().map(|&d| Some(d)).collect::<Vec<_>>(),
+                )
+            })
+            .collect();
+        let from_onnx =
+            import_one_node(n, 27, inputs, vec![]).unwrap_or_else(|e| panic!("{op}: {e}"));
+        // The YAML model: every input's dims symbolic.
+        let yaml_inputs: Vec<String> = ins
+            .iter()
+            .map(|(name, s)| {
+                let dims: Vec<String> = (0..s.len()).map(|k| format!("{name}_{k}")).collect();
+                format!(
+                    "  - {{name: {name}, dtype: f64, shape: [{}]}}",
+                    dims.join(", ")
+                )
+            })
+            .collect();
+        let text = format!(
+            "graphrun: 1\ninputs:\n{}\noutputs: [{}]\nnodes:\n  - {{op: {op}, inputs: [{}], outputs: [{}], attrs: {yaml_attrs}}}\n",
+            yaml_inputs.join("\n"),
+            out_names.join(", "),
+            in_names.join(", "),
+            out_names.join(", "),
+        );
+        let from_yaml = graphrun::Model::from_str(&text, ".")
+            .unwrap_or_else(|e| panic!("{op}: {e}\n{text}"))
+            .graph;
+        let feeds: HashMap<String, Tensor> = ins
+            .iter()
+            .enumerate()
+            .map(|(k, (name, s))| {
+                let t = if *name == "v" {
+                    rand(s, 40 + k as u64, 0.5, 2.0)
+                } else {
+                    rand(s, 40 + k as u64, -1.0, 1.0)
+                };
+                (name.to_string(), t)
+            })
+            .collect();
+        let run = |g: &graphrun::Graph| {
+            let mut s = Session::new(g.clone(), SessionOptions::default()).unwrap();
+            let b = s
+                .backward(&feeds, &HashMap::new())
+                .unwrap_or_else(|e| panic!("{op}: {e}"));
+            let mut grads = b.grads;
+            grads.sort_by(|a, b| a.0.cmp(&b.0));
+            (b.outputs, grads)
+        };
+        let (o1, g1) = run(&from_onnx);
+        let (o2, g2) = run(&from_yaml);
+        assert_eq!(o1.len(), o2.len(), "{op}");
+        for ((n, a), (_, b)) in o1.iter().zip(&o2) {
+            assert_eq!(a.to_f64_vec(), b.to_f64_vec(), "{op}: output {n}");
+        }
+        assert_eq!(g1.len(), g2.len(), "{op}");
+        for ((n, a), (m, b)) in g1.iter().zip(&g2) {
+            assert_eq!(n, m, "{op}");
+            assert_eq!(a.to_f64_vec(), b.to_f64_vec(), "{op}: gradient of {n}");
+        }
+    }
+}
+
+/// A lowering's refusal names the YAML node's place; an op neither graphrun nor the
+/// importer knows is refused as before.
+#[test]
+fn yaml_lowering_errors_name_the_place() {
+    let text = "graphrun: 1\ninputs:\n  - {name: x, dtype: f32, shape: [1, 2, 5, 5]}\n  - {name: w, dtype: f32, shape: [2, 2, 3, 3]}\noutputs: [y]\nnodes:\n  - {op: Conv, inputs: [x, w], outputs: [y], attrs: {group: 0}}\n";
+    let e = graphrun::Model::from_str(text, ".")
+        .unwrap_err()
+        .to_string();
+    assert!(e.starts_with("<string>:7:5:"), "{e}");
+    assert!(e.contains("group") && e.contains("positive"), "{e}");
+    let text = text.replace("op: Conv,", "op: Convolution,");
+    let e = graphrun::Model::from_str(&text, ".")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("unknown op 'Convolution'"), "{e}");
+}

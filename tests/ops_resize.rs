@@ -773,6 +773,7 @@ fn written_as_yaml_and_read_back() {
             "resize.yaml",
             std::path::Path::new("."),
             &graphrun::backends::cpu::HOST_EVAL,
+            &graphrun::graph::lower::NoLower,
         )
         .unwrap_or_else(|e| panic!("{e}\n{text}"));
         let args = c.args(DType::F64);

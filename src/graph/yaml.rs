@@ -2,6 +2,7 @@
 //! every node keeps its line:col, so each error names the place at fault; the tree is
 //! then decoded field by field with unknown fields rejected.
 
+use super::lower::{self, ForeignNode, Lower};
 use super::op::{Attr, AttrValue};
 use super::*;
 use crate::error::{Error, Loc, Result};
@@ -316,25 +317,38 @@ impl<'a> Fields<'a> {
 
 /// Loads and validates a model file; `ev` evaluates shape arithmetic while the shapes are
 /// checked (see `validate::validate`).
-pub fn load(path: &Path, ev: &dyn HostEval) -> Result<Graph> {
+pub fn load(path: &Path, ev: &dyn HostEval, lower: &dyn Lower) -> Result<Graph> {
     let text = crate::files::read_bytes(path, "the model")?;
     let text =
         String::from_utf8(text).map_err(|_| Error::io(path, "the model file is not UTF-8 text"))?;
     let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
-    let mut g = parse_model(&text, &path.display().to_string(), &base)?;
+    let mut g = parse_model(&text, &path.display().to_string(), &base, ev, lower)?;
     g.file = Some(path.to_path_buf());
     validate::validate(&g, ev)?;
     Ok(g)
 }
 
 /// Loads a model from text; `base` resolves relative initializer file paths.
-pub fn load_str(text: &str, file: &str, base: &Path, ev: &dyn HostEval) -> Result<Graph> {
-    let g = parse_model(text, file, base)?;
+pub fn load_str(
+    text: &str,
+    file: &str,
+    base: &Path,
+    ev: &dyn HostEval,
+    lower: &dyn Lower,
+) -> Result<Graph> {
+    let g = parse_model(text, file, base, ev, lower)?;
     validate::validate(&g, ev)?;
     Ok(g)
 }
 
-fn parse_model(text: &str, file: &str, base: &Path) -> Result<Graph> {
+/// `lower` writes the nodes whose ops are ONNX operators graphrun has no op for.
+fn parse_model(
+    text: &str,
+    file: &str,
+    base: &Path,
+    ev: &dyn HostEval,
+    lower: &dyn Lower,
+) -> Result<Graph> {
     // Editors on Windows start UTF-8 files with a byte-order mark; YAML allows it.
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let root = parse_tree(text, file)?;
@@ -393,14 +407,25 @@ fn parse_model(text: &str, file: &str, base: &Path) -> Result<Graph> {
     let mut nodes = vec![];
     if let Some(list) = top.get("nodes") {
         for (i, y) in list.seq("nodes")?.iter().enumerate() {
-            nodes.push(parse_node(y, i)?);
+            nodes.push(parse_node(y, i, lower)?);
         }
     }
     // Op errors are gathered so that every unsupported op is reported at once.
     let mut errs = vec![];
+    let mut foreign = vec![];
     let nodes: Vec<Node> = nodes
         .into_iter()
-        .filter_map(|n| n.map_err(|e| errs.push(e)).ok())
+        .filter_map(|n| match n {
+            Ok(Parsed::Native(n)) => Some(n),
+            Ok(Parsed::Foreign(f)) => {
+                foreign.push(f);
+                None
+            }
+            Err(e) => {
+                errs.push(e);
+                None
+            }
+        })
         .collect();
     if errs.len() == 1 {
         return Err(errs.pop().unwrap());
@@ -418,8 +443,17 @@ fn parse_model(text: &str, file: &str, base: &Path) -> Result<Graph> {
         training,
         file: None,
     };
+    if !foreign.is_empty() {
+        lower::lower_all(&mut g, &foreign, lower, ev)?;
+    }
     name_nodes(&mut g);
     Ok(g)
+}
+
+/// A node as read: one of graphrun's ops, or an ONNX operator the lowering writes.
+enum Parsed {
+    Native(Node),
+    Foreign(ForeignNode),
 }
 
 fn scalar_text(y: &Y) -> String {
@@ -891,7 +925,7 @@ pub fn generate(spec: &InitSpec, dtype: DType, shape: &[usize]) -> Result<Tensor
     Ok(t)
 }
 
-fn parse_node(y: &Y, index: usize) -> Result<Result<Node>> {
+fn parse_node(y: &Y, index: usize, lower: &dyn Lower) -> Result<Result<Parsed>> {
     let f = y.map("a node", &["op", "inputs", "outputs", "attrs", "name"])?;
     let op_name = f.req("op")?.str("op")?;
     let names = |k: &str| -> Result<Vec<String>> {
@@ -934,17 +968,28 @@ fn parse_node(y: &Y, index: usize) -> Result<Result<Node>> {
     } else {
         name.clone()
     };
+    if lower.lowers(op_name, inputs.len()) {
+        return Ok(Ok(Parsed::Foreign(ForeignNode {
+            index,
+            name,
+            op: op_name.to_string(),
+            attrs,
+            inputs,
+            outputs,
+            loc: Some(y.loc.clone()),
+        })));
+    }
     let op = match Op::parse(op_name, &attrs, &shown, Some(&y.loc)) {
         Ok(op) => op,
         Err(e) => return Ok(Err(e)),
     };
-    Ok(Ok(Node {
+    Ok(Ok(Parsed::Native(Node {
         name,
         op,
         inputs,
         outputs,
         loc: Some(y.loc.clone()),
-    }))
+    })))
 }
 
 fn parse_attr(y: &Y, name: &str) -> Result<AttrValue> {

@@ -12,7 +12,7 @@ mod import;
 mod nodes;
 pub mod proto;
 
-pub use nodes::imports;
+pub use nodes::{imports, YamlLowering};
 pub mod tensor;
 
 use crate::error::{Error, Result};

@@ -9,6 +9,7 @@ use super::proto::{attr_type as T, AttributeProto, GraphProto, NodeProto};
 use super::tensor::from_proto;
 use super::MIN_OPSET;
 use crate::error::{Error, Result};
+use crate::graph::lower::{ForeignNode, Known, Lower};
 use crate::graph::op::{Attr, AttrValue, OP_NAMES};
 use crate::graph::{BinaryOp, Node, Op, UnaryOp};
 use crate::tensor::{DType, Tensor};
@@ -221,6 +222,32 @@ impl<'a> Importer<'a> {
             unsupported: BTreeMap::new(),
             errors: vec![],
         }
+    }
+
+    /// An importer for single nodes of a YAML model (`YamlLowering`), given what is known
+    /// of the values they read.
+    fn from_known(known: &HashMap<String, Known>, taken: HashSet<String>) -> Importer<'static> {
+        let mut im = Importer {
+            opset: super::MAX_OPSET,
+            base: Path::new(""),
+            nodes: vec![],
+            taken,
+            ranks: HashMap::new(),
+            dtypes: HashMap::new(),
+            dims: HashMap::new(),
+            small: HashMap::new(),
+            unsupported: BTreeMap::new(),
+            errors: vec![],
+        };
+        for (name, k) in known {
+            im.ranks.insert(name.clone(), k.dims.len());
+            im.dtypes.insert(name.clone(), k.dtype);
+            im.dims.insert(name.clone(), k.dims.clone());
+            if let Some(v) = k.value.as_ref().filter(|v| v.numel() as i64 <= SMALL_INIT) {
+                im.small.insert(name.clone(), v.clone());
+            }
+        }
+        im
     }
 
     /// A value name not used anywhere in the model, derived from `base`.
@@ -1030,6 +1057,41 @@ impl<'a> Importer<'a> {
             1 => Err(self.errors.remove(0)),
             _ => Err(Error::Many(self.errors)),
         }
+    }
+}
+
+/// The importer's lowering for YAML models: a YAML node may name any ai.onnx operator the
+/// importer writes as graphrun's ops (with the newest opset's semantics), and the variadic
+/// Sum, Mean, Min and Max with other than two inputs.
+pub struct YamlLowering;
+
+impl Lower for YamlLowering {
+    fn lowers(&self, op: &str, inputs: usize) -> bool {
+        imports(op) && (!OP_NAMES.contains(&op) || (VARIADIC.contains(&op) && inputs != 2))
+    }
+    fn lower(
+        &self,
+        f: &ForeignNode,
+        known: &HashMap<String, Known>,
+        taken: &mut HashSet<String>,
+    ) -> Result<Vec<Node>> {
+        let n = NodeProto {
+            name: f.name.clone(),
+            op_type: f.op.clone(),
+            input: f.inputs.clone(),
+            output: f.outputs.clone(),
+            ..Default::default()
+        };
+        let shown = if f.name.is_empty() {
+            format!("#{}", f.index)
+        } else {
+            f.name.clone()
+        };
+        let mut im = Importer::from_known(known, std::mem::take(taken));
+        let result = im.lower(&n, &shown, f.attrs.clone());
+        *taken = std::mem::take(&mut im.taken);
+        result?;
+        im.finish()
     }
 }
 

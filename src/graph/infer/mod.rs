@@ -93,52 +93,78 @@ pub fn infer_graph_with(
     values: &HashMap<String, Tensor>,
     ev: &dyn HostEval,
 ) -> Result<Inferred> {
-    let mut inf = Inferred {
-        order: validate::topo_order(g)?,
-        ..Default::default()
-    };
-    for i in &g.inputs {
-        let shape = input_shapes
-            .get(&i.name)
-            .ok_or_else(|| crate::err!(Input, "no shape for graph input '{}'", i.name))?;
-        if crate::tensor::checked_numel(shape)
-            .and_then(|n| n.checked_mul(8))
-            .is_none()
-        {
+    let mut inf = Inferred::start(g, input_shapes, values)?;
+    inf.order = validate::topo_order(g)?;
+    for &ni in &inf.order.clone() {
+        inf.step(&g.nodes[ni], ev)?;
+    }
+    for o in &g.outputs {
+        if !inf.types.contains_key(o) {
             crate::bail!(
-                Input,
-                "graph input '{}' of shape {} is too large (its size overflows)",
-                i.name,
-                fmt_shape(shape)
+                Graph,
+                "graph output '{o}' is not produced by any node, input or initializer"
             );
         }
-        inf.types
-            .insert(i.name.clone(), ValueType::new(i.dtype, shape));
-        if let Some(v) = values.get(&i.name) {
-            if v.dtype() != i.dtype || v.shape() != &shape[..] {
+    }
+    Ok(inf)
+}
+
+impl Inferred {
+    /// The types (and host values) of the graph's inputs and initializers, before any
+    /// node: `step` then adds nodes one at a time, in an execution order.
+    pub fn start(
+        g: &Graph,
+        input_shapes: &HashMap<String, Vec<usize>>,
+        values: &HashMap<String, Tensor>,
+    ) -> Result<Inferred> {
+        let mut inf = Inferred::default();
+        for i in &g.inputs {
+            let shape = input_shapes
+                .get(&i.name)
+                .ok_or_else(|| crate::err!(Input, "no shape for graph input '{}'", i.name))?;
+            if crate::tensor::checked_numel(shape)
+                .and_then(|n| n.checked_mul(8))
+                .is_none()
+            {
                 crate::bail!(
                     Input,
-                    "the value of graph input '{}' must be {}, got {}{}",
+                    "graph input '{}' of shape {} is too large (its size overflows)",
                     i.name,
-                    ValueType::new(i.dtype, shape),
-                    v.dtype(),
-                    fmt_shape(v.shape())
+                    fmt_shape(shape)
                 );
             }
-            inf.consts.insert(i.name.clone(), v.clone());
+            inf.types
+                .insert(i.name.clone(), ValueType::new(i.dtype, shape));
+            if let Some(v) = values.get(&i.name) {
+                if v.dtype() != i.dtype || v.shape() != &shape[..] {
+                    crate::bail!(
+                        Input,
+                        "the value of graph input '{}' must be {}, got {}{}",
+                        i.name,
+                        ValueType::new(i.dtype, shape),
+                        v.dtype(),
+                        fmt_shape(v.shape())
+                    );
+                }
+                inf.consts.insert(i.name.clone(), v.clone());
+            }
         }
-    }
-    for init in &g.initializers {
-        inf.types.insert(
-            init.name.clone(),
-            ValueType::new(init.tensor.dtype(), init.tensor.shape()),
-        );
-        if init.tensor.numel() <= CONST_LIMIT {
-            inf.consts.insert(init.name.clone(), init.tensor.clone());
+        for init in &g.initializers {
+            inf.types.insert(
+                init.name.clone(),
+                ValueType::new(init.tensor.dtype(), init.tensor.shape()),
+            );
+            if init.tensor.numel() <= CONST_LIMIT {
+                inf.consts.insert(init.name.clone(), init.tensor.clone());
+            }
         }
+        Ok(inf)
     }
-    for &ni in &inf.order.clone() {
-        let node = &g.nodes[ni];
+
+    /// Infers `node`'s outputs from what is known of its inputs, and host-evaluates it
+    /// when it is small and its inputs are known.
+    pub fn step(&mut self, node: &Node, ev: &dyn HostEval) -> Result<()> {
+        let inf = self;
         let ins: Vec<Option<&ValueType>> = node.map_inputs(|n| inf.types.get(n));
         let consts: Vec<Option<&Tensor>> = node.map_inputs(|n| inf.consts.get(n));
         let outs = infer_node(node, &ins, &consts, ev)?;
@@ -195,16 +221,8 @@ pub fn infer_graph_with(
             }
             inf.types.insert(name.clone(), t);
         }
+        Ok(())
     }
-    for o in &g.outputs {
-        if !inf.types.contains_key(o) {
-            crate::bail!(
-                Graph,
-                "graph output '{o}' is not produced by any node, input or initializer"
-            );
-        }
-    }
-    Ok(inf)
 }
 
 fn is_random(op: &Op) -> bool {

@@ -20,7 +20,7 @@ use std::collections::{BTreeMap, HashMap};
 /// them. Primes a little over 1000: large enough that no model's constant dims are made
 /// of them by chance (and if one is, the runs disagree and the dim is shown as unknown),
 /// small enough that a few symbols multiplied together cannot overflow a size.
-const PRIMES: [[usize; 12]; 2] = [
+pub(crate) const PRIMES: [[usize; 12]; 2] = [
     [
         1009, 1013, 1019, 1021, 1031, 1033, 1039, 1049, 1051, 1061, 1063, 1069,
     ],

@@ -119,6 +119,8 @@ impl Attrs {
             None => Ok(None),
             Some(AttrValue::Ints(v)) => Ok(Some(v)),
             Some(AttrValue::Int(v)) => Ok(Some(vec![v])),
+            // An empty YAML list has no element type to tell.
+            Some(AttrValue::Floats(v)) if v.is_empty() => Ok(Some(vec![])),
             Some(v) => Err(self.wrong(key, "a list of integers", &v)),
         }
     }
