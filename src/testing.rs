@@ -135,7 +135,7 @@ pub fn random_graph(data: &[u8], max_nodes: usize) -> (Graph, HashMap<String, Te
         let (y, yt) = vals[b.pick(vals.len())].clone();
         let r = xt.shape.len();
         let last = *xt.shape.last().unwrap_or(&1);
-        let (o, ins): (Op, Vec<String>) = match b.pick(17) {
+        let (o, ins): (Op, Vec<String>) = match b.pick(19) {
             0 => {
                 let u = [
                     "Relu", "Tanh", "Sigmoid", "Neg", "Exp", "Abs", "Erf", "Identity",
@@ -247,6 +247,73 @@ pub fn random_graph(data: &[u8], max_nodes: usize) -> (Graph, HashMap<String, Te
                     ("beta", scalar(beta)),
                 ];
                 (op("Gemm", &attrs), ins)
+            }
+            16 if r == 2 => {
+                // A 1-D sliding window, as the importer writes Conv and the pools:
+                // [B, F] → [B, 1, F] → Im2Col → [B, k, L]; the next nodes make it a
+                // convolution (MatMul), a pool (a Reduce) or sum it back (Col2Im).
+                let shape = Tensor::from_vec(&[3], vec![0i64, 1, -1]).expect("sized");
+                let shape = add_init(&mut g, &mut consts, format!("img{step}"), shape, false);
+                let img = format!("i{step}");
+                let img_node = Node {
+                    name: format!("n{step}_img"),
+                    op: op("Reshape", &[]),
+                    inputs: vec![x.clone(), shape],
+                    outputs: vec![img.clone()],
+                    loc: None,
+                };
+                let (k, stride, dil) = (1 + b.pick(3), 1 + b.pick(2), 1 + b.pick(2));
+                let pads = vec![b.pick(2) as i64, b.pick(2) as i64];
+                let win = [
+                    ("kernel_shape", AttrValue::Ints(vec![k as i64])),
+                    ("strides", AttrValue::Ints(vec![stride as i64])),
+                    ("dilations", AttrValue::Ints(vec![dil as i64])),
+                    ("pads", AttrValue::Ints(pads.clone())),
+                ];
+                if b.pick(3) == 0 {
+                    // Col2Im of the window's own columns back into the image.
+                    let cols = format!("c{step}");
+                    let im2col = Node {
+                        name: format!("n{step}_cols"),
+                        op: op("Im2Col", &win),
+                        inputs: vec![img.clone()],
+                        outputs: vec![cols.clone()],
+                        loc: None,
+                    };
+                    let image = Tensor::from_vec(&[1], vec![last as i64]).expect("sized");
+                    let image = add_init(&mut g, &mut consts, format!("image{step}"), image, false);
+                    let block = [
+                        ("block", AttrValue::Ints(vec![k as i64])),
+                        ("strides", AttrValue::Ints(vec![stride as i64])),
+                        ("dilations", AttrValue::Ints(vec![dil as i64])),
+                        ("pads", AttrValue::Ints(pads)),
+                    ];
+                    let img_t = ValueType::new(dt, &[xt.shape[0], 1, last]);
+                    let ev = &crate::backends::cpu::HOST_EVAL;
+                    match infer_node(&im2col, &[Some(&img_t)], &[None], ev) {
+                        Ok(mut t) => {
+                            g.nodes.push(img_node);
+                            g.nodes.push(im2col);
+                            vals.push((img, img_t));
+                            vals.push((cols.clone(), t.remove(0)));
+                            (op("Col2Im", &block), vec![cols, image])
+                        }
+                        Err(_) => (op("Identity", &[]), vec![x]),
+                    }
+                } else {
+                    g.nodes.push(img_node);
+                    vals.push((img.clone(), ValueType::new(dt, &[xt.shape[0], 1, last])));
+                    (op("Im2Col", &win), vec![img])
+                }
+            }
+            17 if r == 3 => {
+                // A pool over the window axis of columns, back to rank 2.
+                let k = ["ReduceMax", "ReduceMean", "ReduceSum"];
+                let attrs = [
+                    ("axes", AttrValue::Ints(vec![1])),
+                    ("keepdims", AttrValue::Int(0)),
+                ];
+                (op(k[b.pick(3)], &attrs), vec![x])
             }
             _ => (op("Identity", &[]), vec![x]),
         };

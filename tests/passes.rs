@@ -549,6 +549,37 @@ nodes:
     check_same(&g, &o, &[("n", 3)]);
 }
 
+#[test]
+fn a_model_that_refuses_the_probe_size_is_probed_smaller() {
+    // A position table of 6 rows read at Range(0, n): n = 32 (the probe) and its scaled
+    // sizes are out of range, so shapes come from smaller sizes, and the residual (which
+    // needs shapes) still fuses.
+    let body = "
+inputs: [{name: x, dtype: f32, shape: [n, 8]}, {name: res, dtype: f32, shape: [n, 16]}]
+initializers:
+  - {name: w, dtype: f32, shape: [8, 16], init: {dist: xavier_uniform, seed: 1}}
+  - {name: table, dtype: f32, shape: [6, 16], init: {dist: uniform, low: -1, high: 1, seed: 3}}
+  - {name: zero, dtype: i64, shape: [], values: [0]}
+  - {name: one, dtype: i64, shape: [], values: [1]}
+outputs: [y]
+nodes:
+  - {op: Shape, inputs: [x], outputs: [xs], attrs: {start: 0, end: 1}}
+  - {op: Squeeze, inputs: [xs], outputs: [len]}
+  - {op: Range, inputs: [zero, len, one], outputs: [pos]}
+  - {op: Gather, inputs: [table, pos], outputs: [pe]}
+  - {op: Add, inputs: [res, pe], outputs: [r2]}
+  - {op: MatMul, inputs: [x, w], outputs: [h]}
+  - {op: Add, inputs: [h, r2], outputs: [y]}
+";
+    let g = graph(body);
+    let (o, _) = run_passes(&g, &PassOptions::default());
+    assert_eq!(
+        fused(&o),
+        vec![("none", false, strs(&["x", "w", "", "r2"]))]
+    );
+    check_same(&g, &o, &[("n", 5)]);
+}
+
 // ------------------------------------------------- MatMul epilogue: must not fire
 
 #[test]
@@ -747,6 +778,29 @@ fn attention_with_additive_mask() {
     let (g, _) = fuse(&att("o", &nodes));
     assert_eq!(attention(&g), vec![(false, 0.5, 4)]);
     assert_eq!(g.nodes[0].inputs[3], "m");
+}
+
+/// PyTorch's guard on fully masked rows, `Where(IsNaN(p), 0, p)` between the softmax and
+/// P·V (the torchscript exports of GPT-2 write it; IsNaN as the importer writes it).
+const NAN_GUARD: &str = "  - {op: Softmax, inputs: [z], outputs: [p], attrs: {axis: -1}, name: sm}\n  - {op: IsNaN, inputs: [p], outputs: [nan]}\n  - {op: Where, inputs: [nan, zero, p], outputs: [pg]}\n  - {op: MatMul, inputs: [pg, v], outputs: [o], name: pv}\n";
+
+#[test]
+fn attention_through_the_nan_guard() {
+    let mask = format!("{QK}  - {{op: Div, inputs: [s, two], outputs: [sd]}}\n  - {{op: Add, inputs: [m, sd], outputs: [z]}}\n");
+    let body = att("o", &format!("{mask}{NAN_GUARD}")).replace(
+        "initializers:\n",
+        "initializers:\n  - {name: zero, dtype: f32, shape: [], values: [0.0], trainable: false}\n  - {name: onef, dtype: f32, shape: [], values: [1.0], trainable: false}\n",
+    );
+    let (g, r) = fuse(&body);
+    assert_eq!(attention(&g), vec![(false, 0.5, 4)]);
+    assert_eq!(g.nodes.len(), 1, "{:?}", g.nodes);
+    assert_eq!(r.fired("attention"), 1);
+    // Must not fire: a guard that writes another value than 0 changes the result.
+    let (g, _) = fuse(&body.replace("inputs: [nan, zero, p]", "inputs: [nan, onef, p]"));
+    assert_eq!(attention(&g), vec![]);
+    // Nor when the mask of NaNs is itself an output.
+    let (g, _) = fuse(&body.replace("outputs: [o]\n", "outputs: [o, nan]\n"));
+    assert_eq!(attention(&g), vec![]);
 }
 
 #[test]

@@ -77,10 +77,15 @@ fn gemm_node(bytes: &[u8], line: &str) -> bool {
 fn passes_keep_random_graphs_valid_and_equivalent() {
     let (mut fired, mut gemm_fused) = (0, 0);
     let mut rules: std::collections::BTreeMap<&str, usize> = Default::default();
+    let mut ops: std::collections::BTreeMap<&str, usize> = Default::default();
     for seed in 0..600u64 {
         let mut r = Rng::new(seed);
         let bytes: Vec<u8> = (0..64).map(|_| r.next_u64() as u8).collect();
         let report = check(&bytes);
+        let (g, _) = random_graph(&bytes, 24);
+        for n in &g.nodes {
+            *ops.entry(n.op.name()).or_default() += 1;
+        }
         gemm_fused += report
             .log
             .iter()
@@ -101,6 +106,11 @@ fn passes_keep_random_graphs_valid_and_equivalent() {
     );
     // Gemm with its attributes is generated and fused too.
     assert!(gemm_fused > 20, "{gemm_fused} Gemms fused");
+    // Sliding windows (convolutions and pools as the importer writes them) are among them.
+    eprintln!("ops generated: {ops:?}");
+    for op in ["Im2Col", "Col2Im"] {
+        assert!(ops.get(op).copied().unwrap_or(0) > 10, "{op}: {ops:?}");
+    }
     // The generator makes graphs the passes do rewrite.
     assert!(fired > 600, "only {fired} rewrites in 600 graphs");
 }

@@ -387,6 +387,41 @@ fn between(cx: &Ctx, starts: &[&str], stops: &[&str]) -> Option<Vec<usize>> {
     Some(seen)
 }
 
+/// PyTorch's guard on a softmax whose row is masked out entirely, `Where(IsNaN(p), 0, p)`
+/// (IsNaN as the importer writes it, `Equal(Equal(p, p), false)`), when those are all
+/// that read `p`: Attention already gives 0 for such rows, so the guard goes into the
+/// fused node. Returns the guard's nodes and its output.
+fn nan_guard<'g>(cx: &Ctx<'g>, p: &str) -> Option<(Vec<usize>, &'g str)> {
+    let readers = cx.consumers(p);
+    if readers.len() != 2 || cx.needed(p) {
+        return None;
+    }
+    let equal = Op::Binary(BinaryOp::Equal);
+    let (ei, eq) = readers
+        .iter()
+        .map(|&c| (c, cx.node(c)))
+        .find(|(_, n)| n.op == equal && n.inputs.iter().all(|v| v == p))?;
+    let ni = cx.sole_consumer(&eq.outputs[0])?;
+    let not = cx.node(ni);
+    let is_false = |v: &str| {
+        cx.konst(v)
+            .is_some_and(|t| t.dtype() == DType::Bool && t.numel() == 1 && t.to_f64_vec()[0] == 0.0)
+    };
+    let negates = not.op == equal
+        && not.inputs.iter().any(|v| *v == eq.outputs[0])
+        && not.inputs.iter().any(|v| is_false(v));
+    let wi = cx.sole_consumer(&not.outputs[0]).filter(|_| negates)?;
+    let w = cx.node(wi);
+    let guards = w.op == Op::Where
+        && w.inputs[0] == not.outputs[0]
+        && w.inputs[2] == p
+        && cx.scalar(&w.inputs[1]) == Some(0.0)
+        && readers.contains(&wi)
+        && !cx.needed(&eq.outputs[0])
+        && !cx.needed(&not.outputs[0]);
+    guards.then(|| (vec![ei, ni, wi], w.outputs[0].as_str()))
+}
+
 /// Matches the pattern anchored on Softmax `i` (see the module comment).
 fn matched<'g>(cx: &Ctx<'g>, i: usize, why: &mut Why) -> Option<Match<'g>> {
     let sm = cx.node(i);
@@ -397,7 +432,10 @@ fn matched<'g>(cx: &Ctx<'g>, i: usize, why: &mut Why) -> Option<Match<'g>> {
     if !(axis == -1 || cx.facts.rank(z).is_some_and(|r| axis == r as i64 - 1)) {
         return why.no(format!("Softmax axis {axis} is not the last axis"));
     }
-    let p = &sm.outputs[0];
+    let (guard, p) = match nan_guard(cx, &sm.outputs[0]) {
+        Some((nodes, out)) => (nodes, out),
+        None => (vec![], sm.outputs[0].as_str()),
+    };
     let Some(pv_i) = cx.sole_consumer(p) else {
         return why.no(format!(
             "'{p}' is read by {} nodes or is a graph output",
@@ -411,6 +449,7 @@ fn matched<'g>(cx: &Ctx<'g>, i: usize, why: &mut Why) -> Option<Match<'g>> {
         ));
     }
     let mut core = vec![i, pv_i];
+    core.extend(guard);
     let mut mask: Option<&str> = None;
     let mut causal: Option<Vec<usize>> = None;
     let scores: Scores;

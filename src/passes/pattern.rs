@@ -28,32 +28,50 @@ pub struct Facts {
 impl Facts {
     pub fn new(g: &Graph, eval: &'static dyn HostEval) -> Facts {
         let syms = g.symbols();
-        let shapes = |run: usize| -> HashMap<String, Vec<usize>> {
-            let size = |s: &str| {
-                let i = syms.iter().position(|x| x == s).unwrap_or(0);
-                let base = g.dims.get(s).copied().unwrap_or(PROBE);
-                if run == 0 {
-                    base
-                } else {
-                    base * (i + 2)
-                }
-            };
-            let dims = |i: &crate::graph::InputInfo| {
-                i.shape
-                    .iter()
-                    .map(|d| match d {
+        let run = |size: &dyn Fn(usize, &str) -> usize| -> Option<Inferred> {
+            let shapes: HashMap<String, Vec<usize>> = g
+                .inputs
+                .iter()
+                .map(|inp| {
+                    let dims = inp.shape.iter().map(|d| match d {
                         Dim::Fixed(n) => *n,
-                        Dim::Sym(s) => size(s),
-                    })
-                    .collect()
-            };
-            g.inputs.iter().map(|i| (i.name.clone(), dims(i))).collect()
+                        Dim::Sym(s) => size(syms.iter().position(|x| x == s).unwrap_or(0), s),
+                    });
+                    (inp.name.clone(), dims.collect())
+                })
+                .collect();
+            infer::infer_graph(g, &shapes, eval).ok()
         };
+        // The first run at the model's defaults (a probe size for the others); a model
+        // that refuses the probe (a position table shorter than it, say) gets smaller ones.
+        let base = |probe: usize| move |_: usize, s: &str| g.dims.get(s).copied().unwrap_or(probe);
         let mut runs = vec![];
-        if let Ok(a) = infer::infer_graph(g, &shapes(0), eval) {
-            runs.push(a);
-            if !syms.is_empty() {
-                runs.extend(infer::infer_graph(g, &shapes(1), eval).ok());
+        let mut chosen = None;
+        for probe in [PROBE, 8, 3] {
+            if let Some(a) = run(&base(probe)) {
+                runs.push(a);
+                chosen = Some(probe);
+                break;
+            }
+        }
+        // The second run moves every symbol to its own other size: scaled up, else a
+        // little up or down (a model may refuse sizes past a table's length).
+        if let (Some(probe), false) = (chosen, syms.is_empty()) {
+            let b = base(probe);
+            let moves: [&dyn Fn(usize, &str) -> usize; 3] = [
+                &|i, s| b(i, s) * (i + 2),
+                &|i, s| b(i, s) + i + 1,
+                &|i, s| b(i, s).saturating_sub(i + 1).max(1),
+            ];
+            for m in moves {
+                // Every symbol must move, or a dim that depends on it would look static.
+                if syms.iter().enumerate().any(|(i, s)| m(i, s) == b(i, s)) {
+                    continue;
+                }
+                if let Some(r) = run(m) {
+                    runs.push(r);
+                    break;
+                }
             }
         }
         let ranks = if runs.is_empty() {
