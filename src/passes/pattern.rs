@@ -14,6 +14,9 @@ use std::collections::{HashMap, HashSet};
 /// Size given to a symbol with no default in the first inference run.
 const PROBE: usize = 32;
 
+/// The size of symbol `s`, the `i`-th of the graph's symbols, in an inference run.
+type Size<'a> = dyn Fn(usize, &str) -> usize + 'a;
+
 /// What shape inference knows about a graph's values.
 pub struct Facts {
     runs: Vec<Inferred>,
@@ -28,7 +31,7 @@ pub struct Facts {
 impl Facts {
     pub fn new(g: &Graph, eval: &'static dyn HostEval) -> Facts {
         let syms = g.symbols();
-        let run = |size: &dyn Fn(usize, &str) -> usize| -> Option<Inferred> {
+        let run = |size: &Size| -> Option<Inferred> {
             let shapes: HashMap<String, Vec<usize>> = g
                 .inputs
                 .iter()
@@ -58,7 +61,7 @@ impl Facts {
         // little up or down (a model may refuse sizes past a table's length).
         if let (Some(probe), false) = (chosen, syms.is_empty()) {
             let b = base(probe);
-            let moves: [&dyn Fn(usize, &str) -> usize; 3] = [
+            let moves: [&Size; 3] = [
                 &|i, s| b(i, s) * (i + 2),
                 &|i, s| b(i, s) + i + 1,
                 &|i, s| b(i, s).saturating_sub(i + 1).max(1),
