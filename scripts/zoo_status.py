@@ -157,6 +157,19 @@ def measure(exe, case, tmp):
     return "runs", "ok", f"{checked} gradients", [], worst, gworst
 
 
+def fusion(exe, case):
+    """What the passes made of the export, from `graphrun inspect`: the number of
+    Attention and FusedMatMul nodes, and of the MatMul/Gemm nodes left unfused."""
+    model = os.path.join(ZOO, case, "model.onnx")
+    p = subprocess.run([exe, "inspect", model], capture_output=True, text=True, timeout=600)
+    m = re.search(r"^after passes: \d+ nodes: (.*)$", p.stdout, re.M)
+    if p.returncode != 0 or not m:
+        return None
+    counts = {op: int(n) for op, n in re.findall(r"(\w+) (\d+)", m.group(1))}
+    return (counts.get("Attention", 0), counts.get("FusedMatMul", 0),
+            counts.get("MatMul", 0) + counts.get("Gemm", 0))
+
+
 def on_data(case, ops):
     """The ops of `ops` that some node of the export applies to values computed from the
     inputs' contents; the others only compute from shapes and constants (mask and
@@ -253,7 +266,8 @@ def main():
             else:
                 fwd, bwd, msg, ops, e, ge = measure(exe, case, tmp)
                 r.update(fwd=fwd, bwd=bwd, detail=msg, ops=ops, err=e, gerr=ge,
-                         data_ops=on_data(case, set(ops)))
+                         data_ops=on_data(case, set(ops)),
+                         fused=fusion(exe, case) if fwd == "runs" else None)
             print(f"{case}: {r['fwd']} / {r['bwd']}: {r['detail']}", flush=True)
             results.append(r)
     finally:
@@ -325,8 +339,13 @@ def write_doc(results):
              "once); the number in parentheses is the relative error. `tests/fixtures/zoo/STATUS.tsv` "
              "has graphrun's whole message for each export.")
     L.append("")
-    L.append("| architecture | exporter | opset | mask | exports | runs | matches ORT | gradients | graphrun's error, or why not |")
-    L.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    L.append("\"fused\" is what the passes made of the export (`graphrun inspect MODEL.onnx`, "
+             "symbolic sizes): Attention nodes (each transformer has 2 attention blocks), "
+             "FusedMatMul nodes, and MatMul or Gemm nodes left unfused "
+             "(`inspect --explain-fusion` says why each was left).")
+    L.append("")
+    L.append("| architecture | exporter | opset | mask | exports | runs | matches ORT | gradients | fused: Attention / FusedMatMul / MatMul left | graphrun's error, or why not |")
+    L.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in results:
         exp = yn[r["exported"]]
         if not r["exported"]:
@@ -353,8 +372,10 @@ def write_doc(results):
             why += (("; " if why else "") + "ONNX Runtime fails, so the reference is "
                     "onnx.reference's: " + ort_msg)
         why = why.replace("|", "\\|")
+        fz = r.get("fused")
+        fused = f"{fz[0]} / {fz[1]} / {fz[2]}" if fz else "–"
         L.append(f"| {r['arch']} | {r['exporter']} | {r['opset']} | {yn[r['mask']]} | {exp} | "
-                 f"{runs_c} | {match} | {grads} | {why} |")
+                 f"{runs_c} | {match} | {grads} | {fused} | {why} |")
     L.append("")
     if need:
         L.append("## Operators graphrun lacks")

@@ -1016,6 +1016,43 @@ nodes:
     check_same(&g, &o, &[]);
 }
 
+#[test]
+fn attention_with_kt_through_merged_heads_at_symbolic_sizes() {
+    // The same chain as the dynamo exporter writes it for symbolic batch and sequence: the
+    // reshapes' shapes computed from Shape(K). The merge-and-split is checked in every
+    // inference run, so it fuses for any sizes.
+    let body = "
+inputs:
+  - {name: q, dtype: f32, shape: [batch, 2, seq, 4]}
+  - {name: k, dtype: f32, shape: [batch, 2, seq, 4]}
+  - {name: v, dtype: f32, shape: [batch, 2, seq, 4]}
+initializers:
+  - {name: minus1, dtype: i64, shape: [1], values: [-1]}
+  - {name: rs, dtype: f32, shape: [1], values: [0.7071067811865476], trainable: false}
+outputs: [o]
+nodes:
+  - {op: Shape, inputs: [k], outputs: [bh], attrs: {start: 0, end: 2}}
+  - {op: Shape, inputs: [k], outputs: [sl], attrs: {start: 2, end: 3}}
+  - {op: Shape, inputs: [k], outputs: [dl], attrs: {start: 3}}
+  - {op: Concat, inputs: [minus1, sl, dl], outputs: [flat], attrs: {axis: 0}}
+  - {op: Concat, inputs: [bh, dl, sl], outputs: [heads], attrs: {axis: 0}}
+  - {op: Reshape, inputs: [k, flat], outputs: [k3]}
+  - {op: Transpose, inputs: [k3], outputs: [k3t], attrs: {perm: [0, 2, 1]}}
+  - {op: Reshape, inputs: [k3t, heads], outputs: [kt]}
+  - {op: Mul, inputs: [q, rs], outputs: [qs]}
+  - {op: Mul, inputs: [kt, rs], outputs: [kts]}
+  - {op: MatMul, inputs: [qs, kts], outputs: [z]}
+  - {op: Softmax, inputs: [z], outputs: [p], attrs: {axis: -1}, name: sm}
+  - {op: MatMul, inputs: [p, v], outputs: [o], name: pv}
+";
+    let g = graph(body);
+    let (o, _) = run_passes(&g, &PassOptions::default());
+    let a = attention(&o);
+    assert_eq!(a.len(), 1, "{:?}", o.nodes);
+    assert!((a[0].1 - 0.5).abs() < 1e-6, "{a:?}");
+    check_same(&g, &o, &[("batch", 3), ("seq", 5)]);
+}
+
 /// Grouped-query attention: q [B, 4, S, 4] against k0, v0 [B, 2, S, 4] (or one kv head),
 /// repeated to 4 heads by the nodes `repeat` writes (`KV` in them is k0 or v0).
 fn gqa(kv_heads: usize, repeat: &str) -> String {

@@ -616,8 +616,9 @@ fn qk<'g>(cx: &Ctx<'g>, s: &'g str) -> Result<Scores<'g>, String> {
 
 /// `Kᵀ` as the dynamo exporter writes it for scaled_dot_product_attention: K `[B, H, S, D]`
 /// reshaped to `[B·H, S, D]`, transposed with perm [0, 2, 1] and reshaped back to
-/// `[B, H, D, S]`. Returns K. Needs static shapes: the reshapes must only merge and split
-/// the leading dims, which is what makes the chain a plain transpose of the last two.
+/// `[B, H, D, S]`. Returns K. The reshapes must only merge and split the leading dims,
+/// which is what makes the chain a plain transpose of the last two: checked on the shapes
+/// of every inference run, so it holds for symbolic batch and sequence sizes too.
 fn flat_transposed<'g>(cx: &Ctx<'g>, kt: &str) -> Option<&'g str> {
     let (_, r2) = cx.prod(kt, |op| matches!(op, Op::Reshape { .. }))?;
     let (_, t) = cx.prod(&r2.inputs[0], |op| {
@@ -627,12 +628,17 @@ fn flat_transposed<'g>(cx: &Ctx<'g>, kt: &str) -> Option<&'g str> {
     })?;
     let (_, r1) = cx.prod(&t.inputs[0], |op| matches!(op, Op::Reshape { .. }))?;
     let k = r1.inputs[0].as_str();
-    let [b, h, s, d] = cx.facts.static_shape(k)?[..] else {
-        return None;
-    };
-    let merged = cx.facts.static_shape(&r1.outputs[0])? == [b * h, s, d];
-    let split = cx.facts.static_shape(kt)? == [b, h, d, s];
-    (merged && split).then_some(k)
+    let (ks, ms, ts) = (
+        cx.facts.shapes(k)?,
+        cx.facts.shapes(&r1.outputs[0])?,
+        cx.facts.shapes(kt)?,
+    );
+    // In every inference run (so for any value of the symbols).
+    let plain = ks.iter().zip(&ms).zip(&ts).all(|((k, m), t)| match k {
+        [b, h, s, d] => *m == [b * h, *s, *d] && *t == [*b, *h, *d, *s],
+        _ => false,
+    });
+    plain.then_some(k)
 }
 
 /// `v` = `x` `[B, Hkv, S, D]` with each head repeated `n` times in a row, so that head h
