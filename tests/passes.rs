@@ -580,6 +580,56 @@ nodes:
     check_same(&g, &o, &[("n", 5)]);
 }
 
+/// A Linear on a 3-D input as the exporters write it (GPT-2's Conv1D): the rows
+/// flattened, a Gemm with the bias, the result reshaped back to `[batch, seq, N]` (the
+/// shape computed from the input's), then the activation and the residual. `BACK` is the
+/// tail of the reshaped-back shape.
+const ROWS: &str = "
+inputs:
+  - {name: x, dtype: f32, shape: [batch, seq, 8]}
+  - {name: res, dtype: f32, shape: [batch, seq, BACK]}
+initializers:
+  - {name: w, dtype: f32, shape: [8, 16], init: {dist: xavier_uniform, seed: 1}}
+  - {name: b, dtype: f32, shape: [16], init: {dist: uniform, low: -0.5, high: 0.5, seed: 2}}
+  - {name: flat, dtype: i64, shape: [2], values: [-1, 8]}
+  - {name: tail, dtype: i64, shape: [TAILN], values: [BACK]}
+outputs: [y]
+nodes:
+  - {op: Reshape, inputs: [x, flat], outputs: [x2]}
+  - {op: Gemm, inputs: [x2, w, b], outputs: [h]}
+  - {op: Shape, inputs: [x], outputs: [bs], attrs: {start: 0, end: 2}}
+  - {op: Concat, inputs: [bs, tail], outputs: [back], attrs: {axis: 0}}
+  - {op: Reshape, inputs: [h, back], outputs: [h3]}
+  - {op: Tanh, inputs: [h3], outputs: [a]}
+  - {op: Add, inputs: [a, res], outputs: [y]}
+";
+
+#[test]
+fn epilogue_through_the_reshape_back_to_rows() {
+    let body = ROWS.replace("TAILN", "1").replace("BACK", "16");
+    let g = graph(&body);
+    let (o, r) = run_passes(&g, &PassOptions::default());
+    let f = fused(&o);
+    assert_eq!(f.len(), 1, "{:?}", o.nodes);
+    assert_eq!(f[0].0, "tanh");
+    assert_eq!(f[0].2.len(), 4, "bias and residual: {f:?}");
+    assert_eq!(count(&o, "Tanh") + count(&o, "Add"), 0, "{:?}", o.nodes);
+    assert_eq!(r.fired("matmul_epilogue"), 1);
+    check_same(&g, &o, &[("batch", 3), ("seq", 5)]);
+    // Must not fire through a Reshape that splits the last axis: the product's bias
+    // still fuses, the Tanh and the residual stay.
+    let body = ROWS
+        .replace("TAILN", "2")
+        .replace("[BACK]", "[4, 4]")
+        .replace("BACK", "4, 4");
+    let g = graph(&body);
+    let (o, _) = run_passes(&g, &PassOptions::default());
+    assert_eq!(fused(&o).len(), 1);
+    assert_eq!(fused(&o)[0].0, "none");
+    assert_eq!(count(&o, "Tanh"), 1);
+    check_same(&g, &o, &[("batch", 2), ("seq", 3)]);
+}
+
 // ------------------------------------------------- MatMul epilogue: must not fire
 
 #[test]

@@ -222,6 +222,9 @@ struct Fused<'g> {
     nodes: Vec<usize>,
     pre: Vec<Node>,
     inits: Vec<Initializer>,
+    /// A Reshape the chain went through (see `through_reshape`): the fused node writes
+    /// `flat`, and this Reshape node (its own name, op and shape input) writes `out`.
+    reshape: Option<(Node, String)>,
 }
 
 impl Fused<'_> {
@@ -238,14 +241,25 @@ impl Fused<'_> {
                 trans_b: self.trans_b,
             },
             inputs,
-            outputs: vec![self.out.to_string()],
+            outputs: vec![self
+                .reshape
+                .as_ref()
+                .map_or(self.out, |(_, flat)| flat.as_str())
+                .to_string()],
             loc: anchor.loc.clone(),
         }
     }
-    /// The nodes that replace the matched ones: `pre`, then the FusedMatMul.
+    /// The nodes that replace the matched ones: `pre`, the FusedMatMul, and the Reshape
+    /// it was fused through.
     fn all(&self, anchor: &Node) -> Vec<Node> {
         let mut v = self.pre.clone();
         v.push(self.node(anchor));
+        if let Some((r, flat)) = &self.reshape {
+            let mut r = r.clone();
+            r.inputs[0] = flat.clone();
+            r.outputs = vec![self.out.to_string()];
+            v.push(r);
+        }
         v
     }
     /// A new constant, named after the anchor; returns its name.
@@ -374,7 +388,7 @@ fn gemm(cx: &Ctx, f: &mut Fused, mm: &Node, why: &mut Why) -> Option<bool> {
     }
 }
 
-fn fuse(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch> {
+fn fuse<'g>(cx: &Ctx<'g>, i: usize, why: &mut Why) -> Option<Patch> {
     let mm = cx.node(i);
     let mut f = Fused {
         a: mm.inputs[0].clone(),
@@ -387,6 +401,7 @@ fn fuse(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch> {
         nodes: vec![i],
         pre: vec![],
         inits: vec![],
+        reshape: None,
     };
     let c_is_residual = gemm(cx, &mut f, mm, why)?;
     // A Transpose of a 2-D weight feeding B is folded into trans_b (the Transpose goes
@@ -424,36 +439,71 @@ fn fuse(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch> {
             _ => {}
         }
     }
-    // 2. activation
+    // 2. activation (also past a Reshape that only regroups the rows)
     if c_is_residual {
         stop = "Gemm's C took the residual slot".into();
     } else {
-        match activation(cx, f.out) {
+        let mut try_act = |f: &mut Fused<'g>| match activation(cx, f.out) {
             Ok((act, nodes, out)) => {
                 f.act = act;
                 f.nodes.extend(nodes);
                 f.out = out;
+                true
             }
-            Err(e) => stop = e,
+            Err(e) => {
+                stop = e;
+                false
+            }
+        };
+        if !try_act(&mut f) {
+            if let Some(mut g) = through_reshape(cx, &f) {
+                if try_act(&mut g) {
+                    f = g;
+                }
+            }
         }
     }
-    // 3. residual
-    if let Some(add) = cx
-        .sole_consumer(f.out)
-        .map(|c| cx.node(c))
-        .filter(|n| n.op == Op::Binary(BinaryOp::Add) && !c_is_residual)
-    {
-        if let Some(r) = cx.other(add, f.out) {
+    // 3. residual (likewise)
+    if !c_is_residual {
+        let residual = |f: &Fused<'g>, stop: &mut String| -> Option<Fused<'g>> {
+            let c = cx.sole_consumer(f.out)?;
+            let add = cx.node(c);
+            if add.op != Op::Binary(BinaryOp::Add) {
+                return None;
+            }
+            let r = cx.other(add, f.out)?;
             let mut g = Fused {
-                residual: Some(r.to_string()),
                 out: &add.outputs[0],
                 ..f.clone()
             };
-            g.nodes.push(cx.producer(&add.outputs[0])?);
+            g.residual = Some(match &g.reshape {
+                None => r.to_string(),
+                // The residual has the reshaped shape: flattened like the product.
+                Some(_) => {
+                    let shapes = cx.facts.shapes(f.out)?;
+                    let n = *shapes.first()?.last()?;
+                    if shapes.iter().any(|s| s.last() != Some(&n)) {
+                        return None;
+                    }
+                    let shape = Tensor::from_vec(&[2], vec![-1i64, n as i64]).ok()?;
+                    let shape = g.init(cx, mm, "residual_shape", shape);
+                    let op = Op::Reshape { allowzero: false };
+                    g.pre(cx, mm, "residual_flat", op, vec![r.to_string(), shape])
+                }
+            });
+            g.nodes.push(c);
             match check(cx, &g, mm) {
-                Ok(()) => f = g,
-                Err(e) => stop = format!("Add '{}' is not a residual: {e}", add.name),
+                Ok(()) => Some(g),
+                Err(e) => {
+                    *stop = format!("Add '{}' is not a residual: {e}", add.name);
+                    None
+                }
             }
+        };
+        if let Some(g) = residual(&f, &mut stop) {
+            f = g;
+        } else if let Some(g) = through_reshape(cx, &f).and_then(|g| residual(&g, &mut stop)) {
+            f = g;
         }
     }
     if f.nodes.len() == before && !transposed && f.bias.is_none() && f.residual.is_none() {
@@ -490,6 +540,35 @@ fn fuse(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch> {
         inits: f.inits,
         ..Default::default()
     })
+}
+
+/// `f` continued past a Reshape that is the sole reader of its output and only regroups
+/// its rows: a 2-D `[M, N]` product reshaped to `[..., N]` (the exporters' Linear on a
+/// 3-D input: flatten, Gemm, reshape back, then the bias, activation or residual). The
+/// elementwise epilogue commutes with such a Reshape, so the fused node computes it on the
+/// rows and the Reshape follows. Checked on the shapes of every inference run.
+fn through_reshape<'g>(cx: &Ctx<'g>, f: &Fused<'g>) -> Option<Fused<'g>> {
+    if f.reshape.is_some() || f.residual.is_some() || cx.needed(f.out) {
+        return None;
+    }
+    let ri = cx.sole_consumer(f.out)?;
+    let r = cx.node(ri);
+    if !matches!(r.op, Op::Reshape { .. }) || r.inputs[0] != f.out {
+        return None;
+    }
+    let (before, after) = (cx.facts.shapes(f.out)?, cx.facts.shapes(&r.outputs[0])?);
+    let rows = before.iter().zip(&after).all(|(b, a)| match (b, a.last()) {
+        ([_, n], Some(m)) => n == m,
+        _ => false,
+    });
+    if !rows {
+        return None;
+    }
+    let mut g = f.clone();
+    g.nodes.push(ri);
+    g.reshape = Some((r.clone(), cx.fresh_value(&format!("{}_rows", r.outputs[0]))));
+    g.out = &r.outputs[0];
+    Some(g)
 }
 
 /// The fused node infers to the type of the value it replaces, in every inference run.
