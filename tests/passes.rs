@@ -467,7 +467,10 @@ fn gemm_with_a_full_c_takes_the_residual_slot() {
         vec![("none", false, strs(&["x", "w", "", "res"]))]
     );
     assert_eq!(count(&g, "Relu"), 1);
-    assert!(r.explain.is_empty(), "{:?}", r.explain);
+    assert_eq!(
+        r.explain,
+        vec!["FusedMatMul 'gemm' (activation none): matmul_epilogue: stopped before 'g0': Gemm's C took the residual slot"]
+    );
     // A constant C takes beta; transB stays trans_b.
     let (g, _) = fuse(&gemm("y", "  - {op: Gemm, inputs: [x, wt, rc], outputs: [y], attrs: {beta: 0.5, transB: 1}, name: gemm}\n"));
     assert_eq!(
@@ -723,9 +726,16 @@ fn wrong_gelu_constant_is_not_gelu() {
 fn activation_with_a_second_consumer_is_not_swallowed() {
     // The Sigmoid of a SiLU also feeds an output: the SiLU stays, the bias fuses.
     let nodes = format!("{FC}  - {{op: Sigmoid, inputs: [hb], outputs: [s]}}\n  - {{op: Mul, inputs: [hb, s], outputs: [y]}}\n");
-    let (g, _) = fuse(&mlp("y, s", &nodes));
+    let (g, r) = fuse(&mlp("y, s", &nodes));
     assert_eq!(fused(&g), vec![("none", false, strs(&["x", "w", "b"]))]);
     assert_eq!((count(&g, "Sigmoid"), count(&g, "Mul")), (1, 1));
+    // --explain-fusion says what the fused node left outside, and why.
+    let line = r.explain.iter().find(|l| l.starts_with("FusedMatMul"));
+    assert!(
+        line.is_some_and(|l| l.contains("stopped before 'hb'") && l.contains("silu expansion")),
+        "{:?}",
+        r.explain
+    );
     // A Relu read twice fuses, but the residual Add after it cannot take it.
     let nodes = format!("{FC}  - {{op: Relu, inputs: [hb], outputs: [a]}}\n  - {{op: Add, inputs: [a, res], outputs: [y]}}\n  - {{op: Tanh, inputs: [a], outputs: [z]}}\n");
     let (g, _) = fuse(&mlp("y, z", &nodes));

@@ -538,6 +538,9 @@ fn fuse<'g>(cx: &Ctx<'g>, i: usize, why: &mut Why) -> Option<Patch> {
         remove: f.nodes.clone(),
         add: f.all(mm),
         inits: f.inits,
+        // Worth saying only where something reads on after the fused node.
+        note: (!stop.is_empty() && !cx.consumers(f.out).is_empty())
+            .then(|| format!("stopped before '{}': {stop}", f.out)),
         ..Default::default()
     })
 }
@@ -596,7 +599,18 @@ fn is_bias(cx: &Ctx, f: &Fused, mm: &Node) -> bool {
 /// An activation reading `x` (and nothing else reading `x`): its kind, its nodes, its output.
 fn activation<'g>(cx: &Ctx<'g>, x: &'g str) -> Result<(Activation, Vec<usize>, &'g str), String> {
     if cx.needed(x) {
-        return Err(format!("'{x}' is a graph output"));
+        // Worth saying where an activation or a residual Add reads it.
+        let fusable = cx.consumers(x).iter().any(|&c| {
+            matches!(
+                cx.node(c).op,
+                Op::Unary(_) | Op::Binary(BinaryOp::Add | BinaryOp::Mul)
+            )
+        });
+        return Err(if fusable {
+            format!("'{x}' is a graph output")
+        } else {
+            String::new()
+        });
     }
     if let Some(c) = cx.sole_consumer(x) {
         let n = cx.node(c);
@@ -626,7 +640,7 @@ fn activation<'g>(cx: &Ctx<'g>, x: &'g str) -> Result<(Activation, Vec<usize>, &
             Err(e) => last_err = format!("{} expansion: {e}", act.name()),
         }
     }
-    if cx.consumers(x).len() > 1 {
+    if cx.consumers(x).len() > 1 && last_err.is_empty() {
         last_err = format!(
             "'{x}' is read by {} nodes and they are no activation expansion",
             cx.consumers(x).len()

@@ -113,6 +113,7 @@ pub fn optimize(g: &Graph, opts: &PassOptions) -> Result<(Graph, Report)> {
     let mut report = Report::default();
     // Node name → why the last fusion rule that looked at it did not fire.
     let mut why: HashMap<String, String> = HashMap::new();
+    let mut left: HashMap<String, String> = HashMap::new();
     for name in PASSES {
         let mut st = PassState {
             report: PassReport {
@@ -122,6 +123,7 @@ pub fn optimize(g: &Graph, opts: &PassOptions) -> Result<(Graph, Report)> {
             },
             log: vec![],
             why: HashMap::new(),
+            left: HashMap::new(),
             eval: opts.eval,
         };
         if opts.disabled.iter().any(|d| d == name) {
@@ -143,15 +145,22 @@ pub fn optimize(g: &Graph, opts: &PassOptions) -> Result<(Graph, Report)> {
                 .map_err(|e| Error::Graph(format!("pass {name} left an invalid graph: {e}")))?;
         }
         why.extend(st.why);
+        left.extend(st.left);
         report.log.append(&mut st.log);
         report.passes.push(st.report);
     }
-    report.explain = explain(&g, &why, opts);
+    report.explain = explain(&g, &why, &left, opts);
     Ok((g, report))
 }
 
-/// One line per MatMul/Gemm/Softmax the fusion passes left in the graph.
-fn explain(g: &Graph, why: &HashMap<String, String>, opts: &PassOptions) -> Vec<String> {
+/// One line per MatMul/Gemm/Softmax the fusion passes left in the graph, and per fused
+/// MatMul that stopped before a bias, activation or residual it could have taken.
+fn explain(
+    g: &Graph,
+    why: &HashMap<String, String>,
+    left: &HashMap<String, String>,
+    opts: &PassOptions,
+) -> Vec<String> {
     let off = |p: &str| opts.disabled.iter().any(|d| d == p);
     g.nodes
         .iter()
@@ -159,6 +168,14 @@ fn explain(g: &Graph, why: &HashMap<String, String>, opts: &PassOptions) -> Vec<
             let pass = match n.op {
                 Op::MatMul | Op::Gemm { .. } => "matmul_epilogue_fusion",
                 Op::Softmax { .. } => "attention_fusion",
+                Op::FusedMatMul { activation, .. } => {
+                    let note = left.get(&n.name)?;
+                    return Some(format!(
+                        "FusedMatMul '{}' (activation {}): {note}",
+                        n.name,
+                        activation.name()
+                    ));
+                }
                 _ => return None,
             };
             let reason = match why.get(&n.name) {
@@ -176,6 +193,8 @@ pub(crate) struct PassState {
     pub report: PassReport,
     pub log: Vec<String>,
     pub why: HashMap<String, String>,
+    /// Node name → what a rewrite that made the node left outside it, and why.
+    pub left: HashMap<String, String>,
     pub eval: &'static dyn HostEval,
 }
 
@@ -267,8 +286,11 @@ pub(crate) fn drive(mut g: Graph, rules: &[Rule], st: &mut PassState) -> Result<
             continue;
         }
         let mut patches = vec![];
-        for (rule, node, patch) in batch {
+        for (rule, node, mut patch) in batch {
             st.fired(rule, &node);
+            if let Some(note) = patch.note.take() {
+                st.left.insert(node, format!("{rule}: {note}"));
+            }
             patches.push(patch);
         }
         g = pattern::apply_all(g, patches);

@@ -268,6 +268,9 @@ pub struct Patch {
     pub add: Vec<Node>,
     pub inits: Vec<Initializer>,
     pub rewire: Vec<(String, String)>,
+    /// What the rewrite left out and why (a fused MatMul that stopped before an
+    /// activation, say), for `inspect --explain-fusion`.
+    pub note: Option<String>,
 }
 
 /// One graph, indexed for matching.
