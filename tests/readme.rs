@@ -30,3 +30,98 @@ fn readme_op_table_matches_the_code() {
         }
     }
 }
+
+/// The README's planned-memory table: each row is what `graphrun inspect` prints for its
+/// command, so the numbers cannot go stale. Regenerate with
+/// `UPDATE_README=1 cargo test --test readme`.
+#[test]
+fn readme_memory_table_matches_inspect() {
+    const ROWS: &[(&str, &str)] = &[
+        (
+            "gpt_block (batch 8, seq 1024), unfused",
+            "inspect models/gpt_block.yaml --no-fuse",
+        ),
+        (
+            "gpt_block (batch 8, seq 1024), fused (1 Attention + 4 FusedMatMul)",
+            "inspect models/gpt_block.yaml",
+        ),
+        (
+            "gpt_block (batch 8, seq 1024) forward + backward, fused",
+            "inspect models/gpt_block.yaml --backward",
+        ),
+        (
+            "gpt_block (batch 8, seq 1024) forward + backward, unfused",
+            "inspect models/gpt_block.yaml --backward --no-fuse",
+        ),
+        (
+            "gpt_block (batch 1, seq 512), fused",
+            "inspect models/gpt_block.yaml --dim batch=1 --dim seq=512",
+        ),
+        (
+            "gpt_block (batch 1, seq 512), unfused",
+            "inspect models/gpt_block.yaml --dim batch=1 --dim seq=512 --no-fuse",
+        ),
+        (
+            "attention (1×4×2048×64, causal), fused (flash-style)",
+            "inspect models/attention.yaml --dim batch=1 --dim heads=4",
+        ),
+        (
+            "attention (1×4×2048×64, causal), unfused",
+            "inspect models/attention.yaml --dim batch=1 --dim heads=4 --no-fuse",
+        ),
+        (
+            "mlp_small (batch 64) training step",
+            "inspect models/mlp.yaml --backward",
+        ),
+    ];
+    let mut table =
+        String::from("| what | peak planned activation memory | command |\n|---|---|---|\n");
+    for (what, cmd) in ROWS {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_graphrun"))
+            .args(cmd.split(' '))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "graphrun {cmd}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8(out.stdout).unwrap();
+        // The last "peak activation memory" line: the forward+backward one with --backward.
+        let line = text
+            .lines()
+            .filter(|l| l.trim_start().starts_with("peak activation memory"))
+            .last()
+            .unwrap_or_else(|| panic!("graphrun {cmd} printed no memory line:\n{text}"));
+        let number = line
+            .trim_start()
+            .trim_start_matches("peak activation memory ")
+            .trim_start_matches("forward+backward ");
+        // "1.28 GiB (without ...)": the size in bold, the comparison after it.
+        let cut = number
+            .match_indices(' ')
+            .nth(1)
+            .map_or(number.len(), |(k, _)| k);
+        let (size, rest) = number.split_at(cut);
+        table.push_str(&format!(
+            "| {what} | **{size}**{rest} | `graphrun {cmd}` |\n"
+        ));
+    }
+    let readme = std::fs::read_to_string("README.md").unwrap();
+    let (start, end) = ("<!-- memory:start -->\n", "<!-- memory:end -->");
+    let i = readme.find(start).expect("README has the memory markers") + start.len();
+    let j = readme.find(end).unwrap();
+    if std::env::var_os("UPDATE_README").is_some() {
+        std::fs::write(
+            "README.md",
+            format!("{}{}{}", &readme[..i], table, &readme[j..]),
+        )
+        .unwrap();
+        return;
+    }
+    assert_eq!(
+        &readme[i..j],
+        table,
+        "README.md's memory table is stale: run UPDATE_README=1 cargo test --test readme"
+    );
+}
