@@ -270,6 +270,16 @@ fn inspect_prints_counts_memory_and_writes_files() {
     let out = text(&o).0;
     assert!(out.contains("    out  g: f32[batch, 8, 4096]"), "{out}");
     assert!(out.contains("'batch' from the model's dims"), "{out}");
+    // A model that refuses sizes over a thousand (GPT-2's position table has 32 rows) is
+    // shown at small sizes.
+    let o = graphrun(&["inspect", "tests/fixtures/zoo/gpt2_dynamo_op18/model.onnx"]);
+    let out = text(&o).0;
+    assert!(
+        out.contains(
+            "output types (unbound symbols as symbols):\n  logits: f32[batch, sequence, 100]\n"
+        ),
+        "{out}"
+    );
     // Unbound symbols without defaults: symbolic shapes, memory as a formula, and the
     // written model keeps the symbol.
     let o = graphrun(&[

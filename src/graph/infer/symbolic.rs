@@ -29,6 +29,16 @@ pub(crate) const PRIMES: [[usize; 12]; 2] = [
     ],
 ];
 
+/// The fallback sizes, small enough for models that index tables by a symbolic size. No 2
+/// or 3, which are the common factors of dims (`2*seq`), so that a coefficient is not
+/// read as a symbol; the first two symbols (batch and sequence, as exporters order them)
+/// stay below 14 in both runs; each symbol's two sizes differ by its own amount, so that
+/// an offset (`seq-1`) names one symbol.
+const SMALL_PRIMES: [[usize; 12]; 2] = [
+    [11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53],
+    [7, 5, 59, 67, 61, 73, 71, 83, 97, 79, 101, 103],
+];
+
 /// A product of symbols times a number: `3*batch*seq^2`. Symbols sorted by name.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Monomial {
@@ -228,11 +238,23 @@ pub fn infer_symbolic(
             .collect();
         infer_graph_with(g, &shapes, values, ev)
     };
-    let a = run(&PRIMES[0])?;
-    let b = if free.is_empty() {
-        a.clone()
-    } else {
-        run(&PRIMES[1])?
+    let both = |primes: &[[usize; 12]; 2]| -> Result<(Inferred, Inferred)> {
+        let a = run(&primes[0])?;
+        let b = if free.is_empty() {
+            a.clone()
+        } else {
+            run(&primes[1])?
+        };
+        Ok((a, b))
+    };
+    // A model may refuse sizes over a thousand (a position table of 32 rows read at
+    // Range(0, seq), say): then the small primes.
+    let (primes, (a, b)) = match both(&PRIMES) {
+        Ok(r) => (&PRIMES, r),
+        Err(e) => match both(&SMALL_PRIMES) {
+            Ok(r) => (&SMALL_PRIMES, r),
+            Err(_) => return Err(e),
+        },
     };
     let mut out = HashMap::new();
     for (name, ta) in &a.types {
@@ -246,7 +268,7 @@ pub fn infer_symbolic(
             ta.shape
                 .iter()
                 .zip(&tb.shape)
-                .map(|(&x, &y)| read_dim(x, y, &free))
+                .map(|(&x, &y)| read_dim(x, y, &free, primes))
                 .collect()
         };
         out.insert(
@@ -261,18 +283,18 @@ pub fn infer_symbolic(
 }
 
 /// One dim from its sizes in the two runs (see the module's comment).
-fn read_dim(x: usize, y: usize, free: &[String]) -> SymDim {
+fn read_dim(x: usize, y: usize, free: &[String], primes: &[[usize; 12]; 2]) -> SymDim {
     if x == y {
         return SymDim::Product(Monomial::constant(x));
     }
-    let (ma, mb) = (factor(x, &PRIMES[0], free), factor(y, &PRIMES[1], free));
+    let (ma, mb) = (factor(x, &primes[0], free), factor(y, &primes[1], free));
     if ma == mb && !ma.syms.is_empty() {
         return SymDim::Product(ma);
     }
     for (k, s) in free.iter().enumerate() {
         let (da, db) = (
-            x as i64 - PRIMES[0][k] as i64,
-            y as i64 - PRIMES[1][k] as i64,
+            x as i64 - primes[0][k] as i64,
+            y as i64 - primes[1][k] as i64,
         );
         if da == db {
             return SymDim::Offset(s.clone(), da);
@@ -308,18 +330,18 @@ mod tests {
     #[test]
     fn dims_read_back_as_numbers_products_and_offsets() {
         let f = free(&["seq", "batch"]);
-        let (s, b) = ((PRIMES[0][0], PRIMES[1][0]), (PRIMES[0][1], PRIMES[1][1]));
-        assert_eq!(read_dim(768, 768, &f).to_string(), "768");
-        assert_eq!(read_dim(s.0, s.1, &f).to_string(), "seq");
-        assert_eq!(
-            read_dim(3 * s.0 * b.0, 3 * s.1 * b.1, &f).to_string(),
-            "3*batch*seq"
-        );
-        assert_eq!(read_dim(s.0 * s.0, s.1 * s.1, &f).to_string(), "seq^2");
-        assert_eq!(read_dim(s.0 - 1, s.1 - 1, &f).to_string(), "seq-1");
-        assert_eq!(read_dim(b.0 + 2, b.1 + 2, &f).to_string(), "batch+2");
-        // seq/2 rounded down is neither: unknown, not a wrong number.
-        assert_eq!(read_dim(s.0 / 2, s.1 / 2, &f), SymDim::Unknown);
+        for p in [&PRIMES, &SMALL_PRIMES] {
+            let (s, b) = ((p[0][0], p[1][0]), (p[0][1], p[1][1]));
+            let read = |x, y| read_dim(x, y, &f, p).to_string();
+            assert_eq!(read(768, 768), "768");
+            assert_eq!(read(s.0, s.1), "seq");
+            assert_eq!(read(3 * s.0 * b.0, 3 * s.1 * b.1), "3*batch*seq");
+            assert_eq!(read(s.0 * s.0, s.1 * s.1), "seq^2");
+            assert_eq!(read(s.0 - 1, s.1 - 1), "seq-1");
+            assert_eq!(read(b.0 + 2, b.1 + 2), "batch+2");
+            // seq/2 rounded down is neither: unknown, not a wrong number.
+            assert_eq!(read_dim(s.0 / 2, s.1 / 2, &f, p), SymDim::Unknown);
+        }
     }
 
     #[test]
