@@ -90,8 +90,7 @@ fn readme_memory_table_matches_inspect() {
         // The last "peak activation memory" line: the forward+backward one with --backward.
         let line = text
             .lines()
-            .filter(|l| l.trim_start().starts_with("peak activation memory"))
-            .last()
+            .rfind(|l| l.trim_start().starts_with("peak activation memory"))
             .unwrap_or_else(|| panic!("graphrun {cmd} printed no memory line:\n{text}"));
         let number = line
             .trim_start()
