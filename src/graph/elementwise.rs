@@ -27,7 +27,7 @@ macro_rules! for_each_unary {
             (Gelu, "Gelu", 20, 2, float, |v| act::gelu(v), |g, v| act::gelu_grad(g, v)),
             (GeluTanh, "Gelu", 20, 3, float, |v| act::gelu_tanh(v), |g, v| act::gelu_tanh_grad(g, v)),
             (Sigmoid, "Sigmoid", 1, 5, float, |v| act::sigmoid(v), |g, v| act::sigmoid_grad(g, v)),
-            (Tanh, "Tanh", 1, 6, float, |v| v.tanh(), |g, v| act::tanh_grad(g, v)),
+            (Tanh, "Tanh", 1, 6, float, |v| v.tanh_v(), |g, v| act::tanh_grad(g, v)),
             (Neg, "Neg", 1, 7, signed, |v| -v, |g, _v| -g),
             (Exp, "Exp", 1, 8, float, |v| v.exp(), |g, v| g * v.exp()),
             (Log, "Log", 1, 9, float, |v| v.ln(), |g, v| g / v),

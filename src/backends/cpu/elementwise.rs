@@ -419,7 +419,7 @@ pub(super) mod act {
     #[inline(always)]
     pub fn gelu_tanh<F: Real>(v: F) -> F {
         let k = F::c((2.0 / std::f64::consts::PI).sqrt());
-        F::c(0.5) * v * (F::one() + (k * (v + F::c(GELU_C) * v * v * v)).tanh())
+        F::c(0.5) * v * (F::one() + (k * (v + F::c(GELU_C) * v * v * v)).tanh_v())
     }
     const GELU_C: f64 = 0.044715;
 
@@ -517,7 +517,7 @@ pub(super) mod act {
     }
     #[inline(always)]
     pub fn tanh_grad<F: Real>(dy: F, v: F) -> F {
-        let t = v.tanh();
+        let t = v.tanh_v();
         dy * (F::one() - t * t)
     }
     /// gelu' = Φ(x) + x·φ(x).
@@ -533,7 +533,7 @@ pub(super) mod act {
     pub fn gelu_tanh_grad<F: Real>(dy: F, v: F) -> F {
         let k = F::c((2.0 / std::f64::consts::PI).sqrt());
         let x2 = v * v;
-        let t = (k * (v + F::c(GELU_C) * x2 * v)).tanh();
+        let t = (k * (v + F::c(GELU_C) * x2 * v)).tanh_v();
         let du = k * (F::one() + F::c(3.0 * GELU_C) * x2);
         let half = F::c(0.5);
         dy * (half * (F::one() + t) + half * v * (F::one() - t * t) * du)

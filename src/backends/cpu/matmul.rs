@@ -374,7 +374,7 @@ fn activate_row<F: Real>(act: Activation, row: &mut [F]) {
         Activation::GeluTanh => each(row, a::gelu_tanh),
         Activation::Silu => each(row, a::silu),
         Activation::Sigmoid => each(row, a::sigmoid),
-        Activation::Tanh => each(row, |v: F| v.tanh()),
+        Activation::Tanh => each(row, |v: F| v.tanh_v()),
     }
 }
 
