@@ -934,13 +934,13 @@ fn inspect(a: InspectArgs) -> Result<(), Fail> {
             .map(|(k, v)| format!("{k}={v}"))
             .collect();
         println!(
-            "plan ({}): {} steps, {}FLOP per run",
+            "plan ({}): {}, {}FLOP per run",
             if bind.is_empty() {
                 "static shapes".into()
             } else {
                 bind.join(", ")
             },
-            plan.steps.len(),
+            counted(plan.steps.len(), "step"),
             fmt_count(plan.flops as f64)
         );
         if !defaulted.is_empty() {
@@ -1135,8 +1135,8 @@ fn inspect_backward(
         .collect();
     let kplan = graphrun::Plan::for_key(&bg, &all, &keep)?;
     println!(
-        "  plan: {} steps, {}FLOP per forward+backward",
-        bplan.steps.len(),
+        "  plan: {}, {}FLOP per forward+backward",
+        counted(bplan.steps.len(), "step"),
         fmt_count(bplan.flops as f64)
     );
     println!(
@@ -1831,8 +1831,8 @@ fn train(a: TrainArgs) -> Result<(), Fail> {
         let mean = losses[start..].iter().sum::<f64>() / (losses.len() - start).max(1) as f64;
         epoch_means.push((losses.len(), mean));
         let mut line = format!(
-            "epoch {epoch}: loss {mean:.4} ({} steps, {:.1} s)",
-            losses.len() - start,
+            "epoch {epoch}: loss {mean:.4} ({}, {:.1} s)",
+            counted(losses.len() - start, "step"),
             t0.elapsed().as_secs_f64()
         );
         if nval > 0 {
@@ -1851,7 +1851,7 @@ fn train(a: TrainArgs) -> Result<(), Fail> {
     bar.finish_and_clear();
     let interrupted = stop.load(std::sync::atomic::Ordering::Relaxed);
     if interrupted {
-        eprintln!("interrupted after {step} steps");
+        eprintln!("interrupted after {}", counted(step, "step"));
     }
     if losses.is_empty() {
         return Err(Fail {
@@ -1860,8 +1860,8 @@ fn train(a: TrainArgs) -> Result<(), Fail> {
         });
     }
     println!(
-        "trained {} steps in {:.2} s; loss {:.4} -> {:.4}",
-        losses.len(),
+        "trained {} in {:.2} s; loss {:.4} -> {:.4}",
+        counted(losses.len(), "step"),
         t0.elapsed().as_secs_f64(),
         losses[0],
         losses[losses.len() - 1]
@@ -2294,4 +2294,9 @@ fn draw_accuracy(area: &SvgArea, steps: usize, pts: Vec<(f64, f64)>) -> Result<(
         .draw()
         .map_err(e)?;
     Ok(())
+}
+
+/// "1 step", "3 steps".
+fn counted(n: usize, word: &str) -> String {
+    format!("{n} {word}{}", if n == 1 { "" } else { "s" })
 }
