@@ -7,7 +7,10 @@ version (otherwise the keys differ and each family compiles on its first use).
 
   LD_LIBRARY_PATH=<dir of libnvrtc> NVRTC=<libnvrtc.so.13> python3 scripts/precompile_kernels.py DIR [sm_90a]
   python3 scripts/precompile_kernels.py --keys ARCH "nvrtc M.m"   # prints "family key" lines
-                                                                  # (device.rs's unit test compares)"""
+                                                                  # (device.rs's unit test compares)
+  NVRTC=<libnvrtc.so.13> python3 scripts/precompile_kernels.py --ship DIR [ARCH ...]
+      the kernels to ship beside the binary: put DIR next to graphrun as graphrun-kernels/
+      (default architectures sm_80 sm_89 sm_90a); graphrun loads them before any NVRTC"""
 import ctypes, os, sys
 
 root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -53,6 +56,22 @@ def compile_family(lib, family, opts):
     return cubin.raw[: n.value]
 
 
+if sys.argv[1] == "--ship":
+    # Kernels shipped beside the binary, for each architecture given (default: A100,
+    # L4/L40/RTX 40, H100): DIR/<family>-<arch>-<key>.cubin, the key over the source and
+    # options only (device.rs shipped_file), so that any NVRTC version's machine code
+    # is found; a driver that refuses one falls back to NVRTC.
+    lib = ctypes.CDLL(os.environ["NVRTC"])
+    out_dir = sys.argv[2]
+    os.makedirs(out_dir, exist_ok=True)
+    for arch in sys.argv[3:] or ["sm_80", "sm_89", "sm_90a"]:
+        opts = options(arch)
+        for f in FAMILIES:
+            out = os.path.join(out_dir, f"{f}-{arch}-{key(source(f), opts, 'shipped'):016x}.cubin")
+            bin = compile_family(lib, f, opts)
+            open(out, "wb").write(bin)
+            print(f"{out}: {len(bin)} bytes", flush=True)
+    sys.exit()
 if sys.argv[1] == "--keys":
     for f in FAMILIES:
         print(f, f"{key(source(f), options(sys.argv[2]), sys.argv[3]):016x}")

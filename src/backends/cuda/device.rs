@@ -193,6 +193,24 @@ fn compile(fam: usize, cc: (i32, i32)) -> std::result::Result<cudarc::nvrtc::Ptx
     Ok(cudarc::nvrtc::Ptx::from_binary(bin))
 }
 
+/// The folder of kernels shipped beside the executable, `graphrun-kernels/` (made by
+/// `scripts/precompile_kernels.py --ship`).
+fn shipped_dir() -> Option<std::path::PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    Some(exe.parent()?.join("graphrun-kernels"))
+}
+
+/// The file a shipped family has for compute capability `cc`: named by the architecture
+/// and a hash of the source and options (not of the NVRTC version: machine code from any
+/// NVRTC runs where the driver takes it, and a driver that does not is a fallback to
+/// NVRTC, see `Device::function`).
+fn shipped_file(fam: usize, cc: (i32, i32)) -> Option<std::path::PathBuf> {
+    let opts = options(cc);
+    let arch = opts[0].trim_start_matches("--gpu-architecture=");
+    let key = cache_key(&family_source(fam), &opts, "shipped");
+    Some(shipped_dir()?.join(format!("{}-{arch}-{key:016x}.cubin", FAMILIES[fam].0)))
+}
+
 /// The names a family defines, from its source: the identifier after each
 /// `__global__ void` (past any `__launch_bounds__(...)`). A name made by a macro
 /// (`unary_##S`) stands for every name starting with its part before the first `##`.
@@ -321,6 +339,13 @@ impl Device {
             .ok_or_else(|| crate::err!(Runtime, "CUDA kernel '{name}' is in no file of cuda/"))?;
         let module = self.modules[fam]
             .get_or_init(|| {
+                // Machine code shipped beside the binary first: no NVRTC on the way.
+                let shipped = shipped_file(fam, self.cc).and_then(|f| std::fs::read(f).ok());
+                if let Some(bin) = shipped {
+                    if let Ok(m) = self.ctx.load_module(cudarc::nvrtc::Ptx::from_binary(bin)) {
+                        return Ok(m);
+                    }
+                }
                 let bin = compile(fam, self.cc)?;
                 self.ctx
                     .load_module(bin)
@@ -363,10 +388,29 @@ pub fn doctor_lines() -> Vec<String> {
         ));
     }
     match device() {
-        Ok(d) => v.push(format!(
-            "device 0: {} (compute capability {}.{}), kernels compiled for sm_{}{} on first use",
-            d.name, d.cc.0, d.cc.1, d.cc.0, d.cc.1
-        )),
+        Ok(d) => {
+            let shipped: Vec<&str> = (0..FAMILIES.len())
+                .filter(|&f| shipped_file(f, d.cc).is_some_and(|p| p.is_file()))
+                .map(|f| FAMILIES[f].0)
+                .collect();
+            let arch = options(d.cc)[0].trim_start_matches("--gpu-architecture=").to_string();
+            let how = match shipped.len() {
+                0 => format!("kernels compiled by NVRTC for {arch} on first use (none shipped for it beside the binary)"),
+                n if n == FAMILIES.len() => format!("kernels precompiled for {arch}: all {n} families shipped beside the binary"),
+                n => format!(
+                    "kernels precompiled for {arch}: {n} of {} families shipped beside the binary ({}); NVRTC compiles the others on first use",
+                    FAMILIES.len(),
+                    shipped.join(", ")
+                ),
+            };
+            v.push(format!(
+                "device 0: {} (compute capability {}.{}), {how}",
+                d.name, d.cc.0, d.cc.1
+            ));
+            if let Some(dir) = shipped_dir() {
+                v.push(format!("shipped kernels: {}", dir.display()));
+            }
+        }
         Err(e) => v.push(e.to_string()),
     }
     v.push(format!(
@@ -657,6 +701,19 @@ mod tests {
                 assert_eq!(String::from_utf8_lossy(&o.stdout), ours);
             }
             Err(e) => println!("python3 not runnable here ({e}): script not compared"),
+        }
+        // The shipped kernels' names (`--ship`): the architecture, and the key over the
+        // source and options alone.
+        let f = shipped_file(0, (9, 0)).expect("an executable path");
+        let name = f.file_name().unwrap().to_string_lossy().into_owned();
+        let key = cache_key(&family_source(0), &opts, "shipped");
+        assert_eq!(name, format!("{}-sm_90a-{key:016x}.cubin", FAMILIES[0].0));
+        if let Ok(o) = std::process::Command::new("python3")
+            .args([script, "--keys", "sm_90a", "shipped"])
+            .output()
+        {
+            let line = format!("{} {key:016x}", FAMILIES[0].0);
+            assert!(String::from_utf8_lossy(&o.stdout).contains(&line));
         }
     }
 }
