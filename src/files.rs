@@ -70,7 +70,7 @@ pub fn try_buffer(n: usize, what: &str) -> Result<Vec<u8>> {
     if n > cap {
         crate::bail!(
             Input,
-            "{what} needs {n} bytes, over the memory limit of {cap} bytes (set it with --max-memory or GRAPHRUN_MAX_BYTES)"
+            "{what} needs {n} bytes, over the memory limit of {cap} bytes (raise it with GRAPHRUN_MAX_BYTES, or --max-memory on the command line)"
         );
     }
     let mut v = Vec::new();
@@ -97,7 +97,7 @@ pub fn read_bytes(path: &Path, what: &str) -> Result<Vec<u8>> {
         return Err(Error::io(
             path,
             format!(
-                "{what} is larger than the memory limit of {cap} bytes (set it with --max-memory or GRAPHRUN_MAX_BYTES)"
+                "{what} is larger than the memory limit of {cap} bytes (raise it with GRAPHRUN_MAX_BYTES, or --max-memory on the command line)"
             ),
         ));
     }
@@ -122,7 +122,7 @@ pub fn resolve_inside(base: &Path, rel: &Path) -> std::result::Result<PathBuf, S
     }
     let outside = || {
         format!(
-            "'{}' lies outside the model's folder; models may only name files inside it (pass --allow-outside-files to permit it)",
+            "'{}' lies outside the model's folder; models may only name files inside it (files::set_allow_outside, or --allow-outside-files on the command line, permits it)",
             rel.display()
         )
     };

@@ -20,6 +20,7 @@ pub mod onnx;
 pub mod passes;
 pub mod rng;
 pub mod tensor;
+#[doc(hidden)]
 pub mod testing;
 
 pub use backends::tuning::{set_tuning, tuning, Tuning};

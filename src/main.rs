@@ -1442,7 +1442,7 @@ fn bench_parallel(
         .next()
         .and_then(|t| t.shape().first().copied())
         .unwrap_or(1);
-    let mut dp = graphrun::DataParallel::new(fused, opts, gpus)?;
+    let mut dp = graphrun::DataParallel::new(fused, opts, gpus).map_err(|e| flagged(e, gpus))?;
     dp.set_static_feeds(true)?;
     let step = |dp: &mut graphrun::DataParallel| {
         dp.train_step_shards(&shards)?;
@@ -1764,7 +1764,9 @@ fn train(a: TrainArgs) -> Result<(), Fail> {
         return Err(usage("--gpus must be at least 1"));
     }
     let mut session = if a.gpus > 1 {
-        Trainer::Many(graphrun::DataParallel::new(fused, opts, a.gpus)?)
+        Trainer::Many(
+            graphrun::DataParallel::new(fused, opts, a.gpus).map_err(|e| flagged(e, a.gpus))?,
+        )
     } else {
         Trainer::One(Session::new(fused, opts)?)
     };
@@ -2299,4 +2301,16 @@ fn draw_accuracy(area: &SvgArea, steps: usize, pts: Vec<(f64, f64)>) -> Result<(
 /// "1 step", "3 steps".
 fn counted(n: usize, word: &str) -> String {
     format!("{n} {word}{}", if n == 1 { "" } else { "s" })
+}
+
+/// A library error from `DataParallel::new`, prefixed with the flag that asked for it.
+fn flagged(e: Error, gpus: usize) -> Error {
+    let said = format!("data-parallel training on {gpus} GPUs: ");
+    let f = |m: String| format!("--gpus {gpus}: {}", m.strip_prefix(&said).unwrap_or(&m));
+    match e {
+        Error::Input(m) => Error::Input(f(m)),
+        Error::Runtime(m) => Error::Runtime(f(m)),
+        Error::Graph(m) => Error::Graph(f(m)),
+        other => other,
+    }
 }

@@ -423,7 +423,7 @@ pub fn check_plan_bytes(activations: usize, weights: usize) -> Result<()> {
     if activations.saturating_add(weights) > cap {
         crate::bail!(
             Input,
-            "running this needs {} bytes ({activations} of activations, {weights} of weights), over the memory limit of {cap} bytes (set it with --max-memory or GRAPHRUN_MAX_BYTES)",
+            "running this needs {} bytes ({activations} of activations, {weights} of weights), over the memory limit of {cap} bytes (raise it with GRAPHRUN_MAX_BYTES, or --max-memory on the command line)",
             activations.saturating_add(weights)
         );
     }
@@ -502,7 +502,7 @@ impl Tensor {
         if bytes > cap {
             crate::bail!(
                 Input,
-                "{what} ({dtype} {}) needs {bytes} bytes, over the memory limit of {cap} bytes (set it with --max-memory or GRAPHRUN_MAX_BYTES)",
+                "{what} ({dtype} {}) needs {bytes} bytes, over the memory limit of {cap} bytes (raise it with GRAPHRUN_MAX_BYTES, or --max-memory on the command line)",
                 fmt_shape(shape)
             );
         }
@@ -1002,7 +1002,7 @@ fn read_safetensors_from<R: Read + std::io::Seek>(
     let cap = max_bytes();
     if total > cap {
         return Err(format!(
-            "its tensors need {total} bytes, over the memory limit of {cap} bytes (set it with --max-memory or GRAPHRUN_MAX_BYTES)"
+            "its tensors need {total} bytes, over the memory limit of {cap} bytes (raise it with GRAPHRUN_MAX_BYTES, or --max-memory on the command line)"
         ));
     }
     let mut out = Vec::with_capacity(names.len());

@@ -119,7 +119,7 @@ pub fn concrete_shape(i: &InputInfo, dims: &BTreeMap<String, usize>) -> Result<V
         .map(|d| match d {
             Dim::Fixed(n) => Ok(*n),
             Dim::Sym(s) => dims.get(s).copied().ok_or_else(|| {
-                crate::err!(Input, "symbolic dim '{s}' of input '{}' is not bound: feed the input, give --dim {s}=N, or add a default under dims:", i.name)
+                crate::err!(Input, "symbolic dim '{s}' of input '{}' is not bound: feed the input, bind it (SessionOptions::dims; --dim {s}=N on the command line), or add a default under dims:", i.name)
             }),
         })
         .collect()

@@ -64,7 +64,7 @@ impl DataParallel {
         if opts.backend != BackendKind::Cuda {
             crate::bail!(
                 Input,
-                "--gpus: data-parallel training runs on the cuda backend (got --backend {})",
+                "data-parallel training runs on the cuda backend (the session options ask for {})",
                 opts.backend.name()
             );
         }
@@ -77,17 +77,17 @@ impl DataParallel {
         if gpus == 0 {
             crate::bail!(
                 Input,
-                "--gpus 0: data-parallel training needs at least one GPU"
+                "data-parallel training on 0 GPUs: it needs at least one"
             );
         }
         if let Err(e) = crate::backends::cuda::available() {
-            crate::bail!(Runtime, "--gpus {gpus}: {e}");
+            crate::bail!(Runtime, "data-parallel training on {gpus} GPUs: {e}");
         }
         let have = crate::backends::cuda::device_count();
         if gpus > have {
             crate::bail!(
                 Input,
-                "--gpus {gpus}: this machine has {have} CUDA device{}",
+                "data-parallel training on {gpus} GPUs: this machine has {have} CUDA device{}",
                 if have == 1 { "" } else { "s" }
             );
         }

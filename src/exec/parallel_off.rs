@@ -18,7 +18,7 @@ impl DataParallel {
     pub fn new(_graph: Graph, _opts: SessionOptions, gpus: usize) -> Result<DataParallel> {
         crate::bail!(
             Runtime,
-            "--gpus {gpus}: data-parallel training runs on CUDA, and {}",
+            "data-parallel training on {gpus} GPUs runs on CUDA, and {}",
             crate::backends::cuda::NOT_BUILT
         )
     }

@@ -152,7 +152,7 @@ impl Session {
             BackendKind::Cuda => {
                 crate::bail!(
                     Runtime,
-                    "--backend cuda: {}",
+                    "the cuda backend: {}",
                     crate::backends::cuda::NOT_BUILT
                 )
             }
@@ -164,7 +164,7 @@ impl Session {
             BackendKind::Wgpu => {
                 crate::bail!(
                     Runtime,
-                    "--backend wgpu: {}",
+                    "the wgpu backend: {}",
                     crate::backends::wgpu::NOT_BUILT
                 )
             }
@@ -563,7 +563,7 @@ impl Session {
             if !e.bwd.seeds.iter().any(|(o, _)| o == name) {
                 crate::bail!(
                     Input,
-                    "--grad {name}: '{name}' is not a floating output of the graph"
+                    "a gradient seed for '{name}': '{name}' is not a floating output of the graph"
                 );
             }
         }

@@ -393,7 +393,9 @@ pub fn doctor_lines() -> Vec<String> {
                 .filter(|&f| shipped_file(f, d.cc).is_some_and(|p| p.is_file()))
                 .map(|f| FAMILIES[f].0)
                 .collect();
-            let arch = options(d.cc)[0].trim_start_matches("--gpu-architecture=").to_string();
+            let arch = options(d.cc)[0]
+                .trim_start_matches("--gpu-architecture=")
+                .to_string();
             let how = match shipped.len() {
                 0 => format!("kernels compiled by NVRTC for {arch} on first use (none shipped for it beside the binary)"),
                 n if n == FAMILIES.len() => format!("kernels precompiled for {arch}: all {n} families shipped beside the binary"),

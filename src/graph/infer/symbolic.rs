@@ -211,7 +211,7 @@ pub fn infer_symbolic(
     if free.len() > PRIMES[0].len() {
         crate::bail!(
             Graph,
-            "{} unbound symbolic dims are more than shapes can be shown for ({} at most): give --dim for some of {}",
+            "{} unbound symbolic dims are more than shapes can be shown for ({} at most): bind some of {} (--dim on the command line)",
             free.len(),
             PRIMES[0].len(),
             free.join(", ")
