@@ -1,5 +1,7 @@
-//! graphrun: an ONNX-style graph executor. Load a YAML model, validate it, infer its
-//! shapes, run it on a backend.
+//! graphrun: an ONNX-style graph executor. Load a YAML model (or an `.onnx` file),
+//! validate it, infer its shapes, and run it on a backend; a `Session` optimizes the graph
+//! first (constant folding, MatMul-epilogue and attention fusion: `passes::optimize`)
+//! unless `SessionOptions::fuse` is off.
 //!
 //! ```no_run
 //! use graphrun::{Model, Session, SessionOptions};

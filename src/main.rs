@@ -450,6 +450,8 @@ fn session_options(c: &Common, dims: BTreeMap<String, usize>, training: bool) ->
         dims,
         training,
         passes: pass_options(c.no_fuse, &c.disable_pass, training),
+        // Each command optimizes the graph itself, to report what the passes did.
+        fuse: false,
         tf32: c.dtype.as_deref() == Some("tf32"),
         device: 0,
         allow_nonfinite: false,

@@ -334,7 +334,14 @@ fn run_feeds(yaml: &str, feeds: Vec<(&str, Tensor)>) -> String {
     let m = Model::from_str(yaml, ".").unwrap();
     let feeds: HashMap<String, Tensor> =
         feeds.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
-    let mut s = Session::new(m.graph, SessionOptions::default()).unwrap();
+    let mut s = Session::new(
+        m.graph,
+        SessionOptions {
+            fuse: false,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     s.run(&feeds).unwrap_err().to_string()
 }
 
@@ -478,7 +485,14 @@ fn elementwise_ops_on_empty_tensors_load_run_and_differentiate() {
         let m = Model::from_str(&y, ".").unwrap_or_else(|e| panic!("{a} {b}: {e}"));
         let x = Tensor::from_vec(&dims(a), Vec::<f32>::new()).unwrap();
         let feeds: HashMap<String, Tensor> = [("x".to_string(), x)].into();
-        let mut s = Session::new(m.graph, SessionOptions::default()).unwrap();
+        let mut s = Session::new(
+            m.graph,
+            SessionOptions {
+                fuse: false,
+                ..Default::default()
+            },
+        )
+        .unwrap();
         let r = s
             .backward(&feeds, &HashMap::new())
             .unwrap_or_else(|e| panic!("{a} {b}: {e}"));
@@ -506,6 +520,7 @@ fn models_run_forward_and_backward_on_an_empty_batch() {
             m.graph.symbols().into_iter().map(|s| (s, 0)).collect();
         let feeds = m.random_inputs(0, &dims).unwrap();
         let opts = SessionOptions {
+            fuse: false,
             dims,
             ..Default::default()
         };

@@ -50,6 +50,7 @@ fn tf32_same_as_cpu(what: &str, node: graphrun::graph::Op, args: &[Arg], n_out: 
     let want = run_op(BackendKind::Cpu, node.clone(), &args, n_out, DType::F32).expect("cpu");
     let feeds = feeds_of(&args);
     let opts = graphrun::SessionOptions {
+        fuse: false,
         backend: BackendKind::Cuda,
         tf32: true,
         ..Default::default()
@@ -316,6 +317,7 @@ fn attention_many_query_blocks() {
             let mut s = graphrun::Session::new(
                 one_node_graph(op("Attention", &attrs), &args, 2),
                 graphrun::SessionOptions {
+                    fuse: false,
                     backend: BackendKind::Cuda,
                     ..Default::default()
                 },
@@ -575,6 +577,7 @@ fn training_steps_match_cpu() {
         let run = |backend| {
             let model = graphrun::Model::from_str(&text, ".").expect("model");
             let opts = graphrun::SessionOptions {
+                fuse: false,
                 backend,
                 training: true,
                 ..Default::default()

@@ -131,6 +131,7 @@ fn session(g: &Graph, training: bool, passes: PassOptions) -> graphrun::Result<S
     Session::new(
         g.clone(),
         SessionOptions {
+            fuse: false,
             training,
             passes,
             ..Default::default()
@@ -1576,6 +1577,7 @@ fn model_grads(
     let mut s = Session::new(
         g.clone(),
         SessionOptions {
+            fuse: false,
             dims: d.clone(),
             passes,
             ..Default::default()
@@ -1674,6 +1676,7 @@ fn train_mlp(opt: Option<Optimizer>, steps: usize) -> Vec<f64> {
     let mut s = Session::new(
         model.graph,
         SessionOptions {
+            fuse: false,
             dims: d,
             training: true,
             ..Default::default()
@@ -1739,6 +1742,7 @@ fn sgd_steps_match_the_update_rule_by_hand() {
     let mut s = Session::new(
         model.graph.clone(),
         SessionOptions {
+            fuse: false,
             dims: d,
             training: true,
             ..Default::default()

@@ -488,6 +488,7 @@ fn the_library_reports_the_first_nonfinite_parameter_on_every_backend() {
     .into();
     for backend in common::backends() {
         let opts = graphrun::SessionOptions {
+            fuse: false,
             backend,
             ..Default::default()
         };
@@ -508,6 +509,7 @@ fn the_library_reports_the_first_nonfinite_parameter_on_every_backend() {
             Tensor::from_vec(&[4, 3], (0..12).map(|i| i as f32 * 0.1).collect()).unwrap(),
         );
         let opts = graphrun::SessionOptions {
+            fuse: false,
             backend,
             ..Default::default()
         };

@@ -13,6 +13,7 @@ fn small_dims() -> BTreeMap<String, usize> {
 
 fn run(m: &Model, feeds: &HashMap<String, Tensor>) -> Vec<(String, Tensor)> {
     let opts = SessionOptions {
+        fuse: false,
         dims: small_dims(),
         ..Default::default()
     };
@@ -36,6 +37,50 @@ fn every_model_runs_at_small_size() {
                 "{name}.{o} not finite"
             );
             assert!(v.iter().any(|&x| x != 0.0), "{name}.{o} all zeros");
+        }
+    }
+}
+
+/// A session made with the default options fuses the graph as the command line does, and
+/// computes what the graph as written computes; `fuse: false` runs it as given.
+#[test]
+fn sessions_fuse_by_default() {
+    let dims = small_dims();
+    for name in ["mlp", "gpt_block"] {
+        let m = Model::load(format!("models/{name}.yaml")).unwrap();
+        let feeds = m.random_inputs(3, &dims).unwrap();
+        let fused = Session::new(
+            m.graph.clone(),
+            SessionOptions {
+                dims: dims.clone(),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let ops: Vec<&str> = fused.graph().nodes.iter().map(|n| n.op.name()).collect();
+        assert!(ops.contains(&"FusedMatMul"), "{name}: {ops:?}");
+        assert!(fused.graph().nodes.len() < m.graph.nodes.len(), "{name}");
+        let plain = Session::new(
+            m.graph.clone(),
+            SessionOptions {
+                fuse: false,
+                dims: dims.clone(),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(plain.graph().nodes.len(), m.graph.nodes.len(), "{name}");
+        let (mut fused, mut plain) = (fused, plain);
+        let (a, b) = (fused.run(&feeds).unwrap(), plain.run(&feeds).unwrap());
+        for ((n, x), (_, y)) in a.iter().zip(&b) {
+            let (x, y) = (x.to_f64_vec(), y.to_f64_vec());
+            let err = x
+                .iter()
+                .zip(&y)
+                .map(|(p, q)| (p - q).abs())
+                .fold(0.0, f64::max);
+            let scale = y.iter().map(|q| q.abs()).fold(1e-6, f64::max);
+            assert!(err / scale < 1e-4, "{name}.{n}: {err} of {scale}");
         }
     }
 }
@@ -89,6 +134,7 @@ fn mlp_matches_independent_reference() {
     let outs = Session::new(
         m.graph.clone(),
         SessionOptions {
+            fuse: false,
             dims: dims.clone(),
             ..Default::default()
         },
@@ -267,10 +313,16 @@ fn symbolic_dims_bind_from_feeds_flags_and_defaults() {
     // Default from dims: batch 64.
     let feeds = m.random_inputs(0, &BTreeMap::new()).unwrap();
     assert_eq!(feeds["x"].shape(), &[64, 784]);
-    let outs = Session::new(m.graph.clone(), SessionOptions::default())
-        .unwrap()
-        .run(&feeds)
-        .unwrap();
+    let outs = Session::new(
+        m.graph.clone(),
+        SessionOptions {
+            fuse: false,
+            ..Default::default()
+        },
+    )
+    .unwrap()
+    .run(&feeds)
+    .unwrap();
     assert_eq!(outs[0].1.shape(), &[64, 10]);
     // Bound by the fed input, overriding the default.
     let x = Tensor::from_vec(&[3, 784], vec![0.5f32; 3 * 784]).unwrap();
@@ -278,13 +330,20 @@ fn symbolic_dims_bind_from_feeds_flags_and_defaults() {
     let feeds: HashMap<String, Tensor> = [("x".to_string(), x), ("labels".to_string(), labels)]
         .into_iter()
         .collect();
-    let outs = Session::new(m.graph.clone(), SessionOptions::default())
-        .unwrap()
-        .run(&feeds)
-        .unwrap();
+    let outs = Session::new(
+        m.graph.clone(),
+        SessionOptions {
+            fuse: false,
+            ..Default::default()
+        },
+    )
+    .unwrap()
+    .run(&feeds)
+    .unwrap();
     assert_eq!(outs[0].1.shape(), &[3, 10]);
     // A --dim that disagrees with a fed input names both.
     let opts = SessionOptions {
+        fuse: false,
         dims: [("batch".to_string(), 4)].into_iter().collect(),
         ..Default::default()
     };
@@ -309,6 +368,7 @@ fn plan_reuses_buffers() {
     let s = Session::new(
         m.graph.clone(),
         SessionOptions {
+            fuse: false,
             dims,
             ..Default::default()
         },
@@ -454,6 +514,7 @@ fn plan_slots_hold_one_live_value_each_and_pack_tightly() {
         let mut s = Session::new(
             fused.clone(),
             SessionOptions {
+                fuse: false,
                 dims,
                 training: train,
                 passes: popts,
@@ -498,6 +559,7 @@ fn k_major_weights_leave_the_outputs_unchanged() {
         }
         let feeds = m.random_inputs(3, &small_dims()).unwrap();
         let opts = SessionOptions {
+            fuse: false,
             dims: small_dims(),
             ..Default::default()
         };

@@ -497,6 +497,7 @@ fn run_case(c: &Case, backend: BackendKind) -> Result<(), String> {
     let (fused, _) =
         passes::optimize(&graph, &PassOptions::default()).map_err(|e| e.to_string())?;
     let opts = SessionOptions {
+        fuse: false,
         backend,
         ..Default::default()
     };

@@ -33,6 +33,7 @@ fn size_counts_elements_of_shapes_known_only_at_run_time() {
         };
         for backend in backends() {
             let opts = SessionOptions {
+                fuse: false,
                 backend,
                 ..Default::default()
             };
@@ -843,6 +844,7 @@ fn windows_on_every_backend() {
                             continue;
                         }
                         let opts = SessionOptions {
+                            fuse: false,
                             backend,
                             ..Default::default()
                         };
@@ -1237,10 +1239,16 @@ fn quantize_linear_on_every_backend() {
             vec![(q.shape.clone(), y)]
         });
         // The output type is the zero point's (or output_dtype's, or uint8).
-        let got = Session::new(case.graph(DType::F32), SessionOptions::default())
-            .unwrap()
-            .run(&case.feeds(&case.args(DType::F32)))
-            .unwrap();
+        let got = Session::new(
+            case.graph(DType::F32),
+            SessionOptions {
+                fuse: false,
+                ..Default::default()
+            },
+        )
+        .unwrap()
+        .run(&case.feeds(&case.args(DType::F32)))
+        .unwrap();
         assert_eq!(got[0].1.dtype(), q.dt, "{what}");
     }
 }
@@ -1656,6 +1664,7 @@ fn reduce_min_and_max_on_bools_and_integer_extremes() {
             let g = c.graph(DType::F32);
             for backend in backends() {
                 let opts = SessionOptions {
+                    fuse: false,
                     backend,
                     ..Default::default()
                 };
@@ -2052,7 +2061,14 @@ fn yaml_models_name_the_onnx_operators_the_importer_writes() {
             })
             .collect();
         let run = |g: &graphrun::Graph| {
-            let mut s = Session::new(g.clone(), SessionOptions::default()).unwrap();
+            let mut s = Session::new(
+                g.clone(),
+                SessionOptions {
+                    fuse: false,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
             let b = s
                 .backward(&feeds, &HashMap::new())
                 .unwrap_or_else(|e| panic!("{op}: {e}"));

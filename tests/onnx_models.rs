@@ -94,6 +94,7 @@ fn graph(f: &Fixture, fused: bool) -> graphrun::Graph {
 
 fn session(g: graphrun::Graph, backend: BackendKind) -> Session {
     let opts = SessionOptions {
+        fuse: false,
         backend,
         ..Default::default()
     };

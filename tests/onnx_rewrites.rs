@@ -105,6 +105,7 @@ fn rewritten_reductions_on_every_backend() {
                 );
                 for backend in backends() {
                     let opts = SessionOptions {
+                        fuse: false,
                         backend,
                         ..Default::default()
                     };
@@ -136,7 +137,14 @@ fn rewritten_reductions_have_gradients() {
     for (k, op) in OPS.into_iter().enumerate() {
         let x = data(op, &shape, 30 + k as u64).cast(DType::F64);
         let g = model(op, 18, DType::F64, &shape, &[1], 0);
-        let mut s = Session::new(g, SessionOptions::default()).unwrap();
+        let mut s = Session::new(
+            g,
+            SessionOptions {
+                fuse: false,
+                ..Default::default()
+            },
+        )
+        .unwrap();
         let dy = randn(&[3], 40 + k as u64);
         let seeds = HashMap::from([("y".to_string(), dy.clone())]);
         let feeds = HashMap::from([("x".to_string(), x.clone())]);

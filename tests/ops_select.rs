@@ -225,6 +225,7 @@ fn topk_k_fed_at_run_time_replans() {
     for backend in backends() {
         let g = one_node_graph(op("TopK", &[]), &[inp(x.clone()), inp(i64s(&[1], &[1]))], 2);
         let opts = SessionOptions {
+            fuse: false,
             backend,
             ..Default::default()
         };

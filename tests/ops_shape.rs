@@ -556,6 +556,7 @@ nodes:
         let mut s = graphrun::Session::new(
             m.graph.clone(),
             graphrun::SessionOptions {
+                fuse: false,
                 backend: be,
                 ..Default::default()
             },

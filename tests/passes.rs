@@ -29,6 +29,7 @@ fn assert_same(a: &Graph, b: &Graph, dims: &[(&str, usize)]) {
     let feeds = Model { graph: a.clone() }.random_inputs(7, &dims).unwrap();
     let run = |g: &Graph| {
         let opts = SessionOptions {
+            fuse: false,
             dims: dims.clone(),
             ..Default::default()
         };
@@ -71,6 +72,7 @@ fn assert_same_grads(a: &Graph, b: &Graph, dims: &[(&str, usize)]) {
     let feeds = Model { graph: a.clone() }.random_inputs(7, &dims).unwrap();
     let grads = |g: &Graph| {
         let opts = SessionOptions {
+            fuse: false,
             dims: dims.clone(),
             ..Default::default()
         };
@@ -1872,6 +1874,7 @@ nodes:
 fn fused_and_plain(g: &Graph, be: graphrun::BackendKind) -> (Session, Session) {
     let session = |disabled: Vec<String>| {
         let opts = SessionOptions {
+            fuse: false,
             backend: be,
             passes: PassOptions {
                 disabled,
@@ -2075,6 +2078,7 @@ nodes:
             .unwrap();
         for be in common::backends() {
             let opts = |disabled: Vec<String>| SessionOptions {
+                fuse: false,
                 backend: be,
                 passes: PassOptions {
                     disabled,

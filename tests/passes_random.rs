@@ -31,7 +31,14 @@ pub fn check(bytes: &[u8]) -> graphrun::passes::Report {
         .unwrap_or_else(|e| panic!("passes failed: {e}\n{g:#?}"));
     validate(&opt).unwrap();
     let run = |g: &graphrun::Graph| {
-        let mut s = Session::new(g.clone(), SessionOptions::default()).unwrap();
+        let mut s = Session::new(
+            g.clone(),
+            SessionOptions {
+                fuse: false,
+                ..Default::default()
+            },
+        )
+        .unwrap();
         let b = s.backward(&feeds, &HashMap::new()).unwrap();
         (b.outputs, b.grads)
     };
@@ -297,7 +304,14 @@ fn random_attention_patterns_fuse_to_the_same_outputs_and_gradients() {
             .unwrap_or_else(|e| panic!("passes failed: {e}\n{text}"));
         validate(&opt).unwrap();
         let run = |g: &graphrun::Graph| {
-            let mut s = Session::new(g.clone(), SessionOptions::default()).unwrap();
+            let mut s = Session::new(
+                g.clone(),
+                SessionOptions {
+                    fuse: false,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
             let b = s.backward(&feeds, &HashMap::new()).unwrap();
             (b.outputs, b.grads)
         };

@@ -124,3 +124,24 @@ fn readme_memory_table_matches_inspect() {
         "README.md's memory table is stale: run UPDATE_README=1 cargo test --test readme"
     );
 }
+
+/// The README's library example is examples/library.rs (which `cargo test` compiles), line
+/// for line.
+#[test]
+fn readme_library_example_is_the_compiled_one() {
+    let readme = std::fs::read_to_string("README.md").unwrap();
+    let start = readme
+        .find("As a library:\n\n```rust\n")
+        .expect("README has the example");
+    let block = &readme[start..];
+    let block = &block[block.find("use ").unwrap()..];
+    let block = &block[..block.find("```").unwrap()];
+    let example = std::fs::read_to_string("examples/library.rs").unwrap();
+    let lines: Vec<&str> = example.lines().map(str::trim).collect();
+    for line in block.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        assert!(
+            lines.contains(&line),
+            "examples/library.rs lacks the README's line {line:?}"
+        );
+    }
+}

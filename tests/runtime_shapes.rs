@@ -14,6 +14,7 @@ fn session(g: &graphrun::Graph, backend: BackendKind) -> Session {
     Session::new(
         g.clone(),
         SessionOptions {
+            fuse: false,
             backend,
             ..Default::default()
         },

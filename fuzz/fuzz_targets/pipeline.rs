@@ -21,6 +21,7 @@ pub fn run_everything(graph: Graph) {
         return;
     };
     let opts = SessionOptions {
+ fuse: false,
         dims,
         ..Default::default()
     };

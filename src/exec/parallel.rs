@@ -58,8 +58,9 @@ pub struct DataParallel {
 }
 
 impl DataParallel {
-    /// Workers on CUDA devices 0..gpus, each with a session of `graph` (fuse it first, as
-    /// for `Session::new`). `opts.backend` must be cuda; `opts.device` is ignored.
+    /// Workers on CUDA devices 0..gpus, each with a session of `graph` (optimized once
+    /// first unless `opts.fuse` is off, as for `Session::new`). `opts.backend` must be
+    /// cuda; `opts.device` is ignored.
     pub fn new(graph: Graph, opts: SessionOptions, gpus: usize) -> Result<DataParallel> {
         if opts.backend != BackendKind::Cuda {
             crate::bail!(
@@ -91,6 +92,11 @@ impl DataParallel {
                 if have == 1 { "" } else { "s" }
             );
         }
+        let graph = super::session::prepared(graph, &opts)?;
+        let opts = SessionOptions {
+            fuse: false,
+            ..opts
+        };
         let lib = nccl::nccl()?;
         // Every device first (NCCL needs their contexts), then the communicators.
         for d in 0..gpus {

@@ -20,9 +20,14 @@ pub struct SessionOptions {
     /// `backward` differentiates in training mode (Dropout applies its mask); `run` is
     /// always inference and `train_step` always training.
     pub training: bool,
-    /// The passes run on generated backward graphs (the forward graph is taken as given:
-    /// fuse it before making the session, so that fused nodes get fused gradients).
+    /// The passes: run on the graph when the session is made (with `fuse`), and on
+    /// generated backward graphs.
     pub passes: PassOptions,
+    /// Optimize the graph (`passes::optimize` with `passes`: constant folding, fusion of
+    /// MatMul epilogues and attention, …) before planning it, as the command line does.
+    /// On by default; off runs the graph exactly as given (the command line turns it off
+    /// because it optimizes first, to report what the passes did).
+    pub fuse: bool,
     /// f32 matrix products may use TF32 tensor cores (`--dtype tf32`); the CPU ignores it.
     pub tf32: bool,
     /// The CUDA device (ordinal) of a cuda session.
@@ -39,6 +44,7 @@ impl Default for SessionOptions {
             dims: BTreeMap::new(),
             training: false,
             passes: PassOptions::default(),
+            fuse: true,
             tf32: false,
             device: 0,
             allow_nonfinite: false,
@@ -139,8 +145,22 @@ trait Run {
     fn take_nonfinite(&mut self) -> Result<Option<usize>>;
 }
 
+/// The graph a session runs: optimized when `opts.fuse` asks (in training mode when the
+/// session may train, so that training-only nodes such as Dropout's mask stay).
+pub(crate) fn prepared(graph: Graph, opts: &SessionOptions) -> Result<Graph> {
+    if !opts.fuse {
+        return Ok(graph);
+    }
+    let mut passes = opts.passes.clone();
+    passes.training |= opts.training || graph.training.is_some();
+    Ok(crate::passes::optimize(&graph, &passes)?.0)
+}
+
 impl Session {
+    /// A session of `graph` on `opts.backend`; the graph is optimized first unless
+    /// `opts.fuse` is off.
     pub fn new(graph: Graph, opts: SessionOptions) -> Result<Session> {
+        let graph = prepared(graph, &opts)?;
         let exec: Box<dyn Run> = match opts.backend {
             BackendKind::Cpu => Box::new(Executor::new(Cpu::default(), &graph)?),
             #[cfg(feature = "cuda")]

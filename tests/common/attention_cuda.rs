@@ -143,6 +143,7 @@ pub fn f32_accuracy() {
         let g = one_node_graph(op(name, &causal), args, n_out);
         let feeds = feeds_of(args);
         let opts = graphrun::SessionOptions {
+            fuse: false,
             backend: BackendKind::Cuda,
             tf32,
             ..Default::default()

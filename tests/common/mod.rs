@@ -260,6 +260,7 @@ pub fn run_raw(
     let mut s = Session::new(
         g,
         SessionOptions {
+            fuse: false,
             backend,
             ..Default::default()
         },
@@ -583,6 +584,7 @@ pub fn out_of_memory_names_the_node(backend: BackendKind) {
     let model = graphrun::Model::from_str(yaml, ".").unwrap();
     let feeds = model.random_inputs(1, &Default::default()).unwrap();
     let opts = graphrun::SessionOptions {
+        fuse: false,
         backend,
         ..Default::default()
     };
