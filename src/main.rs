@@ -1785,7 +1785,8 @@ fn train(a: TrainArgs) -> Result<(), Fail> {
         let b = indicatif::ProgressBar::new(total as u64);
         b.set_style(
             indicatif::ProgressStyle::with_template(
-                "{bar:32} {pos}/{len} steps  loss {msg}  [{elapsed_precise} < {eta_precise}]",
+                // Fits 80 columns: the bar, steps, loss and rate (msg), time and ETA.
+                "{bar:20} {pos}/{len} steps, loss {msg} [{elapsed} < {eta}]",
             )
             .expect("valid template"),
         );
@@ -1808,6 +1809,7 @@ fn train(a: TrainArgs) -> Result<(), Fail> {
             order.swap(i, j);
         }
         let start = losses.len();
+        let t_epoch = std::time::Instant::now();
         for chunk in order.chunks_exact(batch) {
             if step == total || stop.load(std::sync::atomic::Ordering::Relaxed) {
                 break;
@@ -1829,14 +1831,16 @@ fn train(a: TrainArgs) -> Result<(), Fail> {
             }
             losses.push(l);
             step += 1;
-            bar.set_message(format!("{l:.4}"));
+            let rate = step as f64 / t0.elapsed().as_secs_f64().max(1e-9);
+            bar.set_message(format!("{l:.4}, {rate:.0} steps/s"));
             bar.inc(1);
         }
         let mean = losses[start..].iter().sum::<f64>() / (losses.len() - start).max(1) as f64;
         epoch_means.push((losses.len(), mean));
         let mut line = format!(
-            "epoch {epoch}: loss {mean:.4} ({}, {:.1} s)",
+            "epoch {epoch}: loss {mean:.4} ({} in {:.1} s; {:.1} s in all)",
             counted(losses.len() - start, "step"),
+            t_epoch.elapsed().as_secs_f64(),
             t0.elapsed().as_secs_f64()
         );
         if nval > 0 {
