@@ -334,14 +334,7 @@ fn run_feeds(yaml: &str, feeds: Vec<(&str, Tensor)>) -> String {
     let m = Model::from_str(yaml, ".").unwrap();
     let feeds: HashMap<String, Tensor> =
         feeds.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
-    let mut s = Session::new(
-        m.graph,
-        SessionOptions {
-            fuse: false,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let mut s = Session::new(m.graph, SessionOptions::unfused()).unwrap();
     s.run(&feeds).unwrap_err().to_string()
 }
 
@@ -485,14 +478,7 @@ fn elementwise_ops_on_empty_tensors_load_run_and_differentiate() {
         let m = Model::from_str(&y, ".").unwrap_or_else(|e| panic!("{a} {b}: {e}"));
         let x = Tensor::from_vec(&dims(a), Vec::<f32>::new()).unwrap();
         let feeds: HashMap<String, Tensor> = [("x".to_string(), x)].into();
-        let mut s = Session::new(
-            m.graph,
-            SessionOptions {
-                fuse: false,
-                ..Default::default()
-            },
-        )
-        .unwrap();
+        let mut s = Session::new(m.graph, SessionOptions::unfused()).unwrap();
         let r = s
             .backward(&feeds, &HashMap::new())
             .unwrap_or_else(|e| panic!("{a} {b}: {e}"));
@@ -520,9 +506,8 @@ fn models_run_forward_and_backward_on_an_empty_batch() {
             m.graph.symbols().into_iter().map(|s| (s, 0)).collect();
         let feeds = m.random_inputs(0, &dims).unwrap();
         let opts = SessionOptions {
-            fuse: false,
             dims,
-            ..Default::default()
+            ..SessionOptions::unfused()
         };
         let mut s = Session::new(m.graph, opts).unwrap();
         let r = s

@@ -50,10 +50,9 @@ fn tf32_same_as_cpu(what: &str, node: graphrun::graph::Op, args: &[Arg], n_out: 
     let want = run_op(BackendKind::Cpu, node.clone(), &args, n_out, DType::F32).expect("cpu");
     let feeds = feeds_of(&args);
     let opts = graphrun::SessionOptions {
-        fuse: false,
         backend: BackendKind::Cuda,
         tf32: true,
-        ..Default::default()
+        ..graphrun::SessionOptions::unfused()
     };
     let got = graphrun::Session::new(one_node_graph(node, &args, n_out), opts)
         .and_then(|mut s| s.run(&feeds))
@@ -317,9 +316,8 @@ fn attention_many_query_blocks() {
             let mut s = graphrun::Session::new(
                 one_node_graph(op("Attention", &attrs), &args, 2),
                 graphrun::SessionOptions {
-                    fuse: false,
                     backend: BackendKind::Cuda,
-                    ..Default::default()
+                    ..graphrun::SessionOptions::unfused()
                 },
             )
             .expect("cuda session");
@@ -577,10 +575,9 @@ fn training_steps_match_cpu() {
         let run = |backend| {
             let model = graphrun::Model::from_str(&text, ".").expect("model");
             let opts = graphrun::SessionOptions {
-                fuse: false,
                 backend,
                 training: true,
-                ..Default::default()
+                ..graphrun::SessionOptions::unfused()
             };
             let mut s = graphrun::Session::new(model.graph, opts).expect("session");
             let losses: Vec<f64> = (0..4).map(|_| s.train_step(&feeds).unwrap()).collect();

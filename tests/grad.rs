@@ -131,10 +131,9 @@ fn session(g: &Graph, training: bool, passes: PassOptions) -> graphrun::Result<S
     Session::new(
         g.clone(),
         SessionOptions {
-            fuse: false,
             training,
             passes,
-            ..Default::default()
+            ..SessionOptions::unfused()
         },
     )
 }
@@ -1577,10 +1576,9 @@ fn model_grads(
     let mut s = Session::new(
         g.clone(),
         SessionOptions {
-            fuse: false,
             dims: d.clone(),
             passes,
-            ..Default::default()
+            ..SessionOptions::unfused()
         },
     )
     .unwrap();
@@ -1676,10 +1674,9 @@ fn train_mlp(opt: Option<Optimizer>, steps: usize) -> Vec<f64> {
     let mut s = Session::new(
         model.graph,
         SessionOptions {
-            fuse: false,
             dims: d,
             training: true,
-            ..Default::default()
+            ..SessionOptions::unfused()
         },
     )
     .unwrap();
@@ -1742,10 +1739,9 @@ fn sgd_steps_match_the_update_rule_by_hand() {
     let mut s = Session::new(
         model.graph.clone(),
         SessionOptions {
-            fuse: false,
             dims: d,
             training: true,
-            ..Default::default()
+            ..SessionOptions::unfused()
         },
     )
     .unwrap();

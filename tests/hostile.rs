@@ -488,9 +488,8 @@ fn the_library_reports_the_first_nonfinite_parameter_on_every_backend() {
     .into();
     for backend in common::backends() {
         let opts = graphrun::SessionOptions {
-            fuse: false,
             backend,
-            ..Default::default()
+            ..graphrun::SessionOptions::unfused()
         };
         let mut s = graphrun::Session::new(m.graph.clone(), opts).unwrap();
         let e = s.train_step(&feeds).unwrap_err().to_string();
@@ -509,9 +508,8 @@ fn the_library_reports_the_first_nonfinite_parameter_on_every_backend() {
             Tensor::from_vec(&[4, 3], (0..12).map(|i| i as f32 * 0.1).collect()).unwrap(),
         );
         let opts = graphrun::SessionOptions {
-            fuse: false,
             backend,
-            ..Default::default()
+            ..graphrun::SessionOptions::unfused()
         };
         let mut s = graphrun::Session::new(m.graph.clone(), opts).unwrap();
         for _ in 0..3 {

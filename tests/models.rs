@@ -13,9 +13,8 @@ fn small_dims() -> BTreeMap<String, usize> {
 
 fn run(m: &Model, feeds: &HashMap<String, Tensor>) -> Vec<(String, Tensor)> {
     let opts = SessionOptions {
-        fuse: false,
         dims: small_dims(),
-        ..Default::default()
+        ..SessionOptions::unfused()
     };
     Session::new(m.graph.clone(), opts)
         .unwrap()
@@ -63,9 +62,8 @@ fn sessions_fuse_by_default() {
         let plain = Session::new(
             m.graph.clone(),
             SessionOptions {
-                fuse: false,
                 dims: dims.clone(),
-                ..Default::default()
+                ..SessionOptions::unfused()
             },
         )
         .unwrap();
@@ -134,9 +132,8 @@ fn mlp_matches_independent_reference() {
     let outs = Session::new(
         m.graph.clone(),
         SessionOptions {
-            fuse: false,
             dims: dims.clone(),
-            ..Default::default()
+            ..SessionOptions::unfused()
         },
     )
     .unwrap()
@@ -313,16 +310,10 @@ fn symbolic_dims_bind_from_feeds_flags_and_defaults() {
     // Default from dims: batch 64.
     let feeds = m.random_inputs(0, &BTreeMap::new()).unwrap();
     assert_eq!(feeds["x"].shape(), &[64, 784]);
-    let outs = Session::new(
-        m.graph.clone(),
-        SessionOptions {
-            fuse: false,
-            ..Default::default()
-        },
-    )
-    .unwrap()
-    .run(&feeds)
-    .unwrap();
+    let outs = Session::new(m.graph.clone(), SessionOptions::unfused())
+        .unwrap()
+        .run(&feeds)
+        .unwrap();
     assert_eq!(outs[0].1.shape(), &[64, 10]);
     // Bound by the fed input, overriding the default.
     let x = Tensor::from_vec(&[3, 784], vec![0.5f32; 3 * 784]).unwrap();
@@ -330,22 +321,15 @@ fn symbolic_dims_bind_from_feeds_flags_and_defaults() {
     let feeds: HashMap<String, Tensor> = [("x".to_string(), x), ("labels".to_string(), labels)]
         .into_iter()
         .collect();
-    let outs = Session::new(
-        m.graph.clone(),
-        SessionOptions {
-            fuse: false,
-            ..Default::default()
-        },
-    )
-    .unwrap()
-    .run(&feeds)
-    .unwrap();
+    let outs = Session::new(m.graph.clone(), SessionOptions::unfused())
+        .unwrap()
+        .run(&feeds)
+        .unwrap();
     assert_eq!(outs[0].1.shape(), &[3, 10]);
     // A --dim that disagrees with a fed input names both.
     let opts = SessionOptions {
-        fuse: false,
         dims: [("batch".to_string(), 4)].into_iter().collect(),
-        ..Default::default()
+        ..SessionOptions::unfused()
     };
     let e = Session::new(m.graph.clone(), opts)
         .unwrap()
@@ -368,9 +352,8 @@ fn plan_reuses_buffers() {
     let s = Session::new(
         m.graph.clone(),
         SessionOptions {
-            fuse: false,
             dims,
-            ..Default::default()
+            ..SessionOptions::unfused()
         },
     )
     .unwrap();
@@ -514,11 +497,10 @@ fn plan_slots_hold_one_live_value_each_and_pack_tightly() {
         let mut s = Session::new(
             fused.clone(),
             SessionOptions {
-                fuse: false,
                 dims,
                 training: train,
                 passes: popts,
-                ..Default::default()
+                ..SessionOptions::unfused()
             },
         )
         .unwrap();
@@ -559,9 +541,8 @@ fn k_major_weights_leave_the_outputs_unchanged() {
         }
         let feeds = m.random_inputs(3, &small_dims()).unwrap();
         let opts = SessionOptions {
-            fuse: false,
             dims: small_dims(),
-            ..Default::default()
+            ..SessionOptions::unfused()
         };
         let want = Session::new(fused, opts.clone())
             .unwrap()

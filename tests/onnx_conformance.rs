@@ -497,9 +497,8 @@ fn run_case(c: &Case, backend: BackendKind) -> Result<(), String> {
     let (fused, _) =
         passes::optimize(&graph, &PassOptions::default()).map_err(|e| e.to_string())?;
     let opts = SessionOptions {
-        fuse: false,
         backend,
-        ..Default::default()
+        ..SessionOptions::unfused()
     };
     let mut session = Session::new(fused, opts).map_err(|e| e.to_string())?;
     let mut sets: Vec<PathBuf> = std::fs::read_dir(&c.dir)

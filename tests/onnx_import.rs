@@ -122,14 +122,7 @@ fn run(m: &Model, feeds: &[(&str, Tensor)]) -> Vec<Tensor> {
         .iter()
         .map(|(k, v)| (k.to_string(), v.clone()))
         .collect();
-    let mut s = Session::new(
-        m.graph.clone(),
-        SessionOptions {
-            fuse: false,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let mut s = Session::new(m.graph.clone(), SessionOptions::unfused()).unwrap();
     s.run(&feeds).unwrap().into_iter().map(|(_, t)| t).collect()
 }
 

@@ -33,9 +33,8 @@ fn size_counts_elements_of_shapes_known_only_at_run_time() {
         };
         for backend in backends() {
             let opts = SessionOptions {
-                fuse: false,
                 backend,
-                ..Default::default()
+                ..SessionOptions::unfused()
             };
             let mut s = Session::new(g.clone(), opts).unwrap();
             for shape in &shapes {
@@ -844,9 +843,8 @@ fn windows_on_every_backend() {
                             continue;
                         }
                         let opts = SessionOptions {
-                            fuse: false,
                             backend,
-                            ..Default::default()
+                            ..SessionOptions::unfused()
                         };
                         let mut s = Session::new(case.graph(DType::F32), opts).unwrap();
                         let got = s
@@ -1239,16 +1237,10 @@ fn quantize_linear_on_every_backend() {
             vec![(q.shape.clone(), y)]
         });
         // The output type is the zero point's (or output_dtype's, or uint8).
-        let got = Session::new(
-            case.graph(DType::F32),
-            SessionOptions {
-                fuse: false,
-                ..Default::default()
-            },
-        )
-        .unwrap()
-        .run(&case.feeds(&case.args(DType::F32)))
-        .unwrap();
+        let got = Session::new(case.graph(DType::F32), SessionOptions::unfused())
+            .unwrap()
+            .run(&case.feeds(&case.args(DType::F32)))
+            .unwrap();
         assert_eq!(got[0].1.dtype(), q.dt, "{what}");
     }
 }
@@ -1664,9 +1656,8 @@ fn reduce_min_and_max_on_bools_and_integer_extremes() {
             let g = c.graph(DType::F32);
             for backend in backends() {
                 let opts = SessionOptions {
-                    fuse: false,
                     backend,
-                    ..Default::default()
+                    ..SessionOptions::unfused()
                 };
                 let got = Session::new(g.clone(), opts)
                     .and_then(|mut s| s.run(&c.feeds(&c.args(DType::F32))));
@@ -2061,14 +2052,7 @@ fn yaml_models_name_the_onnx_operators_the_importer_writes() {
             })
             .collect();
         let run = |g: &graphrun::Graph| {
-            let mut s = Session::new(
-                g.clone(),
-                SessionOptions {
-                    fuse: false,
-                    ..Default::default()
-                },
-            )
-            .unwrap();
+            let mut s = Session::new(g.clone(), SessionOptions::unfused()).unwrap();
             let b = s
                 .backward(&feeds, &HashMap::new())
                 .unwrap_or_else(|e| panic!("{op}: {e}"));

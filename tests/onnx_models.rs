@@ -94,9 +94,8 @@ fn graph(f: &Fixture, fused: bool) -> graphrun::Graph {
 
 fn session(g: graphrun::Graph, backend: BackendKind) -> Session {
     let opts = SessionOptions {
-        fuse: false,
         backend,
-        ..Default::default()
+        ..SessionOptions::unfused()
     };
     Session::new(g, opts).unwrap()
 }

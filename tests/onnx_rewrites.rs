@@ -105,9 +105,8 @@ fn rewritten_reductions_on_every_backend() {
                 );
                 for backend in backends() {
                     let opts = SessionOptions {
-                        fuse: false,
                         backend,
-                        ..Default::default()
+                        ..SessionOptions::unfused()
                     };
                     let mut s = Session::new(g.clone(), opts).unwrap();
                     let feeds = HashMap::from([("x".to_string(), x.cast(DType::F32))]);
@@ -137,14 +136,7 @@ fn rewritten_reductions_have_gradients() {
     for (k, op) in OPS.into_iter().enumerate() {
         let x = data(op, &shape, 30 + k as u64).cast(DType::F64);
         let g = model(op, 18, DType::F64, &shape, &[1], 0);
-        let mut s = Session::new(
-            g,
-            SessionOptions {
-                fuse: false,
-                ..Default::default()
-            },
-        )
-        .unwrap();
+        let mut s = Session::new(g, SessionOptions::unfused()).unwrap();
         let dy = randn(&[3], 40 + k as u64);
         let seeds = HashMap::from([("y".to_string(), dy.clone())]);
         let feeds = HashMap::from([("x".to_string(), x.clone())]);

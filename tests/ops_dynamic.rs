@@ -18,9 +18,8 @@ fn session(g: &graphrun::Graph, backend: BackendKind) -> Session {
     Session::new(
         g.clone(),
         SessionOptions {
-            fuse: false,
             backend,
-            ..Default::default()
+            ..SessionOptions::unfused()
         },
     )
     .unwrap()

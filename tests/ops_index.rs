@@ -236,14 +236,7 @@ fn pad_backward_matches_finite_differences() {
 /// The gradients of the graph inputs of a one-node graph, in f64, for output seed `dy`.
 fn backward(op_: Op, args: &[Arg], dy: &Tensor) -> HashMap<String, Vec<f64>> {
     let g = one_node_graph(op_, args, 1);
-    let mut s = Session::new(
-        g,
-        SessionOptions {
-            fuse: false,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let mut s = Session::new(g, SessionOptions::unfused()).unwrap();
     let seeds = HashMap::from([("out0".to_string(), dy.clone())]);
     let r = s.backward(&feeds_of(args), &seeds).unwrap();
     r.grads
@@ -553,9 +546,8 @@ fn run_everywhere(
             continue;
         }
         let opts = SessionOptions {
-            fuse: false,
             backend,
-            ..Default::default()
+            ..SessionOptions::unfused()
         };
         let mut s = Session::new(g.clone(), opts).unwrap();
         let got = s
@@ -613,14 +605,7 @@ fn tile_on_every_backend_with_run_time_repeats() {
         // Its gradient sums over the tiles.
         let x64 = x.cast(DType::F64);
         let g = onnx_model("Tile", 13, &[("x", &x64), ("repeats", &r)], vec![]);
-        let mut s = Session::new(
-            g,
-            SessionOptions {
-                fuse: false,
-                ..Default::default()
-            },
-        )
-        .unwrap();
+        let mut s = Session::new(g, SessionOptions::unfused()).unwrap();
         let dy = randn(&out, 210 + k as u64);
         let feeds = HashMap::from([
             ("x".to_string(), x64.clone()),
@@ -797,14 +782,7 @@ fn einsum_on_every_backend() {
         let x64: Vec<Tensor> = xs.iter().map(|x| x.cast(DType::F64)).collect();
         let ins: Vec<(&str, &Tensor)> = names.iter().copied().zip(&x64).collect();
         let g = onnx_model("Einsum", 12, &ins, vec![str_attr("equation", eq)]);
-        let mut s = Session::new(
-            g,
-            SessionOptions {
-                fuse: false,
-                ..Default::default()
-            },
-        )
-        .unwrap();
+        let mut s = Session::new(g, SessionOptions::unfused()).unwrap();
         let dy = randn(&want.0, 600 + k as u64);
         let feeds: HashMap<String, Tensor> = ins
             .iter()

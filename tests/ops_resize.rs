@@ -674,9 +674,8 @@ fn known_scales_leave_unit_axes_alone() {
     let want = r.reference()(&[x.to_f64_vec(), vec![], vec![1.0, 1.0, 2.0, 0.6f32 as f64]]);
     for backend in backends() {
         let opts = SessionOptions {
-            fuse: false,
             backend,
-            ..Default::default()
+            ..SessionOptions::unfused()
         };
         let mut s = Session::new(g.clone(), opts).unwrap();
         let feeds = std::collections::HashMap::from([("x".to_string(), x.cast(DType::F32))]);
@@ -694,14 +693,7 @@ fn refusals_say_why() {
         let c = r.case();
         let args = c.args(DType::F32);
         let g = c.graph(DType::F32);
-        let mut s = Session::new(
-            g,
-            SessionOptions {
-                fuse: false,
-                ..Default::default()
-            },
-        )
-        .unwrap();
+        let mut s = Session::new(g, SessionOptions::unfused()).unwrap();
         s.run(&c.feeds(&args)).unwrap_err().to_string()
     };
     let linear_int = R {
@@ -787,14 +779,7 @@ fn written_as_yaml_and_read_back() {
         let args = c.args(DType::F64);
         let feeds = c.feeds(&args);
         let run = |g: graphrun::Graph| {
-            let mut s = Session::new(
-                g,
-                SessionOptions {
-                    fuse: false,
-                    ..Default::default()
-                },
-            )
-            .unwrap();
+            let mut s = Session::new(g, SessionOptions::unfused()).unwrap();
             s.run(&feeds).unwrap().remove(0).1
         };
         let (a, b) = (run(g), run(back));

@@ -225,9 +225,8 @@ fn topk_k_fed_at_run_time_replans() {
     for backend in backends() {
         let g = one_node_graph(op("TopK", &[]), &[inp(x.clone()), inp(i64s(&[1], &[1]))], 2);
         let opts = SessionOptions {
-            fuse: false,
             backend,
-            ..Default::default()
+            ..SessionOptions::unfused()
         };
         let mut s = Session::new(g, opts).unwrap();
         for k in [1usize, 4, 9, 2] {

@@ -556,9 +556,8 @@ nodes:
         let mut s = graphrun::Session::new(
             m.graph.clone(),
             graphrun::SessionOptions {
-                fuse: false,
                 backend: be,
-                ..Default::default()
+                ..graphrun::SessionOptions::unfused()
             },
         )
         .unwrap();

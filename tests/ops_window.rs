@@ -817,16 +817,10 @@ fn refusal(c: &Case) -> String {
         Ok(g) => g,
         Err(e) => return e.downcast_ref::<String>().cloned().unwrap_or_default(),
     };
-    Session::new(
-        g,
-        SessionOptions {
-            fuse: false,
-            ..Default::default()
-        },
-    )
-    .and_then(|mut s| s.run(&feeds).map(|_| ()))
-    .expect_err("the case must be refused")
-    .to_string()
+    Session::new(g, SessionOptions::unfused())
+        .and_then(|mut s| s.run(&feeds).map(|_| ()))
+        .expect_err("the case must be refused")
+        .to_string()
 }
 
 #[test]

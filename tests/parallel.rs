@@ -53,11 +53,10 @@ fn gpus(need: usize) -> Option<usize> {
 
 fn cuda_opts(d: BTreeMap<String, usize>) -> SessionOptions {
     SessionOptions {
-        fuse: false,
         backend: BackendKind::Cuda,
         dims: d,
         training: true,
-        ..Default::default()
+        ..SessionOptions::unfused()
     }
 }
 
@@ -139,17 +138,10 @@ fn data_parallel_refuses_what_it_cannot_run() {
     let d = dims(&[("batch", 8)]);
     let (g, _) = setup("models/mlp.yaml", &d, 1);
     // Not cuda.
-    let e = DataParallel::new(
-        g.clone(),
-        SessionOptions {
-            fuse: false,
-            ..Default::default()
-        },
-        2,
-    )
-    .err()
-    .unwrap()
-    .to_string();
+    let e = DataParallel::new(g.clone(), SessionOptions::unfused(), 2)
+        .err()
+        .unwrap()
+        .to_string();
     assert!(e.contains("cuda backend"), "{e}");
     // More GPUs than the machine has (and zero).
     let have = graphrun::backends::cuda::device_count();

@@ -29,9 +29,8 @@ fn assert_same(a: &Graph, b: &Graph, dims: &[(&str, usize)]) {
     let feeds = Model { graph: a.clone() }.random_inputs(7, &dims).unwrap();
     let run = |g: &Graph| {
         let opts = SessionOptions {
-            fuse: false,
             dims: dims.clone(),
-            ..Default::default()
+            ..SessionOptions::unfused()
         };
         Session::new(g.clone(), opts)
             .unwrap()
@@ -72,9 +71,8 @@ fn assert_same_grads(a: &Graph, b: &Graph, dims: &[(&str, usize)]) {
     let feeds = Model { graph: a.clone() }.random_inputs(7, &dims).unwrap();
     let grads = |g: &Graph| {
         let opts = SessionOptions {
-            fuse: false,
             dims: dims.clone(),
-            ..Default::default()
+            ..SessionOptions::unfused()
         };
         Session::new(g.clone(), opts)
             .unwrap()

@@ -31,14 +31,7 @@ pub fn check(bytes: &[u8]) -> graphrun::passes::Report {
         .unwrap_or_else(|e| panic!("passes failed: {e}\n{g:#?}"));
     validate(&opt).unwrap();
     let run = |g: &graphrun::Graph| {
-        let mut s = Session::new(
-            g.clone(),
-            SessionOptions {
-                fuse: false,
-                ..Default::default()
-            },
-        )
-        .unwrap();
+        let mut s = Session::new(g.clone(), SessionOptions::unfused()).unwrap();
         let b = s.backward(&feeds, &HashMap::new()).unwrap();
         (b.outputs, b.grads)
     };
@@ -304,14 +297,7 @@ fn random_attention_patterns_fuse_to_the_same_outputs_and_gradients() {
             .unwrap_or_else(|e| panic!("passes failed: {e}\n{text}"));
         validate(&opt).unwrap();
         let run = |g: &graphrun::Graph| {
-            let mut s = Session::new(
-                g.clone(),
-                SessionOptions {
-                    fuse: false,
-                    ..Default::default()
-                },
-            )
-            .unwrap();
+            let mut s = Session::new(g.clone(), SessionOptions::unfused()).unwrap();
             let b = s.backward(&feeds, &HashMap::new()).unwrap();
             (b.outputs, b.grads)
         };

@@ -1,27 +1,40 @@
-//! README.md's operator table is generated from the code; this keeps them in step.
-//! Regenerate with `UPDATE_README=1 cargo test --test readme`.
+//! README.md's generated parts (the operator table, the planned-memory table) and its
+//! library example are kept in step with the code here. Regenerate the tables with
+//! `UPDATE_README=1 cargo test --test readme`.
 
-#[test]
-fn readme_op_table_matches_the_code() {
+/// Checks the README's block between `<!-- KEY:start -->` and `<!-- KEY:end -->` against
+/// `table`, or with UPDATE_README set rewrites it (and returns true).
+fn generated(key: &str, what: &str, table: &str) -> bool {
+    // The tests run in parallel; rewriting the file is one at a time.
+    static README: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = README.lock().unwrap_or_else(|e| e.into_inner());
     let readme = std::fs::read_to_string("README.md").unwrap();
-    let (start, end) = ("<!-- ops:start -->\n", "<!-- ops:end -->");
-    let i = readme.find(start).expect("README has the ops markers") + start.len();
-    let j = readme.find(end).unwrap();
-    let table =
-        graphrun::graph::op::op_table_markdown() + &graphrun::backends::not_on_backend_markdown();
+    let (start, end) = (
+        format!("<!-- {key}:start -->\n"),
+        format!("<!-- {key}:end -->"),
+    );
+    let i = readme.find(&start).expect("README has the markers") + start.len();
+    let j = readme.find(&end).unwrap();
     if std::env::var_os("UPDATE_README").is_some() {
-        std::fs::write(
-            "README.md",
-            format!("{}{}{}", &readme[..i], table, &readme[j..]),
-        )
-        .unwrap();
-        return;
+        let text = format!("{}{}{}", &readme[..i], table, &readme[j..]);
+        std::fs::write("README.md", text).unwrap();
+        return true;
     }
     assert_eq!(
         &readme[i..j],
         table,
-        "README.md's op table is stale: run UPDATE_README=1 cargo test --test readme"
+        "README.md's {what} is stale: run UPDATE_README=1 cargo test --test readme"
     );
+    false
+}
+
+#[test]
+fn readme_op_table_matches_the_code() {
+    let table =
+        graphrun::graph::op::op_table_markdown() + &graphrun::backends::not_on_backend_markdown();
+    if generated("ops", "op table", &table) {
+        return;
+    }
     // Every op in the table is accepted by the parser (no name drift).
     for n in graphrun::graph::op::OP_NAMES.iter() {
         let r = graphrun::Op::parse(n, &[], "t", None);
@@ -106,23 +119,7 @@ fn readme_memory_table_matches_inspect() {
             "| {what} | **{size}**{rest} | `graphrun {cmd}` |\n"
         ));
     }
-    let readme = std::fs::read_to_string("README.md").unwrap();
-    let (start, end) = ("<!-- memory:start -->\n", "<!-- memory:end -->");
-    let i = readme.find(start).expect("README has the memory markers") + start.len();
-    let j = readme.find(end).unwrap();
-    if std::env::var_os("UPDATE_README").is_some() {
-        std::fs::write(
-            "README.md",
-            format!("{}{}{}", &readme[..i], table, &readme[j..]),
-        )
-        .unwrap();
-        return;
-    }
-    assert_eq!(
-        &readme[i..j],
-        table,
-        "README.md's memory table is stale: run UPDATE_README=1 cargo test --test readme"
-    );
+    generated("memory", "memory table", &table);
 }
 
 /// The README's library example is examples/library.rs (which `cargo test` compiles), line

@@ -38,14 +38,7 @@ fn a_100k_node_chain_loads_passes_and_runs_on_a_small_stack() {
             assert!(report.total() >= n / 3, "{report}");
             let x = Tensor::from_vec(&[4], vec![-2f32, -0.5, 0.5, 2.0]).unwrap();
             let feeds: HashMap<String, Tensor> = [("x0".to_string(), x)].into();
-            let mut s = Session::new(
-                g,
-                SessionOptions {
-                    fuse: false,
-                    ..Default::default()
-                },
-            )
-            .unwrap();
+            let mut s = Session::new(g, SessionOptions::unfused()).unwrap();
             let y = s.run(&feeds).unwrap().remove(0).1.to_f64_vec();
             // 33 334 Neg/Relu pairs: relu(-v) then relu(v) of that... both signs end at 0
             // after the first Neg+Relu+Neg+Relu round trip.
@@ -75,9 +68,8 @@ fn fused(m: &Model, training: bool) -> graphrun::Graph {
 fn same_model_seed_and_backend_give_bit_identical_results() {
     let (m, feeds, dims) = gpt_small();
     let opts = SessionOptions {
-        fuse: false,
         dims,
-        ..Default::default()
+        ..SessionOptions::unfused()
     };
     let run = || {
         let mut s = Session::new(fused(&m, false), opts.clone()).unwrap();
@@ -139,9 +131,8 @@ fn gpt_tiny() -> (Model, HashMap<String, Tensor>, BTreeMap<String, usize>) {
 fn ten_thousand_training_steps_do_not_grow_memory() {
     let (m, feeds, dims) = gpt_tiny();
     let opts = SessionOptions {
-        fuse: false,
         dims,
-        ..Default::default()
+        ..SessionOptions::unfused()
     };
     let g = fused(&m, true);
     assert_eq!(

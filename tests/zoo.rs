@@ -158,9 +158,8 @@ fn load(case: &str) -> graphrun::Result<Case> {
 /// runs it); Err says the first thing that differs from the reference.
 fn check(c: &Case, backend: BackendKind, fused: bool, grads: bool) -> Result<(f64, f64), String> {
     let opts = SessionOptions {
-        fuse: false,
         backend,
-        ..Default::default()
+        ..SessionOptions::unfused()
     };
     let graph = if fused {
         passes::optimize(&c.model.graph, &PassOptions::default())

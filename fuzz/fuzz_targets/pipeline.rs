@@ -21,9 +21,8 @@ pub fn run_everything(graph: Graph) {
         return;
     };
     let opts = SessionOptions {
- fuse: false,
         dims,
-        ..Default::default()
+        ..SessionOptions::unfused()
     };
     if let Ok(mut s) = Session::new(g, opts) {
         let _ = s.run(&feeds);

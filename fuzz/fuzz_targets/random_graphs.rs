@@ -21,7 +21,7 @@ fuzz_target!(|data: &[u8]| {
     let (opt, _) = optimize(&g, &PassOptions::default()).expect("passes succeed on valid graphs");
     graphrun::validate(&opt).expect("passes leave the graph valid");
     let run = |g: &graphrun::Graph| {
-        let mut s = Session::new(g.clone(), SessionOptions { fuse: false, ..Default::default() }).unwrap();
+        let mut s = Session::new(g.clone(), SessionOptions::unfused()).unwrap();
         let b = s.backward(&feeds, &HashMap::new()).unwrap();
         (b.outputs, b.grads)
     };

@@ -52,6 +52,16 @@ impl Default for SessionOptions {
     }
 }
 
+impl SessionOptions {
+    /// The defaults with `fuse` off: the session runs the graph exactly as given.
+    pub fn unfused() -> Self {
+        SessionOptions {
+            fuse: false,
+            ..Default::default()
+        }
+    }
+}
+
 /// What `Session::backward` returns.
 #[derive(Clone, Debug)]
 pub struct Gradients {

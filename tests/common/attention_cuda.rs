@@ -143,10 +143,9 @@ pub fn f32_accuracy() {
         let g = one_node_graph(op(name, &causal), args, n_out);
         let feeds = feeds_of(args);
         let opts = graphrun::SessionOptions {
-            fuse: false,
             backend: BackendKind::Cuda,
             tf32,
-            ..Default::default()
+            ..graphrun::SessionOptions::unfused()
         };
         graphrun::Session::new(g, opts)
             .and_then(|mut s| s.run(&feeds))

@@ -260,9 +260,8 @@ pub fn run_raw(
     let mut s = Session::new(
         g,
         SessionOptions {
-            fuse: false,
             backend,
-            ..Default::default()
+            ..SessionOptions::unfused()
         },
     )?;
     Ok(s.run(&feeds)?.into_iter().map(|(_, t)| t).collect())
@@ -584,9 +583,8 @@ pub fn out_of_memory_names_the_node(backend: BackendKind) {
     let model = graphrun::Model::from_str(yaml, ".").unwrap();
     let feeds = model.random_inputs(1, &Default::default()).unwrap();
     let opts = graphrun::SessionOptions {
-        fuse: false,
         backend,
-        ..Default::default()
+        ..graphrun::SessionOptions::unfused()
     };
     let e = graphrun::Session::new(model.graph, opts)
         .and_then(|mut s| s.run(&feeds))

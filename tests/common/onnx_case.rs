@@ -110,9 +110,8 @@ pub fn check_case(
                 continue;
             }
             let opts = SessionOptions {
-                fuse: false,
                 backend,
-                ..Default::default()
+                ..SessionOptions::unfused()
             };
             let mut s = Session::new(g.clone(), opts).unwrap();
             let got = s
@@ -154,14 +153,7 @@ pub fn check_grads(
         .collect();
     let (shape, _) = reference(&vals).remove(0);
     let dy = randn(&shape, seed);
-    let mut s = Session::new(
-        case.graph(DType::F64),
-        SessionOptions {
-            fuse: false,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let mut s = Session::new(case.graph(DType::F64), SessionOptions::unfused()).unwrap();
     let seeds = HashMap::from([(case.outputs[0].to_string(), dy.clone())]);
     let grads = s
         .backward(&case.feeds(&args), &seeds)
