@@ -96,7 +96,13 @@ macro_rules! declare_unary {
         /// A unary map (see `for_each_unary!` for each op's definition).
         #[derive(Clone, Copy, Debug, PartialEq)]
         pub enum UnaryOp {
-            $( $v $({ $($f: f32),* })? ),*
+            $(
+                #[doc = declare_unary!(@doc $v $onnx)]
+                $v $({ $(
+                    #[doc = concat!("The `", stringify!($f), "` attribute (default ", stringify!($d), ").")]
+                    $f: f32
+                ),* })?
+            ),*
         }
 
         impl UnaryOp {
@@ -164,6 +170,9 @@ macro_rules! declare_unary {
             }
         }
     };
+    (@doc Gelu $onnx:literal) => { "ONNX `Gelu` in its exact (erf) form, `approximate = \"none\"`." };
+    (@doc GeluTanh $onnx:literal) => { "ONNX `Gelu` with `approximate = \"tanh\"`." };
+    (@doc $v:ident $onnx:literal) => { concat!("ONNX `", $onnx, "`.") };
     (@ints signed) => { true };
     (@ints float) => { false };
     (@diff none) => { false };
@@ -213,9 +222,13 @@ macro_rules! for_each_binary {
 /// What a binary map computes on (see `for_each_binary!`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BinaryKind {
+    /// Two numbers of one dtype to that dtype (Add, Sub, Mul, Div, Mod, Min, Max, PRelu).
     Arith,
+    /// Two values of one dtype to bool (Equal, Less, Greater, ...).
     Compare,
+    /// Two bools to bool (And, Or, Xor).
     Logic,
+    /// Pow, whose exponent may have another dtype than its base.
     Pow,
     /// On integers only: And/Or/Xor of the bits and shifts. Their codes follow the
     /// arithmetic ones (`BIN_*`), so that the arithmetic kernels run them.
@@ -227,20 +240,28 @@ macro_rules! declare_binary {
         /// A broadcasting binary map (see `for_each_binary!`).
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
         pub enum BinaryOp {
-            $( $v ),*
+            $(
+                #[doc = declare_binary!(@doc $v $onnx)]
+                $v
+            ),*
         }
 
         impl BinaryOp {
+            /// Every binary op.
             pub const ALL: &'static [BinaryOp] = &[ $( BinaryOp::$v ),* ];
+            /// The ONNX op name (Mod's and BitShift's two forms share one).
             pub fn onnx_name(self) -> &'static str {
                 match self { $( BinaryOp::$v => $onnx ),* }
             }
+            /// The variant's own name (distinguishes Mod's and BitShift's forms).
             pub fn variant(self) -> &'static str {
                 match self { $( BinaryOp::$v => stringify!($v) ),* }
             }
+            /// The opset that introduced the op.
             pub fn since(self) -> i64 {
                 match self { $( BinaryOp::$v => $since ),* }
             }
+            /// What it computes on.
             pub fn kind(self) -> BinaryKind {
                 match self { $( BinaryOp::$v => declare_binary!(@kind $kind) ),* }
             }
@@ -257,6 +278,11 @@ macro_rules! declare_binary {
             }
         }
     };
+    (@doc Mod $onnx:literal) => { "ONNX `Mod` with `fmod = 0`: the remainder takes the divisor's sign, as Python's `%`." };
+    (@doc Fmod $onnx:literal) => { "ONNX `Mod` with `fmod = 1`: the remainder takes the dividend's sign, as C's `fmod`." };
+    (@doc BitShiftLeft $onnx:literal) => { "ONNX `BitShift` with `direction = \"LEFT\"`." };
+    (@doc BitShiftRight $onnx:literal) => { "ONNX `BitShift` with `direction = \"RIGHT\"`." };
+    (@doc $v:ident $onnx:literal) => { concat!("ONNX `", $onnx, "`.") };
     (@kind arith) => { BinaryKind::Arith };
     (@kind compare) => { BinaryKind::Compare };
     (@kind logic) => { BinaryKind::Logic };

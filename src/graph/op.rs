@@ -11,10 +11,14 @@ pub use super::window::{AutoPad, Window};
 
 pub use super::elementwise::{BinaryKind, BinaryOp};
 
+/// What a `Reduce` op computes over its axes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReduceKind {
+    /// The sum (ONNX `ReduceSum`).
     Sum,
+    /// The arithmetic mean (ONNX `ReduceMean`).
     Mean,
+    /// The maximum (ONNX `ReduceMax`).
     Max,
     /// The mean of the squares: internal (`ReduceMeanSquare`, not an ONNX op), what the
     /// `mean_square` rule makes of an MSE's `ReduceMean(Mul(d, d))`.
@@ -26,16 +30,24 @@ pub enum ReduceKind {
 /// The activation a `FusedMatMul` applies after its bias.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Activation {
+    /// No activation: the output is `A·B + bias`.
     None,
+    /// `max(x, 0)`.
     Relu,
+    /// GELU with the exact erf form.
     Gelu,
+    /// GELU with the tanh approximation (ONNX Gelu's `approximate = "tanh"`).
     GeluTanh,
+    /// SiLU (swish), `x·sigmoid(x)`.
     Silu,
+    /// The logistic sigmoid `1 / (1 + e^-x)`.
     Sigmoid,
+    /// The hyperbolic tangent.
     Tanh,
 }
 
 impl Activation {
+    /// Every activation, in declaration order.
     pub const ALL: [Activation; 7] = [
         Activation::None,
         Activation::Relu,
@@ -45,6 +57,7 @@ impl Activation {
         Activation::Sigmoid,
         Activation::Tanh,
     ];
+    /// The name written in a model's `activation` attribute (`"gelu_tanh"`, ...).
     pub fn name(self) -> &'static str {
         match self {
             Activation::None => "none",
@@ -62,19 +75,26 @@ impl Activation {
 /// the edge repeated (`edge`), or the opposite side (`wrap`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PadMode {
+    /// Fill with the constant value (ONNX `mode = "constant"`, the default).
     Constant,
+    /// Mirror the input about its edge element, the edge itself not repeated
+    /// (`"reflect"`).
     Reflect,
+    /// Repeat the edge element (`"edge"`).
     Edge,
+    /// Wrap around: take elements from the opposite side (`"wrap"`).
     Wrap,
 }
 
 impl PadMode {
+    /// Every mode, in declaration order.
     pub const ALL: [PadMode; 4] = [
         PadMode::Constant,
         PadMode::Reflect,
         PadMode::Edge,
         PadMode::Wrap,
     ];
+    /// The ONNX `mode` attribute's value for this mode.
     pub fn name(self) -> &'static str {
         match self {
             PadMode::Constant => "constant",
@@ -90,14 +110,20 @@ impl PadMode {
 /// ONNX's reference does); the others fold every update into it in index order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ScatterReduction {
+    /// Replace the element (`reduction = "none"`, the default).
     None,
+    /// Add the updates to the element (`"add"`).
     Add,
+    /// Multiply the element by the updates (`"mul"`).
     Mul,
+    /// Keep the largest of the element and the updates (`"max"`).
     Max,
+    /// Keep the smallest of the element and the updates (`"min"`).
     Min,
 }
 
 impl ScatterReduction {
+    /// Every reduction, in declaration order.
     pub const ALL: [ScatterReduction; 5] = [
         ScatterReduction::None,
         ScatterReduction::Add,
@@ -105,6 +131,7 @@ impl ScatterReduction {
         ScatterReduction::Max,
         ScatterReduction::Min,
     ];
+    /// The ONNX `reduction` attribute's value for this reduction.
     pub fn name(self) -> &'static str {
         match self {
             ScatterReduction::None => "none",
@@ -120,20 +147,35 @@ impl ScatterReduction {
     }
 }
 
+/// How SoftmaxCrossEntropyLoss reduces the per-sample losses (its `reduction` attribute).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LossReduction {
+    /// The weighted mean over the samples not ignored (`"mean"`, the default).
     Mean,
+    /// The sum (`"sum"`).
     Sum,
+    /// No reduction: one loss per sample (`"none"`).
     None,
 }
 
+/// An operator with its typed attributes: the ONNX ops graphrun runs (named as in ONNX,
+/// with ONNX's attribute defaults), the gradient ops the backward builder emits, and a
+/// few internal ops the passes and the importer write. A node's inputs and outputs are
+/// positional, as in ONNX; `arity` gives their counts.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Op {
+    /// An elementwise unary map (ONNX `Relu`, `Exp`, `Gelu`, ...).
     Unary(UnaryOp),
+    /// A broadcasting elementwise binary map (ONNX `Add`, `Equal`, `And`, ...).
     Binary(BinaryOp),
+    /// ONNX `Clip`: `(X, [min], [max])`, X clamped to `[min, max]`.
     Clip,
+    /// ONNX `Where`: `(condition, X, Y)`, X where the condition holds, else Y
+    /// (broadcasting).
     Where,
+    /// ONNX `Cast`: the input converted to another dtype.
     Cast {
+        /// The dtype to convert to.
         to: DType,
     },
     /// Cast to the dtype of the second input (only its dtype is read).
@@ -151,24 +193,33 @@ pub enum Op {
     /// ascending (slices lexicographically), else by first occurrence. Computed on the
     /// host when the plan is made, as NonZero is.
     Unique {
+        /// Order Y ascending (else by first occurrence); ONNX's default is sorted.
         sorted: bool,
+        /// The axis whose slices are compared; None flattens X first.
         axis: Option<i64>,
     },
     /// CumSum, or CumProd with `prod`: running sums (products) along the axis its second
     /// input names (a scalar read when the node runs); `exclusive` leaves each element out
     /// of its own sum, `reverse` runs from the end.
     Cumulative {
+        /// CumProd (running products) rather than CumSum.
         prod: bool,
+        /// Leave each element out of its own sum (product).
         exclusive: bool,
+        /// Accumulate from the end of the axis towards its start.
         reverse: bool,
     },
     /// ArgMax, or ArgMin with `min`: the i64 index of the extreme element along `axis`, the
     /// first of equal ones (the last with `select_last_index`); NaN counts as the extreme,
     /// as numpy's argmax and argmin.
     ArgReduce {
+        /// ArgMin (the smallest element) rather than ArgMax.
         min: bool,
+        /// The axis reduced over (negative counts from the end).
         axis: i64,
+        /// Keep the reduced axis as a dimension of size 1.
         keepdims: bool,
+        /// Among equal extremes, return the last index rather than the first.
         select_last_index: bool,
     },
     /// `(X, K) -> (Values, Indices)`: the K largest (smallest without `largest`) elements
@@ -176,110 +227,196 @@ pub enum Op {
     /// number. K (a one-element integer) decides the shape: it is known when the plan is
     /// made. `sorted: false` allows any order; graphrun always returns them sorted.
     TopK {
+        /// The axis to select along (negative counts from the end).
         axis: i64,
+        /// Select the largest elements (else the smallest).
         largest: bool,
+        /// The ONNX `sorted` attribute (graphrun sorts either way).
         sorted: bool,
     },
+    /// ONNX `Identity`: the input unchanged.
     Identity,
+    /// ONNX `MatMul`: the matrix product with numpy's `matmul` semantics (1-D operands
+    /// promoted, leading batch dims broadcast).
     MatMul,
+    /// ONNX `Gemm`: `(A, B, [C]) -> alpha·A'·B' + beta·C` for 2-D A and B, where A' and B'
+    /// are A and B, transposed when asked, and C broadcasts to the product's shape.
     Gemm {
+        /// The product's scale.
         alpha: f32,
+        /// C's scale.
         beta: f32,
+        /// Transpose A first (ONNX `transA`).
         trans_a: bool,
+        /// Transpose B first (ONNX `transB`).
         trans_b: bool,
     },
+    /// ONNX `Softmax` (opset 13 semantics): the softmax along one axis.
     Softmax {
+        /// The axis normalized over (default -1, the last).
         axis: i64,
     },
+    /// ONNX `LogSoftmax` (opset 13 semantics): the log of the softmax along one axis.
     LogSoftmax {
+        /// The axis normalized over (default -1, the last).
         axis: i64,
     },
     LayerNormalization {
         axis: i64,
         epsilon: f32,
     },
+    /// ONNX `ReduceSum`, `ReduceMean`, `ReduceMax`, `ReduceProd` (and the internal
+    /// `ReduceMeanSquare`): `(data, [axes])` reduced over the axes.
     /// `axes: None` means the axes come from the second input (or all axes).
     Reduce {
+        /// What is computed over the reduced axes.
         kind: ReduceKind,
+        /// The axes reduced over (negative count from the end), when given as the
+        /// attribute.
         axes: Option<Vec<i64>>,
+        /// Keep each reduced axis as a dimension of size 1.
         keepdims: bool,
+        /// With no axes given, return the input unchanged rather than reduce over all
+        /// axes.
         noop_with_empty_axes: bool,
     },
+    /// ONNX `Reshape`: `(data, shape)`, where a -1 in shape is inferred from the element
+    /// count and a 0 copies the input's dimension.
     Reshape {
+        /// A 0 in shape means a dimension of size 0 rather than a copy of the input's.
         allowzero: bool,
     },
+    /// ONNX `Transpose`: the axes permuted.
     Transpose {
+        /// Output axis i is input axis `perm[i]`; None reverses the axes.
         perm: Option<Vec<usize>>,
     },
+    /// ONNX `Concat`: the inputs joined along one axis.
     Concat {
+        /// The axis joined along (negative counts from the end).
         axis: i64,
     },
+    /// ONNX `Split`: `(input, [split]) -> outputs`, the input cut along one axis into
+    /// parts of the sizes `split` gives (attribute or input), else into equal parts.
     Split {
+        /// The axis cut along (negative counts from the end).
         axis: i64,
+        /// The size of each part, when given as the attribute (older opsets).
         split: Option<Vec<i64>>,
+        /// How many equal parts (opset 18), when given; it must match the outputs.
         num_outputs: Option<usize>,
     },
+    /// ONNX `Slice`: `(data, starts, ends, [axes], [steps])`, numpy-style slicing.
     Slice,
+    /// ONNX `Squeeze`: `(data, [axes])`, the size-1 axes removed.
     Squeeze {
+        /// The axes to remove, when given as the attribute (older opsets); with no axes
+        /// at all, every size-1 axis is removed.
         axes: Option<Vec<i64>>,
     },
+    /// ONNX `Unsqueeze`: `(data, [axes])`, size-1 axes inserted.
     Unsqueeze {
+        /// The positions of the new axes in the output, when given as the attribute
+        /// (older opsets).
         axes: Option<Vec<i64>>,
     },
+    /// ONNX `Flatten`: the input reshaped to 2-D, `[d0·…·d(axis-1), d(axis)·…]`.
     Flatten {
+        /// The axes before it make the first output dimension, the rest the second
+        /// (default 1).
         axis: i64,
     },
+    /// ONNX `Expand`: `(input, shape)`, the input broadcast to the shape (numpy rules).
     Expand,
+    /// ONNX `Gather`: `(data, indices)`, the slices of data along `axis` at the indices.
     Gather {
+        /// The axis indexed (negative counts from the end).
         axis: i64,
     },
     /// `out[p] = data[p with p[axis] = indices[p]]`: indices of data's rank, output of
     /// theirs.
     GatherElements {
+        /// The axis indexed (negative counts from the end).
         axis: i64,
     },
     /// Slices of data picked by the last axis of indices, after `batch_dims` shared
     /// leading dims.
     GatherND {
+        /// How many leading dims data and indices share (not indexed).
         batch_dims: usize,
     },
     /// `(data, pads, [constant_value], [axes])`: pads (begin values, then end values, one
     /// pair per axis of `axes`, else of every axis) are plan-time values; negative ones
     /// remove elements. The constant (default 0) is a one-element tensor of data's dtype.
     Pad {
+        /// How the border is filled.
         mode: PadMode,
     },
     /// `out = data` with `updates` put at the positions GatherElements would read with
     /// `indices` (same shape as updates), combined per `reduction`.
     ScatterElements {
+        /// The axis indexed (negative counts from the end).
         axis: i64,
+        /// How an update combines with the element it lands on.
         reduction: ScatterReduction,
     },
     /// `out = data` with the slices of `updates` put where GatherND (batch_dims 0) would
     /// read them, combined per `reduction`.
     ScatterND {
+        /// How an update combines with the element it lands on.
         reduction: ScatterReduction,
     },
+    /// ONNX `Shape`: the input's shape as a 1-D i64 tensor, optionally only the dims
+    /// `start..end`.
     Shape {
+        /// The first dim included (negative counts from the end; default 0).
         start: i64,
+        /// The dim after the last one included (negative counts from the end); None runs
+        /// to the end.
         end: Option<i64>,
     },
+    /// ONNX `Constant`: no inputs, the tensor as output (any of ONNX's `value*`
+    /// attributes, read into one tensor).
     Constant {
+        /// The output tensor.
         value: Tensor,
     },
+    /// ONNX `Trilu`: `(input, [k])`, the upper or lower triangle of every trailing matrix
+    /// (relative to diagonal k, default 0), the rest zeroed.
     Trilu {
+        /// Keep the upper triangle (`j - i >= k`), else the lower (`j - i <= k`).
         upper: bool,
     },
+    /// ONNX `SoftmaxCrossEntropyLoss`: `(scores [N, C, ...], labels [N, ...], [weights
+    /// [C]]) -> (loss, [log_prob])`, the cross entropy of softmax(scores) along axis 1
+    /// against integer class labels.
     SoftmaxCrossEntropyLoss {
+        /// How the per-sample losses are reduced.
         reduction: LossReduction,
+        /// A label value whose samples contribute no loss (and no weight to the mean).
         ignore_index: Option<i64>,
     },
+    /// ONNX `Dropout`: `(data, [ratio], [training_mode]) -> (output, [mask])`. In a plain
+    /// run (not a training step) with `training_mode` absent or false, the output is the
+    /// input and the mask all true; otherwise each element is zeroed with probability
+    /// `ratio` and the kept ones scaled by `1 / (1 - ratio)`.
     Dropout {
+        /// The drop probability, in `[0, 1)` (default 0.5); a `ratio` input overrides it.
         ratio: f32,
+        /// The seed of the mask; None derives one from the node's name. Each training
+        /// step mixes in its step number, so every step draws a fresh, reproducible
+        /// mask.
         seed: Option<i64>,
     },
+    /// `(A, B, [bias], [residual]) -> (Y, [Pre])`: `Y = act(A·B + bias) + residual`, a
+    /// MatMul with its epilogue fused (not an ONNX op: the fusion passes write it, and a
+    /// model may use it directly). B is `[K, N]` (or batched) and bias `[N]`; the
+    /// residual broadcasts to Y.
+    /// `Pre = A·B + bias` is what FusedMatMulGrad reads.
     FusedMatMul {
+        /// The activation applied after the bias.
         activation: Activation,
+        /// B is given transposed (`[N, K]`).
         trans_b: bool,
     },
     /// `q_num_heads`/`kv_num_heads` are required for the 3-D form (Q `[B, Sq, Hq·D]`,
@@ -287,13 +424,25 @@ pub enum Op {
     /// With K and V omitted (rule `attention_qkv`), Q is the packed QKV `[B, S, (Hq +
     /// 2·Hkv)·D]`: Q, K and V one after the other on the last axis (`infer::qkv_parts`).
     Attention {
+        /// Causal masking, upper-left aligned: query i sees key j iff `j <= i`.
         is_causal: bool,
+        /// The factor the scores `Q·Kᵀ` are multiplied by; None is `1/sqrt(D)`.
         scale: Option<f32>,
+        /// The number of query heads (ONNX `q_num_heads`).
         q_num_heads: Option<usize>,
+        /// The number of key/value heads (ONNX `kv_num_heads`); query head h reads kv head
+        /// `h / (Hq / Hkv)` (grouped-query attention).
         kv_num_heads: Option<usize>,
     },
+    /// `(Q [Tq, Hq, D], K [Tk, Hkv, D], V [Tk, Hkv, Dv], cu_seqlens_q, cu_seqlens_k) ->
+    /// (Y [Tq, Hq, Dv], [LSE [Tq, Hq]])`: attention over packed variable-length
+    /// sequences (not an ONNX op): sequence b is query rows `cu_seqlens_q[b]..[b+1]`
+    /// against key rows `cu_seqlens_k[b]..[b+1]`, both `[B+1]`.
     VarlenAttention {
+        /// Causal masking, bottom-right aligned as in flash-attn's varlen API: in a
+        /// sequence of Lq queries and Lk keys, query i sees key j iff `j <= i + Lk - Lq`.
         is_causal: bool,
+        /// The factor the scores `Q·Kᵀ` are multiplied by; None is `1/sqrt(D)`.
         scale: Option<f32>,
     },
 
@@ -304,7 +453,9 @@ pub enum Op {
     UnaryGrad(UnaryOp),
     /// `SoftmaxGrad(dY, Y)` / `LogSoftmaxGrad(dY, Y)` along `axis`.
     SoftmaxGrad {
+        /// The forward op's axis.
         axis: i64,
+        /// The gradient of LogSoftmax (else of Softmax).
         log: bool,
     },
     /// `(dY, X, Scale, Mean, InvStdDev) -> (dX, dScale, dB)`; dScale and dB have the
@@ -314,19 +465,24 @@ pub enum Op {
     },
     /// `(dLoss, Scores, Labels, [Weights]) -> dScores`.
     SoftmaxCrossEntropyLossGrad {
+        /// The forward op's reduction.
         reduction: LossReduction,
+        /// The forward op's ignored label.
         ignore_index: Option<i64>,
     },
     /// `(dY, Indices, DataShape) -> dData`: scatter-add of dY rows into zeros.
     GatherGrad {
+        /// The forward Gather's axis.
         axis: i64,
     },
     /// `(dY, Indices, DataShape) -> dData`, for GatherElements.
     GatherElementsGrad {
+        /// The forward GatherElements' axis.
         axis: i64,
     },
     /// `(dY, Indices, DataShape) -> dData`, for GatherND.
     GatherNDGrad {
+        /// The forward GatherND's batch dims.
         batch_dims: usize,
     },
     /// `(dY, XShape, starts, ends, [axes], [steps]) -> dX`: dY placed into zeros.
@@ -337,9 +493,14 @@ pub enum Op {
     /// kernel's dims are the attribute `kernel_shape` or, when that is empty, the input's
     /// plan-time value. Internal: the importer writes Conv and the pools on it.
     Im2Col {
+        /// The kernel's spatial dims (ONNX `kernel_shape`); empty when they come from
+        /// the second input.
         kernel: Vec<usize>,
+        /// Strides, dilations and padding of the sliding window.
         window: Window,
+        /// The value read from the padding.
         pad_value: f64,
+        /// The value read past the padding by ceil_mode's last windows.
         beyond_value: f64,
     },
     /// `(cols [N, C·K, L], image_shape, [block_shape]) -> [N, C, *image_shape]`: ONNX's
@@ -347,7 +508,10 @@ pub enum Op {
     /// read none): Im2Col's gradient, and ConvTranspose's last step. The block's dims are
     /// the attribute `block` or, when that is empty, the input's plan-time value.
     Col2Im {
+        /// The block's spatial dims (ONNX's `block_shape` input, as an attribute); empty
+        /// when they come from the third input.
         block: Vec<usize>,
+        /// Strides, dilations and padding of the sliding window.
         window: Window,
     },
     /// `(X, [roi], [scales], [sizes]) -> (M, [mask])`: how Resize samples axis `axis` of X
@@ -358,13 +522,17 @@ pub enum Op {
     /// (nearest); the bool `[out]` mask marks the outputs that take a fill value instead.
     /// Internal: the importer writes Resize and Upsample on it.
     ResizeMatrix {
+        /// The Resize node's sampling attributes.
         resize: Resize,
+        /// The axes the roi, scales and sizes inputs name (ONNX Resize's `axes`).
         axes: Vec<usize>,
+        /// The axis of X this op samples.
         axis: usize,
     },
     /// `(dY, pads, [axes]) -> dX`: each dY element added to the X element Pad read it from
     /// (constant positions read none).
     PadGrad {
+        /// The forward Pad's mode.
         mode: PadMode,
     },
     /// `(dY, A, B, [Pre], [PreA]) -> (dA, dB, [dBias], [dBiasA])` for `Y = act(A·B + bias) +
@@ -375,8 +543,12 @@ pub enum Op {
     /// dBiasA (also only from that rule) is dA summed over its rows, `[K]`: that
     /// FusedMatMul's bias gradient.
     FusedMatMulGrad {
+        /// The forward FusedMatMul's activation.
         activation: Activation,
+        /// The forward FusedMatMul's `trans_b`.
         trans_b: bool,
+        /// The activation of the FusedMatMul that produced A, whose derivative dA is
+        /// multiplied by (`Activation::None`: dA as is).
         a_activation: Activation,
     },
     /// `(dY, Q, K, V, Y, LSE, [attn_mask]) -> (dQ, dK, dV, [dMask])`: flash-style, from
@@ -384,14 +556,20 @@ pub enum Op {
     /// `[B, Hq, Sq, Skv]` shape and is only computed when asked for. With packed QKV (K and
     /// V omitted) dQKV, packed the same way, is output 0 and outputs 1 and 2 are omitted.
     AttentionGrad {
+        /// The forward Attention's `is_causal`.
         is_causal: bool,
+        /// The forward Attention's `scale`.
         scale: Option<f32>,
+        /// The forward Attention's `q_num_heads`.
         q_num_heads: Option<usize>,
+        /// The forward Attention's `kv_num_heads`.
         kv_num_heads: Option<usize>,
     },
     /// `(dY, Q, K, V, cu_seqlens_q, cu_seqlens_k, Y, LSE) -> (dQ, dK, dV)`.
     VarlenAttentionGrad {
+        /// The forward VarlenAttention's `is_causal`.
         is_causal: bool,
+        /// The forward VarlenAttention's `scale`.
         scale: Option<f32>,
     },
 }
@@ -497,12 +675,19 @@ pub static OP_NAMES: std::sync::LazyLock<Vec<&'static str>> = std::sync::LazyLoc
 /// An attribute as written in the model, before it is typed by its op.
 #[derive(Clone, Debug, PartialEq)]
 pub enum AttrValue {
+    /// An integer (ONNX `INT`; also a 0/1 flag).
     Int(i64),
+    /// A float (ONNX `FLOAT`).
     Float(f64),
+    /// A string (ONNX `STRING`).
     Str(String),
+    /// A list of integers (ONNX `INTS`).
     Ints(Vec<i64>),
+    /// A list of floats (ONNX `FLOATS`).
     Floats(Vec<f64>),
+    /// A list of strings (ONNX `STRINGS`).
     Strs(Vec<String>),
+    /// A tensor (ONNX `TENSOR`).
     Tensor(Tensor),
 }
 
@@ -523,8 +708,12 @@ impl AttrValue {
 /// A named attribute and where it was written.
 #[derive(Clone, Debug)]
 pub struct Attr {
+    /// The attribute's name.
     pub name: String,
+    /// Its value as written.
     pub value: AttrValue,
+    /// Where it was written in the model file, for error messages (None for an
+    /// attribute that does not come from a YAML file).
     pub loc: Option<Loc>,
 }
 
@@ -749,6 +938,8 @@ impl<'a> Attrs<'a> {
 }
 
 impl Op {
+    /// The op's name as a model writes it (`ReduceSum`, `ArgMin`, `LogSoftmaxGrad`, ...):
+    /// for an ONNX op, its ONNX name.
     pub fn name(&self) -> &'static str {
         match self {
             Op::Unary(u) => u.onnx_name(),
