@@ -17,17 +17,24 @@ use std::collections::{HashMap, HashSet};
 pub struct ForeignNode {
     /// Its position among the model's nodes (for `#index` in messages when unnamed).
     pub index: usize,
+    /// The node's name as written ("" when unnamed).
     pub name: String,
+    /// The ONNX op name.
     pub op: String,
+    /// Its attributes as written (untyped: the lowering reads them).
     pub attrs: Vec<Attr>,
+    /// Input value names; "" marks an omitted optional input.
     pub inputs: Vec<String>,
+    /// Output value names.
     pub outputs: Vec<String>,
+    /// Where it was written in the model file, for error messages.
     pub loc: Option<Loc>,
 }
 
 /// What is known of a value when a node reading it is lowered.
 #[derive(Clone, Debug)]
 pub struct Known {
+    /// The value's element type.
     pub dtype: DType,
     /// One entry per axis; `None` where the size depends on a symbolic dim.
     pub dims: Vec<Option<usize>>,

@@ -28,7 +28,10 @@ use std::path::PathBuf;
 /// A dimension of a declared graph input: a number or a symbol bound at run time.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Dim {
+    /// A fixed size.
     Fixed(usize),
+    /// A named symbol (`batch`, `seq`), its size given at run time or by the graph's
+    /// `dims` defaults.
     Sym(String),
 }
 
@@ -41,16 +44,21 @@ impl std::fmt::Display for Dim {
     }
 }
 
+/// A declared graph input: the value a run feeds.
 #[derive(Clone, Debug, PartialEq)]
 pub struct InputInfo {
+    /// The value's name.
     pub name: String,
+    /// Its element type.
     pub dtype: DType,
+    /// Its shape; symbolic dims are bound by each run's feeds.
     pub shape: Vec<Dim>,
     /// Half-open range random data is drawn from.
     pub range: Option<(f64, f64)>,
     /// The value used when a run does not feed this input (an ONNX initializer that is
     /// also a graph input: a default the caller may override, not a constant).
     pub default: Option<Tensor>,
+    /// Where it was declared in the model file, for error messages.
     pub loc: Option<Loc>,
 }
 
@@ -62,43 +70,91 @@ pub enum InitSource {
     /// `values:` or anything computed (constant folding, `--dtype` casts).
     Data,
     /// `file:`; `key` for safetensors.
-    File { path: PathBuf, key: Option<String> },
+    File {
+        /// The `.npy` or `.safetensors` file, as the model names it.
+        path: PathBuf,
+        /// The tensor's name inside a `.safetensors` file.
+        key: Option<String>,
+    },
 }
 
+/// An initializer's `init:` spec: how its values are generated (`graph::yaml::generate`).
 #[derive(Clone, Debug, PartialEq)]
 pub enum InitSpec {
+    /// All zeros (`init: zeros`).
     Zeros,
+    /// All ones (`init: ones`).
     Ones,
+    /// Every element the same value (`init: {constant: V}`).
     Constant(f64),
-    Dist { dist: Dist, seed: u64 },
+    /// Seeded random values (`init: {dist: D, seed: N, ...}`).
+    Dist {
+        /// The distribution drawn from.
+        dist: Dist,
+        /// The seed of graphrun's generator (`rng::Rng`): the same seed gives the same
+        /// values on every machine.
+        seed: u64,
+    },
 }
 
+/// A distribution an initializer's values are drawn from. The Xavier and Kaiming ones
+/// read fan-in and fan-out from a weight laid out as MatMul takes it, `[..., in, out]`.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Dist {
-    Normal { mean: f64, std: f64 },
-    Uniform { low: f64, high: f64 },
+    /// The normal distribution `N(mean, std²)`.
+    Normal {
+        /// The mean.
+        mean: f64,
+        /// The standard deviation.
+        std: f64,
+    },
+    /// The uniform distribution on `[low, high)`.
+    Uniform {
+        /// The lower bound.
+        low: f64,
+        /// The upper bound.
+        high: f64,
+    },
+    /// Uniform on `±sqrt(6 / (fan_in + fan_out))` (Glorot).
     XavierUniform,
+    /// Normal with std `sqrt(2 / (fan_in + fan_out))` (Glorot).
     XavierNormal,
+    /// Uniform on `±sqrt(6 / fan_in)` (He, with ReLU's gain).
     KaimingUniform,
+    /// Normal with std `sqrt(2 / fan_in)` (He, with ReLU's gain).
     KaimingNormal,
 }
 
+/// A named constant tensor of the graph: a weight, a bias, or any value known before a
+/// run.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Initializer {
+    /// The value's name.
     pub name: String,
+    /// Its value.
     pub tensor: Tensor,
+    /// Whether training updates it (floating initializers are, unless the model says
+    /// `trainable: false`).
     pub trainable: bool,
+    /// How it was given, so that a written model gives it the same way.
     pub source: InitSource,
+    /// Where it was declared in the model file, for error messages.
     pub loc: Option<Loc>,
 }
 
+/// One operator application: an op reading named values and writing named values.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Node {
+    /// The node's name (unique in the graph; unnamed nodes are given one when loaded).
     pub name: String,
+    /// The operator and its attributes.
     pub op: Op,
     /// Input value names; "" marks an omitted optional input, as in ONNX.
     pub inputs: Vec<String>,
+    /// Output value names, positional as the op defines them; "" marks an output not
+    /// asked for.
     pub outputs: Vec<String>,
+    /// Where it was written in the model file, for error messages.
     pub loc: Option<Loc>,
 }
 
@@ -127,25 +183,42 @@ impl Node {
     }
 }
 
+/// A training run's optimizer and its hyper-parameters, with PyTorch's update rules.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Optimizer {
+    /// Stochastic gradient descent, with optional momentum.
     Sgd {
+        /// The learning rate.
         lr: f64,
+        /// The momentum factor (0: none).
         momentum: f64,
+        /// L2 penalty: `weight_decay · p` is added to the gradient.
         weight_decay: f64,
     },
+    /// Adam.
     Adam {
+        /// The learning rate.
         lr: f64,
+        /// The decay rate of the first moment estimate.
         beta1: f64,
+        /// The decay rate of the second moment estimate.
         beta2: f64,
+        /// Added to the second moment's root, for numerical stability.
         eps: f64,
+        /// L2 penalty: `weight_decay · p` is added to the gradient.
         weight_decay: f64,
     },
+    /// AdamW: Adam with decoupled weight decay.
     AdamW {
+        /// The learning rate.
         lr: f64,
+        /// The decay rate of the first moment estimate.
         beta1: f64,
+        /// The decay rate of the second moment estimate.
         beta2: f64,
+        /// Added to the second moment's root, for numerical stability.
         eps: f64,
+        /// Decoupled decay: each step multiplies the parameter by `1 − lr · weight_decay`.
         weight_decay: f64,
     },
 }
@@ -212,7 +285,7 @@ impl Optimizer {
 /// The scalars of one optimizer step (SPEC §4, PyTorch's rules), computed once here so
 /// that every backend's update reads the same numbers.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub enum StepScalars {
+pub(crate) enum StepScalars {
     Sgd {
         lr: f64,
         momentum: f64,
@@ -239,7 +312,7 @@ pub enum StepScalars {
 
 impl Optimizer {
     /// The scalars of step `t` (counting from 1).
-    pub fn step_scalars(&self, t: u64) -> StepScalars {
+    pub(crate) fn step_scalars(&self, t: u64) -> StepScalars {
         match *self {
             Optimizer::Sgd {
                 lr,
@@ -282,21 +355,31 @@ impl Optimizer {
     }
 }
 
+/// A model's `training:` section: what training minimizes and how.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Training {
+    /// The value minimized: a scalar floating value of the graph.
     pub loss: String,
+    /// The optimizer that updates the trainable initializers.
     pub optimizer: Optimizer,
 }
 
+/// A model's computation: declared inputs, initializers, nodes and outputs.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Graph {
+    /// The graph's name.
     pub name: String,
     /// Default sizes of symbolic dims.
     pub dims: BTreeMap<String, usize>,
+    /// The values a run feeds.
     pub inputs: Vec<InputInfo>,
+    /// The names of the values a run returns.
     pub outputs: Vec<String>,
+    /// The constant tensors (weights and the like).
     pub initializers: Vec<Initializer>,
+    /// The nodes, in any order (`validate::topo_order` gives one they can run in).
     pub nodes: Vec<Node>,
+    /// How to train the graph, when the model says.
     pub training: Option<Training>,
     /// The file the graph was loaded from, for messages.
     pub file: Option<PathBuf>,
@@ -311,9 +394,11 @@ impl Graph {
             .flat_map(|(i, n)| n.outputs.iter().map(move |o| (o.as_str(), i)))
             .collect()
     }
+    /// The graph input named `name`.
     pub fn input(&self, name: &str) -> Option<&InputInfo> {
         self.inputs.iter().find(|i| i.name == name)
     }
+    /// The initializer named `name`.
     pub fn initializer(&self, name: &str) -> Option<&Initializer> {
         self.initializers.iter().find(|i| i.name == name)
     }

@@ -14,18 +14,27 @@ use crate::tensor::{Bool, DType, Tensor};
 /// How an output is interpolated from the input positions around it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ResizeMode {
+    /// The nearest input position (`mode = "nearest"`, the default).
     Nearest,
+    /// Linear interpolation between the two neighbouring positions (`"linear"`).
     Linear,
+    /// Cubic convolution over the four neighbouring positions (`"cubic"`).
     Cubic,
 }
 
 /// ONNX's `coordinate_transformation_mode`: where output position `o` lies in the input.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CoordMode {
+    /// `(o + 0.5) / scale - 0.5` (the default).
     HalfPixel,
+    /// Half-pixel, shifted so that the sampled span is centred on the input.
     HalfPixelSymmetric,
+    /// Half-pixel, except that an output of length 1 reads position 0 (PyTorch's).
     PytorchHalfPixel,
+    /// `o · (in - 1) / (out - 1)`: the first and last positions of input and output
+    /// coincide.
     AlignCorners,
+    /// `o / scale`.
     Asymmetric,
     /// Opset 11 only: `(o + 0.5) / scale`.
     TfHalfPixelForNn,
@@ -38,25 +47,37 @@ pub enum CoordMode {
 /// "simple" mode), floor when the axis grows and ceil when it shrinks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NearestMode {
+    /// Round to the nearest position, halves down (the default).
     RoundPreferFloor,
+    /// Round to the nearest position, halves up.
     RoundPreferCeil,
+    /// Round down.
     Floor,
+    /// Round up.
     Ceil,
+    /// Floor when the axis grows, ceil when it shrinks.
     Simple,
 }
 
 /// ONNX's `keep_aspect_ratio_policy` (for `sizes`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AspectPolicy {
+    /// Each axis resized to its size independently (the default).
     Stretch,
+    /// One scale for every axis, the largest that keeps each output no larger than its
+    /// size.
     NotLarger,
+    /// One scale for every axis, the smallest that keeps each output no smaller than its
+    /// size.
     NotSmaller,
 }
 
 macro_rules! named {
     ($t:ident, $what:literal, $($v:ident = $n:literal),+) => {
         impl $t {
+            /// Every value, in declaration order.
             pub const ALL: &'static [$t] = &[$($t::$v),+];
+            /// The value's name in the ONNX attribute.
             pub fn name(self) -> &'static str {
                 match self { $($t::$v => $n),+ }
             }
@@ -117,12 +138,22 @@ named!(
 /// not here: the importer applies it after the product (`ResizeMatrix`'s mask output).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Resize {
+    /// How outputs are interpolated (ONNX `mode`).
     pub mode: ResizeMode,
+    /// Where an output position lies in the input (ONNX
+    /// `coordinate_transformation_mode`).
     pub coord: CoordMode,
+    /// How the nearest mode rounds a position (ONNX `nearest_mode`).
     pub nearest: NearestMode,
+    /// The cubic kernel's coefficient `a` (ONNX `cubic_coeff_a`, default -0.75).
     pub cubic_coeff_a: f64,
+    /// Give input positions outside the input weight 0 and renormalize the rest (ONNX
+    /// `exclude_outside`).
     pub exclude_outside: bool,
+    /// When shrinking, widen the linear or cubic filter by the inverse of the scale (ONNX
+    /// `antialias`).
     pub antialias: bool,
+    /// How `sizes` treats the aspect ratio (ONNX `keep_aspect_ratio_policy`).
     pub policy: AspectPolicy,
 }
 
@@ -219,7 +250,7 @@ impl Resize {
 /// fraction of the output length for `scales`, `sizes / in` or the aspect-kept one for
 /// `sizes`), and its roi (start, end) when one is given.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct AxisGeom {
+pub(crate) struct AxisGeom {
     pub input: usize,
     pub output: usize,
     pub scale: f64,
@@ -239,7 +270,7 @@ impl AxisGeom {
 
 /// Every axis's geometry for X of `shape`, from the values of roi, scales and sizes
 /// (exactly one of the last two, non-empty), which name the axes `axes` in order.
-pub fn geometry(
+pub(crate) fn geometry(
     r: &Resize,
     shape: &[usize],
     axes: &[usize],
@@ -411,11 +442,11 @@ fn coeffs(r: &Resize, ratio: f64, scale: f64) -> Vec<f64> {
 
 /// What one output position reads: (input position, weight) pairs, and whether it lies
 /// outside the roi (tf_crop_and_resize: it takes extrapolation_value instead).
-pub type Taps = (Vec<(usize, f64)>, bool);
+pub(crate) type Taps = (Vec<(usize, f64)>, bool);
 
 /// The taps of every output position along one axis: ONNX's `_compute_x_ori` and
 /// `_interpolate_1d_along_axis`, input positions past either end read the edge.
-pub fn taps(r: &Resize, g: &AxisGeom) -> Result<Vec<Taps>, String> {
+pub(crate) fn taps(r: &Resize, g: &AxisGeom) -> Result<Vec<Taps>, String> {
     if g.identity() {
         return Ok((0..g.input).map(|i| (vec![(i, 1.0)], false)).collect());
     }

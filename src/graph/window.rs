@@ -22,12 +22,14 @@ pub enum AutoPad {
 }
 
 impl AutoPad {
+    /// Every value, in declaration order.
     pub const ALL: [AutoPad; 4] = [
         AutoPad::NotSet,
         AutoPad::SameUpper,
         AutoPad::SameLower,
         AutoPad::Valid,
     ];
+    /// The value's name in the ONNX attribute (`"SAME_UPPER"`, ...).
     pub fn name(self) -> &'static str {
         match self {
             AutoPad::NotSet => "NOTSET",
@@ -43,10 +45,16 @@ impl AutoPad {
 /// kernel's rank.
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct Window {
+    /// The step between windows along each spatial axis (ONNX `strides`).
     pub strides: Vec<usize>,
+    /// The spacing of the kernel's taps along each spatial axis (ONNX `dilations`).
     pub dilations: Vec<usize>,
+    /// The explicit padding: every axis's begin, then every axis's end (ONNX `pads`).
     pub pads: Vec<usize>,
+    /// Automatic padding, which replaces `pads` unless `NotSet`.
     pub auto_pad: AutoPad,
+    /// Round the output size up rather than down, so that a last, partial window is
+    /// kept (the pools' ONNX `ceil_mode`).
     pub ceil_mode: bool,
 }
 
@@ -55,7 +63,7 @@ pub struct Window {
 /// `o·stride + j·dilation - begin`: padding where that is outside the image, and past
 /// `size + end` what ceil_mode's last windows read beyond the padding.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Placed {
+pub(crate) struct Placed {
     pub out: Vec<usize>,
     pub begin: Vec<usize>,
     pub end: Vec<usize>,
@@ -155,7 +163,7 @@ impl Window {
     }
 
     /// Places the window of `kernel` on an image of spatial dims `image`.
-    pub fn place(&self, image: &[usize], kernel: &[usize]) -> Result<Placed, String> {
+    pub(crate) fn place(&self, image: &[usize], kernel: &[usize]) -> Result<Placed, String> {
         let r = kernel.len();
         if image.len() != r {
             return Err(format!(

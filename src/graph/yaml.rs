@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 // ---- the marked YAML tree -----------------------------------------------------------
 
 #[derive(Clone, Debug)]
-pub enum YV {
+pub(crate) enum YV {
     Null,
     Bool(bool),
     Int(i64),
@@ -26,13 +26,13 @@ pub enum YV {
 }
 
 #[derive(Clone, Debug)]
-pub struct Y {
+pub(crate) struct Y {
     pub v: YV,
     pub loc: Loc,
 }
 
 /// Parses YAML text into a marked tree. `file` is only used in locations.
-pub fn parse_tree(text: &str, file: &str) -> Result<Y> {
+pub(crate) fn parse_tree(text: &str, file: &str) -> Result<Y> {
     let loc = |m: &saphyr_parser::Marker| Loc {
         file: file.to_string(),
         line: m.line(),

@@ -23,7 +23,7 @@ mod shape;
 pub mod symbolic;
 mod window;
 
-pub use attention::{qkv_parts, AttnDims};
+pub(crate) use attention::{qkv_parts, AttnDims};
 
 use super::eval::{HostEval, PLAN_INPUT_LIMIT};
 use super::op::LossReduction;
@@ -37,20 +37,25 @@ use std::collections::HashMap;
 /// The type of a value: dtype and concrete shape.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ValueType {
+    /// The element type.
     pub dtype: DType,
+    /// The concrete shape.
     pub shape: Vec<usize>,
 }
 
 impl ValueType {
+    /// The type of a `dtype` tensor of `shape`.
     pub fn new(dtype: DType, shape: &[usize]) -> Self {
         ValueType {
             dtype,
             shape: shape.to_vec(),
         }
     }
+    /// The number of elements.
     pub fn numel(&self) -> usize {
         crate::tensor::numel(&self.shape)
     }
+    /// The size of its data in bytes.
     pub fn bytes(&self) -> usize {
         self.numel() * self.dtype.size()
     }
@@ -68,6 +73,7 @@ const CONST_LIMIT: usize = 1 << 16;
 /// Everything inference learns about a graph for one set of input shapes.
 #[derive(Clone, Debug, Default)]
 pub struct Inferred {
+    /// Every value's type, by name.
     pub types: HashMap<String, ValueType>,
     /// Values known on the host: small initializers, Constants, shape arithmetic.
     pub consts: HashMap<String, Tensor>,
@@ -308,9 +314,11 @@ pub fn shape_inputs(op: &Op) -> &'static [(usize, &'static str)] {
 /// A graph input whose value decides a shape.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PlanTimeInput {
+    /// The graph input's name.
     pub name: String,
     /// A node whose shape-deciding input is computed from it, and which input.
     pub node: usize,
+    /// Which input of that node (its position).
     pub slot: usize,
 }
 

@@ -42,11 +42,14 @@ const SMALL_PRIMES: [[usize; 12]; 2] = [
 /// A product of symbols times a number: `3*batch*seq^2`. Symbols sorted by name.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Monomial {
+    /// The number the symbols are multiplied by.
     pub coef: usize,
+    /// Each symbol with its exponent, sorted by name.
     pub syms: Vec<(String, u32)>,
 }
 
 impl Monomial {
+    /// The number `n` (no symbols).
     pub fn constant(n: usize) -> Monomial {
         Monomial {
             coef: n,
@@ -115,7 +118,9 @@ impl std::fmt::Display for SymDim {
 /// A value's dtype and its shape in terms of the symbols.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SymType {
+    /// The element type.
     pub dtype: DType,
+    /// Each dim in terms of the symbols.
     pub shape: Vec<SymDim>,
 }
 
@@ -152,6 +157,7 @@ pub struct Polynomial {
 }
 
 impl Polynomial {
+    /// Adds a monomial to the sum.
     pub fn add(&mut self, m: &Monomial) {
         let c = self.terms.entry(m.syms.clone()).or_insert(0);
         *c = c.saturating_add(m.coef);
