@@ -7,8 +7,11 @@ use std::fmt;
 /// A position in a model file (1-based line and column).
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct Loc {
+    /// The file as the loader was given it (`Model::from_str` names it `<string>`).
     pub file: String,
+    /// The line, from 1.
     pub line: usize,
+    /// The column, from 1.
     pub col: usize,
 }
 
@@ -18,11 +21,18 @@ impl fmt::Display for Loc {
     }
 }
 
+/// Every error the library returns. Messages are written for the user and say what to
+/// fix; `is_user_error` tells the user's mistakes from failures while running.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The model file is at fault at a known place.
     #[error("{loc}: {}", clip_lists(msg))]
-    Model { loc: Loc, msg: String },
+    Model {
+        /// Where in the file.
+        loc: Loc,
+        /// What is wrong there.
+        msg: String,
+    },
     /// The graph is invalid: names the node (and op) at fault.
     #[error("{}", clip_lists(.0))]
     Graph(String),
@@ -35,17 +45,25 @@ pub enum Error {
     /// A failure while running (a backend or kernel error, out of memory).
     #[error("{}", clip_lists(.0))]
     Runtime(String),
+    /// A file could not be read or written.
     #[error("{path}: {}", clip_lists(msg))]
-    Io { path: String, msg: String },
+    Io {
+        /// The file.
+        path: String,
+        /// What went wrong (the system's message).
+        msg: String,
+    },
 }
 
 impl Error {
+    /// An `Error::Model` at `loc`.
     pub fn model(loc: &Loc, msg: impl Into<String>) -> Self {
         Error::Model {
             loc: loc.clone(),
             msg: msg.into(),
         }
     }
+    /// An `Error::Io` for `path`, with `e`'s message.
     pub fn io(path: impl AsRef<std::path::Path>, e: impl fmt::Display) -> Self {
         Error::Io {
             path: path.as_ref().display().to_string(),
@@ -63,6 +81,7 @@ impl Error {
     }
 }
 
+/// The library's result type: `Error` unless said otherwise.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// A message with every long `[a, b, c, ...]` list cut to its first values and a count,
@@ -98,6 +117,7 @@ pub fn clip_lists(msg: &str) -> std::borrow::Cow<'_, str> {
 macro_rules! err {
     ($kind:ident, $($arg:tt)*) => { $crate::error::Error::$kind(format!($($arg)*)) };
 }
+/// Returns early with `err!`'s error: `bail!(Runtime, "...")`.
 #[macro_export]
 macro_rules! bail {
     ($kind:ident, $($arg:tt)*) => { return Err($crate::err!($kind, $($arg)*)) };

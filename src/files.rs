@@ -270,6 +270,7 @@ impl Drop for Outputs {
 }
 
 impl Outputs {
+    /// An empty set.
     pub fn new() -> Outputs {
         Outputs::default()
     }

@@ -13,6 +13,8 @@
 //! }
 //! ```
 
+#![warn(missing_docs)]
+
 pub mod backends;
 pub mod error;
 pub mod exec;
@@ -53,6 +55,7 @@ pub fn infer_graph(
 /// A loaded, validated model.
 #[derive(Clone, Debug)]
 pub struct Model {
+    /// The model's graph (run it with `Session::new`).
     pub graph: Graph,
 }
 

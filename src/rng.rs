@@ -7,6 +7,7 @@
 pub struct Rng(u64);
 
 impl Rng {
+    /// A generator seeded with `seed`.
     pub fn new(seed: u64) -> Rng {
         Rng(seed ^ 0x9E37_79B9_7F4A_7C15)
     }
@@ -20,6 +21,7 @@ impl Rng {
         }
         Rng::new(seed.wrapping_mul(0x2545_F491_4F6C_DD1D) ^ h)
     }
+    /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
@@ -31,6 +33,7 @@ impl Rng {
     pub fn uniform(&mut self) -> f64 {
         (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
     }
+    /// Uniform in [lo, hi).
     pub fn uniform_in(&mut self, lo: f64, hi: f64) -> f64 {
         lo + (hi - lo) * self.uniform()
     }

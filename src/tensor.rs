@@ -35,19 +35,27 @@ macro_rules! for_each_dtype {
 
 macro_rules! dtype_enum {
     ($(($V:ident, $t:ty, $name:literal, [$($alias:literal),*], $onnx:literal, $npy:literal, $st:ident, $class:ident)),*) => {
+        /// A tensor's element type.
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
         pub enum DType {
-            $($V,)*
+            $(
+                #[doc = concat!("`", $name, "` (ONNX `TensorProto.DataType` ", $onnx, ").")]
+                $V,
+            )*
         }
 
         impl DType {
+            /// Every dtype.
             pub const ALL: [DType; [$(DType::$V),*].len()] = [$(DType::$V),*];
 
+            /// Its name in a model file and in messages (`f32`, `bf16`, `bool`).
             pub fn name(self) -> &'static str {
                 match self {
                     $(DType::$V => $name,)*
                 }
             }
+            /// The dtype of a name: its own (`f32`) or numpy's and ONNX's (`float32`,
+            /// `float`).
             pub fn parse(s: &str) -> Option<DType> {
                 match s {
                     $($name $(| $alias)* => Some(DType::$V),)*
@@ -61,6 +69,7 @@ macro_rules! dtype_enum {
                     _ => None,
                 }
             }
+            /// Its ONNX TensorProto.DataType code.
             pub fn onnx_code(self) -> i32 {
                 match self {
                     $(DType::$V => $onnx,)*
@@ -86,11 +95,13 @@ macro_rules! dtype_enum {
             fn from_safetensors(d: safetensors::Dtype) -> Option<DType> {
                 [$(DType::$V),*].into_iter().find(|t| t.safetensors() == d)
             }
+            /// The size of one element in bytes.
             pub fn size(self) -> usize {
                 match self {
                     $(DType::$V => std::mem::size_of::<$t>(),)*
                 }
             }
+            /// Floating dtypes (f32, f16, bf16, f64).
             pub fn is_float(self) -> bool {
                 match self {
                     $(DType::$V => stringify!($class) == "float",)*
@@ -108,6 +119,7 @@ macro_rules! dtype_enum {
 for_each_dtype!(dtype_enum);
 
 impl DType {
+    /// Unsigned integer dtypes.
     pub fn is_unsigned(self) -> bool {
         matches!(self, DType::U8 | DType::U16 | DType::U32 | DType::U64)
     }
@@ -130,8 +142,11 @@ impl fmt::Display for DType {
 
 /// An element type a tensor can hold.
 pub trait Elem: Pod + Send + Sync + PartialOrd + fmt::Debug + 'static {
+    /// The dtype of a tensor of these elements.
     const DTYPE: DType;
+    /// The value as f64 (rounded for the integers f64 cannot hold; bool is 0 or 1).
     fn to_f64(self) -> f64;
+    /// The element nearest `v` (`as`-cast semantics for integers; bool is `v != 0`).
     fn from_f64(v: f64) -> Self;
     /// The value of an integer or bool element, exactly (`None` for floats): casts
     /// between integer dtypes go through it, as f64 cannot hold every i64 or u64.
@@ -148,11 +163,13 @@ pub trait Elem: Pod + Send + Sync + PartialOrd + fmt::Debug + 'static {
 pub trait Real:
     num_traits::Float + num_traits::FromPrimitive + std::iter::Sum + Send + Sync + fmt::Debug + 'static
 {
+    /// The error function.
     fn erf(self) -> Self;
     /// tanh written with arithmetic only, so that a loop over a row vectorises (the C
     /// library's tanh is one call per element): f32 uses a rational approximation, f64
     /// the library's.
     fn tanh_v(self) -> Self;
+    /// The constant `v` in this type.
     fn c(v: f64) -> Self {
         <Self as num_traits::FromPrimitive>::from_f64(v).unwrap()
     }
@@ -197,14 +214,19 @@ impl Real for f64 {
 
 /// A floating element type, with the type it accumulates in.
 pub trait Float: Elem {
+    /// The type it is computed in (f32 for f32, f16 and bf16; f64 for f64).
     type Acc: Real;
+    /// The value in the accumulation type.
     fn to_acc(self) -> Self::Acc;
+    /// The element nearest `v` (rounded to nearest for f16 and bf16).
     fn from_acc(v: Self::Acc) -> Self;
 }
 
 /// Integer element types (for shape arithmetic and indices).
 pub trait Int: Elem + Ord {
+    /// The value as i64 (`as`-cast: u64 beyond i64's range wraps).
     fn to_i64(self) -> i64;
+    /// `v` wrapped to this type (`as`-cast).
     fn from_i64(v: i64) -> Self;
 }
 
@@ -279,8 +301,11 @@ int_elem!(i64 => I64, i32 => I32, i16 => I16, i8 => I8, u64 => U64, u32 => U32, 
 pub struct Bool(pub u8);
 
 impl Bool {
+    /// false (0).
     pub const FALSE: Bool = Bool(0);
+    /// true (1).
     pub const TRUE: Bool = Bool(1);
+    /// The value as a `bool` (any non-zero byte is true).
     pub fn get(self) -> bool {
         self.0 != 0
     }
@@ -430,6 +455,7 @@ pub fn check_plan_bytes(activations: usize, weights: usize) -> Result<()> {
     Ok(())
 }
 
+/// The number of elements of a tensor of `shape` (1 for a scalar).
 pub fn numel(shape: &[usize]) -> usize {
     shape.iter().product()
 }
@@ -439,6 +465,7 @@ pub fn checked_numel(shape: &[usize]) -> Option<usize> {
     shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d))
 }
 
+/// A shape as messages write it: `[2, 3]`.
 pub fn fmt_shape(shape: &[usize]) -> String {
     format!(
         "[{}]",
@@ -554,6 +581,7 @@ impl Tensor {
         self.words.len() * 8
     }
 
+    /// A tensor of `shape` holding `data` in row-major order; the length must match.
     pub fn from_vec<T: Elem>(shape: &[usize], data: Vec<T>) -> Result<Tensor> {
         check_len(shape, data.len())?;
         let mut t = Tensor::zeros(T::DTYPE, shape);
@@ -561,6 +589,7 @@ impl Tensor {
         Ok(t)
     }
 
+    /// A scalar (shape `[]`) holding `v`.
     pub fn scalar<T: Elem>(v: T) -> Tensor {
         Tensor::from_vec(&[], vec![v]).expect("one value")
     }
@@ -577,6 +606,8 @@ impl Tensor {
         Ok(t)
     }
 
+    /// A tensor of `dtype` and `shape` from its little-endian, row-major bytes; the
+    /// length must match. Bool bytes other than 0 read as true.
     pub fn from_bytes(dtype: DType, shape: &[usize], bytes: &[u8]) -> Result<Tensor> {
         let n = checked_numel(shape)
             .and_then(|n| n.checked_mul(dtype.size()))
@@ -597,22 +628,28 @@ impl Tensor {
         Ok(t)
     }
 
+    /// The element type.
     pub fn dtype(&self) -> DType {
         self.dtype
     }
+    /// The shape (empty for a scalar).
     pub fn shape(&self) -> &[usize] {
         &self.shape
     }
+    /// The number of elements.
     pub fn numel(&self) -> usize {
         numel(&self.shape)
     }
+    /// The size of the elements in bytes.
     pub fn size_bytes(&self) -> usize {
         self.numel() * self.dtype.size()
     }
 
+    /// The elements' bytes, row-major.
     pub fn bytes(&self) -> &[u8] {
         &bytemuck::cast_slice(&self.words)[..self.size_bytes()]
     }
+    /// The elements' bytes, to be written (a bool tensor's with 0 or 1 only).
     pub fn bytes_mut(&mut self) -> &mut [u8] {
         let n = self.size_bytes();
         &mut bytemuck::cast_slice_mut(&mut self.words)[..n]
@@ -625,6 +662,7 @@ impl Tensor {
         let n = self.numel();
         &bytemuck::cast_slice(&self.words)[..n]
     }
+    /// Views the data as `T`, to be written. Panics as `as_slice` does.
     pub fn as_mut_slice<T: Elem>(&mut self) -> &mut [T] {
         assert_eq!(T::DTYPE, self.dtype, "tensor viewed as the wrong dtype");
         let n = self.numel();
@@ -640,6 +678,7 @@ impl Tensor {
         bytemuck::cast_slice_mut(self.as_mut_slice::<Bool>())
     }
 
+    /// A copy of the elements as `T`. Panics as `as_slice` does.
     pub fn to_vec<T: Elem>(&self) -> Vec<T> {
         self.as_slice::<T>().to_vec()
     }
@@ -699,6 +738,7 @@ impl Tensor {
         Tensor::from_bytes(self.dtype(), &shape, &bytes)
     }
 
+    /// The same elements with another shape of the same element count.
     pub fn reshaped(mut self, shape: &[usize]) -> Result<Tensor> {
         if numel(shape) != self.numel() {
             crate::bail!(
@@ -728,6 +768,7 @@ impl Tensor {
         read_npy_from(&mut std::io::BufReader::new(f), len, what).map_err(|e| Error::io(path, e))
     }
 
+    /// Reads a tensor from the contents of a `.npy` file.
     pub fn from_npy_bytes(bytes: &[u8]) -> std::result::Result<Tensor, String> {
         read_npy_from(&mut { bytes }, Some(bytes.len() as u64), "the .npy array")
     }

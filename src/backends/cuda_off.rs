@@ -7,14 +7,17 @@
 pub const NOT_BUILT: &str =
     "graphrun was built without the cuda feature (rebuild with `--features cuda`)";
 
+/// Whether a CUDA device is usable: never, in this build (`NOT_BUILT`).
 pub fn available() -> std::result::Result<(), String> {
     Err(NOT_BUILT.into())
 }
 
+/// The number of CUDA devices: none, in this build.
 pub fn device_count() -> usize {
     0
 }
 
+/// Lines for `graphrun doctor`: the backend is not built.
 pub fn doctor_lines() -> Vec<String> {
     vec![format!("not available: {NOT_BUILT}")]
 }

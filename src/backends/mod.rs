@@ -60,12 +60,17 @@ pub fn not_on_backend_markdown() -> String {
 /// Which backend to run on (SPEC §7).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BackendKind {
+    /// The host's CPU (always built).
     Cpu,
+    /// An NVIDIA GPU through CUDA (the `cuda` feature).
     Cuda,
+    /// A GPU through WebGPU on Vulkan, including Mesa's software lavapipe (the `wgpu`
+    /// feature).
     Wgpu,
 }
 
 impl BackendKind {
+    /// The backend of a name: `cpu`, `cuda`, `wgpu` (or `webgpu`).
     pub fn parse(s: &str) -> Option<BackendKind> {
         match s {
             "cpu" => Some(BackendKind::Cpu),
@@ -74,6 +79,7 @@ impl BackendKind {
             _ => None,
         }
     }
+    /// The backend's name (`cpu`, `cuda`, `wgpu`).
     pub fn name(self) -> &'static str {
         match self {
             BackendKind::Cpu => "cpu",
@@ -86,10 +92,15 @@ impl BackendKind {
 /// A device. Buffers are sized in bytes by the plan and reused across values whose
 /// lifetimes do not overlap; the value type passed with each buffer says how to read it.
 pub trait Backend {
+    /// A device buffer.
     type Buffer;
+    /// The backend's name (`BackendKind::name`).
     fn name(&self) -> &'static str;
+    /// A buffer of `bytes` bytes (its contents unspecified).
     fn alloc(&mut self, bytes: usize) -> Result<Self::Buffer>;
+    /// Copies a host tensor into a buffer large enough for it.
     fn upload(&mut self, src: &Tensor, dst: &mut Self::Buffer) -> Result<()>;
+    /// Copies a buffer's value of type `ty` back to the host.
     fn download(&mut self, src: &Self::Buffer, ty: &ValueType) -> Result<Tensor>;
     /// Gives a buffer the type of the value about to be read from it: a view (Reshape and
     /// the like) shares its input's buffer under another shape. Only for backends whose
@@ -103,6 +114,8 @@ pub trait Backend {
         ins: &[Option<(&Self::Buffer, &ValueType)>],
         outs: &mut [(&mut Self::Buffer, &ValueType)],
     ) -> Result<()>;
+    /// Waits until everything issued so far has run; errors the device reported since
+    /// surface here.
     fn sync(&mut self) -> Result<()>;
     /// One optimizer step on `param` in place (SPEC §4), `t` counting steps from 1.
     /// `state` holds `optimizer_state_len(opt)` buffers of `param`'s shape in

@@ -10,14 +10,17 @@ use crate::tensor::DType;
 pub const NOT_BUILT: &str =
     "graphrun was built without the wgpu feature (rebuild with `--features wgpu`)";
 
+/// Whether a wgpu adapter is present: never, in this build (`NOT_BUILT`).
 pub fn available() -> Result<()> {
     crate::bail!(Runtime, "{NOT_BUILT}")
 }
 
+/// Lines for `graphrun doctor`: the backend is not built.
 pub fn doctor_lines() -> Vec<String> {
     vec![format!("not available: {NOT_BUILT}")]
 }
 
+/// Whether float kernels run in `dt`: in no dtype, in this build.
 pub fn supports_float(_dt: DType) -> bool {
     false
 }

@@ -125,9 +125,6 @@ pub fn concrete_shape(i: &InputInfo, dims: &BTreeMap<String, usize>) -> Result<V
         .collect()
 }
 
-/// Seeded random data for one input: floats uniform in its `range` (default [-1, 1)),
-/// integers uniform in `range` (default [0, 2)), bools fair coins. Each input has its own
-/// stream, so the data of one input does not depend on the others.
 /// Adds the default of every graph input that has one and is not in `feeds`.
 pub fn fill_defaults(g: &crate::graph::Graph, feeds: &mut HashMap<String, Tensor>) {
     for i in &g.inputs {
@@ -137,6 +134,9 @@ pub fn fill_defaults(g: &crate::graph::Graph, feeds: &mut HashMap<String, Tensor
     }
 }
 
+/// Seeded random data for one input: floats uniform in its `range` (default [-1, 1)),
+/// integers uniform in `range` (default [0, 2)), bools fair coins. Each input has its own
+/// stream, so the data of one input does not depend on the others.
 pub fn random_input(i: &InputInfo, shape: &[usize], seed: u64) -> Result<Tensor> {
     let mut r = Rng::for_name(seed, &i.name);
     let mut t = Tensor::try_zeros(i.dtype, shape, &format!("input '{}'", i.name))?;

@@ -10,11 +10,13 @@ use crate::tensor::Tensor;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+/// Training on several GPUs at once: not built in (see the module comment).
 pub struct DataParallel {
     never: std::convert::Infallible,
 }
 
 impl DataParallel {
+    /// Fails: data-parallel training needs the `cuda` feature.
     pub fn new(_graph: Graph, _opts: SessionOptions, gpus: usize) -> Result<DataParallel> {
         crate::bail!(
             Runtime,
@@ -22,27 +24,35 @@ impl DataParallel {
             crate::backends::cuda::NOT_BUILT
         )
     }
+    /// How many GPUs (workers).
     pub fn gpus(&self) -> usize {
         match self.never {}
     }
+    /// Optimizer steps taken so far.
     pub fn steps(&self) -> u64 {
         match self.never {}
     }
+    /// One training step on a global batch split across the GPUs.
     pub fn train_step(&mut self, _feeds: &HashMap<String, Tensor>) -> Result<f64> {
         match self.never {}
     }
+    /// One training step with each worker's shard given.
     pub fn train_step_shards(&mut self, _shards: &[Arc<HashMap<String, Tensor>>]) -> Result<f64> {
         match self.never {}
     }
+    /// `Session::set_static_feeds` on every worker.
     pub fn set_static_feeds(&mut self, _on: bool) -> Result<()> {
         match self.never {}
     }
+    /// Waits until every worker's queued steps have finished.
     pub fn sync(&mut self) -> Result<()> {
         match self.never {}
     }
+    /// The graph with the trained initializers.
     pub fn trained_graph(&mut self) -> Result<Graph> {
         match self.never {}
     }
+    /// Inference on worker 0 with the current parameters.
     pub fn run_fetch(
         &mut self,
         _feeds: &HashMap<String, Tensor>,
@@ -50,6 +60,7 @@ impl DataParallel {
     ) -> Result<Vec<Tensor>> {
         match self.never {}
     }
+    /// The graph the workers run.
     pub fn graph(&self) -> &Graph {
         match self.never {}
     }

@@ -19,7 +19,9 @@ use std::collections::{HashMap, HashSet};
 /// cache their plans by it.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct PlanKey {
+    /// Every graph input's shape, by name.
     pub shapes: HashMap<String, Vec<usize>>,
+    /// The fed values of the graph inputs that decide shapes, by name.
     pub values: HashMap<String, Tensor>,
 }
 
@@ -34,28 +36,42 @@ pub enum Place {
     Slot(usize),
 }
 
+/// One node run by a plan: where its inputs are read and its outputs written.
 #[derive(Clone, Debug)]
 pub struct Step {
+    /// The node's index in `graph.nodes`.
     pub node: usize,
+    /// Where each input is read; None for an omitted one.
     pub ins: Vec<Option<Place>>,
     /// Every output gets a slot, used or not: kernels write all their outputs.
     pub outs: Vec<usize>,
+    /// Each output's type.
     pub out_types: Vec<ValueType>,
 }
 
+/// A graph compiled for one set of input shapes (see the module doc): the steps in run
+/// order, every value's type and place, and the buffer slots they share.
 #[derive(Clone, Debug)]
 pub struct Plan {
     /// Unique per plan made in this process (executors key uploaded constants by it).
     pub id: u64,
+    /// The nodes to run, in order (nodes folded on the host, nodes no output needs and
+    /// views are not steps).
     pub steps: Vec<Step>,
+    /// Every value's type, by name.
     pub types: HashMap<String, ValueType>,
+    /// Where each value lives while the plan runs, by name.
     pub places: HashMap<String, Place>,
+    /// The values folded on the host when the plan was made (`Place::Const` indexes
+    /// them).
     pub consts: Vec<(String, Tensor)>,
+    /// Each slot's size in bytes (`Place::Slot` and `Step::outs` index them).
     pub slot_bytes: Vec<usize>,
     /// Bytes of all initializers.
     pub weight_bytes: usize,
     /// Bytes of every graph input and node output if each had its own buffer.
     pub naive_bytes: usize,
+    /// Floating-point operations of one run (multiply-adds count 2).
     pub flops: u64,
 }
 
@@ -65,6 +81,7 @@ impl Plan {
         self.slot_bytes.iter().sum()
     }
 
+    /// The plan for these input shapes (a graph without plan-time inputs).
     pub fn new(g: &Graph, input_shapes: &HashMap<String, Vec<usize>>) -> Result<Plan> {
         Plan::keeping(g, input_shapes, &HashSet::new())
     }

@@ -12,8 +12,11 @@ use crate::passes::PassOptions;
 use crate::tensor::Tensor;
 use std::collections::{BTreeMap, HashMap};
 
+/// How a `Session` runs its graph. `Default` is the CPU, optimized, for inference;
+/// `unfused` runs the graph exactly as given.
 #[derive(Clone, Debug)]
 pub struct SessionOptions {
+    /// The backend to run on.
     pub backend: BackendKind,
     /// Symbol bindings (`--dim`), over the model's `dims:` defaults.
     pub dims: BTreeMap<String, usize>,
@@ -291,9 +294,11 @@ impl Session {
         })
     }
 
+    /// The graph the session runs (after the passes, when `SessionOptions::fuse` is on).
     pub fn graph(&self) -> &Graph {
         &self.graph
     }
+    /// The name of the backend it runs on (`cpu`, `cuda`, `wgpu`).
     pub fn backend_name(&self) -> &'static str {
         self.exec.backend_name()
     }

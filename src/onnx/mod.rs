@@ -26,6 +26,7 @@ use std::path::Path;
 /// (new dtypes are refused by name), added Swish and the float16 Range, and gave Attention
 /// a KV-cache input the importer refuses.
 pub const MIN_OPSET: i64 = 7;
+/// The newest ai.onnx opset graphrun implements (see `MIN_OPSET`).
 pub const MAX_OPSET: i64 = 27;
 
 /// Whether `path` names an ONNX file (by its extension).

@@ -12,7 +12,7 @@ mod cse;
 mod dce;
 mod epilogue;
 mod noop;
-pub mod pattern;
+pub(crate) mod pattern;
 pub mod weight_layout;
 
 use crate::error::{Error, Result};
@@ -45,7 +45,9 @@ pub struct PassOptions {
 /// What one pass did.
 #[derive(Clone, Debug, Default)]
 pub struct PassReport {
+    /// The pass's name (one of `PASSES`).
     pub name: &'static str,
+    /// Whether it ran (false when `PassOptions::disabled` names it).
     pub enabled: bool,
     /// Rewrites applied (rule firings, nodes and initializers removed).
     pub rewrites: usize,
@@ -56,6 +58,7 @@ pub struct PassReport {
 /// What the pipeline did, for `graphrun inspect`.
 #[derive(Clone, Debug, Default)]
 pub struct Report {
+    /// Each pass of the pipeline, in order.
     pub passes: Vec<PassReport>,
     /// Each applied rule in order: "pass: rule at 'node'".
     pub log: Vec<String>,
@@ -68,6 +71,7 @@ impl Report {
     pub fn fired(&self, rule: &str) -> usize {
         self.passes.iter().filter_map(|p| p.rules.get(rule)).sum()
     }
+    /// Rewrites applied by all passes together.
     pub fn total(&self) -> usize {
         self.passes.iter().map(|p| p.rewrites).sum()
     }

@@ -485,11 +485,6 @@ fn fresh(base: &str, taken: impl Fn(&str) -> bool) -> String {
         .expect("some name is free")
 }
 
-/// Applies one patch (see `apply_all`).
-pub fn apply(g: Graph, p: Patch) -> Graph {
-    apply_all(g, vec![p])
-}
-
 /// Applies patches found on the same graph whose footprints are disjoint (the driver
 /// checks that), then prunes what they left unused (nodes and initializers that only fed
 /// removed nodes), so a rule never has to name every orphan. Each patch's new nodes take

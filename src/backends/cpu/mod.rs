@@ -19,6 +19,7 @@ use crate::tensor::{DType, Tensor};
 
 pub use matmul::gemm_f32_gflops;
 
+/// The CPU backend: buffers are host tensors, kernels run on rayon's thread pool.
 #[derive(Default)]
 pub struct Cpu {
     /// The training step (see `Backend::set_step`); 0 is inference.

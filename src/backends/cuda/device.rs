@@ -528,9 +528,6 @@ pub fn ptr(b: &CudaSlice<u8>, s: &CudaStream) -> u64 {
     let (p, _sync) = b.device_ptr(s);
     p
 }
-pub fn opt_ptr(b: Option<&CudaSlice<u8>>, s: &CudaStream) -> Arg {
-    Arg::Ptr(b.map_or(0, |b| ptr(b, s)))
-}
 
 /// Launches `name` on `stream` with `grid` blocks of `block` threads.
 pub fn launch(

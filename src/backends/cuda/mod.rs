@@ -11,8 +11,8 @@
 //! read a value back (a Slice's starts, a Gather's indices) marks its step as one that
 //! cannot be recorded, and that step simply runs eagerly.
 
-pub mod attention;
-pub mod device;
+pub(crate) mod attention;
+pub(crate) mod device;
 mod elementwise;
 mod matmul;
 pub mod nccl;
@@ -32,6 +32,8 @@ use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr};
 use device::{Arg, Device};
 use std::sync::Arc;
 
+/// The CUDA backend: one instance per session (or data-parallel worker), with its own
+/// stream on a process-wide device.
 pub struct Cuda {
     dev: Arc<Device>,
     stream: Arc<CudaStream>,
@@ -65,7 +67,7 @@ struct Collectives {
 /// One operand of a node as the kernels see it: its device address and type, and for
 /// inputs the buffer (read back to the host where an op's small parameters live there).
 #[derive(Clone, Copy)]
-pub struct V<'a> {
+pub(crate) struct V<'a> {
     pub p: u64,
     pub ty: &'a ValueType,
     buf: Option<&'a CudaSlice<u8>>,
@@ -84,6 +86,7 @@ impl V<'_> {
 }
 
 impl Cuda {
+    /// A backend on CUDA device 0, with true FP32 matrix products.
     pub fn new() -> Result<Cuda> {
         Cuda::with_options(false)
     }

@@ -20,14 +20,20 @@ type Raw = *mut c_void;
 /// ncclDataType_t
 #[derive(Clone, Copy, Debug)]
 pub enum DataType {
+    /// ncclFloat16.
     F16 = 6,
+    /// ncclFloat32.
     F32 = 7,
+    /// ncclFloat64.
     F64 = 8,
+    /// ncclBfloat16.
     Bf16 = 9,
+    /// ncclUint8 (bytes, for copies).
     U8 = 1,
 }
 
 impl DataType {
+    /// NCCL's type for the floating dtype `dt` (None for the others).
     pub fn of(dt: crate::tensor::DType) -> Option<DataType> {
         use crate::tensor::DType::*;
         Some(match dt {
@@ -63,6 +69,7 @@ pub struct Nccl {
     fns: Fns,
     /// Where it was found, and its version (e.g. 22704 for 2.27.4).
     pub path: String,
+    /// The version code, major·10000 + minor·100 + patch.
     pub version: i32,
     // Keeps the functions above valid.
     _lib: libloading::Library,
@@ -202,7 +209,7 @@ impl Nccl {
         crate::bail!(Runtime, "NCCL {what} failed: {msg} (code {r})")
     }
 
-    /// One communicator per device of `devices` (CUDA ordinals), rank i on devices[i],
+    /// One communicator per device of `devices` (CUDA ordinals), rank i on `devices[i]`,
     /// made together in this process.
     pub fn init_all(&'static self, devices: &[usize]) -> Result<Vec<std::sync::Arc<Comm>>> {
         let devs: Vec<c_int> = devices.iter().map(|&d| d as c_int).collect();
@@ -234,7 +241,9 @@ impl Nccl {
 pub struct Comm {
     nccl: &'static Nccl,
     raw: Raw,
+    /// This communicator's rank, from 0.
     pub rank: usize,
+    /// The number of ranks.
     pub ranks: usize,
     aborted: AtomicBool,
 }

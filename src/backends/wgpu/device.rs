@@ -12,10 +12,15 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 /// The process-wide device: adapter, device, queue and the pipeline cache.
 pub struct Gpu {
+    /// The logical device.
     pub device: wgpu::Device,
+    /// Its queue.
     pub queue: wgpu::Queue,
+    /// The adapter's name, vendor, driver and kind.
     pub info: wgpu::AdapterInfo,
+    /// Whether the adapter offers SHADER_F16 (the f16 kernels need it).
     pub f16: bool,
+    /// The device's limits, as requested from the adapter.
     pub limits: wgpu::Limits,
     /// The subgroup size when the adapter offers subgroups laid out as the row reductions
     /// need (see `probe_subgroups`); `None` without them.
@@ -224,7 +229,7 @@ fn record(slot: &Mutex<Option<String>>, msg: String) {
 
 /// The WGSL sources, one per kernel family (shaders/*.wgsl).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Family {
+pub(crate) enum Family {
     Elementwise,
     Matmul,
     Reduce,
@@ -253,7 +258,7 @@ const COMMON: &str = include_str!("../../../shaders/common.wgsl");
 /// One kernel: an entry point of a family's source, specialised by `defs` (WGSL lines
 /// put in front of the source: the storage type `T`, op codes, tile sizes). A pipeline
 /// is built once per distinct kernel and cached for the process.
-pub struct Kernel<'a> {
+pub(crate) struct Kernel<'a> {
     pub family: Family,
     pub entry: &'a str,
     pub defs: String,
@@ -275,7 +280,7 @@ impl Gpu {
     }
 
     /// The cached pipeline of a kernel, built (and its WGSL validated) on first use.
-    pub fn pipeline(&self, k: &Kernel) -> Result<Arc<wgpu::ComputePipeline>> {
+    pub(crate) fn pipeline(&self, k: &Kernel) -> Result<Arc<wgpu::ComputePipeline>> {
         let key = format!("{:?}|{}|{}", k.family, k.entry, k.defs);
         let mut cache = self
             .pipelines
@@ -327,13 +332,11 @@ const ARENA: u64 = 1 << 20;
 
 /// What one backend instance records into: the pending encoder of the current step and
 /// the parameter slots its dispatches read.
-pub struct Recorder {
+pub(crate) struct Recorder {
     pub gpu: Arc<Gpu>,
     encoder: Option<wgpu::CommandEncoder>,
     arena: wgpu::Buffer,
     cursor: u64,
-    /// A 4-byte buffer bound where an optional operand is absent.
-    pub dummy: wgpu::Buffer,
 }
 
 impl Recorder {
@@ -344,13 +347,11 @@ impl Recorder {
             usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        let dummy = new_buffer(&gpu.device, 16);
         Recorder {
             gpu,
             encoder: None,
             arena,
             cursor: 0,
-            dummy,
         }
     }
 

@@ -30,6 +30,8 @@ use crate::tensor::{DType, Tensor};
 use device::{Family, Kernel, Recorder};
 use std::collections::HashMap;
 
+/// The WebGPU backend: one instance per session (or data-parallel worker), on the
+/// process-wide device (`device::gpu`).
 pub struct Wgpu {
     rec: Recorder,
     /// Constant nodes' values, uploaded once per backend instance.
@@ -50,7 +52,7 @@ pub struct Wgpu {
 
 /// One operand as the kernels see it.
 #[derive(Clone, Copy)]
-pub struct V<'a> {
+pub(crate) struct V<'a> {
     pub buf: &'a wgpu::Buffer,
     pub ty: &'a ValueType,
 }
@@ -105,7 +107,7 @@ const MAX_RANK: usize = 8;
 
 /// A strided walk over `shape` for up to 3 operands (shaders/common.wgsl `offset_at`).
 #[derive(Clone, Debug, Default)]
-pub struct Strided {
+pub(crate) struct Strided {
     pub shape: Vec<usize>,
     pub st: [Vec<i64>; 3],
     pub base: [i64; 3],
@@ -157,7 +159,7 @@ impl Strided {
 
 /// Parameter words: 16 scalars, then strided descriptors.
 #[derive(Default)]
-pub struct Params(pub Vec<u32>);
+pub(crate) struct Params(pub Vec<u32>);
 
 impl Params {
     pub fn new() -> Params {
@@ -193,6 +195,7 @@ impl Params {
 }
 
 impl Wgpu {
+    /// A backend on the shared device (`Err` where there is no adapter).
     pub fn new() -> Result<Wgpu> {
         let mut rec = Recorder::new(device::gpu()?);
         let nonfinite = rec.buffer(4);
