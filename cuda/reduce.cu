@@ -180,7 +180,7 @@ template <class T> __device__ void ln_dparams_part_k(const T* dy, const T* x, co
     if (j < n)
         for (i64 r = r0 + rl; r < r1; r += 8) {
             A d = ld(dy[r * n + j]);
-            s += d * (ld(x[r * n + j]) - mean[r]) * inv[r];
+            s += d * (ld(x[r * n + j]) - (mean ? mean[r] : (A)0)) * inv[r];
             b += d;
         }
     ss[rl][c] = s;
@@ -275,14 +275,16 @@ template <class T> __device__ void softmax_grad_k(const T* dy, const T* y, T* dx
 }
 
 // One block per row of n; scale and bias already expanded to n by the host. Two passes:
-// the variance of centred values does not cancel catastrophically.
-template <class T> __device__ void layer_norm_k(const T* x, const T* g, const T* b, T* y, typename Num<T>::A* mean_out, typename Num<T>::A* inv_out, i64 n, float eps) {
+// the variance of centred values does not cancel catastrophically. `rms`: the rows are
+// not centred (RMSNormalization; the mean is 0 and not written).
+template <class T> __device__ void layer_norm_k(const T* x, const T* g, const T* b, T* y, typename Num<T>::A* mean_out, typename Num<T>::A* inv_out, i64 n, float eps, int rms) {
     typedef typename Num<T>::A A;
     const T* xr = x + blockIdx.x * n;
     T* yr = y + blockIdx.x * n;
     A s = 0;
-    for (i64 j = threadIdx.x; j < n; j += blockDim.x) s += ld(xr[j]);
-    A mean = block_sum(s) / (A)n;
+    if (!rms)
+        for (i64 j = threadIdx.x; j < n; j += blockDim.x) s += ld(xr[j]);
+    A mean = rms ? (A)0 : block_sum(s) / (A)n;
     A v = 0;
     for (i64 j = threadIdx.x; j < n; j += blockDim.x) { A d = ld(xr[j]) - mean; v += d * d; }
     A var = block_sum(v) / (A)n;
@@ -298,11 +300,12 @@ template <class T> __device__ void layer_norm_k(const T* x, const T* g, const T*
 }
 
 // dx = inv·(g - mean(g) - xhat·mean(g·xhat)) per row, with g = dy·scale, plus `res` (a
-// residual branch's gradient) where given.
+// residual branch's gradient) where given. A null `mean` is RMSNormalization's gradient:
+// the mean is 0 and dx = inv·(g - xhat·mean(g·xhat)).
 template <class T> __device__ void layer_norm_dx_k(const T* dy, const T* x, const T* scale, const typename Num<T>::A* mean, const typename Num<T>::A* inv, const T* res, T* dx, i64 n) {
     typedef typename Num<T>::A A;
     i64 off = blockIdx.x * n;
-    A m = mean[blockIdx.x], iv = inv[blockIdx.x];
+    A m = mean ? mean[blockIdx.x] : (A)0, iv = inv[blockIdx.x];
     A sg = 0, sgx = 0;
     for (i64 j = threadIdx.x; j < n; j += blockDim.x) {
         A gj = ld(dy[off + j]) * ld(scale[j]);
@@ -310,6 +313,7 @@ template <class T> __device__ void layer_norm_dx_k(const T* dy, const T* x, cons
         sgx += gj * (ld(x[off + j]) - m) * iv;
     }
     A mg = block_sum(sg) / (A)n, mgx = block_sum(sgx) / (A)n;
+    if (!mean) mg = 0;
     for (i64 j = threadIdx.x; j < n; j += blockDim.x) {
         A xhat = (ld(x[off + j]) - m) * iv;
         A v = iv * (ld(dy[off + j]) * ld(scale[j]) - mg - xhat * mgx);
@@ -325,7 +329,7 @@ template <class T> __device__ void layer_norm_dparams_k(const T* dy, const T* x,
         A s = 0, b = 0;
         for (i64 r = 0; r < rows; ++r) {
             A d = ld(dy[r * n + j]);
-            s += d * (ld(x[r * n + j]) - mean[r]) * inv[r];
+            s += d * (ld(x[r * n + j]) - (mean ? mean[r] : (A)0)) * inv[r];
             b += d;
         }
         if (ds) ds[j] = st<T>(s);
@@ -339,7 +343,7 @@ template <class T> __device__ void layer_norm_dparams_k(const T* dy, const T* x,
 // registers); the backward reads dy and x once for dX and dScale/dBias together.
 template <class T> union LnVec { uint4 u; T t[16 / sizeof(T)]; };
 
-template <class T, int M> __device__ void layer_norm_vec_k(const T* x, const T* g, const T* b, T* y, typename Num<T>::A* mean_out, typename Num<T>::A* inv_out, i64 nv, float eps) {
+template <class T, int M> __device__ void layer_norm_vec_k(const T* x, const T* g, const T* b, T* y, typename Num<T>::A* mean_out, typename Num<T>::A* inv_out, i64 nv, float eps, int rms) {
     typedef typename Num<T>::A A;
     constexpr int V = 16 / sizeof(T);
     const uint4* xr = (const uint4*)x + blockIdx.x * nv;
@@ -356,7 +360,7 @@ template <class T, int M> __device__ void layer_norm_vec_k(const T* x, const T* 
         }
     }
     A n = (A)(nv * V);
-    A mean = block_sum(s) / n;
+    A mean = rms ? (A)0 : block_sum(s) / n;
     A q = 0;
 #pragma unroll
     for (int k = 0; k < M; ++k)
@@ -403,7 +407,7 @@ template <class T, int M> __device__ void layer_norm_grad_vec_k(const T* dy, con
     }
     A n = (A)(nv * V);
     for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
-        A m = mean[r], iv = inv[r];
+        A m = mean ? mean[r] : (A)0, iv = inv[r];
         LnVec<T> d[M], xv[M];
         A sg = 0, sgx = 0;
 #pragma unroll
@@ -426,7 +430,7 @@ template <class T, int M> __device__ void layer_norm_grad_vec_k(const T* dy, con
             }
         }
         if (!dx) continue;
-        A mg = block_sum(sg) / n, mgx = block_sum(sgx) / n;
+        A mg = mean ? block_sum(sg) / n : (A)0, mgx = block_sum(sgx) / n;
 #pragma unroll
         for (int k = 0; k < M; ++k) {
             i64 j = threadIdx.x + (i64)k * blockDim.x;
@@ -556,7 +560,7 @@ FOR_NUMS(INST_REDUCE_NUM)
 #define INST_REDUCE_FLOAT(T, S)                                                                   \
     extern "C" __global__ void softmax_##S(const T* x, T* y, i64 n, i64 inner, int log) { softmax_k<T>(x, y, n, inner, log); } \
     extern "C" __global__ void softmax_grad_##S(const T* dy, const T* y, T* dx, i64 n, i64 inner, int log) { softmax_grad_k<T>(dy, y, dx, n, inner, log); } \
-    extern "C" __global__ void layer_norm_##S(const T* x, const T* g, const T* b, T* y, Num<T>::A* m, Num<T>::A* iv, i64 n, float eps) { layer_norm_k<T>(x, g, b, y, m, iv, n, eps); } \
+    extern "C" __global__ void layer_norm_##S(const T* x, const T* g, const T* b, T* y, Num<T>::A* m, Num<T>::A* iv, i64 n, float eps, int rms) { layer_norm_k<T>(x, g, b, y, m, iv, n, eps, rms); } \
     extern "C" __global__ void layer_norm_dx_##S(const T* dy, const T* x, const T* g, const Num<T>::A* m, const Num<T>::A* iv, const T* res, T* dx, i64 n) { layer_norm_dx_k<T>(dy, x, g, m, iv, res, dx, n); } \
     extern "C" __global__ void layer_norm_dparams_##S(const T* dy, const T* x, const Num<T>::A* m, const Num<T>::A* iv, T* ds, T* db, i64 rows, i64 n) { layer_norm_dparams_k<T>(dy, x, m, iv, ds, db, rows, n); } \
     extern "C" __global__ void sce_rows_##S(const T* x, const i64* l, const T* w, Num<T>::A* loss, Num<T>::A* wt, T* lp, i64 c, i64 d, i64 ne, i64 ig, int hi) { sce_rows_k<T>(x, l, w, loss, wt, lp, c, d, ne, ig, hi); } \
@@ -573,7 +577,7 @@ FOR_NUMS(INST_REDUCE2)
     extern "C" __global__ void ln_dparams_fin_##S(const Num<T>::A* part, T* ds, T* db, i64 n, i64 chunks) { ln_dparams_fin_k<T>(part, ds, db, n, chunks); }
 FOR_FLOATS(INST_LN2)
 #define INST_LN_VEC(T, S, M)                                                                      \
-    extern "C" __global__ void layer_norm_vec##M##_##S(const T* x, const T* g, const T* b, T* y, Num<T>::A* m, Num<T>::A* iv, i64 nv, float eps) { layer_norm_vec_k<T, M>(x, g, b, y, m, iv, nv, eps); } \
+    extern "C" __global__ void layer_norm_vec##M##_##S(const T* x, const T* g, const T* b, T* y, Num<T>::A* m, Num<T>::A* iv, i64 nv, float eps, int rms) { layer_norm_vec_k<T, M>(x, g, b, y, m, iv, nv, eps, rms); } \
     extern "C" __global__ void layer_norm_grad_vec##M##_##S(const T* dy, const T* x, const T* g, const Num<T>::A* m, const Num<T>::A* iv, const T* res, T* dx, Num<T>::A* part, i64 rows, i64 nv) { layer_norm_grad_vec_k<T, M>(dy, x, g, m, iv, res, dx, part, rows, nv); }
 #define INST_LN_VECS(T, S) INST_LN_VEC(T, S, 1) INST_LN_VEC(T, S, 2) INST_LN_VEC(T, S, 4) \
     extern "C" __global__ void ln_dparams_fin2_##S(const Num<T>::A* part, T* ds, T* db, i64 n, i64 chunks) { ln_dparams_fin2_k<T>(part, ds, db, n, chunks); }

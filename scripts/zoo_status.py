@@ -159,7 +159,8 @@ def measure(exe, case, tmp):
 
 def fusion(exe, case):
     """What the passes made of the export, from `graphrun inspect`: the number of
-    Attention and FusedMatMul nodes, and of the MatMul/Gemm nodes left unfused."""
+    Attention, FusedMatMul and normalization (LayerNormalization, RMSNormalization) nodes,
+    and of the MatMul/Gemm nodes left unfused."""
     model = os.path.join(ZOO, case, "model.onnx")
     p = subprocess.run([exe, "inspect", model], capture_output=True, text=True, timeout=600)
     m = re.search(r"^after passes: \d+ nodes: (.*)$", p.stdout, re.M)
@@ -167,6 +168,7 @@ def fusion(exe, case):
         return None
     counts = {op: int(n) for op, n in re.findall(r"(\w+) (\d+)", m.group(1))}
     return (counts.get("Attention", 0), counts.get("FusedMatMul", 0),
+            counts.get("LayerNormalization", 0) + counts.get("RMSNormalization", 0),
             counts.get("MatMul", 0) + counts.get("Gemm", 0))
 
 
@@ -341,10 +343,12 @@ def write_doc(results):
     L.append("")
     L.append("\"fused\" is what the passes made of the export (`graphrun inspect MODEL.onnx`, "
              "symbolic sizes): Attention nodes (each transformer has 2 attention blocks), "
-             "FusedMatMul nodes, and MatMul or Gemm nodes left unfused "
+             "FusedMatMul nodes, normalization nodes (LayerNormalization, or RMSNormalization "
+             "for LLaMA and T5, whose exports spell it out as six elementwise ops; each "
+             "transformer has 5), and MatMul or Gemm nodes left unfused "
              "(`inspect --explain-fusion` says why each was left).")
     L.append("")
-    L.append("| architecture | exporter | opset | mask | exports | runs | matches ORT | gradients | fused: Attention / FusedMatMul / MatMul left | graphrun's error, or why not |")
+    L.append("| architecture | exporter | opset | mask | exports | runs | matches ORT | gradients | fused: Attention / FusedMatMul / norm / MatMul left | graphrun's error, or why not |")
     L.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in results:
         exp = yn[r["exported"]]
@@ -373,7 +377,7 @@ def write_doc(results):
                     "onnx.reference's: " + ort_msg)
         why = why.replace("|", "\\|")
         fz = r.get("fused")
-        fused = f"{fz[0]} / {fz[1]} / {fz[2]}" if fz else "–"
+        fused = " / ".join(str(v) for v in fz) if fz else "–"
         L.append(f"| {r['arch']} | {r['exporter']} | {r['opset']} | {yn[r['mask']]} | {exp} | "
                  f"{runs_c} | {match} | {grads} | {fused} | {why} |")
     L.append("")

@@ -248,14 +248,16 @@ fn softmax_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
 
 // Rows of P[0]; X1 = scale and X2 = bias (P[2] bit 0) expanded to the row by the host,
 // P[1] = epsilon. Mean and 1/σ go to S0 and S1 (f32). Centred variance: no cancellation.
+// P[2] bit 1: RMSNormalization, the rows are not centred (the mean is 0).
 @compute @workgroup_size(256)
 fn layer_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let row = row_id(wid, nwg);
     let n = pu(0u);
     let off = row * n;
+    let rms = (pu(2u) & 2u) != 0u;
     var s = 0.0;
-    for (var j = lid; j < n; j += WG) { s += f32(X0[off + j]); }
-    let mean = wg_sum(s, lid) / f32(n);
+    if (!rms) { for (var j = lid; j < n; j += WG) { s += f32(X0[off + j]); } }
+    let mean = select(wg_sum(s, lid) / f32(n), 0.0, rms);
     var v = 0.0;
     for (var j = lid; j < n; j += WG) { let d = f32(X0[off + j]) - mean; v += d * d; }
     let inv = 1.0 / sqrt(wg_sum(v, lid) / f32(n) + pf(1u));
@@ -272,13 +274,15 @@ fn layer_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
 
 // dx = inv·(g − mean(g) − x̂·mean(g·x̂)) per row, g = dy·scale (X0 = dY, X1 = X,
 // X2 = scale expanded, F0 = mean, F1 = 1/σ), plus Y2 (a residual gradient, read only)
-// when P[1] = 1.
+// when P[1] bit 0 is set. P[1] bit 1: RMSNormalization's, no mean (F0 not read).
 @compute @workgroup_size(256)
 fn layer_norm_dx(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let row = row_id(wid, nwg);
     let n = pu(0u);
     let off = row * n;
-    let m = F0[row];
+    let rms = (pu(1u) & 2u) != 0u;
+    var m = 0.0;
+    if (!rms) { m = F0[row]; }
     let iv = F1[row];
     var sg = 0.0;
     var sgx = 0.0;
@@ -287,28 +291,31 @@ fn layer_norm_dx(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
         sg += g;
         sgx += g * (f32(X1[off + j]) - m) * iv;
     }
-    let mg = wg_sum(sg, lid) / f32(n);
+    let mg = select(wg_sum(sg, lid) / f32(n), 0.0, rms);
     let mgx = wg_sum(sgx, lid) / f32(n);
     for (var j = lid; j < n; j += WG) {
         let xhat = (f32(X1[off + j]) - m) * iv;
         var v = iv * (f32(X0[off + j]) * f32(X2[j]) - mg - xhat * mgx);
-        if (pu(1u) == 1u) { v += f32(Y2[off + j]); }
+        if ((pu(1u) & 1u) != 0u) { v += f32(Y2[off + j]); }
         Y[off + j] = T(v);
     }
 }
 
 // dScale = Σ_rows dy·x̂ into Y, dB = Σ_rows dy into Y2: one thread per column, rows in
-// order (P[0] = n, P[1] = rows).
+// order (P[0] = n, P[1] = rows; P[2] = 1: RMSNormalization's, no mean, F0 not read).
 @compute @workgroup_size(256)
 fn layer_norm_dparams(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let j = linear(wid, nwg, lid, WG);
     let n = pu(0u);
     if (j >= n) { return; }
+    let rms = pu(2u) == 1u;
     var s = 0.0;
     var b = 0.0;
     for (var r = 0u; r < pu(1u); r += 1u) {
         let d = f32(X0[r * n + j]);
-        s += d * (f32(X1[r * n + j]) - F0[r]) * F1[r];
+        var m = 0.0;
+        if (!rms) { m = F0[r]; }
+        s += d * (f32(X1[r * n + j]) - m) * F1[r];
         b += d;
     }
     Y[j] = T(s);

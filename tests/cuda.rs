@@ -457,9 +457,9 @@ fn packed_qkv_attention_in_place() {
 fn layer_norm_rows_in_registers_and_scalar() {
     // Row lengths that take the vector kernels with 1, 2 and 4 vectors a thread (1024,
     // 4096; 24 is whole vectors for f32/f16/bf16), and ones that do not (1031, 8200,
-    // 9000 for f32: too long), with and without bias; then the gradient (dX with and
-    // without the residual input 5, dScale, dB) from the CPU's statistics, over more rows
-    // than the one-pass kernel has blocks.
+    // 9000 for f32: too long), with and without bias, and RMSNormalization; then the
+    // gradients (dX with and without the residual input, dScale, dB) from the CPU's
+    // statistics, over more rows than the one-pass kernel has blocks.
     for (rows, n) in [
         (1100, 1024),
         (9, 4096),
@@ -485,39 +485,39 @@ fn layer_norm_rows_in_registers_and_scalar() {
             1,
             &LOW,
         );
+        same_as_cpu(
+            "RMSNormalization",
+            &[],
+            &[inp(x.clone()), inp(g.clone())],
+            2,
+            &LOW,
+        );
         if !cuda_present() {
             continue;
         }
         let dy = randn(&[rows, n], 43);
         let r = randn(&[rows, n], 44);
-        for dt in LOW {
+        for (dt, rms) in LOW.into_iter().flat_map(|dt| [(dt, false), (dt, true)]) {
             let c = |t: &Tensor| t.cast(dt);
-            let stats = run_op(
-                BackendKind::Cpu,
-                op("LayerNormalization", &[]),
-                &[inp(x.clone()), inp(g.clone())],
-                3,
-                dt,
-            )
-            .unwrap();
+            let (fwd, grad, outs) = match rms {
+                false => ("LayerNormalization", "LayerNormalizationGrad", 3),
+                true => ("RMSNormalization", "RMSNormalizationGrad", 2),
+            };
+            let ins = [inp(x.clone()), inp(g.clone())];
+            let stats = run_op(BackendKind::Cpu, op(fwd, &[]), &ins, outs, dt).unwrap();
             for res in [false, true] {
-                let mut args = vec![
-                    inp(c(&dy)),
-                    inp(c(&x)),
-                    inp(c(&g)),
-                    inp(stats[1].clone()),
-                    inp(stats[2].clone()),
-                ];
+                let mut args = vec![inp(c(&dy)), inp(c(&x)), inp(c(&g))];
+                args.extend(stats[1..].iter().map(|s| inp(s.clone())));
                 if res {
                     args.push(inp(c(&r)));
                 }
-                let run = |k| run_raw(k, op("LayerNormalizationGrad", &[]), &args, 3).unwrap();
+                let run = |k| run_raw(k, op(grad, &[]), &args, outs).unwrap();
                 let (want, got) = (run(BackendKind::Cpu), run(BackendKind::Cuda));
                 for (k, (w, o)) in want.iter().zip(&got).enumerate() {
                     let e = rel_err(&o.to_f64_vec(), &w.to_f64_vec());
                     assert!(
                         e <= tol(dt),
-                        "LayerNormalizationGrad [{rows}, {n}] {dt} res {res} output {k}: rel err {e:.3e}"
+                        "{grad} [{rows}, {n}] {dt} res {res} output {k}: rel err {e:.3e}"
                     );
                 }
             }

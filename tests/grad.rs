@@ -1018,6 +1018,40 @@ fn layer_normalization_axes_scale_bias() {
 }
 
 #[test]
+fn rms_normalization_axes_scale_and_inv_std_dev() {
+    let x = || randn(&[2, 3, 4], 21);
+    let rms = |axis: i64| vec![("axis", V::Int(axis)), ("epsilon", V::Float(1e-3))];
+    check_all(&[
+        net("RMSNormalization axis -1")
+            .input("x", x())
+            .param("s", randn(&[4], 22))
+            .op("RMSNormalization", &rms(-1), &["x", "s"], &["y"])
+            .outputs(&["y"]),
+        net("RMSNormalization axis 1, Scale [4] smaller than [3, 4]")
+            .input("x", x())
+            .param("s", randn(&[4], 23))
+            .op("RMSNormalization", &rms(1), &["x", "s"], &["y"])
+            .outputs(&["y"]),
+        net("RMSNormalization axis 0, Scale an input")
+            .param("x", x())
+            .input("s", randn(&[3, 4], 24))
+            .op("RMSNormalization", &rms(0), &["x", "s"], &["y"])
+            .outputs(&["y"]),
+        net("RMSNormalization axis -1, InvStdDev output too")
+            .input("x", x())
+            .param("s", randn(&[4], 25))
+            .op("RMSNormalization", &rms(-1), &["x", "s"], &["y", "r"])
+            .outputs(&["y", "r"]),
+        net("RMSNormalization axis 1, only InvStdDev used")
+            .input("x", x())
+            .param("s", randn(&[3, 4], 26))
+            .op("RMSNormalization", &rms(1), &["x", "s"], &["y", "r"])
+            .op("Exp", &[], &["r"], &["e"])
+            .outputs(&["e"]),
+    ]);
+}
+
+#[test]
 fn reductions_axes_keepdims() {
     let mut nets = vec![];
     for op_ in ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMeanSquare"] {

@@ -236,6 +236,84 @@ fn layer_norm_grads_last_and_middle_axis() {
     }
 }
 
+/// RMSNormalization (Y, InvStdDev) against a direct f64 computation, and its gradient
+/// (dX, dScale, with and without the residual input) against finite differences, over
+/// the last and a middle axis and a Scale smaller than the normalized shape.
+#[test]
+fn rms_norm_forward_and_grads() {
+    let x = rand(&[2, 3, 4], 31, -2.0, 2.0);
+    let dy = randn(x.shape(), 32);
+    let eps = 1e-3;
+    for (axis, scale) in [
+        (-1i64, rand(&[4], 33, 0.5, 1.5)),
+        (1, rand(&[4], 34, 0.5, 1.5)),
+        (1, rand(&[3, 4], 35, 0.5, 1.5)),
+    ] {
+        let what = format!("axis {axis}, Scale {:?}", scale.shape());
+        let attrs = [
+            ("axis", AttrValue::Int(axis)),
+            ("epsilon", AttrValue::Float(eps)),
+        ];
+        let fwd_ins = some(&[&x, &scale]);
+        let fwd = node_of(op("RMSNormalization", &attrs), &fwd_ins, &["y", "inv"]);
+        let outs = run1(&fwd, &fwd_ins);
+        let n = if axis == 1 { 12 } else { 4 };
+        let xs = x.to_f64_vec();
+        let sc = scale.to_f64_vec();
+        let (mut y, mut inv) = (vec![], vec![]);
+        for row in xs.chunks(n) {
+            // epsilon is an f32 attribute.
+            let ms = row.iter().map(|v| v * v).sum::<f64>() / n as f64;
+            let r = 1.0 / (ms + eps as f32 as f64).sqrt();
+            inv.push(r);
+            y.extend(
+                row.iter()
+                    .enumerate()
+                    .map(|(j, v)| v * r * sc[j % sc.len()]),
+            );
+        }
+        let e = rel_err(&outs[0].to_f64_vec(), &y);
+        assert!(e < 1e-12, "Y, {what}: rel err {e:.2e}");
+        assert!(
+            rel_err(&outs[1].to_f64_vec(), &inv) < 1e-12,
+            "InvStdDev, {what}"
+        );
+        let ins = some(&[&dy, &x, &scale, &outs[1]]);
+        let grad = node_of(
+            op("RMSNormalizationGrad", &[("axis", AttrValue::Int(axis))]),
+            &ins,
+            &["dx", "dscale"],
+        );
+        let got = eval_all_dtypes(&grad, &ins, &[3]);
+        let norm = &x.shape()[axis.rem_euclid(3) as usize..];
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[1].shape(), norm, "{what}");
+        let fwd_y = node_of(op("RMSNormalization", &attrs), &fwd_ins, &["y"]);
+        let fd = |i: usize| fd_grad(&fwd_y, &fwd_ins, i, 0, &dy);
+        assert_grad(&format!("dX, {what}"), &got[0].to_f64_vec(), &fd(0), FD_TOL);
+        let ds = sum_to(&got[1].to_f64_vec(), norm, scale.shape());
+        assert_grad(&format!("dScale, {what}"), &ds, &fd(1), FD_TOL);
+        // Input 4: a residual gradient added onto dX.
+        let r = randn(x.shape(), 36);
+        let mut ins_r = ins.clone();
+        ins_r.push(Some(r.clone()));
+        let grad_r = node_of(grad.op.clone(), &ins_r, &["dx", "dscale"]);
+        let got_r = eval_all_dtypes(&grad_r, &ins_r, &[3]);
+        let want: Vec<f64> = fd(0)
+            .iter()
+            .zip(r.to_f64_vec())
+            .map(|(a, b)| a + b)
+            .collect();
+        assert_grad(
+            &format!("dX + r, {what}"),
+            &got_r[0].to_f64_vec(),
+            &want,
+            FD_TOL,
+        );
+        assert_eq!(got_r[1], got[1], "{what}: dScale with r");
+    }
+}
+
 #[test]
 fn layer_norm_grad_computes_only_wanted_outputs() {
     let x = rand(&[3, 5], 19, -2.0, 2.0);

@@ -2134,3 +2134,207 @@ nodes:
         check_same(&g, &o, &[]);
     }
 }
+
+/// `rms_norm`: the RMS normalizations exporters write as elementwise chains become one
+/// RMSNormalization: `Pow(x, 2)` or `x·x`, `ReduceMean` over the trailing axes, `+ eps`,
+/// `Sqrt`, then `Reciprocal` and a Mul, `1 / root` and a Mul, or `x / root`, then the
+/// scale (absent: ones). Outputs and gradients as unfused. Not where eps is not a
+/// constant, an intermediate is read elsewhere, the mean is not over the trailing axes
+/// or not of a square; a scale that broadcasts beyond the normalized axes stays outside.
+#[test]
+fn rms_norm_chains_fuse() {
+    let body = |inputs: &str, nodes: &str, outputs: &str| {
+        format!(
+            "
+inputs:
+  - {{name: x, dtype: f32, shape: [3, 5, 8]}}
+{inputs}outputs: [{outputs}]
+initializers:
+  - {{name: s, dtype: f32, shape: [8], init: {{dist: uniform, low: 0.5, high: 1.5, seed: 1}}}}
+  - {{name: s58, dtype: f32, shape: [5, 8], init: {{dist: uniform, low: 0.5, high: 1.5, seed: 2}}}}
+  - {{name: two, dtype: f32, shape: [], values: [2.0], trainable: false}}
+  - {{name: four, dtype: f32, shape: [], values: [4.0], trainable: false}}
+  - {{name: one, dtype: f32, shape: [], values: [1.0], trainable: false}}
+  - {{name: eps, dtype: f32, shape: [], values: [1.0e-5], trainable: false}}
+nodes:
+{nodes}"
+        )
+    };
+    let chain = |square: &str, axes: &str, inv: &str, tail: &str| {
+        format!(
+            "  {square}
+  - {{op: ReduceMean, inputs: [sq], outputs: [ms], attrs: {{axes: {axes}, keepdims: 1}}}}
+  - {{op: Add, inputs: [ms, eps], outputs: [v]}}
+  - {{op: Sqrt, inputs: [v], outputs: [root]}}
+{inv}{tail}"
+        )
+    };
+    let pow = "- {op: Pow, inputs: [x, two], outputs: [sq]}";
+    let mul = "- {op: Mul, inputs: [x, x], outputs: [sq]}";
+    let recip = "  - {op: Reciprocal, inputs: [root], outputs: [r]}
+  - {op: Mul, inputs: [x, r], outputs: [y]}
+";
+    let div_one = "  - {op: Div, inputs: [one, root], outputs: [r]}
+  - {op: Mul, inputs: [r, x], outputs: [y]}
+";
+    let div_x = "  - {op: Div, inputs: [x, root], outputs: [y]}\n";
+    let scaled = "  - {op: Mul, inputs: [s, y], outputs: [out]}\n";
+    let rms = |g: &Graph| {
+        g.nodes
+            .iter()
+            .filter_map(|n| match n.op {
+                Op::LayerNormalization {
+                    axis, rms: true, ..
+                } => Some(axis),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+    };
+    // (what, nodes, outputs, the axis of the RMSNormalization made, Muls left)
+    let fires = [
+        (
+            "Pow, Reciprocal",
+            chain(pow, "[-1]", recip, scaled),
+            "out",
+            2,
+            0,
+        ),
+        (
+            "x·x, 1 / root",
+            chain(mul, "[2]", div_one, scaled),
+            "out",
+            2,
+            0,
+        ),
+        ("x / root", chain(mul, "[-1]", div_x, scaled), "out", 2, 0),
+        (
+            "two trailing axes, Scale [5, 8]",
+            chain(
+                pow,
+                "[2, 1]",
+                div_x,
+                "  - {op: Mul, inputs: [y, s58], outputs: [out]}\n",
+            ),
+            "out",
+            1,
+            0,
+        ),
+        ("no scale", chain(pow, "[-1]", recip, ""), "y", 2, 0),
+        (
+            "a scale beyond the normalized axes stays outside",
+            chain(
+                pow,
+                "[-1]",
+                recip,
+                "  - {op: Mul, inputs: [y, s58], outputs: [out]}\n",
+            ),
+            "out",
+            2,
+            1,
+        ),
+    ];
+    for (what, nodes, outputs, axis, muls) in fires {
+        let (g, r) = fuse(&body("", &nodes, outputs));
+        assert_eq!(r.fired("rms_norm"), 1, "{what}");
+        assert_eq!(rms(&g), [axis], "{what}");
+        assert_eq!(count(&g, "Mul"), muls, "{what}");
+        for op in ["Pow", "ReduceMean", "Add", "Sqrt", "Reciprocal", "Div"] {
+            assert_eq!(count(&g, op), 0, "{what}: {op} left");
+        }
+    }
+    let eps_input = "  - {name: e, dtype: f32, shape: [], range: [0.001, 0.01]}\n";
+    let stays = [
+        (
+            "eps an input",
+            eps_input,
+            chain(pow, "[-1]", recip, scaled).replace("[ms, eps]", "[ms, e]"),
+            "out",
+        ),
+        (
+            "the squares an output",
+            "",
+            chain(pow, "[-1]", recip, scaled),
+            "out, sq",
+        ),
+        (
+            "the root an output",
+            "",
+            chain(pow, "[-1]", recip, scaled),
+            "out, root",
+        ),
+        (
+            "the mean over a middle axis",
+            "",
+            chain(pow, "[1]", recip, scaled),
+            "out",
+        ),
+        (
+            "a fourth power",
+            "",
+            chain(pow, "[-1]", recip, scaled).replace("[x, two]", "[x, four]"),
+            "out",
+        ),
+        (
+            "the root divides another value",
+            "",
+            chain(
+                pow,
+                "[-1]",
+                "  - {op: Div, inputs: [s, root], outputs: [y]}\n",
+                scaled,
+            ),
+            "out",
+        ),
+    ];
+    for (what, inputs, nodes, outputs) in stays {
+        let (g, r) = fuse(&body(inputs, &nodes, outputs));
+        assert_eq!(r.fired("rms_norm"), 0, "{what}");
+        assert!(rms(&g).is_empty(), "{what}");
+        assert_eq!(count(&g, "Sqrt"), 1, "{what}");
+    }
+}
+
+/// `rms_norm` in the f16 form (LLaMA's): x widened to f32 by a Cast, the chain in f32,
+/// cast back to f16 and scaled in f16: one RMSNormalization on the f16 x, outputs as
+/// unfused within f16's tolerance.
+#[test]
+fn rms_norm_fuses_through_the_widening_casts() {
+    let g = graph(
+        "
+inputs:
+  - {name: x, dtype: f16, shape: [4, 16]}
+outputs: [out]
+initializers:
+  - {name: s, dtype: f16, shape: [16], init: {dist: uniform, low: 0.5, high: 1.5, seed: 1}}
+  - {name: two, dtype: f32, shape: [], values: [2.0], trainable: false}
+  - {name: eps, dtype: f32, shape: [], values: [1.0e-6], trainable: false}
+nodes:
+  - {op: Cast, inputs: [x], outputs: [xf], attrs: {to: 1}}
+  - {op: Pow, inputs: [xf, two], outputs: [sq]}
+  - {op: ReduceMean, inputs: [sq], outputs: [ms], attrs: {axes: [-1], keepdims: 1}}
+  - {op: Add, inputs: [ms, eps], outputs: [v]}
+  - {op: Sqrt, inputs: [v], outputs: [root]}
+  - {op: Reciprocal, inputs: [root], outputs: [r]}
+  - {op: Mul, inputs: [xf, r], outputs: [yf]}
+  - {op: Cast, inputs: [yf], outputs: [y], attrs: {to: 10}}
+  - {op: Mul, inputs: [s, y], outputs: [out]}
+",
+    );
+    let (o, r) = run_passes(&g, &PassOptions::default());
+    assert_eq!(r.fired("rms_norm"), 1);
+    assert_eq!(o.nodes.len(), 1, "{:?}", o.nodes);
+    assert_eq!(o.nodes[0].inputs, ["x", "s"]);
+    let feeds = Model { graph: g.clone() }
+        .random_inputs(3, &BTreeMap::new())
+        .unwrap();
+    let run = |g: &Graph| {
+        Session::new(g.clone(), SessionOptions::unfused())
+            .unwrap()
+            .run(&feeds)
+            .unwrap()
+    };
+    let (a, b) = (run(&g), run(&o));
+    assert_eq!(a[0].1.dtype(), graphrun::DType::F16);
+    let e = common::rel_err(&a[0].1.to_f64_vec(), &b[0].1.to_f64_vec());
+    assert!(e < 2e-3, "rel err {e:.2e}");
+}

@@ -61,6 +61,13 @@ fn rows_and_elementwise_across_workgroups() {
         3,
         &LOW,
     );
+    same_as_cpu(
+        "RMSNormalization",
+        &[("axis", A::Int(-1))],
+        &[inp(x.clone()), inp(randn(&[300], 2))],
+        2,
+        &LOW,
+    );
 }
 
 #[test]
@@ -248,6 +255,24 @@ fn attention_same_as_cpu(
     args.extend(yl.into_iter().map(inp));
     args.extend(mask);
     same_as_cpu(&format!("{name}Grad"), attrs, &args, n_grads, &[DType::F32]);
+}
+
+/// LayerNormalization's and RMSNormalization's gradients (all three outputs, and dX with
+/// the residual input) against the CPU's, from the CPU's statistics, in f32.
+#[test]
+fn normalization_grads_match_cpu() {
+    let (x, g) = (randn(&[37, 300], 50), rand(&[300], 51, 0.5, 1.5));
+    let (dy, r) = (randn(&[37, 300], 52), randn(&[37, 300], 53));
+    for (fwd, outs) in [("LayerNormalization", 3), ("RMSNormalization", 2)] {
+        let ins = [inp(x.clone()), inp(g.clone())];
+        let stats = run_op(BackendKind::Cpu, op(fwd, &[]), &ins, outs, DType::F32).unwrap();
+        let mut args = vec![inp(dy.clone()), inp(x.clone()), inp(g.clone())];
+        args.extend(stats[1..].iter().map(|s| inp(s.clone())));
+        let grad = format!("{fwd}Grad");
+        same_as_cpu(&grad, &[], &args, outs, &[DType::F32]);
+        args.push(inp(r.clone()));
+        same_as_cpu(&grad, &[], &args, outs, &[DType::F32]);
+    }
 }
 
 #[test]

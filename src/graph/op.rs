@@ -261,9 +261,17 @@ pub enum Op {
         /// The axis normalized over (default -1, the last).
         axis: i64,
     },
+    /// `(X, Scale, [B]) -> (Y, [Mean], [InvStdDev])`: each row (the axes `axis..`)
+    /// normalized, `(x − mean) / sqrt(var + epsilon) · Scale + B`. With `rms` it is ONNX's
+    /// RMSNormalization, `(X, Scale) -> (Y, [InvStdDev])`: `x / sqrt(mean(x²) + epsilon) ·
+    /// Scale`, nothing subtracted and no bias. The statistics are per row, f32 (f64 for f64).
     LayerNormalization {
+        /// The first normalized axis (negative counts from the end).
         axis: i64,
+        /// Added to the variance (the mean square) before the square root.
         epsilon: f32,
+        /// RMSNormalization: no mean subtracted, no bias.
+        rms: bool,
     },
     /// ONNX `ReduceSum`, `ReduceMean`, `ReduceMax`, `ReduceProd` (and the internal
     /// `ReduceMeanSquare`): `(data, [axes])` reduced over the axes.
@@ -458,10 +466,15 @@ pub enum Op {
         /// The gradient of LogSoftmax (else of Softmax).
         log: bool,
     },
-    /// `(dY, X, Scale, Mean, InvStdDev) -> (dX, dScale, dB)`; dScale and dB have the
-    /// normalized shape `X.shape[axis..]`. Unneeded outputs may be omitted ("").
+    /// `(dY, X, Scale, Mean, InvStdDev, [R]) -> (dX, dScale, dB)`; dScale and dB have the
+    /// normalized shape `X.shape[axis..]`, R (a residual's gradient) is added onto dX.
+    /// With `rms`, RMSNormalization's: `(dY, X, Scale, InvStdDev, [R]) -> (dX, dScale)`.
+    /// Unneeded outputs may be omitted ("").
     LayerNormalizationGrad {
+        /// The forward op's first normalized axis.
         axis: i64,
+        /// RMSNormalization's gradient.
+        rms: bool,
     },
     /// `(dLoss, Scores, Labels, [Weights]) -> dScores`.
     SoftmaxCrossEntropyLossGrad {
@@ -587,6 +600,7 @@ pub static GRAD_OP_NAMES: std::sync::LazyLock<Vec<&'static str>> = std::sync::La
         "SoftmaxGrad",
         "LogSoftmaxGrad",
         "LayerNormalizationGrad",
+        "RMSNormalizationGrad",
         "SoftmaxCrossEntropyLossGrad",
         "GatherGrad",
         "GatherElementsGrad",
@@ -624,6 +638,7 @@ const OTHER_OP_NAMES: &[&str] = &[
     "Softmax",
     "LogSoftmax",
     "LayerNormalization",
+    "RMSNormalization",
     "ReduceSum",
     "ReduceMean",
     "ReduceMax",
@@ -972,7 +987,8 @@ impl Op {
             Op::Gemm { .. } => "Gemm",
             Op::Softmax { .. } => "Softmax",
             Op::LogSoftmax { .. } => "LogSoftmax",
-            Op::LayerNormalization { .. } => "LayerNormalization",
+            Op::LayerNormalization { rms: false, .. } => "LayerNormalization",
+            Op::LayerNormalization { rms: true, .. } => "RMSNormalization",
             Op::Reduce {
                 kind: ReduceKind::Sum,
                 ..
@@ -1014,7 +1030,8 @@ impl Op {
             Op::UnaryGrad(u) => u.grad_name(),
             Op::SoftmaxGrad { log: false, .. } => "SoftmaxGrad",
             Op::SoftmaxGrad { log: true, .. } => "LogSoftmaxGrad",
-            Op::LayerNormalizationGrad { .. } => "LayerNormalizationGrad",
+            Op::LayerNormalizationGrad { rms: false, .. } => "LayerNormalizationGrad",
+            Op::LayerNormalizationGrad { rms: true, .. } => "RMSNormalizationGrad",
             Op::SoftmaxCrossEntropyLossGrad { .. } => "SoftmaxCrossEntropyLossGrad",
             Op::GatherGrad { .. } => "GatherGrad",
             Op::SliceGrad => "SliceGrad",
@@ -1030,7 +1047,7 @@ impl Op {
             Op::Unary(u) => Op::UnaryGrad(u),
             Op::Softmax { axis } => Op::SoftmaxGrad { axis, log: false },
             Op::LogSoftmax { axis } => Op::SoftmaxGrad { axis, log: true },
-            Op::LayerNormalization { axis, .. } => Op::LayerNormalizationGrad { axis },
+            Op::LayerNormalization { axis, rms, .. } => Op::LayerNormalizationGrad { axis, rms },
             Op::SoftmaxCrossEntropyLoss {
                 reduction,
                 ignore_index,
@@ -1075,9 +1092,10 @@ impl Op {
             Op::UnaryGrad(u) => Op::Unary(u),
             Op::SoftmaxGrad { axis, log: false } => Op::Softmax { axis },
             Op::SoftmaxGrad { axis, log: true } => Op::LogSoftmax { axis },
-            Op::LayerNormalizationGrad { axis } => Op::LayerNormalization {
+            Op::LayerNormalizationGrad { axis, rms } => Op::LayerNormalization {
                 axis,
                 epsilon: 1e-5,
+                rms,
             },
             Op::SoftmaxCrossEntropyLossGrad {
                 reduction,
@@ -1171,7 +1189,8 @@ impl Op {
             Op::Clip => (1, 3, 1, 1),
             Op::Where | Op::Range => (3, 3, 1, 1),
             Op::Gemm { .. } => (2, 3, 1, 1),
-            Op::LayerNormalization { .. } => (2, 3, 1, 3),
+            Op::LayerNormalization { rms: false, .. } => (2, 3, 1, 3),
+            Op::LayerNormalization { rms: true, .. } => (2, 2, 1, 2),
             Op::Reduce { .. } | Op::Squeeze { .. } | Op::Unsqueeze { .. } => (1, 2, 1, 1),
             Op::Concat { .. } => (1, usize::MAX, 1, 1),
             Op::Split { .. } => (1, 2, 1, usize::MAX),
@@ -1185,7 +1204,8 @@ impl Op {
             Op::Attention { .. } => (3, 4, 1, 2),
             Op::VarlenAttention { .. } => (5, 5, 1, 2),
             Op::UnaryGrad(_) | Op::SoftmaxGrad { .. } => (2, 2, 1, 1),
-            Op::LayerNormalizationGrad { .. } => (5, 6, 1, 3),
+            Op::LayerNormalizationGrad { rms: false, .. } => (5, 6, 1, 3),
+            Op::LayerNormalizationGrad { rms: true, .. } => (4, 5, 1, 2),
             Op::SoftmaxCrossEntropyLossGrad { .. } => (3, 4, 1, 1),
             Op::GatherGrad { .. } => (3, 3, 1, 1),
             Op::SliceGrad => (4, 6, 1, 1),
@@ -1454,13 +1474,19 @@ impl Op {
             "LogSoftmax" => Op::LogSoftmax {
                 axis: a.int_or("axis", -1)?,
             },
-            "LayerNormalization" => {
+            "LayerNormalization" | "RMSNormalization" => {
                 // stash_type only selects the accumulation type; graphrun always accumulates
-                // in f32 or wider, so any value gives the same result within tolerance.
-                a.ignore_if("stash_type", |_| true, "")?;
+                // in f32 or wider, so any floating type gives the same result within
+                // tolerance.
+                a.ignore_if(
+                    "stash_type",
+                    |v| matches!(v, AttrValue::Int(1 | 10 | 11 | 16)),
+                    "it must name a floating type (1, 10, 11 or 16)",
+                )?;
                 Op::LayerNormalization {
                     axis: a.int_or("axis", -1)?,
                     epsilon: a.float("epsilon")?.unwrap_or(1e-5) as f32,
+                    rms: name == "RMSNormalization",
                 }
             }
             "ReduceSum" => reduce(&mut a, ReduceKind::Sum)?,
@@ -1781,7 +1807,7 @@ impl Op {
                 v.push(("largest", b(*largest)));
                 v.push(("sorted", b(*sorted)));
             }
-            Op::LayerNormalization { axis, epsilon } => {
+            Op::LayerNormalization { axis, epsilon, .. } => {
                 v.push(("axis", V::Int(*axis)));
                 v.push(("epsilon", f32_attr(*epsilon)));
             }
@@ -1895,8 +1921,8 @@ fn f32_attr(x: f32) -> AttrValue {
 pub fn op_table_markdown() -> String {
     let family = |n: &str| match n {
         "MatMul" | "Gemm" | "FusedMatMul" => "linear algebra",
-        "Softmax" | "LogSoftmax" | "LayerNormalization" | "ReduceSum" | "ReduceMean"
-        | "ReduceMax" | "ReduceProd" => "normalization / reduction",
+        "Softmax" | "LogSoftmax" | "LayerNormalization" | "RMSNormalization" | "ReduceSum"
+        | "ReduceMean" | "ReduceMax" | "ReduceProd" => "normalization / reduction",
         "ArgMax" | "ArgMin" | "TopK" => "selection",
         "Reshape" | "Transpose" | "Concat" | "Split" | "Slice" | "Squeeze" | "Unsqueeze"
         | "Flatten" | "Expand" | "Gather" | "Shape" | "Constant" | "Trilu" => "shape",

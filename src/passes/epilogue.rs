@@ -40,14 +40,18 @@ pub(crate) const RULES: &[Rule] = &[
     },
 ];
 
-/// `Add(dX, r)` where dX is a LayerNormalizationGrad's first output read by nothing else
-/// and r has dX's type (a pre-LayerNorm block's residual gradient, gpt_block's `ln2/Add`):
-/// the LayerNormalizationGrad adds r as it writes dX (its input 5), one pass fewer.
+/// `Add(dX, r)` where dX is a LayerNormalizationGrad's (or RMSNormalizationGrad's) first
+/// output read by nothing else and r has dX's type (a pre-norm block's residual gradient,
+/// gpt_block's `ln2/Add`): the gradient node adds r as it writes dX (its last input), one
+/// pass fewer.
 fn ln_grad_residual(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch> {
     let n = cx.node(i);
     let found = n.inputs.iter().enumerate().find_map(|(k, v)| {
         let (j, ln) = cx.prod(v, |op| matches!(op, Op::LayerNormalizationGrad { .. }))?;
-        (ln.outputs[0] == *v && ln.inputs.len() == 5).then_some((k, j, ln))
+        let Op::LayerNormalizationGrad { rms, .. } = ln.op else {
+            return None;
+        };
+        (ln.outputs[0] == *v && ln.inputs.len() == 5 - rms as usize).then_some((k, j, ln))
     });
     let Some((k, j, ln)) = found else {
         return why.no("no LayerNormalizationGrad's dX");

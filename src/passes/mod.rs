@@ -12,6 +12,7 @@ mod cse;
 mod dce;
 mod epilogue;
 mod noop;
+mod norm;
 pub(crate) mod pattern;
 pub mod weight_layout;
 
@@ -21,10 +22,11 @@ use pattern::{Ctx, Facts, Patch, Why};
 use std::collections::{BTreeMap, HashMap};
 
 /// The default pipeline, in order; these are the names `PassOptions::disabled` takes.
-pub const PASSES: [&str; 6] = [
+pub const PASSES: [&str; 7] = [
     "constant_folding",
     "dead_node_elimination",
     "noop_removal",
+    "normalization_fusion",
     "attention_fusion",
     "matmul_epilogue_fusion",
     "cse",
@@ -139,6 +141,7 @@ pub fn optimize(g: &Graph, opts: &PassOptions) -> Result<(Graph, Report)> {
             "constant_folding" => drive(g, const_fold::RULES, &mut st)?,
             "dead_node_elimination" => dce::run(g, &mut st)?,
             "noop_removal" => drive(g, &noop::rules(opts.training), &mut st)?,
+            "normalization_fusion" => drive(g, norm::RULES, &mut st)?,
             "attention_fusion" => drive(g, attention::RULES, &mut st)?,
             "matmul_epilogue_fusion" => drive(g, epilogue::RULES, &mut st)?,
             _ => drive(g, cse::RULES, &mut st)?,

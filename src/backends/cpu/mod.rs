@@ -226,12 +226,13 @@ pub fn run_node(
         ),
         Op::Softmax { axis } => reduce::softmax(x(0)?, *axis, false, &mut outs[0]),
         Op::LogSoftmax { axis } => reduce::softmax(x(0)?, *axis, true, &mut outs[0]),
-        Op::LayerNormalization { axis, epsilon } => reduce::layer_norm(
+        Op::LayerNormalization { axis, epsilon, rms } => reduce::layer_norm(
             x(0)?,
             x(1)?,
             ins.get(2).copied().flatten(),
             *axis,
             *epsilon,
+            *rms,
             outs,
         ),
         Op::Reduce {
@@ -330,9 +331,11 @@ pub fn run_node(
         Op::SoftmaxGrad { axis, log } => {
             reduce::softmax_grad(x(0)?, x(1)?, *axis, *log, &mut outs[0])
         }
-        Op::LayerNormalizationGrad { axis } => {
-            let res = ins.get(5).copied().flatten();
-            reduce::layer_norm_grad(x(0)?, x(1)?, x(2)?, x(3)?, x(4)?, res, *axis, &want, outs)
+        Op::LayerNormalizationGrad { axis, rms } => {
+            // RMSNormalization's reads no Mean: InvStdDev and the residual come one earlier.
+            let (mean, k) = if *rms { (None, 3) } else { (Some(x(3)?), 4) };
+            let res = ins.get(k + 1).copied().flatten();
+            reduce::layer_norm_grad(x(0)?, x(1)?, x(2)?, mean, x(k)?, res, *axis, &want, outs)
         }
         Op::SoftmaxCrossEntropyLossGrad {
             reduction,

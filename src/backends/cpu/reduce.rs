@@ -133,17 +133,20 @@ fn softmax_row<T: Float>(x: &[T], log: bool, e: &mut Vec<T::Acc>, o: &mut [T]) {
     }
 }
 
-/// `outs` holds Y and optionally Mean and InvStdDev.
+/// `outs` holds Y and optionally Mean and InvStdDev (with `rms`, only InvStdDev: the
+/// rows are not centred).
+#[allow(clippy::too_many_arguments)]
 pub fn layer_norm(
     x: &Tensor,
     scale: &Tensor,
     bias: Option<&Tensor>,
     axis: i64,
     eps: f32,
+    rms: bool,
     outs: &mut [Tensor],
 ) -> Result<()> {
     let axis = checked_axis(axis, x)?;
-    with_float!(x.dtype(), T => layer_norm_t::<T>(x, scale, bias, axis, eps, outs), _ => not_float("LayerNormalization", x))
+    with_float!(x.dtype(), T => layer_norm_t::<T>(x, scale, bias, axis, eps, rms, outs), _ => not_float("LayerNormalization", x))
 }
 
 /// `t` broadcast to the normalised shape, once rather than per row (LayerNorm's Scale, B).
@@ -164,6 +167,7 @@ fn layer_norm_t<T: Float>(
     bias: Option<&Tensor>,
     axis: usize,
     eps: f32,
+    rms: bool,
     outs: &mut [Tensor],
 ) -> Result<()> {
     let norm = &x.shape()[axis..];
@@ -183,7 +187,10 @@ fn layer_norm_t<T: Float>(
             .with_min_len(min_rows(n))
             .map(|(y, x)| {
                 // Two passes: the variance of centred values does not cancel catastrophically.
-                let mean = x.iter().map(|v| v.to_acc()).sum::<T::Acc>() / n_acc;
+                let mean = match rms {
+                    true => T::Acc::c(0.0),
+                    false => x.iter().map(|v| v.to_acc()).sum::<T::Acc>() / n_acc,
+                };
                 let var = x
                     .iter()
                     .map(|v| (v.to_acc() - mean).powi(2))
@@ -205,7 +212,7 @@ fn layer_norm_t<T: Float>(
     for (k, s) in stats.iter_mut().enumerate() {
         with_float!(s.dtype(), S => {
             for (o, st) in s.as_mut_slice::<S>().iter_mut().zip(&stats_rows) {
-                let v = if k == 0 { st.0 } else { st.1 };
+                let v = if k == 0 && !rms { st.0 } else { st.1 };
                 *o = S::from_f64(v.to_f64().unwrap_or(f64::NAN));
             }
         }, _ => return not_float("LayerNormalization statistics", s));
@@ -685,7 +692,7 @@ pub fn layer_norm_grad(
     dy: &Tensor,
     x: &Tensor,
     scale: &Tensor,
-    mean: &Tensor,
+    mean: Option<&Tensor>,
     inv_std: &Tensor,
     res: Option<&Tensor>,
     axis: i64,
@@ -700,12 +707,13 @@ pub fn layer_norm_grad(
 
 /// Per row, with xhat = (x - mean)·inv and g = dy·scale:
 /// dx = inv·(g - mean(g) - xhat·mean(g·xhat)); dScale = Σ_rows dy·xhat, dB = Σ_rows dy.
+/// Without `mean` (RMSNormalization) xhat = x·inv and dx = inv·(g - xhat·mean(g·xhat)).
 #[allow(clippy::too_many_arguments)]
 fn layer_norm_grad_t<T: Float>(
     dy: &Tensor,
     x: &Tensor,
     scale: &Tensor,
-    mean: &Tensor,
+    mean: Option<&Tensor>,
     inv_std: &Tensor,
     res: Option<&Tensor>,
     axis: usize,
@@ -718,7 +726,9 @@ fn layer_norm_grad_t<T: Float>(
     let g = expand::<T>(scale, norm);
     // The statistics are few (one per row): read once into the accumulation type.
     let stat = |t: &Tensor| -> Vec<T::Acc> { t.to_f64_vec().into_iter().map(T::Acc::c).collect() };
-    let (mean, inv) = (stat(mean), stat(inv_std));
+    let inv = stat(inv_std);
+    let rms = mean.is_none();
+    let mean = mean.map_or_else(|| vec![T::Acc::c(0.0); inv.len()], stat);
     let n_acc = T::Acc::c(n as f64);
     let zero = T::Acc::c(0.0);
     let (dx, params) = outs.split_at_mut(1);
@@ -758,7 +768,8 @@ fn layer_norm_grad_t<T: Float>(
                 sg = sg + gj;
                 sgx = sgx + gj * xhat(j);
             }
-            let (mg, mgx) = (sg / n_acc, sgx / n_acc);
+            let mg = if rms { zero } else { sg / n_acc };
+            let mgx = sgx / n_acc;
             let res = res.map(|s| &s[r * n..(r + 1) * n]);
             for (j, o) in dx.iter_mut().enumerate() {
                 let v = inv * (dy[j].to_acc() * g[j] - mg - xhat(j) * mgx);

@@ -343,8 +343,7 @@ pub fn layer_norm(
     x: &V,
     scale: &V,
     bias: Option<V>,
-    axis: i64,
-    eps: f32,
+    (axis, eps, rms): (i64, f32, bool),
     outs: &[V],
     want: &[bool],
 ) -> Result<()> {
@@ -364,6 +363,12 @@ pub fn layer_norm(
         (None, None) => 0,
     };
     let stat = |i: usize| wanted(outs, want, i).map_or(0, |v| v.p);
+    // RMSNormalization's outputs are Y and InvStdDev: no Mean.
+    let (mean, inv) = if rms {
+        (0, stat(1))
+    } else {
+        (stat(1), stat(2))
+    };
     if n == 0 {
         crate::bail!(
             Runtime,
@@ -378,10 +383,11 @@ pub fn layer_norm(
         Arg::Ptr(gp),
         Arg::Ptr(bp),
         Arg::Ptr(outs[0].p),
-        Arg::Ptr(stat(1)),
-        Arg::Ptr(stat(2)),
+        Arg::Ptr(mean),
+        Arg::Ptr(inv),
         Arg::I64((n / lanes) as i64),
         Arg::F32(eps),
+        Arg::I32(rms as i32),
     ];
     let sfx = suffix(x.dtype());
     match vec {
@@ -400,21 +406,26 @@ pub fn layer_norm(
     }
 }
 
-/// `[dY, X, Scale, Mean, InvStdDev]` → `[dX, dScale, dB]` (each only when wanted).
+/// `[dY, X, Scale, Mean, InvStdDev]` → `[dX, dScale, dB]` (each only when wanted); no
+/// Mean for RMSNormalization's gradient.
+#[allow(clippy::too_many_arguments)]
 pub fn layer_norm_grad(
     c: &Cuda,
     node: &Node,
-    ins: [&V; 5],
+    [dy, x, scale]: [&V; 3],
+    (mean, inv): (Option<V>, &V),
     res: Option<V>,
     axis: i64,
     outs: &[V],
     want: &[bool],
 ) -> Result<()> {
-    let [dy, x, scale, mean, inv] = ins;
     need_float(node, x)?;
-    if mean.dtype().size() != acc_bytes(x.dtype()) || inv.dtype() != mean.dtype() {
-        return Err(unsupported(node, mean.dtype()));
+    if inv.dtype().size() != acc_bytes(x.dtype())
+        || mean.as_ref().is_some_and(|m| m.dtype() != inv.dtype())
+    {
+        return Err(unsupported(node, inv.dtype()));
     }
+    let mean_p = mean.as_ref().map_or(0, |m| m.p);
     let a = node_axis(node, axis, x.shape().len())?;
     let norm = &x.shape()[a..];
     let (rows, n) = (numel(&x.shape()[..a]), numel(norm));
@@ -451,7 +462,7 @@ pub fn layer_norm_grad(
             Arg::Ptr(dy.p),
             Arg::Ptr(x.p),
             Arg::Ptr(gp),
-            Arg::Ptr(mean.p),
+            Arg::Ptr(mean_p),
             Arg::Ptr(inv.p),
             Arg::Ptr(resp),
             Arg::Ptr(dxp),
@@ -487,7 +498,7 @@ pub fn layer_norm_grad(
             Arg::Ptr(dy.p),
             Arg::Ptr(x.p),
             Arg::Ptr(gp),
-            Arg::Ptr(mean.p),
+            Arg::Ptr(mean_p),
             Arg::Ptr(inv.p),
             Arg::Ptr(resp),
             Arg::Ptr(dxp),
@@ -509,7 +520,7 @@ pub fn layer_norm_grad(
         let args = [
             Arg::Ptr(dy.p),
             Arg::Ptr(x.p),
-            Arg::Ptr(mean.p),
+            Arg::Ptr(mean_p),
             Arg::Ptr(inv.p),
             Arg::Ptr(part),
             Arg::I64(rows as i64),

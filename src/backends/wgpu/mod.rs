@@ -451,18 +451,29 @@ impl Wgpu {
             Op::SoftmaxGrad { axis, log } => {
                 reduce::softmax_grad(self, node, &x(0)?, &x(1)?, *axis, *log, &y)
             }
-            Op::LayerNormalization { axis, epsilon } => {
-                reduce::layer_norm(self, node, [&x(0)?, &x(1)?], opt(2), *axis, *epsilon, outs)
-            }
-            Op::LayerNormalizationGrad { axis } => reduce::layer_norm_grad(
+            Op::LayerNormalization { axis, epsilon, rms } => reduce::layer_norm(
                 self,
                 node,
-                [&x(0)?, &x(1)?, &x(2)?, &x(3)?, &x(4)?],
-                opt(5),
-                *axis,
+                [&x(0)?, &x(1)?],
+                opt(2),
+                (*axis, *epsilon, *rms),
                 outs,
-                want,
             ),
+            Op::LayerNormalizationGrad { axis, rms } => {
+                // RMSNormalization's reads no Mean: InvStdDev and the residual come earlier.
+                let (mean, k) = if *rms { (None, 3) } else { (Some(x(3)?), 4) };
+                reduce::layer_norm_grad(
+                    self,
+                    node,
+                    [&x(0)?, &x(1)?, &x(2)?],
+                    mean,
+                    &x(k)?,
+                    opt(k + 1),
+                    *axis,
+                    outs,
+                    want,
+                )
+            }
             Op::Reduce {
                 kind,
                 axes,

@@ -268,8 +268,7 @@ pub fn layer_norm(
     node: &Node,
     [x, scale]: [&V; 2],
     bias: Option<V>,
-    axis: i64,
-    eps: f32,
+    (axis, eps, rms): (i64, f32, bool),
     outs: &[V],
 ) -> Result<()> {
     let a = node_axis(node, axis, x.shape().len())?;
@@ -292,12 +291,16 @@ pub fn layer_norm(
     let bb = b.as_ref().or(bias.map(|v| v.buf)).unwrap_or(&dummy);
     // Mean and InvStdDev always go somewhere: scratch when the graph does not read them.
     let (s0, s1) = (w.scratch(rows * 4), w.scratch(rows * 4));
-    let mean = outs.get(1).map_or(&s0, |v| v.buf);
-    let inv = outs.get(2).map_or(&s1, |v| v.buf);
+    // RMSNormalization's outputs are Y and InvStdDev: no Mean.
+    let stat = |i: usize, s| outs.get(i).map_or(s, |v| v.buf);
+    let (mean, inv) = match rms {
+        true => (&s0, stat(1, &s1)),
+        false => (stat(1, &s0), stat(2, &s1)),
+    };
     let p = Params::new()
         .u(0, n)
         .f(1, eps)
-        .u(2, bias.is_some() as usize);
+        .u(2, bias.is_some() as usize | (rms as usize) << 1);
     let k = kernel(w, node, "layer_norm", x.dtype(), 1)?;
     w.run_kernel(
         &k,
@@ -314,19 +317,26 @@ pub fn layer_norm(
     )
 }
 
-/// `[dY, X, Scale, Mean, InvStdDev]` → `[dX, dScale, dB]` (each only when wanted).
+/// `[dY, X, Scale, Mean, InvStdDev]` → `[dX, dScale, dB]` (each only when wanted); no
+/// Mean for RMSNormalization's gradient.
+#[allow(clippy::too_many_arguments)]
 pub fn layer_norm_grad(
     w: &mut Wgpu,
     node: &Node,
-    [dy, x, scale, mean, inv]: [&V; 5],
+    [dy, x, scale]: [&V; 3],
+    mean: Option<V>,
+    inv: &V,
     res: Option<V>,
     axis: i64,
     outs: &[V],
     want: &[bool],
 ) -> Result<()> {
-    if mean.dtype() != DType::F32 || inv.dtype() != DType::F32 {
-        return Err(unsupported(node, mean.dtype()));
+    if inv.dtype() != DType::F32 || mean.as_ref().is_some_and(|m| m.dtype() != DType::F32) {
+        return Err(unsupported(node, inv.dtype()));
     }
+    let rms = mean.is_none();
+    // The kernels bind a Mean; RMSNormalization's (not read) is InvStdDev's buffer.
+    let mean_buf = mean.as_ref().map_or(inv.buf, |m| m.buf);
     let a = node_axis(node, axis, x.shape().len())?;
     let norm = &x.shape()[a..];
     let (rows, n) = (numel(&x.shape()[..a]), numel(norm));
@@ -341,13 +351,15 @@ pub fn layer_norm_grad(
         let g = expanded(w, scale, norm)?;
         let gb = g.as_ref().unwrap_or(scale.buf);
         // P[1] = 1: the residual gradient (bound as Y2, only read) is added onto dX.
-        let p = Params::new().u(0, n).u(1, res.is_some() as usize);
+        let p = Params::new()
+            .u(0, n)
+            .u(1, res.is_some() as usize | (rms as usize) << 1);
         let k = kernel(w, node, "layer_norm_dx", x.dtype(), 1)?;
         let mut binds = vec![
             (1, dy.buf),
             (2, x.buf),
             (3, gb),
-            (7, mean.buf),
+            (7, mean_buf),
             (8, inv.buf),
             (4, dx.buf),
         ];
@@ -361,7 +373,7 @@ pub fn layer_norm_grad(
         let (s0, s1) = (w.scratch(bytes), w.scratch(bytes));
         let ds = out(1).map_or(&s0, |v| v.buf);
         let db = out(2).map_or(&s1, |v| v.buf);
-        let p = Params::new().u(0, n).u(1, rows);
+        let p = Params::new().u(0, n).u(1, rows).u(2, rms as usize);
         let k = kernel(w, node, "layer_norm_dparams", x.dtype(), 1)?;
         w.run_kernel(
             &k,
@@ -369,7 +381,7 @@ pub fn layer_norm_grad(
             &[
                 (1, dy.buf),
                 (2, x.buf),
-                (7, mean.buf),
+                (7, mean_buf),
                 (8, inv.buf),
                 (4, ds),
                 (10, db),

@@ -37,16 +37,15 @@ pub(super) fn infer(cx: &Cx) -> Result<Vec<ValueType>> {
             cx.need_grad(&x, &fwd[0])?;
             one(y.clone())
         }
-        Op::LayerNormalizationGrad { axis } => {
-            let (xt, scale, mean, inv) = (
-                cx.t(1).unwrap(),
-                cx.t(2).unwrap(),
-                cx.t(3).unwrap(),
-                cx.t(4).unwrap(),
-            );
+        Op::LayerNormalizationGrad { axis, rms } => {
+            // RMSNormalization's gradient reads no Mean: InvStdDev and R come one earlier.
+            let skip = *rms as usize;
+            let (xt, scale, inv) = (cx.t(1).unwrap(), cx.t(2).unwrap(), cx.t(4 - skip).unwrap());
+            let mean = if *rms { None } else { cx.t(3) };
             let op = Op::LayerNormalization {
                 axis: *axis,
                 epsilon: 1e-5,
+                rms: *rms,
             };
             let fwd = cx.forward(op, &[Some(xt), Some(scale)], &[None, None])?;
             cx.need_grad(&x, &fwd[0])?;
@@ -55,7 +54,11 @@ pub(super) fn infer(cx: &Cx) -> Result<Vec<ValueType>> {
             for d in &mut stat[a..] {
                 *d = 1;
             }
-            for (v, what) in [(mean, "Mean"), (inv, "InvStdDev")] {
+            let stats = mean
+                .map(|m| (m, "Mean"))
+                .into_iter()
+                .chain([(inv, "InvStdDev")]);
+            for (v, what) in stats {
                 if v.shape != stat || v.dtype != stat_dtype(xt.dtype) {
                     return Err(cx.fail(format!(
                         "{what} must be {}{}, got {v}",
@@ -64,8 +67,8 @@ pub(super) fn infer(cx: &Cx) -> Result<Vec<ValueType>> {
                     )));
                 }
             }
-            // Input 5 (from the `ln_grad_residual` rule): a gradient added onto dX.
-            if let Some(r) = cx.t(5).filter(|r| *r != xt) {
+            // The last input (from the `ln_grad_residual` rule): a gradient added onto dX.
+            if let Some(r) = cx.t(5 - skip).filter(|r| *r != xt) {
                 return Err(cx.fail(format!("the residual gradient must be {xt}, got {r}")));
             }
             let p = ValueType::new(xt.dtype, &xt.shape[a..]);

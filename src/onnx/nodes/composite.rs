@@ -16,7 +16,6 @@ use crate::tensor::{DType, Tensor};
 pub(super) const COMPOSITE: &[&str] = &[
     "Size",
     "NegativeLogLikelihoodLoss",
-    "RMSNormalization",
     "SimplifiedLayerNormalization",
     "LpNormalization",
     "MeanVarianceNormalization",
@@ -271,7 +270,7 @@ impl Importer<'_> {
         match n.op_type.as_str() {
             "Size" => self.size(n, &what, a),
             "NegativeLogLikelihoodLoss" => self.nll(n, &what, a),
-            "RMSNormalization" | "SimplifiedLayerNormalization" => self.rms_norm(n, &what, a),
+            "SimplifiedLayerNormalization" => self.rms_norm(n, &what, a),
             "SkipSimplifiedLayerNormalization" => self.skip_rms_norm(n, &what, a),
             "LpNormalization" => self.lp_norm(n, &what, a),
             "MeanVarianceNormalization" => self.mvn(n, &what, a),
@@ -497,15 +496,15 @@ impl Importer<'_> {
         Ok((y, rms))
     }
 
-    /// RMSNormalization (opset 23) and ONNX Runtime's SimplifiedLayerNormalization (the
-    /// same, with an optional second output inv_std_var = 1 / rms): Y = rms_core(X) · scale.
+    /// ONNX Runtime's SimplifiedLayerNormalization (RMSNormalization with an optional
+    /// second output inv_std_var = 1 / rms): Y = rms_core(X) · scale. The stash type is
+    /// kept as written, so this stays a chain for the normalization fusion to find.
     fn rms_norm(&mut self, n: &NodeProto, what: &str, mut a: Attrs) -> Result<()> {
         let axis = a.int("axis", -1)?;
         let epsilon = a.float("epsilon", 1e-5)?;
         let stash = a.float_dtype("stash_type", 1)?;
         a.finish()?;
-        let onnx = n.op_type == "RMSNormalization";
-        let (ins, _) = inputs(n, what, (2, 2), if onnx { 1 } else { 2 })?;
+        let (ins, _) = inputs(n, what, (2, 2), 2)?;
         let (x, scale) = (ins[0].clone(), ins[1].clone());
         let (y, rms) = self.rms_core(n, &x, axis, epsilon, stash)?;
         self.out(n, 0, bin(BinaryOp::Mul), vec![y, scale]);
@@ -720,7 +719,11 @@ impl Importer<'_> {
         self.val(
             n,
             "normalized",
-            Op::LayerNormalization { axis: -1, epsilon },
+            Op::LayerNormalization {
+                axis: -1,
+                epsilon,
+                rms: false,
+            },
             vec![x3.to_string(), ones],
         )
     }

@@ -454,11 +454,16 @@ fn multi(b: &mut Builder, ni: usize, n: &Node, dys: &[Option<String>]) -> Result
             let parts: Vec<&str> = parts.iter().map(|s| s.as_str()).collect();
             out[0] = Some(b.op1(Op::Concat { axis: *axis }, &parts, &format!("{x}.d"))?);
         }
-        Op::LayerNormalization { axis, .. } => {
+        Op::LayerNormalization { axis, rms, .. } => {
             let (x, scale) = (&n.inputs[0], &n.inputs[1]);
             let bias = n.inputs.get(2).filter(|s| !s.is_empty()).cloned();
-            let mean = b.aux_output(ni, 1, "mean")?;
-            let inv = b.aux_output(ni, 2, "inv_std")?;
+            // RMSNormalization has no Mean: its InvStdDev is output 1.
+            let mean = if *rms {
+                None
+            } else {
+                Some(b.aux_output(ni, 1, "mean")?)
+            };
+            let inv = b.aux_output(ni, 2 - *rms as usize, "inv_std")?;
             if let Some(dy) = &dys[0] {
                 let name = |v: &str, b: &Builder| {
                     if b.needs(v) {
@@ -472,11 +477,14 @@ fn multi(b: &mut Builder, ni: usize, n: &Node, dys: &[Option<String>]) -> Result
                     outs.push(name(bi, b));
                 }
                 let outs: Vec<&str> = outs.iter().map(|s| s.as_str()).collect();
-                let r = b.node(
-                    Op::LayerNormalizationGrad { axis: *axis },
-                    &[dy, x, scale, &mean, &inv],
-                    &outs,
-                )?;
+                let mut ins: Vec<&str> = vec![dy, x, scale];
+                ins.extend(mean.as_deref());
+                ins.push(&inv);
+                let op = Op::LayerNormalizationGrad {
+                    axis: *axis,
+                    rms: *rms,
+                };
+                let r = b.node(op, &ins, &outs)?;
                 out[0] = Some(r[0].clone()).filter(|v| !v.is_empty());
                 if !r[1].is_empty() {
                     out[1] = Some(b.sum_to(&r[1], &b.shape(scale))?);
@@ -485,10 +493,12 @@ fn multi(b: &mut Builder, ni: usize, n: &Node, dys: &[Option<String>]) -> Result
                     out[2] = Some(b.sum_to(d, &b.shape(bi))?);
                 }
             }
-            let dmean = dys.get(1).cloned().flatten();
-            let dinv = dys.get(2).cloned().flatten();
+            let (dmean, dinv) = match *rms {
+                false => (dys.get(1).cloned().flatten(), dys.get(2).cloned().flatten()),
+                true => (None, dys.get(1).cloned().flatten()),
+            };
             if b.needs(x) && (dmean.is_some() || dinv.is_some()) {
-                let stats = layer_norm_stats_grad(b, *axis, x, &mean, &inv, dmean, dinv)?;
+                let stats = layer_norm_stats_grad(b, *axis, x, mean.as_deref(), &inv, dmean, dinv)?;
                 out[0] = Some(match out[0].take() {
                     Some(d) => b.bin(B::Add, &d, &stats)?,
                     None => stats,
@@ -544,11 +554,12 @@ fn multi(b: &mut Builder, ni: usize, n: &Node, dys: &[Option<String>]) -> Result
 /// The part of LayerNormalization's dX that comes through its Mean and InvStdDev outputs
 /// (computed in their statistics dtype): with N the normalized size and xc = X − Mean,
 /// dX = dMean/N − dInvStdDev·InvStdDev³·xc/N (the variance's own mean term cancels).
+/// RMSNormalization (no `mean`) has xc = X.
 fn layer_norm_stats_grad(
     b: &mut Builder,
     axis: i64,
     x: &str,
-    mean: &str,
+    mean: Option<&str>,
     inv: &str,
     dmean: Option<String>,
     dinv: Option<String>,
@@ -556,7 +567,7 @@ fn layer_norm_stats_grad(
     let sx = b.shape(x);
     let a = crate::graph::infer::norm_axis(axis, sx.len()).expect("inferred");
     let count: usize = sx[a..].iter().product();
-    let (dt, sd) = (b.dtype(x), b.dtype(mean));
+    let (dt, sd) = (b.dtype(x), b.dtype(inv));
     let k = b.scalar(sd, 1.0 / count.max(1) as f64)?;
     let mut parts = vec![];
     if let Some(dm) = dmean {
@@ -571,7 +582,10 @@ fn layer_norm_stats_grad(
         } else {
             b.un(Op::Cast { to: sd }, x)?
         };
-        let xc = b.bin(B::Sub, &xf, mean)?;
+        let xc = match mean {
+            Some(m) => b.bin(B::Sub, &xf, m)?,
+            None => xf,
+        };
         let i2 = b.bin(B::Mul, inv, inv)?;
         let i3 = b.bin(B::Mul, &i2, inv)?;
         let c = b.bin(B::Mul, &di, &i3)?;
