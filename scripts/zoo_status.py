@@ -159,8 +159,8 @@ def measure(exe, case, tmp):
 
 def fusion(exe, case):
     """What the passes made of the export, from `graphrun inspect`: the number of
-    Attention, FusedMatMul and normalization (LayerNormalization, RMSNormalization) nodes,
-    and of the MatMul/Gemm nodes left unfused."""
+    Attention, FusedMatMul, normalization (LayerNormalization, RMSNormalization) and Rotary
+    nodes, and of the MatMul/Gemm nodes left unfused."""
     model = os.path.join(ZOO, case, "model.onnx")
     p = subprocess.run([exe, "inspect", model], capture_output=True, text=True, timeout=600)
     m = re.search(r"^after passes: \d+ nodes: (.*)$", p.stdout, re.M)
@@ -169,7 +169,7 @@ def fusion(exe, case):
     counts = {op: int(n) for op, n in re.findall(r"(\w+) (\d+)", m.group(1))}
     return (counts.get("Attention", 0), counts.get("FusedMatMul", 0),
             counts.get("LayerNormalization", 0) + counts.get("RMSNormalization", 0),
-            counts.get("MatMul", 0) + counts.get("Gemm", 0))
+            counts.get("Rotary", 0), counts.get("MatMul", 0) + counts.get("Gemm", 0))
 
 
 def on_data(case, ops):
@@ -345,10 +345,11 @@ def write_doc(results):
              "symbolic sizes): Attention nodes (each transformer has 2 attention blocks), "
              "FusedMatMul nodes, normalization nodes (LayerNormalization, or RMSNormalization "
              "for LLaMA and T5, whose exports spell it out as six elementwise ops; each "
-             "transformer has 5), and MatMul or Gemm nodes left unfused "
+             "transformer has 5), Rotary nodes (LLaMA's rotary position embedding of the "
+             "queries and keys, 2 per block), and MatMul or Gemm nodes left unfused "
              "(`inspect --explain-fusion` says why each was left).")
     L.append("")
-    L.append("| architecture | exporter | opset | mask | exports | runs | matches ORT | gradients | fused: Attention / FusedMatMul / norm / MatMul left | graphrun's error, or why not |")
+    L.append("| architecture | exporter | opset | mask | exports | runs | matches ORT | gradients | fused: Attention / FusedMatMul / norm / Rotary / MatMul left | graphrun's error, or why not |")
     L.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in results:
         exp = yn[r["exported"]]

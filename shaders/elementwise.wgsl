@@ -114,6 +114,28 @@ fn binary(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     Y[i] = T(arith(pu(1u), A(X0[offset_of(0u, i)]), A(X1[offset_of(1u, i)])));
 }
 
+// Rotary: y[i] = x[i]·c[i] + sgn(i)·x[p]·s[i], p being i's partner on the last axis of
+// P[1] elements (j and j ± P[1]/2, or 2k and 2k + 1 with P[2] bit 0) and sgn −1 for the
+// pair's first element; P[2] bit 1 (the gradient) reads s at the partner with its sign,
+// y[i] = x[i]·c[i] − sgn(i)·x[p]·s[p]. X0 = x (contiguous with Y), X1 = cos, X2 = sin,
+// strided operands 1 and 2.
+@compute @workgroup_size(256)
+fn rotary(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let i = linear(wid, nwg, lid, WG);
+    if (i >= pu(0u)) { return; }
+    let d = pu(1u);
+    let h = d / 2u;
+    let j = i % d;
+    let il = (pu(2u) & 1u) != 0u;
+    let tr = (pu(2u) & 2u) != 0u;
+    let first = select(j < h, j % 2u == 0u, il);
+    let step = select(h, 1u, il);
+    let p = select(i - step, i + step, first);
+    let r = A(X0[p]) * A(X2[offset_of(2u, select(i, p, tr))]);
+    let v = A(X0[i]) * A(X1[offset_of(1u, i)]);
+    Y[i] = T(select(v + r, v - r, first != tr));
+}
+
 // A comparison's bool (0 or 1) in the low byte; And, Or, Xor take their operands as
 // truths (only bool operands reach them). An unknown code gives 0xff, no bool, which no
 // test accepts.

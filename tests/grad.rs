@@ -1018,6 +1018,32 @@ fn layer_normalization_axes_scale_bias() {
 }
 
 #[test]
+fn rotary_x_cos_and_sin() {
+    let x = || randn(&[2, 3, 4, 6], 31);
+    let il = |v: i64| vec![("interleaved", V::Int(v))];
+    check_all(&[
+        net("Rotary, Cos and Sin [4, 6] parameters")
+            .input("x", x())
+            .param("c", randn(&[4, 6], 32))
+            .param("s", randn(&[4, 6], 33))
+            .op("Rotary", &il(0), &["x", "c", "s"], &["y"])
+            .outputs(&["y"]),
+        net("Rotary interleaved, Cos and Sin [1, 3, 1, 6] parameters")
+            .input("x", x())
+            .param("c", randn(&[1, 3, 1, 6], 34))
+            .param("s", randn(&[1, 3, 1, 6], 35))
+            .op("Rotary", &il(1), &["x", "c", "s"], &["y"])
+            .outputs(&["y"]),
+        net("Rotary, x a parameter, Cos and Sin inputs")
+            .param("x", x())
+            .input("c", randn(&[6], 36))
+            .input("s", randn(&[6], 37))
+            .op("Rotary", &il(0), &["x", "c", "s"], &["y"])
+            .outputs(&["y"]),
+    ]);
+}
+
+#[test]
 fn rms_normalization_axes_scale_and_inv_std_dev() {
     let x = || randn(&[2, 3, 4], 21);
     let rms = |axis: i64| vec![("axis", V::Int(axis)), ("epsilon", V::Float(1e-3))];

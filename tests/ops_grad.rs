@@ -314,6 +314,67 @@ fn rms_norm_forward_and_grads() {
     }
 }
 
+/// Rotary against a direct f64 computation (both pairings, Cos and Sin broadcast from
+/// [S, D] and [1, S, 1, D]... shapes), and RotaryGrad against finite differences.
+#[test]
+fn rotary_forward_and_grad() {
+    let x = rand(&[2, 3, 4, 6], 41, -2.0, 2.0);
+    let dy = randn(x.shape(), 42);
+    for interleaved in [false, true] {
+        for cs_shape in [&[4, 6][..], &[1, 3, 1, 6], &[2, 3, 4, 6]] {
+            let what = format!("interleaved {interleaved}, Cos/Sin {cs_shape:?}");
+            let (c, sn) = (randn(cs_shape, 43), randn(cs_shape, 44));
+            let attrs = [("interleaved", AttrValue::Int(interleaved as i64))];
+            let ins = some(&[&x, &c, &sn]);
+            let fwd = node_of(op("Rotary", &attrs), &ins, &["y"]);
+            let got = eval_all_dtypes(&fwd, &ins, &[]);
+            // The reference: each pair (a, b) becomes (a·c − b·s, b·c + a·s) with c and s
+            // read at each element's own position.
+            let bc = |t: &Tensor| {
+                let v = t.to_f64_vec();
+                let sh = t.shape().to_vec();
+                move |idx: &[usize]| {
+                    let off = idx.len() - sh.len();
+                    let mut k = 0;
+                    for (d, &n) in sh.iter().enumerate() {
+                        k = k * n + if n == 1 { 0 } else { idx[off + d] };
+                    }
+                    v[k]
+                }
+            };
+            let (cf, sf) = (bc(&c), bc(&sn));
+            let xs = x.to_f64_vec();
+            let shape = x.shape();
+            let mut want = vec![0.0; xs.len()];
+            for (i, w) in want.iter_mut().enumerate() {
+                let mut idx = vec![0; 4];
+                let mut r = i;
+                for d in (0..4).rev() {
+                    idx[d] = r % shape[d];
+                    r /= shape[d];
+                }
+                let j = idx[3];
+                let (first, p) = match interleaved {
+                    true => (
+                        j.is_multiple_of(2),
+                        if j.is_multiple_of(2) { i + 1 } else { i - 1 },
+                    ),
+                    false => (j < 3, if j < 3 { i + 3 } else { i - 3 }),
+                };
+                let rot = if first { -xs[p] } else { xs[p] };
+                *w = xs[i] * cf(&idx) + rot * sf(&idx);
+            }
+            let e = rel_err(&got[0].to_f64_vec(), &want);
+            assert!(e < 1e-12, "Rotary, {what}: rel err {e:.2e}");
+            let gins = some(&[&dy, &c, &sn]);
+            let grad = node_of(op("RotaryGrad", &attrs), &gins, &["dx"]);
+            let dx = eval_all_dtypes(&grad, &gins, &[]);
+            let fd = fd_grad(&fwd, &ins, 0, 0, &dy);
+            assert_grad(&format!("dX, {what}"), &dx[0].to_f64_vec(), &fd, FD_TOL);
+        }
+    }
+}
+
 #[test]
 fn layer_norm_grad_computes_only_wanted_outputs() {
     let x = rand(&[3, 5], 19, -2.0, 2.0);

@@ -2338,3 +2338,93 @@ nodes:
     let e = common::rel_err(&a[0].1.to_f64_vec(), &b[0].1.to_f64_vec());
     assert!(e < 2e-3, "rel err {e:.2e}");
 }
+
+/// `rotary`: `q·cos + rotate_half(q)·sin` as exporters write it (two Slices of the
+/// halves on the last axis, with bounds constant or computed from q's last dim as
+/// `D / 2`, a Neg, a Concat, two Muls and an Add) becomes one Rotary reading q, cos and
+/// sin; outputs and gradients (of q, cos and sin) as unfused. Not where the halves are
+/// swapped, the Neg is on the other half, the Slices are on another axis or a part is
+/// read elsewhere.
+#[test]
+fn rotate_half_chains_fuse() {
+    let body = |half: &str, nodes: &str, outputs: &str| {
+        format!(
+            "
+inputs:
+  - {{name: q, dtype: f32, shape: [batch, 4, 5, 8]}}
+outputs: [{outputs}]
+initializers:
+  - {{name: cos, dtype: f32, shape: [1, 1, 5, 8], init: {{dist: normal, std: 1.0, seed: 1}}}}
+  - {{name: sin, dtype: f32, shape: [1, 1, 5, 8], init: {{dist: normal, std: 1.0, seed: 2}}}}
+  - {{name: zero, dtype: i64, shape: [1], values: [0], trainable: false}}
+  - {{name: big, dtype: i64, shape: [1], values: [9223372036854775807], trainable: false}}
+  - {{name: last, dtype: i64, shape: [1], values: [-1], trainable: false}}
+  - {{name: third, dtype: i64, shape: [1], values: [2], trainable: false}}
+  - {{name: two, dtype: i64, shape: [], values: [2], trainable: false}}
+  - {{name: three, dtype: i64, shape: [], values: [3], trainable: false}}
+  - {{name: four, dtype: i64, shape: [1], values: [4], trainable: false}}
+nodes:
+{half}  - {{op: Slice, inputs: [q, zero, h, last], outputs: [x1]}}
+  - {{op: Slice, inputs: [q, h, big, last], outputs: [x2]}}
+{nodes}"
+        )
+    };
+    let constant = "  - {op: Identity, inputs: [four], outputs: [h]}\n";
+    let computed = "  - {op: Shape, inputs: [q], outputs: [qs]}
+  - {op: Gather, inputs: [qs, three], outputs: [d], attrs: {axis: 0}}
+  - {op: Div, inputs: [d, two], outputs: [hd]}
+  - {op: Unsqueeze, inputs: [hd, zero], outputs: [h]}
+";
+    let tail = |neg: &str, cat: &str| {
+        format!(
+            "  - {{op: Neg, inputs: [{neg}], outputs: [n]}}
+  - {{op: Concat, inputs: [{cat}], outputs: [r], attrs: {{axis: -1}}}}
+  - {{op: Mul, inputs: [q, cos], outputs: [qc]}}
+  - {{op: Mul, inputs: [sin, r], outputs: [rs]}}
+  - {{op: Add, inputs: [rs, qc], outputs: [y]}}
+"
+        )
+    };
+    let ok = tail("x2", "n, x1");
+    for (what, half, nodes, outputs) in [
+        ("constant halves", constant, ok.clone(), "y"),
+        ("halves computed from Shape", computed, ok.clone(), "y"),
+    ] {
+        let g = graph(&body(half, &nodes, outputs));
+        let (o, r) = run_passes(&g, &PassOptions::default());
+        assert_eq!(r.fired("rotary"), 1, "{what}");
+        assert_eq!(count(&o, "Rotary"), 1, "{what}");
+        for op in ["Slice", "Neg", "Concat", "Mul", "Add"] {
+            assert_eq!(count(&o, op), 0, "{what}: {op} left");
+        }
+        check_same(&g, &o, &[("batch", 3)]);
+    }
+    let stays = [
+        ("the halves swapped", constant, tail("x1", "n, x2"), "y"),
+        (
+            "the Neg on the second half",
+            constant,
+            tail("x2", "x1, n"),
+            "y",
+        ),
+        ("the negated half an output", constant, ok.clone(), "y, n"),
+        ("the first half an output", constant, ok.clone(), "y, x1"),
+        ("Slices of the third axis", constant, ok.clone(), "y"),
+    ];
+    for (what, half, nodes, outputs) in stays {
+        let mut text = body(half, &nodes, outputs);
+        if what.starts_with("Slices of the third") {
+            text = text
+                .replace("[q, zero, h, last]", "[q, zero, h, third]")
+                .replace("[q, h, big, last]", "[q, h, big, third]")
+                .replace("shape: [batch, 4, 5, 8]", "shape: [batch, 4, 8, 8]")
+                .replace("shape: [1, 1, 5, 8]", "shape: [1, 1, 8, 8]")
+                .replace("attrs: {axis: -1}", "attrs: {axis: 2}");
+        }
+        let g = graph(&text);
+        let (o, r) = run_passes(&g, &PassOptions::default());
+        assert_eq!(r.fired("rotary"), 0, "{what}");
+        assert_eq!(count(&o, "Rotary"), 0, "{what}");
+        assert_same(&g, &o, &[("batch", 3)]);
+    }
+}

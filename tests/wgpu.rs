@@ -32,6 +32,22 @@ fn same_as_cpu(name: &str, attrs: &[(&str, A)], args: &[Arg], n_out: usize, dts:
 
 const LOW: [DType; 2] = [DType::F32, DType::F16];
 
+/// Rotary and its gradient against the CPU: both pairings, Cos and Sin broadcast from
+/// [S, D] and [B, 1, S, D], across several thread blocks.
+#[test]
+fn rotary_matches_cpu() {
+    let x = randn(&[2, 3, 70, 16], 60);
+    for interleaved in [0, 1] {
+        let attrs = [("interleaved", A::Int(interleaved))];
+        for cs in [&[70, 16][..], &[2, 1, 70, 16]] {
+            let (c, s) = (randn(cs, 61), randn(cs, 62));
+            let args = [inp(x.clone()), inp(c.clone()), inp(s.clone())];
+            same_as_cpu("Rotary", &attrs, &args, 1, &LOW);
+            same_as_cpu("RotaryGrad", &attrs, &args, 1, &LOW);
+        }
+    }
+}
+
 #[test]
 fn rows_and_elementwise_across_workgroups() {
     let x = randn(&[67, 300], 1);

@@ -442,6 +442,16 @@ pub enum Op {
         /// `h / (Hq / Hkv)` (grouped-query attention).
         kv_num_heads: Option<usize>,
     },
+    /// `(X, Cos, Sin) -> Y`: a rotary position embedding (not an ONNX op; what the
+    /// rotary fusion makes of the rotate-half form exporters write, and ONNX's
+    /// RotaryEmbedding is written with), `Y = X·Cos + rot(X)·Sin` with Cos and Sin
+    /// broadcast to X. rot pairs the elements of X's last axis (of even size D): element
+    /// j with j + D/2 (or, `interleaved`, 2k with 2k + 1), and maps a pair (a, b) to
+    /// (−b, a).
+    Rotary {
+        /// The pairs are adjacent elements rather than the two halves.
+        interleaved: bool,
+    },
     /// `(Q [Tq, Hq, D], K [Tk, Hkv, D], V [Tk, Hkv, Dv], cu_seqlens_q, cu_seqlens_k) ->
     /// (Y [Tq, Hq, Dv], [LSE [Tq, Hq]])`: attention over packed variable-length
     /// sequences (not an ONNX op): sequence b is query rows `cu_seqlens_q[b]..[b+1]`
@@ -578,6 +588,12 @@ pub enum Op {
         /// The forward Attention's `kv_num_heads`.
         kv_num_heads: Option<usize>,
     },
+    /// `(dY, Cos, Sin) -> dX`: Rotary's gradient with respect to X, `dY·Cos − rot(dY·Sin)`
+    /// (rot's transpose is −rot).
+    RotaryGrad {
+        /// The forward Rotary's `interleaved`.
+        interleaved: bool,
+    },
     /// `(dY, Q, K, V, cu_seqlens_q, cu_seqlens_k, Y, LSE) -> (dQ, dK, dV)`.
     VarlenAttentionGrad {
         /// The forward VarlenAttention's `is_causal`.
@@ -610,6 +626,7 @@ pub static GRAD_OP_NAMES: std::sync::LazyLock<Vec<&'static str>> = std::sync::La
         "FusedMatMulGrad",
         "AttentionGrad",
         "VarlenAttentionGrad",
+        "RotaryGrad",
     ]);
     v
 });
@@ -667,6 +684,7 @@ const OTHER_OP_NAMES: &[&str] = &[
     "FusedMatMul",
     "Attention",
     "VarlenAttention",
+    "Rotary",
 ];
 
 /// Every op name graphrun reads: the binary maps, then the unary ones, in their tables'
@@ -1027,6 +1045,7 @@ impl Op {
             Op::FusedMatMul { .. } => "FusedMatMul",
             Op::Attention { .. } => "Attention",
             Op::VarlenAttention { .. } => "VarlenAttention",
+            Op::Rotary { .. } => "Rotary",
             Op::UnaryGrad(u) => u.grad_name(),
             Op::SoftmaxGrad { log: false, .. } => "SoftmaxGrad",
             Op::SoftmaxGrad { log: true, .. } => "LogSoftmaxGrad",
@@ -1038,6 +1057,7 @@ impl Op {
             Op::FusedMatMulGrad { .. } => "FusedMatMulGrad",
             Op::AttentionGrad { .. } => "AttentionGrad",
             Op::VarlenAttentionGrad { .. } => "VarlenAttentionGrad",
+            Op::RotaryGrad { .. } => "RotaryGrad",
         }
     }
 
@@ -1082,6 +1102,7 @@ impl Op {
             Op::VarlenAttention { is_causal, scale } => {
                 Op::VarlenAttentionGrad { is_causal, scale }
             }
+            Op::Rotary { interleaved } => Op::RotaryGrad { interleaved },
             _ => return None,
         })
     }
@@ -1131,6 +1152,7 @@ impl Op {
             Op::VarlenAttentionGrad { is_causal, scale } => {
                 Op::VarlenAttention { is_causal, scale }
             }
+            Op::RotaryGrad { interleaved } => Op::Rotary { interleaved },
             _ => return None,
         })
     }
@@ -1151,6 +1173,7 @@ impl Op {
                 | Op::FusedMatMulGrad { .. }
                 | Op::AttentionGrad { .. }
                 | Op::VarlenAttentionGrad { .. }
+                | Op::RotaryGrad { .. }
         )
     }
 
@@ -1203,6 +1226,7 @@ impl Op {
             Op::FusedMatMul { .. } => (2, 4, 1, 2),
             Op::Attention { .. } => (3, 4, 1, 2),
             Op::VarlenAttention { .. } => (5, 5, 1, 2),
+            Op::Rotary { .. } | Op::RotaryGrad { .. } => (3, 3, 1, 1),
             Op::UnaryGrad(_) | Op::SoftmaxGrad { .. } => (2, 2, 1, 1),
             Op::LayerNormalizationGrad { rms: false, .. } => (5, 6, 1, 3),
             Op::LayerNormalizationGrad { rms: true, .. } => (4, 5, 1, 2),
@@ -1676,6 +1700,9 @@ impl Op {
                 is_causal: a.flag("is_causal", false)?,
                 scale: a.float("scale")?.map(|s| s as f32),
             },
+            "Rotary" => Op::Rotary {
+                interleaved: a.flag("interleaved", false)?,
+            },
             _ => {
                 if let Some(b) = BinaryOp::parse(name) {
                     a.finish()?;
@@ -1855,6 +1882,7 @@ impl Op {
             }
             Op::Constant { value } => v.push(("value", V::Tensor(value.clone()))),
             Op::Trilu { upper } => v.push(("upper", b(*upper))),
+            Op::Rotary { interleaved: true } => v.push(("interleaved", b(true))),
             Op::SoftmaxCrossEntropyLoss {
                 reduction,
                 ignore_index,
@@ -1931,6 +1959,7 @@ pub fn op_table_markdown() -> String {
         "Col2Im" => "sliding window (Conv, ConvTranspose and the pools are written on it)",
         "SoftmaxCrossEntropyLoss" => "loss",
         "Attention" | "VarlenAttention" => "attention (fused)",
+        "Rotary" => "rotary position embedding (fused)",
         "Dropout" => "regularization",
         _ => "elementwise",
     };

@@ -14,6 +14,7 @@ mod epilogue;
 mod noop;
 mod norm;
 pub(crate) mod pattern;
+mod rotary;
 pub mod weight_layout;
 
 use crate::error::{Error, Result};
@@ -22,11 +23,12 @@ use pattern::{Ctx, Facts, Patch, Why};
 use std::collections::{BTreeMap, HashMap};
 
 /// The default pipeline, in order; these are the names `PassOptions::disabled` takes.
-pub const PASSES: [&str; 7] = [
+pub const PASSES: [&str; 8] = [
     "constant_folding",
     "dead_node_elimination",
     "noop_removal",
     "normalization_fusion",
+    "rotary_fusion",
     "attention_fusion",
     "matmul_epilogue_fusion",
     "cse",
@@ -142,6 +144,7 @@ pub fn optimize(g: &Graph, opts: &PassOptions) -> Result<(Graph, Report)> {
             "dead_node_elimination" => dce::run(g, &mut st)?,
             "noop_removal" => drive(g, &noop::rules(opts.training), &mut st)?,
             "normalization_fusion" => drive(g, norm::RULES, &mut st)?,
+            "rotary_fusion" => drive(g, rotary::RULES, &mut st)?,
             "attention_fusion" => drive(g, attention::RULES, &mut st)?,
             "matmul_epilogue_fusion" => drive(g, epilogue::RULES, &mut st)?,
             _ => drive(g, cse::RULES, &mut st)?,

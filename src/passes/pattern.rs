@@ -133,6 +133,19 @@ impl Facts {
             .map(|r| r.types.get(v).map(|t| t.shape.as_slice()))
             .collect()
     }
+    /// The value of `v` when shape inference computed it (shape arithmetic such as
+    /// `Shape → Gather → Div`) and it is the same in every run: it does not depend on the
+    /// symbols' sizes.
+    pub fn value(&self, v: &str) -> Option<&Tensor> {
+        if !self.complete() {
+            return None;
+        }
+        let first = self.runs[0].consts.get(v)?;
+        self.runs[1..]
+            .iter()
+            .all(|r| r.consts.get(v) == Some(first))
+            .then_some(first)
+    }
     /// Infers `nodes` (in order) over the known types and checks that value `out` keeps
     /// its type in every run: the proof that a replacement fits where the old subgraph was.
     pub fn check(&self, nodes: &[Node], out: &str) -> Result<(), String> {

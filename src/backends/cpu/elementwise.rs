@@ -793,6 +793,44 @@ fn select<'a, T: Copy + 'a>(
     }
 }
 
+/// Rotary, or with `transposed` its gradient RotaryGrad (see `Op::Rotary`): y[i] =
+/// x[i]·c[i] + sgn(i)·x[p]·s[i], transposed y[i] = x[i]·c[i] − sgn(i)·x[p]·s[p], where p
+/// is i's partner on the last axis and sgn is −1 for the pair's first element. The last
+/// axis lies within one run of the walk (runs merge whole trailing dims), so the
+/// partner's Sin is at the same run's stride.
+pub fn rotary(
+    [x, cos, sin]: [&Tensor; 3],
+    interleaved: bool,
+    transposed: bool,
+    out: &mut Tensor,
+) -> Result<()> {
+    let d = x.shape().last().copied().unwrap_or(2);
+    let (half, step) = if interleaved { (0, 1) } else { (d / 2, d / 2) };
+    let bc = Bcast::new(out.shape(), [cos.shape(), sin.shape()]);
+    let [sc, ss] = bc.inner();
+    with_float!(x.dtype(), T => {
+        let (xs, c, s) = (x.as_slice::<T>(), cos.as_slice::<T>(), sin.as_slice::<T>());
+        par_for(out.as_mut_slice::<T>(), |start, o| {
+            bc.walk(start, o.len(), |pos, n, [oc, os]| {
+                for t in 0..n {
+                    let i = start + pos + t;
+                    let j = i % d;
+                    let first = if interleaved { j % 2 == 0 } else { j < half };
+                    let p = if first { i + step } else { i - step };
+                    let si = match transposed {
+                        false => os + t * ss,
+                        true => (os + t * ss).wrapping_add_signed((p as isize - i as isize) * ss as isize),
+                    };
+                    let r = xs[p].to_acc() * s[si].to_acc();
+                    let v = xs[i].to_acc() * c[oc + t * sc].to_acc();
+                    o[pos + t] = T::from_acc(if first != transposed { v - r } else { v + r });
+                }
+            })
+        })
+    }, _ => return unsupported("Rotary", x.dtype()));
+    Ok(())
+}
+
 /// Identity at inference; in training a mask seeded by `seed` (or the node name).
 pub fn dropout(
     node: &Node,

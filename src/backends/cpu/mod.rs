@@ -135,6 +135,10 @@ pub fn run_node(
             &mut outs[0],
         ),
         Op::Where => elementwise::where_(x(0)?, x(1)?, x(2)?, &mut outs[0]),
+        Op::Rotary { interleaved } | Op::RotaryGrad { interleaved } => {
+            let t = matches!(node.op, Op::RotaryGrad { .. });
+            elementwise::rotary([x(0)?, x(1)?, x(2)?], *interleaved, t, &mut outs[0])
+        }
         Op::Range => elementwise::range(x(0)?, x(2)?, &mut outs[0]),
         Op::NonZero | Op::Unique { .. } | Op::ResizeMatrix { .. } => {
             let fail = |e: String| crate::error::Error::Graph(format!("{}: {e}", node.describe()));

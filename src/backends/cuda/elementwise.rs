@@ -324,6 +324,31 @@ pub fn where_(c: &Cuda, cond: &V, a: &V, b: &V, y: &V) -> Result<()> {
     c.launch_n(&format!("where_{}", word(a.dtype())), n, &args)
 }
 
+/// Rotary (`transposed`: RotaryGrad) of x with cos and sin broadcast to it.
+pub fn rotary(
+    c: &Cuda,
+    [x, cos, sin]: [&V; 3],
+    interleaved: bool,
+    transposed: bool,
+    y: &V,
+) -> Result<()> {
+    let n = y.numel();
+    let d = y.shape().last().copied().unwrap_or(1);
+    let s = Strided::broadcast(y.shape(), &[x.shape(), cos.shape(), sin.shape()])?;
+    let args = [
+        Arg::Ptr(x.p),
+        Arg::Ptr(cos.p),
+        Arg::Ptr(sin.p),
+        Arg::Ptr(y.p),
+        Arg::Strided(s),
+        Arg::I64(n as i64),
+        Arg::I64(d as i64),
+        Arg::I32(interleaved as i32),
+        Arg::I32(transposed as i32),
+    ];
+    c.launch_n(&format!("rotary_{}", suffix(x.dtype())), n, &args)
+}
+
 pub fn cast(c: &Cuda, x: &V, y: &V) -> Result<()> {
     if x.dtype() == y.dtype() {
         return c.copy(y, x);

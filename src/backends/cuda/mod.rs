@@ -451,6 +451,10 @@ impl Cuda {
             Op::Binary(b) => elementwise::binary(self, node, *b, &x(0)?, &x(1)?, &y),
             Op::Clip => elementwise::clip(self, node, &x(0)?, opt(1), opt(2), &y),
             Op::Where => elementwise::where_(self, &x(0)?, &x(1)?, &x(2)?, &y),
+            Op::Rotary { interleaved } | Op::RotaryGrad { interleaved } => {
+                let t = matches!(node.op, Op::RotaryGrad { .. });
+                elementwise::rotary(self, [&x(0)?, &x(1)?, &x(2)?], *interleaved, t, &y)
+            }
             Op::Cast { .. } | Op::CastLike => elementwise::cast(self, &x(0)?, &y),
             Op::Range => elementwise::range(self, node, &x(0)?, &x(2)?, &y),
             Op::NonZero | Op::Unique { .. } | Op::ResizeMatrix { .. } => {

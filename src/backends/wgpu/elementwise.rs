@@ -130,6 +130,27 @@ fn run_map(
     )
 }
 
+/// Rotary (`transposed`: RotaryGrad) of x with cos and sin broadcast to it.
+pub fn rotary(
+    w: &mut Wgpu,
+    node: &Node,
+    [x, cos, sin]: [&V; 3],
+    (interleaved, transposed): (bool, bool),
+    y: &V,
+) -> Result<()> {
+    let n = y.numel();
+    let d = y.shape().last().copied().unwrap_or(1);
+    let s = Strided::broadcast(y.shape(), &[x.shape(), cos.shape(), sin.shape()]);
+    let p = Params::new()
+        .u(0, n)
+        .u(1, d)
+        .u(2, interleaved as usize | (transposed as usize) << 1)
+        .strided(16, &s)?;
+    let k = Wgpu::kernel(Family::Elementwise, "rotary", num_defs(w, node, x.dtype())?);
+    let binds = [(1, x.buf), (2, cos.buf), (5, sin.buf), (3, y.buf)];
+    w.run_kernel(&k, &p, &binds, groups_for(n, 256))
+}
+
 /// Integer division by zero is an error, as on the CPU (WGSL would give the dividend).
 fn check_divisor(w: &mut Wgpu, node: &Node, op: BinaryOp, a: &V, b: &V) -> Result<()> {
     let divides = matches!(op, BinaryOp::Div | BinaryOp::Mod | BinaryOp::Fmod);

@@ -339,6 +339,11 @@ impl Wgpu {
                 elementwise::dropout(self, node, &x(0)?, opt(1), opt(2), outs, *ratio, *seed)
             }
             Op::Where => shape::where_(self, &x(0)?, &x(1)?, &x(2)?, &y),
+            Op::Rotary { interleaved } | Op::RotaryGrad { interleaved } => {
+                let t = matches!(node.op, Op::RotaryGrad { .. });
+                let ins = [&x(0)?, &x(1)?, &x(2)?];
+                elementwise::rotary(self, node, ins, (*interleaved, t), &y)
+            }
             Op::Cast { .. } | Op::CastLike => shape::cast(self, node, &x(0)?, &y),
             Op::Range => elementwise::range(self, node, &x(0)?, &x(2)?, &y),
             Op::NonZero | Op::Unique { .. } | Op::ResizeMatrix { .. } => {

@@ -74,6 +74,14 @@ pub(super) fn infer(cx: &Cx) -> Result<Vec<ValueType>> {
             let p = ValueType::new(xt.dtype, &xt.shape[a..]);
             Ok(vec![xt.clone(), p.clone(), p][..node.outputs.len()].to_vec())
         }
+        Op::RotaryGrad { interleaved } => {
+            // dY has X's type: the forward's checks on (dY, Cos, Sin).
+            let op = Op::Rotary {
+                interleaved: *interleaved,
+            };
+            cx.forward(op, ins, consts)?;
+            one(x)
+        }
         Op::SoftmaxCrossEntropyLossGrad {
             reduction,
             ignore_index,

@@ -307,7 +307,9 @@ pub fn shape_inputs(op: &Op) -> &'static [(usize, &'static str)] {
         | Op::SoftmaxCrossEntropyLossGrad { .. }
         | Op::FusedMatMulGrad { .. }
         | Op::AttentionGrad { .. }
-        | Op::VarlenAttentionGrad { .. } => &[],
+        | Op::VarlenAttentionGrad { .. }
+        | Op::Rotary { .. }
+        | Op::RotaryGrad { .. } => &[],
     }
 }
 
@@ -529,7 +531,8 @@ pub fn infer_node(
         | Op::FusedMatMul { .. }
         | Op::LayerNormalization { .. }
         | Op::SoftmaxCrossEntropyLoss { .. }
-        | Op::Dropout { .. } => nn::infer(&cx),
+        | Op::Dropout { .. }
+        | Op::Rotary { .. } => nn::infer(&cx),
         Op::Attention { .. } | Op::VarlenAttention { .. } => attention::infer(&cx),
         Op::Im2Col { .. } | Op::Col2Im { .. } => window::infer(&cx),
         Op::ResizeMatrix { .. } => resize::infer(&cx),
@@ -544,7 +547,8 @@ pub fn infer_node(
         | Op::PadGrad { .. }
         | Op::FusedMatMulGrad { .. }
         | Op::AttentionGrad { .. }
-        | Op::VarlenAttentionGrad { .. } => grad::infer(&cx),
+        | Op::VarlenAttentionGrad { .. }
+        | Op::RotaryGrad { .. } => grad::infer(&cx),
     }
 }
 
@@ -737,6 +741,7 @@ pub fn flops(node: &Node, ins: &[Option<&ValueType>], outs: &[ValueType]) -> u64
         Op::UnaryGrad(_) => 2 * out_n,
         Op::SoftmaxGrad { .. } | Op::LayerNormalizationGrad { .. } => 5 * out_n,
         Op::SoftmaxCrossEntropyLossGrad { .. } => 5 * out_n,
+        Op::Rotary { .. } | Op::RotaryGrad { .. } => 3 * out_n,
         _ => 0,
     }
 }

@@ -93,6 +93,27 @@ pub(super) fn infer(cx: &Cx) -> Result<Vec<ValueType>> {
             }
             Ok(out)
         }
+        Op::Rotary { .. } => {
+            cx.need_float(&x, "X")?;
+            if x.shape.last().is_none_or(|d| d % 2 != 0) {
+                return Err(cx.fail(format!(
+                    "X's last dim must be even (it is rotated in pairs), got {}",
+                    fmt_shape(&x.shape)
+                )));
+            }
+            for (i, what) in [(1, "Cos"), (2, "Sin")] {
+                let t = cx.t(i).unwrap();
+                cx.same_dtype(&x, t)?;
+                if broadcast(&t.shape, &x.shape).as_deref() != Some(&x.shape[..]) {
+                    return Err(cx.fail(format!(
+                        "{what} of shape {} does not broadcast to X's {}",
+                        fmt_shape(&t.shape),
+                        fmt_shape(&x.shape)
+                    )));
+                }
+            }
+            one(x)
+        }
         Op::SoftmaxCrossEntropyLoss { reduction, .. } => {
             let labels = cx.t(1).unwrap();
             cx.need_float(&x, "scores")?;

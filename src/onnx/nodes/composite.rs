@@ -959,7 +959,7 @@ impl Importer<'_> {
     /// plan time (`Shape(Shape(X))`), so X's rank need not be declared. The first d =
     /// rotary_embedding_dim (default D) elements of each head are rotated, the rest pass
     /// through: with x1, x2 the two halves (or the even and odd elements, interleaved),
-    /// x1·cos - x2·sin and x2·cos + x1·sin take their places.
+    /// x1·cos - x2·sin and x2·cos + x1·sin take their places (graphrun's Rotary).
     fn rotary(&mut self, n: &NodeProto, what: &str, mut a: Attrs) -> Result<()> {
         let ms = n.domain == "com.microsoft";
         let interleaved = a.flag("interleaved")?;
@@ -1074,50 +1074,43 @@ impl Importer<'_> {
         } else {
             (x4.clone(), None)
         };
-        let (x1, x2) = if interleaved {
-            let zero = self.ints_const(n, "even", &[0])?;
-            let one = self.ints_const(n, "odd", &[1])?;
-            let two = self.ints_const(n, "pair_step", &[2])?;
-            let x1 = self.slice_last(n, "x1", &rot, [&zero, &end], Some(&two))?;
-            let x2 = self.slice_last(n, "x2", &rot, [&one, &end], Some(&two))?;
-            (x1, x2)
-        } else {
-            let half = if dim > 0 {
-                self.ints_const(n, "half", &[dim / 2])?
-            } else {
-                let d = self.val(n, "head_dim", shape(-1, None), vec![rot.clone()]);
-                let two = self.ints_const(n, "two", &[2])?;
-                self.val(n, "half", bin(BinaryOp::Div), vec![d, two])
-            };
-            let zero = self.ints_const(n, "zero", &[0])?;
-            let x1 = self.slice_last(n, "x1", &rot, [&zero, &half], None)?;
-            let x2 = self.slice_last(n, "x2", &rot, [&half, &end], None)?;
-            (x1, x2)
-        };
-        let mul = |me: &mut Self, what: &str, a: &str, b: &str| {
-            me.val(
+        // graphrun's Rotary takes Cos and Sin as wide as the rotated part: each cache value
+        // for both elements of its pair (the two halves, or adjacent elements).
+        let widen = |me: &mut Self, what: &str, c: String| -> Result<String> {
+            if !interleaved {
+                return Ok(me.val(n, what, concat_last(), vec![c.clone(), c]));
+            }
+            // [.., d/2] → [.., d/2, 2] → [.., d], whatever the caches' rank.
+            let lead = me.val(
                 n,
-                what,
-                bin(BinaryOp::Mul),
-                vec![a.to_string(), b.to_string()],
-            )
+                &format!("{what}_lead"),
+                shape(0, Some(-1)),
+                vec![c.clone()],
+            );
+            let last = me.ints_const(n, &format!("{what}_last"), &[-1])?;
+            let flat = me.val(
+                n,
+                &format!("{what}_flat"),
+                Op::Concat { axis: 0 },
+                vec![lead, last],
+            );
+            let pair = me.val(n, &format!("{what}_pair"), unsqueeze(-1), vec![c]);
+            let pairs = me.val(
+                n,
+                &format!("{what}_pairs"),
+                concat_last(),
+                vec![pair.clone(), pair],
+            );
+            Ok(me.val(n, what, reshape(), vec![pairs, flat]))
         };
-        let c1 = mul(self, "cos_x1", &cos, &x1);
-        let s2 = mul(self, "sin_x2", &sin, &x2);
-        let real = self.val(n, "real", bin(BinaryOp::Sub), vec![c1, s2]);
-        let s1 = mul(self, "sin_x1", &sin, &x1);
-        let c2 = mul(self, "cos_x2", &cos, &x2);
-        let imag = self.val(n, "imag", bin(BinaryOp::Add), vec![s1, c2]);
-        let rotated = if interleaved {
-            // Back to alternating elements: [.., d/2, 2] pairs, flattened.
-            let r = self.val(n, "real_pair", unsqueeze(-1), vec![real]);
-            let i = self.val(n, "imag_pair", unsqueeze(-1), vec![imag]);
-            let pairs = self.val(n, "pairs", concat_last(), vec![r, i]);
-            let flat = self.ints_const(n, "pairs_flat", &[0, 0, 0, -1])?;
-            self.val(n, "rotated", reshape(), vec![pairs, flat])
-        } else {
-            self.val(n, "rotated", concat_last(), vec![real, imag])
-        };
+        let cos = widen(self, "cos_wide", cos)?;
+        let sin = widen(self, "sin_wide", sin)?;
+        let rotated = self.val(
+            n,
+            "rotated",
+            Op::Rotary { interleaved },
+            vec![rot, cos, sin],
+        );
         let y4 = match pass {
             Some(p) => self.val(n, "joined", concat_last(), vec![rotated, p]),
             None => rotated,

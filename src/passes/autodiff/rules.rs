@@ -219,6 +219,34 @@ pub(super) fn grad(b: &mut Builder, ni: usize, n: &Node, dys: &[Option<String>])
             out[0] = Some(g);
             Ok(out)
         }
+        Op::Rotary { interleaved } => {
+            // Y = X·Cos + rot(X)·Sin is linear in each input: dX = dY·Cos − rot(dY·Sin)
+            // (one RotaryGrad), dCos = Σ dY·X and dSin = Σ dY·rot(X) over the broadcast,
+            // with rot(X) = Rotary(X, 0, 1).
+            let (cos, sin) = (&n.inputs[1], &n.inputs[2]);
+            let mut out = vec![None; 3];
+            if b.needs(&x) {
+                let op = Op::RotaryGrad {
+                    interleaved: *interleaved,
+                };
+                out[0] = Some(b.op1(op, &[&dy, cos, sin], &format!("{x}.d"))?);
+            }
+            if b.needs(cos) {
+                let g = b.bin(B::Mul, &dy, &x)?;
+                out[1] = Some(b.sum_to(&g, &b.shape(cos))?);
+            }
+            if b.needs(sin) {
+                let dt = b.dtype(&x);
+                let (zero, one) = (b.scalar(dt, 0.0)?, b.scalar(dt, 1.0)?);
+                let op = Op::Rotary {
+                    interleaved: *interleaved,
+                };
+                let r = b.op1(op, &[&x, &zero, &one], &format!("{x}.rot"))?;
+                let g = b.bin(B::Mul, &dy, &r)?;
+                out[2] = Some(b.sum_to(&g, &b.shape(sin))?);
+            }
+            Ok(out)
+        }
         Op::MatMul => matmul(b, n, &dy),
         Op::Gemm {
             alpha,
@@ -386,7 +414,8 @@ pub(super) fn grad(b: &mut Builder, ni: usize, n: &Node, dys: &[Option<String>])
         | Op::PadGrad { .. }
         | Op::FusedMatMulGrad { .. }
         | Op::AttentionGrad { .. }
-        | Op::VarlenAttentionGrad { .. } => multi(b, ni, n, dys),
+        | Op::VarlenAttentionGrad { .. }
+        | Op::RotaryGrad { .. } => multi(b, ni, n, dys),
     }
 }
 
