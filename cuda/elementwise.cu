@@ -357,21 +357,32 @@ template <class W> __device__ void where_k(const unsigned char* c, const W* a, c
     GRID_STRIDE(i, n) out[i] = c[offset_of(s, 0, i)] ? a[offset_of(s, 1, i)] : b[offset_of(s, 2, i)];
 }
 
-// Rotary: y[i] = x[i]·c[i] + sgn(i)·x[p]·s[i], where p is i's partner on the last axis
-// (of size d: j and j ± d/2, or 2k and 2k + 1 when interleaved) and sgn is −1 for the
-// pair's first element. `transposed` (the gradient dx = dy·c − rot(dy·s)) reads s at the
-// partner with the partner's sign: y[i] = x[i]·c[i] − sgn(i)·x[p]·s[p]. Operands of `st`:
-// 0 x (contiguous with y), 1 c, 2 s, broadcast to y.
-template <class T> __device__ void rotary_k(const T* x, const T* c, const T* s, T* y, Strided st, i64 n, i64 d, int interleaved, int transposed) {
+// Rotary, one thread per pair (a, b) of x's last axis (of size d): the two halves' j and
+// j + d/2, or elements 2k and 2k + 1 when interleaved. y_a = a·c_a − b·s_a and
+// y_b = b·c_b + a·s_b; `transposed` (the gradient dx = dy·c − rot(dy·s)) reads each sin
+// at the partner: y_a = a·c_a + b·s_b, y_b = b·c_b − a·s_a. c and s are broadcast to y
+// through `sd` (operands 1 and 2); the walk's last dim covers whole rows of d, so a row's
+// offsets are its first element's plus the inner stride.
+template <class T> __device__ void rotary_k(const T* x, const T* c, const T* s, T* y, Strided sd, i64 pairs, i64 d, int interleaved, int transposed) {
     typedef typename Num<T>::A A;
-    GRID_STRIDE(i, n) {
-        i64 j = i % d, h = d / 2;
-        bool first = interleaved ? (j % 2 == 0) : (j < h);
-        i64 p = interleaved ? (first ? i + 1 : i - 1) : (first ? i + h : i - h);
-        A sin_v = ld(s[offset_of(st, 2, transposed ? p : i)]);
-        A r = ld(x[p]) * sin_v;
-        A v = ld(x[i]) * ld(c[offset_of(st, 1, i)]);
-        y[i] = st<T>(first != (bool)transposed ? v - r : v + r);
+    i64 h = d / 2;
+    i64 cs = sd.rank > 0 ? sd.st[1][sd.rank - 1] : 0, ss = sd.rank > 0 ? sd.st[2][sd.rank - 1] : 0;
+    GRID_STRIDE(q, pairs) {
+        // 64-bit division is emulated: 32 bits where the pairs fit.
+        i64 row = sd.small ? (i64)((unsigned)q / (unsigned)h) : q / h, k = q - row * h;
+        i64 ja = interleaved ? 2 * k : k, jb = interleaved ? 2 * k + 1 : k + h;
+        i64 r0 = row * d, ia = r0 + ja, ib = r0 + jb;
+        i64 c0 = offset_of(sd, 1, r0), s0 = offset_of(sd, 2, r0);
+        A a = ld(x[ia]), b = ld(x[ib]);
+        A ca = ld(c[c0 + ja * cs]), cb = ld(c[c0 + jb * cs]);
+        A sa = ld(s[s0 + ja * ss]), sb = ld(s[s0 + jb * ss]);
+        if (transposed) {
+            y[ia] = st<T>(a * ca + b * sb);
+            y[ib] = st<T>(b * cb - a * sa);
+        } else {
+            y[ia] = st<T>(a * ca - b * sa);
+            y[ib] = st<T>(b * cb + a * sb);
+        }
     }
 }
 
@@ -448,7 +459,7 @@ template <class S, class D> __device__ void cast_k(const S* x, D* y, i64 n) {
     extern "C" __global__ void unary_grad_vec_##S(const T* dy, const T* x, T* dx, i64 nv, int op, float alpha, float beta) { unary_grad_vec_k<T>(dy, x, dx, nv, op, alpha, beta); } \
     extern "C" __global__ void act_epilogue_vec_##S(const T* p, const T* r, T* y, i64 nv, int op) { act_epilogue_vec_k<T>(p, r, y, nv, op); } \
     extern "C" __global__ void dropout_##S(const T* x, T* y, unsigned char* m, i64 n, u64 base, const u64* stepp, double ratio, double scale) { dropout_k<T>(x, y, m, n, base, stepp, ratio, scale); } \
-    extern "C" __global__ void rotary_##S(const T* x, const T* c, const T* s, T* y, Strided st, i64 n, i64 d, int il, int tr) { rotary_k<T>(x, c, s, y, st, n, d, il, tr); }
+    extern "C" __global__ void rotary_##S(const T* x, const T* c, const T* s, T* y, Strided sd, i64 pairs, i64 d, int il, int tr) { rotary_k<T>(x, c, s, y, sd, pairs, d, il, tr); }
 FOR_FLOATS(INST_FLOAT)
 
 #define INST_INT(T, S) \

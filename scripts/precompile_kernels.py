@@ -10,7 +10,9 @@ version (otherwise the keys differ and each family compiles on its first use).
                                                                   # (device.rs's unit test compares)
   NVRTC=<libnvrtc.so.13> python3 scripts/precompile_kernels.py --ship DIR [ARCH ...]
       the kernels to ship beside the binary: put DIR next to graphrun as graphrun-kernels/
-      (default architectures sm_80 sm_89 sm_90a); graphrun loads them before any NVRTC"""
+      (machine code for the default architectures sm_80 sm_89 sm_90a, and compute_80 PTX
+      for other GPUs from 8.0 on, which their driver compiles); graphrun loads them before
+      any NVRTC"""
 import ctypes, os, sys
 
 root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -37,7 +39,7 @@ def options(arch):
     return [f"--gpu-architecture={arch}", "--std=c++17"]
 
 
-def compile_family(lib, family, opts):
+def compile_family(lib, family, opts, ptx=False):
     prog = ctypes.c_void_p()
     name = f"{family}.cu".encode()
     assert lib.nvrtcCreateProgram(ctypes.byref(prog), source(family).encode(), name, 0, None, None) == 0
@@ -49,11 +51,12 @@ def compile_family(lib, family, opts):
         lib.nvrtcGetProgramLog(prog, log)
         sys.exit(f"NVRTC failed on kernel family '{family}' (cuda/{family}.cu):\n{log.value.decode()}")
     n = ctypes.c_size_t()
-    lib.nvrtcGetCUBINSize(prog, ctypes.byref(n))
-    cubin = ctypes.create_string_buffer(n.value)
-    lib.nvrtcGetCUBIN(prog, cubin)
+    (lib.nvrtcGetPTXSize if ptx else lib.nvrtcGetCUBINSize)(prog, ctypes.byref(n))
+    out = ctypes.create_string_buffer(n.value)
+    (lib.nvrtcGetPTX if ptx else lib.nvrtcGetCUBIN)(prog, out)
     lib.nvrtcDestroyProgram(ctypes.byref(prog))
-    return cubin.raw[: n.value]
+    # PTX is text ending in a NUL, which the driver does not need.
+    return out.raw[: n.value].rstrip(b"\0") if ptx else out.raw[: n.value]
 
 
 if sys.argv[1] == "--ship":
@@ -64,11 +67,15 @@ if sys.argv[1] == "--ship":
     lib = ctypes.CDLL(os.environ["NVRTC"])
     out_dir = sys.argv[2]
     os.makedirs(out_dir, exist_ok=True)
-    for arch in sys.argv[3:] or ["sm_80", "sm_89", "sm_90a"]:
+    # Machine code per architecture, then PTX (device.rs PTX_ARCH) for the GPUs from 8.0
+    # on that have none.
+    for arch in (sys.argv[3:] or ["sm_80", "sm_89", "sm_90a"]) + ["compute_80"]:
         opts = options(arch)
+        ptx = arch.startswith("compute_")
         for f in FAMILIES:
-            out = os.path.join(out_dir, f"{f}-{arch}-{key(source(f), opts, 'shipped'):016x}.cubin")
-            bin = compile_family(lib, f, opts)
+            ext = "ptx" if ptx else "cubin"
+            out = os.path.join(out_dir, f"{f}-{arch}-{key(source(f), opts, 'shipped'):016x}.{ext}")
+            bin = compile_family(lib, f, opts, ptx)
             open(out, "wb").write(bin)
             print(f"{out}: {len(bin)} bytes", flush=True)
     sys.exit()

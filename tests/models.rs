@@ -24,7 +24,7 @@ fn run(m: &Model, feeds: &HashMap<String, Tensor>) -> Vec<(String, Tensor)> {
 
 #[test]
 fn every_model_runs_at_small_size() {
-    for name in ["mlp", "mlp_large", "gpt_block", "attention"] {
+    for name in ["mlp", "mlp_large", "gpt_block", "attention", "llama_layer"] {
         let m = Model::load(format!("models/{name}.yaml")).unwrap();
         let feeds = m.random_inputs(0, &small_dims()).unwrap();
         let outs = run(&m, &feeds);
@@ -45,7 +45,7 @@ fn every_model_runs_at_small_size() {
 #[test]
 fn sessions_fuse_by_default() {
     let dims = small_dims();
-    for name in ["mlp", "gpt_block"] {
+    for name in ["mlp", "gpt_block", "llama_layer"] {
         let m = Model::load(format!("models/{name}.yaml")).unwrap();
         let feeds = m.random_inputs(3, &dims).unwrap();
         let fused = Session::new(
@@ -58,6 +58,12 @@ fn sessions_fuse_by_default() {
         .unwrap();
         let ops: Vec<&str> = fused.graph().nodes.iter().map(|n| n.op.name()).collect();
         assert!(ops.contains(&"FusedMatMul"), "{name}: {ops:?}");
+        if name == "llama_layer" {
+            // Both RMSNorms, both rotations and the grouped-query attention.
+            let n = |op: &str| ops.iter().filter(|o| **o == op).count();
+            let fused = [n("RMSNormalization"), n("Rotary"), n("Attention")];
+            assert_eq!(fused, [2, 2, 1], "{ops:?}");
+        }
         assert!(fused.graph().nodes.len() < m.graph.nodes.len(), "{name}");
         let plain = Session::new(
             m.graph.clone(),
@@ -86,7 +92,7 @@ fn sessions_fuse_by_default() {
 /// The CPU f32 run against the same model evaluated in f64 by the CPU backend.
 #[test]
 fn models_f32_match_f64() {
-    for name in ["mlp", "mlp_large", "gpt_block", "attention"] {
+    for name in ["mlp", "mlp_large", "gpt_block", "attention", "llama_layer"] {
         let m = Model::load(format!("models/{name}.yaml")).unwrap();
         let feeds = m.random_inputs(3, &small_dims()).unwrap();
         let out32 = run(&m, &feeds);

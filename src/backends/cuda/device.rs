@@ -211,6 +211,29 @@ fn shipped_file(fam: usize, cc: (i32, i32)) -> Option<std::path::PathBuf> {
     Some(shipped_dir()?.join(format!("{}-{arch}-{key:016x}.cubin", FAMILIES[fam].0)))
 }
 
+/// The portable form shipped beside the binary: PTX for compute capability 8.0, which the
+/// driver compiles for any GPU from 8.0 on that has no machine code there (8.6, 10.0,
+/// 12.0, ...). Not for the flash family on 9.0: there graphrun launches the wgmma kernels,
+/// which only sm_90a machine code has.
+const PTX_ARCH: &str = "compute_80";
+
+/// The options the shipped PTX is made with (`scripts/precompile_kernels.py --ship`).
+fn ptx_options() -> [String; 2] {
+    [
+        format!("--gpu-architecture={PTX_ARCH}"),
+        "--std=c++17".to_string(),
+    ]
+}
+
+/// The shipped PTX of family `fam`, where a GPU of compute capability `cc` may run it.
+fn shipped_ptx(fam: usize, cc: (i32, i32)) -> Option<std::path::PathBuf> {
+    if cc.0 < 8 || (cc == (9, 0) && FAMILIES[fam].0 == "flash") {
+        return None;
+    }
+    let key = cache_key(&family_source(fam), &ptx_options(), "shipped");
+    Some(shipped_dir()?.join(format!("{}-{PTX_ARCH}-{key:016x}.ptx", FAMILIES[fam].0)))
+}
+
 /// The names a family defines, from its source: the identifier after each
 /// `__global__ void` (past any `__launch_bounds__(...)`). A name made by a macro
 /// (`unary_##S`) stands for every name starting with its part before the first `##`.
@@ -339,10 +362,17 @@ impl Device {
             .ok_or_else(|| crate::err!(Runtime, "CUDA kernel '{name}' is in no file of cuda/"))?;
         let module = self.modules[fam]
             .get_or_init(|| {
-                // Machine code shipped beside the binary first: no NVRTC on the way.
+                // Machine code shipped beside the binary first, then the shipped PTX (the
+                // driver compiles it once and keeps it in its own cache): no NVRTC on the way.
                 let shipped = shipped_file(fam, self.cc).and_then(|f| std::fs::read(f).ok());
                 if let Some(bin) = shipped {
                     if let Ok(m) = self.ctx.load_module(cudarc::nvrtc::Ptx::from_binary(bin)) {
+                        return Ok(m);
+                    }
+                }
+                let ptx = shipped_ptx(fam, self.cc).and_then(|f| std::fs::read_to_string(f).ok());
+                if let Some(src) = ptx {
+                    if let Ok(m) = self.ctx.load_module(cudarc::nvrtc::Ptx::from_src(src)) {
                         return Ok(m);
                     }
                 }
@@ -393,6 +423,12 @@ pub fn doctor_lines() -> Vec<String> {
                 .filter(|&f| shipped_file(f, d.cc).is_some_and(|p| p.is_file()))
                 .map(|f| FAMILIES[f].0)
                 .collect();
+            // Families with no machine code for this GPU that run from the shipped PTX.
+            let ptx: Vec<&str> = (0..FAMILIES.len())
+                .filter(|f| !shipped.contains(&FAMILIES[*f].0))
+                .filter(|&f| shipped_ptx(f, d.cc).is_some_and(|p| p.is_file()))
+                .map(|f| FAMILIES[f].0)
+                .collect();
             let arch = options(d.cc)[0]
                 .trim_start_matches("--gpu-architecture=")
                 .to_string();
@@ -409,6 +445,12 @@ pub fn doctor_lines() -> Vec<String> {
                 "device 0: {} (compute capability {}.{}), {how}",
                 d.name, d.cc.0, d.cc.1
             ));
+            if !ptx.is_empty() {
+                v.push(format!(
+                    "shipped {PTX_ARCH} PTX, compiled by the driver on first use: {}",
+                    ptx.join(", ")
+                ));
+            }
             if let Some(dir) = shipped_dir() {
                 v.push(format!("shipped kernels: {}", dir.display()));
             }
@@ -709,6 +751,22 @@ mod tests {
         assert_eq!(name, format!("{}-sm_90a-{key:016x}.cubin", FAMILIES[0].0));
         if let Ok(o) = std::process::Command::new("python3")
             .args([script, "--keys", "sm_90a", "shipped"])
+            .output()
+        {
+            let line = format!("{} {key:016x}", FAMILIES[0].0);
+            assert!(String::from_utf8_lossy(&o.stdout).contains(&line));
+        }
+        // The shipped PTX: every family for 8.x and newer GPUs, but not flash on 9.0 (its
+        // wgmma kernels are sm_90a machine code only), and nothing before 8.0.
+        let key = cache_key(&family_source(0), &ptx_options(), "shipped");
+        let f = shipped_ptx(0, (12, 0)).expect("an executable path");
+        let name = f.file_name().unwrap().to_string_lossy().into_owned();
+        assert_eq!(name, format!("{}-compute_80-{key:016x}.ptx", FAMILIES[0].0));
+        let flash = FAMILIES.iter().position(|f| f.0 == "flash").unwrap();
+        assert!(shipped_ptx(flash, (9, 0)).is_none() && shipped_ptx(flash, (8, 6)).is_some());
+        assert!(shipped_ptx(0, (7, 5)).is_none());
+        if let Ok(o) = std::process::Command::new("python3")
+            .args([script, "--keys", "compute_80", "shipped"])
             .output()
         {
             let line = format!("{} {key:016x}", FAMILIES[0].0);

@@ -332,8 +332,9 @@ pub fn rotary(
     transposed: bool,
     y: &V,
 ) -> Result<()> {
-    let n = y.numel();
-    let d = y.shape().last().copied().unwrap_or(1);
+    // One thread per pair of the (even) last axis.
+    let pairs = y.numel() / 2;
+    let d = y.shape().last().copied().unwrap_or(2);
     let s = Strided::broadcast(y.shape(), &[x.shape(), cos.shape(), sin.shape()])?;
     let args = [
         Arg::Ptr(x.p),
@@ -341,12 +342,12 @@ pub fn rotary(
         Arg::Ptr(sin.p),
         Arg::Ptr(y.p),
         Arg::Strided(s),
-        Arg::I64(n as i64),
+        Arg::I64(pairs as i64),
         Arg::I64(d as i64),
         Arg::I32(interleaved as i32),
         Arg::I32(transposed as i32),
     ];
-    c.launch_n(&format!("rotary_{}", suffix(x.dtype())), n, &args)
+    c.launch_n(&format!("rotary_{}", suffix(x.dtype())), pairs, &args)
 }
 
 pub fn cast(c: &Cuda, x: &V, y: &V) -> Result<()> {
