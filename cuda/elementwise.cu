@@ -386,6 +386,33 @@ template <class T> __device__ void rotary_k(const T* x, const T* c, const T* s, 
     }
 }
 
+// Rotary over the halves, four pairs a thread (a row's k..k+3 and k+h..k+h+3), x and y
+// read and written as vectors of four: for rows whose half is a multiple of 4, with x and
+// y aligned (the host checks). Same formulas as rotary_k.
+template <class T> struct alignas(4 * sizeof(T)) Four { T v[4]; };
+template <class T> __device__ void rotary_vec_k(const T* x, const T* c, const T* s, T* y, Strided sd, i64 groups, i64 d, int transposed) {
+    typedef typename Num<T>::A A;
+    i64 h = d / 2, hg = h / 4;
+    i64 cs = sd.rank > 0 ? sd.st[1][sd.rank - 1] : 0, ss = sd.rank > 0 ? sd.st[2][sd.rank - 1] : 0;
+    GRID_STRIDE(g, groups) {
+        i64 row = sd.small ? (i64)((unsigned)g / (unsigned)hg) : g / hg, k = (g - row * hg) * 4;
+        i64 r0 = row * d, ia = r0 + k, ib = ia + h;
+        i64 c0 = offset_of(sd, 1, r0), s0 = offset_of(sd, 2, r0);
+        Four<T> xa = *(const Four<T>*)(x + ia), xb = *(const Four<T>*)(x + ib), ya, yb;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            i64 ja = k + e, jb = k + h + e;
+            A a = ld(xa.v[e]), b = ld(xb.v[e]);
+            A ca = ld(c[c0 + ja * cs]), cb = ld(c[c0 + jb * cs]);
+            A sa = ld(s[s0 + ja * ss]), sb = ld(s[s0 + jb * ss]);
+            ya.v[e] = st<T>(transposed ? a * ca + b * sb : a * ca - b * sa);
+            yb.v[e] = st<T>(transposed ? b * cb - a * sa : b * cb + a * sb);
+        }
+        *(Four<T>*)(y + ia) = ya;
+        *(Four<T>*)(y + ib) = yb;
+    }
+}
+
 // Keeps the upper (j - i >= k) or lower (j - i <= k) triangle of every trailing matrix.
 template <class W> __device__ void trilu_k(const W* x, W* y, i64 n, i64 rows, i64 cols, i64 k, int upper) {
     GRID_STRIDE(i, n) {
@@ -459,7 +486,8 @@ template <class S, class D> __device__ void cast_k(const S* x, D* y, i64 n) {
     extern "C" __global__ void unary_grad_vec_##S(const T* dy, const T* x, T* dx, i64 nv, int op, float alpha, float beta) { unary_grad_vec_k<T>(dy, x, dx, nv, op, alpha, beta); } \
     extern "C" __global__ void act_epilogue_vec_##S(const T* p, const T* r, T* y, i64 nv, int op) { act_epilogue_vec_k<T>(p, r, y, nv, op); } \
     extern "C" __global__ void dropout_##S(const T* x, T* y, unsigned char* m, i64 n, u64 base, const u64* stepp, double ratio, double scale) { dropout_k<T>(x, y, m, n, base, stepp, ratio, scale); } \
-    extern "C" __global__ void rotary_##S(const T* x, const T* c, const T* s, T* y, Strided sd, i64 pairs, i64 d, int il, int tr) { rotary_k<T>(x, c, s, y, sd, pairs, d, il, tr); }
+    extern "C" __global__ void rotary_##S(const T* x, const T* c, const T* s, T* y, Strided sd, i64 pairs, i64 d, int il, int tr) { rotary_k<T>(x, c, s, y, sd, pairs, d, il, tr); } \
+    extern "C" __global__ void rotary_vec_##S(const T* x, const T* c, const T* s, T* y, Strided sd, i64 groups, i64 d, int tr) { rotary_vec_k<T>(x, c, s, y, sd, groups, d, tr); }
 FOR_FLOATS(INST_FLOAT)
 
 #define INST_INT(T, S) \

@@ -332,10 +332,26 @@ pub fn rotary(
     transposed: bool,
     y: &V,
 ) -> Result<()> {
-    // One thread per pair of the (even) last axis.
+    // One thread per pair of the (even) last axis, or per four pairs of the halves where
+    // x and y can be read and written four elements at a time.
     let pairs = y.numel() / 2;
     let d = y.shape().last().copied().unwrap_or(2);
     let s = Strided::broadcast(y.shape(), &[x.shape(), cos.shape(), sin.shape()])?;
+    let align = 4 * x.dtype().size() as u64;
+    if !interleaved && (d / 2) % 4 == 0 && x.p % align == 0 && y.p % align == 0 {
+        let args = [
+            Arg::Ptr(x.p),
+            Arg::Ptr(cos.p),
+            Arg::Ptr(sin.p),
+            Arg::Ptr(y.p),
+            Arg::Strided(s),
+            Arg::I64((pairs / 4) as i64),
+            Arg::I64(d as i64),
+            Arg::I32(transposed as i32),
+        ];
+        let name = format!("rotary_vec_{}", suffix(x.dtype()));
+        return c.launch_n(&name, pairs / 4, &args);
+    }
     let args = [
         Arg::Ptr(x.p),
         Arg::Ptr(cos.p),
