@@ -338,7 +338,8 @@ pub fn rotary(
     let d = y.shape().last().copied().unwrap_or(2);
     let s = Strided::broadcast(y.shape(), &[x.shape(), cos.shape(), sin.shape()])?;
     let align = 4 * x.dtype().size() as u64;
-    if !interleaved && (d / 2) % 4 == 0 && x.p % align == 0 && y.p % align == 0 {
+    let aligned = x.p.is_multiple_of(align) && y.p.is_multiple_of(align);
+    if !interleaved && (d / 2).is_multiple_of(4) && aligned {
         let args = [
             Arg::Ptr(x.p),
             Arg::Ptr(cos.p),
