@@ -603,6 +603,27 @@ pub enum Op {
     },
 }
 
+/// Where LayerNormalization's statistics are among its outputs: (Mean, InvStdDev).
+/// RMSNormalization (`rms`) has no Mean, so its InvStdDev is output 1.
+pub fn norm_stat_outputs(rms: bool) -> (Option<usize>, usize) {
+    if rms {
+        (None, 1)
+    } else {
+        (Some(1), 2)
+    }
+}
+
+/// Where LayerNormalizationGrad's statistics and residual gradient are among its inputs:
+/// (Mean, InvStdDev, R). RMSNormalizationGrad (`rms`) reads no Mean, so the others come
+/// one earlier.
+pub fn norm_grad_inputs(rms: bool) -> (Option<usize>, usize, usize) {
+    if rms {
+        (None, 3, 4)
+    } else {
+        (Some(3), 4, 5)
+    }
+}
+
 /// The gradient ops the backward builder emits (not part of SPEC §2, but accepted in a
 /// model file so that a backward graph written with `--emit-yaml` loads again).
 pub static GRAD_OP_NAMES: std::sync::LazyLock<Vec<&'static str>> = std::sync::LazyLock::new(|| {

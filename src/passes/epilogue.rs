@@ -51,7 +51,8 @@ fn ln_grad_residual(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch> {
         let Op::LayerNormalizationGrad { rms, .. } = ln.op else {
             return None;
         };
-        (ln.outputs[0] == *v && ln.inputs.len() == 5 - rms as usize).then_some((k, j, ln))
+        let (_, _, res) = crate::graph::op::norm_grad_inputs(rms);
+        (ln.outputs[0] == *v && ln.inputs.len() == res).then_some((k, j, ln))
     });
     let Some((k, j, ln)) = found else {
         return why.no("no LayerNormalizationGrad's dX");

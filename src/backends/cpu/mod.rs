@@ -336,10 +336,10 @@ pub fn run_node(
             reduce::softmax_grad(x(0)?, x(1)?, *axis, *log, &mut outs[0])
         }
         Op::LayerNormalizationGrad { axis, rms } => {
-            // RMSNormalization's reads no Mean: InvStdDev and the residual come one earlier.
-            let (mean, k) = if *rms { (None, 3) } else { (Some(x(3)?), 4) };
-            let res = ins.get(k + 1).copied().flatten();
-            reduce::layer_norm_grad(x(0)?, x(1)?, x(2)?, mean, x(k)?, res, *axis, &want, outs)
+            let (m, i, r) = crate::graph::op::norm_grad_inputs(*rms);
+            let mean = m.map(x).transpose()?;
+            let res = ins.get(r).copied().flatten();
+            reduce::layer_norm_grad(x(0)?, x(1)?, x(2)?, mean, x(i)?, res, *axis, &want, outs)
         }
         Op::SoftmaxCrossEntropyLossGrad {
             reduction,

@@ -728,7 +728,7 @@ fn layer_norm_grad_t<T: Float>(
     let stat = |t: &Tensor| -> Vec<T::Acc> { t.to_f64_vec().into_iter().map(T::Acc::c).collect() };
     let inv = stat(inv_std);
     let rms = mean.is_none();
-    let mean = mean.map_or_else(|| vec![T::Acc::c(0.0); inv.len()], stat);
+    let mean = mean.map(stat);
     let n_acc = T::Acc::c(n as f64);
     let zero = T::Acc::c(0.0);
     let (dx, params) = outs.split_at_mut(1);
@@ -751,7 +751,7 @@ fn layer_norm_grad_t<T: Float>(
         )
         .enumerate();
     let sums = sum_rows(rows, n, width, |acc: &mut [T::Acc], (r, (dx, (dy, x)))| {
-        let (m, inv) = (mean[r], inv[r]);
+        let (m, inv) = (mean.as_ref().map_or(zero, |m| m[r]), inv[r]);
         let xhat = |j: usize| (x[j].to_acc() - m) * inv;
         if width > 0 {
             let (ds, db) = acc.split_at_mut(n);

@@ -339,32 +339,26 @@ pub fn rotary(
     let s = Strided::broadcast(y.shape(), &[x.shape(), cos.shape(), sin.shape()])?;
     let align = 4 * x.dtype().size() as u64;
     let aligned = x.p.is_multiple_of(align) && y.p.is_multiple_of(align);
-    if !interleaved && (d / 2).is_multiple_of(4) && aligned {
-        let args = [
-            Arg::Ptr(x.p),
-            Arg::Ptr(cos.p),
-            Arg::Ptr(sin.p),
-            Arg::Ptr(y.p),
-            Arg::Strided(s),
-            Arg::I64((pairs / 4) as i64),
-            Arg::I64(d as i64),
-            Arg::I32(transposed as i32),
-        ];
-        let name = format!("rotary_vec_{}", suffix(x.dtype()));
-        return c.launch_n(&name, pairs / 4, &args);
-    }
-    let args = [
+    let vec = !interleaved && (d / 2).is_multiple_of(4) && aligned;
+    let (kernel, threads) = if vec {
+        ("rotary_vec", pairs / 4)
+    } else {
+        ("rotary", pairs)
+    };
+    let mut args = vec![
         Arg::Ptr(x.p),
         Arg::Ptr(cos.p),
         Arg::Ptr(sin.p),
         Arg::Ptr(y.p),
         Arg::Strided(s),
-        Arg::I64(pairs as i64),
+        Arg::I64(threads as i64),
         Arg::I64(d as i64),
-        Arg::I32(interleaved as i32),
-        Arg::I32(transposed as i32),
     ];
-    c.launch_n(&format!("rotary_{}", suffix(x.dtype())), pairs, &args)
+    if !vec {
+        args.push(Arg::I32(interleaved as i32));
+    }
+    args.push(Arg::I32(transposed as i32));
+    c.launch_n(&format!("{kernel}_{}", suffix(x.dtype())), threads, &args)
 }
 
 pub fn cast(c: &Cuda, x: &V, y: &V) -> Result<()> {

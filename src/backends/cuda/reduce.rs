@@ -363,12 +363,8 @@ pub fn layer_norm(
         (None, None) => 0,
     };
     let stat = |i: usize| wanted(outs, want, i).map_or(0, |v| v.p);
-    // RMSNormalization's outputs are Y and InvStdDev: no Mean.
-    let (mean, inv) = if rms {
-        (0, stat(1))
-    } else {
-        (stat(1), stat(2))
-    };
+    let (m, i) = crate::graph::op::norm_stat_outputs(rms);
+    let (mean, inv) = (m.map_or(0, stat), stat(i));
     if n == 0 {
         crate::bail!(
             Runtime,

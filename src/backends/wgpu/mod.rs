@@ -465,15 +465,14 @@ impl Wgpu {
                 outs,
             ),
             Op::LayerNormalizationGrad { axis, rms } => {
-                // RMSNormalization's reads no Mean: InvStdDev and the residual come earlier.
-                let (mean, k) = if *rms { (None, 3) } else { (Some(x(3)?), 4) };
+                let (m, i, r) = crate::graph::op::norm_grad_inputs(*rms);
                 reduce::layer_norm_grad(
                     self,
                     node,
                     [&x(0)?, &x(1)?, &x(2)?],
-                    mean,
-                    &x(k)?,
-                    opt(k + 1),
+                    m.map(x).transpose()?,
+                    &x(i)?,
+                    opt(r),
                     *axis,
                     outs,
                     want,

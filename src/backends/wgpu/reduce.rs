@@ -291,12 +291,9 @@ pub fn layer_norm(
     let bb = b.as_ref().or(bias.map(|v| v.buf)).unwrap_or(&dummy);
     // Mean and InvStdDev always go somewhere: scratch when the graph does not read them.
     let (s0, s1) = (w.scratch(rows * 4), w.scratch(rows * 4));
-    // RMSNormalization's outputs are Y and InvStdDev: no Mean.
-    let stat = |i: usize, s| outs.get(i).map_or(s, |v| v.buf);
-    let (mean, inv) = match rms {
-        true => (&s0, stat(1, &s1)),
-        false => (stat(1, &s0), stat(2, &s1)),
-    };
+    let (m, i) = crate::graph::op::norm_stat_outputs(rms);
+    let mean = m.and_then(|m| outs.get(m)).map_or(&s0, |v| v.buf);
+    let inv = outs.get(i).map_or(&s1, |v| v.buf);
     let p = Params::new()
         .u(0, n)
         .f(1, eps)

@@ -38,10 +38,9 @@ pub(super) fn infer(cx: &Cx) -> Result<Vec<ValueType>> {
             one(y.clone())
         }
         Op::LayerNormalizationGrad { axis, rms } => {
-            // RMSNormalization's gradient reads no Mean: InvStdDev and R come one earlier.
-            let skip = *rms as usize;
-            let (xt, scale, inv) = (cx.t(1).unwrap(), cx.t(2).unwrap(), cx.t(4 - skip).unwrap());
-            let mean = if *rms { None } else { cx.t(3) };
+            let (m, i, r) = crate::graph::op::norm_grad_inputs(*rms);
+            let (xt, scale, inv) = (cx.t(1).unwrap(), cx.t(2).unwrap(), cx.t(i).unwrap());
+            let mean = m.and_then(|m| cx.t(m));
             let op = Op::LayerNormalization {
                 axis: *axis,
                 epsilon: 1e-5,
@@ -68,7 +67,7 @@ pub(super) fn infer(cx: &Cx) -> Result<Vec<ValueType>> {
                 }
             }
             // The last input (from the `ln_grad_residual` rule): a gradient added onto dX.
-            if let Some(r) = cx.t(5 - skip).filter(|r| *r != xt) {
+            if let Some(r) = cx.t(r).filter(|r| *r != xt) {
                 return Err(cx.fail(format!("the residual gradient must be {xt}, got {r}")));
             }
             let p = ValueType::new(xt.dtype, &xt.shape[a..]);

@@ -486,13 +486,9 @@ fn multi(b: &mut Builder, ni: usize, n: &Node, dys: &[Option<String>]) -> Result
         Op::LayerNormalization { axis, rms, .. } => {
             let (x, scale) = (&n.inputs[0], &n.inputs[1]);
             let bias = n.inputs.get(2).filter(|s| !s.is_empty()).cloned();
-            // RMSNormalization has no Mean: its InvStdDev is output 1.
-            let mean = if *rms {
-                None
-            } else {
-                Some(b.aux_output(ni, 1, "mean")?)
-            };
-            let inv = b.aux_output(ni, 2 - *rms as usize, "inv_std")?;
+            let (m, i) = crate::graph::op::norm_stat_outputs(*rms);
+            let mean = m.map(|m| b.aux_output(ni, m, "mean")).transpose()?;
+            let inv = b.aux_output(ni, i, "inv_std")?;
             if let Some(dy) = &dys[0] {
                 let name = |v: &str, b: &Builder| {
                     if b.needs(v) {
@@ -522,10 +518,8 @@ fn multi(b: &mut Builder, ni: usize, n: &Node, dys: &[Option<String>]) -> Result
                     out[2] = Some(b.sum_to(d, &b.shape(bi))?);
                 }
             }
-            let (dmean, dinv) = match *rms {
-                false => (dys.get(1).cloned().flatten(), dys.get(2).cloned().flatten()),
-                true => (None, dys.get(1).cloned().flatten()),
-            };
+            let dy = |k: usize| dys.get(k).cloned().flatten();
+            let (dmean, dinv) = (m.and_then(dy), dy(i));
             if b.needs(x) && (dmean.is_some() || dinv.is_some()) {
                 let stats = layer_norm_stats_grad(b, *axis, x, mean.as_deref(), &inv, dmean, dinv)?;
                 out[0] = Some(match out[0].take() {
