@@ -4,8 +4,8 @@
 # device by the TorchScript exporter (opset 17, dynamic batch) and timed with `graphrun
 # bench` on CUDA in bf16 (forward at batch 1 and 32, forward + backward at batch 64) beside
 # PyTorch eager from the bench reference script (carried as DEST/real_reference.py) in the
-# same call.
-#   bash DEST/device_conv.sh [tests] [bench]
+# same call (`torch`: eager and torch.compile; the compiles take most of a call).
+#   bash DEST/device_conv.sh [tests] [bench] [torch]
 set -u
 C=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/out}
@@ -18,7 +18,7 @@ export GRAPHRUN_REQUIRE_CUDA=1 GRAPHRUN_CUDA_CACHE=/tmp/kcache GRAPHRUN_ONNX_NOD
 [ -e /work/main ] || { mkdir -p /work && ln -s "$PWD" /work/main; }
 mkdir -p /work/main/target/release /work/main/target/debug
 cp $X/graphrun /work/main/target/release/graphrun && cp $X/graphrun /work/main/target/debug/graphrun
-what=${*:-tests bench}
+what=${*:-tests bench torch}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 if [[ $what == *tests* ]]; then
     for t in $X/tests/*; do
@@ -38,12 +38,18 @@ torch.onnx.export(m, (x,), "/tmp/resnet50.onnx", dynamo=False, opset_version=17,
 print("exported /tmp/resnet50.onnx")
 PY
     G=$X/graphrun
-    for b in 1 32; do
-        timeout 150 $G bench /tmp/resnet50.onnx --backend cuda --dtype bf16 --dim batch=$b --iters 20 --warmup 5 \
-            --json $R/gr_fwd_b$b.json 2>&1 | head -n 16
+    # cuDNN (the default where it is found), and the Im2Col + cuBLASLt path beside it.
+    for tune in cuda_cudnn=1 cuda_cudnn=0; do
+        echo "== $tune"
+        for b in 1 32; do
+            timeout 150 $G bench /tmp/resnet50.onnx --backend cuda --dtype bf16 --dim batch=$b --iters 20 --warmup 5 \
+                --tune $tune --json $R/gr_fwd_b${b}_$tune.json 2>&1 | head -n 16
+        done
+        timeout 200 $G bench /tmp/resnet50.onnx --backend cuda --dtype bf16 --dim batch=64 --backward --iters 10 --warmup 3 \
+            --tune $tune --json $R/gr_bwd_b64_$tune.json 2>&1 | head -n 16
     done
-    timeout 200 $G bench /tmp/resnet50.onnx --backend cuda --dtype bf16 --dim batch=64 --backward --iters 10 --warmup 3 \
-        --json $R/gr_bwd_b64.json 2>&1 | head -n 16
-    timeout 200 python3 $C/real_reference.py --workload resnet50,resnet50_b1,resnet50_b32 --dtype bf16 \
-        --pass fwd,train --mode eager --json $R/torch.json 2>&1 | tail -n 8
+fi
+if [[ $what == *torch* ]]; then
+    timeout 500 python3 $C/real_reference.py --workload resnet50,resnet50_b1,resnet50_b32 --dtype bf16 \
+        --pass fwd,train --mode eager,compile --json $R/torch.json 2>&1 | tail -n 8
 fi

@@ -300,6 +300,40 @@ pub fn random_graph(data: &[u8], max_nodes: usize) -> (Graph, HashMap<String, Te
                         }
                         Err(_) => (op("Identity", &[]), vec![x]),
                     }
+                } else if b.pick(2) == 0 {
+                    // Conv, with a bias or not: [B, 1, F] → [B, M, L].
+                    let (m, trainable) = (1 + b.pick(3), b.pick(2) == 0);
+                    let mut ins = vec![img.clone()];
+                    ins.push(init(&mut g, &mut consts, &[m, 1, k], &mut rng, trainable));
+                    if b.pick(2) == 0 {
+                        ins.push(init(&mut g, &mut consts, &[m], &mut rng, trainable));
+                    }
+                    let conv = op("Conv", &win);
+                    let img_t = ValueType::new(dt, &[xt.shape[0], 1, last]);
+                    let types: Vec<Option<ValueType>> = ins
+                        .iter()
+                        .map(|v| match v == &img {
+                            true => Some(img_t.clone()),
+                            false => consts.get(v).map(|t| ValueType::new(t.dtype(), t.shape())),
+                        })
+                        .collect();
+                    let refs: Vec<Option<&ValueType>> = types.iter().map(Option::as_ref).collect();
+                    let probe = Node {
+                        name: String::new(),
+                        op: conv.clone(),
+                        inputs: ins.clone(),
+                        outputs: vec![String::new()],
+                        loc: None,
+                    };
+                    let ev = &crate::backends::cpu::HOST_EVAL;
+                    match infer_node(&probe, &refs, &vec![None; refs.len()], ev) {
+                        Ok(_) => {
+                            g.nodes.push(img_node);
+                            vals.push((img, img_t));
+                            (conv, ins)
+                        }
+                        Err(_) => (op("Identity", &[]), vec![x]),
+                    }
                 } else {
                     g.nodes.push(img_node);
                     vals.push((img.clone(), ValueType::new(dt, &[xt.shape[0], 1, last])));

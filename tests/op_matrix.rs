@@ -7,6 +7,8 @@
 //! under README's operator table).
 
 mod common;
+#[path = "common/conv_matrix.rs"]
+mod conv_matrix;
 use common::*;
 use graphrun::graph::{Op, UnaryOp};
 use graphrun::rng::Rng;
@@ -779,4 +781,10 @@ fn selections_and_products_on_every_backend() {
             }
         }
     });
+}
+
+/// Conv and ConvGrad × every backend × every floating dtype (tests/common/conv_matrix.rs).
+#[test]
+fn convolutions_on_every_backend_and_dtype() {
+    conv_matrix::convolutions_match_the_cpu(&backends());
 }

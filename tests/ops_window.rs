@@ -369,6 +369,24 @@ fn conv_cases() -> Vec<ConvCase> {
             win: win(&[2, 2], &[], &[], "", false),
             kernel_attr: true,
         },
+        // Depthwise with a channel multiplier of 2, dilated and padded.
+        ConvCase {
+            x: vec![2, 3, 6, 6],
+            w: vec![6, 1, 3, 3],
+            bias: true,
+            groups: 3,
+            win: win(&[1, 1], &[2, 2], &[2, 1, 2, 1], "", false),
+            kernel_attr: true,
+        },
+        // Images large enough to be taken in turn, gemm threading within each.
+        ConvCase {
+            x: vec![2, 32, 16, 16],
+            w: vec![64, 32, 3, 3],
+            bias: true,
+            groups: 1,
+            win: win(&[], &[], &[1, 1, 1, 1], "", false),
+            kernel_attr: true,
+        },
         // A 1×1 convolution (a per-position matrix product).
         ConvCase {
             x: vec![2, 5, 3, 3],
@@ -431,7 +449,13 @@ fn conv_on_every_backend() {
 
 #[test]
 fn conv_has_gradients() {
-    for (k, c) in conv_cases().iter().enumerate() {
+    // (Finite differences over every element: the case sized for threading is left to
+    // the forward test and tests/op_matrix.rs's gradient comparison.)
+    for (k, c) in conv_cases()
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.x.iter().product::<usize>() < 4096)
+    {
         let wrt: Vec<usize> = if c.bias { vec![0, 1, 2] } else { vec![0, 1] };
         check_grads(
             &format!("Conv case {k}"),
@@ -440,6 +464,58 @@ fn conv_has_gradients() {
             10 + k as u64,
             c.reference(),
         );
+    }
+}
+
+/// The case too large for element-wise finite differences: autodiff's gradients checked
+/// along random directions u, ⟨grad, u⟩ against the reference loss's central difference
+/// (exact up to rounding: the loss is linear in each input).
+#[test]
+fn large_conv_gradients_along_random_directions() {
+    use std::collections::HashMap;
+    let cases = conv_cases();
+    let c = cases
+        .iter()
+        .find(|c| c.x.iter().product::<usize>() >= 4096)
+        .expect("a large case");
+    let case = c.case(false);
+    let args = case.args(DType::F64);
+    let vals: Vec<Vec<f64>> = args
+        .iter()
+        .map(|t| t.as_ref().map(Tensor::to_f64_vec).unwrap_or_default())
+        .collect();
+    let reference = c.reference();
+    let (shape, _) = reference(&vals).remove(0);
+    let dy = randn(&shape, 5).to_f64_vec();
+    let seeds = HashMap::from([(case.outputs[0].to_string(), f64s(&shape, &dy))]);
+    let mut s = Session::new(case.graph(DType::F64), SessionOptions::unfused()).unwrap();
+    let grads = s.backward(&case.feeds(&args), &seeds).unwrap().grads;
+    let loss = |v: &[Vec<f64>]| -> f64 {
+        let (_, y) = reference(v).remove(0);
+        y.iter().zip(&dy).map(|(a, b)| a * b).sum()
+    };
+    for (k, (name, _)) in case.inputs.iter().enumerate() {
+        let got = grads
+            .iter()
+            .find(|(n, _)| n == name)
+            .unwrap()
+            .1
+            .to_f64_vec();
+        for seed in 0..2 {
+            let u = randn(&[vals[k].len()], 40 + seed).to_f64_vec();
+            let h = 1e-2;
+            let (mut p, mut m) = (vals.clone(), vals.clone());
+            for i in 0..u.len() {
+                p[k][i] += h * u[i];
+                m[k][i] -= h * u[i];
+            }
+            let fd = (loss(&p) - loss(&m)) / (2.0 * h);
+            let dot: f64 = got.iter().zip(&u).map(|(g, u)| g * u).sum();
+            assert!(
+                (fd - dot).abs() <= 1e-8 * fd.abs().max(1.0),
+                "d/d{name} along direction {seed}: autodiff {dot}, difference {fd}"
+            );
+        }
     }
 }
 

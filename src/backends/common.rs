@@ -539,13 +539,23 @@ pub fn window_geom(
     } else {
         attr.clone()
     };
+    place(window, &kernel, image, fill).map_err(fail)
+}
+
+/// The geometry of `kernel` sliding over `image` (`[N, C, *spatial]`).
+fn place(
+    window: &crate::graph::window::Window,
+    kernel: &[usize],
+    image: &[usize],
+    fill: [f64; 2],
+) -> std::result::Result<WindowGeom, String> {
     let r = kernel.len();
     if image.len() != r + 2 || r > 3 {
-        return Err(fail(format!(
+        return Err(format!(
             "graphrun's windows are 1-, 2- or 3-D; got a kernel of rank {r} on an image of shape {image:?}"
-        )));
+        ));
     }
-    let placed = window.place(&image[2..], &kernel).map_err(fail)?;
+    let placed = window.place(&image[2..], kernel)?;
     let pad3 = |v: &[usize], fill: usize| {
         let mut a = [fill; 3];
         a[3 - r..].copy_from_slice(v);
@@ -556,12 +566,65 @@ pub fn window_geom(
         c: image[1],
         image: pad3(&image[2..], 1),
         out: pad3(&placed.out, 1),
-        kernel: pad3(&kernel, 1),
+        kernel: pad3(kernel, 1),
         strides: pad3(&placed.strides, 1),
         dilations: pad3(&placed.dilations, 1),
         begin: pad3(&placed.begin, 0),
         end: pad3(&placed.end, 0),
         fill,
+    })
+}
+
+/// What a Conv or ConvGrad launch needs: the window over X (all C channels, zero
+/// padding) and the output channels M in `group` groups.
+#[derive(Clone, Copy, Debug)]
+pub struct ConvGeom {
+    pub g: WindowGeom,
+    pub m: usize,
+    pub group: usize,
+    /// The spatial rank (1 to 3; `g` pads it to 3).
+    pub rank: usize,
+}
+
+impl ConvGeom {
+    /// Input channels per group.
+    pub fn cg(&self) -> usize {
+        self.g.c / self.group
+    }
+    /// Output channels per group.
+    pub fn mg(&self) -> usize {
+        self.m / self.group
+    }
+    /// A group's column height (C/group)·K.
+    pub fn ckg(&self) -> usize {
+        self.cg() * self.g.k()
+    }
+    /// Whether each column is the image itself (a 1×1 kernel, stride 1, no padding).
+    pub fn pointwise(&self) -> bool {
+        self.g.k() == 1
+            && self.g.strides == [1; 3]
+            && self.g.begin == [0; 3]
+            && self.g.end == [0; 3]
+    }
+}
+
+/// The geometry of a Conv (X, W) or ConvGrad (dY, X, W) node.
+pub fn conv_geom(node: &Node, x: &[usize], w: &[usize]) -> Result<ConvGeom> {
+    let (Op::Conv { window, group, .. } | Op::ConvGrad { window, group, .. }) = &node.op else {
+        unreachable!("conv_geom is for Conv and ConvGrad")
+    };
+    let fail = |m: String| crate::error::Error::Runtime(format!("{}: {m}", node.describe()));
+    if w.len() < 3 {
+        return Err(fail(format!(
+            "W must be [M, C/group, kernel...], got {w:?}"
+        )));
+    }
+    let g = place(window, &w[2..], x, [0.0; 2]).map_err(fail)?;
+    Ok(ConvGeom {
+        g,
+        m: w[0],
+        group: *group,
+        rank: w.len() - 2,
     })
 }
 

@@ -82,6 +82,9 @@ pub struct Tuning {
     /// step with one bucket, 2.564 with 8 MiB buckets, 2.569 with 2 MiB;
     /// docs/BENCHMARKS.md).
     pub dp_bucket_bytes: usize,
+    /// CUDA convolutions through cuDNN where it is found (off: Im2Col columns in scratch
+    /// and cuBLASLt, the path taken without cuDNN; for testing it and comparing the two).
+    pub cuda_cudnn: bool,
 }
 
 impl Tuning {
@@ -99,10 +102,11 @@ impl Tuning {
         k_major_weights: true,
         dp_stream_priority: None,
         dp_bucket_bytes: 64 << 20,
+        cuda_cudnn: true,
     };
 
     /// The keys `set` takes: the field names.
-    pub const KEYS: [&'static str; 12] = [
+    pub const KEYS: [&'static str; 13] = [
         "cuda_attention",
         "cuda_attention_f32",
         "cublaslt_tune",
@@ -115,6 +119,7 @@ impl Tuning {
         "k_major_weights",
         "dp_stream_priority",
         "dp_bucket_bytes",
+        "cuda_cudnn",
     ];
 
     /// Sets one switch by its field name. Switches on or off take 1/0, true/false or
@@ -145,6 +150,7 @@ impl Tuning {
             }
             "wgpu_subgroups" => self.wgpu_subgroups = flag()?,
             "k_major_weights" => self.k_major_weights = flag()?,
+            "cuda_cudnn" => self.cuda_cudnn = flag()?,
             "dp_stream_priority" => {
                 self.dp_stream_priority = match v {
                     "default" => None,

@@ -510,6 +510,29 @@ pub enum Op {
     },
     /// `(dY, XShape, starts, ends, [axes], [steps]) -> dX`: dY placed into zeros.
     SliceGrad,
+    /// `(X [N, C, *spatial], W [M, C/group, *kernel], [B [M]]) -> Y [N, M, *out]`: ONNX's
+    /// Conv (1-, 2- or 3-D), the kernel's dims read from W's shape. One op rather than its
+    /// Im2Col-and-MatMul form, so a backend can hand it whole to a library (cuDNN) or to a
+    /// kernel that never lays out all the columns at once.
+    Conv {
+        /// The kernel's spatial dims as written (ONNX `kernel_shape`, checked against W's);
+        /// empty when not written.
+        kernel: Vec<usize>,
+        /// Strides, dilations and padding of the sliding window.
+        window: Window,
+        /// The number of channel groups.
+        group: usize,
+    },
+    /// `(dY, X, W) -> ([dX], [dW])`: Conv's gradients with respect to X and W, each
+    /// computed only when its output is named (the bias gradient is a ReduceSum).
+    ConvGrad {
+        /// The forward Conv's `kernel_shape`.
+        kernel: Vec<usize>,
+        /// The forward Conv's window.
+        window: Window,
+        /// The forward Conv's groups.
+        group: usize,
+    },
     /// `(X, [kernel_shape]) -> [N, C·K, *out]`: every window of the `[N, C, *spatial]`
     /// image laid out as a column (K = the kernel's size, `window.rs`); `pad_value` fills
     /// the padding and `beyond_value` what ceil_mode's last windows read past it. The
@@ -648,6 +671,7 @@ pub static GRAD_OP_NAMES: std::sync::LazyLock<Vec<&'static str>> = std::sync::La
         "AttentionGrad",
         "VarlenAttentionGrad",
         "RotaryGrad",
+        "ConvGrad",
     ]);
     v
 });
@@ -697,6 +721,7 @@ const OTHER_OP_NAMES: &[&str] = &[
     "ScatterElements",
     "ScatterND",
     "Col2Im",
+    "Conv",
     "Shape",
     "Constant",
     "Trilu",
@@ -1016,6 +1041,8 @@ impl Op {
             Op::GatherNDGrad { .. } => "GatherNDGrad",
             Op::Pad { .. } => "Pad",
             Op::PadGrad { .. } => "PadGrad",
+            Op::Conv { .. } => "Conv",
+            Op::ConvGrad { .. } => "ConvGrad",
             Op::Im2Col { .. } => "Im2Col",
             Op::Col2Im { .. } => "Col2Im",
             Op::ResizeMatrix { .. } => "ResizeMatrix",
@@ -1124,6 +1151,15 @@ impl Op {
                 Op::VarlenAttentionGrad { is_causal, scale }
             }
             Op::Rotary { interleaved } => Op::RotaryGrad { interleaved },
+            Op::Conv {
+                kernel,
+                window,
+                group,
+            } => Op::ConvGrad {
+                kernel,
+                window,
+                group,
+            },
             _ => return None,
         })
     }
@@ -1174,6 +1210,15 @@ impl Op {
                 Op::VarlenAttention { is_causal, scale }
             }
             Op::RotaryGrad { interleaved } => Op::Rotary { interleaved },
+            Op::ConvGrad {
+                kernel,
+                window,
+                group,
+            } => Op::Conv {
+                kernel,
+                window,
+                group,
+            },
             _ => return None,
         })
     }
@@ -1195,6 +1240,7 @@ impl Op {
                 | Op::AttentionGrad { .. }
                 | Op::VarlenAttentionGrad { .. }
                 | Op::RotaryGrad { .. }
+                | Op::ConvGrad { .. }
         )
     }
 
@@ -1227,6 +1273,8 @@ impl Op {
             Op::ScatterElements { .. } | Op::ScatterND { .. } => (3, 3, 1, 1),
             Op::Pad { .. } => (2, 4, 1, 1),
             Op::PadGrad { .. } => (2, 3, 1, 1),
+            Op::Conv { .. } => (2, 3, 1, 1),
+            Op::ConvGrad { .. } => (3, 3, 1, 2),
             Op::Im2Col { .. } => (1, 2, 1, 1),
             Op::Col2Im { .. } => (2, 3, 1, 1),
             Op::ResizeMatrix { .. } => (1, 4, 1, 2),
@@ -1439,6 +1487,25 @@ impl Op {
             "ScatterND" => Op::ScatterND {
                 reduction: a.scatter_reduction()?,
             },
+            "Conv" => {
+                let window = Window::parse(|k| a.get(k).map(|at| at.value.clone()), false)
+                    .map_err(|m| a.err(None, m))?;
+                let kernel = a.ints("kernel_shape")?.unwrap_or_default();
+                let group = a.int_or("group", 1)?;
+                if kernel.iter().any(|&d| d < 1) || group < 1 {
+                    return Err(a.err(
+                        None,
+                        format!(
+                            "kernel_shape must hold positive values and group be positive, got {kernel:?} and {group}"
+                        ),
+                    ));
+                }
+                Op::Conv {
+                    kernel: kernel.into_iter().map(|d| d as usize).collect(),
+                    window,
+                    group: group as usize,
+                }
+            }
             "Im2Col" | "Col2Im" => {
                 let window = Window::parse(|k| a.get(k).map(|at| at.value.clone()), true)
                     .map_err(|m| a.err(None, m))?;
@@ -1813,6 +1880,22 @@ impl Op {
                 *pad_value,
                 *beyond_value,
             )),
+            Op::Conv {
+                kernel,
+                window,
+                group,
+            } => {
+                if !kernel.is_empty() {
+                    v.push((
+                        "kernel_shape",
+                        V::Ints(kernel.iter().map(|&d| d as i64).collect()),
+                    ));
+                }
+                v.extend(window.attrs());
+                if *group != 1 {
+                    v.push(("group", V::Int(*group as i64)));
+                }
+            }
             Op::Col2Im { block, window } => {
                 if !block.is_empty() {
                     v.push(("block", V::Ints(block.iter().map(|&d| d as i64).collect())));
@@ -1977,7 +2060,8 @@ pub fn op_table_markdown() -> String {
         | "Flatten" | "Expand" | "Gather" | "Shape" | "Constant" | "Trilu" => "shape",
         "GatherElements" | "GatherND" | "Pad" | "ScatterElements" | "ScatterND" => "indexing",
         "NonZero" | "Unique" => "data-dependent shape (host, at plan time)",
-        "Col2Im" => "sliding window (Conv, ConvTranspose and the pools are written on it)",
+        "Col2Im" => "sliding window (ConvTranspose and the pools are written on it)",
+        "Conv" => "convolution",
         "SoftmaxCrossEntropyLoss" => "loss",
         "Attention" | "VarlenAttention" => "attention (fused)",
         "Rotary" => "rotary position embedding (fused)",

@@ -176,7 +176,7 @@ impl<'a, F: Real> RowView<'a, F> {
 type Epilogue<'a, F> = &'a (dyn Fn(usize, &mut [F]) + Sync);
 
 /// `x` in its accumulation type: borrowed when it already is (f32, f64), widened otherwise.
-fn widen<T: Float>(x: &[T]) -> Cow<'_, [T::Acc]> {
+pub(super) fn widen<T: Float>(x: &[T]) -> Cow<'_, [T::Acc]> {
     if TypeId::of::<T>() == TypeId::of::<T::Acc>() {
         // SAFETY: T and T::Acc are the same type.
         Cow::Borrowed(unsafe { std::slice::from_raw_parts(x.as_ptr().cast(), x.len()) })
@@ -200,7 +200,7 @@ fn acc_mut<T: Float>(x: &mut [T]) -> Option<&mut [T::Acc]> {
 
 /// Runs `f` on `out` in the accumulation type: in place for f32/f64, else in scratch
 /// rounded into `out` afterwards.
-fn fill_acc<T: Float>(out: &mut [T], f: impl FnOnce(&mut [T::Acc])) {
+pub(super) fn fill_acc<T: Float>(out: &mut [T], f: impl FnOnce(&mut [T::Acc])) {
     match acc_mut(out) {
         Some(o) => f(o),
         None => {

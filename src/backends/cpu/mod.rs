@@ -3,6 +3,7 @@
 //! f16/bf16 are stored as such and computed in f32; f64 is computed in f64.
 
 mod attention;
+mod conv;
 mod data_shaped;
 mod elementwise;
 mod matmul;
@@ -298,6 +299,8 @@ pub fn run_node(
         }
         Op::Pad { .. } => shape::pad(node, x(0)?, ins, &mut outs[0]),
         Op::PadGrad { .. } => shape::pad_grad(node, x(0)?, ins, &mut outs[0]),
+        Op::Conv { .. } => conv::conv(node, x(0)?, x(1)?, opt(2), &mut outs[0]),
+        Op::ConvGrad { .. } => conv::conv_grad(node, x(0)?, x(1)?, x(2)?, outs, &want),
         Op::Im2Col { .. } => window::im2col(node, x(0)?, ins, &mut outs[0]),
         Op::Col2Im { .. } => window::col2im(node, x(0)?, ins, &mut outs[0]),
         Op::ScatterElements { reduction, .. } | Op::ScatterND { reduction } => {

@@ -14,7 +14,7 @@ fn read(ins: &[Option<&Tensor>], i: usize) -> Result<Option<Vec<i64>>> {
 
 /// Per axis, where kernel offset jd and output position od read (`jd · out + od`): the
 /// position on that axis, or `PAD` / `BEYOND`.
-fn axis_tables(g: &WindowGeom) -> [Vec<i64>; 3] {
+pub(super) fn axis_tables(g: &WindowGeom) -> [Vec<i64>; 3] {
     std::array::from_fn(|d| {
         let (n, size) = (g.out[d], g.image[d] as i64);
         (0..g.kernel[d] * n)
@@ -37,7 +37,12 @@ fn axis_tables(g: &WindowGeom) -> [Vec<i64>; 3] {
 /// axes from the per-axis tables (no division per element): `s` is the image's flat
 /// spatial offset, or `PAD` / `BEYOND` (past the padding on any axis wins over padding).
 #[inline]
-fn walk_row(g: &WindowGeom, tabs: &[Vec<i64>; 3], j: usize, mut f: impl FnMut(usize, i64)) {
+pub(super) fn walk_row(
+    g: &WindowGeom,
+    tabs: &[Vec<i64>; 3],
+    j: usize,
+    mut f: impl FnMut(usize, i64),
+) {
     let [_, h1, h2] = g.image.map(|d| d as i64);
     let [o0, o1, o2] = g.out;
     let [_, k1, k2] = g.kernel;

@@ -462,6 +462,7 @@ pub fn doctor_lines() -> Vec<String> {
         device_count()
     ));
     v.push(super::nccl::doctor_line());
+    v.push(super::cudnn::doctor_line());
     v
 }
 

@@ -950,3 +950,38 @@ fn accumulate(
     }
     Ok(())
 }
+
+/// `batch` row-major products `D[i] = op(A)[i]·op(B)[i]` (added onto D[i] when
+/// `accumulate`), operand i at `base + i·stride` elements: the GEMMs of a convolution
+/// without cuDNN (conv.rs).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn strided_batch(
+    c: &Cuda,
+    dt: DType,
+    (m, n, k): (usize, usize, usize),
+    (ta, tb): (bool, bool),
+    batch: usize,
+    (a, sa): (u64, usize),
+    (b, sb): (u64, usize),
+    (d, sd): (u64, usize),
+    accumulate: bool,
+) -> Result<()> {
+    let s = Shape {
+        batch,
+        sa: sa as i64,
+        sb: sb as i64,
+        sd: sd as i64,
+        ..shape0(dt, m, n, k, ta, tb, EPI_DEFAULT)
+    };
+    product(
+        c,
+        s,
+        a,
+        b,
+        d,
+        None,
+        1.0,
+        if accumulate { 1.0 } else { 0.0 },
+        0,
+    )
+}

@@ -12,6 +12,8 @@
 //! cannot be recorded, and that step simply runs eagerly.
 
 pub(crate) mod attention;
+mod conv;
+mod cudnn;
 pub(crate) mod device;
 mod elementwise;
 mod matmul;
@@ -50,6 +52,8 @@ pub struct Cuda {
     /// The optimizer kernels' non-finite note: the smallest slot whose update left a NaN
     /// or an infinity, u32::MAX for none (`Backend::take_nonfinite`).
     nonfinite: CudaSlice<u32>,
+    /// cuDNN for convolutions, set up at the first one (`None` inside: not found).
+    dnn: std::cell::OnceCell<Option<cudnn::Cudnn>>,
 }
 
 /// A worker's NCCL communicator and the side stream its gradient averages run on, so
@@ -118,6 +122,7 @@ impl Cuda {
             comm: None,
             sgd: Default::default(),
             nonfinite,
+            dnn: Default::default(),
         })
     }
 
@@ -215,6 +220,16 @@ impl Cuda {
             crate::bail!(Runtime, "internal: output read as an input");
         };
         download(&self.stream, b, v.ty)
+    }
+
+    /// cuDNN on this backend's stream, set up at the first call; `None` where the library
+    /// is not found.
+    fn cudnn(&self) -> Result<Option<&cudnn::Cudnn>> {
+        if self.dnn.get().is_none() {
+            let d = cudnn::Cudnn::new(&self.stream, self.blas.tf32())?;
+            let _ = self.dnn.set(d);
+        }
+        Ok(self.dnn.get().and_then(Option::as_ref))
     }
 
     fn memset0(&self, v: &V) -> Result<()> {
@@ -639,6 +654,10 @@ impl Cuda {
             }
             Op::Pad { .. } => shape::pad(self, node, &x(0)?, ins, &y),
             Op::PadGrad { .. } => shape::pad_grad(self, node, &x(0)?, ins, &y),
+            Op::Conv { .. } => conv::conv(self, node, &x(0)?, &x(1)?, opt(2), &y),
+            Op::ConvGrad { .. } => {
+                conv::conv_grad(self, node, [&x(0)?, &x(1)?, &x(2)?], outs, want)
+            }
             Op::Im2Col { .. } => shape::im2col(self, node, &x(0)?, ins, &y),
             Op::Col2Im { .. } => shape::col2im(self, node, &x(0)?, ins, &y),
             Op::ScatterElements { reduction, .. } | Op::ScatterND { reduction } => {

@@ -75,16 +75,19 @@ pub struct Nccl {
     _lib: libloading::Library,
 }
 
-/// Candidate files, in order.
-fn candidates() -> Vec<PathBuf> {
+/// The files to try for a CUDA library, in order: the file named by the environment
+/// variable `env`, then each of `sonames` through the dynamic loader's own search
+/// (LD_LIBRARY_PATH, ld.so.cache), then `<site-packages>/nvidia/<wheel_dir>/lib/<first
+/// soname>` in the Python installations of the usual prefixes (system, conda, virtualenv,
+/// `pip install --user`, pyenv), newest Python first: where the pip wheels that PyTorch
+/// depends on put them (nvidia-nccl-cu13, nvidia-cudnn-cu13, ...). Shared with cudnn.rs.
+pub(super) fn library_candidates(env: &str, sonames: &[&str], wheel_dir: &str) -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = vec![];
-    if let Ok(p) = std::env::var("GRAPHRUN_NCCL") {
+    if let Ok(p) = std::env::var(env) {
         v.push(p.into());
     }
-    // Bare names: the dynamic loader's own search (LD_LIBRARY_PATH, ld.so.cache).
-    v.push("libnccl.so.2".into());
-    v.push("libnccl.so".into());
-    // The pip wheel (nvidia-nccl-cu12/cu13) inside Python installations.
+    v.extend(sonames.iter().map(PathBuf::from));
+    let home = std::env::var("HOME").ok().map(PathBuf::from);
     let mut prefixes: Vec<PathBuf> = ["/usr/local/lib", "/usr/lib", "/opt/conda/lib"]
         .iter()
         .map(PathBuf::from)
@@ -94,9 +97,27 @@ fn candidates() -> Vec<PathBuf> {
             prefixes.push(PathBuf::from(p).join("lib"));
         }
     }
-    if let Ok(h) = std::env::var("HOME") {
-        prefixes.push(PathBuf::from(h).join(".local/lib"));
+    if let Some(h) = &home {
+        prefixes.push(h.join(".local/lib"));
     }
+    // pyenv: every installed version's lib folder.
+    let pyenv_roots = [
+        std::env::var("PYENV_ROOT").ok().map(PathBuf::from),
+        home.map(|h| h.join(".pyenv")),
+    ];
+    for root in pyenv_roots.into_iter().flatten() {
+        let Ok(dir) = std::fs::read_dir(root.join("versions")) else {
+            continue;
+        };
+        let mut versions: Vec<PathBuf> = dir.flatten().map(|e| e.path().join("lib")).collect();
+        versions.sort();
+        for lib in versions.into_iter().rev() {
+            if !prefixes.contains(&lib) {
+                prefixes.push(lib);
+            }
+        }
+    }
+    let file = sonames.first().copied().unwrap_or_default();
     for pre in prefixes {
         let Ok(dir) = std::fs::read_dir(&pre) else {
             continue;
@@ -113,11 +134,22 @@ fn candidates() -> Vec<PathBuf> {
         pys.sort();
         for py in pys.iter().rev() {
             for site in ["site-packages", "dist-packages"] {
-                v.push(py.join(site).join("nvidia/nccl/lib/libnccl.so.2"));
+                v.push(
+                    py.join(site)
+                        .join("nvidia")
+                        .join(wheel_dir)
+                        .join("lib")
+                        .join(file),
+                );
             }
         }
     }
     v
+}
+
+/// Candidate files, in order.
+fn candidates() -> Vec<PathBuf> {
+    library_candidates("GRAPHRUN_NCCL", &["libnccl.so.2", "libnccl.so"], "nccl")
 }
 
 fn open() -> std::result::Result<Nccl, String> {

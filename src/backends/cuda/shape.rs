@@ -358,15 +358,25 @@ fn win_geom(g: &common::WindowGeom) -> WinGeom {
 /// Im2Col: one thread per column entry.
 pub fn im2col(c: &Cuda, node: &Node, x: &V, ins: &[Option<V>], y: &V) -> Result<()> {
     let g = common::window_geom(node, x.shape(), |i| read_opt(c, ins, i))?;
+    im2col_geom(c, &g, x.dtype(), x.p, y.p, y.numel())
+}
+
+/// The `n` column entries at `y` of the image at `x` under the window `g`.
+pub(super) fn im2col_geom(
+    c: &Cuda,
+    g: &common::WindowGeom,
+    dt: DType,
+    x: u64,
+    y: u64,
+    n: usize,
+) -> Result<()> {
     let [pad_value, beyond_value] = g.fill;
-    let dt = x.dtype();
-    let n = y.numel();
     let args = [
-        Arg::Ptr(x.p),
-        Arg::Ptr(y.p),
+        Arg::Ptr(x),
+        Arg::Ptr(y),
         Arg::U64(common::fill_bits(dt, pad_value)),
         Arg::U64(common::fill_bits(dt, beyond_value)),
-        Arg::Window(win_geom(&g)),
+        Arg::Window(win_geom(g)),
         Arg::I64(n as i64),
     ];
     c.launch_n(&format!("im2col_{}", word(dt)), n, &args)
@@ -378,12 +388,23 @@ pub fn col2im(c: &Cuda, node: &Node, cols: &V, ins: &[Option<V>], y: &V) -> Resu
         return Err(unsupported(node, y.dtype()));
     }
     let g = common::window_geom(node, y.shape(), |i| read_opt(c, ins, i))?;
-    let n = y.numel();
+    col2im_geom(c, &g, y.dtype(), cols.p, y.p, y.numel())
+}
+
+/// The `n` image elements at `y` summed from the columns at `cols` of window `g`.
+pub(super) fn col2im_geom(
+    c: &Cuda,
+    g: &common::WindowGeom,
+    dt: DType,
+    cols: u64,
+    y: u64,
+    n: usize,
+) -> Result<()> {
     let args = [
-        Arg::Ptr(cols.p),
-        Arg::Ptr(y.p),
-        Arg::Window(win_geom(&g)),
+        Arg::Ptr(cols),
+        Arg::Ptr(y),
+        Arg::Window(win_geom(g)),
         Arg::I64(n as i64),
     ];
-    c.launch_n(&format!("col2im_{}", suffix(y.dtype())), n, &args)
+    c.launch_n(&format!("col2im_{}", suffix(dt)), n, &args)
 }

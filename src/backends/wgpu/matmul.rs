@@ -21,31 +21,38 @@ const BIG_MIN_TILES: usize = 8;
 const BIAS: usize = 1;
 const RES: usize = 2;
 const PRE: usize = 4;
-const ACCUM: usize = 8;
+pub(super) const ACCUM: usize = 8;
 
 /// One (batched) product `D[z] = epi(alpha · op(A)[z] · op(B)[z])` over strided operands.
 #[derive(Clone)]
-struct Product {
-    dt: DType,
-    m: usize,
-    n: usize,
-    k: usize,
+pub(super) struct Product {
+    pub(super) dt: DType,
+    pub(super) m: usize,
+    pub(super) n: usize,
+    pub(super) k: usize,
     /// A(m, k) strides and B(k, n) strides, in elements.
-    a: (i64, i64),
-    b: (i64, i64),
+    pub(super) a: (i64, i64),
+    pub(super) b: (i64, i64),
     /// The output's batch dims and each operand's (A, B, R) strides over them.
-    batch: Vec<usize>,
-    bst: [Vec<i64>; 3],
-    base: [i64; 3],
-    d_off: usize,
-    alpha: f32,
-    flags: usize,
-    rscale: f32,
-    r: (i64, i64),
+    pub(super) batch: Vec<usize>,
+    pub(super) bst: [Vec<i64>; 3],
+    pub(super) base: [i64; 3],
+    pub(super) d_off: usize,
+    pub(super) alpha: f32,
+    pub(super) flags: usize,
+    pub(super) rscale: f32,
+    pub(super) r: (i64, i64),
 }
 
 impl Product {
-    fn new(dt: DType, m: usize, n: usize, k: usize, a: (i64, i64), b: (i64, i64)) -> Product {
+    pub(super) fn new(
+        dt: DType,
+        m: usize,
+        n: usize,
+        k: usize,
+        a: (i64, i64),
+        b: (i64, i64),
+    ) -> Product {
         Product {
             dt,
             m,
@@ -66,16 +73,22 @@ impl Product {
 }
 
 /// Buffers of a product; absent optional ones are bound to scratch.
-struct Bufs<'a> {
-    a: &'a wgpu::Buffer,
-    b: &'a wgpu::Buffer,
-    d: &'a wgpu::Buffer,
-    bias: Option<&'a wgpu::Buffer>,
-    res: Option<&'a wgpu::Buffer>,
-    pre: Option<&'a wgpu::Buffer>,
+pub(super) struct Bufs<'a> {
+    pub(super) a: &'a wgpu::Buffer,
+    pub(super) b: &'a wgpu::Buffer,
+    pub(super) d: &'a wgpu::Buffer,
+    pub(super) bias: Option<&'a wgpu::Buffer>,
+    pub(super) res: Option<&'a wgpu::Buffer>,
+    pub(super) pre: Option<&'a wgpu::Buffer>,
 }
 
-fn launch(w: &mut Wgpu, node: &Node, act: Activation, p: &Product, bufs: Bufs) -> Result<()> {
+pub(super) fn launch(
+    w: &mut Wgpu,
+    node: &Node,
+    act: Activation,
+    p: &Product,
+    bufs: Bufs,
+) -> Result<()> {
     let dt = float_defs(w, node, p.dt)?;
     let batch = numel(&p.batch);
     if p.m == 0 || p.n == 0 || batch == 0 {

@@ -12,6 +12,7 @@
 //! host at plan time, so device integer work is rare).
 
 mod attention;
+mod conv;
 pub mod device;
 mod elementwise;
 mod matmul;
@@ -402,6 +403,10 @@ impl Wgpu {
             }
             Op::Pad { .. } => shape::pad(self, node, &x(0)?, ins, &y),
             Op::PadGrad { .. } => shape::pad_grad(self, node, &x(0)?, ins, &y),
+            Op::Conv { .. } => conv::conv(self, node, &x(0)?, &x(1)?, opt(2), &y),
+            Op::ConvGrad { .. } => {
+                conv::conv_grad(self, node, [&x(0)?, &x(1)?, &x(2)?], outs, want)
+            }
             Op::Im2Col { .. } => shape::im2col(self, node, &x(0)?, ins, &y),
             Op::Col2Im { .. } => shape::col2im(self, node, &x(0)?, ins, &y),
             Op::ScatterElements { reduction, .. } | Op::ScatterND { reduction } => {

@@ -449,6 +449,17 @@ fn window_params(node: &Node, g: &common::WindowGeom) -> Result<Params> {
 /// Im2Col (copy mode 7): the pad and beyond values are SX2's two elements.
 pub fn im2col(w: &mut Wgpu, node: &Node, x: &V, ins: &[Option<V>], y: &V) -> Result<()> {
     let g = common::window_geom(node, x.shape(), |i| read_opt(w, ins, i))?;
+    im2col_geom(w, node, &g, x, y)
+}
+
+/// The columns `y` of `x` under the window `g`.
+pub(super) fn im2col_geom(
+    w: &mut Wgpu,
+    node: &Node,
+    g: &common::WindowGeom,
+    x: &V,
+    y: &V,
+) -> Result<()> {
     let dt = x.dtype();
     let es = dt.size();
     let mut fill = [0u8; 16];
@@ -458,19 +469,30 @@ pub fn im2col(w: &mut Wgpu, node: &Node, x: &V, ins: &[Option<V>], y: &V) -> Res
     }
     let f = w.scratch(16);
     w.rec.write(&f, &fill)?;
-    let p = window_params(node, &g)?;
+    let p = window_params(node, g)?;
     let d = w.scratch(16);
     copy_kernel(w, 7, p, [x.buf, y.buf, &d, &f], y)
 }
 
 /// Col2Im (`col2im`): one thread per output word sums what reads its elements.
 pub fn col2im(w: &mut Wgpu, node: &Node, cols: &V, ins: &[Option<V>], y: &V) -> Result<()> {
+    let g = common::window_geom(node, y.shape(), |i| read_opt(w, ins, i))?;
+    col2im_geom(w, node, &g, cols, y)
+}
+
+/// The image `y` that the columns `cols` of window `g` sum into.
+pub(super) fn col2im_geom(
+    w: &mut Wgpu,
+    node: &Node,
+    g: &common::WindowGeom,
+    cols: &V,
+    y: &V,
+) -> Result<()> {
     let dt = y.dtype();
     float_defs(w, node, dt)?;
-    let g = common::window_geom(node, y.shape(), |i| read_opt(w, ins, i))?;
     let n = y.numel();
     let nw = words(n, dt.size());
-    let mut p = window_params(node, &g)?.u(0, nw).u(1, n);
+    let mut p = window_params(node, g)?.u(0, nw).u(1, n);
     p.0.resize(p.0.len().max(32), 0);
     let src = code(dt);
     w.run_kernel(

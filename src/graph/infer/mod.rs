@@ -309,7 +309,9 @@ pub fn shape_inputs(op: &Op) -> &'static [(usize, &'static str)] {
         | Op::AttentionGrad { .. }
         | Op::VarlenAttentionGrad { .. }
         | Op::Rotary { .. }
-        | Op::RotaryGrad { .. } => &[],
+        | Op::RotaryGrad { .. }
+        | Op::Conv { .. }
+        | Op::ConvGrad { .. } => &[],
     }
 }
 
@@ -534,7 +536,9 @@ pub fn infer_node(
         | Op::Dropout { .. }
         | Op::Rotary { .. } => nn::infer(&cx),
         Op::Attention { .. } | Op::VarlenAttention { .. } => attention::infer(&cx),
-        Op::Im2Col { .. } | Op::Col2Im { .. } => window::infer(&cx),
+        Op::Im2Col { .. } | Op::Col2Im { .. } | Op::Conv { .. } | Op::ConvGrad { .. } => {
+            window::infer(&cx)
+        }
         Op::ResizeMatrix { .. } => resize::infer(&cx),
         Op::UnaryGrad(_)
         | Op::SoftmaxGrad { .. }
@@ -742,6 +746,25 @@ pub fn flops(node: &Node, ins: &[Option<&ValueType>], outs: &[ValueType]) -> u64
         Op::SoftmaxGrad { .. } | Op::LayerNormalizationGrad { .. } => 5 * out_n,
         Op::SoftmaxCrossEntropyLossGrad { .. } => 5 * out_n,
         Op::Rotary { .. } | Op::RotaryGrad { .. } => 3 * out_n,
+        // 2·(C/group)·K multiply-adds per output element; the gradient one such product
+        // per gradient asked for.
+        Op::Conv { .. } => {
+            let w = ins[1].map(|t| t.numel() as u64).unwrap_or(0);
+            let m = ins[1]
+                .and_then(|t| t.shape.first())
+                .copied()
+                .unwrap_or(1)
+                .max(1) as u64;
+            2 * out_n * (w / m)
+        }
+        Op::ConvGrad { .. } => {
+            let (Some(dy), Some(w)) = (ins[0], ins[2]) else {
+                return 0;
+            };
+            let m = w.shape.first().copied().unwrap_or(1).max(1) as u64;
+            let wanted = node.outputs.iter().filter(|o| !o.is_empty()).count() as u64;
+            2 * dy.numel() as u64 * (w.numel() as u64 / m) * wanted
+        }
         _ => 0,
     }
 }

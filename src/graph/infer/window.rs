@@ -19,8 +19,52 @@ pub(super) fn infer(cx: &Cx) -> Result<Vec<ValueType>> {
                 crate::graph::window::col2im_shape(window, &x.shape, &image, &block).map_err(f)?;
             one(ValueType::new(x.dtype, &shape))
         }
+        Op::Conv {
+            kernel,
+            window,
+            group,
+        } => {
+            let w = need(cx, 1, "W")?;
+            let shape = conv_shape(kernel, window, *group, &x.shape, &w.shape).map_err(f)?;
+            cx.need_float(&x, "X")?;
+            if w.dtype != x.dtype {
+                return Err(f(format!("W is {} but X is {}", w.dtype, x.dtype)));
+            }
+            if let Some(b) = cx.t(2) {
+                if b.dtype != x.dtype || b.shape != [shape[1]] {
+                    return Err(f(format!(
+                        "B must be {}[{}] (one value per output channel), got {}{:?}",
+                        x.dtype, shape[1], b.dtype, b.shape
+                    )));
+                }
+            }
+            one(ValueType::new(x.dtype, &shape))
+        }
+        // (dY, X, W) -> (dX, dW)
+        Op::ConvGrad {
+            kernel,
+            window,
+            group,
+        } => {
+            let (xv, w) = (need(cx, 1, "X")?, need(cx, 2, "W")?);
+            let shape = conv_shape(kernel, window, *group, &xv.shape, &w.shape).map_err(f)?;
+            if x.shape != shape || x.dtype != xv.dtype {
+                return Err(f(format!(
+                    "dY is {}{:?} but the convolution gives {}{:?}",
+                    x.dtype, x.shape, xv.dtype, shape
+                )));
+            }
+            Ok(vec![xv, w])
+        }
         _ => unreachable!("window::infer is dispatched the window ops"),
     }
+}
+
+/// Required input `i`.
+fn need(cx: &Cx, i: usize, what: &str) -> Result<ValueType> {
+    cx.t(i)
+        .cloned()
+        .ok_or_else(|| cx.fail(format!("{what} (input {i}) is required")))
 }
 
 /// A window's kernel dims: the attribute, else the plan-time input.
@@ -36,4 +80,34 @@ fn dims(
             "{what} is required (as the input or the attribute)"
         )),
     }
+}
+
+/// Y's shape `[N, M, *out]` of a convolution of X `[N, C, *spatial]` by W
+/// `[M, C/group, *kernel]`.
+pub fn conv_shape(
+    kernel: &[usize],
+    window: &crate::graph::window::Window,
+    group: usize,
+    x: &[usize],
+    w: &[usize],
+) -> std::result::Result<Vec<usize>, String> {
+    if x.len() < 3 || x.len() > 5 || w.len() != x.len() {
+        return Err(format!(
+            "X must be [N, C, spatial...] with 1 to 3 spatial axes and W [M, C/group, kernel...] of the same rank, got X {x:?} and W {w:?}"
+        ));
+    }
+    if !kernel.is_empty() && kernel != &w[2..] {
+        return Err(format!(
+            "kernel_shape {kernel:?} is not W's spatial dims {:?}",
+            &w[2..]
+        ));
+    }
+    let (c, m) = (x[1], w[0]);
+    if w[1] * group != c || !m.is_multiple_of(group) || w[2..].contains(&0) {
+        return Err(format!(
+            "X has {c} channels and W is {w:?} with group {group}: W must be [M, C/group, kernel...] with M a multiple of group"
+        ));
+    }
+    let placed = window.place(&x[2..], &w[2..])?;
+    Ok([vec![x[0], m], placed.out].concat())
 }

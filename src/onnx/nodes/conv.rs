@@ -1,8 +1,8 @@
-//! Convolutions and pools, written on graphrun's `Im2Col` and `Col2Im` (graph/window.rs):
-//! a convolution is a MatMul of the weights over the input's columns, ConvTranspose the
-//! weights' transpose times the input summed back into an image by Col2Im, and a pool a
-//! reduction over the window axis of the columns. Every backend then runs them and
-//! autodiff differentiates them through their parts.
+//! Transposed convolutions and pools, written on graphrun's `Im2Col` and `Col2Im`
+//! (graph/window.rs): ConvTranspose is the weights' transpose times the input summed back
+//! into an image by Col2Im, and a pool a reduction over the window axis of the columns.
+//! Every backend then runs them and autodiff differentiates them through their parts.
+//! (Conv is graphrun's own op.)
 
 use super::composite::{bin, inputs, output, reshape, shape, squeeze, un, Attrs};
 use super::Importer;
@@ -15,7 +15,6 @@ use crate::tensor::{DType, Tensor};
 
 /// The ai.onnx operators written here.
 pub(super) const WINDOWED: &[&str] = &[
-    "Conv",
     "ConvTranspose",
     "MaxPool",
     "AveragePool",
@@ -70,7 +69,6 @@ impl Importer<'_> {
         let a = Attrs::of(n, shown, attrs)?;
         let what = a.what.clone();
         match n.op_type.as_str() {
-            "Conv" => self.conv(n, &what, a),
             "ConvTranspose" => self.conv_transpose(n, &what, a),
             "GlobalLpPool" => self.global_lp_pool(n, &what, a),
             _ => self.pool(n, &what, a),
@@ -184,41 +182,6 @@ impl Importer<'_> {
                 self.out(n, 0, bin(BinaryOp::Add), vec![y, b]);
             }
         }
-    }
-
-    /// Conv: Y[n, m] = W[m] · columns(X)[n] (per group), plus the bias.
-    fn conv(&mut self, n: &NodeProto, what: &str, mut a: Attrs) -> Result<()> {
-        let window = a.window(false)?;
-        let group = a.group()?;
-        let kattr = a.kernel()?;
-        a.finish()?;
-        let (ins, opt) = inputs(n, what, (2, 3), 1)?;
-        let (x, w) = (ins[0].clone(), ins[1].clone());
-        let kernel = self.kernel_dims(kattr, &w);
-        let r = self.spatial_rank(what, &kernel, &[&w, &x])?;
-        let cols = self.columns(n, "cols", &x, &kernel, Some(&w), &window, 0.0, 0.0);
-        let flat = self.ints_const(n, "cols_flat", &[0, 0, -1])?;
-        let cols3 = self.val(n, "cols_3d", reshape(), vec![cols.clone(), flat]);
-        let wshape = self.ints_const(n, "weight_flat", &[0, -1])?;
-        let wf = self.val(n, "weight_2d", reshape(), vec![w, wshape]);
-        let y3 = if group == 1 {
-            self.val(n, "product", Op::MatMul, vec![wf, cols3])
-        } else {
-            // [G, M/G, C/G·K] × [N, G, C/G·K, L] → [N, G, M/G, L].
-            let colsg = self.regroup(n, "cols_grouped", &cols3, Some(group))?;
-            let head = self.ints_const(n, "weight_head", &[group, -1])?;
-            let ck = self.dims_of(n, "weight_ck", &wf, 1, Some(2));
-            let wgs = self.concat(n, "weight_grouped_shape", vec![head, ck]);
-            let wg = self.val(n, "weight_grouped", reshape(), vec![wf, wgs]);
-            let y4 = self.val(n, "product_grouped", Op::MatMul, vec![wg, colsg]);
-            self.regroup(n, "product", &y4, None)?
-        };
-        let nm = self.dims_of(n, "nm", &y3, 0, Some(2));
-        let spatial = self.dims_of(n, "out_dims", &cols, 2, None);
-        let yshape = self.concat(n, "y_shape", vec![nm, spatial]);
-        let y = self.val(n, "unbiased", reshape(), vec![y3, yshape]);
-        self.add_bias(n, y, opt[0].clone(), r);
-        Ok(())
     }
 
     /// ConvTranspose: the columns Wᵀ · X[n] (per group) summed into the output image by

@@ -111,6 +111,29 @@ pub(super) fn grad(b: &mut Builder, ni: usize, n: &Node, dys: &[Option<String>])
             out[0] = Some(b.op1(op, &[&cols, &image], &format!("{x}.d"))?);
             Ok(out)
         }
+        Op::Conv { .. } => {
+            // dX and dW from one ConvGrad (each only when needed), dB = dY summed over
+            // every axis but the channels.
+            let (xv, w) = (&n.inputs[0], &n.inputs[1]);
+            let op = n.op.grad_op().expect("Conv has a gradient op");
+            let mut out = if b.needs(xv) || b.needs(w) {
+                fused_grads(b, op, &[&dy, xv, w], &[xv, w], n.inputs.len())?
+            } else {
+                vec![None; n.inputs.len()]
+            };
+            if let Some(bias) = n.inputs.get(2).filter(|v| b.needs(v)) {
+                let r = b.shape(&dy).len();
+                let axes = std::iter::once(0).chain(2..r as i64).collect();
+                let sum = Op::Reduce {
+                    kind: ReduceKind::Sum,
+                    axes: Some(axes),
+                    keepdims: false,
+                    noop_with_empty_axes: false,
+                };
+                out[2] = Some(b.op1(sum, &[&dy], &format!("{bias}.d"))?);
+            }
+            Ok(out)
+        }
         Op::Col2Im { block, window } => {
             let mut out = vec![None; n.inputs.len()];
             let kernel = window_dims(b, block, n.inputs.get(2))?;
@@ -415,7 +438,8 @@ pub(super) fn grad(b: &mut Builder, ni: usize, n: &Node, dys: &[Option<String>])
         | Op::FusedMatMulGrad { .. }
         | Op::AttentionGrad { .. }
         | Op::VarlenAttentionGrad { .. }
-        | Op::RotaryGrad { .. } => multi(b, ni, n, dys),
+        | Op::RotaryGrad { .. }
+        | Op::ConvGrad { .. } => multi(b, ni, n, dys),
     }
 }
 

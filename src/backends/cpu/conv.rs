@@ -1,0 +1,371 @@
+//! Conv and its gradients on the host, an image and a group at a time: the group's
+//! columns are laid out in a buffer of one image's size (cache-sized for most layers,
+//! never the whole batch's) and multiplied on `gemm`; a 1×1 stride-1 convolution reads
+//! the image itself as its columns. Depthwise convolutions (one input channel a group)
+//! would be products of a single row, so they are summed directly instead.
+//!
+//! Everything is computed in the accumulation type (f32 for f16/bf16), rounded once.
+
+use super::super::common::{self, ConvGeom, WindowGeom};
+use super::matmul::{fill_acc, widen};
+use super::window::{axis_tables, walk_row};
+use crate::error::Result;
+use crate::graph::Node;
+use crate::tensor::{Real, Tensor};
+use rayon::prelude::*;
+
+type Tabs = [Vec<i64>; 3];
+
+/// Below this many multiply-adds an image, images go to threads one each (gemm on one
+/// thread); above it the images are taken in turn with gemm's own threads.
+const PER_IMAGE_THREADING: usize = 1 << 22;
+
+/// `dst[m×n] (row stride ldd) = [dst +] A·B`, A and B strided views `(ptr, row stride,
+/// column stride)`.
+///
+/// # Safety
+/// Every element the sizes and strides reach must lie inside the three buffers.
+#[allow(clippy::too_many_arguments)]
+unsafe fn mm<F: Real>(
+    (m, n, k): (usize, usize, usize),
+    dst: *mut F,
+    ldd: usize,
+    accumulate: bool,
+    a: (*const F, usize, usize),
+    b: (*const F, usize, usize),
+    par: gemm::Parallelism,
+) {
+    gemm::gemm(
+        m,
+        n,
+        k,
+        dst,
+        1,
+        ldd as isize,
+        accumulate,
+        a.0,
+        a.2 as isize,
+        a.1 as isize,
+        b.0,
+        b.2 as isize,
+        b.1 as isize,
+        F::one(),
+        F::one(),
+        false,
+        false,
+        false,
+        par,
+    )
+}
+
+/// The columns `[cs·K, L]` of channels `img` (`[cs, hw]`), zero where they read padding.
+fn im2col<F: Real>(g: &WindowGeom, tabs: &Tabs, img: &[F], cols: &mut [F], par: bool) {
+    let (k, l, hw) = (g.k(), g.l(), g.hw());
+    let row = |(r, o): (usize, &mut [F])| {
+        let plane = &img[(r / k) * hw..][..hw];
+        walk_row(g, tabs, r % k, |i, s| {
+            o[i] = if s >= 0 { plane[s as usize] } else { F::zero() }
+        });
+    };
+    if par {
+        cols.par_chunks_mut(l).enumerate().for_each(row);
+    } else {
+        cols.chunks_mut(l).enumerate().for_each(row);
+    }
+}
+
+/// Adds the columns `[cs·K, L]` back into the channels `img` (`[cs, hw]`) they read.
+fn col2im_add<F: Real>(g: &WindowGeom, tabs: &Tabs, cols: &[F], img: &mut [F], par: bool) {
+    let (k, l, hw) = (g.k(), g.l(), g.hw());
+    let plane = |(c, p): (usize, &mut [F])| {
+        for j in 0..k {
+            let row = &cols[(c * k + j) * l..][..l];
+            walk_row(g, tabs, j, |i, s| {
+                if s >= 0 {
+                    p[s as usize] = p[s as usize] + row[i];
+                }
+            });
+        }
+    };
+    if par {
+        img.par_chunks_mut(hw).enumerate().for_each(plane);
+    } else {
+        img.chunks_mut(hw).enumerate().for_each(plane);
+    }
+}
+
+/// How the images of a batch are spread over threads: `(one image per thread, gemm's
+/// parallelism)`.
+fn spread(cg: &ConvGeom) -> (bool, gemm::Parallelism) {
+    let macs = cg.m * cg.g.l() * cg.ckg();
+    if cg.g.n > 1 && macs < PER_IMAGE_THREADING {
+        (true, gemm::Parallelism::None)
+    } else {
+        (false, gemm::Parallelism::Rayon(0))
+    }
+}
+
+/// Whether the direct depthwise sums serve (one input channel per group).
+fn depthwise(cg: &ConvGeom) -> bool {
+    cg.group > 1 && cg.cg() == 1
+}
+
+/// Y = conv(X, W) + B.
+pub fn conv(node: &Node, x: &Tensor, w: &Tensor, b: Option<&Tensor>, y: &mut Tensor) -> Result<()> {
+    let cg = common::conv_geom(node, x.shape(), w.shape())?;
+    crate::with_float!(x.dtype(), T => {
+        let (xa, wa) = (widen(x.as_slice::<T>()), widen(w.as_slice::<T>()));
+        let ba = b.map(|b| widen(b.as_slice::<T>()));
+        fill_acc(y.as_mut_slice::<T>(), |ya| {
+            forward(&cg, &xa, &wa, ba.as_deref(), ya)
+        });
+        Ok(())
+    }, _ => crate::bail!(Runtime, "{}: Conv takes floating tensors, got {}", node.describe(), x.dtype()))
+}
+
+fn forward<F: Real>(cg: &ConvGeom, x: &[F], w: &[F], b: Option<&[F]>, y: &mut [F]) {
+    let g = &cg.g;
+    let tabs = axis_tables(g);
+    let (c, hw, l, m) = (g.c, g.hw(), g.l(), cg.m);
+    if y.is_empty() {
+        return;
+    }
+    let bias = |yi: &mut [F]| {
+        if let Some(b) = b {
+            for (row, &bv) in yi.chunks_mut(l).zip(b) {
+                row.iter_mut().for_each(|v| *v = *v + bv);
+            }
+        }
+    };
+    if depthwise(cg) {
+        // Y[n, m] = Σ_j W[m, j] · X[n, m / mg] at the window's offset j.
+        let (k, mg) = (g.k(), cg.mg());
+        y.par_chunks_mut(l).enumerate().for_each(|(p, plane)| {
+            let (n, mo) = (p / m, p % m);
+            let img = &x[(n * c + mo / mg) * hw..][..hw];
+            plane.fill(b.map_or(F::zero(), |b| b[mo]));
+            for j in 0..k {
+                let wj = w[mo * k + j];
+                walk_row(g, &tabs, j, |i, s| {
+                    if s >= 0 {
+                        plane[i] = plane[i] + wj * img[s as usize];
+                    }
+                });
+            }
+        });
+        return;
+    }
+    let (per_thread, par) = spread(cg);
+    let (cgc, mg, ckg) = (cg.cg(), cg.mg(), cg.ckg());
+    let image = |n: usize, yi: &mut [F], cols: &mut Vec<F>| {
+        let img = &x[n * c * hw..][..c * hw];
+        for grp in 0..cg.group {
+            let src = &img[grp * cgc * hw..][..cgc * hw];
+            let (bp, brs) = if cg.pointwise() {
+                (src.as_ptr(), hw)
+            } else {
+                cols.resize(ckg * l, F::zero());
+                im2col(g, &tabs, src, cols, !per_thread);
+                (cols.as_ptr(), l)
+            };
+            // SAFETY: W's group block is [mg, ckg], the columns [ckg, l] with row stride
+            // brs, and Y's group block [mg, l]: all inside their buffers.
+            unsafe {
+                mm(
+                    (mg, l, ckg),
+                    yi[grp * mg * l..].as_mut_ptr(),
+                    l,
+                    false,
+                    (w[grp * mg * ckg..].as_ptr(), ckg, 1),
+                    (bp, brs, 1),
+                    par,
+                )
+            }
+        }
+        bias(yi);
+    };
+    if per_thread {
+        y.par_chunks_mut(m * l)
+            .enumerate()
+            .for_each_init(Vec::new, |cols, (n, yi)| image(n, yi, cols));
+    } else {
+        let mut cols = vec![];
+        for (n, yi) in y.chunks_mut(m * l).enumerate() {
+            image(n, yi, &mut cols);
+        }
+    }
+}
+
+/// ConvGrad: dX and dW (each when asked for) from dY, X and W.
+pub fn conv_grad(
+    node: &Node,
+    dy: &Tensor,
+    x: &Tensor,
+    w: &Tensor,
+    outs: &mut [Tensor],
+    want: &[bool],
+) -> Result<()> {
+    let cg = common::conv_geom(node, x.shape(), w.shape())?;
+    crate::with_float!(x.dtype(), T => {
+        let (dya, wa) = (widen(dy.as_slice::<T>()), widen(w.as_slice::<T>()));
+        if want.first() == Some(&true) {
+            fill_acc(outs[0].as_mut_slice::<T>(), |dx| data_grad(&cg, &dya, &wa, dx));
+        }
+        if want.get(1) == Some(&true) {
+            let xa = widen(x.as_slice::<T>());
+            fill_acc(outs[1].as_mut_slice::<T>(), |dw| filter_grad(&cg, &dya, &xa, dw));
+        }
+        Ok(())
+    }, _ => crate::bail!(Runtime, "{}: ConvGrad takes floating tensors, got {}", node.describe(), x.dtype()))
+}
+
+/// dX[n] = Col2Im(Wᵀ · dY[n]) per group.
+fn data_grad<F: Real>(cg: &ConvGeom, dy: &[F], w: &[F], dx: &mut [F]) {
+    let g = &cg.g;
+    let tabs = axis_tables(g);
+    let (c, hw, l, m) = (g.c, g.hw(), g.l(), cg.m);
+    if dx.is_empty() {
+        return;
+    }
+    dx.fill(F::zero());
+    let (k, mg) = (g.k(), cg.mg());
+    if depthwise(cg) {
+        dx.par_chunks_mut(hw).enumerate().for_each(|(p, plane)| {
+            let (n, ci) = (p / c, p % c);
+            for mo in ci * mg..(ci + 1) * mg {
+                let d = &dy[(n * m + mo) * l..][..l];
+                for j in 0..k {
+                    let wj = w[mo * k + j];
+                    walk_row(g, &tabs, j, |i, s| {
+                        if s >= 0 {
+                            plane[s as usize] = plane[s as usize] + wj * d[i];
+                        }
+                    });
+                }
+            }
+        });
+        return;
+    }
+    let (per_thread, par) = spread(cg);
+    let (cgc, ckg) = (cg.cg(), cg.ckg());
+    let image = |n: usize, dxi: &mut [F], cols: &mut Vec<F>| {
+        for grp in 0..cg.group {
+            let d = &dy[(n * m + grp * mg) * l..][..mg * l];
+            let wt = (w[grp * mg * ckg..].as_ptr(), 1, ckg);
+            let dst = &mut dxi[grp * cgc * hw..][..cgc * hw];
+            // SAFETY: Wᵀ's group block is [ckg, mg] (W read transposed), dY's [mg, l],
+            // the destination [ckg, l] (the image itself when pointwise, where hw = l).
+            unsafe {
+                if cg.pointwise() {
+                    mm(
+                        (ckg, l, mg),
+                        dst.as_mut_ptr(),
+                        hw,
+                        false,
+                        wt,
+                        (d.as_ptr(), l, 1),
+                        par,
+                    );
+                } else {
+                    cols.resize(ckg * l, F::zero());
+                    let cp = cols.as_mut_ptr();
+                    mm((ckg, l, mg), cp, l, false, wt, (d.as_ptr(), l, 1), par);
+                    col2im_add(g, &tabs, cols, dst, !per_thread);
+                }
+            }
+        }
+    };
+    if per_thread {
+        dx.par_chunks_mut(c * hw)
+            .enumerate()
+            .for_each_init(Vec::new, |cols, (n, dxi)| image(n, dxi, cols));
+    } else {
+        let mut cols = vec![];
+        for (n, dxi) in dx.chunks_mut(c * hw).enumerate() {
+            image(n, dxi, &mut cols);
+        }
+    }
+}
+
+/// dW = Σ_n dY[n] · columns(X[n])ᵀ per group.
+fn filter_grad<F: Real>(cg: &ConvGeom, dy: &[F], x: &[F], dw: &mut [F]) {
+    let g = &cg.g;
+    let tabs = axis_tables(g);
+    let (nb, c, hw, l, m) = (g.n, g.c, g.hw(), g.l(), cg.m);
+    dw.fill(F::zero());
+    if dw.is_empty() || nb == 0 {
+        return;
+    }
+    let (k, mg) = (g.k(), cg.mg());
+    if depthwise(cg) {
+        dw.par_chunks_mut(k).enumerate().for_each(|(mo, wrow)| {
+            for n in 0..nb {
+                let img = &x[(n * c + mo / mg) * hw..][..hw];
+                let d = &dy[(n * m + mo) * l..][..l];
+                for (j, wj) in wrow.iter_mut().enumerate() {
+                    let mut acc = F::zero();
+                    walk_row(g, &tabs, j, |i, s| {
+                        if s >= 0 {
+                            acc = acc + d[i] * img[s as usize];
+                        }
+                    });
+                    *wj = *wj + acc;
+                }
+            }
+        });
+        return;
+    }
+    let (per_thread, par) = spread(cg);
+    let (cgc, ckg) = (cg.cg(), cg.ckg());
+    // Adds image n's contribution into `acc` ([M, ckg]).
+    let image = |n: usize, acc: &mut [F], cols: &mut Vec<F>| {
+        let img = &x[n * c * hw..][..c * hw];
+        for grp in 0..cg.group {
+            let src = &img[grp * cgc * hw..][..cgc * hw];
+            let (cp, crs) = if cg.pointwise() {
+                (src.as_ptr(), hw)
+            } else {
+                cols.resize(ckg * l, F::zero());
+                im2col(g, &tabs, src, cols, !per_thread);
+                (cols.as_ptr(), l)
+            };
+            let d = &dy[(n * m + grp * mg) * l..][..mg * l];
+            // SAFETY: dY's group block is [mg, l], the columns read transposed [l, ckg],
+            // the destination dW's group block [mg, ckg].
+            unsafe {
+                mm(
+                    (mg, ckg, l),
+                    acc[grp * mg * ckg..].as_mut_ptr(),
+                    ckg,
+                    true,
+                    (d.as_ptr(), l, 1),
+                    (cp, 1, crs),
+                    par,
+                )
+            }
+        }
+    };
+    if per_thread {
+        // A fixed split of the images over the threads, the partial sums added in
+        // order: the same result on every run.
+        let parts = rayon::current_num_threads().clamp(1, nb);
+        let partial: Vec<Vec<F>> = (0..parts)
+            .into_par_iter()
+            .map(|p| {
+                let (mut acc, mut cols) = (vec![F::zero(); dw.len()], vec![]);
+                for n in (p * nb / parts)..((p + 1) * nb / parts) {
+                    image(n, &mut acc, &mut cols);
+                }
+                acc
+            })
+            .collect();
+        for p in partial {
+            dw.iter_mut().zip(&p).for_each(|(a, &b)| *a = *a + b);
+        }
+    } else {
+        let mut cols = vec![];
+        for n in 0..nb {
+            image(n, dw, &mut cols);
+        }
+    }
+}
