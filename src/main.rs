@@ -416,15 +416,25 @@ fn optimized(
     Ok((g2, Some(report)))
 }
 
-/// A graph that only runs forward, on CUDA, with its f32 weights K-major
-/// (`passes::weight_layout`; `--tune k_major_weights=0` leaves them as written).
-fn forward_only(g: graphrun::Graph, c: &Common, forward: bool) -> graphrun::Graph {
+/// A graph that only runs forward: its weights frozen into constants that fold into each
+/// other (`passes::freeze`: BatchNormalization into the Conv before it), and on CUDA its
+/// f32 weights K-major (`passes::weight_layout`; `--tune k_major_weights=0` leaves them
+/// as written).
+fn forward_only(g: graphrun::Graph, c: &Common, forward: bool) -> Result<graphrun::Graph, Fail> {
+    if !forward {
+        return Ok(g);
+    }
+    let g = if c.no_fuse {
+        g
+    } else {
+        passes::freeze(&g, &pass_options(false, &c.disable_pass, false))?.0
+    };
     let on = graphrun::tuning().k_major_weights;
-    if forward && on && backend_of(c) == BackendKind::Cuda {
+    Ok(if on && backend_of(c) == BackendKind::Cuda {
         passes::weight_layout::k_major_weights(&g).0
     } else {
         g
-    }
+    })
 }
 
 /// The pass options for generated backward graphs: cleanup always, fusion unless
@@ -552,7 +562,7 @@ fn run(a: RunArgs) -> Result<(), Fail> {
     // The backend is set up first, so that a missing device is the one line printed.
     let opts = session_options(&a.common, dims.clone(), false);
     let (fused, _) = optimized(g, a.common.no_fuse, &a.common.disable_pass, false)?;
-    let fused = forward_only(fused, &a.common, !a.backward);
+    let fused = forward_only(fused, &a.common, !a.backward)?;
     let mut session = Session::new(fused, opts.clone())?;
     session.set_backward_outputs(&grad_outputs)?;
     let mut feeds: HashMap<String, Tensor> = HashMap::new();
@@ -1269,7 +1279,7 @@ fn bench(a: BenchArgs) -> Result<(), Fail> {
         &a.common.disable_pass,
         train,
     )?;
-    let fused = forward_only(fused, &a.common, !a.backward);
+    let fused = forward_only(fused, &a.common, !a.backward)?;
     if let Some(gpus) = a.gpus {
         if !train {
             return Err(usage(

@@ -2428,3 +2428,110 @@ nodes:
         assert_same(&g, &o, &[("batch", 3)]);
     }
 }
+
+/// `conv_affine`: a per-channel affine map after a Conv with constant weights folds into
+/// the weights and bias — BatchNormalization's inference form, Mul/Add and Sub/Div by
+/// per-channel or scalar constants, `c - y` — with the outputs unchanged (`fuse` checks);
+/// it stays out where the convolution's output is read elsewhere, a constant varies along
+/// a spatial axis, the map is `c / y`, or the weights are an input or trainable — until
+/// `passes::freeze` makes them constants for a forward-only run.
+#[test]
+fn conv_affine_folds_per_channel_maps() {
+    let body = |inputs: &str, nodes: &str, outputs: &str| {
+        format!(
+            "
+inputs:
+  - {{name: x, dtype: f32, shape: [2, 3, 8, 8]}}
+{inputs}outputs: [{outputs}]
+initializers:
+  - {{name: w, dtype: f32, shape: [4, 3, 3, 3], init: {{dist: uniform, low: -1, high: 1, seed: 1}}, trainable: false}}
+  - {{name: b, dtype: f32, shape: [4], init: {{dist: uniform, low: -1, high: 1, seed: 2}}, trainable: false}}
+  - {{name: g, dtype: f32, shape: [4], init: {{dist: uniform, low: 0.5, high: 1.5, seed: 3}}, trainable: false}}
+  - {{name: beta, dtype: f32, shape: [4], init: {{dist: uniform, low: -1, high: 1, seed: 4}}, trainable: false}}
+  - {{name: mean, dtype: f32, shape: [4], init: {{dist: uniform, low: -1, high: 1, seed: 5}}, trainable: false}}
+  - {{name: var, dtype: f32, shape: [4], init: {{dist: uniform, low: 0.5, high: 1.5, seed: 6}}, trainable: false}}
+  - {{name: c411, dtype: f32, shape: [4, 1, 1], init: {{dist: uniform, low: 0.5, high: 1.5, seed: 7}}, trainable: false}}
+  - {{name: c88, dtype: f32, shape: [8, 8], init: {{dist: uniform, low: 0.5, high: 1.5, seed: 8}}, trainable: false}}
+  - {{name: half, dtype: f32, shape: [], values: [0.5], trainable: false}}
+nodes:
+  - {{op: Conv, inputs: [x, w, b], outputs: [y], attrs: {{pads: [1, 1, 1, 1]}}}}
+{nodes}"
+        )
+    };
+    let bn = "  - {op: BatchNormalization, inputs: [y, g, beta, mean, var], outputs: [out], attrs: {epsilon: 0.001}}\n";
+    let fires = [
+        ("BatchNormalization", bn.to_string()),
+        (
+            "Mul then Add by [4, 1, 1]",
+            "  - {op: Mul, inputs: [y, c411], outputs: [s]}
+  - {op: Add, inputs: [c411, s], outputs: [out]}
+"
+            .to_string(),
+        ),
+        (
+            "Sub then Div by a scalar",
+            "  - {op: Sub, inputs: [y, half], outputs: [s]}
+  - {op: Div, inputs: [s, half], outputs: [out]}
+"
+            .to_string(),
+        ),
+        (
+            "c - y",
+            "  - {op: Sub, inputs: [c411, y], outputs: [out]}\n".to_string(),
+        ),
+    ];
+    for (what, nodes) in &fires {
+        let (g, r) = fuse(&body("", nodes, "out"));
+        assert_eq!(r.fired("conv_affine"), 1, "{what}");
+        assert_eq!(count(&g, "Conv"), 1, "{what}");
+        for op in ["Add", "Sub", "Mul", "Div", "Sqrt"] {
+            assert_eq!(count(&g, op), 0, "{what}: {op} left");
+        }
+    }
+    let w_input = "  - {name: wi, dtype: f32, shape: [4, 3, 3, 3]}\n";
+    let stays = [
+        (
+            "the convolution's output read elsewhere",
+            "",
+            bn.to_string(),
+            "out, y",
+        ),
+        (
+            "a constant varying along a spatial axis",
+            "",
+            "  - {op: Mul, inputs: [y, c88], outputs: [out]}\n".to_string(),
+            "out",
+        ),
+        (
+            "c / y",
+            "",
+            "  - {op: Div, inputs: [c411, y], outputs: [out]}\n".to_string(),
+            "out",
+        ),
+        (
+            "the weights an input",
+            w_input,
+            "  - {op: Mul, inputs: [y, c411], outputs: [out]}\n".to_string(),
+            "out",
+        ),
+    ];
+    for (what, inputs, nodes, outputs) in stays {
+        let text = body(inputs, &nodes, outputs);
+        let text = if inputs.is_empty() {
+            text
+        } else {
+            text.replace("inputs: [x, w, b]", "inputs: [x, wi, b]")
+        };
+        let (_, r) = fuse(&text);
+        assert_eq!(r.fired("conv_affine"), 0, "{what}");
+    }
+    // Trainable weights stay apart (their gradients are asked for) until frozen.
+    let trained = body("", bn, "out").replace("seed: 1}, trainable: false}", "seed: 1}}");
+    let (_, r) = fuse(&trained);
+    assert_eq!(r.fired("conv_affine"), 0, "trainable weights");
+    let g = graph(&trained);
+    let (frozen, r) = graphrun::passes::freeze(&g, &PassOptions::default()).unwrap();
+    assert_eq!(r.fired("conv_affine"), 1, "trainable weights, frozen");
+    assert_eq!(count(&frozen, "Conv"), 1);
+    assert_same(&g, &frozen, &[]);
+}

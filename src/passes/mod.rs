@@ -8,6 +8,7 @@
 mod attention;
 pub mod autodiff;
 mod const_fold;
+mod conv;
 mod cse;
 mod dce;
 mod epilogue;
@@ -23,10 +24,11 @@ use pattern::{Ctx, Facts, Patch, Why};
 use std::collections::{BTreeMap, HashMap};
 
 /// The default pipeline, in order; these are the names `PassOptions::disabled` takes.
-pub const PASSES: [&str; 8] = [
+pub const PASSES: [&str; 9] = [
     "constant_folding",
     "dead_node_elimination",
     "noop_removal",
+    "conv_fusion",
     "normalization_fusion",
     "rotary_fusion",
     "attention_fusion",
@@ -143,6 +145,7 @@ pub fn optimize(g: &Graph, opts: &PassOptions) -> Result<(Graph, Report)> {
             "constant_folding" => drive(g, const_fold::RULES, &mut st)?,
             "dead_node_elimination" => dce::run(g, &mut st)?,
             "noop_removal" => drive(g, &noop::rules(opts.training), &mut st)?,
+            "conv_fusion" => drive(g, conv::RULES, &mut st)?,
             "normalization_fusion" => drive(g, norm::RULES, &mut st)?,
             "rotary_fusion" => drive(g, rotary::RULES, &mut st)?,
             "attention_fusion" => drive(g, attention::RULES, &mut st)?,
@@ -161,6 +164,18 @@ pub fn optimize(g: &Graph, opts: &PassOptions) -> Result<(Graph, Report)> {
     }
     report.explain = explain(&g, &why, &left, opts);
     Ok((g, report))
+}
+
+/// `g` for running forward only: every initializer becomes a constant nothing trains, and
+/// the pipeline runs again, so that constants fold into each other (a BatchNormalization
+/// into the Conv before it, `conv_affine`). Its gradients are then no longer those of the
+/// weights: a graph to differentiate or train is optimized by `optimize` alone.
+pub fn freeze(g: &Graph, opts: &PassOptions) -> Result<(Graph, Report)> {
+    let mut frozen = g.clone();
+    for i in &mut frozen.initializers {
+        i.trainable = false;
+    }
+    optimize(&frozen, opts)
 }
 
 /// One line per MatMul/Gemm/Softmax the fusion passes left in the graph, and per fused
