@@ -1,6 +1,9 @@
 //! Conv and ConvGrad on CUDA: through cuDNN where it is found and takes the convolution
-//! (cudnn.rs), else as cuBLASLt products over Im2Col columns in scratch (Col2Im for dX),
-//! or over the image itself for a 1×1 stride-1 convolution.
+//! (cudnn.rs), or as cuBLASLt products over Im2Col columns in scratch (Col2Im for dX), or
+//! over the image itself for a 1×1 stride-1 convolution. Where both can run, the first
+//! eager call of each shape times both and keeps the faster: cuDNN's NCHW kernels win at
+//! large batches, the products over columns at batch 1 (ResNet-50 on the H100, bf16:
+//! docs/BENCHMARKS.md).
 
 use super::cudnn::{ConvShape, Which};
 use super::device::{strides, word, Arg, Strided};
@@ -34,25 +37,64 @@ fn cudnn_shape(cg: &ConvGeom, dt: DType) -> Option<ConvShape> {
 }
 
 impl Cuda {
-    /// Runs `which` through cuDNN when it is there and takes the convolution; false when
-    /// the caller must use the fallback.
-    fn try_cudnn(
+    /// Runs convolution `which` on `ptrs` (its two inputs and output, as `Cudnn::conv`
+    /// takes them) by cuDNN or by `fallback`, whichever the shape's first eager call
+    /// measured faster.
+    fn conv_by_choice(
         &self,
         which: Which,
         cg: &ConvGeom,
         dt: DType,
-        (a, b, out): (u64, u64, u64),
+        ptrs: (u64, u64, u64),
         bias: Option<u64>,
-    ) -> Result<bool> {
-        if !crate::backends::tuning::tuning().cuda_cudnn {
-            return Ok(false);
-        }
-        let Some(dnn) = self.cudnn()? else {
-            return Ok(false);
+        fallback: &dyn Fn() -> Result<()>,
+    ) -> Result<()> {
+        let dnn = match crate::backends::tuning::tuning().cuda_cudnn {
+            true => self.cudnn()?,
+            false => None,
         };
-        match cudnn_shape(cg, dt).filter(|s| dnn.supports(s)) {
-            Some(s) => dnn.conv(which, &s, a, b, out, bias, &|bytes| self.scratch(bytes)),
-            None => Ok(false),
+        let Some((dnn, s)) =
+            dnn.and_then(|d| Some(d).zip(cudnn_shape(cg, dt).filter(|s| d.supports(s))))
+        else {
+            return fallback();
+        };
+        let (a, b, out) = ptrs;
+        let by_dnn = || dnn.conv(which, &s, a, b, out, bias, &|bytes| self.scratch(bytes));
+        let key = (which, s.clone());
+        let chosen = self.conv_choice.borrow().get(&key).copied();
+        // Safety: the stream is ours; only its capture status is read.
+        let capturing =
+            unsafe { cudarc::driver::result::stream::is_capturing(self.stream.cu_stream()) }
+                .map(|st| {
+                    st != cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
+                })
+                .unwrap_or(true);
+        match chosen {
+            Some(true) => return if by_dnn()? { Ok(()) } else { fallback() },
+            Some(false) => return fallback(),
+            // Timing reruns the call: not while a step is being recorded.
+            None if capturing => return if by_dnn()? { Ok(()) } else { fallback() },
+            None => {}
+        }
+        // Each way once to warm up (cuDNN times its own algorithms then), then three
+        // times; scratch is taken afresh from the node's first slot each run.
+        let fb = self.time_runs(&|| {
+            self.steps.node_begins();
+            fallback().map(|_| true)
+        })?;
+        let dn = self.time_runs(&|| {
+            self.steps.node_begins();
+            by_dnn()
+        })?;
+        let use_dnn = matches!((dn, fb), (Some(d), Some(f)) if d < f);
+        self.conv_choice.borrow_mut().insert(key, use_dnn);
+        // The last run left the slower way's result: the same values, so either serves;
+        // run the chosen one so that the step's work is what later steps repeat.
+        self.steps.node_begins();
+        if use_dnn {
+            by_dnn().map(|_| ())
+        } else {
+            fallback()
         }
     }
 
@@ -76,39 +118,46 @@ pub fn conv(c: &Cuda, node: &Node, x: &V, w: &V, b: Option<V>, y: &V) -> Result<
     if y.numel() == 0 {
         return Ok(());
     }
-    if c.try_cudnn(Which::Forward, &cg, dt, (x.p, w.p, y.p), b.map(|b| b.p))? {
-        return Ok(());
-    }
     let (g, l, ckg, mg, es) = (&cg.g, cg.g.l(), cg.ckg(), cg.mg(), dt.size() as u64);
-    if let Some(b) = b {
-        // Y starts as the bias broadcast over each channel; the products add onto it.
-        let src: Vec<i64> = (0..y.shape().len()).map(|d| (d == 1) as i64).collect();
-        let st = Strided::new(y.shape(), &[&src, &strides(y.shape())], &[])?;
-        let n = y.numel();
-        let args = [
-            Arg::Ptr(b.p),
-            Arg::Ptr(y.p),
-            Arg::Strided(st),
-            Arg::I64(n as i64),
-        ];
-        c.launch_n(&format!("copy_{}", word(dt)), n, &args)?;
-    }
-    let cols = c.columns(&cg, dt, x.p)?;
-    for grp in 0..cg.group {
-        // Y[n, group] = W[group] · columns[n, group], a product per image.
-        strided_batch(
-            c,
-            dt,
-            (mg, l, ckg),
-            (false, false),
-            g.n,
-            (w.p + (grp * mg * ckg) as u64 * es, 0),
-            (cols + (grp * ckg * l) as u64 * es, g.c * g.k() * l),
-            (y.p + (grp * mg * l) as u64 * es, cg.m * l),
-            b.is_some(),
-        )?;
-    }
-    Ok(())
+    let fallback = || -> Result<()> {
+        if let Some(b) = b {
+            // Y starts as the bias broadcast over each channel; the products add onto it.
+            let src: Vec<i64> = (0..y.shape().len()).map(|d| (d == 1) as i64).collect();
+            let st = Strided::new(y.shape(), &[&src, &strides(y.shape())], &[])?;
+            let n = y.numel();
+            let args = [
+                Arg::Ptr(b.p),
+                Arg::Ptr(y.p),
+                Arg::Strided(st),
+                Arg::I64(n as i64),
+            ];
+            c.launch_n(&format!("copy_{}", word(dt)), n, &args)?;
+        }
+        let cols = c.columns(&cg, dt, x.p)?;
+        for grp in 0..cg.group {
+            // Y[n, group] = W[group] · columns[n, group], a product per image.
+            strided_batch(
+                c,
+                dt,
+                (mg, l, ckg),
+                (false, false),
+                g.n,
+                (w.p + (grp * mg * ckg) as u64 * es, 0),
+                (cols + (grp * ckg * l) as u64 * es, g.c * g.k() * l),
+                (y.p + (grp * mg * l) as u64 * es, cg.m * l),
+                b.is_some(),
+            )?;
+        }
+        Ok(())
+    };
+    c.conv_by_choice(
+        Which::Forward,
+        &cg,
+        dt,
+        (x.p, w.p, y.p),
+        b.map(|b| b.p),
+        &fallback,
+    )
 }
 
 /// dX and dW (each when asked for) from dY, X and W.
@@ -125,7 +174,7 @@ pub fn conv_grad(
     let hw = g.hw();
     if want.first() == Some(&true) && x.numel() > 0 {
         let dx = &outs[0];
-        if !c.try_cudnn(Which::Data, &cg, dt, (dy.p, w.p, dx.p), None)? {
+        let fallback = || -> Result<()> {
             let n = g.n * g.c * g.k() * l;
             let (cols, rows) = if cg.pointwise() {
                 (dx.p, g.c * hw)
@@ -149,14 +198,16 @@ pub fn conv_grad(
             if !cg.pointwise() {
                 col2im_geom(c, g, dt, cols, dx.p, dx.numel())?;
             }
-        }
+            Ok(())
+        };
+        c.conv_by_choice(Which::Data, &cg, dt, (dy.p, w.p, dx.p), None, &fallback)?;
     }
     if want.get(1) == Some(&true) && w.numel() > 0 {
         let dw = &outs[1];
         if g.n == 0 || l == 0 {
             return c.memset0(dw);
         }
-        if !c.try_cudnn(Which::Filter, &cg, dt, (x.p, dy.p, dw.p), None)? {
+        let fallback = || -> Result<()> {
             let cols = c.columns(&cg, dt, x.p)?;
             let rows = if cg.pointwise() {
                 g.c * hw
@@ -177,7 +228,9 @@ pub fn conv_grad(
                     n > 0,
                 )?;
             }
-        }
+            Ok(())
+        };
+        c.conv_by_choice(Which::Filter, &cg, dt, (x.p, dy.p, dw.p), None, &fallback)?;
     }
     Ok(())
 }

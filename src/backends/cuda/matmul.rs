@@ -363,23 +363,11 @@ impl Blas {
             let p = plans.get_mut(s).expect("planned");
             (p.algo, std::mem::take(&mut p.others))
         };
-        let ev = |e| crate::err!(Runtime, "CUDA event failed: {e:?}");
-        let ctx = c.stream.context();
-        let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-        let (t0, t1) = (
-            ctx.new_event(flags).map_err(ev)?,
-            ctx.new_event(flags).map_err(ev)?,
-        );
         let mut best = (f32::INFINITY, first);
         for algo in std::iter::once(first).chain(others) {
-            let timed = || -> Result<f32> {
-                run(&algo)?;
-                t0.record(&c.stream).map_err(ev)?;
-                for _ in 0..3 {
-                    run(&algo)?;
-                }
-                t1.record(&c.stream).map_err(ev)?;
-                t0.elapsed_ms(&t1).map_err(ev)
+            let timed = || {
+                c.time_runs(&|| run(&algo).map(|_| true))
+                    .map(|t| t.unwrap_or(f32::INFINITY))
             };
             match timed() {
                 Ok(ms) if ms < best.0 => best = (ms, algo),

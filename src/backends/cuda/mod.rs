@@ -54,6 +54,10 @@ pub struct Cuda {
     nonfinite: CudaSlice<u32>,
     /// cuDNN for convolutions, set up at the first one (`None` inside: not found).
     dnn: std::cell::OnceCell<Option<cudnn::Cudnn>>,
+    /// Per convolution shape, whether cuDNN (true) or the products over columns ran it
+    /// faster at its first eager call (conv.rs).
+    conv_choice:
+        std::cell::RefCell<std::collections::HashMap<(cudnn::Which, cudnn::ConvShape), bool>>,
 }
 
 /// A worker's NCCL communicator and the side stream its gradient averages run on, so
@@ -123,6 +127,7 @@ impl Cuda {
             sgd: Default::default(),
             nonfinite,
             dnn: Default::default(),
+            conv_choice: Default::default(),
         })
     }
 
@@ -220,6 +225,28 @@ impl Cuda {
             crate::bail!(Runtime, "internal: output read as an input");
         };
         download(&self.stream, b, v.ty)
+    }
+
+    /// Runs `run` once to warm up, then times three more runs on the stream (ms, read
+    /// back at once); `None` when the warm-up run says it cannot run (false). For the
+    /// first eager call of a shape choosing between ways (cuBLASLt algorithms, cuDNN).
+    fn time_runs(&self, run: &dyn Fn() -> Result<bool>) -> Result<Option<f32>> {
+        let ev = |e| crate::err!(Runtime, "CUDA event failed: {e:?}");
+        let ctx = self.stream.context();
+        let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let (t0, t1) = (
+            ctx.new_event(flags).map_err(ev)?,
+            ctx.new_event(flags).map_err(ev)?,
+        );
+        if !run()? {
+            return Ok(None);
+        }
+        t0.record(&self.stream).map_err(ev)?;
+        for _ in 0..3 {
+            run()?;
+        }
+        t1.record(&self.stream).map_err(ev)?;
+        Ok(Some(t0.elapsed_ms(&t1).map_err(ev)?))
     }
 
     /// cuDNN on this backend's stream, set up at the first call; `None` where the library
