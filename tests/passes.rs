@@ -2529,6 +2529,13 @@ nodes:
     let trained = body("", bn, "out").replace("seed: 1}, trainable: false}", "seed: 1}}");
     let (_, r) = fuse(&trained);
     assert_eq!(r.fired("conv_affine"), 0, "trainable weights");
+    assert!(
+        r.explain
+            .iter()
+            .any(|l| l.starts_with("Conv '") && l.contains("trainable")),
+        "{:?}",
+        r.explain
+    );
     let g = graph(&trained);
     let (frozen, r) = graphrun::passes::freeze(&g, &PassOptions::default()).unwrap();
     assert_eq!(r.fired("conv_affine"), 1, "trainable weights, frozen");

@@ -16,6 +16,11 @@ pub(crate) const RULES: &[Rule] = &[Rule {
     run: conv_affine,
 }];
 
+/// Why the rule did not fire on a convolution with nothing to fold after it (the usual
+/// case, which `--explain-fusion` leaves out).
+pub(crate) const NOTHING_FOLLOWS: &str =
+    "no per-channel affine step of the convolution's shape follows it";
+
 /// The per-channel values of constant `c` against a value of shapes `vs` whose channel
 /// axis (1) has `m` entries: `c` must broadcast to it and vary along that axis only.
 fn per_channel(c: &Tensor, vs: &[&[usize]], m: usize) -> Option<Vec<f64>> {
@@ -99,12 +104,15 @@ fn conv_affine(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch> {
     let (x, w) = (&n.inputs[0], &n.inputs[1]);
     let bias = n.inputs.get(2).filter(|b| !b.is_empty());
     let Some(wt) = fixed(w) else {
-        return why.no("the weights are not a constant (or are trained)");
+        return why.no(match cx.konst(w) {
+            Some(_) => "the weights are trainable (a forward-only `run` or `bench` folds them)",
+            None => "the weights are not a constant",
+        });
     };
     let bt = match bias {
         Some(b) => match fixed(b) {
             Some(t) => Some(t),
-            None => return why.no("the bias is not a constant (or is trained)"),
+            None => return why.no("the bias is not an untrained constant"),
         },
         None => None,
     };
@@ -190,7 +198,7 @@ fn conv_affine(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch> {
         next = cx.sole_consumer(v);
     }
     let Some((len, s, t, out)) = best else {
-        return why.no("no per-channel affine step of Y's shape follows the convolution");
+        return why.no(NOTHING_FOLLOWS);
     };
     if s.iter().chain(&t).any(|v| !v.is_finite()) {
         return why.no("the folded scale or shift is not finite");

@@ -68,7 +68,8 @@ pub struct Report {
     pub passes: Vec<PassReport>,
     /// Each applied rule in order: "pass: rule at 'node'".
     pub log: Vec<String>,
-    /// For each MatMul/Gemm and Softmax left unfused: which condition of which rule failed.
+    /// For each MatMul/Gemm and Softmax left unfused, and each Conv whose following
+    /// per-channel map was not folded: which condition of which rule failed.
     pub explain: Vec<String>,
 }
 
@@ -193,6 +194,15 @@ fn explain(
             let pass = match n.op {
                 Op::MatMul | Op::Gemm { .. } => "matmul_epilogue_fusion",
                 Op::Softmax { .. } => "attention_fusion",
+                // A convolution is reported when something after it could have folded.
+                Op::Conv { .. } if off("conv_fusion") => return None,
+                Op::Conv { .. } => {
+                    let r = why.get(&n.name).filter(|r| *r != conv::NOTHING_FOLLOWS)?;
+                    return Some(format!(
+                        "Conv '{}': the per-channel map after it is not folded: {r}",
+                        n.name
+                    ));
+                }
                 Op::FusedMatMul { activation, .. } => {
                     let note = left.get(&n.name)?;
                     return Some(format!(
