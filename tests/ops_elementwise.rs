@@ -497,6 +497,17 @@ fn clip_min_max_optional() {
     check(op("Clip", &[]), &[inp(x.clone())], &FLOATS, |a| {
         un_ref(&a[0], |v| v)
     });
+    // NaN stays NaN under the bounds (every comparison with it is false).
+    let xn = f64s(&[3], &[f64::NAN, -2.0, 2.0]);
+    check(
+        op("Clip", &[]),
+        &[inp(xn), inp(lo.clone()), inp(hi.clone())],
+        &FLOATS,
+        |a| {
+            let (l, h) = (vals(&a[1])[0], vals(&a[2])[0]);
+            un_ref(&a[0], |v| clip(v, Some(l), Some(h)))
+        },
+    );
     // min > max: everything becomes max (ONNX).
     check(
         op("Clip", &[]),
