@@ -215,6 +215,34 @@ fn initializers_in_every_encoding() {
     assert!(!m.graph.initializer("c").unwrap().trainable);
 }
 
+/// BatchNormalization's running mean and variance are not trained; its scale and bias are.
+#[test]
+fn batch_norm_statistics_are_not_trainable() {
+    let d = tmpdir("bn_stats");
+    let c4 = |name: &str, v: f32| f32_raw(name, &[4], &[v, v + 0.5, v + 1.0, v + 1.5]);
+    let g = GraphProto {
+        input: vec![input("x", 1, &[Ok(2), Ok(4), Ok(3)])],
+        initializer: vec![
+            c4("scale", 1.0),
+            c4("bias", 0.1),
+            c4("mean", 0.2),
+            c4("var", 1.0),
+        ],
+        output: vec![output("y")],
+        node: vec![node(
+            "BatchNormalization",
+            &["x", "scale", "bias", "mean", "var"],
+            &["y"],
+            vec![],
+        )],
+        ..Default::default()
+    };
+    let m = load(&d, "bn.onnx", &model(15, g)).unwrap();
+    let trainable = |n: &str| m.graph.initializer(n).unwrap().trainable;
+    assert!(trainable("scale") && trainable("bias"));
+    assert!(!trainable("mean") && !trainable("var"));
+}
+
 #[test]
 fn graph_inputs_dims_names_and_initializer_inputs() {
     let d = tmpdir("inputs");

@@ -65,6 +65,20 @@ pub(super) fn graph_of(m: &ModelProto, stem: &str, base: &Path) -> Result<Graph>
             loc: None,
         });
     }
+    // BatchNormalization's running mean and variance are statistics, not weights: a
+    // gradient step must not move them.
+    let stats: HashSet<&str> = gp
+        .node
+        .iter()
+        .filter(|n| n.op_type == "BatchNormalization" && n.domain.is_empty())
+        .flat_map(|n| n.input.iter().skip(3).take(2))
+        .map(String::as_str)
+        .collect();
+    for i in &mut initializers {
+        if stats.contains(i.name.as_str()) {
+            i.trainable = false;
+        }
+    }
     let init_names: HashSet<&str> = gp.initializer.iter().map(|t| t.name.as_str()).collect();
     let mut inputs = vec![];
     for vi in &gp.input {
