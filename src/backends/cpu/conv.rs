@@ -74,6 +74,24 @@ fn im2col<F: Real>(g: &WindowGeom, tabs: &Tabs, img: &[F], cols: &mut [F], par: 
     }
 }
 
+/// One group's columns `[ckg, L]` as (start, row stride): the group's channels `src`
+/// themselves when the convolution is pointwise, else laid out in `cols`.
+fn group_columns<F: Real>(
+    cg: &ConvGeom,
+    tabs: &Tabs,
+    src: &[F],
+    cols: &mut Vec<F>,
+    par: bool,
+) -> (*const F, usize) {
+    let g = &cg.g;
+    if cg.pointwise() {
+        return (src.as_ptr(), g.hw());
+    }
+    cols.resize(cg.ckg() * g.l(), F::zero());
+    im2col(g, tabs, src, cols, par);
+    (cols.as_ptr(), g.l())
+}
+
 /// Adds the columns `[cs·K, L]` back into the channels `img` (`[cs, hw]`) they read.
 fn col2im_add<F: Real>(g: &WindowGeom, tabs: &Tabs, cols: &[F], img: &mut [F], par: bool) {
     let (k, l, hw) = (g.k(), g.l(), g.hw());
@@ -161,13 +179,7 @@ fn forward<F: Real>(cg: &ConvGeom, x: &[F], w: &[F], b: Option<&[F]>, y: &mut [F
         let img = &x[n * c * hw..][..c * hw];
         for grp in 0..cg.group {
             let src = &img[grp * cgc * hw..][..cgc * hw];
-            let (bp, brs) = if cg.pointwise() {
-                (src.as_ptr(), hw)
-            } else {
-                cols.resize(ckg * l, F::zero());
-                im2col(g, &tabs, src, cols, !per_thread);
-                (cols.as_ptr(), l)
-            };
+            let (bp, brs) = group_columns(cg, &tabs, src, cols, !per_thread);
             // SAFETY: W's group block is [mg, ckg], the columns [ckg, l] with row stride
             // brs, and Y's group block [mg, l]: all inside their buffers.
             unsafe {
@@ -322,13 +334,7 @@ fn filter_grad<F: Real>(cg: &ConvGeom, dy: &[F], x: &[F], dw: &mut [F]) {
         let img = &x[n * c * hw..][..c * hw];
         for grp in 0..cg.group {
             let src = &img[grp * cgc * hw..][..cgc * hw];
-            let (cp, crs) = if cg.pointwise() {
-                (src.as_ptr(), hw)
-            } else {
-                cols.resize(ckg * l, F::zero());
-                im2col(g, &tabs, src, cols, !per_thread);
-                (cols.as_ptr(), l)
-            };
+            let (cp, crs) = group_columns(cg, &tabs, src, cols, !per_thread);
             let d = &dy[(n * m + grp * mg) * l..][..mg * l];
             // SAFETY: dY's group block is [mg, l], the columns read transposed [l, ckg],
             // the destination dW's group block [mg, ckg].
