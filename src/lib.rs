@@ -63,9 +63,17 @@ impl Model {
     /// Loads and validates a model file: YAML (SPEC §1), or ONNX when the file name ends
     /// in `.onnx`.
     pub fn load(path: impl AsRef<Path>) -> Result<Model> {
+        Self::load_with(path, &onnx::ImportOptions::default())
+    }
+    /// `load`, an ONNX file imported as `opts` says (`ImportMode::Train` to train it as
+    /// PyTorch's train() mode runs it: BatchNormalization on batch statistics, its running
+    /// statistics written back after each step; `ImportMode::Eval` to run it as eval()
+    /// does). A YAML model is read as written: its `updates:` say what a training step
+    /// writes back.
+    pub fn load_with(path: impl AsRef<Path>, opts: &onnx::ImportOptions) -> Result<Model> {
         let path = path.as_ref();
         let graph = if onnx::is_onnx_path(path) {
-            onnx::load(path)?
+            onnx::load_with(path, opts)?
         } else {
             graph::yaml::load(path, &backends::cpu::HOST_EVAL, &onnx::YamlLowering)?
         };

@@ -395,7 +395,16 @@ fn backend_of(c: &Common) -> BackendKind {
 
 /// Loads the model and applies `--dtype`.
 fn load(path: &Path, dtype: Option<&str>) -> Result<Model, Fail> {
-    let mut m = Model::load(path)?;
+    load_as(path, dtype, &Default::default())
+}
+
+/// `load`, an ONNX file imported as `opts` says.
+fn load_as(
+    path: &Path,
+    dtype: Option<&str>,
+    opts: &graphrun::onnx::ImportOptions,
+) -> Result<Model, Fail> {
+    let mut m = Model::load_with(path, opts)?;
     if let Some(d) = dtype.and_then(DType::parse).filter(|d| *d != DType::F32) {
         m.graph = exec::with_float_dtype(&m.graph, d);
     }
@@ -1678,33 +1687,54 @@ fn evaluate(
     Ok((loss_sum / batches.max(1) as f64, acc))
 }
 
-fn train(a: TrainArgs) -> Result<(), Fail> {
-    let mut model = load(&a.model, a.common.dtype.as_deref())?;
-    check_outputs(a.plot.iter().chain(&a.save))?;
-    if let Some(loss) = &a.loss {
-        let g = &mut model.graph;
-        if !g.outputs.contains(loss) {
-            return Err(usage(format!(
-                "--loss {loss}: the model's outputs are {}",
-                g.outputs.join(", ")
-            )));
-        }
-        let optimizer =
-            g.training
-                .take()
-                .map(|t| t.optimizer)
-                .unwrap_or(graphrun::graph::Optimizer::Adam {
-                    lr: 0.001,
-                    beta1: 0.9,
-                    beta2: 0.999,
-                    eps: 1e-8,
-                    weight_decay: 0.0,
-                });
-        g.training = Some(graphrun::graph::Training {
-            loss: loss.clone(),
-            optimizer,
-        });
+/// Makes `--loss OUTPUT` the graph's training loss (keeping its optimizer, else Adam).
+fn with_loss(g: &mut graphrun::Graph, loss: Option<&String>) -> Result<(), Fail> {
+    let Some(loss) = loss else {
+        return Ok(());
+    };
+    if !g.outputs.contains(loss) {
+        return Err(usage(format!(
+            "--loss {loss}: the model's outputs are {}",
+            g.outputs.join(", ")
+        )));
     }
+    let optimizer =
+        g.training
+            .take()
+            .map(|t| t.optimizer)
+            .unwrap_or(graphrun::graph::Optimizer::Adam {
+                lr: 0.001,
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+                weight_decay: 0.0,
+            });
+    g.training = Some(graphrun::graph::Training {
+        loss: loss.clone(),
+        optimizer,
+    });
+    Ok(())
+}
+
+fn train(a: TrainArgs) -> Result<(), Fail> {
+    // An ONNX model trains as PyTorch's train() mode runs it (BatchNormalization on the
+    // batch's statistics, its running statistics moved after each step) and is evaluated
+    // on held-out data as eval() runs it, from a second import that takes the trained
+    // values by name.
+    let dtype = a.common.dtype.as_deref();
+    use graphrun::onnx::{ImportMode, ImportOptions};
+    let import = |mode| ImportOptions { mode };
+    let mut model = load_as(&a.model, dtype, &import(ImportMode::Train))?;
+    check_outputs(a.plot.iter().chain(&a.save))?;
+    with_loss(&mut model.graph, a.loss.as_ref())?;
+    let eval_graph = if model.graph.updates.is_empty() || a.val_data.is_empty() {
+        None
+    } else {
+        let mut m = load_as(&a.model, dtype, &import(ImportMode::Eval))?;
+        with_loss(&mut m.graph, a.loss.as_ref())?;
+        m.graph.training = model.graph.training.clone();
+        Some(m.graph)
+    };
     let Some(tr) = model.graph.training.as_mut() else {
         return Err(usage(format!(
             "{}: the model has no training: section (loss and optimizer) to train with; \
@@ -1764,6 +1794,7 @@ fn train(a: TrainArgs) -> Result<(), Fail> {
         allow_nonfinite: a.allow_nonfinite,
         ..session_options(&a.common, dims, true)
     };
+    let eval_opts = opts.clone();
     let (fused, _) = optimized(&g, a.common.no_fuse, &a.common.disable_pass, true)?;
     if a.gpus > 1 && batch % a.gpus != 0 {
         return Err(usage(format!(
@@ -1854,7 +1885,22 @@ fn train(a: TrainArgs) -> Result<(), Fail> {
             t0.elapsed().as_secs_f64()
         );
         if nval > 0 {
-            let (vl, acc) = evaluate(&mut session, &val, nval, batch)?;
+            let (vl, acc) = match &eval_graph {
+                None => evaluate(&mut session, &val, nval, batch)?,
+                Some(g0) => {
+                    let mut g = g0.clone();
+                    let trained = session.trained_graph()?;
+                    for i in &mut g.initializers {
+                        if let Some(t) = trained.initializer(&i.name) {
+                            i.tensor = t.tensor.clone();
+                        }
+                    }
+                    let (fused, _) =
+                        optimized(&g, a.common.no_fuse, &a.common.disable_pass, false)?;
+                    let mut eval = Trainer::One(Session::new(fused, eval_opts.clone())?);
+                    evaluate(&mut eval, &val, nval, batch)?
+                }
+            };
             held_out.push((losses.len(), vl, acc));
             line.push_str(&format!(", held-out loss {vl:.4}"));
             if let Some(acc) = acc {

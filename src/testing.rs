@@ -68,6 +68,7 @@ pub fn random_graph(data: &[u8], max_nodes: usize) -> (Graph, HashMap<String, Te
         initializers: vec![],
         nodes: vec![],
         training: None,
+        updates: vec![],
         file: None,
     };
     let mut feeds = HashMap::new();

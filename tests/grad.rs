@@ -48,6 +48,7 @@ fn net(what: &str) -> Net {
             initializers: vec![],
             nodes: vec![],
             training: None,
+            updates: vec![],
             file: None,
         },
         feeds: HashMap::new(),

@@ -6,7 +6,7 @@ use super::plan::{Place, Plan, PlanKey};
 use crate::backends::{cpu::Cpu, Backend, BackendKind};
 use crate::error::{Error, Result};
 use crate::graph::infer::ValueType;
-use crate::graph::{Graph, Optimizer};
+use crate::graph::{Graph, Node, Op, Optimizer};
 use crate::passes::autodiff::{self, Backward, BackwardOptions};
 use crate::passes::PassOptions;
 use crate::tensor::Tensor;
@@ -1063,13 +1063,26 @@ impl<B: Backend> Executor<B> {
                     crate::bail!(Runtime, "trained initializer '{w}' is not on the backend");
                 };
                 let ty = plan.types[w].clone();
-                let grad = match plan.places.get(gname) {
-                    Some(Place::Slot(s)) => self.slots[*s].as_ref().expect("gradient slot"),
-                    Some(Place::Const(c)) => &consts[*c],
+                let (param, grad) = match plan.places.get(gname) {
+                    Some(Place::Slot(s)) => (
+                        &mut self.weights[k],
+                        self.slots[*s].as_ref().expect("gradient slot"),
+                    ),
+                    Some(Place::Const(c)) => (&mut self.weights[k], &consts[*c]),
+                    // A gradient the passes folded into an initializer: a constant one,
+                    // such as the zeros of a parameter the loss does not read.
+                    Some(Place::Weight(j)) if self.wmap[*j] != k => {
+                        let g = self.wmap[*j];
+                        let (lo, hi) = self.weights.split_at_mut(k.max(g));
+                        if k < g {
+                            (&mut lo[k], &hi[0])
+                        } else {
+                            (&mut hi[0], &lo[g])
+                        }
+                    }
                     _ => crate::bail!(Runtime, "gradient '{gname}' has no buffer in the plan"),
                 };
                 let state = self.opt_state.get_mut(w).expect("made by ensure_opt_state");
-                let param = &mut self.weights[k];
                 self.backend
                     .update(u.opt, u.t, param, grad, state, &ty, slot as u32)
                     .map_err(|e| match e {
@@ -1088,7 +1101,54 @@ impl<B: Backend> Executor<B> {
             Error::Runtime(m) => Error::Runtime(format!("optimizer step: {m}")),
             e => e,
         });
-        queued.and(flushed)
+        queued.and(flushed)?;
+        self.write_state(g, plan)
+    }
+}
+
+impl<B: Backend> Executor<B> {
+    /// A training step's state updates (`Graph::updates`): each target initializer takes
+    /// its value, copied on the backend by its Identity kernel.
+    fn write_state(&mut self, g: &Graph, plan: &Plan) -> Result<()> {
+        let consts = &self.consts[&plan.id];
+        for su in &g.updates {
+            let Some(&k) = self.weight_names.get(&su.target) else {
+                crate::bail!(
+                    Runtime,
+                    "updated initializer '{}' is not on the backend",
+                    su.target
+                );
+            };
+            let src = match plan.places.get(&su.value) {
+                Some(Place::Slot(s)) => self.slots[*s].as_ref().expect("output slot"),
+                Some(Place::Const(c)) => &consts[*c],
+                _ => crate::bail!(
+                    Runtime,
+                    "the update of '{}' ('{}') is not a value the training step computes",
+                    su.target,
+                    su.value
+                ),
+            };
+            let ty = &plan.types[&su.value];
+            if *ty != self.weight_types[k] {
+                crate::bail!(
+                    Runtime,
+                    "the update of '{}' is {ty}, but the initializer is {}",
+                    su.target,
+                    self.weight_types[k]
+                );
+            }
+            let node = Node {
+                name: format!("update of '{}'", su.target),
+                op: Op::Identity,
+                inputs: vec![su.value.clone()],
+                outputs: vec![su.target.clone()],
+                loc: None,
+            };
+            self.backend
+                .run(&node, &[Some((src, ty))], &mut [(&mut self.weights[k], ty)])?;
+        }
+        Ok(())
     }
 }
 

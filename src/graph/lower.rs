@@ -99,11 +99,11 @@ pub fn lower_all(
     taken.extend(foreign.iter().flat_map(|n| n.outputs.iter().cloned()));
     let order = execution_order(g, foreign);
     let mut runs = start_runs(g);
-    // A trainable weight's value is not a constant of the model.
+    // A value that training changes is not a constant of the model.
     let trainable: HashSet<String> = g
         .initializers
         .iter()
-        .filter(|i| i.trainable)
+        .filter(|i| g.varies(i))
         .map(|i| i.name.clone())
         .collect();
     let mut errors = vec![];

@@ -364,6 +364,16 @@ pub struct Training {
     pub optimizer: Optimizer,
 }
 
+/// An initializer that each training step sets to a value the step computes (not by a
+/// gradient: a running statistic, say).
+#[derive(Clone, Debug, PartialEq)]
+pub struct StateUpdate {
+    /// The initializer written (not trainable; same type as `value`).
+    pub target: String,
+    /// The graph output it takes after each training step.
+    pub value: String,
+}
+
 /// A model's computation: declared inputs, initializers, nodes and outputs.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Graph {
@@ -381,6 +391,10 @@ pub struct Graph {
     pub nodes: Vec<Node>,
     /// How to train the graph, when the model says.
     pub training: Option<Training>,
+    /// State that a training step writes back: after each step, each `target`
+    /// initializer takes the value of its `value` (a graph output). BatchNormalization's
+    /// running statistics move this way.
+    pub updates: Vec<StateUpdate>,
     /// The file the graph was loaded from, for messages.
     pub file: Option<PathBuf>,
 }
@@ -401,6 +415,11 @@ impl Graph {
     /// The initializer named `name`.
     pub fn initializer(&self, name: &str) -> Option<&Initializer> {
         self.initializers.iter().find(|i| i.name == name)
+    }
+    /// Whether training changes initializer `init`: by its gradient (trainable) or as
+    /// the target of a state update. Its value is then no constant of the model.
+    pub fn varies(&self, init: &Initializer) -> bool {
+        init.trainable || self.updates.iter().any(|u| u.target == init.name)
     }
     /// Number of elements in all initializers (the parameter count `inspect` prints).
     pub fn param_count(&self) -> usize {

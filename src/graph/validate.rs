@@ -129,6 +129,34 @@ pub fn validate(g: &Graph, ev: &dyn HostEval) -> Result<()> {
             );
         }
     }
+    for (k, u) in g.updates.iter().enumerate() {
+        let Some(init) = g.initializer(&u.target) else {
+            crate::bail!(
+                Graph,
+                "updates: '{}' is not an initializer (a state update writes an initializer)",
+                u.target
+            );
+        };
+        if init.trainable {
+            crate::bail!(
+                Graph,
+                "updates: initializer '{}' is trainable; a state update and a gradient step \
+                 cannot both write it (mark it trainable: false)",
+                u.target
+            );
+        }
+        if !g.outputs.contains(&u.value) {
+            crate::bail!(
+                Graph,
+                "updates: the value '{}' given for '{}' is not a graph output",
+                u.value,
+                u.target
+            );
+        }
+        if g.updates[..k].iter().any(|p| p.target == u.target) {
+            crate::bail!(Graph, "updates: '{}' is updated twice", u.target);
+        }
+    }
     topo_order(g)?;
     // With every symbol bound by a default, check all shapes now (unless some depend on
     // input values, which only a run gives).
@@ -145,7 +173,18 @@ pub fn validate(g: &Graph, ev: &dyn HostEval) -> Result<()> {
                 (i.name.clone(), s.collect())
             })
             .collect();
-        infer::infer_graph(g, &shapes, ev)?;
+        let inf = infer::infer_graph(g, &shapes, ev)?;
+        for u in &g.updates {
+            let (want, got) = (&inf.types[&u.target], &inf.types[&u.value]);
+            if want != got {
+                crate::bail!(
+                    Graph,
+                    "updates: '{}' is {want} but its update '{}' is {got}",
+                    u.target,
+                    u.value
+                );
+            }
+        }
     }
     Ok(())
 }

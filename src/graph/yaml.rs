@@ -363,6 +363,7 @@ fn parse_model(
             "initializers",
             "nodes",
             "training",
+            "updates",
         ],
     )?;
     let version = top.req("graphrun")?;
@@ -433,6 +434,18 @@ fn parse_model(
         return Err(Error::Many(errs));
     }
     let training = top.get("training").map(parse_training).transpose()?;
+    let mut updates = vec![];
+    if let Some(u) = top.get("updates") {
+        let YV::Map(m) = &u.v else {
+            return Err(u.want("updates", "a mapping of initializer: value"));
+        };
+        for (target, v) in m {
+            updates.push(super::StateUpdate {
+                target: target.clone(),
+                value: v.str(&format!("updates.{target}"))?.to_string(),
+            });
+        }
+    }
     let mut g = Graph {
         name,
         dims,
@@ -441,11 +454,13 @@ fn parse_model(
         initializers,
         nodes,
         training,
+        updates,
         file: None,
     };
     if !foreign.is_empty() {
         lower::lower_all(&mut g, &foreign, lower, ev)?;
     }
+    super::infer::freeze_shape_deciding(&mut g);
     name_nodes(&mut g);
     Ok(g)
 }
@@ -1338,6 +1353,12 @@ pub fn emit<'g>(g: &'g Graph, side_name: &str) -> (String, Vec<(String, &'g Tens
             "training:\n  loss: {}\n  optimizer: {opt}\n",
             ystr(&t.loss)
         ));
+    }
+    if !g.updates.is_empty() {
+        o.push_str("updates:\n");
+        for u in &g.updates {
+            o.push_str(&format!("  {}: {}\n", ystr(&u.target), ystr(&u.value)));
+        }
     }
     (o, side)
 }

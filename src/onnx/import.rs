@@ -2,11 +2,11 @@
 //! converted by `nodes.rs`.
 
 use super::nodes::Importer;
-use super::proto::{ModelProto, ValueInfoProto};
+use super::proto::{ModelProto, NodeProto, ValueInfoProto};
 use super::tensor::{dtype_of, from_proto};
 use super::{MAX_OPSET, MIN_OPSET};
 use crate::error::{Error, Result};
-use crate::graph::{Dim, Graph, InitSource, Initializer, InputInfo};
+use crate::graph::{Dim, Graph, InitSource, Initializer, InputInfo, StateUpdate};
 use crate::tensor::Tensor;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
@@ -33,7 +33,39 @@ fn default_opset(m: &ModelProto) -> Result<i64> {
     Ok(v)
 }
 
-pub(super) fn graph_of(m: &ModelProto, stem: &str, base: &Path) -> Result<Graph> {
+/// How a model is imported.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ImportOptions {
+    /// Which mode BatchNormalization runs in.
+    pub mode: ImportMode,
+}
+
+/// The mode of the layers whose training and inference forms differ (BatchNormalization),
+/// as PyTorch's `train()` and `eval()` set it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ImportMode {
+    /// As the file writes each node (`training_mode`).
+    #[default]
+    AsWritten,
+    /// For training: every BatchNormalization normalizes by the batch's statistics, and
+    /// one whose running mean and variance come from initializers moves them after each
+    /// training step (`Graph::updates`): momentum · running + (1 − momentum) · batch. A
+    /// node written in inference form moves the running variance towards the unbiased
+    /// batch variance, as PyTorch does; one written with training_mode = 1 towards the
+    /// biased one, as ONNX defines it.
+    Train,
+    /// For evaluating what `Train` trained: every BatchNormalization normalizes by its
+    /// running statistics, which have initializers of their own named as `Train` names
+    /// them, so that a trained model's values carry over by name.
+    Eval,
+}
+
+pub(super) fn graph_of(
+    m: &ModelProto,
+    stem: &str,
+    base: &Path,
+    opts: &ImportOptions,
+) -> Result<Graph> {
     let opset = default_opset(m)?;
     let Some(gp) = &m.graph else {
         return Err(Error::Graph("the model has no graph".into()));
@@ -105,7 +137,21 @@ pub(super) fn graph_of(m: &ModelProto, stem: &str, base: &Path) -> Result<Graph>
         }
     }
     let mut im = Importer::new(gp, opset, base);
-    for (i, n) in gp.node.iter().enumerate() {
+    let mut outputs: Vec<String> = gp.output.iter().map(|o| o.name.clone()).collect();
+    let mut updates = vec![];
+    let mut protos = std::borrow::Cow::Borrowed(&gp.node);
+    if opts.mode != ImportMode::AsWritten {
+        im.batch_norm_mode = Some(opts.mode == ImportMode::Train);
+        updates = bind_batch_norm_state(
+            &mut im,
+            protos.to_mut(),
+            &mut initializers,
+            &outputs,
+            opts.mode == ImportMode::Train,
+        );
+        outputs.extend(updates.iter().map(|u| u.value.clone()));
+    }
+    for (i, n) in protos.iter().enumerate() {
         im.node(i, n);
     }
     let nodes = im.finish()?;
@@ -117,14 +163,153 @@ pub(super) fn graph_of(m: &ModelProto, stem: &str, base: &Path) -> Result<Graph>
         },
         dims: BTreeMap::new(),
         inputs,
-        outputs: gp.output.iter().map(|o| o.name.clone()).collect(),
+        outputs,
         initializers,
         nodes,
         training: None,
+        updates,
         file: None,
     };
+    crate::graph::infer::freeze_shape_deciding(&mut g);
     crate::graph::yaml::name_nodes(&mut g);
     Ok(g)
+}
+
+/// For training (`ImportOptions::training`): gives the running mean and variance of each
+/// BatchNormalization an initializer of its own and names the node's running-statistics
+/// outputs, returning the state updates that write those outputs back. A statistic that
+/// is an initializer nothing else reads is used as it is; one that an exporter shares
+/// with other values (the TorchScript exporter deduplicates a fresh BN's ones and zeros
+/// into the weight and bias, through Identity nodes) gets a copy, named as the
+/// BatchNormalization reads it where the Identity giving it can go. A statistic that no
+/// initializer gives (one computed by nodes) is not updated. Not `training` (for eval),
+/// only the initializers are made, and running-statistics outputs that nothing reads go.
+fn bind_batch_norm_state(
+    im: &mut Importer,
+    nodes: &mut Vec<NodeProto>,
+    inits: &mut Vec<Initializer>,
+    outputs: &[String],
+    training: bool,
+) -> Vec<StateUpdate> {
+    let is_bn = |n: &NodeProto| {
+        n.op_type == "BatchNormalization"
+            && (n.domain.is_empty() || n.domain == "ai.onnx")
+            && n.input.len() >= 5
+    };
+    let readers = |nodes: &[NodeProto], v: &str| {
+        nodes
+            .iter()
+            .flat_map(|m| m.input.iter())
+            .filter(|i| *i == v)
+            .count()
+    };
+    let identity_of = |nodes: &[NodeProto], v: &str| {
+        nodes
+            .iter()
+            .position(|m| m.op_type == "Identity" && m.output.first().is_some_and(|o| o == v))
+    };
+    // The initializer a value is, through Identity nodes.
+    let source = |nodes: &[NodeProto], inits: &[Initializer], v: &str| {
+        let mut v = v.to_string();
+        loop {
+            if let Some(i) = inits.iter().find(|i| i.name == v) {
+                return Some(i.tensor.clone());
+            }
+            v = nodes[identity_of(nodes, &v)?].input.first()?.clone();
+        }
+    };
+    let add = |im: &mut Importer, inits: &mut Vec<Initializer>, name: &str, tensor: Tensor| {
+        im.declare(name, &tensor);
+        inits.push(Initializer {
+            name: name.to_string(),
+            tensor,
+            trainable: false,
+            source: InitSource::Data,
+            loc: None,
+        });
+    };
+    // First the statistics an Identity gives to this node alone: the Identity goes, and an
+    // initializer takes its output's name. What it read may then be read by one node only.
+    let mut bi = 0;
+    while bi < nodes.len() {
+        for k in [3, 4] {
+            if !is_bn(&nodes[bi]) {
+                break;
+            }
+            let v = nodes[bi].input[k].clone();
+            let alone = readers(nodes, &v) == 1 && !outputs.contains(&v);
+            let Some(j) = identity_of(nodes, &v).filter(|_| alone) else {
+                continue;
+            };
+            let Some(t) = source(nodes, inits, &v) else {
+                continue;
+            };
+            nodes.remove(j);
+            bi -= usize::from(j < bi);
+            add(im, inits, &v, t);
+        }
+        bi += 1;
+    }
+    // Then every statistic: an initializer read by this node alone is used as it is;
+    // anything else that an initializer gives gets a copy of its own.
+    let mut updates = vec![];
+    for bi in 0..nodes.len() {
+        if !is_bn(&nodes[bi]) {
+            continue;
+        }
+        let mut targets = vec![];
+        for k in [3, 4] {
+            let v = nodes[bi].input[k].clone();
+            let alone = readers(nodes, &v) == 1 && !outputs.contains(&v);
+            if alone && inits.iter().any(|i| i.name == v && !i.trainable) {
+                targets.push(v);
+                continue;
+            }
+            let Some(t) = source(nodes, inits, &v) else {
+                break;
+            };
+            let name = im.fresh(&format!("{v}.state"));
+            add(im, inits, &name, t);
+            nodes[bi].input[k] = name.clone();
+            targets.push(name);
+        }
+        if !training {
+            let n = &mut nodes[bi];
+            let unread: Vec<bool> = n.output.iter().map(|o| !outputs.contains(o)).collect();
+            let read_by_nodes = |o: &str| readers(nodes, o) > 0;
+            let keep: Vec<String> = nodes[bi]
+                .output
+                .iter()
+                .enumerate()
+                .map(|(k, o)| {
+                    if k == 0 || !unread[k] || read_by_nodes(o) {
+                        o.clone()
+                    } else {
+                        String::new()
+                    }
+                })
+                .collect();
+            nodes[bi].output = keep;
+            while nodes[bi].output.last().is_some_and(|o| o.is_empty()) {
+                nodes[bi].output.pop();
+            }
+            continue;
+        }
+        if targets.len() == 2 {
+            let n = &mut nodes[bi];
+            n.output.resize(3, String::new());
+            for (k, target) in [(1, &targets[0]), (2, &targets[1])] {
+                if n.output[k].is_empty() {
+                    n.output[k] = im.fresh(&format!("{target}.next"));
+                }
+                updates.push(StateUpdate {
+                    target: target.clone(),
+                    value: n.output[k].clone(),
+                });
+            }
+        }
+    }
+    updates
 }
 
 /// Magnitudes from here on are masking values (-inf, float's lowest, -1e9, -1e4), not

@@ -12,6 +12,7 @@ mod import;
 mod nodes;
 pub mod proto;
 
+pub use import::{ImportMode, ImportOptions};
 pub use nodes::{imports, YamlLowering};
 pub mod tensor;
 
@@ -37,13 +38,18 @@ pub fn is_onnx_path(path: &Path) -> bool {
 
 /// Loads and validates an .onnx model; external data files are read from its folder.
 pub fn load(path: &Path) -> Result<Graph> {
+    load_with(path, &ImportOptions::default())
+}
+
+/// `load`, imported as `opts` says (for training, say).
+pub fn load_with(path: &Path, opts: &ImportOptions) -> Result<Graph> {
     let bytes = crate::files::read_bytes(path, "the model")?;
     let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
     let stem = path
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let mut g = from_bytes(&bytes, &stem, &base).map_err(|e| in_file(path, e))?;
+    let mut g = from_bytes_with(&bytes, &stem, &base, opts).map_err(|e| in_file(path, e))?;
     g.file = Some(path.to_path_buf());
     Ok(g)
 }
@@ -51,12 +57,22 @@ pub fn load(path: &Path) -> Result<Graph> {
 /// Decodes, imports and validates a serialized ModelProto. `stem` names the graph when
 /// the model gives it no name; `base` is the folder of external data files.
 pub fn from_bytes(bytes: &[u8], stem: &str, base: &Path) -> Result<Graph> {
+    from_bytes_with(bytes, stem, base, &ImportOptions::default())
+}
+
+/// `from_bytes`, imported as `opts` says.
+pub fn from_bytes_with(
+    bytes: &[u8],
+    stem: &str,
+    base: &Path,
+    opts: &ImportOptions,
+) -> Result<Graph> {
     let m = proto::ModelProto::decode(bytes).map_err(|e| {
         Error::Graph(format!(
             "not a valid ONNX model (protobuf decoding failed: {e})"
         ))
     })?;
-    let g = import::graph_of(&m, stem, base)?;
+    let g = import::graph_of(&m, stem, base, opts)?;
     validate::validate(&g, &crate::backends::cpu::HOST_EVAL)?;
     Ok(g)
 }

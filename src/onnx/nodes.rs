@@ -167,6 +167,9 @@ pub(super) struct Importer<'a> {
     /// Ops graphrun lacks: "Conv" or "domain::Op" → the nodes that use them.
     unsupported: BTreeMap<String, Vec<String>>,
     errors: Vec<Error>,
+    /// BatchNormalization's mode whatever the node says: Some(true) training, Some(false)
+    /// inference (`ImportOptions::mode`).
+    pub(super) batch_norm_mode: Option<bool>,
 }
 
 impl<'a> Importer<'a> {
@@ -221,6 +224,7 @@ impl<'a> Importer<'a> {
             small,
             unsupported: BTreeMap::new(),
             errors: vec![],
+            batch_norm_mode: None,
         }
     }
 
@@ -238,6 +242,7 @@ impl<'a> Importer<'a> {
             small: HashMap::new(),
             unsupported: BTreeMap::new(),
             errors: vec![],
+            batch_norm_mode: None,
         };
         for (name, k) in known {
             im.ranks.insert(name.clone(), k.dims.len());
@@ -250,8 +255,19 @@ impl<'a> Importer<'a> {
         im
     }
 
+    /// Makes a new initializer known to the nodes that read it.
+    pub(super) fn declare(&mut self, name: &str, t: &Tensor) {
+        self.taken.insert(name.to_string());
+        self.ranks.insert(name.to_string(), t.shape().len());
+        self.dims.insert(
+            name.to_string(),
+            t.shape().iter().map(|&d| Some(d)).collect(),
+        );
+        self.dtypes.insert(name.to_string(), t.dtype());
+    }
+
     /// A value name not used anywhere in the model, derived from `base`.
-    fn fresh(&mut self, base: &str) -> String {
+    pub(super) fn fresh(&mut self, base: &str) -> String {
         let mut name = base.to_string();
         let mut k = 1;
         while self.taken.contains(&name) {

@@ -176,6 +176,8 @@ pub fn freeze(g: &Graph, opts: &PassOptions) -> Result<(Graph, Report)> {
     for i in &mut frozen.initializers {
         i.trainable = false;
     }
+    // No training step runs, so no state update does either.
+    frozen.updates.clear();
     optimize(&frozen, opts)
 }
 

@@ -333,10 +333,11 @@ impl<'g> Ctx<'g> {
         if let Some(t) = &g.training {
             needed.insert(t.loss.as_str());
         }
+        // What training changes (gradient steps and state updates) is no constant.
         let trainable = g
             .initializers
             .iter()
-            .filter(|i| i.trainable)
+            .filter(|i| g.varies(i))
             .map(|i| i.name.as_str())
             .collect();
         Ok(Ctx {

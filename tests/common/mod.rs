@@ -207,6 +207,7 @@ pub fn one_node_graph(op: Op, args: &[Arg], n_out: usize) -> Graph {
             loc: None,
         }],
         training: None,
+        updates: vec![],
         file: None,
     }
 }

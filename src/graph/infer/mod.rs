@@ -160,7 +160,9 @@ impl Inferred {
                 init.name.clone(),
                 ValueType::new(init.tensor.dtype(), init.tensor.shape()),
             );
-            if init.tensor.numel() <= CONST_LIMIT {
+            // A weight that training changes is no constant: a value computed from it
+            // when the plan is made would keep its first value.
+            if init.tensor.numel() <= CONST_LIMIT && !g.varies(init) {
                 inf.consts.insert(init.name.clone(), init.tensor.clone());
             }
         }
@@ -331,20 +333,38 @@ pub struct PlanTimeInput {
 /// input's type, so the walk stops there). A plan is made for their fed values, in
 /// declaration order.
 pub fn plan_time_inputs(g: &Graph) -> Vec<PlanTimeInput> {
+    let found = shape_deciding(g);
+    g.inputs
+        .iter()
+        .filter_map(|i| {
+            found
+                .get(i.name.as_str())
+                .map(|&(node, slot)| PlanTimeInput {
+                    name: i.name.clone(),
+                    node,
+                    slot,
+                })
+        })
+        .collect()
+}
+
+/// Every value a shape-deciding input (`shape_inputs`) is computed from, walking
+/// producers back (`Shape` reads only its input's type, so the walk stops there), with
+/// the first node and input that needs it. Graph inputs among them are planned for their
+/// fed values; initializers among them cannot be trained (the loaders mark them so).
+pub fn shape_deciding(g: &Graph) -> HashMap<&str, (usize, usize)> {
     let producer = g.producers();
     let mut found: HashMap<&str, (usize, usize)> = HashMap::new();
-    let mut seen: std::collections::HashSet<&str> = Default::default();
     for (ni, n) in g.nodes.iter().enumerate() {
         for &(slot, _) in shape_inputs(&n.op) {
             let Some(v) = n.input(slot) else { continue };
             let mut stack = vec![v];
             while let Some(v) = stack.pop() {
-                if !seen.insert(v) {
+                if found.contains_key(v) {
                     continue;
                 }
-                if g.input(v).is_some() {
-                    found.entry(v).or_insert((ni, slot));
-                } else if let Some(&p) = producer.get(v) {
+                found.insert(v, (ni, slot));
+                if let Some(&p) = producer.get(v) {
                     // Shape reads only its input's type, and ResizeMatrix its X's.
                     let skip = match g.nodes[p].op {
                         Op::Shape { .. } => g.nodes[p].inputs.len(),
@@ -361,18 +381,19 @@ pub fn plan_time_inputs(g: &Graph) -> Vec<PlanTimeInput> {
             }
         }
     }
-    g.inputs
-        .iter()
-        .filter_map(|i| {
-            found
-                .get(i.name.as_str())
-                .map(|&(node, slot)| PlanTimeInput {
-                    name: i.name.clone(),
-                    node,
-                    slot,
-                })
-        })
-        .collect()
+    found
+}
+
+/// Marks the initializers that decide a shape not trainable: their values are read when
+/// the plan is made, so a training step could not change what they decide.
+pub fn freeze_shape_deciding(g: &mut Graph) {
+    let found: std::collections::HashSet<String> =
+        shape_deciding(g).into_keys().map(str::to_string).collect();
+    for i in &mut g.initializers {
+        if found.contains(&i.name) {
+            i.trainable = false;
+        }
+    }
 }
 
 /// Numpy broadcasting of two shapes.

@@ -789,10 +789,17 @@ impl Importer<'_> {
     /// channel (axis 1). Training form (training_mode = 1, opset 14 on): the same with the
     /// batch's statistics (the mean and biased variance over every axis but 1), and the
     /// running statistics as outputs 1 and 2: momentum · running + (1 - momentum) · batch.
+    /// Imported for training (`batch_norm_mode`), an inference-form node takes the
+    /// training form as PyTorch's train() runs it: the running variance then moves
+    /// towards the unbiased batch variance (n / (n - 1) times the biased one, n the
+    /// number of values per channel). Imported for eval, every node takes the inference
+    /// form.
     fn batch_norm(&mut self, n: &NodeProto, what: &str, mut a: Attrs) -> Result<()> {
         let epsilon = a.float("epsilon", 1e-5)?;
         let momentum = a.float("momentum", 0.9)?;
-        let training = a.flag("training_mode")?;
+        let written = a.flag("training_mode")?;
+        let training = self.batch_norm_mode.unwrap_or(written);
+        let unbiased = training && !written;
         // Before opset 9: spatial=0 gives per-element statistics, which graphrun does not run.
         if a.int("spatial", 1)? != 1 {
             return Err(a.refuse("spatial", "= 0 is not supported"));
@@ -828,7 +835,29 @@ impl Importer<'_> {
             let flat = self.ints_const(n, "stat_flat", &[-1])?;
             let keep = self.float_like(n, "momentum", momentum, &mean);
             let take = self.float_like(n, "one_minus_momentum", 1.0 - momentum, &mean);
-            for (k, run, batch) in [(1, mean.clone(), m.clone()), (2, var.clone(), v.clone())] {
+            let mut running_var = v.clone();
+            if unbiased && n.output.get(2).is_some_and(|o| !o.is_empty()) {
+                // n / (n - 1) from the shape of the [N, C, L] rows: n = N · L.
+                let first = self.val(n, "count_n", shape(0, Some(1)), vec![x3.clone()]);
+                let last = self.val(n, "count_l", shape(2, None), vec![x3.clone()]);
+                let count = self.val(n, "count", bin(BinaryOp::Mul), vec![first, last]);
+                let count = self.val(n, "count_f", Op::CastLike, vec![count, v.clone()]);
+                let one = self.float_like(n, "one", 1.0, &v);
+                let less = self.val(
+                    n,
+                    "count_less",
+                    bin(BinaryOp::Sub),
+                    vec![count.clone(), one],
+                );
+                let ratio = self.val(n, "bessel", bin(BinaryOp::Div), vec![count, less]);
+                running_var = self.val(
+                    n,
+                    "batch_var_unbiased",
+                    bin(BinaryOp::Mul),
+                    vec![v.clone(), ratio],
+                );
+            }
+            for (k, run, batch) in [(1, mean.clone(), m.clone()), (2, var.clone(), running_var)] {
                 if n.output.get(k).is_none_or(|o| o.is_empty()) {
                     continue;
                 }
