@@ -8,7 +8,7 @@
         exporter in training mode (BatchNormalization keeps its batch statistics and
         running statistics; in eval mode the exporter folds it into the convolutions)
     python3 scripts/cnn_training.py torch DATA_DIR [--arch resnet18] [--epochs 3]
-        [--batch 32] [--lr 0.001] [--threads 2]
+        [--batch 32] [--lr 0.001] [--threads 2] [--device cpu]
         trains the same architecture from the same kind of random start in PyTorch (Adam,
         train() mode) and prints the held-out loss and accuracy after each epoch and the
         time taken, as `graphrun train` does
@@ -71,13 +71,14 @@ def train(a):
     torch.set_num_threads(a.threads)
     load = lambda s: torch.from_numpy(np.load(os.path.join(a.data, s)))
     xs, ys, vx, vy = (load(f) for f in ["train_x.npy", "train_y.npy", "val_x.npy", "val_y.npy"])
-    m = model(a.arch)
+    xs, ys, vx, vy = (t.to(a.device) for t in (xs, ys, vx, vy))
+    m = model(a.arch).to(a.device)
     opt = torch.optim.Adam(m.parameters(), lr=a.lr)
     g = torch.Generator().manual_seed(0)
     t0 = time.perf_counter()
     for epoch in range(1, a.epochs + 1):
         m.train()
-        order = torch.randperm(len(xs), generator=g)
+        order = torch.randperm(len(xs), generator=g).to(a.device)
         losses = []
         for k in range(len(xs) // a.batch):
             idx = order[k * a.batch : (k + 1) * a.batch]
@@ -86,6 +87,8 @@ def train(a):
             loss.backward()
             opt.step()
             losses.append(loss.item())
+        if a.device != "cpu":
+            torch.cuda.synchronize()
         m.eval()
         with torch.no_grad():
             right, vl, nb = 0, 0.0, 0
@@ -114,6 +117,7 @@ def main():
     t.add_argument("--batch", type=int, default=32)
     t.add_argument("--lr", type=float, default=0.001)
     t.add_argument("--threads", type=int, default=2)
+    t.add_argument("--device", default="cpu")
     a = ap.parse_args()
     export(a) if a.cmd == "export" else train(a)
 

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# One device call for training with BatchNormalization: the CUDA tests that
+# scripts/carry_ops.sh carried (run as TESTS="training_state cuda ..."; with
+# GRAPHRUN_REQUIRE_CUDA=1 they may not skip), then torchvision's ResNet-18 trained on the
+# shapes set (scripts/make_shapes.py, made here) by `graphrun train --backend cuda` and by
+# PyTorch on the same GPU (scripts/cnn_training.py), one after the other.
+#   bash DEST/device_bn.sh [tests] [cnn]        (DEST is the carry folder)
+set -u
+C=$(cd "$(dirname "$0")" && pwd)
+S=$(cd "$C/../scripts" && pwd)
+OUT=${OUT:-/tmp/out}
+X=/tmp/bn_x R=$OUT/bn
+rm -rf "$X" && mkdir -p "$X" "$R" /tmp/kcache
+python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$C/bin.txz" "$X"
+cp "$C"/kcache/*.cubin /tmp/kcache/ 2>/dev/null
+export GRAPHRUN_REQUIRE_CUDA=1 GRAPHRUN_CUDA_CACHE=/tmp/kcache
+what=${*:-tests cnn}
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+if [[ $what == *tests* ]]; then
+    for t in $X/tests/*; do
+        n=$(basename $t)
+        timeout 300 $t --test-threads=4 > $R/test_$n.log 2>&1
+        echo "== $n rc=$? $(grep -E '^test result' $R/test_$n.log | tail -n 1)"
+        grep -E "^test .* FAILED$|panicked at" -A4 $R/test_$n.log | head -n 30
+    done
+fi
+if [[ $what == *cnn* ]]; then
+    D=/tmp/shapes
+    python3 $S/make_shapes.py $D && python3 $S/cnn_training.py export /tmp/cnn 2>&1 | tail -n 1
+    echo "== graphrun train --backend cuda"
+    timeout 400 $X/graphrun train /tmp/cnn/resnet18.onnx --backend cuda --loss loss --epochs 10 --batch-size 32 \
+        --data x=$D/train_x.npy --data labels=$D/train_y.npy \
+        --val-data x=$D/val_x.npy --val-data labels=$D/val_y.npy -q 2>&1 | tail -n 12
+    echo "== PyTorch (eager, cuda)"
+    timeout 300 python3 $S/cnn_training.py torch $D --epochs 10 --device cuda 2>&1 | tail -n 10
+fi
