@@ -209,8 +209,15 @@ struct TrainArgs {
     lr: Option<f64>,
     /// The scalar output to minimise, over the model's training: loss. A model without a
     /// training: section (an .onnx file has none) then trains with Adam (lr 0.001 or --lr).
-    #[arg(long, value_name = "OUTPUT")]
+    #[arg(long, value_name = "OUTPUT", conflicts_with = "cross_entropy")]
     loss: Option<String>,
+    /// Train OUTPUT (logits, classes along the last axis) with the mean softmax
+    /// cross-entropy against a new int64 input `labels` of OUTPUT's shape without its last
+    /// axis (feed it with --data labels=FILE.npy; -100 marks a position to ignore). For a
+    /// language model, the labels are the next tokens. Adam (lr 0.001 or --lr) unless the
+    /// model has a training: section
+    #[arg(long, value_name = "OUTPUT")]
+    cross_entropy: Option<String>,
     /// Seed for shuffling (and for random inputs).
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -243,8 +250,13 @@ struct ConvertArgs {
     /// The model to convert: an .onnx file (or a .yaml model, written back normalized).
     model: PathBuf,
     /// The YAML file to write; large initializers go into <stem>.safetensors beside it.
+    /// With --weights, the .onnx file to write.
     #[arg(long, short, value_name = "FILE.yaml")]
     output: PathBuf,
+    /// Write the ONNX model back with these weights in place of its initializers (by
+    /// name; `graphrun train --save` writes them), as a self-contained .onnx file
+    #[arg(long, value_name = "FILE.safetensors")]
+    weights: Option<PathBuf>,
 }
 
 /// A CLI failure: its message and the exit code it maps to.
@@ -1172,6 +1184,9 @@ fn inspect_backward(
 
 /// `convert`: the model as loaded (no passes), written in the YAML format.
 fn convert(a: ConvertArgs) -> Result<(), Fail> {
+    if let Some(w) = &a.weights {
+        return convert_weights(&a, w);
+    }
     let model = Model::load(&a.model)?;
     if a.output
         .extension()
@@ -1202,6 +1217,47 @@ fn convert(a: ConvertArgs) -> Result<(), Fail> {
             file.display(),
             if n == 1 { "" } else { "s" },
             fmt_bytes(bytes)
+        );
+    }
+    Ok(())
+}
+
+/// `convert MODEL.onnx --weights W.safetensors -o OUT.onnx`.
+fn convert_weights(a: &ConvertArgs, weights: &Path) -> Result<(), Fail> {
+    let onnx = |p: &Path| {
+        p.extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("onnx"))
+    };
+    if !onnx(&a.model) || !onnx(&a.output) {
+        return Err(usage(
+            "convert --weights writes an ONNX model with trained weights: MODEL and -o must be .onnx files",
+        ));
+    }
+    check_outputs([&a.output])?;
+    // Checks the model as graphrun reads it before writing anything.
+    Model::load(&a.model)?;
+    let bytes = files::read_bytes(&a.model, "the model")?;
+    let trained = Tensor::read_safetensors(weights)?;
+    let base = a.model.parent().map(Path::to_path_buf).unwrap_or_default();
+    let (out, w) = graphrun::onnx::with_weights(&bytes, &base, &trained)?;
+    let mut files = files::Outputs::new();
+    files.stage(&a.output, |f| f.write_all(&out))?;
+    files.commit()?;
+    println!(
+        "wrote {} ({} initializers from {}{})",
+        a.output.display(),
+        w.replaced,
+        weights.display(),
+        if w.derived.is_empty() {
+            String::new()
+        } else {
+            format!(", and {} derived from them", w.derived.join(", "))
+        }
+    );
+    if !w.left_out.is_empty() {
+        eprintln!(
+            "not written (the model shares these values with others; each trained as its own): {}",
+            w.left_out.join(", ")
         );
     }
     Ok(())
@@ -1687,10 +1743,23 @@ fn evaluate(
     Ok((loss_sum / batches.max(1) as f64, acc))
 }
 
-/// Makes `--loss OUTPUT` the graph's training loss (keeping its optimizer, else Adam).
-fn with_loss(g: &mut graphrun::Graph, loss: Option<&String>) -> Result<(), Fail> {
-    let Some(loss) = loss else {
-        return Ok(());
+/// Makes `--loss OUTPUT` the graph's training loss (keeping its optimizer, else Adam), or
+/// appends `--cross-entropy OUTPUT`'s loss and makes that the training loss.
+fn with_loss(g: &mut graphrun::Graph, a: &TrainArgs) -> Result<(), Fail> {
+    let appended;
+    let loss = match (&a.loss, &a.cross_entropy) {
+        (Some(l), _) => l,
+        (None, Some(logits)) => {
+            appended = graphrun::graph::loss::append_cross_entropy(
+                g,
+                logits,
+                "labels",
+                &graphrun::backends::cpu::HOST_EVAL,
+            )
+            .map_err(|e| usage(format!("--cross-entropy {logits}: {e}")))?;
+            &appended
+        }
+        (None, None) => return Ok(()),
     };
     if !g.outputs.contains(loss) {
         return Err(usage(format!(
@@ -1726,19 +1795,20 @@ fn train(a: TrainArgs) -> Result<(), Fail> {
     let import = |mode| ImportOptions { mode };
     let mut model = load_as(&a.model, dtype, &import(ImportMode::Train))?;
     check_outputs(a.plot.iter().chain(&a.save))?;
-    with_loss(&mut model.graph, a.loss.as_ref())?;
+    with_loss(&mut model.graph, &a)?;
     let eval_graph = if model.graph.updates.is_empty() || a.val_data.is_empty() {
         None
     } else {
         let mut m = load_as(&a.model, dtype, &import(ImportMode::Eval))?;
-        with_loss(&mut m.graph, a.loss.as_ref())?;
+        with_loss(&mut m.graph, &a)?;
         m.graph.training = model.graph.training.clone();
         Some(m.graph)
     };
     let Some(tr) = model.graph.training.as_mut() else {
         return Err(usage(format!(
             "{}: the model has no training: section (loss and optimizer) to train with; \
-             --loss OUTPUT trains a scalar output with Adam",
+             --loss OUTPUT trains a scalar output with Adam, --cross-entropy OUTPUT its \
+             logits against labels",
             a.model.display()
         )));
     };
@@ -1966,9 +2036,11 @@ fn train(a: TrainArgs) -> Result<(), Fail> {
                 });
             }
         }
+        // The model's own initializers (not the constants the passes made).
         let tensors: Vec<(String, &Tensor)> = trained
             .initializers
             .iter()
+            .filter(|i| g.initializer(&i.name).is_some())
             .map(|i| (i.name.clone(), &i.tensor))
             .collect();
         out.stage(p, |w| Tensor::write_safetensors_to(&tensors, w))?;

@@ -856,3 +856,84 @@ fn every_argument_has_help() {
         assert!(checked >= 2, "{cmd}: {out}");
     }
 }
+
+/// An exported language model fine-tuned from the command line: `train --cross-entropy`
+/// on a token set (labels as --data), `--save`, then `convert --weights` writes the ONNX
+/// file back with the trained weights, which runs; `convert --weights` refuses other
+/// file kinds.
+#[test]
+fn fine_tune_an_export_and_write_its_weights_back() {
+    let d = tmpdir("fine_tune");
+    let ids = d.join("ids.npy");
+    let labels = d.join("labels.npy");
+    let batch = graphrun::Tensor::read_npy(Path::new("tests/fixtures/lm_train/ids.npy")).unwrap();
+    let lab = graphrun::Tensor::read_npy(Path::new("tests/fixtures/lm_train/labels.npy")).unwrap();
+    // [steps, batch, seq] → [steps·batch, seq]
+    let flat = |t: graphrun::Tensor| {
+        let s = t.shape().to_vec();
+        t.reshaped(&[s[0] * s[1], s[2]]).unwrap()
+    };
+    flat(batch).write_npy(&ids).unwrap();
+    flat(lab).write_npy(&labels).unwrap();
+    let model = "tests/fixtures/lm_train/gpt2.onnx";
+    let saved = d.join("trained.safetensors");
+    let o = graphrun(&[
+        "train",
+        model,
+        "--cross-entropy",
+        "logits",
+        "--data",
+        &format!("input_ids={}", ids.display()),
+        "--data",
+        &format!("labels={}", labels.display()),
+        "--batch-size",
+        "8",
+        "--epochs",
+        "3",
+        "--lr",
+        "0.003",
+        "-q",
+        "--save",
+        saved.to_str().unwrap(),
+    ]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{out}{err}");
+    // "trained N steps in T s; loss FIRST -> LAST"
+    let line = out.lines().find(|l| l.starts_with("trained ")).unwrap();
+    let losses: Vec<f64> = line
+        .rsplit("loss ")
+        .next()
+        .unwrap()
+        .split(" -> ")
+        .map(|v| v.trim().parse().unwrap())
+        .collect();
+    assert!(losses[1] < losses[0] - 0.3, "the loss falls: {out}");
+    let written = d.join("trained.onnx");
+    let o = graphrun(&[
+        "convert",
+        model,
+        "--weights",
+        saved.to_str().unwrap(),
+        "-o",
+        written.to_str().unwrap(),
+    ]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{out}{err}");
+    assert!(out.contains("val_374 derived"), "{out}");
+    let o = graphrun(&[
+        written.to_str().unwrap(),
+        "--input",
+        &format!("input_ids={}", ids.display()),
+    ]);
+    assert!(o.status.success(), "{:?}", text(&o));
+    let o = graphrun(&[
+        "convert",
+        model,
+        "--weights",
+        saved.to_str().unwrap(),
+        "-o",
+        "x.yaml",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o).1.contains("must be .onnx files"), "{:?}", text(&o));
+}

@@ -4,10 +4,13 @@
 //! constants when the plan is made).
 
 mod common;
+#[path = "common/onnx_model.rs"]
+mod onnx_model;
 use common::*;
 use graphrun::graph::{Optimizer, StateUpdate, Training};
 use graphrun::onnx::{ImportMode, ImportOptions};
 use graphrun::{BackendKind, DType, Graph, Model, Session, SessionOptions, Tensor};
+use onnx_model::*;
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -395,4 +398,267 @@ training:
             vec![1.0, 2.0, 3.0]
         );
     }
+}
+
+/// Tiny GPT-2 and LLaMA exports (`transformers`, logits as the only output;
+/// tests/fixtures/lm_train, made by scripts/export_lm_training.py) fine-tuned with the
+/// cross-entropy graphrun appends: the first 20 Adam steps' losses follow PyTorch's run
+/// from the same weights (float64 on the CPU, f32 on every backend).
+#[test]
+fn exported_language_models_fine_tune_as_pytorch() {
+    let dir = Path::new("tests/fixtures/lm_train");
+    let read = |f: &str| Tensor::read_npy(&dir.join(f)).unwrap();
+    let (ids, labels) = (read("ids.npy"), read("labels.npy"));
+    let at = |t: &Tensor, k: usize| {
+        let r = t.take_rows(&[k]).unwrap();
+        r.clone().reshaped(&r.shape()[1..]).unwrap()
+    };
+    for arch in ["gpt2", "llama"] {
+        let want = read(&format!("{arch}.losses.npy")).to_f64_vec();
+        let opts = ImportOptions {
+            mode: ImportMode::Train,
+        };
+        let mut g = Model::load_with(dir.join(format!("{arch}.onnx")), &opts)
+            .unwrap()
+            .graph;
+        let loss = graphrun::graph::loss::append_cross_entropy(
+            &mut g,
+            "logits",
+            "labels",
+            &graphrun::backends::cpu::HOST_EVAL,
+        )
+        .unwrap();
+        g.training = Some(Training {
+            loss,
+            optimizer: Optimizer::Adam {
+                lr: 0.003,
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+                weight_decay: 0.0,
+            },
+        });
+        // Not tighter in f64: the exports bake f32 constants (LLaMA's rotary tables),
+        // whose rounding Adam's normalized steps carry on.
+        let mut runs = vec![(BackendKind::Cpu, DType::F64, 1e-5)];
+        runs.extend(backends().into_iter().map(|b| (b, DType::F32, 2e-3)));
+        for (backend, dtype, tol) in runs {
+            let opts = SessionOptions {
+                backend,
+                training: true,
+                ..Default::default()
+            };
+            let mut s = Session::new(graphrun::exec::with_float_dtype(&g, dtype), opts).unwrap();
+            for (k, w) in want.iter().enumerate() {
+                let feeds = HashMap::from([
+                    ("input_ids".to_string(), at(&ids, k)),
+                    ("labels".to_string(), at(&labels, k)),
+                ]);
+                let l = s.train_step(&feeds).unwrap();
+                assert!(
+                    (l - w).abs() <= tol * w,
+                    "{arch} {backend:?} {dtype}: step {k}: loss {l} vs PyTorch's {w}"
+                );
+            }
+        }
+    }
+}
+
+/// The appended loss refuses what it cannot train, saying why.
+#[test]
+fn cross_entropy_refusals_say_why() {
+    let dir = Path::new("tests/fixtures/lm_train");
+    let g = Model::load(dir.join("gpt2.onnx")).unwrap().graph;
+    let ev = &graphrun::backends::cpu::HOST_EVAL;
+    let e = graphrun::graph::loss::append_cross_entropy(&mut g.clone(), "nope", "labels", ev)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("'nope' is not an output"), "{e}");
+    let e = graphrun::graph::loss::append_cross_entropy(&mut g.clone(), "logits", "input_ids", ev)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("already has a value named 'input_ids'"), "{e}");
+    let mut ok = g.clone();
+    graphrun::graph::loss::append_cross_entropy(&mut ok, "logits", "labels", ev).unwrap();
+    let labels = ok.input("labels").unwrap();
+    assert_eq!(labels.dtype, DType::I64);
+    assert_eq!(
+        labels.shape,
+        g.input("input_ids").unwrap().shape,
+        "[batch, seq]"
+    );
+}
+
+/// GPT-2 ties its output projection to the token embedding; the exporter writes the
+/// projection as a second initializer, the embedding's transpose folded. The training
+/// import ties it back (a Transpose of the embedding), so that one parameter trains; a
+/// plain import leaves the file as written.
+#[test]
+fn training_import_ties_an_exported_copy_back() {
+    let file = Path::new("tests/fixtures/lm_train/gpt2.onnx");
+    let copies = |g: &Graph| {
+        g.initializers
+            .iter()
+            .filter(|i| i.tensor.shape() == [32, 100])
+            .count()
+    };
+    let plain = Model::load(file).unwrap().graph;
+    assert_eq!(copies(&plain), 1, "the exporter's transposed copy");
+    let opts = ImportOptions {
+        mode: ImportMode::Train,
+    };
+    let g = Model::load_with(file, &opts).unwrap().graph;
+    assert_eq!(copies(&g), 0);
+    let tie = g
+        .nodes
+        .iter()
+        .find(|n| n.name.ends_with("/tied"))
+        .expect("a tying node");
+    assert!(matches!(tie.op, graphrun::Op::Transpose { .. }), "{tie:?}");
+    assert_eq!(tie.inputs, ["m.lm_head.weight"]);
+    // Constant-valued weights (fresh zeros) are not taken for copies of each other; a
+    // random one and its transpose are, and its exact duplicate too.
+    let w = randn(&[3, 2], 5).cast(DType::F32);
+    let wt = Tensor::from_vec(&[2, 3], {
+        let v = w.to_f64_vec();
+        (0..6)
+            .map(|k| v[(k % 3) * 2 + k / 3] as f32)
+            .collect::<Vec<f32>>()
+    })
+    .unwrap();
+    let zeros = Tensor::zeros(DType::F32, &[3, 3]);
+    let x = Tensor::zeros(DType::F32, &[1, 3]);
+    let mm = |x: &str, w: &str, y: &str| {
+        let mut n = node("MatMul", "", &[x, w], &[y], vec![]);
+        n.name = y.to_string();
+        n
+    };
+    let nodes = vec![
+        mm("x", "z1", "a"),
+        mm("a", "z2", "b"),
+        mm("b", "w", "c"),
+        mm("c", "val_t", "d"),
+        mm("b", "w_again", "e"),
+    ];
+    let inits = vec![
+        initializer("z1", &zeros),
+        initializer("z2", &zeros),
+        initializer("w", &w),
+        initializer("val_t", &wt),
+        initializer("w_again", &w),
+    ];
+    let bytes = model_bytes(nodes, 17, vec![input_like("x", &x)], inits, &["d", "e"]);
+    let import = |mode| {
+        graphrun::onnx::from_bytes_with(&bytes, "m", Path::new("."), &ImportOptions { mode })
+            .unwrap()
+    };
+    let names =
+        |g: &Graph| -> Vec<String> { g.initializers.iter().map(|i| i.name.clone()).collect() };
+    assert_eq!(
+        names(&import(ImportMode::AsWritten)),
+        ["z1", "z2", "w", "val_t", "w_again"]
+    );
+    let g = import(ImportMode::Train);
+    assert_eq!(names(&g), ["z1", "z2", "w"]);
+    let tied: Vec<(&str, &str)> = g
+        .nodes
+        .iter()
+        .filter(|n| n.name.ends_with("/tied"))
+        .map(|n| (n.op.name(), n.inputs[0].as_str()))
+        .collect();
+    assert_eq!(tied, [("Transpose", "w"), ("Identity", "w")]);
+}
+
+/// Trained weights written back into the ONNX file (`onnx::with_weights`, what `convert
+/// --weights` does) give a model that runs as the trained session does: GPT-2's exported
+/// copy of its tied projection is derived from the trained embedding, and a
+/// BatchNormalization statistic an Identity gave becomes an initializer.
+#[test]
+fn trained_weights_write_back_into_the_onnx_file() {
+    let train = |file: &Path,
+                 loss: Option<&str>,
+                 steps: usize,
+                 feeds: &dyn Fn(usize) -> HashMap<String, Tensor>| {
+        let opts = ImportOptions {
+            mode: ImportMode::Train,
+        };
+        let mut g = Model::load_with(file, &opts).unwrap().graph;
+        let loss = match loss {
+            Some(l) => l.to_string(),
+            None => graphrun::graph::loss::append_cross_entropy(
+                &mut g,
+                "logits",
+                "labels",
+                &graphrun::backends::cpu::HOST_EVAL,
+            )
+            .unwrap(),
+        };
+        g.training = Some(Training {
+            loss,
+            optimizer: Optimizer::Sgd {
+                lr: 0.1,
+                momentum: 0.9,
+                weight_decay: 0.0,
+            },
+        });
+        let mut s = Session::new(g.clone(), SessionOptions::default()).unwrap();
+        for k in 0..steps {
+            s.train_step(&feeds(k)).unwrap();
+        }
+        let t = s.trained_graph().unwrap();
+        let weights: Vec<(String, Tensor)> = g
+            .initializers
+            .iter()
+            .filter_map(|i| Some((i.name.clone(), t.initializer(&i.name)?.tensor.clone())))
+            .collect();
+        let bytes = std::fs::read(file).unwrap();
+        let (out, written) =
+            graphrun::onnx::with_weights(&bytes, Path::new("."), &weights).unwrap();
+        let back = graphrun::onnx::from_bytes(&out, "back", Path::new(".")).unwrap();
+        (s, back, written)
+    };
+    // GPT-2: the written file's logits are the trained session's.
+    let dir = Path::new("tests/fixtures/lm_train");
+    let read = |f: &str| Tensor::read_npy(&dir.join(f)).unwrap();
+    let (ids, labels) = (read("ids.npy"), read("labels.npy"));
+    let at = |t: &Tensor, k: usize| {
+        let r = t.take_rows(&[k]).unwrap();
+        r.clone().reshaped(&r.shape()[1..]).unwrap()
+    };
+    let feeds = |k: usize| {
+        HashMap::from([
+            ("input_ids".to_string(), at(&ids, k)),
+            ("labels".to_string(), at(&labels, k)),
+        ])
+    };
+    let (mut s, back, written) = train(&dir.join("gpt2.onnx"), None, 5, &feeds);
+    assert_eq!(written.derived, ["val_374"], "{written:?}");
+    assert!(written.left_out.is_empty(), "{written:?}");
+    let want = s.run_fetch(&feeds(0), &["logits".into()]).unwrap();
+    let mut b = Session::new(back, SessionOptions::default()).unwrap();
+    let only_ids = HashMap::from([("input_ids".to_string(), at(&ids, 0))]);
+    let got = b.run_fetch(&only_ids, &["logits".into()]).unwrap();
+    let e = rel_err(&got[0].to_f64_vec(), &want[0].to_f64_vec());
+    assert!(e <= 1e-6, "gpt2: written model's logits rel err {e:.2e}");
+    // The BN model exported from eval(): the file, with its trained weights and running
+    // statistics, gives PyTorch's eval-mode logits.
+    let (_, back, written) = train(
+        &Path::new(FIX).join("preserve.onnx"),
+        Some("loss"),
+        5,
+        &|k| step_feeds(k, DType::F32),
+    );
+    let mut d = written.derived.clone();
+    d.sort();
+    assert_eq!(d, ["b2.running_mean", "b2.running_var"], "{written:?}");
+    let mut b = Session::new(back, SessionOptions::default()).unwrap();
+    let got = b
+        .run_fetch(&step_feeds(0, DType::F32), &["logits".into()])
+        .unwrap();
+    let want = npy("preserve.eval_logits.npy").to_f64_vec();
+    let e = rel_err(&got[0].to_f64_vec(), &want);
+    assert!(
+        e <= 2e-4,
+        "preserve: written model's eval logits rel err {e:.2e}"
+    );
 }

@@ -8,6 +8,7 @@ pub mod dot;
 pub mod elementwise;
 pub mod eval;
 pub mod infer;
+pub mod loss;
 pub mod lower;
 pub mod op;
 pub mod resize;

@@ -171,6 +171,9 @@ pub(super) fn graph_of(
         file: None,
     };
     crate::graph::infer::freeze_shape_deciding(&mut g);
+    if opts.mode != ImportMode::AsWritten {
+        tie_copies(&mut g);
+    }
     crate::graph::yaml::name_nodes(&mut g);
     Ok(g)
 }
@@ -312,6 +315,86 @@ fn bind_batch_norm_state(
     updates
 }
 
+/// For training: ties the copies an exporter made of one parameter back to it. A model
+/// whose embedding and output projection share a weight (GPT-2's) exports as two
+/// initializers, the weight and its transpose folded into a constant, which training
+/// would then move apart. A trainable 2-D initializer that equals another's transpose
+/// (or another, same shape) element for element, with at least two distinct values (so
+/// that fresh zeros or ones are not taken for copies), becomes a Transpose (or Identity)
+/// of it; the one kept is the one named as a parameter (not `val_…`, `onnx::…`).
+fn tie_copies(g: &mut Graph) {
+    let tied = copies(
+        &g.initializers
+            .iter()
+            .map(|i| (i.name.as_str(), &i.tensor, i.trainable))
+            .collect::<Vec<_>>(),
+    );
+    for &(copy, kept, transposed) in &tied {
+        let (name, from) = (
+            g.initializers[copy].name.clone(),
+            g.initializers[kept].name.clone(),
+        );
+        g.nodes.push(crate::graph::Node {
+            name: format!("{name}/tied"),
+            op: if transposed {
+                crate::graph::Op::Transpose {
+                    perm: Some(vec![1, 0]),
+                }
+            } else {
+                crate::graph::Op::Identity
+            },
+            inputs: vec![from],
+            outputs: vec![name],
+            loc: None,
+        });
+    }
+    let copies: HashSet<usize> = tied.iter().map(|t| t.0).collect();
+    let mut k = 0;
+    g.initializers.retain(|_| {
+        k += 1;
+        !copies.contains(&(k - 1))
+    });
+}
+
+/// The copies among initializers (name, value, trainable), as `tie_copies` takes them:
+/// (copy, the one it copies, whether transposed), by index.
+pub(super) fn copies(inits: &[(&str, &Tensor, bool)]) -> Vec<(usize, usize, bool)> {
+    let generated =
+        |n: &str| n.starts_with("val_") || n.starts_with("onnx::") || n.starts_with('_');
+    let candidates: Vec<usize> = (0..inits.len())
+        .filter(|&k| {
+            let (_, t, trainable) = inits[k];
+            let v = t.to_f64_vec();
+            trainable && t.shape().len() == 2 && v.iter().any(|x| *x != v[0])
+        })
+        .collect();
+    let mut tied: Vec<(usize, usize, bool)> = vec![];
+    for (a, &p) in candidates.iter().enumerate() {
+        for &q in &candidates[a + 1..] {
+            let ((np, tp, _), (nq, tq, _)) = (inits[p], inits[q]);
+            if tied.iter().any(|t| t.0 == p || t.0 == q) || tp.dtype() != tq.dtype() {
+                continue;
+            }
+            let (sp, sq) = (tp.shape(), tq.shape());
+            let (vp, vq) = (tp.to_f64_vec(), tq.to_f64_vec());
+            let same = sp == sq && vp == vq;
+            let transposed = sp[0] == sq[1]
+                && sp[1] == sq[0]
+                && (0..sp[0]).all(|r| (0..sp[1]).all(|c| vp[r * sp[1] + c] == vq[c * sp[0] + r]));
+            if !same && !transposed {
+                continue;
+            }
+            let (copy, kept) = if generated(np) && !generated(nq) {
+                (p, q)
+            } else {
+                (q, p)
+            };
+            tied.push((copy, kept, !same));
+        }
+    }
+    tied
+}
+
 /// Magnitudes from here on are masking values (-inf, float's lowest, -1e9, -1e4), not
 /// weights.
 const MASK_MAGNITUDE: f64 = 1e4;
@@ -321,7 +404,7 @@ const MASK_MAGNITUDE: f64 = 1e4;
 /// epsilon constants exporters write) or holds a masking value (an additive attention
 /// mask, which training must not change). `convert` writes the choice as `trainable:`,
 /// for a user to change.
-fn looks_trainable(t: &Tensor) -> bool {
+pub(super) fn looks_trainable(t: &Tensor) -> bool {
     t.dtype().is_float() && t.numel() > 1 && t.to_f64_vec().iter().all(|v| v.abs() < MASK_MAGNITUDE)
 }
 

@@ -11,9 +11,11 @@
 mod import;
 mod nodes;
 pub mod proto;
+mod write;
 
 pub use import::{ImportMode, ImportOptions};
 pub use nodes::{imports, YamlLowering};
+pub use write::{with_weights, Written};
 pub mod tensor;
 
 use crate::error::{Error, Result};

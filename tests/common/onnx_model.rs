@@ -112,6 +112,39 @@ pub fn node(
 
 /// Imports a one-node model: ai.onnx at `opset` (and com.microsoft 1 when the node is in
 /// that domain); the graph outputs are the node's named outputs.
+/// A serialized model of these nodes, graph inputs, initializers and outputs.
+pub fn model_bytes(
+    nodes: Vec<NodeProto>,
+    opset: i64,
+    inputs: Vec<ValueInfoProto>,
+    inits: Vec<TensorProto>,
+    outputs: &[&str],
+) -> Vec<u8> {
+    let g = GraphProto {
+        node: nodes,
+        input: inputs,
+        output: outputs
+            .iter()
+            .map(|o| ValueInfoProto {
+                name: o.to_string(),
+                ..Default::default()
+            })
+            .collect(),
+        initializer: inits,
+        ..Default::default()
+    };
+    ModelProto {
+        ir_version: 8,
+        opset_import: vec![OperatorSetIdProto {
+            domain: String::new(),
+            version: opset,
+        }],
+        graph: Some(g),
+        ..Default::default()
+    }
+    .encode_to_vec()
+}
+
 pub fn import_one_node(
     n: NodeProto,
     opset: i64,
