@@ -3,8 +3,10 @@
 # scripts/carry_ops.sh carried (run as TESTS="training_state cuda ..."; with
 # GRAPHRUN_REQUIRE_CUDA=1 they may not skip), then torchvision's ResNet-18 trained on the
 # shapes set (scripts/make_shapes.py, made here) by `graphrun train --backend cuda` and by
-# PyTorch on the same GPU (scripts/cnn_training.py), one after the other.
-#   bash DEST/device_bn.sh [tests] [cnn]        (DEST is the carry folder)
+# PyTorch on the same GPU (scripts/cnn_training.py), one after the other; `wgpu`:
+# ResNet-50 forward (torchvision, random weights, TorchScript export, f32) on WebGPU
+# (Vulkan) beside CUDA, batch 1 and 8, for their FLOP rates.
+#   bash DEST/device_bn.sh [tests] [cnn] [wgpu]        (DEST is the carry folder)
 set -u
 C=$(cd "$(dirname "$0")" && pwd)
 S=$(cd "$C/../scripts" && pwd)
@@ -14,7 +16,7 @@ rm -rf "$X" && mkdir -p "$X" "$R" /tmp/kcache
 python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$C/bin.txz" "$X"
 cp "$C"/kcache/*.cubin /tmp/kcache/ 2>/dev/null
 export GRAPHRUN_REQUIRE_CUDA=1 GRAPHRUN_CUDA_CACHE=/tmp/kcache
-what=${*:-tests cnn}
+what=${*:-tests cnn wgpu}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 if [[ $what == *tests* ]]; then
     for t in $X/tests/*; do
@@ -33,4 +35,22 @@ if [[ $what == *cnn* ]]; then
         --val-data x=$D/val_x.npy --val-data labels=$D/val_y.npy -q 2>&1 | tail -n 12
     echo "== PyTorch (eager, cuda)"
     timeout 300 python3 $S/cnn_training.py torch $D --epochs 10 --device cuda 2>&1 | tail -n 10
+fi
+if [[ $what == *wgpu* ]]; then
+    python3 - <<'PY'
+import torch, torchvision, warnings
+warnings.filterwarnings("ignore")
+m = torchvision.models.resnet50(weights=None).eval()
+torch.onnx.export(m, (torch.randn(2, 3, 224, 224),), "/tmp/resnet50.onnx", dynamo=False,
+                  opset_version=17, input_names=["x"], output_names=["logits"],
+                  dynamic_axes={"x": {0: "batch"}})
+print("exported /tmp/resnet50.onnx")
+PY
+    for b in 1 8; do
+        for be in cuda wgpu; do
+            echo "== ResNet-50 forward f32, batch $b, $be"
+            timeout 200 $X/graphrun bench /tmp/resnet50.onnx --backend $be --dim batch=$b --iters 20 --warmup 5 \
+                --json $R/resnet50_${be}_b$b.json 2>&1 | grep -E "median|TFLOP|error" | head -n 4
+        done
+    done
 fi
