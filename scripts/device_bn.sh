@@ -37,6 +37,11 @@ if [[ $what == *cnn* ]]; then
     timeout 300 python3 $S/cnn_training.py torch $D --epochs 10 --device cuda 2>&1 | tail -n 10
 fi
 if [[ $what == *wgpu* ]]; then
+    # The Vulkan loader (a .deb the carry holds in gl/, as scripts/carry_wgpu.sh fetches
+    # it) and the NVIDIA driver's ICD.
+    for f in $C/gl/*.deb; do dpkg -x $f /; done; ldconfig
+    ICD=$(find /usr/local/nvidia /usr/share/vulkan /etc/vulkan -name "nvidia_icd*.json" 2>/dev/null | head -1)
+    [ -n "$ICD" ] && export VK_DRIVER_FILES=$ICD
     python3 - <<'PY'
 import torch, torchvision, warnings
 warnings.filterwarnings("ignore")
