@@ -387,6 +387,16 @@ fn conv_cases() -> Vec<ConvCase> {
             win: win(&[], &[], &[1, 1, 1, 1], "", false),
             kernel_attr: true,
         },
+        // Outputs small enough (4×4) that images are multiplied several at a time, the
+        // last block short (5 images, 4 at a time), grouped.
+        ConvCase {
+            x: vec![5, 4, 4, 4],
+            w: vec![6, 2, 3, 3],
+            bias: true,
+            groups: 2,
+            win: win(&[], &[], &[1, 1, 1, 1], "", false),
+            kernel_attr: true,
+        },
         // A 1×1 convolution (a per-position matrix product).
         ConvCase {
             x: vec![2, 5, 3, 3],

@@ -662,3 +662,30 @@ fn trained_weights_write_back_into_the_onnx_file() {
         "preserve: written model's eval logits rel err {e:.2e}"
     );
 }
+
+/// Weights that do not fit the file are refused with the names and types; weights the
+/// file has no place for are named, not written.
+#[test]
+fn weights_that_do_not_fit_are_refused() {
+    let bytes = std::fs::read(Path::new(FIX).join("train.onnx")).unwrap();
+    let wrong = vec![(
+        "c1.weight".to_string(),
+        Tensor::zeros(DType::F32, &[8, 3, 3]),
+    )];
+    let e = graphrun::onnx::with_weights(&bytes, Path::new("."), &wrong)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("'c1.weight' is f32[8, 3, 3], but the model's initializer is f32[8, 3, 3, 3]"),
+        "{e}"
+    );
+    let wrong = vec![("c1.bias".to_string(), Tensor::zeros(DType::F64, &[8]))];
+    let e = graphrun::onnx::with_weights(&bytes, Path::new("."), &wrong)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("'c1.bias' is f64[8]"), "{e}");
+    let extra = vec![("nowhere".to_string(), Tensor::zeros(DType::F32, &[2]))];
+    let (_, w) = graphrun::onnx::with_weights(&bytes, Path::new("."), &extra).unwrap();
+    assert_eq!(w.left_out, ["nowhere"]);
+    assert_eq!(w.replaced, 0);
+}

@@ -1,7 +1,9 @@
 //! Conv and its gradients on the host, an image and a group at a time: the group's
 //! columns are laid out in a buffer of one image's size (cache-sized for most layers,
 //! never the whole batch's) and multiplied on `gemm`; a 1×1 stride-1 convolution reads
-//! the image itself as its columns. Depthwise convolutions (one input channel a group)
+//! the image itself as its columns. Where an image's output is too small for a product
+//! worth the name (the last layers of a CNN on small images), several images' columns
+//! go side by side into one product. Depthwise convolutions (one input channel a group)
 //! would be products of a single row, so they are summed directly instead.
 //!
 //! Everything is computed in the accumulation type (f32 for f16/bf16), rounded once.
@@ -58,19 +60,27 @@ unsafe fn mm<F: Real>(
     )
 }
 
-/// The columns `[cs·K, L]` of channels `img` (`[cs, hw]`), zero where they read padding.
-fn im2col<F: Real>(g: &WindowGeom, tabs: &Tabs, img: &[F], cols: &mut [F], par: bool) {
+/// The columns `[cs·K, L]` of channels `img` (`[cs, hw]`), zero where they read padding,
+/// each row of `cols` `ld` apart (`ld ≥ L`: the columns of several images side by side).
+fn im2col<F: Real>(g: &WindowGeom, tabs: &Tabs, img: &[F], cols: &mut [F], ld: usize, par: bool) {
     let (k, l, hw) = (g.k(), g.l(), g.hw());
     let row = |(r, o): (usize, &mut [F])| {
         let plane = &img[(r / k) * hw..][..hw];
+        let o = &mut o[..l];
         walk_row(g, tabs, r % k, |i, s| {
             o[i] = if s >= 0 { plane[s as usize] } else { F::zero() }
         });
     };
+    if l == 0 {
+        return;
+    }
+    // Rows r·ld .. r·ld + l, the last one ending the slice.
+    let rows = (cols.len() + ld - l) / ld;
+    let cols = &mut cols[..(rows - 1) * ld + l];
     if par {
-        cols.par_chunks_mut(l).enumerate().for_each(row);
+        cols.par_chunks_mut(ld).enumerate().for_each(row);
     } else {
-        cols.chunks_mut(l).enumerate().for_each(row);
+        cols.chunks_mut(ld).enumerate().for_each(row);
     }
 }
 
@@ -88,16 +98,24 @@ fn group_columns<F: Real>(
         return (src.as_ptr(), g.hw());
     }
     cols.resize(cg.ckg() * g.l(), F::zero());
-    im2col(g, tabs, src, cols, par);
+    im2col(g, tabs, src, cols, g.l(), par);
     (cols.as_ptr(), g.l())
 }
 
-/// Adds the columns `[cs·K, L]` back into the channels `img` (`[cs, hw]`) they read.
-fn col2im_add<F: Real>(g: &WindowGeom, tabs: &Tabs, cols: &[F], img: &mut [F], par: bool) {
+/// Adds the columns `[cs·K, L]` (rows `ld` apart) back into the channels `img`
+/// (`[cs, hw]`) they read.
+fn col2im_add<F: Real>(
+    g: &WindowGeom,
+    tabs: &Tabs,
+    cols: &[F],
+    ld: usize,
+    img: &mut [F],
+    par: bool,
+) {
     let (k, l, hw) = (g.k(), g.l(), g.hw());
     let plane = |(c, p): (usize, &mut [F])| {
         for j in 0..k {
-            let row = &cols[(c * k + j) * l..][..l];
+            let row = &cols[(c * k + j) * ld..][..l];
             walk_row(g, tabs, j, |i, s| {
                 if s >= 0 {
                     p[s as usize] = p[s as usize] + row[i];
@@ -126,6 +144,68 @@ fn spread(cg: &ConvGeom) -> (bool, gemm::Parallelism) {
 /// Whether the direct depthwise sums serve (one input channel per group).
 fn depthwise(cg: &ConvGeom) -> bool {
     cg.group > 1 && cg.cg() == 1
+}
+
+/// Products at least this wide: below it an image's product is nearly a matrix-vector
+/// one, which reads all of W for a few columns.
+const MIN_COLUMNS: usize = 64;
+
+/// How many images to multiply at once: one, unless the output is so small (the last
+/// layers of a CNN on small images: 1×1, 2×2) that an image's product is too narrow;
+/// then enough images side by side for `MIN_COLUMNS` columns.
+fn images_at_once(cg: &ConvGeom) -> usize {
+    let l = cg.g.l().max(1);
+    if depthwise(cg) || l >= MIN_COLUMNS || cg.g.n < 2 {
+        1
+    } else {
+        MIN_COLUMNS.div_ceil(l).min(cg.g.n)
+    }
+}
+
+/// The images `n0..n0 + nb` side by side: each group's columns `[ckg, nb·L]` (image b's
+/// at column b·L) for `each(grp, columns)`.
+fn block_columns<F: Real>(
+    cg: &ConvGeom,
+    tabs: &Tabs,
+    x: &[F],
+    (n0, nb): (usize, usize),
+    cols: &mut Vec<F>,
+    mut each: impl FnMut(usize, &[F]),
+) {
+    let g = &cg.g;
+    let (c, hw, l, cgc, ckg) = (g.c, g.hw(), g.l(), cg.cg(), cg.ckg());
+    cols.resize(ckg * nb * l, F::zero());
+    for grp in 0..cg.group {
+        for b in 0..nb {
+            let src = &x[((n0 + b) * c + grp * cgc) * hw..][..cgc * hw];
+            im2col(g, tabs, src, &mut cols[b * l..], nb * l, true);
+        }
+        each(grp, cols);
+    }
+}
+
+/// The rows `[mg, L]` of group `grp` of images `n0..n0 + nb` of an `[N, M, L]` tensor,
+/// side by side as `[mg, nb·L]` in `out` (or back from it when `back`).
+fn side_by_side<F: Real>(
+    cg: &ConvGeom,
+    t: &mut [F],
+    (n0, nb): (usize, usize),
+    grp: usize,
+    out: &mut [F],
+    back: bool,
+) {
+    let (l, m, mg) = (cg.g.l(), cg.m, cg.mg());
+    for b in 0..nb {
+        for r in 0..mg {
+            let at = ((n0 + b) * m + grp * mg + r) * l;
+            let o = &mut out[(r * nb + b) * l..][..l];
+            if back {
+                t[at..at + l].copy_from_slice(o);
+            } else {
+                o.copy_from_slice(&t[at..at + l]);
+            }
+        }
+    }
 }
 
 /// Y = conv(X, W) + B.
@@ -173,8 +253,35 @@ fn forward<F: Real>(cg: &ConvGeom, x: &[F], w: &[F], b: Option<&[F]>, y: &mut [F
         });
         return;
     }
-    let (per_thread, par) = spread(cg);
     let (cgc, mg, ckg) = (cg.cg(), cg.mg(), cg.ckg());
+    let at_once = images_at_once(cg);
+    if at_once > 1 {
+        let (mut cols, mut prod) = (vec![], vec![F::zero(); mg * at_once * l]);
+        for n0 in (0..g.n).step_by(at_once) {
+            let nb = at_once.min(g.n - n0);
+            block_columns(cg, &tabs, x, (n0, nb), &mut cols, |grp, cols| {
+                // SAFETY: W's group block [mg, ckg], the columns [ckg, nb·l], the
+                // product [mg, nb·l].
+                unsafe {
+                    mm(
+                        (mg, nb * l, ckg),
+                        prod.as_mut_ptr(),
+                        nb * l,
+                        false,
+                        (w[grp * mg * ckg..].as_ptr(), ckg, 1),
+                        (cols.as_ptr(), nb * l, 1),
+                        gemm::Parallelism::Rayon(0),
+                    )
+                }
+                side_by_side(cg, y, (n0, nb), grp, &mut prod, true);
+            });
+            for yi in y[n0 * m * l..(n0 + nb) * m * l].chunks_mut(m * l) {
+                bias(yi);
+            }
+        }
+        return;
+    }
+    let (per_thread, par) = spread(cg);
     let image = |n: usize, yi: &mut [F], cols: &mut Vec<F>| {
         let img = &x[n * c * hw..][..c * hw];
         for grp in 0..cg.group {
@@ -258,8 +365,38 @@ fn data_grad<F: Real>(cg: &ConvGeom, dy: &[F], w: &[F], dx: &mut [F]) {
         });
         return;
     }
-    let (per_thread, par) = spread(cg);
     let (cgc, ckg) = (cg.cg(), cg.ckg());
+    let at_once = images_at_once(cg);
+    if at_once > 1 {
+        let mut d = vec![F::zero(); mg * at_once * l];
+        let mut cols = vec![F::zero(); ckg * at_once * l];
+        let mut dy = dy.to_vec();
+        for n0 in (0..g.n).step_by(at_once) {
+            let nb = at_once.min(g.n - n0);
+            for grp in 0..cg.group {
+                side_by_side(cg, &mut dy, (n0, nb), grp, &mut d, false);
+                // SAFETY: Wᵀ's group block [ckg, mg], dY's images side by side
+                // [mg, nb·l], the columns [ckg, nb·l].
+                unsafe {
+                    mm(
+                        (ckg, nb * l, mg),
+                        cols.as_mut_ptr(),
+                        nb * l,
+                        false,
+                        (w[grp * mg * ckg..].as_ptr(), 1, ckg),
+                        (d.as_ptr(), nb * l, 1),
+                        gemm::Parallelism::Rayon(0),
+                    )
+                }
+                for b in 0..nb {
+                    let dst = &mut dx[((n0 + b) * c + grp * cgc) * hw..][..cgc * hw];
+                    col2im_add(g, &tabs, &cols[b * l..], nb * l, dst, true);
+                }
+            }
+        }
+        return;
+    }
+    let (per_thread, par) = spread(cg);
     let image = |n: usize, dxi: &mut [F], cols: &mut Vec<F>| {
         for grp in 0..cg.group {
             let d = &dy[(n * m + grp * mg) * l..][..mg * l];
@@ -282,7 +419,7 @@ fn data_grad<F: Real>(cg: &ConvGeom, dy: &[F], w: &[F], dx: &mut [F]) {
                     cols.resize(ckg * l, F::zero());
                     let cp = cols.as_mut_ptr();
                     mm((ckg, l, mg), cp, l, false, wt, (d.as_ptr(), l, 1), par);
-                    col2im_add(g, &tabs, cols, dst, !per_thread);
+                    col2im_add(g, &tabs, cols, l, dst, !per_thread);
                 }
             }
         }
@@ -327,8 +464,33 @@ fn filter_grad<F: Real>(cg: &ConvGeom, dy: &[F], x: &[F], dw: &mut [F]) {
         });
         return;
     }
-    let (per_thread, par) = spread(cg);
     let (cgc, ckg) = (cg.cg(), cg.ckg());
+    let at_once = images_at_once(cg);
+    if at_once > 1 {
+        let (mut cols, mut d) = (vec![], vec![F::zero(); mg * at_once * l]);
+        let mut dy = dy.to_vec();
+        for n0 in (0..nb).step_by(at_once) {
+            let b = at_once.min(nb - n0);
+            block_columns(cg, &tabs, x, (n0, b), &mut cols, |grp, cols| {
+                side_by_side(cg, &mut dy, (n0, b), grp, &mut d, false);
+                // SAFETY: dY's images side by side [mg, b·l], the columns read
+                // transposed [b·l, ckg], dW's group block [mg, ckg].
+                unsafe {
+                    mm(
+                        (mg, ckg, b * l),
+                        dw[grp * mg * ckg..].as_mut_ptr(),
+                        ckg,
+                        true,
+                        (d.as_ptr(), b * l, 1),
+                        (cols.as_ptr(), 1, b * l),
+                        gemm::Parallelism::Rayon(0),
+                    )
+                }
+            });
+        }
+        return;
+    }
+    let (per_thread, par) = spread(cg);
     // Adds image n's contribution into `acc` ([M, ckg]).
     let image = |n: usize, acc: &mut [F], cols: &mut Vec<F>| {
         let img = &x[n * c * hw..][..c * hw];
