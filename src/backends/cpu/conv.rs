@@ -184,28 +184,18 @@ fn block_columns<F: Real>(
     }
 }
 
-/// The rows `[mg, L]` of group `grp` of images `n0..n0 + nb` of an `[N, M, L]` tensor,
-/// side by side as `[mg, nb·L]` in `out` (or back from it when `back`).
-fn side_by_side<F: Real>(
+/// Where row r of group `grp`'s block of image n0 + b lies in an `[N, M, L]` tensor, for
+/// the images `n0..n0 + nb` side by side as `[mg, nb·L]`: (offset in the tensor, offset
+/// in the side-by-side block) of each run of L values.
+fn side_by_side(
     cg: &ConvGeom,
-    t: &mut [F],
     (n0, nb): (usize, usize),
     grp: usize,
-    out: &mut [F],
-    back: bool,
-) {
+) -> impl Iterator<Item = (usize, usize)> {
     let (l, m, mg) = (cg.g.l(), cg.m, cg.mg());
-    for b in 0..nb {
-        for r in 0..mg {
-            let at = ((n0 + b) * m + grp * mg + r) * l;
-            let o = &mut out[(r * nb + b) * l..][..l];
-            if back {
-                t[at..at + l].copy_from_slice(o);
-            } else {
-                o.copy_from_slice(&t[at..at + l]);
-            }
-        }
-    }
+    (0..nb).flat_map(move |b| {
+        (0..mg).map(move |r| (((n0 + b) * m + grp * mg + r) * l, (r * nb + b) * l))
+    })
 }
 
 /// Y = conv(X, W) + B.
@@ -273,7 +263,9 @@ fn forward<F: Real>(cg: &ConvGeom, x: &[F], w: &[F], b: Option<&[F]>, y: &mut [F
                         gemm::Parallelism::Rayon(0),
                     )
                 }
-                side_by_side(cg, y, (n0, nb), grp, &mut prod, true);
+                for (at, o) in side_by_side(cg, (n0, nb), grp) {
+                    y[at..at + l].copy_from_slice(&prod[o..o + l]);
+                }
             });
             for yi in y[n0 * m * l..(n0 + nb) * m * l].chunks_mut(m * l) {
                 bias(yi);
@@ -370,11 +362,12 @@ fn data_grad<F: Real>(cg: &ConvGeom, dy: &[F], w: &[F], dx: &mut [F]) {
     if at_once > 1 {
         let mut d = vec![F::zero(); mg * at_once * l];
         let mut cols = vec![F::zero(); ckg * at_once * l];
-        let mut dy = dy.to_vec();
         for n0 in (0..g.n).step_by(at_once) {
             let nb = at_once.min(g.n - n0);
             for grp in 0..cg.group {
-                side_by_side(cg, &mut dy, (n0, nb), grp, &mut d, false);
+                for (at, o) in side_by_side(cg, (n0, nb), grp) {
+                    d[o..o + l].copy_from_slice(&dy[at..at + l]);
+                }
                 // SAFETY: Wᵀ's group block [ckg, mg], dY's images side by side
                 // [mg, nb·l], the columns [ckg, nb·l].
                 unsafe {
@@ -468,11 +461,12 @@ fn filter_grad<F: Real>(cg: &ConvGeom, dy: &[F], x: &[F], dw: &mut [F]) {
     let at_once = images_at_once(cg);
     if at_once > 1 {
         let (mut cols, mut d) = (vec![], vec![F::zero(); mg * at_once * l]);
-        let mut dy = dy.to_vec();
         for n0 in (0..nb).step_by(at_once) {
             let b = at_once.min(nb - n0);
             block_columns(cg, &tabs, x, (n0, b), &mut cols, |grp, cols| {
-                side_by_side(cg, &mut dy, (n0, b), grp, &mut d, false);
+                for (at, o) in side_by_side(cg, (n0, b), grp) {
+                    d[o..o + l].copy_from_slice(&dy[at..at + l]);
+                }
                 // SAFETY: dY's images side by side [mg, b·l], the columns read
                 // transposed [b·l, ckg], dW's group block [mg, ckg].
                 unsafe {
