@@ -361,26 +361,34 @@ fn tie_copies(g: &mut Graph) {
 pub(super) fn copies(inits: &[(&str, &Tensor, bool)]) -> Vec<(usize, usize, bool)> {
     let generated =
         |n: &str| n.starts_with("val_") || n.starts_with("onnx::") || n.starts_with('_');
+    // Compared by their bytes (same dtype: equal values are equal bytes), the shapes
+    // first, so that a large model's weights are read only against the few that fit.
+    fn elem(t: &Tensor, k: usize) -> &[u8] {
+        let z = t.dtype().size();
+        &t.bytes()[k * z..(k + 1) * z]
+    }
     let candidates: Vec<usize> = (0..inits.len())
         .filter(|&k| {
             let (_, t, trainable) = inits[k];
-            let v = t.to_f64_vec();
-            trainable && t.shape().len() == 2 && v.iter().any(|x| *x != v[0])
+            trainable && t.shape().len() == 2 && (1..t.numel()).any(|i| elem(t, i) != elem(t, 0))
         })
         .collect();
     let mut tied: Vec<(usize, usize, bool)> = vec![];
     for (a, &p) in candidates.iter().enumerate() {
         for &q in &candidates[a + 1..] {
             let ((np, tp, _), (nq, tq, _)) = (inits[p], inits[q]);
-            if tied.iter().any(|t| t.0 == p || t.0 == q) || tp.dtype() != tq.dtype() {
+            let (sp, sq) = (tp.shape(), tq.shape());
+            let fits = sp == sq || (sp[0] == sq[1] && sp[1] == sq[0]);
+            if !fits || tp.dtype() != tq.dtype() || tied.iter().any(|t| t.0 == p || t.0 == q) {
                 continue;
             }
-            let (sp, sq) = (tp.shape(), tq.shape());
-            let (vp, vq) = (tp.to_f64_vec(), tq.to_f64_vec());
-            let same = sp == sq && vp == vq;
-            let transposed = sp[0] == sq[1]
+            let same = sp == sq && tp.bytes() == tq.bytes();
+            let transposed = !same
+                && sp[0] == sq[1]
                 && sp[1] == sq[0]
-                && (0..sp[0]).all(|r| (0..sp[1]).all(|c| vp[r * sp[1] + c] == vq[c * sp[0] + r]));
+                && (0..sp[0]).all(|r| {
+                    (0..sp[1]).all(|c| elem(tp, r * sp[1] + c) == elem(tq, c * sp[0] + r))
+                });
             if !same && !transposed {
                 continue;
             }
@@ -389,7 +397,7 @@ pub(super) fn copies(inits: &[(&str, &Tensor, bool)]) -> Vec<(usize, usize, bool
             } else {
                 (q, p)
             };
-            tied.push((copy, kept, !same));
+            tied.push((copy, kept, transposed));
         }
     }
     tied

@@ -120,13 +120,32 @@ pub fn model_bytes(
     inits: Vec<TensorProto>,
     outputs: &[&str],
 ) -> Vec<u8> {
+    let outputs = outputs.iter().map(|o| o.to_string()).collect();
+    serialized(nodes, default_opset(opset), inputs, inits, outputs)
+}
+
+fn default_opset(opset: i64) -> Vec<OperatorSetIdProto> {
+    vec![OperatorSetIdProto {
+        domain: String::new(),
+        version: opset,
+    }]
+}
+
+/// A ModelProto of these parts, serialized.
+fn serialized(
+    nodes: Vec<NodeProto>,
+    opset_import: Vec<OperatorSetIdProto>,
+    inputs: Vec<ValueInfoProto>,
+    inits: Vec<TensorProto>,
+    outputs: Vec<String>,
+) -> Vec<u8> {
     let g = GraphProto {
         node: nodes,
         input: inputs,
         output: outputs
-            .iter()
-            .map(|o| ValueInfoProto {
-                name: o.to_string(),
+            .into_iter()
+            .map(|name| ValueInfoProto {
+                name,
                 ..Default::default()
             })
             .collect(),
@@ -135,10 +154,7 @@ pub fn model_bytes(
     };
     ModelProto {
         ir_version: 8,
-        opset_import: vec![OperatorSetIdProto {
-            domain: String::new(),
-            version: opset,
-        }],
+        opset_import,
         graph: Some(g),
         ..Default::default()
     }
@@ -151,37 +167,14 @@ pub fn import_one_node(
     inputs: Vec<ValueInfoProto>,
     inits: Vec<TensorProto>,
 ) -> graphrun::Result<graphrun::Graph> {
-    let mut opset_import = vec![OperatorSetIdProto {
-        domain: String::new(),
-        version: opset,
-    }];
+    let mut opset_import = default_opset(opset);
     if !n.domain.is_empty() {
         opset_import.push(OperatorSetIdProto {
             domain: n.domain.clone(),
             version: 1,
         });
     }
-    let outputs = n
-        .output
-        .iter()
-        .filter(|o| !o.is_empty())
-        .map(|o| ValueInfoProto {
-            name: o.clone(),
-            ..Default::default()
-        })
-        .collect();
-    let g = GraphProto {
-        node: vec![n],
-        input: inputs,
-        output: outputs,
-        initializer: inits,
-        ..Default::default()
-    };
-    let m = ModelProto {
-        ir_version: 8,
-        opset_import,
-        graph: Some(g),
-        ..Default::default()
-    };
-    graphrun::onnx::from_bytes(&m.encode_to_vec(), "model", std::path::Path::new("."))
+    let outputs = n.output.iter().filter(|o| !o.is_empty()).cloned().collect();
+    let bytes = serialized(vec![n], opset_import, inputs, inits, outputs);
+    graphrun::onnx::from_bytes(&bytes, "model", std::path::Path::new("."))
 }
