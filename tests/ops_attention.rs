@@ -268,6 +268,14 @@ fn attention_dv_differs_and_custom_scale() {
     check_attention(qkv(1, 2, 2, 75, 75, 12, 5, 101), true, Some(0.375));
 }
 
+#[test]
+fn attention_wide_heads() {
+    // Dv past one 64-wide column tile of the CPU kernel (and not a multiple of it), D
+    // wider than a vector, query blocks of full and small (decoding) size.
+    check_attention(qkv(1, 2, 1, 40, 70, 72, 130, 102), false, None);
+    check_attention(qkv(2, 2, 2, 3, 70, 72, 65, 103), true, None);
+}
+
 /// Packed Q/K/V for sequences with the given lengths, cu_seqlens as i32.
 fn varlen_args(
     lq: &[usize],

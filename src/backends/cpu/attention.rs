@@ -10,11 +10,12 @@
 //! Y and LSE it recomputes the probabilities block by block, so the only Sq×Skv tensor
 //! it ever writes is dMask, and only when asked for.
 
+use super::simd::madd;
 use crate::error::Result;
 use crate::graph::infer::{qkv_parts, AttnDims};
 use crate::graph::Node;
 use crate::tensor::{DType, Elem, Float, Real, Tensor};
-use num_traits::{Float as _, One, Zero};
+use num_traits::{Float as _, Zero};
 use rayon::prelude::*;
 use std::borrow::Cow;
 use std::ops::Range;
@@ -40,14 +41,29 @@ pub fn attention(
     scale: Option<f32>,
     outs: &mut [Tensor],
 ) -> Result<()> {
-    let [q, k, v] = inputs(node, qkv)?;
-    let (q, k, v) = (&*q, &*k, &*v);
-    let a = dims(node, q, k, v)?;
-    crate::with_float!(q.dtype(), T => attention_t::<T>(a, q, k, v, mask, is_causal, scale, outs),
-        _ => Err(crate::err!(Runtime, "{}: needs float inputs, got {}", node.describe(), q.dtype())))
+    let fail = |e: String| crate::err!(Runtime, "{}: {e}", node.describe());
+    // The 3-D form's tensors are read in place, a packed QKV's parts included: each as
+    // `[B, S, row]` with its heads from element `off` of a row.
+    let (src, a) = match qkv {
+        [Some(x), None, None] => {
+            let [(qs, qo), (ks, ko), (vs, vo)] = qkv_parts(&node.op, x.shape()).map_err(fail)?;
+            let a = AttnDims::new(&node.op, &qs, &ks, &vs).map_err(fail)?;
+            let w = x.shape()[2];
+            ([(x, w, qo), (x, w, ko), (x, w, vo)], a)
+        }
+        [Some(q), Some(k), Some(v)] => {
+            let a = dims(node, q, k, v)?;
+            let row = |t: &Tensor| *t.shape().last().unwrap_or(&1);
+            ([(q, row(q), 0), (k, row(k), 0), (v, row(v), 0)], a)
+        }
+        _ => return Err(fail("Q, K and V, or the packed QKV alone".into())),
+    };
+    let dt = src[0].0.dtype();
+    crate::with_float!(dt, T => attention_t::<T>(a, src, mask, is_causal, scale, outs),
+        _ => Err(crate::err!(Runtime, "{}: needs float inputs, got {dt}", node.describe())))
 }
 
-/// Q, K and V of an Attention or AttentionGrad node: its inputs, or with K and V omitted
+/// Q, K and V of an AttentionGrad node: its inputs, or with K and V omitted
 /// the parts of the packed QKV, copied out (the reference keeps to the plain layout).
 fn inputs<'a>(node: &Node, qkv: [Option<&'a Tensor>; 3]) -> Result<[Cow<'a, Tensor>; 3]> {
     let fail = |e: String| crate::err!(Runtime, "{}: {e}", node.describe());
@@ -187,9 +203,7 @@ fn split<T>(mut s: &mut [T], lens: impl Iterator<Item = usize>) -> Vec<&mut [T]>
 #[allow(clippy::too_many_arguments)]
 fn attention_t<T: Float>(
     a: AttnDims,
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
+    src: [(&Tensor, usize, usize); 3],
     mask: Option<&Tensor>,
     causal: bool,
     scale: Option<f32>,
@@ -210,24 +224,38 @@ where
     } = a;
     let scale = T::Acc::c(default_scale(d, scale));
     let mask = read_mask::<T>(mask)?;
+    let [(q, qw, qo), (k, kw, ko), (v, vw, vo)] = src;
     let (qs, ks, vs) = (q.as_slice::<T>(), k.as_slice::<T>(), v.as_slice::<T>());
     let mut spare = vec![];
     let (out, lse) = fwd_outputs::<T>(outs, b * hq * sq, &mut spare)?;
     let group = hq / hkv;
     let ([qb, qh, qr], [kb, kh, kr]) = (a.q_rows(), a.k_rows());
-    // Query head h of batch bi against its kv head, reading rows in place.
+    // Head h of batch bi (s positions), read in place: [B, H, S, width] in the 4-D form,
+    // [B, S, row] with the heads from element `off` of a row in the 3-D form.
+    let rows = |data, width, (bs, hs, ss): (usize, usize, usize), (row, off), bi, h, s| {
+        if a.packed {
+            Rows {
+                data,
+                off: bi * s * row + off + h * width,
+                stride: row,
+                width,
+            }
+        } else {
+            Rows {
+                data,
+                off: (bi * bs + h * hs) * width,
+                stride: ss * width,
+                width,
+            }
+        }
+    };
+    // Query head h of batch bi against its kv head.
     let job = |bi: usize, h: usize| {
         let kvh = h / group;
-        let rows = |data, width, o: usize, stride: usize| Rows {
-            data,
-            off: o * width,
-            stride: stride * width,
-            width,
-        };
         Job {
-            q: rows(qs, d, bi * qb + h * qh, qr),
-            k: rows(ks, d, bi * kb + kvh * kh, kr),
-            v: rows(vs, dv, bi * kb + kvh * kh, kr),
+            q: rows(qs, d, (qb, qh, qr), (qw, qo), bi, h, sq),
+            k: rows(ks, d, (kb, kh, kr), (kw, ko), bi, kvh, skv),
+            v: rows(vs, dv, (kb, kh, kr), (vw, vo), bi, kvh, skv),
             nk: skv,
             causal_shift: causal.then_some(0),
             mask: mask.for_head(bi, h),
@@ -376,9 +404,29 @@ struct Rows<'a, T> {
     width: usize,
 }
 impl<'a, T> Rows<'a, T> {
-    #[inline]
+    #[inline(always)]
     fn row(&self, r: usize) -> &'a [T] {
         &self.data[self.off + r * self.stride..][..self.width]
+    }
+}
+impl<'a, T: Float> Rows<'a, T> {
+    /// Rows `r` in the accumulation type, one after another: read in place where they
+    /// already are so (f32 or f64, rows adjacent), else widened into `buf`.
+    #[inline(always)]
+    fn block<'b>(&self, r: Range<usize>, buf: &'b mut [T::Acc]) -> &'b [T::Acc]
+    where
+        'a: 'b,
+    {
+        let w = self.width;
+        if self.stride == w {
+            if let Some(s) = T::as_acc(&self.data[self.off + r.start * w..][..r.len() * w]) {
+                return s;
+            }
+        }
+        for (c, i) in r.clone().enumerate() {
+            widen(&mut buf[c * w..][..w], self.row(i));
+        }
+        &buf[..r.len() * w]
     }
 }
 
@@ -413,7 +461,7 @@ impl<'a, T: Float> Mask<'a, T> {
             Mask::Add(m, s) => Mask::Add(&m[b * s.0[0] + h * s.0[1]..], s),
         }
     }
-    #[inline]
+    #[inline(always)]
     fn apply(&self, i: usize, j: usize, x: T::Acc) -> T::Acc {
         match *self {
             Mask::None => x,
@@ -431,7 +479,7 @@ impl<'a, T: Float> Mask<'a, T> {
 
 /// With causal masking (`shift` given), query i sees key j iff `j <= i + shift`: the keys
 /// it sees are `0..key_limit(..)`.
-#[inline]
+#[inline(always)]
 fn key_limit(shift: Option<isize>, nk: usize, i: usize) -> usize {
     match shift {
         Some(sh) => (i as isize + 1 + sh).clamp(0, nk as isize) as usize,
@@ -452,11 +500,15 @@ struct Job<'a, T: Float> {
 }
 
 /// Per-task buffers, reused across every block a task runs (no allocation inside loops).
+/// The queries and scores are held transposed, `[·, QB]`: one key's scores against the
+/// block's queries are one contiguous run, so the score product, the online softmax (its
+/// max and sums run down the keys) and the probability-weighted sum of V all vectorise
+/// across the queries.
 struct Scratch<A> {
-    q: Vec<A>,   // [QB, D] scaled queries
+    qt: Vec<A>,  // [D, QB] scaled queries, transposed
     k: Vec<A>,   // [KB, D]
     v: Vec<A>,   // [KB, Dv]
-    s: Vec<A>,   // [KB] scores of one row
+    st: Vec<A>,  // [KB, QB] scores, then probabilities, transposed
     m: Vec<A>,   // [QB] running max
     l: Vec<A>,   // [QB] running sum of exp
     acc: Vec<A>, // [QB, Dv] running weighted sum of V
@@ -465,10 +517,10 @@ impl<A: Real> Scratch<A> {
     fn new(d: usize, dv: usize) -> Self {
         let z = A::zero();
         Scratch {
-            q: vec![z; QB * d],
+            qt: vec![z; d * QB],
             k: vec![z; KB * d],
             v: vec![z; KB * dv],
-            s: vec![z; KB],
+            st: vec![z; KB * QB],
             m: vec![z; QB],
             l: vec![z; QB],
             acc: vec![z; QB * dv],
@@ -482,83 +534,265 @@ impl<A: Real> Scratch<A> {
 fn attend<T: Float>(
     job: &Job<T>,
     rows: Range<usize>,
+    out: (&mut [T], usize),
+    lse: (&mut [T::Acc], usize),
+    sc: &mut Scratch<T::Acc>,
+) {
+    super::simd::dispatch(Block {
+        job,
+        rows,
+        out,
+        lse,
+        sc,
+    });
+}
+
+/// [`attend`]'s arguments, run as a [`Kernel`](super::simd::Kernel): blocks of more than
+/// 8 rows on the full QB-wide tile, smaller ones (decoding a few tokens) 8 rows at a time
+/// so that they do not pay for QB.
+struct Block<'a, 'j, T: Float> {
+    job: &'a Job<'j, T>,
+    rows: Range<usize>,
+    out: (&'a mut [T], usize),
+    lse: (&'a mut [T::Acc], usize),
+    sc: &'a mut Scratch<T::Acc>,
+}
+impl<T: Float> super::simd::Kernel for Block<'_, '_, T> {
+    type Output = ();
+    #[inline(always)]
+    fn run<const FMA: bool>(self) {
+        let Block {
+            job,
+            rows,
+            out: (out, os),
+            lse: (lse, ls),
+            sc,
+        } = self;
+        if rows.len() > 8 {
+            return attend_tile::<T, QB, FMA>(job, rows, (out, os), (lse, ls), sc);
+        }
+        let dv = job.v.width;
+        for i in rows.clone().step_by(8) {
+            let r = i - rows.start;
+            let sub = i..(i + 8).min(rows.end);
+            let (o, l) = (&mut out[r * os * dv..], &mut lse[r * ls..]);
+            attend_tile::<T, 8, FMA>(job, sub, (o, os), (l, ls), sc);
+        }
+    }
+}
+
+/// [`attend`] on a tile of `Q` (≤ QB) query columns; rows past `rows` are padding (zero
+/// queries, never written out).
+#[inline(always)]
+fn attend_tile<T: Float, const Q: usize, const FMA: bool>(
+    job: &Job<T>,
+    rows: Range<usize>,
     (out, os): (&mut [T], usize),
     (lse, ls): (&mut [T::Acc], usize),
     sc: &mut Scratch<T::Acc>,
 ) {
     let (d, dv, nq) = (job.q.width, job.v.width, rows.len());
+    let zero = T::Acc::zero();
     let neg_inf = T::Acc::neg_infinity();
-    sc.m[..nq].fill(neg_inf);
-    sc.l[..nq].fill(T::Acc::zero());
-    sc.acc[..nq * dv].fill(T::Acc::zero());
+    let m: &mut [T::Acc; Q] = (&mut sc.m[..Q]).try_into().unwrap();
+    let l: &mut [T::Acc; Q] = (&mut sc.l[..Q]).try_into().unwrap();
+    m.fill(neg_inf);
+    l.fill(zero);
+    sc.acc[..Q * dv].fill(zero);
+    let qt = &mut sc.qt[..d * Q];
+    qt.fill(zero);
     for (r, i) in rows.clone().enumerate() {
-        for (x, &y) in sc.q[r * d..][..d].iter_mut().zip(job.q.row(i)) {
-            *x = y.to_acc() * job.scale;
+        for (t, &y) in job.q.row(i).iter().enumerate() {
+            qt[t * Q + r] = y.to_acc() * job.scale;
         }
     }
     // The visible keys 0..limit(i) grow with i, so the block's last row bounds the keys
-    // any row needs: blocks above the causal diagonal are skipped.
+    // any row needs: blocks above the causal diagonal are skipped, and only blocks the
+    // diagonal crosses (or a mask) need masking.
     let limit = |i: usize| key_limit(job.causal_shift, job.nk, i);
     let kend = if nq == 0 { 0 } else { limit(rows.end - 1) };
     for j0 in (0..kend).step_by(KB) {
-        let j1 = (j0 + KB).min(kend);
-        for c in 0..j1 - j0 {
-            widen(&mut sc.k[c * d..][..d], job.k.row(j0 + c));
-            widen(&mut sc.v[c * dv..][..dv], job.v.row(j0 + c));
-        }
-        for (r, i) in rows.clone().enumerate() {
-            let jl = limit(i).min(j1);
-            if jl <= j0 {
-                continue;
-            }
-            let qi = &sc.q[r * d..][..d];
-            let s = &mut sc.s[..jl - j0];
-            let mut bmax = neg_inf;
-            for (c, x) in s.iter_mut().enumerate() {
-                *x = job.mask.apply(i, j0 + c, dot(qi, &sc.k[c * d..][..d]));
-                bmax = bmax.max(*x);
-            }
-            if bmax == neg_inf {
-                continue; // every key of this block is masked for this row
-            }
-            // Rescale what was accumulated under the old max (exp(-inf) = 0 on the first
-            // visible block, when the accumulator is still 0).
-            let m_new = sc.m[r].max(bmax);
-            let alpha = (sc.m[r] - m_new).exp();
-            let acc = &mut sc.acc[r * dv..][..dv];
-            if alpha != T::Acc::one() {
-                acc.iter_mut().for_each(|a| *a = *a * alpha);
-            }
-            let mut sum = T::Acc::zero();
-            for (c, &x) in s.iter().enumerate() {
-                let p = (x - m_new).exp();
-                if p != T::Acc::zero() {
-                    sum = sum + p;
-                    for (a, &y) in acc.iter_mut().zip(&sc.v[c * dv..][..dv]) {
-                        *a = *a + p * y;
-                    }
+        let kc = (j0 + KB).min(kend) - j0;
+        let k = job.k.block(j0..j0 + kc, &mut sc.k);
+        let v = job.v.block(j0..j0 + kc, &mut sc.v);
+        let st = &mut sc.st[..kc * Q];
+        scores::<_, Q, FMA>(&sc.qt[..d * Q], k, st);
+        if !matches!(job.mask, Mask::None) {
+            for (c, s) in st.chunks_exact_mut(Q).enumerate() {
+                for (r, i) in rows.clone().enumerate() {
+                    let j = j0 + c;
+                    s[r] = if j < limit(i) {
+                        job.mask.apply(i, j, s[r])
+                    } else {
+                        neg_inf
+                    };
                 }
             }
-            sc.l[r] = sc.l[r] * alpha + sum;
-            sc.m[r] = m_new;
+        } else if let Some(shift) = job.causal_shift.filter(|_| limit(rows.start) < j0 + kc) {
+            // Key j is seen by the block's queries from i = j − shift on.
+            for (c, s) in st.chunks_exact_mut(Q).enumerate() {
+                let first = (j0 + c) as isize - shift - rows.start as isize;
+                s[..first.clamp(0, nq as isize) as usize].fill(neg_inf);
+            }
         }
+        let alpha = online_softmax::<_, Q>(st, m, l);
+        accumulate::<_, Q, FMA>(st, v, &alpha, &mut sc.acc[..Q * dv]);
     }
     for r in 0..nq {
         let o = &mut out[r * os * dv..][..dv];
-        let l = sc.l[r];
-        if l > T::Acc::zero() {
-            let inv = l.recip();
+        if l[r] > zero {
+            let inv = l[r].recip();
             for (o, &a) in o.iter_mut().zip(&sc.acc[r * dv..][..dv]) {
                 *o = T::from_acc(a * inv);
             }
-            lse[r * ls] = sc.m[r] + l.ln();
+            lse[r * ls] = m[r] + l[r].ln();
         } else {
-            o.fill(T::from_acc(T::Acc::zero()));
+            o.fill(T::from_acc(zero));
             lse[r * ls] = neg_inf;
         }
     }
 }
 
+/// `st[c][r] = k[c]·qt[·][r]`: the scores of `st.len() / Q` keys (rows of `k`) against
+/// `Q` queries, [`KT`] keys at a time held in registers across the `d` products.
+#[inline(always)]
+fn scores<A: Real, const Q: usize, const FMA: bool>(qt: &[A], k: &[A], st: &mut [A]) {
+    let d = qt.len() / Q;
+    let mut keys = st.chunks_exact_mut(KT * Q);
+    let mut kr = k.chunks_exact(KT * d);
+    for (s, k) in (&mut keys).zip(&mut kr) {
+        score_tile::<A, Q, KT, FMA>(qt, k, s);
+    }
+    for (s, k) in keys
+        .into_remainder()
+        .chunks_exact_mut(Q)
+        .zip(kr.remainder().chunks_exact(d))
+    {
+        score_tile::<A, Q, 1, FMA>(qt, k, s);
+    }
+}
+
+/// Keys per tile of [`scores`].
+const KT: usize = 4;
+
+/// `N` keys' scores (rows of `k`, `[N, d]`) against the `Q` queries of `qt` into `s`.
+#[inline(always)]
+fn score_tile<A: Real, const Q: usize, const N: usize, const FMA: bool>(
+    qt: &[A],
+    k: &[A],
+    s: &mut [A],
+) {
+    let d = qt.len() / Q;
+    let mut t = [[A::zero(); Q]; N];
+    for (e, q) in qt.chunks_exact(Q).enumerate() {
+        for (u, t) in t.iter_mut().enumerate() {
+            let kv = k[u * d + e];
+            for (t, &q) in t.iter_mut().zip(q) {
+                *t = madd::<A, FMA>(kv, q, *t);
+            }
+        }
+    }
+    for (s, t) in s.chunks_exact_mut(Q).zip(&t) {
+        s.copy_from_slice(t);
+    }
+}
+
+/// One block of the online softmax, down the keys of `st` (`[keys, Q]`) for each query:
+/// the running max `m` takes the block's, the scores become exp(s − m), the running sum
+/// `l` is rescaled and adds them; returns each query's rescaling factor exp(m_old − m).
+/// A query whose max is still −inf has seen no key: its probabilities are exp(−inf) = 0.
+#[inline(always)]
+fn online_softmax<A: Real, const Q: usize>(st: &mut [A], m: &mut [A; Q], l: &mut [A; Q]) -> [A; Q] {
+    let neg_inf = A::neg_infinity();
+    let mut top = *m;
+    for s in st.chunks_exact(Q) {
+        for (t, &s) in top.iter_mut().zip(s) {
+            *t = t.max(s);
+        }
+    }
+    let safe = top.map(|t| if t == neg_inf { A::zero() } else { t });
+    let mut alpha = [A::zero(); Q];
+    for r in 0..Q {
+        alpha[r] = (m[r] - safe[r]).exp_v();
+    }
+    *m = top;
+    let mut sum = [A::zero(); Q];
+    for s in st.chunks_exact_mut(Q) {
+        for r in 0..Q {
+            let p = (s[r] - safe[r]).exp_v();
+            s[r] = p;
+            sum[r] = sum[r] + p;
+        }
+    }
+    for r in 0..Q {
+        l[r] = l[r] * alpha[r] + sum[r];
+    }
+    alpha
+}
+
+/// `acc[r] = alpha[r]·acc[r] + Σ_c pt[c][r]·v[c]` for the `Q` rows of `acc` (`[Q, Dv]`):
+/// tiles of four rows by 64 columns (then 16, then the rest) held in registers across the
+/// keys.
+#[inline(always)]
+fn accumulate<A: Real, const Q: usize, const FMA: bool>(
+    pt: &[A],
+    v: &[A],
+    alpha: &[A; Q],
+    acc: &mut [A],
+) {
+    let dv = acc.len() / Q;
+    for r0 in (0..Q).step_by(4) {
+        let mut col = 0;
+        while dv - col >= 64 {
+            acc_tile::<A, Q, 64, FMA>(pt, v, alpha, acc, r0, col, 64);
+            col += 64;
+        }
+        while dv - col >= 16 {
+            acc_tile::<A, Q, 16, FMA>(pt, v, alpha, acc, r0, col, 16);
+            col += 16;
+        }
+        if col < dv {
+            acc_tile::<A, Q, 16, FMA>(pt, v, alpha, acc, r0, col, dv - col);
+        }
+    }
+}
+
+/// One tile of [`accumulate`]: rows `r0..r0 + 4`, columns `col..col + w` (`w ≤ W`; the
+/// loops run over all `W` only when `w == W`, so a full tile stays in registers).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn acc_tile<A: Real, const Q: usize, const W: usize, const FMA: bool>(
+    pt: &[A],
+    v: &[A],
+    alpha: &[A; Q],
+    acc: &mut [A],
+    r0: usize,
+    col: usize,
+    w: usize,
+) {
+    let dv = acc.len() / Q;
+    let mut t = [[A::zero(); W]; 4];
+    for (u, t) in t.iter_mut().enumerate() {
+        let a = alpha[r0 + u];
+        for (t, &x) in t.iter_mut().zip(&acc[(r0 + u) * dv + col..][..w]) {
+            *t = x * a;
+        }
+    }
+    for (p, v) in pt.chunks_exact(Q).zip(v.chunks_exact(dv)) {
+        let v = &v[col..][..w];
+        for (u, t) in t.iter_mut().enumerate() {
+            let p = p[r0 + u];
+            for (t, &v) in t.iter_mut().zip(v) {
+                *t = madd::<A, FMA>(p, v, *t);
+            }
+        }
+    }
+    for (u, t) in t.iter().enumerate() {
+        acc[(r0 + u) * dv + col..][..w].copy_from_slice(&t[..w]);
+    }
+}
+
+#[inline(always)]
 fn widen<T: Float>(dst: &mut [T::Acc], src: &[T]) {
     for (x, &y) in dst.iter_mut().zip(src) {
         *x = y.to_acc();

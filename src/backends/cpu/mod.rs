@@ -10,6 +10,7 @@ mod matmul;
 mod optim;
 mod reduce;
 mod shape;
+mod simd;
 mod window;
 
 use super::Backend;
