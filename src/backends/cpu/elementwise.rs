@@ -1,6 +1,7 @@
 //! Elementwise family: unary and binary maps with numpy broadcasting, Clip, Where,
 //! Dropout, Trilu.
 
+use super::simd;
 use crate::backends::common;
 use crate::error::Result;
 use crate::graph::{BinaryOp, Node, UnaryOp};
@@ -246,6 +247,7 @@ impl<const N: usize> Bcast<N> {
     /// Calls `f(pos, len, offs)` for each innermost run covering output positions
     /// `start..start + len`: `pos` counts from `start`, `offs` are the operands' offsets
     /// of the run's first element, and the run continues with strides `self.inner()`.
+    #[inline(always)]
     pub(super) fn walk(
         &self,
         start: usize,
@@ -302,9 +304,11 @@ impl<const N: usize> Bcast<N> {
 fn map1<I: Elem, O: Elem>(x: &Tensor, out: &mut Tensor, f: impl Fn(I) -> O + Sync) {
     let x = x.as_slice::<I>();
     par_for(out.as_mut_slice::<O>(), |start, o| {
-        for (o, &v) in o.iter_mut().zip(&x[start..]) {
-            *o = f(v);
-        }
+        simd::vectorize(|| {
+            for (o, &v) in o.iter_mut().zip(&x[start..]) {
+                *o = f(v);
+            }
+        })
     });
 }
 
@@ -319,28 +323,30 @@ fn map2<A: Elem, B: Elem, O: Elem>(
     let [sa, sb] = bc.inner();
     let (a, b) = (a.as_slice::<A>(), b.as_slice::<B>());
     par_for(out.as_mut_slice::<O>(), |start, o| {
-        bc.walk(start, o.len(), |pos, n, [oa, ob]| {
-            let o = &mut o[pos..pos + n];
-            // The common stride patterns get their own loops so they vectorise.
-            match (sa, sb) {
-                (1, 1) => o
-                    .iter_mut()
-                    .zip(&a[oa..oa + n])
-                    .zip(&b[ob..ob + n])
-                    .for_each(|((o, &x), &y)| *o = f(x, y)),
-                (1, 0) => o
-                    .iter_mut()
-                    .zip(&a[oa..oa + n])
-                    .for_each(|(o, &x)| *o = f(x, b[ob])),
-                (0, 1) => o
-                    .iter_mut()
-                    .zip(&b[ob..ob + n])
-                    .for_each(|(o, &y)| *o = f(a[oa], y)),
-                _ => o
-                    .iter_mut()
-                    .enumerate()
-                    .for_each(|(i, o)| *o = f(a[oa + i * sa], b[ob + i * sb])),
-            }
+        simd::vectorize(|| {
+            bc.walk(start, o.len(), |pos, n, [oa, ob]| {
+                let o = &mut o[pos..pos + n];
+                // The common stride patterns get their own loops so they vectorise.
+                match (sa, sb) {
+                    (1, 1) => o
+                        .iter_mut()
+                        .zip(&a[oa..oa + n])
+                        .zip(&b[ob..ob + n])
+                        .for_each(|((o, &x), &y)| *o = f(x, y)),
+                    (1, 0) => o
+                        .iter_mut()
+                        .zip(&a[oa..oa + n])
+                        .for_each(|(o, &x)| *o = f(x, b[ob])),
+                    (0, 1) => o
+                        .iter_mut()
+                        .zip(&b[ob..ob + n])
+                        .for_each(|(o, &y)| *o = f(a[oa], y)),
+                    _ => o
+                        .iter_mut()
+                        .enumerate()
+                        .for_each(|(i, o)| *o = f(a[oa + i * sa], b[ob + i * sb])),
+                }
+            })
         })
     });
 }
@@ -406,15 +412,15 @@ pub(super) mod act {
     }
     #[inline(always)]
     pub fn sigmoid<F: Real>(v: F) -> F {
-        F::one() / (F::one() + (-v).exp())
+        F::one() / (F::one() + (-v).exp_v())
     }
     #[inline(always)]
     pub fn silu<F: Real>(v: F) -> F {
-        v / (F::one() + (-v).exp())
+        v / (F::one() + (-v).exp_v())
     }
     #[inline(always)]
     pub fn gelu<F: Real>(v: F) -> F {
-        F::c(0.5) * v * (F::one() + (v * F::c(std::f64::consts::FRAC_1_SQRT_2)).erf())
+        F::c(0.5) * v * (F::one() + (v * F::c(std::f64::consts::FRAC_1_SQRT_2)).erf_v())
     }
     #[inline(always)]
     pub fn gelu_tanh<F: Real>(v: F) -> F {
@@ -523,9 +529,9 @@ pub(super) mod act {
     /// gelu' = Φ(x) + x·φ(x).
     #[inline(always)]
     pub fn gelu_grad<F: Real>(dy: F, v: F) -> F {
-        let cdf = F::c(0.5) * (F::one() + (v * F::c(std::f64::consts::FRAC_1_SQRT_2)).erf());
+        let cdf = F::c(0.5) * (F::one() + (v * F::c(std::f64::consts::FRAC_1_SQRT_2)).erf_v());
         let pdf = F::c(0.5 * std::f64::consts::FRAC_2_SQRT_PI * std::f64::consts::FRAC_1_SQRT_2)
-            * (F::c(-0.5) * v * v).exp();
+            * (F::c(-0.5) * v * v).exp_v();
         flush(dy * (cdf + v * pdf))
     }
     /// With u = k(x + c·x³) and t = tanh(u): 0.5(1 + t) + 0.5·x·(1 - t²)·k(1 + 3c·x²).

@@ -363,9 +363,11 @@ pub fn gemm(
 fn activate_row<F: Real>(act: Activation, row: &mut [F]) {
     use super::elementwise::act as a;
     fn each<F: Copy>(row: &mut [F], f: impl Fn(F) -> F) {
-        for x in row {
-            *x = f(*x);
-        }
+        super::simd::vectorize(|| {
+            for x in row {
+                *x = f(*x);
+            }
+        })
     }
     match act {
         Activation::None => {}
@@ -382,9 +384,11 @@ fn activate_row<F: Real>(act: Activation, row: &mut [F]) {
 fn activate_grad<F: Real>(act: Activation, g: &mut [F], pre: &[F]) {
     use super::elementwise::act as a;
     fn each<F: Copy>(g: &mut [F], pre: &[F], f: impl Fn(F, F) -> F) {
-        for (g, &v) in g.iter_mut().zip(pre) {
-            *g = f(*g, v);
-        }
+        super::simd::vectorize(|| {
+            for (g, &v) in g.iter_mut().zip(pre) {
+                *g = f(*g, v);
+            }
+        })
     }
     match act {
         Activation::None => {}

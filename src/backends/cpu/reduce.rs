@@ -67,58 +67,94 @@ fn softmax_t<T: Float>(x: &[T], n: usize, inner: usize, log: bool, out: &mut [T]
         .zip(x.par_chunks(block))
         .with_min_len(min_rows(block))
         .for_each_init(Vec::new, |scratch: &mut Vec<T::Acc>, (o, x)| {
-            if inner == 1 {
-                return softmax_row(x, log, scratch, o);
-            }
-            scratch.clear();
-            scratch.resize(2 * inner + block, T::Acc::neg_infinity());
-            let (m, rest) = scratch.split_at_mut(inner);
-            let (s, e) = rest.split_at_mut(inner);
-            for row in x.chunks(inner) {
-                for (m, v) in m.iter_mut().zip(row) {
-                    *m = m.max(v.to_acc());
-                }
-            }
-            s.fill(T::Acc::c(0.0));
-            for (er, row) in e.chunks_mut(inner).zip(x.chunks(inner)) {
-                for (((e, s), v), m) in er.iter_mut().zip(s.iter_mut()).zip(row).zip(&*m) {
-                    *e = (v.to_acc() - *m).exp();
-                    *s = *s + *e;
-                }
-            }
-            if log {
-                // log softmax = (x - max) - ln Σ exp(x - max). Subtracting max first keeps
-                // x - max exact; max + ln Σ would round at the magnitude of x (1e4 in f32
-                // loses ~1e-3).
-                for s in s.iter_mut() {
-                    *s = s.ln();
-                }
-                for (o, x) in o.chunks_mut(inner).zip(x.chunks(inner)) {
-                    for (((o, v), m), l) in o.iter_mut().zip(x).zip(&*m).zip(&*s) {
-                        *o = T::from_acc((v.to_acc() - *m) - *l);
-                    }
-                }
-            } else {
-                for s in s.iter_mut() {
-                    *s = s.recip();
-                }
-                for (o, e) in o.chunks_mut(inner).zip(e.chunks(inner)) {
-                    for ((o, e), r) in o.iter_mut().zip(e).zip(&*s) {
-                        *o = T::from_acc(*e * *r);
-                    }
-                }
-            }
+            let block = SoftmaxBlock {
+                x,
+                inner,
+                log,
+                scratch,
+                o,
+            };
+            super::simd::dispatch(block)
         });
 }
 
+/// [`softmax_block`]'s arguments, run as a [`Kernel`](super::simd::Kernel) (a closure
+/// would not be inlined into the vectorised function).
+struct SoftmaxBlock<'a, T: Float> {
+    x: &'a [T],
+    inner: usize,
+    log: bool,
+    scratch: &'a mut Vec<T::Acc>,
+    o: &'a mut [T],
+}
+impl<T: Float> super::simd::Kernel for SoftmaxBlock<'_, T> {
+    type Output = ();
+    #[inline(always)]
+    fn run<const FMA: bool>(self) {
+        softmax_block(self.x, self.inner, self.log, self.scratch, self.o)
+    }
+}
+
+/// [`softmax_t`] on one block of `n × inner` elements.
+#[inline(always)]
+fn softmax_block<T: Float>(
+    x: &[T],
+    inner: usize,
+    log: bool,
+    scratch: &mut Vec<T::Acc>,
+    o: &mut [T],
+) {
+    if inner == 1 {
+        return softmax_row(x, log, scratch, o);
+    }
+    scratch.clear();
+    scratch.resize(2 * inner + x.len(), T::Acc::neg_infinity());
+    let (m, rest) = scratch.split_at_mut(inner);
+    let (s, e) = rest.split_at_mut(inner);
+    for row in x.chunks(inner) {
+        for (m, v) in m.iter_mut().zip(row) {
+            *m = m.max(v.to_acc());
+        }
+    }
+    s.fill(T::Acc::c(0.0));
+    for (er, row) in e.chunks_mut(inner).zip(x.chunks(inner)) {
+        for (((e, s), v), m) in er.iter_mut().zip(s.iter_mut()).zip(row).zip(&*m) {
+            *e = (v.to_acc() - *m).exp_v();
+            *s = *s + *e;
+        }
+    }
+    if log {
+        // log softmax = (x - max) - ln Σ exp(x - max). Subtracting max first keeps
+        // x - max exact; max + ln Σ would round at the magnitude of x (1e4 in f32
+        // loses ~1e-3).
+        for s in s.iter_mut() {
+            *s = s.ln();
+        }
+        for (o, x) in o.chunks_mut(inner).zip(x.chunks(inner)) {
+            for (((o, v), m), l) in o.iter_mut().zip(x).zip(&*m).zip(&*s) {
+                *o = T::from_acc((v.to_acc() - *m) - *l);
+            }
+        }
+    } else {
+        for s in s.iter_mut() {
+            *s = s.recip();
+        }
+        for (o, e) in o.chunks_mut(inner).zip(e.chunks(inner)) {
+            for ((o, e), r) in o.iter_mut().zip(e).zip(&*s) {
+                *o = T::from_acc(*e * *r);
+            }
+        }
+    }
+}
+
 /// Softmax of one contiguous row (the last-axis case), in plain loops that vectorise.
+#[inline(always)]
 fn softmax_row<T: Float>(x: &[T], log: bool, e: &mut Vec<T::Acc>, o: &mut [T]) {
-    let m = x
-        .iter()
-        .fold(T::Acc::neg_infinity(), |m, v| m.max(v.to_acc()));
     e.clear();
-    e.extend(x.iter().map(|v| (v.to_acc() - m).exp()));
-    let s: T::Acc = e.iter().copied().sum();
+    e.extend(x.iter().map(|v| v.to_acc()));
+    let m = fold_lanes(e, T::Acc::neg_infinity(), |a, b| a.max(b));
+    e.iter_mut().for_each(|v| *v = (*v - m).exp_v());
+    let s = fold_lanes(e, T::Acc::c(0.0), |a, b| a + b);
     if log {
         // (x - max) - ln Σ, not x - (max + ln Σ): see softmax_t.
         let l = s.ln();
@@ -631,6 +667,21 @@ fn sce_t<T: Float>(
         // Σ w·loss / Σ w over non-ignored elements (0/0 = NaN when all are ignored, as ONNX).
         LossReduction::Mean => o[0] = T::from_acc(block_sum(&loss) / block_sum(&wts)),
     }
+}
+
+/// `f` folded over `v` in 16 interleaved lanes combined at the end, so that the loop
+/// vectorises (one running value is a chain of dependent operations).
+#[inline(always)]
+fn fold_lanes<A: Copy>(v: &[A], init: A, f: impl Fn(A, A) -> A) -> A {
+    let mut acc = [init; 16];
+    let chunks = v.chunks_exact(16);
+    let rest = chunks.remainder().iter().fold(init, |a, &b| f(a, b));
+    for c in chunks {
+        for (a, &b) in acc.iter_mut().zip(c) {
+            *a = f(*a, b);
+        }
+    }
+    acc.into_iter().fold(rest, &f)
 }
 
 /// A sum in blocks of 64 whose results add in order: the rounding error grows with the

@@ -34,6 +34,14 @@ pub(crate) fn dispatch<K: Kernel>(k: K) -> K::Output {
     pulp::Arch::new().dispatch(Run(k))
 }
 
+/// Runs `f` compiled for the best instruction set this CPU has, for loops whose speed
+/// does not hinge on fused multiply-add (elementwise maps). Only a small closure is
+/// reliably inlined into the compiled function; a large body belongs in a [`Kernel`].
+#[inline(always)]
+pub(crate) fn vectorize<R>(f: impl FnOnce() -> R) -> R {
+    pulp::Arch::new().dispatch(f)
+}
+
 /// `a·b + c`, fused where the instruction exists.
 #[inline(always)]
 pub(crate) fn madd<A: Real, const FMA: bool>(a: A, b: A, c: A) -> A {
