@@ -280,11 +280,14 @@ where
         );
         return Ok(());
     }
-    // 3-D: tasks of (batch, block of QB query positions) with every head, whose output
+    // 3-D: tasks of (batch, block of PB query positions) with every head, whose output
     // rows [positions, Hq·Dv] are contiguous. Their LSE rows ([B, Hq, Sq]) are not: each
-    // task keeps them and they are placed afterwards (one value per row).
+    // task keeps them and they are placed afterwards (one value per row). A task runs
+    // its QB-row blocks of one head one after another, so that head's keys and values
+    // (rows strided by the other heads) are still in cache for the next block.
+    const PB: usize = 4 * QB;
     let blocks: Vec<(usize, Range<usize>)> = (0..b)
-        .flat_map(|bi| (0..sq).step_by(QB).map(move |i| (bi, i..(i + QB).min(sq))))
+        .flat_map(|bi| (0..sq).step_by(PB).map(move |i| (bi, i..(i + PB).min(sq))))
         .collect();
     let lens = blocks.iter().map(|(_, r)| r.len() * hq * dv);
     let tasks: Vec<_> = blocks.iter().zip(split(out, lens)).collect();
@@ -296,8 +299,12 @@ where
                 let n = rows.len();
                 let mut l = vec![T::Acc::zero(); hq * n];
                 for h in 0..hq {
-                    let (o, l) = (&mut o[h * dv..], &mut l[h * n..]);
-                    attend(&job(bi, h), rows.clone(), (o, hq), (l, 1), sc);
+                    let job = job(bi, h);
+                    for i in rows.clone().step_by(QB) {
+                        let r = i - rows.start;
+                        let (o, l) = (&mut o[r * hq * dv + h * dv..], &mut l[h * n + r..]);
+                        attend(&job, i..(i + QB).min(rows.end), (o, hq), (l, 1), sc);
+                    }
                 }
                 l
             },
