@@ -301,6 +301,8 @@ pub trait Float: Elem {
     /// `s` itself where the type is its own accumulation type (f32, f64), so a kernel can
     /// read it in place instead of widening a copy.
     fn as_acc(s: &[Self]) -> Option<&[Self::Acc]>;
+    /// [`as_acc`](Float::as_acc) for writing.
+    fn as_acc_mut(s: &mut [Self]) -> Option<&mut [Self::Acc]>;
 }
 
 /// Integer element types (for shape arithmetic and indices).
@@ -312,7 +314,15 @@ pub trait Int: Elem + Ord {
 }
 
 macro_rules! float_elem {
-    ($t:ty, $d:ident, $acc:ty, $to:expr, $from:expr, $as_acc:expr) => {
+    // Whether the type is its own accumulation type: the slice as it is, or None.
+    (@same true, $s:expr) => {
+        Some($s)
+    };
+    (@same false, $s:expr) => {{
+        let _ = $s;
+        None
+    }};
+    ($t:ty, $d:ident, $acc:ty, $to:expr, $from:expr, $same:tt) => {
         impl Elem for $t {
             const DTYPE: DType = DType::$d;
             fn to_f64(self) -> f64 {
@@ -338,16 +348,19 @@ macro_rules! float_elem {
             }
             #[inline(always)]
             fn as_acc(s: &[$t]) -> Option<&[$acc]> {
-                let f: fn(&[$t]) -> Option<&[$acc]> = $as_acc;
-                f(s)
+                float_elem!(@same $same, s)
+            }
+            #[inline(always)]
+            fn as_acc_mut(s: &mut [$t]) -> Option<&mut [$acc]> {
+                float_elem!(@same $same, s)
             }
         }
     };
 }
-float_elem!(f32, F32, f32, |x| x, |x| x, |s| Some(s));
-float_elem!(f64, F64, f64, |x| x, |x| x, |s| Some(s));
-float_elem!(f16, F16, f32, |x| x.to_f32(), f16::from_f32, |_| None);
-float_elem!(bf16, BF16, f32, |x| x.to_f32(), bf16::from_f32, |_| None);
+float_elem!(f32, F32, f32, |x| x, |x| x, true);
+float_elem!(f64, F64, f64, |x| x, |x| x, true);
+float_elem!(f16, F16, f32, |x| x.to_f32(), f16::from_f32, false);
+float_elem!(bf16, BF16, f32, |x| x.to_f32(), bf16::from_f32, false);
 
 macro_rules! int_elem {
     ($($t:ty => $d:ident),*) => {$(

@@ -20,14 +20,30 @@ fn npy(name: &str) -> Tensor {
     Tensor::read_npy(&Path::new(FIX).join(name)).unwrap()
 }
 
+/// Row `s` of a tensor stacked by step (`[steps, ...]`), without the step axis.
+fn step_of(t: &Tensor, s: usize) -> Tensor {
+    let r = t.take_rows(&[s]).unwrap();
+    r.clone().reshaped(&r.shape()[1..]).unwrap()
+}
+
 /// Step `s` of the fixture's data.
 fn step_feeds(s: usize, dtype: DType) -> HashMap<String, Tensor> {
     let (x, y) = (npy("x.npy"), npy("y.npy"));
-    let x = x.take_rows(&[s]).unwrap();
-    let y = y.take_rows(&[s]).unwrap();
-    let x = x.clone().reshaped(&x.shape()[1..]).unwrap().cast(dtype);
-    let y = y.clone().reshaped(&y.shape()[1..]).unwrap();
-    HashMap::from([("x".to_string(), x), ("labels".to_string(), y)])
+    HashMap::from([
+        ("x".to_string(), step_of(&x, s).cast(dtype)),
+        ("labels".to_string(), step_of(&y, s)),
+    ])
+}
+
+const LM: &str = "tests/fixtures/lm_train";
+
+/// Step `s` of the language-model fixture's token batches (ids and next-token labels).
+fn lm_feeds(s: usize) -> HashMap<String, Tensor> {
+    let read = |f: &str| Tensor::read_npy(&Path::new(LM).join(f)).unwrap();
+    HashMap::from([
+        ("input_ids".to_string(), step_of(&read("ids.npy"), s)),
+        ("labels".to_string(), step_of(&read("labels.npy"), s)),
+    ])
 }
 
 fn sgd(g: &mut Graph) {
@@ -406,13 +422,8 @@ training:
 /// from the same weights (float64 on the CPU, f32 on every backend).
 #[test]
 fn exported_language_models_fine_tune_as_pytorch() {
-    let dir = Path::new("tests/fixtures/lm_train");
+    let dir = Path::new(LM);
     let read = |f: &str| Tensor::read_npy(&dir.join(f)).unwrap();
-    let (ids, labels) = (read("ids.npy"), read("labels.npy"));
-    let at = |t: &Tensor, k: usize| {
-        let r = t.take_rows(&[k]).unwrap();
-        r.clone().reshaped(&r.shape()[1..]).unwrap()
-    };
     for arch in ["gpt2", "llama"] {
         let want = read(&format!("{arch}.losses.npy")).to_f64_vec();
         let opts = ImportOptions {
@@ -450,11 +461,7 @@ fn exported_language_models_fine_tune_as_pytorch() {
             };
             let mut s = Session::new(graphrun::exec::with_float_dtype(&g, dtype), opts).unwrap();
             for (k, w) in want.iter().enumerate() {
-                let feeds = HashMap::from([
-                    ("input_ids".to_string(), at(&ids, k)),
-                    ("labels".to_string(), at(&labels, k)),
-                ]);
-                let l = s.train_step(&feeds).unwrap();
+                let l = s.train_step(&lm_feeds(k)).unwrap();
                 assert!(
                     (l - w).abs() <= tol * w,
                     "{arch} {backend:?} {dtype}: step {k}: loss {l} vs PyTorch's {w}"
@@ -467,7 +474,7 @@ fn exported_language_models_fine_tune_as_pytorch() {
 /// The appended loss refuses what it cannot train, saying why.
 #[test]
 fn cross_entropy_refusals_say_why() {
-    let dir = Path::new("tests/fixtures/lm_train");
+    let dir = Path::new(LM);
     let g = Model::load(dir.join("gpt2.onnx")).unwrap().graph;
     let ev = &graphrun::backends::cpu::HOST_EVAL;
     let e = graphrun::graph::loss::append_cross_entropy(&mut g.clone(), "nope", "labels", ev)
@@ -495,7 +502,7 @@ fn cross_entropy_refusals_say_why() {
 /// plain import leaves the file as written.
 #[test]
 fn training_import_ties_an_exported_copy_back() {
-    let file = Path::new("tests/fixtures/lm_train/gpt2.onnx");
+    let file = &Path::new(LM).join("gpt2.onnx");
     let copies = |g: &Graph| {
         g.initializers
             .iter()
@@ -618,25 +625,13 @@ fn trained_weights_write_back_into_the_onnx_file() {
         (s, back, written)
     };
     // GPT-2: the written file's logits are the trained session's.
-    let dir = Path::new("tests/fixtures/lm_train");
-    let read = |f: &str| Tensor::read_npy(&dir.join(f)).unwrap();
-    let (ids, labels) = (read("ids.npy"), read("labels.npy"));
-    let at = |t: &Tensor, k: usize| {
-        let r = t.take_rows(&[k]).unwrap();
-        r.clone().reshaped(&r.shape()[1..]).unwrap()
-    };
-    let feeds = |k: usize| {
-        HashMap::from([
-            ("input_ids".to_string(), at(&ids, k)),
-            ("labels".to_string(), at(&labels, k)),
-        ])
-    };
-    let (mut s, back, written) = train(&dir.join("gpt2.onnx"), None, 5, &feeds);
+    let (mut s, back, written) = train(&Path::new(LM).join("gpt2.onnx"), None, 5, &lm_feeds);
     assert_eq!(written.derived, ["val_374"], "{written:?}");
     assert!(written.left_out.is_empty(), "{written:?}");
-    let want = s.run_fetch(&feeds(0), &["logits".into()]).unwrap();
+    let want = s.run_fetch(&lm_feeds(0), &["logits".into()]).unwrap();
     let mut b = Session::new(back, SessionOptions::default()).unwrap();
-    let only_ids = HashMap::from([("input_ids".to_string(), at(&ids, 0))]);
+    let mut only_ids = lm_feeds(0);
+    only_ids.remove("labels");
     let got = b.run_fetch(&only_ids, &["logits".into()]).unwrap();
     let e = rel_err(&got[0].to_f64_vec(), &want[0].to_f64_vec());
     assert!(e <= 1e-6, "gpt2: written model's logits rel err {e:.2e}");

@@ -11,7 +11,6 @@ use crate::graph::Activation;
 use crate::tensor::{numel, Float, Real, Tensor};
 use num_traits::Zero;
 use rayon::prelude::*;
-use std::any::TypeId;
 use std::borrow::Cow;
 
 /// Element strides of one 2-D operand: a transposed operand just swaps them.
@@ -177,9 +176,8 @@ type Epilogue<'a, F> = &'a (dyn Fn(usize, &mut [F]) + Sync);
 
 /// `x` in its accumulation type: borrowed when it already is (f32, f64), widened otherwise.
 pub(super) fn widen<T: Float>(x: &[T]) -> Cow<'_, [T::Acc]> {
-    if TypeId::of::<T>() == TypeId::of::<T::Acc>() {
-        // SAFETY: T and T::Acc are the same type.
-        Cow::Borrowed(unsafe { std::slice::from_raw_parts(x.as_ptr().cast(), x.len()) })
+    if let Some(x) = T::as_acc(x) {
+        Cow::Borrowed(x)
     } else {
         Cow::Owned(
             x.par_iter()
@@ -190,18 +188,10 @@ pub(super) fn widen<T: Float>(x: &[T]) -> Cow<'_, [T::Acc]> {
     }
 }
 
-/// `x` viewed in its accumulation type when it already is one (f32, f64).
-fn acc_mut<T: Float>(x: &mut [T]) -> Option<&mut [T::Acc]> {
-    (TypeId::of::<T>() == TypeId::of::<T::Acc>()).then(|| {
-        // SAFETY: T and T::Acc are the same type.
-        unsafe { std::slice::from_raw_parts_mut(x.as_mut_ptr().cast(), x.len()) }
-    })
-}
-
 /// Runs `f` on `out` in the accumulation type: in place for f32/f64, else in scratch
 /// rounded into `out` afterwards.
 pub(super) fn fill_acc<T: Float>(out: &mut [T], f: impl FnOnce(&mut [T::Acc])) {
-    match acc_mut(out) {
+    match T::as_acc_mut(out) {
         Some(o) => f(o),
         None => {
             let mut acc = vec![<T::Acc as Zero>::zero(); out.len()];
@@ -230,7 +220,7 @@ fn run<T: Float>(
     let (a, b) = (widen(a), widen(b));
     let n = p.n;
     let min_rows = (1 << 14) / n + 1;
-    if let Some(o) = acc_mut(out) {
+    if let Some(o) = T::as_acc_mut(out) {
         products(p, &a, &b, scale, o);
         if let Some(f) = epi {
             o.par_chunks_mut(n)
