@@ -2542,3 +2542,151 @@ nodes:
     assert_eq!(count(&frozen, "Conv"), 1);
     assert_same(&g, &frozen, &[]);
 }
+
+/// `conv_epilogue`: `Conv → Add(Z) → activation` (each of the two optional) becomes one
+/// FusedConv, its outputs and gradients (with respect to X, W, B and Z) those of the
+/// unfused graph on every backend; it stays out where Z is a per-channel constant (a
+/// broadcast, no residual), where a swallowed value is read elsewhere or is a graph
+/// output, and where nothing it takes follows the convolution.
+#[test]
+fn conv_epilogue_fuses_residual_and_activation() {
+    let body = |nodes: &str, outputs: &str| {
+        // Z is an input only where the nodes read it (every input's gradient is checked).
+        let z = match nodes.contains(" z]") || nodes.contains("[z,") {
+            true => "  - {name: z, dtype: f32, shape: [2, 4, 3, 6]}\n",
+            false => "",
+        };
+        format!(
+            "
+inputs:
+  - {{name: x, dtype: f32, shape: [2, 3, 7, 6]}}
+{z}outputs: [loss{outputs}]
+initializers:
+  - {{name: w, dtype: f32, shape: [4, 3, 3, 3], init: {{dist: uniform, low: -0.5, high: 0.5, seed: 1}}}}
+  - {{name: b, dtype: f32, shape: [4], init: {{dist: uniform, low: -0.5, high: 0.5, seed: 2}}}}
+  - {{name: c411, dtype: f32, shape: [4, 1, 1], init: {{dist: uniform, low: -0.5, high: 0.5, seed: 3}}, trainable: false}}
+nodes:
+  - {{op: Conv, inputs: [x, w, b], outputs: [y], attrs: {{pads: [1, 1, 0, 1], strides: [2, 1]}}}}
+{nodes}  - {{op: Mul, inputs: [out, out], outputs: [sq]}}
+  - {{op: ReduceMean, inputs: [sq], outputs: [loss], attrs: {{keepdims: 0}}}}
+"
+        )
+    };
+    let fires = [
+        (
+            "Relu",
+            "  - {op: Relu, inputs: [y], outputs: [out]}\n",
+            "relu",
+            3,
+        ),
+        (
+            "a residual, then Relu",
+            "  - {op: Add, inputs: [z, y], outputs: [s]}\n  - {op: Relu, inputs: [s], outputs: [out]}\n",
+            "relu",
+            4,
+        ),
+        (
+            "a residual alone",
+            "  - {op: Add, inputs: [y, z], outputs: [out]}\n",
+            "none",
+            4,
+        ),
+        (
+            "a residual, then SiLU as x·Sigmoid(x)",
+            "  - {op: Add, inputs: [y, z], outputs: [s]}\n  - {op: Sigmoid, inputs: [s], outputs: [sg]}\n  - {op: Mul, inputs: [s, sg], outputs: [out]}\n",
+            "silu",
+            4,
+        ),
+        (
+            "Tanh",
+            "  - {op: Tanh, inputs: [y], outputs: [out]}\n",
+            "tanh",
+            3,
+        ),
+    ];
+    for (what, nodes, act, inputs) in fires {
+        let (g, r) = fuse(&body(nodes, ""));
+        assert_eq!(r.fired("conv_epilogue"), 1, "{what}");
+        let f: Vec<_> = g
+            .nodes
+            .iter()
+            .filter_map(|n| match n.op {
+                Op::FusedConv { activation, .. } => Some((activation.name(), n.inputs.len())),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(f, [(act, inputs)], "{what}");
+        assert_eq!(
+            count(&g, "Conv") + count(&g, "Relu") + count(&g, "Sigmoid"),
+            0,
+            "{what}"
+        );
+        // The same outputs and gradients on every backend.
+        let plain = graph(&body(nodes, ""));
+        let feeds = Model {
+            graph: plain.clone(),
+        }
+        .random_inputs(5, &BTreeMap::new())
+        .unwrap();
+        for be in common::backends() {
+            let session = |disabled: Vec<String>| {
+                let opts = SessionOptions {
+                    backend: be,
+                    passes: PassOptions {
+                        disabled,
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                };
+                Session::new(plain.clone(), opts).unwrap()
+            };
+            let (mut fused, mut unfused) = (session(vec![]), session(vec!["conv_fusion".into()]));
+            let (a, b) = (fused.run(&feeds).unwrap(), unfused.run(&feeds).unwrap());
+            let e = common::rel_err(&a[0].1.to_f64_vec(), &b[0].1.to_f64_vec());
+            assert!(e <= 1e-5, "{what} {be:?}: loss rel err {e:.2e}");
+            same_gradients(&format!("{what} {be:?}"), &mut fused, &mut unfused, &feeds);
+        }
+    }
+    let stays = [
+        (
+            "a per-channel constant added",
+            "  - {op: Add, inputs: [y, c411], outputs: [out]}\n",
+            "",
+        ),
+        (
+            "the convolution's output a graph output",
+            "  - {op: Relu, inputs: [y], outputs: [out]}\n",
+            ", y",
+        ),
+        (
+            "the convolution's output read twice",
+            "  - {op: Relu, inputs: [y], outputs: [r]}\n  - {op: Add, inputs: [r, y], outputs: [out]}\n",
+            "",
+        ),
+        (
+            "a Neg after it",
+            "  - {op: Neg, inputs: [y], outputs: [out]}\n",
+            "",
+        ),
+    ];
+    for (what, nodes, outputs) in stays {
+        let (g, r) = fuse(&body(nodes, outputs));
+        assert_eq!(r.fired("conv_epilogue"), 0, "{what}");
+        assert_eq!(count(&g, "FusedConv"), 0, "{what}");
+    }
+    // The sum taken, the activation left where the sum is read elsewhere: the fused node
+    // says where it stopped.
+    let (g, r) = fuse(&body(
+        "  - {op: Add, inputs: [y, z], outputs: [s]}\n  - {op: Relu, inputs: [s], outputs: [out]}\n",
+        ", s",
+    ));
+    assert_eq!(count(&g, "FusedConv"), 1);
+    assert_eq!(count(&g, "Relu"), 1);
+    assert!(
+        r.explain
+            .iter()
+            .any(|l| l.starts_with("FusedConv '") && l.contains("graph output")),
+        "{:?}",
+        r.explain
+    );
+}

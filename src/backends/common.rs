@@ -610,8 +610,11 @@ impl ConvGeom {
 
 /// The geometry of a Conv (X, W) or ConvGrad (dY, X, W) node.
 pub fn conv_geom(node: &Node, x: &[usize], w: &[usize]) -> Result<ConvGeom> {
-    let (Op::Conv { window, group, .. } | Op::ConvGrad { window, group, .. }) = &node.op else {
-        unreachable!("conv_geom is for Conv and ConvGrad")
+    let (Op::Conv { window, group, .. }
+    | Op::FusedConv { window, group, .. }
+    | Op::ConvGrad { window, group, .. }) = &node.op
+    else {
+        unreachable!("conv_geom is for Conv, FusedConv and ConvGrad")
     };
     let fail = |m: String| crate::error::Error::Runtime(format!("{}: {m}", node.describe()));
     if w.len() < 3 {

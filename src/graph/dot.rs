@@ -31,6 +31,7 @@ pub fn is_fused(op: &Op) -> bool {
     matches!(
         op,
         Op::FusedMatMul { .. }
+            | Op::FusedConv { .. }
             | Op::Attention { .. }
             | Op::VarlenAttention { .. }
             | Op::FusedMatMulGrad { .. }
@@ -70,6 +71,20 @@ pub fn absorbed(n: &Node) -> Option<String> {
             }
             if has(3) {
                 v.push("residual".into());
+            }
+            if out(1) {
+                v.push("keeps pre-activation".into());
+            }
+        }
+        Op::FusedConv { activation, .. } => {
+            if has(2) {
+                v.push("bias".into());
+            }
+            if has(3) {
+                v.push("residual".into());
+            }
+            if *activation != Activation::None {
+                v.push(activation.name().into());
             }
             if out(1) {
                 v.push("keeps pre-activation".into());

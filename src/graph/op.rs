@@ -57,6 +57,18 @@ impl Activation {
         Activation::Sigmoid,
         Activation::Tanh,
     ];
+    /// The unary op computing it (SiLU is Swish with alpha 1); none for no activation.
+    pub fn unary(self) -> Option<UnaryOp> {
+        Some(match self {
+            Activation::None => return None,
+            Activation::Relu => UnaryOp::Relu,
+            Activation::Gelu => UnaryOp::Gelu,
+            Activation::GeluTanh => UnaryOp::GeluTanh,
+            Activation::Silu => UnaryOp::Swish { alpha: 1.0 },
+            Activation::Sigmoid => UnaryOp::Sigmoid,
+            Activation::Tanh => UnaryOp::Tanh,
+        })
+    }
     /// The name written in a model's `activation` attribute (`"gelu_tanh"`, ...).
     pub fn name(self) -> &'static str {
         match self {
@@ -523,6 +535,22 @@ pub enum Op {
         /// The number of channel groups.
         group: usize,
     },
+    /// `(X, W, [B], [Z]) -> (Y, [Pre])`: `Y = act(conv(X, W) + B + Z)`, a Conv with its
+    /// epilogue fused (not an ONNX op: the `conv_epilogue` rule writes it, and a model may
+    /// use it directly). Z, the residual, has Y's shape and is added before the
+    /// activation, as a residual block's `Relu(conv + shortcut)` does. `Pre = conv + B + Z`
+    /// is what the gradient reads for activations other than none and Relu (Relu's
+    /// derivative is read from Y).
+    FusedConv {
+        /// The kernel's spatial dims as written (`kernel_shape`); empty when not written.
+        kernel: Vec<usize>,
+        /// Strides, dilations and padding of the sliding window.
+        window: Window,
+        /// The number of channel groups.
+        group: usize,
+        /// The activation applied last.
+        activation: Activation,
+    },
     /// `(dY, X, W) -> ([dX], [dW])`: Conv's gradients with respect to X and W, each
     /// computed only when its output is named (the bias gradient is a ReduceSum).
     ConvGrad {
@@ -722,6 +750,7 @@ const OTHER_OP_NAMES: &[&str] = &[
     "ScatterND",
     "Col2Im",
     "Conv",
+    "FusedConv",
     "Shape",
     "Constant",
     "Trilu",
@@ -1042,6 +1071,7 @@ impl Op {
             Op::Pad { .. } => "Pad",
             Op::PadGrad { .. } => "PadGrad",
             Op::Conv { .. } => "Conv",
+            Op::FusedConv { .. } => "FusedConv",
             Op::ConvGrad { .. } => "ConvGrad",
             Op::Im2Col { .. } => "Im2Col",
             Op::Col2Im { .. } => "Col2Im",
@@ -1155,6 +1185,12 @@ impl Op {
                 kernel,
                 window,
                 group,
+            }
+            | Op::FusedConv {
+                kernel,
+                window,
+                group,
+                ..
             } => Op::ConvGrad {
                 kernel,
                 window,
@@ -1274,6 +1310,7 @@ impl Op {
             Op::Pad { .. } => (2, 4, 1, 1),
             Op::PadGrad { .. } => (2, 3, 1, 1),
             Op::Conv { .. } => (2, 3, 1, 1),
+            Op::FusedConv { .. } => (2, 4, 1, 2),
             Op::ConvGrad { .. } => (3, 3, 1, 2),
             Op::Im2Col { .. } => (1, 2, 1, 1),
             Op::Col2Im { .. } => (2, 3, 1, 1),
@@ -1487,7 +1524,7 @@ impl Op {
             "ScatterND" => Op::ScatterND {
                 reduction: a.scatter_reduction()?,
             },
-            "Conv" => {
+            "Conv" | "FusedConv" => {
                 let window = Window::parse(|k| a.get(k).map(|at| at.value.clone()), false)
                     .map_err(|m| a.err(None, m))?;
                 let kernel = a.ints("kernel_shape")?.unwrap_or_default();
@@ -1500,10 +1537,22 @@ impl Op {
                         ),
                     ));
                 }
-                Op::Conv {
-                    kernel: kernel.into_iter().map(|d| d as usize).collect(),
-                    window,
-                    group: group as usize,
+                let (kernel, group) = (
+                    kernel.into_iter().map(|d| d as usize).collect(),
+                    group as usize,
+                );
+                match name {
+                    "Conv" => Op::Conv {
+                        kernel,
+                        window,
+                        group,
+                    },
+                    _ => Op::FusedConv {
+                        kernel,
+                        window,
+                        group,
+                        activation: a.activation("activation")?,
+                    },
                 }
             }
             "Im2Col" | "Col2Im" => {
@@ -1884,7 +1933,16 @@ impl Op {
                 kernel,
                 window,
                 group,
+            }
+            | Op::FusedConv {
+                kernel,
+                window,
+                group,
+                ..
             } => {
+                if let Op::FusedConv { activation, .. } = self {
+                    v.push(("activation", V::Str(activation.name().into())));
+                }
                 if !kernel.is_empty() {
                     v.push((
                         "kernel_shape",
@@ -2061,7 +2119,7 @@ pub fn op_table_markdown() -> String {
         "GatherElements" | "GatherND" | "Pad" | "ScatterElements" | "ScatterND" => "indexing",
         "NonZero" | "Unique" => "data-dependent shape (host, at plan time)",
         "Col2Im" => "sliding window (ConvTranspose and the pools are written on it)",
-        "Conv" => "convolution",
+        "Conv" | "FusedConv" => "convolution",
         "SoftmaxCrossEntropyLoss" => "loss",
         "Attention" | "VarlenAttention" => "attention (fused)",
         "Rotary" => "rotary position embedding (fused)",

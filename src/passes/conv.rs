@@ -10,11 +10,16 @@ use crate::graph::infer::ValueType;
 use crate::graph::{BinaryOp, InitSource, Initializer, Node, Op};
 use crate::tensor::Tensor;
 
-pub(crate) const RULES: &[Rule] = &[Rule {
-    name: "conv_affine",
-    anchor: |op| matches!(op, Op::Conv { .. }),
-    run: conv_affine,
-}];
+/// The affine fold first: a normalization folded away may leave a residual Add or an
+/// activation right after the Conv for `conv_epilogue`.
+pub(crate) const RULES: &[Rule] = &[
+    Rule {
+        name: "conv_affine",
+        anchor: |op| matches!(op, Op::Conv { .. }),
+        run: conv_affine,
+    },
+    super::conv_epilogue::RULE,
+];
 
 /// Why the rule did not fire on a convolution with nothing to fold after it (the usual
 /// case, which `--explain-fusion` leaves out).

@@ -602,7 +602,10 @@ fn is_bias(cx: &Ctx, f: &Fused, mm: &Node) -> bool {
 }
 
 /// An activation reading `x` (and nothing else reading `x`): its kind, its nodes, its output.
-fn activation<'g>(cx: &Ctx<'g>, x: &'g str) -> Result<(Activation, Vec<usize>, &'g str), String> {
+pub(super) fn activation<'g>(
+    cx: &Ctx<'g>,
+    x: &'g str,
+) -> Result<(Activation, Vec<usize>, &'g str), String> {
     if cx.needed(x) {
         // Worth saying where an activation or a residual Add reads it.
         let fusable = cx.consumers(x).iter().any(|&c| {

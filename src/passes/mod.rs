@@ -9,6 +9,7 @@ mod attention;
 pub mod autodiff;
 mod const_fold;
 mod conv;
+mod conv_epilogue;
 mod cse;
 mod dce;
 mod epilogue;
@@ -199,16 +200,31 @@ fn explain(
                 // A convolution is reported when something after it could have folded.
                 Op::Conv { .. } if off("conv_fusion") => return None,
                 Op::Conv { .. } => {
-                    let r = why.get(&n.name).filter(|r| *r != conv::NOTHING_FOLLOWS)?;
+                    // Each rule's reason ("rule: reason", joined by "; "), less the
+                    // usual "nothing of mine follows".
+                    let quiet = [
+                        format!("conv_affine: {}", conv::NOTHING_FOLLOWS),
+                        format!("conv_epilogue: {}", conv_epilogue::NOTHING_FOLLOWS),
+                    ];
+                    let r = why.get(&n.name)?;
+                    let told: Vec<&str> = r
+                        .split("; ")
+                        .filter(|p| !quiet.iter().any(|q| q == p))
+                        .collect();
+                    if told.is_empty() {
+                        return None;
+                    }
                     return Some(format!(
-                        "Conv '{}': the per-channel map after it is not folded: {r}",
-                        n.name
+                        "Conv '{}': what follows it is not fused: {}",
+                        n.name,
+                        told.join("; ")
                     ));
                 }
-                Op::FusedMatMul { activation, .. } => {
+                Op::FusedMatMul { activation, .. } | Op::FusedConv { activation, .. } => {
                     let note = left.get(&n.name)?;
                     return Some(format!(
-                        "FusedMatMul '{}' (activation {}): {note}",
+                        "{} '{}' (activation {}): {note}",
+                        n.op.name(),
                         n.name,
                         activation.name()
                     ));

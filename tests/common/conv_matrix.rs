@@ -1,11 +1,19 @@
-//! Conv and ConvGrad on given backends against the CPU in float64, shared by
+//! Conv, ConvGrad and FusedConv on given backends against the CPU in float64, shared by
 //! tests/op_matrix.rs (every backend) and tests/cuda_conv_im2col.rs (CUDA without cuDNN).
 
 use super::common::*;
 use graphrun::backends::not_on;
 use graphrun::{BackendKind, DType};
 
-/// Conv and ConvGrad × every backend × every floating dtype, against the CPU in float64
+/// FusedConv's activations checked here, each with an f64 formula of its own.
+const ACTIVATIONS: [(&str, fn(f64) -> f64); 4] = [
+    ("none", |v| v),
+    ("relu", |v| v.max(0.0)),
+    ("silu", |v| v / (1.0 + (-v).exp())),
+    ("tanh", |v| v.tanh()),
+];
+
+/// Conv, ConvGrad and FusedConv × every backend × every floating dtype, against the CPU in float64
 /// (tests/ops_window.rs checks that against direct-loop references): grouped, depthwise,
 /// 1×1 and 1-D settings, each within the dtype's tolerance (f16/bf16 inputs are the
 /// rounded f64 data, so only the computation's rounding differs).
@@ -49,6 +57,7 @@ pub fn convolutions_match_the_cpu(backends: &[BackendKind]) {
         )
         .unwrap_or_else(|e| panic!("Conv setting {k} on the CPU: {e}"));
         let dy = randn(want[0].shape(), seed + 3);
+        let z = randn(want[0].shape(), seed + 4);
         let grad = op("ConvGrad", attrs);
         let gargs = |dt: DType| [inp(dy.cast(dt)), inp(x.cast(dt)), inp(w.cast(dt))];
         let gwant = run_raw(BackendKind::Cpu, grad.clone(), &gargs(DType::F64), 2)
@@ -77,6 +86,27 @@ pub fn convolutions_match_the_cpu(backends: &[BackendKind]) {
                 for (i, name) in ["dX", "dW"].iter().enumerate() {
                     let err = rel_err(&got[i].to_f64_vec(), &gwant[i].to_f64_vec());
                     assert!(err <= bound, "ConvGrad {name} {what}: error {err}");
+                }
+                // FusedConv, Y = act(conv + B + Z) and Pre = conv + B + Z, against the
+                // CPU's f64 convolution and the activations written here.
+                let pre: Vec<f64> = want[0]
+                    .to_f64_vec()
+                    .iter()
+                    .zip(z.to_f64_vec())
+                    .map(|(c, z)| c + z)
+                    .collect();
+                for (act, f) in ACTIVATIONS {
+                    let mut fa = attrs.clone();
+                    fa.push(("activation", V::Str(act.into())));
+                    let mut args = args.to_vec();
+                    args.push(inp(z.cast(dt)));
+                    let got = run_raw(backend, op("FusedConv", &fa), &args, 2)
+                        .unwrap_or_else(|e| panic!("FusedConv {act} {what}: {e}"));
+                    let y: Vec<f64> = pre.iter().map(|&v| f(v)).collect();
+                    let err = rel_err(&got[0].to_f64_vec(), &y);
+                    assert!(err <= bound, "FusedConv {act} Y {what}: error {err}");
+                    let err = rel_err(&got[1].to_f64_vec(), &pre);
+                    assert!(err <= bound, "FusedConv {act} Pre {what}: error {err}");
                 }
             }
         }

@@ -9,10 +9,10 @@
 //! Everything is computed in the accumulation type (f32 for f16/bf16), rounded once.
 
 use super::super::common::{self, ConvGeom, WindowGeom};
-use super::matmul::{fill_acc, widen};
+use super::matmul::{activate_row, fill_acc, widen};
 use super::window::{axis_tables, walk_row};
 use crate::error::Result;
-use crate::graph::Node;
+use crate::graph::{Activation, Node};
 use crate::tensor::{Real, Tensor};
 use rayon::prelude::*;
 
@@ -200,38 +200,104 @@ fn side_by_side(
 
 /// Y = conv(X, W) + B.
 pub fn conv(node: &Node, x: &Tensor, w: &Tensor, b: Option<&Tensor>, y: &mut Tensor) -> Result<()> {
+    fused_conv(
+        node,
+        [x, w],
+        b,
+        None,
+        Activation::None,
+        std::slice::from_mut(y),
+    )
+}
+
+/// FusedConv: Y = act(conv(X, W) + B + Z), and Pre = conv(X, W) + B + Z when `outs` has
+/// a second tensor. Without Pre the epilogue runs on each image's output as it is made.
+pub fn fused_conv(
+    node: &Node,
+    [x, w]: [&Tensor; 2],
+    b: Option<&Tensor>,
+    z: Option<&Tensor>,
+    act: Activation,
+    outs: &mut [Tensor],
+) -> Result<()> {
     let cg = common::conv_geom(node, x.shape(), w.shape())?;
+    let (y, pre) = outs.split_at_mut(1);
     crate::with_float!(x.dtype(), T => {
         let (xa, wa) = (widen(x.as_slice::<T>()), widen(w.as_slice::<T>()));
         let ba = b.map(|b| widen(b.as_slice::<T>()));
-        fill_acc(y.as_mut_slice::<T>(), |ya| {
-            forward(&cg, &xa, &wa, ba.as_deref(), ya)
-        });
+        let za = z.map(|z| widen(z.as_slice::<T>()));
+        let ep = Epilogue { bias: ba.as_deref(), z: za.as_deref(), act, l: cg.g.l(), m: cg.m };
+        match pre.first_mut() {
+            None => fill_acc(y[0].as_mut_slice::<T>(), |ya| forward(&cg, &xa, &wa, &ep, ya)),
+            Some(pre) => {
+                let sums = Epilogue { act: Activation::None, ..ep };
+                fill_acc(pre.as_mut_slice::<T>(), |pa| forward(&cg, &xa, &wa, &sums, pa));
+                let pa = widen(pre.as_slice::<T>());
+                fill_acc(y[0].as_mut_slice::<T>(), |ya| {
+                    ya.par_chunks_mut(1 << 14).zip(pa.par_chunks(1 << 14)).for_each(|(y, p)| {
+                        y.copy_from_slice(p);
+                        activate_row(act, y);
+                    })
+                });
+            }
+        }
         Ok(())
-    }, _ => crate::bail!(Runtime, "{}: Conv takes floating tensors, got {}", node.describe(), x.dtype()))
+    }, _ => crate::bail!(Runtime, "{}: {} takes floating tensors, got {}", node.describe(), node.op.name(), x.dtype()))
 }
 
-fn forward<F: Real>(cg: &ConvGeom, x: &[F], w: &[F], b: Option<&[F]>, y: &mut [F]) {
+/// What follows the product on each output channel's plane: `act(y + B + Z)`.
+struct Epilogue<'a, F> {
+    bias: Option<&'a [F]>,
+    z: Option<&'a [F]>,
+    act: Activation,
+    /// Output positions a plane, and output channels.
+    l: usize,
+    m: usize,
+}
+
+impl<F: Real> Epilogue<'_, F> {
+    /// Applies it to the planes `ys` that start at plane `p0` of Y (plane p is image
+    /// p / M, channel p % M); across threads when `par`.
+    fn apply(&self, p0: usize, ys: &mut [F], par: bool) {
+        if self.bias.is_none() && self.z.is_none() && self.act == Activation::None {
+            return;
+        }
+        let plane = |(i, y): (usize, &mut [F])| {
+            let p = p0 + i;
+            let b = self.bias.map_or(F::zero(), |b| b[p % self.m]);
+            match self.z {
+                Some(z) => {
+                    let z = &z[p * self.l..][..y.len()];
+                    y.iter_mut().zip(z).for_each(|(v, &r)| *v = *v + b + r);
+                }
+                None if self.bias.is_some() => y.iter_mut().for_each(|v| *v = *v + b),
+                None => {}
+            }
+            activate_row(self.act, y);
+        };
+        let l = self.l.max(1);
+        if par {
+            ys.par_chunks_mut(l).enumerate().for_each(plane);
+        } else {
+            ys.chunks_mut(l).enumerate().for_each(plane);
+        }
+    }
+}
+
+fn forward<F: Real>(cg: &ConvGeom, x: &[F], w: &[F], ep: &Epilogue<F>, y: &mut [F]) {
     let g = &cg.g;
     let tabs = axis_tables(g);
     let (c, hw, l, m) = (g.c, g.hw(), g.l(), cg.m);
     if y.is_empty() {
         return;
     }
-    let bias = |yi: &mut [F]| {
-        if let Some(b) = b {
-            for (row, &bv) in yi.chunks_mut(l).zip(b) {
-                row.iter_mut().for_each(|v| *v = *v + bv);
-            }
-        }
-    };
     if depthwise(cg) {
         // Y[n, m] = Σ_j W[m, j] · X[n, m / mg] at the window's offset j.
         let (k, mg) = (g.k(), cg.mg());
         y.par_chunks_mut(l).enumerate().for_each(|(p, plane)| {
             let (n, mo) = (p / m, p % m);
             let img = &x[(n * c + mo / mg) * hw..][..hw];
-            plane.fill(b.map_or(F::zero(), |b| b[mo]));
+            plane.fill(F::zero());
             for j in 0..k {
                 let wj = w[mo * k + j];
                 walk_row(g, &tabs, j, |i, s| {
@@ -240,6 +306,7 @@ fn forward<F: Real>(cg: &ConvGeom, x: &[F], w: &[F], b: Option<&[F]>, y: &mut [F
                     }
                 });
             }
+            ep.apply(p, plane, false);
         });
         return;
     }
@@ -267,9 +334,7 @@ fn forward<F: Real>(cg: &ConvGeom, x: &[F], w: &[F], b: Option<&[F]>, y: &mut [F
                     y[at..at + l].copy_from_slice(&prod[o..o + l]);
                 }
             });
-            for yi in y[n0 * m * l..(n0 + nb) * m * l].chunks_mut(m * l) {
-                bias(yi);
-            }
+            ep.apply(n0 * m, &mut y[n0 * m * l..(n0 + nb) * m * l], true);
         }
         return;
     }
@@ -293,7 +358,7 @@ fn forward<F: Real>(cg: &ConvGeom, x: &[F], w: &[F], b: Option<&[F]>, y: &mut [F
                 )
             }
         }
-        bias(yi);
+        ep.apply(n * m, yi, !per_thread);
     };
     if per_thread {
         y.par_chunks_mut(m * l)

@@ -350,7 +350,7 @@ pub fn gemm(
 /// Applies `act` to a row in place. The match is outside the loop, so each arm is one
 /// simple loop the compiler vectorises (a per-element match with a data-dependent branch
 /// made the ReLU epilogue slower than a separate Relu node).
-fn activate_row<F: Real>(act: Activation, row: &mut [F]) {
+pub(super) fn activate_row<F: Real>(act: Activation, row: &mut [F]) {
     use super::elementwise::act as a;
     fn each<F: Copy>(row: &mut [F], f: impl Fn(F) -> F) {
         super::simd::vectorize(|| {

@@ -301,6 +301,17 @@ pub fn run_node(
         Op::Pad { .. } => shape::pad(node, x(0)?, ins, &mut outs[0]),
         Op::PadGrad { .. } => shape::pad_grad(node, x(0)?, ins, &mut outs[0]),
         Op::Conv { .. } => conv::conv(node, x(0)?, x(1)?, opt(2), &mut outs[0]),
+        Op::FusedConv { activation, .. } => {
+            let n = if want.get(1) == Some(&true) { 2 } else { 1 };
+            conv::fused_conv(
+                node,
+                [x(0)?, x(1)?],
+                opt(2),
+                opt(3),
+                *activation,
+                &mut outs[..n],
+            )
+        }
         Op::ConvGrad { .. } => conv::conv_grad(node, x(0)?, x(1)?, x(2)?, outs, &want),
         Op::Im2Col { .. } => window::im2col(node, x(0)?, ins, &mut outs[0]),
         Op::Col2Im { .. } => window::col2im(node, x(0)?, ins, &mut outs[0]),

@@ -7,12 +7,13 @@
 
 use super::cudnn::{ConvShape, Which};
 use super::device::{strides, word, Arg, Strided};
+use super::elementwise::{act_epilogue, binary};
 use super::matmul::strided_batch;
 use super::shape::{col2im_geom, im2col_geom};
 use super::{Cuda, V};
 use crate::backends::common::{self, ConvGeom};
 use crate::error::Result;
-use crate::graph::Node;
+use crate::graph::{Activation, BinaryOp, Node};
 use crate::tensor::DType;
 
 /// cuDNN's description of a convolution, when its padding is symmetric (cuDNN takes one
@@ -158,6 +159,33 @@ pub fn conv(c: &Cuda, node: &Node, x: &V, w: &V, b: Option<V>, y: &V) -> Result<
         b.map(|b| b.p),
         &fallback,
     )
+}
+
+/// FusedConv: `Y = act(conv(X, W) + B + Z)`, and Pre = conv + B + Z when asked for. The
+/// convolution (with its bias) writes Pre, or Y itself; Z is added in place and the
+/// activation applied by one elementwise pass each.
+#[allow(clippy::too_many_arguments)]
+pub fn fused_conv(
+    c: &Cuda,
+    node: &Node,
+    [x, w]: [&V; 2],
+    b: Option<V>,
+    z: Option<V>,
+    act: Activation,
+    outs: &[V],
+    want: &[bool],
+) -> Result<()> {
+    let y = &outs[0];
+    let pre = common::wanted(outs, want, 1);
+    let sum = pre.unwrap_or(y);
+    conv(c, node, x, w, b, sum)?;
+    if let Some(z) = z {
+        binary(c, node, BinaryOp::Add, sum, &z, sum)?;
+    }
+    if act != Activation::None || pre.is_some() {
+        act_epilogue(c, act, sum.p, None, y)?;
+    }
+    Ok(())
 }
 
 /// dX and dW (each when asked for) from dY, X and W.

@@ -682,6 +682,16 @@ impl Cuda {
             Op::Pad { .. } => shape::pad(self, node, &x(0)?, ins, &y),
             Op::PadGrad { .. } => shape::pad_grad(self, node, &x(0)?, ins, &y),
             Op::Conv { .. } => conv::conv(self, node, &x(0)?, &x(1)?, opt(2), &y),
+            Op::FusedConv { activation, .. } => conv::fused_conv(
+                self,
+                node,
+                [&x(0)?, &x(1)?],
+                opt(2),
+                opt(3),
+                *activation,
+                outs,
+                want,
+            ),
             Op::ConvGrad { .. } => {
                 conv::conv_grad(self, node, [&x(0)?, &x(1)?, &x(2)?], outs, want)
             }

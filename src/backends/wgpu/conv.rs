@@ -2,13 +2,14 @@
 //! in scratch (shape.rs), or over the image itself for a 1×1 stride-1 convolution. The
 //! bias rides on the GEMM epilogue's residual term (a per-row value: strides (1, 0)).
 
+use super::elementwise::{binary, unary};
 use super::matmul::{launch, Bufs, Product, ACCUM};
 use super::shape::{col2im_geom, im2col_geom};
 use super::{Wgpu, V};
 use crate::backends::common::{self, ConvGeom};
 use crate::error::Result;
 use crate::graph::infer::ValueType;
-use crate::graph::{Activation, Node};
+use crate::graph::{Activation, BinaryOp, Node};
 
 /// The columns of every image of `x` (`[N, C·K, L]`) in scratch, or `x` itself when the
 /// convolution is pointwise.
@@ -48,6 +49,56 @@ pub fn conv(w: &mut Wgpu, node: &Node, x: &V, wt: &V, b: Option<V>, y: &V) -> Re
         pre: None,
     };
     launch(w, node, Activation::None, &p, bufs)
+}
+
+/// FusedConv: `Y = act(conv(X, W) + B + Z)`, and Pre = conv + B + Z when asked for: the
+/// convolution (with its bias), then Z added and the activation applied by one
+/// elementwise pass each (a shader may not read and write one buffer, so the steps go
+/// through scratch where Pre is not asked for).
+#[allow(clippy::too_many_arguments)]
+pub fn fused_conv(
+    w: &mut Wgpu,
+    node: &Node,
+    [x, wt]: [&V; 2],
+    b: Option<V>,
+    z: Option<V>,
+    act: Activation,
+    outs: &[V],
+    want: &[bool],
+) -> Result<()> {
+    let y = &outs[0];
+    let pre = common::wanted(outs, want, 1);
+    let bytes = y.ty.bytes().max(16);
+    let (s1, s2) = (w.scratch(bytes), w.scratch(bytes));
+    let at = |buf| V { buf, ty: y.ty };
+    // Where conv + B + Z ends: Pre, or Y when nothing follows the sum.
+    let sum = match pre {
+        Some(p) => V {
+            buf: p.buf,
+            ty: p.ty,
+        },
+        None if act == Activation::None => V {
+            buf: y.buf,
+            ty: y.ty,
+        },
+        None => at(&s1),
+    };
+    match &z {
+        Some(z) => {
+            let c = at(if sum.buf == &s1 { &s2 } else { &s1 });
+            conv(w, node, x, wt, b, &c)?;
+            binary(w, node, BinaryOp::Add, &c, z, &sum)?;
+        }
+        None => conv(w, node, x, wt, b, &sum)?,
+    }
+    match act.unary() {
+        Some(u) => unary(w, node, u, &sum, y),
+        None if sum.buf != y.buf => {
+            w.rec.copy(sum.buf, y.buf, y.ty.bytes());
+            Ok(())
+        }
+        None => Ok(()),
+    }
 }
 
 /// dX = Col2Im(Wᵀ · dY) and dW = Σ_n dY[n] · columns(X[n])ᵀ, per group, each when

@@ -313,6 +313,7 @@ pub fn shape_inputs(op: &Op) -> &'static [(usize, &'static str)] {
         | Op::Rotary { .. }
         | Op::RotaryGrad { .. }
         | Op::Conv { .. }
+        | Op::FusedConv { .. }
         | Op::ConvGrad { .. } => &[],
     }
 }
@@ -557,9 +558,11 @@ pub fn infer_node(
         | Op::Dropout { .. }
         | Op::Rotary { .. } => nn::infer(&cx),
         Op::Attention { .. } | Op::VarlenAttention { .. } => attention::infer(&cx),
-        Op::Im2Col { .. } | Op::Col2Im { .. } | Op::Conv { .. } | Op::ConvGrad { .. } => {
-            window::infer(&cx)
-        }
+        Op::Im2Col { .. }
+        | Op::Col2Im { .. }
+        | Op::Conv { .. }
+        | Op::FusedConv { .. }
+        | Op::ConvGrad { .. } => window::infer(&cx),
         Op::ResizeMatrix { .. } => resize::infer(&cx),
         Op::UnaryGrad(_)
         | Op::SoftmaxGrad { .. }
@@ -769,7 +772,7 @@ pub fn flops(node: &Node, ins: &[Option<&ValueType>], outs: &[ValueType]) -> u64
         Op::Rotary { .. } | Op::RotaryGrad { .. } => 3 * out_n,
         // 2·(C/group)·K multiply-adds per output element; the gradient one such product
         // per gradient asked for.
-        Op::Conv { .. } => {
+        Op::Conv { .. } | Op::FusedConv { .. } => {
             let w = ins[1].map(|t| t.numel() as u64).unwrap_or(0);
             let m = ins[1]
                 .and_then(|t| t.shape.first())

@@ -1,4 +1,5 @@
-//! Inference of the sliding-window ops Im2Col and Col2Im (their geometry: graph/window.rs).
+//! Inference of the sliding-window ops: Im2Col, Col2Im, Conv, FusedConv and ConvGrad (their
+//! geometry: graph/window.rs).
 
 use super::*;
 
@@ -23,6 +24,12 @@ pub(super) fn infer(cx: &Cx) -> Result<Vec<ValueType>> {
             kernel,
             window,
             group,
+        }
+        | Op::FusedConv {
+            kernel,
+            window,
+            group,
+            ..
         } => {
             let w = need(cx, 1, "W")?;
             let shape = conv_shape(kernel, window, *group, &x.shape, &w.shape).map_err(f)?;
@@ -38,7 +45,16 @@ pub(super) fn infer(cx: &Cx) -> Result<Vec<ValueType>> {
                     )));
                 }
             }
-            one(ValueType::new(x.dtype, &shape))
+            let y = ValueType::new(x.dtype, &shape);
+            if let Some(z) = cx.t(3) {
+                if z.dtype != x.dtype || z.shape != shape {
+                    return Err(f(format!(
+                        "Z (the residual) must be {}{:?}, Y's type, got {}{:?}",
+                        x.dtype, shape, z.dtype, z.shape
+                    )));
+                }
+            }
+            Ok(vec![y; cx.node.outputs.len()])
         }
         // (dY, X, W) -> (dX, dW)
         Op::ConvGrad {

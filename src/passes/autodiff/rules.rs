@@ -11,6 +11,30 @@ use crate::graph::{BinaryOp as B, Node, Op, PadMode, ReduceKind, ScatterReductio
 
 type Grads = Vec<Option<String>>;
 
+/// Conv's (and FusedConv's, given G) gradients: dX and dW from one ConvGrad (each only
+/// when needed), dB = dY summed over every axis but the channels.
+fn conv(b: &mut Builder, n: &Node, dy: &str) -> Result<Grads> {
+    let (xv, w) = (&n.inputs[0], &n.inputs[1]);
+    let op = n.op.grad_op().expect("Conv has a gradient op");
+    let mut out = if b.needs(xv) || b.needs(w) {
+        fused_grads(b, op, &[dy, xv, w], &[xv, w], n.inputs.len())?
+    } else {
+        vec![None; n.inputs.len()]
+    };
+    if let Some(bias) = n.inputs.get(2).filter(|v| b.needs(v)) {
+        let r = b.shape(dy).len();
+        let axes = std::iter::once(0).chain(2..r as i64).collect();
+        let sum = Op::Reduce {
+            kind: ReduceKind::Sum,
+            axes: Some(axes),
+            keepdims: false,
+            noop_with_empty_axes: false,
+        };
+        out[2] = Some(b.op1(sum, &[dy], &format!("{bias}.d"))?);
+    }
+    Ok(out)
+}
+
 pub(super) fn grad(b: &mut Builder, ni: usize, n: &Node, dys: &[Option<String>]) -> Result<Grads> {
     let none = || Ok(vec![None; n.inputs.len()]);
     // Most ops have one output; its gradient.
@@ -111,26 +135,24 @@ pub(super) fn grad(b: &mut Builder, ni: usize, n: &Node, dys: &[Option<String>])
             out[0] = Some(b.op1(op, &[&cols, &image], &format!("{x}.d"))?);
             Ok(out)
         }
-        Op::Conv { .. } => {
-            // dX and dW from one ConvGrad (each only when needed), dB = dY summed over
-            // every axis but the channels.
-            let (xv, w) = (&n.inputs[0], &n.inputs[1]);
-            let op = n.op.grad_op().expect("Conv has a gradient op");
-            let mut out = if b.needs(xv) || b.needs(w) {
-                fused_grads(b, op, &[&dy, xv, w], &[xv, w], n.inputs.len())?
-            } else {
-                vec![None; n.inputs.len()]
+        Op::Conv { .. } => conv(b, n, &dy),
+        Op::FusedConv { activation, .. } => {
+            // G = dY·act'(Pre) (Relu's read from Y: Y > 0 exactly where Pre > 0); then
+            // Conv's gradients of G, and Z's is G itself.
+            let y = &n.outputs[0];
+            let g = match activation.unary() {
+                None => dy.clone(),
+                Some(u @ UnaryOp::Relu) => {
+                    b.op1(Op::UnaryGrad(u), &[&dy, y], &format!("{y}.dpre"))?
+                }
+                Some(u) => {
+                    let pre = b.aux_output(ni, 1, "pre")?;
+                    b.op1(Op::UnaryGrad(u), &[&dy, &pre], &format!("{y}.dpre"))?
+                }
             };
-            if let Some(bias) = n.inputs.get(2).filter(|v| b.needs(v)) {
-                let r = b.shape(&dy).len();
-                let axes = std::iter::once(0).chain(2..r as i64).collect();
-                let sum = Op::Reduce {
-                    kind: ReduceKind::Sum,
-                    axes: Some(axes),
-                    keepdims: false,
-                    noop_with_empty_axes: false,
-                };
-                out[2] = Some(b.op1(sum, &[&dy], &format!("{bias}.d"))?);
+            let mut out = conv(b, n, &g)?;
+            if let Some(z) = n.inputs.get(3).filter(|v| b.needs(v)) {
+                out[3] = Some(b.sum_to(&g, &b.shape(z))?);
             }
             Ok(out)
         }
