@@ -29,6 +29,7 @@ template <class A> __device__ __forceinline__ A act_fwd(int op, A v, A alpha, A 
     case OP_GELU_TANH:
         return (A)0.5 * v * ((A)1 + m_tanh((A)K_SQRT_2_OVER_PI * (v + (A)K_GELU_C * v * v * v)));
     case OP_SILU: return v / ((A)1 + m_exp(-v));
+    case OP_RELU6: return v < (A)0 ? (A)0 : v > (A)6 ? (A)6 : v;
     case OP_SIGMOID: return sigmoid_(v);
     case OP_TANH: return m_tanh(v);
     case OP_NEG: return -v;
@@ -86,6 +87,7 @@ template <class A> __device__ __forceinline__ A act_bwd(int op, A g, A v, A alph
         return g * (h * ((A)1 + t) + h * v * ((A)1 - t * t) * du);
     }
     case OP_SILU: { A s = sigmoid_(v); return g * s * ((A)1 + v * ((A)1 - s)); }
+    case OP_RELU6: return v > (A)0 && v < (A)6 ? g : (A)0;
     case OP_SIGMOID: { A s = sigmoid_(v); return g * s * ((A)1 - s); }
     case OP_TANH: { A t = m_tanh(v); return g * ((A)1 - t * t); }
     case OP_NEG: return -g;

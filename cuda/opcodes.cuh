@@ -40,6 +40,7 @@
 #define OP_MISH 37
 #define OP_THRESHOLDED_RELU 38
 #define OP_SWISH 39
+#define OP_RELU6 40
 #define BIN_ADD 0
 #define BIN_SUB 1
 #define BIN_MUL 2

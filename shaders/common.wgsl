@@ -69,6 +69,7 @@ fn act_fwd(op: u32, v: f32, alpha: f32, beta: f32) -> f32 {
         case OP_GELU: { return 0.5 * v * (1.0 + erf_(v * FRAC_1_SQRT_2)); }
         case OP_GELU_TANH: { return 0.5 * v * (1.0 + tanh_(SQRT_2_OVER_PI * (v + GELU_C * v * v * v))); }
         case OP_SILU: { return v / (1.0 + exp(-v)); }
+        case OP_RELU6: { return select(select(v, 6.0, v > 6.0), 0.0, v < 0.0); }
         case OP_SIGMOID: { return sigmoid_(v); }
         case OP_TANH: { return tanh_(v); }
         case OP_NEG: { return -v; }
@@ -126,6 +127,7 @@ fn act_bwd(op: u32, g: f32, v: f32, alpha: f32, beta: f32) -> f32 {
             return g * (0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * du);
         }
         case OP_SILU: { let s = sigmoid_(v); return g * s * (1.0 + v * (1.0 - s)); }
+        case OP_RELU6: { return select(0.0, g, v > 0.0 && v < 6.0); }
         case OP_SIGMOID: { let s = sigmoid_(v); return g * s * (1.0 - s); }
         case OP_TANH: { let t = tanh_(v); return g * (1.0 - t * t); }
         case OP_NEG: { return -g; }

@@ -40,6 +40,7 @@ const OP_HARD_SWISH: u32 = 36u;
 const OP_MISH: u32 = 37u;
 const OP_THRESHOLDED_RELU: u32 = 38u;
 const OP_SWISH: u32 = 39u;
+const OP_RELU6: u32 = 40u;
 const BIN_ADD: u32 = 0u;
 const BIN_SUB: u32 = 1u;
 const BIN_MUL: u32 = 2u;

@@ -211,6 +211,7 @@ fn act_ref(name: &str, x: f64) -> f64 {
         "silu" => x / (1.0 + (-x).exp()),
         "sigmoid" => 1.0 / (1.0 + (-x).exp()),
         "tanh" => x.tanh(),
+        "relu6" => x.clamp(0.0, 6.0),
         _ => unreachable!(),
     }
 }
@@ -253,6 +254,7 @@ fn fused_matmul_activations_bias_residual() {
         "silu",
         "sigmoid",
         "tanh",
+        "relu6",
     ] {
         for trans_b in [false, true] {
             for (bias, res) in [(false, false), (true, false), (false, true), (true, true)] {

@@ -2565,6 +2565,9 @@ initializers:
   - {{name: w, dtype: f32, shape: [4, 3, 3, 3], init: {{dist: uniform, low: -0.5, high: 0.5, seed: 1}}}}
   - {{name: b, dtype: f32, shape: [4], init: {{dist: uniform, low: -0.5, high: 0.5, seed: 2}}}}
   - {{name: c411, dtype: f32, shape: [4, 1, 1], init: {{dist: uniform, low: -0.5, high: 0.5, seed: 3}}, trainable: false}}
+  - {{name: zero, dtype: f32, shape: [], values: [0], trainable: false}}
+  - {{name: six, dtype: f32, shape: [], values: [6], trainable: false}}
+  - {{name: five, dtype: f32, shape: [], values: [5], trainable: false}}
 nodes:
   - {{op: Conv, inputs: [x, w, b], outputs: [y], attrs: {{pads: [1, 1, 0, 1], strides: [2, 1]}}}}
 {nodes}  - {{op: Mul, inputs: [out, out], outputs: [sq]}}
@@ -2602,6 +2605,12 @@ nodes:
             "  - {op: Tanh, inputs: [y], outputs: [out]}\n",
             "tanh",
             3,
+        ),
+        (
+            "a residual, then ReLU6 as Clip(0, 6)",
+            "  - {op: Add, inputs: [y, z], outputs: [s]}\n  - {op: Clip, inputs: [s, zero, six], outputs: [out]}\n",
+            "relu6",
+            4,
         ),
     ];
     for (what, nodes, act, inputs) in fires {
@@ -2648,6 +2657,11 @@ nodes:
         }
     }
     let stays = [
+        (
+            "Clip to other bounds",
+            "  - {op: Clip, inputs: [y, zero, five], outputs: [out]}\n",
+            "",
+        ),
         (
             "a per-channel constant added",
             "  - {op: Add, inputs: [y, c411], outputs: [out]}\n",

@@ -99,6 +99,7 @@ pub fn act_code(a: Activation) -> i32 {
         Activation::Silu => e::SILU_CODE,
         Activation::Sigmoid => UnaryOp::Sigmoid.code(),
         Activation::Tanh => UnaryOp::Tanh.code(),
+        Activation::Relu6 => e::RELU6_CODE,
     }
 }
 

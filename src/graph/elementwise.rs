@@ -89,6 +89,9 @@ pub(crate) use for_each_unary;
 pub const SILU_CODE: i32 = 4;
 /// The code of "no activation".
 pub const NONE_CODE: i32 = 0;
+/// The activation code of ReLU6, `min(max(x, 0), 6)`: FusedMatMul's and FusedConv's
+/// epilogues apply it; ONNX writes it as Clip, no unary op.
+pub const RELU6_CODE: i32 = 40;
 
 macro_rules! declare_unary {
     ($( ($v:ident $({$($f:ident = $d:expr),*})?, $onnx:literal, $since:literal, $code:literal,
@@ -347,6 +350,7 @@ fn code_names() -> Vec<(String, i32)> {
         .collect();
     v.push(("NONE".into(), NONE_CODE));
     v.push(("SILU".into(), SILU_CODE));
+    v.push(("RELU6".into(), RELU6_CODE));
     v.sort_by_key(|(_, c)| *c);
     v
 }

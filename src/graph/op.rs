@@ -44,11 +44,13 @@ pub enum Activation {
     Sigmoid,
     /// The hyperbolic tangent.
     Tanh,
+    /// `min(max(x, 0), 6)`: ONNX `Clip(x, 0, 6)`, MobileNet's activation.
+    Relu6,
 }
 
 impl Activation {
     /// Every activation, in declaration order.
-    pub const ALL: [Activation; 7] = [
+    pub const ALL: [Activation; 8] = [
         Activation::None,
         Activation::Relu,
         Activation::Gelu,
@@ -56,11 +58,13 @@ impl Activation {
         Activation::Silu,
         Activation::Sigmoid,
         Activation::Tanh,
+        Activation::Relu6,
     ];
-    /// The unary op computing it (SiLU is Swish with alpha 1); none for no activation.
+    /// The unary op computing it (SiLU is Swish with alpha 1); none for no activation and
+    /// for Relu6 (a Clip, no unary op).
     pub fn unary(self) -> Option<UnaryOp> {
         Some(match self {
-            Activation::None => return None,
+            Activation::None | Activation::Relu6 => return None,
             Activation::Relu => UnaryOp::Relu,
             Activation::Gelu => UnaryOp::Gelu,
             Activation::GeluTanh => UnaryOp::GeluTanh,
@@ -79,6 +83,7 @@ impl Activation {
             Activation::Silu => "silu",
             Activation::Sigmoid => "sigmoid",
             Activation::Tanh => "tanh",
+            Activation::Relu6 => "relu6",
         }
     }
 }
@@ -965,7 +970,7 @@ impl<'a> Attrs<'a> {
                 None => {
                     return Err(self.err(
                         Some(at),
-                        format!("attribute '{name}' must be one of none, relu, gelu, gelu_tanh, silu, sigmoid, tanh; got \"{s}\""),
+                        format!("attribute '{name}' must be one of none, relu, gelu, gelu_tanh, silu, sigmoid, tanh, relu6; got \"{s}\""),
                     ))
                 }
             },

@@ -628,6 +628,14 @@ pub(super) fn activation<'g>(
             Op::Unary(UnaryOp::Tanh) => Some(Activation::Tanh),
             Op::Unary(UnaryOp::Gelu) => Some(Activation::Gelu),
             Op::Unary(UnaryOp::GeluTanh) => Some(Activation::GeluTanh),
+            // ReLU6 as exporters write it: Clip with constant bounds 0 and 6.
+            Op::Clip
+                if n.inputs[0] == x
+                    && n.inputs.get(1).is_some_and(|v| cx.near(v, 0.0))
+                    && n.inputs.get(2).is_some_and(|v| cx.near(v, 6.0)) =>
+            {
+                Some(Activation::Relu6)
+            }
             _ => None,
         };
         if let Some(act) = act {

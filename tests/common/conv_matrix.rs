@@ -6,11 +6,12 @@ use graphrun::backends::not_on;
 use graphrun::{BackendKind, DType};
 
 /// FusedConv's activations checked here, each with an f64 formula of its own.
-const ACTIVATIONS: [(&str, fn(f64) -> f64); 4] = [
+const ACTIVATIONS: [(&str, fn(f64) -> f64); 5] = [
     ("none", |v| v),
     ("relu", |v| v.max(0.0)),
     ("silu", |v| v / (1.0 + (-v).exp())),
     ("tanh", |v| v.tanh()),
+    ("relu6", |v| v.clamp(0.0, 6.0)),
 ];
 
 /// Conv, ConvGrad and FusedConv × every backend × every floating dtype, against the CPU in float64

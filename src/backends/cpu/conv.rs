@@ -10,6 +10,7 @@
 
 use super::super::common::{self, ConvGeom, WindowGeom};
 use super::matmul::{activate_row, fill_acc, widen};
+use super::simd;
 use super::window::{axis_tables, walk_row};
 use crate::error::Result;
 use crate::graph::{Activation, Node};
@@ -256,25 +257,30 @@ struct Epilogue<'a, F> {
 }
 
 impl<F: Real> Epilogue<'_, F> {
-    /// Applies it to the planes `ys` that start at plane `p0` of Y (plane p is image
-    /// p / M, channel p % M); across threads when `par`.
+    fn nothing(&self) -> bool {
+        self.bias.is_none() && self.z.is_none() && self.act == Activation::None
+    }
+    /// Applies it to `y`, the positions `off..` of plane `p` of Y (plane p is image p / M,
+    /// channel p % M).
+    fn span(&self, p: usize, off: usize, y: &mut [F]) {
+        let b = self.bias.map_or(F::zero(), |b| b[p % self.m]);
+        match self.z {
+            Some(z) => {
+                let z = &z[p * self.l + off..][..y.len()];
+                y.iter_mut().zip(z).for_each(|(v, &r)| *v = *v + b + r);
+            }
+            None if self.bias.is_some() => y.iter_mut().for_each(|v| *v = *v + b),
+            None => {}
+        }
+        activate_row(self.act, y);
+    }
+    /// Applies it to the planes `ys` that start at plane `p0` of Y; across threads when
+    /// `par`.
     fn apply(&self, p0: usize, ys: &mut [F], par: bool) {
-        if self.bias.is_none() && self.z.is_none() && self.act == Activation::None {
+        if self.nothing() {
             return;
         }
-        let plane = |(i, y): (usize, &mut [F])| {
-            let p = p0 + i;
-            let b = self.bias.map_or(F::zero(), |b| b[p % self.m]);
-            match self.z {
-                Some(z) => {
-                    let z = &z[p * self.l..][..y.len()];
-                    y.iter_mut().zip(z).for_each(|(v, &r)| *v = *v + b + r);
-                }
-                None if self.bias.is_some() => y.iter_mut().for_each(|v| *v = *v + b),
-                None => {}
-            }
-            activate_row(self.act, y);
-        };
+        let plane = |(i, y): (usize, &mut [F])| self.span(p0 + i, 0, y);
         let l = self.l.max(1);
         if par {
             ys.par_chunks_mut(l).enumerate().for_each(plane);
@@ -284,11 +290,195 @@ impl<F: Real> Epilogue<'_, F> {
     }
 }
 
+/// Whether the window is 1- or 2-D (its leading axis of one), so that a block of whole
+/// output rows can be laid out row by row (`tile_columns`, `Depthwise`).
+fn planar(g: &WindowGeom) -> bool {
+    g.image[0] == 1 && g.out[0] == 1 && g.kernel[0] == 1
+}
+
+/// On a 2-D window's last axis, kernel column `kx`: the output columns `lo..hi` whose
+/// input column `ox·stride + off` lies inside the image (the rest read padding).
+fn inside(g: &WindowGeom, kx: usize) -> (usize, usize, isize) {
+    let (iw, ow, sw) = (g.image[2] as isize, g.out[2], g.strides[2] as isize);
+    let off = (kx * g.dilations[2]) as isize - g.begin[2] as isize;
+    let count = |v: isize| if v <= 0 { 0 } else { (v + sw - 1) / sw } as usize;
+    let lo = count(-off).min(ow);
+    (lo, count(iw - off).clamp(lo, ow), off)
+}
+
+/// On a 2-D window's first axis, output row `oy` and kernel row `ky`: the input row read,
+/// if inside the image.
+fn input_row(g: &WindowGeom, oy: usize, ky: usize) -> Option<usize> {
+    let iy = (oy * g.strides[1] + ky * g.dilations[1]) as isize - g.begin[1] as isize;
+    (iy >= 0 && iy < g.image[1] as isize).then_some(iy as usize)
+}
+
+/// The columns of output rows `oy0..oy1` of a planar window for the channels `img`
+/// (`[cs, hw]`): row (c, ky, kx) holds, for each output position of those rows, the input
+/// it reads or zero, rows `ld` apart. Contiguous runs are copied whole at stride 1.
+fn tile_columns<F: Real>(
+    g: &WindowGeom,
+    img: &[F],
+    (oy0, oy1): (usize, usize),
+    cols: &mut [F],
+    ld: usize,
+) {
+    let (iw, ow, hw) = (g.image[2], g.out[2], g.hw());
+    let (kh, kw, sw) = (g.kernel[1], g.kernel[2], g.strides[2]);
+    for (r, out) in cols.chunks_mut(ld).enumerate() {
+        let (c, ky, kx) = (r / (kh * kw), (r / kw) % kh, r % kw);
+        let plane = &img[c * hw..][..hw];
+        let (lo, hi, off) = inside(g, kx);
+        for (t, oy) in (oy0..oy1).enumerate() {
+            let o = &mut out[t * ow..][..ow];
+            let Some(iy) = input_row(g, oy, ky) else {
+                o.fill(F::zero());
+                continue;
+            };
+            let row = &plane[iy * iw..][..iw];
+            o[..lo].fill(F::zero());
+            o[hi..].fill(F::zero());
+            if sw == 1 {
+                let s = (lo as isize + off) as usize;
+                o[lo..hi].copy_from_slice(&row[s..s + hi - lo]);
+            } else {
+                for (ox, v) in o[lo..hi].iter_mut().enumerate() {
+                    *v = row[(((lo + ox) * sw) as isize + off) as usize];
+                }
+            }
+        }
+    }
+}
+
+/// One depthwise output plane of a planar window, summed tap by tap: each tap adds
+/// `w · input row` over the output columns that read inside the image (a vector
+/// multiply-add at stride 1).
+struct Depthwise<'a, F> {
+    g: &'a WindowGeom,
+    img: &'a [F],
+    w: &'a [F],
+    plane: &'a mut [F],
+}
+
+impl<F: Real> simd::Kernel for Depthwise<'_, F> {
+    type Output = ();
+    #[inline(always)]
+    fn run<const FMA: bool>(self) {
+        let g = self.g;
+        let (iw, ow, sw) = (g.image[2], g.out[2], g.strides[2]);
+        let (kh, kw) = (g.kernel[1], g.kernel[2]);
+        self.plane.fill(F::zero());
+        for (oy, o) in self.plane.chunks_mut(ow.max(1)).enumerate() {
+            for ky in 0..kh {
+                let Some(iy) = input_row(g, oy, ky) else {
+                    continue;
+                };
+                let row = &self.img[iy * iw..][..iw];
+                for kx in 0..kw {
+                    let wv = self.w[ky * kw + kx];
+                    let (lo, hi, off) = inside(g, kx);
+                    if sw == 1 {
+                        let s = (lo as isize + off) as usize;
+                        for (v, &r) in o[lo..hi].iter_mut().zip(&row[s..s + hi - lo]) {
+                            *v = simd::madd::<F, FMA>(wv, r, *v);
+                        }
+                    } else {
+                        for (ox, v) in o[lo..hi].iter_mut().enumerate() {
+                            let r = row[(((lo + ox) * sw) as isize + off) as usize];
+                            *v = simd::madd::<F, FMA>(wv, r, *v);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A raw pointer handed to the tasks of one product that write disjoint blocks.
+#[derive(Clone, Copy)]
+struct Shared<F>(*mut F);
+// SAFETY: the tasks holding it write disjoint elements (see `tiled`).
+unsafe impl<F> Send for Shared<F> {}
+unsafe impl<F> Sync for Shared<F> {}
+
+/// Column floats a tile aims for: its columns stay in the L2 cache while the product
+/// packs them.
+const TILE_FLOATS: usize = 1 << 17;
+
+/// A planar convolution as independent tasks, one per (image, group, block of output
+/// rows): each lays out its block's columns (cache-sized), multiplies them on one thread
+/// into Y's block and applies the epilogue while the block is hot. The blocks are cut
+/// small enough that every thread has work even for one image.
+fn tiled<F: Real>(cg: &ConvGeom, x: &[F], w: &[F], ep: &Epilogue<F>, y: &mut [F]) {
+    let g = &cg.g;
+    let (c, hw, l, m) = (g.c, g.hw(), g.l(), cg.m);
+    let (cgc, mg, ckg) = (cg.cg(), cg.mg(), cg.ckg());
+    let (oh, ow) = (g.out[1], g.out[2]);
+    let blocks = g.n * cg.group;
+    let mut rows = (TILE_FLOATS / (ckg * ow).max(1)).clamp(1, oh.max(1));
+    let want = 2 * rayon::current_num_threads();
+    while rows > 1 && blocks * oh.div_ceil(rows) < want {
+        rows = rows.div_ceil(2);
+    }
+    let tiles = oh.div_ceil(rows);
+    let yp = Shared(y.as_mut_ptr());
+    let pointwise = cg.pointwise();
+    (0..blocks * tiles)
+        .into_par_iter()
+        .for_each_init(Vec::new, |cols: &mut Vec<F>, t| {
+            let (n, grp, tile) = (t / tiles / cg.group, (t / tiles) % cg.group, t % tiles);
+            let (oy0, oy1) = (tile * rows, ((tile + 1) * rows).min(oh));
+            let (l0, tl) = (oy0 * ow, (oy1 - oy0) * ow);
+            let src = &x[(n * c + grp * cgc) * hw..][..cgc * hw];
+            let (bp, brs) = if pointwise {
+                (src[l0..].as_ptr(), hw)
+            } else {
+                cols.resize(ckg * tl, F::zero());
+                tile_columns(g, src, (oy0, oy1), cols, tl);
+                (cols.as_ptr(), tl)
+            };
+            let p0 = n * m + grp * mg;
+            let yp = yp;
+            // SAFETY: W's group block [mg, ckg]; the columns [ckg, tl] (rows brs apart);
+            // Y's rows p0.. at columns l0..l0 + tl, row stride l: inside Y, and no other
+            // task writes those elements (tasks differ in image, group or output rows).
+            unsafe {
+                let dst = yp.0.add(p0 * l + l0);
+                mm(
+                    (mg, tl, ckg),
+                    dst,
+                    l,
+                    false,
+                    (w[grp * mg * ckg..].as_ptr(), ckg, 1),
+                    (bp, brs, 1),
+                    gemm::Parallelism::None,
+                );
+                if !ep.nothing() {
+                    for r in 0..mg {
+                        let span = std::slice::from_raw_parts_mut(dst.add(r * l), tl);
+                        ep.span(p0 + r, l0, span);
+                    }
+                }
+            }
+        });
+}
+
 fn forward<F: Real>(cg: &ConvGeom, x: &[F], w: &[F], ep: &Epilogue<F>, y: &mut [F]) {
     let g = &cg.g;
     let tabs = axis_tables(g);
     let (c, hw, l, m) = (g.c, g.hw(), g.l(), cg.m);
     if y.is_empty() {
+        return;
+    }
+    if depthwise(cg) && planar(g) {
+        let (k, mg) = (g.k(), cg.mg());
+        y.par_chunks_mut(l).enumerate().for_each(|(p, plane)| {
+            let (n, mo) = (p / m, p % m);
+            let img = &x[(n * c + mo / mg) * hw..][..hw];
+            let w = &w[mo * k..][..k];
+            simd::dispatch(Depthwise { g, img, w, plane });
+            ep.apply(p, plane, false);
+        });
         return;
     }
     if depthwise(cg) {
@@ -337,6 +527,9 @@ fn forward<F: Real>(cg: &ConvGeom, x: &[F], w: &[F], ep: &Epilogue<F>, y: &mut [
             ep.apply(n0 * m, &mut y[n0 * m * l..(n0 + nb) * m * l], true);
         }
         return;
+    }
+    if planar(g) {
+        return tiled(cg, x, w, ep, y);
     }
     let (per_thread, par) = spread(cg);
     let image = |n: usize, yi: &mut [F], cols: &mut Vec<F>| {

@@ -401,6 +401,16 @@ fn sign_op<T: Num>(op: UnaryOp, x: &Tensor, out: &mut Tensor) {
 pub(super) mod act {
     use crate::tensor::Real;
 
+    /// `min(max(v, 0), 6)`, NaN kept (Clip's order: the lower bound first).
+    #[inline(always)]
+    pub fn relu6<F: Real>(v: F) -> F {
+        let v = if v < F::zero() { F::zero() } else { v };
+        if v > F::c(6.0) {
+            F::c(6.0)
+        } else {
+            v
+        }
+    }
     /// `x < 0` rather than `max(x, 0)` so that NaN propagates.
     #[inline(always)]
     pub fn relu<F: Real>(v: F) -> F {
@@ -491,6 +501,15 @@ pub(super) mod act {
     // Backward: `dy · f'(x)` for each activation above (and tanh), shared by UnaryGrad and
     // FusedMatMulGrad.
 
+    /// 1 inside (0, 6), where ReLU6 passes its input.
+    #[inline(always)]
+    pub fn relu6_grad<F: Real>(dy: F, v: F) -> F {
+        if v > F::zero() && v < F::c(6.0) {
+            dy
+        } else {
+            F::zero()
+        }
+    }
     /// A select rather than `dy · 0`, so that an infinite dy masked out gives 0, not NaN.
     #[inline(always)]
     pub fn relu_grad<F: Real>(dy: F, v: F) -> F {

@@ -367,6 +367,7 @@ pub(super) fn activate_row<F: Real>(act: Activation, row: &mut [F]) {
         Activation::Silu => each(row, a::silu),
         Activation::Sigmoid => each(row, a::sigmoid),
         Activation::Tanh => each(row, |v: F| v.tanh_v()),
+        Activation::Relu6 => each(row, a::relu6),
     }
 }
 
@@ -388,6 +389,7 @@ fn activate_grad<F: Real>(act: Activation, g: &mut [F], pre: &[F]) {
         Activation::Silu => each(g, pre, a::silu_grad),
         Activation::Sigmoid => each(g, pre, a::sigmoid_grad),
         Activation::Tanh => each(g, pre, a::tanh_grad),
+        Activation::Relu6 => each(g, pre, a::relu6_grad),
     }
 }
 

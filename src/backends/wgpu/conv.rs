@@ -2,7 +2,7 @@
 //! in scratch (shape.rs), or over the image itself for a 1×1 stride-1 convolution. The
 //! bias rides on the GEMM epilogue's residual term (a per-row value: strides (1, 0)).
 
-use super::elementwise::{binary, unary};
+use super::elementwise::{binary, map_code};
 use super::matmul::{launch, Bufs, Product, ACCUM};
 use super::shape::{col2im_geom, im2col_geom};
 use super::{Wgpu, V};
@@ -91,13 +91,13 @@ pub fn fused_conv(
         }
         None => conv(w, node, x, wt, b, &sum)?,
     }
-    match act.unary() {
-        Some(u) => unary(w, node, u, &sum, y),
-        None if sum.buf != y.buf => {
+    match act {
+        Activation::None if sum.buf != y.buf => {
             w.rec.copy(sum.buf, y.buf, y.ty.bytes());
             Ok(())
         }
-        None => Ok(()),
+        Activation::None => Ok(()),
+        _ => map_code(w, node, common::act_code(act), [0.0; 2], &sum, y),
     }
 }
 

@@ -30,10 +30,24 @@ pub fn unary(w: &mut Wgpu, node: &Node, u: UnaryOp, x: &V, y: &V) -> Result<()> 
         );
         return w.run_kernel(&k, &p, &[(1, x.buf), (3, y.buf)], groups_for(n, 256));
     }
+    map_code(w, node, u.code(), [alpha, beta], x, y)
+}
+
+/// `y = f(x)` for the map of op code `code` (a unary op's, or an activation's such as
+/// SiLU and ReLU6 that no unary op has) on floating values.
+pub fn map_code(
+    w: &mut Wgpu,
+    node: &Node,
+    code: i32,
+    [alpha, beta]: [f32; 2],
+    x: &V,
+    y: &V,
+) -> Result<()> {
+    let n = y.numel();
     let defs = float_defs(w, node, x.dtype())?;
     let p = Params::new()
         .u(0, n)
-        .u(1, u.code() as usize)
+        .u(1, code as usize)
         .f(2, alpha)
         .f(3, beta);
     let k = Wgpu::kernel(Family::Elementwise, "unary", defs);

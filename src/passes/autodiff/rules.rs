@@ -141,6 +141,15 @@ pub(super) fn grad(b: &mut Builder, ni: usize, n: &Node, dys: &[Option<String>])
             // Conv's gradients of G, and Z's is G itself.
             let y = &n.outputs[0];
             let g = match activation.unary() {
+                // Relu6's derivative is 1 where 0 < Y < 6, read from Y as Relu's.
+                None if *activation == crate::graph::Activation::Relu6 => {
+                    let dt = b.dtype(&dy);
+                    let (zero, six) = (b.scalar(dt, 0.0)?, b.scalar(dt, 6.0)?);
+                    let above = b.bin(B::Greater, y, &zero)?;
+                    let below = b.bin(B::Less, y, &six)?;
+                    let inside = b.bin(B::And, &above, &below)?;
+                    b.op1(Op::Where, &[&inside, &dy, &zero], &format!("{y}.dpre"))?
+                }
                 None => dy.clone(),
                 Some(u @ UnaryOp::Relu) => {
                     b.op1(Op::UnaryGrad(u), &[&dy, y], &format!("{y}.dpre"))?
