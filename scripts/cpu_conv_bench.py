@@ -6,8 +6,12 @@ exporter, opset 17, dynamic batch) to DIR, then for each batch size times ONNX R
 `graphrun bench --backend cpu` (f32, fused) and prints the medians and their ratio.
 
     cargo build --release
-    python3 scripts/cpu_conv_bench.py [--graphrun target/release/graphrun] [--batch 1]
-        [--models resnet50,mobilenet_v2] [--threads 2] [--iters 10] [--dir /tmp/convbench]
+    python3 scripts/cpu_conv_bench.py [--graphrun target/release/graphrun[,OTHER,...]]
+        [--batch 1] [--models resnet50,mobilenet_v2] [--threads 2] [--iters 10]
+        [--repeat 1] [--dir /tmp/convbench]
+
+Several graphrun builds (comma-separated) are timed in turn after ONNX Runtime, each row
+`--repeat` times: on a noisy machine the rows show the spread.
 
 Needs torch, torchvision, onnxruntime and numpy.
 """
@@ -68,24 +72,34 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--dir", default="/tmp/convbench")
+    ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--json")
     a = ap.parse_args()
     os.makedirs(a.dir, exist_ok=True)
+    exes = a.graphrun.split(",")
     rows = []
-    print("| model | batch | ORT ms | graphrun ms | graphrun / ORT |")
-    print("|---|---|---|---|---|")
+    names = " | ".join(f"{os.path.basename(e)} ms | / ORT" for e in exes)
+    print(f"| model | batch | ORT ms | {names} |")
+    print("|---|---|---|" + "---|---|" * len(exes))
     for name in a.models.split(","):
         path = os.path.join(a.dir, f"{name}.onnx")
         if not os.path.exists(path):
             export(name, path)
         for b in [int(v) for v in a.batch.split(",")]:
-            o = ort_ms(path, b, a.threads, a.iters)
-            g, text = graphrun_ms(a.graphrun, path, b, a.threads, a.iters)
-            rows.append({"model": name, "batch": b, "ort_ms": o, "graphrun_ms": g})
-            print(f"| {name} | {b} | {o:.2f} | {g:.2f} | {g / o:.2f} |", flush=True)
-            top = [l for l in text.splitlines() if re.match(r"\s+\S+\s+\S+\s+[0-9.]+\s+[0-9.]+%", l)]
-            for l in top[:6]:
-                print("    " + l.strip())
+            for _ in range(a.repeat):
+                o = ort_ms(path, b, a.threads, a.iters)
+                cells, top = [], []
+                for e in exes:
+                    g, text = graphrun_ms(e, path, b, a.threads, a.iters)
+                    rows.append({"model": name, "batch": b, "graphrun": e, "ort_ms": o,
+                                 "graphrun_ms": g})
+                    cells.append(f"{g:.2f} | {g / o:.2f}")
+                    top = [l for l in text.splitlines()
+                           if re.match(r"\s+\S+\s+\S+\s+[0-9.]+\s+[0-9.]+%", l)]
+                print(f"| {name} | {b} | {o:.2f} | " + " | ".join(cells) + " |", flush=True)
+                if a.repeat == 1:
+                    for l in top[:6]:
+                        print("    " + l.strip())
     if a.json:
         json.dump(rows, open(a.json, "w"), indent=1)
 

@@ -14,6 +14,7 @@ rm -rf "$X" && mkdir -p "$X" "$R" /tmp/kcache
 python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$C/bin.txz" "$X"
 python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$C/node.txz" "$X"
 cp "$C"/kcache/*.cubin /tmp/kcache/ 2>/dev/null
+[ -e "$C/kcache.txz" ] && python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$C/kcache.txz" /tmp
 export GRAPHRUN_REQUIRE_CUDA=1 GRAPHRUN_CUDA_CACHE=/tmp/kcache GRAPHRUN_ONNX_NODE_TESTS=$X/node
 [ -e /work/main ] || { mkdir -p /work && ln -s "$PWD" /work/main; }
 mkdir -p /work/main/target/release /work/main/target/debug
@@ -37,16 +38,20 @@ torch.onnx.export(m, (x,), "/tmp/resnet50.onnx", dynamo=False, opset_version=17,
                   input_names=["x"], output_names=["logits"], dynamic_axes={"x": {0: "batch"}})
 print("exported /tmp/resnet50.onnx")
 PY
-    G=$X/graphrun
-    # cuDNN (the default where it is found), and the Im2Col + cuBLASLt path beside it.
-    for tune in cuda_cudnn=1 cuda_cudnn=0; do
-        echo "== $tune"
-        for b in 1 32; do
-            timeout 150 $G bench /tmp/resnet50.onnx --backend cuda --dtype bf16 --dim batch=$b --iters 20 --warmup 5 \
-                --tune $tune --json $R/gr_fwd_b${b}_$tune.json 2>&1 | head -n 16
+    # cuDNN (the default where it is found), and the Im2Col + cuBLASLt path beside it
+    # (TUNES); this build and, where carried, the base build's (graphrun_base) in turn.
+    for tune in ${TUNES:-cuda_cudnn=1 cuda_cudnn=0}; do
+        for G in $X/graphrun $X/graphrun_base; do
+            [ -x $G ] || continue
+            g=$(basename $G)
+            echo "== $g $tune"
+            for b in 1 32; do
+                timeout 150 $G bench /tmp/resnet50.onnx --backend cuda --dtype bf16 --dim batch=$b --iters 20 --warmup 5 \
+                    --tune $tune --json $R/${g}_fwd_b${b}_$tune.json 2>&1 | head -n ${TOP:-16}
+            done
+            timeout 200 $G bench /tmp/resnet50.onnx --backend cuda --dtype bf16 --dim batch=64 --backward --iters 10 --warmup 3 \
+                --tune $tune --json $R/${g}_bwd_b64_$tune.json 2>&1 | head -n ${TOP:-16}
         done
-        timeout 200 $G bench /tmp/resnet50.onnx --backend cuda --dtype bf16 --dim batch=64 --backward --iters 10 --warmup 3 \
-            --tune $tune --json $R/gr_bwd_b64_$tune.json 2>&1 | head -n 16
     done
 fi
 if [[ $what == *torch* ]]; then

@@ -6,7 +6,8 @@ use graphrun::backends::not_on;
 use graphrun::{BackendKind, DType};
 
 /// FusedConv's activations checked here, each with an f64 formula of its own.
-const ACTIVATIONS: [(&str, fn(f64) -> f64); 5] = [
+type Reference = fn(f64) -> f64;
+const ACTIVATIONS: [(&str, Reference); 5] = [
     ("none", |v| v),
     ("relu", |v| v.max(0.0)),
     ("silu", |v| v / (1.0 + (-v).exp())),

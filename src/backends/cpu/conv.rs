@@ -264,14 +264,12 @@ impl<F: Real> Epilogue<'_, F> {
     /// channel p % M).
     fn span(&self, p: usize, off: usize, y: &mut [F]) {
         let b = self.bias.map_or(F::zero(), |b| b[p % self.m]);
-        match self.z {
-            Some(z) => {
-                let z = &z[p * self.l + off..][..y.len()];
-                y.iter_mut().zip(z).for_each(|(v, &r)| *v = *v + b + r);
-            }
+        let z = self.z.map(|z| &z[p * self.l + off..][..y.len()]);
+        simd::vectorize(|| match z {
+            Some(z) => y.iter_mut().zip(z).for_each(|(v, &r)| *v = *v + b + r),
             None if self.bias.is_some() => y.iter_mut().for_each(|v| *v = *v + b),
             None => {}
-        }
+        });
         activate_row(self.act, y);
     }
     /// Applies it to the planes `ys` that start at plane `p0` of Y; across threads when
@@ -400,6 +398,12 @@ struct Shared<F>(*mut F);
 // SAFETY: the tasks holding it write disjoint elements (see `tiled`).
 unsafe impl<F> Send for Shared<F> {}
 unsafe impl<F> Sync for Shared<F> {}
+impl<F> Shared<F> {
+    /// Through a method, so that a closure captures the wrapper (Send), not the field.
+    fn ptr(&self) -> *mut F {
+        self.0
+    }
+}
 
 /// Column floats a tile aims for: its columns stay in the L2 cache while the product
 /// packs them.
@@ -438,12 +442,11 @@ fn tiled<F: Real>(cg: &ConvGeom, x: &[F], w: &[F], ep: &Epilogue<F>, y: &mut [F]
                 (cols.as_ptr(), tl)
             };
             let p0 = n * m + grp * mg;
-            let yp = yp;
             // SAFETY: W's group block [mg, ckg]; the columns [ckg, tl] (rows brs apart);
             // Y's rows p0.. at columns l0..l0 + tl, row stride l: inside Y, and no other
             // task writes those elements (tasks differ in image, group or output rows).
             unsafe {
-                let dst = yp.0.add(p0 * l + l0);
+                let dst = yp.ptr().add(p0 * l + l0);
                 mm(
                     (mg, tl, ckg),
                     dst,
