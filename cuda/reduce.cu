@@ -511,6 +511,69 @@ template <class T> __device__ void sce_rows_k(const T* x, const i64* labels, con
     }
 }
 
+// Scores `[N, C]` (d = 1, each row contiguous; a language model's logits): one block per
+// row, its threads reading the row coalesced and each keeping a running max and sum of
+// its columns (one pass), merged across the block. A per-element thread walking 50 257
+// classes alone (the loop above) is two orders of magnitude slower there.
+template <class T> __device__ typename Num<T>::A row_lse(const T* xr, i64 c) {
+    typedef typename Num<T>::A A;
+    A m = neg_inf((A)0), s = 0;
+    for (i64 k = threadIdx.x; k < c; k += blockDim.x) {
+        A v = ld(xr[k]);
+        if (v > m) {
+            s = s * m_exp(m - v) + (A)1;
+            m = v;
+        } else {
+            s += m_exp(v - m);  // NaN stays NaN
+        }
+    }
+    A mm = block_max(m);
+    A total = block_sum(s == (A)0 ? (A)0 : s * m_exp(m - mm));
+    return mm + m_log(total);
+}
+
+template <class T> __device__ void sce_rows_row_k(const T* x, const i64* labels, const T* weights, typename Num<T>::A* loss, typename Num<T>::A* wt, T* logp, i64 c, i64 ignore, int has_ignore) {
+    typedef typename Num<T>::A A;
+    i64 i = blockIdx.x;
+    const T* xr = x + i * c;
+    A lse = row_lse(xr, c);
+    if (threadIdx.x == 0) {
+        i64 l = labels[i];
+        A w = (has_ignore && l == ignore) ? (A)0 : (weights ? ld(weights[l]) : (A)1);
+        wt[i] = w;
+        loss[i] = w == (A)0 ? (A)0 : -w * (ld(xr[l]) - lse);
+    }
+    if (logp)
+        for (i64 k = threadIdx.x; k < c; k += blockDim.x) logp[i * c + k] = st<T>(ld(xr[k]) - lse);
+}
+
+// The gradient's denominator, once: Σ w for mean, else 1 (one block).
+template <class T> __device__ void sce_denom_k(const typename Num<T>::A* wt, typename Num<T>::A* denom, i64 ne, int reduction) {
+    typedef typename Num<T>::A A;
+    A w = 0;
+    if (reduction == 2)
+        for (i64 e = threadIdx.x; e < ne; e += blockDim.x) w += wt[e];
+    w = block_sum(w);
+    if (threadIdx.x == 0) denom[0] = reduction == 2 ? w : (A)1;
+}
+
+template <class T> __device__ void sce_grad_row_k(const T* x, const i64* labels, const typename Num<T>::A* wt, const typename Num<T>::A* denom, const T* dloss, T* dx, i64 c, int reduction) {
+    typedef typename Num<T>::A A;
+    i64 i = blockIdx.x;
+    const T* xr = x + i * c;
+    T* dr = dx + i * c;
+    A w = wt[i];
+    if (w == (A)0) {
+        for (i64 k = threadIdx.x; k < c; k += blockDim.x) dr[k] = st<T>((A)0);
+        return;
+    }
+    A coef = w * ld(dloss[reduction == 0 ? i : 0]) / denom[0];
+    A lse = row_lse(xr, c);
+    i64 l = labels[i];
+    for (i64 k = threadIdx.x; k < c; k += blockDim.x)
+        dr[k] = st<T>((m_exp(ld(xr[k]) - lse) - (k == l ? (A)1 : (A)0)) * coef);
+}
+
 // reduction 0 none (grid-wide), 1 sum, 2 mean (Σ w·loss / Σ w; one block).
 template <class T> __device__ void sce_reduce_k(const typename Num<T>::A* loss, const typename Num<T>::A* wt, T* out, i64 ne, int reduction) {
     typedef typename Num<T>::A A;
@@ -565,7 +628,10 @@ FOR_NUMS(INST_REDUCE_NUM)
     extern "C" __global__ void layer_norm_dparams_##S(const T* dy, const T* x, const Num<T>::A* m, const Num<T>::A* iv, T* ds, T* db, i64 rows, i64 n) { layer_norm_dparams_k<T>(dy, x, m, iv, ds, db, rows, n); } \
     extern "C" __global__ void sce_rows_##S(const T* x, const i64* l, const T* w, Num<T>::A* loss, Num<T>::A* wt, T* lp, i64 c, i64 d, i64 ne, i64 ig, int hi) { sce_rows_k<T>(x, l, w, loss, wt, lp, c, d, ne, ig, hi); } \
     extern "C" __global__ void sce_reduce_##S(const Num<T>::A* loss, const Num<T>::A* wt, T* o, i64 ne, int r) { sce_reduce_k<T>(loss, wt, o, ne, r); } \
-    extern "C" __global__ void sce_grad_##S(const T* x, const i64* l, const Num<T>::A* wt, const T* dl, T* dx, i64 c, i64 d, i64 ne, int r) { sce_grad_k<T>(x, l, wt, dl, dx, c, d, ne, r); }
+    extern "C" __global__ void sce_grad_##S(const T* x, const i64* l, const Num<T>::A* wt, const T* dl, T* dx, i64 c, i64 d, i64 ne, int r) { sce_grad_k<T>(x, l, wt, dl, dx, c, d, ne, r); } \
+    extern "C" __global__ void sce_rows_row_##S(const T* x, const i64* l, const T* w, Num<T>::A* loss, Num<T>::A* wt, T* lp, i64 c, i64 ig, int hi) { sce_rows_row_k<T>(x, l, w, loss, wt, lp, c, ig, hi); } \
+    extern "C" __global__ void sce_denom_##S(const Num<T>::A* wt, Num<T>::A* dn, i64 ne, int r) { sce_denom_k<T>(wt, dn, ne, r); } \
+    extern "C" __global__ void sce_grad_row_##S(const T* x, const i64* l, const Num<T>::A* wt, const Num<T>::A* dn, const T* dl, T* dx, i64 c, int r) { sce_grad_row_k<T>(x, l, wt, dn, dl, dx, c, r); }
 FOR_FLOATS(INST_REDUCE_FLOAT)
 
 #define INST_REDUCE2(T, S)                                                                        \

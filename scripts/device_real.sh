@@ -9,14 +9,19 @@
 # put beside graphrun and the test executables with an empty kernel cache, so that every
 # family but flash runs from PTX the driver compiles: `doctor`, a cold and a warm first
 # run of models/mlp.yaml, and the CUDA tests that way.
-#   bash DEST/device_real.sh [tests] [bench] [ptx]
+# `zoo`: every vendored export of tests/fixtures/zoo measured on CUDA by
+# scripts/zoo_status.py (STATUS.cuda.tsv comes back under $OUT/real). WORKLOADS picks the
+# bench models (models/<w>.yaml beside the reference's workload of the same name:
+# llama_layer, gpt2_124m).
+#   [WORKLOADS="llama_layer gpt2_124m"] bash DEST/device_real.sh [tests] [bench] [zoo] [ptx]
 set -u
 C=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/out}
 X=/tmp/real_x R=$OUT/real
 rm -rf "$X" && mkdir -p "$X" "$R" /tmp/kcache
 python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$C/bin.txz" "$X"
-python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$C/node.txz" "$X"
+[ -f "$C/node.txz" ] && python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$C/node.txz" "$X"
+[ -f "$C/kcache.txz" ] && python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$C/kcache.txz" /tmp
 cp "$C"/kcache/*.cubin /tmp/kcache/ 2>/dev/null
 export GRAPHRUN_REQUIRE_CUDA=1 GRAPHRUN_CUDA_CACHE=/tmp/kcache GRAPHRUN_ONNX_NODE_TESTS=$X/node
 # The test executables read the checkout they were built in (/work/main).
@@ -50,14 +55,24 @@ if [[ $what == *tests* ]]; then
     done
     grep -h "^test result" $R/test_*.log | awk '{p+=$4; f+=$6} END {print "TESTS: " p " passed, " f " failed"}'
 fi
+if [[ $what == *zoo* ]]; then
+    # Every vendored export on CUDA: outputs against ONNX Runtime's, gradients against
+    # PyTorch's (docs/MODELS.md's CUDA column).
+    (cd /work/main && timeout 900 python3 scripts/zoo_status.py --backend cuda --graphrun $X/graphrun > $R/zoo_cuda.log 2>&1)
+    echo "zoo on CUDA rc=$?: $(grep -c ': runs / ok' $R/zoo_cuda.log) of $(wc -l < $R/zoo_cuda.log) lines run with matching gradients"
+    grep -v ": runs / ok" $R/zoo_cuda.log | head -n 20
+    cp /work/main/tests/fixtures/zoo/STATUS.cuda.tsv $R/ 2>/dev/null
+fi
 if [[ $what == *bench* ]]; then
     G=$X/graphrun
-    (cd /work/main && $G inspect models/llama_layer.yaml --dtype bf16 2>&1 | grep -E "^after passes|peak|plan")
-    for p in fwd train; do
-        flag=; [ $p = train ] && flag=--backward
-        (cd /work/main && timeout 150 $G bench models/llama_layer.yaml --backend cuda --dtype bf16 $flag \
-            --iters 30 --warmup 5 --json $R/gr_llama_$p.json 2>&1 | tail -n 25)
+    for w in ${WORKLOADS:-llama_layer}; do
+        (cd /work/main && $G inspect models/$w.yaml --dtype bf16 2>&1 | grep -E "^after passes|peak|plan")
+        for p in fwd train; do
+            flag=; [ $p = train ] && flag=--backward
+            (cd /work/main && timeout 200 $G bench models/$w.yaml --backend cuda --dtype bf16 $flag \
+                --iters 30 --warmup 5 --json $R/gr_${w}_$p.json 2>&1 | tail -n 25)
+        done
+        PYTHONUNBUFFERED=1 timeout 400 python3 $C/real_reference.py --workload $w --dtype bf16 \
+            --pass fwd,train --mode eager,compile --json $R/torch_$w.json 2>&1 | tail -n 8
     done
-    PYTHONUNBUFFERED=1 timeout 300 python3 $C/real_reference.py --workload llama_layer --dtype bf16 \
-        --pass fwd,train --mode eager,compile --json $R/torch_llama.json 2>&1 | tail -n 8
 fi

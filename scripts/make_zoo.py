@@ -146,6 +146,178 @@ def mobilenet_v2():
                                           inverted_residual_setting=setting)
 
 
+def mistral():
+    from transformers import MistralConfig, MistralForCausalLM
+
+    # A sliding window of 3 tokens, shorter than the reference's sequence of 5, so the
+    # window decides which keys each query sees.
+    c = MistralConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=32, sliding_window=3, use_cache=False,
+                      tie_word_embeddings=False)
+    return MistralForCausalLM(c)
+
+
+def qwen2():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    # Qwen2's projections of q, k and v carry biases (LLaMA's do not).
+    c = Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                    max_position_embeddings=32, use_cache=False, tie_word_embeddings=False)
+    return Qwen2ForCausalLM(c)
+
+
+def phi3():
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    # One projection for q, k and v and one for gate and up, split in the graph.
+    c = Phi3Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                   max_position_embeddings=32, use_cache=False, tie_word_embeddings=False,
+                   pad_token_id=0)
+    return Phi3ForCausalLM(c)
+
+
+def gemma():
+    from transformers import GemmaConfig, GemmaForCausalLM
+
+    # RMSNorm scaled by (1 + w), a GELU-gated MLP, embeddings scaled by sqrt(d).
+    c = GemmaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1,
+                    head_dim=8, max_position_embeddings=32, use_cache=False)
+    return GemmaForCausalLM(c)
+
+
+def gpt_neox():
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    # Rotary embedding on a quarter of each head, attention and MLP in parallel.
+    c = GPTNeoXConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                      num_hidden_layers=2, num_attention_heads=2, rotary_pct=0.25,
+                      max_position_embeddings=32, use_cache=False,
+                      tie_word_embeddings=False)
+    return GPTNeoXForCausalLM(c)
+
+
+def opt():
+    from transformers import OPTConfig, OPTForCausalLM
+
+    # Learned positions offset by 2, ReLU MLP.
+    c = OPTConfig(vocab_size=VOCAB, hidden_size=32, ffn_dim=64, num_hidden_layers=2,
+                  num_attention_heads=2, word_embed_proj_dim=32, max_position_embeddings=32,
+                  use_cache=False, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    return OPTForCausalLM(c)
+
+
+def bloom():
+    from transformers import BloomConfig, BloomForCausalLM
+
+    # ALiBi position biases instead of position embeddings.
+    c = BloomConfig(vocab_size=VOCAB, hidden_size=32, n_layer=2, n_head=4, use_cache=False,
+                    pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    return BloomForCausalLM(c)
+
+
+def roberta():
+    from transformers import RobertaConfig, RobertaModel
+
+    # Positions counted from the ids (a cumulative sum past the padding token).
+    c = RobertaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
+                      num_attention_heads=2, intermediate_size=64, max_position_embeddings=40,
+                      type_vocab_size=1, pad_token_id=1)
+    return RobertaModel(c)
+
+
+def albert():
+    from transformers import AlbertConfig, AlbertModel
+
+    # Factorised embeddings (16 -> 32) and one layer's weights shared by both layers.
+    c = AlbertConfig(vocab_size=VOCAB, embedding_size=16, hidden_size=32, num_hidden_layers=2,
+                     num_attention_heads=2, intermediate_size=64, max_position_embeddings=32)
+    return AlbertModel(c)
+
+
+def resnet():
+    from transformers import ResNetConfig, ResNetModel
+
+    # Bottleneck blocks with BatchNorm and a max-pooled stem, two narrow stages.
+    c = ResNetConfig(num_channels=3, embedding_size=8, hidden_sizes=[16, 32], depths=[1, 1],
+                     layer_type="bottleneck")
+    return ResNetModel(c)
+
+
+def convnext():
+    from transformers import ConvNextConfig, ConvNextModel
+
+    # Depthwise 7x7 convolutions, channels-last LayerNorm, GELU, layer scale.
+    c = ConvNextConfig(num_channels=3, num_stages=2, hidden_sizes=[8, 16], depths=[1, 1],
+                       patch_size=2, image_size=16)
+    return ConvNextModel(c)
+
+
+def swin():
+    from transformers import SwinConfig, SwinModel
+
+    # Shifted windows (a roll), relative position bias, patch merging.
+    c = SwinConfig(image_size=16, patch_size=2, num_channels=3, embed_dim=16, depths=[2, 1],
+                   num_heads=[2, 2], window_size=4, mlp_ratio=2.0)
+    return SwinModel(c)
+
+
+def mobilenet_v3():
+    import torchvision
+
+    # The small model at a quarter width: hard-swish, squeeze-and-excitation with
+    # hard-sigmoid, 5×5 depthwise convolutions on maps down to 1×1.
+    return torchvision.models.mobilenet_v3_small(num_classes=10, width_mult=0.25)
+
+
+def lraspp():
+    import torchvision
+
+    from torchvision.models.segmentation import lraspp
+
+    # The LR-ASPP segmentation head (a bilinear Resize back to the input size) on a
+    # quarter-width MobileNetV3-Small, assembled as torchvision's
+    # lraspp_mobilenet_v3_large is.
+    backbone = torchvision.models.mobilenet_v3_small(width_mult=0.25, dilated=True)
+    m = lraspp._lraspp_mobilenetv3(backbone, num_classes=3)
+    low = m.classifier.low_classifier.in_channels
+    high = m.classifier.cbr[0].in_channels
+    m.classifier = lraspp.LRASPPHead(low, high, num_classes=3, inter_channels=16)
+    return m
+
+
+def efficientnet():
+    import torchvision
+    from torchvision.models.efficientnet import MBConvConfig
+
+    # EfficientNet's MBConv with squeeze-and-excitation and SiLU, two short stages.
+    setting = [MBConvConfig(1, 3, 1, 8, 8, 1), MBConvConfig(4, 3, 2, 8, 16, 2)]
+    return torchvision.models.EfficientNet(setting, dropout=0.0, num_classes=10,
+                                           last_channel=32)
+
+
+def wav2vec2():
+    from transformers import Wav2Vec2Config, Wav2Vec2Model
+
+    # A convolutional feature encoder over raw audio (GroupNorm), a grouped positional
+    # convolution, then a transformer encoder.
+    c = Wav2Vec2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                       intermediate_size=64, conv_dim=(16, 16), conv_stride=(5, 2),
+                       conv_kernel=(10, 3), num_conv_pos_embeddings=4,
+                       num_conv_pos_embedding_groups=4, feat_extract_norm="group",
+                       do_stable_layer_norm=False, mask_time_prob=0.0)
+    return Wav2Vec2Model(c)
+
+
+# The text architectures after the first ones keep three of their six exports (the zoo
+# stays small; `keep` picks the exports of a few others by the same suffixes): the dynamo exporter's at opset 18 with a mask and at opset 23 without, and
+# the TorchScript exporter's with a mask (and its failure without one, which costs nothing).
+FEW = ["_dynamo_op18_mask", "_dynamo_op23", "_torchscript_op17_mask", "_torchscript_op17"]
+
+
 # name, builder, kind ("text" has input_ids [+ attention_mask]), output axes per output
 # name (the ones a user marks dynamic), float input (name, shape after the batch dim).
 ARCHS = {
@@ -162,6 +334,31 @@ ARCHS = {
                             outputs={"last_hidden_state": "b"}),
     "mobilenet_v2": dict(build=mobilenet_v2, kind="float", input=("x", (3, 32, 32)),
                          outputs={"output": "b"}),
+    "mistral": dict(build=mistral, kind="text", outputs={"logits": "bs"}),
+    "qwen2": dict(build=qwen2, kind="text", outputs={"logits": "bs"}, few=True),
+    "phi3": dict(build=phi3, kind="text", outputs={"logits": "bs"}, few=True),
+    "gemma": dict(build=gemma, kind="text", outputs={"logits": "bs"}, few=True),
+    "gpt_neox": dict(build=gpt_neox, kind="text", outputs={"logits": "bs"}, few=True),
+    "opt": dict(build=opt, kind="text", outputs={"logits": "bs"}, few=True),
+    "bloom": dict(build=bloom, kind="text", outputs={"logits": "bs"}, few=True),
+    "roberta": dict(build=roberta, kind="text", few=True,
+                    outputs={"last_hidden_state": "bs", "pooler_output": "b"}),
+    "albert": dict(build=albert, kind="text", few=True,
+                   outputs={"last_hidden_state": "bs", "pooler_output": "b"}),
+    "resnet": dict(build=resnet, kind="float", input=("pixel_values", (3, 32, 32)),
+                   outputs={"last_hidden_state": "b", "pooler_output": "b"}),
+    "convnext": dict(build=convnext, kind="float", input=("pixel_values", (3, 16, 16)),
+                     outputs={"last_hidden_state": "b", "pooler_output": "b"}),
+    "swin": dict(build=swin, kind="float", input=("pixel_values", (3, 16, 16)),
+                 outputs={"last_hidden_state": "b", "pooler_output": "b"}),
+    "mobilenet_v3": dict(build=mobilenet_v3, kind="float", input=("x", (3, 32, 32)),
+                         outputs={"output": "b"}, keep=["_op18", "_op17"]),
+    "lraspp": dict(build=lraspp, kind="float", input=("input", (3, 64, 64)),
+                   outputs={"out": "b"}, keep=["_torchscript_op17"]),
+    "efficientnet": dict(build=efficientnet, kind="float", input=("x", (3, 32, 32)),
+                         outputs={"output": "b"}),
+    "wav2vec2": dict(build=wav2vec2, kind="float", input=("input_values", (400,)),
+                     outputs={"last_hidden_state": "b", "extract_features": "b"}),
 }
 
 
@@ -210,6 +407,8 @@ def outputs_of(res):
     """The model's outputs as a flat list of tensors in the exporters' order."""
     if isinstance(res, torch.Tensor):
         return [res]
+    if isinstance(res, dict):  # torchvision's segmentation models: {"out": ...}
+        res = tuple(res.values())
     if hasattr(res, "to_tuple"):
         res = res.to_tuple()
     return [t for t in res if isinstance(t, torch.Tensor)]
@@ -425,6 +624,9 @@ def main():
                 np.save(os.path.join(tdir, f"{n}.npy"), gr)
             for exporter, dynamo, opset in EXPORTERS:
                 case = f"{arch}_{exporter}_op{opset}" + ("_mask" if with_mask else "")
+                keep = FEW if spec.get("few") else spec.get("keep")
+                if keep and not any(case.endswith(s) for s in keep):
+                    continue
                 d = os.path.join(root, case)
                 shutil.rmtree(d, ignore_errors=True)
                 os.makedirs(d)

@@ -5,6 +5,7 @@ tests/zoo.rs expects: which exports run, and why the others do not).
 
     cargo build --release
     python3 scripts/zoo_status.py [--graphrun PATH] [--fold-static]
+    python3 scripts/zoo_status.py --backend wgpu|cuda [--graphrun PATH]
 
 Needs numpy only (no torch). For each export: `graphrun model.onnx --input NAME=FILE.npy
 ... --out-dir DIR` on the CPU, each output against the stored reference (ONNX Runtime's,
@@ -12,6 +13,10 @@ relative error ||out - ref|| / ||ref|| <= 1e-4); then the same with `--backward`
 first output seeded with the stored seed and the others with zeros, each gradient against
 PyTorch's float64 one (<= 1e-4, the norm in the denominator at least 1% of the export's
 largest gradient norm: see GRAD_FLOOR).
+
+With `--backend wgpu` or `--backend cuda` the same measurement runs on that backend and is
+written to tests/fixtures/zoo/STATUS.<backend>.tsv only; the CPU run (the default) reads
+those files and gives each backend its column in docs/MODELS.md.
 """
 import argparse
 import os
@@ -27,8 +32,10 @@ import numpy as np
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 ZOO = os.path.join(ROOT, "tests", "fixtures", "zoo")
 TOL = 1e-4
-ARCH_ORDER = ["gpt2", "llama", "bert", "distilbert", "t5_encoder", "vit", "whisper_encoder",
-              "mobilenet_v2"]
+ARCH_ORDER = ["gpt2", "llama", "mistral", "qwen2", "phi3", "gemma", "gpt_neox", "opt", "bloom",
+              "bert", "distilbert", "roberta", "albert", "t5_encoder", "vit", "swin",
+              "whisper_encoder", "wav2vec2", "mobilenet_v2", "mobilenet_v3", "efficientnet",
+              "resnet", "convnext", "lraspp"]
 
 
 def rel_err(got, want, floor=0.0):
@@ -74,9 +81,15 @@ def missing_ops(msg):
     return re.findall(r"(?:^|; )([A-Za-z0-9_.:]+) \(\d+ nodes?", m.group(1))
 
 
+BACKEND = "cpu"
+OTHER_BACKENDS = [("wgpu", "WebGPU"), ("cuda", "CUDA")]
+BACKEND_WHERE = {"wgpu": " with Mesa's software Vulkan driver, lavapipe, as CI runs it",
+                 "cuda": " on an NVIDIA H100"}
+
+
 def run_graphrun(exe, model, inputs, out, extra=()):
     cmd = [exe, model] + [a for n, f in inputs for a in ("--input", f"{n}={f}")]
-    cmd += ["--out-dir", out, "--quiet"] + list(extra)
+    cmd += ["--out-dir", out, "--quiet", "--backend", BACKEND] + list(extra)
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     return p.returncode, p.stderr + p.stdout
 
@@ -241,11 +254,16 @@ def parse_case(case):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--graphrun", help="the binary (default: target/release/graphrun)")
+    ap.add_argument("--backend", default="cpu", choices=["cpu", "wgpu", "cuda"],
+                    help="measure on this backend; other than cpu, write only "
+                         "tests/fixtures/zoo/STATUS.<backend>.tsv")
     ap.add_argument("--fold-static", action="store_true",
                     help="only print what graphrun lacks once the failing exports' input "
                          "shapes are fixed and their shape computations folded (a what-if; "
                          "needs onnxruntime)")
     a = ap.parse_args()
+    global BACKEND
+    BACKEND = a.backend
     exe = a.graphrun or os.path.join(ROOT, "target", "release", "graphrun")
     if not os.path.exists(exe):
         sys.exit(f"{exe} not found: run `cargo build --release` first (or pass --graphrun)")
@@ -267,15 +285,55 @@ def main():
                 r.update(fwd="no-reference", bwd="-", detail=detail)
             else:
                 fwd, bwd, msg, ops, e, ge = measure(exe, case, tmp)
-                r.update(fwd=fwd, bwd=bwd, detail=msg, ops=ops, err=e, gerr=ge,
-                         data_ops=on_data(case, set(ops)),
-                         fused=fusion(exe, case) if fwd == "runs" else None)
+                r.update(fwd=fwd, bwd=bwd, detail=msg, ops=ops, err=e, gerr=ge)
+                if BACKEND == "cpu":
+                    r.update(data_ops=on_data(case, set(ops)),
+                             fused=fusion(exe, case) if fwd == "runs" else None)
             print(f"{case}: {r['fwd']} / {r['bwd']}: {r['detail']}", flush=True)
             results.append(r)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    if BACKEND != "cpu":
+        write_backend(results)
+        return
     write_status(results)
     write_doc(results)
+
+
+def write_backend(results):
+    """STATUS.<backend>.tsv: what the run on another backend measured, for the doc."""
+    with open(os.path.join(ZOO, f"STATUS.{BACKEND}.tsv"), "w") as f:
+        f.write("case\tforward\tbackward\toutput error\tgradient error\tdetail\n")
+        for r in sorted(results, key=lambda r: r["case"]):
+            num = lambda v: "-" if v is None else f"{v:.1e}"
+            detail = r["detail"].replace("\t", " ")
+            f.write(f"{r['case']}\t{r['fwd']}\t{r['bwd']}\t{num(r.get('err'))}\t"
+                    f"{num(r.get('gerr'))}\t{detail}\n")
+
+
+def read_backends():
+    """{backend: {case: (forward, backward, output error, gradient error, detail)}} of
+    the STATUS.<backend>.tsv files present."""
+    found = {}
+    for b, _ in OTHER_BACKENDS:
+        p = os.path.join(ZOO, f"STATUS.{b}.tsv")
+        if os.path.exists(p):
+            rows = [l.split("\t") for l in open(p).read().splitlines()[1:]]
+            found[b] = {r[0]: r[1:] for r in rows}
+    return found
+
+
+def backend_cell(row):
+    """One export on one backend: 'yes' when it runs and its outputs (and gradients, where
+    the CPU's are checked) match, else what failed."""
+    if row is None:
+        return "not run"
+    fwd, bwd, err, gerr, detail = row
+    if fwd == "runs" and bwd == "ok":
+        return f"yes ({err} / {gerr})"
+    if fwd in ("no-export", "no-reference"):
+        return "–"
+    return "no: " + detail.replace("|", "\\|")
 
 
 def write_status(results):
@@ -313,12 +371,26 @@ def write_doc(results):
              "named inputs, dynamic batch (and, for text, sequence) axes, with "
              "`torch.onnx.export(..., dynamo=True)` at opsets 18 and 23 and "
              "`dynamo=False` (the TorchScript exporter) at opset 17; text models with "
-             "`input_ids` alone and with `input_ids` + `attention_mask`.")
+             "`input_ids` alone and with `input_ids` + `attention_mask`. To keep the "
+             "fixtures small, the text architectures after the first six (GPT-2, LLaMA, "
+             "Mistral, BERT, DistilBERT, T5) keep three of their six exports: the dynamo "
+             "exporter's at opset 18 with the mask and at opset 23 without it, and the "
+             "TorchScript exporter's with the mask (and without it, where it exports); "
+             "MobileNetV3 leaves out opset 23, and the LR-ASPP segmentation model keeps "
+             "only the TorchScript export (which declares no intermediate shapes).")
     L.append("")
     L.append(f"**{runs} of {total} exports run** and match ONNX Runtime "
              f"({exported} of {total} exported; {total - exported} failed in the exporter). "
              f"Gradients match PyTorch's float64 ones for {bwd_ok} of the {runs} that run.")
     L.append("")
+    others = read_backends()
+    for b, name in OTHER_BACKENDS:
+        if b in others:
+            ok = sum(v[0] == "runs" and v[1] == "ok" for v in others[b].values())
+            L.append(f"On {name}: {ok} of the {runs} run with outputs and gradients matching "
+                     f"(the {name} column; `python3 scripts/zoo_status.py --backend {b}` "
+                     f"measured it{BACKEND_WHERE[b]}).")
+            L.append("")
     L.append("The models, their inputs, ONNX Runtime's outputs and PyTorch's gradients are in "
              "`tests/fixtures/zoo/` (made by `scripts/make_zoo.py`); `tests/zoo.rs` runs the "
              "ones marked as running on every backend. This page was written by")
@@ -349,8 +421,12 @@ def write_doc(results):
              "queries and keys, 2 per block), and MatMul or Gemm nodes left unfused "
              "(`inspect --explain-fusion` says why each was left).")
     L.append("")
-    L.append("| architecture | exporter | opset | mask | exports | runs | matches ORT | gradients | fused: Attention / FusedMatMul / norm / Rotary / MatMul left | graphrun's error, or why not |")
-    L.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    others = read_backends()
+    bcols = [(b, name) for b, name in OTHER_BACKENDS if b in others]
+    head = "".join(f" {name} |" for _, name in bcols)
+    L.append("| architecture | exporter | opset | mask | exports | runs | matches ORT | gradients |"
+             + head + " fused: Attention / FusedMatMul / norm / Rotary / MatMul left | graphrun's error, or why not |")
+    L.append("|" + " --- |" * (10 + len(bcols)))
     for r in results:
         exp = yn[r["exported"]]
         if not r["exported"]:
@@ -379,8 +455,9 @@ def write_doc(results):
         why = why.replace("|", "\\|")
         fz = r.get("fused")
         fused = " / ".join(str(v) for v in fz) if fz else "–"
+        bcells = "".join(f" {backend_cell(others[b].get(r['case']))} |" for b, _ in bcols)
         L.append(f"| {r['arch']} | {r['exporter']} | {r['opset']} | {yn[r['mask']]} | {exp} | "
-                 f"{runs_c} | {match} | {grads} | {fused} | {why} |")
+                 f"{runs_c} | {match} | {grads} |{bcells} {fused} | {why} |")
     L.append("")
     if need:
         L.append("## Operators graphrun lacks")

@@ -406,7 +406,6 @@ fn layer_norm_grad_computes_only_wanted_outputs() {
 
 #[test]
 fn sce_grads_reductions_weights_ignore_index() {
-    let weights = rand(&[4], 22, 0.5, 2.0);
     // (scores, labels): 2-D, and 3-D [N, C, d] with labels [N, d]; each has labels 1 and -1.
     let data = [
         (rand(&[5, 4], 23, -3.0, 3.0), i64s(&[5], &[1, 0, 3, -1, 1])),
@@ -414,8 +413,14 @@ fn sce_grads_reductions_weights_ignore_index() {
             rand(&[2, 4, 3], 24, -3.0, 3.0),
             i64s(&[2, 3], &[2, 1, -1, 1, 0, 3]),
         ),
+        // Many classes: CUDA's block-per-row kernel strides each row several times.
+        (
+            rand(&[3, 300], 26, -3.0, 3.0),
+            i64s(&[3], &[299, -1, 1]),
+        ),
     ];
     for (scores, labels) in &data {
+        let weights = rand(&[scores.shape()[1]], 22, 0.5, 2.0);
         for reduction in ["mean", "sum", "none"] {
             for w in [None, Some(&weights)] {
                 for ignore in [None, Some(1), Some(-1)] {

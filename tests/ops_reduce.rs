@@ -507,6 +507,22 @@ fn softmax_cross_entropy_2d() {
     }
 }
 
+/// Rows of many classes (a language model's vocabulary, here 700: each of a row's
+/// threads on CUDA takes several), with a padded position.
+#[test]
+fn softmax_cross_entropy_many_classes() {
+    let scores = randn(&[6, 700], 44);
+    let labels = i64s(&[6], &[0, 699, -100, 350, 1, 257]);
+    for red in ["mean", "sum", "none"] {
+        check(
+            sce_op(red, Some(-100)),
+            &[inp(scores.clone()), inp(labels.clone())],
+            &FLOATS,
+            |a| sce_ref(a, red, Some(-100)),
+        );
+    }
+}
+
 #[test]
 fn softmax_cross_entropy_nd() {
     let scores = randn(&[3, 4, 2, 3], 50);

@@ -686,6 +686,40 @@ fn known_scales_leave_unit_axes_alone() {
     }
 }
 
+/// X's rank carried from the graph input through the nodes before the Resize when the
+/// model declares no value_info (as the TorchScript exporter often writes it: LRASPP's
+/// `Resize(Relu(Conv(x)) * Sigmoid(...))`).
+#[test]
+fn rank_of_x_follows_from_the_nodes_before() {
+    let r = by_scales("linear", &[2, 3, 4, 5], &[1.0, 1.0, 2.0, 0.6]);
+    let x = randn(&r.x, 4);
+    let scales = Tensor::from_vec(&[4], vec![1.0f32, 1.0, 2.0, 0.6]).unwrap();
+    let nodes = vec![
+        node("Relu", "", &["x"], &["a"], vec![]),
+        node("Sigmoid", "", &["x"], &["s"], vec![]),
+        node("Mul", "", &["a", "s"], &["m"], vec![]),
+        node("Resize", "", &["m", "", "scales"], &["y"], vec![str_attr("mode", "linear")]),
+    ];
+    let bytes = model_bytes(
+        nodes,
+        19,
+        vec![input_like("x", &x.cast(DType::F32))],
+        vec![initializer("scales", &scales)],
+        &["y"],
+    );
+    let g = graphrun::onnx::from_bytes(&bytes, "model", std::path::Path::new("."))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let xv = x.to_f64_vec();
+    let m: Vec<f64> = xv.iter().map(|&v| v.max(0.0) / (1.0 + (-v).exp())).collect();
+    let want = r.reference()(&[m, vec![], vec![1.0, 1.0, 2.0, 0.6f32 as f64]]);
+    let mut s = Session::new(g, SessionOptions::default()).unwrap();
+    let feeds = std::collections::HashMap::from([("x".to_string(), x.cast(DType::F32))]);
+    let got = s.run(&feeds).unwrap();
+    assert_eq!(got[0].1.shape(), &want[0].0[..]);
+    let e = rel_err(&got[0].1.to_f64_vec(), &want[0].1);
+    assert!(e <= 1e-5, "rel err {e:.2e}");
+}
+
 /// What cannot be resized is refused with the reason.
 #[test]
 fn refusals_say_why() {

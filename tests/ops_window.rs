@@ -397,6 +397,32 @@ fn conv_cases() -> Vec<ConvCase> {
             win: win(&[], &[], &[1, 1, 1, 1], "", false),
             kernel_attr: true,
         },
+        // Kernels wider than the image: MobileNetV3's 5×5 depthwise padded by 2 on its
+        // last 2×2 and 1×1 maps, where whole taps read only padding, and a dense one.
+        ConvCase {
+            x: vec![2, 4, 2, 2],
+            w: vec![4, 1, 5, 5],
+            bias: true,
+            groups: 4,
+            win: win(&[], &[], &[2, 2, 2, 2], "", false),
+            kernel_attr: true,
+        },
+        ConvCase {
+            x: vec![1, 3, 2, 1],
+            w: vec![3, 1, 5, 5],
+            bias: false,
+            groups: 3,
+            win: win(&[2, 2], &[], &[2, 2, 2, 2], "", false),
+            kernel_attr: true,
+        },
+        ConvCase {
+            x: vec![2, 3, 1, 2],
+            w: vec![4, 3, 5, 5],
+            bias: true,
+            groups: 1,
+            win: win(&[], &[], &[2, 2, 2, 2], "", false),
+            kernel_attr: true,
+        },
         // A 1×1 convolution (a per-position matrix product).
         ConvCase {
             x: vec![2, 5, 3, 3],

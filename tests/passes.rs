@@ -291,6 +291,43 @@ fn gelu_tanh_expansion_other_orders() {
 }
 
 #[test]
+fn gelu_tanh_expansion_with_x_factored_out() {
+    // BLOOM's: x * 0.5 * (1 + tanh(0.79788456 * x * (1 + 0.044715 * x * x))).
+    let bloom = |inner: &str| {
+        format!(
+            "{FC}  - {{op: Mul, inputs: [hb, half], outputs: [hh]}}
+  - {{op: Mul, inputs: [hb, s2pi], outputs: [hs]}}
+  - {{op: Mul, inputs: [hb, gelu_c], outputs: [hc]}}
+{inner}  - {{op: Add, inputs: [hc2, one], outputs: [w1]}}
+  - {{op: Mul, inputs: [hs, w1], outputs: [targ]}}
+  - {{op: Tanh, inputs: [targ], outputs: [t]}}
+  - {{op: Add, inputs: [t, one], outputs: [t1]}}
+  - {{op: Mul, inputs: [hh, t1], outputs: [y]}}
+"
+        )
+    };
+    let (g, _) = fuse(&mlp(
+        "y",
+        &bloom("  - {op: Mul, inputs: [hc, hb], outputs: [hc2]}
+"),
+    ));
+    assert_eq!(
+        fused(&g),
+        vec![("gelu_tanh", false, strs(&["x", "w", "b"]))]
+    );
+    assert_eq!(g.nodes.len(), 1);
+    // Must not fire: x * (1 + c·x³) inside is not GELU.
+    let (g, _) = fuse(&mlp(
+        "y",
+        &bloom("  - {op: Mul, inputs: [hc, hb], outputs: [hcx]}
+  - {op: Mul, inputs: [hcx, hb], outputs: [hc2]}
+"),
+    ));
+    assert_eq!(fused(&g), vec![("none", false, strs(&["x", "w", "b"]))]);
+    assert!(g.nodes.len() > 1);
+}
+
+#[test]
 fn gelu_erf_expansion_with_div() {
     let nodes = format!(
         "{FC}  - {{op: Div, inputs: [hb, sqrt2], outputs: [d]}}
@@ -1111,6 +1148,62 @@ nodes:
     assert_eq!(a.len(), 1, "{:?}", o.nodes);
     assert!((a[0].1 - 0.5).abs() < 1e-6, "{a:?}");
     check_same(&g, &o, &[("batch", 3), ("seq", 5)]);
+}
+
+/// BLOOM's attention as exporters write its `baddbmm` (rule `attention_flat`): Q, K and
+/// V [2, 2, 8, 4] merged to [B·H, S, D], `MatMul(Q, Kᵀ) · scale + bias` with a per-head
+/// bias [B·H, 1, S] (ALiBi; `bias` gives its shape), split back to [B, H, S, S], plus the
+/// mask, Softmax, merged again for P·V and the output split to [B, H, S, D].
+fn flat_attention(outputs: &str, bias: &str) -> String {
+    format!(
+        "{}  - {{name: bias, dtype: f32, shape: {bias}}}
+initializers:
+  - {{name: flat, dtype: i64, shape: [3], values: [-1, 8, 4]}}
+  - {{name: flat_s, dtype: i64, shape: [3], values: [-1, 8, 8]}}
+  - {{name: heads_s, dtype: i64, shape: [4], values: [2, 2, 8, 8]}}
+  - {{name: heads, dtype: i64, shape: [4], values: [2, 2, 8, 4]}}
+  - {{name: alpha, dtype: f32, shape: [], values: [0.5], trainable: false}}
+outputs: [{outputs}]
+nodes:
+  - {{op: Reshape, inputs: [q, flat], outputs: [q3]}}
+  - {{op: Reshape, inputs: [k, flat], outputs: [k3]}}
+  - {{op: Transpose, inputs: [k3], outputs: [k3t], attrs: {{perm: [0, 2, 1]}}}}
+  - {{op: Reshape, inputs: [v, flat], outputs: [v3]}}
+  - {{op: MatMul, inputs: [q3, k3t], outputs: [s3]}}
+  - {{op: Mul, inputs: [s3, alpha], outputs: [ss]}}
+  - {{op: Add, inputs: [ss, bias], outputs: [sb]}}
+  - {{op: Reshape, inputs: [sb, heads_s], outputs: [s4]}}
+  - {{op: Add, inputs: [s4, m], outputs: [z]}}
+  - {{op: Softmax, inputs: [z], outputs: [p], attrs: {{axis: -1}}, name: sm}}
+  - {{op: Reshape, inputs: [p, flat_s], outputs: [p3]}}
+  - {{op: MatMul, inputs: [p3, v3], outputs: [o3], name: pv}}
+  - {{op: Reshape, inputs: [o3, heads], outputs: [o]}}
+",
+        ATT.split("initializers:").next().unwrap()
+    )
+}
+
+#[test]
+fn attention_on_merged_heads_with_a_per_head_bias() {
+    let (g, r) = fuse(&flat_attention("o", "[4, 1, 8]"));
+    assert_eq!(attention(&g), vec![(false, 0.5, 4)]);
+    assert_eq!(r.fired("attention_flat"), 1, "{r}");
+    let att = g.nodes.iter().find(|n| n.name == "pv").unwrap();
+    assert_eq!(&att.inputs[..3], &strs(&["q", "k", "v"])[..]);
+    assert!(
+        !g.nodes.iter().any(|n| matches!(n.op, Op::MatMul | Op::Softmax { .. })),
+        "{:?}",
+        g.nodes
+    );
+    // A bias for every query, [B·H, S, S], too.
+    let (g, _) = fuse(&flat_attention("o", "[4, 8, 8]"));
+    assert_eq!(attention(&g), vec![(false, 0.5, 4)]);
+    // Must not fire: the probabilities also an output; a bias shared by every head
+    // ([1, 1, S]: no per-head view of it) is left as written.
+    let (g, _) = fuse(&flat_attention("o, p", "[4, 1, 8]"));
+    assert_eq!(attention(&g), vec![]);
+    let (g, _) = fuse(&flat_attention("o", "[1, 1, 8]"));
+    assert_eq!(attention(&g), vec![]);
 }
 
 /// Grouped-query attention: q [B, 4, S, 4] against k0, v0 [B, 2, S, 4] (or one kv head),

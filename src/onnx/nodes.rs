@@ -147,6 +147,57 @@ fn attr_value(a: &AttributeProto, base: &Path, what: &str) -> Result<AttrValue> 
 /// Initializers with at most this many elements are kept readable (`Importer::small`).
 const SMALL_INIT: i64 = 64;
 
+/// Carries ranks the model does not declare through the ops whose first output's rank
+/// follows from their inputs' ranks alone (elementwise and broadcasting ops, convolution,
+/// pooling, normalization, Concat, Resize, ...), in node order. The TorchScript exporter
+/// often writes no value_info, and a few lowerings (Resize's) need X's rank when the
+/// node is imported. Only ranks: shapes are inferred later, on graphrun's own graph.
+fn propagate_ranks(g: &GraphProto, ranks: &mut HashMap<String, usize>) {
+    for n in &g.node {
+        if !(n.domain.is_empty() || n.domain == "ai.onnx") {
+            continue;
+        }
+        let Some(out) = n.output.first().filter(|o| !o.is_empty()) else {
+            continue;
+        };
+        let given: Option<Vec<usize>> = n
+            .input
+            .iter()
+            .filter(|i| !i.is_empty())
+            .map(|i| ranks.get(i).copied())
+            .collect();
+        let first = n.input.first().and_then(|i| ranks.get(i).copied());
+        let rank = match n.op_type.as_str() {
+            "Abs" | "Acos" | "Acosh" | "Asin" | "Asinh" | "Atan" | "Atanh" | "Cos" | "Cosh"
+            | "Sin" | "Sinh" | "Tan" | "Tanh" | "Ceil" | "Floor" | "Round" | "Sign" | "Erf"
+            | "Exp" | "Log" | "Neg" | "Reciprocal" | "Sqrt" | "Not" | "IsNaN" | "IsInf"
+            | "Relu" | "LeakyRelu" | "PRelu" | "Elu" | "Selu" | "Celu" | "Gelu" | "Mish"
+            | "Sigmoid" | "HardSigmoid" | "HardSwish" | "Softplus" | "Softsign"
+            | "ThresholdedRelu" | "Shrink" | "Clip" | "Cast" | "CastLike" | "Identity"
+            | "Dropout" | "Softmax" | "LogSoftmax" | "Hardmax" | "CumSum" | "Trilu"
+            | "Conv" | "ConvTranspose" | "MaxPool" | "AveragePool" | "LpPool"
+            | "GlobalAveragePool" | "GlobalMaxPool" | "GlobalLpPool" | "BatchNormalization"
+            | "InstanceNormalization" | "GroupNormalization" | "LayerNormalization"
+            | "RMSNormalization" | "LpNormalization" | "LRN" | "Resize" | "Upsample"
+            | "Transpose" | "Concat" | "Pad" | "Tile" | "Slice" | "DepthToSpace"
+            | "SpaceToDepth" | "ReverseSequence" | "ScatterND" | "ScatterElements"
+            | "GatherElements" | "QuantizeLinear" | "DequantizeLinear" => first,
+            "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Mod" | "Max" | "Min" | "Sum" | "Mean"
+            | "Where" | "Equal" | "Less" | "LessOrEqual" | "Greater" | "GreaterOrEqual"
+            | "And" | "Or" | "Xor" | "BitwiseAnd" | "BitwiseOr" | "BitwiseXor"
+            | "BitShift" => given.and_then(|r| r.into_iter().max()),
+            // Matrices (or stacks of them) on both sides: the stacks broadcast.
+            "MatMul" => given
+                .filter(|r| r.len() == 2 && r.iter().all(|&k| k >= 2))
+                .and_then(|r| r.into_iter().max()),
+            _ => None,
+        };
+        if let Some(r) = rank {
+            ranks.entry(out.clone()).or_insert(r);
+        }
+    }
+}
+
 /// Builds the node list, gathering every problem.
 pub(super) struct Importer<'a> {
     opset: i64,
@@ -213,6 +264,7 @@ impl<'a> Importer<'a> {
                 dtypes.insert(v.name.clone(), dt);
             }
         }
+        propagate_ranks(g, &mut ranks);
         Importer {
             opset,
             base,

@@ -16,6 +16,9 @@
 //! that is missing, or a value in between has another reader, rule `attention` fuses the
 //! 4-D form and the copies stay.
 //!
+//! Rule `attention_flat` (its own file) takes the form written on `[B·H, S, D]` stacks
+//! with a per-head bias (BLOOM's ALiBi).
+//!
 //! Rule `attention_qkv`, anchored on a 3-D `Attention`, takes in the Split of one QKV
 //! projection: Q, K and V that are the three outputs, in order, of a Split on the last
 //! axis into `Hq·D, Hkv·D, Hkv·D` (equal for multi-head attention), read by nothing
@@ -39,6 +42,11 @@ pub(crate) const RULES: &[Rule] = &[
         name: "attention",
         anchor: |op| matches!(op, Op::Softmax { .. }),
         run: fuse,
+    },
+    Rule {
+        name: "attention_flat",
+        anchor: |op| matches!(op, Op::Softmax { .. }),
+        run: super::attention_flat::fuse_flat,
     },
     Rule {
         name: "attention_qkv",
@@ -391,7 +399,7 @@ fn between(cx: &Ctx, starts: &[&str], stops: &[&str]) -> Option<Vec<usize>> {
 /// (IsNaN as the importer writes it, `Equal(Equal(p, p), false)`), when those are all
 /// that read `p`: Attention already gives 0 for such rows, so the guard goes into the
 /// fused node. Returns the guard's nodes and its output.
-fn nan_guard<'g>(cx: &Ctx<'g>, p: &str) -> Option<(Vec<usize>, &'g str)> {
+pub(super) fn nan_guard<'g>(cx: &Ctx<'g>, p: &str) -> Option<(Vec<usize>, &'g str)> {
     let readers = cx.consumers(p);
     if readers.len() != 2 || cx.needed(p) {
         return None;
@@ -543,7 +551,7 @@ fn matched<'g>(cx: &Ctx<'g>, i: usize, why: &mut Why) -> Option<Match<'g>> {
 }
 
 /// `v = x * c`, `c * x` or `x / c` with `c` a scalar constant: (node, x, multiplier).
-fn scaled<'g>(cx: &Ctx<'g>, v: &str) -> Option<(usize, &'g str, f64)> {
+pub(super) fn scaled<'g>(cx: &Ctx<'g>, v: &str) -> Option<(usize, &'g str, f64)> {
     let (i, n) = cx.prod(v, |op| {
         matches!(op, Op::Binary(BinaryOp::Mul | BinaryOp::Div))
     })?;

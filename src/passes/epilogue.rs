@@ -703,7 +703,7 @@ fn silu(cx: &Ctx, x: &str, y: &str) -> Option<Vec<usize>> {
 
 /// `x * 0.5 * (1 + g)` in any grouping and order, with `g` = `erf(x / sqrt(2))` (or
 /// `x * 0.7071…`) for exact GELU or `tanh(sqrt(2/pi) * (x + 0.044715 * x³))` (x³ as Pow
-/// or x·x·x) for its tanh form.
+/// or x·x·x; also `x * (1 + 0.044715 * x²)` inside) for its tanh form.
 fn gelu(cx: &Ctx, x: &str, y: &str) -> Option<(Activation, Vec<usize>)> {
     let (f, mut nodes) = cx.factors(y);
     if f.len() != 3 {
@@ -735,37 +735,37 @@ fn gelu(cx: &Ctx, x: &str, y: &str) -> Option<(Activation, Vec<usize>)> {
     }
     let (ti, tanh) = cx.prod(g, is_un(UnaryOp::Tanh))?;
     nodes.push(ti);
-    // sqrt(2/pi) * inner
+    // sqrt(2/pi) * (x + 0.044715 * x³), or sqrt(2/pi) * x * (1 + 0.044715 * x²) (BLOOM's)
     let (sf, sn) = cx.factors(&tanh.inputs[0]);
-    let [p, q] = sf[..] else { return None };
-    let inner = if cx.near(p, SQRT_2_OVER_PI) {
-        q
-    } else if cx.near(q, SQRT_2_OVER_PI) {
-        p
-    } else {
-        return None;
-    };
+    let si = sf.iter().position(|v| cx.near(v, SQRT_2_OVER_PI))?;
+    let rest: Vec<&str> = (0..sf.len()).filter(|&k| k != si).map(|k| sf[k]).collect();
     nodes.extend(sn);
-    // inner = x + 0.044715 * x³
+    let (inner, power) = match rest[..] {
+        [inner] => (inner, 3),
+        [p, q] if p == x => (q, 2),
+        [p, q] if q == x => (p, 2),
+        _ => return None,
+    };
+    // inner = x + 0.044715 * x³, or 1 + 0.044715 * x²
     let (ii, add) = cx.prod(inner, is_bin(BinaryOp::Add))?;
     nodes.push(ii);
-    let cubic = cx.other(add, x)?;
+    let cubic = if power == 3 {
+        cx.other(add, x)?
+    } else {
+        let one = add.inputs.iter().position(|v| cx.near(v, 1.0))?;
+        &add.inputs[1 - one]
+    };
     let (cf, cn) = cx.factors(cubic);
     nodes.extend(cn);
     let ci = cf.iter().position(|v| cx.near(v, GELU_CUBIC))?;
-    let rest: Vec<&str> = cf
-        .iter()
-        .enumerate()
-        .filter(|(k, _)| *k != ci)
-        .map(|(_, v)| *v)
-        .collect();
-    match rest[..] {
-        [a, b, c] if [a, b, c].iter().all(|v| *v == x) => {}
-        [p] => {
-            let (pi, pow) = cx.prod(p, is_bin(BinaryOp::Pow))?;
-            (pow.inputs[0] == x && cx.near(&pow.inputs[1], 3.0)).then(|| nodes.push(pi))?;
-        }
-        _ => return None,
+    let rest: Vec<&str> = (0..cf.len()).filter(|&k| k != ci).map(|k| cf[k]).collect();
+    if rest.len() == power && rest.iter().all(|v| *v == x) {
+        // x·x(·x)
+    } else if let [p] = rest[..] {
+        let (pi, pow) = cx.prod(p, is_bin(BinaryOp::Pow))?;
+        (pow.inputs[0] == x && cx.near(&pow.inputs[1], power as f64)).then(|| nodes.push(pi))?;
+    } else {
+        return None;
     }
     Some((Activation::GeluTanh, nodes))
 }

@@ -6,6 +6,7 @@
 //! logging each applied rule by name. The pipeline order is SPEC §3's.
 
 mod attention;
+mod attention_flat;
 pub mod autodiff;
 mod const_fold;
 mod conv;

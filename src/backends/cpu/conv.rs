@@ -336,7 +336,10 @@ fn tile_columns<F: Real>(
             let row = &plane[iy * iw..][..iw];
             o[..lo].fill(F::zero());
             o[hi..].fill(F::zero());
-            if sw == 1 {
+            if lo == hi {
+                // No column reads inside the image (a kernel wider than the padded row
+                // leaves `lo + off` below zero): nothing to copy.
+            } else if sw == 1 {
                 let s = (lo as isize + off) as usize;
                 o[lo..hi].copy_from_slice(&row[s..s + hi - lo]);
             } else {
@@ -375,7 +378,9 @@ impl<F: Real> simd::Kernel for Depthwise<'_, F> {
                 for kx in 0..kw {
                     let wv = self.w[ky * kw + kx];
                     let (lo, hi, off) = inside(g, kx);
-                    if sw == 1 {
+                    if lo == hi {
+                        // This tap reads only padding.
+                    } else if sw == 1 {
                         let s = (lo as isize + off) as usize;
                         for (v, &r) in o[lo..hi].iter_mut().zip(&row[s..s + hi - lo]) {
                             *v = simd::madd::<F, FMA>(wv, r, *v);

@@ -590,6 +590,22 @@ fn sce_rows(
     let ne = n * d;
     let ab = acc_bytes(x.dtype());
     let (loss, wt) = (c.scratch(ne * ab)?, c.scratch(ne * ab)?);
+    if d == 1 && n < 1 << 31 {
+        let args = [
+            Arg::Ptr(x.p),
+            Arg::Ptr(labels),
+            Arg::Ptr(weights.map_or(0, |w| w.p)),
+            Arg::Ptr(loss),
+            Arg::Ptr(wt),
+            Arg::Ptr(logp),
+            Arg::I64(cl as i64),
+            Arg::I64(ignore.unwrap_or(0)),
+            Arg::I32(ignore.is_some() as i32),
+        ];
+        let name = format!("sce_rows_row_{}", suffix(x.dtype()));
+        c.launch(&name, n as u32, row_threads(cl), &args)?;
+        return Ok((loss, wt, ne));
+    }
     let args = [
         Arg::Ptr(x.p),
         Arg::Ptr(labels),
@@ -668,6 +684,24 @@ pub fn sce_grad(
     let l = labels(c, node, x, lab, ignore)?;
     let (_loss, wt, ne) = sce_rows(c, x, l, weights, ignore, 0)?;
     let (cl, d) = (x.shape()[1], numel(&x.shape()[2..]));
+    let sfx = suffix(x.dtype());
+    if d == 1 && ne < 1 << 31 {
+        let denom = c.scratch(acc_bytes(x.dtype()))?;
+        let code = reduction_code(reduction);
+        let args = [Arg::Ptr(wt), Arg::Ptr(denom), Arg::I64(ne as i64), Arg::I32(code)];
+        c.launch(&format!("sce_denom_{sfx}"), 1, 1024, &args)?;
+        let args = [
+            Arg::Ptr(x.p),
+            Arg::Ptr(l),
+            Arg::Ptr(wt),
+            Arg::Ptr(denom),
+            Arg::Ptr(dloss.p),
+            Arg::Ptr(dx.p),
+            Arg::I64(cl as i64),
+            Arg::I32(code),
+        ];
+        return c.launch(&format!("sce_grad_row_{sfx}"), ne as u32, row_threads(cl), &args);
+    }
     let args = [
         Arg::Ptr(x.p),
         Arg::Ptr(l),
@@ -679,5 +713,5 @@ pub fn sce_grad(
         Arg::I64(ne as i64),
         Arg::I32(reduction_code(reduction)),
     ];
-    c.launch_n(&format!("sce_grad_{}", suffix(x.dtype())), ne, &args)
+    c.launch_n(&format!("sce_grad_{sfx}"), ne, &args)
 }
