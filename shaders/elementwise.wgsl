@@ -458,6 +458,28 @@ fn cumulative(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
     }
 }
 
+// `cumulative` for 64-bit integers: word pairs in B0, out in M (wrapping, as numpy's).
+@compute @workgroup_size(256)
+fn cumulative64(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let line = linear(wid, nwg, lid, WG);
+    let d = pu(2u);
+    let inner = pu(3u);
+    if (line >= pu(1u) * inner) { return; }
+    let excl = (pu(4u) & 1u) != 0u;
+    let rev = (pu(4u) & 2u) != 0u;
+    let prod = (pu(4u) & 4u) != 0u;
+    let base = (line / inner) * d * inner + line % inner;
+    var acc = select(vec2<u32>(0u, 0u), vec2<u32>(1u, 0u), prod);
+    for (var s = 0u; s < d; s += 1u) {
+        let at = base + select(s, d - 1u - s, rev) * inner;
+        let v = b0_64(at);
+        if (!excl) { acc = select(add64(acc, v), mul64(acc, v), prod); }
+        M[2u * at] = acc.x;
+        M[2u * at + 1u] = acc.y;
+        if (excl) { acc = select(add64(acc, v), mul64(acc, v), prod); }
+    }
+}
+
 // Min first, then max: with min > max every value becomes max, as ONNX says.
 // P[1] bit 0: a min (X1[0]) is given; bit 1: a max (X2[0]).
 @compute @workgroup_size(256)

@@ -1204,6 +1204,23 @@ fn attention_on_merged_heads_with_a_per_head_bias() {
     assert_eq!(attention(&g), vec![]);
     let (g, _) = fuse(&flat_attention("o", "[1, 1, 8]"));
     assert_eq!(attention(&g), vec![]);
+    // The output's target shape computed from Shape(output), as the TorchScript exporter
+    // writes it: that Shape reads Q's stack instead (same shape, D = Dv).
+    let ts = flat_attention("o", "[4, 1, 8]").replace(
+        "  - {op: Reshape, inputs: [o3, heads], outputs: [o]}\n",
+        "  - {op: Shape, inputs: [o3], outputs: [o3s], attrs: {start: 1}}
+  - {op: Concat, inputs: [bh, o3s], outputs: [heads_dyn], attrs: {axis: 0}}
+  - {op: Reshape, inputs: [o3, heads_dyn], outputs: [o]}\n",
+    );
+    let ts = ts.replace(
+        "initializers:\n",
+        "initializers:\n  - {name: bh, dtype: i64, shape: [2], values: [2, 2]}\n",
+    );
+    let g0 = graph(&ts);
+    assert!(g0.nodes.iter().any(|n| matches!(n.op, Op::Shape { .. })));
+    let (g, r) = run_passes(&g0, &PassOptions::default());
+    assert_eq!(attention(&g), vec![(false, 0.5, 4)], "{r}");
+    check_same(&g0, &g, &[]);
 }
 
 /// Grouped-query attention: q [B, 4, S, 4] against k0, v0 [B, 2, S, 4] (or one kv head),

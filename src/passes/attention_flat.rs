@@ -37,9 +37,18 @@ pub(super) fn fuse_flat(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch> {
     if pv.op != Op::MatMul || pv.inputs[0] != r.outputs[0] {
         return None;
     }
-    let Some(oi) = cx.sole_consumer(&pv.outputs[0]) else {
-        return why.no(format!("'{}' is read by several nodes", pv.outputs[0]));
+    // The output's readers: its Reshape back to 4-D, and Shape nodes (the TorchScript
+    // exporter computes that Reshape's target from them), which read Q's stack instead.
+    let o3 = pv.outputs[0].as_str();
+    let is_shape = |c: usize| matches!(cx.node(c).op, Op::Shape { .. });
+    let (shapes, rest): (Vec<usize>, Vec<usize>) =
+        cx.consumers(o3).iter().partition(|&&c| is_shape(c));
+    let [oi] = rest[..] else {
+        return why.no(format!("'{o3}' is read by several nodes"));
     };
+    if cx.needed(o3) {
+        return why.no(format!("'{o3}' is a graph output"));
+    }
     let o = cx.node(oi);
     let out = o.outputs[0].as_str();
     if !matches!(o.op, Op::Reshape { .. }) || !merges(cx, out, &pv.outputs[0]) {
@@ -201,12 +210,41 @@ pub(super) fn fuse_flat(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch> {
     if let Err(e) = cx.facts.check_with(&add, &inits, out) {
         return why.no(e);
     }
-    // The reshapes of Q, K and V go too where nothing else reads them.
+    // Shape(output) is Shape(Q's stack) when Dv = D, in every run: those readers move to
+    // it, and Q's Reshape stays.
+    let mut rewire = vec![];
+    let mut stacks = vec![kri, vri];
+    if shapes.is_empty() {
+        stacks.push(qri);
+    } else if cx.facts.same_shape(o3, &mm.inputs[0]) {
+        rewire.push((o3.to_string(), mm.inputs[0].clone()));
+    } else {
+        return why.no(format!(
+            "'{o3}' is read by Shape nodes and has another shape than Q's stack"
+        ));
+    }
+    // The reshapes of K and V (and Q) go too where nothing else reads them; the output's
+    // Shape readers are rewired, so they do not hold it.
+    let swallowed = |set: &[usize]| -> Result<(), String> {
+        for &i in set {
+            let node = cx.node(i);
+            for o in node.outputs.iter().filter(|o| !o.is_empty() && o.as_str() != out) {
+                if cx.needed(o) {
+                    return Err(format!("'{o}' is a graph output"));
+                }
+                let outside = |c: &&usize| !set.contains(c) && !(o == o3 && shapes.contains(c));
+                if let Some(&c) = cx.consumers(o).iter().find(outside) {
+                    return Err(format!("'{o}' is also used by node '{}'", cx.node(c).name));
+                }
+            }
+        }
+        Ok(())
+    };
     let mut all = core.clone();
-    all.extend([qri, kri, vri]);
-    let remove = match cx.swallow_ok(&all, out) {
+    all.extend(stacks);
+    let remove = match swallowed(&all) {
         Ok(()) => all,
-        Err(_) => match cx.swallow_ok(&core, out) {
+        Err(_) => match swallowed(&core) {
             Ok(()) => core,
             Err(e) => return why.no(e),
         },
@@ -215,6 +253,7 @@ pub(super) fn fuse_flat(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch> {
         remove,
         add,
         inits,
+        rewire,
         ..Default::default()
     })
 }

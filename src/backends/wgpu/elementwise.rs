@@ -250,20 +250,24 @@ pub fn cumulative(
     [excl, rev]: [bool; 2],
     y: &V,
 ) -> Result<()> {
-    let defs = num_defs(w, node, x.dtype())?;
     let ax = w.read(axis)?.to_i64_vec().first().copied().unwrap_or(0);
     let (outer, d, inner) = common::line_dims(node, x.shape(), ax)?;
     let p = Params::new().u(1, outer).u(2, d).u(3, inner.max(1)).u(
         4,
         excl as usize | (rev as usize) << 1 | (prod as usize) << 2,
     );
-    let k = Wgpu::kernel(Family::Elementwise, "cumulative", defs);
-    w.run_kernel(
-        &k,
-        &p,
-        &[(1, x.buf), (3, y.buf)],
-        groups_for(outer * inner, 256),
-    )
+    // 64-bit integers (a position count from an attention mask, as BLOOM's exports
+    // compute) as word pairs; the others natively.
+    let (k, binds) = if matches!(packed_bits(x.dtype()), Some((64, _))) {
+        let defs = "alias T = i32;\nalias A = i32;\n".to_string();
+        let k = Wgpu::kernel(Family::Elementwise, "cumulative64", defs);
+        (k, [(7, x.buf), (4, y.buf)])
+    } else {
+        let defs = num_defs(w, node, x.dtype())?;
+        let k = Wgpu::kernel(Family::Elementwise, "cumulative", defs);
+        (k, [(1, x.buf), (3, y.buf)])
+    };
+    w.run_kernel(&k, &p, &binds, groups_for(outer * inner, 256))
 }
 
 /// Range from its start and delta (the length is the output's).
