@@ -414,10 +414,7 @@ fn sce_grads_reductions_weights_ignore_index() {
             i64s(&[2, 3], &[2, 1, -1, 1, 0, 3]),
         ),
         // Many classes: CUDA's block-per-row kernel strides each row several times.
-        (
-            rand(&[3, 300], 26, -3.0, 3.0),
-            i64s(&[3], &[299, -1, 1]),
-        ),
+        (rand(&[3, 300], 26, -3.0, 3.0), i64s(&[3], &[299, -1, 1])),
     ];
     for (scores, labels) in &data {
         let weights = rand(&[scores.shape()[1]], 22, 0.5, 2.0);

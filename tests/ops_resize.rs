@@ -698,7 +698,13 @@ fn rank_of_x_follows_from_the_nodes_before() {
         node("Relu", "", &["x"], &["a"], vec![]),
         node("Sigmoid", "", &["x"], &["s"], vec![]),
         node("Mul", "", &["a", "s"], &["m"], vec![]),
-        node("Resize", "", &["m", "", "scales"], &["y"], vec![str_attr("mode", "linear")]),
+        node(
+            "Resize",
+            "",
+            &["m", "", "scales"],
+            &["y"],
+            vec![str_attr("mode", "linear")],
+        ),
     ];
     let bytes = model_bytes(
         nodes,
@@ -710,7 +716,10 @@ fn rank_of_x_follows_from_the_nodes_before() {
     let g = graphrun::onnx::from_bytes(&bytes, "model", std::path::Path::new("."))
         .unwrap_or_else(|e| panic!("{e}"));
     let xv = x.to_f64_vec();
-    let m: Vec<f64> = xv.iter().map(|&v| v.max(0.0) / (1.0 + (-v).exp())).collect();
+    let m: Vec<f64> = xv
+        .iter()
+        .map(|&v| v.max(0.0) / (1.0 + (-v).exp()))
+        .collect();
     let want = r.reference()(&[m, vec![], vec![1.0, 1.0, 2.0, 0.6f32 as f64]]);
     let mut s = Session::new(g, SessionOptions::default()).unwrap();
     let feeds = std::collections::HashMap::from([("x".to_string(), x.cast(DType::F32))]);

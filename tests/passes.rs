@@ -308,8 +308,10 @@ fn gelu_tanh_expansion_with_x_factored_out() {
     };
     let (g, _) = fuse(&mlp(
         "y",
-        &bloom("  - {op: Mul, inputs: [hc, hb], outputs: [hc2]}
-"),
+        &bloom(
+            "  - {op: Mul, inputs: [hc, hb], outputs: [hc2]}
+",
+        ),
     ));
     assert_eq!(
         fused(&g),
@@ -319,9 +321,11 @@ fn gelu_tanh_expansion_with_x_factored_out() {
     // Must not fire: x * (1 + c·x³) inside is not GELU.
     let (g, _) = fuse(&mlp(
         "y",
-        &bloom("  - {op: Mul, inputs: [hc, hb], outputs: [hcx]}
+        &bloom(
+            "  - {op: Mul, inputs: [hc, hb], outputs: [hcx]}
   - {op: Mul, inputs: [hcx, hb], outputs: [hc2]}
-"),
+",
+        ),
     ));
     assert_eq!(fused(&g), vec![("none", false, strs(&["x", "w", "b"]))]);
     assert!(g.nodes.len() > 1);
@@ -1191,7 +1195,9 @@ fn attention_on_merged_heads_with_a_per_head_bias() {
     let att = g.nodes.iter().find(|n| n.name == "pv").unwrap();
     assert_eq!(&att.inputs[..3], &strs(&["q", "k", "v"])[..]);
     assert!(
-        !g.nodes.iter().any(|n| matches!(n.op, Op::MatMul | Op::Softmax { .. })),
+        !g.nodes
+            .iter()
+            .any(|n| matches!(n.op, Op::MatMul | Op::Softmax { .. })),
         "{:?}",
         g.nodes
     );

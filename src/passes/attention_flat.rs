@@ -28,8 +28,7 @@ pub(super) fn fuse_flat(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch> {
     // P → Reshape [B·H, Sq, Sk] → MatMul(·, V) → Reshape [B, H, Sq, Dv]: the form's mark.
     let ri = cx.sole_consumer(p)?;
     let r = cx.node(ri);
-    if !matches!(r.op, Op::Reshape { .. }) || r.inputs[0] != *p || !merges(cx, p, &r.outputs[0])
-    {
+    if !matches!(r.op, Op::Reshape { .. }) || r.inputs[0] != *p || !merges(cx, p, &r.outputs[0]) {
         return None;
     }
     let pvi = cx.sole_consumer(&r.outputs[0])?;
@@ -76,7 +75,12 @@ pub(super) fn fuse_flat(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch> {
         let (s, m) = match (flat(&add.inputs[0]), flat(&add.inputs[1])) {
             (true, _) => (&add.inputs[0], &add.inputs[1]),
             (_, true) => (&add.inputs[1], &add.inputs[0]),
-            _ => return why.no(format!("neither side of Add '{}' is flat scores reshaped", add.name)),
+            _ => {
+                return why.no(format!(
+                    "neither side of Add '{}' is flat scores reshaped",
+                    add.name
+                ))
+            }
         };
         core.push(ai);
         scores4 = s;
@@ -86,7 +90,9 @@ pub(super) fn fuse_flat(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch> {
         .prod(scores4, |op| matches!(op, Op::Reshape { .. }))
         .filter(|(_, n)| merges(cx, scores4, &n.inputs[0]))
     else {
-        return why.no(format!("'{scores4}' is not flat [B·H, Sq, Sk] scores reshaped"));
+        return why.no(format!(
+            "'{scores4}' is not flat [B·H, Sq, Sk] scores reshaped"
+        ));
     };
     core.push(zri);
     let mut s3 = zr.inputs[0].as_str();
@@ -176,7 +182,9 @@ pub(super) fn fuse_flat(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch> {
                 source: InitSource::Data,
                 loc: pv.loc.clone(),
             });
-            let unsq = Op::Unsqueeze { axes: Some(vec![0]) };
+            let unsq = Op::Unsqueeze {
+                axes: Some(vec![0]),
+            };
             add.push(node("bias1", unsq, vec![b.to_string()], &b1));
             let reshape = Op::Reshape { allowzero: false };
             add.push(node("bias", reshape, vec![b1, shape], &b4));
@@ -228,7 +236,11 @@ pub(super) fn fuse_flat(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch> {
     let swallowed = |set: &[usize]| -> Result<(), String> {
         for &i in set {
             let node = cx.node(i);
-            for o in node.outputs.iter().filter(|o| !o.is_empty() && o.as_str() != out) {
+            for o in node
+                .outputs
+                .iter()
+                .filter(|o| !o.is_empty() && o.as_str() != out)
+            {
                 if cx.needed(o) {
                     return Err(format!("'{o}' is a graph output"));
                 }

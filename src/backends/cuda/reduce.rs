@@ -688,7 +688,12 @@ pub fn sce_grad(
     if d == 1 && ne < 1 << 31 {
         let denom = c.scratch(acc_bytes(x.dtype()))?;
         let code = reduction_code(reduction);
-        let args = [Arg::Ptr(wt), Arg::Ptr(denom), Arg::I64(ne as i64), Arg::I32(code)];
+        let args = [
+            Arg::Ptr(wt),
+            Arg::Ptr(denom),
+            Arg::I64(ne as i64),
+            Arg::I32(code),
+        ];
         c.launch(&format!("sce_denom_{sfx}"), 1, 1024, &args)?;
         let args = [
             Arg::Ptr(x.p),
@@ -700,7 +705,12 @@ pub fn sce_grad(
             Arg::I64(cl as i64),
             Arg::I32(code),
         ];
-        return c.launch(&format!("sce_grad_row_{sfx}"), ne as u32, row_threads(cl), &args);
+        return c.launch(
+            &format!("sce_grad_row_{sfx}"),
+            ne as u32,
+            row_threads(cl),
+            &args,
+        );
     }
     let args = [
         Arg::Ptr(x.p),
