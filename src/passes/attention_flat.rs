@@ -244,7 +244,7 @@ pub(super) fn fuse_flat(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch> {
                 if cx.needed(o) {
                     return Err(format!("'{o}' is a graph output"));
                 }
-                let outside = |c: &&usize| !set.contains(c) && !(o == o3 && shapes.contains(c));
+                let outside = |c: &&usize| !(set.contains(c) || (o == o3 && shapes.contains(c)));
                 if let Some(&c) = cx.consumers(o).iter().find(outside) {
                     return Err(format!("'{o}' is also used by node '{}'", cx.node(c).name));
                 }
