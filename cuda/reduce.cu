@@ -514,18 +514,37 @@ template <class T> __device__ void sce_rows_k(const T* x, const i64* labels, con
 // Scores `[N, C]` (d = 1, each row contiguous; a language model's logits): one block per
 // row, its threads reading the row coalesced and each keeping a running max and sum of
 // its columns (one pass), merged across the block. A per-element thread walking 50 257
-// classes alone (the loop above) is two orders of magnitude slower there.
+// classes alone (the loop above) is two orders of magnitude slower there. Each thread
+// loads ROW_UNROLL columns before folding them in, so that many loads are in flight (one
+// at a time left the kernel waiting on memory) and the running sum is rescaled once per
+// group rather than per new maximum.
+#define ROW_UNROLL 4
 template <class T> __device__ typename Num<T>::A row_lse(const T* xr, i64 c) {
     typedef typename Num<T>::A A;
-    A m = neg_inf((A)0), s = 0;
-    for (i64 k = threadIdx.x; k < c; k += blockDim.x) {
-        A v = ld(xr[k]);
-        if (v > m) {
-            s = s * m_exp(m - v) + (A)1;
-            m = v;
-        } else {
-            s += m_exp(v - m);  // NaN stays NaN
+    const A ninf = neg_inf((A)0);
+    const i64 bd = blockDim.x;
+    A m = ninf, s = 0;
+    for (i64 k0 = threadIdx.x; k0 < c; k0 += ROW_UNROLL * bd) {
+        A v[ROW_UNROLL];
+#pragma unroll
+        for (int j = 0; j < ROW_UNROLL; ++j) {
+            i64 k = k0 + j * bd;
+            v[j] = k < c ? ld(xr[k]) : ninf;
         }
+        A mx = m;
+#pragma unroll
+        for (int j = 0; j < ROW_UNROLL; ++j) mx = v[j] > mx ? v[j] : mx;  // NaN never wins
+        if (mx == ninf) {
+            // Nothing but -inf so far adds nothing; a NaN among them makes the sum NaN.
+#pragma unroll
+            for (int j = 0; j < ROW_UNROLL; ++j) s += v[j] != v[j] ? v[j] : (A)0;
+            continue;
+        }
+        A t = s == (A)0 ? (A)0 : s * m_exp(m - mx);
+#pragma unroll
+        for (int j = 0; j < ROW_UNROLL; ++j) t += m_exp(v[j] - mx);  // -inf adds 0, NaN stays
+        s = t;
+        m = mx;
     }
     A mm = block_max(m);
     A total = block_sum(s == (A)0 ? (A)0 : s * m_exp(m - mm));
@@ -570,6 +589,7 @@ template <class T> __device__ void sce_grad_row_k(const T* x, const i64* labels,
     A coef = w * ld(dloss[reduction == 0 ? i : 0]) / denom[0];
     A lse = row_lse(xr, c);
     i64 l = labels[i];
+#pragma unroll ROW_UNROLL
     for (i64 k = threadIdx.x; k < c; k += blockDim.x)
         dr[k] = st<T>((m_exp(ld(xr[k]) - lse) - (k == l ? (A)1 : (A)0)) * coef);
 }

@@ -9,24 +9,8 @@ set -eu
 cd "$(dirname "$0")/.."
 DEST=${1:-.carry-ops}
 TESTS=${TESTS:-"op_matrix runtime_shapes onnx_conformance cuda ops_elementwise ops_grad grad zoo"}
-cargo build --release
-cargo test --no-run $(for t in $TESTS; do echo --test $t; done) --message-format=json 2>/dev/null | python3 -c '
-import sys, json
-for l in sys.stdin:
-    try: j = json.loads(l)
-    except ValueError: continue
-    if j.get("executable") and j.get("profile", {}).get("test"): print(j["executable"])
-' > /tmp/carry_ops_exes.txt
-B=/tmp/carry_ops_bin
-rm -rf "$DEST" "$B" && mkdir -p "$DEST" "$B/tests"
-for f in $(cat /tmp/carry_ops_exes.txt); do
-    n=$(basename "$f"); n=${n%-*}
-    [[ " $TESTS " == *" $n "* ]] && cp "$f" "$B/tests/$n"
-done
-cp target/release/graphrun "$B/graphrun"
-[ -n "${BASE_BIN:-}" ] && cp "$BASE_BIN" "$B/graphrun_base"
-strip "$B"/graphrun* "$B"/tests/*
-tar cf - -C "$B" . | xz -T2 -6 > "$DEST/bin.txz"
+rm -rf "$DEST" && mkdir -p "$DEST"
+TESTS="$TESTS" BASE_BIN="${BASE_BIN:-}" scripts/pack_bin.sh "$DEST"
 # The node suite of the pip-installed onnx wheel.
 NODE=$(python3 -c "import onnx, os; print(os.path.join(os.path.dirname(onnx.__file__), 'backend/test/data/node'))")
 tar cf - -C "$(dirname "$NODE")" node | xz -T2 -6 > "$DEST/node.txz"

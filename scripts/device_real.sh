@@ -12,8 +12,8 @@
 # `zoo`: every vendored export of tests/fixtures/zoo measured on CUDA by
 # scripts/zoo_status.py (STATUS.cuda.tsv comes back under $OUT/real). WORKLOADS picks the
 # bench models (models/<w>.yaml beside the reference's workload of the same name:
-# llama_layer, gpt2_124m).
-#   [WORKLOADS="llama_layer gpt2_124m"] bash DEST/device_real.sh [tests] [bench] [zoo] [ptx]
+# llama_layer, gpt2_124m); TUNES adds a bench row per `--tune KEY=VALUE` it lists.
+#   [WORKLOADS="llama_layer gpt2_124m"] [TUNES="k=v ..."] bash DEST/device_real.sh [tests] [bench] [zoo] [ptx]
 set -u
 C=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/out}
@@ -70,7 +70,14 @@ if [[ $what == *bench* ]]; then
         for p in fwd train; do
             flag=; [ $p = train ] && flag=--backward
             (cd /work/main && timeout 200 $G bench models/$w.yaml --backend cuda --dtype bf16 $flag \
-                --iters 30 --warmup 5 --json $R/gr_${w}_$p.json 2>&1 | tail -n 25)
+                --iters 30 --warmup 5 --json $R/gr_${w}_$p.json 2>&1 | sed -n "/median/,+24p")
+            # Each of TUNES (KEY=VALUE, space-separated) once more, as an A/B row.
+            for t in ${TUNES:-}; do
+                echo "-- with --tune $t"
+                (cd /work/main && timeout 200 $G bench models/$w.yaml --backend cuda --dtype bf16 \
+                    $flag --tune $t --iters 30 --warmup 5 --json $R/gr_${w}_${p}_${t//=/_}.json 2>&1 |
+                    grep -E "median|peak memory")
+            done
         done
         PYTHONUNBUFFERED=1 timeout 400 python3 $C/real_reference.py --workload $w --dtype bf16 \
             --pass fwd,train --mode eager,compile --json $R/torch_$w.json 2>&1 | tail -n 8

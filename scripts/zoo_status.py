@@ -171,6 +171,48 @@ def measure(exe, case, tmp):
     return "runs", "ok", f"{checked} gradients", [], worst, gworst
 
 
+TRAIN_STEPS = 30
+
+
+def train_check(exe, case, tmp):
+    """Whether the export trains: `graphrun train` with the cross-entropy graphrun appends
+    to its first output (classes along the last axis, axis 1 of a 4-D output; seeded random
+    labels, one a whole image for a 4-D output), on the
+    reference's inputs as one batch, TRAIN_STEPS steps of Adam (lr 0.01). (status, first
+    loss, last loss, message): status 'trains' when the last loss is under half the first,
+    'flat' when it is not, 'fails' when graphrun stops with an error."""
+    d = os.path.join(ZOO, case)
+    rows = read_manifest(d)
+    model = os.path.join(d, "model.onnx")
+    inputs = [(v, f) for k, v, f in rows if k == "input"]
+    out_name, out_file = [(v, f) for k, v, f in rows if k == "output"][0]
+    logits = np.load(out_file)
+    # Image-shaped scores ([N, C, H, W], a segmentation model's) have their classes on axis 1.
+    axis = 1 if logits.ndim == 4 else logits.ndim - 1
+    rng = np.random.default_rng(7)
+    shape = logits.shape[:axis] + logits.shape[axis + 1:]
+    labels = rng.integers(0, logits.shape[axis], size=shape, dtype=np.int64)
+    if logits.ndim == 4:
+        # One class a whole image: pixels labelled at random are noise that a few steps
+        # cannot fit.
+        labels = np.broadcast_to(labels[:, :1, :1], shape).copy()
+    lf = os.path.join(tmp, f"{case}.labels.npy")
+    np.save(lf, labels)
+    data = inputs + [("labels", lf)]
+    cmd = [exe, "train", model, "--cross-entropy", out_name, "--class-axis", str(axis),
+           "--steps", str(TRAIN_STEPS),
+           "--lr", "0.01", "--batch-size", str(logits.shape[0]), "--quiet",
+           "--backend", BACKEND] + [a for n, f in data for a in ("--data", f"{n}={f}")]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    text = p.stderr + p.stdout
+    m = re.search(r"loss (\S+) -> (\S+)", text)
+    if p.returncode != 0 or not m:
+        return "fails", None, None, first_line(text)
+    first, last = float(m.group(1)), float(m.group(2))
+    ok = np.isfinite(last) and last < 0.5 * first
+    return ("trains" if ok else "flat"), first, last, f"loss {first:.4g} -> {last:.4g}"
+
+
 def fusion(exe, case):
     """What the passes made of the export, from `graphrun inspect`: the number of
     Attention, FusedMatMul, normalization (LayerNormalization, RMSNormalization) and Rotary
@@ -287,10 +329,14 @@ def main():
             else:
                 fwd, bwd, msg, ops, e, ge = measure(exe, case, tmp)
                 r.update(fwd=fwd, bwd=bwd, detail=msg, ops=ops, err=e, gerr=ge)
+                if bwd == "ok":
+                    st, l0, l1, tmsg = train_check(exe, case, tmp)
+                    r.update(train=st, loss0=l0, loss1=l1, train_detail=tmsg)
                 if BACKEND == "cpu":
                     r.update(data_ops=on_data(case, set(ops)),
                              fused=fusion(exe, case) if fwd == "runs" else None)
-            print(f"{case}: {r['fwd']} / {r['bwd']}: {r['detail']}", flush=True)
+            print(f"{case}: {r['fwd']} / {r['bwd']} / {r.get('train', '-')}: {r['detail']}"
+                  + (f"; {r['train_detail']}" if "train" in r else ""), flush=True)
             results.append(r)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -304,12 +350,25 @@ def main():
 def write_backend(results):
     """STATUS.<backend>.tsv: what the run on another backend measured, for the doc."""
     with open(os.path.join(ZOO, f"STATUS.{BACKEND}.tsv"), "w") as f:
-        f.write("case\tforward\tbackward\toutput error\tgradient error\tdetail\n")
+        f.write("case\tforward\tbackward\toutput error\tgradient error\tdetail\ttraining\n")
         for r in sorted(results, key=lambda r: r["case"]):
             num = lambda v: "-" if v is None else f"{v:.1e}"
             detail = r["detail"].replace("\t", " ")
+            train = train_cell(r).replace("\t", " ")
             f.write(f"{r['case']}\t{r['fwd']}\t{r['bwd']}\t{num(r.get('err'))}\t"
-                    f"{num(r.get('gerr'))}\t{detail}\n")
+                    f"{num(r.get('gerr'))}\t{detail}\t{train}\n")
+
+
+def train_cell(r):
+    """The 'trains' cell of one export: yes (first loss → last) or what went wrong."""
+    st = r.get("train")
+    if st is None:
+        return "–"
+    if st == "trains":
+        return f"yes ({r['loss0']:.3g} → {r['loss1']:.3g})"
+    if st == "flat":
+        return f"no: {r['train_detail']} in {TRAIN_STEPS} steps"
+    return "no: " + r["train_detail"]
 
 
 def read_backends():
@@ -329,9 +388,12 @@ def backend_cell(row):
     the CPU's are checked) match, else what failed."""
     if row is None:
         return "not run"
-    fwd, bwd, err, gerr, detail = row
+    fwd, bwd, err, gerr, detail = row[:5]
+    train = row[5] if len(row) > 5 else "–"
     if fwd == "runs" and bwd == "ok":
-        return f"yes ({err} / {gerr})"
+        if not train.startswith("yes"):
+            return f"outputs and gradients match ({err} / {gerr}); training {train}"
+        return f"yes ({err} / {gerr}; trains)"
     if fwd in ("no-export", "no-reference"):
         return "–"
     return "no: " + detail.replace("|", "\\|")
@@ -353,6 +415,7 @@ def write_doc(results):
     exported = sum(r["exported"] for r in results)
     runs = sum(r["fwd"] == "runs" for r in results)
     bwd_ok = sum(r["bwd"] == "ok" for r in results)
+    trains = sum(r.get("train") == "trains" for r in results)
     need = Counter()
     need_data = Counter()
     need_archs = defaultdict(set)
@@ -382,15 +445,17 @@ def write_doc(results):
     L.append("")
     L.append(f"**{runs} of {total} exports run** and match ONNX Runtime "
              f"({exported} of {total} exported; {total - exported} failed in the exporter). "
-             f"Gradients match PyTorch's float64 ones for {bwd_ok} of the {runs} that run.")
+             f"Gradients match PyTorch's float64 ones for {bwd_ok} of the {runs} that run, "
+             f"and {trains} of them train.")
     L.append("")
     others = read_backends()
     for b, name in OTHER_BACKENDS:
         if b in others:
             ok = sum(v[0] == "runs" and v[1] == "ok" for v in others[b].values())
-            L.append(f"On {name}: {ok} of the {runs} run with outputs and gradients matching "
-                     f"(the {name} column; `python3 scripts/zoo_status.py --backend {b}` "
-                     f"measured it{BACKEND_WHERE[b]}).")
+            tr = sum(len(v) > 5 and v[5].startswith("yes") for v in others[b].values())
+            L.append(f"On {name}: {ok} of the {runs} run with outputs and gradients matching, "
+                     f"and {tr} train (the {name} column; `python3 scripts/zoo_status.py "
+                     f"--backend {b}` measured it{BACKEND_WHERE[b]}).")
             L.append("")
     L.append("The models, their inputs, ONNX Runtime's outputs and PyTorch's gradients are in "
              "`tests/fixtures/zoo/` (made by `scripts/make_zoo.py`); `tests/zoo.rs` runs the "
@@ -410,6 +475,14 @@ def write_doc(results):
              "exporter fixed shows up. `--graphrun PATH` picks another build of graphrun, such as the "
              "`target/debug/graphrun` that `cargo test` builds.")
     L.append("")
+    L.append(f"\"trains\" is `graphrun train MODEL.onnx --cross-entropy OUTPUT`: the mean "
+             "softmax cross-entropy that graphrun appends to the first output (classes along "
+             "its last axis, or axis 1 of a segmentation model's `[N, C, H, W]` scores with "
+             "`--class-axis 1`; seeded random labels, one class a whole image there), on the reference's inputs as one batch, "
+             f"{TRAIN_STEPS} steps of Adam at learning rate 0.01; it trains when the last "
+             "step's loss is under half the first's (the cell gives both). Every "
+             "BatchNormalization uses the batch's statistics, as in PyTorch's `train()`.")
+    L.append("")
     L.append("\"lacks\" lists the operators graphrun does not support (its error names them all at "
              "once); the number in parentheses is the relative error. `tests/fixtures/zoo/STATUS.tsv` "
              "has graphrun's whole message for each export.")
@@ -425,9 +498,9 @@ def write_doc(results):
     others = read_backends()
     bcols = [(b, name) for b, name in OTHER_BACKENDS if b in others]
     head = "".join(f" {name} |" for _, name in bcols)
-    L.append("| architecture | exporter | opset | mask | exports | runs | matches ORT | gradients |"
+    L.append("| architecture | exporter | opset | mask | exports | runs | matches ORT | gradients | trains |"
              + head + " fused: Attention / FusedMatMul / norm / Rotary / MatMul left | graphrun's error, or why not |")
-    L.append("|" + " --- |" * (10 + len(bcols)))
+    L.append("|" + " --- |" * (11 + len(bcols)))
     for r in results:
         exp = yn[r["exported"]]
         if not r["exported"]:
@@ -458,7 +531,7 @@ def write_doc(results):
         fused = " / ".join(str(v) for v in fz) if fz else "–"
         bcells = "".join(f" {backend_cell(others[b].get(r['case']))} |" for b, _ in bcols)
         L.append(f"| {r['arch']} | {r['exporter']} | {r['opset']} | {yn[r['mask']]} | {exp} | "
-                 f"{runs_c} | {match} | {grads} |{bcells} {fused} | {why} |")
+                 f"{runs_c} | {match} | {grads} | {train_cell(r)} |{bcells} {fused} | {why} |")
     L.append("")
     if need:
         L.append("## Operators graphrun lacks")

@@ -218,6 +218,10 @@ struct TrainArgs {
     /// model has a training: section
     #[arg(long, value_name = "OUTPUT")]
     cross_entropy: Option<String>,
+    /// The axis of --cross-entropy's OUTPUT that holds the classes (negative counts from
+    /// the end): 1 for `[N, C, H, W]` scores, as PyTorch's cross_entropy reads them.
+    #[arg(long, default_value_t = -1, allow_negative_numbers = true, requires = "cross_entropy")]
+    class_axis: i64,
     /// Seed for shuffling (and for random inputs).
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -1750,9 +1754,10 @@ fn with_loss(g: &mut graphrun::Graph, a: &TrainArgs) -> Result<(), Fail> {
     let loss = match (&a.loss, &a.cross_entropy) {
         (Some(l), _) => l,
         (None, Some(logits)) => {
-            appended = graphrun::graph::loss::append_cross_entropy(
+            appended = graphrun::graph::loss::append_cross_entropy_on(
                 g,
                 logits,
+                a.class_axis,
                 "labels",
                 &graphrun::backends::cpu::HOST_EVAL,
             )

@@ -462,6 +462,54 @@ fn fused_matmul_grad_with_a_activation() {
     });
 }
 
+/// Products whose rows are an odd number of elements long (as a vocabulary of 50 257 makes
+/// them), big enough (2²⁴ multiply-adds) to run on copies with rows padded to 16 bytes:
+/// every operand stored either way, C accumulated onto, a bias and an activation, and an
+/// LM head's gradient (`x · Wᵀ` with 1001 columns), against the CPU.
+#[test]
+fn products_with_rows_of_odd_length() {
+    let (m, k, n) = (131, 129, 1001);
+    let mm = [inp(randn(&[m, k], 70)), inp(randn(&[k, n], 71))];
+    same_as_cpu("MatMul", &[], &mm, 1, &LOW);
+    for ta in [false, true] {
+        for tb in [false, true] {
+            let sa = if ta { [k, m] } else { [m, k] };
+            let sb = if tb { [n, k] } else { [k, n] };
+            let args = [
+                inp(randn(&sa, 72)),
+                inp(randn(&sb, 73)),
+                inp(randn(&[m, n], 74)),
+            ];
+            let at = [
+                ("beta", A::Float(-1.5)),
+                ("transA", A::Int(ta as i64)),
+                ("transB", A::Int(tb as i64)),
+            ];
+            same_as_cpu("Gemm", &at, &args, 1, &LOW);
+        }
+    }
+    let fused = [
+        inp(randn(&[m, k], 75)),
+        inp(randn(&[n, k], 76)),
+        inp(randn(&[n], 77)),
+    ];
+    let at = [
+        ("activation", A::Str("relu".into())),
+        ("trans_b", A::Int(1)),
+    ];
+    same_as_cpu("FusedMatMul", &at, &fused, 1, &LOW);
+    let at = [
+        ("activation", A::Str("none".into())),
+        ("trans_b", A::Int(1)),
+    ];
+    let grad = [
+        inp(randn(&[3, 45, 1001], 78)),
+        inp(randn(&[3, 45, 129], 79)),
+        inp(randn(&[1001, 129], 80)),
+    ];
+    same_as_cpu("FusedMatMulGrad", &at, &grad, 3, &LOW);
+}
+
 /// Attention on a packed QKV (K and V omitted): the kernels read the parts in place and
 /// the backward writes them into one packed dQKV, against the CPU.
 #[test]

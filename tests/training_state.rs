@@ -684,3 +684,63 @@ fn weights_that_do_not_fit_are_refused() {
     assert_eq!(w.left_out, ["nowhere"]);
     assert_eq!(w.replaced, 0);
 }
+
+/// `--class-axis 1`: a segmentation model's `[N, C, H, W]` scores against `[N, H, W]`
+/// labels, the loss as PyTorch's `cross_entropy(scores, labels)` computes it (f64, in the
+/// test), one label ignored; an axis the scores lack is refused.
+#[test]
+fn cross_entropy_on_the_class_axis_of_image_scores() {
+    let yaml = "graphrun: 1\nname: seg\ninputs:\n  - {name: x, dtype: f64, shape: [N, 3, 4, 5]}\n\
+                outputs: [scores]\ninitializers:\n  - {name: w, dtype: f64, shape: [1, 3, 1, 1], values: [0.5, -1.0, 2.0]}\n\
+                nodes:\n  - {op: Mul, inputs: [x, w], outputs: [scores]}\n";
+    let ev = &graphrun::backends::cpu::HOST_EVAL;
+    let g = Model::from_str(yaml, ".").unwrap().graph;
+    let e =
+        graphrun::graph::loss::append_cross_entropy_on(&mut g.clone(), "scores", 4, "labels", ev)
+            .unwrap_err()
+            .to_string();
+    assert!(e.contains("class axis 4 is not an axis"), "{e}");
+    let mut g = g;
+    let loss =
+        graphrun::graph::loss::append_cross_entropy_on(&mut g, "scores", 1, "labels", ev).unwrap();
+    let shape: Vec<_> = g
+        .input("labels")
+        .unwrap()
+        .shape
+        .iter()
+        .map(|d| d.to_string())
+        .collect();
+    assert_eq!(shape, ["N", "4", "5"]);
+    let x = randn(&[2, 3, 4, 5], 90);
+    let mut labels: Vec<i64> = (0..40).map(|i| (i * 7 % 3) as i64).collect();
+    labels[5] = -100;
+    let feeds = HashMap::from([
+        ("x".to_string(), x.clone()),
+        (
+            "labels".to_string(),
+            Tensor::from_vec(&[2, 4, 5], labels.clone()).unwrap(),
+        ),
+    ]);
+    let mut s = Session::new(g, SessionOptions::default()).unwrap();
+    let out = s.run(&feeds).unwrap();
+    let got = out.iter().find(|(n, _)| *n == loss).unwrap().1.to_f64_vec()[0];
+    let (xv, w) = (x.to_f64_vec(), [0.5, -1.0, 2.0]);
+    let (mut sum, mut count) = (0.0, 0.0);
+    for n in 0..2 {
+        for p in 0..20 {
+            let l = labels[n * 20 + p];
+            if l < 0 {
+                continue;
+            }
+            let z: Vec<f64> = (0..3).map(|c| xv[(n * 3 + c) * 20 + p] * w[c]).collect();
+            let lse = z.iter().map(|v| v.exp()).sum::<f64>().ln();
+            sum += lse - z[l as usize];
+            count += 1.0;
+        }
+    }
+    let want = sum / count;
+    assert!(
+        (got - want).abs() <= 1e-12 * want.abs(),
+        "loss {got}, want {want}"
+    );
+}

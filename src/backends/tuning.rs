@@ -39,6 +39,10 @@ pub struct Tuning {
     /// gpt_block and mlp_large bf16 training (0.275 → 0.520 ms), where the row sum costs
     /// about 0.03 ms.
     pub cublaslt_dgelu_bgrad: bool,
+    /// Big products with a dimension that is not a multiple of 16 bytes (GPT-2's vocabulary
+    /// of 50 257) run on zero-padded copies of their operands (off: as they are, where
+    /// cuBLASLt has only kernels several times slower).
+    pub cublaslt_align_rows: bool,
     /// Record each CUDA step as a CUDA Graph and replay it (steps that cannot be recorded
     /// run eagerly). On: a replay launches the whole step at once instead of paying the
     /// host cost of every kernel launch, which bounds small steps (mlp_small f32 train
@@ -94,6 +98,7 @@ impl Tuning {
         cuda_attention_f32: String::new(),
         cublaslt_tune: 6,
         cublaslt_dgelu_bgrad: false,
+        cublaslt_align_rows: true,
         cuda_graphs: true,
         cuda_graphs_debug: false,
         wgpu_gemm64: false,
@@ -106,11 +111,12 @@ impl Tuning {
     };
 
     /// The keys `set` takes: the field names.
-    pub const KEYS: [&'static str; 13] = [
+    pub const KEYS: [&'static str; 14] = [
         "cuda_attention",
         "cuda_attention_f32",
         "cublaslt_tune",
         "cublaslt_dgelu_bgrad",
+        "cublaslt_align_rows",
         "cuda_graphs",
         "cuda_graphs_debug",
         "wgpu_gemm64",
@@ -139,6 +145,7 @@ impl Tuning {
                 self.cublaslt_tune = v.parse().map_err(|_| bad("a count of algorithms"))?
             }
             "cublaslt_dgelu_bgrad" => self.cublaslt_dgelu_bgrad = flag()?,
+            "cublaslt_align_rows" => self.cublaslt_align_rows = flag()?,
             "cuda_graphs" => self.cuda_graphs = flag()?,
             "cuda_graphs_debug" => self.cuda_graphs_debug = flag()?,
             "wgpu_gemm64" => self.wgpu_gemm64 = flag()?,
@@ -194,6 +201,7 @@ pub fn tuning() -> Tuning {
 
 /// Replaces the process-wide tuning. Set it before the first session: the kernel choices
 /// (`cuda_attention`, `cuda_attention_f32`, `cublaslt_tune`, `cublaslt_dgelu_bgrad`,
+/// `cublaslt_align_rows`,
 /// `wgpu_gemm64`, `wgpu_subgroups`) are read once, when first needed; the others whenever
 /// they are used.
 pub fn set_tuning(t: Tuning) {

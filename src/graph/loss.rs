@@ -26,6 +26,19 @@ pub fn append_cross_entropy(
     labels: &str,
     ev: &dyn HostEval,
 ) -> Result<String> {
+    append_cross_entropy_on(g, logits, -1, labels, ev)
+}
+
+/// `append_cross_entropy` with the classes along axis `class_axis` of `logits` (negative
+/// counts from the end): 1 is PyTorch's `cross_entropy(logits, labels)` on `[N, C, H, W]`
+/// scores of a segmentation model. `labels` takes `logits`' shape without that axis.
+pub fn append_cross_entropy_on(
+    g: &mut Graph,
+    logits: &str,
+    class_axis: i64,
+    labels: &str,
+    ev: &dyn HostEval,
+) -> Result<String> {
     if !g.outputs.iter().any(|o| o == logits) {
         crate::bail!(
             Input,
@@ -45,25 +58,38 @@ pub fn append_cross_entropy(
     }
     let types = infer_symbolic(g, &BTreeMap::new(), &HashMap::new(), ev)?;
     let ty = &types[logits];
-    if !ty.dtype.is_float() || ty.shape.len() < 2 {
+    let rank = ty.shape.len();
+    if !ty.dtype.is_float() || rank < 2 {
         crate::bail!(
             Input,
-            "the cross-entropy needs floating logits with a class axis last and at least one \
-             position axis before it; '{logits}' is {} {}",
+            "the cross-entropy needs floating logits with a class axis and at least one \
+             position axis; '{logits}' is {} {}",
             ty.dtype,
             ty.shape_text()
         );
     }
-    let classes = match ty.shape.last() {
-        Some(SymDim::Product(m)) if m.syms.is_empty() => m.coef,
+    let axis = match usize::try_from(if class_axis < 0 {
+        class_axis + rank as i64
+    } else {
+        class_axis
+    }) {
+        Ok(a) if a < rank => a,
         _ => crate::bail!(
             Input,
-            "the class axis (the last) of '{logits}' {} has no fixed size",
+            "class axis {class_axis} is not an axis of '{logits}' {}",
+            ty.shape_text()
+        ),
+    };
+    let classes = match &ty.shape[axis] {
+        SymDim::Product(m) if m.syms.is_empty() => m.coef,
+        _ => crate::bail!(
+            Input,
+            "the class axis ({axis}) of '{logits}' {} has no fixed size",
             ty.shape_text()
         ),
     };
     let mut shape = vec![];
-    for d in &ty.shape[..ty.shape.len() - 1] {
+    for (_, d) in ty.shape.iter().enumerate().filter(|&(i, _)| i != axis) {
         shape.push(match d {
             SymDim::Product(m) if m.syms.is_empty() => Dim::Fixed(m.coef),
             SymDim::Product(m) if m.coef == 1 && m.syms.len() == 1 && m.syms[0].1 == 1 => {
@@ -104,7 +130,19 @@ pub fn append_cross_entropy(
     let rows = node(g, "rows_shape", ints(vec![-1, classes as i64]), vec![]);
     let flat = node(g, "flat_shape", ints(vec![-1]), vec![]);
     let reshape = || Op::Reshape { allowzero: false };
-    let scores = node(g, "scores", reshape(), vec![logits.to_string(), rows]);
+    // Classes elsewhere than last move there, the positions keeping their order.
+    let last = if axis + 1 == rank {
+        logits.to_string()
+    } else {
+        let perm = (0..rank).filter(|&i| i != axis).chain([axis]).collect();
+        node(
+            g,
+            "classes_last",
+            Op::Transpose { perm: Some(perm) },
+            vec![logits.to_string()],
+        )
+    };
+    let scores = node(g, "scores", reshape(), vec![last, rows]);
     let targets = node(g, "labels", reshape(), vec![labels.to_string(), flat]);
     let loss = node(
         g,

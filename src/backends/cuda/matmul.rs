@@ -40,6 +40,30 @@ struct Shape {
     sb: i64,
     sd: i64,
     epi: u32,
+    /// Every row stored `ld` elements apart, its length rounded up to 16 bytes
+    /// (`padded_product`); otherwise rows are packed.
+    padded: bool,
+}
+
+impl Shape {
+    /// (rows, columns) of A, B and D as stored, row-major.
+    fn stored(&self) -> [(usize, usize); 3] {
+        let (m, n, k) = (self.m, self.n, self.k);
+        [
+            if self.ta { (k, m) } else { (m, k) },
+            if self.tb { (n, k) } else { (k, n) },
+            (m, n),
+        ]
+    }
+
+    /// The distance between rows of `cols` elements.
+    fn ld(&self, cols: usize) -> usize {
+        if self.padded {
+            cols.next_multiple_of(16 / self.dt.size())
+        } else {
+            cols
+        }
+    }
 }
 
 /// The cuBLASLt objects of one `Shape`, made once.
@@ -168,17 +192,18 @@ impl Blas {
         }
         let (m, n, k) = (s.m as u64, s.n as u64, s.k as u64);
         // Column-major operands: cuBLAS's A is our B (n × k), its B is our A (k × m).
+        let ld = |cols: u64| s.ld(cols as usize) as i64;
         let (la, opa) = if s.tb {
-            (lt::create_matrix_layout(ty, k, n, k as i64)?, CUBLAS_OP_T)
+            (lt::create_matrix_layout(ty, k, n, ld(k))?, CUBLAS_OP_T)
         } else {
-            (lt::create_matrix_layout(ty, n, k, n as i64)?, CUBLAS_OP_N)
+            (lt::create_matrix_layout(ty, n, k, ld(n))?, CUBLAS_OP_N)
         };
         let (lb, opb) = if s.ta {
-            (lt::create_matrix_layout(ty, m, k, m as i64)?, CUBLAS_OP_T)
+            (lt::create_matrix_layout(ty, m, k, ld(m))?, CUBLAS_OP_T)
         } else {
-            (lt::create_matrix_layout(ty, k, m, k as i64)?, CUBLAS_OP_N)
+            (lt::create_matrix_layout(ty, k, m, ld(k))?, CUBLAS_OP_N)
         };
-        let ld = lt::create_matrix_layout(ty, n, m, n as i64)?;
+        let ld = lt::create_matrix_layout(ty, n, m, ld(n))?;
         let desc = lt::create_matmul_desc(compute, scale)?;
         // Safety: attributes of objects just made, with values of the documented types.
         unsafe {
@@ -315,12 +340,6 @@ fn product_aux(
             buf: None,
         });
     }
-    let blas = &c.blas;
-    blas.plan(&s).map_err(|e| blas_err("matmul setup", e))?;
-    // Timing runs the product several times: only where that leaves the same result
-    // (D is not also read as C, A or B) and the stream is not being recorded.
-    // Small products (under 2³⁰ multiply-adds) keep the heuristic's choice: their times
-    // are too close to the launch's to rank (mlp_small's step got slower when tuned).
     let k = Call {
         a,
         b,
@@ -331,6 +350,106 @@ fn product_aux(
         bias,
         aux,
     };
+    if wants_padding(&s) {
+        padded_product(c, s, k)
+    } else {
+        run(c, s, k)
+    }
+}
+
+/// Whether `s` runs padded (`padded_product`): a big single product with a dimension or
+/// an operand row whose length is not a multiple of 16 bytes, as GPT-2's vocabulary of
+/// 50 257 makes them. cuBLASLt then has only kernels several times slower than its
+/// tensor-core ones (on the H100, PyTorch's `[8192, 768] × [768, 50257]` in bf16 took 6.57
+/// ms, and 0.89 ms with 50 264 columns; `Tuning::cublaslt_align_rows`). Not with an AUX
+/// epilogue, whose matrix has D's rows.
+fn wants_padding(s: &Shape) -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let per = 16 / s.dt.size();
+    !s.padded
+        && s.batch == 1
+        && s.dt != DType::F64
+        && s.epi & EPI_AUX == 0
+        && s.m * s.n * s.k >= 1 << 24
+        && [s.m, s.n, s.k].iter().any(|&d| d % per != 0)
+        && *ON.get_or_init(|| crate::backends::tuning::tuning().cublaslt_align_rows)
+}
+
+/// The product `s` on operands copied with their dimensions rounded up to 16 bytes (those
+/// of 64 elements or more; with a bias epilogue, whose vector has D's columns, only their
+/// rows' storage) and zeros in the added part, D computed so in scratch (from C when beta
+/// is not 0) and its `[m, n]` copied out. Operands already so are read in place. The
+/// copies cost a pass over each operand; the padding costs the product little.
+fn padded_product(c: &Cuda, s: Shape, k: Call) -> Result<()> {
+    let per = 16 / s.dt.size();
+    let plain = matches!(s.epi, EPI_DEFAULT | EPI_RELU | EPI_GELU);
+    let up = |d: usize| {
+        if plain && d >= 64 {
+            d.next_multiple_of(per)
+        } else {
+            d
+        }
+    };
+    let p = Shape {
+        m: up(s.m),
+        n: up(s.n),
+        k: up(s.k),
+        padded: true,
+        ..s
+    };
+    let esz = s.dt.size();
+    let (have, want) = (s.stored(), p.stored());
+    let stage = |ptr: u64, (rows, cols): (usize, usize), (prows, pcols): (usize, usize)| {
+        let ld = p.ld(pcols);
+        if (rows, cols) == (prows, ld) {
+            return Ok(ptr);
+        }
+        let to = c.scratch(prows * ld * esz)?;
+        c.zero_rows(to + (cols * esz) as u64, ld * esz, (ld - cols) * esz, rows)?;
+        c.zero_rows(
+            to + (rows * ld * esz) as u64,
+            0,
+            (prows - rows) * ld * esz,
+            1,
+        )?;
+        c.copy_rows(ptr, cols * esz, to, ld * esz, cols * esz, rows)?;
+        Ok(to)
+    };
+    let a = stage(k.a, have[0], want[0])?;
+    let b = stage(k.b, have[1], want[1])?;
+    let ((rows, cols), (prows, pcols)) = (have[2], want[2]);
+    let ld = p.ld(pcols);
+    if (rows, cols) == (prows, ld) {
+        return run(c, p, Call { a, b, ..k });
+    }
+    let d = c.scratch(prows * ld * esz)?;
+    if k.beta != 0.0 {
+        // Only D's [m, n] is copied out: what the padding adds onto is never read.
+        let from = k.cm.unwrap_or(k.d);
+        c.copy_rows(from, cols * esz, d, ld * esz, cols * esz, rows)?;
+    }
+    let call = Call {
+        a,
+        b,
+        d,
+        cm: None,
+        ..k
+    };
+    run(c, p, call)?;
+    c.copy_rows(d, ld * esz, k.d, cols * esz, cols * esz, rows)
+}
+
+/// The planned product `s` (tuned first where it may be).
+fn run(c: &Cuda, s: Shape, k: Call) -> Result<()> {
+    let Call {
+        a, b, d, cm, beta, ..
+    } = k;
+    let blas = &c.blas;
+    blas.plan(&s).map_err(|e| blas_err("matmul setup", e))?;
+    // Timing runs the product several times: only where that leaves the same result
+    // (D is not also read as C, A or B) and the stream is not being recorded.
+    // Small products (under 2³⁰ multiply-adds) keep the heuristic's choice: their times
+    // are too close to the launch's to rank (mlp_small's step got slower when tuned).
     let big = s.batch * s.m * s.n * s.k >= 1 << 30;
     let rerunnable = big && (beta == 0.0 || cm.is_some_and(|x| x != d)) && a != d && b != d;
     if rerunnable && !blas.plans.borrow()[&s].others.is_empty() {
@@ -383,6 +502,7 @@ impl Blas {
 }
 
 /// The operands and scalars of one product (`product_aux`'s arguments).
+#[derive(Clone, Copy)]
 struct Call {
     a: u64,
     b: u64,
@@ -585,6 +705,7 @@ fn shape0(dt: DType, m: usize, n: usize, k: usize, ta: bool, tb: bool, epi: u32)
         sb: 0,
         sd: 0,
         epi,
+        padded: false,
     }
 }
 

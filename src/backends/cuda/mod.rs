@@ -288,6 +288,65 @@ impl Cuda {
         }
         .map_err(|e| crate::err!(Runtime, "CUDA copy failed: {e:?}"))
     }
+
+    /// `rows` rows of `width` bytes at `dst` (rows `pitch` bytes apart) set to zero, on the
+    /// stream.
+    fn zero_rows(&self, dst: u64, pitch: usize, width: usize, rows: usize) -> Result<()> {
+        if width == 0 || rows == 0 {
+            return Ok(());
+        }
+        let stream = self.stream.cu_stream();
+        // Safety: `dst` addresses a live device buffer holding `rows` rows at `pitch`.
+        let r = unsafe {
+            if rows == 1 {
+                cudarc::driver::sys::cuMemsetD8Async(dst, 0, width, stream)
+            } else {
+                cudarc::driver::sys::cuMemsetD2D8Async(dst, pitch, 0, width, rows, stream)
+            }
+        };
+        r.result()
+            .map_err(|e| crate::err!(Runtime, "CUDA memset of {rows} rows failed: {e:?}"))
+    }
+
+    /// `rows` rows of `width` bytes from `src` (rows `src_pitch` bytes apart) to `dst`
+    /// (rows `dst_pitch` apart), on the stream.
+    fn copy_rows(
+        &self,
+        src: u64,
+        src_pitch: usize,
+        dst: u64,
+        dst_pitch: usize,
+        width: usize,
+        rows: usize,
+    ) -> Result<()> {
+        use cudarc::driver::sys;
+        if width == 0 || rows == 0 {
+            return Ok(());
+        }
+        let device = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
+        let copy = sys::CUDA_MEMCPY2D {
+            srcXInBytes: 0,
+            srcY: 0,
+            srcMemoryType: device,
+            srcHost: std::ptr::null(),
+            srcDevice: src,
+            srcArray: std::ptr::null_mut(),
+            srcPitch: src_pitch,
+            dstXInBytes: 0,
+            dstY: 0,
+            dstMemoryType: device,
+            dstHost: std::ptr::null_mut(),
+            dstDevice: dst,
+            dstArray: std::ptr::null_mut(),
+            dstPitch: dst_pitch,
+            WidthInBytes: width,
+            Height: rows,
+        };
+        // Safety: both address live device buffers holding `rows` rows at their pitches.
+        unsafe { sys::cuMemcpy2DAsync_v2(&copy, self.stream.cu_stream()) }
+            .result()
+            .map_err(|e| crate::err!(Runtime, "CUDA copy of {rows} rows failed: {e:?}"))
+    }
 }
 
 fn oom(e: cudarc::driver::DriverError) -> crate::error::Error {
