@@ -71,8 +71,19 @@ template <class T> __device__ void adam_k(T* p, const T* g, typename Num<T>::A* 
     }
 }
 
+// Gradient accumulation over micro-batches: acc = scale·g (first) or acc += scale·g, in
+// the gradient's type, summed in the accumulating type (the CPU's accumulate).
+template <class T> __device__ void accumulate_k(T* acc, const T* g, i64 n, double scale, int first) {
+    typedef typename Num<T>::A A;
+    GRID_STRIDE(i, n) {
+        A v = (A)scale * ld(g[i]);
+        acc[i] = st<T>(first ? v : ld(acc[i]) + v);
+    }
+}
+
 #define INST_OPT(T, S)                                                                            \
     extern "C" __global__ void sgd_##S(T* p, const T* g, Num<T>::A* b, i64 n, double lr, double mu, double wd, unsigned* bad, unsigned slot) { sgd_k<T>(p, g, b, n, lr, mu, wd, bad, slot); } \
     extern "C" __global__ void sgd_multi_##S(SgdTensors t, double lr, double mu, double wd, unsigned* bad) { sgd_multi_k<T>(t, lr, mu, wd, bad); } \
-    extern "C" __global__ void adam_##S(T* p, const T* g, Num<T>::A* m, Num<T>::A* v, i64 n, const u64* tp, u64 th, double lr, double b1, double b2, double eps, double wd, double decay, int dec, unsigned* bad, unsigned slot) { adam_k<T>(p, g, m, v, n, tp, th, lr, b1, b2, eps, wd, decay, dec, bad, slot); }
+    extern "C" __global__ void adam_##S(T* p, const T* g, Num<T>::A* m, Num<T>::A* v, i64 n, const u64* tp, u64 th, double lr, double b1, double b2, double eps, double wd, double decay, int dec, unsigned* bad, unsigned slot) { adam_k<T>(p, g, m, v, n, tp, th, lr, b1, b2, eps, wd, decay, dec, bad, slot); } \
+    extern "C" __global__ void accumulate_##S(T* acc, const T* g, i64 n, double scale, int first) { accumulate_k<T>(acc, g, n, scale, first); }
 FOR_FLOATS(INST_OPT)

@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
-# One device call (the `run` tool, kind nvidia-h200-x2) for data-parallel training:
-# the data-parallel tests on 2 GPUs (none may skip), then gpt_block train steps on 1 and
-# 2 GPUs with graphrun (`bench --backward --gpus N`) and with PyTorch DDP (torchrun),
-# same per-GPU batch. Build here first (scripts/carry_nccl.sh fills .carry-nccl/), then
-#   bash .carry-nccl/device_nccl.sh [tests] [bench] [ddp]     (default: all)
+# One device call (the `run` tool, kind nvidia-h100-x2 or nvidia-h200-x2) for
+# data-parallel training: the data-parallel tests on 2 GPUs (none may skip) and the
+# training tests on CUDA (gradient accumulation among them), then gpt_block bf16 train
+# steps on 1 and 2 GPUs with graphrun (`bench --backward --gpus N`, also with the
+# optimizer sharded) and with PyTorch DDP (torchrun), same per-GPU batch. Build here
+# first (scripts/carry_nccl.sh fills .carry-nccl/), then
+#   bash .carry-nccl/device_nccl.sh [tests] [bench] [ddp] [tune]     (default: tests bench ddp)
 # NVLink multicast stays off (the device README demands it).
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-C=$PWD/.carry-nccl
+C=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT" /tmp/x
-tar xzf "$C/bin.tgz" -C /tmp/x
+mkdir -p "$OUT" /tmp/x /tmp/kcache
+python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$C/bin.txz" /tmp/x
+cp "$C"/kcache/*.cubin /tmp/kcache/ 2>/dev/null
 [ -e /work/main ] || { mkdir -p /work && ln -s "$PWD" /work/main; }
-mkdir -p /work/main/target/release && cp /tmp/x/graphrun /work/main/target/release/graphrun
+mkdir -p /work/main/target/release /work/main/target/debug
+cp /tmp/x/graphrun /work/main/target/release/graphrun && cp /tmp/x/graphrun /work/main/target/debug/graphrun
 export GRAPHRUN_CUDA_CACHE=/tmp/kcache
 G=/tmp/x/graphrun
 what=${*:-tests bench ddp}
@@ -29,15 +33,19 @@ if [[ $what == *tests* ]]; then
     (cd /work/main && GRAPHRUN_REQUIRE_CUDA=1 GRAPHRUN_REQUIRE_GPUS=2 timeout 400 /tmp/x/tests/parallel --test-threads=1 --nocapture) > $OUT/tests.log 2>&1
     rc=$?; [ $rc -ne 0 ] && status=1
     echo "== parallel tests rc=$rc"; grep -E "^test |test result|panicked|failure reported" -A2 $OUT/tests.log
+    (cd /work/main && GRAPHRUN_REQUIRE_CUDA=1 timeout 300 /tmp/x/tests/training_state --test-threads=1) > $OUT/training.log 2>&1
+    rc=$?; [ $rc -ne 0 ] && status=1
+    echo "== training_state tests rc=$rc"; grep -E "^test |test result|panicked" -A2 $OUT/training.log
 fi
 if [[ $what == *bench* ]]; then
     # One GPU without data parallelism, then 1 and 2 workers through NCCL.
-    for n in plain 1 2; do
-        flag=; [ $n != plain ] && flag="--gpus $n"
+    for n in plain 1 2 2s; do
+        flag=; [ $n != plain ] && flag="--gpus ${n%s}"
+        [ $n = 2s ] && flag="$flag --shard-optimizer"
         (cd /work/main && timeout 200 $G bench models/gpt_block.yaml --backend cuda --dtype bf16 \
             --backward $flag --iters 30 --warmup 5 --tune cuda_graphs_debug=1 \
             --json $OUT/graphrun_gpus$n.json) > /tmp/bench_$n.log 2>&1
-        echo "== graphrun gpt_block bf16 train gpus=$n (rc=$?)"; grep -E "median|samples/s|error|not recorded" /tmp/bench_$n.log | head -n 6
+        echo "== graphrun gpt_block bf16 train gpus=$n (rc=$?)"; grep -E "median|samples/s|optimizer state|error|not recorded" /tmp/bench_$n.log | head -n 6
     done
 fi
 if [[ $what == *tune* ]]; then

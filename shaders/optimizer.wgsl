@@ -3,6 +3,8 @@
 // P: 0 n, 1 kind (0 SGD, 1 SGD with momentum, 2 Adam, 3 AdamW), 2 lr, 3 momentum or
 // beta1, 4 beta2, 5 eps, 6 weight decay, 7 Adam step size lr/bc1, 8 sqrt(bc2),
 // 9 AdamW decay 1 − lr·wd, 10 the update's slot in the step.
+// Kind 4 is gradient accumulation (Backend::accumulate), PARAM the accumulator: PARAM =
+// P2·GRAD, or PARAM += P2·GRAD unless P11 (first) is 1.
 // BAD[0] notes the smallest slot whose new value, as stored, is NaN or infinite (the
 // check rides on the update's own pass; see Backend::take_nonfinite).
 
@@ -28,6 +30,11 @@ fn step(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let kind = pu(1u);
     var p = f32(PARAM[i]);
     var g = f32(GRAD[i]);
+    if (kind == 4u) {
+        let v = pf(2u) * g;
+        PARAM[i] = T(select(p + v, v, pu(11u) == 1u));
+        return;
+    }
     if (kind <= 1u) {
         var d = g + pf(6u) * p;
         if (kind == 1u) {

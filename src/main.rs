@@ -239,6 +239,11 @@ struct TrainArgs {
     /// is split evenly over them and their gradients are averaged.
     #[arg(long, default_value_t = 1)]
     gpus: usize,
+    /// Gradient accumulation: run each step's batch (each GPU's share of it with --gpus)
+    /// as K equal micro-batches, one after another, and update once with their averaged
+    /// gradients: the step of the whole batch in the memory of one micro-batch.
+    #[arg(long, value_name = "K", default_value_t = 1)]
+    accumulate: usize,
     /// No progress bar.
     #[arg(long, short)]
     quiet: bool,
@@ -1881,17 +1886,48 @@ fn train(a: TrainArgs) -> Result<(), Fail> {
     if a.gpus == 0 {
         return Err(usage("--gpus must be at least 1"));
     }
+    if a.accumulate == 0 {
+        return Err(usage("--accumulate must be at least 1"));
+    }
+    if batch % (a.gpus * a.accumulate) != 0 {
+        return Err(usage(format!(
+            "--accumulate {}: the batch of {batch} samples{} does not split into {} equal \
+             micro-batches (choose --batch-size)",
+            a.accumulate,
+            if a.gpus > 1 {
+                format!(" over {} GPUs", a.gpus)
+            } else {
+                String::new()
+            },
+            a.gpus * a.accumulate
+        )));
+    }
+    let mut opts = opts;
+    if a.accumulate > 1 {
+        // The batch symbols take the micro-batch's size, not a bound global batch.
+        for i in &fused.inputs {
+            if let Some(graphrun::graph::Dim::Sym(s)) = i.shape.first() {
+                opts.dims.remove(s);
+            }
+        }
+    }
     let mut session = if a.gpus > 1 {
-        Trainer::Many(
-            graphrun::DataParallel::new(fused, opts, a.gpus).map_err(|e| flagged(e, a.gpus))?,
-        )
+        let mut dp =
+            graphrun::DataParallel::new(fused, opts, a.gpus).map_err(|e| flagged(e, a.gpus))?;
+        dp.set_accumulate(a.accumulate)?;
+        Trainer::Many(dp)
     } else {
-        Trainer::One(Session::new(fused, opts)?)
+        Trainer::One(Session::new(fused, opts)?, a.accumulate)
     };
     println!(
-        "training {} on {}: {n} samples, batch {batch}, {total} steps ({:.2} epochs), {}",
+        "training {} on {}: {n} samples, batch {batch}{}, {total} steps ({:.2} epochs), {}",
         g.name,
         session.backend_name(),
+        if a.accumulate > 1 {
+            format!(" in {} micro-batches", a.accumulate)
+        } else {
+            String::new()
+        },
         total as f64 / per_epoch as f64,
         describe_optimizer(&g)
     );
@@ -1972,7 +2008,7 @@ fn train(a: TrainArgs) -> Result<(), Fail> {
                     }
                     let (fused, _) =
                         optimized(&g, a.common.no_fuse, &a.common.disable_pass, false)?;
-                    let mut eval = Trainer::One(Session::new(fused, eval_opts.clone())?);
+                    let mut eval = Trainer::One(Session::new(fused, eval_opts.clone())?, 1);
                     evaluate(&mut eval, &val, nval, batch)?
                 }
             };
@@ -2073,14 +2109,18 @@ fn train(a: TrainArgs) -> Result<(), Fail> {
 // size; there is one Trainer per run, so the difference costs nothing.
 #[cfg_attr(not(feature = "cuda"), allow(clippy::large_enum_variant))]
 enum Trainer {
-    One(Session),
+    /// One session, and the micro-batches of a step (`--accumulate`).
+    One(Session, usize),
     Many(graphrun::DataParallel),
 }
 
 impl Trainer {
     fn train_step(&mut self, feeds: &HashMap<String, Tensor>) -> graphrun::Result<f64> {
         match self {
-            Trainer::One(s) => s.train_step(feeds),
+            Trainer::One(s, 1) => s.train_step(feeds),
+            Trainer::One(s, k) => {
+                s.train_step_accumulated(&graphrun::exec::split_feeds(feeds, *k, "micro-batches")?)
+            }
             Trainer::Many(d) => d.train_step(feeds),
         }
     }
@@ -2090,25 +2130,25 @@ impl Trainer {
         fetch: &[String],
     ) -> graphrun::Result<Vec<Tensor>> {
         match self {
-            Trainer::One(s) => s.run_fetch(feeds, fetch),
+            Trainer::One(s, _) => s.run_fetch(feeds, fetch),
             Trainer::Many(d) => d.run_fetch(feeds, fetch),
         }
     }
     fn graph(&self) -> &graphrun::Graph {
         match self {
-            Trainer::One(s) => s.graph(),
+            Trainer::One(s, _) => s.graph(),
             Trainer::Many(d) => d.graph(),
         }
     }
     fn trained_graph(&mut self) -> graphrun::Result<graphrun::Graph> {
         match self {
-            Trainer::One(s) => s.trained_graph().cloned(),
+            Trainer::One(s, _) => s.trained_graph().cloned(),
             Trainer::Many(d) => d.trained_graph(),
         }
     }
     fn backend_name(&self) -> String {
         match self {
-            Trainer::One(s) => s.backend_name().to_string(),
+            Trainer::One(s, _) => s.backend_name().to_string(),
             Trainer::Many(d) => format!("cuda × {} GPUs", d.gpus()),
         }
     }

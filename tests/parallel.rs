@@ -84,6 +84,18 @@ fn rel(a: &Tensor, b: &Tensor) -> f64 {
 /// Trains `steps` steps on one GPU and on `n` GPUs (same global batch each step) and
 /// compares losses and the trained parameters.
 fn one_vs_many(path: &str, d: BTreeMap<String, usize>, n: usize, steps: usize, tol: f64) {
+    one_vs_many_accumulating(path, d, n, 1, steps, tol)
+}
+
+/// `one_vs_many` with each GPU's shard run as `k` micro-batches (gradient accumulation).
+fn one_vs_many_accumulating(
+    path: &str,
+    d: BTreeMap<String, usize>,
+    n: usize,
+    k: usize,
+    steps: usize,
+    tol: f64,
+) {
     // Several small buckets, so that averages overlap the backward pass and their
     // ordering after each gradient's last reader is exercised.
     graphrun::set_tuning(graphrun::Tuning {
@@ -94,6 +106,7 @@ fn one_vs_many(path: &str, d: BTreeMap<String, usize>, n: usize, steps: usize, t
     let mut one = Session::new(g.clone(), cuda_opts(d.clone())).unwrap();
     let mut dp = DataParallel::new(g, cuda_opts(d), n).unwrap();
     assert_eq!(dp.gpus(), n);
+    dp.set_accumulate(k).unwrap();
     for step in 0..steps {
         let a = one.train_step(&feeds).unwrap();
         let b = dp.train_step(&feeds).unwrap();
@@ -202,6 +215,23 @@ fn one_gpu_through_nccl_matches_a_session() {
 fn two_gpus_match_one_on_the_global_batch_mlp() {
     let Some(_) = gpus(2) else { return };
     one_vs_many("models/mlp.yaml", dims(&[("batch", 32)]), 2, 6, 2e-4);
+}
+
+/// Gradient accumulation on the GPUs: each worker's shard in micro-batches, the
+/// accumulated gradients averaged once (on one GPU through NCCL where there is one).
+#[test]
+fn accumulated_micro_batches_on_gpus_match_the_whole_batch() {
+    let Some(have) = gpus(1) else { return };
+    let n = have.min(2);
+    one_vs_many_accumulating("models/mlp.yaml", dims(&[("batch", 32)]), n, 4, 5, 2e-4);
+    one_vs_many_accumulating(
+        "models/gpt_block.yaml",
+        dims(&[("batch", 4), ("seq", 32)]),
+        n,
+        2,
+        3,
+        2e-4,
+    );
 }
 
 #[test]

@@ -744,3 +744,155 @@ fn cross_entropy_on_the_class_axis_of_image_scores() {
         "loss {got}, want {want}"
     );
 }
+
+/// Gradient accumulation (`Session::train_step_accumulated`, `train --accumulate`): a
+/// step over K equal micro-batches takes the step of the batch they make together (a
+/// mean loss), with SGD with momentum and with AdamW, on every backend and dtype; the
+/// step's loss is the micro-batches' mean. A step that only kept the last micro-batch's
+/// gradient, or summed instead of averaging, moves the weights elsewhere (checked).
+#[test]
+fn accumulated_micro_batches_step_as_the_whole_batch() {
+    let model = Model::load("models/mlp.yaml").unwrap();
+    let d = std::collections::BTreeMap::from([("batch".to_string(), 8usize)]);
+    let batches: Vec<HashMap<String, Tensor>> = (0..3)
+        .map(|s| model.random_inputs(40 + s, &d).unwrap())
+        .collect();
+    let adamw = Optimizer::AdamW {
+        lr: 0.01,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.01,
+    };
+    let momentum = Optimizer::Sgd {
+        lr: 0.1,
+        momentum: 0.9,
+        weight_decay: 0.0,
+    };
+    for backend in backends() {
+        for dtype in [DType::F64, DType::F32, DType::BF16] {
+            if !computes(backend, dtype) || backend == BackendKind::Cpu && dtype == DType::BF16 {
+                continue;
+            }
+            // bf16 rounds each micro-batch's sum to 8 bits, as PyTorch's .grad does.
+            let tol = match dtype {
+                DType::F64 => 1e-12,
+                DType::F32 => 2e-5,
+                _ => 3e-2,
+            };
+            for opt in [&momentum, &adamw] {
+                let mut g = model.graph.clone();
+                g.training.as_mut().unwrap().optimizer = opt.clone();
+                let g = graphrun::exec::with_float_dtype(&g, dtype);
+                let opts = SessionOptions {
+                    backend,
+                    ..Default::default()
+                };
+                let what = format!("{backend:?} {dtype} {opt:?}");
+                let cast = |f: &HashMap<String, Tensor>| -> HashMap<String, Tensor> {
+                    f.iter()
+                        .map(|(k, t)| {
+                            let t = if t.dtype().is_float() {
+                                t.cast(dtype)
+                            } else {
+                                t.clone()
+                            };
+                            (k.clone(), t)
+                        })
+                        .collect()
+                };
+                let mut whole = Session::new(g.clone(), opts.clone()).unwrap();
+                let mut micro = Session::new(g.clone(), opts.clone()).unwrap();
+                let mut last_only = Session::new(g.clone(), opts).unwrap();
+                for (s, b) in batches.iter().enumerate() {
+                    let b = cast(b);
+                    let parts = graphrun::exec::split_feeds(&b, 4, "micro-batches").unwrap();
+                    let lw = whole.train_step(&b).unwrap();
+                    let lm = micro.train_step_accumulated(&parts).unwrap();
+                    last_only.train_step(&parts[3]).unwrap();
+                    assert!(
+                        (lw - lm).abs() <= tol * lw.abs(),
+                        "{what}: step {s}: loss {lw} whole, {lm} in micro-batches"
+                    );
+                }
+                assert_eq!(micro.steps(), 3);
+                let (gw, gm, gl) = (
+                    whole.trained_graph().unwrap().clone(),
+                    micro.trained_graph().unwrap().clone(),
+                    last_only.trained_graph().unwrap().clone(),
+                );
+                let mut apart = 0.0f64;
+                for ((iw, im), il) in gw
+                    .initializers
+                    .iter()
+                    .zip(&gm.initializers)
+                    .zip(&gl.initializers)
+                {
+                    let w = iw.tensor.to_f64_vec();
+                    let e = rel_err(&im.tensor.to_f64_vec(), &w);
+                    assert!(e <= tol, "{what}: '{}' rel err {e:.2e}", iw.name);
+                    apart = apart.max(rel_err(&il.tensor.to_f64_vec(), &w));
+                }
+                assert!(
+                    apart > 10.0 * tol,
+                    "{what}: the test cannot tell ({apart:.2e})"
+                );
+            }
+        }
+    }
+}
+
+/// `train --accumulate`: the run's losses equal the plain run's; a batch that does not
+/// split is refused with a one-line usage error.
+#[test]
+fn cli_accumulate_trains_as_the_whole_batch() {
+    let run = |extra: &str| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_graphrun"))
+            .args([
+                "train",
+                "models/mlp.yaml",
+                "-q",
+                "--steps",
+                "4",
+                "--batch-size",
+                "16",
+            ])
+            .args(extra.split_whitespace())
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let final_loss = |text: &str| -> f64 {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("epoch 1: loss"))
+            .unwrap_or_else(|| panic!("no epoch line in {text}"));
+        line["epoch 1: loss ".len()..]
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let (code, plain, err) = run("");
+    assert_eq!(code, Some(0), "{plain}{err}");
+    let (code, acc, err) = run("--accumulate 4");
+    assert_eq!(code, Some(0), "{acc}{err}");
+    assert!(acc.contains("batch 16 in 4 micro-batches"), "{acc}");
+    let (a, b) = (final_loss(&plain), final_loss(&acc));
+    assert!(
+        (a - b).abs() <= 1e-3 * a.abs(),
+        "{a} vs {b}\n{plain}\n{acc}"
+    );
+    let (code, _, err) = run("--accumulate 3");
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("--accumulate 3") && err.contains("micro-batches"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+}

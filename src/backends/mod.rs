@@ -134,6 +134,18 @@ pub trait Backend {
         ty: &ValueType,
         slot: u32,
     ) -> Result<()>;
+    /// Gradient accumulation over the micro-batches of one step: `acc = scale·grad` when
+    /// `first`, else `acc += scale·grad`, in place, both of type `ty` (the gradient's
+    /// dtype, as PyTorch accumulates `.grad`). Ordered with the launches around it (a
+    /// backend that holds `update`s back issues them first).
+    fn accumulate(
+        &mut self,
+        acc: &mut Self::Buffer,
+        grad: &Self::Buffer,
+        ty: &ValueType,
+        scale: f64,
+        first: bool,
+    ) -> Result<()>;
     /// The smallest `slot` of an update, since the last call, that left a value NaN or
     /// infinite; clears the note. Waits for the queued updates.
     fn take_nonfinite(&mut self) -> Result<Option<u32>>;

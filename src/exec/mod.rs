@@ -24,6 +24,35 @@ pub use crate::files::write_atomic;
 
 pub use crate::graph::eval::PLAN_INPUT_LIMIT;
 
+/// Splits every feed along axis 0 into `n` equal parts (data-parallel shards, the
+/// micro-batches of gradient accumulation); `parts` names them in the error.
+pub fn split_feeds(
+    feeds: &HashMap<String, Tensor>,
+    n: usize,
+    parts: &str,
+) -> Result<Vec<HashMap<String, Tensor>>> {
+    if n == 0 {
+        crate::bail!(Input, "a batch cannot split into 0 {parts}");
+    }
+    let mut out: Vec<HashMap<String, Tensor>> = (0..n).map(|_| HashMap::new()).collect();
+    for (name, t) in feeds {
+        let rows = t.shape().first().copied().unwrap_or(0);
+        if t.shape().is_empty() || rows % n != 0 {
+            crate::bail!(
+                Input,
+                "input '{name}' {}: its first axis (the batch) must split evenly over {n} {parts}",
+                crate::tensor::fmt_shape(t.shape())
+            );
+        }
+        let per = rows / n;
+        for (r, part) in out.iter_mut().enumerate() {
+            let rows: Vec<usize> = (r * per..(r + 1) * per).collect();
+            part.insert(name.clone(), t.take_rows(&rows)?);
+        }
+    }
+    Ok(out)
+}
+
 /// Every pass, with the CPU backend's reference evaluator for the values inference and
 /// constant folding compute on the host (the passes themselves know no backend).
 impl Default for crate::passes::PassOptions {

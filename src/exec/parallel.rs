@@ -29,7 +29,8 @@ use std::time::Duration;
 
 /// What the main thread asks of a worker.
 enum Cmd {
-    Step(Arc<HashMap<String, Tensor>>),
+    /// A step on this shard, in this many micro-batches.
+    Step(Arc<HashMap<String, Tensor>>, usize),
     StaticFeeds(bool),
     Sync,
     Graph,
@@ -53,6 +54,8 @@ pub struct DataParallel {
     /// Set once a worker failed: the communicators are aborted and nothing more runs.
     broken: Option<String>,
     steps: u64,
+    /// Micro-batches per step on each GPU (`set_accumulate`).
+    accumulate: usize,
     timeout: Duration,
     graph: Graph,
 }
@@ -111,6 +114,7 @@ impl DataParallel {
             comms: comms.clone(),
             broken: None,
             steps: 0,
+            accumulate: 1,
             graph: graph.clone(),
             timeout: Duration::from_secs(
                 std::env::var("GRAPHRUN_DP_TIMEOUT")
@@ -158,6 +162,17 @@ impl DataParallel {
         self.steps
     }
 
+    /// Gradient accumulation: each GPU runs its shard of a step as `k` equal micro-batches
+    /// (`Session::train_step_accumulated`) and the accumulated gradients are averaged over
+    /// the GPUs once, on the last. 1 (the default) runs each shard whole.
+    pub fn set_accumulate(&mut self, k: usize) -> Result<()> {
+        if k == 0 {
+            crate::bail!(Input, "gradient accumulation over 0 micro-batches");
+        }
+        self.accumulate = k;
+        Ok(())
+    }
+
     /// One training step on a global batch: every feed is split along axis 0 into one
     /// equal shard per GPU (`split_batch`). Returns the mean of the workers' losses.
     pub fn train_step(&mut self, feeds: &HashMap<String, Tensor>) -> Result<f64> {
@@ -179,7 +194,8 @@ impl DataParallel {
                 self.gpus()
             );
         }
-        self.send(shards.iter().cloned().map(Cmd::Step).collect())?;
+        let k = self.accumulate;
+        self.send(shards.iter().map(|s| Cmd::Step(s.clone(), k)).collect())?;
         let replies = self.gather()?;
         self.steps += 1;
         let losses: Vec<f64> = replies
@@ -332,28 +348,12 @@ impl Drop for DataParallel {
     }
 }
 
-/// Splits every feed along axis 0 into `n` equal shards.
+/// Splits every feed along axis 0 into `n` equal shards, one per GPU.
 pub fn split_batch(
     feeds: &HashMap<String, Tensor>,
     n: usize,
 ) -> Result<Vec<HashMap<String, Tensor>>> {
-    let mut shards: Vec<HashMap<String, Tensor>> = (0..n).map(|_| HashMap::new()).collect();
-    for (name, t) in feeds {
-        let rows = t.shape().first().copied().unwrap_or(0);
-        if t.shape().is_empty() || rows % n != 0 {
-            crate::bail!(
-                Input,
-                "input '{name}' {}: its first axis (the batch) must split evenly over {n} GPUs",
-                crate::tensor::fmt_shape(t.shape())
-            );
-        }
-        let per = rows / n;
-        for (r, shard) in shards.iter_mut().enumerate() {
-            let rows: Vec<usize> = (r * per..(r + 1) * per).collect();
-            shard.insert(name.clone(), t.take_rows(&rows)?);
-        }
-    }
-    Ok(shards)
+    super::split_feeds(feeds, n, "GPUs")
 }
 
 fn worker(
@@ -377,7 +377,10 @@ fn worker(
         };
         while let Ok(cmd) = cmds.recv() {
             let r = match cmd {
-                Cmd::Step(feeds) => s.train_step(&feeds).map(Reply::Loss),
+                Cmd::Step(feeds, 1) => s.train_step(&feeds).map(Reply::Loss),
+                Cmd::Step(feeds, k) => super::split_feeds(&feeds, k, "micro-batches")
+                    .and_then(|m| s.train_step_accumulated(&m))
+                    .map(Reply::Loss),
                 Cmd::StaticFeeds(on) => {
                     s.set_static_feeds(on);
                     Ok(Reply::Done)

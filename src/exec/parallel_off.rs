@@ -32,6 +32,10 @@ impl DataParallel {
     pub fn steps(&self) -> u64 {
         match self.never {}
     }
+    /// Gradient accumulation over `k` micro-batches per GPU.
+    pub fn set_accumulate(&mut self, _k: usize) -> Result<()> {
+        match self.never {}
+    }
     /// One training step on a global batch split across the GPUs.
     pub fn train_step(&mut self, _feeds: &HashMap<String, Tensor>) -> Result<f64> {
         match self.never {}

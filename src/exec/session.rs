@@ -122,6 +122,20 @@ struct Update<'a> {
     opt: &'a Optimizer,
     /// Counts steps from 1.
     t: u64,
+    /// Gradient accumulation: this run is micro-batch `micro.0` of `micro.1` (0 of 1
+    /// without accumulation). Each adds its gradients, weighted 1/count, into the
+    /// executor's accumulators; only the last averages them over the workers and steps
+    /// the optimizer, reading the accumulators as the gradients.
+    micro: (usize, usize),
+}
+
+impl Update<'_> {
+    fn accumulates(&self) -> bool {
+        self.micro.1 > 1
+    }
+    fn last(&self) -> bool {
+        self.micro.0 + 1 == self.micro.1
+    }
 }
 
 /// What `Session` needs from an executor, whatever its backend.
@@ -652,51 +666,88 @@ impl Session {
         })
     }
 
-    /// One training step (SPEC §4): forward, backward of the model's `training.loss`, and
-    /// the optimizer update of every trainable initializer in place on the backend.
-    /// Returns the loss before the update.
+    /// One training step: forward, backward of the model's `training.loss`, and the
+    /// optimizer update of every trainable initializer in place on the backend. Returns
+    /// the loss before the update.
     pub fn train_step(&mut self, feeds: &HashMap<String, Tensor>) -> Result<f64> {
-        let defaulted = with_defaults(&self.graph, feeds);
-        let feeds = &*defaulted;
-        let i = self.backward_plan(feeds, true)?;
-        let e = &self.train_plans[i];
-        let opt = self
-            .graph
-            .training
-            .as_ref()
-            .map(|t| t.optimizer.clone())
-            .expect("checked by backward_plan");
-        let mut all = by_ref(feeds);
-        for (_, seed) in &e.bwd.seeds {
-            all.insert(seed, &e.ones[seed]);
+        self.train_step_accumulated(std::slice::from_ref(feeds))
+    }
+
+    /// One training step over several micro-batches (gradient accumulation): forward and
+    /// backward on each in turn, their gradients averaged (each weighted 1/count, summed
+    /// on the backend in the gradients' dtype), then one optimizer update. With a loss
+    /// that is a mean over the batch and micro-batches of equal size this is the step of
+    /// the batch they make together, in the memory of one micro-batch. Returns the mean
+    /// of their losses. State updates (BatchNormalization's running statistics) follow
+    /// each micro-batch, as PyTorch's forward passes move them; each micro-batch draws
+    /// its own Dropout masks.
+    pub fn train_step_accumulated(&mut self, micro: &[HashMap<String, Tensor>]) -> Result<f64> {
+        if micro.is_empty() {
+            crate::bail!(Input, "a training step needs at least one micro-batch");
         }
+        let opt = match &self.graph.training {
+            Some(t) => t.optimizer.clone(),
+            None => crate::bail!(
+                Input,
+                "the model has no training: section (loss and optimizer)"
+            ),
+        };
+        // Every micro-batch's plan first: a bad one fails the step before any runs.
+        let micro: Vec<_> = micro
+            .iter()
+            .map(|f| with_defaults(&self.graph, f))
+            .collect();
+        let plans = micro
+            .iter()
+            .map(|f| self.backward_plan(f, true))
+            .collect::<Result<Vec<usize>>>()?;
         self.steps += 1;
-        self.last_train = i;
-        self.exec.set_step(self.steps);
-        let fetch = if self.static_feeds {
-            vec![]
-        } else {
-            vec![e.bwd.seeds[0].0.clone()]
-        };
-        let update = Update {
-            pairs: &e.bwd.grads,
-            opt: &opt,
-            t: self.steps,
-        };
-        let loss = self
-            .exec
-            .run(&e.bwd.graph, &e.plan, &all, &fetch, Some(update))?;
-        // With the loss fetched the step is finished, and reading the update kernels'
-        // non-finite note costs no extra wait; with static feeds (timed loops) it is read
-        // by `check_finite`.
-        if !fetch.is_empty() {
-            self.check_finite()?;
+        let mut sum = 0.0;
+        for (m, (feeds, &i)) in micro.iter().zip(&plans).enumerate() {
+            let feeds = &**feeds;
+            let e = &self.train_plans[i];
+            let mut all = by_ref(feeds);
+            for (_, seed) in &e.bwd.seeds {
+                all.insert(seed, &e.ones[seed]);
+            }
+            self.last_train = i;
+            // The last micro-batch runs as step t itself (the optimizer reads t from the
+            // backend's step); the others take steps no plain step reaches, so their
+            // Dropout masks differ from each other's and from every other step's.
+            let last = m + 1 == micro.len();
+            self.exec.set_step(if last {
+                self.steps
+            } else {
+                self.steps | ((m as u64 + 1) << 40)
+            });
+            let fetch = if self.static_feeds {
+                vec![]
+            } else {
+                vec![e.bwd.seeds[0].0.clone()]
+            };
+            let update = Update {
+                pairs: &e.bwd.grads,
+                opt: &opt,
+                t: self.steps,
+                micro: (m, micro.len()),
+            };
+            let loss = self
+                .exec
+                .run(&e.bwd.graph, &e.plan, &all, &fetch, Some(update))?;
+            // With the loss fetched the step is finished, and reading the update kernels'
+            // non-finite note costs no extra wait; with static feeds (timed loops) it is
+            // read by `check_finite`.
+            if last && !fetch.is_empty() {
+                self.check_finite()?;
+            }
+            let Some(loss) = loss.first() else {
+                sum = f64::NAN;
+                continue;
+            };
+            let l = loss.to_f64_vec();
+            sum += l.iter().sum::<f64>() / l.len().max(1) as f64;
         }
-        let Some(loss) = loss.first() else {
-            return Ok(f64::NAN);
-        };
-        let l = loss.to_f64_vec();
-        Ok(l.iter().sum::<f64>() / l.len().max(1) as f64)
+        Ok(sum / micro.len() as f64)
     }
 
     /// Copies the backend's current initializer values (after training) into the graph
@@ -788,6 +839,9 @@ struct Executor<B: Backend> {
     consts: HashMap<u64, Vec<B::Buffer>>,
     /// Optimizer state per trained initializer (momentum; Adam's m and v).
     opt_state: HashMap<String, Vec<B::Buffer>>,
+    /// Gradient accumulators per trained initializer (`Update::micro`), made on the
+    /// first accumulating step.
+    grad_acc: HashMap<String, B::Buffer>,
     /// Counts buffer (re)allocations: a recorded step is valid only for the buffers it saw.
     generation: u64,
     /// `Session::set_static_feeds`, and the (plan, generation) whose inputs are uploaded.
@@ -798,7 +852,7 @@ struct Executor<B: Backend> {
     /// buckets issued as the backward pass makes them (per plan id: step index → the
     /// update pairs averaged after it).
     dp: bool,
-    buckets: HashMap<u64, HashMap<usize, Vec<usize>>>,
+    buckets: HashMap<u64, std::sync::Arc<HashMap<usize, Vec<usize>>>>,
 }
 
 /// The gradient buckets of a training plan: after which step each group of update pairs
@@ -854,6 +908,7 @@ impl<B: Backend> Executor<B> {
             slot_sizes: vec![],
             consts: HashMap::new(),
             opt_state: HashMap::new(),
+            grad_acc: HashMap::new(),
             generation: 0,
             static_feeds: false,
             uploaded: None,
@@ -972,6 +1027,46 @@ impl<B: Backend> Executor<B> {
             self.opt_state.insert(w.clone(), st);
             self.generation += 1;
         }
+        if u.accumulates() {
+            for (w, _) in u.pairs {
+                if self.grad_acc.contains_key(w) {
+                    continue;
+                }
+                let ty = &plan.types[w];
+                let mut b = self
+                    .backend
+                    .alloc(ty.bytes())
+                    .map_err(|e| crate::err!(Runtime, "gradient accumulator of '{w}': {e}"))?;
+                // Typed (a backend whose buffers carry their type) and never garbage,
+                // though the first micro-batch overwrites it.
+                self.backend
+                    .upload(&Tensor::zeros(ty.dtype, &ty.shape), &mut b)?;
+                self.grad_acc.insert(w.clone(), b);
+                self.generation += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Adds the gradients of `which` (indices into the update's pairs) into their
+    /// accumulators (`Update::micro`).
+    fn accumulate(&mut self, plan: &Plan, u: &Update, which: &[usize]) -> Result<()> {
+        let consts = &self.consts[&plan.id];
+        let (i, k) = u.micro;
+        for &j in which {
+            let (w, gname) = &u.pairs[j];
+            let Some(&p) = plan.places.get(gname) else {
+                crate::bail!(Runtime, "gradient '{gname}' has no buffer in the plan");
+            };
+            let grad = place(&self.weights, &self.wmap, consts, &self.slots, p);
+            let acc = self.grad_acc.get_mut(w).expect("made by ensure_opt_state");
+            self.backend
+                .accumulate(acc, grad, &plan.types[gname], 1.0 / k as f64, i == 0)
+                .map_err(|e| match e {
+                    Error::Runtime(m) => Error::Runtime(format!("gradient of '{w}': {m}")),
+                    e => e,
+                })?;
+        }
         Ok(())
     }
 
@@ -980,17 +1075,19 @@ impl<B: Backend> Executor<B> {
         if let (true, Some(u)) = (self.dp, update) {
             self.buckets
                 .entry(plan.id)
-                .or_insert_with(|| buckets(g, plan, u.pairs));
+                .or_insert_with(|| std::sync::Arc::new(buckets(g, plan, u.pairs)));
         }
-        let consts = &self.consts[&plan.id];
+        // Averaged over the workers as the backward makes them: the gradients, or with
+        // accumulation the accumulators, on the last micro-batch only.
         let bucket_at = match update {
-            Some(_) => self.buckets.get(&plan.id),
-            None => None,
+            Some(u) if u.last() => self.buckets.get(&plan.id).cloned(),
+            _ => None,
         };
         for (k, step) in plan.steps.iter().enumerate() {
             let node = &g.nodes[step.node];
             let t0 = self.profile.is_some().then(std::time::Instant::now);
             // Buffers that views share are read as the value's type.
+            let consts = &self.consts[&plan.id];
             for (name, p) in node.inputs.iter().zip(&step.ins) {
                 if let Some(Place::Slot(s)) = p {
                     let b = self.slots[*s].as_mut().expect("slot live");
@@ -1038,15 +1135,22 @@ impl<B: Backend> Executor<B> {
                 }
                 e => e,
             })?;
-            if let (Some(b), Some(u)) = (bucket_at.and_then(|b| b.get(&k)), update) {
+            if let (Some(b), Some(u)) = (bucket_at.as_ref().and_then(|b| b.get(&k)), update) {
+                if u.accumulates() {
+                    self.accumulate(plan, u, b)?;
+                }
+                let consts = &self.consts[&plan.id];
                 let bufs: Vec<(&B::Buffer, &ValueType)> = b
                     .iter()
                     .map(|&i| {
-                        let gname = &u.pairs[i].1;
-                        let Some(&p) = plan.places.get(gname) else {
-                            unreachable!("bucketed gradients have slots")
+                        let (w, gname) = &u.pairs[i];
+                        let buf = match (u.accumulates(), plan.places.get(gname)) {
+                            (true, _) => &self.grad_acc[w],
+                            (false, Some(&p)) => {
+                                place(&self.weights, &self.wmap, consts, &self.slots, p)
+                            }
+                            (false, None) => unreachable!("bucketed gradients have slots"),
                         };
-                        let buf = place(&self.weights, &self.wmap, consts, &self.slots, p);
                         (buf, &plan.types[gname])
                     })
                     .collect();
@@ -1056,7 +1160,23 @@ impl<B: Backend> Executor<B> {
         let Some(u) = update else {
             return Ok(());
         };
+        if u.accumulates() {
+            // Every gradient the buckets did not take (all of them but on the last
+            // micro-batch of a data-parallel step).
+            let bucketed: std::collections::HashSet<usize> = bucket_at
+                .iter()
+                .flat_map(|b| b.values().flatten().copied())
+                .collect();
+            let rest: Vec<usize> = (0..u.pairs.len())
+                .filter(|i| !bucketed.contains(i))
+                .collect();
+            self.accumulate(plan, u, &rest)?;
+            if !u.last() {
+                return self.write_state(g, plan);
+            }
+        }
         self.backend.comm_wait()?;
+        let consts = &self.consts[&plan.id];
         let mut queued = || -> Result<()> {
             for (slot, (w, gname)) in u.pairs.iter().enumerate() {
                 let Some(&k) = self.weight_names.get(w) else {
@@ -1064,6 +1184,7 @@ impl<B: Backend> Executor<B> {
                 };
                 let ty = plan.types[w].clone();
                 let (param, grad) = match plan.places.get(gname) {
+                    _ if u.accumulates() => (&mut self.weights[k], &self.grad_acc[w]),
                     Some(Place::Slot(s)) => (
                         &mut self.weights[k],
                         self.slots[*s].as_ref().expect("gradient slot"),
@@ -1237,7 +1358,8 @@ impl<B: Backend> Run for Executor<B> {
         let key = {
             use std::hash::{Hash, Hasher};
             let mut h = std::collections::hash_map::DefaultHasher::new();
-            (plan.id, self.generation, update.is_some()).hash(&mut h);
+            let micro = update.as_ref().map(|u| (u.micro.0 == 0, u.last()));
+            (plan.id, self.generation, micro).hash(&mut h);
             h.finish()
         };
         if !(record && self.backend.begin_step(key)?) {

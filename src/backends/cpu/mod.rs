@@ -108,6 +108,16 @@ impl Backend for Cpu {
         }
         Ok(())
     }
+    fn accumulate(
+        &mut self,
+        acc: &mut Tensor,
+        grad: &Tensor,
+        _ty: &ValueType,
+        scale: f64,
+        first: bool,
+    ) -> Result<()> {
+        optim::accumulate(acc, grad, scale, first)
+    }
     fn take_nonfinite(&mut self) -> Result<Option<u32>> {
         Ok(self.nonfinite.take())
     }

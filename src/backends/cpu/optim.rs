@@ -137,3 +137,40 @@ where
         }
     }
 }
+
+/// Gradient accumulation: `acc = scale·grad` when `first`, else `acc += scale·grad`, in
+/// the gradient's dtype (as PyTorch's `.grad` accumulates), each sum rounded once from the
+/// accumulating type.
+pub fn accumulate(acc: &mut Tensor, grad: &Tensor, scale: f64, first: bool) -> Result<()> {
+    if grad.dtype() != acc.dtype() || grad.shape() != acc.shape() {
+        crate::bail!(
+            Runtime,
+            "gradient {}{} does not match its accumulator {}{}",
+            grad.dtype(),
+            crate::tensor::fmt_shape(grad.shape()),
+            acc.dtype(),
+            crate::tensor::fmt_shape(acc.shape())
+        );
+    }
+    crate::with_float!(grad.dtype(), T => {
+        accumulate_as::<T>(acc, grad, scale, first);
+        Ok(())
+    }, _ => Err(crate::err!(Runtime, "cannot accumulate a {} gradient", grad.dtype())))
+}
+
+fn accumulate_as<T: Float>(acc: &mut Tensor, grad: &Tensor, scale: f64, first: bool)
+where
+    T::Acc: crate::tensor::Elem,
+{
+    let s = T::Acc::c(scale);
+    let g = grad.as_slice::<T>();
+    acc.as_mut_slice::<T>()
+        .par_chunks_mut(CHUNK)
+        .zip(g.par_chunks(CHUNK))
+        .for_each(|(a, g)| {
+            for (a, g) in a.iter_mut().zip(g) {
+                let v = s * g.to_acc();
+                *a = T::from_acc(if first { v } else { a.to_acc() + v });
+            }
+        });
+}

@@ -713,6 +713,7 @@ mod tests {
             ("ft_dkv_3", "flash_tf32"),
             ("ft_fwd_1", "flash_tf32"),
             ("adam_f32", "optimizer"),
+            ("accumulate_bf16", "optimizer"),
         ] {
             assert_eq!(family_of(name).map(|f| FAMILIES[f].0), Some(fam), "{name}");
         }

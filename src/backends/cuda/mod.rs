@@ -505,6 +505,18 @@ impl Backend for Cuda {
         let (p, g) = (device::ptr(param, s), device::ptr(grad, s));
         optim::update(self, opt, t, p, g, &state, ty, slot)
     }
+    fn accumulate(
+        &mut self,
+        acc: &mut CudaSlice<u8>,
+        grad: &CudaSlice<u8>,
+        ty: &ValueType,
+        scale: f64,
+        first: bool,
+    ) -> Result<()> {
+        let s = &self.stream;
+        let (a, g) = (device::ptr(acc, s), device::ptr(grad, s));
+        optim::accumulate(self, a, g, ty, scale, first)
+    }
     fn take_nonfinite(&mut self) -> Result<Option<u32>> {
         let err = |e| crate::err!(Runtime, "CUDA copy failed: {e:?}");
         let v = self.stream.clone_dtoh(&self.nonfinite).map_err(err)?;

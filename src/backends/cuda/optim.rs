@@ -136,3 +136,32 @@ pub fn update(
         }
     }
 }
+
+/// `Backend::accumulate` (cuda/optimizer.cu `accumulate`): `acc = scale·grad` when
+/// `first`, else `acc += scale·grad`. Held-back SGD updates go out first, so the order
+/// is the executor's.
+pub fn accumulate(
+    c: &mut Cuda,
+    acc: u64,
+    grad: u64,
+    ty: &ValueType,
+    scale: f64,
+    first: bool,
+) -> Result<()> {
+    if !ty.dtype.is_float() {
+        crate::bail!(Runtime, "cannot accumulate a {} gradient", ty.dtype);
+    }
+    flush(c)?;
+    let n = ty.numel();
+    if n == 0 {
+        return Ok(());
+    }
+    let args = [
+        Arg::Ptr(acc),
+        Arg::Ptr(grad),
+        Arg::I64(n as i64),
+        Arg::F64(scale),
+        Arg::I32(first as i32),
+    ];
+    c.launch_n(&format!("accumulate_{}", suffix(ty.dtype)), n, &args)
+}

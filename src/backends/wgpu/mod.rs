@@ -306,6 +306,17 @@ impl Backend for Wgpu {
         self.next.set(0);
         optim::update(self, opt, t, param, grad, state, ty, slot)
     }
+    fn accumulate(
+        &mut self,
+        acc: &mut wgpu::Buffer,
+        grad: &wgpu::Buffer,
+        ty: &ValueType,
+        scale: f64,
+        first: bool,
+    ) -> Result<()> {
+        self.next.set(0);
+        optim::accumulate(self, acc, grad, ty, scale, first)
+    }
     fn take_nonfinite(&mut self) -> Result<Option<u32>> {
         let v = self.rec.read(&self.nonfinite, 4)?;
         let slot = u32::from_le_bytes([v[0], v[1], v[2], v[3]]);

@@ -87,3 +87,51 @@ pub fn update(
         groups_for(n, 256),
     )
 }
+
+/// `Backend::accumulate`: the step kernel's kind 4 (acc = scale·grad, or += unless first).
+pub fn accumulate(
+    w: &mut Wgpu,
+    acc: &mut wgpu::Buffer,
+    grad: &wgpu::Buffer,
+    ty: &ValueType,
+    scale: f64,
+    first: bool,
+) -> Result<()> {
+    let node = Node {
+        name: "gradient accumulation".into(),
+        op: Op::Identity,
+        inputs: vec![],
+        outputs: vec![],
+        loc: None,
+    };
+    let defs = float_defs(w, &node, ty.dtype).map_err(|_| {
+        crate::err!(
+            Runtime,
+            "cannot accumulate a {} gradient on the wgpu backend",
+            ty.dtype
+        )
+    })?;
+    let n = ty.numel();
+    if n == 0 {
+        return Ok(());
+    }
+    let p = Params::new()
+        .u(0, n)
+        .u(1, 4)
+        .f(2, scale as f32)
+        .u(11, first as usize);
+    let (s0, s1) = (w.scratch(16), w.scratch(16));
+    let k = Wgpu::kernel(Family::Optimizer, "step", defs);
+    w.run_kernel(
+        &k,
+        &p,
+        &[
+            (1, &*acc),
+            (2, grad),
+            (3, &s0),
+            (4, &s1),
+            (5, &w.nonfinite.clone()),
+        ],
+        groups_for(n, 256),
+    )
+}
