@@ -5,7 +5,7 @@
 # steps on 1 and 2 GPUs with graphrun (`bench --backward --gpus N`, also with the
 # optimizer sharded) and with PyTorch DDP (torchrun), same per-GPU batch. Build here
 # first (scripts/carry_nccl.sh fills .carry-nccl/), then
-#   bash .carry-nccl/device_nccl.sh [tests] [bench] [ddp] [tune]     (default: tests bench ddp)
+#   [GPUS="1 2 4"] bash .carry-nccl/device_nccl.sh [tests] [bench] [ddp] [torchrun] [tune]     (default: tests bench ddp)
 # NVLink multicast stays off (the device README demands it).
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -20,6 +20,8 @@ cp /tmp/x/graphrun /work/main/target/release/graphrun && cp /tmp/x/graphrun /wor
 export GRAPHRUN_CUDA_CACHE=/tmp/kcache
 G=/tmp/x/graphrun
 what=${*:-tests bench ddp}
+# The GPU counts benched (GPUS="1 2 4" on a 4-GPU machine); the last also sharded.
+GPUS=${GPUS:-1 2}
 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader
 nvidia-smi topo -m 2>&1 | head -n 4
 $G doctor 2>&1 | sed -n '/^cuda/,/^wgpu/p'
@@ -39,14 +41,28 @@ if [[ $what == *tests* ]]; then
 fi
 if [[ $what == *bench* ]]; then
     # One GPU without data parallelism, then 1 and 2 workers through NCCL.
-    for n in plain 1 2 2s; do
+    for n in plain $GPUS ${SHARDED:-${GPUS##* }s}; do
         flag=; [ $n != plain ] && flag="--gpus ${n%s}"
-        [ $n = 2s ] && flag="$flag --shard-optimizer"
+        [ "${n%s}" != "$n" ] && flag="$flag --shard-optimizer"
         (cd /work/main && timeout 200 $G bench models/gpt_block.yaml --backend cuda --dtype bf16 \
             --backward $flag --iters 30 --warmup 5 --tune cuda_graphs_debug=1 \
             --json $OUT/graphrun_gpus$n.json) > /tmp/bench_$n.log 2>&1
         echo "== graphrun gpt_block bf16 train gpus=$n (rc=$?)"; grep -E "median|samples/s|optimizer state|error|not recorded" /tmp/bench_$n.log | head -n 6
     done
+    # GPT-2 small's step (AdamW: its state is what sharding divides), batch 8 x 1024 a GPU.
+    for n in ${GPT2_GPUS:-${GPUS##* } ${GPUS##* }s}; do
+        flag="--gpus ${n%s}"; [ "${n%s}" != "$n" ] && flag="$flag --shard-optimizer"
+        (cd /work/main && timeout 300 $G bench models/gpt2_124m.yaml --backend cuda --dtype bf16 \
+            --backward $flag --iters 20 --warmup 3 --json $OUT/gpt2_gpus$n.json) > /tmp/gpt2_$n.log 2>&1
+        echo "== graphrun gpt2_124m bf16 train gpus=$n (rc=$?)"; grep -E "median|samples/s|optimizer state|error" /tmp/gpt2_$n.log | head -n 6
+    done
+fi
+if [[ $what == *torchrun* ]]; then
+    # graphrun as torchrun starts it (its agent holds MASTER_PORT): 2 processes x 1 GPU.
+    (cd /work/main && timeout 120 torchrun --standalone --nproc_per_node=2 --no-python $G train \
+        models/mlp.yaml --backend cuda --steps 20 --batch-size 64 --shard-optimizer) > $OUT/torchrun.log 2>&1
+    rc=$?; [ $rc -ne 0 ] && status=1
+    echo "== torchrun 2 x graphrun train rc=$rc"; grep -vE "^\s*$" $OUT/torchrun.log | tail -n 8
 fi
 if [[ $what == *tune* ]]; then
     # Gradient bucket size and NCCL's share of the SMs, on 2 GPUs.
@@ -58,7 +74,7 @@ if [[ $what == *tune* ]]; then
     done
 fi
 if [[ $what == *ddp* ]]; then
-    for n in 1 2; do
+    for n in $GPUS; do
         PYTHONUNBUFFERED=1 TORCH_REFERENCE_DIR=$C timeout 200 torchrun --standalone --nproc_per_node=$n \
             $C/ddp_reference.py --dtype bf16 --iters 100 --warmup 20 --json $OUT/ddp_gpus$n.json > /tmp/ddp_$n.log 2>&1
         echo "== torch DDP gpt_block bf16 x$n (rc=$?)"; grep -E "DDP|Error|error" /tmp/ddp_$n.log | head -n 4

@@ -441,20 +441,15 @@ fn range_(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
 @compute @workgroup_size(256)
 fn cumulative(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let line = linear(wid, nwg, lid, WG);
-    let d = pu(2u);
-    let inner = pu(3u);
-    if (line >= pu(1u) * inner) { return; }
-    let excl = (pu(4u) & 1u) != 0u;
-    let rev = (pu(4u) & 2u) != 0u;
-    let prod = (pu(4u) & 4u) != 0u;
-    let base = (line / inner) * d * inner + line % inner;
-    var acc = select(A(0), A(1), prod);
-    for (var s = 0u; s < d; s += 1u) {
-        let at = base + select(s, d - 1u - s, rev) * inner;
+    if (line >= pu(1u) * pu(3u)) { return; }
+    let c = cum_line(line);
+    var acc = select(A(0), A(1), c.prod);
+    for (var s = 0u; s < c.d; s += 1u) {
+        let at = cum_at(c, s);
         let v = A(X0[at]);
-        if (!excl) { acc = select(acc + v, acc * v, prod); }
+        if (!c.excl) { acc = select(acc + v, acc * v, c.prod); }
         Y[at] = T(acc);
-        if (excl) { acc = select(acc + v, acc * v, prod); }
+        if (c.excl) { acc = select(acc + v, acc * v, c.prod); }
     }
 }
 
@@ -462,22 +457,33 @@ fn cumulative(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
 @compute @workgroup_size(256)
 fn cumulative64(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let line = linear(wid, nwg, lid, WG);
-    let d = pu(2u);
-    let inner = pu(3u);
-    if (line >= pu(1u) * inner) { return; }
-    let excl = (pu(4u) & 1u) != 0u;
-    let rev = (pu(4u) & 2u) != 0u;
-    let prod = (pu(4u) & 4u) != 0u;
-    let base = (line / inner) * d * inner + line % inner;
-    var acc = select(vec2<u32>(0u, 0u), vec2<u32>(1u, 0u), prod);
-    for (var s = 0u; s < d; s += 1u) {
-        let at = base + select(s, d - 1u - s, rev) * inner;
+    if (line >= pu(1u) * pu(3u)) { return; }
+    let c = cum_line(line);
+    var acc = select(vec2<u32>(0u, 0u), vec2<u32>(1u, 0u), c.prod);
+    for (var s = 0u; s < c.d; s += 1u) {
+        let at = cum_at(c, s);
         let v = b0_64(at);
-        if (!excl) { acc = select(add64(acc, v), mul64(acc, v), prod); }
+        if (!c.excl) { acc = select(add64(acc, v), mul64(acc, v), c.prod); }
         M[2u * at] = acc.x;
         M[2u * at + 1u] = acc.y;
-        if (excl) { acc = select(add64(acc, v), mul64(acc, v), prod); }
+        if (c.excl) { acc = select(add64(acc, v), mul64(acc, v), c.prod); }
     }
+}
+
+// One line of a cumulative sum or product (P: 1 outer, 2 length, 3 inner
+// stride, 4 flags: 1 exclusive, 2 reverse, 4 product).
+struct CumLine { base: u32, d: u32, inner: u32, excl: bool, rev: bool, prod: bool }
+
+fn cum_line(line: u32) -> CumLine {
+    let d = pu(2u);
+    let inner = pu(3u);
+    let f = pu(4u);
+    return CumLine((line / inner) * d * inner + line % inner, d, inner, (f & 1u) != 0u, (f & 2u) != 0u, (f & 4u) != 0u);
+}
+
+// Element s of the line, counted from its end when reversed.
+fn cum_at(c: CumLine, s: u32) -> u32 {
+    return c.base + select(s, c.d - 1u - s, c.rev) * c.inner;
 }
 
 // Min first, then max: with min > max every value becomes max, as ONNX says.

@@ -179,6 +179,10 @@ struct BenchArgs {
     /// on this many GPUs, each with the model's batch (cuda backend, NCCL).
     #[arg(long)]
     gpus: Option<usize>,
+    /// With --gpus: shard the optimizer state over the GPUs (ZeRO stage 1); reports
+    /// each GPU's share.
+    #[arg(long, requires = "gpus")]
+    shard_optimizer: bool,
 }
 
 #[derive(Args)]
@@ -244,6 +248,11 @@ struct TrainArgs {
     /// gradients: the step of the whole batch in the memory of one micro-batch.
     #[arg(long, value_name = "K", default_value_t = 1)]
     accumulate: usize,
+    /// With --gpus: each GPU keeps the optimizer state (Adam's moments, momentum) of its
+    /// own 1/N shard of every parameter only (ZeRO stage 1), so a model whose optimizer
+    /// state does not fit one GPU can train on several; the steps are the same.
+    #[arg(long)]
+    shard_optimizer: bool,
     /// No progress bar.
     #[arg(long, short)]
     quiet: bool,
@@ -495,6 +504,7 @@ fn session_options(c: &Common, dims: BTreeMap<String, usize>, training: bool) ->
         tf32: c.dtype.as_deref() == Some("tf32"),
         device: 0,
         allow_nonfinite: false,
+        shard_optimizer: false,
     }
 }
 
@@ -1528,6 +1538,10 @@ fn bench_parallel(
         .next()
         .and_then(|t| t.shape().first().copied())
         .unwrap_or(1);
+    let opts = SessionOptions {
+        shard_optimizer: a.shard_optimizer,
+        ..opts
+    };
     let mut dp = graphrun::DataParallel::new(fused, opts, gpus).map_err(|e| flagged(e, gpus))?;
     dp.set_static_feeds(true)?;
     let step = |dp: &mut graphrun::DataParallel| {
@@ -1549,11 +1563,21 @@ fn bench_parallel(
         if group > 1 { "s" } else { "" }
     );
     println!("  {samples:.1} samples/s");
+    let state = dp.optimizer_state_bytes()?.into_iter().max().unwrap_or(0);
+    println!(
+        "  optimizer state per GPU: {:.1} MiB{}",
+        state as f64 / (1u64 << 20) as f64,
+        if a.shard_optimizer {
+            format!(" (sharded over {gpus} GPUs)")
+        } else {
+            String::new()
+        }
+    );
     if let Some(p) = &a.json {
         let dtype = a.common.dtype.clone().unwrap_or_else(|| "f32".into());
         let json = format!(
-            "{{\"results\": [{{\"workload\": {:?}, \"dtype\": \"{dtype}\", \"mode\": \"graphrun\", \"pass\": \"train\", \"backend\": \"cuda\", \"gpus\": {}, \"batch_per_gpu\": {per_gpu}, \"ms\": {med}, \"ms_min\": {min}, \"ms_max\": {max}, \"samples_per_s\": {samples}, \"status\": \"ok\"}}]}}\n",
-            model.graph.name, gpus
+            "{{\"results\": [{{\"workload\": {:?}, \"dtype\": \"{dtype}\", \"mode\": \"graphrun\", \"pass\": \"train\", \"backend\": \"cuda\", \"gpus\": {}, \"batch_per_gpu\": {per_gpu}, \"ms\": {med}, \"ms_min\": {min}, \"ms_max\": {max}, \"samples_per_s\": {samples}, \"sharded_optimizer\": {}, \"optimizer_state_bytes_per_gpu\": {state}, \"status\": \"ok\"}}]}}\n",
+            model.graph.name, gpus, a.shard_optimizer
         );
         write_atomic(p, |w| w.write_all(json.as_bytes()))?;
     }
@@ -1889,7 +1913,18 @@ fn train(a: TrainArgs) -> Result<(), Fail> {
     if a.accumulate == 0 {
         return Err(usage("--accumulate must be at least 1"));
     }
-    if batch % (a.gpus * a.accumulate) != 0 {
+    // Several processes (torchrun, srun, mpirun): this one trains its share of each batch.
+    let launch = graphrun::exec::launch::Launch::from_env()?;
+    let (procs, rank) = launch.as_ref().map_or((1, 0), |l| (l.world, l.rank));
+    let lead = rank == 0;
+    if batch % (procs * a.gpus) != 0 {
+        return Err(usage(format!(
+            "{procs} processes × {} GPUs: the batch of {batch} samples does not split evenly \
+             over them (choose --batch-size)",
+            a.gpus
+        )));
+    }
+    if batch % (procs * a.gpus * a.accumulate) != 0 {
         return Err(usage(format!(
             "--accumulate {}: the batch of {batch} samples{} does not split into {} equal \
              micro-batches (choose --batch-size)",
@@ -1903,6 +1938,7 @@ fn train(a: TrainArgs) -> Result<(), Fail> {
         )));
     }
     let mut opts = opts;
+    opts.shard_optimizer = a.shard_optimizer;
     if a.accumulate > 1 {
         // The batch symbols take the micro-batch's size, not a bound global batch.
         for i in &fused.inputs {
@@ -1911,7 +1947,12 @@ fn train(a: TrainArgs) -> Result<(), Fail> {
             }
         }
     }
-    let mut session = if a.gpus > 1 {
+    let mut session = if let Some(l) = &launch {
+        let mut dp = graphrun::DataParallel::launched(fused, opts, a.gpus, l)
+            .map_err(|e| flagged(e, a.gpus))?;
+        dp.set_accumulate(a.accumulate)?;
+        Trainer::Many(dp)
+    } else if a.gpus > 1 {
         let mut dp =
             graphrun::DataParallel::new(fused, opts, a.gpus).map_err(|e| flagged(e, a.gpus))?;
         dp.set_accumulate(a.accumulate)?;
@@ -1919,10 +1960,17 @@ fn train(a: TrainArgs) -> Result<(), Fail> {
     } else {
         Trainer::One(Session::new(fused, opts)?, a.accumulate)
     };
+    let on = match &launch {
+        Some(l) => format!(
+            "{} in each of {} processes",
+            session.backend_name(),
+            l.world
+        ),
+        None => session.backend_name(),
+    };
     println!(
-        "training {} on {}: {n} samples, batch {batch}{}, {total} steps ({:.2} epochs), {}",
+        "training {} on {on}: {n} samples, batch {batch}{}, {total} steps ({:.2} epochs), {}",
         g.name,
-        session.backend_name(),
         if a.accumulate > 1 {
             format!(" in {} micro-batches", a.accumulate)
         } else {
@@ -1931,7 +1979,8 @@ fn train(a: TrainArgs) -> Result<(), Fail> {
         total as f64 / per_epoch as f64,
         describe_optimizer(&g)
     );
-    let bar = if a.quiet {
+    // Only the first process reports (the others' losses are their shares' alone).
+    let bar = if a.quiet || !lead {
         indicatif::ProgressBar::hidden()
     } else {
         let b = indicatif::ProgressBar::new(total as u64);
@@ -1966,6 +2015,9 @@ fn train(a: TrainArgs) -> Result<(), Fail> {
             if step == total || stop.load(std::sync::atomic::Ordering::Relaxed) {
                 break;
             }
+            // This process's share of the batch (every process draws the same order).
+            let per = batch / procs;
+            let chunk = &chunk[rank * per..(rank + 1) * per];
             let feeds: HashMap<String, Tensor> = sets
                 .iter()
                 .map(|(name, t)| Ok((name.clone(), take_rows(t, chunk)?)))
@@ -1995,7 +2047,7 @@ fn train(a: TrainArgs) -> Result<(), Fail> {
             t_epoch.elapsed().as_secs_f64(),
             t0.elapsed().as_secs_f64()
         );
-        if nval > 0 {
+        if nval > 0 && lead {
             let (vl, acc) = match &eval_graph {
                 None => evaluate(&mut session, &val, nval, batch)?,
                 Some(g0) => {
@@ -2018,7 +2070,9 @@ fn train(a: TrainArgs) -> Result<(), Fail> {
                 line.push_str(&format!(", accuracy {:.2}%", acc * 100.0));
             }
         }
-        bar.suspend(|| println!("{line}"));
+        if lead {
+            bar.suspend(|| println!("{line}"));
+        }
         if stop.load(std::sync::atomic::Ordering::Relaxed) {
             break;
         }
@@ -2033,6 +2087,11 @@ fn train(a: TrainArgs) -> Result<(), Fail> {
             code: 130,
             err: anyhow::anyhow!("interrupted before the first step; nothing saved"),
         });
+    }
+    if !lead {
+        // The first process saves and plots.
+        session.finish();
+        return Ok(());
     }
     println!(
         "trained {} in {:.2} s; loss {:.4} -> {:.4}",
@@ -2092,6 +2151,7 @@ fn train(a: TrainArgs) -> Result<(), Fail> {
         ));
     }
     out.commit()?;
+    session.finish();
     for w in wrote {
         println!("{w}");
     }
@@ -2144,6 +2204,12 @@ impl Trainer {
         match self {
             Trainer::One(s, _) => s.trained_graph().cloned(),
             Trainer::Many(d) => d.trained_graph(),
+        }
+    }
+    /// The end of a run that went well (`DataParallel::finish`).
+    fn finish(&mut self) {
+        if let Trainer::Many(d) = self {
+            d.finish();
         }
     }
     fn backend_name(&self) -> String {

@@ -14,6 +14,7 @@ mod common;
 
 use common::*;
 use graphrun::exec::parallel::split_batch;
+use graphrun::graph::Optimizer;
 use graphrun::passes::PassOptions;
 use graphrun::{BackendKind, DataParallel, Model, Session, SessionOptions, Tensor};
 use std::collections::{BTreeMap, HashMap};
@@ -84,7 +85,18 @@ fn rel(a: &Tensor, b: &Tensor) -> f64 {
 /// Trains `steps` steps on one GPU and on `n` GPUs (same global batch each step) and
 /// compares losses and the trained parameters.
 fn one_vs_many(path: &str, d: BTreeMap<String, usize>, n: usize, steps: usize, tol: f64) {
-    one_vs_many_accumulating(path, d, n, 1, steps, tol)
+    one_vs_many_with(path, d, n, Variant::default(), steps, tol)
+}
+
+/// How the data-parallel run differs from a plain one.
+#[derive(Default, Clone)]
+struct Variant {
+    /// Micro-batches per GPU (gradient accumulation); 0 is 1.
+    accumulate: usize,
+    /// `SessionOptions::shard_optimizer`.
+    shard: bool,
+    /// In place of the model's optimizer.
+    optimizer: Option<Optimizer>,
 }
 
 /// `one_vs_many` with each GPU's shard run as `k` micro-batches (gradient accumulation).
@@ -96,17 +108,39 @@ fn one_vs_many_accumulating(
     steps: usize,
     tol: f64,
 ) {
+    let v = Variant {
+        accumulate: k,
+        ..Default::default()
+    };
+    one_vs_many_with(path, d, n, v, steps, tol)
+}
+
+fn one_vs_many_with(
+    path: &str,
+    d: BTreeMap<String, usize>,
+    n: usize,
+    v: Variant,
+    steps: usize,
+    tol: f64,
+) {
     // Several small buckets, so that averages overlap the backward pass and their
     // ordering after each gradient's last reader is exercised.
     graphrun::set_tuning(graphrun::Tuning {
         dp_bucket_bytes: 65536,
         ..graphrun::tuning()
     });
-    let (g, feeds) = setup(path, &d, 7);
+    let (mut g, feeds) = setup(path, &d, 7);
+    if let Some(o) = &v.optimizer {
+        g.training.as_mut().unwrap().optimizer = o.clone();
+    }
     let mut one = Session::new(g.clone(), cuda_opts(d.clone())).unwrap();
-    let mut dp = DataParallel::new(g, cuda_opts(d), n).unwrap();
+    let opts = SessionOptions {
+        shard_optimizer: v.shard,
+        ..cuda_opts(d)
+    };
+    let mut dp = DataParallel::new(g, opts, n).unwrap();
     assert_eq!(dp.gpus(), n);
-    dp.set_accumulate(k).unwrap();
+    dp.set_accumulate(v.accumulate.max(1)).unwrap();
     for step in 0..steps {
         let a = one.train_step(&feeds).unwrap();
         let b = dp.train_step(&feeds).unwrap();
@@ -116,6 +150,28 @@ fn one_vs_many_accumulating(
         );
     }
     assert_eq!(dp.steps(), steps as u64);
+    // Each GPU's optimizer state: everything, or with sharding its shards only.
+    let whole = one.optimizer_state_bytes();
+    let per_gpu = dp.optimizer_state_bytes().unwrap();
+    assert_eq!(per_gpu.len(), n);
+    if v.shard {
+        assert_eq!(
+            per_gpu.iter().sum::<usize>(),
+            whole,
+            "{path}: shards {per_gpu:?}"
+        );
+        // Shards are cut in blocks of 64 elements (a small tensor's falls to one GPU):
+        // each GPU's share is within a block per parameter (two f32 moments) of 1/n.
+        let slack = one.graph().initializers.len() * 64 * 8;
+        for &b in &per_gpu {
+            assert!(b <= whole / n + slack, "{path}: {per_gpu:?} of {whole}");
+        }
+    } else {
+        assert!(
+            per_gpu.iter().all(|&b| b == whole),
+            "{path}: {per_gpu:?} vs {whole}"
+        );
+    }
     let ga = one.trained_graph().unwrap().clone();
     let gb = dp.trained_graph().unwrap();
     for (ia, ib) in ga.initializers.iter().zip(&gb.initializers) {
@@ -234,6 +290,48 @@ fn accumulated_micro_batches_on_gpus_match_the_whole_batch() {
     );
 }
 
+/// The sharded optimizer (ZeRO stage 1): the steps of the unsharded run, each GPU
+/// holding its share of the optimizer state (on one GPU through NCCL where there is one).
+#[test]
+fn sharded_optimizer_steps_as_the_whole() {
+    let Some(have) = gpus(1) else { return };
+    let n = have.min(2);
+    let adamw = Optimizer::AdamW {
+        lr: 0.003,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.01,
+    };
+    for optimizer in [None, Some(adamw)] {
+        let v = Variant {
+            shard: true,
+            optimizer,
+            ..Default::default()
+        };
+        // Adam's steps divide by the gradients' own size, which magnifies the rounding of
+        // a different summation order (shards reduced to their owners, not all-reduced)
+        // where a gradient is near zero.
+        let tol = if v.optimizer.is_some() { 2e-3 } else { 2e-4 };
+        one_vs_many_with(
+            "models/mlp.yaml",
+            dims(&[("batch", 32)]),
+            n,
+            v.clone(),
+            5,
+            tol,
+        );
+        one_vs_many_with(
+            "models/gpt_block.yaml",
+            dims(&[("batch", 4), ("seq", 32)]),
+            n,
+            Variant { accumulate: 2, ..v },
+            3,
+            tol,
+        );
+    }
+}
+
 #[test]
 fn two_gpus_match_one_on_the_global_batch_gpt_block() {
     let Some(_) = gpus(2) else { return };
@@ -290,5 +388,118 @@ fn cli_trains_on_gpus() {
     assert!(text.contains("trained 5 steps"), "{text}");
     let saved = Tensor::read_safetensors(&save).unwrap();
     assert_eq!(saved.len(), 6);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `graphrun train models/mlp.yaml` as one process of a `world`-process run (the
+/// variables torchrun sets), started, not waited for.
+fn train_rank(rank: usize, world: usize, port: u16, args: &str) -> std::process::Child {
+    std::process::Command::new(env!("CARGO_BIN_EXE_graphrun"))
+        .args(["train", "models/mlp.yaml", "-q"])
+        .args(args.split_whitespace())
+        .env("WORLD_SIZE", world.to_string())
+        .env("RANK", rank.to_string())
+        .env("LOCAL_RANK", rank.to_string())
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("MASTER_PORT", port.to_string())
+        .env("GRAPHRUN_DP_TIMEOUT", "120")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Two processes of one GPU each (as torchrun starts them) train as one process on two
+/// GPUs (with the optimizer sharded and gradients accumulated): the same weights after
+/// the same steps; the first process alone writes them. A process that dies stops the
+/// other at once, with an error naming it.
+#[test]
+fn two_processes_train_as_one_process_on_two_gpus() {
+    let Some(_) = gpus(2) else { return };
+    let dir = std::env::temp_dir().join(format!("graphrun-mp-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (one, many) = (dir.join("one.safetensors"), dir.join("many.safetensors"));
+    let common = "--backend cuda --steps 6 --batch-size 32 --shard-optimizer --accumulate 2";
+    let out = train_cli(&format!("{common} --gpus 2 --save {}", one.display()));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let port = free_port();
+    let ranks: Vec<_> = (0..2)
+        .map(|r| train_rank(r, 2, port, &format!("{common} --save {}", many.display())))
+        .collect();
+    for (r, p) in ranks.into_iter().enumerate() {
+        let out = p.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "rank {r}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let (a, b) = (
+        Tensor::read_safetensors(&one).unwrap(),
+        Tensor::read_safetensors(&many).unwrap(),
+    );
+    assert_eq!(a.len(), 6);
+    for ((na, ta), (nb, tb)) in a.iter().zip(&b) {
+        assert_eq!(na, nb);
+        let e = rel(ta, tb);
+        assert!(
+            e <= 1e-5,
+            "'{na}' differs by {e:e} between 1 and 2 processes"
+        );
+    }
+    // Rank 1 dies mid-run (killed): rank 0 stops with an error that names it, at
+    // once, instead of waiting in a collective for a peer that is gone.
+    let port = free_port();
+    let long = "--backend cuda --steps 100000000 --batch-size 32";
+    let mut r0 = train_rank(0, 2, port, long);
+    let mut r1 = train_rank(1, 2, port, long);
+    let mut out0 = std::io::BufReader::new(r0.stdout.take().unwrap());
+    let mut line = String::new();
+    use std::io::BufRead;
+    while !line.starts_with("training") {
+        line.clear();
+        if out0.read_line(&mut line).unwrap() == 0 {
+            let _ = r1.kill();
+            panic!("rank 0 ended before training: {:?}", r0.wait_with_output());
+        }
+    }
+    // Its epoch lines keep coming: drained, so that it never blocks on a full pipe.
+    std::thread::spawn(move || std::io::copy(&mut out0, &mut std::io::sink()));
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    r1.kill().unwrap();
+    let _ = r1.wait();
+    let t0 = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = r0.try_wait().unwrap() {
+            break s;
+        }
+        if t0.elapsed() > std::time::Duration::from_secs(60) {
+            let _ = r0.kill();
+            panic!("rank 0 still running 60 s after rank 1 died");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut r0.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(!status.success(), "{err}");
+    assert!(err.contains("rank 1 stopped"), "{err}");
+    eprintln!(
+        "rank 0 stopped {:.2} s after rank 1 died: {}",
+        t0.elapsed().as_secs_f64(),
+        err.trim()
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -190,6 +190,53 @@ pub trait Backend {
             self.name()
         )
     }
+    /// Sharded optimizer (`SessionOptions::shard_optimizer`): the elements of an
+    /// `n`-element tensor whose optimizer step this worker owns. Every element where
+    /// there is no communicator.
+    fn shard(&self, n: usize) -> std::ops::Range<usize> {
+        0..n
+    }
+    /// Sharded optimizer: averages each buffer over the workers into its owners' shards
+    /// (`shard`; the rest of the buffer is then undefined). Ordered as `all_reduce`.
+    fn reduce_scatter(&mut self, bufs: &[(&Self::Buffer, &ValueType)]) -> Result<()> {
+        let _ = bufs;
+        crate::bail!(
+            Runtime,
+            "the {} backend has no collective communication",
+            self.name()
+        )
+    }
+    /// Sharded optimizer: `update` on the elements `part` of `param` and `grad` (the
+    /// state buffers hold just those elements).
+    #[allow(clippy::too_many_arguments)]
+    fn update_part(
+        &mut self,
+        opt: &Optimizer,
+        t: u64,
+        param: &mut Self::Buffer,
+        grad: &Self::Buffer,
+        state: &mut [Self::Buffer],
+        ty: &ValueType,
+        slot: u32,
+        part: std::ops::Range<usize>,
+    ) -> Result<()> {
+        let _ = (opt, t, param, grad, state, ty, slot, part);
+        crate::bail!(
+            Runtime,
+            "the {} backend has no sharded optimizer",
+            self.name()
+        )
+    }
+    /// Sharded optimizer, after the updates: each worker's shard of each buffer copied to
+    /// every worker, ordered after the launches issued so far and before those that follow.
+    fn gather_shards(&mut self, bufs: &[(&Self::Buffer, &ValueType)]) -> Result<()> {
+        let _ = bufs;
+        crate::bail!(
+            Runtime,
+            "the {} backend has no collective communication",
+            self.name()
+        )
+    }
     /// Orders the launches that follow after every `all_reduce` issued before.
     fn comm_wait(&mut self) -> Result<()> {
         Ok(())

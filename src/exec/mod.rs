@@ -1,6 +1,7 @@
 //! The executor: plans (schedule, lifetimes, buffer reuse) and sessions that run them on
 //! a backend. This is the only place where graphs and devices meet.
 
+pub mod launch;
 #[cfg(feature = "cuda")]
 pub mod parallel;
 #[cfg(not(feature = "cuda"))]

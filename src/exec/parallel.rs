@@ -16,6 +16,7 @@
 //! returns from it) and the first worker's own error is returned; a worker that answers
 //! nothing within `GRAPHRUN_DP_TIMEOUT` seconds (default 600) is treated the same way.
 
+use super::launch::{Launch, Link};
 use super::session::{Session, SessionOptions};
 use crate::backends::cuda::nccl::{self, Comm};
 use crate::backends::BackendKind;
@@ -35,6 +36,7 @@ enum Cmd {
     Sync,
     Graph,
     Fetch(HashMap<String, Tensor>, Vec<String>),
+    StateBytes,
 }
 
 /// A worker's answer.
@@ -43,6 +45,7 @@ enum Reply {
     Loss(f64),
     Graph(Box<Graph>),
     Values(Vec<Tensor>),
+    Bytes(usize),
 }
 
 /// Training on several GPUs at once; see the module comment.
@@ -58,6 +61,8 @@ pub struct DataParallel {
     accumulate: usize,
     timeout: Duration,
     graph: Graph,
+    /// The other processes of a multi-process run (`launched`).
+    link: Option<Link>,
 }
 
 impl DataParallel {
@@ -65,6 +70,32 @@ impl DataParallel {
     /// first unless `opts.fuse` is off, as for `Session::new`). `opts.backend` must be
     /// cuda; `opts.device` is ignored.
     pub fn new(graph: Graph, opts: SessionOptions, gpus: usize) -> Result<DataParallel> {
+        Self::make(graph, opts, gpus, None)
+    }
+
+    /// This process's part of a run over several processes (on one machine or several;
+    /// `Launch::from_env` reads what torchrun, Slurm or mpirun set): workers on its
+    /// machine's CUDA devices `local_rank·gpus ..` as global ranks `rank·gpus ..` of
+    /// `world·gpus`. Every process must make its part at the same time, with the same
+    /// graph and `gpus`; they meet through `launch`'s rendezvous (within
+    /// `GRAPHRUN_DP_TIMEOUT` seconds, default 600). A step's feeds are this process's
+    /// share of the global batch; the loss a step returns is the mean over this
+    /// process's GPUs. A failure in any process stops every process, with its error.
+    pub fn launched(
+        graph: Graph,
+        opts: SessionOptions,
+        gpus: usize,
+        launch: &Launch,
+    ) -> Result<DataParallel> {
+        Self::make(graph, opts, gpus, Some(launch))
+    }
+
+    fn make(
+        graph: Graph,
+        opts: SessionOptions,
+        gpus: usize,
+        launch: Option<&Launch>,
+    ) -> Result<DataParallel> {
         if opts.backend != BackendKind::Cuda {
             crate::bail!(
                 Input,
@@ -88,10 +119,19 @@ impl DataParallel {
             crate::bail!(Runtime, "data-parallel training on {gpus} GPUs: {e}");
         }
         let have = crate::backends::cuda::device_count();
-        if gpus > have {
+        let base = launch.map_or(0, |l| l.local_rank * gpus);
+        if base + gpus > have {
             crate::bail!(
                 Input,
-                "data-parallel training on {gpus} GPUs: this machine has {have} CUDA device{}",
+                "data-parallel training on {gpus} GPUs{}: this machine has {have} CUDA device{}",
+                match launch {
+                    Some(l) if base > 0 => format!(
+                        " (devices {base}..{} as local rank {})",
+                        base + gpus - 1,
+                        l.local_rank
+                    ),
+                    _ => String::new(),
+                },
                 if have == 1 { "" } else { "s" }
             );
         }
@@ -102,10 +142,38 @@ impl DataParallel {
         };
         let lib = nccl::nccl()?;
         // Every device first (NCCL needs their contexts), then the communicators.
-        for d in 0..gpus {
+        let devices: Vec<usize> = (base..base + gpus).collect();
+        for &d in &devices {
             crate::backends::cuda::device::device_on(d)?;
         }
-        let comms = lib.init_all(&(0..gpus).collect::<Vec<_>>())?;
+        let timeout = Duration::from_secs(
+            std::env::var("GRAPHRUN_DP_TIMEOUT")
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(600),
+        );
+        let (comms, link) = match launch {
+            None => (lib.init_all(&devices)?, None),
+            Some(l) => {
+                let (id, link) = Link::join(l, timeout, || lib.unique_id())?;
+                let mine: Vec<(usize, usize)> = devices
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &d)| (l.rank * gpus + i, d))
+                    .collect();
+                let comms = match lib.init_ranks(&id, l.world * gpus, &mine) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        link.fail(&e.to_string());
+                        return Err(e);
+                    }
+                };
+                // A peer's failure aborts this process's collectives.
+                let cs = comms.clone();
+                link.watch(Arc::new(move || cs.iter().for_each(|c| c.abort())))?;
+                (comms, Some(link))
+            }
+        };
         let (reply_tx, replies) = channel();
         let mut dp = DataParallel {
             cmds: vec![],
@@ -116,12 +184,8 @@ impl DataParallel {
             steps: 0,
             accumulate: 1,
             graph: graph.clone(),
-            timeout: Duration::from_secs(
-                std::env::var("GRAPHRUN_DP_TIMEOUT")
-                    .ok()
-                    .and_then(|s| s.parse().ok())
-                    .unwrap_or(600),
-            ),
+            timeout,
+            link,
         };
         // The batch symbols (first axis of an input) take each shard's size, not the
         // global batch a caller may have bound.
@@ -135,7 +199,7 @@ impl DataParallel {
             let (tx, rx) = channel();
             let graph = graph.clone();
             let opts = SessionOptions {
-                device: rank,
+                device: devices[rank],
                 dims: dims.clone(),
                 ..opts.clone()
             };
@@ -150,6 +214,15 @@ impl DataParallel {
         // Each worker answers once its session is made (and the broadcast is done).
         dp.gather()?;
         Ok(dp)
+    }
+
+    /// Ends this process's part of a multi-process run cleanly (`launched`): the other
+    /// processes are told it finished rather than that it stopped. Dropping it without
+    /// this tells them it stopped (an error). Nothing to do for one process.
+    pub fn finish(&mut self) {
+        if let Some(l) = &self.link {
+            l.finish();
+        }
     }
 
     /// How many GPUs (workers).
@@ -242,6 +315,20 @@ impl DataParallel {
         }
     }
 
+    /// Bytes of optimizer state on each GPU, in rank order (with
+    /// `SessionOptions::shard_optimizer`, about a 1/N share each).
+    pub fn optimizer_state_bytes(&mut self) -> Result<Vec<usize>> {
+        self.send((0..self.gpus()).map(|_| Cmd::StateBytes).collect())?;
+        Ok(self
+            .gather()?
+            .into_iter()
+            .map(|r| match r {
+                Reply::Bytes(b) => b,
+                _ => 0,
+            })
+            .collect())
+    }
+
     /// The graph the workers run (as given, before training).
     pub fn graph(&self) -> &Graph {
         &self.graph
@@ -323,6 +410,19 @@ impl DataParallel {
     /// Marks the run broken and aborts every communicator, so that workers blocked in a
     /// collective return; their answers are then drained for a short while.
     fn fail(&mut self, e: Error) -> Error {
+        // Across processes: a peer's failure came first (and ours is its consequence,
+        // a collective it aborted), or ours is news to the peers.
+        let e = match &self.link {
+            Some(link) => match link.failure() {
+                Some(peer) if self.broken.is_none() => Error::Runtime(peer),
+                Some(_) => e,
+                None => {
+                    link.fail(&e.to_string());
+                    e
+                }
+            },
+            None => e,
+        };
         if self.broken.is_none() {
             self.broken = Some(e.to_string());
             for c in &self.comms {
@@ -388,6 +488,7 @@ fn worker(
                 Cmd::Sync => s.sync().map(|_| Reply::Done),
                 Cmd::Graph => s.trained_graph().map(|g| Reply::Graph(Box::new(g.clone()))),
                 Cmd::Fetch(feeds, fetch) => s.run_fetch(&feeds, &fetch).map(Reply::Values),
+                Cmd::StateBytes => Ok(Reply::Bytes(s.optimizer_state_bytes())),
             };
             let _ = reply.send((rank, r));
         }

@@ -24,6 +24,25 @@ impl DataParallel {
             crate::backends::cuda::NOT_BUILT
         )
     }
+    /// Fails: data-parallel training needs the `cuda` feature.
+    pub fn launched(
+        _graph: Graph,
+        _opts: SessionOptions,
+        gpus: usize,
+        launch: &super::launch::Launch,
+    ) -> Result<DataParallel> {
+        crate::bail!(
+            Runtime,
+            "rank {} of a {}-process run: data-parallel training on {gpus} GPUs runs on CUDA, and {}",
+            launch.rank,
+            launch.world,
+            crate::backends::cuda::NOT_BUILT
+        )
+    }
+    /// Ends this process's part of a multi-process run cleanly.
+    pub fn finish(&mut self) {
+        match self.never {}
+    }
     /// How many GPUs (workers).
     pub fn gpus(&self) -> usize {
         match self.never {}
@@ -62,6 +81,10 @@ impl DataParallel {
         _feeds: &HashMap<String, Tensor>,
         _fetch: &[String],
     ) -> Result<Vec<Tensor>> {
+        match self.never {}
+    }
+    /// Bytes of optimizer state on each GPU.
+    pub fn optimizer_state_bytes(&mut self) -> Result<Vec<usize>> {
         match self.never {}
     }
     /// The graph the workers run.

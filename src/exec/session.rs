@@ -38,6 +38,12 @@ pub struct SessionOptions {
     /// Let training go on when an update leaves NaN or infinite values in a parameter
     /// (by default `train_step` stops with an error naming it).
     pub allow_nonfinite: bool,
+    /// Data-parallel training (`DataParallel`) with the optimizer sharded (ZeRO stage
+    /// 1): each GPU keeps the optimizer state (Adam's moments, momentum) of its own
+    /// shard of every parameter only, a 1/N share; gradients are reduce-scattered to the
+    /// shards' owners and the stepped parameters gathered back. The same steps as
+    /// without it. A plain session ignores it.
+    pub shard_optimizer: bool,
 }
 
 impl Default for SessionOptions {
@@ -51,6 +57,7 @@ impl Default for SessionOptions {
             tf32: false,
             device: 0,
             allow_nonfinite: false,
+            shard_optimizer: false,
         }
     }
 }
@@ -164,9 +171,13 @@ trait Run {
     /// Waits for the backend's queued work (and reports its errors).
     fn sync(&mut self) -> Result<()>;
     /// Makes this executor a data-parallel worker: every initializer is replaced by the
-    /// first worker's, and training steps average their gradients over the workers.
+    /// first worker's, and training steps average their gradients over the workers;
+    /// with `shard`, each worker keeps the optimizer state of its shard of every
+    /// parameter only (`SessionOptions::shard_optimizer`).
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    fn set_data_parallel(&mut self) -> Result<()>;
+    fn set_data_parallel(&mut self, shard: bool) -> Result<()>;
+    /// Bytes of optimizer state held (Adam's moments, momentum).
+    fn optimizer_state_bytes(&self) -> usize;
     /// `Backend::take_nonfinite`: the index in the step's update pairs of the first
     /// parameter an update left NaN or infinite.
     fn take_nonfinite(&mut self) -> Result<Option<usize>>;
@@ -238,7 +249,7 @@ impl Session {
         let mut cuda = crate::backends::cuda::Cuda::on(opts.device, opts.tf32)?;
         cuda.set_comm(comm)?;
         let mut exec: Box<dyn Run> = Box::new(Executor::new(cuda, &graph)?);
-        exec.set_data_parallel()?;
+        exec.set_data_parallel(opts.shard_optimizer)?;
         Ok(Session::with_exec(graph, opts, exec))
     }
 
@@ -791,6 +802,13 @@ impl Session {
     pub fn steps(&self) -> u64 {
         self.steps
     }
+
+    /// Bytes of optimizer state this session holds on its backend (Adam's two moments
+    /// or SGD's momentum per trained parameter, in f32 for half-precision parameters;
+    /// with `shard_optimizer`, this worker's shards only). Zero before the first step.
+    pub fn optimizer_state_bytes(&self) -> usize {
+        self.exec.optimizer_state_bytes()
+    }
 }
 
 /// The feeds with every input that has a default and is not fed filled in (copied only
@@ -842,6 +860,8 @@ struct Executor<B: Backend> {
     /// Gradient accumulators per trained initializer (`Update::micro`), made on the
     /// first accumulating step.
     grad_acc: HashMap<String, B::Buffer>,
+    /// Bytes of `opt_state`.
+    opt_state_bytes: usize,
     /// Counts buffer (re)allocations: a recorded step is valid only for the buffers it saw.
     generation: u64,
     /// `Session::set_static_feeds`, and the (plan, generation) whose inputs are uploaded.
@@ -852,6 +872,10 @@ struct Executor<B: Backend> {
     /// buckets issued as the backward pass makes them (per plan id: step index → the
     /// update pairs averaged after it).
     dp: bool,
+    /// Data-parallel with the optimizer sharded: gradients are reduce-scattered, each
+    /// worker steps its shard of every parameter (`Backend::shard`) and keeps only that
+    /// shard's state, and the parameters are gathered back after the step.
+    shard: bool,
     buckets: HashMap<u64, std::sync::Arc<HashMap<usize, Vec<usize>>>>,
 }
 
@@ -909,11 +933,13 @@ impl<B: Backend> Executor<B> {
             consts: HashMap::new(),
             opt_state: HashMap::new(),
             grad_acc: HashMap::new(),
+            opt_state_bytes: 0,
             generation: 0,
             static_feeds: false,
             uploaded: None,
             profile: None,
             dp: false,
+            shard: false,
             buckets: HashMap::new(),
         };
         e.map_weights(g)?;
@@ -1014,9 +1040,15 @@ impl<B: Backend> Executor<B> {
                 continue;
             }
             let ty = &plan.types[w];
+            // A sharded optimizer keeps its shard's state only.
+            let shape = match self.shard {
+                true => vec![self.backend.shard(ty.numel()).len()],
+                false => ty.shape.clone(),
+            };
             let mut st = vec![];
             for _ in 0..crate::backends::optimizer_state_len(u.opt) {
-                let z = Tensor::zeros(crate::graph::infer::stat_dtype(ty.dtype), &ty.shape);
+                let z = Tensor::zeros(crate::graph::infer::stat_dtype(ty.dtype), &shape);
+                self.opt_state_bytes += z.size_bytes();
                 let mut b = self
                     .backend
                     .alloc(z.size_bytes())
@@ -1154,7 +1186,11 @@ impl<B: Backend> Executor<B> {
                         (buf, &plan.types[gname])
                     })
                     .collect();
-                self.backend.all_reduce(&bufs)?;
+                if self.shard {
+                    self.backend.reduce_scatter(&bufs)?;
+                } else {
+                    self.backend.all_reduce(&bufs)?;
+                }
             }
         }
         let Some(u) = update else {
@@ -1204,14 +1240,27 @@ impl<B: Backend> Executor<B> {
                     _ => crate::bail!(Runtime, "gradient '{gname}' has no buffer in the plan"),
                 };
                 let state = self.opt_state.get_mut(w).expect("made by ensure_opt_state");
-                self.backend
-                    .update(u.opt, u.t, param, grad, state, &ty, slot as u32)
-                    .map_err(|e| match e {
-                        Error::Runtime(m) => {
-                            Error::Runtime(format!("optimizer step of '{w}': {m}"))
-                        }
-                        e => e,
-                    })?;
+                let part = self.backend.shard(ty.numel());
+                let r = match self.shard {
+                    true if part.is_empty() => Ok(()),
+                    true => self.backend.update_part(
+                        u.opt,
+                        u.t,
+                        param,
+                        grad,
+                        state,
+                        &ty,
+                        slot as u32,
+                        part,
+                    ),
+                    false => self
+                        .backend
+                        .update(u.opt, u.t, param, grad, state, &ty, slot as u32),
+                };
+                r.map_err(|e| match e {
+                    Error::Runtime(m) => Error::Runtime(format!("optimizer step of '{w}': {m}")),
+                    e => e,
+                })?;
             }
             Ok(())
         };
@@ -1223,6 +1272,18 @@ impl<B: Backend> Executor<B> {
             e => e,
         });
         queued.and(flushed)?;
+        if self.shard {
+            // Every parameter whole again on every worker before anything reads it.
+            let bufs: Vec<(&B::Buffer, &ValueType)> = u
+                .pairs
+                .iter()
+                .filter_map(|(w, _)| {
+                    let k = *self.weight_names.get(w)?;
+                    Some((&self.weights[k], &plan.types[w]))
+                })
+                .collect();
+            self.backend.gather_shards(&bufs)?;
+        }
         self.write_state(g, plan)
     }
 }
@@ -1319,12 +1380,16 @@ impl<B: Backend> Run for Executor<B> {
     fn sync(&mut self) -> Result<()> {
         self.backend.sync()
     }
-    fn set_data_parallel(&mut self) -> Result<()> {
+    fn optimizer_state_bytes(&self) -> usize {
+        self.opt_state_bytes
+    }
+    fn set_data_parallel(&mut self, shard: bool) -> Result<()> {
         for (b, ty) in self.weights.iter_mut().zip(&self.weight_types) {
             self.backend.broadcast(b, ty)?;
         }
         self.backend.sync()?;
         self.dp = true;
+        self.shard = shard;
         Ok(())
     }
     fn run(

@@ -159,6 +159,28 @@ impl Cuda {
         Ok(())
     }
 
+    /// Issues a collective on the communicator's own stream, after the launches issued
+    /// so far (`comm_wait` orders later launches after it).
+    fn on_comm_stream(
+        &mut self,
+        bufs: &[(&CudaSlice<u8>, &ValueType)],
+        op: impl FnOnce(&nccl::Comm, &[(u64, usize, nccl::DataType)], &CudaStream) -> Result<()>,
+    ) -> Result<()> {
+        let s = self.stream.clone();
+        let bufs = nccl_bufs(bufs, &s)?;
+        let c = self.collectives()?;
+        // One rank has nothing to average (its shard is everything).
+        if c.comm.ranks == 1 {
+            return Ok(());
+        }
+        let e = |e| crate::err!(Runtime, "CUDA event: {e:?}");
+        c.ready.record(&s).map_err(e)?;
+        c.stream.wait(&c.ready).map_err(e)?;
+        op(&c.comm, &bufs, &c.stream)?;
+        c.pending = true;
+        Ok(())
+    }
+
     fn collectives(&mut self) -> Result<&mut Collectives> {
         self.comm
             .as_mut()
@@ -449,27 +471,46 @@ impl Backend for Cuda {
         self.steps.check_error()
     }
     fn all_reduce(&mut self, bufs: &[(&CudaSlice<u8>, &ValueType)]) -> Result<()> {
+        self.on_comm_stream(bufs, |comm, bufs, s| comm.all_reduce_avg(bufs, s))
+    }
+    fn reduce_scatter(&mut self, bufs: &[(&CudaSlice<u8>, &ValueType)]) -> Result<()> {
+        self.on_comm_stream(bufs, |comm, bufs, s| comm.reduce_to_shards(bufs, s))
+    }
+    fn shard(&self, n: usize) -> std::ops::Range<usize> {
+        match &self.comm {
+            Some(c) => nccl::shard(n, c.comm.ranks, c.comm.rank),
+            None => 0..n,
+        }
+    }
+    fn update_part(
+        &mut self,
+        opt: &Optimizer,
+        t: u64,
+        param: &mut CudaSlice<u8>,
+        grad: &CudaSlice<u8>,
+        state: &mut [CudaSlice<u8>],
+        ty: &ValueType,
+        slot: u32,
+        part: std::ops::Range<usize>,
+    ) -> Result<()> {
+        let s = &self.stream;
+        let state: Vec<u64> = state.iter().map(|b| device::ptr(b, s)).collect();
+        let off = (part.start * ty.dtype.size()) as u64;
+        let (p, g) = (device::ptr(param, s) + off, device::ptr(grad, s) + off);
+        let ty = ValueType::new(ty.dtype, &[part.len()]);
+        optim::update(self, opt, t, p, g, &state, &ty, slot)
+    }
+    fn gather_shards(&mut self, bufs: &[(&CudaSlice<u8>, &ValueType)]) -> Result<()> {
+        // On the compute stream itself: the updates before it (held-back SGD issued
+        // first), the next step's launches after it.
+        optim::flush(self)?;
         let s = self.stream.clone();
-        let bufs = bufs
-            .iter()
-            .map(|(b, ty)| {
-                let dt = nccl::DataType::of(ty.dtype).ok_or_else(|| {
-                    crate::err!(
-                        Runtime,
-                        "gradients of dtype {} cannot be averaged",
-                        ty.dtype
-                    )
-                })?;
-                Ok((device::ptr(b, &s), ty.numel(), dt))
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let bufs = nccl_bufs(bufs, &s)?;
         let c = self.collectives()?;
-        let e = |e| crate::err!(Runtime, "CUDA event: {e:?}");
-        c.ready.record(&s).map_err(e)?;
-        c.stream.wait(&c.ready).map_err(e)?;
-        c.comm.all_reduce_avg(&bufs, &c.stream)?;
-        c.pending = true;
-        Ok(())
+        if c.comm.ranks == 1 {
+            return Ok(());
+        }
+        c.comm.gather_shards(&bufs, &s)
     }
     fn comm_wait(&mut self) -> Result<()> {
         let s = self.stream.clone();
@@ -832,4 +873,23 @@ impl Cuda {
             ),
         }
     }
+}
+
+/// Buffers as NCCL takes them: (address, element count, NCCL type).
+fn nccl_bufs(
+    bufs: &[(&CudaSlice<u8>, &ValueType)],
+    s: &CudaStream,
+) -> Result<Vec<(u64, usize, nccl::DataType)>> {
+    bufs.iter()
+        .map(|(b, ty)| {
+            let dt = nccl::DataType::of(ty.dtype).ok_or_else(|| {
+                crate::err!(
+                    Runtime,
+                    "gradients of dtype {} cannot be averaged",
+                    ty.dtype
+                )
+            })?;
+            Ok((device::ptr(b, s), ty.numel(), dt))
+        })
+        .collect()
 }

@@ -33,6 +33,16 @@ pub enum DataType {
 }
 
 impl DataType {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            DataType::U8 => 1,
+            DataType::F16 | DataType::Bf16 => 2,
+            DataType::F32 => 4,
+            DataType::F64 => 8,
+        }
+    }
+
     /// NCCL's type for the floating dtype `dt` (None for the others).
     pub fn of(dt: crate::tensor::DType) -> Option<DataType> {
         use crate::tensor::DType::*;
@@ -46,6 +56,14 @@ impl DataType {
     }
 }
 
+/// ncclUniqueId: what the first process of a multi-process run makes and hands to the
+/// others (exec/launch.rs) so that their communicators find each other.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct UniqueId {
+    internal: [c_char; 128],
+}
+
 /// ncclRedOp_t ncclAvg: the mean over ranks (NCCL ≥ 2.10).
 const AVG: c_int = 4;
 
@@ -53,6 +71,8 @@ struct Fns {
     get_version: unsafe extern "C" fn(*mut c_int) -> c_int,
     error_string: unsafe extern "C" fn(c_int) -> *const c_char,
     comm_init_all: unsafe extern "C" fn(*mut Raw, c_int, *const c_int) -> c_int,
+    get_unique_id: unsafe extern "C" fn(*mut UniqueId) -> c_int,
+    comm_init_rank: unsafe extern "C" fn(*mut Raw, c_int, UniqueId, c_int) -> c_int,
     comm_destroy: unsafe extern "C" fn(Raw) -> c_int,
     comm_abort: unsafe extern "C" fn(Raw) -> c_int,
     async_error: unsafe extern "C" fn(Raw, *mut c_int) -> c_int,
@@ -60,6 +80,16 @@ struct Fns {
         unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, Raw, Raw) -> c_int,
     broadcast:
         unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, Raw, Raw) -> c_int,
+    reduce: unsafe extern "C" fn(
+        *const c_void,
+        *mut c_void,
+        usize,
+        c_int,
+        c_int,
+        c_int,
+        Raw,
+        Raw,
+    ) -> c_int,
     group_start: unsafe extern "C" fn() -> c_int,
     group_end: unsafe extern "C" fn() -> c_int,
 }
@@ -185,11 +215,14 @@ fn load(lib: libloading::Library, path: String) -> std::result::Result<Nccl, Str
             get_version: sym!("ncclGetVersion"),
             error_string: sym!("ncclGetErrorString"),
             comm_init_all: sym!("ncclCommInitAll"),
+            get_unique_id: sym!("ncclGetUniqueId"),
+            comm_init_rank: sym!("ncclCommInitRank"),
             comm_destroy: sym!("ncclCommDestroy"),
             comm_abort: sym!("ncclCommAbort"),
             async_error: sym!("ncclCommGetAsyncError"),
             all_reduce: sym!("ncclAllReduce"),
             broadcast: sym!("ncclBroadcast"),
+            reduce: sym!("ncclReduce"),
             group_start: sym!("ncclGroupStart"),
             group_end: sym!("ncclGroupEnd"),
         };
@@ -241,6 +274,67 @@ impl Nccl {
         crate::bail!(Runtime, "NCCL {what} failed: {msg} (code {r})")
     }
 
+    /// A new id for a communicator spanning processes (`init_ranks`), as bytes.
+    pub fn unique_id(&self) -> Result<Vec<u8>> {
+        let mut id = UniqueId { internal: [0; 128] };
+        // Safety: writes the 128-byte id.
+        let r = unsafe { (self.fns.get_unique_id)(&mut id) };
+        self.check("ncclGetUniqueId", r)?;
+        Ok(id.internal.iter().map(|&c| c as u8).collect())
+    }
+
+    /// This process's communicators of a run of `world` ranks spread over processes:
+    /// rank `r` on CUDA device `d` for each `(r, d)` of `mine`, all made with the id
+    /// from `unique_id` (the same bytes in every process). Blocks until every rank of
+    /// every process has joined.
+    pub fn init_ranks(
+        &'static self,
+        id: &[u8],
+        world: usize,
+        mine: &[(usize, usize)],
+    ) -> Result<Vec<std::sync::Arc<Comm>>> {
+        let Ok(bytes) = <[u8; 128]>::try_from(id) else {
+            crate::bail!(Runtime, "an NCCL id is 128 bytes, got {}", id.len());
+        };
+        let id = UniqueId {
+            internal: bytes.map(|b| b as c_char),
+        };
+        let mut raw: Vec<Raw> = vec![std::ptr::null_mut(); mine.len()];
+        let f = &self.fns;
+        // Safety: each call gets room for its communicator, on its device's context
+        // (made current first); the group brackets are balanced.
+        unsafe {
+            self.check("group start", (f.group_start)())?;
+            let mut r = 0;
+            for (k, &(rank, dev)) in mine.iter().enumerate() {
+                let d = super::device::device_on(dev);
+                match d.map(|d| d.ctx.bind_to_thread()) {
+                    Ok(Ok(())) if r == 0 => {
+                        r = (f.comm_init_rank)(&mut raw[k], world as c_int, id, rank as c_int)
+                    }
+                    _ if r == 0 => r = 1,
+                    _ => {}
+                }
+            }
+            let end = (f.group_end)();
+            self.check("communicator set-up (ncclCommInitRank)", r)?;
+            self.check("communicator set-up (group end)", end)?;
+        }
+        Ok(raw
+            .into_iter()
+            .zip(mine)
+            .map(|(raw, &(rank, _))| {
+                std::sync::Arc::new(Comm {
+                    nccl: self,
+                    raw,
+                    rank,
+                    ranks: world,
+                    aborted: AtomicBool::new(false),
+                })
+            })
+            .collect())
+    }
+
     /// One communicator per device of `devices` (CUDA ordinals), rank i on `devices[i]`,
     /// made together in this process.
     pub fn init_all(&'static self, devices: &[usize]) -> Result<Vec<std::sync::Arc<Comm>>> {
@@ -265,6 +359,14 @@ impl Nccl {
             })
             .collect())
     }
+}
+
+/// The elements of an `n`-element tensor whose optimizer step rank `rank` of `ranks`
+/// owns under the sharded optimizer: equal blocks of a multiple of 64 elements (whole
+/// cache lines of any dtype), the last ranks' shorter or empty.
+pub fn shard(n: usize, ranks: usize, rank: usize) -> std::ops::Range<usize> {
+    let per = n.div_ceil(ranks.max(1)).next_multiple_of(64);
+    (rank * per).min(n)..((rank + 1) * per).min(n)
 }
 
 /// One rank's communicator. Collectives on it are issued by its worker thread alone;
@@ -333,6 +435,97 @@ impl Comm {
             let end = (f.group_end)();
             self.nccl.check("gradient all-reduce", r)?;
             self.nccl.check("gradient all-reduce (group end)", end)
+        }
+    }
+
+    /// The sharded optimizer's gradient step: each buffer (address, element count,
+    /// type) averaged over the ranks into its owners' shards (`shard`), each rank's
+    /// shard arriving on that rank only (a reduce-scatter without padding: one
+    /// ncclReduce per shard, as one group), on `stream`.
+    pub fn reduce_to_shards(
+        &self,
+        bufs: &[(u64, usize, DataType)],
+        stream: &CudaStream,
+    ) -> Result<()> {
+        self.grouped(
+            "gradient reduce-scatter",
+            bufs,
+            stream,
+            |p, n, dt, root, s| {
+                let f = &self.nccl.fns;
+                // Safety: as in all_reduce_avg; in place (the root's shard is its own).
+                unsafe {
+                    (f.reduce)(
+                        p as *const c_void,
+                        p as *mut c_void,
+                        n,
+                        dt as c_int,
+                        AVG,
+                        root as c_int,
+                        self.raw,
+                        s,
+                    )
+                }
+            },
+        )
+    }
+
+    /// After a sharded optimizer step: every rank's shard of each buffer copied to every
+    /// rank (an all-gather in place: one ncclBroadcast per shard, as one group).
+    pub fn gather_shards(
+        &self,
+        bufs: &[(u64, usize, DataType)],
+        stream: &CudaStream,
+    ) -> Result<()> {
+        self.grouped("parameter all-gather", bufs, stream, |p, n, dt, root, s| {
+            // Safety: as in all_reduce_avg.
+            unsafe {
+                (self.nccl.fns.broadcast)(
+                    p as *const c_void,
+                    p as *mut c_void,
+                    n,
+                    dt as c_int,
+                    root as c_int,
+                    self.raw,
+                    s,
+                )
+            }
+        })
+    }
+
+    /// One call of `op(address, count, type, root, stream)` per non-empty shard of each
+    /// buffer, rank `root` owning it, as one NCCL group.
+    fn grouped(
+        &self,
+        what: &str,
+        bufs: &[(u64, usize, DataType)],
+        stream: &CudaStream,
+        op: impl Fn(u64, usize, DataType, usize, Raw) -> c_int,
+    ) -> Result<()> {
+        let stream = stream.cu_stream() as Raw;
+        self.live()?;
+        let f = &self.nccl.fns;
+        // Safety: the group brackets are balanced.
+        unsafe {
+            self.nccl.check("group start", (f.group_start)())?;
+            let mut r = 0;
+            for &(p, n, dt) in bufs {
+                for root in 0..self.ranks {
+                    let sh = shard(n, self.ranks, root);
+                    if !sh.is_empty() && r == 0 {
+                        r = op(
+                            p + (sh.start * dt.size()) as u64,
+                            sh.len(),
+                            dt,
+                            root,
+                            stream,
+                        );
+                    }
+                }
+            }
+            let end = (f.group_end)();
+            self.nccl.check(what, r)?;
+            self.nccl.check(&format!("{what} (group end)"), end)
         }
     }
 
