@@ -58,18 +58,28 @@ if [[ $what == *bench* ]]; then
     done
 fi
 if [[ $what == *torchrun* ]]; then
-    # graphrun as torchrun starts it (its agent holds MASTER_PORT): 2 processes x 1 GPU.
+    # graphrun as torchrun starts it (its agent holds MASTER_PORT): 2 processes of
+    # TR_GPUS GPUs each, against one process on all of them (the saved weights compared).
+    tg=${TR_GPUS:-1}
+    (cd /work/main && timeout 120 $G train models/mlp.yaml -q --backend cuda --steps 20 --batch-size 64 \
+        --shard-optimizer --gpus $((2 * tg)) --save /tmp/one.safetensors) > $OUT/one_process.log 2>&1
     (cd /work/main && timeout 120 torchrun --standalone --nproc_per_node=2 --no-python $G train \
-        models/mlp.yaml --backend cuda --steps 20 --batch-size 64 --shard-optimizer) > $OUT/torchrun.log 2>&1
+        models/mlp.yaml --backend cuda --steps 20 --batch-size 64 --shard-optimizer --gpus $tg \
+        --save /tmp/many.safetensors) > $OUT/torchrun.log 2>&1
     rc=$?; [ $rc -ne 0 ] && status=1
-    echo "== torchrun 2 x graphrun train rc=$rc"; grep -vE "^\s*$" $OUT/torchrun.log | tail -n 8
+    echo "== torchrun 2 processes x graphrun train --gpus $tg rc=$rc"; grep -vE "^\s*$" $OUT/torchrun.log | tail -n 4
+    python3 -c "
+from safetensors.numpy import load_file as l
+import numpy as np
+a, b = l('/tmp/one.safetensors'), l('/tmp/many.safetensors')
+print('largest relative difference, 1 process vs 2:', max(float(np.linalg.norm(a[k] - b[k]) / max(np.linalg.norm(a[k]), 1e-30)) for k in a))
+" 2>&1 | tail -n 1
 fi
 if [[ $what == *tune* ]]; then
-    # Gradient bucket size and NCCL's share of the SMs, on 2 GPUs.
-    for cfg in dp_stream_priority=0 dp_bucket_bytes=2097152 \
-               dp_bucket_bytes=8388608 dp_bucket_bytes=16777216; do
+    # Gradient bucket size and NCCL's share of the SMs, on the most GPUs of GPUS.
+    for cfg in ${TUNE_CFGS:-dp_stream_priority=0 dp_bucket_bytes=2097152 dp_bucket_bytes=8388608 dp_bucket_bytes=16777216}; do
         (cd /work/main && timeout 100 $G bench models/gpt_block.yaml --backend cuda --dtype bf16 \
-            --backward --gpus 2 --iters 30 --warmup 5 --tune $cfg) > /tmp/tune.log 2>&1
+            --backward --gpus ${GPUS##* } --iters 30 --warmup 5 --tune $cfg) > /tmp/tune.log 2>&1
         echo "tune $cfg: $(grep -E "median" /tmp/tune.log)"
     done
 fi
