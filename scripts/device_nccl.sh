@@ -32,7 +32,7 @@ if $G doctor 2>&1 | grep -q "NCCL: unavailable"; then
 fi
 status=0
 if [[ $what == *tests* ]]; then
-    (cd /work/main && GRAPHRUN_REQUIRE_CUDA=1 GRAPHRUN_REQUIRE_GPUS=2 timeout 400 /tmp/x/tests/parallel --test-threads=1 --nocapture) > $OUT/tests.log 2>&1
+    (cd /work/main && GRAPHRUN_REQUIRE_CUDA=1 GRAPHRUN_REQUIRE_GPUS=${GPUS##* } timeout 400 /tmp/x/tests/parallel --test-threads=1 --nocapture) > $OUT/tests.log 2>&1
     rc=$?; [ $rc -ne 0 ] && status=1
     echo "== parallel tests rc=$rc"; grep -E "^test |test result|panicked|failure reported" -A2 $OUT/tests.log
     (cd /work/main && GRAPHRUN_REQUIRE_CUDA=1 timeout 300 /tmp/x/tests/training_state --test-threads=1) > $OUT/training.log 2>&1

@@ -419,46 +419,17 @@ fn free_port() -> u16 {
 
 /// Two processes of one GPU each (as torchrun starts them) train as one process on two
 /// GPUs (with the optimizer sharded and gradients accumulated): the same weights after
-/// the same steps; the first process alone writes them. A process that dies stops the
-/// other at once, with an error naming it.
+/// the same steps; the first process alone writes them (and with 4 GPUs, 2 processes of 2
+/// GPUs as 1 of 4). A process that dies stops the other at once, with an error naming it.
 #[test]
 fn two_processes_train_as_one_process_on_two_gpus() {
-    let Some(_) = gpus(2) else { return };
+    let Some(have) = gpus(2) else { return };
     let dir = std::env::temp_dir().join(format!("graphrun-mp-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let (one, many) = (dir.join("one.safetensors"), dir.join("many.safetensors"));
-    let common = "--backend cuda --steps 6 --batch-size 32 --shard-optimizer --accumulate 2";
-    let out = train_cli(&format!("{common} --gpus 2 --save {}", one.display()));
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let port = free_port();
-    let ranks: Vec<_> = (0..2)
-        .map(|r| train_rank(r, 2, port, &format!("{common} --save {}", many.display())))
-        .collect();
-    for (r, p) in ranks.into_iter().enumerate() {
-        let out = p.wait_with_output().unwrap();
-        assert!(
-            out.status.success(),
-            "rank {r}: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    let (a, b) = (
-        Tensor::read_safetensors(&one).unwrap(),
-        Tensor::read_safetensors(&many).unwrap(),
-    );
-    assert_eq!(a.len(), 6);
-    for ((na, ta), (nb, tb)) in a.iter().zip(&b) {
-        assert_eq!(na, nb);
-        let e = rel(ta, tb);
-        assert!(
-            e <= 1e-5,
-            "'{na}' differs by {e:e} between 1 and 2 processes"
-        );
+    processes_match_one_process(&dir, 1);
+    // Processes of several GPUs each, where the machine has them.
+    if have >= 4 {
+        processes_match_one_process(&dir, 2);
     }
     // Rank 1 dies mid-run (killed): rank 0 stops with an error that names it, at
     // once, instead of waiting in a collective for a peer that is gone.
@@ -502,4 +473,50 @@ fn two_processes_train_as_one_process_on_two_gpus() {
         err.trim()
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Two processes of `per` GPUs each train as one process on all `2·per` GPUs (the same
+/// saved weights), with the optimizer sharded and gradients accumulated.
+fn processes_match_one_process(dir: &std::path::Path, per: usize) {
+    let (one, many) = (dir.join("one.safetensors"), dir.join("many.safetensors"));
+    let common = "--backend cuda --steps 6 --batch-size 32 --shard-optimizer --accumulate 2";
+    let out = train_cli(&format!(
+        "{common} --gpus {} --save {}",
+        2 * per,
+        one.display()
+    ));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let port = free_port();
+    let args = format!("{common} --gpus {per} --save {}", many.display());
+    let ranks: Vec<_> = (0..2).map(|r| train_rank(r, 2, port, &args)).collect();
+    for (r, p) in ranks.into_iter().enumerate() {
+        let out = p.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "rank {r}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let (a, b) = (
+        Tensor::read_safetensors(&one).unwrap(),
+        Tensor::read_safetensors(&many).unwrap(),
+    );
+    assert_eq!(a.len(), 6);
+    for ((na, ta), (nb, tb)) in a.iter().zip(&b) {
+        assert_eq!(na, nb);
+        let e = rel(ta, tb);
+        assert!(
+            e <= 1e-5,
+            "'{na}' differs by {e:e} between 1 process and 2 of {per} GPUs"
+        );
+    }
+    eprintln!(
+        "2 processes of {per} GPUs: the weights of 1 process on {}",
+        2 * per
+    );
 }
