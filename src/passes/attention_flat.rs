@@ -233,25 +233,8 @@ pub(super) fn fuse_flat(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch> {
     }
     // The reshapes of K and V (and Q) go too where nothing else reads them; the output's
     // Shape readers are rewired, so they do not hold it.
-    let swallowed = |set: &[usize]| -> Result<(), String> {
-        for &i in set {
-            let node = cx.node(i);
-            for o in node
-                .outputs
-                .iter()
-                .filter(|o| !o.is_empty() && o.as_str() != out)
-            {
-                if cx.needed(o) {
-                    return Err(format!("'{o}' is a graph output"));
-                }
-                let outside = |c: &&usize| !(set.contains(c) || (o == o3 && shapes.contains(c)));
-                if let Some(&c) = cx.consumers(o).iter().find(outside) {
-                    return Err(format!("'{o}' is also used by node '{}'", cx.node(c).name));
-                }
-            }
-        }
-        Ok(())
-    };
+    let swallowed =
+        |set: &[usize]| cx.swallow_ok_but(set, out, |o, c| o == o3 && shapes.contains(&c));
     let mut all = core.clone();
     all.extend(stacks);
     let remove = match swallowed(&all) {

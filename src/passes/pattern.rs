@@ -440,6 +440,16 @@ impl<'g> Ctx<'g> {
     /// Every value the nodes `set` produce, except `out`, is read only inside `set` and is
     /// no graph output: the condition for replacing `set` by one node producing `out`.
     pub fn swallow_ok(&self, set: &[usize], out: &str) -> Result<(), String> {
+        self.swallow_ok_but(set, out, |_, _| false)
+    }
+    /// `swallow_ok`, where `spared(value, node)` names readers outside `set` that the
+    /// rewrite takes care of itself (rewires, say).
+    pub fn swallow_ok_but(
+        &self,
+        set: &[usize],
+        out: &str,
+        spared: impl Fn(&str, usize) -> bool,
+    ) -> Result<(), String> {
         for &i in set {
             for o in self
                 .node(i)
@@ -450,7 +460,8 @@ impl<'g> Ctx<'g> {
                 if self.needed(o) {
                     return Err(format!("'{o}' is a graph output"));
                 }
-                if let Some(&c) = self.consumers(o).iter().find(|c| !set.contains(c)) {
+                let outside = |c: &&usize| !set.contains(c) && !spared(o, **c);
+                if let Some(&c) = self.consumers(o).iter().find(outside) {
                     return Err(format!(
                         "'{o}' is also used by node '{}'",
                         self.node(c).name
