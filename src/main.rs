@@ -1948,8 +1948,17 @@ fn train(a: TrainArgs) -> Result<(), Fail> {
         }
     }
     let mut session = if let Some(l) = &launch {
-        let mut dp = graphrun::DataParallel::launched(fused, opts, a.gpus, l)
-            .map_err(|e| flagged(e, a.gpus))?;
+        let mut dp = graphrun::DataParallel::launched(fused, opts, a.gpus, l).map_err(|e| {
+            let said = format!("data-parallel training on {} GPUs: ", a.gpus);
+            reworded(e, |m| {
+                format!(
+                    "process {} of {} (the launcher's WORLD_SIZE): {}",
+                    l.rank,
+                    l.world,
+                    m.strip_prefix(&said).unwrap_or(&m)
+                )
+            })
+        })?;
         dp.set_accumulate(a.accumulate)?;
         Trainer::Many(dp)
     } else if a.gpus > 1 {
@@ -2551,7 +2560,13 @@ fn counted(n: usize, word: &str) -> String {
 /// A library error from `DataParallel::new`, prefixed with the flag that asked for it.
 fn flagged(e: Error, gpus: usize) -> Error {
     let said = format!("data-parallel training on {gpus} GPUs: ");
-    let f = |m: String| format!("--gpus {gpus}: {}", m.strip_prefix(&said).unwrap_or(&m));
+    reworded(e, |m| {
+        format!("--gpus {gpus}: {}", m.strip_prefix(&said).unwrap_or(&m))
+    })
+}
+
+/// The error with its message rewritten by `f`, of the same kind (and so exit code).
+fn reworded(e: Error, f: impl Fn(String) -> String) -> Error {
     match e {
         Error::Input(m) => Error::Input(f(m)),
         Error::Runtime(m) => Error::Runtime(f(m)),

@@ -520,3 +520,46 @@ fn processes_match_one_process(dir: &std::path::Path, per: usize) {
         2 * per
     );
 }
+
+/// A launcher's variables that are wrong or incomplete, or a multi-process run asked of
+/// a backend that cannot do it, end in one line naming what to fix (no GPU needed).
+#[test]
+fn launcher_errors_are_one_line() {
+    let run = |vars: &[(&str, &str)], args: &str| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_graphrun"))
+            .args(["train", "models/mlp.yaml", "-q", "--steps", "1"])
+            .args(args.split_whitespace())
+            .envs(vars.iter().copied())
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let master = [("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "1")];
+    for (vars, args, says) in [
+        (vec![("WORLD_SIZE", "2"), ("RANK", "0")], "", "MASTER_ADDR"),
+        (
+            vec![("WORLD_SIZE", "2"), ("RANK", "3")],
+            "",
+            "not below WORLD_SIZE=2",
+        ),
+        (vec![("SLURM_NTASKS", "2")], "", "no rank"),
+        (
+            [&[("WORLD_SIZE", "2"), ("RANK", "0")][..], &master].concat(),
+            "",
+            "process 0 of 2",
+        ),
+        (
+            [&[("WORLD_SIZE", "2"), ("RANK", "1")][..], &master].concat(),
+            "--batch-size 3",
+            "2 processes",
+        ),
+    ] {
+        let (code, err) = run(&vars, args);
+        assert_eq!(code, Some(2), "{vars:?}: {err}");
+        assert!(err.contains(says), "{vars:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{vars:?}: {err}");
+    }
+}
