@@ -17,18 +17,24 @@ pub fn update(
     grad: &Tensor,
     state: &mut [Tensor],
 ) -> Result<bool> {
-    if grad.dtype() != param.dtype() || grad.shape() != param.shape() {
-        crate::bail!(
-            Runtime,
-            "gradient {}{} does not match the parameter {}{}",
-            grad.dtype(),
-            crate::tensor::fmt_shape(grad.shape()),
-            param.dtype(),
-            crate::tensor::fmt_shape(param.shape())
-        );
-    }
+    matches(grad, param, "the parameter")?;
     crate::with_float!(param.dtype(), T => Ok(step::<T>(opt, t, param, grad, state)),
         _ => Err(crate::err!(Runtime, "cannot train a {} parameter", param.dtype())))
+}
+
+/// A gradient must have the dtype and shape of what it updates (`what`).
+fn matches(grad: &Tensor, other: &Tensor, what: &str) -> Result<()> {
+    if grad.dtype() != other.dtype() || grad.shape() != other.shape() {
+        crate::bail!(
+            Runtime,
+            "gradient {}{} does not match {what} {}{}",
+            grad.dtype(),
+            crate::tensor::fmt_shape(grad.shape()),
+            other.dtype(),
+            crate::tensor::fmt_shape(other.shape())
+        );
+    }
+    Ok(())
 }
 
 /// Elements per parallel task.
@@ -142,16 +148,7 @@ where
 /// the gradient's dtype (as PyTorch's `.grad` accumulates), each sum rounded once from the
 /// accumulating type.
 pub fn accumulate(acc: &mut Tensor, grad: &Tensor, scale: f64, first: bool) -> Result<()> {
-    if grad.dtype() != acc.dtype() || grad.shape() != acc.shape() {
-        crate::bail!(
-            Runtime,
-            "gradient {}{} does not match its accumulator {}{}",
-            grad.dtype(),
-            crate::tensor::fmt_shape(grad.shape()),
-            acc.dtype(),
-            crate::tensor::fmt_shape(acc.shape())
-        );
-    }
+    matches(grad, acc, "its accumulator")?;
     crate::with_float!(grad.dtype(), T => {
         accumulate_as::<T>(acc, grad, scale, first);
         Ok(())

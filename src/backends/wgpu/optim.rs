@@ -18,21 +18,6 @@ pub fn update(
     ty: &ValueType,
     slot: u32,
 ) -> Result<()> {
-    // Errors name the optimizer step as a node would be named.
-    let node = Node {
-        name: "optimizer".into(),
-        op: Op::Identity,
-        inputs: vec![],
-        outputs: vec![],
-        loc: None,
-    };
-    let defs = float_defs(w, &node, ty.dtype).map_err(|_| {
-        crate::err!(
-            Runtime,
-            "cannot train a {} parameter on the wgpu backend",
-            ty.dtype
-        )
-    })?;
     let n = ty.numel();
     let mut p = Params::new().u(0, n).u(10, slot as usize);
     match opt.step_scalars(t) {
@@ -70,22 +55,8 @@ pub fn update(
                 .f(9, decay as f32);
         }
     }
-    let (s0, s1) = (w.scratch(16), w.scratch(16));
-    let st0 = state.first().unwrap_or(&s0);
-    let st1 = state.get(1).unwrap_or(&s1);
-    let k = Wgpu::kernel(Family::Optimizer, "step", defs);
-    w.run_kernel(
-        &k,
-        &p,
-        &[
-            (1, &*param),
-            (2, grad),
-            (3, st0),
-            (4, st1),
-            (5, &w.nonfinite.clone()),
-        ],
-        groups_for(n, 256),
-    )
+    let st = (state.first(), state.get(1));
+    run_step(w, ("train", "parameter"), ty, &p, param, grad, st)
 }
 
 /// `Backend::accumulate`: the step kernel's kind 4 (acc = scale·grad, or += unless first).
@@ -97,41 +68,65 @@ pub fn accumulate(
     scale: f64,
     first: bool,
 ) -> Result<()> {
+    if ty.numel() == 0 {
+        return Ok(());
+    }
+    let p = Params::new()
+        .u(0, ty.numel())
+        .u(1, 4)
+        .f(2, scale as f32)
+        .u(11, first as usize);
+    run_step(
+        w,
+        ("accumulate", "gradient"),
+        ty,
+        &p,
+        acc,
+        grad,
+        (None, None),
+    )
+}
+
+/// The step kernel over `ty`'s elements of `param` (an accumulator for kind 4) and
+/// `grad`, with the state buffers it has (scratch stands in for the others). `what`
+/// (verb, noun: "train", "parameter") says what the dtype is refused for.
+fn run_step(
+    w: &mut Wgpu,
+    what: (&str, &str),
+    ty: &ValueType,
+    p: &Params,
+    param: &wgpu::Buffer,
+    grad: &wgpu::Buffer,
+    state: (Option<&wgpu::Buffer>, Option<&wgpu::Buffer>),
+) -> Result<()> {
+    // Errors name the optimizer step as a node would be named.
     let node = Node {
-        name: "gradient accumulation".into(),
+        name: "optimizer".into(),
         op: Op::Identity,
         inputs: vec![],
         outputs: vec![],
         loc: None,
     };
     let defs = float_defs(w, &node, ty.dtype).map_err(|_| {
+        let (verb, noun) = what;
         crate::err!(
             Runtime,
-            "cannot accumulate a {} gradient on the wgpu backend",
+            "cannot {verb} a {} {noun} on the wgpu backend",
             ty.dtype
         )
     })?;
-    let n = ty.numel();
-    if n == 0 {
-        return Ok(());
-    }
-    let p = Params::new()
-        .u(0, n)
-        .u(1, 4)
-        .f(2, scale as f32)
-        .u(11, first as usize);
     let (s0, s1) = (w.scratch(16), w.scratch(16));
     let k = Wgpu::kernel(Family::Optimizer, "step", defs);
     w.run_kernel(
         &k,
-        &p,
+        p,
         &[
-            (1, &*acc),
+            (1, param),
             (2, grad),
-            (3, &s0),
-            (4, &s1),
+            (3, state.0.unwrap_or(&s0)),
+            (4, state.1.unwrap_or(&s1)),
             (5, &w.nonfinite.clone()),
         ],
-        groups_for(n, 256),
+        groups_for(ty.numel(), 256),
     )
 }
