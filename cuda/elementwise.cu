@@ -193,6 +193,58 @@ template <class T> __device__ void act_epilogue_vec_k(const T* pre, const T* res
     }
 }
 
+// GatedMatMul's gate, Y = act(G)·U, and its gradient GatedMatMulGrad, dU = dY·act(G) and
+// dG = dY·U·act'(G): every operand contiguous, of one shape; `nv` 16-byte vectors where
+// the host found every pointer aligned, else `n` elements one a thread (`vec` 0).
+template <class T> __device__ void glu_k(const T* g, const T* u, T* y, i64 n, int op, int vec) {
+    typedef typename Num<T>::A A;
+    constexpr int V = 16 / sizeof(T);
+    if (vec) {
+        GRID_STRIDE(i, n) {
+            EVec<T> gv, uv, o;
+            gv.u = ((const uint4*)g)[i];
+            uv.u = ((const uint4*)u)[i];
+#pragma unroll
+            for (int k = 0; k < V; ++k) o.t[k] = st<T>(act_fwd<A>(op, ld(gv.t[k]), (A)0, (A)0) * ld(uv.t[k]));
+            ((uint4*)y)[i] = o.u;
+        }
+    } else {
+        GRID_STRIDE(i, n) y[i] = st<T>(act_fwd<A>(op, ld(g[i]), (A)0, (A)0) * ld(u[i]));
+    }
+}
+template <class A> __device__ __forceinline__ void glu_grad_one(int op, A d, A g, A u, A& dg, A& du) {
+    du = d * act_fwd<A>(op, g, (A)0, (A)0);
+    dg = act_bwd<A>(op, d * u, g, (A)0, (A)0);
+}
+template <class T> __device__ void glu_grad_k(const T* dy, const T* g, const T* u, T* dg, T* du, i64 n, int op, int vec) {
+    typedef typename Num<T>::A A;
+    constexpr int V = 16 / sizeof(T);
+    if (vec) {
+        GRID_STRIDE(i, n) {
+            EVec<T> dv, gv, uv, og, ou;
+            dv.u = ((const uint4*)dy)[i];
+            gv.u = ((const uint4*)g)[i];
+            uv.u = ((const uint4*)u)[i];
+#pragma unroll
+            for (int k = 0; k < V; ++k) {
+                A a, b;
+                glu_grad_one<A>(op, ld(dv.t[k]), ld(gv.t[k]), ld(uv.t[k]), a, b);
+                og.t[k] = st<T>(a);
+                ou.t[k] = st<T>(b);
+            }
+            ((uint4*)dg)[i] = og.u;
+            ((uint4*)du)[i] = ou.u;
+        }
+    } else {
+        GRID_STRIDE(i, n) {
+            A a, b;
+            glu_grad_one<A>(op, ld(dy[i]), ld(g[i]), ld(u[i]), a, b);
+            dg[i] = st<T>(a);
+            du[i] = st<T>(b);
+        }
+    }
+}
+
 // BIN_* and CMP_* come from cuda/opcodes.cuh. Mod takes the divisor's sign (Python's %),
 // Fmod the dividend's (C's fmod); Min and Max propagate NaN, as numpy's.
 template <class A> __device__ __forceinline__ A nan_min(A a, A b) { return (b < a || b != b) ? b : a; }
@@ -487,6 +539,8 @@ template <class S, class D> __device__ void cast_k(const S* x, D* y, i64 n) {
     extern "C" __global__ void act_epilogue_##S(const T* p, const T* r, T* y, Strided s, i64 n, int op) { act_epilogue_k<T>(p, r, y, s, n, op); } \
     extern "C" __global__ void unary_grad_vec_##S(const T* dy, const T* x, T* dx, i64 nv, int op, float alpha, float beta) { unary_grad_vec_k<T>(dy, x, dx, nv, op, alpha, beta); } \
     extern "C" __global__ void act_epilogue_vec_##S(const T* p, const T* r, T* y, i64 nv, int op) { act_epilogue_vec_k<T>(p, r, y, nv, op); } \
+    extern "C" __global__ void glu_##S(const T* g, const T* u, T* y, i64 n, int op, int vec) { glu_k<T>(g, u, y, n, op, vec); } \
+    extern "C" __global__ void glu_grad_##S(const T* dy, const T* g, const T* u, T* dg, T* du, i64 n, int op, int vec) { glu_grad_k<T>(dy, g, u, dg, du, n, op, vec); } \
     extern "C" __global__ void dropout_##S(const T* x, T* y, unsigned char* m, i64 n, u64 base, const u64* stepp, double ratio, double scale) { dropout_k<T>(x, y, m, n, base, stepp, ratio, scale); } \
     extern "C" __global__ void rotary_##S(const T* x, const T* c, const T* s, T* y, Strided sd, i64 pairs, i64 d, int il, int tr) { rotary_k<T>(x, c, s, y, sd, pairs, d, il, tr); } \
     extern "C" __global__ void rotary_vec_##S(const T* x, const T* c, const T* s, T* y, Strided sd, i64 groups, i64 d, int tr) { rotary_vec_k<T>(x, c, s, y, sd, groups, d, tr); }

@@ -215,8 +215,8 @@ def train_check(exe, case, tmp):
 
 def fusion(exe, case):
     """What the passes made of the export, from `graphrun inspect`: the number of
-    Attention, FusedMatMul, normalization (LayerNormalization, RMSNormalization) and Rotary
-    nodes, and of the MatMul/Gemm nodes left unfused."""
+    Attention, FusedMatMul, GatedMatMul, normalization (LayerNormalization,
+    RMSNormalization) and Rotary nodes, and of the MatMul/Gemm nodes left unfused."""
     model = os.path.join(ZOO, case, "model.onnx")
     p = subprocess.run([exe, "inspect", model], capture_output=True, text=True, timeout=600)
     m = re.search(r"^after passes: \d+ nodes: (.*)$", p.stdout, re.M)
@@ -224,6 +224,7 @@ def fusion(exe, case):
         return None
     counts = {op: int(n) for op, n in re.findall(r"(\w+) (\d+)", m.group(1))}
     return (counts.get("Attention", 0), counts.get("FusedMatMul", 0),
+            counts.get("GatedMatMul", 0),
             counts.get("LayerNormalization", 0) + counts.get("RMSNormalization", 0),
             counts.get("Rotary", 0), counts.get("MatMul", 0) + counts.get("Gemm", 0))
 
@@ -489,7 +490,8 @@ def write_doc(results):
     L.append("")
     L.append("\"fused\" is what the passes made of the export (`graphrun inspect MODEL.onnx`, "
              "symbolic sizes): Attention nodes (each transformer has 2 attention blocks), "
-             "FusedMatMul nodes, normalization nodes (LayerNormalization, or RMSNormalization "
+             "FusedMatMul nodes, GatedMatMul nodes (the gated MLP of LLaMA-style models: "
+             "its gate and up projections and their product, 1 per block), normalization nodes (LayerNormalization, or RMSNormalization "
              "for LLaMA and T5, whose exports spell it out as six elementwise ops; each "
              "transformer has 5), Rotary nodes (LLaMA's rotary position embedding of the "
              "queries and keys, 2 per block), and MatMul or Gemm nodes left unfused "
@@ -499,7 +501,7 @@ def write_doc(results):
     bcols = [(b, name) for b, name in OTHER_BACKENDS if b in others]
     head = "".join(f" {name} |" for _, name in bcols)
     L.append("| architecture | exporter | opset | mask | exports | runs | matches ORT | gradients | trains |"
-             + head + " fused: Attention / FusedMatMul / norm / Rotary / MatMul left | graphrun's error, or why not |")
+             + head + " fused: Attention / FusedMatMul / GatedMatMul / norm / Rotary / MatMul left | graphrun's error, or why not |")
     L.append("|" + " --- |" * (11 + len(bcols)))
     for r in results:
         exp = yn[r["exported"]]

@@ -52,6 +52,23 @@ fn unary_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
     Y[i] = T(act_bwd(pu(1u), g, v, pf(2u), pf(3u)));
 }
 
+// GatedMatMul's gate, Y = act(G)·U (X0 = G, X1 = U; P[2] = 0), and its gradient from X0 =
+// dY, X1 = G, X2 = U: P[2] = 1 writes dG = dY·U·act'(G), P[2] = 2 writes dU = dY·act(G).
+// Every operand contiguous, of Y's shape.
+@compute @workgroup_size(256)
+fn glu(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let i = linear(wid, nwg, lid, WG);
+    if (i >= pu(0u)) { return; }
+    let op = pu(1u);
+    let a = f32(X0[i]);
+    let b = f32(X1[i]);
+    switch pu(2u) {
+        case 0u: { Y[i] = T(act_fwd(op, a, 0.0, 0.0) * b); }
+        case 1u: { Y[i] = T(act_bwd(op, a * f32(X2[i]), b, 0.0, 0.0)); }
+        default: { Y[i] = T(a * act_fwd(op, b, 0.0, 0.0)); }
+    }
+}
+
 // Integer division by zero is defined in WGSL (it yields the dividend); the host checks.
 fn div_(a: A, b: A) -> A { return a / b; }
 

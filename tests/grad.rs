@@ -1044,6 +1044,68 @@ fn rotary_x_cos_and_sin() {
     ]);
 }
 
+/// GatedMatMul (what the gated-MLP fusion writes): gradients of A, both weights and both
+/// biases through GatedMatMulGrad and the products' FusedMatMulGrads, for every gate
+/// activation, weights plain and transposed, A batched; without biases; and with G and U
+/// read as outputs too (their gradients join dG and dU).
+#[test]
+fn gated_matmul_every_activation() {
+    let mut nets = vec![];
+    let attrs =
+        |act: &str, t: i64| vec![("activation", V::Str(act.into())), ("trans_b", V::Int(t))];
+    for act in [
+        "silu",
+        "gelu",
+        "gelu_tanh",
+        "sigmoid",
+        "tanh",
+        "relu",
+        "relu6",
+    ] {
+        for t in [0, 1] {
+            let w = if t == 1 { [3, 4] } else { [4, 3] };
+            nets.push(
+                net(&format!("GatedMatMul {act}, trans_b {t}"))
+                    .input("a", rand(&[2, 5, 4], 61, -1.5, 1.5))
+                    .param("wg", randn(&w, 62))
+                    .param("wu", randn(&w, 63))
+                    .param("bg", randn(&[3], 64))
+                    .param("bu", randn(&[3], 65))
+                    .op(
+                        "GatedMatMul",
+                        &attrs(act, t),
+                        &["a", "wg", "wu", "bg", "bu"],
+                        &["y"],
+                    )
+                    .outputs(&["y"]),
+            );
+        }
+    }
+    nets.push(
+        net("GatedMatMul without biases")
+            .input("a", rand(&[6, 4], 66, -1.5, 1.5))
+            .param("wg", randn(&[4, 5], 67))
+            .param("wu", randn(&[4, 5], 68))
+            .op("GatedMatMul", &attrs("silu", 0), &["a", "wg", "wu"], &["y"])
+            .outputs(&["y"]),
+    );
+    nets.push(
+        net("GatedMatMul with G and U read")
+            .input("a", rand(&[6, 4], 69, -1.5, 1.5))
+            .param("wg", randn(&[4, 5], 70))
+            .param("wu", randn(&[4, 5], 71))
+            .param("bu", randn(&[5], 72))
+            .op(
+                "GatedMatMul",
+                &attrs("gelu", 0),
+                &["a", "wg", "wu", "", "bu"],
+                &["y", "g", "u"],
+            )
+            .outputs(&["y", "g", "u"]),
+    );
+    check_all(&nets);
+}
+
 #[test]
 fn rms_normalization_axes_scale_and_inv_std_dev() {
     let x = || randn(&[2, 3, 4], 21);

@@ -61,8 +61,16 @@ fn sessions_fuse_by_default() {
         if name == "llama_layer" {
             // Both RMSNorms, both rotations and the grouped-query attention.
             let n = |op: &str| ops.iter().filter(|o| **o == op).count();
-            let fused = [n("RMSNormalization"), n("Rotary"), n("Attention")];
-            assert_eq!(fused, [2, 2, 1], "{ops:?}");
+            let fused = [
+                n("RMSNormalization"),
+                n("Rotary"),
+                n("Attention"),
+                n("GatedMatMul"),
+            ];
+            assert_eq!(fused, [2, 2, 1, 1], "{ops:?}");
+            // The rotations run on the split heads and the attention reads them unsplit:
+            // no head transposes are left.
+            assert_eq!(n("Transpose"), 0, "{ops:?}");
         }
         assert!(fused.graph().nodes.len() < m.graph.nodes.len(), "{name}");
         let plain = Session::new(

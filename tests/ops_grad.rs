@@ -375,6 +375,111 @@ fn rotary_forward_and_grad() {
     }
 }
 
+/// GatedMatMul against its definition computed here in f64 (`act(A·Bg + bg) · (A·Bu +
+/// bu)`, G and U), for every gate activation, weights plain and transposed, with and
+/// without biases, Y alone (the gate in the product's epilogue) and with G and U (the
+/// gate as a pass); each dtype within tolerance of f64. GatedMatMulGrad against finite
+/// differences of the gate `act(G)·U` with respect to G and U.
+#[test]
+fn gated_matmul_forward_and_gate_grad() {
+    let (m, k, n) = (7, 5, 6);
+    let a = rand(&[2, m, k], 51, -1.5, 1.5);
+    let gelu = |x: f64| 0.5 * x * (1.0 + libm::erf(x / 2f64.sqrt()));
+    let gelu_tanh = |x: f64| {
+        0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh())
+    };
+    let sigmoid = |x: f64| 1.0 / (1.0 + (-x).exp());
+    let acts: [(Activation, &dyn Fn(f64) -> f64); 7] = [
+        (Activation::Silu, &|x| x * sigmoid(x)),
+        (Activation::Gelu, &gelu),
+        (Activation::GeluTanh, &gelu_tanh),
+        (Activation::Sigmoid, &sigmoid),
+        (Activation::Tanh, &|x: f64| x.tanh()),
+        (Activation::Relu, &|x: f64| x.max(0.0)),
+        (Activation::Relu6, &|x: f64| x.clamp(0.0, 6.0)),
+    ];
+    for (act, f) in acts {
+        for trans_b in [false, true] {
+            let ws: [usize; 2] = if trans_b { [n, k] } else { [k, n] };
+            let (wg, wu) = (randn(&ws, 52), randn(&ws, 53));
+            let (bg, bu) = (randn(&[n], 54), randn(&[n], 55));
+            for (biased, outs) in [
+                (false, &["y"][..]),
+                (true, &["y"]),
+                (true, &["y", "g", "u"]),
+            ] {
+                let what = format!(
+                    "{}, trans_b {trans_b}, biases {biased}, {outs:?}",
+                    act.name()
+                );
+                let attrs = [
+                    ("activation", AttrValue::Str(act.name().into())),
+                    ("trans_b", AttrValue::Int(trans_b as i64)),
+                ];
+                let mut ins = vec![Some(a.clone()), Some(wg.clone()), Some(wu.clone())];
+                if biased {
+                    ins.extend([Some(bg.clone()), Some(bu.clone())]);
+                }
+                let node = node_of(op("GatedMatMul", &attrs), &ins, outs);
+                let got = eval_all_dtypes(&node, &ins, &[]);
+                let (av, wgv, wuv) = (a.to_f64_vec(), wg.to_f64_vec(), wu.to_f64_vec());
+                let (bgv, buv) = (bg.to_f64_vec(), bu.to_f64_vec());
+                let w_at = |w: &[f64], kk: usize, j: usize| {
+                    if trans_b {
+                        w[j * k + kk]
+                    } else {
+                        w[kk * n + j]
+                    }
+                };
+                let (mut y, mut gs, mut us) = (vec![], vec![], vec![]);
+                for r in 0..2 * m {
+                    for j in 0..n {
+                        let dot = |w: &[f64]| {
+                            (0..k)
+                                .map(|kk| av[r * k + kk] * w_at(w, kk, j))
+                                .sum::<f64>()
+                        };
+                        let b = |v: &[f64]| if biased { v[j] } else { 0.0 };
+                        let (g, u) = (dot(&wgv) + b(&bgv), dot(&wuv) + b(&buv));
+                        y.push(f(g) * u);
+                        gs.push(g);
+                        us.push(u);
+                    }
+                }
+                for (k, want) in [y, gs, us].iter().enumerate().take(outs.len()) {
+                    let e = rel_err(&got[k].to_f64_vec(), want);
+                    assert!(e < 1e-12, "GatedMatMul {what}: output {k} rel err {e:.2e}");
+                }
+            }
+        }
+        // The gate's gradient: dG and dU of Σ dY·act(G)·U, as GatedMatMul's with A = I
+        // (so that G and U are the weights themselves).
+        let attrs = [("activation", AttrValue::Str(act.name().into()))];
+        let eye = f64s(
+            &[n, n],
+            &(0..n * n)
+                .map(|i| (i % (n + 1) == 0) as u8 as f64)
+                .collect::<Vec<_>>(),
+        );
+        let (g, u) = (signed(&[n, n], 56, 0.05, 2.0), randn(&[n, n], 57));
+        let dy = randn(&[n, n], 58);
+        let fwd_ins = some(&[&eye, &g, &u]);
+        let fwd = node_of(op("GatedMatMul", &attrs), &fwd_ins, &["y"]);
+        let gins = some(&[&dy, &g, &u]);
+        let grad = node_of(op("GatedMatMulGrad", &attrs), &gins, &["dg", "du"]);
+        let got = eval_all_dtypes(&grad, &gins, &[]);
+        for (i, what) in [(1, "dG"), (2, "dU")] {
+            let fd = fd_grad(&fwd, &fwd_ins, i, 0, &dy);
+            assert_grad(
+                &format!("{what}, {}", act.name()),
+                &got[i - 1].to_f64_vec(),
+                &fd,
+                FD_TOL,
+            );
+        }
+    }
+}
+
 #[test]
 fn layer_norm_grad_computes_only_wanted_outputs() {
     let x = rand(&[3, 5], 19, -2.0, 2.0);

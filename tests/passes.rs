@@ -2545,6 +2545,143 @@ nodes:
     }
 }
 
+/// `rotary_heads`: a rotation of heads split as exporters write them (`[B, S, H·D]` →
+/// Reshape `[B, S, H, D]` → Transpose `[0, 2, 1, 3]` → rotate) runs in the `[B, S, H, D]`
+/// layout with the head transpose after it, for tables of rank 2, 3 and 4; outputs and
+/// gradients (of x, cos and sin) as unfused. Not where the transposed x is read
+/// elsewhere. With attention after it, the attention reads the rotated heads unsplit (a
+/// 3-D Attention, no Transpose left).
+#[test]
+fn rotation_moves_before_the_head_transpose() {
+    let body = |table: &str, outputs: &str, tail: &str| {
+        format!(
+            "
+inputs:
+  - {{name: x, dtype: f32, shape: [batch, 5, 16]}}
+outputs: [{outputs}]
+initializers:
+  - {{name: cos, dtype: f32, shape: {table}, init: {{dist: normal, std: 1.0, seed: 1}}}}
+  - {{name: sin, dtype: f32, shape: {table}, init: {{dist: normal, std: 1.0, seed: 2}}}}
+  - {{name: split, dtype: i64, shape: [4], values: [0, 0, 2, 8], trainable: false}}
+  - {{name: merge, dtype: i64, shape: [3], values: [0, 0, 16], trainable: false}}
+  - {{name: zero, dtype: i64, shape: [1], values: [0], trainable: false}}
+  - {{name: four, dtype: i64, shape: [1], values: [4], trainable: false}}
+  - {{name: big, dtype: i64, shape: [1], values: [9223372036854775807], trainable: false}}
+  - {{name: last, dtype: i64, shape: [1], values: [-1], trainable: false}}
+  - {{name: scale, dtype: f32, shape: [], values: [0.35], trainable: false}}
+nodes:
+  - {{op: Reshape, inputs: [x, split], outputs: [xs]}}
+  - {{op: Transpose, inputs: [xs], outputs: [q], attrs: {{perm: [0, 2, 1, 3]}}}}
+  - {{op: Slice, inputs: [q, zero, four, last], outputs: [x1]}}
+  - {{op: Slice, inputs: [q, four, big, last], outputs: [x2]}}
+  - {{op: Neg, inputs: [x2], outputs: [n]}}
+  - {{op: Concat, inputs: [n, x1], outputs: [r], attrs: {{axis: -1}}}}
+  - {{op: Mul, inputs: [q, cos], outputs: [qc]}}
+  - {{op: Mul, inputs: [r, sin], outputs: [rs]}}
+  - {{op: Add, inputs: [qc, rs], outputs: [y]}}
+{tail}"
+        )
+    };
+    for table in ["[5, 8]", "[1, 5, 8]", "[1, 1, 5, 8]"] {
+        let g = graph(&body(table, "y", ""));
+        let (o, r) = run_passes(&g, &PassOptions::default());
+        assert_eq!(
+            (r.fired("rotary"), r.fired("rotary_heads")),
+            (1, 1),
+            "{table}"
+        );
+        let rot = o.nodes.iter().find(|n| n.op.name() == "Rotary").unwrap();
+        assert_eq!(
+            rot.inputs[0], "xs",
+            "{table}: the rotation reads the split heads"
+        );
+        check_same(&g, &o, &[("batch", 3)]);
+    }
+    // The transposed heads read elsewhere: the rotation stays on them.
+    let g = graph(&body("[5, 8]", "y, q", ""));
+    let (o, r) = run_passes(&g, &PassOptions::default());
+    assert_eq!((r.fired("rotary"), r.fired("rotary_heads")), (1, 0));
+    assert_same(&g, &o, &[("batch", 3)]);
+    // Self-attention of the rotated heads, merged back: one 3-D Attention, no copies.
+    let attn = "  - {op: Reshape, inputs: [x, split], outputs: [ks]}
+  - {op: Transpose, inputs: [ks], outputs: [k], attrs: {perm: [0, 2, 1, 3]}}
+  - {op: Transpose, inputs: [k], outputs: [kt], attrs: {perm: [0, 1, 3, 2]}}
+  - {op: MatMul, inputs: [y, kt], outputs: [s0]}
+  - {op: Mul, inputs: [s0, scale], outputs: [s]}
+  - {op: Softmax, inputs: [s], outputs: [p], attrs: {axis: -1}}
+  - {op: Reshape, inputs: [x, split], outputs: [vs]}
+  - {op: Transpose, inputs: [vs], outputs: [v], attrs: {perm: [0, 2, 1, 3]}}
+  - {op: MatMul, inputs: [p, v], outputs: [c]}
+  - {op: Transpose, inputs: [c], outputs: [ct], attrs: {perm: [0, 2, 1, 3]}}
+  - {op: Reshape, inputs: [ct, merge], outputs: [out]}
+";
+    let g = graph(&body("[5, 8]", "out", attn));
+    let (o, r) = run_passes(&g, &PassOptions::default());
+    assert_eq!(r.fired("rotary_heads"), 1);
+    assert_eq!(r.fired("attention_heads"), 1, "{}", r.explain.join("\n"));
+    assert_eq!(count(&o, "Transpose"), 0, "{:?}", o.nodes);
+    check_same(&g, &o, &[("batch", 3)]);
+}
+
+/// `gated_matmul`: `act(x·Wg [+ bg]) * (x·Wu [+ bu])`, the gated MLP of LLaMA-style
+/// models (SiLU written as g·Sigmoid(g), GELU, either operand order, with biases),
+/// becomes one GatedMatMul; outputs and every gradient as unfused. Not where the up
+/// projection is read elsewhere, the two products read different A, or neither has an
+/// activation.
+#[test]
+fn gated_mlps_fuse() {
+    let body = |up_a: &str, nodes: &str, outputs: &str| {
+        format!(
+            "
+inputs:
+  - {{name: x, dtype: f32, shape: [batch, 5, 8]}}
+  - {{name: x2, dtype: f32, shape: [batch, 5, 8]}}
+outputs: [{outputs}]
+initializers:
+  - {{name: wg, dtype: f32, shape: [8, 6], init: {{dist: normal, std: 0.5, seed: 1}}}}
+  - {{name: wu, dtype: f32, shape: [8, 6], init: {{dist: normal, std: 0.5, seed: 2}}}}
+  - {{name: wd, dtype: f32, shape: [6, 8], init: {{dist: normal, std: 0.5, seed: 3}}}}
+  - {{name: bg, dtype: f32, shape: [6], init: {{dist: normal, std: 0.5, seed: 4}}}}
+  - {{name: bu, dtype: f32, shape: [6], init: {{dist: normal, std: 0.5, seed: 5}}}}
+nodes:
+  - {{op: MatMul, inputs: [x, wg], outputs: [g0]}}
+  - {{op: MatMul, inputs: [{up_a}, wu], outputs: [u0]}}
+{nodes}  - {{op: MatMul, inputs: [h, wd], outputs: [y]}}
+"
+        )
+    };
+    let silu = "  - {op: Sigmoid, inputs: [g0], outputs: [gs]}
+  - {op: Mul, inputs: [g0, gs], outputs: [ga]}
+  - {op: Mul, inputs: [ga, u0], outputs: [h]}
+";
+    let gelu_biased = "  - {op: Add, inputs: [g0, bg], outputs: [gb]}
+  - {op: Gelu, inputs: [gb], outputs: [ga]}
+  - {op: Add, inputs: [bu, u0], outputs: [ub]}
+  - {op: Mul, inputs: [ub, ga], outputs: [h]}
+";
+    for (what, nodes) in [("SiLU", silu), ("GELU with biases", gelu_biased)] {
+        let g = graph(&body("x", nodes, "y"));
+        let (o, r) = run_passes(&g, &PassOptions::default());
+        assert_eq!(r.fired("gated_matmul"), 1, "{what}");
+        assert_eq!(count(&o, "GatedMatMul"), 1, "{what}: {:?}", o.nodes);
+        // What is left: the down projection alone.
+        assert_eq!(o.nodes.len(), 2, "{what}: {:?}", o.nodes);
+        check_same(&g, &o, &[("batch", 2)]);
+    }
+    let ungated = "  - {op: Mul, inputs: [g0, u0], outputs: [h]}\n";
+    for (what, up_a, nodes, outputs) in [
+        ("the up projection read elsewhere", "x", silu, "y, u0"),
+        ("products of different A", "x2", silu, "y"),
+        ("no activation", "x", ungated, "y"),
+    ] {
+        let g = graph(&body(up_a, nodes, outputs));
+        let (o, r) = run_passes(&g, &PassOptions::default());
+        assert_eq!(r.fired("gated_matmul"), 0, "{what}");
+        assert_eq!(count(&o, "GatedMatMul"), 0, "{what}");
+        assert_same(&g, &o, &[("batch", 2)]);
+    }
+}
+
 /// `conv_affine`: a per-channel affine map after a Conv with constant weights folds into
 /// the weights and bias — BatchNormalization's inference form, Mul/Add and Sub/Div by
 /// per-channel or scalar constants, `c - y` — with the outputs unchanged (`fuse` checks);

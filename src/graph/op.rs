@@ -444,6 +444,18 @@ pub enum Op {
         /// B is given transposed (`[N, K]`).
         trans_b: bool,
     },
+    /// `(A, Bg, Bu, [bias_g], [bias_u]) -> (Y, [G], [U])`: a gated linear unit, `Y =
+    /// act(G) · U` with `G = A·Bg + bias_g` and `U = A·Bu + bias_u` (SwiGLU with SiLU,
+    /// GeGLU with GELU), the two products of one A and their gate in one node (not an ONNX
+    /// op: what the gated-MLP fusion makes of `act(x·Wg) * (x·Wu)`). Bg and Bu are `[K,
+    /// N]` (or batched; `[N, K]` with trans_b), the biases `[N]`. G and U are what
+    /// GatedMatMulGrad reads.
+    GatedMatMul {
+        /// The gate's activation.
+        activation: Activation,
+        /// Bg and Bu are given transposed (`[N, K]`).
+        trans_b: bool,
+    },
     /// `q_num_heads`/`kv_num_heads` are required for the 3-D form (Q `[B, Sq, Hq·D]`,
     /// heads packed in the last axis) and, when given with 4-D inputs, must agree with them.
     /// With K and V omitted (rule `attention_qkv`), Q is the packed QKV `[B, S, (Hq +
@@ -644,6 +656,15 @@ pub enum Op {
         /// The forward Attention's `kv_num_heads`.
         kv_num_heads: Option<usize>,
     },
+    /// `(dY, G, U) -> (dG, dU)`: the gradient at GatedMatMul's two products, `dG = dY·U·
+    /// act'(G)` and `dU = dY·act(G)`, one pass; the products' own gradients (dA, dBg, dBu,
+    /// the biases') are FusedMatMulGrads of dG and dU.
+    GatedMatMulGrad {
+        /// The forward GatedMatMul's activation.
+        activation: Activation,
+        /// The forward GatedMatMul's `trans_b` (kept so that the op names its forward).
+        trans_b: bool,
+    },
     /// `(dY, Cos, Sin) -> dX`: Rotary's gradient with respect to X, `dY·Cos − rot(dY·Sin)`
     /// (rot's transpose is −rot).
     RotaryGrad {
@@ -701,6 +722,7 @@ pub static GRAD_OP_NAMES: std::sync::LazyLock<Vec<&'static str>> = std::sync::La
         "SliceGrad",
         "PadGrad",
         "FusedMatMulGrad",
+        "GatedMatMulGrad",
         "AttentionGrad",
         "VarlenAttentionGrad",
         "RotaryGrad",
@@ -762,6 +784,7 @@ const OTHER_OP_NAMES: &[&str] = &[
     "SoftmaxCrossEntropyLoss",
     "Dropout",
     "FusedMatMul",
+    "GatedMatMul",
     "Attention",
     "VarlenAttention",
     "Rotary",
@@ -1126,6 +1149,7 @@ impl Op {
             Op::SoftmaxCrossEntropyLoss { .. } => "SoftmaxCrossEntropyLoss",
             Op::Dropout { .. } => "Dropout",
             Op::FusedMatMul { .. } => "FusedMatMul",
+            Op::GatedMatMul { .. } => "GatedMatMul",
             Op::Attention { .. } => "Attention",
             Op::VarlenAttention { .. } => "VarlenAttention",
             Op::Rotary { .. } => "Rotary",
@@ -1138,6 +1162,7 @@ impl Op {
             Op::GatherGrad { .. } => "GatherGrad",
             Op::SliceGrad => "SliceGrad",
             Op::FusedMatMulGrad { .. } => "FusedMatMulGrad",
+            Op::GatedMatMulGrad { .. } => "GatedMatMulGrad",
             Op::AttentionGrad { .. } => "AttentionGrad",
             Op::VarlenAttentionGrad { .. } => "VarlenAttentionGrad",
             Op::RotaryGrad { .. } => "RotaryGrad",
@@ -1170,6 +1195,13 @@ impl Op {
                 activation,
                 trans_b,
                 a_activation: Activation::None,
+            },
+            Op::GatedMatMul {
+                activation,
+                trans_b,
+            } => Op::GatedMatMulGrad {
+                activation,
+                trans_b,
             },
             Op::Attention {
                 is_causal,
@@ -1236,6 +1268,13 @@ impl Op {
                 activation,
                 trans_b,
             },
+            Op::GatedMatMulGrad {
+                activation,
+                trans_b,
+            } => Op::GatedMatMul {
+                activation,
+                trans_b,
+            },
             Op::AttentionGrad {
                 is_causal,
                 scale,
@@ -1278,6 +1317,7 @@ impl Op {
                 | Op::SliceGrad
                 | Op::PadGrad { .. }
                 | Op::FusedMatMulGrad { .. }
+                | Op::GatedMatMulGrad { .. }
                 | Op::AttentionGrad { .. }
                 | Op::VarlenAttentionGrad { .. }
                 | Op::RotaryGrad { .. }
@@ -1335,6 +1375,8 @@ impl Op {
             Op::Dropout { .. } => (1, 3, 1, 2),
             // The second outputs (Pre, LSE) are what the gradient ops read.
             Op::FusedMatMul { .. } => (2, 4, 1, 2),
+            Op::GatedMatMul { .. } => (3, 5, 1, 3),
+            Op::GatedMatMulGrad { .. } => (3, 3, 2, 2),
             Op::Attention { .. } => (3, 4, 1, 2),
             Op::VarlenAttention { .. } => (5, 5, 1, 2),
             Op::Rotary { .. } | Op::RotaryGrad { .. } => (3, 3, 1, 1),
@@ -1816,6 +1858,10 @@ impl Op {
                 activation: a.activation("activation")?,
                 trans_b: a.flag("trans_b", false)?,
             },
+            "GatedMatMul" => Op::GatedMatMul {
+                activation: a.activation("activation")?,
+                trans_b: a.flag("trans_b", false)?,
+            },
             "Attention" => {
                 let op = Op::Attention {
                     is_causal: a.flag("is_causal", false)?,
@@ -2073,6 +2119,10 @@ impl Op {
             Op::FusedMatMul {
                 activation,
                 trans_b,
+            }
+            | Op::GatedMatMul {
+                activation,
+                trans_b,
             } => {
                 v.push(("activation", V::Str(activation.name().into())));
                 v.push(("trans_b", b(*trans_b)));
@@ -2115,7 +2165,7 @@ fn f32_attr(x: f32) -> AttrValue {
 /// README in step with it): each op, its family, and the backends that run it.
 pub fn op_table_markdown() -> String {
     let family = |n: &str| match n {
-        "MatMul" | "Gemm" | "FusedMatMul" => "linear algebra",
+        "MatMul" | "Gemm" | "FusedMatMul" | "GatedMatMul" => "linear algebra",
         "Softmax" | "LogSoftmax" | "LayerNormalization" | "RMSNormalization" | "ReduceSum"
         | "ReduceMean" | "ReduceMax" | "ReduceProd" => "normalization / reduction",
         "ArgMax" | "ArgMin" | "TopK" => "selection",

@@ -86,7 +86,7 @@ const REWRITTEN: &[&str] = &[
 
 /// graphrun's ops that are not ONNX operators: a model file in the ai.onnx domain cannot
 /// name them.
-const NOT_ONNX: &[&str] = &["FusedMatMul", "VarlenAttention"];
+const NOT_ONNX: &[&str] = &["FusedMatMul", "GatedMatMul", "VarlenAttention"];
 
 /// Whether the importer takes ONNX op `op` of the default domain: one of graphrun's ops, or
 /// one it writes as graphrun's ops.

@@ -16,6 +16,11 @@ pub(crate) const RULES: &[Rule] = &[
         run: fuse,
     },
     Rule {
+        name: "gated_matmul",
+        anchor: |op| *op == Op::Binary(BinaryOp::Mul),
+        run: super::gated::gated_matmul,
+    },
+    Rule {
         name: "dact_into_da",
         anchor: |op| matches!(op, Op::FusedMatMulGrad { .. }),
         run: dact_into_da,

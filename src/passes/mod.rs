@@ -14,6 +14,7 @@ mod conv_epilogue;
 mod cse;
 mod dce;
 mod epilogue;
+mod gated;
 mod noop;
 mod norm;
 pub(crate) mod pattern;

@@ -464,6 +464,148 @@ pub fn fused_matmul(
     }, _ => not_float(a))
 }
 
+/// GatedMatMul: `Y = act(A·Bg + bias_g) · (A·Bu + bias_u)`; `outs` = [Y, (G), (U)] with
+/// `want` saying which of G and U the graph reads. G is computed first; U's product then
+/// takes the gate in its epilogue, row by row while the row is in cache, unless U is
+/// asked for (training), when it is stored and the gate applied in a pass over both.
+#[allow(clippy::too_many_arguments)]
+pub fn gated_matmul(
+    a: &Tensor,
+    [bg, bu]: [&Tensor; 2],
+    [bias_g, bias_u]: [Option<&Tensor>; 2],
+    act: Activation,
+    trans_b: bool,
+    want: &[bool],
+    outs: &mut [Tensor],
+) -> Result<()> {
+    let has = |i: usize| i < outs.len() && want.get(i).copied().unwrap_or(false);
+    let (has_g, has_u) = (has(1), has(2));
+    let (y, rest) = outs.split_at_mut(1);
+    let y = &mut y[0];
+    let (g_slot, u_slot) = rest.split_at_mut(rest.len().min(1));
+    let mut g_own = None;
+    let g = match g_slot.first_mut().filter(|_| has_g) {
+        Some(g) => g,
+        None => g_own.insert(Tensor::zeros(y.dtype(), y.shape())),
+    };
+    fused_matmul(
+        a,
+        bg,
+        bias_g,
+        None,
+        Activation::None,
+        trans_b,
+        std::slice::from_mut(g),
+    )?;
+    let g = &*g;
+    if has_u {
+        let u = &mut u_slot[0];
+        fused_matmul(
+            a,
+            bu,
+            bias_u,
+            None,
+            Activation::None,
+            trans_b,
+            std::slice::from_mut(u),
+        )?;
+        return glu(act, g, u, y);
+    }
+    let p = Batch::matmul(a.shape(), bu.shape(), trans_b)?;
+    crate::with_float!(a.dtype(), T => {
+        type F = <T as Float>::Acc;
+        let bias = bias_u.map(|t| widen(t.as_slice::<T>()));
+        let gv = widen(g.as_slice::<T>());
+        let n = p.n;
+        let epi = |r: usize, row: &mut [F]| {
+            if let Some(bias) = &bias {
+                for (x, &b) in row.iter_mut().zip(bias.iter()) {
+                    *x += b;
+                }
+            }
+            gate_row(act, &gv[r * n..(r + 1) * n], row);
+        };
+        run::<T>(&p, a.as_slice::<T>(), bu.as_slice::<T>(), 1.0, y.as_mut_slice(), Some(&epi));
+        Ok(())
+    }, _ => not_float(a))
+}
+
+/// `u = act(g) · u` over one row, in chunks that stay in registers and L1.
+fn gate_row<F: Real>(act: Activation, g: &[F], u: &mut [F]) {
+    const C: usize = 64;
+    let mut t = [F::zero(); C];
+    for (uc, gc) in u.chunks_mut(C).zip(g.chunks(C)) {
+        let t = &mut t[..uc.len()];
+        t.copy_from_slice(gc);
+        activate_row(act, t);
+        for (u, &t) in uc.iter_mut().zip(t.iter()) {
+            *u = *u * t;
+        }
+    }
+}
+
+/// `y = act(g) · u` elementwise (g, u and y of one shape).
+fn glu(act: Activation, g: &Tensor, u: &Tensor, y: &mut Tensor) -> Result<()> {
+    const CHUNK: usize = 1 << 14;
+    crate::with_float!(g.dtype(), T => {
+        let (gv, uv) = (widen(g.as_slice::<T>()), widen(u.as_slice::<T>()));
+        y.as_mut_slice::<T>()
+            .par_chunks_mut(CHUNK)
+            .zip(gv.par_chunks(CHUNK).zip(uv.par_chunks(CHUNK)))
+            .for_each(|(y, (g, u))| {
+                let mut row = u.to_vec();
+                gate_row(act, g, &mut row);
+                for (y, &v) in y.iter_mut().zip(row.iter()) {
+                    *y = T::from_acc(v);
+                }
+            });
+        Ok(())
+    }, _ => not_float(g))
+}
+
+/// GatedMatMulGrad: `(dY, G, U) → (dG, dU)` with `dG = dY·U·act'(G)` and `dU =
+/// dY·act(G)`, one pass over the three.
+pub fn gated_grad(
+    act: Activation,
+    dy: &Tensor,
+    g: &Tensor,
+    u: &Tensor,
+    outs: &mut [Tensor],
+) -> Result<()> {
+    const CHUNK: usize = 1 << 14;
+    let [dg, du] = outs else {
+        crate::bail!(Runtime, "GatedMatMulGrad has two outputs, dG and dU");
+    };
+    crate::with_float!(g.dtype(), T => {
+        let (dyv, gv, uv) = (
+            widen(dy.as_slice::<T>()),
+            widen(g.as_slice::<T>()),
+            widen(u.as_slice::<T>()),
+        );
+        dg.as_mut_slice::<T>()
+            .par_chunks_mut(CHUNK)
+            .zip(du.as_mut_slice::<T>().par_chunks_mut(CHUNK))
+            .zip(dyv.par_chunks(CHUNK).zip(gv.par_chunks(CHUNK).zip(uv.par_chunks(CHUNK))))
+            .for_each(|((dg, du), (dy, (g, u)))| {
+                // dU = dY·act(G).
+                let mut t = dy.to_vec();
+                gate_row(act, g, &mut t);
+                for (o, &v) in du.iter_mut().zip(t.iter()) {
+                    *o = T::from_acc(v);
+                }
+                // dG = (dY·U)·act'(G).
+                for ((t, &d), &u) in t.iter_mut().zip(dy).zip(u) {
+                    *t = d * u;
+                }
+                activate_grad(act, &mut t, g);
+                for (o, &v) in dg.iter_mut().zip(t.iter()) {
+                    *o = T::from_acc(v);
+                }
+            });
+        Ok(())
+    }, _ => not_float(g))
+}
+
 /// Measures this machine's f32 GEMM rate (GFLOP/s) on an n×n×n product: median of `iters`.
 pub fn gemm_f32_gflops(n: usize, iters: usize) -> f64 {
     let p = Batch {

@@ -240,6 +240,21 @@ pub fn run_node(
             *trans_b,
             outs,
         ),
+        Op::GatedMatMul {
+            activation,
+            trans_b,
+        } => matmul::gated_matmul(
+            x(0)?,
+            [x(1)?, x(2)?],
+            [opt(3), opt(4)],
+            *activation,
+            *trans_b,
+            &want,
+            outs,
+        ),
+        Op::GatedMatMulGrad { activation, .. } => {
+            matmul::gated_grad(*activation, x(0)?, x(1)?, x(2)?, outs)
+        }
         Op::Softmax { axis } => reduce::softmax(x(0)?, *axis, false, &mut outs[0]),
         Op::LogSoftmax { axis } => reduce::softmax(x(0)?, *axis, true, &mut outs[0]),
         Op::LayerNormalization { axis, epsilon, rms } => reduce::layer_norm(

@@ -98,6 +98,24 @@ pub fn grad_kernel(
     c.launch_n(&format!("unary_grad_{}", suffix(dt)), n, &args)
 }
 
+/// GatedMatMul's gate `y = act(g)·u` (`dy` None), or its gradient (`dy` given): `outs`
+/// = [dG, dU] from dY, G and U. Every operand has y's shape, contiguous.
+pub fn glu(c: &Cuda, act: Activation, dy: Option<&V>, [g, u]: [&V; 2], outs: &[&V]) -> Result<()> {
+    let all: Vec<&V> = dy
+        .into_iter()
+        .chain([g, u])
+        .chain(outs.iter().copied())
+        .collect();
+    let (vec, n) = match vectors(outs[0], &all) {
+        Some(nv) => (1, nv),
+        None => (0, outs[0].numel()),
+    };
+    let mut args: Vec<Arg> = all.iter().map(|v| Arg::Ptr(v.p)).collect();
+    args.extend([Arg::I64(n as i64), Arg::I32(act_code(act)), Arg::I32(vec)]);
+    let kernel = if dy.is_some() { "glu_grad" } else { "glu" };
+    c.launch_n(&format!("{kernel}_{}", suffix(g.dtype())), n, &args)
+}
+
 /// `y = act(pre) + residual` (residual broadcast to y; `pre` may be y itself).
 pub fn act_epilogue(c: &Cuda, act: Activation, pre: u64, res: Option<&V>, y: &V) -> Result<()> {
     let n = y.numel();

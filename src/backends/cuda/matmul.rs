@@ -872,6 +872,48 @@ pub fn fused(
 /// kernel over dA in place; dBiasA = Σ_rows dA by a row sum after it (or by the
 /// DGELU_BGRAD epilogue, see `dgelu_bgrad`).
 #[allow(clippy::too_many_arguments)]
+/// GatedMatMul: G = A·Bg + bias_g and U = A·Bu + bias_u by cuBLASLt, into the outputs
+/// that the graph reads or into scratch, then `Y = act(G)·U` in one pass.
+#[allow(clippy::too_many_arguments)]
+pub fn gated(
+    c: &Cuda,
+    node: &Node,
+    a: &V,
+    [bg, bu]: [&V; 2],
+    [bias_g, bias_u]: [Option<V>; 2],
+    act: Activation,
+    trans_b: bool,
+    outs: &[V],
+    want: &[bool],
+) -> Result<()> {
+    let y = &outs[0];
+    let slot = |i: usize| -> Result<V> {
+        Ok(match wanted(outs, want, i) {
+            Some(v) => *v,
+            None => V {
+                p: c.scratch(y.ty.bytes())?,
+                ..*y
+            },
+        })
+    };
+    let (g, u) = (slot(1)?, slot(2)?);
+    for (w, bias, out) in [(bg, bias_g, g), (bu, bias_u, u)] {
+        fused(
+            c,
+            node,
+            a,
+            w,
+            bias,
+            None,
+            Activation::None,
+            trans_b,
+            &[out],
+            &[true],
+        )?;
+    }
+    super::elementwise::glu(c, act, None, [&g, &u], &[y])
+}
+
 pub fn fused_grad(
     c: &Cuda,
     node: &Node,

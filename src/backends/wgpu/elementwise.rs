@@ -6,7 +6,7 @@ use super::{float_defs, shape, unsupported, Params, Strided, Wgpu, V};
 use crate::backends::common;
 use crate::error::Result;
 use crate::graph::infer::ValueType;
-use crate::graph::{BinaryKind, BinaryOp, Node, UnaryOp};
+use crate::graph::{Activation, BinaryKind, BinaryOp, Node, UnaryOp};
 use crate::tensor::DType;
 
 /// The defs of an arithmetic kernel: floats compute in f32, i32 and u32 in themselves.
@@ -84,6 +84,34 @@ pub fn grad_kernel(
         &[(1, dy.buf), (2, x.buf), (3, out.buf)],
         groups_for(n, 256),
     )
+}
+
+/// GatedMatMul's gate `y = act(g)·u` (`dy` None; `outs` = [Y]), or its gradient (`dy`
+/// given; `outs` = [dG, dU], one dispatch each). Every operand has Y's shape, contiguous.
+pub fn glu(
+    w: &mut Wgpu,
+    node: &Node,
+    act: Activation,
+    dy: Option<&V>,
+    [g, u]: [&V; 2],
+    outs: &[&V],
+) -> Result<()> {
+    let defs = float_defs(w, node, g.dtype())?;
+    let n = outs[0].numel();
+    let k = Wgpu::kernel(Family::Elementwise, "glu", defs);
+    let code = common::act_code(act) as usize;
+    let params = |mode: usize| Params::new().u(0, n).u(1, code).u(2, mode);
+    let Some(dy) = dy else {
+        // X2 is bound too: the entry point reads it (in the gradient's mode), so its
+        // layout has it.
+        let binds = [(1, g.buf), (2, u.buf), (5, u.buf), (3, outs[0].buf)];
+        return w.run_kernel(&k, &params(0), &binds, groups_for(n, 256));
+    };
+    for (mode, out) in [(1, outs[0]), (2, outs[1])] {
+        let binds = [(1, dy.buf), (2, g.buf), (5, u.buf), (3, out.buf)];
+        w.run_kernel(&k, &params(mode), &binds, groups_for(n, 256))?;
+    }
+    Ok(())
 }
 
 pub fn binary(w: &mut Wgpu, node: &Node, op: BinaryOp, a: &V, b: &V, y: &V) -> Result<()> {

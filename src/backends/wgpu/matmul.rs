@@ -379,6 +379,58 @@ pub fn fused(
     )
 }
 
+/// GatedMatMul: G = A·Bg + bias_g and U = A·Bu + bias_u, into the outputs the graph reads
+/// or into scratch, then `Y = act(G)·U` in one pass.
+#[allow(clippy::too_many_arguments)]
+pub fn gated(
+    w: &mut Wgpu,
+    node: &Node,
+    a: &V,
+    [bg, bu]: [&V; 2],
+    [bias_g, bias_u]: [Option<V>; 2],
+    act: Activation,
+    trans_b: bool,
+    outs: &[V],
+    want: &[bool],
+) -> Result<()> {
+    let y = &outs[0];
+    let (g_buf, u_buf);
+    let g = match wanted(outs, want, 1) {
+        Some(v) => *v,
+        None => {
+            g_buf = w.scratch(y.ty.bytes());
+            V {
+                buf: &g_buf,
+                ty: y.ty,
+            }
+        }
+    };
+    let u = match wanted(outs, want, 2) {
+        Some(v) => *v,
+        None => {
+            u_buf = w.scratch(y.ty.bytes());
+            V {
+                buf: &u_buf,
+                ty: y.ty,
+            }
+        }
+    };
+    for (wt, bias, out) in [(bg, bias_g, g), (bu, bias_u, u)] {
+        fused(
+            w,
+            node,
+            [a, wt],
+            bias,
+            None,
+            Activation::None,
+            trans_b,
+            &[out],
+            &[true],
+        )?;
+    }
+    super::elementwise::glu(w, node, act, None, [&g, &u], &[y])
+}
+
 /// `(dY, A, B, [Pre], [PreA]) → (dA, dB, [dBias], [dBiasA])` with G = dY·act'(Pre):
 /// dA = G·op(B)ᵀ (times act_a'(PreA) with `pre_a`), dB = Aᵀ·G (Gᵀ·A with trans_b), summed
 /// over the batch entries that share an operand; dBias = Σ_rows G, dBiasA = Σ_rows dA.

@@ -462,6 +462,28 @@ impl Wgpu {
                 outs,
                 want,
             ),
+            Op::GatedMatMul {
+                activation,
+                trans_b,
+            } => matmul::gated(
+                self,
+                node,
+                &x(0)?,
+                [&x(1)?, &x(2)?],
+                [opt(3), opt(4)],
+                *activation,
+                *trans_b,
+                outs,
+                want,
+            ),
+            Op::GatedMatMulGrad { activation, .. } => elementwise::glu(
+                self,
+                node,
+                *activation,
+                Some(&x(0)?),
+                [&x(1)?, &x(2)?],
+                &[&outs[0], &outs[1]],
+            ),
             Op::FusedMatMulGrad {
                 activation,
                 trans_b,

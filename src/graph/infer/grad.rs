@@ -73,6 +73,17 @@ pub(super) fn infer(cx: &Cx) -> Result<Vec<ValueType>> {
             let p = ValueType::new(xt.dtype, &xt.shape[a..]);
             Ok(vec![xt.clone(), p.clone(), p][..node.outputs.len()].to_vec())
         }
+        Op::GatedMatMulGrad { .. } => {
+            // dY, G and U: one shape and dtype, that of each output.
+            cx.need_float(&x, "dY")?;
+            for i in [1, 2] {
+                let v = cx.t(i).unwrap();
+                if *v != x {
+                    return Err(cx.fail(format!("dY, G and U must have one type; got {x} and {v}")));
+                }
+            }
+            Ok(vec![x.clone(); node.outputs.len()])
+        }
         Op::RotaryGrad { interleaved } => {
             // dY has X's type: the forward's checks on (dY, Cos, Sin).
             let op = Op::Rotary {

@@ -301,6 +301,8 @@ pub fn shape_inputs(op: &Op) -> &'static [(usize, &'static str)] {
         | Op::SoftmaxCrossEntropyLoss { .. }
         | Op::Dropout { .. }
         | Op::FusedMatMul { .. }
+        | Op::GatedMatMul { .. }
+        | Op::GatedMatMulGrad { .. }
         | Op::Attention { .. }
         | Op::VarlenAttention { .. }
         | Op::UnaryGrad(_)
@@ -553,6 +555,7 @@ pub fn infer_node(
         Op::MatMul
         | Op::Gemm { .. }
         | Op::FusedMatMul { .. }
+        | Op::GatedMatMul { .. }
         | Op::LayerNormalization { .. }
         | Op::SoftmaxCrossEntropyLoss { .. }
         | Op::Dropout { .. }
@@ -574,6 +577,7 @@ pub fn infer_node(
         | Op::SliceGrad
         | Op::PadGrad { .. }
         | Op::FusedMatMulGrad { .. }
+        | Op::GatedMatMulGrad { .. }
         | Op::AttentionGrad { .. }
         | Op::VarlenAttentionGrad { .. }
         | Op::RotaryGrad { .. } => grad::infer(&cx),
@@ -770,6 +774,12 @@ pub fn flops(node: &Node, ins: &[Option<&ValueType>], outs: &[ValueType]) -> u64
         Op::SoftmaxGrad { .. } | Op::LayerNormalizationGrad { .. } => 5 * out_n,
         Op::SoftmaxCrossEntropyLossGrad { .. } => 5 * out_n,
         Op::Rotary { .. } | Op::RotaryGrad { .. } => 3 * out_n,
+        // Two products, and the gate.
+        Op::GatedMatMul { .. } => {
+            let k = ins[0].and_then(|t| t.shape.last()).copied().unwrap_or(0) as u64;
+            4 * out_n * k + 2 * out_n
+        }
+        Op::GatedMatMulGrad { .. } => 4 * out_n,
         // 2·(C/group)·K multiply-adds per output element; the gradient one such product
         // per gradient asked for.
         Op::Conv { .. } | Op::FusedConv { .. } => {

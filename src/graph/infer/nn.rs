@@ -182,6 +182,31 @@ pub(super) fn infer(cx: &Cx) -> Result<Vec<ValueType>> {
             }
             Ok(out)
         }
+        Op::GatedMatMul {
+            activation,
+            trans_b,
+        } => {
+            // Each product as a FusedMatMul with its bias; the two must agree.
+            let (bg, bu) = (cx.t(1).unwrap(), cx.t(2).unwrap());
+            if bg.shape != bu.shape {
+                return Err(cx.fail(format!(
+                    "the gate's and the up projection's weights differ: {} and {}",
+                    fmt_shape(&bg.shape),
+                    fmt_shape(&bu.shape)
+                )));
+            }
+            let op = Op::FusedMatMul {
+                activation: *activation,
+                trans_b: *trans_b,
+            };
+            let mut y = vec![];
+            for (w, bias) in [(1, 3), (2, 4)] {
+                let ins = [cx.ins[0], cx.ins[w], cx.ins.get(bias).copied().flatten()];
+                let consts = [None, None, None];
+                y = cx.forward(op.clone(), &ins, &consts)?;
+            }
+            Ok(vec![y[0].clone(); node.outputs.len()])
+        }
         Op::FusedMatMul { trans_b, .. } => {
             let b = cx.t(1).unwrap();
             cx.need_float(&x, "A")?;

@@ -406,6 +406,7 @@ pub(super) fn grad(b: &mut Builder, ni: usize, n: &Node, dys: &[Option<String>])
             }
             Ok(out)
         }
+        Op::GatedMatMul { .. } => gated(b, ni, n, dys),
         Op::Attention { .. } => {
             let lse = b.aux_output(ni, 1, "lse")?;
             let mask = n.inputs.get(3).cloned().unwrap_or_default();
@@ -467,6 +468,7 @@ pub(super) fn grad(b: &mut Builder, ni: usize, n: &Node, dys: &[Option<String>])
         | Op::SliceGrad
         | Op::PadGrad { .. }
         | Op::FusedMatMulGrad { .. }
+        | Op::GatedMatMulGrad { .. }
         | Op::AttentionGrad { .. }
         | Op::VarlenAttentionGrad { .. }
         | Op::RotaryGrad { .. }
@@ -518,11 +520,63 @@ fn fused_grads(
     Ok(out)
 }
 
+/// GatedMatMul's gradients: dG and dU from one GatedMatMulGrad (plus any gradient that
+/// reached G or U as outputs), then each product's dA, dW and dBias from a
+/// FusedMatMulGrad, the two dA summed.
+fn gated(b: &mut Builder, ni: usize, n: &Node, dys: &[Option<String>]) -> Result<Grads> {
+    let Op::GatedMatMul { trans_b, .. } = n.op else {
+        unreachable!("gated() is GatedMatMul's rule")
+    };
+    let a = n.inputs[0].as_str();
+    let dy = match &dys[0] {
+        Some(d) => d.clone(),
+        None => {
+            let ty = b.ty(&n.outputs[0]).clone();
+            b.zeros(&ty)?
+        }
+    };
+    let g = b.aux_output(ni, 1, "gate")?;
+    let u = b.aux_output(ni, 2, "up")?;
+    let op = n.op.grad_op().expect("GatedMatMul has a gradient op");
+    let d = b.node(op, &[&dy, &g, &u], &[&format!("{g}.d"), &format!("{u}.d")])?;
+    let mut out = vec![None; n.inputs.len()];
+    let mut da = vec![];
+    for (k, (w, bias)) in [(1, 3), (2, 4)].into_iter().enumerate() {
+        let mut dk = d[k].clone();
+        if let Some(extra) = dys.get(k + 1).cloned().flatten() {
+            dk = b.bin(B::Add, &dk, &extra)?;
+        }
+        let wv = n.inputs[w].as_str();
+        let bias_v = n.inputs.get(bias).filter(|s| !s.is_empty());
+        let mut of = vec![a, wv];
+        of.extend(bias_v.map(|s| s.as_str()));
+        let fop = Op::FusedMatMulGrad {
+            activation: crate::graph::Activation::None,
+            trans_b,
+            a_activation: crate::graph::Activation::None,
+        };
+        let r = fused_grads(b, fop, &[&dk, a, wv], &of, 3)?;
+        da.extend(r[0].clone());
+        out[w] = r[1].clone();
+        if bias_v.is_some() {
+            out[bias] = r[2].clone();
+        }
+    }
+    out[0] = match da.as_slice() {
+        [] => None,
+        [x] => Some(x.clone()),
+        [x, y] => Some(b.bin(B::Add, x, y)?),
+        _ => unreachable!("two products"),
+    };
+    Ok(out)
+}
+
 /// Ops with several outputs (their rule looks at every output's gradient), and ops
 /// that have no rule.
 fn multi(b: &mut Builder, ni: usize, n: &Node, dys: &[Option<String>]) -> Result<Grads> {
     let mut out = vec![None; n.inputs.len()];
     match &n.op {
+        Op::GatedMatMul { .. } => return gated(b, ni, n, dys),
         Op::Split { axis, .. } => {
             let x = &n.inputs[0];
             let mut parts = vec![];
