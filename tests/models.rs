@@ -382,6 +382,56 @@ fn plan_reuses_buffers() {
     assert!(plan.steps.len() < m.graph.nodes.len());
 }
 
+/// A view of a graph input is no step, also where the inputs are kept to the end (static
+/// feeds, as `bench` runs): the rotated heads' Unsqueezed cos and sin of a LLaMA layer
+/// share the input's slot.
+#[test]
+fn views_of_kept_inputs_are_not_copies() {
+    let m = Model::load("models/llama_layer.yaml").unwrap();
+    let dims: BTreeMap<String, usize> = [("batch".to_string(), 1), ("seq".to_string(), 16)]
+        .into_iter()
+        .collect();
+    let s = Session::new(
+        m.graph.clone(),
+        SessionOptions {
+            dims,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let g = s.graph();
+    let views: Vec<&str> = g
+        .nodes
+        .iter()
+        .filter(|n| n.op.name() == "Unsqueeze" && n.inputs[0] == "cos")
+        .map(|n| n.outputs[0].as_str())
+        .collect();
+    assert_eq!(views.len(), 1, "{:?}", g.nodes);
+    let keep: std::collections::HashSet<String> = g.inputs.iter().map(|i| i.name.clone()).collect();
+    let shapes: HashMap<String, Vec<usize>> = [
+        ("x", vec![1, 16, 2048]),
+        ("cos", vec![16, 64]),
+        ("sin", vec![16, 64]),
+        ("target", vec![1, 16, 2048]),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    for keep in [Default::default(), keep] {
+        let plan = graphrun::Plan::keeping(g, &shapes, &keep).unwrap();
+        assert_eq!(
+            plan.places.get("cos"),
+            plan.places.get(views[0]),
+            "kept: {}",
+            !keep.is_empty()
+        );
+        assert!(plan
+            .steps
+            .iter()
+            .all(|st| g.nodes[st.node].op.name() != "Unsqueeze"));
+    }
+}
+
 /// Checks a plan's slot sharing against lifetimes computed here from its steps: two values
 /// in one slot (other than a view and what it views) never live at the same step, and a
 /// step's outputs never share a slot with its inputs. Returns (sum of the slots, largest

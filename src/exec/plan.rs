@@ -206,11 +206,13 @@ impl Plan {
             // place after the run (the optimizer's weights, data-parallel gradient
             // averaging), and a slot holding an output then holds nothing else.
             // Weights and constants are not aliased either (they are updated in place or
-            // shared between plans).
+            // shared between plans). A graph input kept to the end (static feeds) may be:
+            // only the next feed writes it, and the view only reads it.
             if is_view(&node.op) {
                 let (x, o) = (&node.inputs[0], &node.outputs[0]);
                 if let Some(&Place::Slot(b)) = places.get(x) {
-                    if !outputs.contains(x.as_str()) && !outputs.contains(o.as_str()) {
+                    let fed = g.inputs.iter().any(|i| i.name == *x);
+                    if (fed || !outputs.contains(x.as_str())) && !outputs.contains(o.as_str()) {
                         naive += inf.types[o].bytes();
                         places.insert(o.clone(), Place::Slot(b));
                         let last = last_use.get(o.as_str()).copied().unwrap_or(s);

@@ -27,7 +27,7 @@ use std::path::Path;
 /// The ai.onnx opsets graphrun implements. Below 7, the elementwise ops broadcast only
 /// with an explicit attribute; opsets 24 to 27 only widened the dtypes of ops graphrun runs
 /// (new dtypes are refused by name), added Swish and the float16 Range, and gave Attention
-/// a KV-cache input the importer refuses.
+/// the nonpad_kv_seqlen input (imported with the KV-cache form, as its definition).
 pub const MIN_OPSET: i64 = 7;
 /// The newest ai.onnx opset graphrun implements (see `MIN_OPSET`).
 pub const MAX_OPSET: i64 = 27;

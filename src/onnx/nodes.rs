@@ -537,18 +537,10 @@ impl<'a> Importer<'a> {
                     "node '{shown}' (Attention): inputs K and V are required"
                 )))
             }
-            // The KV-cache forms (past_key, past_value, nonpad_kv_seqlen; present_* and
-            // qk_matmul_output outputs) are not graphrun's Attention.
-            "Attention"
-                if inputs.iter().skip(4).any(|v| !v.is_empty())
-                    || n.output.iter().skip(1).any(|v| !v.is_empty()) =>
-            {
-                return Err(Error::Graph(format!(
-                    "node '{shown}' (Attention): the KV-cache form (past_key, past_value, nonpad_kv_seqlen inputs; present_key, present_value, qk_matmul_output outputs) is not supported; graphrun runs Attention on Q, K, V and an optional mask"
-                )))
-            }
-            "Attention" if Self::attention_softcap(&attrs) => {
-                return self.lower_attention_softcap(n, shown, attrs)
+            // Softcap, the KV-cache forms (past_key, past_value, nonpad_kv_seqlen) and the
+            // present_* and qk_matmul_output outputs: written as the definition.
+            "Attention" if Self::attention_composite(n, &attrs) => {
+                return self.lower_attention_composite(n, shown, attrs)
             }
             // Before opset 13 Softmax and LogSoftmax flatten their input to 2-D at `axis`
             // (default 1) and normalise each row.

@@ -873,7 +873,8 @@ pub fn fused(
 /// DGELU_BGRAD epilogue, see `dgelu_bgrad`).
 #[allow(clippy::too_many_arguments)]
 /// GatedMatMul: G = A·Bg + bias_g and U = A·Bu + bias_u by cuBLASLt, into the outputs
-/// that the graph reads or into scratch, then `Y = act(G)·U` in one pass.
+/// that the graph reads (G otherwise into scratch, U into Y itself), then `Y = act(G)·U`
+/// in one pass (in place when U is Y).
 #[allow(clippy::too_many_arguments)]
 pub fn gated(
     c: &Cuda,
@@ -887,16 +888,14 @@ pub fn gated(
     want: &[bool],
 ) -> Result<()> {
     let y = &outs[0];
-    let slot = |i: usize| -> Result<V> {
-        Ok(match wanted(outs, want, i) {
-            Some(v) => *v,
-            None => V {
-                p: c.scratch(y.ty.bytes())?,
-                ..*y
-            },
-        })
+    let g = match wanted(outs, want, 1) {
+        Some(v) => *v,
+        None => V {
+            p: c.scratch(y.ty.bytes())?,
+            ..*y
+        },
     };
-    let (g, u) = (slot(1)?, slot(2)?);
+    let u = wanted(outs, want, 2).copied().unwrap_or(*y);
     for (w, bias, out) in [(bg, bias_g, g), (bu, bias_u, u)] {
         fused(
             c,

@@ -1,31 +1,44 @@
 //! The opset-23 Attention forms graphrun's fused Attention does not take, written as its
 //! definition in graphrun's ops: softcap (`softcap · tanh(S / softcap)` on the scaled
-//! scores before the mask). Every backend then runs it and autodiff differentiates it.
+//! scores before the mask), the KV cache (past_key and past_value joined before the new
+//! keys and values, and returned as present_key and present_value; the causal triangle
+//! shifted by the past length; a mask shorter than the keys padded with -inf),
+//! nonpad_kv_seqlen (each batch row's keys past its count masked), and the scores as a
+//! fourth output (qk_matmul_output, at the point qk_matmul_output_mode names). Every
+//! backend then runs it, autodiff differentiates it, and the attention fusion takes the
+//! core back into one Attention where the form allows.
 
 use super::composite::{bin, inputs, reshape, shape, un, unsqueeze, Attrs};
 use super::Importer;
 use crate::error::{Error, Result};
 use crate::graph::op::Attr;
-use crate::graph::{BinaryOp, Op, UnaryOp};
+use crate::graph::{BinaryOp, Op, PadMode, UnaryOp};
 use crate::onnx::proto::NodeProto;
 use crate::tensor::{DType, Tensor};
 
 impl Importer<'_> {
-    /// Whether `attrs` ask for a softcap (a nonzero `softcap`).
-    pub(super) fn attention_softcap(attrs: &[Attr]) -> bool {
+    /// Whether an Attention node needs this lowering: a softcap, a KV-cache or
+    /// nonpad_kv_seqlen input, or an output beyond Y.
+    pub(super) fn attention_composite(n: &NodeProto, attrs: &[Attr]) -> bool {
         use crate::graph::op::AttrValue as V;
-        attrs.iter().any(|a| {
+        let softcap = attrs.iter().any(|a| {
             a.name == "softcap"
                 && (matches!(a.value, V::Float(x) if x != 0.0)
                     || matches!(a.value, V::Int(x) if x != 0))
-        })
+        });
+        softcap
+            || n.input.iter().skip(4).any(|v| !v.is_empty())
+            || n.output.iter().skip(1).any(|v| !v.is_empty())
     }
 
-    /// Attention with a softcap, as ONNX defines it: Q, K, V as `[B, H, S, D]` (3-D inputs
-    /// `[B, S, H·D]` split by q_num_heads/kv_num_heads), K and V heads repeated for
-    /// grouped-query attention, scores `Q·Kᵀ·scale` capped, the mask (bool: -inf where
-    /// false; float: added) and the causal triangle added, softmax, times V.
-    pub(super) fn lower_attention_softcap(
+    /// Attention as ONNX defines it (`onnx.reference`'s op_attention): Q, K, V as `[B, H,
+    /// S, D]` (3-D inputs `[B, S, H·D]` split by q_num_heads/kv_num_heads), past_key and
+    /// past_value joined before K and V on the sequence axis (present_key and
+    /// present_value), K and V heads repeated for grouped-query attention, scores
+    /// `Q·Kᵀ·scale` capped, then the bias added: the mask (bool: -inf where false; float:
+    /// added) padded with -inf to the keys' length, the causal triangle (query i sees key
+    /// j iff j ≤ past + i) and the padding of nonpad_kv_seqlen; softmax, times V.
+    pub(super) fn lower_attention_composite(
         &mut self,
         n: &NodeProto,
         shown: &str,
@@ -38,23 +51,31 @@ impl Importer<'_> {
         let softcap = a.float("softcap", 0.0)?;
         let hq = a.opt_int("q_num_heads")?;
         let hkv = a.opt_int("kv_num_heads")?;
-        if a.int("qk_matmul_output_mode", 0)? != 0 {
+        let mode = a.int("qk_matmul_output_mode", 0)?;
+        if !(0..=3).contains(&mode) {
             return Err(a.refuse(
                 "qk_matmul_output_mode",
-                "must be 0 (the qk_matmul_output output is not supported)",
+                &format!("must be 0 to 3, got {mode}"),
             ));
         }
         a.take("softmax_precision");
         a.finish()?;
-        let (ins, opt) = inputs(n, &what, (3, 4), 1)?;
+        let (ins, opt) = inputs(n, &what, (3, 7), 4)?;
         let [q, k, v] = [0, 1, 2].map(|i| ins[i].clone());
+        let [mask, past_k, past_v, nonpad] = [0, 1, 2, 3].map(|i| opt[i].clone());
+        if past_k.is_some() != past_v.is_some() {
+            return Err(Error::Graph(format!(
+                "{what}: past_key and past_value come together"
+            )));
+        }
+        let asked = |k: usize| n.output.get(k).is_some_and(|o| !o.is_empty());
         let rank = self.ranks.get(&q).copied();
         let three_d = match rank {
             Some(3) => true,
             Some(4) => false,
             _ => {
                 return Err(Error::Graph(format!(
-                    "{what}: with a softcap, Q must have a declared rank of 3 or 4"
+                    "{what}: Q must have a declared rank of 3 or 4"
                 )))
             }
         };
@@ -84,6 +105,24 @@ impl Importer<'_> {
         } else {
             (q.clone(), k.clone(), v.clone())
         };
+        // The cache: past keys and values before the new ones; present_* are the joined.
+        let past_len = match &past_k {
+            Some(pk) => Some(self.val(n, "past_len", shape(2, Some(3)), vec![pk.clone()])),
+            None => None,
+        };
+        for (slot, x, past, tag) in [(1, &mut k4, &past_k, "key"), (2, &mut v4, &past_v, "value")] {
+            let (op, ins) = match past {
+                Some(p) => (Op::Concat { axis: 2 }, vec![p.clone(), x.clone()]),
+                None if asked(slot) => (Op::Identity, vec![x.clone()]),
+                None => continue,
+            };
+            if asked(slot) {
+                self.out(n, slot, op, ins);
+                *x = n.output[slot].clone();
+            } else {
+                *x = self.val(n, &format!("present_{tag}"), op, ins);
+            }
+        }
         // Grouped-query attention: each K/V head serves Hq / Hkv query heads.
         let hq_n = hq.or_else(|| self.static_dim(&q, 1));
         let hkv_n = hkv.or_else(|| self.static_dim(&k, 1));
@@ -147,36 +186,113 @@ impl Importer<'_> {
             }
         };
         let scaled = self.val(n, "scores", bin(BinaryOp::Mul), vec![raw, scale]);
-        let cap = self.float_like(n, "softcap", softcap, &q4);
-        let div = self.val(
-            n,
-            "scores_over_cap",
-            bin(BinaryOp::Div),
-            vec![scaled, cap.clone()],
-        );
-        let th = self.val(n, "scores_tanh", un(UnaryOp::Tanh), vec![div]);
-        let mut s = self.val(n, "scores_capped", bin(BinaryOp::Mul), vec![th, cap]);
-        if let Some(m) = opt[0].clone() {
-            let bias = if self.dtypes.get(&m) == Some(&DType::Bool) {
+        let ninf = self.float_like(n, "ninf", f32::NEG_INFINITY, &q4);
+        let (capped, ninf) = if softcap != 0.0 {
+            let cap = self.float_like(n, "softcap", softcap, &q4);
+            let div = self.val(
+                n,
+                "scores_over_cap",
+                bin(BinaryOp::Div),
+                vec![scaled, cap.clone()],
+            );
+            let th = self.val(n, "scores_tanh", un(UnaryOp::Tanh), vec![div]);
+            let capped = self.val(n, "scores_capped", bin(BinaryOp::Mul), vec![th, cap]);
+            (capped, ninf)
+        } else {
+            (scaled, ninf)
+        };
+        let mut s = capped.clone();
+        let kv_len = self.val(n, "kv_len", shape(2, Some(3)), vec![k4.clone()]);
+        if let Some(m) = mask {
+            let mut bias = if self.dtypes.get(&m) == Some(&DType::Bool) {
                 let zero = self.float_like(n, "mask_zero", 0.0, &q4);
-                let ninf = self.float_like(n, "mask_ninf", f32::NEG_INFINITY, &q4);
-                self.val(n, "mask_bias", Op::Where, vec![m, zero, ninf])
+                self.val(
+                    n,
+                    "mask_bias",
+                    Op::Where,
+                    vec![m.clone(), zero, ninf.clone()],
+                )
             } else {
-                m
+                m.clone()
             };
+            // A mask shorter than the keys (the new ones only, say) is padded with -inf.
+            let mr = self.ranks.get(&m).copied().unwrap_or(0);
+            let (md, kd) = (self.static_dim(&m, mr.max(1) - 1), self.static_dim(&k, 2));
+            if past_k.is_some() || md.is_none() || md != kd {
+                if mr == 0 {
+                    return Err(Error::Graph(format!(
+                        "{what}: the mask must have a declared rank of 1 or more"
+                    )));
+                }
+                let last = self.val(n, "mask_len", shape(-1, None), vec![bias.clone()]);
+                let more = self.val(
+                    n,
+                    "mask_pad",
+                    bin(BinaryOp::Sub),
+                    vec![kv_len.clone(), last],
+                );
+                let zeros = self.ints_const(n, "mask_pads0", &vec![0; 2 * mr - 1])?;
+                let pads = self.val(n, "mask_pads", Op::Concat { axis: 0 }, vec![zeros, more]);
+                let op = Op::Pad {
+                    mode: PadMode::Constant,
+                };
+                bias = self.val(n, "mask_padded", op, vec![bias, pads, ninf.clone()]);
+            }
             s = self.val(n, "scores_masked", bin(BinaryOp::Add), vec![s, bias]);
         }
         if causal {
-            let ninf = self.float_like(n, "causal_ninf", f32::NEG_INFINITY, &q4);
             let sq = self.val(n, "q_len", shape(2, Some(3)), vec![q4.clone()]);
-            let sk = self.val(n, "kv_len", shape(2, Some(3)), vec![k4.clone()]);
-            let ts = self.val(n, "causal_shape", Op::Concat { axis: 0 }, vec![sq, sk]);
-            let full = self.val(n, "causal_full", Op::Expand, vec![ninf, ts]);
-            let one = self.constant(n, "causal_k", Tensor::scalar(1i64));
-            let tri = self.val(n, "causal_bias", Op::Trilu { upper: true }, vec![full, one]);
+            let ts = self.val(
+                n,
+                "causal_shape",
+                Op::Concat { axis: 0 },
+                vec![sq, kv_len.clone()],
+            );
+            let full = self.val(n, "causal_full", Op::Expand, vec![ninf.clone(), ts]);
+            // Query i sees key j iff j ≤ past + i: the triangle above diagonal past + 1.
+            let diag = match &past_len {
+                Some(p) => {
+                    let one = self.ints_const(n, "causal_one", &[1])?;
+                    let d = self.val(n, "causal_diag", bin(BinaryOp::Add), vec![p.clone(), one]);
+                    let scalar = self.ints_const(n, "causal_scalar", &[])?;
+                    self.val(n, "causal_k", reshape(), vec![d, scalar])
+                }
+                None => self.constant(n, "causal_k", Tensor::scalar(1i64)),
+            };
+            let tri = self.val(
+                n,
+                "causal_bias",
+                Op::Trilu { upper: true },
+                vec![full, diag],
+            );
             s = self.val(n, "scores_causal", bin(BinaryOp::Add), vec![s, tri]);
         }
-        let p = self.val(n, "probs", Op::Softmax { axis: -1 }, vec![s]);
+        if let Some(len) = nonpad {
+            // Key j of batch row b is padding when j ≥ nonpad_kv_seqlen[b].
+            let scalar = self.ints_const(n, "kv_scalar", &[])?;
+            let limit = self.val(n, "kv_limit", reshape(), vec![kv_len.clone(), scalar]);
+            let zero = self.constant(n, "kv_start", Tensor::scalar(0i64));
+            let step = self.constant(n, "kv_step", Tensor::scalar(1i64));
+            let j = self.val(n, "kv_positions", Op::Range, vec![zero, limit, step]);
+            let lens = self.val(n, "kv_counts", unsqueeze(1), vec![len]);
+            let keep = self.val(n, "kv_keep", bin(BinaryOp::Less), vec![j, lens]);
+            let fz = self.float_like(n, "kv_zero", 0.0, &q4);
+            let pb = self.val(n, "kv_pad_bias", Op::Where, vec![keep, fz, ninf.clone()]);
+            let axes = Op::Unsqueeze {
+                axes: Some(vec![1, 2]),
+            };
+            let pb = self.val(n, "kv_pad_bias4", axes, vec![pb]);
+            s = self.val(n, "scores_padded", bin(BinaryOp::Add), vec![s, pb]);
+        }
+        let p = self.val(n, "probs", Op::Softmax { axis: -1 }, vec![s.clone()]);
+        if asked(3) {
+            let at = match mode {
+                0 | 1 => capped,
+                2 => s,
+                _ => p.clone(),
+            };
+            self.out(n, 3, Op::Identity, vec![at]);
+        }
         if three_d {
             let y4 = self.val(n, "y_bhsd", Op::MatMul, vec![p, v4]);
             let perm = Some(vec![0, 2, 1, 3]);
