@@ -2621,6 +2621,14 @@ nodes:
     assert_eq!(r.fired("attention_heads"), 1, "{}", r.explain.join("\n"));
     assert_eq!(count(&o, "Transpose"), 0, "{:?}", o.nodes);
     check_same(&g, &o, &[("batch", 3)]);
+    // K's split `[B, S, H, D]` also read by a Shape (as the dynamo exporter's Kᵀ reshape
+    // reads the repeated K's shape): the 3-D form still fuses, the split staying for the
+    // Shape alone (known when the plan is made, so the split is not computed).
+    let shaped = format!("{attn}  - {{op: Shape, inputs: [ks], outputs: [ks_shape]}}\n");
+    let g = graph(&body("[5, 8]", "out, ks_shape", &shaped));
+    let (o, r) = run_passes(&g, &PassOptions::default());
+    assert_eq!(r.fired("attention_heads"), 1, "{}", r.explain.join("\n"));
+    assert_same(&g, &o, &[("batch", 3)]);
 }
 
 /// `gated_matmul`: `act(x·Wg [+ bg]) * (x·Wu [+ bu])`, the gated MLP of LLaMA-style

@@ -31,6 +31,8 @@ pub fn is_fused(op: &Op) -> bool {
     matches!(
         op,
         Op::FusedMatMul { .. }
+            | Op::GatedMatMul { .. }
+            | Op::GatedMatMulGrad { .. }
             | Op::FusedConv { .. }
             | Op::Attention { .. }
             | Op::VarlenAttention { .. }
@@ -74,6 +76,21 @@ pub fn absorbed(n: &Node) -> Option<String> {
             }
             if out(1) {
                 v.push("keeps pre-activation".into());
+            }
+        }
+        Op::GatedMatMul {
+            activation,
+            trans_b,
+        } => {
+            v.push(format!("{} gate × up projection", activation.name()));
+            if *trans_b {
+                v.push("B transposed".into());
+            }
+            if has(3) || has(4) {
+                v.push("bias".into());
+            }
+            if out(1) || out(2) {
+                v.push("keeps both products".into());
             }
         }
         Op::FusedConv { activation, .. } => {
@@ -133,6 +150,9 @@ pub fn absorbed(n: &Node) -> Option<String> {
             kind: ReduceKind::MeanSquare,
             ..
         } => v.push("square (Mul), ReduceMean".into()),
+        Op::GatedMatMulGrad { activation, .. } => {
+            v.push(format!("{}' and the product: dG, dU", activation.name()));
+        }
         Op::FusedMatMulGrad {
             activation,
             trans_b,

@@ -293,9 +293,19 @@ fn fuse_heads(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch> {
     let Some(mut extra) = between(cx, &[m.q_in, m.kt_in, &pv.inputs[1]], &stops) else {
         return why.no("Q, K or V passes through other ops than scales, head copies and repeats");
     };
-    extra.extend(merge);
+    let heads = extra.clone();
+    extra.extend(merge.iter().copied());
     let remove = match m.remove(cx, &extra, out) {
         Ok(r) => r,
+        // The copies stay where, besides the pattern, only Shape nodes read them (the
+        // dynamo exporter's Kᵀ reshape reads the repeated K's shape): a Shape is known
+        // when the plan is made, so what it reads is not computed.
+        Err(_) if only_shapes_read(cx, &heads, &[&m.core, &m.chain, &heads]) => {
+            match m.remove(cx, &merge, out) {
+                Ok(r) => r,
+                Err(e) => return why.no(e),
+            }
+        }
         Err(e) => return why.no(e),
     };
     let mut inputs: Vec<String> = stops.iter().map(|s| s.to_string()).collect();
@@ -308,6 +318,24 @@ fn fuse_heads(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch> {
         remove,
         add,
         ..Default::default()
+    })
+}
+
+/// Every reader of what the nodes `set` write is in one of `inside` or is a Shape node,
+/// and none of it is a graph output.
+fn only_shapes_read(cx: &Ctx, set: &[usize], inside: &[&[usize]]) -> bool {
+    set.iter().all(|&j| {
+        cx.node(j)
+            .outputs
+            .iter()
+            .filter(|o| !o.is_empty())
+            .all(|o| {
+                !cx.needed(o)
+                    && cx.consumers(o).iter().all(|c| {
+                        inside.iter().any(|s| s.contains(c))
+                            || matches!(cx.node(*c).op, Op::Shape { .. })
+                    })
+            })
     })
 }
 
