@@ -36,27 +36,8 @@ const LOW: [DType; 2] = [DType::F32, DType::F16];
 /// several thread blocks, for the gates the exporters' MLPs use.
 #[test]
 fn gated_matmul_matches_cpu() {
-    let a = randn(&[3, 37, 24], 70);
-    let (wg, wu) = (randn(&[24, 40], 71), randn(&[24, 40], 72));
-    let (bg, bu) = (randn(&[40], 73), randn(&[40], 74));
-    let (g, u, dy) = (
-        randn(&[111, 40], 75),
-        randn(&[111, 40], 76),
-        randn(&[111, 40], 77),
-    );
-    for act in ["silu", "gelu_tanh", "gelu", "sigmoid"] {
-        let attrs = [("activation", A::Str(act.into()))];
-        let args = [
-            inp(a.clone()),
-            inp(wg.clone()),
-            inp(wu.clone()),
-            inp(bg.clone()),
-            inp(bu.clone()),
-        ];
-        same_as_cpu("GatedMatMul", &attrs, &args[..3], 1, &LOW);
-        same_as_cpu("GatedMatMul", &attrs, &args, 3, &LOW);
-        let args = [inp(dy.clone()), inp(g.clone()), inp(u.clone())];
-        same_as_cpu("GatedMatMulGrad", &attrs, &args, 2, &LOW);
+    for (name, attrs, args, n_out) in gated_matmul_cases() {
+        same_as_cpu(name, &attrs, &args, n_out, &LOW);
     }
 }
 

@@ -764,3 +764,32 @@ pub fn a_activation_cases(acts: &[&str], mut each: impl FnMut(&str, &[(&str, Att
         }
     }
 }
+
+/// GatedMatMul's cases for a backend against the CPU, as (op, attributes, args, outputs):
+/// Y alone, Y with G and U, and GatedMatMulGrad, across several thread blocks, for the
+/// gates the exporters' MLPs use.
+pub fn gated_matmul_cases() -> Vec<(
+    &'static str,
+    Vec<(&'static str, AttrValue)>,
+    Vec<Arg>,
+    usize,
+)> {
+    let a = randn(&[3, 37, 24], 70);
+    let (wg, wu) = (randn(&[24, 40], 71), randn(&[24, 40], 72));
+    let (bg, bu) = (randn(&[40], 73), randn(&[40], 74));
+    let (g, u, dy) = (
+        randn(&[111, 40], 75),
+        randn(&[111, 40], 76),
+        randn(&[111, 40], 77),
+    );
+    let mut cases = vec![];
+    for act in ["silu", "gelu_tanh", "gelu", "sigmoid"] {
+        let attrs = vec![("activation", AttrValue::Str(act.into()))];
+        let args: Vec<Arg> = [&a, &wg, &wu, &bg, &bu].map(|t| inp(t.clone())).to_vec();
+        cases.push(("GatedMatMul", attrs.clone(), args[..3].to_vec(), 1));
+        cases.push(("GatedMatMul", attrs.clone(), args, 3));
+        let grad_args = [&dy, &g, &u].map(|t| inp(t.clone())).to_vec();
+        cases.push(("GatedMatMulGrad", attrs, grad_args, 2));
+    }
+    cases
+}

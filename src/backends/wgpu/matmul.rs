@@ -394,27 +394,20 @@ pub fn gated(
     want: &[bool],
 ) -> Result<()> {
     let y = &outs[0];
-    let (g_buf, u_buf);
-    let g = match wanted(outs, want, 1) {
-        Some(v) => *v,
-        None => {
-            g_buf = w.scratch(y.ty.bytes());
-            V {
-                buf: &g_buf,
-                ty: y.ty,
-            }
-        }
+    // Scratch for the products the graph does not read.
+    let scratch = |i: usize| {
+        wanted(outs, want, i)
+            .is_none()
+            .then(|| w.scratch(y.ty.bytes()))
     };
-    let u = match wanted(outs, want, 2) {
-        Some(v) => *v,
-        None => {
-            u_buf = w.scratch(y.ty.bytes());
-            V {
-                buf: &u_buf,
-                ty: y.ty,
-            }
-        }
-    };
+    let bufs = [scratch(1), scratch(2)];
+    let [g, u] = [1, 2].map(|i| match (wanted(outs, want, i), &bufs[i - 1]) {
+        (Some(v), _) => *v,
+        (None, b) => V {
+            buf: b.as_ref().expect("scratch for an unread product"),
+            ty: y.ty,
+        },
+    });
     for (wt, bias, out) in [(bg, bias_g, g), (bu, bias_u, u)] {
         fused(
             w,
