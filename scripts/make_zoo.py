@@ -312,6 +312,44 @@ def wav2vec2():
     return Wav2Vec2Model(c)
 
 
+class LstmLm(torch.nn.Module):
+    """A recurrent language model as a user writes one: an embedding, a two-layer
+    bidirectional LSTM, a linear head (attention_mask accepted and unused)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(VOCAB, 16)
+        self.lstm = torch.nn.LSTM(16, 12, num_layers=2, batch_first=True, bidirectional=True)
+        self.head = torch.nn.Linear(24, VOCAB)
+
+    def forward(self, input_ids, attention_mask=None):
+        return self.head(self.lstm(self.embed(input_ids))[0])
+
+
+class GruEncoder(torch.nn.Module):
+    """A recurrent feature encoder: a GRU over frames of features (time-major inside, as
+    speech models run it), its last state through a linear layer beside the sequence."""
+
+    def __init__(self):
+        super().__init__()
+        self.gru = torch.nn.GRU(10, 12, num_layers=1)
+        self.rnn = torch.nn.RNN(12, 8, nonlinearity="relu")
+        self.proj = torch.nn.Linear(8, 6)
+
+    def forward(self, features):
+        y, h = self.gru(features.transpose(0, 1))
+        z, _ = self.rnn(torch.tanh(y))
+        return self.proj(z).transpose(0, 1), h[0]
+
+
+def lstm_lm():
+    return LstmLm()
+
+
+def gru_encoder():
+    return GruEncoder()
+
+
 # The text architectures after the first ones keep three of their six exports (the zoo
 # stays small; `keep` picks the exports of a few others by the same suffixes): the dynamo exporter's at opset 18 with a mask and at opset 23 without, and
 # the TorchScript exporter's with a mask (and its failure without one, which costs nothing).
@@ -359,6 +397,9 @@ ARCHS = {
                          outputs={"output": "b"}),
     "wav2vec2": dict(build=wav2vec2, kind="float", input=("input_values", (400,)),
                      outputs={"last_hidden_state": "b", "extract_features": "b"}),
+    "lstm_lm": dict(build=lstm_lm, kind="text", outputs={"logits": "bs"}, few=True),
+    "gru_encoder": dict(build=gru_encoder, kind="float", input=("features", (7, 10)),
+                        outputs={"frames": "b", "state": "b"}),
 }
 
 

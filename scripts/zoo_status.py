@@ -35,7 +35,7 @@ TOL = 1e-4
 ARCH_ORDER = ["gpt2", "llama", "mistral", "qwen2", "phi3", "gemma", "gpt_neox", "opt", "bloom",
               "bert", "distilbert", "roberta", "albert", "t5_encoder", "vit", "swin",
               "whisper_encoder", "wav2vec2", "mobilenet_v2", "mobilenet_v3", "efficientnet",
-              "resnet", "convnext", "lraspp"]
+              "resnet", "convnext", "lraspp", "lstm_lm", "gru_encoder"]
 
 
 def rel_err(got, want, floor=0.0):
@@ -216,9 +216,17 @@ def train_check(exe, case, tmp):
 def fusion(exe, case):
     """What the passes made of the export, from `graphrun inspect`: the number of
     Attention, FusedMatMul, GatedMatMul, normalization (LayerNormalization,
-    RMSNormalization) and Rotary nodes, and of the MatMul/Gemm nodes left unfused."""
-    model = os.path.join(ZOO, case, "model.onnx")
+    RMSNormalization) and Rotary nodes, and of the MatMul/Gemm nodes left unfused.
+    A model that cannot be loaded with symbolic sizes (a recurrence over a dynamic
+    sequence axis is unrolled when it is loaded) is inspected for the reference's inputs."""
+    d = os.path.join(ZOO, case)
+    model = os.path.join(d, "model.onnx")
     p = subprocess.run([exe, "inspect", model], capture_output=True, text=True, timeout=600)
+    if p.returncode != 0:
+        inputs = [a for k, v, f in read_manifest(d) if k == "input"
+                  for a in ("--input", f"{v}={os.path.join(d, f)}")]
+        p = subprocess.run([exe, "inspect", model] + inputs, capture_output=True, text=True,
+                           timeout=600)
     m = re.search(r"^after passes: \d+ nodes: (.*)$", p.stdout, re.M)
     if p.returncode != 0 or not m:
         return None
@@ -432,7 +440,10 @@ def write_doc(results):
     L.append("")
     L.append("Which real architectures, exported from PyTorch to ONNX, graphrun runs. Each is a "
              "tiny configuration of the real `transformers` or `torchvision` class (2 layers, "
-             "hidden size 32, random weights), exported as a user would: the model itself, "
+             "hidden size 32, random weights), or for the recurrent ones (`lstm_lm`: an "
+             "embedding, a two-layer bidirectional `torch.nn.LSTM` and a linear head; "
+             "`gru_encoder`: a `torch.nn.GRU` then a ReLU `torch.nn.RNN` over feature frames) "
+             "a small `torch.nn` model, exported as a user would: the model itself, "
              "named inputs, dynamic batch (and, for text, sequence) axes, with "
              "`torch.onnx.export(..., dynamo=True)` at opsets 18 and 23 and "
              "`dynamo=False` (the TorchScript exporter) at opset 17; text models with "
@@ -489,7 +500,9 @@ def write_doc(results):
              "has graphrun's whole message for each export.")
     L.append("")
     L.append("\"fused\" is what the passes made of the export (`graphrun inspect MODEL.onnx`, "
-             "symbolic sizes): Attention nodes (each transformer has 2 attention blocks), "
+             "symbolic sizes; a recurrence over a dynamic sequence axis is unrolled when the "
+             "model is loaded, so those exports are inspected with the reference's inputs): "
+             "Attention nodes (each transformer has 2 attention blocks), "
              "FusedMatMul nodes, GatedMatMul nodes (the gated MLP of LLaMA-style models: "
              "its gate and up projections and their product, 1 per block), normalization nodes (LayerNormalization, or RMSNormalization "
              "for LLaMA and T5, whose exports spell it out as six elementwise ops; each "

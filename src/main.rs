@@ -423,9 +423,44 @@ fn backend_of(c: &Common) -> BackendKind {
     BackendKind::parse(&c.backend).expect("clap restricts the values")
 }
 
-/// Loads the model and applies `--dtype`.
-fn load(path: &Path, dtype: Option<&str>) -> Result<Model, Fail> {
-    load_as(path, dtype, &Default::default())
+/// Loads the model and applies `--dtype`; `shapes` is what the command will feed (see
+/// `import_shapes`).
+fn load(
+    path: &Path,
+    dtype: Option<&str>,
+    shapes: graphrun::onnx::ImportOptions,
+) -> Result<Model, Fail> {
+    load_as(path, dtype, &shapes)
+}
+
+/// What an ONNX import may need to know of the shapes the command will feed (a
+/// recurrence is unrolled when it is imported, so its length must be known then): the
+/// `--dim` sizes and the shapes of the `NAME=FILE.npy` files, whose first axis is
+/// `batch` where that is given (training data). Malformed flags are left to the
+/// command's own checks, which name them.
+fn import_shapes(
+    dims: &[String],
+    files: &[String],
+    batch: Option<usize>,
+) -> graphrun::onnx::ImportOptions {
+    let mut o = graphrun::onnx::ImportOptions::default();
+    for d in dims {
+        if let Some((k, Ok(n))) = d.split_once('=').map(|(k, v)| (k, v.parse())) {
+            o.dims.insert(k.to_string(), n);
+        }
+    }
+    for f in files {
+        let Some((name, file)) = f.split_once('=') else {
+            continue;
+        };
+        if let Ok(mut shape) = Tensor::npy_shape(Path::new(file), &format!("input '{name}'")) {
+            if let (Some(b), Some(first)) = (batch, shape.first_mut()) {
+                *first = b;
+            }
+            o.input_shapes.insert(name.to_string(), shape);
+        }
+    }
+    o
 }
 
 /// `load`, an ONNX file imported as `opts` says.
@@ -551,7 +586,8 @@ fn run(a: RunArgs) -> Result<(), Fail> {
             "--verify-fusion compares fused with unfused: drop --no-fuse",
         ));
     }
-    let model = load(&a.model, a.common.dtype.as_deref())?;
+    let shapes = import_shapes(&a.common.dims, &a.inputs, None);
+    let model = load(&a.model, a.common.dtype.as_deref(), shapes)?;
     let g = &model.graph;
     let dims = parse_dims(g, &a.common.dims)?;
     // Output file names must stay inside --out-dir.
@@ -842,7 +878,7 @@ fn fmt_count(n: f64) -> String {
 }
 
 fn inspect(a: InspectArgs) -> Result<(), Fail> {
-    let model = load(&a.model, None)?;
+    let model = load(&a.model, None, import_shapes(&a.dims, &a.inputs, None))?;
     let emitted: Vec<PathBuf> = a
         .emit_yaml
         .iter()
@@ -1330,7 +1366,8 @@ fn bench(a: BenchArgs) -> Result<(), Fail> {
     if a.iters == 0 {
         return Err(usage("--iters must be at least 1"));
     }
-    let mut model = load(&a.model, a.common.dtype.as_deref())?;
+    let shapes = import_shapes(&a.common.dims, &a.inputs, None);
+    let mut model = load(&a.model, a.common.dtype.as_deref(), shapes)?;
     check_outputs(&a.json)?;
     let dims = parse_dims(&model.graph, &a.common.dims)?;
     let mut given = read_inputs(&model.graph, &a.inputs, a.common.dtype.is_some())?;
@@ -1826,7 +1863,11 @@ fn train(a: TrainArgs) -> Result<(), Fail> {
     // values by name.
     let dtype = a.common.dtype.as_deref();
     use graphrun::onnx::{ImportMode, ImportOptions};
-    let import = |mode| ImportOptions { mode };
+    let shapes = import_shapes(&a.common.dims, &a.data, a.batch_size);
+    let import = |mode| ImportOptions {
+        mode,
+        ..shapes.clone()
+    };
     let mut model = load_as(&a.model, dtype, &import(ImportMode::Train))?;
     check_outputs(a.plot.iter().chain(&a.save))?;
     with_loss(&mut model.graph, &a)?;

@@ -867,6 +867,24 @@ impl Tensor {
         read_npy_from(&mut std::io::BufReader::new(f), len, what).map_err(|e| Error::io(path, e))
     }
 
+    /// The shape of the array in a .npy file, from its header alone.
+    pub fn npy_shape(path: &Path, what: &str) -> Result<Vec<usize>> {
+        let (f, _) = crate::files::open(path, what)?;
+        let head = read_npy_head(&mut std::io::BufReader::new(f))
+            .map_err(|e| Error::Input(format!("{what} ({}): {e}", path.display())))?;
+        let npy = npyz::NpyFile::new(&head[..]).map_err(|e| {
+            Error::Input(format!(
+                "{what} ({}): not a valid .npy file: {e}",
+                path.display()
+            ))
+        })?;
+        Ok(npy
+            .shape()
+            .iter()
+            .map(|&d| usize::try_from(d).unwrap_or(usize::MAX))
+            .collect())
+    }
+
     /// Reads a tensor from the contents of a `.npy` file.
     pub fn from_npy_bytes(bytes: &[u8]) -> std::result::Result<Tensor, String> {
         read_npy_from(&mut { bytes }, Some(bytes.len() as u64), "the .npy array")
@@ -1028,11 +1046,9 @@ const NPY_MAX_HEADER: usize = 1 << 20;
 /// Reads a .npy array from `r` (`len`: the bytes available, when known). The header is
 /// read and checked first; the data goes straight into the tensor, whose size was checked
 /// against the memory cap (`what` names it) before it was allocated.
-fn read_npy_from(
-    r: &mut dyn Read,
-    len: Option<u64>,
-    what: &str,
-) -> std::result::Result<Tensor, String> {
+/// The header of a `.npy` stream (magic, version, length and the header dict), checked to
+/// be plain; the stream is left at the data.
+fn read_npy_head(r: &mut dyn Read) -> std::result::Result<Vec<u8>, String> {
     let io = |e: std::io::Error| match e.kind() {
         std::io::ErrorKind::UnexpectedEof => "truncated .npy file".to_string(),
         _ => e.to_string(),
@@ -1059,6 +1075,19 @@ fn read_npy_from(
     head.resize(start + hlen, 0);
     r.read_exact(&mut head[start..]).map_err(io)?;
     npy_header_plain(&head)?;
+    Ok(head)
+}
+
+fn read_npy_from(
+    r: &mut dyn Read,
+    len: Option<u64>,
+    what: &str,
+) -> std::result::Result<Tensor, String> {
+    let io = |e: std::io::Error| match e.kind() {
+        std::io::ErrorKind::UnexpectedEof => "truncated .npy file".to_string(),
+        _ => e.to_string(),
+    };
+    let head = read_npy_head(r)?;
     let npy = npyz::NpyFile::new(&head[..]).map_err(|e| format!("not a valid .npy file: {e}"))?;
     if npy.order() != npyz::Order::C {
         return Err("Fortran-order .npy arrays are not supported; save with C order".into());

@@ -64,6 +64,7 @@ fn import(file: &str, training: bool) -> Graph {
         } else {
             ImportMode::Eval
         },
+        ..Default::default()
     };
     Model::load_with(Path::new(FIX).join(file), &opts)
         .unwrap()
@@ -428,6 +429,7 @@ fn exported_language_models_fine_tune_as_pytorch() {
         let want = read(&format!("{arch}.losses.npy")).to_f64_vec();
         let opts = ImportOptions {
             mode: ImportMode::Train,
+            ..Default::default()
         };
         let mut g = Model::load_with(dir.join(format!("{arch}.onnx")), &opts)
             .unwrap()
@@ -513,6 +515,7 @@ fn training_import_ties_an_exported_copy_back() {
     assert_eq!(copies(&plain), 1, "the exporter's transposed copy");
     let opts = ImportOptions {
         mode: ImportMode::Train,
+        ..Default::default()
     };
     let g = Model::load_with(file, &opts).unwrap().graph;
     assert_eq!(copies(&g), 0);
@@ -556,8 +559,11 @@ fn training_import_ties_an_exported_copy_back() {
     ];
     let bytes = model_bytes(nodes, 17, vec![input_like("x", &x)], inits, &["d", "e"]);
     let import = |mode| {
-        graphrun::onnx::from_bytes_with(&bytes, "m", Path::new("."), &ImportOptions { mode })
-            .unwrap()
+        let opts = ImportOptions {
+            mode,
+            ..Default::default()
+        };
+        graphrun::onnx::from_bytes_with(&bytes, "m", Path::new("."), &opts).unwrap()
     };
     let names =
         |g: &Graph| -> Vec<String> { g.initializers.iter().map(|i| i.name.clone()).collect() };
@@ -588,6 +594,7 @@ fn trained_weights_write_back_into_the_onnx_file() {
                  feeds: &dyn Fn(usize) -> HashMap<String, Tensor>| {
         let opts = ImportOptions {
             mode: ImportMode::Train,
+            ..Default::default()
         };
         let mut g = Model::load_with(file, &opts).unwrap().graph;
         let loss = match loss {

@@ -34,10 +34,18 @@ fn default_opset(m: &ModelProto) -> Result<i64> {
 }
 
 /// How a model is imported.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ImportOptions {
     /// Which mode BatchNormalization runs in.
     pub mode: ImportMode,
+    /// Sizes of symbolic input dims, by symbol. Read only where the import needs a size
+    /// that a symbol decides: a recurrence (RNN, GRU, LSTM) is unrolled when it is
+    /// imported, so its sequence length must be known then. A model with such a
+    /// recurrence is imported with these symbols (and those `input_shapes` size) fixed.
+    pub dims: BTreeMap<String, usize>,
+    /// The shapes the caller will feed, by input name: they size the symbols of the
+    /// inputs' declared shapes as `dims` does.
+    pub input_shapes: BTreeMap<String, Vec<usize>>,
 }
 
 /// The mode of the layers whose training and inference forms differ (BatchNormalization),
@@ -154,6 +162,7 @@ pub(super) fn graph_of(
     for (i, n) in protos.iter().enumerate() {
         im.node(i, n);
     }
+    let deferred = std::mem::take(&mut im.deferred);
     let nodes = im.finish()?;
     let mut g = Graph {
         name: if gp.name.is_empty() {
@@ -170,12 +179,61 @@ pub(super) fn graph_of(
         updates,
         file: None,
     };
+    if !deferred.is_empty() {
+        bind_symbols(&mut g, opts);
+        crate::graph::lower::lower_all(
+            &mut g,
+            &deferred,
+            &super::YamlLowering,
+            &crate::backends::cpu::HOST_EVAL,
+        )?;
+    }
     crate::graph::infer::freeze_shape_deciding(&mut g);
     if opts.mode != ImportMode::AsWritten {
         tie_copies(&mut g);
     }
     crate::graph::yaml::name_nodes(&mut g);
     Ok(g)
+}
+
+/// Fixes the symbolic dims of the graph inputs that `opts` sizes (by symbol, or by the
+/// shape the caller will feed).
+fn bind_symbols(g: &mut Graph, opts: &ImportOptions) {
+    let mut sizes = opts.dims.clone();
+    for i in &g.inputs {
+        let Some(s) = opts
+            .input_shapes
+            .get(&i.name)
+            .filter(|s| s.len() == i.shape.len())
+        else {
+            continue;
+        };
+        for (d, &n) in i.shape.iter().zip(s) {
+            if let Dim::Sym(k) = d {
+                sizes.entry(k.clone()).or_insert(n);
+            }
+        }
+    }
+    // Kept as the symbols' defaults, so that a later `--dim` naming one still names a
+    // dim of the model.
+    for (k, &n) in &sizes {
+        if g.inputs
+            .iter()
+            .any(|i| i.shape.contains(&Dim::Sym(k.clone())))
+        {
+            g.dims.insert(k.clone(), n);
+        }
+    }
+    for i in &mut g.inputs {
+        for d in &mut i.shape {
+            if let Some(&n) = match d {
+                Dim::Sym(k) => sizes.get(k),
+                Dim::Fixed(_) => None,
+            } {
+                *d = Dim::Fixed(n);
+            }
+        }
+    }
 }
 
 /// For training (`ImportOptions::training`): gives the running mean and variance of each

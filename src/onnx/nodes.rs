@@ -20,6 +20,7 @@ mod attention;
 mod composite;
 mod conv;
 mod index;
+mod recurrent;
 mod resize;
 use composite::{COMPOSITE, MS_COMPOSITE};
 
@@ -48,6 +49,7 @@ fn since(op: &str) -> i64 {
         "Resize" => 10,
         "LpPool" => 2,
         "Attention" | "RMSNormalization" | "RotaryEmbedding" => 23,
+        "ReverseSequence" => 10,
         _ => MIN_OPSET,
     }
 }
@@ -99,6 +101,8 @@ pub fn imports(op: &str) -> bool {
         COMPOSITE,
         conv::WINDOWED,
         resize::RESIZE,
+        recurrent::RECURRENT,
+        &[recurrent::REVERSE_SEQUENCE],
     ]
     .iter()
     .any(|list| list.contains(&op))
@@ -289,6 +293,8 @@ pub(super) struct Importer<'a> {
     /// BatchNormalization's mode whatever the node says: Some(true) training, Some(false)
     /// inference (`ImportOptions::mode`).
     pub(super) batch_norm_mode: Option<bool>,
+    /// The nodes written after shape inference (`recurrent::RECURRENT`), in model order.
+    pub(super) deferred: Vec<ForeignNode>,
 }
 
 impl<'a> Importer<'a> {
@@ -345,6 +351,7 @@ impl<'a> Importer<'a> {
             unsupported: BTreeMap::new(),
             errors: vec![],
             batch_norm_mode: None,
+            deferred: vec![],
         }
     }
 
@@ -363,6 +370,7 @@ impl<'a> Importer<'a> {
             unsupported: BTreeMap::new(),
             errors: vec![],
             batch_norm_mode: None,
+            deferred: vec![],
         };
         for (name, k) in known {
             im.ranks.insert(name.clone(), k.dims.len());
@@ -441,7 +449,23 @@ impl<'a> Importer<'a> {
                 })
             })
             .collect();
-        let result = attrs.and_then(|attrs| self.lower(n, &shown, attrs));
+        // The recurrences are unrolled once shapes are inferred, which needs the rest of
+        // the graph: they are kept aside (`graph_of` writes them).
+        let result = match attrs {
+            Ok(attrs) if default_domain && recurrent::RECURRENT.contains(&op_type) => {
+                self.deferred.push(ForeignNode {
+                    index,
+                    name: n.name.clone(),
+                    op: op_type.to_string(),
+                    attrs,
+                    inputs: n.input.clone(),
+                    outputs: n.output.clone(),
+                    loc: None,
+                });
+                Ok(())
+            }
+            attrs => attrs.and_then(|attrs| self.lower(n, &shown, attrs)),
+        };
         if let Err(e) = result {
             self.errors.push(e);
         }
@@ -527,6 +551,16 @@ impl<'a> Importer<'a> {
             }
             op if conv::WINDOWED.contains(&op) => return self.lower_windowed(n, shown, attrs),
             op if resize::RESIZE.contains(&op) => return self.lower_resize(n, shown, attrs),
+            op if recurrent::RECURRENT.contains(&op) => {
+                let a = composite::Attrs::of(n, shown, attrs)?;
+                let what = a.what.clone();
+                return self.recurrent(n, &what, a);
+            }
+            recurrent::REVERSE_SEQUENCE => {
+                let a = composite::Attrs::of(n, shown, attrs)?;
+                let what = a.what.clone();
+                return self.reverse_sequence_node(n, &what, a);
+            }
             op if COMPOSITE.contains(&op) || MS_COMPOSITE.contains(&op) => {
                 return self.lower_composite(n, shown, attrs)
             }

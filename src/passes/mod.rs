@@ -274,8 +274,10 @@ pub(crate) fn any_op(_: &Op) -> bool {
 }
 
 /// The greedy fixed-point driver: scans nodes in execution order and collects the patches
-/// rules return, taking in one scan only patches whose footprints (the nodes they touch
-/// and their neighbours) are disjoint and whose new names do not clash; applies them
+/// rules return, taking in one scan only patches that remove no node another one's
+/// footprint holds (the nodes it removes and their neighbours: a neighbour two patches
+/// only read, such as one weight's Transpose read by every step of an unrolled
+/// recurrence, is shared) and whose new names do not clash; applies them
 /// together and scans again. Shapes are re-inferred once a scan finds nothing on stale
 /// facts. Ends when a scan on fresh facts finds nothing; the reasons recorded in that
 /// last scan are the ones `explain` reports. Batching keeps long chains of rewrites
@@ -288,7 +290,9 @@ pub(crate) fn drive(mut g: Graph, rules: &[Rule], st: &mut PassState) -> Result<
         let batch = {
             let cx = Ctx::new(&g, &facts)?;
             let mut batch: Vec<(&'static str, String, Patch)> = vec![];
-            let mut taken: std::collections::HashSet<usize> = Default::default();
+            // Nodes the batch removes, and the neighbourhoods it matched on.
+            let mut removed: std::collections::HashSet<usize> = Default::default();
+            let mut seen: std::collections::HashSet<usize> = Default::default();
             let mut names: std::collections::HashSet<String> = Default::default();
             for &i in &cx.order {
                 let node = cx.node(i);
@@ -306,10 +310,12 @@ pub(crate) fn drive(mut g: Graph, rules: &[Rule], st: &mut PassState) -> Result<
                         let first = batch.is_empty();
                         if first
                             || (!p.remove.is_empty()
-                                && fp.is_disjoint(&taken)
+                                && fp.is_disjoint(&removed)
+                                && p.remove.iter().all(|i| !seen.contains(i))
                                 && new_names.iter().all(|n| !names.contains(n)))
                         {
-                            taken.extend(fp);
+                            removed.extend(p.remove.iter().copied());
+                            seen.extend(fp);
                             names.extend(new_names);
                             batch.push((r.name, node.name.clone(), p));
                         }

@@ -106,10 +106,9 @@ impl Importer<'_> {
             (q.clone(), k.clone(), v.clone())
         };
         // The cache: past keys and values before the new ones; present_* are the joined.
-        let past_len = match &past_k {
-            Some(pk) => Some(self.val(n, "past_len", shape(2, Some(3)), vec![pk.clone()])),
-            None => None,
-        };
+        let past_len = past_k
+            .as_ref()
+            .map(|pk| self.val(n, "past_len", shape(2, Some(3)), vec![pk.clone()]));
         for (slot, x, past, tag) in [(1, &mut k4, &past_k, "key"), (2, &mut v4, &past_v, "value")] {
             let (op, ins) = match past {
                 Some(p) => (Op::Concat { axis: 2 }, vec![p.clone(), x.clone()]),
