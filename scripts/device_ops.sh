@@ -12,6 +12,8 @@ X=/tmp/ops_x R=$OUT/ops
 rm -rf "$X" && mkdir -p "$X" "$R" /tmp/kcache
 python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$C/bin.txz" "$X"
 python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$C/node.txz" "$X"
+# Kernels carried as a folder, or compressed (kcache.txz) where the carry runs short.
+[ -f "$C/kcache.txz" ] && python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$C/kcache.txz" /tmp
 cp "$C"/kcache/*.cubin /tmp/kcache/ 2>/dev/null
 export GRAPHRUN_REQUIRE_CUDA=1 GRAPHRUN_CUDA_CACHE=/tmp/kcache GRAPHRUN_ONNX_NODE_TESTS=$X/node
 # The test executables read the checkout they were built in (/work/main).

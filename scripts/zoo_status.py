@@ -5,7 +5,7 @@ tests/zoo.rs expects: which exports run, and why the others do not).
 
     cargo build --release
     python3 scripts/zoo_status.py [--graphrun PATH] [--fold-static]
-    python3 scripts/zoo_status.py --backend wgpu|cuda [--graphrun PATH]
+    python3 scripts/zoo_status.py --backend wgpu|cuda [--graphrun PATH] [--only ARCH,ARCH]
 
 Needs numpy only (no torch). For each export: `graphrun model.onnx --input NAME=FILE.npy
 ... --out-dir DIR` on the CPU, each output against the stored reference (ONNX Runtime's,
@@ -85,7 +85,7 @@ def missing_ops(msg):
 BACKEND = "cpu"
 OTHER_BACKENDS = [("wgpu", "WebGPU"), ("cuda", "CUDA")]
 BACKEND_WHERE = {"wgpu": " with Mesa's software Vulkan driver, lavapipe, as CI runs it",
-                 "cuda": " on an NVIDIA H100"}
+                 "cuda": " on an NVIDIA H200"}
 
 
 def run_graphrun(exe, model, inputs, out, extra=()):
@@ -313,7 +313,13 @@ def main():
                     help="only print what graphrun lacks once the failing exports' input "
                          "shapes are fixed and their shape computations folded (a what-if; "
                          "needs onnxruntime)")
+    ap.add_argument("--only", metavar="ARCH,ARCH",
+                    help="with --backend wgpu or cuda: measure these architectures only, "
+                         "keeping the other rows of STATUS.<backend>.tsv")
     a = ap.parse_args()
+    only = set(a.only.split(",")) if a.only else None
+    if only and a.backend == "cpu":
+        sys.exit("--only needs --backend wgpu or cuda (the CPU run writes the whole table)")
     global BACKEND
     BACKEND = a.backend
     exe = a.graphrun or os.path.join(ROOT, "target", "release", "graphrun")
@@ -329,6 +335,8 @@ def main():
     try:
         for case, exported, ort_ok, detail in manifest:
             arch, exporter, opset, mask = parse_case(case)
+            if only and arch not in only:
+                continue
             r = dict(case=case, arch=arch, exporter=exporter, opset=opset, mask=mask,
                      exported=exported == "yes", ort=ort_ok, ops=[])
             if exported != "yes":
@@ -350,22 +358,30 @@ def main():
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if BACKEND != "cpu":
-        write_backend(results)
+        write_backend(results, keep=only is not None)
         return
     write_status(results)
     write_doc(results)
 
 
-def write_backend(results):
-    """STATUS.<backend>.tsv: what the run on another backend measured, for the doc."""
-    with open(os.path.join(ZOO, f"STATUS.{BACKEND}.tsv"), "w") as f:
+def write_backend(results, keep=False):
+    """STATUS.<backend>.tsv: what the run on another backend measured, for the doc;
+    with `keep`, the file's rows of the cases not measured stay."""
+    path = os.path.join(ZOO, f"STATUS.{BACKEND}.tsv")
+    rows = {}
+    if keep and os.path.exists(path):
+        for line in open(path).read().splitlines()[1:]:
+            rows[line.split("\t")[0]] = line
+    for r in results:
+        num = lambda v: "-" if v is None else f"{v:.1e}"
+        detail = r["detail"].replace("\t", " ")
+        train = train_cell(r).replace("\t", " ")
+        rows[r["case"]] = (f"{r['case']}\t{r['fwd']}\t{r['bwd']}\t{num(r.get('err'))}\t"
+                           f"{num(r.get('gerr'))}\t{detail}\t{train}")
+    with open(path, "w") as f:
         f.write("case\tforward\tbackward\toutput error\tgradient error\tdetail\ttraining\n")
-        for r in sorted(results, key=lambda r: r["case"]):
-            num = lambda v: "-" if v is None else f"{v:.1e}"
-            detail = r["detail"].replace("\t", " ")
-            train = train_cell(r).replace("\t", " ")
-            f.write(f"{r['case']}\t{r['fwd']}\t{r['bwd']}\t{num(r.get('err'))}\t"
-                    f"{num(r.get('gerr'))}\t{detail}\t{train}\n")
+        for case in sorted(rows):
+            f.write(rows[case] + "\n")
 
 
 def train_cell(r):

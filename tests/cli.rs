@@ -937,3 +937,48 @@ fn fine_tune_an_export_and_write_its_weights_back() {
     assert_eq!(o.status.code(), Some(2));
     assert!(text(&o).1.contains("must be .onnx files"), "{:?}", text(&o));
 }
+
+/// An LSTM exported with a dynamic sequence axis is unrolled for the length the command
+/// will feed: `run` takes it from the `--input` file, `inspect` from `--dim`, and without
+/// either the error names the node and the fix.
+#[test]
+fn recurrences_take_their_length_from_what_is_fed() {
+    let z = Path::new("tests/fixtures/zoo/lstm_lm_torchscript_op17");
+    let model = z.join("model.onnx");
+    let model = model.to_str().unwrap();
+    let ids = z.join("in_input_ids.npy");
+    let d = tmpdir("cli_lstm");
+    let o = graphrun(&[
+        model,
+        "--input",
+        &format!("input_ids={}", ids.display()),
+        "--out-dir",
+        d.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o).1);
+    let got = graphrun::Tensor::read_npy(&d.join("logits.npy"))
+        .unwrap()
+        .to_f64_vec();
+    let want = graphrun::Tensor::read_npy(&z.join("ort_0.npy"))
+        .unwrap()
+        .to_f64_vec();
+    let err = got
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f64::max);
+    assert!(err < 1e-4, "logits differ from ONNX Runtime's by {err}");
+
+    let o = graphrun(&["inspect", model]);
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("LSTM") && err.contains("sequence length") && err.contains("--dim"),
+        "{err}"
+    );
+
+    let o = graphrun(&["inspect", model, "--dim", "sequence=6", "--dim", "batch=2"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(out.contains("input_ids i64[2, 6]"), "{out}");
+}
