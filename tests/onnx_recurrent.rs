@@ -649,6 +649,23 @@ fn bad_recurrences_are_refused_by_name() {
         ),
         (vec![int_attr("hidden_size", 7)], "hidden_size"),
     ];
+    // A length no one unrolls (a hostile file's declared shape).
+    let n = node(
+        "GRU",
+        "",
+        &["x", "w", "r"],
+        &["y"],
+        vec![int_attr("hidden_size", 4)],
+    );
+    let infos = vec![
+        input("x", DType::F32, &[Some(1 << 40), Some(1), Some(5)]),
+        input("w", DType::F32, &[Some(1), Some(12), Some(5)]),
+        input("r", DType::F32, &[Some(1), Some(12), Some(4)]),
+    ];
+    let e = import_one_node(n, 14, infos, vec![])
+        .expect_err("too long")
+        .to_string();
+    assert!(e.contains("GRU_node") && e.contains("time steps"), "{e}");
     for (attrs, needle) in bad {
         let mut case = base.clone();
         case.attrs

@@ -22,6 +22,10 @@ use crate::tensor::{DType, Tensor};
 /// The recurrent ops, written after shape inference.
 pub(super) const RECURRENT: &[&str] = &["RNN", "GRU", "LSTM"];
 
+/// The longest sequence unrolled: each step is a dozen or so nodes per direction, and a
+/// model file (or a fed shape) could otherwise ask for any number of them.
+const MAX_STEPS: usize = 16_384;
+
 /// ReverseSequence, written here as well.
 pub(super) const REVERSE_SEQUENCE: &str = "ReverseSequence";
 
@@ -206,6 +210,11 @@ impl Importer<'_> {
                 "{what}: graphrun unrolls a recurrence, one step per time step, so it needs the sequence length (the {axis} dim of X, '{x}') when the model is loaded, and here it follows a symbolic input dim: give the shapes that will be fed when loading (the command line takes them from the --input files and --dim; the library from ImportOptions), or export the model with a fixed sequence length"
             )));
         };
+        if steps > MAX_STEPS {
+            return Err(Error::Graph(format!(
+                "{what}: X ('{x}') has {steps} time steps; graphrun unrolls a recurrence and takes up to {MAX_STEPS} steps"
+            )));
+        }
         if steps == 0 {
             return Err(Error::Graph(format!("{what}: X ('{x}') has no time steps")));
         }
