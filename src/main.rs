@@ -423,16 +423,6 @@ fn backend_of(c: &Common) -> BackendKind {
     BackendKind::parse(&c.backend).expect("clap restricts the values")
 }
 
-/// Loads the model and applies `--dtype`; `shapes` is what the command will feed (see
-/// `import_shapes`).
-fn load(
-    path: &Path,
-    dtype: Option<&str>,
-    shapes: graphrun::onnx::ImportOptions,
-) -> Result<Model, Fail> {
-    load_as(path, dtype, &shapes)
-}
-
 /// What an ONNX import may need to know of the shapes the command will feed (a
 /// recurrence is unrolled when it is imported, so its length must be known then): the
 /// `--dim` sizes and the shapes of the `NAME=FILE.npy` files, whose first axis is
@@ -463,7 +453,8 @@ fn import_shapes(
     o
 }
 
-/// `load`, an ONNX file imported as `opts` says.
+/// Loads the model and applies `--dtype`, an ONNX file imported as `opts` says
+/// (`import_shapes`: what the command will feed).
 fn load_as(
     path: &Path,
     dtype: Option<&str>,
@@ -587,7 +578,7 @@ fn run(a: RunArgs) -> Result<(), Fail> {
         ));
     }
     let shapes = import_shapes(&a.common.dims, &a.inputs, None);
-    let model = load(&a.model, a.common.dtype.as_deref(), shapes)?;
+    let model = load_as(&a.model, a.common.dtype.as_deref(), &shapes)?;
     let g = &model.graph;
     let dims = parse_dims(g, &a.common.dims)?;
     // Output file names must stay inside --out-dir.
@@ -878,7 +869,7 @@ fn fmt_count(n: f64) -> String {
 }
 
 fn inspect(a: InspectArgs) -> Result<(), Fail> {
-    let model = load(&a.model, None, import_shapes(&a.dims, &a.inputs, None))?;
+    let model = load_as(&a.model, None, &import_shapes(&a.dims, &a.inputs, None))?;
     let emitted: Vec<PathBuf> = a
         .emit_yaml
         .iter()
@@ -1367,7 +1358,7 @@ fn bench(a: BenchArgs) -> Result<(), Fail> {
         return Err(usage("--iters must be at least 1"));
     }
     let shapes = import_shapes(&a.common.dims, &a.inputs, None);
-    let mut model = load(&a.model, a.common.dtype.as_deref(), shapes)?;
+    let mut model = load_as(&a.model, a.common.dtype.as_deref(), &shapes)?;
     check_outputs(&a.json)?;
     let dims = parse_dims(&model.graph, &a.common.dims)?;
     let mut given = read_inputs(&model.graph, &a.inputs, a.common.dtype.is_some())?;

@@ -12,7 +12,7 @@ mod onnx_case;
 mod onnx_model;
 
 use common::*;
-use graphrun::onnx::proto::{attr_type, AttributeProto};
+use graphrun::onnx::proto::AttributeProto;
 use graphrun::{DType, Session, SessionOptions, Tensor};
 use onnx_case::*;
 use onnx_model::*;
@@ -74,24 +74,6 @@ fn rec(cell: Cell, direction: &'static str) -> Rec {
         input_forget: false,
         linear_before_reset: false,
         acts: None,
-    }
-}
-
-fn floats_attr(name: &str, v: &[f32]) -> AttributeProto {
-    AttributeProto {
-        name: name.into(),
-        r#type: attr_type::FLOATS,
-        floats: v.to_vec(),
-        ..Default::default()
-    }
-}
-
-fn strs_attr(name: &str, v: &[&str]) -> AttributeProto {
-    AttributeProto {
-        name: name.into(),
-        r#type: attr_type::STRINGS,
-        strings: v.iter().map(|s| s.as_bytes().to_vec()).collect(),
-        ..Default::default()
     }
 }
 

@@ -44,6 +44,24 @@ pub fn ints_attr(name: &str, v: &[i64]) -> AttributeProto {
     }
 }
 
+pub fn floats_attr(name: &str, v: &[f32]) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        r#type: attr_type::FLOATS,
+        floats: v.to_vec(),
+        ..Default::default()
+    }
+}
+
+pub fn strs_attr(name: &str, v: &[&str]) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        r#type: attr_type::STRINGS,
+        strings: v.iter().map(|s| s.as_bytes().to_vec()).collect(),
+        ..Default::default()
+    }
+}
+
 /// The ONNX element type (TensorProto.DataType) of a dtype.
 pub fn elem_type(dt: DType) -> i32 {
     dt.onnx_code()

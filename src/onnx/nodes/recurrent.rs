@@ -285,7 +285,7 @@ impl Importer<'_> {
                 let t: Vec<i64> = (0..steps as i64).collect();
                 let t = self.constant(n, "steps", Tensor::from_vec(&[steps, 1], t)?);
                 let l = self.val(n, "lens_row", unsqueeze(0), vec![l.clone()]);
-                let m = self.val(n, "valid", bin(BinaryOp::Less), vec![t, l]);
+                let m = self.bin2(n, "valid", BinaryOp::Less, t, l);
                 Some(self.val(n, "mask", unsqueeze(2), vec![m]))
             }
             None => None,
@@ -338,9 +338,9 @@ impl Importer<'_> {
                     rb = Some(rbd);
                     wb
                 } else {
-                    self.val(n, &format!("{tag}_bias"), bin(BinaryOp::Add), vec![wb, rbd])
+                    self.bin2(n, &format!("{tag}_bias"), BinaryOp::Add, wb, rbd)
                 };
-                xw = self.val(n, &format!("{tag}_xwb"), bin(BinaryOp::Add), vec![xw, add]);
+                xw = self.bin2(n, &format!("{tag}_xwb"), BinaryOp::Add, xw, add);
             }
             let (rt, rht) = if matches!(
                 cell,
@@ -525,7 +525,7 @@ impl Importer<'_> {
         match cell {
             Cell::Rnn => {
                 let hr = self.val(n, &format!("{st}_hr"), Op::MatMul, vec![h, dir.rt.clone()]);
-                let pre = self.val(n, &format!("{st}_pre"), bin(BinaryOp::Add), vec![xg, hr]);
+                let pre = self.bin2(n, &format!("{st}_pre"), BinaryOp::Add, xg, hr);
                 let hn = self.act(n, &format!("{st}_h"), dir.acts[0], pre, clip)?;
                 Ok((hn, None))
             }
@@ -541,12 +541,7 @@ impl Importer<'_> {
                         vec![h.clone(), dir.rt.clone()],
                     );
                     if let Some(rb) = &dir.rb {
-                        all = self.val(
-                            n,
-                            &format!("{st}_hrb"),
-                            bin(BinaryOp::Add),
-                            vec![all, rb.clone()],
-                        );
+                        all = self.bin2(n, &format!("{st}_hrb"), BinaryOp::Add, all, rb.clone());
                     }
                     let p = self.vals(n, &format!("{st}_hparts"), split(1, 3), vec![all], 3);
                     (p[0].clone(), p[1].clone(), Some(p[2].clone()))
@@ -561,104 +556,68 @@ impl Importer<'_> {
                     (p[0].clone(), p[1].clone(), None)
                 };
                 let [f, g] = [dir.acts[0], dir.acts[1]];
-                let z = self.val(
-                    n,
-                    &format!("{st}_zpre"),
-                    bin(BinaryOp::Add),
-                    vec![xs[0].clone(), hz],
-                );
+                let z = self.bin2(n, &format!("{st}_zpre"), BinaryOp::Add, xs[0].clone(), hz);
                 let z = self.act(n, &format!("{st}_z"), f, z, clip)?;
-                let rr = self.val(
-                    n,
-                    &format!("{st}_rpre"),
-                    bin(BinaryOp::Add),
-                    vec![xs[1].clone(), hr],
-                );
+                let rr = self.bin2(n, &format!("{st}_rpre"), BinaryOp::Add, xs[1].clone(), hr);
                 let rr = self.act(n, &format!("{st}_r"), f, rr, clip)?;
                 let inner = match hh {
                     // r ⊙ (H·Rhᵀ + Rbh)
-                    Some(hh) => self.val(n, &format!("{st}_rh"), bin(BinaryOp::Mul), vec![rr, hh]),
+                    Some(hh) => self.bin2(n, &format!("{st}_rh"), BinaryOp::Mul, rr, hh),
                     // (r ⊙ H)·Rhᵀ
                     None => {
-                        let rh = self.val(
-                            n,
-                            &format!("{st}_rh"),
-                            bin(BinaryOp::Mul),
-                            vec![rr, h.clone()],
-                        );
+                        let rh = self.bin2(n, &format!("{st}_rh"), BinaryOp::Mul, rr, h.clone());
                         let rht = dir.rht.clone().expect("GRU's Rhᵀ");
                         self.val(n, &format!("{st}_rhr"), Op::MatMul, vec![rh, rht])
                     }
                 };
-                let pre = self.val(
+                let pre = self.bin2(
                     n,
                     &format!("{st}_hpre"),
-                    bin(BinaryOp::Add),
-                    vec![xs[2].clone(), inner],
+                    BinaryOp::Add,
+                    xs[2].clone(),
+                    inner,
                 );
                 let cand = self.act(n, &format!("{st}_cand"), g, pre, clip)?;
                 // (1 − z) ⊙ h̃ + z ⊙ H = h̃ + z ⊙ (H − h̃)
-                let diff = self.val(
-                    n,
-                    &format!("{st}_diff"),
-                    bin(BinaryOp::Sub),
-                    vec![h, cand.clone()],
-                );
-                let zd = self.val(n, &format!("{st}_zdiff"), bin(BinaryOp::Mul), vec![z, diff]);
-                let hn = self.val(n, &format!("{st}_h"), bin(BinaryOp::Add), vec![cand, zd]);
+                let diff = self.bin2(n, &format!("{st}_diff"), BinaryOp::Sub, h, cand.clone());
+                let zd = self.bin2(n, &format!("{st}_zdiff"), BinaryOp::Mul, z, diff);
+                let hn = self.bin2(n, &format!("{st}_h"), BinaryOp::Add, cand, zd);
                 Ok((hn, None))
             }
             Cell::Lstm { input_forget } => {
                 let c = cv.expect("LSTM's cell state").to_string();
                 let hr = self.val(n, &format!("{st}_hr"), Op::MatMul, vec![h, dir.rt.clone()]);
-                let pre = self.val(n, &format!("{st}_pre"), bin(BinaryOp::Add), vec![xg, hr]);
+                let pre = self.bin2(n, &format!("{st}_pre"), BinaryOp::Add, xg, hr);
                 let g4 = self.vals(n, &format!("{st}_gates"), split(1, 4), vec![pre], 4);
                 let [mut i, mut o, mut f, gc] = [0, 1, 2, 3].map(|k| g4[k].clone());
                 let [fa, ga, ha] = [dir.acts[0], dir.acts[1], dir.acts[2]];
                 if let Some([pi, _, pf]) = &dir.peep {
-                    let ic = self.val(
-                        n,
-                        &format!("{st}_pic"),
-                        bin(BinaryOp::Mul),
-                        vec![pi.clone(), c.clone()],
-                    );
-                    i = self.val(n, &format!("{st}_ipeep"), bin(BinaryOp::Add), vec![i, ic]);
-                    let fc = self.val(
-                        n,
-                        &format!("{st}_pfc"),
-                        bin(BinaryOp::Mul),
-                        vec![pf.clone(), c.clone()],
-                    );
-                    f = self.val(n, &format!("{st}_fpeep"), bin(BinaryOp::Add), vec![f, fc]);
+                    i = self.peep(n, &format!("{st}_ipeep"), i, pi, &c);
+                    f = self.peep(n, &format!("{st}_fpeep"), f, pf, &c);
                 }
                 // input_forget couples the gates as ONNX Runtime does: f = 1 − i.
                 let i = self.act(n, &format!("{st}_i"), fa, i, clip)?;
                 let f = if input_forget {
-                    self.val(
+                    self.bin2(
                         n,
                         &format!("{st}_f"),
-                        bin(BinaryOp::Sub),
-                        vec![one.to_string(), i.clone()],
+                        BinaryOp::Sub,
+                        one.to_string(),
+                        i.clone(),
                     )
                 } else {
                     self.act(n, &format!("{st}_f"), fa, f, clip)?
                 };
                 let gc = self.act(n, &format!("{st}_g"), ga, gc, clip)?;
-                let fc = self.val(n, &format!("{st}_fc"), bin(BinaryOp::Mul), vec![f, c]);
-                let ig = self.val(n, &format!("{st}_ig"), bin(BinaryOp::Mul), vec![i, gc]);
-                let cn = self.val(n, &format!("{st}_c"), bin(BinaryOp::Add), vec![fc, ig]);
+                let fc = self.bin2(n, &format!("{st}_fc"), BinaryOp::Mul, f, c);
+                let ig = self.bin2(n, &format!("{st}_ig"), BinaryOp::Mul, i, gc);
+                let cn = self.bin2(n, &format!("{st}_c"), BinaryOp::Add, fc, ig);
                 if let Some([_, po, _]) = &dir.peep {
-                    let oc = self.val(
-                        n,
-                        &format!("{st}_poc"),
-                        bin(BinaryOp::Mul),
-                        vec![po.clone(), cn.clone()],
-                    );
-                    o = self.val(n, &format!("{st}_opeep"), bin(BinaryOp::Add), vec![o, oc]);
+                    o = self.peep(n, &format!("{st}_opeep"), o, po, &cn);
                 }
                 let o = self.act(n, &format!("{st}_o"), fa, o, clip)?;
                 let hc = self.act(n, &format!("{st}_hc"), ha, cn.clone(), &None)?;
-                let hn = self.val(n, &format!("{st}_h"), bin(BinaryOp::Mul), vec![o, hc]);
+                let hn = self.bin2(n, &format!("{st}_h"), BinaryOp::Mul, o, hc);
                 Ok((hn, Some(cn)))
             }
         }
@@ -684,30 +643,36 @@ impl Importer<'_> {
         };
         Ok(match act {
             Act::Map(u) => self.val(n, what, un(u), vec![x]),
-            Act::Affine(a, b) => {
+            Act::Affine(a, b) | Act::ScaledTanh(a, b) => {
                 let ac = self.float_like(n, &format!("{what}_alpha"), a, &x);
                 let bc = self.float_like(n, &format!("{what}_beta"), b, &x);
-                let ax = self.val(
-                    n,
-                    &format!("{what}_scaled"),
-                    bin(BinaryOp::Mul),
-                    vec![x, ac],
-                );
-                self.val(n, what, bin(BinaryOp::Add), vec![ax, bc])
-            }
-            Act::ScaledTanh(a, b) => {
-                let ac = self.float_like(n, &format!("{what}_alpha"), a, &x);
-                let bc = self.float_like(n, &format!("{what}_beta"), b, &x);
-                let bx = self.val(
-                    n,
-                    &format!("{what}_scaled"),
-                    bin(BinaryOp::Mul),
-                    vec![x, bc],
-                );
-                let t = self.val(n, &format!("{what}_tanh"), un(UnaryOp::Tanh), vec![bx]);
-                self.val(n, what, bin(BinaryOp::Mul), vec![t, ac])
+                if let Act::Affine(..) = act {
+                    let ax = self.bin2(n, &format!("{what}_scaled"), BinaryOp::Mul, x, ac);
+                    self.bin2(n, what, BinaryOp::Add, ax, bc)
+                } else {
+                    let bx = self.bin2(n, &format!("{what}_scaled"), BinaryOp::Mul, x, bc);
+                    let t = self.val(n, &format!("{what}_tanh"), un(UnaryOp::Tanh), vec![bx]);
+                    self.bin2(n, what, BinaryOp::Mul, t, ac)
+                }
             }
         })
+    }
+
+    /// `a op b`, a new value named as `val` names it.
+    fn bin2(&mut self, n: &NodeProto, what: &str, op: BinaryOp, a: String, b: String) -> String {
+        self.val(n, what, bin(op), vec![a, b])
+    }
+
+    /// A peephole: `x + p ⊙ c`.
+    fn peep(&mut self, n: &NodeProto, what: &str, x: String, p: &str, c: &str) -> String {
+        let pc = self.bin2(
+            n,
+            &format!("{what}_pc"),
+            BinaryOp::Mul,
+            p.to_string(),
+            c.to_string(),
+        );
+        self.bin2(n, what, BinaryOp::Add, x, pc)
     }
 
     /// Zeros `[B, H]`, B being `like`'s dim `batch_axis`, in `like`'s dtype.
@@ -846,19 +811,15 @@ impl Importer<'_> {
             super::composite::reshape(),
             vec![l, ls],
         );
-        let inside = self.val(
+        let inside = self.bin2(
             n,
             &format!("{what}_inside"),
-            bin(BinaryOp::Less),
-            vec![t.clone(), l.clone()],
+            BinaryOp::Less,
+            t.clone(),
+            l.clone(),
         );
-        let last = self.val(n, &format!("{what}_last"), bin(BinaryOp::Sub), vec![l, one]);
-        let back = self.val(
-            n,
-            &format!("{what}_back"),
-            bin(BinaryOp::Sub),
-            vec![last, t.clone()],
-        );
+        let last = self.bin2(n, &format!("{what}_last"), BinaryOp::Sub, l, one);
+        let back = self.bin2(n, &format!("{what}_back"), BinaryOp::Sub, last, t.clone());
         let idx = self.val(
             n,
             &format!("{what}_index"),
