@@ -40,7 +40,11 @@ const KNOWN: &[(&str, &str)] = &[
     ("test_training_dropout_mask", RANDOM_MASK),
     ("test_training_dropout_default", RANDOM_MASK),
     ("test_training_dropout_default_mask", RANDOM_MASK),
+    ("test_gridsample_bicubic", F32_EXPECTED),
 ];
+
+const F32_EXPECTED: &str = "ONNX's expected output, computed in float32, is itself 1.5e-5 \
+    (relative) from the float64 result; graphrun's float32 output is 7e-9 from it";
 
 const RANDOM_MASK: &str = "training-mode Dropout draws a random mask, and graphrun's seeded \
     generator is not numpy's, so the kept elements differ (the ratio-0 and inference cases \

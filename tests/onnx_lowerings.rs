@@ -2090,3 +2090,46 @@ fn yaml_lowering_errors_name_the_place() {
         .to_string();
     assert!(e.contains("unknown op 'Convolution'"), "{e}");
 }
+
+// ---- Dropout's training_mode --------------------------------------------------------------
+
+/// A training_mode written as a constant (PyTorch's dynamo exporter writes `true` into
+/// eval-mode exports) leaves a plain run as inference, as ONNX Runtime runs the model;
+/// fed at run time it decides, as ONNX defines it.
+#[test]
+fn dropout_training_mode_constant_or_fed() {
+    let x = randn(&[4, 16], 3).cast(DType::F32);
+    let ratio = Tensor::scalar(0.5f32);
+    let yes = bools(&[], &[true]);
+    let run = |fed: bool| -> (Vec<f64>, Vec<f64>) {
+        let n = node("Dropout", "", &["x", "r", "t"], &["y", "mask"], vec![]);
+        let mut inputs = vec![input_like("x", &x)];
+        let mut inits = vec![initializer("r", &ratio)];
+        if fed {
+            inputs.push(input_like("t", &yes));
+        } else {
+            inits.push(initializer("t", &yes));
+        }
+        let bytes = model_bytes(vec![n], 22, inputs, inits, &["y", "mask"]);
+        let g = graphrun::onnx::from_bytes(&bytes, "model", std::path::Path::new(".")).unwrap();
+        let mut s = Session::new(g, SessionOptions::default()).unwrap();
+        let mut feeds = HashMap::from([("x".to_string(), x.clone())]);
+        if fed {
+            feeds.insert("t".to_string(), yes.clone());
+        }
+        let out = s.run(&feeds).unwrap();
+        (out[0].1.to_f64_vec(), out[1].1.to_f64_vec())
+    };
+    let (y, mask) = run(false);
+    assert_eq!(y, x.to_f64_vec(), "constant training_mode: identity");
+    assert!(mask.iter().all(|&m| m == 1.0));
+    let (y, mask) = run(true);
+    let kept = mask.iter().filter(|&&m| m == 1.0).count();
+    assert!(
+        kept > 0 && kept < mask.len(),
+        "fed training_mode: masked ({kept} kept)"
+    );
+    for (i, (&yv, &xv)) in y.iter().zip(&x.to_f64_vec()).enumerate() {
+        assert!((yv - mask[i] * xv * 2.0).abs() < 1e-6, "y[{i}]");
+    }
+}

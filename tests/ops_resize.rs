@@ -729,6 +729,105 @@ fn rank_of_x_follows_from_the_nodes_before() {
     assert!(e <= 1e-5, "rel err {e:.2e}");
 }
 
+/// An X whose rank the importer cannot see (reshaped to a shape computed in the graph,
+/// as the TorchScript exporter writes DINOv2's and MobileViT's position-embedding
+/// interpolation, no value_info) and sizes computed from X's own shape: the Resize is
+/// written after shape inference, at the model's opset (Resize-10 reads X and scales).
+#[test]
+fn rank_of_x_found_by_shape_inference() {
+    let cases = [
+        (by_sizes("linear", &[2, 3, 4, 5], &[2, 3, 7, 3]), 19),
+        (by_sizes("cubic", &[2, 3, 4, 5], &[2, 3, 6, 8]), 13),
+        (
+            R {
+                op: "Resize",
+                opset: 10,
+                ..by_scales("nearest", &[2, 3, 4, 5], &[1.0, 1.0, 2.0, 0.6])
+            },
+            10,
+        ),
+    ];
+    for (r, opset) in cases {
+        let c = r.case();
+        let x = c.inputs[0].1.clone().unwrap();
+        let fed: Vec<Vec<f64>> = c
+            .inputs
+            .iter()
+            .map(|(_, t)| t.as_ref().map(|t| t.to_f64_vec()).unwrap_or_default())
+            .collect();
+        let flat = x.clone().reshaped(&[2, 60]).unwrap();
+        let i64s1 = |v: &[i64]| Tensor::from_vec(&[v.len()], v.to_vec()).unwrap();
+        let mut nodes = vec![
+            // shape = [x.shape[0]] ++ [3, 4, 5]
+            node("Shape", "", &["flat"], &["fs"], vec![]),
+            node("Slice", "", &["fs", "zero", "one"], &["n"], vec![]),
+            node(
+                "Concat",
+                "",
+                &["n", "rest"],
+                &["shape"],
+                vec![int_attr("axis", 0)],
+            ),
+            node("Reshape", "", &["flat", "shape"], &["xr"], vec![]),
+        ];
+        let mut inits = vec![
+            initializer("zero", &i64s1(&[0])),
+            initializer("one", &i64s1(&[1])),
+            initializer("rest", &i64s1(&[3, 4, 5])),
+        ];
+        let resize_in: Vec<&str> = if opset == 10 {
+            inits.push(initializer(
+                "scales",
+                &Tensor::from_vec(&[4], r.scales.clone().unwrap()).unwrap(),
+            ));
+            vec!["xr", "scales"]
+        } else {
+            // sizes = X.shape[0:2] ++ the new spatial sizes
+            let s = r.sizes.as_ref().unwrap();
+            nodes.push(node("Shape", "", &["xr"], &["xs"], vec![]));
+            nodes.push(node("Slice", "", &["xs", "zero", "two"], &["nc"], vec![]));
+            nodes.push(node(
+                "Concat",
+                "",
+                &["nc", "hw"],
+                &["sizes"],
+                vec![int_attr("axis", 0)],
+            ));
+            inits.push(initializer("two", &i64s1(&[2])));
+            inits.push(initializer("hw", &i64s1(&s[2..])));
+            vec!["xr", "", "", "sizes"]
+        };
+        nodes.push(node(
+            "Resize",
+            "",
+            &resize_in,
+            &["y"],
+            vec![str_attr("mode", r.mode)],
+        ));
+        for (i, nd) in nodes.iter_mut().enumerate() {
+            nd.name = format!("n{i}");
+        }
+        let bytes = model_bytes(
+            nodes,
+            opset,
+            vec![input("flat", DType::F32, &[None, Some(60)])],
+            inits,
+            &["y"],
+        );
+        let g = graphrun::onnx::from_bytes(&bytes, "model", std::path::Path::new("."))
+            .unwrap_or_else(|e| panic!("opset {opset}: {e}"));
+        let want = r.reference()(&fed);
+        let mut s = Session::new(g, SessionOptions::default()).unwrap();
+        let feeds = std::collections::HashMap::from([("flat".to_string(), flat.cast(DType::F32))]);
+        let got = s
+            .run(&feeds)
+            .unwrap_or_else(|e| panic!("opset {opset}: {e}"));
+        assert_eq!(got[0].1.shape(), &want[0].0[..], "opset {opset}");
+        let e = rel_err(&got[0].1.to_f64_vec(), &want[0].1);
+        assert!(e <= 1e-5, "opset {opset}: rel err {e:.2e}");
+    }
+}
+
 /// What cannot be resized is refused with the reason.
 #[test]
 fn refusals_say_why() {

@@ -11,7 +11,9 @@ use crate::tensor::Tensor;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 
-/// The ai.onnx opset a model imports; other domains are checked per node.
+/// The ai.onnx opset a model imports; other domains are checked per node. A model whose
+/// nodes are all of other domains (ai.onnx.ml, ai.onnx.preview.training) need not import
+/// one.
 fn default_opset(m: &ModelProto) -> Result<i64> {
     let mut found = None;
     for o in &m.opset_import {
@@ -19,7 +21,12 @@ fn default_opset(m: &ModelProto) -> Result<i64> {
             found = Some(found.map_or(o.version, |v: i64| v.max(o.version)));
         }
     }
-    let Some(v) = found else {
+    let default_nodes = m.graph.as_ref().is_some_and(|g| {
+        g.node
+            .iter()
+            .any(|n| n.domain.is_empty() || n.domain == "ai.onnx")
+    });
+    let Some(v) = found.or((!default_nodes).then_some(MAX_OPSET)) else {
         return Err(Error::Graph(
             "the model imports no ai.onnx opset (opset_import has no entry for the default domain)"
                 .into(),
@@ -184,7 +191,7 @@ pub(super) fn graph_of(
         crate::graph::lower::lower_all(
             &mut g,
             &deferred,
-            &super::YamlLowering,
+            &super::nodes::Deferred { opset },
             &crate::backends::cpu::HOST_EVAL,
         )?;
     }

@@ -19,9 +19,11 @@ use std::path::Path;
 mod attention;
 mod composite;
 mod conv;
+mod domains;
 mod index;
 mod recurrent;
 mod resize;
+mod sample;
 use composite::{COMPOSITE, MS_COMPOSITE};
 
 /// The opset in which ONNX introduced an op, for ops newer than graphrun's oldest
@@ -50,6 +52,11 @@ fn since(op: &str) -> i64 {
         "LpPool" => 2,
         "Attention" | "RMSNormalization" | "RotaryEmbedding" => 23,
         "ReverseSequence" => 10,
+        "CausalConvWithState" => 27,
+        "GridSample" => 16,
+        "MaxUnpool" => 9,
+        "TensorScatter" => 24,
+        "AffineGrid" => 20,
         _ => MIN_OPSET,
     }
 }
@@ -77,6 +84,7 @@ const REWRITTEN: &[&str] = &[
     "EyeLike",
     "Einsum",
     "Scatter",
+    "TensorScatter",
     "Hardmax",
     "ReduceMin",
     "ReduceL1",
@@ -103,6 +111,7 @@ pub fn imports(op: &str) -> bool {
         resize::RESIZE,
         recurrent::RECURRENT,
         &[recurrent::REVERSE_SEQUENCE],
+        sample::SAMPLING,
     ]
     .iter()
     .any(|list| list.contains(&op))
@@ -293,7 +302,8 @@ pub(super) struct Importer<'a> {
     /// BatchNormalization's mode whatever the node says: Some(true) training, Some(false)
     /// inference (`ImportOptions::mode`).
     pub(super) batch_norm_mode: Option<bool>,
-    /// The nodes written after shape inference (`recurrent::RECURRENT`), in model order.
+    /// The nodes written after shape inference (the recurrences, a Resize of an X of
+    /// unknown rank), in model order.
     pub(super) deferred: Vec<ForeignNode>,
 }
 
@@ -383,6 +393,22 @@ impl<'a> Importer<'a> {
         im
     }
 
+    /// The value of `v` when the model gives it: a small initializer or a Constant.
+    pub(super) fn constant_value(&self, v: &str) -> Option<Tensor> {
+        if v.is_empty() {
+            return None;
+        }
+        if let Some(t) = self.small.get(v) {
+            return Some(t.clone());
+        }
+        self.nodes.iter().rev().find_map(|n| match &n.op {
+            Op::Constant { value } if n.outputs.first().is_some_and(|o| o == v) => {
+                Some(value.clone())
+            }
+            _ => None,
+        })
+    }
+
     /// Makes a new initializer known to the nodes that read it.
     pub(super) fn declare(&mut self, name: &str, t: &Tensor) {
         self.taken.insert(name.to_string());
@@ -418,7 +444,8 @@ impl<'a> Importer<'a> {
         let taken = if default_domain {
             imports(op_type)
         } else {
-            n.domain == "com.microsoft" && MS_COMPOSITE.contains(&op_type)
+            (n.domain == "com.microsoft" && MS_COMPOSITE.contains(&op_type))
+                || domains::writes(&n.domain, op_type)
         };
         if !taken {
             let key = if default_domain {
@@ -450,9 +477,15 @@ impl<'a> Importer<'a> {
             })
             .collect();
         // The recurrences are unrolled once shapes are inferred, which needs the rest of
-        // the graph: they are kept aside (`graph_of` writes them).
+        // the graph, and a Resize is written for X's rank, which the TorchScript exporter
+        // may not declare (an X reshaped to a computed shape): they are kept aside
+        // (`graph_of` writes them).
+        let after_inference = default_domain
+            && (recurrent::RECURRENT.contains(&op_type)
+                || ((resize::RESIZE.contains(&op_type) || op_type == "GridSample")
+                    && n.input.first().is_some_and(|x| !self.ranks.contains_key(x))));
         let result = match attrs {
-            Ok(attrs) if default_domain && recurrent::RECURRENT.contains(&op_type) => {
+            Ok(attrs) if after_inference => {
                 self.deferred.push(ForeignNode {
                     index,
                     name: n.name.clone(),
@@ -474,7 +507,17 @@ impl<'a> Importer<'a> {
     /// Adds the graphrun node(s) for one ONNX node, rewriting the forms older opsets give.
     fn lower(&mut self, n: &NodeProto, shown: &str, mut attrs: Vec<Attr>) -> Result<()> {
         let mut inputs = n.input.clone();
+        if domains::writes(&n.domain, &n.op_type) {
+            return self.lower_domain(n, shown, attrs);
+        }
         match n.op_type.as_str() {
+            // A training_mode written as a constant does not decide (PyTorch's dynamo
+            // exporter writes `true` into eval-mode exports): a plain run is inference and
+            // a training step trains, as ONNX Runtime and `graphrun train` run the model.
+            // Fed at run time, it decides.
+            "Dropout" if inputs.len() == 3 && self.constant_value(&inputs[2]).is_some() => {
+                inputs.truncate(2);
+            }
             op if VARIADIC.contains(&op) && (inputs.len() != 2 || op == "Sum" || op == "Mean") => {
                 return self.lower_variadic(n, shown, &attrs)
             }
@@ -482,6 +525,7 @@ impl<'a> Importer<'a> {
             "ConstantOfShape" => return self.lower_constant_of_shape(n, shown, attrs),
             "Tile" => return self.lower_tile(n, shown, &attrs),
             "Compress" => return self.lower_compress(n, shown, &attrs),
+            "TensorScatter" => return self.lower_tensor_scatter(n, shown, attrs),
             "OneHot" => return self.lower_one_hot(n, shown, &attrs),
             "EyeLike" => return self.lower_eye_like(n, shown, &attrs),
             "Einsum" => return self.lower_einsum(n, shown, &attrs),
@@ -551,6 +595,7 @@ impl<'a> Importer<'a> {
             }
             op if conv::WINDOWED.contains(&op) => return self.lower_windowed(n, shown, attrs),
             op if resize::RESIZE.contains(&op) => return self.lower_resize(n, shown, attrs),
+            op if sample::SAMPLING.contains(&op) => return self.lower_sampling(n, shown, attrs),
             op if recurrent::RECURRENT.contains(&op) => {
                 let a = composite::Attrs::of(n, shown, attrs)?;
                 let what = a.what.clone();
@@ -1237,24 +1282,56 @@ impl Lower for YamlLowering {
         known: &HashMap<String, Known>,
         taken: &mut HashSet<String>,
     ) -> Result<Vec<Node>> {
-        let n = NodeProto {
-            name: f.name.clone(),
-            op_type: f.op.clone(),
-            input: f.inputs.clone(),
-            output: f.outputs.clone(),
-            ..Default::default()
-        };
-        let shown = if f.name.is_empty() {
-            format!("#{}", f.index)
-        } else {
-            f.name.clone()
-        };
-        let mut im = Importer::from_known(known, std::mem::take(taken));
-        let result = im.lower(&n, &shown, f.attrs.clone());
-        *taken = std::mem::take(&mut im.taken);
-        result?;
-        im.finish()
+        lower_known(f, super::MAX_OPSET, known, taken)
     }
+}
+
+/// The importer's own lowering of the nodes it kept aside until shapes were inferred
+/// (`Importer::deferred`): as `YamlLowering`, with the model's opset.
+pub(super) struct Deferred {
+    pub(super) opset: i64,
+}
+
+impl Lower for Deferred {
+    fn lowers(&self, _: &str, _: usize) -> bool {
+        true
+    }
+    fn lower(
+        &self,
+        f: &ForeignNode,
+        known: &HashMap<String, Known>,
+        taken: &mut HashSet<String>,
+    ) -> Result<Vec<Node>> {
+        lower_known(f, self.opset, known, taken)
+    }
+}
+
+/// Writes one kept-aside node as graphrun's ops at `opset`, given what is known of the
+/// values it reads.
+fn lower_known(
+    f: &ForeignNode,
+    opset: i64,
+    known: &HashMap<String, Known>,
+    taken: &mut HashSet<String>,
+) -> Result<Vec<Node>> {
+    let n = NodeProto {
+        name: f.name.clone(),
+        op_type: f.op.clone(),
+        input: f.inputs.clone(),
+        output: f.outputs.clone(),
+        ..Default::default()
+    };
+    let shown = if f.name.is_empty() {
+        format!("#{}", f.index)
+    } else {
+        f.name.clone()
+    };
+    let mut im = Importer::from_known(known, std::mem::take(taken));
+    im.opset = opset;
+    let result = im.lower(&n, &shown, f.attrs.clone());
+    *taken = std::mem::take(&mut im.taken);
+    result?;
+    im.finish()
 }
 
 /// Removes and returns attribute `key`.

@@ -20,6 +20,8 @@ pub(super) const WINDOWED: &[&str] = &[
     "AveragePool",
     "LpPool",
     "GlobalLpPool",
+    "CausalConvWithState",
+    "MaxUnpool",
 ];
 
 fn reduce(kind: ReduceKind, axes: Vec<i64>, keepdims: bool) -> Op {
@@ -71,8 +73,170 @@ impl Importer<'_> {
         match n.op_type.as_str() {
             "ConvTranspose" => self.conv_transpose(n, &what, a),
             "GlobalLpPool" => self.global_lp_pool(n, &what, a),
+            "CausalConvWithState" => self.causal_conv(n, &what, a),
+            "MaxUnpool" => self.max_unpool(n, &what, a),
             _ => self.pool(n, &what, a),
         }
+    }
+
+    /// CausalConvWithState (input [B, C, L], weight [C, 1, k], bias?, past_state?
+    /// [B, C, k-1]) -> (output, present_state), as ONNX defines it: the input with the
+    /// past state (zeros when none) before it along the length, a depthwise Conv of that
+    /// without padding, SiLU when asked; the present state is the last k-1 positions of
+    /// the padded input. k comes from `Shape(weight)`, so only C must be known (the Conv's
+    /// group count).
+    fn causal_conv(&mut self, n: &NodeProto, what: &str, mut a: Attrs) -> Result<()> {
+        let act = a.string("activation", "none")?;
+        let silu = match act.as_str() {
+            "none" => false,
+            "silu" | "swish" => true,
+            _ => {
+                return Err(a.refuse(
+                    "activation",
+                    &format!("must be none, silu or swish, got '{act}'"),
+                ))
+            }
+        };
+        a.finish()?;
+        let (req, opt) = inputs(n, what, (2, 4), 2)?;
+        let (x, w) = (req[0].clone(), req[1].clone());
+        let channels = [(&w, 0), (&x, 1)]
+            .iter()
+            .find_map(|(v, d)| self.dims.get(*v).and_then(|s| s.get(*d).copied().flatten()))
+            .ok_or_else(|| {
+                Error::Graph(format!(
+                    "{what}: the number of channels is unknown: declare the shape of weight or input"
+                ))
+            })?;
+        let axis = self.ints_const(n, "length_axis", &[2])?;
+        let k = self.val(n, "k", shape(2, Some(3)), vec![w.clone()]);
+        let one = self.ints_const(n, "one", &[1])?;
+        let kept = self.val(n, "state_length", bin(BinaryOp::Sub), vec![k, one]);
+        let padded = match opt.get(1).cloned().flatten() {
+            Some(past) => self.val(n, "padded", Op::Concat { axis: 2 }, vec![past, x]),
+            None => {
+                let zero = self.ints_const(n, "zero", &[0])?;
+                let pads = self.val(n, "pads", Op::Concat { axis: 0 }, vec![kept.clone(), zero]);
+                let pad = Op::Pad {
+                    mode: crate::graph::op::PadMode::Constant,
+                };
+                self.val(n, "padded", pad, vec![x, pads, String::new(), axis.clone()])
+            }
+        };
+        let mut conv_ins = vec![padded.clone(), w];
+        conv_ins.extend(opt.first().cloned().flatten());
+        let conv = Op::Conv {
+            kernel: vec![],
+            window: Window {
+                strides: vec![1],
+                dilations: vec![1],
+                pads: vec![0, 0],
+                auto_pad: AutoPad::NotSet,
+                ceil_mode: false,
+            },
+            group: channels,
+        };
+        if silu {
+            let y = self.val(n, "conv", conv, conv_ins);
+            let s = self.val(n, "sigmoid", un(UnaryOp::Sigmoid), vec![y.clone()]);
+            self.out(n, 0, bin(BinaryOp::Mul), vec![y, s]);
+        } else {
+            self.out(n, 0, conv, conv_ins);
+        }
+        if output(n, 1).is_some() {
+            let len = self.val(n, "padded_length", shape(2, Some(3)), vec![padded.clone()]);
+            let start = self.val(
+                n,
+                "state_start",
+                bin(BinaryOp::Sub),
+                vec![len.clone(), kept],
+            );
+            self.out(n, 1, Op::Slice, vec![padded, start, len, axis]);
+        }
+        Ok(())
+    }
+
+    /// MaxUnpool (X, I, output_shape?) as ONNX's reference computes it: X's values put
+    /// at the flat positions I (MaxPool's Indices) of zeros shaped as MaxPool's input
+    /// would be, `(in - 1)·stride - pads + kernel` per spatial axis, then zero-padded at
+    /// the end of each axis to output_shape when given. A ScatterElements, so X's
+    /// gradient is a gather at I.
+    fn max_unpool(&mut self, n: &NodeProto, what: &str, mut a: Attrs) -> Result<()> {
+        let Some(kernel) = a.kernel()? else {
+            return Err(a.refuse("kernel_shape", "is required"));
+        };
+        let r = kernel.len();
+        let strides = a.ints("strides", &vec![1; r])?;
+        let pads = a.ints("pads", &vec![0; 2 * r])?;
+        if strides.len() != r || strides.iter().any(|&s| s < 1) {
+            return Err(a.refuse(
+                "strides",
+                &format!("must hold {r} positive values, got {strides:?}"),
+            ));
+        }
+        if pads.len() != 2 * r || pads.iter().any(|&p| p < 0) {
+            return Err(a.refuse(
+                "pads",
+                &format!(
+                    "must hold {} values that are not negative, got {pads:?}",
+                    2 * r
+                ),
+            ));
+        }
+        a.finish()?;
+        let (req, opt) = inputs(n, what, (2, 3), 1)?;
+        let (x, idx) = (req[0].clone(), req[1].clone());
+        // The unpooled shape: N, C, then per axis (in - 1)·stride - pads + kernel.
+        let mut dims = vec![self.val(n, "nc", shape(0, Some(2)), vec![x.clone()])];
+        for d in 0..r {
+            let i = 2 + d as i64;
+            let size = self.val(n, &format!("in{d}"), shape(i, Some(i + 1)), vec![x.clone()]);
+            let one = self.ints_const(n, &format!("one{d}"), &[1])?;
+            let s = self.ints_const(n, &format!("stride{d}"), &[strides[d]])?;
+            let extra = kernel[d] as i64 - pads[d] - pads[r + d];
+            let extra = self.ints_const(n, &format!("extra{d}"), &[extra])?;
+            let v = self.val(n, &format!("in{d}_m1"), bin(BinaryOp::Sub), vec![size, one]);
+            let v = self.val(n, &format!("in{d}_strided"), bin(BinaryOp::Mul), vec![v, s]);
+            dims.push(self.val(n, &format!("out{d}"), bin(BinaryOp::Add), vec![v, extra]));
+        }
+        let full = self.val(n, "unpooled_shape", Op::Concat { axis: 0 }, dims);
+        let total = self.val(
+            n,
+            "total",
+            Op::Reduce {
+                kind: ReduceKind::Prod,
+                axes: None,
+                keepdims: true,
+                noop_with_empty_axes: false,
+            },
+            vec![full.clone()],
+        );
+        let zero = self.constant(n, "zero", Tensor::scalar(0f32));
+        let zero = self.val(n, "zero_like", Op::CastLike, vec![zero, x.clone()]);
+        let zeros = self.val(n, "zeros", Op::Expand, vec![zero, total]);
+        let flat = self.ints_const(n, "flat", &[-1])?;
+        let xf = self.val(n, "x_flat", reshape(), vec![x, flat.clone()]);
+        let idf = self.val(n, "i_flat", reshape(), vec![idx, flat]);
+        let put = Op::ScatterElements {
+            axis: 0,
+            reduction: crate::graph::op::ScatterReduction::None,
+        };
+        let y = self.val(n, "scattered", put, vec![zeros, idf, xf]);
+        match opt.first().cloned().flatten() {
+            None => self.out(n, 0, reshape(), vec![y, full]),
+            Some(out_shape) => {
+                let y = self.val(n, "unpooled", reshape(), vec![y, full.clone()]);
+                let want = self.val(n, "out_shape", Op::Cast { to: DType::I64 }, vec![out_shape]);
+                let grow = self.val(n, "grow", bin(BinaryOp::Sub), vec![want, full]);
+                let before = self.ints_const(n, "pads_before", &vec![0; r + 2])?;
+                let pads = self.val(n, "pads", Op::Concat { axis: 0 }, vec![before, grow]);
+                let pad = Op::Pad {
+                    mode: crate::graph::op::PadMode::Constant,
+                };
+                self.out(n, 0, pad, vec![y, pads]);
+            }
+        }
+        Ok(())
     }
 
     /// The value's dims when the model gives all of them.

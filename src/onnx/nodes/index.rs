@@ -71,6 +71,127 @@ impl Importer<'_> {
         Ok(())
     }
 
+    /// TensorScatter (past_cache, update, write_indices?) -> present_cache: the update
+    /// written into the cache along `axis` from each batch row's write index (0 when
+    /// none), wrapping around the cache in circular mode. Per cache position p of a row
+    /// written from w, the update position j = p - w (mod the cache length when
+    /// circular) supplies it when 0 <= j < the update's length; every other position
+    /// keeps the cache. A GatherElements of the update at j and a Where, so both the
+    /// cache and the update get gradients.
+    pub(super) fn lower_tensor_scatter(
+        &mut self,
+        n: &NodeProto,
+        shown: &str,
+        attrs: Vec<Attr>,
+    ) -> Result<()> {
+        use super::composite::{bin, inputs, reshape, shape, Attrs};
+        let mut a = Attrs::of(n, shown, attrs)?;
+        let what = a.what.clone();
+        let circular = match a.string("mode", "linear")?.as_str() {
+            "linear" => false,
+            "circular" => true,
+            m => return Err(a.refuse("mode", &format!("must be linear or circular, got '{m}'"))),
+        };
+        let axis = a.int("axis", -2)?;
+        a.finish()?;
+        let (req, opt) = inputs(n, &what, (2, 3), 1)?;
+        let (past, update) = (req[0].clone(), req[1].clone());
+        let Some(&r) = self.ranks.get(&past).or_else(|| self.ranks.get(&update)) else {
+            return Err(Error::Graph(format!(
+                "{what}: the rank of past_cache is unknown: declare it (a value_info or input type)"
+            )));
+        };
+        let ax = if axis < 0 { axis + r as i64 } else { axis };
+        if !(1..r as i64).contains(&ax) {
+            return Err(a.refuse(
+                "axis",
+                &format!(
+                    "must name an axis after the batch axis of the rank-{r} cache, got {axis}"
+                ),
+            ));
+        }
+        let ax_u = ax as usize;
+        let cache_len = self.emit(n, "cache_len", shape(ax, Some(ax + 1)), vec![past.clone()]);
+        let upd_len = self.emit(
+            n,
+            "update_len",
+            shape(ax, Some(ax + 1)),
+            vec![update.clone()],
+        );
+        let zero = self.i64_const(n, "zero", &[0], true)?;
+        let one = self.i64_const(n, "one", &[1], true)?;
+        let len_s = self.emit(
+            n,
+            "cache_len_scalar",
+            super::composite::squeeze(0),
+            vec![cache_len.clone()],
+        );
+        let pos = self.emit(n, "positions", Op::Range, vec![zero, len_s, one]);
+        // j as [B or 1, cache length].
+        let row = self.i64_const(n, "row", &[1, -1], false)?;
+        let pos = self.emit(n, "positions_row", reshape(), vec![pos, row]);
+        let j = match opt.first().cloned().flatten() {
+            None => pos,
+            Some(w) => {
+                let col = self.i64_const(n, "col", &[-1, 1], false)?;
+                let w = self.emit(n, "write_at", Op::Cast { to: DType::I64 }, vec![w]);
+                let w = self.emit(n, "write_col", reshape(), vec![w, col]);
+                self.emit(n, "offsets", bin(BinaryOp::Sub), vec![pos, w])
+            }
+        };
+        let j = if circular {
+            self.emit(n, "wrapped", bin(BinaryOp::Mod), vec![j, cache_len.clone()])
+        } else {
+            j
+        };
+        let zero1 = self.i64_const(n, "zero_1d", &[0], false)?;
+        let ge = self.emit(
+            n,
+            "from_start",
+            bin(BinaryOp::GreaterOrEqual),
+            vec![j.clone(), zero1.clone()],
+        );
+        let lt = self.emit(
+            n,
+            "before_end",
+            bin(BinaryOp::Less),
+            vec![j.clone(), upd_len.clone()],
+        );
+        let written = self.emit(n, "written", bin(BinaryOp::And), vec![ge, lt]);
+        let one1 = self.i64_const(n, "one_1d", &[1], false)?;
+        let last = self.emit(
+            n,
+            "update_last",
+            bin(BinaryOp::Sub),
+            vec![upd_len, one1.clone()],
+        );
+        let jc = self.emit(n, "at_least_0", bin(BinaryOp::Max), vec![j, zero1]);
+        let jc = self.emit(n, "clamped", bin(BinaryOp::Min), vec![jc, last]);
+        // Viewed as [B, 1, .., L, .., 1] (L at the axis) and spread over the cache.
+        let mut view = vec![self.emit(n, "rows", shape(0, Some(1)), vec![jc.clone()])];
+        for d in 1..r {
+            view.push(if d == ax_u {
+                cache_len.clone()
+            } else {
+                one1.clone()
+            });
+        }
+        let view = self.emit(n, "view", Op::Concat { axis: 0 }, view);
+        let full = self.emit(n, "cache_shape", shape(0, None), vec![past.clone()]);
+        let jv = self.emit(n, "index_view", reshape(), vec![jc, view.clone()]);
+        let jv = self.emit(n, "index", Op::Expand, vec![jv, full.clone()]);
+        let mv = self.emit(n, "mask_view", reshape(), vec![written, view]);
+        let mv = self.emit(n, "mask", Op::Expand, vec![mv, full]);
+        let taken = self.emit(
+            n,
+            "taken",
+            Op::GatherElements { axis: ax },
+            vec![update, jv],
+        );
+        self.push(n, "", Op::Where, vec![mv, taken, past], &n.output[0]);
+        Ok(())
+    }
+
     /// Compress(x, condition, axis) = Gather(x, Squeeze(NonZero(condition), 0), axis), x
     /// flattened first when there is no axis; a condition shorter than the axis keeps
     /// nothing past its end, as ONNX defines. NonZero's output decides the shape, so the

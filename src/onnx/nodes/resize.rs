@@ -174,7 +174,7 @@ impl Importer<'_> {
         }
         if axes.is_none() {
             let len = |v: &str| -> Option<usize> {
-                match self.resize_value(v) {
+                match self.constant_value(v) {
                     Some(t) => Some(t.numel()),
                     None => self.dims.get(v)?.first().copied().flatten(),
                 }
@@ -192,22 +192,6 @@ impl Importer<'_> {
         )))
     }
 
-    /// The value of `v` when the model gives it: a small initializer or a Constant.
-    fn resize_value(&self, v: &str) -> Option<Tensor> {
-        if v.is_empty() {
-            return None;
-        }
-        if let Some(t) = self.small.get(v) {
-            return Some(t.clone());
-        }
-        self.nodes.iter().rev().find_map(|n| match &n.op {
-            Op::Constant { value } if n.outputs.first().is_some_and(|o| o == v) => {
-                Some(value.clone())
-            }
-            _ => None,
-        })
-    }
-
     /// Whether axis `d` (the `i`-th of the axes) is known at import to keep its length and
     /// values, so that no work is written for it: its scale is 1, or its size is X's and
     /// the sizes are taken as they are. The plan would find the same (an identity matrix).
@@ -215,7 +199,7 @@ impl Importer<'_> {
         if r.coord == CoordMode::TfCropAndResize {
             return false;
         }
-        let nonempty = |v: &str| self.resize_value(v).filter(|t| t.numel() > 0);
+        let nonempty = |v: &str| self.constant_value(v).filter(|t| t.numel() > 0);
         if let Some(s) = nonempty(&given.scales) {
             return s.to_f64_vec().get(i) == Some(&1.0);
         }

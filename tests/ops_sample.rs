@@ -1,0 +1,850 @@
+//! GridSample, AffineGrid, CausalConvWithState, MaxUnpool, TensorScatter, the
+//! ai.onnx.preview.training optimizers
+//! (Adagrad, Momentum, Adam) and ai.onnx.ml's Binarizer and ArrayFeatureExtractor,
+//! imported as compositions: every backend against float64 references written here from
+//! the operators' definitions, and gradients against finite differences.
+
+mod common;
+#[path = "common/onnx_case.rs"]
+mod onnx_case;
+#[path = "common/onnx_model.rs"]
+mod onnx_model;
+
+use common::*;
+use graphrun::{DType, Tensor};
+use onnx_case::*;
+use onnx_model::*;
+
+// ---------------------------------------------------------------------------------------
+// GridSample
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Mode {
+    Nearest,
+    Linear,
+    Cubic,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Pad {
+    Zeros,
+    Border,
+    Reflection,
+}
+
+fn reflect(x: f64, lo: f64, hi: f64) -> f64 {
+    let range = hi - lo;
+    if x < lo {
+        let dx = lo - x;
+        let k = (dx / range).trunc();
+        let r = dx - k * range;
+        if k % 2.0 == 0.0 {
+            lo + r
+        } else {
+            hi - r
+        }
+    } else if x > hi {
+        let dx = x - hi;
+        let k = (dx / range).trunc();
+        let r = dx - k * range;
+        if k % 2.0 == 0.0 {
+            hi - r
+        } else {
+            lo + r
+        }
+    } else {
+        x
+    }
+}
+
+fn cubic(t: f64) -> [f64; 4] {
+    let a = -0.75;
+    let outer = |s: f64| ((a * s - 5.0 * a) * s + 8.0 * a) * s - 4.0 * a;
+    let inner = |s: f64| ((a + 2.0) * s - (a + 3.0)) * s * s + 1.0;
+    [outer(t + 1.0), inner(t), inner(1.0 - t), outer(2.0 - t)]
+}
+
+/// GridSample by its definition: per output element, every combination of one tap per
+/// spatial axis.
+fn grid_sample_ref(
+    x: &[f64],
+    xs: &[usize],
+    g: &[f64],
+    gs: &[usize],
+    mode: Mode,
+    pad: Pad,
+    align: bool,
+) -> Expected {
+    let (n_, c_) = (xs[0], xs[1]);
+    let sp = &xs[2..];
+    let r = sp.len();
+    let q_ = gs[1..1 + r].iter().product::<usize>();
+    let p_ = sp.iter().product::<usize>();
+    let mut out = vec![0.0; n_ * c_ * q_];
+    for n in 0..n_ {
+        for q in 0..q_ {
+            // Per axis: (index, weight) taps.
+            let mut taps: Vec<Vec<(i64, f64)>> = vec![];
+            for i in 0..r {
+                let d = sp[i] as f64;
+                let gv = g[(n * q_ + q) * r + (r - 1 - i)];
+                let mut v = if align {
+                    (gv + 1.0) / 2.0 * (d - 1.0)
+                } else {
+                    ((gv + 1.0) * d - 1.0) / 2.0
+                };
+                if mode == Mode::Nearest {
+                    v = v.round_ties_even();
+                }
+                let (lo, hi) = if align {
+                    (0.0, d - 1.0)
+                } else {
+                    (-0.5, d - 0.5)
+                };
+                if v < lo || v > hi {
+                    match pad {
+                        Pad::Border => v = v.clamp(0.0, d - 1.0),
+                        Pad::Reflection => v = reflect(v, lo, hi),
+                        Pad::Zeros => {}
+                    }
+                }
+                let x0 = v.floor();
+                let t = v - x0;
+                taps.push(match mode {
+                    Mode::Nearest => vec![(v as i64, 1.0)],
+                    Mode::Linear => vec![(x0 as i64, 1.0 - t), (x0 as i64 + 1, t)],
+                    Mode::Cubic => {
+                        let w = cubic(t);
+                        (0..4).map(|k| (x0 as i64 - 1 + k as i64, w[k])).collect()
+                    }
+                });
+            }
+            let per = taps[0].len();
+            for c in 0..c_ {
+                let mut acc = 0.0;
+                for combo in 0..per.pow(r as u32) {
+                    let (mut flat, mut w, mut inside) = (0usize, 1.0, true);
+                    let mut rest = combo;
+                    for i in (0..r).rev() {
+                        let (idx, wi) = taps[i][rest % per];
+                        rest /= per;
+                        let d = sp[i] as i64;
+                        let lo_hi = if align {
+                            (0.0, d as f64 - 1.0)
+                        } else {
+                            (-0.5, d as f64 - 0.5)
+                        };
+                        let idx = match pad {
+                            Pad::Zeros => {
+                                inside &= (0..d).contains(&idx);
+                                idx.clamp(0, d - 1)
+                            }
+                            Pad::Border => idx.clamp(0, d - 1),
+                            Pad::Reflection => reflect(idx as f64, lo_hi.0, lo_hi.1) as i64,
+                        };
+                        let stride: usize = sp[i + 1..].iter().product();
+                        flat += idx as usize * stride;
+                        w *= wi;
+                    }
+                    if inside {
+                        acc += w * x[(n * c_ + c) * p_ + flat];
+                    }
+                }
+                out[(n * c_ + c) * q_ + q] = acc;
+            }
+        }
+    }
+    let mut shape = vec![n_, c_];
+    shape.extend_from_slice(&gs[1..1 + r]);
+    vec![(shape, out)]
+}
+
+struct Gs {
+    mode: Mode,
+    pad: Pad,
+    align: bool,
+    x: Vec<usize>,
+    grid: Vec<usize>,
+    opset: i64,
+}
+
+impl Gs {
+    fn case(&self, seed: u64) -> Case {
+        let x = randn(&self.x, seed);
+        // Coordinates past the borders too (some past twice the image), so every padding
+        // mode acts and reflection folds more than once.
+        let g = randn(&self.grid, seed + 1).to_f64_vec();
+        let g: Vec<f64> = g.iter().map(|v| v * 0.9).collect();
+        let g = Tensor::from_vec(&self.grid, g).unwrap();
+        let names = if self.opset < 20 {
+            ["nearest", "bilinear", "bicubic"]
+        } else {
+            ["nearest", "linear", "cubic"]
+        };
+        let mode = names[self.mode as usize];
+        let pad = ["zeros", "border", "reflection"][self.pad as usize];
+        Case::new(
+            "GridSample",
+            self.opset,
+            vec![("x", Some(x)), ("grid", Some(g))],
+        )
+        .with(vec![
+            str_attr("mode", mode),
+            str_attr("padding_mode", pad),
+            int_attr("align_corners", self.align as i64),
+        ])
+    }
+    fn reference(&self) -> impl Fn(&[Vec<f64>]) -> Expected + '_ {
+        move |v: &[Vec<f64>]| {
+            grid_sample_ref(
+                &v[0], &self.x, &v[1], &self.grid, self.mode, self.pad, self.align,
+            )
+        }
+    }
+}
+
+const MODES: [Mode; 3] = [Mode::Nearest, Mode::Linear, Mode::Cubic];
+const PADS: [Pad; 3] = [Pad::Zeros, Pad::Border, Pad::Reflection];
+
+#[test]
+fn grid_sample_every_mode_padding_and_alignment() {
+    let shapes: [(&[usize], &[usize]); 3] = [
+        (&[2, 3, 4, 5], &[2, 3, 6, 2]),
+        (&[1, 2, 7], &[1, 5, 1]),
+        (&[1, 2, 3, 4, 3], &[1, 2, 3, 2, 3]),
+    ];
+    for (x, grid) in shapes {
+        for mode in MODES {
+            for pad in PADS {
+                for align in [false, true] {
+                    let s = Gs {
+                        mode,
+                        pad,
+                        align,
+                        x: x.to_vec(),
+                        grid: grid.to_vec(),
+                        opset: 22,
+                    };
+                    let what = format!("GridSample {mode:?} {pad:?} align {align} x {x:?}");
+                    check_case(&what, &s.case(7), &BOTH, 1e-5, s.reference());
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn grid_sample_opset_16_names() {
+    for mode in MODES {
+        let s = Gs {
+            mode,
+            pad: Pad::Border,
+            align: false,
+            x: vec![1, 2, 3, 4],
+            grid: vec![1, 2, 5, 2],
+            opset: 16,
+        };
+        check_case(&format!("{mode:?}"), &s.case(3), &BOTH, 1e-5, s.reference());
+    }
+}
+
+#[test]
+fn grid_sample_gradients() {
+    for (k, (mode, pad, align)) in [
+        (Mode::Linear, Pad::Zeros, false),
+        (Mode::Linear, Pad::Reflection, true),
+        (Mode::Cubic, Pad::Border, false),
+        (Mode::Cubic, Pad::Zeros, true),
+        (Mode::Nearest, Pad::Reflection, false),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let s = Gs {
+            mode,
+            pad,
+            align,
+            x: vec![1, 2, 4, 3],
+            grid: vec![1, 3, 2, 2],
+            opset: 22,
+        };
+        // The nearest pixel does not move with the grid: X's gradient only.
+        let wrt: &[usize] = if mode == Mode::Nearest { &[0] } else { &[0, 1] };
+        let what = format!("GridSample {mode:?} {pad:?} align {align}");
+        check_grads(
+            &what,
+            &s.case(20 + k as u64),
+            wrt,
+            30 + k as u64,
+            s.reference(),
+        );
+    }
+}
+
+#[test]
+fn grid_sample_refusals_say_why() {
+    let x = Tensor::zeros(DType::F32, &[1, 1, 2, 2]);
+    let g = Tensor::zeros(DType::F32, &[1, 2, 2, 2]);
+    let import = |attrs| {
+        let n = node("GridSample", "", &["x", "grid"], &["y"], attrs);
+        import_one_node(
+            n,
+            22,
+            vec![input_like("x", &x), input_like("grid", &g)],
+            vec![],
+        )
+        .unwrap_err()
+        .to_string()
+    };
+    let e = import(vec![str_attr("mode", "area")]);
+    assert!(e.contains("must be linear, nearest or cubic"), "{e}");
+    let e = import(vec![str_attr("padding_mode", "wrap")]);
+    assert!(e.contains("must be zeros, border or reflection"), "{e}");
+    let e = import(vec![int_attr("align_corners", 2)]);
+    assert!(e.contains("align_corners"), "{e}");
+    // Cubic over 4 spatial axes reads 256 taps per output.
+    let x5 = Tensor::zeros(DType::F32, &[1, 1, 2, 2, 2, 2]);
+    let g5 = Tensor::zeros(DType::F32, &[1, 1, 1, 1, 1, 4]);
+    let n = node(
+        "GridSample",
+        "",
+        &["x", "grid"],
+        &["y"],
+        vec![str_attr("mode", "cubic")],
+    );
+    let e = import_one_node(
+        n,
+        22,
+        vec![input_like("x", &x5), input_like("grid", &g5)],
+        vec![],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("4^4 taps"), "{e}");
+}
+
+// ---------------------------------------------------------------------------------------
+// AffineGrid
+
+fn affine_grid_ref(theta: &[f64], size: &[usize], align: bool) -> Expected {
+    let n_ = size[0];
+    let sp = &size[2..];
+    let r = sp.len();
+    let pos = |i: usize, l: usize| -> f64 {
+        if align {
+            if l == 1 {
+                -1.0
+            } else {
+                -1.0 + 2.0 * i as f64 / (l - 1) as f64
+            }
+        } else {
+            -1.0 + (2.0 * i as f64 + 1.0) / l as f64
+        }
+    };
+    let p_: usize = sp.iter().product();
+    let mut out = vec![];
+    for n in 0..n_ {
+        for p in 0..p_ {
+            // Homogeneous position: x (last axis) first, then y, z, 1.
+            let mut idx = vec![0; r];
+            let mut rest = p;
+            for i in (0..r).rev() {
+                idx[i] = rest % sp[i];
+                rest /= sp[i];
+            }
+            let mut h: Vec<f64> = (0..r).rev().map(|i| pos(idx[i], sp[i])).collect();
+            h.push(1.0);
+            for row in 0..r {
+                let t = &theta[(n * r + row) * (r + 1)..(n * r + row + 1) * (r + 1)];
+                out.push(t.iter().zip(&h).map(|(a, b)| a * b).sum());
+            }
+        }
+    }
+    let mut shape = vec![n_];
+    shape.extend_from_slice(sp);
+    shape.push(r);
+    vec![(shape, out)]
+}
+
+#[test]
+fn affine_grid_2d_and_3d_with_gradients() {
+    for (size, align) in [
+        (vec![2usize, 3, 4, 5], false),
+        (vec![2, 3, 4, 5], true),
+        (vec![1, 1, 1, 3], true),
+        (vec![2, 2, 3, 2, 4], false),
+        (vec![1, 2, 2, 3, 2], true),
+    ] {
+        let r = size.len() - 2;
+        let theta = randn(&[size[0], r, r + 1], 11);
+        let sizes: Vec<i64> = size.iter().map(|&d| d as i64).collect();
+        let case = Case::new(
+            "AffineGrid",
+            20,
+            vec![
+                ("theta", Some(theta)),
+                ("size", Some(i64s(&[sizes.len()], &sizes))),
+            ],
+        )
+        .with(vec![int_attr("align_corners", align as i64)]);
+        let reference = |v: &[Vec<f64>]| affine_grid_ref(&v[0], &size, align);
+        let what = format!("AffineGrid {size:?} align {align}");
+        check_case(&what, &case, &BOTH, 1e-5, reference);
+        check_grads(&what, &case, &[0], 5, reference);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// CausalConvWithState
+
+fn causal_conv_ref(v: &[Vec<f64>], b: usize, c: usize, l: usize, k: usize, silu: bool) -> Expected {
+    let (x, w, bias, past) = (&v[0], &v[1], &v[2], &v[3]);
+    let lp = l + k - 1;
+    // The input with the past state (zeros when none) before it.
+    let mut padded = vec![0.0; b * c * lp];
+    for bc in 0..b * c {
+        for t in 0..k - 1 {
+            if !past.is_empty() {
+                padded[bc * lp + t] = past[bc * (k - 1) + t];
+            }
+        }
+        for t in 0..l {
+            padded[bc * lp + k - 1 + t] = x[bc * l + t];
+        }
+    }
+    let mut y = vec![0.0; b * c * l];
+    for bc in 0..b * c {
+        let ch = bc % c;
+        for t in 0..l {
+            let mut s = if bias.is_empty() { 0.0 } else { bias[ch] };
+            for j in 0..k {
+                s += w[ch * k + j] * padded[bc * lp + t + j];
+            }
+            y[bc * l + t] = if silu { s / (1.0 + (-s).exp()) } else { s };
+        }
+    }
+    let state: Vec<f64> = (0..b * c)
+        .flat_map(|bc| padded[bc * lp + l..(bc + 1) * lp].to_vec())
+        .collect();
+    vec![(vec![b, c, l], y), (vec![b, c, k - 1], state)]
+}
+
+#[test]
+fn causal_conv_with_state_every_form_with_gradients() {
+    let (b, c, l) = (2, 3, 6);
+    for (k, bias, past, act) in [
+        (4, false, false, "none"),
+        (4, true, true, "silu"),
+        (3, true, false, "swish"),
+        (2, false, true, "none"),
+        (1, true, false, "none"),
+        (5, false, true, "silu"),
+    ] {
+        let mut inputs = vec![
+            ("input", Some(randn(&[b, c, l], 1))),
+            ("weight", Some(randn(&[c, 1, k], 2))),
+        ];
+        inputs.push(if bias {
+            ("bias", Some(randn(&[c], 3)))
+        } else {
+            ("", None)
+        });
+        if past {
+            inputs.push(("past", Some(randn(&[b, c, k - 1], 4))));
+        }
+        let mut case =
+            Case::new("CausalConvWithState", 27, inputs).with(vec![str_attr("activation", act)]);
+        case.outputs = vec!["y", "state"];
+        // The gradients of y alone (an omitted state output is not computed).
+        let mut y_only = case.clone();
+        y_only.outputs = vec!["y"];
+        let silu = act != "none";
+        let reference = |v: &[Vec<f64>]| {
+            let mut v = v.to_vec();
+            v.resize(4, vec![]);
+            causal_conv_ref(&v, b, c, l, k, silu)
+        };
+        let what = format!("CausalConvWithState k {k} bias {bias} past {past} {act}");
+        check_case(&what, &case, &BOTH, 1e-5, reference);
+        let mut wrt = vec![0, 1];
+        if bias {
+            wrt.push(2);
+        }
+        if past {
+            wrt.push(3);
+        }
+        check_grads(&what, &y_only, &wrt, 9, reference);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// ai.onnx.preview.training and ai.onnx.ml
+
+/// One optimizer step of `op` on two tensors, by its definition.
+fn optimizer_ref(op: &str, v: &[Vec<f64>], shapes: &[Vec<usize>], attrs: &[f64]) -> Expected {
+    let (r, t) = (v[0][0], v[1][0]);
+    let per = if op == "Adam" { 4 } else { 3 };
+    let count = (v.len() - 2) / per;
+    let mut outs: Vec<Vec<(Vec<usize>, Vec<f64>)>> = vec![vec![]; per - 1];
+    for k in 0..count {
+        let inp = |j: usize| &v[2 + j * count + k];
+        let (x, g) = (inp(0), inp(1));
+        let shape = shapes[k].clone();
+        let norm = attrs[0];
+        let g: Vec<f64> = x.iter().zip(g).map(|(x, g)| norm * x + g).collect();
+        match op {
+            "Adagrad" => {
+                let (decay, eps) = (attrs[1], attrs[2]);
+                let rate = r / (1.0 + t * decay);
+                let h: Vec<f64> = inp(2).iter().zip(&g).map(|(h, g)| h + g * g).collect();
+                let xn = (0..x.len())
+                    .map(|i| x[i] - rate * g[i] / (h[i].sqrt() + eps))
+                    .collect();
+                outs[0].push((shape.clone(), xn));
+                outs[1].push((shape, h));
+            }
+            "Momentum" => {
+                let (alpha, beta, nesterov) = (attrs[1], attrs[2], attrs[3] != 0.0);
+                let beta = if t > 0.0 { beta } else { 1.0 };
+                let vn: Vec<f64> = inp(2)
+                    .iter()
+                    .zip(&g)
+                    .map(|(v, g)| alpha * v + beta * g)
+                    .collect();
+                let xn = (0..x.len())
+                    .map(|i| {
+                        let d = if nesterov {
+                            g[i] + alpha * vn[i]
+                        } else {
+                            vn[i]
+                        };
+                        x[i] - r * d
+                    })
+                    .collect();
+                outs[0].push((shape.clone(), xn));
+                outs[1].push((shape, vn));
+            }
+            _ => {
+                let (alpha, beta, eps, post) = (attrs[1], attrs[2], attrs[3], attrs[4]);
+                let vn: Vec<f64> = inp(2)
+                    .iter()
+                    .zip(&g)
+                    .map(|(v, g)| alpha * v + (1.0 - alpha) * g)
+                    .collect();
+                let hn: Vec<f64> = inp(3)
+                    .iter()
+                    .zip(&g)
+                    .map(|(h, g)| beta * h + (1.0 - beta) * g * g)
+                    .collect();
+                let rate = if t > 0.0 {
+                    r * (1.0 - beta.powf(t)).sqrt() / (1.0 - alpha.powf(t))
+                } else {
+                    r
+                };
+                let xn = (0..x.len())
+                    .map(|i| (1.0 - post) * (x[i] - rate * vn[i] / (hn[i].sqrt() + eps)))
+                    .collect();
+                outs[0].push((shape.clone(), xn));
+                outs[1].push((shape.clone(), vn));
+                outs[2].push((shape, hn));
+            }
+        }
+    }
+    outs.into_iter().flatten().collect()
+}
+
+#[test]
+fn optimizers_of_the_training_domain() {
+    let shapes = [vec![3usize, 2], vec![4]];
+    // Attribute values as f32 (the model stores them so), each optimizer at T = 0 and 3.
+    let f = |v: f32| v as f64;
+    let cases: [(&str, Vec<graphrun::onnx::proto::AttributeProto>, Vec<f64>); 4] = [
+        (
+            "Adagrad",
+            vec![
+                float_attr("decay_factor", 0.1),
+                float_attr("epsilon", 1e-5),
+                float_attr("norm_coefficient", 0.01),
+            ],
+            vec![f(0.01), f(0.1), f(1e-5)],
+        ),
+        (
+            "Momentum",
+            vec![
+                float_attr("alpha", 0.9),
+                float_attr("beta", 0.5),
+                float_attr("norm_coefficient", 0.02),
+                str_attr("mode", "standard"),
+            ],
+            vec![f(0.02), f(0.9), f(0.5), 0.0],
+        ),
+        (
+            "Momentum",
+            vec![
+                float_attr("alpha", 0.8),
+                float_attr("beta", 0.7),
+                float_attr("norm_coefficient", 0.0),
+                str_attr("mode", "nesterov"),
+            ],
+            vec![0.0, f(0.8), f(0.7), 1.0],
+        ),
+        (
+            "Adam",
+            vec![
+                float_attr("alpha", 0.85),
+                float_attr("beta", 0.99),
+                float_attr("epsilon", 1e-4),
+                float_attr("norm_coefficient", 0.01),
+                float_attr("norm_coefficient_post", 0.05),
+            ],
+            vec![f(0.01), f(0.85), f(0.99), f(1e-4), f(0.05)],
+        ),
+    ];
+    const NAMES: [[&str; 2]; 4] = [["x1", "x2"], ["g1", "g2"], ["v1", "v2"], ["h1", "h2"]];
+    const OUTS: [[&str; 2]; 3] = [
+        ["x1_new", "x2_new"],
+        ["s1_new", "s2_new"],
+        ["h1_new", "h2_new"],
+    ];
+    for (op, attrs, vals) in &cases {
+        let per = if *op == "Adam" { 4 } else { 3 };
+        for t in [0i64, 3] {
+            let mut inputs = vec![
+                ("r", Some(Tensor::scalar(0.1f32))),
+                ("t", Some(Tensor::scalar(t))),
+            ];
+            for (j, names) in NAMES.iter().take(per).enumerate() {
+                for (k, name) in names.iter().enumerate() {
+                    let v = randn(&shapes[k], 10 + (j * 2 + k) as u64);
+                    // Squared-gradient accumulators are not negative.
+                    let v = if j == 3 || (j == 2 && *op == "Adagrad") {
+                        Tensor::from_vec(
+                            &shapes[k],
+                            v.to_f64_vec().iter().map(|a| a.abs()).collect::<Vec<f64>>(),
+                        )
+                        .unwrap()
+                    } else {
+                        v
+                    };
+                    inputs.push((name, Some(v)));
+                }
+            }
+            let mut case = Case::new(op, 22, inputs).with(attrs.clone());
+            case.domain = "ai.onnx.preview.training";
+            case.outputs = OUTS.iter().take(per - 1).flatten().copied().collect();
+            let reference = |v: &[Vec<f64>]| optimizer_ref(op, v, &shapes, vals);
+            check_case(&format!("{op} t {t}"), &case, &BOTH, 1e-5, reference);
+        }
+    }
+}
+
+#[test]
+fn binarizer_and_array_feature_extractor() {
+    let x = randn(&[3, 4, 5], 2);
+    let mut case =
+        Case::new("Binarizer", 22, vec![("x", Some(x))]).with(vec![float_attr("threshold", 0.3)]);
+    case.domain = "ai.onnx.ml";
+    let th = 0.3f32 as f64;
+    check_case("Binarizer", &case, &BOTH, 0.0, |v| {
+        vec![(
+            vec![3, 4, 5],
+            v[0].iter().map(|&a| (a > th) as i32 as f64).collect(),
+        )]
+    });
+    for shape in [vec![3usize, 4], vec![5], vec![2, 3, 4]] {
+        let x = randn(&shape, 3);
+        let idx = i64s(&[1, 3], &[2, 0, 2]);
+        let mut case = Case::new(
+            "ArrayFeatureExtractor",
+            22,
+            vec![("x", Some(x)), ("i", Some(idx))],
+        );
+        case.domain = "ai.onnx.ml";
+        let last = *shape.last().unwrap();
+        let rows = shape.iter().product::<usize>() / last;
+        let mut out_shape = if shape.len() == 1 {
+            vec![1]
+        } else {
+            shape[..shape.len() - 1].to_vec()
+        };
+        out_shape.push(3);
+        check_case(
+            &format!("ArrayFeatureExtractor {shape:?}"),
+            &case,
+            &BOTH,
+            0.0,
+            |v| {
+                let y = (0..rows)
+                    .flat_map(|r| [2, 0, 2].map(|i| v[0][r * last + i]))
+                    .collect();
+                vec![(out_shape.clone(), y)]
+            },
+        );
+    }
+}
+
+#[test]
+fn optimizer_refusals_say_why() {
+    let s = Tensor::scalar(0.1f32);
+    let t = Tensor::scalar(1i64);
+    let x = Tensor::zeros(DType::F32, &[2]);
+    let infos = |names: &[&str]| -> Vec<_> {
+        names
+            .iter()
+            .map(|n| match *n {
+                "r" => input_like(n, &s),
+                "t" => input_like(n, &t),
+                _ => input_like(n, &x),
+            })
+            .collect()
+    };
+    let import = |op: &str, ins: &[&str], outs: &[&str], attrs| {
+        let n = node(op, "ai.onnx.preview.training", ins, outs, attrs);
+        import_one_node(n, 22, infos(ins), vec![])
+            .unwrap_err()
+            .to_string()
+    };
+    let e = import(
+        "Momentum",
+        &["r", "t", "x", "g", "v"],
+        &["x_new", "v_new"],
+        vec![
+            float_attr("alpha", 0.9),
+            float_attr("beta", 1.0),
+            float_attr("norm_coefficient", 0.0),
+        ],
+    );
+    assert!(e.contains("'mode' is required"), "{e}");
+    let e = import("Adagrad", &["r", "t", "x", "g"], &["x_new"], vec![]);
+    assert!(
+        e.contains("takes R, T and 3 inputs per updated tensor, got 4"),
+        "{e}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// MaxUnpool and TensorScatter
+
+#[test]
+fn max_unpool_with_and_without_output_shape() {
+    // X [1, 2, 2, 3] pooled by a 2×2 window, stride 2, from a [1, 2, 4, 6] image; each
+    // value goes back to one distinct position of its channel's plane.
+    let (n, c, h, w) = (1usize, 2usize, 2usize, 3usize);
+    let (oh, ow) = (4usize, 6usize);
+    let x = randn(&[n, c, h, w], 5);
+    let mut idx = vec![];
+    for ch in 0..n * c {
+        for i in 0..h {
+            for j in 0..w {
+                let (di, dj) = ((i + j + ch) % 2, (i * 3 + j + ch) % 2);
+                idx.push((ch * oh * ow + (2 * i + di) * ow + 2 * j + dj) as i64);
+            }
+        }
+    }
+    let idx_t = i64s(&[n, c, h, w], &idx);
+    let attrs = vec![
+        ints_attr("kernel_shape", &[2, 2]),
+        ints_attr("strides", &[2, 2]),
+    ];
+    for out_shape in [None, Some([1i64, 2, 5, 7])] {
+        let mut inputs = vec![("x", Some(x.clone())), ("i", Some(idx_t.clone()))];
+        if let Some(s) = out_shape {
+            inputs.push(("shape", Some(i64s(&[4], &s))));
+        }
+        let case = Case::new("MaxUnpool", 22, inputs).with(attrs.clone());
+        let (fh, fw) = out_shape.map_or((oh, ow), |s| (s[2] as usize, s[3] as usize));
+        let reference = |v: &[Vec<f64>]| {
+            let mut y = vec![0.0; n * c * oh * ow];
+            for (k, &i) in idx.iter().enumerate() {
+                y[i as usize] = v[0][k];
+            }
+            // Placed at the start of each axis of the (larger) output shape.
+            let mut out = vec![0.0; n * c * fh * fw];
+            for ch in 0..n * c {
+                for i in 0..oh {
+                    for j in 0..ow {
+                        out[(ch * fh + i) * fw + j] = y[(ch * oh + i) * ow + j];
+                    }
+                }
+            }
+            vec![(vec![n, c, fh, fw], out)]
+        };
+        let what = format!("MaxUnpool to {out_shape:?}");
+        check_case(&what, &case, &BOTH, 1e-6, reference);
+        check_grads(&what, &case, &[0], 6, reference);
+    }
+}
+
+fn tensor_scatter_ref(
+    past: &[f64],
+    ps: &[usize],
+    upd: &[f64],
+    us: &[usize],
+    w: Option<&[f64]>,
+    axis: usize,
+    circular: bool,
+) -> Expected {
+    let mut out = past.to_vec();
+    let inner: usize = ps[axis + 1..].iter().product();
+    let outer: usize = ps[..axis].iter().product();
+    let rows_per_batch = outer / ps[0];
+    let (lc, lu) = (ps[axis], us[axis]);
+    for o in 0..outer {
+        let start = w.map_or(0, |w| w[o / rows_per_batch] as usize);
+        for s in 0..lu {
+            let mut p = start + s;
+            if circular {
+                p %= lc;
+            }
+            for i in 0..inner {
+                out[(o * lc + p) * inner + i] = upd[(o * lu + s) * inner + i];
+            }
+        }
+    }
+    vec![(ps.to_vec(), out)]
+}
+
+#[test]
+fn tensor_scatter_linear_and_circular_with_gradients() {
+    for (ps, us, axis, write, circular) in [
+        (
+            vec![2usize, 3, 6, 4],
+            vec![2usize, 3, 2, 4],
+            -2i64,
+            Some(vec![1i64, 4]),
+            false,
+        ),
+        (
+            vec![2, 3, 6, 4],
+            vec![2, 3, 3, 4],
+            -2,
+            Some(vec![5, 2]),
+            true,
+        ),
+        (vec![3, 5, 2], vec![3, 2, 2], 1, None, false),
+        (vec![2, 7], vec![2, 3], -1, Some(vec![0, 6]), true),
+    ] {
+        let mut inputs = vec![
+            ("past", Some(randn(&ps, 1))),
+            ("update", Some(randn(&us, 2))),
+        ];
+        if let Some(w) = &write {
+            inputs.push(("write", Some(i64s(&[w.len()], w))));
+        }
+        let mode = if circular { "circular" } else { "linear" };
+        let case = Case::new("TensorScatter", 24, inputs)
+            .with(vec![str_attr("mode", mode), int_attr("axis", axis)]);
+        let ax = if axis < 0 {
+            axis + ps.len() as i64
+        } else {
+            axis
+        } as usize;
+        let reference = |v: &[Vec<f64>]| {
+            let w = write.as_ref().map(|_| v[2].as_slice());
+            tensor_scatter_ref(&v[0], &ps, &v[1], &us, w, ax, circular)
+        };
+        let what = format!("TensorScatter {ps:?} {us:?} axis {axis} {mode} from {write:?}");
+        check_case(&what, &case, &BOTH, 0.0, reference);
+        check_grads(&what, &case, &[0, 1], 8, reference);
+    }
+}
