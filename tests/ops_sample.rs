@@ -848,3 +848,179 @@ fn tensor_scatter_linear_and_circular_with_gradients() {
         check_grads(&what, &case, &[0, 1], 8, reference);
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// DFT and STFT
+
+/// The DFT of `x` ([..., 1|2], the signal along `axis`) by its definition: forward or
+/// inverse (÷N), one-sided forward bins, and irfft (inverse of a one-sided spectrum).
+fn dft_ref(
+    x: &[f64],
+    shape: &[usize],
+    axis: usize,
+    inverse: bool,
+    onesided: bool,
+    size: Option<usize>,
+) -> Expected {
+    let r = shape.len();
+    let cw = shape[r - 1];
+    let len = shape[axis];
+    let outer: usize = shape[..axis].iter().product();
+    let inner: usize = shape[axis + 1..r - 1].iter().product();
+    let n = size.unwrap_or(if inverse && onesided {
+        2 * (len - 1)
+    } else {
+        len
+    });
+    let real_out = inverse && onesided;
+    let bins = if !inverse && onesided { n / 2 + 1 } else { n };
+    let ow = if real_out { 1 } else { 2 };
+    let mut y = vec![0.0; outer * bins * inner * ow];
+    let at = |o: usize, p: usize, i: usize, c: usize| -> f64 {
+        if p >= len || c >= cw {
+            0.0
+        } else {
+            x[((o * len + p) * inner + i) * cw + c]
+        }
+    };
+    for o in 0..outer {
+        for i in 0..inner {
+            for k in 0..bins {
+                let (mut re, mut im) = (0.0, 0.0);
+                if real_out {
+                    // Hermitian extension of the first n/2 + 1 bins.
+                    for p in 0..n {
+                        let (a, b) = if p <= n / 2 {
+                            (at(o, p, i, 0), at(o, p, i, 1))
+                        } else {
+                            (at(o, n - p, i, 0), -at(o, n - p, i, 1))
+                        };
+                        let th = 2.0 * std::f64::consts::PI * (k * p) as f64 / n as f64;
+                        re += a * th.cos() - b * th.sin();
+                    }
+                    re /= n as f64;
+                } else {
+                    let sign = if inverse { 1.0 } else { -1.0 };
+                    for p in 0..n {
+                        let (a, b) = (at(o, p, i, 0), at(o, p, i, 1));
+                        let th = sign * 2.0 * std::f64::consts::PI * (k * p) as f64 / n as f64;
+                        re += a * th.cos() - b * th.sin();
+                        im += a * th.sin() + b * th.cos();
+                    }
+                    if inverse {
+                        re /= n as f64;
+                        im /= n as f64;
+                    }
+                }
+                let base = ((o * bins + k) * inner + i) * ow;
+                y[base] = re;
+                if !real_out {
+                    y[base + 1] = im;
+                }
+            }
+        }
+    }
+    let mut s = shape.to_vec();
+    s[axis] = bins;
+    s[r - 1] = ow;
+    vec![(s, y)]
+}
+
+#[test]
+fn dft_forward_inverse_onesided_and_lengths_with_gradients() {
+    // (x shape, axis, inverse, onesided, dft_length, opset: 19 writes axis as an attribute,
+    // 20 feeds it)
+    let cases: [(&[usize], i64, bool, bool, Option<usize>, i64); 8] = [
+        (&[2, 5, 3, 1], 1, false, false, None, 19),
+        (&[2, 4, 6, 2], -2, false, true, None, 20),
+        (&[2, 4, 6, 2], 1, false, true, Some(7), 20),
+        (&[1, 4, 3, 2], 1, true, false, Some(6), 19),
+        (&[1, 4, 3, 2], 1, true, true, None, 20),
+        (&[1, 4, 3, 2], 2, true, true, Some(5), 20),
+        (&[3, 7, 1], 1, false, false, Some(4), 20),
+        (&[2, 3, 4, 5, 2], 2, false, false, None, 20),
+    ];
+    for (k, &(shape, axis, inverse, onesided, size, opset)) in cases.iter().enumerate() {
+        let r = shape.len() as i64;
+        let ax = if axis < 0 { axis + r } else { axis } as usize;
+        let mut inputs = vec![("x", Some(randn(shape, 40 + k as u64)))];
+        inputs.push(match size {
+            Some(s) => ("len", Some(Tensor::scalar(s as i64))),
+            None => ("", None),
+        });
+        let mut attrs = vec![
+            int_attr("inverse", inverse as i64),
+            int_attr("onesided", onesided as i64),
+        ];
+        if opset < 20 {
+            attrs.push(int_attr("axis", axis));
+        } else {
+            inputs.push(("axis", Some(Tensor::scalar(axis))));
+        }
+        let case = Case::new("DFT", opset, inputs).with(attrs);
+        let reference = |v: &[Vec<f64>]| dft_ref(&v[0], shape, ax, inverse, onesided, size);
+        let what = format!("DFT {shape:?} axis {axis} inverse {inverse} onesided {onesided} length {size:?} opset {opset}");
+        check_case(&what, &case, &BOTH, 1e-5, reference);
+        check_grads(&what, &case, &[0], 50 + k as u64, reference);
+    }
+}
+
+#[test]
+fn stft_with_and_without_window() {
+    // Real signal, Hann-like window, one-sided (the default); complex signal, no window,
+    // both sides.
+    let (b, l, step, fl) = (2usize, 20usize, 3usize, 8usize);
+    let sig = randn(&[b, l, 1], 60);
+    let win = randn(&[fl], 61);
+    let case = Case::new(
+        "STFT",
+        17,
+        vec![
+            ("signal", Some(sig)),
+            ("step", Some(Tensor::scalar(step as i64))),
+            ("window", Some(win)),
+        ],
+    );
+    let frames = (l - fl) / step + 1;
+    let frame_ref =
+        |v: &[Vec<f64>], cw: usize, fl: usize, step: usize, window: bool, onesided: bool| {
+            let l = v[0].len() / (b * cw);
+            let frames = (l - fl) / step + 1;
+            let mut out = vec![];
+            let mut shape = vec![];
+            for bb in 0..b {
+                for f in 0..frames {
+                    let mut fr = vec![0.0; fl * cw];
+                    for t in 0..fl {
+                        let w = if window { v[2][t] } else { 1.0 };
+                        for c in 0..cw {
+                            fr[t * cw + c] = v[0][(bb * l + f * step + t) * cw + c] * w;
+                        }
+                    }
+                    let (s, y) = dft_ref(&fr, &[1, fl, cw], 1, false, onesided, None).remove(0);
+                    shape = s;
+                    out.extend(y);
+                }
+            }
+            vec![(vec![b, frames, shape[1], 2], out)]
+        };
+    let reference = |v: &[Vec<f64>]| frame_ref(v, 1, fl, step, true, true);
+    check_case("STFT windowed", &case, &BOTH, 1e-5, reference);
+    check_grads("STFT windowed", &case, &[0, 2], 62, reference);
+    assert_eq!(frames, 5);
+    let sig = randn(&[b, 16, 2], 63);
+    let case = Case::new(
+        "STFT",
+        17,
+        vec![
+            ("signal", Some(sig)),
+            ("step", Some(Tensor::scalar(4i64))),
+            ("", None),
+            ("flen", Some(Tensor::scalar(6i64))),
+        ],
+    )
+    .with(vec![int_attr("onesided", 0)]);
+    let reference = |v: &[Vec<f64>]| frame_ref(v, 2, 6, 4, false, false);
+    check_case("STFT complex", &case, &BOTH, 1e-5, reference);
+    check_grads("STFT complex", &case, &[0], 64, reference);
+}

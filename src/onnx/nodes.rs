@@ -24,6 +24,7 @@ mod index;
 mod recurrent;
 mod resize;
 mod sample;
+mod spectral;
 use composite::{COMPOSITE, MS_COMPOSITE};
 
 /// The opset in which ONNX introduced an op, for ops newer than graphrun's oldest
@@ -56,6 +57,7 @@ fn since(op: &str) -> i64 {
         "GridSample" => 16,
         "MaxUnpool" => 9,
         "TensorScatter" => 24,
+        "DFT" | "STFT" => 17,
         "AffineGrid" => 20,
         _ => MIN_OPSET,
     }
@@ -112,6 +114,7 @@ pub fn imports(op: &str) -> bool {
         recurrent::RECURRENT,
         &[recurrent::REVERSE_SEQUENCE],
         sample::SAMPLING,
+        spectral::SPECTRAL,
     ]
     .iter()
     .any(|list| list.contains(&op))
@@ -482,7 +485,9 @@ impl<'a> Importer<'a> {
         // (`graph_of` writes them).
         let after_inference = default_domain
             && (recurrent::RECURRENT.contains(&op_type)
-                || ((resize::RESIZE.contains(&op_type) || op_type == "GridSample")
+                || ((resize::RESIZE.contains(&op_type)
+                    || op_type == "GridSample"
+                    || op_type == "DFT")
                     && n.input.first().is_some_and(|x| !self.ranks.contains_key(x))));
         let result = match attrs {
             Ok(attrs) if after_inference => {
@@ -596,6 +601,7 @@ impl<'a> Importer<'a> {
             op if conv::WINDOWED.contains(&op) => return self.lower_windowed(n, shown, attrs),
             op if resize::RESIZE.contains(&op) => return self.lower_resize(n, shown, attrs),
             op if sample::SAMPLING.contains(&op) => return self.lower_sampling(n, shown, attrs),
+            op if spectral::SPECTRAL.contains(&op) => return self.lower_spectral(n, shown, attrs),
             op if recurrent::RECURRENT.contains(&op) => {
                 let a = composite::Attrs::of(n, shown, attrs)?;
                 let what = a.what.clone();

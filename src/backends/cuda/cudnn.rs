@@ -477,7 +477,11 @@ fn takes(s: &ConvShape) -> bool {
         && [&s.image, &s.kernel, &s.out, &s.strides, &s.dilations]
             .iter()
             .all(|v| v.iter().all(|&d| d > 0));
+    // f64 grouped convolutions go to the fallback: cuDNN 9 accepts some (a depthwise 1-D
+    // one with a bias, on the H200) and then fails them with EXECUTION_FAILED.
+    let f64_grouped = s.dt == DType::F64 && s.group > 1;
     if data_type(s.dt).is_none()
+        || f64_grouped
         || !axes_ok
         || !positive
         || !s.c.is_multiple_of(s.group)
@@ -955,6 +959,18 @@ mod tests {
         }));
         assert!(!takes(&ConvShape {
             dt: DType::I32,
+            ..ok.clone()
+        }));
+        // f64: ungrouped only.
+        assert!(!takes(&ConvShape {
+            dt: DType::F64,
+            ..ok.clone()
+        }));
+        assert!(takes(&ConvShape {
+            dt: DType::F64,
+            c: 2,
+            m: 3,
+            group: 1,
             ..ok.clone()
         }));
         assert!(!takes(&ConvShape {
