@@ -113,8 +113,6 @@ pub fn imports(op: &str) -> bool {
         resize::RESIZE,
         recurrent::RECURRENT,
         &[recurrent::REVERSE_SEQUENCE],
-        sample::SAMPLING,
-        spectral::SPECTRAL,
     ]
     .iter()
     .any(|list| list.contains(&op))
@@ -600,8 +598,6 @@ impl<'a> Importer<'a> {
             }
             op if conv::WINDOWED.contains(&op) => return self.lower_windowed(n, shown, attrs),
             op if resize::RESIZE.contains(&op) => return self.lower_resize(n, shown, attrs),
-            op if sample::SAMPLING.contains(&op) => return self.lower_sampling(n, shown, attrs),
-            op if spectral::SPECTRAL.contains(&op) => return self.lower_spectral(n, shown, attrs),
             op if recurrent::RECURRENT.contains(&op) => {
                 let a = composite::Attrs::of(n, shown, attrs)?;
                 let what = a.what.clone();

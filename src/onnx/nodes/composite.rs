@@ -36,6 +36,12 @@ pub(super) const COMPOSITE: &[&str] = &[
     "DynamicQuantizeLinear",
     "CenterCropPad",
     "LRN",
+    // sample.rs
+    "GridSample",
+    "AffineGrid",
+    // spectral.rs
+    "DFT",
+    "STFT",
 ];
 
 /// The com.microsoft (ONNX Runtime contrib) operators written here.
@@ -285,6 +291,10 @@ impl Importer<'_> {
             "DynamicQuantizeLinear" => self.dynamic_quantize(n, &what, a),
             "CenterCropPad" => self.center_crop_pad(n, &what, a),
             "LRN" => self.lrn(n, &what, a),
+            "GridSample" => self.grid_sample(n, &what, a),
+            "AffineGrid" => self.affine_grid(n, &what, a),
+            "DFT" => self.dft(n, &what, a),
+            "STFT" => self.stft(n, &what, a),
             _ => self.window(n, &what, a),
         }
     }

@@ -13,13 +13,9 @@
 use super::composite::{bin, inputs, reshape, shape, un, Attrs};
 use super::Importer;
 use crate::error::{Error, Result};
-use crate::graph::op::Attr;
 use crate::graph::{BinaryOp, Op, UnaryOp};
 use crate::onnx::proto::NodeProto;
 use crate::tensor::{DType, Tensor};
-
-/// The ai.onnx operators written here.
-pub(super) const SAMPLING: &[&str] = &["GridSample", "AffineGrid"];
 
 /// GridSample's gathers at most this many taps per output element (cubic in 3-D).
 const MAX_TAPS: usize = 64;
@@ -46,22 +42,7 @@ struct Tap {
 }
 
 impl Importer<'_> {
-    /// Writes one of `SAMPLING`.
-    pub(super) fn lower_sampling(
-        &mut self,
-        n: &NodeProto,
-        shown: &str,
-        attrs: Vec<Attr>,
-    ) -> Result<()> {
-        let a = Attrs::of(n, shown, attrs)?;
-        let what = a.what.clone();
-        match n.op_type.as_str() {
-            "GridSample" => self.grid_sample(n, &what, a),
-            _ => self.affine_grid(n, &what, a),
-        }
-    }
-
-    fn grid_sample(&mut self, n: &NodeProto, what: &str, mut a: Attrs) -> Result<()> {
+    pub(super) fn grid_sample(&mut self, n: &NodeProto, what: &str, mut a: Attrs) -> Result<()> {
         let mode = a.string("mode", "linear")?;
         let interp = match mode.as_str() {
             "nearest" => Interp::Nearest,
@@ -482,7 +463,7 @@ impl Importer<'_> {
     /// normalised pixel positions (x along the last axis first, then y, z, and 1), each
     /// position multiplied by theta. The positions come from `Range` over size's values,
     /// which must be known when the plan is made (they decide the output's shape).
-    fn affine_grid(&mut self, n: &NodeProto, what: &str, mut a: Attrs) -> Result<()> {
+    pub(super) fn affine_grid(&mut self, n: &NodeProto, what: &str, mut a: Attrs) -> Result<()> {
         let align = a.flag("align_corners")?;
         a.finish()?;
         let (req, _) = inputs(n, what, (2, 2), 1)?;

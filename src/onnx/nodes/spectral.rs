@@ -8,13 +8,9 @@
 use super::composite::{bin, inputs, reshape, shape, squeeze, un, unsqueeze, Attrs};
 use super::Importer;
 use crate::error::{Error, Result};
-use crate::graph::op::Attr;
 use crate::graph::{BinaryOp, Op, UnaryOp};
 use crate::onnx::proto::NodeProto;
 use crate::tensor::{DType, Tensor};
-
-/// The ai.onnx operators written here.
-pub(super) const SPECTRAL: &[&str] = &["DFT", "STFT"];
 
 /// Which transform of the last axis.
 #[derive(Clone, Copy, PartialEq)]
@@ -28,21 +24,6 @@ enum Kind {
 }
 
 impl Importer<'_> {
-    /// Writes one of `SPECTRAL`.
-    pub(super) fn lower_spectral(
-        &mut self,
-        n: &NodeProto,
-        shown: &str,
-        attrs: Vec<Attr>,
-    ) -> Result<()> {
-        let a = Attrs::of(n, shown, attrs)?;
-        let what = a.what.clone();
-        match n.op_type.as_str() {
-            "DFT" => self.dft(n, &what, a),
-            _ => self.stft(n, &what, a),
-        }
-    }
-
     /// The i64 scalar value of `v` (a fed one is read when the plan is made).
     fn scalar_i64(&mut self, n: &NodeProto, what: &str, v: &str) -> String {
         let c = self.val(
@@ -59,7 +40,7 @@ impl Importer<'_> {
         self.val(n, what, reshape(), vec![c, flat])
     }
 
-    fn dft(&mut self, n: &NodeProto, what: &str, mut a: Attrs) -> Result<()> {
+    pub(super) fn dft(&mut self, n: &NodeProto, what: &str, mut a: Attrs) -> Result<()> {
         let inverse = a.flag("inverse")?;
         let onesided = a.flag("onesided")?;
         let axis_attr = if self.opset < 20 {
@@ -167,7 +148,7 @@ impl Importer<'_> {
             }
             None => len.clone(),
         };
-        let (re, im) = self.dft_last(n, "", &xr, xi.as_deref(), &len, &size, kind, &x)?;
+        let (re, im) = self.dft_last(n, &xr, xi.as_deref(), &len, &size, kind, &x)?;
         // Back: [P, Q, K] to [before..., K, after...].
         let k = self.val(n, "bins_len", shape(2, Some(3)), vec![re.clone()]);
         let out_dims = self.val(
@@ -195,7 +176,7 @@ impl Importer<'_> {
     /// STFT (signal [B, L, 1|2], frame_step, window?, frame_length?) -> [B, frames, bins,
     /// 2]: frames of frame_length samples every frame_step, each multiplied by the window
     /// and transformed (bins 0..=frame_length/2 with onesided, the default).
-    fn stft(&mut self, n: &NodeProto, what: &str, mut a: Attrs) -> Result<()> {
+    pub(super) fn stft(&mut self, n: &NodeProto, what: &str, mut a: Attrs) -> Result<()> {
         let onesided = a.flag_or("onesided", true)?;
         a.finish()?;
         let (req, opt) = inputs(n, what, (2, 4), 1)?;
@@ -268,7 +249,6 @@ impl Importer<'_> {
         let fi = xi.map(|v| frame(self, v, "im"));
         let (re, im) = self.dft_last(
             n,
-            "",
             &fr,
             fi.as_deref(),
             &fl,
@@ -330,7 +310,6 @@ impl Importer<'_> {
     fn dft_last(
         &mut self,
         n: &NodeProto,
-        tag: &str,
         xr: &str,
         xi: Option<&str>,
         len: &str,
@@ -338,19 +317,18 @@ impl Importer<'_> {
         kind: Kind,
         like: &str,
     ) -> Result<(String, Option<String>)> {
-        let t = |s: &str| format!("{tag}{s}");
-        let zero = self.constant(n, &t("m_zero"), Tensor::scalar(0i64));
-        let one = self.constant(n, &t("m_one"), Tensor::scalar(1i64));
-        let two = self.constant(n, &t("m_two"), Tensor::scalar(2i64));
+        let zero = self.constant(n, "m_zero", Tensor::scalar(0i64));
+        let one = self.constant(n, "m_one", Tensor::scalar(1i64));
+        let two = self.constant(n, "m_two", Tensor::scalar(2i64));
         let half = self.val(
             n,
-            &t("half_size"),
+            "half_size",
             bin(BinaryOp::Div),
             vec![size.to_string(), two.clone()],
         );
         let half1 = self.val(
             n,
-            &t("half_size_p1"),
+            "half_size_p1",
             bin(BinaryOp::Add),
             vec![half, one.clone()],
         );
@@ -359,88 +337,63 @@ impl Importer<'_> {
             Kind::InverseReal => half1.clone(),
             _ => size.to_string(),
         };
-        let used = self.val(
-            n,
-            &t("used"),
-            bin(BinaryOp::Min),
-            vec![len.to_string(), reads],
-        );
+        let used = self.val(n, "used", bin(BinaryOp::Min), vec![len.to_string(), reads]);
         let out = match kind {
             Kind::Forward { onesided: true } => half1,
             _ => size.to_string(),
         };
         let pos = self.val(
             n,
-            &t("positions"),
+            "positions",
             Op::Range,
             vec![zero.clone(), used.clone(), one.clone()],
         );
-        let bins = self.val(
-            n,
-            &t("bins"),
-            Op::Range,
-            vec![zero.clone(), out, one.clone()],
-        );
-        let pc = self.val(n, &t("positions_col"), unsqueeze(-1), vec![pos.clone()]);
-        let br = self.val(n, &t("bins_row"), unsqueeze(0), vec![bins]);
-        let kn = self.val(n, &t("kn"), bin(BinaryOp::Mul), vec![pc, br]);
-        let kn = self.val(
-            n,
-            &t("kn_mod"),
-            bin(BinaryOp::Mod),
-            vec![kn, size.to_string()],
-        );
-        let kn = self.val(n, &t("kn_f"), Op::CastLike, vec![kn, like.to_string()]);
+        let bins = self.val(n, "bins", Op::Range, vec![zero.clone(), out, one.clone()]);
+        let pc = self.val(n, "positions_col", unsqueeze(-1), vec![pos.clone()]);
+        let br = self.val(n, "bins_row", unsqueeze(0), vec![bins]);
+        let kn = self.val(n, "kn", bin(BinaryOp::Mul), vec![pc, br]);
+        let kn = self.val(n, "kn_mod", bin(BinaryOp::Mod), vec![kn, size.to_string()]);
+        let kn = self.val(n, "kn_f", Op::CastLike, vec![kn, like.to_string()]);
         let nf = self.val(
             n,
-            &t("size_f"),
+            "size_f",
             Op::CastLike,
             vec![size.to_string(), like.to_string()],
         );
         // 2π in f64, cast like the input (an f32 constant would cost f64 inputs precision).
-        let tau = self.constant(n, &t("tau"), Tensor::scalar(std::f64::consts::TAU));
-        let tau = self.val(n, &t("tau_like"), Op::CastLike, vec![tau, like.to_string()]);
-        let tau = self.val(n, &t("tau_n"), bin(BinaryOp::Div), vec![tau, nf.clone()]);
-        let angle = self.val(n, &t("angle"), bin(BinaryOp::Mul), vec![kn, tau]);
-        let mut c = self.val(n, &t("cos"), un(UnaryOp::Cos), vec![angle.clone()]);
-        let mut s = self.val(n, &t("sin"), un(UnaryOp::Sin), vec![angle]);
+        let tau = self.constant(n, "tau", Tensor::scalar(std::f64::consts::TAU));
+        let tau = self.val(n, "tau_like", Op::CastLike, vec![tau, like.to_string()]);
+        let tau = self.val(n, "tau_n", bin(BinaryOp::Div), vec![tau, nf.clone()]);
+        let angle = self.val(n, "angle", bin(BinaryOp::Mul), vec![kn, tau]);
+        let mut c = self.val(n, "cos", un(UnaryOp::Cos), vec![angle.clone()]);
+        let mut s = self.val(n, "sin", un(UnaryOp::Sin), vec![angle]);
         if kind == Kind::InverseReal {
             // Each bin stands for itself and its mirror, except bin 0 and bin N/2.
-            let two_f = self.float_like(n, &t("w_two"), 2.0, like);
-            let z = self.val(
-                n,
-                &t("is_dc"),
-                bin(BinaryOp::Equal),
-                vec![pos.clone(), zero],
-            );
-            let b2 = self.val(n, &t("bins2"), bin(BinaryOp::Mul), vec![pos, two]);
+            let two_f = self.float_like(n, "w_two", 2.0, like);
+            let z = self.val(n, "is_dc", bin(BinaryOp::Equal), vec![pos.clone(), zero]);
+            let b2 = self.val(n, "bins2", bin(BinaryOp::Mul), vec![pos, two]);
             let ny = self.val(
                 n,
-                &t("is_nyquist"),
+                "is_nyquist",
                 bin(BinaryOp::Equal),
                 vec![b2, size.to_string()],
             );
-            let single = self.val(n, &t("single"), bin(BinaryOp::Or), vec![z, ny]);
-            let single = self.val(
-                n,
-                &t("single_f"),
-                Op::CastLike,
-                vec![single, like.to_string()],
-            );
-            let w = self.val(n, &t("weight"), bin(BinaryOp::Sub), vec![two_f, single]);
+            let single = self.val(n, "single", bin(BinaryOp::Or), vec![z, ny]);
+            let single = self.val(n, "single_f", Op::CastLike, vec![single, like.to_string()]);
+            let w = self.val(n, "weight", bin(BinaryOp::Sub), vec![two_f, single]);
             // The weights belong to the rows (the bins read); the matrix is [read, out].
-            let w = self.val(n, &t("weight_col"), unsqueeze(-1), vec![w]);
-            c = self.val(n, &t("cos_w"), bin(BinaryOp::Mul), vec![c, w.clone()]);
-            s = self.val(n, &t("sin_w"), bin(BinaryOp::Mul), vec![s, w]);
+            let w = self.val(n, "weight_col", unsqueeze(-1), vec![w]);
+            c = self.val(n, "cos_w", bin(BinaryOp::Mul), vec![c, w.clone()]);
+            s = self.val(n, "sin_w", bin(BinaryOp::Mul), vec![s, w]);
         }
         // Only the positions the transform reads.
-        let end = self.val(n, &t("used_1d"), unsqueeze(0), vec![used]);
-        let start = self.ints_const(n, &t("start"), &[0])?;
-        let axes = self.ints_const(n, &t("last_axis"), &[-1])?;
+        let end = self.val(n, "used_1d", unsqueeze(0), vec![used]);
+        let start = self.ints_const(n, "start", &[0])?;
+        let axes = self.ints_const(n, "last_axis", &[-1])?;
         let cut = |me: &mut Self, v: &str, s: &str| {
             me.val(
                 n,
-                &t(s),
+                s,
                 Op::Slice,
                 vec![v.to_string(), start.clone(), end.clone(), axes.clone()],
             )
@@ -448,7 +401,7 @@ impl Importer<'_> {
         let xr = cut(self, xr, "re_used");
         let xi = xi.map(|v| cut(self, v, "im_used"));
         let mm = |me: &mut Self, a: &str, m: &str, s: &str| {
-            me.val(n, &t(s), Op::MatMul, vec![a.to_string(), m.to_string()])
+            me.val(n, s, Op::MatMul, vec![a.to_string(), m.to_string()])
         };
         let rc = mm(self, &xr, &c, "re_cos");
         let rs = mm(self, &xr, &s, "re_sin");
@@ -460,16 +413,16 @@ impl Importer<'_> {
             None => (None, None),
         };
         let add = |me: &mut Self, a: String, b: Option<String>, op: BinaryOp, s: &str| match b {
-            Some(b) => me.val(n, &t(s), bin(op), vec![a, b]),
+            Some(b) => me.val(n, s, bin(op), vec![a, b]),
             None => a,
         };
-        let neg = |me: &mut Self, v: String, s: &str| me.val(n, &t(s), un(UnaryOp::Neg), vec![v]);
+        let neg = |me: &mut Self, v: String, s: &str| me.val(n, s, un(UnaryOp::Neg), vec![v]);
         let (re, im) = match kind {
             // e^{-iθ}: re = xr·cos + xi·sin, im = xi·cos - xr·sin.
             Kind::Forward { .. } => {
                 let re = add(self, rc, is, BinaryOp::Add, "y_re");
                 let im = match ic {
-                    Some(ic) => self.val(n, &t("y_im"), bin(BinaryOp::Sub), vec![ic, rs]),
+                    Some(ic) => self.val(n, "y_im", bin(BinaryOp::Sub), vec![ic, rs]),
                     None => neg(self, rs, "y_im"),
                 };
                 (re, Some(im))
@@ -477,10 +430,10 @@ impl Importer<'_> {
             // e^{+iθ}/N: re = xr·cos - xi·sin, im = xr·sin + xi·cos.
             Kind::Inverse | Kind::InverseReal => {
                 let re = add(self, rc, is, BinaryOp::Sub, "y_re_sum");
-                let re = self.val(n, &t("y_re"), bin(BinaryOp::Div), vec![re, nf.clone()]);
+                let re = self.val(n, "y_re", bin(BinaryOp::Div), vec![re, nf.clone()]);
                 let im = (kind == Kind::Inverse).then(|| {
                     let im = add(self, rs, ic, BinaryOp::Add, "y_im_sum");
-                    self.val(n, &t("y_im"), bin(BinaryOp::Div), vec![im, nf.clone()])
+                    self.val(n, "y_im", bin(BinaryOp::Div), vec![im, nf.clone()])
                 });
                 (re, im)
             }
