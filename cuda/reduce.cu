@@ -276,11 +276,19 @@ template <class T> __device__ void softmax_grad_k(const T* dy, const T* y, T* dx
 
 // One block per row of n; scale and bias already expanded to n by the host. Two passes:
 // the variance of centred values does not cancel catastrophically. `rms`: the rows are
-// not centred (RMSNormalization; the mean is 0 and not written).
-template <class T> __device__ void layer_norm_k(const T* x, const T* g, const T* b, T* y, typename Num<T>::A* mean_out, typename Num<T>::A* inv_out, i64 n, float eps, int rms) {
+// not centred (RMSNormalization; the mean is 0 and not written). With a residual `r`
+// (non-null) the rows are s = x + r, rounded to T, written to `s` and normalized from
+// there (each thread reads back only the elements it wrote).
+template <class T> __device__ void layer_norm_k(const T* x, const T* r, T* s_out, const T* g, const T* b, T* y, typename Num<T>::A* mean_out, typename Num<T>::A* inv_out, i64 n, float eps, int rms) {
     typedef typename Num<T>::A A;
     const T* xr = x + blockIdx.x * n;
     T* yr = y + blockIdx.x * n;
+    if (r) {
+        const T* rr = r + blockIdx.x * n;
+        T* sr = s_out + blockIdx.x * n;
+        for (i64 j = threadIdx.x; j < n; j += blockDim.x) sr[j] = st<T>(ld(xr[j]) + ld(rr[j]));
+        xr = sr;
+    }
     A s = 0;
     if (!rms)
         for (i64 j = threadIdx.x; j < n; j += blockDim.x) s += ld(xr[j]);
@@ -343,7 +351,7 @@ template <class T> __device__ void layer_norm_dparams_k(const T* dy, const T* x,
 // registers); the backward reads dy and x once for dX and dScale/dBias together.
 template <class T> union LnVec { uint4 u; T t[16 / sizeof(T)]; };
 
-template <class T, int M> __device__ void layer_norm_vec_k(const T* x, const T* g, const T* b, T* y, typename Num<T>::A* mean_out, typename Num<T>::A* inv_out, i64 nv, float eps, int rms) {
+template <class T, int M> __device__ void layer_norm_vec_k(const T* x, const T* r, T* s_out, const T* g, const T* b, T* y, typename Num<T>::A* mean_out, typename Num<T>::A* inv_out, i64 nv, float eps, int rms) {
     typedef typename Num<T>::A A;
     constexpr int V = 16 / sizeof(T);
     const uint4* xr = (const uint4*)x + blockIdx.x * nv;
@@ -355,6 +363,13 @@ template <class T, int M> __device__ void layer_norm_vec_k(const T* x, const T* 
         i64 j = threadIdx.x + (i64)k * blockDim.x;
         if (j < nv) {
             v[k].u = xr[j];
+            if (r) {
+                LnVec<T> rv;
+                rv.u = ((const uint4*)r + blockIdx.x * nv)[j];
+#pragma unroll
+                for (int e = 0; e < V; ++e) v[k].t[e] = st<T>(ld(v[k].t[e]) + ld(rv.t[e]));
+                ((uint4*)s_out + blockIdx.x * nv)[j] = v[k].u;
+            }
 #pragma unroll
             for (int e = 0; e < V; ++e) s += ld(v[k].t[e]);
         }
@@ -643,7 +658,7 @@ FOR_NUMS(INST_REDUCE_NUM)
 #define INST_REDUCE_FLOAT(T, S)                                                                   \
     extern "C" __global__ void softmax_##S(const T* x, T* y, i64 n, i64 inner, int log) { softmax_k<T>(x, y, n, inner, log); } \
     extern "C" __global__ void softmax_grad_##S(const T* dy, const T* y, T* dx, i64 n, i64 inner, int log) { softmax_grad_k<T>(dy, y, dx, n, inner, log); } \
-    extern "C" __global__ void layer_norm_##S(const T* x, const T* g, const T* b, T* y, Num<T>::A* m, Num<T>::A* iv, i64 n, float eps, int rms) { layer_norm_k<T>(x, g, b, y, m, iv, n, eps, rms); } \
+    extern "C" __global__ void layer_norm_##S(const T* x, const T* r, T* s, const T* g, const T* b, T* y, Num<T>::A* m, Num<T>::A* iv, i64 n, float eps, int rms) { layer_norm_k<T>(x, r, s, g, b, y, m, iv, n, eps, rms); } \
     extern "C" __global__ void layer_norm_dx_##S(const T* dy, const T* x, const T* g, const Num<T>::A* m, const Num<T>::A* iv, const T* res, T* dx, i64 n) { layer_norm_dx_k<T>(dy, x, g, m, iv, res, dx, n); } \
     extern "C" __global__ void layer_norm_dparams_##S(const T* dy, const T* x, const Num<T>::A* m, const Num<T>::A* iv, T* ds, T* db, i64 rows, i64 n) { layer_norm_dparams_k<T>(dy, x, m, iv, ds, db, rows, n); } \
     extern "C" __global__ void sce_rows_##S(const T* x, const i64* l, const T* w, Num<T>::A* loss, Num<T>::A* wt, T* lp, i64 c, i64 d, i64 ne, i64 ig, int hi) { sce_rows_k<T>(x, l, w, loss, wt, lp, c, d, ne, ig, hi); } \
@@ -663,7 +678,7 @@ FOR_NUMS(INST_REDUCE2)
     extern "C" __global__ void ln_dparams_fin_##S(const Num<T>::A* part, T* ds, T* db, i64 n, i64 chunks) { ln_dparams_fin_k<T>(part, ds, db, n, chunks); }
 FOR_FLOATS(INST_LN2)
 #define INST_LN_VEC(T, S, M)                                                                      \
-    extern "C" __global__ void layer_norm_vec##M##_##S(const T* x, const T* g, const T* b, T* y, Num<T>::A* m, Num<T>::A* iv, i64 nv, float eps, int rms) { layer_norm_vec_k<T, M>(x, g, b, y, m, iv, nv, eps, rms); } \
+    extern "C" __global__ void layer_norm_vec##M##_##S(const T* x, const T* r, T* s, const T* g, const T* b, T* y, Num<T>::A* m, Num<T>::A* iv, i64 nv, float eps, int rms) { layer_norm_vec_k<T, M>(x, r, s, g, b, y, m, iv, nv, eps, rms); } \
     extern "C" __global__ void layer_norm_grad_vec##M##_##S(const T* dy, const T* x, const T* g, const Num<T>::A* m, const Num<T>::A* iv, const T* res, T* dx, Num<T>::A* part, i64 rows, i64 nv) { layer_norm_grad_vec_k<T, M>(dy, x, g, m, iv, res, dx, part, rows, nv); }
 #define INST_LN_VECS(T, S) INST_LN_VEC(T, S, 1) INST_LN_VEC(T, S, 2) INST_LN_VEC(T, S, 4) \
     extern "C" __global__ void ln_dparams_fin2_##S(const Num<T>::A* part, T* ds, T* db, i64 n, i64 chunks) { ln_dparams_fin2_k<T>(part, ds, db, n, chunks); }

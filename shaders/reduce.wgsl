@@ -16,6 +16,7 @@
 @group(0) @binding(10) var<storage, read_write> Y2: array<T>;
 // i64 indices as (low, high) words.
 @group(0) @binding(11) var<storage, read_write> I: array<u32>;
+@group(0) @binding(12) var<storage, read> X3: array<T>;
 
 const WG: u32 = 256u;
 // The reductions' scratch (one slot per invocation, or per subgroup).
@@ -246,24 +247,34 @@ fn softmax_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
     }
 }
 
+// The row element layer_norm normalizes: X0's, or with a residual the sum it wrote to Y2
+// (each invocation reads back only the elements it wrote).
+fn ln_x(i: u32, res: bool) -> f32 {
+    if (res) { return f32(Y2[i]); }
+    return f32(X0[i]);
+}
+
 // Rows of P[0]; X1 = scale and X2 = bias (P[2] bit 0) expanded to the row by the host,
 // P[1] = epsilon. Mean and 1/σ go to S0 and S1 (f32). Centred variance: no cancellation.
-// P[2] bit 1: RMSNormalization, the rows are not centred (the mean is 0).
+// P[2] bit 1: RMSNormalization, the rows are not centred (the mean is 0). P[2] bit 2: a
+// residual X3, the rows are X0 + X3 (rounded to T), written to Y2.
 @compute @workgroup_size(256)
 fn layer_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let row = row_id(wid, nwg);
     let n = pu(0u);
     let off = row * n;
     let rms = (pu(2u) & 2u) != 0u;
+    let res = (pu(2u) & 4u) != 0u;
+    if (res) { for (var j = lid; j < n; j += WG) { Y2[off + j] = T(f32(X0[off + j]) + f32(X3[off + j])); } }
     var s = 0.0;
-    if (!rms) { for (var j = lid; j < n; j += WG) { s += f32(X0[off + j]); } }
+    if (!rms) { for (var j = lid; j < n; j += WG) { s += ln_x(off + j, res); } }
     let mean = select(wg_sum(s, lid) / f32(n), 0.0, rms);
     var v = 0.0;
-    for (var j = lid; j < n; j += WG) { let d = f32(X0[off + j]) - mean; v += d * d; }
+    for (var j = lid; j < n; j += WG) { let d = ln_x(off + j, res) - mean; v += d * d; }
     let inv = 1.0 / sqrt(wg_sum(v, lid) / f32(n) + pf(1u));
     let has_b = (pu(2u) & 1u) != 0u;
     for (var j = lid; j < n; j += WG) {
-        let z = (f32(X0[off + j]) - mean) * inv * f32(X1[j]);
+        let z = (ln_x(off + j, res) - mean) * inv * f32(X1[j]);
         Y[off + j] = T(select(z, z + f32(X2[j]), has_b));
     }
     if (lid == 0u) {

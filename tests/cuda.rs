@@ -568,6 +568,27 @@ fn layer_norm_rows_in_registers_and_scalar() {
             2,
             &LOW,
         );
+        // The residual forms: the sum written as the rows are read.
+        let r = randn(&[rows, n], 45);
+        same_as_cpu(
+            "AddLayerNormalization",
+            &[],
+            &[
+                inp(x.clone()),
+                inp(g.clone()),
+                inp(b.clone()),
+                inp(r.clone()),
+            ],
+            4,
+            &LOW,
+        );
+        same_as_cpu(
+            "AddRMSNormalization",
+            &[],
+            &[inp(x.clone()), inp(g.clone()), inp(r)],
+            3,
+            &LOW,
+        );
         if !cuda_present() {
             continue;
         }

@@ -1018,6 +1018,61 @@ fn layer_normalization_axes_scale_bias() {
     ]);
 }
 
+/// The residual normalizations (what `residual_norm` makes): S = X + R normalized, S an
+/// output too; X and R get the same gradient, S's own gradient joins the normalization's.
+#[test]
+fn residual_normalizations() {
+    let x = || randn(&[2, 3, 4], 51);
+    let ln = |axis: i64| vec![("axis", V::Int(axis)), ("epsilon", V::Float(1e-5))];
+    check_all(&[
+        net("AddLayerNormalization axis -1 with B, S read")
+            .input("x", x())
+            .input("r", randn(&[2, 3, 4], 52))
+            .param("s", randn(&[4], 53))
+            .param("b", randn(&[4], 54))
+            .op(
+                "AddLayerNormalization",
+                &ln(-1),
+                &["x", "s", "b", "r"],
+                &["y", "", "", "sum"],
+            )
+            .op("Tanh", &[], &["sum"], &["t"])
+            .outputs(&["y", "t"]),
+        net("AddLayerNormalization axis 1 without B, statistics read, S unread")
+            .input("x", x())
+            .param("r", randn(&[2, 3, 4], 55))
+            .param("s", randn(&[3, 4], 56))
+            .op(
+                "AddLayerNormalization",
+                &ln(1),
+                &["x", "s", "", "r"],
+                &["y", "mu", "iv", ""],
+            )
+            .outputs(&["y", "mu", "iv"]),
+        net("AddRMSNormalization axis -1, S read")
+            .param("x", x())
+            .input("r", randn(&[2, 3, 4], 57))
+            .param("s", randn(&[4], 58))
+            .op(
+                "AddRMSNormalization",
+                &ln(-1),
+                &["x", "s", "r"],
+                &["y", "iv", "sum"],
+            )
+            .outputs(&["y", "sum"]),
+        net("AddRMSNormalization, the same value as X and R")
+            .input("x", x())
+            .param("s", randn(&[4], 59))
+            .op(
+                "AddRMSNormalization",
+                &ln(-1),
+                &["x", "s", "x"],
+                &["y", "", ""],
+            )
+            .outputs(&["y"]),
+    ]);
+}
+
 #[test]
 fn rotary_x_cos_and_sin() {
     let x = || randn(&[2, 3, 4, 6], 31);

@@ -355,6 +355,82 @@ fn skip_simplified_layer_normalization() {
     }
 }
 
+/// ONNX Runtime's SkipLayerNormalization: s = x + skip (+ bias) normalized over the last
+/// axis, · gamma (+ beta); the mean, inv_std_var and the sum on request. A skip of x's shape
+/// is fused back into one AddLayerNormalization, a broadcast one ([S, H]) stays an Add.
+#[test]
+fn skip_layer_normalization() {
+    let shape = [2usize, 3, 8];
+    let x = randn(&shape, 11);
+    let gamma = rand(&[8], 12, 0.5, 1.5);
+    let (beta, bias) = (randn(&[8], 13), randn(&[8], 14));
+    for skip_shape in [vec![2usize, 3, 8], vec![3, 8]] {
+        let skip = randn(&skip_shape, 15);
+        let n_skip = skip.numel();
+        for (with_beta, with_bias) in [(false, false), (true, false), (true, true)] {
+            for outputs in [
+                vec!["y"],
+                vec!["y", "mean", "inv", "sum"],
+                vec!["y", "", "", "sum"],
+            ] {
+                let opt = |on: bool, name: &'static str, v: &Tensor| match on {
+                    true => (name, Some(v.clone())),
+                    false => ("", None),
+                };
+                let mut case = Case::new(
+                    "SkipLayerNormalization",
+                    17,
+                    vec![
+                        ("x", Some(x.clone())),
+                        ("skip", Some(skip.clone())),
+                        ("gamma", Some(gamma.clone())),
+                        opt(with_beta, "beta", &beta),
+                        opt(with_bias, "bias", &bias),
+                    ],
+                )
+                .with(vec![float_attr("epsilon", 1e-5)]);
+                case.domain = "com.microsoft";
+                case.outputs = outputs.clone();
+                let what = format!(
+                    "SkipLayerNormalization skip {skip_shape:?} beta {with_beta} bias {with_bias} {outputs:?}"
+                );
+                check_case(&what, &case, &[DType::F32], 1e-5, |v| {
+                    // Inputs keep their slots: beta is 3, bias 4 (empty when omitted).
+                    let at = |k: usize, j: usize| v[k].get(j).copied().unwrap_or(0.0);
+                    let s: Vec<f64> = (0..v[0].len())
+                        .map(|i| v[0][i] + v[1][i % n_skip] + at(4, i % 8))
+                        .collect();
+                    let (mut y, mut mean, mut inv) = (vec![], vec![], vec![]);
+                    for row in s.chunks(8) {
+                        let m = row.iter().sum::<f64>() / 8.0;
+                        let var = row.iter().map(|e| (e - m) * (e - m)).sum::<f64>() / 8.0;
+                        let r = 1.0 / (var + 1e-5).sqrt();
+                        y.extend(
+                            row.iter()
+                                .enumerate()
+                                .map(|(j, e)| (e - m) * r * v[2][j] + at(3, j)),
+                        );
+                        mean.push(m);
+                        inv.push(r);
+                    }
+                    let r = [
+                        (shape.to_vec(), y),
+                        (vec![2, 3, 1], mean),
+                        (vec![2, 3, 1], inv),
+                        (shape.to_vec(), s),
+                    ];
+                    outputs
+                        .iter()
+                        .zip(r)
+                        .filter(|(o, _)| !o.is_empty())
+                        .map(|(_, r)| r)
+                        .collect()
+                });
+            }
+        }
+    }
+}
+
 // ---- LpNormalization, MeanVarianceNormalization, Shrink -----------------------------------
 
 fn lp_ref(x: &[f64], shape: &[usize], axis: usize, p: i64) -> Expected {

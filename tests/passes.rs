@@ -2251,6 +2251,133 @@ nodes:
     }
 }
 
+/// `residual_norm`: an `Add` of two values of one shape feeding a LayerNormalization or
+/// RMSNormalization becomes one AddLayerNormalization / AddRMSNormalization that writes
+/// the sum too: the pre-norm stream whose sum the next residual reads, the post-norm sum
+/// read by nothing else, the statistics and the sum as graph outputs. Outputs and
+/// gradients as unfused, and as with the pass off on every backend. Not where the Add
+/// broadcasts (a bias), the scale is computed from the sum, or a MatMul epilogue took the
+/// Add first (the residual then costs nothing in the product).
+#[test]
+fn residual_norms_fuse() {
+    let body = |nodes: &str, outputs: &str| {
+        format!(
+            "
+inputs:
+  - {{name: x, dtype: f32, shape: [batch, 5, 8]}}
+  - {{name: h, dtype: f32, shape: [batch, 5, 8]}}
+outputs: [{outputs}]
+initializers:
+  - {{name: s, dtype: f32, shape: [8], init: {{dist: uniform, low: 0.5, high: 1.5, seed: 1}}}}
+  - {{name: b, dtype: f32, shape: [8], init: {{dist: uniform, low: -0.5, high: 0.5, seed: 2}}}}
+  - {{name: w, dtype: f32, shape: [8, 8], init: {{dist: xavier_uniform, seed: 3}}}}
+nodes:
+{nodes}"
+        )
+    };
+    let fires = [
+        (
+            "pre-norm, the sum read on",
+            "AddLayerNormalization",
+            "  - {op: Add, inputs: [x, h], outputs: [r]}
+  - {op: LayerNormalization, inputs: [r, s, b], outputs: [n], attrs: {axis: -1}}
+  - {op: MatMul, inputs: [n, w], outputs: [m]}
+  - {op: Add, inputs: [m, r], outputs: [y]}
+",
+            "y",
+        ),
+        (
+            "post-norm RMS, the sum read by nothing else",
+            "AddRMSNormalization",
+            "  - {op: Tanh, inputs: [x], outputs: [t]}
+  - {op: Add, inputs: [h, t], outputs: [r]}
+  - {op: RMSNormalization, inputs: [r, s], outputs: [y], attrs: {axis: -1, epsilon: 0.01}}
+",
+            "y",
+        ),
+        (
+            "the statistics and the sum as outputs",
+            "AddLayerNormalization",
+            "  - {op: Add, inputs: [x, h], outputs: [r]}
+  - {op: LayerNormalization, inputs: [r, s], outputs: [y, mean, inv], attrs: {axis: 1}}
+",
+            "y, mean, inv, r",
+        ),
+    ];
+    let dims = [("batch", 2)];
+    for (what, op, nodes, outputs) in fires {
+        let g = graph(&body(nodes, outputs));
+        let (o, r) = run_passes(&g, &PassOptions::default());
+        assert_eq!(r.fired("residual_norm"), 1, "{what}: {r}");
+        assert_eq!(
+            (count(&o, op), count(&o, "Add")),
+            (1, 0),
+            "{what}: {:?}",
+            o.nodes
+        );
+        check_same(&g, &o, &dims);
+        // Every backend: as with the pass off, forward and backward.
+        let feeds = Model { graph: g.clone() }
+            .random_inputs(4, &dims.iter().map(|(k, v)| (k.to_string(), *v)).collect())
+            .unwrap();
+        for be in common::backends() {
+            let session = |disabled: Vec<String>| {
+                let opts = SessionOptions {
+                    backend: be,
+                    dims: dims.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+                    passes: PassOptions {
+                        disabled,
+                        training: false,
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                };
+                Session::new(g.clone(), opts).unwrap()
+            };
+            let (mut fused, mut plain) = (
+                session(vec![]),
+                session(vec!["residual_norm_fusion".into()]),
+            );
+            let (a, b) = (fused.run(&feeds).unwrap(), plain.run(&feeds).unwrap());
+            for ((n, x), (_, y)) in a.iter().zip(&b) {
+                let e = common::rel_err(&x.to_f64_vec(), &y.to_f64_vec());
+                assert!(e <= 1e-5, "{what} on {be:?}: {n} rel err {e:.2e}");
+            }
+            same_gradients(&format!("{what} on {be:?}"), &mut fused, &mut plain, &feeds);
+        }
+    }
+    let stays = [
+        (
+            "a broadcast Add (a bias)",
+            "  - {op: Add, inputs: [x, b], outputs: [r]}
+  - {op: LayerNormalization, inputs: [r, s, b], outputs: [y], attrs: {axis: -1}}
+",
+        ),
+        (
+            "a scale computed from the sum",
+            "  - {op: Add, inputs: [x, h], outputs: [r]}
+  - {op: ReduceMean, inputs: [r], outputs: [c], attrs: {axes: [0, 1], keepdims: 0}}
+  - {op: LayerNormalization, inputs: [r, c], outputs: [y], attrs: {axis: -1}}
+",
+        ),
+        (
+            "an Add a MatMul epilogue took",
+            "  - {op: MatMul, inputs: [x, w], outputs: [m]}
+  - {op: Add, inputs: [m, h], outputs: [r]}
+  - {op: LayerNormalization, inputs: [r, s, b], outputs: [y], attrs: {axis: -1}}
+",
+        ),
+    ];
+    for (what, nodes) in stays {
+        let g = graph(&body(nodes, "y"));
+        let (o, r) = run_passes(&g, &PassOptions::default());
+        assert_eq!(r.fired("residual_norm"), 0, "{what}");
+        assert_eq!(count(&o, "AddLayerNormalization"), 0, "{what}");
+        assert_eq!(count(&o, "LayerNormalization"), 1, "{what}");
+        assert_same(&g, &o, &dims);
+    }
+}
+
 /// `rms_norm`: the RMS normalizations exporters write as elementwise chains become one
 /// RMSNormalization: `Pow(x, 2)` or `x·x`, `ReduceMean` over the trailing axes, `+ eps`,
 /// `Sqrt`, then `Reciprocal` and a Mul, `1 / root` and a Mul, or `x / root`, then the

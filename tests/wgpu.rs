@@ -93,6 +93,27 @@ fn rows_and_elementwise_across_workgroups() {
         2,
         &LOW,
     );
+    // The residual forms: S = X + R written (the last output) and normalized.
+    let r = randn(&[67, 300], 4);
+    same_as_cpu(
+        "AddLayerNormalization",
+        &[("axis", A::Int(-1))],
+        &[
+            inp(x.clone()),
+            inp(randn(&[300], 2)),
+            inp(randn(&[300], 3)),
+            inp(r.clone()),
+        ],
+        4,
+        &LOW,
+    );
+    same_as_cpu(
+        "AddRMSNormalization",
+        &[("axis", A::Int(-1))],
+        &[inp(x.clone()), inp(randn(&[300], 2)), inp(r)],
+        3,
+        &LOW,
+    );
 }
 
 #[test]

@@ -282,6 +282,13 @@ pub enum Op {
     /// normalized, `(x − mean) / sqrt(var + epsilon) · Scale + B`. With `rms` it is ONNX's
     /// RMSNormalization, `(X, Scale) -> (Y, [InvStdDev])`: `x / sqrt(mean(x²) + epsilon) ·
     /// Scale`, nothing subtracted and no bias. The statistics are per row, f32 (f64 for f64).
+    ///
+    /// With `residual` (`AddLayerNormalization`, `AddRMSNormalization`: what the
+    /// `residual_norm` rule makes of an `Add` feeding a normalization) the rows normalized
+    /// are `S = X + R` for an R of X's shape and type, and S is an output too (the
+    /// residual stream the block passes on): `(X, Scale, B or "", R) -> (Y, [Mean],
+    /// [InvStdDev], [S])`, without the bias slot for RMS (`norm_residual_input`,
+    /// `norm_sum_output`).
     LayerNormalization {
         /// The first normalized axis (negative counts from the end).
         axis: i64,
@@ -289,6 +296,8 @@ pub enum Op {
         epsilon: f32,
         /// RMSNormalization: no mean subtracted, no bias.
         rms: bool,
+        /// The rows are X + R, and the sum is an output.
+        residual: bool,
     },
     /// ONNX `ReduceSum`, `ReduceMean`, `ReduceMax`, `ReduceProd` (and the internal
     /// `ReduceMeanSquare`): `(data, [axes])` reduced over the axes.
@@ -690,6 +699,21 @@ pub fn norm_stat_outputs(rms: bool) -> (Option<usize>, usize) {
     }
 }
 
+/// Where a residual normalization's R is among its inputs: after Scale and B (RMS has no B).
+pub fn norm_residual_input(rms: bool) -> usize {
+    if rms {
+        2
+    } else {
+        3
+    }
+}
+
+/// Where a residual normalization's sum `S = X + R` is among its outputs: after the
+/// statistics.
+pub fn norm_sum_output(rms: bool) -> usize {
+    norm_stat_outputs(rms).1 + 1
+}
+
 /// Where LayerNormalizationGrad's statistics and residual gradient are among its inputs:
 /// (Mean, InvStdDev, R). RMSNormalizationGrad (`rms`) reads no Mean, so the others come
 /// one earlier.
@@ -756,6 +780,8 @@ const OTHER_OP_NAMES: &[&str] = &[
     "LogSoftmax",
     "LayerNormalization",
     "RMSNormalization",
+    "AddLayerNormalization",
+    "AddRMSNormalization",
     "ReduceSum",
     "ReduceMean",
     "ReduceMax",
@@ -1111,8 +1137,18 @@ impl Op {
             Op::Gemm { .. } => "Gemm",
             Op::Softmax { .. } => "Softmax",
             Op::LogSoftmax { .. } => "LogSoftmax",
-            Op::LayerNormalization { rms: false, .. } => "LayerNormalization",
-            Op::LayerNormalization { rms: true, .. } => "RMSNormalization",
+            Op::LayerNormalization {
+                rms: false,
+                residual: false,
+                ..
+            } => "LayerNormalization",
+            Op::LayerNormalization {
+                rms: true,
+                residual: false,
+                ..
+            } => "RMSNormalization",
+            Op::LayerNormalization { rms: false, .. } => "AddLayerNormalization",
+            Op::LayerNormalization { rms: true, .. } => "AddRMSNormalization",
             Op::Reduce {
                 kind: ReduceKind::Sum,
                 ..
@@ -1247,6 +1283,7 @@ impl Op {
                 axis,
                 epsilon: 1e-5,
                 rms,
+                residual: false,
             },
             Op::SoftmaxCrossEntropyLossGrad {
                 reduction,
@@ -1332,6 +1369,12 @@ impl Op {
         match self {
             Op::Attention { .. } => i == 1 || i == 2,
             Op::AttentionGrad { .. } => i == 2 || i == 3,
+            // B, before a residual normalization's R.
+            Op::LayerNormalization {
+                rms: false,
+                residual: true,
+                ..
+            } => i == 2,
             _ => false,
         }
     }
@@ -1363,6 +1406,15 @@ impl Op {
             Op::Clip => (1, 3, 1, 1),
             Op::Where | Op::Range => (3, 3, 1, 1),
             Op::Gemm { .. } => (2, 3, 1, 1),
+            Op::LayerNormalization {
+                rms,
+                residual: true,
+                ..
+            } => {
+                // S's slot is always there (named "" when nothing reads it).
+                let (n, m) = (norm_residual_input(*rms) + 1, norm_sum_output(*rms) + 1);
+                (n, n, m, m)
+            }
             Op::LayerNormalization { rms: false, .. } => (2, 3, 1, 3),
             Op::LayerNormalization { rms: true, .. } => (2, 2, 1, 2),
             Op::Reduce { .. } | Op::Squeeze { .. } | Op::Unsqueeze { .. } => (1, 2, 1, 1),
@@ -1682,7 +1734,10 @@ impl Op {
             "LogSoftmax" => Op::LogSoftmax {
                 axis: a.int_or("axis", -1)?,
             },
-            "LayerNormalization" | "RMSNormalization" => {
+            "LayerNormalization"
+            | "RMSNormalization"
+            | "AddLayerNormalization"
+            | "AddRMSNormalization" => {
                 // stash_type only selects the accumulation type; graphrun always accumulates
                 // in f32 or wider, so any floating type gives the same result within
                 // tolerance.
@@ -1694,7 +1749,8 @@ impl Op {
                 Op::LayerNormalization {
                     axis: a.int_or("axis", -1)?,
                     epsilon: a.float("epsilon")?.unwrap_or(1e-5) as f32,
-                    rms: name == "RMSNormalization",
+                    rms: name.ends_with("RMSNormalization"),
+                    residual: name.starts_with("Add"),
                 }
             }
             "ReduceSum" => reduce(&mut a, ReduceKind::Sum)?,
@@ -2166,8 +2222,16 @@ fn f32_attr(x: f32) -> AttrValue {
 pub fn op_table_markdown() -> String {
     let family = |n: &str| match n {
         "MatMul" | "Gemm" | "FusedMatMul" | "GatedMatMul" => "linear algebra",
-        "Softmax" | "LogSoftmax" | "LayerNormalization" | "RMSNormalization" | "ReduceSum"
-        | "ReduceMean" | "ReduceMax" | "ReduceProd" => "normalization / reduction",
+        "Softmax"
+        | "LogSoftmax"
+        | "LayerNormalization"
+        | "RMSNormalization"
+        | "AddLayerNormalization"
+        | "AddRMSNormalization"
+        | "ReduceSum"
+        | "ReduceMean"
+        | "ReduceMax"
+        | "ReduceProd" => "normalization / reduction",
         "ArgMax" | "ArgMin" | "TopK" => "selection",
         "Reshape" | "Transpose" | "Concat" | "Split" | "Slice" | "Squeeze" | "Unsqueeze"
         | "Flatten" | "Expand" | "Gather" | "Shape" | "Constant" | "Trilu" => "shape",

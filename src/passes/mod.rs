@@ -27,7 +27,7 @@ use pattern::{Ctx, Facts, Patch, Why};
 use std::collections::{BTreeMap, HashMap};
 
 /// The default pipeline, in order; these are the names `PassOptions::disabled` takes.
-pub const PASSES: [&str; 9] = [
+pub const PASSES: [&str; 10] = [
     "constant_folding",
     "dead_node_elimination",
     "noop_removal",
@@ -36,6 +36,7 @@ pub const PASSES: [&str; 9] = [
     "rotary_fusion",
     "attention_fusion",
     "matmul_epilogue_fusion",
+    "residual_norm_fusion",
     "cse",
 ];
 
@@ -154,6 +155,7 @@ pub fn optimize(g: &Graph, opts: &PassOptions) -> Result<(Graph, Report)> {
             "rotary_fusion" => drive(g, rotary::RULES, &mut st)?,
             "attention_fusion" => drive(g, attention::RULES, &mut st)?,
             "matmul_epilogue_fusion" => drive(g, epilogue::RULES, &mut st)?,
+            "residual_norm_fusion" => drive(g, norm::RESIDUAL_RULES, &mut st)?,
             _ => drive(g, cse::RULES, &mut st)?,
         };
         // A pass that rewrote nothing left the graph it was given (valid already).

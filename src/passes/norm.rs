@@ -1,6 +1,8 @@
 //! Normalization fusion: the RMS normalization exporters spell out as elementwise ops,
 //! `x / sqrt(mean(x²) + eps) · scale`, becomes one `RMSNormalization` node (one pass over
-//! each row instead of six, and one fused gradient).
+//! each row instead of six, and one fused gradient). Later in the pipeline (after the
+//! MatMul epilogues, which take a residual Add for free), an `Add` left feeding a
+//! normalization joins it (`RESIDUAL_RULES`).
 
 use super::pattern::{Ctx, Patch, Why};
 use super::Rule;
@@ -22,6 +24,97 @@ pub(crate) const RULES: &[Rule] = &[Rule {
     },
     run: rms_norm,
 }];
+
+/// Run by the `residual_norm_fusion` pass.
+pub(crate) const RESIDUAL_RULES: &[Rule] = &[Rule {
+    name: "residual_norm",
+    anchor: |op| {
+        matches!(
+            op,
+            Op::LayerNormalization {
+                residual: false,
+                ..
+            }
+        )
+    },
+    run: residual_norm,
+}];
+
+/// `S = Add(X, R)` → `LayerNormalization(S)` (or RMSNormalization) with X and R of S's
+/// shape and type becomes one `AddLayerNormalization` (`AddRMSNormalization`) computing
+/// S and normalizing it as it is written: the pre-norm residual stream (S read on by the
+/// next residual Add) or the post-norm block's sum (S read by nothing else). S stays an
+/// output under its name. Not when the Add broadcasts (a bias), nor when Scale or B are
+/// computed from S.
+fn residual_norm(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch> {
+    let n = cx.node(i);
+    let Op::LayerNormalization {
+        axis, epsilon, rms, ..
+    } = n.op
+    else {
+        return None;
+    };
+    let s = &n.inputs[0];
+    let Some((j, add)) = cx.prod(s, |op| *op == Op::Binary(BinaryOp::Add)) else {
+        return why.no("X is not an Add's sum");
+    };
+    let (x, r) = (&add.inputs[0], &add.inputs[1]);
+    let dt = cx.facts.dtype(s);
+    if [x, r]
+        .iter()
+        .any(|v| !cx.facts.same_shape(v, s) || cx.facts.dtype(v) != dt)
+    {
+        return why.no("the Add broadcasts");
+    }
+    let params = &n.inputs[1..];
+    if params.iter().any(|p| depends_on(cx, p, j)) {
+        return why.no("Scale or B is computed from the sum");
+    }
+    use crate::graph::op::{norm_residual_input, norm_sum_output};
+    let mut inputs = n.inputs.clone();
+    inputs[0] = x.clone();
+    inputs.resize(norm_residual_input(rms), String::new());
+    inputs.push(r.clone());
+    let mut outputs = n.outputs.clone();
+    outputs.resize(norm_sum_output(rms), String::new());
+    outputs.push(s.clone());
+    let fused = Node {
+        name: n.name.clone(),
+        op: Op::LayerNormalization {
+            axis,
+            epsilon,
+            rms,
+            residual: true,
+        },
+        inputs,
+        outputs,
+        loc: n.loc.clone(),
+    };
+    Some(Patch {
+        remove: vec![j, i],
+        add: vec![fused],
+        ..Default::default()
+    })
+}
+
+/// Whether value `v` is computed from node `j`'s outputs. Only nodes after `j` in the
+/// execution order can be, so the walk back from `v` stops at them.
+fn depends_on(cx: &Ctx, v: &str, j: usize) -> bool {
+    let mut stack = vec![v];
+    let mut seen = std::collections::HashSet::new();
+    while let Some(v) = stack.pop() {
+        let Some(p) = cx.producer(v) else {
+            continue;
+        };
+        if p == j {
+            return true;
+        }
+        if cx.pos[p] > cx.pos[j] && seen.insert(p) {
+            stack.extend(cx.node(p).inputs.iter().map(|s| s.as_str()));
+        }
+    }
+    false
+}
 
 /// `ReduceMean(x², trailing axes)` (the square a `Pow(x, 2)` or `x·x`, or the mean a
 /// `ReduceMeanSquare`) → `Add(eps)` → `Sqrt` → `x / root`, `x · Reciprocal(root)` or
@@ -184,6 +277,7 @@ fn rms_norm(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch> {
             axis: first as i64,
             epsilon: eps as f32,
             rms: true,
+            residual: false,
         },
         inputs: vec![input.to_string(), scale],
         outputs: vec![out.clone()],

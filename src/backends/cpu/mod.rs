@@ -257,10 +257,19 @@ pub fn run_node(
         }
         Op::Softmax { axis } => reduce::softmax(x(0)?, *axis, false, &mut outs[0]),
         Op::LogSoftmax { axis } => reduce::softmax(x(0)?, *axis, true, &mut outs[0]),
-        Op::LayerNormalization { axis, epsilon, rms } => reduce::layer_norm(
+        Op::LayerNormalization {
+            axis,
+            epsilon,
+            rms,
+            residual,
+        } => reduce::layer_norm(
             x(0)?,
             x(1)?,
-            ins.get(2).copied().flatten(),
+            opt(2).filter(|_| !*rms),
+            match residual {
+                true => Some(x(crate::graph::op::norm_residual_input(*rms))?),
+                false => None,
+            },
             *axis,
             *epsilon,
             *rms,

@@ -170,19 +170,21 @@ fn softmax_row<T: Float>(x: &[T], log: bool, e: &mut Vec<T::Acc>, o: &mut [T]) {
 }
 
 /// `outs` holds Y and optionally Mean and InvStdDev (with `rms`, only InvStdDev: the
-/// rows are not centred).
+/// rows are not centred); with a `residual` R the rows are S = X + R, written to the last
+/// of `outs`.
 #[allow(clippy::too_many_arguments)]
 pub fn layer_norm(
     x: &Tensor,
     scale: &Tensor,
     bias: Option<&Tensor>,
+    residual: Option<&Tensor>,
     axis: i64,
     eps: f32,
     rms: bool,
     outs: &mut [Tensor],
 ) -> Result<()> {
     let axis = checked_axis(axis, x)?;
-    with_float!(x.dtype(), T => layer_norm_t::<T>(x, scale, bias, axis, eps, rms, outs), _ => not_float("LayerNormalization", x))
+    with_float!(x.dtype(), T => layer_norm_t::<T>(x, scale, bias, residual, axis, eps, rms, outs), _ => not_float("LayerNormalization", x))
 }
 
 /// `t` broadcast to the normalised shape, once rather than per row (LayerNorm's Scale, B).
@@ -197,10 +199,12 @@ fn expand<T: Float>(t: &Tensor, norm: &[usize]) -> Vec<T::Acc> {
     v
 }
 
+#[allow(clippy::too_many_arguments)]
 fn layer_norm_t<T: Float>(
     x: &Tensor,
     scale: &Tensor,
     bias: Option<&Tensor>,
+    residual: Option<&Tensor>,
     axis: usize,
     eps: f32,
     rms: bool,
@@ -211,38 +215,58 @@ fn layer_norm_t<T: Float>(
     let g = expand::<T>(scale, norm);
     let b = bias.map(|b| expand::<T>(b, norm));
     let (n_acc, eps) = (T::Acc::c(n as f64), T::Acc::c(eps as f64));
-    let (y, stats) = outs.split_at_mut(1);
+    let (y, rest) = outs.split_at_mut(1);
+    let (stats, sum) = match residual {
+        Some(_) => rest.split_at_mut(rest.len() - 1),
+        None => (rest, &mut [][..]),
+    };
     let nan = T::Acc::nan();
+    // One row: its (mean, 1/σ), Y written.
+    let row = |y: &mut [T], x: &[T]| {
+        // Two passes: the variance of centred values does not cancel catastrophically.
+        let mean = match rms {
+            true => T::Acc::c(0.0),
+            false => x.iter().map(|v| v.to_acc()).sum::<T::Acc>() / n_acc,
+        };
+        let var = x
+            .iter()
+            .map(|v| (v.to_acc() - mean).powi(2))
+            .sum::<T::Acc>()
+            / n_acc;
+        let inv = (var + eps).sqrt().recip();
+        for (j, (y, v)) in y.iter_mut().zip(x).enumerate() {
+            let z = (v.to_acc() - mean) * inv * g[j];
+            *y = T::from_acc(match &b {
+                Some(b) => z + b[j],
+                None => z,
+            });
+        }
+        (mean, inv)
+    };
+    let (ys, xs) = (y[0].as_mut_slice::<T>(), x.as_slice::<T>());
     // An empty normalised shape has no statistics (NaN) and Y is empty.
-    let stats_rows: Vec<(T::Acc, T::Acc)> = if n == 0 {
-        vec![(nan, nan); numel(&x.shape()[..axis])]
-    } else {
-        y[0].as_mut_slice::<T>()
+    let stats_rows: Vec<(T::Acc, T::Acc)> = match residual {
+        _ if n == 0 => vec![(nan, nan); numel(&x.shape()[..axis])],
+        // S is rounded to T before it is normalized, as the Add and the normalization
+        // it replaces compute it.
+        Some(r) => ys
             .par_chunks_mut(n)
-            .zip(x.as_slice::<T>().par_chunks(n))
+            .zip(sum[0].as_mut_slice::<T>().par_chunks_mut(n))
+            .zip(xs.par_chunks(n).zip(r.as_slice::<T>().par_chunks(n)))
             .with_min_len(min_rows(n))
-            .map(|(y, x)| {
-                // Two passes: the variance of centred values does not cancel catastrophically.
-                let mean = match rms {
-                    true => T::Acc::c(0.0),
-                    false => x.iter().map(|v| v.to_acc()).sum::<T::Acc>() / n_acc,
-                };
-                let var = x
-                    .iter()
-                    .map(|v| (v.to_acc() - mean).powi(2))
-                    .sum::<T::Acc>()
-                    / n_acc;
-                let inv = (var + eps).sqrt().recip();
-                for (j, (y, v)) in y.iter_mut().zip(x).enumerate() {
-                    let z = (v.to_acc() - mean) * inv * g[j];
-                    *y = T::from_acc(match &b {
-                        Some(b) => z + b[j],
-                        None => z,
-                    });
+            .map(|((y, s), (x, r))| {
+                for ((s, x), r) in s.iter_mut().zip(x).zip(r) {
+                    *s = T::from_acc(x.to_acc() + r.to_acc());
                 }
-                (mean, inv)
+                row(y, s)
             })
-            .collect()
+            .collect(),
+        None => ys
+            .par_chunks_mut(n)
+            .zip(xs.par_chunks(n))
+            .with_min_len(min_rows(n))
+            .map(|(y, x)| row(y, x))
+            .collect(),
     };
     // Mean and InvStdDev have the dtype inference gave them (f32, or f64 for f64 input).
     for (k, s) in stats.iter_mut().enumerate() {

@@ -731,12 +731,21 @@ impl Cuda {
             Op::SoftmaxGrad { axis, log } => {
                 reduce::softmax_grad(self, node, &x(0)?, &x(1)?, *axis, *log, &y)
             }
-            Op::LayerNormalization { axis, epsilon, rms } => reduce::layer_norm(
+            Op::LayerNormalization {
+                axis,
+                epsilon,
+                rms,
+                residual,
+            } => reduce::layer_norm(
                 self,
                 node,
                 &x(0)?,
                 &x(1)?,
-                opt(2),
+                opt(2).filter(|_| !*rms),
+                match residual {
+                    true => Some(x(crate::graph::op::norm_residual_input(*rms))?),
+                    false => None,
+                },
                 (*axis, *epsilon, *rms),
                 outs,
                 want,

@@ -336,6 +336,8 @@ fn ln_vec(dt: DType, n: usize, ptrs: &[u64]) -> Option<(u32, u32)> {
     Some((threads as u32, m as u32))
 }
 
+/// With a `residual` R the rows are S = X + R, written to the last of `outs` (or to
+/// scratch when nothing reads it).
 #[allow(clippy::too_many_arguments)]
 pub fn layer_norm(
     c: &Cuda,
@@ -343,6 +345,7 @@ pub fn layer_norm(
     x: &V,
     scale: &V,
     bias: Option<V>,
+    residual: Option<V>,
     (axis, eps, rms): (i64, f32, bool),
     outs: &[V],
     want: &[bool],
@@ -372,10 +375,23 @@ pub fn layer_norm(
             node.describe()
         );
     }
-    let vec = ln_vec(x.dtype(), n, &[x.p, gp, bp, outs[0].p]);
+    let (rp, sp) = match &residual {
+        Some(r) => {
+            let k = crate::graph::op::norm_sum_output(rms);
+            let s = match wanted(outs, want, k) {
+                Some(s) => s.p,
+                None => c.scratch(x.ty.bytes())?,
+            };
+            (r.p, s)
+        }
+        None => (0, 0),
+    };
+    let vec = ln_vec(x.dtype(), n, &[x.p, rp, sp, gp, bp, outs[0].p]);
     let lanes = vec.map_or(1, |_| 16 / x.dtype().size());
     let args = [
         Arg::Ptr(x.p),
+        Arg::Ptr(rp),
+        Arg::Ptr(sp),
         Arg::Ptr(gp),
         Arg::Ptr(bp),
         Arg::Ptr(outs[0].p),

@@ -263,11 +263,13 @@ fn expanded(w: &mut Wgpu, t: &V, norm: &[usize]) -> Result<Option<wgpu::Buffer>>
     Ok(Some(buf))
 }
 
+/// With a `residual` R the rows are S = X + R, written to the last of `outs`.
 pub fn layer_norm(
     w: &mut Wgpu,
     node: &Node,
     [x, scale]: [&V; 2],
     bias: Option<V>,
+    residual: Option<V>,
     (axis, eps, rms): (i64, f32, bool),
     outs: &[V],
 ) -> Result<()> {
@@ -294,10 +296,22 @@ pub fn layer_norm(
     let (m, i) = crate::graph::op::norm_stat_outputs(rms);
     let mean = m.and_then(|m| outs.get(m)).map_or(&s0, |v| v.buf);
     let inv = outs.get(i).map_or(&s1, |v| v.buf);
-    let p = Params::new()
-        .u(0, n)
-        .f(1, eps)
-        .u(2, bias.is_some() as usize | (rms as usize) << 1);
+    // The residual and the sum: unbound slots get buffers of their own (a buffer may not
+    // be bound both read-only and writable).
+    let k = crate::graph::op::norm_sum_output(rms);
+    let unbound = match (&residual, outs.get(k)) {
+        (Some(_), None) => x.ty.bytes(),
+        _ => 16,
+    };
+    let (r0, s2) = (w.scratch(16), w.scratch(unbound.max(16)));
+    let (r, sum) = match &residual {
+        Some(r) => (r.buf, outs.get(k).map_or(&s2, |v| v.buf)),
+        None => (&r0, &s2),
+    };
+    let p = Params::new().u(0, n).f(1, eps).u(
+        2,
+        bias.is_some() as usize | (rms as usize) << 1 | (residual.is_some() as usize) << 2,
+    );
     let k = kernel(w, node, "layer_norm", x.dtype(), 1)?;
     w.run_kernel(
         &k,
@@ -309,6 +323,8 @@ pub fn layer_norm(
             (4, outs[0].buf),
             (5, mean),
             (6, inv),
+            (10, sum),
+            (12, r),
         ],
         rows_groups(rows),
     )

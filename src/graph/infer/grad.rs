@@ -45,6 +45,7 @@ pub(super) fn infer(cx: &Cx) -> Result<Vec<ValueType>> {
                 axis: *axis,
                 epsilon: 1e-5,
                 rms: *rms,
+                residual: false,
             };
             let fwd = cx.forward(op, &[Some(xt), Some(scale)], &[None, None])?;
             cx.need_grad(&x, &fwd[0])?;

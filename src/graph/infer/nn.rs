@@ -59,14 +59,38 @@ pub(super) fn infer(cx: &Cx) -> Result<Vec<ValueType>> {
                 shape: vec![m, n],
             })
         }
-        Op::LayerNormalization { axis, .. } => {
+        Op::LayerNormalization {
+            axis,
+            rms,
+            residual,
+            ..
+        } => {
             cx.need_float(&x, "X")?;
             let r = x.shape.len();
             let Some(a) = norm_axis(*axis, r) else {
                 return Err(cx.fail(format!("axis {axis} is out of range for rank {r}")));
             };
+            let sum = residual.then(|| crate::graph::op::norm_sum_output(*rms));
+            if *residual {
+                let k = crate::graph::op::norm_residual_input(*rms);
+                let Some(res) = cx.t(k) else {
+                    return Err(cx.fail("the residual R is missing".to_string()));
+                };
+                if res.dtype != x.dtype || res.shape != x.shape {
+                    return Err(cx.fail(format!(
+                        "the residual R ({} {}) must have X's type and shape ({} {})",
+                        res.dtype,
+                        fmt_shape(&res.shape),
+                        x.dtype,
+                        fmt_shape(&x.shape)
+                    )));
+                }
+            }
             let norm = &x.shape[a..];
             for i in 1..3 {
+                if *rms && i == 2 {
+                    break;
+                }
                 if let Some(s) = cx.t(i) {
                     cx.same_dtype(&x, s)?;
                     if broadcast(&s.shape, norm).as_deref() != Some(norm) {
@@ -85,10 +109,13 @@ pub(super) fn infer(cx: &Cx) -> Result<Vec<ValueType>> {
             }
             let sd = stat_dtype(x.dtype);
             let mut out = vec![x.clone()];
-            for _ in 1..node.outputs.len() {
-                out.push(ValueType {
-                    dtype: sd,
-                    shape: stat.clone(),
+            for k in 1..node.outputs.len() {
+                out.push(match sum == Some(k) {
+                    true => x.clone(),
+                    false => ValueType {
+                        dtype: sd,
+                        shape: stat.clone(),
+                    },
                 });
             }
             Ok(out)

@@ -48,6 +48,7 @@ pub(super) const COMPOSITE: &[&str] = &[
 pub(super) const MS_COMPOSITE: &[&str] = &[
     "SimplifiedLayerNormalization",
     "SkipSimplifiedLayerNormalization",
+    "SkipLayerNormalization",
     "RotaryEmbedding",
 ];
 
@@ -278,6 +279,7 @@ impl Importer<'_> {
             "NegativeLogLikelihoodLoss" => self.nll(n, &what, a),
             "SimplifiedLayerNormalization" => self.rms_norm(n, &what, a),
             "SkipSimplifiedLayerNormalization" => self.skip_rms_norm(n, &what, a),
+            "SkipLayerNormalization" => self.skip_layer_norm(n, &what, a),
             "LpNormalization" => self.lp_norm(n, &what, a),
             "MeanVarianceNormalization" => self.mvn(n, &what, a),
             "Shrink" => self.shrink(n, &what, a),
@@ -538,7 +540,52 @@ impl Importer<'_> {
             )));
         }
         let [x, skip, gamma] = [0, 1, 2].map(|k| ins[k].clone());
-        let bias = opt[0].clone();
+        let s = self.skip_sum(n, x, skip, opt[0].clone());
+        let (y, rms) = self.rms_core(n, &s, -1, epsilon, DType::F32)?;
+        self.out(n, 0, bin(BinaryOp::Mul), vec![y, gamma]);
+        if output(n, 2).is_some() {
+            self.out(n, 2, un(UnaryOp::Reciprocal), vec![rms]);
+        }
+        Ok(())
+    }
+
+    /// ONNX Runtime's SkipLayerNormalization: s = input + skip (+ bias), output =
+    /// LayerNormalization(s, last axis) · gamma (+ beta); mean and inv_std_var (per row,
+    /// float) and input_skip_bias_sum (s) on request. The Add and the normalization are
+    /// fused again by the `residual_norm` rule where skip has the input's shape.
+    fn skip_layer_norm(&mut self, n: &NodeProto, what: &str, mut a: Attrs) -> Result<()> {
+        let epsilon = a.float("epsilon", 1e-12)?;
+        a.finish()?;
+        let (ins, opt) = inputs(n, what, (3, 5), 4)?;
+        let [x, skip, gamma] = [0, 1, 2].map(|k| ins[k].clone());
+        let s = self.skip_sum(n, x, skip, opt[1].clone());
+        let mut ins = vec![s, gamma];
+        ins.extend(opt[0].clone());
+        let mut outputs: Vec<String> = (0..3)
+            .map(|k| output(n, k).unwrap_or("").to_string())
+            .collect();
+        while outputs.last().is_some_and(|o| o.is_empty()) {
+            outputs.pop();
+        }
+        let op = Op::LayerNormalization {
+            axis: -1,
+            epsilon,
+            rms: false,
+            residual: false,
+        };
+        self.nodes.push(crate::graph::Node {
+            name: n.name.clone(),
+            op,
+            inputs: ins,
+            outputs,
+            loc: None,
+        });
+        Ok(())
+    }
+
+    /// The Skip normalizations' `input + skip (+ bias)`, written to their output 3
+    /// (input_skip_bias_sum) when the node names it.
+    fn skip_sum(&mut self, n: &NodeProto, x: String, skip: String, bias: Option<String>) -> String {
         let sum_out = output(n, 3).map(str::to_string);
         let mut s = match (&bias, &sum_out) {
             (None, Some(o)) => {
@@ -557,12 +604,7 @@ impl Importer<'_> {
                 None => self.val(n, "sum_bias", bin(BinaryOp::Add), ins),
             };
         }
-        let (y, rms) = self.rms_core(n, &s, -1, epsilon, DType::F32)?;
-        self.out(n, 0, bin(BinaryOp::Mul), vec![y, gamma]);
-        if output(n, 2).is_some() {
-            self.out(n, 2, un(UnaryOp::Reciprocal), vec![rms]);
-        }
-        Ok(())
+        s
     }
 
     /// LpNormalization: x / ‖x‖_p along `axis` (p 1 or 2), 0 where the norm is 0 (then x
@@ -733,6 +775,7 @@ impl Importer<'_> {
                 axis: -1,
                 epsilon,
                 rms: false,
+                residual: false,
             },
             vec![x3.to_string(), ones],
         )

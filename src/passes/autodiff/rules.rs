@@ -592,49 +592,80 @@ fn multi(b: &mut Builder, ni: usize, n: &Node, dys: &[Option<String>]) -> Result
             let parts: Vec<&str> = parts.iter().map(|s| s.as_str()).collect();
             out[0] = Some(b.op1(Op::Concat { axis: *axis }, &parts, &format!("{x}.d"))?);
         }
-        Op::LayerNormalization { axis, rms, .. } => {
-            let (x, scale) = (&n.inputs[0], &n.inputs[1]);
-            let bias = n.inputs.get(2).filter(|s| !s.is_empty()).cloned();
-            let (m, i) = crate::graph::op::norm_stat_outputs(*rms);
+        Op::LayerNormalization {
+            axis,
+            rms,
+            residual,
+            ..
+        } => {
+            use crate::graph::op::{norm_residual_input, norm_stat_outputs, norm_sum_output};
+            let scale = &n.inputs[1];
+            let bias = match rms {
+                true => None,
+                false => n.inputs.get(2).filter(|s| !s.is_empty()).cloned(),
+            };
+            let (m, i) = norm_stat_outputs(*rms);
             let mean = m.map(|m| b.aux_output(ni, m, "mean")).transpose()?;
             let inv = b.aux_output(ni, i, "inv_std")?;
+            // The rows normalized: X, or with a residual the sum S = X + R (an output,
+            // kept for the backward), whose own gradient dS joins the normalization's and
+            // goes to X and R alike.
+            let (x, ds, r) = match residual {
+                true => {
+                    let k = norm_sum_output(*rms);
+                    let s = b.aux_output(ni, k, "sum")?;
+                    let r = n.inputs[norm_residual_input(*rms)].clone();
+                    (s, dys.get(k).cloned().flatten(), Some(r))
+                }
+                false => (n.inputs[0].clone(), None, None),
+            };
+            let want_x = b.needs(&n.inputs[0]) || r.as_ref().is_some_and(|r| b.needs(r));
+            let mut dx = None;
             if let Some(dy) = &dys[0] {
-                let name = |v: &str, b: &Builder| {
-                    if b.needs(v) {
-                        format!("{v}.d")
-                    } else {
-                        String::new()
-                    }
+                let name = |v: &str, want: bool| match want {
+                    true => format!("{v}.d"),
+                    false => String::new(),
                 };
-                let mut outs = vec![name(x, b), name(scale, b)];
+                let mut outs = vec![name(&x, want_x), name(scale, b.needs(scale))];
                 if let Some(bi) = &bias {
-                    outs.push(name(bi, b));
+                    outs.push(name(bi, b.needs(bi)));
                 }
                 let outs: Vec<&str> = outs.iter().map(|s| s.as_str()).collect();
-                let mut ins: Vec<&str> = vec![dy, x, scale];
+                let mut ins: Vec<&str> = vec![dy, &x, scale];
                 ins.extend(mean.as_deref());
                 ins.push(&inv);
+                // dS is added as dX is written (the `ln_grad_residual` form).
+                ins.extend(ds.as_deref().filter(|_| want_x));
                 let op = Op::LayerNormalizationGrad {
                     axis: *axis,
                     rms: *rms,
                 };
-                let r = b.node(op, &ins, &outs)?;
-                out[0] = Some(r[0].clone()).filter(|v| !v.is_empty());
-                if !r[1].is_empty() {
-                    out[1] = Some(b.sum_to(&r[1], &b.shape(scale))?);
+                let g = b.node(op, &ins, &outs)?;
+                dx = Some(g[0].clone()).filter(|v| !v.is_empty());
+                if !g[1].is_empty() {
+                    out[1] = Some(b.sum_to(&g[1], &b.shape(scale))?);
                 }
-                if let (Some(bi), Some(d)) = (&bias, r.get(2).filter(|v| !v.is_empty())) {
+                if let (Some(bi), Some(d)) = (&bias, g.get(2).filter(|v| !v.is_empty())) {
                     out[2] = Some(b.sum_to(d, &b.shape(bi))?);
                 }
+            } else if want_x {
+                dx = ds;
             }
             let dy = |k: usize| dys.get(k).cloned().flatten();
             let (dmean, dinv) = (m.and_then(dy), dy(i));
-            if b.needs(x) && (dmean.is_some() || dinv.is_some()) {
-                let stats = layer_norm_stats_grad(b, *axis, x, mean.as_deref(), &inv, dmean, dinv)?;
-                out[0] = Some(match out[0].take() {
+            if want_x && (dmean.is_some() || dinv.is_some()) {
+                let stats =
+                    layer_norm_stats_grad(b, *axis, &x, mean.as_deref(), &inv, dmean, dinv)?;
+                dx = Some(match dx.take() {
                     Some(d) => b.bin(B::Add, &d, &stats)?,
                     None => stats,
                 });
+            }
+            if b.needs(&n.inputs[0]) {
+                out[0] = dx.clone();
+            }
+            if r.is_some_and(|r| b.needs(&r)) {
+                out[norm_residual_input(*rms)] = dx;
             }
         }
         Op::SoftmaxCrossEntropyLoss {
