@@ -8,6 +8,8 @@ use std::fmt;
 use std::io::{Read, Write};
 use std::path::Path;
 
+pub mod narrow;
+
 /// Every element type, declared once: variant, Rust type, name, other names it is read
 /// by, ONNX `TensorProto.DataType` code, `.npy` descr, safetensors dtype, and class.
 /// `DType`, its names and codes, the file formats and the `with_*!` dispatch macros are
@@ -28,7 +30,18 @@ macro_rules! for_each_dtype {
             (U32, u32, "u32", ["uint32"], 12, "<u4", U32, int),
             (U16, u16, "u16", ["uint16"], 4, "<u2", U16, int),
             (U8, u8, "u8", ["uint8"], 2, "|u1", U8, int),
-            (Bool, $crate::tensor::Bool, "bool", [], 9, "|b1", BOOL, bool)
+            (Bool, $crate::tensor::Bool, "bool", [], 9, "|b1", BOOL, bool),
+            // The narrow types (`narrow.rs`): one byte an element, written to .npy and
+            // safetensors as their bytes (the floats' bit patterns, the integers' values).
+            (F8E4M3FN, $crate::tensor::narrow::F8E4M3FN, "f8e4m3fn", ["float8e4m3fn"], 17, "|u1", F8_E4M3, narrow),
+            (F8E4M3FNUZ, $crate::tensor::narrow::F8E4M3FNUZ, "f8e4m3fnuz", ["float8e4m3fnuz"], 18, "|u1", F8_E4M3FNUZ, narrow),
+            (F8E5M2, $crate::tensor::narrow::F8E5M2, "f8e5m2", ["float8e5m2"], 19, "|u1", F8_E5M2, narrow),
+            (F8E5M2FNUZ, $crate::tensor::narrow::F8E5M2FNUZ, "f8e5m2fnuz", ["float8e5m2fnuz"], 20, "|u1", F8_E5M2FNUZ, narrow),
+            (U4, $crate::tensor::narrow::U4, "u4", ["uint4"], 21, "|u1", U8, narrow),
+            (I4, $crate::tensor::narrow::I4, "i4", ["int4"], 22, "|i1", I8, narrow),
+            (F4E2M1, $crate::tensor::narrow::F4E2M1, "f4e2m1", ["float4e2m1"], 23, "|u1", U8, narrow),
+            (U2, $crate::tensor::narrow::U2, "u2", ["uint2"], 25, "|u1", U8, narrow),
+            (I2, $crate::tensor::narrow::I2, "i2", ["int2"], 26, "|i1", I8, narrow)
         }
     };
 }
@@ -121,13 +134,21 @@ for_each_dtype!(dtype_enum);
 impl DType {
     /// Unsigned integer dtypes.
     pub fn is_unsigned(self) -> bool {
-        matches!(self, DType::U8 | DType::U16 | DType::U32 | DType::U64)
+        matches!(
+            self,
+            DType::U8 | DType::U16 | DType::U32 | DType::U64 | DType::U4 | DType::U2
+        )
     }
-    /// The smallest and largest value of an integer dtype (`None` for floats and bool).
+    /// The smallest and largest value of an integer dtype, the 4- and 2-bit ones included
+    /// (`None` for floats and bool).
     pub fn int_range(self) -> Option<(i128, i128)> {
-        let bits = 8 * self.size() as u32;
+        let narrow = matches!(self, DType::I4 | DType::U4 | DType::I2 | DType::U2);
+        let bits = match narrow {
+            true => self.narrow_bits().unwrap_or(8),
+            false => 8 * self.size() as u32,
+        };
         match self {
-            _ if !self.is_int() => None,
+            _ if !self.is_int() && !narrow => None,
             _ if self.is_unsigned() => Some((0, (1i128 << bits) - 1)),
             _ => Some((-(1i128 << (bits - 1)), (1i128 << (bits - 1)) - 1)),
         }
@@ -450,7 +471,11 @@ macro_rules! with_any {
     ($dt:expr, $T:ident => $body:expr) => {
         $crate::with_dtypes!($dt, $T => $body,
             [F32 f32, F64 f64, F16 half::f16, BF16 half::bf16, I64 i64, I32 i32, I16 i16, I8 i8,
-             U64 u64, U32 u32, U16 u16, U8 u8, Bool $crate::tensor::Bool])
+             U64 u64, U32 u32, U16 u16, U8 u8, Bool $crate::tensor::Bool,
+             F8E4M3FN $crate::tensor::narrow::F8E4M3FN, F8E4M3FNUZ $crate::tensor::narrow::F8E4M3FNUZ,
+             F8E5M2 $crate::tensor::narrow::F8E5M2, F8E5M2FNUZ $crate::tensor::narrow::F8E5M2FNUZ,
+             F4E2M1 $crate::tensor::narrow::F4E2M1, I4 $crate::tensor::narrow::I4,
+             U4 $crate::tensor::narrow::U4, I2 $crate::tensor::narrow::I2, U2 $crate::tensor::narrow::U2])
     };
 }
 /// Like `with_float!` for the numeric (non-bool) dtypes.
@@ -1107,7 +1132,14 @@ fn read_npy_from(
         return Err(format!(
             "unsupported .npy dtype '{descr}'; graphrun reads {}",
             DType::ALL
-                .map(|d| d.npy_descr()[1..].to_string())
+                .iter()
+                .map(|d| &d.npy_descr()[1..])
+                .fold(Vec::<&str>::new(), |mut v, d| {
+                    if !v.contains(&d) {
+                        v.push(d);
+                    }
+                    v
+                })
                 .join(", ")
         ));
     };
@@ -1254,7 +1286,7 @@ pub fn cast_into(src: &Tensor, dst: &mut Tensor) {
 fn cast_slice<S: Elem, D: Elem>(s: &[S], d: &mut [D]) {
     // Between integers (and bool) exactly, wrapping as C and numpy do; otherwise through
     // f64, which holds every float exactly (f64 → f32/f16/bf16 rounds to nearest).
-    let ints = D::DTYPE.is_int() || D::DTYPE == DType::Bool;
+    let ints = D::DTYPE.int_range().is_some() || D::DTYPE == DType::Bool;
     for (o, &v) in d.iter_mut().zip(s) {
         *o = match v.int_value() {
             Some(i) if ints => D::from_int(i),
@@ -1308,6 +1340,9 @@ pub fn onnx_dtype_name(code: i64) -> String {
         21 => "UINT4",
         22 => "INT4",
         23 => "FLOAT4E2M1",
+        24 => "FLOAT8E8M0",
+        25 => "UINT2",
+        26 => "INT2",
         _ => return format!("dtype code {code}"),
     };
     name.to_string()

@@ -12,7 +12,7 @@ mod onnx_model;
 
 use common::*;
 use graphrun::onnx::proto::AttributeProto;
-use graphrun::{DType, Session, SessionOptions, Tensor};
+use graphrun::{BackendKind, DType, Session, SessionOptions, Tensor};
 use onnx_case::*;
 use onnx_model::*;
 use std::collections::HashMap;
@@ -1321,6 +1321,98 @@ fn quantize_linear_on_every_backend() {
     }
 }
 
+/// The narrow element types: a packed INT4 initializer (two values a byte, an odd count)
+/// read and dequantized per row; QuantizeLinear to INT4 (rounding half to even, saturating
+/// to −8..7) and to FLOAT8E4M3FN (rounding to the 8-bit float, saturating at ±448), the
+/// expected values worked out by hand; CUDA and WebGPU refuse the types by name.
+#[test]
+fn narrow_element_types() {
+    use graphrun::onnx::proto::TensorProto;
+    let run = |bytes: &[u8], feeds: &[(&str, Tensor)], backend| {
+        let g = graphrun::onnx::from_bytes(bytes, "narrow", std::path::Path::new("."))
+            .unwrap_or_else(|e| panic!("import: {e}"));
+        let opts = SessionOptions {
+            backend,
+            ..SessionOptions::unfused()
+        };
+        let feeds: HashMap<String, Tensor> = feeds
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect();
+        Session::new(g, opts).and_then(|mut s| s.run(&feeds))
+    };
+    let packed = |name: &str, dims: &[i64], code: i32, vals: &[i8]| TensorProto {
+        name: name.into(),
+        dims: dims.to_vec(),
+        data_type: code,
+        raw_data: vals
+            .chunks(2)
+            .map(|c| (c[0] as u8 & 0xf) | (c.get(1).map_or(0, |&v| v as u8 & 0xf) << 4))
+            .collect(),
+        ..Default::default()
+    };
+    // DequantizeLinear of an INT4 [3, 3] weight, a scale per row.
+    let w: [i8; 9] = [-8, -3, 0, 1, 7, -1, 5, -6, 2];
+    let scale = [0.5f32, 0.25, 2.0];
+    let dq = model_bytes(
+        vec![node(
+            "DequantizeLinear",
+            "",
+            &["w", "s"],
+            &["y"],
+            vec![int_attr("axis", 0)],
+        )],
+        21,
+        vec![],
+        vec![
+            packed("w", &[3, 3], 22, &w),
+            initializer("s", &Tensor::from_vec(&[3], scale.to_vec()).unwrap()),
+        ],
+        &["y"],
+    );
+    let want: Vec<f64> = (0..9).map(|i| w[i] as f64 * scale[i / 3] as f64).collect();
+    let got = run(&dq, &[], BackendKind::Cpu).unwrap();
+    assert_eq!(got[0].1.to_f64_vec(), want);
+    // QuantizeLinear to INT4 (the zero point's type) and to FLOAT8E4M3FN (output_dtype).
+    let x = Tensor::from_vec(&[5], vec![-9.6f32, 2.5, 3.5, 7.4, 100.0]).unwrap();
+    let one = Tensor::scalar(1.0f32);
+    let q4 = model_bytes(
+        vec![node("QuantizeLinear", "", &["x", "s", "z"], &["q"], vec![])],
+        21,
+        vec![input_like("x", &x)],
+        vec![initializer("s", &one), packed("z", &[], 22, &[0])],
+        &["q"],
+    );
+    let got = run(&q4, &[("x", x)], BackendKind::Cpu).unwrap();
+    assert_eq!(got[0].1.dtype(), DType::I4);
+    assert_eq!(got[0].1.to_f64_vec(), [-8.0, 2.0, 4.0, 7.0, 7.0]);
+    let x = Tensor::from_vec(&[5], vec![0.3f32, -1000.0, 3.14159, 1e-9, 17.5]).unwrap();
+    let q8 = model_bytes(
+        vec![node(
+            "QuantizeLinear",
+            "",
+            &["x", "s"],
+            &["q"],
+            vec![int_attr("output_dtype", 17)],
+        )],
+        21,
+        vec![input_like("x", &x)],
+        vec![initializer("s", &one)],
+        &["q"],
+    );
+    let got = run(&q8, &[("x", x.clone())], BackendKind::Cpu).unwrap();
+    assert_eq!(got[0].1.dtype(), DType::F8E4M3FN);
+    // 0.3 is 9.6 steps of 2⁻⁵ (→ 10), 3.14159 12.6 of 2⁻² (→ 13), 17.5 8.75 of 2 (→ 9).
+    assert_eq!(got[0].1.to_f64_vec(), [0.3125, -448.0, 3.25, 0.0, 18.0]);
+    for be in backends().into_iter().filter(|b| *b != BackendKind::Cpu) {
+        let e = run(&q8, &[("x", x.clone())], be).unwrap_err().to_string();
+        assert!(
+            e.contains("f8e4m3fn") && e.contains("CPU backend only"),
+            "{be:?}: {e}"
+        );
+    }
+}
+
 #[test]
 fn dequantize_linear_on_every_backend_with_gradients() {
     for (k, q) in quant_settings().into_iter().enumerate() {
@@ -1580,9 +1672,14 @@ fn unsupported_attribute_values_are_refused_by_name() {
             "attribute 'size' must be in 1..=256, got 0",
         ),
         (
+            Case::new("QuantizeLinear", 25, vec![("x", x()), ("s", x())])
+                .with(vec![int_attr("output_dtype", 24)]),
+            "output type FLOAT8E8M0 is not a quantized type graphrun has",
+        ),
+        (
             Case::new("QuantizeLinear", 21, vec![("x", x()), ("s", x())])
-                .with(vec![int_attr("output_dtype", 17)]),
-            "output type FLOAT8E4M3FN is not a quantized type graphrun has",
+                .with(vec![int_attr("output_dtype", 17), int_attr("saturate", 0)]),
+            "attribute 'saturate'",
         ),
         (
             Case::new("QuantizeLinear", 21, vec![("x", x()), ("s", x())])

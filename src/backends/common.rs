@@ -644,3 +644,14 @@ pub fn fill_bits(dt: DType, v: f64) -> u64 {
     });
     u64::from_le_bytes(b)
 }
+
+/// The first narrow element type (`DType::narrow_bits`) among a node's input and output
+/// types: CUDA and WebGPU leave those (storage types that Cast converts) to the CPU.
+pub fn narrow_dtype<'a>(
+    types: impl IntoIterator<Item = &'a crate::graph::infer::ValueType>,
+) -> Option<DType> {
+    types
+        .into_iter()
+        .map(|t| t.dtype)
+        .find(|d| d.narrow_bits().is_some())
+}

@@ -1549,7 +1549,10 @@ impl Op {
                     };
                     return Err(a.err(
                         Some(at),
-                        format!("attribute 'to': unsupported dtype {given}; use f32, f16, bf16, f64, i64, i32 or bool (or ONNX codes 1, 10, 16, 11, 7, 6, 9)"),
+                        format!(
+                            "attribute 'to': unsupported dtype {given}; use one of {}",
+                            DType::ALL.map(|d| d.name()).join(", ")
+                        ),
                     ));
                 };
                 a.ignore_if(

@@ -16,7 +16,8 @@ pub fn dtype_of(code: i64, what: &str) -> Result<DType> {
     DType::from_onnx(code).ok_or_else(|| {
         Error::Graph(format!(
             "{what} has element type {}, which graphrun does not support \
-             (FLOAT, FLOAT16, BFLOAT16, DOUBLE, INT64, INT32, BOOL)",
+             (it reads every numeric type up to 64 bits, BOOL, the FLOAT8 types but E8M0, \
+             FLOAT4E2M1, INT4, UINT4, INT2 and UINT2)",
             onnx_dtype_name(code)
         ))
     })
@@ -35,8 +36,17 @@ pub fn from_proto(t: &TensorProto, base: &Path, what: &str) -> Result<Tensor> {
     let n = checked_numel(&shape)
         .filter(|n| n.checked_mul(dtype.size()).is_some())
         .ok_or_else(|| err(format!("dims {:?} overflow the address space", t.dims)))?;
+    let packed = dtype.narrow_bits().is_some_and(|b| b < 8);
+    if t.data_location == DATA_LOCATION_EXTERNAL && packed {
+        return Err(err(format!(
+            "{dtype} (packed, several elements a byte) in external data is not read"
+        )));
+    }
     if t.data_location == DATA_LOCATION_EXTERNAL {
         return read_external(t, base, dtype, &shape, what).map_err(err);
+    }
+    if let Some(bits) = dtype.narrow_bits() {
+        return narrow(t, dtype, &shape, n, bits).map_err(err);
     }
     if !t.raw_data.is_empty() || n == 0 {
         return Tensor::from_bytes(dtype, &shape, &t.raw_data).map_err(|e| err(e.to_string()));
@@ -102,8 +112,42 @@ pub fn from_proto(t: &TensorProto, base: &Path, what: &str) -> Result<Tensor> {
                 .collect();
             Tensor::from_vec(&shape, v)
         }
+        // Read by `narrow` above.
+        _ => Err(crate::err!(Graph, "{dtype} data in typed fields")),
     }
     .map_err(|e| err(e.to_string()))
+}
+
+/// A narrow type's elements (`bits` each, several to a byte below 8, lowest bits first)
+/// from raw_data or int32_data (a packed byte in each), one byte an element in the tensor.
+fn narrow(
+    t: &TensorProto,
+    dtype: DType,
+    shape: &[usize],
+    n: usize,
+    bits: u32,
+) -> Result<Tensor, String> {
+    let need = n.div_ceil(8 / bits as usize);
+    let packed: Vec<u8> = match (t.raw_data.is_empty(), t.int32_data.is_empty()) {
+        (false, _) => t.raw_data.clone(),
+        (true, false) => t.int32_data.iter().map(|&x| x as u8).collect(),
+        (true, true) if n == 0 => vec![],
+        (true, true) => {
+            return Err(format!(
+                "no data: the shape {} has {n} elements but neither raw_data, int32_data nor external data is set",
+                fmt_shape(shape)
+            ))
+        }
+    };
+    if packed.len() != need {
+        return Err(format!(
+            "{dtype} data of shape {} takes {need} bytes ({bits} bits an element), got {}",
+            fmt_shape(shape),
+            packed.len()
+        ));
+    }
+    let bytes = crate::tensor::narrow::unpack(dtype, &packed, n);
+    Tensor::from_bytes(dtype, shape, &bytes).map_err(|e| e.to_string())
 }
 
 /// Reads external data straight into the tensor `t` becomes. The file must resolve

@@ -132,7 +132,10 @@ fn proto_of(name: &str, t: &Tensor) -> TensorProto {
         name: name.to_string(),
         dims: t.shape().iter().map(|&d| d as i64).collect(),
         data_type: t.dtype().onnx_code(),
-        raw_data: t.bytes().to_vec(),
+        raw_data: match t.dtype().narrow_bits() {
+            Some(_) => crate::tensor::narrow::pack(t.dtype(), t.bytes()),
+            None => t.bytes().to_vec(),
+        },
         ..Default::default()
     }
 }

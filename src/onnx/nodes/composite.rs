@@ -215,16 +215,28 @@ pub(super) fn reduce_op(
     (op, ins)
 }
 
-/// The saturation range of the quantized types graphrun has (QuantizeLinear's integer
-/// targets; int4, int2 and the float8 types are not graphrun dtypes).
+/// The saturation range of QuantizeLinear's integer targets (8- and 16-bit, 4- and
+/// 2-bit).
 fn quant_range(dt: DType) -> Option<(f32, f32)> {
     match dt {
-        DType::U8 => Some((0.0, 255.0)),
-        DType::I8 => Some((-128.0, 127.0)),
-        DType::U16 => Some((0.0, 65535.0)),
-        DType::I16 => Some((-32768.0, 32767.0)),
+        DType::U8
+        | DType::I8
+        | DType::U16
+        | DType::I16
+        | DType::I4
+        | DType::U4
+        | DType::I2
+        | DType::U2 => dt.int_range().map(|(lo, hi)| (lo as f32, hi as f32)),
         _ => None,
     }
+}
+
+/// QuantizeLinear's floating targets: the 8-bit floats and FLOAT4E2M1.
+fn quant_float(dt: DType) -> bool {
+    matches!(
+        dt,
+        DType::F8E4M3FN | DType::F8E4M3FNUZ | DType::F8E5M2 | DType::F8E5M2FNUZ | DType::F4E2M1
+    )
 }
 
 /// The name of ONNX type `code` for messages: graphrun's dtype name, or ONNX's.
@@ -1305,11 +1317,18 @@ impl Importer<'_> {
     /// QuantizeLinear: saturate(round(x / scale) + zero_point), rounding half to even and
     /// saturating to the output type's range, as ONNX's reference computes it (the
     /// division in x's type, or in `precision`'s). The output type is the zero point's,
-    /// else output_dtype's, else uint8; it must be one graphrun has (uint8, int8, uint16,
-    /// int16), so `saturate`, which only float8 outputs read, changes nothing here.
+    /// else output_dtype's, else uint8: an 8-, 16-, 4- or 2-bit integer, or a float
+    /// (FLOAT8*, where the zero point is 0, and FLOAT4E2M1), which takes x / scale (+ the
+    /// zero point for FLOAT4E2M1) rounded to it by Cast, saturating (`saturate` 0 is
+    /// refused).
     fn quantize(&mut self, n: &NodeProto, what: &str, mut a: Attrs) -> Result<()> {
         let (axis, block) = Self::quant_layout(&mut a)?;
-        a.flag_or("saturate", true)?;
+        if !a.flag_or("saturate", true)? {
+            return Err(a.refuse(
+                "saturate",
+                "only the default (1): graphrun's Cast to the 8-bit floats saturates",
+            ));
+        }
         let out_code = a.int("output_dtype", 0)?;
         let precision = match a.int("precision", 0)? {
             0 => None,
@@ -1352,11 +1371,10 @@ impl Importer<'_> {
                 )))
             }
         };
-        let Some((to, (lo, hi))) =
-            DType::from_onnx(code).and_then(|dt| Some((dt, quant_range(dt)?)))
-        else {
+        let to = DType::from_onnx(code).filter(|&dt| quant_range(dt).is_some() || quant_float(dt));
+        let Some(to) = to else {
             return Err(Error::Graph(format!(
-                "{what}: output type {} is not a quantized type graphrun has (UINT8, INT8, UINT16, INT16)",
+                "{what}: output type {} is not a quantized type graphrun has (UINT8, INT8, UINT16, INT16, UINT4, INT4, UINT2, INT2, FLOAT8E4M3FN, FLOAT8E4M3FNUZ, FLOAT8E5M2, FLOAT8E5M2FNUZ, FLOAT4E2M1)",
                 type_name(code)
             )));
         };
@@ -1365,25 +1383,30 @@ impl Importer<'_> {
             Some(z) => Some(self.quant_param(n, &x, &z, axis, block)?),
             None => None,
         };
-        self.quantize_core(n, &x, &s, z, precision, (lo, hi), to);
+        match quant_range(to) {
+            Some(range) => self.quantize_core(n, &x, &s, z, precision, range, to),
+            None => {
+                let (num, den) = self.quant_operands(n, &x, &s, precision);
+                let mut q = self.val(n, "scaled", bin(BinaryOp::Div), vec![num, den]);
+                if let Some(z) = z.filter(|_| to == DType::F4E2M1) {
+                    let z = self.val(n, "zero_point_like", Op::CastLike, vec![z, q.clone()]);
+                    q = self.val(n, "shifted", bin(BinaryOp::Add), vec![q, z]);
+                }
+                self.out(n, 0, Op::Cast { to }, vec![q]);
+            }
+        }
         Ok(())
     }
 
-    /// Output 0 = Cast(Clip(f32(Round(x / scale)) + f32(zero point), lo, hi), to), with
-    /// scale and zero point already broadcastable against x. The sum runs in f32, where
-    /// every value that survives the clip is exact (as ONNX's int32 sum).
-    #[allow(clippy::too_many_arguments)]
-    fn quantize_core(
+    /// x and scale in the type the division runs in: `precision`'s, else x's.
+    fn quant_operands(
         &mut self,
         n: &NodeProto,
         x: &str,
         scale: &str,
-        zp: Option<String>,
         precision: Option<DType>,
-        (lo, hi): (f32, f32),
-        to: DType,
-    ) {
-        let (num, den) = match precision {
+    ) -> (String, String) {
+        match precision {
             Some(p) => (
                 self.val(n, "x_precision", Op::Cast { to: p }, vec![x.to_string()]),
                 self.val(
@@ -1402,7 +1425,24 @@ impl Importer<'_> {
                     vec![scale.to_string(), x.to_string()],
                 ),
             ),
-        };
+        }
+    }
+
+    /// Output 0 = Cast(Clip(f32(Round(x / scale)) + f32(zero point), lo, hi), to), with
+    /// scale and zero point already broadcastable against x. The sum runs in f32, where
+    /// every value that survives the clip is exact (as ONNX's int32 sum).
+    #[allow(clippy::too_many_arguments)]
+    fn quantize_core(
+        &mut self,
+        n: &NodeProto,
+        x: &str,
+        scale: &str,
+        zp: Option<String>,
+        precision: Option<DType>,
+        (lo, hi): (f32, f32),
+        to: DType,
+    ) {
+        let (num, den) = self.quant_operands(n, x, scale, precision);
         let q = self.val(n, "scaled", bin(BinaryOp::Div), vec![num, den]);
         let q = self.val(n, "rounded", un(UnaryOp::Round), vec![q]);
         let mut q = self.val(n, "rounded_f32", Op::Cast { to: DType::F32 }, vec![q]);
