@@ -105,19 +105,7 @@ impl Format {
         }
         // The quantum at a's binade (subnormals share the smallest normal one's).
         let emin = 1 - self.bias;
-        let e = if a == 0.0 {
-            emin
-        } else {
-            (a.log2().floor() as i32).max(emin)
-        };
-        // log2 can be one off near powers of two: fix the binade exactly.
-        let e = if a >= 2f64.powi(e + 1) {
-            e + 1
-        } else if e > emin && a < 2f64.powi(e) {
-            e - 1
-        } else {
-            e
-        };
+        let e = if a == 0.0 { emin } else { binade(a).max(emin) };
         let q = 2f64.powi(e - self.m as i32);
         let r = (a / q).round_ties_even() * q;
         if r > max {
@@ -136,18 +124,20 @@ impl Format {
         let code = if r < 2f64.powi(emin) {
             (r / 2f64.powi(emin - self.m as i32)) as u8
         } else {
-            let e = r.log2().floor() as i32;
-            let e = if r >= 2f64.powi(e + 1) {
-                e + 1
-            } else if r < 2f64.powi(e) {
-                e - 1
-            } else {
-                e
-            };
+            let e = binade(r);
             let man = (r / 2f64.powi(e - self.m as i32)) as u32 - (1 << self.m);
             (((e + self.bias) as u32) << self.m | man) as u8
         };
         sign | code
+    }
+}
+
+/// ⌊log₂ a⌋ of a positive finite `a`, exactly: the exponent of a normal f64 (a subnormal
+/// one lies far below every narrow format, where the estimate is enough).
+fn binade(a: f64) -> i32 {
+    match ((a.to_bits() >> 52) & 0x7ff) as i32 {
+        0 => a.log2().floor() as i32,
+        e => e - 1023,
     }
 }
 
