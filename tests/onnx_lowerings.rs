@@ -1323,8 +1323,9 @@ fn quantize_linear_on_every_backend() {
 
 /// The narrow element types: a packed INT4 initializer (two values a byte, an odd count)
 /// read and dequantized per row; QuantizeLinear to INT4 (rounding half to even, saturating
-/// to −8..7) and to FLOAT8E4M3FN (rounding to the 8-bit float, saturating at ±448), the
-/// expected values worked out by hand; CUDA and WebGPU refuse the types by name.
+/// to −8..7) and to FLOAT8E4M3FN (rounding to the 8-bit float, saturating at ±448), Cast
+/// without saturation, the expected values worked out by hand; CUDA and WebGPU refuse the
+/// types by name.
 #[test]
 fn narrow_element_types() {
     use graphrun::onnx::proto::TensorProto;
@@ -1404,6 +1405,41 @@ fn narrow_element_types() {
     assert_eq!(got[0].1.dtype(), DType::F8E4M3FN);
     // 0.3 is 9.6 steps of 2⁻⁵ (→ 10), 3.14159 12.6 of 2⁻² (→ 13), 17.5 8.75 of 2 (→ 9).
     assert_eq!(got[0].1.to_f64_vec(), [0.3125, -448.0, 3.25, 0.0, 18.0]);
+    // Cast with saturate 0: past the last rounding bound, NaN (E4M3FN: 464 is a tie that
+    // rounds to 448, whose mantissa is even) or ±infinity (E5M2: 61440 ties up to 2¹⁶).
+    for (to, xs, want) in [
+        (
+            17,
+            vec![1e6f32, -1e6, 448.0, 464.0, 465.0],
+            vec![f64::NAN, f64::NAN, 448.0, 448.0, f64::NAN],
+        ),
+        (
+            19,
+            vec![61440.0, 61439.0, -1e6, 1.0],
+            vec![f64::INFINITY, 57344.0, f64::NEG_INFINITY, 1.0],
+        ),
+    ] {
+        let x = Tensor::from_vec(&[xs.len()], xs).unwrap();
+        let attrs = vec![int_attr("to", to), int_attr("saturate", 0)];
+        let m = model_bytes(
+            vec![node("Cast", "", &["x"], &["y"], attrs)],
+            21,
+            vec![input_like("x", &x)],
+            vec![],
+            &["y"],
+        );
+        let got = run(&m, &[("x", x)], BackendKind::Cpu).unwrap()[0]
+            .1
+            .to_f64_vec();
+        let same = got
+            .iter()
+            .zip(&want)
+            .all(|(g, w)| g == w || (g.is_nan() && w.is_nan()));
+        assert!(
+            same,
+            "Cast to {to} without saturation: {got:?}, want {want:?}"
+        );
+    }
     for be in backends().into_iter().filter(|b| *b != BackendKind::Cpu) {
         let e = run(&q8, &[("x", x.clone())], be).unwrap_err().to_string();
         assert!(

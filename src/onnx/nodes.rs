@@ -513,6 +513,30 @@ impl<'a> Importer<'a> {
         if domains::writes(&n.domain, &n.op_type) {
             return self.lower_domain(n, shown, attrs);
         }
+        // Cast's `saturate` reads only for the 8-bit floats.
+        let cast = matches!(n.op_type.as_str(), "Cast" | "CastLike");
+        if cast && take(&mut attrs, "saturate").is_some_and(|v| v == AttrValue::Int(0)) {
+            let to = match n.op_type.as_str() {
+                "Cast" => match attrs.iter().find(|a| a.name == "to").map(|a| &a.value) {
+                    Some(AttrValue::Int(c)) => DType::from_onnx(*c),
+                    _ => None,
+                },
+                _ => inputs.get(1).and_then(|t| self.dtypes.get(t)).copied(),
+            };
+            match to {
+                Some(to) if crate::tensor::narrow::overflow(to).is_some() => {
+                    return self.unsaturated_cast(n, to)
+                }
+                Some(_) => {}
+                None => {
+                    return Err(Error::Graph(format!(
+                        "node '{shown}' ({}): saturate 0 needs the target type known when the model is imported (declare the type of '{}')",
+                        n.op_type,
+                        inputs.get(1).map_or("", String::as_str)
+                    )))
+                }
+            }
+        }
         match n.op_type.as_str() {
             // A training_mode written as a constant does not decide (PyTorch's dynamo
             // exporter writes `true` into eval-mode exports): a plain run is inference and

@@ -239,6 +239,28 @@ narrow_int! {
     U2, U2, u8, 2, false;
 }
 
+/// For an 8-bit float type: the smallest |x| that a Cast without saturation turns into an
+/// overflow, and whether that bound itself overflows (where the largest finite value's
+/// mantissa is odd, the tie at the bound rounds up, to even), and the overflow's patterns
+/// for (positive, negative) x: ±infinity for E5M2, NaN for the others.
+pub fn overflow(dt: DType) -> Option<(f64, bool, [u8; 2])> {
+    let f = match dt {
+        DType::F8E4M3FN => F8E4M3FN::FORMAT,
+        DType::F8E4M3FNUZ => F8E4M3FNUZ::FORMAT,
+        DType::F8E5M2 => F8E5M2::FORMAT,
+        DType::F8E5M2FNUZ => F8E5M2FNUZ::FORMAT,
+        _ => return None,
+    };
+    let max = f.decode(f.max_code());
+    let half_ulp = 2f64.powi(binade(max) - f.m as i32 - 1);
+    let odd = f.max_code() & 1 == 1;
+    let codes = [
+        f.encode(f64::INFINITY, false),
+        f.encode(f64::NEG_INFINITY, false),
+    ];
+    Some((max + half_ulp, odd, codes))
+}
+
 impl DType {
     /// The bits a value of a narrow type takes in an ONNX file (4 or 2; 8 for the 8-bit
     /// floats), `None` for the others.

@@ -1398,6 +1398,33 @@ impl Importer<'_> {
         Ok(())
     }
 
+    /// Cast or CastLike with `saturate` 0 to an 8-bit float `to`: where x rounds past the
+    /// largest finite value the result is infinity (E5M2) or NaN rather than that value.
+    /// The saturating Cast, then a Where on |x| at or beyond the rounding bound (compared
+    /// in f64, which holds every input exactly).
+    pub(super) fn unsaturated_cast(&mut self, n: &NodeProto, to: DType) -> Result<()> {
+        let Some((bound, inclusive, [pos, neg])) = crate::tensor::narrow::overflow(to) else {
+            return Err(Error::Graph(format!("Cast to {to}: not an 8-bit float")));
+        };
+        let x = n.input[0].clone();
+        let y = self.val(n, "saturated", Op::Cast { to }, vec![x.clone()]);
+        let xf = self.val(n, "x_f64", Op::Cast { to: DType::F64 }, vec![x]);
+        let mag = self.val(n, "magnitude", un(UnaryOp::Abs), vec![xf.clone()]);
+        let b = self.constant(n, "bound", Tensor::scalar(bound));
+        let cmp = match inclusive {
+            true => BinaryOp::GreaterOrEqual,
+            false => BinaryOp::Greater,
+        };
+        let over = self.val(n, "overflows", bin(cmp), vec![mag, b]);
+        let zero = self.constant(n, "zero", Tensor::scalar(0.0f64));
+        let negative = self.val(n, "negative", bin(BinaryOp::Less), vec![xf, zero]);
+        let p = self.constant(n, "overflow_pos", Tensor::from_bytes(to, &[], &[pos])?);
+        let q = self.constant(n, "overflow_neg", Tensor::from_bytes(to, &[], &[neg])?);
+        let special = self.val(n, "overflow", Op::Where, vec![negative, q, p]);
+        self.out(n, 0, Op::Where, vec![over, special, y]);
+        Ok(())
+    }
+
     /// x and scale in the type the division runs in: `precision`'s, else x's.
     fn quant_operands(
         &mut self,
