@@ -645,13 +645,25 @@ pub fn fill_bits(dt: DType, v: f64) -> u64 {
     u64::from_le_bytes(b)
 }
 
-/// The first narrow element type (`DType::narrow_bits`) among a node's input and output
-/// types: CUDA and WebGPU leave those (storage types that Cast converts) to the CPU.
-pub fn narrow_dtype<'a>(
+/// CUDA and WebGPU leave the narrow element types (`DType::narrow_bits`) to the CPU: an
+/// error naming the node, the backend and the first such type among its inputs and
+/// outputs.
+pub fn refuse_narrow<'a>(
+    node: &Node,
+    backend: &str,
     types: impl IntoIterator<Item = &'a crate::graph::infer::ValueType>,
-) -> Option<DType> {
-    types
+) -> Result<()> {
+    match types
         .into_iter()
         .map(|t| t.dtype)
         .find(|d| d.narrow_bits().is_some())
+    {
+        Some(dt) => Err(crate::err!(
+            Runtime,
+            "{}: dtype {dt} is not supported by the {backend} backend ({})",
+            node.describe(),
+            super::NARROW_WHY
+        )),
+        None => Ok(()),
+    }
 }

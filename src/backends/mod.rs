@@ -56,7 +56,9 @@ const NARROW: &[crate::tensor::DType] = &[
     crate::tensor::DType::I2,
     crate::tensor::DType::U2,
 ];
-const NARROW_WHY: &str = "the narrow storage types are converted (Cast, QuantizeLinear, DequantizeLinear) on the CPU backend only";
+/// Why CUDA and WebGPU refuse them.
+pub(crate) const NARROW_WHY: &str =
+    "the 8-, 4- and 2-bit storage types are converted on the CPU backend only";
 
 /// Whether `backend` may refuse dtype `dt` (`NOT_ON_BACKEND`).
 pub fn not_on(backend: BackendKind, dt: crate::tensor::DType) -> bool {

@@ -128,10 +128,10 @@ fn narrow(
     bits: u32,
 ) -> Result<Tensor, String> {
     let need = n.div_ceil(8 / bits as usize);
-    let packed: Vec<u8> = match (t.raw_data.is_empty(), t.int32_data.is_empty()) {
-        (false, _) => t.raw_data.clone(),
-        (true, false) => t.int32_data.iter().map(|&x| x as u8).collect(),
-        (true, true) if n == 0 => vec![],
+    let packed: std::borrow::Cow<[u8]> = match (t.raw_data.is_empty(), t.int32_data.is_empty()) {
+        (false, _) => (&t.raw_data[..]).into(),
+        (true, false) => t.int32_data.iter().map(|&x| x as u8).collect::<Vec<u8>>().into(),
+        (true, true) if n == 0 => Vec::new().into(),
         (true, true) => {
             return Err(format!(
                 "no data: the shape {} has {n} elements but neither raw_data, int32_data nor external data is set",
@@ -146,8 +146,9 @@ fn narrow(
             packed.len()
         ));
     }
-    let bytes = crate::tensor::narrow::unpack(dtype, &packed, n);
-    Tensor::from_bytes(dtype, shape, &bytes).map_err(|e| e.to_string())
+    let mut out = Tensor::try_zeros(dtype, shape, "a tensor").map_err(|e| e.to_string())?;
+    crate::tensor::narrow::unpack(dtype, &packed, out.bytes_mut());
+    Ok(out)
 }
 
 /// Reads external data straight into the tensor `t` becomes. The file must resolve

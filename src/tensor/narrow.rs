@@ -274,23 +274,21 @@ impl DType {
     }
 }
 
-/// Unpacks ONNX's packed 4- or 2-bit elements (lowest bits first) into one byte each,
-/// sign-extending the signed integers. `bytes` must hold at least `n` elements.
-pub fn unpack(dtype: DType, bytes: &[u8], n: usize) -> Vec<u8> {
+/// Unpacks ONNX's packed 4- or 2-bit elements (lowest bits first) into one byte each of
+/// `out`, sign-extending the signed integers. `bytes` must hold `out.len()` elements.
+pub fn unpack(dtype: DType, bytes: &[u8], out: &mut [u8]) {
     let bits = dtype.narrow_bits().unwrap_or(8) as usize;
     let per = 8 / bits;
     let mask = (0xffu16 >> (8 - bits)) as u8;
     let signed = matches!(dtype, DType::I4 | DType::I2);
-    (0..n)
-        .map(|i| {
-            let v = (bytes[i / per] >> (bits * (i % per))) & mask;
-            if signed && v >> (bits - 1) != 0 {
-                v | !mask
-            } else {
-                v
-            }
-        })
-        .collect()
+    for (i, o) in out.iter_mut().enumerate() {
+        let v = (bytes[i / per] >> (bits * (i % per))) & mask;
+        *o = if signed && v >> (bits - 1) != 0 {
+            v | !mask
+        } else {
+            v
+        };
+    }
 }
 
 /// The inverse of `unpack`: `per` elements a byte, lowest bits first, the last byte's
@@ -375,11 +373,16 @@ mod tests {
         let v: Vec<u8> = [-8i8, 7, -1, 0, 3].iter().map(|&x| x as u8).collect();
         let p = pack(DType::I4, &v);
         assert_eq!(p.len(), 3);
-        assert_eq!(unpack(DType::I4, &p, 5), v);
+        let mut back = [0u8; 5];
+        unpack(DType::I4, &p, &mut back);
+        assert_eq!(back, &v[..]);
         let v = [1u8, 3, 0, 2, 1];
-        assert_eq!(unpack(DType::U2, &pack(DType::U2, &v), 5), v);
+        unpack(DType::U2, &pack(DType::U2, &v), &mut back);
+        assert_eq!(back, v);
         let v = [0x80u8, 0x7f, 0x01];
         assert_eq!(pack(DType::F8E4M3FN, &v), v);
-        assert_eq!(unpack(DType::F8E4M3FN, &v, 3), v);
+        let mut back = [0u8; 3];
+        unpack(DType::F8E4M3FN, &v, &mut back);
+        assert_eq!(back, v);
     }
 }

@@ -457,19 +457,8 @@ impl Backend for Cuda {
                 buf: None,
             })
             .collect();
-        let types = ins
-            .iter()
-            .flatten()
-            .map(|v| v.ty)
-            .chain(outs.iter().map(|v| v.ty));
-        if let Some(dt) = super::common::narrow_dtype(types) {
-            return Err(crate::err!(
-                Runtime,
-                "{}: dtype {dt} is not supported by the cuda backend (the 8-, 4- and 2-bit \
-                 storage types are converted on the CPU backend only)",
-                node.describe()
-            ));
-        }
+        let types = ins.iter().flatten().map(|v| v.ty);
+        super::common::refuse_narrow(node, "cuda", types.chain(outs.iter().map(|v| v.ty)))?;
         // Which outputs the graph reads (an optional output named "" is not computed).
         let want: Vec<bool> = node.outputs.iter().map(|o| !o.is_empty()).collect();
         self.run_node(node, &ins, &outs, &want)

@@ -75,9 +75,6 @@ pub(crate) fn unsupported(node: &Node, dt: DType) -> crate::error::Error {
     let why = match dt {
         DType::F64 | DType::BF16 => " (WGSL has no such type)",
         DType::F16 => " (the adapter does not offer SHADER_F16)",
-        _ if dt.narrow_bits().is_some() => {
-            " (the 8-, 4- and 2-bit storage types are converted on the CPU backend only)"
-        }
         DType::I64 | DType::U64 => " (WGSL has no 64-bit integers: the binary arithmetic, comparisons and bitwise maps run on word pairs, and casts)",
         _ => " (integer arithmetic: i32 runs the arithmetic and comparisons, Neg, Abs, Sign and Clip; u32 and the 8- and 16-bit integers the binary arithmetic and comparisons)",
     };
@@ -288,14 +285,8 @@ impl Backend for Wgpu {
             .map(|i| i.map(|(buf, ty)| V { buf, ty }))
             .collect();
         let outs: Vec<V> = outs.iter().map(|(b, ty)| V { buf: b, ty }).collect();
-        let types = ins
-            .iter()
-            .flatten()
-            .map(|v| v.ty)
-            .chain(outs.iter().map(|v| v.ty));
-        if let Some(dt) = super::common::narrow_dtype(types) {
-            return Err(unsupported(node, dt));
-        }
+        let types = ins.iter().flatten().map(|v| v.ty);
+        super::common::refuse_narrow(node, "wgpu", types.chain(outs.iter().map(|v| v.ty)))?;
         let want: Vec<bool> = node.outputs.iter().map(|o| !o.is_empty()).collect();
         self.next.set(0);
         self.run_node(node, &ins, &outs, &want)?;

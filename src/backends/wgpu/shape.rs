@@ -27,7 +27,7 @@ fn code(dt: DType) -> u32 {
         DType::U64 => 10,
         DType::F64 => 11,
         DType::BF16 => 12,
-        // Refused before any kernel is chosen (`common::narrow_dtype`).
+        // Refused before any kernel is chosen (`common::refuse_narrow`).
         _ => u32::MAX,
     }
 }
