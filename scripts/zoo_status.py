@@ -216,7 +216,7 @@ def train_check(exe, case, tmp):
 def fusion(exe, case):
     """What the passes made of the export, from `graphrun inspect`: the number of
     Attention, FusedMatMul, GatedMatMul, normalization (LayerNormalization,
-    RMSNormalization) and Rotary nodes, and of the MatMul/Gemm nodes left unfused.
+    RMSNormalization, and their forms with the residual Add) and Rotary nodes, and of the MatMul/Gemm nodes left unfused.
     A model that cannot be loaded with symbolic sizes (a recurrence over a dynamic
     sequence axis is unrolled when it is loaded) is inspected for the reference's inputs."""
     d = os.path.join(ZOO, case)
@@ -233,7 +233,8 @@ def fusion(exe, case):
     counts = {op: int(n) for op, n in re.findall(r"(\w+) (\d+)", m.group(1))}
     return (counts.get("Attention", 0), counts.get("FusedMatMul", 0),
             counts.get("GatedMatMul", 0),
-            counts.get("LayerNormalization", 0) + counts.get("RMSNormalization", 0),
+            sum(counts.get(op, 0) for op in ("LayerNormalization", "RMSNormalization",
+                                             "AddLayerNormalization", "AddRMSNormalization")),
             counts.get("Rotary", 0), counts.get("MatMul", 0) + counts.get("Gemm", 0))
 
 
@@ -521,7 +522,8 @@ def write_doc(results):
              "Attention nodes (each transformer has 2 attention blocks), "
              "FusedMatMul nodes, GatedMatMul nodes (the gated MLP of LLaMA-style models: "
              "its gate and up projections and their product, 1 per block), normalization nodes (LayerNormalization, or RMSNormalization "
-             "for LLaMA and T5, whose exports spell it out as six elementwise ops; each "
+             "for LLaMA and T5, whose exports spell it out as six elementwise ops, either "
+             "with the residual Add before it where no matrix product took it; each "
              "transformer has 5), Rotary nodes (LLaMA's rotary position embedding of the "
              "queries and keys, 2 per block), and MatMul or Gemm nodes left unfused "
              "(`inspect --explain-fusion` says why each was left).")
