@@ -1986,10 +1986,23 @@ nodes:
 /// Sessions on `be` of `g` with every pass, and without `matmul_epilogue_fusion` (whose
 /// backward-graph rules the tests below compare against the plain backward).
 fn fused_and_plain(g: &Graph, be: graphrun::BackendKind) -> (Session, Session) {
+    with_and_without(g, be, false, "matmul_epilogue_fusion", &[])
+}
+
+/// Sessions on `be` of `g` (the forward optimized when `fuse`; the backward always is)
+/// with every pass, and without `pass`.
+fn with_and_without(
+    g: &Graph,
+    be: graphrun::BackendKind,
+    fuse: bool,
+    pass: &str,
+    dims: &[(&str, usize)],
+) -> (Session, Session) {
     let session = |disabled: Vec<String>| {
         let opts = SessionOptions {
-            fuse: false,
+            fuse,
             backend: be,
+            dims: dims.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
             passes: PassOptions {
                 disabled,
                 training: false,
@@ -1999,10 +2012,7 @@ fn fused_and_plain(g: &Graph, be: graphrun::BackendKind) -> (Session, Session) {
         };
         Session::new(g.clone(), opts).unwrap()
     };
-    (
-        session(vec![]),
-        session(vec!["matmul_epilogue_fusion".into()]),
-    )
+    (session(vec![]), session(vec![pass.into()]))
 }
 
 /// Every gradient of `fused` within 1e-5 of `plain`'s, and none all zeros.
@@ -2321,23 +2331,8 @@ nodes:
             .random_inputs(4, &dims.iter().map(|(k, v)| (k.to_string(), *v)).collect())
             .unwrap();
         for be in common::backends() {
-            let session = |disabled: Vec<String>| {
-                let opts = SessionOptions {
-                    backend: be,
-                    dims: dims.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
-                    passes: PassOptions {
-                        disabled,
-                        training: false,
-                        ..Default::default()
-                    },
-                    ..Default::default()
-                };
-                Session::new(g.clone(), opts).unwrap()
-            };
-            let (mut fused, mut plain) = (
-                session(vec![]),
-                session(vec!["residual_norm_fusion".into()]),
-            );
+            let (mut fused, mut plain) =
+                with_and_without(&g, be, true, "residual_norm_fusion", &dims);
             let (a, b) = (fused.run(&feeds).unwrap(), plain.run(&feeds).unwrap());
             for ((n, x), (_, y)) in a.iter().zip(&b) {
                 let e = common::rel_err(&x.to_f64_vec(), &y.to_f64_vec());

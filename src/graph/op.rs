@@ -708,6 +708,15 @@ pub fn norm_residual_input(rms: bool) -> usize {
     }
 }
 
+/// Where a normalization's optional inputs are, when it has them: (B, R). B is
+/// LayerNormalization's alone, R the residual forms'.
+pub fn norm_optional_inputs(rms: bool, residual: bool) -> (Option<usize>, Option<usize>) {
+    (
+        (!rms).then_some(2),
+        residual.then(|| norm_residual_input(rms)),
+    )
+}
+
 /// Where a residual normalization's sum `S = X + R` is among its outputs: after the
 /// statistics.
 pub fn norm_sum_output(rms: bool) -> usize {

@@ -262,19 +262,19 @@ pub fn run_node(
             epsilon,
             rms,
             residual,
-        } => reduce::layer_norm(
-            x(0)?,
-            x(1)?,
-            opt(2).filter(|_| !*rms),
-            match residual {
-                true => Some(x(crate::graph::op::norm_residual_input(*rms))?),
-                false => None,
-            },
-            *axis,
-            *epsilon,
-            *rms,
-            outs,
-        ),
+        } => {
+            let (b, r) = crate::graph::op::norm_optional_inputs(*rms, *residual);
+            reduce::layer_norm(
+                x(0)?,
+                x(1)?,
+                b.and_then(opt),
+                r.map(x).transpose()?,
+                *axis,
+                *epsilon,
+                *rms,
+                outs,
+            )
+        }
         Op::Reduce {
             kind,
             axes,

@@ -738,20 +738,20 @@ impl Cuda {
                 epsilon,
                 rms,
                 residual,
-            } => reduce::layer_norm(
-                self,
-                node,
-                &x(0)?,
-                &x(1)?,
-                opt(2).filter(|_| !*rms),
-                match residual {
-                    true => Some(x(crate::graph::op::norm_residual_input(*rms))?),
-                    false => None,
-                },
-                (*axis, *epsilon, *rms),
-                outs,
-                want,
-            ),
+            } => {
+                let (b, r) = crate::graph::op::norm_optional_inputs(*rms, *residual);
+                reduce::layer_norm(
+                    self,
+                    node,
+                    &x(0)?,
+                    &x(1)?,
+                    b.and_then(opt),
+                    r.map(x).transpose()?,
+                    (*axis, *epsilon, *rms),
+                    outs,
+                    want,
+                )
+            }
             Op::LayerNormalizationGrad { axis, rms } => {
                 let (m, i, r) = crate::graph::op::norm_grad_inputs(*rms);
                 reduce::layer_norm_grad(

@@ -598,26 +598,23 @@ fn multi(b: &mut Builder, ni: usize, n: &Node, dys: &[Option<String>]) -> Result
             residual,
             ..
         } => {
-            use crate::graph::op::{norm_residual_input, norm_stat_outputs, norm_sum_output};
+            use crate::graph::op::{norm_optional_inputs, norm_stat_outputs, norm_sum_output};
             let scale = &n.inputs[1];
-            let bias = match rms {
-                true => None,
-                false => n.inputs.get(2).filter(|s| !s.is_empty()).cloned(),
-            };
+            let (bi, ri) = norm_optional_inputs(*rms, *residual);
+            let bias = bi.and_then(|k| n.inputs.get(k).filter(|s| !s.is_empty()).cloned());
             let (m, i) = norm_stat_outputs(*rms);
             let mean = m.map(|m| b.aux_output(ni, m, "mean")).transpose()?;
             let inv = b.aux_output(ni, i, "inv_std")?;
             // The rows normalized: X, or with a residual the sum S = X + R (an output,
             // kept for the backward), whose own gradient dS joins the normalization's and
             // goes to X and R alike.
-            let (x, ds, r) = match residual {
-                true => {
+            let (x, ds, r) = match ri {
+                Some(ri) => {
                     let k = norm_sum_output(*rms);
                     let s = b.aux_output(ni, k, "sum")?;
-                    let r = n.inputs[norm_residual_input(*rms)].clone();
-                    (s, dys.get(k).cloned().flatten(), Some(r))
+                    (s, dys.get(k).cloned().flatten(), Some(n.inputs[ri].clone()))
                 }
-                false => (n.inputs[0].clone(), None, None),
+                None => (n.inputs[0].clone(), None, None),
             };
             let want_x = b.needs(&n.inputs[0]) || r.as_ref().is_some_and(|r| b.needs(r));
             let mut dx = None;
@@ -664,8 +661,8 @@ fn multi(b: &mut Builder, ni: usize, n: &Node, dys: &[Option<String>]) -> Result
             if b.needs(&n.inputs[0]) {
                 out[0] = dx.clone();
             }
-            if r.is_some_and(|r| b.needs(&r)) {
-                out[norm_residual_input(*rms)] = dx;
+            if let Some(ri) = ri.filter(|&k| b.needs(&n.inputs[k])) {
+                out[ri] = dx;
             }
         }
         Op::SoftmaxCrossEntropyLoss {
