@@ -2812,6 +2812,117 @@ nodes:
     }
 }
 
+/// `unpack_gate_up`: Phi-3's packed `gate_up_proj`, one product cut into a gate and an up
+/// half, becomes a GatedMatMul like two separate projections: cut by a Split (trained
+/// weight, through Slices), by two Slices whose bounds come from the product's shape as
+/// the TorchScript exporter writes them (constant weight, cut once), and as a Gemm with
+/// `transB` and a bias. Not where the halves do not gate each other, the product is read
+/// elsewhere, or the cut is uneven.
+#[test]
+fn packed_gate_up_unpacks() {
+    let body = |trainable: bool, nodes: &str, outputs: &str| {
+        format!(
+            "
+inputs:
+  - {{name: x, dtype: f32, shape: [batch, 5, 8]}}
+outputs: [{outputs}]
+initializers:
+  - {{name: w, dtype: f32, shape: [8, 12], init: {{dist: normal, std: 0.5, seed: 1}}, trainable: {trainable}}}
+  - {{name: wt, dtype: f32, shape: [12, 8], init: {{dist: normal, std: 0.5, seed: 2}}, trainable: {trainable}}}
+  - {{name: b, dtype: f32, shape: [12], init: {{dist: normal, std: 0.5, seed: 3}}, trainable: {trainable}}}
+  - {{name: wd, dtype: f32, shape: [6, 8], init: {{dist: normal, std: 0.5, seed: 4}}}}
+  - {{name: two, dtype: i64, shape: [1], values: [2]}}
+  - {{name: last, dtype: i64, shape: [1], values: [-1]}}
+  - {{name: zero, dtype: i64, shape: [1], values: [0]}}
+  - {{name: big, dtype: i64, shape: [1], values: [9223372036854775807]}}
+  - {{name: flat, dtype: i64, shape: [2], values: [-1, 8]}}
+  - {{name: thirds, dtype: i64, shape: [3], values: [6, 3, 3]}}
+nodes:
+{nodes}  - {{op: MatMul, inputs: [h, wd], outputs: [y]}}
+"
+        )
+    };
+    let silu = |g: &str, u: &str| {
+        format!(
+            "  - {{op: Sigmoid, inputs: [{g}], outputs: [gs]}}
+  - {{op: Mul, inputs: [{g}, gs], outputs: [ga]}}
+  - {{op: Mul, inputs: [{u}, ga], outputs: [h]}}
+"
+        )
+    };
+    let split = format!(
+        "  - {{op: MatMul, inputs: [x, w], outputs: [gu]}}
+  - {{op: Split, inputs: [gu], outputs: [g, u], attrs: {{axis: -1, num_outputs: 2}}}}
+{}",
+        silu("g", "u")
+    );
+    // TorchScript's `gate_up.chunk(2, -1)`: the half computed from the product's shape.
+    let slices = format!(
+        "  - {{op: MatMul, inputs: [x, w], outputs: [gu]}}
+  - {{op: Shape, inputs: [gu], outputs: [shp]}}
+  - {{op: Gather, inputs: [shp, last], outputs: [d], attrs: {{axis: 0}}}}
+  - {{op: Div, inputs: [d, two], outputs: [half]}}
+  - {{op: Slice, inputs: [gu, zero, half, last], outputs: [g]}}
+  - {{op: Slice, inputs: [gu, half, big, last], outputs: [u]}}
+{}",
+        silu("g", "u")
+    );
+    let gemm = format!(
+        "  - {{op: Reshape, inputs: [x, flat], outputs: [x2]}}
+  - {{op: Gemm, inputs: [x2, wt, b], outputs: [gu], attrs: {{transB: 1}}}}
+  - {{op: Split, inputs: [gu], outputs: [u, g], attrs: {{axis: 1, num_outputs: 2}}}}
+{}",
+        silu("g", "u")
+    );
+    for (what, trainable, nodes, slices_left) in [
+        ("Split, trained weight", true, &split, 1),
+        ("Slices from the shape, constant weight", false, &slices, 0),
+        ("Gemm with transB and a bias, trained", true, &gemm, 2),
+    ] {
+        let g = graph(&body(trainable, nodes, "y"));
+        let (o, r) = run_passes(&g, &PassOptions::default());
+        assert_eq!(r.fired("unpack_gate_up"), 1, "{what}");
+        assert_eq!(count(&o, "GatedMatMul"), 1, "{what}: {:?}", o.nodes);
+        for op in ["Split", "Shape", "Sigmoid", "Mul"] {
+            assert_eq!(count(&o, op), 0, "{what}: {op} left: {:?}", o.nodes);
+        }
+        // A trained weight is cut by Slices (its gradient flows back through them).
+        assert_eq!(count(&o, "Slice"), slices_left * 2, "{what}: {:?}", o.nodes);
+        check_same(&g, &o, &[("batch", 2)]);
+    }
+    let stays = [
+        (
+            "halves that do not gate each other",
+            "  - {op: MatMul, inputs: [x, w], outputs: [gu]}
+  - {op: Split, inputs: [gu], outputs: [g, u], attrs: {axis: -1, num_outputs: 2}}
+  - {op: Sigmoid, inputs: [g], outputs: [gs]}
+  - {op: Add, inputs: [u, gs], outputs: [h]}
+"
+            .to_string(),
+            "y",
+        ),
+        ("the packed product read elsewhere", split.clone(), "y, gu"),
+        (
+            "a cut into three",
+            format!(
+                "  - {{op: MatMul, inputs: [x, w], outputs: [gu]}}
+  - {{op: Split, inputs: [gu, thirds], outputs: [g, u1, u2], attrs: {{axis: -1}}}}
+  - {{op: Concat, inputs: [u2, u1], outputs: [u], attrs: {{axis: -1}}}}
+{}",
+                silu("g", "u")
+            ),
+            "y",
+        ),
+    ];
+    for (what, nodes, outputs) in stays {
+        let g = graph(&body(true, &nodes, outputs));
+        let (o, r) = run_passes(&g, &PassOptions::default());
+        assert_eq!(r.fired("unpack_gate_up"), 0, "{what}");
+        assert_eq!(count(&o, "GatedMatMul"), 0, "{what}");
+        assert_same(&g, &o, &[("batch", 2)]);
+    }
+}
+
 /// `conv_affine`: a per-channel affine map after a Conv with constant weights folds into
 /// the weights and bias — BatchNormalization's inference form, Mul/Add and Sub/Div by
 /// per-channel or scalar constants, `c - y` — with the outputs unchanged (`fuse` checks);

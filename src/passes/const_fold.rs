@@ -6,7 +6,7 @@
 use super::pattern::{Ctx, Patch, Why};
 use super::{any_op, Rule};
 use crate::graph::infer::{self, ValueType};
-use crate::graph::{InitSource, Initializer, Op};
+use crate::graph::{InitSource, Initializer, Node, Op};
 use crate::tensor::Tensor;
 
 /// Folded results larger than this many elements are left to run time.
@@ -77,16 +77,7 @@ fn fold_node(cx: &Ctx, i: usize, _: &mut Why) -> Option<Patch> {
             }
         })
         .collect::<Option<_>>()?;
-    let types: Vec<Option<ValueType>> = args
-        .iter()
-        .map(|t| t.map(|t| ValueType::new(t.dtype(), t.shape())))
-        .collect();
-    let trefs: Vec<Option<&ValueType>> = types.iter().map(|t| t.as_ref()).collect();
-    let outs = infer::infer_node(n, &trefs, &args, cx.facts.eval).ok()?;
-    if outs.iter().any(|t| t.numel() > MAX_ELEMENTS) {
-        return None;
-    }
-    let values = cx.facts.eval.eval(n, &args, &outs).ok()?;
+    let values = evaluate(cx, n, &args, MAX_ELEMENTS)?;
     let inits = n
         .outputs
         .iter()
@@ -99,4 +90,24 @@ fn fold_node(cx: &Ctx, i: usize, _: &mut Why) -> Option<Patch> {
         inits,
         ..Default::default()
     })
+}
+
+/// `n` evaluated on the host over the constant inputs `args` (None where an input is left
+/// out), when it infers and no output holds more than `limit` elements.
+pub(super) fn evaluate(
+    cx: &Ctx,
+    n: &Node,
+    args: &[Option<&Tensor>],
+    limit: usize,
+) -> Option<Vec<Tensor>> {
+    let types: Vec<Option<ValueType>> = args
+        .iter()
+        .map(|t| t.map(|t| ValueType::new(t.dtype(), t.shape())))
+        .collect();
+    let trefs: Vec<Option<&ValueType>> = types.iter().map(|t| t.as_ref()).collect();
+    let outs = infer::infer_node(n, &trefs, args, cx.facts.eval).ok()?;
+    if outs.iter().any(|t| t.numel() > limit) {
+        return None;
+    }
+    cx.facts.eval.eval(n, args, &outs).ok()
 }

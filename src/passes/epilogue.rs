@@ -11,6 +11,11 @@ use crate::tensor::Tensor;
 
 pub(crate) const RULES: &[Rule] = &[
     Rule {
+        name: "unpack_gate_up",
+        anchor: |op| matches!(op, Op::MatMul | Op::FusedMatMul { .. }),
+        run: super::gated::unpack_gate_up,
+    },
+    Rule {
         name: "matmul_epilogue",
         anchor: |op| matches!(op, Op::MatMul | Op::Gemm { .. }),
         run: fuse,

@@ -402,6 +402,65 @@ impl<'g> Ctx<'g> {
         self.scalar(v)
             .is_some_and(|x| (x - want).abs() <= rel * want.abs())
     }
+    /// The size of `x`'s last axis, when it is the same in every inference run.
+    pub fn last_dim(&self, x: &str) -> Option<usize> {
+        let shapes = self.facts.shapes(x)?;
+        let d = *shapes.first()?.last()?;
+        shapes.iter().all(|s| s.last() == Some(&d)).then_some(d)
+    }
+    /// When `v` is a Slice of `x` (of rank `rank`) on its last axis with step 1 and bounds
+    /// that are constants (or computed from x's fixed last dim, as the TorchScript exporter
+    /// writes `D // 2`): the Slice's node and its [start, end) clamped to x's last dim.
+    pub fn last_axis_slice(&self, x: &str, v: &str, rank: usize) -> Option<(usize, (i64, i64))> {
+        let (j, s) = self.prod(v, |op| *op == Op::Slice)?;
+        if s.inputs[0] != x {
+            return None;
+        }
+        let d = self.last_dim(x)? as i64;
+        let ints = |k: usize| -> Option<Vec<i64>> {
+            match s.inputs.get(k).filter(|v| !v.is_empty()) {
+                Some(v) => Some(self.konst(v).or(self.facts.value(v))?.to_i64_vec()),
+                None => None,
+            }
+        };
+        let (starts, ends) = (ints(1)?, ints(2)?);
+        let axes = ints(3).unwrap_or_else(|| (0..starts.len() as i64).collect());
+        let steps = ints(4).unwrap_or_else(|| vec![1; starts.len()]);
+        let ([s0], [e0], [a0], [1]) = (&starts[..], &ends[..], &axes[..], &steps[..]) else {
+            return None;
+        };
+        if *a0 != -1 && *a0 != rank as i64 - 1 {
+            return None;
+        }
+        let clamp = |b: i64| if b < 0 { (b + d).max(0) } else { b.min(d) };
+        Some((j, (clamp(*s0), clamp(*e0))))
+    }
+    /// Whether everything `j` writes is read only by the nodes `sinks`, directly or
+    /// through nodes of the same kind (within `depth` steps), and is no graph output: what
+    /// pruning removes once `sinks` are gone (the shape arithmetic of a Slice's bounds).
+    pub fn feeds_only(&self, j: usize, sinks: &[usize], depth: usize) -> bool {
+        self.node(j)
+            .outputs
+            .iter()
+            .filter(|o| !o.is_empty())
+            .all(|o| {
+                !self.needed(o)
+                    && self.consumers(o).iter().all(|&c| {
+                        sinks.contains(&c) || (depth > 0 && self.feeds_only(c, sinks, depth - 1))
+                    })
+            })
+    }
+    /// Whether `v` is computed from `from` within `depth` nodes.
+    pub fn reaches_from(&self, from: &str, v: &str, depth: usize) -> bool {
+        v == from
+            || (depth > 0
+                && self.producer(v).is_some_and(|p| {
+                    self.node(p)
+                        .inputs
+                        .iter()
+                        .any(|x| !x.is_empty() && self.reaches_from(from, x, depth - 1))
+                }))
+    }
     /// For a two-input node reading `v`: the other input.
     pub fn other<'n>(&self, n: &'n Node, v: &str) -> Option<&'n str> {
         match n.inputs.as_slice() {

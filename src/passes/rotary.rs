@@ -205,19 +205,22 @@ fn rotary(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch> {
     let Some(x) = mc
         .inputs
         .iter()
-        .find(|v| half_of(cx, v, second, rank).is_some())
+        .find(|v| cx.last_axis_slice(v, second, rank).is_some())
     else {
         return why.no("the other product does not multiply the sliced tensor");
     };
     let cos = cx.other(mc, x)?;
-    let Some(d) = last_dim(cx, x) else {
+    let Some(d) = cx.last_dim(x) else {
         return why.no("x's last dim is not fixed");
     };
     if d % 2 != 0 {
         return why.no("x's last dim is odd");
     }
     let h = d as i64 / 2;
-    let (Some(hi), Some(lo)) = (half_of(cx, x, second, rank), half_of(cx, x, first, rank)) else {
+    let (Some(hi), Some(lo)) = (
+        cx.last_axis_slice(x, second, rank),
+        cx.last_axis_slice(x, first, rank),
+    ) else {
         return why.no("the halves are not Slices of x");
     };
     // Each half must be exactly [h, d) (the negated one) and [0, h).
@@ -244,40 +247,4 @@ fn rotary(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch> {
         add: vec![fused],
         ..Default::default()
     })
-}
-
-/// When `v` is a Slice of `x` on its last axis with step 1 and bounds that are constants
-/// (or computed from x's fixed last dim, as the TorchScript exporter writes `D // 2`):
-/// the Slice's node and its [start, end) clamped to x's last dim.
-fn half_of(cx: &Ctx, x: &str, v: &str, rank: usize) -> Option<(usize, (i64, i64))> {
-    let (j, s) = cx.prod(v, |op| *op == Op::Slice)?;
-    if s.inputs[0] != x {
-        return None;
-    }
-    let d = last_dim(cx, x)? as i64;
-    let ints = |k: usize| -> Option<Vec<i64>> {
-        match s.inputs.get(k).filter(|v| !v.is_empty()) {
-            Some(v) => Some(cx.konst(v).or(cx.facts.value(v))?.to_i64_vec()),
-            None => None,
-        }
-    };
-    let (starts, ends) = (ints(1)?, ints(2)?);
-    let axes = ints(3).unwrap_or_else(|| (0..starts.len() as i64).collect());
-    let steps = ints(4).unwrap_or_else(|| vec![1; starts.len()]);
-    let last = |a: i64| a == -1 || a == rank as i64 - 1;
-    let ([s0], [e0], [a0], [1]) = (&starts[..], &ends[..], &axes[..], &steps[..]) else {
-        return None;
-    };
-    if !last(*a0) {
-        return None;
-    }
-    let clamp = |b: i64| if b < 0 { (b + d).max(0) } else { b.min(d) };
-    Some((j, (clamp(*s0), clamp(*e0))))
-}
-
-/// The size of `x`'s last axis, when it is the same in every inference run.
-fn last_dim(cx: &Ctx, x: &str) -> Option<usize> {
-    let shapes = cx.facts.shapes(x)?;
-    let d = *shapes.first()?.last()?;
-    shapes.iter().all(|s| s.last() == Some(&d)).then_some(d)
 }
