@@ -73,6 +73,10 @@ pub struct Tuning {
     /// both operands K-major; mlp_large tf32 fwd 0.501 → 0.458 ms, gpt_block 1.104 → 1.033
     /// on the H100 (docs/BENCHMARKS.md).
     pub k_major_weights: bool,
+    /// The CPU multiplies A by a B stored `[N, K]` (a K-major weight) as dot products of
+    /// rows in its own kernel (`backends/cpu/nt.rs`) instead of `gemm`, which would pack
+    /// such a B on every call. Off: `gemm` throughout.
+    pub cpu_dot_products: bool,
     /// The CUDA stream priority of data-parallel gradient averaging (NCCL); `None` takes
     /// the device's highest, so that with several buckets NCCL's blocks take SMs as soon
     /// as a backward kernel frees them instead of queueing behind its whole grid (with the
@@ -105,13 +109,14 @@ impl Tuning {
         wgpu_attn_bk: None,
         wgpu_subgroups: true,
         k_major_weights: true,
+        cpu_dot_products: true,
         dp_stream_priority: None,
         dp_bucket_bytes: 64 << 20,
         cuda_cudnn: true,
     };
 
     /// The keys `set` takes: the field names.
-    pub const KEYS: [&'static str; 14] = [
+    pub const KEYS: [&'static str; 15] = [
         "cuda_attention",
         "cuda_attention_f32",
         "cublaslt_tune",
@@ -123,6 +128,7 @@ impl Tuning {
         "wgpu_attn_bk",
         "wgpu_subgroups",
         "k_major_weights",
+        "cpu_dot_products",
         "dp_stream_priority",
         "dp_bucket_bytes",
         "cuda_cudnn",
@@ -157,6 +163,7 @@ impl Tuning {
             }
             "wgpu_subgroups" => self.wgpu_subgroups = flag()?,
             "k_major_weights" => self.k_major_weights = flag()?,
+            "cpu_dot_products" => self.cpu_dot_products = flag()?,
             "cuda_cudnn" => self.cuda_cudnn = flag()?,
             "dp_stream_priority" => {
                 self.dp_stream_priority = match v {

@@ -10,8 +10,8 @@
 
 use super::super::common::{self, ConvGeom, WindowGeom};
 use super::matmul::{activate_row, fill_acc, widen};
-use super::simd;
 use super::window::{axis_tables, walk_row};
+use super::{nt, simd};
 use crate::error::Result;
 use crate::graph::{Activation, Node};
 use crate::tensor::{Real, Tensor};
@@ -38,6 +38,16 @@ unsafe fn mm<F: Real>(
     b: (*const F, usize, usize),
     par: gemm::Parallelism,
 ) {
+    if m > 0 && n > 0 && k > 0 && nt::takes::<F>(a.2 as isize, b.1 as isize) {
+        // Both operands K-contiguous (the filter gradient: dY by the columns read
+        // transposed): dot products of rows, where gemm would pack the columns.
+        let (lda, ldb) = (a.1, b.2);
+        let a = std::slice::from_raw_parts(a.0.cast::<f32>(), (m - 1) * lda + k);
+        let b = std::slice::from_raw_parts(b.0.cast::<f32>(), (n - 1) * ldb + k);
+        let out = std::slice::from_raw_parts_mut(dst.cast::<f32>(), (m - 1) * ldd + n);
+        let par = !matches!(par, gemm::Parallelism::None);
+        return nt::product((m, n, k), a, lda, b, ldb, 1.0, out, ldd, accumulate, par);
+    }
     gemm::gemm(
         m,
         n,

@@ -5,6 +5,7 @@
 //! views into the input buffers. Transposes are swapped strides and broadcast batch
 //! operands are repeated offsets, so no input is ever copied (except f16/bf16 widening).
 
+use super::nt;
 use crate::error::Result;
 use crate::graph::infer::broadcast;
 use crate::graph::Activation;
@@ -252,8 +253,24 @@ const GEMM_THREADING: usize = 48 * 48 * 256;
 
 fn products<F: Real>(p: &Batch, a: &[F], b: &[F], scale: f64, out: &mut [F]) {
     let (m, n, k) = (p.m, p.n, p.k);
-    let one = |dst: &mut [F], ao: usize, bo: usize, par: gemm::Parallelism| {
+    // Both operands K-contiguous in f32: dot products of rows (`nt`), where gemm would
+    // pack B on every call.
+    let nt = match (nt::f32s(a), nt::f32s(b)) {
+        (Some(a), Some(b)) if k > 0 && nt::takes::<F>(p.a.cs, p.b.rs) => Some((a, b)),
+        _ => None,
+    };
+    let one = |dst: &mut [F], ao: usize, bo: usize, par: bool| {
         debug_assert_eq!(dst.len(), m * n);
+        if let (Some((a, b)), Some(dst)) = (nt, nt::f32s_mut(dst)) {
+            let (a, b) = ((&a[ao..], p.a.rs as usize), (&b[bo..], p.b.cs as usize));
+            let scale = scale as f32;
+            return nt::product((m, n, k), a.0, a.1, b.0, b.1, scale, dst, n, false, par);
+        }
+        let par = if par {
+            gemm::Parallelism::Rayon(0)
+        } else {
+            gemm::Parallelism::None
+        };
         // SAFETY: inference checked the shapes, so every element the strides reach lies
         // inside `a`, `b` and `dst`; read_dst = false, so dst is only written.
         unsafe {
@@ -284,10 +301,10 @@ fn products<F: Real>(p: &Batch, a: &[F], b: &[F], scale: f64, out: &mut [F]) {
     if p.a_off.len() > 1 && m * n * k < GEMM_THREADING {
         out.par_chunks_mut(m * n)
             .zip(batch.collect::<Vec<_>>())
-            .for_each(|(d, (&ao, &bo))| one(d, ao, bo, gemm::Parallelism::None));
+            .for_each(|(d, (&ao, &bo))| one(d, ao, bo, false));
     } else {
         for (d, (&ao, &bo)) in out.chunks_mut(m * n).zip(batch) {
-            one(d, ao, bo, gemm::Parallelism::Rayon(0));
+            one(d, ao, bo, true);
         }
     }
 }

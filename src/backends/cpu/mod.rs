@@ -7,6 +7,7 @@ mod conv;
 mod data_shaped;
 mod elementwise;
 mod matmul;
+mod nt;
 mod optim;
 mod reduce;
 mod shape;
