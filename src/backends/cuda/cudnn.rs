@@ -97,6 +97,10 @@ const CROSS_CORRELATION: c_int = 1;
 const DEFAULT_MATH: c_int = 0;
 const TENSOR_OP_MATH: c_int = 1;
 const TENSOR_OP_MATH_ALLOW_CONVERSION: c_int = 2;
+/// cuDNN 9 status codes: from NOT_SUPPORTED (3000, and its 3xxx sub-codes) up to
+/// EXECUTION_FAILED (5000): the algorithm declined or failed to run the call.
+const NOT_SUPPORTED: c_int = 3000;
+const EXECUTION_FAILED: c_int = 5000;
 const FMA_MATH: c_int = 3;
 /// Algorithm counts per `Which` (CUDNN_CONVOLUTION_{FWD,BWD_DATA,BWD_FILTER}_ALGO_COUNT).
 const ALGO_COUNT: [c_int; 3] = [8, 6, 7];
@@ -897,6 +901,14 @@ impl Cudnn {
                 "cudnnConvolutionBackwardData",
                 "cudnnConvolutionBackwardFilter",
             ][i];
+            if (NOT_SUPPORTED..EXECUTION_FAILED).contains(&r) {
+                // The algorithm found does not run this convolution after all (seen on
+                // an H100: cuDNN 9's backward data of a stride-2 2×2 f32 convolution,
+                // INTERNAL_ERROR). Nothing was written: the caller's fallback takes this
+                // shape from now on.
+                p.refused[i] = true;
+                return Ok(false);
+            }
             self.lib.check(what, s, r)?;
             if let Some(bias) = bias {
                 let r = (f.add_tensor)(
