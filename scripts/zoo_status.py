@@ -85,7 +85,7 @@ def missing_ops(msg):
 BACKEND = "cpu"
 OTHER_BACKENDS = [("wgpu", "WebGPU"), ("cuda", "CUDA")]
 BACKEND_WHERE = {"wgpu": " with Mesa's software Vulkan driver, lavapipe, as CI runs it",
-                 "cuda": " on an NVIDIA H200"}
+                 "cuda": " on an NVIDIA H200 (the Phi-3 rows on an H100)"}
 
 
 def run_graphrun(exe, model, inputs, out, extra=()):
