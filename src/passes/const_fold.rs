@@ -25,7 +25,8 @@ pub(crate) const RULES: &[Rule] = &[
     },
 ];
 
-fn init(name: &str, tensor: Tensor) -> Initializer {
+/// A constant initializer nobody trains.
+pub(super) fn init(name: &str, tensor: Tensor) -> Initializer {
     Initializer {
         name: name.to_string(),
         tensor,

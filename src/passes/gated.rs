@@ -5,8 +5,9 @@
 //! and the activation's. Part of the MatMul-epilogue pass: it runs once the gate's
 //! activation (and any bias) has gone into a FusedMatMul.
 
+use super::const_fold::{evaluate, init};
 use super::pattern::{Ctx, Patch, Why};
-use crate::graph::{Activation, BinaryOp, InitSource, Initializer, Node, Op};
+use crate::graph::{Activation, BinaryOp, Node, Op};
 use crate::tensor::Tensor;
 
 /// `Mul(p, q)` where one operand is a FusedMatMul with an activation and the other a
@@ -232,12 +233,9 @@ pub(super) fn unpack_gate_up(cx: &Ctx, i: usize, why: &mut Why) -> Option<Patch>
 /// a Slice node (and its bounds) added to `patch`. Returns the part's name.
 fn part(cx: &Ctx, v: &str, axis: i64, (lo, hi): (i64, i64), patch: &mut Patch) -> Option<String> {
     let name = cx.fresh_value(&format!("{v}/{lo}_{hi}"));
-    let bound = |what: &str, x: i64| Initializer {
-        name: cx.fresh_value(&format!("{name}/{what}")),
-        tensor: Tensor::from_vec(&[1], vec![x]).expect("one element"),
-        trainable: false,
-        source: InitSource::Data,
-        loc: None,
+    let bound = |what: &str, x: i64| {
+        let t = Tensor::from_vec(&[1], vec![x]).expect("one element");
+        init(&cx.fresh_value(&format!("{name}/{what}")), t)
     };
     let bounds = [bound("starts", lo), bound("ends", hi), bound("axes", axis)];
     let slice = Node {
@@ -255,20 +253,8 @@ fn part(cx: &Ctx, v: &str, axis: i64, (lo, hi): (i64, i64), patch: &mut Patch) -
                 .chain(bounds.iter().map(|b| &b.tensor))
                 .map(Some)
                 .collect();
-            let [value] = <[Tensor; 1]>::try_from(super::const_fold::evaluate(
-                cx,
-                &slice,
-                &args,
-                usize::MAX,
-            )?)
-            .ok()?;
-            patch.inits.push(Initializer {
-                name: name.clone(),
-                tensor: value,
-                trainable: false,
-                source: InitSource::Data,
-                loc: None,
-            });
+            let [value] = <[Tensor; 1]>::try_from(evaluate(cx, &slice, &args, usize::MAX)?).ok()?;
+            patch.inits.push(init(&name, value));
         }
         None => {
             patch.inits.extend(bounds);

@@ -11,7 +11,7 @@
 use super::super::common::{self, ConvGeom, WindowGeom};
 use super::matmul::{activate_row, fill_acc, widen};
 use super::window::{axis_tables, walk_row};
-use super::{nt, simd};
+use super::{nt, simd, Shared};
 use crate::error::Result;
 use crate::graph::{Activation, Node};
 use crate::tensor::{Real, Tensor};
@@ -404,19 +404,6 @@ impl<F: Real> simd::Kernel for Depthwise<'_, F> {
                 }
             }
         }
-    }
-}
-
-/// A raw pointer handed to the tasks of one product that write disjoint blocks.
-#[derive(Clone, Copy)]
-struct Shared<F>(*mut F);
-// SAFETY: the tasks holding it write disjoint elements (see `tiled`).
-unsafe impl<F> Send for Shared<F> {}
-unsafe impl<F> Sync for Shared<F> {}
-impl<F> Shared<F> {
-    /// Through a method, so that a closure captures the wrapper (Send), not the field.
-    fn ptr(&self) -> *mut F {
-        self.0
     }
 }
 

@@ -22,6 +22,20 @@ use crate::tensor::{DType, Tensor};
 
 pub use matmul::gemm_f32_gflops;
 
+/// A raw pointer to an output handed to tasks that each write their own disjoint block
+/// of it (a convolution's row blocks, a product's tiles).
+#[derive(Clone, Copy)]
+pub(super) struct Shared<F>(pub(super) *mut F);
+// SAFETY: the tasks holding it write disjoint elements.
+unsafe impl<F> Send for Shared<F> {}
+unsafe impl<F> Sync for Shared<F> {}
+impl<F> Shared<F> {
+    /// Through a method, so that a closure captures the wrapper (Send), not the field.
+    pub(super) fn ptr(&self) -> *mut F {
+        self.0
+    }
+}
+
 /// The CPU backend: buffers are host tensors, kernels run on rayon's thread pool.
 #[derive(Default)]
 pub struct Cpu {

@@ -9,6 +9,7 @@
 //! Tasks are blocks of rows of A by blocks of rows of B, sized so that each thread gets
 //! several and a block of B stays in cache while the rows of A stream past it.
 
+use super::Shared;
 use rayon::prelude::*;
 
 /// Rows of A a task takes: its block of A (`MB × K`) stays in the L2 cache.
@@ -33,18 +34,6 @@ pub(super) fn available() -> bool {
     }
     static WIDTH: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *WIDTH.get_or_init(|| pulp::Arch::new().dispatch(Width)) >= 16
-}
-
-/// A raw pointer to the output, handed to tasks that write disjoint blocks of it.
-#[derive(Clone, Copy)]
-struct Out(*mut f32);
-// SAFETY: each task writes only its own block of rows × columns.
-unsafe impl Send for Out {}
-unsafe impl Sync for Out {}
-impl Out {
-    fn ptr(self) -> *mut f32 {
-        self.0
-    }
 }
 
 /// Whether the kernel takes a product of `F`s whose A has column stride `a_cs` and B row
@@ -107,7 +96,7 @@ pub(super) fn product(
     let tasks: Vec<(usize, usize)> = (0..row_blocks)
         .flat_map(|r| (0..n.div_ceil(nb)).map(move |c| (r * mb, c * nb)))
         .collect();
-    let o = Out(out.as_mut_ptr());
+    let o = Shared(out.as_mut_ptr());
     let run = |&(i0, j0): &(usize, usize)| {
         let block = Block {
             a,
@@ -141,7 +130,7 @@ struct Block<'a> {
     rows: (usize, usize),
     cols: (usize, usize),
     scale: f32,
-    out: Out,
+    out: Shared<f32>,
     ldc: usize,
     accumulate: bool,
 }
