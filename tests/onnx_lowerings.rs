@@ -2342,3 +2342,197 @@ fn dropout_training_mode_constant_or_fed() {
         assert!((yv - mask[i] * xv * 2.0).abs() < 1e-6, "y[{i}]");
     }
 }
+
+// ---- MatMulInteger, QLinearMatMul, ConvInteger, QLinearConv ------------------------------
+
+/// A direct-loop 2-D convolution of x [N, C, H, W] by w [M, C/g, kh, kw] in f64 (no
+/// dilation), with stride `s` and symmetric padding `p`; returns Y's shape and values.
+fn conv2d_ref(
+    x: &[f64],
+    xs: [usize; 4],
+    w: &[f64],
+    ws: [usize; 4],
+    g: usize,
+    s: usize,
+    p: usize,
+) -> (Vec<usize>, Vec<f64>) {
+    let [n, c, h, wd] = xs;
+    let [m, cg, kh, kw] = ws;
+    assert_eq!(c, cg * g);
+    let (oh, ow) = ((h + 2 * p - kh) / s + 1, (wd + 2 * p - kw) / s + 1);
+    let mut y = vec![0.0; n * m * oh * ow];
+    for (i, y) in y.iter_mut().enumerate() {
+        let (b, o, r, q) = (i / (m * oh * ow), i / (oh * ow) % m, i / ow % oh, i % ow);
+        let grp = o / (m / g);
+        for ci in 0..cg {
+            for (u, v) in (0..kh).flat_map(|u| (0..kw).map(move |v| (u, v))) {
+                let (yy, xx) = ((r * s + u) as i64 - p as i64, (q * s + v) as i64 - p as i64);
+                if yy < 0 || xx < 0 || yy >= h as i64 || xx >= wd as i64 {
+                    continue;
+                }
+                let xi = ((b * c + grp * cg + ci) * h + yy as usize) * wd + xx as usize;
+                *y += x[xi] * w[((o * cg + ci) * kh + u) * kw + v];
+            }
+        }
+    }
+    (vec![n, m, oh, ow], y)
+}
+
+/// The quantized products against integer references: per-row and per-column zero points
+/// and scales, per-filter zero points and per-channel scales, grouped strided padded
+/// convolutions, a bias, both 8-bit types, on every backend; the integer outputs exact
+/// and the requantized ones rounded half to even and saturated as ONNX's reference does.
+#[test]
+fn quantized_products_on_every_backend() {
+    let ints = |shape: &[usize], seed, lo, hi, dt| rand_ints(shape, seed, lo, hi).cast(dt);
+    // MatMulInteger: A u8 [2, 3, 5] (a zero point per row), B i8 [5, 4] (one per column).
+    let a = ints(&[2, 3, 5], 700, 0, 256, DType::U8);
+    let b = ints(&[5, 4], 701, -128, 128, DType::I8);
+    let (azp, bzp) = (
+        ints(&[3], 702, 0, 256, DType::U8),
+        ints(&[4], 703, -128, 128, DType::I8),
+    );
+    let case = Case::new(
+        "MatMulInteger",
+        10,
+        vec![
+            ("a", Some(a)),
+            ("b", Some(b)),
+            ("azp", Some(azp)),
+            ("bzp", Some(bzp)),
+        ],
+    );
+    let matmul = |v: &[Vec<f64>], rows: usize| -> Vec<f64> {
+        (0..v[0].len() / 5 * 4)
+            .map(|i| {
+                let (r, col) = (i / 4, i % 4);
+                (0..5)
+                    .map(|k| (v[0][r * 5 + k] - v[2][r % rows]) * (v[1][k * 4 + col] - v[3][col]))
+                    .sum()
+            })
+            .collect()
+    };
+    check_case("MatMulInteger", &case, &[DType::F32], 0.0, |v| {
+        vec![(vec![2, 3, 4], matmul(v, 3))]
+    });
+    // QLinearMatMul: the same product requantized to i8 (b's scale per column).
+    let a = ints(&[3, 5], 710, 0, 256, DType::U8);
+    let b = ints(&[5, 4], 711, -128, 128, DType::I8);
+    let case = Case::new(
+        "QLinearMatMul",
+        21,
+        vec![
+            ("a", Some(a)),
+            ("a_scale", Some(Tensor::scalar(0.02f32))),
+            ("a_zero_point", Some(Tensor::scalar(120u8))),
+            ("b", Some(b)),
+            (
+                "b_scale",
+                Some(Tensor::from_vec(&[4], vec![0.01f32, 0.03, 0.002, 0.05]).unwrap()),
+            ),
+            ("b_zero_point", Some(ints(&[4], 712, -20, 20, DType::I8))),
+            ("y_scale", Some(Tensor::scalar(0.4f32))),
+            ("y_zero_point", Some(Tensor::scalar(-3i8))),
+        ],
+    );
+    check_case("QLinearMatMul", &case, &[DType::F32], 0.0, |v| {
+        let c = [v[0].clone(), v[3].clone(), vec![v[2][0]; 3], v[5].clone()];
+        let y = matmul(&c, 3)
+            .iter()
+            .enumerate()
+            .map(|(i, &s)| {
+                let scale = v[1][0] as f32 * v[4][i % 4] as f32 / v[6][0] as f32;
+                round_even((s as f32 * scale + v[7][0] as f32) as f64).clamp(-128.0, 127.0)
+            })
+            .collect();
+        vec![(vec![3, 4], y)]
+    });
+    // ConvInteger and QLinearConv: x [2, 4, 5, 6], w [6, 2, 3, 3] in 2 groups, stride 2,
+    // padding 1; a zero point per filter.
+    let conv_attrs = || {
+        vec![
+            int_attr("group", 2),
+            ints_attr("strides", &[2, 2]),
+            ints_attr("pads", &[1, 1, 1, 1]),
+            ints_attr("kernel_shape", &[3, 3]),
+        ]
+    };
+    for (k, dt) in [DType::U8, DType::I8].into_iter().enumerate() {
+        let seed = 720 + 10 * k as u64;
+        let (lo, hi) = if dt == DType::U8 {
+            (0, 256)
+        } else {
+            (-128, 128)
+        };
+        let x = ints(&[2, 4, 5, 6], seed, lo, hi, dt);
+        let w = ints(&[6, 2, 3, 3], seed + 1, lo, hi, dt);
+        let xzp = ints(&[], seed + 2, lo, hi, dt);
+        let wzp = ints(&[6], seed + 3, lo, hi, dt);
+        let conv = |v: &[Vec<f64>], xzp: f64, wzp: &[f64]| {
+            let x: Vec<f64> = v[0].iter().map(|x| x - xzp).collect();
+            let w: Vec<f64> = v[1]
+                .iter()
+                .enumerate()
+                .map(|(i, w)| w - wzp[i / 18])
+                .collect();
+            conv2d_ref(&x, [2, 4, 5, 6], &w, [6, 2, 3, 3], 2, 2, 1)
+        };
+        let case = Case::new(
+            "ConvInteger",
+            10,
+            vec![
+                ("x", Some(x.clone())),
+                ("w", Some(w.clone())),
+                ("xzp", Some(xzp.clone())),
+                ("wzp", Some(wzp.clone())),
+            ],
+        )
+        .with(conv_attrs());
+        check_case(
+            &format!("ConvInteger {dt}"),
+            &case,
+            &[DType::F32],
+            0.0,
+            |v| vec![conv(v, v[2][0], &v[3])],
+        );
+        let bias = ints(&[6], seed + 4, -500, 500, DType::I32);
+        let w_scale = rand(&[6], seed + 5, 0.001, 0.01);
+        let case = Case::new(
+            "QLinearConv",
+            10,
+            vec![
+                ("x", Some(x)),
+                ("x_scale", Some(Tensor::scalar(0.05f32))),
+                ("x_zero_point", Some(xzp)),
+                ("w", Some(w)),
+                ("w_scale", Some(w_scale)),
+                ("w_zero_point", Some(wzp)),
+                ("y_scale", Some(Tensor::scalar(0.3f32))),
+                ("y_zero_point", Some(Tensor::scalar(7u8))),
+                ("bias", Some(bias)),
+            ],
+        )
+        .with(conv_attrs());
+        check_case(
+            &format!("QLinearConv {dt}"),
+            &case,
+            &[DType::F32],
+            0.0,
+            |v| {
+                let (shape, y) = conv(&[v[0].clone(), v[3].clone()], v[2][0], &v[5]);
+                let per = shape[2] * shape[3];
+                let y = y
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &s)| {
+                        let o = i / per % 6;
+                        let scale = v[1][0] as f32 * v[4][o] as f32 / v[6][0] as f32;
+                        let s = (s + v[8][o]) as f32;
+                        round_even((s * scale + v[7][0] as f32) as f64).clamp(0.0, 255.0)
+                    })
+                    .collect();
+                vec![(shape, y)]
+            },
+        );
+    }
+}

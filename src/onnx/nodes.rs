@@ -21,6 +21,7 @@ mod composite;
 mod conv;
 mod domains;
 mod index;
+mod quant;
 mod recurrent;
 mod resize;
 mod sample;
@@ -40,6 +41,7 @@ fn since(op: &str) -> i64 {
         "Expand" => 8,
         "QuantizeLinear" | "DequantizeLinear" => 10,
         "DynamicQuantizeLinear" => 11,
+        "MatMulInteger" | "QLinearMatMul" | "ConvInteger" | "QLinearConv" => 10,
         "Where" | "MeanVarianceNormalization" | "Shrink" | "OneHot" | "EyeLike" | "Scatter" => 9,
         "NonZero" | "Compress" => 9,
         "Range" | "GatherElements" | "GatherND" | "CumSum" | "ScatterElements" | "ScatterND" => 11,
@@ -110,6 +112,7 @@ pub fn imports(op: &str) -> bool {
         REWRITTEN,
         COMPOSITE,
         conv::WINDOWED,
+        quant::QUANT,
         resize::RESIZE,
         recurrent::RECURRENT,
         &[recurrent::REVERSE_SEQUENCE],
@@ -621,6 +624,7 @@ impl<'a> Importer<'a> {
                 return self.lower_reduce(n, shown, attrs)
             }
             op if conv::WINDOWED.contains(&op) => return self.lower_windowed(n, shown, attrs),
+            op if quant::QUANT.contains(&op) => return self.lower_quant(n, shown, attrs),
             op if resize::RESIZE.contains(&op) => return self.lower_resize(n, shown, attrs),
             op if recurrent::RECURRENT.contains(&op) => {
                 let a = composite::Attrs::of(n, shown, attrs)?;
