@@ -2536,3 +2536,30 @@ fn quantized_products_on_every_backend() {
         );
     }
 }
+
+/// A small model (strided Conv, ReLU, two MatMuls) as ONNX Runtime's quantization tools
+/// write it: dynamic (DynamicQuantizeLinear, ConvInteger, MatMulInteger), static QOperator
+/// (QLinearConv, QLinearMatMul) and static QDQ; on every backend against ONNX Runtime's
+/// output (tests/fixtures/quantized, `python3 scripts/make_quantized.py`). Every product is
+/// of integers under 2^24, so the outputs agree to f32 rounding of the rescaling.
+#[test]
+fn quantized_models_match_onnx_runtime() {
+    let dir = std::path::Path::new("tests/fixtures/quantized");
+    let img = Tensor::read_npy(&dir.join("img.npy")).unwrap();
+    for name in ["dynamic", "qoperator", "qdq"] {
+        let want = Tensor::read_npy(&dir.join(format!("{name}.ort.npy"))).unwrap();
+        let model = graphrun::Model::load(dir.join(format!("{name}.onnx")))
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        for backend in backends() {
+            for opts in [SessionOptions::unfused(), SessionOptions::default()] {
+                let opts = SessionOptions { backend, ..opts };
+                let mut s = Session::new(model.graph.clone(), opts).unwrap();
+                let got = s
+                    .run(&HashMap::from([("img".to_string(), img.clone())]))
+                    .unwrap_or_else(|e| panic!("{name} on {backend:?}: {e}"));
+                let e = rel_err(&got[0].1.to_f64_vec(), &want.to_f64_vec());
+                assert!(e <= 1e-5, "{name} on {backend:?}: rel err {e:.2e}");
+            }
+        }
+    }
+}

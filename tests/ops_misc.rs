@@ -237,3 +237,69 @@ fn constant_values() {
         |_| vec![(vec![], vec![-9.0])],
     );
 }
+
+/// BitCast reads the bytes as the other type: f32 ↔ i32 against `to_bits`, f16 → i16, bool
+/// → u8, f64 → i64 on the backends that hold 8-byte values; a mismatched width, a 4-bit
+/// type and a cast to bool are refused at inference, naming both types.
+#[test]
+fn bitcast_reinterprets_bytes() {
+    let xs = [-2.75f32, 0.0, -0.0, 1.0e-40, f32::INFINITY, 3.5e20];
+    let x = graphrun::Tensor::from_vec(&[2, 3], xs.to_vec()).unwrap();
+    let bits: Vec<i32> = xs.iter().map(|v| v.to_bits() as i32).collect();
+    let as_i32 = graphrun::Tensor::from_vec(&[2, 3], bits.clone()).unwrap();
+    let h = graphrun::Tensor::from_vec(&[2], vec![1.5f32, -0.25])
+        .unwrap()
+        .cast(DType::F16);
+    let h_bits: Vec<f64> = [0x3E00u16, 0xB400]
+        .iter()
+        .map(|&b| b as i16 as f64)
+        .collect();
+    let d = graphrun::Tensor::from_vec(&[1], vec![-1.0f64]).unwrap();
+    let cases: Vec<(graphrun::Tensor, &str, Vec<f64>)> = vec![
+        (x.clone(), "i32", bits.iter().map(|&b| b as f64).collect()),
+        (as_i32, "f32", xs.iter().map(|&v| v as f64).collect()),
+        (h, "i16", h_bits),
+        (bools(&[3], &[true, false, true]), "u8", vec![1.0, 0.0, 1.0]),
+        (d, "i64", vec![(-1.0f64).to_bits() as i64 as f64]),
+    ];
+    for backend in backends() {
+        for (x, to, want) in &cases {
+            let wide = x.dtype().size() == 8;
+            if wide && backend == graphrun::BackendKind::Wgpu {
+                continue;
+            }
+            let got = run_raw(
+                backend,
+                op("BitCast", &[("to", V::Str(to.to_string()))]),
+                &[inp(x.clone())],
+                1,
+            )
+            .unwrap_or_else(|e| panic!("{backend:?} {} to {to}: {e}", x.dtype()));
+            assert_eq!(got[0].dtype().name(), *to, "{backend:?}");
+            assert_eq!(got[0].shape(), x.shape(), "{backend:?}");
+            let g = got[0].to_f64_vec();
+            assert!(
+                g.iter()
+                    .zip(want)
+                    .all(|(a, b)| a == b || a.is_nan() && b.is_nan()),
+                "{backend:?} {} to {to}: {g:?}, want {want:?}",
+                x.dtype()
+            );
+        }
+    }
+    for (x, to, says) in [
+        (x.clone(), "i64", "same width: f32 is 32 bits, i64 64"),
+        (i64s(&[2], &[1, 2]).cast(DType::I4), "u8", "4- and 2-bit"),
+        (x.cast(DType::U8), "bool", "not a boolean"),
+    ] {
+        let e = run_raw(
+            graphrun::BackendKind::Cpu,
+            op("BitCast", &[("to", V::Str(to.into()))]),
+            &[inp(x)],
+            1,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains(says) && e.contains("BitCast"), "{e}");
+    }
+}

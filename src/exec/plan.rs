@@ -296,8 +296,9 @@ impl Plan {
     }
 }
 
-/// Ops whose output is their first input's bytes under another shape: the plan gives the
-/// output the input's slot instead of a copy.
+/// Ops whose output is their first input's bytes under another shape (or, for BitCast,
+/// another dtype of the same width): the plan gives the output the input's slot instead of
+/// a copy.
 fn is_view(op: &Op) -> bool {
     matches!(
         op,
@@ -306,6 +307,7 @@ fn is_view(op: &Op) -> bool {
             | Op::Squeeze { .. }
             | Op::Unsqueeze { .. }
             | Op::Identity
+            | Op::BitCast { .. }
     )
 }
 

@@ -197,6 +197,11 @@ pub enum Op {
     },
     /// Cast to the dtype of the second input (only its dtype is read).
     CastLike,
+    /// ONNX `BitCast`: the input's bytes read as another dtype of the same element size.
+    BitCast {
+        /// The dtype to read the bytes as.
+        to: DType,
+    },
     /// `start + i·delta` for i in 0..max(ceil((limit - start) / delta), 0), from three
     /// scalars known when the plan is made (they decide the length).
     Range,
@@ -774,6 +779,7 @@ const OTHER_OP_NAMES: &[&str] = &[
     "Where",
     "Cast",
     "CastLike",
+    "BitCast",
     "Range",
     "NonZero",
     "Unique",
@@ -1119,6 +1125,7 @@ impl Op {
             Op::Where => "Where",
             Op::Cast { .. } => "Cast",
             Op::CastLike => "CastLike",
+            Op::BitCast { .. } => "BitCast",
             Op::Range => "Range",
             Op::Cumulative { prod: false, .. } => "CumSum",
             Op::Cumulative { prod: true, .. } => "CumProd",
@@ -1392,7 +1399,8 @@ impl Op {
     /// inputs ("") as present.
     pub fn arity(&self) -> (usize, usize, usize, usize) {
         match self {
-            Op::Unary(_) | Op::Cast { .. } | Op::Identity | Op::Softmax { .. } => (1, 1, 1, 1),
+            Op::Unary(_) | Op::Cast { .. } | Op::BitCast { .. } | Op::Identity => (1, 1, 1, 1),
+            Op::Softmax { .. } => (1, 1, 1, 1),
             Op::LogSoftmax { .. } | Op::Transpose { .. } | Op::Flatten { .. } => (1, 1, 1, 1),
             Op::ArgReduce { .. } => (1, 1, 1, 1),
             // Indices are optional: a gradient asks for them (`aux_output`) when missing.
@@ -1540,7 +1548,7 @@ impl Op {
             "Clip" => Op::Clip,
             "Where" => Op::Where,
             "Identity" => Op::Identity,
-            "Cast" => {
+            "Cast" | "BitCast" => {
                 let Some(at) = a.get("to") else {
                     return Err(a.err(None, "attribute 'to' is required".into()));
                 };
@@ -1564,12 +1572,16 @@ impl Op {
                         ),
                     ));
                 };
-                a.ignore_if(
-                    "saturate",
-                    |v| *v == AttrValue::Int(1),
-                    "only the default (1) is supported",
-                )?;
-                Op::Cast { to }
+                if name == "BitCast" {
+                    Op::BitCast { to }
+                } else {
+                    a.ignore_if(
+                        "saturate",
+                        |v| *v == AttrValue::Int(1),
+                        "only the default (1) is supported",
+                    )?;
+                    Op::Cast { to }
+                }
             }
             "CastLike" => {
                 a.ignore_if(
@@ -2012,7 +2024,7 @@ impl Op {
             Op::Binary(BinaryOp::BitShiftLeft) => v.push(("direction", V::Str("LEFT".into()))),
             Op::Binary(BinaryOp::BitShiftRight) => v.push(("direction", V::Str("RIGHT".into()))),
             Op::Unary(u) => v.extend(u.attrs().into_iter().map(|(k, x)| (k, f32_attr(x)))),
-            Op::Cast { to } => v.push(("to", V::Str(to.name().into()))),
+            Op::Cast { to } | Op::BitCast { to } => v.push(("to", V::Str(to.name().into()))),
             Op::Gemm {
                 alpha,
                 beta,
@@ -2246,7 +2258,7 @@ pub fn op_table_markdown() -> String {
         | "ReduceProd" => "normalization / reduction",
         "ArgMax" | "ArgMin" | "TopK" => "selection",
         "Reshape" | "Transpose" | "Concat" | "Split" | "Slice" | "Squeeze" | "Unsqueeze"
-        | "Flatten" | "Expand" | "Gather" | "Shape" | "Constant" | "Trilu" => "shape",
+        | "Flatten" | "Expand" | "Gather" | "Shape" | "Constant" | "Trilu" | "BitCast" => "shape",
         "GatherElements" | "GatherND" | "Pad" | "ScatterElements" | "ScatterND" => "indexing",
         "NonZero" | "Unique" => "data-dependent shape (host, at plan time)",
         "Col2Im" => "sliding window (ConvTranspose and the pools are written on it)",

@@ -47,7 +47,7 @@ fn since(op: &str) -> i64 {
         "Range" | "GatherElements" | "GatherND" | "CumSum" | "ScatterElements" | "ScatterND" => 11,
         "Unique" => 11,
         "SoftmaxCrossEntropyLoss" | "NegativeLogLikelihoodLoss" | "Einsum" => 12,
-        "CumProd" => 26,
+        "CumProd" | "BitCast" => 26,
         "Trilu" => 14,
         "LayerNormalization" | "HannWindow" | "HammingWindow" | "BlackmanWindow" => 17,
         "GroupNormalization" | "BitwiseNot" | "CenterCropPad" | "Col2Im" => 18,
@@ -265,20 +265,39 @@ fn propagate_ranks(g: &GraphProto, ranks: &mut HashMap<String, usize>) {
             | "ScatterElements"
             | "GatherElements"
             | "QuantizeLinear"
-            | "DequantizeLinear" => first,
+            | "DequantizeLinear"
+            | "DynamicQuantizeLinear"
+            | "ConvInteger"
+            | "QLinearConv" => first,
             "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Mod" | "Max" | "Min" | "Sum" | "Mean"
             | "Where" | "Equal" | "Less" | "LessOrEqual" | "Greater" | "GreaterOrEqual" | "And"
             | "Or" | "Xor" | "BitwiseAnd" | "BitwiseOr" | "BitwiseXor" | "BitShift" => {
                 given.and_then(|r| r.into_iter().max())
             }
             // Matrices (or stacks of them) on both sides: the stacks broadcast.
-            "MatMul" => given
-                .filter(|r| r.len() == 2 && r.iter().all(|&k| k >= 2))
-                .and_then(|r| r.into_iter().max()),
+            "MatMul" | "MatMulInteger" | "QLinearMatMul" => {
+                let operands = if n.op_type == "QLinearMatMul" {
+                    [0, 3]
+                } else {
+                    [0, 1]
+                };
+                let r: Option<Vec<usize>> = operands
+                    .iter()
+                    .map(|&k| n.input.get(k).and_then(|i| ranks.get(i).copied()))
+                    .collect();
+                r.filter(|r| r.iter().all(|&k| k >= 2))
+                    .and_then(|r| r.into_iter().max())
+            }
             _ => None,
         };
         if let Some(r) = rank {
             ranks.entry(out.clone()).or_insert(r);
+        }
+        // Its scale and zero point are scalars.
+        if n.op_type == "DynamicQuantizeLinear" {
+            for o in n.output.iter().skip(1).filter(|o| !o.is_empty()) {
+                ranks.entry(o.clone()).or_insert(0);
+            }
         }
     }
 }

@@ -639,6 +639,7 @@ impl Cuda {
                 reduce::topk(self, node, &x(0)?, *axis, *largest, outs)
             }
             Op::Identity
+            | Op::BitCast { .. }
             | Op::Reshape { .. }
             | Op::Squeeze { .. }
             | Op::Unsqueeze { .. }

@@ -386,6 +386,7 @@ impl Wgpu {
                 reduce::topk(self, node, &x(0)?, *axis, *largest, outs)
             }
             Op::Identity
+            | Op::BitCast { .. }
             | Op::Reshape { .. }
             | Op::Squeeze { .. }
             | Op::Unsqueeze { .. }

@@ -118,6 +118,33 @@ pub(super) fn infer(cx: &Cx) -> Result<Vec<ValueType>> {
             shape: x.shape,
         }),
         Op::Identity => one(x),
+        Op::BitCast { to } => {
+            let narrow = |d: DType| d.narrow_bits().is_some();
+            if narrow(x.dtype) || narrow(*to) {
+                return Err(cx.fail(format!(
+                    "BitCast from {} to {to}: the 4- and 2-bit types are stored one value a byte, so their bits cannot be reinterpreted",
+                    x.dtype
+                )));
+            }
+            if *to == DType::Bool && x.dtype != DType::Bool {
+                return Err(cx.fail(format!(
+                    "BitCast from {} to bool: a byte other than 0 or 1 is not a boolean",
+                    x.dtype
+                )));
+            }
+            if x.dtype.size() != to.size() {
+                return Err(cx.fail(format!(
+                    "BitCast needs types of the same width: {} is {} bits, {to} {}",
+                    x.dtype,
+                    8 * x.dtype.size(),
+                    8 * to.size()
+                )));
+            }
+            one(ValueType {
+                dtype: *to,
+                shape: x.shape,
+            })
+        }
         Op::Trilu { .. } => {
             if x.shape.len() < 2 {
                 return Err(cx.fail("Trilu needs rank 2 or more".into()));

@@ -279,6 +279,7 @@ pub fn shape_inputs(op: &Op) -> &'static [(usize, &'static str)] {
         | Op::Where
         | Op::Cast { .. }
         | Op::CastLike
+        | Op::BitCast { .. }
         | Op::Identity
         | Op::MatMul
         | Op::Gemm { .. }
@@ -524,6 +525,7 @@ pub fn infer_node(
         | Op::Where
         | Op::Cast { .. }
         | Op::CastLike
+        | Op::BitCast { .. }
         | Op::Identity
         | Op::Trilu { .. } => elementwise::infer(&cx),
         Op::Reduce { .. }

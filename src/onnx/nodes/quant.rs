@@ -186,11 +186,18 @@ impl Importer<'_> {
         operand: &str,
     ) -> Result<String> {
         let rank = |me: &Self, x: &str| me.ranks.get(x).copied();
-        let trailing = match (rank(self, v), per) {
-            (Some(0), _) | (Some(1), None | Some(Per::Column)) => 0,
+        if let Some(r) = rank(self, v).filter(|&r| r > 1) {
+            return Err(Error::Graph(format!(
+                "{node}: {what} '{v}' must be a scalar or a 1-D tensor, got rank {r}"
+            )));
+        }
+        // A scalar unsqueezed as a 1-D value would be still broadcasts as one value, so a
+        // value of undeclared rank is placed as a 1-D one.
+        let trailing = match per {
+            None | Some(Per::Column) => 0,
             // A 1-D A has no rows: its zero point is one value.
-            (Some(1), Some(Per::Row)) => usize::from(rank(self, operand) != Some(1)),
-            (Some(1), Some(p)) => {
+            Some(Per::Row) => usize::from(rank(self, operand) != Some(1)),
+            Some(p) => {
                 let Some(r) = rank(self, operand) else {
                     return Err(Error::Graph(format!(
                         "{node}: the rank of '{operand}' is not declared, and graphrun needs it to place {what} '{v}' per channel"
@@ -198,15 +205,6 @@ impl Importer<'_> {
                 };
                 // W [M, C/g, k...] or Y [N, M, spatial...]: M then r-1 or r-2 axes.
                 r.saturating_sub(if p == Per::Filter { 1 } else { 2 })
-            }
-            (r, _) => {
-                return Err(Error::Graph(format!(
-                    "{node}: {what} '{v}' must be a scalar or a 1-D tensor, {}",
-                    match r {
-                        Some(r) => format!("got rank {r}"),
-                        None => "and its rank is not declared".into(),
-                    }
-                )))
             }
         };
         let mut out = v.to_string();

@@ -58,8 +58,8 @@ pub fn treated_as_constant(op: &Op) -> bool {
         Op::Shape { .. } | Op::Range | Op::ArgReduce { .. } | Op::NonZero | Op::Unique { .. } => {
             true
         }
-        // Resize's weights read X for its type only.
-        Op::ResizeMatrix { .. } => true,
+        // Resize's weights read X for its type only; reinterpreted bits have no derivative.
+        Op::ResizeMatrix { .. } | Op::BitCast { .. } => true,
         _ => false,
     }
 }
