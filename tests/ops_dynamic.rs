@@ -527,3 +527,177 @@ fn compress_condition_out_of_range_is_an_error() {
         "{e}"
     );
 }
+
+/// NonMaxSuppression by brute force: per batch and class, repeatedly the best remaining
+/// candidate (highest score, lowest index among equals), kept when its IoU with every
+/// box kept so far is at most `iou`.
+fn ref_nms(
+    boxes: &[f64],
+    scores: &[f64],
+    [b, c, n]: [usize; 3],
+    max_out: usize,
+    iou: f64,
+    score_min: Option<f64>,
+    center: bool,
+) -> Expected {
+    let rect = |i: usize| {
+        let v = &boxes[4 * i..4 * i + 4];
+        if center {
+            (
+                v[0] - v[2] / 2.0,
+                v[1] - v[3] / 2.0,
+                v[0] + v[2] / 2.0,
+                v[1] + v[3] / 2.0,
+            )
+        } else {
+            (
+                v[1].min(v[3]),
+                v[0].min(v[2]),
+                v[1].max(v[3]),
+                v[0].max(v[2]),
+            )
+        }
+    };
+    let iou_of = |p: (f64, f64, f64, f64), q: (f64, f64, f64, f64)| {
+        let w = (p.2.min(q.2) - p.0.max(q.0)).max(0.0);
+        let h = (p.3.min(q.3) - p.1.max(q.1)).max(0.0);
+        let inter = w * h;
+        let area = |r: (f64, f64, f64, f64)| (r.2 - r.0) * (r.3 - r.1);
+        inter / (area(p) + area(q) - inter)
+    };
+    let mut rows = vec![];
+    for bi in 0..b {
+        for ci in 0..c {
+            let s = |i: usize| scores[(bi * c + ci) * n + i];
+            let mut left: Vec<usize> = (0..n)
+                .filter(|&i| score_min.is_none_or(|t| s(i) > t))
+                .collect();
+            let mut kept: Vec<usize> = vec![];
+            while kept.len() < max_out && !left.is_empty() {
+                let best = (0..left.len())
+                    .reduce(|a, k| if s(left[k]) > s(left[a]) { k } else { a })
+                    .unwrap();
+                let i = left.remove(best);
+                if kept
+                    .iter()
+                    .all(|&k| iou_of(rect(bi * n + i), rect(bi * n + k)) <= iou)
+                {
+                    kept.push(i);
+                    rows.extend([bi as f64, ci as f64, i as f64]);
+                }
+            }
+        }
+    }
+    vec![(vec![rows.len() / 3, 3], rows)]
+}
+
+/// NonMaxSuppression with every input fed at run time, in both box formats, with and
+/// without the score threshold, with tied scores and flipped corners: planned for the fed
+/// values on every backend (a new plan for new scores, the first reused when they come back);
+/// without max_output_boxes_per_class nothing is selected; malformed boxes are refused.
+#[test]
+fn non_max_suppression_planned_per_value() {
+    let (b, c, n) = (2usize, 3usize, 12usize);
+    for center in [false, true] {
+        let mut bx = rand(&[b, n, 4], 40 + center as u64, 0.0, 1.0).to_f64_vec();
+        for k in 0..b * n {
+            if center {
+                // Centres in [0, 1), sizes in [0.2, 0.7).
+                bx[4 * k + 2] = 0.2 + bx[4 * k + 2] / 2.0;
+                bx[4 * k + 3] = 0.2 + bx[4 * k + 3] / 2.0;
+            }
+        }
+        let boxes = Tensor::from_vec(&[b, n, 4], bx.clone())
+            .unwrap()
+            .cast(DType::F32);
+        let mut sv = rand(&[b, c, n], 50, 0.0, 1.0).to_f64_vec();
+        sv[3] = sv[7]; // a tie within one class
+        let scores = Tensor::from_vec(&[b, c, n], sv).unwrap().cast(DType::F32);
+        let other = rand(&[b, c, n], 51, 0.0, 1.0).cast(DType::F32);
+        for score_min in [None, Some(0.2f32)] {
+            let mut names = vec!["boxes", "scores", "max", "iou"];
+            let mut infos = vec![
+                input_like("boxes", &boxes),
+                input_like("scores", &scores),
+                input("max", DType::I64, &[Some(1)]),
+                input("iou", DType::F32, &[Some(1)]),
+            ];
+            if score_min.is_some() {
+                names.push("score_min");
+                infos.push(input("score_min", DType::F32, &[Some(1)]));
+            }
+            let attrs = vec![int_attr("center_point_box", center as i64)];
+            let nd = node("NonMaxSuppression", "", &names, &["sel"], attrs);
+            let g = import_one_node(nd, 11, infos, vec![]).unwrap();
+            let max = Tensor::from_vec(&[1], vec![4i64]).unwrap();
+            let iou = Tensor::from_vec(&[1], vec![0.3f32]).unwrap();
+            let thr = Tensor::from_vec(&[1], vec![score_min.unwrap_or(0.0)]).unwrap();
+            let f = |s: &Tensor| {
+                let mut v = vec![
+                    ("boxes", &boxes),
+                    ("scores", s),
+                    ("max", &max),
+                    ("iou", &iou),
+                ];
+                if score_min.is_some() {
+                    v.push(("score_min", &thr));
+                }
+                feeds(&v)
+            };
+            let want = |s: &Tensor| {
+                let sv = s.cast(DType::F32).to_f64_vec();
+                let bv = boxes.to_f64_vec();
+                let t = score_min.map(|t| t as f64);
+                ref_nms(&bv, &sv, [b, c, n], 4, 0.3f32 as f64, t, center)
+            };
+            let what = format!("NonMaxSuppression center {center} threshold {score_min:?}");
+            // A plan for each value fed, the first reused when it comes back.
+            runs(
+                &g,
+                &[
+                    (f(&scores), want(&scores), 1),
+                    (f(&other), want(&other), 2),
+                    (f(&scores), want(&scores), 2),
+                ],
+                &what,
+            );
+        }
+    }
+    // No max_output_boxes_per_class: no box is selected.
+    let boxes = rand(&[1, 3, 4], 60, 0.0, 1.0).cast(DType::F32);
+    let scores = rand(&[1, 1, 3], 61, 0.0, 1.0).cast(DType::F32);
+    let infos = vec![input_like("boxes", &boxes), input_like("scores", &scores)];
+    let nd = node(
+        "NonMaxSuppression",
+        "",
+        &["boxes", "scores"],
+        &["sel"],
+        vec![],
+    );
+    let g = import_one_node(nd, 11, infos, vec![]).unwrap();
+    let f = feeds(&[("boxes", &boxes), ("scores", &scores)]);
+    runs(
+        &g,
+        &[(f, vec![(vec![0, 3], vec![])], 1)],
+        "NonMaxSuppression without a maximum",
+    );
+    // Boxes of 3 coordinates.
+    let bad = rand(&[1, 3, 3], 62, 0.0, 1.0).cast(DType::F32);
+    let infos = vec![input_like("boxes", &bad), input_like("scores", &scores)];
+    let nd = node(
+        "NonMaxSuppression",
+        "",
+        &["boxes", "scores"],
+        &["sel"],
+        vec![],
+    );
+    let g = import_one_node(nd, 11, infos, vec![]).unwrap();
+    let e = session(&g, BackendKind::Cpu)
+        .run(&feeds(&[("boxes", &bad), ("scores", &scores)]))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("boxes must be [batches, boxes, 4]") && e.contains("[1, 3, 3]"),
+        "{e}"
+    );
+}

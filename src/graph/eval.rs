@@ -24,7 +24,12 @@ pub trait HostEval: std::fmt::Debug + Sync {
         args: &[Option<&Tensor>],
         outs: &[ValueType],
     ) -> Result<Vec<Tensor>>;
-    /// The outputs of NonZero or Unique (`op`) for input `x`: their shapes are their
-    /// results. The error is a message for the node's inference failure.
-    fn eval_data_shaped(&self, op: &Op, x: &Tensor) -> std::result::Result<Vec<Tensor>, String>;
+    /// The outputs of NonZero, Unique or NonMaxSuppression (`op`) for inputs `xs` (`None`
+    /// for an omitted optional one): their shapes are their results. The error is a
+    /// message for the node's inference failure.
+    fn eval_data_shaped(
+        &self,
+        op: &Op,
+        xs: &[Option<&Tensor>],
+    ) -> std::result::Result<Vec<Tensor>, String>;
 }

@@ -220,6 +220,15 @@ pub enum Op {
         /// The axis whose slices are compared; None flattens X first.
         axis: Option<i64>,
     },
+    /// ONNX `NonMaxSuppression`: (boxes [B, N, 4], scores [B, C, N], max boxes per class,
+    /// IoU threshold, score threshold) → i64 `[selected, 3]` (batch, class, box) rows, each
+    /// class's boxes taken by descending score and dropped where they overlap one already
+    /// taken by more than the IoU threshold. Computed on the host when the plan is made, as
+    /// NonZero is (its output's length is its result).
+    NonMaxSuppression {
+        /// Boxes as [x_center, y_center, width, height] (else two corners [y1, x1, y2, x2]).
+        center_point_box: bool,
+    },
     /// CumSum, or CumProd with `prod`: running sums (products) along the axis its second
     /// input names (a scalar read when the node runs); `exclusive` leaves each element out
     /// of its own sum, `reverse` runs from the end.
@@ -783,6 +792,7 @@ const OTHER_OP_NAMES: &[&str] = &[
     "Range",
     "NonZero",
     "Unique",
+    "NonMaxSuppression",
     "CumSum",
     "CumProd",
     "ArgMax",
@@ -1134,6 +1144,7 @@ impl Op {
             Op::TopK { .. } => "TopK",
             Op::NonZero => "NonZero",
             Op::Unique { .. } => "Unique",
+            Op::NonMaxSuppression { .. } => "NonMaxSuppression",
             Op::GatherElements { .. } => "GatherElements",
             Op::GatherND { .. } => "GatherND",
             Op::GatherElementsGrad { .. } => "GatherElementsGrad",
@@ -1406,6 +1417,7 @@ impl Op {
             // Indices are optional: a gradient asks for them (`aux_output`) when missing.
             Op::TopK { .. } => (2, 2, 1, 2),
             Op::Shape { .. } | Op::NonZero => (1, 1, 1, 1),
+            Op::NonMaxSuppression { .. } => (2, 5, 1, 1),
             Op::Unique { .. } => (1, 1, 1, 4),
             Op::Binary(_) | Op::MatMul | Op::Reshape { .. } | Op::Expand => (2, 2, 1, 1),
             Op::Gather { .. } | Op::CastLike | Op::Cumulative { .. } => (2, 2, 1, 1),
@@ -1593,6 +1605,9 @@ impl Op {
             }
             "Range" => Op::Range,
             "NonZero" => Op::NonZero,
+            "NonMaxSuppression" => Op::NonMaxSuppression {
+                center_point_box: a.flag("center_point_box", false)?,
+            },
             "Unique" => Op::Unique {
                 sorted: a.flag("sorted", true)?,
                 axis: a.int("axis")?,
@@ -2096,6 +2111,9 @@ impl Op {
                 v.push(("axes", V::Ints(axes.iter().map(|&d| d as i64).collect())));
                 v.push(("axis", V::Int(*axis as i64)));
             }
+            Op::NonMaxSuppression { center_point_box } => {
+                v.push(("center_point_box", b(*center_point_box)));
+            }
             Op::Unique { sorted, axis } => {
                 v.push(("sorted", b(*sorted)));
                 if let Some(a) = axis {
@@ -2260,7 +2278,7 @@ pub fn op_table_markdown() -> String {
         "Reshape" | "Transpose" | "Concat" | "Split" | "Slice" | "Squeeze" | "Unsqueeze"
         | "Flatten" | "Expand" | "Gather" | "Shape" | "Constant" | "Trilu" | "BitCast" => "shape",
         "GatherElements" | "GatherND" | "Pad" | "ScatterElements" | "ScatterND" => "indexing",
-        "NonZero" | "Unique" => "data-dependent shape (host, at plan time)",
+        "NonZero" | "Unique" | "NonMaxSuppression" => "data-dependent shape (host, at plan time)",
         "Col2Im" => "sliding window (ConvTranspose and the pools are written on it)",
         "Conv" | "FusedConv" => "convolution",
         "SoftmaxCrossEntropyLoss" => "loss",

@@ -46,6 +46,7 @@ fn since(op: &str) -> i64 {
         "NonZero" | "Compress" => 9,
         "Range" | "GatherElements" | "GatherND" | "CumSum" | "ScatterElements" | "ScatterND" => 11,
         "Unique" => 11,
+        "NonMaxSuppression" => 10,
         "SoftmaxCrossEntropyLoss" | "NegativeLogLikelihoodLoss" | "Einsum" => 12,
         "CumProd" | "BitCast" => 26,
         "Trilu" => 14,

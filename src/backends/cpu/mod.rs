@@ -167,7 +167,10 @@ pub fn run_node(
             elementwise::rotary([x(0)?, x(1)?, x(2)?], *interleaved, t, &mut outs[0])
         }
         Op::Range => elementwise::range(x(0)?, x(2)?, &mut outs[0]),
-        Op::NonZero | Op::Unique { .. } | Op::ResizeMatrix { .. } => {
+        Op::NonZero
+        | Op::Unique { .. }
+        | Op::NonMaxSuppression { .. }
+        | Op::ResizeMatrix { .. } => {
             let fail = |e: String| crate::error::Error::Graph(format!("{}: {e}", node.describe()));
             let got = match node.op {
                 Op::ResizeMatrix { .. } => {
@@ -181,13 +184,13 @@ pub fn run_node(
                         opt(3),
                     )
                 }
-                _ => data_shaped::eval(&node.op, x(0)?),
+                _ => data_shaped::eval(&node.op, ins),
             }
             .map_err(fail)?;
             for (o, t) in outs.iter_mut().zip(got) {
                 if o.shape() != t.shape() {
                     return Err(fail(format!(
-                        "its output has shape {}, but the plan was made for {}: X changed after planning",
+                        "its output has shape {}, but the plan was made for {}: its inputs changed after planning",
                         crate::tensor::fmt_shape(t.shape()),
                         crate::tensor::fmt_shape(o.shape())
                     )));
@@ -507,7 +510,11 @@ impl HostEval for CpuEval {
     ) -> Result<Vec<Tensor>> {
         eval_node_with_types(node, args, outs)
     }
-    fn eval_data_shaped(&self, op: &Op, x: &Tensor) -> std::result::Result<Vec<Tensor>, String> {
-        data_shaped::eval(op, x)
+    fn eval_data_shaped(
+        &self,
+        op: &Op,
+        xs: &[Option<&Tensor>],
+    ) -> std::result::Result<Vec<Tensor>, String> {
+        data_shaped::eval(op, xs)
     }
 }

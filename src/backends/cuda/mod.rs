@@ -613,9 +613,10 @@ impl Cuda {
             }
             Op::Cast { .. } | Op::CastLike => elementwise::cast(self, &x(0)?, &y),
             Op::Range => elementwise::range(self, node, &x(0)?, &x(2)?, &y),
-            Op::NonZero | Op::Unique { .. } | Op::ResizeMatrix { .. } => {
-                super::common::plan_time_only(node)
-            }
+            Op::NonZero
+            | Op::Unique { .. }
+            | Op::NonMaxSuppression { .. }
+            | Op::ResizeMatrix { .. } => super::common::plan_time_only(node),
             Op::Cumulative {
                 prod,
                 exclusive,

@@ -7,19 +7,22 @@ pub(super) fn infer(cx: &Cx) -> Result<Vec<ValueType>> {
     let (node, consts) = (cx.node, cx.consts);
     let x = cx.x();
     match &node.op {
-        Op::NonZero | Op::Unique { .. } => {
-            // The outputs' shapes are the op's result itself: computed here from X's
-            // value, which must be known on the host.
-            let Some(v) = consts.first().copied().flatten() else {
-                return Err(cx.fail(format!(
-                    "input X ('{}') must be known when the plan is made: its values decide the output's shape, so it must be computed from initializers, Constants, Shape and graph inputs fed when planning (at most {} elements), through small nodes evaluated on the host; here it depends on a value computed on the device (or one too large to evaluate on the host)",
-                    node.inputs[0],
-                    PLAN_INPUT_LIMIT
-                )));
-            };
+        Op::NonZero | Op::Unique { .. } | Op::NonMaxSuppression { .. } => {
+            // The outputs' shapes are the op's result itself: computed here from the
+            // inputs' values, which must be known on the host.
+            for &(k, what) in shape_inputs(&node.op) {
+                let given = node.inputs.get(k).is_some_and(|v| !v.is_empty());
+                if given && consts.get(k).copied().flatten().is_none() {
+                    return Err(cx.fail(format!(
+                        "{what} ('{}') must be known when the plan is made: its values decide the output's shape, so it must be computed from initializers, Constants, Shape and graph inputs fed when planning (at most {} elements), through small nodes evaluated on the host; here it depends on a value computed on the device (or one too large to evaluate on the host)",
+                        node.inputs[k],
+                        PLAN_INPUT_LIMIT
+                    )));
+                }
+            }
             let outs = cx
                 .ev
-                .eval_data_shaped(&node.op, v)
+                .eval_data_shaped(&node.op, consts)
                 .map_err(|m| cx.fail(m))?;
             Ok(outs
                 .iter()

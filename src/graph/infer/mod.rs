@@ -243,7 +243,7 @@ fn is_random(op: &Op) -> bool {
 pub fn computed_at_plan_time(op: &Op) -> bool {
     matches!(
         op,
-        Op::NonZero | Op::Unique { .. } | Op::ResizeMatrix { .. }
+        Op::NonZero | Op::Unique { .. } | Op::NonMaxSuppression { .. } | Op::ResizeMatrix { .. }
     )
 }
 
@@ -258,6 +258,13 @@ pub fn shape_inputs(op: &Op) -> &'static [(usize, &'static str)] {
         Op::Range => &[(0, "start"), (1, "limit"), (2, "delta")],
         Op::TopK { .. } => &[(1, "k")],
         Op::NonZero | Op::Unique { .. } => &[(0, "input X")],
+        Op::NonMaxSuppression { .. } => &[
+            (0, "boxes"),
+            (1, "scores"),
+            (2, "max_output_boxes_per_class"),
+            (3, "iou_threshold"),
+            (4, "score_threshold"),
+        ],
         Op::ResizeMatrix { .. } => &[(1, "roi"), (2, "scales"), (3, "sizes")],
         Op::GatherGrad { .. } | Op::GatherElementsGrad { .. } | Op::GatherNDGrad { .. } => {
             &[(2, "the forward input's shape")]
@@ -553,7 +560,8 @@ pub fn infer_node(
         | Op::ScatterElements { .. }
         | Op::ScatterND { .. }
         | Op::NonZero
-        | Op::Unique { .. } => index::infer(&cx),
+        | Op::Unique { .. }
+        | Op::NonMaxSuppression { .. } => index::infer(&cx),
         Op::MatMul
         | Op::Gemm { .. }
         | Op::FusedMatMul { .. }

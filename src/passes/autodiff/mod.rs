@@ -55,9 +55,12 @@ pub fn treated_as_constant(op: &Op) -> bool {
         Op::Binary(b) => b.is_comparison() || b.kind() == crate::graph::BinaryKind::Bitwise,
         // NonZero's and Unique's index outputs are integers; Unique's Y is given no
         // gradient either (which occurrence it copies is a choice of its values).
-        Op::Shape { .. } | Op::Range | Op::ArgReduce { .. } | Op::NonZero | Op::Unique { .. } => {
-            true
-        }
+        Op::Shape { .. }
+        | Op::Range
+        | Op::ArgReduce { .. }
+        | Op::NonZero
+        | Op::Unique { .. }
+        | Op::NonMaxSuppression { .. } => true,
         // Resize's weights read X for its type only; reinterpreted bits have no derivative.
         Op::ResizeMatrix { .. } | Op::BitCast { .. } => true,
         _ => false,

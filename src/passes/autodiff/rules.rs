@@ -453,6 +453,7 @@ pub(super) fn grad(b: &mut Builder, ni: usize, n: &Node, dys: &[Option<String>])
         | Op::ArgReduce { .. }
         | Op::NonZero
         | Op::Unique { .. }
+        | Op::NonMaxSuppression { .. }
         | Op::BitCast { .. }
         | Op::ResizeMatrix { .. } => none(),
         // Multi-output ops are handled by `multi`; gradient ops are not differentiated again.
