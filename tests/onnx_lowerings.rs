@@ -2563,3 +2563,175 @@ fn quantized_models_match_onnx_runtime() {
         }
     }
 }
+
+// ---- LinearAttention ----------------------------------------------------------------------
+
+/// LinearAttention's recurrence in f64, loop by loop: per batch and KV head a state
+/// S [d_k, d_v] (from past, else zero), S ·= exp(decay_t) per key row, v_t replaced by
+/// beta_t·(v_t − Sᵀk_t), S += k_t v_tᵀ, and each query head of the group reads
+/// o_t = scale·q_t S. Returns (output [B, T, Hq·d_v], present state).
+#[allow(clippy::too_many_arguments)]
+fn linear_attention_ref(
+    v: &[Vec<f64>],
+    [b, t, hq, hkv, dk, dv]: [usize; 6],
+    past: bool,
+    decay: Option<usize>,
+    beta: Option<usize>,
+    scale: f64,
+) -> Expected {
+    let (q, k, val) = (&v[0], &v[1], &v[2]);
+    let g = hq / hkv;
+    let mut out = vec![0.0; b * t * hq * dv];
+    let mut present = vec![0.0; b * hkv * dk * dv];
+    for bi in 0..b {
+        for h in 0..hkv {
+            let base = (bi * hkv + h) * dk * dv;
+            let mut s: Vec<f64> = match past {
+                true => v[3][base..base + dk * dv].to_vec(),
+                false => vec![0.0; dk * dv],
+            };
+            for ti in 0..t {
+                let kt: Vec<f64> = (0..dk)
+                    .map(|d| k[(bi * t + ti) * hkv * dk + h * dk + d])
+                    .collect();
+                let mut vt: Vec<f64> = (0..dv)
+                    .map(|m| val[(bi * t + ti) * hkv * dv + h * dv + m])
+                    .collect();
+                if let Some(w) = decay {
+                    for d in 0..dk {
+                        let x = if w == hkv { h } else { h * dk + d };
+                        let e = v[4][(bi * t + ti) * w + x].exp();
+                        (0..dv).for_each(|m| s[d * dv + m] *= e);
+                    }
+                }
+                if let Some(w) = beta {
+                    let bt = v[5][(bi * t + ti) * w + if w == 1 { 0 } else { h }];
+                    for (m, x) in vt.iter_mut().enumerate() {
+                        let got: f64 = (0..dk).map(|d| s[d * dv + m] * kt[d]).sum();
+                        *x = bt * (*x - got);
+                    }
+                }
+                for d in 0..dk {
+                    (0..dv).for_each(|m| s[d * dv + m] += kt[d] * vt[m]);
+                }
+                for gi in 0..g {
+                    let qh = h * g + gi;
+                    for m in 0..dv {
+                        let dot: f64 = (0..dk)
+                            .map(|d| q[(bi * t + ti) * hq * dk + qh * dk + d] * s[d * dv + m])
+                            .sum();
+                        out[(bi * t + ti) * hq * dv + qh * dv + m] = scale * dot;
+                    }
+                }
+            }
+            present[base..base + dk * dv].copy_from_slice(&s);
+        }
+    }
+    vec![(vec![b, t, hq * dv], out), (vec![b, hkv, dk, dv], present)]
+}
+
+/// LinearAttention's four update rules, grouped query heads, per-head and per-key decay,
+/// per-head and shared beta, a past state and an explicit scale, on every backend against
+/// the f64 recurrence, and the gradients of every input against its finite differences.
+#[test]
+fn linear_attention_on_every_backend_with_gradients() {
+    struct La {
+        rule: &'static str,
+        heads: (usize, usize),
+        past: bool,
+        decay_per_key: bool,
+        beta_shared: bool,
+        scale: f32,
+    }
+    let la = |rule, heads, past, decay_per_key, beta_shared, scale| La {
+        rule,
+        heads,
+        past,
+        decay_per_key,
+        beta_shared,
+        scale,
+    };
+    let cases = [
+        la("linear", (2, 2), false, false, false, 0.0),
+        la("gated", (4, 2), true, false, false, 0.0),
+        la("delta", (2, 1), false, false, true, 0.5),
+        la("gated_delta", (4, 2), true, true, false, 0.0),
+        la("gated_delta", (2, 2), false, false, true, 0.0),
+    ];
+    let (b, t, dk, dv) = (2usize, 3usize, 4usize, 3usize);
+    for (ci, c) in cases.iter().enumerate() {
+        let seed = 900 + 10 * ci as u64;
+        let (hq, hkv) = c.heads;
+        let gated = c.rule.starts_with("gated");
+        let delta = c.rule.ends_with("delta");
+        let decay_w = if c.decay_per_key { hkv * dk } else { hkv };
+        let beta_w = if c.beta_shared { 1 } else { hkv };
+        let opt = |on: bool, t: Tensor| on.then_some(t);
+        let inputs = vec![
+            ("query", Some(randn(&[b, t, hq * dk], seed))),
+            ("key", Some(rand(&[b, t, hkv * dk], seed + 1, -0.6, 0.6))),
+            ("value", Some(randn(&[b, t, hkv * dv], seed + 2))),
+            (
+                "past_state",
+                opt(c.past, randn(&[b, hkv, dk, dv], seed + 3)),
+            ),
+            (
+                "decay",
+                opt(gated, rand(&[b, t, decay_w], seed + 4, -0.5, 0.0)),
+            ),
+            (
+                "beta",
+                opt(delta, rand(&[b, t, beta_w], seed + 5, 0.2, 1.0)),
+            ),
+        ];
+        let names: Vec<&str> = inputs
+            .iter()
+            .map(|(n, t)| if t.is_some() { *n } else { "" })
+            .collect();
+        let mut inputs = inputs;
+        for (k, n) in names.iter().enumerate() {
+            if n.is_empty() {
+                inputs[k].0 = "";
+            }
+        }
+        while inputs.last().is_some_and(|(n, _)| n.is_empty()) {
+            inputs.pop();
+        }
+        let mut case = Case::new("LinearAttention", 27, inputs).with(vec![
+            int_attr("q_num_heads", hq as i64),
+            int_attr("kv_num_heads", hkv as i64),
+            str_attr("update_rule", c.rule),
+            float_attr("scale", c.scale),
+        ]);
+        case.outputs = vec!["output", "present_state"];
+        let scale = if c.scale == 0.0 {
+            1.0 / (dk as f64).sqrt()
+        } else {
+            c.scale as f64
+        };
+        let reference = |v: &[Vec<f64>]| {
+            let mut v = v.to_vec();
+            v.resize(6, vec![]);
+            linear_attention_ref(
+                &v,
+                [b, t, hq, hkv, dk, dv],
+                c.past,
+                gated.then_some(decay_w),
+                delta.then_some(beta_w),
+                scale,
+            )
+        };
+        let what = format!(
+            "LinearAttention {} heads {hq}/{hkv} past {}",
+            c.rule, c.past
+        );
+        check_case(&what, &case, &BOTH, 1e-5, reference);
+        let wrt: Vec<usize> = (0..case.inputs.len())
+            .filter(|&k| case.inputs[k].1.is_some())
+            .collect();
+        // Unseeded outputs take seeds of ones: differentiate the output alone.
+        let mut alone = case.clone();
+        alone.outputs = vec!["output"];
+        check_grads(&what, &alone, &wrt, seed, reference);
+    }
+}

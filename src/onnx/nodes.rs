@@ -21,6 +21,7 @@ mod composite;
 mod conv;
 mod domains;
 mod index;
+mod linear_attention;
 mod quant;
 mod recurrent;
 mod resize;
@@ -56,7 +57,7 @@ fn since(op: &str) -> i64 {
         "LpPool" => 2,
         "Attention" | "RMSNormalization" | "RotaryEmbedding" => 23,
         "ReverseSequence" => 10,
-        "CausalConvWithState" => 27,
+        "CausalConvWithState" | "LinearAttention" => 27,
         "GridSample" => 16,
         "MaxUnpool" => 9,
         "TensorScatter" => 24,
@@ -114,6 +115,7 @@ pub fn imports(op: &str) -> bool {
         COMPOSITE,
         conv::WINDOWED,
         quant::QUANT,
+        &[linear_attention::LINEAR_ATTENTION],
         resize::RESIZE,
         recurrent::RECURRENT,
         &[recurrent::REVERSE_SEQUENCE],
@@ -269,7 +271,8 @@ fn propagate_ranks(g: &GraphProto, ranks: &mut HashMap<String, usize>) {
             | "DequantizeLinear"
             | "DynamicQuantizeLinear"
             | "ConvInteger"
-            | "QLinearConv" => first,
+            | "QLinearConv"
+            | "LinearAttention" => first,
             "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Mod" | "Max" | "Min" | "Sum" | "Mean"
             | "Where" | "Equal" | "Less" | "LessOrEqual" | "Greater" | "GreaterOrEqual" | "And"
             | "Or" | "Xor" | "BitwiseAnd" | "BitwiseOr" | "BitwiseXor" | "BitShift" => {
@@ -650,6 +653,11 @@ impl<'a> Importer<'a> {
                 let a = composite::Attrs::of(n, shown, attrs)?;
                 let what = a.what.clone();
                 return self.recurrent(n, &what, a);
+            }
+            linear_attention::LINEAR_ATTENTION => {
+                let a = composite::Attrs::of(n, shown, attrs)?;
+                let what = a.what.clone();
+                return self.linear_attention(n, &what, a);
             }
             recurrent::REVERSE_SEQUENCE => {
                 let a = composite::Attrs::of(n, shown, attrs)?;

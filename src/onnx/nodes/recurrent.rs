@@ -24,7 +24,7 @@ pub(super) const RECURRENT: &[&str] = &["RNN", "GRU", "LSTM"];
 
 /// The longest sequence unrolled: each step is a dozen or so nodes per direction, and a
 /// model file (or a fed shape) could otherwise ask for any number of them.
-const MAX_STEPS: usize = 16_384;
+pub(super) const MAX_STEPS: usize = 16_384;
 
 /// ReverseSequence, written here as well.
 pub(super) const REVERSE_SEQUENCE: &str = "ReverseSequence";
