@@ -114,7 +114,7 @@ impl Category {
             Category::Dtype => "Element types graphrun lacks",
             Category::Unsupported => "Unsupported operators",
             Category::Opset => "Opsets graphrun does not import",
-            Category::RunTimeShapes => "Shapes decided by run-time inputs",
+            Category::RunTimeShapes => "Shapes or loops decided by run-time inputs",
             Category::Numerical => "Numerical mismatch",
             Category::BackendDtype => "Element types a backend lacks",
             Category::Known => "Not passing by design",
@@ -125,9 +125,9 @@ impl Category {
     fn blurb(self) -> String {
         let text = match self {
             Category::NotTensor => {
-                "The model's values are sequences or optionals, or it has subgraphs (If, Loop, \
-                 Scan and ops whose attributes are graphs): graphrun's values are dense tensors \
-                 and its graphs have no control flow."
+                "The model's values are sequences or optionals, or it has ops whose attributes \
+                 are graphs other than If, Loop and Scan (whose bodies graphrun writes out): \
+                 graphrun's values are dense tensors."
             }
             Category::Dtype => {
                 let names: Vec<&str> = DType::ALL.iter().map(|d| d.name()).collect();
@@ -141,13 +141,18 @@ impl Category {
                  missing operators."
             }
             Category::Opset => {
-                "The model imports an ai.onnx opset outside the range the importer takes \
-                 (7 to 23)."
+                return format!(
+                    "The model imports an ai.onnx opset outside the range the importer takes \
+                     ({} to {}).",
+                    graphrun::onnx::MIN_OPSET,
+                    graphrun::onnx::MAX_OPSET
+                );
             }
             Category::RunTimeShapes => {
                 "An input that decides a shape (a Reshape's shape, Slice's starts, a \
                  reduction's axes, ...) is fed at run time, and graphrun needs it when it \
-                 plans."
+                 plans; or a Loop's trip count is, and graphrun writes a loop out when it \
+                 loads the model."
             }
             Category::Numerical => {
                 "graphrun runs the case but an output differs from ONNX's expected output \
@@ -202,33 +207,12 @@ struct Case {
     blocked: Option<Fail>,
 }
 
-/// The parts of a ModelProto graphrun's importer does not read but the test needs to
-/// tell why a case cannot run: local functions and subgraph attributes.
+/// The part of a ModelProto graphrun's importer does not read but the test needs to tell
+/// why a case cannot run: local functions.
 #[derive(Clone, PartialEq, Message)]
 struct ModelExtras {
-    #[prost(message, optional, tag = "7")]
-    graph: Option<GraphExtras>,
     #[prost(bytes = "vec", repeated, tag = "25")]
     functions: Vec<Vec<u8>>,
-}
-#[derive(Clone, PartialEq, Message)]
-struct GraphExtras {
-    #[prost(message, repeated, tag = "1")]
-    node: Vec<NodeExtras>,
-}
-#[derive(Clone, PartialEq, Message)]
-struct NodeExtras {
-    #[prost(string, tag = "4")]
-    op_type: String,
-    #[prost(message, repeated, tag = "5")]
-    attribute: Vec<AttributeExtras>,
-}
-#[derive(Clone, PartialEq, Message)]
-struct AttributeExtras {
-    #[prost(bytes = "vec", optional, tag = "6")]
-    g: Option<Vec<u8>>,
-    #[prost(bytes = "vec", repeated, tag = "11")]
-    graphs: Vec<Vec<u8>>,
 }
 
 /// The suite's folder, or None (after printing why) when this machine has none.
@@ -386,8 +370,7 @@ fn blocked(m: &ModelProto, x: &ModelExtras) -> Option<Fail> {
             kinds.insert(what.to_string());
         }
     }
-    let xg = x.graph.clone().unwrap_or_default();
-    let sub: BTreeSet<&str> = xg
+    let sub: BTreeSet<&str> = g
         .node
         .iter()
         .filter(|n| {
@@ -395,6 +378,8 @@ fn blocked(m: &ModelProto, x: &ModelExtras) -> Option<Fail> {
                 .iter()
                 .any(|a| a.g.is_some() || !a.graphs.is_empty())
         })
+        // If, Loop and Scan are imported (their bodies written out).
+        .filter(|n| !(n.domain.is_empty() && graphrun::onnx::imports(&n.op_type)))
         .map(|n| n.op_type.as_str())
         .collect();
     if !sub.is_empty() {
@@ -642,7 +627,9 @@ fn outcome(c: &Case, backend: BackendKind) -> (Outcome, Option<String>) {
     } else if opset {
         // Grouped: the opset alone.
         (Category::Opset, format!("opset {}", c.opset))
-    } else if err.contains("must be known when the plan is made") {
+    } else if err.contains("must be known when the plan is made")
+        || err.contains("is not known when the model is loaded")
+    {
         (Category::RunTimeShapes, err)
     } else if err.contains("not supported by the wgpu backend") {
         (Category::BackendDtype, err)

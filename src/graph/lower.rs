@@ -55,6 +55,16 @@ pub trait Lower {
         known: &HashMap<String, Known>,
         taken: &mut HashSet<String>,
     ) -> Result<Vec<Node>>;
+    /// As `lower`, where what it writes may hold foreign nodes of its own (those of an
+    /// inlined control-flow body), lowered in turn once what they read is known.
+    fn lower_nested(
+        &self,
+        node: &ForeignNode,
+        known: &HashMap<String, Known>,
+        taken: &mut HashSet<String>,
+    ) -> Result<(Vec<Node>, Vec<ForeignNode>)> {
+        Ok((self.lower(node, known, taken)?, vec![]))
+    }
 }
 
 /// No lowering: every op must be one of graphrun's.
@@ -97,59 +107,94 @@ pub fn lower_all(
     taken.extend(g.initializers.iter().map(|i| i.name.clone()));
     taken.extend(g.nodes.iter().flat_map(|n| n.outputs.iter().cloned()));
     taken.extend(foreign.iter().flat_map(|n| n.outputs.iter().cloned()));
-    let order = execution_order(g, foreign);
-    let mut runs = start_runs(g);
-    // A value that training changes is not a constant of the model.
-    let trainable: HashSet<String> = g
-        .initializers
-        .iter()
-        .filter(|i| g.varies(i))
-        .map(|i| i.name.clone())
-        .collect();
-    let mut errors = vec![];
-    for item in order {
-        let nodes = match item {
-            Item::Native(i) => vec![g.nodes[i].clone()],
-            Item::Foreign(k) => {
-                let f = &foreign[k];
-                let known = known_inputs(f, &runs, &trainable);
-                match lower.lower(f, &known, &mut taken) {
-                    Ok(mut nodes) => {
-                        for n in &mut nodes {
-                            n.loc = n.loc.take().or_else(|| f.loc.clone());
-                        }
-                        g.nodes.extend(nodes.iter().cloned());
-                        nodes
+    let mut cx = Lowering {
+        lower,
+        ev,
+        taken,
+        runs: start_runs(g),
+        // A value that training changes is not a constant of the model.
+        trainable: g
+            .initializers
+            .iter()
+            .filter(|i| g.varies(i))
+            .map(|i| i.name.clone())
+            .collect(),
+        errors: vec![],
+    };
+    let natives = g.nodes.clone();
+    cx.visit(g, &natives, false, foreign);
+    match cx.errors.len() {
+        0 => Ok(()),
+        1 => Err(cx.errors.remove(0)),
+        _ => Err(Error::Many(cx.errors)),
+    }
+}
+
+/// The state of `lower_all`.
+struct Lowering<'a> {
+    lower: &'a dyn Lower,
+    ev: &'a dyn HostEval,
+    taken: HashSet<String>,
+    runs: [Option<Inferred>; 2],
+    trainable: HashSet<String>,
+    errors: Vec<Error>,
+}
+
+impl Lowering<'_> {
+    /// Visits `natives` and `foreign` in an execution order, adding the natives to `g`
+    /// where `add` says (they are not there yet) and the lowered form of each foreign
+    /// node, and inferring types as it goes.
+    fn visit(&mut self, g: &mut Graph, natives: &[Node], add: bool, foreign: &[ForeignNode]) {
+        for item in execution_order(natives, foreign) {
+            let nodes = match item {
+                Item::Native(i) => {
+                    if add {
+                        g.nodes.push(natives[i].clone());
                     }
-                    Err(e) => {
-                        errors.push(match (&f.loc, e) {
-                            (Some(loc), Error::Graph(m)) => Error::model(loc, m),
-                            (_, e) => e,
-                        });
-                        continue;
+                    vec![natives[i].clone()]
+                }
+                Item::Foreign(k) => {
+                    let f = &foreign[k];
+                    let known = known_inputs(f, &self.runs, &self.trainable);
+                    match self.lower.lower_nested(f, &known, &mut self.taken) {
+                        Ok((mut nodes, mut more)) => {
+                            for n in &mut nodes {
+                                n.loc = n.loc.take().or_else(|| f.loc.clone());
+                            }
+                            if !more.is_empty() {
+                                for m in &mut more {
+                                    m.loc = m.loc.take().or_else(|| f.loc.clone());
+                                }
+                                self.visit(g, &nodes, true, &more);
+                                continue;
+                            }
+                            g.nodes.extend(nodes.iter().cloned());
+                            nodes
+                        }
+                        Err(e) => {
+                            self.errors.push(match (&f.loc, e) {
+                                (Some(loc), Error::Graph(m)) => Error::model(loc, m),
+                                (_, e) => e,
+                            });
+                            continue;
+                        }
                     }
                 }
-            }
-        };
-        // A node inference refuses leaves its outputs unknown; validation reports it.
-        for run in runs.iter_mut().flatten() {
-            for n in &nodes {
-                let _ = run.step(n, ev);
+            };
+            // A node inference refuses leaves its outputs unknown; validation reports it.
+            for run in self.runs.iter_mut().flatten() {
+                for n in &nodes {
+                    let _ = run.step(n, self.ev);
+                }
             }
         }
-    }
-    match errors.len() {
-        0 => Ok(()),
-        1 => Err(errors.remove(0)),
-        _ => Err(Error::Many(errors)),
     }
 }
 
 /// Every node, native and foreign, producers before readers; nodes on a cycle or reading
 /// undefined values come last in their listed order (validation names the fault).
-fn execution_order(g: &Graph, foreign: &[ForeignNode]) -> Vec<Item> {
-    let items: Vec<(&[String], &[String])> = g
-        .nodes
+fn execution_order(natives: &[Node], foreign: &[ForeignNode]) -> Vec<Item> {
+    let items: Vec<(&[String], &[String])> = natives
         .iter()
         .map(|n| (n.inputs.as_slice(), n.outputs.as_slice()))
         .chain(
@@ -189,7 +234,7 @@ fn execution_order(g: &Graph, foreign: &[ForeignNode]) -> Vec<Item> {
         }
     }
     order.extend((0..items.len()).filter(|&i| !done[i]));
-    let native = g.nodes.len();
+    let native = natives.len();
     order
         .into_iter()
         .map(|i| {

@@ -170,6 +170,7 @@ pub(super) fn graph_of(
         im.node(i, n);
     }
     let deferred = std::mem::take(&mut im.deferred);
+    let graphs = std::mem::take(&mut im.graphs);
     let nodes = im.finish()?;
     let mut g = Graph {
         name: if gp.name.is_empty() {
@@ -191,7 +192,11 @@ pub(super) fn graph_of(
         crate::graph::lower::lower_all(
             &mut g,
             &deferred,
-            &super::nodes::Deferred { opset },
+            &super::nodes::Deferred {
+                opset,
+                base,
+                graphs: graphs.into(),
+            },
             &crate::backends::cpu::HOST_EVAL,
         )?;
     }

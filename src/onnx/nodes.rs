@@ -18,6 +18,7 @@ use std::path::Path;
 
 mod attention;
 mod composite;
+mod control;
 mod conv;
 mod domains;
 mod index;
@@ -58,6 +59,8 @@ fn since(op: &str) -> i64 {
         "Attention" | "RMSNormalization" | "RotaryEmbedding" => 23,
         "ReverseSequence" => 10,
         "CausalConvWithState" | "LinearAttention" => 27,
+        "Loop" | "If" => 1,
+        "Scan" => 8,
         "GridSample" => 16,
         "MaxUnpool" => 9,
         "TensorScatter" => 24,
@@ -116,6 +119,7 @@ pub fn imports(op: &str) -> bool {
         conv::WINDOWED,
         quant::QUANT,
         &[linear_attention::LINEAR_ATTENTION],
+        control::CONTROL,
         resize::RESIZE,
         recurrent::RECURRENT,
         &[recurrent::REVERSE_SEQUENCE],
@@ -123,6 +127,18 @@ pub fn imports(op: &str) -> bool {
     .iter()
     .any(|list| list.contains(&op))
         && !NOT_ONNX.contains(&op)
+}
+
+/// The op of `n` ("Op" or "domain::Op") when the importer does not take it.
+fn lacked(n: &NodeProto) -> Option<String> {
+    let op = n.op_type.as_str();
+    if n.domain.is_empty() || n.domain == "ai.onnx" {
+        (!imports(op)).then(|| op.to_string())
+    } else {
+        let taken = (n.domain == "com.microsoft" && MS_COMPOSITE.contains(&op))
+            || domains::writes(&n.domain, op);
+        (!taken).then(|| format!("{}::{op}", n.domain))
+    }
 }
 
 /// An attribute as `Op::parse` takes it.
@@ -329,9 +345,12 @@ pub(super) struct Importer<'a> {
     /// BatchNormalization's mode whatever the node says: Some(true) training, Some(false)
     /// inference (`ImportOptions::mode`).
     pub(super) batch_norm_mode: Option<bool>,
-    /// The nodes written after shape inference (the recurrences, a Resize of an X of
-    /// unknown rank), in model order.
+    /// The nodes written after shape inference (the recurrences, control flow, a Resize
+    /// of an X of unknown rank), in model order.
     pub(super) deferred: Vec<ForeignNode>,
+    /// The bodies of the control-flow nodes kept aside: their graph attributes hold an
+    /// index into this list.
+    pub(super) graphs: Vec<GraphProto>,
 }
 
 impl<'a> Importer<'a> {
@@ -358,25 +377,7 @@ impl<'a> Importer<'a> {
                 dtypes.insert(t.name.clone(), dt);
             }
         }
-        for v in g.input.iter().chain(&g.value_info).chain(&g.output) {
-            let Some(t) = v.r#type.as_ref().and_then(|t| t.tensor_type.as_ref()) else {
-                continue;
-            };
-            if let Some(s) = &t.shape {
-                ranks.insert(v.name.clone(), s.dim.len());
-                let known = s
-                    .dim
-                    .iter()
-                    .map(|d| d.dim_value.and_then(|v| usize::try_from(v).ok()));
-                dims.entry(v.name.clone())
-                    .or_insert_with(|| known.collect());
-            }
-            if let Some(dt) = crate::tensor::DType::from_onnx(t.elem_type as i64) {
-                dtypes.insert(v.name.clone(), dt);
-            }
-        }
-        propagate_ranks(g, &mut ranks);
-        Importer {
+        let mut im = Importer {
             opset,
             base,
             nodes: vec![],
@@ -389,15 +390,46 @@ impl<'a> Importer<'a> {
             errors: vec![],
             batch_norm_mode: None,
             deferred: vec![],
+            graphs: vec![],
+        };
+        im.declare_types(g);
+        im
+    }
+
+    /// Records the types `g` declares of its values (inputs, value_info, outputs), and
+    /// the ranks that follow from them through its nodes.
+    pub(super) fn declare_types(&mut self, g: &GraphProto) {
+        for v in g.input.iter().chain(&g.value_info).chain(&g.output) {
+            let Some(t) = v.r#type.as_ref().and_then(|t| t.tensor_type.as_ref()) else {
+                continue;
+            };
+            if let Some(s) = &t.shape {
+                self.ranks.insert(v.name.clone(), s.dim.len());
+                let known = s
+                    .dim
+                    .iter()
+                    .map(|d| d.dim_value.and_then(|v| usize::try_from(v).ok()));
+                self.dims
+                    .entry(v.name.clone())
+                    .or_insert_with(|| known.collect());
+            }
+            if let Some(dt) = crate::tensor::DType::from_onnx(t.elem_type as i64) {
+                self.dtypes.insert(v.name.clone(), dt);
+            }
         }
+        propagate_ranks(g, &mut self.ranks);
     }
 
     /// An importer for single nodes of a YAML model (`YamlLowering`), given what is known
     /// of the values they read.
-    fn from_known(known: &HashMap<String, Known>, taken: HashSet<String>) -> Importer<'static> {
+    fn from_known<'b>(
+        known: &HashMap<String, Known>,
+        taken: HashSet<String>,
+        base: &'b Path,
+    ) -> Importer<'b> {
         let mut im = Importer {
             opset: super::MAX_OPSET,
-            base: Path::new(""),
+            base,
             nodes: vec![],
             taken,
             ranks: HashMap::new(),
@@ -408,6 +440,7 @@ impl<'a> Importer<'a> {
             errors: vec![],
             batch_norm_mode: None,
             deferred: vec![],
+            graphs: vec![],
         };
         for (name, k) in known {
             im.ranks.insert(name.clone(), k.dims.len());
@@ -468,18 +501,7 @@ impl<'a> Importer<'a> {
         };
         let op_type = n.op_type.as_str();
         let default_domain = n.domain.is_empty() || n.domain == "ai.onnx";
-        let taken = if default_domain {
-            imports(op_type)
-        } else {
-            (n.domain == "com.microsoft" && MS_COMPOSITE.contains(&op_type))
-                || domains::writes(&n.domain, op_type)
-        };
-        if !taken {
-            let key = if default_domain {
-                op_type.to_string()
-            } else {
-                format!("{}::{op_type}", n.domain)
-            };
+        if let Some(key) = lacked(n) {
             self.unsupported.entry(key).or_default().push(shown);
             return;
         }
@@ -492,27 +514,33 @@ impl<'a> Importer<'a> {
             return;
         }
         let what = format!("node '{shown}' ({op_type})");
-        let attrs: Result<Vec<Attr>> = n
-            .attribute
-            .iter()
-            .map(|a| {
-                Ok(Attr {
-                    name: a.name.clone(),
-                    value: attr_value(a, self.base, &what)?,
-                    loc: None,
+        let control = default_domain && control::CONTROL.contains(&op_type);
+        let mut inputs = n.input.clone();
+        let attrs: Result<Vec<Attr>> = if control {
+            self.control_attrs(n, &shown, &mut inputs)
+        } else {
+            n.attribute
+                .iter()
+                .map(|a| {
+                    Ok(Attr {
+                        name: a.name.clone(),
+                        value: attr_value(a, self.base, &what)?,
+                        loc: None,
+                    })
                 })
-            })
-            .collect();
+                .collect()
+        };
         // The recurrences are unrolled once shapes are inferred, which needs the rest of
         // the graph, and a Resize is written for X's rank, which the TorchScript exporter
         // may not declare (an X reshaped to a computed shape): they are kept aside
         // (`graph_of` writes them).
-        let after_inference = default_domain
-            && (recurrent::RECURRENT.contains(&op_type)
-                || ((resize::RESIZE.contains(&op_type)
-                    || op_type == "GridSample"
-                    || op_type == "DFT")
-                    && n.input.first().is_some_and(|x| !self.ranks.contains_key(x))));
+        let after_inference = control
+            || (default_domain
+                && (recurrent::RECURRENT.contains(&op_type)
+                    || ((resize::RESIZE.contains(&op_type)
+                        || op_type == "GridSample"
+                        || op_type == "DFT")
+                        && n.input.first().is_some_and(|x| !self.ranks.contains_key(x)))));
         let result = match attrs {
             Ok(attrs) if after_inference => {
                 self.deferred.push(ForeignNode {
@@ -520,7 +548,7 @@ impl<'a> Importer<'a> {
                     name: n.name.clone(),
                     op: op_type.to_string(),
                     attrs,
-                    inputs: n.input.clone(),
+                    inputs,
                     outputs: n.output.clone(),
                     loc: None,
                 });
@@ -564,6 +592,7 @@ impl<'a> Importer<'a> {
             }
         }
         match n.op_type.as_str() {
+            op if control::CONTROL.contains(&op) => return self.lower_control(n, shown, attrs),
             // A training_mode written as a constant does not decide (PyTorch's dynamo
             // exporter writes `true` into eval-mode exports): a plain run is inference and
             // a training step trains, as ONNX Runtime and `graphrun train` run the model.
@@ -1340,17 +1369,30 @@ impl Lower for YamlLowering {
         known: &HashMap<String, Known>,
         taken: &mut HashSet<String>,
     ) -> Result<Vec<Node>> {
-        lower_known(f, super::MAX_OPSET, known, taken)
+        let mut graphs = vec![];
+        let (nodes, _) = lower_known(
+            f,
+            super::MAX_OPSET,
+            Path::new(""),
+            &mut graphs,
+            known,
+            taken,
+        )?;
+        Ok(nodes)
     }
 }
 
 /// The importer's own lowering of the nodes it kept aside until shapes were inferred
-/// (`Importer::deferred`): as `YamlLowering`, with the model's opset.
-pub(super) struct Deferred {
+/// (`Importer::deferred`): as `YamlLowering`, with the model's opset; the bodies of
+/// control-flow nodes are `graphs` (`Importer::graphs`), and the nodes of a body that are
+/// kept aside in turn come back as foreign nodes.
+pub(super) struct Deferred<'a> {
     pub(super) opset: i64,
+    pub(super) base: &'a Path,
+    pub(super) graphs: std::cell::RefCell<Vec<GraphProto>>,
 }
 
-impl Lower for Deferred {
+impl Lower for Deferred<'_> {
     fn lowers(&self, _: &str, _: usize) -> bool {
         true
     }
@@ -1360,18 +1402,36 @@ impl Lower for Deferred {
         known: &HashMap<String, Known>,
         taken: &mut HashSet<String>,
     ) -> Result<Vec<Node>> {
-        lower_known(f, self.opset, known, taken)
+        let (nodes, more) = self.lower_nested(f, known, taken)?;
+        match more.first() {
+            None => Ok(nodes),
+            Some(m) => Err(Error::Graph(format!(
+                "node '{}' ({}): its body's node '{}' ({}) is written after shape inference",
+                f.name, f.op, m.name, m.op
+            ))),
+        }
+    }
+    fn lower_nested(
+        &self,
+        f: &ForeignNode,
+        known: &HashMap<String, Known>,
+        taken: &mut HashSet<String>,
+    ) -> Result<(Vec<Node>, Vec<ForeignNode>)> {
+        let mut graphs = self.graphs.borrow_mut();
+        lower_known(f, self.opset, self.base, &mut graphs, known, taken)
     }
 }
 
 /// Writes one kept-aside node as graphrun's ops at `opset`, given what is known of the
-/// values it reads.
+/// values it reads; with the nodes of a control-flow body that are kept aside in turn.
 fn lower_known(
     f: &ForeignNode,
     opset: i64,
+    base: &Path,
+    graphs: &mut Vec<GraphProto>,
     known: &HashMap<String, Known>,
     taken: &mut HashSet<String>,
-) -> Result<Vec<Node>> {
+) -> Result<(Vec<Node>, Vec<ForeignNode>)> {
     let n = NodeProto {
         name: f.name.clone(),
         op_type: f.op.clone(),
@@ -1384,12 +1444,15 @@ fn lower_known(
     } else {
         f.name.clone()
     };
-    let mut im = Importer::from_known(known, std::mem::take(taken));
+    let mut im = Importer::from_known(known, std::mem::take(taken), base);
     im.opset = opset;
+    im.graphs = std::mem::take(graphs);
     let result = im.lower(&n, &shown, f.attrs.clone());
     *taken = std::mem::take(&mut im.taken);
+    *graphs = std::mem::take(&mut im.graphs);
     result?;
-    im.finish()
+    let more = std::mem::take(&mut im.deferred);
+    Ok((im.finish()?, more))
 }
 
 /// Removes and returns attribute `key`.

@@ -152,6 +152,12 @@ pub struct AttributeProto {
     /// `strings`: the values of a STRINGS attribute.
     #[prost(bytes = "vec", repeated, tag = "9")]
     pub strings: Vec<Vec<u8>>,
+    /// `g`: the value of a GRAPH attribute (the body of If, Loop and Scan).
+    #[prost(message, optional, boxed, tag = "6")]
+    pub g: Option<Box<GraphProto>>,
+    /// `graphs`: the values of a GRAPHS attribute.
+    #[prost(message, repeated, tag = "11")]
+    pub graphs: Vec<GraphProto>,
 }
 
 /// TensorProto.DataLocation.EXTERNAL: the data lives in a file named by `external_data`.

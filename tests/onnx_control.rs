@@ -1,0 +1,674 @@
+//! If, Loop and Scan (src/onnx/nodes/control.rs): small models whose bodies read values
+//! of the graph around them, on every backend in f32 and f64 against float64 references
+//! written here from the ONNX definitions, with gradients against central finite
+//! differences; the decisions made when the model is loaded (a known condition, a
+//! computed trip count, a loop that stops early) and the refusals, by name.
+
+mod common;
+#[path = "common/onnx_model.rs"]
+mod onnx_model;
+
+use common::*;
+use graphrun::onnx::proto::{AttributeProto, GraphProto, NodeProto, ValueInfoProto};
+use graphrun::{DType, Session, SessionOptions, Tensor};
+use onnx_model::*;
+use std::collections::HashMap;
+
+/// A graph attribute.
+fn graph_attr(name: &str, g: GraphProto) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        r#type: 5,
+        g: Some(Box::new(g)),
+        ..Default::default()
+    }
+}
+
+/// A body graph: its nodes, typed inputs and outputs.
+fn body(nodes: Vec<NodeProto>, inputs: Vec<ValueInfoProto>, outputs: &[&str]) -> GraphProto {
+    GraphProto {
+        name: "body".into(),
+        node: nodes,
+        input: inputs,
+        output: outputs
+            .iter()
+            .map(|o| ValueInfoProto {
+                name: o.to_string(),
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+fn n(op: &str, ins: &[&str], outs: &[&str], attrs: Vec<AttributeProto>) -> NodeProto {
+    let mut x = node(op, "", ins, outs, attrs);
+    x.name = outs[0].to_string();
+    x
+}
+
+fn constant(out: &str, t: &Tensor) -> NodeProto {
+    let mut value = initializer("", t);
+    value.name.clear();
+    n(
+        "Constant",
+        &[],
+        &[out],
+        vec![AttributeProto {
+            name: "value".into(),
+            r#type: 4,
+            t: Some(value),
+            ..Default::default()
+        }],
+    )
+}
+
+/// A model of `nodes` over fed inputs (floating ones in the run's dtype).
+struct Flow {
+    nodes: Vec<NodeProto>,
+    opset: i64,
+    inputs: Vec<(&'static str, Tensor)>,
+    outputs: Vec<&'static str>,
+}
+
+impl Flow {
+    fn args(&self, dt: DType) -> Vec<Tensor> {
+        self.inputs
+            .iter()
+            .map(|(_, t)| {
+                if t.dtype().is_float() {
+                    t.cast(dt)
+                } else {
+                    t.clone()
+                }
+            })
+            .collect()
+    }
+    fn graph(&self, dt: DType) -> graphrun::Result<graphrun::Graph> {
+        let infos = self
+            .inputs
+            .iter()
+            .zip(self.args(dt))
+            .map(|((name, _), t)| input_like(name, &t))
+            .collect();
+        let bytes = model_bytes(self.nodes.clone(), self.opset, infos, vec![], &self.outputs);
+        graphrun::onnx::from_bytes(&bytes, "flow", std::path::Path::new("."))
+    }
+    fn feeds(&self, args: &[Tensor]) -> HashMap<String, Tensor> {
+        self.inputs
+            .iter()
+            .zip(args)
+            .map(|((n, _), t)| (n.to_string(), t.clone()))
+            .collect()
+    }
+}
+
+/// Runs `f` on every backend in f32 and f64 against `reference`, and checks the f64
+/// gradients of Σ dy·(output 0) with respect to inputs `wrt` on the CPU against finite
+/// differences of it.
+fn check_flow(what: &str, f: &Flow, wrt: &[usize], reference: impl Fn(&[Vec<f64>]) -> Expected) {
+    for dt in [DType::F32, DType::F64] {
+        let args = f.args(dt);
+        let vals: Vec<Vec<f64>> = args.iter().map(Tensor::to_f64_vec).collect();
+        let want = reference(&vals);
+        let g = f
+            .graph(dt)
+            .unwrap_or_else(|e| panic!("{what}: import: {e}"));
+        for backend in backends() {
+            if !computes(backend, dt) {
+                continue;
+            }
+            for fused in [false, true] {
+                let opts = SessionOptions {
+                    backend,
+                    ..if fused {
+                        SessionOptions::default()
+                    } else {
+                        SessionOptions::unfused()
+                    }
+                };
+                let mut s = Session::new(g.clone(), opts).unwrap();
+                let got = s
+                    .run(&f.feeds(&args))
+                    .unwrap_or_else(|e| panic!("{what} {dt} on {backend:?}: {e}"));
+                assert_eq!(got.len(), want.len(), "{what}: outputs");
+                for ((name, t), (shape, w)) in got.iter().zip(&want) {
+                    assert_eq!(
+                        t.shape(),
+                        &shape[..],
+                        "{what} {dt} on {backend:?}: '{name}'"
+                    );
+                    let tol = if dt == DType::F64 { 1e-10 } else { 2e-6 };
+                    let e = rel_err(&t.to_f64_vec(), w);
+                    assert!(
+                        e <= tol,
+                        "{what} {dt} on {backend:?}: '{name}': rel err {e:.2e}\n got {:?}\nwant {:?}",
+                        t.to_f64_vec(),
+                        w
+                    );
+                }
+            }
+        }
+    }
+    if wrt.is_empty() {
+        return;
+    }
+    let args = f.args(DType::F64);
+    let vals: Vec<Vec<f64>> = args.iter().map(Tensor::to_f64_vec).collect();
+    let (shape, _) = reference(&vals).remove(0);
+    let dy = randn(&shape, 99);
+    // Output 0 alone: a backward pass seeds every output it is not given with ones.
+    let first = Flow {
+        nodes: f.nodes.clone(),
+        opset: f.opset,
+        inputs: f.inputs.clone(),
+        outputs: f.outputs[..1].to_vec(),
+    };
+    let mut s = Session::new(first.graph(DType::F64).unwrap(), SessionOptions::unfused()).unwrap();
+    let seeds = HashMap::from([(f.outputs[0].to_string(), dy.clone())]);
+    let grads = s
+        .backward(&f.feeds(&args), &seeds)
+        .unwrap_or_else(|e| panic!("{what}: backward: {e}"))
+        .grads;
+    let dyv = dy.to_f64_vec();
+    let loss = |v: &[Vec<f64>]| -> f64 {
+        let (_, y) = reference(v).remove(0);
+        y.iter().zip(&dyv).map(|(a, b)| a * b).sum()
+    };
+    for &k in wrt {
+        let name = f.inputs[k].0;
+        let got = grads
+            .iter()
+            .find(|(n, _)| n == name)
+            .unwrap_or_else(|| panic!("{what}: no gradient for '{name}'"))
+            .1
+            .to_f64_vec();
+        let fd: Vec<f64> = (0..vals[k].len())
+            .map(|i| {
+                let h = 1e-6;
+                let (mut p, mut m) = (vals.clone(), vals.clone());
+                p[k][i] += h;
+                m[k][i] -= h;
+                (loss(&p) - loss(&m)) / (2.0 * h)
+            })
+            .collect();
+        assert_grad(&format!("{what}: d/d{name}"), &got, &fd, 1e-6);
+    }
+}
+
+fn typed(name: &str, dims: &[usize]) -> ValueInfoProto {
+    let dims: Vec<Option<usize>> = dims.iter().map(|&d| Some(d)).collect();
+    input(name, DType::F32, &dims)
+}
+
+/// s·W for s [r, 3] and W [3, 3] (row-major).
+fn matmul3(s: &[f64], w: &[f64]) -> Vec<f64> {
+    let rows = s.len() / 3;
+    let mut out = vec![0.0; rows * 3];
+    for r in 0..rows {
+        for j in 0..3 {
+            out[r * 3 + j] = (0..3).map(|k| s[r * 3 + k] * w[k * 3 + j]).sum();
+        }
+    }
+    out
+}
+
+/// Scan (opset 16): a recurrence s ← tanh(s·W + x_t ⊙ u_t) over x [2, 5, 3] along axis 1
+/// read backwards and u [5, 3] along axis 0 forwards, W read from the graph around the
+/// body; the scan output 2·s stacked on the last axis in reverse order.
+#[test]
+fn scan_on_every_backend_with_gradients() {
+    let sb = body(
+        vec![
+            n("MatMul", &["s", "W"], &["sw"], vec![]),
+            n("Mul", &["xt", "ut"], &["xu"], vec![]),
+            n("Add", &["sw", "xu"], &["pre"], vec![]),
+            n("Tanh", &["pre"], &["s_out"], vec![]),
+            n("Add", &["s_out", "s_out"], &["y_t"], vec![]),
+        ],
+        vec![typed("s", &[2, 3]), typed("xt", &[2, 3]), typed("ut", &[3])],
+        &["s_out", "y_t"],
+    );
+    let f = Flow {
+        nodes: vec![n(
+            "Scan",
+            &["s0", "x", "u"],
+            &["s_final", "ys"],
+            vec![
+                graph_attr("body", sb),
+                int_attr("num_scan_inputs", 2),
+                ints_attr("scan_input_axes", &[1, 0]),
+                ints_attr("scan_input_directions", &[1, 0]),
+                ints_attr("scan_output_axes", &[-1]),
+                ints_attr("scan_output_directions", &[1]),
+            ],
+        )],
+        opset: 16,
+        inputs: vec![
+            ("s0", rand(&[2, 3], 1, -1.0, 1.0)),
+            ("x", rand(&[2, 5, 3], 2, -1.0, 1.0)),
+            ("u", rand(&[5, 3], 3, -1.0, 1.0)),
+            ("W", rand(&[3, 3], 4, -0.8, 0.8)),
+        ],
+        outputs: vec!["ys", "s_final"],
+    };
+    let reference = |v: &[Vec<f64>]| -> Expected {
+        let (mut s, x, u, w) = (v[0].clone(), &v[1], &v[2], &v[3]);
+        let mut steps = vec![];
+        for t in 0..5 {
+            let xt = 4 - t;
+            let sw = matmul3(&s, w);
+            s = (0..6)
+                .map(|i| {
+                    let (r, j) = (i / 3, i % 3);
+                    (sw[i] + x[r * 15 + xt * 3 + j] * u[t * 3 + j]).tanh()
+                })
+                .collect();
+            steps.push(s.iter().map(|a| 2.0 * a).collect::<Vec<f64>>());
+        }
+        steps.reverse();
+        // ys [2, 3, 5]: step t on the last axis.
+        let mut ys = vec![0.0; 30];
+        for (t, st) in steps.iter().enumerate() {
+            for i in 0..6 {
+                ys[i * 5 + t] = st[i];
+            }
+        }
+        vec![(vec![2, 3, 5], ys), (vec![2, 3], s)]
+    };
+    check_flow("Scan", &f, &[0, 1, 2, 3], reference);
+}
+
+/// Scan at opset 8: a batch axis in front of each scan input's time axis, each batch
+/// entry scanned on its own (ONNX's test_scan_sum, with a nonlinear step).
+#[test]
+fn scan_opset8_batches() {
+    let sb = body(
+        vec![
+            n("Add", &["s", "xt"], &["pre"], vec![]),
+            n("Tanh", &["pre"], &["s_out"], vec![]),
+            n("Identity", &["s_out"], &["y_t"], vec![]),
+        ],
+        vec![typed("s", &[2]), typed("xt", &[2])],
+        &["s_out", "y_t"],
+    );
+    let f = Flow {
+        nodes: vec![n(
+            "Scan",
+            &["", "s0", "x"],
+            &["s_final", "ys"],
+            vec![
+                graph_attr("body", sb),
+                int_attr("num_scan_inputs", 1),
+                ints_attr("directions", &[1]),
+            ],
+        )],
+        opset: 8,
+        inputs: vec![
+            ("s0", rand(&[3, 2], 5, -1.0, 1.0)),
+            ("x", rand(&[3, 4, 2], 6, -1.0, 1.0)),
+        ],
+        outputs: vec!["ys", "s_final"],
+    };
+    let reference = |v: &[Vec<f64>]| -> Expected {
+        let mut ys = vec![0.0; 24];
+        let mut fin = vec![0.0; 6];
+        for b in 0..3 {
+            let mut s = [v[0][b * 2], v[0][b * 2 + 1]];
+            for t in 0..4 {
+                let xt = 3 - t;
+                for j in 0..2 {
+                    s[j] = (s[j] + v[1][b * 8 + xt * 2 + j]).tanh();
+                    ys[b * 8 + t * 2 + j] = s[j];
+                }
+            }
+            fin[b * 2..b * 2 + 2].copy_from_slice(&s);
+        }
+        vec![(vec![3, 4, 2], ys), (vec![3, 2], fin)]
+    };
+    check_flow("Scan-8", &f, &[0, 1], reference);
+}
+
+/// The body of a Loop computing y ← y·a + x[i] (x read from the graph around it, row i
+/// sliced by the iteration number), with the scan output y·y, and a condition that
+/// is `cond_in` passed through unless `stop_below` gives a bound on Σy.
+fn loop_body(stop_below: Option<f32>) -> GraphProto {
+    let mut nodes = vec![
+        constant("one", &Tensor::scalar(1i64)),
+        n("Add", &["i", "one"], &["end"], vec![]),
+        n("Unsqueeze", &["i", "zero_axis"], &["start1"], vec![]),
+        n("Unsqueeze", &["end", "zero_axis"], &["end1"], vec![]),
+        constant("zero_axis", &Tensor::from_vec(&[1], vec![0i64]).unwrap()),
+        n("Slice", &["x", "start1", "end1"], &["row"], vec![]),
+        n("Mul", &["y", "a"], &["ya"], vec![]),
+        n("Add", &["ya", "row"], &["y_out"], vec![]),
+        n("Mul", &["y_out", "y_out"], &["sq"], vec![]),
+    ];
+    // Constants may come after their readers in a body as written; move them first.
+    nodes.sort_by_key(|x| x.op_type != "Constant");
+    match stop_below {
+        None => nodes.push(n("Identity", &["c"], &["c_out"], vec![])),
+        Some(b) => {
+            nodes.push(n(
+                "ReduceSum",
+                &["y_out"],
+                &["total"],
+                vec![int_attr("keepdims", 0)],
+            ));
+            nodes.push(constant("bound32", &Tensor::scalar(b)));
+            nodes.push(n("CastLike", &["bound32", "total"], &["bound"], vec![]));
+            nodes.push(n("Less", &["total", "bound"], &["c_out"], vec![]));
+        }
+    }
+    body(
+        nodes,
+        vec![
+            input("i", DType::I64, &[]),
+            input("c", DType::Bool, &[]),
+            typed("y", &[1, 3]),
+        ],
+        &if stop_below.is_some() {
+            vec!["c_out", "y_out"]
+        } else {
+            vec!["c_out", "y_out", "sq"]
+        },
+    )
+}
+
+/// Loop with a trip count the model computes from a shape (x's rows) and the scan output
+/// stacked per iteration; gradients flow through every iteration.
+#[test]
+fn counted_loop_on_every_backend_with_gradients() {
+    let f = Flow {
+        nodes: vec![
+            n("Shape", &["x"], &["xs"], vec![int_attr("end", 1)]),
+            n("Squeeze", &["xs"], &["m"], vec![]),
+            n(
+                "Loop",
+                &["m", "", "y0"],
+                &["y_final", "sqs"],
+                vec![graph_attr("body", loop_body(None))],
+            ),
+        ],
+        opset: 13,
+        inputs: vec![
+            ("y0", rand(&[1, 3], 7, -1.0, 1.0)),
+            ("x", rand(&[4, 3], 8, -1.0, 1.0)),
+            ("a", rand(&[1, 3], 9, 0.5, 1.0)),
+        ],
+        outputs: vec!["sqs", "y_final"],
+    };
+    let reference = |v: &[Vec<f64>]| -> Expected {
+        let mut y = v[0].clone();
+        let mut sqs = vec![];
+        for i in 0..4 {
+            for j in 0..3 {
+                y[j] = y[j] * v[2][j] + v[1][i * 3 + j];
+            }
+            sqs.extend(y.iter().map(|a| a * a));
+        }
+        vec![(vec![4, 1, 3], sqs), (vec![1, 3], y)]
+    };
+    check_flow("Loop", &f, &[0, 1, 2], reference);
+}
+
+/// A Loop whose condition its body computes (Σy < bound): its known trip count is run,
+/// and the loop-carried value stops changing once the condition fails, as ONNX's loop
+/// stops; a condition fed at run time decides whether it runs at all.
+#[test]
+fn loop_that_stops_early_keeps_its_last_value() {
+    for (bound, go) in [
+        (1.5f32, true),
+        (100.0, true),
+        (-100.0, true),
+        (100.0, false),
+    ] {
+        let f = Flow {
+            nodes: vec![
+                constant("m", &Tensor::scalar(6i64)),
+                n(
+                    "Loop",
+                    &["m", "go", "y0"],
+                    &["y_final"],
+                    vec![graph_attr("body", loop_body(Some(bound)))],
+                ),
+            ],
+            opset: 13,
+            inputs: vec![
+                ("y0", rand(&[1, 3], 10, 0.0, 0.5)),
+                ("x", rand(&[6, 3], 11, 0.0, 0.5)),
+                ("a", rand(&[1, 3], 12, 0.9, 1.1)),
+                ("go", Tensor::scalar(graphrun::tensor::Bool::from(go))),
+            ],
+            outputs: vec!["y_final"],
+        };
+        let reference = |v: &[Vec<f64>]| -> Expected {
+            let mut y = v[0].clone();
+            let mut running = v[3][0] != 0.0;
+            for i in 0..6 {
+                if !running {
+                    break;
+                }
+                for j in 0..3 {
+                    y[j] = y[j] * v[2][j] + v[1][i * 3 + j];
+                }
+                running = y.iter().sum::<f64>() < bound as f64;
+            }
+            vec![(vec![1, 3], y)]
+        };
+        check_flow(
+            &format!("Loop bound {bound} go {go}"),
+            &f,
+            &[0, 1, 2],
+            reference,
+        );
+    }
+}
+
+/// If with a condition the model fixes (one branch written) and one fed at run time (both
+/// written, one selected), each branch reading values of the graph around it; an If
+/// nested in a Loop's body, its condition the iteration number's parity.
+#[test]
+fn if_known_fed_and_nested() {
+    let branches = || {
+        (
+            body(vec![n("Mul", &["p", "q"], &["t"], vec![])], vec![], &["t"]),
+            body(vec![n("Sub", &["p", "q"], &["e"], vec![])], vec![], &["e"]),
+        )
+    };
+    let want = |v: &[Vec<f64>], c: bool| -> Expected {
+        let y = v[0]
+            .iter()
+            .zip(&v[1])
+            .map(|(p, q)| if c { p * q } else { p - q })
+            .collect();
+        vec![(vec![2, 3], y)]
+    };
+    for known in [Some(true), Some(false), None] {
+        for fed in [true, false] {
+            if known.is_some() && !fed {
+                continue;
+            }
+            let (t, e) = branches();
+            let mut nodes = vec![];
+            let mut inputs = vec![
+                ("p", rand(&[2, 3], 13, -1.0, 1.0)),
+                ("q", rand(&[2, 3], 14, -1.0, 1.0)),
+            ];
+            let c = match known {
+                Some(c) => {
+                    nodes.push(constant(
+                        "c",
+                        &Tensor::from_vec(&[1], vec![graphrun::tensor::Bool::from(c)]).unwrap(),
+                    ));
+                    c
+                }
+                None => {
+                    inputs.push(("c", Tensor::scalar(graphrun::tensor::Bool::from(fed))));
+                    fed
+                }
+            };
+            nodes.push(n(
+                "If",
+                &["c"],
+                &["y"],
+                vec![graph_attr("then_branch", t), graph_attr("else_branch", e)],
+            ));
+            let f = Flow {
+                nodes,
+                opset: 16,
+                inputs,
+                outputs: vec!["y"],
+            };
+            check_flow(&format!("If {known:?} fed {fed}"), &f, &[0, 1], |v| {
+                want(v, c)
+            });
+        }
+    }
+    // Nested: y ← y·p where i is even, y ← y − q where it is odd.
+    let (t, e) = (
+        body(vec![n("Mul", &["y", "p"], &["t"], vec![])], vec![], &["t"]),
+        body(vec![n("Sub", &["y", "q"], &["e"], vec![])], vec![], &["e"]),
+    );
+    let lb = body(
+        vec![
+            constant("two", &Tensor::scalar(2i64)),
+            constant("zero", &Tensor::scalar(0i64)),
+            n("Mod", &["i", "two"], &["parity"], vec![]),
+            n("Equal", &["parity", "zero"], &["even"], vec![]),
+            n(
+                "If",
+                &["even"],
+                &["y_out"],
+                vec![graph_attr("then_branch", t), graph_attr("else_branch", e)],
+            ),
+            n("Identity", &["c"], &["c_out"], vec![]),
+        ],
+        vec![
+            input("i", DType::I64, &[]),
+            input("c", DType::Bool, &[]),
+            typed("y", &[2, 3]),
+        ],
+        &["c_out", "y_out"],
+    );
+    let f = Flow {
+        nodes: vec![
+            constant("m", &Tensor::scalar(5i64)),
+            n(
+                "Loop",
+                &["m", "", "y0"],
+                &["y"],
+                vec![graph_attr("body", lb)],
+            ),
+        ],
+        opset: 16,
+        inputs: vec![
+            ("y0", rand(&[2, 3], 15, -1.0, 1.0)),
+            ("p", rand(&[2, 3], 16, -1.0, 1.0)),
+            ("q", rand(&[2, 3], 17, -1.0, 1.0)),
+        ],
+        outputs: vec!["y"],
+    };
+    check_flow("If in Loop", &f, &[0, 1, 2], |v| {
+        let mut y = v[0].clone();
+        for i in 0..5 {
+            for j in 0..6 {
+                y[j] = if i % 2 == 0 {
+                    y[j] * v[1][j]
+                } else {
+                    y[j] - v[2][j]
+                };
+            }
+        }
+        vec![(vec![2, 3], y)]
+    });
+}
+
+/// What cannot be written out is refused naming the node and the value: a trip count fed
+/// at run time, scan outputs of a loop that may stop early, an op graphrun lacks inside a
+/// body (reported with the model's), a body of the wrong arity.
+#[test]
+fn control_flow_refusals_name_the_node() {
+    let import = |nodes: Vec<NodeProto>, inputs: Vec<(&str, Tensor)>| -> String {
+        let infos = inputs.iter().map(|(n, t)| input_like(n, t)).collect();
+        let bytes = model_bytes(nodes, 16, infos, vec![], &["y"]);
+        match graphrun::onnx::from_bytes(&bytes, "bad", std::path::Path::new(".")) {
+            Ok(_) => panic!("imported"),
+            Err(e) => e.to_string(),
+        }
+    };
+    let lx = || {
+        vec![
+            ("m", Tensor::scalar(3i64)),
+            ("y0", rand(&[1, 3], 1, -1.0, 1.0)),
+            ("x", rand(&[4, 3], 2, -1.0, 1.0)),
+            ("a", rand(&[1, 3], 3, -1.0, 1.0)),
+        ]
+    };
+    let e = import(
+        vec![n(
+            "Loop",
+            &["m", "", "y0"],
+            &["y", "s"],
+            vec![graph_attr("body", loop_body(None))],
+        )],
+        lx(),
+    );
+    assert!(e.contains("'y'") && e.contains("trip count 'm'"), "{e}");
+    let mut stop = loop_body(Some(1.0));
+    stop.output.push(ValueInfoProto {
+        name: "sq".into(),
+        ..Default::default()
+    });
+    let mut ins = lx();
+    ins.remove(0);
+    let e = import(
+        vec![
+            constant("m", &Tensor::scalar(3i64)),
+            n(
+                "Loop",
+                &["m", "", "y0"],
+                &["y", "s"],
+                vec![graph_attr("body", stop)],
+            ),
+        ],
+        ins,
+    );
+    assert!(e.contains("'y' (Loop)") && e.contains("scan output"), "{e}");
+    let weird = body(vec![n("NoSuchOp", &["p"], &["t"], vec![])], vec![], &["t"]);
+    let e = import(
+        vec![
+            n("Frobnicate", &["p"], &["c"], vec![]),
+            n(
+                "If",
+                &["c"],
+                &["y"],
+                vec![
+                    graph_attr("then_branch", weird.clone()),
+                    graph_attr("else_branch", weird),
+                ],
+            ),
+        ],
+        vec![("p", rand(&[2], 1, -1.0, 1.0))],
+    );
+    assert!(
+        e.contains("Frobnicate") && e.contains("NoSuchOp (2 nodes: 'y/t', 'y/t')"),
+        "{e}"
+    );
+    let e = import(
+        vec![n(
+            "Scan",
+            &["y0", "x"],
+            &["y"],
+            vec![
+                graph_attr("body", loop_body(None)),
+                int_attr("num_scan_inputs", 1),
+            ],
+        )],
+        vec![
+            ("y0", rand(&[1, 3], 1, -1.0, 1.0)),
+            ("x", rand(&[4, 3], 2, -1.0, 1.0)),
+        ],
+    );
+    assert!(e.contains("'y' (Scan)") && e.contains("outputs"), "{e}");
+}
