@@ -672,3 +672,54 @@ fn control_flow_refusals_name_the_node() {
     );
     assert!(e.contains("'y' (Scan)") && e.contains("outputs"), "{e}");
 }
+
+/// A loop nested in a loop multiplies their copies: past the cap the import stops with an
+/// error naming the node rather than writing the graph out.
+#[test]
+fn nested_loops_past_the_cap_are_refused() {
+    let inner = body(
+        vec![
+            n("Add", &["y", "y"], &["y2"], vec![]),
+            n("Identity", &["c"], &["c_out"], vec![]),
+        ],
+        vec![
+            input("i", DType::I64, &[]),
+            input("c", DType::Bool, &[]),
+            typed("y", &[1]),
+        ],
+        &["c_out", "y2"],
+    );
+    let outer = body(
+        vec![
+            constant("m_in", &Tensor::scalar(16_000i64)),
+            n(
+                "Loop",
+                &["m_in", "", "y"],
+                &["y_out"],
+                vec![graph_attr("body", inner)],
+            ),
+            n("Identity", &["c"], &["c_out"], vec![]),
+        ],
+        vec![
+            input("i", DType::I64, &[]),
+            input("c", DType::Bool, &[]),
+            typed("y", &[1]),
+        ],
+        &["c_out", "y_out"],
+    );
+    let nodes = vec![
+        constant("m", &Tensor::scalar(16_000i64)),
+        n(
+            "Loop",
+            &["m", "", "y0"],
+            &["y"],
+            vec![graph_attr("body", outer)],
+        ),
+    ];
+    let bytes = model_bytes(nodes, 16, vec![typed("y0", &[1])], vec![], &["y"]);
+    let e = graphrun::onnx::from_bytes(&bytes, "bomb", std::path::Path::new("."))
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(e.contains("(Loop)") && e.contains("1000000 values"), "{e}");
+}

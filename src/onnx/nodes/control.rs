@@ -30,6 +30,11 @@ use std::collections::{HashMap, HashSet};
 /// The control-flow ops, written after shape inference.
 pub(super) const CONTROL: &[&str] = &["If", "Loop", "Scan"];
 
+/// The most values a model may have once its control flow is written out: a loop nested
+/// in a loop multiplies their iterations, and a model file could otherwise ask for any
+/// number of copies.
+const MAX_VALUES: usize = 1_000_000;
+
 /// The attribute that counts the outer values a control-flow node's bodies read, which the
 /// importer appends to its inputs.
 pub(super) const IMPLICIT: &str = "graphrun.implicit_inputs";
@@ -244,6 +249,14 @@ impl Importer<'_> {
                 body.name,
                 body.input.len(),
                 binds.len()
+            )));
+        }
+        // `taken` holds every value name of the model so far, copies included.
+        let adds = body.node.len() + body.initializer.len();
+        if self.taken.len() + adds > MAX_VALUES {
+            return Err(Error::Graph(format!(
+                "{what}: writing out another copy of its body '{}' ({adds} nodes) would take the model past {MAX_VALUES} values; graphrun writes control flow out when it loads the model",
+                body.name
             )));
         }
         if !body.sparse_initializer.is_empty() {
