@@ -5,12 +5,15 @@
 //! computed trip count, a loop that stops early) and the refusals, by name.
 
 mod common;
+#[path = "common/onnx_case.rs"]
+mod onnx_case;
 #[path = "common/onnx_model.rs"]
 mod onnx_model;
 
 use common::*;
 use graphrun::onnx::proto::{AttributeProto, GraphProto, NodeProto, ValueInfoProto};
 use graphrun::{DType, Session, SessionOptions, Tensor};
+use onnx_case::{grads_match_fd, Fed};
 use onnx_model::*;
 use std::collections::HashMap;
 
@@ -154,9 +157,12 @@ fn check_flow(what: &str, f: &Flow, wrt: &[usize], reference: impl Fn(&[Vec<f64>
         return;
     }
     let args = f.args(DType::F64);
-    let vals: Vec<Vec<f64>> = args.iter().map(Tensor::to_f64_vec).collect();
-    let (shape, _) = reference(&vals).remove(0);
-    let dy = randn(&shape, 99);
+    let names: Vec<&str> = f.inputs.iter().map(|(n, _)| *n).collect();
+    let fed = Fed {
+        names: &names,
+        feeds: f.feeds(&args),
+        vals: args.iter().map(Tensor::to_f64_vec).collect(),
+    };
     // Output 0 alone: a backward pass seeds every output it is not given with ones.
     let first = Flow {
         nodes: f.nodes.clone(),
@@ -164,36 +170,8 @@ fn check_flow(what: &str, f: &Flow, wrt: &[usize], reference: impl Fn(&[Vec<f64>
         inputs: f.inputs.clone(),
         outputs: f.outputs[..1].to_vec(),
     };
-    let mut s = Session::new(first.graph(DType::F64).unwrap(), SessionOptions::unfused()).unwrap();
-    let seeds = HashMap::from([(f.outputs[0].to_string(), dy.clone())]);
-    let grads = s
-        .backward(&f.feeds(&args), &seeds)
-        .unwrap_or_else(|e| panic!("{what}: backward: {e}"))
-        .grads;
-    let dyv = dy.to_f64_vec();
-    let loss = |v: &[Vec<f64>]| -> f64 {
-        let (_, y) = reference(v).remove(0);
-        y.iter().zip(&dyv).map(|(a, b)| a * b).sum()
-    };
-    for &k in wrt {
-        let name = f.inputs[k].0;
-        let got = grads
-            .iter()
-            .find(|(n, _)| n == name)
-            .unwrap_or_else(|| panic!("{what}: no gradient for '{name}'"))
-            .1
-            .to_f64_vec();
-        let fd: Vec<f64> = (0..vals[k].len())
-            .map(|i| {
-                let h = 1e-6;
-                let (mut p, mut m) = (vals.clone(), vals.clone());
-                p[k][i] += h;
-                m[k][i] -= h;
-                (loss(&p) - loss(&m)) / (2.0 * h)
-            })
-            .collect();
-        assert_grad(&format!("{what}: d/d{name}"), &got, &fd, 1e-6);
-    }
+    let g = first.graph(DType::F64).unwrap();
+    grads_match_fd(what, g, f.outputs[0], &fed, wrt, 99, reference);
 }
 
 fn typed(name: &str, dims: &[usize]) -> ValueInfoProto {

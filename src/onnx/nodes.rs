@@ -59,7 +59,6 @@ fn since(op: &str) -> i64 {
         "Attention" | "RMSNormalization" | "RotaryEmbedding" => 23,
         "ReverseSequence" => 10,
         "CausalConvWithState" | "LinearAttention" => 27,
-        "Loop" | "If" => 1,
         "Scan" => 8,
         "GridSample" => 16,
         "MaxUnpool" => 9,
@@ -1369,16 +1368,27 @@ impl Lower for YamlLowering {
         known: &HashMap<String, Known>,
         taken: &mut HashSet<String>,
     ) -> Result<Vec<Node>> {
-        let mut graphs = vec![];
-        let (nodes, _) = lower_known(
+        let written = lower_known(
             f,
             super::MAX_OPSET,
             Path::new(""),
-            &mut graphs,
+            &mut vec![],
             known,
             taken,
         )?;
-        Ok(nodes)
+        flat(f, written)
+    }
+}
+
+/// The nodes written for `f`, where none of them waits for shape inference (only the
+/// nodes of a control-flow body, which YAML has none of, do).
+fn flat(f: &ForeignNode, (nodes, more): (Vec<Node>, Vec<ForeignNode>)) -> Result<Vec<Node>> {
+    match more.first() {
+        None => Ok(nodes),
+        Some(m) => Err(Error::Graph(format!(
+            "node '{}' ({}): its body's node '{}' ({}) is written after shape inference",
+            f.name, f.op, m.name, m.op
+        ))),
     }
 }
 
@@ -1402,14 +1412,7 @@ impl Lower for Deferred<'_> {
         known: &HashMap<String, Known>,
         taken: &mut HashSet<String>,
     ) -> Result<Vec<Node>> {
-        let (nodes, more) = self.lower_nested(f, known, taken)?;
-        match more.first() {
-            None => Ok(nodes),
-            Some(m) => Err(Error::Graph(format!(
-                "node '{}' ({}): its body's node '{}' ({}) is written after shape inference",
-                f.name, f.op, m.name, m.op
-            ))),
-        }
+        flat(f, self.lower_nested(f, known, taken)?)
     }
     fn lower_nested(
         &self,

@@ -147,16 +147,53 @@ pub fn check_grads(
     reference: impl Fn(&[Vec<f64>]) -> Expected,
 ) {
     let args = case.args(DType::F64);
-    let vals: Vec<Vec<f64>> = args
-        .iter()
-        .map(|t| t.as_ref().map(Tensor::to_f64_vec).unwrap_or_default())
-        .collect();
-    let (shape, _) = reference(&vals).remove(0);
+    let names: Vec<&str> = case.inputs.iter().map(|(n, _)| *n).collect();
+    let fed = Fed {
+        names: &names,
+        feeds: case.feeds(&args),
+        vals: args
+            .iter()
+            .map(|t| t.as_ref().map(Tensor::to_f64_vec).unwrap_or_default())
+            .collect(),
+    };
+    grads_match_fd(
+        what,
+        case.graph(DType::F64),
+        case.outputs[0],
+        &fed,
+        wrt,
+        seed,
+        reference,
+    );
+}
+
+/// A graph's f64 inputs as fed: their names, the feeds, and their values in name order.
+pub struct Fed<'a> {
+    pub names: &'a [&'a str],
+    pub feeds: HashMap<String, Tensor>,
+    pub vals: Vec<Vec<f64>>,
+}
+
+/// The gradients (CPU) of Σ dy·`out` of graph `g` with respect to the inputs `wrt` (indices
+/// into `fed.names`), against central finite differences of `reference` (whose first
+/// entry is `out`). `g` must have `out` as its only output: a backward pass seeds the
+/// others with ones.
+pub fn grads_match_fd(
+    what: &str,
+    g: graphrun::Graph,
+    out: &str,
+    fed: &Fed,
+    wrt: &[usize],
+    seed: u64,
+    reference: impl Fn(&[Vec<f64>]) -> Expected,
+) {
+    let vals = &fed.vals;
+    let (shape, _) = reference(vals).remove(0);
     let dy = randn(&shape, seed);
-    let mut s = Session::new(case.graph(DType::F64), SessionOptions::unfused()).unwrap();
-    let seeds = HashMap::from([(case.outputs[0].to_string(), dy.clone())]);
+    let mut s = Session::new(g, SessionOptions::unfused()).unwrap();
+    let seeds = HashMap::from([(out.to_string(), dy.clone())]);
     let grads = s
-        .backward(&case.feeds(&args), &seeds)
+        .backward(&fed.feeds, &seeds)
         .unwrap_or_else(|e| panic!("{what}: backward: {e}"))
         .grads;
     let dyv = dy.to_f64_vec();
@@ -165,7 +202,7 @@ pub fn check_grads(
         y.iter().zip(&dyv).map(|(a, b)| a * b).sum()
     };
     for &k in wrt {
-        let name = case.inputs[k].0;
+        let name = fed.names[k];
         let got = grads
             .iter()
             .find(|(n, _)| n == name)
