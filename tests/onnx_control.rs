@@ -13,7 +13,7 @@ mod onnx_model;
 use common::*;
 use graphrun::onnx::proto::{AttributeProto, GraphProto, NodeProto, ValueInfoProto};
 use graphrun::{DType, Session, SessionOptions, Tensor};
-use onnx_case::{grads_match_fd, Fed};
+use onnx_case::{assert_outputs, grads_match_fd, Fed};
 use onnx_model::*;
 use std::collections::HashMap;
 
@@ -134,22 +134,8 @@ fn check_flow(what: &str, f: &Flow, wrt: &[usize], reference: impl Fn(&[Vec<f64>
                 let got = s
                     .run(&f.feeds(&args))
                     .unwrap_or_else(|e| panic!("{what} {dt} on {backend:?}: {e}"));
-                assert_eq!(got.len(), want.len(), "{what}: outputs");
-                for ((name, t), (shape, w)) in got.iter().zip(&want) {
-                    assert_eq!(
-                        t.shape(),
-                        &shape[..],
-                        "{what} {dt} on {backend:?}: '{name}'"
-                    );
-                    let tol = if dt == DType::F64 { 1e-10 } else { 2e-6 };
-                    let e = rel_err(&t.to_f64_vec(), w);
-                    assert!(
-                        e <= tol,
-                        "{what} {dt} on {backend:?}: '{name}': rel err {e:.2e}\n got {:?}\nwant {:?}",
-                        t.to_f64_vec(),
-                        w
-                    );
-                }
+                let at = format!("{what} {dt} on {backend:?}");
+                assert_outputs(&at, &got, &want, dt, 2e-6);
             }
         }
     }

@@ -117,23 +117,37 @@ pub fn check_case(
             let got = s
                 .run(&case.feeds(&args))
                 .unwrap_or_else(|e| panic!("{what} {dt} on {backend:?}: {e}"));
-            assert_eq!(got.len(), want.len(), "{what}: outputs");
-            for ((name, t), (shape, w)) in got.iter().zip(&want) {
-                assert_eq!(
-                    t.shape(),
-                    &shape[..],
-                    "{what} {dt} on {backend:?}: output '{name}'"
-                );
-                let tol = if dt == DType::F64 { 1e-10 } else { tol32 };
-                let e = rel_err(&t.to_f64_vec(), w);
-                assert!(
-                    e <= tol,
-                    "{what} {dt} on {backend:?}: output '{name}': rel err {e:.2e}\n got {:?}\nwant {:?}",
-                    &t.to_f64_vec()[..w.len().min(8)],
-                    &w[..w.len().min(8)]
-                );
-            }
+            assert_outputs(
+                &format!("{what} {dt} on {backend:?}"),
+                &got,
+                &want,
+                dt,
+                tol32,
+            );
         }
+    }
+}
+
+/// Each output against its expected shape and values: f64 ones within 1e-10, the others
+/// within `tol32`.
+pub fn assert_outputs(
+    what: &str,
+    got: &[(String, Tensor)],
+    want: &Expected,
+    dt: DType,
+    tol32: f64,
+) {
+    assert_eq!(got.len(), want.len(), "{what}: outputs");
+    for ((name, t), (shape, w)) in got.iter().zip(want) {
+        assert_eq!(t.shape(), &shape[..], "{what}: output '{name}'");
+        let tol = if dt == DType::F64 { 1e-10 } else { tol32 };
+        let e = rel_err(&t.to_f64_vec(), w);
+        assert!(
+            e <= tol,
+            "{what}: output '{name}': rel err {e:.2e}\n got {:?}\nwant {:?}",
+            &t.to_f64_vec()[..w.len().min(8)],
+            &w[..w.len().min(8)]
+        );
     }
 }
 
