@@ -699,3 +699,56 @@ fn training_steps_match_cpu() {
         }
     }
 }
+
+/// Sessions on one GPU in several threads at once, each running convolutions of shapes of
+/// its own (cuDNN loads each kernel at its first launch) several times over (the repeats
+/// are recorded and replayed as CUDA graphs): every result as the CPU's. A kernel loaded
+/// while another thread records a step used to fail the launch (cuDNN's
+/// EXECUTION_FAILED).
+#[test]
+fn sessions_in_threads_share_the_device() {
+    if !cuda_present() {
+        return;
+    }
+    let threads: Vec<_> = (0..6usize)
+        .map(|t| {
+            std::thread::spawn(move || {
+                for k in 0..4usize {
+                    let (c, hw) = (3 + t + k, 6 + (t * 3 + k) % 9);
+                    let seed = (t * 10 + k) as u64;
+                    let args = [
+                        inp(rand(&[2, c, hw, hw], seed, -1.0, 1.0)),
+                        inp(rand(&[8, c, 3, 3], seed + 100, -1.0, 1.0)),
+                    ];
+                    let stride = 1 + (k % 2) as i64;
+                    let conv = || {
+                        op(
+                            "Conv",
+                            &[
+                                ("pads", A::Ints(vec![1, 1, 1, 1])),
+                                ("strides", A::Ints(vec![stride, stride])),
+                            ],
+                        )
+                    };
+                    let want = run_raw(BackendKind::Cpu, conv(), &args, 1).unwrap();
+                    let g = one_node_graph(conv(), &args, 1);
+                    let opts = graphrun::SessionOptions {
+                        backend: BackendKind::Cuda,
+                        ..Default::default()
+                    };
+                    let mut s = graphrun::Session::new(g, opts).unwrap();
+                    for run in 0..4 {
+                        let got = s
+                            .run(&feeds_of(&args))
+                            .unwrap_or_else(|e| panic!("thread {t} conv {k} run {run}: {e}"));
+                        let e = rel_err(&got[0].1.to_f64_vec(), &want[0].to_f64_vec());
+                        assert!(e <= 1e-5, "thread {t} conv {k} run {run}: rel err {e:.2e}");
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+}

@@ -1,4 +1,4 @@
-//! GridSample, AffineGrid, CausalConvWithState, MaxUnpool, TensorScatter, the
+//! GridSample, AffineGrid, DeformConv, CausalConvWithState, MaxUnpool, TensorScatter, the
 //! ai.onnx.preview.training optimizers
 //! (Adagrad, Momentum, Adam) and ai.onnx.ml's Binarizer and ArrayFeatureExtractor,
 //! imported as compositions: every backend against float64 references written here from
@@ -1023,4 +1023,183 @@ fn stft_with_and_without_window() {
     let reference = |v: &[Vec<f64>]| frame_ref(v, 2, 6, 4, false, false);
     check_case("STFT complex", &case, &BOTH, 1e-5, reference);
     check_grads("STFT complex", &case, &[0], 64, reference);
+}
+
+// ---------------------------------------------------------------------------------------
+// DeformConv
+
+/// One DeformConv setting: X [n, c, h, w], W [m, c/group, kh, kw].
+struct Deform {
+    x: [usize; 4],
+    m: usize,
+    k: [usize; 2],
+    group: usize,
+    og: usize,
+    strides: [usize; 2],
+    dilations: [usize; 2],
+    /// top, left, bottom, right
+    pads: [usize; 4],
+    bias: bool,
+    mask: bool,
+}
+
+impl Deform {
+    fn out(&self) -> [usize; 2] {
+        let o = |i: usize| {
+            let span = (self.k[i] - 1) * self.dilations[i] + 1;
+            (self.x[2 + i] + self.pads[i] + self.pads[i + 2] - span) / self.strides[i] + 1
+        };
+        [o(0), o(1)]
+    }
+}
+
+/// X[n, c] at (py, px), bilinear, each corner outside the image counting 0.
+fn bilinear(x: &[f64], h: usize, w: usize, base: usize, py: f64, px: f64) -> f64 {
+    let (y0, x0) = (py.floor(), px.floor());
+    let (fy, fx) = (py - y0, px - x0);
+    let mut v = 0.0;
+    for (dy, wy) in [(0.0, 1.0 - fy), (1.0, fy)] {
+        for (dx, wx) in [(0.0, 1.0 - fx), (1.0, fx)] {
+            let (yy, xx) = (y0 + dy, x0 + dx);
+            if yy >= 0.0 && xx >= 0.0 && yy < h as f64 && xx < w as f64 {
+                v += wy * wx * x[base + yy as usize * w + xx as usize];
+            }
+        }
+    }
+    v
+}
+
+/// DeformConv by its definition, per output element (inputs X, W, offset, B, mask).
+fn deform_ref(d: &Deform, v: &[Vec<f64>]) -> Expected {
+    let [n, c, h, w] = d.x;
+    let [kh, kw] = d.k;
+    let [oh, ow] = d.out();
+    let (k, cw, cog) = (kh * kw, c / d.group, c / d.og);
+    let mut y = vec![0.0; n * d.m * oh * ow];
+    for (i, out) in y.iter_mut().enumerate() {
+        let (b, o, r, q) = (
+            i / (d.m * oh * ow),
+            i / (oh * ow) % d.m,
+            i / ow % oh,
+            i % ow,
+        );
+        let grp = o / (d.m / d.group);
+        for ci in 0..cw {
+            let ic = grp * cw + ci;
+            let g = ic / cog;
+            for t in 0..k {
+                let (u, s) = (t / kw, t % kw);
+                let at = |ch: usize| ((b * d.og * k * 2 + ch) * oh + r) * ow + q;
+                let oy = v[2][at(g * k * 2 + t * 2)];
+                let ox = v[2][at(g * k * 2 + t * 2 + 1)];
+                let py = (r * d.strides[0] + u * d.dilations[0]) as f64 - d.pads[0] as f64 + oy;
+                let px = (q * d.strides[1] + s * d.dilations[1]) as f64 - d.pads[1] as f64 + ox;
+                let mut val = bilinear(&v[0], h, w, (b * c + ic) * h * w, py, px);
+                if d.mask {
+                    val *= v[4][((b * d.og * k + g * k + t) * oh + r) * ow + q];
+                }
+                *out += v[1][((o * cw + ci) * kh + u) * kw + s] * val;
+            }
+        }
+        if d.bias {
+            *out += v[3][o];
+        }
+    }
+    vec![(vec![n, d.m, oh, ow], y)]
+}
+
+/// DeformConv on every backend against the definition over groups, offset groups,
+/// strides, dilations, asymmetric pads, a one-row image, masks and biases; offsets that
+/// move taps outside the image; gradients of X, W, the offsets, B and the mask.
+#[test]
+fn deform_conv_on_every_backend_with_gradients() {
+    let base = Deform {
+        x: [2, 4, 5, 6],
+        m: 4,
+        k: [3, 3],
+        group: 2,
+        og: 2,
+        strides: [1, 1],
+        dilations: [1, 1],
+        pads: [1, 1, 1, 1],
+        bias: true,
+        mask: true,
+    };
+    let settings = [
+        base,
+        Deform {
+            x: [1, 3, 6, 7],
+            m: 2,
+            k: [2, 3],
+            group: 1,
+            og: 1,
+            strides: [2, 1],
+            dilations: [2, 1],
+            pads: [1, 0, 0, 2],
+            bias: false,
+            mask: false,
+        },
+        Deform {
+            x: [1, 2, 1, 5],
+            m: 3,
+            k: [1, 2],
+            group: 1,
+            og: 2,
+            strides: [1, 2],
+            dilations: [1, 1],
+            pads: [0, 1, 0, 1],
+            bias: true,
+            mask: true,
+        },
+    ];
+    for (s, d) in settings.iter().enumerate() {
+        let [n, c, _, _] = d.x;
+        let [oh, ow] = d.out();
+        let k = d.k[0] * d.k[1];
+        let seed = 40 + 10 * s as u64;
+        let ints = |v: &[usize]| v.iter().map(|&a| a as i64).collect::<Vec<_>>();
+        let case = Case::new(
+            "DeformConv",
+            19,
+            vec![
+                ("x", Some(rand(&d.x, seed, -1.0, 1.0))),
+                (
+                    "w",
+                    Some(rand(
+                        &[d.m, c / d.group, d.k[0], d.k[1]],
+                        seed + 1,
+                        -1.0,
+                        1.0,
+                    )),
+                ),
+                (
+                    "offset",
+                    Some(rand(&[n, d.og * k * 2, oh, ow], seed + 2, -2.0, 2.0)),
+                ),
+                ("b", d.bias.then(|| rand(&[d.m], seed + 3, -1.0, 1.0))),
+                (
+                    "mask",
+                    d.mask
+                        .then(|| rand(&[n, d.og * k, oh, ow], seed + 4, 0.0, 1.0)),
+                ),
+            ],
+        )
+        .with(vec![
+            ints_attr("strides", &ints(&d.strides)),
+            ints_attr("dilations", &ints(&d.dilations)),
+            ints_attr("pads", &ints(&d.pads)),
+            int_attr("group", d.group as i64),
+            int_attr("offset_group", d.og as i64),
+        ]);
+        let mut case = case;
+        if !d.mask {
+            case.inputs.truncate(if d.bias { 4 } else { 3 });
+        }
+        let what = format!("DeformConv setting {s}");
+        check_case(&what, &case, &BOTH, 1e-5, |v| deform_ref(d, v));
+        let wrt: Vec<usize> = (0..case.inputs.len())
+            .filter(|&i| case.inputs[i].1.is_some())
+            .collect();
+        check_grads(&what, &case, &wrt, seed + 5, |v| deform_ref(d, v));
+    }
 }

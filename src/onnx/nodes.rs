@@ -20,6 +20,7 @@ mod attention;
 mod composite;
 mod control;
 mod conv;
+mod deform;
 mod domains;
 mod index;
 mod linear_attention;
@@ -60,6 +61,7 @@ fn since(op: &str) -> i64 {
         "ReverseSequence" => 10,
         "CausalConvWithState" | "LinearAttention" => 27,
         "Scan" => 8,
+        "DeformConv" => 19,
         "GridSample" => 16,
         "MaxUnpool" => 9,
         "TensorScatter" => 24,
@@ -119,6 +121,7 @@ pub fn imports(op: &str) -> bool {
         quant::QUANT,
         &[linear_attention::LINEAR_ATTENTION],
         control::CONTROL,
+        &[deform::DEFORM_CONV],
         resize::RESIZE,
         recurrent::RECURRENT,
         &[recurrent::REVERSE_SEQUENCE],
@@ -536,6 +539,7 @@ impl<'a> Importer<'a> {
         let after_inference = control
             || (default_domain
                 && (recurrent::RECURRENT.contains(&op_type)
+                    || op_type == deform::DEFORM_CONV
                     || ((resize::RESIZE.contains(&op_type)
                         || op_type == "GridSample"
                         || op_type == "DFT")
@@ -592,6 +596,9 @@ impl<'a> Importer<'a> {
         }
         match n.op_type.as_str() {
             op if control::CONTROL.contains(&op) => return self.lower_control(n, shown, attrs),
+            "DeformConv" => {
+                return self.deform_conv(n, &format!("node '{shown}' (DeformConv)"), attrs)
+            }
             // A training_mode written as a constant does not decide (PyTorch's dynamo
             // exporter writes `true` into eval-mode exports): a plain run is inference and
             // a training step trains, as ONNX Runtime and `graphrun train` run the model.
