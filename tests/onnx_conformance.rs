@@ -41,7 +41,11 @@ const KNOWN: &[(&str, &str)] = &[
     ("test_training_dropout_default", RANDOM_MASK),
     ("test_training_dropout_default_mask", RANDOM_MASK),
     ("test_gridsample_bicubic", F32_EXPECTED),
+    ("test_roialign_aligned_*", FOUR_DECIMALS),
 ];
+
+const FOUR_DECIMALS: &str = "ONNX's expected output is written to four decimals; ONNX's own \
+    reference evaluator is 6e-5 (relative) from it, as graphrun is";
 
 const F32_EXPECTED: &str = "ONNX's expected output, computed in float32, is itself 1.5e-5 \
     (relative) from the float64 result; graphrun's float32 output is 7e-9 from it";

@@ -1,4 +1,4 @@
-//! GridSample, AffineGrid, DeformConv, CausalConvWithState, MaxUnpool, TensorScatter, the
+//! GridSample, AffineGrid, DeformConv, RoiAlign, CausalConvWithState, MaxUnpool, TensorScatter, the
 //! ai.onnx.preview.training optimizers
 //! (Adagrad, Momentum, Adam) and ai.onnx.ml's Binarizer and ArrayFeatureExtractor,
 //! imported as compositions: every backend against float64 references written here from
@@ -1201,5 +1201,143 @@ fn deform_conv_on_every_backend_with_gradients() {
             .filter(|&i| case.inputs[i].1.is_some())
             .collect();
         check_grads(&what, &case, &wrt, seed + 5, |v| deform_ref(d, v));
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// RoiAlign
+
+/// One sample of RoiAlign as ONNX's reference takes it: its four taps' weighted values.
+fn roi_taps(x: &[f64], base: usize, h: usize, w: usize, y: f64, xx: f64) -> [f64; 4] {
+    if y < -1.0 || y > h as f64 || xx < -1.0 || xx > w as f64 {
+        return [0.0; 4];
+    }
+    let axis = |v: f64, size: usize| {
+        let v = v.max(0.0);
+        let low = v.floor() as usize;
+        if low >= size - 1 {
+            (size - 1, size - 1, 0.0)
+        } else {
+            (low, low + 1, v - low as f64)
+        }
+    };
+    let (y0, y1, ly) = axis(y, h);
+    let (x0, x1, lx) = axis(xx, w);
+    let at = |yy: usize, xc: usize| x[base + yy * w + xc];
+    [
+        (1.0 - ly) * (1.0 - lx) * at(y0, x0),
+        (1.0 - ly) * lx * at(y0, x1),
+        ly * (1.0 - lx) * at(y1, x0),
+        ly * lx * at(y1, x1),
+    ]
+}
+
+/// RoiAlign by ONNX's reference (inputs X [n, c, h, w], rois [r, 4], batch_indices).
+fn roi_align_ref(
+    xs: [usize; 4],
+    out: [usize; 2],
+    sr: usize,
+    scale: f64,
+    half: bool,
+    max: bool,
+    v: &[Vec<f64>],
+) -> Expected {
+    let [_, c, h, w] = xs;
+    let [oh, ow] = out;
+    let r = v[1].len() / 4;
+    let mut y = vec![0.0; r * c * oh * ow];
+    for k in 0..r {
+        let off = if half { 0.5 } else { 0.0 };
+        let q = |i: usize| v[1][k * 4 + i] * scale - off;
+        let (sx, sy, ex, ey) = (q(0), q(1), q(2), q(3));
+        let (mut rw, mut rh) = (ex - sx, ey - sy);
+        if !half {
+            rw = rw.max(1.0);
+            rh = rh.max(1.0);
+        }
+        let (bh, bw) = (rh / oh as f64, rw / ow as f64);
+        let b = v[2][k] as usize;
+        for ch in 0..c {
+            for ph in 0..oh {
+                for pw in 0..ow {
+                    let mut acc: Option<f64> = None;
+                    for iy in 0..sr {
+                        let yy = sy + ph as f64 * bh + (iy as f64 + 0.5) * bh / sr as f64;
+                        for ix in 0..sr {
+                            let xx = sx + pw as f64 * bw + (ix as f64 + 0.5) * bw / sr as f64;
+                            let t = roi_taps(&v[0], (b * c + ch) * h * w, h, w, yy, xx);
+                            let val = if max {
+                                t.iter().cloned().fold(f64::MIN, f64::max)
+                            } else {
+                                t.iter().sum()
+                            };
+                            acc = Some(match (acc, max) {
+                                (None, _) => val,
+                                (Some(a), true) => a.max(val),
+                                (Some(a), false) => a + val,
+                            });
+                        }
+                    }
+                    let a = acc.unwrap_or(0.0);
+                    y[((k * c + ch) * oh + ph) * ow + pw] =
+                        if max { a } else { a / (sr * sr) as f64 };
+                }
+            }
+        }
+    }
+    vec![(vec![r, c, oh, ow], y)]
+}
+
+/// RoiAlign on every backend against ONNX's reference: both coordinate modes, avg and
+/// max, regions reaching past the image and smaller than a pixel, several batch entries;
+/// gradients of X (and, for avg, of the regions).
+#[test]
+fn roi_align_on_every_backend_with_gradients() {
+    let xs = [2usize, 3, 7, 9];
+    let rois = Tensor::from_vec(
+        &[4, 4],
+        vec![
+            0.5f64, 1.2, 6.3, 5.9, // inside
+            -2.1, -1.7, 3.4, 2.2, // past the top left
+            5.5, 3.3, 10.6, 8.8, // past the bottom right
+            2.2, 2.3, 2.6, 2.5, // under a pixel
+        ],
+    )
+    .unwrap();
+    let batch = Tensor::from_vec(&[4], vec![1i64, 0, 1, 0]).unwrap();
+    for (half, max, sr, out, scale) in [
+        (true, false, 2, [3, 4], 1.0f32),
+        (false, false, 1, [2, 2], 0.5),
+        (true, true, 3, [2, 3], 1.0),
+        (false, true, 2, [4, 2], 1.0),
+    ] {
+        let mode = if max { "max" } else { "avg" };
+        let ctm = if half {
+            "half_pixel"
+        } else {
+            "output_half_pixel"
+        };
+        let case = Case::new(
+            "RoiAlign",
+            16,
+            vec![
+                ("x", Some(rand(&xs, 7, -1.0, 1.0))),
+                ("rois", Some(rois.clone())),
+                ("batch", Some(batch.clone())),
+            ],
+        )
+        .with(vec![
+            str_attr("coordinate_transformation_mode", ctm),
+            str_attr("mode", mode),
+            int_attr("output_height", out[0] as i64),
+            int_attr("output_width", out[1] as i64),
+            int_attr("sampling_ratio", sr as i64),
+            float_attr("spatial_scale", scale),
+        ]);
+        let reference = |v: &[Vec<f64>]| roi_align_ref(xs, out, sr, scale as f64, half, max, v);
+        let what = format!("RoiAlign {ctm} {mode} sr {sr}");
+        check_case(&what, &case, &BOTH, 1e-5, reference);
+        let wrt: &[usize] = if max { &[0] } else { &[0, 1] };
+        check_grads(&what, &case, wrt, 3, reference);
     }
 }

@@ -27,6 +27,7 @@ mod linear_attention;
 mod quant;
 mod recurrent;
 mod resize;
+mod roi;
 mod sample;
 mod spectral;
 use composite::{COMPOSITE, MS_COMPOSITE};
@@ -62,6 +63,7 @@ fn since(op: &str) -> i64 {
         "CausalConvWithState" | "LinearAttention" => 27,
         "Scan" => 8,
         "DeformConv" => 19,
+        "RoiAlign" => 10,
         "GridSample" => 16,
         "MaxUnpool" => 9,
         "TensorScatter" => 24,
@@ -121,7 +123,7 @@ pub fn imports(op: &str) -> bool {
         quant::QUANT,
         &[linear_attention::LINEAR_ATTENTION],
         control::CONTROL,
-        &[deform::DEFORM_CONV],
+        &[deform::DEFORM_CONV, roi::ROI_ALIGN],
         resize::RESIZE,
         recurrent::RECURRENT,
         &[recurrent::REVERSE_SEQUENCE],
@@ -540,6 +542,7 @@ impl<'a> Importer<'a> {
             || (default_domain
                 && (recurrent::RECURRENT.contains(&op_type)
                     || op_type == deform::DEFORM_CONV
+                    || op_type == roi::ROI_ALIGN
                     || ((resize::RESIZE.contains(&op_type)
                         || op_type == "GridSample"
                         || op_type == "DFT")
@@ -599,6 +602,7 @@ impl<'a> Importer<'a> {
             "DeformConv" => {
                 return self.deform_conv(n, &format!("node '{shown}' (DeformConv)"), attrs)
             }
+            "RoiAlign" => return self.roi_align(n, &format!("node '{shown}' (RoiAlign)"), attrs),
             // A training_mode written as a constant does not decide (PyTorch's dynamo
             // exporter writes `true` into eval-mode exports): a plain run is inference and
             // a training step trains, as ONNX Runtime and `graphrun train` run the model.
