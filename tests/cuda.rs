@@ -702,9 +702,8 @@ fn training_steps_match_cpu() {
 
 /// Sessions on one GPU in several threads at once, each running convolutions of shapes of
 /// its own (cuDNN loads each kernel at its first launch) several times over (the repeats
-/// are recorded and replayed as CUDA graphs): every result as the CPU's. A kernel loaded
-/// while another thread records a step used to fail the launch (cuDNN's
-/// EXECUTION_FAILED).
+/// are recorded and replayed as CUDA graphs, and the first searches cuDNN's algorithms):
+/// every result as the CPU's.
 #[test]
 fn sessions_in_threads_share_the_device() {
     if !cuda_present() {

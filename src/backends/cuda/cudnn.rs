@@ -881,21 +881,31 @@ impl Cudnn {
         // handle's stream, the workspace has the bytes cuDNN asked for; the scaling
         // factors outlive the (synchronous) calls that read them.
         unsafe {
-            let r = (f.run[i])(
-                self.handle,
-                one,
-                d1,
-                p1 as *const c_void,
-                d2,
-                p2 as *const c_void,
-                p.conv,
-                choice.algo,
-                ws as *mut c_void,
-                choice.workspace,
-                zero,
-                dr,
-                out as *mut c_void,
-            );
+            let run = || {
+                (f.run[i])(
+                    self.handle,
+                    one,
+                    d1,
+                    p1 as *const c_void,
+                    d2,
+                    p2 as *const c_void,
+                    p.conv,
+                    choice.algo,
+                    ws as *mut c_void,
+                    choice.workspace,
+                    zero,
+                    dr,
+                    out as *mut c_void,
+                )
+            };
+            let mut r = run();
+            if r == EXECUTION_FAILED {
+                // cuDNN reports CUDA's per-thread last error after its launch, and that
+                // error can be stale: while other threads load kernels, a candidate of
+                // its algorithm search may fail (CUDA error 901) and leave it set. The
+                // report has cleared it; a second call tells a real failure.
+                r = run();
+            }
             let what = [
                 "cudnnConvolutionForward",
                 "cudnnConvolutionBackwardData",

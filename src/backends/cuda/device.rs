@@ -46,8 +46,6 @@ pub struct Device {
     /// The dynamic shared memory each kernel was allowed so far (beyond the default 48 KiB
     /// a kernel must opt in, once).
     smem_allowed: Mutex<HashMap<String, usize>>,
-    /// What the steps of its sessions hold while they run (steps.rs).
-    pub gate: Arc<super::steps::Gate>,
 }
 
 /// Why CUDA cannot be used here, in one line; `None` when the libraries load.
@@ -131,7 +129,6 @@ fn open(ordinal: usize) -> std::result::Result<Device, String> {
         modules: Default::default(),
         functions: Mutex::new(HashMap::new()),
         smem_allowed: Mutex::new(HashMap::new()),
-        gate: Default::default(),
     })
 }
 

@@ -113,7 +113,7 @@ impl Cuda {
             .new_stream()
             .map_err(|e| crate::err!(Runtime, "cannot create a CUDA stream: {e:?}"))?;
         let blas = matmul::Blas::new(&stream, tf32)?;
-        let steps = steps::Steps::new(&stream, dev.gate.clone())?;
+        let steps = steps::Steps::new(&stream)?;
         let nonfinite = stream
             .clone_htod(&[u32::MAX])
             .map_err(|e| crate::err!(Runtime, "CUDA allocation failed: {e:?}"))?;

@@ -12,73 +12,15 @@
 //! - A step that ran eagerly without anything unrecordable (a read-back, an allocation) is
 //!   captured the next time its key comes, and replayed from then on while the key and
 //!   the pool are unchanged.
-//! - Sessions on one device in several threads pass a `Gate`: CUDA loads a kernel's
-//!   module at its first launch (lazily: cuDNN's and cuBLASLt's kernels come so), and a
-//!   load while another thread captures a step invalidates that capture and fails the
-//!   launch that loaded (cuDNN says EXECUTION_FAILED, CUDA error 901). A capture runs
-//!   alone on its device; an eager step waits for one in progress; a replay loads
-//!   nothing and passes freely.
 
 use crate::error::Result;
 use cudarc::driver::{sys, CudaGraph, CudaSlice, CudaStream, DevicePtr};
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 
 /// Recorded steps kept per backend (a session alternating a few plans keeps them all).
 const MAX_GRAPHS: usize = 16;
-
-/// The steps running on one device (`Device::gate`): eager ones share it, a capture holds
-/// it alone.
-#[derive(Default)]
-pub struct Gate {
-    /// (eager steps running, a capture running)
-    state: Mutex<(usize, bool)>,
-    freed: Condvar,
-}
-
-impl Gate {
-    fn state(&self) -> std::sync::MutexGuard<'_, (usize, bool)> {
-        // The state is two counters, consistent whatever a panicking holder did.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-    /// An eager step starts, once no capture runs.
-    fn share(&self) {
-        let mut s = self.state();
-        while s.1 {
-            s = self.freed.wait(s).unwrap_or_else(|p| p.into_inner());
-        }
-        s.0 += 1;
-    }
-    /// A capture starts if nothing else runs (it never waits: the step runs eagerly
-    /// instead, and is captured a later time).
-    fn try_alone(&self) -> bool {
-        let mut s = self.state();
-        let free = s.0 == 0 && !s.1;
-        if free {
-            s.1 = true;
-        }
-        free
-    }
-    fn leave(&self, held: Held) {
-        let mut s = self.state();
-        match held {
-            Held::Shared => s.0 = s.0.saturating_sub(1),
-            Held::Alone => s.1 = false,
-            Held::No => return,
-        }
-        drop(s);
-        self.freed.notify_all();
-    }
-}
-
-/// What a step holds of its device's gate.
-#[derive(Clone, Copy, PartialEq)]
-enum Held {
-    No,
-    Shared,
-    Alone,
-}
 
 pub struct Steps {
     pool: RefCell<Vec<CudaSlice<u8>>>,
@@ -103,15 +45,10 @@ pub struct Steps {
     current: u64,
     capturing: bool,
     enabled: bool,
-    /// The device's gate, and what the running step holds of it.
-    gate: Arc<Gate>,
-    held: Held,
 }
 
 impl Drop for Steps {
     fn drop(&mut self) {
-        // A step abandoned (a panic between its start and end) lets the others go.
-        self.gate.leave(std::mem::replace(&mut self.held, Held::No));
         self.graphs.clear();
         // Safety: allocated by cuMemHostAlloc in `new`, no kernel uses it any more (the
         // stream is synchronised by whoever drops the backend's buffers first).
@@ -126,7 +63,7 @@ fn driver_err(what: &str, e: impl std::fmt::Debug) -> crate::error::Error {
 }
 
 impl Steps {
-    pub fn new(stream: &Arc<CudaStream>, gate: Arc<Gate>) -> Result<Steps> {
+    pub fn new(stream: &Arc<CudaStream>) -> Result<Steps> {
         let params = stream
             .alloc_zeros::<u64>(1)
             .map_err(|e| driver_err("allocation", e))?;
@@ -166,8 +103,6 @@ impl Steps {
             current: 0,
             capturing: false,
             enabled: crate::backends::tuning::tuning().cuda_graphs,
-            gate,
-            held: Held::No,
         })
     }
 
@@ -261,27 +196,22 @@ impl Steps {
     pub fn begin(&mut self, stream: &Arc<CudaStream>, key: u64) -> Result<bool> {
         self.unrecordable.set(false);
         self.current = key;
-        self.gate.leave(std::mem::replace(&mut self.held, Held::No));
-        if self.enabled {
-            if let Some((g, epoch)) = self.graphs.get(&key) {
-                if *epoch == self.epoch.get() {
-                    g.launch().map_err(|e| driver_err("graph launch", e))?;
-                    return Ok(true);
-                }
-                self.graphs.remove(&key);
-            }
-            let wanted = self.clean == Some(key) && !self.never.contains(&key);
-            if wanted && self.gate.try_alone() {
-                self.held = Held::Alone;
-                stream
-                    .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-                    .map_err(|e| driver_err("stream capture", e))?;
-                self.capturing = true;
-                return Ok(false);
-            }
+        if !self.enabled {
+            return Ok(false);
         }
-        self.gate.share();
-        self.held = Held::Shared;
+        if let Some((g, epoch)) = self.graphs.get(&key) {
+            if *epoch == self.epoch.get() {
+                g.launch().map_err(|e| driver_err("graph launch", e))?;
+                return Ok(true);
+            }
+            self.graphs.remove(&key);
+        }
+        if self.clean == Some(key) && !self.never.contains(&key) {
+            stream
+                .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+                .map_err(|e| driver_err("stream capture", e))?;
+            self.capturing = true;
+        }
         Ok(false)
     }
 
@@ -291,13 +221,11 @@ impl Steps {
         let key = self.current;
         let recordable = ok && !self.unrecordable.get();
         if !self.capturing {
-            self.gate.leave(std::mem::replace(&mut self.held, Held::No));
             self.clean = if recordable { Some(key) } else { None };
             return Ok(false);
         }
         self.capturing = false;
         let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));
-        self.gate.leave(std::mem::replace(&mut self.held, Held::No));
         match (recordable, graph) {
             (true, Ok(Some(g))) => {
                 g.launch().map_err(|e| driver_err("graph launch", e))?;
