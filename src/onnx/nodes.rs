@@ -173,7 +173,9 @@ fn attr_value(a: &AttributeProto, base: &Path, what: &str) -> Result<AttrValue> 
         T::INTS => AttrValue::Ints(a.ints.clone()),
         T::STRINGS => AttrValue::Strs(a.strings.iter().map(|s| text(s)).collect::<Result<_>>()?),
         T::GRAPH | T::GRAPHS => {
-            return Err(err("is a subgraph; graphrun does not run control flow"))
+            return Err(err(
+                "is a subgraph; graphrun takes subgraphs only as the bodies of If, Loop and Scan",
+            ))
         }
         T::TENSORS | T::SPARSE_TENSOR | T::SPARSE_TENSORS | T::TYPE_PROTO | T::TYPE_PROTOS => {
             return Err(err(
