@@ -727,3 +727,29 @@ fn every_command_takes_onnx_and_convert_writes_yaml() {
     let (ok, code, _, err) = graphrun(&[d.join("bad.onnx").to_str().unwrap()]);
     assert!(!ok && code == 2 && err.lines().count() == 1, "{code} {err}");
 }
+
+/// ONNX lets nodes share a name; such a file imports (the repeats renamed) and runs.
+#[test]
+fn nodes_sharing_a_name_import_and_run() {
+    let d = tmpdir("same_names");
+    let mut a = node("Relu", &["x"], &["h"], vec![]);
+    let mut b = node("Neg", &["h"], &["y"], vec![]);
+    a.name = "act".into();
+    b.name = "act".into();
+    let mut c = node("Abs", &["y"], &["z"], vec![]);
+    c.name = "act_1".into();
+    let g = GraphProto {
+        node: vec![a, b, c],
+        input: vec![input("x", 1, &[Ok(4)])],
+        output: vec![output("y"), output("z")],
+        ..Default::default()
+    };
+    let m = load(&d, "same.onnx", &model(17, g)).unwrap();
+    let mut names: Vec<&str> = m.graph.nodes.iter().map(|n| n.name.as_str()).collect();
+    names.sort();
+    assert_eq!(names, ["act", "act_1", "act_2"]);
+    let x = Tensor::from_vec(&[4], vec![-1.5f32, 2.0, -0.25, 3.0]).unwrap();
+    let out = run(&m, &[("x", x)]);
+    assert_eq!(out[0].to_f64_vec(), [0.0, -2.0, 0.0, -3.0]);
+    assert_eq!(out[1].to_f64_vec(), [0.0, 2.0, 0.0, 3.0]);
+}

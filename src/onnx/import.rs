@@ -204,8 +204,31 @@ pub(super) fn graph_of(
     if opts.mode != ImportMode::AsWritten {
         tie_copies(&mut g);
     }
+    unique_node_names(&mut g);
     crate::graph::yaml::name_nodes(&mut g);
     Ok(g)
+}
+
+/// ONNX lets nodes share a name (a label only; ONNX Runtime runs such files), while
+/// graphrun's node names identify nodes: a name met again gets the first free suffix.
+fn unique_node_names(g: &mut Graph) {
+    let mut taken: HashSet<String> = HashSet::new();
+    let names: HashSet<String> = g.nodes.iter().map(|n| n.name.clone()).collect();
+    for n in g.nodes.iter_mut().filter(|n| !n.name.is_empty()) {
+        if taken.insert(n.name.clone()) {
+            continue;
+        }
+        let mut k = 1;
+        let name = loop {
+            let c = format!("{}_{k}", n.name);
+            if !names.contains(&c) && !taken.contains(&c) {
+                break c;
+            }
+            k += 1;
+        };
+        taken.insert(name.clone());
+        n.name = name;
+    }
 }
 
 /// Fixes the symbolic dims of the graph inputs that `opts` sizes (by symbol, or by the
