@@ -497,7 +497,7 @@ impl Importer<'_> {
                 Some(t) if t.numel() == 1 => Some(t.to_f64_vec()[0].max(0.0) as u64),
                 _ => {
                     return Err(Error::Graph(format!(
-                        "{what}: its trip count '{m}' is not known when the model is loaded; graphrun writes a Loop out iteration by iteration, so the count must follow from constants and shapes"
+                        "{what}: its trip count '{m}' is not known when the model is loaded; graphrun writes a Loop out iteration by iteration, so the count must follow from constants and shapes (where it follows a symbolic input dim, give the shapes that will be fed when loading: the command line takes them from the --input files and --dim, the library from ImportOptions)"
                     )))
                 }
             },
@@ -741,7 +741,7 @@ impl Importer<'_> {
             let ax = ax as usize + lead;
             let len = im.dims.get(x).and_then(|d| d.get(ax).copied().flatten()).ok_or_else(|| {
                 Error::Graph(format!(
-                    "{what}: the length of scan input '{x}' along axis {ax} is not known when the model is loaded; graphrun writes a Scan out step by step, so it must follow from the input shapes"
+                    "{what}: the length of scan input '{x}' along axis {ax} is not known when the model is loaded; graphrun writes a Scan out step by step, so it needs the length when loading: give the shapes that will be fed (the command line takes them from the --input files and --dim, the library from ImportOptions), or export the model with a fixed length"
                 ))
             })?;
             Ok((ax, len))
