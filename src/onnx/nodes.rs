@@ -601,10 +601,8 @@ impl<'a> Importer<'a> {
         }
         match n.op_type.as_str() {
             op if control::CONTROL.contains(&op) => return self.lower_control(n, shown, attrs),
-            "DeformConv" => {
-                return self.deform_conv(n, &format!("node '{shown}' (DeformConv)"), attrs)
-            }
-            "RoiAlign" => return self.roi_align(n, &format!("node '{shown}' (RoiAlign)"), attrs),
+            "DeformConv" => return self.deform_conv(n, shown, attrs),
+            "RoiAlign" => return self.roi_align(n, shown, attrs),
             // A training_mode written as a constant does not decide (PyTorch's dynamo
             // exporter writes `true` into eval-mode exports): a plain run is inference and
             // a training step trains, as ONNX Runtime and `graphrun train` run the model.

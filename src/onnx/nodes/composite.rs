@@ -336,7 +336,19 @@ impl Importer<'_> {
     /// A scalar `v` in the dtype of value `like` (an f32 constant cast like it, as ONNX's
     /// function bodies write their constants).
     pub(super) fn float_like(&mut self, n: &NodeProto, what: &str, v: f32, like: &str) -> String {
-        let c = self.constant(n, what, Tensor::scalar(v));
+        self.const_like(n, what, Tensor::scalar(v), like)
+    }
+
+    /// Constant `t` cast to the dtype of value `like` (f64 constants keep every digit in
+    /// an f64 model).
+    pub(super) fn const_like(
+        &mut self,
+        n: &NodeProto,
+        what: &str,
+        t: Tensor,
+        like: &str,
+    ) -> String {
+        let c = self.constant(n, what, t);
         self.val(
             n,
             &format!("{what}_cast"),

@@ -17,7 +17,7 @@
 //! The enclosing node lists them as extra inputs (`IMPLICIT` counts them) so that they are
 //! known, and computed, before it is inlined.
 
-use super::composite::{bin, unsqueeze};
+use super::composite::{bin, unsqueeze, Attrs};
 use super::recurrent::MAX_STEPS;
 use super::{take, Importer};
 use crate::error::{Error, Result};
@@ -190,47 +190,37 @@ impl Importer<'_> {
             let keep = n.input.len().saturating_sub(k as usize);
             n.input.truncate(keep);
         }
-        let mut graph = |key: &str| -> Result<GraphProto> {
-            match take(&mut attrs, key) {
+        let mut a = Attrs::of(&n, shown, attrs)?;
+        let graph = |a: &mut Attrs, key: &str| -> Result<GraphProto> {
+            match a.take(key) {
                 Some(AttrValue::Int(i)) => self
                     .graphs
                     .get(i as usize)
                     .cloned()
-                    .ok_or_else(|| Error::Graph(format!("{what}: attribute '{key}' is missing"))),
-                Some(_) => Err(Error::Graph(format!(
-                    "{what}: attribute '{key}' must be a graph"
-                ))),
-                None => Err(Error::Graph(format!(
-                    "{what}: attribute '{key}' is missing (a YAML model has no subgraphs; If, Loop and Scan come from .onnx files)"
-                ))),
+                    .ok_or_else(|| a.refuse(key, "is missing")),
+                Some(v) => Err(a.wrong(key, "a graph", &v)),
+                None => Err(a.refuse(
+                    key,
+                    "is missing (a YAML model has no subgraphs; If, Loop and Scan come from .onnx files)",
+                )),
             }
         };
         match n.op_type.as_str() {
             "If" => {
-                let then = graph("then_branch")?;
-                let other = graph("else_branch")?;
-                self.no_more(&what, &attrs)?;
+                let then = graph(&mut a, "then_branch")?;
+                let other = graph(&mut a, "else_branch")?;
+                a.finish()?;
                 self.lower_if(&n, &what, &then, &other)
             }
             "Loop" => {
-                let body = graph("body")?;
-                self.no_more(&what, &attrs)?;
+                let body = graph(&mut a, "body")?;
+                a.finish()?;
                 self.lower_loop(&n, &what, &body)
             }
             _ => {
-                let body = graph("body")?;
-                self.lower_scan(&n, &what, &body, attrs)
+                let body = graph(&mut a, "body")?;
+                self.lower_scan(&n, &what, &body, a)
             }
-        }
-    }
-
-    fn no_more(&self, what: &str, attrs: &[Attr]) -> Result<()> {
-        match attrs.first() {
-            Some(a) => Err(Error::Graph(format!(
-                "{what}: unknown attribute '{}'",
-                a.name
-            ))),
-            None => Ok(()),
         }
     }
 
@@ -633,43 +623,28 @@ impl Importer<'_> {
         n: &NodeProto,
         what: &str,
         body: &GraphProto,
-        mut attrs: Vec<Attr>,
+        mut a: Attrs,
     ) -> Result<()> {
-        let ints = |attrs: &mut Vec<Attr>, key: &str| -> Result<Option<Vec<i64>>> {
-            match take(attrs, key) {
-                None => Ok(None),
-                Some(AttrValue::Ints(v)) => Ok(Some(v)),
-                Some(_) => Err(Error::Graph(format!(
-                    "{what}: attribute '{key}' must be a list of ints"
-                ))),
+        let m = match a.opt_int("num_scan_inputs")? {
+            Some(m) if m >= 1 => m as usize,
+            Some(m) => {
+                return Err(a.refuse("num_scan_inputs", &format!("must be positive, got {m}")))
             }
-        };
-        let m = match take(&mut attrs, "num_scan_inputs") {
-            Some(AttrValue::Int(m)) if m >= 1 => m as usize,
-            Some(v) => {
-                return Err(Error::Graph(format!(
-                    "{what}: num_scan_inputs must be a positive int, got {v:?}"
-                )))
-            }
-            None => {
-                return Err(Error::Graph(format!(
-                    "{what}: attribute 'num_scan_inputs' is missing"
-                )))
-            }
+            None => return Err(a.refuse("num_scan_inputs", "is missing")),
         };
         // Opset 8's Scan has a leading sequence_lens input and a batch axis.
         let batched = self.opset < 9;
         let (in_dirs, in_axes, out_dirs, out_axes) = if batched {
-            (ints(&mut attrs, "directions")?, None, None, None)
+            (a.opt_ints("directions")?, None, None, None)
         } else {
             (
-                ints(&mut attrs, "scan_input_directions")?,
-                ints(&mut attrs, "scan_input_axes")?,
-                ints(&mut attrs, "scan_output_directions")?,
-                ints(&mut attrs, "scan_output_axes")?,
+                a.opt_ints("scan_input_directions")?,
+                a.opt_ints("scan_input_axes")?,
+                a.opt_ints("scan_output_directions")?,
+                a.opt_ints("scan_output_axes")?,
             )
         };
-        self.no_more(what, &attrs)?;
+        a.finish()?;
         let mut inputs = n.input.clone();
         if batched {
             let lens = inputs.remove(0);

@@ -22,10 +22,11 @@ impl Importer<'_> {
     pub(super) fn deform_conv(
         &mut self,
         n: &NodeProto,
-        what: &str,
+        shown: &str,
         attrs: Vec<Attr>,
     ) -> Result<()> {
-        let mut a = Attrs::of(n, what, attrs)?;
+        let mut a = Attrs::of(n, shown, attrs)?;
+        let what = &a.what.clone();
         let (req, opt) = inputs(n, what, (3, 5), 1)?;
         let (x, w, offset) = (req[0].clone(), req[1].clone(), req[2].clone());
         let (b, mask) = (opt[0].clone(), opt[1].clone());
@@ -128,10 +129,7 @@ impl Importer<'_> {
                 base[1][t * l + q] = px as f64;
             }
         }
-        let like = |me: &mut Self, what: &str, t: Tensor| {
-            let c = me.constant(n, what, t);
-            me.val(n, &format!("{what}_cast"), Op::CastLike, vec![c, x.clone()])
-        };
+        let like = |me: &mut Self, what: &str, t: Tensor| me.const_like(n, what, t, &x);
         // In f64, cast like X: an f64 model keeps every digit.
         let scale = |me: &mut Self, v: &str, axis: &str, size: usize| {
             let s = like(
@@ -233,7 +231,7 @@ impl Importer<'_> {
                 value: AttrValue::Int(0),
                 loc: None,
             };
-            let ga = Attrs::of(&gs, what, vec![align])?;
+            let ga = Attrs::of(&gs, &gs.name, vec![align])?;
             self.grid_sample(&gs, what, ga)?;
             let mut col = reshape(self, &tag("columns"), &sampled, &col_shape);
             if let Some(m) = &mask {

@@ -30,8 +30,9 @@ struct Axis {
 }
 
 impl Importer<'_> {
-    pub(super) fn roi_align(&mut self, n: &NodeProto, what: &str, attrs: Vec<Attr>) -> Result<()> {
-        let mut a = Attrs::of(n, what, attrs)?;
+    pub(super) fn roi_align(&mut self, n: &NodeProto, shown: &str, attrs: Vec<Attr>) -> Result<()> {
+        let mut a = Attrs::of(n, shown, attrs)?;
+        let what = &a.what.clone();
         let (req, _) = inputs(n, what, (3, 3), 1)?;
         let (x, rois, batch) = (req[0].clone(), req[1].clone(), req[2].clone());
         // Opset 16 brought half_pixel, and made it the default; before, the regions were
@@ -85,10 +86,7 @@ impl Importer<'_> {
         };
         let c = xd[1].unwrap_or(1);
         let (oh, ow, sr) = (oh as usize, ow as usize, sr as usize);
-        let like = |me: &mut Self, what: &str, t: Tensor| {
-            let k = me.constant(n, what, t);
-            me.val(n, &format!("{what}_cast"), Op::CastLike, vec![k, x.clone()])
-        };
+        let like = |me: &mut Self, what: &str, t: Tensor| me.const_like(n, what, t, &x);
         let f = |me: &mut Self, what: &str, v: f64| like(me, what, Tensor::scalar(v));
         let b = |me: &mut Self, what: &str, op: BinaryOp, l: &str, r: &str| {
             me.val(n, what, bin(op), vec![l.to_string(), r.to_string()])
@@ -243,13 +241,7 @@ impl Importer<'_> {
     fn roi_axis(&mut self, n: &NodeProto, tag: &str, p: &str, size: usize) -> Result<Axis> {
         let x = n.input[0].clone();
         let c = |me: &mut Self, what: &str, v: f64| {
-            let k = me.constant(n, &format!("{tag}{what}"), Tensor::scalar(v));
-            me.val(
-                n,
-                &format!("{tag}{what}_cast"),
-                Op::CastLike,
-                vec![k, x.clone()],
-            )
+            me.const_like(n, &format!("{tag}{what}"), Tensor::scalar(v), &x)
         };
         let b = |me: &mut Self, what: &str, op: BinaryOp, l: &str, r: &str| {
             me.val(
