@@ -9,8 +9,8 @@ use dirs::*;
 use graphrun::graph::Dim;
 use graphrun::onnx::proto::{
     attr_type, AttributeProto, Dimension, GraphProto, ModelProto, NodeProto, OperatorSetIdProto,
-    StringStringEntryProto, TensorProto, TensorShapeProto, TypeProto, TypeProtoTensor,
-    ValueInfoProto,
+    StringStringEntryProto, TensorProto, TensorShapeProto, TypeProto, TypeProtoOptional,
+    TypeProtoTensor, ValueInfoProto,
 };
 use graphrun::{Model, Session, SessionOptions, Tensor};
 use prost::Message;
@@ -466,13 +466,18 @@ fn opsets_graphrun_cannot_honor_are_refused() {
         output: vec![output("y")],
         ..Default::default()
     };
-    for v in [6, 28] {
-        let e = load_err(&d, "old.onnx", &model(v, g.clone()));
-        assert!(
-            e.contains(&format!("opset {v}")) && e.contains("7 to 27"),
-            "{e}"
-        );
-    }
+    let e = load_err(&d, "new.onnx", &model(28, g.clone()));
+    assert!(e.contains("opset 28") && e.contains("1 to 27"), "{e}");
+    // Under opsets 1 to 6, only the ops whose definition is opset 7's: Relu dropped
+    // `consumed_inputs` at 6, so opset 5's Relu is refused and opset 6's runs.
+    let e = load_err(&d, "old.onnx", &model(5, g.clone()));
+    assert!(
+        e.contains("node '#0' (Relu)")
+            && e.contains("after opset 5")
+            && e.contains("version_converter"),
+        "{e}"
+    );
+    load(&d, "opset6.onnx", &model(6, g.clone())).expect("opset 6's Relu is opset 7's");
     let mut no_default = ModelProto::decode(model(17, g.clone()).as_slice()).unwrap();
     no_default.opset_import[0].domain = "com.example".into();
     let e = load_err(&d, "nodefault.onnx", &no_default.encode_to_vec());
@@ -752,4 +757,65 @@ fn nodes_sharing_a_name_import_and_run() {
     let out = run(&m, &[("x", x)]);
     assert_eq!(out[0].to_f64_vec(), [0.0, -2.0, 0.0, -3.0]);
     assert_eq!(out[1].to_f64_vec(), [0.0, 2.0, 0.0, 3.0]);
+}
+
+/// Optionals of tensors: a graph input of an optional type is its tensor, `Optional`
+/// with an input is that input and without one an empty optional, which an op reading it
+/// sees as its input left out; OptionalHasElement says which, OptionalGetElement unwraps.
+#[test]
+fn optionals_of_tensors_are_their_tensors() {
+    let d = tmpdir("optional");
+    let mut x = input("x", 1, &[Ok(2), Ok(3)]);
+    let t = x.r#type.take().unwrap();
+    x.r#type = Some(TypeProto {
+        optional_type: Some(
+            TypeProtoOptional {
+                elem_type: Some(Box::new(t)),
+            }
+            .encode_to_vec(),
+        ),
+        ..Default::default()
+    });
+    let g = GraphProto {
+        node: vec![
+            node("OptionalHasElement", &["x"], &["has_x"], vec![]),
+            node("OptionalGetElement", &["x"], &["x1"], vec![]),
+            node("Optional", &[], &["none"], vec![]),
+            node("OptionalHasElement", &["none"], &["has_none"], vec![]),
+            node("OptionalHasElement", &[], &["has_nothing"], vec![]),
+            node("Optional", &["hi"], &["hi_opt"], vec![]),
+            // Clip's min left out through the empty optional: only the max bounds x.
+            node("Clip", &["x1", "none", "hi_opt"], &["y"], vec![]),
+        ],
+        initializer: vec![f32_raw("hi", &[], &[0.25])],
+        input: vec![x],
+        output: vec![
+            output("has_x"),
+            output("has_none"),
+            output("has_nothing"),
+            output("y"),
+        ],
+        ..Default::default()
+    };
+    let m = load(&d, "opt.onnx", &model(18, g.clone())).unwrap();
+    let xs = [-3.0f32, -0.5, 0.0, 0.1, 0.7, 2.0];
+    let out = run(
+        &m,
+        &[("x", Tensor::from_vec(&[2, 3], xs.to_vec()).unwrap())],
+    );
+    assert_eq!(out[0].to_f64_vec(), [1.0], "has_x");
+    assert_eq!(out[1].to_f64_vec(), [0.0], "has_none");
+    assert_eq!(out[2].to_f64_vec(), [0.0], "has_nothing");
+    let want: Vec<f64> = xs.iter().map(|&v| v.min(0.25) as f64).collect();
+    assert_eq!(out[3].to_f64_vec(), want);
+    // Unwrapping an empty optional is an error that names the node.
+    let mut bad = g;
+    bad.node
+        .push(node("OptionalGetElement", &["none"], &["z"], vec![]));
+    bad.output.push(output("z"));
+    let e = load_err(&d, "bad.onnx", &model(18, bad));
+    assert!(
+        e.contains("(OptionalGetElement)") && e.contains("'none' is an empty optional"),
+        "{e}"
+    );
 }

@@ -4,7 +4,7 @@
 use super::nodes::Importer;
 use super::proto::{ModelProto, NodeProto, ValueInfoProto};
 use super::tensor::{dtype_of, from_proto};
-use super::{MAX_OPSET, MIN_OPSET};
+use super::{MAX_OPSET, OLDEST_OPSET};
 use crate::error::{Error, Result};
 use crate::graph::{Dim, Graph, InitSource, Initializer, InputInfo, StateUpdate};
 use crate::tensor::Tensor;
@@ -32,9 +32,9 @@ fn default_opset(m: &ModelProto) -> Result<i64> {
                 .into(),
         ));
     };
-    if !(MIN_OPSET..=MAX_OPSET).contains(&v) {
+    if !(OLDEST_OPSET..=MAX_OPSET).contains(&v) {
         return Err(Error::Graph(format!(
-            "the model imports ai.onnx opset {v}; graphrun implements opsets {MIN_OPSET} to {MAX_OPSET}"
+            "the model imports ai.onnx opset {v}; graphrun implements opsets {OLDEST_OPSET} to {MAX_OPSET}"
         )));
     }
     Ok(v)
@@ -512,13 +512,15 @@ pub(super) fn looks_trainable(t: &Tensor) -> bool {
 fn input_info(vi: &ValueInfoProto) -> Result<InputInfo> {
     let what = format!("graph input '{}'", vi.name);
     let ty = vi.r#type.as_ref();
-    let Some(tt) = ty.and_then(|t| t.tensor_type.as_ref()) else {
+    let Some(tt) = ty.and_then(|t| t.tensor()) else {
         let kind = match ty {
             None => "no type",
             Some(t) if t.sequence_type.is_some() => "a sequence type",
             Some(t) if t.map_type.is_some() => "a map type",
             Some(t) if t.sparse_tensor_type.is_some() => "a sparse tensor type",
-            Some(t) if t.optional_type.is_some() => "an optional type",
+            Some(t) if t.optional_type.is_some() => {
+                "an optional type whose element is not a tensor"
+            }
             Some(_) => "an unknown type",
         };
         return Err(Error::Graph(format!(

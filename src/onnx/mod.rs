@@ -2,8 +2,8 @@
 //! every command and library call takes either (`Model::load` dispatches on the
 //! extension). `graphrun convert` writes the YAML form.
 //!
-//! What is read: the ai.onnx opset (7 to 27; older opsets changed the semantics
-//! of ops graphrun runs, and are refused), initializers from raw_data, the typed fields or
+//! What is read: the ai.onnx opset (7 to 27; 1 to 6 for the ops whose definition did
+//! not change until after opset 7, see `OLDEST_OPSET`), initializers from raw_data, the typed fields or
 //! external data files, graph inputs with their dims (dim_param → a symbol), Constant
 //! nodes, and nodes of the ops in SPEC §2. Subgraphs, functions, sparse tensors and other
 //! domains are refused with an error that names them.
@@ -29,6 +29,11 @@ use std::path::Path;
 /// (new dtypes are refused by name), added Swish and the float16 Range, and gave Attention
 /// the nonpad_kv_seqlen input (imported with the KV-cache form, as its definition).
 pub const MIN_OPSET: i64 = 7;
+/// The oldest ai.onnx opset a model may import. Under opsets 1 to 6 the importer takes
+/// only the ops whose definition then is the one opset 7 has (Not, Conv, MatMul, the
+/// reductions, ...); the others (the elementwise ops' `broadcast` attribute, the
+/// `consumed_inputs` of opsets 1 to 5, ...) are refused by node.
+pub const OLDEST_OPSET: i64 = 1;
 /// The newest ai.onnx opset graphrun implements (see `MIN_OPSET`).
 pub const MAX_OPSET: i64 = 27;
 

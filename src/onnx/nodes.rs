@@ -24,6 +24,7 @@ mod deform;
 mod domains;
 mod index;
 mod linear_attention;
+mod optional;
 mod quant;
 mod recurrent;
 mod resize;
@@ -67,10 +68,42 @@ fn since(op: &str) -> i64 {
         "GridSample" => 16,
         "MaxUnpool" => 9,
         "TensorScatter" => 24,
+        "Optional" | "OptionalHasElement" | "OptionalGetElement" => 15,
         "DFT" | "STFT" => 17,
         "AffineGrid" => 20,
         _ => MIN_OPSET,
     }
+}
+
+/// The ops whose definition at opset 7 dates from opset 6 or before, by that opset
+/// (ONNX's schemas: `onnx.defs.get_schema(op, 7).since_version`). Under an older opset a
+/// model may use these and no others: every other op changed at opset 7 or after.
+#[rustfmt::skip]
+const BEFORE_OPSET_7: &[(i64, &[&str])] = &[
+    (1, &[
+        "ArgMax", "ArgMin", "Constant", "Conv", "ConvTranspose", "DepthToSpace", "Flatten",
+        "Gather", "GlobalAveragePool", "GlobalMaxPool", "Hardmax", "Identity", "If", "LRN",
+        "LogSoftmax", "Loop", "LpNormalization", "MatMul", "MaxPool", "MaxRoiPool", "Not",
+        "RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "ReduceL1",
+        "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax", "ReduceMean", "ReduceMin",
+        "ReduceProd", "ReduceSum", "ReduceSumSquare", "Shape", "Size", "Slice", "Softmax",
+        "Softplus", "Softsign", "SpaceToDepth", "Squeeze", "TopK", "Transpose", "Unsqueeze",
+    ]),
+    (2, &["GlobalLpPool", "LpPool", "Pad", "Split"]),
+    (4, &["Concat"]),
+    (5, &["Reshape"]),
+    (6, &[
+        "Abs", "Cast", "Ceil", "Clip", "Elu", "Exp", "Floor", "HardSigmoid",
+        "InstanceNormalization", "LeakyRelu", "Log", "Max", "Mean", "Min", "Neg",
+        "Reciprocal", "Relu", "Selu", "Sigmoid", "Sqrt", "Sum", "Tanh", "Tile",
+    ]),
+];
+
+/// Whether `op` under `opset` (below 7) is the op opset 7 defines.
+fn same_as_opset_7(op: &str, opset: i64) -> bool {
+    BEFORE_OPSET_7
+        .iter()
+        .any(|&(since, ops)| since <= opset && ops.contains(&op))
 }
 
 /// ONNX's variadic maps, which take one or more broadcasting inputs: the importer writes
@@ -127,6 +160,7 @@ pub fn imports(op: &str) -> bool {
         resize::RESIZE,
         recurrent::RECURRENT,
         &[recurrent::REVERSE_SEQUENCE],
+        optional::OPTIONAL,
     ]
     .iter()
     .any(|list| list.contains(&op))
@@ -255,6 +289,8 @@ fn propagate_ranks(g: &GraphProto, ranks: &mut HashMap<String, usize>) {
             | "Cast"
             | "CastLike"
             | "Identity"
+            | "Optional"
+            | "OptionalGetElement"
             | "Dropout"
             | "Softmax"
             | "LogSoftmax"
@@ -357,6 +393,8 @@ pub(super) struct Importer<'a> {
     /// The bodies of the control-flow nodes kept aside: their graph attributes hold an
     /// index into this list.
     pub(super) graphs: Vec<GraphProto>,
+    /// The values that are empty optionals (`optional`).
+    empty: HashSet<String>,
 }
 
 impl<'a> Importer<'a> {
@@ -397,6 +435,7 @@ impl<'a> Importer<'a> {
             batch_norm_mode: None,
             deferred: vec![],
             graphs: vec![],
+            empty: HashSet::new(),
         };
         im.declare_types(g);
         im
@@ -406,7 +445,7 @@ impl<'a> Importer<'a> {
     /// the ranks that follow from them through its nodes.
     pub(super) fn declare_types(&mut self, g: &GraphProto) {
         for v in g.input.iter().chain(&g.value_info).chain(&g.output) {
-            let Some(t) = v.r#type.as_ref().and_then(|t| t.tensor_type.as_ref()) else {
+            let Some(t) = v.r#type.as_ref().and_then(|t| t.tensor()) else {
                 continue;
             };
             if let Some(s) = &t.shape {
@@ -447,6 +486,7 @@ impl<'a> Importer<'a> {
             batch_norm_mode: None,
             deferred: vec![],
             graphs: vec![],
+            empty: HashSet::new(),
         };
         for (name, k) in known {
             im.ranks.insert(name.clone(), k.dims.len());
@@ -511,7 +551,16 @@ impl<'a> Importer<'a> {
             self.unsupported.entry(key).or_default().push(shown);
             return;
         }
-        if default_domain && self.opset < since(op_type) {
+        if default_domain && self.opset < MIN_OPSET && !same_as_opset_7(op_type, self.opset) {
+            self.errors.push(Error::Graph(format!(
+                "node '{shown}' ({op_type}): ONNX changed {op_type} after opset {} (the model's), \
+                 and graphrun implements its definitions from opset {MIN_OPSET} on; convert the \
+                 model to opset {MIN_OPSET} or newer (onnx.version_converter)",
+                self.opset
+            )));
+            return;
+        }
+        if default_domain && self.opset >= MIN_OPSET && self.opset < since(op_type) {
             self.errors.push(Error::Graph(format!(
                 "node '{shown}' ({op_type}): {op_type} exists from opset {} on; the model imports opset {}",
                 since(op_type),
@@ -519,6 +568,14 @@ impl<'a> Importer<'a> {
             )));
             return;
         }
+        if default_domain && optional::OPTIONAL.contains(&op_type) {
+            if let Err(e) = self.lower_optional(n, &shown) {
+                self.errors.push(e);
+            }
+            return;
+        }
+        let replaced = self.without_empty(n);
+        let n = replaced.as_ref().unwrap_or(n);
         let what = format!("node '{shown}' ({op_type})");
         let control = default_domain && control::CONTROL.contains(&op_type);
         let mut inputs = n.input.clone();

@@ -248,6 +248,26 @@ pub struct TypeProto {
     pub optional_type: Option<Vec<u8>>,
 }
 
+/// ONNX `TypeProto.Optional`: an optional's element type.
+#[derive(Clone, PartialEq, Message)]
+pub struct TypeProtoOptional {
+    /// `elem_type`: the type of the element.
+    #[prost(message, optional, boxed, tag = "1")]
+    pub elem_type: Option<Box<TypeProto>>,
+}
+
+impl TypeProto {
+    /// The tensor type of a tensor, or of an optional that holds a tensor (which graphrun
+    /// takes as its tensor, see `onnx::nodes::optional`).
+    pub fn tensor(&self) -> Option<TypeProtoTensor> {
+        if let Some(t) = &self.tensor_type {
+            return Some(t.clone());
+        }
+        let o = TypeProtoOptional::decode(self.optional_type.as_deref()?).ok()?;
+        o.elem_type?.tensor_type
+    }
+}
+
 /// ONNX `TypeProto.Tensor`: a tensor type, its element type and shape.
 #[derive(Clone, PartialEq, Message)]
 pub struct TypeProtoTensor {
