@@ -20,6 +20,7 @@ mod common;
 
 use graphrun::onnx::proto::{ModelProto, TensorProto, ValueInfoProto};
 use graphrun::onnx::tensor::{from_proto, onnx_dtype_name};
+use graphrun::onnx::ImportOptions;
 use graphrun::passes::{self, PassOptions};
 use graphrun::{BackendKind, DType, Session, SessionOptions, Tensor};
 use prost::Message;
@@ -79,20 +80,6 @@ const CPU_ONLY: &str = "storage types are converted on the CPU backend only";
 /// The backends whose outcomes the doc records: those CI runs (wgpu on lavapipe).
 const DOC_BACKENDS: &[BackendKind] = &[BackendKind::Cpu, BackendKind::Wgpu];
 
-/// Ops whose values are sequences even when the graph's inputs and outputs are tensors.
-/// (Optionals of tensors are imported as their tensors.)
-const NON_TENSOR_OPS: &[&str] = &[
-    "SequenceConstruct",
-    "SequenceEmpty",
-    "SequenceAt",
-    "SequenceInsert",
-    "SequenceErase",
-    "SequenceLength",
-    "SequenceMap",
-    "SplitToSequence",
-    "ConcatFromSequence",
-];
-
 /// Why a case does not pass. A case falls in the first category of `ALL` that applies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Category {
@@ -141,9 +128,10 @@ impl Category {
     fn blurb(self) -> String {
         let text = match self {
             Category::NotTensor => {
-                "The model's values are sequences or optionals, or it has ops whose attributes \
-                 are graphs other than If, Loop and Scan (whose bodies graphrun writes out): \
-                 graphrun's values are dense tensors."
+                "The model carries sequences through If or Loop, or has ops whose attributes \
+                 are graphs other than If, Loop and Scan (whose bodies graphrun writes out). \
+                 graphrun writes a sequence out as the list of its tensors when it loads a \
+                 model, and a control-flow body per step on tensors."
             }
             Category::Dtype => {
                 let names: Vec<&str> = DType::ALL.iter().map(|d| d.name()).collect();
@@ -369,20 +357,18 @@ fn blocked(m: &ModelProto, x: &ModelExtras) -> Option<Fail> {
     let mut kinds = BTreeSet::new();
     for v in &io {
         match v.r#type.as_ref() {
-            Some(t) if t.sequence_type.is_some() => kinds.insert("sequences".to_string()),
-            Some(t) if t.optional_type.is_some() && t.tensor().is_none() => {
+            Some(t) if t.sequence_of() == Some(None) => kinds.insert("sequences".to_string()),
+            Some(t)
+                if t.optional_type.is_some()
+                    && t.tensor().is_none()
+                    && t.sequence_of().is_none() =>
+            {
                 kinds.insert("optionals".to_string())
             }
             Some(t) if t.map_type.is_some() => kinds.insert("maps".to_string()),
             Some(t) if t.sparse_tensor_type.is_some() => kinds.insert("sparse tensors".to_string()),
             _ => false,
         };
-    }
-    if g.node
-        .iter()
-        .any(|n| NON_TENSOR_OPS.contains(&n.op_type.as_str()))
-    {
-        kinds.insert("sequences".to_string());
     }
     let sub: BTreeSet<&str> = g
         .node
@@ -475,13 +461,6 @@ fn glob(pat: &str, s: &str) -> bool {
     true
 }
 
-/// One TensorProto file, typed as the graph declares the value.
-fn read_pb(p: &Path, declared: Option<i32>) -> Result<Tensor, String> {
-    let bytes = std::fs::read(p).map_err(|e| e.to_string())?;
-    let t = TensorProto::decode(bytes.as_slice()).map_err(|e| e.to_string())?;
-    tensor_of(t, p, declared)
-}
-
 /// A TensorProto read from `p`. numpy has no bfloat16, and ONNX releases before 1.19
 /// wrote bfloat16 test data as UINT16 bit patterns; those are read back as the bfloat16
 /// they are.
@@ -499,20 +478,61 @@ fn elem_type(v: &ValueInfoProto) -> Option<i32> {
     Some(v.r#type.as_ref()?.tensor()?.elem_type)
 }
 
-/// ONNX's `OptionalProto`, the fields a tensor's optional uses.
+/// ONNX's `SequenceProto`, the fields a sequence of tensors uses.
+#[derive(Clone, PartialEq, Message)]
+struct SequenceProto {
+    #[prost(message, repeated, tag = "3")]
+    tensor_values: Vec<TensorProto>,
+}
+
+/// ONNX's `OptionalProto`, the fields an optional of a tensor or sequence uses.
 #[derive(Clone, PartialEq, Message)]
 struct OptionalProto {
     #[prost(message, optional, tag = "3")]
     tensor_value: Option<TensorProto>,
+    #[prost(message, optional, tag = "5")]
+    sequence_value: Option<SequenceProto>,
 }
 
-/// One OptionalProto file: its tensor, or None for an empty optional.
-fn read_optional(p: &Path, declared: Option<i32>) -> Result<Option<Tensor>, String> {
+/// The file `p` holding value `v` as the graph declares it: a TensorProto, or for a
+/// sequence a SequenceProto whose elements are the values `name[i]` (graphrun's form of
+/// a sequence), or an OptionalProto holding either (nothing where it is empty).
+fn read_value(p: &Path, v: &ValueInfoProto) -> Result<Vec<(String, Tensor)>, String> {
+    let ty = v.r#type.clone().unwrap_or_default();
+    let declared = elem_type(v);
     let bytes = std::fs::read(p).map_err(|e| e.to_string())?;
-    let o = OptionalProto::decode(bytes.as_slice()).map_err(|e| e.to_string())?;
-    o.tensor_value
-        .map(|t| tensor_of(t, p, declared))
-        .transpose()
+    let elements = |s: SequenceProto, declared| -> Result<Vec<(String, Tensor)>, String> {
+        s.tensor_values
+            .into_iter()
+            .enumerate()
+            .map(|(i, t)| {
+                Ok((
+                    graphrun::onnx::element_name(&v.name, i),
+                    tensor_of(t, p, declared)?,
+                ))
+            })
+            .collect()
+    };
+    if let Some(elem) = ty.sequence_of() {
+        let declared = elem.map(|t| t.elem_type);
+        let s = if ty.optional_type.is_some() {
+            let o = OptionalProto::decode(bytes.as_slice()).map_err(|e| e.to_string())?;
+            o.sequence_value.unwrap_or_default()
+        } else {
+            SequenceProto::decode(bytes.as_slice()).map_err(|e| e.to_string())?
+        };
+        return elements(s, declared);
+    }
+    let t = if ty.optional_type.is_some() {
+        let o = OptionalProto::decode(bytes.as_slice()).map_err(|e| e.to_string())?;
+        match o.tensor_value {
+            Some(t) => t,
+            None => return Ok(vec![]),
+        }
+    } else {
+        TensorProto::decode(bytes.as_slice()).map_err(|e| e.to_string())?
+    };
+    Ok(vec![(v.name.clone(), tensor_of(t, p, declared)?)])
 }
 
 /// Runs one case on one backend: every data set, every input fed as the set gives it.
@@ -520,14 +540,28 @@ fn run_case(c: &Case, backend: BackendKind) -> Result<(), String> {
     let bytes = std::fs::read(c.dir.join("model.onnx")).map_err(|e| e.to_string())?;
     let m = ModelProto::decode(bytes.as_slice()).map_err(|e| e.to_string())?;
     let g = m.graph.clone().unwrap_or_default();
-    let graph = graphrun::onnx::from_bytes(&bytes, &c.name, &c.dir).map_err(|e| e.to_string())?;
-    let (fused, _) =
-        passes::optimize(&graph, &PassOptions::default()).map_err(|e| e.to_string())?;
-    let opts = SessionOptions {
-        backend,
-        ..SessionOptions::unfused()
+    let session_of = |opts: &ImportOptions| -> Result<Session, String> {
+        let graph = graphrun::onnx::from_bytes_with(&bytes, &c.name, &c.dir, opts)
+            .map_err(|e| e.to_string())?;
+        let (fused, _) =
+            passes::optimize(&graph, &PassOptions::default()).map_err(|e| e.to_string())?;
+        let opts = SessionOptions {
+            backend,
+            ..SessionOptions::unfused()
+        };
+        Session::new(fused, opts).map_err(|e| e.to_string())
     };
-    let mut session = Session::new(fused, opts).map_err(|e| e.to_string())?;
+    // A sequence input's elements are inputs of their own, as many as are fed: such a
+    // model is imported for each data set's.
+    let sequences = g
+        .input
+        .iter()
+        .any(|v| v.r#type.as_ref().is_some_and(|t| t.sequence_of().is_some()));
+    let mut session = if sequences {
+        None
+    } else {
+        Some(session_of(&ImportOptions::default())?)
+    };
     let mut sets: Vec<PathBuf> = std::fs::read_dir(&c.dir)
         .map_err(|e| e.to_string())?
         .map(|e| e.unwrap().path())
@@ -546,30 +580,46 @@ fn run_case(c: &Case, backend: BackendKind) -> Result<(), String> {
         let mut feeds = HashMap::new();
         for (i, v) in inputs.iter().enumerate() {
             let pb = set.join(format!("input_{i}.pb"));
-            if !pb.exists() {
-                continue;
-            }
-            let optional = v.r#type.as_ref().is_some_and(|t| t.optional_type.is_some());
-            if optional {
-                // An OptionalProto: its tensor, or nothing where it is empty.
-                if let Some(t) = read_optional(&pb, elem_type(v))? {
-                    feeds.insert(v.name.clone(), t);
-                }
-            } else {
-                feeds.insert(v.name.clone(), read_pb(&pb, elem_type(v))?);
+            if pb.exists() {
+                feeds.extend(read_value(&pb, v)?);
             }
         }
-        let got = session.run(&feeds).map_err(|e| e.to_string())?;
+        if sequences {
+            let mut opts = ImportOptions::default();
+            for (k, t) in &feeds {
+                opts.input_shapes.insert(k.clone(), t.shape().to_vec());
+            }
+            session = Some(session_of(&opts)?);
+        }
+        let got = session
+            .as_mut()
+            .unwrap()
+            .run(&feeds)
+            .map_err(|e| e.to_string())?;
         for (i, v) in g.output.iter().enumerate() {
             let pb = set.join(format!("output_{i}.pb"));
             if !pb.exists() {
                 continue;
             }
-            let want = read_pb(&pb, elem_type(v))?;
-            let Some((_, t)) = got.iter().find(|(n, _)| *n == v.name) else {
-                return Err(format!("output '{}' is missing from the results", v.name));
-            };
-            compare(t, &want).map_err(|e| format!("output '{}': {e}", v.name))?;
+            let want = read_value(&pb, v)?;
+            // A sequence output is its elements, `name[i]`: as many as expected.
+            let elements = got
+                .iter()
+                .filter(|(n, _)| n.starts_with(&format!("{}[", v.name)))
+                .count();
+            if elements > 0 && elements != want.len() {
+                return Err(format!(
+                    "output '{}': {elements} elements, expected {}",
+                    v.name,
+                    want.len()
+                ));
+            }
+            for (name, want) in want {
+                let Some((_, t)) = got.iter().find(|(n, _)| *n == name) else {
+                    return Err(format!("output '{name}' is missing from the results"));
+                };
+                compare(t, &want).map_err(|e| format!("output '{name}': {e}"))?;
+            }
         }
     }
     Ok(())
@@ -666,6 +716,14 @@ fn outcome(c: &Case, backend: BackendKind) -> (Outcome, Option<String>) {
         (Category::Dtype, named.unwrap_or(err))
     } else if let Some(ops) = unsupported {
         (Category::Unsupported, ops.join(", "))
+    } else if err.contains("does not carry sequences")
+        || err.contains("graphrun takes sequences in")
+        || err.contains("is a sequence; graphrun writes sequences out")
+    {
+        (
+            Category::NotTensor,
+            "sequences carried through If or Loop".into(),
+        )
     } else if let Some(why) = known(&c.name) {
         (Category::Known, format!("{why} (graphrun: {err})"))
     } else if opset {

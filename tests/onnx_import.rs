@@ -10,7 +10,7 @@ use graphrun::graph::Dim;
 use graphrun::onnx::proto::{
     attr_type, AttributeProto, Dimension, GraphProto, ModelProto, NodeProto, OperatorSetIdProto,
     StringStringEntryProto, TensorProto, TensorShapeProto, TypeProto, TypeProtoOptional,
-    TypeProtoTensor, ValueInfoProto,
+    TypeProtoSequence, TypeProtoTensor, ValueInfoProto,
 };
 use graphrun::{Model, Session, SessionOptions, Tensor};
 use prost::Message;
@@ -817,5 +817,93 @@ fn optionals_of_tensors_are_their_tensors() {
     assert!(
         e.contains("(OptionalGetElement)") && e.contains("'none' is an empty optional"),
         "{e}"
+    );
+}
+
+/// Sequences are written out when the model is loaded: a sequence input is its elements,
+/// fed as `s[0]`, `s[1]`, ...; the sequence ops rearrange the list or become Split,
+/// Concat, Squeeze and Unsqueeze; a sequence output is its elements.
+#[test]
+fn sequences_are_lists_of_tensors() {
+    let d = tmpdir("sequence");
+    let mut s_in = input("s", 1, &[]);
+    let elem = s_in.r#type.take().unwrap();
+    s_in.r#type = Some(TypeProto {
+        sequence_type: Some(
+            TypeProtoSequence {
+                elem_type: Some(Box::new(elem)),
+            }
+            .encode_to_vec(),
+        ),
+        ..Default::default()
+    });
+    let i64_scalar = |name: &str, v: i64| TensorProto {
+        name: name.into(),
+        data_type: 7,
+        int64_data: vec![v],
+        ..Default::default()
+    };
+    let g = GraphProto {
+        node: vec![
+            // x [2, 3] split into its rows, each [3] (keepdims 0).
+            node(
+                "SplitToSequence",
+                &["x"],
+                &["rows"],
+                vec![int("keepdims", 0)],
+            ),
+            // s = [a, b]; insert row 1 at the front: [r1, a, b]; erase the last: [r1, a].
+            node("SequenceAt", &["rows", "one"], &["r1"], vec![]),
+            node("SequenceInsert", &["s", "r1", "zero"], &["s2"], vec![]),
+            node("SequenceErase", &["s2"], &["s3"], vec![]),
+            node("SequenceLength", &["s3"], &["len"], vec![]),
+            // Stacked along a new axis 0: [[r1], [a]] -> [2, 3].
+            node(
+                "ConcatFromSequence",
+                &["s3"],
+                &["stacked"],
+                vec![int("axis", 0), int("new_axis", 1)],
+            ),
+            node("SequenceConstruct", &["stacked", "x"], &["pair"], vec![]),
+            node("Identity", &["pair"], &["out_seq"], vec![]),
+        ],
+        initializer: vec![i64_scalar("one", 1), i64_scalar("zero", 0)],
+        input: vec![s_in, input("x", 1, &[Ok(2), Ok(3)])],
+        output: vec![output("len"), output("stacked"), output("out_seq")],
+        ..Default::default()
+    };
+    let bytes = model(18, g);
+    // Without the elements' shapes the input cannot be written out; the error says how.
+    let e = load_err(&d, "seq.onnx", &bytes);
+    assert!(
+        e.contains("graph input 's' is a sequence") && e.contains("'s[0]'"),
+        "{e}"
+    );
+    let p = d.join("seq.onnx");
+    let mut opts = graphrun::onnx::ImportOptions::default();
+    for k in ["s[0]", "s[1]"] {
+        opts.input_shapes.insert(k.into(), vec![3]);
+    }
+    let m = Model::load_with(&p, &opts).unwrap();
+    let x = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0];
+    let a = [7.0f32, 8.0, 9.0];
+    let b = [10.0f32, 11.0, 12.0];
+    let out = run(
+        &m,
+        &[
+            ("x", Tensor::from_vec(&[2, 3], x.to_vec()).unwrap()),
+            ("s[0]", Tensor::from_vec(&[3], a.to_vec()).unwrap()),
+            ("s[1]", Tensor::from_vec(&[3], b.to_vec()).unwrap()),
+        ],
+    );
+    let names: Vec<&str> = m.graph.outputs.iter().map(String::as_str).collect();
+    assert_eq!(names, ["len", "stacked", "out_seq[0]", "out_seq[1]"]);
+    assert_eq!(out[0].to_f64_vec(), [2.0]);
+    assert_eq!(out[1].shape(), [2, 3]);
+    assert_eq!(out[1].to_f64_vec(), [4.0, 5.0, 6.0, 7.0, 8.0, 9.0]);
+    assert_eq!(out[2].to_f64_vec(), out[1].to_f64_vec());
+    assert_eq!(
+        out[3].to_f64_vec(),
+        x.iter().map(|&v| v as f64).collect::<Vec<_>>()
     );
 }

@@ -1,8 +1,8 @@
 //! ModelProto → `Graph`: the opset, initializers and graph inputs; the nodes are
 //! converted by `nodes.rs`.
 
-use super::nodes::Importer;
-use super::proto::{ModelProto, NodeProto, ValueInfoProto};
+use super::nodes::{element_name, Importer};
+use super::proto::{ModelProto, NodeProto, TypeProtoTensor, ValueInfoProto};
 use super::tensor::{dtype_of, from_proto};
 use super::{MAX_OPSET, OLDEST_OPSET};
 use crate::error::{Error, Result};
@@ -128,6 +128,7 @@ pub(super) fn graph_of(
     }
     let init_names: HashSet<&str> = gp.initializer.iter().map(|t| t.name.as_str()).collect();
     let mut inputs = vec![];
+    let mut seq_inputs = vec![];
     for vi in &gp.input {
         if let Some(t) = defaults.remove(vi.name.as_str()) {
             let mut i = input_info(vi)?;
@@ -147,11 +148,19 @@ pub(super) fn graph_of(
             }
             i.default = Some(t);
             inputs.push(i);
+        } else if let Some(elem) = vi.r#type.as_ref().and_then(|t| t.sequence_of()) {
+            let items = sequence_input(vi, elem, opts)?;
+            seq_inputs.push((
+                vi.name.clone(),
+                items.iter().map(|i| i.name.clone()).collect(),
+            ));
+            inputs.extend(items);
         } else if !init_names.contains(vi.name.as_str()) {
             inputs.push(input_info(vi)?);
         }
     }
     let mut im = Importer::new(gp, opset, base);
+    im.seqs.extend(seq_inputs);
     let mut outputs: Vec<String> = gp.output.iter().map(|o| o.name.clone()).collect();
     let mut updates = vec![];
     let mut protos = std::borrow::Cow::Borrowed(&gp.node);
@@ -169,6 +178,7 @@ pub(super) fn graph_of(
     for (i, n) in protos.iter().enumerate() {
         im.node(i, n);
     }
+    let outputs = im.sequence_outputs(&outputs);
     let deferred = std::mem::take(&mut im.deferred);
     let graphs = std::mem::take(&mut im.graphs);
     let nodes = im.finish()?;
@@ -552,6 +562,42 @@ fn input_info(vi: &ValueInfoProto) -> Result<InputInfo> {
         range: None,
         loc: None,
     })
+}
+
+/// The elements of a graph input of a sequence type: the inputs `name[0]`, `name[1]`,
+/// ..., as many as the caller will feed (`ImportOptions::input_shapes`), each of the
+/// sequence's element type and the shape it will be fed with.
+fn sequence_input(
+    vi: &ValueInfoProto,
+    elem: Option<TypeProtoTensor>,
+    opts: &ImportOptions,
+) -> Result<Vec<InputInfo>> {
+    let what = format!("graph input '{}'", vi.name);
+    let Some(elem) = elem else {
+        return Err(Error::Graph(format!(
+            "{what} is a sequence whose elements are not tensors; graphrun takes sequences of tensors"
+        )));
+    };
+    let dtype = dtype_of(elem.elem_type as i64, &what)?;
+    let mut items = vec![];
+    while let Some(shape) = opts.input_shapes.get(&element_name(&vi.name, items.len())) {
+        items.push(InputInfo {
+            default: None,
+            name: element_name(&vi.name, items.len()),
+            dtype,
+            shape: shape.iter().map(|&n| Dim::Fixed(n)).collect(),
+            range: None,
+            loc: None,
+        });
+    }
+    if items.is_empty() {
+        return Err(Error::Graph(format!(
+            "{what} is a sequence; graphrun writes sequences out when it loads a model, and takes this one's elements as the inputs '{0}', '{1}', ...: give their shapes when loading (the command line takes them from --input '{0}=FILE.npy' ..., the library from ImportOptions::input_shapes)",
+            element_name(&vi.name, 0),
+            element_name(&vi.name, 1),
+        )));
+    }
+    Ok(items)
 }
 
 /// A dim_param as a graphrun symbol (an identifier, as the YAML format needs): other

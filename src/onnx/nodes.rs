@@ -25,6 +25,8 @@ mod domains;
 mod index;
 mod linear_attention;
 mod optional;
+mod sequence;
+pub use sequence::element_name;
 mod quant;
 mod recurrent;
 mod resize;
@@ -69,6 +71,7 @@ fn since(op: &str) -> i64 {
         "MaxUnpool" => 9,
         "TensorScatter" => 24,
         "Optional" | "OptionalHasElement" | "OptionalGetElement" => 15,
+        op if sequence::SEQUENCE.contains(&op) => 11,
         "DFT" | "STFT" => 17,
         "AffineGrid" => 20,
         _ => MIN_OPSET,
@@ -161,6 +164,7 @@ pub fn imports(op: &str) -> bool {
         recurrent::RECURRENT,
         &[recurrent::REVERSE_SEQUENCE],
         optional::OPTIONAL,
+        sequence::SEQUENCE,
     ]
     .iter()
     .any(|list| list.contains(&op))
@@ -395,6 +399,8 @@ pub(super) struct Importer<'a> {
     pub(super) graphs: Vec<GraphProto>,
     /// The values that are empty optionals (`optional`).
     empty: HashSet<String>,
+    /// The values that are sequences, each the list of its elements' values (`sequence`).
+    pub(super) seqs: HashMap<String, Vec<String>>,
 }
 
 impl<'a> Importer<'a> {
@@ -436,6 +442,7 @@ impl<'a> Importer<'a> {
             deferred: vec![],
             graphs: vec![],
             empty: HashSet::new(),
+            seqs: HashMap::new(),
         };
         im.declare_types(g);
         im
@@ -487,6 +494,7 @@ impl<'a> Importer<'a> {
             deferred: vec![],
             graphs: vec![],
             empty: HashSet::new(),
+            seqs: HashMap::new(),
         };
         for (name, k) in known {
             im.ranks.insert(name.clone(), k.dims.len());
@@ -565,6 +573,18 @@ impl<'a> Importer<'a> {
                 "node '{shown}' ({op_type}): {op_type} exists from opset {} on; the model imports opset {}",
                 since(op_type),
                 self.opset
+            )));
+            return;
+        }
+        if default_domain && self.is_sequence_node(n) {
+            if let Err(e) = self.lower_sequence(n, &shown) {
+                self.errors.push(e);
+            }
+            return;
+        }
+        if let Some(s) = n.input.iter().find(|i| self.seqs.contains_key(*i)) {
+            self.errors.push(Error::Graph(format!(
+                "node '{shown}' ({op_type}) reads the sequence '{s}'; graphrun takes sequences in the sequence ops, Identity and the optional ops only (a sequence it writes out when the model is loaded)"
             )));
             return;
         }

@@ -256,7 +256,29 @@ pub struct TypeProtoOptional {
     pub elem_type: Option<Box<TypeProto>>,
 }
 
+/// ONNX `TypeProto.Sequence`: a sequence's element type.
+#[derive(Clone, PartialEq, Message)]
+pub struct TypeProtoSequence {
+    /// `elem_type`: the type of the elements.
+    #[prost(message, optional, boxed, tag = "1")]
+    pub elem_type: Option<Box<TypeProto>>,
+}
+
 impl TypeProto {
+    /// The element tensor type of a sequence of tensors, or of an optional that holds
+    /// one; `Some(None)` where the elements' type is not a tensor's.
+    pub fn sequence_of(&self) -> Option<Option<TypeProtoTensor>> {
+        let bytes = match &self.sequence_type {
+            Some(b) => b.clone(),
+            None => {
+                let o = TypeProtoOptional::decode(self.optional_type.as_deref()?).ok()?;
+                o.elem_type?.sequence_type?
+            }
+        };
+        let s = TypeProtoSequence::decode(bytes.as_slice()).ok()?;
+        Some(s.elem_type.and_then(|t| t.tensor()))
+    }
+
     /// The tensor type of a tensor, or of an optional that holds a tensor (which graphrun
     /// takes as its tensor, see `onnx::nodes::optional`).
     pub fn tensor(&self) -> Option<TypeProtoTensor> {

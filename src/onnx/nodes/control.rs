@@ -210,15 +210,18 @@ impl Importer<'_> {
                 let then = graph(&mut a, "then_branch")?;
                 let other = graph(&mut a, "else_branch")?;
                 a.finish()?;
+                tensors_only(&what, &[&then, &other])?;
                 self.lower_if(&n, &what, &then, &other)
             }
             "Loop" => {
                 let body = graph(&mut a, "body")?;
                 a.finish()?;
+                tensors_only(&what, &[&body])?;
                 self.lower_loop(&n, &what, &body)
             }
             _ => {
                 let body = graph(&mut a, "body")?;
+                tensors_only(&what, &[&body])?;
                 self.lower_scan(&n, &what, &body, a)
             }
         }
@@ -864,4 +867,18 @@ struct Scan<'a> {
     out_dirs: &'a [i64],
     out_axes: &'a [i64],
     steps: usize,
+}
+
+/// Refuses bodies whose inputs or outputs are sequences (or optionals of them): a body is
+/// written out per step on tensors, and a sequence is a list graphrun writes out at load.
+fn tensors_only(what: &str, bodies: &[&GraphProto]) -> Result<()> {
+    for v in bodies.iter().flat_map(|b| b.input.iter().chain(&b.output)) {
+        if v.r#type.as_ref().is_some_and(|t| t.sequence_of().is_some()) {
+            return Err(Error::Graph(format!(
+                "{what}: its body's value '{}' is a sequence; graphrun does not carry sequences through If, Loop and Scan",
+                v.name
+            )));
+        }
+    }
+    Ok(())
 }

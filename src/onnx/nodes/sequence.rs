@@ -1,0 +1,313 @@
+//! Sequences of tensors, written out when the model is loaded: a sequence value is the
+//! list of its tensors' values, and its ops (construct, insert, erase, at, length, split,
+//! concat) rearrange that list or become the tensor ops they amount to. So every length
+//! and position must be known then: a position from a constant or initializer, a
+//! SplitToSequence's parts from its input's declared size. A graph input of a sequence
+//! type is its elements, fed as the inputs `name[0]`, `name[1]`, ...; a sequence output
+//! is given as the outputs `name[i]` the same way (`onnx::import`). SequenceMap and
+//! sequences carried through If and Loop are refused by name.
+
+use super::Importer;
+use crate::error::{Error, Result};
+use crate::graph::{Node, Op};
+use crate::onnx::proto::NodeProto;
+use crate::tensor::Tensor;
+
+/// The operators written here.
+pub(super) const SEQUENCE: &[&str] = &[
+    "SequenceConstruct",
+    "SequenceEmpty",
+    "SequenceInsert",
+    "SequenceErase",
+    "SequenceAt",
+    "SequenceLength",
+    "SplitToSequence",
+    "ConcatFromSequence",
+];
+
+/// The value name of element `i` of the sequence graph input or output `name`.
+pub fn element_name(name: &str, i: usize) -> String {
+    format!("{name}[{i}]")
+}
+
+impl Importer<'_> {
+    /// The graph outputs `outputs` with each sequence among them replaced by its
+    /// elements, `name[i]` (Identity nodes give them those names).
+    pub(crate) fn sequence_outputs(&mut self, outputs: &[String]) -> Vec<String> {
+        let mut out = vec![];
+        for o in outputs {
+            let Some(items) = self.seqs.get(o).cloned() else {
+                out.push(o.clone());
+                continue;
+            };
+            for (i, item) in items.into_iter().enumerate() {
+                let e = element_name(o, i);
+                let name = self.fresh(&format!("{o}/element{i}"));
+                self.nodes.push(Node {
+                    name,
+                    op: Op::Identity,
+                    inputs: vec![item],
+                    outputs: vec![e.clone()],
+                    loc: None,
+                });
+                out.push(e);
+            }
+        }
+        out
+    }
+
+    /// Whether `n` reads or writes a sequence (an op of `SEQUENCE`, or an Identity,
+    /// Optional or OptionalGetElement of a sequence).
+    pub(super) fn is_sequence_node(&self, n: &NodeProto) -> bool {
+        SEQUENCE.contains(&n.op_type.as_str())
+            || (matches!(
+                n.op_type.as_str(),
+                "Identity" | "Optional" | "OptionalGetElement"
+            ) && n.input.first().is_some_and(|i| self.seqs.contains_key(i)))
+    }
+
+    pub(super) fn lower_sequence(&mut self, n: &NodeProto, shown: &str) -> Result<()> {
+        let op = n.op_type.as_str();
+        let what = format!("node '{shown}' ({op})");
+        let out = n
+            .output
+            .first()
+            .filter(|o| !o.is_empty())
+            .cloned()
+            .ok_or_else(|| Error::Graph(format!("{what} has no output")))?;
+        let input = |k: usize| n.input.get(k).filter(|i| !i.is_empty());
+        let seq = |k: usize| -> Result<Vec<String>> {
+            let name = input(k).ok_or_else(|| {
+                Error::Graph(format!("{what}: input {k} (a sequence) is missing"))
+            })?;
+            self.seqs.get(name).cloned().ok_or_else(|| {
+                Error::Graph(format!(
+                    "{what}: input '{name}' is not a sequence graphrun knows when the model is loaded"
+                ))
+            })
+        };
+        let int_attr = |name: &str, default: i64| {
+            n.attribute
+                .iter()
+                .find(|a| a.name == name)
+                .map_or(default, |a| a.i)
+        };
+        match op {
+            "Identity" | "Optional" | "OptionalGetElement" => {
+                let items = seq(0)?;
+                self.seqs.insert(out, items);
+            }
+            "SequenceConstruct" => {
+                let items: Vec<String> =
+                    n.input.iter().filter(|i| !i.is_empty()).cloned().collect();
+                self.seqs.insert(out, items);
+            }
+            "SequenceEmpty" => {
+                self.seqs.insert(out, vec![]);
+            }
+            "SequenceLength" => {
+                let len = seq(0)?.len() as i64;
+                self.push(
+                    n,
+                    "",
+                    Op::Constant {
+                        value: Tensor::scalar(len),
+                    },
+                    vec![],
+                    &out,
+                );
+            }
+            "SequenceAt" => {
+                let items = seq(0)?;
+                let at = self.position(n, &what, 1, items.len(), false)?;
+                self.push(n, "", Op::Identity, vec![items[at].clone()], &out);
+            }
+            "SequenceInsert" => {
+                let mut items = seq(0)?;
+                let t = input(1)
+                    .ok_or_else(|| {
+                        Error::Graph(format!("{what}: input 1 (the tensor) is missing"))
+                    })?
+                    .clone();
+                let at = match input(2) {
+                    Some(_) => self.position(n, &what, 2, items.len(), true)?,
+                    None => items.len(),
+                };
+                items.insert(at, t);
+                self.seqs.insert(out, items);
+            }
+            "SequenceErase" => {
+                let mut items = seq(0)?;
+                if items.is_empty() {
+                    return Err(Error::Graph(format!("{what}: the sequence is empty")));
+                }
+                let at = match input(1) {
+                    Some(_) => self.position(n, &what, 1, items.len(), false)?,
+                    None => items.len() - 1,
+                };
+                items.remove(at);
+                self.seqs.insert(out, items);
+            }
+            "ConcatFromSequence" => {
+                let items = seq(0)?;
+                if items.is_empty() {
+                    return Err(Error::Graph(format!(
+                        "{what}: the sequence is empty, and a concatenation needs a tensor"
+                    )));
+                }
+                let axis = int_attr("axis", i64::MIN);
+                if axis == i64::MIN {
+                    return Err(Error::Graph(format!(
+                        "{what}: attribute 'axis' is required"
+                    )));
+                }
+                let parts = if int_attr("new_axis", 0) != 0 {
+                    // Each element gains the axis, then they are joined along it.
+                    items
+                        .iter()
+                        .map(|t| {
+                            let u = self.fresh(&format!("{out}/unsqueezed"));
+                            let op = Op::Unsqueeze {
+                                axes: Some(vec![axis]),
+                            };
+                            let helper = u[out.len() + 1..].to_string();
+                            self.push(n, &helper, op, vec![t.clone()], &u);
+                            u
+                        })
+                        .collect()
+                } else {
+                    items
+                };
+                self.push(n, "", Op::Concat { axis }, parts, &out);
+            }
+            "SplitToSequence" => return self.split_to_sequence(n, &what, &out),
+            _ => unreachable!("SEQUENCE lists the ops handled here"),
+        }
+        Ok(())
+    }
+
+    /// SplitToSequence: a Split into the parts its `split` input (or its absence) makes of
+    /// the input's size along `axis`, each part an element.
+    fn split_to_sequence(&mut self, n: &NodeProto, what: &str, out: &str) -> Result<()> {
+        let x = n
+            .input
+            .first()
+            .filter(|i| !i.is_empty())
+            .cloned()
+            .ok_or_else(|| Error::Graph(format!("{what}: input 0 is missing")))?;
+        let attr = |name: &str, default: i64| {
+            n.attribute
+                .iter()
+                .find(|a| a.name == name)
+                .map_or(default, |a| a.i)
+        };
+        let (axis, keepdims) = (attr("axis", 0), attr("keepdims", 1));
+        let dims = self.dims.get(&x).cloned();
+        let rank = self.ranks.get(&x).copied().or(dims.as_ref().map(Vec::len));
+        let size = rank.and_then(|r| {
+            let a = if axis < 0 { axis + r as i64 } else { axis };
+            let a = usize::try_from(a).ok().filter(|&a| a < r)?;
+            dims.as_ref()?.get(a).copied().flatten()
+        });
+        let Some(size) = size else {
+            return Err(Error::Graph(format!(
+                "{what}: the size of '{x}' along axis {axis} is not known when the model is loaded; graphrun writes a sequence out element by element, so it splits inputs whose size the model declares"
+            )));
+        };
+        let split = match n.input.get(1).filter(|i| !i.is_empty()) {
+            None => None,
+            Some(s) => Some(self.constant_value(s).ok_or_else(|| {
+                Error::Graph(format!(
+                    "{what}: its split '{s}' is not known when the model is loaded (a constant or initializer)"
+                ))
+            })?),
+        };
+        let sizes: Vec<i64> = match &split {
+            None => vec![1; size],
+            Some(t) if t.shape().is_empty() => {
+                let chunk = t.to_f64_vec()[0] as i64;
+                if chunk <= 0 {
+                    return Err(Error::Graph(format!(
+                        "{what}: split {chunk} is not positive"
+                    )));
+                }
+                let size = size as i64;
+                (0..size)
+                    .step_by(chunk as usize)
+                    .map(|s| chunk.min(size - s))
+                    .collect()
+            }
+            Some(t) => t.to_f64_vec().iter().map(|&v| v as i64).collect(),
+        };
+        if sizes.iter().any(|&s| s < 0) || sizes.iter().sum::<i64>() != size as i64 {
+            return Err(Error::Graph(format!(
+                "{what}: split {sizes:?} does not add up to {size}, the size of '{x}' along axis {axis}"
+            )));
+        }
+        let squeeze = split.is_none() && keepdims == 0;
+        let parts: Vec<String> = (0..sizes.len())
+            .map(|i| self.fresh(&format!("{out}/{i}")))
+            .collect();
+        self.nodes.push(Node {
+            name: n.name.clone(),
+            op: Op::Split {
+                axis,
+                split: Some(sizes),
+                num_outputs: None,
+            },
+            inputs: vec![x],
+            outputs: parts.clone(),
+            loc: None,
+        });
+        let items = if squeeze {
+            parts
+                .into_iter()
+                .map(|p| {
+                    let s = self.fresh(&format!("{p}/squeezed"));
+                    let helper = s[out.len() + 1..].to_string();
+                    self.push(
+                        n,
+                        &helper,
+                        Op::Squeeze {
+                            axes: Some(vec![axis]),
+                        },
+                        vec![p],
+                        &s,
+                    );
+                    s
+                })
+                .collect()
+        } else {
+            parts
+        };
+        self.seqs.insert(out.to_string(), items);
+        Ok(())
+    }
+
+    /// The position input `k` of `n` names, as an index into a sequence of `len` (ONNX
+    /// counts negative positions from the end; `insert` allows `len` itself).
+    fn position(
+        &self,
+        n: &NodeProto,
+        what: &str,
+        k: usize,
+        len: usize,
+        insert: bool,
+    ) -> Result<usize> {
+        let name = n.input.get(k).map_or("", String::as_str);
+        let t = self.constant_value(name).ok_or_else(|| {
+            Error::Graph(format!(
+                "{what}: its position '{name}' is not known when the model is loaded (a constant or initializer); graphrun writes sequences out when it loads a model"
+            ))
+        })?;
+        let p = t.to_f64_vec().first().copied().unwrap_or(f64::NAN) as i64;
+        let end = len as i64 + i64::from(insert);
+        let at = if p < 0 { p + len as i64 } else { p };
+        if !(0..end).contains(&at) {
+            return Err(Error::Graph(format!(
+                "{what}: position {p} is outside the sequence of {len} elements"
+            )));
+        }
+        Ok(at as usize)
+    }
+}
