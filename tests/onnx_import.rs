@@ -822,7 +822,8 @@ fn optionals_of_tensors_are_their_tensors() {
 
 /// Sequences are written out when the model is loaded: a sequence input is its elements,
 /// fed as `s[0]`, `s[1]`, ...; the sequence ops rearrange the list or become Split,
-/// Concat, Squeeze and Unsqueeze; a sequence output is its elements.
+/// Concat, Squeeze and Unsqueeze, SequenceMap its body once per element; a sequence
+/// output is its elements.
 #[test]
 fn sequences_are_lists_of_tensors() {
     let d = tmpdir("sequence");
@@ -866,10 +867,41 @@ fn sequences_are_lists_of_tensors() {
             ),
             node("SequenceConstruct", &["stacked", "x"], &["pair"], vec![]),
             node("Identity", &["pair"], &["out_seq"], vec![]),
+            // Each element of s3 plus the tensor r1, and each element's shape.
+            {
+                let mut m = node("SequenceMap", &["s3", "r1"], &["sums", "shapes"], vec![]);
+                m.attribute.push(AttributeProto {
+                    name: "body".into(),
+                    r#type: attr_type::GRAPH,
+                    g: Some(Box::new(GraphProto {
+                        node: vec![
+                            node("Add", &["e", "t"], &["sum"], vec![]),
+                            node("Shape", &["e"], &["shape"], vec![]),
+                        ],
+                        input: vec![input("e", 1, &[Ok(3)]), input("t", 1, &[Ok(3)])],
+                        output: vec![output("sum"), output("shape")],
+                        ..Default::default()
+                    })),
+                    ..Default::default()
+                });
+                m
+            },
+            node(
+                "ConcatFromSequence",
+                &["sums"],
+                &["sums_cat"],
+                vec![int("axis", 0)],
+            ),
         ],
         initializer: vec![i64_scalar("one", 1), i64_scalar("zero", 0)],
         input: vec![s_in, input("x", 1, &[Ok(2), Ok(3)])],
-        output: vec![output("len"), output("stacked"), output("out_seq")],
+        output: vec![
+            output("len"),
+            output("stacked"),
+            output("out_seq"),
+            output("sums_cat"),
+            output("shapes"),
+        ],
         ..Default::default()
     };
     let bytes = model(18, g);
@@ -897,7 +929,22 @@ fn sequences_are_lists_of_tensors() {
         ],
     );
     let names: Vec<&str> = m.graph.outputs.iter().map(String::as_str).collect();
-    assert_eq!(names, ["len", "stacked", "out_seq[0]", "out_seq[1]"]);
+    assert_eq!(
+        names,
+        [
+            "len",
+            "stacked",
+            "out_seq[0]",
+            "out_seq[1]",
+            "sums_cat",
+            "shapes[0]",
+            "shapes[1]"
+        ]
+    );
+    // s3 = [r1, a], r1 = [4, 5, 6]: sums [8, 10, 12, 11, 13, 15], shapes [3] twice.
+    assert_eq!(out[4].to_f64_vec(), [8.0, 10.0, 12.0, 11.0, 13.0, 15.0]);
+    assert_eq!(out[5].to_f64_vec(), [3.0]);
+    assert_eq!(out[6].to_f64_vec(), [3.0]);
     assert_eq!(out[0].to_f64_vec(), [2.0]);
     assert_eq!(out[1].shape(), [2, 3]);
     assert_eq!(out[1].to_f64_vec(), [4.0, 5.0, 6.0, 7.0, 8.0, 9.0]);

@@ -4,14 +4,17 @@
 //! and position must be known then: a position from a constant or initializer, a
 //! SplitToSequence's parts from its input's declared size. A graph input of a sequence
 //! type is its elements, fed as the inputs `name[0]`, `name[1]`, ...; a sequence output
-//! is given as the outputs `name[i]` the same way (`onnx::import`). SequenceMap and
-//! sequences carried through If and Loop are refused by name.
+//! is given as the outputs `name[i]` the same way (`onnx::import`). SequenceMap's body
+//! is written out once per element. Sequences carried through If and Loop are refused by
+//! name.
 
 use super::Importer;
 use crate::error::{Error, Result};
 use crate::graph::{Node, Op};
 use crate::onnx::proto::NodeProto;
+use crate::onnx::tensor::from_proto;
 use crate::tensor::Tensor;
+use std::collections::HashMap;
 
 /// The operators written here.
 pub(super) const SEQUENCE: &[&str] = &[
@@ -23,6 +26,7 @@ pub(super) const SEQUENCE: &[&str] = &[
     "SequenceLength",
     "SplitToSequence",
     "ConcatFromSequence",
+    "SequenceMap",
 ];
 
 /// The value name of element `i` of the sequence graph input or output `name`.
@@ -181,6 +185,7 @@ impl Importer<'_> {
                 self.push(n, "", Op::Concat { axis }, parts, &out);
             }
             "SplitToSequence" => return self.split_to_sequence(n, &what, &out),
+            "SequenceMap" => return self.sequence_map(n, &what),
             _ => unreachable!("SEQUENCE lists the ops handled here"),
         }
         Ok(())
@@ -281,6 +286,122 @@ impl Importer<'_> {
             parts
         };
         self.seqs.insert(out.to_string(), items);
+        Ok(())
+    }
+
+    /// SequenceMap: the body written out once per element of the first input, each
+    /// copy reading element i of every sequence input and the tensor inputs whole; output
+    /// k is the sequence of the copies' output k.
+    fn sequence_map(&mut self, n: &NodeProto, what: &str) -> Result<()> {
+        let body = n
+            .attribute
+            .iter()
+            .find(|a| a.name == "body")
+            .and_then(|a| a.g.as_deref())
+            .cloned()
+            .ok_or_else(|| {
+                Error::Graph(format!("{what}: attribute 'body' (a graph) is missing"))
+            })?;
+        if body.node.iter().any(|b| {
+            b.attribute
+                .iter()
+                .any(|a| a.g.is_some() || !a.graphs.is_empty())
+        }) {
+            return Err(Error::Graph(format!(
+                "{what}: its body has nodes with graphs of their own, which graphrun does not write out inside a SequenceMap"
+            )));
+        }
+        if body.input.len() != n.input.len() || body.output.len() != n.output.len() {
+            return Err(Error::Graph(format!(
+                "{what}: its body takes {} inputs and gives {} outputs; the node has {} and {}",
+                body.input.len(),
+                body.output.len(),
+                n.input.len(),
+                n.output.len()
+            )));
+        }
+        let len = match n.input.first().and_then(|i| self.seqs.get(i)) {
+            Some(items) => items.len(),
+            None => {
+                return Err(Error::Graph(format!(
+                    "{what}: input 0 is not a sequence graphrun knows when the model is loaded"
+                )))
+            }
+        };
+        for i in &n.input {
+            if let Some(items) = self.seqs.get(i).filter(|s| s.len() != len) {
+                return Err(Error::Graph(format!(
+                    "{what}: sequence '{i}' has {} elements and the first input {len}",
+                    items.len()
+                )));
+            }
+        }
+        let stem = n.output.first().cloned().unwrap_or_default();
+        let mut outs = vec![vec![]; n.output.len()];
+        for e in 0..len {
+            let mut rename: HashMap<String, String> = HashMap::new();
+            for (b, i) in body.input.iter().zip(&n.input) {
+                let bound = match self.seqs.get(i) {
+                    Some(items) => items[e].clone(),
+                    None => i.clone(),
+                };
+                rename.insert(b.name.clone(), bound);
+            }
+            for t in &body.initializer {
+                let value = from_proto(
+                    t,
+                    self.base,
+                    &format!("{what}: body initializer '{}'", t.name),
+                )?;
+                let name = self.fresh(&format!("{stem}/map{e}/{}", t.name));
+                self.nodes.push(Node {
+                    name: name.clone(),
+                    op: Op::Constant { value },
+                    inputs: vec![],
+                    outputs: vec![name.clone()],
+                    loc: None,
+                });
+                rename.insert(t.name.clone(), name);
+            }
+            for (j, b) in body.node.iter().enumerate() {
+                let mut copy = b.clone();
+                for i in &mut copy.input {
+                    if let Some(r) = rename.get(i) {
+                        *i = r.clone();
+                    }
+                }
+                for o in copy.output.iter_mut().filter(|o| !o.is_empty()) {
+                    let r = self.fresh(&format!("{stem}/map{e}/{o}"));
+                    rename.insert(o.clone(), r.clone());
+                    *o = r;
+                }
+                let name = if b.name.is_empty() {
+                    format!("#{j}")
+                } else {
+                    b.name.clone()
+                };
+                copy.name = self.fresh(&format!("{}/map{e}/{name}", n.name));
+                self.node(j, &copy);
+            }
+            for (k, o) in body.output.iter().enumerate() {
+                let v = rename
+                    .get(&o.name)
+                    .cloned()
+                    .unwrap_or_else(|| o.name.clone());
+                if self.seqs.contains_key(&v) {
+                    return Err(Error::Graph(format!(
+                        "{what}: its body's output '{}' is a sequence; graphrun takes sequences of tensors",
+                        o.name
+                    )));
+                }
+                outs[k].push(v);
+            }
+        }
+        for (o, items) in n.output.iter().zip(outs) {
+            if !o.is_empty() {
+                self.seqs.insert(o.clone(), items);
+            }
+        }
         Ok(())
     }
 
