@@ -952,5 +952,24 @@ fn sequences_are_lists_of_tensors() {
     assert_eq!(
         out[3].to_f64_vec(),
         x.iter().map(|&v| v as f64).collect::<Vec<_>>()
+    ); // A file declaring a huge axis cannot make the import allocate per element.
+    let huge = GraphProto {
+        node: vec![
+            node("SplitToSequence", &["w"], &["parts"], vec![int("axis", 1)]),
+            node(
+                "ConcatFromSequence",
+                &["parts"],
+                &["y"],
+                vec![int("axis", 1)],
+            ),
+        ],
+        input: vec![input("w", 1, &[Ok(1), Ok(1 << 40)])],
+        output: vec![output("y")],
+        ..Default::default()
+    };
+    let e = load_err(&d, "huge.onnx", &model(18, huge));
+    assert!(
+        e.contains("(SplitToSequence)") && e.contains("parts would be more than"),
+        "{e}"
     );
 }

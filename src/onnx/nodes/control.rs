@@ -33,7 +33,7 @@ pub(super) const CONTROL: &[&str] = &["If", "Loop", "Scan"];
 /// The most values a model may have once its control flow is written out: a loop nested
 /// in a loop multiplies their iterations, and a model file could otherwise ask for any
 /// number of copies.
-const MAX_VALUES: usize = 1_000_000;
+pub(super) const MAX_VALUES: usize = 1_000_000;
 
 /// The attribute that counts the outer values a control-flow node's bodies read, which the
 /// importer appends to its inputs.

@@ -8,6 +8,8 @@
 //! is written out once per element. Sequences carried through If and Loop are refused by
 //! name.
 
+use super::control::MAX_VALUES;
+use super::recurrent::MAX_STEPS;
 use super::Importer;
 use crate::error::{Error, Result};
 use crate::graph::{Node, Op};
@@ -219,6 +221,12 @@ impl Importer<'_> {
                 "{what}: the size of '{x}' along axis {axis} is not known when the model is loaded; graphrun writes a sequence out element by element, so it splits inputs whose size the model declares"
             )));
         };
+        // A sequence of one element per step at most as long as a recurrence's.
+        let too_long = |parts: usize| {
+            Error::Graph(format!(
+                "{what}: {parts} parts would be more than the {MAX_STEPS} elements graphrun writes a sequence out to"
+            ))
+        };
         let split = match n.input.get(1).filter(|i| !i.is_empty()) {
             None => None,
             Some(s) => Some(self.constant_value(s).ok_or_else(|| {
@@ -228,6 +236,7 @@ impl Importer<'_> {
             })?),
         };
         let sizes: Vec<i64> = match &split {
+            None if size > MAX_STEPS => return Err(too_long(size)),
             None => vec![1; size],
             Some(t) if t.shape().is_empty() => {
                 let chunk = t.to_f64_vec()[0] as i64;
@@ -242,6 +251,7 @@ impl Importer<'_> {
                     .map(|s| chunk.min(size - s))
                     .collect()
             }
+            Some(t) if t.numel() > MAX_STEPS => return Err(too_long(t.numel())),
             Some(t) => t.to_f64_vec().iter().map(|&v| v as i64).collect(),
         };
         if sizes.iter().any(|&s| s < 0) || sizes.iter().sum::<i64>() != size as i64 {
@@ -339,6 +349,12 @@ impl Importer<'_> {
         let stem = n.output.first().cloned().unwrap_or_default();
         let mut outs = vec![vec![]; n.output.len()];
         for e in 0..len {
+            if self.taken.len() + body.node.len() > MAX_VALUES {
+                return Err(Error::Graph(format!(
+                    "{what}: writing out another copy of its body ({} nodes) would take the model past {MAX_VALUES} values",
+                    body.node.len()
+                )));
+            }
             let mut rename: HashMap<String, String> = HashMap::new();
             for (b, i) in body.input.iter().zip(&n.input) {
                 let bound = match self.seqs.get(i) {
