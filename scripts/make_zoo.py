@@ -474,7 +474,10 @@ def export(model, spec, inputs, path, dynamo, opset):
         # The TorchScript exporter binds every parameter of forward() (transformers'
         # `logits_to_keep=0` would become a graph input): export a wrapper whose forward
         # takes exactly the named inputs, as users of this exporter do.
-        torch.onnx.export(Positional(model, names), tuple(inputs.values()), path,
+        # The exporter puts the wrapper back in the mode it was in, and a new module is in
+        # train(): made eval() first, so that the model is left in eval() for later exports
+        # (a dynamo export in train() writes dropout as RandomUniformLike).
+        torch.onnx.export(Positional(model, names).eval(), tuple(inputs.values()), path,
                           input_names=names, output_names=out_names, dynamic_axes=dyn,
                           dynamo=False, opset_version=opset)
     # One self-contained file: weights inline, no model.onnx.data beside it.
