@@ -21,6 +21,7 @@ mod composite;
 mod control;
 mod conv;
 mod deform;
+mod det;
 mod domains;
 mod index;
 mod linear_attention;
@@ -67,6 +68,7 @@ fn since(op: &str) -> i64 {
         "Scan" => 8,
         "DeformConv" => 19,
         "RoiAlign" => 10,
+        "Det" => 11,
         "GridSample" => 16,
         "MaxUnpool" => 9,
         "TensorScatter" => 24,
@@ -159,7 +161,7 @@ pub fn imports(op: &str) -> bool {
         quant::QUANT,
         &[linear_attention::LINEAR_ATTENTION],
         control::CONTROL,
-        &[deform::DEFORM_CONV, roi::ROI_ALIGN],
+        &[deform::DEFORM_CONV, roi::ROI_ALIGN, det::DET],
         resize::RESIZE,
         recurrent::RECURRENT,
         &[recurrent::REVERSE_SEQUENCE],
@@ -622,6 +624,7 @@ impl<'a> Importer<'a> {
                 && (recurrent::RECURRENT.contains(&op_type)
                     || op_type == deform::DEFORM_CONV
                     || op_type == roi::ROI_ALIGN
+                    || op_type == det::DET
                     || ((resize::RESIZE.contains(&op_type)
                         || op_type == "GridSample"
                         || op_type == "DFT")
@@ -680,6 +683,7 @@ impl<'a> Importer<'a> {
             op if control::CONTROL.contains(&op) => return self.lower_control(n, shown, attrs),
             "DeformConv" => return self.deform_conv(n, shown, attrs),
             "RoiAlign" => return self.roi_align(n, shown, attrs),
+            "Det" => return self.det(n, shown, attrs),
             // A training_mode written as a constant does not decide (PyTorch's dynamo
             // exporter writes `true` into eval-mode exports): a plain run is inference and
             // a training step trains, as ONNX Runtime and `graphrun train` run the model.
