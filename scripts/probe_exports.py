@@ -139,9 +139,7 @@ EXTRA = {
         outputs={"out": "b"},
     ),
     "tv_r3d": dict(
-        build=(
-            tv("video.r3d_18") if False else (lambda: torchvision.models.video.r3d_18(weights=None))
-        ),
+        build=(lambda: torchvision.models.video.r3d_18(weights=None)),
         kind="float",
         input=("x", (3, 4, 32, 32)),
         outputs={"out": "b"},
