@@ -759,23 +759,26 @@ fn nodes_sharing_a_name_import_and_run() {
     assert_eq!(out[1].to_f64_vec(), [0.0, 2.0, 0.0, 3.0]);
 }
 
+/// `v` with its tensor type wrapped in a sequence type, or in an optional one.
+fn wrapped(mut v: ValueInfoProto, sequence: bool) -> ValueInfoProto {
+    let elem_type = Some(Box::new(v.r#type.take().unwrap()));
+    let mut t = TypeProto::default();
+    if sequence {
+        t.sequence_type = Some(TypeProtoSequence { elem_type }.encode_to_vec());
+    } else {
+        t.optional_type = Some(TypeProtoOptional { elem_type }.encode_to_vec());
+    }
+    v.r#type = Some(t);
+    v
+}
+
 /// Optionals of tensors: a graph input of an optional type is its tensor, `Optional`
 /// with an input is that input and without one an empty optional, which an op reading it
 /// sees as its input left out; OptionalHasElement says which, OptionalGetElement unwraps.
 #[test]
 fn optionals_of_tensors_are_their_tensors() {
     let d = tmpdir("optional");
-    let mut x = input("x", 1, &[Ok(2), Ok(3)]);
-    let t = x.r#type.take().unwrap();
-    x.r#type = Some(TypeProto {
-        optional_type: Some(
-            TypeProtoOptional {
-                elem_type: Some(Box::new(t)),
-            }
-            .encode_to_vec(),
-        ),
-        ..Default::default()
-    });
+    let x = wrapped(input("x", 1, &[Ok(2), Ok(3)]), false);
     let g = GraphProto {
         node: vec![
             node("OptionalHasElement", &["x"], &["has_x"], vec![]),
@@ -827,17 +830,7 @@ fn optionals_of_tensors_are_their_tensors() {
 #[test]
 fn sequences_are_lists_of_tensors() {
     let d = tmpdir("sequence");
-    let mut s_in = input("s", 1, &[]);
-    let elem = s_in.r#type.take().unwrap();
-    s_in.r#type = Some(TypeProto {
-        sequence_type: Some(
-            TypeProtoSequence {
-                elem_type: Some(Box::new(elem)),
-            }
-            .encode_to_vec(),
-        ),
-        ..Default::default()
-    });
+    let s_in = wrapped(input("s", 1, &[]), true);
     let i64_scalar = |name: &str, v: i64| TensorProto {
         name: name.into(),
         data_type: 7,

@@ -4,6 +4,7 @@
 //! or, empty, as no value at all (an op that reads it sees its input left out), and
 //! OptionalHasElement is a constant. Optionals of sequences are refused with sequences.
 
+use super::composite::output;
 use super::Importer;
 use crate::error::{Error, Result};
 use crate::graph::{Node, Op};
@@ -31,7 +32,7 @@ impl Importer<'_> {
 
     pub(super) fn lower_optional(&mut self, n: &NodeProto, shown: &str) -> Result<()> {
         let op = n.op_type.as_str();
-        let Some(out) = n.output.first().filter(|o| !o.is_empty()).cloned() else {
+        let Some(out) = output(n, 0).map(str::to_string) else {
             return Err(Error::Graph(format!("node '{shown}' ({op}) has no output")));
         };
         let held = n

@@ -8,6 +8,7 @@
 //! is written out once per element. Sequences carried through If and Loop are refused by
 //! name.
 
+use super::composite::{inputs, output};
 use super::control::MAX_VALUES;
 use super::recurrent::MAX_STEPS;
 use super::Importer;
@@ -75,12 +76,9 @@ impl Importer<'_> {
     pub(super) fn lower_sequence(&mut self, n: &NodeProto, shown: &str) -> Result<()> {
         let op = n.op_type.as_str();
         let what = format!("node '{shown}' ({op})");
-        let out = n
-            .output
-            .first()
-            .filter(|o| !o.is_empty())
-            .cloned()
-            .ok_or_else(|| Error::Graph(format!("{what} has no output")))?;
+        let out = output(n, 0)
+            .ok_or_else(|| Error::Graph(format!("{what} has no output")))?
+            .to_string();
         let input = |k: usize| n.input.get(k).filter(|i| !i.is_empty());
         let seq = |k: usize| -> Result<Vec<String>> {
             let name = input(k).ok_or_else(|| {
@@ -91,12 +89,6 @@ impl Importer<'_> {
                     "{what}: input '{name}' is not a sequence graphrun knows when the model is loaded"
                 ))
             })
-        };
-        let int_attr = |name: &str, default: i64| {
-            n.attribute
-                .iter()
-                .find(|a| a.name == name)
-                .map_or(default, |a| a.i)
         };
         match op {
             "Identity" | "Optional" | "OptionalGetElement" => {
@@ -161,13 +153,13 @@ impl Importer<'_> {
                         "{what}: the sequence is empty, and a concatenation needs a tensor"
                     )));
                 }
-                let axis = int_attr("axis", i64::MIN);
+                let axis = int_attr(n, "axis", i64::MIN);
                 if axis == i64::MIN {
                     return Err(Error::Graph(format!(
                         "{what}: attribute 'axis' is required"
                     )));
                 }
-                let parts = if int_attr("new_axis", 0) != 0 {
+                let parts = if int_attr(n, "new_axis", 0) != 0 {
                     // Each element gains the axis, then they are joined along it.
                     items
                         .iter()
@@ -196,19 +188,9 @@ impl Importer<'_> {
     /// SplitToSequence: a Split into the parts its `split` input (or its absence) makes of
     /// the input's size along `axis`, each part an element.
     fn split_to_sequence(&mut self, n: &NodeProto, what: &str, out: &str) -> Result<()> {
-        let x = n
-            .input
-            .first()
-            .filter(|i| !i.is_empty())
-            .cloned()
-            .ok_or_else(|| Error::Graph(format!("{what}: input 0 is missing")))?;
-        let attr = |name: &str, default: i64| {
-            n.attribute
-                .iter()
-                .find(|a| a.name == name)
-                .map_or(default, |a| a.i)
-        };
-        let (axis, keepdims) = (attr("axis", 0), attr("keepdims", 1));
+        let (req, opt) = inputs(n, what, (1, 2), 1)?;
+        let x = req[0].clone();
+        let (axis, keepdims) = (int_attr(n, "axis", 0), int_attr(n, "keepdims", 1));
         let dims = self.dims.get(&x).cloned();
         let rank = self.ranks.get(&x).copied().or(dims.as_ref().map(Vec::len));
         let size = rank.and_then(|r| {
@@ -227,7 +209,7 @@ impl Importer<'_> {
                 "{what}: {parts} parts would be more than the {MAX_STEPS} elements graphrun writes a sequence out to"
             ))
         };
-        let split = match n.input.get(1).filter(|i| !i.is_empty()) {
+        let split = match &opt[0] {
             None => None,
             Some(s) => Some(self.constant_value(s).ok_or_else(|| {
                 Error::Graph(format!(
@@ -447,4 +429,12 @@ impl Importer<'_> {
         }
         Ok(at as usize)
     }
+}
+
+/// Integer attribute `name` of `n`, or `default` where it is absent.
+fn int_attr(n: &NodeProto, name: &str, default: i64) -> i64 {
+    n.attribute
+        .iter()
+        .find(|a| a.name == name)
+        .map_or(default, |a| a.i)
 }
