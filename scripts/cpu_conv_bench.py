@@ -7,11 +7,12 @@ exporter, opset 17, dynamic batch) to DIR, then for each batch size times ONNX R
 
     cargo build --release
     python3 scripts/cpu_conv_bench.py [--graphrun target/release/graphrun[,OTHER,...]]
-        [--batch 1] [--models resnet50,mobilenet_v2] [--threads 2] [--iters 10]
-        [--repeat 1] [--dir /tmp/convbench]
+        [--tunes KEY=VALUE[,KEY=VALUE...]] [--batch 1] [--models resnet50,mobilenet_v2]
+        [--threads 2] [--iters 10] [--repeat 1] [--dir /tmp/convbench]
 
-Several graphrun builds (comma-separated) are timed in turn after ONNX Runtime, each row
-`--repeat` times: on a noisy machine the rows show the spread.
+Several graphrun builds (comma-separated), each with every `--tunes` setting (`graphrun
+--tune`; e.g. `cpu_conv_panels=0,cpu_conv_panels=1`), are timed in turn after ONNX Runtime,
+each row `--repeat` times: on a noisy machine the rows show the spread.
 
 Needs torch, torchvision, onnxruntime and numpy.
 """
@@ -53,10 +54,11 @@ def ort_ms(path, batch, threads, iters):
     return statistics.median(times)
 
 
-def graphrun_ms(exe, path, batch, threads, iters):
+def graphrun_ms(exe, tune, path, batch, threads, iters):
     env = dict(os.environ, RAYON_NUM_THREADS=str(threads))
     out = subprocess.run([exe, "bench", path, "--backend", "cpu", "--dim", f"batch={batch}",
-                          "--iters", str(iters), "--warmup", "3"], capture_output=True,
+                          "--iters", str(iters), "--warmup", "3"]
+                         + (["--tune", tune] if tune else []), capture_output=True,
                          text=True, env=env)
     m = re.search(r"median ([0-9.]+) ms", out.stdout)
     if not m:
@@ -67,6 +69,7 @@ def graphrun_ms(exe, path, batch, threads, iters):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--graphrun", default="target/release/graphrun")
+    ap.add_argument("--tunes", default="")
     ap.add_argument("--models", default="resnet50,mobilenet_v2")
     ap.add_argument("--batch", default="1")
     ap.add_argument("--threads", type=int, default=2)
@@ -76,9 +79,9 @@ def main():
     ap.add_argument("--json")
     a = ap.parse_args()
     os.makedirs(a.dir, exist_ok=True)
-    exes = a.graphrun.split(",")
+    exes = [(e, t) for e in a.graphrun.split(",") for t in a.tunes.split(",")]
     rows = []
-    names = " | ".join(f"{os.path.basename(e)} ms | / ORT" for e in exes)
+    names = " | ".join(f"{os.path.basename(e)}{' ' + t if t else ''} ms | / ORT" for e, t in exes)
     print(f"| model | batch | ORT ms | {names} |")
     print("|---|---|---|" + "---|---|" * len(exes))
     for name in a.models.split(","):
@@ -89,10 +92,10 @@ def main():
             for _ in range(a.repeat):
                 o = ort_ms(path, b, a.threads, a.iters)
                 cells, top = [], []
-                for e in exes:
-                    g, text = graphrun_ms(e, path, b, a.threads, a.iters)
-                    rows.append({"model": name, "batch": b, "graphrun": e, "ort_ms": o,
-                                 "graphrun_ms": g})
+                for e, tune in exes:
+                    g, text = graphrun_ms(e, tune, path, b, a.threads, a.iters)
+                    rows.append({"model": name, "batch": b, "graphrun": e, "tune": tune,
+                                 "ort_ms": o, "graphrun_ms": g})
                     cells.append(f"{g:.2f} | {g / o:.2f}")
                     top = [l for l in text.splitlines()
                            if re.match(r"\s+\S+\s+\S+\s+[0-9.]+\s+[0-9.]+%", l)]

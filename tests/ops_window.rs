@@ -432,6 +432,52 @@ fn conv_cases() -> Vec<ConvCase> {
             win: win(&[], &[], &[], "", false),
             kernel_attr: true,
         },
+        // Many output channels on a 7×7 map: tasks cut by output channels share one
+        // layout of the columns; 49 positions are a whole panel and a tail (f32 panel
+        // kernel). The same for a 1×1 convolution on 45 positions.
+        ConvCase {
+            x: vec![1, 90, 7, 7],
+            w: vec![100, 90, 3, 3],
+            bias: true,
+            groups: 1,
+            win: win(&[], &[], &[1, 1, 1, 1], "", false),
+            kernel_attr: true,
+        },
+        ConvCase {
+            x: vec![1, 100, 5, 9],
+            w: vec![100, 100, 1, 1],
+            bias: false,
+            groups: 1,
+            win: win(&[], &[], &[], "", false),
+            kernel_attr: true,
+        },
+        // Few channels on a wide image: several spans of positions, the last one longer.
+        ConvCase {
+            x: vec![1, 3, 40, 37],
+            w: vec![20, 3, 3, 3],
+            bias: true,
+            groups: 1,
+            win: win(&[], &[], &[1, 1, 1, 1], "", false),
+            kernel_attr: true,
+        },
+        // Depthwise rows longer than several vectors, and a strided, dilated one whose
+        // taps read two phases of the row.
+        ConvCase {
+            x: vec![1, 2, 9, 140],
+            w: vec![2, 1, 3, 3],
+            bias: true,
+            groups: 2,
+            win: win(&[], &[], &[1, 1, 1, 1], "", false),
+            kernel_attr: true,
+        },
+        ConvCase {
+            x: vec![2, 3, 11, 150],
+            w: vec![3, 1, 3, 3],
+            bias: false,
+            groups: 3,
+            win: win(&[2, 3], &[2, 2], &[2, 1, 2, 1], "", false),
+            kernel_attr: true,
+        },
     ]
 }
 

@@ -9,6 +9,7 @@ mod elementwise;
 mod matmul;
 mod nt;
 mod optim;
+mod panels;
 mod reduce;
 mod shape;
 mod simd;
