@@ -432,9 +432,8 @@ fn conv_cases() -> Vec<ConvCase> {
             win: win(&[], &[], &[], "", false),
             kernel_attr: true,
         },
-        // Many output channels on a 7×7 map: tasks cut by output channels share one
-        // layout of the columns; 49 positions are a whole panel and a tail (f32 panel
-        // kernel). The same for a 1×1 convolution on 45 positions.
+        // Many output channels on a 7×7 map (ResNet's last blocks at batch 1), and a 1×1
+        // convolution on 45 positions: products narrower than a few vectors.
         ConvCase {
             x: vec![1, 90, 7, 7],
             w: vec![100, 90, 3, 3],
@@ -451,7 +450,7 @@ fn conv_cases() -> Vec<ConvCase> {
             win: win(&[], &[], &[], "", false),
             kernel_attr: true,
         },
-        // Few channels on a wide image: several spans of positions, the last one longer.
+        // Few channels on a wide image: several blocks of output rows.
         ConvCase {
             x: vec![1, 3, 40, 37],
             w: vec![20, 3, 3, 3],
@@ -460,8 +459,8 @@ fn conv_cases() -> Vec<ConvCase> {
             win: win(&[], &[], &[1, 1, 1, 1], "", false),
             kernel_attr: true,
         },
-        // Depthwise rows longer than several vectors, and a strided, dilated one whose
-        // taps read two phases of the row.
+        // Depthwise rows longer than several vectors, and a strided, dilated one (summed
+        // densely along the row, every third column kept).
         ConvCase {
             x: vec![1, 2, 9, 140],
             w: vec![2, 1, 3, 3],

@@ -77,10 +77,6 @@ pub struct Tuning {
     /// rows in its own kernel (`backends/cpu/nt.rs`) instead of `gemm`, which would pack
     /// such a B on every call. Off: `gemm` throughout.
     pub cpu_dot_products: bool,
-    /// The CPU's 1- and 2-D f32 convolutions multiply their weights, read in place, by
-    /// columns packed into panels in its own kernel (`backends/cpu/panels.rs`) instead of
-    /// `gemm`, which packs the weights again on every call. Off: `gemm` throughout.
-    pub cpu_conv_panels: bool,
     /// The CUDA stream priority of data-parallel gradient averaging (NCCL); `None` takes
     /// the device's highest, so that with several buckets NCCL's blocks take SMs as soon
     /// as a backward kernel frees them instead of queueing behind its whole grid (with the
@@ -114,14 +110,13 @@ impl Tuning {
         wgpu_subgroups: true,
         k_major_weights: true,
         cpu_dot_products: true,
-        cpu_conv_panels: true,
         dp_stream_priority: None,
         dp_bucket_bytes: 64 << 20,
         cuda_cudnn: true,
     };
 
     /// The keys `set` takes: the field names.
-    pub const KEYS: [&'static str; 16] = [
+    pub const KEYS: [&'static str; 15] = [
         "cuda_attention",
         "cuda_attention_f32",
         "cublaslt_tune",
@@ -134,7 +129,6 @@ impl Tuning {
         "wgpu_subgroups",
         "k_major_weights",
         "cpu_dot_products",
-        "cpu_conv_panels",
         "dp_stream_priority",
         "dp_bucket_bytes",
         "cuda_cudnn",
@@ -170,7 +164,6 @@ impl Tuning {
             "wgpu_subgroups" => self.wgpu_subgroups = flag()?,
             "k_major_weights" => self.k_major_weights = flag()?,
             "cpu_dot_products" => self.cpu_dot_products = flag()?,
-            "cpu_conv_panels" => self.cpu_conv_panels = flag()?,
             "cuda_cudnn" => self.cuda_cudnn = flag()?,
             "dp_stream_priority" => {
                 self.dp_stream_priority = match v {

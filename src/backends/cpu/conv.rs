@@ -11,7 +11,7 @@
 use super::super::common::{self, ConvGeom, WindowGeom};
 use super::matmul::{activate_row, fill_acc, widen};
 use super::window::{axis_tables, walk_row};
-use super::{nt, panels, simd, Shared};
+use super::{nt, simd, Shared};
 use crate::error::Result;
 use crate::graph::{Activation, Node};
 use crate::tensor::{Real, Tensor};
@@ -299,7 +299,7 @@ impl<F: Real> Epilogue<'_, F> {
 }
 
 /// Whether the window is 1- or 2-D (its leading axis of one), so that a block of whole
-/// output rows can be laid out row by row (`range_columns`, `Depthwise`).
+/// output rows can be laid out row by row (`tile_columns`, `Depthwise`).
 fn planar(g: &WindowGeom) -> bool {
     g.image[0] == 1 && g.out[0] == 1 && g.kernel[0] == 1
 }
@@ -321,90 +321,49 @@ fn input_row(g: &WindowGeom, oy: usize, ky: usize) -> Option<usize> {
     (iy >= 0 && iy < g.image[1] as isize).then_some(iy as usize)
 }
 
-/// A run of consecutive column entries: zeros (padding), or every `stride`-th input
-/// from the start of a slice on.
-#[derive(Clone, Copy)]
-enum Run<'a, F> {
-    Zero(usize),
-    From(&'a [F], usize, usize),
-}
-
-impl<F: Real> Run<'_, F> {
-    fn len(&self) -> usize {
-        match *self {
-            Run::Zero(n) | Run::From(_, _, n) => n,
-        }
-    }
-    /// Entry i.
-    fn get(&self, i: usize) -> F {
-        match *self {
-            Run::Zero(_) => F::zero(),
-            Run::From(s, stride, _) => s[i * stride],
-        }
-    }
-    /// Writes entries `from..from + dst.len()` of the run to `dst`.
-    fn write(&self, from: usize, dst: &mut [F]) {
-        match *self {
-            Run::Zero(_) => dst.fill(F::zero()),
-            Run::From(s, 1, _) => dst.copy_from_slice(&s[from..from + dst.len()]),
-            Run::From(s, stride, _) => {
-                for (i, d) in dst.iter_mut().enumerate() {
-                    *d = s[(from + i) * stride];
-                }
-            }
-        }
-    }
-}
-
-/// The columns of a planar window at the output positions `l0..l1` (flat over the output
-/// plane) for the channels `img` (`[cs, hw]`), as runs: `put(r, j, run)` for column row r
-/// (c, ky, kx) from position `l0 + j` on; the runs of a row cover `l0..l1` in order.
-#[inline(always)]
-fn range_columns<F: Real>(
+/// The columns of output rows `oy0..oy1` of a planar window for the channels `img`
+/// (`[cs, hw]`): row (c, ky, kx) holds, for each output position of those rows, the input
+/// it reads or zero, rows `ld` apart. Contiguous runs are copied whole at stride 1.
+fn tile_columns<F: Real>(
     g: &WindowGeom,
     img: &[F],
-    (l0, l1): (usize, usize),
-    rows: usize,
-    mut put: impl FnMut(usize, usize, Run<'_, F>),
+    (oy0, oy1): (usize, usize),
+    cols: &mut [F],
+    ld: usize,
 ) {
     let (iw, ow, hw) = (g.image[2], g.out[2], g.hw());
     let (kh, kw, sw) = (g.kernel[1], g.kernel[2], g.strides[2]);
-    for r in 0..rows {
+    for (r, out) in cols.chunks_mut(ld).enumerate() {
         let (c, ky, kx) = (r / (kh * kw), (r / kw) % kh, r % kw);
         let plane = &img[c * hw..][..hw];
         let (lo, hi, off) = inside(g, kx);
-        let mut j = l0;
-        while j < l1 {
-            // The run of output row oy from column ox0 to `end`.
-            let (oy, ox0) = (j / ow, j % ow);
-            let end = ow.min(ox0 + l1 - j);
-            // Output column ox is position j - l0 + (ox - ox0) of the span.
-            let at = |ox: usize| j - l0 + ox - ox0;
-            match input_row(g, oy, ky) {
-                None => put(r, at(ox0), Run::Zero(end - ox0)),
-                Some(iy) => {
-                    let row = &plane[iy * iw..][..iw];
-                    let (a, b) = (lo.clamp(ox0, end), hi.clamp(ox0, end));
-                    if a > ox0 {
-                        put(r, at(ox0), Run::Zero(a - ox0));
-                    }
-                    if b > a {
-                        let s0 = ((a * sw) as isize + off) as usize;
-                        put(r, at(a), Run::From(&row[s0..], sw, b - a));
-                    }
-                    if end > b {
-                        put(r, at(b), Run::Zero(end - b));
-                    }
+        for (t, oy) in (oy0..oy1).enumerate() {
+            let o = &mut out[t * ow..][..ow];
+            let Some(iy) = input_row(g, oy, ky) else {
+                o.fill(F::zero());
+                continue;
+            };
+            let row = &plane[iy * iw..][..iw];
+            o[..lo].fill(F::zero());
+            o[hi..].fill(F::zero());
+            if lo == hi {
+                // No column reads inside the image (a kernel wider than the padded row
+                // leaves `lo + off` below zero): nothing to copy.
+            } else if sw == 1 {
+                let s = (lo as isize + off) as usize;
+                o[lo..hi].copy_from_slice(&row[s..s + hi - lo]);
+            } else {
+                for (ox, v) in o[lo..hi].iter_mut().enumerate() {
+                    *v = row[(((lo + ox) * sw) as isize + off) as usize];
                 }
             }
-            j += end - ox0;
         }
     }
 }
 
 /// One depthwise output plane of a planar window, summed tap by tap: each tap adds
 /// `w · input row` over the output columns that read inside the image (a vector
-/// multiply-add at stride 1).
+/// multiply-add at stride 1). For f64, and where `DepthwiseF32` does not serve.
 struct Depthwise<'a, F> {
     g: &'a WindowGeom,
     img: &'a [F],
@@ -449,17 +408,18 @@ impl<F: Real> simd::Kernel for Depthwise<'_, F> {
 }
 
 /// One depthwise output plane of a planar window in f32, all its taps summed in vector
-/// registers. The input plane is first copied into zero-padded phase planes: for a
-/// horizontal stride s, phase q holds the padded columns q, q + s, q + 2s, ..., so that
-/// every tap of every stride reads one contiguous run (tap kx reads phase (kx·d) % s from
-/// column (kx·d) / s on). Each phase row is padded to whole vectors, so no load or tap
-/// needs an edge case.
+/// registers. The input plane is first copied into a zero-padded one, each row padded to
+/// whole vectors, so that every tap reads one contiguous run and no load needs an edge
+/// case. With a horizontal stride s the row is summed at every column and every s-th kept:
+/// s times the multiply-adds, which are cheap here, instead of gathering every s-th input
+/// (one scalar move an input, which cost several times the sums).
 struct DepthwiseF32<'a> {
     g: &'a WindowGeom,
     img: &'a [f32],
     w: &'a [f32],
     plane: &'a mut [f32],
-    phases: &'a mut Vec<f32>,
+    /// The padded plane, then one dense output row.
+    scratch: &'a mut Vec<f32>,
 }
 
 impl pulp::WithSimd for DepthwiseF32<'_> {
@@ -472,55 +432,40 @@ impl pulp::WithSimd for DepthwiseF32<'_> {
         let (kh, kw) = (g.kernel[1], g.kernel[2]);
         let (sh, sw, dh, dw) = (g.strides[1], g.strides[2], g.dilations[1], g.dilations[2]);
         let (top, left) = (g.begin[1], g.begin[2]);
-        // Padded rows 0..ph (row r is input row r - top), phase columns 0..qw.
+        // Padded rows 0..ph (row r is input row r - top) of pw columns (column c is input
+        // column c - left); a dense output row of `wide` columns.
         let ph = (oh - 1) * sh + (kh - 1) * dh + 1;
-        let wide = ow.next_multiple_of(lanes);
-        let qw = wide + (kw - 1) * dw / sw;
-        let phases = &mut *self.phases;
-        phases.clear();
-        phases.resize(sw * ph * qw, 0.0);
-        for q in 0..sw {
-            // Phase column j reads input column j·s + q - left.
-            let lo = left.saturating_sub(q).div_ceil(sw);
-            let hi = (iw + left).saturating_sub(q).div_ceil(sw).min(qw);
-            for r in 0..ph {
-                let Some(iy) = r.checked_sub(top).filter(|&iy| iy < ih) else {
-                    continue;
-                };
-                if lo >= hi {
-                    continue;
-                }
-                let src = &self.img[iy * iw..][..iw];
-                let dst = &mut phases[(q * ph + r) * qw..][lo..hi];
-                let c0 = lo * sw + q - left;
-                if sw == 1 {
-                    dst.copy_from_slice(&src[c0..c0 + dst.len()]);
-                } else {
-                    for (j, v) in dst.iter_mut().enumerate() {
-                        *v = src[c0 + j * sw];
-                    }
-                }
-            }
+        let wide = ((ow - 1) * sw + 1).next_multiple_of(lanes);
+        let pw = wide + (kw - 1) * dw;
+        let scratch = &mut *self.scratch;
+        scratch.clear();
+        scratch.resize(ph * pw + if sw > 1 { wide } else { 0 }, 0.0);
+        let (padded, dense) = scratch.split_at_mut(ph * pw);
+        let (c0, c1) = (left.min(pw), (left + iw).min(pw));
+        for r in top..ph.min(top + ih) {
+            let src = &self.img[(r - top) * iw..][..c1 - c0];
+            padded[r * pw + c0..][..c1 - c0].copy_from_slice(src);
         }
-        // Where each tap reads: (offset of its first phase row, row step per output row).
-        let taps: Vec<(usize, f32)> = (0..kh * kw)
-            .map(|t| {
-                let (ky, kx) = (t / kw, t % kw);
-                let q = (kx * dw) % sw;
-                ((q * ph + ky * dh) * qw + kx * dw / sw, self.w[t])
-            })
-            .collect();
-        let phases = &*phases;
+        // Each tap's offset in the padded plane from the output row's first padded row.
+        let taps: Vec<(usize, f32)> =
+            (0..kh * kw).map(|t| ((t / kw) * dh * pw + (t % kw) * dw, self.w[t])).collect();
+        let padded = &*padded;
         for (oy, o) in self.plane.chunks_mut(ow).enumerate() {
-            let row = &phases[oy * sh * qw..];
+            let row = &padded[oy * sh * pw..];
+            let dst = if sw == 1 { &mut *o } else { &mut *dense };
             let mut x0 = 0;
             while x0 + 4 * lanes <= wide {
-                depthwise_run::<S, 4>(simd, row, &taps, x0, o);
+                depthwise_run::<S, 4>(simd, row, &taps, x0, dst);
                 x0 += 4 * lanes;
             }
             while x0 < wide {
-                depthwise_run::<S, 1>(simd, row, &taps, x0, o);
+                depthwise_run::<S, 1>(simd, row, &taps, x0, dst);
                 x0 += lanes;
+            }
+            if sw > 1 {
+                for (v, &d) in o.iter_mut().zip(dense.iter().step_by(sw)) {
+                    *v = d;
+                }
             }
         }
     }
@@ -563,161 +508,61 @@ fn depthwise_run<S: pulp::Simd, const V: usize>(
 /// packs them.
 const TILE_FLOATS: usize = 1 << 17;
 
-/// A planar convolution as independent tasks, one per (image, group, span of output
-/// positions, block of output channels): each lays out its span's columns (cache-sized),
-/// multiplies them on one thread into Y's block and applies the epilogue while the block
-/// is hot. The tasks are cut small enough that every thread has work even for one image.
-///
-/// With the panel kernel (f32), spans are whole panels but the last, which takes the
-/// positions left over; those past the last whole panel are dot products of W's rows
-/// with their columns laid out K-contiguous, so that a 7×7 map (49 positions) costs
-/// 49 columns of work, not two panels' 64. Tasks are cut by output channels first, which
-/// keeps spans wide and costs only a second layout of the same columns (and `gemm` packs
-/// only the task's rows of W).
+/// A planar convolution as independent tasks, one per (image, group, block of output
+/// rows): each lays out its block's columns (cache-sized), multiplies them on one thread
+/// into Y's block and applies the epilogue while the block is hot. The blocks are cut
+/// small enough that every thread has work even for one image.
 fn tiled<F: Real>(cg: &ConvGeom, x: &[F], w: &[F], ep: &Epilogue<F>, y: &mut [F]) {
     let g = &cg.g;
     let (c, hw, l, m) = (g.c, g.hw(), g.l(), cg.m);
     let (cgc, mg, ckg) = (cg.cg(), cg.mg(), cg.ckg());
+    let (oh, ow) = (g.out[1], g.out[2]);
     let blocks = g.n * cg.group;
-    let panels = panels::shape::<F>();
-    // Channel blocks of whole register tiles (gemm's are 8 to 48 rows).
-    let (mr, unit) = panels.unwrap_or((16, 1));
-    let mut span = (TILE_FLOATS / ckg.max(1) / unit).max(1) * unit;
-    let mut mb = mg;
+    let mut rows = (TILE_FLOATS / (ckg * ow).max(1)).clamp(1, oh.max(1));
     let want = 2 * rayon::current_num_threads();
-    loop {
-        let tasks = blocks * (l / span).max(1) * mg.div_ceil(mb);
-        match () {
-            _ if tasks >= want => break,
-            _ if mb.div_ceil(2) >= 4 * mr => mb = mb.div_ceil(2).next_multiple_of(mr),
-            _ if span > unit && l / span < l.div_ceil(unit) => {
-                span = span.div_ceil(2).next_multiple_of(unit)
-            }
-            _ => break,
-        }
+    while rows > 1 && blocks * oh.div_ceil(rows) < want {
+        rows = rows.div_ceil(2);
     }
-    let (spans, mbs) = ((l / span).max(1), mg.div_ceil(mb));
+    let tiles = oh.div_ceil(rows);
     let yp = Shared(y.as_mut_ptr());
     let pointwise = cg.pointwise();
-    // Block t's (image, group, first position, positions).
-    let span_of = |t: usize| {
-        let (n, grp, si) = (t / spans / cg.group, (t / spans) % cg.group, t % spans);
-        let l0 = si * span;
-        (n, grp, l0, if si + 1 == spans { l - l0 } else { span })
-    };
-    let source = |n: usize, grp: usize| &x[(n * c + grp * cgc) * hw..][..cgc * hw];
-    // Where output channels are cut, the tasks of a span share its columns, laid out
-    // first (there are fewer spans than threads, so this holds a few spans' columns).
-    let shared: Vec<(Vec<f32>, Vec<f32>)> = match (panels, nt::f32s(x)) {
-        (Some((_, np)), Some(x32)) if mbs > 1 => (0..blocks * spans)
-            .into_par_iter()
-            .map(|t| {
-                let (n, grp, l0, tl) = span_of(t);
-                let src = &x32[(n * c + grp * cgc) * hw..][..cgc * hw];
-                let mut p = (Vec::new(), Vec::new());
-                panel_columns(cg, src, (l0, tl), np, &mut p.0, &mut p.1);
-                p
-            })
-            .collect(),
-        _ => vec![],
-    };
-    (0..blocks * spans * mbs).into_par_iter().for_each_init(
-        || (Vec::new(), Vec::new(), Vec::new()),
-        |(cols, packed, tail): &mut (Vec<F>, Vec<f32>, Vec<f32>), t| {
-            let (mi, t) = (t % mbs, t / mbs);
-            let (n, grp, l0, tl) = span_of(t);
-            let (r0, rn) = (mi * mb, mb.min(mg - mi * mb));
-            let src = source(n, grp);
-            let p0 = n * m + grp * mg + r0;
-            let wg = &w[(grp * mg + r0) * ckg..][..rn * ckg];
-            // SAFETY: Y's rows p0..p0 + rn at columns l0..l0 + tl, row stride l: inside
-            // Y, and no other task writes those elements (tasks differ in image, group,
-            // output positions or output channels).
-            let dst = unsafe { yp.ptr().add(p0 * l + l0) };
-            match (panels, nt::f32s(src), nt::f32s(wg)) {
-                (Some((_, np)), Some(src), Some(wg)) => {
-                    let (packed, tail) = match shared.get(t) {
-                        Some((p, t)) => (&p[..], &t[..]),
-                        None => {
-                            panel_columns(cg, src, (l0, tl), np, packed, tail);
-                            (&packed[..], &tail[..])
-                        }
-                    };
-                    // SAFETY: as above, the block [rn, tl] with row stride l.
-                    let out = unsafe {
-                        std::slice::from_raw_parts_mut(dst.cast::<f32>(), (rn - 1) * l + tl)
-                    };
-                    panels::product((rn, tl, ckg), wg, ckg, (packed, tail), out, l);
-                }
-                _ => {
-                    let (bp, brs) = if pointwise {
-                        (&src[l0..], hw)
-                    } else {
-                        cols.resize(ckg * tl, F::zero());
-                        range_columns(g, src, (l0, l0 + tl), ckg, |r, j, run| {
-                            run.write(0, &mut cols[r * tl + j..][..run.len()])
-                        });
-                        (&cols[..], tl)
-                    };
-                    // SAFETY: W's block [rn, ckg]; the columns [ckg, tl] (rows brs apart);
-                    // Y's block as above.
-                    unsafe {
-                        mm(
-                            (rn, tl, ckg),
-                            dst,
-                            l,
-                            false,
-                            (wg.as_ptr(), ckg, 1),
-                            (bp.as_ptr(), brs, 1),
-                            gemm::Parallelism::None,
-                        )
+    (0..blocks * tiles)
+        .into_par_iter()
+        .for_each_init(Vec::new, |cols: &mut Vec<F>, t| {
+            let (n, grp, tile) = (t / tiles / cg.group, (t / tiles) % cg.group, t % tiles);
+            let (oy0, oy1) = (tile * rows, ((tile + 1) * rows).min(oh));
+            let (l0, tl) = (oy0 * ow, (oy1 - oy0) * ow);
+            let src = &x[(n * c + grp * cgc) * hw..][..cgc * hw];
+            let (bp, brs) = if pointwise {
+                (src[l0..].as_ptr(), hw)
+            } else {
+                cols.resize(ckg * tl, F::zero());
+                tile_columns(g, src, (oy0, oy1), cols, tl);
+                (cols.as_ptr(), tl)
+            };
+            let p0 = n * m + grp * mg;
+            // SAFETY: W's group block [mg, ckg]; the columns [ckg, tl] (rows brs apart);
+            // Y's rows p0.. at columns l0..l0 + tl, row stride l: inside Y, and no other
+            // task writes those elements (tasks differ in image, group or output rows).
+            unsafe {
+                let dst = yp.ptr().add(p0 * l + l0);
+                mm(
+                    (mg, tl, ckg),
+                    dst,
+                    l,
+                    false,
+                    (w[grp * mg * ckg..].as_ptr(), ckg, 1),
+                    (bp, brs, 1),
+                    gemm::Parallelism::None,
+                );
+                if !ep.nothing() {
+                    for r in 0..mg {
+                        let span = std::slice::from_raw_parts_mut(dst.add(r * l), tl);
+                        ep.span(p0 + r, l0, span);
                     }
                 }
             }
-            if !ep.nothing() {
-                for r in 0..rn {
-                    // SAFETY: as above.
-                    let span = unsafe { std::slice::from_raw_parts_mut(dst.add(r * l), tl) };
-                    ep.span(p0 + r, l0, span);
-                }
-            }
-        },
-    );
-}
-
-/// The columns of positions `l0..l0 + tl` of a planar window over one group's channels
-/// `src`, laid out for `panels::product`: whole panels of `np` positions in `packed`, the
-/// positions past them K-contiguous in `tail`.
-fn panel_columns(
-    cg: &ConvGeom,
-    src: &[f32],
-    (l0, tl): (usize, usize),
-    np: usize,
-    packed: &mut Vec<f32>,
-    tail: &mut Vec<f32>,
-) {
-    let (ckg, full) = (cg.ckg(), tl / np * np);
-    if cg.pointwise() {
-        return panels::pack(&src[l0..], cg.g.hw(), (ckg, tl), np, packed, tail);
-    }
-    let (shift, lane) = (np.trailing_zeros(), np - 1);
-    packed.resize(full * ckg, 0.0);
-    tail.resize((tl - full) * ckg, 0.0);
-    range_columns(&cg.g, src, (l0, l0 + tl), ckg, |r, mut j, run| {
-        // A run crosses into the next panel at a multiple of np; past the last whole
-        // panel its entries go to the tail's columns.
-        let mut done = 0;
-        while done < run.len() && j < full {
-            let (p, at) = (j >> shift, j & lane);
-            let take = (np - at).min(run.len() - done).min(full - j);
-            let d = (((p * ckg + r) << shift) + at, take);
-            run.write(done, &mut packed[d.0..][..d.1]);
-            (done, j) = (done + take, j + take);
-        }
-        for i in done..run.len() {
-            tail[(j + i - done - full) * ckg + r] = run.get(i);
-        }
-    });
+        });
 }
 
 fn forward<F: Real>(cg: &ConvGeom, x: &[F], w: &[F], ep: &Epilogue<F>, y: &mut [F]) {
@@ -732,13 +577,13 @@ fn forward<F: Real>(cg: &ConvGeom, x: &[F], w: &[F], ep: &Epilogue<F>, y: &mut [
         let vector = nt::available() && nt::f32s(x).is_some();
         y.par_chunks_mut(l)
             .enumerate()
-            .for_each_init(Vec::new, |phases, (p, plane)| {
+            .for_each_init(Vec::new, |scratch, (p, plane)| {
                 let (n, mo) = (p / m, p % m);
                 let img = &x[(n * c + mo / mg) * hw..][..hw];
                 let w = &w[mo * k..][..k];
                 match (nt::f32s(img), nt::f32s(w), nt::f32s_mut(plane)) {
                     (Some(img), Some(w), Some(plane)) if vector => {
-                        pulp::Arch::new().dispatch(DepthwiseF32 { g, img, w, plane, phases })
+                        pulp::Arch::new().dispatch(DepthwiseF32 { g, img, w, plane, scratch })
                     }
                     _ => simd::dispatch(Depthwise { g, img, w, plane }),
                 }

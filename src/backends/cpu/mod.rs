@@ -9,7 +9,6 @@ mod elementwise;
 mod matmul;
 mod nt;
 mod optim;
-mod panels;
 mod reduce;
 mod shape;
 mod simd;
