@@ -469,6 +469,22 @@ fn conv_cases() -> Vec<ConvCase> {
             win: win(&[], &[], &[1, 1, 1, 1], "", false),
             kernel_attr: true,
         },
+        // Padding and strides far past a tiny image: three outputs a side, each reading
+        // mostly padding (a padded copy of the plane would hold 4·10¹⁰ values).
+        ConvCase {
+            x: vec![1, 2, 3, 3],
+            w: vec![2, 1, 3, 3],
+            bias: true,
+            groups: 2,
+            win: win(
+                &[100_000, 100_000],
+                &[],
+                &[100_000, 100_000, 100_000, 100_000],
+                "",
+                false,
+            ),
+            kernel_attr: true,
+        },
         ConvCase {
             x: vec![2, 3, 11, 150],
             w: vec![3, 1, 3, 3],

@@ -422,6 +422,30 @@ struct DepthwiseF32<'a> {
     scratch: &'a mut Vec<f32>,
 }
 
+/// The padded plane of `DepthwiseF32` for vectors of `lanes`: rows 0..ph (row r is input
+/// row r - top) of pw columns (column c is input column c - left), and the width of a
+/// dense output row. Saturating: a hostile geometry gives a size the caller refuses.
+fn padded_plane(g: &WindowGeom, lanes: usize) -> (usize, usize, usize) {
+    let (oh, ow, kh, kw) = (g.out[1], g.out[2], g.kernel[1], g.kernel[2]);
+    let (sh, sw, dh, dw) = (g.strides[1], g.strides[2], g.dilations[1], g.dilations[2]);
+    let u = |v: usize| v as u128;
+    // Products of two usizes fit a u128; sums saturate.
+    let extent = |o: usize, s: usize, k: usize, d: usize| {
+        (u(o).saturating_sub(1) * u(s))
+            .saturating_add(u(k).saturating_sub(1) * u(d))
+            .saturating_add(1)
+    };
+    let wide = extent(ow, sw, 1, 0)
+        .min(u(usize::MAX / 4))
+        .next_multiple_of(u(lanes));
+    let cap = |v: u128| v.min(u(usize::MAX / 4)) as usize;
+    (
+        cap(extent(oh, sh, kh, dh)),
+        cap(wide.saturating_add(extent(1, 0, kw, dw) - 1)),
+        cap(wide),
+    )
+}
+
 impl pulp::WithSimd for DepthwiseF32<'_> {
     type Output = ();
     #[inline(always)]
@@ -432,11 +456,7 @@ impl pulp::WithSimd for DepthwiseF32<'_> {
         let (kh, kw) = (g.kernel[1], g.kernel[2]);
         let (sh, sw, dh, dw) = (g.strides[1], g.strides[2], g.dilations[1], g.dilations[2]);
         let (top, left) = (g.begin[1], g.begin[2]);
-        // Padded rows 0..ph (row r is input row r - top) of pw columns (column c is input
-        // column c - left); a dense output row of `wide` columns.
-        let ph = (oh - 1) * sh + (kh - 1) * dh + 1;
-        let wide = ((ow - 1) * sw + 1).next_multiple_of(lanes);
-        let pw = wide + (kw - 1) * dw;
+        let (ph, pw, wide) = padded_plane(g, lanes);
         let scratch = &mut *self.scratch;
         scratch.clear();
         scratch.resize(ph * pw + if sw > 1 { wide } else { 0 }, 0.0);
@@ -447,8 +467,9 @@ impl pulp::WithSimd for DepthwiseF32<'_> {
             padded[r * pw + c0..][..c1 - c0].copy_from_slice(src);
         }
         // Each tap's offset in the padded plane from the output row's first padded row.
-        let taps: Vec<(usize, f32)> =
-            (0..kh * kw).map(|t| ((t / kw) * dh * pw + (t % kw) * dw, self.w[t])).collect();
+        let taps: Vec<(usize, f32)> = (0..kh * kw)
+            .map(|t| ((t / kw) * dh * pw + (t % kw) * dw, self.w[t]))
+            .collect();
         let padded = &*padded;
         for (oy, o) in self.plane.chunks_mut(ow).enumerate() {
             let row = &padded[oy * sh * pw..];
@@ -489,7 +510,8 @@ fn depthwise_run<S: pulp::Simd, const V: usize>(
         let src = &row[at + x0..][..V * lanes];
         for (i, a) in acc.iter_mut().enumerate() {
             // SAFETY: `src` holds V whole vectors.
-            let x = unsafe { std::ptr::read_unaligned(src[i * lanes..].as_ptr() as *const S::f32s) };
+            let x =
+                unsafe { std::ptr::read_unaligned(src[i * lanes..].as_ptr() as *const S::f32s) };
             *a = simd.mul_add_e_f32s(wv, x, *a);
         }
     }
@@ -574,7 +596,13 @@ fn forward<F: Real>(cg: &ConvGeom, x: &[F], w: &[F], ep: &Epilogue<F>, y: &mut [
     }
     if depthwise(cg) && planar(g) {
         let (k, mg) = (g.k(), cg.mg());
-        let vector = nt::available() && nt::f32s(x).is_some();
+        // The padded plane is about the size of the input plane, but padding, strides and
+        // dilations far past the image (a hostile file) could make it much larger than
+        // the tensors the plan holds: such planes take the kernel without a copy.
+        let (ph, pw, wide) = padded_plane(g, 16);
+        let scratch = ph.saturating_mul(pw).saturating_add(wide);
+        let vector =
+            nt::available() && nt::f32s(x).is_some() && scratch <= 4 * (hw + l) + (1 << 16);
         y.par_chunks_mut(l)
             .enumerate()
             .for_each_init(Vec::new, |scratch, (p, plane)| {
@@ -583,7 +611,13 @@ fn forward<F: Real>(cg: &ConvGeom, x: &[F], w: &[F], ep: &Epilogue<F>, y: &mut [
                 let w = &w[mo * k..][..k];
                 match (nt::f32s(img), nt::f32s(w), nt::f32s_mut(plane)) {
                     (Some(img), Some(w), Some(plane)) if vector => {
-                        pulp::Arch::new().dispatch(DepthwiseF32 { g, img, w, plane, scratch })
+                        pulp::Arch::new().dispatch(DepthwiseF32 {
+                            g,
+                            img,
+                            w,
+                            plane,
+                            scratch,
+                        })
                     }
                     _ => simd::dispatch(Depthwise { g, img, w, plane }),
                 }
