@@ -682,8 +682,7 @@ fn nested_loops_past_the_cap_are_refused() {
     ];
     let bytes = model_bytes(nodes, 16, vec![typed("y0", &[1])], vec![], &["y"]);
     let e = graphrun::onnx::from_bytes(&bytes, "bomb", std::path::Path::new("."))
-        .err()
-        .expect("refused")
+        .expect_err("refused")
         .to_string();
     assert!(e.contains("(Loop)") && e.contains("1000000 values"), "{e}");
 }

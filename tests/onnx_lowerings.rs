@@ -1387,7 +1387,7 @@ fn narrow_element_types() {
     let got = run(&q4, &[("x", x)], BackendKind::Cpu).unwrap();
     assert_eq!(got[0].1.dtype(), DType::I4);
     assert_eq!(got[0].1.to_f64_vec(), [-8.0, 2.0, 4.0, 7.0, 7.0]);
-    let x = Tensor::from_vec(&[5], vec![0.3f32, -1000.0, 3.14159, 1e-9, 17.5]).unwrap();
+    let x = Tensor::from_vec(&[5], vec![0.3f32, -1000.0, 3.15, 1e-9, 17.5]).unwrap();
     let q8 = model_bytes(
         vec![node(
             "QuantizeLinear",
@@ -1403,7 +1403,7 @@ fn narrow_element_types() {
     );
     let got = run(&q8, &[("x", x.clone())], BackendKind::Cpu).unwrap();
     assert_eq!(got[0].1.dtype(), DType::F8E4M3FN);
-    // 0.3 is 9.6 steps of 2⁻⁵ (→ 10), 3.14159 12.6 of 2⁻² (→ 13), 17.5 8.75 of 2 (→ 9).
+    // 0.3 is 9.6 steps of 2⁻⁵ (→ 10), 3.15 12.6 of 2⁻² (→ 13), 17.5 8.75 of 2 (→ 9).
     assert_eq!(got[0].1.to_f64_vec(), [0.3125, -448.0, 3.25, 0.0, 18.0]);
     // Cast with saturate 0: past the last rounding bound, NaN (E4M3FN: 464 is a tie that
     // rounds to 448, whose mantissa is even) or ±infinity (E5M2: 61440 ties up to 2¹⁶).

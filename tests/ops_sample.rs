@@ -926,11 +926,13 @@ fn dft_ref(
     vec![(s, y)]
 }
 
+/// A DFT case: (x shape, axis, inverse, onesided, dft_length, opset: 19 writes axis as an
+/// attribute, 20 feeds it).
+type DftCase = (&'static [usize], i64, bool, bool, Option<usize>, i64);
+
 #[test]
 fn dft_forward_inverse_onesided_and_lengths_with_gradients() {
-    // (x shape, axis, inverse, onesided, dft_length, opset: 19 writes axis as an attribute,
-    // 20 feeds it)
-    let cases: [(&[usize], i64, bool, bool, Option<usize>, i64); 8] = [
+    let cases: [DftCase; 8] = [
         (&[2, 5, 3, 1], 1, false, false, None, 19),
         (&[2, 4, 6, 2], -2, false, true, None, 20),
         (&[2, 4, 6, 2], 1, false, true, Some(7), 20),

@@ -765,15 +765,18 @@ pub fn a_activation_cases(acts: &[&str], mut each: impl FnMut(&str, &[(&str, Att
     }
 }
 
-/// GatedMatMul's cases for a backend against the CPU, as (op, attributes, args, outputs):
-/// Y alone, Y with G and U, and GatedMatMulGrad, across several thread blocks, for the
-/// gates the exporters' MLPs use.
-pub fn gated_matmul_cases() -> Vec<(
+/// One op case: (op, attributes, args, number of outputs).
+pub type OpCase = (
     &'static str,
     Vec<(&'static str, AttrValue)>,
     Vec<Arg>,
     usize,
-)> {
+);
+
+/// GatedMatMul's cases for a backend against the CPU, as (op, attributes, args, outputs):
+/// Y alone, Y with G and U, and GatedMatMulGrad, across several thread blocks, for the
+/// gates the exporters' MLPs use.
+pub fn gated_matmul_cases() -> Vec<OpCase> {
     let a = randn(&[3, 37, 24], 70);
     let (wg, wu) = (randn(&[24, 40], 71), randn(&[24, 40], 72));
     let (bg, bu) = (randn(&[40], 73), randn(&[40], 74));

@@ -452,7 +452,7 @@ impl pulp::WithSimd for DepthwiseF32<'_> {
     fn with_simd<S: pulp::Simd>(self, simd: S) {
         let g = self.g;
         let lanes = S::F32_LANES;
-        let (ih, iw, oh, ow) = (g.image[1], g.image[2], g.out[1], g.out[2]);
+        let (ih, iw, ow) = (g.image[1], g.image[2], g.out[2]);
         let (kh, kw) = (g.kernel[1], g.kernel[2]);
         let (sh, sw, dh, dw) = (g.strides[1], g.strides[2], g.dilations[1], g.dilations[2]);
         let (top, left) = (g.begin[1], g.begin[2]);

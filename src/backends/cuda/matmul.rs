@@ -865,13 +865,6 @@ pub fn fused(
     Ok(())
 }
 
-/// `(dY, A, B, [Pre]) → (dA, dB, [dBias], [dBiasA])` with G = dY·act'(Pre): dA =
-/// G·op(B)ᵀ, dB = Aᵀ·G (Gᵀ·A with trans_b), summed over the batch entries that share an
-/// operand; dBias = Σ_rows G. With `pre_a` = (PreA, act_a), dA leaves multiplied by
-/// act_a'(PreA): in cuBLASLt's DGELU epilogue for gelu_tanh in f16/bf16, else by our
-/// kernel over dA in place; dBiasA = Σ_rows dA by a row sum after it (or by the
-/// DGELU_BGRAD epilogue, see `dgelu_bgrad`).
-#[allow(clippy::too_many_arguments)]
 /// GatedMatMul: G = A·Bg + bias_g and U = A·Bu + bias_u by cuBLASLt, into the outputs
 /// that the graph reads (G otherwise into scratch, U into Y itself), then `Y = act(G)·U`
 /// in one pass (in place when U is Y).
@@ -913,6 +906,13 @@ pub fn gated(
     super::elementwise::glu(c, act, None, [&g, &u], &[y])
 }
 
+/// `(dY, A, B, [Pre]) → (dA, dB, [dBias], [dBiasA])` with G = dY·act'(Pre): dA =
+/// G·op(B)ᵀ, dB = Aᵀ·G (Gᵀ·A with trans_b), summed over the batch entries that share an
+/// operand; dBias = Σ_rows G. With `pre_a` = (PreA, act_a), dA leaves multiplied by
+/// act_a'(PreA): in cuBLASLt's DGELU epilogue for gelu_tanh in f16/bf16, else by our
+/// kernel over dA in place; dBiasA = Σ_rows dA by a row sum after it (or by the
+/// DGELU_BGRAD epilogue, see `dgelu_bgrad`).
+#[allow(clippy::too_many_arguments)]
 pub fn fused_grad(
     c: &Cuda,
     node: &Node,

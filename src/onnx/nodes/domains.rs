@@ -102,7 +102,10 @@ impl Importer<'_> {
         };
         a.finish()?;
         let given = n.input.len();
-        if given < 2 + per || (given - 2) % per != 0 || n.input.iter().any(|i| i.is_empty()) {
+        if given < 2 + per
+            || !(given - 2).is_multiple_of(per)
+            || n.input.iter().any(|i| i.is_empty())
+        {
             return Err(Error::Graph(format!(
                 "{what} takes R, T and {per} inputs per updated tensor, got {given} inputs"
             )));
