@@ -493,8 +493,8 @@ impl pulp::WithSimd for DepthwiseF32<'_> {
 }
 
 /// V vectors of output row `o` from column `x0` on: each tap `(offset, weight)` adds its
-/// weight times the phase row at `offset + x0` (`row` starting at the output row's first
-/// padded row).
+/// weight times the padded plane from `offset + x0` on (`row` starting at the output
+/// row's first padded row).
 #[inline(always)]
 fn depthwise_run<S: pulp::Simd, const V: usize>(
     simd: S,
@@ -599,10 +599,10 @@ fn forward<F: Real>(cg: &ConvGeom, x: &[F], w: &[F], ep: &Epilogue<F>, y: &mut [
         // The padded plane is about the size of the input plane, but padding, strides and
         // dilations far past the image (a hostile file) could make it much larger than
         // the tensors the plan holds: such planes take the kernel without a copy.
+        // (Sized for 16 lanes, the widest vector: narrower ones need less.)
         let (ph, pw, wide) = padded_plane(g, 16);
-        let scratch = ph.saturating_mul(pw).saturating_add(wide);
-        let vector =
-            nt::available() && nt::f32s(x).is_some() && scratch <= 4 * (hw + l) + (1 << 16);
+        let copy = ph.saturating_mul(pw).saturating_add(wide);
+        let vector = nt::available() && nt::f32s(x).is_some() && copy <= 4 * (hw + l) + (1 << 16);
         y.par_chunks_mut(l)
             .enumerate()
             .for_each_init(Vec::new, |scratch, (p, plane)| {
