@@ -1,5 +1,5 @@
 // Elementwise family: unary and binary maps with numpy broadcasting (through `Strided`),
-// Pow, Clip, Where, Cast, Dropout, Trilu, the unary gradients and the FusedMatMul
+// Pow, Clip, Where, Cast, Dropout, the Random draws, Trilu, the unary gradients and the FusedMatMul
 // activation epilogue. The activation formulas are the CPU backend's
 // (src/backends/cpu/elementwise.rs `act`), so fused and unfused graphs agree.
 
@@ -475,14 +475,15 @@ template <class W> __device__ void trilu_k(const W* x, W* y, i64 n, i64 rows, i6
     }
 }
 
-// SplitMix64, bit for bit the CPU's (src/rng.rs): element i keeps iff
-// uniform(Rng::new(base + i)) >= ratio, so CPU and CUDA masks are identical.
-__device__ __forceinline__ double splitmix_uniform(u64 seed) {
+// SplitMix64, bit for bit the CPU's (src/rng.rs): the top `bits` bits of
+// Rng::new(seed).next_u64() as a number in [0, 1). Dropout's element i keeps iff
+// unit(base + i, 53) >= ratio, so CPU and CUDA masks are identical.
+__device__ __forceinline__ double splitmix_unit(u64 seed, int bits) {
     u64 z = (seed ^ 0x9E3779B97F4A7C15ull) + 0x9E3779B97F4A7C15ull;
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     z ^= z >> 31;
-    return (double)(z >> 11) * (1.0 / 9007199254740992.0);
+    return (double)(z >> (64 - bits)) / (double)(1ull << bits);
 }
 // The mask's base seed of training step *stepp (0: `base0` itself), as the CPU:
 // Rng::new(base0 ^ t·φ).next_u64().
@@ -498,9 +499,27 @@ template <class T> __device__ void dropout_k(const T* x, T* y, unsigned char* ma
     typedef typename Num<T>::A A;
     u64 base = step_seed(base0, stepp);
     GRID_STRIDE(i, n) {
-        bool keep = splitmix_uniform(base + (u64)i) >= ratio;
+        bool keep = splitmix_unit(base + (u64)i, 53) >= ratio;
         y[i] = st<T>(keep ? ld(x[i]) * (A)scale : (A)0);
         if (mask) mask[i] = keep;
+    }
+}
+
+// RandomUniform / RandomNormal, as src/backends/common.rs `random_value`: uniform in
+// [a, b) from counter base + i, or Box–Muller from counters base + 2i and base + 2i + 1.
+template <class T> __device__ void random_k(T* y, i64 n, u64 base0, const u64* stepp, int normal, double a, double b, int bits) {
+    typedef typename Num<T>::A A;
+    u64 base = step_seed(base0, stepp);
+    GRID_STRIDE(i, n) {
+        double v;
+        if (normal) {
+            const u64 c = base + 2 * (u64)i;
+            const double u1 = 1.0 - splitmix_unit(c, bits), u2 = splitmix_unit(c + 1, bits);
+            v = a + b * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+        } else {
+            v = a + (b - a) * splitmix_unit(base + (u64)i, bits);
+        }
+        y[i] = st<T>((A)v);
     }
 }
 
@@ -542,6 +561,7 @@ template <class S, class D> __device__ void cast_k(const S* x, D* y, i64 n) {
     extern "C" __global__ void glu_##S(const T* g, const T* u, T* y, i64 n, int op, int vec) { glu_k<T>(g, u, y, n, op, vec); } \
     extern "C" __global__ void glu_grad_##S(const T* dy, const T* g, const T* u, T* dg, T* du, i64 n, int op, int vec) { glu_grad_k<T>(dy, g, u, dg, du, n, op, vec); } \
     extern "C" __global__ void dropout_##S(const T* x, T* y, unsigned char* m, i64 n, u64 base, const u64* stepp, double ratio, double scale) { dropout_k<T>(x, y, m, n, base, stepp, ratio, scale); } \
+    extern "C" __global__ void random_##S(T* y, i64 n, u64 base, const u64* stepp, int normal, double a, double b, int bits) { random_k<T>(y, n, base, stepp, normal, a, b, bits); } \
     extern "C" __global__ void rotary_##S(const T* x, const T* c, const T* s, T* y, Strided sd, i64 pairs, i64 d, int il, int tr) { rotary_k<T>(x, c, s, y, sd, pairs, d, il, tr); } \
     extern "C" __global__ void rotary_vec_##S(const T* x, const T* c, const T* s, T* y, Strided sd, i64 groups, i64 d, int tr) { rotary_vec_k<T>(x, c, s, y, sd, groups, d, tr); }
 FOR_FLOATS(INST_FLOAT)

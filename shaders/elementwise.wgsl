@@ -1,6 +1,6 @@
 // Elementwise family: unary maps, their gradients, binary arithmetic and comparisons
 // with numpy broadcasting (operands walked through the strided descriptor), Pow, Clip
-// and Dropout. One generic path: `T` is the storage type, `A` the compute type (f32 for
+// Dropout and the Random draws. One generic path: `T` is the storage type, `A` the compute type (f32 for
 // f32/f16, i32 for i32), both set by the host per pipeline.
 //
 // Scalars: P[0] = element count, P[1] = op code, P[2], P[3] = the op's f32 attributes
@@ -553,4 +553,32 @@ fn dropout(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
         }
     }
     if (pu(6u) != 0u) { M[w] = word; }
+}
+
+// The top 24 bits of Rng::new(seed).next_u64() as a number in [0, 1), exact in f32.
+fn unit24(seed: vec2<u32>) -> f32 {
+    return f32(splitmix(seed).y >> 8u) * (1.0 / 16777216.0);
+}
+
+// RandomUniform / RandomNormal in f32, as src/backends/common.rs `random_value` with 24
+// bits: uniform in [a, b) from counter base + i, or Box–Muller from counters base + 2i
+// and base + 2i + 1. P[1..3] base, P[3] normal, P[4] a, P[5] b (f32). The cosine's
+// argument is kept in [-π, π) (cos(2πu) = -cos(2π(u - ½))), where WGSL bounds its error.
+@compute @workgroup_size(256)
+fn random(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let i = linear(wid, nwg, lid, WG);
+    if (i >= pu(0u)) { return; }
+    let base = vec2<u32>(pu(1u), pu(2u));
+    let a = pf(4u);
+    let b = pf(5u);
+    var v: f32;
+    if (pu(3u) != 0u) {
+        let c = add64(base, vec2<u32>(i << 1u, i >> 31u));
+        let u1 = 1.0 - unit24(c);
+        let u2 = unit24(add64(c, vec2<u32>(1u, 0u)));
+        v = a - b * sqrt(-2.0 * log(u1)) * cos(6.2831853 * (u2 - 0.5));
+    } else {
+        v = a + (b - a) * unit24(add64(base, vec2<u32>(i, 0u)));
+    }
+    Y[i] = T(v);
 }

@@ -2044,6 +2044,69 @@ fn dropout_draws_a_new_mask_every_training_step() {
     }
 }
 
+/// A draw reads only its input's shape: x·RandomNormalLike(x) differentiates to the draw
+/// (a plain run draws the same values every time, so finite differences see them fixed).
+#[test]
+fn random_draws_pass_no_gradient() {
+    let (g, _) = check(
+        &net("x · RandomNormalLike(x)")
+            .input("x", randn(&[5, 7], 1))
+            .op(
+                "RandomNormalLike",
+                &[("seed", V::Float(3.0))],
+                &["x"],
+                &["r"],
+            )
+            .op("Mul", &[], &["x", "r"], &["y"])
+            .outputs(&["y", "r"]),
+    );
+    assert_eq!(g.grads.len(), 1, "only x has a gradient");
+}
+
+#[test]
+fn random_draws_afresh_every_training_step() {
+    // loss = Σ w·U with U = RandomUniformLike(w): SGD with lr 1 moves w by −U, so each
+    // step's move is its draw.
+    let mut n = net("random steps")
+        .param("w", randn(&[6, 9], 2))
+        .op("RandomUniformLike", &[], &["w"], &["u"])
+        .op("Mul", &[], &["w", "u"], &["wu"])
+        .op("ReduceSum", &[("keepdims", V::Int(0))], &["wu"], &["loss"])
+        .outputs(&["loss"]);
+    n.g.training = Some(Training {
+        loss: "loss".into(),
+        optimizer: Optimizer::Sgd {
+            lr: 1.0,
+            momentum: 0.0,
+            weight_decay: 0.0,
+        },
+    });
+    let mut s = session(&n.g, true, PassOptions::default()).unwrap();
+    let w = |s: &mut Session| {
+        s.trained_graph().unwrap().initializers[0]
+            .tensor
+            .to_f64_vec()
+    };
+    let mut ws = vec![w(&mut s)];
+    for _ in 0..2 {
+        s.train_step(&n.feeds).unwrap();
+        ws.push(w(&mut s));
+    }
+    let draws: Vec<Vec<f64>> = (0..2)
+        .map(|k| ws[k].iter().zip(&ws[k + 1]).map(|(a, b)| a - b).collect())
+        .collect();
+    for d in &draws {
+        assert!(
+            d.iter().all(|u| (0.0..1.0).contains(u)),
+            "a step's draw left [0, 1): {d:?}"
+        );
+    }
+    assert!(
+        draws[0].iter().zip(&draws[1]).all(|(a, b)| a != b),
+        "two steps drew the same values"
+    );
+}
+
 // ---- errors --------------------------------------------------------------------------------
 
 #[test]

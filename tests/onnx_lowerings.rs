@@ -2735,3 +2735,125 @@ fn linear_attention_on_every_backend_with_gradients() {
         check_grads(&what, &alone, &wrt, seed, reference);
     }
 }
+
+// ---- Bernoulli and Multinomial --------------------------------------------------------------
+
+/// Runs `g` (input `x`) on every backend that has `out`'s type; the outputs, which must
+/// agree across backends bit for bit (the draws are the same, compared in the input's
+/// type), and each backend with its output.
+fn sampled_everywhere(g: &graphrun::Graph, x: &Tensor, out: DType) -> Vec<f64> {
+    let feeds = HashMap::from([("x".to_string(), x.clone())]);
+    let mut first: Option<Vec<f64>> = None;
+    for backend in backends() {
+        if graphrun::backends::not_on(backend, out) {
+            continue;
+        }
+        let opts = SessionOptions {
+            backend,
+            ..SessionOptions::unfused()
+        };
+        let got = Session::new(g.clone(), opts)
+            .and_then(|mut s| s.run(&feeds))
+            .unwrap_or_else(|e| panic!("{} on {backend:?}: {e}", g.name));
+        let y = &got[0].1;
+        assert_eq!(y.dtype(), out, "{} on {backend:?}", g.name);
+        let v = y.to_f64_vec();
+        match &first {
+            None => first = Some(v),
+            Some(f) => assert!(f == &v, "{} on {backend:?} differs from the CPU", g.name),
+        }
+    }
+    first.unwrap()
+}
+
+#[test]
+fn bernoulli_draws_ones_with_probability_p_on_every_backend() {
+    let ps = [0.0, 0.05, 0.2, 0.5, 0.7, 0.9, 0.99, 1.0];
+    let rows = 4000;
+    let p: Vec<f64> = (0..rows * 8).map(|i| ps[i % 8]).collect();
+    let p = Tensor::from_vec(&[rows, 8], p).unwrap().cast(DType::F32);
+    for (dtype, out) in [
+        (None, DType::F32),
+        (Some(7), DType::I64),
+        (Some(9), DType::Bool),
+    ] {
+        let mut attrs = vec![float_attr("seed", 2.0)];
+        attrs.extend(dtype.map(|d| int_attr("dtype", d)));
+        let n = node("Bernoulli", "", &["x"], &["y"], attrs);
+        let x = input("x", DType::F32, &[Some(rows), Some(8)]);
+        let mut g = import_one_node(n, 15, vec![x], vec![]).unwrap();
+        g.name = format!("Bernoulli to {out}");
+        let y = sampled_everywhere(&g, &p, out);
+        for (c, &pc) in ps.iter().enumerate() {
+            let col: Vec<f64> = y.iter().skip(c).step_by(8).copied().collect();
+            assert!(
+                col.iter().all(|&v| v == 0.0 || v == 1.0),
+                "{}: not 0 or 1",
+                g.name
+            );
+            let mean = col.iter().sum::<f64>() / rows as f64;
+            let sd = (pc * (1.0 - pc) / rows as f64).sqrt();
+            assert!(
+                (mean - pc).abs() <= 5.0 * sd,
+                "{}: p = {pc} drew ones at rate {mean}",
+                g.name
+            );
+        }
+    }
+}
+
+#[test]
+fn multinomial_samples_classes_by_their_probabilities_on_every_backend() {
+    // Unnormalized log-probabilities: the classes' probabilities are their softmax.
+    let logits: [[f64; 4]; 3] = [[5.0, -1.0, 0.5, 2.0], [0.0; 4], [-30.0, 1.0, -30.0, 1.0]];
+    let x = Tensor::from_vec(&[3, 4], logits.concat())
+        .unwrap()
+        .cast(DType::F32);
+    let samples = 20_000;
+    for (dtype, out) in [(None, DType::I32), (Some(7), DType::I64)] {
+        let mut attrs = vec![
+            int_attr("sample_size", samples as i64),
+            float_attr("seed", 9.0),
+        ];
+        attrs.extend(dtype.map(|d| int_attr("dtype", d)));
+        let n = node("Multinomial", "", &["x"], &["y"], attrs);
+        let mut g =
+            import_one_node(n, 7, vec![input("x", DType::F32, &[None, Some(4)])], vec![]).unwrap();
+        g.name = format!("Multinomial to {out}");
+        let y = sampled_everywhere(&g, &x, out);
+        assert_eq!(y.len(), 3 * samples);
+        for (r, row) in logits.iter().enumerate() {
+            let z: f64 = row.iter().map(|v| v.exp()).sum();
+            let drawn = &y[r * samples..(r + 1) * samples];
+            for (c, v) in row.iter().enumerate() {
+                let p = v.exp() / z;
+                let f = drawn.iter().filter(|&&k| k == c as f64).count() as f64 / samples as f64;
+                let sd = (p * (1.0 - p) / samples as f64).sqrt();
+                assert!(
+                    (f - p).abs() <= 5.0 * sd + 1e-9,
+                    "{}: row {r} class {c} drawn at rate {f}, want {p}",
+                    g.name
+                );
+            }
+        }
+    }
+    // Refusals name the node and the attribute.
+    let bad = |attrs, dims: &[Option<usize>]| {
+        let n = node("Multinomial", "", &["x"], &["y"], attrs);
+        import_one_node(n, 7, vec![input("x", DType::F32, dims)], vec![])
+            .unwrap_err()
+            .to_string()
+    };
+    let e = bad(vec![int_attr("sample_size", 0)], &[Some(2), Some(3)]);
+    assert!(
+        e.contains("(Multinomial)") && e.contains("'sample_size' must be positive"),
+        "{e}"
+    );
+    let e = bad(vec![int_attr("dtype", 1)], &[Some(2), Some(3)]);
+    assert!(e.contains("'dtype' must be int32 or int64, got f32"), "{e}");
+    let e = bad(vec![], &[Some(2), Some(3), Some(4)]);
+    assert!(
+        e.contains("must be 2-D ([batch, classes]), got rank 3"),
+        "{e}"
+    );
+}

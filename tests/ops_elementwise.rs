@@ -1,11 +1,11 @@
 //! Elementwise ops against naive float64 references: unary maps, broadcasting binary ops
-//! (float and integer), comparisons, Clip, Where, Dropout and Trilu.
+//! (float and integer), comparisons, Clip, Where, Dropout, the Random draws and Trilu.
 
 mod common;
 use common::*;
 use graphrun::graph::op::AttrValue;
 use graphrun::rng::Rng;
-use graphrun::{DType, Tensor};
+use graphrun::{BackendKind, DType, Op, Tensor};
 
 // ---- helpers ------------------------------------------------------------------------
 
@@ -698,6 +698,228 @@ fn dropout_training_mask() {
     )
     .unwrap();
     assert_ne!(a[1], b[1]);
+}
+
+// ---- Random draws -----------------------------------------------------------------------
+
+/// SplitMix64's first output for `seed`, written out here independently of the crate.
+fn splitmix(seed: u64) -> u64 {
+    const G: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut z = (seed ^ G).wrapping_add(G);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The documented draw of element i: `bits` (53 for f64 outputs, 24 otherwise) of
+/// SplitMix64 at counter seed + i (uniform), or Box–Muller from counters seed + 2i and
+/// seed + 2i + 1 (normal).
+fn random_ref(normal: bool, a: f64, b: f64, seed: u64, n: usize, bits: u32) -> Vec<f64> {
+    let unit = |c: u64| (splitmix(c) >> (64 - bits)) as f64 / 2f64.powi(bits as i32);
+    (0..n as u64)
+        .map(|i| {
+            if normal {
+                let c = seed.wrapping_add(2 * i);
+                let (u1, u2) = (1.0 - unit(c), unit(c.wrapping_add(1)));
+                a + b * (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
+            } else {
+                a + (b - a) * unit(seed.wrapping_add(i))
+            }
+        })
+        .collect()
+}
+
+fn random_op(normal: bool, like: bool, a: f64, b: f64, extra: &[(&str, AttrValue)]) -> Op {
+    let name = match (normal, like) {
+        (false, false) => "RandomUniform",
+        (false, true) => "RandomUniformLike",
+        (true, false) => "RandomNormal",
+        (true, true) => "RandomNormalLike",
+    };
+    let (an, bn) = if normal {
+        ("mean", "scale")
+    } else {
+        ("low", "high")
+    };
+    let mut attrs = vec![(an, AttrValue::Float(a)), (bn, AttrValue::Float(b))];
+    attrs.extend(extra.iter().cloned());
+    op(name, &attrs)
+}
+
+#[test]
+fn random_draws_are_the_documented_values_on_every_backend() {
+    let shape = [37usize, 53];
+    let n = 37 * 53;
+    let seed = 5.0f64;
+    for backend in backends() {
+        for dt in FLOATS {
+            if !computes(backend, dt) {
+                continue;
+            }
+            let bits = if dt == DType::F64 { 53 } else { 24 };
+            for (normal, a, b) in [(false, -2.0, 3.0), (true, 1.5, 0.5)] {
+                let want = random_ref(normal, a, b, seed.to_bits(), n, bits);
+                // The plain form (shape and dtype attributes) and the Like form (the
+                // input's shape and type; its values are not read).
+                let plain = random_op(
+                    normal,
+                    false,
+                    a,
+                    b,
+                    &[
+                        ("seed", AttrValue::Float(seed)),
+                        ("shape", AttrValue::Ints(vec![37, 53])),
+                        ("dtype", AttrValue::Int(dt.onnx_code() as i64)),
+                    ],
+                );
+                let like = random_op(normal, true, a, b, &[("seed", AttrValue::Float(seed))]);
+                let x = randn(&shape, 130);
+                for (form, o, args) in [("plain", plain, vec![]), ("like", like, vec![inp(x)])] {
+                    let what = format!("{} {form} {dt} on {backend:?}", o.name());
+                    let got =
+                        run_op(backend, o, &args, 1, dt).unwrap_or_else(|e| panic!("{what}: {e}"));
+                    assert_eq!(got[0].dtype(), dt, "{what}");
+                    assert_eq!(got[0].shape(), &shape, "{what}");
+                    // Rounding to the output type (and WebGPU's f32 log and cos).
+                    let t = match dt {
+                        DType::F64 => 1e-12,
+                        DType::F32 => 2e-6,
+                        DType::F16 => 1e-3,
+                        _ => 8e-3,
+                    };
+                    for (i, (g, w)) in got[0].to_f64_vec().iter().zip(&want).enumerate() {
+                        assert!(
+                            (g - w).abs() <= t * (w.abs() + b.abs()),
+                            "{what}: element {i} is {g}, want {w}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn random_draws_have_their_distributions() {
+    let n = 200_000usize;
+    let shape = ("shape", AttrValue::Ints(vec![n as i64]));
+    let f64_out = ("dtype", AttrValue::Int(11));
+    let draw = |o: Op| run_op(backends()[0], o, &[], 1, DType::F64).unwrap()[0].to_f64_vec();
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    let frac = |v: &[f64], f: &dyn Fn(f64) -> bool| {
+        v.iter().filter(|&&x| f(x)).count() as f64 / v.len() as f64
+    };
+    // Uniform on [-2, 3): inside the bounds, mean 0.5 (σ of the mean 5/√(12n)), each
+    // fifth of the range holding a fifth of the draws.
+    let u = draw(random_op(
+        false,
+        false,
+        -2.0,
+        3.0,
+        &[shape.clone(), f64_out.clone()],
+    ));
+    assert!(u.iter().all(|&x| (-2.0..3.0).contains(&x)));
+    let sd = 5.0 / (12.0 * n as f64).sqrt();
+    assert!(
+        (mean(&u) - 0.5).abs() < 5.0 * sd,
+        "uniform mean {}",
+        mean(&u)
+    );
+    for k in 0..5 {
+        let lo = -2.0 + k as f64;
+        let f = frac(&u, &|x| x >= lo && x < lo + 1.0);
+        assert!((f - 0.2).abs() < 0.005, "uniform fifth {k}: {f}");
+    }
+    // Normal with mean 1.5 and scale 0.5: its mean, deviation and the mass within 1σ and
+    // 2σ (0.6827, 0.9545).
+    let z = draw(random_op(
+        true,
+        false,
+        1.5,
+        0.5,
+        &[shape.clone(), f64_out.clone()],
+    ));
+    let m = mean(&z);
+    let sdev = (z.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / n as f64).sqrt();
+    assert!(
+        (m - 1.5).abs() < 5.0 * 0.5 / (n as f64).sqrt(),
+        "normal mean {m}"
+    );
+    assert!((sdev - 0.5).abs() < 0.005, "normal deviation {sdev}");
+    let one = frac(&z, &|x| (x - 1.5).abs() < 0.5);
+    let two = frac(&z, &|x| (x - 1.5).abs() < 1.0);
+    assert!(
+        (one - 0.6827).abs() < 0.005 && (two - 0.9545).abs() < 0.003,
+        "{one} {two}"
+    );
+    // Another seed draws other values; the same seed the same ones.
+    let seeded = |s: f64| {
+        draw(random_op(
+            false,
+            false,
+            0.0,
+            1.0,
+            &[
+                shape.clone(),
+                f64_out.clone(),
+                ("seed", AttrValue::Float(s)),
+            ],
+        ))
+    };
+    assert_eq!(seeded(1.0), seeded(1.0));
+    let (a, b) = (seeded(1.0), seeded(2.0));
+    let same = a.iter().zip(&b).filter(|(x, y)| x == y).count();
+    assert!(same < 5, "seeds 1 and 2 agree on {same} draws");
+}
+
+#[test]
+fn random_attributes_and_types_are_checked() {
+    let parse = |name: &str, attrs: &[(&str, AttrValue)]| {
+        let attrs: Vec<graphrun::graph::op::Attr> = attrs
+            .iter()
+            .map(|(k, v)| graphrun::graph::op::Attr {
+                name: k.to_string(),
+                value: v.clone(),
+                loc: None,
+            })
+            .collect();
+        Op::parse(name, &attrs, "r", None)
+            .map(|_| ())
+            .unwrap_err()
+            .to_string()
+    };
+    let e = parse("RandomUniform", &[]);
+    assert!(
+        e.contains("node 'r' (RandomUniform)") && e.contains("'shape' is required"),
+        "{e}"
+    );
+    let e = parse("RandomNormal", &[("shape", AttrValue::Ints(vec![2, -1]))]);
+    assert!(e.contains("must not be negative, got -1"), "{e}");
+    let e = parse("RandomUniformLike", &[("dtype", AttrValue::Int(7))]);
+    assert!(e.contains("'dtype' must be a float type, got i64"), "{e}");
+    let e = parse("RandomNormalLike", &[("dtype", AttrValue::Int(99))]);
+    assert!(e.contains("attribute 'dtype': unsupported dtype"), "{e}");
+    // A Like form on an integer input must name a float output type.
+    let like = random_op(false, true, 0.0, 1.0, &[]);
+    let e = run_raw(BackendKind::Cpu, like, &[inp(i64s(&[2], &[1, 2]))], 1)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("the input is i64, so attribute 'dtype' must name a float type"),
+        "{e}"
+    );
+    let like = random_op(true, true, 0.0, 1.0, &[("dtype", AttrValue::Int(1))]);
+    let got = run_raw(
+        BackendKind::Cpu,
+        like,
+        &[inp(i64s(&[2, 3], &[1, 2, 3, 4, 5, 6]))],
+        1,
+    )
+    .unwrap();
+    assert_eq!(
+        (got[0].dtype(), got[0].shape()),
+        (DType::F32, &[2usize, 3][..])
+    );
 }
 
 // ---- Trilu ------------------------------------------------------------------------------

@@ -155,24 +155,59 @@ pub fn dropout_ratio(node: &Node, ratio: f64) -> Result<f64> {
     Ok(ratio)
 }
 
-/// The base seed of Dropout's counter-based mask, the same on every backend so that masks
-/// agree bit for bit: the seed attribute, else one drawn from the node's name.
-pub fn dropout_base_seed(node: &Node, seed: Option<i64>) -> u64 {
+/// The base seed of a node's counter-based draws (Dropout's mask, the Random ops'
+/// values), the same on every backend so that draws agree: the seed attribute, else one
+/// drawn from the node's name.
+pub fn base_seed(node: &Node, seed: Option<u64>) -> u64 {
     match seed {
-        Some(s) => s as u64,
+        Some(s) => s,
         None => Rng::for_name(0, &node.name).next_u64(),
     }
 }
 
-/// The seed of step `step`: step 0 (a plain run) keeps the mask of the base seed alone;
-/// training steps mix in the step number, so every step draws a fresh, reproducible mask.
-/// Element i keeps when `Rng::new(seed + i).uniform() >= ratio`. (cuda/elementwise.cu
-/// `step_seed` does the same mixing on the device.)
-pub fn dropout_step_seed(base: u64, step: u64) -> u64 {
+/// The seed of step `step`: step 0 (a plain run) keeps the draws of the base seed alone;
+/// training steps mix in the step number, so every step draws afresh, reproducibly.
+/// Dropout's element i keeps when `Rng::new(seed + i).uniform() >= ratio`.
+/// (cuda/elementwise.cu `step_seed` does the same mixing on the device.)
+pub fn step_seed(base: u64, step: u64) -> u64 {
     match step {
         0 => base,
         t => Rng::new(base ^ t.wrapping_mul(0x9E37_79B9_7F4A_7C15)).next_u64(),
     }
+}
+
+/// The top `bits` bits of `Rng::new(seed)`'s first draw, as a number in [0, 1).
+fn unit(seed: u64, bits: u32) -> f64 {
+    (Rng::new(seed).next_u64() >> (64 - bits)) as f64 / (1u64 << bits) as f64
+}
+
+/// Element `i` of a Random node's draw under seed `seed`, in f64: uniform in [a, b) from
+/// counter `seed + i`, or normal with mean a and scale b by Box–Muller from counters
+/// `seed + 2i` and `seed + 2i + 1`. `bits` is 53 for an f64 output and 24 for narrower
+/// ones, so that a device computing in f32 (WebGPU) draws the same numbers, to rounding.
+/// (cuda/elementwise.cu `random_k` and shaders/elementwise.wgsl `random` are the same.)
+pub fn random_value(normal: bool, a: f64, b: f64, seed: u64, i: u64, bits: u32) -> f64 {
+    if normal {
+        let u1 = 1.0 - unit(seed.wrapping_add(i.wrapping_mul(2)), bits); // (0, 1]
+        let u2 = unit(seed.wrapping_add(i.wrapping_mul(2)).wrapping_add(1), bits);
+        a + b * (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+    } else {
+        a + (b - a) * unit(seed.wrapping_add(i), bits)
+    }
+}
+
+/// The bits of a Random draw for an output of `dtype` (see `random_value`).
+pub fn random_bits(dtype: crate::tensor::DType) -> u32 {
+    if dtype == crate::tensor::DType::F64 {
+        53
+    } else {
+        24
+    }
+}
+
+/// A Random node's seed attribute as the bits `base_seed` takes.
+pub fn random_seed(seed: Option<f64>) -> Option<u64> {
+    seed.map(f64::to_bits)
 }
 
 /// Input `i` of `node` (`ins[i]` is None for an omitted optional input), or an error

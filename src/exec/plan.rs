@@ -115,7 +115,7 @@ impl Plan {
         // Nodes whose outputs are all known on the host are folded, not run.
         let folded = |ni: usize| {
             let n = &g.nodes[ni];
-            !matches!(n.op, Op::Dropout { .. })
+            !n.op.is_random()
                 && n.outputs
                     .iter()
                     .all(|o| o.is_empty() || inf.consts.contains_key(o))

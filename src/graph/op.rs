@@ -456,6 +456,25 @@ pub enum Op {
         /// mask.
         seed: Option<i64>,
     },
+    /// ONNX `RandomUniform`, `RandomNormal` and their `Like` forms: `([like]) -> (output)`,
+    /// each element drawn independently from U[a, b) or N(a, b²). The output's shape is
+    /// `shape` (the plain forms, no input) or the input's (the `Like` forms, which read
+    /// nothing else of it).
+    Random {
+        /// Normal (mean a, scale b) rather than uniform (low a, high b).
+        normal: bool,
+        /// The low bound or the mean (default 0).
+        a: f32,
+        /// The high bound or the scale (default 1).
+        b: f32,
+        /// The seed; None derives one from the node's name. As Dropout's, each training
+        /// step mixes in its step number.
+        seed: Option<f64>,
+        /// The output's element type (a float); None is the input's (`Like`) or f32.
+        dtype: Option<DType>,
+        /// The output's shape for the plain forms; None for the `Like` forms.
+        shape: Option<Vec<usize>>,
+    },
     /// `(A, B, [bias], [residual]) -> (Y, [Pre])`: `Y = act(A·B + bias) + residual`, a
     /// MatMul with its epilogue fused (not an ONNX op: the fusion passes write it, and a
     /// model may use it directly). B is `[K, N]` (or batched) and bias `[N]`; the
@@ -834,6 +853,10 @@ const OTHER_OP_NAMES: &[&str] = &[
     "Trilu",
     "SoftmaxCrossEntropyLoss",
     "Dropout",
+    "RandomUniform",
+    "RandomUniformLike",
+    "RandomNormal",
+    "RandomNormalLike",
     "FusedMatMul",
     "GatedMatMul",
     "Attention",
@@ -1076,6 +1099,35 @@ impl<'a> Attrs<'a> {
             },
         }
     }
+    /// An element type, by name or ONNX code.
+    fn dtype(&mut self, name: &str) -> Result<Option<DType>> {
+        let Some(at) = self.get(name) else {
+            return Ok(None);
+        };
+        let to = match &at.value {
+            AttrValue::Str(s) => DType::parse(s),
+            AttrValue::Int(c) => DType::from_onnx(*c),
+            _ => return Err(self.wrong(at, "a dtype name or ONNX dtype code")),
+        };
+        match to {
+            Some(d) => Ok(Some(d)),
+            None => {
+                let given = match &at.value {
+                    AttrValue::Int(c) => {
+                        format!("{} (ONNX code {c})", crate::tensor::onnx_dtype_name(*c))
+                    }
+                    v => format!("{v:?}"),
+                };
+                Err(self.err(
+                    Some(at),
+                    format!(
+                        "attribute '{name}': unsupported dtype {given}; use one of {}",
+                        DType::ALL.map(|d| d.name()).join(", ")
+                    ),
+                ))
+            }
+        }
+    }
     fn ints(&mut self, name: &str) -> Result<Option<Vec<i64>>> {
         match self.get(name) {
             None => Ok(None),
@@ -1211,6 +1263,12 @@ impl Op {
             Op::Trilu { .. } => "Trilu",
             Op::SoftmaxCrossEntropyLoss { .. } => "SoftmaxCrossEntropyLoss",
             Op::Dropout { .. } => "Dropout",
+            Op::Random { normal, shape, .. } => match (normal, shape.is_some()) {
+                (false, true) => "RandomUniform",
+                (false, false) => "RandomUniformLike",
+                (true, true) => "RandomNormal",
+                (true, false) => "RandomNormalLike",
+            },
             Op::FusedMatMul { .. } => "FusedMatMul",
             Op::GatedMatMul { .. } => "GatedMatMul",
             Op::Attention { .. } => "Attention",
@@ -1389,6 +1447,12 @@ impl Op {
         )
     }
 
+    /// Ops that draw random values: two such nodes are not the same computation, and
+    /// none is folded or evaluated when a plan is made.
+    pub fn is_random(&self) -> bool {
+        matches!(self, Op::Dropout { .. } | Op::Random { .. })
+    }
+
     /// Whether input `i`, among the first `arity().0`, may still be omitted: Attention's K
     /// and V (and its gradient's), which its packed-QKV form leaves out
     /// (`infer::qkv_parts`).
@@ -1454,6 +1518,8 @@ impl Op {
             Op::Trilu { .. } => (1, 2, 1, 1),
             Op::SoftmaxCrossEntropyLoss { .. } => (2, 3, 1, 2),
             Op::Dropout { .. } => (1, 3, 1, 2),
+            Op::Random { shape: Some(_), .. } => (0, 0, 1, 1),
+            Op::Random { shape: None, .. } => (1, 1, 1, 1),
             // The second outputs (Pre, LSE) are what the gradient ops read.
             Op::FusedMatMul { .. } => (2, 4, 1, 2),
             Op::GatedMatMul { .. } => (3, 5, 1, 3),
@@ -1561,28 +1627,8 @@ impl Op {
             "Where" => Op::Where,
             "Identity" => Op::Identity,
             "Cast" | "BitCast" => {
-                let Some(at) = a.get("to") else {
+                let Some(to) = a.dtype("to")? else {
                     return Err(a.err(None, "attribute 'to' is required".into()));
-                };
-                let to = match &at.value {
-                    AttrValue::Str(s) => DType::parse(s),
-                    AttrValue::Int(c) => DType::from_onnx(*c),
-                    _ => return Err(a.wrong(at, "a dtype name or ONNX dtype code")),
-                };
-                let Some(to) = to else {
-                    let given = match &at.value {
-                        AttrValue::Int(c) => {
-                            format!("{} (ONNX code {c})", crate::tensor::onnx_dtype_name(*c))
-                        }
-                        v => format!("{v:?}"),
-                    };
-                    return Err(a.err(
-                        Some(at),
-                        format!(
-                            "attribute 'to': unsupported dtype {given}; use one of {}",
-                            DType::ALL.map(|d| d.name()).join(", ")
-                        ),
-                    ));
                 };
                 if name == "BitCast" {
                     Op::BitCast { to }
@@ -1949,6 +1995,45 @@ impl Op {
                     seed: a.int("seed")?,
                 }
             }
+            "RandomUniform" | "RandomUniformLike" | "RandomNormal" | "RandomNormalLike" => {
+                let normal = name.starts_with("RandomNormal");
+                let (an, bn) = if normal {
+                    ("mean", "scale")
+                } else {
+                    ("low", "high")
+                };
+                let dtype = a.dtype("dtype")?;
+                if let Some(d) = dtype.filter(|d| !d.is_float()) {
+                    let at = attrs.iter().find(|x| x.name == "dtype");
+                    return Err(a.err(
+                        at,
+                        format!("attribute 'dtype' must be a float type, got {}", d.name()),
+                    ));
+                }
+                let shape = if name.ends_with("Like") {
+                    None
+                } else {
+                    let Some(s) = a.ints("shape")? else {
+                        return Err(a.err(None, "attribute 'shape' is required".into()));
+                    };
+                    if let Some(d) = s.iter().find(|&&d| d < 0) {
+                        let at = attrs.iter().find(|x| x.name == "shape");
+                        return Err(a.err(
+                            at,
+                            format!("attribute 'shape' must not be negative, got {d}"),
+                        ));
+                    }
+                    Some(s.iter().map(|&d| d as usize).collect())
+                };
+                Op::Random {
+                    normal,
+                    a: a.float(an)?.unwrap_or(0.0) as f32,
+                    b: a.float(bn)?.unwrap_or(1.0) as f32,
+                    seed: a.float("seed")?,
+                    dtype,
+                    shape,
+                }
+            }
             "FusedMatMul" => Op::FusedMatMul {
                 activation: a.activation("activation")?,
                 trans_b: a.flag("trans_b", false)?,
@@ -2208,6 +2293,31 @@ impl Op {
                     v.push(("ignore_index", V::Int(*i)));
                 }
             }
+            Op::Random {
+                normal,
+                a,
+                b,
+                seed,
+                dtype,
+                shape,
+            } => {
+                let (an, bn) = if *normal {
+                    ("mean", "scale")
+                } else {
+                    ("low", "high")
+                };
+                v.push((an, f32_attr(*a)));
+                v.push((bn, f32_attr(*b)));
+                if let Some(s) = seed {
+                    v.push(("seed", V::Float(*s)));
+                }
+                if let Some(d) = dtype {
+                    v.push(("dtype", V::Str(d.name().into())));
+                }
+                if let Some(s) = shape {
+                    v.push(("shape", V::Ints(s.iter().map(|&d| d as i64).collect())));
+                }
+            }
             Op::Dropout { ratio, seed } => {
                 v.push(("ratio", f32_attr(*ratio)));
                 if let Some(s) = seed {
@@ -2285,6 +2395,7 @@ pub fn op_table_markdown() -> String {
         "Attention" | "VarlenAttention" => "attention (fused)",
         "Rotary" => "rotary position embedding (fused)",
         "Dropout" => "regularization",
+        "RandomUniform" | "RandomUniformLike" | "RandomNormal" | "RandomNormalLike" => "random",
         _ => "elementwise",
     };
     let mut s = String::from("| op | family | cpu | cuda | wgpu |\n|---|---|---|---|---|\n");

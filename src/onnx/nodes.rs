@@ -29,6 +29,7 @@ mod optional;
 mod sequence;
 pub use sequence::element_name;
 mod quant;
+mod random;
 mod recurrent;
 mod resize;
 mod roi;
@@ -76,6 +77,7 @@ fn since(op: &str) -> i64 {
         op if sequence::SEQUENCE.contains(&op) => 11,
         "DFT" | "STFT" => 17,
         "AffineGrid" => 20,
+        "Bernoulli" => 15,
         _ => MIN_OPSET,
     }
 }

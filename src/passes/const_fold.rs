@@ -54,12 +54,10 @@ fn fold_shape(cx: &Ctx, i: usize, _: &mut Why) -> Option<Patch> {
 
 fn fold_node(cx: &Ctx, i: usize, _: &mut Why) -> Option<Patch> {
     let n = cx.node(i);
-    // Constants are already constant; Dropout is random in training; Shape is above.
+    // Constants are already constant; random draws differ per run; Shape is above.
     if n.inputs.is_empty()
-        || matches!(
-            n.op,
-            Op::Dropout { .. } | Op::Shape { .. } | Op::Constant { .. }
-        )
+        || n.op.is_random()
+        || matches!(n.op, Op::Shape { .. } | Op::Constant { .. })
     {
         return None;
     }

@@ -53,8 +53,8 @@ fn merge(cx: &Ctx, gone: usize, kept: usize) -> Option<Patch> {
 
 fn cse(cx: &Ctx, i: usize, _: &mut Why) -> Option<Patch> {
     let n = cx.node(i);
-    // Dropout draws a mask per node: two of them are not the same computation.
-    if matches!(n.op, Op::Dropout { .. }) {
+    // Each random node draws its own values: two of them are not the same computation.
+    if n.op.is_random() {
         return None;
     }
     let earlier = |j: &usize| *j != i && cx.pos[*j] < cx.pos[i] && same(cx.node(*j), n);

@@ -1,5 +1,5 @@
 //! Elementwise family: unary and binary maps with numpy broadcasting, Clip, Where,
-//! Dropout, Trilu.
+//! Dropout, the Random draws, Trilu.
 
 use super::simd;
 use crate::backends::common;
@@ -889,7 +889,7 @@ pub fn dropout(
     }
     // Counter-based: element i's draw depends only on (seed, i), so the mask is the same
     // however the work is split, and other backends can reproduce it.
-    let base = common::dropout_step_seed(common::dropout_base_seed(node, seed), step);
+    let base = common::step_seed(common::base_seed(node, seed.map(|s| s as u64)), step);
     let keep = |i: usize| Rng::new(base.wrapping_add(i as u64)).uniform() >= ratio;
     with_float!(x.dtype(), T => dropout_mask::<T>(x, y, keep, ratio), _ => return unsupported("Dropout", x.dtype()));
     if let Some(m) = mask.first_mut() {
@@ -900,6 +900,32 @@ pub fn dropout(
         });
     }
     Ok(())
+}
+
+/// A Random node's draw (`common::random_value`), element by element in parallel: each
+/// element's value depends only on (seed, index), so any split of the work agrees.
+pub fn random(
+    node: &Node,
+    (normal, a, b): (bool, f32, f32),
+    seed: Option<f64>,
+    step: u64,
+    out: &mut Tensor,
+) -> Result<()> {
+    let base = common::step_seed(common::base_seed(node, common::random_seed(seed)), step);
+    let bits = common::random_bits(out.dtype());
+    let (a, b) = (a as f64, b as f64);
+    let draw = |i: usize| common::random_value(normal, a, b, base, i as u64, bits);
+    with_float!(out.dtype(), T => fill::<T>(out, draw), _ => return unsupported("Random", out.dtype()));
+    Ok(())
+}
+
+/// Element i of `out` = `draw(i)`, rounded to T.
+fn fill<T: Float>(out: &mut Tensor, draw: impl Fn(usize) -> f64 + Sync) {
+    par_for(out.as_mut_slice::<T>(), |start, o| {
+        for (i, o) in o.iter_mut().enumerate() {
+            *o = T::from_acc(T::Acc::c(draw(start + i)));
+        }
+    });
 }
 
 fn dropout_mask<T: Float>(

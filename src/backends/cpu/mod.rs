@@ -227,6 +227,9 @@ pub fn run_node(
             Ok(())
         }
         Op::Dropout { ratio, seed } => elementwise::dropout(node, ins, outs, *ratio, *seed, step),
+        Op::Random {
+            normal, a, b, seed, ..
+        } => elementwise::random(node, (*normal, *a, *b), *seed, step, &mut outs[0]),
         Op::Trilu { upper } => {
             elementwise::trilu(x(0)?, ins.get(1).copied().flatten(), *upper, &mut outs[0])
         }

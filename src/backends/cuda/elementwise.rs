@@ -1,5 +1,5 @@
 //! Elementwise family on CUDA (cuda/elementwise.cu): unary and binary maps with
-//! broadcasting, Pow, Clip, Where, Cast, Dropout, Trilu, the unary gradients and the
+//! broadcasting, Pow, Clip, Where, Cast, Dropout, the Random draws, Trilu, the unary gradients and the
 //! activation epilogue that FusedMatMul uses.
 
 use super::device::{suffix, word, Arg, Strided};
@@ -413,6 +413,31 @@ pub fn trilu(c: &Cuda, x: &V, k: Option<V>, upper: bool, y: &V) -> Result<()> {
     c.launch_n(&format!("trilu_{}", word(x.dtype())), n, &args)
 }
 
+/// A Random node's draw, the CPU's counter-based values (`common::random_value`); the
+/// step's seed comes from the step number on the device, as Dropout's.
+pub fn random(
+    c: &Cuda,
+    node: &Node,
+    (normal, a, b): (bool, f32, f32),
+    seed: Option<f64>,
+    y: &V,
+) -> Result<()> {
+    if !y.dtype().is_float() {
+        return Err(unsupported(node, y.dtype()));
+    }
+    let args = [
+        Arg::Ptr(y.p),
+        Arg::I64(y.numel() as i64),
+        Arg::U64(common::base_seed(node, common::random_seed(seed))),
+        Arg::Ptr(c.steps.step_ptr(&c.stream)),
+        Arg::I32(normal as i32),
+        Arg::F64(a as f64),
+        Arg::F64(b as f64),
+        Arg::I32(common::random_bits(y.dtype()) as i32),
+    ];
+    c.launch_n(&format!("random_{}", suffix(y.dtype())), y.numel(), &args)
+}
+
 /// Identity at inference; in training the CPU's counter-based mask, bit for bit.
 #[allow(clippy::too_many_arguments)]
 pub fn dropout(
@@ -444,7 +469,7 @@ pub fn dropout(
     if !x.dtype().is_float() {
         return Err(unsupported(node, x.dtype()));
     }
-    let base = common::dropout_base_seed(node, seed);
+    let base = common::base_seed(node, seed.map(|s| s as u64));
     // The step's own mask comes from the step number on the device (cuda/elementwise.cu
     // `step_seed`), so a recorded step draws a new mask each time it is replayed.
     let n = y.numel();

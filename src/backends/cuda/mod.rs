@@ -658,6 +658,9 @@ impl Cuda {
             Op::Dropout { ratio, seed } => {
                 elementwise::dropout(self, node, &x(0)?, opt(1), opt(2), outs, *ratio, *seed)
             }
+            Op::Random {
+                normal, a, b, seed, ..
+            } => elementwise::random(self, node, (*normal, *a, *b), *seed, &y),
             Op::Trilu { upper } => elementwise::trilu(self, &x(0)?, opt(1), *upper, &y),
             Op::MatMul => matmul::matmul(self, node, &x(0)?, &x(1)?, &y),
             Op::Gemm {

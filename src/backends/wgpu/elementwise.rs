@@ -1,5 +1,6 @@
 //! Elementwise family on wgpu (shaders/elementwise.wgsl): unary maps and their
-//! gradients, binary arithmetic and comparisons with broadcasting, Pow, Clip, Dropout.
+//! gradients, binary arithmetic and comparisons with broadcasting, Pow, Clip, Dropout,
+//! the Random draws.
 
 use super::device::{groups_for, Family};
 use super::{float_defs, shape, unsupported, Params, Strided, Wgpu, V};
@@ -370,6 +371,29 @@ fn clip_packed(
     }
 }
 
+/// A Random node's draw in f32: the CPU's counter-based values (`common::random_value`
+/// with 24 bits), to f32 rounding.
+pub fn random(
+    w: &mut Wgpu,
+    node: &Node,
+    (normal, a, b): (bool, f32, f32),
+    seed: Option<f64>,
+    y: &V,
+) -> Result<()> {
+    let defs = float_defs(w, node, y.dtype())?;
+    let base = common::step_seed(common::base_seed(node, common::random_seed(seed)), w.step);
+    let n = y.numel();
+    let p = Params::new()
+        .u(0, n)
+        .u(1, base as u32 as usize)
+        .u(2, (base >> 32) as usize)
+        .u(3, normal as usize)
+        .f(4, a)
+        .f(5, b);
+    let k = Wgpu::kernel(Family::Elementwise, "random", defs);
+    w.run_kernel(&k, &p, &[(3, y.buf)], groups_for(n, 256))
+}
+
 /// Identity at inference; in training the CPU's counter-based mask, bit for bit.
 #[allow(clippy::too_many_arguments)]
 pub fn dropout(
@@ -402,7 +426,7 @@ pub fn dropout(
         return Ok(());
     }
     let defs = float_defs(w, node, x.dtype())?;
-    let base = common::dropout_step_seed(common::dropout_base_seed(node, seed), w.step);
+    let base = common::step_seed(common::base_seed(node, seed.map(|s| s as u64)), w.step);
     // uniform = k / 2^53 >= ratio  ⇔  k >= ceil(ratio · 2^53), exact in f64.
     let thr = (ratio * (1u64 << 53) as f64).ceil() as u64;
     let n = y.numel();

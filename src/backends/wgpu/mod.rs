@@ -352,6 +352,9 @@ impl Wgpu {
             Op::Dropout { ratio, seed } => {
                 elementwise::dropout(self, node, &x(0)?, opt(1), opt(2), outs, *ratio, *seed)
             }
+            Op::Random {
+                normal, a, b, seed, ..
+            } => elementwise::random(self, node, (*normal, *a, *b), *seed, &y),
             Op::Where => shape::where_(self, &x(0)?, &x(1)?, &x(2)?, &y),
             Op::Rotary { interleaved } | Op::RotaryGrad { interleaved } => {
                 let t = matches!(node.op, Op::RotaryGrad { .. });

@@ -198,7 +198,7 @@ impl Inferred {
             // Its input is known (`infer_node` refused it otherwise) and at most
             // CONST_LIMIT elements; its outputs are no larger than a few times that.
             values = Some(ev.eval(node, &consts, &outs)?);
-        } else if small && all_known && !is_random(&node.op) {
+        } else if small && all_known && !node.op.is_random() {
             let args: Vec<Option<&Tensor>> = consts.clone();
             values = ev.eval(node, &args, &outs).ok();
         }
@@ -231,10 +231,6 @@ impl Inferred {
         }
         Ok(())
     }
-}
-
-fn is_random(op: &Op) -> bool {
-    matches!(op, Op::Dropout { .. })
 }
 
 /// Ops whose outputs' shapes depend on their input's values, not only on its shape:
@@ -308,6 +304,7 @@ pub fn shape_inputs(op: &Op) -> &'static [(usize, &'static str)] {
         | Op::Trilu { .. }
         | Op::SoftmaxCrossEntropyLoss { .. }
         | Op::Dropout { .. }
+        | Op::Random { .. }
         | Op::FusedMatMul { .. }
         | Op::GatedMatMul { .. }
         | Op::GatedMatMulGrad { .. }
@@ -569,6 +566,7 @@ pub fn infer_node(
         | Op::LayerNormalization { .. }
         | Op::SoftmaxCrossEntropyLoss { .. }
         | Op::Dropout { .. }
+        | Op::Random { .. }
         | Op::Rotary { .. } => nn::infer(&cx),
         Op::Attention { .. } | Op::VarlenAttention { .. } => attention::infer(&cx),
         Op::Im2Col { .. }

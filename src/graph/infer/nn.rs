@@ -1,5 +1,5 @@
 //! Inference of the neural-network ops: matrix products (MatMul, Gemm, FusedMatMul),
-//! LayerNormalization, SoftmaxCrossEntropyLoss and Dropout.
+//! LayerNormalization, SoftmaxCrossEntropyLoss, Dropout and the random draws.
 
 use super::*;
 
@@ -183,6 +183,19 @@ pub(super) fn infer(cx: &Cx) -> Result<Vec<ValueType>> {
                 out.push(x.clone());
             }
             Ok(out)
+        }
+        Op::Random { dtype, shape, .. } => {
+            // The plain forms default to f32; the `Like` forms to their input's type.
+            let (dtype, shape) = match shape {
+                Some(s) => (dtype.unwrap_or(DType::F32), s.clone()),
+                None => (dtype.unwrap_or(x.dtype), x.shape.clone()),
+            };
+            if !dtype.is_float() {
+                return Err(cx.fail(format!(
+                    "draws floats: the input is {dtype}, so attribute 'dtype' must name a float type"
+                )));
+            }
+            one(ValueType { dtype, shape })
         }
         Op::Dropout { .. } => {
             cx.need_float(&x, "data")?;

@@ -42,6 +42,9 @@ pub(super) const COMPOSITE: &[&str] = &[
     // spectral.rs
     "DFT",
     "STFT",
+    // random.rs
+    "Bernoulli",
+    "Multinomial",
 ];
 
 /// The com.microsoft (ONNX Runtime contrib) operators written here.
@@ -309,6 +312,8 @@ impl Importer<'_> {
             "AffineGrid" => self.affine_grid(n, &what, a),
             "DFT" => self.dft(n, &what, a),
             "STFT" => self.stft(n, &what, a),
+            "Bernoulli" => self.bernoulli(n, &what, a),
+            "Multinomial" => self.multinomial(n, &what, a),
             _ => self.window(n, &what, a),
         }
     }

@@ -446,7 +446,8 @@ pub(super) fn grad(b: &mut Builder, ni: usize, n: &Node, dys: &[Option<String>])
             };
             fused_grads(b, op, &ins, &of, n.inputs.len())
         }
-        // No gradient flows through integer results, shapes or constants.
+        // No gradient flows through integer results, shapes, constants or random draws
+        // (a `Like` draw reads only its input's shape).
         Op::Shape { .. }
         | Op::Constant { .. }
         | Op::Range
@@ -455,7 +456,8 @@ pub(super) fn grad(b: &mut Builder, ni: usize, n: &Node, dys: &[Option<String>])
         | Op::Unique { .. }
         | Op::NonMaxSuppression { .. }
         | Op::BitCast { .. }
-        | Op::ResizeMatrix { .. } => none(),
+        | Op::ResizeMatrix { .. }
+        | Op::Random { .. } => none(),
         // Multi-output ops are handled by `multi`; gradient ops are not differentiated again.
         Op::Split { .. }
         | Op::LayerNormalization { .. }
