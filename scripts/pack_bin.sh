@@ -22,6 +22,6 @@ for l in sys.stdin:
 cp target/release/graphrun "$B/graphrun"
 [ -n "${BASE_BIN:-}" ] && cp "$BASE_BIN" "$B/graphrun_base"
 strip "$B"/graphrun* "$B"/tests/*
-tar cf - -C "$B" . | xz -T2 -6 > "$DEST/bin.txz"
+tar cf - -C "$B" . | xz -T2 -9e > "$DEST/bin.txz"
 rm -rf "$B"
 du -sh "$DEST"

@@ -531,9 +531,12 @@ fn depthwise_run<S: pulp::Simd, const V: usize>(
 const TILE_FLOATS: usize = 1 << 17;
 
 /// A planar convolution as independent tasks, one per (image, group, block of output
-/// rows): each lays out its block's columns (cache-sized), multiplies them on one thread
-/// into Y's block and applies the epilogue while the block is hot. The blocks are cut
-/// small enough that every thread has work even for one image.
+/// rows, block of output channels): each lays out its block's columns (cache-sized),
+/// multiplies them on one thread into Y's block and applies the epilogue while the block
+/// is hot. The blocks are cut small enough that every thread has work even for one image:
+/// by rows while a block keeps `MIN_TASK_COLUMNS` output positions, then by channels (a
+/// small late-stage map with many channels would otherwise leave each product a sliver
+/// of columns, where the product kernel runs far below its rate).
 fn tiled<F: Real>(cg: &ConvGeom, x: &[F], w: &[F], ep: &Epilogue<F>, y: &mut [F]) {
     let g = &cg.g;
     let (c, hw, l, m) = (g.c, g.hw(), g.l(), cg.m);
@@ -541,19 +544,30 @@ fn tiled<F: Real>(cg: &ConvGeom, x: &[F], w: &[F], ep: &Epilogue<F>, y: &mut [F]
     let (oh, ow) = (g.out[1], g.out[2]);
     let blocks = g.n * cg.group;
     let mut rows = (TILE_FLOATS / (ckg * ow).max(1)).clamp(1, oh.max(1));
+    let mut chans = mg.max(1);
     let want = 2 * rayon::current_num_threads();
-    while rows > 1 && blocks * oh.div_ceil(rows) < want {
-        rows = rows.div_ceil(2);
+    while blocks * oh.div_ceil(rows) * mg.div_ceil(chans) < want {
+        if rows > 1 && rows.div_ceil(2) * ow >= MIN_TASK_COLUMNS {
+            rows = rows.div_ceil(2);
+        } else if chans >= 2 * CHANNEL_BLOCK {
+            chans = chans.div_ceil(2 * CHANNEL_BLOCK) * CHANNEL_BLOCK;
+        } else if rows > 1 {
+            rows = rows.div_ceil(2);
+        } else {
+            break;
+        }
     }
-    let tiles = oh.div_ceil(rows);
+    let (tiles, cblocks) = (oh.div_ceil(rows), mg.div_ceil(chans));
     let yp = Shared(y.as_mut_ptr());
     let pointwise = cg.pointwise();
-    (0..blocks * tiles)
-        .into_par_iter()
-        .for_each_init(Vec::new, |cols: &mut Vec<F>, t| {
+    (0..blocks * tiles * cblocks).into_par_iter().for_each_init(
+        Vec::new,
+        |cols: &mut Vec<F>, t| {
+            let (cb, t) = (t % cblocks, t / cblocks);
             let (n, grp, tile) = (t / tiles / cg.group, (t / tiles) % cg.group, t % tiles);
             let (oy0, oy1) = (tile * rows, ((tile + 1) * rows).min(oh));
             let (l0, tl) = (oy0 * ow, (oy1 - oy0) * ow);
+            let (c0, mb) = (cb * chans, chans.min(mg - cb * chans));
             let src = &x[(n * c + grp * cgc) * hw..][..cgc * hw];
             let (bp, brs) = if pointwise {
                 (src[l0..].as_ptr(), hw)
@@ -562,30 +576,37 @@ fn tiled<F: Real>(cg: &ConvGeom, x: &[F], w: &[F], ep: &Epilogue<F>, y: &mut [F]
                 tile_columns(g, src, (oy0, oy1), cols, tl);
                 (cols.as_ptr(), tl)
             };
-            let p0 = n * m + grp * mg;
-            // SAFETY: W's group block [mg, ckg]; the columns [ckg, tl] (rows brs apart);
-            // Y's rows p0.. at columns l0..l0 + tl, row stride l: inside Y, and no other
-            // task writes those elements (tasks differ in image, group or output rows).
+            let p0 = n * m + grp * mg + c0;
+            // SAFETY: W's rows c0..c0 + mb of the group block [mg, ckg]; the columns
+            // [ckg, tl] (rows brs apart); Y's rows p0.. at columns l0..l0 + tl, row stride
+            // l: inside Y, and no other task writes those elements (tasks differ in
+            // image, group, output rows or output channels).
             unsafe {
                 let dst = yp.ptr().add(p0 * l + l0);
                 mm(
-                    (mg, tl, ckg),
+                    (mb, tl, ckg),
                     dst,
                     l,
                     false,
-                    (w[grp * mg * ckg..].as_ptr(), ckg, 1),
+                    (w[(grp * mg + c0) * ckg..].as_ptr(), ckg, 1),
                     (bp, brs, 1),
                     gemm::Parallelism::None,
                 );
                 if !ep.nothing() {
-                    for r in 0..mg {
+                    for r in 0..mb {
                         let span = std::slice::from_raw_parts_mut(dst.add(r * l), tl);
                         ep.span(p0 + r, l0, span);
                     }
                 }
             }
-        });
+        },
+    );
 }
+
+/// The fewest output positions `tiled` gives one task before it splits by channels.
+const MIN_TASK_COLUMNS: usize = 96;
+/// `tiled` splits output channels in multiples of this (the product kernel's rows).
+const CHANNEL_BLOCK: usize = 48;
 
 fn forward<F: Real>(cg: &ConvGeom, x: &[F], w: &[F], ep: &Epilogue<F>, y: &mut [F]) {
     let g = &cg.g;
