@@ -686,3 +686,67 @@ fn nested_loops_past_the_cap_are_refused() {
         .to_string();
     assert!(e.contains("(Loop)") && e.contains("1000000 values"), "{e}");
 }
+
+/// An If whose branches give different shapes, its condition computed from the data (as
+/// torchvision's detection exports test whether any box is left): the session runs the
+/// condition first, in a stage of its own, then the branch it picks.
+#[test]
+fn if_with_branches_of_different_shapes_on_a_computed_condition() {
+    let then = body(vec![n("Identity", &["x"], &["t"], vec![])], vec![], &["t"]);
+    let empty = Tensor::from_vec(&[0], Vec::<f32>::new()).unwrap();
+    let other = body(vec![constant("e", &empty)], vec![], &["e"]);
+    let nodes = vec![
+        constant("half", &Tensor::scalar(0.5f32)),
+        n("Greater", &["x", "half"], &["hot"], vec![]),
+        n("Cast", &["hot"], &["hotf"], vec![int_attr("to", 1)]),
+        n(
+            "ReduceSum",
+            &["hotf"],
+            &["count"],
+            vec![int_attr("keepdims", 0)],
+        ),
+        constant("zero", &Tensor::scalar(0f32)),
+        n("Greater", &["count", "zero"], &["any"], vec![]),
+        n(
+            "If",
+            &["any"],
+            &["y"],
+            vec![
+                graph_attr("then_branch", then),
+                graph_attr("else_branch", other),
+            ],
+        ),
+    ];
+    let bytes = model_bytes(
+        nodes,
+        13,
+        vec![input("x", DType::F32, &[Some(50)])],
+        vec![],
+        &["y"],
+    );
+    let g = graphrun::onnx::from_bytes(&bytes, "if_shapes", std::path::Path::new(".")).unwrap();
+    for (lo, hi) in [(0.0, 1.0), (0.0, 0.5)] {
+        let x = rand(&[50], 31, lo, hi).cast(DType::F32);
+        let any = x.to_f64_vec().iter().any(|&v| v > 0.5);
+        let want = if any { x.to_f64_vec() } else { vec![] };
+        for backend in backends() {
+            let opts = SessionOptions {
+                backend,
+                ..SessionOptions::unfused()
+            };
+            let got = Session::new(g.clone(), opts)
+                .and_then(|mut s| s.run(&HashMap::from([("x".to_string(), x.clone())])))
+                .unwrap_or_else(|e| panic!("x in [{lo}, {hi}) on {backend:?}: {e}"));
+            assert_eq!(
+                got[0].1.shape(),
+                &[want.len()],
+                "x in [{lo}, {hi}) on {backend:?}"
+            );
+            assert_eq!(
+                got[0].1.to_f64_vec(),
+                want,
+                "x in [{lo}, {hi}) on {backend:?}"
+            );
+        }
+    }
+}

@@ -372,36 +372,45 @@ nodes:
             && e.contains("i64 or i32 tensor, got f32[2]"),
         "{e}"
     );
-    // An integer input too large to be a plan-time value.
-    let large = r#"
+    // An integer input too large to be a plan-time value: as a shape itself it is
+    // refused; through a computation (a ReduceMax to Slice's starts) the session runs
+    // that first, in a stage of its own.
+    let large = |starts: &str| {
+        format!(
+            r#"
 graphrun: 1
 name: large_shape
 inputs:
-  - {name: x, dtype: f32, shape: [2, 6]}
-  - {name: big, dtype: i64, shape: [2000]}
+  - {{name: x, dtype: f32, shape: [2, 6]}}
+  - {{name: big, dtype: i64, shape: [2000]}}
 outputs: [y]
 nodes:
-  - {op: ReduceMax, inputs: [big], outputs: [k], attrs: {keepdims: 1}}
-  - {op: Slice, name: sl, inputs: [x, k, k], outputs: [y]}
-"#;
-    let m = Model::from_str(large, ".").unwrap();
+  - {{op: ReduceMax, inputs: [big], outputs: [k], attrs: {{keepdims: 1}}}}
+  - {{op: Slice, name: sl, inputs: [x, {starts}, k], outputs: [y]}}
+"#
+        )
+    };
     let big = rand_ints(&[2000], 13, 0, 3);
-    let e = session(&m.graph, BackendKind::Cpu)
-        .run(&feeds(&[("x", x), ("big", big)]))
-        .unwrap_err()
-        .to_string();
+    let run = |starts: &str| {
+        let m = Model::from_str(&large(starts), ".").unwrap();
+        session(&m.graph, BackendKind::Cpu).run(&feeds(&[("x", x.clone()), ("big", big.clone())]))
+    };
+    let e = run("big").unwrap_err().to_string();
     assert!(
         e.contains("input 'big' decides the starts of node 'sl' (Slice)")
             && e.contains("at most 1024 elements, got i64[2000]"),
         "{e}"
     );
+    // k = [2]: rows 2.. of x's 2 rows, none.
+    let got = run("k").unwrap();
+    assert_eq!(got[0].1.shape(), &[0, 6]);
 }
 
-/// A shape that depends on a value no plan can know (here a reduction over an
-/// initializer too large to evaluate on the host) is an error naming the node, its op
-/// and the input.
+/// A shape that depends on a value no plan can know in advance (here a reduction over
+/// an initializer too large to evaluate on the host): the model loads, and a run computes
+/// the value first, in a stage of its own.
 #[test]
-fn data_dependent_shape_is_named() {
+fn shape_from_a_large_initializer_runs_in_stages() {
     let text = r#"
 graphrun: 1
 name: data_shape
@@ -409,17 +418,25 @@ inputs:
   - {name: x, dtype: f32, shape: [4, 6]}
 outputs: [y]
 initializers:
-  - {name: big, dtype: i64, shape: [70000], init: zeros}
+  - {name: big, dtype: i64, shape: [70000], init: {constant: 1}}
 nodes:
   - {op: ReduceMax, inputs: [big], outputs: [k], attrs: {keepdims: 1}}
-  - {op: Slice, name: sl, inputs: [x, k, k], outputs: [y]}
+  - {op: Constant, outputs: [end], attrs: {value: {dtype: i64, shape: [1], values: [3]}}}
+  - {op: Slice, name: sl, inputs: [x, k, end], outputs: [y]}
 "#;
-    let e = Model::from_str(text, ".").expect_err("refused").to_string();
-    assert!(
-        e.contains("node 'sl' (Slice)")
-            && e.contains("starts (input 'k') must be known when the plan is made"),
-        "{e}"
-    );
+    let m = Model::from_str(text, ".").unwrap();
+    let x = rand(&[4, 6], 16, -1.0, 1.0).cast(DType::F32);
+    let want = gather(&x, &[2, 6], |i| (i[0] + 1) * 6 + i[1]);
+    // (WGSL has no 64-bit integers to reduce.)
+    for be in backends()
+        .into_iter()
+        .filter(|&b| !graphrun::backends::not_on(b, DType::I64))
+    {
+        let got = session(&m.graph, be)
+            .run(&feeds(&[("x", x.clone())]))
+            .unwrap();
+        assert_outputs(&format!("{be:?}"), &got, &want);
+    }
 }
 
 /// The CLI plans for a fed shape (`--input`), and names the input it needs otherwise.
@@ -478,4 +495,59 @@ fn cli_takes_the_shape_input() {
         );
     }
     let _ = std::fs::remove_dir_all(&d);
+}
+
+/// Shapes that depend on values computed inside the graph from a large input: the
+/// values of x above 0.5 (NonZero of a comparison, as a detection head thresholds its
+/// scores), how many of those are above 0.9 (a second NonZero, on the first one's
+/// result), and a Range to a count read from the data. The session runs it in stages.
+const STAGED: &str = r#"
+graphrun: 1
+name: staged
+inputs:
+  - {name: x, dtype: f32, shape: [40, 30]}
+nodes:
+  - {op: Constant, outputs: [half], attrs: {value: {dtype: f32, shape: [], values: [0.5]}}}
+  - {op: Greater, inputs: [x, half], outputs: [hot]}
+  - {op: NonZero, inputs: [hot], outputs: [idx]}
+  - {op: Transpose, inputs: [idx], outputs: [at]}
+  - {op: GatherND, inputs: [x, at], outputs: [vals]}
+  - {op: Constant, outputs: [hi], attrs: {value: {dtype: f32, shape: [], values: [0.9]}}}
+  - {op: Greater, inputs: [vals, hi], outputs: [top]}
+  - {op: NonZero, inputs: [top], outputs: [topi]}
+  - {op: Shape, inputs: [topi], outputs: [topn]}
+  - {op: Cast, inputs: [topn], outputs: [count], attrs: {to: f32}}
+  - {op: ReduceMax, inputs: [x], outputs: [mx], attrs: {keepdims: 0}}
+  - {op: Constant, outputs: [ten], attrs: {value: {dtype: f32, shape: [], values: [10]}}}
+  - {op: Mul, inputs: [mx, ten], outputs: [mx10]}
+  - {op: Floor, inputs: [mx10], outputs: [n]}
+  - {op: Constant, outputs: [zero], attrs: {value: {dtype: f32, shape: [], values: [0]}}}
+  - {op: Constant, outputs: [one], attrs: {value: {dtype: f32, shape: [], values: [1]}}}
+  - {op: Range, inputs: [zero, n, one], outputs: [r]}
+outputs: [vals, count, r]
+"#;
+
+#[test]
+fn shapes_decided_by_values_computed_inside_the_graph_run_in_stages() {
+    let m = Model::from_str(STAGED, ".").unwrap();
+    for (k, scale) in [1.0, 0.7].into_iter().enumerate() {
+        let x = rand(&[40, 30], 20 + k as u64, 0.0, scale).cast(DType::F32);
+        let xv = x.to_f64_vec();
+        let vals: Vec<f64> = xv.iter().copied().filter(|&v| v > 0.5).collect();
+        let top = vals.iter().filter(|&&v| v > 0.9).count();
+        let mx = xv.iter().copied().fold(f64::MIN, f64::max);
+        let n = (mx as f32 * 10.0).floor() as usize;
+        let want: Expected = vec![
+            (vec![vals.len()], vals.clone()),
+            (vec![2], vec![1.0, top as f64]),
+            (vec![n], (0..n).map(|i| i as f64).collect()),
+        ];
+        for be in backends() {
+            let mut s = session(&m.graph, be);
+            let got = s
+                .run(&feeds(&[("x", x.clone())]))
+                .unwrap_or_else(|e| panic!("x·{scale} on {be:?}: {e}"));
+            assert_outputs(&format!("x·{scale} on {be:?}"), &got, &want);
+        }
+    }
 }

@@ -9,6 +9,7 @@ pub mod parallel;
 pub mod parallel;
 pub mod plan;
 pub mod session;
+mod staged;
 
 pub use parallel::DataParallel;
 pub use plan::{Plan, PlanKey};

@@ -417,11 +417,17 @@ impl Session {
     pub fn run(&mut self, feeds: &HashMap<String, Tensor>) -> Result<Vec<(String, Tensor)>> {
         let defaulted = with_defaults(&self.graph, feeds);
         let feeds = &*defaulted;
-        let key = self.plan_key(feeds)?;
-        if !self.plans.has(&key) {
-            let plan = self.make_plan(&self.graph, &key)?;
-            self.plans.insert(key.clone(), plan);
-        }
+        let planned = self.plan_key(feeds).and_then(|key| {
+            if !self.plans.has(&key) {
+                let plan = self.make_plan(&self.graph, &key)?;
+                self.plans.insert(key.clone(), plan);
+            }
+            Ok(key)
+        });
+        let key = match planned {
+            Ok(key) => key,
+            Err(e) => return self.run_staged(feeds, e),
+        };
         let plan = self.plans.get(&key).expect("inserted above");
         self.exec.set_step(0);
         let fetch: &[String] = if self.static_feeds {
@@ -433,6 +439,74 @@ impl Session {
             .exec
             .run(&self.graph, plan, &by_ref(feeds), fetch, None)?;
         Ok(self.graph.outputs.iter().cloned().zip(outs).collect())
+    }
+
+    /// Runs a graph that no single plan can run, because a shape in it depends on a value
+    /// computed inside it (`staged`): a stage at a time, each planned for these feeds
+    /// alone (not kept). `why` is the error of planning it whole, returned when staging
+    /// cannot help either (nothing is blocked by a value computed inside the graph).
+    fn run_staged(
+        &mut self,
+        feeds: &HashMap<String, Tensor>,
+        why: Error,
+    ) -> Result<Vec<(String, Tensor)>> {
+        use super::staged::Blocked;
+        let ev = &crate::backends::cpu::HOST_EVAL;
+        let shapes = self.input_shapes(feeds)?;
+        let mut g = self.graph.clone();
+        // Planning the graph whole said why it could not: that error stands when staging
+        // cannot unblock what blocks it, or fails before a first stage has run.
+        let mut original = Some(why);
+        let mut staged = false;
+        let mut fail = |staged: bool, e: Error| match original.take() {
+            Some(o) if !staged => o,
+            _ => e,
+        };
+        // Each stage removes at least one node, or one If.
+        for _ in 0..=2 * g.nodes.len() {
+            let key = PlanKey {
+                shapes: shapes.clone(),
+                values: super::staged::small_plan_values(&g, feeds),
+            };
+            let (ni, err) = match super::staged::first_blocked(&g, &key.shapes, &key.values, ev) {
+                Ok(Some(Blocked::Value(ni, err))) => (ni, err),
+                Ok(Some(Blocked::Branch(ni, pick))) => {
+                    let n = &mut g.nodes[ni];
+                    n.inputs = vec![n.inputs[pick].clone()];
+                    n.op = Op::Identity;
+                    staged = true;
+                    continue;
+                }
+                Ok(None) if staged => {
+                    let plan = self.make_plan(&g, &key)?;
+                    self.exec.set_step(0);
+                    let outs = self.exec.run(&g, &plan, &by_ref(feeds), &g.outputs, None)?;
+                    return Ok(g.outputs.iter().cloned().zip(outs).collect());
+                }
+                Ok(None) => return Err(fail(false, crate::err!(Graph, "nothing to stage"))),
+                Err(e) => return Err(fail(staged, e)),
+            };
+            let stage = super::staged::stage_before(&g, ni);
+            let values = if stage.graph.nodes.is_empty() {
+                vec![]
+            } else {
+                let skey = PlanKey {
+                    shapes: shapes.clone(),
+                    values: super::staged::small_plan_values(&stage.graph, feeds),
+                };
+                let plan = self
+                    .make_plan(&stage.graph, &skey)
+                    .map_err(|e| fail(staged, e))?;
+                self.exec.set_step(0);
+                let fetch = stage.graph.outputs.clone();
+                self.exec
+                    .run(&stage.graph, &plan, &by_ref(feeds), &fetch, None)?
+            };
+            g = super::staged::after_stage(&g, ni, &stage, values, feeds, ev, err)
+                .map_err(|e| fail(false, e))?;
+            staged = true;
+        }
+        crate::bail!(Graph, "staging the graph did not finish")
     }
 
     /// Runs the graph and returns the values named in `fetch` (any value of the graph,

@@ -233,6 +233,60 @@ impl Inferred {
     }
 }
 
+/// What stops a graph from being planned whole.
+pub enum Blocked {
+    /// Node `.0` needs a value that is not known on the host (a shape-deciding input, or
+    /// NonZero's data); `.1` is inference's error.
+    Value(usize, Error),
+    /// Node `.0` is an If whose branches give different shapes, as the importer writes it
+    /// when the condition is computed (a Where of the two branches, named `<If>/select<k>`),
+    /// and the condition is now known: it is the branch input `.1`.
+    Branch(usize, usize),
+}
+
+/// The first node, in execution order, that stops `g` from being planned whole; None
+/// when the whole graph infers.
+pub fn first_blocked(
+    g: &Graph,
+    shapes: &HashMap<String, Vec<usize>>,
+    values: &HashMap<String, Tensor>,
+    ev: &dyn HostEval,
+) -> Result<Option<Blocked>> {
+    let mut inf = Inferred::start(g, shapes, values)?;
+    for ni in super::validate::topo_order(g)? {
+        let node = &g.nodes[ni];
+        if let Err(e) = inf.step(node, ev) {
+            let cond = node.input(0).and_then(|v| inf.consts.get(v));
+            let from_if = node.op == Op::Where
+                && node
+                    .name
+                    .rsplit_once('/')
+                    .is_some_and(|(_, s)| s.starts_with("select"));
+            if from_if {
+                // The condition decides the shape: known, it picks a branch; computed
+                // from data, it is what a stage must compute first.
+                match cond {
+                    Some(c) if c.numel() == 1 => {
+                        let pick = if c.to_f64_vec()[0] != 0.0 { 1 } else { 2 };
+                        return Ok(Some(Blocked::Branch(ni, pick)));
+                    }
+                    None => return Ok(Some(Blocked::Value(ni, e))),
+                    Some(_) => {}
+                }
+            }
+            let unknown = infer::shape_inputs(&node.op)
+                .iter()
+                .any(|&(k, _)| node.input(k).is_some_and(|v| !inf.consts.contains_key(v)));
+            return if unknown {
+                Ok(Some(Blocked::Value(ni, e)))
+            } else {
+                Err(e)
+            };
+        }
+    }
+    Ok(None)
+}
+
 /// Ops whose outputs' shapes depend on their input's values, not only on its shape:
 /// inference computes them on the host (their input must be known when the plan is
 /// made), so a plan holds their outputs as constants and no backend runs them.
