@@ -170,37 +170,62 @@ fn ranks_before(a: T, ia: u32, b: T, ib: u32, largest: bool) -> bool {
     return select((c < 0), (c > 0), largest);
 }
 
-// TopK: a thread per line (P[0] lines of P[1] elements P[2] apart) picks its P[3]
+// TopK: a workgroup per line (P[0] lines of P[1] elements P[2] apart) picks its P[3]
 // elements one after the other, each the first in rank order of those ranking after the
-// previous pick; P[4] = largest. Values to Y, indices to I (i64).
+// previous pick: each thread scans a 256th of the line, then a tree over the threads.
+// (One thread scanning the whole line k times ran past llvmpipe's 65535 iterations a
+// loop, which it stops silently.) P[4] = largest. Values to Y, indices to I (i64).
+var<workgroup> tk_v: array<T, 256>;
+var<workgroup> tk_i: array<u32, 256>;
+var<workgroup> tk_found: array<u32, 256>;
+var<workgroup> tk_k: u32;
+
 @compute @workgroup_size(256)
 fn top_k(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let l = linear(wid, nwg, lid, WG);
-    if (l >= pu(0u)) { return; }
+    let l = row_id(wid, nwg);
     let d = pu(1u);
     let inner = pu(2u);
-    let k = pu(3u);
     let largest = pu(4u) != 0u;
-    let o = l / inner;
-    let i = l % inner;
+    // The pick count, as a value every thread of the workgroup agrees on (barriers run
+    // in its loop); none for a workgroup past the last line.
+    if (lid == 0u) { tk_k = select(0u, pu(3u), l < pu(0u)); }
+    let k = workgroupUniformLoad(&tk_k);
+    let o = l / max(inner, 1u);
+    let i = l % max(inner, 1u);
     let base = o * d * inner + i;
-    var pv = X0[base];
+    var pv = X0[0];
     var pi = 0u;
     for (var j = 0u; j < k; j += 1u) {
-        var bv = X0[base];
+        var bv = X0[0];
         var bi = 0u;
         var found = false;
-        for (var s = 0u; s < d; s += 1u) {
+        for (var s = lid; s < d; s += WG) {
             let v = X0[base + s * inner];
             if (j > 0u && !ranks_before(pv, pi, v, s, largest)) { continue; }
             if (!found || ranks_before(v, s, bv, bi, largest)) { bv = v; bi = s; found = true; }
         }
-        let at = (o * k + j) * inner + i;
-        Y[at] = bv;
-        I[2u * at] = bi;
-        I[2u * at + 1u] = 0u;
-        pv = bv;
-        pi = bi;
+        tk_v[lid] = bv;
+        tk_i[lid] = bi;
+        tk_found[lid] = select(0u, 1u, found);
+        workgroupBarrier();
+        for (var w = WG / 2u; w > 0u; w = w / 2u) {
+            if (lid < w && tk_found[lid + w] != 0u
+                && (tk_found[lid] == 0u || ranks_before(tk_v[lid + w], tk_i[lid + w], tk_v[lid], tk_i[lid], largest))) {
+                tk_v[lid] = tk_v[lid + w];
+                tk_i[lid] = tk_i[lid + w];
+                tk_found[lid] = 1u;
+            }
+            workgroupBarrier();
+        }
+        pv = tk_v[0];
+        pi = tk_i[0];
+        if (lid == 0u) {
+            let at = (o * k + j) * inner + i;
+            Y[at] = pv;
+            I[2u * at] = pi;
+            I[2u * at + 1u] = 0u;
+        }
+        workgroupBarrier();
     }
 }
 

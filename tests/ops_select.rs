@@ -215,6 +215,9 @@ fn topk_every_axis_ties_nan_and_k_at_run_time() {
     // Values alone (the indices go to scratch), and a long line.
     topk_case(&x, 1, 3, true, true, false);
     topk_case(&ties(&[2, 700], 12), -1, 9, false, true, true);
+    // Many picks from a long line, two lines side by side (inner axis): k·d far past
+    // 65535 steps (llvmpipe stops a shader loop there).
+    topk_case(&randn(&[3375, 2], 13), 0, 450, true, false, true);
 }
 
 /// k fed at run time: each value gets its own plan, in one session.

@@ -103,7 +103,7 @@ pub fn topk(w: &mut Wgpu, node: &Node, x: &V, axis: i64, largest: bool, outs: &[
         &k,
         &p,
         &[(1, x.buf), (4, vals.buf), (11, idx)],
-        groups_for(lines, 256),
+        rows_groups(lines),
     )
 }
 
