@@ -552,6 +552,106 @@ template <class S, class D> __device__ void cast_k(const S* x, D* y, i64 n) {
     GRID_STRIDE(i, n) y[i] = cast_val<S, D>(x[i]);
 }
 
+// The narrow storage types (src/tensor/narrow.rs), a byte an element. Formats 0-4 are
+// the minifloats E4M3FN, E4M3FNUZ, E5M2, E5M2FNUZ, E2M1; 5-8 the integers I4, U4, I2,
+// U2 (stored sign- or zero-extended).
+struct Minifloat { int e, m, bias, special; };  // special: 0 IEEE, 1 FN, 2 FNUZ, 3 finite
+__device__ __forceinline__ Minifloat minifloat(int fmt) {
+    switch (fmt) {
+        case 0: return {4, 3, 7, 1};
+        case 1: return {4, 3, 8, 2};
+        case 2: return {5, 2, 15, 0};
+        case 3: return {5, 2, 16, 2};
+        default: return {2, 1, 1, 3};
+    }
+}
+__device__ double mf_decode(int fmt, unsigned c) {
+    const Minifloat f = minifloat(fmt);
+    const unsigned sb = 1u << (f.e + f.m), mag = c & (sb - 1u);
+    const unsigned ex = mag >> f.m, man = mag & ((1u << f.m) - 1u);
+    const bool neg = (c & sb) != 0;
+    if ((f.special == 2 && c == 0x80u) || (f.special == 1 && mag == sb - 1u)) return __longlong_as_double(0x7ff8000000000000ll);
+    if (f.special == 0 && ex == (1u << f.e) - 1u)
+        return __longlong_as_double(man ? 0x7ff8000000000000ll : neg ? 0xfff0000000000000ll : 0x7ff0000000000000ll);
+    // Subnormals (exponent field 0) share the smallest normal binade's quantum.
+    const unsigned units = ex ? man | (1u << f.m) : man;
+    const double v = ldexp((double)units, (int)(ex ? ex : 1u) - f.bias - f.m);
+    return neg ? -v : v;
+}
+// v rounded to nearest even, saturating to the largest finite value (Cast's default; the
+// importer writes `saturate` 0 around it); NaN as ml_dtypes writes it.
+__device__ unsigned mf_encode(int fmt, double v) {
+    const Minifloat f = minifloat(fmt);
+    const unsigned sb = 1u << (f.e + f.m), top = (1u << f.e) - 1u, full = (1u << f.m) - 1u;
+    const bool neg = __double_as_longlong(v) < 0;
+    const unsigned sign = neg ? sb : 0u;
+    if (v != v) {
+        switch (f.special) {
+            case 0: return sign | (top << f.m) | (1u << (f.m - 1));
+            case 1: return sign | (sb - 1u);
+            case 2: return 0x80u;
+            default: return sb - sign;
+        }
+    }
+    const unsigned max_code = f.special == 0 ? ((top - 1u) << f.m) | full
+                              : f.special == 1 ? (top << f.m) | (full - 1u)
+                                               : (top << f.m) | full;
+    const double a = fabs(v);
+    const int a_exp = (int)((__double_as_longlong(a) >> 52) & 0x7ff);
+    if (a_exp == 0x7ff) return sign | max_code;
+    // a in units of its binade's quantum (no finer than the subnormals'), rounded: the
+    // code is the binade's offset from the smallest plus those units, a carry included.
+    const int emin = 1 - f.bias;
+    // f64 subnormals lie far below every format's quantum.
+    const int e = max(a_exp - 1023, emin);
+    const double units = rint(ldexp(a, f.m - e));
+    if (units > 4096.0) return sign | max_code;  // far past every format's range
+    const unsigned code = ((unsigned)(e - emin) << f.m) + (unsigned)units;
+    if (code > max_code) return sign | max_code;
+    if (code == 0u && f.special == 2) return 0u;
+    return sign | code;
+}
+// An integer wrapped to a narrow integer format's bits (sign-extended when signed).
+__device__ __forceinline__ unsigned char narrow_wrap(int fmt, i64 v) {
+    const int bits = fmt <= 6 ? 4 : 2;
+    const i64 low = v & ((1ll << bits) - 1);
+    const bool sext = (fmt == 5 || fmt == 7) && (low >> (bits - 1));
+    return (unsigned char)(sext ? low - (1ll << bits) : low);
+}
+// Cast to or from a narrow type: the other side is T, or also narrow (`sfmt`/`dfmt` the
+// narrow format of the source/destination, -1 for T). As the CPU's `cast_into`: between
+// integers exactly and wrapping, otherwise through f64; a float to a narrow integer
+// truncates, saturates to i64 and wraps.
+template <class T> __device__ void narrow_cast_k(const void* xv, void* yv, i64 n, int sfmt, int dfmt) {
+    GRID_STRIDE(i, n) {
+        bool is_int;
+        i64 iv = 0;
+        double fv;
+        if (sfmt < 0) {
+            const T x = ((const T*)xv)[i];
+            is_int = IsInt<T>::v;
+            if (is_int) iv = (i64)ld(x);
+            fv = to_f64(x);
+        } else {
+            const unsigned char c = ((const unsigned char*)xv)[i];
+            is_int = sfmt >= 5;
+            if (is_int) {
+                iv = (sfmt == 5 || sfmt == 7) ? (i64)(signed char)c : (i64)c;
+                fv = (double)iv;
+            } else {
+                fv = mf_decode(sfmt, c);
+            }
+        }
+        if (dfmt < 0) {
+            ((T*)yv)[i] = (is_int && IsInt<T>::v) ? Num<T>::store((typename Num<T>::A)iv) : cast_from_f64<T>(fv);
+        } else if (dfmt >= 5) {
+            ((unsigned char*)yv)[i] = narrow_wrap(dfmt, is_int ? iv : cast_from_f64<i64>(trunc(fv)));
+        } else {
+            ((unsigned char*)yv)[i] = (unsigned char)mf_encode(dfmt, fv);
+        }
+    }
+}
+
 #define INST_FLOAT(T, S)                                                                          \
     extern "C" __global__ void unary_##S(const T* x, T* y, i64 n, int op, float alpha, float beta) { unary_k<T>(x, y, n, op, alpha, beta); } \
     extern "C" __global__ void unary_grad_##S(const T* dy, const T* x, T* dx, Strided s, i64 n, int op, float alpha, float beta) { unary_grad_k<T>(dy, x, dx, s, n, op, alpha, beta); } \
@@ -598,6 +698,10 @@ FOR_FLOATS(INST_POW_IF)
     extern "C" __global__ void where_##S(const unsigned char* c, const W* a, const W* b, W* o, Strided s, i64 n) { where_k<W>(c, a, b, o, s, n); } \
     extern "C" __global__ void trilu_##S(const W* x, W* y, i64 n, i64 rows, i64 cols, i64 k, int upper) { trilu_k<W>(x, y, n, rows, cols, k, upper); }
 FOR_WORDS(INST_WORD)
+
+#define INST_NARROW(T, S) \
+    extern "C" __global__ void narrow_cast_##S(const void* x, void* y, i64 n, int sfmt, int dfmt) { narrow_cast_k<T>(x, y, n, sfmt, dfmt); }
+FOR_ALL(INST_NARROW)
 
 #define INST_CAST_TO(D, DS, S, SS) \
     extern "C" __global__ void cast_##SS##_##DS(const S* x, D* y, i64 n) { cast_k<S, D>(x, y, n); }

@@ -161,7 +161,9 @@ fn copy(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 }
 
 // Cast between dtypes by code (0 f32, 1 f16, 2 i32, 3 i64, 4 bool, 5 u8, 6 i8, 7 u16,
-// 8 i16, 9 u32, 10 u64, 11 f64, 12 bf16; src/backends/wgpu/shape.rs `code`): SRC and DST
+// 8 i16, 9 u32, 10 u64, 11 f64, 12 bf16, and the narrow storage types, a byte each: 13
+// f8e4m3fn, 14 f8e4m3fnuz, 15 f8e5m2, 16 f8e5m2fnuz, 17 f4e2m1, 18 i4, 19 u4, 20 i2, 21
+// u2; src/backends/wgpu/shape.rs `code`): SRC and DST
 // are pipeline constants, ES the destination's element size. Integers travel as 64-bit
 // (lo, hi) pairs, so casts between them are exact and wrap; floats go through f32 (f64
 // and bf16 by their bits: WGSL has neither type, and the host casts them only to and
@@ -171,11 +173,99 @@ fn code_size(c: u32) -> u32 {
     switch c {
         case 3u, 10u, 11u: { return 8u; }
         case 1u, 7u, 8u, 12u: { return 2u; }
-        case 4u, 5u, 6u: { return 1u; }
+        case 4u, 5u, 6u, 13u, 14u, 15u, 16u, 17u, 18u, 19u, 20u, 21u: { return 1u; }
         default: { return 4u; }
     }
 }
-fn code_signed(c: u32) -> bool { return c == 2u || c == 3u || c == 6u || c == 8u; }
+fn code_signed(c: u32) -> bool { return c == 2u || c == 3u || c == 6u || c == 8u || c == 18u || c == 20u; }
+fn is_minifloat(c: u32) -> bool { return c >= 13u && c <= 17u; }
+
+// The minifloats as src/tensor/narrow.rs has them: (exponent bits, mantissa bits, bias,
+// specials: 0 IEEE infinities and NaNs, 1 no infinity and the all-ones NaN, 2 no infinity
+// and no -0 with 0x80 the NaN, 3 finite only).
+fn mf_format(c: u32) -> vec4<u32> {
+    switch c {
+        case 13u: { return vec4<u32>(4u, 3u, 7u, 1u); }
+        case 14u: { return vec4<u32>(4u, 3u, 8u, 2u); }
+        case 15u: { return vec4<u32>(5u, 2u, 15u, 0u); }
+        case 16u: { return vec4<u32>(5u, 2u, 16u, 2u); }
+        default: { return vec4<u32>(2u, 1u, 1u, 3u); }
+    }
+}
+// Every minifloat value is an f32 exactly.
+fn mf_decode(c: u32, code: u32) -> f32 {
+    let f = mf_format(c);
+    let sb = 1u << (f.x + f.y);
+    let mag = code & (sb - 1u);
+    let ex = mag >> f.y;
+    let man = mag & ((1u << f.y) - 1u);
+    let neg = (code & sb) != 0u;
+    let nan = bitcast<f32>(0x7fc00000u);
+    if (f.w == 2u && code == 0x80u) { return nan; }
+    if (f.w == 1u && mag == sb - 1u) { return nan; }
+    if (f.w == 0u && ex == (1u << f.x) - 1u) {
+        if (man != 0u) { return nan; }
+        return bitcast<f32>(select(0x7f800000u, 0xff800000u, neg));
+    }
+    // Subnormals (exponent field 0) share the smallest normal binade's quantum.
+    let units = select(man | (1u << f.y), man, ex == 0u);
+    let v = ldexp(f32(units), i32(max(ex, 1u)) - i32(f.z) - i32(f.y));
+    return select(v, -v, neg);
+}
+// f rounded to nearest even, saturating to the largest finite value (Cast's default; the
+// importer writes `saturate` 0 around it); NaN as ml_dtypes writes it.
+fn mf_encode(c: u32, v: f32) -> u32 {
+    let f = mf_format(c);
+    let sb = 1u << (f.x + f.y);
+    let neg = (bitcast<u32>(v) >> 31u) != 0u;
+    let sign = select(0u, sb, neg);
+    let top = (1u << f.x) - 1u;
+    let full = (1u << f.y) - 1u;
+    if (is_nan(v)) {
+        switch f.w {
+            case 0u: { return sign | (top << f.y) | (1u << (f.y - 1u)); }
+            case 1u: { return sign | (sb - 1u); }
+            case 2u: { return 0x80u; }
+            default: { return sb - sign; }
+        }
+    }
+    var max_code = (top << f.y) | full;
+    if (f.w == 0u) { max_code = ((top - 1u) << f.y) | full; }
+    if (f.w == 1u) { max_code = (top << f.y) | (full - 1u); }
+    let a = abs(v);
+    let a_exp = (bitcast<u32>(a) >> 23u) & 0xffu;
+    if (a_exp == 0xffu) { return sign | max_code; }
+    // a in units of the quantum of its binade (no finer than the subnormals'), rounded:
+    // the code is the binade's offset from the smallest plus those units, a carry into
+    // the next binade included. f32 subnormals lie far below every minifloat's quantum.
+    let emin = 1 - i32(f.z);
+    let e = max(i32(a_exp) - 127, emin);
+    let units = u32(round(ldexp(a, i32(f.y) - e)));
+    let code = (u32(e - emin) << f.y) + units;
+    if (code > max_code) { return sign | max_code; }
+    if (code == 0u && f.w == 2u) { return 0u; }
+    return sign | code;
+}
+// f or the integer (lo, hi) wrapped to a narrow integer's `bits`, as its low word
+// (sign-extended when signed): floats truncate toward zero and saturate to i64 first.
+fn narrow_int(f: f32, lo: u32, is_float: bool, bits: u32, signed: bool) -> u32 {
+    var low = lo;
+    if (is_float) {
+        let t = trunc(f);
+        if (is_nan(f)) {
+            low = 0u;
+        } else if (t >= 9.2233720e18) {
+            low = 0xffffffffu;
+        } else if (abs(t) >= 2147483648.0) {
+            // i64::MIN, or a multiple of 2^8: the low bits are zero.
+            low = 0u;
+        } else {
+            low = bitcast<u32>(i32(t));
+        }
+    }
+    if (signed) { return bitcast<u32>(extractBits(bitcast<i32>(low), 0u, bits)); }
+    return extractBits(low, 0u, bits);
+}
 fn src_bits(e: u32) -> vec2<u32> {
     switch code_size(SRC) {
         case 8u: { return vec2<u32>(SX[2u * e], SX[2u * e + 1u]); }
@@ -263,7 +353,7 @@ fn f32_to_bf16(f: f32) -> u32 {
 }
 fn cast_elem(e: u32) -> vec2<u32> {
     let b = src_bits(e);
-    let is_float = SRC <= 1u || SRC >= 11u;
+    let is_float = SRC <= 1u || SRC == 11u || SRC == 12u || is_minifloat(SRC);
     var f = 0.0;
     var lo = 0u;
     var hi = 0u;
@@ -271,6 +361,7 @@ fn cast_elem(e: u32) -> vec2<u32> {
     if (SRC == 1u) { f = unpack2x16float(b.x).x; }
     if (SRC == 11u) { f = f64_to_f32(b.x, b.y); }
     if (SRC == 12u) { f = bitcast<f32>(b.x << 16u); }
+    if (is_minifloat(SRC)) { f = mf_decode(SRC, b.x); }
     if (SRC == 4u) { lo = select(0u, 1u, b.x != 0u); }
     if (!is_float && SRC != 4u) {
         let bits = code_size(SRC) * 8u;
@@ -301,7 +392,8 @@ fn cast_elem(e: u32) -> vec2<u32> {
         case 11u: { return f32_to_f64(f); }
         case 12u: { return vec2<u32>(f32_to_bf16(f), 0u); }
         case 4u: {
-            if (is_float) { return vec2<u32>(select(0u, 1u, f != 0.0), 0u); }
+            // NaN is true; `f != 0.0` alone may be compiled as an ordered compare.
+            if (is_float) { return vec2<u32>(select(0u, 1u, f != 0.0 || is_nan(f)), 0u); }
             return vec2<u32>(select(0u, 1u, (lo | hi) != 0u), 0u);
         }
         case 3u: {
@@ -330,6 +422,9 @@ fn cast_elem(e: u32) -> vec2<u32> {
             if (is_float) { return vec2<u32>(sat_i32(f), 0u); }
             return vec2<u32>(lo, 0u);
         }
+        case 13u, 14u, 15u, 16u, 17u: { return vec2<u32>(mf_encode(DST, f), 0u); }
+        case 18u, 19u: { return vec2<u32>(narrow_int(f, lo, is_float, 4u, DST == 18u), 0u); }
+        case 20u, 21u: { return vec2<u32>(narrow_int(f, lo, is_float, 2u, DST == 20u), 0u); }
         // The narrower integers: the low bits (exact, wrapping) or f saturated.
         default: {
             if (is_float) { return vec2<u32>(sat_narrow(f, code_size(DST) * 8u, code_signed(DST)), 0u); }

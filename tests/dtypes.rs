@@ -429,3 +429,184 @@ fn clip_and_integer_powers_on_every_backend() {
 fn bin(name: &str) -> Op {
     Op::parse(name, &[], "node", None).unwrap()
 }
+
+/// The bytes a narrow type stores: every pattern of the 8-bit floats, the low 4 bits of
+/// E2M1, the sign- or zero-extended values of the 4- and 2-bit integers.
+fn narrow_patterns(dt: DType) -> Vec<u8> {
+    match dt {
+        DType::F4E2M1 | DType::U4 => (0..16).collect(),
+        DType::I4 => (-8i8..8).map(|v| v as u8).collect(),
+        DType::U2 => (0..4).collect(),
+        DType::I2 => (-2i8..2).map(|v| v as u8).collect(),
+        _ => (0..=255).collect(),
+    }
+}
+
+/// `out` as the CPU's `want`: narrow and integer outputs by their bytes, floats by value
+/// (any NaN for a NaN: a NaN's payload in f16 is the device's choice).
+fn same_as_cpu(out: &Tensor, want: &Tensor, what: &str) {
+    assert_eq!(out.dtype(), want.dtype(), "{what}");
+    if out.dtype().is_float() && out.dtype().narrow_bits().is_none() {
+        for (i, (a, b)) in out.to_f64_vec().iter().zip(want.to_f64_vec()).enumerate() {
+            assert!(
+                a.to_bits() == b.to_bits() || a.is_nan() && b.is_nan(),
+                "{what}: element {i}: {a} where the CPU gives {b}"
+            );
+        }
+    } else {
+        for (i, (a, b)) in out.bytes().iter().zip(want.bytes()).enumerate() {
+            assert_eq!(a, b, "{what}: byte {i}");
+        }
+    }
+}
+
+/// The narrow storage types on CUDA and WebGPU: Cast to them from floats (every value
+/// the type holds, the midpoints between neighbours, where ties go to the even pattern,
+/// one f32 step either side of them, overflow, infinities, NaN, −0, values below the
+/// smallest subnormal), from integers and bool, from each of them to every dtype, and the
+/// ops that only move elements; each to the CPU's output (whose conversions the
+/// `tensor::narrow` unit tests and ONNX's node tests hold to ml_dtypes).
+#[test]
+fn narrow_types_cast_and_move_on_every_backend() {
+    let gpus: Vec<_> = backends()
+        .into_iter()
+        .filter(|&b| b != graphrun::BackendKind::Cpu)
+        .collect();
+    let cpu = graphrun::BackendKind::Cpu;
+    let cast = |to| Op::Cast { to };
+    for nt in DType::ALL.into_iter().filter(|d| d.narrow_bits().is_some()) {
+        let codes = narrow_patterns(nt);
+        let all = Tensor::from_bytes(nt, &[codes.len()], &codes).unwrap();
+        let mut fin: Vec<f64> = all
+            .to_f64_vec()
+            .into_iter()
+            .filter(|v| v.is_finite())
+            .collect();
+        fin.sort_by(f64::total_cmp);
+        fin.dedup();
+        let step = |v: f32, d: i32| f32::from_bits((v.to_bits() as i32 + d) as u32);
+        let mut probe: Vec<f32> = fin.iter().map(|&v| v as f32).collect();
+        for w in fin.windows(2) {
+            let m = ((w[0] + w[1]) / 2.0) as f32;
+            if m != 0.0 {
+                probe.extend([m, step(m, 1), step(m, -1)]);
+            }
+        }
+        let max = fin.last().copied().unwrap() as f32;
+        probe.extend([
+            max * 1.03,
+            -max * 1.03,
+            max * 1.2,
+            max * 4.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            -0.0,
+            1e-30,
+            -1e-30,
+            1e-42,
+            3.75,
+            -3.75,
+            -7.5,
+            9.99,
+            1e10,
+            -1e10,
+            3e9,
+            1e20,
+            -1e20,
+        ]);
+        let xf = Tensor::from_vec(&[probe.len()], probe).unwrap();
+        let ints: Vec<i64> = (-300..300).step_by(7).chain([i64::MAX, i64::MIN]).collect();
+        let xi = i64s(&[ints.len()], &ints);
+        let sources = [
+            xf.clone(),
+            xf.cast(DType::F16),
+            xf.cast(DType::BF16),
+            xf.cast(DType::F64),
+            xi.clone(),
+            xi.cast(DType::I32),
+            xi.cast(DType::I8),
+            xi.cast(DType::U8),
+            xi.cast(DType::Bool),
+        ];
+        let mut runs: Vec<(Op, Vec<Arg>, String)> = sources
+            .iter()
+            .map(|x| {
+                (
+                    cast(nt),
+                    vec![inp(x.clone())],
+                    format!("{} -> {nt}", x.dtype()),
+                )
+            })
+            .collect();
+        for to in DType::ALL {
+            runs.push((cast(to), vec![inp(all.clone())], format!("{nt} -> {to}")));
+        }
+        // The ops that move elements, on a [4, 8] block of the patterns.
+        let block: Vec<u8> = (0..32).map(|i| codes[(i * 7 + 3) % codes.len()]).collect();
+        let b = Tensor::from_bytes(nt, &[4, 8], &block).unwrap();
+        let idx = i64s(&[3], &[2, 0, 3]);
+        let cond = bools(&[4, 8], &(0..32).map(|i| i % 3 == 0).collect::<Vec<_>>());
+        let b2 = Tensor::from_bytes(
+            nt,
+            &[4, 8],
+            &block.iter().rev().copied().collect::<Vec<_>>(),
+        )
+        .unwrap();
+        let ints_attr = |v: &[i64]| graphrun::graph::AttrValue::Ints(v.to_vec());
+        let int_attr = graphrun::graph::AttrValue::Int;
+        let moves = [
+            (
+                op("Transpose", &[("perm", ints_attr(&[1, 0]))]),
+                vec![inp(b.clone())],
+            ),
+            (
+                op("Concat", &[("axis", int_attr(1))]),
+                vec![inp(b.clone()), inp(b2.clone())],
+            ),
+            (
+                op("Gather", &[("axis", int_attr(0))]),
+                vec![inp(b.clone()), inp(idx)],
+            ),
+            (op("Where", &[]), vec![inp(cond), inp(b.clone()), inp(b2)]),
+            (
+                op("Slice", &[]),
+                vec![
+                    inp(b.clone()),
+                    cst(i64s(&[2], &[1, 2])),
+                    cst(i64s(&[2], &[3, 7])),
+                ],
+            ),
+            (
+                op("Expand", &[]),
+                vec![
+                    inp(b.clone().reshaped(&[4, 1, 8]).unwrap()),
+                    cst(i64s(&[3], &[4, 3, 8])),
+                ],
+            ),
+        ];
+        for (o, args) in moves {
+            let what = format!("{} of {nt}", o.name());
+            runs.push((o, args, what));
+        }
+        for (o, args, what) in runs {
+            let want = run_raw(cpu, o.clone(), &args, 1)
+                .unwrap_or_else(|e| panic!("{what} on the CPU: {e}"));
+            for &backend in &gpus {
+                match run_raw(backend, o.clone(), &args, 1) {
+                    Ok(out) => same_as_cpu(&out[0], &want[0], &format!("{what} on {backend:?}")),
+                    Err(e) => {
+                        let refusable = args.iter().any(|a| match a {
+                            Arg::In(t) => {
+                                graphrun::backends::not_on(backend, t.dtype())
+                                    && t.dtype().narrow_bits().is_none()
+                            }
+                            _ => false,
+                        }) || matches!(o, Op::Cast { to } if graphrun::backends::not_on(backend, to) && to.narrow_bits().is_none());
+                        assert!(refusable, "{what} on {backend:?}: {e}");
+                    }
+                }
+            }
+        }
+    }
+}

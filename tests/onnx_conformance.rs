@@ -79,7 +79,7 @@ const RANDOM_BITS: &str = "Bernoulli draws at random, and graphrun's seeded gene
 const CUDA_DIFFERS: &[(&str, &str)] = &[];
 
 /// What the CUDA and WebGPU backends say of the narrow storage types.
-const CPU_ONLY: &str = "storage types are converted on the CPU backend only";
+const CPU_ONLY: &str = "storage types, which Cast converts";
 
 /// The backends whose outcomes the doc records: those CI runs (wgpu on lavapipe).
 const DOC_BACKENDS: &[BackendKind] = &[BackendKind::Cpu, BackendKind::Wgpu];
@@ -1036,8 +1036,9 @@ fn onnx_node_tests() {
             let cpu = results[&(c.name.clone(), "cpu")].is_ok();
             let cuda = results[&(c.name.clone(), "cuda")].clone();
             let listed = CUDA_DIFFERS.iter().any(|(p, _)| glob(p, &c.name));
-            // The narrow storage types (8-bit floats, 4- and 2-bit integers) are converted
-            // on the CPU only; CUDA refuses them by name.
+            // Ops other than casts and moves on the narrow storage types (8-bit floats, 4-
+            // and 2-bit integers): CUDA refuses them by name where a CPU kernel may take
+            // them generically.
             let narrow = cuda
                 .as_ref()
                 .err()

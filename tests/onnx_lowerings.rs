@@ -1384,9 +1384,12 @@ fn narrow_element_types() {
         vec![initializer("s", &one), packed("z", &[], 22, &[0])],
         &["q"],
     );
-    let got = run(&q4, &[("x", x)], BackendKind::Cpu).unwrap();
-    assert_eq!(got[0].1.dtype(), DType::I4);
-    assert_eq!(got[0].1.to_f64_vec(), [-8.0, 2.0, 4.0, 7.0, 7.0]);
+    // Every backend: CUDA and WebGPU cast to and from the narrow types.
+    for be in backends() {
+        let got = run(&q4, &[("x", x.clone())], be).unwrap();
+        assert_eq!(got[0].1.dtype(), DType::I4);
+        assert_eq!(got[0].1.to_f64_vec(), [-8.0, 2.0, 4.0, 7.0, 7.0], "{be:?}");
+    }
     let x = Tensor::from_vec(&[5], vec![0.3f32, -1000.0, 3.15, 1e-9, 17.5]).unwrap();
     let q8 = model_bytes(
         vec![node(
@@ -1401,10 +1404,16 @@ fn narrow_element_types() {
         vec![initializer("s", &one)],
         &["q"],
     );
-    let got = run(&q8, &[("x", x.clone())], BackendKind::Cpu).unwrap();
-    assert_eq!(got[0].1.dtype(), DType::F8E4M3FN);
-    // 0.3 is 9.6 steps of 2⁻⁵ (→ 10), 3.15 12.6 of 2⁻² (→ 13), 17.5 8.75 of 2 (→ 9).
-    assert_eq!(got[0].1.to_f64_vec(), [0.3125, -448.0, 3.25, 0.0, 18.0]);
+    for be in backends() {
+        let got = run(&q8, &[("x", x.clone())], be).unwrap();
+        assert_eq!(got[0].1.dtype(), DType::F8E4M3FN);
+        // 0.3 is 9.6 steps of 2⁻⁵ (→ 10), 3.15 12.6 of 2⁻² (→ 13), 17.5 8.75 of 2 (→ 9).
+        assert_eq!(
+            got[0].1.to_f64_vec(),
+            [0.3125, -448.0, 3.25, 0.0, 18.0],
+            "{be:?}"
+        );
+    }
     // Cast with saturate 0: past the last rounding bound, NaN (E4M3FN: 464 is a tie that
     // rounds to 448, whose mantissa is even) or ±infinity (E5M2: 61440 ties up to 2¹⁶).
     for (to, xs, want) in [
@@ -1428,24 +1437,31 @@ fn narrow_element_types() {
             vec![],
             &["y"],
         );
-        let got = run(&m, &[("x", x)], BackendKind::Cpu).unwrap()[0]
-            .1
-            .to_f64_vec();
-        let same = got
-            .iter()
-            .zip(&want)
-            .all(|(g, w)| g == w || (g.is_nan() && w.is_nan()));
-        assert!(
-            same,
-            "Cast to {to} without saturation: {got:?}, want {want:?}"
-        );
+        for be in backends() {
+            let got = run(&m, &[("x", x.clone())], be).unwrap()[0].1.to_f64_vec();
+            let same = got
+                .iter()
+                .zip(&want)
+                .all(|(g, w)| g == w || (g.is_nan() && w.is_nan()));
+            assert!(
+                same,
+                "Cast to {to} without saturation on {be:?}: {got:?}, want {want:?}"
+            );
+        }
     }
-    for be in backends().into_iter().filter(|b| *b != BackendKind::Cpu) {
-        let e = run(&q8, &[("x", x.clone())], be).unwrap_err().to_string();
-        assert!(
-            e.contains("f8e4m3fn") && e.contains("CPU backend only"),
-            "{be:?}: {e}"
-        );
+    // The narrow types are for storage: arithmetic on them is refused on every backend,
+    // naming the node's type.
+    let a = Tensor::from_bytes(DType::I4, &[2], &[3, 5]).unwrap();
+    let add = model_bytes(
+        vec![node("Add", "", &["a", "a"], &["y"], vec![])],
+        21,
+        vec![input_like("a", &a)],
+        vec![],
+        &["y"],
+    );
+    for be in backends() {
+        let e = run(&add, &[("a", a.clone())], be).unwrap_err().to_string();
+        assert!(e.contains("Add") && e.contains("i4"), "{be:?}: {e}");
     }
 }
 

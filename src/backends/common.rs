@@ -680,14 +680,41 @@ pub fn fill_bits(dt: DType, v: f64) -> u64 {
     u64::from_le_bytes(b)
 }
 
-/// CUDA and WebGPU leave the narrow element types (`DType::narrow_bits`) to the CPU: an
-/// error naming the node, the backend and the first such type among its inputs and
-/// outputs.
+/// The ops CUDA and WebGPU run on the narrow element types (`DType::narrow_bits`, a byte
+/// an element on every backend): Cast converts them, the others only move their bytes.
+pub fn takes_narrow(op: &crate::graph::Op) -> bool {
+    use crate::graph::Op;
+    matches!(
+        op,
+        Op::Cast { .. }
+            | Op::CastLike
+            | Op::Identity
+            | Op::Reshape { .. }
+            | Op::Squeeze { .. }
+            | Op::Unsqueeze { .. }
+            | Op::Flatten { .. }
+            | Op::Transpose { .. }
+            | Op::Expand
+            | Op::Slice
+            | Op::Concat { .. }
+            | Op::Split { .. }
+            | Op::Gather { .. }
+            | Op::Where
+            | Op::Im2Col { .. }
+    )
+}
+
+/// CUDA and WebGPU leave arithmetic on the narrow element types to the CPU: for a node
+/// other than `takes_narrow`'s, an error naming the node, the backend and the first such
+/// type among its inputs and outputs.
 pub fn refuse_narrow<'a>(
     node: &Node,
     backend: &str,
     types: impl IntoIterator<Item = &'a crate::graph::infer::ValueType>,
 ) -> Result<()> {
+    if takes_narrow(&node.op) {
+        return Ok(());
+    }
     match types
         .into_iter()
         .map(|t| t.dtype)

@@ -29,36 +29,20 @@ use crate::tensor::Tensor;
 /// The only (backend, dtype) pairs where an operator that takes the dtype may refuse it,
 /// with why: every other combination runs (tests/op_matrix.rs holds every elementwise map
 /// to this list; README's operator table prints it).
-pub const NOT_ON_BACKEND: &[(BackendKind, &[crate::tensor::DType], &str)] = &[
-    (
-        BackendKind::Wgpu,
-        &[
-            crate::tensor::DType::F64,
-            crate::tensor::DType::BF16,
-            crate::tensor::DType::I64,
-            crate::tensor::DType::U64,
-        ],
-        "WGSL has no 64-bit floats, bfloat16 or 64-bit integers (f16 needs the adapter's SHADER_F16)",
-    ),
-    (BackendKind::Wgpu, NARROW, NARROW_WHY),
-    (BackendKind::Cuda, NARROW, NARROW_WHY),
-];
+pub const NOT_ON_BACKEND: &[(BackendKind, &[crate::tensor::DType], &str)] = &[(
+    BackendKind::Wgpu,
+    &[
+        crate::tensor::DType::F64,
+        crate::tensor::DType::BF16,
+        crate::tensor::DType::I64,
+        crate::tensor::DType::U64,
+    ],
+    "WGSL has no 64-bit floats, bfloat16 or 64-bit integers (f16 needs the adapter's SHADER_F16)",
+)];
 
-/// The narrow storage types (`DType::narrow_bits`).
-const NARROW: &[crate::tensor::DType] = &[
-    crate::tensor::DType::F8E4M3FN,
-    crate::tensor::DType::F8E4M3FNUZ,
-    crate::tensor::DType::F8E5M2,
-    crate::tensor::DType::F8E5M2FNUZ,
-    crate::tensor::DType::F4E2M1,
-    crate::tensor::DType::I4,
-    crate::tensor::DType::U4,
-    crate::tensor::DType::I2,
-    crate::tensor::DType::U2,
-];
-/// Why CUDA and WebGPU refuse them.
+/// Why an op other than a cast or a move refuses a narrow storage type on every backend.
 pub(crate) const NARROW_WHY: &str =
-    "the 8-, 4- and 2-bit storage types are converted on the CPU backend only";
+    "the 8-, 4- and 2-bit types are storage types, which Cast converts and the shape ops move";
 
 /// Whether `backend` may refuse dtype `dt` (`NOT_ON_BACKEND`).
 pub fn not_on(backend: BackendKind, dt: crate::tensor::DType) -> bool {

@@ -379,11 +379,45 @@ pub fn rotary(
     c.launch_n(&format!("{kernel}_{}", suffix(x.dtype())), threads, &args)
 }
 
+/// The narrow format index of cuda/elementwise.cu `narrow_cast_k`, -1 for other dtypes.
+fn narrow_format(dt: DType) -> i32 {
+    match dt {
+        DType::F8E4M3FN => 0,
+        DType::F8E4M3FNUZ => 1,
+        DType::F8E5M2 => 2,
+        DType::F8E5M2FNUZ => 3,
+        DType::F4E2M1 => 4,
+        DType::I4 => 5,
+        DType::U4 => 6,
+        DType::I2 => 7,
+        DType::U2 => 8,
+        _ => -1,
+    }
+}
+
 pub fn cast(c: &Cuda, x: &V, y: &V) -> Result<()> {
     if x.dtype() == y.dtype() {
         return c.copy(y, x);
     }
     let n = y.numel();
+    let (sf, df) = (narrow_format(x.dtype()), narrow_format(y.dtype()));
+    if sf >= 0 || df >= 0 {
+        // The kernel is typed by the side that is not narrow (either, when both are).
+        let other = if sf < 0 { x.dtype() } else { y.dtype() };
+        let t = if narrow_format(other) < 0 {
+            other
+        } else {
+            DType::U8
+        };
+        let args = [
+            Arg::Ptr(x.p),
+            Arg::Ptr(y.p),
+            Arg::I64(n as i64),
+            Arg::I32(sf),
+            Arg::I32(df),
+        ];
+        return c.launch_n(&format!("narrow_cast_{}", suffix(t)), n, &args);
+    }
     let name = format!("cast_{}_{}", suffix(x.dtype()), suffix(y.dtype()));
     c.launch_n(
         &name,

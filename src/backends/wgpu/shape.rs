@@ -27,8 +27,15 @@ fn code(dt: DType) -> u32 {
         DType::U64 => 10,
         DType::F64 => 11,
         DType::BF16 => 12,
-        // Refused before any kernel is chosen (`common::refuse_narrow`).
-        _ => u32::MAX,
+        DType::F8E4M3FN => 13,
+        DType::F8E4M3FNUZ => 14,
+        DType::F8E5M2 => 15,
+        DType::F8E5M2FNUZ => 16,
+        DType::F4E2M1 => 17,
+        DType::I4 => 18,
+        DType::U4 => 19,
+        DType::I2 => 20,
+        DType::U2 => 21,
     }
 }
 
@@ -412,12 +419,16 @@ pub fn cast(w: &mut Wgpu, node: &Node, x: &V, y: &V) -> Result<()> {
         return Ok(());
     }
     // f64 and bf16 convert through f32 in the shader: between floats only, where that
-    // rounds once (f64 to f16 twice, within f16's tolerance).
+    // rounds once (f64 to f16 twice, within f16's tolerance; f64 to a narrow type would
+    // round twice, so it is refused).
     let bits_only = |d: DType| matches!(d, DType::F64 | DType::BF16);
     for (d, other) in [(x.dtype(), y.dtype()), (y.dtype(), x.dtype())] {
         if bits_only(d) && !other.is_float() {
             return Err(unsupported(node, d));
         }
+    }
+    if x.dtype() == DType::F64 && y.dtype().narrow_bits().is_some() {
+        return Err(unsupported(node, x.dtype()));
     }
     let (src, dst) = (code(x.dtype()), code(y.dtype()));
     let es = y.dtype().size();

@@ -1417,23 +1417,35 @@ impl Importer<'_> {
 
     /// Cast or CastLike with `saturate` 0 to an 8-bit float `to`: where x rounds past the
     /// largest finite value the result is infinity (E5M2) or NaN rather than that value.
-    /// The saturating Cast, then a Where on |x| at or beyond the rounding bound (compared
-    /// in f64, which holds every input exactly).
+    /// The saturating Cast, then a Where on |x| at or beyond the rounding bound, compared
+    /// in x's own float type where the bound is exact in it (so that WebGPU, which has no
+    /// f64, runs it), else in f64, which holds every input exactly.
     pub(super) fn unsaturated_cast(&mut self, n: &NodeProto, to: DType) -> Result<()> {
         let Some((bound, inclusive, [pos, neg])) = crate::tensor::narrow::overflow(to) else {
             return Err(Error::Graph(format!("Cast to {to}: not an 8-bit float")));
         };
         let x = n.input[0].clone();
         let y = self.val(n, "saturated", Op::Cast { to }, vec![x.clone()]);
-        let xf = self.val(n, "x_f64", Op::Cast { to: DType::F64 }, vec![x]);
+        let exact_in = |d: DType| {
+            d.is_float()
+                && d.narrow_bits().is_none()
+                && Tensor::scalar(bound).cast(d).to_f64_vec() == [bound]
+        };
+        let (xf, cmp_ty) = match self.dtypes.get(&x).copied().filter(|&d| exact_in(d)) {
+            Some(d) => (x, d),
+            None => (
+                self.val(n, "x_f64", Op::Cast { to: DType::F64 }, vec![x]),
+                DType::F64,
+            ),
+        };
         let mag = self.val(n, "magnitude", un(UnaryOp::Abs), vec![xf.clone()]);
-        let b = self.constant(n, "bound", Tensor::scalar(bound));
+        let b = self.constant(n, "bound", Tensor::scalar(bound).cast(cmp_ty));
         let cmp = match inclusive {
             true => BinaryOp::GreaterOrEqual,
             false => BinaryOp::Greater,
         };
         let over = self.val(n, "overflows", bin(cmp), vec![mag, b]);
-        let zero = self.constant(n, "zero", Tensor::scalar(0.0f64));
+        let zero = self.constant(n, "zero", Tensor::scalar(0.0f64).cast(cmp_ty));
         let negative = self.val(n, "negative", bin(BinaryOp::Less), vec![xf, zero]);
         let p = self.constant(n, "overflow_pos", Tensor::from_bytes(to, &[], &[pos])?);
         let q = self.constant(n, "overflow_neg", Tensor::from_bytes(to, &[], &[neg])?);
