@@ -382,8 +382,8 @@ fn blocked(m: &ModelProto, x: &ModelExtras) -> Option<Fail> {
                 .iter()
                 .any(|a| a.g.is_some() || !a.graphs.is_empty())
         })
-        // If, Loop and Scan are imported (their bodies written out).
-        .filter(|n| !(n.domain.is_empty() && graphrun::onnx::imports(&n.op_type)))
+        // If, Loop, Scan and FlexAttention are imported (their graphs written out).
+        .filter(|n| !graphrun::onnx::imports_in(&n.domain, &n.op_type))
         .map(|n| n.op_type.as_str())
         .collect();
     if !sub.is_empty() {

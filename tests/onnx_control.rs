@@ -750,3 +750,252 @@ fn if_with_branches_of_different_shapes_on_a_computed_condition() {
         }
     }
 }
+
+/// FlexAttention's definition in float64: Q `[b, hq, l, e]`, K `[b, hkv, s, e]`, V `[b,
+/// hkv, s, ev]` (query head h reads key/value head h / (hq / hkv)); the scores times
+/// `scale`, then `score_mod`'s soft cap and bias when given, the softmax over the keys,
+/// times `prob_mod`'s factor when given, times V.
+#[allow(clippy::too_many_arguments)]
+fn flex_reference(
+    [q, k, v]: [&[f64]; 3],
+    [b, hq, hkv, l, s, e, ev]: [usize; 7],
+    scale: f64,
+    cap_bias: Option<(f64, &[f64])>,
+    prob_factor: Option<f64>,
+) -> Vec<f64> {
+    let mut out = vec![0.0; b * hq * l * ev];
+    for bi in 0..b {
+        for h in 0..hq {
+            let kh = h / (hq / hkv);
+            for i in 0..l {
+                let qrow = &q[((bi * hq + h) * l + i) * e..][..e];
+                let mut sc: Vec<f64> = (0..s)
+                    .map(|j| {
+                        let krow = &k[((bi * hkv + kh) * s + j) * e..][..e];
+                        let d: f64 = qrow.iter().zip(krow).map(|(a, b)| a * b).sum();
+                        let x = d * scale;
+                        match cap_bias {
+                            Some((cap, bias)) => cap * (x / cap).tanh() + bias[i * s + j],
+                            None => x,
+                        }
+                    })
+                    .collect();
+                let m = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let z: f64 = sc.iter().map(|x| (x - m).exp()).sum();
+                for x in &mut sc {
+                    *x = (*x - m).exp() / z * prob_factor.unwrap_or(1.0);
+                }
+                for c in 0..ev {
+                    out[((bi * hq + h) * l + i) * ev + c] = (0..s)
+                        .map(|j| sc[j] * v[((bi * hkv + kh) * s + j) * ev + c])
+                        .sum();
+                }
+            }
+        }
+    }
+    out
+}
+
+fn flex_node(ins: &[&str], attrs: Vec<AttributeProto>) -> NodeProto {
+    let mut x = node("FlexAttention", "ai.onnx.preview", ins, &["y"], attrs);
+    x.name = "flex".into();
+    x
+}
+
+/// A FlexAttention model: its node over inputs fed in the run's dtype, the preview domain
+/// imported.
+fn flex_graph(
+    nodes: Vec<NodeProto>,
+    inputs: &[(&str, Tensor)],
+    dt: DType,
+) -> graphrun::Result<graphrun::Graph> {
+    use graphrun::onnx::proto::{GraphProto as G, ModelProto, OperatorSetIdProto};
+    use prost::Message;
+    let g = G {
+        node: nodes,
+        input: inputs
+            .iter()
+            .map(|(n, t)| input_like(n, &t.cast(dt)))
+            .collect(),
+        output: vec![ValueInfoProto {
+            name: "y".into(),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let m = ModelProto {
+        ir_version: 10,
+        opset_import: ["", "ai.onnx.preview"]
+            .iter()
+            .zip([23, 1])
+            .map(|(d, version)| OperatorSetIdProto {
+                domain: d.to_string(),
+                version,
+            })
+            .collect(),
+        graph: Some(g),
+        ..Default::default()
+    };
+    graphrun::onnx::from_bytes(&m.encode_to_vec(), "flex", std::path::Path::new("."))
+}
+
+/// ai.onnx.preview's FlexAttention on every backend in f32 and f64 (fused and not), with
+/// gradients against finite differences: multi-head with the default scale 1/√8, and
+/// grouped-query (4 query heads on 2 key/value heads) with scale 0.3, a `score_mod` that
+/// soft-caps the scores at 3 and adds a bias read from the graph around it, and a
+/// `prob_mod` that halves the probabilities.
+#[test]
+fn flex_attention_on_every_backend_with_gradients() {
+    let (b, l, s, e, ev) = (2, 5, 7, 8, 6);
+    for (hq, hkv, mods) in [(3, 3, false), (4, 2, true)] {
+        let q = randn(&[b, hq, l, e], 11);
+        let k = randn(&[b, hkv, s, e], 12);
+        let v = randn(&[b, hkv, s, ev], 13);
+        let bias = rand(&[l, s], 14, -1.0, 1.0);
+        let mut attrs = vec![];
+        if mods {
+            let untyped = |name: &str| ValueInfoProto {
+                name: name.into(),
+                ..Default::default()
+            };
+            let score = body(
+                vec![
+                    constant("cap", &Tensor::scalar(3.0f32)),
+                    n("CastLike", &["cap", "sc"], &["capc"], vec![]),
+                    n("Div", &["sc", "capc"], &["d"], vec![]),
+                    n("Tanh", &["d"], &["t"], vec![]),
+                    n("Mul", &["t", "capc"], &["capped"], vec![]),
+                    n("Add", &["capped", "bias"], &["sc_out"], vec![]),
+                ],
+                vec![untyped("sc")],
+                &["sc_out"],
+            );
+            let prob = body(
+                vec![
+                    constant("half", &Tensor::scalar(0.5f32)),
+                    n("CastLike", &["half", "p"], &["halfc"], vec![]),
+                    n("Mul", &["p", "halfc"], &["p_out"], vec![]),
+                ],
+                vec![untyped("p")],
+                &["p_out"],
+            );
+            attrs = vec![
+                float_attr("scale", 0.3),
+                graph_attr("score_mod", score),
+                graph_attr("prob_mod", prob),
+            ];
+        }
+        // √scale is taken in f32 and applied to Q and K (onnx.reference), so even in f64
+        // the scores are scaled by that root squared.
+        let scale = if mods { 0.3 } else { 1.0 / (e as f64).sqrt() };
+        let root = (scale as f32).sqrt() as f64;
+        let scale = root * root;
+        let mut inputs = vec![("q", q), ("k", k), ("v", v)];
+        if mods {
+            inputs.push(("bias", bias));
+        }
+        let what = format!(
+            "FlexAttention {hq}/{hkv} heads{}",
+            if mods { ", mods" } else { "" }
+        );
+        let reference = |x: &[Vec<f64>]| {
+            let cap_bias = mods.then(|| (3.0, x[3].as_slice()));
+            let y = flex_reference(
+                [&x[0], &x[1], &x[2]],
+                [b, hq, hkv, l, s, e, ev],
+                scale,
+                cap_bias,
+                mods.then_some(0.5),
+            );
+            vec![(vec![b, hq, l, ev], y)]
+        };
+        let nodes = vec![flex_node(&["q", "k", "v"], attrs)];
+        for dt in [DType::F32, DType::F64] {
+            let args: Vec<Tensor> = inputs.iter().map(|(_, t)| t.cast(dt)).collect();
+            let vals: Vec<Vec<f64>> = args.iter().map(Tensor::to_f64_vec).collect();
+            let want = reference(&vals);
+            let g = flex_graph(nodes.clone(), &inputs, dt)
+                .unwrap_or_else(|e| panic!("{what}: import: {e}"));
+            let feeds: HashMap<String, Tensor> = inputs
+                .iter()
+                .zip(&args)
+                .map(|((n, _), t)| (n.to_string(), t.clone()))
+                .collect();
+            for backend in backends() {
+                if !computes(backend, dt) {
+                    continue;
+                }
+                for opts in [SessionOptions::default(), SessionOptions::unfused()] {
+                    let opts = SessionOptions { backend, ..opts };
+                    let at = format!("{what} {dt} on {backend:?}");
+                    let got = Session::new(g.clone(), opts)
+                        .and_then(|mut s| s.run(&feeds))
+                        .unwrap_or_else(|e| panic!("{at}: {e}"));
+                    assert_outputs(&at, &got, &want, dt, 2e-6);
+                }
+            }
+            if dt == DType::F64 {
+                let names: Vec<&str> = inputs.iter().map(|(n, _)| *n).collect();
+                let fed = Fed {
+                    names: &names,
+                    feeds,
+                    vals,
+                };
+                let wrt: Vec<usize> = (0..inputs.len()).collect();
+                grads_match_fd(&what, g, "y", &fed, &wrt, 7, reference);
+            }
+        }
+    }
+}
+
+/// FlexAttention's refusals name the node and what is wrong.
+#[test]
+fn flex_attention_refusals() {
+    let q = randn(&[1, 2, 3, 4], 1);
+    let ins = [("q", q.clone()), ("k", q.clone()), ("v", q.clone())];
+    let err = |nodes: Vec<NodeProto>, ins: &[(&str, Tensor)]| {
+        flex_graph(nodes, ins, DType::F32).unwrap_err().to_string()
+    };
+    let flat = randn(&[2, 3, 4], 2);
+    let e = err(
+        vec![flex_node(&["q", "k", "v"], vec![])],
+        &[("q", flat.clone()), ("k", flat.clone()), ("v", flat)],
+    );
+    assert!(e.contains("flex") && e.contains("rank of 4"), "{e}");
+    let e = err(
+        vec![flex_node(
+            &["q", "k", "v"],
+            vec![int_attr("softmax_precision", 7)],
+        )],
+        &ins,
+    );
+    assert!(
+        e.contains("softmax_precision") && e.contains("got 7"),
+        "{e}"
+    );
+    let two = body(
+        vec![
+            n("Identity", &["sc"], &["a"], vec![]),
+            n("Identity", &["sc"], &["b"], vec![]),
+        ],
+        vec![ValueInfoProto {
+            name: "sc".into(),
+            ..Default::default()
+        }],
+        &["a", "b"],
+    );
+    let e = err(
+        vec![flex_node(
+            &["q", "k", "v"],
+            vec![graph_attr("score_mod", two)],
+        )],
+        &ins,
+    );
+    assert!(e.contains("score_mod") && e.contains("2 outputs"), "{e}");
+    let k3 = randn(&[1, 3, 3, 4], 3);
+    let e = err(
+        vec![flex_node(&["q", "k", "v"], vec![])],
+        &[("q", q), ("k", k3.clone()), ("v", k3)],
+    );
+    assert!(e.contains("not a multiple of 3"), "{e}");
+}

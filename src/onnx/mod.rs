@@ -14,7 +14,7 @@ pub mod proto;
 mod write;
 
 pub use import::{ImportMode, ImportOptions};
-pub use nodes::{element_name, imports, YamlLowering};
+pub use nodes::{element_name, imports, imports_in, YamlLowering};
 pub use write::{with_weights, Written};
 pub mod tensor;
 

@@ -150,6 +150,16 @@ const REWRITTEN: &[&str] = &[
 /// name them.
 const NOT_ONNX: &[&str] = &["FusedMatMul", "GatedMatMul", "VarlenAttention"];
 
+/// Whether the importer takes op `op` of `domain` ("" or "ai.onnx" for the default one).
+pub fn imports_in(domain: &str, op: &str) -> bool {
+    let n = NodeProto {
+        domain: domain.to_string(),
+        op_type: op.to_string(),
+        ..Default::default()
+    };
+    lacked(&n).is_none()
+}
+
 /// Whether the importer takes ONNX op `op` of the default domain: one of graphrun's ops, or
 /// one it writes as graphrun's ops.
 pub fn imports(op: &str) -> bool {
@@ -182,7 +192,8 @@ fn lacked(n: &NodeProto) -> Option<String> {
         (!imports(op)).then(|| op.to_string())
     } else {
         let taken = (n.domain == "com.microsoft" && MS_COMPOSITE.contains(&op))
-            || domains::writes(&n.domain, op);
+            || domains::writes(&n.domain, op)
+            || control::is_flex(n);
         (!taken).then(|| format!("{}::{op}", n.domain))
     }
 }
@@ -601,7 +612,7 @@ impl<'a> Importer<'a> {
         let replaced = self.without_empty(n);
         let n = replaced.as_ref().unwrap_or(n);
         let what = format!("node '{shown}' ({op_type})");
-        let control = default_domain && control::CONTROL.contains(&op_type);
+        let control = default_domain && control::CONTROL.contains(&op_type) || control::is_flex(n);
         let mut inputs = n.input.clone();
         let attrs: Result<Vec<Attr>> = if control {
             self.control_attrs(n, &shown, &mut inputs)
@@ -636,7 +647,11 @@ impl<'a> Importer<'a> {
                 self.deferred.push(ForeignNode {
                     index,
                     name: n.name.clone(),
-                    op: op_type.to_string(),
+                    // Another domain's op travels as `domain::op` (`lower_known`).
+                    op: match default_domain {
+                        true => op_type.to_string(),
+                        false => format!("{}::{op_type}", n.domain),
+                    },
                     attrs,
                     inputs,
                     outputs: n.output.clone(),
@@ -656,6 +671,9 @@ impl<'a> Importer<'a> {
         let mut inputs = n.input.clone();
         if domains::writes(&n.domain, &n.op_type) {
             return self.lower_domain(n, shown, attrs);
+        }
+        if control::is_flex(n) {
+            return self.lower_control(n, shown, attrs);
         }
         // Cast's `saturate` reads only for the 8-bit floats.
         let cast = matches!(n.op_type.as_str(), "Cast" | "CastLike");
@@ -1529,9 +1547,11 @@ fn lower_known(
     known: &HashMap<String, Known>,
     taken: &mut HashSet<String>,
 ) -> Result<(Vec<Node>, Vec<ForeignNode>)> {
+    let (domain, op) = f.op.split_once("::").unwrap_or(("", &f.op));
     let n = NodeProto {
         name: f.name.clone(),
-        op_type: f.op.clone(),
+        domain: domain.to_string(),
+        op_type: op.to_string(),
         input: f.inputs.clone(),
         output: f.outputs.clone(),
         ..Default::default()

@@ -13,7 +13,7 @@ use super::Importer;
 use crate::error::{Error, Result};
 use crate::graph::op::Attr;
 use crate::graph::{BinaryOp, Op, PadMode, UnaryOp};
-use crate::onnx::proto::NodeProto;
+use crate::onnx::proto::{GraphProto, NodeProto};
 use crate::tensor::{DType, Tensor};
 
 impl Importer<'_> {
@@ -137,33 +137,8 @@ impl Importer<'_> {
         }
         if hq_n != hkv_n {
             let r = hq_n / hkv_n;
-            for (x, tag) in [(&mut k4, "k"), (&mut v4, "v")] {
-                let u = self.val(
-                    n,
-                    &format!("{tag}_group_axis"),
-                    unsqueeze(2),
-                    vec![x.clone()],
-                );
-                let bh = self.val(n, &format!("{tag}_bh"), shape(0, Some(2)), vec![x.clone()]);
-                let rr = self.ints_const(n, &format!("{tag}_reps"), &[r])?;
-                let sd = self.val(n, &format!("{tag}_sd"), shape(2, None), vec![x.clone()]);
-                let es = self.val(
-                    n,
-                    &format!("{tag}_expand_shape"),
-                    Op::Concat { axis: 0 },
-                    vec![bh, rr, sd.clone()],
-                );
-                let e = self.val(n, &format!("{tag}_repeated"), Op::Expand, vec![u, es]);
-                let b = self.val(n, &format!("{tag}_b"), shape(0, Some(1)), vec![x.clone()]);
-                let m1 = self.ints_const(n, &format!("{tag}_all_heads"), &[-1])?;
-                let rs = self.val(
-                    n,
-                    &format!("{tag}_merged_shape"),
-                    Op::Concat { axis: 0 },
-                    vec![b, m1, sd],
-                );
-                *x = self.val(n, &format!("{tag}_grouped"), reshape(), vec![e, rs]);
-            }
+            k4 = self.repeat_heads(n, &k4, r, "k")?;
+            v4 = self.repeat_heads(n, &v4, r, "v")?;
         }
         let perm = Some(vec![0, 1, 3, 2]);
         let kt = self.val(n, "k_t", Op::Transpose { perm }, vec![k4.clone()]);
@@ -300,6 +275,154 @@ impl Importer<'_> {
             self.out(n, 0, reshape(), vec![t, m]);
         } else {
             self.out(n, 0, Op::MatMul, vec![p, v4]);
+        }
+        Ok(())
+    }
+
+    /// `[B, Hkv, S, D]` with each head repeated `r` times in place, `[B, Hkv·r, S, D]`:
+    /// grouped-query attention's keys and values for each query head.
+    fn repeat_heads(&mut self, n: &NodeProto, x: &str, r: i64, tag: &str) -> Result<String> {
+        let u = self.val(
+            n,
+            &format!("{tag}_group_axis"),
+            unsqueeze(2),
+            vec![x.into()],
+        );
+        let bh = self.val(n, &format!("{tag}_bh"), shape(0, Some(2)), vec![x.into()]);
+        let rr = self.ints_const(n, &format!("{tag}_reps"), &[r])?;
+        let sd = self.val(n, &format!("{tag}_sd"), shape(2, None), vec![x.into()]);
+        let es = self.val(
+            n,
+            &format!("{tag}_expand_shape"),
+            Op::Concat { axis: 0 },
+            vec![bh, rr, sd.clone()],
+        );
+        let e = self.val(n, &format!("{tag}_repeated"), Op::Expand, vec![u, es]);
+        let b = self.val(n, &format!("{tag}_b"), shape(0, Some(1)), vec![x.into()]);
+        let m1 = self.ints_const(n, &format!("{tag}_all_heads"), &[-1])?;
+        let rs = self.val(
+            n,
+            &format!("{tag}_merged_shape"),
+            Op::Concat { axis: 0 },
+            vec![b, m1, sd],
+        );
+        Ok(self.val(n, &format!("{tag}_grouped"), reshape(), vec![e, rs]))
+    }
+
+    /// ai.onnx.preview's FlexAttention as `onnx.reference` computes it: Q and K each
+    /// multiplied by √scale in their own type (scale defaults to 1/√head size), K and V
+    /// heads repeated for grouped-query attention, the scores `Q·Kᵀ` in the softmax's
+    /// precision (`softmax_precision`; f32 for 16-bit inputs, else the input's), then
+    /// `score_mod`, the softmax over the keys, `prob_mod` (each a one-input, one-output
+    /// graph, written out here), times V in that precision, cast back to V's type.
+    pub(super) fn flex_attention(
+        &mut self,
+        n: &NodeProto,
+        what: &str,
+        mut a: Attrs,
+        mods: [Option<GraphProto>; 2],
+    ) -> Result<()> {
+        let scale = match a.take("scale") {
+            None => None,
+            Some(crate::graph::op::AttrValue::Float(s)) => Some(s as f32),
+            Some(v) => return Err(a.wrong("scale", "a float", &v)),
+        };
+        let precision = a.opt_int("softmax_precision")?;
+        a.finish()?;
+        let (ins, _) = inputs(n, what, (3, 3), 3)?;
+        let [q, k, v] = [0, 1, 2].map(|i| ins[i].clone());
+        for x in [&q, &k, &v] {
+            if self.ranks.get(x) != Some(&4) {
+                return Err(Error::Graph(format!(
+                    "{what}: '{x}' must have a declared rank of 4 ([batch, heads, sequence, head size])"
+                )));
+            }
+        }
+        let Some(dt) = self.dtypes.get(&q).copied() else {
+            return Err(Error::Graph(format!(
+                "{what}: the element type of Q '{q}' is not declared"
+            )));
+        };
+        let compute = match precision {
+            None if dt == DType::F64 => DType::F64,
+            None => DType::F32,
+            Some(c) => match DType::from_onnx(c) {
+                Some(d @ (DType::F32 | DType::F16 | DType::BF16 | DType::F64)) => d,
+                _ => {
+                    return Err(a.refuse(
+                        "softmax_precision",
+                        &format!("must be FLOAT, FLOAT16, BFLOAT16 or DOUBLE, got {c}"),
+                    ))
+                }
+            },
+        };
+        let (Some(hq), Some(hkv)) = (self.static_dim(&q, 1), self.static_dim(&k, 1)) else {
+            return Err(Error::Graph(format!(
+                "{what}: the head counts must be known (declare Q's and K's shapes)"
+            )));
+        };
+        if hkv == 0 || hq % hkv != 0 {
+            return Err(Error::Graph(format!(
+                "{what}: {hq} query heads are not a multiple of {hkv} key/value heads"
+            )));
+        }
+        let (mut k4, mut v4) = (k.clone(), v.clone());
+        if hq != hkv {
+            k4 = self.repeat_heads(n, &k4, hq / hkv, "k")?;
+            v4 = self.repeat_heads(n, &v4, hq / hkv, "v")?;
+        }
+        // √scale as the reference takes it: the scale in f32, its root, in Q's type.
+        let root = match (scale, self.static_dim(&q, 3)) {
+            (Some(s), _) => Some(s.sqrt()),
+            (None, Some(e)) => Some(((1.0 / (e as f64).sqrt()) as f32).sqrt()),
+            (None, None) => None,
+        };
+        let root = match root {
+            Some(r) => self.float_like(n, "sqrt_scale", r, &q),
+            None => {
+                let d = self.val(n, "head_size", shape(3, Some(4)), vec![q.clone()]);
+                let df = self.val(n, "head_size_f", Op::Cast { to: DType::F32 }, vec![d]);
+                let sq = self.val(n, "head_size_sqrt", un(UnaryOp::Sqrt), vec![df]);
+                let inv = self.val(n, "scale_f", un(UnaryOp::Reciprocal), vec![sq]);
+                let r = self.val(n, "sqrt_scale_f", un(UnaryOp::Sqrt), vec![inv]);
+                self.val(n, "sqrt_scale", Op::CastLike, vec![r, q.clone()])
+            }
+        };
+        let qs = self.val(n, "q_scaled", bin(BinaryOp::Mul), vec![q, root.clone()]);
+        let ks = self.val(n, "k_scaled", bin(BinaryOp::Mul), vec![k4, root]);
+        let perm = Some(vec![0, 1, 3, 2]);
+        let kt = self.val(n, "k_t", Op::Transpose { perm }, vec![ks]);
+        let mut s = self.val(n, "scores", Op::MatMul, vec![qs, kt]);
+        let to = Op::Cast { to: compute };
+        if compute != dt {
+            s = self.val(n, "scores_precision", to.clone(), vec![s]);
+        }
+        let base = self.flow_name(n, what);
+        let [score_mod, prob_mod] = mods;
+        let modify = |me: &mut Self, x: String, g: Option<GraphProto>, tag: &str| {
+            let Some(g) = g else { return Ok(x) };
+            let outs = me.inline(what, &g, &[x], &format!("{base}/{tag}"))?;
+            match <[String; 1]>::try_from(outs) {
+                Ok([o]) => Ok(o),
+                Err(o) => Err(Error::Graph(format!(
+                    "{what}: its {tag} graph gives {} outputs; it must give one",
+                    o.len()
+                ))),
+            }
+        };
+        s = modify(self, s, score_mod, "score_mod")?;
+        let p = self.val(n, "probs", Op::Softmax { axis: -1 }, vec![s]);
+        let p = modify(self, p, prob_mod, "prob_mod")?;
+        let vc = match self.dtypes.get(&v4).copied().unwrap_or(dt) == compute {
+            true => v4,
+            false => self.val(n, "v_precision", to, vec![v4]),
+        };
+        let vt = self.dtypes.get(&v).copied().unwrap_or(dt);
+        if vt == compute {
+            self.out(n, 0, Op::MatMul, vec![p, vc]);
+        } else {
+            let y = self.val(n, "y_precision", Op::MatMul, vec![p, vc]);
+            self.out(n, 0, Op::Cast { to: vt }, vec![y]);
         }
         Ok(())
     }

@@ -30,6 +30,12 @@ use std::collections::{HashMap, HashSet};
 /// The control-flow ops, written after shape inference.
 pub(super) const CONTROL: &[&str] = &["If", "Loop", "Scan"];
 
+/// ai.onnx.preview's FlexAttention, whose score and probability modifiers are graphs
+/// (written out by `Importer::flex_attention`).
+pub(super) fn is_flex(n: &NodeProto) -> bool {
+    n.domain == "ai.onnx.preview" && n.op_type == "FlexAttention"
+}
+
 /// The most values a model may have once its control flow is written out: a loop nested
 /// in a loop multiplies their iterations, and a model file could otherwise ask for any
 /// number of copies.
@@ -190,6 +196,8 @@ impl Importer<'_> {
             let keep = n.input.len().saturating_sub(k as usize);
             n.input.truncate(keep);
         }
+        let given = |key: &str| attrs.iter().any(|a| a.name == key);
+        let mods = [given("score_mod"), given("prob_mod")];
         let mut a = Attrs::of(&n, shown, attrs)?;
         let graph = |a: &mut Attrs, key: &str| -> Result<GraphProto> {
             match a.take(key) {
@@ -206,6 +214,14 @@ impl Importer<'_> {
             }
         };
         match n.op_type.as_str() {
+            "FlexAttention" => {
+                let mut take =
+                    |given: bool, key: &str| given.then(|| graph(&mut a, key)).transpose();
+                let mods = [take(mods[0], "score_mod")?, take(mods[1], "prob_mod")?];
+                tensors_only(&what, &mods.iter().flatten().collect::<Vec<_>>())?;
+                a.what = format!("node '{shown}' (ai.onnx.preview::FlexAttention)");
+                self.flex_attention(&n, &a.what.clone(), a, mods)
+            }
             "If" => {
                 let then = graph(&mut a, "then_branch")?;
                 let other = graph(&mut a, "else_branch")?;
@@ -229,7 +245,7 @@ impl Importer<'_> {
 
     /// Inlines one copy of `body` with its inputs bound to `binds`; returns the values
     /// holding its outputs. `tag` names the copy's values and nodes.
-    fn inline(
+    pub(super) fn inline(
         &mut self,
         what: &str,
         body: &GraphProto,
@@ -340,7 +356,7 @@ impl Importer<'_> {
 
     /// What the nodes and values written for `n` are named after: its name, or its first
     /// output's (value names are unique; node names may be empty).
-    fn flow_name(&self, n: &NodeProto, what: &str) -> String {
+    pub(super) fn flow_name(&self, n: &NodeProto, what: &str) -> String {
         [&n.name, n.output.first().unwrap_or(&n.name)]
             .into_iter()
             .find(|s| !s.is_empty())
