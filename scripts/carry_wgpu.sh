@@ -27,7 +27,7 @@ strip /tmp/carry_wgpu_bin/graphrun* /tmp/carry_wgpu_bin/tests/*
 tar czf "$DEST/bins.tgz" -C /tmp/carry_wgpu_bin .
 cp -r models "$DEST/tree/"
 cp -r tests/common tests/data "$DEST/tree/tests/"
-cp scripts/device_wgpu.sh "$DEST/"
+cp scripts/device_wgpu.sh scripts/nvidia_vulkan.sh "$DEST/"
 pwd > "$DEST/worktree" # where the test executables look for tree/ (CARGO_MANIFEST_DIR)
 if [ ! -d "$DEST/gl" ]; then
     mkdir -p "$DEST/gl" /tmp/amd64/partial

@@ -6,9 +6,7 @@
 # (Vulkan loader .debs in gl/, stripped executables in bins.tgz, the files the tests read
 # in tree/). Usage on the device: bash .carry-wgpu/device_wgpu.sh [seconds for the tests]
 C=$PWD/.carry-wgpu
-for f in $C/gl/*.deb; do dpkg -x $f /; done; ldconfig
-ICD=$(find /usr/local/nvidia /usr/share/vulkan /etc/vulkan -name "nvidia_icd*.json" 2>/dev/null | head -1)
-[ -n "$ICD" ] && export VK_DRIVER_FILES=$ICD
+. $C/nvidia_vulkan.sh $C
 # The test executables read files under the worktree they were built in.
 W=$(cat $C/worktree 2>/dev/null || echo /work/wt-wgpu)
 mkdir -p $(dirname $W) && ln -sfn $C/tree $W

@@ -351,6 +351,21 @@ fn reduce_axes_input() {
 
 #[test]
 fn reduce_large_parallel() {
+    // A max pool's window axis (Im2Col's columns viewed as [N, C, K, H, W]): many outputs
+    // of a few elements, a thread each on WebGPU.
+    let win = randn(&[2, 3, 9, 20, 20], 33);
+    for (name, kind) in KINDS {
+        let o = op(
+            name,
+            &[
+                ("axes", AttrValue::Ints(vec![2])),
+                ("keepdims", AttrValue::Int(0)),
+            ],
+        );
+        check(o, &[inp(win.clone())], &FLOATS, |a| {
+            reduce_ref(&a[0], &[2], false, kind)
+        });
+    }
     let x = randn(&[50, 64, 30], 32);
     for (name, kind) in KINDS {
         // Everything reduced takes the chunked-partials path.

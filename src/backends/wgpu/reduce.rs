@@ -157,6 +157,17 @@ pub fn reduce(
         let k = select_kernel(w, node, "reduce_int", x.dtype())?;
         return w.run_kernel(&k, &p, &[(1, x.buf), (4, y.buf)], groups_for(outs, 256));
     }
+    // Many outputs of a few elements each: a thread per output.
+    if n_red <= EACH && outs >= 256 {
+        let p = Params::new()
+            .u(0, n_red)
+            .u(1, code)
+            .u(3, outs)
+            .strided(16, &Strided::new(&kshape, &[&kst]))?
+            .strided(52, &Strided::new(&rshape, &[&rst]))?;
+        let k = kernel(w, node, "reduce_each", x.dtype(), 1)?;
+        return w.run_kernel(&k, &p, &[(1, x.buf), (4, y.buf)], groups_for(outs, 256));
+    }
     // Few outputs of many elements each: split each output over `parts` workgroups
     // (shaders/reduce.wgsl `reduce_part`), at most 65535 workgroups in all.
     let parts = if outs < 512 {
@@ -186,6 +197,8 @@ pub fn reduce(
     w.run_kernel(&k, &p, &[(7, &partial), (4, y.buf)], rows_groups(outs))
 }
 
+/// Elements per output up to which a reduction of many outputs runs a thread per output.
+const EACH: usize = 64;
 /// Elements per workgroup above which a reduction with few outputs is split.
 const PART: usize = 8192;
 /// Rows per thread of `sum_rows` before it splits them into parts.
