@@ -146,28 +146,6 @@ pub fn reduce(
         ReduceKind::MeanSquare => 3,
         ReduceKind::Prod => 4,
     };
-    if x.dtype() == DType::I32 {
-        // Exact in i32 (wrapping, as the CPU's): a thread per output.
-        let p = Params::new()
-            .u(0, n_red)
-            .u(1, code)
-            .u(3, outs)
-            .strided(16, &Strided::new(&kshape, &[&kst]))?
-            .strided(52, &Strided::new(&rshape, &[&rst]))?;
-        let k = select_kernel(w, node, "reduce_int", x.dtype())?;
-        return w.run_kernel(&k, &p, &[(1, x.buf), (4, y.buf)], groups_for(outs, 256));
-    }
-    // Many outputs of a few elements each: a thread per output.
-    if n_red <= EACH && outs >= 256 {
-        let p = Params::new()
-            .u(0, n_red)
-            .u(1, code)
-            .u(3, outs)
-            .strided(16, &Strided::new(&kshape, &[&kst]))?
-            .strided(52, &Strided::new(&rshape, &[&rst]))?;
-        let k = kernel(w, node, "reduce_each", x.dtype(), 1)?;
-        return w.run_kernel(&k, &p, &[(1, x.buf), (4, y.buf)], groups_for(outs, 256));
-    }
     // Few outputs of many elements each: split each output over `parts` workgroups
     // (shaders/reduce.wgsl `reduce_part`), at most 65535 workgroups in all.
     let parts = if outs < 512 {
@@ -179,8 +157,19 @@ pub fn reduce(
         .u(0, n_red)
         .u(1, code)
         .u(2, parts)
+        .u(3, outs)
         .strided(16, &Strided::new(&kshape, &[&kst]))?
         .strided(52, &Strided::new(&rshape, &[&rst]))?;
+    // Exact in i32 (wrapping, as the CPU's), or many outputs of a few elements each: a
+    // thread per output.
+    let each = match x.dtype() {
+        DType::I32 => Some(select_kernel(w, node, "reduce_int", x.dtype())?),
+        _ if n_red <= EACH && outs >= 256 => Some(kernel(w, node, "reduce_each", x.dtype(), 1)?),
+        _ => None,
+    };
+    if let Some(k) = each {
+        return w.run_kernel(&k, &p, &[(1, x.buf), (4, y.buf)], groups_for(outs, 256));
+    }
     if parts <= 1 {
         let k = kernel(w, node, "reduce", x.dtype(), 1)?;
         return w.run_kernel(&k, &p, &[(1, x.buf), (4, y.buf)], rows_groups(outs));
