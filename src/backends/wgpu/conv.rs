@@ -4,12 +4,13 @@
 
 use super::elementwise::{binary, map_code};
 use super::matmul::{launch, Bufs, Product, ACCUM};
+use super::reduce;
 use super::shape::{col2im_geom, im2col_geom};
 use super::{Wgpu, V};
 use crate::backends::common::{self, ConvGeom};
 use crate::error::Result;
 use crate::graph::infer::ValueType;
-use crate::graph::{Activation, BinaryOp, Node};
+use crate::graph::{Activation, BinaryOp, Node, ReduceKind};
 
 /// The columns of every image of `x` (`[N, C·K, L]`) in scratch, or `x` itself when the
 /// convolution is pointwise.
@@ -24,6 +25,19 @@ fn columns(w: &mut Wgpu, node: &Node, cg: &ConvGeom, x: &V) -> Result<wgpu::Buff
     Ok(buf)
 }
 
+/// Parts to split a convolution's summed axis into: where its product fills few of the
+/// GEMM's 64×64 output tiles over a long sum (ResNet-50's last 3×3 convolutions at batch
+/// 1: 8 tiles over 4 608 terms, 1.2 ms each on an H100), the largest divisor of the sum's
+/// length that leaves each part 128 terms or more and the parts about 128 workgroups;
+/// 1 where the product fills the GPU already.
+fn k_parts(tiles: usize, k: usize) -> usize {
+    if tiles >= 32 || k < 1024 {
+        return 1;
+    }
+    let most = (128 / tiles).min(64).min(k / 128);
+    (1..=most).rev().find(|s| k % s == 0).unwrap_or(1)
+}
+
 /// Y[n, group] = W[group] · columns(X)[n, group] (+ B).
 pub fn conv(w: &mut Wgpu, node: &Node, x: &V, wt: &V, b: Option<V>, y: &V) -> Result<()> {
     let cg = common::conv_geom(node, x.shape(), wt.shape())?;
@@ -32,6 +46,15 @@ pub fn conv(w: &mut Wgpu, node: &Node, x: &V, wt: &V, b: Option<V>, y: &V) -> Re
         return Ok(());
     }
     let cols = columns(w, node, &cg, x)?;
+    let tiles = mg.div_ceil(64) * l.div_ceil(64) * g.n * cg.group;
+    let parts = if cg.group == 1 {
+        k_parts(tiles, ckg)
+    } else {
+        1
+    };
+    if parts > 1 {
+        return split_conv(w, node, (&cg, parts), (wt, &cols), b, y);
+    }
     let mut p = Product::new(x.dtype(), mg, l, ckg, (ckg as i64, 1), (l as i64, 1));
     p.batch = vec![g.n, cg.group];
     p.bst[0] = vec![0, (mg * ckg) as i64];
@@ -49,6 +72,64 @@ pub fn conv(w: &mut Wgpu, node: &Node, x: &V, wt: &V, b: Option<V>, y: &V) -> Re
         pre: None,
     };
     launch(w, node, Activation::None, &p, bufs)
+}
+
+/// A convolution of one group whose sum is split into `parts` (`k_parts`): the parts'
+/// products as one batch into scratch `[N, parts, M, L]`, summed over the parts into Y
+/// (a thread per output, `reduce::reduce`), then B added.
+fn split_conv(
+    w: &mut Wgpu,
+    node: &Node,
+    (cg, parts): (&ConvGeom, usize),
+    (wt, cols): (&V, &wgpu::Buffer),
+    b: Option<V>,
+    y: &V,
+) -> Result<()> {
+    let (g, l, k, m) = (&cg.g, cg.g.l(), cg.ckg(), cg.mg());
+    let kp = k / parts;
+    let mut p = Product::new(y.dtype(), m, l, kp, (k as i64, 1), (l as i64, 1));
+    p.batch = vec![g.n, parts];
+    p.bst[0] = vec![0, kp as i64];
+    p.bst[1] = vec![(k * l) as i64, (kp * l) as i64];
+    let part_ty = ValueType::new(y.dtype(), &[g.n, parts, m * l]);
+    let partial = w.scratch(part_ty.bytes());
+    let bufs = Bufs {
+        a: wt.buf,
+        b: cols,
+        d: &partial,
+        bias: None,
+        res: None,
+        pre: None,
+    };
+    launch(w, node, Activation::None, &p, bufs)?;
+    let summed = V {
+        buf: &partial,
+        ty: &part_ty,
+    };
+    let Some(b) = b else {
+        return reduce::reduce(w, node, ReduceKind::Sum, &summed, &[1], y);
+    };
+    let sum_buf = w.scratch(y.ty.bytes().max(16));
+    let sum = V {
+        buf: &sum_buf,
+        ty: y.ty,
+    };
+    reduce::reduce(w, node, ReduceKind::Sum, &summed, &[1], &sum)?;
+    // B `[M]` as `[M, 1, ...]` against Y `[N, M, ...]`.
+    let mut bshape = vec![m];
+    bshape.resize(y.shape().len() - 1, 1);
+    let bt = ValueType::new(b.dtype(), &bshape);
+    binary(
+        w,
+        node,
+        BinaryOp::Add,
+        &sum,
+        &V {
+            buf: b.buf,
+            ty: &bt,
+        },
+        y,
+    )
 }
 
 /// FusedConv: `Y = act(conv(X, W) + B + Z)`, and Pre = conv + B + Z when asked for: the
