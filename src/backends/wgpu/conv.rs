@@ -35,7 +35,7 @@ fn k_parts(tiles: usize, k: usize) -> usize {
         return 1;
     }
     let most = (128 / tiles).min(64).min(k / 128);
-    (1..=most).rev().find(|s| k % s == 0).unwrap_or(1)
+    (1..=most).rev().find(|s| k.is_multiple_of(*s)).unwrap_or(1)
 }
 
 /// Y[n, group] = W[group] · columns(X)[n, group] (+ B).
