@@ -2873,3 +2873,549 @@ fn multinomial_samples_classes_by_their_probabilities_on_every_backend() {
         "{e}"
     );
 }
+
+// ---- TfIdfVectorizer ----------------------------------------------------------------------
+
+/// ONNX's reference walk: for every skip distance d and start s, the items X[s], X[s+d],
+/// ... are followed through the pool's n-grams (and their prefixes) up to max_gram_length;
+/// each n-gram of at least the starting length that the walk passes is counted (its last
+/// place in the pool when it is repeated). Unigrams count at distance 1 only.
+#[allow(clippy::too_many_arguments)]
+fn tfidf_ref(
+    x: &[i64],
+    rows: usize,
+    pool: &[i64],
+    counts: &[i64],
+    indexes: &[i64],
+    (min, max, skip): (usize, usize, usize),
+    mode: &str,
+    weights: &[f64],
+) -> Vec<f64> {
+    let mut ids: HashMap<Vec<i64>, usize> = HashMap::new();
+    let mut prefixes: std::collections::HashSet<Vec<i64>> = Default::default();
+    let mut id = 0;
+    for (i, &start) in counts.iter().enumerate() {
+        let end = counts.get(i + 1).copied().unwrap_or(pool.len() as i64) as usize;
+        for g in pool[start as usize..end].chunks(i + 1) {
+            for k in 1..=g.len() {
+                prefixes.insert(g[..k].to_vec());
+            }
+            if (min..=max).contains(&g.len()) {
+                ids.insert(g.to_vec(), id);
+            }
+            id += 1;
+        }
+    }
+    let width = *indexes.iter().max().unwrap() as usize + 1;
+    let c = x.len() / rows;
+    let mut f = vec![0f64; rows * width];
+    for r in 0..rows {
+        let row = &x[r * c..(r + 1) * c];
+        let mut start_len = min;
+        for d in 1..=skip + 1 {
+            for s in 0..c {
+                let mut walk = vec![];
+                let mut at = s;
+                while walk.len() < max && at < c {
+                    walk.push(row[at]);
+                    if !prefixes.contains(&walk) {
+                        break;
+                    }
+                    if walk.len() >= start_len {
+                        if let Some(&g) = ids.get(&walk) {
+                            f[r * width + indexes[g] as usize] += 1.0;
+                        }
+                    }
+                    at += d;
+                }
+            }
+            if start_len == 1 {
+                start_len = 2;
+                if start_len > max {
+                    break;
+                }
+            }
+        }
+    }
+    let w = |i: usize| if weights.is_empty() { 1.0 } else { weights[i % width] };
+    f.iter()
+        .enumerate()
+        .map(|(i, &v)| match mode {
+            "TF" => v,
+            "IDF" => (v > 0.0) as u8 as f64 * w(i),
+            _ => v * w(i),
+        })
+        .collect()
+}
+
+#[test]
+fn tfidf_vectorizer_counts_ngrams_with_skips_on_every_backend() {
+    // Unigrams 1, 3, 2, 1 (repeated: its later place counts), bigrams (1,2), (3,3), (2,1),
+    // trigrams (1,2,3), (2,2,2).
+    let pool = [1i64, 3, 2, 1, 1, 2, 3, 3, 2, 1, 1, 2, 3, 2, 2, 2];
+    let counts = [0i64, 4, 10];
+    let indexes = [0i64, 1, 2, 3, 4, 5, 6, 7, 8];
+    let settings = [
+        (1usize, 1usize, 0usize),
+        (1, 2, 0),
+        (2, 2, 3),
+        (1, 3, 2),
+        (3, 3, 1),
+        (2, 3, 0),
+    ];
+    let mut seed = 0;
+    for (min, max, skip) in settings {
+        for mode in ["TF", "IDF", "TFIDF"] {
+            for weighted in [false, true] {
+                for (shape, dt) in [(vec![3usize, 11], DType::I64), (vec![13], DType::I32)] {
+                    seed += 1;
+                    let x = rand_ints(&shape, seed, 0, 4);
+                    let rows = if shape.len() == 2 { shape[0] } else { 1 };
+                    let weights: Vec<f64> = if weighted {
+                        (0..9).map(|i| 0.5 + i as f64 * 0.25).collect()
+                    } else {
+                        vec![]
+                    };
+                    let mut attrs = vec![
+                        int_attr("min_gram_length", min as i64),
+                        int_attr("max_gram_length", max as i64),
+                        int_attr("max_skip_count", skip as i64),
+                        str_attr("mode", mode),
+                        ints_attr("ngram_counts", &counts),
+                        ints_attr("ngram_indexes", &indexes),
+                        ints_attr("pool_int64s", &pool),
+                    ];
+                    if weighted {
+                        let w: Vec<f32> = weights.iter().map(|&v| v as f32).collect();
+                        attrs.push(floats_attr("weights", &w));
+                    }
+                    let case =
+                        Case::new("TfIdfVectorizer", 9, vec![("x", Some(x.cast(dt)))]).with(attrs);
+                    let want = tfidf_ref(
+                        &x.to_i64_vec(),
+                        rows,
+                        &pool,
+                        &counts,
+                        &indexes,
+                        (min, max, skip),
+                        mode,
+                        &weights,
+                    );
+                    let out_shape = if shape.len() == 2 { vec![rows, 9] } else { vec![9] };
+                    let what = format!(
+                        "TfIdfVectorizer {mode} grams {min}..={max} skip {skip} weighted {weighted} {shape:?} {dt}"
+                    );
+                    check_case(&what, &case, &[DType::F32], 1e-6, |_| {
+                        vec![(out_shape.clone(), want.clone())]
+                    });
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn tfidf_vectorizer_refusals_name_the_attribute() {
+    let base = || {
+        vec![
+            int_attr("min_gram_length", 1),
+            int_attr("max_gram_length", 2),
+            int_attr("max_skip_count", 0),
+            str_attr("mode", "TF"),
+            ints_attr("ngram_counts", &[0, 2]),
+            ints_attr("ngram_indexes", &[0, 1, 2]),
+        ]
+    };
+    let import = |attrs: Vec<AttributeProto>| {
+        let n = node("TfIdfVectorizer", "", &["x"], &["y"], attrs);
+        import_one_node(n, 9, vec![input("x", DType::I64, &[Some(2), Some(5)])], vec![])
+            .map(|_| ())
+            .unwrap_err()
+            .to_string()
+    };
+    let mut strings = base();
+    strings.push(strs_attr("pool_strings", &["a", "b", "a", "b"]));
+    let e = import(strings);
+    assert!(e.contains("pool_strings") && e.contains("string"), "{e}");
+    let mut bad_mode = base();
+    bad_mode.push(ints_attr("pool_int64s", &[1, 2, 1, 2]));
+    bad_mode[3] = str_attr("mode", "BM25");
+    let e = import(bad_mode);
+    assert!(e.contains("'mode'") && e.contains("BM25"), "{e}");
+    let mut odd = base();
+    odd.push(ints_attr("pool_int64s", &[1, 2, 1]));
+    let e = import(odd);
+    assert!(e.contains("2-grams") && e.contains("multiple of 2"), "{e}");
+}
+
+// ---- MelWeightMatrix ----------------------------------------------------------------------
+
+/// ONNX's reference, in f64.
+fn mel_ref(mels: usize, dft: usize, rate: f64, lo: f64, hi: f64) -> Vec<f64> {
+    let nspec = dft / 2 + 1;
+    let to_mel = |f: f64| 2595.0 * (1.0 + f / 700.0).log10();
+    let (lm, hm) = (to_mel(lo), to_mel(hi));
+    let step = (hm - lm) / (mels + 2) as f64;
+    let bins: Vec<i64> = (0..mels + 2)
+        .map(|k| {
+            let hz = 700.0 * (10f64.powf((k as f64 * step + lm) / 2595.0) - 1.0);
+            ((dft as f64 + 1.0) * hz / rate).floor() as i64
+        })
+        .collect();
+    let mut out = vec![0f64; nspec * mels];
+    let mut set = |j: i64, i: usize, v: f64| {
+        if (0..nspec as i64).contains(&j) {
+            out[j as usize * mels + i] = v;
+        }
+    };
+    for i in 0..mels {
+        let (l, c, h) = (bins[i], bins[i + 1], bins[i + 2]);
+        if c == l {
+            set(c, i, 1.0);
+        } else {
+            for j in l..=c {
+                set(j, i, (j - l) as f64 / (c - l) as f64);
+            }
+        }
+        if h > c {
+            for j in c..h {
+                set(j, i, (h - j) as f64 / (h - c) as f64);
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn mel_weight_matrix_matches_the_reference_on_every_backend() {
+    for (mels, dft, rate, lo, hi) in [
+        (8usize, 16usize, 8192i64, 0.0f32, 4096.0f32),
+        (10, 64, 16000, 20.0, 8000.0),
+        (5, 31, 22050, 300.0, 5000.0),
+        (40, 400, 16000, 0.0, 8000.0),
+    ] {
+        for out_dt in [DType::F32, DType::F64] {
+            let case = Case::new(
+                "MelWeightMatrix",
+                17,
+                vec![
+                    ("mels", Some(i64s(&[], &[mels as i64]))),
+                    ("dft", Some(i64s(&[], &[dft as i64]))),
+                    ("rate", Some(i64s(&[], &[rate]).cast(DType::I32))),
+                    ("lo", Some(Tensor::scalar(lo))),
+                    ("hi", Some(Tensor::scalar(hi))),
+                ],
+            )
+            .with(vec![int_attr("output_datatype", elem_type(out_dt) as i64)]);
+            let want = mel_ref(mels, dft, rate as f64, lo as f64, hi as f64);
+            let shape = vec![dft / 2 + 1, mels];
+            let what = format!("MelWeightMatrix {mels} bins dft {dft} rate {rate} {lo}..{hi} to {out_dt}");
+            // Band edges are computed in f64, which WebGPU lacks; fed at run time, they
+            // run on the backends that have it (a model's constant ones fold on the host).
+            for backend in backends() {
+                if !computes(backend, DType::F64) {
+                    continue;
+                }
+                let opts = SessionOptions {
+                    backend,
+                    ..SessionOptions::unfused()
+                };
+                let mut s = Session::new(case.graph(DType::F32), opts).unwrap();
+                let got = s
+                    .run(&case.feeds(&case.args(DType::F32)))
+                    .unwrap_or_else(|e| panic!("{what} on {backend:?}: {e}"));
+                assert_eq!(got[0].1.dtype(), out_dt, "{what} on {backend:?}");
+                assert_outputs(
+                    &format!("{what} on {backend:?}"),
+                    &got,
+                    &vec![(shape.clone(), want.clone())],
+                    out_dt,
+                    1e-6,
+                );
+            }
+            // The same inputs as initializers: the matrix is folded when the model is
+            // loaded, so every backend runs it.
+            let names = ["mels", "dft", "rate", "lo", "hi"];
+            let inits = names
+                .iter()
+                .zip(case.args(DType::F32))
+                .map(|(n, t)| initializer(n, &t.unwrap()))
+                .collect();
+            let n = node("MelWeightMatrix", "", &names, &["y"], case.attrs.clone());
+            let g = import_one_node(n, 17, vec![], inits).unwrap();
+            for backend in backends() {
+                let opts = SessionOptions {
+                    backend,
+                    ..SessionOptions::default()
+                };
+                let got = Session::new(g.clone(), opts)
+                    .and_then(|mut s| s.run(&HashMap::new()))
+                    .unwrap_or_else(|e| panic!("{what}, constant, on {backend:?}: {e}"));
+                if computes(backend, out_dt) {
+                    assert_outputs(
+                        &format!("{what}, constant, on {backend:?}"),
+                        &got,
+                        &vec![(shape.clone(), want.clone())],
+                        out_dt,
+                        1e-6,
+                    );
+                }
+            }
+        }
+    }
+}
+
+// ---- TreeEnsemble (ai.onnx.ml) -------------------------------------------------------------
+
+/// A random ensemble in TreeEnsemble's attributes: `trees` trees of depth up to 3 over
+/// `features` features, every mode (set membership included), some nodes sending missing
+/// values to the true branch, leaves on random targets.
+struct Ensemble {
+    splits: Vec<f64>,
+    features: Vec<i64>,
+    modes: Vec<i64>,
+    true_ids: Vec<i64>,
+    false_ids: Vec<i64>,
+    true_leaf: Vec<i64>,
+    false_leaf: Vec<i64>,
+    missing: Vec<i64>,
+    members: Vec<f64>,
+    leaf_targets: Vec<i64>,
+    leaf_weights: Vec<f64>,
+    roots: Vec<i64>,
+}
+
+impl Ensemble {
+    fn random(seed: u64, trees: usize, features: usize, targets: usize) -> Ensemble {
+        let mut r = graphrun::rng::Rng::new(seed);
+        let mut e = Ensemble {
+            splits: vec![],
+            features: vec![],
+            modes: vec![],
+            true_ids: vec![],
+            false_ids: vec![],
+            true_leaf: vec![],
+            false_leaf: vec![],
+            missing: vec![],
+            members: vec![],
+            leaf_targets: vec![],
+            leaf_weights: vec![],
+            roots: vec![],
+        };
+        // Nodes are numbered as they are made, depth first; the membership sets are
+        // listed in node order, as the definition gives them.
+        fn grow(e: &mut Ensemble, r: &mut graphrun::rng::Rng, depth: usize, f: usize, t: usize) -> (i64, bool) {
+            if depth == 0 || r.uniform_in(0.0, 1.0) < 0.2 {
+                e.leaf_targets.push(r.int_in(0, t as i64));
+                e.leaf_weights.push((r.uniform_in(-4.0, 4.0) * 4.0).round() / 4.0);
+                return (e.leaf_weights.len() as i64 - 1, true);
+            }
+            let id = e.modes.len();
+            let mode = r.int_in(0, 7);
+            e.modes.push(mode);
+            e.features.push(r.int_in(0, f as i64));
+            // Splits on the grid the features are drawn from, so that ties happen.
+            e.splits.push(if mode == 6 { 0.0 } else { r.int_in(-2, 3) as f64 * 0.5 });
+            e.missing.push(r.int_in(0, 2));
+            if mode == 6 {
+                let k = r.int_in(1, 4);
+                for _ in 0..k {
+                    e.members.push(r.int_in(-2, 3) as f64 * 0.5);
+                }
+                e.members.push(f64::NAN);
+            }
+            for v in [&mut e.true_ids, &mut e.false_ids, &mut e.true_leaf, &mut e.false_leaf] {
+                v.push(0);
+            }
+            let (tid, tl) = grow(e, r, depth - 1, f, t);
+            e.true_ids[id] = tid;
+            e.true_leaf[id] = tl as i64;
+            let (fid, fl) = grow(e, r, depth - 1, f, t);
+            e.false_ids[id] = fid;
+            e.false_leaf[id] = fl as i64;
+            (id as i64, false)
+        }
+        for _ in 0..trees {
+            let (root, leaf) = grow(&mut e, &mut r, 3, features, targets);
+            if leaf {
+                // A one-leaf tree: a node whose branches are both that leaf.
+                let id = e.modes.len();
+                e.modes.push(0);
+                e.features.push(0);
+                e.splits.push(0.0);
+                e.missing.push(0);
+                e.true_ids.push(root);
+                e.false_ids.push(root);
+                e.true_leaf.push(1);
+                e.false_leaf.push(1);
+                e.roots.push(id as i64);
+            } else {
+                e.roots.push(root);
+            }
+        }
+        e
+    }
+
+    /// The leaf sample x reaches from node `id` (a leaf when `leaf`), as the reference
+    /// walks it.
+    fn leaf(&self, x: &[f64], mut id: usize, mut leaf: bool, sets: &HashMap<usize, Vec<f64>>) -> usize {
+        while !leaf {
+            let v = x[self.features[id] as usize];
+            let s = self.splits[id];
+            let go = match self.modes[id] {
+                0 => v <= s,
+                1 => v < s,
+                2 => v >= s,
+                3 => v > s,
+                4 => v == s,
+                5 => v != s,
+                _ => sets[&id].contains(&v),
+            } || (self.missing[id] != 0 && v.is_nan());
+            (id, leaf) = if go {
+                (self.true_ids[id] as usize, self.true_leaf[id] != 0)
+            } else {
+                (self.false_ids[id] as usize, self.false_leaf[id] != 0)
+            };
+        }
+        id
+    }
+
+    fn predict(&self, x: &[f64], rows: usize, targets: usize, aggregate: i64, post: i64) -> Vec<f64> {
+        // The sets in node order (the order they were made, which is the walk's).
+        let mut sets = HashMap::new();
+        let mut it = self.members.iter();
+        for (id, &m) in self.modes.iter().enumerate() {
+            if m == 6 {
+                let set: Vec<f64> = it.by_ref().take_while(|v| !v.is_nan()).copied().collect();
+                sets.insert(id, set);
+            }
+        }
+        let f = x.len() / rows;
+        let mut out = vec![];
+        for row in x.chunks(f) {
+            let init = match aggregate {
+                2 => f32::MAX as f64,
+                3 => f32::MIN as f64,
+                _ => 0.0,
+            };
+            let mut y = vec![init; targets];
+            for &root in &self.roots {
+                let root = root as usize;
+                let one = self.true_leaf[root] != 0
+                    && self.false_leaf[root] != 0
+                    && self.true_ids[root] == self.false_ids[root];
+                let l = if one { self.true_ids[root] as usize } else { self.leaf(row, root, false, &sets) };
+                let (w, t) = (self.leaf_weights[l], self.leaf_targets[l] as usize);
+                y[t] = match aggregate {
+                    0 => y[t] + w / self.roots.len() as f64,
+                    1 => y[t] + w,
+                    2 => y[t].min(w),
+                    _ => y[t].max(w),
+                };
+            }
+            match post {
+                1 | 3 => {
+                    let keep = |v: f64| post == 1 || v != 0.0;
+                    let m = y.iter().copied().filter(|&v| keep(v)).fold(f64::MIN, f64::max);
+                    let e: Vec<f64> = y.iter().map(|&v| if keep(v) { (v - m).exp() } else { 0.0 }).collect();
+                    let s: f64 = e.iter().sum();
+                    y = e.iter().map(|v| v / s).collect();
+                }
+                2 => y.iter_mut().for_each(|v| *v = 1.0 / (1.0 + (-*v).exp())),
+                _ => {}
+            }
+            out.extend(y);
+        }
+        out
+    }
+
+    fn attrs(&self, targets: usize, aggregate: i64, post: i64) -> Vec<AttributeProto> {
+        let f32s = |v: &[f64]| Tensor::from_vec(&[v.len()], v.iter().map(|&x| x as f32).collect::<Vec<_>>()).unwrap();
+        let modes = Tensor::from_vec(&[self.modes.len()], self.modes.iter().map(|&m| m as u8).collect::<Vec<_>>()).unwrap();
+        let mut a = vec![
+            int_attr("n_targets", targets as i64),
+            int_attr("aggregate_function", aggregate),
+            int_attr("post_transform", post),
+            tensor_attr("nodes_splits", &f32s(&self.splits)),
+            ints_attr("nodes_featureids", &self.features),
+            tensor_attr("nodes_modes", &modes),
+            ints_attr("nodes_truenodeids", &self.true_ids),
+            ints_attr("nodes_falsenodeids", &self.false_ids),
+            ints_attr("nodes_trueleafs", &self.true_leaf),
+            ints_attr("nodes_falseleafs", &self.false_leaf),
+            ints_attr("nodes_missing_value_tracks_true", &self.missing),
+            ints_attr("leaf_targetids", &self.leaf_targets),
+            tensor_attr("leaf_weights", &f32s(&self.leaf_weights)),
+            ints_attr("tree_roots", &self.roots),
+        ];
+        if !self.members.is_empty() {
+            a.push(tensor_attr("membership_values", &f32s(&self.members)));
+        }
+        a
+    }
+}
+
+#[test]
+fn tree_ensemble_on_every_backend() {
+    let (rows, features, targets) = (40usize, 3usize, 3usize);
+    for seed in 0..6u64 {
+        let e = Ensemble::random(seed, 2 + seed as usize, features, targets);
+        // Features on a half-step grid (ties with the splits and the sets), some NaN.
+        let mut r = graphrun::rng::Rng::new(100 + seed);
+        let x: Vec<f64> = (0..rows * features)
+            .map(|_| match r.int_in(0, 8) {
+                0 => f64::NAN,
+                _ => r.int_in(-3, 4) as f64 * 0.5,
+            })
+            .collect();
+        for aggregate in 0..4 {
+            for post in 0..4 {
+                let case = Case {
+                    domain: "ai.onnx.ml",
+                    ..Case::new("TreeEnsemble", 21, vec![("x", Some(f64s(&[rows, features], &x)))])
+                }
+                .with(e.attrs(targets, aggregate, post));
+                let want = e.predict(&x, rows, targets, aggregate, post);
+                let what = format!("TreeEnsemble seed {seed} aggregate {aggregate} post {post}");
+                check_case(&what, &case, &[DType::F32], 1e-6, |_| {
+                    vec![(vec![rows, targets], want.clone())]
+                });
+            }
+        }
+    }
+}
+
+#[test]
+fn tree_ensemble_refuses_probit_and_malformed_trees() {
+    let e = Ensemble::random(3, 2, 2, 2);
+    let import = |attrs: Vec<AttributeProto>| {
+        let n = node("TreeEnsemble", "ai.onnx.ml", &["x"], &["y"], attrs);
+        import_one_node(n, 21, vec![input("x", DType::F32, &[Some(4), Some(2)])], vec![])
+            .map(|_| ())
+            .unwrap_err()
+            .to_string()
+    };
+    let err = import(e.attrs(2, 1, 4));
+    assert!(err.contains("post_transform") && err.contains("PROBIT"), "{err}");
+    let mut cyclic = e.attrs(2, 1, 0);
+    let n = e.modes.len() as i64;
+    // Node 0's true branch back to itself.
+    for a in cyclic.iter_mut() {
+        if a.name == "nodes_truenodeids" {
+            a.ints[0] = 0;
+        }
+        if a.name == "nodes_trueleafs" {
+            a.ints[0] = 0;
+        }
+    }
+    let err = import(cyclic);
+    assert!(err.contains("cycle") || err.contains("unfold"), "{err}");
+    let mut short = e.attrs(2, 1, 0);
+    for a in short.iter_mut() {
+        if a.name == "nodes_featureids" {
+            a.ints.pop();
+        }
+    }
+    let err = import(short);
+    assert!(err.contains("nodes_featureids") && err.contains(&format!("for {n} nodes")), "{err}");
+}

@@ -35,6 +35,8 @@ mod resize;
 mod roi;
 mod sample;
 mod spectral;
+mod tfidf;
+mod trees;
 use composite::{COMPOSITE, MS_COMPOSITE};
 
 /// The opset in which ONNX introduced an op, for ops newer than graphrun's oldest
@@ -70,6 +72,8 @@ fn since(op: &str) -> i64 {
         "DeformConv" => 19,
         "RoiAlign" => 10,
         "Det" => 11,
+        "TfIdfVectorizer" => 9,
+        "MelWeightMatrix" => 17,
         "GridSample" => 16,
         "MaxUnpool" => 9,
         "TensorScatter" => 24,
@@ -173,7 +177,7 @@ pub fn imports(op: &str) -> bool {
         quant::QUANT,
         &[linear_attention::LINEAR_ATTENTION],
         control::CONTROL,
-        &[deform::DEFORM_CONV, roi::ROI_ALIGN, det::DET],
+        &[deform::DEFORM_CONV, roi::ROI_ALIGN, det::DET, tfidf::TFIDF],
         resize::RESIZE,
         recurrent::RECURRENT,
         &[recurrent::REVERSE_SEQUENCE],
@@ -704,6 +708,7 @@ impl<'a> Importer<'a> {
             "DeformConv" => return self.deform_conv(n, shown, attrs),
             "RoiAlign" => return self.roi_align(n, shown, attrs),
             "Det" => return self.det(n, shown, attrs),
+            tfidf::TFIDF => return self.tfidf(n, shown, attrs),
             // A training_mode written as a constant does not decide (PyTorch's dynamo
             // exporter writes `true` into eval-mode exports): a plain run is inference and
             // a training step trains, as ONNX Runtime and `graphrun train` run the model.

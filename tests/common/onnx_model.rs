@@ -62,6 +62,15 @@ pub fn strs_attr(name: &str, v: &[&str]) -> AttributeProto {
     }
 }
 
+pub fn tensor_attr(name: &str, t: &Tensor) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        r#type: attr_type::TENSOR,
+        t: Some(initializer(name, t)),
+        ..Default::default()
+    }
+}
+
 /// The ONNX element type (TensorProto.DataType) of a dtype.
 pub fn elem_type(dt: DType) -> i32 {
     dt.onnx_code()

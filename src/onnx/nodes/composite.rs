@@ -42,6 +42,7 @@ pub(super) const COMPOSITE: &[&str] = &[
     // spectral.rs
     "DFT",
     "STFT",
+    "MelWeightMatrix",
     // random.rs
     "Bernoulli",
     "Multinomial",
@@ -118,6 +119,15 @@ impl Attrs {
             None => Ok(default.to_string()),
             Some(AttrValue::Str(s)) => Ok(s),
             Some(v) => Err(self.wrong(key, "a string", &v)),
+        }
+    }
+    /// A list-of-floats attribute (empty when absent).
+    pub(super) fn floats(&mut self, key: &str) -> Result<Vec<f32>> {
+        match self.take(key) {
+            None => Ok(vec![]),
+            Some(AttrValue::Floats(v)) => Ok(v.into_iter().map(|f| f as f32).collect()),
+            Some(AttrValue::Float(v)) => Ok(vec![v as f32]),
+            Some(v) => Err(self.wrong(key, "a list of floats", &v)),
         }
     }
     pub(super) fn ints(&mut self, key: &str, default: &[i64]) -> Result<Vec<i64>> {
@@ -312,6 +322,7 @@ impl Importer<'_> {
             "AffineGrid" => self.affine_grid(n, &what, a),
             "DFT" => self.dft(n, &what, a),
             "STFT" => self.stft(n, &what, a),
+            "MelWeightMatrix" => self.mel_weight_matrix(n, &what, a),
             "Bernoulli" => self.bernoulli(n, &what, a),
             "Multinomial" => self.multinomial(n, &what, a),
             _ => self.window(n, &what, a),

@@ -1,7 +1,7 @@
 //! Operators of ONNX's other domains that are compositions of graphrun's ops: the
 //! optimizers of ai.onnx.preview.training (Adagrad, Momentum, Adam; each updates any
 //! number of tensors with one learning rate R and one step count T) and ai.onnx.ml's
-//! Binarizer and ArrayFeatureExtractor.
+//! Binarizer and ArrayFeatureExtractor (and TreeEnsemble, in `trees`).
 
 use super::composite::{bin, inputs, reshape, un, Attrs};
 use super::Importer;
@@ -17,7 +17,7 @@ pub(super) const ML: &str = "ai.onnx.ml";
 /// The operators written here, by domain.
 pub(super) const OPS: &[(&str, &[&str])] = &[
     (TRAINING, &["Adagrad", "Momentum", "Adam"]),
-    (ML, &["Binarizer", "ArrayFeatureExtractor"]),
+    (ML, &["Binarizer", "ArrayFeatureExtractor", "TreeEnsemble"]),
 ];
 
 /// Whether `op` of `domain` is written here.
@@ -39,6 +39,7 @@ impl Importer<'_> {
         match n.op_type.as_str() {
             "Binarizer" => self.binarizer(n, &what, a),
             "ArrayFeatureExtractor" => self.array_feature_extractor(n, &what, a),
+            "TreeEnsemble" => self.tree_ensemble(n, &what, a),
             op => self.optimizer(n, &what, a, op),
         }
     }

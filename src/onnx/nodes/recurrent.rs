@@ -143,8 +143,8 @@ impl Importer<'_> {
                 input_forget: a.flag("input_forget")?,
             },
         };
-        let alphas = floats(&mut a, "activation_alpha")?;
-        let betas = floats(&mut a, "activation_beta")?;
+        let alphas = a.floats("activation_alpha")?;
+        let betas = a.floats("activation_beta")?;
         let names = match a.take("activations") {
             None => None,
             Some(AttrValue::Strs(v)) => Some(v),
@@ -844,16 +844,6 @@ impl Importer<'_> {
             Op::GatherElements { axis: ta as i64 },
             vec![x.to_string(), idx],
         ))
-    }
-}
-
-/// A list-of-floats attribute (empty when absent).
-fn floats(a: &mut Attrs, key: &str) -> Result<Vec<f32>> {
-    match a.take(key) {
-        None => Ok(vec![]),
-        Some(AttrValue::Floats(v)) => Ok(v.into_iter().map(|f| f as f32).collect()),
-        Some(AttrValue::Float(v)) => Ok(vec![v as f32]),
-        Some(v) => Err(a.wrong(key, "a list of floats", &v)),
     }
 }
 

@@ -441,3 +441,122 @@ impl Importer<'_> {
         Ok((re, im))
     }
 }
+
+impl Importer<'_> {
+    /// MelWeightMatrix: the `[dft_length/2 + 1, num_mel_bins]` triangular filters that map
+    /// a one-sided spectrum to mel bins, as ONNX's reference computes them in float64: the
+    /// num_mel_bins + 2 band edges evenly spaced in mel (2595·log10(1 + f/700)) between
+    /// the two edge frequencies, each turned back to hertz and to a whole spectrum bin
+    /// ⌊(dft_length + 1)·f / sample_rate⌋; filter i rises from edge i to edge i+1 and
+    /// falls to edge i+2 (a filter whose rising edge is empty is 1 at its centre). Cast to
+    /// output_datatype. Its two lengths decide the shape, so they are read when the plan
+    /// is made.
+    pub(super) fn mel_weight_matrix(&mut self, n: &NodeProto, what: &str, mut a: Attrs) -> Result<()> {
+        let code = a.int("output_datatype", 1)?;
+        let Some(to) = DType::from_onnx(code) else {
+            return Err(a.refuse(
+                "output_datatype",
+                &format!(
+                    "names {} (ONNX code {code}), a type graphrun does not have",
+                    crate::tensor::onnx_dtype_name(code)
+                ),
+            ));
+        };
+        a.finish()?;
+        let (ins, _) = inputs(n, what, (5, 5), 1)?;
+        let mels = self.scalar_i64(n, "mels", &ins[0]);
+        let dft = self.scalar_i64(n, "dft", &ins[1]);
+        let f64_of = |me: &mut Self, tag: &str, v: &str| {
+            me.val(n, tag, Op::Cast { to: DType::F64 }, vec![v.to_string()])
+        };
+        let c = |me: &mut Self, tag: &str, v: f64| me.constant(n, tag, Tensor::scalar(v));
+        let ci = |me: &mut Self, tag: &str, v: i64| me.constant(n, tag, Tensor::scalar(v));
+        let b = |me: &mut Self, tag: &str, op: BinaryOp, l: &str, r: &str| {
+            me.val(n, tag, bin(op), vec![l.to_string(), r.to_string()])
+        };
+        let rate = f64_of(self, "rate", &ins[2]);
+        let lo = f64_of(self, "lower_hz", &ins[3]);
+        let hi = f64_of(self, "upper_hz", &ins[4]);
+        // Hertz to mel: 2595·log10(1 + f/700).
+        let c700 = c(self, "c700", 700.0);
+        let c2595 = c(self, "c2595", 2595.0);
+        let one = c(self, "one", 1.0);
+        let ln10 = c(self, "ln10", std::f64::consts::LN_10);
+        let mel = |me: &mut Self, tag: &str, f: &str| {
+            let r = b(me, &format!("{tag}_r"), BinaryOp::Div, f, &c700);
+            let r = b(me, &format!("{tag}_r1"), BinaryOp::Add, &r, &one);
+            let l = me.val(n, &format!("{tag}_ln"), un(UnaryOp::Log), vec![r]);
+            let l = b(me, &format!("{tag}_log10"), BinaryOp::Div, &l, &ln10);
+            b(me, tag, BinaryOp::Mul, &l, &c2595)
+        };
+        let lo_mel = mel(self, "lower_mel", &lo);
+        let hi_mel = mel(self, "upper_mel", &hi);
+        // num_mel_bins + 2 edges, evenly spaced by (hi - lo)/(num_mel_bins + 2).
+        let two = ci(self, "two", 2);
+        let edges = b(self, "edges", BinaryOp::Add, &mels, &two);
+        let zero_i = ci(self, "zero_i", 0);
+        let one_i = ci(self, "one_i", 1);
+        let k = self.val(n, "k", Op::Range, vec![zero_i.clone(), edges.clone(), one_i.clone()]);
+        let k = f64_of(self, "k_f", &k);
+        let count = f64_of(self, "edges_f", &edges);
+        let span = b(self, "mel_span", BinaryOp::Sub, &hi_mel, &lo_mel);
+        let step = b(self, "mel_step", BinaryOp::Div, &span, &count);
+        let m = b(self, "edge_mel", BinaryOp::Mul, &k, &step);
+        let m = b(self, "edge_mel_lo", BinaryOp::Add, &m, &lo_mel);
+        // Mel to hertz: 700·(10^(m/2595) - 1).
+        let ten = c(self, "ten", 10.0);
+        let e = b(self, "edge_exp", BinaryOp::Div, &m, &c2595);
+        let e = b(self, "edge_pow", BinaryOp::Pow, &ten, &e);
+        let e = b(self, "edge_pow1", BinaryOp::Sub, &e, &one);
+        let hz = b(self, "edge_hz", BinaryOp::Mul, &e, &c700);
+        // To a spectrum bin: ⌊(dft_length + 1)·f / sample_rate⌋.
+        let dft1 = b(self, "dft1", BinaryOp::Add, &dft, &one_i);
+        let dft1 = f64_of(self, "dft1_f", &dft1);
+        let bin_f = b(self, "edge_scaled", BinaryOp::Mul, &dft1, &hz);
+        let bin_f = b(self, "edge_bin_f", BinaryOp::Div, &bin_f, &rate);
+        let bin_f = self.val(n, "edge_bin", un(UnaryOp::Floor), vec![bin_f]);
+        // Edges i, i+1, i+2 of filter i, each [1, num_mel_bins]; j, the bin, [nspec, 1].
+        let axis = self.ints_const(n, "edge_axis", &[0])?;
+        let edge = |me: &mut Self, tag: &str, from: i64| -> Result<String> {
+            let s = me.ints_const(n, &format!("{tag}_start"), &[from])?;
+            let f = me.constant(n, &format!("{tag}_from"), Tensor::scalar(from));
+            let end = b(me, &format!("{tag}_end0"), BinaryOp::Add, &mels, &f);
+            let end = me.val(n, &format!("{tag}_end"), unsqueeze(0), vec![end]);
+            let v = me.val(n, tag, Op::Slice, vec![bin_f.clone(), s, end, axis.clone()]);
+            Ok(me.val(n, &format!("{tag}_row"), unsqueeze(0), vec![v]))
+        };
+        let l = edge(self, "left", 0)?;
+        let ctr = edge(self, "centre", 1)?;
+        let r = edge(self, "right", 2)?;
+        let half = b(self, "half", BinaryOp::Div, &dft, &two);
+        let nspec = b(self, "nspec", BinaryOp::Add, &half, &one_i);
+        let j = self.val(n, "j", Op::Range, vec![zero_i, nspec, one_i]);
+        let j = f64_of(self, "j_f", &j);
+        let j = self.val(n, "j_col", unsqueeze(1), vec![j]);
+        let zero = c(self, "zero", 0.0);
+        // Rising: (j - l)/(c - l) for l <= j <= c where c > l; else 1 at j = c.
+        let up = b(self, "up_span", BinaryOp::Sub, &ctr, &l);
+        let up_some = b(self, "up_some", BinaryOp::Greater, &up, &zero);
+        let jl = b(self, "j_minus_l", BinaryOp::Sub, &j, &l);
+        let rise = b(self, "rise", BinaryOp::Div, &jl, &up);
+        let ge_l = b(self, "j_ge_l", BinaryOp::GreaterOrEqual, &j, &l);
+        let le_c = b(self, "j_le_c", BinaryOp::LessOrEqual, &j, &ctr);
+        let in_up = b(self, "in_rise", BinaryOp::And, &ge_l, &le_c);
+        let rise = self.val(n, "rise_in", Op::Where, vec![in_up, rise, zero.clone()]);
+        let at_c = b(self, "j_at_c", BinaryOp::Equal, &j, &ctr);
+        let spike = self.val(n, "spike", Op::Where, vec![at_c, one.clone(), zero.clone()]);
+        let rising = self.val(n, "rising", Op::Where, vec![up_some, rise, spike]);
+        // Falling: (r - j)/(r - c) for c <= j < r where r > c, written over the rising.
+        let down = b(self, "down_span", BinaryOp::Sub, &r, &ctr);
+        let down_some = b(self, "down_some", BinaryOp::Greater, &down, &zero);
+        let rj = b(self, "r_minus_j", BinaryOp::Sub, &r, &j);
+        let fall = b(self, "fall", BinaryOp::Div, &rj, &down);
+        let ge_c = b(self, "j_ge_c", BinaryOp::GreaterOrEqual, &j, &ctr);
+        let lt_r = b(self, "j_lt_r", BinaryOp::Less, &j, &r);
+        let in_down = b(self, "in_fall", BinaryOp::And, &ge_c, &lt_r);
+        let in_down = b(self, "falls", BinaryOp::And, &in_down, &down_some);
+        let w = self.val(n, "weights", Op::Where, vec![in_down, fall, rising]);
+        self.out(n, 0, Op::Cast { to }, vec![w]);
+        Ok(())
+    }
+}
