@@ -554,7 +554,7 @@ template <class S, class D> __device__ void cast_k(const S* x, D* y, i64 n) {
 
 // The narrow storage types (src/tensor/narrow.rs), a byte an element. Formats 0-4 are
 // the minifloats E4M3FN, E4M3FNUZ, E5M2, E5M2FNUZ, E2M1; 5-8 the integers I4, U4, I2,
-// U2 (stored sign- or zero-extended).
+// U2 (stored sign- or zero-extended); 9 the power-of-two scale E8M0.
 struct Minifloat { int e, m, bias, special; };  // special: 0 IEEE, 1 FN, 2 FNUZ, 3 finite
 __device__ __forceinline__ Minifloat minifloat(int fmt) {
     switch (fmt) {
@@ -611,6 +611,17 @@ __device__ unsigned mf_encode(int fmt, double v) {
     if (code == 0u && f.special == 2) return 0u;
     return sign | code;
 }
+// E8M0: code c is 2^(c - 127), 0xff NaN. From v rounded to f32 (as ONNX's reference): its
+// exponent bits, one higher where a mantissa bit is set (round_mode "up"), staying at
+// 2^127 (saturate); infinity and NaN are 0xff.
+__device__ __forceinline__ double e8m0_decode(unsigned c) {
+    return c == 0xffu ? __longlong_as_double(0x7ff8000000000000ll) : ldexp(1.0, (int)c - 127);
+}
+__device__ __forceinline__ unsigned e8m0_encode(double v) {
+    const unsigned b = __float_as_uint((float)v), e = (b >> 23) & 0xffu;
+    if (e == 0xffu) return 0xffu;
+    return (b & 0x7fffffu) && e != 0xfeu ? e + 1u : e;
+}
 // An integer wrapped to a narrow integer format's bits (sign-extended when signed).
 __device__ __forceinline__ unsigned char narrow_wrap(int fmt, i64 v) {
     const int bits = fmt <= 6 ? 4 : 2;
@@ -634,16 +645,18 @@ template <class T> __device__ void narrow_cast_k(const void* xv, void* yv, i64 n
             fv = to_f64(x);
         } else {
             const unsigned char c = ((const unsigned char*)xv)[i];
-            is_int = sfmt >= 5;
+            is_int = sfmt >= 5 && sfmt <= 8;
             if (is_int) {
                 iv = (sfmt == 5 || sfmt == 7) ? (i64)(signed char)c : (i64)c;
                 fv = (double)iv;
             } else {
-                fv = mf_decode(sfmt, c);
+                fv = sfmt == 9 ? e8m0_decode(c) : mf_decode(sfmt, c);
             }
         }
         if (dfmt < 0) {
             ((T*)yv)[i] = (is_int && IsInt<T>::v) ? Num<T>::store((typename Num<T>::A)iv) : cast_from_f64<T>(fv);
+        } else if (dfmt == 9) {
+            ((unsigned char*)yv)[i] = (unsigned char)e8m0_encode(fv);
         } else if (dfmt >= 5) {
             ((unsigned char*)yv)[i] = narrow_wrap(dfmt, is_int ? iv : cast_from_f64<i64>(trunc(fv)));
         } else {

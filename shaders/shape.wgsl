@@ -163,7 +163,7 @@ fn copy(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 // Cast between dtypes by code (0 f32, 1 f16, 2 i32, 3 i64, 4 bool, 5 u8, 6 i8, 7 u16,
 // 8 i16, 9 u32, 10 u64, 11 f64, 12 bf16, and the narrow storage types, a byte each: 13
 // f8e4m3fn, 14 f8e4m3fnuz, 15 f8e5m2, 16 f8e5m2fnuz, 17 f4e2m1, 18 i4, 19 u4, 20 i2, 21
-// u2; src/backends/wgpu/shape.rs `code`): SRC and DST
+// u2, 22 f8e8m0; src/backends/wgpu/shape.rs `code`): SRC and DST
 // are pipeline constants, ES the destination's element size. Integers travel as 64-bit
 // (lo, hi) pairs, so casts between them are exact and wrap; floats go through f32 (f64
 // and bf16 by their bits: WGSL has neither type, and the host casts them only to and
@@ -173,7 +173,7 @@ fn code_size(c: u32) -> u32 {
     switch c {
         case 3u, 10u, 11u: { return 8u; }
         case 1u, 7u, 8u, 12u: { return 2u; }
-        case 4u, 5u, 6u, 13u, 14u, 15u, 16u, 17u, 18u, 19u, 20u, 21u: { return 1u; }
+        case 4u, 5u, 6u, 13u, 14u, 15u, 16u, 17u, 18u, 19u, 20u, 21u, 22u: { return 1u; }
         default: { return 4u; }
     }
 }
@@ -245,6 +245,22 @@ fn mf_encode(c: u32, v: f32) -> u32 {
     if (code > max_code) { return sign | max_code; }
     if (code == 0u && f.w == 2u) { return 0u; }
     return sign | code;
+}
+// E8M0 (src/tensor/narrow.rs F8E8M0): code c is 2^(c - 127), 0xff NaN. Code 0 is an f32
+// subnormal, written by its bits.
+fn e8m0_decode(code: u32) -> f32 {
+    if (code == 0xffu) { return bitcast<f32>(0x7fc00000u); }
+    if (code == 0u) { return bitcast<f32>(0x00400000u); }
+    return bitcast<f32>(code << 23u);
+}
+// f's exponent bits, one higher where a mantissa bit is set (Cast's round_mode "up"),
+// staying at 2^127 (saturate); infinity and NaN are 0xff.
+fn e8m0_encode(v: f32) -> u32 {
+    let b = bitcast<u32>(v);
+    let e = (b >> 23u) & 0xffu;
+    if (e == 0xffu) { return 0xffu; }
+    if ((b & 0x7fffffu) != 0u && e != 0xfeu) { return e + 1u; }
+    return e;
 }
 // f or the integer (lo, hi) wrapped to a narrow integer's `bits`, as its low word
 // (sign-extended when signed): floats truncate toward zero and saturate to i64 first.
@@ -353,7 +369,7 @@ fn f32_to_bf16(f: f32) -> u32 {
 }
 fn cast_elem(e: u32) -> vec2<u32> {
     let b = src_bits(e);
-    let is_float = SRC <= 1u || SRC == 11u || SRC == 12u || is_minifloat(SRC);
+    let is_float = SRC <= 1u || SRC == 11u || SRC == 12u || SRC == 22u || is_minifloat(SRC);
     var f = 0.0;
     var lo = 0u;
     var hi = 0u;
@@ -362,6 +378,7 @@ fn cast_elem(e: u32) -> vec2<u32> {
     if (SRC == 11u) { f = f64_to_f32(b.x, b.y); }
     if (SRC == 12u) { f = bitcast<f32>(b.x << 16u); }
     if (is_minifloat(SRC)) { f = mf_decode(SRC, b.x); }
+    if (SRC == 22u) { f = e8m0_decode(b.x); }
     if (SRC == 4u) { lo = select(0u, 1u, b.x != 0u); }
     if (!is_float && SRC != 4u) {
         let bits = code_size(SRC) * 8u;
@@ -425,6 +442,7 @@ fn cast_elem(e: u32) -> vec2<u32> {
         case 13u, 14u, 15u, 16u, 17u: { return vec2<u32>(mf_encode(DST, f), 0u); }
         case 18u, 19u: { return vec2<u32>(narrow_int(f, lo, is_float, 4u, DST == 18u), 0u); }
         case 20u, 21u: { return vec2<u32>(narrow_int(f, lo, is_float, 2u, DST == 20u), 0u); }
+        case 22u: { return vec2<u32>(e8m0_encode(f), 0u); }
         // The narrower integers: the low bits (exact, wrapping) or f saturated.
         default: {
             if (is_float) { return vec2<u32>(sat_narrow(f, code_size(DST) * 8u, code_signed(DST)), 0u); }

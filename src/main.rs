@@ -1686,6 +1686,22 @@ fn read_input_npy<'g>(
     if t.dtype().is_float() && info.dtype.is_float() && t.dtype() != info.dtype && cast_floats {
         t = t.cast(info.dtype);
     }
+    // The narrow types are written to .npy as bytes (`npy_descr`: the floats' bit
+    // patterns as u8, the integers' values as u8 or i8), so such bytes read as them.
+    if info.dtype.narrow_bits().is_some() && t.dtype().npy_descr() == info.dtype.npy_descr() {
+        let range = info.dtype.int_range();
+        if let Some(v) = t
+            .to_i64_vec()
+            .iter()
+            .find(|&&v| range.is_some_and(|(lo, hi)| !(lo..=hi).contains(&(v as i128))))
+        {
+            return Err(usage(format!(
+                "{flag} {name}={file}: the input is {}, which does not hold {v}",
+                info.dtype
+            )));
+        }
+        t = Tensor::from_bytes(info.dtype, t.shape(), t.bytes())?;
+    }
     if t.dtype() != info.dtype {
         return Err(usage(format!(
             "{flag} {name}={file}: the file holds {} data, the input is {}",

@@ -41,7 +41,8 @@ macro_rules! for_each_dtype {
             (I4, $crate::tensor::narrow::I4, "i4", ["int4"], 22, "|i1", I8, narrow),
             (F4E2M1, $crate::tensor::narrow::F4E2M1, "f4e2m1", ["float4e2m1"], 23, "|u1", U8, narrow),
             (U2, $crate::tensor::narrow::U2, "u2", ["uint2"], 25, "|u1", U8, narrow),
-            (I2, $crate::tensor::narrow::I2, "i2", ["int2"], 26, "|i1", I8, narrow)
+            (I2, $crate::tensor::narrow::I2, "i2", ["int2"], 26, "|i1", I8, narrow),
+            (F8E8M0, $crate::tensor::narrow::F8E8M0, "f8e8m0", ["float8e8m0"], 24, "|u1", F8_E8M0, narrow)
         }
     };
 }
@@ -475,7 +476,8 @@ macro_rules! with_any {
              F8E4M3FN $crate::tensor::narrow::F8E4M3FN, F8E4M3FNUZ $crate::tensor::narrow::F8E4M3FNUZ,
              F8E5M2 $crate::tensor::narrow::F8E5M2, F8E5M2FNUZ $crate::tensor::narrow::F8E5M2FNUZ,
              F4E2M1 $crate::tensor::narrow::F4E2M1, I4 $crate::tensor::narrow::I4,
-             U4 $crate::tensor::narrow::U4, I2 $crate::tensor::narrow::I2, U2 $crate::tensor::narrow::U2])
+             U4 $crate::tensor::narrow::U4, I2 $crate::tensor::narrow::I2, U2 $crate::tensor::narrow::U2,
+             F8E8M0 $crate::tensor::narrow::F8E8M0])
     };
 }
 /// Like `with_float!` for the numeric (non-bool) dtypes.

@@ -982,3 +982,66 @@ fn recurrences_take_their_length_from_what_is_fed() {
     assert!(o.status.success(), "{err}");
     assert!(out.contains("input_ids i64[2, 6]"), "{out}");
 }
+
+/// A narrow type's output is written to .npy as its bytes (u8 or i8), and such a file
+/// feeds an input of that type; values outside a narrow integer's range are refused.
+#[test]
+fn narrow_types_round_trip_through_npy_files() {
+    let d = tmpdir("narrow");
+    let model = d.join("m.yaml");
+    std::fs::write(
+        &model,
+        "graphrun: 1\ninputs:\n  - {name: q, dtype: f8e4m3fn, shape: [4]}\n  - {name: k, dtype: i4, shape: [3]}\n\
+         outputs: [y, z, back]\nnodes:\n  - {op: Cast, inputs: [q], outputs: [y], attrs: {to: f32}}\n\
+         \x20 - {op: Cast, inputs: [k], outputs: [z], attrs: {to: f32}}\n\
+         \x20 - {op: Cast, inputs: [y], outputs: [back], attrs: {to: f8e4m3fn}}\n",
+    )
+    .unwrap();
+    // E4M3FN patterns of 1, -2, 0.5 and 448.
+    let q = graphrun::Tensor::from_vec(&[4], vec![0x38u8, 0xc0, 0x30, 0x7e]).unwrap();
+    q.write_npy(&d.join("q.npy")).unwrap();
+    let k = graphrun::Tensor::from_vec(&[3], vec![-8i8, 7, 0]).unwrap();
+    k.write_npy(&d.join("k.npy")).unwrap();
+    let out = d.join("out");
+    let (qa, ka) = (
+        format!("q={}", d.join("q.npy").display()),
+        format!("k={}", d.join("k.npy").display()),
+    );
+    let o = graphrun(&[
+        model.to_str().unwrap(),
+        "--input",
+        &qa,
+        "--input",
+        &ka,
+        "--out-dir",
+        out.to_str().unwrap(),
+        "--quiet",
+    ]);
+    assert!(o.status.success(), "{}", text(&o).1);
+    let y = graphrun::Tensor::read_npy(&out.join("y.npy")).unwrap();
+    assert_eq!(y.to_f64_vec(), vec![1.0, -2.0, 0.5, 448.0]);
+    let z = graphrun::Tensor::read_npy(&out.join("z.npy")).unwrap();
+    assert_eq!(z.to_f64_vec(), vec![-8.0, 7.0, 0.0]);
+    // The written bytes feed the input again.
+    let back = format!("q={}", out.join("back.npy").display());
+    let o = graphrun(&[
+        model.to_str().unwrap(),
+        "--input",
+        &back,
+        "--input",
+        &ka,
+        "--quiet",
+    ]);
+    assert!(o.status.success(), "{}", text(&o).1);
+    let bad = graphrun::Tensor::from_vec(&[3], vec![-9i8, 7, 0]).unwrap();
+    bad.write_npy(&d.join("bad.npy")).unwrap();
+    let kb = format!("k={}", d.join("bad.npy").display());
+    let o = graphrun(&[model.to_str().unwrap(), "--input", &qa, "--input", &kb]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o).1);
+    assert!(
+        text(&o).1.contains("i4") && text(&o).1.contains("-9"),
+        "{}",
+        text(&o).1
+    );
+    let _ = std::fs::remove_dir_all(&d);
+}

@@ -2937,7 +2937,13 @@ fn tfidf_ref(
             }
         }
     }
-    let w = |i: usize| if weights.is_empty() { 1.0 } else { weights[i % width] };
+    let w = |i: usize| {
+        if weights.is_empty() {
+            1.0
+        } else {
+            weights[i % width]
+        }
+    };
     f.iter()
         .enumerate()
         .map(|(i, &v)| match mode {
@@ -3001,7 +3007,11 @@ fn tfidf_vectorizer_counts_ngrams_with_skips_on_every_backend() {
                         mode,
                         &weights,
                     );
-                    let out_shape = if shape.len() == 2 { vec![rows, 9] } else { vec![9] };
+                    let out_shape = if shape.len() == 2 {
+                        vec![rows, 9]
+                    } else {
+                        vec![9]
+                    };
                     let what = format!(
                         "TfIdfVectorizer {mode} grams {min}..={max} skip {skip} weighted {weighted} {shape:?} {dt}"
                     );
@@ -3028,10 +3038,15 @@ fn tfidf_vectorizer_refusals_name_the_attribute() {
     };
     let import = |attrs: Vec<AttributeProto>| {
         let n = node("TfIdfVectorizer", "", &["x"], &["y"], attrs);
-        import_one_node(n, 9, vec![input("x", DType::I64, &[Some(2), Some(5)])], vec![])
-            .map(|_| ())
-            .unwrap_err()
-            .to_string()
+        import_one_node(
+            n,
+            9,
+            vec![input("x", DType::I64, &[Some(2), Some(5)])],
+            vec![],
+        )
+        .map(|_| ())
+        .unwrap_err()
+        .to_string()
     };
     let mut strings = base();
     strings.push(strs_attr("pool_strings", &["a", "b", "a", "b"]));
@@ -3109,7 +3124,8 @@ fn mel_weight_matrix_matches_the_reference_on_every_backend() {
             .with(vec![int_attr("output_datatype", elem_type(out_dt) as i64)]);
             let want = mel_ref(mels, dft, rate as f64, lo as f64, hi as f64);
             let shape = vec![dft / 2 + 1, mels];
-            let what = format!("MelWeightMatrix {mels} bins dft {dft} rate {rate} {lo}..{hi} to {out_dt}");
+            let what =
+                format!("MelWeightMatrix {mels} bins dft {dft} rate {rate} {lo}..{hi} to {out_dt}");
             // Band edges are computed in f64, which WebGPU lacks; fed at run time, they
             // run on the backends that have it (a model's constant ones fold on the host).
             for backend in backends() {
@@ -3204,10 +3220,17 @@ impl Ensemble {
         };
         // Nodes are numbered as they are made, depth first; the membership sets are
         // listed in node order, as the definition gives them.
-        fn grow(e: &mut Ensemble, r: &mut graphrun::rng::Rng, depth: usize, f: usize, t: usize) -> (i64, bool) {
+        fn grow(
+            e: &mut Ensemble,
+            r: &mut graphrun::rng::Rng,
+            depth: usize,
+            f: usize,
+            t: usize,
+        ) -> (i64, bool) {
             if depth == 0 || r.uniform_in(0.0, 1.0) < 0.2 {
                 e.leaf_targets.push(r.int_in(0, t as i64));
-                e.leaf_weights.push((r.uniform_in(-4.0, 4.0) * 4.0).round() / 4.0);
+                e.leaf_weights
+                    .push((r.uniform_in(-4.0, 4.0) * 4.0).round() / 4.0);
                 return (e.leaf_weights.len() as i64 - 1, true);
             }
             let id = e.modes.len();
@@ -3215,7 +3238,11 @@ impl Ensemble {
             e.modes.push(mode);
             e.features.push(r.int_in(0, f as i64));
             // Splits on the grid the features are drawn from, so that ties happen.
-            e.splits.push(if mode == 6 { 0.0 } else { r.int_in(-2, 3) as f64 * 0.5 });
+            e.splits.push(if mode == 6 {
+                0.0
+            } else {
+                r.int_in(-2, 3) as f64 * 0.5
+            });
             e.missing.push(r.int_in(0, 2));
             if mode == 6 {
                 let k = r.int_in(1, 4);
@@ -3224,7 +3251,12 @@ impl Ensemble {
                 }
                 e.members.push(f64::NAN);
             }
-            for v in [&mut e.true_ids, &mut e.false_ids, &mut e.true_leaf, &mut e.false_leaf] {
+            for v in [
+                &mut e.true_ids,
+                &mut e.false_ids,
+                &mut e.true_leaf,
+                &mut e.false_leaf,
+            ] {
                 v.push(0);
             }
             let (tid, tl) = grow(e, r, depth - 1, f, t);
@@ -3258,7 +3290,13 @@ impl Ensemble {
 
     /// The leaf sample x reaches from node `id` (a leaf when `leaf`), as the reference
     /// walks it.
-    fn leaf(&self, x: &[f64], mut id: usize, mut leaf: bool, sets: &HashMap<usize, Vec<f64>>) -> usize {
+    fn leaf(
+        &self,
+        x: &[f64],
+        mut id: usize,
+        mut leaf: bool,
+        sets: &HashMap<usize, Vec<f64>>,
+    ) -> usize {
         while !leaf {
             let v = x[self.features[id] as usize];
             let s = self.splits[id];
@@ -3280,7 +3318,14 @@ impl Ensemble {
         id
     }
 
-    fn predict(&self, x: &[f64], rows: usize, targets: usize, aggregate: i64, post: i64) -> Vec<f64> {
+    fn predict(
+        &self,
+        x: &[f64],
+        rows: usize,
+        targets: usize,
+        aggregate: i64,
+        post: i64,
+    ) -> Vec<f64> {
         // The sets in node order (the order they were made, which is the walk's).
         let mut sets = HashMap::new();
         let mut it = self.members.iter();
@@ -3304,7 +3349,11 @@ impl Ensemble {
                 let one = self.true_leaf[root] != 0
                     && self.false_leaf[root] != 0
                     && self.true_ids[root] == self.false_ids[root];
-                let l = if one { self.true_ids[root] as usize } else { self.leaf(row, root, false, &sets) };
+                let l = if one {
+                    self.true_ids[root] as usize
+                } else {
+                    self.leaf(row, root, false, &sets)
+                };
                 let (w, t) = (self.leaf_weights[l], self.leaf_targets[l] as usize);
                 y[t] = match aggregate {
                     0 => y[t] + w / self.roots.len() as f64,
@@ -3316,8 +3365,15 @@ impl Ensemble {
             match post {
                 1 | 3 => {
                     let keep = |v: f64| post == 1 || v != 0.0;
-                    let m = y.iter().copied().filter(|&v| keep(v)).fold(f64::MIN, f64::max);
-                    let e: Vec<f64> = y.iter().map(|&v| if keep(v) { (v - m).exp() } else { 0.0 }).collect();
+                    let m = y
+                        .iter()
+                        .copied()
+                        .filter(|&v| keep(v))
+                        .fold(f64::MIN, f64::max);
+                    let e: Vec<f64> = y
+                        .iter()
+                        .map(|&v| if keep(v) { (v - m).exp() } else { 0.0 })
+                        .collect();
                     let s: f64 = e.iter().sum();
                     y = e.iter().map(|v| v / s).collect();
                 }
@@ -3330,8 +3386,14 @@ impl Ensemble {
     }
 
     fn attrs(&self, targets: usize, aggregate: i64, post: i64) -> Vec<AttributeProto> {
-        let f32s = |v: &[f64]| Tensor::from_vec(&[v.len()], v.iter().map(|&x| x as f32).collect::<Vec<_>>()).unwrap();
-        let modes = Tensor::from_vec(&[self.modes.len()], self.modes.iter().map(|&m| m as u8).collect::<Vec<_>>()).unwrap();
+        let f32s = |v: &[f64]| {
+            Tensor::from_vec(&[v.len()], v.iter().map(|&x| x as f32).collect::<Vec<_>>()).unwrap()
+        };
+        let modes = Tensor::from_vec(
+            &[self.modes.len()],
+            self.modes.iter().map(|&m| m as u8).collect::<Vec<_>>(),
+        )
+        .unwrap();
         let mut a = vec![
             int_attr("n_targets", targets as i64),
             int_attr("aggregate_function", aggregate),
@@ -3372,7 +3434,11 @@ fn tree_ensemble_on_every_backend() {
             for post in 0..4 {
                 let case = Case {
                     domain: "ai.onnx.ml",
-                    ..Case::new("TreeEnsemble", 21, vec![("x", Some(f64s(&[rows, features], &x)))])
+                    ..Case::new(
+                        "TreeEnsemble",
+                        21,
+                        vec![("x", Some(f64s(&[rows, features], &x)))],
+                    )
                 }
                 .with(e.attrs(targets, aggregate, post));
                 let want = e.predict(&x, rows, targets, aggregate, post);
@@ -3390,13 +3456,21 @@ fn tree_ensemble_refuses_probit_and_malformed_trees() {
     let e = Ensemble::random(3, 2, 2, 2);
     let import = |attrs: Vec<AttributeProto>| {
         let n = node("TreeEnsemble", "ai.onnx.ml", &["x"], &["y"], attrs);
-        import_one_node(n, 21, vec![input("x", DType::F32, &[Some(4), Some(2)])], vec![])
-            .map(|_| ())
-            .unwrap_err()
-            .to_string()
+        import_one_node(
+            n,
+            21,
+            vec![input("x", DType::F32, &[Some(4), Some(2)])],
+            vec![],
+        )
+        .map(|_| ())
+        .unwrap_err()
+        .to_string()
     };
     let err = import(e.attrs(2, 1, 4));
-    assert!(err.contains("post_transform") && err.contains("PROBIT"), "{err}");
+    assert!(
+        err.contains("post_transform") && err.contains("PROBIT"),
+        "{err}"
+    );
     let mut cyclic = e.attrs(2, 1, 0);
     let n = e.modes.len() as i64;
     // Node 0's true branch back to itself.
@@ -3417,5 +3491,105 @@ fn tree_ensemble_refuses_probit_and_malformed_trees() {
         }
     }
     let err = import(short);
-    assert!(err.contains("nodes_featureids") && err.contains(&format!("for {n} nodes")), "{err}");
+    assert!(
+        err.contains("nodes_featureids") && err.contains(&format!("for {n} nodes")),
+        "{err}"
+    );
+}
+
+// ---- Cast to FLOAT8E8M0: round_mode and saturate ------------------------------------------
+
+/// ONNX's reference (`onnx.numpy_helper.to_float8e8m0`): x rounded to f32, its exponent
+/// bits, raised by one as `round` says, held at 0xfe (`saturate`) or let reach 0xff (NaN).
+fn e8m0_ref(x: f64, round: &str, saturate: bool) -> u8 {
+    let b = (x as f32).to_bits();
+    let e = (b >> 23) & 0xff;
+    if e == 0xff {
+        return 0xff;
+    }
+    let up = match round {
+        "up" => b & 0x7f_ffff != 0,
+        "down" => false,
+        _ => {
+            let (g, r, s) = (b & 0x40_0000 != 0, b & 0x20_0000 != 0, b & 0x1f_ffff != 0);
+            g && (r || s || e > 0)
+        }
+    };
+    if up && saturate && e == 0xfe {
+        return 0xfe;
+    }
+    (e + up as u32).min(0xff) as u8
+}
+
+#[test]
+fn cast_to_e8m0_rounds_as_round_mode_says_on_every_backend() {
+    let two = |k: i32| 2f64.powi(k);
+    let mut xs: Vec<f64> = vec![
+        0.0,
+        -0.0,
+        1.0,
+        -1.0,
+        1.5,
+        1.5000001,
+        1.4999999,
+        1.75,
+        1.25,
+        3.0,
+        -6.0,
+        0.124,
+        0.75,
+        two(-126),
+        two(-127),
+        two(-127) * 1.5,
+        two(-128),
+        two(-128) * 1.5,
+        two(-140),
+        two(127),
+        two(127) * 1.5,
+        two(127) * 1.25,
+        f64::from(f32::MAX),
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        f64::NAN,
+    ];
+    let mut r = graphrun::rng::Rng::new(7);
+    xs.extend((0..40).map(|_| r.normal() * two(r.int_in(-130, 128) as i32)));
+    for round in ["up", "down", "nearest"] {
+        for saturate in [1i64, 0] {
+            for dt in [DType::F32, DType::F16, DType::F64] {
+                let x = Tensor::from_vec(&[xs.len()], xs.clone()).unwrap().cast(dt);
+                let want: Vec<u8> = x
+                    .to_f64_vec()
+                    .iter()
+                    .map(|&v| e8m0_ref(v, round, saturate == 1))
+                    .collect();
+                let case = Case::new("Cast", 25, vec![("x", Some(x.clone()))]).with(vec![
+                    int_attr("to", elem_type(DType::F8E8M0) as i64),
+                    int_attr("saturate", saturate),
+                    str_attr("round_mode", round),
+                ]);
+                let g = case.graph(dt);
+                for backend in backends() {
+                    if !computes(backend, dt) {
+                        continue;
+                    }
+                    let what = format!(
+                        "Cast {dt} to f8e8m0 round {round} saturate {saturate} on {backend:?}"
+                    );
+                    let opts = SessionOptions {
+                        backend,
+                        ..SessionOptions::unfused()
+                    };
+                    let got = Session::new(g.clone(), opts)
+                        .and_then(|mut s| s.run(&case.feeds(&[Some(x.clone())])))
+                        .unwrap_or_else(|e| panic!("{what}: {e}"));
+                    let y = &got[0].1;
+                    assert_eq!(y.dtype(), DType::F8E8M0, "{what}");
+                    for (i, (&g, &w)) in y.bytes().iter().zip(&want).enumerate() {
+                        assert_eq!(g, w, "{what}: element {i} ({})", x.to_f64_vec()[i]);
+                    }
+                }
+            }
+        }
+    }
 }

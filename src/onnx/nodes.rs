@@ -679,27 +679,41 @@ impl<'a> Importer<'a> {
         if control::is_flex(n) {
             return self.lower_control(n, shown, attrs);
         }
-        // Cast's `saturate` reads only for the 8-bit floats.
+        // Cast's `saturate` reads only for the 8-bit floats, `round_mode` only for E8M0.
         let cast = matches!(n.op_type.as_str(), "Cast" | "CastLike");
-        if cast && take(&mut attrs, "saturate").is_some_and(|v| v == AttrValue::Int(0)) {
-            let to = match n.op_type.as_str() {
-                "Cast" => match attrs.iter().find(|a| a.name == "to").map(|a| &a.value) {
-                    Some(AttrValue::Int(c)) => DType::from_onnx(*c),
-                    _ => None,
-                },
-                _ => inputs.get(1).and_then(|t| self.dtypes.get(t)).copied(),
-            };
-            match to {
-                Some(to) if crate::tensor::narrow::overflow(to).is_some() => {
-                    return self.unsaturated_cast(n, to)
-                }
-                Some(_) => {}
-                None => {
+        if cast {
+            let saturate = !take(&mut attrs, "saturate").is_some_and(|v| v == AttrValue::Int(0));
+            let round = match take(&mut attrs, "round_mode") {
+                None => "up".to_string(),
+                Some(AttrValue::Str(s)) if ["up", "down", "nearest"].contains(&s.as_str()) => s,
+                Some(v) => {
                     return Err(Error::Graph(format!(
-                        "node '{shown}' ({}): saturate 0 needs the target type known when the model is imported (declare the type of '{}')",
-                        n.op_type,
-                        inputs.get(1).map_or("", String::as_str)
+                        "node '{shown}' ({}): attribute 'round_mode' must be \"up\", \"down\" or \"nearest\", got {v:?}",
+                        n.op_type
                     )))
+                }
+            };
+            if !saturate || round != "up" {
+                let to = match n.op_type.as_str() {
+                    "Cast" => match attrs.iter().find(|a| a.name == "to").map(|a| &a.value) {
+                        Some(AttrValue::Int(c)) => DType::from_onnx(*c),
+                        _ => None,
+                    },
+                    _ => inputs.get(1).and_then(|t| self.dtypes.get(t)).copied(),
+                };
+                match to {
+                    Some(DType::F8E8M0) => return self.e8m0_cast(n, &round, saturate),
+                    Some(to) if !saturate && crate::tensor::narrow::overflow(to).is_some() => {
+                        return self.unsaturated_cast(n, to)
+                    }
+                    Some(_) => {}
+                    None => {
+                        return Err(Error::Graph(format!(
+                            "node '{shown}' ({}): saturate 0 and round_mode need the target type known when the model is imported (declare the type of '{}')",
+                            n.op_type,
+                            inputs.get(1).map_or("", String::as_str)
+                        )))
+                    }
                 }
             }
         }

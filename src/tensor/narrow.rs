@@ -1,5 +1,6 @@
 //! The narrow element types ONNX stores quantized data in: the 8-bit floats (E4M3FN,
-//! E4M3FNUZ, E5M2, E5M2FNUZ), the 4-bit float E2M1, and the 4- and 2-bit integers. Each
+//! E4M3FNUZ, E5M2, E5M2FNUZ), the 8-bit power-of-two scale E8M0, the 4-bit float E2M1,
+//! and the 4- and 2-bit integers. Each
 //! element is one byte here (the bit pattern for the floats, the value for the integers);
 //! the ONNX reader and writer pack and unpack the 4- and 2-bit ones. They are storage
 //! types: Cast (and what is written with it: QuantizeLinear, DequantizeLinear) converts to
@@ -190,6 +191,51 @@ narrow_float! {
     F4E2M1, F4E2M1, 2, 1, 1, Finite;
 }
 
+/// ONNX FLOAT8E8M0 (the microscaling formats' shared scale): an exponent alone, code c
+/// the value 2^(c − 127), 0xFF NaN; no sign, no zero. As ONNX's reference converts: the
+/// value rounded to f32 first, its exponent bits kept (the sign dropped) and raised by
+/// one where any mantissa bit is set (Cast's default `round_mode` "up"; the importer
+/// writes "down" and "nearest" around it); infinity and NaN become 0xFF, and rounding up
+/// from 2^127 stays there (`saturate`) or becomes NaN.
+#[repr(transparent)]
+#[derive(Clone, Copy, Default, PartialEq, Eq, Hash, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct F8E8M0(pub u8);
+
+impl F8E8M0 {
+    /// `v` rounded up to a power of two, as Cast converts it.
+    pub fn from_f64_saturate(v: f64, saturate: bool) -> Self {
+        let bits = (v as f32).to_bits();
+        let e = (bits >> 23) & 0xff;
+        let up = e != 0xff && bits & 0x7f_ffff != 0;
+        F8E8M0(match (e, up) {
+            (0xfe, true) if saturate => 0xfe,
+            (e, up) => (e + up as u32).min(0xff) as u8,
+        })
+    }
+}
+impl PartialOrd for F8E8M0 {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        self.to_f64().partial_cmp(&o.to_f64())
+    }
+}
+impl fmt::Debug for F8E8M0 {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.to_f64().fmt(f)
+    }
+}
+impl Elem for F8E8M0 {
+    const DTYPE: DType = DType::F8E8M0;
+    fn to_f64(self) -> f64 {
+        match self.0 {
+            0xff => f64::NAN,
+            c => 2f64.powi(c as i32 - 127),
+        }
+    }
+    fn from_f64(v: f64) -> Self {
+        Self::from_f64_saturate(v, true)
+    }
+}
+
 /// The narrow integers, one value a byte: `(type, DType variant, storage, bits, signed)`.
 macro_rules! narrow_int {
     ($($(#[$doc:meta])* $t:ident, $d:ident, $s:ty, $bits:expr, $signed:expr;)*) => {$(
@@ -266,7 +312,11 @@ impl DType {
     /// floats), `None` for the others.
     pub fn narrow_bits(self) -> Option<u32> {
         match self {
-            DType::F8E4M3FN | DType::F8E4M3FNUZ | DType::F8E5M2 | DType::F8E5M2FNUZ => Some(8),
+            DType::F8E4M3FN
+            | DType::F8E4M3FNUZ
+            | DType::F8E5M2
+            | DType::F8E5M2FNUZ
+            | DType::F8E8M0 => Some(8),
             DType::F4E2M1 | DType::I4 | DType::U4 => Some(4),
             DType::I2 | DType::U2 => Some(2),
             _ => None,
@@ -366,6 +416,35 @@ mod tests {
         assert_eq!(U4::from_f64(-7.0).0, 9);
         assert_eq!(I2::from_f64(2.0).0, -2);
         assert_eq!(I4::from_int(-9).0, 7);
+    }
+
+    #[test]
+    fn e8m0_rounds_up_to_powers_of_two() {
+        let e = |v: f64| F8E8M0::from_f64(v).0;
+        assert_eq!(e(1.0), 127);
+        assert_eq!(e(-1.0), 127);
+        assert_eq!(e(1.1), 128);
+        assert_eq!(e(0.124), 124);
+        assert_eq!(e(0.0), 0);
+        assert_eq!(e(1e-40), 1); // an f32 subnormal rounds up to 2^-126
+        assert_eq!(e(f64::INFINITY), 0xff);
+        assert_eq!(e(f64::NAN), 0xff);
+        assert_eq!(e(2f64.powi(127)), 0xfe);
+        assert_eq!(e(2f64.powi(127) * 1.5), 0xfe);
+        assert_eq!(
+            F8E8M0::from_f64_saturate(2f64.powi(127) * 1.5, false).0,
+            0xff
+        );
+        // Rounded to f32 first: just above 2 by less than f32's half step is 2.
+        assert_eq!(e(2.0 + 1e-9), 128);
+        assert_eq!(F8E8M0(0).to_f64(), 2f64.powi(-127));
+        assert!(F8E8M0(0xff).to_f64().is_nan());
+        for c in 1..0xffu8 {
+            assert_eq!(F8E8M0::from_f64(F8E8M0(c).to_f64()).0, c);
+        }
+        // 2^-127 is an f32 subnormal: its set mantissa bit rounds it up, as the
+        // reference's bit arithmetic does.
+        assert_eq!(F8E8M0::from_f64(F8E8M0(0).to_f64()).0, 1);
     }
 
     #[test]

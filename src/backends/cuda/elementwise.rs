@@ -391,6 +391,7 @@ fn narrow_format(dt: DType) -> i32 {
         DType::U4 => 6,
         DType::I2 => 7,
         DType::U2 => 8,
+        DType::F8E8M0 => 9,
         _ => -1,
     }
 }

@@ -36,6 +36,7 @@ fn code(dt: DType) -> u32 {
         DType::U4 => 19,
         DType::I2 => 20,
         DType::U2 => 21,
+        DType::F8E8M0 => 22,
     }
 }
 

@@ -1465,6 +1465,64 @@ impl Importer<'_> {
         Ok(())
     }
 
+    /// Cast to E8M0 with `round_mode` "down" or "nearest", or without saturation: x's
+    /// f32 bits (sign dropped) get the rounding increment added below the exponent and the
+    /// mantissa cleared, so that the saturating Cast, which rounds a set mantissa up, sees
+    /// a power of two and keeps its exponent. "up" adds 0x7fffff (any mantissa carries),
+    /// "nearest" half of it as ONNX's reference rounds (a tie carries, except between 0
+    /// and the smallest normal, where only more than half does); a carry out of 2^127 stays
+    /// there when saturating, else becomes infinity, which the Cast writes as NaN.
+    pub(super) fn e8m0_cast(&mut self, n: &NodeProto, round: &str, saturate: bool) -> Result<()> {
+        let x = n.input[0].clone();
+        let u = |v: u32| Tensor::from_vec(&[], vec![v]);
+        let f = self.val(n, "x_f32", Op::Cast { to: DType::F32 }, vec![x]);
+        let bits = self.val(n, "bits", Op::BitCast { to: DType::U32 }, vec![f]);
+        let abs = self.constant(n, "abs_mask", u(0x7fff_ffff)?);
+        let xb = self.val(n, "abs_bits", bin(BinaryOp::BitwiseAnd), vec![bits, abs]);
+        let inf = self.constant(n, "inf_bits", u(0x7f80_0000)?);
+        let special = self.val(
+            n,
+            "special",
+            bin(BinaryOp::GreaterOrEqual),
+            vec![xb.clone(), inf.clone()],
+        );
+        let add = match round {
+            "down" => None,
+            "up" => Some(self.constant(n, "carry", u(0x7f_ffff)?)),
+            _ => {
+                let normal = self.constant(n, "min_normal_bits", u(0x80_0000)?);
+                let sub = self.val(
+                    n,
+                    "subnormal",
+                    bin(BinaryOp::Less),
+                    vec![xb.clone(), normal],
+                );
+                let lo = self.constant(n, "half_below", u(0x3f_ffff)?);
+                let hi = self.constant(n, "half", u(0x40_0000)?);
+                Some(self.val(n, "carry", Op::Where, vec![sub, lo, hi]))
+            }
+        };
+        let t = match add {
+            Some(a) => self.val(n, "carried", bin(BinaryOp::Add), vec![xb, a]),
+            None => xb,
+        };
+        let mut t = self.val(n, "power", bin(BinaryOp::BitwiseAnd), vec![t, inf.clone()]);
+        if saturate && round != "down" {
+            let over = self.val(
+                n,
+                "past_max",
+                bin(BinaryOp::Equal),
+                vec![t.clone(), inf.clone()],
+            );
+            let max = self.constant(n, "max_bits", u(0x7f00_0000)?);
+            t = self.val(n, "saturated", Op::Where, vec![over, max, t]);
+        }
+        let t = self.val(n, "kept_special", Op::Where, vec![special, inf, t]);
+        let f = self.val(n, "power_f32", Op::BitCast { to: DType::F32 }, vec![t]);
+        self.out(n, 0, Op::Cast { to: DType::F8E8M0 }, vec![f]);
+        Ok(())
+    }
+
     /// x and scale in the type the division runs in: `precision`'s, else x's.
     fn quant_operands(
         &mut self,

@@ -451,7 +451,12 @@ impl Importer<'_> {
     /// falls to edge i+2 (a filter whose rising edge is empty is 1 at its centre). Cast to
     /// output_datatype. Its two lengths decide the shape, so they are read when the plan
     /// is made.
-    pub(super) fn mel_weight_matrix(&mut self, n: &NodeProto, what: &str, mut a: Attrs) -> Result<()> {
+    pub(super) fn mel_weight_matrix(
+        &mut self,
+        n: &NodeProto,
+        what: &str,
+        mut a: Attrs,
+    ) -> Result<()> {
         let code = a.int("output_datatype", 1)?;
         let Some(to) = DType::from_onnx(code) else {
             return Err(a.refuse(
@@ -496,7 +501,12 @@ impl Importer<'_> {
         let edges = b(self, "edges", BinaryOp::Add, &mels, &two);
         let zero_i = ci(self, "zero_i", 0);
         let one_i = ci(self, "one_i", 1);
-        let k = self.val(n, "k", Op::Range, vec![zero_i.clone(), edges.clone(), one_i.clone()]);
+        let k = self.val(
+            n,
+            "k",
+            Op::Range,
+            vec![zero_i.clone(), edges.clone(), one_i.clone()],
+        );
         let k = f64_of(self, "k_f", &k);
         let count = f64_of(self, "edges_f", &edges);
         let span = b(self, "mel_span", BinaryOp::Sub, &hi_mel, &lo_mel);

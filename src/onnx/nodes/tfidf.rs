@@ -36,8 +36,7 @@ impl Importer<'_> {
         let mut a = Attrs::of(n, shown, attrs)?;
         let what = a.what.clone();
         let required = |a: &mut Attrs, key: &str| -> Result<i64> {
-            a.opt_int(key)?
-                .ok_or_else(|| a.refuse(key, "is required"))
+            a.opt_int(key)?.ok_or_else(|| a.refuse(key, "is required"))
         };
         let min_len = required(&mut a, "min_gram_length")?;
         let max_len = required(&mut a, "max_gram_length")?;
@@ -148,16 +147,18 @@ impl Importer<'_> {
                     );
                     hit = Some(match hit {
                         None => eq,
-                        Some(h) => self.val(
-                            n,
-                            &format!("{tag}_and{j}"),
-                            bin(BinaryOp::And),
-                            vec![h, eq],
-                        ),
+                        Some(h) => {
+                            self.val(n, &format!("{tag}_and{j}"), bin(BinaryOp::And), vec![h, eq])
+                        }
                     });
                 }
                 let hit = hit.expect("k >= 1");
-                let hit = self.val(n, &format!("{tag}_hit"), Op::Cast { to: DType::F32 }, vec![hit]);
+                let hit = self.val(
+                    n,
+                    &format!("{tag}_hit"),
+                    Op::Cast { to: DType::F32 },
+                    vec![hit],
+                );
                 let c = self.val(
                     n,
                     &format!("{tag}_count"),
@@ -210,7 +211,12 @@ impl Importer<'_> {
             }
             (Mode::Idf, w) => {
                 let zero = self.constant(n, "zero", Tensor::scalar(0f32));
-                let seen = self.val(n, "seen", bin(BinaryOp::Greater), vec![counts, zero.clone()]);
+                let seen = self.val(
+                    n,
+                    "seen",
+                    bin(BinaryOp::Greater),
+                    vec![counts, zero.clone()],
+                );
                 let w = match w {
                     Some(w) => self.constant(n, "weights", w?),
                     None => self.constant(n, "one", Tensor::scalar(1f32)),

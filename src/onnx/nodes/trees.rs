@@ -138,8 +138,16 @@ impl Forest {
                     members: sets[i].clone(),
                     missing_true: self.missing_true.get(i).is_some_and(|&m| m != 0),
                 });
-                work.push(Work::Enter(self.false_ids[i], self.false_leaf[i] != 0, Some((v, false))));
-                work.push(Work::Enter(self.true_ids[i], self.true_leaf[i] != 0, Some((v, true))));
+                work.push(Work::Enter(
+                    self.false_ids[i],
+                    self.false_leaf[i] != 0,
+                    Some((v, false)),
+                ));
+                work.push(Work::Enter(
+                    self.true_ids[i],
+                    self.true_leaf[i] != 0,
+                    Some((v, true)),
+                ));
             }
         }
         Ok((visits, paths))
@@ -232,7 +240,9 @@ impl Importer<'_> {
             targets: usize::try_from(targets)
                 .ok()
                 .filter(|&t| t > 0)
-                .ok_or_else(|| a.refuse("n_targets", &format!("must be positive, got {targets}")))?,
+                .ok_or_else(|| {
+                    a.refuse("n_targets", &format!("must be positive, got {targets}"))
+                })?,
         };
         let roots = ints(&mut a, "tree_roots")?;
         a.finish()?;
@@ -252,7 +262,10 @@ impl Importer<'_> {
         if !forest.missing_true.is_empty() && forest.missing_true.len() != nodes {
             return Err(a.refuse(
                 "nodes_missing_value_tracks_true",
-                &format!("has {} entries for {nodes} nodes", forest.missing_true.len()),
+                &format!(
+                    "has {} entries for {nodes} nodes",
+                    forest.missing_true.len()
+                ),
             ));
         }
         if forest.leaf_targets.len() != forest.leaf_weights.len() {
@@ -270,7 +283,9 @@ impl Importer<'_> {
         if set_nodes != set_ends {
             return Err(a.refuse(
                 "membership_values",
-                &format!("holds {set_ends} NaN-terminated sets for {set_nodes} set-membership nodes"),
+                &format!(
+                    "holds {set_ends} NaN-terminated sets for {set_nodes} set-membership nodes"
+                ),
             ));
         }
         if !(0..=3).contains(&aggregate) {
@@ -281,7 +296,8 @@ impl Importer<'_> {
         }
         if !(0..=3).contains(&post) {
             let msg = match post {
-                4 => "4 (PROBIT) needs the inverse error function, which graphrun does not have".to_string(),
+                4 => "4 (PROBIT) needs the inverse error function, which graphrun does not have"
+                    .to_string(),
                 p => format!("must be 0 to 4, got {p}"),
             };
             return Err(a.refuse("post_transform", &msg));
@@ -289,7 +305,10 @@ impl Importer<'_> {
         let (visits, paths) = forest.walk(what, &roots)?;
         let dt = weights.dtype();
         if !dt.is_float() {
-            return Err(a.refuse("leaf_weights", &format!("must be floating, got {}", dt.name())));
+            return Err(a.refuse(
+                "leaf_weights",
+                &format!("must be floating, got {}", dt.name()),
+            ));
         }
         let (ins, _) = inputs(n, what, (1, 1), 1)?;
         let x = ins[0].clone();
@@ -311,7 +330,12 @@ impl Importer<'_> {
                 }
                 let tag = format!("{mode:?}").to_lowercase();
                 let c = if mode == Mode::Member {
-                    let width = visits.iter().map(|s| s.members.len()).max().unwrap_or(0).max(1);
+                    let width = visits
+                        .iter()
+                        .map(|s| s.members.len())
+                        .max()
+                        .unwrap_or(0)
+                        .max(1);
                     let mut sets = vec![f64::NAN; v * width];
                     for (i, s) in visits.iter().enumerate() {
                         sets[i * width..i * width + s.members.len()].copy_from_slice(&s.members);
@@ -335,7 +359,8 @@ impl Importer<'_> {
                     self.val(n, "member", bin(BinaryOp::Greater), vec![any, zero])
                 } else {
                     let s: Vec<f64> = visits.iter().map(|s| s.split).collect();
-                    let s = self.constant(n, &format!("{tag}_splits"), Tensor::from_f64(dt, &[v], &s)?);
+                    let s =
+                        self.constant(n, &format!("{tag}_splits"), Tensor::from_f64(dt, &[v], &s)?);
                     let (op, ins) = match mode {
                         Mode::Leq => (BinaryOp::LessOrEqual, [xg.clone(), s]),
                         Mode::Lt => (BinaryOp::Less, [xg.clone(), s]),
@@ -346,7 +371,8 @@ impl Importer<'_> {
                     let c = self.val(n, &tag, bin(op), ins.to_vec());
                     if mode == Mode::Neq {
                         // x != s, NaN included, as Python's != is.
-                        let f = self.constant(n, "false", Tensor::from_f64(DType::Bool, &[], &[0.0])?);
+                        let f =
+                            self.constant(n, "false", Tensor::from_f64(DType::Bool, &[], &[0.0])?);
                         self.val(n, "neq", bin(BinaryOp::Equal), vec![c, f])
                     } else {
                         c
@@ -356,7 +382,11 @@ impl Importer<'_> {
                     c
                 } else {
                     let m: Vec<f64> = mask.iter().map(|&m| m as u8 as f64).collect();
-                    let m = self.constant(n, &format!("{tag}_mask"), Tensor::from_f64(DType::Bool, &[v], &m)?);
+                    let m = self.constant(
+                        n,
+                        &format!("{tag}_mask"),
+                        Tensor::from_f64(DType::Bool, &[v], &m)?,
+                    );
                     self.val(n, &format!("{tag}_masked"), bin(BinaryOp::And), vec![c, m])
                 };
                 cond = Some(match cond {
@@ -406,7 +436,12 @@ impl Importer<'_> {
 
     /// A `[N, leaves]` bool of trues: every sample reaches every root leaf.
     fn reached_all(&mut self, n: &NodeProto, x: &str, leaves: usize) -> Result<String> {
-        let b = self.val(n, "batch", super::composite::shape(0, Some(1)), vec![x.to_string()]);
+        let b = self.val(
+            n,
+            "batch",
+            super::composite::shape(0, Some(1)),
+            vec![x.to_string()],
+        );
         let w = self.ints_const(n, "leaves", &[leaves as i64])?;
         let dims = self.val(n, "dims", Op::Concat { axis: 0 }, vec![b, w]);
         let t = self.constant(n, "true", Tensor::from_f64(DType::Bool, &[], &[1.0])?);
@@ -427,7 +462,11 @@ impl Importer<'_> {
     ) -> Result<String> {
         let p = paths.len();
         if aggregate <= 1 {
-            let scale = if aggregate == 0 { 1.0 / trees as f64 } else { 1.0 };
+            let scale = if aggregate == 0 {
+                1.0 / trees as f64
+            } else {
+                1.0
+            };
             let mut w = vec![0f64; p * t];
             for (j, path) in paths.iter().enumerate() {
                 w[j * t + path.target] = path.weight * scale;
@@ -454,7 +493,11 @@ impl Importer<'_> {
             hit[j * t + path.target] = 1.0;
         }
         let w = self.constant(n, "leaf_values", Tensor::from_f64(dt, &[p, t], &w)?);
-        let hit = self.constant(n, "leaf_targets", Tensor::from_f64(DType::Bool, &[p, t], &hit)?);
+        let hit = self.constant(
+            n,
+            "leaf_targets",
+            Tensor::from_f64(DType::Bool, &[p, t], &hit)?,
+        );
         let r3 = self.val(n, "reached3", unsqueeze(2), vec![reached]);
         let on = self.val(n, "contributes", bin(BinaryOp::And), vec![r3, hit]);
         let far = self.constant(n, "far", Tensor::from_f64(dt, &[], &[sign * far])?);
@@ -480,7 +523,12 @@ impl Importer<'_> {
     /// SOFTMAX_ZERO: softmax over the scores that are not zero; zeros stay zero.
     fn softmax_zero(&mut self, n: &NodeProto, y: String) -> Result<String> {
         let zero = self.float_like(n, "sz_zero", 0.0, &y);
-        let nz = self.val(n, "sz_nonzero", bin(BinaryOp::Equal), vec![y.clone(), zero.clone()]);
+        let nz = self.val(
+            n,
+            "sz_nonzero",
+            bin(BinaryOp::Equal),
+            vec![y.clone(), zero.clone()],
+        );
         let f = self.constant(n, "sz_false", Tensor::from_f64(DType::Bool, &[], &[0.0])?);
         let nz = self.val(n, "sz_kept", bin(BinaryOp::Equal), vec![nz, f]);
         let neg = self.float_like(n, "sz_lowest", f32::MIN, &y);
