@@ -428,14 +428,14 @@ fn load_err(dir: &std::path::Path, name: &str, bytes: &[u8]) -> String {
 #[test]
 fn every_unsupported_op_in_one_error() {
     let d = tmpdir("unsupported");
-    let mut conv2 = node("MelWeightMatrix", &["p", "w"], &["q"], vec![]);
+    let mut conv2 = node("ImageDecoder", &["p", "w"], &["q"], vec![]);
     conv2.name = "conv_b".into();
     let mut fused = node("FusedGemm", &["q", "w"], &["r"], vec![]);
     fused.domain = "com.microsoft".into();
     let g = GraphProto {
         node: vec![
-            node("MelWeightMatrix", &["x", "w"], &["c"], vec![]),
-            node("TfIdfVectorizer", &["c"], &["p"], vec![]),
+            node("ImageDecoder", &["x", "w"], &["c"], vec![]),
+            node("StringSplit", &["c"], &["p"], vec![]),
             conv2,
             fused,
             node("Relu", &["r"], &["y"], vec![]),
@@ -449,8 +449,8 @@ fn every_unsupported_op_in_one_error() {
     assert!(e.contains("conv.onnx"), "{e}");
     assert!(
         e.contains("does not support 3 ops of this model (4 nodes)")
-            && e.contains("MelWeightMatrix (2 nodes: '#0', 'conv_b')")
-            && e.contains("TfIdfVectorizer (1 node: '#1')")
+            && e.contains("ImageDecoder (2 nodes: '#0', 'conv_b')")
+            && e.contains("StringSplit (1 node: '#1')")
             && e.contains("com.microsoft::FusedGemm"),
         "{e}"
     );

@@ -130,6 +130,19 @@ impl Attrs {
             Some(v) => Err(self.wrong(key, "a list of floats", &v)),
         }
     }
+    /// `output_datatype` (default 1, f32): a type graphrun has.
+    pub(super) fn output_datatype(&mut self) -> Result<DType> {
+        let code = self.int("output_datatype", 1)?;
+        DType::from_onnx(code).ok_or_else(|| {
+            self.refuse(
+                "output_datatype",
+                &format!(
+                    "names {} (ONNX code {code}), a type graphrun does not have",
+                    crate::tensor::onnx_dtype_name(code)
+                ),
+            )
+        })
+    }
     pub(super) fn ints(&mut self, key: &str, default: &[i64]) -> Result<Vec<i64>> {
         Ok(self.opt_ints(key)?.unwrap_or_else(|| default.to_vec()))
     }
@@ -999,16 +1012,7 @@ impl Importer<'_> {
         if periodic != 0 && periodic != 1 {
             return Err(a.refuse("periodic", &format!("must be 0 or 1, got {periodic}")));
         }
-        let code = a.int("output_datatype", 1)?;
-        let Some(to) = DType::from_onnx(code) else {
-            return Err(a.refuse(
-                "output_datatype",
-                &format!(
-                    "names {} (ONNX code {code}), a type graphrun does not have",
-                    crate::tensor::onnx_dtype_name(code)
-                ),
-            ));
-        };
+        let to = a.output_datatype()?;
         a.finish()?;
         let (ins, _) = inputs(n, what, (1, 1), 1)?;
         let size = ins[0].clone();

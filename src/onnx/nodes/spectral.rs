@@ -457,16 +457,7 @@ impl Importer<'_> {
         what: &str,
         mut a: Attrs,
     ) -> Result<()> {
-        let code = a.int("output_datatype", 1)?;
-        let Some(to) = DType::from_onnx(code) else {
-            return Err(a.refuse(
-                "output_datatype",
-                &format!(
-                    "names {} (ONNX code {code}), a type graphrun does not have",
-                    crate::tensor::onnx_dtype_name(code)
-                ),
-            ));
-        };
+        let to = a.output_datatype()?;
         a.finish()?;
         let (ins, _) = inputs(n, what, (5, 5), 1)?;
         let mels = self.scalar_i64(n, "mels", &ins[0]);
