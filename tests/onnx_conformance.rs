@@ -132,10 +132,13 @@ impl Category {
     fn blurb(self) -> String {
         let text = match self {
             Category::NotTensor => {
-                "The model carries sequences through If or Loop, or has ops whose attributes \
-                 are graphs other than If, Loop and Scan (whose bodies graphrun writes out). \
-                 graphrun writes a sequence out as the list of its tensors when it loads a \
-                 model, and a control-flow body per step on tensors."
+                "graphrun writes a sequence out as the list of its tensors when it loads a \
+                 model (a sequence graph input as its elements, each an input of its own), \
+                 and If, Loop and Scan bodies once per branch, iteration or step; sequences \
+                 go through an If and through a Loop whose iterations are known then. What \
+                 has no such form: a sequence input fed with no elements, a sequence through \
+                 a Scan or a Loop that may stop early, an If whose condition is fed choosing \
+                 between an empty optional and a value."
             }
             Category::Dtype => {
                 let names: Vec<&str> = DType::ALL.iter().map(|d| d.name()).collect();
@@ -725,11 +728,21 @@ fn outcome(c: &Case, backend: BackendKind) -> (Outcome, Option<String>) {
         (Category::Unsupported, ops.join(", "))
     } else if err.contains("does not carry sequences")
         || err.contains("graphrun takes sequences in")
-        || err.contains("is a sequence; graphrun writes sequences out")
+        || err.contains("is a sequence; graphrun carries")
     {
         (
             Category::NotTensor,
-            "sequences carried through If or Loop".into(),
+            "sequences carried through Scan, or through a Loop that may stop early".into(),
+        )
+    } else if err.contains("is a sequence; graphrun writes sequences out") {
+        (
+            Category::NotTensor,
+            "a sequence graph input fed with no elements".into(),
+        )
+    } else if err.contains("an empty optional in") {
+        (
+            Category::NotTensor,
+            "an empty optional or a sequence, chosen by a condition fed at run time".into(),
         )
     } else if let Some(why) = known(&c.name).filter(|_| !err.contains(NOT_ON_WGPU)) {
         // (A known case that stops earlier on a type WebGPU lacks counts under that.)

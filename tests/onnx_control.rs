@@ -999,3 +999,212 @@ fn flex_attention_refusals() {
     );
     assert!(e.contains("not a multiple of 3"), "{e}");
 }
+
+/// A sequence through a Loop of known trip count (built up by SequenceInsert, the body
+/// also reading an element of a sequence of the graph around it, as SequenceMap's
+/// function body does) and through an If whose condition is fed (both branches give a
+/// sequence of two, selected element by element); gradients through both.
+#[test]
+fn sequences_through_loop_and_if_on_every_backend_with_gradients() {
+    let loop_body = body(
+        vec![
+            n("Identity", &["c"], &["c_out"], vec![]),
+            n("SequenceAt", &["outer", "i"], &["elem"], vec![]),
+            n("Mul", &["elem", "b"], &["prod"], vec![]),
+            n("CastLike", &["i", "prod"], &["i_f"], vec![]),
+            n("Add", &["prod", "i_f"], &["t"], vec![]),
+            n("SequenceInsert", &["s_in", "t"], &["s_out"], vec![]),
+        ],
+        vec![
+            input("i", DType::I64, &[]),
+            input("c", DType::Bool, &[]),
+            ValueInfoProto {
+                name: "s_in".into(),
+                ..Default::default()
+            },
+        ],
+        &["c_out", "s_out"],
+    );
+    let then = body(
+        vec![
+            n("Add", &["a", "b"], &["sum"], vec![]),
+            n("Mul", &["a", "b"], &["prod2"], vec![]),
+            n(
+                "SequenceConstruct",
+                &["sum", "prod2"],
+                &["then_seq"],
+                vec![],
+            ),
+        ],
+        vec![],
+        &["then_seq"],
+    );
+    let other = body(
+        vec![
+            n("Sub", &["a", "b"], &["diff"], vec![]),
+            n("SequenceConstruct", &["diff", "a"], &["else_seq"], vec![]),
+        ],
+        vec![],
+        &["else_seq"],
+    );
+    let nodes = vec![
+        n("SequenceConstruct", &["a"], &["s0"], vec![]),
+        n("SequenceConstruct", &["a", "b", "a"], &["outer"], vec![]),
+        constant("trips", &Tensor::scalar(3i64)),
+        n(
+            "Loop",
+            &["trips", "", "s0"],
+            &["s3"],
+            vec![graph_attr("body", loop_body)],
+        ),
+        n(
+            "ConcatFromSequence",
+            &["s3"],
+            &["y"],
+            vec![int_attr("axis", 0)],
+        ),
+        n(
+            "If",
+            &["c"],
+            &["chosen"],
+            vec![
+                graph_attr("then_branch", then),
+                graph_attr("else_branch", other),
+            ],
+        ),
+        n(
+            "ConcatFromSequence",
+            &["chosen"],
+            &["z"],
+            vec![int_attr("axis", 0)],
+        ),
+    ];
+    for c in [true, false] {
+        let f = Flow {
+            nodes: nodes.clone(),
+            opset: 17,
+            inputs: vec![
+                ("a", rand(&[2, 3], 21, -1.0, 1.0)),
+                ("b", rand(&[2, 3], 22, -1.0, 1.0)),
+                (
+                    "c",
+                    Tensor::from_vec(&[], vec![graphrun::tensor::Bool::from(c)]).unwrap(),
+                ),
+            ],
+            outputs: vec!["y", "z"],
+        };
+        let reference = |v: &[Vec<f64>]| -> Expected {
+            let (a, b) = (&v[0], &v[1]);
+            let mut y = a.clone();
+            for i in 0..3 {
+                let elem = if i == 1 { b } else { a };
+                y.extend(elem.iter().zip(b).map(|(e, b)| e * b + i as f64));
+            }
+            let z: Vec<f64> = if c {
+                let s = a.iter().zip(b).map(|(a, b)| a + b);
+                s.chain(a.iter().zip(b).map(|(a, b)| a * b)).collect()
+            } else {
+                a.iter()
+                    .zip(b)
+                    .map(|(a, b)| a - b)
+                    .chain(a.iter().copied())
+                    .collect()
+            };
+            vec![(vec![8, 3], y), (vec![4, 3], z)]
+        };
+        check_flow(&format!("sequences, cond {c}"), &f, &[0, 1], reference);
+    }
+}
+
+#[test]
+fn sequences_through_control_flow_refusals() {
+    let import = |nodes: Vec<NodeProto>, outputs: &[&str]| {
+        let a = rand(&[2, 3], 1, -1.0, 1.0).cast(DType::F32);
+        let bytes = model_bytes(
+            nodes,
+            17,
+            vec![input_like("a", &a), input("c", DType::Bool, &[])],
+            vec![],
+            outputs,
+        );
+        graphrun::onnx::from_bytes(&bytes, "flow", std::path::Path::new("."))
+            .map(|_| ())
+            .unwrap_err()
+            .to_string()
+    };
+    // An If whose condition is fed, giving sequences of different lengths.
+    let then = body(
+        vec![n("SequenceConstruct", &["a", "a"], &["t"], vec![])],
+        vec![],
+        &["t"],
+    );
+    let other = body(
+        vec![n("SequenceConstruct", &["a"], &["e"], vec![])],
+        vec![],
+        &["e"],
+    );
+    let e = import(
+        vec![
+            n(
+                "If",
+                &["c"],
+                &["s"],
+                vec![
+                    graph_attr("then_branch", then),
+                    graph_attr("else_branch", other),
+                ],
+            ),
+            n(
+                "ConcatFromSequence",
+                &["s"],
+                &["y"],
+                vec![int_attr("axis", 0)],
+            ),
+        ],
+        &["y"],
+    );
+    assert!(e.contains("'s'") || e.contains("(If)"), "{e}");
+    assert!(
+        e.contains("a sequence of 2") && e.contains("a sequence of 1"),
+        "{e}"
+    );
+    // A Loop whose fed condition may stop it early, carrying a sequence.
+    let b = body(
+        vec![
+            n("Identity", &["cond"], &["cond_out"], vec![]),
+            n("SequenceInsert", &["s_in", "a"], &["s_out"], vec![]),
+        ],
+        vec![
+            input("i", DType::I64, &[]),
+            input("cond", DType::Bool, &[]),
+            ValueInfoProto {
+                name: "s_in".into(),
+                ..Default::default()
+            },
+        ],
+        &["cond_out", "s_out"],
+    );
+    let e = import(
+        vec![
+            n("SequenceConstruct", &["a"], &["s0"], vec![]),
+            constant("m", &Tensor::scalar(2i64)),
+            n(
+                "Loop",
+                &["m", "c", "s0"],
+                &["s2"],
+                vec![graph_attr("body", b)],
+            ),
+            n(
+                "ConcatFromSequence",
+                &["s2"],
+                &["y"],
+                vec![int_attr("axis", 0)],
+            ),
+        ],
+        &["y"],
+    );
+    assert!(
+        e.contains("(Loop)") && e.contains("is a sequence") && e.contains("stop it early"),
+        "{e}"
+    );
+}

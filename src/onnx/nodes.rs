@@ -601,6 +601,23 @@ impl<'a> Importer<'a> {
             }
             return;
         }
+        // An If or Loop that carries sequences is written out now, while the sequences'
+        // elements are known (`control`): the recurrences kept aside until shapes are
+        // inferred see tensors only.
+        if default_domain && matches!(op_type, "If" | "Loop") && self.carries_sequences(n) {
+            let mut inputs = n.input.clone();
+            let result = self
+                .control_attrs(n, &shown, &mut inputs)
+                .and_then(|attrs| {
+                    let mut m = n.clone();
+                    m.input = inputs;
+                    self.lower(&m, &shown, attrs)
+                });
+            if let Err(e) = result {
+                self.errors.push(e);
+            }
+            return;
+        }
         if let Some(s) = n.input.iter().find(|i| self.seqs.contains_key(*i)) {
             self.errors.push(Error::Graph(format!(
                 "node '{shown}' ({op_type}) reads the sequence '{s}'; graphrun takes sequences in the sequence ops, Identity and the optional ops only (a sequence it writes out when the model is loaded)"

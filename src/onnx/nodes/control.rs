@@ -165,6 +165,29 @@ impl Importer<'_> {
         Ok(attrs)
     }
 
+    /// Whether control-flow node `n` reads a sequence (as an input, or in its bodies from
+    /// the graph around them) or its bodies take or give one.
+    pub(super) fn carries_sequences(&self, n: &NodeProto) -> bool {
+        let is_seq = |v: &crate::onnx::proto::ValueInfoProto| {
+            v.r#type.as_ref().is_some_and(|t| t.sequence_of().is_some())
+        };
+        // An untyped body output is a sequence where a sequence op writes it.
+        let makes_seq = |g: &GraphProto| {
+            g.node.iter().any(|b| {
+                super::sequence::MAKES_SEQUENCE.contains(&b.op_type.as_str())
+                    && b.output
+                        .iter()
+                        .any(|o| g.output.iter().any(|v| &v.name == o))
+            })
+        };
+        n.input.iter().any(|i| self.seqs.contains_key(i))
+            || subgraphs(n).any(|g| {
+                g.input.iter().chain(&g.output).any(is_seq)
+                    || makes_seq(g)
+                    || free_values(g).iter().any(|v| self.seqs.contains_key(v))
+            })
+    }
+
     /// Records the ops of `g` (and of the graphs in it) that graphrun lacks.
     fn lacked_in(&mut self, g: &GraphProto, parent: &str) {
         for (k, n) in g.node.iter().enumerate() {
@@ -226,13 +249,11 @@ impl Importer<'_> {
                 let then = graph(&mut a, "then_branch")?;
                 let other = graph(&mut a, "else_branch")?;
                 a.finish()?;
-                tensors_only(&what, &[&then, &other])?;
                 self.lower_if(&n, &what, &then, &other)
             }
             "Loop" => {
                 let body = graph(&mut a, "body")?;
                 a.finish()?;
-                tensors_only(&what, &[&body])?;
                 self.lower_loop(&n, &what, &body)
             }
             _ => {
@@ -377,8 +398,13 @@ impl Importer<'_> {
         out
     }
 
-    /// `value` as the node's output `out` (an Identity, which the passes remove).
+    /// `value` as the node's output `out` (an Identity, which the passes remove; a
+    /// sequence's elements are `out`'s).
     fn bind(&mut self, name: &str, value: &str, out: &str) {
+        if let Some(elems) = self.seqs.get(value).cloned() {
+            self.seqs.insert(out.to_string(), elems);
+            return;
+        }
         self.nodes.push(crate::graph::Node {
             name: name.to_string(),
             op: Op::Identity,
@@ -463,6 +489,39 @@ impl Importer<'_> {
         for (k, o) in n.output.iter().enumerate() {
             if o.is_empty() {
                 continue;
+            }
+            // Sequences of one length are selected element by element.
+            match (self.seqs.get(&t[k]).cloned(), self.seqs.get(&e[k]).cloned()) {
+                (None, None) => {}
+                (Some(ts), Some(es)) if ts.len() == es.len() => {
+                    let elems = ts
+                        .iter()
+                        .zip(&es)
+                        .enumerate()
+                        .map(|(j, (a, b))| {
+                            self.flow_val(
+                                &format!("{base}/select{k}_{j}"),
+                                &format!("{o}/{j}"),
+                                Op::Where,
+                                vec![c.clone(), a.clone(), b.clone()],
+                            )
+                        })
+                        .collect();
+                    self.seqs.insert(o.clone(), elems);
+                    continue;
+                }
+                (ts, es) => {
+                    let kind = |v: &str, s: &Option<Vec<String>>| match s {
+                        _ if self.empty.contains(v) => "an empty optional".to_string(),
+                        Some(s) => format!("a sequence of {}", s.len()),
+                        None => "a tensor".to_string(),
+                    };
+                    return Err(Error::Graph(format!(
+                        "{what}: its condition is known only when it runs, and output {k} is {} in then_branch and {} in else_branch; graphrun runs both branches and selects, which needs tensors or sequences of one length",
+                        kind(&t[k], &ts),
+                        kind(&e[k], &es)
+                    )));
+                }
             }
             self.nodes.push(crate::graph::Node {
                 name: format!("{base}/select{k}"),
@@ -578,6 +637,17 @@ impl Importer<'_> {
             binds.extend(values.iter().cloned());
             let outs = self.inline(what, body, &binds, &tag)?;
             let next = outs[1..=nv].to_vec();
+            if let Some(v) = outs[1..].iter().find(|v| self.seqs.contains_key(*v)) {
+                let which = match outs[1..=nv].contains(v) {
+                    true => "loop-carried",
+                    false => "scan output",
+                };
+                if masked || which == "scan output" {
+                    return Err(Error::Graph(format!(
+                        "{what}: its {which} value '{v}' is a sequence; graphrun carries a sequence through a Loop that runs a trip count known when the model is loaded, with no condition that may stop it early, and not as a scan output"
+                    )));
+                }
+            }
             if masked {
                 for (j, (new, old)) in next.iter().zip(values.clone()).enumerate() {
                     values[j] = self.flow_val(

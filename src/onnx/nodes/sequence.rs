@@ -32,6 +32,16 @@ pub(super) const SEQUENCE: &[&str] = &[
     "SequenceMap",
 ];
 
+/// The sequence ops whose outputs are sequences.
+pub(super) const MAKES_SEQUENCE: &[&str] = &[
+    "SequenceConstruct",
+    "SequenceEmpty",
+    "SequenceInsert",
+    "SequenceErase",
+    "SplitToSequence",
+    "SequenceMap",
+];
+
 /// The value name of element `i` of the sequence graph input or output `name`.
 pub fn element_name(name: &str, i: usize) -> String {
     format!("{name}[{i}]")

@@ -263,7 +263,7 @@ fn ngrams(
         }
         let k = i + 1;
         let items = &pool[start as usize..end as usize];
-        if items.len() % k != 0 {
+        if !items.len().is_multiple_of(k) {
             return Err(bad(format!(
                 "the {k}-grams take {} pool tokens, not a multiple of {k}",
                 items.len()
