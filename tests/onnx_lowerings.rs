@@ -3061,6 +3061,12 @@ fn tfidf_vectorizer_refusals_name_the_attribute() {
     odd.push(ints_attr("pool_int64s", &[1, 2, 1]));
     let e = import(odd);
     assert!(e.contains("2-grams") && e.contains("multiple of 2"), "{e}");
+    // An output column far out: refused by size, not an abort allocating it.
+    let mut far = base();
+    far[5] = ints_attr("ngram_indexes", &[0, 1 << 40, 2]);
+    far.push(ints_attr("pool_int64s", &[1, 2, 1, 2]));
+    let e = import(far);
+    assert!(e.contains("memory limit"), "{e}");
 }
 
 // ---- MelWeightMatrix ----------------------------------------------------------------------
@@ -3495,6 +3501,15 @@ fn tree_ensemble_refuses_probit_and_malformed_trees() {
         err.contains("nodes_featureids") && err.contains(&format!("for {n} nodes")),
         "{err}"
     );
+    // Targets far out: refused by size, not an abort allocating them.
+    let mut huge = e.attrs(2, 1, 0);
+    for a in huge.iter_mut() {
+        if a.name == "n_targets" {
+            a.i = 1 << 40;
+        }
+    }
+    let err = import(huge);
+    assert!(err.contains("memory limit"), "{err}");
 }
 
 // ---- Cast to FLOAT8E8M0: round_mode and saturate ------------------------------------------

@@ -270,6 +270,24 @@ fn type_name(code: i64) -> String {
     crate::tensor::onnx_dtype_name(code)
 }
 
+/// Refuses a constant of `shape` that the importer would build for `what` when it is
+/// over the memory cap (`crate::tensor::max_bytes`): a model's attributes decide such
+/// sizes, and an allocation that fails aborts.
+pub(super) fn check_size(what: &str, dt: DType, shape: &[usize]) -> Result<()> {
+    let bytes = shape
+        .iter()
+        .try_fold(dt.size(), |a, &d| a.checked_mul(d))
+        .unwrap_or(usize::MAX);
+    let cap = crate::tensor::max_bytes();
+    if bytes > cap {
+        return Err(Error::Graph(format!(
+            "{what} needs a {dt} constant of shape {} ({bytes} bytes), over the memory limit of {cap} bytes",
+            crate::tensor::fmt_shape(shape)
+        )));
+    }
+    Ok(())
+}
+
 pub(super) fn bin(b: BinaryOp) -> Op {
     Op::Binary(b)
 }

@@ -12,7 +12,7 @@
 //! (TF, IDF, TFIDF) follows. X's length need not be known: slices past its end are empty
 //! and sum to 0.
 
-use super::composite::{bin, inputs, squeeze, unsqueeze, Attrs};
+use super::composite::{bin, check_size, inputs, squeeze, unsqueeze, Attrs};
 use super::Importer;
 use crate::error::{Error, Result};
 use crate::graph::op::{Attr, ReduceKind};
@@ -191,6 +191,7 @@ impl Importer<'_> {
             } else {
                 self.val(n, "gram_counts", Op::Concat { axis: -1 }, parts)
             };
+            check_size(&what, DType::F32, &[order.len(), width])?;
             let mut scatter = vec![0f32; order.len() * width];
             for (i, &col) in order.iter().enumerate() {
                 scatter[i * width + col] = 1.0;

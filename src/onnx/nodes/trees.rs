@@ -13,7 +13,7 @@
 //! MAX; a target no leaf reaches keeps the type's largest or smallest finite value, as the
 //! reference starts from those).
 
-use super::composite::{bin, inputs, un, unsqueeze, Attrs};
+use super::composite::{bin, check_size, inputs, un, unsqueeze, Attrs};
 use super::Importer;
 use crate::error::{Error, Result};
 use crate::graph::op::{AttrValue, ReduceKind};
@@ -76,8 +76,10 @@ struct Forest {
 }
 
 /// More visits than this is a malformed ensemble (a cycle, or a DAG that unfolds
-/// exponentially), refused rather than written out.
+/// exponentially), refused rather than written out; so are paths longer than
+/// `MAX_STEPS` in all (a deep chain of nodes, each with a leaf).
 const MAX_VISITS: usize = 1 << 20;
+const MAX_STEPS: usize = 1 << 24;
 
 impl Forest {
     /// Walks every tree from its root, depth first and the true branch first: the
@@ -89,7 +91,8 @@ impl Forest {
             Exit,
         }
         let mut visits = Vec::new();
-        let mut paths = Vec::new();
+        let mut paths: Vec<Path> = Vec::new();
+        let mut steps = 0usize;
         // The sets belong to the set-membership nodes in node order, as the definition
         // lists them.
         let mut runs = self.members.split(|v| v.is_nan());
@@ -126,6 +129,12 @@ impl Forest {
                     )));
                 }
                 if leaf {
+                    steps += path.len();
+                    if steps > MAX_STEPS {
+                        return Err(Error::Graph(format!(
+                            "{what}: the paths to the leaves pass more than {MAX_STEPS} nodes in all"
+                        )));
+                    }
                     paths.push(self.leaf(what, id, &path)?);
                     continue;
                 }
@@ -336,6 +345,7 @@ impl Importer<'_> {
                         .max()
                         .unwrap_or(0)
                         .max(1);
+                    check_size(what, dt, &[v, width])?;
                     let mut sets = vec![f64::NAN; v * width];
                     for (i, s) in visits.iter().enumerate() {
                         sets[i * width..i * width + s.members.len()].copy_from_slice(&s.members);
@@ -406,6 +416,7 @@ impl Importer<'_> {
             }
             let cf = self.val(n, "cond_f", Op::Cast { to: DType::F32 }, vec![cond]);
             let p = paths.len();
+            check_size(what, DType::F32, &[v, p])?;
             let mut lit = vec![0f32; v * p];
             let mut falses = vec![0f32; p];
             let mut lens = vec![0f32; p];
@@ -461,6 +472,7 @@ impl Importer<'_> {
         dt: DType,
     ) -> Result<String> {
         let p = paths.len();
+        check_size(&format!("node '{}' (TreeEnsemble)", n.name), dt, &[p, t])?;
         if aggregate <= 1 {
             let scale = if aggregate == 0 {
                 1.0 / trees as f64
