@@ -3608,3 +3608,50 @@ fn cast_to_e8m0_rounds_as_round_mode_says_on_every_backend() {
         }
     }
 }
+
+// ---- SplitToSequence with its sizes fed -----------------------------------------------------
+
+/// A 1-D `split` fed at run time: its declared length is the number of elements, and the
+/// sizes are read when the plan is made (one plan per distinct sizes).
+#[test]
+fn split_to_sequence_with_sizes_fed_at_run_time() {
+    let x = rand(&[6, 3], 5, -1.0, 1.0);
+    for sizes in [[1i64, 3, 2], [2, 2, 2], [0, 6, 0]] {
+        let case = Case::new(
+            "SplitToSequence",
+            11,
+            vec![("x", Some(x.clone())), ("split", Some(i64s(&[3], &sizes)))],
+        )
+        .with(vec![int_attr("axis", 0)]);
+        let what = format!("SplitToSequence sizes {sizes:?}");
+        check_case(&what, &case, &[DType::F32, DType::F64], 1e-7, |v| {
+            let mut start = 0;
+            sizes
+                .iter()
+                .map(|&k| {
+                    let k = k as usize;
+                    let part = v[0][start * 3..(start + k) * 3].to_vec();
+                    start += k;
+                    (vec![k, 3], part)
+                })
+                .collect()
+        });
+    }
+    // Sizes that do not add up to the axis are refused when the plan is made.
+    let case = Case::new(
+        "SplitToSequence",
+        11,
+        vec![
+            ("x", Some(x.clone())),
+            ("split", Some(i64s(&[3], &[1, 1, 1]))),
+        ],
+    )
+    .with(vec![int_attr("axis", 0)]);
+    let mut s = Session::new(case.graph(DType::F32), SessionOptions::unfused()).unwrap();
+    let e = s
+        .run(&case.feeds(&case.args(DType::F32)))
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("Split") && e.contains("6"), "{e}");
+}

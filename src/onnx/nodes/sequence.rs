@@ -219,14 +219,38 @@ impl Importer<'_> {
                 "{what}: {parts} parts would be more than the {MAX_STEPS} elements graphrun writes a sequence out to"
             ))
         };
-        let split = match &opt[0] {
-            None => None,
-            Some(s) => Some(self.constant_value(s).ok_or_else(|| {
-                Error::Graph(format!(
-                    "{what}: its split '{s}' is not known when the model is loaded (a constant or initializer)"
-                ))
-            })?),
-        };
+        // A 1-D split fed at run time: its length, declared, is the number of elements,
+        // and Split reads the sizes when the plan is made.
+        if let Some(s) = opt[0].as_ref().filter(|s| self.constant_value(s).is_none()) {
+            let parts = match self.dims.get(s).map(Vec::as_slice) {
+                Some(&[Some(l)]) => l,
+                _ => {
+                    return Err(Error::Graph(format!(
+                        "{what}: its split '{s}' is not known when the model is loaded (a constant or initializer), nor is it a list of declared length"
+                    )))
+                }
+            };
+            if parts > MAX_STEPS {
+                return Err(too_long(parts));
+            }
+            let items: Vec<String> = (0..parts)
+                .map(|i| self.fresh(&format!("{out}/{i}")))
+                .collect();
+            self.nodes.push(Node {
+                name: n.name.clone(),
+                op: Op::Split {
+                    axis,
+                    split: None,
+                    num_outputs: None,
+                },
+                inputs: vec![x, s.clone()],
+                outputs: items.clone(),
+                loc: None,
+            });
+            self.seqs.insert(out.to_string(), items);
+            return Ok(());
+        }
+        let split = opt[0].as_ref().and_then(|s| self.constant_value(s));
         let sizes: Vec<i64> = match &split {
             None if size > MAX_STEPS => return Err(too_long(size)),
             None => vec![1; size],
