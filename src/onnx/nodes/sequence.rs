@@ -195,6 +195,33 @@ impl Importer<'_> {
         Ok(())
     }
 
+    /// A Split of `inputs` into `count` parts named after the sequence `out`.
+    fn split_parts(
+        &mut self,
+        n: &NodeProto,
+        out: &str,
+        axis: i64,
+        split: Option<Vec<i64>>,
+        inputs: Vec<String>,
+        count: usize,
+    ) -> Vec<String> {
+        let parts: Vec<String> = (0..count)
+            .map(|i| self.fresh(&format!("{out}/{i}")))
+            .collect();
+        self.nodes.push(Node {
+            name: n.name.clone(),
+            op: Op::Split {
+                axis,
+                split,
+                num_outputs: None,
+            },
+            inputs,
+            outputs: parts.clone(),
+            loc: None,
+        });
+        parts
+    }
+
     /// SplitToSequence: a Split into the parts its `split` input (or its absence) makes of
     /// the input's size along `axis`, each part an element.
     fn split_to_sequence(&mut self, n: &NodeProto, what: &str, out: &str) -> Result<()> {
@@ -233,20 +260,7 @@ impl Importer<'_> {
             if parts > MAX_STEPS {
                 return Err(too_long(parts));
             }
-            let items: Vec<String> = (0..parts)
-                .map(|i| self.fresh(&format!("{out}/{i}")))
-                .collect();
-            self.nodes.push(Node {
-                name: n.name.clone(),
-                op: Op::Split {
-                    axis,
-                    split: None,
-                    num_outputs: None,
-                },
-                inputs: vec![x, s.clone()],
-                outputs: items.clone(),
-                loc: None,
-            });
+            let items = self.split_parts(n, out, axis, None, vec![x, s.clone()], parts);
             self.seqs.insert(out.to_string(), items);
             return Ok(());
         }
@@ -276,20 +290,8 @@ impl Importer<'_> {
             )));
         }
         let squeeze = split.is_none() && keepdims == 0;
-        let parts: Vec<String> = (0..sizes.len())
-            .map(|i| self.fresh(&format!("{out}/{i}")))
-            .collect();
-        self.nodes.push(Node {
-            name: n.name.clone(),
-            op: Op::Split {
-                axis,
-                split: Some(sizes),
-                num_outputs: None,
-            },
-            inputs: vec![x],
-            outputs: parts.clone(),
-            loc: None,
-        });
+        let count = sizes.len();
+        let parts = self.split_parts(n, out, axis, Some(sizes), vec![x], count);
         let items = if squeeze {
             parts
                 .into_iter()
