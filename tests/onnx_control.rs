@@ -1000,6 +1000,19 @@ fn flex_attention_refusals() {
     assert!(e.contains("not a multiple of 3"), "{e}");
 }
 
+/// A Loop body's inputs: the iteration count, the condition `cond` and an untyped
+/// loop-carried sequence `s_in`.
+fn sequence_loop_inputs(cond: &str) -> Vec<ValueInfoProto> {
+    vec![
+        input("i", DType::I64, &[]),
+        input(cond, DType::Bool, &[]),
+        ValueInfoProto {
+            name: "s_in".into(),
+            ..Default::default()
+        },
+    ]
+}
+
 /// A sequence through a Loop of known trip count (built up by SequenceInsert, the body
 /// also reading an element of a sequence of the graph around it, as SequenceMap's
 /// function body does) and through an If whose condition is fed (both branches give a
@@ -1015,14 +1028,7 @@ fn sequences_through_loop_and_if_on_every_backend_with_gradients() {
             n("Add", &["prod", "i_f"], &["t"], vec![]),
             n("SequenceInsert", &["s_in", "t"], &["s_out"], vec![]),
         ],
-        vec![
-            input("i", DType::I64, &[]),
-            input("c", DType::Bool, &[]),
-            ValueInfoProto {
-                name: "s_in".into(),
-                ..Default::default()
-            },
-        ],
+        sequence_loop_inputs("c"),
         &["c_out", "s_out"],
     );
     let then = body(
@@ -1174,14 +1180,7 @@ fn sequences_through_control_flow_refusals() {
             n("Identity", &["cond"], &["cond_out"], vec![]),
             n("SequenceInsert", &["s_in", "a"], &["s_out"], vec![]),
         ],
-        vec![
-            input("i", DType::I64, &[]),
-            input("cond", DType::Bool, &[]),
-            ValueInfoProto {
-                name: "s_in".into(),
-                ..Default::default()
-            },
-        ],
+        sequence_loop_inputs("cond"),
         &["cond_out", "s_out"],
     );
     let e = import(

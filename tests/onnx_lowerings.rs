@@ -918,14 +918,7 @@ fn windows_on_every_backend() {
                         if !computes(backend, out_dt) {
                             continue;
                         }
-                        let opts = SessionOptions {
-                            backend,
-                            ..SessionOptions::unfused()
-                        };
-                        let mut s = Session::new(case.graph(DType::F32), opts).unwrap();
-                        let got = s
-                            .run(&case.feeds(&case.args(DType::F32)))
-                            .unwrap_or_else(|e| panic!("{what} on {backend:?}: {e}"));
+                        let got = case.run_on(&case.graph(DType::F32), backend, DType::F32, &what);
                         let y = &got[0].1;
                         let (shape, want) = reference(&[]).remove(0);
                         assert_eq!((y.dtype(), y.shape()), (out_dt, &shape[..]), "{what}");
@@ -3138,14 +3131,7 @@ fn mel_weight_matrix_matches_the_reference_on_every_backend() {
                 if !computes(backend, DType::F64) {
                     continue;
                 }
-                let opts = SessionOptions {
-                    backend,
-                    ..SessionOptions::unfused()
-                };
-                let mut s = Session::new(case.graph(DType::F32), opts).unwrap();
-                let got = s
-                    .run(&case.feeds(&case.args(DType::F32)))
-                    .unwrap_or_else(|e| panic!("{what} on {backend:?}: {e}"));
+                let got = case.run_on(&case.graph(DType::F32), backend, DType::F32, &what);
                 assert_eq!(got[0].1.dtype(), out_dt, "{what} on {backend:?}");
                 assert_outputs(
                     &format!("{what} on {backend:?}"),
@@ -3591,13 +3577,7 @@ fn cast_to_e8m0_rounds_as_round_mode_says_on_every_backend() {
                     let what = format!(
                         "Cast {dt} to f8e8m0 round {round} saturate {saturate} on {backend:?}"
                     );
-                    let opts = SessionOptions {
-                        backend,
-                        ..SessionOptions::unfused()
-                    };
-                    let got = Session::new(g.clone(), opts)
-                        .and_then(|mut s| s.run(&case.feeds(&[Some(x.clone())])))
-                        .unwrap_or_else(|e| panic!("{what}: {e}"));
+                    let got = case.run_on(&g, backend, dt, &what);
                     let y = &got[0].1;
                     assert_eq!(y.dtype(), DType::F8E8M0, "{what}");
                     for (i, (&g, &w)) in y.bytes().iter().zip(&want).enumerate() {

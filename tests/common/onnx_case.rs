@@ -78,6 +78,22 @@ impl Case {
         import_one_node(n, self.opset, infos, vec![])
             .unwrap_or_else(|e| panic!("{}: import: {e}", self.op))
     }
+    /// Runs `g` (this case's graph for `dt`) unfused on `backend`, fed the inputs in `dt`.
+    pub fn run_on(
+        &self,
+        g: &graphrun::Graph,
+        backend: graphrun::BackendKind,
+        dt: DType,
+        what: &str,
+    ) -> Vec<(String, Tensor)> {
+        let opts = SessionOptions {
+            backend,
+            ..SessionOptions::unfused()
+        };
+        Session::new(g.clone(), opts)
+            .and_then(|mut s| s.run(&self.feeds(&self.args(dt))))
+            .unwrap_or_else(|e| panic!("{what} on {backend:?}: {e}"))
+    }
     pub fn feeds(&self, args: &[Option<Tensor>]) -> HashMap<String, Tensor> {
         self.inputs
             .iter()
@@ -109,14 +125,7 @@ pub fn check_case(
             if !computes(backend, dt) {
                 continue;
             }
-            let opts = SessionOptions {
-                backend,
-                ..SessionOptions::unfused()
-            };
-            let mut s = Session::new(g.clone(), opts).unwrap();
-            let got = s
-                .run(&case.feeds(&args))
-                .unwrap_or_else(|e| panic!("{what} {dt} on {backend:?}: {e}"));
+            let got = case.run_on(&g, backend, dt, &format!("{what} {dt}"));
             assert_outputs(
                 &format!("{what} {dt} on {backend:?}"),
                 &got,

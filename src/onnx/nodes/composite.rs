@@ -429,6 +429,16 @@ impl Importer<'_> {
         )))
     }
 
+    /// The logical negation of the bool value `v` (v = false).
+    pub(super) fn not(&mut self, n: &NodeProto, what: &str, v: String) -> Result<String> {
+        let f = self.constant(
+            n,
+            &format!("{what}_false"),
+            Tensor::from_f64(DType::Bool, &[], &[0.0])?,
+        );
+        Ok(self.val(n, what, bin(BinaryOp::Equal), vec![v, f]))
+    }
+
     /// `kind` over `axes` of x.
     pub(super) fn reduce(
         &mut self,

@@ -12,7 +12,7 @@
 //! (TF, IDF, TFIDF) follows. X's length need not be known: slices past its end are empty
 //! and sum to 0.
 
-use super::composite::{bin, check_size, inputs, squeeze, unsqueeze, Attrs};
+use super::composite::{bin, check_size, inputs, squeeze, unsqueeze, Attrs, Axes};
 use super::Importer;
 use crate::error::{Error, Result};
 use crate::graph::op::{Attr, ReduceKind};
@@ -159,16 +159,13 @@ impl Importer<'_> {
                     Op::Cast { to: DType::F32 },
                     vec![hit],
                 );
-                let c = self.val(
+                let c = self.reduce(
                     n,
                     &format!("{tag}_count"),
-                    Op::Reduce {
-                        kind: ReduceKind::Sum,
-                        axes: Some(vec![-1]),
-                        keepdims: false,
-                        noop_with_empty_axes: false,
-                    },
-                    vec![hit],
+                    ReduceKind::Sum,
+                    &hit,
+                    &Axes::Fixed(vec![-1]),
+                    false,
                 );
                 total = Some(match total {
                     None => c,

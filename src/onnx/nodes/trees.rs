@@ -13,7 +13,7 @@
 //! MAX; a target no leaf reaches keeps the type's largest or smallest finite value, as the
 //! reference starts from those).
 
-use super::composite::{bin, check_size, inputs, un, unsqueeze, Attrs};
+use super::composite::{bin, check_size, inputs, un, unsqueeze, Attrs, Axes};
 use super::Importer;
 use crate::error::{Error, Result};
 use crate::graph::op::{AttrValue, ReduceKind};
@@ -354,16 +354,13 @@ impl Importer<'_> {
                     let x3 = self.val(n, "gathered3", unsqueeze(2), vec![xg.clone()]);
                     let eq = self.val(n, "in_set", bin(BinaryOp::Equal), vec![x3, sets]);
                     let eq = self.val(n, "in_set_f", Op::Cast { to: DType::F32 }, vec![eq]);
-                    let any = self.val(
+                    let any = self.reduce(
                         n,
                         "in_set_any",
-                        Op::Reduce {
-                            kind: ReduceKind::Max,
-                            axes: Some(vec![2]),
-                            keepdims: false,
-                            noop_with_empty_axes: false,
-                        },
-                        vec![eq],
+                        ReduceKind::Max,
+                        &eq,
+                        &Axes::Fixed(vec![2]),
+                        false,
                     );
                     let zero = self.constant(n, "zero_f", Tensor::scalar(0f32));
                     self.val(n, "member", bin(BinaryOp::Greater), vec![any, zero])
@@ -381,9 +378,7 @@ impl Importer<'_> {
                     let c = self.val(n, &tag, bin(op), ins.to_vec());
                     if mode == Mode::Neq {
                         // x != s, NaN included, as Python's != is.
-                        let f =
-                            self.constant(n, "false", Tensor::from_f64(DType::Bool, &[], &[0.0])?);
-                        self.val(n, "neq", bin(BinaryOp::Equal), vec![c, f])
+                        self.not(n, "neq", c)?
                     } else {
                         c
                     }
@@ -409,8 +404,7 @@ impl Importer<'_> {
                 let m: Vec<f64> = visits.iter().map(|s| s.missing_true as u8 as f64).collect();
                 let m = self.constant(n, "missing_true", Tensor::from_f64(DType::Bool, &[v], &m)?);
                 let same = self.val(n, "self_equal", bin(BinaryOp::Equal), vec![xg.clone(), xg]);
-                let f = self.constant(n, "false_nan", Tensor::from_f64(DType::Bool, &[], &[0.0])?);
-                let nan = self.val(n, "is_nan", bin(BinaryOp::Equal), vec![same, f]);
+                let nan = self.not(n, "is_nan", same)?;
                 let nan = self.val(n, "nan_true", bin(BinaryOp::And), vec![nan, m]);
                 cond = self.val(n, "cond", bin(BinaryOp::Or), vec![cond, nan]);
             }
@@ -514,16 +508,13 @@ impl Importer<'_> {
         let on = self.val(n, "contributes", bin(BinaryOp::And), vec![r3, hit]);
         let far = self.constant(n, "far", Tensor::from_f64(dt, &[], &[sign * far])?);
         let vals = self.val(n, "contributions", Op::Where, vec![on, w, far]);
-        let best = self.val(
+        let best = self.reduce(
             n,
             "best",
-            Op::Reduce {
-                kind: ReduceKind::Max,
-                axes: Some(vec![1]),
-                keepdims: false,
-                noop_with_empty_axes: false,
-            },
-            vec![vals],
+            ReduceKind::Max,
+            &vals,
+            &Axes::Fixed(vec![1]),
+            false,
         );
         Ok(if min {
             self.val(n, "scores", un(UnaryOp::Neg), vec![best])
@@ -541,35 +532,15 @@ impl Importer<'_> {
             bin(BinaryOp::Equal),
             vec![y.clone(), zero.clone()],
         );
-        let f = self.constant(n, "sz_false", Tensor::from_f64(DType::Bool, &[], &[0.0])?);
-        let nz = self.val(n, "sz_kept", bin(BinaryOp::Equal), vec![nz, f]);
+        let nz = self.not(n, "sz_kept", nz)?;
         let neg = self.float_like(n, "sz_lowest", f32::MIN, &y);
         let m = self.val(n, "sz_masked", Op::Where, vec![nz.clone(), y.clone(), neg]);
-        let max = self.val(
-            n,
-            "sz_max",
-            Op::Reduce {
-                kind: ReduceKind::Max,
-                axes: Some(vec![-1]),
-                keepdims: true,
-                noop_with_empty_axes: false,
-            },
-            vec![m],
-        );
+        let last = Axes::Fixed(vec![-1]);
+        let max = self.reduce(n, "sz_max", ReduceKind::Max, &m, &last, true);
         let d = self.val(n, "sz_shift", bin(BinaryOp::Sub), vec![y, max]);
         let e = self.val(n, "sz_exp", un(UnaryOp::Exp), vec![d]);
         let e = self.val(n, "sz_exp_kept", Op::Where, vec![nz, e, zero]);
-        let s = self.val(
-            n,
-            "sz_sum",
-            Op::Reduce {
-                kind: ReduceKind::Sum,
-                axes: Some(vec![-1]),
-                keepdims: true,
-                noop_with_empty_axes: false,
-            },
-            vec![e.clone()],
-        );
+        let s = self.reduce(n, "sz_sum", ReduceKind::Sum, &e, &last, true);
         Ok(self.val(n, "sz", bin(BinaryOp::Div), vec![e, s]))
     }
 }
