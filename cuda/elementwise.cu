@@ -161,6 +161,34 @@ template <class T> __device__ void act_epilogue_k(const T* pre, const T* res, T*
     }
 }
 
+// A channels-last convolution's result x `[batch, P, C]` back in channels-first order with
+// FusedConv's epilogue: s = x[b][p][c] + bias[c] + res[b][c][p], pre[b][c][p] = s and
+// y[b][c][p] = act(s) (bias, res and pre may be null). One pass instead of a transpose,
+// then a bias, a residual and an activation pass; tiles and grid as `transpose_k`
+// (shape.cu).
+template <class T> __device__ void conv_out_k(const T* x, const T* bias, const T* res, T* pre, T* y, i64 rows, i64 cols, int op) {
+    typedef typename Num<T>::A A;
+    __shared__ A tile[32][33];
+    const i64 b = blockIdx.z, r0 = (i64)blockIdx.y * 32, c0 = (i64)blockIdx.x * 32;
+    const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
+    const i64 at = b * rows * cols;
+    for (int i = ty; i < 32; i += 8) {
+        i64 r = r0 + i, c = c0 + tx;
+        if (r < rows && c < cols) tile[i][tx] = ld(x[at + r * cols + c]) + (bias ? ld(bias[c]) : (A)0);
+    }
+    __syncthreads();
+    for (int i = ty; i < 32; i += 8) {
+        i64 c = c0 + i, r = r0 + tx;
+        if (r < rows && c < cols) {
+            i64 o = at + c * rows + r;
+            A v = tile[tx][i];
+            if (res) v += ld(res[o]);
+            if (pre) pre[o] = st<T>(v);
+            y[o] = st<T>(act_fwd<A>(op, v, (A)0, (A)0));
+        }
+    }
+}
+
 // The two maps above 16 bytes a thread, where every operand is contiguous with the output
 // (the residual may be null) and `nv` vectors cover it; the host checks alignment.
 template <class T> union EVec { uint4 u; T t[16 / sizeof(T)]; };
@@ -670,6 +698,7 @@ template <class T> __device__ void narrow_cast_k(const void* xv, void* yv, i64 n
     extern "C" __global__ void unary_grad_##S(const T* dy, const T* x, T* dx, Strided s, i64 n, int op, float alpha, float beta) { unary_grad_k<T>(dy, x, dx, s, n, op, alpha, beta); } \
     extern "C" __global__ void act_epilogue_##S(const T* p, const T* r, T* y, Strided s, i64 n, int op) { act_epilogue_k<T>(p, r, y, s, n, op); } \
     extern "C" __global__ void unary_grad_vec_##S(const T* dy, const T* x, T* dx, i64 nv, int op, float alpha, float beta) { unary_grad_vec_k<T>(dy, x, dx, nv, op, alpha, beta); } \
+    extern "C" __global__ void conv_out_##S(const T* x, const T* b, const T* r, T* p, T* y, i64 rows, i64 cols, int op) { conv_out_k<T>(x, b, r, p, y, rows, cols, op); } \
     extern "C" __global__ void act_epilogue_vec_##S(const T* p, const T* r, T* y, i64 nv, int op) { act_epilogue_vec_k<T>(p, r, y, nv, op); } \
     extern "C" __global__ void glu_##S(const T* g, const T* u, T* y, i64 n, int op, int vec) { glu_k<T>(g, u, y, n, op, vec); } \
     extern "C" __global__ void glu_grad_##S(const T* dy, const T* g, const T* u, T* dg, T* du, i64 n, int op, int vec) { glu_grad_k<T>(dy, g, u, dg, du, n, op, vec); } \

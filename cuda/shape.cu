@@ -1,5 +1,6 @@
 // Shape family: one strided copy serves Transpose, Slice, Concat, Split, Expand and
-// SliceGrad (each is a walk over some shape with source and destination strides); Gather
+// SliceGrad (each is a walk over some shape with source and destination strides); tiled
+// batched transposes (channels-first <-> channels-last); Gather
 // and its deterministic scatter-add (GatherGrad, PadGrad); Pad; ScatterElements/ScatterND.
 
 // y[offset(s, 1, i)] = x[offset(s, 0, i)] over the shape of `s`.
@@ -147,13 +148,36 @@ template <class T> __device__ void col2im_k(const T* cols, T* y, WinGeom g, i64 
 // 16-byte words: a strided copy whose innermost dim is contiguous on both sides moves
 // 16 bytes per index computation (the host divides the walk into such words).
 struct __align__(16) w16 { unsigned x, y, z, w; };
+// Batched transposes y[b][j][i] = x[b][i][j] for x `[batch, rows, cols]`: the channels-first
+// <-> channels-last copies around cuDNN's NHWC convolutions (src/backends/cuda/conv.rs).
+// Through a 32x32 tile in shared memory, so that reads and writes are both coalesced (the
+// strided copy would make one side 32 times as many transactions). Grid (tiles of cols,
+// tiles of rows, batch), 256 threads: each moves 4 elements of its tile each way.
+template <class W> __device__ void transpose_k(const W* x, W* y, i64 rows, i64 cols) {
+    __shared__ W tile[32][33];
+    const i64 b = blockIdx.z, r0 = (i64)blockIdx.y * 32, c0 = (i64)blockIdx.x * 32;
+    const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
+    x += b * rows * cols;
+    y += b * rows * cols;
+    for (int i = ty; i < 32; i += 8) {
+        i64 r = r0 + i, c = c0 + tx;
+        if (r < rows && c < cols) tile[i][tx] = x[r * cols + c];
+    }
+    __syncthreads();
+    for (int i = ty; i < 32; i += 8) {
+        i64 c = c0 + i, r = r0 + tx;
+        if (r < rows && c < cols) y[c * rows + r] = tile[tx][i];
+    }
+}
+
 extern "C" __global__ void copy_w16(const w16* x, w16* y, Strided s, i64 n) { copy_k<w16>(x, y, s, n); }
 
 #define INST_SHAPE_WORD(W, S)                                                                     \
     extern "C" __global__ void copy_##S(const W* x, W* y, Strided s, i64 n) { copy_k<W>(x, y, s, n); } \
     extern "C" __global__ void gather_##S(const W* x, const i64* ids, W* o, i64 nq, i64 d, i64 inner, i64 n) { gather_k<W>(x, ids, o, nq, d, inner, n); } \
     extern "C" __global__ void pad_##S(const W* x, const i64* offs, const W* c, W* o, i64 n) { pad_k<W>(x, offs, c, o, n); } \
-    extern "C" __global__ void im2col_##S(const W* x, W* y, u64 p, u64 b, WinGeom g, i64 n) { im2col_k<W>(x, y, p, b, g, n); }
+    extern "C" __global__ void im2col_##S(const W* x, W* y, u64 p, u64 b, WinGeom g, i64 n) { im2col_k<W>(x, y, p, b, g, n); } \
+    extern "C" __global__ void transpose_##S(const W* x, W* y, i64 rows, i64 cols) { transpose_k<W>(x, y, rows, cols); }
 FOR_WORDS(INST_SHAPE_WORD)
 
 #define INST_SHAPE_FLOAT(T, S) \

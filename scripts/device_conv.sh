@@ -5,7 +5,7 @@
 # bench` on CUDA in bf16 (forward at batch 1 and 32, forward + backward at batch 64) beside
 # PyTorch eager from the bench reference script (carried as DEST/real_reference.py) in the
 # same call (`torch`: eager and torch.compile; the compiles take most of a call).
-#   bash DEST/device_conv.sh [tests] [bench] [torch]
+#   [SKIP_TESTS="cuda ..."] [LIB_FILTER=cuda] [TUNES="cuda_conv= ..."] bash DEST/device_conv.sh [tests] [bench] [torch]
 set -u
 C=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/out}
@@ -24,7 +24,10 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 if [[ $what == *tests* ]]; then
     for t in $X/tests/*; do
         n=$(basename $t)
-        (cd /work/main && timeout 300 $t --test-threads=4 > $R/test_$n.log 2>&1)
+        [[ " ${SKIP_TESTS:-} " == *" $n "* ]] && continue
+        # The library's unit tests (carried as "lib"): those LIB_FILTER names.
+        filter=; [ $n = graphrun ] && filter=${LIB_FILTER:-cuda}
+        (cd /work/main && timeout 300 $t $filter --test-threads=4 > $R/test_$n.log 2>&1)
         echo "== $n rc=$? $(grep -E '^test result' $R/test_$n.log | tail -n 1)"
         grep -E "^test .* FAILED$|panicked at" -A4 $R/test_$n.log | head -n 30
     done
@@ -40,7 +43,7 @@ print("exported /tmp/resnet50.onnx")
 PY
     # cuDNN (the default where it is found), and the Im2Col + cuBLASLt path beside it
     # (TUNES); this build and, where carried, the base build's (graphrun_base) in turn.
-    for tune in ${TUNES:-cuda_cudnn=1 cuda_cudnn=0}; do
+    for tune in ${TUNES:-cuda_conv= cuda_conv=cudnn cuda_conv=columns}; do
         for G in $X/graphrun $X/graphrun_base; do
             [ -x $G ] || continue
             g=$(basename $G)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Packs DEST/bin.txz from this tree's builds: target/release/graphrun, the test executables
-# TESTS names (test profile) and BASE_BIN as graphrun_base if given, stripped. Part of
+# TESTS names (test profile; "lib" the library's unit tests) and BASE_BIN as graphrun_base if given, stripped. Part of
 # scripts/carry_ops.sh; alone, it refreshes a carry after a source change that left the
 # kernels (DEST/kcache) as they were.
 #   TESTS="cuda zoo" [BASE_BIN=PATH] scripts/pack_bin.sh DEST
@@ -11,7 +11,8 @@ TESTS=${TESTS:-"cuda"}
 cargo build --release
 B=$(mktemp -d)
 mkdir -p "$B/tests"
-cargo test --no-run $(for t in $TESTS; do echo --test $t; done) --message-format=json 2>/dev/null |
+# "lib" names the library's own unit tests (run them on the device with a filter).
+cargo test --no-run $(for t in $TESTS; do [ $t = lib ] && echo --lib || echo --test $t; done) --message-format=json 2>/dev/null |
     python3 -c '
 import sys, json
 for l in sys.stdin:

@@ -1,5 +1,5 @@
 //! CUDA convolutions on the path taken where cuDNN is missing (Im2Col columns and
-//! cuBLASLt), forced by `Tuning::cuda_cudnn = false`, against the CPU: its own test
+//! cuBLASLt), forced by `Tuning::cuda_conv = "columns"`, against the CPU: its own test
 //! executable, since the tuning is process-wide. Skips where there is no GPU.
 
 mod common;
@@ -13,7 +13,7 @@ fn convolutions_without_cudnn_match_the_cpu() {
         return;
     }
     graphrun::set_tuning(graphrun::Tuning {
-        cuda_cudnn: false,
+        cuda_conv: "columns".into(),
         ..graphrun::tuning()
     });
     conv_matrix::convolutions_match_the_cpu(&[graphrun::BackendKind::Cuda]);

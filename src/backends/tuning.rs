@@ -90,9 +90,12 @@ pub struct Tuning {
     /// step with one bucket, 2.564 with 8 MiB buckets, 2.569 with 2 MiB;
     /// docs/BENCHMARKS.md).
     pub dp_bucket_bytes: usize,
-    /// CUDA convolutions through cuDNN where it is found (off: Im2Col columns in scratch
-    /// and cuBLASLt, the path taken without cuDNN; for testing it and comparing the two).
-    pub cuda_cudnn: bool,
+    /// How CUDA convolutions run ("" = the fastest way for each shape, timed at its first
+    /// eager call): `columns` Im2Col columns in scratch and cuBLASLt products (the path
+    /// taken without cuDNN), `cudnn` cuDNN on the channels-first tensors as they are,
+    /// `nhwc` cuDNN's channels-last kernels on transposed copies. A way forced here that
+    /// cannot run a 16- or 32-bit convolution is an error, so that tests know it ran.
+    pub cuda_conv: String,
 }
 
 impl Tuning {
@@ -112,7 +115,7 @@ impl Tuning {
         cpu_dot_products: true,
         dp_stream_priority: None,
         dp_bucket_bytes: 64 << 20,
-        cuda_cudnn: true,
+        cuda_conv: String::new(),
     };
 
     /// The keys `set` takes: the field names.
@@ -131,7 +134,7 @@ impl Tuning {
         "cpu_dot_products",
         "dp_stream_priority",
         "dp_bucket_bytes",
-        "cuda_cudnn",
+        "cuda_conv",
     ];
 
     /// Sets one switch by its field name. Switches on or off take 1/0, true/false or
@@ -164,7 +167,12 @@ impl Tuning {
             "wgpu_subgroups" => self.wgpu_subgroups = flag()?,
             "k_major_weights" => self.k_major_weights = flag()?,
             "cpu_dot_products" => self.cpu_dot_products = flag()?,
-            "cuda_cudnn" => self.cuda_cudnn = flag()?,
+            "cuda_conv" => {
+                if !["", "columns", "cudnn", "nhwc"].contains(&v) {
+                    return Err(bad("columns, cudnn, nhwc or nothing"));
+                }
+                self.cuda_conv = v.to_string()
+            }
             "dp_stream_priority" => {
                 self.dp_stream_priority = match v {
                     "default" => None,

@@ -1,24 +1,41 @@
-//! Conv and ConvGrad on CUDA: through cuDNN where it is found and takes the convolution
-//! (cudnn.rs), or as cuBLASLt products over Im2Col columns in scratch (Col2Im for dX), or
-//! over the image itself for a 1×1 stride-1 convolution. Where both can run, the first
-//! eager call of each shape times both and keeps the faster: cuDNN's NCHW kernels win at
-//! large batches, the products over columns at batch 1 (ResNet-50 on the H100, bf16:
-//! docs/BENCHMARKS.md).
+//! Conv and ConvGrad on CUDA, three ways: cuBLASLt products over Im2Col columns in scratch
+//! (Col2Im for dX; over the image itself for a 1×1 stride-1 convolution), cuDNN on the
+//! channels-first tensors as they are (cudnn.rs), and cuDNN's channels-last kernels on
+//! transposed copies. Where more than one can run, the first eager call of each shape
+//! times them and keeps the fastest. cuDNN's tensor-core kernels want NHWC: with the
+//! tensors channels-first it runs 16-bit convolutions far below them, so much that the
+//! copies both ways are cheaper (ResNet-50 on the H100: docs/BENCHMARKS.md). The copy back
+//! carries FusedConv's bias, residual and activation in the same pass. The products over
+//! columns win at batch 1.
 
-use super::cudnn::{ConvShape, Which};
-use super::device::{strides, word, Arg, Strided};
+use super::cudnn::{ConvShape, Cudnn, Which};
+use super::device::{launch_grid, strides, suffix, word, Arg, Strided};
 use super::elementwise::{act_epilogue, binary};
 use super::matmul::strided_batch;
 use super::shape::{col2im_geom, im2col_geom};
 use super::{Cuda, V};
-use crate::backends::common::{self, ConvGeom};
+use crate::backends::common::{self, act_code, ConvGeom};
 use crate::error::Result;
 use crate::graph::{Activation, BinaryOp, Node};
 use crate::tensor::DType;
 
+/// How a convolution runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Way {
+    /// cuBLASLt products over Im2Col columns.
+    Columns,
+    /// cuDNN on the channels-first tensors.
+    Cudnn,
+    /// cuDNN channels-last, on transposed copies.
+    Nhwc,
+}
+
+/// cuDNN and the shape it takes, for its two ways.
+type Dnn<'a> = Option<(&'a Cudnn, &'a ConvShape)>;
+
 /// cuDNN's description of a convolution, when its padding is symmetric (cuDNN takes one
 /// pad per axis).
-fn cudnn_shape(cg: &ConvGeom, dt: DType) -> Option<ConvShape> {
+fn cudnn_shape(cg: &ConvGeom, dt: DType, nhwc: bool) -> Option<ConvShape> {
     let g = &cg.g;
     let r = cg.rank;
     let tail = |a: [usize; 3]| a[3 - r..].to_vec();
@@ -34,34 +51,165 @@ fn cudnn_shape(cg: &ConvGeom, dt: DType) -> Option<ConvShape> {
         pads: tail(g.begin),
         strides: tail(g.strides),
         dilations: tail(g.dilations),
+        nhwc,
     })
 }
 
+/// The grid of a tiled transpose of `[batch, rows, cols]` (cuda/shape.cu `transpose_k`);
+/// None past CUDA's grid limits.
+fn tiles(batch: usize, rows: usize, cols: usize) -> Option<(u32, u32, u32)> {
+    let (x, y) = (cols.div_ceil(32), rows.div_ceil(32));
+    (x <= i32::MAX as usize && y <= 65535 && batch <= 65535).then_some((
+        x as u32,
+        y as u32,
+        batch as u32,
+    ))
+}
+
+/// Whether every copy of the channels-last way fits a grid, and the type is one its
+/// kernels are for.
+fn nhwc_fits(cg: &ConvGeom, dt: DType) -> bool {
+    let g = &cg.g;
+    matches!(dt, DType::F16 | DType::BF16 | DType::F32)
+        && [
+            (g.n, g.c, g.hw()),
+            (g.n, cg.m, g.l()),
+            (cg.m, cg.cg(), g.k()),
+            (g.n, g.hw(), g.c),
+            (g.n, g.l(), cg.m),
+            (cg.m, g.k(), cg.cg()),
+        ]
+        .iter()
+        .all(|&(b, r, c)| tiles(b, r, c).is_some())
+}
+
+/// Transposes `[batch, rows, cols]` at `src` into `[batch, cols, rows]` at `dst`.
+fn transpose(
+    c: &Cuda,
+    dt: DType,
+    src: u64,
+    dst: u64,
+    [batch, rows, cols]: [usize; 3],
+) -> Result<()> {
+    let Some(grid) = tiles(batch, rows, cols) else {
+        crate::bail!(
+            Runtime,
+            "internal: a transpose of [{batch}, {rows}, {cols}] past the grid"
+        );
+    };
+    let args = [
+        Arg::Ptr(src),
+        Arg::Ptr(dst),
+        Arg::I64(rows as i64),
+        Arg::I64(cols as i64),
+    ];
+    let name = format!("transpose_{}", word(dt));
+    launch_grid(&c.dev, &c.stream, &name, grid, 256, 0, &args)
+}
+
+/// `[batch, ch, sp]` at `src` channels-last, in scratch (or `src` itself where the
+/// transpose changes nothing: one channel or one position).
+fn to_last(c: &Cuda, dt: DType, src: u64, [batch, ch, sp]: [usize; 3]) -> Result<u64> {
+    if ch == 1 || sp == 1 {
+        return Ok(src);
+    }
+    let dst = c.scratch(batch * ch * sp * dt.size())?;
+    transpose(c, dt, src, dst, [batch, ch, sp])?;
+    Ok(dst)
+}
+
+/// Where a channels-last result `[batch, sp, ch]` goes before `back` copies it to `dst`:
+/// scratch, or `dst` itself where the order is the same.
+fn staged(c: &Cuda, dt: DType, dst: u64, [batch, sp, ch]: [usize; 3]) -> Result<u64> {
+    match ch == 1 || sp == 1 {
+        true => Ok(dst),
+        false => c.scratch(batch * ch * sp * dt.size()),
+    }
+}
+
+/// `staged`'s counterpart: the channels-last `[batch, sp, ch]` at `src` into `dst`
+/// channels-first.
+fn back(c: &Cuda, dt: DType, src: u64, dst: u64, dims: [usize; 3]) -> Result<()> {
+    match src == dst {
+        true => Ok(()),
+        false => transpose(c, dt, src, dst, dims),
+    }
+}
+
 impl Cuda {
-    /// Runs convolution `which` on `ptrs` (its two inputs and output, as `Cudnn::conv`
-    /// takes them) by cuDNN or by `fallback`, whichever the shape's first eager call
-    /// measured faster.
+    /// Runs convolution `which` by `run` in the way chosen for its shape: forced by the
+    /// `cuda_conv` tuning, else the fastest at the shape's first eager call. `run` is given
+    /// the way and, for cuDNN's ways, the library and the shape it takes; it returns false
+    /// where cuDNN found no algorithm that runs (then the columns take it).
     fn conv_by_choice(
         &self,
         which: Which,
         cg: &ConvGeom,
         dt: DType,
-        ptrs: (u64, u64, u64),
-        bias: Option<u64>,
-        fallback: &dyn Fn() -> Result<()>,
+        run: &dyn Fn(Way, Dnn) -> Result<bool>,
     ) -> Result<()> {
-        let dnn = match crate::backends::tuning::tuning().cuda_cudnn {
-            true => self.cudnn()?,
-            false => None,
+        let forced = match crate::backends::tuning::tuning().cuda_conv.as_str() {
+            "columns" => Some(Way::Columns),
+            "cudnn" => Some(Way::Cudnn),
+            "nhwc" => Some(Way::Nhwc),
+            _ => None,
         };
-        let Some((dnn, s)) =
-            dnn.and_then(|d| Some(d).zip(cudnn_shape(cg, dt).filter(|s| d.supports(s))))
-        else {
-            return fallback();
+        let dnn = match forced {
+            Some(Way::Columns) => None,
+            _ => self.cudnn()?,
         };
-        let (a, b, out) = ptrs;
-        let by_dnn = || dnn.conv(which, &s, a, b, out, bias, &|bytes| self.scratch(bytes));
-        let key = (which, s.clone());
+        let shape = |nhwc: bool| {
+            let d = dnn?;
+            let s = cudnn_shape(cg, dt, nhwc)?;
+            (!nhwc || nhwc_fits(cg, dt)).then_some(())?;
+            d.supports(&s).then_some((d, s))
+        };
+        let (plain, nhwc) = (shape(false), shape(true));
+        let go = |way: Way| -> Result<bool> {
+            let ctx = match way {
+                Way::Columns => None,
+                Way::Cudnn => plain.as_ref().map(|(d, s)| (*d, s)),
+                Way::Nhwc => nhwc.as_ref().map(|(d, s)| (*d, s)),
+            };
+            match (way, ctx) {
+                (Way::Columns, _) => run(way, None),
+                (_, Some(ctx)) => run(way, Some(ctx)),
+                (_, None) => Ok(false),
+            }
+        };
+        let columns = || run(Way::Columns, None).map(|_| ());
+        let either = |way: Way| if go(way)? { Ok(()) } else { columns() };
+        if let Some(way) = forced {
+            // A forced cuDNN way that cannot run a 16/32-bit convolution cuDNN can
+            // describe (its pads symmetric) is an error, so that a test forcing it knows
+            // it ran (f64 has no channels-last kernels).
+            let strict = way != Way::Columns && dt != DType::F64 && cg.g.begin == cg.g.end;
+            if strict && !go(way)? {
+                crate::bail!(
+                    Runtime,
+                    "tuning cuda_conv: the {way:?} way cannot run the {which:?} convolution \
+                     of {dt} X {:?} into Y {:?} here",
+                    cg.g.image,
+                    cg.g.out
+                );
+            }
+            return match strict {
+                true => Ok(()),
+                false => either(way),
+            };
+        }
+        let ways: Vec<Way> = [
+            Some(Way::Columns),
+            plain.as_ref().map(|_| Way::Cudnn),
+            nhwc.as_ref().map(|_| Way::Nhwc),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        let Some((_, key)) = plain.as_ref().or(nhwc.as_ref()).filter(|_| ways.len() > 1) else {
+            return columns();
+        };
+        let key = (which, key.clone());
         let chosen = self.conv_choice.borrow().get(&key).copied();
         // Safety: the stream is ours; only its capture status is read.
         let capturing =
@@ -71,32 +219,28 @@ impl Cuda {
                 })
                 .unwrap_or(true);
         match chosen {
-            Some(true) => return if by_dnn()? { Ok(()) } else { fallback() },
-            Some(false) => return fallback(),
+            Some(way) => return either(way),
             // Timing reruns the call: not while a step is being recorded.
-            None if capturing => return if by_dnn()? { Ok(()) } else { fallback() },
+            None if capturing => return either(ways[ways.len().min(2) - 1]),
             None => {}
         }
         // Each way once to warm up (cuDNN times its own algorithms then), then three
         // times; scratch is taken afresh from the node's first slot each run.
-        let fb = self.time_runs(&|| {
-            self.steps.node_begins();
-            fallback().map(|_| true)
-        })?;
-        let dn = self.time_runs(&|| {
-            self.steps.node_begins();
-            by_dnn()
-        })?;
-        let use_dnn = matches!((dn, fb), (Some(d), Some(f)) if d < f);
-        self.conv_choice.borrow_mut().insert(key, use_dnn);
-        // The last run left the slower way's result: the same values, so either serves;
-        // run the chosen one so that the step's work is what later steps repeat.
-        self.steps.node_begins();
-        if use_dnn {
-            by_dnn().map(|_| ())
-        } else {
-            fallback()
+        let mut best = (Way::Columns, f32::INFINITY);
+        for &way in &ways {
+            let t = self.time_runs(&|| {
+                self.steps.node_begins();
+                go(way)
+            })?;
+            if let Some(t) = t.filter(|&t| t < best.1) {
+                best = (way, t);
+            }
         }
+        self.conv_choice.borrow_mut().insert(key, best.0);
+        // The last run left another way's result: the same values, but run the chosen
+        // one so that the step's work is what later steps repeat.
+        self.steps.node_begins();
+        either(best.0)
     }
 
     /// X's columns `[N, C·K, L]` in scratch (X itself when pointwise).
@@ -114,13 +258,33 @@ impl Cuda {
 
 /// Y = conv(X, W) + B.
 pub fn conv(c: &Cuda, node: &Node, x: &V, w: &V, b: Option<V>, y: &V) -> Result<()> {
+    fused_conv(c, node, [x, w], b, None, Activation::None, &[*y], &[true])
+}
+
+/// FusedConv: `Y = act(conv(X, W) + B + Z)`, and Pre = conv + B + Z when asked for.
+/// Channels-last, the copy back does all of it; otherwise the convolution (with its bias)
+/// writes Pre, or Y itself, and Z and the activation follow as a pass each.
+#[allow(clippy::too_many_arguments)]
+pub fn fused_conv(
+    c: &Cuda,
+    node: &Node,
+    [x, w]: [&V; 2],
+    b: Option<V>,
+    z: Option<V>,
+    act: Activation,
+    outs: &[V],
+    want: &[bool],
+) -> Result<()> {
     let dt = x.dtype();
     let cg = common::conv_geom(node, x.shape(), w.shape())?;
+    let y = &outs[0];
     if y.numel() == 0 {
         return Ok(());
     }
+    let pre = common::wanted(outs, want, 1);
+    let sum = pre.unwrap_or(y);
     let (g, l, ckg, mg, es) = (&cg.g, cg.g.l(), cg.ckg(), cg.mg(), dt.size() as u64);
-    let fallback = || -> Result<()> {
+    let columns = || -> Result<()> {
         if let Some(b) = b {
             // Y starts as the bias broadcast over each channel; the products add onto it.
             let src: Vec<i64> = (0..y.shape().len()).map(|d| (d == 1) as i64).collect();
@@ -128,7 +292,7 @@ pub fn conv(c: &Cuda, node: &Node, x: &V, w: &V, b: Option<V>, y: &V) -> Result<
             let n = y.numel();
             let args = [
                 Arg::Ptr(b.p),
-                Arg::Ptr(y.p),
+                Arg::Ptr(sum.p),
                 Arg::Strided(st),
                 Arg::I64(n as i64),
             ];
@@ -145,47 +309,60 @@ pub fn conv(c: &Cuda, node: &Node, x: &V, w: &V, b: Option<V>, y: &V) -> Result<
                 g.n,
                 (w.p + (grp * mg * ckg) as u64 * es, 0),
                 (cols + (grp * ckg * l) as u64 * es, g.c * g.k() * l),
-                (y.p + (grp * mg * l) as u64 * es, cg.m * l),
+                (sum.p + (grp * mg * l) as u64 * es, cg.m * l),
                 b.is_some(),
             )?;
         }
         Ok(())
     };
-    c.conv_by_choice(
-        Which::Forward,
-        &cg,
-        dt,
-        (x.p, w.p, y.p),
-        b.map(|b| b.p),
-        &fallback,
-    )
-}
-
-/// FusedConv: `Y = act(conv(X, W) + B + Z)`, and Pre = conv + B + Z when asked for. The
-/// convolution (with its bias) writes Pre, or Y itself; Z is added in place and the
-/// activation applied by one elementwise pass each.
-#[allow(clippy::too_many_arguments)]
-pub fn fused_conv(
-    c: &Cuda,
-    node: &Node,
-    [x, w]: [&V; 2],
-    b: Option<V>,
-    z: Option<V>,
-    act: Activation,
-    outs: &[V],
-    want: &[bool],
-) -> Result<()> {
-    let y = &outs[0];
-    let pre = common::wanted(outs, want, 1);
-    let sum = pre.unwrap_or(y);
-    conv(c, node, x, w, b, sum)?;
-    if let Some(z) = z {
-        binary(c, node, BinaryOp::Add, sum, &z, sum)?;
-    }
-    if act != Activation::None || pre.is_some() {
-        act_epilogue(c, act, sum.p, None, y)?;
-    }
-    Ok(())
+    let epilogue = || -> Result<()> {
+        if let Some(z) = z {
+            binary(c, node, BinaryOp::Add, sum, &z, sum)?;
+        }
+        if act != Activation::None || pre.is_some() {
+            act_epilogue(c, act, sum.p, None, y)?;
+        }
+        Ok(())
+    };
+    let run = |way: Way, dnn: Dnn| -> Result<bool> {
+        let scratch = |bytes| c.scratch(bytes);
+        match (way, dnn) {
+            (Way::Nhwc, Some((d, s))) => {
+                let xt = to_last(c, dt, x.p, [g.n, g.c, g.hw()])?;
+                let wt = to_last(c, dt, w.p, [cg.m, cg.cg(), g.k()])?;
+                let yt = c.scratch(y.numel() * dt.size())?;
+                if !d.conv(Which::Forward, s, xt, wt, yt, None, &scratch)? {
+                    return Ok(false);
+                }
+                // Y = act(Yt transposed + B + Z), Pre the sum.
+                let args = [
+                    Arg::Ptr(yt),
+                    Arg::Ptr(b.map_or(0, |b| b.p)),
+                    Arg::Ptr(z.map_or(0, |z| z.p)),
+                    Arg::Ptr(pre.map_or(0, |p| p.p)),
+                    Arg::Ptr(y.p),
+                    Arg::I64(l as i64),
+                    Arg::I64(cg.m as i64),
+                    Arg::I32(act_code(act)),
+                ];
+                let Some(grid) = tiles(g.n, l, cg.m) else {
+                    return Ok(false);
+                };
+                let name = format!("conv_out_{}", suffix(dt));
+                launch_grid(&c.dev, &c.stream, &name, grid, 256, 0, &args)?;
+                return Ok(true);
+            }
+            (Way::Cudnn, Some((d, s))) => {
+                if !d.conv(Which::Forward, s, x.p, w.p, sum.p, b.map(|b| b.p), &scratch)? {
+                    return Ok(false);
+                }
+            }
+            _ => columns()?,
+        }
+        epilogue()?;
+        Ok(true)
+    };
+    c.conv_by_choice(Which::Forward, &cg, dt, &run)
 }
 
 /// dX and dW (each when asked for) from dY, X and W.
@@ -200,9 +377,10 @@ pub fn conv_grad(
     let cg = common::conv_geom(node, x.shape(), w.shape())?;
     let (g, l, ckg, mg, m, es) = (&cg.g, cg.g.l(), cg.ckg(), cg.mg(), cg.m, dt.size() as u64);
     let hw = g.hw();
+    let scratch = |bytes| c.scratch(bytes);
     if want.first() == Some(&true) && x.numel() > 0 {
         let dx = &outs[0];
-        let fallback = || -> Result<()> {
+        let columns = || -> Result<()> {
             let n = g.n * g.c * g.k() * l;
             let (cols, rows) = if cg.pointwise() {
                 (dx.p, g.c * hw)
@@ -228,14 +406,30 @@ pub fn conv_grad(
             }
             Ok(())
         };
-        c.conv_by_choice(Which::Data, &cg, dt, (dy.p, w.p, dx.p), None, &fallback)?;
+        let run = |way: Way, dnn: Dnn| -> Result<bool> {
+            match (way, dnn) {
+                (Way::Nhwc, Some((d, s))) => {
+                    let dyt = to_last(c, dt, dy.p, [g.n, m, l])?;
+                    let wt = to_last(c, dt, w.p, [m, cg.cg(), g.k()])?;
+                    let dims = [g.n, hw, g.c];
+                    let dxt = staged(c, dt, dx.p, dims)?;
+                    Ok(d.conv(Which::Data, s, dyt, wt, dxt, None, &scratch)?
+                        && back(c, dt, dxt, dx.p, dims).map(|_| true)?)
+                }
+                (Way::Cudnn, Some((d, s))) => {
+                    d.conv(Which::Data, s, dy.p, w.p, dx.p, None, &scratch)
+                }
+                _ => columns().map(|_| true),
+            }
+        };
+        c.conv_by_choice(Which::Data, &cg, dt, &run)?;
     }
     if want.get(1) == Some(&true) && w.numel() > 0 {
         let dw = &outs[1];
         if g.n == 0 || l == 0 {
             return c.memset0(dw);
         }
-        let fallback = || -> Result<()> {
+        let columns = || -> Result<()> {
             let cols = c.columns(&cg, dt, x.p)?;
             let rows = if cg.pointwise() {
                 g.c * hw
@@ -258,7 +452,23 @@ pub fn conv_grad(
             }
             Ok(())
         };
-        c.conv_by_choice(Which::Filter, &cg, dt, (x.p, dy.p, dw.p), None, &fallback)?;
+        let run = |way: Way, dnn: Dnn| -> Result<bool> {
+            match (way, dnn) {
+                (Way::Nhwc, Some((d, s))) => {
+                    let xt = to_last(c, dt, x.p, [g.n, g.c, hw])?;
+                    let dyt = to_last(c, dt, dy.p, [g.n, m, l])?;
+                    let dims = [m, g.k(), cg.cg()];
+                    let dwt = staged(c, dt, dw.p, dims)?;
+                    Ok(d.conv(Which::Filter, s, xt, dyt, dwt, None, &scratch)?
+                        && back(c, dt, dwt, dw.p, dims).map(|_| true)?)
+                }
+                (Way::Cudnn, Some((d, s))) => {
+                    d.conv(Which::Filter, s, x.p, dy.p, dw.p, None, &scratch)
+                }
+                _ => columns().map(|_| true),
+            }
+        };
+        c.conv_by_choice(Which::Filter, &cg, dt, &run)?;
     }
     Ok(())
 }

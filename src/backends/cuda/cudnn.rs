@@ -13,9 +13,9 @@
 //! shim that exports the whole API and loads its sub-libraries (ops, cnn, engines) from
 //! its own folder on first use.
 //!
-//! Why NCHW: graphrun's tensors are ONNX's contiguous NCHW (NCDHW), which cuDNN takes
-//! as they are; its tensor-core kernels prefer NHWC, but that would need a transpose
-//! before and after each call (not measured here; a possible later step).
+//! Layouts: graphrun's tensors are ONNX's contiguous NCHW (NCDHW), which cuDNN takes as
+//! they are; a shape may also be described channels-last (`ConvShape::nhwc`), for the
+//! tensor-core kernels that want NHWC, on copies the caller transposes (conv.rs).
 
 use crate::error::Result;
 use crate::tensor::DType;
@@ -63,15 +63,19 @@ pub struct ConvShape {
     pub strides: Vec<usize>,
     /// Dilations per spatial axis.
     pub dilations: Vec<usize>,
+    /// X, W and Y are stored channels-last: `[n, *image, c]`, `[m, *kernel, c/group]` and
+    /// `[n, *out, m]` (the dims above keep their meaning).
+    pub nhwc: bool,
 }
 
 impl std::fmt::Display for ConvShape {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} convolution of X {:?} by W {:?} into Y {:?} (pads {:?}, strides {:?}, \
+            "{}{} convolution of X {:?} by W {:?} into Y {:?} (pads {:?}, strides {:?}, \
              dilations {:?}, group {})",
             self.dt.name(),
+            if self.nhwc { " channels-last" } else { "" },
             [vec![self.n, self.c], self.image.clone()].concat(),
             [
                 vec![self.m, self.c / self.group.max(1)],
@@ -93,6 +97,7 @@ const DATA_DOUBLE: c_int = 1;
 const DATA_HALF: c_int = 2;
 const DATA_BFLOAT16: c_int = 9;
 const TENSOR_NCHW: c_int = 0;
+const TENSOR_NHWC: c_int = 1;
 const CROSS_CORRELATION: c_int = 1;
 const DEFAULT_MATH: c_int = 0;
 const TENSOR_OP_MATH: c_int = 1;
@@ -451,11 +456,18 @@ fn ints(v: &[usize]) -> Vec<c_int> {
     v.iter().map(|&d| d as c_int).collect()
 }
 
-/// Contiguous strides of `dims`.
-fn strides(dims: &[c_int]) -> Vec<c_int> {
+/// Contiguous strides of `dims` (given N, C, spatial...), of the layout they are stored in:
+/// channels-first, or channels-last (C the innermost).
+fn strides(dims: &[c_int], channels_last: bool) -> Vec<c_int> {
+    let order: Vec<usize> = match channels_last {
+        false => (0..dims.len()).collect(),
+        true => [0].into_iter().chain(2..dims.len()).chain([1]).collect(),
+    };
     let mut s = vec![1; dims.len()];
-    for i in (0..dims.len().saturating_sub(1)).rev() {
-        s[i] = s[i + 1] * dims[i + 1];
+    let mut step = 1;
+    for &d in order.iter().rev() {
+        s[d] = step;
+        step *= dims[d];
     }
     s
 }
@@ -484,8 +496,11 @@ fn takes(s: &ConvShape) -> bool {
     // f64 grouped convolutions go to the fallback: cuDNN 9 accepts some (a depthwise 1-D
     // one with a bias, on the H200) and then fails them with EXECUTION_FAILED.
     let f64_grouped = s.dt == DType::F64 && s.group > 1;
+    // Its channels-last kernels are for the types tensor cores take.
+    let f64_nhwc = s.dt == DType::F64 && s.nhwc;
     if data_type(s.dt).is_none()
         || f64_grouped
+        || f64_nhwc
         || !axes_ok
         || !positive
         || !s.c.is_multiple_of(s.group)
@@ -606,12 +621,13 @@ impl Cudnn {
         unsafe {
             for (d, dims) in [(&mut p.x, &x), (&mut p.y, &y), (&mut p.bias, &bias)] {
                 lib.check("tensor descriptor", s, (f.create_tensor)(d))?;
-                let st = strides(dims);
+                let st = strides(dims, s.nhwc);
                 let r = (f.set_tensor)(*d, dt, dims.len() as c_int, dims.as_ptr(), st.as_ptr());
                 lib.check("tensor descriptor (cudnnSetTensorNdDescriptor)", s, r)?;
             }
             lib.check("filter descriptor", s, (f.create_filter)(&mut p.w))?;
-            let r = (f.set_filter)(p.w, dt, TENSOR_NCHW, w.len() as c_int, w.as_ptr());
+            let format = if s.nhwc { TENSOR_NHWC } else { TENSOR_NCHW };
+            let r = (f.set_filter)(p.w, dt, format, w.len() as c_int, w.as_ptr());
             lib.check("filter descriptor (cudnnSetFilterNdDescriptor)", s, r)?;
             lib.check("convolution descriptor", s, (f.create_conv)(&mut p.conv))?;
             let compute = if s.dt == DType::F64 {
@@ -1145,7 +1161,21 @@ mod tests {
             pads,
             strides,
             dilations,
+            nhwc: false,
         }
+    }
+
+    /// `v` viewed as `[batch, rows, cols]`, transposed to `[batch, cols, rows]`.
+    fn swap(v: &[f64], batch: usize, rows: usize, cols: usize) -> Vec<f64> {
+        let mut out = vec![0.0; v.len()];
+        for b in 0..batch {
+            for r in 0..rows {
+                for c in 0..cols {
+                    out[(b * cols + c) * rows + r] = v[(b * rows + r) * cols + c];
+                }
+            }
+        }
+        out
     }
 
     /// On a GPU with cuDNN: the three convolutions (and the bias) match the definition
@@ -1203,21 +1233,48 @@ mod tests {
                 DType::F16 => 4e-3,
                 _ => 3e-2,
             };
-            for (gi, (sizes, v)) in geometries.iter().enumerate() {
-                let s = shape(dt, *sizes, v);
+            // Each geometry channels-first, then (but f64) channels-last: the data and
+            // the results transposed here.
+            let layouts = geometries
+                .iter()
+                .enumerate()
+                .flat_map(|g| [(g, false), (g, true)])
+                .filter(|&(_, nhwc)| !nhwc || dt != DType::F64);
+            for ((gi, (sizes, v)), nhwc) in layouts {
+                let s = ConvShape {
+                    nhwc,
+                    ..shape(dt, *sizes, v)
+                };
                 assert!(dnn.supports(&s), "{s}");
                 let (n, c, m, group) = (s.n, s.c, s.m, s.group);
-                let xs = n * c * s.image.iter().product::<usize>();
-                let ws = m * (c / group) * s.kernel.iter().product::<usize>();
-                let ys = n * m * s.out.iter().product::<usize>();
-                let (xb, x) = encode(dt, &rand(xs));
-                let (wb, w) = encode(dt, &rand(ws));
-                let (dyb, dy) = encode(dt, &rand(ys));
+                let (pi, k, po) = (
+                    s.image.iter().product::<usize>(),
+                    s.kernel.iter().product::<usize>(),
+                    s.out.iter().product::<usize>(),
+                );
+                let (xs, ws, ys) = (n * c * pi, m * (c / group) * k, n * m * po);
+                let (x, w, dy) = (rand(xs), rand(ws), rand(ys));
+                // Stored channels-last where `nhwc` (to_last), read back (to_first).
+                let to_last = |v: &[f64], b, ch, sp| match nhwc {
+                    true => swap(v, b, ch, sp),
+                    false => v.to_vec(),
+                };
+                let to_first = |v: &[f64], b, sp, ch| match nhwc {
+                    true => swap(v, b, sp, ch),
+                    false => v.to_vec(),
+                };
+                let (xb, x) = encode(dt, &to_last(&x, n, c, pi));
+                let (wb, w) = encode(dt, &to_last(&w, m, c / group, k));
+                let (dyb, dy) = encode(dt, &to_last(&dy, n, m, po));
+                let (x, w, dy) = (
+                    to_first(&x, n, pi, c),
+                    to_first(&w, m, k, c / group),
+                    to_first(&dy, n, po, m),
+                );
                 let (bb, bias) = encode(dt, &rand(m));
                 let [mut y, dx, dw] = reference(&s, &x, &w, &dy);
-                let osz = ys / (n * m);
                 for (i, v) in y.iter_mut().enumerate() {
-                    *v += bias[i / osz % m];
+                    *v += bias[i / po % m];
                 }
                 let up = |b: &[u8]| stream.clone_htod(b).unwrap();
                 let (xd, wd, dyd, bd) = (up(&xb), up(&wb), up(&dyb), up(&bb));
@@ -1229,7 +1286,7 @@ mod tests {
                 let ptr = |b: &CudaSlice<u8>| b.device_ptr(&stream).0;
                 // The last geometry is recorded into a CUDA graph (the heuristic's
                 // algorithms, as no timed choice exists yet) and replayed.
-                let record = gi == geometries.len() - 1 && dt == DType::F32;
+                let record = gi == geometries.len() - 1 && dt == DType::F32 && !nhwc;
                 if record {
                     stream
                         .begin_capture(cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
@@ -1280,9 +1337,9 @@ mod tests {
                 }
                 let down = |b: &CudaSlice<u8>| decode(dt, &stream.clone_dtoh(b).unwrap());
                 let errs = [
-                    error(&down(&yd), &y),
-                    error(&down(&dxd), &dx),
-                    error(&down(&dwd), &dw),
+                    error(&to_first(&down(&yd), n, po, m), &y),
+                    error(&to_first(&down(&dxd), n, pi, c), &dx),
+                    error(&to_first(&down(&dwd), m, k, c / group), &dw),
                 ];
                 println!(
                     "{s}: errors {:.1e} {:.1e} {:.1e}",

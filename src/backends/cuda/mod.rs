@@ -54,10 +54,10 @@ pub struct Cuda {
     nonfinite: CudaSlice<u32>,
     /// cuDNN for convolutions, set up at the first one (`None` inside: not found).
     dnn: std::cell::OnceCell<Option<cudnn::Cudnn>>,
-    /// Per convolution shape, whether cuDNN (true) or the products over columns ran it
-    /// faster at its first eager call (conv.rs).
+    /// Per convolution shape, the way that ran it fastest at its first eager call
+    /// (conv.rs).
     conv_choice:
-        std::cell::RefCell<std::collections::HashMap<(cudnn::Which, cudnn::ConvShape), bool>>,
+        std::cell::RefCell<std::collections::HashMap<(cudnn::Which, cudnn::ConvShape), conv::Way>>,
 }
 
 /// A worker's NCCL communicator and the side stream its gradient averages run on, so
