@@ -1,6 +1,6 @@
 // Shape family: one strided copy serves Transpose, Slice, Concat, Split, Expand and
 // SliceGrad (each is a walk over some shape with source and destination strides); tiled
-// batched transposes (channels-first <-> channels-last); Gather
+// batched transposes (channels-first <-> channels-last); MaxPool and its gradient; Gather
 // and its deterministic scatter-add (GatherGrad, PadGrad); Pad; ScatterElements/ScatterND.
 
 // y[offset(s, 1, i)] = x[offset(s, 0, i)] over the shape of `s`.
@@ -108,41 +108,102 @@ template <class W> __device__ void im2col_k(const W* x, W* y, u64 pad_bits, u64 
     else im2col_body<i64>(x, y, pad, beyond, g, n);
 }
 
-// Col2Im: image element p of a plane sums the column entries (j, o) that read it (per
-// axis o = (p + begin - j·dil) / stride where that divides and lies in [0, out)), in
-// kernel-offset order, without atomics.
+// Calls f(j, o) for each column entry (kernel offset j, output position o) that reads
+// image position r of a plane (per axis o = (p + begin - j·dil) / stride where that
+// divides and lies in [0, out)), in kernel-offset order.
+template <class I, class F> __device__ __forceinline__ void for_each_reader(const WinGeom& g, I r, F f) {
+    int pos[3];
+    for (int d = 2; d >= 0; --d) {
+        pos[d] = (int)(r % (I)g.image[d]);
+        r /= (I)g.image[d];
+    }
+    for (I j = 0; j < (I)g.k; ++j) {
+        I jr = j, o = 0, ost = 1;
+        bool ok = true;
+        for (int d = 2; d >= 0; --d) {
+            I kd = (I)g.kernel[d];
+            int jd = (int)(jr % kd);
+            jr /= kd;
+            int q = pos[d] + (int)g.begin[d] - jd * (int)g.dil[d];
+            int s = (int)g.stride[d];
+            if (q < 0 || q % s != 0 || q / s >= (int)g.out[d]) { ok = false; break; }
+            o += (I)(q / s) * ost;
+            ost *= (I)g.out[d];
+        }
+        if (ok) f(j, o);
+    }
+}
+
+// Col2Im: image element p of a plane sums the column entries that read it, without
+// atomics.
 template <class I, class T> __device__ __forceinline__ void col2im_body(const T* cols, T* y, const WinGeom& g, I n) {
     typedef typename Num<T>::A A;
     I hw = (I)g.hw, k = (I)g.k, l = (I)g.l;
     for (I i = blockIdx.x * (I)blockDim.x + threadIdx.x; i < n; i += (I)gridDim.x * blockDim.x) {
-        I plane = i / hw, r = i % hw;
-        int pos[3];
-        for (int d = 2; d >= 0; --d) {
-            pos[d] = (int)(r % (I)g.image[d]);
-            r /= (I)g.image[d];
-        }
+        I plane = i / hw;
         A acc = 0;
-        for (I j = 0; j < k; ++j) {
-            I jr = j, o = 0, ost = 1;
-            bool ok = true;
-            for (int d = 2; d >= 0; --d) {
-                I kd = (I)g.kernel[d];
-                int jd = (int)(jr % kd);
-                jr /= kd;
-                int q = pos[d] + (int)g.begin[d] - jd * (int)g.dil[d];
-                int s = (int)g.stride[d];
-                if (q < 0 || q % s != 0 || q / s >= (int)g.out[d]) { ok = false; break; }
-                o += (I)(q / s) * ost;
-                ost *= (I)g.out[d];
-            }
-            if (ok) acc += ld(cols[((long long)plane * k + j) * l + o]);
-        }
+        for_each_reader<I>(g, i % hw, [&](I j, I o) { acc += ld(cols[((long long)plane * k + j) * l + o]); });
         y[i] = st<T>(acc);
     }
 }
 template <class T> __device__ void col2im_k(const T* cols, T* y, WinGeom g, i64 n) {
     if (n < (1LL << 31) && g.n * g.c * g.k * g.l < (1LL << 31)) col2im_body<unsigned>(cols, y, g, (unsigned)n);
     else col2im_body<i64>(cols, y, g, n);
+}
+
+// MaxPool over the window of output i (plane, o): the maximum (NaN where the window holds
+// one, -inf where it reads none of the image) into *best, and the plane offset of its
+// first position in window order (-1 for none), which is where the gradient goes.
+template <class I, class T> __device__ __forceinline__ int pool_argmax(const T* x, const WinGeom& g, I i, typename Num<T>::A* best) {
+    typedef typename Num<T>::A A;
+    I l = (I)g.l, o = i % l;
+    const T* img = x + (long long)(i / l) * g.hw;
+    int at = -1;
+    A b = neg_inf(A(0));
+    for (I j = 0; j < (I)g.k; ++j) {
+        long long s = win_source<I>(g, j, o);
+        if (s < 0) continue;
+        A v = ld(img[s]);
+        if (at < 0 || v > b || (v != v && b == b)) { b = v; at = (int)s; }
+    }
+    *best = b;
+    return at;
+}
+
+// MaxPool: a thread per output. With `at` (MaxPoolGrad's first step) it writes each
+// window's argmax there instead of the maximum to y.
+template <class I, class T> __device__ __forceinline__ void max_pool_body(const T* x, T* y, int* at, const WinGeom& g, I n) {
+    typedef typename Num<T>::A A;
+    for (I i = blockIdx.x * (I)blockDim.x + threadIdx.x; i < n; i += (I)gridDim.x * blockDim.x) {
+        A b;
+        int a = pool_argmax<I, T>(x, g, i, &b);
+        if (at) at[i] = a;
+        else y[i] = st<T>(b);
+    }
+}
+template <class T> __device__ void max_pool_k(const T* x, T* y, int* at, WinGeom g, i64 n) {
+    if (n < (1LL << 31) && g.n * g.c * g.hw < (1LL << 31)) max_pool_body<unsigned, T>(x, y, at, g, (unsigned)n);
+    else max_pool_body<i64, T>(x, y, at, g, n);
+}
+
+// MaxPoolGrad's second step: image element p of a plane sums dY over the windows that
+// read it and whose argmax it is (in kernel-offset order, without atomics).
+template <class I, class T> __device__ __forceinline__ void max_pool_grad_body(const T* dy, const int* at, T* dx, const WinGeom& g, I n) {
+    typedef typename Num<T>::A A;
+    I hw = (I)g.hw, l = (I)g.l;
+    for (I i = blockIdx.x * (I)blockDim.x + threadIdx.x; i < n; i += (I)gridDim.x * blockDim.x) {
+        I plane = i / hw, p = i % hw;
+        A acc = 0;
+        for_each_reader<I>(g, p, [&](I, I o) {
+            long long w = (long long)plane * l + o;
+            if (at[w] == (int)p) acc += ld(dy[w]);
+        });
+        dx[i] = st<T>(acc);
+    }
+}
+template <class T> __device__ void max_pool_grad_k(const T* dy, const int* at, T* dx, WinGeom g, i64 n) {
+    if (n < (1LL << 31) && g.n * g.c * g.l < (1LL << 31)) max_pool_grad_body<unsigned, T>(dy, at, dx, g, (unsigned)n);
+    else max_pool_grad_body<i64, T>(dy, at, dx, g, n);
 }
 
 // 16-byte words: a strided copy whose innermost dim is contiguous on both sides moves
@@ -182,7 +243,9 @@ FOR_WORDS(INST_SHAPE_WORD)
 
 #define INST_SHAPE_FLOAT(T, S) \
     extern "C" __global__ void gather_grad_##S(const T* dy, const i64* order, const i64* starts, T* o, i64 nq, i64 d, i64 inner, i64 n) { gather_grad_k<T>(dy, order, starts, o, nq, d, inner, n); } \
-    extern "C" __global__ void col2im_##S(const T* cols, T* y, WinGeom g, i64 n) { col2im_k<T>(cols, y, g, n); }
+    extern "C" __global__ void col2im_##S(const T* cols, T* y, WinGeom g, i64 n) { col2im_k<T>(cols, y, g, n); } \
+    extern "C" __global__ void max_pool_##S(const T* x, T* y, int* at, WinGeom g, i64 n) { max_pool_k<T>(x, y, at, g, n); } \
+    extern "C" __global__ void max_pool_grad_##S(const T* dy, const int* at, T* dx, WinGeom g, i64 n) { max_pool_grad_k<T>(dy, at, dx, g, n); }
 FOR_FLOATS(INST_SHAPE_FLOAT)
 
 #define INST_SCATTER(T, S) \

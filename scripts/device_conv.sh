@@ -5,7 +5,7 @@
 # bench` on CUDA in bf16 (forward at batch 1 and 32, forward + backward at batch 64) beside
 # PyTorch eager from the bench reference script (carried as DEST/real_reference.py) in the
 # same call (`torch`: eager and torch.compile; the compiles take most of a call).
-#   [SKIP_TESTS="cuda ..."] [LIB_FILTER=cuda] [TUNES="cuda_conv= ..."] bash DEST/device_conv.sh [tests] [bench] [torch]
+#   [SKIP_TESTS="cuda ..."] [LIB_FILTER=cuda] [TUNES="- cuda_conv=cudnn ..."] bash DEST/device_conv.sh [tests] [bench] [torch]
 set -u
 C=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/out}
@@ -43,17 +43,21 @@ print("exported /tmp/resnet50.onnx")
 PY
     # cuDNN (the default where it is found), and the Im2Col + cuBLASLt path beside it
     # (TUNES); this build and, where carried, the base build's (graphrun_base) in turn.
-    for tune in ${TUNES:-cuda_conv= cuda_conv=cudnn cuda_conv=columns}; do
+    # "-" is each build's defaults; a KEY=VALUE row runs this build alone (the base build
+    # may not know the key).
+    for tune in ${TUNES:-- cuda_conv=cudnn cuda_conv=columns}; do
         for G in $X/graphrun $X/graphrun_base; do
             [ -x $G ] || continue
             g=$(basename $G)
+            [ $g = graphrun_base ] && [ "$tune" != - ] && continue
+            tflag=; [ "$tune" != - ] && tflag="--tune $tune"
             echo "== $g $tune"
             for b in 1 32; do
                 timeout 150 $G bench /tmp/resnet50.onnx --backend cuda --dtype bf16 --dim batch=$b --iters 20 --warmup 5 \
-                    --tune $tune --json $R/${g}_fwd_b${b}_$tune.json 2>&1 | head -n ${TOP:-16}
+                    $tflag 2>&1 | head -n ${TOP:-16}
             done
             timeout 200 $G bench /tmp/resnet50.onnx --backend cuda --dtype bf16 --dim batch=64 --backward --iters 10 --warmup 3 \
-                --tune $tune --json $R/${g}_bwd_b64_$tune.json 2>&1 | head -n ${TOP:-16}
+                $tflag 2>&1 | head -n ${TOP:-16}
         done
     done
 fi

@@ -615,3 +615,125 @@ fn col2im(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
         SY[w] = bitcast<u32>(col2im_elem(w));
     }
 }
+
+// MaxPool over the window of output i (the window at P[3..30] as Im2Col's; SRC the dtype
+// code, 0 f32 or 1 f16): x the maximum as f32 bits, y the plane offset of its first
+// position in window order (the first NaN wins), as i32 bits, -1 where the window reads
+// none of the image.
+fn pool_arg(i: u32) -> vec2<u32> {
+    let l = pu(27u);
+    let plane = i / l;
+    var best = 0.0;
+    var at = -1;
+    for (var j = 0u; j < pu(26u); j += 1u) {
+        var o = i % l;
+        var jr = j;
+        var off = 0;
+        var st = 1;
+        var inside = true;
+        for (var d = 2u; d < 3u; d -= 1u) {
+            let jd = jr % pu(9u + d);
+            let od = o % pu(6u + d);
+            jr = jr / pu(9u + d);
+            o = o / pu(6u + d);
+            let p = i32(od * pu(12u + d) + jd * pu(15u + d)) - pi(18u + d);
+            let size = pi(3u + d);
+            if (p < 0 || p >= size) { inside = false; }
+            off += p * st;
+            st *= size;
+        }
+        if (!inside) { continue; }
+        let b = src_bits(plane * pu(28u) + u32(off));
+        let v = select(bitcast<f32>(b.x), unpack2x16float(b.x).x, SRC == 1u);
+        if (at < 0 || v > best || (is_nan(v) && !is_nan(best))) {
+            best = v;
+            at = off;
+        }
+    }
+    return vec2<u32>(bitcast<u32>(best), bitcast<u32>(at));
+}
+
+// Output i's maximum in its dtype's bits (f16 in the low half), -inf for none.
+fn pool_bits(i: u32) -> u32 {
+    let r = pool_arg(i);
+    if (SRC == 1u) {
+        return select(pack2x16float(vec2<f32>(bitcast<f32>(r.x), 0.0)) & 0xffffu, 0xfc00u, bitcast<i32>(r.y) < 0);
+    }
+    return select(r.x, 0xff800000u, bitcast<i32>(r.y) < 0);
+}
+
+// MaxPool: a thread per output word (two f16).
+@compute @workgroup_size(256)
+fn max_pool(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let w = linear(wid, nwg, lid, WG);
+    if (w >= pu(0u)) { return; }
+    if (SRC == 1u) {
+        var word = pool_bits(2u * w);
+        if (2u * w + 1u < pu(1u)) { word |= pool_bits(2u * w + 1u) << 16u; }
+        SY[w] = word;
+    } else {
+        SY[w] = pool_bits(w);
+    }
+}
+
+// MaxPoolGrad's first step: each window's argmax (`pool_arg`'s y) into SY, one a thread.
+@compute @workgroup_size(256)
+fn max_pool_arg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let w = linear(wid, nwg, lid, WG);
+    if (w >= pu(0u)) { return; }
+    SY[w] = pool_arg(w).y;
+}
+
+// Image element i of dX: the sum of dY (SX) over the windows that read it and whose argmax
+// (AUX, from max_pool_arg) it is, in kernel-offset order (Col2Im's enumeration), in f32.
+fn pool_grad_elem(i: u32) -> f32 {
+    let k = pu(26u);
+    let l = pu(27u);
+    let plane = i / pu(28u);
+    let at = bitcast<i32>(i % pu(28u));
+    var r = i % pu(28u);
+    var pos: array<i32, 3>;
+    for (var d = 2u; d < 3u; d -= 1u) {
+        pos[d] = i32(r % pu(3u + d));
+        r = r / pu(3u + d);
+    }
+    var acc = 0.0;
+    for (var j = 0u; j < k; j += 1u) {
+        var jr = j;
+        var o = 0u;
+        var ost = 1u;
+        var ok = true;
+        for (var d = 2u; d < 3u; d -= 1u) {
+            let jd = jr % pu(9u + d);
+            jr = jr / pu(9u + d);
+            let q = pos[d] + pi(18u + d) - i32(jd * pu(15u + d));
+            let s = pi(12u + d);
+            if (q < 0 || q % s != 0 || q / s >= pi(6u + d)) {
+                ok = false;
+                break;
+            }
+            o += u32(q / s) * ost;
+            ost *= pu(6u + d);
+        }
+        if (ok && bitcast<i32>(AUX[plane * l + o]) == at) {
+            let b = src_bits(plane * l + o);
+            acc += select(bitcast<f32>(b.x), unpack2x16float(b.x).x, SRC == 1u);
+        }
+    }
+    return acc;
+}
+
+// MaxPoolGrad's second step: a thread per dX word (two f16).
+@compute @workgroup_size(256)
+fn max_pool_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let w = linear(wid, nwg, lid, WG);
+    if (w >= pu(0u)) { return; }
+    if (SRC == 1u) {
+        let lo = pool_grad_elem(2u * w);
+        var hi = 0.0;
+        if (2u * w + 1u < pu(1u)) { hi = pool_grad_elem(2u * w + 1u); }
+        SY[w] = pack2x16float(vec2<f32>(lo, hi));
+    } else {
+        SY[w] = bitcast<u32>(pool_grad_elem(w));
+    }
+}

@@ -1,4 +1,4 @@
-//! Convolutions and pools (Conv, ConvTranspose, MaxPool with Indices, AveragePool, LpPool,
+//! Convolutions and pools (Conv, ConvTranspose, MaxPool with and without Indices, AveragePool, LpPool,
 //! GlobalLpPool, Col2Im) imported from one-node ONNX models, on every backend in f32 and
 //! (where the backend computes it) f64, against direct-loop float64 references written
 //! here from ONNX's definitions, over a grid of ranks, strides, dilations, pads, auto_pad,
@@ -260,7 +260,8 @@ fn pool_ref(kind: Pool, x: &[f64], xs: &[usize], g: &Geo) -> Expected {
                 match inside(&p, sp) {
                     Some(off) => {
                         let v = x[plane * hw + off];
-                        if v > best {
+                        // The first maximum in window order; a NaN wins (the first).
+                        if v > best || (v.is_nan() && !best.is_nan()) {
                             (best, arg) = (v, plane * hw + off);
                         }
                         sum += match kind {
@@ -848,6 +849,74 @@ fn max_pool_on_every_backend_with_indices_and_gradients() {
         }
         out
     });
+}
+
+/// A MaxPool without Indices is graphrun's own op: its output on every backend and dtype
+/// (the data on a coarse grid, so that windows hold tied maxima, and a NaN), and its
+/// gradient op on every backend, each window's dY at the first maximum in window order.
+#[test]
+fn max_pool_op_and_its_gradient_on_every_backend_with_ties_and_nan() {
+    use graphrun::graph::op::AttrValue as A;
+    for (k, (xs, kernel, win)) in pool_settings().iter().enumerate() {
+        let what = format!("MaxPool (no Indices) setting {k}");
+        let mut c = pool_case("MaxPool", xs, kernel, win, vec![], vec!["y"]);
+        let mut x: Vec<f64> = f(xs, 90 + k as u64)
+            .to_f64_vec()
+            .iter()
+            .map(|v| (v * 2.0).round() / 2.0)
+            .collect();
+        x[k % 5] = f64::NAN;
+        c.inputs[0].1 = Some(f64s(xs, &x));
+        let geo = win.place(&xs[2..], kernel);
+        let reference = |v: &[Vec<f64>]| pool_ref(Pool::Max, &v[0], xs, &geo)[..1].to_vec();
+        check_case(
+            &what,
+            &c,
+            &[DType::F32, DType::F64, DType::F16],
+            0.0,
+            reference,
+        );
+        // MaxPoolGrad(dY, X) against dY summed at each window's index.
+        let want = pool_ref(Pool::Max, &x, xs, &geo);
+        let dy = f(&want[0].0, 300 + k as u64);
+        let mut dx = vec![0.0; x.len()];
+        for (i, d) in want[1].1.iter().zip(dy.to_f64_vec()) {
+            dx[*i as usize] += d;
+        }
+        let ints = |v: &[usize]| A::Ints(v.iter().map(|&d| d as i64).collect());
+        let mut attrs = vec![("kernel_shape", ints(kernel))];
+        for (key, v) in [
+            ("strides", &win.strides),
+            ("dilations", &win.dilations),
+            ("pads", &win.pads),
+        ] {
+            if !v.is_empty() {
+                attrs.push((key, ints(v)));
+            }
+        }
+        if !win.auto_pad.is_empty() {
+            attrs.push(("auto_pad", A::Str(win.auto_pad.into())));
+        }
+        attrs.push(("ceil_mode", A::Int(win.ceil as i64)));
+        let grad = op("MaxPoolGrad", &attrs);
+        for backend in backends() {
+            for dt in [DType::F32, DType::F64, DType::F16, DType::BF16] {
+                if !computes(backend, dt) {
+                    continue;
+                }
+                let args = [inp(dy.cast(dt)), inp(f64s(xs, &x).cast(dt))];
+                let got = run_raw(backend, grad.clone(), &args, 1)
+                    .unwrap_or_else(|e| panic!("MaxPoolGrad {what} {dt} on {backend:?}: {e}"));
+                // The argmax of the rounded data is the f64 one (the grid is exact in
+                // every dtype); only dY's rounding differs.
+                let err = rel_err(&got[0].to_f64_vec(), &dx);
+                assert!(
+                    err <= tol(dt).max(1e-12),
+                    "MaxPoolGrad {what} {dt} on {backend:?}: error {err}"
+                );
+            }
+        }
+    }
 }
 
 #[test]

@@ -550,9 +550,9 @@ impl WindowGeom {
     }
 }
 
-/// The window geometry of an Im2Col (`image` = X's shape) or a Col2Im (`image` = the
-/// output's shape); `read(i)` reads plan-time input i (the kernel's dims when the op's
-/// attribute is empty).
+/// The window geometry of an Im2Col, a MaxPool or a MaxPoolGrad (`image` = X's shape) or
+/// a Col2Im (`image` = the output's shape); `read(i)` reads plan-time input i (the
+/// kernel's dims when the op's attribute is empty).
 pub fn window_geom(
     node: &Node,
     image: &[usize],
@@ -567,7 +567,10 @@ pub fn window_geom(
             beyond_value,
         } => (kernel, window, 1, [*pad_value, *beyond_value]),
         Op::Col2Im { block, window } => (block, window, 2, [0.0; 2]),
-        _ => unreachable!("window_geom is for Im2Col and Col2Im"),
+        Op::MaxPool { kernel, window } | Op::MaxPoolGrad { kernel, window } => {
+            (kernel, window, 0, [f64::NEG_INFINITY; 2])
+        }
+        _ => unreachable!("window_geom is for Im2Col, Col2Im and the pools"),
     };
     let kernel = if attr.is_empty() {
         let v = read(slot)?.ok_or_else(|| fail("the kernel's dims are missing".into()))?;

@@ -647,6 +647,27 @@ pub enum Op {
         /// Strides, dilations and padding of the sliding window.
         window: Window,
     },
+    /// `(X [N, C, *spatial]) -> Y [N, C, *out]`: ONNX MaxPool's Y for a floating X, each
+    /// window's largest element (NaN where it holds one). Padding, and what ceil_mode's
+    /// last windows reach past it, never count; a window that reads none of the image
+    /// gives -inf. One op rather than a reduction over Im2Col's columns, so that no backend
+    /// lays the windows out. The importer writes it for MaxPool without Indices (which it
+    /// writes on Im2Col).
+    MaxPool {
+        /// The window's spatial dims (ONNX `kernel_shape`).
+        kernel: Vec<usize>,
+        /// Strides, dilations, padding and ceil_mode of the sliding window.
+        window: Window,
+    },
+    /// `(dY, X) -> dX`: MaxPool's gradient, each window's dY added at the first element of
+    /// the window (in window order) that holds its maximum, as PyTorch's max pooling routes
+    /// it.
+    MaxPoolGrad {
+        /// The forward MaxPool's `kernel_shape`.
+        kernel: Vec<usize>,
+        /// The forward MaxPool's window.
+        window: Window,
+    },
     /// `(X, [roi], [scales], [sizes]) -> (M, [mask])`: how Resize samples axis `axis` of X
     /// (graph/resize.rs). roi, scales and sizes (ONNX's, naming the axes `axes`) are
     /// plan-time values and X is read for its type only, so the op is computed on the host
@@ -793,13 +814,16 @@ pub static GRAD_OP_NAMES: std::sync::LazyLock<Vec<&'static str>> = std::sync::La
         "VarlenAttentionGrad",
         "RotaryGrad",
         "ConvGrad",
+        "MaxPoolGrad",
     ]);
     v
 });
 
 /// Ops the passes make that are not in SPEC §2, accepted in a model file so that a graph
 /// written with `--emit-yaml` loads again.
-pub const INTERNAL_OP_NAMES: &[&str] = &["ReduceMeanSquare", "Im2Col", "ResizeMatrix"];
+/// (A model's MaxPool is ONNX's, with its Indices output, and the importer writes it; the
+/// op MaxPool is what it writes where no Indices are asked for.)
+pub const INTERNAL_OP_NAMES: &[&str] = &["ReduceMeanSquare", "Im2Col", "ResizeMatrix", "MaxPool"];
 
 /// The op names that are not elementwise maps (`for_each_binary!`, `for_each_unary!`).
 const OTHER_OP_NAMES: &[&str] = &[
@@ -1208,6 +1232,8 @@ impl Op {
             Op::ConvGrad { .. } => "ConvGrad",
             Op::Im2Col { .. } => "Im2Col",
             Op::Col2Im { .. } => "Col2Im",
+            Op::MaxPool { .. } => "MaxPool",
+            Op::MaxPoolGrad { .. } => "MaxPoolGrad",
             Op::ResizeMatrix { .. } => "ResizeMatrix",
             Op::ScatterElements { .. } => "ScatterElements",
             Op::ScatterND { .. } => "ScatterND",
@@ -1354,6 +1380,7 @@ impl Op {
                 window,
                 group,
             },
+            Op::MaxPool { kernel, window } => Op::MaxPoolGrad { kernel, window },
             _ => return None,
         })
     }
@@ -1421,6 +1448,7 @@ impl Op {
                 window,
                 group,
             },
+            Op::MaxPoolGrad { kernel, window } => Op::MaxPool { kernel, window },
             _ => return None,
         })
     }
@@ -1444,6 +1472,7 @@ impl Op {
                 | Op::VarlenAttentionGrad { .. }
                 | Op::RotaryGrad { .. }
                 | Op::ConvGrad { .. }
+                | Op::MaxPoolGrad { .. }
         )
     }
 
@@ -1495,6 +1524,8 @@ impl Op {
             Op::ConvGrad { .. } => (3, 3, 1, 2),
             Op::Im2Col { .. } => (1, 2, 1, 1),
             Op::Col2Im { .. } => (2, 3, 1, 1),
+            Op::MaxPool { .. } => (1, 1, 1, 1),
+            Op::MaxPoolGrad { .. } => (2, 2, 1, 1),
             Op::ResizeMatrix { .. } => (1, 4, 1, 2),
             Op::Clip => (1, 3, 1, 1),
             Op::Where | Op::Range => (3, 3, 1, 1),
@@ -1737,6 +1768,21 @@ impl Op {
                         group,
                         activation: a.activation("activation")?,
                     },
+                }
+            }
+            "MaxPool" => {
+                let window = Window::parse(|k| a.get(k).map(|at| at.value.clone()), true)
+                    .map_err(|m| a.err(None, m))?;
+                let kernel = a.ints("kernel_shape")?.unwrap_or_default();
+                if kernel.is_empty() || kernel.len() > 3 || kernel.iter().any(|&d| d < 1) {
+                    return Err(a.err(
+                        None,
+                        format!("kernel_shape must hold 1 to 3 positive values, got {kernel:?}"),
+                    ));
+                }
+                Op::MaxPool {
+                    kernel: kernel.into_iter().map(|d| d as usize).collect(),
+                    window,
                 }
             }
             "Im2Col" | "Col2Im" => {
@@ -2185,6 +2231,13 @@ impl Op {
                     v.push(("group", V::Int(*group as i64)));
                 }
             }
+            Op::MaxPool { kernel, window } | Op::MaxPoolGrad { kernel, window } => {
+                v.push((
+                    "kernel_shape",
+                    V::Ints(kernel.iter().map(|&d| d as i64).collect()),
+                ));
+                v.extend(window.attrs())
+            }
             Op::Col2Im { block, window } => {
                 if !block.is_empty() {
                     v.push(("block", V::Ints(block.iter().map(|&d| d as i64).collect())));
@@ -2390,6 +2443,7 @@ pub fn op_table_markdown() -> String {
         "GatherElements" | "GatherND" | "Pad" | "ScatterElements" | "ScatterND" => "indexing",
         "NonZero" | "Unique" | "NonMaxSuppression" => "data-dependent shape (host, at plan time)",
         "Col2Im" => "sliding window (ConvTranspose and the pools are written on it)",
+        "MaxPool" => "pooling",
         "Conv" | "FusedConv" => "convolution",
         "SoftmaxCrossEntropyLoss" => "loss",
         "Attention" | "VarlenAttention" => "attention (fused)",

@@ -370,6 +370,8 @@ pub fn run_node(
         Op::ConvGrad { .. } => conv::conv_grad(node, x(0)?, x(1)?, x(2)?, outs, &want),
         Op::Im2Col { .. } => window::im2col(node, x(0)?, ins, &mut outs[0]),
         Op::Col2Im { .. } => window::col2im(node, x(0)?, ins, &mut outs[0]),
+        Op::MaxPool { .. } => window::max_pool(node, x(0)?, &mut outs[0]),
+        Op::MaxPoolGrad { .. } => window::max_pool_grad(node, x(0)?, x(1)?, &mut outs[0]),
         Op::ScatterElements { reduction, .. } | Op::ScatterND { reduction } => {
             shape::scatter(node, x(0)?, x(1)?, x(2)?, *reduction, &mut outs[0])
         }

@@ -1,5 +1,5 @@
-//! Im2Col and Col2Im on the host (`common::WindowGeom` says where each column entry
-//! reads).
+//! Im2Col, Col2Im, MaxPool and its gradient on the host (`common::WindowGeom` says where
+//! each window entry reads).
 
 use super::super::common::{self, WindowGeom};
 use crate::error::Result;
@@ -125,4 +125,76 @@ pub fn col2im(node: &Node, cols: &Tensor, ins: &[Option<&Tensor>], out: &mut Ten
             });
         Ok(())
     }, _ => crate::bail!(Runtime, "{}: Col2Im takes floating tensors, got {}", node.describe(), out.dtype()))
+}
+
+/// For each output position of one plane's windows, the image offset (within the plane)
+/// of the first element in window order holding the window's maximum (the first NaN, if
+/// any), and that value; -1 and -inf where the window reads none of the image.
+fn window_max<T: Float>(g: &WindowGeom, tabs: &[Vec<i64>; 3], img: &[T]) -> (Vec<i64>, Vec<T::Acc>)
+where
+    T::Acc: num_traits::Float,
+{
+    let l = g.l();
+    let mut at = vec![-1i64; l];
+    let mut best = vec![<T::Acc as num_traits::Float>::neg_infinity(); l];
+    for j in 0..g.k() {
+        walk_row(g, tabs, j, |i, s| {
+            if s >= 0 {
+                let v = img[s as usize].to_acc();
+                let b = best[i];
+                if at[i] < 0
+                    || v > b
+                    || (num_traits::Float::is_nan(v) && !num_traits::Float::is_nan(b))
+                {
+                    best[i] = v;
+                    at[i] = s;
+                }
+            }
+        });
+    }
+    (at, best)
+}
+
+/// MaxPool: each window's maximum (NaN where it holds one, -inf where it reads none of the
+/// image); a task per plane (n, c).
+pub fn max_pool(node: &Node, x: &Tensor, out: &mut Tensor) -> Result<()> {
+    let g = common::window_geom(node, x.shape(), |_| Ok(None))?;
+    let tabs = axis_tables(&g);
+    let (hw, l) = (g.hw(), g.l());
+    crate::with_float!(x.dtype(), T => {
+        let xs = x.as_slice::<T>();
+        out.as_mut_slice::<T>()
+            .par_chunks_mut(l.max(1))
+            .enumerate()
+            .for_each(|(plane, o)| {
+                let (_, best) = window_max(&g, &tabs, &xs[plane * hw..][..hw]);
+                o.iter_mut().zip(best).for_each(|(o, b)| *o = T::from_acc(b));
+            });
+        Ok(())
+    }, _ => crate::bail!(Runtime, "{}: MaxPool takes floating tensors, got {}", node.describe(), x.dtype()))
+}
+
+/// MaxPoolGrad: dX, each window's dY added at its maximum's first position; summed per
+/// plane in output order.
+pub fn max_pool_grad(node: &Node, dy: &Tensor, x: &Tensor, out: &mut Tensor) -> Result<()> {
+    let g = common::window_geom(node, x.shape(), |_| Ok(None))?;
+    let tabs = axis_tables(&g);
+    let (hw, l) = (g.hw(), g.l());
+    crate::with_float!(x.dtype(), T => {
+        let (xs, dys) = (x.as_slice::<T>(), dy.as_slice::<T>());
+        out.as_mut_slice::<T>()
+            .par_chunks_mut(hw.max(1))
+            .enumerate()
+            .for_each(|(plane, dx)| {
+                let (at, _) = window_max(&g, &tabs, &xs[plane * hw..][..hw]);
+                let mut acc = vec![<<T as Float>::Acc as Zero>::zero(); hw];
+                for (&s, d) in at.iter().zip(&dys[plane * l..][..l]) {
+                    if s >= 0 {
+                        acc[s as usize] += d.to_acc();
+                    }
+                }
+                dx.iter_mut().zip(acc).for_each(|(o, a)| *o = T::from_acc(a));
+            });
+        Ok(())
+    }, _ => crate::bail!(Runtime, "{}: MaxPoolGrad takes floating tensors, got {}", node.describe(), x.dtype()))
 }

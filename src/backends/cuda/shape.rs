@@ -408,3 +408,57 @@ pub(super) fn col2im_geom(
     ];
     c.launch_n(&format!("col2im_{}", suffix(dt)), n, &args)
 }
+
+/// MaxPool: one thread per output (a floating X; every window offset fits 32 bits).
+pub fn max_pool(c: &Cuda, node: &Node, x: &V, y: &V) -> Result<()> {
+    let g = pool_geom(node, x)?;
+    let args = [
+        Arg::Ptr(x.p),
+        Arg::Ptr(y.p),
+        Arg::Ptr(0),
+        Arg::Window(win_geom(&g)),
+        Arg::I64(y.numel() as i64),
+    ];
+    c.launch_n(&format!("max_pool_{}", suffix(x.dtype())), y.numel(), &args)
+}
+
+/// MaxPoolGrad: each window's argmax into scratch (a thread per window), then a thread per
+/// image element sums the dY of the windows whose argmax it is.
+pub fn max_pool_grad(c: &Cuda, node: &Node, dy: &V, x: &V, dx: &V) -> Result<()> {
+    let g = pool_geom(node, x)?;
+    let (n, dt) = (dy.numel(), x.dtype());
+    let at = c.scratch(n.max(1) * 4)?;
+    let args = [
+        Arg::Ptr(x.p),
+        Arg::Ptr(0),
+        Arg::Ptr(at),
+        Arg::Window(win_geom(&g)),
+        Arg::I64(n as i64),
+    ];
+    c.launch_n(&format!("max_pool_{}", suffix(dt)), n, &args)?;
+    let args = [
+        Arg::Ptr(dy.p),
+        Arg::Ptr(at),
+        Arg::Ptr(dx.p),
+        Arg::Window(win_geom(&g)),
+        Arg::I64(dx.numel() as i64),
+    ];
+    c.launch_n(&format!("max_pool_grad_{}", suffix(dt)), dx.numel(), &args)
+}
+
+/// The pool's window over X, for a floating X whose planes fit 32-bit offsets.
+fn pool_geom(node: &Node, x: &V) -> Result<common::WindowGeom> {
+    if !x.dtype().is_float() {
+        return Err(unsupported(node, x.dtype()));
+    }
+    let g = common::window_geom(node, x.shape(), |_| Ok(None))?;
+    if g.hw() > i32::MAX as usize {
+        crate::bail!(
+            Runtime,
+            "{}: an image plane of {} elements is past the CUDA pool's 32-bit offsets",
+            node.describe(),
+            g.hw()
+        );
+    }
+    Ok(g)
+}

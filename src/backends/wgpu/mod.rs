@@ -437,6 +437,8 @@ impl Wgpu {
             }
             Op::Im2Col { .. } => shape::im2col(self, node, &x(0)?, ins, &y),
             Op::Col2Im { .. } => shape::col2im(self, node, &x(0)?, ins, &y),
+            Op::MaxPool { .. } => shape::max_pool(self, node, &x(0)?, &y),
+            Op::MaxPoolGrad { .. } => shape::max_pool_grad(self, node, &x(0)?, &x(1)?, &y),
             Op::ScatterElements { reduction, .. } | Op::ScatterND { reduction } => {
                 shape::scatter(self, node, [&x(0)?, &x(1)?, &x(2)?], *reduction, &y)
             }

@@ -516,3 +516,50 @@ pub(super) fn col2im_geom(
         groups_for(nw, 256),
     )
 }
+
+/// MaxPool (`max_pool`): a thread per output word.
+pub fn max_pool(w: &mut Wgpu, node: &Node, x: &V, y: &V) -> Result<()> {
+    let (g, dt) = (pool_geom(w, node, x)?, x.dtype());
+    let n = y.numel();
+    let nw = words(n, dt.size());
+    let mut p = window_params(node, &g)?.u(0, nw).u(1, n);
+    p.0.resize(p.0.len().max(32), 0);
+    w.run_kernel(
+        &kernel("max_pool", dt.size(), code(dt), 0),
+        &p,
+        &[(1, x.buf), (2, y.buf)],
+        groups_for(nw, 256),
+    )
+}
+
+/// MaxPoolGrad: each window's argmax into scratch (`max_pool_arg`), then a thread per dX
+/// word sums the dY of the windows whose argmax its elements are (`max_pool_grad`).
+pub fn max_pool_grad(w: &mut Wgpu, node: &Node, dy: &V, x: &V, dx: &V) -> Result<()> {
+    let (g, dt) = (pool_geom(w, node, x)?, x.dtype());
+    let n = dy.numel();
+    let at = w.scratch(n.max(1) * 4);
+    let mut p = window_params(node, &g)?.u(0, n).u(1, n);
+    p.0.resize(p.0.len().max(32), 0);
+    w.run_kernel(
+        &kernel("max_pool_arg", dt.size(), code(dt), 0),
+        &p,
+        &[(1, x.buf), (2, &at)],
+        groups_for(n, 256),
+    )?;
+    let m = dx.numel();
+    let nw = words(m, dt.size());
+    let mut p = window_params(node, &g)?.u(0, nw).u(1, m);
+    p.0.resize(p.0.len().max(32), 0);
+    w.run_kernel(
+        &kernel("max_pool_grad", dt.size(), code(dt), 0),
+        &p,
+        &[(1, dy.buf), (2, dx.buf), (3, &at)],
+        groups_for(nw, 256),
+    )
+}
+
+/// The pool's window over X, for an f32 or f16 X.
+fn pool_geom(w: &Wgpu, node: &Node, x: &V) -> Result<common::WindowGeom> {
+    float_defs(w, node, x.dtype())?;
+    common::window_geom(node, x.shape(), |_| Ok(None))
+}

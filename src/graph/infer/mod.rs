@@ -375,7 +375,9 @@ pub fn shape_inputs(op: &Op) -> &'static [(usize, &'static str)] {
         | Op::RotaryGrad { .. }
         | Op::Conv { .. }
         | Op::FusedConv { .. }
-        | Op::ConvGrad { .. } => &[],
+        | Op::ConvGrad { .. }
+        | Op::MaxPool { .. }
+        | Op::MaxPoolGrad { .. } => &[],
     }
 }
 
@@ -627,7 +629,9 @@ pub fn infer_node(
         | Op::Col2Im { .. }
         | Op::Conv { .. }
         | Op::FusedConv { .. }
-        | Op::ConvGrad { .. } => window::infer(&cx),
+        | Op::ConvGrad { .. }
+        | Op::MaxPool { .. }
+        | Op::MaxPoolGrad { .. } => window::infer(&cx),
         Op::ResizeMatrix { .. } => resize::infer(&cx),
         Op::UnaryGrad(_)
         | Op::SoftmaxGrad { .. }

@@ -1,5 +1,5 @@
-//! Inference of the sliding-window ops: Im2Col, Col2Im, Conv, FusedConv and ConvGrad (their
-//! geometry: graph/window.rs).
+//! Inference of the sliding-window ops: Im2Col, Col2Im, Conv, FusedConv, ConvGrad, MaxPool
+//! and MaxPoolGrad (their geometry: graph/window.rs).
 
 use super::*;
 
@@ -72,8 +72,44 @@ pub(super) fn infer(cx: &Cx) -> Result<Vec<ValueType>> {
             }
             Ok(vec![xv, w])
         }
+        Op::MaxPool { kernel, window } => {
+            cx.need_float(&x, "X")?;
+            one(ValueType::new(
+                x.dtype,
+                &pool_shape(window, &x.shape, kernel).map_err(f)?,
+            ))
+        }
+        // (dY, X) -> dX
+        Op::MaxPoolGrad { kernel, window } => {
+            let xv = need(cx, 1, "X")?;
+            cx.need_float(&xv, "X")?;
+            let shape = pool_shape(window, &xv.shape, kernel).map_err(f)?;
+            if x.shape != shape || x.dtype != xv.dtype {
+                return Err(f(format!(
+                    "dY is {}{:?} but the pool gives {}{:?}",
+                    x.dtype, x.shape, xv.dtype, shape
+                )));
+            }
+            one(xv)
+        }
         _ => unreachable!("window::infer is dispatched the window ops"),
     }
+}
+
+/// Y's shape `[N, C, *out]` of a pool of X `[N, C, *spatial]` (1 to 3 spatial axes).
+fn pool_shape(
+    window: &crate::graph::window::Window,
+    x: &[usize],
+    kernel: &[usize],
+) -> std::result::Result<Vec<usize>, String> {
+    if x.len() != kernel.len() + 2 || kernel.len() > 3 {
+        return Err(format!(
+            "X must be [N, C, spatial...] with one spatial axis per kernel dim ({kernel:?}, 1 \
+             to 3), got {x:?}"
+        ));
+    }
+    let placed = window.place(&x[2..], kernel)?;
+    Ok([&x[..2], &placed.out[..]].concat())
 }
 
 /// Required input `i`.

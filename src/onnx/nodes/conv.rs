@@ -2,7 +2,7 @@
 //! (graph/window.rs): ConvTranspose is the weights' transpose times the input summed back
 //! into an image by Col2Im, and a pool a reduction over the window axis of the columns.
 //! Every backend then runs them and autodiff differentiates them through their parts.
-//! (Conv is graphrun's own op.)
+//! (Conv is graphrun's own op, and so is a floating MaxPool without Indices.)
 
 use super::composite::{bin, inputs, output, reshape, shape, squeeze, un, Attrs};
 use super::Importer;
@@ -533,6 +533,16 @@ impl Importer<'_> {
         let max = op == "MaxPool";
         let (ins, _) = inputs(n, what, (1, 1), if max { 2 } else { 1 })?;
         let x = ins[0].clone();
+        // graphrun's own MaxPool where no Indices are asked for: no backend lays out the
+        // windows, and its gradient goes to one position per window.
+        let float = self
+            .dtypes
+            .get(&x)
+            .is_some_and(|d| matches!(d, DType::F16 | DType::BF16 | DType::F32 | DType::F64));
+        if max && float && output(n, 1).is_none() && (1..=3).contains(&kernel.len()) {
+            self.out(n, 0, Op::MaxPool { kernel, window }, vec![x]);
+            return Ok(());
+        }
         let k: usize = kernel.iter().product();
         let r = kernel.len();
         let fill = if max { f64::NEG_INFINITY } else { 0.0 };

@@ -135,6 +135,10 @@ pub(super) fn grad(b: &mut Builder, ni: usize, n: &Node, dys: &[Option<String>])
             out[0] = Some(b.op1(op, &[&cols, &image], &format!("{x}.d"))?);
             Ok(out)
         }
+        Op::MaxPool { .. } => {
+            let op = n.op.grad_op().expect("MaxPool has a gradient op");
+            Ok(vec![Some(b.op1(op, &[&dy, &x], &format!("{x}.d"))?)])
+        }
         Op::Conv { .. } => conv(b, n, &dy),
         Op::FusedConv { activation, .. } => {
             // G = dY·act'(Pre) (Relu's read from Y: Y > 0 exactly where Pre > 0); then
@@ -476,7 +480,8 @@ pub(super) fn grad(b: &mut Builder, ni: usize, n: &Node, dys: &[Option<String>])
         | Op::AttentionGrad { .. }
         | Op::VarlenAttentionGrad { .. }
         | Op::RotaryGrad { .. }
-        | Op::ConvGrad { .. } => multi(b, ni, n, dys),
+        | Op::ConvGrad { .. }
+        | Op::MaxPoolGrad { .. } => multi(b, ni, n, dys),
     }
 }
 
