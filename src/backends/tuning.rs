@@ -235,6 +235,7 @@ mod tests {
                 "cuda_attention" | "cuda_attention_f32" => "simt",
                 "wgpu_attn_bk" | "dp_stream_priority" => "default",
                 "cublaslt_tune" | "dp_bucket_bytes" => "6",
+                "cuda_conv" => "nhwc",
                 _ => "1",
             };
             t.set(k, v).unwrap_or_else(|e| panic!("{k}: {e}"));
@@ -247,6 +248,8 @@ mod tests {
             .unwrap_err()
             .contains("unknown tuning key"));
         assert!(t.apply("cuda_graphs").is_err());
+        assert!(t.apply("cuda_conv=").is_ok() && t.cuda_conv.is_empty());
+        assert!(t.set("cuda_conv", "fast").is_err());
         assert_eq!(Tuning::default(), Tuning::DEFAULT);
     }
 }
