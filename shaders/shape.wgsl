@@ -563,6 +563,42 @@ fn scatter(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
     SY[w] = word;
 }
 
+// The position (per axis) of element i within its plane's image (the window at
+// P[3..30] as Im2Col's).
+fn image_pos(i: u32) -> array<i32, 3> {
+    var r = i % pu(28u);
+    var pos: array<i32, 3>;
+    for (var d = 2u; d < 3u; d -= 1u) {
+        pos[d] = i32(r % pu(3u + d));
+        r = r / pu(3u + d);
+    }
+    return pos;
+}
+
+// The output position o whose window reads image position `pos` at kernel offset j (per
+// axis o = (p + begin - j·dil) / stride where that divides and lies in [0, out)), or -1.
+fn reader(pos: array<i32, 3>, j: u32) -> i32 {
+    var jr = j;
+    var o = 0u;
+    var ost = 1u;
+    for (var d = 2u; d < 3u; d -= 1u) {
+        let jd = jr % pu(9u + d);
+        jr = jr / pu(9u + d);
+        let q = pos[d] + pi(18u + d) - i32(jd * pu(15u + d));
+        let s = pi(12u + d);
+        if (q < 0 || q % s != 0 || q / s >= pi(6u + d)) { return -1; }
+        o += u32(q / s) * ost;
+        ost *= pu(6u + d);
+    }
+    return i32(o);
+}
+
+// Element e of SX (f32, or f16 where SRC is 1) as f32.
+fn src_f32(e: u32) -> f32 {
+    let b = src_bits(e);
+    return select(bitcast<f32>(b.x), unpack2x16float(b.x).x, SRC == 1u);
+}
+
 // Col2Im: an image element is the sum of the column entries that read it, in kernel
 // offset order, accumulated in f32. SRC is the dtype code (0 f32, 1 f16), P[1] the
 // elements, the window at P[3..30] as Im2Col's; a thread owns one output word (two f16).
@@ -570,34 +606,11 @@ fn col2im_elem(i: u32) -> f32 {
     let k = pu(26u);
     let l = pu(27u);
     let plane = i / pu(28u);
-    var r = i % pu(28u);
-    var pos: array<i32, 3>;
-    for (var d = 2u; d < 3u; d -= 1u) {
-        pos[d] = i32(r % pu(3u + d));
-        r = r / pu(3u + d);
-    }
+    let pos = image_pos(i);
     var acc = 0.0;
     for (var j = 0u; j < k; j += 1u) {
-        var jr = j;
-        var o = 0u;
-        var ost = 1u;
-        var ok = true;
-        for (var d = 2u; d < 3u; d -= 1u) {
-            let jd = jr % pu(9u + d);
-            jr = jr / pu(9u + d);
-            let q = pos[d] + pi(18u + d) - i32(jd * pu(15u + d));
-            let s = pi(12u + d);
-            if (q < 0 || q % s != 0 || q / s >= pi(6u + d)) {
-                ok = false;
-                break;
-            }
-            o += u32(q / s) * ost;
-            ost *= pu(6u + d);
-        }
-        if (ok) {
-            let b = src_bits((plane * k + j) * l + o);
-            acc += select(bitcast<f32>(b.x), unpack2x16float(b.x).x, SRC == 1u);
-        }
+        let o = reader(pos, j);
+        if (o >= 0) { acc += src_f32((plane * k + j) * l + u32(o)); }
     }
     return acc;
 }
@@ -643,8 +656,7 @@ fn pool_arg(i: u32) -> vec2<u32> {
             st *= size;
         }
         if (!inside) { continue; }
-        let b = src_bits(plane * pu(28u) + u32(off));
-        let v = select(bitcast<f32>(b.x), unpack2x16float(b.x).x, SRC == 1u);
+        let v = src_f32(plane * pu(28u) + u32(off));
         if (at < 0 || v > best || (is_nan(v) && !is_nan(best))) {
             best = v;
             at = off;
@@ -687,38 +699,14 @@ fn max_pool_arg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
 // Image element i of dX: the sum of dY (SX) over the windows that read it and whose argmax
 // (AUX, from max_pool_arg) it is, in kernel-offset order (Col2Im's enumeration), in f32.
 fn pool_grad_elem(i: u32) -> f32 {
-    let k = pu(26u);
     let l = pu(27u);
     let plane = i / pu(28u);
-    let at = bitcast<i32>(i % pu(28u));
-    var r = i % pu(28u);
-    var pos: array<i32, 3>;
-    for (var d = 2u; d < 3u; d -= 1u) {
-        pos[d] = i32(r % pu(3u + d));
-        r = r / pu(3u + d);
-    }
+    let me = bitcast<i32>(i % pu(28u));
+    let pos = image_pos(i);
     var acc = 0.0;
-    for (var j = 0u; j < k; j += 1u) {
-        var jr = j;
-        var o = 0u;
-        var ost = 1u;
-        var ok = true;
-        for (var d = 2u; d < 3u; d -= 1u) {
-            let jd = jr % pu(9u + d);
-            jr = jr / pu(9u + d);
-            let q = pos[d] + pi(18u + d) - i32(jd * pu(15u + d));
-            let s = pi(12u + d);
-            if (q < 0 || q % s != 0 || q / s >= pi(6u + d)) {
-                ok = false;
-                break;
-            }
-            o += u32(q / s) * ost;
-            ost *= pu(6u + d);
-        }
-        if (ok && bitcast<i32>(AUX[plane * l + o]) == at) {
-            let b = src_bits(plane * l + o);
-            acc += select(bitcast<f32>(b.x), unpack2x16float(b.x).x, SRC == 1u);
-        }
+    for (var j = 0u; j < pu(26u); j += 1u) {
+        let o = reader(pos, j);
+        if (o >= 0 && bitcast<i32>(AUX[plane * l + u32(o)]) == me) { acc += src_f32(plane * l + u32(o)); }
     }
     return acc;
 }
