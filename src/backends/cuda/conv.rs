@@ -2,11 +2,11 @@
 //! (Col2Im for dX; over the image itself for a 1×1 stride-1 convolution), cuDNN on the
 //! channels-first tensors as they are (cudnn.rs), and cuDNN's channels-last kernels on
 //! transposed copies. Where more than one can run, the first eager call of each shape
-//! times them and keeps the fastest. cuDNN's tensor-core kernels want NHWC: with the
-//! tensors channels-first it runs 16-bit convolutions far below them, so much that the
-//! copies both ways are cheaper (ResNet-50 on the H100: docs/BENCHMARKS.md). The copy back
-//! carries FusedConv's bias, residual and activation in the same pass. The products over
-//! columns win at batch 1.
+//! times them and keeps the fastest. cuDNN's tensor-core kernels want NHWC: on
+//! channels-first tensors it runs 16-bit 3×3 convolutions below them by more than the
+//! copies both ways cost (ResNet-50 bf16 on an H200, 6.91 → 6.32 ms at batch 32:
+//! docs/BENCHMARKS.md). The copy back carries FusedConv's bias, residual and activation in
+//! the same pass. The products over columns win at batch 1.
 
 use super::cudnn::{ConvShape, Cudnn, Which};
 use super::device::{launch_grid, strides, suffix, word, Arg, Strided};

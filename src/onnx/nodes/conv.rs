@@ -534,11 +534,13 @@ impl Importer<'_> {
         let (ins, _) = inputs(n, what, (1, 1), if max { 2 } else { 1 })?;
         let x = ins[0].clone();
         // graphrun's own MaxPool where no Indices are asked for: no backend lays out the
-        // windows, and its gradient goes to one position per window.
+        // windows, and its gradient goes to one position per window. Its X is floating
+        // (most often a value the importer has no type for, such as a Relu's output); an
+        // 8-bit one known here keeps the columns form, which every backend reduces.
         let float = self
             .dtypes
             .get(&x)
-            .is_some_and(|d| matches!(d, DType::F16 | DType::BF16 | DType::F32 | DType::F64));
+            .is_none_or(|d| matches!(d, DType::F16 | DType::BF16 | DType::F32 | DType::F64));
         if max && float && output(n, 1).is_none() && (1..=3).contains(&kernel.len()) {
             self.out(n, 0, Op::MaxPool { kernel, window }, vec![x]);
             return Ok(());
