@@ -1117,3 +1117,55 @@ fn bad_windows_are_refused_with_the_node_named() {
     let e = refusal(&c);
     assert!(e.contains("Conv_node"), "{e}");
 }
+
+/// An integer MaxPool whose input's type the model leaves undeclared (here a Cast's output)
+/// takes graphrun's floating MaxPool op, which refuses it naming the node and saying how to
+/// declare the type; declared (a graph input), it runs in the columns form.
+#[test]
+fn integer_max_pool_of_an_undeclared_type_is_refused_with_the_way_out() {
+    let pool = || {
+        node(
+            "MaxPool",
+            "",
+            &["q"],
+            &["y"],
+            vec![ints_attr("kernel_shape", &[2, 2])],
+        )
+    };
+    let dims = [Some(1), Some(1), Some(4), Some(4)];
+    let bytes = model_bytes(
+        vec![
+            node("Cast", "", &["x"], &["q"], vec![int_attr("to", 2)]),
+            pool(),
+        ],
+        19,
+        vec![input("x", DType::F32, &dims)],
+        vec![],
+        &["y"],
+    );
+    let e = graphrun::onnx::from_bytes(&bytes, "m", std::path::Path::new("."))
+        .and_then(|g| Session::new(g, SessionOptions::unfused()).map(|_| ()))
+        .expect_err("refused")
+        .to_string();
+    assert!(
+        e.contains("'MaxPool_node'") && e.contains("value_info"),
+        "{e}"
+    );
+    let bytes = model_bytes(
+        vec![pool()],
+        19,
+        vec![input("q", DType::U8, &dims)],
+        vec![],
+        &["y"],
+    );
+    let g = graphrun::onnx::from_bytes(&bytes, "m", std::path::Path::new(".")).unwrap();
+    let q = Tensor::from_vec(&[1, 1, 4, 4], (0..16u8).rev().collect::<Vec<u8>>()).unwrap();
+    let y = Session::new(g, SessionOptions::unfused())
+        .unwrap()
+        .run(&[("q".to_string(), q)].into())
+        .unwrap();
+    assert_eq!(
+        y[0].1.to_f64_vec(),
+        vec![15.0, 14.0, 13.0, 11.0, 10.0, 9.0, 7.0, 6.0, 5.0]
+    );
+}

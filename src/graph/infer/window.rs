@@ -73,7 +73,14 @@ pub(super) fn infer(cx: &Cx) -> Result<Vec<ValueType>> {
             Ok(vec![xv, w])
         }
         Op::MaxPool { kernel, window } => {
-            cx.need_float(&x, "X")?;
+            if !x.dtype.is_float() {
+                return Err(f(format!(
+                    "X is {}: this MaxPool takes a floating X. The importer writes an \
+                     integer MaxPool another way when the model declares its input's type \
+                     (as a graph input or in value_info, which onnx.shape_inference adds)",
+                    x.dtype
+                )));
+            }
             one(ValueType::new(
                 x.dtype,
                 &pool_shape(window, &x.shape, kernel).map_err(f)?,
