@@ -505,56 +505,61 @@ pub(super) fn col2im_geom(
     let dt = y.dtype();
     float_defs(w, node, dt)?;
     let n = y.numel();
-    let nw = words(n, dt.size());
+    let bufs = [(1, cols.buf), (2, y.buf)];
+    window_kernel(w, node, g, "col2im", dt, (words(n, dt.size()), n), &bufs)
+}
+
+/// Runs the window kernel `entry` of shaders/shape.wgsl for floating `dt` on `bufs`, a
+/// thread per output word: (words, elements) of its output, the window at P[3..30].
+fn window_kernel(
+    w: &mut Wgpu,
+    node: &Node,
+    g: &common::WindowGeom,
+    entry: &str,
+    dt: DType,
+    (nw, n): (usize, usize),
+    bufs: &[(u32, &wgpu::Buffer)],
+) -> Result<()> {
     let mut p = window_params(node, g)?.u(0, nw).u(1, n);
     p.0.resize(p.0.len().max(32), 0);
-    let src = code(dt);
-    w.run_kernel(
-        &kernel("col2im", dt.size(), src, 0),
-        &p,
-        &[(1, cols.buf), (2, y.buf)],
-        groups_for(nw, 256),
-    )
+    let k = kernel(entry, dt.size(), code(dt), 0);
+    w.run_kernel(&k, &p, bufs, groups_for(nw, 256))
 }
 
 /// MaxPool (`max_pool`): a thread per output word.
 pub fn max_pool(w: &mut Wgpu, node: &Node, x: &V, y: &V) -> Result<()> {
     let (g, dt) = (pool_geom(w, node, x)?, x.dtype());
     let n = y.numel();
-    let nw = words(n, dt.size());
-    let mut p = window_params(node, &g)?.u(0, nw).u(1, n);
-    p.0.resize(p.0.len().max(32), 0);
-    w.run_kernel(
-        &kernel("max_pool", dt.size(), code(dt), 0),
-        &p,
-        &[(1, x.buf), (2, y.buf)],
-        groups_for(nw, 256),
-    )
+    let bufs = [(1, x.buf), (2, y.buf)];
+    window_kernel(w, node, &g, "max_pool", dt, (words(n, dt.size()), n), &bufs)
 }
 
-/// MaxPoolGrad: each window's argmax into scratch (`max_pool_arg`), then a thread per dX
-/// word sums the dY of the windows whose argmax its elements are (`max_pool_grad`).
+/// MaxPoolGrad: each window's argmax into scratch (`max_pool_arg`, one i32 word each), then
+/// a thread per dX word sums the dY of the windows whose argmax its elements are
+/// (`max_pool_grad`).
 pub fn max_pool_grad(w: &mut Wgpu, node: &Node, dy: &V, x: &V, dx: &V) -> Result<()> {
     let (g, dt) = (pool_geom(w, node, x)?, x.dtype());
     let n = dy.numel();
     let at = w.scratch(n.max(1) * 4);
-    let mut p = window_params(node, &g)?.u(0, n).u(1, n);
-    p.0.resize(p.0.len().max(32), 0);
-    w.run_kernel(
-        &kernel("max_pool_arg", dt.size(), code(dt), 0),
-        &p,
+    window_kernel(
+        w,
+        node,
+        &g,
+        "max_pool_arg",
+        dt,
+        (n, n),
         &[(1, x.buf), (2, &at)],
-        groups_for(n, 256),
     )?;
     let m = dx.numel();
-    let nw = words(m, dt.size());
-    let mut p = window_params(node, &g)?.u(0, nw).u(1, m);
-    p.0.resize(p.0.len().max(32), 0);
-    w.run_kernel(
-        &kernel("max_pool_grad", dt.size(), code(dt), 0),
-        &p,
-        &[(1, dy.buf), (2, dx.buf), (3, &at)],
-        groups_for(nw, 256),
+    let bufs = [(1, dy.buf), (2, dx.buf), (3, &at)];
+    window_kernel(
+        w,
+        node,
+        &g,
+        "max_pool_grad",
+        dt,
+        (words(m, dt.size()), m),
+        &bufs,
     )
 }
 
