@@ -153,18 +153,36 @@ template <class T> __device__ void col2im_k(const T* cols, T* y, WinGeom g, i64 
 
 // MaxPool over the window of output i (plane, o): the maximum (NaN where the window holds
 // one, -inf where it reads none of the image) into *best, and the plane offset of its
-// first position in window order (-1 for none), which is where the gradient goes.
+// first position in window order (-1 for none), which is where the gradient goes. Loops
+// per axis, so that a window costs three divisions instead of several per position
+// (win_source's).
 template <class I, class T> __device__ __forceinline__ int pool_argmax(const T* x, const WinGeom& g, I i, typename Num<T>::A* best) {
     typedef typename Num<T>::A A;
     I l = (I)g.l, o = i % l;
     const T* img = x + (long long)(i / l) * g.hw;
+    int first[3];  // the window's first position along each axis
+    for (int d = 2; d >= 0; --d) {
+        I od = (I)g.out[d];
+        first[d] = (int)(o % od) * (int)g.stride[d] - (int)g.begin[d];
+        o /= od;
+    }
+    const int h = (int)g.image[0], w = (int)g.image[1], v2 = (int)g.image[2];
     int at = -1;
     A b = neg_inf(A(0));
-    for (I j = 0; j < (I)g.k; ++j) {
-        long long s = win_source<I>(g, j, o);
-        if (s < 0) continue;
-        A v = ld(img[s]);
-        if (at < 0 || v > b || (v != v && b == b)) { b = v; at = (int)s; }
+    for (int j0 = 0; j0 < (int)g.kernel[0]; ++j0) {
+        int q0 = first[0] + j0 * (int)g.dil[0];
+        if (q0 < 0 || q0 >= h) continue;
+        for (int j1 = 0; j1 < (int)g.kernel[1]; ++j1) {
+            int q1 = first[1] + j1 * (int)g.dil[1];
+            if (q1 < 0 || q1 >= w) continue;
+            for (int j2 = 0; j2 < (int)g.kernel[2]; ++j2) {
+                int q2 = first[2] + j2 * (int)g.dil[2];
+                if (q2 < 0 || q2 >= v2) continue;
+                int s = (q0 * w + q1) * v2 + q2;
+                A v = ld(img[s]);
+                if (at < 0 || v > b || (v != v && b == b)) { b = v; at = s; }
+            }
+        }
     }
     *best = b;
     return at;
@@ -186,18 +204,59 @@ template <class T> __device__ void max_pool_k(const T* x, T* y, int* at, WinGeom
     else max_pool_body<i64, T>(x, y, at, g, n);
 }
 
+// The outputs along one axis whose window reads position p there, as the range [lo, hi]
+// walked from hi down (kernel offsets ascending); with a dilation only every such that
+// lands on a kernel tap counts (`pool_tap`).
+struct AxisRange { int lo, hi; };
+__device__ __forceinline__ AxisRange pool_range(int p, int begin, int k, int s, int dil, int out) {
+    int t = p + begin;  // the window start of output 0 is -begin
+    AxisRange r;
+    r.hi = t < 0 ? -1 : min(t / s, out - 1);
+    int low = t - (k - 1) * dil;  // the earliest window start that still reaches p
+    r.lo = low <= 0 ? 0 : (low + s - 1) / s;
+    return r;
+}
+// Kernel offset of output od's window at position p along an axis, or -1 past the taps.
+__device__ __forceinline__ int pool_tap(int p, int begin, int od, int s, int dil, int k) {
+    int t = p + begin - od * s;
+    if (dil != 1) {
+        if (t % dil != 0) return -1;
+        t /= dil;
+    }
+    return t < k ? t : -1;
+}
+
 // MaxPoolGrad's second step: image element p of a plane sums dY over the windows that
-// read it and whose argmax it is (in kernel-offset order, without atomics).
+// read it and whose argmax it is (in kernel-offset order, without atomics). The windows
+// are found per axis from p's coordinates (a few divisions per element, where a test of
+// every kernel offset took several per offset).
 template <class I, class T> __device__ __forceinline__ void max_pool_grad_body(const T* dy, const int* at, T* dx, const WinGeom& g, I n) {
     typedef typename Num<T>::A A;
     I hw = (I)g.hw, l = (I)g.l;
     for (I i = blockIdx.x * (I)blockDim.x + threadIdx.x; i < n; i += (I)gridDim.x * blockDim.x) {
-        I plane = i / hw, p = i % hw;
+        I plane = i / hw, p = i % hw, r = p;
+        int pos[3];
+        for (int d = 2; d >= 0; --d) {
+            pos[d] = (int)(r % (I)g.image[d]);
+            r /= (I)g.image[d];
+        }
+        AxisRange ax[3];
+        for (int d = 0; d < 3; ++d)
+            ax[d] = pool_range(pos[d], (int)g.begin[d], (int)g.kernel[d], (int)g.stride[d], (int)g.dil[d], (int)g.out[d]);
+        const int o1n = (int)g.out[1], o2n = (int)g.out[2];
+        const long long base = (long long)plane * l;
         A acc = 0;
-        for_each_reader<I>(g, p, [&](I, I o) {
-            long long w = (long long)plane * l + o;
-            if (at[w] == (int)p) acc += ld(dy[w]);
-        });
+        for (int o0 = ax[0].hi; o0 >= ax[0].lo; --o0) {
+            if (pool_tap(pos[0], (int)g.begin[0], o0, (int)g.stride[0], (int)g.dil[0], (int)g.kernel[0]) < 0) continue;
+            for (int o1 = ax[1].hi; o1 >= ax[1].lo; --o1) {
+                if (pool_tap(pos[1], (int)g.begin[1], o1, (int)g.stride[1], (int)g.dil[1], (int)g.kernel[1]) < 0) continue;
+                for (int o2 = ax[2].hi; o2 >= ax[2].lo; --o2) {
+                    if (pool_tap(pos[2], (int)g.begin[2], o2, (int)g.stride[2], (int)g.dil[2], (int)g.kernel[2]) < 0) continue;
+                    long long w = base + ((long long)o0 * o1n + o1) * o2n + o2;
+                    if (at[w] == (int)p) acc += ld(dy[w]);
+                }
+            }
+        }
         dx[i] = st<T>(acc);
     }
 }

@@ -87,9 +87,14 @@ fn reduce_each(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
     Y[o] = T(acc);
 }
 
-// Integer reductions (T = i32) in i32's wrapping arithmetic, as the CPU's: a thread per
-// output (P[3] of them), its reduced elements in order. A mean truncates toward zero (an
-// empty one is 0, as on the CPU).
+// Integer reductions (T = i32) in i32's wrapping arithmetic, as the CPU's; a mean
+// truncates toward zero (an empty one is 0, as on the CPU). `reduce_int`: a thread per
+// output (P[3] of them) folds its few reduced elements in order.
+fn int_ident(kind: u32) -> i32 { return select(select(0, 1, kind == 4u), -2147483647 - 1, kind == 2u); }
+fn int_fold(acc: i32, v: i32, kind: u32) -> i32 {
+    return select(select(acc + v, acc * v, kind == 4u), max(acc, v), kind == 2u);
+}
+fn int_mean(acc: i32, n: u32, kind: u32) -> i32 { return select(acc, acc / i32(max(n, 1u)), kind == 1u); }
 @compute @workgroup_size(256)
 fn reduce_int(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let o = linear(wid, nwg, lid, WG);
@@ -97,13 +102,36 @@ fn reduce_int(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
     let n = pu(0u);
     let kind = pu(1u);
     let base = offset_at(16u, 0u, o);
-    var acc = select(select(0, 1, kind == 4u), -2147483647 - 1, kind == 2u);
+    var acc = int_ident(kind);
     for (var r = 0u; r < n; r += 1u) {
-        let v = i32(X0[base + offset_at(52u, 0u, r)]);
-        if (kind == 2u) { acc = max(acc, v); } else if (kind == 4u) { acc *= v; } else { acc += v; }
+        acc = int_fold(acc, i32(X0[base + offset_at(52u, 0u, r)]), kind);
     }
-    if (kind == 1u && n > 0u) { acc /= i32(n); }
-    Y[o] = T(acc);
+    Y[o] = T(int_mean(acc, n, kind));
+}
+
+// `reduce_int` for long reductions: a workgroup per output, its threads' folds combined
+// in a tree (i32's wrapping sum, product and max do not depend on the order, so this is
+// still the CPU's result). A thread looping over all of them would stop early on
+// lavapipe, which ends a loop after 65535 iterations (a sum of 70000 ones came out 21845).
+var<workgroup> red_int: array<i32, 256>;
+@compute @workgroup_size(256)
+fn reduce_int_wg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let o = row_id(wid, nwg);
+    let n = pu(0u);
+    let kind = pu(1u);
+    let base = offset_at(16u, 0u, o);
+    var acc = int_ident(kind);
+    for (var r = lid; r < n; r += WG) {
+        acc = int_fold(acc, i32(X0[base + offset_at(52u, 0u, r)]), kind);
+    }
+    red_int[lid] = acc;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+        if (lid < s) { red_int[lid] = int_fold(red_int[lid], red_int[lid + s], kind); }
+        workgroupBarrier();
+    }
+    // (The grid may hold a few workgroups past the last output.)
+    if (lid == 0u && o < pu(3u)) { Y[o] = T(int_mean(red_int[0], n, kind)); }
 }
 
 // A reduction too long for one workgroup per output (few outputs, many elements) in two

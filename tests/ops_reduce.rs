@@ -385,6 +385,42 @@ fn reduce_large_parallel() {
 }
 
 #[test]
+fn reduce_over_batch_and_space_keeping_channels() {
+    // A convolution's bias gradient (NCHW summed over N, H and W) and a global pool (the
+    // spatial axes alone): CUDA reads these as [outer, channels, inner], split into parts
+    // of the outer rows where there are few channels (the first shape); inner runs of 42
+    // and 400 elements do not divide a block of threads. The integer sums of 25600
+    // elements an output need more than one thread each on lavapipe, which ends a shader
+    // loop after 65535 iterations.
+    let shapes: [(&[usize], &[i64]); 4] = [
+        (&[64, 3, 20, 20], &[0, 2, 3]),
+        (&[8, 5, 6, 7], &[0, 2, 3]),
+        (&[8, 5, 1, 6, 7], &[0, 2, 3, 4]),
+        (&[3, 5, 6, 7], &[2, 3]),
+    ];
+    for (i, (shape, axes)) in shapes.into_iter().enumerate() {
+        let x = randn(shape, 40 + i as u64);
+        for (name, kind) in KINDS {
+            let o = op(
+                name,
+                &[
+                    ("axes", AttrValue::Ints(axes.to_vec())),
+                    ("keepdims", AttrValue::Int(0)),
+                ],
+            );
+            check(o, &[inp(x.clone())], &FLOATS, |a| {
+                reduce_ref(&a[0], axes, false, kind)
+            });
+        }
+        let ints = rand_ints(shape, 50 + i as u64, -1000, 1000).cast(DType::I32);
+        let o = op("ReduceSum", &[("axes", AttrValue::Ints(axes.to_vec()))]);
+        check_exact_f32(o, &[inp(ints)], |a| {
+            reduce_ref(&a[0], axes, true, Kind::Sum)
+        });
+    }
+}
+
+#[test]
 fn reduce_sum_max_on_ints() {
     for dt in [DType::I64, DType::I32] {
         let x = rand_ints(&[3, 4, 5], 33, -1000, 1000).cast(dt);

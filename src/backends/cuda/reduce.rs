@@ -71,6 +71,9 @@ pub fn reduce(c: &Cuda, node: &Node, kind: ReduceKind, x: &V, axes: &[i64], y: &
         ReduceKind::MeanSquare => 3,
         ReduceKind::Prod => 4,
     };
+    if let Some([outer, mid, inner]) = outer_mid_inner(x.shape(), &red_axes) {
+        return reduce_oi(c, x, y, [outer, mid, inner], code);
+    }
     // Few outputs of many elements each: one block per output would leave the GPU idle
     // (an MSE's mean over 8M elements took 16 ms), so split each into parts.
     if n_red >= 1 << 16 && n_out < 256 {
@@ -128,6 +131,81 @@ pub fn reduce(c: &Cuda, node: &Node, kind: ReduceKind, x: &V, axes: &[i64], y: &
         n_out as u32,
         row_threads(n_red),
         &args,
+    )
+}
+
+/// x as `[outer, mid, inner]` where the reduced axes are those of outer and inner and the
+/// kept ones mid's, with runs of inner long enough to read coalesced (a channels-first
+/// bias gradient: N and the spatial axes reduced, the channels kept).
+fn outer_mid_inner(shape: &[usize], red: &[usize]) -> Option<[usize; 3]> {
+    // The axes of size > 1 as runs of (reduced, size).
+    let mut runs: Vec<(bool, usize)> = vec![];
+    for (d, &n) in shape.iter().enumerate().filter(|&(_, &n)| n != 1) {
+        let r = red.contains(&d);
+        match runs.last_mut() {
+            Some((lr, size)) if *lr == r => *size *= n,
+            _ => runs.push((r, n)),
+        }
+    }
+    let [outer, mid, inner] = match runs[..] {
+        [(false, m), (true, i)] => [1, m, i],
+        [(true, o), (false, m), (true, i)] => [o, m, i],
+        _ => return None,
+    };
+    // (No empty axis: parts divide outer, and a kernel never divides by inner = 0.)
+    (inner >= 16 && outer > 0 && (1..1 << 30).contains(&mid)).then_some([outer, mid, inner])
+}
+
+/// `outer_mid_inner`'s reduction (reduce.cu `reduce_oi_k`): a block per kept element, each
+/// split into parts of the outer rows where there are too few kept elements to fill the
+/// GPU.
+fn reduce_oi(c: &Cuda, x: &V, y: &V, [outer, mid, inner]: [usize; 3], code: i32) -> Result<()> {
+    let sfx = suffix(x.dtype());
+    let parts = match mid >= 1024 {
+        true => 1,
+        false => 2048usize
+            .div_ceil(mid)
+            .min(outer * inner / 8192)
+            .clamp(1, outer),
+    };
+    let ab = if x.dtype().is_float() {
+        acc_bytes(x.dtype())
+    } else {
+        8
+    };
+    let part = match parts {
+        1 => 0,
+        _ => c.scratch(mid * parts * ab)?,
+    };
+    c.launch(
+        &format!("reduce_oi_{sfx}"),
+        (mid * parts) as u32,
+        256,
+        &[
+            Arg::Ptr(x.p),
+            Arg::Ptr(y.p),
+            Arg::Ptr(part),
+            Arg::I64(outer as i64),
+            Arg::I64(mid as i64),
+            Arg::I64(inner as i64),
+            Arg::I64(parts as i64),
+            Arg::I32(code),
+        ],
+    )?;
+    if parts == 1 {
+        return Ok(());
+    }
+    c.launch(
+        &format!("reduce_fin_{sfx}"),
+        mid as u32,
+        256,
+        &[
+            Arg::Ptr(part),
+            Arg::Ptr(y.p),
+            Arg::I64((outer * inner) as i64),
+            Arg::I64(parts as i64),
+            Arg::I32(code),
+        ],
     )
 }
 

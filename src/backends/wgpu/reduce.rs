@@ -160,11 +160,16 @@ pub fn reduce(
         .u(3, outs)
         .strided(16, &Strided::new(&kshape, &[&kst]))?
         .strided(52, &Strided::new(&rshape, &[&rst]))?;
-    // Exact in i32 (wrapping, as the CPU's), or many outputs of a few elements each: a
-    // thread per output.
+    // Exact in i32 (wrapping, as the CPU's): a workgroup per output, or a thread where
+    // there are many outputs of a few elements each, as for floats.
+    let short = n_red <= EACH && outs >= 256;
+    if x.dtype() == DType::I32 && !short {
+        let k = select_kernel(w, node, "reduce_int_wg", x.dtype())?;
+        return w.run_kernel(&k, &p, &[(1, x.buf), (4, y.buf)], rows_groups(outs));
+    }
     let each = match x.dtype() {
         DType::I32 => Some(select_kernel(w, node, "reduce_int", x.dtype())?),
-        _ if n_red <= EACH && outs >= 256 => Some(kernel(w, node, "reduce_each", x.dtype(), 1)?),
+        _ if short => Some(kernel(w, node, "reduce_each", x.dtype(), 1)?),
         _ => None,
     };
     if let Some(k) = each {
