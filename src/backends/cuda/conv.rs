@@ -378,6 +378,18 @@ pub fn conv_grad(
     let (g, l, ckg, mg, m, es) = (&cg.g, cg.g.l(), cg.ckg(), cg.mg(), cg.m, dt.size() as u64);
     let hw = g.hw();
     let scratch = |bytes| c.scratch(bytes);
+    // dY channels-last, for dX and dW alike where both take that way: transposed once,
+    // unless timing the ways started scratch over in between.
+    let dyt_kept = std::cell::Cell::new(None);
+    let dy_last = || -> Result<u64> {
+        let round = c.steps.scratch_round();
+        if let Some((p, _)) = dyt_kept.get().filter(|&(_, r)| r == round) {
+            return Ok(p);
+        }
+        let p = to_last(c, dt, dy.p, [g.n, m, l])?;
+        dyt_kept.set(Some((p, round)));
+        Ok(p)
+    };
     if want.first() == Some(&true) && x.numel() > 0 {
         let dx = &outs[0];
         let columns = || -> Result<()> {
@@ -409,7 +421,7 @@ pub fn conv_grad(
         let run = |way: Way, dnn: Dnn| -> Result<bool> {
             match (way, dnn) {
                 (Way::Nhwc, Some((d, s))) => {
-                    let dyt = to_last(c, dt, dy.p, [g.n, m, l])?;
+                    let dyt = dy_last()?;
                     let wt = to_last(c, dt, w.p, [m, cg.cg(), g.k()])?;
                     let dims = [g.n, hw, g.c];
                     let dxt = staged(c, dt, dx.p, dims)?;
@@ -456,7 +468,7 @@ pub fn conv_grad(
             match (way, dnn) {
                 (Way::Nhwc, Some((d, s))) => {
                     let xt = to_last(c, dt, x.p, [g.n, g.c, hw])?;
-                    let dyt = to_last(c, dt, dy.p, [g.n, m, l])?;
+                    let dyt = dy_last()?;
                     let dims = [m, g.k(), cg.cg()];
                     let dwt = staged(c, dt, dw.p, dims)?;
                     Ok(d.conv(Which::Filter, s, xt, dyt, dwt, None, &scratch)?

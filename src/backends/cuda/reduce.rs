@@ -71,8 +71,10 @@ pub fn reduce(c: &Cuda, node: &Node, kind: ReduceKind, x: &V, axes: &[i64], y: &
         ReduceKind::MeanSquare => 3,
         ReduceKind::Prod => 4,
     };
-    if let Some([outer, mid, inner]) = outer_mid_inner(x.shape(), &red_axes) {
-        return reduce_oi(c, x, y, [outer, mid, inner], code);
+    // (Many short lines, such as a global pool's 7×7, take `reduce_lines_k` below.)
+    let lines = n_red <= 64 && n_out >= 1 << 12;
+    if let Some(dims) = outer_mid_inner(x.shape(), &red_axes).filter(|_| !lines) {
+        return reduce_oi(c, x, y, dims, code);
     }
     // Few outputs of many elements each: one block per output would leave the GPU idle
     // (an MSE's mean over 8M elements took 16 ms), so split each into parts.
@@ -121,7 +123,7 @@ pub fn reduce(c: &Cuda, node: &Node, kind: ReduceKind, x: &V, axes: &[i64], y: &
         Arg::Strided(red),
         Arg::I64(n_red as i64),
     ];
-    if n_red <= 64 && n_out >= 1 << 12 {
+    if lines {
         args.extend([Arg::I64(n_out as i64), Arg::I32(code)]);
         return c.launch_n(&format!("reduce_lines_{}", suffix(x.dtype())), n_out, &args);
     }

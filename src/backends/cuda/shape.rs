@@ -422,8 +422,12 @@ pub fn max_pool(c: &Cuda, node: &Node, x: &V, y: &V) -> Result<()> {
     c.launch_n(&format!("max_pool_{}", suffix(x.dtype())), y.numel(), &args)
 }
 
+/// Image elements along the last axis a thread of `max_pool_grad` takes (cuda/shape.cu
+/// `POOL_RUN`).
+const POOL_RUN: usize = 4;
+
 /// MaxPoolGrad: each window's argmax into scratch (a thread per window), then a thread per
-/// image element sums the dY of the windows whose argmax it is.
+/// run of image elements sums the dY of the windows whose argmax each is.
 pub fn max_pool_grad(c: &Cuda, node: &Node, dy: &V, x: &V, dx: &V) -> Result<()> {
     let g = pool_geom(node, x)?;
     let (n, dt) = (dy.numel(), x.dtype());
@@ -436,14 +440,15 @@ pub fn max_pool_grad(c: &Cuda, node: &Node, dy: &V, x: &V, dx: &V) -> Result<()>
         Arg::I64(n as i64),
     ];
     c.launch_n(&format!("max_pool_{}", suffix(dt)), n, &args)?;
+    let runs = g.n * g.c * (g.hw() / g.image[2].max(1)) * g.image[2].div_ceil(POOL_RUN);
     let args = [
         Arg::Ptr(dy.p),
         Arg::Ptr(at),
         Arg::Ptr(dx.p),
         Arg::Window(win_geom(&g)),
-        Arg::I64(dx.numel() as i64),
+        Arg::I64(runs as i64),
     ];
-    c.launch_n(&format!("max_pool_grad_{}", suffix(dt)), dx.numel(), &args)
+    c.launch_n(&format!("max_pool_grad_{}", suffix(dt)), runs, &args)
 }
 
 /// The pool's window over X, for a floating X whose planes fit 32-bit offsets.

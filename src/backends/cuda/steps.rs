@@ -25,6 +25,9 @@ const MAX_GRAPHS: usize = 16;
 pub struct Steps {
     pool: RefCell<Vec<CudaSlice<u8>>>,
     next: Cell<usize>,
+    /// Calls of `node_begins` so far: scratch taken before the last one may be handed out
+    /// again.
+    begun: Cell<u64>,
     /// Bumped whenever a pool buffer is replaced: recordings that hold its address die.
     epoch: Cell<u64>,
     /// Whether the current step did something a CUDA graph cannot record.
@@ -89,6 +92,7 @@ impl Steps {
         Ok(Steps {
             pool: RefCell::new(vec![]),
             next: Cell::new(0),
+            begun: Cell::new(0),
             epoch: Cell::new(0),
             unrecordable: Cell::new(false),
             params,
@@ -112,6 +116,13 @@ impl Steps {
 
     pub fn node_begins(&self) {
         self.next.set(0);
+        self.begun.set(self.begun.get() + 1);
+    }
+
+    /// Changes whenever scratch starts over (`node_begins`): a scratch address taken
+    /// under the same value still holds what was written to it.
+    pub fn scratch_round(&self) -> u64 {
+        self.begun.get()
     }
 
     pub fn scratch(&self, stream: &Arc<CudaStream>, bytes: usize) -> Result<u64> {
