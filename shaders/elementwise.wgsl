@@ -454,14 +454,21 @@ fn range_(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
 }
 
 // CumSum (CumProd with P[4] bit 2): a thread a line; P[1] = outer, P[2] = length,
-// P[3] = inner, P[4] bit 0 exclusive, bit 1 reverse.
+// P[3] = inner, P[4] bit 0 exclusive, bit 1 reverse. A dispatch covers steps [P[5], P[6])
+// of each line and carries on from what the previous one wrote (lavapipe ends a shader
+// loop after 65535 iterations, so a long line takes several).
 @compute @workgroup_size(256)
 fn cumulative(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let line = linear(wid, nwg, lid, WG);
     if (line >= pu(1u) * pu(3u)) { return; }
     let c = cum_line(line);
     var acc = select(A(0), A(1), c.prod);
-    for (var s = 0u; s < c.d; s += 1u) {
+    if (c.s0 > 0u) {
+        let prev = cum_at(c, c.s0 - 1u);
+        acc = A(Y[prev]);
+        if (c.excl) { acc = select(acc + A(X0[prev]), acc * A(X0[prev]), c.prod); }
+    }
+    for (var s = c.s0; s < c.s1; s += 1u) {
         let at = cum_at(c, s);
         let v = A(X0[at]);
         if (!c.excl) { acc = select(acc + v, acc * v, c.prod); }
@@ -477,7 +484,12 @@ fn cumulative64(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
     if (line >= pu(1u) * pu(3u)) { return; }
     let c = cum_line(line);
     var acc = select(vec2<u32>(0u, 0u), vec2<u32>(1u, 0u), c.prod);
-    for (var s = 0u; s < c.d; s += 1u) {
+    if (c.s0 > 0u) {
+        let prev = cum_at(c, c.s0 - 1u);
+        acc = vec2<u32>(M[2u * prev], M[2u * prev + 1u]);
+        if (c.excl) { acc = select(add64(acc, b0_64(prev)), mul64(acc, b0_64(prev)), c.prod); }
+    }
+    for (var s = c.s0; s < c.s1; s += 1u) {
         let at = cum_at(c, s);
         let v = b0_64(at);
         if (!c.excl) { acc = select(add64(acc, v), mul64(acc, v), c.prod); }
@@ -488,14 +500,14 @@ fn cumulative64(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
 }
 
 // One line of a cumulative sum or product (P: 1 outer, 2 length, 3 inner
-// stride, 4 flags: 1 exclusive, 2 reverse, 4 product).
-struct CumLine { base: u32, d: u32, inner: u32, excl: bool, rev: bool, prod: bool }
+// stride, 4 flags: 1 exclusive, 2 reverse, 4 product; 5, 6 the steps of this dispatch).
+struct CumLine { base: u32, d: u32, inner: u32, excl: bool, rev: bool, prod: bool, s0: u32, s1: u32 }
 
 fn cum_line(line: u32) -> CumLine {
     let d = pu(2u);
     let inner = pu(3u);
     let f = pu(4u);
-    return CumLine((line / inner) * d * inner + line % inner, d, inner, (f & 1u) != 0u, (f & 2u) != 0u, (f & 4u) != 0u);
+    return CumLine((line / inner) * d * inner + line % inner, d, inner, (f & 1u) != 0u, (f & 2u) != 0u, (f & 4u) != 0u, pu(5u), pu(6u));
 }
 
 // Element s of the line, counted from its end when reversed.

@@ -201,6 +201,50 @@ fn arg_reduce(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
     I[2u * l + 1u] = 0u;
 }
 
+// `arg_reduce` for long lines: a workgroup per line, each thread's pick over every WG-th
+// element combined in a tree by value, then by index (the first of equal values, the last
+// with select_last_index). A thread walking a whole line stops early on lavapipe, which
+// ends a loop after 65535 iterations.
+var<workgroup> arg_v: array<T, 256>;
+var<workgroup> arg_i: array<u32, 256>;
+@compute @workgroup_size(256)
+fn arg_reduce_wg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let l = row_id(wid, nwg);
+    let d = pu(1u);
+    let inner = pu(2u);
+    let is_min = (pu(3u) & 1u) != 0u;
+    let last = (pu(3u) & 2u) != 0u;
+    let base = (l / inner) * d * inner + l % inner;
+    var at = min(lid, d - 1u);
+    var best = X0[base + at * inner];
+    for (var s = lid + WG; s < d; s += WG) {
+        let v = X0[base + s * inner];
+        if (beats(v, best, is_min, last)) { best = v; at = s; }
+    }
+    arg_v[lid] = best;
+    arg_i[lid] = at;
+    workgroupBarrier();
+    for (var h = WG / 2u; h > 0u; h >>= 1u) {
+        if (lid < h) {
+            let a = arg_v[lid];
+            let b = arg_v[lid + h];
+            let ia = arg_i[lid];
+            let ib = arg_i[lid + h];
+            let same = (nan_of(a) && nan_of(b)) || a == b;
+            if ((same && select((ib < ia), (ib > ia), last)) || (!same && beats(b, a, is_min, false))) {
+                arg_v[lid] = b;
+                arg_i[lid] = ib;
+            }
+        }
+        workgroupBarrier();
+    }
+    // (The grid may hold a few workgroups past the last line.)
+    if (lid == 0u && l < pu(0u)) {
+        I[2u * l] = arg_i[0];
+        I[2u * l + 1u] = 0u;
+    }
+}
+
 // Whether (a, ia) ranks before (b, ib) in TopK's order: the larger value first (smaller
 // without `largest`), NaN above every number, equal values by lower index. As the CPU
 // backend's `rank`.

@@ -625,3 +625,83 @@ fn softmax_cross_entropy_bad_label_is_an_error() {
         );
     }
 }
+
+#[test]
+fn long_lines_on_every_backend() {
+    // Lines of 70000 and 40000 elements: WebGPU's thread-per-line kernels took them in one
+    // loop, which lavapipe ends after 65535 iterations (an ArgMax stopped at the first
+    // 99.9 it met, a CumSum left the tail at 0).
+    let n = 70000;
+    let mut v = rand(&[2, n], 60, -4.0, 4.0).to_f64_vec();
+    v[10] = 10.0; // line 0: the maximum twice, the minimum twice
+    v[n - 10] = 10.0;
+    v[100] = -10.0;
+    v[n - 1] = -10.0;
+    v[n + 50000] = f64::NAN; // line 1: NaN twice
+    v[n + 60000] = f64::NAN;
+    let x = Tensor::from_f64(DType::F32, &[2, n], &v).unwrap();
+    for (name, min) in [("ArgMax", false), ("ArgMin", true)] {
+        for last in [false, true] {
+            let o = op(
+                name,
+                &[
+                    ("axis", AttrValue::Int(1)),
+                    ("keepdims", AttrValue::Int(0)),
+                    ("select_last_index", AttrValue::Int(last as i64)),
+                ],
+            );
+            check_exact_f32(o, &[inp(x.clone())], |a| {
+                let v = vals(&a[0]);
+                let pick = |line: &[f64]| {
+                    let mut at = 0;
+                    for (i, &x) in line.iter().enumerate().skip(1) {
+                        let b = line[at];
+                        let better = match (x.is_nan(), b.is_nan()) {
+                            (true, true) => last,
+                            (true, false) => true,
+                            (false, true) => false,
+                            _ => (if min { x < b } else { x > b }) || (last && x == b),
+                        };
+                        if better {
+                            at = i;
+                        }
+                    }
+                    at as f64
+                };
+                vec![(vec![2], vec![pick(&v[..n]), pick(&v[n..])])]
+            });
+        }
+    }
+    // CumSum of whole numbers (exact in f32) and of i64s, every direction.
+    let m = 40000;
+    let whole = rand_ints(&[3, m], 61, -4, 5);
+    for x in [whole.cast(DType::F32), whole.clone()] {
+        for (excl, rev) in [(false, false), (true, false), (false, true), (true, true)] {
+            let o = op(
+                "CumSum",
+                &[
+                    ("exclusive", AttrValue::Int(excl as i64)),
+                    ("reverse", AttrValue::Int(rev as i64)),
+                ],
+            );
+            check_exact_f32(o, &[inp(x.clone()), cst(i64s(&[], &[1]))], |a| {
+                let v = vals(&a[0]);
+                let mut out = vec![0.0; v.len()];
+                for line in 0..3 {
+                    let mut acc = 0.0;
+                    for s in 0..m {
+                        let i = line * m + if rev { m - 1 - s } else { s };
+                        if !excl {
+                            acc += v[i];
+                        }
+                        out[i] = acc;
+                        if excl {
+                            acc += v[i];
+                        }
+                    }
+                }
+                vec![(vec![3, m], out)]
+            });
+        }
+    }
+}

@@ -281,10 +281,16 @@ pub fn cumulative(
 ) -> Result<()> {
     let ax = w.read(axis)?.to_i64_vec().first().copied().unwrap_or(0);
     let (outer, d, inner) = common::line_dims(node, x.shape(), ax)?;
-    let p = Params::new().u(1, outer).u(2, d).u(3, inner.max(1)).u(
-        4,
-        excl as usize | (rev as usize) << 1 | (prod as usize) << 2,
-    );
+    let flags = excl as usize | (rev as usize) << 1 | (prod as usize) << 2;
+    let params = |s0: usize, s1: usize| {
+        Params::new()
+            .u(1, outer)
+            .u(2, d)
+            .u(3, inner.max(1))
+            .u(4, flags)
+            .u(5, s0)
+            .u(6, s1)
+    };
     // 64-bit integers (a position count from an attention mask, as BLOOM's exports
     // compute) as word pairs; the others natively.
     let (k, binds) = if matches!(packed_bits(x.dtype()), Some((64, _))) {
@@ -296,7 +302,14 @@ pub fn cumulative(
         let k = Wgpu::kernel(Family::Elementwise, "cumulative", defs);
         (k, [(1, x.buf), (3, y.buf)])
     };
-    w.run_kernel(&k, &p, &binds, groups_for(outer * inner, 256))
+    // Steps of each line a dispatch, each carrying on from the last (lavapipe ends a
+    // shader loop after 65535 iterations).
+    const STEPS: usize = 16384;
+    for s0 in (0..d.max(1)).step_by(STEPS) {
+        let p = params(s0, (s0 + STEPS).min(d));
+        w.run_kernel(&k, &p, &binds, groups_for(outer * inner, 256))?;
+    }
+    Ok(())
 }
 
 /// Range from its start and delta (the length is the output's).

@@ -57,12 +57,17 @@ pub fn arg_reduce(
     if d == 0 && lines > 0 {
         crate::bail!(Runtime, "{}: the axis is empty", node.describe());
     }
-    let k = select_kernel(w, node, "arg_reduce", x.dtype())?;
     let p = Params::new()
         .u(0, lines)
         .u(1, d)
         .u(2, inner.max(1))
         .u(3, min as usize | (last as usize) << 1);
+    // Long lines: a workgroup each (a thread's loop ends early on lavapipe).
+    if d > LONG_LINE {
+        let k = select_kernel(w, node, "arg_reduce_wg", x.dtype())?;
+        return w.run_kernel(&k, &p, &[(1, x.buf), (11, y.buf)], rows_groups(lines));
+    }
+    let k = select_kernel(w, node, "arg_reduce", x.dtype())?;
     w.run_kernel(&k, &p, &[(1, x.buf), (11, y.buf)], groups_for(lines, 256))
 }
 
@@ -191,6 +196,9 @@ pub fn reduce(
     w.run_kernel(&k, &p, &[(7, &partial), (4, y.buf)], rows_groups(outs))
 }
 
+/// Elements a line past which ArgMax/ArgMin run a workgroup per line rather than a thread:
+/// well under the 65535 iterations after which lavapipe ends a shader loop.
+const LONG_LINE: usize = 4096;
 /// Elements per output up to which a reduction of many outputs runs a thread per output.
 const EACH: usize = 64;
 /// Elements per workgroup above which a reduction with few outputs is split.
