@@ -18,7 +18,8 @@
 // The whole FusedMatMul epilogue runs here: + bias[n], Pre stored, activation ACT (a
 // constant of the pipeline), + rscale · R (residual or Gemm's C, strides P[10], P[11]),
 // and + D itself when accumulating a gradient over broadcast batches.
-// P: 0 M, 1 N, 2 K, 3-6 strides, 7 alpha, 8 flags (1 bias, 2 residual, 4 pre, 8 accumulate),
+// P: 0 M, 1 N, 2 K, 3-6 strides, 7 alpha, 8 flags (1 bias, 2 residual, 4 pre, 8 accumulate,
+// 16 partial sums in D before the epilogue),
 // 9 rscale, 10-11 residual strides, 12 offset of D.
 
 @group(0) @binding(1) var<storage, read> MA: array<T>;
@@ -44,9 +45,11 @@ fn store_row(z: u32, m: u32, n0: u32, acc: vec4<f32>) {
     for (var j = 0u; j < 4u; j += 1u) {
         let n = n0 + j;
         if (n < N) {
-            var v = pf(7u) * acc[j];
-            if ((flags & 1u) != 0u) { v += f32(BIAS[n]); }
             let d = dz + m * N + n;
+            var v = pf(7u) * acc[j];
+            // A product split along K: D holds the partial sums so far.
+            if ((flags & 16u) != 0u) { v += f32(D[d]); }
+            if ((flags & 1u) != 0u) { v += f32(BIAS[n]); }
             if ((flags & 4u) != 0u) { PRE[d] = T(v); }
             v = act_fwd(ACT, v, 0.0, 0.0);
             if ((flags & 2u) != 0u) { v += pf(9u) * f32(R[u32(rz + i32(m * pu(10u) + n * pu(11u)))]); }

@@ -3,7 +3,7 @@
 mod common;
 use common::*;
 use graphrun::graph::op::AttrValue;
-use graphrun::Tensor;
+use graphrun::{DType, Tensor};
 
 /// numpy `matmul` in plain loops: 1-D operands promoted and squeezed, batch dims broadcast.
 fn ref_matmul(a: &Tensor, b: &Tensor) -> (Vec<usize>, Vec<f64>) {
@@ -324,4 +324,37 @@ fn fused_matmul_batched_and_broadcast_residual() {
 fn gemm_rate_is_measurable() {
     let g = graphrun::backends::cpu::gemm_f32_gflops(64, 3);
     assert!(g.is_finite() && g > 0.0, "{g}");
+}
+
+#[test]
+fn products_with_a_long_reduction() {
+    // K = 70000: WebGPU sums K in dispatches of 32768 (lavapipe ends a shader loop after
+    // 65535 iterations), the partial sums in the output and the epilogue with the last.
+    let k = 70000;
+    let args = [
+        inp(rand(&[2, 3, k], 400, -1.0, 1.0)),
+        inp(rand(&[k, 4], 401, -1.0, 1.0)),
+    ];
+    check(op("MatMul", &[]), &args, &[DType::F32], |a| {
+        vec![ref_fused(a, "none", false)]
+    });
+    // With an epilogue, split in two (a K of 40000 keeps f32's rounding of the sum
+    // within the tolerance).
+    let k = 40000;
+    for (act, trans_b) in [("relu", false), ("gelu", true)] {
+        let sb = if trans_b { [4, k] } else { [k, 4] };
+        let args = [
+            inp(rand(&[2, 3, k], 402, -1.0, 1.0)),
+            inp(rand(&sb, 403, -1.0, 1.0)),
+            inp(rand(&[4], 404, -1.0, 1.0)),
+            inp(rand(&[2, 3, 4], 405, -1.0, 1.0)),
+        ];
+        let attrs = [
+            ("activation", AttrValue::Str(act.into())),
+            ("trans_b", AttrValue::Int(trans_b as i64)),
+        ];
+        check(op("FusedMatMul", &attrs), &args, &[DType::F32], |a| {
+            vec![ref_fused(a, act, trans_b)]
+        });
+    }
 }

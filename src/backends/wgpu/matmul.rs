@@ -22,6 +22,12 @@ const BIAS: usize = 1;
 const RES: usize = 2;
 const PRE: usize = 4;
 pub(super) const ACCUM: usize = 8;
+/// D holds partial sums of the product, added before the epilogue (`split_k`).
+const PARTIAL: usize = 16;
+/// The most of K one dispatch sums: lavapipe (Mesa's software Vulkan) ends a shader loop
+/// after 65535 iterations, and the GEMM's loop over K stopped there (a K of 70000 ones
+/// summed to 58253).
+const K_STEP: usize = 32768;
 
 /// One (batched) product `D[z] = epi(alpha · op(A)[z] · op(B)[z])` over strided operands.
 #[derive(Clone)]
@@ -73,6 +79,7 @@ impl Product {
 }
 
 /// Buffers of a product; absent optional ones are bound to scratch.
+#[derive(Clone, Copy)]
 pub(super) struct Bufs<'a> {
     pub(super) a: &'a wgpu::Buffer,
     pub(super) b: &'a wgpu::Buffer,
@@ -93,6 +100,9 @@ pub(super) fn launch(
     let batch = numel(&p.batch);
     if p.m == 0 || p.n == 0 || batch == 0 {
         return Ok(());
+    }
+    if p.k > K_STEP {
+        return split_k(w, node, act, p, bufs);
     }
     if batch > 65535 {
         crate::bail!(
@@ -161,6 +171,47 @@ pub(super) fn launch(
         ],
         groups,
     )
+}
+
+/// A product with K past `K_STEP` as dispatches of `K_STEP` each, the partial sums
+/// accumulating in D and the epilogue run with the last.
+fn split_k(w: &mut Wgpu, node: &Node, act: Activation, p: &Product, bufs: Bufs) -> Result<()> {
+    let epilogue =
+        act != Activation::None || bufs.bias.is_some() || bufs.res.is_some() || bufs.pre.is_some();
+    if epilogue && p.flags & ACCUM != 0 {
+        crate::bail!(
+            Runtime,
+            "{}: on wgpu a product with K = {} (over {K_STEP}) cannot both run an epilogue \
+             and add onto its output",
+            node.describe(),
+            p.k
+        );
+    }
+    let plain = Bufs {
+        bias: None,
+        res: None,
+        pre: None,
+        ..bufs
+    };
+    let steps = p.k.div_ceil(K_STEP);
+    for c in 0..steps {
+        let k0 = c * K_STEP;
+        let mut q = p.clone();
+        q.k = K_STEP.min(p.k - k0);
+        q.base[0] += k0 as i64 * p.a.1;
+        q.base[1] += k0 as i64 * p.b.0;
+        let first_flags = if epilogue { 0 } else { p.flags };
+        q.flags = match c {
+            0 => first_flags,
+            _ if c + 1 == steps && epilogue => p.flags | PARTIAL,
+            _ => p.flags | ACCUM,
+        };
+        match c + 1 == steps && epilogue {
+            true => launch(w, node, act, &q, bufs)?,
+            false => launch(w, node, Activation::None, &q, plain)?,
+        }
+    }
+    Ok(())
 }
 
 /// `Tuning::wgpu_gemm64` keeps every product on the 64×64 kernel: for comparing the two
