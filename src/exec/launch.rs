@@ -157,8 +157,21 @@ impl Link {
         let mut streams: Vec<Option<TcpStream>> = (0..l.world).map(|_| None).collect();
         let data;
         if l.rank == 0 {
-            let listener = TcpListener::bind(("0.0.0.0", l.port))
-                .map_err(|e| io(&format!("cannot listen on port {}", l.port), e))?;
+            // A peer's connection that met itself holds the port until it drops it (the
+            // peers' loop below): retry a taken port for a moment.
+            let give_up = Instant::now() + Duration::from_secs(2);
+            let listener = loop {
+                match TcpListener::bind(("0.0.0.0", l.port)) {
+                    Ok(listener) => break listener,
+                    Err(e)
+                        if e.kind() == std::io::ErrorKind::AddrInUse
+                            && Instant::now() < give_up =>
+                    {
+                        std::thread::sleep(Duration::from_millis(50))
+                    }
+                    Err(e) => return Err(io(&format!("cannot listen on port {}", l.port), e)),
+                }
+            };
             listener
                 .set_nonblocking(true)
                 .map_err(|e| io("listen", e))?;
@@ -229,10 +242,18 @@ impl Link {
                 .map_err(|e| io(&format!("cannot resolve MASTER_ADDR {:?}", l.addr), e))?
                 .collect();
             let mut s = loop {
-                if let Some(s) = addrs
-                    .iter()
-                    .find_map(|a| TcpStream::connect_timeout(a, Duration::from_secs(1)).ok())
-                {
+                // A connection to a port nothing listens on yet can meet itself (TCP's
+                // simultaneous open, when the kernel hands out that very port as this end's):
+                // it would hold the port process 0 is about to listen on, so drop it.
+                let to_other = |s: &TcpStream| match (s.local_addr(), s.peer_addr()) {
+                    (Ok(a), Ok(b)) => a != b,
+                    _ => false,
+                };
+                if let Some(s) = addrs.iter().find_map(|a| {
+                    TcpStream::connect_timeout(a, Duration::from_secs(1))
+                        .ok()
+                        .filter(to_other)
+                }) {
                     break s;
                 }
                 if Instant::now() >= deadline {
@@ -498,7 +519,12 @@ mod tests {
         }
         links[1].fail("out of memory on GPU 2");
         let t0 = Instant::now();
-        while aborted.load(std::sync::atomic::Ordering::SeqCst) < 2 {
+        // (The failing rank's own watcher may abort too, as its connection closes: wait
+        // for the two others rather than for any two aborts.)
+        while l0.failure().is_none()
+            || links[0].failure().is_none()
+            || aborted.load(std::sync::atomic::Ordering::SeqCst) < 2
+        {
             assert!(t0.elapsed() < Duration::from_secs(10), "no abort");
             std::thread::sleep(Duration::from_millis(10));
         }

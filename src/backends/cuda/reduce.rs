@@ -38,6 +38,15 @@ fn acc_bytes(dt: DType) -> usize {
     }
 }
 
+/// Bytes of a reduction's partial result: the floats' accumulation type, 64 bits for the
+/// integers.
+fn part_bytes(dt: DType) -> usize {
+    match dt.is_float() {
+        true => acc_bytes(dt),
+        false => 8,
+    }
+}
+
 pub fn reduce(c: &Cuda, node: &Node, kind: ReduceKind, x: &V, axes: &[i64], y: &V) -> Result<()> {
     if x.dtype() == DType::Bool {
         return Err(unsupported(node, x.dtype()));
@@ -80,12 +89,7 @@ pub fn reduce(c: &Cuda, node: &Node, kind: ReduceKind, x: &V, axes: &[i64], y: &
     // (an MSE's mean over 8M elements took 16 ms), so split each into parts.
     if n_red >= 1 << 16 && n_out < 256 {
         let parts = (n_red >> 15).clamp(2, 1024);
-        let ab = if x.dtype().is_float() {
-            acc_bytes(x.dtype())
-        } else {
-            8
-        };
-        let part = c.scratch(n_out * parts * ab)?;
+        let part = c.scratch(n_out * parts * part_bytes(x.dtype()))?;
         let sfx = suffix(x.dtype());
         c.launch(
             &format!("reduce_part_{sfx}"),
@@ -170,14 +174,9 @@ fn reduce_oi(c: &Cuda, x: &V, y: &V, [outer, mid, inner]: [usize; 3], code: i32)
             .min(outer * inner / 8192)
             .clamp(1, outer),
     };
-    let ab = if x.dtype().is_float() {
-        acc_bytes(x.dtype())
-    } else {
-        8
-    };
     let part = match parts {
         1 => 0,
-        _ => c.scratch(mid * parts * ab)?,
+        _ => c.scratch(mid * parts * part_bytes(x.dtype()))?,
     };
     c.launch(
         &format!("reduce_oi_{sfx}"),
