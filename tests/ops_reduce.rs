@@ -273,6 +273,22 @@ const KINDS: [(&str, Kind); 4] = [
     ("ReduceMeanSquare", Kind::MeanSquare),
 ];
 
+/// Every kind of `KINDS` over `axes` of `x`, keepdims 0, against `reduce_ref`.
+fn check_every_kind(x: &Tensor, axes: &[i64]) {
+    for (name, kind) in KINDS {
+        let o = op(
+            name,
+            &[
+                ("axes", AttrValue::Ints(axes.to_vec())),
+                ("keepdims", AttrValue::Int(0)),
+            ],
+        );
+        check(o, &[inp(x.clone())], &FLOATS, |a| {
+            reduce_ref(&a[0], axes, false, kind)
+        });
+    }
+}
+
 #[test]
 fn reduce_axes_attr_and_keepdims() {
     let x = randn(&[3, 4, 5], 30);
@@ -310,19 +326,8 @@ fn reduce_alternating_axes() {
     // Several separate reduced runs: the kernel's offset walk must wrap correctly.
     let x = randn(&[2, 3, 4, 5, 3], 35);
     let axes_sets: [&[i64]; 5] = [&[0, 2], &[1, 3], &[0, 2, 4], &[0, 1, 3], &[1, 2, 4]];
-    for (name, kind) in KINDS {
-        for axes in axes_sets {
-            let o = op(
-                name,
-                &[
-                    ("axes", AttrValue::Ints(axes.to_vec())),
-                    ("keepdims", AttrValue::Int(0)),
-                ],
-            );
-            check(o, &[inp(x.clone())], &FLOATS, |a| {
-                reduce_ref(&a[0], axes, false, kind)
-            });
-        }
+    for axes in axes_sets {
+        check_every_kind(&x, axes);
     }
 }
 
@@ -353,34 +358,11 @@ fn reduce_axes_input() {
 fn reduce_large_parallel() {
     // A max pool's window axis (Im2Col's columns viewed as [N, C, K, H, W]): many outputs
     // of a few elements, a thread each on WebGPU.
-    let win = randn(&[2, 3, 9, 20, 20], 33);
-    for (name, kind) in KINDS {
-        let o = op(
-            name,
-            &[
-                ("axes", AttrValue::Ints(vec![2])),
-                ("keepdims", AttrValue::Int(0)),
-            ],
-        );
-        check(o, &[inp(win.clone())], &FLOATS, |a| {
-            reduce_ref(&a[0], &[2], false, kind)
-        });
-    }
+    check_every_kind(&randn(&[2, 3, 9, 20, 20], 33), &[2]);
+    // Everything reduced takes the chunked-partials path.
     let x = randn(&[50, 64, 30], 32);
-    for (name, kind) in KINDS {
-        // Everything reduced takes the chunked-partials path.
-        for axes in [vec![1], vec![0], vec![2], vec![0, 2], vec![0, 1, 2]] {
-            let o = op(
-                name,
-                &[
-                    ("axes", AttrValue::Ints(axes.clone())),
-                    ("keepdims", AttrValue::Int(0)),
-                ],
-            );
-            check(o, &[inp(x.clone())], &FLOATS, |a| {
-                reduce_ref(&a[0], &axes, false, kind)
-            });
-        }
+    for axes in [vec![1], vec![0], vec![2], vec![0, 2], vec![0, 1, 2]] {
+        check_every_kind(&x, &axes);
     }
 }
 
@@ -399,19 +381,7 @@ fn reduce_over_batch_and_space_keeping_channels() {
         (&[3, 5, 6, 7], &[2, 3]),
     ];
     for (i, (shape, axes)) in shapes.into_iter().enumerate() {
-        let x = randn(shape, 40 + i as u64);
-        for (name, kind) in KINDS {
-            let o = op(
-                name,
-                &[
-                    ("axes", AttrValue::Ints(axes.to_vec())),
-                    ("keepdims", AttrValue::Int(0)),
-                ],
-            );
-            check(o, &[inp(x.clone())], &FLOATS, |a| {
-                reduce_ref(&a[0], axes, false, kind)
-            });
-        }
+        check_every_kind(&randn(shape, 40 + i as u64), axes);
         let ints = rand_ints(shape, 50 + i as u64, -1000, 1000).cast(DType::I32);
         let o = op("ReduceSum", &[("axes", AttrValue::Ints(axes.to_vec()))]);
         check_exact_f32(o, &[inp(ints)], |a| {
