@@ -495,22 +495,50 @@ fn weight_of(l: i32) -> f32 {
     return 1.0;
 }
 
-// Per element: weight (S1) and weighted loss (S0); log_prob into Y when asked.
+// `class_lse` by a workgroup (classes past LONG_LINE: a thread's loop over them would stop
+// early on lavapipe, which ends a loop after 65535 iterations).
+fn wg_lse(base: u32, c: u32, d: u32, lid: u32) -> f32 {
+    var ms = vec2<f32>(ninf(), 0.0);
+    for (var k = lid; k < c; k += WG) { ms = online(ms, f32(X0[base + k * d])); }
+    let m = wg_max(ms.x, lid);
+    return m + log(wg_sum(ms.y * rescale(ms.x, m), lid));
+}
+fn sce_base(e: u32) -> u32 {
+    let d = pu(1u);
+    return (e / d) * pu(0u) * d + e % d;
+}
+
+// Element e's weight (S1) and weighted loss (S0) when `stats`, and its log_prob into Y
+// when asked, over classes k0, k0 + step, ...
+fn sce_row_out(e: u32, lse: f32, k0: u32, step: u32, stats: bool) {
+    let d = pu(1u);
+    let base = sce_base(e);
+    if (stats) {
+        let l = label(e);
+        let w = weight_of(l);
+        S1[e] = w;
+        S0[e] = select(-w * (f32(X0[base + u32(l) * d]) - lse), 0.0, w == 0.0);
+    }
+    if ((pu(4u) & 4u) != 0u) {
+        for (var k = k0; k < pu(0u); k += step) { Y[base + k * d] = T(f32(X0[base + k * d]) - lse); }
+    }
+}
+
+// Per element: weight (S1) and weighted loss (S0); log_prob into Y when asked. A thread
+// per element, or (`sce_rows_wg`) a workgroup.
 @compute @workgroup_size(256)
 fn sce_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let e = linear(wid, nwg, lid, WG);
-    let c = pu(0u);
-    let d = pu(1u);
     if (e >= pu(2u)) { return; }
-    let base = (e / d) * c * d + e % d;
-    let lse = class_lse(base, c, d);
-    let l = label(e);
-    let w = weight_of(l);
-    S1[e] = w;
-    S0[e] = select(-w * (f32(X0[base + u32(l) * d]) - lse), 0.0, w == 0.0);
-    if ((pu(4u) & 4u) != 0u) {
-        for (var k = 0u; k < c; k += 1u) { Y[base + k * d] = T(f32(X0[base + k * d]) - lse); }
-    }
+    sce_row_out(e, class_lse(sce_base(e), pu(0u), pu(1u)), 0u, 1u, true);
+}
+@compute @workgroup_size(256)
+fn sce_rows_wg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    // (The grid may hold a few workgroups past the last element: they read the last.)
+    let e = row_id(wid, nwg);
+    let ec = min(e, pu(2u) - 1u);
+    let lse = wg_lse(sce_base(ec), pu(0u), pu(1u), lid);
+    if (e < pu(2u)) { sce_row_out(e, lse, lid, WG, lid == 0u); }
 }
 
 // P[0] elements; P[1] reduction: 0 none, 1 sum, 2 mean (Σ w·loss / Σ w). F0 loss, F1 w.
@@ -533,23 +561,33 @@ fn sce_reduce(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
 
 // (softmax − onehot)·w·dloss/denom, X0 = scores, X2 = dloss, F1 = weights; P[3] = denom
 // (Σ w for mean, from a sce_reduce pass into S-scratch read as F0[0]), P[5] reduction.
-@compute @workgroup_size(256)
-fn sce_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let e = linear(wid, nwg, lid, WG);
+// Element e's classes k0, k0 + step, ...
+fn sce_grad_out(e: u32, lse: f32, k0: u32, step: u32) {
     let c = pu(0u);
     let d = pu(1u);
-    if (e >= pu(2u)) { return; }
     let r = pu(5u);
-    let base = (e / d) * c * d + e % d;
+    let base = sce_base(e);
     let w = F1[e];
     let denom = select(1.0, F0[0], r == 2u);
     let coef = select(w * f32(X2[select(0u, e, r == 0u)]) / denom, 0.0, w == 0.0);
-    let lse = class_lse(base, c, d);
     let l = label(e);
-    for (var k = 0u; k < c; k += 1u) {
+    for (var k = k0; k < c; k += step) {
         let hot = select(0.0, 1.0, i32(k) == l);
         Y[base + k * d] = T((exp(f32(X0[base + k * d]) - lse) - hot) * coef);
     }
+}
+@compute @workgroup_size(256)
+fn sce_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let e = linear(wid, nwg, lid, WG);
+    if (e >= pu(2u)) { return; }
+    sce_grad_out(e, class_lse(sce_base(e), pu(0u), pu(1u)), 0u, 1u);
+}
+@compute @workgroup_size(256)
+fn sce_grad_wg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let e = row_id(wid, nwg);
+    let ec = min(e, pu(2u) - 1u);
+    let lse = wg_lse(sce_base(ec), pu(0u), pu(1u), lid);
+    if (e < pu(2u)) { sce_grad_out(e, lse, lid, WG); }
 }
 
 // Σ F1 into S0[0] (the mean loss's denominator for sce_grad).

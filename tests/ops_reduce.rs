@@ -544,6 +544,55 @@ fn softmax_cross_entropy_many_classes() {
     }
 }
 
+/// A vocabulary of 70000 classes, loss and gradient: WebGPU gives each element a
+/// workgroup past 4096 classes (a thread's loop over them would stop early on lavapipe,
+/// which ends a loop after 65535 iterations).
+#[test]
+fn softmax_cross_entropy_past_65535_classes() {
+    let c = 70000;
+    let scores = randn(&[3, c], 45);
+    let labels = i64s(&[3], &[69999, -100, 12345]);
+    for red in ["mean", "sum"] {
+        check(
+            sce_op(red, Some(-100)),
+            &[inp(scores.clone()), inp(labels.clone())],
+            &[DType::F32],
+            |a| sce_ref(a, red, Some(-100)),
+        );
+    }
+    // The gradient of the mean loss, seeded with 0.5: (softmax − one-hot) · 0.5 / 2 for
+    // the two counted rows, 0 for the padded one.
+    let grad = op(
+        "SoftmaxCrossEntropyLossGrad",
+        &[
+            ("reduction", AttrValue::Str("mean".into())),
+            ("ignore_index", AttrValue::Int(-100)),
+        ],
+    );
+    let args = [
+        inp(f64s(&[], &[0.5])),
+        inp(scores.clone()),
+        inp(labels.clone()),
+    ];
+    check(grad, &args, &[DType::F32], |a| {
+        let x = vals(&a[1]);
+        let mut g = vec![0.0; x.len()];
+        for (row, &l) in [69999i64, -100, 12345].iter().enumerate() {
+            if l < 0 {
+                continue;
+            }
+            let r = &x[row * c..][..c];
+            let m = r.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let z: f64 = r.iter().map(|v| (v - m).exp()).sum();
+            for k in 0..c {
+                let hot = if k as i64 == l { 1.0 } else { 0.0 };
+                g[row * c + k] = ((r[k] - m).exp() / z - hot) * 0.5 / 2.0;
+            }
+        }
+        vec![(vec![3, c], g)]
+    });
+}
+
 #[test]
 fn softmax_cross_entropy_nd() {
     let scores = randn(&[3, 4, 2, 3], 50);

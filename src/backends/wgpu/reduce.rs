@@ -196,7 +196,8 @@ pub fn reduce(
     w.run_kernel(&k, &p, &[(7, &partial), (4, y.buf)], rows_groups(outs))
 }
 
-/// Elements a line past which ArgMax/ArgMin run a workgroup per line rather than a thread:
+/// Elements a line past which ArgMax/ArgMin (and classes past which softmax cross-entropy)
+/// run a workgroup per line rather than a thread:
 /// well under the 65535 iterations after which lavapipe ends a shader loop.
 const LONG_LINE: usize = 4096;
 /// Elements per output up to which a reduction of many outputs runs a thread per output.
@@ -460,7 +461,8 @@ fn sce_rows(
         .i(3, ignore.unwrap_or(0))
         .u(4, flags);
     let dummy = w.scratch(16);
-    let k = kernel(w, node, "sce_rows", x.dtype(), label_words(node, labels)?)?;
+    let (entry, groups) = sce_layout(c, ne, ["sce_rows", "sce_rows_wg"]);
+    let k = kernel(w, node, entry, x.dtype(), label_words(node, labels)?)?;
     let dw = w.scratch(16);
     w.run_kernel(
         &k,
@@ -473,9 +475,18 @@ fn sce_rows(
             (6, &wt),
             (4, logp.unwrap_or(&dw)),
         ],
-        groups_for(ne, 256),
+        groups,
     )?;
     Ok((loss, wt, ne))
+}
+
+/// A softmax cross-entropy kernel's entry and grid: a thread per element, or a workgroup
+/// per element past LONG_LINE classes.
+fn sce_layout(c: usize, ne: usize, [each, wg]: [&'static str; 2]) -> (&'static str, [u32; 3]) {
+    match c > LONG_LINE {
+        false => (each, groups_for(ne, 256)),
+        true => (wg, rows_groups(ne)),
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -526,7 +537,8 @@ pub fn sce_grad(
     }
     let (c, d) = (x.shape()[1], numel(&x.shape()[2..]));
     let p = Params::new().u(0, c).u(1, d.max(1)).u(2, ne).u(5, code);
-    let k = kernel(w, node, "sce_grad", x.dtype(), label_words(node, labels)?)?;
+    let (entry, groups) = sce_layout(c, ne, ["sce_grad", "sce_grad_wg"]);
+    let k = kernel(w, node, entry, x.dtype(), label_words(node, labels)?)?;
     w.run_kernel(
         &k,
         &p,
@@ -538,6 +550,6 @@ pub fn sce_grad(
             (8, &wt),
             (4, dx.buf),
         ],
-        groups_for(ne, 256),
+        groups,
     )
 }
