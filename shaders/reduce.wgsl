@@ -430,16 +430,19 @@ fn layer_norm_dx(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
 }
 
 // dScale = Σ_rows dy·x̂ into Y, dB = Σ_rows dy into Y2: one thread per column, rows in
-// order (P[0] = n, P[1] = rows; P[2] = 1: RMSNormalization's, no mean, F0 not read).
+// order (P[0] = n; P[2] = 1: RMSNormalization's, no mean, F0 not read). A dispatch takes
+// rows [P[3], P[1]) and adds onto what the one before it wrote (lavapipe ends a shader
+// loop after 65535 iterations).
 @compute @workgroup_size(256)
 fn layer_norm_dparams(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let j = linear(wid, nwg, lid, WG);
     let n = pu(0u);
     if (j >= n) { return; }
     let rms = pu(2u) == 1u;
-    var s = 0.0;
-    var b = 0.0;
-    for (var r = 0u; r < pu(1u); r += 1u) {
+    let r0 = pu(3u);
+    var s = select(0.0, f32(Y[j]), r0 > 0u);
+    var b = select(0.0, f32(Y2[j]), r0 > 0u);
+    for (var r = r0; r < pu(1u); r += 1u) {
         let d = f32(X0[r * n + j]);
         var m = 0.0;
         if (!rms) { m = F0[r]; }

@@ -724,3 +724,34 @@ fn long_lines_on_every_backend() {
         }
     }
 }
+
+/// LayerNormalization's parameter gradients summed over 70000 rows: WebGPU sums a
+/// column's rows in chunks of dispatches (lavapipe ends a shader loop after 65535
+/// iterations). Whole numbers, so that every sum is exact in f32.
+#[test]
+fn layer_norm_parameter_gradients_over_70000_rows() {
+    let (rows, n) = (70000, 2);
+    let dy = rand_ints(&[rows, n], 70, -2, 3).cast(DType::F64);
+    let x = rand_ints(&[rows, n], 71, -3, 4).cast(DType::F64);
+    let g = f64s(&[n], &[2.0, -1.0]);
+    let (mean, inv) = (
+        f64s(&[rows, 1], &vec![0.0; rows]),
+        f64s(&[rows, 1], &vec![1.0; rows]),
+    );
+    let args = [inp(dy), inp(x), inp(g), inp(mean), inp(inv)];
+    check_exact_f32(op("LayerNormalizationGrad", &[]), &args, |a| {
+        let (dy, x, g) = (vals(&a[0]), vals(&a[1]), vals(&a[2]));
+        let (mut dx, mut ds, mut db) = (vec![0.0; rows * n], vec![0.0; n], vec![0.0; n]);
+        for r in 0..rows {
+            let row = |v: &[f64], j: usize| v[r * n + j];
+            let mg = (0..n).map(|j| row(&dy, j) * g[j]).sum::<f64>() / n as f64;
+            let mgx = (0..n).map(|j| row(&dy, j) * g[j] * row(&x, j)).sum::<f64>() / n as f64;
+            for j in 0..n {
+                dx[r * n + j] = row(&dy, j) * g[j] - mg - row(&x, j) * mgx;
+                ds[j] += row(&dy, j) * row(&x, j);
+                db[j] += row(&dy, j);
+            }
+        }
+        vec![(vec![rows, n], dx), (vec![n], ds), (vec![n], db)]
+    });
+}

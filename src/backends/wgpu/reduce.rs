@@ -200,6 +200,8 @@ pub fn reduce(
 /// run a workgroup per line rather than a thread:
 /// well under the 65535 iterations after which lavapipe ends a shader loop.
 const LONG_LINE: usize = 4096;
+/// Rows a dispatch of LayerNormalization's parameter gradient sums.
+const ROW_STEP: usize = 16384;
 /// Elements per output up to which a reduction of many outputs runs a thread per output.
 const EACH: usize = 64;
 /// Elements per workgroup above which a reduction with few outputs is split.
@@ -402,21 +404,29 @@ pub fn layer_norm_grad(
         let (s0, s1) = (w.scratch(bytes), w.scratch(bytes));
         let ds = out(1).map_or(&s0, |v| v.buf);
         let db = out(2).map_or(&s1, |v| v.buf);
-        let p = Params::new().u(0, n).u(1, rows).u(2, rms as usize);
         let k = kernel(w, node, "layer_norm_dparams", x.dtype(), 1)?;
-        w.run_kernel(
-            &k,
-            &p,
-            &[
-                (1, dy.buf),
-                (2, x.buf),
-                (7, mean_buf),
-                (8, inv.buf),
-                (4, ds),
-                (10, db),
-            ],
-            groups_for(n, 256),
-        )?;
+        // Rows in chunks, each dispatch adding onto the last (lavapipe ends a shader loop
+        // after 65535 iterations).
+        for r0 in (0..rows.max(1)).step_by(ROW_STEP) {
+            let p = Params::new()
+                .u(0, n)
+                .u(1, (r0 + ROW_STEP).min(rows))
+                .u(2, rms as usize)
+                .u(3, r0);
+            w.run_kernel(
+                &k,
+                &p,
+                &[
+                    (1, dy.buf),
+                    (2, x.buf),
+                    (7, mean_buf),
+                    (8, inv.buf),
+                    (4, ds),
+                    (10, db),
+                ],
+                groups_for(n, 256),
+            )?;
+        }
     }
     Ok(())
 }
