@@ -599,33 +599,43 @@ fn src_f32(e: u32) -> f32 {
     return select(bitcast<f32>(b.x), unpack2x16float(b.x).x, SRC == 1u);
 }
 
-// Col2Im: an image element is the sum of the column entries that read it, in kernel
-// offset order, accumulated in f32. SRC is the dtype code (0 f32, 1 f16), P[1] the
-// elements, the window at P[3..30] as Im2Col's; a thread owns one output word (two f16).
-fn col2im_elem(i: u32) -> f32 {
+// Col2Im and MaxPoolGrad's second step: image element i sums, in kernel-offset order and
+// in f32, what the windows that read it hold for it. Col2Im (P[2] = 0): their column
+// entries. MaxPoolGrad (P[2] = 1): dY (SX) of those windows whose argmax (AUX, from
+// max_pool_arg) it is. SRC is the dtype code (0 f32, 1 f16), P[1] the elements, the window
+// at P[3..30] as Im2Col's; a thread owns one output word (two f16).
+fn window_sum_elem(i: u32) -> f32 {
     let k = pu(26u);
     let l = pu(27u);
+    let argmax = pu(2u) == 1u;
     let plane = i / pu(28u);
+    let me = bitcast<i32>(i % pu(28u));
     let pos = image_pos(i);
     var acc = 0.0;
     for (var j = 0u; j < k; j += 1u) {
         let o = reader(pos, j);
-        if (o >= 0) { acc += src_f32((plane * k + j) * l + u32(o)); }
+        if (o < 0) { continue; }
+        let w = plane * l + u32(o);
+        if (!argmax) {
+            acc += src_f32((plane * k + j) * l + u32(o));
+        } else if (bitcast<i32>(AUX[w]) == me) {
+            acc += src_f32(w);
+        }
     }
     return acc;
 }
 
 @compute @workgroup_size(256)
-fn col2im(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn window_sum(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let w = linear(wid, nwg, lid, WG);
     if (w >= pu(0u)) { return; }
     if (SRC == 1u) {
-        let lo = col2im_elem(2u * w);
+        let lo = window_sum_elem(2u * w);
         var hi = 0.0;
-        if (2u * w + 1u < pu(1u)) { hi = col2im_elem(2u * w + 1u); }
+        if (2u * w + 1u < pu(1u)) { hi = window_sum_elem(2u * w + 1u); }
         SY[w] = pack2x16float(vec2<f32>(lo, hi));
     } else {
-        SY[w] = bitcast<u32>(col2im_elem(w));
+        SY[w] = bitcast<u32>(window_sum_elem(w));
     }
 }
 
@@ -696,32 +706,3 @@ fn max_pool_arg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
     SY[w] = pool_arg(w).y;
 }
 
-// Image element i of dX: the sum of dY (SX) over the windows that read it and whose argmax
-// (AUX, from max_pool_arg) it is, in kernel-offset order (Col2Im's enumeration), in f32.
-fn pool_grad_elem(i: u32) -> f32 {
-    let l = pu(27u);
-    let plane = i / pu(28u);
-    let me = bitcast<i32>(i % pu(28u));
-    let pos = image_pos(i);
-    var acc = 0.0;
-    for (var j = 0u; j < pu(26u); j += 1u) {
-        let o = reader(pos, j);
-        if (o >= 0 && bitcast<i32>(AUX[plane * l + u32(o)]) == me) { acc += src_f32(plane * l + u32(o)); }
-    }
-    return acc;
-}
-
-// MaxPoolGrad's second step: a thread per dX word (two f16).
-@compute @workgroup_size(256)
-fn max_pool_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let w = linear(wid, nwg, lid, WG);
-    if (w >= pu(0u)) { return; }
-    if (SRC == 1u) {
-        let lo = pool_grad_elem(2u * w);
-        var hi = 0.0;
-        if (2u * w + 1u < pu(1u)) { hi = pool_grad_elem(2u * w + 1u); }
-        SY[w] = pack2x16float(vec2<f32>(lo, hi));
-    } else {
-        SY[w] = bitcast<u32>(pool_grad_elem(w));
-    }
-}

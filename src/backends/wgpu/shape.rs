@@ -505,22 +505,33 @@ pub(super) fn col2im_geom(
     let dt = y.dtype();
     float_defs(w, node, dt)?;
     let n = y.numel();
-    let bufs = [(1, cols.buf), (2, y.buf)];
-    window_kernel(w, node, g, "col2im", dt, (words(n, dt.size()), n), &bufs)
+    // (`window_sum` in its Col2Im mode reads no argmax: AUX is bound to a stand-in.)
+    let none = w.scratch(16);
+    let bufs = [(1, cols.buf), (2, y.buf), (3, &none)];
+    window_kernel(
+        w,
+        node,
+        g,
+        "window_sum",
+        dt,
+        (words(n, dt.size()), n, 0),
+        &bufs,
+    )
 }
 
 /// Runs the window kernel `entry` of shaders/shape.wgsl for floating `dt` on `bufs`, a
-/// thread per output word: (words, elements) of its output, the window at P[3..30].
+/// thread per output word: (words, elements) of its output and the kernel's mode (P[2]),
+/// the window at P[3..30].
 fn window_kernel(
     w: &mut Wgpu,
     node: &Node,
     g: &common::WindowGeom,
     entry: &str,
     dt: DType,
-    (nw, n): (usize, usize),
+    (nw, n, mode): (usize, usize, usize),
     bufs: &[(u32, &wgpu::Buffer)],
 ) -> Result<()> {
-    let mut p = window_params(node, g)?.u(0, nw).u(1, n);
+    let mut p = window_params(node, g)?.u(0, nw).u(1, n).u(2, mode);
     p.0.resize(p.0.len().max(32), 0);
     let k = kernel(entry, dt.size(), code(dt), 0);
     w.run_kernel(&k, &p, bufs, groups_for(nw, 256))
@@ -531,12 +542,20 @@ pub fn max_pool(w: &mut Wgpu, node: &Node, x: &V, y: &V) -> Result<()> {
     let (g, dt) = (pool_geom(w, node, x)?, x.dtype());
     let n = y.numel();
     let bufs = [(1, x.buf), (2, y.buf)];
-    window_kernel(w, node, &g, "max_pool", dt, (words(n, dt.size()), n), &bufs)
+    window_kernel(
+        w,
+        node,
+        &g,
+        "max_pool",
+        dt,
+        (words(n, dt.size()), n, 0),
+        &bufs,
+    )
 }
 
 /// MaxPoolGrad: each window's argmax into scratch (`max_pool_arg`, one i32 word each), then
 /// a thread per dX word sums the dY of the windows whose argmax its elements are
-/// (`max_pool_grad`).
+/// (`window_sum`, mode 1).
 pub fn max_pool_grad(w: &mut Wgpu, node: &Node, dy: &V, x: &V, dx: &V) -> Result<()> {
     let (g, dt) = (pool_geom(w, node, x)?, x.dtype());
     let n = dy.numel();
@@ -547,7 +566,7 @@ pub fn max_pool_grad(w: &mut Wgpu, node: &Node, dy: &V, x: &V, dx: &V) -> Result
         &g,
         "max_pool_arg",
         dt,
-        (n, n),
+        (n, n, 0),
         &[(1, x.buf), (2, &at)],
     )?;
     let m = dx.numel();
@@ -556,9 +575,9 @@ pub fn max_pool_grad(w: &mut Wgpu, node: &Node, dy: &V, x: &V, dx: &V) -> Result
         w,
         node,
         &g,
-        "max_pool_grad",
+        "window_sum",
         dt,
-        (words(m, dt.size()), m),
+        (words(m, dt.size()), m, 1),
         &bufs,
     )
 }
