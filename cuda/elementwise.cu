@@ -204,6 +204,40 @@ template <class T> __device__ void unary_grad_vec_k(const T* dy, const T* x, T* 
         ((uint4*)dx)[i] = o.u;
     }
 }
+// A channels-last convolution's result x `[rows, cols]` (cols the channels) with FusedConv's
+// epilogue: s = x + bias[c] + res, pre = s, y = act(s) (bias, res and pre may be null; x
+// may be pre or y itself). With `vec`, 16 bytes a thread (cols a multiple of the vector
+// and every pointer aligned: the host checks).
+template <class T> __device__ void conv_last_out_k(const T* x, const T* bias, const T* res, T* pre, T* y, i64 n, i64 cols, int op, int vec) {
+    typedef typename Num<T>::A A;
+    constexpr int V = 16 / sizeof(T);
+    if (vec) {
+        GRID_STRIDE(i, n / V) {
+            EVec<T> a, b, r, p, o;
+            a.u = ((const uint4*)x)[i];
+            if (bias) b.u = *(const uint4*)(bias + (i * V) % cols);
+            if (res) r.u = ((const uint4*)res)[i];
+#pragma unroll
+            for (int k = 0; k < V; ++k) {
+                A v = ld(a.t[k]);
+                if (bias) v += ld(b.t[k]);
+                if (res) v += ld(r.t[k]);
+                p.t[k] = st<T>(v);
+                o.t[k] = st<T>(act_fwd<A>(op, v, (A)0, (A)0));
+            }
+            if (pre) ((uint4*)pre)[i] = p.u;
+            ((uint4*)y)[i] = o.u;
+        }
+        return;
+    }
+    GRID_STRIDE(i, n) {
+        A v = ld(x[i]);
+        if (bias) v += ld(bias[i % cols]);
+        if (res) v += ld(res[i]);
+        if (pre) pre[i] = st<T>(v);
+        y[i] = st<T>(act_fwd<A>(op, v, (A)0, (A)0));
+    }
+}
 template <class T> __device__ void act_epilogue_vec_k(const T* pre, const T* res, T* y, i64 nv, int op) {
     typedef typename Num<T>::A A;
     constexpr int V = 16 / sizeof(T);
@@ -700,6 +734,7 @@ template <class T> __device__ void narrow_cast_k(const void* xv, void* yv, i64 n
     extern "C" __global__ void unary_grad_vec_##S(const T* dy, const T* x, T* dx, i64 nv, int op, float alpha, float beta) { unary_grad_vec_k<T>(dy, x, dx, nv, op, alpha, beta); } \
     extern "C" __global__ void conv_out_##S(const T* x, const T* b, const T* r, T* p, T* y, i64 rows, i64 cols, int op) { conv_out_k<T>(x, b, r, p, y, rows, cols, op); } \
     extern "C" __global__ void act_epilogue_vec_##S(const T* p, const T* r, T* y, i64 nv, int op) { act_epilogue_vec_k<T>(p, r, y, nv, op); } \
+    extern "C" __global__ void conv_last_out_##S(const T* x, const T* b, const T* r, T* p, T* y, i64 n, i64 cols, int op, int vec) { conv_last_out_k<T>(x, b, r, p, y, n, cols, op, vec); } \
     extern "C" __global__ void glu_##S(const T* g, const T* u, T* y, i64 n, int op, int vec) { glu_k<T>(g, u, y, n, op, vec); } \
     extern "C" __global__ void glu_grad_##S(const T* dy, const T* g, const T* u, T* dg, T* du, i64 n, int op, int vec) { glu_grad_k<T>(dy, g, u, dg, du, n, op, vec); } \
     extern "C" __global__ void dropout_##S(const T* x, T* y, unsigned char* m, i64 n, u64 base, const u64* stepp, double ratio, double scale) { dropout_k<T>(x, y, m, n, base, stepp, ratio, scale); } \

@@ -242,30 +242,37 @@ template <class T> __device__ void ln_dparams_fin_k(const typename Num<T>::A* pa
     }
 }
 
-// Σ over the rows of a [rows, n] matrix (a bias gradient) in two passes, coalesced:
-// block (column group of 32, row chunk) sums its chunk 8 rows at a time into `part`
-// [chunks][n], then one thread per column adds the chunks (fixed order).
-template <class T> __device__ void colsum_part_k(const T* g, typename Num<T>::A* part, i64 rows, i64 n, i64 chunk) {
+// A reduction (`kind`, as reduce_oi's) over the rows of a [rows, n] matrix (a bias
+// gradient, channels-first or channels-last) in two passes, coalesced: block (column
+// group of 32, row chunk) folds its chunk 8 rows at a time into `part` [chunks][n], then
+// one thread per column folds the chunks (fixed order).
+template <class T> __device__ void colsum_part_k(const T* g, typename Num<T>::A* part, i64 rows, i64 n, i64 chunk, int kind) {
     typedef typename Num<T>::A A;
     __shared__ A sh[8][33];
+    const A ident = fold_ident<T>(kind);
     int c = threadIdx.x & 31, rl = threadIdx.x >> 5;
     i64 j = (i64)blockIdx.x * 32 + c;
     i64 r0 = (i64)blockIdx.y * chunk, r1 = r0 + chunk < rows ? r0 + chunk : rows;
-    A s = 0;
+    A s = ident;
     if (j < n)
-        for (i64 r = r0 + rl; r < r1; r += 8) s += ld(g[r * n + j]);
+        for (i64 r = r0 + rl; r < r1; r += 8) {
+            A v = ld(g[r * n + j]);
+            if (kind == 3) v = v * v;  // mean of squares
+            s = fold(s, v, kind);
+        }
     sh[rl][c] = s;
     __syncthreads();
     if (rl == 0 && j < n) {
-        for (int k = 1; k < 8; ++k) s += sh[k][c];
+        for (int k = 1; k < 8; ++k) s = fold(s, sh[k][c], kind);
         part[(i64)blockIdx.y * n + j] = s;
     }
 }
-template <class T> __device__ void colsum_fin_k(const typename Num<T>::A* part, T* out, i64 n, i64 chunks) {
+template <class T> __device__ void colsum_fin_k(const typename Num<T>::A* part, T* out, i64 n, i64 chunks, i64 rows, int kind) {
     typedef typename Num<T>::A A;
     GRID_STRIDE(j, n) {
-        A s = 0;
-        for (i64 k = 0; k < chunks; ++k) s += part[k * n + j];
+        A s = fold_ident<T>(kind);
+        for (i64 k = 0; k < chunks; ++k) s = fold(s, part[k * n + j], kind);
+        if (kind == 1 || kind == 3) s = s / (A)rows;
         out[j] = st<T>(s);
     }
 }
@@ -719,8 +726,8 @@ FOR_FLOATS(INST_LN2)
     extern "C" __global__ void ln_dparams_fin2_##S(const Num<T>::A* part, T* ds, T* db, i64 n, i64 chunks) { ln_dparams_fin2_k<T>(part, ds, db, n, chunks); }
 FOR_FLOATS(INST_LN_VECS)
 #define INST_COLSUM(T, S)                                                                         \
-    extern "C" __global__ void colsum_part_##S(const T* g, Num<T>::A* part, i64 rows, i64 n, i64 chunk) { colsum_part_k<T>(g, part, rows, n, chunk); } \
-    extern "C" __global__ void colsum_fin_##S(const Num<T>::A* part, T* o, i64 n, i64 chunks) { colsum_fin_k<T>(part, o, n, chunks); }
+    extern "C" __global__ void colsum_part_##S(const T* g, Num<T>::A* part, i64 rows, i64 n, i64 chunk, int kind) { colsum_part_k<T>(g, part, rows, n, chunk, kind); } \
+    extern "C" __global__ void colsum_fin_##S(const Num<T>::A* part, T* o, i64 n, i64 chunks, i64 rows, int kind) { colsum_fin_k<T>(part, o, n, chunks, rows, kind); }
 FOR_FLOATS(INST_COLSUM)
 
 // Labels to i64, checked: one that is neither a class in [0, classes) nor the ignore_index

@@ -156,10 +156,22 @@ template <class T> __device__ void col2im_k(const T* cols, T* y, WinGeom g, i64 
 // first position in window order (-1 for none), which is where the gradient goes. Loops
 // per axis, so that a window costs three divisions instead of several per position
 // (win_source's).
+// Channels-last (`spare` = C, the channel count), output i is (n, o, c) and position s of
+// the image reads x[(n·hw + s)·C + c].
 template <class I, class T> __device__ __forceinline__ int pool_argmax(const T* x, const WinGeom& g, I i, typename Num<T>::A* best) {
     typedef typename Num<T>::A A;
-    I l = (I)g.l, o = i % l;
-    const T* img = x + (long long)(i / l) * g.hw;
+    I l = (I)g.l, o;
+    const T* img;
+    long long cs = 1;
+    if (g.spare) {
+        I ch = (I)g.spare, t = i / ch;
+        o = t % l;
+        img = x + (long long)(t / l) * g.hw * g.spare + (long long)(i % ch);
+        cs = g.spare;
+    } else {
+        o = i % l;
+        img = x + (long long)(i / l) * g.hw;
+    }
     int first[3];  // the window's first position along each axis
     for (int d = 2; d >= 0; --d) {
         I od = (I)g.out[d];
@@ -179,7 +191,7 @@ template <class I, class T> __device__ __forceinline__ int pool_argmax(const T* 
                 int q2 = first[2] + j2 * (int)g.dil[2];
                 if (q2 < 0 || q2 >= v2) continue;
                 int s = (q0 * w + q1) * v2 + q2;
-                A v = ld(img[s]);
+                A v = ld(img[s * cs]);
                 if (at < 0 || v > b || (v != v && b == b)) { b = v; at = s; }
             }
         }
@@ -266,9 +278,51 @@ template <class I, class T> __device__ __forceinline__ void max_pool_grad_body(c
         }
     }
 }
-// n: the runs (image rows of every plane × runs a row).
+// The same channels-last (`spare` = C): a thread takes a run of POOL_RUN channels at one
+// image position, whose windows are the same for the whole run.
+template <class I, class T> __device__ __forceinline__ void max_pool_grad_last_body(const T* dy, const int* at, T* dx, const WinGeom& g, I runs) {
+    typedef typename Num<T>::A A;
+    const I ch = (I)g.spare, rc = (ch + POOL_RUN - 1) / POOL_RUN, hw = (I)g.hw;
+    const int w = (int)g.image[2], o1n = (int)g.out[1], o2n = (int)g.out[2];
+    for (I i = blockIdx.x * (I)blockDim.x + threadIdx.x; i < runs; i += (I)gridDim.x * blockDim.x) {
+        const I t = i / rc, n = t / hw;
+        const int c0 = (int)(i % rc) * POOL_RUN, p = (int)(t % hw);
+        const int x = p % w, r01 = p / w;
+        const int p1 = r01 % (int)g.image[1], p0 = r01 / (int)g.image[1];
+        const AxisRange a0 = pool_range(p0, (int)g.begin[0], (int)g.kernel[0], (int)g.stride[0], (int)g.dil[0], (int)g.out[0]);
+        const AxisRange a1 = pool_range(p1, (int)g.begin[1], (int)g.kernel[1], (int)g.stride[1], (int)g.dil[1], (int)g.out[1]);
+        const AxisRange a2 = pool_range(x, (int)g.begin[2], (int)g.kernel[2], (int)g.stride[2], (int)g.dil[2], o2n);
+        const int run = min((int)POOL_RUN, (int)(ch - c0));
+        A acc[POOL_RUN];
+#pragma unroll
+        for (int k = 0; k < POOL_RUN; ++k) acc[k] = 0;
+        for (int o0 = a0.hi; o0 >= a0.lo; --o0) {
+            if (pool_tap(p0, (int)g.begin[0], o0, (int)g.stride[0], (int)g.dil[0], (int)g.kernel[0]) < 0) continue;
+            for (int o1 = a1.hi; o1 >= a1.lo; --o1) {
+                if (pool_tap(p1, (int)g.begin[1], o1, (int)g.stride[1], (int)g.dil[1], (int)g.kernel[1]) < 0) continue;
+                for (int o2 = a2.hi; o2 >= a2.lo; --o2) {
+                    if (pool_tap(x, (int)g.begin[2], o2, (int)g.stride[2], (int)g.dil[2], (int)g.kernel[2]) < 0) continue;
+                    long long wi = ((long long)n * g.l + ((long long)o0 * o1n + o1) * o2n + o2) * g.spare + c0;
+#pragma unroll
+                    for (int k = 0; k < POOL_RUN; ++k)
+                        if (k < run && at[wi + k] == p) acc[k] += ld(dy[wi + k]);
+                }
+            }
+        }
+        long long base = ((long long)n * hw + p) * g.spare + c0;
+#pragma unroll
+        for (int k = 0; k < POOL_RUN; ++k)
+            if (k < run) dx[base + k] = st<T>(acc[k]);
+    }
+}
+// n: the runs (image rows of every plane × runs a row; channels-last, positions × runs
+// of channels).
 template <class T> __device__ void max_pool_grad_k(const T* dy, const int* at, T* dx, WinGeom g, i64 n) {
-    if (n < (1LL << 31) && g.n * g.c * g.l < (1LL << 31)) max_pool_grad_body<unsigned, T>(dy, at, dx, g, (unsigned)n);
+    bool small = n < (1LL << 31) && g.n * g.c * g.l < (1LL << 31) && g.n * g.c * g.hw < (1LL << 31);
+    if (g.spare) {
+        if (small) max_pool_grad_last_body<unsigned, T>(dy, at, dx, g, (unsigned)n);
+        else max_pool_grad_last_body<i64, T>(dy, at, dx, g, n);
+    } else if (small) max_pool_grad_body<unsigned, T>(dy, at, dx, g, (unsigned)n);
     else max_pool_grad_body<i64, T>(dy, at, dx, g, n);
 }
 

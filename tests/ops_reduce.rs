@@ -367,6 +367,21 @@ fn reduce_large_parallel() {
 }
 
 #[test]
+fn reduce_leading_axes_keeping_the_last() {
+    // A channels-last convolution's bias gradient (NHWC summed over N, H and W) and a
+    // LayerNorm's parameter gradients: CUDA folds the columns in row chunks (33 and 300
+    // columns do not divide its groups of 32; a size-1 axis sits among the reduced ones).
+    let shapes: [(&[usize], &[i64]); 3] = [
+        (&[4, 9, 7, 33], &[0, 1, 2]),
+        (&[300, 1, 300], &[0, 1]),
+        (&[2, 600, 64], &[0, 1]),
+    ];
+    for (i, (shape, axes)) in shapes.into_iter().enumerate() {
+        check_every_kind(&randn(shape, 70 + i as u64), axes);
+    }
+}
+
+#[test]
 fn reduce_over_batch_and_space_keeping_channels() {
     // A convolution's bias gradient (NCHW summed over N, H and W) and a global pool (the
     // spatial axes alone): CUDA reads these as [outer, channels, inner], split into parts

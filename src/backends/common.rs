@@ -578,7 +578,7 @@ pub fn window_geom(
     } else {
         attr.clone()
     };
-    place(window, &kernel, image, fill).map_err(fail)
+    place(window, &kernel, &window.channels_first(image), fill).map_err(fail)
 }
 
 /// The geometry of `kernel` sliding over `image` (`[N, C, *spatial]`).
@@ -623,6 +623,8 @@ pub struct ConvGeom {
     pub group: usize,
     /// The spatial rank (1 to 3; `g` pads it to 3).
     pub rank: usize,
+    /// The operands are stored channels-last (`Window::channels_last`).
+    pub channels_last: bool,
 }
 
 impl ConvGeom {
@@ -656,6 +658,8 @@ pub fn conv_geom(node: &Node, x: &[usize], w: &[usize]) -> Result<ConvGeom> {
         unreachable!("conv_geom is for Conv, FusedConv and ConvGrad")
     };
     let fail = |m: String| crate::error::Error::Runtime(format!("{}: {m}", node.describe()));
+    // The geometry is the same in either layout; it is described channels first.
+    let (x, w) = (&window.channels_first(x)[..], &window.channels_first(w)[..]);
     if w.len() < 3 {
         return Err(fail(format!(
             "W must be [M, C/group, kernel...], got {w:?}"
@@ -667,6 +671,7 @@ pub fn conv_geom(node: &Node, x: &[usize], w: &[usize]) -> Result<ConvGeom> {
         m: w[0],
         group: *group,
         rank: w.len() - 2,
+        channels_last: window.channels_last,
     })
 }
 

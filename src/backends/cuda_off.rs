@@ -21,3 +21,8 @@ pub fn device_count() -> usize {
 pub fn doctor_lines() -> Vec<String> {
     vec![format!("not available: {NOT_BUILT}")]
 }
+
+/// Whether cuDNN's convolutions are at hand: never without the cuda feature.
+pub fn cudnn_found() -> bool {
+    false
+}

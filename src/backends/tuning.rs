@@ -96,6 +96,10 @@ pub struct Tuning {
     /// `nhwc` cuDNN's channels-last kernels on transposed copies. A way forced here that
     /// cannot run a 16- or 32-bit convolution is an error, so that tests know it ran.
     pub cuda_conv: String,
+    /// CUDA sessions with cuDNN keep the activations between convolutions channels-last
+    /// (`passes::layout`): transposes only where the layout meets an op that reads
+    /// channels first, instead of around every cuDNN call.
+    pub channels_last: bool,
 }
 
 impl Tuning {
@@ -116,10 +120,11 @@ impl Tuning {
         dp_stream_priority: None,
         dp_bucket_bytes: 64 << 20,
         cuda_conv: String::new(),
+        channels_last: true,
     };
 
     /// The keys `set` takes: the field names.
-    pub const KEYS: [&'static str; 15] = [
+    pub const KEYS: [&'static str; 16] = [
         "cuda_attention",
         "cuda_attention_f32",
         "cublaslt_tune",
@@ -135,6 +140,7 @@ impl Tuning {
         "dp_stream_priority",
         "dp_bucket_bytes",
         "cuda_conv",
+        "channels_last",
     ];
 
     /// Sets one switch by its field name. Switches on or off take 1/0, true/false or
@@ -167,6 +173,7 @@ impl Tuning {
             "wgpu_subgroups" => self.wgpu_subgroups = flag()?,
             "k_major_weights" => self.k_major_weights = flag()?,
             "cpu_dot_products" => self.cpu_dot_products = flag()?,
+            "channels_last" => self.channels_last = flag()?,
             "cuda_conv" => {
                 if !["", "columns", "cudnn", "nhwc"].contains(&v) {
                     return Err(bad("columns, cudnn, nhwc or nothing"));

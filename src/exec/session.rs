@@ -185,13 +185,31 @@ trait Run {
 
 /// The graph a session runs: optimized when `opts.fuse` asks (in training mode when the
 /// session may train, so that training-only nodes such as Dropout's mask stay).
+/// The graph is then laid out for the backend (`passes::layout`): channels-last between
+/// convolutions on CUDA with cuDNN, channels-first everywhere else.
 pub(crate) fn prepared(graph: Graph, opts: &SessionOptions) -> Result<Graph> {
-    if !opts.fuse {
-        return Ok(graph);
+    let graph = match opts.fuse {
+        true => {
+            let mut passes = opts.passes.clone();
+            passes.training |= opts.training || graph.training.is_some();
+            crate::passes::optimize(&graph, &passes)?.0
+        }
+        false => graph,
+    };
+    let eval = opts.passes.eval;
+    let t = crate::backends::tuning::tuning();
+    match opts.backend {
+        BackendKind::Cuda
+            if t.channels_last
+                && ["", "nhwc"].contains(&t.cuda_conv.as_str())
+                && crate::backends::cuda::cudnn_found() =>
+        {
+            Ok(crate::passes::layout::channels_last(&graph, eval, &|_| true)?.0)
+        }
+        // CUDA runs a model's channels-last nodes as they are.
+        BackendKind::Cuda => Ok(graph),
+        _ => crate::passes::layout::channels_first(&graph, eval),
     }
-    let mut passes = opts.passes.clone();
-    passes.training |= opts.training || graph.training.is_some();
-    Ok(crate::passes::optimize(&graph, &passes)?.0)
 }
 
 impl Session {

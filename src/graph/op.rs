@@ -1740,8 +1740,9 @@ impl Op {
                 reduction: a.scatter_reduction()?,
             },
             "Conv" | "FusedConv" => {
-                let window = Window::parse(|k| a.get(k).map(|at| at.value.clone()), false)
+                let mut window = Window::parse(|k| a.get(k).map(|at| at.value.clone()), false)
                     .map_err(|m| a.err(None, m))?;
+                window.channels_last = a.flag("channels_last", false)?;
                 let kernel = a.ints("kernel_shape")?.unwrap_or_default();
                 let group = a.int_or("group", 1)?;
                 if kernel.iter().any(|&d| d < 1) || group < 1 {
@@ -1771,8 +1772,9 @@ impl Op {
                 }
             }
             "MaxPool" => {
-                let window = Window::parse(|k| a.get(k).map(|at| at.value.clone()), true)
+                let mut window = Window::parse(|k| a.get(k).map(|at| at.value.clone()), true)
                     .map_err(|m| a.err(None, m))?;
+                window.channels_last = a.flag("channels_last", false)?;
                 let kernel = a.ints("kernel_shape")?.unwrap_or_default();
                 if kernel.is_empty() || kernel.len() > 3 || kernel.iter().any(|&d| d < 1) {
                     return Err(a.err(

@@ -7,6 +7,29 @@
 
 use super::op::AttrValue;
 
+/// The permutation that moves axis 1 of a rank-`r` tensor last: `[0, 2, .., r-1, 1]`.
+pub fn to_last_perm(r: usize) -> Vec<usize> {
+    std::iter::once(0).chain(2..r).chain([1]).collect()
+}
+/// `to_last_perm`'s inverse: `[0, r-1, 1, .., r-2]`.
+pub fn to_first_perm(r: usize) -> Vec<usize> {
+    [0, r - 1].into_iter().chain(1..r - 1).collect()
+}
+/// `shape` with axis 1 moved last.
+pub fn channels_last_of<T: Clone>(shape: &[T]) -> Vec<T> {
+    to_last_perm(shape.len())
+        .iter()
+        .map(|&d| shape[d].clone())
+        .collect()
+}
+/// `shape` with its last axis moved to 1.
+pub fn channels_first_of<T: Clone>(shape: &[T]) -> Vec<T> {
+    to_first_perm(shape.len())
+        .iter()
+        .map(|&d| shape[d].clone())
+        .collect()
+}
+
 /// ONNX's `auto_pad`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum AutoPad {
@@ -56,6 +79,11 @@ pub struct Window {
     /// Round the output size up rather than down, so that a last, partial window is
     /// kept (the pools' ONNX `ceil_mode`).
     pub ceil_mode: bool,
+    /// Every operand of rank above 2 (X, W, Y and their gradients) is stored with its
+    /// channel axis last: `[N, *spatial, C]`, and W as `[M, *kernel, C/group]`. Not an ONNX
+    /// attribute: the `channels_last` layout pass writes it for backends whose kernels
+    /// want that order (cuDNN's tensor-core convolutions), and a model may use it.
+    pub channels_last: bool,
 }
 
 /// A window placed on an image: the output's spatial dims and the padding before and
@@ -137,6 +165,7 @@ impl Window {
             pads,
             auto_pad,
             ceil_mode,
+            channels_last: false,
         })
     }
 
@@ -159,7 +188,26 @@ impl Window {
         if self.ceil_mode {
             out.push(("ceil_mode", AttrValue::Int(1)));
         }
+        if self.channels_last {
+            out.push(("channels_last", AttrValue::Int(1)));
+        }
         out
+    }
+
+    /// `shape` (channels first) in this window's layout: the channel axis moved last when
+    /// `channels_last`.
+    pub fn laid_out<T: Clone>(&self, shape: &[T]) -> Vec<T> {
+        match self.channels_last && shape.len() > 2 {
+            true => channels_last_of(shape),
+            false => shape.to_vec(),
+        }
+    }
+    /// `laid_out`'s inverse: a shape in this window's layout, channels first.
+    pub fn channels_first<T: Clone>(&self, shape: &[T]) -> Vec<T> {
+        match self.channels_last && shape.len() > 2 {
+            true => channels_first_of(shape),
+            false => shape.to_vec(),
+        }
     }
 
     /// Places the window of `kernel` on an image of spatial dims `image`.
@@ -353,6 +401,7 @@ mod tests {
             pads: pads.to_vec(),
             auto_pad,
             ceil_mode,
+            channels_last: false,
         }
     }
 

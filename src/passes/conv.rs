@@ -15,7 +15,8 @@ use crate::tensor::Tensor;
 pub(crate) const RULES: &[Rule] = &[
     Rule {
         name: "conv_affine",
-        anchor: |op| matches!(op, Op::Conv { .. }),
+        // A channels-last Conv's per-channel operands lie along its last axis.
+        anchor: |op| matches!(op, Op::Conv { window, .. } if !window.channels_last),
         run: conv_affine,
     },
     super::conv_epilogue::RULE,

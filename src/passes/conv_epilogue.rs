@@ -14,7 +14,8 @@ use crate::graph::{Activation, BinaryOp, Node, Op};
 
 pub(crate) const RULE: Rule = Rule {
     name: "conv_epilogue",
-    anchor: |op| matches!(op, Op::Conv { .. }),
+    // A channels-last Conv's per-channel operands lie along its last axis.
+    anchor: |op| matches!(op, Op::Conv { window, .. } if !window.channels_last),
     run: fuse,
 };
 

@@ -15,6 +15,7 @@ mod cse;
 mod dce;
 mod epilogue;
 mod gated;
+pub mod layout;
 mod noop;
 mod norm;
 pub(crate) mod pattern;

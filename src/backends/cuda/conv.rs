@@ -16,6 +16,7 @@ use super::shape::{col2im_geom, im2col_geom};
 use super::{Cuda, V};
 use crate::backends::common::{self, act_code, ConvGeom};
 use crate::error::Result;
+use crate::graph::infer::ValueType;
 use crate::graph::{Activation, BinaryOp, Node};
 use crate::tensor::DType;
 
@@ -66,21 +67,19 @@ fn tiles(batch: usize, rows: usize, cols: usize) -> Option<(u32, u32, u32)> {
     ))
 }
 
-/// Whether every copy of the channels-last way fits a grid, and the type is one its
-/// kernels are for.
-fn nhwc_fits(cg: &ConvGeom, dt: DType) -> bool {
+/// Whether every copy between the two layouts fits a grid.
+fn copies_fit(cg: &ConvGeom) -> bool {
     let g = &cg.g;
-    matches!(dt, DType::F16 | DType::BF16 | DType::F32)
-        && [
-            (g.n, g.c, g.hw()),
-            (g.n, cg.m, g.l()),
-            (cg.m, cg.cg(), g.k()),
-            (g.n, g.hw(), g.c),
-            (g.n, g.l(), cg.m),
-            (cg.m, g.k(), cg.cg()),
-        ]
-        .iter()
-        .all(|&(b, r, c)| tiles(b, r, c).is_some())
+    [
+        (g.n, g.c, g.hw()),
+        (g.n, cg.m, g.l()),
+        (cg.m, cg.cg(), g.k()),
+        (g.n, g.hw(), g.c),
+        (g.n, g.l(), cg.m),
+        (cg.m, g.k(), cg.cg()),
+    ]
+    .iter()
+    .all(|&(b, r, c)| tiles(b, r, c).is_some())
 }
 
 /// Transposes `[batch, rows, cols]` at `src` into `[batch, cols, rows]` at `dst`.
@@ -161,7 +160,9 @@ impl Cuda {
         let shape = |nhwc: bool| {
             let d = dnn?;
             let s = cudnn_shape(cg, dt, nhwc)?;
-            (!nhwc || nhwc_fits(cg, dt)).then_some(())?;
+            // A way that does not take the tensors' own layout runs on transposed copies.
+            let typed = !nhwc || matches!(dt, DType::F16 | DType::BF16 | DType::F32);
+            (typed && (nhwc == cg.channels_last || copies_fit(cg))).then_some(())?;
             d.supports(&s).then_some((d, s))
         };
         let (plain, nhwc) = (shape(false), shape(true));
@@ -209,7 +210,7 @@ impl Cuda {
         let Some((_, key)) = plain.as_ref().or(nhwc.as_ref()).filter(|_| ways.len() > 1) else {
             return columns();
         };
-        let key = (which, key.clone());
+        let key = (which, key.clone(), cg.channels_last);
         let chosen = self.conv_choice.borrow().get(&key).copied();
         // Safety: the stream is ours; only its capture status is read.
         let capturing =
@@ -261,9 +262,21 @@ pub fn conv(c: &Cuda, node: &Node, x: &V, w: &V, b: Option<V>, y: &V) -> Result<
     fused_conv(c, node, [x, w], b, None, Activation::None, &[*y], &[true])
 }
 
+/// A scratch buffer of type `ty` (the plan's buffers are only the node's own).
+fn scratch_v<'a>(c: &Cuda, ty: &'a ValueType) -> Result<V<'a>> {
+    Ok(V {
+        p: c.scratch(ty.bytes())?,
+        ty,
+        buf: None,
+    })
+}
+
 /// FusedConv: `Y = act(conv(X, W) + B + Z)`, and Pre = conv + B + Z when asked for.
-/// Channels-last, the copy back does all of it; otherwise the convolution (with its bias)
-/// writes Pre, or Y itself, and Z and the activation follow as a pass each.
+/// cuDNN's channels-last kernels on channels-first tensors: the copy back does all of
+/// it. On channels-last tensors: the epilogue is one pass after the convolution
+/// (`conv_last_out`). The channels-first ways on channels-first tensors: the convolution
+/// (with its bias) writes Pre, or Y itself, and Z and the activation follow as a pass
+/// each; on channels-last tensors they run on transposed copies.
 #[allow(clippy::too_many_arguments)]
 pub fn fused_conv(
     c: &Cuda,
@@ -283,51 +296,13 @@ pub fn fused_conv(
     }
     let pre = common::wanted(outs, want, 1);
     let sum = pre.unwrap_or(y);
-    let (g, l, ckg, mg, es) = (&cg.g, cg.g.l(), cg.ckg(), cg.mg(), dt.size() as u64);
-    let columns = || -> Result<()> {
-        if let Some(b) = b {
-            // Y starts as the bias broadcast over each channel; the products add onto it.
-            let src: Vec<i64> = (0..y.shape().len()).map(|d| (d == 1) as i64).collect();
-            let st = Strided::new(y.shape(), &[&src, &strides(y.shape())], &[])?;
-            let n = y.numel();
-            let args = [
-                Arg::Ptr(b.p),
-                Arg::Ptr(sum.p),
-                Arg::Strided(st),
-                Arg::I64(n as i64),
-            ];
-            c.launch_n(&format!("copy_{}", word(dt)), n, &args)?;
-        }
-        let cols = c.columns(&cg, dt, x.p)?;
-        for grp in 0..cg.group {
-            // Y[n, group] = W[group] · columns[n, group], a product per image.
-            strided_batch(
-                c,
-                dt,
-                (mg, l, ckg),
-                (false, false),
-                g.n,
-                (w.p + (grp * mg * ckg) as u64 * es, 0),
-                (cols + (grp * ckg * l) as u64 * es, g.c * g.k() * l),
-                (sum.p + (grp * mg * l) as u64 * es, cg.m * l),
-                b.is_some(),
-            )?;
-        }
-        Ok(())
-    };
-    let epilogue = || -> Result<()> {
-        if let Some(z) = z {
-            binary(c, node, BinaryOp::Add, sum, &z, sum)?;
-        }
-        if act != Activation::None || pre.is_some() {
-            act_epilogue(c, act, sum.p, None, y)?;
-        }
-        Ok(())
-    };
+    let (g, l) = (&cg.g, cg.g.l());
+    // Y channels first, for the channels-first ways on channels-last tensors.
+    let first_ty = ValueType::new(dt, &[g.n, cg.m, l]);
     let run = |way: Way, dnn: Dnn| -> Result<bool> {
         let scratch = |bytes| c.scratch(bytes);
-        match (way, dnn) {
-            (Way::Nhwc, Some((d, s))) => {
+        match (way, dnn, cg.channels_last) {
+            (Way::Nhwc, Some((d, s)), false) => {
                 let xt = to_last(c, dt, x.p, [g.n, g.c, g.hw()])?;
                 let wt = to_last(c, dt, w.p, [cg.m, cg.cg(), g.k()])?;
                 let yt = c.scratch(y.numel() * dt.size())?;
@@ -350,22 +325,155 @@ pub fn fused_conv(
                 };
                 let name = format!("conv_out_{}", suffix(dt));
                 launch_grid(&c.dev, &c.stream, &name, grid, 256, 0, &args)?;
-                return Ok(true);
+                Ok(true)
             }
-            (Way::Cudnn, Some((d, s))) => {
-                if !d.conv(Which::Forward, s, x.p, w.p, sum.p, b.map(|b| b.p), &scratch)? {
+            (Way::Nhwc, Some((d, s)), true) => {
+                if !d.conv(Which::Forward, s, x.p, w.p, sum.p, None, &scratch)? {
                     return Ok(false);
                 }
+                last_epilogue(c, sum.p, b, z, pre, y, cg.m, act)?;
+                Ok(true)
             }
-            _ => columns()?,
+            (_, dnn, false) => first_forward(c, node, &cg, way, dnn, [x.p, w.p], b, z, sum, y, act),
+            (_, dnn, true) => {
+                let xf = to_last(c, dt, x.p, [g.n, g.hw(), g.c])?;
+                let wf = to_last(c, dt, w.p, [cg.m, g.k(), cg.cg()])?;
+                let zf = match z {
+                    Some(z) => Some(V {
+                        p: to_last(c, dt, z.p, [g.n, l, cg.m])?,
+                        ty: &first_ty,
+                        buf: None,
+                    }),
+                    None => None,
+                };
+                let yf = scratch_v(c, &first_ty)?;
+                let pf = pre.map(|_| scratch_v(c, &first_ty)).transpose()?;
+                let sf = pf.as_ref().unwrap_or(&yf);
+                if !first_forward(c, node, &cg, way, dnn, [xf, wf], b, zf, sf, &yf, act)? {
+                    return Ok(false);
+                }
+                for (from, to) in [(Some(&yf), Some(y)), (pf.as_ref(), pre)] {
+                    if let (Some(f), Some(t)) = (from, to) {
+                        back(c, dt, f.p, t.p, [g.n, cg.m, l])?;
+                    }
+                }
+                Ok(true)
+            }
         }
-        epilogue()?;
-        Ok(true)
     };
     c.conv_by_choice(Which::Forward, &cg, dt, &run)
 }
 
-/// dX and dW (each when asked for) from dY, X and W.
+/// The channels-first ways of `fused_conv` on channels-first X and W at `x`, `w`: the
+/// convolution with its bias into `sum` (Pre, or Y itself), then Z and the activation.
+#[allow(clippy::too_many_arguments)]
+fn first_forward(
+    c: &Cuda,
+    node: &Node,
+    cg: &ConvGeom,
+    way: Way,
+    dnn: Dnn,
+    [x, w]: [u64; 2],
+    b: Option<V>,
+    z: Option<V>,
+    sum: &V,
+    y: &V,
+    act: Activation,
+) -> Result<bool> {
+    let dt = y.dtype();
+    let (g, l, ckg, mg, es) = (&cg.g, cg.g.l(), cg.ckg(), cg.mg(), dt.size() as u64);
+    let scratch = |bytes| c.scratch(bytes);
+    match (way, dnn) {
+        (Way::Cudnn, Some((d, s))) => {
+            if !d.conv(Which::Forward, s, x, w, sum.p, b.map(|b| b.p), &scratch)? {
+                return Ok(false);
+            }
+        }
+        _ => {
+            if let Some(b) = b {
+                // Y starts as the bias broadcast over each channel; the products add
+                // onto it.
+                let src: Vec<i64> = (0..y.shape().len()).map(|d| (d == 1) as i64).collect();
+                let st = Strided::new(y.shape(), &[&src, &strides(y.shape())], &[])?;
+                let n = y.numel();
+                let args = [
+                    Arg::Ptr(b.p),
+                    Arg::Ptr(sum.p),
+                    Arg::Strided(st),
+                    Arg::I64(n as i64),
+                ];
+                c.launch_n(&format!("copy_{}", word(dt)), n, &args)?;
+            }
+            let cols = c.columns(cg, dt, x)?;
+            for grp in 0..cg.group {
+                // Y[n, group] = W[group] · columns[n, group], a product per image.
+                strided_batch(
+                    c,
+                    dt,
+                    (mg, l, ckg),
+                    (false, false),
+                    g.n,
+                    (w + (grp * mg * ckg) as u64 * es, 0),
+                    (cols + (grp * ckg * l) as u64 * es, g.c * g.k() * l),
+                    (sum.p + (grp * mg * l) as u64 * es, cg.m * l),
+                    b.is_some(),
+                )?;
+            }
+        }
+    }
+    if let Some(z) = z {
+        binary(c, node, BinaryOp::Add, sum, &z, sum)?;
+    }
+    if act != Activation::None || sum.p != y.p {
+        act_epilogue(c, act, sum.p, None, y)?;
+    }
+    Ok(true)
+}
+
+/// FusedConv's epilogue on a channels-last result at `sum` (Pre, or Y itself): Y =
+/// act(sum + B + Z), Pre the sum before the activation; nothing where there is nothing
+/// to add or apply.
+#[allow(clippy::too_many_arguments)]
+fn last_epilogue(
+    c: &Cuda,
+    sum: u64,
+    b: Option<V>,
+    z: Option<V>,
+    pre: Option<&V>,
+    y: &V,
+    m: usize,
+    act: Activation,
+) -> Result<()> {
+    if b.is_none() && z.is_none() && pre.is_none() && act == Activation::None {
+        return Ok(());
+    }
+    let (n, dt) = (y.numel(), y.dtype());
+    let v = 16 / dt.size();
+    let ptrs = [
+        Some(sum),
+        b.map(|b| b.p),
+        z.map(|z| z.p),
+        pre.map(|p| p.p),
+        Some(y.p),
+    ];
+    let vec = m.is_multiple_of(v) && ptrs.iter().flatten().all(|p| p.is_multiple_of(16));
+    let args = [
+        Arg::Ptr(sum),
+        Arg::Ptr(b.map_or(0, |b| b.p)),
+        Arg::Ptr(z.map_or(0, |z| z.p)),
+        Arg::Ptr(pre.map_or(0, |p| p.p)),
+        Arg::Ptr(y.p),
+        Arg::I64(n as i64),
+        Arg::I64(m as i64),
+        Arg::I32(act_code(act)),
+        Arg::I32(vec as i32),
+    ];
+    let threads = if vec { n / v } else { n };
+    c.launch_n(&format!("conv_last_out_{}", suffix(dt)), threads, &args)
+}
+
+/// dX and dW (each when asked for) from dY, X and W. A way that does not take the
+/// tensors' own layout runs on transposed copies, as the forward's.
 pub fn conv_grad(
     c: &Cuda,
     node: &Node,
@@ -377,25 +485,37 @@ pub fn conv_grad(
     let cg = common::conv_geom(node, x.shape(), w.shape())?;
     let (g, l, ckg, mg, m, es) = (&cg.g, cg.g.l(), cg.ckg(), cg.mg(), cg.m, dt.size() as u64);
     let hw = g.hw();
+    let home_last = cg.channels_last;
+    // `[batch, ch, sp]` channels-first dims in the tensors' own order, for the copies.
+    let own = |[batch, ch, sp]: [usize; 3]| match home_last {
+        true => [batch, sp, ch],
+        false => [batch, ch, sp],
+    };
+    // Whether `way` reads the tensors as they lie.
+    let native = |way: Way| (way == Way::Nhwc) == home_last;
     let scratch = |bytes| c.scratch(bytes);
-    // dY channels-last, for dX and dW alike where both take that way: transposed once,
-    // unless timing the ways started scratch over in between.
-    let dyt_kept = std::cell::Cell::new(None);
-    let dy_last = || -> Result<u64> {
+    // dY in the other layout, for dX and dW alike where both take a way that needs it:
+    // transposed once, unless timing the ways started scratch over in between.
+    let dy_kept = std::cell::Cell::new(None);
+    let dy_other = || -> Result<u64> {
         let round = c.steps.scratch_round();
-        if let Some((p, _)) = dyt_kept.get().filter(|&(_, r)| r == round) {
+        if let Some((p, _)) = dy_kept.get().filter(|&(_, r)| r == round) {
             return Ok(p);
         }
-        let p = to_last(c, dt, dy.p, [g.n, m, l])?;
-        dyt_kept.set(Some((p, round)));
+        let p = to_last(c, dt, dy.p, own([g.n, m, l]))?;
+        dy_kept.set(Some((p, round)));
         Ok(p)
     };
     if want.first() == Some(&true) && x.numel() > 0 {
         let dx = &outs[0];
-        let columns = || -> Result<()> {
+        // The channels-first ways on channels-first dY, W into dX.
+        let first = |way: Way, dnn: Dnn, dy: u64, w: u64, dx: u64| -> Result<bool> {
+            if let (Way::Cudnn, Some((d, s))) = (way, dnn) {
+                return d.conv(Which::Data, s, dy, w, dx, None, &scratch);
+            }
             let n = g.n * g.c * g.k() * l;
             let (cols, rows) = if cg.pointwise() {
-                (dx.p, g.c * hw)
+                (dx, g.c * hw)
             } else {
                 (c.scratch(n * dt.size())?, g.c * g.k() * l)
             };
@@ -407,31 +527,38 @@ pub fn conv_grad(
                     (ckg, l, mg),
                     (true, false),
                     g.n,
-                    (w.p + (grp * mg * ckg) as u64 * es, 0),
-                    (dy.p + (grp * mg * l) as u64 * es, m * l),
+                    (w + (grp * mg * ckg) as u64 * es, 0),
+                    (dy + (grp * mg * l) as u64 * es, m * l),
                     (cols + (grp * ckg * l) as u64 * es, rows),
                     false,
                 )?;
             }
             if !cg.pointwise() {
-                col2im_geom(c, g, dt, cols, dx.p, dx.numel())?;
+                col2im_geom(c, g, dt, cols, dx, g.n * g.c * hw)?;
             }
-            Ok(())
+            Ok(true)
         };
         let run = |way: Way, dnn: Dnn| -> Result<bool> {
             match (way, dnn) {
-                (Way::Nhwc, Some((d, s))) => {
-                    let dyt = dy_last()?;
-                    let wt = to_last(c, dt, w.p, [m, cg.cg(), g.k()])?;
-                    let dims = [g.n, hw, g.c];
-                    let dxt = staged(c, dt, dx.p, dims)?;
-                    Ok(d.conv(Which::Data, s, dyt, wt, dxt, None, &scratch)?
-                        && back(c, dt, dxt, dx.p, dims).map(|_| true)?)
-                }
-                (Way::Cudnn, Some((d, s))) => {
+                (Way::Nhwc, Some((d, s))) if native(way) => {
                     d.conv(Which::Data, s, dy.p, w.p, dx.p, None, &scratch)
                 }
-                _ => columns().map(|_| true),
+                _ if native(way) => first(way, dnn, dy.p, w.p, dx.p),
+                _ => {
+                    let dyo = dy_other()?;
+                    let wo = to_last(c, dt, w.p, own([m, cg.cg(), g.k()]))?;
+                    // dX's dims as the way writes it.
+                    let [b, r, cc] = own([g.n, g.c, hw]);
+                    let dims = [b, cc, r];
+                    let dxo = staged(c, dt, dx.p, dims)?;
+                    let ran = match (way, dnn) {
+                        (Way::Nhwc, Some((d, s))) => {
+                            d.conv(Which::Data, s, dyo, wo, dxo, None, &scratch)?
+                        }
+                        _ => first(way, dnn, dyo, wo, dxo)?,
+                    };
+                    Ok(ran && back(c, dt, dxo, dx.p, dims).map(|_| true)?)
+                }
             }
         };
         c.conv_by_choice(Which::Data, &cg, dt, &run)?;
@@ -441,8 +568,12 @@ pub fn conv_grad(
         if g.n == 0 || l == 0 {
             return c.memset0(dw);
         }
-        let columns = || -> Result<()> {
-            let cols = c.columns(&cg, dt, x.p)?;
+        // The channels-first ways on channels-first X, dY into dW.
+        let first = |way: Way, dnn: Dnn, x: u64, dy: u64, dw: u64| -> Result<bool> {
+            if let (Way::Cudnn, Some((d, s))) = (way, dnn) {
+                return d.conv(Which::Filter, s, x, dy, dw, None, &scratch);
+            }
+            let cols = c.columns(&cg, dt, x)?;
             let rows = if cg.pointwise() {
                 g.c * hw
             } else {
@@ -456,28 +587,34 @@ pub fn conv_grad(
                     (mg, ckg, l),
                     (false, true),
                     cg.group,
-                    (dy.p + (n * m * l) as u64 * es, mg * l),
+                    (dy + (n * m * l) as u64 * es, mg * l),
                     (cols + (n * rows) as u64 * es, ckg * l),
-                    (dw.p, mg * ckg),
+                    (dw, mg * ckg),
                     n > 0,
                 )?;
             }
-            Ok(())
+            Ok(true)
         };
         let run = |way: Way, dnn: Dnn| -> Result<bool> {
             match (way, dnn) {
-                (Way::Nhwc, Some((d, s))) => {
-                    let xt = to_last(c, dt, x.p, [g.n, g.c, hw])?;
-                    let dyt = dy_last()?;
-                    let dims = [m, g.k(), cg.cg()];
-                    let dwt = staged(c, dt, dw.p, dims)?;
-                    Ok(d.conv(Which::Filter, s, xt, dyt, dwt, None, &scratch)?
-                        && back(c, dt, dwt, dw.p, dims).map(|_| true)?)
-                }
-                (Way::Cudnn, Some((d, s))) => {
+                (Way::Nhwc, Some((d, s))) if native(way) => {
                     d.conv(Which::Filter, s, x.p, dy.p, dw.p, None, &scratch)
                 }
-                _ => columns().map(|_| true),
+                _ if native(way) => first(way, dnn, x.p, dy.p, dw.p),
+                _ => {
+                    let xo = to_last(c, dt, x.p, own([g.n, g.c, hw]))?;
+                    let dyo = dy_other()?;
+                    let [b, r, cc] = own([m, cg.cg(), g.k()]);
+                    let dims = [b, cc, r];
+                    let dwo = staged(c, dt, dw.p, dims)?;
+                    let ran = match (way, dnn) {
+                        (Way::Nhwc, Some((d, s))) => {
+                            d.conv(Which::Filter, s, xo, dyo, dwo, None, &scratch)?
+                        }
+                        _ => first(way, dnn, xo, dyo, dwo)?,
+                    };
+                    Ok(ran && back(c, dt, dwo, dw.p, dims).map(|_| true)?)
+                }
             }
         };
         c.conv_by_choice(Which::Filter, &cg, dt, &run)?;

@@ -343,6 +343,11 @@ impl Lib {
     }
 }
 
+/// Whether the library was found and loads.
+pub fn found() -> bool {
+    lib().is_ok()
+}
+
 /// One line for `graphrun doctor`.
 pub fn doctor_line() -> String {
     match lib() {

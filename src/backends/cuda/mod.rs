@@ -23,6 +23,7 @@ mod reduce;
 mod shape;
 mod steps;
 
+pub use cudnn::found as cudnn_found;
 pub use device::{available, device_count, doctor_lines};
 
 use super::Backend;
@@ -54,10 +55,11 @@ pub struct Cuda {
     nonfinite: CudaSlice<u32>,
     /// cuDNN for convolutions, set up at the first one (`None` inside: not found).
     dnn: std::cell::OnceCell<Option<cudnn::Cudnn>>,
-    /// Per convolution shape, the way that ran it fastest at its first eager call
-    /// (conv.rs).
-    conv_choice:
-        std::cell::RefCell<std::collections::HashMap<(cudnn::Which, cudnn::ConvShape), conv::Way>>,
+    /// Per convolution shape (and whether its tensors are channels-last), the way that
+    /// ran it fastest at its first eager call (conv.rs).
+    conv_choice: std::cell::RefCell<
+        std::collections::HashMap<(cudnn::Which, cudnn::ConvShape, bool), conv::Way>,
+    >,
 }
 
 /// A worker's NCCL communicator and the side stream its gradient averages run on, so

@@ -85,6 +85,12 @@ pub fn reduce(c: &Cuda, node: &Node, kind: ReduceKind, x: &V, axes: &[i64], y: &
     if let Some(dims) = outer_mid_inner(x.shape(), &red_axes).filter(|_| !lines) {
         return reduce_oi(c, x, y, dims, code);
     }
+    // Columns: one block per output would read them strided, at a tenth of the memory's
+    // rate (ResNet-50's channels-last bias gradients took 0.43 ms each in layer 1).
+    let columns = rows_cols(x.shape(), &red_axes).filter(|_| !lines && x.dtype().is_float());
+    if let Some(dims) = columns.filter(|&[_, n]| n >= 32) {
+        return fold_rows(c, x.p, x.dtype(), dims, y.p, code);
+    }
     // Few outputs of many elements each: one block per output would leave the GPU idle
     // (an MSE's mean over 8M elements took 16 ms), so split each into parts.
     if n_red >= 1 << 16 && n_out < 256 {
@@ -271,25 +277,32 @@ pub fn topk(c: &Cuda, node: &Node, x: &V, axis: i64, largest: bool, outs: &[V]) 
     c.launch_n(&format!("top_k_{}", suffix(x.dtype())), n, &args)
 }
 
-/// Σ over the rows of a `[rows, n]` matrix into `[n]` (the bias gradient): row chunks of
-/// 256 (at most 256 of them), 32 coalesced columns a block, then the chunks per column.
+/// Σ over the rows of a `[rows, n]` matrix into `[n]` (the bias gradient).
 pub fn sum_rows(c: &Cuda, g: &V, rows: usize, n: usize, out: &V) -> Result<()> {
+    if rows == 0 && n > 0 {
+        return c.memset0(out);
+    }
+    fold_rows(c, g.p, g.dtype(), [rows, n], out.p, 0)
+}
+
+/// Reduction `code` (`reduce`'s) over the rows of a `[rows, n]` matrix at `x` into `[n]`
+/// at `y` (rows > 0): row chunks of 256 (at most 256 of them), 32 coalesced columns a
+/// block, then the chunks per column.
+fn fold_rows(c: &Cuda, x: u64, dt: DType, [rows, n]: [usize; 2], y: u64, code: i32) -> Result<()> {
     if n == 0 {
         return Ok(());
     }
-    if rows == 0 {
-        return c.memset0(out);
-    }
-    let sfx = suffix(g.dtype());
+    let sfx = suffix(dt);
     let chunks = rows.div_ceil(256).min(256);
     let chunk = rows.div_ceil(chunks);
-    let part = c.scratch(chunks * n * acc_bytes(g.dtype()))?;
+    let part = c.scratch(chunks * n * acc_bytes(dt))?;
     let args = [
-        Arg::Ptr(g.p),
+        Arg::Ptr(x),
         Arg::Ptr(part),
         Arg::I64(rows as i64),
         Arg::I64(n as i64),
         Arg::I64(chunk as i64),
+        Arg::I32(code),
     ];
     super::device::launch_grid(
         &c.dev,
@@ -302,11 +315,30 @@ pub fn sum_rows(c: &Cuda, g: &V, rows: usize, n: usize, out: &V) -> Result<()> {
     )?;
     let args = [
         Arg::Ptr(part),
-        Arg::Ptr(out.p),
+        Arg::Ptr(y),
         Arg::I64(n as i64),
         Arg::I64(chunks as i64),
+        Arg::I64(rows as i64),
+        Arg::I32(code),
     ];
     c.launch_n(&format!("colsum_fin_{sfx}"), n, &args)
+}
+
+/// x as `[rows, n]` where the reduced axes lead and the kept ones follow (a channels-last
+/// bias gradient: N and the spatial axes reduced, the channels kept).
+fn rows_cols(shape: &[usize], red: &[usize]) -> Option<[usize; 2]> {
+    let (mut rows, mut n, mut kept_seen) = (1usize, 1usize, false);
+    for (d, &size) in shape.iter().enumerate().filter(|&(_, &s)| s != 1) {
+        match red.contains(&d) {
+            true if kept_seen => return None,
+            true => rows *= size,
+            false => {
+                kept_seen = true;
+                n *= size;
+            }
+        }
+    }
+    (rows > 1 && kept_seen && n <= i32::MAX as usize * 32).then_some([rows, n])
 }
 
 /// (rows, n, inner) around `axis`.

@@ -5,7 +5,7 @@ use super::device::{strides, suffix, word, Arg, Strided};
 use super::{unsupported, Cuda, V};
 use crate::backends::common;
 use crate::error::Result;
-use crate::graph::{Node, ScatterReduction};
+use crate::graph::{Node, Op, ScatterReduction};
 use crate::tensor::{numel, DType};
 
 /// Copies the elements of a walk over `shape`: element i goes from `src + offset(0, i)`
@@ -411,12 +411,12 @@ pub(super) fn col2im_geom(
 
 /// MaxPool: one thread per output (a floating X; every window offset fits 32 bits).
 pub fn max_pool(c: &Cuda, node: &Node, x: &V, y: &V) -> Result<()> {
-    let g = pool_geom(node, x)?;
+    let (_, win) = pool_geom(node, x)?;
     let args = [
         Arg::Ptr(x.p),
         Arg::Ptr(y.p),
         Arg::Ptr(0),
-        Arg::Window(win_geom(&g)),
+        Arg::Window(win),
         Arg::I64(y.numel() as i64),
     ];
     c.launch_n(&format!("max_pool_{}", suffix(x.dtype())), y.numel(), &args)
@@ -429,30 +429,36 @@ const POOL_RUN: usize = 4;
 /// MaxPoolGrad: each window's argmax into scratch (a thread per window), then a thread per
 /// run of image elements sums the dY of the windows whose argmax each is.
 pub fn max_pool_grad(c: &Cuda, node: &Node, dy: &V, x: &V, dx: &V) -> Result<()> {
-    let g = pool_geom(node, x)?;
+    let (g, win) = pool_geom(node, x)?;
     let (n, dt) = (dy.numel(), x.dtype());
     let at = c.scratch(n.max(1) * 4)?;
     let args = [
         Arg::Ptr(x.p),
         Arg::Ptr(0),
         Arg::Ptr(at),
-        Arg::Window(win_geom(&g)),
+        Arg::Window(win),
         Arg::I64(n as i64),
     ];
     c.launch_n(&format!("max_pool_{}", suffix(dt)), n, &args)?;
-    let runs = g.n * g.c * (g.hw() / g.image[2].max(1)) * g.image[2].div_ceil(POOL_RUN);
+    // Runs along the last axis: the image's last spatial axis, or channels-last the
+    // channels.
+    let runs = match win.0[26] {
+        0 => g.n * g.c * (g.hw() / g.image[2].max(1)) * g.image[2].div_ceil(POOL_RUN),
+        _ => g.n * g.hw() * g.c.div_ceil(POOL_RUN),
+    };
     let args = [
         Arg::Ptr(dy.p),
         Arg::Ptr(at),
         Arg::Ptr(dx.p),
-        Arg::Window(win_geom(&g)),
+        Arg::Window(win),
         Arg::I64(runs as i64),
     ];
     c.launch_n(&format!("max_pool_grad_{}", suffix(dt)), runs, &args)
 }
 
-/// The pool's window over X, for a floating X whose planes fit 32-bit offsets.
-fn pool_geom(node: &Node, x: &V) -> Result<common::WindowGeom> {
+/// The pool's window over X, for a floating X whose planes fit 32-bit offsets, and its
+/// words for the kernels (the spare word the channel count where X is channels-last).
+fn pool_geom(node: &Node, x: &V) -> Result<(common::WindowGeom, WinGeom)> {
     if !x.dtype().is_float() {
         return Err(unsupported(node, x.dtype()));
     }
@@ -465,5 +471,11 @@ fn pool_geom(node: &Node, x: &V) -> Result<common::WindowGeom> {
             g.hw()
         );
     }
-    Ok(g)
+    let mut win = win_geom(&g);
+    if let Op::MaxPool { window, .. } | Op::MaxPoolGrad { window, .. } = &node.op {
+        if window.channels_last {
+            win.0[26] = g.c as i64;
+        }
+    }
+    Ok((g, win))
 }

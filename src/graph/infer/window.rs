@@ -38,10 +38,10 @@ pub(super) fn infer(cx: &Cx) -> Result<Vec<ValueType>> {
                 return Err(f(format!("W is {} but X is {}", w.dtype, x.dtype)));
             }
             if let Some(b) = cx.t(2) {
-                if b.dtype != x.dtype || b.shape != [shape[1]] {
+                if b.dtype != x.dtype || b.shape != [w.shape[0]] {
                     return Err(f(format!(
                         "B must be {}[{}] (one value per output channel), got {}{:?}",
-                        x.dtype, shape[1], b.dtype, b.shape
+                        x.dtype, w.shape[0], b.dtype, b.shape
                     )));
                 }
             }
@@ -115,8 +115,9 @@ fn pool_shape(
              to 3), got {x:?}"
         ));
     }
+    let x = &window.channels_first(x)[..];
     let placed = window.place(&x[2..], kernel)?;
-    Ok([&x[..2], &placed.out[..]].concat())
+    Ok(window.laid_out(&[&x[..2], &placed.out[..]].concat()))
 }
 
 /// Required input `i`.
@@ -150,6 +151,7 @@ pub fn conv_shape(
     x: &[usize],
     w: &[usize],
 ) -> std::result::Result<Vec<usize>, String> {
+    let (x, w) = (&window.channels_first(x)[..], &window.channels_first(w)[..]);
     if x.len() < 3 || x.len() > 5 || w.len() != x.len() {
         return Err(format!(
             "X must be [N, C, spatial...] with 1 to 3 spatial axes and W [M, C/group, kernel...] of the same rank, got X {x:?} and W {w:?}"
@@ -168,5 +170,5 @@ pub fn conv_shape(
         ));
     }
     let placed = window.place(&x[2..], &w[2..])?;
-    Ok([vec![x[0], m], placed.out].concat())
+    Ok(window.laid_out(&[vec![x[0], m], placed.out].concat()))
 }

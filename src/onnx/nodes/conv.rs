@@ -132,7 +132,7 @@ impl Importer<'_> {
                 dilations: vec![1],
                 pads: vec![0, 0],
                 auto_pad: AutoPad::NotSet,
-                ceil_mode: false,
+                ..Default::default()
             },
             group: channels,
         };
@@ -493,7 +493,7 @@ impl Importer<'_> {
             dilations: dilations.iter().map(|&d| d as usize).collect(),
             pads,
             auto_pad: AutoPad::NotSet,
-            ceil_mode: false,
+            ..Default::default()
         };
         let mut c2i = vec![cols, image];
         if kernel.is_none() {

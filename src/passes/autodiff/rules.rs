@@ -22,8 +22,13 @@ fn conv(b: &mut Builder, n: &Node, dy: &str) -> Result<Grads> {
         vec![None; n.inputs.len()]
     };
     if let Some(bias) = n.inputs.get(2).filter(|v| b.needs(v)) {
-        let r = b.shape(dy).len();
-        let axes = std::iter::once(0).chain(2..r as i64).collect();
+        let r = b.shape(dy).len() as i64;
+        let last = matches!(&n.op, Op::Conv { window, .. } | Op::FusedConv { window, .. } if window.channels_last);
+        // Every axis but the channels': 1, or the last one channels-last.
+        let axes = match last {
+            true => (0..r - 1).collect(),
+            false => std::iter::once(0).chain(2..r).collect(),
+        };
         let sum = Op::Reduce {
             kind: ReduceKind::Sum,
             axes: Some(axes),
