@@ -238,6 +238,23 @@ __device__ __forceinline__ int pool_tap(int p, int begin, int od, int s, int dil
     return t < k ? t : -1;
 }
 
+// Calls f(o) for each window o (flat over the output's spatial dims) that reads image
+// position (p0, p1, p2) at a kernel tap, given the ranges along each axis (`pool_range`),
+// latest window first along each axis (kernel offsets ascending).
+template <class F> __device__ __forceinline__ void for_each_window(const WinGeom& g, int p0, int p1, int p2, AxisRange a0, AxisRange a1, AxisRange a2, F f) {
+    const int o1n = (int)g.out[1], o2n = (int)g.out[2];
+    for (int o0 = a0.hi; o0 >= a0.lo; --o0) {
+        if (pool_tap(p0, (int)g.begin[0], o0, (int)g.stride[0], (int)g.dil[0], (int)g.kernel[0]) < 0) continue;
+        for (int o1 = a1.hi; o1 >= a1.lo; --o1) {
+            if (pool_tap(p1, (int)g.begin[1], o1, (int)g.stride[1], (int)g.dil[1], (int)g.kernel[1]) < 0) continue;
+            for (int o2 = a2.hi; o2 >= a2.lo; --o2) {
+                if (pool_tap(p2, (int)g.begin[2], o2, (int)g.stride[2], (int)g.dil[2], (int)g.kernel[2]) < 0) continue;
+                f(((long long)o0 * o1n + o1) * o2n + o2);
+            }
+        }
+    }
+}
+
 // MaxPoolGrad's second step: image element p of a plane sums dY over the windows that
 // read it and whose argmax it is (in kernel-offset order, without atomics). The windows
 // are found per axis from p's coordinates. A thread takes a run of POOL_RUN elements along
@@ -250,7 +267,7 @@ template <class I, class T> __device__ __forceinline__ void max_pool_grad_body(c
     typedef typename Num<T>::A A;
     const int w = (int)g.image[2], rw = (w + POOL_RUN - 1) / POOL_RUN;
     const I rows01 = (I)(g.image[0] * g.image[1]);
-    const int o1n = (int)g.out[1], o2n = (int)g.out[2];
+    const int o2n = (int)g.out[2];
     for (I i = blockIdx.x * (I)blockDim.x + threadIdx.x; i < runs; i += (I)gridDim.x * blockDim.x) {
         const I row = i / (I)rw, plane = row / rows01, r01 = row % rows01;
         const int x0 = (int)(i % (I)rw) * POOL_RUN;
@@ -263,17 +280,9 @@ template <class I, class T> __device__ __forceinline__ void max_pool_grad_body(c
             const int p = p01 * w + x;
             const AxisRange a2 = pool_range(x, (int)g.begin[2], (int)g.kernel[2], (int)g.stride[2], (int)g.dil[2], o2n);
             A acc = 0;
-            for (int o0 = a0.hi; o0 >= a0.lo; --o0) {
-                if (pool_tap(p0, (int)g.begin[0], o0, (int)g.stride[0], (int)g.dil[0], (int)g.kernel[0]) < 0) continue;
-                for (int o1 = a1.hi; o1 >= a1.lo; --o1) {
-                    if (pool_tap(p1, (int)g.begin[1], o1, (int)g.stride[1], (int)g.dil[1], (int)g.kernel[1]) < 0) continue;
-                    for (int o2 = a2.hi; o2 >= a2.lo; --o2) {
-                        if (pool_tap(x, (int)g.begin[2], o2, (int)g.stride[2], (int)g.dil[2], (int)g.kernel[2]) < 0) continue;
-                        long long wi = base + ((long long)o0 * o1n + o1) * o2n + o2;
-                        if (at[wi] == p) acc += ld(dy[wi]);
-                    }
-                }
-            }
+            for_each_window(g, p0, p1, x, a0, a1, a2, [&](long long o) {
+                if (at[base + o] == p) acc += ld(dy[base + o]);
+            });
             dx[(long long)plane * g.hw + p] = st<T>(acc);
         }
     }
@@ -283,7 +292,7 @@ template <class I, class T> __device__ __forceinline__ void max_pool_grad_body(c
 template <class I, class T> __device__ __forceinline__ void max_pool_grad_last_body(const T* dy, const int* at, T* dx, const WinGeom& g, I runs) {
     typedef typename Num<T>::A A;
     const I ch = (I)g.spare, rc = (ch + POOL_RUN - 1) / POOL_RUN, hw = (I)g.hw;
-    const int w = (int)g.image[2], o1n = (int)g.out[1], o2n = (int)g.out[2];
+    const int w = (int)g.image[2], o2n = (int)g.out[2];
     for (I i = blockIdx.x * (I)blockDim.x + threadIdx.x; i < runs; i += (I)gridDim.x * blockDim.x) {
         const I t = i / rc, n = t / hw;
         const int c0 = (int)(i % rc) * POOL_RUN, p = (int)(t % hw);
@@ -296,19 +305,12 @@ template <class I, class T> __device__ __forceinline__ void max_pool_grad_last_b
         A acc[POOL_RUN];
 #pragma unroll
         for (int k = 0; k < POOL_RUN; ++k) acc[k] = 0;
-        for (int o0 = a0.hi; o0 >= a0.lo; --o0) {
-            if (pool_tap(p0, (int)g.begin[0], o0, (int)g.stride[0], (int)g.dil[0], (int)g.kernel[0]) < 0) continue;
-            for (int o1 = a1.hi; o1 >= a1.lo; --o1) {
-                if (pool_tap(p1, (int)g.begin[1], o1, (int)g.stride[1], (int)g.dil[1], (int)g.kernel[1]) < 0) continue;
-                for (int o2 = a2.hi; o2 >= a2.lo; --o2) {
-                    if (pool_tap(x, (int)g.begin[2], o2, (int)g.stride[2], (int)g.dil[2], (int)g.kernel[2]) < 0) continue;
-                    long long wi = ((long long)n * g.l + ((long long)o0 * o1n + o1) * o2n + o2) * g.spare + c0;
+        for_each_window(g, p0, p1, x, a0, a1, a2, [&](long long o) {
+            long long wi = ((long long)n * g.l + o) * g.spare + c0;
 #pragma unroll
-                    for (int k = 0; k < POOL_RUN; ++k)
-                        if (k < run && at[wi + k] == p) acc[k] += ld(dy[wi + k]);
-                }
-            }
-        }
+            for (int k = 0; k < POOL_RUN; ++k)
+                if (k < run && at[wi + k] == p) acc[k] += ld(dy[wi + k]);
+        });
         long long base = ((long long)n * hw + p) * g.spare + c0;
 #pragma unroll
         for (int k = 0; k < POOL_RUN; ++k)
