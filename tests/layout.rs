@@ -114,28 +114,6 @@ fn lays_out_everything_between_convolutions() {
         Op::Reduce { axes: Some(a), keepdims: true, .. } if a == &[1, 2])));
 }
 
-/// A 16-bit convolution of 3 channels reads X and W padded to 8 with zeros (cuDNN's
-/// tensor-core kernels take channels 8 at a time); f32 and 8 channels are left as they are.
-#[test]
-fn pads_a_few_channels_to_eight() {
-    let pads = |g: &Graph| {
-        g.nodes
-            .iter()
-            .filter(|n| matches!(n.op, Op::Pad { .. }))
-            .count()
-    };
-    let (l, _) = laid_out(&resnetish("bf16", "[1, 1, 1, 1]"));
-    assert_eq!(pads(&l), 2, "X and W of the first convolution");
-    let stem = l
-        .nodes
-        .iter()
-        .find(|n| is_last(&n.op) && n.inputs[0].ends_with(".c8"));
-    assert!(stem.is_some(), "the first convolution reads the padded X");
-    let (l, _) = laid_out(&resnetish("f32", "[1, 1, 1, 1]"));
-    assert_eq!(pads(&l), 0, "f32");
-    check_same(&resnetish("bf16", "[1, 1, 1, 1]"), BackendKind::Cpu, "bf16");
-}
-
 /// It leaves a graph alone where a convolution cannot be laid out: f64 (no channels-last
 /// kernels), padding that differs at the two ends of an axis, or a backend that declines.
 #[test]

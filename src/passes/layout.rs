@@ -291,7 +291,6 @@ pub fn channels_last(
             twins.insert(v.clone(), t.clone());
             *v = t;
         }
-        pad_channels(&facts, n, &mut node, &mut out, &mut names);
         let mut back = vec![];
         for y in node.outputs.iter_mut() {
             if !last.contains(y.as_str()) {
@@ -318,52 +317,6 @@ pub fn channels_last(
         !folded.contains(&i.name) || read.contains(i.name.as_str()) || outputs.contains(&i.name)
     });
     Ok((out, laid.len()))
-}
-
-/// A 16-bit channels-last convolution `node` (laid out from `n`) whose input channels are
-/// not a multiple of 8 reads X and W padded with zero channels up to one: cuDNN's
-/// tensor-core kernels take 8 channels at a time, and ResNet-50's first convolution (3
-/// channels, an image) ran at 15 TFLOP/s where the whole forward pass averaged 84
-/// (docs/BENCHMARKS.md). The zeros add nothing, and the gradient of the padding drops the
-/// extra channels of dW.
-fn pad_channels(facts: &Facts, n: &Node, node: &mut Node, out: &mut Graph, names: &mut Names) {
-    let (Op::Conv { group: 1, .. } | Op::FusedConv { group: 1, .. }) = &node.op else {
-        return;
-    };
-    let x = &n.inputs[0];
-    let c = match (facts.dtype(x), facts.static_shape(x)) {
-        (Some(DType::F16 | DType::BF16), Some(s)) if s.len() == 4 => s[1],
-        _ => return,
-    };
-    if c % 8 == 0 {
-        return;
-    }
-    let extra = c.next_multiple_of(8) - c;
-    let pads = names.fresh(format!("{}/channel_pads", n.name));
-    let p: Vec<f64> = (0..8)
-        .map(|i| if i == 7 { extra as f64 } else { 0.0 })
-        .collect();
-    out.initializers.push(Initializer {
-        name: pads.clone(),
-        tensor: Tensor::from_f64(DType::I64, &[8], &p).expect("8 values"),
-        trainable: false,
-        source: InitSource::Data,
-        loc: None,
-    });
-    for k in [0, 1] {
-        let v = node.inputs[k].clone();
-        let padded = names.fresh(format!("{v}.c{}", c + extra));
-        out.nodes.push(Node {
-            name: names.fresh(format!("{v}/pad_channels")),
-            op: Op::Pad {
-                mode: crate::graph::PadMode::Constant,
-            },
-            inputs: vec![v, pads.clone()],
-            outputs: vec![padded.clone()],
-            loc: None,
-        });
-        node.inputs[k] = padded;
-    }
 }
 
 /// `g` with every channels-last node (a model's, or `channels_last`'s) run channels
