@@ -261,6 +261,14 @@ fn a_laid_out_graph_computes_the_same_on_the_cpu() {
     for (name, g) in exports() {
         check_same(&g, BackendKind::Cpu, name);
     }
+    // Frozen for a forward-only run: the weights are constants, stored laid out.
+    let frozen =
+        graphrun::passes::freeze(&resnetish("f32", "[1, 1, 1, 1]"), &PassOptions::default())
+            .unwrap()
+            .0;
+    let (l, _) = laid_out(&frozen);
+    assert!(l.initializers.iter().any(|i| i.name.ends_with(".nhwc")));
+    check_same(&frozen, BackendKind::Cpu, "frozen");
 }
 
 #[test]

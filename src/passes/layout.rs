@@ -16,9 +16,10 @@
 
 use super::pattern::{Ctx, Facts};
 use crate::error::Result;
-use crate::graph::window::{to_first_perm, to_last_perm, AutoPad, Window};
+use crate::graph::infer::ValueType;
+use crate::graph::window::{channels_last_of, to_first_perm, to_last_perm, AutoPad, Window};
 use crate::graph::{Graph, HostEval, InitSource, Initializer, Node, Op};
-use crate::tensor::{DType, Tensor};
+use crate::tensor::DType;
 use std::collections::{HashMap, HashSet};
 
 /// The window of an op that the channels-last flag lays out.
@@ -63,34 +64,6 @@ fn symmetric(w: &Window) -> bool {
     }
 }
 
-/// `t`'s data permuted: axis `perm[i]` of `t` becomes axis `i`.
-fn permuted(t: &Tensor, perm: &[usize]) -> Tensor {
-    let shape = t.shape();
-    let out_shape: Vec<usize> = perm.iter().map(|&d| shape[d]).collect();
-    let mut st = vec![1usize; shape.len()];
-    for d in (0..shape.len().saturating_sub(1)).rev() {
-        st[d] = st[d + 1] * shape[d + 1];
-    }
-    let src = t.to_f64_vec();
-    let mut out = vec![0f64; src.len()];
-    let mut idx = vec![0usize; perm.len()];
-    for o in out.iter_mut() {
-        *o = src[idx
-            .iter()
-            .zip(perm)
-            .map(|(&i, &d)| i * st[d])
-            .sum::<usize>()];
-        for k in (0..idx.len()).rev() {
-            idx[k] += 1;
-            if idx[k] < out_shape[k] {
-                break;
-            }
-            idx[k] = 0;
-        }
-    }
-    Tensor::from_f64(t.dtype(), &out_shape, &out).expect("same size")
-}
-
 /// Names not yet taken in `g`.
 struct Names(HashSet<String>);
 
@@ -105,12 +78,7 @@ impl Names {
         Names(s)
     }
     fn fresh(&mut self, base: String) -> String {
-        let mut name = base.clone();
-        let mut k = 2;
-        while self.0.contains(&name) {
-            name = format!("{base}_{k}");
-            k += 1;
-        }
+        let name = super::pattern::fresh(&base, |n| self.0.contains(n));
         self.0.insert(name.clone());
         name
     }
@@ -275,9 +243,14 @@ pub fn channels_last(
                 // A constant is stored laid out (a frozen model's weights).
                 Some(init) => {
                     folded.insert(v.clone());
+                    // Permuted on the host by the evaluator's Transpose.
+                    let node = transpose(String::new(), v, &t, to_last.clone());
+                    let shape = channels_last_of(init.tensor.shape());
+                    let ty = ValueType::new(init.tensor.dtype(), &shape);
+                    let tensor = eval.eval(&node, &[Some(&init.tensor)], &[ty])?.remove(0);
                     out.initializers.push(Initializer {
                         name: t.clone(),
-                        tensor: permuted(&init.tensor, &to_last),
+                        tensor,
                         trainable: false,
                         source: InitSource::Data,
                         loc: init.loc.clone(),

@@ -559,7 +559,8 @@ impl<'g> Ctx<'g> {
     }
 }
 
-fn fresh(base: &str, taken: impl Fn(&str) -> bool) -> String {
+/// `base`, or `base_2`, `base_3`, ... : the first name `taken` refuses.
+pub(crate) fn fresh(base: &str, taken: impl Fn(&str) -> bool) -> String {
     if !taken(base) {
         return base.to_string();
     }
